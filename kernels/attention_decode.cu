@@ -1,0 +1,150 @@
+// Causal attention over the paged F16 KV cache, split along the sequence (flash-decoding).
+// Each query token t (decode, or any token of a prefill chunk) attends positions 0..=pos[t] of
+// its sequence. Grouped-query attention: one block serves the `group = n_heads / n_kv` query
+// heads of one KV head, so each K/V row is read once per group.
+//
+// Pass 1 (attn_split_f16): grid (n_kv, n_tok, n_splits); block b covers positions
+//   [s * split_len, min(len, (s + 1) * split_len)) and writes, per query head, the running max m,
+//   the sum of exponentials l and the unnormalized output o.
+// Pass 2 (attn_combine_f32): merges the splits: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
+// Limits (checked by the launcher): group <= ATT_MAX_GROUP, head_dim <= ATT_MAX_HD and even.
+#include "common.cuh"
+
+#define ATT_MAX_GROUP 16
+#define ATT_MAX_HD 256
+
+struct AttnParams {
+    const float* q;          // [n_tok, q_stride] f32; head h at q + t * q_stride + h * head_dim
+    const half_t* k_cache;   // [n_blocks, block_size, n_kv, head_dim] f16
+    const half_t* v_cache;   // same layout
+    const int* block_tables; // [n_seqs, bt_stride] physical block ids
+    const int* tok_seq;      // [n_tok] row of block_tables of each token
+    const int* pos;          // [n_tok] absolute position of each token
+    float* part_o;           // [n_tok, n_heads, n_splits, head_dim] f32
+    float* part_ml;          // [n_tok, n_heads, n_splits, 2] f32 (max, sum of exp)
+    float* out;              // [n_tok, out_stride] f32
+    int n_tok;
+    int n_heads;
+    int n_kv;
+    int head_dim;
+    int block_size;
+    int bt_stride;
+    int q_stride;
+    int out_stride;
+    int n_splits;
+    int split_len;           // positions per split
+    float scale;             // 1 / sqrt(head_dim)
+};
+
+// Dynamic shared memory: (group * head_dim + group * split_len) floats.
+extern "C" __global__ void attn_split_f16(const AttnParams p) {
+    extern __shared__ float smem[];
+    const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
+    const int group = p.n_heads / p.n_kv;
+    const int hd = p.head_dim, half = hd / 2;
+    const int len = p.pos[t] + 1;
+    const int start = s * p.split_len;
+    if (start >= len) return;  // the combine pass reads only splits that hold positions
+    const int end = min(len, start + p.split_len);
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
+    float* q_s = smem;                 // [group, head_dim], pre-scaled
+    float* sc = smem + group * hd;     // [group, split_len] scores, then probabilities
+
+    const float* qt = p.q + (long long)t * p.q_stride + (long long)g * group * hd;
+    for (int i = threadIdx.x; i < group * hd; i += blockDim.x) q_s[i] = qt[i] * p.scale;
+    __syncthreads();
+
+    const int* bt = p.block_tables + (long long)p.tok_seq[t] * p.bt_stride;
+    const long long kv_dim = (long long)p.n_kv * hd;
+
+    // Scores: one warp per position; lane owns the half pairs lane, lane + 32, ...
+    for (int ps = start + warp; ps < end; ps += nwarps) {
+        const long long slot = (long long)bt[ps / p.block_size] * p.block_size + ps % p.block_size;
+        const unsigned int* kr = reinterpret_cast<const unsigned int*>(p.k_cache + slot * kv_dim + (long long)g * hd);
+        float kf[ATT_MAX_HD / WARP];
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_HD / 64; ++i) {
+            const int d2 = lane + WARP * i;
+            if (d2 < half) {
+                h2x2f(kr[d2], kf[2 * i], kf[2 * i + 1]);
+            } else {
+                kf[2 * i] = 0.0f;
+                kf[2 * i + 1] = 0.0f;
+            }
+        }
+        for (int j = 0; j < group; ++j) {
+            const float* qj = q_s + j * hd;
+            float acc = 0.0f;
+#pragma unroll
+            for (int i = 0; i < ATT_MAX_HD / 64; ++i) {
+                const int d2 = lane + WARP * i;
+                if (d2 < half) {
+                    acc = fmaf(qj[2 * d2], kf[2 * i], acc);
+                    acc = fmaf(qj[2 * d2 + 1], kf[2 * i + 1], acc);
+                }
+            }
+            acc = warp_sum(acc);
+            if (lane == 0) sc[j * p.split_len + (ps - start)] = acc;
+        }
+    }
+    __syncthreads();
+
+    // Softmax statistics of this split: one warp per query head.
+    const int n = end - start;
+    for (int j = warp; j < group; j += nwarps) {
+        float* sj = sc + j * p.split_len;
+        float m = NEG_INF;
+        for (int i = lane; i < n; i += WARP) m = fmaxf(m, sj[i]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int i = lane; i < n; i += WARP) {
+            const float e = expf(sj[i] - m);
+            sj[i] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            float* ml = p.part_ml + (((long long)t * p.n_heads + g * group + j) * p.n_splits + s) * 2;
+            ml[0] = m;
+            ml[1] = l;
+        }
+    }
+    __syncthreads();
+
+    // Weighted sum of V: one thread per head dimension, all heads of the group at once.
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc[ATT_MAX_GROUP];
+#pragma unroll
+        for (int j = 0; j < ATT_MAX_GROUP; ++j) acc[j] = 0.0f;
+        for (int ps = start; ps < end; ++ps) {
+            const long long slot = (long long)bt[ps / p.block_size] * p.block_size + ps % p.block_size;
+            const float v = h2f(p.v_cache[slot * kv_dim + (long long)g * hd + d]);
+#pragma unroll
+            for (int j = 0; j < ATT_MAX_GROUP; ++j)
+                if (j < group) acc[j] = fmaf(sc[j * p.split_len + (ps - start)], v, acc[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < ATT_MAX_GROUP; ++j)
+            if (j < group) p.part_o[(((long long)t * p.n_heads + g * group + j) * p.n_splits + s) * hd + d] = acc[j];
+    }
+}
+
+// grid: (n_heads, n_tok), block: 128 (loops over head_dim).
+extern "C" __global__ void attn_combine_f32(const AttnParams p) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int len = p.pos[t] + 1;
+    const int used = (len + p.split_len - 1) / p.split_len;
+    const long long base = ((long long)t * p.n_heads + h) * p.n_splits;
+    float m = NEG_INF;
+    for (int s = 0; s < used; ++s) m = fmaxf(m, p.part_ml[(base + s) * 2]);
+    float l = 0.0f;
+    for (int s = 0; s < used; ++s) l += expf(p.part_ml[(base + s) * 2] - m) * p.part_ml[(base + s) * 2 + 1];
+    const float inv = 1.0f / l;
+    float* o = p.out + (long long)t * p.out_stride + (long long)h * p.head_dim;
+    for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < used; ++s)
+            acc = fmaf(expf(p.part_ml[(base + s) * 2] - m), p.part_o[(base + s) * p.head_dim + d], acc);
+        o[d] = acc * inv;
+    }
+}

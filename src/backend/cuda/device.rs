@@ -1,0 +1,99 @@
+//! One CUDA device: its context, the single stream every kernel runs on, and its identity.
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaStream};
+
+use super::CudaError;
+
+/// Whether the CUDA driver library can be loaded (checked once; cudarc would panic on a
+/// missing one).
+pub fn driver_available() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to dlopen the candidate library names; no driver function is called.
+    *PRESENT.get_or_init(|| unsafe { cudarc::driver::sys::is_culib_present() })
+}
+
+/// Number of CUDA devices; 0 where there is no driver or it fails to initialize.
+pub fn device_count() -> usize {
+    if !driver_available() {
+        return 0;
+    }
+    cudarc::driver::result::init()
+        .and_then(|_| cudarc::driver::result::device::get_count())
+        .map(|n| n.max(0) as usize)
+        .unwrap_or(0)
+}
+
+pub struct CudaDevice {
+    pub ordinal: usize,
+    pub ctx: Arc<CudaContext>,
+    /// The one stream everything runs on, in order. A created stream (not the legacy default
+    /// stream) so that the decode step can be captured as a CUDA graph.
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub cc: (i32, i32),
+}
+
+impl CudaDevice {
+    pub fn new(ordinal: usize) -> Result<Self, CudaError> {
+        if !driver_available() {
+            return Err(CudaError::DriverMissing);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(CudaError::driver(format!("opening device cuda:{ordinal}")))?;
+        // SAFETY: one stream is used for all work, so cudarc's cross-stream event tracking is not
+        // needed; disabling it before any allocation keeps kernel launches free of event records
+        // (which stream capture into a graph would not accept).
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(CudaError::driver("creating a stream"))?;
+        let name = ctx.name().map_err(CudaError::driver("reading the device name"))?;
+        let cc = ctx.compute_capability().map_err(CudaError::driver("reading the compute capability"))?;
+        Ok(CudaDevice { ordinal, ctx, stream, name, cc })
+    }
+
+    /// The NVRTC architecture of this device (`compute_90` on an H200).
+    pub fn arch(&self) -> String {
+        super::nvrtc::arch_for(self.cc)
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize), CudaError> {
+        self.ctx.mem_get_info().map_err(CudaError::driver("reading free memory"))
+    }
+
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(CudaError::driver("synchronizing the stream"))
+    }
+
+    pub fn describe(&self) -> String {
+        format!("cuda:{} {} (compute {}.{})", self.ordinal, self.name, self.cc.0, self.cc.1)
+    }
+}
+
+impl CudaDevice {
+    /// Device-to-device copy bandwidth in bytes (read + written) per second: the median of
+    /// `reps` copies of `bytes`, timed with events after one warm-up copy.
+    pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64, CudaError> {
+        let n = (bytes / 4).max(1);
+        let src = self.stream.alloc_zeros::<u32>(n).map_err(CudaError::driver("allocating the copy source"))?;
+        let mut dst = self.stream.alloc_zeros::<u32>(n).map_err(CudaError::driver("allocating the copy target"))?;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.ctx.new_event(timing).map_err(CudaError::driver("creating an event"))?;
+        let end = self.ctx.new_event(timing).map_err(CudaError::driver("creating an event"))?;
+        let copy = |dst: &mut cudarc::driver::CudaSlice<u32>| {
+            self.stream.memcpy_dtod(&src, dst).map_err(CudaError::driver("copying device memory"))
+        };
+        copy(&mut dst)?;
+        let mut times = Vec::with_capacity(reps.max(1));
+        for _ in 0..reps.max(1) {
+            start.record(&self.stream).map_err(CudaError::driver("recording an event"))?;
+            copy(&mut dst)?;
+            end.record(&self.stream).map_err(CudaError::driver("recording an event"))?;
+            times.push(start.elapsed_ms(&end).map_err(CudaError::driver("timing the copy"))?);
+        }
+        times.sort_by(f32::total_cmp);
+        let median_s = times[times.len() / 2] as f64 / 1e3;
+        Ok(2.0 * (n * 4) as f64 / median_s)
+    }
+}

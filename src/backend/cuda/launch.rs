@@ -1,0 +1,679 @@
+//! Kernel launchers. Each op is a struct of its arguments (device pointers with their lengths,
+//! shapes); `launch` checks the shapes against the buffers, picks the grid and launches. The
+//! `#[repr(C)]` params structs mirror the ones in `kernels/*.cu` field for field (pointers as
+//! u64 first, then 32-bit scalars), and are passed by value as the kernel's one argument.
+
+use std::marker::PhantomData;
+
+use cudarc::cublas::sys as cublas_sys;
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::kernels::Kernels;
+use super::CudaError;
+
+/// A device pointer and the number of `T` elements behind it.
+#[derive(Debug)]
+pub struct Dev<T> {
+    pub ptr: u64,
+    pub len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T> Clone for Dev<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Dev<T> {}
+
+impl<T> Dev<T> {
+    pub fn of(s: &CudaSlice<T>, stream: &CudaStream) -> Self {
+        // Event tracking is off (one stream, see device.rs), so the guard records nothing.
+        let (ptr, _guard) = s.device_ptr(stream);
+        Dev { ptr, len: s.len(), _t: PhantomData }
+    }
+
+    /// The elements from `n` on (an empty pointer when `n` is past the end; the shape checks
+    /// then reject it).
+    pub fn offset(self, n: usize) -> Self {
+        let n = n.min(self.len);
+        Dev { ptr: self.ptr + (n * std::mem::size_of::<T>()) as u64, len: self.len - n, _t: PhantomData }
+    }
+}
+
+fn need<T>(kernel: &'static str, what: &str, d: Dev<T>, n: usize) -> Result<(), CudaError> {
+    if d.len < n {
+        return Err(CudaError::Shape { kernel, reason: format!("{what} holds {} elements, needs {n}", d.len) });
+    }
+    Ok(())
+}
+
+fn check(kernel: &'static str, ok: bool, reason: impl FnOnce() -> String) -> Result<(), CudaError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(CudaError::Shape { kernel, reason: reason() })
+    }
+}
+
+/// Extent of a strided matrix: the last row starts at (rows - 1) * stride and is `width` long.
+fn extent(rows: usize, stride: usize, width: usize) -> usize {
+    if rows == 0 {
+        0
+    } else {
+        (rows - 1) * stride + width
+    }
+}
+
+fn i32_of(kernel: &'static str, v: usize) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| CudaError::Shape { kernel, reason: format!("{v} does not fit a 32-bit index") })
+}
+
+fn launch<P: DeviceRepr>(
+    k: &mut Kernels,
+    stream: &CudaStream,
+    entry: &'static str,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    params: &P,
+) -> Result<(), CudaError> {
+    let f = k.get(entry)?;
+    let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem };
+    // SAFETY: `params` mirrors the kernel's params struct (see the #[repr(C)] definitions below);
+    // every pointer in it was shape-checked by the caller against the buffer it points into.
+    unsafe { stream.launch_builder(f).arg(params).launch(cfg) }
+        .map(|_| ())
+        .map_err(CudaError::driver(format!("launching {entry}")))
+}
+
+fn blocks_for(kernel: &'static str, n: usize, per_block: usize) -> Result<u32, CudaError> {
+    u32::try_from(n.div_ceil(per_block).max(1)).map_err(|_| CudaError::Shape { kernel, reason: format!("{n} elements exceed the grid") })
+}
+
+// ---------------------------------------------------------------- rmsnorm.cu
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct RmsNormParams {
+    x: u64,
+    w: u64,
+    out: u64,
+    rows: u64,
+    n_outer: i32,
+    n_inner: i32,
+    dim: i32,
+    in_stride: i32,
+    out_stride: i32,
+    eps: f32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for RmsNormParams {}
+
+/// RMSNorm of `n_outer x n_inner` rows of width `dim`; row (o, i) starts at
+/// `src(o) * in_stride + i * dim` where `src(o) = rows[o]` when `rows` is given (a gather of
+/// `n_src_rows` candidate rows) else `o`. Output rows at `o * out_stride + i * dim`.
+pub struct RmsNorm {
+    pub x: Dev<f32>,
+    pub w: Dev<f32>,
+    pub out: Dev<f32>,
+    pub rows: Option<Dev<i32>>,
+    pub n_src_rows: usize,
+    pub n_outer: usize,
+    pub n_inner: usize,
+    pub dim: usize,
+    pub in_stride: usize,
+    pub out_stride: usize,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "rmsnorm_f32";
+        let width = self.n_inner * self.dim;
+        check(K, width <= self.in_stride && width <= self.out_stride, || "rows overlap their stride".into())?;
+        need(K, "weight", self.w, self.dim)?;
+        let src_rows = if self.rows.is_some() { self.n_src_rows } else { self.n_outer };
+        need(K, "input", self.x, extent(src_rows, self.in_stride, width))?;
+        need(K, "output", self.out, extent(self.n_outer, self.out_stride, width))?;
+        if let Some(r) = self.rows {
+            need(K, "row list", r, self.n_outer)?;
+        }
+        let n_rows = self.n_outer * self.n_inner;
+        if n_rows == 0 {
+            return Ok(());
+        }
+        let p = RmsNormParams {
+            x: self.x.ptr,
+            w: self.w.ptr,
+            out: self.out.ptr,
+            rows: self.rows.map_or(0, |r| r.ptr),
+            n_outer: i32_of(K, self.n_outer)?,
+            n_inner: i32_of(K, self.n_inner)?,
+            dim: i32_of(K, self.dim)?,
+            in_stride: i32_of(K, self.in_stride)?,
+            out_stride: i32_of(K, self.out_stride)?,
+            eps: self.eps,
+        };
+        let block = (self.dim.div_ceil(32) * 32).clamp(32, 256) as u32;
+        launch(k, s, K, (blocks_for(K, n_rows, 1)?, 1, 1), block, 0, &p)
+    }
+}
+
+// ---------------------------------------------------------------- rope.cu
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct RopeParams {
+    x: u64,
+    pos: u64,
+    cos_t: u64,
+    sin_t: u64,
+    n_tok: i32,
+    n_heads: i32,
+    head_dim: i32,
+    stride: i32,
+    style: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for RopeParams {}
+
+/// In-place RoPE of `n_heads` heads per token (`x[t * stride + h * head_dim ..]`), positions
+/// `pos[t] < max_pos`, tables `[max_pos, head_dim / 2]`. `halves`: pairs (i, i + d/2).
+pub struct Rope {
+    pub x: Dev<f32>,
+    pub pos: Dev<i32>,
+    pub cos: Dev<f32>,
+    pub sin: Dev<f32>,
+    pub max_pos: usize,
+    pub n_tok: usize,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub stride: usize,
+    pub halves: bool,
+}
+
+impl Rope {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "rope_f32";
+        check(K, self.head_dim.is_multiple_of(2), || format!("head size {} is odd", self.head_dim))?;
+        check(K, self.n_heads * self.head_dim <= self.stride, || "heads overlap the row stride".into())?;
+        need(K, "x", self.x, extent(self.n_tok, self.stride, self.n_heads * self.head_dim))?;
+        need(K, "positions", self.pos, self.n_tok)?;
+        need(K, "cos table", self.cos, self.max_pos * self.head_dim / 2)?;
+        need(K, "sin table", self.sin, self.max_pos * self.head_dim / 2)?;
+        let total = self.n_tok * self.n_heads * self.head_dim / 2;
+        if total == 0 {
+            return Ok(());
+        }
+        let p = RopeParams {
+            x: self.x.ptr,
+            pos: self.pos.ptr,
+            cos_t: self.cos.ptr,
+            sin_t: self.sin.ptr,
+            n_tok: i32_of(K, self.n_tok)?,
+            n_heads: i32_of(K, self.n_heads)?,
+            head_dim: i32_of(K, self.head_dim)?,
+            stride: i32_of(K, self.stride)?,
+            style: i32::from(self.halves),
+        };
+        launch(k, s, K, (blocks_for(K, total, 256)?, 1, 1), 256, 0, &p)
+    }
+}
+
+// ---------------------------------------------------------------- gemv_f16.cu
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GemvParams {
+    w: u64,
+    x: u64,
+    out: u64,
+    bias: u64,
+    rows: i32,
+    cols: i32,
+    n_tok: i32,
+    x_stride: i32,
+    out_stride: i32,
+    accumulate: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for GemvParams {}
+
+/// Most tokens one GEMV launch serves (each weight read once for all of them).
+pub const GEMV_MAX_TOKENS: usize = 8;
+const GEMV_WARPS: usize = 4;
+
+/// `out[t, r] (+)= sum_c w[r, c] x[t, c] (+ bias[r])` for `n_tok <= 8` tokens; `w` F16
+/// `[rows, cols]`, `x` f32 `[n_tok, x_stride]`, `out` f32 `[n_tok, out_stride]`.
+pub struct Gemv {
+    pub w: Dev<u16>,
+    pub x: Dev<f32>,
+    pub out: Dev<f32>,
+    pub bias: Option<Dev<f32>>,
+    pub rows: usize,
+    pub cols: usize,
+    pub n_tok: usize,
+    pub x_stride: usize,
+    pub out_stride: usize,
+    pub accumulate: bool,
+}
+
+impl Gemv {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "gemv_f16";
+        check(K, self.n_tok >= 1 && self.n_tok <= GEMV_MAX_TOKENS, || format!("{} tokens (1..=8 allowed)", self.n_tok))?;
+        check(K, self.cols.is_multiple_of(8) && self.x_stride.is_multiple_of(4), || {
+            format!("cols {} must be a multiple of 8 and the input stride {} of 4 (16-byte loads)", self.cols, self.x_stride)
+        })?;
+        check(K, self.w.ptr.is_multiple_of(16) && self.x.ptr.is_multiple_of(16), || "weights and input must be 16-byte aligned".into())?;
+        check(K, self.cols <= self.x_stride && self.rows <= self.out_stride, || "rows overlap their stride".into())?;
+        need(K, "weights", self.w, self.rows * self.cols)?;
+        need(K, "input", self.x, extent(self.n_tok, self.x_stride, self.cols))?;
+        need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.rows))?;
+        if let Some(b) = self.bias {
+            need(K, "bias", b, self.rows)?;
+        }
+        let entry = match self.n_tok {
+            1 => "gemv_f16_n1",
+            2 => "gemv_f16_n2",
+            3 | 4 => "gemv_f16_n4",
+            _ => "gemv_f16_n8",
+        };
+        let p = GemvParams {
+            w: self.w.ptr,
+            x: self.x.ptr,
+            out: self.out.ptr,
+            bias: self.bias.map_or(0, |b| b.ptr),
+            rows: i32_of(K, self.rows)?,
+            cols: i32_of(K, self.cols)?,
+            n_tok: self.n_tok as i32,
+            x_stride: i32_of(K, self.x_stride)?,
+            out_stride: i32_of(K, self.out_stride)?,
+            accumulate: i32::from(self.accumulate),
+        };
+        launch(k, s, entry, (blocks_for(K, self.rows, GEMV_WARPS)?, 1, 1), (32 * GEMV_WARPS) as u32, 0, &p)
+    }
+}
+
+// ---------------------------------------------------------------- cuBLAS GEMM (prefill)
+/// `out[t, r] (+)= sum_c w[r, c] x[t, c]` through cuBLAS: `w` F16 `[rows, cols]`, `x` F16
+/// `[n_tok, cols]` (contiguous), `out` f32 `[n_tok, out_stride]`; f32 accumulation.
+pub struct Gemm {
+    pub w: Dev<u16>,
+    pub x: Dev<u16>,
+    pub out: Dev<f32>,
+    pub rows: usize,
+    pub cols: usize,
+    pub n_tok: usize,
+    pub out_stride: usize,
+    pub accumulate: bool,
+}
+
+impl Gemm {
+    pub fn launch(&self, blas: &CudaBlas) -> Result<(), CudaError> {
+        const K: &str = "cublas_gemm_f16";
+        need(K, "weights", self.w, self.rows * self.cols)?;
+        need(K, "input", self.x, self.n_tok * self.cols)?;
+        need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.rows))?;
+        check(K, self.rows <= self.out_stride, || "rows overlap their stride".into())?;
+        if self.n_tok == 0 || self.rows == 0 {
+            return Ok(());
+        }
+        let (alpha, beta) = (1.0f32, if self.accumulate { 1.0f32 } else { 0.0 });
+        // Column-major view: out^T [rows, n_tok] = (w^T)^T [rows, cols] x x^T [cols, n_tok].
+        // SAFETY: the three pointers were checked to cover the extents cuBLAS touches (lda = ldb
+        // = cols, ldc = out_stride); alpha/beta live on the host for the call's duration.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+                cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+                i32_of(K, self.rows)?,
+                i32_of(K, self.n_tok)?,
+                i32_of(K, self.cols)?,
+                &alpha as *const f32 as *const _,
+                self.w.ptr as *const _,
+                cublas_sys::cudaDataType_t::CUDA_R_16F,
+                i32_of(K, self.cols)?,
+                self.x.ptr as *const _,
+                cublas_sys::cudaDataType_t::CUDA_R_16F,
+                i32_of(K, self.cols)?,
+                &beta as *const f32 as *const _,
+                self.out.ptr as *mut _,
+                cublas_sys::cudaDataType_t::CUDA_R_32F,
+                i32_of(K, self.out_stride)?,
+                cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|source| CudaError::Cublas { what: format!("GEMM [{}x{}] x [{}x{}]", self.rows, self.cols, self.cols, self.n_tok), source })
+    }
+}
+
+// ---------------------------------------------------------------- embedding.cu
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct EmbeddingParams {
+    table: u64,
+    ids: u64,
+    out: u64,
+    n_tok: i32,
+    dim: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for EmbeddingParams {}
+
+/// `out[t] = table[ids[t]]` widened to f32; ids must be `< vocab` (checked on the host).
+pub struct Embedding {
+    pub table: Dev<u16>,
+    pub ids: Dev<u32>,
+    pub out: Dev<f32>,
+    pub vocab: usize,
+    pub n_tok: usize,
+    pub dim: usize,
+}
+
+impl Embedding {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "embedding_f16";
+        need(K, "table", self.table, self.vocab * self.dim)?;
+        need(K, "ids", self.ids, self.n_tok)?;
+        need(K, "output", self.out, self.n_tok * self.dim)?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = EmbeddingParams {
+            table: self.table.ptr,
+            ids: self.ids.ptr,
+            out: self.out.ptr,
+            n_tok: i32_of(K, self.n_tok)?,
+            dim: i32_of(K, self.dim)?,
+        };
+        launch(k, s, K, (blocks_for(K, self.n_tok, 1)?, 1, 1), 256, 0, &p)
+    }
+}
+
+// ---------------------------------------------------------------- silu_mul.cu
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct SiluMulParams {
+    gu: u64,
+    out: u64,
+    n_tok: i32,
+    ffn: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for SiluMulParams {}
+
+/// `out[t, i] = silu(gu[t, i]) * gu[t, ffn + i]`; `gu` `[n_tok, 2 ffn]`, `out` `[n_tok, ffn]`.
+pub struct SiluMul {
+    pub gu: Dev<f32>,
+    pub out: Dev<f32>,
+    pub n_tok: usize,
+    pub ffn: usize,
+}
+
+impl SiluMul {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "silu_mul_f32";
+        need(K, "gate/up", self.gu, self.n_tok * 2 * self.ffn)?;
+        need(K, "output", self.out, self.n_tok * self.ffn)?;
+        let n = self.n_tok * self.ffn;
+        if n == 0 {
+            return Ok(());
+        }
+        let p = SiluMulParams { gu: self.gu.ptr, out: self.out.ptr, n_tok: i32_of(K, self.n_tok)?, ffn: i32_of(K, self.ffn)? };
+        launch(k, s, K, (blocks_for(K, n, 256)?, 1, 1), 256, 0, &p)
+    }
+}
+
+// ---------------------------------------------------------------- add.cu
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct BiasAddParams {
+    x: u64,
+    b: u64,
+    n_tok: i32,
+    n: i32,
+    stride: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for BiasAddParams {}
+
+/// `x[t, i] += b[i]` for `i < n`, rows `stride` apart.
+pub struct BiasAdd {
+    pub x: Dev<f32>,
+    pub b: Dev<f32>,
+    pub n_tok: usize,
+    pub n: usize,
+    pub stride: usize,
+}
+
+impl BiasAdd {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "bias_add_f32";
+        check(K, self.n <= self.stride, || "rows overlap their stride".into())?;
+        need(K, "x", self.x, extent(self.n_tok, self.stride, self.n))?;
+        need(K, "bias", self.b, self.n)?;
+        let total = self.n_tok * self.n;
+        if total == 0 {
+            return Ok(());
+        }
+        let p = BiasAddParams {
+            x: self.x.ptr,
+            b: self.b.ptr,
+            n_tok: i32_of(K, self.n_tok)?,
+            n: i32_of(K, self.n)?,
+            stride: i32_of(K, self.stride)?,
+        };
+        launch(k, s, K, (blocks_for(K, total, 256)?, 1, 1), 256, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct CastParams {
+    x: u64,
+    out: u64,
+    n: i64,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for CastParams {}
+
+/// `out[i] = f16(x[i])`, saturated at +-65504 (the input of cuBLAS GEMMs).
+pub struct CastF16 {
+    pub x: Dev<f32>,
+    pub out: Dev<u16>,
+    pub n: usize,
+}
+
+impl CastF16 {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "cast_f32_f16";
+        need(K, "input", self.x, self.n)?;
+        need(K, "output", self.out, self.n)?;
+        if self.n == 0 {
+            return Ok(());
+        }
+        let p = CastParams { x: self.x.ptr, out: self.out.ptr, n: self.n as i64 };
+        launch(k, s, K, (blocks_for(K, self.n, 256)?, 1, 1), 256, 0, &p)
+    }
+}
+
+// ---------------------------------------------------------------- kv_cache.cu
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct KvStoreParams {
+    qkv: u64,
+    k_cache: u64,
+    v_cache: u64,
+    slots: u64,
+    n_tok: i32,
+    kv_dim: i32,
+    stride: i32,
+    k_off: i32,
+    v_off: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for KvStoreParams {}
+
+/// Stores K (`qkv[t, k_off..k_off + kv_dim]`) and V (at `v_off`) of each token into the F16
+/// cache `[n_slots, kv_dim]` at `slots[t] < n_slots` (checked on the host).
+pub struct KvStore {
+    pub qkv: Dev<f32>,
+    pub k_cache: Dev<u16>,
+    pub v_cache: Dev<u16>,
+    pub slots: Dev<i32>,
+    pub n_slots: usize,
+    pub n_tok: usize,
+    pub kv_dim: usize,
+    pub stride: usize,
+    pub k_off: usize,
+    pub v_off: usize,
+}
+
+impl KvStore {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "kv_store_f16";
+        check(K, self.k_off.max(self.v_off) + self.kv_dim <= self.stride, || "K/V columns beyond the row stride".into())?;
+        need(K, "qkv", self.qkv, extent(self.n_tok, self.stride, self.k_off.max(self.v_off) + self.kv_dim))?;
+        need(K, "K cache", self.k_cache, self.n_slots * self.kv_dim)?;
+        need(K, "V cache", self.v_cache, self.n_slots * self.kv_dim)?;
+        need(K, "slots", self.slots, self.n_tok)?;
+        let total = self.n_tok * self.kv_dim;
+        if total == 0 {
+            return Ok(());
+        }
+        let p = KvStoreParams {
+            qkv: self.qkv.ptr,
+            k_cache: self.k_cache.ptr,
+            v_cache: self.v_cache.ptr,
+            slots: self.slots.ptr,
+            n_tok: i32_of(K, self.n_tok)?,
+            kv_dim: i32_of(K, self.kv_dim)?,
+            stride: i32_of(K, self.stride)?,
+            k_off: i32_of(K, self.k_off)?,
+            v_off: i32_of(K, self.v_off)?,
+        };
+        launch(k, s, K, (blocks_for(K, total, 256)?, 1, 1), 256, 0, &p)
+    }
+}
+
+// ---------------------------------------------------------------- attention_decode.cu
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct AttnParams {
+    q: u64,
+    k_cache: u64,
+    v_cache: u64,
+    block_tables: u64,
+    tok_seq: u64,
+    pos: u64,
+    part_o: u64,
+    part_ml: u64,
+    out: u64,
+    n_tok: i32,
+    n_heads: i32,
+    n_kv: i32,
+    head_dim: i32,
+    block_size: i32,
+    bt_stride: i32,
+    q_stride: i32,
+    out_stride: i32,
+    n_splits: i32,
+    split_len: i32,
+    scale: f32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for AttnParams {}
+
+/// Positions per split of the attention pass (a split is one block's share of a sequence).
+pub const ATTN_SPLIT_LEN: usize = 256;
+const ATTN_MAX_GROUP: usize = 16;
+const ATTN_MAX_HD: usize = 256;
+
+/// Splits needed for sequences of at most `max_len` positions.
+pub fn attn_splits(max_len: usize) -> usize {
+    max_len.div_ceil(ATTN_SPLIT_LEN).max(1)
+}
+
+/// Causal attention of each token over positions `0..=pos[t]` of its sequence in the paged F16
+/// cache (`[n_slots, n_kv * head_dim]`, slot = block * block_size + offset, blocks from row
+/// `tok_seq[t]` of `block_tables` `[n_seqs, bt_stride]`). `q`: `[n_tok, q_stride]`, heads
+/// first; `out`: `[n_tok, out_stride]`. Scratch `part_o` `[n_tok, n_heads, splits, head_dim]`,
+/// `part_ml` `[n_tok, n_heads, splits, 2]` with `splits = attn_splits(max_len)`.
+/// The host guarantees `pos[t] < max_len`, block ids `< n_slots / block_size`, `tok_seq < n_seqs`.
+pub struct Attention {
+    pub q: Dev<f32>,
+    pub k_cache: Dev<u16>,
+    pub v_cache: Dev<u16>,
+    pub block_tables: Dev<i32>,
+    pub tok_seq: Dev<i32>,
+    pub pos: Dev<i32>,
+    pub part_o: Dev<f32>,
+    pub part_ml: Dev<f32>,
+    pub out: Dev<f32>,
+    pub n_slots: usize,
+    pub n_seqs: usize,
+    pub n_tok: usize,
+    pub n_heads: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub bt_stride: usize,
+    pub q_stride: usize,
+    pub out_stride: usize,
+    pub max_len: usize,
+}
+
+impl Attention {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "attn_split_f16";
+        let (hd, nh) = (self.head_dim, self.n_heads);
+        check(K, self.n_kv > 0 && nh.is_multiple_of(self.n_kv), || format!("{nh} heads over {} KV heads", self.n_kv))?;
+        let group = nh / self.n_kv;
+        check(K, group <= ATTN_MAX_GROUP, || format!("{group} query heads per KV head (at most {ATTN_MAX_GROUP})"))?;
+        check(K, hd.is_multiple_of(2) && hd <= ATTN_MAX_HD, || format!("head size {hd} (even, at most {ATTN_MAX_HD})"))?;
+        check(K, self.n_tok <= 65_535, || format!("{} query tokens in one launch (at most 65535)", self.n_tok))?;
+        check(K, nh * hd <= self.q_stride && nh * hd <= self.out_stride, || "heads overlap the row stride".into())?;
+        let splits = attn_splits(self.max_len);
+        need(K, "q", self.q, extent(self.n_tok, self.q_stride, nh * hd))?;
+        need(K, "K cache", self.k_cache, self.n_slots * self.n_kv * hd)?;
+        need(K, "V cache", self.v_cache, self.n_slots * self.n_kv * hd)?;
+        need(K, "block tables", self.block_tables, self.n_seqs * self.bt_stride)?;
+        check(K, self.bt_stride * self.block_size >= self.max_len, || "block tables shorter than the longest sequence".into())?;
+        need(K, "token sequences", self.tok_seq, self.n_tok)?;
+        need(K, "positions", self.pos, self.n_tok)?;
+        need(K, "partial outputs", self.part_o, self.n_tok * nh * splits * hd)?;
+        need(K, "partial statistics", self.part_ml, self.n_tok * nh * splits * 2)?;
+        need(K, "output", self.out, extent(self.n_tok, self.out_stride, nh * hd))?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = AttnParams {
+            q: self.q.ptr,
+            k_cache: self.k_cache.ptr,
+            v_cache: self.v_cache.ptr,
+            block_tables: self.block_tables.ptr,
+            tok_seq: self.tok_seq.ptr,
+            pos: self.pos.ptr,
+            part_o: self.part_o.ptr,
+            part_ml: self.part_ml.ptr,
+            out: self.out.ptr,
+            n_tok: self.n_tok as i32,
+            n_heads: i32_of(K, nh)?,
+            n_kv: i32_of(K, self.n_kv)?,
+            head_dim: i32_of(K, hd)?,
+            block_size: i32_of(K, self.block_size)?,
+            bt_stride: i32_of(K, self.bt_stride)?,
+            q_stride: i32_of(K, self.q_stride)?,
+            out_stride: i32_of(K, self.out_stride)?,
+            n_splits: i32_of(K, splits)?,
+            split_len: ATTN_SPLIT_LEN as i32,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let smem = ((group * hd + group * ATTN_SPLIT_LEN) * 4) as u32;
+        let grid = (self.n_kv as u32, self.n_tok as u32, splits as u32);
+        launch(k, s, K, grid, 128, smem, &p)?;
+        launch(k, s, "attn_combine_f32", (nh as u32, self.n_tok as u32, 1), 128, 0, &p)
+    }
+}

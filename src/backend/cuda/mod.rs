@@ -1,0 +1,60 @@
+//! The CUDA backend: cudarc with dynamic loading (the binary runs where no CUDA exists), kernels
+//! from `kernels/` compiled at run time by NVRTC for the device's compute capability (or loaded
+//! as precompiled PTX), cuBLAS for prefill GEMMs, own GEMV kernels for decode.
+//!
+//! Layers: `nvrtc` (sources, compilation, disk cache) -> `kernels` (lazy per-device registry) ->
+//! `launch` (`#[repr(C)]` params mirrors, shape-checked launchers) -> `backend` (the forward pass).
+
+pub mod backend;
+pub mod device;
+pub mod kernels;
+pub mod launch;
+pub mod nvrtc;
+pub mod weights;
+
+use std::path::PathBuf;
+
+use crate::backend::BackendError;
+
+pub use backend::{CudaBackend, CudaOptions};
+pub use device::CudaDevice;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("the NVRTC library could not be loaded (put libnvrtc.so.12 or newer on LD_LIBRARY_PATH, or pass --ptx-dir with precompiled PTX)")]
+    NvrtcMissing,
+    #[error("the CUDA driver library (libcuda.so) could not be loaded: no NVIDIA driver on this machine")]
+    DriverMissing,
+    #[error("NVRTC: {0}")]
+    Nvrtc(String),
+    #[error("compiling kernel file {file}.cu for {arch}: {log}")]
+    Compile { file: String, arch: String, log: String },
+    #[error("PTX file {path}: {source}")]
+    PtxIo { path: PathBuf, source: std::io::Error },
+    #[error("kernel cache {path}: {source}")]
+    CacheIo { path: PathBuf, source: std::io::Error },
+    #[error("no kernel named '{0}' in kernels/")]
+    UnknownKernel(String),
+    #[error("CUDA driver: {what}: {source}")]
+    Driver { what: String, source: cudarc::driver::DriverError },
+    #[error("cuBLAS: {what}: {source}")]
+    Cublas { what: String, source: cudarc::cublas::result::CublasError },
+    #[error("kernel {kernel}: {reason}")]
+    Shape { kernel: &'static str, reason: String },
+    #[error("weights: {0}")]
+    Weights(String),
+}
+
+impl CudaError {
+    /// Wraps a driver error with what was being done.
+    pub fn driver(what: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError {
+        let what = what.into();
+        move |source| CudaError::Driver { what, source }
+    }
+}
+
+impl From<CudaError> for BackendError {
+    fn from(e: CudaError) -> Self {
+        BackendError::Device(e.to_string())
+    }
+}

@@ -1,0 +1,237 @@
+//! Kernel sources, NVRTC compilation and the on-disk PTX cache.
+//!
+//! Every kernel file is compiled as one NVRTC program with `kernels/common.cuh` inlined where it
+//! says `#include "common.cuh"` (NVRTC 12.9 has no toolkit headers, and we pass none). Compiled
+//! PTX is cached under `$XDG_CACHE_HOME/dustoff` (else `~/.cache/dustoff`), keyed by
+//! blake3(source, arch, NVRTC version, options): a changed kernel or compiler never reuses a
+//! stale file.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use super::CudaError;
+
+/// One kernel source file of `kernels/` and the entry points it defines.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelFile {
+    /// File stem: `kernels/<name>.cu`, PTX file `<name>.ptx`.
+    pub name: &'static str,
+    pub source: &'static str,
+    pub entries: &'static [&'static str],
+}
+
+pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+
+macro_rules! kernel_file {
+    ($name:literal, [$($e:literal),* $(,)?]) => {
+        KernelFile {
+            name: $name,
+            source: include_str!(concat!("../../../kernels/", $name, ".cu")),
+            entries: &[$($e),*],
+        }
+    };
+}
+
+/// Every kernel file, with its entry points (`<op>_<dtype>`).
+pub const KERNEL_FILES: &[KernelFile] = &[
+    kernel_file!("add", ["bias_add_f32", "cast_f32_f16"]),
+    kernel_file!("attention_decode", ["attn_split_f16", "attn_combine_f32"]),
+    kernel_file!("embedding", ["embedding_f16"]),
+    kernel_file!("gemv_f16", ["gemv_f16_n1", "gemv_f16_n2", "gemv_f16_n4", "gemv_f16_n8"]),
+    kernel_file!("kv_cache", ["kv_store_f16"]),
+    kernel_file!("rmsnorm", ["rmsnorm_f32"]),
+    kernel_file!("rope", ["rope_f32"]),
+    kernel_file!("silu_mul", ["silu_mul_f32"]),
+];
+
+/// The file that defines entry point `entry`.
+pub fn file_of(entry: &str) -> Option<&'static KernelFile> {
+    KERNEL_FILES.iter().find(|f| f.entries.contains(&entry))
+}
+
+/// The program text NVRTC compiles: the file with `common.cuh` inlined.
+pub fn full_source(file: &KernelFile) -> String {
+    file.source.replace("#include \"common.cuh\"", COMMON)
+}
+
+/// NVRTC options besides the architecture. Part of the cache key.
+const OPTIONS: &[&str] = &["--std=c++17", "--fmad=true"];
+
+/// Whether an NVRTC library can be loaded (checked once; cudarc would panic on a missing one).
+pub fn nvrtc_available() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to dlopen the candidate library names; no NVRTC function is called.
+    *PRESENT.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
+}
+
+/// The loaded NVRTC's (major, minor) version.
+pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
+    if !nvrtc_available() {
+        return Err(CudaError::NvrtcMissing);
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is present (checked above); both pointers are valid for writes.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    r.result().map_err(|e| CudaError::Nvrtc(format!("nvrtcVersion: {e:?}")))?;
+    Ok((major, minor))
+}
+
+/// `compute_XY` for a compute capability.
+pub fn arch_for(cc: (i32, i32)) -> String {
+    format!("compute_{}{}", cc.0, cc.1)
+}
+
+/// Compiles one program to PTX for `arch` (e.g. `compute_70`).
+pub fn compile(name: &str, source: &str, arch: &str) -> Result<String, CudaError> {
+    if !nvrtc_available() {
+        return Err(CudaError::NvrtcMissing);
+    }
+    let mut options = vec![format!("--gpu-architecture={arch}")];
+    options.extend(OPTIONS.iter().map(|s| s.to_string()));
+    let opts = cudarc::nvrtc::CompileOptions { options, name: Some(format!("{name}.cu")), ..Default::default() };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| {
+        let log = match &e {
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => format!("{other:?}"),
+        };
+        CudaError::Compile { file: name.to_string(), arch: arch.to_string(), log }
+    })?;
+    Ok(ptx.to_src())
+}
+
+/// Hex blake3 of everything that decides the PTX: program text, architecture, NVRTC version and
+/// options. Fields are length-prefixed so that no two different tuples hash alike.
+pub fn cache_key(source: &str, arch: &str, version: (i32, i32)) -> String {
+    let mut h = blake3::Hasher::new();
+    for part in [source, arch, &format!("nvrtc {}.{}", version.0, version.1), &OPTIONS.join(" ")] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    h.finalize().to_hex().to_string()
+}
+
+/// The cache folder for given `XDG_CACHE_HOME` and `HOME` values: `$XDG_CACHE_HOME/dustoff`
+/// when that is an absolute path (the XDG spec ignores relative ones), else `$HOME/.cache/dustoff`.
+pub fn cache_dir_from(xdg_cache_home: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
+    if let Some(x) = xdg_cache_home.map(PathBuf::from).filter(|p| p.is_absolute()) {
+        return Some(x.join("dustoff"));
+    }
+    home.map(PathBuf::from).filter(|p| !p.as_os_str().is_empty()).map(|h| h.join(".cache").join("dustoff"))
+}
+
+/// The cache folder from the environment.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    cache_dir_from(std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
+}
+
+/// The cache file of a key.
+pub fn cache_path(dir: &Path, key: &str) -> PathBuf {
+    dir.join(format!("{key}.ptx"))
+}
+
+/// PTX of `file` for `arch`, from the cache when present, else compiled and stored. A cache that
+/// cannot be written is not an error (the PTX is still returned); one that cannot be read is
+/// treated as a miss.
+pub fn compile_cached(file: &KernelFile, arch: &str, cache_dir: Option<&Path>) -> Result<String, CudaError> {
+    let source = full_source(file);
+    let Some(dir) = cache_dir else {
+        return compile(file.name, &source, arch);
+    };
+    let key = cache_key(&source, arch, nvrtc_version()?);
+    let path = cache_path(dir, &key);
+    if let Ok(ptx) = std::fs::read_to_string(&path) {
+        if ptx_defines_all(&ptx, file) {
+            return Ok(ptx);
+        }
+    }
+    let ptx = compile(file.name, &source, arch)?;
+    if let Err(e) = store(dir, &path, &ptx) {
+        eprintln!("warning: {e} (kernels will be compiled again next time)");
+    }
+    Ok(ptx)
+}
+
+/// Writes through a temporary file and a rename, so that a reader never sees half a file.
+fn store(dir: &Path, path: &Path, ptx: &str) -> Result<(), CudaError> {
+    let io = |source| CudaError::CacheIo { path: path.to_path_buf(), source };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, ptx).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Whether a PTX text is whole (ends with the closing brace of its last function) and defines
+/// every entry point of `file`: guards against truncated files and PTX folders made from
+/// another version of the kernels.
+pub fn ptx_defines_all(ptx: &str, file: &KernelFile) -> bool {
+    ptx.trim_end().ends_with('}') && file.entries.iter().all(|e| ptx.contains(&format!(".entry {e}(")))
+}
+
+/// Instructions and targets that must not appear in PTX meant for `compute_70` (V100): they
+/// need sm_75 (`ldmatrix`, m16n8 mma), sm_80 (`cp.async`, bf16) or sm_90 (wgmma, TMA).
+pub const FORBIDDEN_ON_SM70: &[&str] =
+    &["ldmatrix", "cp.async", "bf16", "mma.sync.aligned.m16n8", "wgmma", "cp.async.bulk", ".target sm_8", ".target sm_9"];
+
+/// The forbidden patterns found in `ptx`, and whether its header targets `sm_70`.
+pub fn check_sm70_ptx(ptx: &str) -> Result<(), String> {
+    let header_ok = ptx.lines().any(|l| l.trim() == ".target sm_70");
+    let found: Vec<&str> = FORBIDDEN_ON_SM70.iter().copied().filter(|p| ptx.contains(p)).collect();
+    match (header_ok, found.is_empty()) {
+        (true, true) => Ok(()),
+        (false, _) => Err("the PTX header does not say `.target sm_70`".to_string()),
+        (true, false) => Err(format!("sm_75+ instructions in compute_70 PTX: {}", found.join(", "))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_key_changes_with_every_input() {
+        let base = cache_key("src", "compute_70", (12, 9));
+        assert_eq!(base, cache_key("src", "compute_70", (12, 9)));
+        assert_eq!(base.len(), 64);
+        assert_ne!(base, cache_key("src ", "compute_70", (12, 9)));
+        assert_ne!(base, cache_key("src", "compute_90", (12, 9)));
+        assert_ne!(base, cache_key("src", "compute_70", (13, 0)));
+        assert_ne!(base, cache_key("src", "compute_70", (12, 8)));
+        // Length prefixes: moving a character between fields changes the key.
+        assert_ne!(cache_key("srcc", "ompute_70", (12, 9)), base);
+    }
+
+    #[test]
+    fn cache_dir_follows_xdg_then_home() {
+        let d = cache_dir_from(Some("/x/cache".into()), Some("/home/u".into()));
+        assert_eq!(d, Some(PathBuf::from("/x/cache/dustoff")));
+        let d = cache_dir_from(Some("relative".into()), Some("/home/u".into()));
+        assert_eq!(d, Some(PathBuf::from("/home/u/.cache/dustoff")));
+        assert_eq!(cache_dir_from(None, Some("/home/u".into())), Some(PathBuf::from("/home/u/.cache/dustoff")));
+        assert_eq!(cache_dir_from(None, None), None);
+        assert_eq!(cache_dir_from(Some("".into()), Some("".into())), None);
+    }
+
+    #[test]
+    fn every_entry_maps_to_its_file_and_sources_inline_common() {
+        for f in KERNEL_FILES {
+            for e in f.entries {
+                assert_eq!(file_of(e).map(|x| x.name), Some(f.name));
+            }
+            let src = full_source(f);
+            assert!(!src.contains("#include"), "{}: includes left after inlining", f.name);
+            assert!(src.contains("h2f("), "{}: common.cuh not inlined", f.name);
+        }
+        assert!(file_of("no_such_kernel").is_none());
+    }
+
+    #[test]
+    fn sm70_check_flags_newer_instructions() {
+        let ok = ".version 8.8\n.target sm_70\n.address_size 64\n";
+        assert!(check_sm70_ptx(ok).is_ok());
+        assert!(check_sm70_ptx(".target sm_80\n").is_err());
+        assert!(check_sm70_ptx(&format!("{ok}ldmatrix.sync.aligned.m8n8.x4.shared.b16")).is_err());
+        assert!(check_sm70_ptx(&format!("{ok}cp.async.ca.shared.global")).is_err());
+        assert!(check_sm70_ptx(&format!("{ok}cvt.rn.bf16.f32")).is_err());
+    }
+}

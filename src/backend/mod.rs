@@ -1,0 +1,41 @@
+//! Backends execute a `StepPlan` and return logits. `cpu` is the reference; `cuda` the fast one.
+
+pub mod cpu;
+pub mod cuda;
+
+use crate::engine::plan::StepPlan;
+use crate::model::config::ModelConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("invalid step plan: {0}")]
+    Plan(String),
+    #[error("{0}")]
+    Device(String),
+}
+
+/// A model placed on a device, with its paged KV cache.
+pub trait Backend {
+    fn config(&self) -> &ModelConfig;
+    /// Tokens per KV block.
+    fn block_size(&self) -> usize;
+    /// KV blocks in the cache (the block pool's capacity).
+    fn num_blocks(&self) -> usize;
+    /// Runs one step; returns the logits (`[vocab]`, f32) of every chunk with `want_logits`,
+    /// in plan order.
+    fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError>;
+    /// A short name for logs ("cpu (2 threads)", "cuda:0 NVIDIA H200").
+    fn describe(&self) -> String;
+    /// Bytes of weights one decode step reads: every matrix in full, one embedding row.
+    fn decode_weight_bytes(&self) -> u64;
+    /// Bytes of KV cache per cached position (all layers, K and V), as stored.
+    fn kv_bytes_per_position(&self) -> u64;
+    /// Peak device memory in use so far, where the backend can tell.
+    fn peak_memory_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// Measures the device's copy bandwidth (bytes read + written per second), where it can.
+    fn measure_copy_bandwidth(&mut self) -> Option<f64> {
+        None
+    }
+}

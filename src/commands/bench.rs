@@ -1,0 +1,122 @@
+//! `dustoff bench`: the seed method. One stream, a fixed prompt (~768 tokens), 200 generated
+//! tokens; time to first token, prefill tok/s, decode tok/s (first to last generated token),
+//! peak memory, bytes read per decoded token and the share of the measured copy bandwidth.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::backend::Backend;
+use crate::engine::sampler::argmax;
+use crate::engine::single::SingleSeq;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchRun {
+    pub ttft_s: f64,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub device: String,
+    pub model: String,
+    pub prompt_tokens: usize,
+    pub gen_tokens: usize,
+    pub runs: Vec<BenchRun>,
+    pub median_ttft_s: f64,
+    pub median_prefill_tok_s: f64,
+    pub median_decode_tok_s: f64,
+    /// Weights read per decode step plus the KV read at the mean context length.
+    pub bytes_per_token: u64,
+    /// Measured copy bandwidth (bytes read + written per second), when the backend can measure.
+    pub copy_bandwidth_gb_s: Option<f64>,
+    /// median decode tok/s x bytes per token / copy bandwidth.
+    pub bandwidth_share: Option<f64>,
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// A deterministic prompt of `n` ordinary token ids (no special tokens: ids from 1000 up).
+pub fn bench_prompt(n: usize, vocab: usize) -> Vec<u32> {
+    let span = (vocab.saturating_sub(1000)).max(1) as u64;
+    (0..n as u64).map(|i| (1000 + (i * 7919 + 13) % span) as u32).collect()
+}
+
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Runs the seed method `runs` times (plus one warm-up) on `b`.
+pub fn bench<B: Backend>(b: &mut B, model: &str, prompt_tokens: usize, gen_tokens: usize, runs: usize) -> Result<BenchReport> {
+    let prompt = bench_prompt(prompt_tokens, b.config().vocab_size);
+    let mut results = Vec::new();
+    for r in 0..runs + 1 {
+        let mut seq = SingleSeq::new(b, 0, prompt_tokens + gen_tokens)?;
+        let t0 = Instant::now();
+        let mut logits = seq.feed(b, &prompt)?;
+        let mut tok = argmax(&logits);
+        let ttft = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        // The first token came with the prefill; each further token is one decode step.
+        for _ in 1..gen_tokens {
+            logits = seq.feed(b, &[tok])?;
+            tok = argmax(&logits);
+        }
+        let dt = t1.elapsed().as_secs_f64();
+        if r > 0 {
+            results.push(BenchRun {
+                ttft_s: ttft,
+                prefill_tok_s: prompt_tokens as f64 / ttft,
+                decode_tok_s: (gen_tokens.saturating_sub(1)) as f64 / dt.max(1e-9),
+            });
+        }
+    }
+    let med = |f: fn(&BenchRun) -> f64| median(&mut results.iter().map(f).collect::<Vec<_>>());
+    let mean_ctx = (prompt_tokens + gen_tokens / 2) as u64;
+    let bytes_per_token = b.decode_weight_bytes() + mean_ctx * b.kv_bytes_per_position();
+    let bw = b.measure_copy_bandwidth();
+    let decode = med(|r| r.decode_tok_s);
+    Ok(BenchReport {
+        device: b.describe(),
+        model: model.to_string(),
+        prompt_tokens,
+        gen_tokens,
+        median_ttft_s: med(|r| r.ttft_s),
+        median_prefill_tok_s: med(|r| r.prefill_tok_s),
+        median_decode_tok_s: decode,
+        bytes_per_token,
+        copy_bandwidth_gb_s: bw.map(|x| x / 1e9),
+        bandwidth_share: bw.map(|x| decode * bytes_per_token as f64 / x),
+        peak_memory_bytes: b.peak_memory_bytes(),
+        runs: results,
+    })
+}
+
+impl BenchReport {
+    pub fn print_human(&self) {
+        println!("device            {}", self.device);
+        println!("model             {}", self.model);
+        println!("prompt / gen      {} / {} tokens, {} runs (medians)", self.prompt_tokens, self.gen_tokens, self.runs.len());
+        println!("time to 1st token {:.1} ms", self.median_ttft_s * 1e3);
+        println!("prefill           {:.1} tok/s", self.median_prefill_tok_s);
+        println!("decode            {:.1} tok/s", self.median_decode_tok_s);
+        println!("bytes per token   {:.1} MB", self.bytes_per_token as f64 / 1e6);
+        if let (Some(bw), Some(s)) = (self.copy_bandwidth_gb_s, self.bandwidth_share) {
+            println!("copy bandwidth    {bw:.0} GB/s (measured in this run)");
+            println!("bandwidth share   {:.1}%", s * 100.0);
+        }
+        if let Some(p) = self.peak_memory_bytes {
+            println!("peak memory       {:.2} GB", p as f64 / 1e9);
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Pieces shared by the subcommands: device choice, model loading with a log line, JSONL I/O.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use crate::backend::cpu::CpuBackend;
+use crate::model::loader::{load_model, LoadedModel};
+
+/// Where to run the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+/// Parses `cpu`, `cuda`, `cuda:N` or `auto`. `auto` is the first GPU when one is usable, else
+/// the CPU (said in the log by the caller).
+pub fn parse_device(s: &str) -> Result<Device> {
+    match s {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(0)),
+        "auto" => Ok(if cuda_usable() { Device::Cuda(0) } else { Device::Cpu }),
+        _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Ok(Device::Cuda(n)),
+            _ => bail!("unknown device '{s}': use cpu, cuda, cuda:N or auto"),
+        },
+    }
+}
+
+/// Whether a CUDA device can be used. The CUDA backend is not part of this build yet.
+pub fn cuda_usable() -> bool {
+    false
+}
+
+pub fn load(path: &Path) -> Result<LoadedModel> {
+    let t = std::time::Instant::now();
+    let m = load_model(path).with_context(|| format!("loading model {}", path.display()))?;
+    let c = &m.config;
+    eprintln!(
+        "model: {} ({}, {} layers, width {}, {} heads / {} KV heads, vocab {}) loaded in {:.2}s",
+        path.display(),
+        c.arch.name(),
+        c.n_layers,
+        c.dim,
+        c.n_heads,
+        c.n_kv_heads,
+        c.vocab_size,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(m)
+}
+
+/// Parses a weight type name (`f16`, `q8_0`, `q4_k`...).
+pub fn parse_dtype(s: &str) -> Result<crate::model::quant::GgmlType> {
+    use crate::model::quant::GgmlType as T;
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "f32" => T::F32,
+        "f16" => T::F16,
+        "bf16" => T::BF16,
+        "q4_0" => T::Q4_0,
+        "q4_1" => T::Q4_1,
+        "q5_0" => T::Q5_0,
+        "q5_1" => T::Q5_1,
+        "q8_0" => T::Q8_0,
+        "q4_k" => T::Q4K,
+        "q5_k" => T::Q5K,
+        "q6_k" => T::Q6K,
+        _ => bail!("unknown weight type '{s}' (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)"),
+    })
+}
+
+/// KV block size (tokens) of every backend.
+pub const BLOCK_SIZE: usize = 16;
+
+/// A CPU backend with room for `tokens` cached positions.
+pub fn cpu_backend(m: &LoadedModel, tokens: usize) -> CpuBackend {
+    let blocks = tokens.div_ceil(BLOCK_SIZE).max(1);
+    CpuBackend::new(m.config.clone(), m.weights.clone(), blocks, BLOCK_SIZE)
+}
+
+/// Reads a JSONL file line by line: `(1-based line number, parsed value or error message)`.
+/// Blank lines are skipped.
+pub fn read_jsonl(path: &Path) -> Result<Vec<(usize, std::result::Result<serde_json::Value, String>)>> {
+    let f = File::open(path).with_context(|| format!("opening input {}", path.display()))?;
+    let mut out = Vec::new();
+    let mut r = BufReader::new(f);
+    let mut buf = Vec::new();
+    let mut line_no = 0;
+    loop {
+        buf.clear();
+        let n = r.read_until(b'\n', &mut buf).with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        line_no += 1;
+        let text = match std::str::from_utf8(&buf) {
+            Ok(t) => t.trim(),
+            Err(e) => {
+                out.push((line_no, Err(format!("line is not valid UTF-8: {e}"))));
+                continue;
+            }
+        };
+        if text.is_empty() {
+            continue;
+        }
+        out.push((line_no, serde_json::from_str(text).map_err(|e| format!("malformed JSON: {e}"))));
+    }
+    Ok(out)
+}
+
+/// A JSONL writer that flushes on drop.
+pub struct JsonlWriter(BufWriter<File>);
+
+impl JsonlWriter {
+    pub fn create(path: &Path) -> Result<Self> {
+        let f = File::create(path).with_context(|| format!("creating output {}", path.display()))?;
+        Ok(JsonlWriter(BufWriter::new(f)))
+    }
+    pub fn write(&mut self, v: &serde_json::Value) -> Result<()> {
+        serde_json::to_writer(&mut self.0, v)?;
+        self.0.write_all(b"\n")?;
+        Ok(())
+    }
+    pub fn finish(mut self) -> Result<()> {
+        self.0.flush()?;
+        self.0.get_ref().sync_all()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,34 @@
+//! `dustoff kernels --arch ARCH --out DIR`: compiles every kernel file for ARCH with the NVRTC
+//! found at run time and writes `<DIR>/<file>.ptx` (for CI, and to take compute_70 PTX to a GPU
+//! machine that has no NVRTC 12). PTX for compute_70 is checked for sm_75+ instructions.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use crate::backend::cuda::nvrtc;
+
+/// Compiles every kernel file for `arch` (e.g. `compute_70`) into `out_dir`; returns the files
+/// written, in `KERNEL_FILES` order.
+pub fn compile_all(arch: &str, out_dir: &Path) -> Result<Vec<PathBuf>> {
+    if !arch.starts_with("compute_") {
+        bail!("architecture '{arch}': expected compute_XY (e.g. compute_70)");
+    }
+    let (major, minor) = nvrtc::nvrtc_version()?;
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let mut written = Vec::new();
+    for f in nvrtc::KERNEL_FILES {
+        let ptx = nvrtc::compile(f.name, &nvrtc::full_source(f), arch)?;
+        if !nvrtc::ptx_defines_all(&ptx, f) {
+            bail!("{}.cu compiled for {arch} lacks some of its entry points ({})", f.name, f.entries.join(", "));
+        }
+        if arch == "compute_70" {
+            nvrtc::check_sm70_ptx(&ptx).map_err(|e| anyhow::anyhow!("{}.cu: {e}", f.name))?;
+        }
+        let path = out_dir.join(format!("{}.ptx", f.name));
+        std::fs::write(&path, &ptx).with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
+    eprintln!("kernels: {} files compiled for {arch} with NVRTC {major}.{minor} into {}", written.len(), out_dir.display());
+    Ok(written)
+}

@@ -1,0 +1,6 @@
+//! Implementations of the CLI subcommands (argument parsing lives in main.rs).
+
+pub mod bench;
+pub mod common;
+pub mod generate;
+pub mod tokenize;

@@ -1,0 +1,324 @@
+//! The engine loop: schedule -> backend step -> sample -> postprocess, over many requests.
+//!
+//! Determinism: each request samples from its own `Sampler`, seeded by its own seed, and only
+//! from its own logits; so what a request generates does not depend on which other requests
+//! share its steps, on the slot count, on chunking or on prefix reuse (given a backend whose
+//! per-sequence results do not depend on the batch, as the CPU backend's do not).
+
+// The brief names this file engine.rs inside engine/: `crate::engine::engine::Engine`.
+#![allow(clippy::module_inception)]
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::kv::KvCache;
+use super::plan::{SeqId, StepPlan};
+use super::sampler::{Sampler, SamplingParams};
+use super::scheduler::{Scheduler, SchedulerConfig, SchedulerError};
+pub use super::single::FinishReason;
+use crate::backend::{Backend, BackendError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Sequences in flight at most (`--slots`).
+    pub slots: usize,
+    /// Tokens per step at most (`--max-batch-tokens`); at least `slots`.
+    pub max_batch_tokens: usize,
+    /// Reuse the K/V of shared prefixes (`--no-prefix-cache` turns it off).
+    pub prefix_cache: bool,
+    /// Names the model and its numerics: cached blocks are only reused under the same one.
+    pub model_fingerprint: [u8; 32],
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { slots: 8, max_batch_tokens: 512, prefix_cache: true, model_fingerprint: [0; 32] }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub id: u64,
+    pub prompt: Vec<u32>,
+    /// Generated tokens at most (the stop token not counted).
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Tokens that end generation; they are not part of the output.
+    pub stop_ids: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Completion {
+    pub id: u64,
+    pub prompt_tokens: usize,
+    pub token_ids: Vec<u32>,
+    pub finish_reason: FinishReason,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A generated token, for streaming (`index` counts from 0 within the request).
+    Token { id: u64, index: usize, token: u32 },
+    Finished(Completion),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct EngineMetrics {
+    pub requests_finished: u64,
+    /// Prompt tokens of the admitted requests.
+    pub prompt_tokens: u64,
+    /// Prompt positions actually run through the model (after prefix reuse; re-runs after a
+    /// preemption included).
+    pub prompt_tokens_computed: u64,
+    /// Prompt tokens served from the prefix cache.
+    pub prompt_tokens_cached: u64,
+    /// Generated positions run again after a preemption.
+    pub recomputed_tokens: u64,
+    pub generated_tokens: u64,
+    pub steps: u64,
+    pub slots: usize,
+    /// Mean sequences per step.
+    pub avg_running: f64,
+    /// `avg_running / slots`.
+    pub slot_occupancy: f64,
+    pub kv_block_size: usize,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_peak: usize,
+    pub kv_evictions: u64,
+    pub preemptions: u64,
+    /// Times a request waited for another to compute the prefix they share.
+    pub prefix_waits: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("engine config: {0}")]
+    Config(String),
+    #[error("request {id}: {reason}")]
+    InvalidRequest { id: u64, reason: String },
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+    #[error("backend step failed: {0}")]
+    Backend(#[from] BackendError),
+    #[error("backend returned {got} logit rows for {want} sequences")]
+    Logits { got: usize, want: usize },
+}
+
+/// What the engine keeps per request besides the scheduler's sequence.
+struct RequestState {
+    prompt_tokens: usize,
+    /// Generated tokens at most: `max_tokens`, capped by the model's context.
+    max_tokens: usize,
+    sampler: Sampler,
+    stop_ids: Vec<u32>,
+    generated: Vec<u32>,
+}
+
+pub struct Engine<B: Backend> {
+    backend: B,
+    cfg: EngineConfig,
+    sched: Scheduler,
+    requests: HashMap<SeqId, RequestState>,
+    /// Events produced outside a step (a request with `max_tokens == 0`).
+    pending: Vec<Event>,
+    metrics: EngineMetrics,
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn new(backend: B, cfg: EngineConfig) -> Result<Self, EngineError> {
+        if cfg.slots == 0 {
+            return Err(EngineError::Config("slots must be at least 1".into()));
+        }
+        // NOTE: with fewer tokens than slots, decodes could take the whole budget every step and
+        // a sequence part way through its prompt would never finish it.
+        if cfg.max_batch_tokens < cfg.slots {
+            return Err(EngineError::Config(format!(
+                "max_batch_tokens ({}) must be at least slots ({})",
+                cfg.max_batch_tokens, cfg.slots
+            )));
+        }
+        let (num_blocks, block_size) = (backend.num_blocks(), backend.block_size());
+        if num_blocks == 0 || block_size == 0 {
+            return Err(EngineError::Config(format!("backend has {num_blocks} KV blocks of {block_size} tokens")));
+        }
+        let kv = KvCache::new(num_blocks, block_size, cfg.model_fingerprint, cfg.prefix_cache);
+        let sched_cfg = SchedulerConfig {
+            slots: cfg.slots,
+            max_batch_tokens: cfg.max_batch_tokens,
+            watermark_blocks: num_blocks / 100,
+        };
+        let metrics = EngineMetrics {
+            slots: cfg.slots,
+            kv_block_size: block_size,
+            kv_blocks_total: num_blocks,
+            ..Default::default()
+        };
+        Ok(Engine {
+            backend,
+            cfg,
+            sched: Scheduler::new(sched_cfg, kv),
+            requests: HashMap::new(),
+            pending: Vec::new(),
+            metrics,
+        })
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+    pub fn has_work(&self) -> bool {
+        self.sched.has_work() || !self.pending.is_empty()
+    }
+    /// Requests queued or running.
+    pub fn num_active(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Queues a request. Refused (and nothing queued) when it could never run: empty prompt,
+    /// unknown token ids, longer than the model's context, or larger than the whole KV cache.
+    pub fn add_request(&mut self, req: Request) -> Result<(), EngineError> {
+        let invalid = |reason: String| EngineError::InvalidRequest { id: req.id, reason };
+        if self.requests.contains_key(&req.id) {
+            return Err(invalid("a request with this id is already queued or running".into()));
+        }
+        if req.prompt.is_empty() {
+            return Err(invalid("empty prompt".into()));
+        }
+        let model = self.backend.config();
+        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= model.vocab_size) {
+            return Err(invalid(format!("token id {t} is beyond the vocabulary ({})", model.vocab_size)));
+        }
+        let ctx = model.max_context;
+        if req.prompt.len() >= ctx {
+            return Err(invalid(format!("prompt of {} tokens does not fit the context of {ctx}", req.prompt.len())));
+        }
+        let max_tokens = req.max_tokens.min(ctx - req.prompt.len());
+        // The last generated token is never run, so the sequence needs prompt + max_tokens - 1
+        // positions; a request that needs more than the pool would preempt itself forever.
+        let kv = self.sched.kv();
+        let positions = req.prompt.len() + max_tokens.saturating_sub(1);
+        let capacity = kv.num_blocks() * kv.block_size();
+        if positions > capacity {
+            return Err(invalid(format!(
+                "needs {positions} KV positions (prompt + max_tokens), the cache holds {capacity}"
+            )));
+        }
+        let prompt_tokens = req.prompt.len();
+        if max_tokens == 0 {
+            self.pending.push(Event::Finished(Completion {
+                id: req.id,
+                prompt_tokens,
+                token_ids: Vec::new(),
+                finish_reason: FinishReason::Length,
+            }));
+            self.metrics.requests_finished += 1;
+            self.metrics.prompt_tokens += prompt_tokens as u64;
+            return Ok(());
+        }
+        self.sched.add(req.id, req.prompt)?;
+        self.metrics.prompt_tokens += prompt_tokens as u64;
+        self.requests.insert(
+            req.id,
+            RequestState {
+                prompt_tokens,
+                max_tokens,
+                sampler: Sampler::new(req.sampling),
+                stop_ids: req.stop_ids,
+                generated: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Runs one step: schedule, run the backend, sample, and retire finished requests (their
+    /// slots are free for the next step). Returns the generated tokens and finished requests.
+    pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
+        let mut events = std::mem::take(&mut self.pending);
+        let plan = self.sched.schedule()?;
+        if plan.chunks.is_empty() {
+            return Ok(events);
+        }
+        let logits = self.backend.step(&plan)?;
+        self.postprocess(&plan, logits, &mut events)?;
+        Ok(events)
+    }
+
+    fn postprocess(&mut self, plan: &StepPlan, logits: Vec<Vec<f32>>, events: &mut Vec<Event>) -> Result<(), EngineError> {
+        let want = plan.chunks.iter().filter(|c| c.want_logits).count();
+        if logits.len() != want {
+            return Err(EngineError::Logits { got: logits.len(), want });
+        }
+        self.sched.on_step_done(plan)?;
+        let sampled = plan.chunks.iter().filter(|c| c.want_logits).zip(&logits);
+        for (chunk, row) in sampled {
+            let id = chunk.seq;
+            let r = self.requests.get_mut(&id).ok_or(SchedulerError::NotRunning(id))?;
+            let token = r.sampler.sample(row);
+            let finish = if r.stop_ids.contains(&token) {
+                Some(FinishReason::Stop)
+            } else {
+                r.generated.push(token);
+                events.push(Event::Token { id, index: r.generated.len() - 1, token });
+                self.metrics.generated_tokens += 1;
+                (r.generated.len() >= r.max_tokens).then_some(FinishReason::Length)
+            };
+            match finish {
+                Some(reason) => {
+                    self.sched.finish(id)?;
+                    if let Some(r) = self.requests.remove(&id) {
+                        self.metrics.requests_finished += 1;
+                        events.push(Event::Finished(Completion {
+                            id,
+                            prompt_tokens: r.prompt_tokens,
+                            token_ids: r.generated,
+                            finish_reason: reason,
+                        }));
+                    }
+                }
+                None => self.sched.append_token(id, token)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Steps until every queued request has finished; completions in finishing order.
+    pub fn run_to_completion(&mut self) -> Result<Vec<Completion>, EngineError> {
+        let mut done = Vec::new();
+        while self.has_work() {
+            for e in self.step()? {
+                if let Event::Finished(c) = e {
+                    done.push(c);
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    pub fn metrics(&self) -> EngineMetrics {
+        let st = self.sched.stats();
+        let kv = self.sched.kv();
+        let avg_running = if st.steps == 0 { 0.0 } else { st.seq_steps as f64 / st.steps as f64 };
+        EngineMetrics {
+            prompt_tokens_computed: st.prompt_tokens_computed,
+            prompt_tokens_cached: st.cached_tokens,
+            recomputed_tokens: st.recomputed_tokens,
+            steps: st.steps,
+            avg_running,
+            slot_occupancy: avg_running / self.cfg.slots as f64,
+            kv_blocks_used: kv.num_used(),
+            kv_blocks_peak: kv.peak_used(),
+            kv_evictions: kv.evictions(),
+            preemptions: st.preemptions,
+            prefix_waits: st.prefix_waits,
+            ..self.metrics.clone()
+        }
+    }
+}

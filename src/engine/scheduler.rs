@@ -1,0 +1,278 @@
+//! The scheduler: which sequences run in the next step, and which of their tokens.
+//!
+//! Every step mixes, under a token budget (`max_batch_tokens`):
+//! 1. one token for each running sequence whose next token is its last known one (decode);
+//! 2. chunks of prefill for running sequences part way through their prompt (chunked prefill);
+//! 3. new sequences from the waiting queue while slots (`slots`) and budget remain.
+//!
+//! A sequence is its tokens (prompt, then generated) and how many of them are in the KV cache;
+//! a step runs `tokens[num_computed..]` or a prefix of it. Decode is a chunk of one token.
+//! When a decode needs a block and none is free, the newest running sequence is preempted by
+//! recomputation: its blocks are freed and it goes back to the front of the waiting queue with
+//! everything it generated, to be prefilled again (no token is lost or drawn twice).
+//!
+//! A waiting request whose prefix is being computed by a running sequence (see `kv::PrefixMatch`)
+//! is held back until those blocks are in the cache, and later requests go first; it then
+//! reuses the blocks instead of computing the same prefix again.
+
+use std::collections::VecDeque;
+
+use super::kv::{KvCache, KvError};
+use super::plan::{SeqChunk, SeqId, StepPlan};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Sequences in flight at most.
+    pub slots: usize,
+    /// Tokens per step at most (decode tokens + prefill chunks).
+    pub max_batch_tokens: usize,
+    /// Blocks kept free when admitting a request while others run, so running sequences can
+    /// grow a while before anyone is preempted.
+    pub watermark_blocks: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sequence {
+    pub id: SeqId,
+    /// The prompt, then the generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Leading tokens whose K/V are in the cache.
+    pub num_computed: usize,
+    /// The most tokens ever computed (positions below it run again after a preemption).
+    pub max_computed: usize,
+}
+
+impl Sequence {
+    /// Tokens still to run through the model.
+    fn remaining(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+}
+
+/// Counters over the scheduler's lifetime.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    pub steps: u64,
+    /// Sum over steps of the sequences in the step (for the average slot occupancy).
+    pub seq_steps: u64,
+    /// Prompt positions run through the model (re-runs after preemption included).
+    pub prompt_tokens_computed: u64,
+    /// Generated positions run again after a preemption.
+    pub recomputed_tokens: u64,
+    /// Prompt tokens served from the prefix cache at admission.
+    pub cached_tokens: u64,
+    pub preemptions: u64,
+    /// Times a request was held back because its prefix was being computed by another.
+    pub prefix_waits: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    #[error("sequence {0} is not running")]
+    NotRunning(SeqId),
+    #[error("sequence {0} is already queued or running")]
+    Duplicate(SeqId),
+    #[error("sequence {0} has an empty prompt")]
+    EmptyPrompt(SeqId),
+}
+
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    kv: KvCache,
+    waiting: VecDeque<Sequence>,
+    /// In admission order: the last one is preempted first.
+    running: Vec<Sequence>,
+    stats: SchedulerStats,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig, kv: KvCache) -> Self {
+        Scheduler { cfg, kv, waiting: VecDeque::new(), running: Vec::new(), stats: SchedulerStats::default() }
+    }
+
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+    pub fn stats(&self) -> &SchedulerStats {
+        &self.stats
+    }
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+    pub fn running(&self) -> &[Sequence] {
+        &self.running
+    }
+    pub fn waiting(&self) -> impl Iterator<Item = &Sequence> {
+        self.waiting.iter()
+    }
+    pub fn get(&self, id: SeqId) -> Option<&Sequence> {
+        self.running.iter().find(|s| s.id == id).or_else(|| self.waiting.iter().find(|s| s.id == id))
+    }
+
+    /// Queues a new sequence at the back.
+    pub fn add(&mut self, id: SeqId, prompt: Vec<u32>) -> Result<(), SchedulerError> {
+        if prompt.is_empty() {
+            return Err(SchedulerError::EmptyPrompt(id));
+        }
+        if self.get(id).is_some() {
+            return Err(SchedulerError::Duplicate(id));
+        }
+        let prompt_len = prompt.len();
+        self.waiting.push_back(Sequence { id, tokens: prompt, prompt_len, num_computed: 0, max_computed: 0 });
+        Ok(())
+    }
+
+    /// Plans the next step. Empty when there is nothing to run.
+    pub fn schedule(&mut self) -> Result<StepPlan, SchedulerError> {
+        let mut budget = self.cfg.max_batch_tokens;
+        let mut plan = StepPlan::default();
+
+        // 1. Decode: one token per running sequence whose last token is the only one left.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            if self.running[i].remaining() != 1 {
+                i += 1;
+                continue;
+            }
+            if !self.reserve_slots(i)? {
+                break; // sequence i preempted itself, and everything after it went first
+            }
+            plan.chunks.push(self.chunk(i, 1)?);
+            budget -= 1;
+            i += 1;
+        }
+
+        // 2. Prefill chunks of running sequences (their slots were allocated at admission).
+        for i in 0..self.running.len() {
+            if budget == 0 {
+                break;
+            }
+            let rem = self.running[i].remaining();
+            if rem > 1 {
+                let n = rem.min(budget);
+                plan.chunks.push(self.chunk(i, n)?);
+                budget -= n;
+            }
+        }
+
+        // 3. Admission: new sequences while slots and budget remain.
+        let mut w = 0;
+        while w < self.waiting.len() && self.running.len() < self.cfg.slots && budget > 0 {
+            let m = self.kv.lookup_prefix(&self.waiting[w].tokens);
+            if m.pending_on.is_some() {
+                // NOTE: its prefix is being computed by a running sequence; admitting it now
+                // would compute the same blocks twice. It keeps its place; later requests go first.
+                self.stats.prefix_waits += 1;
+                w += 1;
+                continue;
+            }
+            // The first request may use every block: nothing else runs that could be starved.
+            let reserve = if self.running.is_empty() { 0 } else { self.cfg.watermark_blocks };
+            if !self.kv.can_allocate(&self.waiting[w].tokens, reserve) {
+                break; // first come, first served for memory: no overtaking a large request
+            }
+            let Some(mut seq) = self.waiting.remove(w) else { break };
+            let cached = self.kv.allocate(seq.id, &seq.tokens)?;
+            seq.num_computed = cached;
+            self.stats.cached_tokens += cached.min(seq.prompt_len) as u64;
+            self.running.push(seq);
+            let i = self.running.len() - 1;
+            let n = self.running[i].remaining().min(budget);
+            plan.chunks.push(self.chunk(i, n)?);
+            budget -= n;
+        }
+
+        if !plan.chunks.is_empty() {
+            self.stats.steps += 1;
+            self.stats.seq_steps += plan.chunks.len() as u64;
+        }
+        debug_assert!(plan.n_tokens() <= self.cfg.max_batch_tokens);
+        Ok(plan)
+    }
+
+    /// Makes sure running sequence `i` has a slot for each of its tokens, preempting the newest
+    /// sequences while blocks are short. False when `i` itself had to be preempted.
+    fn reserve_slots(&mut self, i: usize) -> Result<bool, SchedulerError> {
+        let id = self.running[i].id;
+        let need = self.running[i].tokens.len();
+        while self.kv.num_slots(id).ok_or(KvError::UnknownSeq(id))? < need {
+            if self.kv.may_append(id) {
+                self.kv.append_slot(id)?;
+                continue;
+            }
+            let victim = self.running.len() - 1;
+            self.preempt(victim)?;
+            if victim == i {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Frees running sequence `i`'s blocks and puts it back at the front of the queue, with its
+    /// generated tokens: it is prefilled again from its cached prefix (if any survives).
+    fn preempt(&mut self, i: usize) -> Result<(), SchedulerError> {
+        let mut seq = self.running.remove(i);
+        self.kv.free(seq.id)?;
+        seq.num_computed = 0;
+        self.waiting.push_front(seq);
+        self.stats.preemptions += 1;
+        Ok(())
+    }
+
+    /// The next `n` tokens of running sequence `i`.
+    fn chunk(&self, i: usize, n: usize) -> Result<SeqChunk, SchedulerError> {
+        let s = &self.running[i];
+        let start = s.num_computed;
+        let table = self.kv.block_table(s.id).ok_or(KvError::UnknownSeq(s.id))?;
+        Ok(SeqChunk {
+            seq: s.id,
+            tokens: s.tokens[start..start + n].to_vec(),
+            start_pos: start,
+            block_table: table.to_vec(),
+            want_logits: start + n == s.tokens.len(),
+        })
+    }
+
+    /// Records that the backend ran `plan`: the chunks' K/V are in the cache now.
+    pub fn on_step_done(&mut self, plan: &StepPlan) -> Result<(), SchedulerError> {
+        for c in &plan.chunks {
+            let seq = self.running.iter_mut().find(|s| s.id == c.seq).ok_or(SchedulerError::NotRunning(c.seq))?;
+            let end = c.start_pos + c.tokens.len();
+            let overlap = |lo: usize, hi: usize| hi.min(end).saturating_sub(lo.max(c.start_pos)) as u64;
+            self.stats.prompt_tokens_computed += overlap(0, seq.prompt_len);
+            self.stats.recomputed_tokens += overlap(seq.prompt_len, seq.max_computed);
+            seq.num_computed = end;
+            seq.max_computed = seq.max_computed.max(end);
+            self.kv.mark_computed(seq.id, &seq.tokens, end)?;
+        }
+        Ok(())
+    }
+
+    /// Appends a sampled token to running sequence `id` (after a chunk with logits).
+    pub fn append_token(&mut self, id: SeqId, token: u32) -> Result<(), SchedulerError> {
+        let seq = self.running.iter_mut().find(|s| s.id == id).ok_or(SchedulerError::NotRunning(id))?;
+        seq.tokens.push(token);
+        Ok(())
+    }
+
+    /// Ends running sequence `id`: its slot and blocks are free for the next step.
+    pub fn finish(&mut self, id: SeqId) -> Result<Sequence, SchedulerError> {
+        let i = self.running.iter().position(|s| s.id == id).ok_or(SchedulerError::NotRunning(id))?;
+        let seq = self.running.remove(i);
+        self.kv.free(id)?;
+        Ok(seq)
+    }
+}

@@ -1,0 +1,495 @@
+//! Checkpoints: finished rows are committed in batches to part files, and a journal lists the
+//! committed parts. `kill -9` at any instant loses at most the uncommitted batch; the same command
+//! resumes, skips the committed records, and the final output — assembled from the parts in input
+//! order — is byte-identical to an unbroken run's.
+//!
+//! On disk, beside the output (`<output>.dustoff/`):
+//! - `job.json`: `{format_version, fingerprint, digest}`; a resume of a different job is refused.
+//! - `part-000001.tsv`...: one row per line, `<input index>\t<row JSON>`, sorted by index.
+//! - `journal.jsonl`: one line per committed part `{part, rows, errors, bytes, blake3, first,
+//!   last}`, appended and fsync'd after the part itself is fsync'd. A part not in the journal
+//!   (crash between the two) is deleted on resume; a torn last journal line is cut off.
+
+use std::collections::BinaryHeap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::shard::{OrderHeader, OrderWriter, ShardError, ShardSpec, ORDER_FORMAT_VERSION};
+use super::writer::{sync_parent, RowWriter, WriteError};
+
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint I/O on {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "the checkpoint in {dir} belongs to a different job ({differs} changed since it was \
+         started); run the same command as before to resume it, or add --restart to discard it \
+         and start over"
+    )]
+    Mismatch { dir: PathBuf, differs: String },
+    #[error("{path} has format_version {found}; this dustoff reads version {CHECKPOINT_FORMAT_VERSION} (add --restart to discard it)")]
+    Version { path: PathBuf, found: u32 },
+    #[error("checkpoint {path} is damaged: {message} (add --restart to discard it)")]
+    Corrupt { path: PathBuf, message: String },
+    #[error("cannot assemble the output: {committed} rows are committed but {expected} records were read")]
+    Incomplete { expected: u64, committed: u64 },
+    #[error(transparent)]
+    Write(#[from] WriteError),
+    #[error(transparent)]
+    Shard(#[from] ShardError),
+}
+
+/// A file's identity without reading all of it: size plus a blake3 of its first and last MiB.
+/// Cheap for 10 GB inputs and GB-sized models, and independent of the path (a moved file still
+/// resumes) and of mtime (a copy still resumes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileIdentity {
+    pub name: String,
+    pub size: u64,
+    pub sample: String,
+}
+
+pub fn file_identity(path: &Path) -> std::io::Result<FileIdentity> {
+    const SPAN: u64 = 1 << 20;
+    let mut f = File::open(path)?;
+    let size = f.metadata()?.len();
+    let mut h = blake3::Hasher::new();
+    h.update(&size.to_le_bytes());
+    let mut buf = vec![0u8; SPAN.min(size) as usize];
+    f.read_exact(&mut buf)?;
+    h.update(&buf);
+    if size > SPAN {
+        let start = (size - SPAN).max(SPAN);
+        f.seek(SeekFrom::Start(start))?;
+        let mut tail = Vec::new();
+        f.take(SPAN).read_to_end(&mut tail)?;
+        h.update(&tail);
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(FileIdentity { name, size, sample: h.finalize().to_hex().to_string() })
+}
+
+/// What makes two runs the same job. Anything that changes a row belongs here.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobFingerprint {
+    pub model: FileIdentity,
+    /// blake3 of the pipeline file's bytes (or of the built-in OpenAI pipeline's name).
+    pub pipeline: String,
+    /// Canonical JSON of the parameters that change outputs (generation, limits, overrides).
+    pub params: String,
+    pub inputs: Vec<FileIdentity>,
+    pub shard: Option<ShardSpec>,
+}
+
+impl JobFingerprint {
+    /// Hex digest of everything.
+    pub fn digest(&self) -> String {
+        blake3::hash(serde_json::to_string(self).unwrap_or_default().as_bytes()).to_hex().to_string()
+    }
+
+    /// Hex digest without the shard: the same for all shards of one job (checked by merge).
+    pub fn job_digest(&self) -> String {
+        let mut f = self.clone();
+        f.shard = None;
+        f.digest()
+    }
+
+    /// Names of the parts that differ, for the mismatch message.
+    pub fn differences(&self, other: &JobFingerprint) -> Vec<&'static str> {
+        let mut d = Vec::new();
+        if self.model != other.model {
+            d.push("the model");
+        }
+        if self.pipeline != other.pipeline {
+            d.push("the pipeline file");
+        }
+        if self.params != other.params {
+            d.push("the generation parameters");
+        }
+        if self.inputs != other.inputs {
+            d.push("the input files");
+        }
+        if self.shard != other.shard {
+            d.push("the shard");
+        }
+        d
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct JobFile {
+    format_version: u32,
+    digest: String,
+    fingerprint: JobFingerprint,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct JournalEntry {
+    part: String,
+    rows: u64,
+    errors: u64,
+    bytes: u64,
+    blake3: String,
+    first: u64,
+    last: u64,
+}
+
+/// One finished row waiting to be committed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingRow {
+    /// Global input index of the record.
+    pub index: u64,
+    /// The row JSON (see `writer`), without newline.
+    pub line: String,
+    pub is_error: bool,
+}
+
+/// An open checkpoint of one job.
+pub struct Checkpoint {
+    dir: PathBuf,
+    fingerprint: JobFingerprint,
+    journal: File,
+    parts: Vec<JournalEntry>,
+    next_part: u64,
+    /// Bit i set: input record i has a committed row. `[ceil(n_records / 64)]` words.
+    done: Vec<u64>,
+    rows: u64,
+    errors: u64,
+    resumed_rows: u64,
+}
+
+/// The checkpoint directory of an output.
+pub fn checkpoint_dir(output: &Path) -> PathBuf {
+    let mut p = output.as_os_str().to_owned();
+    p.push(".dustoff");
+    PathBuf::from(p)
+}
+
+impl Checkpoint {
+    /// Opens the checkpoint of `output`: resumes a matching one, refuses a different job's
+    /// (unless `restart`), or starts a new one.
+    pub fn open(output: &Path, fingerprint: &JobFingerprint, restart: bool) -> Result<Self, CheckpointError> {
+        let dir = checkpoint_dir(output);
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CheckpointError::Io { path, source }
+        };
+        let job_path = dir.join("job.json");
+        if restart && dir.exists() {
+            fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        }
+        if !job_path.exists() {
+            // New job (or one that died before its job.json was durable): start clean.
+            if dir.exists() {
+                fs::remove_dir_all(&dir).map_err(io(&dir))?;
+            }
+            fs::create_dir_all(&dir).map_err(io(&dir))?;
+            File::create(dir.join("journal.jsonl")).and_then(|f| f.sync_all()).map_err(io(&dir))?;
+            let job = JobFile {
+                format_version: CHECKPOINT_FORMAT_VERSION,
+                digest: fingerprint.digest(),
+                fingerprint: fingerprint.clone(),
+            };
+            let tmp = dir.join("job.json.tmp");
+            let text = serde_json::to_string_pretty(&job).unwrap_or_default();
+            fs::write(&tmp, text).map_err(io(&tmp))?;
+            File::open(&tmp).and_then(|f| f.sync_all()).map_err(io(&tmp))?;
+            fs::rename(&tmp, &job_path).map_err(io(&job_path))?;
+            sync_parent(&job_path).map_err(io(&dir))?;
+            sync_parent(&dir).map_err(io(&dir))?;
+        }
+        let text = fs::read_to_string(&job_path).map_err(io(&job_path))?;
+        let version = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("format_version").and_then(|v| v.as_u64()));
+        match version {
+            Some(v) if v == u64::from(CHECKPOINT_FORMAT_VERSION) => {}
+            Some(v) => return Err(CheckpointError::Version { path: job_path, found: v as u32 }),
+            None => return Err(CheckpointError::Corrupt { path: job_path, message: "no format_version".into() }),
+        }
+        let job: JobFile = serde_json::from_str(&text)
+            .map_err(|e| CheckpointError::Corrupt { path: job_path.clone(), message: e.to_string() })?;
+        if job.fingerprint != *fingerprint {
+            let differs = job.fingerprint.differences(fingerprint).join(", ");
+            return Err(CheckpointError::Mismatch { dir, differs });
+        }
+        let mut ck = Checkpoint {
+            dir: dir.clone(),
+            fingerprint: fingerprint.clone(),
+            journal: OpenOptions::new().read(true).append(true).open(dir.join("journal.jsonl")).map_err(io(&dir))?,
+            parts: Vec::new(),
+            next_part: 1,
+            done: Vec::new(),
+            rows: 0,
+            errors: 0,
+            resumed_rows: 0,
+        };
+        ck.load_journal()?;
+        ck.resumed_rows = ck.rows;
+        // Leftovers of a crash: parts never journaled, a half-written final output.
+        let listed: std::collections::HashSet<String> = ck.parts.iter().map(|p| p.part.clone()).collect();
+        for e in fs::read_dir(&dir).map_err(io(&dir))? {
+            let e = e.map_err(io(&dir))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("part-") && !listed.contains(&name) {
+                fs::remove_file(e.path()).map_err(io(&e.path()))?;
+            }
+        }
+        Ok(ck)
+    }
+
+    fn load_journal(&mut self) -> Result<(), CheckpointError> {
+        let path = self.dir.join("journal.jsonl");
+        let mut text = String::new();
+        (&self.journal)
+            .seek(SeekFrom::Start(0))
+            .map_err(|source| CheckpointError::Io { path: path.clone(), source })?;
+        (&self.journal)
+            .read_to_string(&mut text)
+            .map_err(|source| CheckpointError::Io { path: path.clone(), source })?;
+        let mut good = 0usize;
+        let mut entries = Vec::new();
+        for (n, seg) in text.split_inclusive('\n').enumerate() {
+            let complete = seg.ends_with('\n');
+            match serde_json::from_str::<JournalEntry>(seg.trim_end()) {
+                Ok(e) if complete => {
+                    entries.push(e);
+                    good += seg.len();
+                }
+                // A torn last line: the crash hit while appending it; its part is not committed.
+                _ if good + seg.len() == text.len() => break,
+                Ok(_) | Err(_) => {
+                    return Err(CheckpointError::Corrupt {
+                        path,
+                        message: format!("journal line {} is unreadable", n + 1),
+                    })
+                }
+            }
+        }
+        if good < text.len() {
+            self.journal
+                .set_len(good as u64)
+                .and_then(|_| self.journal.sync_all())
+                .map_err(|source| CheckpointError::Io { path: path.clone(), source })?;
+        }
+        for e in entries {
+            self.load_part(&e)?;
+            self.rows += e.rows;
+            self.errors += e.errors;
+            let n: u64 = e.part.trim_start_matches("part-").trim_end_matches(".tsv").parse().unwrap_or(0);
+            self.next_part = self.next_part.max(n + 1);
+            self.parts.push(e);
+        }
+        Ok(())
+    }
+
+    /// Verifies a journaled part (size and hash) and marks its records done.
+    fn load_part(&mut self, e: &JournalEntry) -> Result<(), CheckpointError> {
+        let path = self.dir.join(&e.part);
+        let bytes = fs::read(&path).map_err(|source| CheckpointError::Io { path: path.clone(), source })?;
+        let corrupt = |m: String| CheckpointError::Corrupt { path: path.clone(), message: m };
+        if bytes.len() as u64 != e.bytes || blake3::hash(&bytes).to_hex().as_str() != e.blake3 {
+            return Err(corrupt("size or hash differs from the journal".into()));
+        }
+        let mut n = 0;
+        for line in bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let idx = parse_index(line).ok_or_else(|| corrupt("a line has no index".into()))?;
+            if self.is_done(idx) {
+                return Err(corrupt(format!("record {idx} is committed twice")));
+            }
+            self.mark(idx);
+            n += 1;
+        }
+        if n != e.rows {
+            return Err(corrupt(format!("{n} rows, journal says {}", e.rows)));
+        }
+        Ok(())
+    }
+
+    fn mark(&mut self, i: u64) {
+        let w = (i / 64) as usize;
+        if w >= self.done.len() {
+            self.done.resize(w + 1, 0);
+        }
+        self.done[w] |= 1 << (i % 64);
+    }
+
+    /// Whether input record `index` already has a committed row.
+    pub fn is_done(&self, index: u64) -> bool {
+        self.done.get((index / 64) as usize).is_some_and(|w| w & (1 << (index % 64)) != 0)
+    }
+
+    /// Rows committed so far (this run and earlier ones).
+    pub fn committed_rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Error rows committed so far (counts toward `--max-errors` across resumes).
+    pub fn committed_errors(&self) -> u64 {
+        self.errors
+    }
+
+    /// Rows that were already committed when this run opened the checkpoint.
+    pub fn resumed_rows(&self) -> u64 {
+        self.resumed_rows
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Commits a batch durably: the part file is written and fsync'd, then its journal line.
+    pub fn commit(&mut self, mut rows: Vec<PendingRow>) -> Result<(), CheckpointError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        rows.sort_by_key(|r| r.index);
+        let name = format!("part-{:06}.tsv", self.next_part);
+        let path = self.dir.join(&name);
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CheckpointError::Io { path, source }
+        };
+        let mut data = Vec::with_capacity(rows.iter().map(|r| r.line.len() + 24).sum());
+        let mut errors = 0;
+        for (k, r) in rows.iter().enumerate() {
+            if self.is_done(r.index) || (k > 0 && rows[k - 1].index == r.index) {
+                return Err(CheckpointError::Corrupt {
+                    path: path.clone(),
+                    message: format!("record {} would be committed twice", r.index),
+                });
+            }
+            data.extend_from_slice(r.index.to_string().as_bytes());
+            data.push(b'\t');
+            data.extend_from_slice(r.line.as_bytes());
+            data.push(b'\n');
+            errors += u64::from(r.is_error);
+        }
+        let mut f = File::create(&path).map_err(io(&path))?;
+        f.write_all(&data).and_then(|_| f.sync_all()).map_err(io(&path))?;
+        sync_parent(&path).map_err(io(&path))?;
+        let entry = JournalEntry {
+            part: name,
+            rows: rows.len() as u64,
+            errors,
+            bytes: data.len() as u64,
+            blake3: blake3::hash(&data).to_hex().to_string(),
+            first: rows[0].index,
+            last: rows[rows.len() - 1].index,
+        };
+        let mut line = serde_json::to_string(&entry).unwrap_or_default();
+        line.push('\n');
+        let jpath = self.dir.join("journal.jsonl");
+        self.journal.write_all(line.as_bytes()).and_then(|_| self.journal.sync_data()).map_err(io(&jpath))?;
+        for r in &rows {
+            self.mark(r.index);
+        }
+        self.rows += entry.rows;
+        self.errors += errors;
+        self.next_part += 1;
+        self.parts.push(entry);
+        Ok(())
+    }
+
+    /// Assembles the final output from the parts in input order (a streaming merge: parts are
+    /// opened when the merge reaches their first index), writes the `.order` sidecar for a
+    /// sharded job, and removes the checkpoint. `expected`: records this run was responsible for.
+    pub fn finish(self, output: &Path, expected: u64, json_output: bool) -> Result<u64, CheckpointError> {
+        if self.rows != expected {
+            return Err(CheckpointError::Incomplete { expected, committed: self.rows });
+        }
+        let mut parts = self.parts.clone();
+        parts.sort_by_key(|p| p.first);
+        let mut order = match self.fingerprint.shard {
+            Some(shard) => Some(OrderWriter::create(
+                output,
+                &OrderHeader {
+                    format_version: ORDER_FORMAT_VERSION,
+                    shard,
+                    job: self.fingerprint.job_digest(),
+                    json_output,
+                    rows: self.rows,
+                },
+            )?),
+            None => None,
+        };
+        let mut out = RowWriter::create(output, json_output)?;
+        let mut readers: Vec<Option<PartCursor>> = Vec::new();
+        let mut heap: BinaryHeap<std::cmp::Reverse<(u64, usize)>> = BinaryHeap::new();
+        let mut next = 0;
+        loop {
+            while next < parts.len() && heap.peek().is_none_or(|r| parts[next].first <= r.0 .0) {
+                let mut c = PartCursor::open(&self.dir.join(&parts[next].part))?;
+                if let Some(i) = c.advance()? {
+                    heap.push(std::cmp::Reverse((i, readers.len())));
+                }
+                readers.push(Some(c));
+                next += 1;
+            }
+            let Some(std::cmp::Reverse((i, k))) = heap.pop() else { break };
+            let Some(c) = readers[k].as_mut() else { continue };
+            out.write_row(&c.line)?;
+            if let Some(o) = order.as_mut() {
+                o.push(i)?;
+            }
+            match c.advance()? {
+                Some(n) => heap.push(std::cmp::Reverse((n, k))),
+                None => readers[k] = None,
+            }
+        }
+        if let Some(o) = order {
+            o.finish()?;
+        }
+        let n = out.finish()?;
+        fs::remove_dir_all(&self.dir).map_err(|source| CheckpointError::Io { path: self.dir.clone(), source })?;
+        Ok(n)
+    }
+}
+
+fn parse_index(line: &[u8]) -> Option<u64> {
+    let tab = line.iter().position(|&b| b == b'\t')?;
+    std::str::from_utf8(&line[..tab]).ok()?.parse().ok()
+}
+
+/// Reads one part file line by line.
+struct PartCursor {
+    path: PathBuf,
+    r: BufReader<File>,
+    buf: String,
+    line: String,
+}
+
+impl PartCursor {
+    fn open(path: &Path) -> Result<Self, CheckpointError> {
+        let f = File::open(path).map_err(|source| CheckpointError::Io { path: path.to_path_buf(), source })?;
+        Ok(PartCursor { path: path.to_path_buf(), r: BufReader::new(f), buf: String::new(), line: String::new() })
+    }
+
+    /// Moves to the next row: returns its index, with the row JSON in `self.line`.
+    fn advance(&mut self) -> Result<Option<u64>, CheckpointError> {
+        self.buf.clear();
+        let n = self
+            .r
+            .read_line(&mut self.buf)
+            .map_err(|source| CheckpointError::Io { path: self.path.clone(), source })?;
+        if n == 0 {
+            return Ok(None);
+        }
+        let t = self.buf.trim_end_matches('\n');
+        let (idx, row) = t.split_once('\t').ok_or_else(|| CheckpointError::Corrupt {
+            path: self.path.clone(),
+            message: "a line has no index".into(),
+        })?;
+        let idx = idx
+            .parse()
+            .map_err(|_| CheckpointError::Corrupt { path: self.path.clone(), message: format!("bad index '{idx}'") })?;
+        self.line.clear();
+        self.line.push_str(row);
+        Ok(Some(idx))
+    }
+}

@@ -1,0 +1,113 @@
+//! `--dry-run`: read, render, tokenize and plan without the model. Says how many records there
+//! are, their token counts, how much the prefix cache would save, and which records would fail.
+
+use std::collections::{BTreeMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::pipeline::TextCodec;
+use super::reader::RecordReader;
+use super::record::ErrorKind;
+use super::runner::{prepare, JobKind, Prepared};
+use super::shard::ShardSpec;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DryRunReport {
+    pub records: u64,
+    pub ok: u64,
+    pub errors: u64,
+    pub errors_by_kind: BTreeMap<ErrorKind, u64>,
+    /// The first few error rows' (line, message), to show the user.
+    pub first_errors: Vec<(u64, String)>,
+    pub prompt_tokens: u64,
+    /// Prompt tokens left to compute with full-block prefix reuse across the job.
+    pub prompt_tokens_uncached: u64,
+    pub max_prompt_tokens: u64,
+    /// Upper bound of generated tokens (sum of max_tokens).
+    pub generation_budget: u64,
+    pub truncated: u64,
+    pub seconds: f64,
+}
+
+impl DryRunReport {
+    pub fn records_per_second(&self) -> f64 {
+        self.records as f64 / self.seconds.max(1e-9)
+    }
+}
+
+/// Most block hashes remembered by the estimate (64 MiB of u64s at most).
+const MAX_BLOCKS: usize = 8 << 20;
+
+/// Runs the job up to the engine. Records are prepared in parallel in chunks (rayon), then
+/// counted in input order, so the estimate of prefix reuse is the same as a one-slot run's.
+pub fn dry_run(
+    job: &JobKind,
+    inputs: &[PathBuf],
+    shard: Option<ShardSpec>,
+    codec: &(dyn TextCodec + Sync),
+    block_size: usize,
+) -> anyhow::Result<DryRunReport> {
+    let start = Instant::now();
+    let mut cfg = job.reader_config();
+    cfg.shard = shard;
+    let mut reader = RecordReader::new(inputs.to_vec(), cfg);
+    let mut rep = DryRunReport::default();
+    let mut blocks: HashSet<u64> = HashSet::new();
+    let bs = block_size.max(1);
+    loop {
+        let mut chunk = Vec::with_capacity(2048);
+        for item in reader.by_ref().take(2048) {
+            chunk.push(item?);
+        }
+        if chunk.is_empty() {
+            break;
+        }
+        let prepared: Vec<Prepared> = chunk.par_iter().map(|it| prepare(job, codec, it)).collect();
+        for (item, p) in chunk.iter().zip(prepared) {
+            rep.records += 1;
+            match p {
+                Prepared::Row(e) => {
+                    rep.errors += 1;
+                    *rep.errors_by_kind.entry(e.kind).or_insert(0) += 1;
+                    if rep.first_errors.len() < 20 {
+                        rep.first_errors.push((item.line, e.to_string()));
+                    }
+                }
+                Prepared::Request(req, _, truncated) => {
+                    rep.ok += 1;
+                    rep.truncated += u64::from(truncated);
+                    let n = req.prompt.len() as u64;
+                    rep.prompt_tokens += n;
+                    rep.max_prompt_tokens = rep.max_prompt_tokens.max(n);
+                    rep.generation_budget += u64::from(req.max_tokens);
+                    // Full blocks chained by hash, as the KV pool identifies them; a hit is
+                    // capped so the last prompt token is always computed.
+                    let mut parent = 0u64;
+                    let mut hit = 0u64;
+                    let mut missed = false;
+                    for b in req.prompt.chunks_exact(bs) {
+                        let mut h = std::collections::hash_map::DefaultHasher::new();
+                        parent.hash(&mut h);
+                        b.hash(&mut h);
+                        parent = h.finish();
+                        if !missed && blocks.contains(&parent) {
+                            hit += bs as u64;
+                        } else {
+                            missed = true;
+                            if blocks.len() < MAX_BLOCKS {
+                                blocks.insert(parent);
+                            }
+                        }
+                    }
+                    rep.prompt_tokens_uncached += n - hit.min(n.saturating_sub(1));
+                }
+            }
+        }
+    }
+    rep.seconds = start.elapsed().as_secs_f64();
+    Ok(rep)
+}

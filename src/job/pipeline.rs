@@ -1,0 +1,434 @@
+//! Pipelines: a job definition as data (TOML). The prompt template is a minijinja template over
+//! the record's fields; the shared system prompt and instruction come first so every record's
+//! prompt starts with the same tokens (their KV blocks are computed once per job).
+//!
+//! ```toml
+//! name = "summarize"
+//! [input]            # id_field = "id", fields = ["text"], document_field = first field
+//! [prompt]           # system, instruction, template = "{{ text }}", chat_template = true
+//! [generation]       # max_tokens, temperature, top_p, top_k, seed
+//! [output]           # kind = "text" | "json", required_keys = [...] (json)
+//! [limits]           # max_input_tokens, overflow = "truncate-tail" | "truncate-head" | "error", marker
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use minijinja::{Environment, UndefinedBehavior};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::record::{ChatMessage, ErrorKind, RecordError};
+use super::writer::RowOutput;
+use crate::engine::sampler::{derive_seed, SamplingParams};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("pipeline '{0}' not found (looked for that path and for pipelines/{0}.toml)")]
+    NotFound(String),
+    #[error("cannot read pipeline {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("pipeline {path} is not valid TOML for a pipeline: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("pipeline {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSpec {
+    #[serde(default = "default_id")]
+    pub id_field: String,
+    /// Text fields the template reads (each must be present and a string).
+    #[serde(default = "default_fields")]
+    pub fields: Vec<String>,
+    /// The field that is checked for emptiness and truncated when too long (default: first field).
+    #[serde(default)]
+    pub document_field: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptSpec {
+    /// Shared system prompt (the first message).
+    #[serde(default)]
+    pub system: String,
+    /// Shared instruction, placed before the per-record text in the user message.
+    #[serde(default)]
+    pub instruction: String,
+    /// minijinja template over the record's fields.
+    #[serde(default = "default_template")]
+    pub template: String,
+    /// Wrap in the model's chat template (off: plain text, parts joined by blank lines).
+    #[serde(default = "yes")]
+    pub chat_template: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationSpec {
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    #[serde(default)]
+    pub temperature: f32,
+    #[serde(default = "one")]
+    pub top_p: f32,
+    #[serde(default)]
+    pub top_k: usize,
+    /// Job seed; each record's seed is derived from it and the record id.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputKind {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    #[serde(default = "default_kind")]
+    pub kind: OutputKind,
+    /// JSON outputs: keys the object must have.
+    #[serde(default)]
+    pub required_keys: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overflow {
+    /// Keep the start of the document, cut its end.
+    TruncateTail,
+    /// Keep the end of the document, cut its start.
+    TruncateHead,
+    /// An `input_too_long` error row.
+    Error,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSpec {
+    #[serde(default = "default_max_input")]
+    pub max_input_tokens: u32,
+    #[serde(default = "default_overflow")]
+    pub overflow: Overflow,
+    /// Put where text was cut.
+    #[serde(default = "default_marker")]
+    pub marker: String,
+}
+
+/// A pipeline file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default = "default_input")]
+    pub input: InputSpec,
+    pub prompt: PromptSpec,
+    #[serde(default = "default_generation")]
+    pub generation: GenerationSpec,
+    #[serde(default = "default_output")]
+    pub output: OutputSpec,
+    #[serde(default = "default_limits")]
+    pub limits: LimitsSpec,
+}
+
+fn default_id() -> String {
+    "id".into()
+}
+fn default_fields() -> Vec<String> {
+    vec!["text".into()]
+}
+fn default_template() -> String {
+    "{{ text }}".into()
+}
+fn yes() -> bool {
+    true
+}
+fn one() -> f32 {
+    1.0
+}
+fn default_max_tokens() -> u32 {
+    128
+}
+fn default_kind() -> OutputKind {
+    OutputKind::Text
+}
+fn default_max_input() -> u32 {
+    2048
+}
+fn default_overflow() -> Overflow {
+    Overflow::TruncateTail
+}
+fn default_marker() -> String {
+    " [...] ".into()
+}
+fn default_input() -> InputSpec {
+    InputSpec { id_field: default_id(), fields: default_fields(), document_field: None }
+}
+fn default_generation() -> GenerationSpec {
+    GenerationSpec { max_tokens: default_max_tokens(), temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 }
+}
+fn default_output() -> OutputSpec {
+    OutputSpec { kind: OutputKind::Text, required_keys: Vec::new() }
+}
+fn default_limits() -> LimitsSpec {
+    LimitsSpec { max_input_tokens: default_max_input(), overflow: default_overflow(), marker: default_marker() }
+}
+
+/// The tokenizer as the pipeline needs it (implemented by the runner over the real tokenizer).
+pub trait TextCodec {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
+    fn decode(&self, ids: &[u32]) -> Result<String, String>;
+    /// The model's chat template over `messages`, with the assistant turn opened.
+    fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, String>;
+}
+
+/// The token ids of one record's prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptIds {
+    pub ids: Vec<u32>,
+    /// The document was cut to fit `max_input_tokens`.
+    pub truncated: bool,
+}
+
+/// A loaded, validated pipeline with its template compiled.
+pub struct Pipeline {
+    pub spec: PipelineSpec,
+    pub path: PathBuf,
+    /// blake3 of the file's bytes (part of the job fingerprint).
+    pub source_hash: String,
+    env: Environment<'static>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline").field("spec", &self.spec).field("path", &self.path).finish()
+    }
+}
+
+impl Pipeline {
+    /// `name_or_path`: a file path, or the name of a file in `pipelines_dir` (without `.toml`).
+    pub fn resolve(name_or_path: &str, pipelines_dir: &Path) -> Result<Pipeline, PipelineError> {
+        let direct = PathBuf::from(name_or_path);
+        let named = pipelines_dir.join(format!("{name_or_path}.toml"));
+        let path = if direct.is_file() {
+            direct
+        } else if named.is_file() {
+            named
+        } else {
+            return Err(PipelineError::NotFound(name_or_path.to_string()));
+        };
+        let text = std::fs::read_to_string(&path).map_err(|source| PipelineError::Io { path: path.clone(), source })?;
+        Pipeline::from_toml(&text, &path)
+    }
+
+    /// Parses and validates pipeline text; `path` names it in errors.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Pipeline, PipelineError> {
+        let spec: PipelineSpec = toml::from_str(text)
+            .map_err(|e| PipelineError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+        let invalid = |message: String| PipelineError::Invalid { path: path.to_path_buf(), message };
+        let g = &spec.generation;
+        if g.max_tokens == 0 {
+            return Err(invalid("generation.max_tokens must be at least 1".into()));
+        }
+        if !(g.temperature >= 0.0 && g.temperature.is_finite()) {
+            return Err(invalid(format!("generation.temperature must be >= 0, got {}", g.temperature)));
+        }
+        if !(g.top_p > 0.0 && g.top_p <= 1.0) {
+            return Err(invalid(format!("generation.top_p must be in (0, 1], got {}", g.top_p)));
+        }
+        if spec.input.id_field.is_empty() {
+            return Err(invalid("input.id_field is empty".into()));
+        }
+        if spec.input.fields.is_empty() {
+            return Err(invalid("input.fields is empty: name the text fields the template reads".into()));
+        }
+        if let Some(d) = &spec.input.document_field {
+            if !spec.input.fields.contains(d) {
+                return Err(invalid(format!("input.document_field '{d}' is not one of input.fields")));
+            }
+        }
+        if spec.limits.max_input_tokens < 16 {
+            return Err(invalid("limits.max_input_tokens must be at least 16".into()));
+        }
+        if spec.limits.overflow != Overflow::Error && spec.limits.marker.is_empty() {
+            return Err(invalid("limits.marker is empty; truncation must leave a visible mark".into()));
+        }
+        if spec.output.kind == OutputKind::Text && !spec.output.required_keys.is_empty() {
+            return Err(invalid("output.required_keys needs output.kind = \"json\"".into()));
+        }
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        env.add_template_owned("prompt", spec.prompt.template.clone())
+            .map_err(|e| invalid(format!("prompt.template does not compile: {e}")))?;
+        let tmpl = env.get_template("prompt").map_err(|e| invalid(e.to_string()))?;
+        let mut used: Vec<String> = tmpl.undeclared_variables(false).into_iter().collect();
+        used.sort();
+        for v in used {
+            if v != spec.input.id_field && !spec.input.fields.contains(&v) {
+                return Err(invalid(format!(
+                    "prompt.template uses '{v}', which is not in input.fields {:?}",
+                    spec.input.fields
+                )));
+            }
+        }
+        Ok(Pipeline {
+            source_hash: blake3::hash(text.as_bytes()).to_hex().to_string(),
+            spec,
+            path: path.to_path_buf(),
+            env,
+        })
+    }
+
+    /// The field that is checked for emptiness and truncated.
+    pub fn document_field(&self) -> &str {
+        self.spec.input.document_field.as_deref().unwrap_or(&self.spec.input.fields[0])
+    }
+
+    /// The per-record text: the template rendered over `fields` (+ the id).
+    pub fn render_record(&self, id: &str, fields: &Map<String, Value>) -> Result<String, RecordError> {
+        let mut ctx = fields.clone();
+        ctx.entry(self.spec.input.id_field.clone()).or_insert_with(|| Value::String(id.to_string()));
+        let tmpl = self.env.get_template("prompt").map_err(|e| RecordError::new(ErrorKind::Template, e.to_string()))?;
+        tmpl.render(&ctx).map_err(|e| RecordError::new(ErrorKind::Template, format!("prompt template: {e}")))
+    }
+
+    /// The messages of a record's prompt: system (if any), then instruction + record text.
+    pub fn messages(&self, record_text: &str) -> Vec<ChatMessage> {
+        let p = &self.spec.prompt;
+        let mut m = Vec::new();
+        if !p.system.is_empty() {
+            m.push(ChatMessage { role: "system".into(), content: p.system.clone() });
+        }
+        let user = if p.instruction.is_empty() {
+            record_text.to_string()
+        } else {
+            format!("{}\n\n{record_text}", p.instruction)
+        };
+        m.push(ChatMessage { role: "user".into(), content: user });
+        m
+    }
+
+    /// The full prompt text for a record's rendered text.
+    pub fn prompt_text(&self, codec: &dyn TextCodec, record_text: &str) -> Result<String, RecordError> {
+        let msgs = self.messages(record_text);
+        if self.spec.prompt.chat_template {
+            codec.chat_prompt(&msgs).map_err(|e| RecordError::new(ErrorKind::Template, format!("chat template: {e}")))
+        } else {
+            Ok(msgs.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n\n"))
+        }
+    }
+
+    /// Renders and tokenizes a record, fitting it to `max_input_tokens` by the overflow policy.
+    pub fn prompt_ids(
+        &self,
+        codec: &dyn TextCodec,
+        id: &str,
+        fields: &Map<String, Value>,
+    ) -> Result<PromptIds, RecordError> {
+        let enc =
+            |t: &str| codec.encode(t).map_err(|e| RecordError::new(ErrorKind::Template, format!("tokenizer: {e}")));
+        let max = self.spec.limits.max_input_tokens as usize;
+        let ids = enc(&self.prompt_text(codec, &self.render_record(id, fields)?)?)?;
+        if ids.len() <= max {
+            return Ok(PromptIds { ids, truncated: false });
+        }
+        let too_long = |n: usize| {
+            RecordError::new(
+                ErrorKind::InputTooLong,
+                format!("prompt has {n} tokens, over limits.max_input_tokens = {max}"),
+            )
+        };
+        let policy = self.spec.limits.overflow;
+        if policy == Overflow::Error {
+            return Err(too_long(ids.len()));
+        }
+        let doc_field = self.document_field();
+        let doc = fields.get(doc_field).and_then(Value::as_str).unwrap_or_default();
+        let doc_ids = enc(doc)?;
+        let marker = &self.spec.limits.marker;
+        let mut excess = ids.len() - max;
+        let mut keep = doc_ids.len();
+        // Token counts of the parts do not add up exactly (merges across the cut), so shrink
+        // until the whole prompt fits; each round removes at least the measured excess.
+        for _ in 0..4 {
+            keep = keep.saturating_sub(excess + enc(marker)?.len());
+            if keep == 0 {
+                return Err(RecordError::new(
+                    ErrorKind::InputTooLong,
+                    format!("prompt is over limits.max_input_tokens = {max} even with '{doc_field}' cut to nothing"),
+                ));
+            }
+            let kept = match policy {
+                Overflow::TruncateHead => doc_ids[doc_ids.len() - keep..].to_vec(),
+                _ => doc_ids[..keep].to_vec(),
+            };
+            let kept =
+                codec.decode(&kept).map_err(|e| RecordError::new(ErrorKind::Template, format!("tokenizer: {e}")))?;
+            let cut = match policy {
+                Overflow::TruncateHead => format!("{}{}", marker.trim_start(), kept),
+                _ => format!("{}{}", kept, marker.trim_end()),
+            };
+            let mut f = fields.clone();
+            f.insert(doc_field.to_string(), Value::String(cut));
+            let ids = enc(&self.prompt_text(codec, &self.render_record(id, &f)?)?)?;
+            if ids.len() <= max {
+                return Ok(PromptIds { ids, truncated: true });
+            }
+            excess = ids.len() - max;
+        }
+        Err(too_long(ids.len()))
+    }
+
+    /// The sampling parameters of a record: the pipeline's, with the seed derived from the job
+    /// seed and the record id (same text after a resume).
+    pub fn sampling(&self, record_id: &str) -> SamplingParams {
+        let g = &self.spec.generation;
+        SamplingParams {
+            temperature: g.temperature,
+            top_k: g.top_k,
+            top_p: g.top_p,
+            seed: derive_seed(g.seed, record_id),
+        }
+    }
+
+    /// Turns the model's text into the row's `output` (JSON pipelines parse and check it).
+    pub fn parse_output(&self, text: &str) -> Result<RowOutput, RecordError> {
+        match self.spec.output.kind {
+            OutputKind::Text => Ok(RowOutput::Text(text.trim().to_string())),
+            OutputKind::Json => parse_json_output(text, &self.spec.output.required_keys).map(RowOutput::Json),
+        }
+    }
+}
+
+/// Parses a model's JSON answer: code fences are stripped; it must be an object with the keys.
+pub fn parse_json_output(text: &str, required: &[String]) -> Result<Value, RecordError> {
+    let mut t = text.trim();
+    if let Some(rest) = t.strip_prefix("```") {
+        let rest = rest.strip_prefix("json").unwrap_or(rest);
+        t = rest.trim_end().strip_suffix("```").unwrap_or(rest).trim();
+    }
+    let shown: String = text.chars().take(120).collect();
+    let v: Value = serde_json::from_str(t).map_err(|e| {
+        RecordError::new(ErrorKind::OutputNotJson, format!("model output is not JSON ({e}): {shown:?}"))
+    })?;
+    let Value::Object(obj) = &v else {
+        return Err(RecordError::new(
+            ErrorKind::OutputNotJson,
+            format!("model output is not a JSON object: {shown:?}"),
+        ));
+    };
+    let missing: Vec<&str> = required.iter().filter(|k| !obj.contains_key(*k)).map(String::as_str).collect();
+    if !missing.is_empty() {
+        return Err(RecordError::new(
+            ErrorKind::OutputNotJson,
+            format!("model output lacks key(s) {}: {shown:?}", missing.join(", ")),
+        ));
+    }
+    Ok(v)
+}

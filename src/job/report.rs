@@ -1,0 +1,129 @@
+//! The final report: a JSON file beside the output (`<output>.report.json`) and a short human
+//! summary. Wall-clock values live here, never in rows.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::record::ErrorKind;
+
+pub const REPORT_FORMAT_VERSION: u32 = 1;
+
+/// How the run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Completed,
+    /// Stopped past `--max-errors` (resumable).
+    Aborted,
+    /// Stopped by SIGINT/SIGTERM (resumable).
+    Interrupted,
+    DryRun,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Records this run was responsible for that it read (this shard's records).
+    pub records: u64,
+    pub ok: u64,
+    pub error: u64,
+    /// Already committed by an earlier run of the same job (resume).
+    pub skipped_done: u64,
+    pub errors_by_kind: BTreeMap<ErrorKind, u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Tokens {
+    /// Prompt tokens of the records processed in this run.
+    pub prompt_total: u64,
+    /// Prompt tokens actually computed (the rest came from the prefix cache).
+    pub prompt_computed: u64,
+    pub generated: u64,
+    /// Records whose document was cut to fit `max_input_tokens`.
+    pub truncated_records: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobReport {
+    pub format_version: u32,
+    pub outcome: Outcome,
+    pub pipeline: String,
+    pub model: String,
+    pub inputs: Vec<String>,
+    pub output: String,
+    pub shard: Option<String>,
+    pub counts: Counts,
+    pub tokens: Tokens,
+    pub wall_seconds: f64,
+    /// Seconds spent inside model steps (the rest is job machinery: reading, rendering, writing).
+    pub model_seconds: f64,
+    pub records_per_second: f64,
+    pub generated_tokens_per_second: f64,
+}
+
+impl JobReport {
+    /// Fills the derived rates from the counts and `wall_seconds`.
+    pub fn finalize_rates(&mut self) {
+        let w = self.wall_seconds.max(1e-9);
+        self.records_per_second = (self.counts.ok + self.counts.error) as f64 / w;
+        self.generated_tokens_per_second = self.tokens.generated as f64 / w;
+    }
+
+    /// Where the report of `output` goes.
+    pub fn path_for(output: &Path) -> PathBuf {
+        let mut p = output.as_os_str().to_owned();
+        p.push(".report.json");
+        PathBuf::from(p)
+    }
+
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        std::fs::write(path, text + "\n")
+    }
+
+    /// The share of prompt tokens served by the prefix cache, in percent.
+    pub fn prefix_reuse_percent(&self) -> f64 {
+        if self.tokens.prompt_total == 0 {
+            return 0.0;
+        }
+        100.0 * (1.0 - self.tokens.prompt_computed as f64 / self.tokens.prompt_total as f64)
+    }
+
+    /// A few lines for the terminal.
+    pub fn human_summary(&self) -> String {
+        let c = &self.counts;
+        let mut s = format!(
+            "{}: {} records ({} ok, {} error, {} already done) -> {}\n",
+            match self.outcome {
+                Outcome::Completed => "done",
+                Outcome::Aborted => "ABORTED (too many errors)",
+                Outcome::Interrupted => "INTERRUPTED",
+                Outcome::DryRun => "dry run",
+            },
+            c.records,
+            c.ok,
+            c.error,
+            c.skipped_done,
+            self.output
+        );
+        if !c.errors_by_kind.is_empty() {
+            let kinds: Vec<String> = c.errors_by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            s += &format!("errors: {}\n", kinds.join(", "));
+        }
+        s += &format!(
+            "tokens: {} prompt ({} computed, {:.1}% from prefix cache), {} generated\n",
+            self.tokens.prompt_total,
+            self.tokens.prompt_computed,
+            self.prefix_reuse_percent(),
+            self.tokens.generated
+        );
+        let machinery =
+            if self.wall_seconds > 0.0 { 100.0 * (1.0 - self.model_seconds / self.wall_seconds) } else { 0.0 };
+        s += &format!(
+            "time: {:.1} s wall, {:.1} records/s, {:.1} generated tokens/s, {:.1}% outside model steps\n",
+            self.wall_seconds, self.records_per_second, self.generated_tokens_per_second, machinery
+        );
+        s
+    }
+}

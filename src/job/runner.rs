@@ -1,0 +1,473 @@
+//! The job loop: reader -> pipeline render -> tokenizer -> engine -> rows -> checkpoint, then the
+//! final output in input order. The engine and tokenizer come in through two small traits
+//! ([`Generate`], [`TextCodec`]) so this file knows nothing about tensors.
+//!
+//! Exit codes of `dustoff run` and `dustoff merge` (see [`ExitCode`]):
+//! - 0: the job completed; the output and report are written.
+//! - 1: any other error (unreadable input, model failure, I/O...).
+//! - 2: usage error (bad flags, unknown pipeline, invalid pipeline file, fingerprint mismatch).
+//! - 3: aborted past `--max-errors`; the checkpoint is kept: rerun (with a higher limit) to resume.
+//! - 4: interrupted by SIGINT/SIGTERM; the checkpoint is kept: rerun the same command to resume.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use super::checkpoint::{file_identity, Checkpoint, JobFingerprint, PendingRow};
+use super::pipeline::{Pipeline, TextCodec};
+use super::progress::{Progress, ProgressStats};
+use super::reader::{ReaderConfig, RecordReader};
+use super::record::{ErrorKind, Item, OpenAiEndpoint, RecordBody, RecordError};
+use super::report::{Counts, JobReport, Outcome, Tokens};
+use super::shard::ShardSpec;
+use super::writer::{error_row, ok_row, openai_error_row, openai_ok_row};
+use crate::engine::sampler::{derive_seed, SamplingParams};
+
+/// The process exit code of a job command. See the module docs for the meaning of each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum ExitCode {
+    Ok = 0,
+    Failure = 1,
+    Usage = 2,
+    Aborted = 3,
+    Interrupted = 4,
+}
+
+/// Set when the job should stop taking records: SIGINT/SIGTERM, or by the caller.
+#[derive(Clone, Debug, Default)]
+pub struct StopFlag {
+    flag: Arc<AtomicBool>,
+    signals: bool,
+}
+
+/// Written only by the signal handler (a handler cannot capture state).
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+#[cfg(unix)]
+mod sig {
+    use super::{Ordering, SIGNALLED};
+    pub const SIGINT: i32 = 2;
+    pub const SIGTERM: i32 = 15;
+    extern "C" {
+        // libc `signal(2)`; glibc gives BSD semantics (handler stays installed, SA_RESTART).
+        fn signal(signum: i32, handler: extern "C" fn(i32)) -> usize;
+        fn _exit(code: i32) -> !;
+    }
+    extern "C" fn on_signal(_sig: i32) {
+        // Only async-signal-safe work here: an atomic swap, and `_exit` on a second signal
+        // (the checkpoint is crash-safe, so exiting at once loses nothing committed).
+        if SIGNALLED.swap(true, Ordering::SeqCst) {
+            // SAFETY: `_exit` is async-signal-safe and never returns.
+            unsafe { _exit(4) }
+        }
+    }
+    pub fn install() -> bool {
+        const SIG_ERR: usize = usize::MAX;
+        // SAFETY: `on_signal` has the C ABI `void (*)(int)` that `signal` expects and only
+        // touches an atomic; installing it has no other effect on Rust state.
+        unsafe { signal(SIGINT, on_signal) != SIG_ERR && signal(SIGTERM, on_signal) != SIG_ERR }
+    }
+}
+
+impl StopFlag {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A flag that is also set by SIGINT/SIGTERM (a second signal exits at once with code 4).
+    /// Returns `None` where handlers cannot be installed.
+    pub fn with_signals() -> Option<Self> {
+        #[cfg(unix)]
+        {
+            if sig::install() {
+                return Some(StopFlag { flag: Arc::default(), signals: true });
+            }
+        }
+        None
+    }
+
+    pub fn set(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.flag.load(Ordering::Relaxed) || (self.signals && SIGNALLED.load(Ordering::Relaxed))
+    }
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-sequence token (or a stop condition).
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// One generation request. `key` is the record's input index.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenRequest {
+    pub key: u64,
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+    pub sampling: SamplingParams,
+}
+
+/// A finished request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finished {
+    pub key: u64,
+    /// Generated token ids (without the end-of-sequence token), or the engine's per-request error.
+    pub result: Result<Vec<u32>, String>,
+    pub finish_reason: FinishReason,
+    /// Prompt tokens served by the prefix cache.
+    pub cached_prompt_tokens: u32,
+}
+
+/// The engine as the job loop needs it (the lead implements it over `crate::engine`).
+pub trait Generate {
+    /// How many requests may be submitted and unfinished at once.
+    fn capacity(&self) -> usize;
+    fn submit(&mut self, req: GenRequest) -> anyhow::Result<()>;
+    /// Runs engine steps until at least one request finishes (returns at once with nothing when
+    /// none is pending). An `Err` is a whole-job failure.
+    fn poll(&mut self) -> anyhow::Result<Vec<Finished>>;
+}
+
+/// What a job runs.
+pub enum JobKind {
+    Pipeline(Pipeline),
+    /// OpenAI batch input: the request says the messages and parameters.
+    OpenAi {
+        /// Echoed as `model` in the output lines.
+        model_name: String,
+        default_max_tokens: u32,
+        max_input_tokens: u32,
+    },
+}
+
+impl JobKind {
+    pub fn reader_config(&self) -> ReaderConfig {
+        match self {
+            JobKind::Pipeline(p) => {
+                let f: Vec<&str> = p.spec.input.fields.iter().map(String::as_str).collect();
+                let mut c = ReaderConfig::new(&p.spec.input.id_field, &f);
+                c.document_field = Some(p.document_field().to_string());
+                c
+            }
+            JobKind::OpenAi { .. } => ReaderConfig::openai(),
+        }
+    }
+
+    fn json_output(&self) -> bool {
+        matches!(self, JobKind::Pipeline(p) if p.spec.output.kind == super::pipeline::OutputKind::Json)
+    }
+
+    fn name(&self) -> String {
+        match self {
+            JobKind::Pipeline(p) => p.path.display().to_string(),
+            JobKind::OpenAi { .. } => "openai-batch".to_string(),
+        }
+    }
+
+    fn error_row(&self, item_id: Option<&str>, line: u64, e: &RecordError) -> String {
+        match self {
+            JobKind::Pipeline(_) => error_row(item_id, line, e),
+            JobKind::OpenAi { .. } => openai_error_row(item_id, line, e),
+        }
+    }
+}
+
+/// The fingerprint of a job (see `checkpoint`). `overrides`: canonical JSON of any command-line
+/// setting that changes rows.
+pub fn job_fingerprint(
+    job: &JobKind,
+    model: &std::path::Path,
+    inputs: &[PathBuf],
+    shard: Option<ShardSpec>,
+    overrides: &str,
+) -> anyhow::Result<JobFingerprint> {
+    let model = file_identity(model).with_context(|| format!("reading model {}", model.display()))?;
+    let mut ids = Vec::new();
+    for p in inputs {
+        ids.push(file_identity(p).with_context(|| format!("reading input {}", p.display()))?);
+    }
+    let (pipeline, params) = match job {
+        JobKind::Pipeline(p) => (p.source_hash.clone(), overrides.to_string()),
+        JobKind::OpenAi { default_max_tokens, max_input_tokens, .. } => (
+            "openai-batch".to_string(),
+            format!("{{\"default_max_tokens\":{default_max_tokens},\"max_input_tokens\":{max_input_tokens},\"overrides\":{overrides:?}}}"),
+        ),
+    };
+    Ok(JobFingerprint { model, pipeline, params, inputs: ids, shard })
+}
+
+/// Settings of one run.
+pub struct RunOptions {
+    pub inputs: Vec<PathBuf>,
+    pub output: PathBuf,
+    pub fingerprint: JobFingerprint,
+    pub restart: bool,
+    /// Abort (resumably) once more than this many error rows exist.
+    pub max_errors: Option<u64>,
+    pub shard: Option<ShardSpec>,
+    /// Commit a batch at this many finished rows...
+    pub commit_rows: usize,
+    /// ...or after this long, whichever comes first.
+    pub commit_interval: Duration,
+    pub progress_interval: Duration,
+    pub quiet: bool,
+    pub model_label: String,
+}
+
+/// The result of a run: the report (also written beside the output) and the exit code.
+pub struct RunResult {
+    pub report: JobReport,
+    pub exit: ExitCode,
+}
+
+pub(super) struct InFlight {
+    id: String,
+    line: u64,
+    prompt_tokens: u32,
+    openai: Option<OpenAiEndpoint>,
+}
+
+/// A record made ready for the engine, or its error row.
+pub(super) enum Prepared {
+    Request(GenRequest, InFlight, bool),
+    Row(RecordError),
+}
+
+pub(super) fn prepare(job: &JobKind, codec: &dyn TextCodec, item: &Item) -> Prepared {
+    let id = item.id.as_deref().unwrap_or_default();
+    let body = match &item.body {
+        Ok(b) => b,
+        Err(e) => return Prepared::Row(e.clone()),
+    };
+    let tok_err = |e: String| RecordError::new(ErrorKind::Template, format!("tokenizer: {e}"));
+    let (prompt, truncated, max_tokens, sampling, openai) = match (job, body) {
+        (JobKind::Pipeline(p), RecordBody::Fields(f)) => match p.prompt_ids(codec, id, f) {
+            Ok(pi) => (pi.ids, pi.truncated, p.spec.generation.max_tokens, p.sampling(id), None),
+            Err(e) => return Prepared::Row(e),
+        },
+        (JobKind::OpenAi { default_max_tokens, max_input_tokens, .. }, RecordBody::OpenAi(r)) => {
+            let text = match r.endpoint {
+                OpenAiEndpoint::Chat => match codec.chat_prompt(&r.messages) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        return Prepared::Row(RecordError::new(ErrorKind::Template, format!("chat template: {e}")))
+                    }
+                },
+                OpenAiEndpoint::Completion => r.prompt.clone(),
+            };
+            let ids = match codec.encode(&text) {
+                Ok(ids) => ids,
+                Err(e) => return Prepared::Row(tok_err(e)),
+            };
+            if ids.len() > *max_input_tokens as usize {
+                let m = format!("prompt has {} tokens, over the limit of {max_input_tokens}", ids.len());
+                return Prepared::Row(RecordError::new(ErrorKind::InputTooLong, m));
+            }
+            let sampling = SamplingParams {
+                temperature: r.temperature.unwrap_or(0.0).max(0.0),
+                top_k: 0,
+                top_p: r.top_p.unwrap_or(1.0).clamp(f32::MIN_POSITIVE, 1.0),
+                seed: r.seed.unwrap_or_else(|| derive_seed(0, id)),
+            };
+            (ids, false, r.max_tokens.unwrap_or(*default_max_tokens), sampling, Some(r.endpoint))
+        }
+        _ => return Prepared::Row(RecordError::new(ErrorKind::WrongType, "record does not match the job kind")),
+    };
+    let fl = InFlight { id: id.to_string(), line: item.line, prompt_tokens: prompt.len() as u32, openai };
+    Prepared::Request(GenRequest { key: item.index, prompt, max_tokens, sampling }, fl, truncated)
+}
+
+/// The row of a finished request.
+fn finished_row(job: &JobKind, codec: &dyn TextCodec, fl: &InFlight, f: &Finished) -> (String, Option<ErrorKind>, u32) {
+    let fail = |e: RecordError| (job.error_row(Some(&fl.id), fl.line, &e), Some(e.kind), 0);
+    let tokens = match &f.result {
+        Ok(t) => t,
+        Err(m) => return fail(RecordError::new(ErrorKind::Generation, m.clone())),
+    };
+    let n = tokens.len() as u32;
+    let text = match codec.decode(tokens) {
+        Ok(t) => t,
+        Err(e) => return fail(RecordError::new(ErrorKind::Generation, format!("detokenize: {e}"))),
+    };
+    let fr = f.finish_reason.as_str();
+    match job {
+        JobKind::Pipeline(p) => match p.parse_output(&text) {
+            Ok(out) => (ok_row(&fl.id, &out, fr, fl.prompt_tokens, n), None, n),
+            Err(e) => (job.error_row(Some(&fl.id), fl.line, &e), Some(e.kind), n),
+        },
+        JobKind::OpenAi { model_name, .. } => {
+            let ep = fl.openai.unwrap_or(OpenAiEndpoint::Chat);
+            (openai_ok_row(&fl.id, ep, model_name, &text, fr, fl.prompt_tokens, n), None, n)
+        }
+    }
+}
+
+fn push_row(pending: &mut Vec<PendingRow>, counts: &mut Counts, index: u64, line: String, err: Option<ErrorKind>) {
+    match err {
+        Some(k) => {
+            counts.error += 1;
+            *counts.errors_by_kind.entry(k).or_insert(0) += 1;
+        }
+        None => counts.ok += 1,
+    }
+    pending.push(PendingRow { index, line, is_error: err.is_some() });
+}
+
+/// Runs (or resumes) a job to completion, interruption or abort. `Err`: a whole-job failure.
+pub fn run_job(
+    job: &JobKind,
+    opts: &RunOptions,
+    codec: &dyn TextCodec,
+    engine: &mut dyn Generate,
+    stop: &StopFlag,
+) -> anyhow::Result<RunResult> {
+    let started = Instant::now();
+    let json_output = job.json_output();
+    if json_output || matches!(job, JobKind::OpenAi { .. }) {
+        let fmt = super::writer::OutputFormat::from_path(&opts.output);
+        if matches!(job, JobKind::OpenAi { .. }) && fmt == super::writer::OutputFormat::Parquet {
+            anyhow::bail!("OpenAI batch output is JSONL: use an output path ending in .jsonl");
+        }
+    }
+    let mut ck = Checkpoint::open(&opts.output, &opts.fingerprint, opts.restart)?;
+    let mut cfg = job.reader_config();
+    cfg.shard = opts.shard;
+    let total = super::reader::count_hint(&opts.inputs, &cfg).map(|t| t / u64::from(opts.shard.map_or(1, |s| s.count)));
+    let mut reader = RecordReader::new(opts.inputs.clone(), cfg);
+    let mut progress = Progress::new(total, opts.progress_interval, opts.quiet);
+
+    let mut counts = Counts::default();
+    let mut tokens = Tokens::default();
+    let mut model_secs = 0.0f64;
+    let mut in_flight: HashMap<u64, InFlight> = HashMap::new();
+    let mut pending: Vec<PendingRow> = Vec::new();
+    let mut last_commit = Instant::now();
+    let mut reader_done = false;
+    let mut aborted = false;
+    let max_errors = opts.max_errors.unwrap_or(u64::MAX);
+
+    loop {
+        // Admit records while the engine has room.
+        while !reader_done && !aborted && !stop.is_set() && in_flight.len() < engine.capacity().max(1) {
+            let Some(item) = reader.next() else {
+                reader_done = true;
+                break;
+            };
+            let item = item?;
+            counts.records += 1;
+            if ck.is_done(item.index) {
+                counts.skipped_done += 1;
+                continue;
+            }
+            match prepare(job, codec, &item) {
+                Prepared::Row(e) => {
+                    let line = job.error_row(item.id.as_deref(), item.line, &e);
+                    push_row(&mut pending, &mut counts, item.index, line, Some(e.kind));
+                }
+                Prepared::Request(req, fl, truncated) => {
+                    tokens.prompt_total += u64::from(fl.prompt_tokens);
+                    tokens.truncated_records += u64::from(truncated);
+                    let t = Instant::now();
+                    engine.submit(req).context("submitting a request to the engine")?;
+                    model_secs += t.elapsed().as_secs_f64();
+                    in_flight.insert(item.index, fl);
+                }
+            }
+            if ck.committed_errors() + pending.iter().filter(|r| r.is_error).count() as u64 > max_errors {
+                aborted = true;
+            }
+            // A long run of bad records never reaches the engine: commit them here too.
+            if pending.len() >= opts.commit_rows.max(1) {
+                ck.commit(std::mem::take(&mut pending))?;
+                last_commit = Instant::now();
+            }
+        }
+        if in_flight.is_empty() && (reader_done || aborted || stop.is_set()) {
+            break;
+        }
+        if stop.is_set() {
+            // In-flight records are dropped, not committed: the resume recomputes them.
+            break;
+        }
+        let t = Instant::now();
+        let finished = engine.poll().context("running the model")?;
+        model_secs += t.elapsed().as_secs_f64();
+        for f in finished {
+            let Some(fl) = in_flight.remove(&f.key) else {
+                anyhow::bail!("the engine finished unknown request {}", f.key);
+            };
+            tokens.prompt_computed += u64::from(fl.prompt_tokens.saturating_sub(f.cached_prompt_tokens));
+            let (line, err, n) = finished_row(job, codec, &fl, &f);
+            tokens.generated += u64::from(n);
+            push_row(&mut pending, &mut counts, f.key, line, err);
+        }
+        if ck.committed_errors() + pending.iter().filter(|r| r.is_error).count() as u64 > max_errors {
+            aborted = true;
+        }
+        if pending.len() >= opts.commit_rows.max(1) || last_commit.elapsed() >= opts.commit_interval {
+            ck.commit(std::mem::take(&mut pending))?;
+            last_commit = Instant::now();
+        }
+        progress.update(&ProgressStats {
+            done: counts.ok + counts.error + counts.skipped_done,
+            errors: counts.error,
+            prompt_tokens: tokens.prompt_total,
+            prompt_computed: tokens.prompt_computed,
+            generated_tokens: tokens.generated,
+        });
+    }
+    ck.commit(std::mem::take(&mut pending))?;
+    progress.finish();
+
+    // Past the limit stays past the limit on a rerun with the same flags (exit 3 again).
+    aborted |= ck.committed_errors() > max_errors;
+    let complete = reader_done && in_flight.is_empty() && !aborted;
+    let (outcome, exit) = if complete {
+        ck.finish(&opts.output, counts.records, json_output)?;
+        (Outcome::Completed, ExitCode::Ok)
+    } else if aborted {
+        (Outcome::Aborted, ExitCode::Aborted)
+    } else {
+        (Outcome::Interrupted, ExitCode::Interrupted)
+    };
+    let mut report = JobReport {
+        format_version: super::report::REPORT_FORMAT_VERSION,
+        outcome,
+        pipeline: job.name(),
+        model: opts.model_label.clone(),
+        inputs: opts.inputs.iter().map(|p| p.display().to_string()).collect(),
+        output: opts.output.display().to_string(),
+        shard: opts.shard.map(|s| s.to_string()),
+        counts,
+        tokens,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        model_seconds: model_secs,
+        records_per_second: 0.0,
+        generated_tokens_per_second: 0.0,
+    };
+    report.finalize_rates();
+    report
+        .write(&JobReport::path_for(&opts.output))
+        .with_context(|| format!("writing the report beside {}", opts.output.display()))?;
+    Ok(RunResult { report, exit })
+}

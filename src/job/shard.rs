@@ -1,0 +1,352 @@
+//! Sharding across machines: `--shard K/N` keeps the records whose id hashes to K (a stable
+//! blake3 hash, so every machine agrees without talking), and `merge` puts the shard outputs
+//! back together in input order.
+//!
+//! A sharded run writes `<output>.order` beside its output: a JSON header line, then the global
+//! input index of each row, one per line. `merge` k-way merges the shards by that index, so it
+//! streams (one row per shard in memory) and needs no access to the input.
+
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::writer::{RowLines, RowWriter, WriteError};
+
+pub const ORDER_FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    #[error("bad shard '{0}': expected K/N with 0 <= K < N, e.g. 0/4")]
+    Spec(String),
+    #[error("environment variable {name}='{value}' is not a valid shard number")]
+    Env { name: String, value: String },
+    #[error("{name} is set but the shard count is not: set {count_var} or pass --shard K/N")]
+    NoCount { name: &'static str, count_var: &'static str },
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {message}")]
+    Order { path: PathBuf, message: String },
+    #[error("cannot merge: {0}")]
+    Merge(String),
+    #[error(transparent)]
+    Write(#[from] WriteError),
+}
+
+/// Shard `index` of `count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardSpec {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl std::fmt::Display for ShardSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl std::str::FromStr for ShardSpec {
+    type Err = ShardError;
+    fn from_str(s: &str) -> Result<Self, ShardError> {
+        let bad = || ShardError::Spec(s.to_string());
+        let (k, n) = s.split_once('/').ok_or_else(bad)?;
+        let index: u32 = k.trim().parse().map_err(|_| bad())?;
+        let count: u32 = n.trim().parse().map_err(|_| bad())?;
+        if count == 0 || index >= count {
+            return Err(bad());
+        }
+        Ok(ShardSpec { index, count })
+    }
+}
+
+impl ShardSpec {
+    /// Whether this shard processes the record with this key (its id).
+    pub fn owns(&self, key: &str) -> bool {
+        shard_of(key, self.count) == self.index
+    }
+
+    /// The shard from the environment when `--shard` is not given:
+    /// Slurm job arrays (`SLURM_ARRAY_TASK_ID` minus `SLURM_ARRAY_TASK_MIN`, of
+    /// `SLURM_ARRAY_TASK_COUNT`), or a Kubernetes Indexed Job (`JOB_COMPLETION_INDEX` of
+    /// `count`, from `--shard-count` or `DUSTOFF_SHARD_COUNT`). `Ok(None)`: not sharded.
+    pub fn from_env(get: impl Fn(&str) -> Option<String>, count: Option<u32>) -> Result<Option<ShardSpec>, ShardError> {
+        let num = |name: &str| -> Result<Option<u32>, ShardError> {
+            match get(name) {
+                None => Ok(None),
+                Some(v) => v.trim().parse().map(Some).map_err(|_| ShardError::Env { name: name.to_string(), value: v }),
+            }
+        };
+        let spec = if let Some(id) = num("SLURM_ARRAY_TASK_ID")? {
+            let min = num("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
+            let n = match num("SLURM_ARRAY_TASK_COUNT")?.or(count) {
+                Some(n) => n,
+                None => {
+                    return Err(ShardError::NoCount {
+                        name: "SLURM_ARRAY_TASK_ID",
+                        count_var: "SLURM_ARRAY_TASK_COUNT",
+                    })
+                }
+            };
+            (id.checked_sub(min).unwrap_or(u32::MAX), n)
+        } else if let Some(idx) = num("JOB_COMPLETION_INDEX")? {
+            let n = match count.map(Some).unwrap_or(num("DUSTOFF_SHARD_COUNT")?) {
+                Some(n) => n,
+                None => {
+                    return Err(ShardError::NoCount { name: "JOB_COMPLETION_INDEX", count_var: "DUSTOFF_SHARD_COUNT" })
+                }
+            };
+            (idx, n)
+        } else {
+            return Ok(None);
+        };
+        if spec.1 == 0 || spec.0 >= spec.1 {
+            return Err(ShardError::Spec(format!("{}/{} (from the environment)", spec.0, spec.1)));
+        }
+        Ok(Some(ShardSpec { index: spec.0, count: spec.1 }))
+    }
+}
+
+/// The stable shard of a key: blake3, first 8 bytes little-endian, modulo `count`.
+pub fn shard_of(key: &str, count: u32) -> u32 {
+    let d = blake3::hash(key.as_bytes());
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d.as_bytes()[..8]);
+    (u64::from_le_bytes(b) % u64::from(count.max(1))) as u32
+}
+
+/// The header line of an `.order` sidecar.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OrderHeader {
+    pub format_version: u32,
+    pub shard: ShardSpec,
+    /// The job fingerprint without the shard: equal for all shards of one job.
+    pub job: String,
+    pub json_output: bool,
+    pub rows: u64,
+}
+
+/// The sidecar path of an output.
+pub fn order_path(output: &Path) -> PathBuf {
+    let mut p = output.as_os_str().to_owned();
+    p.push(".order");
+    PathBuf::from(p)
+}
+
+/// Streams an `.order` sidecar: the header (with the row count known up front), then one input
+/// index per row. Fsync'd by [`OrderWriter::finish`].
+pub struct OrderWriter {
+    path: PathBuf,
+    w: BufWriter<File>,
+}
+
+impl OrderWriter {
+    pub fn create(output: &Path, header: &OrderHeader) -> Result<Self, ShardError> {
+        let path = order_path(output);
+        let f = File::create(&path).map_err(|source| ShardError::Io { path: path.clone(), source })?;
+        let mut w = OrderWriter { path, w: BufWriter::new(f) };
+        let text = serde_json::to_string(header).unwrap_or_default();
+        w.line(&text)?;
+        Ok(w)
+    }
+
+    fn line(&mut self, s: &str) -> Result<(), ShardError> {
+        let path = &self.path;
+        writeln!(self.w, "{s}").map_err(|source| ShardError::Io { path: path.clone(), source })
+    }
+
+    pub fn push(&mut self, index: u64) -> Result<(), ShardError> {
+        self.line(&index.to_string())
+    }
+
+    pub fn finish(self) -> Result<(), ShardError> {
+        let path = self.path;
+        let io = |source| ShardError::Io { path: path.clone(), source };
+        let f = self.w.into_inner().map_err(|e| io(e.into_error()))?;
+        f.sync_all().map_err(io)
+    }
+}
+
+struct OrderReader {
+    path: PathBuf,
+    lines: std::io::Lines<BufReader<File>>,
+    last: Option<u64>,
+}
+
+fn open_order(output: &Path) -> Result<(OrderHeader, OrderReader), ShardError> {
+    let path = order_path(output);
+    let f = File::open(&path).map_err(|source| ShardError::Order {
+        path: path.clone(),
+        message: format!("{source}; was {} written by `dustoff run --shard K/N`?", output.display()),
+    })?;
+    let mut lines = BufReader::new(f).lines();
+    let bad = |m: String| ShardError::Order { path: path.clone(), message: m };
+    let first = lines.next().ok_or_else(|| bad("empty order file".into()))?;
+    let first = first.map_err(|e| bad(e.to_string()))?;
+    let header: OrderHeader = serde_json::from_str(&first).map_err(|e| bad(format!("bad header: {e}")))?;
+    if header.format_version != ORDER_FORMAT_VERSION {
+        return Err(bad(format!(
+            "format_version {} is not supported (this dustoff reads {ORDER_FORMAT_VERSION})",
+            header.format_version
+        )));
+    }
+    Ok((header, OrderReader { path, lines, last: None }))
+}
+
+impl OrderReader {
+    fn next_index(&mut self) -> Result<Option<u64>, ShardError> {
+        let bad = |m: String| ShardError::Order { path: self.path.clone(), message: m };
+        let Some(l) = self.lines.next() else { return Ok(None) };
+        let l = l.map_err(|e| bad(e.to_string()))?;
+        let i: u64 = l.trim().parse().map_err(|_| bad(format!("'{l}' is not an index")))?;
+        if self.last.is_some_and(|p| p >= i) {
+            return Err(bad(format!("indices not increasing at {i}")));
+        }
+        self.last = Some(i);
+        Ok(Some(i))
+    }
+}
+
+/// What `merge` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MergeSummary {
+    pub shards: u32,
+    pub rows: u64,
+}
+
+/// Combines the outputs of all shards of one job into `output` (JSONL or Parquet by extension),
+/// in input order. Refuses shards of different jobs, a missing or repeated shard, and outputs
+/// whose row count does not match their `.order` sidecar.
+pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardError> {
+    struct Part {
+        rows: RowLines,
+        order: OrderReader,
+        expect: u64,
+        seen: u64,
+        path: PathBuf,
+    }
+    if inputs.is_empty() {
+        return Err(ShardError::Merge("no shard outputs given".into()));
+    }
+    let mut parts = Vec::new();
+    let mut first: Option<OrderHeader> = None;
+    let mut have = Vec::new();
+    for p in inputs {
+        let (h, order) = open_order(p)?;
+        if let Some(f) = &first {
+            if h.job != f.job {
+                return Err(ShardError::Merge(format!(
+                    "{} belongs to another job than {} (pipeline, model, parameters or inputs differ)",
+                    p.display(),
+                    inputs[0].display()
+                )));
+            }
+            if h.shard.count != f.shard.count {
+                return Err(ShardError::Merge(format!(
+                    "{} is shard {} but {} is shard {}",
+                    p.display(),
+                    h.shard,
+                    inputs[0].display(),
+                    f.shard
+                )));
+            }
+        }
+        if have.contains(&h.shard.index) {
+            return Err(ShardError::Merge(format!("shard {} is given twice", h.shard)));
+        }
+        have.push(h.shard.index);
+        let rows = RowLines::open(p)?;
+        parts.push(Part { rows, order, expect: h.rows, seen: 0, path: p.clone() });
+        first.get_or_insert(h);
+    }
+    let head = first.ok_or_else(|| ShardError::Merge("no shard outputs given".into()))?;
+    let missing: Vec<String> =
+        (0..head.shard.count).filter(|k| !have.contains(k)).map(|k| format!("{k}/{}", head.shard.count)).collect();
+    if !missing.is_empty() {
+        return Err(ShardError::Merge(format!("missing shard output(s): {}", missing.join(", "))));
+    }
+
+    let mut out = RowWriter::create(output, head.json_output)?;
+    // Min-heap of (next index, part) via Reverse ordering.
+    let mut heap = BinaryHeap::new();
+    for (k, part) in parts.iter_mut().enumerate() {
+        if let Some(i) = part.order.next_index()? {
+            heap.push(std::cmp::Reverse((i, k)));
+        }
+    }
+    let mut last: Option<u64> = None;
+    while let Some(std::cmp::Reverse((i, k))) = heap.pop() {
+        if last == Some(i) {
+            return Err(ShardError::Merge(format!("input record {i} appears in two shards")));
+        }
+        last = Some(i);
+        let part = &mut parts[k];
+        let line = part.rows.next().ok_or_else(|| {
+            ShardError::Merge(format!("{} has fewer rows than its .order file", part.path.display()))
+        })??;
+        part.seen += 1;
+        out.write_row(&line)?;
+        if let Some(n) = part.order.next_index()? {
+            heap.push(std::cmp::Reverse((n, k)));
+        }
+    }
+    for part in &mut parts {
+        if part.seen != part.expect || part.rows.next().is_some() {
+            return Err(ShardError::Merge(format!(
+                "{} does not have the {} rows its .order file lists",
+                part.path.display(),
+                part.expect
+            )));
+        }
+    }
+    let rows = out.finish()?;
+    Ok(MergeSummary { shards: head.shard.count, rows })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects_specs() {
+        assert_eq!("1/3".parse::<ShardSpec>().unwrap(), ShardSpec { index: 1, count: 3 });
+        for bad in ["3/3", "0/0", "a/2", "1", "-1/2", "1/2/3"] {
+            assert!(bad.parse::<ShardSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_key_has_exactly_one_owner() {
+        let n = 5;
+        let mut counts = [0u32; 5];
+        for i in 0..5000 {
+            let key = format!("doc-{i}");
+            let owners: Vec<u32> = (0..n).filter(|&k| ShardSpec { index: k, count: n }.owns(&key)).collect();
+            assert_eq!(owners.len(), 1);
+            counts[owners[0] as usize] += 1;
+        }
+        // A usable hash spreads 5000 keys roughly evenly (expected 1000 each).
+        assert!(counts.iter().all(|&c| (850..1150).contains(&c)), "{counts:?}");
+    }
+
+    #[test]
+    fn env_slurm_and_kubernetes() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let s = ShardSpec::from_env(
+            env(&[("SLURM_ARRAY_TASK_ID", "3"), ("SLURM_ARRAY_TASK_MIN", "1"), ("SLURM_ARRAY_TASK_COUNT", "4")]),
+            None,
+        );
+        assert_eq!(s.unwrap(), Some(ShardSpec { index: 2, count: 4 }));
+        let s = ShardSpec::from_env(env(&[("JOB_COMPLETION_INDEX", "1")]), Some(2));
+        assert_eq!(s.unwrap(), Some(ShardSpec { index: 1, count: 2 }));
+        let s = ShardSpec::from_env(env(&[("JOB_COMPLETION_INDEX", "1"), ("DUSTOFF_SHARD_COUNT", "3")]), None);
+        assert_eq!(s.unwrap(), Some(ShardSpec { index: 1, count: 3 }));
+        assert!(ShardSpec::from_env(env(&[("JOB_COMPLETION_INDEX", "1")]), None).is_err());
+        assert!(ShardSpec::from_env(env(&[("JOB_COMPLETION_INDEX", "5")]), Some(2)).is_err());
+        assert_eq!(ShardSpec::from_env(env(&[]), None).unwrap(), None);
+    }
+}

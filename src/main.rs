@@ -1,0 +1,197 @@
+//! dustoff command line. Parsing only; the work is in `dustoff::commands`.
+//!
+//! Exit codes: 0 success; 1 error (message on stderr); 2 usage error; 3 some records failed
+//! (error rows were written, everything else finished); 4 interrupted (resumable).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+
+use dustoff::commands::common::{self, Device};
+use dustoff::commands::{generate, tokenize};
+use dustoff::model::loader::SAMPLE_MODEL;
+
+#[derive(Parser)]
+#[command(name = "dustoff", version, about = "Batch LLM text processing on old GPU servers (V100 and newer) and CPUs")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text: JSONL prompts in, JSONL completions out, or one --prompt streamed.
+    Generate(GenerateArgs),
+    /// Tokenize JSONL lines {"id","text","add_bos","parse_special"} into {"id","ids"}.
+    Tokenize(TokenizeArgs),
+    /// Benchmark one stream: time to first token, prefill and decode tok/s, bandwidth share.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Model file (GGUF). Defaults to the sample model unless --synthetic is given.
+    #[arg(long, default_value = SAMPLE_MODEL, conflicts_with = "synthetic")]
+    model: PathBuf,
+    /// A real architecture's shape filled with random weights: qwen3-8b, qwen2.5-7b, llama3-8b,
+    /// smollm2-135m, qwen3-0.6b.
+    #[arg(long)]
+    synthetic: Option<String>,
+    /// Weight type of a synthetic model: f16, q8_0, q4_0, q4_1, q4_k...
+    #[arg(long, default_value = "f16")]
+    dtype: String,
+    /// cpu, cuda, cuda:N, or auto.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    #[arg(long, default_value_t = 768)]
+    prompt_tokens: usize,
+    #[arg(long, default_value_t = 200)]
+    gen_tokens: usize,
+    /// Timed runs (after one warm-up); medians are reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// Model file (GGUF). Defaults to the sample model.
+    #[arg(long, default_value = SAMPLE_MODEL)]
+    model: PathBuf,
+    /// cpu, cuda, cuda:N, or auto (the first GPU when usable, else the CPU).
+    #[arg(long, default_value = "auto")]
+    device: String,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// JSONL input: {"id","prompt"} or {"id","prompt_ids":[...]}, optional "chat": true.
+    #[arg(long, requires = "output", conflicts_with = "prompt")]
+    input: Option<PathBuf>,
+    /// JSONL output: {"id","prompt_tokens","token_ids","text","finish_reason"} per line.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// One prompt, streamed to the terminal.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Wrap --prompt in the model's chat template as one user turn.
+    #[arg(long)]
+    chat: bool,
+    /// Maximum tokens generated per prompt.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling threshold (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Job seed; each record's seed is derived from it and the record id.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// KV cache capacity in tokens per sequence (prompt + generated).
+    #[arg(long, default_value_t = 4096)]
+    ctx: usize,
+}
+
+#[derive(Args)]
+struct TokenizeArgs {
+    /// Model file (GGUF) whose tokenizer is used. Defaults to the sample model.
+    #[arg(long, default_value = SAMPLE_MODEL)]
+    model: PathBuf,
+    #[arg(long)]
+    input: PathBuf,
+    #[arg(long)]
+    output: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn pick_device(s: &str) -> Result<Device> {
+    let d = common::parse_device(s)?;
+    if s == "auto" && d == Device::Cpu {
+        eprintln!("device: cpu (no usable CUDA device)");
+    }
+    if let Device::Cuda(n) = d {
+        anyhow::bail!("device cuda:{n} requested, but the CUDA backend is not available in this build; use --device cpu");
+    }
+    Ok(d)
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Tokenize(a) => {
+            let m = common::load(&a.model)?;
+            let errors = tokenize::run(&m.tokenizer, &a.input, &a.output)?;
+            Ok(if errors > 0 { ExitCode::from(3) } else { ExitCode::SUCCESS })
+        }
+        Cmd::Bench(a) => {
+            let _device = pick_device(&a.device)?;
+            let ctx = a.prompt_tokens + a.gen_tokens;
+            let (mut b, name) = match &a.synthetic {
+                Some(shape) => {
+                    let cfg = dustoff::model::shapes::shape(shape).ok_or_else(|| {
+                        anyhow::anyhow!("unknown shape '{shape}'; known: {}", dustoff::model::shapes::SHAPES.join(", "))
+                    })?;
+                    let dtype = common::parse_dtype(&a.dtype)?;
+                    eprintln!("making random {dtype} weights of shape {shape}...");
+                    let w = dustoff::model::synth::random_weights(&cfg, dtype, 1);
+                    let blocks = ctx.div_ceil(common::BLOCK_SIZE);
+                    (dustoff::backend::cpu::CpuBackend::new(cfg, w, blocks, common::BLOCK_SIZE), format!("synthetic {shape} {dtype}"))
+                }
+                None => {
+                    let m = common::load(&a.model)?;
+                    (common::cpu_backend(&m, ctx), a.model.display().to_string())
+                }
+            };
+            let r = dustoff::commands::bench::bench(&mut b, &name, a.prompt_tokens, a.gen_tokens, a.runs)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                r.print_human();
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Generate(a) => {
+            let _device = pick_device(&a.model.device)?;
+            let m = common::load(&a.model.model)?;
+            let opt = generate::GenOptions {
+                max_tokens: a.max_tokens,
+                temperature: a.temperature,
+                top_k: a.top_k,
+                top_p: a.top_p,
+                seed: a.seed,
+            };
+            let mut b = common::cpu_backend(&m, a.ctx);
+            match (a.prompt, a.input, a.output) {
+                (Some(p), _, _) => {
+                    generate::run_prompt(&m, &mut b, &p, a.chat, &opt)?;
+                    Ok(ExitCode::SUCCESS)
+                }
+                (None, Some(i), Some(o)) => {
+                    let errors = generate::run_jsonl(&m, &mut b, &i, &o, &opt)?;
+                    Ok(if errors > 0 { ExitCode::from(3) } else { ExitCode::SUCCESS })
+                }
+                _ => anyhow::bail!("give either --prompt TEXT or --input IN.jsonl --output OUT.jsonl"),
+            }
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! Model hyper-parameters, read from GGUF metadata (or, for Hugging Face directories, from
+//! `config.json` by the safetensors loader).
+
+use super::gguf::{GgufError, GgufFile};
+
+/// Architectures dustoff runs. They differ only in small ways on top of the llama block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama family (also SmolLM2, Mistral-style models without sliding windows).
+    Llama,
+    /// Qwen2 / Qwen2.5: bias on the Q, K and V projections.
+    Qwen2,
+    /// Qwen3: per-head RMSNorm on Q and K before RoPE, no QKV bias.
+    Qwen3,
+}
+
+impl Arch {
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "llama" => Some(Arch::Llama),
+            "qwen2" => Some(Arch::Qwen2),
+            "qwen3" => Some(Arch::Qwen3),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1): llama GGUFs, whose Q/K rows were permuted at conversion.
+    Adjacent,
+    /// Halves (i, i + d/2): Hugging Face layout, Qwen GGUFs ("neox" in llama.cpp).
+    Halves,
+}
+
+/// RoPE frequency scaling.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear { factor: f32 },
+    /// Llama 3 style: low frequencies scaled by `factor`, high kept, smooth in between.
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_context: f32 },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub n_layers: usize,
+    /// Width of the residual stream.
+    pub dim: usize,
+    pub ffn_dim: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_eps: f32,
+    pub rope_theta: f32,
+    pub rope_style: RopeStyle,
+    pub rope_scaling: RopeScaling,
+    /// Context length the model was trained for.
+    pub max_context: usize,
+    /// The output head shares the embedding table.
+    pub tied_embeddings: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("{path}: architecture '{arch}' is not supported (llama, qwen2, qwen3 are)")]
+    UnsupportedArch { path: String, arch: String },
+    #[error("{path}: inconsistent model shape: {reason}")]
+    Shape { path: String, reason: String },
+}
+
+impl ModelConfig {
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Reads the configuration from GGUF metadata; the tensor list decides tied embeddings.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self, ConfigError> {
+        let path = g.path.display().to_string();
+        let arch_name = g.get_str("general.architecture")?.ok_or_else(|| GgufError::MissingKey {
+            path: g.path.clone(),
+            key: "general.architecture".into(),
+        })?;
+        let arch = Arch::from_name(arch_name)
+            .ok_or_else(|| ConfigError::UnsupportedArch { path: path.clone(), arch: arch_name.to_string() })?;
+        let a = arch_name;
+        let req = |k: &str| -> Result<usize, GgufError> {
+            let key = format!("{a}.{k}");
+            g.get_u64(&key)?
+                .map(|v| v as usize)
+                .ok_or(GgufError::MissingKey { path: g.path.clone(), key })
+        };
+        let n_layers = req("block_count")?;
+        let dim = req("embedding_length")?;
+        let ffn_dim = req("feed_forward_length")?;
+        let n_heads = req("attention.head_count")?;
+        let n_kv_heads = g.get_u64(&format!("{a}.attention.head_count_kv"))?.map(|v| v as usize).unwrap_or(n_heads);
+        let shape_err = |reason: String| ConfigError::Shape { path: path.clone(), reason };
+        if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(shape_err(format!("{n_heads} query heads and {n_kv_heads} KV heads")));
+        }
+        let head_dim = match g.get_u64(&format!("{a}.attention.key_length"))? {
+            Some(v) => v as usize,
+            None => dim / n_heads,
+        };
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(shape_err(format!("head size {head_dim} must be even and positive")));
+        }
+        let rms_eps = g.get_f64(&format!("{a}.attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5) as f32;
+        let rope_theta = g.get_f64(&format!("{a}.rope.freq_base"))?.unwrap_or(10_000.0) as f32;
+        let max_context = g.get_u64(&format!("{a}.context_length"))?.unwrap_or(4096) as usize;
+        let rope_scaling = match g.get_str(&format!("{a}.rope.scaling.type"))? {
+            None | Some("none") => RopeScaling::None,
+            Some("linear") => RopeScaling::Linear {
+                factor: g.get_f64(&format!("{a}.rope.scaling.factor"))?.unwrap_or(1.0) as f32,
+            },
+            Some(other) => return Err(shape_err(format!("RoPE scaling '{other}' is not supported"))),
+        };
+        let embd = g.require_tensor("token_embd.weight")?;
+        let vocab_size = embd.n_rows();
+        if embd.row_len() != dim {
+            return Err(shape_err(format!("token_embd.weight rows are {} wide, the model is {dim}", embd.row_len())));
+        }
+        let tied_embeddings = g.tensor_info("output.weight").is_none();
+        let rope_style = match arch {
+            Arch::Llama => RopeStyle::Adjacent,
+            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Halves,
+        };
+        Ok(ModelConfig {
+            arch,
+            n_layers,
+            dim,
+            ffn_dim,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            vocab_size,
+            rms_eps,
+            rope_theta,
+            rope_style,
+            rope_scaling,
+            max_context,
+            tied_embeddings,
+        })
+    }
+
+    /// Inverse frequency of each rotated pair of a head: `[head_dim / 2]`.
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        let half = self.head_dim / 2;
+        (0..half)
+            .map(|i| {
+                let base = (self.rope_theta as f64).powf(-(2.0 * i as f64) / self.head_dim as f64);
+                let f = match self.rope_scaling {
+                    RopeScaling::None => base,
+                    RopeScaling::Linear { factor } => base / factor as f64,
+                    RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_context } => {
+                        let wavelen = 2.0 * std::f64::consts::PI / base;
+                        let low_wavelen = original_context as f64 / low_freq_factor as f64;
+                        let high_wavelen = original_context as f64 / high_freq_factor as f64;
+                        if wavelen < high_wavelen {
+                            base
+                        } else if wavelen > low_wavelen {
+                            base / factor as f64
+                        } else {
+                            let smooth = (original_context as f64 / wavelen - low_freq_factor as f64)
+                                / (high_freq_factor as f64 - low_freq_factor as f64);
+                            (1.0 - smooth) * base / factor as f64 + smooth * base
+                        }
+                    }
+                };
+                f as f32
+            })
+            .collect()
+    }
+}

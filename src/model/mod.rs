@@ -1,0 +1,9 @@
+//! Model files and formats: GGUF, block quantization formats, configuration, weights.
+
+pub mod config;
+pub mod gguf;
+pub mod loader;
+pub mod quant;
+pub mod shapes;
+pub mod synth;
+pub mod weights;

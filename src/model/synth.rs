@@ -1,0 +1,56 @@
+//! Random-weight models of a given shape (see `shapes`): for benchmarks and tests before real
+//! weights arrive. Values are small and centred, like trained weights; norms are 1.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::config::{Arch, ModelConfig};
+use super::quant::{quantize_row, GgmlType};
+use super::weights::{LayerWeights, ModelWeights, Tensor};
+
+fn matrix(name: &str, rows: usize, cols: usize, dtype: GgmlType, rng: &mut StdRng) -> Tensor {
+    // Uniform in +-sqrt(3/cols): unit-variance outputs for unit-variance inputs.
+    let a = (3.0 / cols as f32).sqrt();
+    let mut bytes = Vec::with_capacity(dtype.row_bytes(cols).unwrap_or(0) * rows);
+    let mut row = vec![0f32; cols];
+    for _ in 0..rows {
+        row.iter_mut().for_each(|v| *v = rng.random_range(-a..a));
+        bytes.extend(quantize_row(dtype, &row));
+    }
+    Tensor::from_bytes(name, dtype, rows, cols, bytes)
+}
+
+/// A model of shape `c` with random weights of type `dtype` (norms and biases in f32).
+pub fn random_weights(c: &ModelConfig, dtype: GgmlType, seed: u64) -> ModelWeights {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let ones = |n: usize| vec![1.0f32; n];
+    let mut layers = Vec::with_capacity(c.n_layers);
+    for i in 0..c.n_layers {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let bias = |rng: &mut StdRng, k: usize| (c.arch == Arch::Qwen2).then(|| (0..k).map(|_| rng.random_range(-0.1..0.1)).collect());
+        let bq = bias(&mut rng, c.q_dim());
+        let bk = bias(&mut rng, c.kv_dim());
+        let bv = bias(&mut rng, c.kv_dim());
+        let qk = c.arch == Arch::Qwen3;
+        layers.push(LayerWeights {
+            attn_norm: ones(c.dim),
+            wq: matrix(&n("attn_q.weight"), c.q_dim(), c.dim, dtype, &mut rng),
+            wk: matrix(&n("attn_k.weight"), c.kv_dim(), c.dim, dtype, &mut rng),
+            wv: matrix(&n("attn_v.weight"), c.kv_dim(), c.dim, dtype, &mut rng),
+            wo: matrix(&n("attn_output.weight"), c.dim, c.q_dim(), dtype, &mut rng),
+            bq,
+            bk,
+            bv,
+            q_norm: qk.then(|| ones(c.head_dim)),
+            k_norm: qk.then(|| ones(c.head_dim)),
+            ffn_norm: ones(c.dim),
+            w_gate: matrix(&n("ffn_gate.weight"), c.ffn_dim, c.dim, dtype, &mut rng),
+            w_up: matrix(&n("ffn_up.weight"), c.ffn_dim, c.dim, dtype, &mut rng),
+            w_down: matrix(&n("ffn_down.weight"), c.dim, c.ffn_dim, dtype, &mut rng),
+        });
+    }
+    let token_embd = matrix("token_embd.weight", c.vocab_size, c.dim, dtype, &mut rng);
+    let output =
+        if c.tied_embeddings { token_embd.clone() } else { matrix("output.weight", c.vocab_size, c.dim, dtype, &mut rng) };
+    ModelWeights { token_embd, layers, output_norm: ones(c.dim), output, rope_freq_factors: None }
+}

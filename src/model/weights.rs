@@ -1,0 +1,174 @@
+//! Weight tensors and the per-layer weight set of a decoder model.
+//!
+//! A `Tensor` is a 2-D matrix (or 1-D vector) of packed GGML blocks whose bytes live either in a
+//! memory-mapped model file or in an owned buffer (converted or synthetic weights).
+
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+use super::config::ModelConfig;
+use super::gguf::{GgufError, GgufFile};
+use super::quant::GgmlType;
+
+#[derive(Clone)]
+enum Storage {
+    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    Owned(Arc<Vec<u8>>),
+}
+
+/// A weight matrix `[rows, cols]` (row-major; GGUF dims are `[cols, rows]`), rows packed in
+/// `dtype` blocks. A vector has `rows == 1`.
+#[derive(Clone)]
+pub struct Tensor {
+    pub name: String,
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    storage: Storage,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({} {} [{}, {}])", self.name, self.dtype, self.rows, self.cols)
+    }
+}
+
+impl Tensor {
+    /// Wraps owned bytes. Panics only on a programming error (wrong byte count).
+    pub fn from_bytes(name: impl Into<String>, dtype: GgmlType, rows: usize, cols: usize, bytes: Vec<u8>) -> Self {
+        let name = name.into();
+        let want = dtype.row_bytes(cols).map(|r| r * rows);
+        assert_eq!(want, Some(bytes.len()), "tensor {name}: byte count does not match [{rows}, {cols}] {dtype}");
+        Tensor { name, dtype, rows, cols, storage: Storage::Owned(Arc::new(bytes)) }
+    }
+
+    /// An F32 tensor from values.
+    pub fn from_f32(name: impl Into<String>, rows: usize, cols: usize, values: &[f32]) -> Self {
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Self::from_bytes(name, GgmlType::F32, rows, cols, bytes)
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match &self.storage {
+            Storage::Mapped { map, offset, len } => &map[*offset..*offset + *len],
+            Storage::Owned(v) => v,
+        }
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.bytes().len() / self.rows.max(1)
+    }
+
+    /// The packed bytes of row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.bytes()[r * rb..(r + 1) * rb]
+    }
+
+    /// All values widened to f32 (for small tensors: norms, biases).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for r in 0..self.rows {
+            super::quant::dequantize_row(self.dtype, self.row(r), &mut out[r * self.cols..(r + 1) * self.cols]);
+        }
+        out
+    }
+
+    /// Loads a tensor of a GGUF file, checking it has `rows x cols` elements.
+    pub fn from_gguf(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Self, GgufError> {
+        let info = g.require_tensor(name)?;
+        if info.row_len() != cols || info.n_rows() != rows {
+            return Err(GgufError::Invalid {
+                path: g.path.clone(),
+                what: format!("tensor '{name}'"),
+                reason: format!("shape {:?} (GGUF order), expected [{cols}, {rows}]", info.dims),
+            });
+        }
+        Ok(Tensor {
+            name: name.to_string(),
+            dtype: info.dtype,
+            rows,
+            cols,
+            storage: Storage::Mapped { map: g.mmap().clone(), offset: info.offset, len: info.n_bytes },
+        })
+    }
+}
+
+/// One transformer block. Matrices are `[out, in]`.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>, // [dim]
+    pub wq: Tensor,          // [q_dim, dim]
+    pub wk: Tensor,          // [kv_dim, dim]
+    pub wv: Tensor,          // [kv_dim, dim]
+    pub wo: Tensor,          // [dim, q_dim]
+    pub bq: Option<Vec<f32>>, // [q_dim] (qwen2)
+    pub bk: Option<Vec<f32>>, // [kv_dim]
+    pub bv: Option<Vec<f32>>, // [kv_dim]
+    pub q_norm: Option<Vec<f32>>, // [head_dim] (qwen3)
+    pub k_norm: Option<Vec<f32>>, // [head_dim]
+    pub ffn_norm: Vec<f32>,   // [dim]
+    pub w_gate: Tensor,       // [ffn_dim, dim]
+    pub w_up: Tensor,         // [ffn_dim, dim]
+    pub w_down: Tensor,       // [dim, ffn_dim]
+}
+
+#[derive(Clone, Debug)]
+pub struct ModelWeights {
+    pub token_embd: Tensor, // [vocab, dim]
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>, // [dim]
+    /// The output head `[vocab, dim]`; the embedding table itself when tied.
+    pub output: Tensor,
+    /// Per-pair RoPE frequency divisors (`rope_freqs.weight`, Llama 3 scaling): `[head_dim / 2]`.
+    pub rope_freq_factors: Option<Vec<f32>>,
+}
+
+impl ModelWeights {
+    /// Binds the tensors of a GGUF file, named as the GGUF conventions define (`blk.N.attn_q.weight`...).
+    pub fn from_gguf(g: &GgufFile, c: &ModelConfig) -> Result<Self, GgufError> {
+        let vec = |name: &str, n: usize| Tensor::from_gguf(g, name, 1, n).map(|t| t.to_f32_vec());
+        let opt_vec = |name: &str, n: usize| -> Result<Option<Vec<f32>>, GgufError> {
+            if g.tensor_info(name).is_some() {
+                vec(name, n).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let m = |s: &str, rows, cols| Tensor::from_gguf(g, &n(s), rows, cols);
+            layers.push(LayerWeights {
+                attn_norm: vec(&n("attn_norm.weight"), c.dim)?,
+                wq: m("attn_q.weight", c.q_dim(), c.dim)?,
+                wk: m("attn_k.weight", c.kv_dim(), c.dim)?,
+                wv: m("attn_v.weight", c.kv_dim(), c.dim)?,
+                wo: m("attn_output.weight", c.dim, c.q_dim())?,
+                bq: opt_vec(&n("attn_q.bias"), c.q_dim())?,
+                bk: opt_vec(&n("attn_k.bias"), c.kv_dim())?,
+                bv: opt_vec(&n("attn_v.bias"), c.kv_dim())?,
+                q_norm: opt_vec(&n("attn_q_norm.weight"), c.head_dim)?,
+                k_norm: opt_vec(&n("attn_k_norm.weight"), c.head_dim)?,
+                ffn_norm: vec(&n("ffn_norm.weight"), c.dim)?,
+                w_gate: m("ffn_gate.weight", c.ffn_dim, c.dim)?,
+                w_up: m("ffn_up.weight", c.ffn_dim, c.dim)?,
+                w_down: m("ffn_down.weight", c.dim, c.ffn_dim)?,
+            });
+        }
+        let token_embd = Tensor::from_gguf(g, "token_embd.weight", c.vocab_size, c.dim)?;
+        let output = if c.tied_embeddings {
+            token_embd.clone()
+        } else {
+            Tensor::from_gguf(g, "output.weight", c.vocab_size, c.dim)?
+        };
+        Ok(ModelWeights {
+            token_embd,
+            layers,
+            output_norm: vec("output_norm.weight", c.dim)?,
+            output,
+            rope_freq_factors: opt_vec("rope_freqs.weight", c.head_dim / 2)?,
+        })
+    }
+}

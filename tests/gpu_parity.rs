@@ -1,0 +1,492 @@
+//! GPU parity: every kernel on fresh random inputs against its CPU twin
+//! (src/backend/cpu/ops.rs, cpu/matmul.rs), and the whole CUDA backend against the float64
+//! reference of the sample model. Tolerances per op live in one table, `TOLERANCES`.
+//!
+//! Without a CUDA device every test prints a notice and passes; `DUSTOFF_REQUIRE_GPU=1` turns
+//! that into a failure (the GPU machine sets it). Kernels come from NVRTC for the device, or
+//! from the PTX folder in `DUSTOFF_PTX_DIR` (e.g. compute_70 PTX from `dustoff kernels`).
+//! Inputs are random with a seed printed on failure (`DUSTOFF_PARITY_SEED` replays one).
+
+mod common;
+
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use dustoff::backend::cpu::matmul::matmul;
+use dustoff::backend::cpu::ops;
+use dustoff::backend::cuda::device::device_count;
+use dustoff::backend::cuda::kernels::{Kernels, PtxSource};
+use dustoff::backend::cuda::launch::{self as l, Dev};
+use dustoff::backend::cuda::{CudaBackend, CudaDevice, CudaOptions};
+use dustoff::model::config::RopeStyle;
+use dustoff::model::quant::GgmlType;
+use dustoff::model::weights::Tensor;
+
+/// Largest allowed ||gpu - cpu|| / ||cpu|| per op. Reasons: f32 sums in another order (1e-6
+/// scale), `rsqrt.approx`/`expf` in place of exact functions, F16 inputs rounded identically on
+/// both sides (so no F16 error enters these comparisons).
+const TOLERANCES: &[(&str, f64)] = &[
+    ("embedding_f16", 0.0),
+    ("cast_f32_f16", 0.0),
+    ("bias_add_f32", 0.0),
+    ("kv_store_f16", 0.0),
+    ("rmsnorm_f32", 1e-5),
+    ("rope_f32", 1e-5),
+    ("silu_mul_f32", 1e-5),
+    ("gemv_f16", 1e-5),
+    ("cublas_gemm_f16", 1e-5),
+    ("attention", 1e-4),
+];
+
+/// Greedy near-tie margin for F16 GPU arithmetic (tests/data/smollm2/README.md).
+const TAU_GPU: f64 = 0.1;
+
+fn tolerance(op: &str) -> f64 {
+    TOLERANCES.iter().find(|(o, _)| *o == op).map(|t| t.1).unwrap_or_else(|| panic!("no tolerance for {op}"))
+}
+
+/// Relative L2 error, with NaN/inf failing; names the worst element.
+fn compare(op: &str, seed: u64, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{op}: lengths differ");
+    let (mut num, mut den, mut worst) = (0f64, 0f64, (0usize, 0f64));
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(g.is_finite(), "{op} (seed {seed}): element {i} is {g} (cpu {w})");
+        let d = (g as f64 - w as f64).abs();
+        num += d * d;
+        den += (w as f64) * (w as f64);
+        if d > worst.1 {
+            worst = (i, d);
+        }
+    }
+    let rel = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
+    let tol = tolerance(op);
+    assert!(
+        rel <= tol,
+        "{op} (seed {seed}): relative error {rel:.3e} > {tol:.0e}; worst element {} gpu {} cpu {}",
+        worst.0,
+        got[worst.0],
+        want[worst.0]
+    );
+}
+
+struct Gpu {
+    dev: CudaDevice,
+    k: Kernels,
+    rng: StdRng,
+    seed: u64,
+}
+
+/// The GPU, or `None` (with a notice) where there is none and none is required.
+fn gpu(test: &str) -> Option<Gpu> {
+    if device_count() == 0 {
+        let required = std::env::var("DUSTOFF_REQUIRE_GPU").is_ok_and(|v| v == "1");
+        assert!(!required, "DUSTOFF_REQUIRE_GPU=1 but no CUDA device is usable");
+        eprintln!("SKIPPED {test}: no CUDA device");
+        return None;
+    }
+    let dev = CudaDevice::new(0).expect("open cuda:0");
+    let k = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(None));
+    let seed = std::env::var("DUSTOFF_PARITY_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("{test}: {} with {}, seed {seed}", dev.describe(), k.source().describe());
+    Some(Gpu { dev, k, rng: StdRng::seed_from_u64(seed), seed })
+}
+
+impl Gpu {
+    fn up<T: DeviceRepr>(&self, v: &[T]) -> CudaSlice<T> {
+        self.dev.stream.clone_htod(v).expect("upload")
+    }
+    fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> CudaSlice<T> {
+        self.dev.stream.alloc_zeros(n).expect("alloc")
+    }
+    /// A buffer of NaN, so that an element the kernel fails to write shows up.
+    fn poisoned(&self, n: usize) -> CudaSlice<f32> {
+        self.up(&vec![f32::NAN; n])
+    }
+    fn down<T: DeviceRepr>(&self, b: &CudaSlice<T>) -> Vec<T> {
+        let v = self.dev.stream.clone_dtoh(b).expect("download");
+        self.dev.synchronize().expect("kernels ran without error");
+        v
+    }
+    fn d<T>(&self, b: &CudaSlice<T>) -> Dev<T> {
+        Dev::of(b, &self.dev.stream)
+    }
+    fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.rng.random_range(-1.0f32..1.0) * scale).collect()
+    }
+}
+
+fn f16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect()
+}
+fn f16_vals(b: &[u16]) -> Vec<f32> {
+    b.iter().map(|&x| half::f16::from_bits(x).to_f32()).collect()
+}
+
+#[test]
+fn rmsnorm_plain_gathered_and_per_head() {
+    let Some(mut g) = gpu("rmsnorm") else { return };
+    let (n, dim, eps) = (7, 576, 1e-5);
+    // Residual-like magnitudes (the sample model reaches |x| ~ 25,000).
+    let x = g.randn(n * dim, 3e4);
+    let w = g.randn(dim, 2.0);
+    let (xd, wd, out) = (g.up(&x), g.up(&w), g.poisoned(n * dim));
+    let s = g.dev.stream.clone();
+    let a = l::RmsNorm {
+        x: g.d(&xd),
+        w: g.d(&wd),
+        out: g.d(&out),
+        rows: None,
+        n_src_rows: n,
+        n_outer: n,
+        n_inner: 1,
+        dim,
+        in_stride: dim,
+        out_stride: dim,
+        eps,
+    };
+    a.launch(&mut g.k, &s).unwrap();
+    let mut want = vec![0f32; n * dim];
+    ops::rmsnorm(&x, &w, eps, &mut want);
+    compare("rmsnorm_f32", g.seed, &g.down(&out), &want);
+
+    // Gather rows 6 and 2 (the final norm of the logit rows).
+    let rows = g.up(&[6i32, 2]);
+    let out2 = g.poisoned(2 * dim);
+    l::RmsNorm { rows: Some(g.d(&rows)), n_outer: 2, out: g.d(&out2), ..a }.launch(&mut g.k, &s).unwrap();
+    let want2: Vec<f32> = [6, 2].iter().flat_map(|&r| want[r * dim..(r + 1) * dim].to_vec()).collect();
+    compare("rmsnorm_f32", g.seed, &g.down(&out2), &want2);
+
+    // Per-head norm in place on the q columns of a qkv-like buffer (Qwen3).
+    let (heads, hd, stride) = (4, 128, 4 * 128 + 2 * 128);
+    let qkv = g.randn(n * stride, 5.0);
+    let hw = g.randn(hd, 1.0);
+    let (qd, hwd) = (g.up(&qkv), g.up(&hw));
+    let b = l::RmsNorm {
+        x: g.d(&qd),
+        w: g.d(&hwd),
+        out: g.d(&qd),
+        rows: None,
+        n_src_rows: n,
+        n_outer: n,
+        n_inner: heads,
+        dim: hd,
+        in_stride: stride,
+        out_stride: stride,
+        eps,
+    };
+    b.launch(&mut g.k, &s).unwrap();
+    let mut want3 = qkv.clone();
+    for t in 0..n {
+        ops::rmsnorm_heads_inplace(&mut want3[t * stride..t * stride + heads * hd], &hw, eps);
+    }
+    compare("rmsnorm_f32", g.seed, &g.down(&qd), &want3);
+}
+
+#[test]
+fn rope_both_styles_at_long_positions() {
+    let Some(mut g) = gpu("rope") else { return };
+    let (n, nh, hd, max_pos) = (6, 12, 128, 40_960);
+    let stride = nh * hd + 64;
+    let inv_freq: Vec<f32> = (0..hd / 2).map(|i| 1_000_000f32.powf(-(2.0 * i as f32) / hd as f32)).collect();
+    let all: Vec<usize> = (0..max_pos).collect();
+    let (cos, sin) = ops::rope_table(&all, &inv_freq);
+    let (cd, sd) = (g.up(&cos), g.up(&sin));
+    let s = g.dev.stream.clone();
+    for style in [RopeStyle::Adjacent, RopeStyle::Halves] {
+        let pos: Vec<usize> = (0..n).map(|_| g.rng.random_range(0..max_pos)).collect();
+        let x = g.randn(n * stride, 4.0);
+        let xd = g.up(&x);
+        let pd = g.up(&pos.iter().map(|&p| p as i32).collect::<Vec<_>>());
+        l::Rope {
+            x: g.d(&xd),
+            pos: g.d(&pd),
+            cos: g.d(&cd),
+            sin: g.d(&sd),
+            max_pos,
+            n_tok: n,
+            n_heads: nh,
+            head_dim: hd,
+            stride,
+            halves: style == RopeStyle::Halves,
+        }
+        .launch(&mut g.k, &s)
+        .unwrap();
+        let (c, sn) = ops::rope_table(&pos, &inv_freq);
+        let mut want = x.clone();
+        for t in 0..n {
+            let h = hd / 2;
+            ops::rope_token(&mut want[t * stride..t * stride + nh * hd], hd, &c[t * h..(t + 1) * h], &sn[t * h..(t + 1) * h], style);
+        }
+        compare("rope_f32", g.seed, &g.down(&xd), &want);
+    }
+}
+
+#[test]
+fn gemv_every_token_count_with_bias_and_accumulation_and_cublas_gemm() {
+    let Some(mut g) = gpu("gemv") else { return };
+    let (rows, cols) = (1000, 1536);
+    let wv = f16_vals(&f16_bits(&g.randn(rows * cols, 0.1)));
+    let wbits = f16_bits(&wv);
+    let wt = Tensor::from_bytes("w", GgmlType::F16, rows, cols, wbits.iter().flat_map(|b| b.to_le_bytes()).collect());
+    let wd = g.up(&wbits);
+    let bias = g.randn(rows, 1.0);
+    let bd = g.up(&bias);
+    let s = g.dev.stream.clone();
+    for n in 1..=l::GEMV_MAX_TOKENS {
+        let x = g.randn(n * cols, 3.0);
+        let prev = g.randn(n * rows, 10.0);
+        let (xd, od) = (g.up(&x), g.up(&prev));
+        let accumulate = n % 2 == 0;
+        let with_bias = n % 3 == 0;
+        l::Gemv {
+            w: g.d(&wd),
+            x: g.d(&xd),
+            out: g.d(&od),
+            bias: with_bias.then(|| g.d(&bd)),
+            rows,
+            cols,
+            n_tok: n,
+            x_stride: cols,
+            out_stride: rows,
+            accumulate,
+        }
+        .launch(&mut g.k, &s)
+        .unwrap();
+        let mut want = vec![0f32; n * rows];
+        matmul(&wt, &x, n, &mut want);
+        for t in 0..n {
+            for r in 0..rows {
+                let i = t * rows + r;
+                want[i] += if with_bias { bias[r] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
+            }
+        }
+        compare("gemv_f16", g.seed, &g.down(&od), &want);
+    }
+
+    // cuBLAS (prefill): input rounded to F16 on both sides; output accumulates into a residual.
+    let n = 37;
+    let x = g.randn(n * cols, 3.0);
+    let x16 = f16_bits(&x);
+    let prev = g.randn(n * rows, 10.0);
+    let (xd, x16d, od) = (g.up(&x), g.zeros::<u16>(n * cols), g.up(&prev));
+    l::CastF16 { x: g.d(&xd), out: g.d(&x16d), n: n * cols }.launch(&mut g.k, &s).unwrap();
+    let got16 = g.down(&x16d);
+    compare("cast_f32_f16", g.seed, &f16_vals(&got16), &f16_vals(&x16));
+    let blas = cudarc::cublas::CudaBlas::new(s.clone()).unwrap();
+    l::Gemm { w: g.d(&wd), x: g.d(&x16d), out: g.d(&od), rows, cols, n_tok: n, out_stride: rows, accumulate: true }
+        .launch(&blas)
+        .unwrap();
+    let mut want = vec![0f32; n * rows];
+    matmul(&wt, &f16_vals(&x16), n, &mut want);
+    want.iter_mut().zip(&prev).for_each(|(a, b)| *a += b);
+    compare("cublas_gemm_f16", g.seed, &g.down(&od), &want);
+}
+
+#[test]
+fn embedding_silu_bias_and_saturating_cast() {
+    let Some(mut g) = gpu("elementwise") else { return };
+    let s = g.dev.stream.clone();
+    let (vocab, dim, n) = (300, 576, 9);
+    let table = f16_bits(&g.randn(vocab * dim, 1.0));
+    let ids: Vec<u32> = (0..n).map(|_| g.rng.random_range(0..vocab as u32)).collect();
+    let (td, id, od) = (g.up(&table), g.up(&ids), g.poisoned(n * dim));
+    l::Embedding { table: g.d(&td), ids: g.d(&id), out: g.d(&od), vocab, n_tok: n, dim }.launch(&mut g.k, &s).unwrap();
+    let want: Vec<f32> = ids.iter().flat_map(|&i| f16_vals(&table[i as usize * dim..(i as usize + 1) * dim])).collect();
+    compare("embedding_f16", g.seed, &g.down(&od), &want);
+
+    let ffn = 1536;
+    let gu = g.randn(n * 2 * ffn, 8.0);
+    let (gd, ad) = (g.up(&gu), g.poisoned(n * ffn));
+    l::SiluMul { gu: g.d(&gd), out: g.d(&ad), n_tok: n, ffn }.launch(&mut g.k, &s).unwrap();
+    let mut want = Vec::new();
+    for t in 0..n {
+        let mut gate = gu[t * 2 * ffn..t * 2 * ffn + ffn].to_vec();
+        ops::silu_mul_inplace(&mut gate, &gu[t * 2 * ffn + ffn..(t + 1) * 2 * ffn]);
+        want.extend(gate);
+    }
+    compare("silu_mul_f32", g.seed, &g.down(&ad), &want);
+
+    let (cols, stride) = (100, 128);
+    let x = g.randn(n * stride, 1.0);
+    let b = g.randn(cols, 1.0);
+    let (xd, bd) = (g.up(&x), g.up(&b));
+    l::BiasAdd { x: g.d(&xd), b: g.d(&bd), n_tok: n, n: cols, stride }.launch(&mut g.k, &s).unwrap();
+    let mut want = x.clone();
+    for t in 0..n {
+        ops::add_inplace(&mut want[t * stride..t * stride + cols], &b);
+    }
+    compare("bias_add_f32", g.seed, &g.down(&xd), &want);
+
+    // Out-of-range values saturate at +-65504 instead of becoming inf.
+    let big = [1e6f32, -1e6, 65504.0, 70000.0, 1.0];
+    let (bd, hd) = (g.up(&big), g.zeros::<u16>(big.len()));
+    l::CastF16 { x: g.d(&bd), out: g.d(&hd), n: big.len() }.launch(&mut g.k, &s).unwrap();
+    compare("cast_f32_f16", g.seed, &f16_vals(&g.down(&hd)), &[65504.0, -65504.0, 65504.0, 65504.0, 1.0]);
+}
+
+/// K/V store and paged attention for decode and prefill-like steps, several sequences with
+/// shuffled block tables, lengths across split boundaries, two GQA shapes.
+#[test]
+fn kv_store_and_paged_attention_match_cpu() {
+    let Some(mut g) = gpu("attention") else { return };
+    let s = g.dev.stream.clone();
+    // (n_heads, n_kv, head_dim): SmolLM2 (group 3), Qwen3-8B (group 4).
+    for (nh, nkv, hd) in [(9usize, 3usize, 64usize), (32, 8, 128)] {
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let stride = qd + 2 * kvd;
+        let (bs, n_blocks) = (16usize, 160usize);
+        // Each sequence: (context already cached, new tokens this step).
+        let seqs = [(700usize, 1usize), (0, 5), (300, 2), (511, 1), (255, 3)];
+        let mut free: Vec<u32> = (0..n_blocks as u32).collect();
+        for i in (1..free.len()).rev() {
+            free.swap(i, g.rng.random_range(0..=i));
+        }
+        let tables: Vec<Vec<u32>> = seqs.iter().map(|&(c, n)| (0..(c + n).div_ceil(bs)).map(|_| free.pop().unwrap()).collect()).collect();
+        let bt_stride = tables.iter().map(Vec::len).max().unwrap();
+
+        // Every position of every sequence goes through kv_store (context and new tokens alike).
+        let (mut slots, mut pos, mut tok_seq) = (Vec::new(), Vec::new(), Vec::new());
+        for (si, &(c, n)) in seqs.iter().enumerate() {
+            for p in 0..c + n {
+                slots.push((tables[si][p / bs] as usize * bs + p % bs) as i32);
+                pos.push(p);
+                tok_seq.push(si);
+            }
+        }
+        let all = slots.len();
+        let qkv = g.randn(all * stride, 2.0);
+        let n_slots = n_blocks * bs;
+        let (qkvd, sd) = (g.up(&qkv), g.up(&slots));
+        let (kc, vc) = (g.zeros::<u16>(n_slots * kvd), g.zeros::<u16>(n_slots * kvd));
+        l::KvStore {
+            qkv: g.d(&qkvd),
+            k_cache: g.d(&kc),
+            v_cache: g.d(&vc),
+            slots: g.d(&sd),
+            n_slots,
+            n_tok: all,
+            kv_dim: kvd,
+            stride,
+            k_off: qd,
+            v_off: qd + kvd,
+        }
+        .launch(&mut g.k, &s)
+        .unwrap();
+        let (kh, vh) = (g.down(&kc), g.down(&vc));
+        let (mut kgot, mut kwant) = (Vec::new(), Vec::new());
+        for (t, &sl) in slots.iter().enumerate() {
+            let sl = sl as usize;
+            kgot.extend(f16_vals(&kh[sl * kvd..(sl + 1) * kvd]));
+            kgot.extend(f16_vals(&vh[sl * kvd..(sl + 1) * kvd]));
+            kwant.extend(f16_vals(&f16_bits(&qkv[t * stride + qd..t * stride + qd + 2 * kvd])));
+        }
+        compare("kv_store_f16", g.seed, &kgot, &kwant);
+
+        // Queries: the new tokens of each sequence (rows of the same qkv buffer).
+        let q_rows: Vec<usize> = {
+            let mut r = Vec::new();
+            let mut base = 0;
+            for &(c, n) in &seqs {
+                r.extend(base + c..base + c + n);
+                base += c + n;
+            }
+            r
+        };
+        let n_tok = q_rows.len();
+        let qbuf: Vec<f32> = q_rows.iter().flat_map(|&r| qkv[r * stride..(r + 1) * stride].to_vec()).collect();
+        let qpos: Vec<i32> = q_rows.iter().map(|&r| pos[r] as i32).collect();
+        let qseq: Vec<i32> = q_rows.iter().map(|&r| tok_seq[r] as i32).collect();
+        let mut bt = vec![0i32; seqs.len() * bt_stride];
+        for (si, t) in tables.iter().enumerate() {
+            for (j, &b) in t.iter().enumerate() {
+                bt[si * bt_stride + j] = b as i32;
+            }
+        }
+        let max_len = seqs.iter().map(|&(c, n)| c + n).max().unwrap();
+        let splits = l::attn_splits(max_len);
+        let (qdv, pd, tsd, btd) = (g.up(&qbuf), g.up(&qpos), g.up(&qseq), g.up(&bt));
+        let (po, pml, out) = (g.zeros::<f32>(n_tok * nh * splits * hd), g.zeros::<f32>(n_tok * nh * splits * 2), g.poisoned(n_tok * qd));
+        l::Attention {
+            q: g.d(&qdv),
+            k_cache: g.d(&kc),
+            v_cache: g.d(&vc),
+            block_tables: g.d(&btd),
+            tok_seq: g.d(&tsd),
+            pos: g.d(&pd),
+            part_o: g.d(&po),
+            part_ml: g.d(&pml),
+            out: g.d(&out),
+            n_slots,
+            n_seqs: seqs.len(),
+            n_tok,
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+            block_size: bs,
+            bt_stride,
+            q_stride: stride,
+            out_stride: qd,
+            max_len,
+        }
+        .launch(&mut g.k, &s)
+        .unwrap();
+
+        let (k32, v32) = (f16_vals(&kh), f16_vals(&vh));
+        let kv = ops::PagedKv { k: &k32, v: &v32, block_size: bs, n_kv_heads: nkv, head_dim: hd };
+        let qcont: Vec<f32> = q_rows.iter().flat_map(|&r| qkv[r * stride..r * stride + qd].to_vec()).collect();
+        let tabs: Vec<&[u32]> = qseq.iter().map(|&si| tables[si as usize].as_slice()).collect();
+        let ppos: Vec<usize> = qpos.iter().map(|&p| p as usize).collect();
+        let mut want = vec![0f32; n_tok * qd];
+        ops::attend_batch(&kv, &tabs, &ppos, &qcont, nh, &mut want);
+        compare("attention", g.seed, &g.down(&out), &want);
+    }
+}
+
+/// The whole CUDA backend on the sample model: free-running greedy ids equal the float64
+/// reference for the first 16 tokens (up to the first near-tie), and the top-5 logits of the
+/// first 8 teacher-forced positions are within 0.1 of it. Covers the cuBLAS prefill path
+/// (prompts over 8 tokens) and the GEMV decode path.
+#[test]
+fn sample_model_greedy_matches_f64_reference() {
+    let Some(g) = gpu("sample model") else { return };
+    drop(g);
+    use dustoff::engine::sampler::argmax;
+    use dustoff::engine::single::SingleSeq;
+    let m = common::sample_model();
+    let opts = CudaOptions { ordinal: 0, num_blocks: 64, block_size: 16, ptx_dir: None, max_positions: 1024 };
+    let mut b = CudaBackend::new(m.config.clone(), &m.weights, &opts).expect("CUDA backend on the sample model");
+    eprintln!("weights clamped to F16: {}", b.clamped_weights);
+    for case in common::read_cases("greedy_cases.jsonl") {
+        let id = case["id"].as_str().unwrap();
+        let prompt = common::ids(&case, "prompt_ids");
+        let want = common::ids(&case, "f64_free_greedy_ids");
+        let margins = common::floats(&case, "f64_free_margins");
+        let check_len = margins.iter().take(16).position(|&m| m < TAU_GPU).unwrap_or(16.min(want.len()));
+        let mut seq = SingleSeq::new(&b, 0, prompt.len() + want.len()).unwrap();
+        let mut logits = seq.feed(&mut b, &prompt).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..check_len {
+            let t = argmax(&logits);
+            got.push(t);
+            logits = seq.feed(&mut b, &[t]).unwrap();
+        }
+        assert_eq!(got, want[..check_len], "case {id}: free-running greedy differs (checked {check_len} tokens)");
+
+        let forced = common::ids(&case, "llamacpp_greedy_ids");
+        let top5 = case["f64_top5_first8"].as_array().unwrap();
+        let mut seq = SingleSeq::new(&b, 1, prompt.len() + forced.len()).unwrap();
+        let mut logits = seq.feed(&mut b, &prompt).unwrap();
+        for (j, pairs) in top5.iter().enumerate().take(8) {
+            for pair in pairs.as_array().unwrap() {
+                let tok = pair[0].as_u64().unwrap() as usize;
+                let l = pair[1].as_f64().unwrap();
+                let d = (logits[tok] as f64 - l).abs();
+                assert!(d <= TAU_GPU, "case {id}: position {j} token {tok}: logit {} vs f64 {l}", logits[tok]);
+            }
+            logits = seq.feed(&mut b, &[forced[j]]).unwrap();
+        }
+    }
+}
