@@ -300,8 +300,9 @@ proptest! {
                 }
             }
             prop_assert_eq!(kv.check_invariants(), Ok(()));
-            let used: usize = sh.seqs.values().map(|(t, _)| t.len()).sum();
-            prop_assert!(kv.num_used() * block_size >= used);
+            for (seq, (t, _)) in &sh.seqs {
+                prop_assert_eq!(kv.num_slots(*seq), Some(t.len()));
+            }
         }
     }
 }

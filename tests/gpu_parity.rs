@@ -218,7 +218,13 @@ fn rope_both_styles_at_long_positions() {
         let mut want = x.clone();
         for t in 0..n {
             let h = hd / 2;
-            ops::rope_token(&mut want[t * stride..t * stride + nh * hd], hd, &c[t * h..(t + 1) * h], &sn[t * h..(t + 1) * h], style);
+            ops::rope_token(
+                &mut want[t * stride..t * stride + nh * hd],
+                hd,
+                &c[t * h..(t + 1) * h],
+                &sn[t * h..(t + 1) * h],
+                style,
+            );
         }
         compare("rope_f32", g.seed, &g.down(&xd), &want);
     }
@@ -257,11 +263,8 @@ fn gemv_every_token_count_with_bias_and_accumulation_and_cublas_gemm() {
         .unwrap();
         let mut want = vec![0f32; n * rows];
         matmul(&wt, &x, n, &mut want);
-        for t in 0..n {
-            for r in 0..rows {
-                let i = t * rows + r;
-                want[i] += if with_bias { bias[r] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
-            }
+        for (i, v) in want.iter_mut().enumerate() {
+            *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
         }
         compare("gemv_f16", g.seed, &g.down(&od), &want);
     }
@@ -344,7 +347,8 @@ fn kv_store_and_paged_attention_match_cpu() {
         for i in (1..free.len()).rev() {
             free.swap(i, g.rng.random_range(0..=i));
         }
-        let tables: Vec<Vec<u32>> = seqs.iter().map(|&(c, n)| (0..(c + n).div_ceil(bs)).map(|_| free.pop().unwrap()).collect()).collect();
+        let tables: Vec<Vec<u32>> =
+            seqs.iter().map(|&(c, n)| (0..(c + n).div_ceil(bs)).map(|_| free.pop().unwrap()).collect()).collect();
         let bt_stride = tables.iter().map(Vec::len).max().unwrap();
 
         // Every position of every sequence goes through kv_store (context and new tokens alike).
@@ -408,7 +412,8 @@ fn kv_store_and_paged_attention_match_cpu() {
         let max_len = seqs.iter().map(|&(c, n)| c + n).max().unwrap();
         let splits = l::attn_splits(max_len);
         let (qdv, pd, tsd, btd) = (g.up(&qbuf), g.up(&qpos), g.up(&qseq), g.up(&bt));
-        let (po, pml, out) = (g.zeros::<f32>(n_tok * nh * splits * hd), g.zeros::<f32>(n_tok * nh * splits * 2), g.poisoned(n_tok * qd));
+        let (po, pml, out) =
+            (g.zeros::<f32>(n_tok * nh * splits * hd), g.zeros::<f32>(n_tok * nh * splits * 2), g.poisoned(n_tok * qd));
         l::Attention {
             q: g.d(&qdv),
             k_cache: g.d(&kc),

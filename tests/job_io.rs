@@ -273,7 +273,8 @@ fn sample_rows(shard: Option<ShardSpec>) -> Vec<PendingRow> {
 fn commit_scrambled(ck: &mut Checkpoint, rows: &[PendingRow], batch: usize) {
     let mut rows: Vec<PendingRow> = rows.iter().filter(|r| !ck.is_done(r.index)).cloned().collect();
     rows.reverse();
-    rows.rotate_left(rows.len() / 3);
+    let third = rows.len() / 3;
+    rows.rotate_left(third);
     for b in rows.chunks(batch) {
         ck.commit(b.to_vec()).unwrap();
     }
@@ -473,7 +474,7 @@ fn overflow_policies_fit_the_limit() {
 #[test]
 fn dry_run_counts_errors_and_prefix_savings() {
     let p = Pipeline::resolve("summarize", &root().join("pipelines")).unwrap();
-    let job = JobKind::Pipeline(p);
+    let job = JobKind::Pipeline(Box::new(p));
     // openai-batch.jsonl has no `id` fields: 4 missing-field rows.
     let names = ["bad.jsonl", "news.jsonl", "openai-batch.jsonl"];
     let inputs = expand_inputs(&names.map(|n| sample(n).display().to_string())).unwrap();
@@ -509,7 +510,7 @@ fn dry_run_speed() {
         );
     }
     fs::write(&p, s).unwrap();
-    let job = JobKind::Pipeline(Pipeline::resolve("summarize", &root().join("pipelines")).unwrap());
+    let job = JobKind::Pipeline(Box::new(Pipeline::resolve("summarize", &root().join("pipelines")).unwrap()));
     let r = dustoff::job::dry_run::dry_run(&job, &[p], None, &ByteCodec, 16).unwrap();
     assert_eq!(r.ok, 100_000);
     eprintln!("dry run: {} records in {:.2} s = {:.0} records/s", r.records, r.seconds, r.records_per_second());

@@ -37,7 +37,7 @@ pub fn cuda_usable() -> bool {
 
 pub fn load(path: &Path) -> Result<LoadedModel> {
     let t = std::time::Instant::now();
-    let m = load_model(path).with_context(|| format!("loading model {}", path.display()))?;
+    let m = load_model(path).context("loading the model")?;
     let c = &m.config;
     eprintln!(
         "model: {} ({}, {} layers, width {}, {} heads / {} KV heads, vocab {}) loaded in {:.2}s",

@@ -97,11 +97,16 @@ pub fn run_jsonl<B: Backend>(m: &LoadedModel, b: &mut B, input: &Path, output: &
     let records = read_jsonl(input)?;
     let total = records.len();
     for (i, (line, rec)) in records.into_iter().enumerate() {
-        let row = match rec.and_then(|v| prepare(m, &v)) {
-            Err(msg) => {
+        // A row that failed keeps its id when the line had one; `line` locates it either way.
+        let prepared = match rec {
+            Err(msg) => Err((Value::Null, msg)),
+            Ok(v) => prepare(m, &v).map_err(|e| (v.get("id").cloned().unwrap_or(Value::Null), e)),
+        };
+        let row = match prepared {
+            Err((id, msg)) => {
                 errors += 1;
                 eprintln!("{}:{line}: {msg}", input.display());
-                json!({"id": null, "line": line, "error": msg})
+                json!({"id": id, "line": line, "error": msg})
             }
             Ok(p) => {
                 let mut sampler = Sampler::new(opt.sampling_for(&id_key(&p.id)));

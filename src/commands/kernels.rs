@@ -29,6 +29,10 @@ pub fn compile_all(arch: &str, out_dir: &Path) -> Result<Vec<PathBuf>> {
         std::fs::write(&path, &ptx).with_context(|| format!("writing {}", path.display()))?;
         written.push(path);
     }
-    eprintln!("kernels: {} files compiled for {arch} with NVRTC {major}.{minor} into {}", written.len(), out_dir.display());
+    eprintln!(
+        "kernels: {} files compiled for {arch} with NVRTC {major}.{minor} into {}",
+        written.len(),
+        out_dir.display()
+    );
     Ok(written)
 }

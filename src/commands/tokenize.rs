@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::Result;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::common::{read_jsonl, JsonlWriter};
 use crate::tokenizer::Tokenizer;
@@ -12,14 +12,15 @@ pub fn run(tok: &Tokenizer, input: &Path, output: &Path) -> Result<usize> {
     let mut w = JsonlWriter::create(output)?;
     let mut errors = 0;
     for (line, rec) in read_jsonl(input)? {
-        let row = match rec.and_then(|v| tokenize_record(tok, &v)) {
-            Ok(row) => row,
-            Err(msg) => {
-                errors += 1;
-                eprintln!("{}:{line}: {msg}", input.display());
-                json!({"id": null, "line": line, "error": msg})
-            }
+        let row = match rec {
+            Err(msg) => Err((Value::Null, msg)),
+            Ok(v) => tokenize_record(tok, &v).map_err(|e| (v.get("id").cloned().unwrap_or(Value::Null), e)),
         };
+        let row = row.unwrap_or_else(|(id, msg)| {
+            errors += 1;
+            eprintln!("{}:{line}: {msg}", input.display());
+            json!({"id": id, "line": line, "error": msg})
+        });
         w.write(&row)?;
     }
     w.finish()?;

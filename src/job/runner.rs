@@ -150,7 +150,7 @@ pub trait Generate {
 
 /// What a job runs.
 pub enum JobKind {
-    Pipeline(Pipeline),
+    Pipeline(Box<Pipeline>),
     /// OpenAI batch input: the request says the messages and parameters.
     OpenAi {
         /// Echoed as `model` in the output lines.

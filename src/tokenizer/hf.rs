@@ -147,3 +147,46 @@ pub(super) fn load(dir: &Path) -> Result<Parts, TokenizerError> {
 
     Ok(Parts { inner, n_vocab, bos, eos, add_bos, chat_template, token_bytes })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::gguf::GgufFile;
+    use crate::tokenizer::{ChatMessage, Tokenizer};
+
+    /// Writes the sample model's tokenizer as a Hugging Face directory (the pipeline built from
+    /// GGUF, serialized by `tokenizers`, plus HF-style config files) and loads it back.
+    #[test]
+    fn hf_directory_round_trip_of_the_sample_tokenizer() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/samples/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let g = GgufFile::open(path).unwrap();
+        let from_gguf = Tokenizer::from_gguf(&g).unwrap();
+        let dir = std::env::temp_dir().join(format!("dustoff-hf-tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        crate::tokenizer::gguf::load(&g).unwrap().inner.save(dir.join("tokenizer.json"), false).unwrap();
+        let template = from_gguf.chat_template().unwrap();
+        let cfg = serde_json::json!({
+            "bos_token": {"content": "<|im_start|>", "special": true},
+            "eos_token": "<|im_end|>",
+            "chat_template": [{"name": "default", "template": template}],
+        });
+        std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+        std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": [2, 0]}"#).unwrap();
+
+        let hf = Tokenizer::from_hf_dir(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        assert_eq!(hf.vocab_size(), 49_152);
+        assert_eq!(hf.bos_id(), Some(1));
+        assert!(!hf.add_bos_default(), "no post-processor, no add_bos_token: no BOS");
+        assert_eq!(hf.eos_ids(), &[2, 0]);
+        assert!(hf.token_bytes.is_some(), "ByteLevel decoder gives exact token bytes");
+        for text in ["<|im_start|>user\n今天天气很好 1999 🍕<|im_end|>", "x <|im_end|> y", "  tabs\tand\r\nCRLF"]
+        {
+            for ps in [true, false] {
+                assert_eq!(hf.encode(text, false, ps).unwrap(), from_gguf.encode(text, false, ps).unwrap(), "{text:?}");
+            }
+            assert_eq!(hf.decode(&hf.encode(text, false, true).unwrap()).unwrap(), text);
+        }
+        let msgs = [ChatMessage::new("user", "Hi")];
+        assert_eq!(hf.apply_chat_template(&msgs, true).unwrap(), from_gguf.apply_chat_template(&msgs, true).unwrap());
+    }
+}

@@ -35,42 +35,42 @@ pub struct CudaOptions {
 }
 
 struct LayerW {
-    attn_norm: CudaSlice<f32>,     // [dim]
-    wqkv: CudaSlice<u16>,          // [q_dim + 2 kv_dim, dim] f16
-    bqkv: Option<CudaSlice<f32>>,  // [q_dim + 2 kv_dim]
+    attn_norm: CudaSlice<f32>,      // [dim]
+    wqkv: CudaSlice<u16>,           // [q_dim + 2 kv_dim, dim] f16
+    bqkv: Option<CudaSlice<f32>>,   // [q_dim + 2 kv_dim]
     q_norm: Option<CudaSlice<f32>>, // [head_dim]
     k_norm: Option<CudaSlice<f32>>, // [head_dim]
-    wo: CudaSlice<u16>,            // [dim, q_dim] f16
-    ffn_norm: CudaSlice<f32>,      // [dim]
-    wgu: CudaSlice<u16>,           // [2 ffn, dim] f16: gate rows then up rows
-    wdown: CudaSlice<u16>,         // [dim, ffn] f16
-    k_cache: CudaSlice<u16>,       // [num_blocks, block_size, n_kv, head_dim] f16
-    v_cache: CudaSlice<u16>,       // same
+    wo: CudaSlice<u16>,             // [dim, q_dim] f16
+    ffn_norm: CudaSlice<f32>,       // [dim]
+    wgu: CudaSlice<u16>,            // [2 ffn, dim] f16: gate rows then up rows
+    wdown: CudaSlice<u16>,          // [dim, ffn] f16
+    k_cache: CudaSlice<u16>,        // [num_blocks, block_size, n_kv, head_dim] f16
+    v_cache: CudaSlice<u16>,        // same
 }
 
 /// Step buffers, grown on demand (never shrunk).
 #[derive(Default)]
 struct Work {
     cap_tok: usize,
-    x: Option<CudaSlice<f32>>,    // [tok, dim] residual
-    h: Option<CudaSlice<f32>>,    // [tok, dim] normed
-    qkv: Option<CudaSlice<f32>>,  // [tok, q_dim + 2 kv_dim]
-    att: Option<CudaSlice<f32>>,  // [tok, q_dim]
-    gu: Option<CudaSlice<f32>>,   // [tok, 2 ffn]
-    act: Option<CudaSlice<f32>>,  // [tok, ffn]
-    x16: Option<CudaSlice<u16>>,  // [tok, max(dim, q_dim, ffn)] cuBLAS input
-    ids: Option<CudaSlice<u32>>,  // [tok]
-    pos: Option<CudaSlice<i32>>,  // [tok]
-    slots: Option<CudaSlice<i32>>, // [tok]
+    x: Option<CudaSlice<f32>>,       // [tok, dim] residual
+    h: Option<CudaSlice<f32>>,       // [tok, dim] normed
+    qkv: Option<CudaSlice<f32>>,     // [tok, q_dim + 2 kv_dim]
+    att: Option<CudaSlice<f32>>,     // [tok, q_dim]
+    gu: Option<CudaSlice<f32>>,      // [tok, 2 ffn]
+    act: Option<CudaSlice<f32>>,     // [tok, ffn]
+    x16: Option<CudaSlice<u16>>,     // [tok, max(dim, q_dim, ffn)] cuBLAS input
+    ids: Option<CudaSlice<u32>>,     // [tok]
+    pos: Option<CudaSlice<i32>>,     // [tok]
+    slots: Option<CudaSlice<i32>>,   // [tok]
     tok_seq: Option<CudaSlice<i32>>, // [tok]
-    rows: Option<CudaSlice<i32>>, // [tok] logit rows
+    rows: Option<CudaSlice<i32>>,    // [tok] logit rows
     cap_part: usize,
     part_o: Option<CudaSlice<f32>>,  // [tok * n_heads * splits * head_dim]
     part_ml: Option<CudaSlice<f32>>, // [tok * n_heads * splits * 2]
     cap_bt: usize,
-    bt: Option<CudaSlice<i32>>,   // [seqs, bt_stride]
+    bt: Option<CudaSlice<i32>>, // [seqs, bt_stride]
     cap_logits: usize,
-    hn: Option<CudaSlice<f32>>,   // [m, dim]
+    hn: Option<CudaSlice<f32>>,     // [m, dim]
     logits: Option<CudaSlice<f32>>, // [m, vocab]
 }
 
@@ -103,7 +103,11 @@ fn up<T: DeviceRepr>(s: &std::sync::Arc<CudaStream>, v: &[T], what: &str) -> Res
     s.clone_htod(v).map_err(CudaError::driver(format!("uploading {what}")))
 }
 
-fn zeros<T: DeviceRepr + ValidAsZeroBits>(s: &std::sync::Arc<CudaStream>, n: usize, what: &str) -> Result<CudaSlice<T>, CudaError> {
+fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+    s: &std::sync::Arc<CudaStream>,
+    n: usize,
+    what: &str,
+) -> Result<CudaSlice<T>, CudaError> {
     s.alloc_zeros(n.max(1)).map_err(CudaError::driver(format!("allocating {what} ({n} elements)")))
 }
 
@@ -130,6 +134,10 @@ impl CudaBackend {
     pub fn new(cfg: ModelConfig, w: &ModelWeights, opts: &CudaOptions) -> Result<Self, CudaError> {
         let dev = CudaDevice::new(opts.ordinal)?;
         let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
+        // SAFETY: only tries to dlopen the candidate names; CudaBlas::new would panic without one.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(CudaError::CublasMissing);
+        }
         let blas = CudaBlas::new(dev.stream.clone())
             .map_err(|source| CudaError::Cublas { what: "creating a handle".into(), source })?;
         let s = &dev.stream;
@@ -218,7 +226,14 @@ impl CudaBackend {
         cfg.n_layers * 2 * cfg.kv_dim() * 2
     }
 
-    fn ensure_work(&mut self, n_tok: usize, n_seqs: usize, bt_stride: usize, splits: usize, m: usize) -> Result<(), CudaError> {
+    fn ensure_work(
+        &mut self,
+        n_tok: usize,
+        n_seqs: usize,
+        bt_stride: usize,
+        splits: usize,
+        m: usize,
+    ) -> Result<(), CudaError> {
         let c = &self.cfg;
         let s = &self.dev.stream;
         let w = &mut self.work;
@@ -266,8 +281,8 @@ struct Flat {
     tok_seq: Vec<i32>, // [n_tok] chunk index = block table row
     bt: Vec<i32>,      // [n_chunks, bt_stride]
     bt_stride: usize,
-    rows: Vec<i32>,    // [m] token rows whose logits are returned
-    max_len: usize,    // longest sequence after this step
+    rows: Vec<i32>, // [m] token rows whose logits are returned
+    max_len: usize, // longest sequence after this step
 }
 
 impl CudaBackend {
@@ -296,10 +311,17 @@ impl CudaBackend {
             }
             let end = c.start_pos + c.tokens.len();
             if c.block_table.len() * bs < end {
-                return Err(err(format!("block table covers {} positions, the chunk reaches {end}", c.block_table.len() * bs)));
+                return Err(err(format!(
+                    "block table covers {} positions, the chunk reaches {end}",
+                    c.block_table.len() * bs
+                )));
             }
             if end > self.max_pos {
-                return Err(err(format!("position {} is beyond the {} positions this backend was set up for", end - 1, self.max_pos)));
+                return Err(err(format!(
+                    "position {} is beyond the {} positions this backend was set up for",
+                    end - 1,
+                    self.max_pos
+                )));
             }
             if let Some(&b) = c.block_table.iter().find(|&&b| b as usize >= self.num_blocks) {
                 return Err(err(format!("block {b} is beyond the pool of {}", self.num_blocks)));
@@ -358,13 +380,15 @@ impl CudaBackend {
         let s: &CudaStream = &self.dev.stream;
         let (dim, qd, kvd, hd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.head_dim, c.ffn_dim);
         let qkv_w = qd + 2 * kvd;
-        let (x, h, qkv, att, gu, act) = (ptr(&w.x, s), ptr(&w.h, s), ptr(&w.qkv, s), ptr(&w.att, s), ptr(&w.gu, s), ptr(&w.act, s));
+        let (x, h, qkv, att, gu, act) =
+            (ptr(&w.x, s), ptr(&w.h, s), ptr(&w.qkv, s), ptr(&w.att, s), ptr(&w.gu, s), ptr(&w.act, s));
         let (pos, slots) = (ptr(&w.pos, s), ptr(&w.slots, s));
         let k = &mut self.kernels;
         let mut mm = Mm { s, blas: &self.blas, x16: ptr(&w.x16, s) };
         let n_slots = self.num_blocks * self.block_size;
 
-        l::Embedding { table: Dev::of(&self.embd, s), ids: ptr(&w.ids, s), out: x, vocab: c.vocab_size, n_tok: n, dim }.launch(k, s)?;
+        l::Embedding { table: Dev::of(&self.embd, s), ids: ptr(&w.ids, s), out: x, vocab: c.vocab_size, n_tok: n, dim }
+            .launch(k, s)?;
         let norm = |x: Dev<f32>, wt: Dev<f32>, out: Dev<f32>, n_inner: usize, d: usize, stride: usize| l::RmsNorm {
             x,
             w: wt,
@@ -402,8 +426,19 @@ impl CudaBackend {
             }
             .launch(k, s)?;
             let (kc, vc) = (Dev::of(&lw.k_cache, s), Dev::of(&lw.v_cache, s));
-            l::KvStore { qkv, k_cache: kc, v_cache: vc, slots, n_slots, n_tok: n, kv_dim: kvd, stride: qkv_w, k_off: qd, v_off: qd + kvd }
-                .launch(k, s)?;
+            l::KvStore {
+                qkv,
+                k_cache: kc,
+                v_cache: vc,
+                slots,
+                n_slots,
+                n_tok: n,
+                kv_dim: kvd,
+                stride: qkv_w,
+                k_off: qd,
+                v_off: qd + kvd,
+            }
+            .launch(k, s)?;
             l::Attention {
                 q: qkv,
                 k_cache: kc,
@@ -480,7 +515,15 @@ struct Mm<'a> {
 impl Mm<'_> {
     /// `out[t, :rows] (+)= lin(x[t, :cols])` for `n` tokens; `x` `[n, cols]` and `out`
     /// `[n, rows]`, both contiguous.
-    fn run(&mut self, k: &mut Kernels, lin: Lin, x: Dev<f32>, n: usize, out: Dev<f32>, accumulate: bool) -> Result<(), CudaError> {
+    fn run(
+        &mut self,
+        k: &mut Kernels,
+        lin: Lin,
+        x: Dev<f32>,
+        n: usize,
+        out: Dev<f32>,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
         if n <= l::GEMV_MAX_TOKENS {
             let g = l::Gemv {
                 w: lin.w,
@@ -497,8 +540,17 @@ impl Mm<'_> {
             return g.launch(k, self.s);
         }
         l::CastF16 { x, out: self.x16, n: n * lin.cols }.launch(k, self.s)?;
-        l::Gemm { w: lin.w, x: self.x16, out, rows: lin.rows, cols: lin.cols, n_tok: n, out_stride: lin.rows, accumulate }
-            .launch(self.blas)?;
+        l::Gemm {
+            w: lin.w,
+            x: self.x16,
+            out,
+            rows: lin.rows,
+            cols: lin.cols,
+            n_tok: n,
+            out_stride: lin.rows,
+            accumulate,
+        }
+        .launch(self.blas)?;
         if let Some(b) = lin.bias {
             l::BiasAdd { x: out, b, n_tok: n, n: lin.rows, stride: lin.rows }.launch(k, self.s)?;
         }

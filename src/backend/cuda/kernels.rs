@@ -87,7 +87,8 @@ impl Kernels {
             PtxSource::Nvrtc { cache_dir } => nvrtc::compile_cached(file, &self.arch, cache_dir.as_deref())?,
             PtxSource::Dir(dir) => {
                 let path = dir.join(format!("{}.ptx", file.name));
-                let text = std::fs::read_to_string(&path).map_err(|source| CudaError::PtxIo { path: path.clone(), source })?;
+                let text =
+                    std::fs::read_to_string(&path).map_err(|source| CudaError::PtxIo { path: path.clone(), source })?;
                 if !nvrtc::ptx_defines_all(&text, file) {
                     return Err(CudaError::PtxIo {
                         path,
@@ -101,10 +102,11 @@ impl Kernels {
                 text
             }
         };
-        let m = self
-            .ctx
-            .load_module(Ptx::from_src(ptx))
-            .map_err(CudaError::driver(format!("loading module {}.ptx ({})", file.name, self.source.describe())))?;
+        let m = self.ctx.load_module(Ptx::from_src(ptx)).map_err(CudaError::driver(format!(
+            "loading module {}.ptx ({})",
+            file.name,
+            self.source.describe()
+        )))?;
         self.modules.insert(file.name, m.clone());
         Ok(m)
     }

@@ -89,7 +89,8 @@ fn launch<P: DeviceRepr>(
 }
 
 fn blocks_for(kernel: &'static str, n: usize, per_block: usize) -> Result<u32, CudaError> {
-    u32::try_from(n.div_ceil(per_block).max(1)).map_err(|_| CudaError::Shape { kernel, reason: format!("{n} elements exceed the grid") })
+    u32::try_from(n.div_ceil(per_block).max(1))
+        .map_err(|_| CudaError::Shape { kernel, reason: format!("{n} elements exceed the grid") })
 }
 
 // ---------------------------------------------------------------- rmsnorm.cu
@@ -260,11 +261,18 @@ pub struct Gemv {
 impl Gemv {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "gemv_f16";
-        check(K, self.n_tok >= 1 && self.n_tok <= GEMV_MAX_TOKENS, || format!("{} tokens (1..=8 allowed)", self.n_tok))?;
-        check(K, self.cols.is_multiple_of(8) && self.x_stride.is_multiple_of(4), || {
-            format!("cols {} must be a multiple of 8 and the input stride {} of 4 (16-byte loads)", self.cols, self.x_stride)
+        check(K, self.n_tok >= 1 && self.n_tok <= GEMV_MAX_TOKENS, || {
+            format!("{} tokens (1..=8 allowed)", self.n_tok)
         })?;
-        check(K, self.w.ptr.is_multiple_of(16) && self.x.ptr.is_multiple_of(16), || "weights and input must be 16-byte aligned".into())?;
+        check(K, self.cols.is_multiple_of(8) && self.x_stride.is_multiple_of(4), || {
+            format!(
+                "cols {} must be a multiple of 8 and the input stride {} of 4 (16-byte loads)",
+                self.cols, self.x_stride
+            )
+        })?;
+        check(K, self.w.ptr.is_multiple_of(16) && self.x.ptr.is_multiple_of(16), || {
+            "weights and input must be 16-byte aligned".into()
+        })?;
         check(K, self.cols <= self.x_stride && self.rows <= self.out_stride, || "rows overlap their stride".into())?;
         need(K, "weights", self.w, self.rows * self.cols)?;
         need(K, "input", self.x, extent(self.n_tok, self.x_stride, self.cols))?;
@@ -345,7 +353,10 @@ impl Gemm {
                 cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|source| CudaError::Cublas { what: format!("GEMM [{}x{}] x [{}x{}]", self.rows, self.cols, self.cols, self.n_tok), source })
+        .map_err(|source| CudaError::Cublas {
+            what: format!("GEMM [{}x{}] x [{}x{}]", self.rows, self.cols, self.cols, self.n_tok),
+            source,
+        })
     }
 }
 
@@ -421,7 +432,12 @@ impl SiluMul {
         if n == 0 {
             return Ok(());
         }
-        let p = SiluMulParams { gu: self.gu.ptr, out: self.out.ptr, n_tok: i32_of(K, self.n_tok)?, ffn: i32_of(K, self.ffn)? };
+        let p = SiluMulParams {
+            gu: self.gu.ptr,
+            out: self.out.ptr,
+            n_tok: i32_of(K, self.n_tok)?,
+            ffn: i32_of(K, self.ffn)?,
+        };
         launch(k, s, K, (blocks_for(K, n, 256)?, 1, 1), 256, 0, &p)
     }
 }
@@ -534,7 +550,9 @@ pub struct KvStore {
 impl KvStore {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "kv_store_f16";
-        check(K, self.k_off.max(self.v_off) + self.kv_dim <= self.stride, || "K/V columns beyond the row stride".into())?;
+        check(K, self.k_off.max(self.v_off) + self.kv_dim <= self.stride, || {
+            "K/V columns beyond the row stride".into()
+        })?;
         need(K, "qkv", self.qkv, extent(self.n_tok, self.stride, self.k_off.max(self.v_off) + self.kv_dim))?;
         need(K, "K cache", self.k_cache, self.n_slots * self.kv_dim)?;
         need(K, "V cache", self.v_cache, self.n_slots * self.kv_dim)?;
@@ -632,7 +650,9 @@ impl Attention {
         check(K, self.n_kv > 0 && nh.is_multiple_of(self.n_kv), || format!("{nh} heads over {} KV heads", self.n_kv))?;
         let group = nh / self.n_kv;
         check(K, group <= ATTN_MAX_GROUP, || format!("{group} query heads per KV head (at most {ATTN_MAX_GROUP})"))?;
-        check(K, hd.is_multiple_of(2) && hd <= ATTN_MAX_HD, || format!("head size {hd} (even, at most {ATTN_MAX_HD})"))?;
+        check(K, hd.is_multiple_of(2) && hd <= ATTN_MAX_HD, || {
+            format!("head size {hd} (even, at most {ATTN_MAX_HD})")
+        })?;
         check(K, self.n_tok <= 65_535, || format!("{} query tokens in one launch (at most 65535)", self.n_tok))?;
         check(K, nh * hd <= self.q_stride && nh * hd <= self.out_stride, || "heads overlap the row stride".into())?;
         let splits = attn_splits(self.max_len);
@@ -640,7 +660,9 @@ impl Attention {
         need(K, "K cache", self.k_cache, self.n_slots * self.n_kv * hd)?;
         need(K, "V cache", self.v_cache, self.n_slots * self.n_kv * hd)?;
         need(K, "block tables", self.block_tables, self.n_seqs * self.bt_stride)?;
-        check(K, self.bt_stride * self.block_size >= self.max_len, || "block tables shorter than the longest sequence".into())?;
+        check(K, self.bt_stride * self.block_size >= self.max_len, || {
+            "block tables shorter than the longest sequence".into()
+        })?;
         need(K, "token sequences", self.tok_seq, self.n_tok)?;
         need(K, "positions", self.pos, self.n_tok)?;
         need(K, "partial outputs", self.part_o, self.n_tok * nh * splits * hd)?;

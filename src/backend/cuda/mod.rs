@@ -43,6 +43,8 @@ pub enum CudaError {
     Shape { kernel: &'static str, reason: String },
     #[error("weights: {0}")]
     Weights(String),
+    #[error("the cuBLAS library (libcublas.so) could not be loaded")]
+    CublasMissing,
 }
 
 impl CudaError {

@@ -170,8 +170,16 @@ pub fn ptx_defines_all(ptx: &str, file: &KernelFile) -> bool {
 
 /// Instructions and targets that must not appear in PTX meant for `compute_70` (V100): they
 /// need sm_75 (`ldmatrix`, m16n8 mma), sm_80 (`cp.async`, bf16) or sm_90 (wgmma, TMA).
-pub const FORBIDDEN_ON_SM70: &[&str] =
-    &["ldmatrix", "cp.async", "bf16", "mma.sync.aligned.m16n8", "wgmma", "cp.async.bulk", ".target sm_8", ".target sm_9"];
+pub const FORBIDDEN_ON_SM70: &[&str] = &[
+    "ldmatrix",
+    "cp.async",
+    "bf16",
+    "mma.sync.aligned.m16n8",
+    "wgmma",
+    "cp.async.bulk",
+    ".target sm_8",
+    ".target sm_9",
+];
 
 /// The forbidden patterns found in `ptx`, and whether its header targets `sm_70`.
 pub fn check_sm70_ptx(ptx: &str) -> Result<(), String> {

@@ -89,7 +89,10 @@ pub fn tensor_to_f16(t: &Tensor) -> Result<(Vec<u16>, u64), CudaError> {
 pub fn stack_f16(ts: &[&Tensor]) -> Result<(Vec<u16>, u64), CudaError> {
     let cols = ts.first().map_or(0, |t| t.cols);
     if let Some(t) = ts.iter().find(|t| t.cols != cols) {
-        return Err(CudaError::Weights(format!("tensor {} is {} wide, cannot stack with width {cols}", t.name, t.cols)));
+        return Err(CudaError::Weights(format!(
+            "tensor {} is {} wide, cannot stack with width {cols}",
+            t.name, t.cols
+        )));
     }
     let mut out = Vec::with_capacity(ts.iter().map(|t| t.rows * t.cols).sum());
     let mut clamped = 0;

@@ -113,12 +113,13 @@ impl fmt::Display for GgmlType {
     }
 }
 
-
 mod float;
 mod kquants;
 mod legacy;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+#[cfg(target_arch = "x86_64")]
+mod simd_dot;
 #[cfg(test)]
 mod tests;
 
@@ -159,27 +160,41 @@ pub fn dequantize_row(dtype: GgmlType, src: &[u8], dst: &mut [f32]) {
 /// Precondition: `row.len() == dtype.row_bytes(x.len())` (see [`dequantize_row`]).
 pub fn dot_row(dtype: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     debug_assert_eq!(dtype.row_bytes(x.len()), Some(row.len()), "dot_row {dtype}: length mismatch");
-    #[cfg(target_arch = "x86_64")]
-    if simd_available() {
-        // SAFETY: avx2, fma and f16c were detected at run time just above.
-        return unsafe { simd::dot_row(dtype, row, x) };
-    }
-    dot_row_scalar(dtype, row, x)
+    let mut out = [0f32];
+    dot_packed_rows(dtype, row, row.len(), x, &mut out);
+    out[0]
 }
 
-/// `out[r] = dot_row(dtype, rows[r], x)` for consecutive packed rows of `x.len()` elements:
-/// the CPU check and type dispatch happen once for the whole run of rows (GEMV inner loop).
+/// `out[r] = dot_row(dtype, row r, x)` for consecutive packed rows of `x.len()` elements: the
+/// CPU check, type dispatch and per-`x` precomputation happen once for the run of rows (the
+/// GEMV inner loop). Precondition: `packed` holds `out.len()` such rows.
 pub(crate) fn dot_rows(dtype: GgmlType, packed: &[u8], x: &[f32], out: &mut [f32]) {
-    let rb = dtype.row_bytes(x.len()).unwrap_or(0).max(1);
+    let rb = dtype.row_bytes(x.len()).unwrap_or(0);
+    debug_assert!(rb > 0 || x.is_empty(), "dot_rows {dtype}: {} is not whole blocks", x.len());
     debug_assert!(packed.len() >= rb * out.len(), "dot_rows {dtype}: too few bytes");
+    dot_packed_rows(dtype, packed, rb, x, out);
+}
+
+fn dot_packed_rows(dtype: GgmlType, packed: &[u8], rb: usize, x: &[f32], out: &mut [f32]) {
+    if rb == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let float = matches!(dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
     #[cfg(target_arch = "x86_64")]
     if simd_available() {
-        for (o, row) in out.iter_mut().zip(packed.chunks_exact(rb)) {
+        if float {
+            for (o, row) in out.iter_mut().zip(packed.chunks_exact(rb)) {
+                // SAFETY: avx2, fma and f16c were detected at run time just above.
+                *o = unsafe { simd::dot_float(dtype, row, x) };
+            }
+        } else {
             // SAFETY: avx2, fma and f16c were detected at run time just above.
-            *o = unsafe { simd::dot_row(dtype, row, x) };
+            unsafe { simd_dot::dot_rows_quant(dtype, packed, rb, x, out) };
         }
         return;
     }
+    let _ = float;
     for (o, row) in out.iter_mut().zip(packed.chunks_exact(rb)) {
         *o = dot_row_scalar(dtype, row, x);
     }

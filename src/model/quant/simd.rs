@@ -1,9 +1,9 @@
 //! AVX2 + FMA + F16C kernels for x86_64 (selected at run time; see `super::simd_available`).
 //!
-//! Every quantized format is walked block by block and handed to a [`Sink`] as groups of 16
-//! signed 8-bit codes with a scale and an offset (value = scale * code + offset). The dot sink
-//! multiplies the codes (converted to f32) with the activations; the dequantize sink stores
-//! the values. So each format has one unpacking routine, shared by GEMV and the prefill tiles.
+//! Dequantization (used by the prefill tiles) and float-row dot products. Every quantized
+//! format is walked block by block and handed to a [`Sink`] as groups of 16 signed 8-bit codes
+//! with a scale and an offset (value = scale * code + offset). The quantized dot products of the
+//! decode GEMV live in `simd_dot` (tuned separately).
 //!
 //! All functions here are `unsafe`: they must only run on a CPU with avx2, fma and f16c, and
 //! they read whole blocks through raw pointers, within the lengths checked at their entry.
@@ -41,28 +41,6 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-struct DotSink {
-    /// Activations of the current block.
-    x: *const f32,
-    acc: __m256,
-    /// Accumulates offset * x (the min terms of the affine formats).
-    acc_off: __m256,
-}
-
-impl Sink for DotSink {
-    #[inline(always)]
-    unsafe fn g16<const OFF: bool>(&mut self, pos: usize, q: __m128i, scale: f32, offset: f32) {
-        let (qa, qb) = widen(q);
-        let xa = _mm256_loadu_ps(self.x.add(pos));
-        let xb = _mm256_loadu_ps(self.x.add(pos + 8));
-        let inner = _mm256_fmadd_ps(qa, xa, _mm256_mul_ps(qb, xb));
-        self.acc = _mm256_fmadd_ps(_mm256_set1_ps(scale), inner, self.acc);
-        if OFF {
-            self.acc_off = _mm256_fmadd_ps(_mm256_set1_ps(offset), _mm256_add_ps(xa, xb), self.acc_off);
-        }
-    }
-}
-
 struct DequantSink {
     /// Output of the current block.
     y: *mut f32,
@@ -98,10 +76,8 @@ unsafe fn nibbles(v: __m128i) -> (__m128i, __m128i) {
 /// 0x10 in byte i where bit i of `bits` (16 bits) is set: the fifth bit of Q5_0/Q5_1 codes.
 #[inline(always)]
 unsafe fn bit16_to_0x10(bits: u32) -> __m128i {
-    let spread = _mm_shuffle_epi8(
-        _mm_cvtsi32_si128(bits as i32),
-        _mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-    );
+    let spread =
+        _mm_shuffle_epi8(_mm_cvtsi32_si128(bits as i32), _mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0));
     let sel = _mm_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
     let set = _mm_cmpeq_epi8(_mm_and_si128(spread, sel), sel);
     _mm_and_si128(set, _mm_set1_epi8(0x10))
@@ -254,8 +230,9 @@ unsafe fn load8(dtype: GgmlType, p: *const u8, i: usize) -> __m256 {
     }
 }
 
+/// Dot product of a float row (`F32`, `F16` or `BF16`) with `x`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_float(dtype: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+pub(super) unsafe fn dot_float(dtype: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     let n = x.len().min(row.len() / dtype.type_size());
     let (p, xp) = (row.as_ptr(), x.as_ptr());
     let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -273,19 +250,6 @@ unsafe fn dot_float(dtype: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     super::dequantize_row_scalar(dtype, &row[i * dtype.type_size()..n * dtype.type_size()], &mut tail[..n - i]);
     let rest: f32 = tail[..n - i].iter().zip(&x[i..n]).map(|(a, b)| a * b).sum();
     hsum(_mm256_add_ps(a0, a1)) + rest
-}
-
-/// AVX2 [`super::dot_row`]: whole blocks only (the caller's precondition makes that all of them).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_row(dtype: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-    if matches!(dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-        return dot_float(dtype, row, x);
-    }
-    let bs = dtype.block_size();
-    let n = (row.len() / dtype.type_size()).min(x.len() / bs);
-    let mut s = DotSink { x: x.as_ptr(), acc: _mm256_setzero_ps(), acc_off: _mm256_setzero_ps() };
-    for_blocks!(dtype, row, n, &mut s, s.x = s.x.add(bs));
-    hsum(_mm256_add_ps(s.acc, s.acc_off))
 }
 
 /// AVX2 [`super::dequantize_row`].

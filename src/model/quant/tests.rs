@@ -148,17 +148,17 @@ fn hand_built_q6_k() {
     }
     b.extend([0xE4u8; 32]);
     b.extend([0x1Bu8; 32]);
-    b.extend((1..=16u8).map(|s| s));
+    b.extend(1..=16u8);
     b.extend(h(0.5));
     assert_eq!(b.len(), 210);
     let y = decode(GgmlType::Q6K, &b, 256);
     // Half 0 codes: q1 = 1 | 0<<4 = 1, q2 = 3 | 1<<4 = 19, q3 = 2 | 2<<4 = 34, q4 = 4 | 3<<4 = 52.
     // Half 1 codes: q1 = 1 | 3<<4 = 49, q2 = 3 | 2<<4 = 35, q3 = 2 | 1<<4 = 18, q4 = 4.
     let codes = [[1, 19, 34, 52], [49, 35, 18, 4]];
-    for e in 0..256 {
+    for (e, &v) in y.iter().enumerate() {
         let (hf, k, l) = (e / 128, (e % 128) / 32, e % 32);
         let scale = (8 * hf + l / 16 + 2 * k + 1) as f32;
-        assert_eq!(y[e], 0.5 * scale * (codes[hf][k] - 32) as f32, "element {e}");
+        assert_eq!(v, 0.5 * scale * (codes[hf][k] - 32) as f32, "element {e}");
     }
     assert_eq!(y[0], -15.5); // 0.5 * 1 * (1 - 32)
     assert_eq!(y[32], -19.5); // 0.5 * 3 * (19 - 32)
