@@ -1,5 +1,5 @@
-// Shared helpers for every kernel file. The loader inlines this file where a kernel source says
-// `#include "common.cuh"`: NVRTC 12.9 ships no cuda_fp16.h, so the half-precision helpers are
+// Shared helpers for every kernel file; the loader pastes this file in place of the include line
+// of each kernel source. NVRTC 12.9 ships no cuda_fp16.h, so the half-precision helpers are
 // written with inline PTX (cvt.f32.f16, cvt.rn.f16.f32), valid on compute_70 and newer.
 //
 // Conventions: half values travel as their raw 16 bits (`unsigned short`, `half_t`); pairs as

@@ -28,6 +28,19 @@ enum Cmd {
     Tokenize(TokenizeArgs),
     /// Benchmark one stream: time to first token, prefill and decode tok/s, bandwidth share.
     Bench(BenchArgs),
+    /// Compile every CUDA kernel to PTX for an architecture (e.g. compute_70 for the V100) with
+    /// NVRTC; the folder can be passed to --ptx-dir on a machine without NVRTC 12.
+    Kernels(KernelsArgs),
+}
+
+#[derive(Args)]
+struct KernelsArgs {
+    /// Virtual architecture, e.g. compute_70 (V100), compute_80, compute_90.
+    #[arg(long, default_value = "compute_70")]
+    arch: String,
+    /// Output folder for the .ptx files.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -45,6 +58,9 @@ struct BenchArgs {
     /// cpu, cuda, cuda:N, or auto.
     #[arg(long, default_value = "auto")]
     device: String,
+    /// Precompiled PTX folder (see `dustoff kernels`); also DUSTOFF_PTX_DIR.
+    #[arg(long)]
+    ptx_dir: Option<PathBuf>,
     #[arg(long, default_value_t = 768)]
     prompt_tokens: usize,
     #[arg(long, default_value_t = 200)]
@@ -65,6 +81,10 @@ struct ModelArgs {
     /// cpu, cuda, cuda:N, or auto (the first GPU when usable, else the CPU).
     #[arg(long, default_value = "auto")]
     device: String,
+    /// Load precompiled PTX kernels from this folder (from `dustoff kernels`) instead of
+    /// compiling them with NVRTC. Also read from DUSTOFF_PTX_DIR.
+    #[arg(long)]
+    ptx_dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -127,11 +147,11 @@ fn main() -> ExitCode {
 
 fn pick_device(s: &str) -> Result<Device> {
     let d = common::parse_device(s)?;
-    if s == "auto" && d == Device::Cpu {
-        eprintln!("device: cpu (no usable CUDA device)");
-    }
-    if let Device::Cuda(n) = d {
-        anyhow::bail!("device cuda:{n} requested, but the CUDA backend is not available in this build; use --device cpu");
+    if s == "auto" {
+        match d {
+            Device::Cpu => eprintln!("device: cpu (no usable CUDA device)"),
+            Device::Cuda(n) => eprintln!("device: cuda:{n}"),
+        }
     }
     Ok(d)
 }
@@ -143,10 +163,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let errors = tokenize::run(&m.tokenizer, &a.input, &a.output)?;
             Ok(if errors > 0 { ExitCode::from(3) } else { ExitCode::SUCCESS })
         }
+        Cmd::Kernels(a) => {
+            let files = dustoff::commands::kernels::compile_all(&a.arch, &a.out)?;
+            for f in &files {
+                println!("{}", f.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Bench(a) => {
-            let _device = pick_device(&a.device)?;
+            let device = pick_device(&a.device)?;
             let ctx = a.prompt_tokens + a.gen_tokens;
-            let (mut b, name) = match &a.synthetic {
+            let (cfg, w, name) = match &a.synthetic {
                 Some(shape) => {
                     let cfg = dustoff::model::shapes::shape(shape).ok_or_else(|| {
                         anyhow::anyhow!("unknown shape '{shape}'; known: {}", dustoff::model::shapes::SHAPES.join(", "))
@@ -154,15 +181,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     let dtype = common::parse_dtype(&a.dtype)?;
                     eprintln!("making random {dtype} weights of shape {shape}...");
                     let w = dustoff::model::synth::random_weights(&cfg, dtype, 1);
-                    let blocks = ctx.div_ceil(common::BLOCK_SIZE);
-                    (dustoff::backend::cpu::CpuBackend::new(cfg, w, blocks, common::BLOCK_SIZE), format!("synthetic {shape} {dtype}"))
+                    (cfg, w, format!("synthetic {shape} {dtype}"))
                 }
                 None => {
                     let m = common::load(&a.model)?;
-                    (common::cpu_backend(&m, ctx), a.model.display().to_string())
+                    (m.config, m.weights, a.model.display().to_string())
                 }
             };
-            let r = dustoff::commands::bench::bench(&mut b, &name, a.prompt_tokens, a.gen_tokens, a.runs)?;
+            let mut b = common::make_backend(&cfg, &w, &device, ctx, a.ptx_dir.as_deref())?;
+            drop(w);
+            let b = b.as_mut();
+            let r = dustoff::commands::bench::bench(b, &name, a.prompt_tokens, a.gen_tokens, a.runs)?;
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
@@ -171,7 +200,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Generate(a) => {
-            let _device = pick_device(&a.model.device)?;
+            let device = pick_device(&a.model.device)?;
             let m = common::load(&a.model.model)?;
             let opt = generate::GenOptions {
                 max_tokens: a.max_tokens,
@@ -180,14 +209,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 top_p: a.top_p,
                 seed: a.seed,
             };
-            let mut b = common::cpu_backend(&m, a.ctx);
+            let mut b = common::make_backend(&m.config, &m.weights, &device, a.ctx, a.model.ptx_dir.as_deref())?;
+            let b = b.as_mut();
             match (a.prompt, a.input, a.output) {
                 (Some(p), _, _) => {
-                    generate::run_prompt(&m, &mut b, &p, a.chat, &opt)?;
+                    generate::run_prompt(&m, b, &p, a.chat, &opt)?;
                     Ok(ExitCode::SUCCESS)
                 }
                 (None, Some(i), Some(o)) => {
-                    let errors = generate::run_jsonl(&m, &mut b, &i, &o, &opt)?;
+                    let errors = generate::run_jsonl(&m, b, &i, &o, &opt)?;
                     Ok(if errors > 0 { ExitCode::from(3) } else { ExitCode::SUCCESS })
                 }
                 _ => anyhow::bail!("give either --prompt TEXT or --input IN.jsonl --output OUT.jsonl"),

@@ -61,7 +61,7 @@ fn hit_is_capped_one_token_short_of_the_prompt() {
     kv.allocate(1, &a).unwrap(); // [0, 1]
     kv.mark_computed(1, &a, 8).unwrap();
     kv.free(1).unwrap(); // free list: 2..7, 1, 0
-    // The same 8 tokens: only block 0 may be reused, block 1 is recomputed for the logits.
+                         // The same 8 tokens: only block 0 may be reused, block 1 is recomputed for the logits.
     assert_eq!(kv.allocate(2, &a), Ok(4));
     assert_eq!(kv.block_table(2), Some(&[0, 2][..]));
     // 9 tokens: both full blocks are reusable.
@@ -201,11 +201,22 @@ fn chain_hash_depends_on_parent_fingerprint_and_tokens() {
 #[derive(Clone, Debug)]
 enum Op {
     /// Allocate sequence `seq % 6` with prompt variant `prompt`, of `len` tokens.
-    Allocate { seq: u8, prompt: u8, len: u8 },
-    AppendSlot { seq: u8 },
+    Allocate {
+        seq: u8,
+        prompt: u8,
+        len: u8,
+    },
+    AppendSlot {
+        seq: u8,
+    },
     /// Compute up to `n` more positions of the sequence.
-    Compute { seq: u8, n: u8 },
-    Free { seq: u8 },
+    Compute {
+        seq: u8,
+        n: u8,
+    },
+    Free {
+        seq: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -253,7 +264,7 @@ proptest! {
                         Ok(cached) => {
                             prop_assert!(can && !sh.seqs.contains_key(&seq));
                             prop_assert_eq!(cached, m.cached_tokens);
-                            prop_assert!(cached < p.len() && cached % block_size == 0);
+                            prop_assert!(cached < p.len() && cached.is_multiple_of(block_size));
                             prop_assert!(prefix_cache || cached == 0);
                             let table = kv.block_table(seq).unwrap();
                             prop_assert_eq!(table.len(), p.len().div_ceil(block_size));
@@ -350,7 +361,7 @@ fn simulate(cfg: SchedulerConfig, num_blocks: usize, bs: usize, prefix: bool, re
             let seq = s.get(c.seq).unwrap();
             // A new or re-admitted sequence starts at its cached prefix (whole blocks).
             let expect = next.get(&c.seq).copied().unwrap_or(0);
-            let restart = c.start_pos % bs == 0 && (c.start_pos < expect || !next.contains_key(&c.seq));
+            let restart = c.start_pos.is_multiple_of(bs) && (c.start_pos < expect || !next.contains_key(&c.seq));
             assert!(c.start_pos == expect || restart, "seq {} chunk at {} after {expect}", c.seq, c.start_pos);
             assert_eq!(c.start_pos, seq.num_computed);
             // Everything before the chunk is in the cache, holding this sequence's tokens.

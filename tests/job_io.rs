@@ -392,7 +392,7 @@ fn three_shards_merge_to_the_unsharded_output() {
         assert!(e.contains("missing shard output(s): 2/3"), "{e}");
         let e = merge(&[outs[0].clone(), outs[0].clone()], &merged).unwrap_err().to_string();
         assert!(e.contains("given twice"), "{e}");
-        let e = merge(&[whole.clone()], &merged).unwrap_err().to_string();
+        let e = merge(std::slice::from_ref(&whole), &merged).unwrap_err().to_string();
         assert!(e.contains("--shard"), "{e}");
     }
 }

@@ -57,7 +57,7 @@ pub fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Runs the seed method `runs` times (plus one warm-up) on `b`.
-pub fn bench<B: Backend>(b: &mut B, model: &str, prompt_tokens: usize, gen_tokens: usize, runs: usize) -> Result<BenchReport> {
+pub fn bench<B: Backend + ?Sized>(b: &mut B, model: &str, prompt_tokens: usize, gen_tokens: usize, runs: usize) -> Result<BenchReport> {
     let prompt = bench_prompt(prompt_tokens, b.config().vocab_size);
     let mut results = Vec::new();
     for r in 0..runs + 1 {

@@ -7,6 +7,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use crate::backend::cpu::CpuBackend;
+use crate::backend::Backend;
 use crate::model::loader::{load_model, LoadedModel};
 
 /// Where to run the model.
@@ -30,9 +31,39 @@ pub fn parse_device(s: &str) -> Result<Device> {
     }
 }
 
-/// Whether a CUDA device can be used. The CUDA backend is not part of this build yet.
+/// Whether a CUDA device can be used (a driver is loadable and reports a device).
 pub fn cuda_usable() -> bool {
-    false
+    crate::backend::cuda::device::device_count() > 0
+}
+
+/// Places a model on `device` with room for `tokens` cached positions.
+pub fn make_backend(
+    cfg: &crate::model::config::ModelConfig,
+    w: &crate::model::weights::ModelWeights,
+    device: &Device,
+    tokens: usize,
+    ptx_dir: Option<&Path>,
+) -> Result<Box<dyn Backend>> {
+    let blocks = tokens.div_ceil(BLOCK_SIZE).max(1);
+    match *device {
+        Device::Cpu => Ok(Box::new(CpuBackend::new(cfg.clone(), w.clone(), blocks, BLOCK_SIZE))),
+        Device::Cuda(ordinal) => {
+            let n = crate::backend::cuda::device::device_count();
+            if ordinal >= n {
+                bail!("device cuda:{ordinal} requested, but {n} CUDA device(s) are usable here; use --device cpu");
+            }
+            let opts = crate::backend::cuda::backend::CudaOptions {
+                ordinal,
+                num_blocks: blocks,
+                block_size: BLOCK_SIZE,
+                ptx_dir: ptx_dir.map(Path::to_path_buf),
+                max_positions: blocks * BLOCK_SIZE,
+            };
+            let b = crate::backend::cuda::backend::CudaBackend::new(cfg.clone(), w, &opts)
+                .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
+            Ok(Box::new(b))
+        }
+    }
 }
 
 pub fn load(path: &Path) -> Result<LoadedModel> {

@@ -90,7 +90,7 @@ pub fn id_key(id: &Value) -> String {
 }
 
 /// JSONL mode. Returns the number of error rows.
-pub fn run_jsonl<B: Backend>(m: &LoadedModel, b: &mut B, input: &Path, output: &Path, opt: &GenOptions) -> Result<usize> {
+pub fn run_jsonl<B: Backend + ?Sized>(m: &LoadedModel, b: &mut B, input: &Path, output: &Path, opt: &GenOptions) -> Result<usize> {
     let mut w = JsonlWriter::create(output)?;
     let mut errors = 0;
     let stop = m.tokenizer.eos_ids().to_vec();
@@ -130,7 +130,7 @@ pub fn run_jsonl<B: Backend>(m: &LoadedModel, b: &mut B, input: &Path, output: &
 }
 
 /// Interactive mode: streams the completion of one prompt to stdout.
-pub fn run_prompt<B: Backend>(m: &LoadedModel, b: &mut B, prompt: &str, chat: bool, opt: &GenOptions) -> Result<()> {
+pub fn run_prompt<B: Backend + ?Sized>(m: &LoadedModel, b: &mut B, prompt: &str, chat: bool, opt: &GenOptions) -> Result<()> {
     let p = prepare(m, &json!({"id": "prompt", "prompt": prompt, "chat": chat})).map_err(anyhow::Error::msg)?;
     let mut sampler = Sampler::new(opt.sampling_for("prompt"));
     let mut dec = StreamDecoder::new(&m.tokenizer);

@@ -3,4 +3,6 @@
 pub mod bench;
 pub mod common;
 pub mod generate;
+pub mod kernels;
 pub mod tokenize;
+pub mod convert;

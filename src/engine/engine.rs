@@ -59,7 +59,11 @@ pub struct Completion {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A generated token, for streaming (`index` counts from 0 within the request).
-    Token { id: u64, index: usize, token: u32 },
+    Token {
+        id: u64,
+        index: usize,
+        token: u32,
+    },
     Finished(Completion),
 }
 
@@ -240,6 +244,7 @@ impl<B: Backend> Engine<B> {
 
     /// Runs one step: schedule, run the backend, sample, and retire finished requests (their
     /// slots are free for the next step). Returns the generated tokens and finished requests.
+    /// When the backend fails, nothing counts as computed: calling `step` again retries.
     pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
         let mut events = std::mem::take(&mut self.pending);
         let plan = self.sched.schedule()?;
@@ -251,7 +256,12 @@ impl<B: Backend> Engine<B> {
         Ok(events)
     }
 
-    fn postprocess(&mut self, plan: &StepPlan, logits: Vec<Vec<f32>>, events: &mut Vec<Event>) -> Result<(), EngineError> {
+    fn postprocess(
+        &mut self,
+        plan: &StepPlan,
+        logits: Vec<Vec<f32>>,
+        events: &mut Vec<Event>,
+    ) -> Result<(), EngineError> {
         let want = plan.chunks.iter().filter(|c| c.want_logits).count();
         if logits.len() != want {
             return Err(EngineError::Logits { got: logits.len(), want });

@@ -62,14 +62,8 @@ struct FreeList {
 impl FreeList {
     /// All of `0..n`, in order.
     fn full(n: usize) -> Self {
-        let mut l = FreeList {
-            prev: vec![NIL; n],
-            next: vec![NIL; n],
-            in_list: vec![false; n],
-            head: NIL,
-            tail: NIL,
-            len: 0,
-        };
+        let mut l =
+            FreeList { prev: vec![NIL; n], next: vec![NIL; n], in_list: vec![false; n], head: NIL, tail: NIL, len: 0 };
         for id in 0..n as u32 {
             l.push_back(id);
         }
@@ -348,9 +342,7 @@ impl KvCache {
 
     /// Whether `seq` can grow by one position (a slot is left in its last block, or a block is free).
     pub fn may_append(&self, seq: SeqId) -> bool {
-        self.seqs
-            .get(&seq)
-            .is_some_and(|s| s.num_slots < s.blocks.len() * self.block_size || self.num_free() > 0)
+        self.seqs.get(&seq).is_some_and(|s| s.num_slots < s.blocks.len() * self.block_size || self.num_free() > 0)
     }
 
     /// Grows `seq` by one position, taking a block when the last one is full.
@@ -493,7 +485,11 @@ impl KvCache {
         }
         for b in 0..n {
             if self.free.contains(b as u32) != (self.ref_count[b] == 0) {
-                return Err(format!("block {b}: ref count {} but in free list: {}", self.ref_count[b], self.free.contains(b as u32)));
+                return Err(format!(
+                    "block {b}: ref count {} but in free list: {}",
+                    self.ref_count[b],
+                    self.free.contains(b as u32)
+                ));
             }
         }
         let used = (0..n).filter(|&b| self.ref_count[b] > 0).count();

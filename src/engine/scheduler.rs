@@ -15,10 +15,14 @@
 //! is held back until those blocks are in the cache, and later requests go first; it then
 //! reuses the blocks instead of computing the same prefix again.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 
 use super::kv::{KvCache, KvError};
 use super::plan::{SeqChunk, SeqId, StepPlan};
+
+/// Waiting requests held back for a shared prefix that admission looks past, at most: bounds
+/// the work of one step when thousands of queued requests share one prefix.
+const MAX_LOOKAHEAD: usize = 256;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -85,12 +89,21 @@ pub struct Scheduler {
     waiting: VecDeque<Sequence>,
     /// In admission order: the last one is preempted first.
     running: Vec<Sequence>,
+    /// Ids of all queued and running sequences.
+    ids: HashSet<SeqId>,
     stats: SchedulerStats,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, kv: KvCache) -> Self {
-        Scheduler { cfg, kv, waiting: VecDeque::new(), running: Vec::new(), stats: SchedulerStats::default() }
+        Scheduler {
+            cfg,
+            kv,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            ids: HashSet::new(),
+            stats: SchedulerStats::default(),
+        }
     }
 
     pub fn kv(&self) -> &KvCache {
@@ -126,7 +139,7 @@ impl Scheduler {
         if prompt.is_empty() {
             return Err(SchedulerError::EmptyPrompt(id));
         }
-        if self.get(id).is_some() {
+        if !self.ids.insert(id) {
             return Err(SchedulerError::Duplicate(id));
         }
         let prompt_len = prompt.len();
@@ -169,7 +182,7 @@ impl Scheduler {
 
         // 3. Admission: new sequences while slots and budget remain.
         let mut w = 0;
-        while w < self.waiting.len() && self.running.len() < self.cfg.slots && budget > 0 {
+        while w < self.waiting.len().min(MAX_LOOKAHEAD) && self.running.len() < self.cfg.slots && budget > 0 {
             let m = self.kv.lookup_prefix(&self.waiting[w].tokens);
             if m.pending_on.is_some() {
                 // NOTE: its prefix is being computed by a running sequence; admitting it now
@@ -273,6 +286,7 @@ impl Scheduler {
         let i = self.running.iter().position(|s| s.id == id).ok_or(SchedulerError::NotRunning(id))?;
         let seq = self.running.remove(i);
         self.kv.free(id)?;
+        self.ids.remove(&id);
         Ok(seq)
     }
 }

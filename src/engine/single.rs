@@ -48,7 +48,7 @@ pub struct SingleSeq {
 }
 
 impl SingleSeq {
-    pub fn new<B: Backend>(b: &B, seq: SeqId, max_len: usize) -> Result<Self, BackendError> {
+    pub fn new<B: Backend + ?Sized>(b: &B, seq: SeqId, max_len: usize) -> Result<Self, BackendError> {
         let need = max_len.div_ceil(b.block_size());
         if need > b.num_blocks() {
             return Err(BackendError::Plan(format!(
@@ -64,7 +64,7 @@ impl SingleSeq {
     }
 
     /// Runs `tokens` (in chunks) and returns the logits after the last one.
-    pub fn feed<B: Backend>(&mut self, b: &mut B, tokens: &[u32]) -> Result<Vec<f32>, BackendError> {
+    pub fn feed<B: Backend + ?Sized>(&mut self, b: &mut B, tokens: &[u32]) -> Result<Vec<f32>, BackendError> {
         if tokens.is_empty() {
             return Err(BackendError::Plan("cannot run an empty prompt".into()));
         }
@@ -95,7 +95,7 @@ impl SingleSeq {
 }
 
 /// Generates up to `max_tokens` after `prompt`; `on_token` sees each token as it is sampled.
-pub fn generate_one<B: Backend>(
+pub fn generate_one<B: Backend + ?Sized>(
     b: &mut B,
     prompt: &[u32],
     max_tokens: usize,

@@ -303,6 +303,7 @@ impl GgufFile {
     }
 }
 
+#[derive(Debug)]
 struct Parsed {
     version: u32,
     metadata: HashMap<String, Value>,

@@ -1,5 +1,6 @@
-//! Opens a model given on the command line: a GGUF file (or, later, a Hugging Face directory),
-//! and returns its configuration, weights, tokenizer and fingerprint.
+//! Opens a model given on the command line: a GGUF file or a Hugging Face directory
+//! (`config.json`, safetensors weights, `tokenizer.json`), and returns its configuration,
+//! weights, tokenizer and fingerprint.
 
 use std::path::{Path, PathBuf};
 
@@ -15,8 +16,10 @@ pub const SAMPLE_MODEL: &str = "samples/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 pub enum LoadError {
     #[error("model path {0} does not exist (the sample model is fetched by samples/fetch-model.sh)")]
     NotFound(PathBuf),
-    #[error("{0} is a directory; Hugging Face model directories are not supported yet")]
+    #[error("{0} is a directory without config.json (a Hugging Face model directory needs one)")]
     Directory(PathBuf),
+    #[error(transparent)]
+    Hf(#[from] super::hf::HfError),
     #[error(transparent)]
     Gguf(#[from] GgufError),
     #[error(transparent)]
@@ -46,7 +49,7 @@ pub fn load_model(path: &Path) -> Result<LoadedModel, LoadError> {
         return Err(LoadError::NotFound(path.to_path_buf()));
     }
     if path.is_dir() {
-        return Err(LoadError::Directory(path.to_path_buf()));
+        return load_hf_dir(path);
     }
     let g = GgufFile::open(path)?;
     let config = ModelConfig::from_gguf(&g)?;
@@ -55,6 +58,31 @@ pub fn load_model(path: &Path) -> Result<LoadedModel, LoadError> {
         Tokenizer::from_gguf(&g).map_err(|source| LoadError::Tokenizer { path: path.to_path_buf(), source })?;
     let fingerprint = gguf_fingerprint(&g);
     Ok(LoadedModel { path: path.to_path_buf(), config, weights, tokenizer, fingerprint })
+}
+
+/// A Hugging Face directory: BF16/F16/F32 matrices are kept as stored (the CPU backend widens
+/// rows as it computes; BF16 computed this way is the exact reference for conversions).
+fn load_hf_dir(dir: &Path) -> Result<LoadedModel, LoadError> {
+    if !dir.join(super::hf::CONFIG_FILE).is_file() {
+        return Err(LoadError::Directory(dir.to_path_buf()));
+    }
+    let (config, _extras, weights, st) = super::hf::load_dir(dir)?;
+    let tokenizer = Tokenizer::from_hf_dir(dir).map_err(|source| LoadError::Tokenizer { path: dir.to_path_buf(), source })?;
+    let mut h = blake3::Hasher::new();
+    h.update(b"hf-dir");
+    h.update(format!("{config:?}").as_bytes());
+    for name in st.names() {
+        if let Ok((f, info)) = st.get(name) {
+            h.update(name.as_bytes());
+            h.update(info.dtype.as_bytes());
+            h.update(&(info.end - info.start).to_le_bytes());
+            // A sample of the data: the first 64 bytes of each tensor.
+            let d = f.data(info);
+            h.update(&d[..d.len().min(64)]);
+        }
+    }
+    let fingerprint = *h.finalize().as_bytes();
+    Ok(LoadedModel { path: dir.to_path_buf(), config, weights, tokenizer, fingerprint })
 }
 
 fn gguf_fingerprint(g: &GgufFile) -> [u8; 32] {

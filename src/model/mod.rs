@@ -7,3 +7,8 @@ pub mod quant;
 pub mod shapes;
 pub mod synth;
 pub mod weights;
+pub mod convert;
+pub mod gguf_writer;
+pub mod hf;
+pub mod hf_synth;
+pub mod safetensors;

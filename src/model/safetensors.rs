@@ -262,23 +262,44 @@ impl SafetensorsDir {
     }
 }
 
-/// A tensor to write: name, safetensors dtype name, shape, little-endian bytes.
-pub struct StWriteTensor<'a> {
+/// A tensor to write: name, safetensors dtype name, row-major shape.
+#[derive(Clone, Debug)]
+pub struct StMeta {
     pub name: String,
     pub dtype: &'static str,
     pub shape: Vec<usize>,
+}
+
+impl StMeta {
+    pub fn n_bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * dtype_size(self.dtype).unwrap_or(0)
+    }
+}
+
+/// A tensor with its bytes (for small checkpoints written in one go).
+pub struct StWriteTensor<'a> {
+    pub meta: StMeta,
     pub data: std::borrow::Cow<'a, [u8]>,
 }
 
-/// Writes one safetensors file; tensors are stored in the given order.
-pub fn write_file(path: &Path, tensors: &[StWriteTensor], metadata: &BTreeMap<String, String>) -> Result<(), SafetensorsError> {
+/// Writes one safetensors file holding `metas[i]` for `i` in `members`, in that order;
+/// `data(i)` yields tensor `i`'s bytes (called once each, so large models stream). The file
+/// appears only when complete (written as `.partial`, then renamed).
+pub fn write_file_with<E: From<SafetensorsError>>(
+    path: &Path,
+    metas: &[StMeta],
+    members: &[usize],
+    metadata: &BTreeMap<String, String>,
+    data: &mut impl FnMut(usize) -> Result<Vec<u8>, E>,
+) -> Result<(), E> {
     let mut header = serde_json::Map::new();
     if !metadata.is_empty() {
         header.insert("__metadata__".into(), serde_json::to_value(metadata).unwrap_or(Json::Null));
     }
     let mut off = 0usize;
-    for t in tensors {
-        let end = off + t.data.len();
+    for &i in members {
+        let t = &metas[i];
+        let end = off + t.n_bytes();
         header.insert(
             t.name.clone(),
             serde_json::json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [off, end]}),
@@ -290,54 +311,68 @@ pub fn write_file(path: &Path, tensors: &[StWriteTensor], metadata: &BTreeMap<St
     while h.len() % 8 != 0 {
         h.push(b' ');
     }
-    let io = |source| SafetensorsError::Io { path: path.to_path_buf(), source };
-    let mut w = BufWriter::new(File::create(path).map_err(io)?);
+    let partial = path.with_extension("safetensors.partial");
+    let io = |source| E::from(SafetensorsError::Io { path: partial.clone(), source });
+    let mut w = BufWriter::with_capacity(1 << 20, File::create(&partial).map_err(io)?);
     w.write_all(&(h.len() as u64).to_le_bytes()).map_err(io)?;
     w.write_all(&h).map_err(io)?;
-    for t in tensors {
-        w.write_all(&t.data).map_err(io)?;
+    for &i in members {
+        let bytes = data(i)?;
+        if bytes.len() != metas[i].n_bytes() {
+            let _ = std::fs::remove_file(&partial);
+            return Err(E::from(SafetensorsError::Tensor {
+                path: path.to_path_buf(),
+                tensor: metas[i].name.clone(),
+                reason: format!("{} bytes to write, {} expected", bytes.len(), metas[i].n_bytes()),
+            }));
+        }
+        w.write_all(&bytes).map_err(io)?;
     }
-    w.flush().map_err(io)
+    w.flush().map_err(io)?;
+    drop(w);
+    std::fs::rename(&partial, path).map_err(|source| E::from(SafetensorsError::Io { path: path.to_path_buf(), source }))
 }
 
-/// Writes `tensors` into `dir` as `model.safetensors`, or, when `n_shards > 1`, as
+/// Writes a checkpoint into `dir`: `model.safetensors`, or, when `n_shards > 1`,
 /// `model-0000i-of-0000n.safetensors` plus `model.safetensors.index.json` (tensors dealt out in
 /// order, about the same number of bytes per shard).
-pub fn write_checkpoint(dir: &Path, tensors: &[StWriteTensor], n_shards: usize) -> Result<(), SafetensorsError> {
+pub fn write_checkpoint_with<E: From<SafetensorsError>>(
+    dir: &Path,
+    metas: &[StMeta],
+    n_shards: usize,
+    mut data: impl FnMut(usize) -> Result<Vec<u8>, E>,
+) -> Result<(), E> {
     let meta: BTreeMap<String, String> = [("format".to_string(), "pt".to_string())].into();
     if n_shards <= 1 {
-        return write_file(&dir.join(SINGLE_FILE), tensors, &meta);
+        let all: Vec<usize> = (0..metas.len()).collect();
+        return write_file_with(&dir.join(SINGLE_FILE), metas, &all, &meta, &mut data);
     }
-    let total: usize = tensors.iter().map(|t| t.data.len()).sum();
+    let total: usize = metas.iter().map(StMeta::n_bytes).sum();
     let per = total.div_ceil(n_shards).max(1);
     let mut groups: Vec<Vec<usize>> = vec![Vec::new(); n_shards];
     let mut acc = 0usize;
-    for (i, t) in tensors.iter().enumerate() {
-        let g = (acc / per).min(n_shards - 1);
-        groups[g].push(i);
-        acc += t.data.len();
+    for (i, t) in metas.iter().enumerate() {
+        groups[(acc / per).min(n_shards - 1)].push(i);
+        acc += t.n_bytes();
     }
     let mut weight_map = serde_json::Map::new();
     for (g, members) in groups.iter().enumerate() {
         let name = format!("model-{:05}-of-{:05}.safetensors", g + 1, n_shards);
-        let part: Vec<StWriteTensor> = members
-            .iter()
-            .map(|&i| StWriteTensor {
-                name: tensors[i].name.clone(),
-                dtype: tensors[i].dtype,
-                shape: tensors[i].shape.clone(),
-                data: std::borrow::Cow::Borrowed(&tensors[i].data),
-            })
-            .collect();
-        for t in &part {
-            weight_map.insert(t.name.clone(), Json::String(name.clone()));
+        for &i in members {
+            weight_map.insert(metas[i].name.clone(), Json::String(name.clone()));
         }
-        write_file(&dir.join(&name), &part, &meta)?;
+        write_file_with(&dir.join(&name), metas, members, &meta, &mut data)?;
     }
     let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
     let path = dir.join(INDEX_FILE);
     std::fs::write(&path, serde_json::to_string_pretty(&index).unwrap_or_default())
-        .map_err(|source| SafetensorsError::Io { path, source })
+        .map_err(|source| E::from(SafetensorsError::Io { path, source }))
+}
+
+/// [`write_checkpoint_with`] for tensors already in memory.
+pub fn write_checkpoint(dir: &Path, tensors: &[StWriteTensor], n_shards: usize) -> Result<(), SafetensorsError> {
+    let metas: Vec<StMeta> = tensors.iter().map(|t| t.meta.clone()).collect();
+    write_checkpoint_with(dir, &metas, n_shards, |i| Ok::<_, SafetensorsError>(tensors[i].data.to_vec()))
 }
 
 #[cfg(test)]
@@ -352,13 +387,17 @@ mod tests {
         d
     }
 
+    fn meta(name: &str, dtype: &'static str, shape: Vec<usize>) -> StMeta {
+        StMeta { name: name.into(), dtype, shape }
+    }
+
     #[test]
     fn round_trip_and_bounds_checks() {
         let d = tmp("rt");
         let a: Vec<u8> = (0..12u8).collect();
         let t = vec![
-            StWriteTensor { name: "a".into(), dtype: "BF16", shape: vec![2, 3], data: Cow::Borrowed(&a) },
-            StWriteTensor { name: "b".into(), dtype: "F32", shape: vec![1], data: Cow::Owned(vec![0, 0, 128, 63]) },
+            StWriteTensor { meta: meta("a", "BF16", vec![2, 3]), data: Cow::Borrowed(&a) },
+            StWriteTensor { meta: meta("b", "F32", vec![1]), data: Cow::Owned(vec![0, 0, 128, 63]) },
         ];
         write_checkpoint(&d, &t, 1).unwrap();
         let st = SafetensorsDir::open(&d).unwrap();
@@ -385,7 +424,7 @@ mod tests {
         let t: Vec<StWriteTensor> = data
             .iter()
             .enumerate()
-            .map(|(i, b)| StWriteTensor { name: format!("t{i}"), dtype: "F16", shape: vec![4], data: Cow::Borrowed(b) })
+            .map(|(i, b)| StWriteTensor { meta: meta(&format!("t{i}"), "F16", vec![4]), data: Cow::Borrowed(b) })
             .collect();
         write_checkpoint(&d, &t, 3).unwrap();
         let st = SafetensorsDir::open(&d).unwrap();

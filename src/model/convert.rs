@@ -1,0 +1,272 @@
+//! Converting a Hugging Face checkpoint (BF16, F16 or F32 safetensors) to F16, written as a
+//! safetensors directory or a GGUF file, with an explicit, counted loss policy.
+//!
+//! Policy, value by value (`v` widened to f32 exactly):
+//! - `|v| > 65504` (F16's largest finite value): written as ±65504, counted `clamped`;
+//! - `v != 0` that rounds to zero in F16 (`|v| < 2^-25`): counted `underflowed`;
+//! - `v` landing in F16's subnormal range (`|result| < 2^-14`, non-zero): counted `subnormal`
+//!   (kept, with fewer significant bits);
+//! - NaN and ±inf: kept as they are (the conversion does not hide a broken checkpoint) and
+//!   counted `non_finite`; any non-finite value fails the conversion unless lossy is allowed;
+//! - everything else rounds to nearest even. BF16 has 8 significant bits and F16 11, so a BF16
+//!   value in F16's normal range converts exactly; an F32 source rounds (counted `inexact`).
+//!
+//! A tensor is *lossy* when `clamped + underflowed` exceeds `max_lossy_fraction` of its values
+//! or it holds a non-finite value. Norms and biases go to F32 in GGUF (exact widening).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::gguf_writer::{permute_qk_rows, TensorOut};
+use super::hf::PlannedTensor;
+use super::quant::{dequantize_row, GgmlType};
+use super::safetensors::SafetensorsDir;
+
+const F16_MAX: f32 = 65504.0;
+/// Smallest positive normal F16 (2^-14).
+const F16_MIN_NORMAL: f32 = 6.103_515_6e-5;
+
+/// What happened to the values of one tensor.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Counts {
+    pub elements: u64,
+    pub clamped: u64,
+    pub underflowed: u64,
+    pub subnormal: u64,
+    pub non_finite: u64,
+    /// Values whose F16 differs from the source value (includes the three above).
+    pub inexact: u64,
+    /// Largest finite |value| of the source.
+    pub max_abs: f32,
+}
+
+impl Counts {
+    pub fn is_lossy(&self, max_lossy_fraction: f64) -> bool {
+        self.non_finite > 0 || (self.clamped + self.underflowed) as f64 > max_lossy_fraction * self.elements as f64
+    }
+}
+
+/// The F16 bits of `v` under the policy, counting what happened in `c`.
+pub fn f16_policy(v: f32, c: &mut Counts) -> u16 {
+    c.elements += 1;
+    if !v.is_finite() {
+        c.non_finite += 1;
+        return half::f16::from_f32(v).to_bits();
+    }
+    let a = v.abs();
+    c.max_abs = c.max_abs.max(a);
+    let h = if a > F16_MAX {
+        c.clamped += 1;
+        half::f16::from_f32(F16_MAX.copysign(v))
+    } else {
+        let h = half::f16::from_f32(v);
+        let ha = h.to_f32().abs();
+        if ha == 0.0 && v != 0.0 {
+            c.underflowed += 1;
+        } else if ha != 0.0 && ha < F16_MIN_NORMAL {
+            c.subnormal += 1;
+        }
+        h
+    };
+    if h.to_f32() != v {
+        c.inexact += 1;
+    }
+    h.to_bits()
+}
+
+/// Converts a packed float row (`BF16`, `F16` or `F32` bytes) to F16 bytes under the policy.
+pub fn to_f16(ty: GgmlType, src: &[u8], c: &mut Counts) -> Vec<u8> {
+    let n = src.len() / ty.type_size();
+    let mut wide = vec![0f32; n];
+    dequantize_row(ty, src, &mut wide);
+    let mut out = Vec::with_capacity(n * 2);
+    for v in wide {
+        out.extend(f16_policy(v, c).to_le_bytes());
+    }
+    out
+}
+
+/// Widens a float row to F32 bytes (exact); non-finite values are counted.
+pub fn to_f32(ty: GgmlType, src: &[u8], c: &mut Counts) -> Vec<u8> {
+    let n = src.len() / ty.type_size();
+    let mut wide = vec![0f32; n];
+    dequantize_row(ty, src, &mut wide);
+    c.elements += n as u64;
+    let mut out = Vec::with_capacity(n * 4);
+    for v in wide {
+        if v.is_finite() {
+            c.max_abs = c.max_abs.max(v.abs());
+        } else {
+            c.non_finite += 1;
+        }
+        out.extend(v.to_le_bytes());
+    }
+    out
+}
+
+/// One line of `convert-report.json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct TensorReport {
+    /// Source (HF) name.
+    pub name: String,
+    /// Name in the output (the GGUF name when writing GGUF).
+    pub output_name: String,
+    pub shape: Vec<usize>,
+    pub from: String,
+    pub to: String,
+    #[serde(flatten)]
+    pub counts: Counts,
+    pub lossy: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error(transparent)]
+    Hf(#[from] super::hf::HfError),
+    #[error(transparent)]
+    Safetensors(#[from] super::safetensors::SafetensorsError),
+    #[error(transparent)]
+    GgufWrite(#[from] super::gguf_writer::GgufWriteError),
+    #[error(transparent)]
+    Gguf(#[from] super::gguf::GgufError),
+    #[error(transparent)]
+    Load(#[from] super::loader::LoadError),
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    #[error("cannot write {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Usage(String),
+    #[error(
+        "{n} tensor(s) would lose values beyond the threshold ({first} first; see {report}); \
+         pass --allow-lossy to write them anyway"
+    )]
+    Lossy { n: usize, first: String, report: PathBuf },
+    #[error("verification of {path} failed: {reason}")]
+    Verify { path: PathBuf, reason: String },
+}
+
+/// A tensor of the output: where it comes from and how it is transformed.
+#[derive(Clone, Debug)]
+pub struct OutTensor {
+    pub source: String,
+    pub out: TensorOut,
+    /// Llama Q/K rows permuted for adjacent-pair RoPE (GGUF output only).
+    pub permute_heads: Option<usize>,
+}
+
+/// The output tensors of a GGUF file for `plan`: matrices F16, vectors F32.
+pub fn gguf_outputs(plan: &[PlannedTensor]) -> Vec<OutTensor> {
+    plan.iter()
+        .map(|p| OutTensor {
+            source: p.hf.clone(),
+            out: TensorOut {
+                name: p.gguf.clone(),
+                dtype: if p.is_vector() { GgmlType::F32 } else { GgmlType::F16 },
+                shape: p.shape.clone(),
+            },
+            permute_heads: p.permute_heads,
+        })
+        .collect()
+}
+
+/// Produces the bytes of one output tensor from the source checkpoint, with its report.
+pub fn produce(st: &SafetensorsDir, t: &OutTensor, max_lossy_fraction: f64) -> Result<(Vec<u8>, TensorReport), ConvertError> {
+    let (ty, shape, src) = st.read(&t.source)?;
+    if shape != t.out.shape.as_slice() {
+        return Err(super::hf::HfError::Shape {
+            path: st.path_of(&t.source),
+            tensor: t.source.clone(),
+            expected: t.out.shape.clone(),
+            found: shape.to_vec(),
+        }
+        .into());
+    }
+    let mut c = Counts::default();
+    let mut bytes = match t.out.dtype {
+        GgmlType::F16 => to_f16(ty, src, &mut c),
+        GgmlType::F32 => to_f32(ty, src, &mut c),
+        other => return Err(ConvertError::Usage(format!("output type {other} is not supported"))),
+    };
+    if let Some(heads) = t.permute_heads {
+        bytes = permute_qk_rows(&bytes, t.out.shape[0], heads);
+    }
+    let lossy = c.is_lossy(max_lossy_fraction);
+    let report = TensorReport {
+        name: t.source.clone(),
+        output_name: t.out.name.clone(),
+        shape: t.out.shape.clone(),
+        from: ty.name().to_string(),
+        to: t.out.dtype.name().to_string(),
+        counts: c,
+        lossy,
+    };
+    Ok((bytes, report))
+}
+
+/// Writes `convert-report.json` (`{"tensors": [...], "totals": {...}}`) at `path`.
+pub fn write_report(path: &Path, reports: &[TensorReport], extra: serde_json::Value) -> Result<(), ConvertError> {
+    let mut totals = Counts::default();
+    for r in reports {
+        let c = &r.counts;
+        totals.elements += c.elements;
+        totals.clamped += c.clamped;
+        totals.underflowed += c.underflowed;
+        totals.subnormal += c.subnormal;
+        totals.non_finite += c.non_finite;
+        totals.inexact += c.inexact;
+        totals.max_abs = totals.max_abs.max(c.max_abs);
+    }
+    let mut j = serde_json::json!({"format_version": 1, "totals": totals, "tensors": reports});
+    if let (Some(o), Some(e)) = (j.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    let text = serde_json::to_string_pretty(&j).unwrap_or_default();
+    std::fs::write(path, text).map_err(|source| ConvertError::Io { path: path.to_path_buf(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::quant::{f32_to_bf16, quantize_row};
+
+    /// The planted values of the issue, stored as BF16 first (as a checkpoint holds them).
+    #[test]
+    fn policy_on_planted_values() {
+        let planted = [65504.0f32, 65520.0, 1e6, -1e6, 1e-8, f32::NAN, 1.5, -0.0, 1e-6];
+        let src = quantize_row(GgmlType::BF16, &planted);
+        let mut c = Counts::default();
+        let out = to_f16(GgmlType::BF16, &src, &mut c);
+        let vals: Vec<f32> = out.chunks(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
+        // 65504 and 65520 are not BF16 values: both round to 65536 in BF16, beyond F16's range.
+        assert_eq!(crate::model::quant::bf16_to_f32(f32_to_bf16(65504.0)), 65536.0);
+        assert_eq!(&vals[..4], &[65504.0, 65504.0, 65504.0, -65504.0]);
+        assert_eq!(vals[4], 0.0);
+        assert!(vals[5].is_nan());
+        assert_eq!(vals[6], 1.5);
+        assert!(vals[7] == 0.0 && vals[7].is_sign_negative());
+        assert!(vals[8] > 0.0 && vals[8] < F16_MIN_NORMAL);
+        assert_eq!((c.clamped, c.underflowed, c.subnormal, c.non_finite), (4, 1, 1, 1));
+        assert_eq!(c.max_abs, crate::model::quant::bf16_to_f32(f32_to_bf16(1e6)));
+        assert!(c.is_lossy(0.5), "NaN makes a tensor lossy whatever the threshold");
+        let mut ok = Counts::default();
+        to_f16(GgmlType::BF16, &quantize_row(GgmlType::BF16, &[1.0, -2.0, 1e-6]), &mut ok);
+        assert!(!ok.is_lossy(0.0));
+    }
+
+    #[test]
+    fn every_bf16_in_the_normal_f16_range_converts_exactly() {
+        let mut c = Counts::default();
+        for bits in 0..=u16::MAX {
+            let v = crate::model::quant::bf16_to_f32(bits);
+            if v.is_finite() && (v == 0.0 || (v.abs() >= F16_MIN_NORMAL && v.abs() <= F16_MAX)) {
+                let h = f16_policy(v, &mut c);
+                assert_eq!(half::f16::from_bits(h).to_f32(), v, "bf16 bits {bits:#06x}");
+            }
+        }
+        assert_eq!(c.inexact, 0);
+    }
+}
