@@ -12,6 +12,7 @@
 
 #define ATT_MAX_GROUP 16
 #define ATT_MAX_HD 256
+#define ATT_VCHUNK 4
 
 struct AttnParams {
     const float* q;          // [n_tok, q_stride] f32; head h at q + t * q_stride + h * head_dim
@@ -36,7 +37,7 @@ struct AttnParams {
     float scale;             // 1 / sqrt(head_dim)
 };
 
-// Dynamic shared memory: (group * head_dim + group * split_len) floats.
+// Dynamic shared memory: (group * head_dim + group * split_len + nwarps * ATT_VCHUNK * head_dim) floats.
 extern "C" __global__ void attn_split_f16(const AttnParams p) {
     extern __shared__ float smem[];
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
@@ -47,8 +48,9 @@ extern "C" __global__ void attn_split_f16(const AttnParams p) {
     if (start >= len) return;  // the combine pass reads only splits that hold positions
     const int end = min(len, start + p.split_len);
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
-    float* q_s = smem;                 // [group, head_dim], pre-scaled
-    float* sc = smem + group * hd;     // [group, split_len] scores, then probabilities
+    float* q_s = smem;                      // [group, head_dim], pre-scaled
+    float* sc = q_s + group * hd;           // [group, split_len] scores, then probabilities
+    float* red = sc + group * p.split_len;  // [nwarps, ATT_VCHUNK, head_dim] partial V sums
 
     const float* qt = p.q + (long long)t * p.q_stride + (long long)g * group * hd;
     for (int i = threadIdx.x; i < group * hd; i += blockDim.x) q_s[i] = qt[i] * p.scale;
@@ -111,21 +113,60 @@ extern "C" __global__ void attn_split_f16(const AttnParams p) {
     }
     __syncthreads();
 
-    // Weighted sum of V: one thread per head dimension, all heads of the group at once.
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc[ATT_MAX_GROUP];
+    // Weighted sum of V, ATT_VCHUNK query heads at a time: warps take positions in turn (each V
+    // row read as one coalesced 2 * head_dim-byte line), lanes own half pairs; then the warps'
+    // partial sums are added through shared memory.
+    for (int j0 = 0; j0 < group; j0 += ATT_VCHUNK) {
+        float acc[ATT_VCHUNK][ATT_MAX_HD / WARP];
 #pragma unroll
-        for (int j = 0; j < ATT_MAX_GROUP; ++j) acc[j] = 0.0f;
-        for (int ps = start; ps < end; ++ps) {
+        for (int j = 0; j < ATT_VCHUNK; ++j)
+#pragma unroll
+            for (int i = 0; i < ATT_MAX_HD / WARP; ++i) acc[j][i] = 0.0f;
+        for (int ps = start + warp; ps < end; ps += nwarps) {
             const long long slot = (long long)bt[ps / p.block_size] * p.block_size + ps % p.block_size;
-            const float v = h2f(p.v_cache[slot * kv_dim + (long long)g * hd + d]);
+            const unsigned int* vr =
+                reinterpret_cast<const unsigned int*>(p.v_cache + slot * kv_dim + (long long)g * hd);
+            float vf[ATT_MAX_HD / WARP];
 #pragma unroll
-            for (int j = 0; j < ATT_MAX_GROUP; ++j)
-                if (j < group) acc[j] = fmaf(sc[j * p.split_len + (ps - start)], v, acc[j]);
+            for (int i = 0; i < ATT_MAX_HD / 64; ++i) {
+                const int d2 = lane + WARP * i;
+                if (d2 < half) {
+                    h2x2f(vr[d2], vf[2 * i], vf[2 * i + 1]);
+                } else {
+                    vf[2 * i] = 0.0f;
+                    vf[2 * i + 1] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < ATT_VCHUNK; ++j) {
+                if (j0 + j < group) {
+                    const float pj = sc[(j0 + j) * p.split_len + (ps - start)];
+#pragma unroll
+                    for (int i = 0; i < ATT_MAX_HD / WARP; ++i) acc[j][i] = fmaf(pj, vf[i], acc[j][i]);
+                }
+            }
         }
 #pragma unroll
-        for (int j = 0; j < ATT_MAX_GROUP; ++j)
-            if (j < group) p.part_o[(((long long)t * p.n_heads + g * group + j) * p.n_splits + s) * hd + d] = acc[j];
+        for (int j = 0; j < ATT_VCHUNK; ++j)
+#pragma unroll
+            for (int i = 0; i < ATT_MAX_HD / 64; ++i) {
+                const int d2 = lane + WARP * i;
+                if (d2 < half) {
+                    float* r = red + ((long long)warp * ATT_VCHUNK + j) * hd + 2 * d2;
+                    r[0] = acc[j][2 * i];
+                    r[1] = acc[j][2 * i + 1];
+                }
+            }
+        __syncthreads();
+        for (int e = threadIdx.x; e < ATT_VCHUNK * hd; e += blockDim.x) {
+            const int j = e / hd, d = e % hd;
+            if (j0 + j < group) {
+                float v = 0.0f;
+                for (int w = 0; w < nwarps; ++w) v += red[((long long)w * ATT_VCHUNK + j) * hd + d];
+                p.part_o[(((long long)t * p.n_heads + g * group + j0 + j) * p.n_splits + s) * hd + d] = v;
+            }
+        }
+        __syncthreads();
     }
 }
 

@@ -25,3 +25,75 @@ extern "C" __global__ void kv_store_f16(const KvStoreParams p) {
     p.k_cache[dst] = f2h_sat(row[p.k_off + i]);
     p.v_cache[dst] = f2h_sat(row[p.v_off + i]);
 }
+
+// The fused step between the QKV matmul and attention, one block per (head, token) over the
+// q, k and v heads of the fused qkv row (q heads, then k heads, then v heads, each head_dim
+// wide, so head h starts at column h * head_dim):
+//   q, k heads: optional per-head RMSNorm (Qwen3), then RoPE, written back in place (f32);
+//   k heads are also stored to the K cache (f16), v heads to the V cache.
+// Same arithmetic, in the same order, as rmsnorm_f32 + rope_f32 + kv_store_f16 launched with the
+// same block size (block = clamp(round_up(head_dim, 32), 32, 256), as the launcher picks).
+struct QkvPostParams {
+    float* qkv;             // [n_tok, stride] f32
+    const float* q_norm;    // optional [head_dim] f32, or null
+    const float* k_norm;    // optional [head_dim] f32, or null
+    const int* pos;         // [n_tok]
+    const float* cos_t;     // [max_pos, head_dim / 2]
+    const float* sin_t;     // [max_pos, head_dim / 2]
+    half_t* k_cache;        // [n_slots, n_kv * head_dim] f16
+    half_t* v_cache;        // same
+    const int* slots;       // [n_tok]
+    int n_tok;
+    int n_heads;
+    int n_kv;
+    int head_dim;
+    int stride;
+    int style;              // 0: adjacent pairs; 1: halves
+    float eps;
+};
+
+// grid: (n_heads + 2 * n_kv, n_tok); dynamic shared memory: head_dim floats.
+extern "C" __global__ void qkv_post_f32(const QkvPostParams p) {
+    extern __shared__ float hs[];
+    __shared__ float scratch[32];
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int hd = p.head_dim, half = hd / 2;
+    const long long kv_dim = (long long)p.n_kv * hd;
+    float* x = p.qkv + (long long)t * p.stride + (long long)h * hd;
+    const long long slot = p.slots[t];
+    if (h >= p.n_heads + p.n_kv) {  // v head: store only
+        half_t* dst = p.v_cache + slot * kv_dim + (long long)(h - p.n_heads - p.n_kv) * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = f2h_sat(x[i]);
+        return;
+    }
+    const bool is_k = h >= p.n_heads;
+    const float* nw = is_k ? p.k_norm : p.q_norm;
+    if (nw) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            const float v = x[i];
+            ss = fmaf(v, v, ss);
+        }
+        ss = block_sum(ss, scratch);
+        const float scale = rsqrtf(ss / (float)hd + p.eps);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i] * scale * nw[i];
+    } else {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i];
+    }
+    __syncthreads();
+    const long long tb = (long long)p.pos[t] * half;
+    half_t* kdst = p.k_cache + slot * kv_dim + (long long)(h - p.n_heads) * hd;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const int a = p.style == 0 ? 2 * i : i;
+        const int b = p.style == 0 ? 2 * i + 1 : i + half;
+        const float c = p.cos_t[tb + i], s = p.sin_t[tb + i];
+        const float x0 = hs[a], x1 = hs[b];
+        const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+        x[a] = r0;
+        x[b] = r1;
+        if (is_k) {
+            kdst[a] = f2h_sat(r0);
+            kdst[b] = f2h_sat(r1);
+        }
+    }
+}

@@ -31,6 +31,60 @@ enum Cmd {
     /// Compile every CUDA kernel to PTX for an architecture (e.g. compute_70 for the V100) with
     /// NVRTC; the folder can be passed to --ptx-dir on a machine without NVRTC 12.
     Kernels(KernelsArgs),
+    /// Run a batch job: records in (JSONL, Parquet, OpenAI batch), one result row per record out,
+    /// with checkpoints; the same command resumes a killed job.
+    Run(RunCliArgs),
+    /// Merge the outputs of the shards of one job (`run --shard K/N`) into one, in input order.
+    Merge(MergeArgs),
+}
+
+#[derive(Args)]
+struct RunCliArgs {
+    /// Pipeline name in pipelines/ (summarize, extract-entities) or a path to a pipeline TOML.
+    /// Leave it out for OpenAI Batch API input files (custom_id, body.messages...).
+    pipeline: Option<String>,
+    /// Input files or globs: .jsonl, .parquet, or OpenAI batch .jsonl.
+    #[arg(long, required = true, num_args = 1..)]
+    input: Vec<String>,
+    /// Output file: .jsonl or .parquet. A report is written beside it (<output>.report.json).
+    #[arg(long)]
+    output: PathBuf,
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Discard an existing checkpoint of this output and start over.
+    #[arg(long)]
+    restart: bool,
+    /// Abort (resumably, exit code 3) once more than this many records have failed.
+    #[arg(long)]
+    max_errors: Option<u64>,
+    /// Process only shard K of N (0-based), records picked by a stable hash of the id. Default:
+    /// SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT or JOB_COMPLETION_INDEX with --shard-count.
+    #[arg(long)]
+    shard: Option<String>,
+    /// Number of shards when the index comes from JOB_COMPLETION_INDEX (Kubernetes).
+    #[arg(long)]
+    shard_count: Option<u32>,
+    /// Read, render and tokenize everything, report counts and prefix reuse, run no model.
+    #[arg(long)]
+    dry_run: bool,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+    /// OpenAI batch input: max_tokens for requests that give none.
+    #[arg(long, default_value_t = 256)]
+    default_max_tokens: u32,
+}
+
+#[derive(Args)]
+struct MergeArgs {
+    /// The merged output (.jsonl or .parquet).
+    #[arg(long)]
+    output: PathBuf,
+    /// The shard outputs, in any order.
+    #[arg(required = true)]
+    shards: Vec<PathBuf>,
 }
 
 #[derive(Args)]
@@ -121,6 +175,21 @@ struct GenerateArgs {
     /// KV cache capacity in tokens per sequence (prompt + generated).
     #[arg(long, default_value_t = 4096)]
     ctx: usize,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Args)]
+struct EngineArgs {
+    /// Sequences decoded together (parallel decode slots).
+    #[arg(long, default_value_t = 8)]
+    slots: usize,
+    /// Token budget of one engine step (decode tokens plus chunks of prefill).
+    #[arg(long, default_value_t = 512)]
+    max_batch_tokens: usize,
+    /// Compute every prompt in full (no reuse of shared prefixes), for comparison.
+    #[arg(long)]
+    no_prefix_cache: bool,
 }
 
 #[derive(Args)]
@@ -162,6 +231,34 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let m = common::load(&a.model)?;
             let errors = tokenize::run(&m.tokenizer, &a.input, &a.output)?;
             Ok(if errors > 0 { ExitCode::from(3) } else { ExitCode::SUCCESS })
+        }
+        Cmd::Run(a) => {
+            let device = pick_device(&a.model.device)?;
+            let default_slots = if device == Device::Cpu { 8 } else { 32 };
+            let args = dustoff::commands::run::RunArgs {
+                pipeline: a.pipeline,
+                inputs: a.input,
+                output: a.output,
+                model: a.model.model,
+                device,
+                ptx_dir: a.model.ptx_dir,
+                slots: if a.engine.slots == 0 { default_slots } else { a.engine.slots },
+                max_batch_tokens: a.engine.max_batch_tokens,
+                prefix_cache: !a.engine.no_prefix_cache,
+                restart: a.restart,
+                max_errors: a.max_errors,
+                shard: a.shard,
+                shard_count: a.shard_count,
+                dry_run: a.dry_run,
+                quiet: a.quiet,
+                default_max_tokens: a.default_max_tokens,
+            };
+            let code = dustoff::commands::run::run(&args)?;
+            Ok(ExitCode::from(code as u8))
+        }
+        Cmd::Merge(a) => {
+            dustoff::commands::run::merge(&a.output, &a.shards)?;
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Kernels(a) => {
             let files = dustoff::commands::kernels::compile_all(&a.arch, &a.out)?;
@@ -209,15 +306,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 top_p: a.top_p,
                 seed: a.seed,
             };
-            let mut b = common::make_backend(&m.config, &m.weights, &device, a.ctx, a.model.ptx_dir.as_deref())?;
-            let b = b.as_mut();
             match (a.prompt, a.input, a.output) {
                 (Some(p), _, _) => {
-                    generate::run_prompt(&m, b, &p, a.chat, &opt)?;
+                    let mut b = common::make_backend(&m.config, &m.weights, &device, a.ctx, a.model.ptx_dir.as_deref())?;
+                    generate::run_prompt(&m, b.as_mut(), &p, a.chat, &opt)?;
                     Ok(ExitCode::SUCCESS)
                 }
                 (None, Some(i), Some(o)) => {
-                    let errors = generate::run_jsonl(&m, b, &i, &o, &opt)?;
+                    let cfg = dustoff::engine::engine::EngineConfig {
+                        slots: a.engine.slots.max(1),
+                        max_batch_tokens: a.engine.max_batch_tokens.max(a.engine.slots),
+                        prefix_cache: !a.engine.no_prefix_cache,
+                        model_fingerprint: m.fingerprint,
+                    };
+                    let backend = common::make_backend(&m.config, &m.weights, &device, a.ctx * a.engine.slots.max(1), a.model.ptx_dir.as_deref())?;
+                    let mut engine = dustoff::engine::engine::Engine::new(backend, cfg)?;
+                    let (errors, metrics) = generate::run_jsonl(&m, &mut engine, &i, &o, &opt)?;
+                    eprintln!("metrics: {}", serde_json::to_string(&metrics)?);
                     Ok(if errors > 0 { ExitCode::from(3) } else { ExitCode::SUCCESS })
                 }
                 _ => anyhow::bail!("give either --prompt TEXT or --input IN.jsonl --output OUT.jsonl"),

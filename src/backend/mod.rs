@@ -39,3 +39,34 @@ pub trait Backend {
         None
     }
 }
+
+/// A boxed backend is a backend (the CLI picks the device at run time).
+impl<T: Backend + ?Sized> Backend for Box<T> {
+    fn config(&self) -> &ModelConfig {
+        (**self).config()
+    }
+    fn block_size(&self) -> usize {
+        (**self).block_size()
+    }
+    fn num_blocks(&self) -> usize {
+        (**self).num_blocks()
+    }
+    fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
+        (**self).step(plan)
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    fn decode_weight_bytes(&self) -> u64 {
+        (**self).decode_weight_bytes()
+    }
+    fn kv_bytes_per_position(&self) -> u64 {
+        (**self).kv_bytes_per_position()
+    }
+    fn peak_memory_bytes(&self) -> Option<u64> {
+        (**self).peak_memory_bytes()
+    }
+    fn measure_copy_bandwidth(&mut self) -> Option<f64> {
+        (**self).measure_copy_bandwidth()
+    }
+}

@@ -13,7 +13,9 @@ use serde::Serialize;
 use crate::backend::cpu::CpuBackend;
 use crate::engine::sampler::argmax;
 use crate::engine::single::SingleSeq;
-use crate::model::convert::{f16_policy, gguf_outputs, produce, write_report, ConvertError, Counts, OutTensor, TensorReport};
+use crate::model::convert::{
+    f16_policy, gguf_outputs, produce, write_report, ConvertError, Counts, OutTensor, TensorReport,
+};
 use crate::model::gguf::GgufFile;
 use crate::model::gguf_writer::{llama3_freq_factors, model_kv, tokenizer_kv, write_gguf, TensorOut};
 use crate::model::hf::{read_config, tensor_plan, CONFIG_FILE};
@@ -24,8 +26,13 @@ use crate::tokenizer::Tokenizer;
 /// Shard size of a safetensors output.
 const SHARD_BYTES: usize = 4 << 30;
 /// Files copied unchanged from the source directory into a safetensors output.
-const SIDE_FILES: &[&str] =
-    &["tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json", "chat_template.jinja"];
+const SIDE_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+];
 
 /// Arguments of `dustoff convert` (clap flags: see the field docs).
 #[derive(Clone, Debug)]
@@ -155,10 +162,16 @@ fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
         return Err(ConvertError::Usage(format!("--dtype {}: only f16 is supported", a.dtype)));
     }
     if !a.model.join(CONFIG_FILE).is_file() {
-        return Err(ConvertError::Usage(format!("{} is not a Hugging Face model directory (no config.json)", a.model.display())));
+        return Err(ConvertError::Usage(format!(
+            "{} is not a Hugging Face model directory (no config.json)",
+            a.model.display()
+        )));
     }
     if a.output.exists() {
-        return Err(ConvertError::Usage(format!("{} exists; remove it or choose another --output", a.output.display())));
+        return Err(ConvertError::Usage(format!(
+            "{} exists; remove it or choose another --output",
+            a.output.display()
+        )));
     }
     let gguf = a.output.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     let (cfg, extras) = read_config(&a.model)?;
@@ -178,7 +191,11 @@ fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
                 let float = ggml_type_of(&info.dtype).is_some();
                 Ok(OutTensor {
                     source: n.to_string(),
-                    out: TensorOut { name: n.to_string(), dtype: if float { GgmlType::F16 } else { GgmlType::F32 }, shape: info.shape.clone() },
+                    out: TensorOut {
+                        name: n.to_string(),
+                        dtype: if float { GgmlType::F16 } else { GgmlType::F32 },
+                        shape: info.shape.clone(),
+                    },
                     permute_heads: None,
                 })
             })
@@ -259,8 +276,11 @@ fn write_safetensors_dir(
 ) -> Result<(), ConvertError> {
     let _ = std::fs::remove_dir_all(partial);
     std::fs::create_dir_all(partial).map_err(io(partial))?;
-    let metas: Vec<StMeta> =
-        outs.list.iter().map(|t| StMeta { name: t.out.name.clone(), dtype: "F16", shape: t.out.shape.clone() }).collect();
+    let metas: Vec<StMeta> = outs
+        .list
+        .iter()
+        .map(|t| StMeta { name: t.out.name.clone(), dtype: "F16", shape: t.out.shape.clone() })
+        .collect();
     let total: usize = metas.iter().map(StMeta::n_bytes).sum();
     write_checkpoint_with(partial, &metas, total.div_ceil(SHARD_BYTES).max(1), data)?;
     let cfg_path = a.model.join(CONFIG_FILE);
@@ -308,7 +328,10 @@ fn verify(a: &ConvertArgs, st: &SafetensorsDir, outs: &Outputs) -> Result<Verify
             (None, Some(d)) => {
                 let (ty, shape, b) = d.read(&t.out.name)?;
                 if shape != t.out.shape.as_slice() {
-                    return Err(fail(format!("tensor '{}' has shape {shape:?}, expected {:?}", t.out.name, t.out.shape)));
+                    return Err(fail(format!(
+                        "tensor '{}' has shape {shape:?}, expected {:?}",
+                        t.out.name, t.out.shape
+                    )));
                 }
                 (ty, b)
             }

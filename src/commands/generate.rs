@@ -4,11 +4,12 @@
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::{json, Value};
 
 use super::common::{read_jsonl, JsonlWriter};
 use crate::backend::Backend;
+use crate::engine::engine::{Engine, EngineMetrics, Event, Request};
 use crate::engine::sampler::{derive_seed, Sampler, SamplingParams};
 use crate::engine::single::generate_one;
 use crate::model::loader::LoadedModel;
@@ -89,44 +90,77 @@ pub fn id_key(id: &Value) -> String {
     }
 }
 
-/// JSONL mode. Returns the number of error rows.
-pub fn run_jsonl<B: Backend + ?Sized>(m: &LoadedModel, b: &mut B, input: &Path, output: &Path, opt: &GenOptions) -> Result<usize> {
-    let mut w = JsonlWriter::create(output)?;
-    let mut errors = 0;
+/// JSONL mode: every prompt goes through the slot engine; rows are written in input order.
+/// Returns the number of error rows and the engine's metrics.
+pub fn run_jsonl<B: Backend>(
+    m: &LoadedModel,
+    engine: &mut Engine<B>,
+    input: &Path,
+    output: &Path,
+    opt: &GenOptions,
+) -> Result<(usize, EngineMetrics)> {
     let stop = m.tokenizer.eos_ids().to_vec();
     let records = read_jsonl(input)?;
     let total = records.len();
+    // rows[i]: the finished row of input line i (error rows are ready at once).
+    let mut rows: Vec<Option<Value>> = vec![None; total];
+    let mut prompt_len = vec![0usize; total];
+    let mut ids = vec![Value::Null; total];
+    let mut errors = 0;
     for (i, (line, rec)) in records.into_iter().enumerate() {
         // A row that failed keeps its id when the line had one; `line` locates it either way.
         let prepared = match rec {
             Err(msg) => Err((Value::Null, msg)),
             Ok(v) => prepare(m, &v).map_err(|e| (v.get("id").cloned().unwrap_or(Value::Null), e)),
         };
-        let row = match prepared {
+        let p = match prepared {
+            Ok(p) => p,
             Err((id, msg)) => {
                 errors += 1;
                 eprintln!("{}:{line}: {msg}", input.display());
-                json!({"id": id, "line": line, "error": msg})
-            }
-            Ok(p) => {
-                let mut sampler = Sampler::new(opt.sampling_for(&id_key(&p.id)));
-                let out = generate_one(b, &p.prompt_ids, opt.max_tokens, &mut sampler, &stop, |_| {})
-                    .with_context(|| format!("generating for record on line {line}"))?;
-                let text = m.tokenizer.decode(&out.token_ids).map_err(|e| anyhow::anyhow!("{e}"))?;
-                json!({
-                    "id": p.id,
-                    "prompt_tokens": p.prompt_ids.len(),
-                    "token_ids": out.token_ids,
-                    "text": text,
-                    "finish_reason": out.finish_reason.as_str(),
-                })
+                rows[i] = Some(json!({"id": id, "line": line, "error": msg}));
+                continue;
             }
         };
-        w.write(&row)?;
-        eprintln!("[{}/{}] done", i + 1, total);
+        let req = Request {
+            id: i as u64,
+            prompt: p.prompt_ids.clone(),
+            max_tokens: opt.max_tokens,
+            sampling: opt.sampling_for(&id_key(&p.id)),
+            stop_ids: stop.clone(),
+        };
+        prompt_len[i] = p.prompt_ids.len();
+        ids[i] = p.id;
+        if let Err(e) = engine.add_request(req) {
+            errors += 1;
+            eprintln!("{}:{line}: {e}", input.display());
+            rows[i] = Some(json!({"id": ids[i], "line": line, "error": e.to_string()}));
+        }
+    }
+    let mut done = rows.iter().filter(|r| r.is_some()).count();
+    while engine.has_work() {
+        for ev in engine.step()? {
+            if let Event::Finished(c) = ev {
+                let i = c.id as usize;
+                let text = m.tokenizer.decode(&c.token_ids).map_err(|e| anyhow::anyhow!("{e}"))?;
+                rows[i] = Some(json!({
+                    "id": ids[i],
+                    "prompt_tokens": prompt_len[i],
+                    "token_ids": c.token_ids,
+                    "text": text,
+                    "finish_reason": c.finish_reason.as_str(),
+                }));
+                done += 1;
+                eprintln!("[{done}/{total}] done");
+            }
+        }
+    }
+    let mut w = JsonlWriter::create(output)?;
+    for r in rows.into_iter().flatten() {
+        w.write(&r)?;
     }
     w.finish()?;
-    Ok(errors)
+    Ok((errors, engine.metrics()))
 }
 
 /// Interactive mode: streams the completion of one prompt to stdout.

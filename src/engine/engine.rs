@@ -54,6 +54,8 @@ pub struct Completion {
     pub prompt_tokens: usize,
     pub token_ids: Vec<u32>,
     pub finish_reason: FinishReason,
+    /// Prompt tokens whose K/V came from the prefix cache.
+    pub cached_prompt_tokens: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -222,6 +224,7 @@ impl<B: Backend> Engine<B> {
                 prompt_tokens,
                 token_ids: Vec::new(),
                 finish_reason: FinishReason::Length,
+                cached_prompt_tokens: 0,
             }));
             self.metrics.requests_finished += 1;
             self.metrics.prompt_tokens += prompt_tokens as u64;
@@ -282,7 +285,7 @@ impl<B: Backend> Engine<B> {
             };
             match finish {
                 Some(reason) => {
-                    self.sched.finish(id)?;
+                    let seq = self.sched.finish(id)?;
                     if let Some(r) = self.requests.remove(&id) {
                         self.metrics.requests_finished += 1;
                         events.push(Event::Finished(Completion {
@@ -290,6 +293,7 @@ impl<B: Backend> Engine<B> {
                             prompt_tokens: r.prompt_tokens,
                             token_ids: r.generated,
                             finish_reason: reason,
+                            cached_prompt_tokens: seq.cached_tokens,
                         }));
                     }
                 }

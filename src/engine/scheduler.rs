@@ -45,6 +45,8 @@ pub struct Sequence {
     pub num_computed: usize,
     /// The most tokens ever computed (positions below it run again after a preemption).
     pub max_computed: usize,
+    /// Prompt tokens served by the prefix cache at first admission (for per-request reports).
+    pub cached_tokens: usize,
 }
 
 impl Sequence {
@@ -143,7 +145,7 @@ impl Scheduler {
             return Err(SchedulerError::Duplicate(id));
         }
         let prompt_len = prompt.len();
-        self.waiting.push_back(Sequence { id, tokens: prompt, prompt_len, num_computed: 0, max_computed: 0 });
+        self.waiting.push_back(Sequence { id, tokens: prompt, prompt_len, num_computed: 0, max_computed: 0, cached_tokens: 0 });
         Ok(())
     }
 
@@ -199,6 +201,9 @@ impl Scheduler {
             let Some(mut seq) = self.waiting.remove(w) else { break };
             let cached = self.kv.allocate(seq.id, &seq.tokens)?;
             seq.num_computed = cached;
+            if seq.max_computed == 0 {
+                seq.cached_tokens = cached.min(seq.prompt_len);
+            }
             self.stats.cached_tokens += cached.min(seq.prompt_len) as u64;
             self.running.push(seq);
             let i = self.running.len() - 1;

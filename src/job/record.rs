@@ -82,12 +82,8 @@ impl RecordError {
     }
 }
 
-/// One chat message of an OpenAI batch request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
+/// One chat message of an OpenAI batch request (the tokenizer's chat turn type).
+pub use crate::tokenizer::ChatMessage;
 
 /// Which OpenAI endpoint a batch line addressed; decides the shape of its output line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

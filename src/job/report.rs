@@ -60,6 +60,9 @@ pub struct JobReport {
     pub model_seconds: f64,
     pub records_per_second: f64,
     pub generated_tokens_per_second: f64,
+    /// The engine's metrics (slots, prompt tokens computed after prefix reuse, KV blocks...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<serde_json::Value>,
 }
 
 impl JobReport {

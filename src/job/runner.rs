@@ -146,6 +146,10 @@ pub trait Generate {
     /// Runs engine steps until at least one request finishes (returns at once with nothing when
     /// none is pending). An `Err` is a whole-job failure.
     fn poll(&mut self) -> anyhow::Result<Vec<Finished>>;
+    /// Engine metrics for the final report (slots, prefix reuse, KV use, preemptions).
+    fn metrics_json(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// What a job runs.
@@ -464,6 +468,7 @@ pub fn run_job(
         model_seconds: model_secs,
         records_per_second: 0.0,
         generated_tokens_per_second: 0.0,
+        engine: engine.metrics_json(),
     };
     report.finalize_rates();
     report

@@ -174,7 +174,11 @@ pub fn gguf_outputs(plan: &[PlannedTensor]) -> Vec<OutTensor> {
 }
 
 /// Produces the bytes of one output tensor from the source checkpoint, with its report.
-pub fn produce(st: &SafetensorsDir, t: &OutTensor, max_lossy_fraction: f64) -> Result<(Vec<u8>, TensorReport), ConvertError> {
+pub fn produce(
+    st: &SafetensorsDir,
+    t: &OutTensor,
+    max_lossy_fraction: f64,
+) -> Result<(Vec<u8>, TensorReport), ConvertError> {
     let (ty, shape, src) = st.read(&t.source)?;
     if shape != t.out.shape.as_slice() {
         return Err(super::hf::HfError::Shape {

@@ -156,7 +156,11 @@ pub fn write_gguf<E: From<GgufWriteError>>(
         let bytes = data(i)?;
         if bytes.len() != t.n_bytes() {
             let _ = std::fs::remove_file(&partial);
-            return Err(E::from(GgufWriteError::DataSize { tensor: t.name.clone(), got: bytes.len(), want: t.n_bytes() }));
+            return Err(E::from(GgufWriteError::DataSize {
+                tensor: t.name.clone(),
+                got: bytes.len(),
+                want: t.n_bytes(),
+            }));
         }
         w.write_all(&bytes).map_err(|e| E::from(io(e)))?;
         written = offsets[i] + bytes.len();
@@ -192,7 +196,8 @@ pub fn llama3_freq_factors(c: &ModelConfig) -> Option<Vec<f32>> {
     let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_context } = c.rope_scaling else {
         return None;
     };
-    let (factor, lo, hi, ctx) = (factor as f64, low_freq_factor as f64, high_freq_factor as f64, original_context as f64);
+    let (factor, lo, hi, ctx) =
+        (factor as f64, low_freq_factor as f64, high_freq_factor as f64, original_context as f64);
     let unscaled = ModelConfig { rope_scaling: RopeScaling::None, ..c.clone() };
     Some(
         unscaled
@@ -292,7 +297,8 @@ pub fn tokenizer_kv(dir: &Path, n_vocab: usize) -> Result<Vec<(String, Value)>, 
     let mut tokens: Vec<Option<String>> = vec![None; n_vocab];
     let mut types = vec![TOKEN_NORMAL; n_vocab];
     let mut place = |id: u64, text: &str, ty: i32| -> Result<(), GgufWriteError> {
-        let slot = tokens.get_mut(id as usize).ok_or_else(|| bad(format!("token {text:?} has id {id} beyond {n_vocab}")))?;
+        let slot =
+            tokens.get_mut(id as usize).ok_or_else(|| bad(format!("token {text:?} has id {id} beyond {n_vocab}")))?;
         *slot = Some(text.to_string());
         types[id as usize] = ty;
         Ok(())
@@ -301,7 +307,8 @@ pub fn tokenizer_kv(dir: &Path, n_vocab: usize) -> Result<Vec<(String, Value)>, 
         place(id.as_u64().ok_or_else(|| bad(format!("vocab[{text:?}] is not an id")))?, text, TOKEN_NORMAL)?;
     }
     for a in j.get("added_tokens").and_then(Json::as_array).map(Vec::as_slice).unwrap_or(&[]) {
-        let (Some(id), Some(text)) = (a.get("id").and_then(Json::as_u64), a.get("content").and_then(Json::as_str)) else {
+        let (Some(id), Some(text)) = (a.get("id").and_then(Json::as_u64), a.get("content").and_then(Json::as_str))
+        else {
             return Err(bad("added_tokens entries need \"id\" and \"content\"".into()));
         };
         let special = a.get("special").and_then(Json::as_bool).unwrap_or(false);

@@ -73,7 +73,8 @@ pub fn read_config(dir: &Path) -> Result<(ModelConfig, HfExtras), HfError> {
 }
 
 pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras), HfError> {
-    let err = |key: &str, reason: &str| HfError::Config { path: path.to_path_buf(), key: key.into(), reason: reason.into() };
+    let err =
+        |key: &str, reason: &str| HfError::Config { path: path.to_path_buf(), key: key.into(), reason: reason.into() };
     if !j.is_object() {
         return Err(err("(top level)", "must be a JSON object"));
     }
@@ -180,7 +181,8 @@ pub fn tensor_plan(c: &ModelConfig, x: &HfExtras) -> Vec<PlannedTensor> {
         shape,
         permute_heads: if llama { permute } else { None },
     };
-    let mut v = vec![t("model.embed_tokens.weight".into(), "token_embd.weight".into(), vec![c.vocab_size, c.dim], None)];
+    let mut v =
+        vec![t("model.embed_tokens.weight".into(), "token_embd.weight".into(), vec![c.vocab_size, c.dim], None)];
     v.push(t("model.norm.weight".into(), "output_norm.weight".into(), vec![c.dim], None));
     if !c.tied_embeddings {
         v.push(t("lm_head.weight".into(), "output.weight".into(), vec![c.vocab_size, c.dim], None));

@@ -19,7 +19,8 @@ use super::quant::{quantize_row, GgmlType};
 use super::safetensors::{write_checkpoint, SafetensorsError, StMeta, StWriteTensor};
 
 /// Qwen2's pre-tokenizer regex as its `tokenizer.json` writes it.
-const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {

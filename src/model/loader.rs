@@ -67,7 +67,8 @@ fn load_hf_dir(dir: &Path) -> Result<LoadedModel, LoadError> {
         return Err(LoadError::Directory(dir.to_path_buf()));
     }
     let (config, _extras, weights, st) = super::hf::load_dir(dir)?;
-    let tokenizer = Tokenizer::from_hf_dir(dir).map_err(|source| LoadError::Tokenizer { path: dir.to_path_buf(), source })?;
+    let tokenizer =
+        Tokenizer::from_hf_dir(dir).map_err(|source| LoadError::Tokenizer { path: dir.to_path_buf(), source })?;
     let mut h = blake3::Hasher::new();
     h.update(b"hf-dir");
     h.update(format!("{config:?}").as_bytes());

@@ -36,7 +36,7 @@ pub enum SafetensorsError {
     UnsupportedDtype { path: PathBuf, tensor: String, dtype: String },
     #[error("{path}: invalid index: {reason}")]
     Index { path: PathBuf, reason: String },
-    #[error("{dir}: no tensor '{tensor}' in the checkpoint")]
+    #[error("{dir}: tensor '{tensor}' is missing from the checkpoint")]
     MissingTensor { dir: PathBuf, tensor: String },
     #[error("{dir}: no model.safetensors or model.safetensors.index.json")]
     NoWeights { dir: PathBuf },
@@ -127,7 +127,8 @@ impl SafetensorsFile {
                 }
                 continue;
             }
-            let bad = |reason: String| SafetensorsError::Tensor { path: path.to_path_buf(), tensor: name.clone(), reason };
+            let bad =
+                |reason: String| SafetensorsError::Tensor { path: path.to_path_buf(), tensor: name.clone(), reason };
             let dtype = v.get("dtype").and_then(Json::as_str).ok_or_else(|| bad("no string \"dtype\"".into()))?;
             let shape = v
                 .get("shape")
@@ -149,10 +150,16 @@ impl SafetensorsFile {
                 .try_fold(size, |acc, &d| acc.checked_mul(d))
                 .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
             if offs.0 > offs.1 || offs.1 > data_len {
-                return Err(bad(format!("data bytes {}..{} lie outside the data section ({data_len} bytes)", offs.0, offs.1)));
+                return Err(bad(format!(
+                    "data bytes {}..{} lie outside the data section ({data_len} bytes)",
+                    offs.0, offs.1
+                )));
             }
             if offs.1 - offs.0 != n_bytes {
-                return Err(bad(format!("{} data bytes for shape {shape:?} {dtype} ({n_bytes} expected)", offs.1 - offs.0)));
+                return Err(bad(format!(
+                    "{} data bytes for shape {shape:?} {dtype} ({n_bytes} expected)",
+                    offs.1 - offs.0
+                )));
             }
             let info = StTensorInfo {
                 name: name.clone(),

@@ -1,14 +1,15 @@
 //! Matrix products of packed weight matrices with f32 activations (the CPU hot path).
 //!
 //! `w` is `[rows, cols]` (packed GGML rows), `x` is `[n_tok, cols]`, `out` is `[n_tok, rows]`.
-//! - Decode (`n_tok == 1`): a GEMV straight over the packed blocks, rayon over runs of rows;
-//!   memory-bound, so each weight byte is read once and never widened to memory.
-//! - Prefill / batched decode (`n_tok > 1`): rows are taken in tiles; a tile is dequantized once
+//! - Decode and batched decode (`n_tok <= gemv::MAX_T`): a GEMV straight over the packed
+//!   blocks, each block widened once for all tokens, rayon over runs of rows (see `gemv`).
+//! - Prefill (`n_tok > MAX_T`): rows are taken in tiles; a tile is dequantized once
 //!   into an f32 scratch that fits L1/L2 and reused for every token by a register-blocked
 //!   micro-kernel (4 rows x 3 tokens of 8-lane accumulators), so the work is compute-bound.
 
 use rayon::prelude::*;
 
+use super::gemv::{rows_multi, OutPtr, MAX_T};
 use crate::model::quant;
 use crate::model::weights::Tensor;
 
@@ -37,23 +38,66 @@ pub fn matmul(w: &Tensor, x: &[f32], n_tok: usize, out: &mut [f32]) {
     let out = &mut out[..n_tok * rows];
     if cols == 0 {
         out.fill(0.0);
-    } else if n_tok == 1 {
-        gemv(w, &x[..cols], out);
-    } else if n_tok > 1 {
+    } else if n_tok > MAX_T {
         gemm(w, &x[..n_tok * cols], n_tok, out);
+    } else if n_tok >= 1 {
+        gemv_fused(&[w], &x[..n_tok * cols], n_tok, &mut [out]);
     }
 }
 
-/// One token: each task takes a run of packed rows and dots them with `x`.
-fn gemv(w: &Tensor, x: &[f32], out: &mut [f32]) {
-    let rb = w.row_bytes();
-    let bytes = w.bytes();
-    // A few tasks per thread for balance; runs of rows long enough to stream well.
-    let per_task = w.rows.div_ceil(rayon::current_num_threads() * 4).max(16);
-    out.par_chunks_mut(per_task).enumerate().for_each(|(i, o)| {
-        let start = i * per_task * rb;
-        quant::dot_rows(w.dtype, &bytes[start..start + o.len() * rb], x, o);
-    });
+/// Several matrices that read the same input (`x`: `[n_tok, cols]`, every `ws[i].cols == cols`),
+/// e.g. Q/K/V or gate/up: `outs[i]` (`[n_tok, ws[i].rows]`) = `x . ws[i]^T`. For a few tokens
+/// all of them share one parallel region (one fork/join instead of one per matrix); for more
+/// tokens each goes through the tiled GEMM. Same preconditions as [`matmul`].
+pub fn matmul_fused(ws: &[&Tensor], x: &[f32], n_tok: usize, outs: &mut [&mut [f32]]) {
+    let cols = ws.first().map_or(0, |w| w.cols);
+    let fits = ws.len() == outs.len()
+        && ws.iter().all(|w| w.cols == cols && w.rows > 0)
+        && ws.iter().zip(outs.iter()).all(|(w, o)| o.len() >= n_tok * w.rows)
+        && x.len() >= n_tok * cols;
+    debug_assert!(fits, "matmul_fused: mismatched shapes");
+    if !fits || cols == 0 || n_tok > MAX_T {
+        for (w, o) in ws.iter().zip(outs.iter_mut()) {
+            matmul(w, x, n_tok, o);
+        }
+    } else if n_tok >= 1 {
+        gemv_fused(ws, &x[..n_tok * cols], n_tok, outs);
+    }
+}
+
+/// Packed bytes a parallel task should cover at least (rayon's fork/steal costs about a
+/// microsecond; 48 KiB of weights take several).
+const MIN_TASK_BYTES: usize = 48 * 1024;
+
+/// `n_tok <= MAX_T` tokens through several matrices sharing `x`; tasks are runs of rows.
+/// Preconditions checked by the callers: shapes match (see [`matmul_fused`]).
+fn gemv_fused(ws: &[&Tensor], x: &[f32], n_tok: usize, outs: &mut [&mut [f32]]) {
+    let total_bytes: usize = ws.iter().map(|w| w.bytes().len()).sum();
+    let threads = rayon::current_num_threads();
+    let n_tasks = (total_bytes / MIN_TASK_BYTES).clamp(1, threads * 4);
+    let bytes_per_task = total_bytes.div_ceil(n_tasks).max(1);
+    // (matrix, first row, row count), each run about `bytes_per_task` long.
+    let mut tasks = Vec::with_capacity(n_tasks + ws.len());
+    for (i, w) in ws.iter().enumerate() {
+        let per = (bytes_per_task / w.row_bytes().max(1)).clamp(1, w.rows);
+        let mut r0 = 0;
+        while r0 < w.rows {
+            let nr = per.min(w.rows - r0);
+            tasks.push((i, r0, nr));
+            r0 += nr;
+        }
+    }
+    let ptrs: Vec<OutPtr> = ws.iter().zip(outs.iter_mut()).map(|(w, o)| OutPtr { ptr: o.as_mut_ptr(), ld: w.rows }).collect();
+    let run = |&(i, r0, nr): &(usize, usize, usize)| {
+        // SAFETY: tasks cover disjoint row ranges of matrix i; `outs[i]` holds `n_tok * rows`
+        // cells (checked by the callers) and is mutably borrowed for the whole region.
+        unsafe { rows_multi(ws[i], r0, nr, x, n_tok, ptrs[i]) };
+    };
+    if tasks.len() == 1 || threads == 1 {
+        tasks.iter().for_each(run);
+    } else {
+        tasks.par_iter().for_each(run);
+    }
 }
 
 /// Rows per tile: a multiple of `MR` whose f32 scratch is about `TILE_BYTES`.
@@ -383,6 +427,29 @@ mod tests {
             output.cols,
             bytes as f64 / total / 1e6
         );
+
+        // Kernel alone, one thread, no fork/join: a matrix hot in cache, then all layers streamed.
+        for n_tok in [1usize, 8] {
+            let m = mats[4];
+            let t = Instant::now();
+            let mut done = 0;
+            while t.elapsed().as_secs_f64() < 0.3 {
+                // SAFETY: `out` holds n_tok * rows cells; single thread.
+                unsafe { rows_multi(m, 0, m.rows, &x, n_tok, OutPtr { ptr: out.as_mut_ptr(), ld: m.rows }) };
+                done += 1;
+            }
+            let hot = m.bytes().len() as f64 * done as f64 / t.elapsed().as_secs_f64() / 1e9;
+            let t = Instant::now();
+            for _ in 0..5 {
+                for m in &mats {
+                    // SAFETY: as above.
+                    unsafe { rows_multi(m, 0, m.rows, &x, n_tok, OutPtr { ptr: out.as_mut_ptr(), ld: m.rows }) };
+                }
+            }
+            let per = t.elapsed().as_secs_f64() / 5.0;
+            let lb: usize = mats.iter().map(|m| m.bytes().len()).sum();
+            println!("1 thread, {n_tok} tok: hot {} {hot:.1} GB/s; all layers {:.2} ms ({:.1} GB/s)", m.dtype, per * 1e3, lb as f64 / per / 1e9);
+        }
 
         // Prefill: 256 tokens through every layer matrix; the head for all 256 separately.
         for n_tok in [16usize, 256] {

@@ -1,6 +1,7 @@
 //! The CPU reference backend: f32 activations, quantized dot products on the packed weights,
 //! rayon across output rows, a paged f32 KV cache.
 
+mod gemv;
 pub mod matmul;
 pub mod ops;
 
@@ -9,7 +10,7 @@ use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;
 use crate::model::weights::ModelWeights;
 
-use matmul::matmul;
+use matmul::{matmul, matmul_fused};
 use ops::PagedKv;
 
 pub struct CpuBackend {
@@ -22,6 +23,7 @@ pub struct CpuBackend {
     v_cache: Vec<Vec<f32>>,
     /// `[head_dim / 2]`: RoPE inverse frequencies with the file's scaling applied.
     inv_freq: Vec<f32>,
+    scratch: Scratch,
 }
 
 impl CpuBackend {
@@ -39,6 +41,7 @@ impl CpuBackend {
             block_size,
             num_blocks,
             inv_freq,
+            scratch: Scratch::default(),
         }
     }
 
@@ -105,52 +108,89 @@ impl Backend for CpuBackend {
 
     fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
         self.check_plan(plan)?;
-        let c = &self.cfg;
-        let (dim, qd, kvd, hd) = (c.dim, c.q_dim(), c.kv_dim(), c.head_dim);
+        // Run the whole step on a pool worker: the parallel regions inside then fork from a
+        // worker's own deque (cheap, the other workers are still spinning) instead of being
+        // injected from outside the pool and waking sleeping threads ~200 times per token.
+        let this = &mut *self;
+        Ok(rayon::scope(|_| this.forward(plan)))
+    }
+}
 
-        // Flatten the plan: token t belongs to chunk seq_of[t] at position pos[t].
-        let mut ids = Vec::new();
-        let mut pos = Vec::new();
-        let mut tables: Vec<&[u32]> = Vec::new();
+/// Activation buffers kept across steps (grown on demand, never shrunk): a decode step
+/// allocates nothing but its returned logits.
+#[derive(Default)]
+struct Scratch {
+    ids: Vec<u32>,
+    pos: Vec<usize>,
+    x: Vec<f32>,    // [n, dim] residual stream
+    h: Vec<f32>,    // [n, dim] normed input
+    q: Vec<f32>,    // [n, n_heads, head_dim]
+    k: Vec<f32>,    // [n, n_kv_heads, head_dim]
+    v: Vec<f32>,    // [n, n_kv_heads, head_dim]
+    att: Vec<f32>,  // [n, n_heads, head_dim]
+    o: Vec<f32>,    // [n, dim]
+    gate: Vec<f32>, // [n, ffn_dim]
+    up: Vec<f32>,   // [n, ffn_dim]
+    logits: Vec<f32>, // [m, vocab]
+}
+
+/// The first `n` elements of `buf`, growing it if needed (contents unspecified).
+fn take(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if buf.len() < n {
+        buf.resize(n, 0.0);
+    }
+    &mut buf[..n]
+}
+
+impl CpuBackend {
+    /// The forward pass of a checked plan; logits of the chunks that want them, in plan order.
+    fn forward(&mut self, plan: &StepPlan) -> Vec<Vec<f32>> {
+        let c = &self.cfg;
+        let (dim, qd, kvd, hd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.head_dim, c.ffn_dim);
+        let s = &mut self.scratch;
+
+        // Flatten the plan: token t belongs to chunk tables[t] at position pos[t].
+        s.ids.clear();
+        s.pos.clear();
+        let mut tables: Vec<&[u32]> = Vec::with_capacity(plan.n_tokens());
         for ch in &plan.chunks {
             for (i, &t) in ch.tokens.iter().enumerate() {
-                ids.push(t);
-                pos.push(ch.start_pos + i);
+                s.ids.push(t);
+                s.pos.push(ch.start_pos + i);
                 tables.push(&ch.block_table);
             }
         }
-        let n = ids.len();
-        let (cos, sin) = ops::rope_table(&pos, &self.inv_freq);
+        let n = s.ids.len();
+        let (ids, pos) = (&s.ids, &s.pos);
+        let (cos, sin) = ops::rope_table(pos, &self.inv_freq);
         let half = hd / 2;
 
-        let mut x = vec![0f32; n * dim]; // [n, dim] residual stream
+        let x = take(&mut s.x, n * dim);
         for (t, &id) in ids.iter().enumerate() {
             crate::model::quant::dequantize_row(self.w.token_embd.dtype, self.w.token_embd.row(id as usize), &mut x[t * dim..(t + 1) * dim]);
         }
-        let mut h = vec![0f32; n * dim]; // [n, dim] normed input
-        let mut q = vec![0f32; n * qd]; // [n, n_heads, head_dim]
-        let mut k = vec![0f32; n * kvd]; // [n, n_kv_heads, head_dim]
-        let mut v = vec![0f32; n * kvd];
-        let mut att = vec![0f32; n * qd];
-        let mut o = vec![0f32; n * dim];
-        let mut gate = vec![0f32; n * c.ffn_dim]; // [n, ffn_dim]
-        let mut up = vec![0f32; n * c.ffn_dim];
+        let h = take(&mut s.h, n * dim);
+        let q = take(&mut s.q, n * qd);
+        let k = take(&mut s.k, n * kvd);
+        let v = take(&mut s.v, n * kvd);
+        let att = take(&mut s.att, n * qd);
+        let o = take(&mut s.o, n * dim);
+        let gate = take(&mut s.gate, n * ffn);
+        let up = take(&mut s.up, n * ffn);
 
         for (l, lw) in self.w.layers.iter().enumerate() {
-            ops::rmsnorm(&x, &lw.attn_norm, c.rms_eps, &mut h);
-            matmul(&lw.wq, &h, n, &mut q);
-            matmul(&lw.wk, &h, n, &mut k);
-            matmul(&lw.wv, &h, n, &mut v);
-            for (buf, bias, width) in [(&mut q, &lw.bq, qd), (&mut k, &lw.bk, kvd), (&mut v, &lw.bv, kvd)] {
+            ops::rmsnorm(x, &lw.attn_norm, c.rms_eps, h);
+            matmul_fused(&[&lw.wq, &lw.wk, &lw.wv], h, n, &mut [&mut *q, &mut *k, &mut *v]);
+            for (buf, bias, width) in [(&mut *q, &lw.bq, qd), (&mut *k, &lw.bk, kvd), (&mut *v, &lw.bv, kvd)] {
                 if let Some(b) = bias {
                     buf.chunks_exact_mut(width).for_each(|r| ops::add_inplace(r, b));
                 }
             }
             if let Some(qn) = &lw.q_norm {
-                ops::rmsnorm_heads_inplace(&mut q, qn, c.rms_eps);
+                ops::rmsnorm_heads_inplace(q, qn, c.rms_eps);
             }
             if let Some(kn) = &lw.k_norm {
-                ops::rmsnorm_heads_inplace(&mut k, kn, c.rms_eps);
+                ops::rmsnorm_heads_inplace(k, kn, c.rms_eps);
             }
             for t in 0..n {
                 let (cs, sn) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
@@ -167,16 +207,15 @@ impl Backend for CpuBackend {
                 vc[off..off + kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
             }
             let kv = PagedKv { k: kc, v: vc, block_size: self.block_size, n_kv_heads: c.n_kv_heads, head_dim: hd };
-            ops::attend_batch(&kv, &tables, &pos, &q, c.n_heads, &mut att);
-            matmul(&lw.wo, &att, n, &mut o);
-            ops::add_inplace(&mut x, &o);
+            ops::attend_batch(&kv, &tables, pos, q, c.n_heads, att);
+            matmul(&lw.wo, att, n, o);
+            ops::add_inplace(x, o);
 
-            ops::rmsnorm(&x, &lw.ffn_norm, c.rms_eps, &mut h);
-            matmul(&lw.w_gate, &h, n, &mut gate);
-            matmul(&lw.w_up, &h, n, &mut up);
-            ops::silu_mul_inplace(&mut gate, &up);
-            matmul(&lw.w_down, &gate, n, &mut o);
-            ops::add_inplace(&mut x, &o);
+            ops::rmsnorm(x, &lw.ffn_norm, c.rms_eps, h);
+            matmul_fused(&[&lw.w_gate, &lw.w_up], h, n, &mut [&mut *gate, &mut *up]);
+            ops::silu_mul_inplace(gate, up);
+            matmul(&lw.w_down, gate, n, o);
+            ops::add_inplace(x, o);
         }
 
         // Logits only for the last token of chunks that want them.
@@ -190,14 +229,16 @@ impl Backend for CpuBackend {
             t0 += ch.tokens.len();
         }
         let m = rows.len();
-        let mut hn = vec![0f32; m * dim];
+        if m == 0 {
+            return Vec::new();
+        }
+        // The final-normed rows reuse `h` (`m <= n` rows of `dim`).
+        let hn = &mut h[..m * dim];
         for (i, &r) in rows.iter().enumerate() {
             ops::rmsnorm_row(&x[r * dim..(r + 1) * dim], &self.w.output_norm, c.rms_eps, &mut hn[i * dim..(i + 1) * dim]);
         }
-        let mut logits = vec![0f32; m * c.vocab_size];
-        if m > 0 {
-            matmul(&self.w.output, &hn, m, &mut logits);
-        }
-        Ok(logits.chunks_exact(c.vocab_size).map(|r| r.to_vec()).collect())
+        let logits = take(&mut s.logits, m * c.vocab_size);
+        matmul(&self.w.output, hn, m, logits);
+        logits.chunks_exact(c.vocab_size).map(|r| r.to_vec()).collect()
     }
 }

@@ -64,10 +64,19 @@ pub fn rope_token(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], styl
 }
 
 /// `gate[i] = silu(gate[i]) * up[i]`.
+/// Large inputs (prefill: `[n_tok, ffn_dim]`) are split across threads: `exp` dominates.
 pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let s = *g / (1.0 + (-*g).exp());
-        *g = s * u;
+    fn run(gate: &mut [f32], up: &[f32]) {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            let s = *g / (1.0 + (-*g).exp());
+            *g = s * u;
+        }
+    }
+    const CHUNK: usize = 16 * 1024;
+    if gate.len() <= CHUNK {
+        run(gate, up);
+    } else {
+        gate.par_chunks_mut(CHUNK).zip(up.par_chunks(CHUNK)).for_each(|(g, u)| run(g, u));
     }
 }
 
@@ -102,37 +111,95 @@ impl PagedKv<'_> {
 pub fn attend_token(kv: &PagedKv, block_table: &[u32], pos: usize, q: &[f32], n_heads: usize, out: &mut [f32]) {
     let hd = kv.head_dim;
     let group = n_heads / kv.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut scores = vec![0f32; pos + 1];
-    for h in 0..n_heads {
-        let kvh = h / group;
-        let qh = &q[h * hd..(h + 1) * hd];
-        let mut max = f32::NEG_INFINITY;
-        for (p, s) in scores.iter_mut().enumerate() {
-            let o = kv.offset(block_table, p, kvh);
-            let k = &kv.k[o..o + hd];
-            *s = qh.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
-            max = max.max(*s);
-        }
-        let mut denom = 0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            denom += *s;
-        }
-        let oh = &mut out[h * hd..(h + 1) * hd];
-        oh.fill(0.0);
-        for (p, &s) in scores.iter().enumerate() {
-            let o = kv.offset(block_table, p, kvh);
-            let w = s / denom;
-            for (a, &b) in oh.iter_mut().zip(&kv.v[o..o + hd]) {
-                *a += w * b;
-            }
-        }
+    let mut scores = Vec::with_capacity(pos + 1);
+    for (h, (qh, oh)) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)).take(n_heads).enumerate() {
+        attend_head(kv, block_table, pos, qh, h / group, &mut scores, oh);
     }
 }
 
+/// One query head over positions `0..=pos`: `out = softmax(q . K^T / sqrt(hd)) . V` for KV head
+/// `kvh`. `scores` is caller-owned scratch (reused across calls: no allocation per head).
+pub fn attend_head(kv: &PagedKv, block_table: &[u32], pos: usize, q: &[f32], kvh: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::model::quant::simd_available() {
+        // SAFETY: avx2 and fma were detected at run time (quant::simd_available).
+        unsafe { attend_head_avx2(kv, block_table, pos, q, kvh, scores, out) };
+        return;
+    }
+    attend_head_generic(kv, block_table, pos, q, kvh, scores, out);
+}
+
+/// The same body compiled with AVX2 + FMA enabled (the generic code is written in 8-lane
+/// chunks so it vectorizes fully once the wider registers are allowed).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_head_avx2(kv: &PagedKv, block_table: &[u32], pos: usize, q: &[f32], kvh: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
+    attend_head_generic(kv, block_table, pos, q, kvh, scores, out);
+}
+
+/// `a . b` in 8 interleaved lanes (a fixed summation order that vectorizes).
+#[inline(always)]
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += ca[l] * cb[l];
+        }
+    }
+    let whole = a.len().min(b.len()) / 8 * 8;
+    let tail: f32 = a[whole..].iter().zip(&b[whole..]).map(|(x, y)| x * y).sum();
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// Calls `f(p, offset)` for positions `0..=pos` in order, walking the block table block by
+/// block (no division per position); `offset` indexes the cache arrays at KV head `kvh`.
+#[inline(always)]
+fn for_positions(kv: &PagedKv, block_table: &[u32], pos: usize, kvh: usize, mut f: impl FnMut(usize, usize)) {
+    let stride = kv.n_kv_heads * kv.head_dim;
+    let mut p = 0;
+    for &blk in block_table {
+        if p > pos {
+            break;
+        }
+        let n = kv.block_size.min(pos + 1 - p);
+        let base = blk as usize * kv.block_size * stride + kvh * kv.head_dim;
+        for i in 0..n {
+            f(p + i, base + i * stride);
+        }
+        p += n;
+    }
+}
+
+#[inline(always)]
+fn attend_head_generic(kv: &PagedKv, block_table: &[u32], pos: usize, q: &[f32], kvh: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
+    let hd = kv.head_dim;
+    let scale = 1.0 / (hd as f32).sqrt();
+    scores.clear();
+    scores.resize(pos + 1, 0.0);
+    let mut max = f32::NEG_INFINITY;
+    for_positions(kv, block_table, pos, kvh, |p, o| {
+        let s = dot_lanes(q, &kv.k[o..o + hd]) * scale;
+        scores[p] = s;
+        max = max.max(s);
+    });
+    let mut denom = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        denom += *s;
+    }
+    let inv = 1.0 / denom;
+    let out = &mut out[..hd];
+    out.fill(0.0);
+    for_positions(kv, block_table, pos, kvh, |p, o| {
+        let w = scores[p] * inv;
+        for (a, &b) in out.iter_mut().zip(&kv.v[o..o + hd]) {
+            *a += w * b;
+        }
+    });
+}
+
 /// Attention for a batch of tokens (`q`: `[n_tok, n_heads, head_dim]`), each with its own
-/// sequence block table and position; parallel over tokens.
+/// sequence block table and position; parallel over (token, head) pairs.
 pub fn attend_batch(
     kv: &PagedKv,
     tables: &[&[u32]],
@@ -141,10 +208,22 @@ pub fn attend_batch(
     n_heads: usize,
     out: &mut [f32],
 ) {
-    let width = n_heads * kv.head_dim;
-    out.par_chunks_mut(width).zip(q.par_chunks(width)).enumerate().for_each(|(t, (o, qt))| {
-        attend_token(kv, tables[t], positions[t], qt, n_heads, o);
-    });
+    let hd = kv.head_dim;
+    let group = (n_heads / kv.n_kv_heads.max(1)).max(1);
+    let n = positions.len().min(tables.len());
+    let (q, out) = (&q[..n * n_heads * hd], &mut out[..n * n_heads * hd]);
+    // Work of one pair ~ context length; small batches run inline (a fork costs more).
+    let work: usize = positions.iter().map(|&p| (p + 1) * n_heads).sum();
+    let run = |scores: &mut Vec<f32>, (i, (o, qh)): (usize, (&mut [f32], &[f32]))| {
+        let (t, h) = (i / n_heads, i % n_heads);
+        attend_head(kv, tables[t], positions[t], qh, h / group, scores, o);
+    };
+    if work < 2048 || rayon::current_num_threads() == 1 {
+        let mut scores = Vec::new();
+        out.chunks_exact_mut(hd).zip(q.chunks_exact(hd)).enumerate().for_each(|item| run(&mut scores, item));
+    } else {
+        out.par_chunks_exact_mut(hd).zip(q.par_chunks_exact(hd)).enumerate().for_each_init(Vec::new, run);
+    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,13 @@ impl<T> Dev<T> {
         Dev { ptr, len: s.len(), _t: PhantomData }
     }
 
+    /// The same memory seen as elements of another type of the same size (i32 step inputs
+    /// read as u32 token ids).
+    pub fn cast<U>(self) -> Dev<U> {
+        assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<U>(), "Dev::cast between sizes");
+        Dev { ptr: self.ptr, len: self.len, _t: PhantomData }
+    }
+
     /// The elements from `n` on (an empty pointer when `n` is past the end; the shape checks
     /// then reject it).
     pub fn offset(self, n: usize) -> Self {
@@ -42,14 +49,14 @@ impl<T> Dev<T> {
     }
 }
 
-fn need<T>(kernel: &'static str, what: &str, d: Dev<T>, n: usize) -> Result<(), CudaError> {
+pub(crate) fn need<T>(kernel: &'static str, what: &str, d: Dev<T>, n: usize) -> Result<(), CudaError> {
     if d.len < n {
         return Err(CudaError::Shape { kernel, reason: format!("{what} holds {} elements, needs {n}", d.len) });
     }
     Ok(())
 }
 
-fn check(kernel: &'static str, ok: bool, reason: impl FnOnce() -> String) -> Result<(), CudaError> {
+pub(crate) fn check(kernel: &'static str, ok: bool, reason: impl FnOnce() -> String) -> Result<(), CudaError> {
     if ok {
         Ok(())
     } else {
@@ -58,7 +65,7 @@ fn check(kernel: &'static str, ok: bool, reason: impl FnOnce() -> String) -> Res
 }
 
 /// Extent of a strided matrix: the last row starts at (rows - 1) * stride and is `width` long.
-fn extent(rows: usize, stride: usize, width: usize) -> usize {
+pub(crate) fn extent(rows: usize, stride: usize, width: usize) -> usize {
     if rows == 0 {
         0
     } else {
@@ -66,11 +73,11 @@ fn extent(rows: usize, stride: usize, width: usize) -> usize {
     }
 }
 
-fn i32_of(kernel: &'static str, v: usize) -> Result<i32, CudaError> {
+pub(crate) fn i32_of(kernel: &'static str, v: usize) -> Result<i32, CudaError> {
     i32::try_from(v).map_err(|_| CudaError::Shape { kernel, reason: format!("{v} does not fit a 32-bit index") })
 }
 
-fn launch<P: DeviceRepr>(
+pub(crate) fn launch<P: DeviceRepr>(
     k: &mut Kernels,
     stream: &CudaStream,
     entry: &'static str,
@@ -88,7 +95,7 @@ fn launch<P: DeviceRepr>(
         .map_err(CudaError::driver(format!("launching {entry}")))
 }
 
-fn blocks_for(kernel: &'static str, n: usize, per_block: usize) -> Result<u32, CudaError> {
+pub(crate) fn blocks_for(kernel: &'static str, n: usize, per_block: usize) -> Result<u32, CudaError> {
     u32::try_from(n.div_ceil(per_block).max(1))
         .map_err(|_| CudaError::Shape { kernel, reason: format!("{n} elements exceed the grid") })
 }
@@ -241,7 +248,7 @@ unsafe impl DeviceRepr for GemvParams {}
 
 /// Most tokens one GEMV launch serves (each weight read once for all of them).
 pub const GEMV_MAX_TOKENS: usize = 8;
-const GEMV_WARPS: usize = 4;
+pub(crate) const GEMV_WARPS: usize = 4;
 
 /// `out[t, r] (+)= sum_c w[r, c] x[t, c] (+ bias[r])` for `n_tok <= 8` tokens; `w` F16
 /// `[rows, cols]`, `x` f32 `[n_tok, x_stride]`, `out` f32 `[n_tok, out_stride]`.
@@ -604,21 +611,32 @@ struct AttnParams {
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for AttnParams {}
 
-/// Positions per split of the attention pass (a split is one block's share of a sequence).
-pub const ATTN_SPLIT_LEN: usize = 256;
+/// Positions per split of the attention pass (a split is one block's share of a sequence):
+/// short for decode steps (few query tokens, so the splits are what fills the GPU), long for
+/// prefill (many query tokens already fill it; fewer partials to store and merge).
+pub fn attn_split_len(n_tok: usize) -> usize {
+    if n_tok <= GEMV_MAX_TOKENS {
+        64
+    } else {
+        256
+    }
+}
 const ATTN_MAX_GROUP: usize = 16;
 const ATTN_MAX_HD: usize = 256;
+const ATTN_VCHUNK: usize = 4;
+const ATTN_THREADS: usize = 128;
 
-/// Splits needed for sequences of at most `max_len` positions.
-pub fn attn_splits(max_len: usize) -> usize {
-    max_len.div_ceil(ATTN_SPLIT_LEN).max(1)
+/// Splits needed for sequences of at most `max_len` positions, `n_tok` query tokens.
+pub fn attn_splits(max_len: usize, n_tok: usize) -> usize {
+    max_len.div_ceil(attn_split_len(n_tok)).max(1)
 }
 
 /// Causal attention of each token over positions `0..=pos[t]` of its sequence in the paged F16
 /// cache (`[n_slots, n_kv * head_dim]`, slot = block * block_size + offset, blocks from row
 /// `tok_seq[t]` of `block_tables` `[n_seqs, bt_stride]`). `q`: `[n_tok, q_stride]`, heads
 /// first; `out`: `[n_tok, out_stride]`. Scratch `part_o` `[n_tok, n_heads, splits, head_dim]`,
-/// `part_ml` `[n_tok, n_heads, splits, 2]` with `splits = attn_splits(max_len)`.
+/// `part_ml` `[n_tok, n_heads, splits, 2]` with `n_splits >= attn_splits(max_len, n_tok)` (more
+/// is allowed: the extra blocks exit at once, so a captured graph can serve growing lengths).
 /// The host guarantees `pos[t] < max_len`, block ids `< n_slots / block_size`, `tok_seq < n_seqs`.
 pub struct Attention {
     pub q: Dev<f32>,
@@ -641,6 +659,7 @@ pub struct Attention {
     pub q_stride: usize,
     pub out_stride: usize,
     pub max_len: usize,
+    pub n_splits: usize,
 }
 
 impl Attention {
@@ -655,7 +674,11 @@ impl Attention {
         })?;
         check(K, self.n_tok <= 65_535, || format!("{} query tokens in one launch (at most 65535)", self.n_tok))?;
         check(K, nh * hd <= self.q_stride && nh * hd <= self.out_stride, || "heads overlap the row stride".into())?;
-        let splits = attn_splits(self.max_len);
+        let splits = self.n_splits;
+        let split_len = attn_split_len(self.n_tok);
+        check(K, splits * split_len >= self.max_len, || {
+            format!("{splits} splits of {split_len} positions do not cover {}", self.max_len)
+        })?;
         need(K, "q", self.q, extent(self.n_tok, self.q_stride, nh * hd))?;
         need(K, "K cache", self.k_cache, self.n_slots * self.n_kv * hd)?;
         need(K, "V cache", self.v_cache, self.n_slots * self.n_kv * hd)?;
@@ -690,12 +713,12 @@ impl Attention {
             q_stride: i32_of(K, self.q_stride)?,
             out_stride: i32_of(K, self.out_stride)?,
             n_splits: i32_of(K, splits)?,
-            split_len: ATTN_SPLIT_LEN as i32,
+            split_len: split_len as i32,
             scale: 1.0 / (hd as f32).sqrt(),
         };
-        let smem = ((group * hd + group * ATTN_SPLIT_LEN) * 4) as u32;
-        let grid = (self.n_kv as u32, self.n_tok as u32, splits as u32);
-        launch(k, s, K, grid, 128, smem, &p)?;
+        let smem = ((group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4) as u32;
+        let grid = (self.n_kv as u32, self.n_tok as u32, i32_of(K, splits)? as u32);
+        launch(k, s, K, grid, ATTN_THREADS as u32, smem, &p)?;
         launch(k, s, "attn_combine_f32", (nh as u32, self.n_tok as u32, 1), 128, 0, &p)
     }
 }

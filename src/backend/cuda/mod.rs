@@ -7,9 +7,12 @@
 
 pub mod backend;
 pub mod device;
+pub mod fused;
 pub mod kernels;
 pub mod launch;
+pub mod memory;
 pub mod nvrtc;
+mod step;
 pub mod weights;
 
 use std::path::PathBuf;
@@ -18,6 +21,7 @@ use crate::backend::BackendError;
 
 pub use backend::{CudaBackend, CudaOptions};
 pub use device::CudaDevice;
+pub use memory::{plan_memory, MemoryPlan};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
@@ -45,6 +49,10 @@ pub enum CudaError {
     Weights(String),
     #[error("the cuBLAS library (libcublas.so) could not be loaded")]
     CublasMissing,
+    #[error("{0}")]
+    OutOfMemory(String),
+    #[error("CUDA graph: {0}")]
+    Graph(String),
 }
 
 impl CudaError {

@@ -37,9 +37,21 @@ macro_rules! kernel_file {
 pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("add", ["bias_add_f32", "cast_f32_f16"]),
     kernel_file!("attention_decode", ["attn_split_f16", "attn_combine_f32"]),
-    kernel_file!("embedding", ["embedding_f16"]),
-    kernel_file!("gemv_f16", ["gemv_f16_n1", "gemv_f16_n2", "gemv_f16_n4", "gemv_f16_n8"]),
-    kernel_file!("kv_cache", ["kv_store_f16"]),
+    kernel_file!("embedding", ["embedding_f16", "fill_uniform_f16"]),
+    kernel_file!(
+        "gemv_f16",
+        [
+            "gemv_f16_n1",
+            "gemv_f16_n2",
+            "gemv_f16_n4",
+            "gemv_f16_n8",
+            "gemv_swiglu_f16_n1",
+            "gemv_swiglu_f16_n2",
+            "gemv_swiglu_f16_n4",
+            "gemv_swiglu_f16_n8"
+        ]
+    ),
+    kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),
     kernel_file!("silu_mul", ["silu_mul_f32"]),

@@ -1,0 +1,139 @@
+//! Device memory planning before anything is loaded: weights + KV cache + step workspace, checked
+//! against the device's free memory with 10% headroom. A model that does not fit is refused with
+//! the numbers and what would make it fit; there is no silent fallback to the CPU.
+
+use crate::model::config::ModelConfig;
+
+use super::launch::{attn_splits, GEMV_MAX_TOKENS};
+
+/// Bytes the backend will hold on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// Every weight matrix and vector, at `weight_dtype_bytes` per matrix element (norms f32).
+    pub weights: u64,
+    /// The paged KV cache: all layers, K and V, F16.
+    pub kv: u64,
+    /// Step buffers for `max_batch_tokens` tokens, logits, attention partials, RoPE tables and
+    /// the cuBLAS workspace.
+    pub workspace: u64,
+    pub total: u64,
+}
+
+/// The share of free memory a plan may use.
+pub const HEADROOM: f64 = 0.9;
+
+/// Bytes cuBLAS may take for its workspace and handles (an allowance, not a measurement).
+const CUBLAS_ALLOWANCE: u64 = 64 << 20;
+
+/// Logit rows a step may return at most, for the workspace estimate.
+const MAX_LOGIT_ROWS: usize = 256;
+
+pub fn plan_memory(
+    cfg: &ModelConfig,
+    weight_dtype_bytes: usize,
+    num_blocks: usize,
+    block_size: usize,
+    max_batch_tokens: usize,
+) -> MemoryPlan {
+    let c = cfg;
+    let (dim, qd, kvd, ffn, hd) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim, c.head_dim);
+    let per_layer_matrix = (qd + 2 * kvd) * dim + dim * qd + 3 * ffn * dim;
+    let heads = c.vocab_size * dim * if c.tied_embeddings { 1 } else { 2 };
+    let matrices = (c.n_layers * per_layer_matrix + heads) as u64 * weight_dtype_bytes as u64;
+    let vectors = (c.n_layers * (2 * dim + 2 * hd + qd + 2 * kvd) + dim) as u64 * 4;
+    let weights = matrices + vectors;
+
+    let positions = (num_blocks * block_size) as u64;
+    let kv = positions * (c.n_layers * 2 * kvd * 2) as u64;
+
+    let tok = max_batch_tokens.max(1).next_power_of_two();
+    let act_f32 = 2 * dim + (qd + 2 * kvd) + qd + 2 * ffn + ffn;
+    let act_f16 = dim.max(qd).max(ffn);
+    let activations = (tok * (act_f32 * 4 + act_f16 * 2 + 6 * 4)) as u64;
+    let rows = tok.min(MAX_LOGIT_ROWS);
+    let logits = (rows * (c.vocab_size + dim) * 4) as u64;
+    let max_pos = positions as usize;
+    // Decode steps round their split count up to a power of two (one graph per bucket).
+    let partials = |n: usize, splits: usize| (n * c.n_heads * splits * (hd + 2) * 4) as u64;
+    let dec = GEMV_MAX_TOKENS.min(tok);
+    let attn = partials(tok, attn_splits(max_pos, tok)).max(partials(dec, attn_splits(max_pos, dec).next_power_of_two()));
+    let rope = (2 * max_pos * hd / 2 * 4) as u64;
+    let meta = (tok * (5 + max_pos.div_ceil(block_size.max(1))) * 4) as u64;
+    let workspace = activations + logits + attn + rope + meta + CUBLAS_ALLOWANCE;
+    MemoryPlan { weights, kv, workspace, total: weights + kv + workspace }
+}
+
+fn gb(b: u64) -> String {
+    format!("{:.2} GB", b as f64 / 1e9)
+}
+
+impl MemoryPlan {
+    /// `Ok` when the plan fits in `HEADROOM` of `free` bytes; else a message naming the numbers
+    /// and concrete alternatives.
+    pub fn check(&self, free: u64, device: &str, positions: usize, cfg: &ModelConfig) -> Result<(), String> {
+        let budget = (free as f64 * HEADROOM) as u64;
+        if self.total <= budget {
+            return Ok(());
+        }
+        let over = self.total - budget;
+        let kv_per_pos = if positions > 0 { self.kv / positions as u64 } else { 0 };
+        let mut alts = Vec::new();
+        if kv_per_pos > 0 && self.kv >= over {
+            let fit = (self.kv - over) / kv_per_pos;
+            alts.push(format!(
+                "a shorter context or fewer parallel slots: at most {fit} cached positions in total fit ({} now)",
+                positions
+            ));
+        }
+        // 4-bit weights: about 4.5 bits per matrix element (block formats with scales).
+        let four_bit = self.weights * 9 / 32;
+        if self.total - self.weights + four_bit <= budget {
+            alts.push(format!("4-bit weights (about {}): the rest fits", gb(four_bit)));
+        } else {
+            alts.push(format!("4-bit weights (about {}) together with a shorter context", gb(four_bit)));
+        }
+        alts.push("a GPU with more memory".into());
+        Err(format!(
+            "the model does not fit on {device}: weights {} + KV cache {} ({positions} positions, {} layers) + workspace {} = {}, but 90% of the free {} is {}; options: {}",
+            gb(self.weights),
+            gb(self.kv),
+            cfg.n_layers,
+            gb(self.workspace),
+            gb(self.total),
+            gb(free),
+            gb(budget),
+            alts.join("; ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::shapes::shape;
+
+    #[test]
+    fn qwen3_8b_plan_matches_hand_count() {
+        let c = shape("qwen3-8b").unwrap();
+        let p = plan_memory(&c, 2, 61, 16, 512);
+        // 8.19e9 parameters at 2 bytes (untied head).
+        assert!((p.weights as f64 / 1e9 - 16.38).abs() < 0.05, "{}", p.weights);
+        // 976 positions x 36 layers x 2 x 1024 x 2 bytes.
+        assert_eq!(p.kv, 976 * 36 * 2 * 1024 * 2);
+        assert!(p.workspace > 64 << 20 && p.workspace < 1 << 30, "{}", p.workspace);
+        assert_eq!(p.total, p.weights + p.kv + p.workspace);
+    }
+
+    #[test]
+    fn refusal_names_numbers_and_alternatives() {
+        let c = shape("qwen3-8b").unwrap();
+        let p = plan_memory(&c, 2, 2048, 16, 512);
+        assert!(p.check(40_000_000_000, "cuda:0 X", 2048 * 16, &c).is_ok());
+        let e = p.check(16_000_000_000, "cuda:0 X", 2048 * 16, &c).unwrap_err();
+        for part in ["cuda:0 X", "weights 16.", "KV cache", "4-bit weights", "free 16.00 GB"] {
+            assert!(e.contains(part), "{part} missing from: {e}");
+        }
+        let e = p.check(19_500_000_000, "cuda:0 X", 2048 * 16, &c).unwrap_err();
+        assert!(e.contains("cached positions in total fit"), "{e}");
+    }
+}

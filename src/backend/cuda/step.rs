@@ -1,0 +1,420 @@
+//! One forward step of `CudaBackend`: the plan flattened into one per-step input buffer
+//! (uploaded in one copy), the kernels of every layer, and the logits copied back.
+//!
+//! Steps of up to 8 tokens (decode) run as a replayed CUDA graph, captured once per (tokens,
+//! logit rows, attention splits): every pointer a kernel reads is fixed (work buffers, the
+//! step-input buffer with a fixed block-table stride), and the attention split count is rounded
+//! up to a power of two (extra splits exit at once), so one graph serves a growing sequence.
+//!
+//! Per layer: rmsnorm -> qkv matmul (+bias) -> qkv_post (q/k head norm, RoPE, K/V store) ->
+//! attention (split, combine) -> o matmul (+= residual) -> rmsnorm -> gate/up matmul with SwiGLU
+//! -> down matmul (+= residual). Logits only for the last token of chunks that want them.
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+
+use super::backend::{zeros, CudaBackend, Work};
+use super::fused::{GemvSwiglu, QkvPost};
+use super::kernels::Kernels;
+use super::launch::{self as l, Dev};
+use super::CudaError;
+use crate::backend::BackendError;
+use crate::engine::plan::StepPlan;
+use crate::model::config::RopeStyle;
+
+/// The shape of one step (its inputs are in `CudaBackend::host_meta`).
+pub(super) struct Flat {
+    pub n_tok: usize,
+    pub n_seqs: usize,
+    /// Chunks that want logits.
+    pub m: usize,
+    /// Longest sequence after this step.
+    pub max_len: usize,
+    /// Attention splits launched.
+    pub splits: usize,
+}
+
+/// Grows `buf` to at least `n` elements; returns whether it was (re)allocated.
+fn grow<T: DeviceRepr + ValidAsZeroBits>(
+    s: &std::sync::Arc<CudaStream>,
+    buf: &mut Option<CudaSlice<T>>,
+    n: usize,
+    what: &str,
+) -> Result<bool, CudaError> {
+    if buf.as_ref().is_none_or(|b| b.len() < n) {
+        *buf = None; // free first: the old buffer is not needed
+        *buf = Some(zeros(s, n, what)?);
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
+    // Every buffer is grown before use; an absent one would be a bug in `ensure_work`.
+    Dev::of(b.as_ref().expect("work buffer allocated by ensure_work"), s)
+}
+
+/// Offsets of the per-step inputs in `Work::meta` (in i32 elements) for a token capacity.
+struct MetaLayout {
+    ids: usize,
+    pos: usize,
+    slots: usize,
+    tok_seq: usize,
+    rows: usize,
+    bt: usize,
+}
+
+fn layout(cap: usize) -> MetaLayout {
+    MetaLayout { ids: 0, pos: cap, slots: 2 * cap, tok_seq: 3 * cap, rows: 4 * cap, bt: 5 * cap }
+}
+
+impl CudaBackend {
+    /// Splits of the attention pass: rounded up to a power of two for decode-sized steps.
+    fn splits_for(n_tok: usize, max_len: usize) -> usize {
+        let need = l::attn_splits(max_len, n_tok);
+        if n_tok <= l::GEMV_MAX_TOKENS {
+            need.next_power_of_two()
+        } else {
+            need
+        }
+    }
+
+    fn ensure_work(&mut self, n_tok: usize, splits: usize, m: usize) -> Result<(), CudaError> {
+        let c = &self.cfg;
+        let s = &self.dev.stream;
+        let w = &mut self.work;
+        let mut grew = false;
+        if n_tok > w.cap_tok {
+            let cap = n_tok.next_power_of_two();
+            let qkv = c.q_dim() + 2 * c.kv_dim();
+            grew |= grow(s, &mut w.x, cap * c.dim, "residual")?;
+            grew |= grow(s, &mut w.h, cap * c.dim, "normed input")?;
+            grew |= grow(s, &mut w.qkv, cap * qkv, "qkv")?;
+            grew |= grow(s, &mut w.att, cap * c.q_dim(), "attention output")?;
+            grew |= grow(s, &mut w.gu, cap * 2 * c.ffn_dim, "gate/up")?;
+            grew |= grow(s, &mut w.act, cap * c.ffn_dim, "ffn activation")?;
+            grew |= grow(s, &mut w.x16, cap * c.dim.max(c.q_dim()).max(c.ffn_dim), "f16 GEMM input")?;
+            grew |= grow(s, &mut w.meta, layout(cap).bt + cap * self.bt_stride, "step inputs")?;
+            w.cap_tok = cap;
+        }
+        let part = n_tok * c.n_heads * splits;
+        if part > w.cap_part {
+            grew |= grow(s, &mut w.part_o, part * c.head_dim, "attention partials")?;
+            grew |= grow(s, &mut w.part_ml, part * 2, "attention statistics")?;
+            w.cap_part = part;
+        }
+        if m > w.cap_logits {
+            grew |= grow(s, &mut w.hn, m * c.dim, "final norm")?;
+            grew |= grow(s, &mut w.logits, m * c.vocab_size, "logits")?;
+            w.cap_logits = m;
+        }
+        if grew {
+            self.graphs.clear(); // they hold the old addresses
+            self.note_memory();
+        }
+        Ok(())
+    }
+
+    /// Checks the plan, sizes the work buffers and writes the step inputs to `host_meta`.
+    pub(super) fn flatten(&mut self, plan: &StepPlan) -> Result<Flat, BackendError> {
+        let n = plan.n_tokens();
+        let bs = self.block_size;
+        let mut seen = std::collections::HashSet::new();
+        let (mut m, mut max_len) = (0, 1);
+        for c in &plan.chunks {
+            let err = |m: String| BackendError::Plan(format!("sequence {}: {m}", c.seq));
+            if !seen.insert(c.seq) {
+                return Err(err("appears twice in one step".into()));
+            }
+            if c.tokens.is_empty() {
+                return Err(err("empty chunk".into()));
+            }
+            let end = c.start_pos + c.tokens.len();
+            if c.block_table.len() * bs < end {
+                return Err(err(format!(
+                    "block table covers {} positions, the chunk reaches {end}",
+                    c.block_table.len() * bs
+                )));
+            }
+            if end > self.max_pos {
+                return Err(err(format!(
+                    "position {} is beyond the {} positions this backend was set up for",
+                    end - 1,
+                    self.max_pos
+                )));
+            }
+            if let Some(&b) = c.block_table.iter().find(|&&b| b as usize >= self.num_blocks) {
+                return Err(err(format!("block {b} is beyond the pool of {}", self.num_blocks)));
+            }
+            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+                return Err(err(format!("token id {t} is beyond the vocabulary ({})", self.cfg.vocab_size)));
+            }
+            m += usize::from(c.want_logits);
+            max_len = max_len.max(end);
+        }
+        let splits = Self::splits_for(n, max_len);
+        let f = Flat { n_tok: n, n_seqs: plan.chunks.len(), m, max_len, splits };
+        if n == 0 {
+            return Ok(f);
+        }
+        self.ensure_work(n, splits, m)?;
+        let lay = layout(self.work.cap_tok);
+        let bts = self.bt_stride;
+        let meta = &mut self.host_meta;
+        meta.clear();
+        meta.resize(lay.bt + plan.chunks.len() * bts, 0);
+        let (mut t, mut r) = (0, 0);
+        for (ci, c) in plan.chunks.iter().enumerate() {
+            // Entries past bt_stride cover positions beyond max_pos, which no chunk reaches.
+            for (i, &b) in c.block_table.iter().take(bts).enumerate() {
+                meta[lay.bt + ci * bts + i] = b as i32;
+            }
+            for (i, &tok) in c.tokens.iter().enumerate() {
+                let p = c.start_pos + i;
+                meta[lay.ids + t] = tok as i32;
+                meta[lay.pos + t] = p as i32;
+                meta[lay.slots + t] = (c.block_table[p / bs] as usize * bs + p % bs) as i32;
+                meta[lay.tok_seq + t] = ci as i32;
+                t += 1;
+            }
+            if c.want_logits {
+                meta[lay.rows + r] = (t - 1) as i32;
+                r += 1;
+            }
+        }
+        Ok(f)
+    }
+
+    /// Uploads the step inputs, runs (or replays) the layers and returns the logits.
+    pub(super) fn forward(&mut self, f: &Flat) -> Result<Vec<Vec<f32>>, CudaError> {
+        let mut w = std::mem::take(&mut self.work);
+        let r = (|| {
+            let meta = w.meta.as_mut().expect("step inputs allocated by ensure_work");
+            let mut view = meta.slice_mut(0..self.host_meta.len());
+            self.dev.stream.memcpy_htod(&self.host_meta, &mut view).map_err(CudaError::driver("uploading step inputs"))?;
+            if self.use_graphs && f.n_tok <= l::GEMV_MAX_TOKENS {
+                self.replay(&w, f)?;
+            } else {
+                self.run_layers(&w, f)?;
+            }
+            if f.m == 0 {
+                return Ok(Vec::new());
+            }
+            let v = self.cfg.vocab_size;
+            let all = w.logits.as_ref().expect("logits allocated by ensure_work").slice(0..f.m * v);
+            let host = self.dev.stream.clone_dtoh(&all).map_err(CudaError::driver("downloading logits"))?;
+            Ok(host.chunks_exact(v).map(|r| r.to_vec()).collect())
+        })();
+        self.work = w;
+        r
+    }
+
+    /// Launches the captured graph of this step shape, capturing it first if needed.
+    fn replay(&mut self, w: &Work, f: &Flat) -> Result<(), CudaError> {
+        let key = (f.n_tok, f.m, f.splits);
+        if !self.graphs.contains_key(&key) {
+            // Module loads are not stream work; do them all before capturing.
+            self.kernels.load_all()?;
+            let s = self.dev.stream.clone();
+            s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(CudaError::driver("beginning graph capture"))?;
+            let ran = self.run_layers(w, f);
+            let g = s.end_capture(CUgraphInstantiate_flags(0)).map_err(CudaError::driver("ending graph capture"));
+            ran?;
+            let g = g?.ok_or_else(|| CudaError::Graph("the capture recorded no work".into()))?;
+            self.graphs.insert(key, g);
+            self.note_memory();
+        }
+        self.graphs[&key].launch().map_err(CudaError::driver("launching the decode graph"))
+    }
+
+    fn run_layers(&mut self, w: &Work, f: &Flat) -> Result<(), CudaError> {
+        let c = &self.cfg;
+        let s: &CudaStream = &self.dev.stream;
+        let n = f.n_tok;
+        let (dim, qd, kvd, hd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.head_dim, c.ffn_dim);
+        let qkv_w = qd + 2 * kvd;
+        let (x, h, qkv, att, gu, act) =
+            (ptr(&w.x, s), ptr(&w.h, s), ptr(&w.qkv, s), ptr(&w.att, s), ptr(&w.gu, s), ptr(&w.act, s));
+        let meta = ptr(&w.meta, s);
+        let lay = layout(w.cap_tok);
+        let (pos, slots) = (meta.offset(lay.pos), meta.offset(lay.slots));
+        let k = &mut self.kernels;
+        let mut mm = Mm { s, blas: &self.blas, x16: ptr(&w.x16, s) };
+        let n_slots = self.num_blocks * self.block_size;
+
+        l::Embedding {
+            table: Dev::of(&self.embd, s),
+            ids: meta.offset(lay.ids).cast::<u32>(),
+            out: x,
+            vocab: c.vocab_size,
+            n_tok: n,
+            dim,
+        }
+        .launch(k, s)?;
+        let norm = |x: Dev<f32>, wt: Dev<f32>, out: Dev<f32>| l::RmsNorm {
+            x,
+            w: wt,
+            out,
+            rows: None,
+            n_src_rows: n,
+            n_outer: n,
+            n_inner: 1,
+            dim,
+            in_stride: dim,
+            out_stride: dim,
+            eps: c.rms_eps,
+        };
+        for lw in &self.layers {
+            norm(x, Dev::of(&lw.attn_norm, s), h).launch(k, s)?;
+            let bias = lw.bqkv.as_ref().map(|b| Dev::of(b, s));
+            mm.run(k, Lin { w: Dev::of(&lw.wqkv, s), rows: qkv_w, cols: dim, bias }, h, n, qkv, false)?;
+            let (kc, vc) = (Dev::of(&lw.k_cache, s), Dev::of(&lw.v_cache, s));
+            QkvPost {
+                qkv,
+                q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
+                k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
+                pos,
+                cos: Dev::of(&self.rope_cos, s),
+                sin: Dev::of(&self.rope_sin, s),
+                max_pos: self.max_pos,
+                k_cache: kc,
+                v_cache: vc,
+                slots,
+                n_slots,
+                n_tok: n,
+                n_heads: c.n_heads,
+                n_kv: c.n_kv_heads,
+                head_dim: hd,
+                stride: qkv_w,
+                halves: c.rope_style == RopeStyle::Halves,
+                eps: c.rms_eps,
+            }
+            .launch(k, s)?;
+            l::Attention {
+                q: qkv,
+                k_cache: kc,
+                v_cache: vc,
+                block_tables: meta.offset(lay.bt),
+                tok_seq: meta.offset(lay.tok_seq),
+                pos,
+                part_o: ptr(&w.part_o, s),
+                part_ml: ptr(&w.part_ml, s),
+                out: att,
+                n_slots,
+                n_seqs: f.n_seqs,
+                n_tok: n,
+                n_heads: c.n_heads,
+                n_kv: c.n_kv_heads,
+                head_dim: hd,
+                block_size: self.block_size,
+                bt_stride: self.bt_stride,
+                q_stride: qkv_w,
+                out_stride: qd,
+                max_len: f.max_len,
+                n_splits: f.splits,
+            }
+            .launch(k, s)?;
+            mm.run(k, Lin { w: Dev::of(&lw.wo, s), rows: dim, cols: qd, bias: None }, att, n, x, true)?;
+            norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
+            if n <= l::GEMV_MAX_TOKENS {
+                GemvSwiglu {
+                    w: Dev::of(&lw.wgu, s),
+                    x: h,
+                    out: act,
+                    ffn,
+                    cols: dim,
+                    n_tok: n,
+                    x_stride: dim,
+                    out_stride: ffn,
+                }
+                .launch(k, s)?;
+            } else {
+                mm.run(k, Lin { w: Dev::of(&lw.wgu, s), rows: 2 * ffn, cols: dim, bias: None }, h, n, gu, false)?;
+                l::SiluMul { gu, out: act, n_tok: n, ffn }.launch(k, s)?;
+            }
+            mm.run(k, Lin { w: Dev::of(&lw.wdown, s), rows: dim, cols: ffn, bias: None }, act, n, x, true)?;
+        }
+        if f.m == 0 {
+            return Ok(());
+        }
+        let (hn, logits) = (ptr(&w.hn, s), ptr(&w.logits, s));
+        l::RmsNorm {
+            x,
+            w: Dev::of(&self.output_norm, s),
+            out: hn,
+            rows: Some(meta.offset(lay.rows)),
+            n_src_rows: n,
+            n_outer: f.m,
+            n_inner: 1,
+            dim,
+            in_stride: dim,
+            out_stride: dim,
+            eps: c.rms_eps,
+        }
+        .launch(k, s)?;
+        let head = Dev::of(self.output.as_ref().unwrap_or(&self.embd), s);
+        mm.run(k, Lin { w: head, rows: c.vocab_size, cols: dim, bias: None }, hn, f.m, logits, false)
+    }
+}
+
+/// A weight matrix `[rows, cols]` F16 with an optional bias `[rows]`.
+struct Lin {
+    w: Dev<u16>,
+    rows: usize,
+    cols: usize,
+    bias: Option<Dev<f32>>,
+}
+
+/// Matrix products of the step: GEMV for up to 8 tokens, cuBLAS above (input cast to F16).
+struct Mm<'a> {
+    s: &'a CudaStream,
+    blas: &'a cudarc::cublas::CudaBlas,
+    x16: Dev<u16>,
+}
+
+impl Mm<'_> {
+    /// `out[t, :rows] (+)= lin(x[t, :cols])` for `n` tokens; `x` `[n, cols]` and `out`
+    /// `[n, rows]`, both contiguous.
+    fn run(
+        &mut self,
+        k: &mut Kernels,
+        lin: Lin,
+        x: Dev<f32>,
+        n: usize,
+        out: Dev<f32>,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        if n <= l::GEMV_MAX_TOKENS {
+            let g = l::Gemv {
+                w: lin.w,
+                x,
+                out,
+                bias: lin.bias,
+                rows: lin.rows,
+                cols: lin.cols,
+                n_tok: n,
+                x_stride: lin.cols,
+                out_stride: lin.rows,
+                accumulate,
+            };
+            return g.launch(k, self.s);
+        }
+        l::CastF16 { x, out: self.x16, n: n * lin.cols }.launch(k, self.s)?;
+        l::Gemm {
+            w: lin.w,
+            x: self.x16,
+            out,
+            rows: lin.rows,
+            cols: lin.cols,
+            n_tok: n,
+            out_stride: lin.rows,
+            accumulate,
+        }
+        .launch(self.blas)?;
+        if let Some(b) = lin.bias {
+            l::BiasAdd { x: out, b, n_tok: n, n: lin.rows, stride: lin.rows }.launch(k, self.s)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,96 @@
+//! Adapters from the slot engine and the tokenizer to the job loop's two traits.
+
+use anyhow::Result;
+
+use crate::backend::Backend;
+use crate::engine::engine::{Engine, EngineError, Event, Request};
+use crate::engine::single::FinishReason as EngineFinish;
+use crate::job::pipeline::TextCodec;
+use crate::job::runner::{FinishReason, Finished, GenRequest, Generate};
+use crate::tokenizer::{ChatMessage, Tokenizer};
+
+/// The engine behind `Generate`: requests are queued in the engine, `poll` steps it.
+pub struct EngineGenerate<B: Backend> {
+    pub engine: Engine<B>,
+    stop_ids: Vec<u32>,
+    /// Requests the engine refused (e.g. longer than the KV cache): reported as per-record errors.
+    refused: Vec<Finished>,
+    /// How many requests may wait beyond the running slots (waiting requests let the
+    /// scheduler fill a freed slot at once and group requests by shared prefix).
+    queue: usize,
+}
+
+impl<B: Backend> EngineGenerate<B> {
+    pub fn new(engine: Engine<B>, stop_ids: Vec<u32>) -> Self {
+        let queue = engine.config().slots * 3;
+        EngineGenerate { engine, stop_ids, refused: Vec::new(), queue }
+    }
+}
+
+impl<B: Backend> Generate for EngineGenerate<B> {
+    fn capacity(&self) -> usize {
+        self.engine.config().slots + self.queue
+    }
+
+    fn submit(&mut self, req: GenRequest) -> Result<()> {
+        let r = Request {
+            id: req.key,
+            prompt: req.prompt,
+            max_tokens: req.max_tokens as usize,
+            sampling: req.sampling,
+            stop_ids: self.stop_ids.clone(),
+        };
+        match self.engine.add_request(r) {
+            Ok(()) => {}
+            // A request the engine cannot take is that record's error, not the job's.
+            Err(e @ EngineError::InvalidRequest { .. }) => self.refused.push(Finished {
+                key: req.key,
+                result: Err(e.to_string()),
+                finish_reason: FinishReason::Stop,
+                cached_prompt_tokens: 0,
+            }),
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self) -> Result<Vec<Finished>> {
+        let mut out = std::mem::take(&mut self.refused);
+        while out.is_empty() && self.engine.has_work() {
+            for ev in self.engine.step()? {
+                if let Event::Finished(c) = ev {
+                    out.push(Finished {
+                        key: c.id,
+                        result: Ok(c.token_ids),
+                        finish_reason: match c.finish_reason {
+                            EngineFinish::Stop => FinishReason::Stop,
+                            EngineFinish::Length => FinishReason::Length,
+                        },
+                        cached_prompt_tokens: c.cached_prompt_tokens as u32,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn metrics_json(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(self.engine.metrics()).ok()
+    }
+}
+
+/// The tokenizer behind `TextCodec`. Rendered prompts are tokenized with special tokens parsed
+/// (the chat template writes them) and the model's own BOS rule.
+pub struct TokenizerCodec<'a>(pub &'a Tokenizer);
+
+impl TextCodec for TokenizerCodec<'_> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.0.encode(text, self.0.add_bos_default(), true).map_err(|e| e.to_string())
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        self.0.decode(ids).map_err(|e| e.to_string())
+    }
+    fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, String> {
+        self.0.apply_chat_template(messages, true).map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,135 @@
+//! `dustoff run`: the batch job. Wires the job loop (crate::job) to the model, tokenizer and
+//! slot engine on the chosen device.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::common::{self, Device};
+use super::engine_gen::{EngineGenerate, TokenizerCodec};
+use crate::backend::Backend;
+use crate::engine::engine::{Engine, EngineConfig};
+use crate::job::pipeline::Pipeline;
+use crate::job::runner::{self, ExitCode, Generate, JobKind, RunOptions, StopFlag};
+use crate::job::shard::ShardSpec;
+
+#[derive(Clone, Debug)]
+pub struct RunArgs {
+    /// Pipeline name (in `pipelines/`) or path; `None`: the input is an OpenAI batch file.
+    pub pipeline: Option<String>,
+    pub inputs: Vec<String>,
+    pub output: PathBuf,
+    pub model: PathBuf,
+    pub device: Device,
+    pub ptx_dir: Option<PathBuf>,
+    pub slots: usize,
+    pub max_batch_tokens: usize,
+    pub prefix_cache: bool,
+    pub restart: bool,
+    pub max_errors: Option<u64>,
+    pub shard: Option<String>,
+    pub shard_count: Option<u32>,
+    pub dry_run: bool,
+    pub quiet: bool,
+    /// OpenAI batch: the `max_tokens` of requests that name none.
+    pub default_max_tokens: u32,
+}
+
+/// Where pipeline names are looked up: `./pipelines`, else the one beside the binary's repo.
+fn pipelines_dir() -> PathBuf {
+    PathBuf::from("pipelines")
+}
+
+pub fn run(a: &RunArgs) -> Result<ExitCode> {
+    let job = match &a.pipeline {
+        Some(p) => JobKind::Pipeline(Box::new(Pipeline::resolve(p, &pipelines_dir())?)),
+        None => JobKind::OpenAi {
+            model_name: a.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+            default_max_tokens: a.default_max_tokens,
+            max_input_tokens: 4096,
+        },
+    };
+    let inputs = crate::job::reader::expand_inputs(&a.inputs)?;
+    let shard = match &a.shard {
+        Some(s) => Some(s.parse::<ShardSpec>()?),
+        None => ShardSpec::from_env(|k| std::env::var(k).ok(), a.shard_count)?,
+    };
+    if let Some(s) = shard {
+        eprintln!("shard {s} (records picked by a stable hash of their id)");
+    }
+    let m = common::load(&a.model)?;
+    let codec = TokenizerCodec(&m.tokenizer);
+
+    if a.dry_run {
+        let r = crate::job::dry_run::dry_run(&job, &inputs, shard, &codec, common::BLOCK_SIZE)?;
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(ExitCode::Ok);
+    }
+
+    // KV room: every slot can hold its longest prompt and its generation.
+    let (max_in, max_out) = match &job {
+        JobKind::Pipeline(p) => (p.spec.limits.max_input_tokens as usize, p.spec.generation.max_tokens as usize),
+        JobKind::OpenAi { max_input_tokens, default_max_tokens, .. } => {
+            (*max_input_tokens as usize, *default_max_tokens as usize)
+        }
+    };
+    let per_seq = (max_in + max_out + common::BLOCK_SIZE).min(m.config.max_context.max(256));
+    let backend = common::make_backend(&m.config, &m.weights, &a.device, a.slots * per_seq, a.ptx_dir.as_deref())?;
+    eprintln!("backend: {}; {} slots, KV room for {} tokens", backend.describe(), a.slots, a.slots * per_seq);
+    let engine = Engine::new(
+        backend,
+        EngineConfig {
+            slots: a.slots,
+            max_batch_tokens: a.max_batch_tokens.max(a.slots),
+            prefix_cache: a.prefix_cache,
+            model_fingerprint: m.fingerprint,
+        },
+    )?;
+    let mut gen = EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec());
+
+    // Rows do not depend on slots, device or batch size (greedy and seeded outputs are the
+    // same across them), so none of those flags is part of the fingerprint.
+    let overrides = "{}";
+    let fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
+    let stop = StopFlag::with_signals().unwrap_or_default();
+    let opts = RunOptions {
+        inputs,
+        output: a.output.clone(),
+        fingerprint,
+        restart: a.restart,
+        max_errors: a.max_errors,
+        shard,
+        commit_rows: 64,
+        commit_interval: std::time::Duration::from_secs(5),
+        progress_interval: std::time::Duration::from_secs(10),
+        quiet: a.quiet,
+        model_label: a.model.display().to_string(),
+    };
+    let res = runner::run_job(&job, &opts, &codec, &mut gen, &stop)?;
+    eprint!("{}", res.report.human_summary());
+    if let Some(mj) = gen.metrics_json() {
+        let computed = mj["prompt_tokens_computed"].as_u64().unwrap_or(0);
+        let total = mj["prompt_tokens"].as_u64().unwrap_or(0);
+        eprintln!(
+            "engine: {} slots, prompt tokens computed {computed} of {total} ({:.0}% reused from the prefix cache), {} preemptions, KV blocks peak {}/{}",
+            a.slots,
+            if total > 0 { 100.0 * (total - computed.min(total)) as f64 / total as f64 } else { 0.0 },
+            mj["preemptions"],
+            mj["kv_blocks_peak"],
+            mj["kv_blocks_total"],
+        );
+    }
+    match res.exit {
+        ExitCode::Interrupted => eprintln!("interrupted: run the same command again to resume"),
+        ExitCode::Aborted => eprintln!("aborted past --max-errors: fix the input or raise the limit, then run the same command to resume"),
+        _ => {}
+    }
+    Ok(res.exit)
+}
+
+/// `dustoff merge`: shard outputs into one, in input order.
+pub fn merge(output: &Path, shards: &[PathBuf]) -> Result<()> {
+    let s = crate::job::shard::merge(shards, output).with_context(|| format!("merging into {}", output.display()))?;
+    eprintln!("merged {} shards, {} rows -> {}", s.shards, s.rows, output.display());
+    Ok(())
+}
