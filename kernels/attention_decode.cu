@@ -5,7 +5,9 @@
 //
 // Pass 1 (attn_split_f16): grid (n_kv, n_tok, n_splits); block b covers positions
 //   [s * split_len, min(len, (s + 1) * split_len)) and writes, per query head, the running max m,
-//   the sum of exponentials l and the unnormalized output o.
+//   the sum of exponentials l and the unnormalized output o. Scores: one warp per position; V sum:
+//   warps take positions in turn, lanes own head dimensions, partial sums added in shared memory.
+//   Blocks whose split starts past the sequence exit at once (a graph may launch extra splits).
 // Pass 2 (attn_combine_f32): merges the splits: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
 // Limits (checked by the launcher): group <= ATT_MAX_GROUP, head_dim <= ATT_MAX_HD and even.
 #include "common.cuh"

@@ -1,8 +1,11 @@
 // Decode GEMV: out[t, r] (+)= sum_c W[r, c] * x[t, c] for a few tokens t (1..NT).
 // W is F16 [rows, cols] row-major (fused matrices are stored concatenated along rows: QKV as
 // [q_dim + 2 kv_dim, dim], gate/up as [2 ffn, dim], so one launch reads the shared input once).
-// One warp per row, 16-byte loads of 8 weights, f32 input and f32 accumulation. Each weight is
-// read once for all NT tokens. Requires cols % 8 == 0 (checked by the launcher).
+// A block of GEMV_THREADS threads computes GEMV_ROWS rows, its warps splitting the columns
+// (thread i takes 16-byte loads i, i + GEMV_THREADS, ...: coalesced, and several rows' loads in
+// flight per thread), then the warps' partial sums are added in shared memory in warp order.
+// f32 input and f32 accumulation; each weight is read once for all NT tokens. Requires
+// cols % 8 == 0 (checked by the launcher).
 #include "common.cuh"
 
 struct GemvParams {
@@ -18,7 +21,8 @@ struct GemvParams {
     int accumulate;    // 1: out += W x (residual add); 0: out = W x
 };
 
-#define GEMV_WARPS 4
+#define GEMV_THREADS 256
+#define GEMV_ROWS 2
 
 // acc[t] += dot(8 weights of wv, x[t, 8j .. 8j + 8]) for the tokens of the launch.
 template <int NT>
@@ -43,67 +47,101 @@ __device__ __forceinline__ void gemv_acc8(const GemvParams& p, const uint4 wv, c
     }
 }
 
+// Sums of NR weight rows (row r at wrow[r], null when past the end) with the NT token inputs;
+// every thread of the block gets the totals in tot[r][t] (from shared memory).
+template <int NT, int NR>
+__device__ __forceinline__ void gemv_rows(const GemvParams& p, const uint4* const* wrow, float (*tot)[NT]) {
+    __shared__ float red[GEMV_THREADS / WARP][NR * NT];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int n8 = p.cols / 8;
+    float acc[NR][NT];
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    for (int j = threadIdx.x; j < n8; j += GEMV_THREADS) {
+        uint4 wv[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) wv[r] = wrow[r] ? __ldg(wrow[r] + j) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) gemv_acc8<NT>(p, wv[r], j, acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0) red[warp][r * NT + t] = v;
+        }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            float v = 0.0f;
+            for (int w = 0; w < GEMV_THREADS / WARP; ++w) v += red[w][r * NT + t];
+            tot[r][t] = v;
+        }
+}
+
 template <int NT>
 __device__ __forceinline__ void gemv_impl(const GemvParams& p) {
-    const int lane = threadIdx.x % WARP;
-    const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
-    if (row >= p.rows) return;
-    const uint4* wrow = reinterpret_cast<const uint4*>(p.w + (long long)row * p.cols);
-    const int n8 = p.cols / 8;
-    float acc[NT];
+    const int row0 = blockIdx.x * GEMV_ROWS;
+    const uint4* wrow[GEMV_ROWS];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-#pragma unroll 4
-    for (int j = lane; j < n8; j += WARP) gemv_acc8<NT>(p, __ldg(wrow + j), j, acc);
+    for (int r = 0; r < GEMV_ROWS; ++r)
+        wrow[r] = row0 + r < p.rows ? reinterpret_cast<const uint4*>(p.w + (long long)(row0 + r) * p.cols) : nullptr;
+    float tot[GEMV_ROWS][NT];
+    gemv_rows<NT, GEMV_ROWS>(p, wrow, tot);
+    // Thread (r, t) writes output (t, row0 + r).
+    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        const float s = warp_sum(acc[t]);
-        if (lane == 0 && t < p.n_tok) {
-            float* o = p.out + (long long)t * p.out_stride + row;
-            float v = s + (p.bias ? p.bias[row] : 0.0f);
-            *o = p.accumulate ? *o + v : v;
-        }
-    }
+    for (int rr = 0; rr < GEMV_ROWS; ++rr)
+#pragma unroll
+        for (int tt = 0; tt < NT; ++tt)
+            if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
+                const int row = row0 + r;
+                float* o = p.out + (long long)t * p.out_stride + row;
+                const float v = tot[rr][tt] + (p.bias ? p.bias[row] : 0.0f);
+                *o = p.accumulate ? *o + v : v;
+            }
 }
 
-// grid: ceil(rows / GEMV_WARPS), block: 32 * GEMV_WARPS.
-extern "C" __global__ void __launch_bounds__(WARP * GEMV_WARPS) gemv_f16_n1(const GemvParams p) { gemv_impl<1>(p); }
-extern "C" __global__ void __launch_bounds__(WARP * GEMV_WARPS) gemv_f16_n2(const GemvParams p) { gemv_impl<2>(p); }
-extern "C" __global__ void __launch_bounds__(WARP * GEMV_WARPS) gemv_f16_n4(const GemvParams p) { gemv_impl<4>(p); }
-extern "C" __global__ void __launch_bounds__(WARP * GEMV_WARPS) gemv_f16_n8(const GemvParams p) { gemv_impl<8>(p); }
+// grid: ceil(rows / GEMV_ROWS), block: GEMV_THREADS.
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f16_n1(const GemvParams p) { gemv_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f16_n2(const GemvParams p) { gemv_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f16_n4(const GemvParams p) { gemv_impl<4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f16_n8(const GemvParams p) { gemv_impl<8>(p); }
 
-// SwiGLU fused into the gate/up GEMV: W is [2 * rows, cols] (gate rows, then up rows); warp r
-// computes gate row r and up row rows + r and writes out[t, r] = silu(gate) * up (never
-// accumulates, no bias). Same sums, in the same order, as gemv_f16 + silu_mul_f32.
+// SwiGLU fused into the gate/up GEMV: W is [2 * rows, cols] (gate rows, then up rows); block b
+// computes gate rows and up rows b * GEMV_ROWS .. + GEMV_ROWS and writes out[t, r] =
+// silu(gate) * up (never accumulates, no bias). Same sums, in the same order, as gemv_f16 +
+// silu_mul_f32.
 template <int NT>
 __device__ __forceinline__ void gemv_swiglu_impl(const GemvParams& p) {
-    const int lane = threadIdx.x % WARP;
-    const int row = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
-    if (row >= p.rows) return;
-    const uint4* grow = reinterpret_cast<const uint4*>(p.w + (long long)row * p.cols);
-    const uint4* urow = reinterpret_cast<const uint4*>(p.w + (long long)(p.rows + row) * p.cols);
-    const int n8 = p.cols / 8;
-    float ga[NT], ua[NT];
+    const int row0 = blockIdx.x * GEMV_ROWS;
+    const uint4* wrow[2 * GEMV_ROWS];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        ga[t] = 0.0f;
-        ua[t] = 0.0f;
+    for (int r = 0; r < GEMV_ROWS; ++r) {
+        const bool in = row0 + r < p.rows;
+        wrow[r] = in ? reinterpret_cast<const uint4*>(p.w + (long long)(row0 + r) * p.cols) : nullptr;
+        wrow[GEMV_ROWS + r] =
+            in ? reinterpret_cast<const uint4*>(p.w + (long long)(p.rows + row0 + r) * p.cols) : nullptr;
     }
-#pragma unroll 2
-    for (int j = lane; j < n8; j += WARP) {
-        const uint4 gv = __ldg(grow + j), uv = __ldg(urow + j);
-        gemv_acc8<NT>(p, gv, j, ga);
-        gemv_acc8<NT>(p, uv, j, ua);
-    }
+    float tot[2 * GEMV_ROWS][NT];
+    gemv_rows<NT, 2 * GEMV_ROWS>(p, wrow, tot);
+    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        const float g = warp_sum(ga[t]);
-        const float u = warp_sum(ua[t]);
-        if (lane == 0 && t < p.n_tok) p.out[(long long)t * p.out_stride + row] = g / (1.0f + expf(-g)) * u;
-    }
+    for (int rr = 0; rr < GEMV_ROWS; ++rr)
+#pragma unroll
+        for (int tt = 0; tt < NT; ++tt)
+            if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
+                const float g = tot[rr][tt], u = tot[GEMV_ROWS + rr][tt];
+                p.out[(long long)t * p.out_stride + row0 + r] = g / (1.0f + expf(-g)) * u;
+            }
 }
 
-extern "C" __global__ void __launch_bounds__(WARP * GEMV_WARPS) gemv_swiglu_f16_n1(const GemvParams p) { gemv_swiglu_impl<1>(p); }
-extern "C" __global__ void __launch_bounds__(WARP * GEMV_WARPS) gemv_swiglu_f16_n2(const GemvParams p) { gemv_swiglu_impl<2>(p); }
-extern "C" __global__ void __launch_bounds__(WARP * GEMV_WARPS) gemv_swiglu_f16_n4(const GemvParams p) { gemv_swiglu_impl<4>(p); }
-extern "C" __global__ void __launch_bounds__(WARP * GEMV_WARPS) gemv_swiglu_f16_n8(const GemvParams p) { gemv_swiglu_impl<8>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_swiglu_f16_n1(const GemvParams p) { gemv_swiglu_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_swiglu_f16_n2(const GemvParams p) { gemv_swiglu_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_swiglu_f16_n4(const GemvParams p) { gemv_swiglu_impl<4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_swiglu_f16_n8(const GemvParams p) { gemv_swiglu_impl<8>(p); }

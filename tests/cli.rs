@@ -97,11 +97,16 @@ fn broken_model_files_give_clear_errors() {
     for (name, bytes, want) in cases {
         let p = d.join(name);
         std::fs::write(&p, bytes).unwrap();
-        let out = Command::new(bin()).args(["generate", "--device", "cpu", "--prompt", "hi", "--model"]).arg(&p).output().unwrap();
+        let out = Command::new(bin())
+            .args(["generate", "--device", "cpu", "--prompt", "hi", "--model"])
+            .arg(&p)
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(1));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want) && err.contains(name), "{name}: {err}");
     }
-    let out = Command::new(bin()).args(["generate", "--prompt", "hi", "--model", "/nonexistent/m.gguf"]).output().unwrap();
+    let out =
+        Command::new(bin()).args(["generate", "--prompt", "hi", "--model", "/nonexistent/m.gguf"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
 }

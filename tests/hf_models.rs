@@ -104,9 +104,9 @@ fn reference_logits(c: &ModelConfig, w: &HashMap<String, Vec<f64>>, tokens: &[u3
                 let m = scores.iter().cloned().fold(f64::MIN, f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
                 let z: f64 = e.iter().sum();
-                for j in 0..=pos {
-                    for i in 0..hd {
-                        att[h * hd + i] += e[j] / z * vs[j][kv * hd + i];
+                for (ej, vj) in e.iter().zip(&vs) {
+                    for (a, vv) in att[h * hd..(h + 1) * hd].iter_mut().zip(&vj[kv * hd..(kv + 1) * hd]) {
+                        *a += ej / z * vv;
                     }
                 }
             }
@@ -335,4 +335,22 @@ fn malformed_directories_give_errors_naming_the_file_and_tensor() {
     let e = convert(&dir, &out, false, false).unwrap_err().to_string();
     assert!(e.contains("exists"), "{e}");
     std::fs::remove_dir_all(&root).ok();
+}
+
+/// Writes a tiny model of each architecture (HF directory + converted GGUF) under
+/// `$DUSTOFF_HF_SAMPLES_DIR`, for checks with other tools (gguf-py, llama.cpp):
+/// `DUSTOFF_HF_SAMPLES_DIR=/tmp/hf cargo test --release --test hf_models -- --ignored`.
+#[test]
+#[ignore]
+fn write_samples_for_external_tools() {
+    let Ok(root) = std::env::var("DUSTOFF_HF_SAMPLES_DIR") else { return };
+    let root = Path::new(&root);
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+        let src = root.join(arch.name());
+        let _ = std::fs::remove_dir_all(&src);
+        let _ = std::fs::remove_file(root.join(format!("{}.gguf", arch.name())));
+        synth(&src, &SynthSpec::tiny(arch, 1));
+        let s = convert(&src, &root.join(format!("{}.gguf", arch.name())), true, false).unwrap();
+        println!("{}", s.to_text());
+    }
 }

@@ -61,7 +61,11 @@ fn teacher_forced_argmax_and_top5_logits_match_f64() {
                     let tok = pair[0].as_u64().unwrap() as usize;
                     let l = pair[1].as_f64().unwrap();
                     let d = (logits[tok] as f64 - l).abs();
-                    assert!(d <= 0.01, "case {id}: position {j} token {tok}: logit {} vs f64 {l} (|d| = {d})", logits[tok]);
+                    assert!(
+                        d <= 0.01,
+                        "case {id}: position {j} token {tok}: logit {} vs f64 {l} (|d| = {d})",
+                        logits[tok]
+                    );
                 }
             }
             if j + 1 < forced.len() {

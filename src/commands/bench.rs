@@ -57,7 +57,13 @@ pub fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Runs the seed method `runs` times (plus one warm-up) on `b`.
-pub fn bench<B: Backend + ?Sized>(b: &mut B, model: &str, prompt_tokens: usize, gen_tokens: usize, runs: usize) -> Result<BenchReport> {
+pub fn bench<B: Backend + ?Sized>(
+    b: &mut B,
+    model: &str,
+    prompt_tokens: usize,
+    gen_tokens: usize,
+    runs: usize,
+) -> Result<BenchReport> {
     let prompt = bench_prompt(prompt_tokens, b.config().vocab_size);
     let mut results = Vec::new();
     for r in 0..runs + 1 {
@@ -106,7 +112,12 @@ impl BenchReport {
     pub fn print_human(&self) {
         println!("device            {}", self.device);
         println!("model             {}", self.model);
-        println!("prompt / gen      {} / {} tokens, {} runs (medians)", self.prompt_tokens, self.gen_tokens, self.runs.len());
+        println!(
+            "prompt / gen      {} / {} tokens, {} runs (medians)",
+            self.prompt_tokens,
+            self.gen_tokens,
+            self.runs.len()
+        );
         println!("time to 1st token {:.1} ms", self.median_ttft_s * 1e3);
         println!("prefill           {:.1} tok/s", self.median_prefill_tok_s);
         println!("decode            {:.1} tok/s", self.median_decode_tok_s);
@@ -119,4 +130,142 @@ impl BenchReport {
             println!("peak memory       {:.2} GB", p as f64 / 1e9);
         }
     }
+}
+
+/// One row of the batched-decode table.
+#[derive(Clone, Debug, Serialize)]
+pub struct BatchRow {
+    pub sequences: usize,
+    /// Seconds until every sequence had its first token (all prompts prefilled).
+    pub prefill_s: f64,
+    /// Total decode tokens per second over all sequences (after the first tokens).
+    pub decode_tok_s: f64,
+    /// Weights + KV bytes read per decode step at the mean context, over the measured bandwidth.
+    pub bandwidth_share: Option<f64>,
+}
+
+/// Batched decode: `n` sequences of `prompt_tokens` each, `gen_tokens` generated each, run
+/// through the slot engine with `n` slots. Repeated for every `n` in `batches`.
+pub fn bench_batched<B: Backend>(
+    mut backend: B,
+    fingerprint: [u8; 32],
+    prompt_tokens: usize,
+    gen_tokens: usize,
+    batches: &[usize],
+    max_batch_tokens: usize,
+) -> Result<Vec<BatchRow>> {
+    use crate::engine::engine::{Engine, EngineConfig, Event, Request};
+    use crate::engine::sampler::SamplingParams;
+    let bw = backend.measure_copy_bandwidth();
+    let weights = backend.decode_weight_bytes();
+    let kv_pos = backend.kv_bytes_per_position();
+    let vocab = backend.config().vocab_size;
+    let mut engine = Engine::new(
+        backend,
+        EngineConfig { slots: 1, max_batch_tokens, prefix_cache: false, model_fingerprint: fingerprint },
+    )?;
+    let mut rows = Vec::new();
+    for &n in batches {
+        // A fresh engine per row (slots = n) over the same backend.
+        let b = engine.into_backend();
+        engine = Engine::new(
+            b,
+            EngineConfig { slots: n, max_batch_tokens: max_batch_tokens.max(n), prefix_cache: false, model_fingerprint: fingerprint },
+        )?;
+        for i in 0..n {
+            // Distinct prompts: no prefix is shared, every sequence reads its own KV.
+            let mut prompt = bench_prompt(prompt_tokens + i, vocab);
+            prompt.drain(..i);
+            engine.add_request(Request {
+                id: i as u64,
+                prompt,
+                max_tokens: gen_tokens,
+                sampling: SamplingParams::greedy(),
+                stop_ids: Vec::new(),
+            })?;
+        }
+        let t0 = Instant::now();
+        let mut started = 0;
+        while started < n {
+            for e in engine.step()? {
+                if let Event::Token { index: 0, .. } = e {
+                    started += 1;
+                }
+            }
+        }
+        let prefill_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let mut steps = 0u64;
+        while engine.has_work() {
+            engine.step()?;
+            steps += 1;
+        }
+        let dt = t1.elapsed().as_secs_f64();
+        let decode_tok_s = (n * gen_tokens.saturating_sub(1)) as f64 / dt.max(1e-9);
+        let mean_ctx = (prompt_tokens + gen_tokens / 2) as u64;
+        let step_bytes = weights + n as u64 * mean_ctx * kv_pos;
+        let share = bw.map(|bw| step_bytes as f64 * steps as f64 / dt.max(1e-9) / bw);
+        eprintln!("{n:>4} sequences: prefill {prefill_s:.2} s, decode {decode_tok_s:.1} tok/s");
+        rows.push(BatchRow { sequences: n, prefill_s, decode_tok_s, bandwidth_share: share });
+    }
+    Ok(rows)
+}
+
+/// The shared-prefix job: `requests` prompts of a common `shared` tokens + `unique` own tokens,
+/// `gen_tokens` out each, with the prefix cache on and off.
+#[derive(Clone, Debug, Serialize)]
+pub struct SharedPrefixRow {
+    pub prefix_cache: bool,
+    pub seconds: f64,
+    pub prompt_tokens: u64,
+    pub prompt_tokens_computed: u64,
+}
+
+pub fn bench_shared_prefix<B: Backend>(
+    backend: B,
+    fingerprint: [u8; 32],
+    slots: usize,
+    max_batch_tokens: usize,
+    (shared, unique, requests, gen_tokens): (usize, usize, usize, usize),
+) -> Result<Vec<SharedPrefixRow>> {
+    use crate::engine::engine::{Engine, EngineConfig, Request};
+    use crate::engine::sampler::SamplingParams;
+    let vocab = backend.config().vocab_size;
+    let prefix = bench_prompt(shared, vocab);
+    let mut backend = Some(backend);
+    let mut rows = Vec::new();
+    for cache in [true, false] {
+        let cfg = EngineConfig { slots, max_batch_tokens, prefix_cache: cache, model_fingerprint: fingerprint };
+        let mut engine = Engine::new(backend.take().expect("backend"), cfg)?;
+        for i in 0..requests {
+            let mut p = prefix.clone();
+            // Unique tail: a different stride per request.
+            p.extend((0..unique).map(|j| (1000 + (i * 7 + j * 131 + 17) % (vocab - 1000)) as u32));
+            engine.add_request(Request {
+                id: i as u64,
+                prompt: p,
+                max_tokens: gen_tokens,
+                sampling: SamplingParams::greedy(),
+                stop_ids: Vec::new(),
+            })?;
+        }
+        let t0 = Instant::now();
+        engine.run_to_completion()?;
+        let m = engine.metrics();
+        let secs = t0.elapsed().as_secs_f64();
+        eprintln!(
+            "prefix cache {}: {secs:.2} s, prompt tokens computed {} of {}",
+            if cache { "on " } else { "off" },
+            m.prompt_tokens_computed,
+            m.prompt_tokens
+        );
+        rows.push(SharedPrefixRow {
+            prefix_cache: cache,
+            seconds: secs,
+            prompt_tokens: m.prompt_tokens,
+            prompt_tokens_computed: m.prompt_tokens_computed,
+        });
+        backend = Some(engine.into_backend());
+    }
+    Ok(rows)
 }

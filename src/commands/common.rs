@@ -84,6 +84,42 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     Ok(m)
 }
 
+/// A random-weight model of a named shape on `device`. On a GPU the weights are generated there
+/// (F16 only), so an 8B shape takes seconds, not a 16 GB host buffer.
+pub fn make_synthetic_backend(
+    shape: &str,
+    dtype: crate::model::quant::GgmlType,
+    device: &Device,
+    tokens: usize,
+    ptx_dir: Option<&Path>,
+) -> Result<Box<dyn Backend>> {
+    let cfg = crate::model::shapes::shape(shape).ok_or_else(|| {
+        anyhow::anyhow!("unknown shape '{shape}'; known: {}", crate::model::shapes::SHAPES.join(", "))
+    })?;
+    match *device {
+        Device::Cpu => {
+            let w = crate::model::synth::random_weights(&cfg, dtype, 1);
+            make_backend(&cfg, &w, device, tokens, ptx_dir)
+        }
+        Device::Cuda(ordinal) => {
+            if dtype != crate::model::quant::GgmlType::F16 {
+                bail!("synthetic weights on the GPU are F16 (the CUDA backend computes in F16); use --dtype f16");
+            }
+            let blocks = tokens.div_ceil(BLOCK_SIZE).max(1);
+            let opts = crate::backend::cuda::backend::CudaOptions {
+                ordinal,
+                num_blocks: blocks,
+                block_size: BLOCK_SIZE,
+                ptx_dir: ptx_dir.map(Path::to_path_buf),
+                max_positions: blocks * BLOCK_SIZE,
+            };
+            let b = crate::backend::cuda::backend::CudaBackend::synthetic(cfg, 1, &opts)
+                .with_context(|| format!("making a synthetic {shape} on cuda:{ordinal}"))?;
+            Ok(Box::new(b))
+        }
+    }
+}
+
 /// Parses a weight type name (`f16`, `q8_0`, `q4_k`...).
 pub fn parse_dtype(s: &str) -> Result<crate::model::quant::GgmlType> {
     use crate::model::quant::GgmlType as T;

@@ -4,9 +4,8 @@ use anyhow::Result;
 
 use crate::backend::Backend;
 use crate::engine::engine::{Engine, EngineError, Event, Request};
-use crate::engine::single::FinishReason as EngineFinish;
 use crate::job::pipeline::TextCodec;
-use crate::job::runner::{FinishReason, Finished, GenRequest, Generate};
+use crate::job::runner::{FinishReason, Finished, GenRequest, Generate, StopFlag};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// The engine behind `Generate`: requests are queued in the engine, `poll` steps it.
@@ -18,12 +17,22 @@ pub struct EngineGenerate<B: Backend> {
     /// How many requests may wait beyond the running slots (waiting requests let the
     /// scheduler fill a freed slot at once and group requests by shared prefix).
     queue: usize,
+    /// When set (SIGTERM), `poll` returns between engine steps instead of waiting for a request
+    /// to finish: in-flight requests are dropped anyway, and a long generation must not hold up
+    /// the checkpoint past a scheduler's kill timeout.
+    stop: Option<StopFlag>,
 }
 
 impl<B: Backend> EngineGenerate<B> {
     pub fn new(engine: Engine<B>, stop_ids: Vec<u32>) -> Self {
         let queue = engine.config().slots * 3;
-        EngineGenerate { engine, stop_ids, refused: Vec::new(), queue }
+        EngineGenerate { engine, stop_ids, refused: Vec::new(), queue, stop: None }
+    }
+
+    /// Makes `poll` return early once `stop` is set.
+    pub fn with_stop(mut self, stop: StopFlag) -> Self {
+        self.stop = Some(stop);
+        self
     }
 }
 
@@ -56,16 +65,13 @@ impl<B: Backend> Generate for EngineGenerate<B> {
 
     fn poll(&mut self) -> Result<Vec<Finished>> {
         let mut out = std::mem::take(&mut self.refused);
-        while out.is_empty() && self.engine.has_work() {
+        while out.is_empty() && self.engine.has_work() && !self.stop.as_ref().is_some_and(StopFlag::is_set) {
             for ev in self.engine.step()? {
                 if let Event::Finished(c) = ev {
                     out.push(Finished {
                         key: c.id,
                         result: Ok(c.token_ids),
-                        finish_reason: match c.finish_reason {
-                            EngineFinish::Stop => FinishReason::Stop,
-                            EngineFinish::Length => FinishReason::Length,
-                        },
+                        finish_reason: c.finish_reason,
                         cached_prompt_tokens: c.cached_prompt_tokens as u32,
                     });
                 }

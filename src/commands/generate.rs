@@ -65,7 +65,10 @@ pub fn prepare(m: &LoadedModel, v: &Value) -> Result<Prepared, String> {
         }
         ids
     } else {
-        let text = v.get("prompt").and_then(Value::as_str).ok_or("field 'prompt' (or 'prompt_ids') is missing or not a string")?;
+        let text = v
+            .get("prompt")
+            .and_then(Value::as_str)
+            .ok_or("field 'prompt' (or 'prompt_ids') is missing or not a string")?;
         let tok = &m.tokenizer;
         if chat {
             let msgs = [ChatMessage { role: "user".into(), content: text.into() }];
@@ -164,19 +167,26 @@ pub fn run_jsonl<B: Backend>(
 }
 
 /// Interactive mode: streams the completion of one prompt to stdout.
-pub fn run_prompt<B: Backend + ?Sized>(m: &LoadedModel, b: &mut B, prompt: &str, chat: bool, opt: &GenOptions) -> Result<()> {
+pub fn run_prompt<B: Backend + ?Sized>(
+    m: &LoadedModel,
+    b: &mut B,
+    prompt: &str,
+    chat: bool,
+    opt: &GenOptions,
+) -> Result<()> {
     let p = prepare(m, &json!({"id": "prompt", "prompt": prompt, "chat": chat})).map_err(anyhow::Error::msg)?;
     let mut sampler = Sampler::new(opt.sampling_for("prompt"));
     let mut dec = StreamDecoder::new(&m.tokenizer);
     let mut stdout = std::io::stdout();
     let mut err = None;
-    let out = generate_one(b, &p.prompt_ids, opt.max_tokens, &mut sampler, m.tokenizer.eos_ids(), |t| match dec.push(t) {
-        Ok(s) => {
-            let _ = stdout.write_all(s.as_bytes());
-            let _ = stdout.flush();
-        }
-        Err(e) => err = Some(e),
-    })?;
+    let out =
+        generate_one(b, &p.prompt_ids, opt.max_tokens, &mut sampler, m.tokenizer.eos_ids(), |t| match dec.push(t) {
+            Ok(s) => {
+                let _ = stdout.write_all(s.as_bytes());
+                let _ = stdout.flush();
+            }
+            Err(e) => err = Some(e),
+        })?;
     if let Some(e) = err {
         return Err(anyhow::anyhow!("detokenizing: {e}"));
     }

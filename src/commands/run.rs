@@ -40,6 +40,36 @@ fn pipelines_dir() -> PathBuf {
     PathBuf::from("pipelines")
 }
 
+/// Rows per checkpoint commit. `DUSTOFF_COMMIT_ROWS` (hidden, for tests and tiny jobs) lowers it
+/// so that a commit exists after a few records.
+const COMMIT_ROWS: usize = 64;
+
+fn commit_rows() -> usize {
+    std::env::var("DUSTOFF_COMMIT_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(COMMIT_ROWS)
+}
+
+/// Whether an error is the user's to fix in the command line (exit code 2, see the README): an
+/// unknown or invalid pipeline, a bad `--shard`, a checkpoint of a different job.
+pub fn is_usage_error(e: &anyhow::Error) -> bool {
+    use crate::job::checkpoint::CheckpointError;
+    use crate::job::pipeline::PipelineError;
+    use crate::job::shard::ShardError;
+    e.chain().any(|c| {
+        matches!(c.downcast_ref::<CheckpointError>(), Some(CheckpointError::Mismatch { .. }))
+            || matches!(c.downcast_ref::<PipelineError>(), Some(p) if !matches!(p, PipelineError::Io { .. }))
+            || matches!(
+                c.downcast_ref::<ShardError>(),
+                Some(ShardError::Spec(_) | ShardError::Env { .. } | ShardError::NoCount { .. })
+            )
+    })
+}
+
+/// Runs (or resumes) the job. Usage errors come back as errors; `main` maps them to exit code 2
+/// with `is_usage_error`.
 pub fn run(a: &RunArgs) -> Result<ExitCode> {
     let job = match &a.pipeline {
         Some(p) => JobKind::Pipeline(Box::new(Pipeline::resolve(p, &pipelines_dir())?)),
@@ -85,13 +115,13 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             model_fingerprint: m.fingerprint,
         },
     )?;
-    let mut gen = EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec());
+    let stop = StopFlag::with_signals().unwrap_or_default();
+    let mut gen = EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec()).with_stop(stop.clone());
 
     // Rows do not depend on slots, device or batch size (greedy and seeded outputs are the
     // same across them), so none of those flags is part of the fingerprint.
     let overrides = "{}";
     let fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
-    let stop = StopFlag::with_signals().unwrap_or_default();
     let opts = RunOptions {
         inputs,
         output: a.output.clone(),
@@ -99,7 +129,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         restart: a.restart,
         max_errors: a.max_errors,
         shard,
-        commit_rows: 64,
+        commit_rows: commit_rows(),
         commit_interval: std::time::Duration::from_secs(5),
         progress_interval: std::time::Duration::from_secs(10),
         quiet: a.quiet,
@@ -121,7 +151,9 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     }
     match res.exit {
         ExitCode::Interrupted => eprintln!("interrupted: run the same command again to resume"),
-        ExitCode::Aborted => eprintln!("aborted past --max-errors: fix the input or raise the limit, then run the same command to resume"),
+        ExitCode::Aborted => eprintln!(
+            "aborted past --max-errors: fix the input or raise the limit, then run the same command to resume"
+        ),
         _ => {}
     }
     Ok(res.exit)

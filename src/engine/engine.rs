@@ -171,6 +171,12 @@ impl<B: Backend> Engine<B> {
         })
     }
 
+    /// Gives the backend back (e.g. to build an engine with other settings over the same
+    /// weights). Its KV contents are meaningless to a new engine, which starts with an empty pool.
+    pub fn into_backend(self) -> B {
+        self.backend
+    }
+
     pub fn backend(&self) -> &B {
         &self.backend
     }

@@ -69,7 +69,11 @@ impl SingleSeq {
             return Err(BackendError::Plan("cannot run an empty prompt".into()));
         }
         if (self.pos + tokens.len()).div_ceil(self.block_size) > self.table.len() {
-            return Err(BackendError::Plan(format!("sequence {} outgrew its {} KV blocks", self.seq, self.table.len())));
+            return Err(BackendError::Plan(format!(
+                "sequence {} outgrew its {} KV blocks",
+                self.seq,
+                self.table.len()
+            )));
         }
         let mut last = Vec::new();
         let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);

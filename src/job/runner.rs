@@ -100,23 +100,8 @@ impl StopFlag {
     }
 }
 
-/// Why generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// End-of-sequence token (or a stop condition).
-    Stop,
-    /// `max_tokens` reached.
-    Length,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        }
-    }
-}
+/// Why generation ended (the engine's own type).
+pub use crate::engine::single::FinishReason;
 
 /// One generation request. `key` is the record's input index.
 #[derive(Clone, Debug, PartialEq)]

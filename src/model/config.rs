@@ -46,9 +46,16 @@ pub enum RopeStyle {
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor`.
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3 style: low frequencies scaled by `factor`, high kept, smooth in between.
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_context: f32 },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_context: f32,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -93,18 +100,15 @@ impl ModelConfig {
     /// Reads the configuration from GGUF metadata; the tensor list decides tied embeddings.
     pub fn from_gguf(g: &GgufFile) -> Result<Self, ConfigError> {
         let path = g.path.display().to_string();
-        let arch_name = g.get_str("general.architecture")?.ok_or_else(|| GgufError::MissingKey {
-            path: g.path.clone(),
-            key: "general.architecture".into(),
-        })?;
+        let arch_name = g
+            .get_str("general.architecture")?
+            .ok_or_else(|| GgufError::MissingKey { path: g.path.clone(), key: "general.architecture".into() })?;
         let arch = Arch::from_name(arch_name)
             .ok_or_else(|| ConfigError::UnsupportedArch { path: path.clone(), arch: arch_name.to_string() })?;
         let a = arch_name;
         let req = |k: &str| -> Result<usize, GgufError> {
             let key = format!("{a}.{k}");
-            g.get_u64(&key)?
-                .map(|v| v as usize)
-                .ok_or(GgufError::MissingKey { path: g.path.clone(), key })
+            g.get_u64(&key)?.map(|v| v as usize).ok_or(GgufError::MissingKey { path: g.path.clone(), key })
         };
         let n_layers = req("block_count")?;
         let dim = req("embedding_length")?;
@@ -127,9 +131,9 @@ impl ModelConfig {
         let max_context = g.get_u64(&format!("{a}.context_length"))?.unwrap_or(4096) as usize;
         let rope_scaling = match g.get_str(&format!("{a}.rope.scaling.type"))? {
             None | Some("none") => RopeScaling::None,
-            Some("linear") => RopeScaling::Linear {
-                factor: g.get_f64(&format!("{a}.rope.scaling.factor"))?.unwrap_or(1.0) as f32,
-            },
+            Some("linear") => {
+                RopeScaling::Linear { factor: g.get_f64(&format!("{a}.rope.scaling.factor"))?.unwrap_or(1.0) as f32 }
+            }
             Some(other) => return Err(shape_err(format!("RoPE scaling '{other}' is not supported"))),
         };
         let embd = g.require_tensor("token_embd.weight")?;

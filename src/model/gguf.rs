@@ -193,8 +193,7 @@ impl GgufFile {
         let file = File::open(&path).map_err(|source| GgufError::Io { path: path.clone(), source })?;
         // SAFETY: the file is mapped read-only; dustoff never writes to a model file while it is
         // open. A concurrent external truncation could fault, as with any mmap-based loader.
-        let mmap = unsafe { Mmap::map(&file) }
-            .map_err(|source| GgufError::Io { path: path.clone(), source })?;
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|source| GgufError::Io { path: path.clone(), source })?;
         Self::from_mmap(path, mmap)
     }
 
@@ -420,7 +419,10 @@ fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, GgufError> {
     let n_kv = c.u64(&|| "the metadata count".into())?;
     // Each entry needs well over 8 bytes; larger counts cannot be honest.
     if n_tensors > (buf.len() / 8) as u64 || n_kv > (buf.len() / 8) as u64 {
-        return Err(c.invalid("the header".into(), format!("{n_tensors} tensors / {n_kv} metadata entries cannot fit in {} bytes", buf.len())));
+        return Err(c.invalid(
+            "the header".into(),
+            format!("{n_tensors} tensors / {n_kv} metadata entries cannot fit in {} bytes", buf.len()),
+        ));
     }
 
     let mut metadata = HashMap::new();
@@ -440,7 +442,9 @@ fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, GgufError> {
         None => DEFAULT_ALIGNMENT,
         Some(v) => match v.as_u64() {
             Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a,
-            _ => return Err(c.invalid("metadata key 'general.alignment'".into(), format!("{v:?} is not a power of two"))),
+            _ => {
+                return Err(c.invalid("metadata key 'general.alignment'".into(), format!("{v:?} is not a power of two")))
+            }
         },
     };
 
@@ -490,11 +494,19 @@ fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, GgufError> {
         let Some(n_bytes) = n_bytes else {
             return Err(c.invalid(
                 format!("tensor '{}'", r.name),
-                format!("shape {:?} does not fit type {} (rows must be whole blocks of {})", r.dims, dtype, dtype.block_size()),
+                format!(
+                    "shape {:?} does not fit type {} (rows must be whole blocks of {})",
+                    r.dims,
+                    dtype,
+                    dtype.block_size()
+                ),
             ));
         };
         if r.rel_offset % alignment != 0 {
-            return Err(c.invalid(format!("tensor '{}'", r.name), format!("offset {} is not aligned to {alignment}", r.rel_offset)));
+            return Err(c.invalid(
+                format!("tensor '{}'", r.name),
+                format!("offset {} is not aligned to {alignment}", r.rel_offset),
+            ));
         }
         let start = data_start.checked_add(r.rel_offset);
         let end = start.and_then(|s| s.checked_add(n_bytes));

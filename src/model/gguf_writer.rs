@@ -224,6 +224,7 @@ pub fn model_kv(c: &ModelConfig, name: &str) -> Vec<(String, Value)> {
     let u = |v: usize| Value::U32(v as u32);
     let mut kv = vec![
         ("general.architecture".to_string(), Value::String(a.into())),
+        ("general.type".to_string(), Value::String("model".into())),
         ("general.name".to_string(), Value::String(name.into())),
         ("general.file_type".to_string(), Value::U32(FILE_TYPE_F16)),
         (format!("{a}.block_count"), u(c.n_layers)),
@@ -355,6 +356,16 @@ pub fn tokenizer_kv(dir: &Path, n_vocab: usize) -> Result<Vec<(String, Value)>, 
     }
     if let Some(&e) = tok.eos_ids().first() {
         kv.push(("tokenizer.ggml.eos_token_id".into(), Value::U32(e)));
+    }
+    // `pad_token` of tokenizer_config.json ("<pad>" or {"content": "<pad>"}), when it names a token.
+    let cfg = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok();
+    let pad = cfg.and_then(|t| serde_json::from_str::<Json>(&t).ok()).and_then(|c| {
+        let p = c.get("pad_token")?;
+        let text = p.as_str().or_else(|| p.get("content").and_then(Json::as_str))?;
+        tok.encode(text, false, true).ok().filter(|ids| ids.len() == 1).map(|ids| ids[0])
+    });
+    if let Some(p) = pad {
+        kv.push(("tokenizer.ggml.padding_token_id".into(), Value::U32(p)));
     }
     kv.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(tok.add_bos_default())));
     if let Some(t) = tok.chat_template() {

@@ -110,15 +110,15 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
     let dim = req_usize("hidden_size")?;
     let n_heads = req_usize("num_attention_heads")?;
     let n_kv_heads = opt_usize("num_key_value_heads")?.unwrap_or(n_heads);
-    if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+    if n_heads == 0 || n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
         return Err(err("num_key_value_heads", &format!("{n_kv_heads} must divide num_attention_heads {n_heads}")));
     }
     let head_dim = match opt_usize("head_dim")? {
         Some(h) => h,
-        None if dim % n_heads == 0 => dim / n_heads,
+        None if dim.is_multiple_of(n_heads) => dim / n_heads,
         None => return Err(err("head_dim", "is missing and hidden_size is not a multiple of the head count")),
     };
-    if head_dim == 0 || head_dim % 2 != 0 {
+    if head_dim == 0 || !head_dim.is_multiple_of(2) {
         return Err(err("head_dim", &format!("{head_dim} must be even and positive")));
     }
     if opt_bool("mlp_bias")? == Some(true) {

@@ -178,7 +178,8 @@ pub fn write_hf_dir(
     write_json(&dir.join("config.json"), &config)?;
     write_json(&dir.join("tokenizer.json"), &tokenizer_json(&v, spec.arch))?;
     let name = |id: Option<u32>| id.and_then(|i| v.tokens.get(i as usize)).cloned();
-    let mut tcfg = json!({"bos_token": name(v.bos), "eos_token": name(v.eos), "add_bos_token": false,
+    let mut tcfg = json!({"bos_token": name(v.bos), "eos_token": name(v.eos), "pad_token": name(v.eos),
+                          "add_bos_token": false,
                           "model_max_length": 2048});
     if let (Some(t), Some(o)) = (&v.template, tcfg.as_object_mut()) {
         o.insert("chat_template".into(), json!(t));

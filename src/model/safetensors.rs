@@ -173,6 +173,11 @@ impl SafetensorsFile {
         Ok(SafetensorsFile { path: path.to_path_buf(), tensors, metadata, mmap })
     }
 
+    /// The file's memory map (for zero-copy tensors: `info.start..info.end` are checked).
+    pub fn mmap(&self) -> &Arc<Mmap> {
+        &self.mmap
+    }
+
     /// The bytes of a tensor (checked against the file at open).
     pub fn data(&self, info: &StTensorInfo) -> &[u8] {
         &self.mmap[info.start..info.end]
@@ -315,7 +320,7 @@ pub fn write_file_with<E: From<SafetensorsError>>(
     }
     let mut h = Json::Object(header).to_string().into_bytes();
     // Pad the header with spaces so the data section starts 8-byte aligned.
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let partial = path.with_extension("safetensors.partial");
@@ -355,13 +360,23 @@ pub fn write_checkpoint_with<E: From<SafetensorsError>>(
         return write_file_with(&dir.join(SINGLE_FILE), metas, &all, &meta, &mut data);
     }
     let total: usize = metas.iter().map(StMeta::n_bytes).sum();
-    let per = total.div_ceil(n_shards).max(1);
-    let mut groups: Vec<Vec<usize>> = vec![Vec::new(); n_shards];
-    let mut acc = 0usize;
+    // Fill shards in order; each closes once it reaches its share of the bytes still to place,
+    // recomputed as shards close (so one huge embedding table does not leave later shards empty).
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new()];
+    let (mut left, mut cur) = (total, 0usize);
     for (i, t) in metas.iter().enumerate() {
-        groups[(acc / per).min(n_shards - 1)].push(i);
-        acc += t.n_bytes();
+        let shards_left = n_shards - (groups.len() - 1);
+        if cur > 0 && shards_left > 1 && cur >= left.div_ceil(shards_left) {
+            groups.push(Vec::new());
+            left -= cur;
+            cur = 0;
+        }
+        if let Some(g) = groups.last_mut() {
+            g.push(i);
+        }
+        cur += t.n_bytes();
     }
+    let n_shards = groups.len();
     let mut weight_map = serde_json::Map::new();
     for (g, members) in groups.iter().enumerate() {
         let name = format!("model-{:05}-of-{:05}.safetensors", g + 1, n_shards);

@@ -8,7 +8,19 @@ pub const SHAPES: &[&str] = &["qwen3-8b", "qwen2.5-7b", "llama3-8b", "smollm2-13
 
 pub fn shape(name: &str) -> Option<ModelConfig> {
     #[allow(clippy::too_many_arguments)]
-    fn c(arch: Arch, n_layers: usize, dim: usize, ffn_dim: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize, vocab_size: usize, rope_theta: f32, rms_eps: f32, tied: bool) -> ModelConfig {
+    fn c(
+        arch: Arch,
+        n_layers: usize,
+        dim: usize,
+        ffn_dim: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        vocab_size: usize,
+        rope_theta: f32,
+        rms_eps: f32,
+        tied: bool,
+    ) -> ModelConfig {
         ModelConfig {
             arch,
             n_layers,
@@ -40,7 +52,8 @@ impl ModelConfig {
     /// Parameters of the matrices a decode step reads in full (everything but the embedding
     /// table, of which one row is read; the output head counts even when tied).
     pub fn decode_matrix_params(&self) -> u64 {
-        let per_layer = self.dim * (self.q_dim() + 2 * self.kv_dim()) + self.q_dim() * self.dim + 3 * self.dim * self.ffn_dim;
+        let per_layer =
+            self.dim * (self.q_dim() + 2 * self.kv_dim()) + self.q_dim() * self.dim + 3 * self.dim * self.ffn_dim;
         (self.n_layers * per_layer + self.vocab_size * self.dim) as u64
     }
 }

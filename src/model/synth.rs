@@ -27,7 +27,9 @@ pub fn random_weights(c: &ModelConfig, dtype: GgmlType, seed: u64) -> ModelWeigh
     let mut layers = Vec::with_capacity(c.n_layers);
     for i in 0..c.n_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
-        let bias = |rng: &mut StdRng, k: usize| (c.arch == Arch::Qwen2).then(|| (0..k).map(|_| rng.random_range(-0.1..0.1)).collect());
+        let bias = |rng: &mut StdRng, k: usize| {
+            (c.arch == Arch::Qwen2).then(|| (0..k).map(|_| rng.random_range(-0.1..0.1)).collect())
+        };
         let bq = bias(&mut rng, c.q_dim());
         let bk = bias(&mut rng, c.kv_dim());
         let bv = bias(&mut rng, c.kv_dim());
@@ -50,7 +52,10 @@ pub fn random_weights(c: &ModelConfig, dtype: GgmlType, seed: u64) -> ModelWeigh
         });
     }
     let token_embd = matrix("token_embd.weight", c.vocab_size, c.dim, dtype, &mut rng);
-    let output =
-        if c.tied_embeddings { token_embd.clone() } else { matrix("output.weight", c.vocab_size, c.dim, dtype, &mut rng) };
+    let output = if c.tied_embeddings {
+        token_embd.clone()
+    } else {
+        matrix("output.weight", c.vocab_size, c.dim, dtype, &mut rng)
+    };
     ModelWeights { token_embd, layers, output_norm: ones(c.dim), output, rope_freq_factors: None }
 }

@@ -98,20 +98,20 @@ impl Tensor {
 /// One transformer block. Matrices are `[out, in]`.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>, // [dim]
-    pub wq: Tensor,          // [q_dim, dim]
-    pub wk: Tensor,          // [kv_dim, dim]
-    pub wv: Tensor,          // [kv_dim, dim]
-    pub wo: Tensor,          // [dim, q_dim]
-    pub bq: Option<Vec<f32>>, // [q_dim] (qwen2)
-    pub bk: Option<Vec<f32>>, // [kv_dim]
-    pub bv: Option<Vec<f32>>, // [kv_dim]
+    pub attn_norm: Vec<f32>,      // [dim]
+    pub wq: Tensor,               // [q_dim, dim]
+    pub wk: Tensor,               // [kv_dim, dim]
+    pub wv: Tensor,               // [kv_dim, dim]
+    pub wo: Tensor,               // [dim, q_dim]
+    pub bq: Option<Vec<f32>>,     // [q_dim] (qwen2)
+    pub bk: Option<Vec<f32>>,     // [kv_dim]
+    pub bv: Option<Vec<f32>>,     // [kv_dim]
     pub q_norm: Option<Vec<f32>>, // [head_dim] (qwen3)
     pub k_norm: Option<Vec<f32>>, // [head_dim]
-    pub ffn_norm: Vec<f32>,   // [dim]
-    pub w_gate: Tensor,       // [ffn_dim, dim]
-    pub w_up: Tensor,         // [ffn_dim, dim]
-    pub w_down: Tensor,       // [dim, ffn_dim]
+    pub ffn_norm: Vec<f32>,       // [dim]
+    pub w_gate: Tensor,           // [ffn_dim, dim]
+    pub w_up: Tensor,             // [ffn_dim, dim]
+    pub w_down: Tensor,           // [dim, ffn_dim]
 }
 
 #[derive(Clone, Debug)]

@@ -7,11 +7,13 @@
 //!   widened to two 16-lane f32 vectors of dequantized weights (`d * q + m`) held in registers
 //!   and FMA'd against each token's activations (two accumulators per token: no FMA chain
 //!   longer than one per block).
-//! - Otherwise, one token: `quant::dot_rows` (the tuned AVX2 / portable row dots).
-//! - Otherwise, several tokens: each row is dequantized into an L1-resident f32 buffer
+//! - Otherwise: each row is dequantized into an L1-resident f32 buffer
 //!   (`quant::dequantize_row`) and dotted with every token (AVX2 when present).
 //!
-//! Activations and accumulation stay f32 in every path.
+//! Activations and accumulation stay f32 in every path. Batch invariance: every path sums in
+//! the same order as the tiled GEMM of `matmul` for the same CPU features and type, so a
+//! token's output is bitwise the same whether it runs alone, with 7 other slots' tokens or in
+//! a prefill chunk (the engine's greedy-equivalence tests rely on it).
 
 use crate::model::quant::{self, GgmlType};
 use crate::model::weights::Tensor;
@@ -37,7 +39,10 @@ unsafe impl Sync for OutPtr {}
 pub(super) fn avx512_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("f16c") && is_x86_feature_detected!("fma")
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("f16c")
+            && is_x86_feature_detected!("fma")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -61,13 +66,9 @@ pub(super) unsafe fn rows_multi(w: &Tensor, r0: usize, nr: usize, x: &[f32], n_t
         unsafe { avx512::rows(w.dtype, packed, nr, cols, x, n_tok, out.ptr.add(r0), out.ld) };
         return;
     }
-    if n_tok == 1 {
-        // SAFETY: the caller guarantees the `nr` cells from `out.ptr + r0` are ours.
-        let o = unsafe { std::slice::from_raw_parts_mut(out.ptr.add(r0), nr) };
-        quant::dot_rows(w.dtype, packed, &x[..cols], o);
-        return;
-    }
-    // Generic: one row at a time through an f32 buffer that stays in L1.
+    // Generic: one row at a time through an f32 buffer that stays in L1. (Not the fused
+    // `quant::dot_rows` for one token: its rounding differs from the tiled GEMM's, and a
+    // token's logits must not depend on how many tokens share its step.)
     let mut buf = vec![0f32; cols];
     let mut dots = [0f32; MAX_T];
     for r in 0..nr {
@@ -104,75 +105,105 @@ fn dense_multi(w: &[f32], x: &[f32], n_tok: usize, dots: &mut [f32; MAX_T]) {
     }
 }
 
+/// `w . x` in exactly the order of `matmul`'s AVX2 micro-kernel (one 8-lane accumulator,
+/// the same horizontal sum, then the tail one product at a time), so the two agree bitwise.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dense_dot_avx2(w: &[f32], x: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let n = w.len().min(x.len());
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut acc = _mm256_setzero_ps();
+    let n8 = n / 8 * 8;
     let mut i = 0;
-    while i + 16 <= n {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(xp.add(i)), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i + 8)), _mm256_loadu_ps(xp.add(i + 8)), a1);
-        i += 16;
+    while i < n8 {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(xp.add(i)), acc);
+        i += 8;
     }
-    let v = _mm256_add_ps(a0, a1);
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    let tail: f32 = w[i..n].iter().zip(&x[i..n]).map(|(a, b)| a * b).sum();
-    _mm_cvtss_f32(s) + tail
+    let mut s = _mm_cvtss_f32(s);
+    for j in n8..n {
+        s += w[j] * x[j];
+    }
+    s
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    //! Port budget per 32-weight block (why it looks like this): 512-bit ops issue on two ports
+    //! (p0, p5). Widening codes through `vcvtdq2ps` and scaling them put ~9 ops on p0 per
+    //! block; instead each block's 16 possible 4-bit values are put in a table (one FMA:
+    //! `iota * d + m`) and looked up with `vpermps` (p5), which reads only the low 4 bits of
+    //! each index lane. Block scales are converted 8 blocks at a time (a gather + one
+    //! `vcvtph2ps`) into a small array and broadcast from memory (load ports only).
     use std::arch::x86_64::*;
 
     use crate::model::quant::GgmlType;
 
-    /// f16 at `p` as f32 (F16C scalar conversion).
+    /// Blocks whose scales are converted per batch (`dm` holds two floats per block).
+    const CHUNK: usize = 64;
+    /// Software prefetch distance in bytes (the hardware streamer stops at 4 KiB pages and
+    /// ramps up slowly on the short runs of rows a task covers).
+    const PREFETCH: usize = 1024;
+
+    /// The first two f16 fields of blocks `0..n` (`n <= CHUNK`, stride `ts` bytes from `row`)
+    /// as f32: `dm[2i]` = the block's `d`, `dm[2i + 1]` = the next two bytes read as f16 (the
+    /// min `m` for Q4_1; meaningless for Q4_0 / Q8_0, whose callers ignore it).
     #[inline(always)]
-    unsafe fn half(p: *const u8) -> f32 {
-        let bits = u16::from_le_bytes([*p, *p.add(1)]);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    unsafe fn block_halves(row: *const u8, ts: usize, n: usize, dm: &mut [f32; 2 * CHUNK]) {
+        let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let idx = _mm256_mullo_epi32(iota, _mm256_set1_epi32(ts as i32));
+        let mut i = 0;
+        while i < n {
+            let base = row.add(i * ts) as *const i32;
+            let g = if n - i >= 8 {
+                _mm256_i32gather_epi32::<1>(base, idx)
+            } else {
+                // Only lanes of existing blocks read memory; the others stay 0.
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((n - i) as i32), iota);
+                _mm256_mask_i32gather_epi32::<1>(_mm256_setzero_si256(), base, idx, mask)
+            };
+            _mm512_storeu_ps(dm.as_mut_ptr().add(2 * i), _mm512_cvtph_ps(g));
+            i += 8;
+        }
     }
 
-    /// The 32 dequantized weights of block `b` as (elements 0..16, elements 16..32).
+    /// The 32 dequantized weights of the block at `b` (scales `d`, `m` = `dm[0]`, `dm[1]`), as
+    /// (elements 0..16, elements 16..32).
     #[inline(always)]
-    unsafe fn block<const TYPE: u8>(b: *const u8) -> (__m512, __m512) {
+    unsafe fn block<const TYPE: u8>(b: *const u8, dm: *const f32) -> (__m512, __m512) {
+        let d = _mm512_set1_ps(*dm);
         match TYPE {
             // Q4_0: d, qs[16]; w = d * (q - 8); element j = low nibble of qs[j], j + 16 = high.
             0 => {
-                let d = half(b);
+                let iota8 = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
+                let table = _mm512_mul_ps(iota8, d);
                 let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(2) as *const __m128i));
-                let (dv, ov) = (_mm512_set1_ps(d), _mm512_set1_ps(-8.0 * d));
-                let lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0F)));
-                let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(q));
-                (_mm512_fmadd_ps(lo, dv, ov), _mm512_fmadd_ps(hi, dv, ov))
+                (_mm512_permutexvar_ps(q, table), _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(q), table))
             }
             // Q4_1: d, m, qs[16]; w = d * q + m.
             1 => {
-                let (d, m) = (half(b), half(b.add(2)));
+                let iota = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
+                let table = _mm512_fmadd_ps(iota, d, _mm512_set1_ps(*dm.add(1)));
                 let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(4) as *const __m128i));
-                let (dv, mv) = (_mm512_set1_ps(d), _mm512_set1_ps(m));
-                let lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0F)));
-                let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(q));
-                (_mm512_fmadd_ps(lo, dv, mv), _mm512_fmadd_ps(hi, dv, mv))
+                (_mm512_permutexvar_ps(q, table), _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(q), table))
             }
             // Q8_0: d, qs[32] (i8); w = d * q.
             _ => {
-                let dv = _mm512_set1_ps(half(b));
                 let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2) as *const __m128i));
                 let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(18) as *const __m128i));
-                (_mm512_mul_ps(_mm512_cvtepi32_ps(q0), dv), _mm512_mul_ps(_mm512_cvtepi32_ps(q1), dv))
+                (_mm512_mul_ps(_mm512_cvtepi32_ps(q0), d), _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d))
             }
         }
     }
 
     /// `nr` rows of `nb` blocks (`ts` bytes each) times `T` tokens of `x` (row stride `ldx`),
     /// written to `out[t * ldo + r]`.
-    #[target_feature(enable = "avx512f,f16c,fma")]
+    // `t` indexes the two accumulator arrays and the token rows at once.
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx2,f16c,fma")]
     unsafe fn rows_t<const TYPE: u8, const T: usize>(
         packed: *const u8,
         nr: usize,
@@ -183,37 +214,36 @@ mod avx512 {
         out: *mut f32,
         ldo: usize,
     ) {
+        let mut dm = [0f32; 2 * CHUNK];
         for r in 0..nr {
             let row = packed.add(r * nb * ts);
-            // acc[0..2]: even blocks (lo, hi halves); acc[2..4]: odd blocks when few tokens, so
-            // the FMA chains are long enough apart to hide the FMA latency.
-            let split = T <= 4;
-            let mut acc = [[_mm512_setzero_ps(); T]; 4];
-            // Unrolled by two blocks so the accumulator set is a compile-time index.
-            macro_rules! step {
-                ($bi:expr, $s:expr) => {{
-                    let (w0, w1) = block::<TYPE>(row.add($bi * ts));
-                    let xb = x.add($bi * 32);
-                    let s = $s;
+            // NOTE: the accumulation order (per token: `lo` over the first 16 elements of every
+            // block, `hi` over the last 16, blocks in order, then `reduce(lo + hi)`) is the same
+            // for every T and the same as `matmul::tile_avx512`: a token's result never depends
+            // on how many tokens share the step (greedy output is batch-invariant).
+            let mut acc = [[_mm512_setzero_ps(); T]; 2];
+            let mut c0 = 0;
+            while c0 < nb {
+                let n = CHUNK.min(nb - c0);
+                block_halves(row.add(c0 * ts), ts, n, &mut dm);
+                for bi in 0..n {
+                    if bi % 2 == 0 {
+                        // Past the end of the run this only touches the next rows' memory (or
+                        // nothing: prefetches never fault).
+                        _mm_prefetch::<_MM_HINT_T0>(row.add((c0 + bi) * ts + PREFETCH) as *const i8);
+                    }
+                    let (w0, w1) = block::<TYPE>(row.add((c0 + bi) * ts), dm.as_ptr().add(2 * bi));
+                    let xb = x.add((c0 + bi) * 32);
                     for t in 0..T {
                         let xt = xb.add(t * ldx);
-                        acc[s][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt), acc[s][t]);
-                        acc[s + 1][t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt.add(16)), acc[s + 1][t]);
+                        acc[0][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt), acc[0][t]);
+                        acc[1][t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt.add(16)), acc[1][t]);
                     }
-                }};
-            }
-            let mut bi = 0;
-            while bi + 2 <= nb {
-                step!(bi, 0);
-                step!(bi + 1, if split { 2 } else { 0 });
-                bi += 2;
-            }
-            if bi < nb {
-                step!(bi, 0);
+                }
+                c0 += n;
             }
             for t in 0..T {
-                let v = _mm512_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]), _mm512_add_ps(acc[2][t], acc[3][t]));
-                *out.add(t * ldo + r) = _mm512_reduce_add_ps(v);
+                *out.add(t * ldo + r) = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]));
             }
         }
     }
@@ -221,10 +251,20 @@ mod avx512 {
     /// Dispatch on (type, token count). Only Q4_0 / Q4_1 / Q8_0 reach here.
     ///
     /// # Safety
-    /// avx512f, f16c and fma must be available; `packed` holds `nr` rows of `cols` elements,
-    /// `x` holds `n_tok` rows of `cols`, `out[t * ldo + r]` is writable for `t < n_tok, r < nr`.
+    /// avx512f, avx2, f16c and fma must be available; `packed` holds `nr` rows of `cols`
+    /// elements, `x` holds `n_tok` rows of `cols`, `out[t * ldo + r]` is writable for
+    /// `t < n_tok, r < nr`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn rows(dtype: GgmlType, packed: &[u8], nr: usize, cols: usize, x: &[f32], n_tok: usize, out: *mut f32, ldo: usize) {
+    pub(super) unsafe fn rows(
+        dtype: GgmlType,
+        packed: &[u8],
+        nr: usize,
+        cols: usize,
+        x: &[f32],
+        n_tok: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
         let nb = cols / 32;
         let ts = dtype.type_size();
         assert!(packed.len() >= nr * nb * ts && x.len() >= n_tok * cols);

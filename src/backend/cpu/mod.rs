@@ -1,6 +1,9 @@
 //! The CPU reference backend: f32 activations, quantized dot products on the packed weights,
 //! rayon across output rows, a paged f32 KV cache.
 
+mod attn;
+#[cfg(test)]
+mod bench_tests;
 mod gemv;
 pub mod matmul;
 pub mod ops;
@@ -68,10 +71,16 @@ impl CpuBackend {
                 )));
             }
             if let Some(&b) = c.block_table.iter().find(|&&b| b as usize >= self.num_blocks) {
-                return Err(BackendError::Plan(format!("sequence {}: block {b} is beyond the pool of {}", c.seq, self.num_blocks)));
+                return Err(BackendError::Plan(format!(
+                    "sequence {}: block {b} is beyond the pool of {}",
+                    c.seq, self.num_blocks
+                )));
             }
             if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-                return Err(BackendError::Plan(format!("sequence {}: token id {t} is beyond the vocabulary ({})", c.seq, self.cfg.vocab_size)));
+                return Err(BackendError::Plan(format!(
+                    "sequence {}: token id {t} is beyond the vocabulary ({})",
+                    c.seq, self.cfg.vocab_size
+                )));
             }
         }
         Ok(())
@@ -122,15 +131,15 @@ impl Backend for CpuBackend {
 struct Scratch {
     ids: Vec<u32>,
     pos: Vec<usize>,
-    x: Vec<f32>,    // [n, dim] residual stream
-    h: Vec<f32>,    // [n, dim] normed input
-    q: Vec<f32>,    // [n, n_heads, head_dim]
-    k: Vec<f32>,    // [n, n_kv_heads, head_dim]
-    v: Vec<f32>,    // [n, n_kv_heads, head_dim]
-    att: Vec<f32>,  // [n, n_heads, head_dim]
-    o: Vec<f32>,    // [n, dim]
-    gate: Vec<f32>, // [n, ffn_dim]
-    up: Vec<f32>,   // [n, ffn_dim]
+    x: Vec<f32>,      // [n, dim] residual stream
+    h: Vec<f32>,      // [n, dim] normed input
+    q: Vec<f32>,      // [n, n_heads, head_dim]
+    k: Vec<f32>,      // [n, n_kv_heads, head_dim]
+    v: Vec<f32>,      // [n, n_kv_heads, head_dim]
+    att: Vec<f32>,    // [n, n_heads, head_dim]
+    o: Vec<f32>,      // [n, dim]
+    gate: Vec<f32>,   // [n, ffn_dim]
+    up: Vec<f32>,     // [n, ffn_dim]
     logits: Vec<f32>, // [m, vocab]
 }
 
@@ -167,7 +176,11 @@ impl CpuBackend {
 
         let x = take(&mut s.x, n * dim);
         for (t, &id) in ids.iter().enumerate() {
-            crate::model::quant::dequantize_row(self.w.token_embd.dtype, self.w.token_embd.row(id as usize), &mut x[t * dim..(t + 1) * dim]);
+            crate::model::quant::dequantize_row(
+                self.w.token_embd.dtype,
+                self.w.token_embd.row(id as usize),
+                &mut x[t * dim..(t + 1) * dim],
+            );
         }
         let h = take(&mut s.h, n * dim);
         let q = take(&mut s.q, n * qd);
@@ -235,7 +248,12 @@ impl CpuBackend {
         // The final-normed rows reuse `h` (`m <= n` rows of `dim`).
         let hn = &mut h[..m * dim];
         for (i, &r) in rows.iter().enumerate() {
-            ops::rmsnorm_row(&x[r * dim..(r + 1) * dim], &self.w.output_norm, c.rms_eps, &mut hn[i * dim..(i + 1) * dim]);
+            ops::rmsnorm_row(
+                &x[r * dim..(r + 1) * dim],
+                &self.w.output_norm,
+                c.rms_eps,
+                &mut hn[i * dim..(i + 1) * dim],
+            );
         }
         let logits = take(&mut s.logits, m * c.vocab_size);
         matmul(&self.w.output, hn, m, logits);

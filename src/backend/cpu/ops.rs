@@ -119,21 +119,51 @@ pub fn attend_token(kv: &PagedKv, block_table: &[u32], pos: usize, q: &[f32], n_
 
 /// One query head over positions `0..=pos`: `out = softmax(q . K^T / sqrt(hd)) . V` for KV head
 /// `kvh`. `scores` is caller-owned scratch (reused across calls: no allocation per head).
-pub fn attend_head(kv: &PagedKv, block_table: &[u32], pos: usize, q: &[f32], kvh: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
+pub fn attend_head(
+    kv: &PagedKv,
+    block_table: &[u32],
+    pos: usize,
+    q: &[f32],
+    kvh: usize,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if crate::model::quant::simd_available() {
-        // SAFETY: avx2 and fma were detected at run time (quant::simd_available).
-        unsafe { attend_head_avx2(kv, block_table, pos, q, kvh, scores, out) };
+        use super::attn;
+        // SAFETY: avx2 and fma were detected at run time (quant::simd_available); the kernels
+        // check head_dim and the cache bounds themselves.
+        unsafe {
+            match kv.head_dim {
+                32 => attn::attend_head::<4>(kv, block_table, pos, q, kvh, scores, out),
+                64 => attn::attend_head::<8>(kv, block_table, pos, q, kvh, scores, out),
+                128 => attn::attend_head::<16>(kv, block_table, pos, q, kvh, scores, out),
+                _ => attend_head_avx2(kv, block_table, pos, q, kvh, scores, out),
+            }
+        }
         return;
     }
     attend_head_generic(kv, block_table, pos, q, kvh, scores, out);
+}
+
+/// The portable reference of [`attend_head`] (what the AVX2 kernels are tested against).
+pub fn attend_head_reference(kv: &PagedKv, block_table: &[u32], pos: usize, q: &[f32], kvh: usize, out: &mut [f32]) {
+    attend_head_generic(kv, block_table, pos, q, kvh, &mut Vec::new(), out);
 }
 
 /// The same body compiled with AVX2 + FMA enabled (the generic code is written in 8-lane
 /// chunks so it vectorizes fully once the wider registers are allowed).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_head_avx2(kv: &PagedKv, block_table: &[u32], pos: usize, q: &[f32], kvh: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
+unsafe fn attend_head_avx2(
+    kv: &PagedKv,
+    block_table: &[u32],
+    pos: usize,
+    q: &[f32],
+    kvh: usize,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     attend_head_generic(kv, block_table, pos, q, kvh, scores, out);
 }
 
@@ -151,33 +181,45 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
-/// Calls `f(p, offset)` for positions `0..=pos` in order, walking the block table block by
-/// block (no division per position); `offset` indexes the cache arrays at KV head `kvh`.
-#[inline(always)]
-fn for_positions(kv: &PagedKv, block_table: &[u32], pos: usize, kvh: usize, mut f: impl FnMut(usize, usize)) {
-    let stride = kv.n_kv_heads * kv.head_dim;
-    let mut p = 0;
-    for &blk in block_table {
-        if p > pos {
-            break;
+/// Runs `$body` with `$p` (position) and `$o` (offset of KV head `$kvh` of that position in
+/// the cache arrays) for positions `0..=pos`, walking the block table block by block (no
+/// division per position). A macro, not a closure, so the body is compiled inside the
+/// caller's `target_feature` context.
+macro_rules! for_positions {
+    ($kv:expr, $table:expr, $pos:expr, $kvh:expr, |$p:ident, $o:ident| $body:block) => {{
+        let stride = $kv.n_kv_heads * $kv.head_dim;
+        let mut first = 0;
+        for &blk in $table {
+            if first > $pos {
+                break;
+            }
+            let n = $kv.block_size.min($pos + 1 - first);
+            let base = blk as usize * $kv.block_size * stride + $kvh * $kv.head_dim;
+            for i in 0..n {
+                let ($p, $o) = (first + i, base + i * stride);
+                $body
+            }
+            first += n;
         }
-        let n = kv.block_size.min(pos + 1 - p);
-        let base = blk as usize * kv.block_size * stride + kvh * kv.head_dim;
-        for i in 0..n {
-            f(p + i, base + i * stride);
-        }
-        p += n;
-    }
+    }};
 }
 
 #[inline(always)]
-fn attend_head_generic(kv: &PagedKv, block_table: &[u32], pos: usize, q: &[f32], kvh: usize, scores: &mut Vec<f32>, out: &mut [f32]) {
+fn attend_head_generic(
+    kv: &PagedKv,
+    block_table: &[u32],
+    pos: usize,
+    q: &[f32],
+    kvh: usize,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     let hd = kv.head_dim;
     let scale = 1.0 / (hd as f32).sqrt();
     scores.clear();
     scores.resize(pos + 1, 0.0);
     let mut max = f32::NEG_INFINITY;
-    for_positions(kv, block_table, pos, kvh, |p, o| {
+    for_positions!(kv, block_table, pos, kvh, |p, o| {
         let s = dot_lanes(q, &kv.k[o..o + hd]) * scale;
         scores[p] = s;
         max = max.max(s);
@@ -190,7 +232,7 @@ fn attend_head_generic(kv: &PagedKv, block_table: &[u32], pos: usize, q: &[f32],
     let inv = 1.0 / denom;
     let out = &mut out[..hd];
     out.fill(0.0);
-    for_positions(kv, block_table, pos, kvh, |p, o| {
+    for_positions!(kv, block_table, pos, kvh, |p, o| {
         let w = scores[p] * inv;
         for (a, &b) in out.iter_mut().zip(&kv.v[o..o + hd]) {
             *a += w * b;
@@ -200,14 +242,7 @@ fn attend_head_generic(kv: &PagedKv, block_table: &[u32], pos: usize, q: &[f32],
 
 /// Attention for a batch of tokens (`q`: `[n_tok, n_heads, head_dim]`), each with its own
 /// sequence block table and position; parallel over (token, head) pairs.
-pub fn attend_batch(
-    kv: &PagedKv,
-    tables: &[&[u32]],
-    positions: &[usize],
-    q: &[f32],
-    n_heads: usize,
-    out: &mut [f32],
-) {
+pub fn attend_batch(kv: &PagedKv, tables: &[&[u32]], positions: &[usize], q: &[f32], n_heads: usize, out: &mut [f32]) {
     let hd = kv.head_dim;
     let group = (n_heads / kv.n_kv_heads.max(1)).max(1);
     let n = positions.len().min(tables.len());
@@ -241,7 +276,7 @@ mod tests {
 
     #[test]
     fn rope_styles_rotate_the_right_pairs() {
-        let (cos, sin) = rope_table(&[1], &[std::f32::consts::FRAC_PI_2 as f32, 0.0]);
+        let (cos, sin) = rope_table(&[1], &[std::f32::consts::FRAC_PI_2, 0.0]);
         let mut a = [1.0f32, 0.0, 1.0, 0.0];
         rope_token(&mut a, 4, &cos, &sin, RopeStyle::Adjacent);
         // pair (0,1) rotated by 90 degrees, pair (2,3) by 0
@@ -250,6 +285,31 @@ mod tests {
         rope_token(&mut b, 4, &cos, &sin, RopeStyle::Halves);
         // pair (0,2) rotated by 90 degrees
         assert!(b[0].abs() < 1e-6 && (b[2] - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn fast_attention_matches_reference() {
+        // Two sequences with scattered blocks, head_dim 64 and 128, several context lengths
+        // (partial groups of 8 and partial blocks).
+        for hd in [64usize, 128] {
+            let (nkv, bs, nblocks) = (2usize, 4usize, 12usize);
+            let len = nblocks * bs * nkv * hd;
+            let k: Vec<f32> = (0..len).map(|i| ((i * 7919) % 997) as f32 / 997.0 - 0.5).collect();
+            let v: Vec<f32> = (0..len).map(|i| ((i * 104729) % 991) as f32 / 991.0 - 0.5).collect();
+            let kv = PagedKv { k: &k, v: &v, block_size: bs, n_kv_heads: nkv, head_dim: hd };
+            let table = [7u32, 2, 9, 0, 11, 5, 1, 3];
+            let q: Vec<f32> = (0..hd).map(|i| ((i * 31) % 13) as f32 / 3.0 - 2.0).collect();
+            for pos in [0usize, 5, 7, 8, 9, 17, 31] {
+                for kvh in 0..nkv {
+                    let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
+                    attend_head_reference(&kv, &table, pos, &q, kvh, &mut a);
+                    attend_head(&kv, &table, pos, &q, kvh, &mut Vec::new(), &mut b);
+                    for (x, y) in a.iter().zip(&b) {
+                        assert!((x - y).abs() < 1e-5, "hd {hd} pos {pos} kvh {kvh}: {x} vs {y}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

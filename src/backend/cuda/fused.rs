@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
-use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS, GEMV_WARPS};
+use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS, GEMV_ROWS, GEMV_THREADS};
 use super::CudaError;
 
 // ---------------------------------------------------------------- kv_cache.cu: qkv_post_f32
@@ -171,7 +171,7 @@ impl GemvSwiglu {
             out_stride: i32_of(K, self.out_stride)?,
             accumulate: 0,
         };
-        launch(k, s, entry, (blocks_for(K, self.ffn, GEMV_WARPS)?, 1, 1), (32 * GEMV_WARPS) as u32, 0, &p)
+        launch(k, s, entry, (blocks_for(K, self.ffn, GEMV_ROWS)?, 1, 1), GEMV_THREADS as u32, 0, &p)
     }
 }
 

@@ -248,7 +248,10 @@ unsafe impl DeviceRepr for GemvParams {}
 
 /// Most tokens one GEMV launch serves (each weight read once for all of them).
 pub const GEMV_MAX_TOKENS: usize = 8;
-pub(crate) const GEMV_WARPS: usize = 4;
+/// Threads of a GEMV block and the rows it computes (kernels/gemv_f16.cu: GEMV_THREADS,
+/// GEMV_ROWS): its 8 warps split the columns.
+pub(crate) const GEMV_THREADS: usize = 256;
+pub(crate) const GEMV_ROWS: usize = 2;
 
 /// `out[t, r] (+)= sum_c w[r, c] x[t, c] (+ bias[r])` for `n_tok <= 8` tokens; `w` F16
 /// `[rows, cols]`, `x` f32 `[n_tok, x_stride]`, `out` f32 `[n_tok, out_stride]`.
@@ -305,7 +308,7 @@ impl Gemv {
             out_stride: i32_of(K, self.out_stride)?,
             accumulate: i32::from(self.accumulate),
         };
-        launch(k, s, entry, (blocks_for(K, self.rows, GEMV_WARPS)?, 1, 1), (32 * GEMV_WARPS) as u32, 0, &p)
+        launch(k, s, entry, (blocks_for(K, self.rows, GEMV_ROWS)?, 1, 1), GEMV_THREADS as u32, 0, &p)
     }
 }
 

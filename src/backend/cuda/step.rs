@@ -191,7 +191,10 @@ impl CudaBackend {
         let r = (|| {
             let meta = w.meta.as_mut().expect("step inputs allocated by ensure_work");
             let mut view = meta.slice_mut(0..self.host_meta.len());
-            self.dev.stream.memcpy_htod(&self.host_meta, &mut view).map_err(CudaError::driver("uploading step inputs"))?;
+            self.dev
+                .stream
+                .memcpy_htod(&self.host_meta, &mut view)
+                .map_err(CudaError::driver("uploading step inputs"))?;
             if self.use_graphs && f.n_tok <= l::GEMV_MAX_TOKENS {
                 self.replay(&w, f)?;
             } else {
