@@ -5,7 +5,7 @@
 //
 // Pass 1 (attn_split_f16): grid (n_kv, n_tok, n_splits); block b covers positions
 //   [s * split_len, min(len, (s + 1) * split_len)) and writes, per query head, the running max m,
-//   the sum of exponentials l and the unnormalized output o. Scores: one warp per position; V sum:
+//   the sum of exponentials l and the unnormalized output o. Scores: one warp per position (two per pass); V sum:
 //   warps take positions in turn, lanes own head dimensions, partial sums added in shared memory.
 //   Blocks whose split starts past the sequence exit at once (a graph may launch extra splits).
 // Pass 2 (attn_combine_f32): merges the splits: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
@@ -39,6 +39,25 @@ struct AttnParams {
     float scale;             // 1 / sqrt(head_dim)
 };
 
+// Row `ps` of the sequence (K or V, KV head g) widened to f32: lane holds half pairs lane,
+// lane + 32, ... in f[2 i], f[2 i + 1]; zeros past head_dim.
+__device__ __forceinline__ void load_row(const AttnParams& p, const int* bt, int ps, long long kv_dim, int g,
+                                         const half_t* cache, float (&f)[ATT_MAX_HD / WARP]) {
+    const int lane = threadIdx.x % WARP, half = p.head_dim / 2;
+    const long long slot = (long long)bt[ps / p.block_size] * p.block_size + ps % p.block_size;
+    const unsigned int* r = reinterpret_cast<const unsigned int*>(cache + slot * kv_dim + (long long)g * p.head_dim);
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_HD / 64; ++i) {
+        const int d2 = lane + WARP * i;
+        if (d2 < half) {
+            h2x2f(r[d2], f[2 * i], f[2 * i + 1]);
+        } else {
+            f[2 * i] = 0.0f;
+            f[2 * i + 1] = 0.0f;
+        }
+    }
+}
+
 // Dynamic shared memory: (group * head_dim + group * split_len + nwarps * ATT_VCHUNK * head_dim) floats.
 extern "C" __global__ void attn_split_f16(const AttnParams p) {
     extern __shared__ float smem[];
@@ -61,34 +80,34 @@ extern "C" __global__ void attn_split_f16(const AttnParams p) {
     const int* bt = p.block_tables + (long long)p.tok_seq[t] * p.bt_stride;
     const long long kv_dim = (long long)p.n_kv * hd;
 
-    // Scores: one warp per position; lane owns the half pairs lane, lane + 32, ...
-    for (int ps = start + warp; ps < end; ps += nwarps) {
-        const long long slot = (long long)bt[ps / p.block_size] * p.block_size + ps % p.block_size;
-        const unsigned int* kr = reinterpret_cast<const unsigned int*>(p.k_cache + slot * kv_dim + (long long)g * hd);
-        float kf[ATT_MAX_HD / WARP];
-#pragma unroll
-        for (int i = 0; i < ATT_MAX_HD / 64; ++i) {
-            const int d2 = lane + WARP * i;
-            if (d2 < half) {
-                h2x2f(kr[d2], kf[2 * i], kf[2 * i + 1]);
-            } else {
-                kf[2 * i] = 0.0f;
-                kf[2 * i + 1] = 0.0f;
-            }
-        }
+    // Scores: one warp per position, two positions per pass (both K rows loaded before the dot
+    // products, so two loads are in flight per warp); lane owns the half pairs lane, lane + 32, ...
+    for (int ps = start + warp; ps < end; ps += 2 * nwarps) {
+        const int ps2 = ps + nwarps;
+        const bool two = ps2 < end;  // warp-uniform
+        float kf[ATT_MAX_HD / WARP], kf2[ATT_MAX_HD / WARP] = {};
+        load_row(p, bt, ps, kv_dim, g, p.k_cache, kf);
+        if (two) load_row(p, bt, ps2, kv_dim, g, p.k_cache, kf2);
         for (int j = 0; j < group; ++j) {
             const float* qj = q_s + j * hd;
-            float acc = 0.0f;
+            float acc = 0.0f, acc2 = 0.0f;
 #pragma unroll
             for (int i = 0; i < ATT_MAX_HD / 64; ++i) {
                 const int d2 = lane + WARP * i;
                 if (d2 < half) {
-                    acc = fmaf(qj[2 * d2], kf[2 * i], acc);
-                    acc = fmaf(qj[2 * d2 + 1], kf[2 * i + 1], acc);
+                    const float q0 = qj[2 * d2], q1 = qj[2 * d2 + 1];
+                    acc = fmaf(q0, kf[2 * i], acc);
+                    acc = fmaf(q1, kf[2 * i + 1], acc);
+                    acc2 = fmaf(q0, kf2[2 * i], acc2);
+                    acc2 = fmaf(q1, kf2[2 * i + 1], acc2);
                 }
             }
             acc = warp_sum(acc);
-            if (lane == 0) sc[j * p.split_len + (ps - start)] = acc;
+            if (two) acc2 = warp_sum(acc2);
+            if (lane == 0) {
+                sc[j * p.split_len + (ps - start)] = acc;
+                if (two) sc[j * p.split_len + (ps2 - start)] = acc2;
+            }
         }
     }
     __syncthreads();
@@ -124,27 +143,24 @@ extern "C" __global__ void attn_split_f16(const AttnParams p) {
         for (int j = 0; j < ATT_VCHUNK; ++j)
 #pragma unroll
             for (int i = 0; i < ATT_MAX_HD / WARP; ++i) acc[j][i] = 0.0f;
-        for (int ps = start + warp; ps < end; ps += nwarps) {
-            const long long slot = (long long)bt[ps / p.block_size] * p.block_size + ps % p.block_size;
-            const unsigned int* vr =
-                reinterpret_cast<const unsigned int*>(p.v_cache + slot * kv_dim + (long long)g * hd);
-            float vf[ATT_MAX_HD / WARP];
-#pragma unroll
-            for (int i = 0; i < ATT_MAX_HD / 64; ++i) {
-                const int d2 = lane + WARP * i;
-                if (d2 < half) {
-                    h2x2f(vr[d2], vf[2 * i], vf[2 * i + 1]);
-                } else {
-                    vf[2 * i] = 0.0f;
-                    vf[2 * i + 1] = 0.0f;
-                }
-            }
+        // Two positions per pass, as for the scores (two V rows in flight per warp).
+        for (int ps = start + warp; ps < end; ps += 2 * nwarps) {
+            const int ps2 = ps + nwarps;
+            const bool two = ps2 < end;  // warp-uniform
+            float vf[ATT_MAX_HD / WARP], vf2[ATT_MAX_HD / WARP];
+            load_row(p, bt, ps, kv_dim, g, p.v_cache, vf);
+            if (two) load_row(p, bt, ps2, kv_dim, g, p.v_cache, vf2);
 #pragma unroll
             for (int j = 0; j < ATT_VCHUNK; ++j) {
                 if (j0 + j < group) {
                     const float pj = sc[(j0 + j) * p.split_len + (ps - start)];
 #pragma unroll
                     for (int i = 0; i < ATT_MAX_HD / WARP; ++i) acc[j][i] = fmaf(pj, vf[i], acc[j][i]);
+                    if (two) {
+                        const float pj2 = sc[(j0 + j) * p.split_len + (ps2 - start)];
+#pragma unroll
+                        for (int i = 0; i < ATT_MAX_HD / WARP; ++i) acc[j][i] = fmaf(pj2, vf2[i], acc[j][i]);
+                    }
                 }
             }
         }

@@ -96,7 +96,11 @@ fn greedy_outputs_are_identical_across_slots_prefix_cache_chunking_order_and_pre
     ];
     for (name, r) in &variants {
         let (got, metrics) = run(&m, r, &p);
-        assert_eq!(got, want, "{name}: outputs differ from 1 slot");
+        // Outputs must match; how much of each prompt came from the cache may differ.
+        let strip = |m: &BTreeMap<u64, Completion>| {
+            m.iter().map(|(k, c)| (*k, (c.token_ids.clone(), c.finish_reason, c.prompt_tokens))).collect::<Vec<_>>()
+        };
+        assert_eq!(strip(&got), strip(&want), "{name}: outputs differ from 1 slot");
         if r.prefix_cache {
             assert!(metrics.prompt_tokens_cached > 0, "{name}: no prefix reuse: {metrics:?}");
         }

@@ -618,7 +618,7 @@ unsafe impl DeviceRepr for AttnParams {}
 /// short for decode steps (few query tokens, so the splits are what fills the GPU), long for
 /// prefill (many query tokens already fill it; fewer partials to store and merge).
 pub fn attn_split_len(n_tok: usize) -> usize {
-    if n_tok <= GEMV_MAX_TOKENS {
+    if n_tok <= super::tc::TC_MAX_TOKENS {
         64
     } else {
         256

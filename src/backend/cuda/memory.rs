@@ -4,7 +4,8 @@
 
 use crate::model::config::ModelConfig;
 
-use super::launch::{attn_splits, GEMV_MAX_TOKENS};
+use super::launch::attn_splits;
+use super::tc::TC_MAX_TOKENS;
 
 /// Bytes the backend will hold on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,13 +50,13 @@ pub fn plan_memory(
     let tok = max_batch_tokens.max(1).next_power_of_two();
     let act_f32 = 2 * dim + (qd + 2 * kvd) + qd + 2 * ffn + ffn;
     let act_f16 = dim.max(qd).max(ffn);
-    let activations = (tok * (act_f32 * 4 + act_f16 * 2 + 6 * 4)) as u64;
+    let activations = (tok * (act_f32 * 4 + 6 * 4) + tok.max(16) * act_f16 * 2) as u64;
     let rows = tok.min(MAX_LOGIT_ROWS);
     let logits = (rows * (c.vocab_size + dim) * 4) as u64;
     let max_pos = positions as usize;
     // Decode steps round their split count up to a power of two (one graph per bucket).
     let partials = |n: usize, splits: usize| (n * c.n_heads * splits * (hd + 2) * 4) as u64;
-    let dec = GEMV_MAX_TOKENS.min(tok);
+    let dec = TC_MAX_TOKENS.min(tok);
     let attn =
         partials(tok, attn_splits(max_pos, tok)).max(partials(dec, attn_splits(max_pos, dec).next_power_of_two()));
     let rope = (2 * max_pos * hd / 2 * 4) as u64;

@@ -13,6 +13,7 @@ pub mod launch;
 pub mod memory;
 pub mod nvrtc;
 mod step;
+pub mod tc;
 pub mod weights;
 
 use std::path::PathBuf;

@@ -38,6 +38,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("add", ["bias_add_f32", "cast_f32_f16"]),
     kernel_file!("attention_decode", ["attn_split_f16", "attn_combine_f32"]),
     kernel_file!("embedding", ["embedding_f16", "fill_uniform_f16"]),
+    kernel_file!("gemm_tc", ["gemm_tc_f16_t16", "gemm_tc_f16_t32", "gemm_tc_f16_t48", "gemm_tc_f16_t64"]),
     kernel_file!(
         "gemv_f16",
         [

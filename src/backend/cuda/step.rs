@@ -1,10 +1,14 @@
 //! One forward step of `CudaBackend`: the plan flattened into one per-step input buffer
 //! (uploaded in one copy), the kernels of every layer, and the logits copied back.
 //!
-//! Steps of up to 8 tokens (decode) run as a replayed CUDA graph, captured once per (tokens,
-//! logit rows, attention splits): every pointer a kernel reads is fixed (work buffers, the
-//! step-input buffer with a fixed block-table stride), and the attention split count is rounded
-//! up to a power of two (extra splits exit at once), so one graph serves a growing sequence.
+//! Steps of up to 64 tokens (decode of up to 64 sequences) run as a replayed CUDA graph, captured
+//! once per (tokens, logit rows, attention splits): every pointer a kernel reads is fixed (work
+//! buffers, the step-input buffer with a fixed block-table stride), and the attention split count
+//! is rounded up to a power of two (extra splits exit at once), so one graph serves a growing
+//! sequence. Such steps use no cuBLAS (so the capture holds only our kernels).
+//!
+//! Matrix products: 1 token (below `tc_min_tokens`): f32 GEMV; 2..=64 tokens: the tensor-core
+//! GEMM (input cast to F16, each weight read once for all tokens); more: cuBLAS.
 //!
 //! Per layer: rmsnorm -> qkv matmul (+bias) -> qkv_post (q/k head norm, RoPE, K/V store) ->
 //! attention (split, combine) -> o matmul (+= residual) -> rmsnorm -> gate/up matmul with SwiGLU
@@ -17,6 +21,7 @@ use super::backend::{zeros, CudaBackend, Work};
 use super::fused::{GemvSwiglu, QkvPost};
 use super::kernels::Kernels;
 use super::launch::{self as l, Dev};
+use super::tc::{GemmTc, TC_MAX_TOKENS};
 use super::CudaError;
 use crate::backend::BackendError;
 use crate::engine::plan::StepPlan;
@@ -54,6 +59,16 @@ fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
     Dev::of(b.as_ref().expect("work buffer allocated by ensure_work"), s)
 }
 
+/// Fewest tokens that take the tensor-core GEMM instead of the f32 GEMV (at most 8 use the
+/// GEMV). `DUSTOFF_TC_MIN_TOKENS` overrides the default of 2 (for comparisons).
+fn tc_min_tokens() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        let v = std::env::var("DUSTOFF_TC_MIN_TOKENS").ok().and_then(|v| v.parse::<usize>().ok());
+        v.unwrap_or(2).clamp(2, l::GEMV_MAX_TOKENS + 1)
+    })
+}
+
 /// Offsets of the per-step inputs in `Work::meta` (in i32 elements) for a token capacity.
 struct MetaLayout {
     ids: usize,
@@ -69,10 +84,10 @@ fn layout(cap: usize) -> MetaLayout {
 }
 
 impl CudaBackend {
-    /// Splits of the attention pass: rounded up to a power of two for decode-sized steps.
+    /// Splits of the attention pass: rounded up to a power of two for graph-sized steps.
     fn splits_for(n_tok: usize, max_len: usize) -> usize {
         let need = l::attn_splits(max_len, n_tok);
-        if n_tok <= l::GEMV_MAX_TOKENS {
+        if n_tok <= TC_MAX_TOKENS {
             need.next_power_of_two()
         } else {
             need
@@ -93,7 +108,9 @@ impl CudaBackend {
             grew |= grow(s, &mut w.att, cap * c.q_dim(), "attention output")?;
             grew |= grow(s, &mut w.gu, cap * 2 * c.ffn_dim, "gate/up")?;
             grew |= grow(s, &mut w.act, cap * c.ffn_dim, "ffn activation")?;
-            grew |= grow(s, &mut w.x16, cap * c.dim.max(c.q_dim()).max(c.ffn_dim), "f16 GEMM input")?;
+            // At least 16 rows: the tensor-core GEMM reads its input in tiles of 16 tokens.
+            let widest = c.dim.max(c.q_dim()).max(c.ffn_dim);
+            grew |= grow(s, &mut w.x16, cap.max(16) * widest, "f16 GEMM input")?;
             grew |= grow(s, &mut w.meta, layout(cap).bt + cap * self.bt_stride, "step inputs")?;
             w.cap_tok = cap;
         }
@@ -195,7 +212,7 @@ impl CudaBackend {
                 .stream
                 .memcpy_htod(&self.host_meta, &mut view)
                 .map_err(CudaError::driver("uploading step inputs"))?;
-            if self.use_graphs && f.n_tok <= l::GEMV_MAX_TOKENS {
+            if self.use_graphs && f.n_tok <= TC_MAX_TOKENS && self.no_cublas(f) {
                 self.replay(&w, f)?;
             } else {
                 self.run_layers(&w, f)?;
@@ -229,6 +246,26 @@ impl CudaBackend {
             self.note_memory();
         }
         self.graphs[&key].launch().map_err(CudaError::driver("launching the decode graph"))
+    }
+
+    /// Whether every matrix product of this step runs on our kernels (a capturable step):
+    /// GEMV below `tc_min_tokens`, else the tensor-core GEMM, whose shape and alignment rules
+    /// the weights must meet.
+    fn no_cublas(&self, f: &Flat) -> bool {
+        let s: &CudaStream = &self.dev.stream;
+        let Some(x16) = self.work.x16.as_ref() else { return false };
+        let x = Dev::of(x16, s);
+        let c = &self.cfg;
+        let ok = |w: Dev<u16>, rows: usize, cols: usize, n: usize| n < tc_min_tokens() || GemmTc::fits(w, x, rows, cols, n);
+        let n = f.n_tok;
+        let layers = self.layers.iter().all(|lw| {
+            ok(Dev::of(&lw.wqkv, s), c.q_dim() + 2 * c.kv_dim(), c.dim, n)
+                && ok(Dev::of(&lw.wo, s), c.dim, c.q_dim(), n)
+                && ok(Dev::of(&lw.wgu, s), 2 * c.ffn_dim, c.dim, n)
+                && ok(Dev::of(&lw.wdown, s), c.dim, c.ffn_dim, n)
+        });
+        let head = Dev::of(self.output.as_ref().unwrap_or(&self.embd), s);
+        layers && (f.m == 0 || ok(head, c.vocab_size, c.dim, f.m))
     }
 
     fn run_layers(&mut self, w: &Work, f: &Flat) -> Result<(), CudaError> {
@@ -320,7 +357,7 @@ impl CudaBackend {
             .launch(k, s)?;
             mm.run(k, Lin { w: Dev::of(&lw.wo, s), rows: dim, cols: qd, bias: None }, att, n, x, true)?;
             norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
-            if n <= l::GEMV_MAX_TOKENS {
+            if n < tc_min_tokens() {
                 GemvSwiglu {
                     w: Dev::of(&lw.wgu, s),
                     x: h,
@@ -369,7 +406,8 @@ struct Lin {
     bias: Option<Dev<f32>>,
 }
 
-/// Matrix products of the step: GEMV for up to 8 tokens, cuBLAS above (input cast to F16).
+/// Matrix products of the step: GEMV below `tc_min_tokens`, the tensor-core GEMM up to 64
+/// tokens, cuBLAS above (input cast to F16 for both).
 struct Mm<'a> {
     s: &'a CudaStream,
     blas: &'a cudarc::cublas::CudaBlas,
@@ -388,7 +426,7 @@ impl Mm<'_> {
         out: Dev<f32>,
         accumulate: bool,
     ) -> Result<(), CudaError> {
-        if n <= l::GEMV_MAX_TOKENS {
+        if n < tc_min_tokens() {
             let g = l::Gemv {
                 w: lin.w,
                 x,
@@ -404,6 +442,20 @@ impl Mm<'_> {
             return g.launch(k, self.s);
         }
         l::CastF16 { x, out: self.x16, n: n * lin.cols }.launch(k, self.s)?;
+        if GemmTc::fits(lin.w, self.x16, lin.rows, lin.cols, n) {
+            let g = GemmTc {
+                w: lin.w,
+                x: self.x16,
+                out,
+                bias: lin.bias,
+                rows: lin.rows,
+                cols: lin.cols,
+                n_tok: n,
+                out_stride: lin.rows,
+                accumulate,
+            };
+            return g.launch(k, self.s);
+        }
         l::Gemm {
             w: lin.w,
             x: self.x16,

@@ -1,0 +1,118 @@
+// Tensor-core GEMM for decode batches (2..64 tokens): out[t, r] (+)= sum_c W[r, c] x[t, c].
+// W is F16 [rows, cols] row-major (read once from memory: the step is bandwidth bound), x is F16
+// [>= ceil16(n_tok), cols] (the f32 activations cast by cast_f32_f16; rows past n_tok are read
+// but their results are dropped: each output column depends on its own token only).
+//
+// wmma m16n16k16 (F16 in, F32 accumulation) written as inline PTX (no toolkit headers; valid on
+// compute_70). A block of TC_WARPS warps owns 16 rows of W and all NT16 * 16 tokens; its warps
+// split the columns (warp w takes k tiles w * TC_UNROLL .. + TC_UNROLL, then every
+// TC_WARPS * TC_UNROLL-th: TC_UNROLL 32-byte segments per row in flight at once), and the warps'
+// accumulators are added through shared memory in warp order (deterministic).
+// Requires (checked by the launcher): rows % 16 == 0, cols % 16 == 0, w and x 32-byte aligned.
+#include "common.cuh"
+
+struct TcParams {
+    const half_t* w;   // [rows, cols] f16
+    const half_t* x;   // [ceil16(n_tok), cols] f16
+    float* out;        // [n_tok, out_stride] f32
+    const float* bias; // optional [rows] f32, or null
+    int rows;
+    int cols;
+    int n_tok;         // <= NT16 * 16
+    int out_stride;
+    int accumulate;    // 1: out += W x; 0: out = W x
+};
+
+#define TC_WARPS 8
+#define TC_UNROLL 4
+
+// A: 16 rows x 16 columns of W at p (row-major, ldm elements between rows).
+__device__ __forceinline__ void wmma_load_a(unsigned (&a)[8], const half_t* p, int ldm) {
+    asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]), "=r"(a[4]), "=r"(a[5]), "=r"(a[6]), "=r"(a[7])
+                 : "l"(p), "r"(ldm));
+}
+
+// B: 16 columns (k) x 16 tokens; token n's 16 values at p + n * ldm (column-major).
+__device__ __forceinline__ void wmma_load_b(unsigned (&b)[8], const half_t* p, int ldm) {
+    asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]), "=r"(b[4]), "=r"(b[5]), "=r"(b[6]), "=r"(b[7])
+                 : "l"(p), "r"(ldm));
+}
+
+// d += a b (16 x 16 f32 accumulator).
+__device__ __forceinline__ void wmma_mma(float (&d)[8], const unsigned (&a)[8], const unsigned (&b)[8]) {
+    asm volatile(
+        "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+        "{%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19,%20,%21,%22,%23}, {%0,%1,%2,%3,%4,%5,%6,%7};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]), "r"(a[6]), "r"(a[7]),
+          "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(b[4]), "r"(b[5]), "r"(b[6]), "r"(b[7]));
+}
+
+// Stores the accumulator row-major at p (generic address; shared memory here).
+__device__ __forceinline__ void wmma_store(float* p, const float (&d)[8], int ldm) {
+    asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
+                 :
+                 : "l"(p), "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]), "f"(d[4]), "f"(d[5]), "f"(d[6]), "f"(d[7]),
+                   "r"(ldm)
+                 : "memory");
+}
+
+template <int NT16>
+__device__ __forceinline__ void gemm_tc_impl(const TcParams& p) {
+    // [warp][row m][token n], rows padded by 4 floats (fewer bank conflicts in the sum below;
+    // ldm stays a multiple of 4 floats and every tile start 32-byte aligned).
+    constexpr int LD = NT16 * 16 + 4;
+    __shared__ __align__(32) float red[TC_WARPS][16 * LD];
+    const int warp = threadIdx.x / WARP;
+    const int r0 = blockIdx.x * 16;
+    const int nkt = p.cols / 16;
+    const half_t* wb = p.w + (long long)r0 * p.cols;
+    float acc[NT16][8];
+#pragma unroll
+    for (int j = 0; j < NT16; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[j][i] = 0.0f;
+    for (int kt0 = warp * TC_UNROLL; kt0 < nkt; kt0 += TC_WARPS * TC_UNROLL) {
+        unsigned a[TC_UNROLL][8];
+        // All weight loads first (TC_UNROLL * 512 bytes in flight per warp); kt is warp-uniform.
+#pragma unroll
+        for (int u = 0; u < TC_UNROLL; ++u)
+            if (kt0 + u < nkt) wmma_load_a(a[u], wb + (kt0 + u) * 16, p.cols);
+#pragma unroll
+        for (int u = 0; u < TC_UNROLL; ++u) {
+            if (kt0 + u < nkt) {
+#pragma unroll
+                for (int j = 0; j < NT16; ++j) {
+                    unsigned b[8];
+                    wmma_load_b(b, p.x + (long long)j * 16 * p.cols + (kt0 + u) * 16, p.cols);
+                    wmma_mma(acc[j], a[u], b);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT16; ++j) wmma_store(&red[warp][j * 16], acc[j], LD);
+    __syncthreads();
+    // Thread e sums element (m = e % 16, n = e / 16) over the warps: 16 consecutive rows of one
+    // token per half-warp, so the global writes come in 64-byte runs.
+    for (int e = threadIdx.x; e < 16 * NT16 * 16; e += blockDim.x) {
+        const int m = e % 16, n = e / 16;
+        if (n < p.n_tok) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < TC_WARPS; ++w) v += red[w][m * LD + n];
+            const int row = r0 + m;
+            if (p.bias) v += p.bias[row];
+            float* o = p.out + (long long)n * p.out_stride + row;
+            *o = p.accumulate ? *o + v : v;
+        }
+    }
+}
+
+// grid: rows / 16, block: TC_WARPS * 32. The suffix is the padded token count.
+extern "C" __global__ void __launch_bounds__(TC_WARPS * WARP) gemm_tc_f16_t16(const TcParams p) { gemm_tc_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(TC_WARPS * WARP) gemm_tc_f16_t32(const TcParams p) { gemm_tc_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(TC_WARPS * WARP) gemm_tc_f16_t48(const TcParams p) { gemm_tc_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(TC_WARPS * WARP) gemm_tc_f16_t64(const TcParams p) { gemm_tc_impl<4>(p); }
