@@ -52,13 +52,7 @@ pub fn make_backend(
             if ordinal >= n {
                 bail!("device cuda:{ordinal} requested, but {n} CUDA device(s) are usable here; use --device cpu");
             }
-            let opts = crate::backend::cuda::backend::CudaOptions {
-                ordinal,
-                num_blocks: blocks,
-                block_size: BLOCK_SIZE,
-                ptx_dir: ptx_dir.map(Path::to_path_buf),
-                max_positions: blocks * BLOCK_SIZE,
-            };
+            let opts = cuda_options(ordinal, blocks, ptx_dir);
             let b = crate::backend::cuda::backend::CudaBackend::new(cfg.clone(), w, &opts)
                 .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
             Ok(Box::new(b))
@@ -84,6 +78,17 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     Ok(m)
 }
 
+fn cuda_options(ordinal: usize, blocks: usize, ptx_dir: Option<&Path>) -> crate::backend::cuda::CudaOptions {
+    crate::backend::cuda::CudaOptions {
+        ordinal,
+        num_blocks: blocks,
+        block_size: BLOCK_SIZE,
+        ptx_dir: ptx_dir.map(Path::to_path_buf),
+        // RoPE tables cover every position the KV cache can hold.
+        max_positions: blocks * BLOCK_SIZE,
+    }
+}
+
 /// A random-weight model of a named shape on `device`. On a GPU the weights are generated there
 /// (F16 only), so an 8B shape takes seconds, not a 16 GB host buffer.
 pub fn make_synthetic_backend(
@@ -105,14 +110,7 @@ pub fn make_synthetic_backend(
             if dtype != crate::model::quant::GgmlType::F16 {
                 bail!("synthetic weights on the GPU are F16 (the CUDA backend computes in F16); use --dtype f16");
             }
-            let blocks = tokens.div_ceil(BLOCK_SIZE).max(1);
-            let opts = crate::backend::cuda::backend::CudaOptions {
-                ordinal,
-                num_blocks: blocks,
-                block_size: BLOCK_SIZE,
-                ptx_dir: ptx_dir.map(Path::to_path_buf),
-                max_positions: blocks * BLOCK_SIZE,
-            };
+            let opts = cuda_options(ordinal, tokens.div_ceil(BLOCK_SIZE).max(1), ptx_dir);
             let b = crate::backend::cuda::backend::CudaBackend::synthetic(cfg, 1, &opts)
                 .with_context(|| format!("making a synthetic {shape} on cuda:{ordinal}"))?;
             Ok(Box::new(b))
@@ -142,11 +140,6 @@ pub fn parse_dtype(s: &str) -> Result<crate::model::quant::GgmlType> {
 /// KV block size (tokens) of every backend.
 pub const BLOCK_SIZE: usize = 16;
 
-/// A CPU backend with room for `tokens` cached positions.
-pub fn cpu_backend(m: &LoadedModel, tokens: usize) -> CpuBackend {
-    let blocks = tokens.div_ceil(BLOCK_SIZE).max(1);
-    CpuBackend::new(m.config.clone(), m.weights.clone(), blocks, BLOCK_SIZE)
-}
 
 /// Reads a JSONL file line by line: `(1-based line number, parsed value or error message)`.
 /// Blank lines are skipped.

@@ -256,7 +256,8 @@ impl CudaBackend {
         let Some(x16) = self.work.x16.as_ref() else { return false };
         let x = Dev::of(x16, s);
         let c = &self.cfg;
-        let ok = |w: Dev<u16>, rows: usize, cols: usize, n: usize| n < tc_min_tokens() || GemmTc::fits(w, x, rows, cols, n);
+        let ok =
+            |w: Dev<u16>, rows: usize, cols: usize, n: usize| n < tc_min_tokens() || GemmTc::fits(w, x, rows, cols, n);
         let n = f.n_tok;
         let layers = self.layers.iter().all(|lw| {
             ok(Dev::of(&lw.wqkv, s), c.q_dim() + 2 * c.kv_dim(), c.dim, n)

@@ -165,16 +165,7 @@ pub fn dot_row(dtype: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     out[0]
 }
 
-/// `out[r] = dot_row(dtype, row r, x)` for consecutive packed rows of `x.len()` elements: the
-/// CPU check, type dispatch and per-`x` precomputation happen once for the run of rows (the
-/// GEMV inner loop). Precondition: `packed` holds `out.len()` such rows.
-pub(crate) fn dot_rows(dtype: GgmlType, packed: &[u8], x: &[f32], out: &mut [f32]) {
-    let rb = dtype.row_bytes(x.len()).unwrap_or(0);
-    debug_assert!(rb > 0 || x.is_empty(), "dot_rows {dtype}: {} is not whole blocks", x.len());
-    debug_assert!(packed.len() >= rb * out.len(), "dot_rows {dtype}: too few bytes");
-    dot_packed_rows(dtype, packed, rb, x, out);
-}
-
+/// Dot products of consecutive packed rows of `rb` bytes with `x` (`out[r]` for row r).
 fn dot_packed_rows(dtype: GgmlType, packed: &[u8], rb: usize, x: &[f32], out: &mut [f32]) {
     if rb == 0 {
         out.fill(0.0);
