@@ -5,10 +5,12 @@
 //
 // wmma m16n16k16 (F16 in, F32 accumulation) written as inline PTX (no toolkit headers; valid on
 // compute_70). A block of TC_WARPS warps owns 16 rows of W and all NT16 * 16 tokens; its warps
-// split the columns (warp w takes k tiles w * TC_UNROLL .. + TC_UNROLL, then every
-// TC_WARPS * TC_UNROLL-th: TC_UNROLL 32-byte segments per row in flight at once), and the warps'
-// accumulators are added through shared memory in warp order (deterministic).
-// Requires (checked by the launcher): rows % 16 == 0, cols % 16 == 0, w and x 32-byte aligned.
+// split the columns in chunks of TC_KC (warp w takes chunks w, w + TC_WARPS, ...). Each chunk
+// of W and x is fetched with coalesced 16-byte loads into registers (the next chunk's while this
+// one is multiplied), staged in the warp's own shared memory and fed to wmma from there (wmma
+// loads straight from global memory touch 32 bytes per row and ran at ~1.2 TB/s on the H200).
+// The warps' accumulators are added through shared memory in warp order (deterministic).
+// Requires (checked by the launcher): rows % 16 == 0, cols % 32 == 0, w and x 32-byte aligned.
 #include "common.cuh"
 
 struct TcParams {
@@ -23,21 +25,22 @@ struct TcParams {
     int accumulate;    // 1: out += W x; 0: out = W x
 };
 
-#define TC_WARPS 8
-#define TC_UNROLL 4
+#define TC_WARPS 6
 
 // A: 16 rows x 16 columns of W at p (row-major, ldm elements between rows).
 __device__ __forceinline__ void wmma_load_a(unsigned (&a)[8], const half_t* p, int ldm) {
     asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]), "=r"(a[4]), "=r"(a[5]), "=r"(a[6]), "=r"(a[7])
-                 : "l"(p), "r"(ldm));
+                 : "l"(p), "r"(ldm)
+                 : "memory");
 }
 
 // B: 16 columns (k) x 16 tokens; token n's 16 values at p + n * ldm (column-major).
 __device__ __forceinline__ void wmma_load_b(unsigned (&b)[8], const half_t* p, int ldm) {
     asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
                  : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]), "=r"(b[4]), "=r"(b[5]), "=r"(b[6]), "=r"(b[7])
-                 : "l"(p), "r"(ldm));
+                 : "l"(p), "r"(ldm)
+                 : "memory");
 }
 
 // d += a b (16 x 16 f32 accumulator).
@@ -59,41 +62,82 @@ __device__ __forceinline__ void wmma_store(float* p, const float (&d)[8], int ld
                  : "memory");
 }
 
+// One warp's staging area: a 16-row weight tile and an NT16 * 16-token input tile of TC_KC
+// columns each, rows TC_LD halves apart (padded: fewer bank conflicts in the wmma loads).
+#define TC_KC 32
+#define TC_LD (TC_KC + 8)
+
+// Global -> registers: the weight tile (16 rows x 64 bytes: 2 x 16-byte loads per lane) and the
+// input tile (NT16 * 16 tokens x 64 bytes: 2 * NT16 loads per lane), coalesced 16-byte loads.
+template <int NT16>
+__device__ __forceinline__ void tc_fetch(const TcParams& p, const half_t* wb, int kc, uint4 (&ra)[2],
+                                         uint4 (&rb)[2 * NT16]) {
+    const int lane = threadIdx.x % WARP;
+    const long long c0 = (long long)kc * TC_KC;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int q = lane + WARP * i, row = q / 4, part = q % 4;
+        ra[i] = __ldg(reinterpret_cast<const uint4*>(wb + (long long)row * p.cols + c0 + part * 8));
+    }
+#pragma unroll
+    for (int i = 0; i < 2 * NT16; ++i) {
+        const int q = lane + WARP * i, tok = q / 4, part = q % 4;
+        rb[i] = __ldg(reinterpret_cast<const uint4*>(p.x + (long long)tok * p.cols + c0 + part * 8));
+    }
+}
+
 template <int NT16>
 __device__ __forceinline__ void gemm_tc_impl(const TcParams& p) {
-    // [warp][row m][token n], rows padded by 4 floats (fewer bank conflicts in the sum below;
-    // ldm stays a multiple of 4 floats and every tile start 32-byte aligned).
-    constexpr int LD = NT16 * 16 + 4;
-    __shared__ __align__(32) float red[TC_WARPS][16 * LD];
-    const int warp = threadIdx.x / WARP;
+    constexpr int STAGE = (16 + NT16 * 16) * TC_LD;  // halves per warp
+    constexpr int LD = NT16 * 16 + 4;                // floats per row of the sum buffer
+    constexpr int STAGE_BYTES = TC_WARPS * STAGE * 2, RED_BYTES = TC_WARPS * 16 * LD * 4;
+    // The staging tiles during the loop, then (after a barrier) the warps' accumulators.
+    __shared__ __align__(32) unsigned char smem[STAGE_BYTES > RED_BYTES ? STAGE_BYTES : RED_BYTES];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    half_t* sa = reinterpret_cast<half_t*>(smem) + warp * STAGE;  // [16, TC_LD]
+    half_t* sb = sa + 16 * TC_LD;                                  // [NT16 * 16, TC_LD]
     const int r0 = blockIdx.x * 16;
-    const int nkt = p.cols / 16;
+    const int nkc = p.cols / TC_KC;
     const half_t* wb = p.w + (long long)r0 * p.cols;
     float acc[NT16][8];
 #pragma unroll
     for (int j = 0; j < NT16; ++j)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[j][i] = 0.0f;
-    for (int kt0 = warp * TC_UNROLL; kt0 < nkt; kt0 += TC_WARPS * TC_UNROLL) {
-        unsigned a[TC_UNROLL][8];
-        // All weight loads first (TC_UNROLL * 512 bytes in flight per warp); kt is warp-uniform.
+    uint4 ra[2], rb[2 * NT16];
+    // Warp w takes column chunks w, w + TC_WARPS, ...; the next chunk's loads are in flight
+    // while this one's products run. kc is warp-uniform.
+    if (warp < nkc) tc_fetch<NT16>(p, wb, warp, ra, rb);
+    for (int kc = warp; kc < nkc; kc += TC_WARPS) {
+        __syncwarp();  // the previous chunk's wmma loads are done with the tiles
 #pragma unroll
-        for (int u = 0; u < TC_UNROLL; ++u)
-            if (kt0 + u < nkt) wmma_load_a(a[u], wb + (kt0 + u) * 16, p.cols);
+        for (int i = 0; i < 2; ++i) {
+            const int q = lane + WARP * i;
+            *reinterpret_cast<uint4*>(sa + (q / 4) * TC_LD + (q % 4) * 8) = ra[i];
+        }
 #pragma unroll
-        for (int u = 0; u < TC_UNROLL; ++u) {
-            if (kt0 + u < nkt) {
+        for (int i = 0; i < 2 * NT16; ++i) {
+            const int q = lane + WARP * i;
+            *reinterpret_cast<uint4*>(sb + (q / 4) * TC_LD + (q % 4) * 8) = rb[i];
+        }
+        __syncwarp();
+        if (kc + TC_WARPS < nkc) tc_fetch<NT16>(p, wb, kc + TC_WARPS, ra, rb);
 #pragma unroll
-                for (int j = 0; j < NT16; ++j) {
-                    unsigned b[8];
-                    wmma_load_b(b, p.x + (long long)j * 16 * p.cols + (kt0 + u) * 16, p.cols);
-                    wmma_mma(acc[j], a[u], b);
-                }
+        for (int u = 0; u < TC_KC / 16; ++u) {
+            unsigned a[8];
+            wmma_load_a(a, sa + u * 16, TC_LD);
+#pragma unroll
+            for (int j = 0; j < NT16; ++j) {
+                unsigned b[8];
+                wmma_load_b(b, sb + j * 16 * TC_LD + u * 16, TC_LD);
+                wmma_mma(acc[j], a, b);
             }
         }
     }
+    __syncthreads();  // every warp is done with the staging area before it becomes the sum buffer
+    float* red = reinterpret_cast<float*>(smem);  // [TC_WARPS][16][LD]
 #pragma unroll
-    for (int j = 0; j < NT16; ++j) wmma_store(&red[warp][j * 16], acc[j], LD);
+    for (int j = 0; j < NT16; ++j) wmma_store(red + warp * 16 * LD + j * 16, acc[j], LD);
     __syncthreads();
     // Thread e sums element (m = e % 16, n = e / 16) over the warps: 16 consecutive rows of one
     // token per half-warp, so the global writes come in 64-byte runs.
@@ -102,7 +146,7 @@ __device__ __forceinline__ void gemm_tc_impl(const TcParams& p) {
         if (n < p.n_tok) {
             float v = 0.0f;
 #pragma unroll
-            for (int w = 0; w < TC_WARPS; ++w) v += red[w][m * LD + n];
+            for (int w = 0; w < TC_WARPS; ++w) v += red[(w * 16 + m) * LD + n];
             const int row = r0 + m;
             if (p.bias) v += p.bias[row];
             float* o = p.out + (long long)n * p.out_stride + row;

@@ -11,7 +11,7 @@ use super::CudaError;
 /// Most tokens one tensor-core GEMM launch serves (4 tiles of 16).
 pub const TC_MAX_TOKENS: usize = 64;
 /// Threads of a block (kernels/gemm_tc.cu: TC_WARPS * 32); a block computes 16 rows.
-const TC_THREADS: u32 = 256;
+const TC_THREADS: u32 = 192;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -50,12 +50,12 @@ pub struct GemmTc {
 }
 
 impl GemmTc {
-    /// Whether the kernel takes this shape (else use cuBLAS): 16-row and 16-column tiles,
+    /// Whether the kernel takes this shape (else use cuBLAS): 16-row tiles, 32-column chunks,
     /// 32-byte aligned operands.
     pub fn fits(w: Dev<u16>, x: Dev<u16>, rows: usize, cols: usize, n_tok: usize) -> bool {
         (1..=TC_MAX_TOKENS).contains(&n_tok)
             && rows.is_multiple_of(16)
-            && cols.is_multiple_of(16)
+            && cols.is_multiple_of(32)
             && w.ptr.is_multiple_of(32)
             && x.ptr.is_multiple_of(32)
     }
@@ -64,7 +64,7 @@ impl GemmTc {
         const K: &str = "gemm_tc_f16";
         check(K, Self::fits(self.w, self.x, self.rows, self.cols, self.n_tok), || {
             format!(
-                "[{}x{}] x {} tokens: rows and cols must be multiples of 16, 1..=64 tokens, operands 32-byte aligned",
+                "[{}x{}] x {} tokens: rows must be a multiple of 16 and cols of 32, 1..=64 tokens, operands 32-byte aligned",
                 self.rows, self.cols, self.n_tok
             )
         })?;
