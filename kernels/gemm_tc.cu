@@ -25,7 +25,12 @@ struct TcParams {
     int accumulate;    // 1: out += W x; 0: out = W x
 };
 
-#define TC_WARPS 6
+// Warps of a block by token tiles: as many as the 48 KB of static shared memory allow, since
+// the warps' loads in flight are what keeps memory busy for the matrices of few rows (o, down).
+template <int NT16>
+struct TcWarps {
+    static constexpr int N = NT16 == 1 ? 16 : NT16 == 2 ? 12 : NT16 == 3 ? 8 : 7;
+};
 
 // A: 16 rows x 16 columns of W at p (row-major, ldm elements between rows).
 __device__ __forceinline__ void wmma_load_a(unsigned (&a)[8], const half_t* p, int ldm) {
@@ -88,6 +93,7 @@ __device__ __forceinline__ void tc_fetch(const TcParams& p, const half_t* wb, in
 
 template <int NT16>
 __device__ __forceinline__ void gemm_tc_impl(const TcParams& p) {
+    constexpr int TC_WARPS = TcWarps<NT16>::N;
     constexpr int STAGE = (16 + NT16 * 16) * TC_LD;  // halves per warp
     constexpr int LD = NT16 * 16 + 4;                // floats per row of the sum buffer
     constexpr int STAGE_BYTES = TC_WARPS * STAGE * 2, RED_BYTES = TC_WARPS * 16 * LD * 4;
@@ -155,8 +161,8 @@ __device__ __forceinline__ void gemm_tc_impl(const TcParams& p) {
     }
 }
 
-// grid: rows / 16, block: TC_WARPS * 32. The suffix is the padded token count.
-extern "C" __global__ void __launch_bounds__(TC_WARPS * WARP) gemm_tc_f16_t16(const TcParams p) { gemm_tc_impl<1>(p); }
-extern "C" __global__ void __launch_bounds__(TC_WARPS * WARP) gemm_tc_f16_t32(const TcParams p) { gemm_tc_impl<2>(p); }
-extern "C" __global__ void __launch_bounds__(TC_WARPS * WARP) gemm_tc_f16_t48(const TcParams p) { gemm_tc_impl<3>(p); }
-extern "C" __global__ void __launch_bounds__(TC_WARPS * WARP) gemm_tc_f16_t64(const TcParams p) { gemm_tc_impl<4>(p); }
+// grid: rows / 16, block: TcWarps<NT16>::N * 32 (512, 384, 256, 224 threads). The suffix is the padded token count.
+extern "C" __global__ void __launch_bounds__(16 * WARP) gemm_tc_f16_t16(const TcParams p) { gemm_tc_impl<1>(p); }
+extern "C" __global__ void __launch_bounds__(12 * WARP) gemm_tc_f16_t32(const TcParams p) { gemm_tc_impl<2>(p); }
+extern "C" __global__ void __launch_bounds__(8 * WARP) gemm_tc_f16_t48(const TcParams p) { gemm_tc_impl<3>(p); }
+extern "C" __global__ void __launch_bounds__(7 * WARP) gemm_tc_f16_t64(const TcParams p) { gemm_tc_impl<4>(p); }

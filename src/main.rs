@@ -15,6 +15,11 @@ use dustoff::commands::common::{self, Device};
 use dustoff::commands::{generate, tokenize};
 use dustoff::model::loader::SAMPLE_MODEL;
 
+/// The tokenizer allocates many small strings per record; mimalloc halves the time glibc's
+/// allocator took in a dry run over 100k records (malloc/free were ~45% of the profile).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "dustoff", version, about = "Batch LLM text processing on old GPU servers (V100 and newer) and CPUs")]
 struct Cli {

@@ -10,8 +10,6 @@ use super::CudaError;
 
 /// Most tokens one tensor-core GEMM launch serves (4 tiles of 16).
 pub const TC_MAX_TOKENS: usize = 64;
-/// Threads of a block (kernels/gemm_tc.cu: TC_WARPS * 32); a block computes 16 rows.
-const TC_THREADS: u32 = 192;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -78,11 +76,12 @@ impl GemmTc {
         if self.rows == 0 || self.cols == 0 {
             return Ok(());
         }
-        let entry = match tc_padded(self.n_tok) {
-            16 => "gemm_tc_f16_t16",
-            32 => "gemm_tc_f16_t32",
-            48 => "gemm_tc_f16_t48",
-            _ => "gemm_tc_f16_t64",
+        // Threads of a block: kernels/gemm_tc.cu TcWarps<NT16>::N * 32; a block computes 16 rows.
+        let (entry, threads) = match tc_padded(self.n_tok) {
+            16 => ("gemm_tc_f16_t16", 512),
+            32 => ("gemm_tc_f16_t32", 384),
+            48 => ("gemm_tc_f16_t48", 256),
+            _ => ("gemm_tc_f16_t64", 224),
         };
         let p = TcParams {
             w: self.w.ptr,
@@ -97,6 +96,6 @@ impl GemmTc {
         };
         let blocks = u32::try_from(self.rows / 16)
             .map_err(|_| CudaError::Shape { kernel: K, reason: format!("{} rows exceed the grid", self.rows) })?;
-        launch(k, s, entry, (blocks, 1, 1), TC_THREADS, 0, &p)
+        launch(k, s, entry, (blocks, 1, 1), threads, 0, &p)
     }
 }
