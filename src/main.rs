@@ -363,7 +363,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         let dtype = common::parse_dtype(&a.dtype)?;
                         common::make_synthetic_backend(shape, dtype, &device, tokens, a.ptx_dir.as_deref())
                     }
-                    (None, Some(m)) => common::make_backend(&m.config, &m.weights, &device, tokens, a.ptx_dir.as_deref()),
+                    (None, Some(m)) => {
+                        common::make_backend(&m.config, &m.weights, &device, tokens, a.ptx_dir.as_deref())
+                    }
                     (None, None) => unreachable!("a model is loaded when no shape is given"),
                 }
             };

@@ -170,7 +170,12 @@ pub fn bench_batched<B: Backend>(
         let b = engine.into_backend();
         engine = Engine::new(
             b,
-            EngineConfig { slots: n, max_batch_tokens: max_batch_tokens.max(n), prefix_cache: false, model_fingerprint: fingerprint },
+            EngineConfig {
+                slots: n,
+                max_batch_tokens: max_batch_tokens.max(n),
+                prefix_cache: false,
+                model_fingerprint: fingerprint,
+            },
         )?;
         for i in 0..n {
             // Distinct prompts: no prefix is shared, every sequence reads its own KV.

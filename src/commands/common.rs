@@ -140,7 +140,6 @@ pub fn parse_dtype(s: &str) -> Result<crate::model::quant::GgmlType> {
 /// KV block size (tokens) of every backend.
 pub const BLOCK_SIZE: usize = 16;
 
-
 /// Reads a JSONL file line by line: `(1-based line number, parsed value or error message)`.
 /// Blank lines are skipped.
 pub fn read_jsonl(path: &Path) -> Result<Vec<(usize, std::result::Result<serde_json::Value, String>)>> {

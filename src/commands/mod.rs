@@ -2,9 +2,9 @@
 
 pub mod bench;
 pub mod common;
+pub mod convert;
 pub mod engine_gen;
 pub mod generate;
 pub mod kernels;
 pub mod run;
 pub mod tokenize;
-pub mod convert;

@@ -236,8 +236,25 @@ pub fn load_weights(st: &SafetensorsDir, c: &ModelConfig, x: &HfExtras) -> Resul
             dequantize_row(ty, bytes, &mut out);
             vecs.insert(p.gguf.as_str(), out);
         } else {
-            // Byte count == rows x cols x element size was checked when the file was opened.
-            mats.insert(p.gguf.as_str(), Tensor::from_bytes(p.hf.clone(), ty, p.shape[0], p.shape[1], bytes.to_vec()));
+            // Matrices stay in the memory map (an 8B BF16 model is not copied into RAM). The
+            // byte count was checked when the file was opened; `from_mapped` checks it again.
+            let (file, info) = st.get(&p.hf)?;
+            let t = Tensor::from_mapped(
+                p.hf.clone(),
+                ty,
+                p.shape[0],
+                p.shape[1],
+                file.mmap().clone(),
+                info.start,
+                bytes.len(),
+            );
+            let t = t.ok_or_else(|| HfError::Shape {
+                path: st.path_of(&p.hf),
+                tensor: p.hf.clone(),
+                expected: p.shape.clone(),
+                found: shape.to_vec(),
+            })?;
+            mats.insert(p.gguf.as_str(), t);
         }
     }
     // Every planned name was inserted above, so the lookups below cannot fail; `take` keeps

@@ -43,6 +43,28 @@ impl Tensor {
         Tensor { name, dtype, rows, cols, storage: Storage::Owned(Arc::new(bytes)) }
     }
 
+    /// A tensor whose bytes lie in a memory map at `offset..offset + len` (no copy). `None` when
+    /// the range is outside the map or does not hold `rows x cols` elements of `dtype`.
+    pub fn from_mapped(
+        name: impl Into<String>,
+        dtype: GgmlType,
+        rows: usize,
+        cols: usize,
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+    ) -> Option<Self> {
+        let fits = offset.checked_add(len).is_some_and(|end| end <= map.len());
+        let want = dtype.row_bytes(cols).and_then(|r| r.checked_mul(rows));
+        (fits && want == Some(len)).then(|| Tensor {
+            name: name.into(),
+            dtype,
+            rows,
+            cols,
+            storage: Storage::Mapped { map, offset, len },
+        })
+    }
+
     /// An F32 tensor from values.
     pub fn from_f32(name: impl Into<String>, rows: usize, cols: usize, values: &[f32]) -> Self {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
