@@ -293,7 +293,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Run(a) => {
             let device = pick_device(&a.model.device)?;
-            let default_slots = if device == Device::Cpu { 8 } else { 32 };
             let args = dustoff::commands::run::RunArgs {
                 pipeline: a.pipeline,
                 inputs: a.input,
@@ -301,7 +300,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 model: a.model.model,
                 device,
                 ptx_dir: a.model.ptx_dir,
-                slots: if a.engine.slots == 0 { default_slots } else { a.engine.slots },
+                slots: a.engine.slots.max(1),
                 max_batch_tokens: a.engine.max_batch_tokens,
                 prefix_cache: !a.engine.no_prefix_cache,
                 restart: a.restart,
