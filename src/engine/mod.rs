@@ -1,8 +1,8 @@
 //! The engine: scheduling, the paged KV block pool, sampling. Pure Rust, no tensor types.
 
-pub mod plan;
-pub mod sampler;
-pub mod single;
 pub mod engine;
 pub mod kv;
+pub mod plan;
+pub mod sampler;
 pub mod scheduler;
+pub mod single;

@@ -145,7 +145,14 @@ impl Scheduler {
             return Err(SchedulerError::Duplicate(id));
         }
         let prompt_len = prompt.len();
-        self.waiting.push_back(Sequence { id, tokens: prompt, prompt_len, num_computed: 0, max_computed: 0, cached_tokens: 0 });
+        self.waiting.push_back(Sequence {
+            id,
+            tokens: prompt,
+            prompt_len,
+            num_computed: 0,
+            max_computed: 0,
+            cached_tokens: 0,
+        });
         Ok(())
     }
 

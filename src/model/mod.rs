@@ -1,14 +1,14 @@
 //! Model files and formats: GGUF, block quantization formats, configuration, weights.
 
 pub mod config;
-pub mod gguf;
-pub mod loader;
-pub mod quant;
-pub mod shapes;
-pub mod synth;
-pub mod weights;
 pub mod convert;
+pub mod gguf;
 pub mod gguf_writer;
 pub mod hf;
 pub mod hf_synth;
+pub mod loader;
+pub mod quant;
 pub mod safetensors;
+pub mod shapes;
+pub mod synth;
+pub mod weights;
