@@ -33,7 +33,7 @@ enum Cmd {
     Generate(GenerateArgs),
     /// Tokenize JSONL lines {"id","text","add_bos","parse_special"} into {"id","ids"}.
     Tokenize(TokenizeArgs),
-    /// Benchmark one stream: time to first token, prefill and decode tok/s, bandwidth share.
+    /// Benchmark: one stream (TTFT, prefill and decode tok/s, bandwidth share), --batch, or --shared-prefix.
     Bench(BenchArgs),
     /// Compile every CUDA kernel to PTX for an architecture (e.g. compute_70 for the V100) with
     /// NVRTC; the folder can be passed to --ptx-dir on a machine without NVRTC 12.
@@ -143,7 +143,7 @@ struct KernelsArgs {
 
 #[derive(Args)]
 struct BenchArgs {
-    /// Model file (GGUF). Defaults to the sample model unless --synthetic is given.
+    /// Model (GGUF file or Hugging Face directory). Defaults to the sample model unless --synthetic is given.
     #[arg(long, default_value = SAMPLE_MODEL, conflicts_with = "synthetic")]
     model: PathBuf,
     /// A real architecture's shape filled with random weights: qwen3-8b, qwen2.5-7b, llama3-8b,
@@ -188,7 +188,7 @@ struct BenchArgs {
 
 #[derive(Args)]
 struct ModelArgs {
-    /// Model file (GGUF). Defaults to the sample model.
+    /// Model: a GGUF file or a Hugging Face directory. Defaults to the sample model.
     #[arg(long, default_value = SAMPLE_MODEL)]
     model: PathBuf,
     /// cpu, cuda, cuda:N, or auto (the first GPU when usable, else the CPU).
@@ -253,7 +253,7 @@ struct EngineArgs {
 
 #[derive(Args)]
 struct TokenizeArgs {
-    /// Model file (GGUF) whose tokenizer is used. Defaults to the sample model.
+    /// Model (GGUF file or Hugging Face directory) whose tokenizer is used. Defaults to the sample model.
     #[arg(long, default_value = SAMPLE_MODEL)]
     model: PathBuf,
     #[arg(long)]
