@@ -16,6 +16,7 @@
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use rayon::prelude::*;
 
 use super::backend::{zeros, CudaBackend, Work};
 use super::fused::{GemvSwiglu, QkvPost};
@@ -123,6 +124,11 @@ impl CudaBackend {
         if m > w.cap_logits {
             grew |= grow(s, &mut w.hn, m * c.dim, "final norm")?;
             grew |= grow(s, &mut w.logits, m * c.vocab_size, "logits")?;
+            // Plain page-locked memory (no write-combining: the host reads it).
+            // SAFETY: the buffer is only read after a download into it has completed (as_slice
+            // waits on the copy's event), and only its first m x vocab values are read.
+            let pinned = unsafe { self.dev.ctx.alloc_pinned_with_flags::<f32>(m * c.vocab_size, 0) };
+            w.host_logits = Some(pinned.map_err(CudaError::driver("allocating pinned logits"))?);
             w.cap_logits = m;
         }
         if grew {
@@ -222,8 +228,14 @@ impl CudaBackend {
             }
             let v = self.cfg.vocab_size;
             let all = w.logits.as_ref().expect("logits allocated by ensure_work").slice(0..f.m * v);
-            let host = self.dev.stream.clone_dtoh(&all).map_err(CudaError::driver("downloading logits"))?;
-            Ok(host.chunks_exact(v).map(|r| r.to_vec()).collect())
+            let pinned = w.host_logits.as_mut().expect("pinned logits allocated by ensure_work");
+            let host = pinned.as_mut_slice().map_err(CudaError::driver("mapping the pinned logits"))?;
+            let host = &mut host[..f.m * v];
+            // A plain host slice: the copy is asynchronous, so wait for the stream before reading.
+            self.dev.stream.memcpy_dtoh(&all, host).map_err(CudaError::driver("downloading logits"))?;
+            self.dev.stream.synchronize().map_err(CudaError::driver("waiting for the logits"))?;
+            // One vector per sequence, split across threads (64 x 600 KB a step at 64 slots).
+            Ok(host.par_chunks(v).map(|r| r.to_vec()).collect())
         })();
         self.work = w;
         r
