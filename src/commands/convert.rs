@@ -242,17 +242,7 @@ fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
         }
         return Err(ConvertError::Lossy { n: lossy_tensors.len(), first: lossy_tensors[0].clone(), report });
     }
-    let mut totals = Counts::default();
-    for r in &reports {
-        let c = &r.counts;
-        totals.elements += c.elements;
-        totals.clamped += c.clamped;
-        totals.underflowed += c.underflowed;
-        totals.subnormal += c.subnormal;
-        totals.non_finite += c.non_finite;
-        totals.inexact += c.inexact;
-        totals.max_abs = totals.max_abs.max(c.max_abs);
-    }
+    let totals = crate::model::convert::total_counts(&reports);
     let verify = if a.verify { Some(verify(a, &st, &outs)?) } else { None };
     Ok(ConvertSummary {
         output: a.output.clone(),

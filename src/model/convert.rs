@@ -211,11 +211,10 @@ pub fn produce(
     Ok((bytes, report))
 }
 
-/// Writes `convert-report.json` (`{"tensors": [...], "totals": {...}}`) at `path`.
-pub fn write_report(path: &Path, reports: &[TensorReport], extra: serde_json::Value) -> Result<(), ConvertError> {
+/// The sums (and the largest |value|) over every tensor's counts.
+pub fn total_counts(reports: &[TensorReport]) -> Counts {
     let mut totals = Counts::default();
-    for r in reports {
-        let c = &r.counts;
+    for c in reports.iter().map(|r| &r.counts) {
         totals.elements += c.elements;
         totals.clamped += c.clamped;
         totals.underflowed += c.underflowed;
@@ -224,6 +223,12 @@ pub fn write_report(path: &Path, reports: &[TensorReport], extra: serde_json::Va
         totals.inexact += c.inexact;
         totals.max_abs = totals.max_abs.max(c.max_abs);
     }
+    totals
+}
+
+/// Writes `convert-report.json` (`{"tensors": [...], "totals": {...}}`) at `path`.
+pub fn write_report(path: &Path, reports: &[TensorReport], extra: serde_json::Value) -> Result<(), ConvertError> {
+    let totals = total_counts(reports);
     let mut j = serde_json::json!({"format_version": 1, "totals": totals, "tensors": reports});
     if let (Some(o), Some(e)) = (j.as_object_mut(), extra.as_object()) {
         o.extend(e.clone());
