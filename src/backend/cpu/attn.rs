@@ -12,6 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::ops::PagedKv;
+use crate::model::quant::hsum;
 
 /// Calls `$body` with the offset `$o` (into the cache arrays, at KV head `$kvh`) of positions
 /// `0..=$pos` in order, walking the block table block by block.
@@ -44,14 +45,6 @@ unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
     let u0 = _mm256_hadd_ps(t0, t1);
     let u1 = _mm256_hadd_ps(t2, t3);
     _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(u0, u1), _mm256_permute2f128_ps::<0x31>(u0, u1))
-}
-
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
 }
 
 /// `exp(x)` for `x <= 0` (softmax after max subtraction); inputs below -87 give ~0.

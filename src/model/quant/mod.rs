@@ -119,6 +119,8 @@ mod legacy;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(target_arch = "x86_64")]
+pub(crate) use simd::hsum;
+#[cfg(target_arch = "x86_64")]
 mod simd_dot;
 #[cfg(test)]
 mod tests;

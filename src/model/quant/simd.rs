@@ -33,8 +33,9 @@ unsafe fn widen(q: __m128i) -> (__m256, __m256) {
     (a, b)
 }
 
+/// Sum of the 8 lanes (shared by every AVX2 kernel of the crate).
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));

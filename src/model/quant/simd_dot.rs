@@ -10,15 +10,8 @@
 use std::arch::x86_64::*;
 
 use super::kquants::scale_min;
+use super::simd::hsum;
 use super::GgmlType;
-
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
 
 #[inline(always)]
 unsafe fn rd16(p: *const u8) -> u16 {
