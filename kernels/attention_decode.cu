@@ -188,6 +188,165 @@ extern "C" __global__ void attn_split_f16(const AttnParams p) {
     }
 }
 
+// The same pass for head sizes 64 and 128 (every model dustoff ships shapes for), with the score
+// loop reshaped: 8 lanes per position (each lane DL = HD / 8 dimensions, 16-byte loads), four
+// positions per warp and two such groups in flight, so a dot product ends in 3 shuffles instead
+// of 5 per position and head; q is read from shared memory as float4. The V pass keeps one
+// position per warp, lanes owning HD / 32 dimensions. Same outputs as attn_split_f16 (one
+// block per (KV head, token, split)); shared memory (group * head_dim + group * split_len +
+// nwarps * ATT_VCHUNK * head_dim) floats.
+template <int HD>
+__device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
+    constexpr int DL = HD / 8, VL = HD / WARP;
+    extern __shared__ float smem[];
+    const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
+    const int group = p.n_heads / p.n_kv;
+    const int len = p.pos[t] + 1;
+    const int start = s * p.split_len;
+    if (start >= len) return;
+    const int end = min(len, start + p.split_len);
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
+    float* q_s = smem;                      // [group, HD], pre-scaled
+    float* sc = q_s + group * HD;           // [group, split_len]
+    float* red = sc + group * p.split_len;  // [nwarps, ATT_VCHUNK, HD]
+
+    const float* qt = p.q + (long long)t * p.q_stride + (long long)g * group * HD;
+    for (int i = threadIdx.x; i < group * HD; i += blockDim.x) q_s[i] = qt[i] * p.scale;
+    __syncthreads();
+    const int* bt = p.block_tables + (long long)p.tok_seq[t] * p.bt_stride;
+    const long long kv_dim = (long long)p.n_kv * HD;
+    const int sub = lane % 8, pq = lane / 8;
+
+    // Scores: a warp takes 8 positions per pass (two groups of four, lanes 8 per position).
+    for (int base = start + warp * 8; base < end; base += nwarps * 8) {
+        float kf[2][DL];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int ps = base + u * 4 + pq;
+            if (ps < end) {
+                const long long slot = (long long)bt[ps / p.block_size] * p.block_size + ps % p.block_size;
+                const uint4* r = reinterpret_cast<const uint4*>(p.k_cache + slot * kv_dim + (long long)g * HD + sub * DL);
+#pragma unroll
+                for (int i = 0; i < DL / 8; ++i) {
+                    const uint4 w = __ldg(r + i);
+                    h2x2f(w.x, kf[u][8 * i + 0], kf[u][8 * i + 1]);
+                    h2x2f(w.y, kf[u][8 * i + 2], kf[u][8 * i + 3]);
+                    h2x2f(w.z, kf[u][8 * i + 4], kf[u][8 * i + 5]);
+                    h2x2f(w.w, kf[u][8 * i + 6], kf[u][8 * i + 7]);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < DL; ++i) kf[u][i] = 0.0f;
+            }
+        }
+        for (int j = 0; j < group; ++j) {
+            const float4* qv = reinterpret_cast<const float4*>(q_s + j * HD + sub * DL);
+            float acc[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < DL / 4; ++i) {
+                const float4 q4 = qv[i];
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    acc[u] = fmaf(q4.x, kf[u][4 * i + 0], acc[u]);
+                    acc[u] = fmaf(q4.y, kf[u][4 * i + 1], acc[u]);
+                    acc[u] = fmaf(q4.z, kf[u][4 * i + 2], acc[u]);
+                    acc[u] = fmaf(q4.w, kf[u][4 * i + 3], acc[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                float a = acc[u];
+                a += __shfl_xor_sync(FULL_MASK, a, 1);
+                a += __shfl_xor_sync(FULL_MASK, a, 2);
+                a += __shfl_xor_sync(FULL_MASK, a, 4);
+                const int ps = base + u * 4 + pq;
+                if (sub == 0 && ps < end) sc[j * p.split_len + (ps - start)] = a;
+            }
+        }
+    }
+    __syncthreads();
+
+    const int n = end - start;
+    for (int j = warp; j < group; j += nwarps) {
+        float* sj = sc + j * p.split_len;
+        float m = NEG_INF;
+        for (int i = lane; i < n; i += WARP) m = fmaxf(m, sj[i]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int i = lane; i < n; i += WARP) {
+            const float e = expf(sj[i] - m);
+            sj[i] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            float* ml = p.part_ml + (((long long)t * p.n_heads + g * group + j) * p.n_splits + s) * 2;
+            ml[0] = m;
+            ml[1] = l;
+        }
+    }
+    __syncthreads();
+
+    // V: warps take positions in turn (two in flight), lanes own VL consecutive dimensions.
+    for (int j0 = 0; j0 < group; j0 += ATT_VCHUNK) {
+        float acc[ATT_VCHUNK][VL];
+#pragma unroll
+        for (int j = 0; j < ATT_VCHUNK; ++j)
+#pragma unroll
+            for (int i = 0; i < VL; ++i) acc[j][i] = 0.0f;
+        for (int ps = start + warp; ps < end; ps += 2 * nwarps) {
+            const int ps2 = ps + nwarps;
+            const bool two = ps2 < end;  // warp-uniform
+            float vf[2][VL];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int q = u ? ps2 : ps;
+                if (u == 0 || two) {
+                    const long long slot = (long long)bt[q / p.block_size] * p.block_size + q % p.block_size;
+                    const half_t* r = p.v_cache + slot * kv_dim + (long long)g * HD + lane * VL;
+                    if (VL == 4) {
+                        const uint2 w = __ldg(reinterpret_cast<const uint2*>(r));
+                        h2x2f(w.x, vf[u][0], vf[u][1]);
+                        h2x2f(w.y, vf[u][2], vf[u][3]);
+                    } else {
+                        const unsigned w = __ldg(reinterpret_cast<const unsigned*>(r));
+                        h2x2f(w, vf[u][0], vf[u][1]);
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < VL; ++i) vf[u][i] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < ATT_VCHUNK; ++j) {
+                if (j0 + j < group) {
+                    const float p1 = sc[(j0 + j) * p.split_len + (ps - start)];
+                    const float p2 = two ? sc[(j0 + j) * p.split_len + (ps2 - start)] : 0.0f;
+#pragma unroll
+                    for (int i = 0; i < VL; ++i) acc[j][i] = fmaf(p2, vf[1][i], fmaf(p1, vf[0][i], acc[j][i]));
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < ATT_VCHUNK; ++j)
+#pragma unroll
+            for (int i = 0; i < VL; ++i) red[((long long)warp * ATT_VCHUNK + j) * HD + lane * VL + i] = acc[j][i];
+        __syncthreads();
+        for (int e = threadIdx.x; e < ATT_VCHUNK * HD; e += blockDim.x) {
+            const int j = e / HD, d = e % HD;
+            if (j0 + j < group) {
+                float v = 0.0f;
+                for (int w = 0; w < nwarps; ++w) v += red[((long long)w * ATT_VCHUNK + j) * HD + d];
+                p.part_o[(((long long)t * p.n_heads + g * group + j0 + j) * p.n_splits + s) * HD + d] = v;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void attn_split_f16_hd64(const AttnParams p) { attn_split_fast<64>(p); }
+extern "C" __global__ void attn_split_f16_hd128(const AttnParams p) { attn_split_fast<128>(p); }
+
 // grid: (n_heads, n_tok), block: 128 (loops over head_dim).
 extern "C" __global__ void attn_combine_f32(const AttnParams p) {
     const int h = blockIdx.x, t = blockIdx.y;

@@ -276,11 +276,24 @@ impl<B: Backend> Engine<B> {
             return Err(EngineError::Logits { got: logits.len(), want });
         }
         self.sched.on_step_done(plan)?;
-        let sampled = plan.chunks.iter().filter(|c| c.want_logits).zip(&logits);
-        for (chunk, row) in sampled {
+        // Sample every sequence of the step in parallel (64 x 152k logits is ~10 ms on one
+        // core); each request owns its sampler, so the draws do not depend on the threads.
+        let rows: HashMap<SeqId, usize> =
+            plan.chunks.iter().filter(|c| c.want_logits).enumerate().map(|(i, c)| (c.seq, i)).collect();
+        let mut tokens = vec![None; rows.len()];
+        {
+            use rayon::prelude::*;
+            let mut work: Vec<(usize, &mut Sampler)> =
+                self.requests.iter_mut().filter_map(|(id, r)| rows.get(id).map(|&i| (i, &mut r.sampler))).collect();
+            let picked: Vec<(usize, u32)> = work.par_iter_mut().map(|(i, s)| (*i, s.sample(&logits[*i]))).collect();
+            for (i, t) in picked {
+                tokens[i] = Some(t);
+            }
+        }
+        for (chunk, token) in plan.chunks.iter().filter(|c| c.want_logits).zip(tokens) {
             let id = chunk.seq;
             let r = self.requests.get_mut(&id).ok_or(SchedulerError::NotRunning(id))?;
-            let token = r.sampler.sample(row);
+            let token = token.ok_or(SchedulerError::NotRunning(id))?;
             let finish = if r.stop_ids.contains(&token) {
                 Some(FinishReason::Stop)
             } else {

@@ -102,14 +102,20 @@ impl Sampler {
 }
 
 /// Index of the largest logit; the lowest index wins a tie.
+/// NaN never wins (all NaN: 0). Two passes the compiler vectorizes: the largest value in
+/// 8 independent lanes, then its first position.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = logits.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            // `max` ignores a NaN operand.
+            *m = m.max(v);
         }
     }
-    best as u32
+    let max = tail.iter().fold(lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)), |a, &b| a.max(b));
+    logits.iter().position(|&v| v == max).unwrap_or(0) as u32
 }
 
 #[cfg(test)]
@@ -120,6 +126,26 @@ mod tests {
     fn greedy_is_argmax_with_lowest_index_on_ties() {
         let mut s = Sampler::new(SamplingParams::greedy());
         assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0]), 1);
+    }
+
+    #[test]
+    fn argmax_matches_a_plain_scan_and_skips_nan() {
+        use rand::Rng;
+        let mut rng = StdRng::seed_from_u64(5);
+        for n in [1usize, 7, 8, 9, 31, 1000, 151_936] {
+            let mut v: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+            // Plant a tie at two positions and a NaN, which must never win.
+            if n > 10 {
+                let top = v.iter().cloned().fold(f32::MIN, f32::max) + 1.0;
+                v[n / 2] = top;
+                v[n - 1] = top;
+                v[n / 3] = f32::NAN;
+            }
+            let want = (0..n).fold(0, |b, i| if v[i] > v[b] || v[b].is_nan() && !v[i].is_nan() { i } else { b });
+            assert_eq!(argmax(&v) as usize, want, "n = {n}");
+        }
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, -1.0]), 1);
     }
 
     #[test]

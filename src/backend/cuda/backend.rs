@@ -104,9 +104,11 @@ pub struct CudaBackend {
     pub(super) work: Work,
     /// Host staging of the per-step inputs (same layout as `Work::meta`).
     pub(super) host_meta: Vec<i32>,
-    /// Captured decode steps by (tokens, logit rows, attention splits).
-    pub(super) graphs: HashMap<(usize, usize, usize), CudaGraph>,
+    /// Captured steps by shape: (tokens, logit rows, attention splits, split-kernel tokens, prefill tiles).
+    pub(super) graphs: HashMap<(usize, usize, usize, usize, usize), CudaGraph>,
     pub(super) use_graphs: bool,
+    /// `DUSTOFF_PROFILE=1`: per-kernel-class GPU times (graphs off).
+    pub(super) prof: Option<super::profile::Profiler>,
     /// Weight values clamped to the F16 range at load.
     pub clamped_weights: u64,
     /// Bytes of weights on the device.
@@ -300,6 +302,7 @@ impl CudaBackend {
             host_meta: Vec::new(),
             graphs: HashMap::new(),
             use_graphs,
+            prof: super::profile::profiling_requested().then(|| super::profile::Profiler::new(dev.ctx.clone())),
             clamped_weights: p.clamped,
             weight_bytes: p.bytes,
             decode_bytes,

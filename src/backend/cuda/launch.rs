@@ -617,11 +617,13 @@ unsafe impl DeviceRepr for AttnParams {}
 /// Positions per split of the attention pass (a split is one block's share of a sequence):
 /// short for decode steps (few query tokens, so the splits are what fills the GPU), long for
 /// prefill (many query tokens already fill it; fewer partials to store and merge).
+/// Blocks per split column are n_tok x n_kv; from 32 query tokens on, longer splits still
+/// give thousands of blocks at long contexts, with fewer partials to write and merge.
 pub fn attn_split_len(n_tok: usize) -> usize {
-    if n_tok <= super::tc::TC_MAX_TOKENS {
-        64
-    } else {
-        256
+    match n_tok {
+        0..=16 => 64,
+        17..=32 => 128,
+        _ => 256,
     }
 }
 const ATTN_MAX_GROUP: usize = 16;
@@ -721,7 +723,13 @@ impl Attention {
         };
         let smem = ((group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4) as u32;
         let grid = (self.n_kv as u32, self.n_tok as u32, i32_of(K, splits)? as u32);
-        launch(k, s, K, grid, ATTN_THREADS as u32, smem, &p)?;
+        // Head sizes 64 and 128 take the reshaped kernel (same outputs, same shared memory).
+        let entry = match hd {
+            64 => "attn_split_f16_hd64",
+            128 => "attn_split_f16_hd128",
+            _ => K,
+        };
+        launch(k, s, entry, grid, ATTN_THREADS as u32, smem, &p)?;
         launch(k, s, "attn_combine_f32", (nh as u32, self.n_tok as u32, 1), 128, 0, &p)
     }
 }

@@ -12,6 +12,8 @@ pub mod kernels;
 pub mod launch;
 pub mod memory;
 pub mod nvrtc;
+pub mod prefill;
+mod profile;
 mod step;
 pub mod tc;
 pub mod weights;

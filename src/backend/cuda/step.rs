@@ -22,6 +22,8 @@ use super::backend::{zeros, CudaBackend, Work};
 use super::fused::{GemvSwiglu, QkvPost};
 use super::kernels::Kernels;
 use super::launch::{self as l, Dev};
+use super::prefill::PrefillAttention;
+use super::profile::Profiler;
 use super::tc::{GemmTc, TC_MAX_TOKENS};
 use super::CudaError;
 use crate::backend::BackendError;
@@ -29,15 +31,23 @@ use crate::engine::plan::StepPlan;
 use crate::model::config::RopeStyle;
 
 /// The shape of one step (its inputs are in `CudaBackend::host_meta`).
+///
+/// Tokens are laid out with the one-token chunks (decode) first: the split attention kernel
+/// takes tokens `0..n_single`, the tensor-core prefill attention the tiles of the longer
+/// chunks after them. Logit rows stay in plan order.
 pub(super) struct Flat {
     pub n_tok: usize,
     pub n_seqs: usize,
     /// Chunks that want logits.
     pub m: usize,
-    /// Longest sequence after this step.
+    /// Tokens for the split attention kernel (the first ones).
+    pub n_single: usize,
+    /// Longest sequence among those tokens.
     pub max_len: usize,
-    /// Attention splits launched.
+    /// Attention splits launched for them.
     pub splits: usize,
+    /// Prefill attention tiles (16 tokens at most each) over the other tokens.
+    pub n_tiles: usize,
 }
 
 /// Grows `buf` to at least `n` elements; returns whether it was (re)allocated.
@@ -77,17 +87,20 @@ struct MetaLayout {
     slots: usize,
     tok_seq: usize,
     rows: usize,
+    /// `[first token, count]` per prefill tile (at most one tile per token).
+    tiles: usize,
     bt: usize,
 }
 
 fn layout(cap: usize) -> MetaLayout {
-    MetaLayout { ids: 0, pos: cap, slots: 2 * cap, tok_seq: 3 * cap, rows: 4 * cap, bt: 5 * cap }
+    MetaLayout { ids: 0, pos: cap, slots: 2 * cap, tok_seq: 3 * cap, rows: 4 * cap, tiles: 5 * cap, bt: 7 * cap }
 }
 
 impl CudaBackend {
-    /// Splits of the attention pass: rounded up to a power of two for graph-sized steps.
-    fn splits_for(n_tok: usize, max_len: usize) -> usize {
-        let need = l::attn_splits(max_len, n_tok);
+    /// Splits of the split attention pass over `n_single` tokens: rounded up to a power of two
+    /// for graph-sized steps (`n_tok` tokens in all).
+    fn splits_for(n_tok: usize, n_single: usize, max_len: usize) -> usize {
+        let need = l::attn_splits(max_len, n_single);
         if n_tok <= TC_MAX_TOKENS {
             need.next_power_of_two()
         } else {
@@ -143,7 +156,12 @@ impl CudaBackend {
         let n = plan.n_tokens();
         let bs = self.block_size;
         let mut seen = std::collections::HashSet::new();
-        let (mut m, mut max_len) = (0, 1);
+        let mut m = 0;
+        let cfg = &self.cfg;
+        // Chunks of several tokens go to the prefill attention where the shape allows it.
+        let tiled = super::prefill::prefill_supported(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
+        let single = |len: usize| !tiled || len == 1;
+        let (mut n_single, mut max_len) = (0, 1);
         for c in &plan.chunks {
             let err = |m: String| BackendError::Plan(format!("sequence {}: {m}", c.seq));
             if !seen.insert(c.seq) {
@@ -173,12 +191,14 @@ impl CudaBackend {
                 return Err(err(format!("token id {t} is beyond the vocabulary ({})", self.cfg.vocab_size)));
             }
             m += usize::from(c.want_logits);
-            max_len = max_len.max(end);
+            if single(c.tokens.len()) {
+                n_single += c.tokens.len();
+                max_len = max_len.max(end);
+            }
         }
-        let splits = Self::splits_for(n, max_len);
-        let f = Flat { n_tok: n, n_seqs: plan.chunks.len(), m, max_len, splits };
+        let splits = Self::splits_for(n, n_single, max_len);
         if n == 0 {
-            return Ok(f);
+            return Ok(Flat { n_tok: 0, n_seqs: plan.chunks.len(), m, n_single, max_len, splits, n_tiles: 0 });
         }
         self.ensure_work(n, splits, m)?;
         let lay = layout(self.work.cap_tok);
@@ -186,26 +206,43 @@ impl CudaBackend {
         let meta = &mut self.host_meta;
         meta.clear();
         meta.resize(lay.bt + plan.chunks.len() * bts, 0);
-        let (mut t, mut r) = (0, 0);
+        let mut t = 0;
+        let mut tiles = Vec::new();
+        let mut last_tok = vec![0usize; plan.chunks.len()];
+        // Two passes: one-token chunks, then the rest (see `Flat`).
+        for pass_single in [true, false] {
+            for (ci, c) in plan.chunks.iter().enumerate() {
+                if single(c.tokens.len()) != pass_single {
+                    continue;
+                }
+                // Entries past bt_stride cover positions beyond max_pos, which no chunk reaches.
+                for (i, &b) in c.block_table.iter().take(bts).enumerate() {
+                    meta[lay.bt + ci * bts + i] = b as i32;
+                }
+                if !pass_single {
+                    super::prefill::push_tiles(&mut tiles, t, c.tokens.len());
+                }
+                for (i, &tok) in c.tokens.iter().enumerate() {
+                    let p = c.start_pos + i;
+                    meta[lay.ids + t] = tok as i32;
+                    meta[lay.pos + t] = p as i32;
+                    meta[lay.slots + t] = (c.block_table[p / bs] as usize * bs + p % bs) as i32;
+                    meta[lay.tok_seq + t] = ci as i32;
+                    t += 1;
+                }
+                last_tok[ci] = t - 1;
+            }
+        }
+        let mut r = 0;
         for (ci, c) in plan.chunks.iter().enumerate() {
-            // Entries past bt_stride cover positions beyond max_pos, which no chunk reaches.
-            for (i, &b) in c.block_table.iter().take(bts).enumerate() {
-                meta[lay.bt + ci * bts + i] = b as i32;
-            }
-            for (i, &tok) in c.tokens.iter().enumerate() {
-                let p = c.start_pos + i;
-                meta[lay.ids + t] = tok as i32;
-                meta[lay.pos + t] = p as i32;
-                meta[lay.slots + t] = (c.block_table[p / bs] as usize * bs + p % bs) as i32;
-                meta[lay.tok_seq + t] = ci as i32;
-                t += 1;
-            }
             if c.want_logits {
-                meta[lay.rows + r] = (t - 1) as i32;
+                meta[lay.rows + r] = last_tok[ci] as i32;
                 r += 1;
             }
         }
-        Ok(f)
+        let n_tiles = tiles.len() / 2;
+        meta[lay.tiles..lay.tiles + tiles.len()].copy_from_slice(&tiles);
+        Ok(Flat { n_tok: n, n_seqs: plan.chunks.len(), m, n_single, max_len, splits, n_tiles })
     }
 
     /// Uploads the step inputs, runs (or replays) the layers and returns the logits.
@@ -218,10 +255,16 @@ impl CudaBackend {
                 .stream
                 .memcpy_htod(&self.host_meta, &mut view)
                 .map_err(CudaError::driver("uploading step inputs"))?;
-            if self.use_graphs && f.n_tok <= TC_MAX_TOKENS && self.no_cublas(f) {
+            if self.prof.is_some() {
+                let mut prof = self.prof.take();
+                let r = self.run_layers(&w, f, &mut prof);
+                self.prof = prof;
+                r?;
+                self.prof.as_mut().map_or(Ok(()), |p| p.end())?;
+            } else if self.use_graphs && f.n_tok <= TC_MAX_TOKENS && self.no_cublas(f) {
                 self.replay(&w, f)?;
             } else {
-                self.run_layers(&w, f)?;
+                self.run_layers(&w, f, &mut None)?;
             }
             if f.m == 0 {
                 return Ok(Vec::new());
@@ -243,14 +286,14 @@ impl CudaBackend {
 
     /// Launches the captured graph of this step shape, capturing it first if needed.
     fn replay(&mut self, w: &Work, f: &Flat) -> Result<(), CudaError> {
-        let key = (f.n_tok, f.m, f.splits);
+        let key = (f.n_tok, f.m, f.splits, f.n_single, f.n_tiles);
         if !self.graphs.contains_key(&key) {
             // Module loads are not stream work; do them all before capturing.
             self.kernels.load_all()?;
             let s = self.dev.stream.clone();
             s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(CudaError::driver("beginning graph capture"))?;
-            let ran = self.run_layers(w, f);
+            let ran = self.run_layers(w, f, &mut None);
             let g = s.end_capture(CUgraphInstantiate_flags(0)).map_err(CudaError::driver("ending graph capture"));
             ran?;
             let g = g?.ok_or_else(|| CudaError::Graph("the capture recorded no work".into()))?;
@@ -281,7 +324,7 @@ impl CudaBackend {
         layers && (f.m == 0 || ok(head, c.vocab_size, c.dim, f.m))
     }
 
-    fn run_layers(&mut self, w: &Work, f: &Flat) -> Result<(), CudaError> {
+    fn run_layers(&mut self, w: &Work, f: &Flat, prof: &mut Option<Profiler>) -> Result<(), CudaError> {
         let c = &self.cfg;
         let s: &CudaStream = &self.dev.stream;
         let n = f.n_tok;
@@ -295,6 +338,10 @@ impl CudaBackend {
         let k = &mut self.kernels;
         let mut mm = Mm { s, blas: &self.blas, x16: ptr(&w.x16, s) };
         let n_slots = self.num_blocks * self.block_size;
+        if let Some(p) = prof.as_mut() {
+            p.begin(s, n)?;
+        }
+        let mut mark = |class: &'static str| prof.as_mut().map_or(Ok(()), |p| p.mark(s, class));
 
         l::Embedding {
             table: Dev::of(&self.embd, s),
@@ -305,6 +352,7 @@ impl CudaBackend {
             dim,
         }
         .launch(k, s)?;
+        mark("embedding")?;
         let norm = |x: Dev<f32>, wt: Dev<f32>, out: Dev<f32>| l::RmsNorm {
             x,
             w: wt,
@@ -320,8 +368,10 @@ impl CudaBackend {
         };
         for lw in &self.layers {
             norm(x, Dev::of(&lw.attn_norm, s), h).launch(k, s)?;
+            mark("rmsnorm")?;
             let bias = lw.bqkv.as_ref().map(|b| Dev::of(b, s));
             mm.run(k, Lin { w: Dev::of(&lw.wqkv, s), rows: qkv_w, cols: dim, bias }, h, n, qkv, false)?;
+            mark("qkv matmul")?;
             let (kc, vc) = (Dev::of(&lw.k_cache, s), Dev::of(&lw.v_cache, s));
             QkvPost {
                 qkv,
@@ -344,19 +394,47 @@ impl CudaBackend {
                 eps: c.rms_eps,
             }
             .launch(k, s)?;
-            l::Attention {
+            mark("qkv_post")?;
+            if f.n_single > 0 {
+                l::Attention {
+                    q: qkv,
+                    k_cache: kc,
+                    v_cache: vc,
+                    block_tables: meta.offset(lay.bt),
+                    tok_seq: meta.offset(lay.tok_seq),
+                    pos,
+                    part_o: ptr(&w.part_o, s),
+                    part_ml: ptr(&w.part_ml, s),
+                    out: att,
+                    n_slots,
+                    n_seqs: f.n_seqs,
+                    n_tok: f.n_single,
+                    n_heads: c.n_heads,
+                    n_kv: c.n_kv_heads,
+                    head_dim: hd,
+                    block_size: self.block_size,
+                    bt_stride: self.bt_stride,
+                    q_stride: qkv_w,
+                    out_stride: qd,
+                    max_len: f.max_len,
+                    n_splits: f.splits,
+                }
+                .launch(k, s)?;
+                mark("attention split")?;
+            }
+            PrefillAttention {
                 q: qkv,
                 k_cache: kc,
                 v_cache: vc,
                 block_tables: meta.offset(lay.bt),
                 tok_seq: meta.offset(lay.tok_seq),
                 pos,
-                part_o: ptr(&w.part_o, s),
-                part_ml: ptr(&w.part_ml, s),
+                tiles: meta.offset(lay.tiles),
                 out: att,
                 n_slots,
                 n_seqs: f.n_seqs,
                 n_tok: n,
+                n_tiles: f.n_tiles,
                 n_heads: c.n_heads,
                 n_kv: c.n_kv_heads,
                 head_dim: hd,
@@ -364,12 +442,15 @@ impl CudaBackend {
                 bt_stride: self.bt_stride,
                 q_stride: qkv_w,
                 out_stride: qd,
-                max_len: f.max_len,
-                n_splits: f.splits,
             }
             .launch(k, s)?;
+            if f.n_tiles > 0 {
+                mark("attention prefill")?;
+            }
             mm.run(k, Lin { w: Dev::of(&lw.wo, s), rows: dim, cols: qd, bias: None }, att, n, x, true)?;
+            mark("o matmul")?;
             norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
+            mark("rmsnorm")?;
             if n < tc_min_tokens() {
                 GemvSwiglu {
                     w: Dev::of(&lw.wgu, s),
@@ -386,7 +467,9 @@ impl CudaBackend {
                 mm.run(k, Lin { w: Dev::of(&lw.wgu, s), rows: 2 * ffn, cols: dim, bias: None }, h, n, gu, false)?;
                 l::SiluMul { gu, out: act, n_tok: n, ffn }.launch(k, s)?;
             }
+            mark("gate/up matmul")?;
             mm.run(k, Lin { w: Dev::of(&lw.wdown, s), rows: dim, cols: ffn, bias: None }, act, n, x, true)?;
+            mark("down matmul")?;
         }
         if f.m == 0 {
             return Ok(());
@@ -407,7 +490,8 @@ impl CudaBackend {
         }
         .launch(k, s)?;
         let head = Dev::of(self.output.as_ref().unwrap_or(&self.embd), s);
-        mm.run(k, Lin { w: head, rows: c.vocab_size, cols: dim, bias: None }, hn, f.m, logits, false)
+        mm.run(k, Lin { w: head, rows: c.vocab_size, cols: dim, bias: None }, hn, f.m, logits, false)?;
+        mark("output head")
     }
 }
 

@@ -1,0 +1,309 @@
+// Causal attention for prefill chunks on the tensor cores (flash-attention style, one pass).
+// The decode kernel (attention_decode.cu) reads the whole context once per query token; here a
+// block takes a tile of up to 16 query tokens of one sequence and all `group` query heads of one
+// KV head, so each K/V row is read once per tile and every product runs as wmma m16n16k16
+// (F16 inputs, F32 accumulation; inline PTX, valid on compute_70).
+//
+// grid (n_tiles, n_kv), block: group warps (warp w = query head g * group + w), 16 rows each
+// (row r = token tiles[2 i] + r). Per K/V tile of ATP_KT positions (staged in shared memory,
+// positions past the tile's last query are zero-filled):
+//   S [16, KT] = (Q * scale) K^T     Q held in registers as F16 A fragments
+//   online softmax per row (lane pairs own a row): m, l, P = exp(S - m) as F16, alpha = e^(m_old - m)
+//   O [16, HD] = alpha O + P V       O held in registers as F32 accumulators
+// The accumulator element -> (row, column) map is read once from a wmma load of an index
+// matrix, so the rescale and the final store do not depend on an architecture's fragment layout.
+// Limits (checked by the launcher): HD 64 or 128, group <= ATP_MAX_GROUP, a tile's tokens in one
+// sequence with positions <= the block table's reach.
+#include "common.cuh"
+
+#define ATP_KT 32
+#define ATP_MAX_GROUP 7
+#define ATP_PF 8  // 16-byte loads in flight per thread
+
+struct PrefillParams {
+    const float* q;           // [n_tok, q_stride] f32; head h at q + t * q_stride + h * head_dim
+    const half_t* k_cache;    // [n_slots, n_kv, head_dim] f16
+    const half_t* v_cache;    // same layout
+    const int* block_tables;  // [n_seqs, bt_stride]
+    const int* tok_seq;       // [n_tok] row of block_tables of each token
+    const int* pos;           // [n_tok] absolute position of each token
+    const int* tiles;         // [n_tiles, 2]: first token, token count (1..=16)
+    float* out;               // [n_tok, out_stride] f32
+    int n_heads;
+    int n_kv;
+    int block_size;
+    int bt_stride;
+    int q_stride;
+    int out_stride;
+    float scale;              // 1 / sqrt(head_dim)
+};
+
+__device__ __forceinline__ void atp_load_a(unsigned (&a)[8], const half_t* p, int ldm) {
+    asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]), "=r"(a[4]), "=r"(a[5]), "=r"(a[6]), "=r"(a[7])
+                 : "l"(p), "r"(ldm)
+                 : "memory");
+}
+
+// B (k x n) column-major: column n's 16 values at p + n * ldm (K rows: k = head dim, n = position).
+__device__ __forceinline__ void atp_load_b_col(unsigned (&b)[8], const half_t* p, int ldm) {
+    asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]), "=r"(b[4]), "=r"(b[5]), "=r"(b[6]), "=r"(b[7])
+                 : "l"(p), "r"(ldm)
+                 : "memory");
+}
+
+// B (k x n) row-major: row k's 16 values at p + k * ldm (V rows: k = position, n = head dim).
+__device__ __forceinline__ void atp_load_b_row(unsigned (&b)[8], const half_t* p, int ldm) {
+    asm volatile("wmma.load.b.sync.aligned.row.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]), "=r"(b[4]), "=r"(b[5]), "=r"(b[6]), "=r"(b[7])
+                 : "l"(p), "r"(ldm)
+                 : "memory");
+}
+
+__device__ __forceinline__ void atp_mma_rc(float (&d)[8], const unsigned (&a)[8], const unsigned (&b)[8]) {
+    asm volatile(
+        "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+        "{%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19,%20,%21,%22,%23}, {%0,%1,%2,%3,%4,%5,%6,%7};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]), "r"(a[6]), "r"(a[7]),
+          "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(b[4]), "r"(b[5]), "r"(b[6]), "r"(b[7]));
+}
+
+__device__ __forceinline__ void atp_mma_rr(float (&d)[8], const unsigned (&a)[8], const unsigned (&b)[8]) {
+    asm volatile(
+        "wmma.mma.sync.aligned.row.row.m16n16k16.f32.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+        "{%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19,%20,%21,%22,%23}, {%0,%1,%2,%3,%4,%5,%6,%7};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]), "r"(a[6]), "r"(a[7]),
+          "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(b[4]), "r"(b[5]), "r"(b[6]), "r"(b[7]));
+}
+
+__device__ __forceinline__ void atp_load_c(float (&d)[8], const float* p, int ldm) {
+    asm volatile("wmma.load.c.sync.aligned.row.m16n16k16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7])
+                 : "l"(p), "r"(ldm)
+                 : "memory");
+}
+
+__device__ __forceinline__ void atp_store_c(float* p, const float (&d)[8], int ldm) {
+    asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
+                 :
+                 : "l"(p), "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]), "f"(d[4]), "f"(d[5]), "f"(d[6]), "f"(d[7]),
+                   "r"(ldm)
+                 : "memory");
+}
+
+// Shared memory layout (bytes), for head size HD and W warps:
+//   map  [16, 16] f32                     element index r * 16 + c (the fragment map)
+//   K, V [ATP_KT, HD + 8] f16 each         the current K/V tile (rows padded: fewer bank conflicts)
+//   per warp: S [16, ATP_KT + 4] f32, P [16, ATP_KT + 8] f16, alpha [16] f32, l [16] f32
+template <int HD>
+struct AtpLayout {
+    static constexpr int LDK = HD + 8, LDS = ATP_KT + 4, LDP = ATP_KT + 8;
+    static constexpr int MAP = 16 * 16 * 4;
+    static constexpr int KV = ATP_KT * LDK * 2;
+    static constexpr int WARP_BYTES = 16 * LDS * 4 + 16 * LDP * 2 + 2 * 16 * 4;
+};
+
+// Element e of a K/V tile (e < 2 * ATP_KT * HD / 8): K rows first, then V rows; 8 halves each.
+// Positions past pos_max are zero (their block-table entries may not exist).
+template <int HD>
+__device__ __forceinline__ void atp_fetch(const PrefillParams& p, const int* bt, long long kv_dim, int g, int kp,
+                                          int pos_max, int base, uint4 (&v)[ATP_PF]) {
+    constexpr int PARTS = HD / 8, TOTAL = 2 * ATP_KT * PARTS;
+#pragma unroll
+    for (int j = 0; j < ATP_PF; ++j) {
+        const int e = base + j * blockDim.x + threadIdx.x;
+        const int which = e / (ATP_KT * PARTS), r = (e / PARTS) % ATP_KT, part = e % PARTS;
+        const int ps = kp + r;
+        v[j] = make_uint4(0, 0, 0, 0);
+        if (e < TOTAL && ps <= pos_max) {
+            const long long slot = (long long)bt[ps / p.block_size] * p.block_size + ps % p.block_size;
+            const half_t* src = (which ? p.v_cache : p.k_cache) + slot * kv_dim + (long long)g * HD + part * 8;
+            v[j] = __ldg(reinterpret_cast<const uint4*>(src));
+        }
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void atp_stage(half_t* ks, half_t* vs, int base, const uint4 (&v)[ATP_PF]) {
+    constexpr int PARTS = HD / 8, TOTAL = 2 * ATP_KT * PARTS, LDK = HD + 8;
+#pragma unroll
+    for (int j = 0; j < ATP_PF; ++j) {
+        const int e = base + j * blockDim.x + threadIdx.x;
+        if (e < TOTAL) {
+            const int which = e / (ATP_KT * PARTS), r = (e / PARTS) % ATP_KT, part = e % PARTS;
+            *reinterpret_cast<uint4*>((which ? vs : ks) + r * LDK + part * 8) = v[j];
+        }
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
+    using L = AtpLayout<HD>;
+    constexpr int NK = HD / 16;  // 16-wide slices of the head dimension
+    extern __shared__ __align__(32) unsigned char smem[];
+    float* map = reinterpret_cast<float*>(smem);
+    half_t* ks = reinterpret_cast<half_t*>(smem + L::MAP);
+    half_t* vs = reinterpret_cast<half_t*>(smem + L::MAP + L::KV);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nthreads = blockDim.x;
+    unsigned char* wbase = smem + L::MAP + 2 * L::KV + warp * L::WARP_BYTES;
+    float* ss = reinterpret_cast<float*>(wbase);                  // [16, LDS]
+    half_t* ps = reinterpret_cast<half_t*>(ss + 16 * L::LDS);     // [16, LDP]
+    float* alpha_s = reinterpret_cast<float*>(ps + 16 * L::LDP);  // [16]
+    float* l_s = alpha_s + 16;                                    // [16]
+
+    const int tile = blockIdx.x, g = blockIdx.y;
+    const int group = p.n_heads / p.n_kv;
+    const int h = g * group + warp;
+    const int t0 = p.tiles[2 * tile], nt = p.tiles[2 * tile + 1];
+    const int* bt = p.block_tables + (long long)p.tok_seq[t0] * p.bt_stride;
+    const long long kv_dim = (long long)p.n_kv * HD;
+    // Last position any row of the tile attends (rows past nt copy the last token's position).
+    int pos_max = 0;
+    for (int r = 0; r < nt; ++r) pos_max = max(pos_max, p.pos[t0 + r]);
+
+    for (int i = threadIdx.x; i < 256; i += nthreads) map[i] = (float)i;
+    __syncthreads();
+    int frow[8], fcol[8];
+    {
+        float d[8];
+        atp_load_c(d, map, 16);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int e = (int)d[i];
+            frow[i] = e / 16;
+            fcol[i] = e % 16;
+        }
+    }
+
+    // Q (scaled, F16) -> A fragments, staged through the warp's S area 64 columns at a time.
+    unsigned qa[NK][8];
+    {
+        half_t* stage = reinterpret_cast<half_t*>(ss);  // [16, 72] halves = 2,304 bytes
+#pragma unroll
+        for (int c0 = 0; c0 < HD; c0 += 64) {
+            for (int e = lane; e < 16 * 64; e += WARP) {
+                const int r = e / 64, c = e % 64;
+                const int t = t0 + min(r, nt - 1);
+                const float v = r < nt ? p.q[(long long)t * p.q_stride + (long long)h * HD + c0 + c] * p.scale : 0.0f;
+                stage[r * 72 + c] = f2h_sat(v);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int k = 0; k < 4; ++k) atp_load_a(qa[c0 / 16 + k], stage + k * 16, 72);
+            __syncwarp();
+        }
+    }
+
+    // Row state: lane pairs (2r, 2r + 1) own row r; both lanes keep m and l.
+    const int row = lane / 2, half = lane % 2;
+    const int row_pos = p.pos[t0 + min(row, nt - 1)];
+    float m_row = NEG_INF, l_row = 0.0f;
+    float o[NK][8];
+#pragma unroll
+    for (int j = 0; j < NK; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[j][i] = 0.0f;
+
+    // K/V tiles are fetched ATP_PF 16-byte loads per thread at a time (all in flight together);
+    // the first batch of the next tile is fetched before this tile's products and stored after.
+    constexpr int PARTS = HD / 8;                  // uint4 per row
+    constexpr int TOTAL = 2 * ATP_KT * PARTS;      // uint4 per K + V tile
+    uint4 pf[ATP_PF];
+    atp_fetch<HD>(p, bt, kv_dim, g, 0, pos_max, 0, pf);
+    for (int kp = 0; kp <= pos_max; kp += ATP_KT) {
+        __syncthreads();  // every warp is done with the previous K/V tile
+        atp_stage<HD>(ks, vs, 0, pf);
+        for (int base = ATP_PF * nthreads; base < TOTAL; base += ATP_PF * nthreads) {
+            uint4 more[ATP_PF];
+            atp_fetch<HD>(p, bt, kv_dim, g, kp, pos_max, base, more);
+            atp_stage<HD>(ks, vs, base, more);
+        }
+        __syncthreads();
+        if (kp + ATP_KT <= pos_max) atp_fetch<HD>(p, bt, kv_dim, g, kp + ATP_KT, pos_max, 0, pf);
+
+        // S = Q K^T for the tile's ATP_KT positions.
+#pragma unroll
+        for (int n = 0; n < ATP_KT / 16; ++n) {
+            float s[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) s[i] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NK; ++k) {
+                unsigned b[8];
+                atp_load_b_col(b, ks + n * 16 * L::LDK + k * 16, L::LDK);
+                atp_mma_rc(s, qa[k], b);
+            }
+            atp_store_c(ss + n * 16, s, L::LDS);
+        }
+        __syncwarp();
+
+        // Online softmax: this lane's half of its row (ATP_KT / 2 columns).
+        constexpr int HC = ATP_KT / 2;
+        const float* srow = ss + row * L::LDS + half * HC;
+        float tmax = NEG_INF;
+#pragma unroll
+        for (int c = 0; c < HC; ++c)
+            if (kp + half * HC + c <= row_pos) tmax = fmaxf(tmax, srow[c]);
+        tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
+        const float m_new = fmaxf(m_row, tmax);  // finite: position 0 is in every row's range
+        float sum = 0.0f;
+        half_t* prow = ps + row * L::LDP + half * HC;
+#pragma unroll
+        for (int c = 0; c < HC; ++c) {
+            const float e = kp + half * HC + c <= row_pos ? expf(srow[c] - m_new) : 0.0f;
+            const half_t eh = f2h(e);
+            prow[c] = eh;
+            sum += h2f(eh);  // the rounded weight, as the P V product uses it
+        }
+        sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+        const float alpha = expf(m_row - m_new);
+        l_row = l_row * alpha + sum;
+        m_row = m_new;
+        if (half == 0) alpha_s[row] = alpha;
+        __syncwarp();
+
+        // O = alpha O + P V.
+        float a_of[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) a_of[i] = alpha_s[frow[i]];
+#pragma unroll
+        for (int j = 0; j < NK; ++j)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o[j][i] *= a_of[i];
+#pragma unroll
+        for (int k2 = 0; k2 < ATP_KT / 16; ++k2) {
+            unsigned a[8];
+            atp_load_a(a, ps + k2 * 16, L::LDP);
+#pragma unroll
+            for (int j = 0; j < NK; ++j) {
+                unsigned b[8];
+                atp_load_b_row(b, vs + k2 * 16 * L::LDK + j * 16, L::LDK);
+                atp_mma_rr(o[j], a, b);
+            }
+        }
+        __syncwarp();  // P and alpha are read before the next tile overwrites them
+    }
+
+    if (half == 0) l_s[row] = l_row;
+    __syncwarp();
+    float inv[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) inv[i] = 1.0f / l_s[frow[i]];
+#pragma unroll
+    for (int j = 0; j < NK; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            if (frow[i] < nt)
+                p.out[(long long)(t0 + frow[i]) * p.out_stride + (long long)h * HD + j * 16 + fcol[i]] = o[j][i] * inv[i];
+}
+
+// block: group * 32 threads; dynamic shared memory AtpLayout<HD>::bytes(group).
+extern "C" __global__ void __launch_bounds__(ATP_MAX_GROUP * WARP) attn_prefill_hd64(const PrefillParams p) {
+    attn_prefill_impl<64>(p);
+}
+extern "C" __global__ void __launch_bounds__(ATP_MAX_GROUP * WARP) attn_prefill_hd128(const PrefillParams p) {
+    attn_prefill_impl<128>(p);
+}

@@ -1,0 +1,113 @@
+//! Benchmarks run by hand on the GPU machine (`--ignored`): the seed-method benchmark of the
+//! Qwen3-8B shape and the per-kernel bandwidth table.
+
+use cudarc::driver::CudaSlice;
+
+use dustoff::backend::cuda::launch as l;
+use dustoff::backend::cuda::CudaBackend;
+
+use super::{gpu, opts, Gpu};
+
+/// Seed-method benchmark of the Qwen3-8B shape with GPU-made weights, plus achieved bandwidth
+/// of each decode kernel class. `cargo test --release --test gpu_parity -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_qwen3_8b_synthetic() {
+    let Some(g) = gpu("bench") else { return };
+    drop(g);
+    let name = std::env::var("DUSTOFF_BENCH_SHAPE").unwrap_or_else(|_| "qwen3-8b".into());
+    let cfg = dustoff::model::shapes::shape(&name).unwrap();
+    let t = std::time::Instant::now();
+    let mut b = CudaBackend::synthetic(cfg, 1, &opts((768 + 200usize).div_ceil(16))).expect("synthetic backend");
+    b.load_kernels().unwrap();
+    eprintln!("made {name} on the GPU in {:.1} s", t.elapsed().as_secs_f64());
+    for graphs in [true, false] {
+        b.set_graphs(graphs);
+        let r = dustoff::commands::bench::bench(&mut b, &name, 768, 200, 3).unwrap();
+        eprintln!("--- graphs {graphs}");
+        r.print_human();
+    }
+    kernel_breakdown();
+}
+
+/// Times each decode kernel class of the Qwen3-8B shape alone (events, median of 20) and prints
+/// the bandwidth it reaches.
+fn kernel_breakdown() {
+    let mut g = gpu("breakdown").unwrap();
+    let s = g.dev.stream.clone();
+    let ev = |g: &Gpu| g.dev.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+    let time = |g: &mut Gpu, f: &mut dyn FnMut(&mut Gpu)| -> f64 {
+        f(g);
+        let (a, b) = (ev(g), ev(g));
+        let mut v: Vec<f32> = (0..20)
+            .map(|_| {
+                a.record(&g.dev.stream).unwrap();
+                f(g);
+                b.record(&g.dev.stream).unwrap();
+                a.elapsed_ms(&b).unwrap()
+            })
+            .collect();
+        v.sort_by(f32::total_cmp);
+        v[10] as f64 / 1e3
+    };
+    let dim = 4096;
+    let xv = g.randn(12288, 1.0);
+    let x = g.up(&xv);
+    let out = g.zeros::<f32>(151_936);
+    for (what, rows, cols, swiglu) in [
+        ("qkv", 6144, dim, false),
+        ("o", dim, dim, false),
+        ("gate/up+swiglu", 12288, dim, true),
+        ("down", dim, 12288, false),
+        ("head", 151_936, dim, false),
+    ] {
+        // Several copies so that repeated runs do not read the L2.
+        let n_copies = (2usize << 30) / (rows * cols * 2 * if swiglu { 2 } else { 1 });
+        let n_copies = n_copies.clamp(1, 8);
+        let ws: Vec<CudaSlice<u16>> =
+            (0..n_copies).map(|_| g.zeros::<u16>(rows * cols * if swiglu { 2 } else { 1 })).collect();
+        // Random values, not zeros (zeros can run faster than real data).
+        for (j, w) in ws.iter().enumerate() {
+            let out = g.d(w);
+            dustoff::backend::cuda::fused::FillUniform { out, seed: j as u64 + 1, scale: 0.03 }
+                .launch(&mut g.k, &s)
+                .unwrap();
+        }
+        let mut i = 0;
+        let dt = time(&mut g, &mut |g| {
+            let w = g.d(&ws[i % n_copies]);
+            i += 1;
+            if swiglu {
+                dustoff::backend::cuda::fused::GemvSwiglu {
+                    w,
+                    x: g.d(&x),
+                    out: g.d(&out),
+                    ffn: rows,
+                    cols,
+                    n_tok: 1,
+                    x_stride: cols,
+                    out_stride: rows,
+                }
+                .launch(&mut g.k, &s)
+                .unwrap();
+            } else {
+                l::Gemv {
+                    w,
+                    x: g.d(&x),
+                    out: g.d(&out),
+                    bias: None,
+                    rows,
+                    cols,
+                    n_tok: 1,
+                    x_stride: cols,
+                    out_stride: rows,
+                    accumulate: false,
+                }
+                .launch(&mut g.k, &s)
+                .unwrap();
+            }
+        });
+        let bytes = (rows * cols * 2 * if swiglu { 2 } else { 1 }) as f64;
+        eprintln!("gemv {what:16} [{rows}x{cols}]: {:8.1} us  {:7.0} GB/s", dt * 1e6, bytes / dt / 1e9);
+    }
+}
