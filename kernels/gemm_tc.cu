@@ -166,3 +166,149 @@ extern "C" __global__ void __launch_bounds__(16 * WARP) gemm_tc_f16_t16(const Tc
 extern "C" __global__ void __launch_bounds__(12 * WARP) gemm_tc_f16_t32(const TcParams p) { gemm_tc_impl<2>(p); }
 extern "C" __global__ void __launch_bounds__(8 * WARP) gemm_tc_f16_t48(const TcParams p) { gemm_tc_impl<3>(p); }
 extern "C" __global__ void __launch_bounds__(7 * WARP) gemm_tc_f16_t64(const TcParams p) { gemm_tc_impl<4>(p); }
+
+// ---------------------------------------------------------------------------------------------
+// Wide-tile variant (rows % 64 == 0, cols % 64 == 0): a block of 4 (or 8) warps owns 64 (128) rows of W and
+// one range of column chunks; the x tile of each chunk ([NT16 * 16 tokens, 64 columns]) is
+// loaded once into shared memory and used by all 4 warps (the 16-row kernel above fetches it
+// once per 16 rows: at 64 tokens that is 4 bytes of x from the L2 per byte of W). Warp w
+// computes rows 16 w .. 16 w + 15 for every token. The next chunk's W and x are fetched into
+// registers while this one is multiplied.
+// Split-K (gridDim.y > 1, for matrices of few rows, so that the grid still fills the GPU):
+// block (i, k) writes its partial sums to part[k, n_tok, rows]; splitk_reduce_f32 adds them in
+// k order (deterministic) with the bias and the accumulate flag.
+#define T2_BK 64
+// Halves per staged row: 160 bytes = 40 banks, so the 16 rows of a wmma fragment load start 8
+// banks apart and every 4 rows fill the 32 banks once (a 144-byte stride overlapped them).
+#define T2_LD (T2_BK + 16)
+
+struct Tc2Params {
+    const half_t* w;    // [rows, cols] f16
+    const half_t* x;    // [ceil16(n_tok), cols] f16
+    float* out;         // [n_tok, out_stride] f32 (gridDim.y == 1)
+    const float* bias;  // optional [rows] f32 (gridDim.y == 1)
+    float* part;        // [gridDim.y, n_tok, rows] f32 (gridDim.y > 1)
+    int rows;
+    int cols;
+    int n_tok;
+    int out_stride;
+    int accumulate;
+    int nk;             // k splits (gridDim.y of the GEMM)
+};
+
+// WARPS warps, 16 rows each: a block tile of 16 * WARPS rows, 32 * WARPS threads.
+template <int NT16, int WARPS>
+struct T2 {
+    static constexpr int BM = 16 * WARPS, THREADS = 32 * WARPS;
+    static constexpr int W = BM * T2_BK / 8 / THREADS;                     // uint4 per thread: 4
+    static constexpr int X = (NT16 * 16 * T2_BK / 8 + THREADS - 1) / THREADS;
+};
+
+template <int NT16, int WARPS>
+__device__ __forceinline__ void t2_fetch(const Tc2Params& p, int r0, int c, uint4 (&rw)[T2<NT16, WARPS>::W],
+                                         uint4 (&rx)[T2<NT16, WARPS>::X]) {
+    using C = T2<NT16, WARPS>;
+    const long long c0 = (long long)c * T2_BK;
+#pragma unroll
+    for (int i = 0; i < C::W; ++i) {
+        const int q = threadIdx.x + C::THREADS * i, row = q / 8, part = q % 8;
+        rw[i] = __ldg(reinterpret_cast<const uint4*>(p.w + (long long)(r0 + row) * p.cols + c0 + part * 8));
+    }
+#pragma unroll
+    for (int i = 0; i < C::X; ++i) {
+        const int q = threadIdx.x + C::THREADS * i, tok = q / 8, part = q % 8;
+        if (tok < NT16 * 16) rx[i] = __ldg(reinterpret_cast<const uint4*>(p.x + (long long)tok * p.cols + c0 + part * 8));
+    }
+}
+
+template <int NT16, int WARPS>
+__device__ __forceinline__ void gemm_tc64_impl(const Tc2Params& p) {
+    using C = T2<NT16, WARPS>;
+    constexpr int T2_BM = C::BM, T2_THREADS = C::THREADS;
+    constexpr int BN = NT16 * 16, LDO = BN + 4;
+    constexpr int SW = T2_BM * T2_LD * 2, SX = BN * T2_LD * 2, SO = WARPS * 16 * LDO * 4;
+    // Staged W and x during the loop, then (after a barrier) the warps' accumulators.
+    __shared__ __align__(32) unsigned char smem[SW + SX > SO ? SW + SX : SO];
+    half_t* sw = reinterpret_cast<half_t*>(smem);       // [64, T2_LD]
+    half_t* sx = reinterpret_cast<half_t*>(smem + SW);  // [BN, T2_LD]
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int r0 = blockIdx.x * T2_BM;
+    const int chunks = p.cols / T2_BK, kb = blockIdx.y, nk = gridDim.y;
+    const int c_begin = (int)((long long)chunks * kb / nk), c_end = (int)((long long)chunks * (kb + 1) / nk);
+    float acc[NT16][8];
+#pragma unroll
+    for (int j = 0; j < NT16; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[j][i] = 0.0f;
+    uint4 rw[C::W], rx[C::X];
+    if (c_begin < c_end) t2_fetch<NT16, WARPS>(p, r0, c_begin, rw, rx);
+    for (int c = c_begin; c < c_end; ++c) {
+        __syncthreads();  // the previous chunk's fragments are loaded
+#pragma unroll
+        for (int i = 0; i < C::W; ++i) {
+            const int q = threadIdx.x + T2_THREADS * i;
+            *reinterpret_cast<uint4*>(sw + (q / 8) * T2_LD + (q % 8) * 8) = rw[i];
+        }
+#pragma unroll
+        for (int i = 0; i < C::X; ++i) {
+            const int q = threadIdx.x + T2_THREADS * i;
+            if (q / 8 < BN) *reinterpret_cast<uint4*>(sx + (q / 8) * T2_LD + (q % 8) * 8) = rx[i];
+        }
+        __syncthreads();
+        if (c + 1 < c_end) t2_fetch<NT16, WARPS>(p, r0, c + 1, rw, rx);
+#pragma unroll
+        for (int u = 0; u < T2_BK / 16; ++u) {
+            unsigned a[8];
+            wmma_load_a(a, sw + warp * 16 * T2_LD + u * 16, T2_LD);
+#pragma unroll
+            for (int j = 0; j < NT16; ++j) {
+                unsigned b[8];
+                wmma_load_b(b, sx + j * 16 * T2_LD + u * 16, T2_LD);
+                wmma_mma(acc[j], a, b);
+            }
+        }
+    }
+    __syncthreads();  // the staging area becomes the output buffer
+    float* o = reinterpret_cast<float*>(smem) + warp * 16 * LDO;  // [16, LDO]
+#pragma unroll
+    for (int j = 0; j < NT16; ++j) wmma_store(o + j * 16, acc[j], LDO);
+    __syncwarp();
+    // Element (m = e % 16, n = e / 16): 16 consecutive rows of one token per half-warp.
+    for (int e = lane; e < 16 * BN; e += WARP) {
+        const int m = e % 16, n = e / 16;
+        if (n < p.n_tok) {
+            const float v = o[m * LDO + n];
+            const int row = r0 + warp * 16 + m;
+            if (nk == 1) {
+                float r = p.bias ? v + p.bias[row] : v;
+                float* dst = p.out + (long long)n * p.out_stride + row;
+                *dst = p.accumulate ? *dst + r : r;
+            } else {
+                p.part[((long long)kb * p.n_tok + n) * p.rows + row] = v;
+            }
+        }
+    }
+}
+
+// grid: (rows / 64, k splits), block: 128 (rows % 128 != 0); the _w8 entries: grid
+// (rows / 128, k splits), block 256.
+extern "C" __global__ void __launch_bounds__(128) gemm_tc64_f16_t16(const Tc2Params p) { gemm_tc64_impl<1, 4>(p); }
+extern "C" __global__ void __launch_bounds__(128) gemm_tc64_f16_t32(const Tc2Params p) { gemm_tc64_impl<2, 4>(p); }
+extern "C" __global__ void __launch_bounds__(128) gemm_tc64_f16_t48(const Tc2Params p) { gemm_tc64_impl<3, 4>(p); }
+extern "C" __global__ void __launch_bounds__(128) gemm_tc64_f16_t64(const Tc2Params p) { gemm_tc64_impl<4, 4>(p); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tc128_f16_t16(const Tc2Params p) { gemm_tc64_impl<1, 8>(p); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tc128_f16_t32(const Tc2Params p) { gemm_tc64_impl<2, 8>(p); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tc128_f16_t48(const Tc2Params p) { gemm_tc64_impl<3, 8>(p); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tc128_f16_t64(const Tc2Params p) { gemm_tc64_impl<4, 8>(p); }
+
+// out[n, r] (+)= sum_k part[k, n, r] (k ascending) + bias[r]. grid: ceil(n_tok * rows / 256), block 256.
+extern "C" __global__ void splitk_reduce_f32(const Tc2Params p) {
+    const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (long long)p.n_tok * p.rows) return;
+    const int n = (int)(e / p.rows), r = (int)(e % p.rows);
+    float v = 0.0f;
+    for (int k = 0; k < p.nk; ++k) v += p.part[((long long)k * p.n_tok + n) * p.rows + r];
+    if (p.bias) v += p.bias[r];
+    float* dst = p.out + (long long)n * p.out_stride + r;
+    *dst = p.accumulate ? *dst + v : v;
+}

@@ -32,6 +32,8 @@ fn bench_qwen3_8b_synthetic() {
 
 /// Times each decode kernel class of the Qwen3-8B shape alone (events, median of 20) and prints
 /// the bandwidth it reaches.
+#[test]
+#[ignore]
 fn kernel_breakdown() {
     let mut g = gpu("breakdown").unwrap();
     let s = g.dev.stream.clone();
@@ -109,5 +111,31 @@ fn kernel_breakdown() {
         });
         let bytes = (rows * cols * 2 * if swiglu { 2 } else { 1 }) as f64;
         eprintln!("gemv {what:16} [{rows}x{cols}]: {:8.1} us  {:7.0} GB/s", dt * 1e6, bytes / dt / 1e9);
+        // The tensor-core GEMM of decode batches on the same matrices (gate/up as one matrix).
+        let all_rows = rows * if swiglu { 2 } else { 1 };
+        let x16 = g.zeros::<u16>(64 * cols);
+        let outn = g.zeros::<f32>(64 * all_rows);
+        let part = g.zeros::<f32>(dustoff::backend::cuda::tc::tc64_part_len(all_rows, cols, 64).max(1));
+        for n in [8usize, 16, 32, 64] {
+            let dt = time(&mut g, &mut |g| {
+                let w = g.d(&ws[i % n_copies]);
+                i += 1;
+                dustoff::backend::cuda::tc::GemmTc {
+                    w,
+                    x: g.d(&x16),
+                    out: g.d(&outn),
+                    bias: None,
+                    rows: all_rows,
+                    cols,
+                    n_tok: n,
+                    out_stride: all_rows,
+                    accumulate: false,
+                    part: Some(g.d(&part)),
+                }
+                .launch(&mut g.k, &s)
+                .unwrap();
+            });
+            eprintln!("gemm_tc {what:13} {n:2} tok: {:8.1} us  {:7.0} GB/s", dt * 1e6, bytes / dt / 1e9);
+        }
     }
 }

@@ -301,46 +301,54 @@ fn gemv_every_token_count_with_bias_and_accumulation_and_cublas_gemm() {
 
 /// The tensor-core GEMM of decode batches (2..=64 tokens, 16-token tiles, the input rounded to
 /// F16 on both sides) against the CPU matmul, with bias and accumulation, for token counts that
-/// fill 1 to 4 tiles fully and partly; and its shape rules.
+/// fill 1 to 4 tiles fully and partly; and its shape rules. Shapes: 1008 rows (the 16-row
+/// kernel), 4096 x 4096 (the 128-row kernel with split-K partials, and without scratch: one
+/// split), 4032 x 1024 (the 64-row kernel, split-K capped by the column count).
 #[test]
 fn tensor_core_gemm_every_tile_count_with_bias_and_accumulation() {
-    use dustoff::backend::cuda::tc::{tc_padded, GemmTc};
+    use dustoff::backend::cuda::tc::{tc64_part_len, tc_padded, GemmTc};
     let Some(mut g) = gpu("gemm_tc") else { return };
-    let (rows, cols) = (1008, 1536);
-    let wv = f16_vals(&f16_bits(&g.randn(rows * cols, 0.1)));
-    let wbits = f16_bits(&wv);
-    let wt = Tensor::from_bytes("w", GgmlType::F16, rows, cols, wbits.iter().flat_map(|b| b.to_le_bytes()).collect());
-    let wd = g.up(&wbits);
-    let bias = g.randn(rows, 1.0);
-    let bd = g.up(&bias);
     let s = g.dev.stream.clone();
-    for n in [1, 2, 7, 16, 17, 33, 48, 64] {
-        // Rows past n hold random values: their results must not leak into the output.
-        let x16 = f16_bits(&g.randn(tc_padded(n) * cols, 3.0));
-        let prev = g.randn(n * rows, 10.0);
-        let (xd, od) = (g.up(&x16), g.up(&prev));
-        let accumulate = n % 2 == 0;
-        let with_bias = n % 3 != 0;
-        GemmTc {
-            w: g.d(&wd),
-            x: g.d(&xd),
-            out: g.d(&od),
-            bias: with_bias.then(|| g.d(&bd)),
-            rows,
-            cols,
-            n_tok: n,
-            out_stride: rows,
-            accumulate,
+    for (rows, cols, scratch) in [(1008, 1536, false), (4096, 4096, true), (4096, 4096, false), (4032, 1024, true)] {
+        let wv = f16_vals(&f16_bits(&g.randn(rows * cols, 0.1)));
+        let wbits = f16_bits(&wv);
+        let wt =
+            Tensor::from_bytes("w", GgmlType::F16, rows, cols, wbits.iter().flat_map(|b| b.to_le_bytes()).collect());
+        let wd = g.up(&wbits);
+        let bias = g.randn(rows, 1.0);
+        let bd = g.up(&bias);
+        let part = g.zeros::<f32>(tc64_part_len(rows, cols, 64).max(1));
+        for n in [1, 2, 7, 16, 17, 33, 48, 64] {
+            // Rows past n hold random values: their results must not leak into the output.
+            let x16 = f16_bits(&g.randn(tc_padded(n) * cols, 3.0));
+            let prev = g.randn(n * rows, 10.0);
+            let (xd, od) = (g.up(&x16), g.up(&prev));
+            let accumulate = n % 2 == 0;
+            let with_bias = n % 3 != 0;
+            GemmTc {
+                w: g.d(&wd),
+                x: g.d(&xd),
+                out: g.d(&od),
+                bias: with_bias.then(|| g.d(&bd)),
+                rows,
+                cols,
+                n_tok: n,
+                out_stride: rows,
+                accumulate,
+                part: scratch.then(|| g.d(&part)),
+            }
+            .launch(&mut g.k, &s)
+            .unwrap();
+            let mut want = vec![0f32; n * rows];
+            matmul(&wt, &f16_vals(&x16[..n * cols]), n, &mut want);
+            for (i, v) in want.iter_mut().enumerate() {
+                *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
+            }
+            compare("gemm_tc_f16", g.seed + n as u64, &g.down(&od), &want);
         }
-        .launch(&mut g.k, &s)
-        .unwrap();
-        let mut want = vec![0f32; n * rows];
-        matmul(&wt, &f16_vals(&x16[..n * cols]), n, &mut want);
-        for (i, v) in want.iter_mut().enumerate() {
-            *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
-        }
-        compare("gemm_tc_f16", g.seed + n as u64, &g.down(&od), &want);
     }
+    let (rows, cols) = (1008, 1536);
+    let wd = g.zeros::<u16>(rows * cols);
     // Shapes it does not take (cuBLAS serves them): rows or cols off the 16 grid, 65 tokens.
     let (w, x) = (g.d(&wd), g.d(&wd));
     assert!(GemmTc::fits(w, x, rows, cols, 64));

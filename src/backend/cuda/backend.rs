@@ -70,6 +70,8 @@ pub(super) struct Work {
     pub gu: Option<CudaSlice<f32>>,  // [tok, 2 ffn]
     pub act: Option<CudaSlice<f32>>, // [tok, ffn]
     pub x16: Option<CudaSlice<u16>>, // [tok, max(dim, q_dim, ffn)] cuBLAS input
+    /// Split-K partial sums of the tensor-core GEMM ([splits, tok, rows], the largest matrix's).
+    pub tc_part: Option<CudaSlice<f32>>,
     /// Per-step inputs, uploaded in one copy: [ids | pos | slots | tok_seq | rows] (cap_tok
     /// each), then block tables [cap_tok, bt_stride].
     pub meta: Option<CudaSlice<i32>>,

@@ -42,7 +42,24 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     ),
     kernel_file!("attention_prefill", ["attn_prefill_hd64", "attn_prefill_hd128"]),
     kernel_file!("embedding", ["embedding_f16", "fill_uniform_f16"]),
-    kernel_file!("gemm_tc", ["gemm_tc_f16_t16", "gemm_tc_f16_t32", "gemm_tc_f16_t48", "gemm_tc_f16_t64"]),
+    kernel_file!(
+        "gemm_tc",
+        [
+            "gemm_tc_f16_t16",
+            "gemm_tc_f16_t32",
+            "gemm_tc_f16_t48",
+            "gemm_tc_f16_t64",
+            "gemm_tc64_f16_t16",
+            "gemm_tc64_f16_t32",
+            "gemm_tc64_f16_t48",
+            "gemm_tc64_f16_t64",
+            "gemm_tc128_f16_t16",
+            "gemm_tc128_f16_t32",
+            "gemm_tc128_f16_t48",
+            "gemm_tc128_f16_t64",
+            "splitk_reduce_f32"
+        ]
+    ),
     kernel_file!(
         "gemv_f16",
         [

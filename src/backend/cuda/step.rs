@@ -24,7 +24,7 @@ use super::kernels::Kernels;
 use super::launch::{self as l, Dev};
 use super::prefill::PrefillAttention;
 use super::profile::Profiler;
-use super::tc::{GemmTc, TC_MAX_TOKENS};
+use super::tc::{tc64_part_len, GemmTc, TC_MAX_TOKENS};
 use super::CudaError;
 use crate::backend::BackendError;
 use crate::engine::plan::StepPlan;
@@ -126,6 +126,10 @@ impl CudaBackend {
             let widest = c.dim.max(c.q_dim()).max(c.ffn_dim);
             grew |= grow(s, &mut w.x16, cap.max(16) * widest, "f16 GEMM input")?;
             grew |= grow(s, &mut w.meta, layout(cap).bt + cap * self.bt_stride, "step inputs")?;
+            let (qd, kvd) = (c.q_dim(), c.kv_dim());
+            let shapes = [(qd + 2 * kvd, c.dim), (c.dim, qd), (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)];
+            let part = shapes.iter().map(|&(r, k)| tc64_part_len(r, k, cap.min(TC_MAX_TOKENS))).max().unwrap_or(0);
+            grew |= grow(s, &mut w.tc_part, part, "GEMM partial sums")?;
             w.cap_tok = cap;
         }
         let part = n_tok * c.n_heads * splits;
@@ -336,7 +340,7 @@ impl CudaBackend {
         let lay = layout(w.cap_tok);
         let (pos, slots) = (meta.offset(lay.pos), meta.offset(lay.slots));
         let k = &mut self.kernels;
-        let mut mm = Mm { s, blas: &self.blas, x16: ptr(&w.x16, s) };
+        let mut mm = Mm { s, blas: &self.blas, x16: ptr(&w.x16, s), part: ptr(&w.tc_part, s) };
         let n_slots = self.num_blocks * self.block_size;
         if let Some(p) = prof.as_mut() {
             p.begin(s, n)?;
@@ -509,6 +513,8 @@ struct Mm<'a> {
     s: &'a CudaStream,
     blas: &'a cudarc::cublas::CudaBlas,
     x16: Dev<u16>,
+    /// Split-K scratch of the tensor-core GEMM.
+    part: Dev<f32>,
 }
 
 impl Mm<'_> {
@@ -550,6 +556,7 @@ impl Mm<'_> {
                 n_tok: n,
                 out_stride: lin.rows,
                 accumulate,
+                part: Some(self.part),
             };
             return g.launch(k, self.s);
         }

@@ -27,6 +27,54 @@ struct TcParams {
 // SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
 unsafe impl DeviceRepr for TcParams {}
 
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Tc2Params {
+    w: u64,
+    x: u64,
+    out: u64,
+    bias: u64,
+    part: u64,
+    rows: i32,
+    cols: i32,
+    n_tok: i32,
+    out_stride: i32,
+    accumulate: i32,
+    nk: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for Tc2Params {}
+
+/// Blocks the 64-row kernel aims for (split-K below it): ~2 per SM on an H200, 3 on a V100.
+const TC64_TARGET_BLOCKS: usize = 256;
+
+/// Rows per block of the wide-tile kernel for a matrix of `rows` rows: 128 (8 warps) where the
+/// rows allow it, else 64 (4 warps). `DUSTOFF_TC_ROWS=64` forces 64 (for comparisons).
+pub fn tc64_block_rows(rows: usize) -> usize {
+    static FORCE64: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let force64 = *FORCE64.get_or_init(|| std::env::var("DUSTOFF_TC_ROWS").is_ok_and(|v| v == "64"));
+    if rows.is_multiple_of(128) && !force64 {
+        128
+    } else {
+        64
+    }
+}
+
+/// K splits of the wide-tile kernel for a `[rows, cols]` matrix (1: no split), each split
+/// keeping at least 4 chunks of 64 columns.
+pub fn tc64_splits(rows: usize, cols: usize) -> usize {
+    let row_blocks = (rows / tc64_block_rows(rows)).max(1);
+    TC64_TARGET_BLOCKS.div_ceil(row_blocks).clamp(1, (cols / 64 / 4).max(1))
+}
+
+/// Scratch (f32 elements) the 64-row kernel needs for split-K partial sums.
+pub fn tc64_part_len(rows: usize, cols: usize, n_tok: usize) -> usize {
+    match tc64_splits(rows, cols) {
+        1 => 0,
+        k => k * n_tok * rows,
+    }
+}
+
 /// Tokens rounded up to the kernel's tile of 16: the input rows the kernel reads.
 pub fn tc_padded(n_tok: usize) -> usize {
     n_tok.div_ceil(16) * 16
@@ -45,6 +93,8 @@ pub struct GemmTc {
     pub n_tok: usize,
     pub out_stride: usize,
     pub accumulate: bool,
+    /// Split-K scratch for the 64-row kernel (`tc64_part_len`); without it no split is made.
+    pub part: Option<Dev<f32>>,
 }
 
 impl GemmTc {
@@ -76,6 +126,9 @@ impl GemmTc {
         if self.rows == 0 || self.cols == 0 {
             return Ok(());
         }
+        if self.rows.is_multiple_of(64) && self.cols.is_multiple_of(64) {
+            return self.launch64(k, s);
+        }
         // Threads of a block: kernels/gemm_tc.cu TcWarps<NT16>::N * 32; a block computes 16 rows.
         let (entry, threads) = match tc_padded(self.n_tok) {
             16 => ("gemm_tc_f16_t16", 512),
@@ -97,5 +150,47 @@ impl GemmTc {
         let blocks = u32::try_from(self.rows / 16)
             .map_err(|_| CudaError::Shape { kernel: K, reason: format!("{} rows exceed the grid", self.rows) })?;
         launch(k, s, entry, (blocks, 1, 1), threads, 0, &p)
+    }
+
+    /// The 64-row kernel (shared x tile, split-K where the matrix has few rows).
+    fn launch64(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "gemm_tc64_f16";
+        let mut nk = tc64_splits(self.rows, self.cols);
+        let part_need = tc64_part_len(self.rows, self.cols, self.n_tok);
+        if nk > 1 && self.part.is_none_or(|p| p.len < part_need) {
+            nk = 1;
+        }
+        let bm = tc64_block_rows(self.rows);
+        let entry = match (bm, tc_padded(self.n_tok)) {
+            (64, 16) => "gemm_tc64_f16_t16",
+            (64, 32) => "gemm_tc64_f16_t32",
+            (64, 48) => "gemm_tc64_f16_t48",
+            (64, _) => "gemm_tc64_f16_t64",
+            (_, 16) => "gemm_tc128_f16_t16",
+            (_, 32) => "gemm_tc128_f16_t32",
+            (_, 48) => "gemm_tc128_f16_t48",
+            _ => "gemm_tc128_f16_t64",
+        };
+        let p = Tc2Params {
+            w: self.w.ptr,
+            x: self.x.ptr,
+            out: self.out.ptr,
+            bias: self.bias.map_or(0, |b| b.ptr),
+            part: if nk > 1 { self.part.map_or(0, |b| b.ptr) } else { 0 },
+            rows: i32_of(K, self.rows)?,
+            cols: i32_of(K, self.cols)?,
+            n_tok: self.n_tok as i32,
+            out_stride: i32_of(K, self.out_stride)?,
+            accumulate: i32::from(self.accumulate),
+            nk: nk as i32,
+        };
+        let blocks = u32::try_from(self.rows / bm)
+            .map_err(|_| CudaError::Shape { kernel: K, reason: format!("{} rows exceed the grid", self.rows) })?;
+        launch(k, s, entry, (blocks, nk as u32, 1), (bm * 2) as u32, 0, &p)?;
+        if nk > 1 {
+            let n = self.n_tok * self.rows;
+            launch(k, s, "splitk_reduce_f32", (super::launch::blocks_for(K, n, 256)?, 1, 1), 256, 0, &p)?;
+        }
+        Ok(())
     }
 }
