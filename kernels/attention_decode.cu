@@ -37,6 +37,7 @@ struct AttnParams {
     int n_splits;
     int split_len;           // positions per split
     float scale;             // 1 / sqrt(head_dim)
+    int block_shift;         // log2(block_size) (block sizes are powers of two)
 };
 
 // Row `ps` of the sequence (K or V, KV head g) widened to f32: lane holds half pairs lane,
@@ -44,7 +45,7 @@ struct AttnParams {
 __device__ __forceinline__ void load_row(const AttnParams& p, const int* bt, int ps, long long kv_dim, int g,
                                          const half_t* cache, float (&f)[ATT_MAX_HD / WARP]) {
     const int lane = threadIdx.x % WARP, half = p.head_dim / 2;
-    const long long slot = (long long)bt[ps / p.block_size] * p.block_size + ps % p.block_size;
+    const long long slot = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
     const unsigned int* r = reinterpret_cast<const unsigned int*>(cache + slot * kv_dim + (long long)g * p.head_dim);
 #pragma unroll
     for (int i = 0; i < ATT_MAX_HD / 64; ++i) {
@@ -224,7 +225,7 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
         for (int u = 0; u < 2; ++u) {
             const int ps = base + u * 4 + pq;
             if (ps < end) {
-                const long long slot = (long long)bt[ps / p.block_size] * p.block_size + ps % p.block_size;
+                const long long slot = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
                 const uint4* r = reinterpret_cast<const uint4*>(p.k_cache + slot * kv_dim + (long long)g * HD + sub * DL);
 #pragma unroll
                 for (int i = 0; i < DL / 8; ++i) {
@@ -302,7 +303,7 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
             for (int u = 0; u < 2; ++u) {
                 const int q = u ? ps2 : ps;
                 if (u == 0 || two) {
-                    const long long slot = (long long)bt[q / p.block_size] * p.block_size + q % p.block_size;
+                    const long long slot = ((long long)bt[q >> p.block_shift] << p.block_shift) + (q & (p.block_size - 1));
                     const half_t* r = p.v_cache + slot * kv_dim + (long long)g * HD + lane * VL;
                     if (VL == 4) {
                         const uint2 w = __ldg(reinterpret_cast<const uint2*>(r));

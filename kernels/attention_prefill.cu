@@ -36,6 +36,7 @@ struct PrefillParams {
     int q_stride;
     int out_stride;
     float scale;              // 1 / sqrt(head_dim)
+    int block_shift;          // log2(block_size) (block sizes are powers of two)
 };
 
 __device__ __forceinline__ void atp_load_a(unsigned (&a)[8], const half_t* p, int ldm) {
@@ -96,11 +97,13 @@ __device__ __forceinline__ void atp_store_c(float* p, const float (&d)[8], int l
 
 // Shared memory layout (bytes), for head size HD and W warps:
 //   map  [16, 16] f32                     element index r * 16 + c (the fragment map)
-//   K, V [ATP_KT, HD + 8] f16 each         the current K/V tile (rows padded: fewer bank conflicts)
-//   per warp: S [16, ATP_KT + 4] f32, P [16, ATP_KT + 8] f16, alpha [16] f32, l [16] f32
+//   K, V [ATP_KT, HD + 16] f16 each        the current K/V tile (rows padded: fewer bank conflicts)
+//   per warp: S [16, ATP_KT + 4] f32, P [16, ATP_KT + 16] f16, alpha [16] f32, l [16] f32
 template <int HD>
 struct AtpLayout {
-    static constexpr int LDK = HD + 8, LDS = ATP_KT + 4, LDP = ATP_KT + 8;
+    // K/V and P rows 8 banks apart mod 32 (HD + 16 halves, 48 halves): the 16 rows of a wmma
+    // fragment load then hit each bank once per 4 rows (+8 halves overlapped rows 4 banks apart).
+    static constexpr int LDK = HD + 16, LDS = ATP_KT + 4, LDP = ATP_KT + 16;
     static constexpr int MAP = 16 * 16 * 4;
     static constexpr int KV = ATP_KT * LDK * 2;
     static constexpr int WARP_BYTES = 16 * LDS * 4 + 16 * LDP * 2 + 2 * 16 * 4;
@@ -119,7 +122,7 @@ __device__ __forceinline__ void atp_fetch(const PrefillParams& p, const int* bt,
         const int ps = kp + r;
         v[j] = make_uint4(0, 0, 0, 0);
         if (e < TOTAL && ps <= pos_max) {
-            const long long slot = (long long)bt[ps / p.block_size] * p.block_size + ps % p.block_size;
+            const long long slot = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
             const half_t* src = (which ? p.v_cache : p.k_cache) + slot * kv_dim + (long long)g * HD + part * 8;
             v[j] = __ldg(reinterpret_cast<const uint4*>(src));
         }
@@ -128,7 +131,7 @@ __device__ __forceinline__ void atp_fetch(const PrefillParams& p, const int* bt,
 
 template <int HD>
 __device__ __forceinline__ void atp_stage(half_t* ks, half_t* vs, int base, const uint4 (&v)[ATP_PF]) {
-    constexpr int PARTS = HD / 8, TOTAL = 2 * ATP_KT * PARTS, LDK = HD + 8;
+    constexpr int PARTS = HD / 8, TOTAL = 2 * ATP_KT * PARTS, LDK = AtpLayout<HD>::LDK;
 #pragma unroll
     for (int j = 0; j < ATP_PF; ++j) {
         const int e = base + j * blockDim.x + threadIdx.x;

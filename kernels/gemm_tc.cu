@@ -178,9 +178,9 @@ extern "C" __global__ void __launch_bounds__(7 * WARP) gemm_tc_f16_t64(const TcP
 // block (i, k) writes its partial sums to part[k, n_tok, rows]; splitk_reduce_f32 adds them in
 // k order (deterministic) with the bias and the accumulate flag.
 #define T2_BK 64
-// Halves per staged row: 160 bytes = 40 banks, so the 16 rows of a wmma fragment load start 8
-// banks apart and every 4 rows fill the 32 banks once (a 144-byte stride overlapped them).
-#define T2_LD (T2_BK + 16)
+// Halves per staged row (144 bytes). A 160-byte stride (rows 8 banks apart) measured no faster
+// on the H200 (kernel_breakdown, 2026-11-29).
+#define T2_LD (T2_BK + 8)
 
 struct Tc2Params {
     const half_t* w;    // [rows, cols] f16

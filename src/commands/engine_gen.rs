@@ -1,5 +1,7 @@
 //! Adapters from the slot engine and the tokenizer to the job loop's two traits.
 
+use std::ops::Range;
+
 use anyhow::Result;
 
 use crate::backend::Backend;
@@ -85,13 +87,21 @@ impl<B: Backend> Generate for EngineGenerate<B> {
     }
 }
 
-/// The tokenizer behind `TextCodec`. Rendered prompts are tokenized with special tokens parsed
-/// (the chat template writes them) and the model's own BOS rule.
+/// The tokenizer behind `TextCodec`. Text the job gives as a whole (`encode`) is tokenized with
+/// special tokens parsed and the model's own BOS rule; a pipeline's rendered prompt
+/// (`encode_prompt`) parses only the special tokens outside the record's own text, and a
+/// document alone (`encode_plain`) parses none.
 pub struct TokenizerCodec<'a>(pub &'a Tokenizer);
 
 impl TextCodec for TokenizerCodec<'_> {
     fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
         self.0.encode(text, self.0.add_bos_default(), true).map_err(|e| e.to_string())
+    }
+    fn encode_prompt(&self, text: &str, plain: &[Range<usize>]) -> Result<Vec<u32>, String> {
+        self.0.encode_prompt(text, self.0.add_bos_default(), plain).map_err(|e| e.to_string())
+    }
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.0.encode(text, false, false).map_err(|e| e.to_string())
     }
     fn decode(&self, ids: &[u32]) -> Result<String, String> {
         self.0.decode(ids).map_err(|e| e.to_string())

@@ -11,6 +11,7 @@
 //! [limits]           # max_input_tokens, overflow = "truncate-tail" | "truncate-head" | "error", marker
 //! ```
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use minijinja::{Environment, UndefinedBehavior};
@@ -183,6 +184,19 @@ fn default_limits() -> LimitsSpec {
 /// The tokenizer as the pipeline needs it (implemented by the runner over the real tokenizer).
 pub trait TextCodec {
     fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
+    /// A rendered prompt whose byte ranges `plain` hold the record's own text: special tokens
+    /// are recognised only outside those ranges, so a document that contains `<|im_start|>`
+    /// cannot open a chat turn. The default (`encode`) is right only for codecs without special
+    /// tokens; a real tokenizer must override it.
+    fn encode_prompt(&self, text: &str, plain: &[Range<usize>]) -> Result<Vec<u32>, String> {
+        let _ = plain;
+        self.encode(text)
+    }
+    /// A document alone (to measure and cut it): special-token text as plain text, no BOS.
+    /// The default (`encode`) is right only for codecs without special tokens or BOS.
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.encode(text)
+    }
     fn decode(&self, ids: &[u32]) -> Result<String, String>;
     /// The model's chat template over `messages`, with the assistant turn opened.
     fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, String>;
@@ -292,10 +306,19 @@ impl Pipeline {
 
     /// The per-record text: the template rendered over `fields` (+ the id).
     pub fn render_record(&self, id: &str, fields: &Map<String, Value>) -> Result<String, RecordError> {
+        self.render(&self.context(id, fields))
+    }
+
+    /// The template's variables: the record's fields and its id.
+    fn context(&self, id: &str, fields: &Map<String, Value>) -> Map<String, Value> {
         let mut ctx = fields.clone();
         ctx.entry(self.spec.input.id_field.clone()).or_insert_with(|| Value::String(id.to_string()));
+        ctx
+    }
+
+    fn render(&self, ctx: &Map<String, Value>) -> Result<String, RecordError> {
         let tmpl = self.env.get_template("prompt").map_err(|e| RecordError::new(ErrorKind::Template, e.to_string()))?;
-        tmpl.render(&ctx).map_err(|e| RecordError::new(ErrorKind::Template, format!("prompt template: {e}")))
+        tmpl.render(ctx).map_err(|e| RecordError::new(ErrorKind::Template, format!("prompt template: {e}")))
     }
 
     /// The messages of a record's prompt: system (if any), then instruction + record text.
@@ -324,6 +347,86 @@ impl Pipeline {
         }
     }
 
+    /// A record's full prompt text and the byte ranges in it that hold the record's values: the
+    /// text that must be tokenized as plain text, whatever special-token text it contains.
+    ///
+    /// The ranges are found by rendering the prompt a second time with a marker in place of
+    /// each value: a string of private-use characters around a hash of the record's values (a
+    /// document cannot contain the marker of its own hash, and special tokens contain no
+    /// private-use characters). Cutting the marked rendering at the markers and putting the
+    /// values back must give the real prompt exactly; then each value's place is known, and
+    /// special tokens the pipeline's own template text writes between fields still count.
+    /// Templates that transform a value (filters, slicing, a chat template's `| trim`) fail that
+    /// check; then the whole record text is one range: where the real prompt and one rendered
+    /// with a single marker for the record text differ.
+    ///
+    /// The prompt is then tokenized in one piece (`TextCodec::encode_prompt`), not as pieces
+    /// whose ids are concatenated: BPE merges across the edges of a value stay exactly as
+    /// before, so a document without special-token text gets the same ids as without this guard.
+    pub fn prompt_with_spans(
+        &self,
+        codec: &dyn TextCodec,
+        id: &str,
+        fields: &Map<String, Value>,
+    ) -> Result<(String, Vec<Range<usize>>), RecordError> {
+        let ctx = self.context(id, fields);
+        let text = self.prompt_text(codec, &self.render(&ctx)?)?;
+        let mut h = blake3::Hasher::new();
+        for (k, v) in &ctx {
+            h.update(k.as_bytes()).update(&[0]).update(v.to_string().as_bytes()).update(&[0]);
+        }
+        let head = format!("\u{E000}{}", &h.finalize().to_hex()[..16]);
+        if let Some(spans) = self.value_spans(codec, &ctx, &head, &text) {
+            return Ok((text, spans));
+        }
+        let marked = self.prompt_text(codec, &format!("{head}\u{E001}"))?;
+        let record = differing_range(&text, &marked);
+        Ok((text, vec![record]))
+    }
+
+    /// Each value's range in `text` (the real prompt), or `None` when the template does more
+    /// with a value than copy it (see `prompt_with_spans`).
+    fn value_spans(
+        &self,
+        codec: &dyn TextCodec,
+        ctx: &Map<String, Value>,
+        head: &str,
+        text: &str,
+    ) -> Option<Vec<Range<usize>>> {
+        let mut marked = Map::new();
+        let mut values = Vec::new();
+        for (k, v) in ctx {
+            match v {
+                Value::String(s) => {
+                    marked.insert(k.clone(), Value::String(format!("{head}{}\u{E001}", values.len())));
+                    values.push(s.as_str());
+                }
+                // Text inside a list or map would be rendered outside any marker.
+                Value::Array(_) | Value::Object(_) => return None,
+                _ => {
+                    marked.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        let rendered = self.prompt_text(codec, &self.render(&marked).ok()?).ok()?;
+        let mut rebuilt = String::with_capacity(text.len());
+        let mut spans = Vec::new();
+        let mut rest = rendered.as_str();
+        while let Some(at) = rest.find(head) {
+            rebuilt.push_str(&rest[..at]);
+            let after = &rest[at + head.len()..];
+            let end = after.find('\u{E001}')?;
+            let value = values.get(after[..end].parse::<usize>().ok()?)?;
+            if !value.is_empty() {
+                spans.push(rebuilt.len()..rebuilt.len() + value.len());
+            }
+            rebuilt.push_str(value);
+            rest = &after[end + '\u{E001}'.len_utf8()..];
+        }
+        rebuilt.push_str(rest);
+        (rebuilt == text).then_some(spans)
+    }
+
     /// Renders and tokenizes a record, fitting it to `max_input_tokens` by the overflow policy.
     pub fn prompt_ids(
         &self,
@@ -331,10 +434,14 @@ impl Pipeline {
         id: &str,
         fields: &Map<String, Value>,
     ) -> Result<PromptIds, RecordError> {
-        let enc =
-            |t: &str| codec.encode(t).map_err(|e| RecordError::new(ErrorKind::Template, format!("tokenizer: {e}")));
+        let tok_err = |e: String| RecordError::new(ErrorKind::Template, format!("tokenizer: {e}"));
+        // The record's values are tokenized as plain text, the rest with special tokens parsed.
+        let enc = |f: &Map<String, Value>| {
+            let (text, plain) = self.prompt_with_spans(codec, id, f)?;
+            codec.encode_prompt(&text, &plain).map_err(tok_err)
+        };
         let max = self.spec.limits.max_input_tokens as usize;
-        let ids = enc(&self.prompt_text(codec, &self.render_record(id, fields)?)?)?;
+        let ids = enc(fields)?;
         if ids.len() <= max {
             return Ok(PromptIds { ids, truncated: false });
         }
@@ -350,14 +457,15 @@ impl Pipeline {
         }
         let doc_field = self.document_field();
         let doc = fields.get(doc_field).and_then(Value::as_str).unwrap_or_default();
-        let doc_ids = enc(doc)?;
+        let doc_ids = codec.encode_plain(doc).map_err(tok_err)?;
         let marker = &self.spec.limits.marker;
+        let marker_len = codec.encode_plain(marker).map_err(tok_err)?.len();
         let mut excess = ids.len() - max;
         let mut keep = doc_ids.len();
         // Token counts of the parts do not add up exactly (merges across the cut), so shrink
         // until the whole prompt fits; each round removes at least the measured excess.
         for _ in 0..4 {
-            keep = keep.saturating_sub(excess + enc(marker)?.len());
+            keep = keep.saturating_sub(excess + marker_len);
             if keep == 0 {
                 return Err(RecordError::new(
                     ErrorKind::InputTooLong,
@@ -368,15 +476,14 @@ impl Pipeline {
                 Overflow::TruncateHead => doc_ids[doc_ids.len() - keep..].to_vec(),
                 _ => doc_ids[..keep].to_vec(),
             };
-            let kept =
-                codec.decode(&kept).map_err(|e| RecordError::new(ErrorKind::Template, format!("tokenizer: {e}")))?;
+            let kept = codec.decode(&kept).map_err(tok_err)?;
             let cut = match policy {
                 Overflow::TruncateHead => format!("{}{}", marker.trim_start(), kept),
                 _ => format!("{}{}", kept, marker.trim_end()),
             };
             let mut f = fields.clone();
             f.insert(doc_field.to_string(), Value::String(cut));
-            let ids = enc(&self.prompt_text(codec, &self.render_record(id, &f)?)?)?;
+            let ids = enc(&f)?;
             if ids.len() <= max {
                 return Ok(PromptIds { ids, truncated: true });
             }
@@ -404,6 +511,22 @@ impl Pipeline {
             OutputKind::Json => parse_json_output(text, &self.spec.output.required_keys).map(RowOutput::Json),
         }
     }
+}
+
+/// The byte range of `a` where it differs from `b`: what is left of `a` after the longest common
+/// prefix and (not overlapping it) the longest common suffix, widened to character boundaries.
+fn differing_range(a: &str, b: &str) -> Range<usize> {
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    let mut start = x.iter().zip(y).take_while(|(p, q)| p == q).count();
+    let room = x.len().min(y.len()) - start;
+    let mut end = x.len() - x.iter().rev().zip(y.iter().rev()).take(room).take_while(|(p, q)| p == q).count();
+    while !a.is_char_boundary(start) {
+        start -= 1;
+    }
+    while !a.is_char_boundary(end) {
+        end += 1;
+    }
+    start..end
 }
 
 /// Parses a model's JSON answer: code fences are stripped; it must be an object with the keys.

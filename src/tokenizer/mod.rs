@@ -24,6 +24,8 @@ mod stream;
 pub use chat::ChatMessage;
 pub use stream::StreamDecoder;
 
+use std::collections::HashSet;
+use std::ops::Range;
 use std::path::PathBuf;
 
 use bytes::TokenBytes;
@@ -97,6 +99,8 @@ pub struct Tokenizer {
     /// first use: the copy costs ~0.1 s and memory for a 150k vocabulary, and many jobs never
     /// need it.
     plain: std::sync::OnceLock<tokenizers::Tokenizer>,
+    /// Ids of the control (special) added tokens: the ones `parse_special` decides about.
+    control_ids: HashSet<u32>,
     n_vocab: usize,
     bos: Option<u32>,
     /// End-of-generation ids: the declared EOS first, then EOT and other end markers.
@@ -151,9 +155,12 @@ impl Tokenizer {
         let bos_text = text_of(p.bos);
         let eos_text = text_of(p.eos.first().copied());
         let chat_env = p.chat_template.as_deref().map(|t| chat::ChatEnv::new(t).map_err(|e| format!("{e:#}")));
+        let control_ids =
+            p.inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
         Tokenizer {
             with_special: p.inner,
             plain: std::sync::OnceLock::new(),
+            control_ids,
             n_vocab: p.n_vocab,
             bos: p.bos,
             eos: p.eos,
@@ -190,6 +197,68 @@ impl Tokenizer {
             .encode_fast(text, false)
             .map_err(|e| TokenizerError::Encode { snippet: text.chars().take(40).collect(), reason: e.to_string() })?;
         ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// Tokenizes a rendered prompt in which the byte ranges `plain` hold untrusted text (a
+    /// user's document inside a chat template): control tokens are recognised outside those
+    /// ranges, as with `parse_special = true`, but control-token text that lies in a range, or
+    /// reaches into one, is tokenized as plain text (no prompt injection through `<|im_start|>`).
+    ///
+    /// The whole text is tokenized in one pass first; when no control token touches a range (the
+    /// normal case) those ids are returned, so they equal `encode(text, add_bos, true)` exactly,
+    /// BPE merges across the edges of the ranges included. Otherwise the text is cut only at the
+    /// accepted control tokens and the pieces between them are tokenized with
+    /// `parse_special = false`. Cutting there changes no merges: the tokenizer splits its input
+    /// at every added token before any merge anyway.
+    pub fn encode_prompt(&self, text: &str, add_bos: bool, plain: &[Range<usize>]) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = Vec::with_capacity(text.len() / 3 + 2);
+        if add_bos {
+            ids.push(self.bos.ok_or(TokenizerError::NoBos)?);
+        }
+        if text.is_empty() {
+            return Ok(ids);
+        }
+        // `encode` (not `encode_fast`) for the byte offsets of the tokens.
+        let enc = self
+            .with_special
+            .encode(text, false)
+            .map_err(|e| TokenizerError::Encode { snippet: text.chars().take(40).collect(), reason: e.to_string() })?;
+        let (tokens, offsets) = (enc.get_ids(), enc.get_offsets());
+        // A control token belongs to the template when its text lies outside every range. The
+        // offsets of a token with lstrip/rstrip include the whitespace it absorbed, so the token's
+        // own text is located inside them (whitespace of a document next to a template token
+        // must not disown the token).
+        let span = |i: usize| -> Result<(usize, usize), TokenizerError> {
+            let (s, e) = offsets[i];
+            let within = text.get(s..e).ok_or_else(|| TokenizerError::Encode {
+                snippet: text.chars().take(40).collect(),
+                reason: format!("token offsets {s}..{e} are not on character boundaries"),
+            })?;
+            let own = self.with_special.id_to_token(tokens[i]).and_then(|c| within.find(&c).map(|p| (s + p, c.len())));
+            Ok(own.map_or((s, e), |(p, n)| (p, p + n)))
+        };
+        let mut injected = vec![false; tokens.len()];
+        for (i, flag) in injected.iter_mut().enumerate() {
+            if self.control_ids.contains(&tokens[i]) {
+                let (s, e) = span(i)?;
+                *flag = plain.iter().any(|r| r.start < r.end && s < r.end && r.start < e);
+            }
+        }
+        if !injected.contains(&true) {
+            ids.extend_from_slice(tokens);
+            return Ok(ids);
+        }
+        let mut at = 0;
+        for i in 0..tokens.len() {
+            if self.control_ids.contains(&tokens[i]) && !injected[i] {
+                let (s, e) = offsets[i];
+                ids.extend(self.encode(&text[at..s], false, false)?);
+                ids.push(tokens[i]);
+                at = e;
+            }
+        }
+        ids.extend(self.encode(&text[at..], false, false)?);
         Ok(ids)
     }
 

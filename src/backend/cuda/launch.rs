@@ -610,6 +610,7 @@ struct AttnParams {
     n_splits: i32,
     split_len: i32,
     scale: f32,
+    block_shift: i32,
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for AttnParams {}
@@ -688,6 +689,7 @@ impl Attention {
         need(K, "K cache", self.k_cache, self.n_slots * self.n_kv * hd)?;
         need(K, "V cache", self.v_cache, self.n_slots * self.n_kv * hd)?;
         need(K, "block tables", self.block_tables, self.n_seqs * self.bt_stride)?;
+        check(K, self.block_size.is_power_of_two(), || format!("block size {} (a power of two)", self.block_size))?;
         check(K, self.bt_stride * self.block_size >= self.max_len, || {
             "block tables shorter than the longest sequence".into()
         })?;
@@ -720,6 +722,7 @@ impl Attention {
             n_splits: i32_of(K, splits)?,
             split_len: split_len as i32,
             scale: 1.0 / (hd as f32).sqrt(),
+            block_shift: self.block_size.trailing_zeros() as i32,
         };
         let smem = ((group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4) as u32;
         let grid = (self.n_kv as u32, self.n_tok as u32, i32_of(K, splits)? as u32);

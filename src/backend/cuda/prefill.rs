@@ -37,8 +37,8 @@ pub fn push_tiles(tiles: &mut Vec<i32>, first: usize, len: usize) {
 /// Shared memory of one block (kernels/attention_prefill.cu AtpLayout).
 fn smem_bytes(head_dim: usize, group: usize) -> usize {
     let map = 16 * 16 * 4;
-    let kv = KT * (head_dim + 8) * 2;
-    let per_warp = 16 * (KT + 4) * 4 + 16 * (KT + 8) * 2 + 2 * 16 * 4;
+    let kv = KT * (head_dim + 16) * 2;
+    let per_warp = 16 * (KT + 4) * 4 + 16 * (KT + 16) * 2 + 2 * 16 * 4;
     map + 2 * kv + group * per_warp
 }
 
@@ -60,6 +60,7 @@ struct PrefillParams {
     q_stride: i32,
     out_stride: i32,
     scale: f32,
+    block_shift: i32,
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
 unsafe impl DeviceRepr for PrefillParams {}
@@ -100,6 +101,7 @@ impl PrefillAttention {
             format!("{nh} heads over {nkv} KV heads of size {hd} (head size 64 or 128, at most {MAX_GROUP} heads per KV head)")
         })?;
         check(K, nh * hd <= self.q_stride && nh * hd <= self.out_stride, || "heads overlap the row stride".into())?;
+        check(K, self.block_size.is_power_of_two(), || format!("block size {} (a power of two)", self.block_size))?;
         need(K, "q", self.q, extent(self.n_tok, self.q_stride, nh * hd))?;
         need(K, "K cache", self.k_cache, self.n_slots * nkv * hd)?;
         need(K, "V cache", self.v_cache, self.n_slots * nkv * hd)?;
@@ -128,6 +130,7 @@ impl PrefillAttention {
             q_stride: i32_of(K, self.q_stride)?,
             out_stride: i32_of(K, self.out_stride)?,
             scale: 1.0 / (hd as f32).sqrt(),
+            block_shift: self.block_size.trailing_zeros() as i32,
         };
         let entry = if hd == 64 { "attn_prefill_hd64" } else { "attn_prefill_hd128" };
         let grid = (i32_of(K, self.n_tiles)? as u32, nkv as u32, 1);
