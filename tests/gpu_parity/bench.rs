@@ -170,6 +170,7 @@ fn attention_breakdown() {
 fn kernel_breakdown() {
     let mut g = gpu("breakdown").unwrap();
     let s = g.dev.stream.clone();
+    let blas = cudarc::cublas::CudaBlas::new(s.clone()).unwrap();
     let dim = 4096;
     let xv = g.randn(12288, 1.0);
     let x = g.up(&xv);
@@ -254,6 +255,23 @@ fn kernel_breakdown() {
                 .unwrap();
             });
             eprintln!("gemm_tc {what:13} {n:2} tok: {:8.1} us  {:7.0} GB/s", dt * 1e6, bytes / dt / 1e9);
+            let dt = time(&mut g, &mut |g| {
+                let w = g.d(&ws[i % n_copies]);
+                i += 1;
+                l::Gemm {
+                    w,
+                    x: g.d(&x16),
+                    out: g.d(&outn),
+                    rows: all_rows,
+                    cols,
+                    n_tok: n,
+                    out_stride: all_rows,
+                    accumulate: false,
+                }
+                .launch(&blas)
+                .unwrap();
+            });
+            eprintln!("cublas  {what:13} {n:2} tok: {:8.1} us  {:7.0} GB/s", dt * 1e6, bytes / dt / 1e9);
         }
     }
 }

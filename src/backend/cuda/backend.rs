@@ -107,7 +107,9 @@ pub struct CudaBackend {
     /// Host staging of the per-step inputs (same layout as `Work::meta`).
     pub(super) host_meta: Vec<i32>,
     /// Captured steps by shape: (tokens, logit rows, attention splits, split-kernel tokens, prefill tiles).
-    pub(super) graphs: HashMap<(usize, usize, usize, usize, usize), CudaGraph>,
+    pub(super) graphs: HashMap<super::step::GraphKey, CudaGraph>,
+    /// Step shapes whose capture failed: they run without a graph.
+    pub(super) uncapturable: std::collections::HashSet<super::step::GraphKey>,
     pub(super) use_graphs: bool,
     /// `DUSTOFF_PROFILE=1`: per-kernel-class GPU times (graphs off).
     pub(super) prof: Option<super::profile::Profiler>,
@@ -303,6 +305,7 @@ impl CudaBackend {
             work: Work::default(),
             host_meta: Vec::new(),
             graphs: HashMap::new(),
+            uncapturable: Default::default(),
             use_graphs,
             prof: super::profile::profiling_requested().then(|| super::profile::Profiler::new(dev.ctx.clone())),
             clamped_weights: p.clamped,

@@ -2,17 +2,21 @@
 //! (uploaded in one copy), the kernels of every layer, and the logits copied back.
 //!
 //! Steps of up to 64 tokens (decode of up to 64 sequences) run as a replayed CUDA graph, captured
-//! once per (tokens, logit rows, attention splits): every pointer a kernel reads is fixed (work
-//! buffers, the step-input buffer with a fixed block-table stride), and the attention split count
-//! is rounded up to a power of two (extra splits exit at once), so one graph serves a growing
-//! sequence. Such steps use no cuBLAS (so the capture holds only our kernels).
+//! once per shape (`GraphKey`): every pointer a kernel reads is fixed (work buffers, the
+//! step-input buffer with a fixed block-table stride), and the attention split count is rounded
+//! up to a power of two (extra splits exit at once), so one graph serves a growing sequence. A
+//! shape whose capture fails (a cuBLAS call that cannot be captured) runs without a graph.
 //!
-//! Matrix products: 1 token (below `tc_min_tokens`): f32 GEMV; 2..=64 tokens: the tensor-core
-//! GEMM (input cast to F16, each weight read once for all tokens); more: cuBLAS.
+//! Matrix products: 1 token (below `tc_min_tokens`): f32 GEMV; 2..=16 tokens
+//! (`tc_max_tokens`): the tensor-core GEMM (input cast to F16, each weight read once for all
+//! tokens); more: cuBLAS (faster there on the H200).
+//!
+//! Attention: one-token chunks (decode) take the split kernel, longer chunks (prefill) the
+//! tensor-core prefill kernel in 16-token tiles (`prefill`), where the head shape allows it.
 //!
 //! Per layer: rmsnorm -> qkv matmul (+bias) -> qkv_post (q/k head norm, RoPE, K/V store) ->
-//! attention (split, combine) -> o matmul (+= residual) -> rmsnorm -> gate/up matmul with SwiGLU
-//! -> down matmul (+= residual). Logits only for the last token of chunks that want them.
+//! attention -> o matmul (+= residual) -> rmsnorm -> gate/up matmul with SwiGLU -> down matmul
+//! (+= residual). Logits only for the last token of chunks that want them.
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -77,6 +81,24 @@ fn tc_min_tokens() -> usize {
     *MIN.get_or_init(|| {
         let v = std::env::var("DUSTOFF_TC_MIN_TOKENS").ok().and_then(|v| v.parse::<usize>().ok());
         v.unwrap_or(2).clamp(2, l::GEMV_MAX_TOKENS + 1)
+    })
+}
+
+/// The shape a captured graph serves: (tokens, logit rows, attention splits, split-kernel
+/// tokens, prefill tiles).
+pub(super) type GraphKey = (usize, usize, usize, usize, usize);
+
+fn graph_key(f: &Flat) -> GraphKey {
+    (f.n_tok, f.m, f.splits, f.n_single, f.n_tiles)
+}
+
+/// Most tokens that take the tensor-core GEMM; larger steps use cuBLAS (faster from 32 tokens
+/// on in `kernel_breakdown`, H200). `DUSTOFF_TC_MAX_TOKENS` overrides the default of 16.
+fn tc_max_tokens() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        let v = std::env::var("DUSTOFF_TC_MAX_TOKENS").ok().and_then(|v| v.parse::<usize>().ok());
+        v.unwrap_or(16).min(TC_MAX_TOKENS)
     })
 }
 
@@ -265,8 +287,10 @@ impl CudaBackend {
                 self.prof = prof;
                 r?;
                 self.prof.as_mut().map_or(Ok(()), |p| p.end())?;
-            } else if self.use_graphs && f.n_tok <= TC_MAX_TOKENS && self.no_cublas(f) {
-                self.replay(&w, f)?;
+            } else if self.use_graphs && f.n_tok <= TC_MAX_TOKENS && !self.uncapturable.contains(&graph_key(f)) {
+                if !self.replay(&w, f)? {
+                    self.run_layers(&w, f, &mut None)?;
+                }
             } else {
                 self.run_layers(&w, f, &mut None)?;
             }
@@ -288,9 +312,11 @@ impl CudaBackend {
         r
     }
 
-    /// Launches the captured graph of this step shape, capturing it first if needed.
-    fn replay(&mut self, w: &Work, f: &Flat) -> Result<(), CudaError> {
-        let key = (f.n_tok, f.m, f.splits, f.n_single, f.n_tiles);
+    /// Launches the captured graph of this step shape, capturing it first if needed. `false`:
+    /// the step could not be captured (nothing ran; the caller launches it directly, and this
+    /// shape is not tried again).
+    fn replay(&mut self, w: &Work, f: &Flat) -> Result<bool, CudaError> {
+        let key = graph_key(f);
         if !self.graphs.contains_key(&key) {
             // Module loads are not stream work; do them all before capturing.
             self.kernels.load_all()?;
@@ -299,33 +325,28 @@ impl CudaBackend {
                 .map_err(CudaError::driver("beginning graph capture"))?;
             let ran = self.run_layers(w, f, &mut None);
             let g = s.end_capture(CUgraphInstantiate_flags(0)).map_err(CudaError::driver("ending graph capture"));
-            ran?;
-            let g = g?.ok_or_else(|| CudaError::Graph("the capture recorded no work".into()))?;
+            // A library call that cannot be captured (cuBLAS setting up a workspace, say)
+            // invalidates the capture: run such shapes without a graph from then on.
+            let g = match (ran, g) {
+                (Ok(()), Ok(Some(g))) => g,
+                (ran, g) => {
+                    let why = ran.err().map(|e| e.to_string()).or(g.err().map(|e| e.to_string()));
+                    if self.uncapturable.is_empty() {
+                        eprintln!(
+                            "note: a {}-token step could not be captured as a CUDA graph ({}); such steps run without one",
+                            f.n_tok,
+                            why.unwrap_or_else(|| "empty capture".into())
+                        );
+                    }
+                    self.uncapturable.insert(key);
+                    return Ok(false);
+                }
+            };
             self.graphs.insert(key, g);
             self.note_memory();
         }
-        self.graphs[&key].launch().map_err(CudaError::driver("launching the decode graph"))
-    }
-
-    /// Whether every matrix product of this step runs on our kernels (a capturable step):
-    /// GEMV below `tc_min_tokens`, else the tensor-core GEMM, whose shape and alignment rules
-    /// the weights must meet.
-    fn no_cublas(&self, f: &Flat) -> bool {
-        let s: &CudaStream = &self.dev.stream;
-        let Some(x16) = self.work.x16.as_ref() else { return false };
-        let x = Dev::of(x16, s);
-        let c = &self.cfg;
-        let ok =
-            |w: Dev<u16>, rows: usize, cols: usize, n: usize| n < tc_min_tokens() || GemmTc::fits(w, x, rows, cols, n);
-        let n = f.n_tok;
-        let layers = self.layers.iter().all(|lw| {
-            ok(Dev::of(&lw.wqkv, s), c.q_dim() + 2 * c.kv_dim(), c.dim, n)
-                && ok(Dev::of(&lw.wo, s), c.dim, c.q_dim(), n)
-                && ok(Dev::of(&lw.wgu, s), 2 * c.ffn_dim, c.dim, n)
-                && ok(Dev::of(&lw.wdown, s), c.dim, c.ffn_dim, n)
-        });
-        let head = Dev::of(self.output.as_ref().unwrap_or(&self.embd), s);
-        layers && (f.m == 0 || ok(head, c.vocab_size, c.dim, f.m))
+        self.graphs[&key].launch().map_err(CudaError::driver("launching the decode graph"))?;
+        Ok(true)
     }
 
     fn run_layers(&mut self, w: &Work, f: &Flat, prof: &mut Option<Profiler>) -> Result<(), CudaError> {
@@ -545,7 +566,7 @@ impl Mm<'_> {
             return g.launch(k, self.s);
         }
         l::CastF16 { x, out: self.x16, n: n * lin.cols }.launch(k, self.s)?;
-        if GemmTc::fits(lin.w, self.x16, lin.rows, lin.cols, n) {
+        if n <= tc_max_tokens() && GemmTc::fits(lin.w, self.x16, lin.rows, lin.cols, n) {
             let g = GemmTc {
                 w: lin.w,
                 x: self.x16,
