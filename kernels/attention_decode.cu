@@ -348,6 +348,163 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
 extern "C" __global__ void attn_split_f16_hd64(const AttnParams p) { attn_split_fast<64>(p); }
 extern "C" __global__ void attn_split_f16_hd128(const AttnParams p) { attn_split_fast<128>(p); }
 
+// One-pass variant for head sizes 64/128 and at most ATF_MAX_GROUP query heads per KV head
+// (flash-decoding inside the split): lanes form 4 groups of 8, each group takes one position per
+// step and two steps at a time (K and V rows of 8 positions in flight per warp: the two-pass
+// kernel above keeps too few bytes in flight to stream the cache), each lane owns DL = HD / 8
+// dimensions; scores end in 3 shuffles, and an online softmax (running max m, sum l, output o
+// per query head) runs per lane group. The 4 lane groups, then the warps, are merged at the end.
+// Same outputs as attn_split_f16; shared memory: q [group, 8, DL + 4] (padded: the 8 lanes of a
+// float4 read hit distinct banks) + per warp [group, HD + 2] floats.
+#define ATF_MAX_GROUP 4
+template <int HD>
+__device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
+    constexpr int DL = HD / 8, QP = DL + 4, RW = HD + 2;
+    extern __shared__ float smem[];
+    const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
+    const int group = p.n_heads / p.n_kv;
+    const int len = p.pos[t] + 1;
+    const int start = s * p.split_len;
+    if (start >= len) return;
+    const int end = min(len, start + p.split_len);
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
+    const int sub = lane % 8, pg = lane / 8;
+    float* q_s = smem;                    // [group, 8, QP]
+    float* red = q_s + group * 8 * QP;    // [nwarps, group, RW]: m, l, o[HD]
+
+    const float* qt = p.q + (long long)t * p.q_stride + (long long)g * group * HD;
+    for (int i = threadIdx.x; i < group * HD; i += blockDim.x) {
+        const int j = i / HD, d = i % HD;
+        q_s[(j * 8 + d / DL) * QP + d % DL] = qt[i] * p.scale;
+    }
+    __syncthreads();
+    const int* bt = p.block_tables + (long long)p.tok_seq[t] * p.bt_stride;
+    const long long kv_dim = (long long)p.n_kv * HD;
+
+    float m[ATF_MAX_GROUP], l[ATF_MAX_GROUP], o[ATF_MAX_GROUP][DL];
+#pragma unroll
+    for (int j = 0; j < ATF_MAX_GROUP; ++j) {
+        m[j] = NEG_INF;
+        l[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DL; ++i) o[j][i] = 0.0f;
+    }
+    for (int base = start + warp * 8; base < end; base += nwarps * 8) {
+        // Positions base + pg and base + 4 + pg; rows kept as packed halves until used.
+        uint4 kr[2][DL / 8], vr[2][DL / 8];
+        bool ok[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int ps = base + u * 4 + pg;
+            ok[u] = ps < end;
+            const long long slot =
+                ok[u] ? ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1)) : 0;
+            const long long off = slot * kv_dim + (long long)g * HD + sub * DL;
+#pragma unroll
+            for (int i = 0; i < DL / 8; ++i) {
+                kr[u][i] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(p.k_cache + off) + i) : make_uint4(0, 0, 0, 0);
+                vr[u][i] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(p.v_cache + off) + i) : make_uint4(0, 0, 0, 0);
+            }
+        }
+        float kf[2][DL], vf[2][DL];
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int i = 0; i < DL / 8; ++i) {
+                h2x2f(kr[u][i].x, kf[u][8 * i + 0], kf[u][8 * i + 1]);
+                h2x2f(kr[u][i].y, kf[u][8 * i + 2], kf[u][8 * i + 3]);
+                h2x2f(kr[u][i].z, kf[u][8 * i + 4], kf[u][8 * i + 5]);
+                h2x2f(kr[u][i].w, kf[u][8 * i + 6], kf[u][8 * i + 7]);
+                h2x2f(vr[u][i].x, vf[u][8 * i + 0], vf[u][8 * i + 1]);
+                h2x2f(vr[u][i].y, vf[u][8 * i + 2], vf[u][8 * i + 3]);
+                h2x2f(vr[u][i].z, vf[u][8 * i + 4], vf[u][8 * i + 5]);
+                h2x2f(vr[u][i].w, vf[u][8 * i + 6], vf[u][8 * i + 7]);
+            }
+#pragma unroll
+        for (int j = 0; j < ATF_MAX_GROUP; ++j) {
+            if (j < group) {
+                const float4* qv = reinterpret_cast<const float4*>(q_s + (j * 8 + sub) * QP);
+                float sc[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int i = 0; i < DL / 4; ++i) {
+                    const float4 q4 = qv[i];
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+                        sc[u] = fmaf(q4.x, kf[u][4 * i + 0], sc[u]);
+                        sc[u] = fmaf(q4.y, kf[u][4 * i + 1], sc[u]);
+                        sc[u] = fmaf(q4.z, kf[u][4 * i + 2], sc[u]);
+                        sc[u] = fmaf(q4.w, kf[u][4 * i + 3], sc[u]);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    sc[u] += __shfl_xor_sync(FULL_MASK, sc[u], 1);
+                    sc[u] += __shfl_xor_sync(FULL_MASK, sc[u], 2);
+                    sc[u] += __shfl_xor_sync(FULL_MASK, sc[u], 4);
+                }
+                const float s0 = ok[0] ? sc[0] : NEG_INF, s1 = ok[1] ? sc[1] : NEG_INF;
+                const float m_new = fmaxf(m[j], fmaxf(s0, s1));
+                if (m_new != NEG_INF) {  // else: no position of this lane group yet
+                    const float corr = expf(m[j] - m_new);
+                    const float p0 = ok[0] ? expf(s0 - m_new) : 0.0f, p1 = ok[1] ? expf(s1 - m_new) : 0.0f;
+                    l[j] = l[j] * corr + p0 + p1;
+#pragma unroll
+                    for (int i = 0; i < DL; ++i) o[j][i] = fmaf(p1, vf[1][i], fmaf(p0, vf[0][i], o[j][i] * corr));
+                    m[j] = m_new;
+                }
+            }
+        }
+    }
+
+    // Merge the 4 lane groups (lanes sub, sub + 8, sub + 16, sub + 24 hold the same dimensions).
+#pragma unroll
+    for (int j = 0; j < ATF_MAX_GROUP; ++j) {
+        if (j < group) {
+            float mm = fmaxf(m[j], __shfl_xor_sync(FULL_MASK, m[j], 8));
+            mm = fmaxf(mm, __shfl_xor_sync(FULL_MASK, mm, 16));
+            const float f = mm == NEG_INF ? 0.0f : expf(m[j] - mm);
+            float lj = l[j] * f;
+            lj += __shfl_xor_sync(FULL_MASK, lj, 8);
+            lj += __shfl_xor_sync(FULL_MASK, lj, 16);
+            float* r = red + (warp * group + j) * RW;
+#pragma unroll
+            for (int i = 0; i < DL; ++i) {
+                float v = o[j][i] * f;
+                v += __shfl_xor_sync(FULL_MASK, v, 8);
+                v += __shfl_xor_sync(FULL_MASK, v, 16);
+                if (pg == 0) r[2 + sub * DL + i] = v;
+            }
+            if (lane == 0) {
+                r[0] = mm;
+                r[1] = lj;
+            }
+        }
+    }
+    __syncthreads();
+    // Merge the warps: thread e takes (head j, dimension d); warps in order (deterministic).
+    for (int e = threadIdx.x; e < group * HD; e += blockDim.x) {
+        const int j = e / HD, d = e % HD;
+        float mm = NEG_INF;
+        for (int w = 0; w < nwarps; ++w) mm = fmaxf(mm, red[(w * group + j) * RW]);
+        float lsum = 0.0f, v = 0.0f;
+        for (int w = 0; w < nwarps; ++w) {
+            const float* r = red + (w * group + j) * RW;
+            const float f = r[0] == NEG_INF ? 0.0f : expf(r[0] - mm);
+            lsum += r[1] * f;
+            v += r[2 + d] * f;
+        }
+        const long long row = ((long long)t * p.n_heads + g * group + j) * p.n_splits + s;
+        p.part_o[row * HD + d] = v;
+        if (d == 0) {
+            p.part_ml[row * 2] = mm;
+            p.part_ml[row * 2 + 1] = lsum;
+        }
+    }
+}
+
+extern "C" __global__ void attn_onepass_f16_hd64(const AttnParams p) { attn_split_onepass<64>(p); }
+extern "C" __global__ void attn_onepass_f16_hd128(const AttnParams p) { attn_split_onepass<128>(p); }
+
 // grid: (n_heads, n_tok), block: 128 (loops over head_dim).
 extern "C" __global__ void attn_combine_f32(const AttnParams p) {
     const int h = blockIdx.x, t = blockIdx.y;

@@ -446,6 +446,11 @@ impl Checkpoint {
             o.finish()?;
         }
         let n = out.finish()?;
+        // job.json goes first: a kill while the directory is being removed then leaves a
+        // checkpoint without job.json, which the next run discards (`open`), rather than a
+        // journal whose parts are partly gone, which it would refuse as damaged.
+        let job = self.dir.join("job.json");
+        fs::remove_file(&job).map_err(|source| CheckpointError::Io { path: job, source })?;
         fs::remove_dir_all(&self.dir).map_err(|source| CheckpointError::Io { path: self.dir.clone(), source })?;
         Ok(n)
     }

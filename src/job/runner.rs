@@ -10,6 +10,7 @@
 //! - 4: interrupted by SIGINT/SIGTERM; the checkpoint is kept: rerun the same command to resume.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use super::checkpoint::{file_identity, Checkpoint, JobFingerprint, PendingRow};
 use super::pipeline::{Pipeline, TextCodec};
 use super::progress::{Progress, ProgressStats};
 use super::reader::{ReaderConfig, RecordReader};
-use super::record::{ErrorKind, Item, OpenAiEndpoint, RecordBody, RecordError};
+use super::record::{ChatMessage, ErrorKind, Item, OpenAiEndpoint, OpenAiRequest, RecordBody, RecordError};
 use super::report::{Counts, JobReport, Outcome, Tokens};
 use super::shard::ShardSpec;
 use super::writer::{error_row, ok_row, openai_error_row, openai_ok_row};
@@ -248,25 +249,15 @@ pub(super) fn prepare(job: &JobKind, codec: &dyn TextCodec, item: &Item) -> Prep
         Ok(b) => b,
         Err(e) => return Prepared::Row(e.clone()),
     };
-    let tok_err = |e: String| RecordError::new(ErrorKind::Template, format!("tokenizer: {e}"));
     let (prompt, truncated, max_tokens, sampling, openai) = match (job, body) {
         (JobKind::Pipeline(p), RecordBody::Fields(f)) => match p.prompt_ids(codec, id, f) {
             Ok(pi) => (pi.ids, pi.truncated, p.spec.generation.max_tokens, p.sampling(id), None),
             Err(e) => return Prepared::Row(e),
         },
         (JobKind::OpenAi { default_max_tokens, max_input_tokens, .. }, RecordBody::OpenAi(r)) => {
-            let text = match r.endpoint {
-                OpenAiEndpoint::Chat => match codec.chat_prompt(&r.messages) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        return Prepared::Row(RecordError::new(ErrorKind::Template, format!("chat template: {e}")))
-                    }
-                },
-                OpenAiEndpoint::Completion => r.prompt.clone(),
-            };
-            let ids = match codec.encode(&text) {
+            let ids = match openai_prompt_ids(codec, r) {
                 Ok(ids) => ids,
-                Err(e) => return Prepared::Row(tok_err(e)),
+                Err(e) => return Prepared::Row(e),
             };
             if ids.len() > *max_input_tokens as usize {
                 let m = format!("prompt has {} tokens, over the limit of {max_input_tokens}", ids.len());
@@ -284,6 +275,111 @@ pub(super) fn prepare(job: &JobKind, codec: &dyn TextCodec, item: &Item) -> Prep
     };
     let fl = InFlight { id: id.to_string(), line: item.line, prompt_tokens: prompt.len() as u32, openai };
     Prepared::Request(GenRequest { key: item.index, prompt, max_tokens, sampling }, fl, truncated)
+}
+
+/// The prompt ids of an OpenAI batch request, as `dustoff run` submits them.
+///
+/// Chat requests: the model's chat template over the messages, tokenized so that each message's
+/// content is plain text (`TextCodec::encode_prompt` over the ranges from
+/// [`chat_prompt_with_spans`]): a message that contains `<|im_start|>` or `<|endoftext|>` cannot
+/// open a turn or end the text, while the template's own special tokens stay special. A request
+/// without special-token text in its contents gets exactly the ids of the whole prompt
+/// tokenized with special tokens parsed.
+///
+/// Completion requests: the prompt is the caller's whole prompt text (no template around it) and
+/// is tokenized as given, special tokens parsed (`TextCodec::encode`).
+pub fn openai_prompt_ids(codec: &dyn TextCodec, req: &OpenAiRequest) -> Result<Vec<u32>, RecordError> {
+    let tok_err = |e: String| RecordError::new(ErrorKind::Template, format!("tokenizer: {e}"));
+    match req.endpoint {
+        OpenAiEndpoint::Chat => {
+            let (text, plain) = chat_prompt_with_spans(codec, &req.messages)
+                .map_err(|e| RecordError::new(ErrorKind::Template, format!("chat template: {e}")))?;
+            codec.encode_prompt(&text, &plain).map_err(tok_err)
+        }
+        OpenAiEndpoint::Completion => codec.encode(&req.prompt).map_err(tok_err),
+    }
+}
+
+/// The chat prompt of `messages` (`TextCodec::chat_prompt`) and the byte ranges in it that hold
+/// the messages' contents: the text to tokenize as plain text.
+///
+/// As in `Pipeline::prompt_with_spans`, the prompt is rendered a second time with a marker in
+/// place of each non-empty content: private-use characters around a hash of the messages and the
+/// message's index (a content cannot contain the marker made from its own hash, and special
+/// tokens contain no private-use characters). When cutting that rendering at the markers and
+/// putting the contents back gives the real prompt exactly, each content's place is known.
+/// Templates that transform a content (`| trim`, as Llama 3's does) or branch on it fail that
+/// check; then each message is rendered once more with a marker for its content alone, and its
+/// range is where that rendering and the real prompt differ. Either way a range covers all of
+/// the content's text in the prompt (at worst more), so special-token text in a content is never
+/// parsed as a special token.
+pub fn chat_prompt_with_spans(
+    codec: &dyn TextCodec,
+    messages: &[ChatMessage],
+) -> Result<(String, Vec<Range<usize>>), String> {
+    let text = codec.chat_prompt(messages)?;
+    let mut h = blake3::Hasher::new();
+    for m in messages {
+        h.update(m.role.as_bytes()).update(&[0]).update(m.content.as_bytes()).update(&[0]);
+    }
+    let head = format!("\u{E000}{}", &h.finalize().to_hex()[..16]);
+    let mut marked = messages.to_vec();
+    for (i, m) in marked.iter_mut().enumerate() {
+        if !m.content.is_empty() {
+            m.content = format!("{head}{i}\u{E001}");
+        }
+    }
+    if let Some(spans) = codec.chat_prompt(&marked).ok().and_then(|r| content_spans(&r, &head, messages, &text)) {
+        return Ok((text, spans));
+    }
+    let mut spans = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        if m.content.is_empty() {
+            continue;
+        }
+        let mut one = messages.to_vec();
+        one[i].content = format!("{head}\u{E001}");
+        let r = differing_range(&text, &codec.chat_prompt(&one)?);
+        if r.start < r.end {
+            spans.push(r);
+        }
+    }
+    Ok((text, spans))
+}
+
+/// Each content's range in `text` (the real prompt) from a rendering with markers, or `None`
+/// when putting the contents back in place of the markers does not give `text`.
+fn content_spans(rendered: &str, head: &str, messages: &[ChatMessage], text: &str) -> Option<Vec<Range<usize>>> {
+    let mut rebuilt = String::with_capacity(text.len());
+    let mut spans = Vec::new();
+    let mut rest = rendered;
+    while let Some(at) = rest.find(head) {
+        rebuilt.push_str(&rest[..at]);
+        let after = &rest[at + head.len()..];
+        let end = after.find('\u{E001}')?;
+        let content = &messages.get(after[..end].parse::<usize>().ok()?)?.content;
+        spans.push(rebuilt.len()..rebuilt.len() + content.len());
+        rebuilt.push_str(content);
+        rest = &after[end + '\u{E001}'.len_utf8()..];
+    }
+    rebuilt.push_str(rest);
+    (rebuilt == text).then_some(spans)
+}
+
+/// The byte range of `a` where it differs from `b`: what is left of `a` after the longest common
+/// prefix and (not overlapping it) the longest common suffix, widened to character boundaries.
+fn differing_range(a: &str, b: &str) -> Range<usize> {
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    let mut start = x.iter().zip(y).take_while(|(p, q)| p == q).count();
+    let room = x.len().min(y.len()) - start;
+    let mut end = x.len() - x.iter().rev().zip(y.iter().rev()).take(room).take_while(|(p, q)| p == q).count();
+    while !a.is_char_boundary(start) {
+        start -= 1;
+    }
+    while !a.is_char_boundary(end) {
+        end += 1;
+    }
+    start..end
 }
 
 /// The row of a finished request.

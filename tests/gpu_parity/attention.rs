@@ -13,9 +13,10 @@ use super::{compare, f16_bits, f16_vals, gpu};
 fn kv_store_and_paged_attention_match_cpu() {
     let Some(mut g) = gpu("attention") else { return };
     let s = g.dev.stream.clone();
-    // (n_heads, n_kv, head_dim): SmolLM2 (group 3), Qwen3-8B (group 4): the head-size kernels;
-    // head size 80 (group 4): the generic split kernel (and no prefill kernel).
-    for (nh, nkv, hd) in [(9usize, 3usize, 64usize), (32, 8, 128), (8, 2, 80)] {
+    // (n_heads, n_kv, head_dim): SmolLM2 (group 3), Qwen3-8B (group 4): the one-pass decode
+    // kernel; Qwen2.5-7B (group 7): the two-pass head-size kernel; head size 80: the generic
+    // split kernel (and no prefill kernel).
+    for (nh, nkv, hd) in [(9usize, 3usize, 64usize), (32, 8, 128), (28, 4, 128), (8, 2, 80)] {
         let (qd, kvd) = (nh * hd, nkv * hd);
         let stride = qd + 2 * kvd;
         let (bs, n_blocks) = (16usize, 160usize);

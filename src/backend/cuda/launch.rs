@@ -631,6 +631,13 @@ const ATTN_MAX_GROUP: usize = 16;
 const ATTN_MAX_HD: usize = 256;
 const ATTN_VCHUNK: usize = 4;
 const ATTN_THREADS: usize = 128;
+/// Most query heads per KV head of the one-pass decode kernel (kernels/attention_decode.cu).
+const ATTN_ONEPASS_MAX_GROUP: usize = 4;
+
+fn onepass_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DUSTOFF_ATTN_ONEPASS").map_or(true, |v| v != "0"))
+}
 
 /// Splits needed for sequences of at most `max_len` positions, `n_tok` query tokens.
 pub fn attn_splits(max_len: usize, n_tok: usize) -> usize {
@@ -724,14 +731,23 @@ impl Attention {
             scale: 1.0 / (hd as f32).sqrt(),
             block_shift: self.block_size.trailing_zeros() as i32,
         };
-        let smem = ((group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4) as u32;
+        let mut smem = ((group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4) as u32;
         let grid = (self.n_kv as u32, self.n_tok as u32, i32_of(K, splits)? as u32);
-        // Head sizes 64 and 128 take the reshaped kernel (same outputs, same shared memory).
-        let entry = match hd {
-            64 => "attn_split_f16_hd64",
-            128 => "attn_split_f16_hd128",
+        // Head sizes 64 and 128: the one-pass kernel for up to 4 query heads per KV head, else
+        // the reshaped two-pass one (same outputs). `DUSTOFF_ATTN_ONEPASS=0` turns the first off.
+        // Below 16 tokens the two-pass kernel was faster (8 sequences: 31 against 38 us a layer).
+        let onepass = group <= ATTN_ONEPASS_MAX_GROUP && self.n_tok >= 16 && onepass_enabled();
+        let entry = match (hd, onepass) {
+            (64, true) => "attn_onepass_f16_hd64",
+            (128, true) => "attn_onepass_f16_hd128",
+            (64, false) => "attn_split_f16_hd64",
+            (128, false) => "attn_split_f16_hd128",
             _ => K,
         };
+        if onepass && matches!(hd, 64 | 128) {
+            // q [group, 8, hd / 8 + 4] + per warp [group, hd + 2] floats.
+            smem = ((group * 8 * (hd / 8 + 4) + (ATTN_THREADS / 32) * group * (hd + 2)) * 4) as u32;
+        }
         launch(k, s, entry, grid, ATTN_THREADS as u32, smem, &p)?;
         launch(k, s, "attn_combine_f32", (nh as u32, self.n_tok as u32, 1), 128, 0, &p)
     }

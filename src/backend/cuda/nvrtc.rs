@@ -38,7 +38,14 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("add", ["bias_add_f32", "cast_f32_f16"]),
     kernel_file!(
         "attention_decode",
-        ["attn_split_f16", "attn_split_f16_hd64", "attn_split_f16_hd128", "attn_combine_f32"]
+        [
+            "attn_split_f16",
+            "attn_split_f16_hd64",
+            "attn_split_f16_hd128",
+            "attn_onepass_f16_hd64",
+            "attn_onepass_f16_hd128",
+            "attn_combine_f32"
+        ]
     ),
     kernel_file!("attention_prefill", ["attn_prefill_hd64", "attn_prefill_hd128"]),
     kernel_file!("embedding", ["embedding_f16", "fill_uniform_f16"]),
