@@ -24,6 +24,12 @@ pub trait Backend {
     /// Runs one step; returns the logits (`[vocab]`, f32) of every chunk with `want_logits`,
     /// in plan order.
     fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError>;
+    /// Runs one step and returns the greedy choice of every chunk with `want_logits`, in plan
+    /// order: `sampler::argmax` of its logits (largest value, lowest id among equals, never
+    /// NaN). A device backend may choose on the device and skip the logits download.
+    fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
+        Ok(self.step(plan)?.iter().map(|l| crate::engine::sampler::argmax(l)).collect())
+    }
     /// A short name for logs ("cpu (2 threads)", "cuda:0 NVIDIA H200").
     fn describe(&self) -> String;
     /// Bytes of weights one decode step reads: every matrix in full, one embedding row.
@@ -53,6 +59,9 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
         (**self).step(plan)
+    }
+    fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
+        (**self).step_greedy(plan)
     }
     fn describe(&self) -> String {
         (**self).describe()

@@ -260,36 +260,54 @@ impl<B: Backend> Engine<B> {
         if plan.chunks.is_empty() {
             return Ok(events);
         }
-        let logits = self.backend.step(&plan)?;
-        self.postprocess(&plan, logits, &mut events)?;
+        let tokens = self.next_tokens(&plan)?;
+        self.postprocess(&plan, tokens, &mut events)?;
         Ok(events)
+    }
+
+    /// Runs the plan on the backend and picks the next token of every chunk that wants one, in
+    /// plan order (`None` where a chunk's request is unknown). When every such request is
+    /// greedy the backend chooses (on the device where it can: no logits download); else each
+    /// request's sampler draws from its logits, in parallel (64 x 152k logits is ~10 ms on one
+    /// core; each request owns its sampler, so the draws do not depend on the threads).
+    fn next_tokens(&mut self, plan: &StepPlan) -> Result<Vec<Option<u32>>, EngineError> {
+        let want = plan.chunks.iter().filter(|c| c.want_logits).count();
+        let greedy = plan
+            .chunks
+            .iter()
+            .filter(|c| c.want_logits)
+            .all(|c| self.requests.get(&c.seq).is_some_and(|r| r.sampler.is_greedy()));
+        if greedy {
+            let ids = self.backend.step_greedy(plan)?;
+            if ids.len() != want {
+                return Err(EngineError::Logits { got: ids.len(), want });
+            }
+            return Ok(ids.into_iter().map(Some).collect());
+        }
+        let logits = self.backend.step(plan)?;
+        if logits.len() != want {
+            return Err(EngineError::Logits { got: logits.len(), want });
+        }
+        let rows: HashMap<SeqId, usize> =
+            plan.chunks.iter().filter(|c| c.want_logits).enumerate().map(|(i, c)| (c.seq, i)).collect();
+        let mut tokens = vec![None; want];
+        use rayon::prelude::*;
+        let mut work: Vec<(usize, &mut Sampler)> =
+            self.requests.iter_mut().filter_map(|(id, r)| rows.get(id).map(|&i| (i, &mut r.sampler))).collect();
+        let picked: Vec<(usize, u32)> = work.par_iter_mut().map(|(i, s)| (*i, s.sample(&logits[*i]))).collect();
+        for (i, t) in picked {
+            tokens[i] = Some(t);
+        }
+        Ok(tokens)
     }
 
     fn postprocess(
         &mut self,
         plan: &StepPlan,
-        logits: Vec<Vec<f32>>,
+        tokens: Vec<Option<u32>>,
         events: &mut Vec<Event>,
     ) -> Result<(), EngineError> {
-        let want = plan.chunks.iter().filter(|c| c.want_logits).count();
-        if logits.len() != want {
-            return Err(EngineError::Logits { got: logits.len(), want });
-        }
         self.sched.on_step_done(plan)?;
-        // Sample every sequence of the step in parallel (64 x 152k logits is ~10 ms on one
-        // core); each request owns its sampler, so the draws do not depend on the threads.
-        let rows: HashMap<SeqId, usize> =
-            plan.chunks.iter().filter(|c| c.want_logits).enumerate().map(|(i, c)| (c.seq, i)).collect();
-        let mut tokens = vec![None; rows.len()];
-        {
-            use rayon::prelude::*;
-            let mut work: Vec<(usize, &mut Sampler)> =
-                self.requests.iter_mut().filter_map(|(id, r)| rows.get(id).map(|&i| (i, &mut r.sampler))).collect();
-            let picked: Vec<(usize, u32)> = work.par_iter_mut().map(|(i, s)| (*i, s.sample(&logits[*i]))).collect();
-            for (i, t) in picked {
-                tokens[i] = Some(t);
-            }
-        }
         for (chunk, token) in plan.chunks.iter().filter(|c| c.want_logits).zip(tokens) {
             let id = chunk.seq;
             let r = self.requests.get_mut(&id).ok_or(SchedulerError::NotRunning(id))?;

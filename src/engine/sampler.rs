@@ -54,10 +54,15 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether `sample` is `argmax` (draws no random numbers).
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature <= 0.0 || self.params.top_k == 1
+    }
+
     /// Picks the next token from `logits` (`[vocab]`).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let p = self.params;
-        if p.temperature <= 0.0 || p.top_k == 1 {
+        if self.is_greedy() {
             return argmax(logits);
         }
         // Candidates sorted by logit, descending; ties broken by id for determinism.

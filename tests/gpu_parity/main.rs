@@ -357,6 +357,33 @@ fn tensor_core_gemm_every_tile_count_with_bias_and_accumulation() {
     assert!(!GemmTc::fits(w, x, rows, cols, 65));
 }
 
+/// The device arg-max of logits rows (greedy decode without the logits download) against its
+/// host twin `sampler::argmax`: random rows, planted ties (lowest id wins), NaN (never wins),
+/// a row of -inf (0) and a row of NaN only (0).
+#[test]
+fn argmax_rows_matches_host_argmax() {
+    use dustoff::engine::sampler::argmax;
+    let Some(mut g) = gpu("argmax") else { return };
+    let s = g.dev.stream.clone();
+    let n = 151_936;
+    let rows = 7;
+    let mut x = g.randn(rows * n, 8.0);
+    let top = 100.0;
+    x[n + 5000] = top; // row 1: a tie, lowest index wins
+    x[n + 90_000] = top;
+    x[2 * n + 17] = f32::NAN; // row 2: NaN next to the maximum
+    x[2 * n + 18] = top;
+    x[3 * n..4 * n].fill(f32::NEG_INFINITY); // row 3: all -inf
+    x[4 * n..5 * n].fill(f32::NAN); // row 4: all NaN
+    x[5 * n + n - 1] = top; // row 5: the last element
+    let (xd, od) = (g.up(&x), g.zeros::<i32>(rows));
+    l::ArgmaxRows { x: g.d(&xd), out: g.d(&od), rows, n }.launch(&mut g.k, &s).unwrap();
+    let got = g.down(&od);
+    let want: Vec<i32> = x.chunks(n).map(|r| argmax(r) as i32).collect();
+    assert_eq!(got, want, "seed {}", g.seed);
+    assert_eq!(&want[1..6], &[5000, 18, 0, 0, n as i32 - 1]);
+}
+
 #[test]
 fn embedding_silu_bias_and_saturating_cast() {
     let Some(mut g) = gpu("elementwise") else { return };

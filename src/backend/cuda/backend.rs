@@ -81,6 +81,7 @@ pub(super) struct Work {
     pub cap_logits: usize,
     pub hn: Option<CudaSlice<f32>>,     // [m, dim]
     pub logits: Option<CudaSlice<f32>>, // [m, vocab]
+    pub argmax: Option<CudaSlice<i32>>, // [m] greedy ids (step_greedy)
     /// Page-locked host copy of `logits` ([cap_logits, vocab]): the download runs at full PCIe
     /// speed into memory reused every step (64 sequences x 151,936 f32 = 39 MB a step).
     pub host_logits: Option<cudarc::driver::PinnedHostSlice<f32>>,
@@ -369,6 +370,13 @@ impl Backend for CudaBackend {
             return Ok(Vec::new());
         }
         Ok(self.forward(&f)?)
+    }
+    fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
+        let f = self.flatten(plan)?;
+        if f.n_tok == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(self.forward_greedy(&f)?)
     }
     fn decode_weight_bytes(&self) -> u64 {
         self.decode_bytes

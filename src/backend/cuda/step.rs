@@ -163,6 +163,7 @@ impl CudaBackend {
         if m > w.cap_logits {
             grew |= grow(s, &mut w.hn, m * c.dim, "final norm")?;
             grew |= grow(s, &mut w.logits, m * c.vocab_size, "logits")?;
+            grew |= grow(s, &mut w.argmax, m, "arg-max ids")?;
             // Plain page-locked memory (no write-combining: the host reads it).
             // SAFETY: the buffer is only read after a download into it has completed (as_slice
             // waits on the copy's event), and only its first m x vocab values are read.
@@ -271,29 +272,32 @@ impl CudaBackend {
         Ok(Flat { n_tok: n, n_seqs: plan.chunks.len(), m, n_single, max_len, splits, n_tiles })
     }
 
-    /// Uploads the step inputs, runs (or replays) the layers and returns the logits.
+    /// Uploads the step inputs and runs (or replays) the layers; the logits stay on the device.
+    fn run_step(&mut self, w: &mut Work, f: &Flat) -> Result<(), CudaError> {
+        let meta = w.meta.as_mut().expect("step inputs allocated by ensure_work");
+        let mut view = meta.slice_mut(0..self.host_meta.len());
+        self.dev.stream.memcpy_htod(&self.host_meta, &mut view).map_err(CudaError::driver("uploading step inputs"))?;
+        if self.prof.is_some() {
+            let mut prof = self.prof.take();
+            let r = self.run_layers(w, f, &mut prof);
+            self.prof = prof;
+            r?;
+            self.prof.as_mut().map_or(Ok(()), |p| p.end())?;
+        } else if self.use_graphs && f.n_tok <= TC_MAX_TOKENS && !self.uncapturable.contains(&graph_key(f)) {
+            if !self.replay(w, f)? {
+                self.run_layers(w, f, &mut None)?;
+            }
+        } else {
+            self.run_layers(w, f, &mut None)?;
+        }
+        Ok(())
+    }
+
+    /// Runs the step and returns the logits of the chunks that want them.
     pub(super) fn forward(&mut self, f: &Flat) -> Result<Vec<Vec<f32>>, CudaError> {
         let mut w = std::mem::take(&mut self.work);
         let r = (|| {
-            let meta = w.meta.as_mut().expect("step inputs allocated by ensure_work");
-            let mut view = meta.slice_mut(0..self.host_meta.len());
-            self.dev
-                .stream
-                .memcpy_htod(&self.host_meta, &mut view)
-                .map_err(CudaError::driver("uploading step inputs"))?;
-            if self.prof.is_some() {
-                let mut prof = self.prof.take();
-                let r = self.run_layers(&w, f, &mut prof);
-                self.prof = prof;
-                r?;
-                self.prof.as_mut().map_or(Ok(()), |p| p.end())?;
-            } else if self.use_graphs && f.n_tok <= TC_MAX_TOKENS && !self.uncapturable.contains(&graph_key(f)) {
-                if !self.replay(&w, f)? {
-                    self.run_layers(&w, f, &mut None)?;
-                }
-            } else {
-                self.run_layers(&w, f, &mut None)?;
-            }
+            self.run_step(&mut w, f)?;
             if f.m == 0 {
                 return Ok(Vec::new());
             }
@@ -307,6 +311,29 @@ impl CudaBackend {
             self.dev.stream.synchronize().map_err(CudaError::driver("waiting for the logits"))?;
             // One vector per sequence, split across threads (64 x 600 KB a step at 64 slots).
             Ok(host.par_chunks(v).map(|r| r.to_vec()).collect())
+        })();
+        self.work = w;
+        r
+    }
+
+    /// Runs the step and returns the arg-max id of each logits row, chosen on the device.
+    pub(super) fn forward_greedy(&mut self, f: &Flat) -> Result<Vec<u32>, CudaError> {
+        let mut w = std::mem::take(&mut self.work);
+        let r = (|| {
+            self.run_step(&mut w, f)?;
+            if f.m == 0 {
+                return Ok(Vec::new());
+            }
+            let s: &CudaStream = &self.dev.stream;
+            let ids = w.argmax.as_ref().expect("arg-max buffer allocated by ensure_work");
+            l::ArgmaxRows { x: ptr(&w.logits, s), out: Dev::of(ids, s), rows: f.m, n: self.cfg.vocab_size }
+                .launch(&mut self.kernels, s)?;
+            let got =
+                self.dev.stream.clone_dtoh(&ids.slice(0..f.m)).map_err(CudaError::driver("downloading arg-max ids"))?;
+            // The copy is asynchronous by API (pageable memory makes it synchronous in practice):
+            // wait before reading.
+            self.dev.stream.synchronize().map_err(CudaError::driver("waiting for the arg-max ids"))?;
+            Ok(got.into_iter().map(|i| i as u32).collect())
         })();
         self.work = w;
         r
