@@ -16,6 +16,19 @@ __device__ __forceinline__ bool am_better(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);
 }
 
+// The best (value, index) of the warp, in every lane.
+__device__ __forceinline__ void am_warp(float& bv, int& bi) {
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(FULL_MASK, bv, o);
+        const int i = __shfl_xor_sync(FULL_MASK, bi, o);
+        if (am_better(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+}
+
 // grid: rows, block: 1024 (a multiple of 32).
 extern "C" __global__ void argmax_rows_f32(const ArgmaxParams p) {
     __shared__ float sv[32];
@@ -30,15 +43,7 @@ extern "C" __global__ void argmax_rows_f32(const ArgmaxParams p) {
             bi = i;
         }
     }
-#pragma unroll
-    for (int o = WARP / 2; o > 0; o >>= 1) {
-        const float v = __shfl_xor_sync(FULL_MASK, bv, o);
-        const int i = __shfl_xor_sync(FULL_MASK, bi, o);
-        if (am_better(v, i, bv, bi)) {
-            bv = v;
-            bi = i;
-        }
-    }
+    am_warp(bv, bi);
     const int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
     if (lane == 0) {
         sv[wid] = bv;
@@ -48,15 +53,7 @@ extern "C" __global__ void argmax_rows_f32(const ArgmaxParams p) {
     if (wid == 0) {
         bv = lane < nw ? sv[lane] : NEG_INF;
         bi = lane < nw ? si[lane] : 0x7fffffff;
-#pragma unroll
-        for (int o = WARP / 2; o > 0; o >>= 1) {
-            const float v = __shfl_xor_sync(FULL_MASK, bv, o);
-            const int i = __shfl_xor_sync(FULL_MASK, bi, o);
-            if (am_better(v, i, bv, bi)) {
-                bv = v;
-                bi = i;
-            }
-        }
+        am_warp(bv, bi);
         if (lane == 0) p.out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
     }
 }

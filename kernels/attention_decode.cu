@@ -59,6 +59,30 @@ __device__ __forceinline__ void load_row(const AttnParams& p, const int* bt, int
     }
 }
 
+// Softmax statistics of one split, one warp per query head: the scores sc [group, split_len]
+// (n valid) become e^(s - m), and part_ml gets (m, sum).
+__device__ __forceinline__ void split_softmax(const AttnParams& p, float* sc, int group, int n, int t, int g, int s) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
+    for (int j = warp; j < group; j += nwarps) {
+        float* sj = sc + j * p.split_len;
+        float m = NEG_INF;
+        for (int i = lane; i < n; i += WARP) m = fmaxf(m, sj[i]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int i = lane; i < n; i += WARP) {
+            const float e = expf(sj[i] - m);
+            sj[i] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            float* ml = p.part_ml + (((long long)t * p.n_heads + g * group + j) * p.n_splits + s) * 2;
+            ml[0] = m;
+            ml[1] = l;
+        }
+    }
+}
+
 // Dynamic shared memory: (group * head_dim + group * split_len + nwarps * ATT_VCHUNK * head_dim) floats.
 extern "C" __global__ void attn_split_f16(const AttnParams p) {
     extern __shared__ float smem[];
@@ -113,26 +137,7 @@ extern "C" __global__ void attn_split_f16(const AttnParams p) {
     }
     __syncthreads();
 
-    // Softmax statistics of this split: one warp per query head.
-    const int n = end - start;
-    for (int j = warp; j < group; j += nwarps) {
-        float* sj = sc + j * p.split_len;
-        float m = NEG_INF;
-        for (int i = lane; i < n; i += WARP) m = fmaxf(m, sj[i]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int i = lane; i < n; i += WARP) {
-            const float e = expf(sj[i] - m);
-            sj[i] = e;
-            l += e;
-        }
-        l = warp_sum(l);
-        if (lane == 0) {
-            float* ml = p.part_ml + (((long long)t * p.n_heads + g * group + j) * p.n_splits + s) * 2;
-            ml[0] = m;
-            ml[1] = l;
-        }
-    }
+    split_softmax(p, sc, group, end - start, t, g, s);
     __syncthreads();
 
     // Weighted sum of V, ATT_VCHUNK query heads at a time: warps take positions in turn (each V
@@ -267,25 +272,7 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
     }
     __syncthreads();
 
-    const int n = end - start;
-    for (int j = warp; j < group; j += nwarps) {
-        float* sj = sc + j * p.split_len;
-        float m = NEG_INF;
-        for (int i = lane; i < n; i += WARP) m = fmaxf(m, sj[i]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int i = lane; i < n; i += WARP) {
-            const float e = expf(sj[i] - m);
-            sj[i] = e;
-            l += e;
-        }
-        l = warp_sum(l);
-        if (lane == 0) {
-            float* ml = p.part_ml + (((long long)t * p.n_heads + g * group + j) * p.n_splits + s) * 2;
-            ml[0] = m;
-            ml[1] = l;
-        }
-    }
+    split_softmax(p, sc, group, end - start, t, g, s);
     __syncthreads();
 
     // V: warps take positions in turn (two in flight), lanes own VL consecutive dimensions.

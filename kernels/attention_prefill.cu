@@ -39,62 +39,6 @@ struct PrefillParams {
     int block_shift;          // log2(block_size) (block sizes are powers of two)
 };
 
-__device__ __forceinline__ void atp_load_a(unsigned (&a)[8], const half_t* p, int ldm) {
-    asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]), "=r"(a[4]), "=r"(a[5]), "=r"(a[6]), "=r"(a[7])
-                 : "l"(p), "r"(ldm)
-                 : "memory");
-}
-
-// B (k x n) column-major: column n's 16 values at p + n * ldm (K rows: k = head dim, n = position).
-__device__ __forceinline__ void atp_load_b_col(unsigned (&b)[8], const half_t* p, int ldm) {
-    asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]), "=r"(b[4]), "=r"(b[5]), "=r"(b[6]), "=r"(b[7])
-                 : "l"(p), "r"(ldm)
-                 : "memory");
-}
-
-// B (k x n) row-major: row k's 16 values at p + k * ldm (V rows: k = position, n = head dim).
-__device__ __forceinline__ void atp_load_b_row(unsigned (&b)[8], const half_t* p, int ldm) {
-    asm volatile("wmma.load.b.sync.aligned.row.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]), "=r"(b[4]), "=r"(b[5]), "=r"(b[6]), "=r"(b[7])
-                 : "l"(p), "r"(ldm)
-                 : "memory");
-}
-
-__device__ __forceinline__ void atp_mma_rc(float (&d)[8], const unsigned (&a)[8], const unsigned (&b)[8]) {
-    asm volatile(
-        "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, "
-        "{%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19,%20,%21,%22,%23}, {%0,%1,%2,%3,%4,%5,%6,%7};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]), "r"(a[6]), "r"(a[7]),
-          "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(b[4]), "r"(b[5]), "r"(b[6]), "r"(b[7]));
-}
-
-__device__ __forceinline__ void atp_mma_rr(float (&d)[8], const unsigned (&a)[8], const unsigned (&b)[8]) {
-    asm volatile(
-        "wmma.mma.sync.aligned.row.row.m16n16k16.f32.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, "
-        "{%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19,%20,%21,%22,%23}, {%0,%1,%2,%3,%4,%5,%6,%7};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]), "r"(a[6]), "r"(a[7]),
-          "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(b[4]), "r"(b[5]), "r"(b[6]), "r"(b[7]));
-}
-
-__device__ __forceinline__ void atp_load_c(float (&d)[8], const float* p, int ldm) {
-    asm volatile("wmma.load.c.sync.aligned.row.m16n16k16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7])
-                 : "l"(p), "r"(ldm)
-                 : "memory");
-}
-
-__device__ __forceinline__ void atp_store_c(float* p, const float (&d)[8], int ldm) {
-    asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
-                 :
-                 : "l"(p), "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]), "f"(d[4]), "f"(d[5]), "f"(d[6]), "f"(d[7]),
-                   "r"(ldm)
-                 : "memory");
-}
-
 // Shared memory layout (bytes), for head size HD and W warps:
 //   map  [16, 16] f32                     element index r * 16 + c (the fragment map)
 //   K, V [ATP_KT, HD + 16] f16 each        the current K/V tile (rows padded: fewer bank conflicts)
@@ -172,7 +116,7 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     int frow[8], fcol[8];
     {
         float d[8];
-        atp_load_c(d, map, 16);
+        wmma_load_c(d, map, 16);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const int e = (int)d[i];
@@ -195,7 +139,7 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
             }
             __syncwarp();
 #pragma unroll
-            for (int k = 0; k < 4; ++k) atp_load_a(qa[c0 / 16 + k], stage + k * 16, 72);
+            for (int k = 0; k < 4; ++k) wmma_load_a(qa[c0 / 16 + k], stage + k * 16, 72);
             __syncwarp();
         }
     }
@@ -236,10 +180,10 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
 #pragma unroll
             for (int k = 0; k < NK; ++k) {
                 unsigned b[8];
-                atp_load_b_col(b, ks + n * 16 * L::LDK + k * 16, L::LDK);
-                atp_mma_rc(s, qa[k], b);
+                wmma_load_b_col(b, ks + n * 16 * L::LDK + k * 16, L::LDK);
+                wmma_mma_rc(s, qa[k], b);
             }
-            atp_store_c(ss + n * 16, s, L::LDS);
+            wmma_store_c(ss + n * 16, s, L::LDS);
         }
         __syncwarp();
 
@@ -279,12 +223,12 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
 #pragma unroll
         for (int k2 = 0; k2 < ATP_KT / 16; ++k2) {
             unsigned a[8];
-            atp_load_a(a, ps + k2 * 16, L::LDP);
+            wmma_load_a(a, ps + k2 * 16, L::LDP);
 #pragma unroll
             for (int j = 0; j < NK; ++j) {
                 unsigned b[8];
-                atp_load_b_row(b, vs + k2 * 16 * L::LDK + j * 16, L::LDK);
-                atp_mma_rr(o[j], a, b);
+                wmma_load_b_row(b, vs + k2 * 16 * L::LDK + j * 16, L::LDK);
+                wmma_mma_rr(o[j], a, b);
             }
         }
         __syncwarp();  // P and alpha are read before the next tile overwrites them

@@ -74,3 +74,69 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     v = lane < nw ? scratch[lane] : 0.0f;
     return warp_sum(v);
 }
+
+// ---- Tensor cores: wmma m16n16k16, F16 inputs, F32 accumulators, as inline PTX (no toolkit
+// headers; valid from compute_70). Fragments are 8 registers; addresses 32-byte aligned, leading
+// dimensions (ldm, in elements) multiples of 8 (F16) or 4 (F32). The element order inside a
+// fragment is the architecture's: code that needs it reads it back through wmma_load_c.
+
+// A (16 x 16, row-major): row r's 16 values at p + r * ldm.
+__device__ __forceinline__ void wmma_load_a(unsigned (&a)[8], const half_t* p, int ldm) {
+    asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]), "=r"(a[4]), "=r"(a[5]), "=r"(a[6]), "=r"(a[7])
+                 : "l"(p), "r"(ldm)
+                 : "memory");
+}
+
+// B (k x n) column-major: column n's 16 values at p + n * ldm (K rows: k = head dim, n = position).
+__device__ __forceinline__ void wmma_load_b_col(unsigned (&b)[8], const half_t* p, int ldm) {
+    asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]), "=r"(b[4]), "=r"(b[5]), "=r"(b[6]), "=r"(b[7])
+                 : "l"(p), "r"(ldm)
+                 : "memory");
+}
+
+// B (k x n) row-major: row k's 16 values at p + k * ldm (V rows: k = position, n = head dim).
+__device__ __forceinline__ void wmma_load_b_row(unsigned (&b)[8], const half_t* p, int ldm) {
+    asm volatile("wmma.load.b.sync.aligned.row.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]), "=r"(b[4]), "=r"(b[5]), "=r"(b[6]), "=r"(b[7])
+                 : "l"(p), "r"(ldm)
+                 : "memory");
+}
+
+// d += a b, B column-major.
+__device__ __forceinline__ void wmma_mma_rc(float (&d)[8], const unsigned (&a)[8], const unsigned (&b)[8]) {
+    asm volatile(
+        "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+        "{%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19,%20,%21,%22,%23}, {%0,%1,%2,%3,%4,%5,%6,%7};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]), "r"(a[6]), "r"(a[7]),
+          "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(b[4]), "r"(b[5]), "r"(b[6]), "r"(b[7]));
+}
+
+// d += a b, B row-major.
+__device__ __forceinline__ void wmma_mma_rr(float (&d)[8], const unsigned (&a)[8], const unsigned (&b)[8]) {
+    asm volatile(
+        "wmma.mma.sync.aligned.row.row.m16n16k16.f32.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+        "{%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19,%20,%21,%22,%23}, {%0,%1,%2,%3,%4,%5,%6,%7};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]), "r"(a[6]), "r"(a[7]),
+          "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(b[4]), "r"(b[5]), "r"(b[6]), "r"(b[7]));
+}
+
+// Accumulator (16 x 16 f32, row-major) from p.
+__device__ __forceinline__ void wmma_load_c(float (&d)[8], const float* p, int ldm) {
+    asm volatile("wmma.load.c.sync.aligned.row.m16n16k16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7])
+                 : "l"(p), "r"(ldm)
+                 : "memory");
+}
+
+// Accumulator to p (row-major; generic address, shared memory here).
+__device__ __forceinline__ void wmma_store_c(float* p, const float (&d)[8], int ldm) {
+    asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
+                 :
+                 : "l"(p), "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]), "f"(d[4]), "f"(d[5]), "f"(d[6]), "f"(d[7]),
+                   "r"(ldm)
+                 : "memory");
+}

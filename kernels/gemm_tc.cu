@@ -32,41 +32,6 @@ struct TcWarps {
     static constexpr int N = NT16 == 1 ? 16 : NT16 == 2 ? 12 : NT16 == 3 ? 8 : 7;
 };
 
-// A: 16 rows x 16 columns of W at p (row-major, ldm elements between rows).
-__device__ __forceinline__ void wmma_load_a(unsigned (&a)[8], const half_t* p, int ldm) {
-    asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]), "=r"(a[4]), "=r"(a[5]), "=r"(a[6]), "=r"(a[7])
-                 : "l"(p), "r"(ldm)
-                 : "memory");
-}
-
-// B: 16 columns (k) x 16 tokens; token n's 16 values at p + n * ldm (column-major).
-__device__ __forceinline__ void wmma_load_b(unsigned (&b)[8], const half_t* p, int ldm) {
-    asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]), "=r"(b[4]), "=r"(b[5]), "=r"(b[6]), "=r"(b[7])
-                 : "l"(p), "r"(ldm)
-                 : "memory");
-}
-
-// d += a b (16 x 16 f32 accumulator).
-__device__ __forceinline__ void wmma_mma(float (&d)[8], const unsigned (&a)[8], const unsigned (&b)[8]) {
-    asm volatile(
-        "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, "
-        "{%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19,%20,%21,%22,%23}, {%0,%1,%2,%3,%4,%5,%6,%7};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]), "r"(a[6]), "r"(a[7]),
-          "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(b[4]), "r"(b[5]), "r"(b[6]), "r"(b[7]));
-}
-
-// Stores the accumulator row-major at p (generic address; shared memory here).
-__device__ __forceinline__ void wmma_store(float* p, const float (&d)[8], int ldm) {
-    asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
-                 :
-                 : "l"(p), "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]), "f"(d[4]), "f"(d[5]), "f"(d[6]), "f"(d[7]),
-                   "r"(ldm)
-                 : "memory");
-}
-
 // One warp's staging area: a 16-row weight tile and an NT16 * 16-token input tile of TC_KC
 // columns each, rows TC_LD halves apart (padded: fewer bank conflicts in the wmma loads).
 #define TC_KC 32
@@ -135,15 +100,15 @@ __device__ __forceinline__ void gemm_tc_impl(const TcParams& p) {
 #pragma unroll
             for (int j = 0; j < NT16; ++j) {
                 unsigned b[8];
-                wmma_load_b(b, sb + j * 16 * TC_LD + u * 16, TC_LD);
-                wmma_mma(acc[j], a, b);
+                wmma_load_b_col(b, sb + j * 16 * TC_LD + u * 16, TC_LD);
+                wmma_mma_rc(acc[j], a, b);
             }
         }
     }
     __syncthreads();  // every warp is done with the staging area before it becomes the sum buffer
     float* red = reinterpret_cast<float*>(smem);  // [TC_WARPS][16][LD]
 #pragma unroll
-    for (int j = 0; j < NT16; ++j) wmma_store(red + warp * 16 * LD + j * 16, acc[j], LD);
+    for (int j = 0; j < NT16; ++j) wmma_store_c(red + warp * 16 * LD + j * 16, acc[j], LD);
     __syncthreads();
     // Thread e sums element (m = e % 16, n = e / 16) over the warps: 16 consecutive rows of one
     // token per half-warp, so the global writes come in 64-byte runs.
@@ -263,15 +228,15 @@ __device__ __forceinline__ void gemm_tc64_impl(const Tc2Params& p) {
 #pragma unroll
             for (int j = 0; j < NT16; ++j) {
                 unsigned b[8];
-                wmma_load_b(b, sx + j * 16 * T2_LD + u * 16, T2_LD);
-                wmma_mma(acc[j], a, b);
+                wmma_load_b_col(b, sx + j * 16 * T2_LD + u * 16, T2_LD);
+                wmma_mma_rc(acc[j], a, b);
             }
         }
     }
     __syncthreads();  // the staging area becomes the output buffer
     float* o = reinterpret_cast<float*>(smem) + warp * 16 * LDO;  // [16, LDO]
 #pragma unroll
-    for (int j = 0; j < NT16; ++j) wmma_store(o + j * 16, acc[j], LDO);
+    for (int j = 0; j < NT16; ++j) wmma_store_c(o + j * 16, acc[j], LDO);
     __syncwarp();
     // Element (m = e % 16, n = e / 16): 16 consecutive rows of one token per half-warp.
     for (int e = lane; e < 16 * BN; e += WARP) {

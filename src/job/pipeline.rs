@@ -515,7 +515,7 @@ impl Pipeline {
 
 /// The byte range of `a` where it differs from `b`: what is left of `a` after the longest common
 /// prefix and (not overlapping it) the longest common suffix, widened to character boundaries.
-fn differing_range(a: &str, b: &str) -> Range<usize> {
+pub(crate) fn differing_range(a: &str, b: &str) -> Range<usize> {
     let (x, y) = (a.as_bytes(), b.as_bytes());
     let mut start = x.iter().zip(y).take_while(|(p, q)| p == q).count();
     let room = x.len().min(y.len()) - start;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use super::checkpoint::{file_identity, Checkpoint, JobFingerprint, PendingRow};
-use super::pipeline::{Pipeline, TextCodec};
+use super::pipeline::{differing_range, Pipeline, TextCodec};
 use super::progress::{Progress, ProgressStats};
 use super::reader::{ReaderConfig, RecordReader};
 use super::record::{ChatMessage, ErrorKind, Item, OpenAiEndpoint, OpenAiRequest, RecordBody, RecordError};
@@ -364,22 +364,6 @@ fn content_spans(rendered: &str, head: &str, messages: &[ChatMessage], text: &st
     }
     rebuilt.push_str(rest);
     (rebuilt == text).then_some(spans)
-}
-
-/// The byte range of `a` where it differs from `b`: what is left of `a` after the longest common
-/// prefix and (not overlapping it) the longest common suffix, widened to character boundaries.
-fn differing_range(a: &str, b: &str) -> Range<usize> {
-    let (x, y) = (a.as_bytes(), b.as_bytes());
-    let mut start = x.iter().zip(y).take_while(|(p, q)| p == q).count();
-    let room = x.len().min(y.len()) - start;
-    let mut end = x.len() - x.iter().rev().zip(y.iter().rev()).take(room).take_while(|(p, q)| p == q).count();
-    while !a.is_char_boundary(start) {
-        start -= 1;
-    }
-    while !a.is_char_boundary(end) {
-        end += 1;
-    }
-    start..end
 }
 
 /// The row of a finished request.
