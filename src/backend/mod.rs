@@ -30,6 +30,11 @@ pub trait Backend {
     fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
         Ok(self.step(plan)?.iter().map(|l| crate::engine::sampler::argmax(l)).collect())
     }
+    /// Compiles or loads everything a step may need (kernels), so that it stays out of
+    /// timings; steps do it lazily otherwise.
+    fn prepare(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
     /// A short name for logs ("cpu (2 threads)", "cuda:0 NVIDIA H200").
     fn describe(&self) -> String;
     /// Bytes of weights one decode step reads: every matrix in full, one embedding row.
@@ -62,6 +67,9 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
         (**self).step_greedy(plan)
+    }
+    fn prepare(&mut self) -> Result<(), BackendError> {
+        (**self).prepare()
     }
     fn describe(&self) -> String {
         (**self).describe()

@@ -371,6 +371,9 @@ impl Backend for CudaBackend {
         }
         Ok(self.forward(&f)?)
     }
+    fn prepare(&mut self) -> Result<(), BackendError> {
+        Ok(self.load_kernels()?)
+    }
     fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
         let f = self.flatten(plan)?;
         if f.n_tok == 0 {

@@ -655,6 +655,9 @@ unsafe impl DeviceRepr for AttnParams {}
 /// Blocks per split column are n_tok x n_kv; from 32 query tokens on, longer splits still
 /// give thousands of blocks at long contexts, with fewer partials to write and merge.
 pub fn attn_split_len(n_tok: usize) -> usize {
+    if let Some(v) = env_usize("DUSTOFF_ATTN_SPLIT").filter(|&v| v >= 16 && v % 16 == 0) {
+        return v; // for comparisons
+    }
     match n_tok {
         0..=16 => 64,
         17..=32 => 128,
@@ -665,6 +668,18 @@ const ATTN_MAX_GROUP: usize = 16;
 const ATTN_MAX_HD: usize = 256;
 const ATTN_VCHUNK: usize = 4;
 const ATTN_THREADS: usize = 128;
+
+/// A numeric tuning override from the environment (read once per name; for comparisons).
+fn env_usize(name: &'static str) -> Option<usize> {
+    static SEEN: std::sync::Mutex<Vec<(&'static str, Option<usize>)>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, v)) = seen.iter().find(|(n, _)| *n == name) {
+        return v;
+    }
+    let v = std::env::var(name).ok().and_then(|v| v.parse().ok());
+    seen.push((name, v));
+    v
+}
 /// Most query heads per KV head of the one-pass decode kernel (kernels/attention_decode.cu).
 const ATTN_ONEPASS_MAX_GROUP: usize = 4;
 
@@ -778,11 +793,14 @@ impl Attention {
             (128, false) => "attn_split_f16_hd128",
             _ => K,
         };
+        let mut threads = ATTN_THREADS;
         if onepass && matches!(hd, 64 | 128) {
+            // `DUSTOFF_ATTN_WARPS` (1..=16) sets the warps of a block (for comparisons).
+            threads = env_usize("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)).map_or(ATTN_THREADS, |w| w * 32);
             // q [group, 8, hd / 8 + 4] + per warp [group, hd + 2] floats.
-            smem = ((group * 8 * (hd / 8 + 4) + (ATTN_THREADS / 32) * group * (hd + 2)) * 4) as u32;
+            smem = ((group * 8 * (hd / 8 + 4) + (threads / 32) * group * (hd + 2)) * 4) as u32;
         }
-        launch(k, s, entry, grid, ATTN_THREADS as u32, smem, &p)?;
+        launch(k, s, entry, grid, threads as u32, smem, &p)?;
         launch(k, s, "attn_combine_f32", (nh as u32, self.n_tok as u32, 1), 128, 0, &p)
     }
 }
