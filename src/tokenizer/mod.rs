@@ -249,16 +249,24 @@ impl Tokenizer {
             ids.extend_from_slice(tokens);
             return Ok(ids);
         }
+        // Offsets from the tokenizer are on character boundaries and in order; a piece that is
+        // not (never seen) is an error, not a panic.
+        let piece = |a: usize, b: usize| {
+            text.get(a..b).ok_or_else(|| TokenizerError::Encode {
+                snippet: text.chars().take(40).collect(),
+                reason: format!("token offsets {a}..{b} are not on character boundaries"),
+            })
+        };
         let mut at = 0;
         for i in 0..tokens.len() {
             if self.control_ids.contains(&tokens[i]) && !injected[i] {
                 let (s, e) = offsets[i];
-                ids.extend(self.encode(&text[at..s], false, false)?);
+                ids.extend(self.encode(piece(at, s)?, false, false)?);
                 ids.push(tokens[i]);
                 at = e;
             }
         }
-        ids.extend(self.encode(&text[at..], false, false)?);
+        ids.extend(self.encode(piece(at, text.len())?, false, false)?);
         Ok(ids)
     }
 
