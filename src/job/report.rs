@@ -80,9 +80,15 @@ impl JobReport {
         PathBuf::from(p)
     }
 
+    /// Written to a temporary file next to `path`, then renamed over it: a kill leaves the old
+    /// report or the new one, never a torn one.
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
         let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(path, text + "\n")
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = std::path::PathBuf::from(tmp);
+        std::fs::write(&tmp, text + "\n")?;
+        std::fs::rename(&tmp, path)
     }
 
     /// The share of prompt tokens served by the prefix cache, in percent.
