@@ -130,7 +130,9 @@ impl CudaBackend {
         }
     }
 
-    fn ensure_work(&mut self, n_tok: usize, splits: usize, m: usize) -> Result<(), CudaError> {
+    /// Work buffers for `n_tok` tokens, of which `n_single` take the split attention kernel
+    /// (its partials: `n_single x heads x splits`), and `m` logit rows.
+    fn ensure_work(&mut self, n_tok: usize, n_single: usize, splits: usize, m: usize) -> Result<(), CudaError> {
         let c = &self.cfg;
         let s = &self.dev.stream;
         let w = &mut self.work;
@@ -154,7 +156,7 @@ impl CudaBackend {
             grew |= grow(s, &mut w.tc_part, part, "GEMM partial sums")?;
             w.cap_tok = cap;
         }
-        let part = n_tok * c.n_heads * splits;
+        let part = n_single.max(1) * c.n_heads * splits;
         if part > w.cap_part {
             grew |= grow(s, &mut w.part_o, part * c.head_dim, "attention partials")?;
             grew |= grow(s, &mut w.part_ml, part * 2, "attention statistics")?;
@@ -227,7 +229,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(Flat { n_tok: 0, n_seqs: plan.chunks.len(), m, n_single, max_len, splits, n_tiles: 0 });
         }
-        self.ensure_work(n, splits, m)?;
+        self.ensure_work(n, n_single, splits, m)?;
         let lay = layout(self.work.cap_tok);
         let bts = self.bt_stride;
         let meta = &mut self.host_meta;
