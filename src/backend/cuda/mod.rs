@@ -5,6 +5,7 @@
 //! Layers: `nvrtc` (sources, compilation, disk cache) -> `kernels` (lazy per-device registry) ->
 //! `launch` (`#[repr(C)]` params mirrors, shape-checked launchers) -> `backend` (the forward pass).
 
+pub mod attention;
 pub mod backend;
 pub mod device;
 pub mod fused;
