@@ -5,6 +5,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
 use super::launch::{check, extent, i32_of, launch, need, Dev};
+use super::tuning::tuning;
 use super::CudaError;
 
 #[repr(C)]
@@ -41,7 +42,7 @@ unsafe impl DeviceRepr for AttnParams {}
 /// Blocks per split column are n_tok x n_kv; from 32 query tokens on, longer splits still
 /// give thousands of blocks at long contexts, with fewer partials to write and merge.
 pub fn attn_split_len(n_tok: usize) -> usize {
-    if let Some(v) = env_usize("DUSTOFF_ATTN_SPLIT").filter(|&v| v >= 16 && v % 16 == 0) {
+    if let Some(v) = tuning().attn_split {
         return v; // for comparisons
     }
     match n_tok {
@@ -55,24 +56,8 @@ const ATTN_MAX_HD: usize = 256;
 const ATTN_VCHUNK: usize = 4;
 const ATTN_THREADS: usize = 128;
 
-/// A numeric tuning override from the environment (read once per name; for comparisons).
-fn env_usize(name: &'static str) -> Option<usize> {
-    static SEEN: std::sync::Mutex<Vec<(&'static str, Option<usize>)>> = std::sync::Mutex::new(Vec::new());
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(&(_, v)) = seen.iter().find(|(n, _)| *n == name) {
-        return v;
-    }
-    let v = std::env::var(name).ok().and_then(|v| v.parse().ok());
-    seen.push((name, v));
-    v
-}
 /// Most query heads per KV head of the one-pass decode kernel (kernels/attention_decode.cu).
 const ATTN_ONEPASS_MAX_GROUP: usize = 4;
-
-fn onepass_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("DUSTOFF_ATTN_ONEPASS").map_or(true, |v| v != "0"))
-}
 
 /// Splits needed for sequences of at most `max_len` positions, `n_tok` query tokens.
 pub fn attn_splits(max_len: usize, n_tok: usize) -> usize {
@@ -171,7 +156,7 @@ impl Attention {
         // Head sizes 64 and 128: the one-pass kernel for up to 4 query heads per KV head, else
         // the reshaped two-pass one (same outputs). `DUSTOFF_ATTN_ONEPASS=0` turns the first off.
         // Below 16 tokens the two-pass kernel was faster (8 sequences: 31 against 38 us a layer).
-        let onepass = group <= ATTN_ONEPASS_MAX_GROUP && self.n_tok >= 16 && onepass_enabled();
+        let onepass = group <= ATTN_ONEPASS_MAX_GROUP && self.n_tok >= 16 && tuning().attn_onepass;
         let entry = match (hd, onepass) {
             (64, true) => "attn_onepass_f16_hd64",
             (128, true) => "attn_onepass_f16_hd128",
@@ -182,7 +167,7 @@ impl Attention {
         let mut threads = ATTN_THREADS;
         if onepass && matches!(hd, 64 | 128) {
             // `DUSTOFF_ATTN_WARPS` (1..=16) sets the warps of a block (for comparisons).
-            threads = env_usize("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)).map_or(ATTN_THREADS, |w| w * 32);
+            threads = tuning().attn_warps.map_or(ATTN_THREADS, |w| w * 32);
             // q [group, 8, hd / 8 + 4] + per warp [group, hd + 2] floats.
             smem = ((group * 8 * (hd / 8 + 4) + (threads / 32) * group * (hd + 2)) * 4) as u32;
         }

@@ -17,6 +17,7 @@ pub mod prefill;
 mod profile;
 mod step;
 pub mod tc;
+mod tuning;
 pub mod weights;
 
 use std::path::PathBuf;

@@ -29,6 +29,7 @@ use super::launch::{self as l, Dev};
 use super::prefill::PrefillAttention;
 use super::profile::Profiler;
 use super::tc::{tc64_part_len, GemmTc, TC_MAX_TOKENS};
+use super::tuning::tuning;
 use super::CudaError;
 use crate::backend::BackendError;
 use crate::engine::plan::StepPlan;
@@ -77,11 +78,7 @@ fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
 /// Fewest tokens that take the tensor-core GEMM instead of the f32 GEMV (at most 8 use the
 /// GEMV). `DUSTOFF_TC_MIN_TOKENS` overrides the default of 2 (for comparisons).
 fn tc_min_tokens() -> usize {
-    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| {
-        let v = std::env::var("DUSTOFF_TC_MIN_TOKENS").ok().and_then(|v| v.parse::<usize>().ok());
-        v.unwrap_or(2).clamp(2, l::GEMV_MAX_TOKENS + 1)
-    })
+    tuning().tc_min_tokens.unwrap_or(2).clamp(2, l::GEMV_MAX_TOKENS + 1)
 }
 
 /// The shape a captured graph serves: (tokens, logit rows, attention splits, split-kernel
@@ -95,11 +92,7 @@ fn graph_key(f: &Flat) -> GraphKey {
 /// Most tokens that take the tensor-core GEMM; larger steps use cuBLAS (faster from 32 tokens
 /// on in `kernel_breakdown`, H200). `DUSTOFF_TC_MAX_TOKENS` overrides the default of 16.
 fn tc_max_tokens() -> usize {
-    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        let v = std::env::var("DUSTOFF_TC_MAX_TOKENS").ok().and_then(|v| v.parse::<usize>().ok());
-        v.unwrap_or(16).min(TC_MAX_TOKENS)
-    })
+    tuning().tc_max_tokens.unwrap_or(16).min(TC_MAX_TOKENS)
 }
 
 /// Offsets of the per-step inputs in `Work::meta` (in i32 elements) for a token capacity.

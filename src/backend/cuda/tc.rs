@@ -51,9 +51,7 @@ const TC64_TARGET_BLOCKS: usize = 256;
 /// Rows per block of the wide-tile kernel for a matrix of `rows` rows: 128 (8 warps) where the
 /// rows allow it, else 64 (4 warps). `DUSTOFF_TC_ROWS=64` forces 64 (for comparisons).
 pub fn tc64_block_rows(rows: usize) -> usize {
-    static FORCE64: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let force64 = *FORCE64.get_or_init(|| std::env::var("DUSTOFF_TC_ROWS").is_ok_and(|v| v == "64"));
-    if rows.is_multiple_of(128) && !force64 {
+    if rows.is_multiple_of(128) && !super::tuning::tuning().tc_rows64 {
         128
     } else {
         64

@@ -1,0 +1,34 @@
+//! Switches for A/B comparisons of kernel choices (docs/BENCHMARKS.md), read from the
+//! environment once per process. The defaults are the measured best on the H200.
+
+use std::sync::OnceLock;
+
+pub(super) struct Tuning {
+    /// `DUSTOFF_TC_MIN_TOKENS`: fewest tokens of a step for the tensor-core GEMM (default 2).
+    pub tc_min_tokens: Option<usize>,
+    /// `DUSTOFF_TC_MAX_TOKENS`: most tokens for it; larger steps use cuBLAS (default 16).
+    pub tc_max_tokens: Option<usize>,
+    /// `DUSTOFF_TC_ROWS=64`: 64-row blocks of the wide-tile GEMM even where 128 fit.
+    pub tc_rows64: bool,
+    /// `DUSTOFF_ATTN_ONEPASS=0`: the two-pass decode attention for every step.
+    pub attn_onepass: bool,
+    /// `DUSTOFF_ATTN_WARPS=N` (1..=16): warps of a one-pass decode attention block.
+    pub attn_warps: Option<usize>,
+    /// `DUSTOFF_ATTN_SPLIT=N` (a multiple of 16): positions per decode attention split.
+    pub attn_split: Option<usize>,
+}
+
+pub(super) fn tuning() -> &'static Tuning {
+    static T: OnceLock<Tuning> = OnceLock::new();
+    T.get_or_init(|| {
+        let num = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok());
+        Tuning {
+            tc_min_tokens: num("DUSTOFF_TC_MIN_TOKENS"),
+            tc_max_tokens: num("DUSTOFF_TC_MAX_TOKENS"),
+            tc_rows64: num("DUSTOFF_TC_ROWS") == Some(64),
+            attn_onepass: num("DUSTOFF_ATTN_ONEPASS") != Some(0),
+            attn_warps: num("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)),
+            attn_split: num("DUSTOFF_ATTN_SPLIT").filter(|&v| v >= 16 && v % 16 == 0),
+        }
+    })
+}
