@@ -12,4 +12,5 @@ pub mod record;
 pub mod report;
 pub mod runner;
 pub mod shard;
+mod spans;
 pub mod writer;

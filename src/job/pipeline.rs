@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::record::{ChatMessage, ErrorKind, RecordError};
+use super::spans::{differing_range, fill_markers, marker, marker_head};
 use super::writer::RowOutput;
 use crate::engine::sampler::{derive_seed, SamplingParams};
 
@@ -371,15 +372,12 @@ impl Pipeline {
     ) -> Result<(String, Vec<Range<usize>>), RecordError> {
         let ctx = self.context(id, fields);
         let text = self.prompt_text(codec, &self.render(&ctx)?)?;
-        let mut h = blake3::Hasher::new();
-        for (k, v) in &ctx {
-            h.update(k.as_bytes()).update(&[0]).update(v.to_string().as_bytes()).update(&[0]);
-        }
-        let head = format!("\u{E000}{}", &h.finalize().to_hex()[..16]);
+        let parts: Vec<String> = ctx.iter().flat_map(|(k, v)| [k.clone(), v.to_string()]).collect();
+        let head = marker_head(parts.iter().map(String::as_str));
         if let Some(spans) = self.value_spans(codec, &ctx, &head, &text) {
             return Ok((text, spans));
         }
-        let marked = self.prompt_text(codec, &format!("{head}\u{E001}"))?;
+        let marked = self.prompt_text(codec, &marker(&head, None))?;
         let record = differing_range(&text, &marked);
         Ok((text, vec![record]))
     }
@@ -398,7 +396,7 @@ impl Pipeline {
         for (k, v) in ctx {
             match v {
                 Value::String(s) => {
-                    marked.insert(k.clone(), Value::String(format!("{head}{}\u{E001}", values.len())));
+                    marked.insert(k.clone(), Value::String(marker(head, Some(values.len()))));
                     values.push(s.as_str());
                 }
                 // Text inside a list or map would be rendered outside any marker.
@@ -409,22 +407,7 @@ impl Pipeline {
             }
         }
         let rendered = self.prompt_text(codec, &self.render(&marked).ok()?).ok()?;
-        let mut rebuilt = String::with_capacity(text.len());
-        let mut spans = Vec::new();
-        let mut rest = rendered.as_str();
-        while let Some(at) = rest.find(head) {
-            rebuilt.push_str(&rest[..at]);
-            let after = &rest[at + head.len()..];
-            let end = after.find('\u{E001}')?;
-            let value = values.get(after[..end].parse::<usize>().ok()?)?;
-            if !value.is_empty() {
-                spans.push(rebuilt.len()..rebuilt.len() + value.len());
-            }
-            rebuilt.push_str(value);
-            rest = &after[end + '\u{E001}'.len_utf8()..];
-        }
-        rebuilt.push_str(rest);
-        (rebuilt == text).then_some(spans)
+        fill_markers(&rendered, head, &values, text)
     }
 
     /// Renders and tokenizes a record, fitting it to `max_input_tokens` by the overflow policy.
@@ -511,22 +494,6 @@ impl Pipeline {
             OutputKind::Json => parse_json_output(text, &self.spec.output.required_keys).map(RowOutput::Json),
         }
     }
-}
-
-/// The byte range of `a` where it differs from `b`: what is left of `a` after the longest common
-/// prefix and (not overlapping it) the longest common suffix, widened to character boundaries.
-pub(crate) fn differing_range(a: &str, b: &str) -> Range<usize> {
-    let (x, y) = (a.as_bytes(), b.as_bytes());
-    let mut start = x.iter().zip(y).take_while(|(p, q)| p == q).count();
-    let room = x.len().min(y.len()) - start;
-    let mut end = x.len() - x.iter().rev().zip(y.iter().rev()).take(room).take_while(|(p, q)| p == q).count();
-    while !a.is_char_boundary(start) {
-        start -= 1;
-    }
-    while !a.is_char_boundary(end) {
-        end += 1;
-    }
-    start..end
 }
 
 /// Parses a model's JSON answer: code fences are stripped; it must be an object with the keys.

@@ -19,12 +19,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use super::checkpoint::{file_identity, Checkpoint, JobFingerprint, PendingRow};
-use super::pipeline::{differing_range, Pipeline, TextCodec};
+use super::pipeline::{Pipeline, TextCodec};
 use super::progress::{Progress, ProgressStats};
 use super::reader::{ReaderConfig, RecordReader};
 use super::record::{ChatMessage, ErrorKind, Item, OpenAiEndpoint, OpenAiRequest, RecordBody, RecordError};
 use super::report::{Counts, JobReport, Outcome, Tokens};
 use super::shard::ShardSpec;
+use super::spans::{differing_range, fill_markers, marker, marker_head};
 use super::writer::{error_row, ok_row, openai_error_row, openai_ok_row};
 use crate::engine::sampler::{derive_seed, SamplingParams};
 
@@ -318,18 +319,15 @@ pub fn chat_prompt_with_spans(
     messages: &[ChatMessage],
 ) -> Result<(String, Vec<Range<usize>>), String> {
     let text = codec.chat_prompt(messages)?;
-    let mut h = blake3::Hasher::new();
-    for m in messages {
-        h.update(m.role.as_bytes()).update(&[0]).update(m.content.as_bytes()).update(&[0]);
-    }
-    let head = format!("\u{E000}{}", &h.finalize().to_hex()[..16]);
+    let head = marker_head(messages.iter().flat_map(|m| [m.role.as_str(), m.content.as_str()]));
     let mut marked = messages.to_vec();
     for (i, m) in marked.iter_mut().enumerate() {
         if !m.content.is_empty() {
-            m.content = format!("{head}{i}\u{E001}");
+            m.content = marker(&head, Some(i));
         }
     }
-    if let Some(spans) = codec.chat_prompt(&marked).ok().and_then(|r| content_spans(&r, &head, messages, &text)) {
+    let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+    if let Some(spans) = codec.chat_prompt(&marked).ok().and_then(|r| fill_markers(&r, &head, &contents, &text)) {
         return Ok((text, spans));
     }
     let mut spans = Vec::new();
@@ -338,32 +336,13 @@ pub fn chat_prompt_with_spans(
             continue;
         }
         let mut one = messages.to_vec();
-        one[i].content = format!("{head}\u{E001}");
+        one[i].content = marker(&head, None);
         let r = differing_range(&text, &codec.chat_prompt(&one)?);
         if r.start < r.end {
             spans.push(r);
         }
     }
     Ok((text, spans))
-}
-
-/// Each content's range in `text` (the real prompt) from a rendering with markers, or `None`
-/// when putting the contents back in place of the markers does not give `text`.
-fn content_spans(rendered: &str, head: &str, messages: &[ChatMessage], text: &str) -> Option<Vec<Range<usize>>> {
-    let mut rebuilt = String::with_capacity(text.len());
-    let mut spans = Vec::new();
-    let mut rest = rendered;
-    while let Some(at) = rest.find(head) {
-        rebuilt.push_str(&rest[..at]);
-        let after = &rest[at + head.len()..];
-        let end = after.find('\u{E001}')?;
-        let content = &messages.get(after[..end].parse::<usize>().ok()?)?.content;
-        spans.push(rebuilt.len()..rebuilt.len() + content.len());
-        rebuilt.push_str(content);
-        rest = &after[end + '\u{E001}'.len_utf8()..];
-    }
-    rebuilt.push_str(rest);
-    (rebuilt == text).then_some(spans)
 }
 
 /// The row of a finished request.
