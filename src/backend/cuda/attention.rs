@@ -64,22 +64,19 @@ pub fn attn_splits(max_len: usize, n_tok: usize) -> usize {
     max_len.div_ceil(attn_split_len(n_tok)).max(1)
 }
 
-/// Causal attention of each token over positions `0..=pos[t]` of its sequence in the paged F16
-/// cache (`[n_slots, n_kv * head_dim]`, slot = block * block_size + offset, blocks from row
-/// `tok_seq[t]` of `block_tables` `[n_seqs, bt_stride]`). `q`: `[n_tok, q_stride]`, heads
-/// first; `out`: `[n_tok, out_stride]`. Scratch `part_o` `[n_tok, n_heads, splits, head_dim]`,
-/// `part_ml` `[n_tok, n_heads, splits, 2]` with `n_splits >= attn_splits(max_len, n_tok)` (more
-/// is allowed: the extra blocks exit at once, so a captured graph can serve growing lengths).
-/// The host guarantees `pos[t] < max_len`, block ids `< n_slots / block_size`, `tok_seq < n_seqs`.
-pub struct Attention {
+/// The inputs every paged attention kernel reads: queries `q` `[n_tok, q_stride]` (heads first),
+/// the paged F16 cache (`[n_slots, n_kv * head_dim]`, slot = block * block_size + offset, blocks
+/// from row `tok_seq[t]` of `block_tables` `[n_seqs, bt_stride]`), each token's position `pos`,
+/// and the output `[n_tok, out_stride]`. Each token attends positions `0..=pos[t]` of its
+/// sequence. The host guarantees block ids `< n_slots / block_size` and `tok_seq < n_seqs`.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedAttn {
     pub q: Dev<f32>,
     pub k_cache: Dev<u16>,
     pub v_cache: Dev<u16>,
     pub block_tables: Dev<i32>,
     pub tok_seq: Dev<i32>,
     pub pos: Dev<i32>,
-    pub part_o: Dev<f32>,
-    pub part_ml: Dev<f32>,
     pub out: Dev<f32>,
     pub n_slots: usize,
     pub n_seqs: usize,
@@ -91,6 +88,37 @@ pub struct Attention {
     pub bt_stride: usize,
     pub q_stride: usize,
     pub out_stride: usize,
+}
+
+impl PagedAttn {
+    /// The shape checks both kernels need: strides, a power-of-two block size, and every buffer
+    /// long enough.
+    pub(super) fn check(&self, kernel: &'static str) -> Result<(), CudaError> {
+        let (hd, nh) = (self.head_dim, self.n_heads);
+        check(kernel, nh * hd <= self.q_stride && nh * hd <= self.out_stride, || {
+            "heads overlap the row stride".into()
+        })?;
+        check(kernel, self.block_size.is_power_of_two(), || {
+            format!("block size {} (a power of two)", self.block_size)
+        })?;
+        need(kernel, "q", self.q, extent(self.n_tok, self.q_stride, nh * hd))?;
+        need(kernel, "K cache", self.k_cache, self.n_slots * self.n_kv * hd)?;
+        need(kernel, "V cache", self.v_cache, self.n_slots * self.n_kv * hd)?;
+        need(kernel, "block tables", self.block_tables, self.n_seqs * self.bt_stride)?;
+        need(kernel, "token sequences", self.tok_seq, self.n_tok)?;
+        need(kernel, "positions", self.pos, self.n_tok)?;
+        need(kernel, "output", self.out, extent(self.n_tok, self.out_stride, nh * hd))
+    }
+}
+
+/// Split attention of every token of `paged` (one-token chunks: decode). Scratch `part_o`
+/// `[n_tok, n_heads, splits, head_dim]`, `part_ml` `[n_tok, n_heads, splits, 2]` with
+/// `n_splits >= attn_splits(max_len, n_tok)` (more is allowed: the extra blocks exit at once,
+/// so a captured graph can serve growing lengths). The host guarantees `pos[t] < max_len`.
+pub struct Attention {
+    pub paged: PagedAttn,
+    pub part_o: Dev<f32>,
+    pub part_ml: Dev<f32>,
     pub max_len: usize,
     pub n_splits: usize,
 }
@@ -98,65 +126,58 @@ pub struct Attention {
 impl Attention {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "attn_split_f16";
-        let (hd, nh) = (self.head_dim, self.n_heads);
-        check(K, self.n_kv > 0 && nh.is_multiple_of(self.n_kv), || format!("{nh} heads over {} KV heads", self.n_kv))?;
-        let group = nh / self.n_kv;
+        let a = &self.paged;
+        let (hd, nh) = (a.head_dim, a.n_heads);
+        check(K, a.n_kv > 0 && nh.is_multiple_of(a.n_kv), || format!("{nh} heads over {} KV heads", a.n_kv))?;
+        let group = nh / a.n_kv;
         check(K, group <= ATTN_MAX_GROUP, || format!("{group} query heads per KV head (at most {ATTN_MAX_GROUP})"))?;
         check(K, hd.is_multiple_of(2) && hd <= ATTN_MAX_HD, || {
             format!("head size {hd} (even, at most {ATTN_MAX_HD})")
         })?;
-        check(K, self.n_tok <= 65_535, || format!("{} query tokens in one launch (at most 65535)", self.n_tok))?;
-        check(K, nh * hd <= self.q_stride && nh * hd <= self.out_stride, || "heads overlap the row stride".into())?;
+        check(K, a.n_tok <= 65_535, || format!("{} query tokens in one launch (at most 65535)", a.n_tok))?;
         let splits = self.n_splits;
-        let split_len = attn_split_len(self.n_tok);
+        let split_len = attn_split_len(a.n_tok);
         check(K, splits * split_len >= self.max_len, || {
             format!("{splits} splits of {split_len} positions do not cover {}", self.max_len)
         })?;
-        need(K, "q", self.q, extent(self.n_tok, self.q_stride, nh * hd))?;
-        need(K, "K cache", self.k_cache, self.n_slots * self.n_kv * hd)?;
-        need(K, "V cache", self.v_cache, self.n_slots * self.n_kv * hd)?;
-        need(K, "block tables", self.block_tables, self.n_seqs * self.bt_stride)?;
-        check(K, self.block_size.is_power_of_two(), || format!("block size {} (a power of two)", self.block_size))?;
-        check(K, self.bt_stride * self.block_size >= self.max_len, || {
+        a.check(K)?;
+        check(K, a.bt_stride * a.block_size >= self.max_len, || {
             "block tables shorter than the longest sequence".into()
         })?;
-        need(K, "token sequences", self.tok_seq, self.n_tok)?;
-        need(K, "positions", self.pos, self.n_tok)?;
-        need(K, "partial outputs", self.part_o, self.n_tok * nh * splits * hd)?;
-        need(K, "partial statistics", self.part_ml, self.n_tok * nh * splits * 2)?;
-        need(K, "output", self.out, extent(self.n_tok, self.out_stride, nh * hd))?;
-        if self.n_tok == 0 {
+        need(K, "partial outputs", self.part_o, a.n_tok * nh * splits * hd)?;
+        need(K, "partial statistics", self.part_ml, a.n_tok * nh * splits * 2)?;
+        if a.n_tok == 0 {
             return Ok(());
         }
         let p = AttnParams {
-            q: self.q.ptr,
-            k_cache: self.k_cache.ptr,
-            v_cache: self.v_cache.ptr,
-            block_tables: self.block_tables.ptr,
-            tok_seq: self.tok_seq.ptr,
-            pos: self.pos.ptr,
+            q: a.q.ptr,
+            k_cache: a.k_cache.ptr,
+            v_cache: a.v_cache.ptr,
+            block_tables: a.block_tables.ptr,
+            tok_seq: a.tok_seq.ptr,
+            pos: a.pos.ptr,
             part_o: self.part_o.ptr,
             part_ml: self.part_ml.ptr,
-            out: self.out.ptr,
-            n_tok: self.n_tok as i32,
+            out: a.out.ptr,
+            n_tok: a.n_tok as i32,
             n_heads: i32_of(K, nh)?,
-            n_kv: i32_of(K, self.n_kv)?,
+            n_kv: i32_of(K, a.n_kv)?,
             head_dim: i32_of(K, hd)?,
-            block_size: i32_of(K, self.block_size)?,
-            bt_stride: i32_of(K, self.bt_stride)?,
-            q_stride: i32_of(K, self.q_stride)?,
-            out_stride: i32_of(K, self.out_stride)?,
+            block_size: i32_of(K, a.block_size)?,
+            bt_stride: i32_of(K, a.bt_stride)?,
+            q_stride: i32_of(K, a.q_stride)?,
+            out_stride: i32_of(K, a.out_stride)?,
             n_splits: i32_of(K, splits)?,
             split_len: split_len as i32,
             scale: 1.0 / (hd as f32).sqrt(),
-            block_shift: self.block_size.trailing_zeros() as i32,
+            block_shift: a.block_size.trailing_zeros() as i32,
         };
         let mut smem = ((group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4) as u32;
-        let grid = (self.n_kv as u32, self.n_tok as u32, i32_of(K, splits)? as u32);
+        let grid = (a.n_kv as u32, a.n_tok as u32, i32_of(K, splits)? as u32);
         // Head sizes 64 and 128: the one-pass kernel for up to 4 query heads per KV head, else
         // the reshaped two-pass one (same outputs). `DUSTOFF_ATTN_ONEPASS=0` turns the first off.
         // Below 16 tokens the two-pass kernel was faster (8 sequences: 31 against 38 us a layer).
-        let onepass = group <= ATTN_ONEPASS_MAX_GROUP && self.n_tok >= 16 && tuning().attn_onepass;
+        let onepass = group <= ATTN_ONEPASS_MAX_GROUP && a.n_tok >= 16 && tuning().attn_onepass;
         let entry = match (hd, onepass) {
             (64, true) => "attn_onepass_f16_hd64",
             (128, true) => "attn_onepass_f16_hd128",
@@ -172,6 +193,6 @@ impl Attention {
             smem = ((group * 8 * (hd / 8 + 4) + (threads / 32) * group * (hd + 2)) * 4) as u32;
         }
         launch(k, s, entry, grid, threads as u32, smem, &p)?;
-        launch(k, s, "attn_combine_f32", (nh as u32, self.n_tok as u32, 1), 128, 0, &p)
+        launch(k, s, "attn_combine_f32", (nh as u32, a.n_tok as u32, 1), 128, 0, &p)
     }
 }

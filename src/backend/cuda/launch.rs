@@ -620,4 +620,4 @@ impl KvStore {
     }
 }
 
-pub use super::attention::{attn_split_len, attn_splits, Attention};
+pub use super::attention::{attn_split_len, attn_splits, Attention, PagedAttn};

@@ -5,8 +5,9 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
+use super::attention::PagedAttn;
 use super::kernels::Kernels;
-use super::launch::{check, extent, i32_of, launch, need, Dev};
+use super::launch::{check, i32_of, launch, need, Dev};
 use super::CudaError;
 
 /// Query tokens per tile (one wmma row tile).
@@ -65,72 +66,47 @@ struct PrefillParams {
 // SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
 unsafe impl DeviceRepr for PrefillParams {}
 
-/// Causal attention of the tokens named by `tiles` (`[n_tiles, 2]`: first token, count 1..=16;
-/// a tile's tokens share one sequence, `tok_seq` row of `block_tables` `[n_seqs, bt_stride]`)
-/// over positions `0..=pos[t]` of the paged F16 cache (`[n_slots, n_kv * head_dim]`).
-/// `q`: `[n_tok, q_stride]`, heads first; `out`: `[n_tok, out_stride]`; tokens outside the
-/// tiles are left as they are. The host guarantees each tile's positions are covered by its
-/// block table and `pos[t] < bt_stride * block_size`.
+/// Attention of the tokens of `paged` named by `tiles` (`[n_tiles, 2]`: first token, count
+/// 1..=16; a tile's tokens share one sequence); tokens outside the tiles are left as they are.
+/// The host guarantees each tile's positions are covered by its block table and
+/// `pos[t] < bt_stride * block_size`.
 pub struct PrefillAttention {
-    pub q: Dev<f32>,
-    pub k_cache: Dev<u16>,
-    pub v_cache: Dev<u16>,
-    pub block_tables: Dev<i32>,
-    pub tok_seq: Dev<i32>,
-    pub pos: Dev<i32>,
+    pub paged: PagedAttn,
     pub tiles: Dev<i32>,
-    pub out: Dev<f32>,
-    pub n_slots: usize,
-    pub n_seqs: usize,
-    pub n_tok: usize,
     pub n_tiles: usize,
-    pub n_heads: usize,
-    pub n_kv: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
-    pub bt_stride: usize,
-    pub q_stride: usize,
-    pub out_stride: usize,
 }
 
 impl PrefillAttention {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "attn_prefill";
-        let (hd, nh, nkv) = (self.head_dim, self.n_heads, self.n_kv);
+        let a = &self.paged;
+        let (hd, nh, nkv) = (a.head_dim, a.n_heads, a.n_kv);
         check(K, prefill_supported(nh, nkv, hd), || {
             format!("{nh} heads over {nkv} KV heads of size {hd} (head size 64 or 128, at most {MAX_GROUP} heads per KV head)")
         })?;
-        check(K, nh * hd <= self.q_stride && nh * hd <= self.out_stride, || "heads overlap the row stride".into())?;
-        check(K, self.block_size.is_power_of_two(), || format!("block size {} (a power of two)", self.block_size))?;
-        need(K, "q", self.q, extent(self.n_tok, self.q_stride, nh * hd))?;
-        need(K, "K cache", self.k_cache, self.n_slots * nkv * hd)?;
-        need(K, "V cache", self.v_cache, self.n_slots * nkv * hd)?;
-        need(K, "block tables", self.block_tables, self.n_seqs * self.bt_stride)?;
-        need(K, "token sequences", self.tok_seq, self.n_tok)?;
-        need(K, "positions", self.pos, self.n_tok)?;
+        a.check(K)?;
         need(K, "tiles", self.tiles, 2 * self.n_tiles)?;
-        need(K, "output", self.out, extent(self.n_tok, self.out_stride, nh * hd))?;
         if self.n_tiles == 0 {
             return Ok(());
         }
         let group = nh / nkv;
         let p = PrefillParams {
-            q: self.q.ptr,
-            k_cache: self.k_cache.ptr,
-            v_cache: self.v_cache.ptr,
-            block_tables: self.block_tables.ptr,
-            tok_seq: self.tok_seq.ptr,
-            pos: self.pos.ptr,
+            q: a.q.ptr,
+            k_cache: a.k_cache.ptr,
+            v_cache: a.v_cache.ptr,
+            block_tables: a.block_tables.ptr,
+            tok_seq: a.tok_seq.ptr,
+            pos: a.pos.ptr,
             tiles: self.tiles.ptr,
-            out: self.out.ptr,
+            out: a.out.ptr,
             n_heads: i32_of(K, nh)?,
             n_kv: i32_of(K, nkv)?,
-            block_size: i32_of(K, self.block_size)?,
-            bt_stride: i32_of(K, self.bt_stride)?,
-            q_stride: i32_of(K, self.q_stride)?,
-            out_stride: i32_of(K, self.out_stride)?,
+            block_size: i32_of(K, a.block_size)?,
+            bt_stride: i32_of(K, a.bt_stride)?,
+            q_stride: i32_of(K, a.q_stride)?,
+            out_stride: i32_of(K, a.out_stride)?,
             scale: 1.0 / (hd as f32).sqrt(),
-            block_shift: self.block_size.trailing_zeros() as i32,
+            block_shift: a.block_size.trailing_zeros() as i32,
         };
         let entry = if hd == 64 { "attn_prefill_hd64" } else { "attn_prefill_hd128" };
         let grid = (i32_of(K, self.n_tiles)? as u32, nkv as u32, 1);

@@ -442,46 +442,17 @@ impl CudaBackend {
             }
             .launch(k, s)?;
             mark("qkv_post")?;
-            if f.n_single > 0 {
-                l::Attention {
-                    q: qkv,
-                    k_cache: kc,
-                    v_cache: vc,
-                    block_tables: meta.offset(lay.bt),
-                    tok_seq: meta.offset(lay.tok_seq),
-                    pos,
-                    part_o: ptr(&w.part_o, s),
-                    part_ml: ptr(&w.part_ml, s),
-                    out: att,
-                    n_slots,
-                    n_seqs: f.n_seqs,
-                    n_tok: f.n_single,
-                    n_heads: c.n_heads,
-                    n_kv: c.n_kv_heads,
-                    head_dim: hd,
-                    block_size: self.block_size,
-                    bt_stride: self.bt_stride,
-                    q_stride: qkv_w,
-                    out_stride: qd,
-                    max_len: f.max_len,
-                    n_splits: f.splits,
-                }
-                .launch(k, s)?;
-                mark("attention split")?;
-            }
-            PrefillAttention {
+            let paged = l::PagedAttn {
                 q: qkv,
                 k_cache: kc,
                 v_cache: vc,
                 block_tables: meta.offset(lay.bt),
                 tok_seq: meta.offset(lay.tok_seq),
                 pos,
-                tiles: meta.offset(lay.tiles),
                 out: att,
                 n_slots,
                 n_seqs: f.n_seqs,
                 n_tok: n,
-                n_tiles: f.n_tiles,
                 n_heads: c.n_heads,
                 n_kv: c.n_kv_heads,
                 head_dim: hd,
@@ -489,8 +460,15 @@ impl CudaBackend {
                 bt_stride: self.bt_stride,
                 q_stride: qkv_w,
                 out_stride: qd,
+            };
+            if f.n_single > 0 {
+                // The one-token chunks come first in the step (see `Flat`).
+                let paged = l::PagedAttn { n_tok: f.n_single, ..paged };
+                let (part_o, part_ml) = (ptr(&w.part_o, s), ptr(&w.part_ml, s));
+                l::Attention { paged, part_o, part_ml, max_len: f.max_len, n_splits: f.splits }.launch(k, s)?;
+                mark("attention split")?;
             }
-            .launch(k, s)?;
+            PrefillAttention { paged, tiles: meta.offset(lay.tiles), n_tiles: f.n_tiles }.launch(k, s)?;
             if f.n_tiles > 0 {
                 mark("attention prefill")?;
             }
