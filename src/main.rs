@@ -291,8 +291,8 @@ fn pick_device(s: &str) -> Result<Device> {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Tokenize(a) => {
-            let m = common::load(&a.model)?;
-            let errors = tokenize::run(&m.tokenizer, &a.input, &a.output)?;
+            let t = common::load_tokenizer(&a.model)?;
+            let errors = tokenize::run(&t.tokenizer, &a.input, &a.output)?;
             Ok(if errors > 0 { ExitCode::from(3) } else { ExitCode::SUCCESS })
         }
         Cmd::Run(a) => {

@@ -288,3 +288,31 @@ fn bench_build_from_gguf() {
         }
     }
 }
+
+/// llama.cpp's vocabulary test for the `qwen35` pre-tokenizer (shared/testdata/qwen35-vocab):
+/// a vocab-only GGUF (no tensors), texts separated by `__ggml_vocab_test__` lines, and
+/// llama.cpp's ids for each text (one line per text, no BOS).
+#[test]
+fn qwen35_pre_tokenizer_matches_llama_cpp() {
+    let dir = root().join("../shared/testdata/qwen35-vocab");
+    let gguf = dir.join("ggml-vocab-qwen35.gguf");
+    let tok = dustoff::model::loader::load_tokenizer(&gguf)
+        .unwrap_or_else(|e| panic!("vocab-only GGUF {}: {e}", gguf.display()))
+        .tokenizer;
+    let inp = std::fs::read_to_string(dir.join("ggml-vocab-qwen35.gguf.inp")).unwrap();
+    let out = std::fs::read_to_string(dir.join("ggml-vocab-qwen35.gguf.out")).unwrap();
+    let texts: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
+    // The file ends with a separator: the last piece is empty and is no case.
+    let texts = &texts[..texts.len() - 1];
+    let wants: Vec<&str> = out.split('\n').collect();
+    assert!(texts.len() >= 40 && wants.len() > texts.len(), "{} texts, {} id lines", texts.len(), wants.len());
+    let mut failures = Vec::new();
+    for (i, (text, want)) in texts.iter().zip(&wants).enumerate() {
+        let want: Vec<u32> = want.split_whitespace().map(|t| t.parse().unwrap()).collect();
+        let got = tok.encode(text, false, false).unwrap();
+        if got != want {
+            failures.push(format!("case {i} {text:?}: got {got:?}\n  want {want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases differ:\n{}", failures.len(), texts.len(), failures.join("\n"));
+}

@@ -60,6 +60,13 @@ pub fn make_backend(
     }
 }
 
+/// The tokenizer alone (vocab-only GGUFs work): for commands that run no model.
+pub fn load_tokenizer(path: &Path) -> Result<crate::model::loader::LoadedTokenizer> {
+    let t = crate::model::loader::load_tokenizer(path).context("loading the tokenizer")?;
+    eprintln!("tokenizer: {} (vocab {})", path.display(), t.tokenizer.vocab_size());
+    Ok(t)
+}
+
 pub fn load(path: &Path) -> Result<LoadedModel> {
     let t = std::time::Instant::now();
     let m = load_model(path).context("loading the model")?;

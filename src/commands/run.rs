@@ -87,14 +87,15 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     if let Some(s) = shard {
         eprintln!("shard {s} (records picked by a stable hash of their id)");
     }
-    let m = common::load(&a.model)?;
-    let codec = TokenizerCodec(&m.tokenizer);
-
     if a.dry_run {
-        let r = crate::job::dry_run::dry_run(&job, &inputs, shard, &codec, common::BLOCK_SIZE)?;
+        // Only the tokenizer: a dry run works with a vocab-only GGUF too.
+        let t = common::load_tokenizer(&a.model)?;
+        let r = crate::job::dry_run::dry_run(&job, &inputs, shard, &TokenizerCodec(&t.tokenizer), common::BLOCK_SIZE)?;
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(ExitCode::Ok);
     }
+    let m = common::load(&a.model)?;
+    let codec = TokenizerCodec(&m.tokenizer);
 
     // KV room: every slot can hold its longest prompt and its generation.
     let (max_in, max_out) = match &job {

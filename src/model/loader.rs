@@ -44,6 +44,40 @@ impl std::fmt::Debug for LoadedModel {
     }
 }
 
+/// A model's tokenizer without its weights: what `tokenize` and `run --dry-run` need. Works on
+/// vocab-only GGUFs (llama.cpp's `ggml-vocab-*.gguf`, no tensors) and on HF directories whose
+/// weights are absent or not yet supported.
+pub struct LoadedTokenizer {
+    pub path: PathBuf,
+    pub tokenizer: Tokenizer,
+    /// Identifies the vocabulary file for job fingerprints (the same hash `load_model` gives for a
+    /// GGUF: size, metadata keys and tensor table).
+    pub fingerprint: [u8; 32],
+}
+
+pub fn load_tokenizer(path: &Path) -> Result<LoadedTokenizer, LoadError> {
+    if !path.exists() {
+        return Err(LoadError::NotFound(path.to_path_buf()));
+    }
+    let tok_err = |source| LoadError::Tokenizer { path: path.to_path_buf(), source };
+    if path.is_dir() {
+        if !path.join(super::hf::CONFIG_FILE).is_file() {
+            return Err(LoadError::Directory(path.to_path_buf()));
+        }
+        let tokenizer = Tokenizer::from_hf_dir(path).map_err(tok_err)?;
+        // Only the tokenizer matters to the callers: hash its file.
+        let mut h = blake3::Hasher::new();
+        h.update(b"hf-tokenizer");
+        if let Ok(bytes) = std::fs::read(path.join("tokenizer.json")) {
+            h.update(&bytes);
+        }
+        return Ok(LoadedTokenizer { path: path.to_path_buf(), tokenizer, fingerprint: *h.finalize().as_bytes() });
+    }
+    let g = GgufFile::open(path)?;
+    let tokenizer = Tokenizer::from_gguf(&g).map_err(tok_err)?;
+    Ok(LoadedTokenizer { path: path.to_path_buf(), tokenizer, fingerprint: gguf_fingerprint(&g) })
+}
+
 pub fn load_model(path: &Path) -> Result<LoadedModel, LoadError> {
     if !path.exists() {
         return Err(LoadError::NotFound(path.to_path_buf()));

@@ -52,13 +52,17 @@ impl ChatEnv {
         add_generation_prompt: bool,
         bos_token: &str,
         eos_token: &str,
+        enable_thinking: bool,
     ) -> Result<String, TokenizerError> {
         let tmpl = self.env.get_template(TEMPLATE_NAME)?;
+        // `enable_thinking` is read by the Qwen3 / Qwen3.5+ templates (false: an empty think
+        // block opens the answer, so the model answers directly); other templates ignore it.
         let ctx = minijinja::context! {
             messages => Value::from_serialize(messages),
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
             eos_token => eos_token,
+            enable_thinking => enable_thinking,
         };
         Ok(tmpl.render(ctx)?)
     }
@@ -230,9 +234,26 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 mod tests {
     use super::*;
 
+    /// The shape of the Qwen3 template's generation prompt (written here, not copied): with
+    /// thinking off it opens the answer with an empty think block.
+    const THINKING_TEMPLATE: &str =
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}\
+<think>\n\n</think>\n\n{% endif %}{% endif %}";
+
+    #[test]
+    fn thinking_is_off_unless_asked() {
+        let env = ChatEnv::new(THINKING_TEMPLATE).unwrap();
+        let msgs = [ChatMessage::new("user", "Hi")];
+        let off = env.render(&msgs, true, "", "", false).unwrap();
+        assert_eq!(off, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+        let on = env.render(&msgs, true, "", "", true).unwrap();
+        assert_eq!(on, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
     fn render(template: &str) -> Result<String, TokenizerError> {
         let msgs = [ChatMessage::new("system", "  be brief  "), ChatMessage::new("user", "Hi")];
-        ChatEnv::new(template)?.render(&msgs, true, "<s>", "</s>")
+        ChatEnv::new(template)?.render(&msgs, true, "<s>", "</s>", false)
     }
 
     #[test]

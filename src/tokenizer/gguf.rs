@@ -12,6 +12,9 @@
 //!   whole words found in the vocabulary skip the merges (`ignore_merges`);
 //! - `qwen2` family (`deepseek-r1-qwen`, `stablelm2`, `megrez`): as llama-bpe but every digit
 //!   on its own. (The HF tokenizer also applies NFC; llama.cpp does not, and neither do we.)
+//! - `qwen35` (Qwen3.5 and later): as qwen2, but combining marks (`\p{M}`) count as letters:
+//!   they join the letter run before them instead of starting a symbol run, so a decomposed
+//!   "e" + U+0301 stays one word.
 
 use std::path::Path;
 
@@ -34,11 +37,16 @@ const TYPE_USER_DEFINED: i64 = 4;
 /// leading character that is neither letter, digit nor newline; digit groups; a symbol run
 /// (optionally after one space) with the newlines that follow it; whitespace ending in
 /// newlines; whitespace not followed by a non-space (trailing); any whitespace run.
-fn llama3_style_regex(digits: &str) -> String {
+/// `letter` is the class of a word's characters: `\p{L}`, or `\p{L}\p{M}` for Qwen3.5, where
+/// combining marks belong to the word (and so are left out of the symbol class too).
+fn llama3_style_regex(digits: &str, letter: &str) -> String {
     format!(
-        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}{digits}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{{L}}\p{{N}}]?[{letter}]+|\p{{N}}{digits}| ?[^\s{letter}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
     )
 }
+
+const LETTERS: &str = r"\p{L}";
+const LETTERS_AND_MARKS: &str = r"\p{L}\p{M}";
 
 /// How a `tokenizer.ggml.pre` name splits text into words.
 enum PreKind {
@@ -51,18 +59,19 @@ enum PreKind {
 }
 
 const KNOWN_PRE: &str = "default, gpt2, mpt, olmo, jais, smollm, starcoder, refact, command-r, codeshell, \
-exaone, minerva, llama-bpe, llama3, llama-v3, falcon3, pixtral, qwen2, deepseek-r1-qwen, stablelm2, megrez";
+exaone, minerva, llama-bpe, llama3, llama-v3, falcon3, pixtral, qwen2, deepseek-r1-qwen, stablelm2, megrez, qwen35";
 
 fn pre_kind(pre: &str) -> Option<PreKind> {
     Some(match pre {
         "default" | "gpt2" | "mpt" | "olmo" | "jais" => PreKind::Gpt2,
         "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva" => PreKind::DigitsThenGpt2,
         "llama-bpe" | "llama3" | "llama-v3" | "falcon3" | "pixtral" => {
-            PreKind::Regex { regex: llama3_style_regex("{1,3}"), ignore_merges: true }
+            PreKind::Regex { regex: llama3_style_regex("{1,3}", LETTERS), ignore_merges: true }
         }
         "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "megrez" => {
-            PreKind::Regex { regex: llama3_style_regex(""), ignore_merges: false }
+            PreKind::Regex { regex: llama3_style_regex("", LETTERS), ignore_merges: false }
         }
+        "qwen35" => PreKind::Regex { regex: llama3_style_regex("", LETTERS_AND_MARKS), ignore_merges: false },
         _ => return None,
     })
 }

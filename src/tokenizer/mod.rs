@@ -336,12 +336,24 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
-    /// Renders the model's chat template (Jinja, HF conventions). A model without a template
-    /// is an error ([`TokenizerError::NoChatTemplate`]); there is no silent fallback.
+    /// Renders the model's chat template (Jinja, HF conventions) with thinking off: batch jobs
+    /// want the answer, not a reasoning trace (Qwen3 / Qwen3.5+ templates read
+    /// `enable_thinking`). A model without a template is an error
+    /// ([`TokenizerError::NoChatTemplate`]); there is no silent fallback.
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        self.apply_chat_template_thinking(messages, add_generation_prompt, false)
+    }
+
+    /// As [`Self::apply_chat_template`], with `enable_thinking` chosen by the caller.
+    pub fn apply_chat_template_thinking(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        enable_thinking: bool,
     ) -> Result<String, TokenizerError> {
         let env = match &self.chat_env {
             None => return Err(TokenizerError::NoChatTemplate),
@@ -353,6 +365,7 @@ impl Tokenizer {
             add_generation_prompt,
             self.bos_text.as_deref().unwrap_or(""),
             self.eos_text.as_deref().unwrap_or(""),
+            enable_thinking,
         )
     }
 }
