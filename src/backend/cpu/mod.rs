@@ -4,6 +4,7 @@
 mod attn;
 #[cfg(test)]
 mod bench_tests;
+pub mod deltanet;
 mod gemv;
 pub mod matmul;
 pub mod ops;
