@@ -150,9 +150,14 @@ struct BenchArgs {
     /// smollm2-135m, qwen3-0.6b.
     #[arg(long)]
     synthetic: Option<String>,
-    /// Weight type of a synthetic model: f16, q8_0, q4_0, q4_1, q4_k...
+    /// Weight type of a synthetic model: f16, q8_0, q4_0, q4_1, q4_k... (on a GPU also q4_k_m,
+    /// llama.cpp's mix of Q4_K and Q6_K).
     #[arg(long, default_value = "f16")]
     dtype: String,
+    /// GPU weights: `native` keeps block formats packed (quantized kernels); `f16` widens them
+    /// to F16 at load (the older path, for comparison).
+    #[arg(long, default_value = "native", value_parser = ["native", "f16"])]
+    weights: String,
     /// cpu, cuda, cuda:N, or auto.
     #[arg(long, default_value = "auto")]
     device: String,
@@ -360,15 +365,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Some(shape) => format!("synthetic {shape} {}", a.dtype),
                 None => a.model.display().to_string(),
             };
+            let f16_weights = a.weights == "f16";
             let make = |tokens: usize| -> Result<Box<dyn dustoff::backend::Backend>> {
                 match (&a.synthetic, &loaded) {
                     (Some(shape), _) => {
-                        let dtype = common::parse_dtype(&a.dtype)?;
+                        let dtype = if f16_weights { "f16" } else { a.dtype.as_str() };
                         common::make_synthetic_backend(shape, dtype, &device, tokens, a.ptx_dir.as_deref())
                     }
-                    (None, Some(m)) => {
-                        common::make_backend(&m.config, &m.weights, &device, tokens, a.ptx_dir.as_deref())
-                    }
+                    (None, Some(m)) => common::make_backend_weights(
+                        &m.config,
+                        &m.weights,
+                        &device,
+                        tokens,
+                        a.ptx_dir.as_deref(),
+                        f16_weights,
+                    ),
                     (None, None) => unreachable!("a model is loaded when no shape is given"),
                 }
             };

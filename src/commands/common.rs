@@ -44,6 +44,19 @@ pub fn make_backend(
     tokens: usize,
     ptx_dir: Option<&Path>,
 ) -> Result<Box<dyn Backend>> {
+    make_backend_weights(cfg, w, device, tokens, ptx_dir, false)
+}
+
+/// As [`make_backend`]; `f16_weights`: on a GPU, widen block-format weights to F16 at load
+/// (`bench --weights f16`) instead of keeping them packed.
+pub fn make_backend_weights(
+    cfg: &crate::model::config::ModelConfig,
+    w: &crate::model::weights::ModelWeights,
+    device: &Device,
+    tokens: usize,
+    ptx_dir: Option<&Path>,
+    f16_weights: bool,
+) -> Result<Box<dyn Backend>> {
     let blocks = tokens.div_ceil(BLOCK_SIZE).max(1);
     match *device {
         Device::Cpu => Ok(Box::new(CpuBackend::new(cfg.clone(), w.clone(), blocks, BLOCK_SIZE))),
@@ -52,7 +65,7 @@ pub fn make_backend(
             if ordinal >= n {
                 bail!("device cuda:{ordinal} requested, but {n} CUDA device(s) are usable here; use --device cpu");
             }
-            let opts = cuda_options(ordinal, blocks, ptx_dir);
+            let opts = crate::backend::cuda::CudaOptions { f16_weights, ..cuda_options(ordinal, blocks, ptx_dir) };
             let b = crate::backend::cuda::backend::CudaBackend::new(cfg.clone(), w, &opts)
                 .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
             Ok(Box::new(b))
@@ -93,14 +106,16 @@ fn cuda_options(ordinal: usize, blocks: usize, ptx_dir: Option<&Path>) -> crate:
         ptx_dir: ptx_dir.map(Path::to_path_buf),
         // RoPE tables cover every position the KV cache can hold.
         max_positions: blocks * BLOCK_SIZE,
+        f16_weights: false,
     }
 }
 
-/// A random-weight model of a named shape on `device`. On a GPU the weights are generated there
-/// (F16 only), so an 8B shape takes seconds, not a 16 GB host buffer.
+/// A random-weight model of a named shape on `device`, weights of type `dtype` (`f16`, `q8_0`,
+/// ..., or on a GPU also `q4_k_m`, llama.cpp's mix). On a GPU the weights are generated there,
+/// so an 8B shape takes seconds, not a 16 GB host buffer.
 pub fn make_synthetic_backend(
     shape: &str,
-    dtype: crate::model::quant::GgmlType,
+    dtype: &str,
     device: &Device,
     tokens: usize,
     ptx_dir: Option<&Path>,
@@ -110,15 +125,16 @@ pub fn make_synthetic_backend(
     })?;
     match *device {
         Device::Cpu => {
-            let w = crate::model::synth::random_weights(&cfg, dtype, 1);
+            let w = crate::model::synth::random_weights(&cfg, parse_dtype(dtype)?, 1);
             make_backend(&cfg, &w, device, tokens, ptx_dir)
         }
         Device::Cuda(ordinal) => {
-            if dtype != crate::model::quant::GgmlType::F16 {
-                bail!("synthetic weights on the GPU are F16 (the CUDA backend computes in F16); use --dtype f16");
-            }
+            use crate::backend::cuda::WeightMix;
+            let mix = WeightMix::parse(dtype).ok_or_else(|| {
+                anyhow::anyhow!("--dtype {dtype}: synthetic GPU weights are f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k or q4_k_m")
+            })?;
             let opts = cuda_options(ordinal, tokens.div_ceil(BLOCK_SIZE).max(1), ptx_dir);
-            let b = crate::backend::cuda::backend::CudaBackend::synthetic(cfg, 1, &opts)
+            let b = crate::backend::cuda::backend::CudaBackend::synthetic_mix(cfg, mix, 1, &opts)
                 .with_context(|| format!("making a synthetic {shape} on cuda:{ordinal}"))?;
             Ok(Box::new(b))
         }

@@ -9,6 +9,7 @@
 
 mod attention;
 mod bench;
+mod quant;
 #[path = "../common/mod.rs"]
 mod common;
 
@@ -46,6 +47,51 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("qkv_post_f32", 1e-6),
     ("gemv_swiglu_f16", 1e-6),
     ("graph_replay", 0.0),
+    // Quantized weights: the GEMV on the packed blocks sums the CPU decoder's f32 values in
+    // another order (1e-6 scale); the widened path rounds weights and input to F16 (2^-11
+    // relative each, random signs) before the tensor-core GEMM / cuBLAS; the dequantized F16
+    // matrix and the embedding rows differ from the CPU decoder only where an fma rounds once
+    // instead of twice (Q4_1/Q5_1 d*q + m, K-quant d*sc*q - dmin*m).
+    ("gemv_q4_0", 1e-5),
+    ("gemv_q4_1", 1e-5),
+    ("gemv_q5_0", 1e-5),
+    ("gemv_q5_1", 1e-5),
+    ("gemv_q8_0", 1e-5),
+    ("gemv_q4_k", 1e-5),
+    ("gemv_q5_k", 1e-5),
+    ("gemv_q6_k", 1e-5),
+    ("wide_q4_0", 2e-3),
+    ("wide_q4_1", 2e-3),
+    ("wide_q5_0", 2e-3),
+    ("wide_q5_1", 2e-3),
+    ("wide_q8_0", 2e-3),
+    ("wide_q4_k", 2e-3),
+    ("wide_q5_k", 2e-3),
+    ("wide_q6_k", 2e-3),
+    ("swiglu_q4_0", 1e-5),
+    ("swiglu_q4_1", 1e-5),
+    ("swiglu_q5_0", 1e-5),
+    ("swiglu_q5_1", 1e-5),
+    ("swiglu_q8_0", 1e-5),
+    ("swiglu_q4_k", 1e-5),
+    ("swiglu_q5_k", 1e-5),
+    ("swiglu_q6_k", 1e-5),
+    ("dequant_q4_0", 0.0),
+    ("dequant_q4_1", 1e-4),
+    ("dequant_q5_0", 0.0),
+    ("dequant_q5_1", 1e-4),
+    ("dequant_q8_0", 0.0),
+    ("dequant_q4_k", 1e-4),
+    ("dequant_q5_k", 1e-4),
+    ("dequant_q6_k", 0.0),
+    ("embedding_q4_0", 0.0),
+    ("embedding_q4_1", 1e-6),
+    ("embedding_q5_0", 0.0),
+    ("embedding_q5_1", 1e-6),
+    ("embedding_q8_0", 0.0),
+    ("embedding_q4_k", 1e-6),
+    ("embedding_q5_k", 1e-6),
+    ("embedding_q6_k", 0.0),
     ("cuda_vs_cpu_logits", 2e-2),
 ];
 
@@ -439,7 +485,7 @@ fn sample_model_greedy_matches_f64_reference() {
     use dustoff::engine::sampler::argmax;
     use dustoff::engine::single::SingleSeq;
     let m = common::sample_model();
-    let opts = CudaOptions { ordinal: 0, num_blocks: 64, block_size: 16, ptx_dir: None, max_positions: 1024 };
+    let opts = CudaOptions { ordinal: 0, num_blocks: 64, block_size: 16, ptx_dir: None, max_positions: 1024, f16_weights: false };
     let mut b = CudaBackend::new(m.config.clone(), &m.weights, &opts).expect("CUDA backend on the sample model");
     eprintln!("weights clamped to F16: {}", b.clamped_weights);
     for case in common::read_cases("greedy_cases.jsonl") {
@@ -621,7 +667,7 @@ fn gemv_swiglu_equals_gemv_then_silu_mul() {
 }
 
 fn opts(blocks: usize) -> CudaOptions {
-    CudaOptions { ordinal: 0, num_blocks: blocks, block_size: 16, ptx_dir: None, max_positions: blocks * 16 }
+    CudaOptions { ordinal: 0, num_blocks: blocks, block_size: 16, ptx_dir: None, max_positions: blocks * 16, f16_weights: false }
 }
 
 /// Runs `prompt` then `steps` greedy decode steps; returns every step's logits.

@@ -14,17 +14,17 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::device::CudaDevice;
-use super::fused::FillUniform;
 use super::kernels::{Kernels, PtxSource};
-use super::launch::Dev;
-use super::memory::plan_memory;
-use super::weights::{stack_f16, tensor_to_f16};
+use super::dmat::{DevMat, Linear};
+use super::memory::{f16_matrix_bytes, plan_memory};
+use super::qformat::{check_tensor, more_bits_layer, QFormat};
 use super::CudaError;
 use crate::backend::cpu::ops::rope_table;
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::StepPlan;
 use crate::model::config::{Arch, ModelConfig};
-use crate::model::weights::ModelWeights;
+use crate::model::quant::GgmlType;
+use crate::model::weights::{ModelWeights, Tensor};
 
 /// Tokens one step is planned for in the memory check (the engine's prefill chunk).
 pub const PLANNED_BATCH_TOKENS: usize = 512;
@@ -39,6 +39,9 @@ pub struct CudaOptions {
     pub ptx_dir: Option<PathBuf>,
     /// Positions the RoPE tables cover (the longest sequence a plan may reach).
     pub max_positions: usize,
+    /// `--weights f16`: widen block-format weights to F16 at load (the path before quantized
+    /// kernels, kept for comparison) instead of keeping them packed.
+    pub f16_weights: bool,
 }
 
 /// The environment variable that turns CUDA-graph replay of decode steps off (`0`).
@@ -46,14 +49,14 @@ pub const GRAPHS_ENV: &str = "DUSTOFF_CUDA_GRAPHS";
 
 pub(super) struct LayerW {
     pub attn_norm: CudaSlice<f32>,      // [dim]
-    pub wqkv: CudaSlice<u16>,           // [q_dim + 2 kv_dim, dim] f16
+    pub wqkv: Linear,                   // [q_dim + 2 kv_dim, dim]
     pub bqkv: Option<CudaSlice<f32>>,   // [q_dim + 2 kv_dim]
     pub q_norm: Option<CudaSlice<f32>>, // [head_dim]
     pub k_norm: Option<CudaSlice<f32>>, // [head_dim]
-    pub wo: CudaSlice<u16>,             // [dim, q_dim] f16
+    pub wo: Linear,                     // [dim, q_dim]
     pub ffn_norm: CudaSlice<f32>,       // [dim]
-    pub wgu: CudaSlice<u16>,            // [2 ffn, dim] f16: gate rows then up rows
-    pub wdown: CudaSlice<u16>,          // [dim, ffn] f16
+    pub wgu: Linear,                    // [2 ffn, dim]: gate rows then up rows
+    pub wdown: Linear,                  // [dim, ffn]
     pub k_cache: CudaSlice<u16>,        // [num_blocks, block_size, n_kv, head_dim] f16
     pub v_cache: CudaSlice<u16>,        // same
 }
@@ -93,8 +96,11 @@ pub struct CudaBackend {
     pub(super) kernels: Kernels,
     pub(super) blas: CudaBlas,
     pub(super) layers: Vec<LayerW>,
-    pub(super) embd: CudaSlice<u16>,           // [vocab, dim] f16
-    pub(super) output: Option<CudaSlice<u16>>, // [vocab, dim] f16; None: tied to embd
+    pub(super) embd: Linear,                   // [vocab, dim], one part
+    pub(super) output: Option<Linear>,         // [vocab, dim]; None: tied to embd
+    /// F16 scratch `[largest layer matrix]` that quantized matrices are widened into for steps
+    /// of more than 8 tokens (None when every matrix is F16).
+    pub(super) wide: Option<CudaSlice<u16>>,
     pub(super) output_norm: CudaSlice<f32>,    // [dim]
     pub(super) rope_cos: CudaSlice<f32>,       // [max_pos, head_dim / 2]
     pub(super) rope_sin: CudaSlice<f32>,
@@ -118,6 +124,8 @@ pub struct CudaBackend {
     pub clamped_weights: u64,
     /// Bytes of weights on the device.
     pub weight_bytes: usize,
+    /// Matrices per weight format (`Q4_K: 217`, ...), for the log line.
+    pub formats: Vec<(crate::model::quant::GgmlType, usize)>,
     /// Bytes of weights one decode step reads (every matrix, the head, one embedding row).
     pub(super) decode_bytes: u64,
     /// Most device memory seen in use (total - free), read after every allocation.
@@ -139,18 +147,19 @@ pub(super) fn zeros<T: DeviceRepr + ValidAsZeroBits>(
 /// Weights on the device, before the backend is assembled.
 struct Parts {
     layers: Vec<LayerW>,
-    embd: CudaSlice<u16>,
-    output: Option<CudaSlice<u16>>,
+    embd: Linear,
+    output: Option<Linear>,
     output_norm: CudaSlice<f32>,
     rope_freq_factors: Option<Vec<f32>>,
     clamped: u64,
-    bytes: usize,
 }
 
-/// Device, kernels and cuBLAS, after the memory plan was checked against the free memory.
-fn open(cfg: &ModelConfig, opts: &CudaOptions) -> Result<(CudaDevice, Kernels, CudaBlas), CudaError> {
+/// Device, kernels and cuBLAS, after the memory plan (`matrix_bytes` of weight matrices on the
+/// device) was checked against the free memory.
+fn open(cfg: &ModelConfig, opts: &CudaOptions, matrix_bytes: u64) -> Result<(CudaDevice, Kernels, CudaBlas), CudaError> {
     let dev = CudaDevice::new(opts.ordinal)?;
-    let plan = plan_memory(cfg, 2, opts.num_blocks, opts.block_size, PLANNED_BATCH_TOKENS);
+    let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
+    let plan = plan_memory(cfg, matrix_bytes, wide, opts.num_blocks, opts.block_size, PLANNED_BATCH_TOKENS);
     let (free, _) = dev.mem_info()?;
     plan.check(free as u64, &dev.describe(), opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
@@ -175,14 +184,30 @@ fn qkv_bias(c: &ModelConfig, bq: &Option<Vec<f32>>, bk: &Option<Vec<f32>>, bv: &
 
 impl CudaBackend {
     pub fn new(cfg: ModelConfig, w: &ModelWeights, opts: &CudaOptions) -> Result<Self, CudaError> {
-        let (dev, kernels, blas) = open(&cfg, opts)?;
+        // Every matrix is checked (shape, bytes, row length) before anything is allocated.
+        let mut mats: Vec<&Tensor> = vec![&w.token_embd];
+        if !cfg.tied_embeddings {
+            mats.push(&w.output);
+        }
+        for lw in &w.layers {
+            mats.extend([&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down]);
+        }
+        let mut matrix_bytes = 0u64;
+        for t in &mats {
+            check_tensor(t)?;
+            matrix_bytes += match QFormat::of(t.dtype).filter(|_| !opts.f16_weights) {
+                Some(f) => f.device_bytes(t.rows, t.cols).1 as u64,
+                None => (t.rows * t.cols * 2) as u64,
+            };
+        }
+        let (dev, kernels, blas) = open(&cfg, opts, matrix_bytes)?;
         let s = &dev.stream;
+        let f16 = opts.f16_weights;
         let mut clamped = 0u64;
-        let mut bytes = 0usize;
-        let mut put16 = |v: (Vec<u16>, u64), what: &str| -> Result<CudaSlice<u16>, CudaError> {
-            clamped += v.1;
-            bytes += v.0.len() * 2;
-            up(s, &v.0, what)
+        let mut put = |ts: &[&Tensor], what: &str| -> Result<Linear, CudaError> {
+            let (l, c) = Linear::upload(s, ts, f16, what)?;
+            clamped += c;
+            Ok(l)
         };
         let c = &cfg;
         let slots = opts.num_blocks * opts.block_size * c.kv_dim();
@@ -192,23 +217,22 @@ impl CudaBackend {
             let bqkv = qkv_bias(c, &lw.bq, &lw.bk, &lw.bv).map(|b| up(s, &b, &name("qkv bias"))).transpose()?;
             layers.push(LayerW {
                 attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
-                wqkv: put16(stack_f16(&[&lw.wq, &lw.wk, &lw.wv])?, &name("wqkv"))?,
+                wqkv: put(&[&lw.wq, &lw.wk, &lw.wv], &name("wqkv"))?,
                 bqkv,
                 q_norm: lw.q_norm.as_ref().map(|v| up(s, v, &name("q_norm"))).transpose()?,
                 k_norm: lw.k_norm.as_ref().map(|v| up(s, v, &name("k_norm"))).transpose()?,
-                wo: put16(tensor_to_f16(&lw.wo)?, &name("wo"))?,
+                wo: put(&[&lw.wo], &name("wo"))?,
                 ffn_norm: up(s, &lw.ffn_norm, &name("ffn_norm"))?,
-                wgu: put16(stack_f16(&[&lw.w_gate, &lw.w_up])?, &name("gate/up"))?,
-                wdown: put16(tensor_to_f16(&lw.w_down)?, &name("w_down"))?,
+                wgu: put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?,
+                wdown: put(&[&lw.w_down], &name("w_down"))?,
                 k_cache: zeros(s, slots, &name("K cache"))?,
                 v_cache: zeros(s, slots, &name("V cache"))?,
             });
         }
-        let embd = put16(tensor_to_f16(&w.token_embd)?, "token_embd")?;
-        let output = if c.tied_embeddings { None } else { Some(put16(tensor_to_f16(&w.output)?, "output")?) };
+        let embd = put(&[&w.token_embd], "token_embd")?;
+        let output = if c.tied_embeddings { None } else { Some(put(&[&w.output], "output")?) };
         let output_norm = up(s, &w.output_norm, "output_norm")?;
-        let parts =
-            Parts { layers, embd, output, output_norm, rope_freq_factors: w.rope_freq_factors.clone(), clamped, bytes };
+        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors: w.rope_freq_factors.clone(), clamped };
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
     }
 
@@ -216,22 +240,38 @@ impl CudaBackend {
     /// +-sqrt(3 / cols), like `model::synth`; norms 1; Qwen2 biases in +-0.1), so benchmarks of
     /// 8B shapes need no host copy of the weights. Deterministic for a seed and device.
     pub fn synthetic(cfg: ModelConfig, seed: u64, opts: &CudaOptions) -> Result<Self, CudaError> {
-        let (dev, mut kernels, blas) = open(&cfg, opts)?;
-        let s = &dev.stream;
+        Self::synthetic_mix(cfg, WeightMix::Uniform(GgmlType::F16), seed, opts)
+    }
+
+    /// As [`CudaBackend::synthetic`], with the weight formats of `mix`: block formats get random
+    /// codes and realistic scales (`DevMat::synthetic`), kept packed on the GPU.
+    pub fn synthetic_mix(cfg: ModelConfig, mix: WeightMix, seed: u64, opts: &CudaOptions) -> Result<Self, CudaError> {
         let c = &cfg;
+        let shapes = synthetic_shapes(c, mix);
+        let matrix_bytes = shapes
+            .iter()
+            .map(|&(t, r, k)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64)
+            .sum();
+        let (dev, mut kernels, blas) = open(&cfg, opts, matrix_bytes)?;
+        let s = &dev.stream;
         let mut rng = StdRng::seed_from_u64(seed);
         let mut n_mat = 0u64;
-        let mut bytes = 0usize;
-        let mut mat = |rows: usize, cols: usize, what: &str| -> Result<CudaSlice<u16>, CudaError> {
-            // SAFETY: every element is written by the fill kernel below before any read.
-            let buf = unsafe { s.alloc::<u16>((rows * cols).max(1)) }
-                .map_err(CudaError::driver(format!("allocating {what} ({rows}x{cols})")))?;
-            n_mat += 1;
-            bytes += rows * cols * 2;
-            let scale = (3.0 / cols.max(1) as f32).sqrt();
-            let seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(n_mat);
-            FillUniform { out: Dev::of(&buf, s), seed, scale }.launch(&mut kernels, s)?;
-            Ok(buf)
+        let mut shape_iter = shapes.into_iter();
+        // Parts of one format stack into one matrix, as `Linear::upload` stacks loaded tensors.
+        let mut lin = |n: usize, what: &str| -> Result<Linear, CudaError> {
+            let mut parts: Vec<DevMat> = Vec::new();
+            let mut pending: Vec<(GgmlType, usize, usize)> = (0..n).filter_map(|_| shape_iter.next()).collect();
+            while !pending.is_empty() {
+                let t = pending[0].0;
+                let k = pending.iter().take_while(|p| p.0 == t).count();
+                let rows = pending[..k].iter().map(|p| p.1).sum();
+                let cols = pending[0].2;
+                n_mat += 1;
+                let seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(n_mat);
+                parts.push(DevMat::synthetic(s, &mut kernels, t, rows, cols, seed, what)?);
+                pending.drain(..k);
+            }
+            Ok(Linear { parts })
         };
         let ones = |n: usize, what: &str| up(s, &vec![1.0f32; n], what);
         let slots = opts.num_blocks * opts.block_size * c.kv_dim();
@@ -247,23 +287,23 @@ impl CudaBackend {
             let qk = c.arch == Arch::Qwen3;
             layers.push(LayerW {
                 attn_norm: ones(c.dim, &name("attn_norm"))?,
-                wqkv: mat(c.q_dim() + 2 * c.kv_dim(), c.dim, &name("wqkv"))?,
+                wqkv: lin(3, &name("wqkv"))?,
                 bqkv,
                 q_norm: if qk { Some(ones(c.head_dim, &name("q_norm"))?) } else { None },
                 k_norm: if qk { Some(ones(c.head_dim, &name("k_norm"))?) } else { None },
-                wo: mat(c.dim, c.q_dim(), &name("wo"))?,
+                wo: lin(1, &name("wo"))?,
                 ffn_norm: ones(c.dim, &name("ffn_norm"))?,
-                wgu: mat(2 * c.ffn_dim, c.dim, &name("gate/up"))?,
-                wdown: mat(c.dim, c.ffn_dim, &name("w_down"))?,
+                wgu: lin(2, &name("gate/up"))?,
+                wdown: lin(1, &name("w_down"))?,
                 k_cache: zeros(s, slots, &name("K cache"))?,
                 v_cache: zeros(s, slots, &name("V cache"))?,
             });
         }
-        let embd = mat(c.vocab_size, c.dim, "token_embd")?;
-        let output = if c.tied_embeddings { None } else { Some(mat(c.vocab_size, c.dim, "output")?) };
+        let embd = lin(1, "token_embd")?;
+        let output = if c.tied_embeddings { None } else { Some(lin(1, "output")?) };
         let output_norm = ones(c.dim, "output_norm")?;
         dev.synchronize()?;
-        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0, bytes };
+        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0 };
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
     }
 
@@ -286,8 +326,22 @@ impl CudaBackend {
         let (cos, sin) = rope_table(&positions, &inv_freq);
         let rope_cos = up(s, &cos, "RoPE cos table")?;
         let rope_sin = up(s, &sin, "RoPE sin table")?;
-        let per_layer = (c.q_dim() + 2 * c.kv_dim()) * c.dim + c.dim * c.q_dim() + 3 * c.ffn_dim * c.dim;
-        let decode_bytes = 2 * (c.n_layers * per_layer + c.vocab_size * c.dim + c.dim) as u64;
+        // What a decode step reads: every layer matrix, the head, one embedding row.
+        let embd_m = &p.embd.parts[0];
+        let head = p.output.as_ref().map_or(embd_m.bytes(), Linear::bytes);
+        let layer_bytes: u64 = p.layers.iter().map(|l| l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes()).sum();
+        let decode_bytes = layer_bytes + head + embd_m.row_bytes();
+        let weight_bytes = (layer_bytes + embd_m.bytes() + p.output.as_ref().map_or(0, Linear::bytes)) as usize;
+        let mut formats: Vec<(GgmlType, usize)> = Vec::new();
+        let all = p.layers.iter().flat_map(|l| [&l.wqkv, &l.wo, &l.wgu, &l.wdown]).chain([&p.embd]).chain(p.output.as_ref());
+        for m in all.flat_map(|l| &l.parts) {
+            match formats.iter_mut().find(|f| f.0 == m.format()) {
+                Some(f) => f.1 += 1,
+                None => formats.push((m.format(), 1)),
+            }
+        }
+        let quantized = formats.iter().any(|f| QFormat::of(f.0).is_some());
+        let wide = if quantized { Some(zeros::<u16>(s, wide_len(c), "F16 scratch of widened weights")?) } else { None };
         let use_graphs = std::env::var(GRAPHS_ENV).map_or(true, |v| v != "0");
         let mut b = CudaBackend {
             cfg,
@@ -296,6 +350,7 @@ impl CudaBackend {
             layers: p.layers,
             embd: p.embd,
             output: p.output,
+            wide,
             output_norm: p.output_norm,
             rope_cos,
             rope_sin,
@@ -310,7 +365,8 @@ impl CudaBackend {
             use_graphs,
             prof: super::profile::profiling_requested().then(|| super::profile::Profiler::new(dev.ctx.clone())),
             clamped_weights: p.clamped,
-            weight_bytes: p.bytes,
+            weight_bytes,
+            formats,
             decode_bytes,
             peak_used: 0,
             dev,
@@ -351,6 +407,64 @@ impl CudaBackend {
     }
 }
 
+/// Weight formats of a synthetic model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightMix {
+    /// Every matrix in one format.
+    Uniform(GgmlType),
+    /// llama.cpp's Q4_K_M: Q6_K for attn_v and ffn_down in the layers `more_bits_layer` picks
+    /// (half of them) and for the output head; Q4_K for everything else, the embedding included.
+    Q4KM,
+}
+
+impl WeightMix {
+    /// `f16`, `q8_0`, `q4_k`, ... or `q4_k_m`; `None` for other names.
+    pub fn parse(s: &str) -> Option<WeightMix> {
+        use GgmlType as T;
+        let t = match s.to_ascii_lowercase().as_str() {
+            "q4_k_m" => return Some(WeightMix::Q4KM),
+            "f16" => T::F16,
+            "q4_0" => T::Q4_0,
+            "q4_1" => T::Q4_1,
+            "q5_0" => T::Q5_0,
+            "q5_1" => T::Q5_1,
+            "q8_0" => T::Q8_0,
+            "q4_k" => T::Q4K,
+            "q5_k" => T::Q5K,
+            "q6_k" => T::Q6K,
+            _ => return None,
+        };
+        Some(WeightMix::Uniform(t))
+    }
+}
+
+/// (format, rows, cols) of every matrix of a synthetic model, in the order `synthetic_mix`
+/// makes them: per layer q, k, v, o, gate, up, down; then the embedding and an untied head.
+fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, usize)> {
+    let (base, more) = match mix {
+        WeightMix::Uniform(t) => (t, t),
+        WeightMix::Q4KM => (GgmlType::Q4K, GgmlType::Q6K),
+    };
+    let mut v = Vec::new();
+    for i in 0..c.n_layers {
+        let m = if more_bits_layer(i, c.n_layers) { more } else { base };
+        let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        v.extend([(base, q, d), (base, kv, d), (m, kv, d), (base, d, q), (base, f, d), (base, f, d), (m, d, f)]);
+    }
+    v.push((base, c.vocab_size, c.dim));
+    if !c.tied_embeddings {
+        v.push((more, c.vocab_size, c.dim));
+    }
+    v
+}
+
+/// Elements of the F16 scratch that quantized matrices are widened into: the largest layer
+/// matrix (the head goes through it in row chunks).
+fn wide_len(c: &ModelConfig) -> usize {
+    let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+    [(q + 2 * kv) * d, d * q, 2 * f * d, d * f, 128 * d].into_iter().max().unwrap_or(0)
+}
+
 impl Backend for CudaBackend {
     fn config(&self) -> &ModelConfig {
         &self.cfg
@@ -362,7 +476,8 @@ impl Backend for CudaBackend {
         self.num_blocks
     }
     fn describe(&self) -> String {
-        format!("{} [{}]", self.dev.describe(), self.kernels.source().describe())
+        let formats: Vec<String> = self.formats.iter().map(|(t, n)| format!("{n} {t}")).collect();
+        format!("{} [{}; matrices: {}]", self.dev.describe(), self.kernels.source().describe(), formats.join(", "))
     }
     fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
         let f = self.flatten(plan)?;

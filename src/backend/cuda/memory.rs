@@ -10,12 +10,13 @@ use super::tc::TC_MAX_TOKENS;
 /// Bytes the backend will hold on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryPlan {
-    /// Every weight matrix and vector, at `weight_dtype_bytes` per matrix element (norms f32).
+    /// Every weight matrix (the bytes of its device form: F16, or a block format as repacked)
+    /// and vector (norms f32).
     pub weights: u64,
     /// The paged KV cache: all layers, K and V, F16.
     pub kv: u64,
-    /// Step buffers for `max_batch_tokens` tokens, logits, attention partials, RoPE tables and
-    /// the cuBLAS workspace.
+    /// Step buffers for `max_batch_tokens` tokens, logits, attention partials, RoPE tables,
+    /// the F16 scratch of widened quantized matrices and the cuBLAS workspace.
     pub workspace: u64,
     pub total: u64,
 }
@@ -29,18 +30,26 @@ const CUBLAS_ALLOWANCE: u64 = 64 << 20;
 /// Logit rows a step may return at most, for the workspace estimate.
 const MAX_LOGIT_ROWS: usize = 256;
 
+/// Bytes of every weight matrix (layers, embedding, untied head) in F16.
+pub fn f16_matrix_bytes(c: &ModelConfig) -> u64 {
+    let (dim, qd, kvd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+    let per_layer_matrix = (qd + 2 * kvd) * dim + dim * qd + 3 * ffn * dim;
+    let heads = c.vocab_size * dim * if c.tied_embeddings { 1 } else { 2 };
+    (c.n_layers * per_layer_matrix + heads) as u64 * 2
+}
+
+/// The plan for a model whose matrices take `matrices` bytes on the device, with a scratch of
+/// `wide_scratch` bytes for widened quantized matrices (0 for F16 weights).
 pub fn plan_memory(
     cfg: &ModelConfig,
-    weight_dtype_bytes: usize,
+    matrices: u64,
+    wide_scratch: u64,
     num_blocks: usize,
     block_size: usize,
     max_batch_tokens: usize,
 ) -> MemoryPlan {
     let c = cfg;
     let (dim, qd, kvd, ffn, hd) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim, c.head_dim);
-    let per_layer_matrix = (qd + 2 * kvd) * dim + dim * qd + 3 * ffn * dim;
-    let heads = c.vocab_size * dim * if c.tied_embeddings { 1 } else { 2 };
-    let matrices = (c.n_layers * per_layer_matrix + heads) as u64 * weight_dtype_bytes as u64;
     let vectors = (c.n_layers * (2 * dim + 2 * hd + qd + 2 * kvd) + dim) as u64 * 4;
     let weights = matrices + vectors;
 
@@ -61,7 +70,7 @@ pub fn plan_memory(
         partials(tok, attn_splits(max_pos, tok)).max(partials(dec, attn_splits(max_pos, dec).next_power_of_two()));
     let rope = (2 * max_pos * hd / 2 * 4) as u64;
     let meta = (tok * (5 + max_pos.div_ceil(block_size.max(1))) * 4) as u64;
-    let workspace = activations + logits + attn + rope + meta + CUBLAS_ALLOWANCE;
+    let workspace = activations + logits + attn + rope + meta + wide_scratch + CUBLAS_ALLOWANCE;
     MemoryPlan { weights, kv, workspace, total: weights + kv + workspace }
 }
 
@@ -117,7 +126,7 @@ mod tests {
     #[test]
     fn qwen3_8b_plan_matches_hand_count() {
         let c = shape("qwen3-8b").unwrap();
-        let p = plan_memory(&c, 2, 61, 16, 512);
+        let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 61, 16, 512);
         // 8.19e9 parameters at 2 bytes (untied head).
         assert!((p.weights as f64 / 1e9 - 16.38).abs() < 0.05, "{}", p.weights);
         // 976 positions x 36 layers x 2 x 1024 x 2 bytes.
@@ -129,7 +138,7 @@ mod tests {
     #[test]
     fn refusal_names_numbers_and_alternatives() {
         let c = shape("qwen3-8b").unwrap();
-        let p = plan_memory(&c, 2, 2048, 16, 512);
+        let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 2048, 16, 512);
         assert!(p.check(40_000_000_000, "cuda:0 X", 2048 * 16, &c).is_ok());
         let e = p.check(16_000_000_000, "cuda:0 X", 2048 * 16, &c).unwrap_err();
         for part in ["cuda:0 X", "weights 16.", "KV cache", "4-bit weights", "free 16.00 GB"] {

@@ -8,13 +8,17 @@
 pub mod attention;
 pub mod backend;
 pub mod device;
+pub mod dmat;
 pub mod fused;
 pub mod kernels;
 pub mod launch;
+pub mod matmul;
 pub mod memory;
 pub mod nvrtc;
 pub mod prefill;
 mod profile;
+pub mod qformat;
+pub mod qlaunch;
 mod step;
 pub mod tc;
 mod tuning;
@@ -24,7 +28,7 @@ use std::path::PathBuf;
 
 use crate::backend::BackendError;
 
-pub use backend::{CudaBackend, CudaOptions};
+pub use backend::{CudaBackend, CudaOptions, WeightMix};
 pub use device::CudaDevice;
 pub use memory::{plan_memory, MemoryPlan};
 

@@ -22,6 +22,8 @@ pub struct KernelFile {
 }
 
 pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+/// The GGML block-format decoders (`kernels/quant.cuh`), inlined like `common.cuh`.
+pub const QUANT: &str = include_str!("../../../kernels/quant.cuh");
 
 macro_rules! kernel_file {
     ($name:literal, [$($e:literal),* $(,)?]) => {
@@ -49,6 +51,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!("attention_prefill", ["attn_prefill_hd64", "attn_prefill_hd128"]),
+    KernelFile { name: "dequant", source: include_str!("../../../kernels/dequant.cu"), entries: &DEQUANT_ENTRIES },
     kernel_file!("embedding", ["embedding_f16", "fill_uniform_f16"]),
     kernel_file!(
         "gemm_tc",
@@ -81,11 +84,51 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_swiglu_f16_n8"
         ]
     ),
+    KernelFile { name: "gemv_quant", source: include_str!("../../../kernels/gemv_quant.cu"), entries: &GEMV_QUANT_ENTRIES },
     kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),
     kernel_file!("silu_mul", ["silu_mul_f32"]),
 ];
+
+/// Entry names for every GGML block format, in `qformat::QFormat::index` order, for each
+/// (prefix, suffix) pair: `gemv_q4_0_n1`, ... (kernels/quant.cuh, FOR_EACH_QFORMAT).
+macro_rules! q_names {
+    ($(($pre:literal, $suf:literal)),* $(,)?) => {
+        [$(
+            concat!($pre, "q4_0", $suf), concat!($pre, "q4_1", $suf), concat!($pre, "q5_0", $suf),
+            concat!($pre, "q5_1", $suf), concat!($pre, "q8_0", $suf), concat!($pre, "q4_k", $suf),
+            concat!($pre, "q5_k", $suf), concat!($pre, "q6_k", $suf),
+        )*]
+    };
+}
+
+/// `kernels/gemv_quant.cu`: entry `8 * v + format` where v = 0..4 is the GEMV for 1 / 2 / 4 / 8
+/// tokens and v = 4..8 the SwiGLU GEMV for the same token counts.
+pub const GEMV_QUANT_ENTRIES: [&str; 64] = q_names!(
+    ("gemv_", "_n1"),
+    ("gemv_", "_n2"),
+    ("gemv_", "_n4"),
+    ("gemv_", "_n8"),
+    ("gemv_swiglu_", "_n1"),
+    ("gemv_swiglu_", "_n2"),
+    ("gemv_swiglu_", "_n4"),
+    ("gemv_swiglu_", "_n8"),
+);
+
+/// `kernels/dequant.cu`: `dequant_<fmt>_f16` at `format`, `embedding_<fmt>` at `8 + format`,
+/// then the synthetic-weight fillers.
+pub const DEQUANT_ENTRIES: [&str; 18] = {
+    let d = q_names!(("dequant_", "_f16"), ("embedding_", ""));
+    let mut all = ["fill_random_u32"; 18];
+    let mut i = 0;
+    while i < 16 {
+        all[i] = d[i];
+        i += 1;
+    }
+    all[17] = "tile_aux";
+    all
+};
 
 /// The file that defines entry point `entry`.
 pub fn file_of(entry: &str) -> Option<&'static KernelFile> {
@@ -94,7 +137,7 @@ pub fn file_of(entry: &str) -> Option<&'static KernelFile> {
 
 /// The program text NVRTC compiles: the file with `common.cuh` inlined.
 pub fn full_source(file: &KernelFile) -> String {
-    file.source.replace("#include \"common.cuh\"", COMMON)
+    file.source.replace("#include \"common.cuh\"", COMMON).replace("#include \"quant.cuh\"", QUANT)
 }
 
 /// NVRTC options besides the architecture. Part of the cache key.

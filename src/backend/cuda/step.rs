@@ -23,13 +23,15 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use rayon::prelude::*;
 
 use super::backend::{zeros, CudaBackend, Work};
+use super::dmat::Linear;
 use super::fused::{GemvSwiglu, QkvPost};
 use super::kernels::Kernels;
 use super::launch::{self as l, Dev};
+use super::matmul::{packed_gemv, tc_min_tokens, Mm, Product};
 use super::prefill::PrefillAttention;
 use super::profile::Profiler;
-use super::tc::{tc64_part_len, GemmTc, TC_MAX_TOKENS};
-use super::tuning::tuning;
+use super::qlaunch::{EmbeddingQ, GemvQ};
+use super::tc::{tc64_part_len, TC_MAX_TOKENS};
 use super::CudaError;
 use crate::backend::BackendError;
 use crate::engine::plan::StepPlan;
@@ -75,24 +77,12 @@ fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
     Dev::of(b.as_ref().expect("work buffer allocated by ensure_work"), s)
 }
 
-/// Fewest tokens that take the tensor-core GEMM instead of the f32 GEMV (at most 8 use the
-/// GEMV). `DUSTOFF_TC_MIN_TOKENS` overrides the default of 2 (for comparisons).
-fn tc_min_tokens() -> usize {
-    tuning().tc_min_tokens.unwrap_or(2).clamp(2, l::GEMV_MAX_TOKENS + 1)
-}
-
 /// The shape a captured graph serves: (tokens, logit rows, attention splits, split-kernel
 /// tokens, prefill tiles).
 pub(super) type GraphKey = (usize, usize, usize, usize, usize);
 
 fn graph_key(f: &Flat) -> GraphKey {
     (f.n_tok, f.m, f.splits, f.n_single, f.n_tiles)
-}
-
-/// Most tokens that take the tensor-core GEMM; larger steps use cuBLAS (faster from 32 tokens
-/// on in `kernel_breakdown`, H200). `DUSTOFF_TC_MAX_TOKENS` overrides the default of 16.
-fn tc_max_tokens() -> usize {
-    tuning().tc_max_tokens.unwrap_or(16).min(TC_MAX_TOKENS)
 }
 
 /// Offsets of the per-step inputs in `Work::meta` (in i32 elements) for a token capacity.
@@ -383,22 +373,21 @@ impl CudaBackend {
         let lay = layout(w.cap_tok);
         let (pos, slots) = (meta.offset(lay.pos), meta.offset(lay.slots));
         let k = &mut self.kernels;
-        let mut mm = Mm { s, blas: &self.blas, x16: ptr(&w.x16, s), part: ptr(&w.tc_part, s) };
+        let wide = self.wide.as_ref().map(|b| Dev::of(b, s));
+        let mut mm = Mm { s, blas: &self.blas, x16: ptr(&w.x16, s), part: ptr(&w.tc_part, s), wide };
         let n_slots = self.num_blocks * self.block_size;
         if let Some(p) = prof.as_mut() {
             p.begin(s, n)?;
         }
         let mut mark = |class: &'static str| prof.as_mut().map_or(Ok(()), |p| p.mark(s, class));
 
-        l::Embedding {
-            table: Dev::of(&self.embd, s),
-            ids: meta.offset(lay.ids).cast::<u32>(),
-            out: x,
-            vocab: c.vocab_size,
-            n_tok: n,
-            dim,
+        let ids = meta.offset(lay.ids).cast::<u32>();
+        let embd = &self.embd.parts[0];
+        match (embd.f16(s), embd.quant(s)) {
+            (Some(table), _) => l::Embedding { table, ids, out: x, vocab: c.vocab_size, n_tok: n, dim }.launch(k, s)?,
+            (None, Some(table)) => EmbeddingQ { table, ids, out: x, n_tok: n }.launch(k, s)?,
+            (None, None) => unreachable!("a matrix is F16 or quantized"),
         }
-        .launch(k, s)?;
         mark("embedding")?;
         let norm = |x: Dev<f32>, wt: Dev<f32>, out: Dev<f32>| l::RmsNorm {
             x,
@@ -417,7 +406,7 @@ impl CudaBackend {
             norm(x, Dev::of(&lw.attn_norm, s), h).launch(k, s)?;
             mark("rmsnorm")?;
             let bias = lw.bqkv.as_ref().map(|b| Dev::of(b, s));
-            mm.run(k, Lin { w: Dev::of(&lw.wqkv, s), rows: qkv_w, cols: dim, bias }, h, n, qkv, false)?;
+            mm.run(k, Product { lin: &lw.wqkv, bias, x: h, n, out: qkv, accumulate: false })?;
             mark("qkv matmul")?;
             let (kc, vc) = (Dev::of(&lw.k_cache, s), Dev::of(&lw.v_cache, s));
             QkvPost {
@@ -472,28 +461,13 @@ impl CudaBackend {
             if f.n_tiles > 0 {
                 mark("attention prefill")?;
             }
-            mm.run(k, Lin { w: Dev::of(&lw.wo, s), rows: dim, cols: qd, bias: None }, att, n, x, true)?;
+            mm.run(k, Product { lin: &lw.wo, bias: None, x: att, n, out: x, accumulate: true })?;
             mark("o matmul")?;
             norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
             mark("rmsnorm")?;
-            if n < tc_min_tokens() {
-                GemvSwiglu {
-                    w: Dev::of(&lw.wgu, s),
-                    x: h,
-                    out: act,
-                    ffn,
-                    cols: dim,
-                    n_tok: n,
-                    x_stride: dim,
-                    out_stride: ffn,
-                }
-                .launch(k, s)?;
-            } else {
-                mm.run(k, Lin { w: Dev::of(&lw.wgu, s), rows: 2 * ffn, cols: dim, bias: None }, h, n, gu, false)?;
-                l::SiluMul { gu, out: act, n_tok: n, ffn }.launch(k, s)?;
-            }
+            swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
             mark("gate/up matmul")?;
-            mm.run(k, Lin { w: Dev::of(&lw.wdown, s), rows: dim, cols: ffn, bias: None }, act, n, x, true)?;
+            mm.run(k, Product { lin: &lw.wdown, bias: None, x: act, n, out: x, accumulate: true })?;
             mark("down matmul")?;
         }
         if f.m == 0 {
@@ -514,87 +488,50 @@ impl CudaBackend {
             eps: c.rms_eps,
         }
         .launch(k, s)?;
-        let head = Dev::of(self.output.as_ref().unwrap_or(&self.embd), s);
-        mm.run(k, Lin { w: head, rows: c.vocab_size, cols: dim, bias: None }, hn, f.m, logits, false)?;
+        let head = self.output.as_ref().unwrap_or(&self.embd);
+        mm.run(k, Product { lin: head, bias: None, x: hn, n: f.m, out: logits, accumulate: false })?;
         mark("output head")
     }
 }
 
-/// A weight matrix `[rows, cols]` F16 with an optional bias `[rows]`.
-struct Lin {
-    w: Dev<u16>,
-    rows: usize,
-    cols: usize,
-    bias: Option<Dev<f32>>,
-}
-
-/// Matrix products of the step: GEMV below `tc_min_tokens`, the tensor-core GEMM up to 64
-/// tokens, cuBLAS above (input cast to F16 for both).
-struct Mm<'a> {
-    s: &'a CudaStream,
-    blas: &'a cudarc::cublas::CudaBlas,
-    x16: Dev<u16>,
-    /// Split-K scratch of the tensor-core GEMM.
-    part: Dev<f32>,
-}
-
-impl Mm<'_> {
-    /// `out[t, :rows] (+)= lin(x[t, :cols])` for `n` tokens; `x` `[n, cols]` and `out`
-    /// `[n, rows]`, both contiguous.
-    fn run(
-        &mut self,
-        k: &mut Kernels,
-        lin: Lin,
-        x: Dev<f32>,
-        n: usize,
-        out: Dev<f32>,
-        accumulate: bool,
-    ) -> Result<(), CudaError> {
-        if n < tc_min_tokens() {
-            let g = l::Gemv {
-                w: lin.w,
-                x,
-                out,
-                bias: lin.bias,
-                rows: lin.rows,
-                cols: lin.cols,
+/// `act[t, r] = silu(gate) * up` of the stacked gate/up weights `[2 ffn, dim]` for `n` tokens:
+/// one fused GEMV where the weights are one part (F16 at 1 token, a block format at 1..=8),
+/// else the product into `gu` and `silu_mul`.
+#[allow(clippy::too_many_arguments)]
+fn swiglu(
+    k: &mut Kernels,
+    mm: &mut Mm,
+    wgu: &Linear,
+    h: Dev<f32>,
+    n: usize,
+    gu: Dev<f32>,
+    act: Dev<f32>,
+    ffn: usize,
+) -> Result<(), CudaError> {
+    let s = mm.s;
+    let dim = wgu.cols();
+    if let [m] = &wgu.parts[..] {
+        if let (Some(w), true) = (m.f16(s), n < tc_min_tokens()) {
+            let g = GemvSwiglu { w, x: h, out: act, ffn, cols: dim, n_tok: n, x_stride: dim, out_stride: ffn };
+            return g.launch(k, s);
+        }
+        if let (Some(w), true) = (m.quant(s), packed_gemv(m, n)) {
+            let g = GemvQ {
+                w,
+                x: h,
+                out: act,
+                bias: None,
+                rows: ffn,
                 n_tok: n,
-                x_stride: lin.cols,
-                out_stride: lin.rows,
-                accumulate,
+                x_stride: dim,
+                out_stride: ffn,
+                accumulate: false,
+                swiglu: true,
             };
-            return g.launch(k, self.s);
+            return g.launch(k, s);
         }
-        l::CastF16 { x, out: self.x16, n: n * lin.cols }.launch(k, self.s)?;
-        if n <= tc_max_tokens() && GemmTc::fits(lin.w, self.x16, lin.rows, lin.cols, n) {
-            let g = GemmTc {
-                w: lin.w,
-                x: self.x16,
-                out,
-                bias: lin.bias,
-                rows: lin.rows,
-                cols: lin.cols,
-                n_tok: n,
-                out_stride: lin.rows,
-                accumulate,
-                part: Some(self.part),
-            };
-            return g.launch(k, self.s);
-        }
-        l::Gemm {
-            w: lin.w,
-            x: self.x16,
-            out,
-            rows: lin.rows,
-            cols: lin.cols,
-            n_tok: n,
-            out_stride: lin.rows,
-            accumulate,
-        }
-        .launch(self.blas)?;
-        if let Some(b) = lin.bias {
-            l::BiasAdd { x: out, b, n_tok: n, n: lin.rows, stride: lin.rows }.launch(k, self.s)?;
-        }
-        Ok(())
     }
+    mm.run(k, Product { lin: wgu, bias: None, x: h, n, out: gu, accumulate: false })?;
+    l::SiluMul { gu, out: act, n_tok: n, ffn }.launch(k, s)
 }
+

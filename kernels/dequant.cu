@@ -1,0 +1,122 @@
+// Quantized weights widened on the device (layout: quant.cuh):
+// - dequant_<fmt>_f16: rows row0 .. row0 + n_rows of a matrix into an F16 scratch [n_rows, cols]
+//   that the tensor-core GEMM / cuBLAS read (steps of more than 8 tokens; no full F16 copy of
+//   the model: one scratch, reused matrix after matrix);
+// - embedding_<fmt>: out[t, :] = f32(row ids[t]) of a quantized embedding table;
+// - fill_random_u32 / tile_aux: random synthetic quantized weights made on the GPU (random qs
+//   bytes; aux blocks copied from host-quantized templates, so scales are realistic).
+#include "common.cuh"
+#include "quant.cuh"
+
+struct DequantParams {
+    const u8_t* qs;
+    const u8_t* aux;
+    half_t* out;    // [n_rows, cols] f16
+    long long row0; // first row of the matrix to widen
+    int n_rows;
+    int cols;
+    int qs_row;
+    int aux_row;
+};
+
+template <class F>
+__device__ __forceinline__ void dequant_impl(const DequantParams& p) {
+    const int units = p.cols / F::UE;
+    const long long total = (long long)p.n_rows * units;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+        const long long r = i / units;
+        const int u = (int)(i - r * units);
+        const QRow row = q_row(p.qs, p.aux, p.row0 + r, p.qs_row, p.aux_row);
+        float w[F::RUNS][16];
+        int st[F::RUNS];
+        F::decode(F::load(row, u), u, w, st);
+        half_t* o = p.out + r * p.cols;
+#pragma unroll
+        for (int k = 0; k < F::RUNS; ++k) {
+            unsigned pk[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const unsigned lo = f2h_sat(w[k][2 * j]), hi = f2h_sat(w[k][2 * j + 1]);
+                pk[j] = lo | hi << 16;
+            }
+            uint4* dst = reinterpret_cast<uint4*>(o + st[k]);
+            dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+            dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+        }
+    }
+}
+
+struct EmbeddingQParams {
+    const u8_t* qs;
+    const u8_t* aux;
+    const unsigned int* ids;  // [n_tok]
+    float* out;               // [n_tok, cols] f32
+    int n_tok;
+    int cols;
+    int qs_row;
+    int aux_row;
+};
+
+template <class F>
+__device__ __forceinline__ void embedding_q_impl(const EmbeddingQParams& p) {
+    const int t = blockIdx.x;
+    const QRow row = q_row(p.qs, p.aux, p.ids[t], p.qs_row, p.aux_row);
+    float* o = p.out + (long long)t * p.cols;
+    for (int u = threadIdx.x; u < p.cols / F::UE; u += blockDim.x) {
+        float w[F::RUNS][16];
+        int st[F::RUNS];
+        F::decode(F::load(row, u), u, w, st);
+#pragma unroll
+        for (int k = 0; k < F::RUNS; ++k)
+#pragma unroll
+            for (int j = 0; j < 16; ++j) o[st[k] + j] = w[k][j];
+    }
+}
+
+// dequant: grid-stride, any grid, block 256. embedding: grid n_tok, block 128.
+#define DEQUANT_ENTRIES(name, F)                                                                       \
+    extern "C" __global__ void dequant_##name##_f16(const DequantParams p) { dequant_impl<F>(p); }   \
+    extern "C" __global__ void embedding_##name(const EmbeddingQParams p) { embedding_q_impl<F>(p); }
+
+FOR_EACH_QFORMAT(DEQUANT_ENTRIES)
+
+struct FillBytesParams {
+    unsigned int* out;  // [n] u32
+    long long n;
+    unsigned long long seed;
+};
+
+__device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// grid-stride; out[i] = 32 random bits from a hash of (seed, i).
+extern "C" __global__ void fill_random_u32(const FillBytesParams p) {
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += step)
+        p.out[i] = (unsigned)(mix64(p.seed ^ ((unsigned long long)i * 0xd1b54a32d192ed03ull)) >> 16);
+}
+
+struct TileAuxParams {
+    u8_t* out;           // [n_blocks, ab] bytes
+    const u8_t* tmpl;    // [n_tmpl, ab] bytes
+    long long n_blocks;
+    unsigned long long seed;
+    int ab;
+    int n_tmpl;
+};
+
+// grid-stride over bytes: block i takes template hash(seed, i) % n_tmpl.
+extern "C" __global__ void tile_aux(const TileAuxParams p) {
+    const long long n = p.n_blocks * p.ab;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        const long long b = i / p.ab;
+        const int k = (int)(mix64(p.seed ^ ((unsigned long long)b * 0xd1b54a32d192ed03ull)) % (unsigned long long)p.n_tmpl);
+        p.out[i] = p.tmpl[(long long)k * p.ab + (i - b * p.ab)];
+    }
+}

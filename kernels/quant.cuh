@@ -1,0 +1,254 @@
+// GGML block formats as the GPU reads them: the decoders of one "unit" of a packed row, shared
+// by the quantized GEMV (gemv_quant.cu), the dequantization to F16 and the embedding gather
+// (dequant.cu). The loader pastes this file in place of its include line (after common.cuh).
+//
+// Device layout (src/backend/cuda/qformat.rs repacks at load, a byte permutation of the file's
+// blocks, never a re-quantization): a matrix [rows, cols] of nblk blocks per row is two arrays,
+//   qs  [rows, nblk, QB] bytes: the quantized values of each block (16-byte aligned rows),
+//   aux [rows, nblk, AB] bytes: the block's scales, mins and high bits.
+// | format | block | QB  | AB | aux bytes                         |
+// | Q4_0   | 32    | 16  | 2  | d                                 |
+// | Q4_1   | 32    | 16  | 4  | d, m                              |
+// | Q5_0   | 32    | 16  | 8  | qh (u32), d, pad                  |
+// | Q5_1   | 32    | 16  | 8  | qh (u32), d, m                    |
+// | Q8_0   | 32    | 32  | 2  | d                                 |
+// | Q4_K   | 256   | 128 | 16 | d, dmin, scales[12]               |
+// | Q5_K   | 256   | 128 | 48 | d, dmin, scales[12], qh[32]       |
+// | Q6_K   | 256   | 192 | 20 | scales[16] (i8), d, pad; qs = ql[128], qh[64] |
+//
+// A unit is what one thread decodes from one or a few 16-byte loads: RUNS runs of 16
+// consecutive elements of the row, run r starting at column st[r]. Values are computed as the
+// CPU decoders in src/model/quant/{legacy,kquants}.rs compute them (f32 from f16 scales).
+#pragma once
+
+typedef unsigned char u8_t;
+
+struct QRow {
+    const u8_t* qs;   // this row's qs bytes
+    const u8_t* aux;  // this row's aux bytes
+};
+
+__device__ __forceinline__ unsigned byte_of(const uint4& v, int j) {
+    const unsigned w = j < 4 ? v.x : j < 8 ? v.y : j < 12 ? v.z : v.w;
+    return (w >> (8 * (j & 3))) & 0xffu;
+}
+
+__device__ __forceinline__ uint4 ld16(const u8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ float ldh(const u8_t* p) { return h2f(__ldg(reinterpret_cast<const half_t*>(p))); }
+__device__ __forceinline__ unsigned ld32(const u8_t* p) { return __ldg(reinterpret_cast<const unsigned*>(p)); }
+
+// ---- 32-element blocks: one unit = one block, runs at 32b and 32b + 16 (low and high nibbles).
+struct FQ4_0 {
+    enum { QB = 16, AB = 2, UE = 32, RUNS = 2 };
+    struct Raw { uint4 q; float d; };
+    static __device__ __forceinline__ Raw load(const QRow& r, int u) { return {ld16(r.qs + 16 * u), ldh(r.aux + 2 * u)}; }
+    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const unsigned b = byte_of(a.q, j);
+            w[0][j] = (float)((int)(b & 15u) - 8) * a.d;
+            w[1][j] = (float)((int)(b >> 4) - 8) * a.d;
+        }
+        st[0] = 32 * u;
+        st[1] = 32 * u + 16;
+    }
+};
+
+struct FQ4_1 {
+    enum { QB = 16, AB = 4, UE = 32, RUNS = 2 };
+    struct Raw { uint4 q; unsigned dm; };
+    static __device__ __forceinline__ Raw load(const QRow& r, int u) { return {ld16(r.qs + 16 * u), ld32(r.aux + 4 * u)}; }
+    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
+        float d, m;
+        h2x2f(a.dm, d, m);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const unsigned b = byte_of(a.q, j);
+            w[0][j] = (float)(b & 15u) * d + m;
+            w[1][j] = (float)(b >> 4) * d + m;
+        }
+        st[0] = 32 * u;
+        st[1] = 32 * u + 16;
+    }
+};
+
+struct FQ5_0 {
+    enum { QB = 16, AB = 8, UE = 32, RUNS = 2 };
+    struct Raw { uint4 q; uint2 a; };
+    static __device__ __forceinline__ Raw load(const QRow& r, int u) {
+        return {ld16(r.qs + 16 * u), __ldg(reinterpret_cast<const uint2*>(r.aux + 8 * u))};
+    }
+    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
+        const unsigned qh = a.a.x;
+        float d, pad;
+        h2x2f(a.a.y, d, pad);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const unsigned b = byte_of(a.q, j);
+            const unsigned lo = (b & 15u) | ((qh >> j) & 1u) << 4;
+            const unsigned hi = (b >> 4) | ((qh >> (j + 16)) & 1u) << 4;
+            w[0][j] = (float)((int)lo - 16) * d;
+            w[1][j] = (float)((int)hi - 16) * d;
+        }
+        st[0] = 32 * u;
+        st[1] = 32 * u + 16;
+    }
+};
+
+struct FQ5_1 {
+    enum { QB = 16, AB = 8, UE = 32, RUNS = 2 };
+    struct Raw { uint4 q; uint2 a; };
+    static __device__ __forceinline__ Raw load(const QRow& r, int u) {
+        return {ld16(r.qs + 16 * u), __ldg(reinterpret_cast<const uint2*>(r.aux + 8 * u))};
+    }
+    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
+        const unsigned qh = a.a.x;
+        float d, m;
+        h2x2f(a.a.y, d, m);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const unsigned b = byte_of(a.q, j);
+            const unsigned lo = (b & 15u) | ((qh >> j) & 1u) << 4;
+            const unsigned hi = (b >> 4) | ((qh >> (j + 16)) & 1u) << 4;
+            w[0][j] = (float)lo * d + m;
+            w[1][j] = (float)hi * d + m;
+        }
+        st[0] = 32 * u;
+        st[1] = 32 * u + 16;
+    }
+};
+
+struct FQ8_0 {
+    enum { QB = 32, AB = 2, UE = 32, RUNS = 2 };
+    struct Raw { uint4 q0, q1; float d; };
+    static __device__ __forceinline__ Raw load(const QRow& r, int u) {
+        return {ld16(r.qs + 32 * u), ld16(r.qs + 32 * u + 16), ldh(r.aux + 2 * u)};
+    }
+    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            w[0][j] = (float)(signed char)byte_of(a.q0, j) * a.d;
+            w[1][j] = (float)(signed char)byte_of(a.q1, j) * a.d;
+        }
+        st[0] = 32 * u;
+        st[1] = 32 * u + 16;
+    }
+};
+
+// ---- 256-element super-blocks.
+// Scale and min of sub-block j (0..8) from the 12 packed bytes s (kquants.rs: scale_min).
+__device__ __forceinline__ void k_scale_min(const uint4& h, int j, float& sc, float& mn) {
+    // h: bytes 0-3 d, dmin; bytes 4..16 the 12 scale bytes, so s[k] = byte_of(h, 4 + k).
+    if (j < 4) {
+        sc = (float)(byte_of(h, 4 + j) & 63u);
+        mn = (float)(byte_of(h, 8 + j) & 63u);
+    } else {
+        sc = (float)((byte_of(h, 8 + j) & 15u) | (byte_of(h, j) >> 6) << 4);
+        mn = (float)((byte_of(h, 8 + j) >> 4) | (byte_of(h, 4 + j) >> 6) << 4);
+    }
+}
+
+// Q4_K: unit u = super-block u / 8, chunk c = (u % 8) / 2 (64 elements), half h = u % 2: the
+// 16 bytes qs[32c + 16h ..] hold elements 64c + 16h + i (low nibbles, sub-block 2c) and
+// 64c + 32 + 16h + i (high nibbles, sub-block 2c + 1).
+struct FQ4K {
+    enum { QB = 128, AB = 16, UE = 32, RUNS = 2 };
+    struct Raw { uint4 q, h; };
+    static __device__ __forceinline__ Raw load(const QRow& r, int u) {
+        const int sb = u >> 3, c = (u & 7) >> 1, h = u & 1;
+        return {ld16(r.qs + 128 * sb + 32 * c + 16 * h), ld16(r.aux + 16 * sb)};
+    }
+    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
+        const int sb = u >> 3, c = (u & 7) >> 1, h = u & 1;
+        float d, dmin, s1, m1, s2, m2;
+        h2x2f(a.h.x, d, dmin);
+        k_scale_min(a.h, 2 * c, s1, m1);
+        k_scale_min(a.h, 2 * c + 1, s2, m2);
+        const float d1 = d * s1, o1 = dmin * m1, d2 = d * s2, o2 = dmin * m2;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const unsigned b = byte_of(a.q, j);
+            w[0][j] = d1 * (float)(b & 15u) - o1;
+            w[1][j] = d2 * (float)(b >> 4) - o2;
+        }
+        st[0] = 256 * sb + 64 * c + 16 * h;
+        st[1] = st[0] + 32;
+    }
+};
+
+// Q5_K: Q4_K plus a fifth bit, bit 2c (low) / 2c + 1 (high) of qh[16h + i] (aux bytes 16..48).
+struct FQ5K {
+    enum { QB = 128, AB = 48, UE = 32, RUNS = 2 };
+    struct Raw { uint4 q, h, qh; };
+    static __device__ __forceinline__ Raw load(const QRow& r, int u) {
+        const int sb = u >> 3, c = (u & 7) >> 1, h = u & 1;
+        return {ld16(r.qs + 128 * sb + 32 * c + 16 * h), ld16(r.aux + 48 * sb), ld16(r.aux + 48 * sb + 16 + 16 * h)};
+    }
+    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
+        const int sb = u >> 3, c = (u & 7) >> 1, h = u & 1;
+        float d, dmin, s1, m1, s2, m2;
+        h2x2f(a.h.x, d, dmin);
+        k_scale_min(a.h, 2 * c, s1, m1);
+        k_scale_min(a.h, 2 * c + 1, s2, m2);
+        const float d1 = d * s1, o1 = dmin * m1, d2 = d * s2, o2 = dmin * m2;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const unsigned b = byte_of(a.q, j), hb = byte_of(a.qh, j);
+            const unsigned lo = (b & 15u) | ((hb >> (2 * c)) & 1u) << 4;
+            const unsigned hi = (b >> 4) | ((hb >> (2 * c + 1)) & 1u) << 4;
+            w[0][j] = d1 * (float)lo - o1;
+            w[1][j] = d2 * (float)hi - o2;
+        }
+        st[0] = 256 * sb + 64 * c + 16 * h;
+        st[1] = st[0] + 32;
+    }
+};
+
+// Q6_K: unit u = super-block u / 4, half hh = (u % 4) / 2 (128 elements), l0 = 16 (u % 2):
+// for l = l0 + i the four elements 128hh + l + 32k (k = 0..3) take the low nibble of
+// ql[64hh + l], low of ql[64hh + 32 + l], high of ql[64hh + l], high of ql[64hh + 32 + l], and
+// bits 2k..2k+1 of qh[32hh + l]; their scales are sc[8hh + l0 / 16 + 2k].
+struct FQ6K {
+    enum { QB = 192, AB = 20, UE = 64, RUNS = 4 };
+    struct Raw { uint4 a, b, c; unsigned s0, s1, s2, s3; float d; };
+    static __device__ __forceinline__ Raw load(const QRow& r, int u) {
+        const int sb = u >> 2, hh = (u & 3) >> 1, g = u & 1;
+        const u8_t* q = r.qs + 192 * sb;
+        const u8_t* x = r.aux + 20 * sb;
+        return {ld16(q + 64 * hh + 16 * g), ld16(q + 64 * hh + 32 + 16 * g), ld16(q + 128 + 32 * hh + 16 * g),
+                ld32(x), ld32(x + 4), ld32(x + 8), ld32(x + 12), ldh(x + 16)};
+    }
+    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
+        const int sb = u >> 2, hh = (u & 3) >> 1, g = u & 1;
+        const uint4 s = make_uint4(a.s0, a.s1, a.s2, a.s3);
+        float sc[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) sc[k] = a.d * (float)(signed char)byte_of(s, 8 * hh + g + 2 * k);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const unsigned l1 = byte_of(a.a, j), l2 = byte_of(a.b, j), h = byte_of(a.c, j);
+            w[0][j] = sc[0] * (float)((int)((l1 & 15u) | (h & 3u) << 4) - 32);
+            w[1][j] = sc[1] * (float)((int)((l2 & 15u) | ((h >> 2) & 3u) << 4) - 32);
+            w[2][j] = sc[2] * (float)((int)((l1 >> 4) | ((h >> 4) & 3u) << 4) - 32);
+            w[3][j] = sc[3] * (float)((int)((l2 >> 4) | ((h >> 6) & 3u) << 4) - 32);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) st[k] = 256 * sb + 128 * hh + 16 * g + 32 * k;
+    }
+};
+
+// Row r of a matrix with the given per-row byte counts of qs and aux.
+__device__ __forceinline__ QRow q_row(const u8_t* qs, const u8_t* aux, long long r, int qs_row, int aux_row) {
+    return {qs + r * qs_row, aux + r * aux_row};
+}
+
+// Instantiates MACRO(name, F) for every format (entry point names use the lower-case name).
+#define FOR_EACH_QFORMAT(MACRO) \
+    MACRO(q4_0, FQ4_0)          \
+    MACRO(q4_1, FQ4_1)          \
+    MACRO(q5_0, FQ5_0)          \
+    MACRO(q5_1, FQ5_1)          \
+    MACRO(q8_0, FQ8_0)          \
+    MACRO(q4_k, FQ4K)           \
+    MACRO(q5_k, FQ5K)           \
+    MACRO(q6_k, FQ6K)

@@ -1,0 +1,178 @@
+//! The one dispatcher of the step's matrix products: a kernel chosen by (weight format, tokens
+//! in the step).
+//!
+//! | weights | tokens | kernel |
+//! |---|---|---|
+//! | F16 | below `tc_min_tokens` (1) | f32 GEMV (gemv_f16.cu) |
+//! | F16 | up to `tc_max_tokens` (16) | tensor-core GEMM (gemm_tc.cu), input cast to F16 |
+//! | F16 | more | cuBLAS |
+//! | block format | 1..=8 | GEMV on the packed blocks (gemv_quant.cu), dequantized in registers |
+//! | block format | more | the matrix (or a row chunk of it) widened into one F16 scratch, reused by every matrix of the step, then the F16 path |
+//!
+//! A `Linear` of several parts (a QKV of mixed formats) runs one product per part into its rows
+//! of the output.
+
+use cudarc::driver::CudaStream;
+
+use super::dmat::{DevMat, Linear};
+use super::kernels::Kernels;
+use super::launch::{self as l, Dev, GEMV_MAX_TOKENS};
+use super::qlaunch::{DequantF16, GemvQ};
+use super::tc::{GemmTc, TC_MAX_TOKENS};
+use super::tuning::tuning;
+use super::CudaError;
+
+/// Fewest tokens that take the tensor-core GEMM instead of the f32 GEMV on F16 weights (at most
+/// 8 use the GEMV). `DUSTOFF_TC_MIN_TOKENS` overrides the default of 2 (for comparisons).
+pub(super) fn tc_min_tokens() -> usize {
+    tuning().tc_min_tokens.unwrap_or(2).clamp(2, l::GEMV_MAX_TOKENS + 1)
+}
+
+/// Most tokens that take the tensor-core GEMM; larger steps use cuBLAS (faster from 32 tokens
+/// on in `kernel_breakdown`, H200). `DUSTOFF_TC_MAX_TOKENS` overrides the default of 16.
+fn tc_max_tokens() -> usize {
+    tuning().tc_max_tokens.unwrap_or(16).min(TC_MAX_TOKENS)
+}
+
+/// Whether a step of `n` tokens reads `m`'s packed blocks directly (else through the scratch).
+pub fn packed_gemv(m: &DevMat, n: usize) -> bool {
+    matches!(m.data, super::dmat::MatData::Quant { .. }) && n <= GEMV_MAX_TOKENS
+}
+
+/// The buffers the products of one step use.
+pub struct Mm<'a> {
+    pub s: &'a CudaStream,
+    pub blas: &'a cudarc::cublas::CudaBlas,
+    /// The step input cast to F16 (`[max(16, tokens), widest]`).
+    pub x16: Dev<u16>,
+    /// Split-K scratch of the tensor-core GEMM.
+    pub part: Dev<f32>,
+    /// F16 scratch for widened quantized matrices (none for an all-F16 model).
+    pub wide: Option<Dev<u16>>,
+}
+
+/// `out[t, :rows] (+)= W x[t, :cols] (+ bias)` for `n` tokens; `x` `[n, cols]`, `out`
+/// `[n, rows]`, both contiguous.
+pub struct Product<'w> {
+    pub lin: &'w Linear,
+    pub bias: Option<Dev<f32>>,
+    pub x: Dev<f32>,
+    pub n: usize,
+    pub out: Dev<f32>,
+    pub accumulate: bool,
+}
+
+impl Mm<'_> {
+    pub fn run(&mut self, k: &mut Kernels, p: Product) -> Result<(), CudaError> {
+        let (rows, cols) = (p.lin.rows(), p.lin.cols());
+        let mut cast = false;
+        let mut r0 = 0;
+        for m in &p.lin.parts {
+            let sub = Sub {
+                m,
+                bias: p.bias.map(|b| b.offset(r0)),
+                x: p.x,
+                n: p.n,
+                out: p.out.offset(r0),
+                out_stride: rows,
+                accumulate: p.accumulate,
+            };
+            if !cast && !packed_gemv(m, p.n) && p.n >= tc_min_tokens() {
+                l::CastF16 { x: p.x, out: self.x16, n: p.n * cols }.launch(k, self.s)?;
+                cast = true;
+            }
+            self.part(k, sub)?;
+            r0 += m.rows;
+        }
+        Ok(())
+    }
+
+    /// One part: rows `0..m.rows` of `out` (with its stride).
+    fn part(&mut self, k: &mut Kernels, p: Sub) -> Result<(), CudaError> {
+        let m = p.m;
+        if let Some(w) = m.quant(self.s) {
+            if p.n <= GEMV_MAX_TOKENS {
+                return GemvQ {
+                    w,
+                    x: p.x,
+                    out: p.out,
+                    bias: p.bias,
+                    rows: m.rows,
+                    n_tok: p.n,
+                    x_stride: m.cols,
+                    out_stride: p.out_stride,
+                    accumulate: p.accumulate,
+                    swiglu: false,
+                }
+                .launch(k, self.s);
+            }
+            // Row chunks that fit the scratch (the output head is larger than any layer matrix).
+            let wide = self.wide.filter(|d| d.len >= 128 * m.cols).ok_or_else(|| CudaError::Shape {
+                kernel: "dequant_f16",
+                reason: format!("no F16 scratch of 128 rows of {} for a {}-token step", m.cols, p.n),
+            })?;
+            let chunk = (wide.len / m.cols.max(1)) / 128 * 128;
+            let mut r = 0;
+            while r < m.rows {
+                let n_rows = chunk.min(m.rows - r);
+                DequantF16 { w, out: wide, row0: r, n_rows }.launch(k, self.s)?;
+                self.f16(k, wide, n_rows, m.cols, p.bias.map(|b| b.offset(r)), p.n, p.out.offset(r), p.out_stride, p.accumulate)?;
+                r += n_rows;
+            }
+            return Ok(());
+        }
+        let w = m.f16(self.s).expect("a matrix is F16 or quantized");
+        if p.n < tc_min_tokens() {
+            return l::Gemv {
+                w,
+                x: p.x,
+                out: p.out,
+                bias: p.bias,
+                rows: m.rows,
+                cols: m.cols,
+                n_tok: p.n,
+                x_stride: m.cols,
+                out_stride: p.out_stride,
+                accumulate: p.accumulate,
+            }
+            .launch(k, self.s);
+        }
+        self.f16(k, w, m.rows, m.cols, p.bias, p.n, p.out, p.out_stride, p.accumulate)
+    }
+
+    /// F16 weights `[rows, cols]` times the F16 input already in `x16`.
+    #[allow(clippy::too_many_arguments)]
+    fn f16(
+        &mut self,
+        k: &mut Kernels,
+        w: Dev<u16>,
+        rows: usize,
+        cols: usize,
+        bias: Option<Dev<f32>>,
+        n: usize,
+        out: Dev<f32>,
+        out_stride: usize,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        if n <= tc_max_tokens() && GemmTc::fits(w, self.x16, rows, cols, n) {
+            let g = GemmTc { w, x: self.x16, out, bias, rows, cols, n_tok: n, out_stride, accumulate, part: Some(self.part) };
+            return g.launch(k, self.s);
+        }
+        l::Gemm { w, x: self.x16, out, rows, cols, n_tok: n, out_stride, accumulate }.launch(self.blas)?;
+        if let Some(b) = bias {
+            l::BiasAdd { x: out, b, n_tok: n, n: rows, stride: out_stride }.launch(k, self.s)?;
+        }
+        Ok(())
+    }
+}
+
+/// One part of a product.
+struct Sub<'w> {
+    m: &'w DevMat,
+    bias: Option<Dev<f32>>,
+    x: Dev<f32>,
+    n: usize,
+    out: Dev<f32>,
+    out_stride: usize,
+    accumulate: bool,
+}

@@ -1,0 +1,279 @@
+//! Launchers of the quantized-weight kernels (kernels/gemv_quant.cu, kernels/dequant.cu). Same
+//! conventions as `launch`: a struct of arguments, shape checks, `#[repr(C)]` params mirrors.
+
+use cudarc::driver::{CudaStream, DeviceRepr};
+
+use super::kernels::Kernels;
+use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
+use super::nvrtc::{DEQUANT_ENTRIES, GEMV_QUANT_ENTRIES};
+use super::qformat::QFormat;
+use super::CudaError;
+
+/// A quantized matrix on the device: `rows x cols` in `fmt`'s layout (qformat.rs), qs at the
+/// start of `buf`, aux at `aux_off` bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct QView {
+    pub fmt: QFormat,
+    pub buf: Dev<u8>,
+    pub aux_off: usize,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl QView {
+    /// Checks the buffer against the layout; returns (qs pointer, aux pointer, qs row bytes,
+    /// aux row bytes).
+    fn ptrs(&self, kernel: &'static str) -> Result<(u64, u64, i32, i32), CudaError> {
+        let f = self.fmt;
+        check(kernel, self.cols.is_multiple_of(f.dtype.block_size()), || {
+            format!("{} columns are not whole {} blocks", self.cols, f.dtype)
+        })?;
+        let (aux_off, total) = f.device_bytes(self.rows, self.cols);
+        check(kernel, aux_off == self.aux_off, || format!("aux at {} bytes, the layout says {aux_off}", self.aux_off))?;
+        need(kernel, "weights", self.buf, total)?;
+        check(kernel, self.buf.ptr.is_multiple_of(16), || "weights must be 16-byte aligned".into())?;
+        let (qr, ar) = f.row_parts(self.cols);
+        Ok((self.buf.ptr, self.buf.ptr + aux_off as u64, i32_of(kernel, qr)?, i32_of(kernel, ar)?))
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GemvQParams {
+    qs: u64,
+    aux: u64,
+    x: u64,
+    out: u64,
+    bias: u64,
+    rows: i32,
+    cols: i32,
+    n_tok: i32,
+    x_stride: i32,
+    out_stride: i32,
+    accumulate: i32,
+    qs_row: i32,
+    aux_row: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for GemvQParams {}
+
+/// Warps (one row each) of a quantized GEMV block (kernels/gemv_quant.cu: GEMVQ_WARPS).
+const GEMVQ_WARPS: usize = 4;
+
+/// `out[t, r] (+)= sum_c w[r, c] x[t, c] (+ bias[r])` for `n_tok <= 8`, `w` quantized; with
+/// `swiglu`, `w` is the stacked gate/up `[2 rows, cols]` and `out[t, r] = silu(gate) * up`.
+pub struct GemvQ {
+    pub w: QView,
+    pub x: Dev<f32>,
+    pub out: Dev<f32>,
+    pub bias: Option<Dev<f32>>,
+    /// Output rows (with `swiglu`: half of `w.rows`).
+    pub rows: usize,
+    pub n_tok: usize,
+    pub x_stride: usize,
+    pub out_stride: usize,
+    pub accumulate: bool,
+    pub swiglu: bool,
+}
+
+impl GemvQ {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "gemv_quant";
+        let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
+        let cols = self.w.cols;
+        check(K, self.n_tok >= 1 && self.n_tok <= GEMV_MAX_TOKENS, || format!("{} tokens (1..=8)", self.n_tok))?;
+        let want_rows = if self.swiglu { 2 * self.rows } else { self.rows };
+        check(K, self.w.rows == want_rows, || format!("{} weight rows for {} outputs", self.w.rows, self.rows))?;
+        check(K, !(self.swiglu && (self.accumulate || self.bias.is_some())), || "SwiGLU takes no bias".into())?;
+        check(K, self.x_stride.is_multiple_of(4) && self.x.ptr.is_multiple_of(16), || {
+            format!("input stride {} must be a multiple of 4 and the input 16-byte aligned", self.x_stride)
+        })?;
+        check(K, cols <= self.x_stride && self.rows <= self.out_stride, || "rows overlap their stride".into())?;
+        need(K, "input", self.x, extent(self.n_tok, self.x_stride, cols))?;
+        need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.rows))?;
+        if let Some(b) = self.bias {
+            need(K, "bias", b, self.rows)?;
+        }
+        if self.rows == 0 {
+            return Ok(());
+        }
+        let v = match self.n_tok {
+            1 => 0,
+            2 => 1,
+            3 | 4 => 2,
+            _ => 3,
+        } + if self.swiglu { 4 } else { 0 };
+        let p = GemvQParams {
+            qs,
+            aux,
+            x: self.x.ptr,
+            out: self.out.ptr,
+            bias: self.bias.map_or(0, |b| b.ptr),
+            rows: i32_of(K, self.rows)?,
+            cols: i32_of(K, cols)?,
+            n_tok: self.n_tok as i32,
+            x_stride: i32_of(K, self.x_stride)?,
+            out_stride: i32_of(K, self.out_stride)?,
+            accumulate: i32::from(self.accumulate),
+            qs_row,
+            aux_row,
+        };
+        let entry = GEMV_QUANT_ENTRIES[8 * v + self.w.fmt.index];
+        launch(k, s, entry, (blocks_for(K, self.rows, GEMVQ_WARPS)?, 1, 1), (32 * GEMVQ_WARPS) as u32, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DequantParams {
+    qs: u64,
+    aux: u64,
+    out: u64,
+    row0: i64,
+    n_rows: i32,
+    cols: i32,
+    qs_row: i32,
+    aux_row: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for DequantParams {}
+
+/// Rows `row0 .. row0 + n_rows` of a quantized matrix widened to F16 into `out`
+/// (`[n_rows, cols]`, 16-byte aligned): the scratch the tensor-core GEMM and cuBLAS read.
+pub struct DequantF16 {
+    pub w: QView,
+    pub out: Dev<u16>,
+    pub row0: usize,
+    pub n_rows: usize,
+}
+
+impl DequantF16 {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "dequant_f16";
+        let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
+        check(K, self.row0 + self.n_rows <= self.w.rows, || {
+            format!("rows {}..{} of {}", self.row0, self.row0 + self.n_rows, self.w.rows)
+        })?;
+        check(K, self.out.ptr.is_multiple_of(16), || "output must be 16-byte aligned".into())?;
+        need(K, "output", self.out, self.n_rows * self.w.cols)?;
+        let units = self.n_rows * self.w.cols / self.w.fmt.unit;
+        if units == 0 {
+            return Ok(());
+        }
+        let p = DequantParams {
+            qs,
+            aux,
+            out: self.out.ptr,
+            row0: self.row0 as i64,
+            n_rows: i32_of(K, self.n_rows)?,
+            cols: i32_of(K, self.w.cols)?,
+            qs_row,
+            aux_row,
+        };
+        let blocks = blocks_for(K, units, 256)?.min(132 * 16);
+        launch(k, s, DEQUANT_ENTRIES[self.w.fmt.index], (blocks, 1, 1), 256, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct EmbeddingQParams {
+    qs: u64,
+    aux: u64,
+    ids: u64,
+    out: u64,
+    n_tok: i32,
+    cols: i32,
+    qs_row: i32,
+    aux_row: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for EmbeddingQParams {}
+
+/// `out[t] = f32(table[ids[t]])` from a quantized table `[vocab, dim]`; ids `< vocab` (checked
+/// on the host).
+pub struct EmbeddingQ {
+    pub table: QView,
+    pub ids: Dev<u32>,
+    pub out: Dev<f32>,
+    pub n_tok: usize,
+}
+
+impl EmbeddingQ {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "embedding_quant";
+        let (qs, aux, qs_row, aux_row) = self.table.ptrs(K)?;
+        need(K, "ids", self.ids, self.n_tok)?;
+        need(K, "output", self.out, self.n_tok * self.table.cols)?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = EmbeddingQParams {
+            qs,
+            aux,
+            ids: self.ids.ptr,
+            out: self.out.ptr,
+            n_tok: i32_of(K, self.n_tok)?,
+            cols: i32_of(K, self.table.cols)?,
+            qs_row,
+            aux_row,
+        };
+        launch(k, s, DEQUANT_ENTRIES[8 + self.table.fmt.index], (blocks_for(K, self.n_tok, 1)?, 1, 1), 128, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct FillBytesParams {
+    out: u64,
+    n: i64,
+    seed: u64,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for FillBytesParams {}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct TileAuxParams {
+    out: u64,
+    tmpl: u64,
+    n_blocks: i64,
+    seed: u64,
+    ab: i32,
+    n_tmpl: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for TileAuxParams {}
+
+/// Synthetic quantized weights made on the GPU: random qs bytes, and aux blocks each copied
+/// from one of the host-quantized templates `tmpl` (`[n_tmpl, fmt.ab]`), chosen by a hash.
+pub struct FillQuant {
+    pub w: QView,
+    pub tmpl: Dev<u8>,
+    pub seed: u64,
+}
+
+impl FillQuant {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "fill_quant";
+        let (qs, aux, _, _) = self.w.ptrs(K)?;
+        let f = self.w.fmt;
+        let n_blocks = self.w.rows * (self.w.cols / f.dtype.block_size());
+        check(K, self.tmpl.len >= f.ab && self.tmpl.len.is_multiple_of(f.ab), || "template size".into())?;
+        let words = n_blocks * f.qb / 4;
+        if words == 0 {
+            return Ok(());
+        }
+        let p = FillBytesParams { out: qs, n: words as i64, seed: self.seed };
+        launch(k, s, "fill_random_u32", (blocks_for(K, words, 256)?.min(65_535), 1, 1), 256, 0, &p)?;
+        let p = TileAuxParams {
+            out: aux,
+            tmpl: self.tmpl.ptr,
+            n_blocks: n_blocks as i64,
+            seed: self.seed ^ 0x5bd1_e995,
+            ab: f.ab as i32,
+            n_tmpl: i32_of(K, self.tmpl.len / f.ab)?,
+        };
+        launch(k, s, "tile_aux", (blocks_for(K, n_blocks * f.ab, 256)?.min(65_535), 1, 1), 256, 0, &p)
+    }
+}

@@ -1,0 +1,215 @@
+//! Quantized weights on the GPU against their CPU twins (the CPU backend's dot products and
+//! decoders on the file's packed blocks), for every block format: the decode GEMV (1..=8
+//! tokens), the widen-to-F16 path of larger steps (9..300 tokens, through the one dispatcher,
+//! in row chunks of a small scratch), the SwiGLU GEMV, the embedding gather, and whole
+//! models (CUDA backend vs CPU backend on the same quantized file, a Q4_K_M-like mix included).
+
+use cudarc::driver::CudaSlice;
+
+use dustoff::backend::cpu::matmul::matmul;
+use dustoff::backend::cuda::dmat::{DevMat, Linear};
+use dustoff::backend::cuda::launch::Dev;
+use dustoff::backend::cuda::matmul::{Mm, Product};
+use dustoff::backend::cuda::qformat::QFormat;
+use dustoff::backend::cuda::qlaunch::{DequantF16, EmbeddingQ, GemvQ};
+use dustoff::backend::cuda::tc::tc64_part_len;
+use dustoff::backend::cuda::CudaBackend;
+use dustoff::model::quant::{dequantize_row, dot_row, quantize_row, GgmlType};
+use dustoff::model::weights::Tensor;
+
+use super::{compare, f16_vals, gpu, opts, run_greedy, Gpu};
+
+/// The token counts of the issue: GEMV (1..=8) and widened-F16 GEMM steps (9..).
+const TOKEN_COUNTS: &[usize] = &[1, 2, 7, 8, 9, 16, 33, 64, 300];
+
+fn tensor(g: &mut Gpu, dtype: GgmlType, name: &str, rows: usize, cols: usize) -> Tensor {
+    let a = (3.0 / cols as f32).sqrt();
+    let mut bytes = Vec::new();
+    for _ in 0..rows {
+        bytes.extend(quantize_row(dtype, &g.randn(cols, a)));
+    }
+    Tensor::from_bytes(name, dtype, rows, cols, bytes)
+}
+
+fn op(kind: &str, t: GgmlType) -> String {
+    format!("{kind}_{}", t.name().to_ascii_lowercase())
+}
+
+/// Every format: a two-part Linear (the format's rows, then Q8_0 rows, as a Q4_K_M QKV with a
+/// Q6_K V has two parts) with bias and accumulation, through `Mm::run` at every token count.
+#[test]
+fn quantized_products_every_format_and_token_count() {
+    let Some(mut g) = gpu("quantized products") else { return };
+    let s = g.dev.stream.clone();
+    let blas = cudarc::cublas::CudaBlas::new(s.clone()).unwrap();
+    let cols = 512;
+    let (rows_a, rows_b) = (300, 72);
+    let rows = rows_a + rows_b;
+    let nmax = *TOKEN_COUNTS.iter().max().unwrap();
+    let x16: CudaSlice<u16> = g.zeros(nmax.max(16) * cols);
+    let part: CudaSlice<f32> = g.zeros(tc64_part_len(rows, cols, 64).max(1));
+    // Room for 128 rows only: the 300-row part is widened in three chunks.
+    let wide: CudaSlice<u16> = g.zeros(128 * cols);
+    for f in QFormat::all() {
+        let ta = tensor(&mut g, f.dtype, "a", rows_a, cols);
+        let tb = tensor(&mut g, GgmlType::Q8_0, "b", rows_b, cols);
+        let (lin, _) = Linear::upload(&s, &[&ta, &tb], false, "w").unwrap();
+        assert_eq!(lin.parts.len(), if f.dtype == GgmlType::Q8_0 { 1 } else { 2 });
+        let bias = g.randn(rows, 1.0);
+        let bd = g.up(&bias);
+        for &n in TOKEN_COUNTS {
+            let x = g.randn(n * cols, 2.0);
+            let prev = g.randn(n * rows, 4.0);
+            let (xd, od) = (g.up(&x), g.up(&prev));
+            let accumulate = n % 2 == 1;
+            let with_bias = n % 3 != 0;
+            let mut mm = Mm { s: &s, blas: &blas, x16: g.d(&x16), part: g.d(&part), wide: Some(g.d(&wide)) };
+            let p = Product {
+                lin: &lin,
+                bias: with_bias.then(|| g.d(&bd)),
+                x: g.d(&xd),
+                n,
+                out: g.d(&od),
+                accumulate,
+            };
+            mm.run(&mut g.k, p).unwrap();
+            let (mut wa, mut wb) = (vec![0f32; n * rows_a], vec![0f32; n * rows_b]);
+            matmul(&ta, &x, n, &mut wa);
+            matmul(&tb, &x, n, &mut wb);
+            let mut want = Vec::with_capacity(n * rows);
+            for t in 0..n {
+                want.extend_from_slice(&wa[t * rows_a..(t + 1) * rows_a]);
+                want.extend_from_slice(&wb[t * rows_b..(t + 1) * rows_b]);
+            }
+            for (i, v) in want.iter_mut().enumerate() {
+                *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
+            }
+            let kind = if n <= 8 { "gemv" } else { "wide" };
+            eprintln!("{} n={n}", f.dtype);
+            compare(&op(kind, f.dtype), g.seed, &g.down(&od), &want);
+        }
+    }
+}
+
+/// Every format: the widened F16 matrix equals the CPU decoder's values rounded to F16 (bit for
+/// bit up to the f32 rounding of an fma), the embedding gather equals the CPU decoder's rows,
+/// and the fused SwiGLU GEMV equals silu(gate) * up of the CPU dot products.
+#[test]
+fn dequant_embedding_and_swiglu_every_format() {
+    let Some(mut g) = gpu("dequant, embedding, swiglu") else { return };
+    let s = g.dev.stream.clone();
+    let (rows, cols) = (40, 768);
+    for f in QFormat::all() {
+        let t = tensor(&mut g, f.dtype, "w", rows, cols);
+        let (m, _) = DevMat::upload(&s, &[&t], false, "w").unwrap();
+        let w = m.quant(&s).unwrap();
+        let out: CudaSlice<u16> = g.zeros(17 * cols);
+        DequantF16 { w, out: g.d(&out), row0: 5, n_rows: 17 }.launch(&mut g.k, &s).unwrap();
+        let mut want = vec![0f32; 17 * cols];
+        for (r, o) in want.chunks_exact_mut(cols).enumerate() {
+            dequantize_row(f.dtype, t.row(5 + r), o);
+            o.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+        }
+        compare(&op("dequant", f.dtype), g.seed, &f16_vals(&g.down(&out)), &want);
+
+        let ids: Vec<u32> = vec![3, 39, 0, 3, 17];
+        let (idd, od) = (g.up(&ids), g.poisoned(ids.len() * cols));
+        let ids_dev: Dev<u32> = g.d(&idd);
+        EmbeddingQ { table: w, ids: ids_dev, out: g.d(&od), n_tok: ids.len() }.launch(&mut g.k, &s).unwrap();
+        let mut want = vec![0f32; ids.len() * cols];
+        for (o, &id) in want.chunks_exact_mut(cols).zip(&ids) {
+            dequantize_row(f.dtype, t.row(id as usize), o);
+        }
+        compare(&op("embedding", f.dtype), g.seed, &g.down(&od), &want);
+
+        let ffn = rows / 2;
+        for n in [1usize, 3, 8] {
+            let x = g.randn(n * cols, 1.5);
+            let (xd, od) = (g.up(&x), g.poisoned(n * ffn));
+            GemvQ {
+                w,
+                x: g.d(&xd),
+                out: g.d(&od),
+                bias: None,
+                rows: ffn,
+                n_tok: n,
+                x_stride: cols,
+                out_stride: ffn,
+                accumulate: false,
+                swiglu: true,
+            }
+            .launch(&mut g.k, &s)
+            .unwrap();
+            let mut want = vec![0f32; n * ffn];
+            for tk in 0..n {
+                let xt = &x[tk * cols..(tk + 1) * cols];
+                for r in 0..ffn {
+                    let (gate, up) = (dot_row(f.dtype, t.row(r), xt), dot_row(f.dtype, t.row(ffn + r), xt));
+                    want[tk * ffn + r] = gate / (1.0 + (-gate).exp()) * up;
+                }
+            }
+            compare(&op("swiglu", f.dtype), g.seed, &g.down(&od), &want);
+        }
+    }
+}
+
+/// A small Qwen3-shaped model (2 layers, 1024 wide, a 4096-token vocabulary) whose matrices
+/// are all `dtype` (layer 0's attn_v and ffn_down in `v_down` when given: a mixed QKV).
+fn small_model(dtype: GgmlType, v_down: Option<GgmlType>) -> (dustoff::model::config::ModelConfig, dustoff::model::weights::ModelWeights) {
+    let mut cfg = dustoff::model::shapes::shape("qwen3-0.6b").unwrap();
+    cfg.n_layers = 2;
+    cfg.vocab_size = 4096;
+    let mut w = dustoff::model::synth::random_weights(&cfg, dtype, 11);
+    if let Some(t) = v_down {
+        let other = dustoff::model::synth::random_weights(&cfg, t, 12);
+        w.layers[0].wv = other.layers[0].wv.clone();
+        w.layers[0].w_down = other.layers[0].w_down.clone();
+    }
+    (cfg, w)
+}
+
+/// The whole CUDA backend on quantized weights kept packed against the CPU backend on the same
+/// file: prefill logits (37 tokens: the widened F16 path) and 12 greedy decode steps (the
+/// packed GEMV) within the F16 model's tolerance, for every format and a Q4_K + Q6_K mix.
+#[test]
+fn quantized_models_match_cpu_backend() {
+    let Some(g) = gpu("quantized models vs cpu") else { return };
+    drop(g);
+    let mut cases: Vec<(GgmlType, Option<GgmlType>)> = QFormat::all().iter().map(|f| (f.dtype, None)).collect();
+    cases.push((GgmlType::Q4K, Some(GgmlType::Q6K)));
+    for (dtype, mix) in cases {
+        let (cfg, w) = small_model(dtype, mix);
+        let mut gb = CudaBackend::new(cfg.clone(), &w, &opts(8)).expect("CUDA backend");
+        eprintln!("{dtype} (+{mix:?}): {}", dustoff::backend::Backend::describe(&gb));
+        assert_eq!(gb.formats.iter().find(|f| f.0 == GgmlType::F16), None, "{dtype}: no matrix widened at load");
+        let want_formats = if mix.is_some() { 2 } else { 1 };
+        assert_eq!(gb.formats.len(), want_formats, "{dtype}: {:?}", gb.formats);
+        let mut cb = dustoff::backend::cpu::CpuBackend::new(cfg, w, 8, 16);
+        let prompt: Vec<u32> = (0..37).map(|i| 50 + i * 97).collect();
+        let got = run_greedy(&mut gb, &prompt, 12);
+        let want = run_greedy(&mut cb, &prompt, 12);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            compare("cuda_vs_cpu_logits", i as u64, a, b);
+        }
+    }
+}
+
+/// `--weights f16` widens block formats at load (the older path) and computes the same model.
+#[test]
+fn f16_weights_option_widens_at_load() {
+    let Some(g) = gpu("f16 weights option") else { return };
+    drop(g);
+    let (cfg, w) = small_model(GgmlType::Q4_0, None);
+    let o = dustoff::backend::cuda::CudaOptions { f16_weights: true, ..opts(8) };
+    let mut wide = CudaBackend::new(cfg.clone(), &w, &o).expect("CUDA backend");
+    assert_eq!(wide.formats.len(), 1, "{:?}", wide.formats);
+    assert_eq!(wide.formats[0].0, GgmlType::F16);
+    let mut packed = CudaBackend::new(cfg, &w, &opts(8)).expect("CUDA backend");
+    assert!(packed.weight_bytes * 3 < wide.weight_bytes, "{} vs {}", packed.weight_bytes, wide.weight_bytes);
+    let prompt: Vec<u32> = (0..20).map(|i| 7 + i * 131).collect();
+    let a = run_greedy(&mut wide, &prompt, 4);
+    let b = run_greedy(&mut packed, &prompt, 4);
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        compare("cuda_vs_cpu_logits", i as u64, x, y);
+    }
+}
