@@ -149,6 +149,14 @@ struct Parts {
 
 /// Device, kernels and cuBLAS, after the memory plan was checked against the free memory.
 fn open(cfg: &ModelConfig, opts: &CudaOptions) -> Result<(CudaDevice, Kernels, CudaBlas), CudaError> {
+    if let Some(m) = &cfg.moe {
+        return Err(CudaError::Weights(format!(
+            "{} mixture-of-experts model ({} experts, {} used): the CUDA backend has no MoE layers yet; use --device cpu",
+            cfg.arch.name(),
+            m.n_experts,
+            m.n_used
+        )));
+    }
     let dev = CudaDevice::new(opts.ordinal)?;
     let plan = plan_memory(cfg, 2, opts.num_blocks, opts.block_size, PLANNED_BATCH_TOKENS);
     let (free, _) = dev.mem_info()?;
