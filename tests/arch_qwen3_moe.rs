@@ -12,9 +12,13 @@
 mod common;
 
 use std::path::PathBuf;
+use std::process::Command;
 
 use dustoff::backend::cpu::CpuBackend;
+use dustoff::backend::cuda::{CudaBackend, CudaOptions};
+use dustoff::engine::engine::{Engine, EngineConfig, EngineMetrics, Request};
 use dustoff::engine::sampler::argmax;
+use dustoff::engine::sampler::SamplingParams;
 use dustoff::engine::single::SingleSeq;
 use dustoff::model::config::Arch;
 use dustoff::model::loader::{load_model, LoadedModel};
@@ -177,4 +181,115 @@ fn hf_and_gguf_forms_agree() {
         worst = worst.max(d);
     }
     eprintln!("HF vs GGUF: largest logit difference {worst:.2e}");
+}
+
+fn completions(
+    m: &LoadedModel,
+    slots: usize,
+    prefix_cache: bool,
+    max_batch_tokens: usize,
+    prompts: &[Vec<u32>],
+) -> (Vec<Vec<u32>>, EngineMetrics) {
+    let b = CpuBackend::new(m.config.clone(), m.weights.clone(), 128, 16);
+    let cfg = EngineConfig { slots, max_batch_tokens, prefix_cache, model_fingerprint: m.fingerprint };
+    let mut e = Engine::new(b, cfg).unwrap();
+    for (i, p) in prompts.iter().enumerate() {
+        let stop_ids = m.tokenizer.eos_ids().to_vec();
+        e.add_request(Request {
+            id: i as u64,
+            prompt: p.clone(),
+            max_tokens: 8,
+            sampling: SamplingParams::greedy(),
+            stop_ids,
+        })
+        .unwrap();
+    }
+    let mut done = e.run_to_completion().unwrap();
+    done.sort_by_key(|c| c.id);
+    (done.into_iter().map(|c| c.token_ids).collect(), e.metrics())
+}
+
+#[test]
+fn engine_greedy_is_the_same_for_any_slot_count_prefix_cache_and_chunking() {
+    let m = gguf_model();
+    let r = refs();
+    let mut prompts: Vec<Vec<u32>> = r.iter().map(|r| common::ids(r, "prompt_ids")).collect();
+    // Shared prefixes: the chat prompt again, and code100 cut to its first 64 tokens.
+    prompts.push(prompts[1].clone());
+    prompts.push(prompts[3][..64].to_vec());
+    let (want, _) = completions(&m, 1, false, 512, &prompts);
+    // The 1-slot run reproduces transformers' greedy continuation (up to a stop token).
+    for (i, ref_) in r.iter().enumerate() {
+        let greedy = common::ids(ref_, "greedy_ids");
+        assert_eq!(want[i], greedy[..want[i].len()], "{}: engine greedy vs transformers", ref_["name"]);
+        assert!(want[i].len() == 8 || m.tokenizer.eos_ids().contains(&greedy[want[i].len()]));
+    }
+    for (slots, cache, budget) in [(4, false, 512), (4, true, 512), (8, true, 40), (8, false, 24)] {
+        let (got, metrics) = completions(&m, slots, cache, budget, &prompts);
+        assert_eq!(got, want, "{slots} slots, prefix cache {cache}, {budget} tokens per step");
+        if cache {
+            assert!(metrics.prompt_tokens_cached >= 32, "no prefix reuse: {metrics:?}");
+        }
+        assert!(metrics.avg_running > 1.5, "slots barely used: {metrics:?}");
+    }
+}
+
+#[test]
+fn cuda_backend_refuses_a_moe_model_before_touching_the_device() {
+    let m = gguf_model();
+    let opts = CudaOptions { ordinal: 0, num_blocks: 4, block_size: 16, ptx_dir: None, max_positions: 64 };
+    let e = CudaBackend::new(m.config.clone(), &m.weights, &opts).err().expect("refused").to_string();
+    assert!(e.contains("mixture-of-experts") && e.contains("--device cpu"), "{e}");
+}
+
+#[test]
+fn generate_run_and_bench_commands_take_the_gguf() {
+    let d = common::tmpdir("qwen3moe-cli");
+    let model = data_dir().join("qwen3_moe-f16.gguf");
+    let r = refs();
+    let input: String = r
+        .iter()
+        .map(|r| format!("{}\n", serde_json::json!({"id": r["name"], "prompt_ids": r["prompt_ids"]})))
+        .collect();
+    std::fs::write(d.join("in.jsonl"), input).unwrap();
+    let cmd = |args: &[&str]| {
+        let out =
+            Command::new(common::bin()).args(args).arg("--model").arg(&model).current_dir(common::repo()).output();
+        let out = out.unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out
+    };
+    let (inp, outp) = (d.join("in.jsonl"), d.join("gen.jsonl"));
+    let gen = ["generate", "--device", "cpu", "--max-tokens", "12", "--temperature", "0", "--input"];
+    cmd(&[&gen[..], &[inp.to_str().unwrap(), "--output", outp.to_str().unwrap()]].concat());
+    let rows: Vec<Json> =
+        std::fs::read_to_string(&outp).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), r.len());
+    for (row, ref_) in rows.iter().zip(&r) {
+        let got = common::ids(row, "token_ids");
+        assert_eq!(got, common::ids(ref_, "greedy_ids")[..got.len()], "{}", ref_["name"]);
+        assert!(got.len() == 12 || row["finish_reason"] == "stop", "{row}");
+    }
+
+    let job = d.join("job.jsonl");
+    cmd(&[
+        "run",
+        "summarize",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--input",
+        "samples/news.jsonl",
+        "--output",
+        job.to_str().unwrap(),
+    ]);
+    let rows: Vec<Json> =
+        std::fs::read_to_string(&job).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 12);
+    assert!(rows.iter().all(|r| r["error"].is_null() && r["generated_tokens"].as_u64() > Some(0)), "{rows:?}");
+
+    let out = cmd(&["bench", "--device", "cpu", "--prompt-tokens", "40", "--gen-tokens", "8", "--runs", "1", "--json"]);
+    let b: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(b["median_decode_tok_s"].as_f64() > Some(0.0), "{b}");
+    std::fs::remove_dir_all(&d).ok();
 }
