@@ -372,3 +372,33 @@ fn dense_and_sparse_layers_hf_defaults_and_shards() {
     check_model_against_naive(&m, &TOKENS, "dense + sparse layers, 3 shards");
     std::fs::remove_dir_all(&root).ok();
 }
+
+#[test]
+fn convert_writes_a_moe_model_as_f16_safetensors_and_refuses_gguf_output() {
+    use dustoff::commands::convert::{run, ConvertArgs};
+    let root = common::tmpdir("moe-convert");
+    let src = root.join("src");
+    let m = model(&src, &spec(41, moe4(Some(true))), &|_, _| {});
+    let args = |output: &str| ConvertArgs {
+        model: src.clone(),
+        output: root.join(output),
+        verify: true,
+        verify_tokens: 4,
+        ..ConvertArgs::default()
+    };
+    let e = run(args("m.gguf")).unwrap_err().to_string();
+    assert!(e.contains("mixture-of-experts") && e.contains("safetensors"), "{e}");
+    assert!(!root.join("m.gguf").exists());
+    // F16 output: every expert tensor converted (BF16 values are exact in F16) and re-verified.
+    let s = run(args("f16")).unwrap();
+    assert_eq!(s.verify.unwrap().values_mismatched, 0);
+    let f16 = load_model(&root.join("f16")).unwrap();
+    let (a, b) = (
+        &m.weights.layers[1].moe.as_ref().unwrap().experts[3],
+        &f16.weights.layers[1].moe.as_ref().unwrap().experts[3],
+    );
+    assert_eq!(b.up.dtype, dustoff::model::quant::GgmlType::F16);
+    assert_eq!(a.up.to_f32_vec(), b.up.to_f32_vec());
+    check_model_against_naive(&f16, &TOKENS, "converted to F16");
+    std::fs::remove_dir_all(&root).ok();
+}
