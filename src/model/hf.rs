@@ -425,6 +425,34 @@ mod tests {
     }
 
     #[test]
+    fn transformers5_rope_parameters_and_qwen3_moe() {
+        // transformers 5 spelling: no rope_theta, theta (and scaling) in rope_parameters.
+        let mut j = serde_json::json!({
+            "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 100,
+            "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}, "num_local_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 16, "norm_topk_prob": true
+        });
+        let (c, _) = config_from_json(&j, Path::new("x/config.json")).unwrap();
+        assert_eq!((c.arch, c.rope_theta, c.rope_scaling), (Arch::Qwen3Moe, 5e5, RopeScaling::None));
+        // No intermediate_size: Qwen3MoeConfig's default for the (here absent) dense layers.
+        assert_eq!(c.ffn_dim, 6144);
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!((m.n_experts, m.n_used, m.expert_ffn_dim, m.norm_topk_prob), (4, 2, 16, true));
+        let plan = tensor_plan(&c, &HfExtras { hf_arch: "Qwen3MoeForCausalLM".into(), qkv_bias: false });
+        let e3 = plan.iter().find(|p| p.hf == "model.layers.1.mlp.experts.3.down_proj.weight").unwrap();
+        assert_eq!((e3.gguf.as_str(), e3.expert, &e3.shape), ("blk.1.ffn_down_exps.weight", Some(3), &vec![64, 16]));
+        assert!(plan.iter().any(|p| p.hf == "model.layers.0.self_attn.k_norm.weight"));
+        assert!(!plan.iter().any(|p| p.hf.contains("mlp.gate_proj")), "no dense FFN in sparse layers");
+        j["rope_parameters"] = serde_json::json!({"rope_theta": 5e5, "rope_type": "linear", "factor": 4.0});
+        let (c, _) = config_from_json(&j, Path::new("x/config.json")).unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 4.0 });
+        j["num_experts"] = serde_json::json!(8);
+        let e = config_from_json(&j, Path::new("x/config.json")).unwrap_err().to_string();
+        assert!(e.contains("config.json") && e.contains("num_local_experts"), "{e}");
+    }
+
+    #[test]
     fn malformed_configs_name_the_key() {
         let e = cfg(serde_json::json!({"hidden_size": "big"})).unwrap_err().to_string();
         assert!(e.contains("'hidden_size'"), "{e}");

@@ -89,9 +89,6 @@ mod tests {
         assert!((3.0e9..3.1e9).contains(&(p as f64)), "{p}");
         // The dense shapes are unchanged by the MoE term.
         let d = shape("qwen3-8b").unwrap();
-        assert_eq!(
-            d.decode_matrix_params(),
-            (36 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 12288) + 151_936 * 4096) as u64
-        );
+        assert_eq!(d.decode_matrix_params(), 36 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 12288) + 151_936 * 4096u64);
     }
 }
