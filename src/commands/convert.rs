@@ -175,6 +175,13 @@ fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
     }
     let gguf = a.output.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     let (cfg, extras) = read_config(&a.model)?;
+    if gguf && cfg.moe.is_some() {
+        return Err(ConvertError::Usage(format!(
+            "{}: writing a mixture-of-experts model as GGUF (stacked ffn_*_exps tensors) is not supported yet; \
+             convert to a safetensors directory, or use llama.cpp's convert_hf_to_gguf.py",
+            a.model.display()
+        )));
+    }
     let st = SafetensorsDir::open(&a.model)?;
     let outs = if gguf {
         let extra = llama3_freq_factors(&cfg).map(|f| {

@@ -2,6 +2,7 @@
 //! `config.json` by the safetensors loader).
 
 use super::gguf::{GgufError, GgufFile};
+pub use super::moe::MoeConfig;
 
 /// Architectures dustoff runs. They differ only in small ways on top of the llama block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,6 +13,9 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: per-head RMSNorm on Q and K before RoPE, no QKV bias.
     Qwen3,
+    /// Qwen3-MoE (Qwen3-30B-A3B...): Qwen3 attention; the FFN of each sparse layer is a
+    /// mixture of SwiGLU experts (see [`MoeConfig`]).
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -20,6 +24,7 @@ impl Arch {
             "llama" => Some(Arch::Llama),
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
+            "qwen3moe" => Some(Arch::Qwen3Moe),
             _ => None,
         }
     }
@@ -28,7 +33,12 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
+    }
+    /// Per-head RMSNorm on Q and K before RoPE (`attn_q_norm`, `attn_k_norm`).
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
     }
 }
 
@@ -77,13 +87,16 @@ pub struct ModelConfig {
     pub max_context: usize,
     /// The output head shares the embedding table.
     pub tied_embeddings: bool,
+    /// Mixture-of-experts layers (qwen3moe); `None` for dense models. `ffn_dim` is then the
+    /// width of the layers left dense.
+    pub moe: Option<MoeConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("{path}: architecture '{arch}' is not supported (llama, qwen2, qwen3 are)")]
+    #[error("{path}: architecture '{arch}' is not supported (llama, qwen2, qwen3, qwen3moe are)")]
     UnsupportedArch { path: String, arch: String },
     #[error("{path}: inconsistent model shape: {reason}")]
     Shape { path: String, reason: String },
@@ -144,7 +157,11 @@ impl ModelConfig {
         let tied_embeddings = g.tensor_info("output.weight").is_none();
         let rope_style = match arch {
             Arch::Llama => RopeStyle::Adjacent,
-            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Halves,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => RopeStyle::Halves,
+        };
+        let moe = match arch {
+            Arch::Qwen3Moe => Some(MoeConfig::from_gguf(g, n_layers)?),
+            _ => None,
         };
         Ok(ModelConfig {
             arch,
@@ -161,6 +178,7 @@ impl ModelConfig {
             rope_scaling,
             max_context,
             tied_embeddings,
+            moe,
         })
     }
 

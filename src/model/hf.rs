@@ -2,7 +2,8 @@
 //! [`ModelWeights`].
 //!
 //! Architectures: `LlamaForCausalLM`, `Qwen2ForCausalLM` (Q/K/V bias), `Qwen3ForCausalLM`
-//! (per-head q/k RMSNorm), tied or untied embeddings. HF checkpoints keep Q/K rows in the
+//! (per-head q/k RMSNorm), `Qwen3MoeForCausalLM` (Qwen3 attention, mixture-of-experts FFN with
+//! one tensor per expert, `mlp.experts.E.{gate,up,down}_proj`), tied or untied embeddings. HF checkpoints keep Q/K rows in the
 //! "rotate half" order, so every HF directory runs with [`RopeStyle::Halves`] (llama GGUFs differ:
 //! their converter permuted the rows for adjacent pairs; see `gguf_writer`).
 
@@ -12,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value as Json;
 
 use super::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
+use super::moe::{Expert, MoeConfig, MoeWeights};
 use super::quant::{dequantize_row, GgmlType};
 use super::safetensors::{SafetensorsDir, SafetensorsError};
 use super::weights::{LayerWeights, ModelWeights, Tensor};
@@ -26,7 +28,7 @@ pub enum HfError {
     Json { path: PathBuf, source: serde_json::Error },
     #[error("{path}: '{key}' {reason}")]
     Config { path: PathBuf, key: String, reason: String },
-    #[error("{path}: architecture {arch} is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM are)")]
+    #[error("{path}: architecture {arch} is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM are)")]
     UnsupportedArch { path: PathBuf, arch: String },
     #[error(transparent)]
     Safetensors(#[from] SafetensorsError),
@@ -52,6 +54,8 @@ pub struct PlannedTensor {
     /// For llama Q/K (weights and biases): the number of heads whose rows a llama GGUF stores
     /// permuted for adjacent-pair RoPE.
     pub permute_heads: Option<usize>,
+    /// An expert's matrix: slab `e` of the stacked GGUF tensor `gguf` (`ffn_*_exps`).
+    pub expert: Option<usize>,
 }
 
 impl PlannedTensor {
@@ -105,6 +109,7 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         "LlamaForCausalLM" => Arch::Llama,
         "Qwen2ForCausalLM" => Arch::Qwen2,
         "Qwen3ForCausalLM" => Arch::Qwen3,
+        "Qwen3MoeForCausalLM" => Arch::Qwen3Moe,
         _ => return Err(HfError::UnsupportedArch { path: path.to_path_buf(), arch: hf_arch }),
     };
     let dim = req_usize("hidden_size")?;
@@ -132,25 +137,48 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
             return Err(err("hidden_act", &format!("'{act}' is not supported (silu is)")));
         }
     }
-    let rope_scaling = match j.get("rope_scaling") {
-        None | Some(Json::Null) => RopeScaling::None,
-        Some(rs) => rope_scaling(rs).map_err(|reason| err("rope_scaling", &reason))?,
+    // transformers 5 writes `rope_parameters` (theta and scaling in one object); older files
+    // `rope_theta` and `rope_scaling`. Either spelling is read; the older keys win.
+    let rope_params = j.get("rope_parameters").filter(|v| v.is_object());
+    let rope_scaling = match (j.get("rope_scaling"), rope_params) {
+        (None | Some(Json::Null), None) => RopeScaling::None,
+        (None | Some(Json::Null), Some(rp)) => rope_scaling(rp).map_err(|reason| err("rope_parameters", &reason))?,
+        (Some(rs), _) => rope_scaling(rs).map_err(|reason| err("rope_scaling", &reason))?,
+    };
+    let rope_theta = match opt_f64("rope_theta")? {
+        Some(t) => t,
+        None => match rope_params.and_then(|rp| rp.get("rope_theta")) {
+            None | Some(Json::Null) => 10_000.0,
+            Some(v) => v.as_f64().ok_or_else(|| err("rope_parameters", "'rope_theta' must be a number"))?,
+        },
+    };
+    let n_layers = req_usize("num_hidden_layers")?;
+    let moe = match arch {
+        Arch::Qwen3Moe => Some(MoeConfig::from_hf_json(j, n_layers).map_err(|(key, reason)| err(&key, &reason))?),
+        _ => None,
+    };
+    // Qwen3MoeConfig's default dense width (used only by layers left dense).
+    let ffn_dim = match (&moe, opt_usize("intermediate_size")?) {
+        (_, Some(f)) => f,
+        (Some(_), None) => 6144,
+        (None, None) => return Err(err("intermediate_size", "is missing")),
     };
     let cfg = ModelConfig {
         arch,
-        n_layers: req_usize("num_hidden_layers")?,
+        n_layers,
         dim,
-        ffn_dim: req_usize("intermediate_size")?,
+        ffn_dim,
         n_heads,
         n_kv_heads,
         head_dim,
         vocab_size: req_usize("vocab_size")?,
         rms_eps: opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
-        rope_theta: opt_f64("rope_theta")?.unwrap_or(10_000.0) as f32,
+        rope_theta: rope_theta as f32,
         rope_style: RopeStyle::Halves,
         rope_scaling,
         max_context: opt_usize("max_position_embeddings")?.unwrap_or(4096),
         tied_embeddings: opt_bool("tie_word_embeddings")?.unwrap_or(false),
+        moe,
     };
     let qkv_bias = arch == Arch::Qwen2 || opt_bool("attention_bias")?.unwrap_or(false);
     Ok((cfg, HfExtras { hf_arch, qkv_bias }))
@@ -180,6 +208,7 @@ pub fn tensor_plan(c: &ModelConfig, x: &HfExtras) -> Vec<PlannedTensor> {
         gguf,
         shape,
         permute_heads: if llama { permute } else { None },
+        expert: None,
     };
     let mut v =
         vec![t("model.embed_tokens.weight".into(), "token_embd.weight".into(), vec![c.vocab_size, c.dim], None)];
@@ -201,15 +230,39 @@ pub fn tensor_plan(c: &ModelConfig, x: &HfExtras) -> Vec<PlannedTensor> {
             add("self_attn.k_proj.bias", "attn_k.bias", vec![kvd], Some(c.n_kv_heads));
             add("self_attn.v_proj.bias", "attn_v.bias", vec![kvd], None);
         }
-        if c.arch == Arch::Qwen3 {
+        if c.arch.has_qk_norm() {
             add("self_attn.q_norm.weight", "attn_q_norm.weight", vec![c.head_dim], None);
             add("self_attn.k_norm.weight", "attn_k_norm.weight", vec![c.head_dim], None);
         }
         add("self_attn.o_proj.weight", "attn_output.weight", vec![c.dim, qd], None);
         add("post_attention_layernorm.weight", "ffn_norm.weight", vec![c.dim], None);
-        add("mlp.gate_proj.weight", "ffn_gate.weight", vec![c.ffn_dim, c.dim], None);
-        add("mlp.up_proj.weight", "ffn_up.weight", vec![c.ffn_dim, c.dim], None);
-        add("mlp.down_proj.weight", "ffn_down.weight", vec![c.dim, c.ffn_dim], None);
+        match &c.moe {
+            Some(m) if m.is_sparse(i) => {
+                add("mlp.gate.weight", "ffn_gate_inp.weight", vec![m.n_experts, c.dim], None);
+                let f = m.expert_ffn_dim;
+                for e in 0..m.n_experts {
+                    for (proj, gguf, shape) in [
+                        ("gate_proj", "ffn_gate_exps.weight", vec![f, c.dim]),
+                        ("up_proj", "ffn_up_exps.weight", vec![f, c.dim]),
+                        ("down_proj", "ffn_down_exps.weight", vec![c.dim, f]),
+                    ] {
+                        let mut p = t(
+                            format!("model.layers.{i}.mlp.experts.{e}.{proj}.weight"),
+                            format!("blk.{i}.{gguf}"),
+                            shape,
+                            None,
+                        );
+                        p.expert = Some(e);
+                        v.push(p);
+                    }
+                }
+            }
+            _ => {
+                add("mlp.gate_proj.weight", "ffn_gate.weight", vec![c.ffn_dim, c.dim], None);
+                add("mlp.up_proj.weight", "ffn_up.weight", vec![c.ffn_dim, c.dim], None);
+                add("mlp.down_proj.weight", "ffn_down.weight", vec![c.dim, c.ffn_dim], None);
+            }
+        }
     }
     v
 }
@@ -220,6 +273,8 @@ pub fn tensor_plan(c: &ModelConfig, x: &HfExtras) -> Vec<PlannedTensor> {
 pub fn load_weights(st: &SafetensorsDir, c: &ModelConfig, x: &HfExtras) -> Result<ModelWeights, HfError> {
     let plan = tensor_plan(c, x);
     let mut mats: HashMap<&str, Tensor> = HashMap::new();
+    // Expert matrices by (stacked GGUF name, expert).
+    let mut expert_mats: HashMap<(String, usize), Tensor> = HashMap::new();
     let mut vecs: HashMap<&str, Vec<f32>> = HashMap::new();
     for p in &plan {
         let (ty, shape, bytes) = st.read(&p.hf)?;
@@ -254,7 +309,10 @@ pub fn load_weights(st: &SafetensorsDir, c: &ModelConfig, x: &HfExtras) -> Resul
                 expected: p.shape.clone(),
                 found: shape.to_vec(),
             })?;
-            mats.insert(p.gguf.as_str(), t);
+            match p.expert {
+                Some(e) => expert_mats.insert((p.gguf.clone(), e), t),
+                None => mats.insert(p.gguf.as_str(), t),
+            };
         }
     }
     // Every planned name was inserted above, so the lookups below cannot fail; `take` keeps
@@ -270,6 +328,34 @@ pub fn load_weights(st: &SafetensorsDir, c: &ModelConfig, x: &HfExtras) -> Resul
         let (attn_norm, ffn_norm) = (vec("attn_norm.weight"), vec("ffn_norm.weight"));
         let (bq, bk, bv) = (vec("attn_q.bias"), vec("attn_k.bias"), vec("attn_v.bias"));
         let (q_norm, k_norm) = (vec("attn_q_norm.weight"), vec("attn_k_norm.weight"));
+        let moe = match &c.moe {
+            Some(m) if m.is_sparse(i) => {
+                let mut experts = Vec::with_capacity(m.n_experts);
+                for e in 0..m.n_experts {
+                    // (GGUF name, HF projection) of the expert's three matrices.
+                    let mut take = |gguf: &str, proj: &str| {
+                        let t = expert_mats.remove(&(n(gguf), e));
+                        t.ok_or_else(|| missing(&format!("model.layers.{i}.mlp.experts.{e}.{proj}.weight")))
+                    };
+                    experts.push(Expert {
+                        gate: take("ffn_gate_exps.weight", "gate_proj")?,
+                        up: take("ffn_up_exps.weight", "up_proj")?,
+                        down: take("ffn_down_exps.weight", "down_proj")?,
+                    });
+                }
+                Some(MoeWeights {
+                    router: mat(&n("ffn_gate_inp.weight"))?,
+                    experts,
+                    n_used: m.n_used,
+                    norm_topk_prob: m.norm_topk_prob,
+                })
+            }
+            _ => None,
+        };
+        let (w_gate, w_up, w_down) = match moe {
+            Some(_) => LayerWeights::empty_dense_ffn(i, c),
+            None => (mat(&n("ffn_gate.weight"))?, mat(&n("ffn_up.weight"))?, mat(&n("ffn_down.weight"))?),
+        };
         layers.push(LayerWeights {
             attn_norm: attn_norm.ok_or_else(|| missing(&n("attn_norm.weight")))?,
             wq: mat(&n("attn_q.weight"))?,
@@ -282,9 +368,10 @@ pub fn load_weights(st: &SafetensorsDir, c: &ModelConfig, x: &HfExtras) -> Resul
             q_norm,
             k_norm,
             ffn_norm: ffn_norm.ok_or_else(|| missing(&n("ffn_norm.weight")))?,
-            w_gate: mat(&n("ffn_gate.weight"))?,
-            w_up: mat(&n("ffn_up.weight"))?,
-            w_down: mat(&n("ffn_down.weight"))?,
+            w_gate,
+            w_up,
+            w_down,
+            moe,
         });
     }
     let output_norm = vecs.remove("output_norm.weight").ok_or_else(|| missing("model.norm.weight"))?;
@@ -335,6 +422,34 @@ mod tests {
         assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 2.0 });
         let e = cfg(serde_json::json!({"rope_scaling": {"type": "yarn", "factor": 2.0}})).unwrap_err().to_string();
         assert!(e.contains("config.json") && e.contains("rope_scaling") && e.contains("yarn"), "{e}");
+    }
+
+    #[test]
+    fn transformers5_rope_parameters_and_qwen3_moe() {
+        // transformers 5 spelling: no rope_theta, theta (and scaling) in rope_parameters.
+        let mut j = serde_json::json!({
+            "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2, "vocab_size": 100,
+            "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}, "num_local_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 16, "norm_topk_prob": true
+        });
+        let (c, _) = config_from_json(&j, Path::new("x/config.json")).unwrap();
+        assert_eq!((c.arch, c.rope_theta, c.rope_scaling), (Arch::Qwen3Moe, 5e5, RopeScaling::None));
+        // No intermediate_size: Qwen3MoeConfig's default for the (here absent) dense layers.
+        assert_eq!(c.ffn_dim, 6144);
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!((m.n_experts, m.n_used, m.expert_ffn_dim, m.norm_topk_prob), (4, 2, 16, true));
+        let plan = tensor_plan(&c, &HfExtras { hf_arch: "Qwen3MoeForCausalLM".into(), qkv_bias: false });
+        let e3 = plan.iter().find(|p| p.hf == "model.layers.1.mlp.experts.3.down_proj.weight").unwrap();
+        assert_eq!((e3.gguf.as_str(), e3.expert, &e3.shape), ("blk.1.ffn_down_exps.weight", Some(3), &vec![64, 16]));
+        assert!(plan.iter().any(|p| p.hf == "model.layers.0.self_attn.k_norm.weight"));
+        assert!(!plan.iter().any(|p| p.hf.contains("mlp.gate_proj")), "no dense FFN in sparse layers");
+        j["rope_parameters"] = serde_json::json!({"rope_theta": 5e5, "rope_type": "linear", "factor": 4.0});
+        let (c, _) = config_from_json(&j, Path::new("x/config.json")).unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 4.0 });
+        j["num_experts"] = serde_json::json!(8);
+        let e = config_from_json(&j, Path::new("x/config.json")).unwrap_err().to_string();
+        assert!(e.contains("config.json") && e.contains("num_local_experts"), "{e}");
     }
 
     #[test]

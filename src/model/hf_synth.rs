@@ -1,4 +1,4 @@
-//! Tiny random-weight Hugging Face model directories (llama, qwen2, qwen3; BF16 safetensors,
+//! Tiny random-weight Hugging Face model directories (llama, qwen2, qwen3, qwen3-moe; BF16 safetensors,
 //! one file or shards), so the HF, conversion and Qwen paths run in CI without downloads.
 //!
 //! The tokenizer is the vocabulary of a GGUF model (the sample model): `tokenizer.json` is built
@@ -52,6 +52,20 @@ pub struct SynthSpec {
     pub seed: u64,
     /// Written as `rope_scaling` in config.json when set.
     pub rope_scaling: Option<Json>,
+    /// Mixture-of-experts keys of config.json (for `Arch::Qwen3Moe`).
+    pub moe: Option<SynthMoe>,
+}
+
+/// The MoE part of a synthetic Qwen3-MoE config.json.
+#[derive(Clone, Debug)]
+pub struct SynthMoe {
+    pub n_experts: usize,
+    pub n_used: usize,
+    pub expert_ffn_dim: usize,
+    /// `None` leaves the key out (transformers' default, false, applies).
+    pub norm_topk_prob: Option<bool>,
+    pub mlp_only_layers: Vec<usize>,
+    pub decoder_sparse_step: usize,
 }
 
 impl SynthSpec {
@@ -65,11 +79,19 @@ impl SynthSpec {
             ffn_dim: 128,
             n_heads: 4,
             n_kv_heads: 2,
-            head_dim: if arch == Arch::Qwen3 { 32 } else { 16 },
+            head_dim: if arch.has_qk_norm() { 32 } else { 16 },
             tied: arch != Arch::Qwen2,
             shards: 1,
             seed,
             rope_scaling: None,
+            moe: (arch == Arch::Qwen3Moe).then_some(SynthMoe {
+                n_experts: 4,
+                n_used: 2,
+                expert_ffn_dim: 32,
+                norm_topk_prob: Some(true),
+                mlp_only_layers: Vec::new(),
+                decoder_sparse_step: 1,
+            }),
         }
     }
 }
@@ -126,7 +148,7 @@ fn tokenizer_json(v: &Vocab, arch: Arch) -> Json {
         Arch::Llama => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Digits", "individual_digits": true},
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]}),
-        Arch::Qwen2 | Arch::Qwen3 => json!({"type": "Sequence", "pretokenizers": [
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": QWEN2_REGEX}, "behavior": "Isolated", "invert": false},
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]}),
     };
@@ -162,6 +184,7 @@ pub fn write_hf_dir(
         Arch::Llama => ("LlamaForCausalLM", "llama", 10_000.0),
         Arch::Qwen2 => ("Qwen2ForCausalLM", "qwen2", 1_000_000.0),
         Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3", 1_000_000.0),
+        Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe", 1_000_000.0),
     };
     let mut config = json!({
         "architectures": [hf_arch], "model_type": model_type, "hidden_size": spec.dim,
@@ -174,6 +197,16 @@ pub fn write_hf_dir(
     });
     if let (Some(rs), Some(o)) = (&spec.rope_scaling, config.as_object_mut()) {
         o.insert("rope_scaling".into(), rs.clone());
+    }
+    if let (Some(m), Some(o)) = (&spec.moe, config.as_object_mut()) {
+        o.insert("num_experts".into(), json!(m.n_experts));
+        o.insert("num_experts_per_tok".into(), json!(m.n_used));
+        o.insert("moe_intermediate_size".into(), json!(m.expert_ffn_dim));
+        o.insert("mlp_only_layers".into(), json!(m.mlp_only_layers));
+        o.insert("decoder_sparse_step".into(), json!(m.decoder_sparse_step));
+        if let Some(norm) = m.norm_topk_prob {
+            o.insert("norm_topk_prob".into(), json!(norm));
+        }
     }
     write_json(&dir.join("config.json"), &config)?;
     write_json(&dir.join("tokenizer.json"), &tokenizer_json(&v, spec.arch))?;

@@ -1,10 +1,10 @@
 //! Real architectures' shapes, for synthetic (random-weight) models: benchmarks and tests can
 //! check a machine before the weights arrive.
 
-use super::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
+use super::config::{Arch, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
 
 /// Names accepted by `--synthetic`.
-pub const SHAPES: &[&str] = &["qwen3-8b", "qwen2.5-7b", "llama3-8b", "smollm2-135m", "qwen3-0.6b"];
+pub const SHAPES: &[&str] = &["qwen3-8b", "qwen2.5-7b", "llama3-8b", "smollm2-135m", "qwen3-0.6b", "qwen3-30b-a3b"];
 
 pub fn shape(name: &str) -> Option<ModelConfig> {
     #[allow(clippy::too_many_arguments)]
@@ -36,6 +36,7 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
             rope_scaling: RopeScaling::None,
             max_context: 32768,
             tied_embeddings: tied,
+            moe: None,
         }
     }
     Some(match name {
@@ -44,16 +45,50 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
         "qwen2.5-7b" => c(Arch::Qwen2, 28, 3584, 18944, 28, 4, 128, 152_064, 1e6, 1e-6, false),
         "llama3-8b" => c(Arch::Llama, 32, 4096, 14336, 32, 8, 128, 128_256, 5e5, 1e-5, false),
         "smollm2-135m" => c(Arch::Llama, 30, 576, 1536, 9, 3, 64, 49_152, 1e5, 1e-5, true),
+        // Qwen3-30B-A3B: 48 sparse layers of 128 experts (8 used, width 768); the dense width
+        // 6144 is its config's `intermediate_size`, used by no layer.
+        "qwen3-30b-a3b" => ModelConfig {
+            moe: Some(MoeConfig {
+                n_experts: 128,
+                n_used: 8,
+                expert_ffn_dim: 768,
+                norm_topk_prob: true,
+                sparse_layers: vec![true; 48],
+            }),
+            ..c(Arch::Qwen3Moe, 48, 2048, 6144, 32, 4, 128, 151_936, 1e6, 1e-6, false)
+        },
         _ => return None,
     })
 }
 
 impl ModelConfig {
     /// Parameters of the matrices a decode step reads in full (everything but the embedding
-    /// table, of which one row is read; the output head counts even when tied).
+    /// table, of which one row is read; the output head counts even when tied). A sparse layer
+    /// counts its router and the `n_used` experts one token reads.
     pub fn decode_matrix_params(&self) -> u64 {
-        let per_layer =
-            self.dim * (self.q_dim() + 2 * self.kv_dim()) + self.q_dim() * self.dim + 3 * self.dim * self.ffn_dim;
-        (self.n_layers * per_layer + self.vocab_size * self.dim) as u64
+        let attn = self.dim * (self.q_dim() + 2 * self.kv_dim()) + self.q_dim() * self.dim;
+        let ffn = |layer: usize| match &self.moe {
+            Some(m) if m.is_sparse(layer) => m.n_experts * self.dim + m.n_used * 3 * self.dim * m.expert_ffn_dim,
+            _ => 3 * self.dim * self.ffn_dim,
+        };
+        ((0..self.n_layers).map(|l| attn + ffn(l)).sum::<usize>() + self.vocab_size * self.dim) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qwen3_30b_a3b_reads_about_3b_parameters_per_token() {
+        let c = shape("qwen3-30b-a3b").unwrap();
+        // Per layer: attention 2048 x (4096 + 2 x 512) + 4096 x 2048 = 18.87M, router 0.26M,
+        // 8 experts x 3 x 2048 x 768 = 37.75M; x 48, plus the 311M output head: 3.05B.
+        let p = c.decode_matrix_params();
+        assert_eq!(p, 48 * (18_874_368 + 262_144 + 37_748_736) + 151_936 * 2048);
+        assert!((3.0e9..3.1e9).contains(&(p as f64)), "{p}");
+        // The dense shapes are unchanged by the MoE term.
+        let d = shape("qwen3-8b").unwrap();
+        assert_eq!(d.decode_matrix_params(), 36 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 12288) + 151_936 * 4096u64);
     }
 }

@@ -4,7 +4,8 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::config::{Arch, ModelConfig};
+use super::config::ModelConfig;
+use super::moe::{Expert, MoeWeights};
 use super::quant::{quantize_row, GgmlType};
 use super::weights::{LayerWeights, ModelWeights, Tensor};
 
@@ -28,27 +29,59 @@ pub fn random_weights(c: &ModelConfig, dtype: GgmlType, seed: u64) -> ModelWeigh
     for i in 0..c.n_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
         let bias = |rng: &mut StdRng, k: usize| {
-            (c.arch == Arch::Qwen2).then(|| (0..k).map(|_| rng.random_range(-0.1..0.1)).collect())
+            (c.arch == super::config::Arch::Qwen2).then(|| (0..k).map(|_| rng.random_range(-0.1..0.1)).collect())
         };
         let bq = bias(&mut rng, c.q_dim());
         let bk = bias(&mut rng, c.kv_dim());
         let bv = bias(&mut rng, c.kv_dim());
-        let qk = c.arch == Arch::Qwen3;
+        let qk = c.arch.has_qk_norm();
+        let (wq, wk, wv, wo) = (
+            matrix(&n("attn_q.weight"), c.q_dim(), c.dim, dtype, &mut rng),
+            matrix(&n("attn_k.weight"), c.kv_dim(), c.dim, dtype, &mut rng),
+            matrix(&n("attn_v.weight"), c.kv_dim(), c.dim, dtype, &mut rng),
+            matrix(&n("attn_output.weight"), c.dim, c.q_dim(), dtype, &mut rng),
+        );
+        // A random router (uniform like every matrix) spreads tokens over the experts as in
+        // real use; it stays F32 as in GGUF files.
+        let moe = match &c.moe {
+            Some(m) if m.is_sparse(i) => {
+                let router = matrix(&n("ffn_gate_inp.weight"), m.n_experts, c.dim, GgmlType::F32, &mut rng);
+                let f = m.expert_ffn_dim;
+                let experts = (0..m.n_experts)
+                    .map(|e| Expert {
+                        gate: matrix(&n(&format!("ffn_gate_exps.weight[{e}]")), f, c.dim, dtype, &mut rng),
+                        up: matrix(&n(&format!("ffn_up_exps.weight[{e}]")), f, c.dim, dtype, &mut rng),
+                        down: matrix(&n(&format!("ffn_down_exps.weight[{e}]")), c.dim, f, dtype, &mut rng),
+                    })
+                    .collect();
+                Some(MoeWeights { router, experts, n_used: m.n_used, norm_topk_prob: m.norm_topk_prob })
+            }
+            _ => None,
+        };
+        let (w_gate, w_up, w_down) = match moe {
+            Some(_) => LayerWeights::empty_dense_ffn(i, c),
+            None => (
+                matrix(&n("ffn_gate.weight"), c.ffn_dim, c.dim, dtype, &mut rng),
+                matrix(&n("ffn_up.weight"), c.ffn_dim, c.dim, dtype, &mut rng),
+                matrix(&n("ffn_down.weight"), c.dim, c.ffn_dim, dtype, &mut rng),
+            ),
+        };
         layers.push(LayerWeights {
             attn_norm: ones(c.dim),
-            wq: matrix(&n("attn_q.weight"), c.q_dim(), c.dim, dtype, &mut rng),
-            wk: matrix(&n("attn_k.weight"), c.kv_dim(), c.dim, dtype, &mut rng),
-            wv: matrix(&n("attn_v.weight"), c.kv_dim(), c.dim, dtype, &mut rng),
-            wo: matrix(&n("attn_output.weight"), c.dim, c.q_dim(), dtype, &mut rng),
+            wq,
+            wk,
+            wv,
+            wo,
             bq,
             bk,
             bv,
             q_norm: qk.then(|| ones(c.head_dim)),
             k_norm: qk.then(|| ones(c.head_dim)),
             ffn_norm: ones(c.dim),
-            w_gate: matrix(&n("ffn_gate.weight"), c.ffn_dim, c.dim, dtype, &mut rng),
-            w_up: matrix(&n("ffn_up.weight"), c.ffn_dim, c.dim, dtype, &mut rng),
-            w_down: matrix(&n("ffn_down.weight"), c.dim, c.ffn_dim, dtype, &mut rng),
+            w_gate,
+            w_up,
+            w_down,
+            moe,
         });
     }
     let token_embd = matrix("token_embd.weight", c.vocab_size, c.dim, dtype, &mut rng);

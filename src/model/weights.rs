@@ -9,6 +9,7 @@ use memmap2::Mmap;
 
 use super::config::ModelConfig;
 use super::gguf::{GgufError, GgufFile};
+use super::moe::MoeWeights;
 use super::quant::GgmlType;
 
 #[derive(Clone)]
@@ -65,6 +66,11 @@ impl Tensor {
         })
     }
 
+    /// A matrix with no rows, `[0, cols]`: the dense FFN slots of a sparse (MoE) layer.
+    pub fn empty(name: impl Into<String>, cols: usize) -> Self {
+        Self::from_bytes(name, GgmlType::F32, 0, cols, Vec::new())
+    }
+
     /// An F32 tensor from values.
     pub fn from_f32(name: impl Into<String>, rows: usize, cols: usize, values: &[f32]) -> Self {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -118,6 +124,9 @@ impl Tensor {
 }
 
 /// One transformer block. Matrices are `[out, in]`.
+///
+/// A sparse (mixture-of-experts) layer has `moe` set; its dense `w_gate`, `w_up`, `w_down` are
+/// then empty (`[0, dim]`, `[0, dim]`, `[0, ffn_dim]`) and must not be used.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,      // [dim]
@@ -134,6 +143,19 @@ pub struct LayerWeights {
     pub w_gate: Tensor,           // [ffn_dim, dim]
     pub w_up: Tensor,             // [ffn_dim, dim]
     pub w_down: Tensor,           // [dim, ffn_dim]
+    pub moe: Option<MoeWeights>,  // sparse layers: router and experts
+}
+
+impl LayerWeights {
+    /// The dense FFN matrices, empty for a sparse layer (see above).
+    pub fn empty_dense_ffn(layer: usize, c: &ModelConfig) -> (Tensor, Tensor, Tensor) {
+        let n = |s: &str| format!("blk.{layer}.{s} (sparse layer: none)");
+        (
+            Tensor::empty(n("ffn_gate"), c.dim),
+            Tensor::empty(n("ffn_up"), c.dim),
+            Tensor::empty(n("ffn_down"), c.ffn_dim),
+        )
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -162,6 +184,18 @@ impl ModelWeights {
         for i in 0..c.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
             let m = |s: &str, rows, cols| Tensor::from_gguf(g, &n(s), rows, cols);
+            let moe = match &c.moe {
+                Some(mc) if mc.is_sparse(i) => Some(MoeWeights::from_gguf(g, i, c.dim, mc)?),
+                _ => None,
+            };
+            let (w_gate, w_up, w_down) = match moe {
+                Some(_) => LayerWeights::empty_dense_ffn(i, c),
+                None => (
+                    m("ffn_gate.weight", c.ffn_dim, c.dim)?,
+                    m("ffn_up.weight", c.ffn_dim, c.dim)?,
+                    m("ffn_down.weight", c.dim, c.ffn_dim)?,
+                ),
+            };
             layers.push(LayerWeights {
                 attn_norm: vec(&n("attn_norm.weight"), c.dim)?,
                 wq: m("attn_q.weight", c.q_dim(), c.dim)?,
@@ -174,9 +208,10 @@ impl ModelWeights {
                 q_norm: opt_vec(&n("attn_q_norm.weight"), c.head_dim)?,
                 k_norm: opt_vec(&n("attn_k_norm.weight"), c.head_dim)?,
                 ffn_norm: vec(&n("ffn_norm.weight"), c.dim)?,
-                w_gate: m("ffn_gate.weight", c.ffn_dim, c.dim)?,
-                w_up: m("ffn_up.weight", c.ffn_dim, c.dim)?,
-                w_down: m("ffn_down.weight", c.dim, c.ffn_dim)?,
+                w_gate,
+                w_up,
+                w_down,
+                moe,
             });
         }
         let token_embd = Tensor::from_gguf(g, "token_embd.weight", c.vocab_size, c.dim)?;

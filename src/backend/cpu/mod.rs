@@ -7,6 +7,7 @@ mod bench_tests;
 pub mod deltanet;
 mod gemv;
 pub mod matmul;
+pub mod moe;
 pub mod ops;
 
 use crate::backend::{Backend, BackendError};
@@ -108,6 +109,11 @@ impl Backend for CpuBackend {
             for t in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
                 n += t.bytes().len();
             }
+            // A sparse layer: the router and the experts one token uses (of average size).
+            if let Some(m) = &l.moe {
+                let (router, expert) = m.bytes_router_and_expert();
+                n += router + m.n_used * expert;
+            }
         }
         n as u64
     }
@@ -142,6 +148,7 @@ struct Scratch {
     gate: Vec<f32>,   // [n, ffn_dim]
     up: Vec<f32>,     // [n, ffn_dim]
     logits: Vec<f32>, // [m, vocab]
+    moe: moe::MoeScratch,
 }
 
 /// The first `n` elements of `buf`, growing it if needed (contents unspecified).
@@ -226,9 +233,13 @@ impl CpuBackend {
             ops::add_inplace(x, o);
 
             ops::rmsnorm(x, &lw.ffn_norm, c.rms_eps, h);
-            matmul_fused(&[&lw.w_gate, &lw.w_up], h, n, &mut [&mut *gate, &mut *up]);
-            ops::silu_mul_inplace(gate, up);
-            matmul(&lw.w_down, gate, n, o);
+            if let Some(mw) = &lw.moe {
+                moe::moe_ffn(mw, h, n, o, &mut s.moe);
+            } else {
+                matmul_fused(&[&lw.w_gate, &lw.w_up], h, n, &mut [&mut *gate, &mut *up]);
+                ops::silu_mul_inplace(gate, up);
+                matmul(&lw.w_down, gate, n, o);
+            }
             ops::add_inplace(x, o);
         }
 

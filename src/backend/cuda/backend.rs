@@ -157,6 +157,14 @@ struct Parts {
 /// Device, kernels and cuBLAS, after the memory plan (`matrix_bytes` of weight matrices on the
 /// device) was checked against the free memory.
 fn open(cfg: &ModelConfig, opts: &CudaOptions, matrix_bytes: u64) -> Result<(CudaDevice, Kernels, CudaBlas), CudaError> {
+    if let Some(m) = &cfg.moe {
+        return Err(CudaError::Weights(format!(
+            "{} mixture-of-experts model ({} experts, {} used): the CUDA backend has no MoE layers yet; use --device cpu",
+            cfg.arch.name(),
+            m.n_experts,
+            m.n_used
+        )));
+    }
     let dev = CudaDevice::new(opts.ordinal)?;
     let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
     let plan = plan_memory(cfg, matrix_bytes, wide, opts.num_blocks, opts.block_size, PLANNED_BATCH_TOKENS);

@@ -1,0 +1,295 @@
+//! Qwen3-MoE on the CPU backend against Hugging Face transformers (float32) references: the tiny
+//! random model of `../shared/testdata/arch/qwen3_moe/` in both its forms, the HF directory
+//! (BF16 safetensors, one tensor per expert) and llama.cpp's F16 GGUF (stacked 3-D expert
+//! tensors). Its README explains the data and which assertions fit; the ones used here:
+//! - teacher-forced argmax equal wherever the reference margin is >= 0.02 (near-ties skipped);
+//! - free-running greedy equal up to the first greedy margin < 0.02 (none in these files);
+//! - logits (`top5`, `prompt_last_logits`, `last_logits`) within 2e-3 absolute. The weights are
+//!   the same numbers in both forms (BF16 values are exact in F16, the README says) and the
+//!   engine computes in f32 like the references, so only f32 rounding separates them;
+//! - the two forms agree with each other to 1e-4 (measured: ~1e-5).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use dustoff::backend::cpu::CpuBackend;
+use dustoff::backend::cuda::{CudaBackend, CudaOptions};
+use dustoff::engine::engine::{Engine, EngineConfig, EngineMetrics, Request};
+use dustoff::engine::sampler::argmax;
+use dustoff::engine::sampler::SamplingParams;
+use dustoff::engine::single::SingleSeq;
+use dustoff::model::config::Arch;
+use dustoff::model::loader::{load_model, LoadedModel};
+use serde_json::Value as Json;
+
+/// Margin below which two logits count as a near-tie for f32 arithmetic (README).
+const TAU: f64 = 0.02;
+/// Absolute logit tolerance against transformers (README; logits reach about +-30).
+const LOGIT_TOL: f64 = 2e-3;
+/// HF (BF16 read in f32) vs GGUF (F16 read in f32) of the same weights.
+const FORMS_TOL: f64 = 1e-4;
+
+fn data_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/arch/qwen3_moe")
+}
+
+fn refs() -> Vec<Json> {
+    let p = data_dir().join("refs.jsonl");
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn hf_model() -> LoadedModel {
+    load_model(&data_dir().join("hf")).expect("load the HF directory")
+}
+
+fn gguf_model() -> LoadedModel {
+    load_model(&data_dir().join("qwen3_moe-f16.gguf")).expect("load the GGUF file")
+}
+
+fn backend(m: &LoadedModel) -> CpuBackend {
+    CpuBackend::new(m.config.clone(), m.weights.clone(), 16, 16)
+}
+
+fn max_abs_diff(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max)
+}
+
+/// Every assertion of the module docs for one form of the model; returns the largest logit
+/// difference seen.
+fn check_against_refs(m: &LoadedModel, form: &str) -> f64 {
+    let mut b = backend(m);
+    let mut worst = 0f64;
+    let mut tf_checked = 0;
+    for r in refs() {
+        let name = format!("{form} {}", r["name"].as_str().unwrap());
+        let prompt = common::ids(&r, "prompt_ids");
+        let forced = common::ids(&r, "teacher_forced_ids");
+        let enc = m.tokenizer.encode(r["source_text"].as_str().unwrap(), false, true).unwrap();
+        assert!(enc.starts_with(&prompt), "{name}: tokenizer output does not start with prompt_ids");
+
+        // Prefill, then the cached greedy continuation.
+        let mut seq = SingleSeq::new(&b, 0, forced.len()).unwrap();
+        let mut logits = seq.feed(&mut b, &prompt).unwrap();
+        let d = max_abs_diff(&logits, &common::floats(&r, "prompt_last_logits"));
+        assert!(d <= LOGIT_TOL, "{name}: prefill logits differ by {d}");
+        worst = worst.max(d);
+        let want = common::ids(&r, "greedy_ids");
+        let margins = common::floats(&r, "greedy_margins");
+        let check_len = margins.iter().position(|&g| g < TAU).unwrap_or(want.len());
+        assert!(check_len >= 32, "{name}: the reference has a greedy near-tie at {check_len}");
+        let mut got = Vec::new();
+        for i in 0..check_len {
+            got.push(argmax(&logits));
+            if i + 1 < check_len {
+                logits = seq.feed(&mut b, &[got[i]]).unwrap();
+            }
+        }
+        assert_eq!(got, want[..check_len], "{name}: free-running greedy differs");
+
+        // The whole teacher-forced sequence as one prefill: its last logits.
+        let mut seq = SingleSeq::new(&b, 0, forced.len()).unwrap();
+        let logits = seq.feed(&mut b, &forced).unwrap();
+        let d = max_abs_diff(&logits, &common::floats(&r, "last_logits"));
+        assert!(d <= LOGIT_TOL, "{name}: last logits of a {}-token prefill differ by {d}", forced.len());
+        worst = worst.max(d);
+
+        // Teacher forcing one token at a time: the argmax at every position.
+        let argmax_ids = common::ids(&r, "argmax_ids");
+        let tf_margins = common::floats(&r, "margins");
+        let top5 = r["top5"].as_array().unwrap();
+        let mut seq = SingleSeq::new(&b, 0, forced.len()).unwrap();
+        for (t, &tok) in forced.iter().enumerate() {
+            let logits = seq.feed(&mut b, &[tok]).unwrap();
+            if tf_margins[t] >= TAU {
+                assert_eq!(argmax(&logits), argmax_ids[t], "{name}: teacher-forced argmax at position {t}");
+                tf_checked += 1;
+            }
+            if let Some(e) = top5.iter().find(|e| e["pos"].as_u64() == Some(t as u64)) {
+                let ids = common::ids(e, "ids");
+                let want = common::floats(e, "logits");
+                let got: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
+                let d = max_abs_diff(&got, &want);
+                assert!(d <= LOGIT_TOL, "{name}: top-5 logits at position {t} differ by {d}");
+                worst = worst.max(d);
+            }
+            if t + 1 == forced.len() {
+                let d = max_abs_diff(&logits, &common::floats(&r, "last_logits"));
+                assert!(d <= LOGIT_TOL, "{name}: last logits (decoded one at a time) differ by {d}");
+                worst = worst.max(d);
+            }
+        }
+    }
+    // 6 prompts, 40 to 232 positions each, a few near-ties skipped.
+    assert!(tf_checked > 700, "{form}: only {tf_checked} teacher-forced positions were checked");
+    eprintln!("{form}: largest logit difference to transformers {worst:.2e}, {tf_checked} argmax positions");
+    worst
+}
+
+#[test]
+fn both_forms_load_as_qwen3_moe_with_the_reference_config() {
+    for m in [hf_model(), gguf_model()] {
+        let c = &m.config;
+        assert_eq!(
+            (c.arch, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim),
+            (Arch::Qwen3Moe, 4, 128, 4, 2, 64)
+        );
+        assert_eq!((c.vocab_size, c.tied_embeddings, c.rope_theta), (2048, false, 1e6));
+        let moe = c.moe.as_ref().expect("an MoE config");
+        assert_eq!((moe.n_experts, moe.n_used, moe.expert_ffn_dim, moe.norm_topk_prob), (8, 2, 64, true));
+        assert_eq!(moe.sparse_layers, vec![true; 4]);
+        for l in &m.weights.layers {
+            let w = l.moe.as_ref().expect("every layer is sparse");
+            assert_eq!((w.router.rows, w.router.cols, w.experts.len()), (8, 128, 8));
+            let e = &w.experts[7];
+            assert_eq!((e.gate.rows, e.gate.cols, e.up.rows, e.down.rows, e.down.cols), (64, 128, 64, 128, 64));
+            assert!(l.q_norm.is_some() && l.k_norm.is_some());
+            assert_eq!(l.w_gate.rows, 0, "a sparse layer has no dense FFN");
+        }
+    }
+}
+
+#[test]
+fn hf_directory_matches_transformers() {
+    check_against_refs(&hf_model(), "hf");
+}
+
+#[test]
+fn gguf_file_matches_transformers() {
+    check_against_refs(&gguf_model(), "gguf");
+}
+
+#[test]
+fn hf_and_gguf_forms_agree() {
+    let (hf, gg) = (hf_model(), gguf_model());
+    // Same weights: the last expert of the last layer, element by element (BF16 -> F16 exact).
+    let (a, b) = (&hf.weights.layers[3], &gg.weights.layers[3]);
+    let (ea, eb) = (&a.moe.as_ref().unwrap().experts[7], &b.moe.as_ref().unwrap().experts[7]);
+    assert_eq!(ea.down.to_f32_vec(), eb.down.to_f32_vec(), "expert 7 down_proj of layer 3");
+    assert_eq!(a.moe.as_ref().unwrap().router.to_f32_vec(), b.moe.as_ref().unwrap().router.to_f32_vec());
+    let (mut bh, mut bg) = (backend(&hf), backend(&gg));
+    let mut worst = 0f64;
+    for r in refs() {
+        let prompt = common::ids(&r, "teacher_forced_ids");
+        let lh = SingleSeq::new(&bh, 0, prompt.len()).unwrap().feed(&mut bh, &prompt).unwrap();
+        let lg = SingleSeq::new(&bg, 0, prompt.len()).unwrap().feed(&mut bg, &prompt).unwrap();
+        let d = max_abs_diff(&lh, &lg.iter().map(|&v| v as f64).collect::<Vec<_>>());
+        assert!(d <= FORMS_TOL, "{}: HF and GGUF logits differ by {d}", r["name"]);
+        worst = worst.max(d);
+    }
+    eprintln!("HF vs GGUF: largest logit difference {worst:.2e}");
+}
+
+fn completions(
+    m: &LoadedModel,
+    slots: usize,
+    prefix_cache: bool,
+    max_batch_tokens: usize,
+    prompts: &[Vec<u32>],
+) -> (Vec<Vec<u32>>, EngineMetrics) {
+    let b = CpuBackend::new(m.config.clone(), m.weights.clone(), 128, 16);
+    let cfg = EngineConfig { slots, max_batch_tokens, prefix_cache, model_fingerprint: m.fingerprint };
+    let mut e = Engine::new(b, cfg).unwrap();
+    for (i, p) in prompts.iter().enumerate() {
+        let stop_ids = m.tokenizer.eos_ids().to_vec();
+        e.add_request(Request {
+            id: i as u64,
+            prompt: p.clone(),
+            max_tokens: 8,
+            sampling: SamplingParams::greedy(),
+            stop_ids,
+        })
+        .unwrap();
+    }
+    let mut done = e.run_to_completion().unwrap();
+    done.sort_by_key(|c| c.id);
+    (done.into_iter().map(|c| c.token_ids).collect(), e.metrics())
+}
+
+#[test]
+fn engine_greedy_is_the_same_for_any_slot_count_prefix_cache_and_chunking() {
+    let m = gguf_model();
+    let r = refs();
+    let mut prompts: Vec<Vec<u32>> = r.iter().map(|r| common::ids(r, "prompt_ids")).collect();
+    // Shared prefixes: the chat prompt again, and code100 cut to its first 64 tokens.
+    prompts.push(prompts[1].clone());
+    prompts.push(prompts[3][..64].to_vec());
+    let (want, _) = completions(&m, 1, false, 512, &prompts);
+    // The 1-slot run reproduces transformers' greedy continuation (up to a stop token).
+    for (i, ref_) in r.iter().enumerate() {
+        let greedy = common::ids(ref_, "greedy_ids");
+        assert_eq!(want[i], greedy[..want[i].len()], "{}: engine greedy vs transformers", ref_["name"]);
+        assert!(want[i].len() == 8 || m.tokenizer.eos_ids().contains(&greedy[want[i].len()]));
+    }
+    for (slots, cache, budget) in [(4, false, 512), (4, true, 512), (8, true, 40), (8, false, 24)] {
+        let (got, metrics) = completions(&m, slots, cache, budget, &prompts);
+        assert_eq!(got, want, "{slots} slots, prefix cache {cache}, {budget} tokens per step");
+        if cache {
+            assert!(metrics.prompt_tokens_cached >= 32, "no prefix reuse: {metrics:?}");
+        }
+        assert!(metrics.avg_running > 1.5, "slots barely used: {metrics:?}");
+    }
+}
+
+#[test]
+fn cuda_backend_refuses_a_moe_model_before_touching_the_device() {
+    let m = gguf_model();
+    let opts = CudaOptions { ordinal: 0, num_blocks: 4, block_size: 16, ptx_dir: None, max_positions: 64 };
+    let e = CudaBackend::new(m.config.clone(), &m.weights, &opts).err().expect("refused").to_string();
+    assert!(e.contains("mixture-of-experts") && e.contains("--device cpu"), "{e}");
+}
+
+#[test]
+fn generate_run_and_bench_commands_take_the_gguf() {
+    let d = common::tmpdir("qwen3moe-cli");
+    let model = data_dir().join("qwen3_moe-f16.gguf");
+    let r = refs();
+    let input: String = r
+        .iter()
+        .map(|r| format!("{}\n", serde_json::json!({"id": r["name"], "prompt_ids": r["prompt_ids"]})))
+        .collect();
+    std::fs::write(d.join("in.jsonl"), input).unwrap();
+    let cmd = |args: &[&str]| {
+        let out =
+            Command::new(common::bin()).args(args).arg("--model").arg(&model).current_dir(common::repo()).output();
+        let out = out.unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out
+    };
+    let (inp, outp) = (d.join("in.jsonl"), d.join("gen.jsonl"));
+    let gen = ["generate", "--device", "cpu", "--max-tokens", "12", "--temperature", "0", "--input"];
+    cmd(&[&gen[..], &[inp.to_str().unwrap(), "--output", outp.to_str().unwrap()]].concat());
+    let rows: Vec<Json> =
+        std::fs::read_to_string(&outp).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), r.len());
+    for (row, ref_) in rows.iter().zip(&r) {
+        let got = common::ids(row, "token_ids");
+        assert_eq!(got, common::ids(ref_, "greedy_ids")[..got.len()], "{}", ref_["name"]);
+        assert!(got.len() == 12 || row["finish_reason"] == "stop", "{row}");
+    }
+
+    let job = d.join("job.jsonl");
+    cmd(&[
+        "run",
+        "summarize",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--input",
+        "samples/news.jsonl",
+        "--output",
+        job.to_str().unwrap(),
+    ]);
+    let rows: Vec<Json> =
+        std::fs::read_to_string(&job).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 12);
+    assert!(rows.iter().all(|r| r["error"].is_null() && r["generated_tokens"].as_u64() > Some(0)), "{rows:?}");
+
+    let out = cmd(&["bench", "--device", "cpu", "--prompt-tokens", "40", "--gen-tokens", "8", "--runs", "1", "--json"]);
+    let b: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(b["median_decode_tok_s"].as_f64() > Some(0.0), "{b}");
+    std::fs::remove_dir_all(&d).ok();
+}

@@ -1,0 +1,404 @@
+//! Qwen3-MoE router edge cases on tiny models the test writes itself (`hf_synth`, BF16 HF
+//! directories with planted router weights), each checked against an independent naive
+//! computation in this file: f64, every expert of a sparse layer run for every token and
+//! weighted (zero for the unchosen), experts chosen by a stable sort (descending logit, then
+//! ascending index, which is the documented tie rule: the lower expert index wins).
+//!
+//! Two levels:
+//! - the MoE FFN of one layer (`backend::cpu::moe::moe_ffn`) on inputs the test chooses, so the
+//!   routing of every token is known: ties, an expert no token chooses, all tokens choosing the
+//!   same experts, few tokens (GEMV path) and many (tiled GEMM path);
+//! - the whole model (`CpuBackend`: prefill and cached decode) against a naive f64 forward,
+//!   for planted routers, a model with dense and sparse layers (`mlp_only_layers`,
+//!   `decoder_sparse_step`), transformers' `norm_topk_prob` default, and a sharded checkpoint.
+
+mod common;
+
+use std::path::Path;
+
+use dustoff::backend::cpu::moe::{moe_ffn, MoeScratch};
+use dustoff::backend::cpu::CpuBackend;
+use dustoff::engine::single::SingleSeq;
+use dustoff::model::config::{Arch, ModelConfig};
+use dustoff::model::hf_synth::{write_hf_dir, SynthMoe, SynthSpec};
+use dustoff::model::loader::{load_model, LoadedModel, SAMPLE_MODEL};
+use dustoff::model::moe::MoeWeights;
+use dustoff::model::quant::dequantize_row;
+use dustoff::model::weights::Tensor;
+
+/// f32 engine vs f64 reference on unit-scale values.
+const TOL: f64 = 1e-4;
+
+fn spec(seed: u64, moe: SynthMoe) -> SynthSpec {
+    SynthSpec { moe: Some(moe), ..SynthSpec::tiny(Arch::Qwen3Moe, seed) }
+}
+
+fn moe4(norm: Option<bool>) -> SynthMoe {
+    SynthMoe {
+        n_experts: 4,
+        n_used: 2,
+        expert_ffn_dim: 32,
+        norm_topk_prob: norm,
+        mlp_only_layers: vec![],
+        decoder_sparse_step: 1,
+    }
+}
+
+/// Writes and loads a model; `router(layer, values)` may replace the router `[n_experts, dim]`.
+fn model(dir: &Path, s: &SynthSpec, router: &dyn Fn(usize, &mut [f32])) -> LoadedModel {
+    let mut edit = |name: &str, v: &mut [f32]| {
+        if let Some(l) = name.strip_prefix("model.layers.").and_then(|r| r.strip_suffix(".mlp.gate.weight")) {
+            router(l.parse().unwrap(), v);
+        }
+    };
+    write_hf_dir(dir, s, &common::repo().join(SAMPLE_MODEL), &mut edit).unwrap();
+    load_model(dir).unwrap()
+}
+
+// ---- the naive reference ----
+
+struct Mat {
+    rows: usize,
+    cols: usize,
+    w: Vec<f32>,
+}
+
+impl Mat {
+    fn of(t: &Tensor) -> Mat {
+        Mat { rows: t.rows, cols: t.cols, w: t.to_f32_vec() }
+    }
+    fn mul(&self, x: &[f64]) -> Vec<f64> {
+        assert_eq!(x.len(), self.cols);
+        (0..self.rows)
+            .map(|r| self.w[r * self.cols..(r + 1) * self.cols].iter().zip(x).map(|(&a, &b)| a as f64 * b).sum())
+            .collect()
+    }
+}
+
+struct NaiveMoe {
+    router: Mat,
+    experts: Vec<[Mat; 3]>,
+    k: usize,
+    norm: bool,
+}
+
+impl NaiveMoe {
+    fn of(w: &MoeWeights) -> Self {
+        let experts = w.experts.iter().map(|e| [Mat::of(&e.gate), Mat::of(&e.up), Mat::of(&e.down)]).collect();
+        NaiveMoe { router: Mat::of(&w.router), experts, k: w.n_used, norm: w.norm_topk_prob }
+    }
+
+    /// The chosen experts (in choice order) and the output for one token.
+    fn forward(&self, h: &[f64]) -> (Vec<u32>, Vec<f64>) {
+        let logits = self.router.mul(h);
+        let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
+        let total: f64 = p.iter().sum();
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let chosen = &order[..self.k];
+        let denom = if self.norm { chosen.iter().map(|&e| p[e]).sum() } else { total };
+        let mut out = vec![0f64; h.len()];
+        for (e, [gate, up, down]) in self.experts.iter().enumerate() {
+            let weight = if chosen.contains(&e) { p[e] / denom } else { 0.0 };
+            let (g, u) = (gate.mul(h), up.mul(h));
+            let act: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u).collect();
+            for (o, y) in out.iter_mut().zip(down.mul(&act)) {
+                *o += weight * y;
+            }
+        }
+        (chosen.iter().map(|&e| e as u32).collect(), out)
+    }
+}
+
+fn rmsnorm(x: &[f64], w: &[f32], eps: f64) -> Vec<f64> {
+    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + eps).sqrt();
+    x.iter().zip(w).map(|(&v, &g)| v * inv * g as f64).collect()
+}
+
+/// Rotate-half RoPE of one head at position `pos`.
+fn rope(v: &mut [f64], pos: usize, theta: f64) {
+    let half = v.len() / 2;
+    for i in 0..half {
+        let a = pos as f64 * theta.powf(-2.0 * i as f64 / v.len() as f64);
+        let (x0, x1) = (v[i], v[i + half]);
+        v[i] = x0 * a.cos() - x1 * a.sin();
+        v[i + half] = x1 * a.cos() + x0 * a.sin();
+    }
+}
+
+/// The logits after the last of `tokens`: a plain f64 forward over the whole sequence.
+fn naive_logits(m: &LoadedModel, tokens: &[u32]) -> Vec<f64> {
+    let (c, w) = (&m.config, &m.weights);
+    let (hd, nh, nkv, eps) = (c.head_dim, c.n_heads, c.n_kv_heads, c.rms_eps as f64);
+    let mut x: Vec<Vec<f64>> = tokens
+        .iter()
+        .map(|&t| {
+            let mut row = vec![0f32; c.dim];
+            dequantize_row(w.token_embd.dtype, w.token_embd.row(t as usize), &mut row);
+            row.iter().map(|&v| v as f64).collect()
+        })
+        .collect();
+    for l in &w.layers {
+        let (wq, wk, wv, wo) = (Mat::of(&l.wq), Mat::of(&l.wk), Mat::of(&l.wv), Mat::of(&l.wo));
+        let (mut q, mut k, mut v) = (vec![], vec![], vec![]);
+        for (pos, xt) in x.iter().enumerate() {
+            let h = rmsnorm(xt, &l.attn_norm, eps);
+            let (mut qt, mut kt) = (wq.mul(&h), wk.mul(&h));
+            for (buf, norm) in [(&mut qt, &l.q_norm), (&mut kt, &l.k_norm)] {
+                for head in buf.chunks_exact_mut(hd) {
+                    let normed = rmsnorm(head, norm.as_ref().unwrap(), eps);
+                    head.copy_from_slice(&normed);
+                    rope(head, pos, c.rope_theta as f64);
+                }
+            }
+            q.push(qt);
+            k.push(kt);
+            v.push(wv.mul(&h));
+        }
+        let dense = l.moe.is_none().then(|| (Mat::of(&l.w_gate), Mat::of(&l.w_up), Mat::of(&l.w_down)));
+        let sparse = l.moe.as_ref().map(NaiveMoe::of);
+        for t in 0..x.len() {
+            let mut att = vec![0f64; nh * hd];
+            for head in 0..nh {
+                let kvh = head / (nh / nkv);
+                let qh = &q[t][head * hd..(head + 1) * hd];
+                let scores: Vec<f64> = (0..=t)
+                    .map(|s| {
+                        qh.iter().zip(&k[s][kvh * hd..(kvh + 1) * hd]).map(|(a, b)| a * b).sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                for (s, sc) in scores.iter().enumerate() {
+                    let p = (sc - max).exp() / z;
+                    for d in 0..hd {
+                        att[head * hd + d] += p * v[s][kvh * hd + d];
+                    }
+                }
+            }
+            let o = wo.mul(&att);
+            x[t].iter_mut().zip(o).for_each(|(a, b)| *a += b);
+        }
+        for xt in x.iter_mut() {
+            let h = rmsnorm(xt, &l.ffn_norm, eps);
+            let y = match (&dense, &sparse) {
+                (Some((g, u, d)), _) => {
+                    let act: Vec<f64> =
+                        g.mul(&h).iter().zip(u.mul(&h)).map(|(&g, u)| g / (1.0 + (-g).exp()) * u).collect();
+                    d.mul(&act)
+                }
+                (None, Some(s)) => s.forward(&h).1,
+                (None, None) => unreachable!(),
+            };
+            xt.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+        }
+    }
+    let h = rmsnorm(x.last().unwrap(), &w.output_norm, eps);
+    Mat::of(&w.output).mul(&h)
+}
+
+/// Prefill of `tokens`, and the same sequence decoded one token at a time after a prefill of
+/// all but the last, both against the naive forward.
+fn check_model_against_naive(m: &LoadedModel, tokens: &[u32], what: &str) {
+    let want = naive_logits(m, tokens);
+    let mut b = CpuBackend::new(m.config.clone(), m.weights.clone(), 8, 16);
+    let prefill = SingleSeq::new(&b, 0, tokens.len()).unwrap().feed(&mut b, tokens).unwrap();
+    let mut seq = SingleSeq::new(&b, 0, tokens.len()).unwrap();
+    let n = tokens.len();
+    seq.feed(&mut b, &tokens[..n - 4]).unwrap();
+    let mut decoded = Vec::new();
+    for &t in &tokens[n - 4..] {
+        decoded = seq.feed(&mut b, &[t]).unwrap();
+    }
+    for (how, got) in [("prefill", &prefill), ("decode", &decoded)] {
+        let d = got.iter().zip(&want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
+        assert!(d < 1e-3, "{what}, {how}: logits differ from the naive forward by {d}");
+    }
+}
+
+/// 20 tokens: a prefill puts more than 8 (the GEMV limit) through some experts.
+const TOKENS: [u32; 20] =
+    [504, 3575, 282, 4649, 314, 1010, 7, 88, 12000, 45, 3, 999, 2718, 31, 640, 17, 5000, 250, 61, 19];
+
+// ---- the MoE FFN of one layer on chosen inputs ----
+
+/// Deterministic inputs `[n, dim]` in [-1, 1] (or [0.1, 1] when `positive`).
+fn inputs(n: usize, dim: usize, positive: bool) -> Vec<f32> {
+    (0..n * dim)
+        .map(|i| {
+            let u = ((i as u64 * 2654435761 + 12345) % 1000) as f32 / 999.0;
+            if positive {
+                0.1 + 0.9 * u
+            } else {
+                2.0 * u - 1.0
+            }
+        })
+        .collect()
+}
+
+/// Runs the layer on `x` and checks routing and output against the naive version; returns the
+/// routing (`[n, k]` experts) and the per-expert token counts.
+fn check_ffn(w: &MoeWeights, x: &[f32], what: &str) -> (Vec<u32>, Vec<usize>) {
+    let dim = w.router.cols;
+    let n = x.len() / dim;
+    let mut out = vec![f32::NAN; n * dim];
+    let mut s = MoeScratch::default();
+    moe_ffn(w, x, n, &mut out, &mut s);
+    let naive = NaiveMoe::of(w);
+    for t in 0..n {
+        let h: Vec<f64> = x[t * dim..(t + 1) * dim].iter().map(|&v| v as f64).collect();
+        let (experts, y) = naive.forward(&h);
+        let k = w.n_used;
+        assert_eq!(&s.routing.experts[t * k..(t + 1) * k], experts.as_slice(), "{what}: token {t} routing");
+        let d = out[t * dim..(t + 1) * dim].iter().zip(&y).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
+        assert!(d < TOL, "{what}: token {t} output differs by {d}");
+    }
+    let counts = s.groups.offsets.windows(2).map(|p| p[1] - p[0]).collect();
+    (s.routing.experts.clone(), counts)
+}
+
+#[test]
+fn ffn_ties_go_to_the_lower_index() {
+    let root = common::tmpdir("moe-ties");
+    // Layer 0: a zero router, a complete tie. Layer 1: rows 0..2 zero, row 3 random: a token with
+    // a positive logit for expert 3 takes {3, 0}, a negative one {0, 1} (a three-way tie at the
+    // second place, and expert 2 loses both).
+    let zero = |l: usize, v: &mut [f32]| {
+        let dim = v.len() / 4;
+        v[..if l == 0 { 4 * dim } else { 3 * dim }].fill(0.0);
+    };
+    let m = model(&root.join("m"), &spec(11, moe4(Some(true))), &zero);
+    let dim = m.config.dim;
+    for n in [4, 12] {
+        // Pairs (v, -v): opposite logits for expert 3, so both branches below occur.
+        let half = inputs(n / 2, dim, false);
+        let x: Vec<f32> =
+            half.chunks(dim).flat_map(|r| r.iter().copied().chain(r.iter().map(|v| -v)).collect::<Vec<_>>()).collect();
+        let (routing, counts) = check_ffn(m.weights.layers[0].moe.as_ref().unwrap(), &x, "zero router");
+        assert_eq!(routing, [0, 1].repeat(n), "all tokens choose experts 0 and 1");
+        assert_eq!(counts, vec![n, n, 0, 0]);
+
+        let w = m.weights.layers[1].moe.as_ref().unwrap();
+        let (routing, counts) = check_ffn(w, &x, "one live router row");
+        let r3 = w.router.to_f32_vec()[3 * dim..].to_vec();
+        for t in 0..n {
+            let l3: f32 = r3.iter().zip(&x[t * dim..]).map(|(a, b)| a * b).sum();
+            let want = if l3 > 0.0 { [3, 0] } else { [0, 1] };
+            assert_eq!(routing[2 * t..2 * t + 2], want, "token {t}: logit {l3} for expert 3");
+        }
+        assert_eq!(counts[2], 0, "expert 2 is never chosen");
+        assert_eq!((counts[1], counts[3]), (n / 2, n / 2), "each pair takes both branches");
+    }
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[test]
+fn ffn_an_expert_no_token_chooses_and_one_every_token_chooses() {
+    let root = common::tmpdir("moe-unused");
+    // Positive inputs: a router row of -1 gives expert 1 a logit of -sum(x), far below the
+    // random rows' (about +-1); a row of +1 gives expert 2 a logit far above them.
+    let plant = |l: usize, v: &mut [f32]| {
+        if l != 0 {
+            return;
+        }
+        let dim = v.len() / 4;
+        v[dim..2 * dim].fill(-1.0);
+        v[2 * dim..3 * dim].fill(1.0);
+    };
+    for norm in [Some(true), Some(false)] {
+        let m = model(&root.join(format!("m{norm:?}")), &spec(12, moe4(norm)), &plant);
+        assert_eq!(m.config.moe.as_ref().unwrap().norm_topk_prob, norm == Some(true));
+        for n in [1, 5, 12] {
+            let x = inputs(n, m.config.dim, true);
+            let (routing, counts) = check_ffn(m.weights.layers[0].moe.as_ref().unwrap(), &x, "planted rows");
+            assert_eq!(counts[1], 0, "expert 1 is never chosen: {counts:?}");
+            assert_eq!(counts[2], n, "every token chooses expert 2 first: {counts:?}");
+            assert!(routing.chunks(2).all(|r| r[0] == 2));
+        }
+        // Random inputs route freely: every expert computed against the naive loop.
+        let x = inputs(16, m.config.dim, false);
+        check_ffn(m.weights.layers[1].moe.as_ref().unwrap(), &x, "random router");
+    }
+    std::fs::remove_dir_all(&root).ok();
+}
+
+// ---- whole models ----
+
+#[test]
+fn models_with_planted_routers_match_the_naive_forward() {
+    let root = common::tmpdir("moe-models");
+    let zero = |l: usize, v: &mut [f32]| {
+        if l == 1 {
+            v.fill(0.0);
+        }
+    };
+    let m = model(&root.join("zero"), &spec(21, moe4(Some(true))), &zero);
+    check_model_against_naive(&m, &TOKENS, "layer 1 router all zero");
+    let m = model(&root.join("random"), &spec(22, moe4(Some(true))), &|_, _| {});
+    check_model_against_naive(&m, &TOKENS, "random routers");
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[test]
+fn dense_and_sparse_layers_hf_defaults_and_shards() {
+    let root = common::tmpdir("moe-mixed");
+    let mut s = spec(
+        31,
+        SynthMoe {
+            n_experts: 6,
+            n_used: 3,
+            expert_ffn_dim: 16,
+            // Left out: transformers' default, false, applies.
+            norm_topk_prob: None,
+            mlp_only_layers: vec![0],
+            decoder_sparse_step: 2,
+        },
+    );
+    s.n_layers = 4;
+    s.shards = 3;
+    let m = model(&root.join("m"), &s, &|_, _| {});
+    let c: &ModelConfig = &m.config;
+    let moe = c.moe.as_ref().unwrap();
+    // Layer 0 listed dense; layers 1 and 3 pass (i + 1) % 2 == 0.
+    assert_eq!(moe.sparse_layers, vec![false, true, false, true]);
+    assert!(!moe.norm_topk_prob);
+    for (i, l) in m.weights.layers.iter().enumerate() {
+        assert_eq!(l.moe.is_some(), moe.sparse_layers[i], "layer {i}");
+        assert_eq!(l.w_gate.rows, if moe.sparse_layers[i] { 0 } else { c.ffn_dim }, "layer {i}");
+    }
+    assert_eq!(dustoff::model::safetensors::SafetensorsDir::open(&root.join("m")).unwrap().files.len(), 3);
+    check_model_against_naive(&m, &TOKENS, "dense + sparse layers, 3 shards");
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[test]
+fn convert_writes_a_moe_model_as_f16_safetensors_and_refuses_gguf_output() {
+    use dustoff::commands::convert::{run, ConvertArgs};
+    let root = common::tmpdir("moe-convert");
+    let src = root.join("src");
+    let m = model(&src, &spec(41, moe4(Some(true))), &|_, _| {});
+    let args = |output: &str| ConvertArgs {
+        model: src.clone(),
+        output: root.join(output),
+        verify: true,
+        verify_tokens: 4,
+        ..ConvertArgs::default()
+    };
+    let e = run(args("m.gguf")).unwrap_err().to_string();
+    assert!(e.contains("mixture-of-experts") && e.contains("safetensors"), "{e}");
+    assert!(!root.join("m.gguf").exists());
+    // F16 output: every expert tensor converted (BF16 values are exact in F16) and re-verified.
+    let s = run(args("f16")).unwrap();
+    assert_eq!(s.verify.unwrap().values_mismatched, 0);
+    let f16 = load_model(&root.join("f16")).unwrap();
+    let (a, b) = (
+        &m.weights.layers[1].moe.as_ref().unwrap().experts[3],
+        &f16.weights.layers[1].moe.as_ref().unwrap().experts[3],
+    );
+    assert_eq!(b.up.dtype, dustoff::model::quant::GgmlType::F16);
+    assert_eq!(a.up.to_f32_vec(), b.up.to_f32_vec());
+    check_model_against_naive(&f16, &TOKENS, "converted to F16");
+    std::fs::remove_dir_all(&root).ok();
+}
