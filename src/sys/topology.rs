@@ -170,7 +170,10 @@ pub(crate) mod tests {
     pub(crate) struct TempTree(pub PathBuf);
     impl TempTree {
         pub(crate) fn new(name: &str) -> Self {
-            let p = std::env::temp_dir().join(format!("dustoff-sysfs-{name}-{}", std::process::id()));
+            // Tests run in parallel in one process: a counter keeps their trees apart.
+            static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let p = std::env::temp_dir().join(format!("dustoff-sysfs-{name}-{}-{k}", std::process::id()));
             let _ = std::fs::remove_dir_all(&p);
             std::fs::create_dir_all(&p).unwrap();
             TempTree(p)
