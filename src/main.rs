@@ -25,6 +25,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Where CPU threads run: auto (on a multi-socket machine, the cores and memory of the
+    /// GPU's NUMA node), off (every core), or a node number.
+    #[arg(long, global = true, default_value = "auto")]
+    numa: String,
+    /// CPU threads (default: one per CPU of the chosen node, or of the machine).
+    #[arg(long, global = true)]
+    threads: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -47,6 +54,36 @@ enum Cmd {
     Convert(ConvertCliArgs),
     /// Merge the outputs of the shards of one job (`run --shard K/N`) into one, in input order.
     Merge(MergeArgs),
+    /// Check this machine: GPUs, driver, NVRTC, cuBLAS, CPU sockets / NUMA / AVX2 / AVX-512 and
+    /// the CPU kernel path, copy bandwidth, and with --model the memory plan and a projected
+    /// decode rate. Exit 1 when the device --device auto picks cannot run (or, with
+    /// --require-gpu, when no GPU can); the CPU backend always counts as usable.
+    Doctor(DoctorCliArgs),
+}
+
+#[derive(Args)]
+struct DoctorCliArgs {
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// A model (GGUF file or Hugging Face directory) to plan memory and project decode for.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Context per sequence for the memory plan.
+    #[arg(long, default_value_t = 4096)]
+    ctx: usize,
+    /// Parallel sequences for the memory plan.
+    #[arg(long, default_value_t = 8)]
+    slots: usize,
+    /// Precompiled PTX folder (see `dustoff kernels`): GPUs count as usable without NVRTC.
+    #[arg(long)]
+    ptx_dir: Option<PathBuf>,
+    /// Skip the timed parts (copy bandwidth, the model's GEMV pass).
+    #[arg(long)]
+    no_measure: bool,
+    /// Exit 1 unless at least one GPU is usable (for a GPU server's setup check).
+    #[arg(long)]
+    require_gpu: bool,
 }
 
 #[derive(Args)]
@@ -273,11 +310,45 @@ struct TokenizeArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(code) = place_threads(&cli) {
+        return code;
+    }
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(if dustoff::commands::run::is_usage_error(&e) { 2 } else { 1 })
+        }
+    }
+}
+
+/// `DUSTOFF_CPU_PATH`, `--numa` and `--threads`: checked, applied (pinning, the rayon pool)
+/// before any work, and logged for the commands that compute. Bad values are usage errors.
+fn place_threads(cli: &Cli) -> std::result::Result<(), ExitCode> {
+    if let Err(e) = dustoff::sys::cpu::check_path_env() {
+        eprintln!("error: {e}");
+        return Err(ExitCode::from(2));
+    }
+    let device = match &cli.cmd {
+        Cmd::Generate(a) => Some(a.model.device.as_str()),
+        Cmd::Run(a) if !a.dry_run => Some(a.model.device.as_str()),
+        Cmd::Bench(a) => Some(a.device.as_str()),
+        _ => None,
+    };
+    let ordinal = match device.map(common::parse_device) {
+        Some(Ok(Device::Cuda(n))) => Some(n),
+        _ => None,
+    };
+    match dustoff::sys::threads::setup_cli(&cli.numa, cli.threads, ordinal) {
+        Ok(p) => {
+            if device.is_some() {
+                eprintln!("{}", p.describe());
+            }
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            Err(ExitCode::from(if e.is_usage() { 2 } else { 1 }))
         }
     }
 }
@@ -341,6 +412,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 print!("{}", summary.to_text());
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Doctor(a) => {
+            let args = dustoff::commands::doctor::DoctorArgs {
+                model: a.model,
+                ctx: a.ctx,
+                slots: a.slots,
+                ptx_dir: a.ptx_dir,
+                numa: cli.numa,
+                threads: cli.threads,
+                measure: !a.no_measure,
+                require_gpu: a.require_gpu,
+            };
+            let report = dustoff::commands::doctor::run(&args)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.to_text());
+            }
+            Ok(ExitCode::from(report.exit_code))
         }
         Cmd::Merge(a) => {
             dustoff::commands::run::merge(&a.output, &a.shards)?;

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod common;
 pub mod convert;
+pub mod doctor;
 pub mod engine_gen;
 pub mod generate;
 pub mod kernels;

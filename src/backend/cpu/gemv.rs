@@ -7,8 +7,11 @@
 //!   widened to two 16-lane f32 vectors of dequantized weights (`d * q + m`) held in registers
 //!   and FMA'd against each token's activations (two accumulators per token: no FMA chain
 //!   longer than one per block).
-//! - Otherwise: each row is dequantized into an L1-resident f32 buffer
-//!   (`quant::dequantize_row`) and dotted with every token (AVX2 when present).
+//! - AVX2 + FMA (the other block formats, or every format when `DUSTOFF_CPU_PATH=avx2`):
+//!   `quant::gemv_rows`, blocks widened in registers, 4 / 2 / 1 rows at a time for 1-2 / 3-4 /
+//!   5-8 tokens, summed in the order of the AVX2 GEMM tile.
+//! - Otherwise (float types, or the scalar path): each row is dequantized into an
+//!   L1-resident f32 buffer (`quant::dequantize_row`) and dotted with every token.
 //!
 //! Activations and accumulation stay f32 in every path. Batch invariance: every path sums in
 //! the same order as the tiled GEMM of `matmul` for the same CPU features and type, so a
@@ -34,20 +37,11 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above, shared references only carry the pointer to tasks with disjoint rows.
 unsafe impl Sync for OutPtr {}
 
-/// True when the AVX-512 kernels can run (checked once by std, cached).
+/// True when the AVX-512 kernels run: the CPU has avx512f (+ the AVX2 set) and the process's
+/// kernel path (`sys::cpu::cpu_path`, `DUSTOFF_CPU_PATH`) is `avx512`.
 #[inline]
 pub(super) fn avx512_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("f16c")
-            && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::sys::cpu::cpu_path() == crate::sys::cpu::CpuPath::Avx512
 }
 
 /// Rows `r0..r0 + nr` of `w` times the `n_tok` (1..=MAX_T) tokens of `x` (`[n_tok, w.cols]`).
@@ -64,6 +58,13 @@ pub(super) unsafe fn rows_multi(w: &Tensor, r0: usize, nr: usize, x: &[f32], n_t
     if matches!(w.dtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0) && avx512_available() {
         // SAFETY: the features were detected just above; the caller vouches for `out`.
         unsafe { avx512::rows(w.dtype, packed, nr, cols, x, n_tok, out.ptr.add(r0), out.ld) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if quant::simd_available() && quant::gemv_supports(w.dtype) {
+        // SAFETY: avx2, fma and f16c run (quant::simd_available); block formats have whole
+        // blocks per row (checked by the loader); the caller vouches for `out`.
+        unsafe { quant::gemv_rows(w.dtype, packed, nr, cols, x, n_tok, out.ptr.add(r0), out.ld) };
         return;
     }
     // Generic: one row at a time through an f32 buffer that stays in L1. (Not the fused

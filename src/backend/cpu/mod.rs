@@ -100,7 +100,7 @@ impl Backend for CpuBackend {
         self.num_blocks
     }
     fn describe(&self) -> String {
-        format!("cpu ({} threads)", rayon::current_num_threads())
+        format!("cpu ({} threads, {})", rayon::current_num_threads(), crate::sys::cpu::cpu_path().describe())
     }
 
     fn decode_weight_bytes(&self) -> u64 {

@@ -122,23 +122,20 @@ mod simd;
 pub(crate) use simd::hsum;
 #[cfg(target_arch = "x86_64")]
 mod simd_dot;
+#[cfg(target_arch = "x86_64")]
+mod simd_gemv;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use simd_gemv::{gemv_rows, gemv_supports};
 #[cfg(test)]
 mod tests;
 
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
-/// True when the AVX2 + FMA + F16C kernels can run on this CPU (checked at run time; the
-/// detection result is cached by std, so this is a couple of atomic loads).
+/// True when the AVX2 + FMA + F16C kernels run: the CPU has them and the process's kernel
+/// path (`sys::cpu::cpu_path`, `DUSTOFF_CPU_PATH`) is not `scalar`. One atomic load.
 #[inline]
 pub(crate) fn simd_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::sys::cpu::cpu_path() >= crate::sys::cpu::CpuPath::Avx2
 }
 
 /// Widens one packed row to f32.

@@ -1,0 +1,431 @@
+//! AVX2 + FMA matrix-vector products on the packed blocks for a few tokens (decode and batched
+//! decode): `out[t, r] = row r . x[t]` for `T <= 8` tokens, each block widened to f32 in
+//! registers once and used for every token. No row is expanded to memory first.
+//!
+//! Bitwise contract (why the loop looks like this): every weight is computed exactly as
+//! `simd::dequantize_row` stores it (the same single-rounding `d * q` or `fma(q, d, m)`), and
+//! each (row, token) pair has one 8-lane accumulator fed 8 columns at a time in column order,
+//! reduced with `hsum`. That is the order of the tiled AVX2 GEMM of the prefill
+//! (`backend::cpu::matmul`), so a token's result does not depend on how many tokens share its
+//! step. One accumulator chain per pair is latency-bound (4-5 cycles per FMA), so `R` rows run
+//! together to give the core `R * T` independent chains.
+//!
+//! Port budget per 8 weights (T = 1): one int->float conversion, the dequantizing multiply or
+//! FMA, the dot FMA (p0/p1), plus a mask or shift (p0/p1/p5) and a `vpmovzxbd` load (p5):
+//! about 1.5-2 cycles, against ~4 when a row is first dequantized and dotted in one chain.
+
+use std::arch::x86_64::*;
+
+use super::kquants::scale_min;
+use super::simd::hsum;
+use super::GgmlType;
+
+/// One GGML block format as the GEMV walks it: scales prepared once per (row, block), then the
+/// block's weights as 8-lane vectors in column order.
+trait Fmt {
+    /// Weights and bytes per block.
+    const BS: usize;
+    const TS: usize;
+    type Sc: Copy + Default;
+    unsafe fn scales(b: *const u8) -> Self::Sc;
+    /// Weights `8j .. 8j + 8` of the block at `b`, bitwise as `simd::dequantize_row` writes them.
+    unsafe fn w8(b: *const u8, sc: &Self::Sc, j: usize) -> __m256;
+}
+
+#[inline(always)]
+unsafe fn half(p: *const u8) -> f32 {
+    let bits = u16::from_le_bytes([*p, *p.add(1)]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// 8 bytes at `p` zero-extended to 8 i32 lanes.
+#[inline(always)]
+unsafe fn zx8(p: *const u8) -> __m256i {
+    _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
+}
+
+/// Low (`hi == false`) or high nibbles of the 8 bytes at `p`, as i32 lanes.
+#[inline(always)]
+unsafe fn nib8(p: *const u8, hi: bool) -> __m256i {
+    let v = zx8(p);
+    if hi {
+        _mm256_srli_epi32(v, 4)
+    } else {
+        _mm256_and_si256(v, _mm256_set1_epi32(0x0F))
+    }
+}
+
+/// 0x10 in lane i where bit `first + i` of `qh` is set (the fifth bit of Q5_0 / Q5_1 codes).
+#[inline(always)]
+unsafe fn fifth8(qh: u32, first: u32) -> __m256i {
+    let v = _mm256_set1_epi32((qh >> first) as i32);
+    let bit = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_set1_epi32(1));
+    _mm256_slli_epi32(bit, 4)
+}
+
+#[inline(always)]
+unsafe fn cvt(v: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(v)
+}
+
+/// Block element `8j..8j+8` of a 32-weight nibble block: bytes `8 (j % 2)..` of `qs`, low
+/// nibbles for elements 0..16, high ones for 16..32.
+#[inline(always)]
+unsafe fn legacy_nib(qs: *const u8, j: usize) -> __m256i {
+    nib8(qs.add(8 * (j % 2)), j >= 2)
+}
+
+struct Q4_0;
+impl Fmt for Q4_0 {
+    const BS: usize = 32;
+    const TS: usize = 18;
+    type Sc = f32;
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> f32 {
+        half(b)
+    }
+    #[inline(always)]
+    unsafe fn w8(b: *const u8, d: &f32, j: usize) -> __m256 {
+        let q = _mm256_sub_epi32(legacy_nib(b.add(2), j), _mm256_set1_epi32(8));
+        _mm256_mul_ps(cvt(q), _mm256_set1_ps(*d))
+    }
+}
+
+struct Q4_1;
+impl Fmt for Q4_1 {
+    const BS: usize = 32;
+    const TS: usize = 20;
+    type Sc = (f32, f32);
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> (f32, f32) {
+        (half(b), half(b.add(2)))
+    }
+    #[inline(always)]
+    unsafe fn w8(b: *const u8, &(d, m): &(f32, f32), j: usize) -> __m256 {
+        _mm256_fmadd_ps(cvt(legacy_nib(b.add(4), j)), _mm256_set1_ps(d), _mm256_set1_ps(m))
+    }
+}
+
+struct Q5_0;
+impl Fmt for Q5_0 {
+    const BS: usize = 32;
+    const TS: usize = 22;
+    type Sc = (f32, u32);
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> (f32, u32) {
+        (half(b), u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]))
+    }
+    #[inline(always)]
+    unsafe fn w8(b: *const u8, &(d, qh): &(f32, u32), j: usize) -> __m256 {
+        let q = _mm256_or_si256(legacy_nib(b.add(6), j), fifth8(qh, 8 * j as u32));
+        _mm256_mul_ps(cvt(_mm256_sub_epi32(q, _mm256_set1_epi32(16))), _mm256_set1_ps(d))
+    }
+}
+
+struct Q5_1;
+impl Fmt for Q5_1 {
+    const BS: usize = 32;
+    const TS: usize = 24;
+    type Sc = (f32, f32, u32);
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> (f32, f32, u32) {
+        (half(b), half(b.add(2)), u32::from_le_bytes([*b.add(4), *b.add(5), *b.add(6), *b.add(7)]))
+    }
+    #[inline(always)]
+    unsafe fn w8(b: *const u8, &(d, m, qh): &(f32, f32, u32), j: usize) -> __m256 {
+        let q = _mm256_or_si256(legacy_nib(b.add(8), j), fifth8(qh, 8 * j as u32));
+        _mm256_fmadd_ps(cvt(q), _mm256_set1_ps(d), _mm256_set1_ps(m))
+    }
+}
+
+struct Q8_0;
+impl Fmt for Q8_0 {
+    const BS: usize = 32;
+    const TS: usize = 34;
+    type Sc = f32;
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> f32 {
+        half(b)
+    }
+    #[inline(always)]
+    unsafe fn w8(b: *const u8, d: &f32, j: usize) -> __m256 {
+        let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(2 + 8 * j) as *const __m128i));
+        _mm256_mul_ps(cvt(q), _mm256_set1_ps(*d))
+    }
+}
+
+/// Q4_K (`FIVE` false) and Q5_K: 8 sub-blocks of 32 with a scale and an offset each
+/// (`sc[s] = d * scale_s`, `off[s] = -dmin * min_s`, as `simd::visit_q45_k` computes them).
+struct Q45K<const FIVE: bool>;
+impl<const FIVE: bool> Fmt for Q45K<FIVE> {
+    const BS: usize = 256;
+    const TS: usize = if FIVE { 176 } else { 144 };
+    type Sc = ([f32; 8], [f32; 8]);
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> ([f32; 8], [f32; 8]) {
+        let (d, dmin) = (half(b), half(b.add(2)));
+        let scales = std::slice::from_raw_parts(b.add(4), 12);
+        let mut sc = ([0f32; 8], [0f32; 8]);
+        for s in 0..8 {
+            let (sj, mj) = scale_min(s, scales);
+            sc.0[s] = d * f32::from(sj);
+            sc.1[s] = -dmin * f32::from(mj);
+        }
+        sc
+    }
+    #[inline(always)]
+    unsafe fn w8(b: *const u8, sc: &([f32; 8], [f32; 8]), j: usize) -> __m256 {
+        // Elements 64c .. 64c + 32: low nibbles of qs[32c..32c + 32] (sub-block 2c); the next
+        // 32: their high nibbles (sub-block 2c + 1). `l` is the byte (and qh) index.
+        let (c, hi, l) = (j / 8, (j / 4) % 2 == 1, 8 * (j % 4));
+        let qs = b.add(if FIVE { 48 } else { 16 });
+        let mut q = nib8(qs.add(32 * c + l), hi);
+        if FIVE {
+            // Bit 2c of qh[l] is the fifth bit of the low-nibble element, bit 2c + 1 the high one.
+            let h = _mm256_srlv_epi32(zx8(b.add(16 + l)), _mm256_set1_epi32((2 * c + usize::from(hi)) as i32));
+            q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(1)), 4));
+        }
+        let s = 2 * c + usize::from(hi);
+        _mm256_fmadd_ps(cvt(q), _mm256_set1_ps(sc.0[s]), _mm256_set1_ps(sc.1[s]))
+    }
+}
+
+/// Q6_K: 16 sub-blocks of 16, `sc[s] = d * scale_s`; codes from 4 low bits (ql) + 2 high (qh).
+struct Q6K;
+impl Fmt for Q6K {
+    const BS: usize = 256;
+    const TS: usize = 210;
+    type Sc = [f32; 16];
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> [f32; 16] {
+        let d = half(b.add(208));
+        std::array::from_fn(|s| d * f32::from(*b.add(192 + s) as i8))
+    }
+    #[inline(always)]
+    unsafe fn w8(b: *const u8, sc: &[f32; 16], j: usize) -> __m256 {
+        // Half h (128 elements) = 4 quarters qi of 32; element 128h + 32qi + l comes from
+        // ql[64h + 32(qi % 2) + l] (low nibble for qi < 2) and bits 2qi.. of qh[32h + l].
+        let (h, qi, l) = (j / 16, (j / 4) % 4, 8 * (j % 4));
+        let lo = nib8(b.add(64 * h + 32 * (qi % 2) + l), qi >= 2);
+        let hb = _mm256_srlv_epi32(zx8(b.add(128 + 32 * h + l)), _mm256_set1_epi32(2 * qi as i32));
+        let q = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(hb, _mm256_set1_epi32(3)), 4));
+        let s = 8 * h + l / 16 + 2 * qi;
+        _mm256_mul_ps(cvt(_mm256_sub_epi32(q, _mm256_set1_epi32(32))), _mm256_set1_ps(sc[s]))
+    }
+}
+
+/// `R` rows (stride `rb` bytes from `rows`) of `nb` blocks times `T` tokens of `x` (stride
+/// `ldx` floats), written to `out[t * ldo + r]`.
+#[inline(always)]
+unsafe fn rows_rt<F: Fmt, const R: usize, const T: usize>(
+    rows: *const u8,
+    rb: usize,
+    nb: usize,
+    x: *const f32,
+    ldx: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut sc = [F::Sc::default(); R];
+    for bi in 0..nb {
+        for (r, s) in sc.iter_mut().enumerate() {
+            *s = F::scales(rows.add(r * rb + bi * F::TS));
+        }
+        let xb = x.add(bi * F::BS);
+        for j in 0..F::BS / 8 {
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let w = F::w8(rows.add(r * rb + bi * F::TS), &sc[r], j);
+                for (t, a) in acc_r.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(xb.add(t * ldx + 8 * j)), *a);
+                }
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (t, a) in acc_r.iter().enumerate() {
+            *out.add(t * ldo + r) = hsum(*a);
+        }
+    }
+}
+
+/// All `nr` rows for `T` tokens: groups of `R` rows (`R * T <= 8` accumulators), the rest one
+/// row at a time.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_t<F: Fmt, const R: usize, const T: usize>(
+    packed: *const u8,
+    rb: usize,
+    nr: usize,
+    nb: usize,
+    x: *const f32,
+    ldx: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut r = 0;
+    while r + R <= nr {
+        rows_rt::<F, R, T>(packed.add(r * rb), rb, nb, x, ldx, out.add(r), ldo);
+        r += R;
+    }
+    while r < nr {
+        rows_rt::<F, 1, T>(packed.add(r * rb), rb, nb, x, ldx, out.add(r), ldo);
+        r += 1;
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_fmt<F: Fmt>(
+    packed: *const u8,
+    rb: usize,
+    nr: usize,
+    nb: usize,
+    x: *const f32,
+    n_tok: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let ldx = nb * F::BS;
+    match n_tok {
+        1 => rows_t::<F, 4, 1>(packed, rb, nr, nb, x, ldx, out, ldo),
+        2 => rows_t::<F, 4, 2>(packed, rb, nr, nb, x, ldx, out, ldo),
+        3 => rows_t::<F, 2, 3>(packed, rb, nr, nb, x, ldx, out, ldo),
+        4 => rows_t::<F, 2, 4>(packed, rb, nr, nb, x, ldx, out, ldo),
+        5 => rows_t::<F, 1, 5>(packed, rb, nr, nb, x, ldx, out, ldo),
+        6 => rows_t::<F, 1, 6>(packed, rb, nr, nb, x, ldx, out, ldo),
+        7 => rows_t::<F, 1, 7>(packed, rb, nr, nb, x, ldx, out, ldo),
+        _ => rows_t::<F, 1, 8>(packed, rb, nr, nb, x, ldx, out, ldo),
+    }
+}
+
+/// Most tokens per call.
+pub(crate) const GEMV_MAX_T: usize = 8;
+
+/// Whether [`gemv_rows`] handles `dtype` (the quantized block formats).
+pub(crate) fn gemv_supports(dtype: GgmlType) -> bool {
+    !matches!(dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+/// `out[t * ldo + r] = row r . x[t]` for the `nr` rows of `cols` elements packed back to back in
+/// `packed` and `n_tok` (1..=8) tokens of `x` (`[n_tok, cols]`).
+///
+/// # Safety
+/// avx2, fma and f16c must be available; `gemv_supports(dtype)`; `cols` a whole number of
+/// blocks; `out[t * ldo + r]` writable for `t < n_tok`, `r < nr`. Lengths of `packed` and `x`
+/// are checked (a short buffer panics rather than reading out of bounds).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemv_rows(
+    dtype: GgmlType,
+    packed: &[u8],
+    nr: usize,
+    cols: usize,
+    x: &[f32],
+    n_tok: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let nb = cols / dtype.block_size();
+    let rb = nb * dtype.type_size();
+    assert!(
+        (1..=GEMV_MAX_T).contains(&n_tok)
+            && cols.is_multiple_of(dtype.block_size())
+            && packed.len() >= nr * rb
+            && x.len() >= n_tok * cols,
+        "gemv_rows {dtype}: shapes do not match"
+    );
+    let (p, xp) = (packed.as_ptr(), x.as_ptr());
+    match dtype {
+        GgmlType::Q4_0 => rows_fmt::<Q4_0>(p, rb, nr, nb, xp, n_tok, out, ldo),
+        GgmlType::Q4_1 => rows_fmt::<Q4_1>(p, rb, nr, nb, xp, n_tok, out, ldo),
+        GgmlType::Q5_0 => rows_fmt::<Q5_0>(p, rb, nr, nb, xp, n_tok, out, ldo),
+        GgmlType::Q5_1 => rows_fmt::<Q5_1>(p, rb, nr, nb, xp, n_tok, out, ldo),
+        GgmlType::Q8_0 => rows_fmt::<Q8_0>(p, rb, nr, nb, xp, n_tok, out, ldo),
+        GgmlType::Q4K => rows_fmt::<Q45K<false>>(p, rb, nr, nb, xp, n_tok, out, ldo),
+        GgmlType::Q5K => rows_fmt::<Q45K<true>>(p, rb, nr, nb, xp, n_tok, out, ldo),
+        GgmlType::Q6K => rows_fmt::<Q6K>(p, rb, nr, nb, xp, n_tok, out, ldo),
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => panic!("gemv_rows: {dtype} is not a block format"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::quant::tests::test_values;
+    use crate::model::quant::{dot_row_scalar, quantize_row};
+
+    const BLOCK_TYPES: [GgmlType; 8] = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+    ];
+
+    fn avx2() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    }
+
+    /// The AVX2 GEMM tile's order, written out in scalar code: one 8-lane accumulator fed with
+    /// fused multiply-adds in column order, then `hsum`'s pairing (lanes l and l + 4, then
+    /// l and l + 2, then 0 and 1).
+    fn tile_order_dot(w: &[f32], x: &[f32]) -> f32 {
+        let mut a = [0f32; 8];
+        for (cw, cx) in w.chunks_exact(8).zip(x.chunks_exact(8)) {
+            for l in 0..8 {
+                a[l] = cw[l].mul_add(cx[l], a[l]);
+            }
+        }
+        let s: [f32; 4] = std::array::from_fn(|l| a[l] + a[l + 4]);
+        let s = [s[0] + s[2], s[1] + s[3]];
+        s[0] + s[1]
+    }
+
+    #[test]
+    fn gemv_rows_is_bitwise_the_tile_order_over_the_simd_dequantized_rows() {
+        if !avx2() {
+            eprintln!("skipped: no avx2/fma/f16c on this CPU");
+            return;
+        }
+        for (k, &dtype) in BLOCK_TYPES.iter().enumerate() {
+            let cols = dtype.block_size() * if dtype.block_size() == 256 { 2 } else { 5 };
+            for nr in [1usize, 3, 6, 9] {
+                let rows: Vec<Vec<u8>> =
+                    (0..nr).map(|r| quantize_row(dtype, &test_values(cols, 100 * k as u64 + r as u64))).collect();
+                let packed: Vec<u8> = rows.concat();
+                let deq: Vec<Vec<f32>> = rows
+                    .iter()
+                    .map(|b| {
+                        let mut y = vec![0f32; cols];
+                        // SAFETY: avx2, fma and f16c were detected above.
+                        unsafe { crate::model::quant::simd::dequantize_row(dtype, b, &mut y) };
+                        y
+                    })
+                    .collect();
+                for n_tok in 1..=GEMV_MAX_T {
+                    let x = test_values(n_tok * cols, 7 + n_tok as u64);
+                    let ldo = nr + 2;
+                    let mut out = vec![f32::NAN; n_tok * ldo];
+                    // SAFETY: avx2/fma/f16c detected; out holds n_tok rows of ldo >= nr cells.
+                    unsafe { gemv_rows(dtype, &packed, nr, cols, &x, n_tok, out.as_mut_ptr(), ldo) };
+                    for t in 0..n_tok {
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        for r in 0..nr {
+                            let got = out[t * ldo + r];
+                            let want = tile_order_dot(&deq[r], xt);
+                            assert_eq!(got.to_bits(), want.to_bits(), "{dtype} nr {nr} T {n_tok} row {r} token {t}");
+                            // And close to the portable reference (a different summation order).
+                            let reference = dot_row_scalar(dtype, &rows[r], xt);
+                            let scale: f32 = deq[r].iter().zip(xt).map(|(a, b)| (a * b).abs()).sum();
+                            assert!((got - reference).abs() <= 1e-5 * scale.max(1.0), "{dtype}: {got} vs {reference}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

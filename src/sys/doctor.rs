@@ -1,0 +1,358 @@
+//! `dustoff doctor`: what this machine offers dustoff, what is missing and how to fix it.
+//!
+//! "Usable" (and the exit code): the CPU backend is always usable (every CPU runs at least the
+//! scalar kernels); a GPU is usable when its context opens and kernels can be had for it (PTX
+//! from `--ptx-dir`, or an NVRTC that targets its architecture and writes PTX the driver
+//! accepts). Doctor fails (exit 1) when the device `--device auto` would pick is not usable (a
+//! GPU is present but cannot run dustoff), or with `--require-gpu` when no GPU is usable.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::cpu::{CpuFeatures, CpuPath};
+use super::gpu::{ptx_isa_for_driver, GpuInfo};
+use super::nvrtc_scan::{scan_nvrtc, NvrtcFile};
+use super::threads::{plan, NumaMode, Placement};
+use super::topology::{pci_numa_node, Node, Topology};
+use crate::backend::cuda::device::CudaDevice;
+use crate::backend::cuda::nvrtc;
+
+/// How to get NVRTC 12 (the last NVRTC that targets compute_70), as scripts/nvrtc12.sh does.
+pub const NVRTC12_HINT: &str = "NVRTC 13 cannot target compute_70 (V100); NVRTC 12 comes in the PyPI wheel: \
+d=~/.cache/nvrtc12; python3 -m pip download --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
+nvidia-cuda-nvrtc-cu12==12.9.86 -d $d && unzip -q -o $d/nvidia_cuda_nvrtc_cu12-*.whl -d $d && \
+export LD_LIBRARY_PATH=$d/nvidia/cuda_nvrtc/lib:$LD_LIBRARY_PATH (scripts/nvrtc12.sh); pick a wheel no newer \
+than the driver's CUDA version; or compile the kernels elsewhere (dustoff kernels --arch compute_70 --out DIR) \
+and pass --ptx-dir DIR";
+
+/// Share of the copy-bandwidth bound dustoff's one-stream decode reached on an H200
+/// (183 tok/s = 66% of 4,210 GB/s, docs/BENCHMARKS.md 2026-11-29): the GPU projection.
+pub const GPU_DECODE_SHARE: f64 = 0.66;
+
+#[derive(Clone, Debug)]
+pub struct DoctorOptions {
+    pub sys_root: PathBuf,
+    /// Model for the memory plan and the decode projection.
+    pub model: Option<PathBuf>,
+    /// Context per sequence and sequences for the plan.
+    pub ctx: usize,
+    pub slots: usize,
+    pub ptx_dir: Option<PathBuf>,
+    pub numa: NumaMode,
+    pub threads: Option<usize>,
+    /// Time copies (host and device) and, with a model, one decode GEMV pass on the CPU.
+    pub measure: bool,
+    pub require_gpu: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CpuReport {
+    pub model_name: String,
+    pub sockets: usize,
+    pub cores: usize,
+    pub logical_cpus: usize,
+    pub numa_nodes: Vec<Node>,
+    pub features: CpuFeatures,
+    /// The dot-product path the CPU backend uses (`DUSTOFF_CPU_PATH` may lower it).
+    pub kernel_path: String,
+    /// The best path this CPU runs.
+    pub kernel_path_best: String,
+    pub memory_total_bytes: Option<u64>,
+    pub memory_available_bytes: Option<u64>,
+    /// Parallel host memcpy, bytes read + written per second / 1e9.
+    pub copy_bandwidth_gb_s: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GpuReport {
+    #[serde(flatten)]
+    pub info: GpuInfo,
+    pub arch: String,
+    /// From `/sys/bus/pci/devices/<bus id>/numa_node`.
+    pub numa_node: Option<usize>,
+    /// Whether the loaded NVRTC compiled a probe kernel for `arch`.
+    pub nvrtc_compiles_arch: Option<bool>,
+    pub usable: bool,
+    pub copy_bandwidth_gb_s: Option<f64>,
+    pub bandwidth_hint: Option<String>,
+    pub free_memory_bytes: Option<u64>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NvrtcReport {
+    /// The library cudarc loads (the one dustoff would use), when any.
+    pub loaded_version: Option<String>,
+    /// PTX ISA that NVRTC writes.
+    pub loaded_ptx_isa: Option<String>,
+    /// Whether it compiled a probe kernel for compute_70 (the V100).
+    pub compiles_compute_70: Option<bool>,
+    /// libnvrtc.so.* files on the library path and the usual CUDA folders.
+    pub files: Vec<NvrtcFile>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CudaReport {
+    pub driver_loaded: bool,
+    pub driver_cuda_version: Option<String>,
+    /// Newest PTX ISA the driver JIT-compiles.
+    pub driver_ptx_isa: Option<String>,
+    pub cuda_visible_devices: Option<String>,
+    pub gpus: Vec<GpuReport>,
+    pub nvrtc: NvrtcReport,
+    pub cublas_loadable: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DevicePlan {
+    pub device: String,
+    pub weights_bytes: u64,
+    pub kv_bytes: u64,
+    pub workspace_bytes: u64,
+    pub total_bytes: u64,
+    pub available_bytes: Option<u64>,
+    pub fits: bool,
+    pub note: String,
+    /// Bytes read per decoded token (weights less the embedding table).
+    pub decode_bytes_per_token: u64,
+    pub projected_decode_tok_s: Option<f64>,
+    pub projection: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelReport {
+    pub path: String,
+    pub arch: String,
+    pub layers: usize,
+    pub context: usize,
+    pub slots: usize,
+    pub plans: Vec<DevicePlan>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub version: &'static str,
+    pub cpu: CpuReport,
+    /// The thread placement a run on the default device gets with these --numa / --threads.
+    pub threads: Placement,
+    pub cuda: CudaReport,
+    pub model: Option<ModelReport>,
+    pub usable_devices: Vec<String>,
+    /// What `--device auto` picks.
+    pub default_device: String,
+    pub problems: Vec<String>,
+    pub hints: Vec<String>,
+    /// 0: the default device (and with --require-gpu a GPU) is usable; 1 otherwise.
+    pub exit_code: u8,
+}
+
+fn meminfo(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+fn cpu_model_name() -> String {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Parallel copy of 2 x 128 MiB on the rayon pool: bytes read + written per second / 1e9.
+fn host_copy_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    const N: usize = 128 << 20;
+    let src = vec![1u8; N];
+    let mut dst = vec![0u8; N];
+    let mut times = Vec::new();
+    for _ in 0..4 {
+        let t = Instant::now();
+        dst.par_chunks_mut(1 << 20).zip(src.par_chunks(1 << 20)).for_each(|(d, s)| d.copy_from_slice(s));
+        times.push(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dst);
+    times.remove(0);
+    times.sort_by(f64::total_cmp);
+    2.0 * N as f64 / times[times.len() / 2] / 1e9
+}
+
+fn bandwidth_hint(name: &str, gb_s: f64) -> Option<String> {
+    let n = name.to_ascii_uppercase();
+    if !n.contains("V100") {
+        return None;
+    }
+    let (kind, lo, hi) = if n.contains("PCIE") { ("PCIe", 700.0, 800.0) } else { ("SXM2", 850.0, 900.0) };
+    let verdict = if gb_s < 0.85 * lo {
+        "low: check clocks (nvidia-smi -q -d CLOCK), other processes and ECC errors"
+    } else {
+        "as expected"
+    };
+    Some(format!("a V100 {kind} copies at ~{lo:.0}-{hi:.0} GB/s; {gb_s:.0} GB/s is {verdict}"))
+}
+
+const PROBE: &str = "extern \"C\" __global__ void dustoff_probe(float* x) { x[threadIdx.x] = 1.0f; }\n";
+
+fn probe(arch: &str) -> bool {
+    nvrtc::compile("dustoff_probe.cu", PROBE, arch).is_ok()
+}
+
+fn gpu_report(info: GpuInfo, o: &DoctorOptions, nvrtc_ok: Option<bool>, problems: &mut Vec<String>) -> GpuReport {
+    let arch = nvrtc::arch_for(info.compute_capability);
+    let numa_node = info.pci_bus_id.as_deref().and_then(|b| pci_numa_node(&o.sys_root, b));
+    let compiles = nvrtc::nvrtc_available().then(|| probe(&arch));
+    let mut r = GpuReport {
+        arch: arch.clone(),
+        numa_node,
+        nvrtc_compiles_arch: compiles,
+        usable: false,
+        copy_bandwidth_gb_s: None,
+        bandwidth_hint: None,
+        free_memory_bytes: None,
+        error: None,
+        info,
+    };
+    let name = format!("cuda:{} {}", r.info.ordinal, r.info.name);
+    let kernels = o.ptx_dir.is_some() || (compiles == Some(true) && nvrtc_ok != Some(false));
+    if !kernels {
+        problems.push(match compiles {
+            None => format!("{name}: no NVRTC library found, so no kernels can be compiled"),
+            Some(false) => format!("{name}: the loaded NVRTC cannot compile for {arch}"),
+            Some(true) => format!("{name}: the loaded NVRTC writes PTX newer than the driver accepts"),
+        });
+    }
+    match CudaDevice::new(r.info.ordinal) {
+        Ok(dev) => {
+            r.free_memory_bytes = dev.mem_info().ok().map(|(free, _)| free as u64);
+            if o.measure {
+                match dev.copy_bandwidth(256 << 20, 5) {
+                    Ok(bw) => {
+                        r.copy_bandwidth_gb_s = Some(bw / 1e9);
+                        r.bandwidth_hint = bandwidth_hint(&r.info.name, bw / 1e9);
+                    }
+                    Err(e) => r.error = Some(format!("copy bandwidth: {e}")),
+                }
+            }
+            r.usable = kernels;
+        }
+        Err(e) => {
+            problems.push(format!("{name}: {e}"));
+            r.error = Some(e.to_string());
+        }
+    }
+    r
+}
+
+/// Gathers the report (touches the GPUs and, with `measure`, times copies).
+pub fn gather(o: &DoctorOptions) -> Report {
+    let mut problems = Vec::new();
+    let mut hints = Vec::new();
+    let topo = Topology::read(&o.sys_root).unwrap_or_else(|e| {
+        problems.push(format!("CPU topology: {e}"));
+        Topology { cpus: Vec::new(), nodes: Vec::new() }
+    });
+    let path = super::cpu::cpu_path();
+    let cpu = CpuReport {
+        model_name: cpu_model_name(),
+        sockets: topo.sockets(),
+        cores: topo.cores(),
+        logical_cpus: topo.cpus.len(),
+        numa_nodes: topo.nodes.clone(),
+        features: CpuFeatures::detect(),
+        kernel_path: path.name().into(),
+        kernel_path_best: CpuPath::detected().name().into(),
+        memory_total_bytes: meminfo("MemTotal:"),
+        memory_available_bytes: meminfo("MemAvailable:"),
+        copy_bandwidth_gb_s: o.measure.then(host_copy_bandwidth),
+    };
+    if CpuPath::detected() == CpuPath::Scalar && cfg!(target_arch = "x86_64") {
+        hints.push("this CPU has no AVX2+FMA: the CPU backend runs its portable (slow) kernels".into());
+    }
+
+    let driver = super::gpu::driver_version();
+    let driver_isa = driver.map(ptx_isa_for_driver);
+    let nvrtc_version = nvrtc::nvrtc_version().ok();
+    let nvrtc_isa = nvrtc_version.map(ptx_isa_for_driver);
+    // PTX newer than the driver's ISA does not load; unknown when either side is missing.
+    let nvrtc_ok = match (nvrtc_isa, driver_isa) {
+        (Some(n), Some(d)) => Some(n <= d),
+        _ => None,
+    };
+    let infos = super::gpu::gpus();
+    let gpus: Vec<GpuReport> = infos.into_iter().map(|g| gpu_report(g, o, nvrtc_ok, &mut problems)).collect();
+    let compiles_70 = nvrtc::nvrtc_available().then(|| probe("compute_70"));
+    let nvrtc = NvrtcReport {
+        loaded_version: nvrtc_version.map(|(a, b)| format!("{a}.{b}")),
+        loaded_ptx_isa: nvrtc_isa.map(|(a, b)| format!("{a}.{b}")),
+        compiles_compute_70: compiles_70,
+        files: scan_nvrtc(),
+    };
+    if nvrtc_ok == Some(false) {
+        problems.push(format!(
+            "NVRTC {} writes PTX ISA {}, newer than the driver (CUDA {}) loads ({}): use an NVRTC no newer than the driver",
+            nvrtc.loaded_version.as_deref().unwrap_or("?"),
+            nvrtc.loaded_ptx_isa.as_deref().unwrap_or("?"),
+            driver.map(|(a, b)| format!("{a}.{b}")).unwrap_or_default(),
+            driver_isa.map(|(a, b)| format!("{a}.{b}")).unwrap_or_default(),
+        ));
+    }
+    let v100 = gpus.iter().any(|g| g.info.compute_capability == (7, 0));
+    // A V100 without an NVRTC for it, or a GPU-less build box whose NVRTC cannot make V100 PTX.
+    if (v100 && compiles_70 != Some(true)) || (gpus.is_empty() && compiles_70 == Some(false)) {
+        hints.push(NVRTC12_HINT.into());
+    }
+    let cuda = CudaReport {
+        driver_loaded: crate::backend::cuda::device::driver_available(),
+        driver_cuda_version: driver.map(|(a, b)| format!("{a}.{b}")),
+        driver_ptx_isa: driver_isa.map(|(a, b)| format!("{a}.{b}")),
+        cuda_visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+        // SAFETY: only tries to dlopen the candidate library names; no cuBLAS function is called.
+        cublas_loadable: unsafe { cudarc::cublas::sys::is_culib_present() },
+        gpus,
+        nvrtc,
+    };
+    if !cuda.gpus.is_empty() && !cuda.cublas_loadable {
+        problems.push("cuBLAS (libcublas) not found: the CUDA backend needs it for prefill GEMMs".into());
+    }
+
+    let mut usable_devices = vec!["cpu".to_string()];
+    usable_devices.extend(cuda.gpus.iter().filter(|g| g.usable).map(|g| format!("cuda:{}", g.info.ordinal)));
+    // `--device auto` takes cuda:0 whenever the driver reports a device.
+    let default_device = if cuda.gpus.is_empty() { "cpu".to_string() } else { "cuda:0".to_string() };
+    let default_usable = usable_devices.contains(&default_device);
+    if !default_usable {
+        hints.push(format!("--device auto picks {default_device}, which cannot run here; --device cpu works"));
+    }
+    let any_gpu = usable_devices.len() > 1;
+    if o.require_gpu && !any_gpu {
+        problems.push("--require-gpu: no usable GPU".into());
+    }
+    let gpu_node = cuda.gpus.first().filter(|_| default_device != "cpu").and_then(|g| g.numa_node);
+    let gpu_name = if default_device == "cpu" { "" } else { "cuda:0" };
+    let threads = plan(&topo, o.numa, gpu_node, gpu_name, o.threads, super::threads::current_affinity().as_deref())
+        .unwrap_or_else(|e| {
+            problems.push(e.to_string());
+            Placement { cpus: None, node: None, threads: 0, reason: e.to_string() }
+        });
+    let model = o.model.as_deref().map(|p| super::doctor_model::model_report(p, o, &cpu, &cuda, &mut problems));
+    let exit_code = u8::from(!default_usable || (o.require_gpu && !any_gpu));
+    Report {
+        version: env!("CARGO_PKG_VERSION"),
+        cpu,
+        threads,
+        cuda,
+        model,
+        usable_devices,
+        default_device,
+        problems,
+        hints,
+        exit_code,
+    }
+}
+
+/// Path for messages.
+pub(crate) fn shown(p: &Path) -> String {
+    p.display().to_string()
+}

@@ -1,0 +1,164 @@
+//! `dustoff doctor --model`: the memory plan on each usable device and a projected decode rate.
+//!
+//! - CPU: weights are the file's packed tensors (mapped), the KV cache is f32. The projection is
+//!   measured: one decode step's matrix products (every layer matrix and the head, one token,
+//!   the kernel path this process uses) timed on the thread pool; attention and the small ops
+//!   are left out, so the real rate is somewhat lower.
+//! - GPU: the plan of the CUDA backend (`backend::cuda::memory::plan_memory`, F16 weights) against
+//!   the device's free memory; the projection is the copy-bandwidth bound times the share
+//!   dustoff reached on an H200 ([`super::doctor::GPU_DECODE_SHARE`]).
+
+use std::path::Path;
+use std::time::Instant;
+
+use super::doctor::{shown, CpuReport, CudaReport, DevicePlan, DoctorOptions, ModelReport, GPU_DECODE_SHARE};
+use crate::backend::cpu::matmul::matmul;
+use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::memory::plan_memory;
+use crate::model::loader::load_model;
+use crate::model::weights::{ModelWeights, Tensor};
+
+const BLOCK: usize = 16;
+
+fn matrices(w: &ModelWeights) -> Vec<&Tensor> {
+    let mut v: Vec<&Tensor> = Vec::new();
+    for l in &w.layers {
+        v.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+    }
+    v.push(&w.output);
+    v
+}
+
+/// Median seconds of one token through every matrix (after a warm-up pass).
+fn gemv_pass_seconds(ms: &[&Tensor]) -> f64 {
+    let most_cols = ms.iter().map(|m| m.cols).max().unwrap_or(0);
+    let most_rows = ms.iter().map(|m| m.rows).max().unwrap_or(0);
+    let x: Vec<f32> = (0..most_cols).map(|i| ((i % 17) as f32 - 8.0) / 16.0).collect();
+    let mut out = vec![0f32; most_rows];
+    let mut times = Vec::new();
+    for _ in 0..4 {
+        let t = Instant::now();
+        for m in ms {
+            matmul(m, &x[..m.cols], 1, &mut out[..m.rows]);
+        }
+        times.push(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&out);
+    times.remove(0);
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+pub(super) fn model_report(
+    path: &Path,
+    o: &DoctorOptions,
+    cpu: &CpuReport,
+    cuda: &CudaReport,
+    problems: &mut Vec<String>,
+) -> ModelReport {
+    let m = match load_model(path) {
+        Ok(m) => m,
+        Err(e) => {
+            problems.push(format!("model {}: {e}", shown(path)));
+            return ModelReport {
+                path: shown(path),
+                arch: String::new(),
+                layers: 0,
+                context: o.ctx,
+                slots: o.slots,
+                plans: Vec::new(),
+            };
+        }
+    };
+    let c = &m.config;
+    let positions = (o.ctx * o.slots).div_ceil(BLOCK) * BLOCK;
+    let mut plans = Vec::new();
+
+    // CPU.
+    let ms = matrices(&m.weights);
+    let decode_bytes: u64 =
+        ms.iter().map(|t| t.bytes().len() as u64).sum::<u64>() + m.weights.token_embd.row_bytes() as u64;
+    let weights_bytes: u64 = ms.iter().map(|t| t.bytes().len() as u64).sum::<u64>()
+        + if c.tied_embeddings { 0 } else { m.weights.token_embd.bytes().len() as u64 };
+    let kv = (CpuBackend::kv_bytes_per_token(c) * positions) as u64;
+    // Activations: a few [max_batch_tokens, ffn] f32 buffers and the logits; small next to KV.
+    let workspace = (512 * (4 * c.dim + 3 * c.ffn_dim) * 4 + 256 * c.vocab_size * 4) as u64;
+    let total = weights_bytes + kv + workspace;
+    let avail = cpu.memory_available_bytes;
+    let fits = avail.is_none_or(|a| total <= a);
+    let (tok_s, projection) = if o.measure {
+        // On a pool worker, as the backend runs its steps (forks are then cheap).
+        let s = rayon::scope(|_| gemv_pass_seconds(&ms));
+        (
+            Some(1.0 / s),
+            format!(
+                "measured: one token through every matrix takes {:.2} ms on {} threads ({} kernels); attention and the rest come on top",
+                s * 1e3,
+                rayon::current_num_threads(),
+                cpu.kernel_path
+            ),
+        )
+    } else {
+        (None, "not measured (--no-measure)".into())
+    };
+    plans.push(DevicePlan {
+        device: "cpu".into(),
+        weights_bytes,
+        kv_bytes: kv,
+        workspace_bytes: workspace,
+        total_bytes: total,
+        available_bytes: avail,
+        fits,
+        note: format!("weights mapped from the file; KV cache f32 for {positions} positions ({} x {})", o.slots, o.ctx),
+        decode_bytes_per_token: decode_bytes,
+        projected_decode_tok_s: tok_s,
+        projection,
+    });
+
+    // GPUs.
+    for g in cuda.gpus.iter().filter(|g| g.usable) {
+        let p = plan_memory(c, 2, positions / BLOCK, BLOCK, 512);
+        let device = format!("cuda:{}", g.info.ordinal);
+        let (fits, note) = match g.free_memory_bytes {
+            Some(free) => match p.check(free, &device, positions, c) {
+                Ok(()) => (true, format!("F16 weights; KV cache F16 for {positions} positions")),
+                Err(msg) => (false, msg),
+            },
+            None => (false, "free memory unknown".into()),
+        };
+        let emb = (c.vocab_size * c.dim * 2) as u64;
+        let gpu_decode = p.weights - (if c.tied_embeddings { 0 } else { emb }) + (c.dim * 2) as u64;
+        let (tok_s, projection) = match g.copy_bandwidth_gb_s {
+            Some(bw) => (
+                Some(bw * 1e9 / gpu_decode as f64 * GPU_DECODE_SHARE),
+                format!(
+                    "{:.0}% of the bound {bw:.0} GB/s / {:.2} GB per token (the share dustoff reached on an H200)",
+                    GPU_DECODE_SHARE * 100.0,
+                    gpu_decode as f64 / 1e9
+                ),
+            ),
+            None => (None, "copy bandwidth not measured".into()),
+        };
+        plans.push(DevicePlan {
+            device,
+            weights_bytes: p.weights,
+            kv_bytes: p.kv,
+            workspace_bytes: p.workspace,
+            total_bytes: p.total,
+            available_bytes: g.free_memory_bytes,
+            fits,
+            note,
+            decode_bytes_per_token: gpu_decode,
+            projected_decode_tok_s: tok_s,
+            projection,
+        });
+    }
+    ModelReport {
+        path: shown(path),
+        arch: c.arch.name().to_string(),
+        layers: c.n_layers,
+        context: o.ctx,
+        slots: o.slots,
+        plans,
+    }
+}

@@ -1,0 +1,172 @@
+//! The human-readable rendering of `dustoff doctor`.
+
+use std::fmt::Write;
+
+use super::doctor::Report;
+use super::topology::format_cpu_list;
+
+fn gb(b: u64) -> String {
+    format!("{:.2} GB", b as f64 / 1e9)
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+impl Report {
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let c = &self.cpu;
+        let _ = writeln!(s, "dustoff {}", self.version);
+        let _ = writeln!(s, "\nCPU");
+        let _ = writeln!(s, "  {}", c.model_name);
+        let _ = writeln!(
+            s,
+            "  {} socket(s), {} core(s), {} logical CPU(s), {} NUMA node(s)",
+            c.sockets,
+            c.cores,
+            c.logical_cpus,
+            c.numa_nodes.len()
+        );
+        for n in &c.numa_nodes {
+            let mem = n.mem_total_bytes.map(|b| format!(", {}", gb(b))).unwrap_or_default();
+            let _ = writeln!(s, "    node {}: CPUs {}{mem}", n.id, format_cpu_list(&n.cpus));
+        }
+        let f = &c.features;
+        let _ = writeln!(
+            s,
+            "  AVX2 {} FMA {} F16C {} AVX-512F {} AVX-512BW {} AVX-512 VNNI {}",
+            yes(f.avx2),
+            yes(f.fma),
+            yes(f.f16c),
+            yes(f.avx512f),
+            yes(f.avx512bw),
+            yes(f.avx512vnni)
+        );
+        let lowered = if c.kernel_path != c.kernel_path_best {
+            format!(" (lowered by DUSTOFF_CPU_PATH; the CPU runs {})", c.kernel_path_best)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(s, "  dot-product kernels: {}{lowered}", c.kernel_path);
+        if let (Some(t), Some(a)) = (c.memory_total_bytes, c.memory_available_bytes) {
+            let _ = writeln!(s, "  memory: {} total, {} available", gb(t), gb(a));
+        }
+        if let Some(bw) = c.copy_bandwidth_gb_s {
+            let _ = writeln!(s, "  host copy bandwidth: {bw:.1} GB/s (read + written, all threads)");
+        }
+        let _ = writeln!(s, "  {}", self.threads.describe());
+
+        let g = &self.cuda;
+        let _ = writeln!(s, "\nCUDA");
+        match &g.driver_cuda_version {
+            Some(v) => {
+                let isa = g.driver_ptx_isa.as_deref().unwrap_or("?");
+                let _ = writeln!(s, "  driver: CUDA {v}, accepts PTX ISA up to {isa}");
+            }
+            None if g.driver_loaded => {
+                let _ = writeln!(s, "  driver: loaded, version unknown");
+            }
+            None => {
+                let _ = writeln!(s, "  driver: not found (no libcuda): CPU only");
+            }
+        }
+        if let Some(v) = &g.cuda_visible_devices {
+            let _ = writeln!(s, "  CUDA_VISIBLE_DEVICES={v}");
+        }
+        for d in &g.gpus {
+            let (ma, mi) = d.info.compute_capability;
+            let _ = writeln!(
+                s,
+                "  cuda:{} {} (compute {ma}.{mi}, {}, PCI {}, NUMA node {})",
+                d.info.ordinal,
+                d.info.name,
+                gb(d.info.memory_bytes),
+                d.info.pci_bus_id.as_deref().unwrap_or("?"),
+                d.numa_node.map(|n| n.to_string()).unwrap_or_else(|| "unknown".into())
+            );
+            let nv = match d.nvrtc_compiles_arch {
+                Some(true) => format!("NVRTC compiles {}", d.arch),
+                Some(false) => format!("NVRTC cannot compile {}", d.arch),
+                None => "no NVRTC".into(),
+            };
+            let _ = writeln!(s, "    {nv}; usable: {}", yes(d.usable));
+            if let Some(bw) = d.copy_bandwidth_gb_s {
+                let hint = d.bandwidth_hint.as_deref().map(|h| format!(" ({h})")).unwrap_or_default();
+                let _ = writeln!(s, "    copy bandwidth: {bw:.0} GB/s{hint}");
+            }
+            if let Some(e) = &d.error {
+                let _ = writeln!(s, "    error: {e}");
+            }
+        }
+        if g.gpus.is_empty() {
+            let _ = writeln!(s, "  no GPU");
+        }
+        let n = &g.nvrtc;
+        match &n.loaded_version {
+            Some(v) => {
+                let c70 = match n.compiles_compute_70 {
+                    Some(true) => "compiles compute_70 (V100)",
+                    _ => "cannot compile compute_70 (V100)",
+                };
+                let isa = n.loaded_ptx_isa.as_deref().unwrap_or("?");
+                let _ = writeln!(s, "  NVRTC loaded: {v} (writes PTX ISA {isa}), {c70}");
+            }
+            None => {
+                let _ = writeln!(s, "  NVRTC: none loadable");
+            }
+        }
+        for file in &n.files {
+            let t = match file.targets_compute_70 {
+                Some(true) => "can target compute_70",
+                Some(false) => "cannot target compute_70",
+                None => "version unknown",
+            };
+            let _ = writeln!(s, "    {} ({t})", file.path);
+        }
+        let _ = writeln!(s, "  cuBLAS: {}", if g.cublas_loadable { "found" } else { "not found" });
+
+        if let Some(m) = &self.model {
+            let _ = writeln!(
+                s,
+                "\nModel {} ({}, {} layers), {} slots x {} context",
+                m.path, m.arch, m.layers, m.slots, m.context
+            );
+            for p in &m.plans {
+                let avail = p.available_bytes.map(|a| format!(" of {} available", gb(a))).unwrap_or_default();
+                let _ = writeln!(
+                    s,
+                    "  {}: weights {} + KV {} + workspace {} = {}{avail}: {}",
+                    p.device,
+                    gb(p.weights_bytes),
+                    gb(p.kv_bytes),
+                    gb(p.workspace_bytes),
+                    gb(p.total_bytes),
+                    if p.fits { "fits" } else { "does NOT fit" }
+                );
+                let _ = writeln!(s, "    {}", p.note);
+                if let Some(t) = p.projected_decode_tok_s {
+                    let _ = writeln!(s, "    projected decode: ~{t:.0} tok/s ({})", p.projection);
+                }
+            }
+        }
+
+        let _ = writeln!(
+            s,
+            "\nUsable devices: {} (--device auto picks {})",
+            self.usable_devices.join(", "),
+            self.default_device
+        );
+        for p in &self.problems {
+            let _ = writeln!(s, "problem: {p}");
+        }
+        for h in &self.hints {
+            let _ = writeln!(s, "hint: {h}");
+        }
+        s
+    }
+}

@@ -1,0 +1,96 @@
+//! NVRTC libraries on this machine: `libnvrtc.so.*` files in the library path and the usual
+//! CUDA folders, with the major version their name carries and whether that version can
+//! target compute_70 (NVRTC 13 dropped the V100; 11.x and 12.x target it).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NvrtcFile {
+    pub path: String,
+    /// From the file name (`libnvrtc.so.12.9.86` -> 12); `None` for an unversioned name.
+    pub major: Option<u32>,
+    pub targets_compute_70: Option<bool>,
+}
+
+/// The folders searched: `LD_LIBRARY_PATH`, `NVRTC12_DIR` / `~/.cache/nvrtc12` (where
+/// scripts/nvrtc12.sh unpacks the wheel), the CUDA toolkit folders and the system lib folders.
+fn search_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
+        .map(|v| std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect())
+        .unwrap_or_default();
+    let wheel = std::env::var_os("NVRTC12_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/nvrtc12")));
+    if let Some(w) = wheel {
+        dirs.push(w.join("nvidia/cuda_nvrtc/lib"));
+    }
+    if let Ok(entries) = std::fs::read_dir("/usr/local") {
+        let mut cuda: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("cuda"))
+            .map(|e| e.path().join("lib64"))
+            .collect();
+        cuda.sort();
+        dirs.extend(cuda);
+    }
+    dirs.extend(["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"].map(PathBuf::from));
+    dirs
+}
+
+/// The major version in a `libnvrtc.so.MAJOR[.MINOR...]` file name.
+pub fn major_of(name: &str) -> Option<u32> {
+    name.strip_prefix("libnvrtc.so.")?.split('.').next()?.parse().ok()
+}
+
+fn scan_dir(dir: &Path, seen: &mut BTreeSet<PathBuf>, out: &mut Vec<NvrtcFile>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut names: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libnvrtc.so")))
+        .collect();
+    names.sort();
+    for p in names {
+        // Symlinks (libnvrtc.so -> libnvrtc.so.12) count once, by the file they name.
+        let real = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
+        if !seen.insert(real.clone()) {
+            continue;
+        }
+        let major = real.file_name().and_then(|n| n.to_str()).and_then(major_of);
+        out.push(NvrtcFile { path: p.display().to_string(), major, targets_compute_70: major.map(|m| m <= 12) });
+    }
+}
+
+pub fn scan_nvrtc() -> Vec<NvrtcFile> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for d in search_dirs() {
+        scan_dir(&d, &mut seen, &mut out);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_come_from_file_names_and_links_count_once() {
+        assert_eq!(major_of("libnvrtc.so.12.9.86"), Some(12));
+        assert_eq!(major_of("libnvrtc.so.13"), Some(13));
+        assert_eq!(major_of("libnvrtc.so"), None);
+        let dir = std::env::temp_dir().join(format!("dustoff-nvrtc-scan-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libnvrtc.so.13.0.48"), b"").unwrap();
+        std::os::unix::fs::symlink(dir.join("libnvrtc.so.13.0.48"), dir.join("libnvrtc.so.13")).unwrap();
+        std::fs::write(dir.join("libnvrtc.so.12"), b"").unwrap();
+        std::fs::write(dir.join("libnvrtc-builtins.so.12"), b"").unwrap();
+        let (mut seen, mut out) = (BTreeSet::new(), Vec::new());
+        scan_dir(&dir, &mut seen, &mut out);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let got: Vec<(Option<u32>, Option<bool>)> = out.iter().map(|f| (f.major, f.targets_compute_70)).collect();
+        assert_eq!(got, vec![(Some(12), Some(true)), (Some(13), Some(false))], "{out:?}");
+    }
+}
