@@ -2,16 +2,53 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod fault;
 
 use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;
 
+/// The cause kept inside a [`BackendError`] (a driver or cuBLAS error, ...).
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A failed backend call, by kind: the engine recovers from [`BackendError::OutOfMemory`]
+/// inside a step (preempt, smaller batch, retry); the others end the job with their cause.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("invalid step plan: {0}")]
     Plan(String),
+    /// Device memory ran out (an allocation in a step, cuBLAS workspace, or the memory plan).
+    #[error("out of device memory: {what}")]
+    OutOfMemory {
+        what: String,
+        #[source]
+        source: Option<Cause>,
+    },
+    /// A kernel failed at or after launch (illegal address, too many resources, timeout...).
+    #[error("kernel launch failed: {what}")]
+    Launch {
+        what: String,
+        #[source]
+        source: Cause,
+    },
+    /// A kernel file did not compile; `log` is NVRTC's.
+    #[error("compiling kernel file {file}.cu for {arch} failed; NVRTC log:\n{log}")]
+    Compile { file: String, arch: String, log: String },
+    /// Any other driver or library failure, with its cause.
+    #[error("device: {what}")]
+    Driver {
+        what: String,
+        #[source]
+        source: Cause,
+    },
+    /// A device failure known only by its message.
     #[error("{0}")]
     Device(String),
+}
+
+impl BackendError {
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, BackendError::OutOfMemory { .. })
+    }
 }
 
 /// A model placed on a device, with its paged KV cache.

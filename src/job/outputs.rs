@@ -1,0 +1,123 @@
+//! Checks on an output path before any work: its directory exists, and none of the files a job
+//! writes for it (the output, its temporary, report, order sidecar, checkpoint directory, lock)
+//! is or contains an input. `--output` naming the input file used to overwrite it (exit 0).
+
+use std::path::{Component, Path, PathBuf};
+
+use super::exit::UsageError;
+
+/// Every path a job writes for `output` (files, and the checkpoint directory).
+pub fn owned_paths(output: &Path) -> Vec<PathBuf> {
+    let with = |suffix: &str| {
+        let mut p = output.as_os_str().to_owned();
+        p.push(suffix);
+        PathBuf::from(p)
+    };
+    vec![
+        output.to_path_buf(),
+        with(".partial"),
+        with(".report.json"),
+        with(".report.json.tmp"),
+        super::shard::order_path(output),
+        super::checkpoint::checkpoint_dir(output),
+        super::lock::JobLock::path_for(output),
+    ]
+}
+
+/// `path` made absolute and free of `.`/`..`, through the real location of its directory when
+/// that exists (so a symlinked directory compares equal to its target).
+fn normalize(path: &Path) -> PathBuf {
+    if let Ok(p) = path.canonicalize() {
+        return p;
+    }
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().map(|d| d.join(path)).unwrap_or_else(|_| path.to_path_buf())
+    };
+    if let (Some(parent), Some(name)) = (abs.parent(), abs.file_name()) {
+        if let Ok(p) = parent.canonicalize() {
+            return p.join(name);
+        }
+    }
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+/// Refuses an output that cannot be written (no such directory, a directory) or whose files
+/// would overwrite or live around one of `inputs` (input files, the model, the pipeline).
+/// Nothing is written.
+pub fn check_output(output: &Path, inputs: &[&Path]) -> Result<(), UsageError> {
+    let shown = output.display();
+    if output.as_os_str().is_empty() {
+        return Err(UsageError::new("--output is empty"));
+    }
+    if output.is_dir() {
+        return Err(UsageError::new(format!("--output {shown} is a directory; name a file in it")));
+    }
+    let parent = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(UsageError::new(format!(
+            "the directory of --output {shown} ({}) does not exist; create it first",
+            parent.display()
+        )));
+    }
+    let inputs: Vec<(PathBuf, &Path)> = inputs.iter().map(|p| (normalize(p), *p)).collect();
+    for owned in owned_paths(output) {
+        let o = normalize(&owned);
+        for (i, given) in &inputs {
+            if *i == o || i.starts_with(&o) {
+                let what = if owned == output { "--output".to_string() } else { format!("{}", owned.display()) };
+                return Err(UsageError::new(format!(
+                    "{what} would overwrite the input {}; choose another --output",
+                    given.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_that_are_or_hold_an_input_are_refused() {
+        let d = std::env::temp_dir().join(format!("dustoff-outputs-{}", std::process::id()));
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        let input = d.join("in.jsonl");
+        std::fs::write(&input, "{}\n").unwrap();
+        // The same file, by another spelling.
+        let e = check_output(&d.join("sub/../in.jsonl"), &[&input]).unwrap_err();
+        assert!(e.0.contains("would overwrite the input") && e.0.contains("in.jsonl"), "{e}");
+        // An input inside the checkpoint directory of the output.
+        let ck = d.join("o.jsonl.dustoff");
+        std::fs::create_dir_all(&ck).unwrap();
+        std::fs::write(ck.join("x.jsonl"), "{}\n").unwrap();
+        assert!(check_output(&d.join("o.jsonl"), &[&ck.join("x.jsonl")]).is_err());
+        // The input's report name: `in` as output would write `in.report.json`.
+        let rep = d.join("r.jsonl.report.json");
+        std::fs::write(&rep, "{}").unwrap();
+        assert!(check_output(&d.join("r.jsonl"), &[&rep]).is_err());
+        // Fine: another file in the same directory.
+        check_output(&d.join("out.jsonl"), &[&input]).unwrap();
+        // A missing directory and a directory as output.
+        let e = check_output(&d.join("nope/out.jsonl"), &[&input]).unwrap_err();
+        assert!(e.0.contains("does not exist"), "{e}");
+        assert!(check_output(&d, &[&input]).unwrap_err().0.contains("is a directory"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
