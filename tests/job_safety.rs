@@ -216,16 +216,17 @@ fn usage_errors_exit_2_everywhere() {
             ["generate", "--device", "cpu", "--input", NEWS, "--output", "x.parquet"].map(String::from).to_vec(),
             "generate writes JSONL",
         ),
-        (
-            ["tokenize", "--input", NEWS, "--output", "/nonexistent-dir/x.jsonl"].map(String::from).to_vec(),
-            "does not exist",
-        ),
     ];
     for (args, want) in cases {
         let o = cmd(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).output().unwrap();
         expect_code(&o, 2, &format!("{args:?}"));
         assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
     }
+    // An output directory that cannot be made fails before the model loads (exit 1), naming it.
+    let under_file = repo().join(NEWS).join("x.jsonl");
+    let o = dustoff(&["tokenize", "--input", NEWS, "--output", s(&under_file)], &[]);
+    expect_code(&o, 1, "output under a file");
+    assert!(stderr(&o).contains("cannot create") && !stderr(&o).contains("model:"), "{}", stderr(&o));
     assert!(!out.exists() && !with_suffix(&out, ".dustoff").exists());
 }
 

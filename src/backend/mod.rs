@@ -124,3 +124,36 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
         (**self).measure_copy_bandwidth()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::CudaError;
+    use cudarc::driver::result::DriverError;
+    use cudarc::driver::sys::CUresult;
+
+    fn driver(code: CUresult) -> BackendError {
+        CudaError::Driver { what: "launching rmsnorm".into(), source: DriverError(code) }.into()
+    }
+
+    #[test]
+    fn device_errors_keep_their_kind_and_cause() {
+        let e = driver(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(e.is_out_of_memory(), "{e}");
+        assert!(std::error::Error::source(&e).is_some(), "the driver error is kept as the cause");
+        assert!(matches!(driver(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS), BackendError::Launch { .. }));
+        assert!(matches!(driver(CUresult::CUDA_ERROR_INVALID_VALUE), BackendError::Driver { .. }));
+        let plan: BackendError = CudaError::OutOfMemory("weights 9 GB + KV 2 GB > 8 GB".into()).into();
+        assert!(plan.is_out_of_memory() && plan.to_string().contains("weights 9 GB"), "{plan}");
+        let c: BackendError = CudaError::Compile {
+            file: "rope".into(),
+            arch: "compute_70".into(),
+            log: "rope.cu(3): error: identifier \"x\" is undefined".into(),
+        }
+        .into();
+        assert!(matches!(c, BackendError::Compile { .. }));
+        assert!(c.to_string().contains("NVRTC log") && c.to_string().contains("identifier \"x\""), "{c}");
+        let s: BackendError = CudaError::Shape { kernel: "gemv", reason: "rows 3 != 4".into() }.into();
+        assert!(matches!(s, BackendError::Plan(_)), "{s}");
+    }
+}

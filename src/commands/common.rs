@@ -289,3 +289,40 @@ impl JsonlWriter {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_parse_counts_and_auto_and_refuse_zero() {
+        assert_eq!("auto".parse::<Slots>().unwrap(), Slots::Auto);
+        assert_eq!("12".parse::<Slots>().unwrap(), Slots::Count(12));
+        assert!("0".parse::<Slots>().unwrap_err().0.contains("--slots 0"));
+        assert!("many".parse::<Slots>().is_err());
+    }
+
+    #[test]
+    fn auto_slots_are_the_most_the_memory_plan_fits() {
+        let c = crate::model::shapes::shape("qwen3-8b").unwrap();
+        let plan = |n: usize| {
+            let blocks = (n * 4096).div_ceil(BLOCK_SIZE);
+            crate::backend::cuda::plan_memory(
+                &c,
+                2,
+                blocks,
+                BLOCK_SIZE,
+                crate::backend::cuda::backend::PLANNED_BATCH_TOKENS,
+            )
+        };
+        // A 32 GB V100 (30 GB free): 16 GB of F16 weights, then 4096-position sequences.
+        let free = 30_000_000_000u64;
+        let n = fit_slots(&c, free, 4096);
+        assert!((1..MAX_AUTO_SLOTS).contains(&n), "{n}");
+        assert!(plan(n).check(free, "", n * 4096, &c).is_ok());
+        assert!(plan(n + 1).check(free, "", (n + 1) * 4096, &c).is_err(), "one more does not fit");
+        // The cap, and nothing at all on a device smaller than the weights.
+        assert_eq!(fit_slots(&c, 1_000_000_000_000, 4096), MAX_AUTO_SLOTS);
+        assert_eq!(fit_slots(&c, 8_000_000_000, 4096), 0);
+    }
+}

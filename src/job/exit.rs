@@ -54,6 +54,7 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
     use super::shard::ShardError;
     e.chain().any(|c| {
         c.is::<UsageError>()
+            || matches!(c.downcast_ref::<super::outputs::OutputError>(), Some(super::outputs::OutputError::Usage(_)))
             || matches!(c.downcast_ref::<LockError>(), Some(LockError::Held { .. }))
             || matches!(c.downcast_ref::<CheckpointError>(), Some(CheckpointError::Mismatch { .. }))
             || matches!(c.downcast_ref::<PipelineError>(), Some(p) if !matches!(p, PipelineError::Io { .. }))

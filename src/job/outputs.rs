@@ -1,6 +1,7 @@
-//! Checks on an output path before any work: its directory exists, and none of the files a job
-//! writes for it (the output, its temporary, report, order sidecar, checkpoint directory, lock)
-//! is or contains an input. `--output` naming the input file used to overwrite it (exit 0).
+//! Checks on an output path before any work: none of the files a job writes for it (the output,
+//! its temporary, report, order sidecar, checkpoint directory, lock) is or contains an input
+//! (`--output` naming the input file used to overwrite it, exit 0), and its directory exists or
+//! can be made (a missing one used to fail `generate` and `tokenize` after all the work).
 
 use std::path::{Component, Path, PathBuf};
 
@@ -53,26 +54,40 @@ fn normalize(path: &Path) -> PathBuf {
     out
 }
 
-/// Refuses an output that cannot be written (no such directory, a directory) or whose files
-/// would overwrite or live around one of `inputs` (input files, the model, the pipeline).
-/// Nothing is written.
-pub fn check_output(output: &Path, inputs: &[&Path]) -> Result<(), UsageError> {
+/// Refuses an output that is a directory or whose files would overwrite or live around one of
+/// `inputs` (input files, the model, the pipeline) with a [`UsageError`], before anything is
+/// written; then makes the output's directory if it is missing.
+pub fn check_output(output: &Path, inputs: &[&Path]) -> Result<(), OutputError> {
+    refuse_overlap(output, inputs)?;
+    let parent = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        std::fs::create_dir_all(parent).map_err(|source| OutputError::CreateDir {
+            dir: parent.to_path_buf(),
+            output: output.to_path_buf(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error(transparent)]
+    Usage(#[from] UsageError),
+    #[error("cannot create {dir}, the directory of the output {output}: {source}")]
+    CreateDir { dir: PathBuf, output: PathBuf, source: std::io::Error },
+}
+
+fn refuse_overlap(output: &Path, inputs: &[&Path]) -> Result<(), UsageError> {
     let shown = output.display();
     if output.as_os_str().is_empty() {
         return Err(UsageError::new("--output is empty"));
     }
     if output.is_dir() {
         return Err(UsageError::new(format!("--output {shown} is a directory; name a file in it")));
-    }
-    let parent = match output.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if !parent.is_dir() {
-        return Err(UsageError::new(format!(
-            "the directory of --output {shown} ({}) does not exist; create it first",
-            parent.display()
-        )));
     }
     let inputs: Vec<(PathBuf, &Path)> = inputs.iter().map(|p| (normalize(p), *p)).collect();
     for owned in owned_paths(output) {
@@ -101,8 +116,8 @@ mod tests {
         let input = d.join("in.jsonl");
         std::fs::write(&input, "{}\n").unwrap();
         // The same file, by another spelling.
-        let e = check_output(&d.join("sub/../in.jsonl"), &[&input]).unwrap_err();
-        assert!(e.0.contains("would overwrite the input") && e.0.contains("in.jsonl"), "{e}");
+        let e = check_output(&d.join("sub/../in.jsonl"), &[&input]).unwrap_err().to_string();
+        assert!(e.contains("would overwrite the input") && e.contains("in.jsonl"), "{e}");
         // An input inside the checkpoint directory of the output.
         let ck = d.join("o.jsonl.dustoff");
         std::fs::create_dir_all(&ck).unwrap();
@@ -114,10 +129,13 @@ mod tests {
         assert!(check_output(&d.join("r.jsonl"), &[&rep]).is_err());
         // Fine: another file in the same directory.
         check_output(&d.join("out.jsonl"), &[&input]).unwrap();
-        // A missing directory and a directory as output.
-        let e = check_output(&d.join("nope/out.jsonl"), &[&input]).unwrap_err();
-        assert!(e.0.contains("does not exist"), "{e}");
-        assert!(check_output(&d, &[&input]).unwrap_err().0.contains("is a directory"));
+        // A missing directory is made; one that cannot be (under a file) is named; a directory
+        // is not an output.
+        check_output(&d.join("new/deeper/out.jsonl"), &[&input]).unwrap();
+        assert!(d.join("new/deeper").is_dir());
+        let e = check_output(&input.join("out.jsonl"), &[]).unwrap_err();
+        assert!(matches!(e, OutputError::CreateDir { .. }), "{e}");
+        assert!(check_output(&d, &[&input]).unwrap_err().to_string().contains("is a directory"));
         let _ = std::fs::remove_dir_all(&d);
     }
 }
