@@ -476,6 +476,18 @@ fn run(cli: Cli) -> Result<Code> {
                     // second run of this job, is refused at once.
                     dustoff::job::outputs::check_output(&o, &[&i, &a.model.model])?;
                     let lock = dustoff::job::lock::JobLock::acquire(&o)?;
+                    let job = generate::BatchJob {
+                        model_path: &a.model.model,
+                        input: &i,
+                        output: &o,
+                        ctx: a.ctx,
+                        restart: a.restart,
+                        commit_rows: common::commit_rows(),
+                    };
+                    dustoff::job::checkpoint::Checkpoint::verify(&o, &generate::fingerprint(&job, &opt)?, a.restart)
+                        .map_err(|e| {
+                            anyhow::anyhow!(e).context(format!("opening the checkpoint of {}", o.display()))
+                        })?;
                     let m = common::load(&a.model.model)?;
                     let slots = common::resolve_slots(a.engine.slots, &device, &m.config, a.ctx)?;
                     let cfg = dustoff::engine::engine::EngineConfig {
@@ -493,14 +505,6 @@ fn run(cli: Cli) -> Result<Code> {
                     )?;
                     let mut engine = dustoff::engine::engine::Engine::new(backend, cfg)?;
                     let stop = dustoff::job::runner::StopFlag::with_signals().unwrap_or_default();
-                    let job = generate::BatchJob {
-                        model_path: &a.model.model,
-                        input: &i,
-                        output: &o,
-                        ctx: a.ctx,
-                        restart: a.restart,
-                        commit_rows: common::commit_rows(),
-                    };
                     let r = generate::run_jsonl(&m, &mut engine, &job, &opt, &lock, &stop)?;
                     eprintln!("metrics: {}", serde_json::to_string(&r.metrics)?);
                     eprintln!(

@@ -283,6 +283,7 @@ fn a_rerun_after_fixing_the_input_resumes_or_says_what_restart_discards() {
     {
         assert!(e.contains(part), "{part:?} missing: {e}");
     }
+    assert!(!e.contains("model:"), "refused before the model loads: {e}");
     let o = dustoff(&run_args(s(&b.pipeline), s(&input), s(&out3), &["--restart"]), &[]);
     expect_code(&o, 0, "--restart");
     assert_eq!(bytes(&out3), bytes(&b.output));

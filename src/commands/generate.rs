@@ -120,6 +120,22 @@ pub struct BatchResult {
     pub metrics: EngineMetrics,
 }
 
+/// What makes two `generate --input` runs the same job (see `checkpoint`): the model, the
+/// input, the sampling options and `--ctx`.
+pub fn fingerprint(job: &BatchJob, opt: &GenOptions) -> Result<JobFingerprint> {
+    Ok(JobFingerprint {
+        model: file_identity(job.model_path).with_context(|| format!("reading model {}", job.model_path.display()))?,
+        pipeline: "generate".into(),
+        params: json!({
+            "max_tokens": opt.max_tokens, "temperature": opt.temperature, "top_k": opt.top_k,
+            "top_p": opt.top_p, "seed": opt.seed, "ctx": job.ctx,
+        })
+        .to_string(),
+        inputs: vec![file_identity(job.input).with_context(|| format!("reading input {}", job.input.display()))?],
+        shard: None,
+    })
+}
+
 /// JSONL mode through the job machinery: every prompt goes through the slot engine; finished
 /// rows are committed to a checkpoint beside the output (`<output>.dustoff/`), so SIGINT or
 /// SIGTERM (exit 4) or `kill -9` loses at most the rows in flight and the same command resumes.
@@ -137,17 +153,7 @@ pub fn run_jsonl<B: Backend>(
     if lock.path() != JobLock::path_for(output) {
         anyhow::bail!("internal: the job lock {} is not the lock of {}", lock.path().display(), output.display());
     }
-    let fingerprint = JobFingerprint {
-        model: file_identity(job.model_path).with_context(|| format!("reading model {}", job.model_path.display()))?,
-        pipeline: "generate".into(),
-        params: json!({
-            "max_tokens": opt.max_tokens, "temperature": opt.temperature, "top_k": opt.top_k,
-            "top_p": opt.top_p, "seed": opt.seed, "ctx": job.ctx,
-        })
-        .to_string(),
-        inputs: vec![file_identity(input).with_context(|| format!("reading input {}", input.display()))?],
-        shard: None,
-    };
+    let fingerprint = fingerprint(job, opt)?;
     let mut ck = Checkpoint::open(output, &fingerprint, job.restart)
         .with_context(|| format!("opening the checkpoint of {}", output.display()))?;
     if let Some(note) = ck.replaced() {

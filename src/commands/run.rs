@@ -82,6 +82,13 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         return Ok(ExitCode::Ok);
     }
     let lock = JobLock::acquire(&a.output)?;
+    // Rows do not depend on slots, device or batch size (greedy and seeded outputs are the
+    // same across them), so none of those flags is part of the fingerprint.
+    let overrides = "{}";
+    let fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
+    // A different job's checkpoint is refused before the model loads (minutes for a large one).
+    crate::job::checkpoint::Checkpoint::verify(&a.output, &fingerprint, a.restart)
+        .with_context(|| format!("opening the checkpoint of {}", a.output.display()))?;
     let m = common::load(&a.model)?;
     let codec = TokenizerCodec(&m.tokenizer);
 
@@ -108,10 +115,6 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     let stop = StopFlag::with_signals().unwrap_or_default();
     let mut gen = EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec()).with_stop(stop.clone());
 
-    // Rows do not depend on slots, device or batch size (greedy and seeded outputs are the
-    // same across them), so none of those flags is part of the fingerprint.
-    let overrides = "{}";
-    let fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
     let opts = RunOptions {
         inputs,
         output: a.output.clone(),

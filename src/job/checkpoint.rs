@@ -342,6 +342,29 @@ impl Checkpoint {
         Ok(ck)
     }
 
+    /// The check `open` makes against a different job's checkpoint, without changing anything:
+    /// run before the model loads, so that a refused rerun is refused at once.
+    pub fn verify(output: &Path, fingerprint: &JobFingerprint, restart: bool) -> Result<(), CheckpointError> {
+        let dir = checkpoint_dir(output);
+        let job_path = dir.join("job.json");
+        if restart || !job_path.exists() {
+            return Ok(());
+        }
+        let text =
+            fs::read_to_string(&job_path).map_err(|source| CheckpointError::Io { path: job_path.clone(), source })?;
+        // An unreadable or other-version job.json is left to `open`, which names it.
+        let Ok(job) = serde_json::from_str::<JobFile>(&text) else { return Ok(()) };
+        if job.format_version != CHECKPOINT_FORMAT_VERSION || job.fingerprint == *fingerprint {
+            return Ok(());
+        }
+        let (rows, errors) = journal_totals(&dir.join("journal.jsonl"));
+        if rows > errors {
+            let differs = job.fingerprint.describe_differences(fingerprint);
+            return Err(CheckpointError::Mismatch { dir, differs, rows, errors });
+        }
+        Ok(())
+    }
+
     fn load_journal(&mut self) -> Result<(), CheckpointError> {
         let path = self.dir.join("journal.jsonl");
         let mut text = String::new();
