@@ -1,9 +1,8 @@
 //! dustoff command line. Parsing only; the work is in `dustoff::commands`.
 //!
-//! Exit codes (one funnel, in `main`): 0 success; 1 error (message on stderr); 2 usage error
-//! (bad flags, unknown or invalid pipeline, bad shard, resuming a different job); 3 `generate`
-//! or `tokenize` wrote error rows for some lines, or `run` aborted past `--max-errors`
-//! (resumable); 4 interrupted by SIGINT/SIGTERM (resumable: run the same command again).
+//! Exit codes: one funnel, in `main`, with the codes of `dustoff::job::exit` (0 only when every
+//! record succeeded; 1 error; 2 usage error; 3 error rows or past `--max-errors`; 4 interrupted,
+//! resumable).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,8 +10,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
-use dustoff::commands::common::{self, Device};
+use dustoff::commands::common::{self, Device, Slots};
 use dustoff::commands::{generate, tokenize};
+use dustoff::job::exit::{self, ExitCode as Code, UsageError};
 use dustoff::model::loader::SAMPLE_MODEL;
 
 /// The tokenizer allocates many small strings per record; mimalloc halves the time glibc's
@@ -251,9 +251,14 @@ struct GenerateArgs {
     /// JSONL input: {"id","prompt"} or {"id","prompt_ids":[...]}, optional "chat": true.
     #[arg(long, requires = "output", conflicts_with = "prompt")]
     input: Option<PathBuf>,
-    /// JSONL output: {"id","prompt_tokens","token_ids","text","finish_reason"} per line.
+    /// JSONL output: {"id","prompt_tokens","token_ids","text","finish_reason"} per line, in
+    /// input order. Checkpointed beside it like `run`: after SIGINT/SIGTERM (exit 4) or a kill,
+    /// the same command resumes.
     #[arg(long)]
     output: Option<PathBuf>,
+    /// With --input: discard an existing checkpoint of this output and start over.
+    #[arg(long)]
+    restart: bool,
     /// One prompt, streamed to the terminal.
     #[arg(long)]
     prompt: Option<String>,
@@ -284,11 +289,12 @@ struct GenerateArgs {
 
 #[derive(Args)]
 struct EngineArgs {
-    /// Sequences decoded together (parallel decode slots). On a GPU more slots mean more
-    /// throughput while their KV cache fits (H200, 8B model: 8 slots ~1,100 tok/s, 64 slots
-    /// ~5,800); the memory check at start refuses, with numbers, a count that does not fit.
-    #[arg(long, default_value_t = 8)]
-    slots: usize,
+    /// Sequences decoded together (parallel decode slots): a count, or auto: on a GPU as many
+    /// as the memory plan fits for the job's context (at most 64, said in the log), on the CPU
+    /// 8. On a GPU more slots mean more throughput while their KV cache fits (H200, 8B model: 8
+    /// slots ~1,100 tok/s, 64 slots ~5,800); a count that does not fit is refused with numbers.
+    #[arg(long, default_value = "auto")]
+    slots: Slots,
     /// Token budget of one engine step (decode tokens plus chunks of prefill).
     #[arg(long, default_value_t = 512)]
     max_batch_tokens: usize,
@@ -308,16 +314,25 @@ struct TokenizeArgs {
     output: PathBuf,
 }
 
+/// The one exit funnel: every command's result becomes one exit code of `dustoff::job::exit`,
+/// and an error is printed once, each cause once.
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Err(code) = place_threads(&cli) {
         return code;
     }
     match run(cli) {
-        Ok(code) => code,
+        Ok(code) => ExitCode::from(code.code()),
         Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(if dustoff::commands::run::is_usage_error(&e) { 2 } else { 1 })
+            eprintln!("error: {}", exit::describe(&e));
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::StorageFull)
+            }) {
+                eprintln!(
+                    "the disk is full: free some space, then run the same command; a job resumes from its checkpoint"
+                );
+            }
+            ExitCode::from(exit::code_of(&e).code())
         }
     }
 }
@@ -327,7 +342,7 @@ fn main() -> ExitCode {
 fn place_threads(cli: &Cli) -> std::result::Result<(), ExitCode> {
     if let Err(e) = dustoff::sys::cpu::check_path_env() {
         eprintln!("error: {e}");
-        return Err(ExitCode::from(2));
+        return Err(ExitCode::from(Code::Usage.code()));
     }
     let device = match &cli.cmd {
         Cmd::Generate(a) => Some(a.model.device.as_str()),
@@ -364,12 +379,14 @@ fn pick_device(s: &str) -> Result<Device> {
     Ok(d)
 }
 
-fn run(cli: Cli) -> Result<ExitCode> {
+fn run(cli: Cli) -> Result<Code> {
     match cli.cmd {
         Cmd::Tokenize(a) => {
+            // Checked before the model loads: tokenize writes its rows as they are made.
+            dustoff::job::outputs::check_output(&a.output, &[&a.input, &a.model])?;
             let t = common::load_tokenizer(&a.model)?;
             let errors = tokenize::run(&t.tokenizer, &a.input, &a.output)?;
-            Ok(if errors > 0 { ExitCode::from(3) } else { ExitCode::SUCCESS })
+            Ok(if errors > 0 { Code::RecordErrors } else { Code::Ok })
         }
         Cmd::Run(a) => {
             let device = pick_device(&a.model.device)?;
@@ -380,7 +397,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 model: a.model.model,
                 device,
                 ptx_dir: a.model.ptx_dir,
-                slots: a.engine.slots.max(1),
+                slots: a.engine.slots,
                 max_batch_tokens: a.engine.max_batch_tokens,
                 prefix_cache: !a.engine.no_prefix_cache,
                 restart: a.restart,
@@ -391,8 +408,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 quiet: a.quiet,
                 default_max_tokens: a.default_max_tokens,
             };
-            let code = dustoff::commands::run::run(&args)?;
-            Ok(ExitCode::from(code as u8))
+            dustoff::commands::run::run(&args)
         }
         Cmd::Convert(a) => {
             let args = dustoff::commands::convert::ConvertArgs {
@@ -411,7 +427,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 print!("{}", summary.to_text());
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(Code::Ok)
         }
         Cmd::Doctor(a) => {
             let args = dustoff::commands::doctor::DoctorArgs {
@@ -430,18 +446,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 print!("{}", report.to_text());
             }
-            Ok(ExitCode::from(report.exit_code))
+            Ok(if report.exit_code == 0 { Code::Ok } else { Code::Failure })
         }
         Cmd::Merge(a) => {
             dustoff::commands::run::merge(&a.output, &a.shards)?;
-            Ok(ExitCode::SUCCESS)
+            Ok(Code::Ok)
         }
         Cmd::Kernels(a) => {
             let files = dustoff::commands::kernels::compile_all(&a.arch, &a.out)?;
             for f in &files {
                 println!("{}", f.display());
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(Code::Ok)
         }
         Cmd::Bench(a) => {
             let device = pick_device(&a.device)?;
@@ -476,7 +492,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let fingerprint = *blake3::hash(name.as_bytes()).as_bytes();
             if let Some(sp) = &a.shared_prefix {
                 let [requests, shared, unique] = sp[..] else {
-                    anyhow::bail!("--shared-prefix takes REQUESTS,SHARED,UNIQUE (e.g. 256,1000,300)");
+                    return Err(
+                        UsageError::new("--shared-prefix takes REQUESTS,SHARED,UNIQUE (e.g. 256,1000,300)").into()
+                    );
                 };
                 let gen = a.gen_tokens;
                 let tokens = a.slots * (shared + unique + gen + common::BLOCK_SIZE) + shared * 2;
@@ -489,7 +507,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     (shared, unique, requests, gen),
                 )?;
                 println!("{}", serde_json::to_string_pretty(&rows)?);
-                return Ok(ExitCode::SUCCESS);
+                return Ok(Code::Ok);
             }
             if !a.batch.is_empty() {
                 let most = a.batch.iter().copied().max().unwrap_or(1);
@@ -511,7 +529,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&rows)?);
                 }
-                return Ok(ExitCode::SUCCESS);
+                return Ok(Code::Ok);
             }
             let mut b = make(ctx)?;
             let b = b.as_mut();
@@ -521,11 +539,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 r.print_human();
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(Code::Ok)
         }
         Cmd::Generate(a) => {
-            let device = pick_device(&a.model.device)?;
-            let m = common::load(&a.model.model)?;
+            if a.max_tokens == 0 {
+                return Err(UsageError::new("--max-tokens 0 would generate nothing; give at least 1").into());
+            }
+            if a.ctx == 0 {
+                return Err(UsageError::new("--ctx 0 leaves no room for a prompt; give at least 1").into());
+            }
             let opt = generate::GenOptions {
                 max_tokens: a.max_tokens,
                 temperature: a.temperature,
@@ -535,15 +557,43 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             match (a.prompt, a.input, a.output) {
                 (Some(p), _, _) => {
+                    let device = pick_device(&a.model.device)?;
+                    let m = common::load(&a.model.model)?;
                     let mut b =
                         common::make_backend(&m.config, &m.weights, &device, a.ctx, a.model.ptx_dir.as_deref())?;
                     generate::run_prompt(&m, b.as_mut(), &p, a.chat, &opt)?;
-                    Ok(ExitCode::SUCCESS)
+                    Ok(Code::Ok)
                 }
                 (None, Some(i), Some(o)) => {
+                    if dustoff::job::writer::OutputFormat::from_path(&o) != dustoff::job::writer::OutputFormat::Jsonl {
+                        return Err(UsageError::new(format!(
+                            "generate writes JSONL: {} is not a .jsonl path",
+                            o.display()
+                        ))
+                        .into());
+                    }
+                    let device = pick_device(&a.model.device)?;
+                    // Before the model loads: an output that would overwrite the input, or a
+                    // second run of this job, is refused at once.
+                    dustoff::job::outputs::check_output(&o, &[&i, &a.model.model])?;
+                    let lock = dustoff::job::lock::JobLock::acquire(&o)?;
+                    let job = generate::BatchJob {
+                        model_path: &a.model.model,
+                        input: &i,
+                        output: &o,
+                        ctx: a.ctx,
+                        restart: a.restart,
+                        commit_rows: common::commit_rows(),
+                    };
+                    dustoff::job::checkpoint::Checkpoint::verify(&o, &generate::fingerprint(&job, &opt)?, a.restart)
+                        .map_err(|e| {
+                            anyhow::anyhow!(e).context(format!("opening the checkpoint of {}", o.display()))
+                        })?;
+                    let m = common::load(&a.model.model)?;
+                    let slots = common::resolve_slots(a.engine.slots, &device, &m.config, a.ctx)?;
                     let cfg = dustoff::engine::engine::EngineConfig {
-                        slots: a.engine.slots.max(1),
-                        max_batch_tokens: a.engine.max_batch_tokens.max(a.engine.slots),
+                        slots,
+                        max_batch_tokens: a.engine.max_batch_tokens.max(slots),
                         prefix_cache: !a.engine.no_prefix_cache,
                         model_fingerprint: m.fingerprint,
                     };
@@ -551,15 +601,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         &m.config,
                         &m.weights,
                         &device,
-                        a.ctx * a.engine.slots.max(1),
+                        a.ctx * slots,
                         a.model.ptx_dir.as_deref(),
                     )?;
                     let mut engine = dustoff::engine::engine::Engine::new(backend, cfg)?;
-                    let (errors, metrics) = generate::run_jsonl(&m, &mut engine, &i, &o, &opt)?;
-                    eprintln!("metrics: {}", serde_json::to_string(&metrics)?);
-                    Ok(if errors > 0 { ExitCode::from(3) } else { ExitCode::SUCCESS })
+                    let stop = dustoff::job::runner::StopFlag::with_signals().unwrap_or_default();
+                    let r = generate::run_jsonl(&m, &mut engine, &job, &opt, &lock, &stop)?;
+                    eprintln!("metrics: {}", serde_json::to_string(&r.metrics)?);
+                    eprintln!(
+                        "{} rows committed ({} from an earlier run), {} error rows",
+                        r.rows, r.resumed_rows, r.error_rows
+                    );
+                    if r.exit == Code::Interrupted {
+                        eprintln!("interrupted: run the same command again to resume");
+                    }
+                    Ok(r.exit)
                 }
-                _ => anyhow::bail!("give either --prompt TEXT or --input IN.jsonl --output OUT.jsonl"),
+                _ => Err(UsageError::new("give either --prompt TEXT or --input IN.jsonl --output OUT.jsonl").into()),
             }
         }
     }

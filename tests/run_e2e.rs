@@ -168,8 +168,9 @@ fn bad_records_become_error_rows_and_max_errors_aborts_resumably() {
     let bad = "samples/bad.jsonl";
     let full = d.join("full.jsonl");
     let o = dustoff(&run_args(Some(s(&pipeline)), bad, s(&full), &[]), &[]);
-    // Error rows do not fail a job that completed (README: exit codes).
-    expect_code(&o, 0, "bad input run");
+    // A job that completed with error rows exits 3 (README: exit codes), and says how many.
+    expect_code(&o, 3, "bad input run");
+    assert!(stderr(&o).contains("error rows: 9"), "the summary counts the error rows: {}", stderr(&o));
     let rows = read_rows(&full);
     // (id, line of an id-less row, error kind or None for a result row), in input order;
     // the blank line 11 is not a record.
@@ -205,6 +206,7 @@ fn bad_records_become_error_rows_and_max_errors_aborts_resumably() {
             }
         }
     }
+    assert_eq!(report(&full)["error_rows"], 9);
     let c = &report(&full)["counts"];
     assert_eq!((c["ok"].as_u64(), c["error"].as_u64()), (Some(3), Some(9)), "{c}");
     assert_eq!(c["errors_by_kind"]["malformed_json"], 2, "{c}");
@@ -221,7 +223,8 @@ fn bad_records_become_error_rows_and_max_errors_aborts_resumably() {
     let o = dustoff(&run_args(Some(s(&pipeline)), bad, s(&capped), &["--max-errors", "2"]), &[]);
     expect_code(&o, 3, "--max-errors 2 again");
     let o = dustoff(&run_args(Some(s(&pipeline)), bad, s(&capped), &["--max-errors", "20"]), &[]);
-    expect_code(&o, 0, "resume with --max-errors 20");
+    expect_code(&o, 3, "resume with --max-errors 20 (completes, with error rows)");
+    assert_eq!(report(&capped)["error_rows"], 9, "the error rows of both runs are counted");
     assert_eq!(read_bytes(&capped), read_bytes(&full), "a resumed job writes the unbroken job's output");
     let c = &report(&capped)["counts"];
     assert!(c["skipped_done"].as_u64().unwrap() >= 3, "committed rows are not recomputed: {c}");
@@ -357,7 +360,7 @@ fn a_different_job_on_the_same_output_is_refused_until_restart() {
 
     // --restart discards the old checkpoint and runs the new job from the start.
     let o = dustoff(&run_args(Some(s(&changed)), s(&bad), s(&out), &["--restart"]), &[]);
-    expect_code(&o, 0, "--restart");
+    expect_code(&o, 3, "--restart (bad.jsonl completes with error rows)");
     let rows = read_rows(&out);
     assert_eq!(rows.len(), 12);
     assert_eq!(rows[0]["generated_tokens"], 9, "the new pipeline ran: {}", rows[0]);

@@ -53,7 +53,11 @@ $SRUN "$DUSTOFF" run "$PIPELINE" \
 
 case $rc in
     0) echo "shard $TASK/$SHARDS done: $OUT/shard-$TASK.jsonl" ;;
-    3) echo "shard $TASK/$SHARDS aborted past --max-errors; fix the input or raise the limit, then resubmit this script with --array=$TASK" ;;
+    3) if [ -e "$OUT/shard-$TASK.jsonl" ]; then
+           echo "shard $TASK/$SHARDS done with error rows: see $OUT/shard-$TASK.jsonl.report.json (error_rows)"
+       else
+           echo "shard $TASK/$SHARDS aborted past --max-errors; raise the limit, then resubmit this script with --array=$TASK"
+       fi ;;
     4) echo "shard $TASK/$SHARDS interrupted; resubmit this script with --array=$TASK to resume" ;;
     *) echo "shard $TASK/$SHARDS failed (exit $rc); see the log above" ;;
 esac

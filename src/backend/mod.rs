@@ -2,16 +2,53 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod fault;
 
 use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;
 
+/// The cause kept inside a [`BackendError`] (a driver or cuBLAS error, ...).
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A failed backend call, by kind: the engine recovers from [`BackendError::OutOfMemory`]
+/// inside a step (preempt, smaller batch, retry); the others end the job with their cause.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("invalid step plan: {0}")]
     Plan(String),
+    /// Device memory ran out (an allocation in a step, cuBLAS workspace, or the memory plan).
+    #[error("out of device memory: {what}")]
+    OutOfMemory {
+        what: String,
+        #[source]
+        source: Option<Cause>,
+    },
+    /// A kernel failed at or after launch (illegal address, too many resources, timeout...).
+    #[error("kernel launch failed: {what}")]
+    Launch {
+        what: String,
+        #[source]
+        source: Cause,
+    },
+    /// A kernel file did not compile; `log` is NVRTC's.
+    #[error("compiling kernel file {file}.cu for {arch} failed; NVRTC log:\n{log}")]
+    Compile { file: String, arch: String, log: String },
+    /// Any other driver or library failure, with its cause.
+    #[error("device: {what}")]
+    Driver {
+        what: String,
+        #[source]
+        source: Cause,
+    },
+    /// A device failure known only by its message.
     #[error("{0}")]
     Device(String),
+}
+
+impl BackendError {
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, BackendError::OutOfMemory { .. })
+    }
 }
 
 /// A model placed on a device, with its paged KV cache.
@@ -85,5 +122,38 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn measure_copy_bandwidth(&mut self) -> Option<f64> {
         (**self).measure_copy_bandwidth()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::CudaError;
+    use cudarc::driver::result::DriverError;
+    use cudarc::driver::sys::CUresult;
+
+    fn driver(code: CUresult) -> BackendError {
+        CudaError::Driver { what: "launching rmsnorm".into(), source: DriverError(code) }.into()
+    }
+
+    #[test]
+    fn device_errors_keep_their_kind_and_cause() {
+        let e = driver(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(e.is_out_of_memory(), "{e}");
+        assert!(std::error::Error::source(&e).is_some(), "the driver error is kept as the cause");
+        assert!(matches!(driver(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS), BackendError::Launch { .. }));
+        assert!(matches!(driver(CUresult::CUDA_ERROR_INVALID_VALUE), BackendError::Driver { .. }));
+        let plan: BackendError = CudaError::OutOfMemory("weights 9 GB + KV 2 GB > 8 GB".into()).into();
+        assert!(plan.is_out_of_memory() && plan.to_string().contains("weights 9 GB"), "{plan}");
+        let c: BackendError = CudaError::Compile {
+            file: "rope".into(),
+            arch: "compute_70".into(),
+            log: "rope.cu(3): error: identifier \"x\" is undefined".into(),
+        }
+        .into();
+        assert!(matches!(c, BackendError::Compile { .. }));
+        assert!(c.to_string().contains("NVRTC log") && c.to_string().contains("identifier \"x\""), "{c}");
+        let s: BackendError = CudaError::Shape { kernel: "gemv", reason: "rows 3 != 4".into() }.into();
+        assert!(matches!(s, BackendError::Plan(_)), "{s}");
     }
 }

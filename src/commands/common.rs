@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::Backend;
+use crate::job::exit::UsageError;
 use crate::model::loader::{load_model, LoadedModel};
 
 /// Where to run the model.
@@ -18,7 +19,7 @@ pub enum Device {
 }
 
 /// Parses `cpu`, `cuda`, `cuda:N` or `auto`. `auto` is the first GPU when one is usable, else
-/// the CPU (said in the log by the caller).
+/// the CPU (said in the log by the caller). Anything else is a usage error.
 pub fn parse_device(s: &str) -> Result<Device> {
     match s {
         "cpu" => Ok(Device::Cpu),
@@ -26,9 +27,95 @@ pub fn parse_device(s: &str) -> Result<Device> {
         "auto" => Ok(if cuda_usable() { Device::Cuda(0) } else { Device::Cpu }),
         _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
             Some(Ok(n)) => Ok(Device::Cuda(n)),
-            _ => bail!("unknown device '{s}': use cpu, cuda, cuda:N or auto"),
+            _ => Err(UsageError::new(format!("unknown device '{s}': use cpu, cuda, cuda:N or auto")).into()),
         },
     }
+}
+
+/// `--slots`: a count, or `auto` (as many as the device's memory fits, see [`resolve_slots`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slots {
+    Auto,
+    Count(usize),
+}
+
+impl std::str::FromStr for Slots {
+    type Err = UsageError;
+    fn from_str(s: &str) -> Result<Self, UsageError> {
+        match s.trim() {
+            "auto" => Ok(Slots::Auto),
+            t => match t.parse::<usize>() {
+                Ok(0) => Err(UsageError::new("--slots 0: at least one sequence must run (a count >= 1, or auto)")),
+                Ok(n) => Ok(Slots::Count(n)),
+                Err(_) => Err(UsageError::new(format!("--slots '{s}': give a count >= 1 or auto"))),
+            },
+        }
+    }
+}
+
+/// `--slots auto` never goes past this many sequences (batched decode gains little beyond it,
+/// and the step workspace is planned for it).
+pub const MAX_AUTO_SLOTS: usize = 64;
+
+/// `--slots auto` on the CPU: KV memory is host memory and throughput stops growing past a few
+/// sequences per core pair.
+pub const CPU_AUTO_SLOTS: usize = 8;
+
+/// The slot count to run with: a given count as is (a count that does not fit is refused with
+/// numbers when the model is placed), `auto` on a GPU the most sequences of `per_seq` cached
+/// positions each whose memory plan fits the device's free memory (at most [`MAX_AUTO_SLOTS`]),
+/// on the CPU [`CPU_AUTO_SLOTS`]. What was chosen is said in the log.
+pub fn resolve_slots(
+    slots: Slots,
+    device: &Device,
+    cfg: &crate::model::config::ModelConfig,
+    per_seq: usize,
+) -> Result<usize> {
+    let n = match (slots, device) {
+        (Slots::Count(n), _) => return Ok(n),
+        (Slots::Auto, Device::Cpu) => {
+            eprintln!("slots: {CPU_AUTO_SLOTS} (--slots auto on the CPU)");
+            return Ok(CPU_AUTO_SLOTS);
+        }
+        (Slots::Auto, Device::Cuda(ordinal)) => {
+            let dev = crate::backend::cuda::device::CudaDevice::new(*ordinal)
+                .with_context(|| format!("opening cuda:{ordinal} to size --slots auto"))?;
+            let (free, _) = dev.mem_info()?;
+            let n = fit_slots(cfg, free as u64, per_seq);
+            eprintln!(
+                "slots: {} (--slots auto: the memory plan for {per_seq} cached positions per sequence fits {} in the free {:.2} GB of {}, cap {MAX_AUTO_SLOTS})",
+                n.max(1),
+                n,
+                free as f64 / 1e9,
+                dev.describe()
+            );
+            n
+        }
+    };
+    // Not even one fits: run one and let the memory check refuse it with the numbers.
+    Ok(n.max(1))
+}
+
+/// The most sequences (up to [`MAX_AUTO_SLOTS`]) of `per_seq` positions whose CUDA memory plan
+/// fits in `free` bytes; 0 when not even one does.
+pub fn fit_slots(cfg: &crate::model::config::ModelConfig, free: u64, per_seq: usize) -> usize {
+    use crate::backend::cuda::backend::PLANNED_BATCH_TOKENS;
+    let fits = |n: usize| {
+        let blocks = (n * per_seq).div_ceil(BLOCK_SIZE).max(1);
+        let plan = crate::backend::cuda::plan_memory(cfg, 2, blocks, BLOCK_SIZE, PLANNED_BATCH_TOKENS);
+        plan.check(free, "", blocks * BLOCK_SIZE, cfg).is_ok()
+    };
+    // The plan grows with n: the largest n that fits, by bisection.
+    let (mut lo, mut hi) = (0, MAX_AUTO_SLOTS);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 /// Whether a CUDA device can be used (a driver is loadable and reports a device).
@@ -58,8 +145,8 @@ pub fn make_backend_weights(
     f16_weights: bool,
 ) -> Result<Box<dyn Backend>> {
     let blocks = tokens.div_ceil(BLOCK_SIZE).max(1);
-    match *device {
-        Device::Cpu => Ok(Box::new(CpuBackend::new(cfg.clone(), w.clone(), blocks, BLOCK_SIZE))),
+    let b: Box<dyn Backend> = match *device {
+        Device::Cpu => Box::new(CpuBackend::new(cfg.clone(), w.clone(), blocks, BLOCK_SIZE)),
         Device::Cuda(ordinal) => {
             let n = crate::backend::cuda::device::device_count();
             if ordinal >= n {
@@ -68,9 +155,10 @@ pub fn make_backend_weights(
             let opts = crate::backend::cuda::CudaOptions { f16_weights, ..cuda_options(ordinal, blocks, ptx_dir) };
             let b = crate::backend::cuda::backend::CudaBackend::new(cfg.clone(), w, &opts)
                 .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
-            Ok(Box::new(b))
+            Box::new(b)
         }
-    }
+    };
+    Ok(crate::backend::fault::FaultInjector::wrap_from_env(b)?)
 }
 
 /// The tokenizer alone (vocab-only GGUFs work): for commands that run no model.
@@ -160,6 +248,18 @@ pub fn parse_dtype(s: &str) -> Result<crate::model::quant::GgmlType> {
     })
 }
 
+/// Rows per checkpoint commit of `run` and `generate --input`. `DUSTOFF_COMMIT_ROWS` (hidden,
+/// for tests and tiny jobs) lowers it so that a commit exists after a few records.
+pub const COMMIT_ROWS: usize = 64;
+
+pub fn commit_rows() -> usize {
+    std::env::var("DUSTOFF_COMMIT_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(COMMIT_ROWS)
+}
+
 /// KV block size (tokens) of every backend.
 pub const BLOCK_SIZE: usize = 16;
 
@@ -210,5 +310,42 @@ impl JsonlWriter {
         self.0.flush()?;
         self.0.get_ref().sync_all()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_parse_counts_and_auto_and_refuse_zero() {
+        assert_eq!("auto".parse::<Slots>().unwrap(), Slots::Auto);
+        assert_eq!("12".parse::<Slots>().unwrap(), Slots::Count(12));
+        assert!("0".parse::<Slots>().unwrap_err().0.contains("--slots 0"));
+        assert!("many".parse::<Slots>().is_err());
+    }
+
+    #[test]
+    fn auto_slots_are_the_most_the_memory_plan_fits() {
+        let c = crate::model::shapes::shape("qwen3-8b").unwrap();
+        let plan = |n: usize| {
+            let blocks = (n * 4096).div_ceil(BLOCK_SIZE);
+            crate::backend::cuda::plan_memory(
+                &c,
+                2,
+                blocks,
+                BLOCK_SIZE,
+                crate::backend::cuda::backend::PLANNED_BATCH_TOKENS,
+            )
+        };
+        // A 32 GB V100 (30 GB free): 16 GB of F16 weights, then 4096-position sequences.
+        let free = 30_000_000_000u64;
+        let n = fit_slots(&c, free, 4096);
+        assert!((1..MAX_AUTO_SLOTS).contains(&n), "{n}");
+        assert!(plan(n).check(free, "", n * 4096, &c).is_ok());
+        assert!(plan(n + 1).check(free, "", (n + 1) * 4096, &c).is_err(), "one more does not fit");
+        // The cap, and nothing at all on a device smaller than the weights.
+        assert_eq!(fit_slots(&c, 1_000_000_000_000, 4096), MAX_AUTO_SLOTS);
+        assert_eq!(fit_slots(&c, 8_000_000_000, 4096), 0);
     }
 }

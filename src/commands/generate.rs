@@ -1,17 +1,23 @@
 //! `dustoff generate`: JSONL prompts in, JSONL completions out; or one `--prompt` streamed to the
 //! terminal with prefill and decode speed at the end.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use super::common::{read_jsonl, JsonlWriter};
+use super::common::read_jsonl;
 use crate::backend::Backend;
 use crate::engine::engine::{Engine, EngineMetrics, Event, Request};
 use crate::engine::sampler::{derive_seed, Sampler, SamplingParams};
 use crate::engine::single::generate_one;
+use crate::job::checkpoint::{file_identity, Checkpoint, JobFingerprint, PendingRow};
+use crate::job::exit::ExitCode;
+use crate::job::lock::JobLock;
+use crate::job::runner::StopFlag;
 use crate::model::loader::LoadedModel;
 use crate::tokenizer::{ChatMessage, StreamDecoder};
 
@@ -93,24 +99,81 @@ pub fn id_key(id: &Value) -> String {
     }
 }
 
-/// JSONL mode: every prompt goes through the slot engine; rows are written in input order.
-/// Returns the number of error rows and the engine's metrics.
+/// Where a `generate --input` job runs and how it checkpoints.
+pub struct BatchJob<'a> {
+    pub model_path: &'a Path,
+    pub input: &'a Path,
+    pub output: &'a Path,
+    /// `--ctx`: part of the fingerprint (it decides which prompts fit).
+    pub ctx: usize,
+    pub restart: bool,
+    pub commit_rows: usize,
+}
+
+/// How a `generate --input` run ended.
+pub struct BatchResult {
+    /// Error rows in the output (this run's and earlier runs').
+    pub error_rows: u64,
+    pub rows: u64,
+    pub resumed_rows: u64,
+    pub exit: ExitCode,
+    pub metrics: EngineMetrics,
+}
+
+/// What makes two `generate --input` runs the same job (see `checkpoint`): the model, the
+/// input, the sampling options and `--ctx`.
+pub fn fingerprint(job: &BatchJob, opt: &GenOptions) -> Result<JobFingerprint> {
+    Ok(JobFingerprint {
+        model: file_identity(job.model_path).with_context(|| format!("reading model {}", job.model_path.display()))?,
+        pipeline: "generate".into(),
+        params: json!({
+            "max_tokens": opt.max_tokens, "temperature": opt.temperature, "top_k": opt.top_k,
+            "top_p": opt.top_p, "seed": opt.seed, "ctx": job.ctx,
+        })
+        .to_string(),
+        inputs: vec![file_identity(job.input).with_context(|| format!("reading input {}", job.input.display()))?],
+        shard: None,
+    })
+}
+
+/// JSONL mode through the job machinery: every prompt goes through the slot engine; finished
+/// rows are committed to a checkpoint beside the output (`<output>.dustoff/`), so SIGINT or
+/// SIGTERM (exit 4) or `kill -9` loses at most the rows in flight and the same command resumes.
+/// The output, in input order, is written when every line has its row. `lock` is the output's
+/// [`JobLock`], taken before the model was loaded.
 pub fn run_jsonl<B: Backend>(
     m: &LoadedModel,
     engine: &mut Engine<B>,
-    input: &Path,
-    output: &Path,
+    job: &BatchJob,
     opt: &GenOptions,
-) -> Result<(usize, EngineMetrics)> {
-    let stop = m.tokenizer.eos_ids().to_vec();
+    lock: &JobLock,
+    stop: &StopFlag,
+) -> Result<BatchResult> {
+    let (input, output) = (job.input, job.output);
+    if lock.path() != JobLock::path_for(output) {
+        anyhow::bail!("internal: the job lock {} is not the lock of {}", lock.path().display(), output.display());
+    }
+    let fingerprint = fingerprint(job, opt)?;
+    let mut ck = Checkpoint::open(output, &fingerprint, job.restart)
+        .with_context(|| format!("opening the checkpoint of {}", output.display()))?;
+    if let Some(note) = ck.replaced() {
+        eprintln!("{note}");
+    }
+    let committing = || format!("committing finished rows to the checkpoint of {}", output.display());
+    let stop_ids = m.tokenizer.eos_ids().to_vec();
     let records = read_jsonl(input)?;
-    let total = records.len();
-    // rows[i]: the finished row of input line i (error rows are ready at once).
-    let mut rows: Vec<Option<Value>> = vec![None; total];
-    let mut prompt_len = vec![0usize; total];
-    let mut ids = vec![Value::Null; total];
-    let mut errors = 0;
+    let total = records.len() as u64;
+    let mut pending: Vec<PendingRow> = Vec::new();
+    let error_row = |i: usize, id: Value, line: usize, msg: String| {
+        eprintln!("{}:{line}: {msg}", input.display());
+        PendingRow { index: i as u64, line: json!({"id": id, "line": line, "error": msg}).to_string(), is_error: true }
+    };
+    // Per queued request: (id, prompt length).
+    let mut queued: HashMap<u64, (Value, usize)> = HashMap::new();
     for (i, (line, rec)) in records.into_iter().enumerate() {
+        if ck.is_done(i as u64) {
+            continue;
+        }
         // A row that failed keeps its id when the line had one; `line` locates it either way.
         let prepared = match rec {
             Err(msg) => Err((Value::Null, msg)),
@@ -119,9 +182,7 @@ pub fn run_jsonl<B: Backend>(
         let p = match prepared {
             Ok(p) => p,
             Err((id, msg)) => {
-                errors += 1;
-                eprintln!("{}:{line}: {msg}", input.display());
-                rows[i] = Some(json!({"id": id, "line": line, "error": msg}));
+                pending.push(error_row(i, id, line, msg));
                 continue;
             }
         };
@@ -130,40 +191,57 @@ pub fn run_jsonl<B: Backend>(
             prompt: p.prompt_ids.clone(),
             max_tokens: opt.max_tokens,
             sampling: opt.sampling_for(&id_key(&p.id)),
-            stop_ids: stop.clone(),
+            stop_ids: stop_ids.clone(),
         };
-        prompt_len[i] = p.prompt_ids.len();
-        ids[i] = p.id;
-        if let Err(e) = engine.add_request(req) {
-            errors += 1;
-            eprintln!("{}:{line}: {e}", input.display());
-            rows[i] = Some(json!({"id": ids[i], "line": line, "error": e.to_string()}));
-        }
-    }
-    let mut done = rows.iter().filter(|r| r.is_some()).count();
-    while engine.has_work() {
-        for ev in engine.step()? {
-            if let Event::Finished(c) = ev {
-                let i = c.id as usize;
-                let text = m.tokenizer.decode(&c.token_ids).map_err(|e| anyhow::anyhow!("{e}"))?;
-                rows[i] = Some(json!({
-                    "id": ids[i],
-                    "prompt_tokens": prompt_len[i],
-                    "token_ids": c.token_ids,
-                    "text": text,
-                    "finish_reason": c.finish_reason.as_str(),
-                }));
-                done += 1;
-                eprintln!("[{done}/{total}] done");
+        match engine.add_request(req) {
+            Ok(()) => {
+                queued.insert(i as u64, (p.id, p.prompt_ids.len()));
             }
+            Err(e) => pending.push(error_row(i, p.id, line, e.to_string())),
         }
     }
-    let mut w = JsonlWriter::create(output)?;
-    for r in rows.into_iter().flatten() {
-        w.write(&r)?;
+    let resumed = ck.committed_rows();
+    let mut done = resumed + pending.len() as u64;
+    let mut last_commit = Instant::now();
+    while engine.has_work() && !stop.is_set() {
+        for ev in engine.step()? {
+            let Event::Finished(c) = ev else { continue };
+            let Some((id, prompt_tokens)) = queued.remove(&c.id) else {
+                anyhow::bail!("the engine finished unknown request {}", c.id);
+            };
+            let text = m.tokenizer.decode(&c.token_ids).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let row = json!({
+                "id": id,
+                "prompt_tokens": prompt_tokens,
+                "token_ids": c.token_ids,
+                "text": text,
+                "finish_reason": c.finish_reason.as_str(),
+            });
+            pending.push(PendingRow { index: c.id, line: row.to_string(), is_error: false });
+            done += 1;
+            eprintln!("[{done}/{total}] done");
+        }
+        if pending.len() >= job.commit_rows.max(1) || last_commit.elapsed() >= Duration::from_secs(5) {
+            ck.commit(std::mem::take(&mut pending)).with_context(committing)?;
+            last_commit = Instant::now();
+        }
     }
-    w.finish()?;
-    Ok((errors, engine.metrics()))
+    // Interrupted or not, what finished is kept; in-flight requests are recomputed on resume.
+    ck.commit(pending).with_context(committing)?;
+    let error_rows = ck.committed_errors();
+    let rows = ck.committed_rows();
+    let exit = if !queued.is_empty() {
+        ExitCode::Interrupted
+    } else {
+        ck.finish(output, total, false)
+            .with_context(|| format!("writing the output {} from its checkpoint", output.display()))?;
+        if error_rows > 0 {
+            ExitCode::RecordErrors
+        } else {
+            ExitCode::Ok
+        }
+    };
+    Ok(BatchResult { error_rows, rows, resumed_rows: resumed, exit, metrics: engine.metrics() })
 }
 
 /// Interactive mode: streams the completion of one prompt to stdout.

@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::common::{self, Device};
+use super::common::{self, Device, Slots};
 use super::engine_gen::{EngineGenerate, TokenizerCodec};
 use crate::backend::Backend;
 use crate::engine::engine::{Engine, EngineConfig};
+use crate::job::lock::JobLock;
 use crate::job::pipeline::Pipeline;
 use crate::job::runner::{self, ExitCode, Generate, JobKind, RunOptions, StopFlag};
 use crate::job::shard::ShardSpec;
@@ -22,7 +23,7 @@ pub struct RunArgs {
     pub model: PathBuf,
     pub device: Device,
     pub ptx_dir: Option<PathBuf>,
-    pub slots: usize,
+    pub slots: Slots,
     pub max_batch_tokens: usize,
     pub prefix_cache: bool,
     pub restart: bool,
@@ -40,32 +41,10 @@ fn pipelines_dir() -> PathBuf {
     PathBuf::from("pipelines")
 }
 
-/// Rows per checkpoint commit. `DUSTOFF_COMMIT_ROWS` (hidden, for tests and tiny jobs) lowers it
-/// so that a commit exists after a few records.
-const COMMIT_ROWS: usize = 64;
-
-fn commit_rows() -> usize {
-    std::env::var("DUSTOFF_COMMIT_ROWS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(COMMIT_ROWS)
-}
-
-/// Whether an error is the user's to fix in the command line (exit code 2, see the README): an
-/// unknown or invalid pipeline, a bad `--shard`, a checkpoint of a different job.
+/// Whether an error is the user's to fix in the command line (exit code 2, see
+/// [`crate::job::exit`]).
 pub fn is_usage_error(e: &anyhow::Error) -> bool {
-    use crate::job::checkpoint::CheckpointError;
-    use crate::job::pipeline::PipelineError;
-    use crate::job::shard::ShardError;
-    e.chain().any(|c| {
-        matches!(c.downcast_ref::<CheckpointError>(), Some(CheckpointError::Mismatch { .. }))
-            || matches!(c.downcast_ref::<PipelineError>(), Some(p) if !matches!(p, PipelineError::Io { .. }))
-            || matches!(
-                c.downcast_ref::<ShardError>(),
-                Some(ShardError::Spec(_) | ShardError::Env { .. } | ShardError::NoCount { .. })
-            )
-    })
+    crate::job::exit::is_usage_error(e)
 }
 
 /// Runs (or resumes) the job. Usage errors come back as errors; `main` maps them to exit code 2
@@ -87,13 +66,30 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     if let Some(s) = shard {
         eprintln!("shard {s} (records picked by a stable hash of their id)");
     }
+    // Before anything is loaded or written: an output that would overwrite an input (or the
+    // model, or the pipeline) is refused, and so is a second run of this job.
+    let mut read: Vec<&Path> = inputs.iter().map(PathBuf::as_path).collect();
+    read.push(&a.model);
+    if let JobKind::Pipeline(p) = &job {
+        read.push(&p.path);
+    }
+    crate::job::outputs::check_output(&a.output, &read)?;
     if a.dry_run {
+        // Writes nothing beside the output: no lock.
         // Only the tokenizer: a dry run works with a vocab-only GGUF too.
         let t = common::load_tokenizer(&a.model)?;
         let r = crate::job::dry_run::dry_run(&job, &inputs, shard, &TokenizerCodec(&t.tokenizer), common::BLOCK_SIZE)?;
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(ExitCode::Ok);
     }
+    let lock = JobLock::acquire(&a.output)?;
+    // Rows do not depend on slots, device or batch size (greedy and seeded outputs are the
+    // same across them), so none of those flags is part of the fingerprint.
+    let overrides = "{}";
+    let fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
+    // A different job's checkpoint is refused before the model loads (minutes for a large one).
+    crate::job::checkpoint::Checkpoint::verify(&a.output, &fingerprint, a.restart)
+        .with_context(|| format!("opening the checkpoint of {}", a.output.display()))?;
     let m = common::load(&a.model)?;
     let codec = TokenizerCodec(&m.tokenizer);
 
@@ -105,13 +101,14 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         }
     };
     let per_seq = (max_in + max_out + common::BLOCK_SIZE).min(m.config.max_context.max(256));
-    let backend = common::make_backend(&m.config, &m.weights, &a.device, a.slots * per_seq, a.ptx_dir.as_deref())?;
-    eprintln!("backend: {}; {} slots, KV room for {} tokens", backend.describe(), a.slots, a.slots * per_seq);
+    let slots = common::resolve_slots(a.slots, &a.device, &m.config, per_seq)?;
+    let backend = common::make_backend(&m.config, &m.weights, &a.device, slots * per_seq, a.ptx_dir.as_deref())?;
+    eprintln!("backend: {}; {slots} slots, KV room for {} tokens", backend.describe(), slots * per_seq);
     let engine = Engine::new(
         backend,
         EngineConfig {
-            slots: a.slots,
-            max_batch_tokens: a.max_batch_tokens.max(a.slots),
+            slots,
+            max_batch_tokens: a.max_batch_tokens.max(slots),
             prefix_cache: a.prefix_cache,
             model_fingerprint: m.fingerprint,
         },
@@ -119,10 +116,6 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     let stop = StopFlag::with_signals().unwrap_or_default();
     let mut gen = EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec()).with_stop(stop.clone());
 
-    // Rows do not depend on slots, device or batch size (greedy and seeded outputs are the
-    // same across them), so none of those flags is part of the fingerprint.
-    let overrides = "{}";
-    let fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
     let opts = RunOptions {
         inputs,
         output: a.output.clone(),
@@ -130,30 +123,34 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         restart: a.restart,
         max_errors: a.max_errors,
         shard,
-        commit_rows: commit_rows(),
+        commit_rows: common::commit_rows(),
         commit_interval: std::time::Duration::from_secs(5),
         progress_interval: std::time::Duration::from_secs(10),
         quiet: a.quiet,
         model_label: a.model.display().to_string(),
     };
-    let res = runner::run_job(&job, &opts, &codec, &mut gen, &stop)?;
+    let res = runner::run_job(&job, &opts, &lock, &codec, &mut gen, &stop)?;
     eprint!("{}", res.report.human_summary());
     if let Some(mj) = gen.metrics_json() {
         let computed = mj["prompt_tokens_computed"].as_u64().unwrap_or(0);
         let total = mj["prompt_tokens"].as_u64().unwrap_or(0);
         eprintln!(
-            "engine: {} slots, prompt tokens computed {computed} of {total} ({:.0}% reused from the prefix cache), {} preemptions, KV blocks peak {}/{}",
-            a.slots,
+            "engine: {slots} slots, prompt tokens computed {computed} of {total} ({:.0}% reused from the prefix cache), {} preemptions, {} out-of-memory recoveries, KV blocks peak {}/{}",
             if total > 0 { 100.0 * (total - computed.min(total)) as f64 / total as f64 } else { 0.0 },
             mj["preemptions"],
+            mj["oom_recoveries"],
             mj["kv_blocks_peak"],
             mj["kv_blocks_total"],
         );
     }
     match res.exit {
         ExitCode::Interrupted => eprintln!("interrupted: run the same command again to resume"),
-        ExitCode::Aborted => eprintln!(
-            "aborted past --max-errors: fix the input or raise the limit, then run the same command to resume"
+        ExitCode::RecordErrors if res.report.outcome == crate::job::report::Outcome::Aborted => eprintln!(
+            "aborted past --max-errors ({} error rows committed; the checkpoint is kept). To go on with \
+             these rows, run the same command with a higher --max-errors. If you fix the input \
+             instead, run the same command: a checkpoint holding only error rows is replaced; one \
+             holding successful rows names what changed and needs --restart, which discards them",
+            res.report.error_rows
         ),
         _ => {}
     }

@@ -96,6 +96,8 @@ pub struct EngineMetrics {
     pub preemptions: u64,
     /// Times a request waited for another to compute the prefix they share.
     pub prefix_waits: u64,
+    /// Steps that ran out of device memory and were retried with fewer sequences and tokens.
+    pub oom_recoveries: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -260,7 +262,23 @@ impl<B: Backend> Engine<B> {
         if plan.chunks.is_empty() {
             return Ok(events);
         }
-        let tokens = self.next_tokens(&plan)?;
+        let tokens = match self.next_tokens(&plan) {
+            // NOTE: out of memory inside a step: fewer sequences and tokens, then the caller's next
+            // `step` retries (the scheduler counts nothing of a failed step as computed).
+            Err(EngineError::Backend(e)) if e.is_out_of_memory() => {
+                if !self.sched.shrink_after_oom()? {
+                    return Err(EngineError::Backend(e));
+                }
+                self.metrics.oom_recoveries += 1;
+                let c = self.sched.config();
+                eprintln!(
+                    "{e}; retrying with at most {} sequences and {} tokens per step",
+                    c.slots, c.max_batch_tokens
+                );
+                return Ok(events);
+            }
+            r => r?,
+        };
         self.postprocess(&plan, tokens, &mut events)?;
         Ok(events)
     }

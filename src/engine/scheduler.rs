@@ -24,6 +24,10 @@ use super::plan::{SeqChunk, SeqId, StepPlan};
 /// the work of one step when thousands of queued requests share one prefix.
 const MAX_LOOKAHEAD: usize = 256;
 
+/// The token budget an out-of-memory recovery does not go below (a prefill chunk this small
+/// needs little workspace; smaller would only slow the job).
+pub const MIN_OOM_BUDGET: usize = 16;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SchedulerConfig {
     /// Sequences in flight at most.
@@ -225,6 +229,25 @@ impl Scheduler {
         }
         debug_assert!(plan.n_tokens() <= self.cfg.max_batch_tokens);
         Ok(plan)
+    }
+
+    /// After a step ran out of device memory: halves the slots and the token budget (not below
+    /// one slot and [`MIN_OOM_BUDGET`] tokens) and preempts the newest running sequences beyond
+    /// the new slot count; they are recomputed later, so nothing is lost. The next `schedule`
+    /// plans the smaller step. False when there is nothing left to shrink.
+    pub fn shrink_after_oom(&mut self) -> Result<bool, SchedulerError> {
+        let (slots, budget) = (self.cfg.slots, self.cfg.max_batch_tokens);
+        let new_slots = (slots / 2).max(1);
+        let new_budget = (budget / 2).max(MIN_OOM_BUDGET).max(new_slots).min(budget);
+        if new_slots == slots && new_budget == budget && self.running.len() <= 1 {
+            return Ok(false);
+        }
+        self.cfg.slots = new_slots;
+        self.cfg.max_batch_tokens = new_budget;
+        while self.running.len() > new_slots {
+            self.preempt(self.running.len() - 1)?;
+        }
+        Ok(true)
     }
 
     /// Makes sure running sequence `i` has a slot for each of its tokens, preempting the newest

@@ -27,11 +27,13 @@ pub enum CheckpointError {
     #[error("checkpoint I/O on {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error(
-        "the checkpoint in {dir} belongs to a different job ({differs} changed since it was \
-         started); run the same command as before to resume it, or add --restart to discard it \
-         and start over"
+        "the checkpoint in {dir} belongs to a different job: {differs} changed since it was \
+         started. It holds {rows} committed rows ({} ok, {errors} error rows) of that job. To \
+         finish that job, run it as before; to run this one, add --restart: it discards those \
+         {rows} rows and computes every record again",
+        rows - errors
     )]
-    Mismatch { dir: PathBuf, differs: String },
+    Mismatch { dir: PathBuf, differs: String, rows: u64, errors: u64 },
     #[error("{path} has format_version {found}; this dustoff reads version {CHECKPOINT_FORMAT_VERSION} (add --restart to discard it)")]
     Version { path: PathBuf, found: u32 },
     #[error("checkpoint {path} is damaged: {message} (add --restart to discard it)")]
@@ -99,6 +101,34 @@ impl JobFingerprint {
         f.digest()
     }
 
+    /// What differs, for the mismatch message: the parts by name, each input file that changed
+    /// with its sizes (`self` is the checkpoint's, `other` this run's).
+    pub fn describe_differences(&self, other: &JobFingerprint) -> String {
+        let mut d: Vec<String> = Vec::new();
+        for part in self.differences(other) {
+            if part != "the input files" {
+                d.push(part.to_string());
+                continue;
+            }
+            let mut files = Vec::new();
+            for (k, new) in other.inputs.iter().enumerate() {
+                match self.inputs.get(k) {
+                    Some(old) if old == new => {}
+                    Some(old) if old.name == new.name => {
+                        files.push(format!("{} ({} -> {} bytes, content differs)", new.name, old.size, new.size))
+                    }
+                    Some(old) => files.push(format!("{} in place of {}", new.name, old.name)),
+                    None => files.push(format!("{} added", new.name)),
+                }
+            }
+            for old in self.inputs.iter().skip(other.inputs.len()) {
+                files.push(format!("{} no longer given", old.name));
+            }
+            d.push(format!("the input files ({})", files.join(", ")));
+        }
+        d.join(", ")
+    }
+
     /// Names of the parts that differ, for the mismatch message.
     pub fn differences(&self, other: &JobFingerprint) -> Vec<&'static str> {
         let mut d = Vec::new();
@@ -161,6 +191,74 @@ pub struct Checkpoint {
     rows: u64,
     errors: u64,
     resumed_rows: u64,
+    /// Set when a different job's checkpoint without successful rows was replaced (for the log).
+    replaced: Option<String>,
+    faults: WriteFaults,
+    /// Commits made by this process (the write-fault hook counts them).
+    commits: u64,
+}
+
+/// Test-only hook (`DUSTOFF_INJECT_WRITE_ERROR`, read when a checkpoint opens): `commit:N` makes
+/// this process's N-th commit fail like a full disk after writing half of its part file;
+/// `output` makes the final output fail the same way after its first row. The tests use it to
+/// show that a full disk leaves the checkpoint consistent and the same command resumes.
+#[derive(Clone, Copy, Debug, Default)]
+struct WriteFaults {
+    commit: Option<u64>,
+    output: bool,
+}
+
+impl WriteFaults {
+    fn from_env() -> Self {
+        let v = std::env::var("DUSTOFF_INJECT_WRITE_ERROR").unwrap_or_default();
+        WriteFaults {
+            commit: v.strip_prefix("commit:").and_then(|n| n.trim().parse().ok()),
+            output: v.trim() == "output",
+        }
+    }
+}
+
+/// The error a full disk gives (ENOSPC).
+fn disk_full() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::StorageFull,
+        "No space left on device (injected by DUSTOFF_INJECT_WRITE_ERROR)",
+    )
+}
+
+/// Creates an empty checkpoint of `fingerprint` in `dir` (removing whatever is there).
+fn create(dir: &Path, fingerprint: &JobFingerprint) -> Result<(), CheckpointError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CheckpointError::Io { path, source }
+    };
+    if dir.exists() {
+        fs::remove_dir_all(dir).map_err(io(dir))?;
+    }
+    fs::create_dir_all(dir).map_err(io(dir))?;
+    File::create(dir.join("journal.jsonl")).and_then(|f| f.sync_all()).map_err(io(dir))?;
+    let job = JobFile {
+        format_version: CHECKPOINT_FORMAT_VERSION,
+        digest: fingerprint.digest(),
+        fingerprint: fingerprint.clone(),
+    };
+    let job_path = dir.join("job.json");
+    let tmp = dir.join("job.json.tmp");
+    let text = serde_json::to_string_pretty(&job).unwrap_or_default();
+    fs::write(&tmp, text).map_err(io(&tmp))?;
+    File::open(&tmp).and_then(|f| f.sync_all()).map_err(io(&tmp))?;
+    fs::rename(&tmp, &job_path).map_err(io(&job_path))?;
+    sync_parent(&job_path).map_err(io(dir))?;
+    sync_parent(dir).map_err(io(dir))?;
+    Ok(())
+}
+
+/// Rows and error rows that a journal lists (complete lines only); `(0, 0)` when unreadable.
+fn journal_totals(path: &Path) -> (u64, u64) {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<JournalEntry>(l).ok())
+        .fold((0, 0), |(r, e), j| (r + j.rows, e + j.errors))
 }
 
 /// The checkpoint directory of an output.
@@ -172,7 +270,10 @@ pub fn checkpoint_dir(output: &Path) -> PathBuf {
 
 impl Checkpoint {
     /// Opens the checkpoint of `output`: resumes a matching one, refuses a different job's
-    /// (unless `restart`), or starts a new one.
+    /// (unless `restart`), or starts a new one. A different job's checkpoint that holds no
+    /// successful row (a start that failed before its first commit, or error rows only, as after
+    /// `--max-errors` on a broken input that was then fixed) is replaced without `--restart`:
+    /// nothing is lost; [`Checkpoint::replaced`] says so for the log.
     pub fn open(output: &Path, fingerprint: &JobFingerprint, restart: bool) -> Result<Self, CheckpointError> {
         let dir = checkpoint_dir(output);
         let io = |path: &Path| {
@@ -185,23 +286,7 @@ impl Checkpoint {
         }
         if !job_path.exists() {
             // New job (or one that died before its job.json was durable): start clean.
-            if dir.exists() {
-                fs::remove_dir_all(&dir).map_err(io(&dir))?;
-            }
-            fs::create_dir_all(&dir).map_err(io(&dir))?;
-            File::create(dir.join("journal.jsonl")).and_then(|f| f.sync_all()).map_err(io(&dir))?;
-            let job = JobFile {
-                format_version: CHECKPOINT_FORMAT_VERSION,
-                digest: fingerprint.digest(),
-                fingerprint: fingerprint.clone(),
-            };
-            let tmp = dir.join("job.json.tmp");
-            let text = serde_json::to_string_pretty(&job).unwrap_or_default();
-            fs::write(&tmp, text).map_err(io(&tmp))?;
-            File::open(&tmp).and_then(|f| f.sync_all()).map_err(io(&tmp))?;
-            fs::rename(&tmp, &job_path).map_err(io(&job_path))?;
-            sync_parent(&job_path).map_err(io(&dir))?;
-            sync_parent(&dir).map_err(io(&dir))?;
+            create(&dir, fingerprint)?;
         }
         let text = fs::read_to_string(&job_path).map_err(io(&job_path))?;
         let version = serde_json::from_str::<serde_json::Value>(&text)
@@ -214,9 +299,20 @@ impl Checkpoint {
         }
         let job: JobFile = serde_json::from_str(&text)
             .map_err(|e| CheckpointError::Corrupt { path: job_path.clone(), message: e.to_string() })?;
+        let mut replaced = None;
         if job.fingerprint != *fingerprint {
-            let differs = job.fingerprint.differences(fingerprint).join(", ");
-            return Err(CheckpointError::Mismatch { dir, differs });
+            let differs = job.fingerprint.describe_differences(fingerprint);
+            let (rows, errors) = journal_totals(&dir.join("journal.jsonl"));
+            if rows > errors {
+                return Err(CheckpointError::Mismatch { dir, differs, rows, errors });
+            }
+            replaced = Some(format!(
+                "the checkpoint in {} was of a different job ({differs} changed) and held no successful \
+                 row ({rows} error rows): replaced by this job's",
+                dir.display()
+            ));
+            fs::remove_dir_all(&dir).map_err(io(&dir))?;
+            create(&dir, fingerprint)?;
         }
         let mut ck = Checkpoint {
             dir: dir.clone(),
@@ -228,6 +324,9 @@ impl Checkpoint {
             rows: 0,
             errors: 0,
             resumed_rows: 0,
+            replaced,
+            faults: WriteFaults::from_env(),
+            commits: 0,
         };
         ck.load_journal()?;
         ck.resumed_rows = ck.rows;
@@ -241,6 +340,29 @@ impl Checkpoint {
             }
         }
         Ok(ck)
+    }
+
+    /// The check `open` makes against a different job's checkpoint, without changing anything:
+    /// run before the model loads, so that a refused rerun is refused at once.
+    pub fn verify(output: &Path, fingerprint: &JobFingerprint, restart: bool) -> Result<(), CheckpointError> {
+        let dir = checkpoint_dir(output);
+        let job_path = dir.join("job.json");
+        if restart || !job_path.exists() {
+            return Ok(());
+        }
+        let text =
+            fs::read_to_string(&job_path).map_err(|source| CheckpointError::Io { path: job_path.clone(), source })?;
+        // An unreadable or other-version job.json is left to `open`, which names it.
+        let Ok(job) = serde_json::from_str::<JobFile>(&text) else { return Ok(()) };
+        if job.format_version != CHECKPOINT_FORMAT_VERSION || job.fingerprint == *fingerprint {
+            return Ok(());
+        }
+        let (rows, errors) = journal_totals(&dir.join("journal.jsonl"));
+        if rows > errors {
+            let differs = job.fingerprint.describe_differences(fingerprint);
+            return Err(CheckpointError::Mismatch { dir, differs, rows, errors });
+        }
+        Ok(())
     }
 
     fn load_journal(&mut self) -> Result<(), CheckpointError> {
@@ -343,6 +465,11 @@ impl Checkpoint {
         &self.dir
     }
 
+    /// Why a different job's checkpoint was replaced when this one opened, if it was.
+    pub fn replaced(&self) -> Option<&str> {
+        self.replaced.as_deref()
+    }
+
     /// Commits a batch durably: the part file is written and fsync'd, then its journal line.
     pub fn commit(&mut self, mut rows: Vec<PendingRow>) -> Result<(), CheckpointError> {
         if rows.is_empty() {
@@ -370,8 +497,21 @@ impl Checkpoint {
             data.push(b'\n');
             errors += u64::from(r.is_error);
         }
-        let mut f = File::create(&path).map_err(io(&path))?;
-        f.write_all(&data).and_then(|_| f.sync_all()).map_err(io(&path))?;
+        self.commits += 1;
+        let fail = self.faults.commit == Some(self.commits);
+        let written = File::create(&path).and_then(|mut f| {
+            if fail {
+                f.write_all(&data[..data.len() / 2])?;
+                return Err(disk_full());
+            }
+            f.write_all(&data).and_then(|_| f.sync_all())
+        });
+        if let Err(e) = written {
+            // Not journaled, so not committed (a resume would delete it); remove it now to give
+            // the space back.
+            let _ = fs::remove_file(&path);
+            return Err(CheckpointError::Io { path, source: e });
+        }
         sync_parent(&path).map_err(io(&path))?;
         let entry = JournalEntry {
             part: name,
@@ -434,6 +574,9 @@ impl Checkpoint {
             let Some(std::cmp::Reverse((i, k))) = heap.pop() else { break };
             let Some(c) = readers[k].as_mut() else { continue };
             out.write_row(&c.line)?;
+            if self.faults.output {
+                return Err(WriteError::Io { path: output.to_path_buf(), source: disk_full() }.into());
+            }
             if let Some(o) = order.as_mut() {
                 o.push(i)?;
             }

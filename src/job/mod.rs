@@ -1,10 +1,14 @@
 //! Batch jobs (`dustoff run`, `dustoff merge`): streaming readers, pipelines, the job loop,
 //! checkpoints with resume, sharding, writers, progress and the final report.
 //!
-//! Exit codes are documented on [`runner::ExitCode`].
+//! Exit codes are documented in [`exit`]; [`lock`] keeps a second run off a running job;
+//! [`outputs`] refuses outputs that would overwrite an input.
 
 pub mod checkpoint;
 pub mod dry_run;
+pub mod exit;
+pub mod lock;
+pub mod outputs;
 pub mod pipeline;
 pub mod progress;
 pub mod reader;

@@ -54,6 +54,10 @@ pub struct JobReport {
     pub output: String,
     pub shard: Option<String>,
     pub counts: Counts,
+    /// Error rows among all rows committed for the output, this run's and earlier runs' (the
+    /// job exits 3 when this is not 0). They are the rows with an `error` field.
+    #[serde(default)]
+    pub error_rows: u64,
     pub tokens: Tokens,
     pub wall_seconds: f64,
     /// Seconds spent inside model steps (the rest is job machinery: reading, rendering, writing).
@@ -116,9 +120,14 @@ impl JobReport {
             c.skipped_done,
             self.output
         );
-        if !c.errors_by_kind.is_empty() {
+        if self.error_rows > 0 {
             let kinds: Vec<String> = c.errors_by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
-            s += &format!("errors: {}\n", kinds.join(", "));
+            let kinds = if kinds.is_empty() { String::new() } else { format!(" (this run: {})", kinds.join(", ")) };
+            let place = match self.outcome {
+                Outcome::Completed => format!("in {}: the rows with an \"error\" field", self.output),
+                _ => "in the checkpoint; they go to the output with the rest".to_string(),
+            };
+            s += &format!("error rows: {}{kinds}, {place}\n", self.error_rows);
         }
         s += &format!(
             "tokens: {} prompt ({} computed, {:.1}% from prefix cache), {} generated\n",

@@ -2,12 +2,8 @@
 //! final output in input order. The engine and tokenizer come in through two small traits
 //! ([`Generate`], [`TextCodec`]) so this file knows nothing about tensors.
 //!
-//! Exit codes of `dustoff run` and `dustoff merge` (see [`ExitCode`]):
-//! - 0: the job completed; the output and report are written.
-//! - 1: any other error (unreadable input, model failure, I/O...).
-//! - 2: usage error (bad flags, unknown pipeline, invalid pipeline file, fingerprint mismatch).
-//! - 3: aborted past `--max-errors`; the checkpoint is kept: rerun (with a higher limit) to resume.
-//! - 4: interrupted by SIGINT/SIGTERM; the checkpoint is kept: rerun the same command to resume.
+//! Exit codes: [`super::exit`] (0 only when every record succeeded, 3 with error rows or past
+//! `--max-errors`, 4 interrupted).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -19,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use super::checkpoint::{file_identity, Checkpoint, JobFingerprint, PendingRow};
+use super::lock::JobLock;
 use super::pipeline::{Pipeline, TextCodec};
 use super::progress::{Progress, ProgressStats};
 use super::reader::{ReaderConfig, RecordReader};
@@ -29,16 +26,7 @@ use super::spans::{differing_range, fill_markers, marker, marker_head};
 use super::writer::{error_row, ok_row, openai_error_row, openai_ok_row};
 use crate::engine::sampler::{derive_seed, SamplingParams};
 
-/// The process exit code of a job command. See the module docs for the meaning of each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(i32)]
-pub enum ExitCode {
-    Ok = 0,
-    Failure = 1,
-    Usage = 2,
-    Aborted = 3,
-    Interrupted = 4,
-}
+pub use super::exit::ExitCode;
 
 /// Set when the job should stop taking records: SIGINT/SIGTERM, or by the caller.
 #[derive(Clone, Debug, Default)]
@@ -382,14 +370,21 @@ fn push_row(pending: &mut Vec<PendingRow>, counts: &mut Counts, index: u64, line
 }
 
 /// Runs (or resumes) a job to completion, interruption or abort. `Err`: a whole-job failure.
+/// `lock` is this output's [`JobLock`], taken by the caller before any expensive start-up (model
+/// loading) so that a second run is refused at once.
 pub fn run_job(
     job: &JobKind,
     opts: &RunOptions,
+    lock: &JobLock,
     codec: &dyn TextCodec,
     engine: &mut dyn Generate,
     stop: &StopFlag,
 ) -> anyhow::Result<RunResult> {
+    if lock.path() != JobLock::path_for(&opts.output) {
+        anyhow::bail!("internal: the job lock {} is not the lock of {}", lock.path().display(), opts.output.display());
+    }
     let started = Instant::now();
+    let committing = || format!("committing finished rows to the checkpoint of {}", opts.output.display());
     let json_output = job.json_output();
     if json_output || matches!(job, JobKind::OpenAi { .. }) {
         let fmt = super::writer::OutputFormat::from_path(&opts.output);
@@ -397,7 +392,11 @@ pub fn run_job(
             anyhow::bail!("OpenAI batch output is JSONL: use an output path ending in .jsonl");
         }
     }
-    let mut ck = Checkpoint::open(&opts.output, &opts.fingerprint, opts.restart)?;
+    let mut ck = Checkpoint::open(&opts.output, &opts.fingerprint, opts.restart)
+        .with_context(|| format!("opening the checkpoint of {}", opts.output.display()))?;
+    if let Some(note) = ck.replaced() {
+        eprintln!("{note}");
+    }
     let mut cfg = job.reader_config();
     cfg.shard = opts.shard;
     let total = super::reader::count_hint(&opts.inputs, &cfg).map(|t| t / u64::from(opts.shard.map_or(1, |s| s.count)));
@@ -446,7 +445,7 @@ pub fn run_job(
             }
             // A long run of bad records never reaches the engine: commit them here too.
             if pending.len() >= opts.commit_rows.max(1) {
-                ck.commit(std::mem::take(&mut pending))?;
+                ck.commit(std::mem::take(&mut pending)).with_context(committing)?;
                 last_commit = Instant::now();
             }
         }
@@ -473,7 +472,7 @@ pub fn run_job(
             aborted = true;
         }
         if pending.len() >= opts.commit_rows.max(1) || last_commit.elapsed() >= opts.commit_interval {
-            ck.commit(std::mem::take(&mut pending))?;
+            ck.commit(std::mem::take(&mut pending)).with_context(committing)?;
             last_commit = Instant::now();
         }
         progress.update(&ProgressStats {
@@ -484,17 +483,19 @@ pub fn run_job(
             generated_tokens: tokens.generated,
         });
     }
-    ck.commit(std::mem::take(&mut pending))?;
+    ck.commit(std::mem::take(&mut pending)).with_context(committing)?;
     progress.finish();
 
     // Past the limit stays past the limit on a rerun with the same flags (exit 3 again).
     aborted |= ck.committed_errors() > max_errors;
     let complete = reader_done && in_flight.is_empty() && !aborted;
+    let error_rows = ck.committed_errors();
     let (outcome, exit) = if complete {
-        ck.finish(&opts.output, counts.records, json_output)?;
-        (Outcome::Completed, ExitCode::Ok)
+        ck.finish(&opts.output, counts.records, json_output)
+            .with_context(|| format!("writing the output {} from its checkpoint", opts.output.display()))?;
+        (Outcome::Completed, if error_rows > 0 { ExitCode::RecordErrors } else { ExitCode::Ok })
     } else if aborted {
-        (Outcome::Aborted, ExitCode::Aborted)
+        (Outcome::Aborted, ExitCode::RecordErrors)
     } else {
         (Outcome::Interrupted, ExitCode::Interrupted)
     };
@@ -507,6 +508,7 @@ pub fn run_job(
         output: opts.output.display().to_string(),
         shard: opts.shard.map(|s| s.to_string()),
         counts,
+        error_rows,
         tokens,
         wall_seconds: started.elapsed().as_secs_f64(),
         model_seconds: model_secs,

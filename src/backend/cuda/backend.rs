@@ -468,7 +468,7 @@ fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, us
 
 /// Elements of the F16 scratch that quantized matrices are widened into: the largest layer
 /// matrix (the head goes through it in row chunks).
-fn wide_len(c: &ModelConfig) -> usize {
+pub fn wide_len(c: &ModelConfig) -> usize {
     let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
     [(q + 2 * kv) * d, d * q, 2 * f * d, d * f, 128 * d].into_iter().max().unwrap_or(0)
 }

@@ -72,8 +72,35 @@ impl CudaError {
     }
 }
 
+/// Keeps the kind and the cause: the engine retries an out-of-memory step with a smaller batch.
 impl From<CudaError> for BackendError {
     fn from(e: CudaError) -> Self {
-        BackendError::Device(e.to_string())
+        use cudarc::cublas::sys::cublasStatus_t as B;
+        use cudarc::driver::sys::CUresult as R;
+        match e {
+            CudaError::OutOfMemory(what) => BackendError::OutOfMemory { what, source: None },
+            CudaError::Driver { what, source } => match source.0 {
+                R::CUDA_ERROR_OUT_OF_MEMORY => BackendError::OutOfMemory { what, source: Some(Box::new(source)) },
+                R::CUDA_ERROR_LAUNCH_FAILED
+                | R::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+                | R::CUDA_ERROR_LAUNCH_TIMEOUT
+                | R::CUDA_ERROR_ILLEGAL_ADDRESS
+                | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+                | R::CUDA_ERROR_MISALIGNED_ADDRESS
+                | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+                | R::CUDA_ERROR_INVALID_PC
+                | R::CUDA_ERROR_HARDWARE_STACK_ERROR => BackendError::Launch { what, source: Box::new(source) },
+                _ => BackendError::Driver { what, source: Box::new(source) },
+            },
+            CudaError::Cublas { what, source } if source.0 == B::CUBLAS_STATUS_ALLOC_FAILED => {
+                BackendError::OutOfMemory { what: format!("cuBLAS: {what}"), source: Some(Box::new(source)) }
+            }
+            CudaError::Cublas { what, source } => {
+                BackendError::Driver { what: format!("cuBLAS: {what}"), source: Box::new(source) }
+            }
+            CudaError::Compile { file, arch, log } => BackendError::Compile { file, arch, log },
+            CudaError::Shape { kernel, reason } => BackendError::Plan(format!("kernel {kernel}: {reason}")),
+            other => BackendError::Device(other.to_string()),
+        }
     }
 }

@@ -1,0 +1,141 @@
+//! Checks on an output path before any work: none of the files a job writes for it (the output,
+//! its temporary, report, order sidecar, checkpoint directory, lock) is or contains an input
+//! (`--output` naming the input file used to overwrite it, exit 0), and its directory exists or
+//! can be made (a missing one used to fail `generate` and `tokenize` after all the work).
+
+use std::path::{Component, Path, PathBuf};
+
+use super::exit::UsageError;
+
+/// Every path a job writes for `output` (files, and the checkpoint directory).
+pub fn owned_paths(output: &Path) -> Vec<PathBuf> {
+    let with = |suffix: &str| {
+        let mut p = output.as_os_str().to_owned();
+        p.push(suffix);
+        PathBuf::from(p)
+    };
+    vec![
+        output.to_path_buf(),
+        with(".partial"),
+        with(".report.json"),
+        with(".report.json.tmp"),
+        super::shard::order_path(output),
+        super::checkpoint::checkpoint_dir(output),
+        super::lock::JobLock::path_for(output),
+    ]
+}
+
+/// `path` made absolute and free of `.`/`..`, through the real location of its directory when
+/// that exists (so a symlinked directory compares equal to its target).
+fn normalize(path: &Path) -> PathBuf {
+    if let Ok(p) = path.canonicalize() {
+        return p;
+    }
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().map(|d| d.join(path)).unwrap_or_else(|_| path.to_path_buf())
+    };
+    if let (Some(parent), Some(name)) = (abs.parent(), abs.file_name()) {
+        if let Ok(p) = parent.canonicalize() {
+            return p.join(name);
+        }
+    }
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+/// Refuses an output that is a directory or whose files would overwrite or live around one of
+/// `inputs` (input files, the model, the pipeline) with a [`UsageError`], before anything is
+/// written; then makes the output's directory if it is missing.
+pub fn check_output(output: &Path, inputs: &[&Path]) -> Result<(), OutputError> {
+    refuse_overlap(output, inputs)?;
+    let parent = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        std::fs::create_dir_all(parent).map_err(|source| OutputError::CreateDir {
+            dir: parent.to_path_buf(),
+            output: output.to_path_buf(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error(transparent)]
+    Usage(#[from] UsageError),
+    #[error("cannot create {dir}, the directory of the output {output}: {source}")]
+    CreateDir { dir: PathBuf, output: PathBuf, source: std::io::Error },
+}
+
+fn refuse_overlap(output: &Path, inputs: &[&Path]) -> Result<(), UsageError> {
+    let shown = output.display();
+    if output.as_os_str().is_empty() {
+        return Err(UsageError::new("--output is empty"));
+    }
+    if output.is_dir() {
+        return Err(UsageError::new(format!("--output {shown} is a directory; name a file in it")));
+    }
+    let inputs: Vec<(PathBuf, &Path)> = inputs.iter().map(|p| (normalize(p), *p)).collect();
+    for owned in owned_paths(output) {
+        let o = normalize(&owned);
+        for (i, given) in &inputs {
+            if *i == o || i.starts_with(&o) {
+                let what = if owned == output { "--output".to_string() } else { format!("{}", owned.display()) };
+                return Err(UsageError::new(format!(
+                    "{what} would overwrite the input {}; choose another --output",
+                    given.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_that_are_or_hold_an_input_are_refused() {
+        let d = std::env::temp_dir().join(format!("dustoff-outputs-{}", std::process::id()));
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        let input = d.join("in.jsonl");
+        std::fs::write(&input, "{}\n").unwrap();
+        // The same file, by another spelling.
+        let e = check_output(&d.join("sub/../in.jsonl"), &[&input]).unwrap_err().to_string();
+        assert!(e.contains("would overwrite the input") && e.contains("in.jsonl"), "{e}");
+        // An input inside the checkpoint directory of the output.
+        let ck = d.join("o.jsonl.dustoff");
+        std::fs::create_dir_all(&ck).unwrap();
+        std::fs::write(ck.join("x.jsonl"), "{}\n").unwrap();
+        assert!(check_output(&d.join("o.jsonl"), &[&ck.join("x.jsonl")]).is_err());
+        // The input's report name: `in` as output would write `in.report.json`.
+        let rep = d.join("r.jsonl.report.json");
+        std::fs::write(&rep, "{}").unwrap();
+        assert!(check_output(&d.join("r.jsonl"), &[&rep]).is_err());
+        // Fine: another file in the same directory.
+        check_output(&d.join("out.jsonl"), &[&input]).unwrap();
+        // A missing directory is made; one that cannot be (under a file) is named; a directory
+        // is not an output.
+        check_output(&d.join("new/deeper/out.jsonl"), &[&input]).unwrap();
+        assert!(d.join("new/deeper").is_dir());
+        let e = check_output(&input.join("out.jsonl"), &[]).unwrap_err();
+        assert!(matches!(e, OutputError::CreateDir { .. }), "{e}");
+        assert!(check_output(&d, &[&input]).unwrap_err().to_string().contains("is a directory"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
