@@ -8,4 +8,5 @@ pub mod commands;
 pub mod engine;
 pub mod job;
 pub mod model;
+pub mod quantize;
 pub mod tokenizer;
