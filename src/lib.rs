@@ -8,5 +8,6 @@ pub mod commands;
 pub mod engine;
 pub mod job;
 pub mod model;
+pub mod quantize;
 pub mod sys;
 pub mod tokenizer;

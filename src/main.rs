@@ -52,6 +52,13 @@ enum Cmd {
     /// (output ends in .gguf) or a safetensors directory; values F16 cannot hold are clamped
     /// and counted per tensor in convert-report.json beside the output.
     Convert(ConvertCliArgs),
+    /// Quantize a model (HF directory or F16/BF16/F32 GGUF) to a GGUF of --type, optionally
+    /// calibrated with an importance matrix; quantize-report.json is written beside the output.
+    #[command(long_about = QUANTIZE_HELP)]
+    Quantize(QuantizeCliArgs),
+    /// Perplexity of models on a text, and their KL divergence and top-1 agreement against a
+    /// --reference (what quantization cost), as a table or JSON.
+    Eval(EvalCliArgs),
     /// Merge the outputs of the shards of one job (`run --shard K/N`) into one, in input order.
     Merge(MergeArgs),
     /// Check this machine: GPUs, driver, NVRTC, cuBLAS, CPU sockets / NUMA / AVX2 / AVX-512 and
@@ -154,6 +161,95 @@ struct ConvertCliArgs {
     #[arg(long, default_value = "The capital of France is")]
     verify_prompt: String,
     /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+const QUANTIZE_HELP: &str = "Quantize a model to a GGUF file that dustoff and llama.cpp load.
+
+Input: a Hugging Face directory (BF16/F16/F32 safetensors; converted to F16 first, exactly as
+`dustoff convert` does) or an F16/BF16/F32 GGUF. An already quantized GGUF is refused unless
+--allow-requantize (its rounding error adds to the new one).
+
+Types and their mix (the conventions of llama.cpp's quantizer):
+  q4_k_m (default)  Q4_K; attn_v and ffn_down of the first and last eighth of the layers and of
+                    every third layer between them Q6_K; output head Q6_K
+  q4_k_s            Q4_K; attn_v of layers 0-3 and ffn_down of the first eighth Q5_K; head Q6_K
+  q5_k_m            Q5_K; attn_v / ffn_down as q4_k_m get Q6_K; head Q6_K
+  q6_k              Q6_K everywhere
+  q8_0              Q8_0 everywhere (head included)
+  q4_0              Q4_0; output head Q6_K
+  f16               every matrix F16 (a reference copy of a quantized model)
+The output head is output.weight, or token_embd.weight when the embedding is tied; an untied
+token_embd gets the base type. Norms and biases stay F32. Rows whose length a K type cannot
+hold (not a multiple of 256) fall back: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; the summary
+and the report list them.
+
+Calibration: --calibration FILE (JSONL with a \"text\" field, or plain text) runs up to
+--calibration-tokens tokens through the model on the CPU and records, for every matrix, the mean
+squared activation of each input column (the importance matrix). Scales and mins are then chosen
+by weighted least squares with those weights. --imatrix-out F saves it, --imatrix F reuses it.
+Without calibration the same search runs with uniform weights (plain least squares).";
+
+#[derive(Args)]
+struct QuantizeCliArgs {
+    /// Source model: a Hugging Face directory or an F16/BF16/F32 GGUF file.
+    #[arg(long)]
+    model: PathBuf,
+    /// Output GGUF file (must not exist).
+    #[arg(long)]
+    output: PathBuf,
+    /// q4_k_m, q4_k_s, q5_k_m, q6_k, q8_0, q4_0 or f16 (see the mix rules above).
+    #[arg(long = "type", default_value = "q4_k_m")]
+    qtype: String,
+    /// Calibration text: JSONL records with a "text" field, or a plain text file.
+    #[arg(long)]
+    calibration: Option<PathBuf>,
+    /// Tokens of calibration text to run (in windows of --calibration-ctx).
+    #[arg(long, default_value_t = 100_000)]
+    calibration_tokens: usize,
+    /// Window length of the calibration runs.
+    #[arg(long, default_value_t = 512)]
+    calibration_ctx: usize,
+    /// Reuse an importance matrix saved by --imatrix-out (instead of --calibration).
+    #[arg(long)]
+    imatrix: Option<PathBuf>,
+    /// Save the importance matrix computed from --calibration.
+    #[arg(long)]
+    imatrix_out: Option<PathBuf>,
+    /// Quantize a GGUF whose matrices are already quantized (quality is lost twice).
+    #[arg(long)]
+    allow_requantize: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Afterwards, score the output against the source on a short built-in text (KL divergence,
+    /// top-1 agreement, perplexities).
+    #[arg(long)]
+    verify: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct EvalCliArgs {
+    /// The model(s) to score (GGUF files or HF directories); repeat to score several at once.
+    #[arg(long, required = true, num_args = 1..)]
+    model: Vec<PathBuf>,
+    /// The reference model (e.g. the F16 source): adds KL divergence and top-1 agreement.
+    #[arg(long)]
+    reference: Option<PathBuf>,
+    /// Text to score: JSONL with a "text" field or plain text (default: a short built-in text).
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// Window length; the second half of every window is scored.
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Tokens of text to use at most.
+    #[arg(long, default_value_t = 32_768)]
+    max_tokens: usize,
+    /// Print the result as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -447,6 +543,44 @@ fn run(cli: Cli) -> Result<Code> {
                 print!("{}", report.to_text());
             }
             Ok(if report.exit_code == 0 { Code::Ok } else { Code::Failure })
+        }
+        Cmd::Quantize(a) => {
+            let args = dustoff::commands::quantize::QuantizeArgs {
+                model: a.model,
+                output: a.output,
+                qtype: a.qtype,
+                calibration: a.calibration,
+                calibration_tokens: a.calibration_tokens,
+                calibration_ctx: a.calibration_ctx,
+                imatrix: a.imatrix,
+                imatrix_out: a.imatrix_out,
+                allow_requantize: a.allow_requantize,
+                threads: a.threads,
+                verify: a.verify,
+            };
+            let summary = dustoff::commands::quantize::run(&args)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            } else {
+                print!("{}", summary.to_text());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Eval(a) => {
+            let args = dustoff::commands::eval::EvalArgs {
+                models: a.model,
+                reference: a.reference,
+                text: a.text,
+                ctx: a.ctx,
+                max_tokens: a.max_tokens,
+            };
+            let summary = dustoff::commands::eval::run(&args)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            } else {
+                print!("{}", summary.to_text());
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Merge(a) => {
             dustoff::commands::run::merge(&a.output, &a.shards)?;

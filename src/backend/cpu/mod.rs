@@ -9,6 +9,7 @@ mod gemv;
 pub mod matmul;
 pub mod moe;
 pub mod ops;
+pub mod tap;
 
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::StepPlan;
@@ -17,6 +18,7 @@ use crate::model::weights::ModelWeights;
 
 use matmul::{matmul, matmul_fused};
 use ops::PagedKv;
+use tap::ActivationTap;
 
 pub struct CpuBackend {
     cfg: ModelConfig,
@@ -29,6 +31,8 @@ pub struct CpuBackend {
     /// `[head_dim / 2]`: RoPE inverse frequencies with the file's scaling applied.
     inv_freq: Vec<f32>,
     scratch: Scratch,
+    /// Observer of matrix inputs (calibration, eval); `None` in normal runs.
+    tap: Option<Box<dyn ActivationTap>>,
 }
 
 impl CpuBackend {
@@ -47,7 +51,18 @@ impl CpuBackend {
             num_blocks,
             inv_freq,
             scratch: Scratch::default(),
+            tap: None,
         }
+    }
+
+    /// Installs an activation observer (replacing any previous one).
+    pub fn set_tap(&mut self, tap: Box<dyn ActivationTap>) {
+        self.tap = Some(tap);
+    }
+
+    /// Removes the observer and gives it back.
+    pub fn take_tap(&mut self) -> Option<Box<dyn ActivationTap>> {
+        self.tap.take()
     }
 
     /// KV cache bytes per token position (all layers, K and V).
@@ -201,6 +216,9 @@ impl CpuBackend {
 
         for (l, lw) in self.w.layers.iter().enumerate() {
             ops::rmsnorm(x, &lw.attn_norm, c.rms_eps, h);
+            if let Some(t) = self.tap.as_mut() {
+                t.matmul_input(&[&lw.wq.name, &lw.wk.name, &lw.wv.name], h, n);
+            }
             matmul_fused(&[&lw.wq, &lw.wk, &lw.wv], h, n, &mut [&mut *q, &mut *k, &mut *v]);
             for (buf, bias, width) in [(&mut *q, &lw.bq, qd), (&mut *k, &lw.bk, kvd), (&mut *v, &lw.bv, kvd)] {
                 if let Some(b) = bias {
@@ -229,6 +247,9 @@ impl CpuBackend {
             }
             let kv = PagedKv { k: kc, v: vc, block_size: self.block_size, n_kv_heads: c.n_kv_heads, head_dim: hd };
             ops::attend_batch(&kv, &tables, pos, q, c.n_heads, att);
+            if let Some(t) = self.tap.as_mut() {
+                t.matmul_input(&[&lw.wo.name], att, n);
+            }
             matmul(&lw.wo, att, n, o);
             ops::add_inplace(x, o);
 
@@ -236,13 +257,24 @@ impl CpuBackend {
             if let Some(mw) = &lw.moe {
                 moe::moe_ffn(mw, h, n, o, &mut s.moe);
             } else {
+                if let Some(t) = self.tap.as_mut() {
+                    t.matmul_input(&[&lw.w_gate.name, &lw.w_up.name], h, n);
+                }
                 matmul_fused(&[&lw.w_gate, &lw.w_up], h, n, &mut [&mut *gate, &mut *up]);
                 ops::silu_mul_inplace(gate, up);
+                if let Some(t) = self.tap.as_mut() {
+                    t.matmul_input(&[&lw.w_down.name], gate, n);
+                }
                 matmul(&lw.w_down, gate, n, o);
             }
             ops::add_inplace(x, o);
         }
 
+        if let Some(t) = self.tap.as_mut() {
+            let mut all = vec![0f32; n * dim]; // [n, dim] final-normed, every token
+            ops::rmsnorm(x, &self.w.output_norm, c.rms_eps, &mut all);
+            t.matmul_input(&[&self.w.output.name], &all, n);
+        }
         // Logits only for the last token of chunks that want them.
         let mut rows = Vec::new();
         let mut t0 = 0;

@@ -1,0 +1,112 @@
+//! Calibration: text in, importance matrix out. The text (JSONL records with a `text` field, or
+//! a plain text file) is tokenized as one stream, cut into windows of `ctx` tokens, and every
+//! window runs through the model on the CPU backend with an [`Imatrix`] tapping the inputs of
+//! every matrix.
+
+use std::io::IsTerminal;
+use std::path::Path;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::imatrix::Imatrix;
+use super::QuantizeError;
+use crate::backend::cpu::CpuBackend;
+use crate::engine::single::SingleSeq;
+use crate::model::loader::LoadedModel;
+use crate::tokenizer::Tokenizer;
+
+/// The documents of a calibration or evaluation file: the `text` field of every JSONL record
+/// (a `.jsonl` file, or any file whose first non-empty line is a JSON object), else the whole
+/// file as one document.
+pub fn read_texts(path: &Path) -> Result<Vec<String>, QuantizeError> {
+    let bytes = std::fs::read(path).map_err(|source| QuantizeError::Io { path: path.to_path_buf(), source })?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| QuantizeError::Calibration { path: path.to_path_buf(), reason: format!("not UTF-8 text: {e}") })?;
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let jsonl = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("jsonl"))
+        || serde_json::from_str::<serde_json::Value>(first).is_ok_and(|v| v.is_object());
+    if !jsonl {
+        return Ok(vec![text]);
+    }
+    let mut docs = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let bad = |reason: String| QuantizeError::Calibration { path: path.to_path_buf(), reason };
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(format!("line {}: {e}", i + 1)))?;
+        match v.get("text").and_then(|t| t.as_str()) {
+            Some(t) => docs.push(t.to_string()),
+            None => return Err(bad(format!("line {}: no string field \"text\"", i + 1))),
+        }
+    }
+    Ok(docs)
+}
+
+/// Tokenizes `docs` as one stream (documents separated by a blank line) and cuts it into
+/// windows of `ctx` tokens, each starting with BOS when the tokenizer adds one, until
+/// `max_tokens` tokens are taken. A last window shorter than `ctx / 4` is dropped (too little
+/// context to be representative).
+pub fn token_windows(
+    tok: &Tokenizer,
+    docs: &[String],
+    ctx: usize,
+    max_tokens: usize,
+) -> Result<Vec<Vec<u32>>, QuantizeError> {
+    let joined = docs.join("\n\n");
+    let ids = tok.encode(&joined, false, false)?;
+    let bos = tok.add_bos_default().then(|| tok.bos_id()).flatten();
+    let body = ctx.saturating_sub(usize::from(bos.is_some())).max(1);
+    let mut out = Vec::new();
+    let mut taken = 0usize;
+    for chunk in ids.chunks(body) {
+        let n = chunk.len().min(max_tokens.saturating_sub(taken));
+        // A short tail (or the end of the budget) is too little context to be representative.
+        if n == 0 || (n < ctx / 4 && !out.is_empty()) {
+            break;
+        }
+        let mut w: Vec<u32> = bos.into_iter().collect();
+        w.extend_from_slice(&chunk[..n]);
+        taken += n;
+        out.push(w);
+    }
+    Ok(out)
+}
+
+/// A progress bar on a terminal, nothing otherwise.
+pub fn bar(total: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4));
+    let tmpl = format!("{{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} {what} ETA {{eta}}");
+    b.set_style(
+        ProgressStyle::with_template(&tmpl).unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "),
+    );
+    b
+}
+
+/// Runs the calibration windows through `model` on the CPU and returns the importance matrix.
+pub fn calibrate(model: &LoadedModel, windows: &[Vec<u32>], dataset: &str) -> Result<Imatrix, QuantizeError> {
+    let ctx = windows.iter().map(Vec::len).max().unwrap_or(1);
+    let blocks = ctx.div_ceil(16) + 1;
+    let mut b = CpuBackend::new(model.config.clone(), model.weights.clone(), blocks, 16);
+    b.set_tap(Box::new(Imatrix { dataset: dataset.to_string(), ..Default::default() }));
+    let total: u64 = windows.iter().map(|w| w.len() as u64).sum();
+    let pb = bar(total, "calibration tokens");
+    for w in windows {
+        let mut seq = SingleSeq::new(&b, 0, w.len())?;
+        seq.feed(&mut b, w)?;
+        pb.inc(w.len() as u64);
+    }
+    pb.finish_and_clear();
+    let tap = b.take_tap().ok_or_else(|| QuantizeError::Usage("calibration tap missing".into()))?;
+    let mut m = *tap
+        .into_any()
+        .downcast::<Imatrix>()
+        .map_err(|_| QuantizeError::Usage("calibration tap has the wrong type".into()))?;
+    // Sums as the file stores them (f32), so a saved and reloaded matrix quantizes identically.
+    for e in m.entries.values_mut() {
+        e.sum_sq.iter_mut().for_each(|v| *v = f64::from(*v as f32));
+    }
+    m.tokens = total;
+    m.chunks = windows.len() as u32;
+    Ok(m)
+}

@@ -1,0 +1,164 @@
+//! Quantizing a model: block quantizers with importance weights ([`blocks`], [`search`]), the
+//! tensor-type mix rules ([`mix`]), the importance matrix and its file ([`imatrix`]), calibration
+//! on the CPU backend ([`calibrate`]) and the streaming GGUF -> GGUF writer ([`write`]).
+
+pub mod blocks;
+pub mod calibrate;
+pub mod imatrix;
+pub mod mix;
+pub mod search;
+#[cfg(test)]
+mod tests;
+pub mod write;
+
+use std::path::PathBuf;
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::model::quant::{dequantize_row, GgmlType};
+
+#[derive(Debug, thiserror::Error)]
+pub enum QuantizeError {
+    /// Bad flags or arguments (exit code 2).
+    #[error("{0}")]
+    Usage(String),
+    #[error(
+        "{path}: tensor '{tensor}' is already quantized ({dtype}); quantizing it again adds the new \
+         format's rounding error on top of the old one (quality is lost twice, and calibration cannot \
+         recover what the first quantization removed). Pass --allow-requantize to do it anyway, or \
+         start from the F16/BF16/F32 model"
+    )]
+    Requantize { path: PathBuf, tensor: String, dtype: GgmlType },
+    #[error("{path}: tensor '{tensor}': {reason}")]
+    Tensor { path: PathBuf, tensor: String, reason: String },
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {reason}")]
+    Calibration { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Gguf(#[from] crate::model::gguf::GgufError),
+    #[error(transparent)]
+    GgufWrite(#[from] crate::model::gguf_writer::GgufWriteError),
+    #[error(transparent)]
+    Imatrix(#[from] imatrix::ImatrixError),
+    #[error(transparent)]
+    Load(#[from] crate::model::loader::LoadError),
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+}
+
+impl QuantizeError {
+    /// True for errors the user fixes by changing the command line (exit code 2).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Usage(_) | Self::Requantize { .. })
+    }
+}
+
+/// Squared-error sums of one quantized tensor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ErrorSums {
+    /// `sum (x - x̂)^2` and `sum x^2` over every element.
+    pub sq_err: f64,
+    pub sq_ref: f64,
+    /// The same weighted by the importance of each element's input column (0 without one).
+    pub w_err: f64,
+    pub w_ref: f64,
+}
+
+impl ErrorSums {
+    fn add(&mut self, o: &ErrorSums) {
+        self.sq_err += o.sq_err;
+        self.sq_ref += o.sq_ref;
+        self.w_err += o.w_err;
+        self.w_ref += o.w_ref;
+    }
+    /// `sum (x - x̂)^2 / sum x^2`.
+    pub fn relative(&self) -> f64 {
+        if self.sq_ref > 0.0 {
+            self.sq_err / self.sq_ref
+        } else {
+            0.0
+        }
+    }
+    /// The importance-weighted relative error (`None` without importance).
+    pub fn weighted_relative(&self) -> Option<f64> {
+        (self.w_ref > 0.0).then(|| self.w_err / self.w_ref)
+    }
+}
+
+/// Elements per rayon task (a range of whole rows).
+const TASK_ELEMENTS: usize = 1 << 16;
+
+/// The least-squares weights of one matrix's columns from its importance (`[cols]`): the mean
+/// squared activations, floored at 1e-3 of their mean so that a column no calibration token
+/// touched still gets a fit. `None` (or an all-zero importance): uniform weights.
+pub fn column_weights(importance: Option<&[f32]>, cols: usize) -> Vec<f32> {
+    match importance {
+        Some(imp) if imp.len() == cols => {
+            let mean = imp.iter().map(|&v| f64::from(v)).sum::<f64>() / cols.max(1) as f64;
+            if mean > 0.0 && mean.is_finite() {
+                let floor = (1e-3 * mean) as f32;
+                imp.iter().map(|&v| if v.is_finite() { v.max(floor) } else { floor }).collect()
+            } else {
+                vec![1.0; cols]
+            }
+        }
+        _ => vec![1.0; cols],
+    }
+}
+
+/// Quantizes a `[rows, cols]` tensor stored as `src_ty` rows (`src`) to `dst`, in parallel over
+/// row ranges. `importance` (`[cols]`) weights the fit and the weighted error. Returns the packed
+/// bytes and the error sums. The caller has checked that `dst` holds rows of `cols`.
+pub fn quantize_tensor(
+    src_ty: GgmlType,
+    src: &[u8],
+    rows: usize,
+    cols: usize,
+    dst: GgmlType,
+    importance: Option<&[f32]>,
+) -> Option<(Vec<u8>, ErrorSums)> {
+    let src_rb = src_ty.row_bytes(cols)?;
+    let dst_rb = dst.row_bytes(cols)?;
+    if src.len() != src_rb.checked_mul(rows)? {
+        return None;
+    }
+    let w = column_weights(importance, cols);
+    let imp = importance.filter(|i| i.len() == cols);
+    let rows_per_task = (TASK_ELEMENTS / cols.max(1)).max(1);
+    let parts: Vec<Option<(Vec<u8>, ErrorSums)>> = src
+        .par_chunks(src_rb * rows_per_task)
+        .map(|chunk| {
+            let mut out = Vec::with_capacity(chunk.len() / src_rb * dst_rb);
+            let (mut x, mut y) = (vec![0f32; cols], vec![0f32; cols]);
+            let mut e = ErrorSums::default();
+            for row in chunk.chunks_exact(src_rb) {
+                dequantize_row(src_ty, row, &mut x);
+                if !blocks::quantize_row_weighted(dst, &x, &w, &mut out, &mut y) {
+                    return None;
+                }
+                for c in 0..cols {
+                    let (d, r) = (f64::from(x[c] - y[c]), f64::from(x[c]));
+                    e.sq_err += d * d;
+                    e.sq_ref += r * r;
+                    if let Some(imp) = imp {
+                        e.w_err += f64::from(imp[c]) * d * d;
+                        e.w_ref += f64::from(imp[c]) * r * r;
+                    }
+                }
+            }
+            Some((out, e))
+        })
+        .collect();
+    let mut bytes = Vec::with_capacity(rows * dst_rb);
+    let mut sums = ErrorSums::default();
+    for p in parts {
+        let (b, e) = p?;
+        bytes.extend_from_slice(&b);
+        sums.add(&e);
+    }
+    Some((bytes, sums))
+}
