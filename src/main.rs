@@ -220,9 +220,6 @@ struct QuantizeCliArgs {
     /// Quantize a GGUF whose matrices are already quantized (quality is lost twice).
     #[arg(long)]
     allow_requantize: bool,
-    /// Worker threads (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
     /// Afterwards, score the output against the source on a short built-in text (KL divergence,
     /// top-1 agreement, perplexities).
     #[arg(long)]
@@ -555,7 +552,7 @@ fn run(cli: Cli) -> Result<Code> {
                 imatrix: a.imatrix,
                 imatrix_out: a.imatrix_out,
                 allow_requantize: a.allow_requantize,
-                threads: a.threads,
+                threads: cli.threads,
                 verify: a.verify,
             };
             let summary = dustoff::commands::quantize::run(&args)?;
@@ -564,7 +561,7 @@ fn run(cli: Cli) -> Result<Code> {
             } else {
                 print!("{}", summary.to_text());
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(Code::Ok)
         }
         Cmd::Eval(a) => {
             let args = dustoff::commands::eval::EvalArgs {
@@ -580,7 +577,7 @@ fn run(cli: Cli) -> Result<Code> {
             } else {
                 print!("{}", summary.to_text());
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(Code::Ok)
         }
         Cmd::Merge(a) => {
             dustoff::commands::run::merge(&a.output, &a.shards)?;
@@ -724,7 +721,7 @@ fn run(cli: Cli) -> Result<Code> {
                             anyhow::anyhow!(e).context(format!("opening the checkpoint of {}", o.display()))
                         })?;
                     let m = common::load(&a.model.model)?;
-                    let slots = common::resolve_slots(a.engine.slots, &device, &m.config, a.ctx)?;
+                    let slots = common::resolve_slots(a.engine.slots, &device, &m.config, &m.weights, a.ctx)?;
                     let cfg = dustoff::engine::engine::EngineConfig {
                         slots,
                         max_batch_tokens: a.engine.max_batch_tokens.max(slots),

@@ -69,6 +69,7 @@ pub fn resolve_slots(
     slots: Slots,
     device: &Device,
     cfg: &crate::model::config::ModelConfig,
+    weights: &crate::model::weights::ModelWeights,
     per_seq: usize,
 ) -> Result<usize> {
     let n = match (slots, device) {
@@ -81,7 +82,8 @@ pub fn resolve_slots(
             let dev = crate::backend::cuda::device::CudaDevice::new(*ordinal)
                 .with_context(|| format!("opening cuda:{ordinal} to size --slots auto"))?;
             let (free, _) = dev.mem_info()?;
-            let n = fit_slots(cfg, free as u64, per_seq);
+            let bytes = crate::backend::cuda::memory::device_weight_bytes(cfg, weights, false);
+            let n = fit_slots(cfg, bytes, free as u64, per_seq);
             eprintln!(
                 "slots: {} (--slots auto: the memory plan for {per_seq} cached positions per sequence fits {} in the free {:.2} GB of {}, cap {MAX_AUTO_SLOTS})",
                 n.max(1),
@@ -98,11 +100,17 @@ pub fn resolve_slots(
 
 /// The most sequences (up to [`MAX_AUTO_SLOTS`]) of `per_seq` positions whose CUDA memory plan
 /// fits in `free` bytes; 0 when not even one does.
-pub fn fit_slots(cfg: &crate::model::config::ModelConfig, free: u64, per_seq: usize) -> usize {
+pub fn fit_slots(
+    cfg: &crate::model::config::ModelConfig,
+    bytes: crate::backend::cuda::memory::DeviceWeightBytes,
+    free: u64,
+    per_seq: usize,
+) -> usize {
     use crate::backend::cuda::backend::PLANNED_BATCH_TOKENS;
     let fits = |n: usize| {
         let blocks = (n * per_seq).div_ceil(BLOCK_SIZE).max(1);
-        let plan = crate::backend::cuda::plan_memory(cfg, 2, blocks, BLOCK_SIZE, PLANNED_BATCH_TOKENS);
+        let plan =
+            crate::backend::cuda::plan_memory(cfg, bytes.matrices, bytes.wide_scratch, blocks, BLOCK_SIZE, PLANNED_BATCH_TOKENS);
         plan.check(free, "", blocks * BLOCK_SIZE, cfg).is_ok()
     };
     // The plan grows with n: the largest n that fits, by bisection.
@@ -328,11 +336,16 @@ mod tests {
     #[test]
     fn auto_slots_are_the_most_the_memory_plan_fits() {
         let c = crate::model::shapes::shape("qwen3-8b").unwrap();
+        let f16 = crate::backend::cuda::memory::DeviceWeightBytes {
+            matrices: crate::backend::cuda::memory::f16_matrix_bytes(&c),
+            wide_scratch: 0,
+        };
         let plan = |n: usize| {
             let blocks = (n * 4096).div_ceil(BLOCK_SIZE);
             crate::backend::cuda::plan_memory(
                 &c,
-                2,
+                f16.matrices,
+                f16.wide_scratch,
                 blocks,
                 BLOCK_SIZE,
                 crate::backend::cuda::backend::PLANNED_BATCH_TOKENS,
@@ -340,12 +353,12 @@ mod tests {
         };
         // A 32 GB V100 (30 GB free): 16 GB of F16 weights, then 4096-position sequences.
         let free = 30_000_000_000u64;
-        let n = fit_slots(&c, free, 4096);
+        let n = fit_slots(&c, f16, free, 4096);
         assert!((1..MAX_AUTO_SLOTS).contains(&n), "{n}");
         assert!(plan(n).check(free, "", n * 4096, &c).is_ok());
         assert!(plan(n + 1).check(free, "", (n + 1) * 4096, &c).is_err(), "one more does not fit");
         // The cap, and nothing at all on a device smaller than the weights.
-        assert_eq!(fit_slots(&c, 1_000_000_000_000, 4096), MAX_AUTO_SLOTS);
-        assert_eq!(fit_slots(&c, 8_000_000_000, 4096), 0);
+        assert_eq!(fit_slots(&c, f16, 1_000_000_000_000, 4096), MAX_AUTO_SLOTS);
+        assert_eq!(fit_slots(&c, f16, 8_000_000_000, 4096), 0);
     }
 }

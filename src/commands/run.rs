@@ -101,7 +101,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         }
     };
     let per_seq = (max_in + max_out + common::BLOCK_SIZE).min(m.config.max_context.max(256));
-    let slots = common::resolve_slots(a.slots, &a.device, &m.config, per_seq)?;
+    let slots = common::resolve_slots(a.slots, &a.device, &m.config, &m.weights, per_seq)?;
     let backend = common::make_backend(&m.config, &m.weights, &a.device, slots * per_seq, a.ptx_dir.as_deref())?;
     eprintln!("backend: {}; {slots} slots, KV room for {} tokens", backend.describe(), slots * per_seq);
     let engine = Engine::new(

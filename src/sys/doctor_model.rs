@@ -14,9 +14,7 @@ use std::time::Instant;
 use super::doctor::{shown, CpuReport, CudaReport, DevicePlan, DoctorOptions, ModelReport, GPU_DECODE_SHARE};
 use crate::backend::cpu::matmul::matmul;
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::backend::wide_len;
-use crate::backend::cuda::memory::{f16_matrix_bytes, plan_memory};
-use crate::backend::cuda::qformat::QFormat;
+use crate::backend::cuda::memory::{device_weight_bytes, plan_memory};
 use crate::model::loader::load_model;
 use crate::model::weights::{ModelWeights, Tensor};
 
@@ -119,21 +117,9 @@ pub(super) fn model_report(
 
     // GPUs.
     for g in cuda.gpus.iter().filter(|g| g.usable) {
-        // Weights as the CUDA backend keeps them: block formats packed (real bytes per format),
-        // F16/BF16/F32 as F16; a widened F16 scratch for large steps when anything is packed.
-        let device_bytes = |t: &Tensor| -> u64 {
-            match QFormat::of(t.dtype) {
-                Some(f) => f.device_bytes(t.rows, t.cols).1 as u64,
-                None => (t.rows * t.cols * 2) as u64,
-            }
-        };
-        let mut on_device: Vec<&Tensor> = ms.clone();
-        if !c.tied_embeddings {
-            on_device.push(&m.weights.token_embd);
-        }
-        let matrix_bytes: u64 = on_device.iter().map(|t| device_bytes(t)).sum();
-        let wide = if matrix_bytes < f16_matrix_bytes(c) { wide_len(c) as u64 * 2 } else { 0 };
-        let p = plan_memory(c, matrix_bytes, wide, positions / BLOCK, BLOCK, 512);
+        // Weights as the CUDA backend keeps them (block formats packed).
+        let b = device_weight_bytes(c, &m.weights, false);
+        let p = plan_memory(c, b.matrices, b.wide_scratch, positions / BLOCK, BLOCK, 512);
         let device = format!("cuda:{}", g.info.ordinal);
         let (fits, note) = match g.free_memory_bytes {
             Some(free) => match p.check(free, &device, positions, c) {

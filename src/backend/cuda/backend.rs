@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use super::device::CudaDevice;
 use super::kernels::{Kernels, PtxSource};
 use super::dmat::{DevMat, Linear};
-use super::memory::{f16_matrix_bytes, plan_memory};
+use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory};
 use super::qformat::{check_tensor, more_bits_layer, QFormat};
 use super::CudaError;
 use crate::backend::cpu::ops::rope_table;
@@ -193,21 +193,10 @@ fn qkv_bias(c: &ModelConfig, bq: &Option<Vec<f32>>, bk: &Option<Vec<f32>>, bv: &
 impl CudaBackend {
     pub fn new(cfg: ModelConfig, w: &ModelWeights, opts: &CudaOptions) -> Result<Self, CudaError> {
         // Every matrix is checked (shape, bytes, row length) before anything is allocated.
-        let mut mats: Vec<&Tensor> = vec![&w.token_embd];
-        if !cfg.tied_embeddings {
-            mats.push(&w.output);
-        }
-        for lw in &w.layers {
-            mats.extend([&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down]);
-        }
-        let mut matrix_bytes = 0u64;
-        for t in &mats {
+        for t in device_matrices(&cfg, w) {
             check_tensor(t)?;
-            matrix_bytes += match QFormat::of(t.dtype).filter(|_| !opts.f16_weights) {
-                Some(f) => f.device_bytes(t.rows, t.cols).1 as u64,
-                None => (t.rows * t.cols * 2) as u64,
-            };
         }
+        let matrix_bytes = device_weight_bytes(&cfg, w, opts.f16_weights).matrices;
         let (dev, kernels, blas) = open(&cfg, opts, matrix_bytes)?;
         let s = &dev.stream;
         let f16 = opts.f16_weights;

@@ -3,6 +3,9 @@
 //! the numbers and what would make it fit; there is no silent fallback to the CPU.
 
 use crate::model::config::ModelConfig;
+use crate::model::weights::{ModelWeights, Tensor};
+
+use super::qformat::QFormat;
 
 use super::launch::attn_splits;
 use super::tc::TC_MAX_TOKENS;
@@ -36,6 +39,41 @@ pub fn f16_matrix_bytes(c: &ModelConfig) -> u64 {
     let per_layer_matrix = (qd + 2 * kvd) * dim + dim * qd + 3 * ffn * dim;
     let heads = c.vocab_size * dim * if c.tied_embeddings { 1 } else { 2 };
     (c.n_layers * per_layer_matrix + heads) as u64 * 2
+}
+
+/// What a model's weight matrices take on the device, as the CUDA backend keeps them: block
+/// formats packed (their repacked bytes), F16/BF16/F32 as F16; and the F16 scratch that
+/// quantized matrices are widened into for large steps (0 when nothing is packed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceWeightBytes {
+    pub matrices: u64,
+    pub wide_scratch: u64,
+}
+
+/// The matrices the backend puts on the device: embedding, untied head, every layer matrix.
+pub fn device_matrices<'a>(cfg: &ModelConfig, w: &'a ModelWeights) -> Vec<&'a Tensor> {
+    let mut mats: Vec<&Tensor> = vec![&w.token_embd];
+    if !cfg.tied_embeddings {
+        mats.push(&w.output);
+    }
+    for lw in &w.layers {
+        mats.extend([&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down]);
+    }
+    mats
+}
+
+/// [`DeviceWeightBytes`] of a model; `f16_weights` widens every block format at load
+/// (`--weights f16`).
+pub fn device_weight_bytes(cfg: &ModelConfig, w: &ModelWeights, f16_weights: bool) -> DeviceWeightBytes {
+    let matrices = device_matrices(cfg, w)
+        .iter()
+        .map(|t| match QFormat::of(t.dtype).filter(|_| !f16_weights) {
+            Some(f) => f.device_bytes(t.rows, t.cols).1 as u64,
+            None => (t.rows * t.cols * 2) as u64,
+        })
+        .sum();
+    let wide_scratch = if matrices < f16_matrix_bytes(cfg) { super::backend::wide_len(cfg) as u64 * 2 } else { 0 };
+    DeviceWeightBytes { matrices, wide_scratch }
 }
 
 /// The plan for a model whose matrices take `matrices` bytes on the device, with a scratch of
