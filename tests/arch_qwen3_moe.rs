@@ -237,7 +237,8 @@ fn engine_greedy_is_the_same_for_any_slot_count_prefix_cache_and_chunking() {
 #[test]
 fn cuda_backend_refuses_a_moe_model_before_touching_the_device() {
     let m = gguf_model();
-    let opts = CudaOptions { ordinal: 0, num_blocks: 4, block_size: 16, ptx_dir: None, max_positions: 64, f16_weights: false };
+    let opts =
+        CudaOptions { ordinal: 0, num_blocks: 4, block_size: 16, ptx_dir: None, max_positions: 64, f16_weights: false };
     let e = CudaBackend::new(m.config.clone(), &m.weights, &opts).err().expect("refused").to_string();
     assert!(e.contains("mixture-of-experts") && e.contains("--device cpu"), "{e}");
 }

@@ -109,8 +109,14 @@ pub fn fit_slots(
     use crate::backend::cuda::backend::PLANNED_BATCH_TOKENS;
     let fits = |n: usize| {
         let blocks = (n * per_seq).div_ceil(BLOCK_SIZE).max(1);
-        let plan =
-            crate::backend::cuda::plan_memory(cfg, bytes.matrices, bytes.wide_scratch, blocks, BLOCK_SIZE, PLANNED_BATCH_TOKENS);
+        let plan = crate::backend::cuda::plan_memory(
+            cfg,
+            bytes.matrices,
+            bytes.wide_scratch,
+            blocks,
+            BLOCK_SIZE,
+            PLANNED_BATCH_TOKENS,
+        );
         plan.check(free, "", blocks * BLOCK_SIZE, cfg).is_ok()
     };
     // The plan grows with n: the largest n that fits, by bisection.

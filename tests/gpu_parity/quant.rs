@@ -64,14 +64,7 @@ fn quantized_products_every_format_and_token_count() {
             let accumulate = n % 2 == 1;
             let with_bias = n % 3 != 0;
             let mut mm = Mm { s: &s, blas: &blas, x16: g.d(&x16), part: g.d(&part), wide: Some(g.d(&wide)) };
-            let p = Product {
-                lin: &lin,
-                bias: with_bias.then(|| g.d(&bd)),
-                x: g.d(&xd),
-                n,
-                out: g.d(&od),
-                accumulate,
-            };
+            let p = Product { lin: &lin, bias: with_bias.then(|| g.d(&bd)), x: g.d(&xd), n, out: g.d(&od), accumulate };
             mm.run(&mut g.k, p).unwrap();
             let (mut wa, mut wb) = (vec![0f32; n * rows_a], vec![0f32; n * rows_b]);
             matmul(&ta, &x, n, &mut wa);
@@ -155,7 +148,10 @@ fn dequant_embedding_and_swiglu_every_format() {
 
 /// A small Qwen3-shaped model (2 layers, 1024 wide, a 4096-token vocabulary) whose matrices
 /// are all `dtype` (layer 0's attn_v and ffn_down in `v_down` when given: a mixed QKV).
-fn small_model(dtype: GgmlType, v_down: Option<GgmlType>) -> (dustoff::model::config::ModelConfig, dustoff::model::weights::ModelWeights) {
+fn small_model(
+    dtype: GgmlType,
+    v_down: Option<GgmlType>,
+) -> (dustoff::model::config::ModelConfig, dustoff::model::weights::ModelWeights) {
     let mut cfg = dustoff::model::shapes::shape("qwen3-0.6b").unwrap();
     cfg.n_layers = 2;
     cfg.vocab_size = 4096;

@@ -116,7 +116,17 @@ impl Mm<'_> {
             while r < m.rows {
                 let n_rows = chunk.min(m.rows - r);
                 DequantF16 { w, out: wide, row0: r, n_rows }.launch(k, self.s)?;
-                self.f16(k, wide, n_rows, m.cols, p.bias.map(|b| b.offset(r)), p.n, p.out.offset(r), p.out_stride, p.accumulate)?;
+                self.f16(
+                    k,
+                    wide,
+                    n_rows,
+                    m.cols,
+                    p.bias.map(|b| b.offset(r)),
+                    p.n,
+                    p.out.offset(r),
+                    p.out_stride,
+                    p.accumulate,
+                )?;
                 r += n_rows;
             }
             return Ok(());
@@ -155,7 +165,18 @@ impl Mm<'_> {
         accumulate: bool,
     ) -> Result<(), CudaError> {
         if n <= tc_max_tokens() && GemmTc::fits(w, self.x16, rows, cols, n) {
-            let g = GemmTc { w, x: self.x16, out, bias, rows, cols, n_tok: n, out_stride, accumulate, part: Some(self.part) };
+            let g = GemmTc {
+                w,
+                x: self.x16,
+                out,
+                bias,
+                rows,
+                cols,
+                n_tok: n,
+                out_stride,
+                accumulate,
+                part: Some(self.part),
+            };
             return g.launch(k, self.s);
         }
         l::Gemm { w, x: self.x16, out, rows, cols, n_tok: n, out_stride, accumulate }.launch(self.blas)?;
