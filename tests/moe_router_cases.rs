@@ -374,11 +374,15 @@ fn dense_and_sparse_layers_hf_defaults_and_shards() {
 }
 
 #[test]
-fn convert_writes_a_moe_model_as_f16_safetensors_and_refuses_gguf_output() {
+fn convert_writes_a_moe_model_as_gguf_and_as_f16_safetensors() {
     use dustoff::commands::convert::{run, ConvertArgs};
+    use dustoff::model::quant::GgmlType;
     let root = common::tmpdir("moe-convert");
     let src = root.join("src");
-    let m = model(&src, &spec(41, moe4(Some(true))), &|_, _| {});
+    let mut s = spec(41, moe4(Some(false)));
+    s.n_layers = 3;
+    s.moe.as_mut().unwrap().mlp_only_layers = vec![1];
+    let m = model(&src, &s, &|_, _| {});
     let args = |output: &str| ConvertArgs {
         model: src.clone(),
         output: root.join(output),
@@ -386,19 +390,25 @@ fn convert_writes_a_moe_model_as_f16_safetensors_and_refuses_gguf_output() {
         verify_tokens: 4,
         ..ConvertArgs::default()
     };
-    let e = run(args("m.gguf")).unwrap_err().to_string();
-    assert!(e.contains("mixture-of-experts") && e.contains("safetensors"), "{e}");
-    assert!(!root.join("m.gguf").exists());
-    // F16 output: every expert tensor converted (BF16 values are exact in F16) and re-verified.
-    let s = run(args("f16")).unwrap();
-    assert_eq!(s.verify.unwrap().values_mismatched, 0);
-    let f16 = load_model(&root.join("f16")).unwrap();
-    let (a, b) = (
-        &m.weights.layers[1].moe.as_ref().unwrap().experts[3],
-        &f16.weights.layers[1].moe.as_ref().unwrap().experts[3],
-    );
-    assert_eq!(b.up.dtype, dustoff::model::quant::GgmlType::F16);
-    assert_eq!(a.up.to_f32_vec(), b.up.to_f32_vec());
-    check_model_against_naive(&f16, &TOKENS, "converted to F16");
+    for out in ["m.gguf", "f16"] {
+        // --verify re-reads every value (stacked experts included) against the policy.
+        let summary = run(args(out)).unwrap_or_else(|e| panic!("{out}: {e:#}"));
+        assert_eq!(summary.verify.unwrap().values_mismatched, 0, "{out}");
+        let c = load_model(&root.join(out)).unwrap();
+        assert_eq!(c.config.moe, m.config.moe, "{out}: the MoE config survives");
+        assert!(c.weights.layers[1].moe.is_none(), "{out}: layer 1 stays dense");
+        let (a, b) = (&m.weights.layers[2].moe.as_ref().unwrap(), &c.weights.layers[2].moe.as_ref().unwrap());
+        for e in 0..4 {
+            assert_eq!(b.experts[e].up.dtype, GgmlType::F16);
+            assert_eq!(a.experts[e].down.to_f32_vec(), b.experts[e].down.to_f32_vec(), "{out}: expert {e} down");
+        }
+        assert_eq!(a.router.to_f32_vec(), b.router.to_f32_vec(), "{out}: router");
+        check_model_against_naive(&c, &TOKENS, out);
+    }
+    let g = dustoff::model::gguf::GgufFile::open(root.join("m.gguf")).unwrap();
+    let t = g.tensor_info("blk.2.ffn_down_exps.weight").unwrap();
+    assert_eq!((t.dims.clone(), t.dtype), (vec![32, 64, 4], GgmlType::F16));
+    assert_eq!(g.tensor_info("blk.0.ffn_gate_inp.weight").unwrap().dtype, GgmlType::F32);
+    assert!(g.tensor_info("blk.1.ffn_gate_inp.weight").is_none() && g.tensor_info("blk.1.ffn_up.weight").is_some());
     std::fs::remove_dir_all(&root).ok();
 }
