@@ -327,6 +327,35 @@ fn ffn_an_expert_no_token_chooses_and_one_every_token_chooses() {
     std::fs::remove_dir_all(&root).ok();
 }
 
+#[test]
+fn ffn_output_of_a_token_does_not_depend_on_the_batch() {
+    // Decode (one token: fused gate/up), grouped GEMV (<= 8 tokens per expert) and the tiled
+    // GEMM (more) must give every token bitwise the same output: the engine's 1-vs-N-slot
+    // equality and the GPU parity suite build on it.
+    let root = common::tmpdir("moe-batch");
+    let m = model(&root.join("m"), &spec(13, moe4(Some(true))), &|_, _| {});
+    let w = m.weights.layers[0].moe.as_ref().unwrap();
+    let dim = m.config.dim;
+    let x = inputs(40, dim, false);
+    let run = |x: &[f32]| {
+        let mut out = vec![0f32; x.len()];
+        moe_ffn(w, x, x.len() / dim, &mut out, &mut MoeScratch::default());
+        out
+    };
+    let all = run(&x);
+    let (_, counts) = check_ffn(w, &x, "40 tokens");
+    assert!(counts.iter().any(|&c| c > 8), "some expert takes the GEMM path: {counts:?}");
+    let five = run(&x[..5 * dim]);
+    for t in 0..40 {
+        let alone = run(&x[t * dim..(t + 1) * dim]);
+        assert!(alone == all[t * dim..(t + 1) * dim], "token {t}: alone vs in a batch of 40");
+        if t < 5 {
+            assert!(alone == five[t * dim..(t + 1) * dim], "token {t}: alone vs in a batch of 5");
+        }
+    }
+    std::fs::remove_dir_all(&root).ok();
+}
+
 // ---- whole models ----
 
 #[test]
