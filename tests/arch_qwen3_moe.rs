@@ -294,3 +294,28 @@ fn generate_run_and_bench_commands_take_the_gguf() {
     assert!(b["median_decode_tok_s"].as_f64() > Some(0.0), "{b}");
     std::fs::remove_dir_all(&d).ok();
 }
+
+#[test]
+fn convert_writes_the_hf_directory_as_llama_cpps_gguf() {
+    use dustoff::commands::convert::{run, ConvertArgs};
+    use dustoff::model::gguf::GgufFile;
+    let d = common::tmpdir("qwen3moe-convert");
+    let out = d.join("ours.gguf");
+    run(ConvertArgs { model: data_dir().join("hf"), output: out.clone(), ..ConvertArgs::default() }).unwrap();
+    // Every tensor of llama.cpp's file is in ours with the same dims, type and bytes.
+    let (ours, theirs) =
+        (GgufFile::open(&out).unwrap(), GgufFile::open(data_dir().join("qwen3_moe-f16.gguf")).unwrap());
+    assert_eq!(ours.tensors.len(), theirs.tensors.len());
+    for t in &theirs.tensors {
+        let o = ours.tensor_info(&t.name).unwrap_or_else(|| panic!("{} missing", t.name));
+        assert_eq!((&o.dims, o.dtype), (&t.dims, t.dtype), "{}", t.name);
+        assert!(ours.tensor_data(o) == theirs.tensor_data(t), "{}: bytes differ", t.name);
+    }
+    for k in ["expert_count", "expert_used_count", "expert_feed_forward_length", "feed_forward_length"] {
+        let k = format!("qwen3moe.{k}");
+        assert_eq!(ours.get_u64(&k).unwrap(), theirs.get_u64(&k).unwrap(), "{k}");
+    }
+    let m = load_model(&out).unwrap();
+    assert_eq!(m.config, gguf_model().config);
+    std::fs::remove_dir_all(&d).ok();
+}

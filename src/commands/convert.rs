@@ -175,13 +175,6 @@ fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
     }
     let gguf = a.output.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     let (cfg, extras) = read_config(&a.model)?;
-    if gguf && cfg.moe.is_some() {
-        return Err(ConvertError::Usage(format!(
-            "{}: writing a mixture-of-experts model as GGUF (stacked ffn_*_exps tensors) is not supported yet; \
-             convert to a safetensors directory, or use llama.cpp's convert_hf_to_gguf.py",
-            a.model.display()
-        )));
-    }
     let st = SafetensorsDir::open(&a.model)?;
     let outs = if gguf {
         let extra = llama3_freq_factors(&cfg).map(|f| {
@@ -204,6 +197,7 @@ fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
                         shape: info.shape.clone(),
                     },
                     permute_heads: None,
+                    stacked: Vec::new(),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -337,8 +331,11 @@ fn verify(a: &ConvertArgs, st: &SafetensorsDir, outs: &Outputs) -> Result<Verify
         if got_ty != t.out.dtype {
             return Err(fail(format!("tensor '{}' is {got_ty}, expected {}", t.out.name, t.out.dtype)));
         }
-        let (src_ty, _, src) = st.read(&t.source)?;
-        let mut s = widen(src_ty, src);
+        let mut s = Vec::new();
+        for name in t.sources() {
+            let (src_ty, _, src) = st.read(name)?;
+            s.extend(widen(src_ty, src));
+        }
         if let Some(h) = t.permute_heads {
             let bytes: Vec<u8> = s.iter().flat_map(|v| v.to_le_bytes()).collect();
             let p = crate::model::gguf_writer::permute_qk_rows(&bytes, t.out.shape[0], h);

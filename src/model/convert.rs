@@ -156,21 +156,47 @@ pub struct OutTensor {
     pub out: TensorOut,
     /// Llama Q/K rows permuted for adjacent-pair RoPE (GGUF output only).
     pub permute_heads: Option<usize>,
+    /// When not empty: the source tensors stacked along a new outer axis, in order (the
+    /// experts of a GGUF `ffn_*_exps` tensor, `[n_experts, rows, cols]`); `source` is the first.
+    pub stacked: Vec<String>,
 }
 
-/// The output tensors of a GGUF file for `plan`: matrices F16, vectors F32.
+impl OutTensor {
+    /// The source tensors whose values, concatenated, are this tensor's.
+    pub fn sources(&self) -> Vec<&str> {
+        if self.stacked.is_empty() {
+            vec![self.source.as_str()]
+        } else {
+            self.stacked.iter().map(String::as_str).collect()
+        }
+    }
+}
+
+/// The output tensors of a GGUF file for `plan`: matrices F16; vectors and MoE routers
+/// (`ffn_gate_inp`, which llama.cpp keeps in F32 too) F32; the per-expert matrices of a layer
+/// stacked into one 3-D tensor per projection, placed where its first expert was.
 pub fn gguf_outputs(plan: &[PlannedTensor]) -> Vec<OutTensor> {
-    plan.iter()
-        .map(|p| OutTensor {
+    let mut outs: Vec<OutTensor> = Vec::new();
+    let mut stacks: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for p in plan {
+        if p.expert.is_some() {
+            if let Some(&i) = stacks.get(p.gguf.as_str()) {
+                outs[i].stacked.push(p.hf.clone());
+                outs[i].out.shape[0] += 1;
+                continue;
+            }
+            stacks.insert(p.gguf.as_str(), outs.len());
+        }
+        let f32 = p.is_vector() || p.gguf.ends_with("ffn_gate_inp.weight");
+        let shape = if p.expert.is_some() { [&[1][..], &p.shape].concat() } else { p.shape.clone() };
+        outs.push(OutTensor {
             source: p.hf.clone(),
-            out: TensorOut {
-                name: p.gguf.clone(),
-                dtype: if p.is_vector() { GgmlType::F32 } else { GgmlType::F16 },
-                shape: p.shape.clone(),
-            },
+            out: TensorOut { name: p.gguf.clone(), dtype: if f32 { GgmlType::F32 } else { GgmlType::F16 }, shape },
             permute_heads: p.permute_heads,
-        })
-        .collect()
+            stacked: if p.expert.is_some() { vec![p.hf.clone()] } else { Vec::new() },
+        });
+    }
+    outs
 }
 
 /// Produces the bytes of one output tensor from the source checkpoint, with its report.
@@ -179,22 +205,29 @@ pub fn produce(
     t: &OutTensor,
     max_lossy_fraction: f64,
 ) -> Result<(Vec<u8>, TensorReport), ConvertError> {
-    let (ty, shape, src) = st.read(&t.source)?;
-    if shape != t.out.shape.as_slice() {
-        return Err(super::hf::HfError::Shape {
-            path: st.path_of(&t.source),
-            tensor: t.source.clone(),
-            expected: t.out.shape.clone(),
-            found: shape.to_vec(),
-        }
-        .into());
-    }
+    // A stacked tensor's sources each have its shape without the outer axis.
+    let part_shape = if t.stacked.is_empty() { &t.out.shape[..] } else { &t.out.shape[1..] };
     let mut c = Counts::default();
-    let mut bytes = match t.out.dtype {
-        GgmlType::F16 => to_f16(ty, src, &mut c),
-        GgmlType::F32 => to_f32(ty, src, &mut c),
-        other => return Err(ConvertError::Usage(format!("output type {other} is not supported"))),
-    };
+    let mut bytes = Vec::new();
+    let mut ty = GgmlType::F32;
+    for name in t.sources() {
+        let (src_ty, shape, src) = st.read(name)?;
+        if shape != part_shape {
+            return Err(super::hf::HfError::Shape {
+                path: st.path_of(name),
+                tensor: name.to_string(),
+                expected: part_shape.to_vec(),
+                found: shape.to_vec(),
+            }
+            .into());
+        }
+        ty = src_ty;
+        bytes.extend(match t.out.dtype {
+            GgmlType::F16 => to_f16(src_ty, src, &mut c),
+            GgmlType::F32 => to_f32(src_ty, src, &mut c),
+            other => return Err(ConvertError::Usage(format!("output type {other} is not supported"))),
+        });
+    }
     if let Some(heads) = t.permute_heads {
         bytes = permute_qk_rows(&bytes, t.out.shape[0], heads);
     }

@@ -244,6 +244,13 @@ pub fn model_kv(c: &ModelConfig, name: &str) -> Vec<(String, Value)> {
         kv.push((format!("{a}.rope.scaling.type"), Value::String("linear".into())));
         kv.push((format!("{a}.rope.scaling.factor"), Value::F32(factor)));
     }
+    // Which layers are sparse is told by their `ffn_gate_inp` tensors (see `MoeConfig::from_gguf`).
+    if let Some(m) = &c.moe {
+        kv.push((format!("{a}.expert_count"), u(m.n_experts)));
+        kv.push((format!("{a}.expert_used_count"), u(m.n_used)));
+        kv.push((format!("{a}.expert_feed_forward_length"), u(m.expert_ffn_dim)));
+        kv.push((format!("{a}.expert_weights_norm"), Value::Bool(m.norm_topk_prob)));
+    }
     kv
 }
 

@@ -7,7 +7,8 @@
 //! 3. the `n * k` (token, slot) pairs grouped by expert (count, prefix sum, fill: ascending
 //!    token within an expert), their rows of x gathered into one `[n * k, dim]` buffer;
 //! 4. per expert that has tokens, one matrix product over its group: `down(silu(gate x) * up x)`,
-//!    so each chosen expert's matrices are read once per step however many tokens chose it;
+//!    so each chosen expert's matrices are read once per step however many tokens chose it
+//!    (one token: the gate/up products of all its experts fused into one);
 //! 5. per token, the weighted sum over its slots in slot order (slot 0 first), a fixed order
 //!    independent of how tokens were grouped or batched.
 
@@ -15,6 +16,7 @@ use super::matmul::{matmul, matmul_fused};
 use super::ops;
 use super::take;
 use crate::model::moe::MoeWeights;
+use crate::model::weights::Tensor;
 
 /// The experts each token of a step uses.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -137,15 +139,26 @@ pub fn moe_ffn(w: &MoeWeights, x: &[f32], n: usize, out: &mut [f32], s: &mut Moe
     let gate = take(&mut s.gate, pairs * f);
     let up = take(&mut s.up, pairs * f);
     let yg = take(&mut s.yg, pairs * dim);
-    for (e, ex) in w.experts.iter().enumerate() {
+    let active = || (0..n_experts).filter(|&e| s.groups.offsets[e + 1] > s.groups.offsets[e]);
+    if n == 1 {
+        // One token: all its experts read the same input, so their gate and up matrices go
+        // through one fused product (one parallel region, not k). Pair p is the p-th chosen
+        // expert in index order. Bitwise the same as the grouped path: every row's dot product
+        // is computed alike whatever it is fused with (see `gemv`).
+        let ws: Vec<&Tensor> = active().flat_map(|e| [&w.experts[e].gate, &w.experts[e].up]).collect();
+        let mut outs: Vec<&mut [f32]> =
+            gate.chunks_exact_mut(f).zip(up.chunks_exact_mut(f)).flat_map(|(g, u)| [g, u]).collect();
+        matmul_fused(&ws, x, 1, &mut outs);
+        ops::silu_mul_inplace(gate, up);
+    }
+    for e in active() {
         let (p0, p1) = (s.groups.offsets[e], s.groups.offsets[e + 1]);
-        let m = p1 - p0;
-        if m == 0 {
-            continue;
-        }
+        let (m, ex) = (p1 - p0, &w.experts[e]);
         let (g, u) = (&mut gate[p0 * f..p1 * f], &mut up[p0 * f..p1 * f]);
-        matmul_fused(&[&ex.gate, &ex.up], &xg[p0 * dim..p1 * dim], m, &mut [&mut *g, &mut *u]);
-        ops::silu_mul_inplace(g, u);
+        if n > 1 {
+            matmul_fused(&[&ex.gate, &ex.up], &xg[p0 * dim..p1 * dim], m, &mut [&mut *g, &mut *u]);
+            ops::silu_mul_inplace(g, u);
+        }
         matmul(&ex.down, g, m, &mut yg[p0 * dim..p1 * dim]);
     }
 
