@@ -354,3 +354,32 @@ fn write_samples_for_external_tools() {
         println!("{}", s.to_text());
     }
 }
+
+/// Regression: `run` on a Hugging Face directory failed ("Is a directory") because the job
+/// fingerprint read the model path as one file. The directory now runs a pipeline job, and a
+/// rerun of the same job resumes (same fingerprint) with nothing to do.
+#[test]
+fn run_job_on_a_hf_directory() {
+    let dir = common::tmpdir("run-hf-dir");
+    let model = dir.join("model");
+    synth(&model, &SynthSpec::tiny(Arch::Qwen3, 77));
+    let out = dir.join("out.jsonl");
+    let run = || {
+        std::process::Command::new(common::bin())
+            .args(["run", "summarize", "--device", "cpu", "--input", "samples/news.jsonl", "--model"])
+            .arg(&model)
+            .arg("--output")
+            .arg(&out)
+            .current_dir(common::repo())
+            .output()
+            .unwrap()
+    };
+    let first = run();
+    assert!(first.status.success(), "run on an HF directory: {}", String::from_utf8_lossy(&first.stderr));
+    let rows = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(rows.lines().count(), 12, "one row per sample record");
+    let second = run();
+    assert!(second.status.success(), "rerun: {}", String::from_utf8_lossy(&second.stderr));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), rows, "the rerun leaves the output as it was");
+    std::fs::remove_dir_all(&dir).ok();
+}

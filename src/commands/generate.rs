@@ -14,7 +14,7 @@ use crate::backend::Backend;
 use crate::engine::engine::{Engine, EngineMetrics, Event, Request};
 use crate::engine::sampler::{derive_seed, Sampler, SamplingParams};
 use crate::engine::single::generate_one;
-use crate::job::checkpoint::{file_identity, Checkpoint, JobFingerprint, PendingRow};
+use crate::job::checkpoint::{file_identity, model_identity, Checkpoint, JobFingerprint, PendingRow};
 use crate::job::exit::ExitCode;
 use crate::job::lock::JobLock;
 use crate::job::runner::StopFlag;
@@ -124,7 +124,7 @@ pub struct BatchResult {
 /// input, the sampling options and `--ctx`.
 pub fn fingerprint(job: &BatchJob, opt: &GenOptions) -> Result<JobFingerprint> {
     Ok(JobFingerprint {
-        model: file_identity(job.model_path).with_context(|| format!("reading model {}", job.model_path.display()))?,
+        model: model_identity(job.model_path).with_context(|| format!("reading model {}", job.model_path.display()))?,
         pipeline: "generate".into(),
         params: json!({
             "max_tokens": opt.max_tokens, "temperature": opt.temperature, "top_k": opt.top_k,

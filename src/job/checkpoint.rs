@@ -76,6 +76,37 @@ pub fn file_identity(path: &Path) -> std::io::Result<FileIdentity> {
     Ok(FileIdentity { name, size, sample: h.finalize().to_hex().to_string() })
 }
 
+/// The identity of a model given on the command line: a GGUF file as [`file_identity`]; a
+/// Hugging Face directory by its `config.json`, `tokenizer.json` and every `*.safetensors`
+/// file (and shard index), in name order, so that changing any of them changes the job.
+pub fn model_identity(path: &Path) -> std::io::Result<FileIdentity> {
+    if !path.is_dir() {
+        return file_identity(path);
+    }
+    let mut names: Vec<std::path::PathBuf> = std::fs::read_dir(path)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            p.is_file()
+                && (n == "config.json"
+                    || n == "tokenizer.json"
+                    || n.ends_with(".safetensors")
+                    || n.ends_with(".safetensors.index.json"))
+        })
+        .collect();
+    names.sort();
+    let mut h = blake3::Hasher::new();
+    let mut size = 0u64;
+    for p in &names {
+        let id = file_identity(p)?;
+        size += id.size;
+        h.update(id.name.as_bytes());
+        h.update(id.sample.as_bytes());
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(FileIdentity { name, size, sample: h.finalize().to_hex().to_string() })
+}
+
 /// What makes two runs the same job. Anything that changes a row belongs here.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobFingerprint {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use super::checkpoint::{file_identity, Checkpoint, JobFingerprint, PendingRow};
+use super::checkpoint::{file_identity, model_identity, Checkpoint, JobFingerprint, PendingRow};
 use super::lock::JobLock;
 use super::pipeline::{Pipeline, TextCodec};
 use super::progress::{Progress, ProgressStats};
@@ -180,7 +180,7 @@ pub fn job_fingerprint(
     shard: Option<ShardSpec>,
     overrides: &str,
 ) -> anyhow::Result<JobFingerprint> {
-    let model = file_identity(model).with_context(|| format!("reading model {}", model.display()))?;
+    let model = model_identity(model).with_context(|| format!("reading model {}", model.display()))?;
     let mut ids = Vec::new();
     for p in inputs {
         ids.push(file_identity(p).with_context(|| format!("reading input {}", p.display()))?);
