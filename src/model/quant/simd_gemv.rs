@@ -29,8 +29,10 @@ trait Fmt {
     type Sc: Copy;
     /// `tab`: the f16 -> f32 table ([`f16_table`]).
     unsafe fn scales(b: *const u8, tab: *const f32) -> Self::Sc;
-    /// Weights `8j .. 8j + 8` of the block at `b`, bitwise as `simd::dequantize_row` writes them.
-    unsafe fn w8(b: *const u8, sc: &Self::Sc, j: usize) -> __m256;
+    /// Weights `32g .. 32g + 32` of the block at `b` as four 8-lane vectors in column order,
+    /// bitwise as `simd::dequantize_row` writes them. (Groups of 32, not 8: a nibble byte
+    /// holds two weights 16 apart, and one widened load serves both.)
+    unsafe fn w32(b: *const u8, sc: &Self::Sc, g: usize) -> [__m256; 4];
 }
 
 /// Every f16 bit pattern as f32 (256 KiB, stays in L2). A block scale is then a 16-bit load and
@@ -104,11 +106,38 @@ unsafe fn cvt(v: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(v)
 }
 
-/// Block element `8j..8j+8` of a 32-weight nibble block: bytes `8 (j % 2)..` of `qs`, low
-/// nibbles for elements 0..16, high ones for 16..32.
+/// `[e(0), e(1), e(2), e(3)]` written out (closures through `array::map` / `from_fn` are not
+/// always inlined into the `target_feature` caller; a non-inlined one calls every intrinsic).
+macro_rules! four {
+    (|$k:ident| $e:expr) => {
+        [
+            {
+                let $k = 0usize;
+                $e
+            },
+            {
+                let $k = 1usize;
+                $e
+            },
+            {
+                let $k = 2usize;
+                $e
+            },
+            {
+                let $k = 3usize;
+                $e
+            },
+        ]
+    };
+}
+
+/// The 32 codes of a nibble block as four i32 vectors in element order: element j < 16 is the
+/// low nibble of `qs[j]`, element 16 + j its high nibble.
 #[inline(always)]
-unsafe fn legacy_nib(qs: *const u8, j: usize) -> __m256i {
-    nib8(qs.add(8 * (j % 2)), j >= 2)
+unsafe fn legacy_nibs(qs: *const u8) -> [__m256i; 4] {
+    let (a, b) = (zx8(qs), zx8(qs.add(8)));
+    let m = _mm256_set1_epi32(0x0F);
+    [_mm256_and_si256(a, m), _mm256_and_si256(b, m), _mm256_srli_epi32(a, 4), _mm256_srli_epi32(b, 4)]
 }
 
 struct Q4_0;
@@ -121,9 +150,9 @@ impl Fmt for Q4_0 {
         half_at(b, tab)
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, d: &*const f32, j: usize) -> __m256 {
-        let q = _mm256_sub_epi32(legacy_nib(b.add(2), j), _mm256_set1_epi32(8));
-        _mm256_mul_ps(cvt(q), bcast(*d))
+    unsafe fn w32(b: *const u8, d: &*const f32, _g: usize) -> [__m256; 4] {
+        let (q, eight, d) = (legacy_nibs(b.add(2)), _mm256_set1_epi32(8), bcast(*d));
+        four!(|j| _mm256_mul_ps(cvt(_mm256_sub_epi32(q[j], eight)), d))
     }
 }
 
@@ -137,8 +166,10 @@ impl Fmt for Q4_1 {
         (half_at(b, tab), half_at(b.add(2), tab))
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, &(d, m): &(*const f32, *const f32), j: usize) -> __m256 {
-        _mm256_fmadd_ps(cvt(legacy_nib(b.add(4), j)), bcast(d), bcast(m))
+    unsafe fn w32(b: *const u8, &(d, m): &(*const f32, *const f32), _g: usize) -> [__m256; 4] {
+        let (d, m) = (bcast(d), bcast(m));
+        let q = legacy_nibs(b.add(4));
+        four!(|j| _mm256_fmadd_ps(cvt(q[j]), d, m))
     }
 }
 
@@ -152,9 +183,12 @@ impl Fmt for Q5_0 {
         (half_at(b, tab), u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]))
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, &(d, qh): &(*const f32, u32), j: usize) -> __m256 {
-        let q = _mm256_or_si256(legacy_nib(b.add(6), j), fifth8(qh, 8 * j as u32));
-        _mm256_mul_ps(cvt(_mm256_sub_epi32(q, _mm256_set1_epi32(16))), bcast(d))
+    unsafe fn w32(b: *const u8, &(d, qh): &(*const f32, u32), _g: usize) -> [__m256; 4] {
+        let (q, sixteen, d) = (legacy_nibs(b.add(6)), _mm256_set1_epi32(16), bcast(d));
+        four!(|j| {
+            let q = _mm256_or_si256(q[j], fifth8(qh, 8 * j as u32));
+            _mm256_mul_ps(cvt(_mm256_sub_epi32(q, sixteen)), d)
+        })
     }
 }
 
@@ -168,9 +202,9 @@ impl Fmt for Q5_1 {
         (half_at(b, tab), half_at(b.add(2), tab), u32::from_le_bytes([*b.add(4), *b.add(5), *b.add(6), *b.add(7)]))
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, &(d, m, qh): &(*const f32, *const f32, u32), j: usize) -> __m256 {
-        let q = _mm256_or_si256(legacy_nib(b.add(8), j), fifth8(qh, 8 * j as u32));
-        _mm256_fmadd_ps(cvt(q), bcast(d), bcast(m))
+    unsafe fn w32(b: *const u8, &(d, m, qh): &(*const f32, *const f32, u32), _g: usize) -> [__m256; 4] {
+        let (q, d, m) = (legacy_nibs(b.add(8)), bcast(d), bcast(m));
+        four!(|j| _mm256_fmadd_ps(cvt(_mm256_or_si256(q[j], fifth8(qh, 8 * j as u32))), d, m))
     }
 }
 
@@ -184,9 +218,12 @@ impl Fmt for Q8_0 {
         half_at(b, tab)
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, d: &*const f32, j: usize) -> __m256 {
-        let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(2 + 8 * j) as *const __m128i));
-        _mm256_mul_ps(cvt(q), bcast(*d))
+    unsafe fn w32(b: *const u8, d: &*const f32, _g: usize) -> [__m256; 4] {
+        let d = bcast(*d);
+        four!(|j| {
+            let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(2 + 8 * j) as *const __m128i));
+            _mm256_mul_ps(cvt(q), d)
+        })
     }
 }
 
@@ -210,19 +247,22 @@ impl<const FIVE: bool> Fmt for Q45K<FIVE> {
         sc
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, sc: &([f32; 8], [f32; 8]), j: usize) -> __m256 {
-        // Elements 64c .. 64c + 32: low nibbles of qs[32c..32c + 32] (sub-block 2c); the next
-        // 32: their high nibbles (sub-block 2c + 1). `l` is the byte (and qh) index.
-        let (c, hi, l) = (j / 8, (j / 4) % 2 == 1, 8 * (j % 4));
+    unsafe fn w32(b: *const u8, sc: &([f32; 8], [f32; 8]), g: usize) -> [__m256; 4] {
+        // Sub-block g = elements 32g .. 32g + 32: for g = 2c the low nibbles of
+        // qs[32c..32c + 32], for g = 2c + 1 their high nibbles. `l` is the byte (and qh) index.
+        let (c, hi) = (g / 2, g % 2 == 1);
         let qs = b.add(if FIVE { 48 } else { 16 });
-        let mut q = nib8(qs.add(32 * c + l), hi);
-        if FIVE {
-            // Bit 2c of qh[l] is the fifth bit of the low-nibble element, bit 2c + 1 the high one.
-            let h = _mm256_srlv_epi32(zx8(b.add(16 + l)), _mm256_set1_epi32((2 * c + usize::from(hi)) as i32));
-            q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(1)), 4));
-        }
-        let s = 2 * c + usize::from(hi);
-        _mm256_fmadd_ps(cvt(q), _mm256_set1_ps(sc.0[s]), _mm256_set1_ps(sc.1[s]))
+        let (d, m) = (_mm256_set1_ps(sc.0[g]), _mm256_set1_ps(sc.1[g]));
+        four!(|k| {
+            let l = 8 * k;
+            let mut q = nib8(qs.add(32 * c + l), hi);
+            if FIVE {
+                // Bit g of qh[l] is the fifth bit (2c for the low nibble, 2c + 1 the high one).
+                let h = _mm256_srlv_epi32(zx8(b.add(16 + l)), _mm256_set1_epi32(g as i32));
+                q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(1)), 4));
+            }
+            _mm256_fmadd_ps(cvt(q), d, m)
+        })
     }
 }
 
@@ -238,15 +278,19 @@ impl Fmt for Q6K {
         std::array::from_fn(|s| d * f32::from(*b.add(192 + s) as i8))
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, sc: &[f32; 16], j: usize) -> __m256 {
-        // Half h (128 elements) = 4 quarters qi of 32; element 128h + 32qi + l comes from
-        // ql[64h + 32(qi % 2) + l] (low nibble for qi < 2) and bits 2qi.. of qh[32h + l].
-        let (h, qi, l) = (j / 16, (j / 4) % 4, 8 * (j % 4));
-        let lo = nib8(b.add(64 * h + 32 * (qi % 2) + l), qi >= 2);
-        let hb = _mm256_srlv_epi32(zx8(b.add(128 + 32 * h + l)), _mm256_set1_epi32(2 * qi as i32));
-        let q = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(hb, _mm256_set1_epi32(3)), 4));
-        let s = 8 * h + l / 16 + 2 * qi;
-        _mm256_mul_ps(cvt(_mm256_sub_epi32(q, _mm256_set1_epi32(32))), _mm256_set1_ps(sc[s]))
+    unsafe fn w32(b: *const u8, sc: &[f32; 16], g: usize) -> [__m256; 4] {
+        // Half h (128 elements) = 4 quarters qi of 32 (g = 4h + qi); element 128h + 32qi + l
+        // comes from ql[64h + 32(qi % 2) + l] (low nibble for qi < 2) and bits 2qi.. of
+        // qh[32h + l]; its scale is sub-block 8h + l / 16 + 2qi.
+        let (h, qi) = (g / 4, g % 4);
+        four!(|k| {
+            let l = 8 * k;
+            let lo = nib8(b.add(64 * h + 32 * (qi % 2) + l), qi >= 2);
+            let hb = _mm256_srlv_epi32(zx8(b.add(128 + 32 * h + l)), _mm256_set1_epi32(2 * qi as i32));
+            let q = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(hb, _mm256_set1_epi32(3)), 4));
+            let s = 8 * h + l / 16 + 2 * qi;
+            _mm256_mul_ps(cvt(_mm256_sub_epi32(q, _mm256_set1_epi32(32))), _mm256_set1_ps(sc[s]))
+        })
     }
 }
 
@@ -267,11 +311,13 @@ unsafe fn rows_rt<F: Fmt, const R: usize, const T: usize>(
     for bi in 0..nb {
         let sc: [F::Sc; R] = std::array::from_fn(|r| F::scales(rows.add(r * rb + bi * F::TS), tab));
         let xb = x.add(bi * F::BS);
-        for j in 0..F::BS / 8 {
+        for g in 0..F::BS / 32 {
             for (r, acc_r) in acc.iter_mut().enumerate() {
-                let w = F::w8(rows.add(r * rb + bi * F::TS), &sc[r], j);
-                for (t, a) in acc_r.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(xb.add(t * ldx + 8 * j)), *a);
+                let w = F::w32(rows.add(r * rb + bi * F::TS), &sc[r], g);
+                for (k, wk) in w.iter().enumerate() {
+                    for (t, a) in acc_r.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(*wk, _mm256_loadu_ps(xb.add(t * ldx + 32 * g + 8 * k)), *a);
+                    }
                 }
             }
         }
