@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::cpu::{CpuFeatures, CpuPath};
 use super::gpu::{ptx_isa_for_driver, GpuInfo};
-use super::nvrtc_scan::{scan_nvrtc, NvrtcFile};
+use super::nvrtc_scan::{can_target, scan_nvrtc, NvrtcFile};
 use super::threads::{plan, NumaMode, Placement};
 use super::topology::{pci_numa_node, Node, Topology};
 use crate::backend::cuda::device::CudaDevice;
@@ -287,7 +287,17 @@ pub fn gather(o: &DoctorOptions) -> Report {
         loaded_version: nvrtc_version.map(|(a, b)| format!("{a}.{b}")),
         loaded_ptx_isa: nvrtc_isa.map(|(a, b)| format!("{a}.{b}")),
         compiles_compute_70: compiles_70,
-        files: scan_nvrtc(),
+        files: scan_nvrtc()
+            .into_iter()
+            .map(|mut f| {
+                f.targets_gpus = gpus
+                    .iter()
+                    .filter(|g| f.major.and_then(|m| can_target(m, g.info.compute_capability)) == Some(true))
+                    .map(|g| format!("cuda:{}", g.info.ordinal))
+                    .collect();
+                f
+            })
+            .collect(),
     };
     if nvrtc_ok == Some(false) {
         problems.push(format!(

@@ -126,7 +126,14 @@ impl Report {
                 Some(false) => "cannot target compute_70",
                 None => "version unknown",
             };
-            let _ = writeln!(s, "    {} ({t})", file.path);
+            let gpus = if g.gpus.is_empty() {
+                String::new()
+            } else if file.targets_gpus.is_empty() {
+                ", none of the GPUs here".to_string()
+            } else {
+                format!(", targets {}", file.targets_gpus.join(", "))
+            };
+            let _ = writeln!(s, "    {} ({t}{gpus})", file.path);
         }
         let _ = writeln!(s, "  cuBLAS: {}", if g.cublas_loadable { "found" } else { "not found" });
 

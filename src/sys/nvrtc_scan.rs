@@ -11,6 +11,21 @@ pub struct NvrtcFile {
     /// From the file name (`libnvrtc.so.12.9.86` -> 12); `None` for an unversioned name.
     pub major: Option<u32>,
     pub targets_compute_70: Option<bool>,
+    /// The GPUs of this machine (`cuda:N`) whose architecture this version can target.
+    pub targets_gpus: Vec<String>,
+}
+
+/// Whether NVRTC of `major` can target compute capability `cc` (from the CUDA release notes:
+/// 13.x dropped everything below 7.5; 12.x targets 5.0 and up (10.x / 12.x need 12.8, which
+/// the major number alone cannot tell: counted as yes); 11.x targets 3.5 to 8.6 (9.0 needs
+/// 11.8, counted as yes)). `None` for other versions.
+pub fn can_target(major: u32, cc: (i32, i32)) -> Option<bool> {
+    match major {
+        13.. => Some(cc >= (7, 5)),
+        12 => Some(cc >= (5, 0)),
+        11 => Some(((3, 5)..=(9, 0)).contains(&cc)),
+        _ => None,
+    }
 }
 
 /// The folders searched: `LD_LIBRARY_PATH`, `NVRTC12_DIR` / `~/.cache/nvrtc12` (where
@@ -58,7 +73,12 @@ fn scan_dir(dir: &Path, seen: &mut BTreeSet<PathBuf>, out: &mut Vec<NvrtcFile>) 
             continue;
         }
         let major = real.file_name().and_then(|n| n.to_str()).and_then(major_of);
-        out.push(NvrtcFile { path: p.display().to_string(), major, targets_compute_70: major.map(|m| m <= 12) });
+        out.push(NvrtcFile {
+            path: p.display().to_string(),
+            major,
+            targets_compute_70: major.and_then(|m| can_target(m, (7, 0))),
+            targets_gpus: Vec::new(),
+        });
     }
 }
 
@@ -80,6 +100,9 @@ mod tests {
         assert_eq!(major_of("libnvrtc.so.12.9.86"), Some(12));
         assert_eq!(major_of("libnvrtc.so.13"), Some(13));
         assert_eq!(major_of("libnvrtc.so"), None);
+        assert_eq!(can_target(13, (7, 0)), Some(false));
+        assert_eq!(can_target(13, (9, 0)), Some(true));
+        assert_eq!(can_target(12, (7, 0)), Some(true));
         let dir = std::env::temp_dir().join(format!("dustoff-nvrtc-scan-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();

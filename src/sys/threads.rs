@@ -165,9 +165,10 @@ fn pin(cpus: &[usize], node: usize) -> Result<(), ThreadsError> {
         // without NUMA, a seccomp filter) only loses the memory preference, not the pinning.
         if node < 64 {
             let mask: libc::c_ulong = 1 << node;
-            // SAFETY: the mask pointer is valid for one c_ulong = 64 bits (maxnode 64).
+            // SAFETY: the mask pointer is valid for one c_ulong; maxnode 65 makes the kernel read
+            // exactly its 64 bits (it counts maxnode - 1).
             let _ =
-                unsafe { libc::syscall(libc::SYS_set_mempolicy, 1 as libc::c_int, &mask as *const libc::c_ulong, 64) };
+                unsafe { libc::syscall(libc::SYS_set_mempolicy, 1 as libc::c_int, &mask as *const libc::c_ulong, 65) };
         }
     }
     #[cfg(not(target_os = "linux"))]

@@ -26,16 +26,54 @@ trait Fmt {
     /// Weights and bytes per block.
     const BS: usize;
     const TS: usize;
-    type Sc: Copy + Default;
-    unsafe fn scales(b: *const u8) -> Self::Sc;
-    /// Weights `8j .. 8j + 8` of the block at `b`, bitwise as `simd::dequantize_row` writes them.
-    unsafe fn w8(b: *const u8, sc: &Self::Sc, j: usize) -> __m256;
+    type Sc: Copy;
+    /// `tab`: the f16 -> f32 table ([`f16_table`]).
+    unsafe fn scales(b: *const u8, tab: *const f32) -> Self::Sc;
+    /// Weights `32g .. 32g + 32` of the block at `b` as four 8-lane vectors in column order,
+    /// bitwise as `simd::dequantize_row` writes them. (Groups of 32, not 8: a nibble byte
+    /// holds two weights 16 apart, and one widened load serves both.)
+    unsafe fn w32(b: *const u8, sc: &Self::Sc, g: usize) -> [__m256; 4];
+}
+
+/// Every f16 bit pattern as f32 (256 KiB, stays in L2). A block scale is then a 16-bit load and
+/// a broadcast *from memory* (load ports only): converting it in registers (`vmovd`,
+/// `vcvtph2ps`, `vbroadcastss` from a register) put three uops per scale on port 5, which the
+/// code widening already keeps busy, and was the bottleneck of the 4-bit formats.
+static F16_TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn build_f16_table() -> Vec<f32> {
+    let mut t = vec![0f32; 1 << 16];
+    for (i, c) in t.chunks_exact_mut(8).enumerate() {
+        let b = (8 * i) as i16;
+        let h = _mm_setr_epi16(b, b + 1, b + 2, b + 3, b + 4, b + 5, b + 6, b + 7);
+        // The same conversion `simd::half` does (F16C), so the table is bitwise the same.
+        _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
+    }
+    t
+}
+
+/// # Safety
+/// f16c must be available.
+#[inline(always)]
+unsafe fn f16_table() -> *const f32 {
+    F16_TABLE.get_or_init(|| build_f16_table()).as_ptr()
+}
+
+/// The table entry of the f16 at `p` (a pointer, so the kernels broadcast it from memory).
+#[inline(always)]
+unsafe fn half_at(p: *const u8, tab: *const f32) -> *const f32 {
+    tab.add(usize::from(u16::from_le_bytes([*p, *p.add(1)])))
 }
 
 #[inline(always)]
-unsafe fn half(p: *const u8) -> f32 {
-    let bits = u16::from_le_bytes([*p, *p.add(1)]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+unsafe fn half(p: *const u8, tab: *const f32) -> f32 {
+    *half_at(p, tab)
+}
+
+#[inline(always)]
+unsafe fn bcast(p: *const f32) -> __m256 {
+    _mm256_broadcast_ss(&*p)
 }
 
 /// 8 bytes at `p` zero-extended to 8 i32 lanes.
@@ -68,26 +106,53 @@ unsafe fn cvt(v: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(v)
 }
 
-/// Block element `8j..8j+8` of a 32-weight nibble block: bytes `8 (j % 2)..` of `qs`, low
-/// nibbles for elements 0..16, high ones for 16..32.
+/// `[e(0), e(1), e(2), e(3)]` written out (closures through `array::map` / `from_fn` are not
+/// always inlined into the `target_feature` caller; a non-inlined one calls every intrinsic).
+macro_rules! four {
+    (|$k:ident| $e:expr) => {
+        [
+            {
+                let $k = 0usize;
+                $e
+            },
+            {
+                let $k = 1usize;
+                $e
+            },
+            {
+                let $k = 2usize;
+                $e
+            },
+            {
+                let $k = 3usize;
+                $e
+            },
+        ]
+    };
+}
+
+/// The 32 codes of a nibble block as four i32 vectors in element order: element j < 16 is the
+/// low nibble of `qs[j]`, element 16 + j its high nibble.
 #[inline(always)]
-unsafe fn legacy_nib(qs: *const u8, j: usize) -> __m256i {
-    nib8(qs.add(8 * (j % 2)), j >= 2)
+unsafe fn legacy_nibs(qs: *const u8) -> [__m256i; 4] {
+    let (a, b) = (zx8(qs), zx8(qs.add(8)));
+    let m = _mm256_set1_epi32(0x0F);
+    [_mm256_and_si256(a, m), _mm256_and_si256(b, m), _mm256_srli_epi32(a, 4), _mm256_srli_epi32(b, 4)]
 }
 
 struct Q4_0;
 impl Fmt for Q4_0 {
     const BS: usize = 32;
     const TS: usize = 18;
-    type Sc = f32;
+    type Sc = *const f32;
     #[inline(always)]
-    unsafe fn scales(b: *const u8) -> f32 {
-        half(b)
+    unsafe fn scales(b: *const u8, tab: *const f32) -> *const f32 {
+        half_at(b, tab)
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, d: &f32, j: usize) -> __m256 {
-        let q = _mm256_sub_epi32(legacy_nib(b.add(2), j), _mm256_set1_epi32(8));
-        _mm256_mul_ps(cvt(q), _mm256_set1_ps(*d))
+    unsafe fn w32(b: *const u8, d: &*const f32, _g: usize) -> [__m256; 4] {
+        let (q, eight, d) = (legacy_nibs(b.add(2)), _mm256_set1_epi32(8), bcast(*d));
+        four!(|j| _mm256_mul_ps(cvt(_mm256_sub_epi32(q[j], eight)), d))
     }
 }
 
@@ -95,14 +160,16 @@ struct Q4_1;
 impl Fmt for Q4_1 {
     const BS: usize = 32;
     const TS: usize = 20;
-    type Sc = (f32, f32);
+    type Sc = (*const f32, *const f32);
     #[inline(always)]
-    unsafe fn scales(b: *const u8) -> (f32, f32) {
-        (half(b), half(b.add(2)))
+    unsafe fn scales(b: *const u8, tab: *const f32) -> (*const f32, *const f32) {
+        (half_at(b, tab), half_at(b.add(2), tab))
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, &(d, m): &(f32, f32), j: usize) -> __m256 {
-        _mm256_fmadd_ps(cvt(legacy_nib(b.add(4), j)), _mm256_set1_ps(d), _mm256_set1_ps(m))
+    unsafe fn w32(b: *const u8, &(d, m): &(*const f32, *const f32), _g: usize) -> [__m256; 4] {
+        let (d, m) = (bcast(d), bcast(m));
+        let q = legacy_nibs(b.add(4));
+        four!(|j| _mm256_fmadd_ps(cvt(q[j]), d, m))
     }
 }
 
@@ -110,15 +177,18 @@ struct Q5_0;
 impl Fmt for Q5_0 {
     const BS: usize = 32;
     const TS: usize = 22;
-    type Sc = (f32, u32);
+    type Sc = (*const f32, u32);
     #[inline(always)]
-    unsafe fn scales(b: *const u8) -> (f32, u32) {
-        (half(b), u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]))
+    unsafe fn scales(b: *const u8, tab: *const f32) -> (*const f32, u32) {
+        (half_at(b, tab), u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]))
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, &(d, qh): &(f32, u32), j: usize) -> __m256 {
-        let q = _mm256_or_si256(legacy_nib(b.add(6), j), fifth8(qh, 8 * j as u32));
-        _mm256_mul_ps(cvt(_mm256_sub_epi32(q, _mm256_set1_epi32(16))), _mm256_set1_ps(d))
+    unsafe fn w32(b: *const u8, &(d, qh): &(*const f32, u32), _g: usize) -> [__m256; 4] {
+        let (q, sixteen, d) = (legacy_nibs(b.add(6)), _mm256_set1_epi32(16), bcast(d));
+        four!(|j| {
+            let q = _mm256_or_si256(q[j], fifth8(qh, 8 * j as u32));
+            _mm256_mul_ps(cvt(_mm256_sub_epi32(q, sixteen)), d)
+        })
     }
 }
 
@@ -126,15 +196,15 @@ struct Q5_1;
 impl Fmt for Q5_1 {
     const BS: usize = 32;
     const TS: usize = 24;
-    type Sc = (f32, f32, u32);
+    type Sc = (*const f32, *const f32, u32);
     #[inline(always)]
-    unsafe fn scales(b: *const u8) -> (f32, f32, u32) {
-        (half(b), half(b.add(2)), u32::from_le_bytes([*b.add(4), *b.add(5), *b.add(6), *b.add(7)]))
+    unsafe fn scales(b: *const u8, tab: *const f32) -> (*const f32, *const f32, u32) {
+        (half_at(b, tab), half_at(b.add(2), tab), u32::from_le_bytes([*b.add(4), *b.add(5), *b.add(6), *b.add(7)]))
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, &(d, m, qh): &(f32, f32, u32), j: usize) -> __m256 {
-        let q = _mm256_or_si256(legacy_nib(b.add(8), j), fifth8(qh, 8 * j as u32));
-        _mm256_fmadd_ps(cvt(q), _mm256_set1_ps(d), _mm256_set1_ps(m))
+    unsafe fn w32(b: *const u8, &(d, m, qh): &(*const f32, *const f32, u32), _g: usize) -> [__m256; 4] {
+        let (q, d, m) = (legacy_nibs(b.add(8)), bcast(d), bcast(m));
+        four!(|j| _mm256_fmadd_ps(cvt(_mm256_or_si256(q[j], fifth8(qh, 8 * j as u32))), d, m))
     }
 }
 
@@ -142,15 +212,18 @@ struct Q8_0;
 impl Fmt for Q8_0 {
     const BS: usize = 32;
     const TS: usize = 34;
-    type Sc = f32;
+    type Sc = *const f32;
     #[inline(always)]
-    unsafe fn scales(b: *const u8) -> f32 {
-        half(b)
+    unsafe fn scales(b: *const u8, tab: *const f32) -> *const f32 {
+        half_at(b, tab)
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, d: &f32, j: usize) -> __m256 {
-        let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(2 + 8 * j) as *const __m128i));
-        _mm256_mul_ps(cvt(q), _mm256_set1_ps(*d))
+    unsafe fn w32(b: *const u8, d: &*const f32, _g: usize) -> [__m256; 4] {
+        let d = bcast(*d);
+        four!(|j| {
+            let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(2 + 8 * j) as *const __m128i));
+            _mm256_mul_ps(cvt(q), d)
+        })
     }
 }
 
@@ -162,8 +235,8 @@ impl<const FIVE: bool> Fmt for Q45K<FIVE> {
     const TS: usize = if FIVE { 176 } else { 144 };
     type Sc = ([f32; 8], [f32; 8]);
     #[inline(always)]
-    unsafe fn scales(b: *const u8) -> ([f32; 8], [f32; 8]) {
-        let (d, dmin) = (half(b), half(b.add(2)));
+    unsafe fn scales(b: *const u8, tab: *const f32) -> ([f32; 8], [f32; 8]) {
+        let (d, dmin) = (half(b, tab), half(b.add(2), tab));
         let scales = std::slice::from_raw_parts(b.add(4), 12);
         let mut sc = ([0f32; 8], [0f32; 8]);
         for s in 0..8 {
@@ -174,19 +247,22 @@ impl<const FIVE: bool> Fmt for Q45K<FIVE> {
         sc
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, sc: &([f32; 8], [f32; 8]), j: usize) -> __m256 {
-        // Elements 64c .. 64c + 32: low nibbles of qs[32c..32c + 32] (sub-block 2c); the next
-        // 32: their high nibbles (sub-block 2c + 1). `l` is the byte (and qh) index.
-        let (c, hi, l) = (j / 8, (j / 4) % 2 == 1, 8 * (j % 4));
+    unsafe fn w32(b: *const u8, sc: &([f32; 8], [f32; 8]), g: usize) -> [__m256; 4] {
+        // Sub-block g = elements 32g .. 32g + 32: for g = 2c the low nibbles of
+        // qs[32c..32c + 32], for g = 2c + 1 their high nibbles. `l` is the byte (and qh) index.
+        let (c, hi) = (g / 2, g % 2 == 1);
         let qs = b.add(if FIVE { 48 } else { 16 });
-        let mut q = nib8(qs.add(32 * c + l), hi);
-        if FIVE {
-            // Bit 2c of qh[l] is the fifth bit of the low-nibble element, bit 2c + 1 the high one.
-            let h = _mm256_srlv_epi32(zx8(b.add(16 + l)), _mm256_set1_epi32((2 * c + usize::from(hi)) as i32));
-            q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(1)), 4));
-        }
-        let s = 2 * c + usize::from(hi);
-        _mm256_fmadd_ps(cvt(q), _mm256_set1_ps(sc.0[s]), _mm256_set1_ps(sc.1[s]))
+        let (d, m) = (_mm256_set1_ps(sc.0[g]), _mm256_set1_ps(sc.1[g]));
+        four!(|k| {
+            let l = 8 * k;
+            let mut q = nib8(qs.add(32 * c + l), hi);
+            if FIVE {
+                // Bit g of qh[l] is the fifth bit (2c for the low nibble, 2c + 1 the high one).
+                let h = _mm256_srlv_epi32(zx8(b.add(16 + l)), _mm256_set1_epi32(g as i32));
+                q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(1)), 4));
+            }
+            _mm256_fmadd_ps(cvt(q), d, m)
+        })
     }
 }
 
@@ -197,20 +273,24 @@ impl Fmt for Q6K {
     const TS: usize = 210;
     type Sc = [f32; 16];
     #[inline(always)]
-    unsafe fn scales(b: *const u8) -> [f32; 16] {
-        let d = half(b.add(208));
+    unsafe fn scales(b: *const u8, tab: *const f32) -> [f32; 16] {
+        let d = half(b.add(208), tab);
         std::array::from_fn(|s| d * f32::from(*b.add(192 + s) as i8))
     }
     #[inline(always)]
-    unsafe fn w8(b: *const u8, sc: &[f32; 16], j: usize) -> __m256 {
-        // Half h (128 elements) = 4 quarters qi of 32; element 128h + 32qi + l comes from
-        // ql[64h + 32(qi % 2) + l] (low nibble for qi < 2) and bits 2qi.. of qh[32h + l].
-        let (h, qi, l) = (j / 16, (j / 4) % 4, 8 * (j % 4));
-        let lo = nib8(b.add(64 * h + 32 * (qi % 2) + l), qi >= 2);
-        let hb = _mm256_srlv_epi32(zx8(b.add(128 + 32 * h + l)), _mm256_set1_epi32(2 * qi as i32));
-        let q = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(hb, _mm256_set1_epi32(3)), 4));
-        let s = 8 * h + l / 16 + 2 * qi;
-        _mm256_mul_ps(cvt(_mm256_sub_epi32(q, _mm256_set1_epi32(32))), _mm256_set1_ps(sc[s]))
+    unsafe fn w32(b: *const u8, sc: &[f32; 16], g: usize) -> [__m256; 4] {
+        // Half h (128 elements) = 4 quarters qi of 32 (g = 4h + qi); element 128h + 32qi + l
+        // comes from ql[64h + 32(qi % 2) + l] (low nibble for qi < 2) and bits 2qi.. of
+        // qh[32h + l]; its scale is sub-block 8h + l / 16 + 2qi.
+        let (h, qi) = (g / 4, g % 4);
+        four!(|k| {
+            let l = 8 * k;
+            let lo = nib8(b.add(64 * h + 32 * (qi % 2) + l), qi >= 2);
+            let hb = _mm256_srlv_epi32(zx8(b.add(128 + 32 * h + l)), _mm256_set1_epi32(2 * qi as i32));
+            let q = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(hb, _mm256_set1_epi32(3)), 4));
+            let s = 8 * h + l / 16 + 2 * qi;
+            _mm256_mul_ps(cvt(_mm256_sub_epi32(q, _mm256_set1_epi32(32))), _mm256_set1_ps(sc[s]))
+        })
     }
 }
 
@@ -226,18 +306,18 @@ unsafe fn rows_rt<F: Fmt, const R: usize, const T: usize>(
     out: *mut f32,
     ldo: usize,
 ) {
+    let tab = f16_table();
     let mut acc = [[_mm256_setzero_ps(); T]; R];
-    let mut sc = [F::Sc::default(); R];
     for bi in 0..nb {
-        for (r, s) in sc.iter_mut().enumerate() {
-            *s = F::scales(rows.add(r * rb + bi * F::TS));
-        }
+        let sc: [F::Sc; R] = std::array::from_fn(|r| F::scales(rows.add(r * rb + bi * F::TS), tab));
         let xb = x.add(bi * F::BS);
-        for j in 0..F::BS / 8 {
+        for g in 0..F::BS / 32 {
             for (r, acc_r) in acc.iter_mut().enumerate() {
-                let w = F::w8(rows.add(r * rb + bi * F::TS), &sc[r], j);
-                for (t, a) in acc_r.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(xb.add(t * ldx + 8 * j)), *a);
+                let w = F::w32(rows.add(r * rb + bi * F::TS), &sc[r], g);
+                for (k, wk) in w.iter().enumerate() {
+                    for (t, a) in acc_r.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(*wk, _mm256_loadu_ps(xb.add(t * ldx + 32 * g + 8 * k)), *a);
+                    }
                 }
             }
         }
@@ -426,6 +506,124 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    //! `cargo test --release --lib simd_gemv::bench -- --ignored --nocapture`: one thread's CPU
+    //! time (not wall time: the dev machine is shared) for one decode token through matrices of
+    //! the sample model's shapes, the packed-block kernel against dequantize-then-dot.
+    use super::*;
+    use crate::model::quant::quantize_row;
+    use crate::model::quant::tests::test_values;
+
+    /// CPU time of the whole process (run this test alone: `--ignored` with its name).
+    fn thread_cpu_s() -> f64 {
+        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `t` is a valid timespec for the call to write.
+        unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+        t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+    }
+
+    /// The previous AVX2 decode path: the row expanded to f32, then one accumulator chain.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dequant_then_dot(dtype: GgmlType, packed: &[u8], nr: usize, cols: usize, x: &[f32], out: &mut [f32]) {
+        let rb = packed.len() / nr;
+        let mut buf = vec![0f32; cols];
+        for (r, o) in out.iter_mut().enumerate().take(nr) {
+            crate::model::quant::simd::dequantize_row(dtype, &packed[r * rb..(r + 1) * rb], &mut buf);
+            let mut acc = _mm256_setzero_ps();
+            for (w, xv) in buf.chunks_exact(8).zip(x.chunks_exact(8)) {
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(w.as_ptr()), _mm256_loadu_ps(xv.as_ptr()), acc);
+            }
+            *o = hsum(acc);
+        }
+    }
+
+    #[test]
+    #[ignore = "benchmark"]
+    fn bench_decode_token_sample_shapes() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
+            return;
+        }
+        // One layer of SmolLM2-135M (q, k, v, o, gate, up, down) x 30, then the 49,152-row head.
+        let layer = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
+        for (dtype, head) in
+            [(GgmlType::Q4_1, GgmlType::Q8_0), (GgmlType::Q4_0, GgmlType::Q8_0), (GgmlType::Q5_1, GgmlType::Q8_0)]
+        {
+            let mut mats: Vec<(GgmlType, Vec<u8>, usize, usize)> = Vec::new();
+            for (i, &(rows, cols)) in layer.iter().enumerate() {
+                let bytes: Vec<u8> =
+                    (0..rows).flat_map(|r| quantize_row(dtype, &test_values(cols, (i * 7919 + r) as u64))).collect();
+                mats.push((dtype, bytes, rows, cols));
+            }
+            let head_bytes: Vec<u8> =
+                (0..49152).flat_map(|r| quantize_row(head, &test_values(576, r as u64))).collect();
+            let x = test_values(1536, 3);
+            let mut out = vec![0f32; 49152];
+            let mut time = |packed_block: bool| {
+                let mut best = f64::MAX;
+                for _ in 0..5 {
+                    let t = thread_cpu_s();
+                    for _layer in 0..30 {
+                        for (dt, b, rows, cols) in &mats {
+                            // SAFETY: features detected above; out holds rows cells.
+                            unsafe {
+                                if packed_block {
+                                    gemv_rows(*dt, b, *rows, *cols, &x[..*cols], 1, out.as_mut_ptr(), *rows)
+                                } else {
+                                    dequant_then_dot(*dt, b, *rows, *cols, &x[..*cols], &mut out)
+                                }
+                            }
+                        }
+                    }
+                    // SAFETY: as above.
+                    unsafe {
+                        if packed_block {
+                            gemv_rows(head, &head_bytes, 49152, 576, &x[..576], 1, out.as_mut_ptr(), 49152)
+                        } else {
+                            dequant_then_dot(head, &head_bytes, 49152, 576, &x[..576], &mut out)
+                        }
+                    }
+                    best = best.min(thread_cpu_s() - t);
+                }
+                best
+            };
+            let (new, old) = (time(true), time(false));
+            // The process's own path through the backend's `matmul` (AVX-512 for Q4_0 / Q4_1 /
+            // Q8_0 where the CPU has it), on a one-thread pool.
+            let ts: Vec<crate::model::weights::Tensor> = mats
+                .iter()
+                .map(|(dt, b, r, c)| crate::model::weights::Tensor::from_bytes("m", *dt, *r, *c, b.clone()))
+                .collect();
+            let head_t = crate::model::weights::Tensor::from_bytes("head", head, 49152, 576, head_bytes.clone());
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+            let via = pool.install(|| {
+                let mut best = f64::MAX;
+                for _ in 0..5 {
+                    let t = thread_cpu_s();
+                    for _layer in 0..30 {
+                        for w in &ts {
+                            crate::backend::cpu::matmul::matmul(w, &x[..w.cols], 1, &mut out[..w.rows]);
+                        }
+                    }
+                    crate::backend::cpu::matmul::matmul(&head_t, &x[..576], 1, &mut out);
+                    best = best.min(thread_cpu_s() - t);
+                }
+                best
+            });
+            println!(
+                "{dtype} layers + {head} head, one token, one thread: packed-block {:.2} ms CPU ({:.0} tok/s), dequantize-then-dot {:.2} ms ({:.0} tok/s), matmul on the {} path {:.2} ms ({:.0} tok/s)",
+                new * 1e3,
+                1.0 / new,
+                old * 1e3,
+                1.0 / old,
+                crate::sys::cpu::cpu_path(),
+                via * 1e3,
+                1.0 / via
+            );
         }
     }
 }
