@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 pub mod dry_run;
+pub mod output;
 pub mod pipeline;
 pub mod progress;
 pub mod reader;
