@@ -363,7 +363,13 @@ fn simulate_forced(
     while s.has_work() {
         guard += 1;
         assert!(guard < 100_000, "no progress");
+        // Sequences admitted by this step (new, or back after a preemption, possibly in this very
+        // step) may start at any cached block boundary: another sequence may have computed more
+        // of the same prompt than they had.
+        let admitted: std::collections::HashSet<SeqId> = s.waiting().map(|q| q.id).collect();
+        let preemptions = s.stats().preemptions;
         let plan = s.schedule().unwrap();
+        let preempted_now = s.stats().preemptions > preemptions;
         assert!(!plan.chunks.is_empty(), "work left but nothing scheduled");
         assert!(plan.n_tokens() <= cfg.max_batch_tokens, "budget exceeded");
         assert!(plan.chunks.len() <= cfg.slots, "slots exceeded");
@@ -374,7 +380,8 @@ fn simulate_forced(
             let seq = s.get(c.seq).unwrap();
             // A new or re-admitted sequence starts at its cached prefix (whole blocks).
             let expect = next.get(&c.seq).copied().unwrap_or(0);
-            let restart = c.start_pos.is_multiple_of(bs) && (c.start_pos < expect || !next.contains_key(&c.seq));
+            let restart =
+                c.start_pos.is_multiple_of(bs) && (admitted.contains(&c.seq) || preempted_now || c.start_pos < expect);
             assert!(c.start_pos == expect || restart, "seq {} chunk at {} after {expect}", c.seq, c.start_pos);
             assert_eq!(c.start_pos, seq.num_computed);
             // Everything before the chunk is in the cache, holding this sequence's tokens.
