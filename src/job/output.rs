@@ -198,6 +198,15 @@ mod tests {
     }
 
     #[test]
+    fn json_without_a_schema_is_any_object_with_the_required_keys() {
+        let s = shape("kind = \"json\"\nrequired_keys = [\"a\"]").unwrap();
+        let Some(OutputConstraint::Json(schema)) = s.constraint() else { panic!("no grammar") };
+        assert_eq!(schema, &serde_json::json!({"type": "object", "required": ["a"]}));
+        assert!(s.parse(r#"{"a": 1, "b": [true]}"#, FinishReason::Stop).is_ok());
+        assert_eq!(s.parse(r#"{"b": 1}"#, FinishReason::Stop).unwrap_err().kind, ErrorKind::OutputNotJson);
+    }
+
+    #[test]
     fn choices_and_patterns_check_the_whole_text() {
         let c = shape(
             r#"kind = "choice"
