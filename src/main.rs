@@ -318,6 +318,11 @@ struct BenchArgs {
     /// Slots of the shared-prefix job.
     #[arg(long, default_value_t = 32)]
     slots: usize,
+    /// The cost of constrained decoding: each --batch size (default 32) decoded under this
+    /// pipeline's output grammar, then unconstrained for the same token counts; mask time per
+    /// token (median, p99). Needs a model with a tokenizer (not --synthetic).
+    #[arg(long, conflicts_with = "synthetic")]
+    constrained: Option<String>,
     /// Token budget per engine step for the batched modes.
     #[arg(long, default_value_t = 2048)]
     max_batch_tokens: usize,
@@ -621,6 +626,17 @@ fn run(cli: Cli) -> Result<Code> {
                 }
             };
             let fingerprint = *blake3::hash(name.as_bytes()).as_bytes();
+            if let (Some(p), Some(m)) = (&a.constrained, &loaded) {
+                let batches = if a.batch.is_empty() { vec![32] } else { a.batch.clone() };
+                let b = make(batches.iter().max().copied().unwrap_or(1) * (ctx + common::BLOCK_SIZE))?;
+                let shape = (a.prompt_tokens, a.gen_tokens, a.max_batch_tokens);
+                let rows = dustoff::commands::bench_constrained::run(b, m, p, fingerprint, shape, &batches)?;
+                dustoff::commands::bench_constrained::print_table(&rows);
+                if a.json {
+                    println!("{}", serde_json::to_string_pretty(&rows)?);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             if let Some(sp) = &a.shared_prefix {
                 let [requests, shared, unique] = sp[..] else {
                     return Err(

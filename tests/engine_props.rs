@@ -336,6 +336,19 @@ struct SimResult {
 
 /// Runs requests to completion through the scheduler, checking every plan.
 fn simulate(cfg: SchedulerConfig, num_blocks: usize, bs: usize, prefix: bool, reqs: &[(Vec<u32>, usize)]) -> SimResult {
+    simulate_forced(cfg, num_blocks, bs, prefix, reqs, 0)
+}
+
+/// `simulate`, with `forced` more tokens appended after each sampled one (as a grammar's forced
+/// tokens are): they must run as part of the next chunks, in KV slots reserved for them.
+fn simulate_forced(
+    cfg: SchedulerConfig,
+    num_blocks: usize,
+    bs: usize,
+    prefix: bool,
+    reqs: &[(Vec<u32>, usize)],
+    forced: usize,
+) -> SimResult {
     let mut s = Scheduler::new(cfg, KvCache::new(num_blocks, bs, FP, prefix));
     for (i, (p, _)) in reqs.iter().enumerate() {
         s.add(i as SeqId, p.clone()).unwrap();
@@ -350,7 +363,13 @@ fn simulate(cfg: SchedulerConfig, num_blocks: usize, bs: usize, prefix: bool, re
     while s.has_work() {
         guard += 1;
         assert!(guard < 100_000, "no progress");
+        // Sequences admitted by this step (new, or back after a preemption, possibly in this very
+        // step) may start at any cached block boundary: another sequence may have computed more
+        // of the same prompt than they had.
+        let admitted: std::collections::HashSet<SeqId> = s.waiting().map(|q| q.id).collect();
+        let preemptions = s.stats().preemptions;
         let plan = s.schedule().unwrap();
+        let preempted_now = s.stats().preemptions > preemptions;
         assert!(!plan.chunks.is_empty(), "work left but nothing scheduled");
         assert!(plan.n_tokens() <= cfg.max_batch_tokens, "budget exceeded");
         assert!(plan.chunks.len() <= cfg.slots, "slots exceeded");
@@ -361,7 +380,8 @@ fn simulate(cfg: SchedulerConfig, num_blocks: usize, bs: usize, prefix: bool, re
             let seq = s.get(c.seq).unwrap();
             // A new or re-admitted sequence starts at its cached prefix (whole blocks).
             let expect = next.get(&c.seq).copied().unwrap_or(0);
-            let restart = c.start_pos.is_multiple_of(bs) && (c.start_pos < expect || !next.contains_key(&c.seq));
+            let restart =
+                c.start_pos.is_multiple_of(bs) && (admitted.contains(&c.seq) || preempted_now || c.start_pos < expect);
             assert!(c.start_pos == expect || restart, "seq {} chunk at {} after {expect}", c.seq, c.start_pos);
             assert_eq!(c.start_pos, seq.num_computed);
             // Everything before the chunk is in the cache, holding this sequence's tokens.
@@ -387,11 +407,14 @@ fn simulate(cfg: SchedulerConfig, num_blocks: usize, bs: usize, prefix: bool, re
             let (id, len) = (seq.id, seq.tokens.len());
             let want = reqs[id as usize].1;
             let out = outputs.entry(id).or_default();
-            out.push(fake_token(id, len));
+            let new: Vec<u32> = (0..=forced).map(|j| fake_token(id, len + j)).take(want - out.len()).collect();
+            out.extend(&new);
             if out.len() == want {
                 s.finish(id).unwrap();
             } else {
-                s.append_token(id, fake_token(id, len)).unwrap();
+                for t in new {
+                    s.append_token(id, t).unwrap();
+                }
             }
         }
         assert_eq!(s.kv().check_invariants(), Ok(()));
@@ -504,6 +527,30 @@ proptest! {
         let need = reqs.iter().map(|(p, n)| (p.len() + n).div_ceil(bs)).max().unwrap();
         let cfg = SchedulerConfig { slots, max_batch_tokens: slots + extra_budget, watermark_blocks: watermark };
         let r = simulate(cfg, need + spare_blocks, bs, prefix, &reqs);
+        for (i, (p, n)) in reqs.iter().enumerate() {
+            prop_assert_eq!(&r.outputs[&(i as SeqId)], &expected_output(i as SeqId, p.len(), *n));
+        }
+    }
+
+    /// Tokens appended several at a time (a grammar's forced tokens) run as one chunk, with KV
+    /// slots reserved past block boundaries, through preemption and prefix reuse.
+    #[test]
+    fn forced_tokens_appended_between_steps_run_in_reserved_slots(
+        slots in 1usize..5,
+        extra_budget in 0usize..16,
+        bs in 1usize..5,
+        spare_blocks in 0usize..8,
+        prefix in any::<bool>(),
+        forced in 1usize..5,
+        reqs in prop::collection::vec((0u8..3, 1usize..12, 1usize..14), 1..8),
+    ) {
+        let reqs: Vec<(Vec<u32>, usize)> = reqs
+            .into_iter()
+            .map(|(v, len, n)| ((0..len as u32).map(|i| if i < 6 { i } else { i * (v as u32 + 1) % 5 }).collect(), n))
+            .collect();
+        let need = reqs.iter().map(|(p, n)| (p.len() + n).div_ceil(bs)).max().unwrap();
+        let cfg = SchedulerConfig { slots, max_batch_tokens: slots + extra_budget, watermark_blocks: 0 };
+        let r = simulate_forced(cfg, need + spare_blocks, bs, prefix, &reqs, forced);
         for (i, (p, n)) in reqs.iter().enumerate() {
             prop_assert_eq!(&r.outputs[&(i as SeqId)], &expected_output(i as SeqId, p.len(), *n));
         }

@@ -402,6 +402,7 @@ fn shipped_pipelines_load_and_render() {
     let dir = root().join("pipelines");
     let s = Pipeline::resolve("summarize", &dir).unwrap();
     let e = Pipeline::resolve("extract-entities", &dir).unwrap();
+    use dustoff::engine::single::FinishReason::{Length, Stop};
     assert_eq!(s.spec.input.id_field, "id");
     assert_eq!(s.document_field(), "text");
     assert_eq!(s.spec.limits.overflow, Overflow::TruncateTail);
@@ -423,10 +424,14 @@ fn shipped_pipelines_load_and_render() {
     assert_ne!(s.sampling("a").seed, s.sampling("b").seed);
     // JSON outputs.
     assert!(matches!(
-        e.parse_output("```json\n{\"people\":[],\"organizations\":[],\"places\":[\"Oslo\"]}\n```"),
+        e.parse_output("```json\n{\"people\":[],\"organizations\":[],\"places\":[\"Oslo\"]}\n```", Stop),
         Ok(RowOutput::Json(_))
     ));
-    assert_eq!(e.parse_output("{\"people\": []}").unwrap_err().kind, ErrorKind::OutputNotJson);
+    // The schema (pipelines/entities.schema.json) is checked: a missing key, a non-string name.
+    assert_eq!(e.parse_output("{\"people\": []}", Stop).unwrap_err().kind, ErrorKind::OutputMismatch);
+    let bad = "{\"people\": [7], \"organizations\": [], \"places\": []}";
+    assert_eq!(e.parse_output(bad, Stop).unwrap_err().kind, ErrorKind::OutputMismatch);
+    assert_eq!(e.parse_output("{\"people\": [\"Ann", Length).unwrap_err().kind, ErrorKind::Truncated);
     assert_eq!(parse_json_output("Sure! Here you go", &[]).unwrap_err().kind, ErrorKind::OutputNotJson);
     assert_eq!(parse_json_output("[1,2]", &[]).unwrap_err().kind, ErrorKind::OutputNotJson);
 }

@@ -5,6 +5,7 @@ use std::ops::Range;
 use anyhow::Result;
 
 use crate::backend::Backend;
+use crate::engine::constraint::Grammar;
 use crate::engine::engine::{Engine, EngineError, Event, Request};
 use crate::job::pipeline::TextCodec;
 use crate::job::runner::{FinishReason, Finished, GenRequest, Generate, StopFlag};
@@ -23,12 +24,20 @@ pub struct EngineGenerate<B: Backend> {
     /// to finish: in-flight requests are dropped anyway, and a long generation must not hold up
     /// the checkpoint past a scheduler's kill timeout.
     stop: Option<StopFlag>,
+    /// The pipeline's output grammar: every request is decoded under it.
+    grammar: Option<Grammar>,
 }
 
 impl<B: Backend> EngineGenerate<B> {
     pub fn new(engine: Engine<B>, stop_ids: Vec<u32>) -> Self {
         let queue = engine.config().slots * 3;
-        EngineGenerate { engine, stop_ids, refused: Vec::new(), queue, stop: None }
+        EngineGenerate { engine, stop_ids, refused: Vec::new(), queue, stop: None, grammar: None }
+    }
+
+    /// Decodes every request under `grammar` (the pipeline's `[output]` shape).
+    pub fn with_grammar(mut self, grammar: Option<Grammar>) -> Self {
+        self.grammar = grammar;
+        self
     }
 
     /// Makes `poll` return early once `stop` is set.
@@ -51,7 +60,7 @@ impl<B: Backend> Generate for EngineGenerate<B> {
             sampling: req.sampling,
             stop_ids: self.stop_ids.clone(),
         };
-        match self.engine.add_request(r) {
+        match self.engine.add_constrained(r, self.grammar.as_ref().map(Grammar::start)) {
             Ok(()) => {}
             // A request the engine cannot take is that record's error, not the job's.
             Err(e @ EngineError::InvalidRequest { .. }) => self.refused.push(Finished {

@@ -8,9 +8,10 @@ use anyhow::{Context, Result};
 use super::common::{self, Device, Slots};
 use super::engine_gen::{EngineGenerate, TokenizerCodec};
 use crate::backend::Backend;
+use crate::engine::constraint::{ConstraintError, ConstraintFactory, Grammar};
 use crate::engine::engine::{Engine, EngineConfig};
 use crate::job::lock::JobLock;
-use crate::job::pipeline::Pipeline;
+use crate::job::pipeline::{Pipeline, PipelineError};
 use crate::job::runner::{self, ExitCode, Generate, JobKind, RunOptions, StopFlag};
 use crate::job::shard::ShardSpec;
 
@@ -92,6 +93,10 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         .with_context(|| format!("opening the checkpoint of {}", a.output.display()))?;
     let m = common::load(&a.model)?;
     let codec = TokenizerCodec(&m.tokenizer);
+    let grammar = match &job {
+        JobKind::Pipeline(p) => output_grammar(p, &m.tokenizer)?,
+        JobKind::OpenAi { .. } => None,
+    };
 
     // KV room: every slot can hold its longest prompt and its generation.
     let (max_in, max_out) = match &job {
@@ -114,7 +119,8 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         },
     )?;
     let stop = StopFlag::with_signals().unwrap_or_default();
-    let mut gen = EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec()).with_stop(stop.clone());
+    let mut gen =
+        EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec()).with_stop(stop.clone()).with_grammar(grammar);
 
     let opts = RunOptions {
         inputs,
@@ -143,6 +149,17 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             mj["kv_blocks_total"],
         );
     }
+    if let Some(c) = gen.metrics_json().map(|mj| mj["constraint"].clone()).filter(|c| c["constrained_requests"] != 0) {
+        eprintln!(
+            "constrained: {} requests, {} forced tokens, {} masks (median {:.0} us, p99 {:.0} us, {:.3} s waited after steps)",
+            c["constrained_requests"],
+            c["forced_tokens"],
+            c["masks"],
+            c["mask_us_median"].as_f64().unwrap_or(0.0),
+            c["mask_us_p99"].as_f64().unwrap_or(0.0),
+            c["mask_wait_seconds"].as_f64().unwrap_or(0.0),
+        );
+    }
     match res.exit {
         ExitCode::Interrupted => eprintln!("interrupted: run the same command again to resume"),
         ExitCode::RecordErrors if res.report.outcome == crate::job::report::Outcome::Aborted => eprintln!(
@@ -155,6 +172,16 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         _ => {}
     }
     Ok(res.exit)
+}
+
+/// The pipeline's output grammar compiled for the model's vocabulary (`None`: free text). The
+/// pipeline already compiled it against a byte vocabulary when it loaded; a failure here is
+/// still the pipeline's (exit 2).
+fn output_grammar(p: &Pipeline, tok: &crate::tokenizer::Tokenizer) -> Result<Option<Grammar>> {
+    let Some(c) = p.constraint() else { return Ok(None) };
+    let invalid = |e: ConstraintError| PipelineError::Invalid { path: p.path.clone(), message: format!("output: {e}") };
+    let factory = ConstraintFactory::new(tok).map_err(invalid)?;
+    Ok(Some(factory.compile(c).map_err(invalid)?))
 }
 
 /// `dustoff merge`: shard outputs into one, in input order.

@@ -9,9 +9,11 @@
 #![allow(clippy::module_inception)]
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::constraint::{ConstraintMetrics, MaskTimes, SeqConstraint};
 use super::kv::KvCache;
 use super::plan::{SeqId, StepPlan};
 use super::sampler::{Sampler, SamplingParams};
@@ -98,6 +100,8 @@ pub struct EngineMetrics {
     pub prefix_waits: u64,
     /// Steps that ran out of device memory and were retried with fewer sequences and tokens.
     pub oom_recoveries: u64,
+    /// Constrained decoding: requests, masks, forced tokens, mask time.
+    pub constraint: ConstraintMetrics,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +126,8 @@ struct RequestState {
     sampler: Sampler,
     stop_ids: Vec<u32>,
     generated: Vec<u32>,
+    /// The output grammar's state: masks the sampler, forces tokens, may end the sequence.
+    constraint: Option<SeqConstraint>,
 }
 
 pub struct Engine<B: Backend> {
@@ -132,6 +138,7 @@ pub struct Engine<B: Backend> {
     /// Events produced outside a step (a request with `max_tokens == 0`).
     pending: Vec<Event>,
     metrics: EngineMetrics,
+    mask_times: MaskTimes,
 }
 
 impl<B: Backend> Engine<B> {
@@ -170,6 +177,7 @@ impl<B: Backend> Engine<B> {
             requests: HashMap::new(),
             pending: Vec::new(),
             metrics,
+            mask_times: MaskTimes::default(),
         })
     }
 
@@ -199,6 +207,13 @@ impl<B: Backend> Engine<B> {
     /// Queues a request. Refused (and nothing queued) when it could never run: empty prompt,
     /// unknown token ids, longer than the model's context, or larger than the whole KV cache.
     pub fn add_request(&mut self, req: Request) -> Result<(), EngineError> {
+        self.add_constrained(req, None)
+    }
+
+    /// Queues a request whose output follows a grammar (`Grammar::start`): each token is sampled
+    /// among the ones the grammar allows, tokens it forces are appended without sampling, and
+    /// the grammar's end ends the request (`Stop`). Refused as `add_request` refuses.
+    pub fn add_constrained(&mut self, req: Request, constraint: Option<SeqConstraint>) -> Result<(), EngineError> {
         let invalid = |reason: String| EngineError::InvalidRequest { id: req.id, reason };
         if self.requests.contains_key(&req.id) {
             return Err(invalid("a request with this id is already queued or running".into()));
@@ -226,19 +241,37 @@ impl<B: Backend> Engine<B> {
             )));
         }
         let prompt_tokens = req.prompt.len();
-        if max_tokens == 0 {
+        let mut constraint = constraint;
+        // Tokens the grammar forces before the model chooses any run with the prompt.
+        let mut forced = constraint.as_mut().map(SeqConstraint::take_forced).unwrap_or_default();
+        let cut = forced.len() > max_tokens;
+        forced.truncate(max_tokens);
+        self.metrics.constraint.constrained_requests += u64::from(constraint.is_some());
+        self.metrics.constraint.forced_tokens += forced.len() as u64;
+        let ended = !cut && constraint.as_ref().is_some_and(SeqConstraint::ended);
+        if max_tokens == 0 || ended || forced.len() == max_tokens {
+            for (index, &token) in forced.iter().enumerate() {
+                self.pending.push(Event::Token { id: req.id, index, token });
+            }
+            self.metrics.generated_tokens += forced.len() as u64;
             self.pending.push(Event::Finished(Completion {
                 id: req.id,
                 prompt_tokens,
-                token_ids: Vec::new(),
-                finish_reason: FinishReason::Length,
+                token_ids: forced,
+                finish_reason: if ended { FinishReason::Stop } else { FinishReason::Length },
                 cached_prompt_tokens: 0,
             }));
             self.metrics.requests_finished += 1;
             self.metrics.prompt_tokens += prompt_tokens as u64;
             return Ok(());
         }
-        self.sched.add(req.id, req.prompt)?;
+        let mut tokens = req.prompt;
+        tokens.extend_from_slice(&forced);
+        self.sched.add_continued(req.id, tokens, prompt_tokens)?;
+        for (index, &token) in forced.iter().enumerate() {
+            self.pending.push(Event::Token { id: req.id, index, token });
+        }
+        self.metrics.generated_tokens += forced.len() as u64;
         self.metrics.prompt_tokens += prompt_tokens as u64;
         self.requests.insert(
             req.id,
@@ -247,7 +280,8 @@ impl<B: Backend> Engine<B> {
                 max_tokens,
                 sampler: Sampler::new(req.sampling),
                 stop_ids: req.stop_ids,
-                generated: Vec::new(),
+                generated: forced,
+                constraint,
             },
         );
         Ok(())
@@ -285,38 +319,93 @@ impl<B: Backend> Engine<B> {
 
     /// Runs the plan on the backend and picks the next token of every chunk that wants one, in
     /// plan order (`None` where a chunk's request is unknown). When every such request is
-    /// greedy the backend chooses (on the device where it can: no logits download); else each
-    /// request's sampler draws from its logits, in parallel (64 x 152k logits is ~10 ms on one
-    /// core; each request owns its sampler, so the draws do not depend on the threads).
+    /// greedy and unconstrained the backend chooses (on the device where it can: no logits
+    /// download); else each request's sampler draws from its logits, in parallel (64 x 152k
+    /// logits is ~10 ms on one core; each request owns its sampler, so the draws do not depend
+    /// on the threads), among the tokens its grammar allows.
     fn next_tokens(&mut self, plan: &StepPlan) -> Result<Vec<Option<u32>>, EngineError> {
         let want = plan.chunks.iter().filter(|c| c.want_logits).count();
-        let greedy = plan
-            .chunks
-            .iter()
-            .filter(|c| c.want_logits)
-            .all(|c| self.requests.get(&c.seq).is_some_and(|r| r.sampler.is_greedy()));
-        if greedy {
+        let rows = || plan.chunks.iter().filter(|c| c.want_logits).filter_map(|c| self.requests.get(&c.seq));
+        let greedy = rows().count() == want && rows().all(|r| r.sampler.is_greedy());
+        let constrained = rows().any(|r| r.constraint.is_some());
+        if greedy && !constrained {
             let ids = self.backend.step_greedy(plan)?;
             if ids.len() != want {
                 return Err(EngineError::Logits { got: ids.len(), want });
             }
             return Ok(ids.into_iter().map(Some).collect());
         }
-        let logits = self.backend.step(plan)?;
+        let rows: HashMap<SeqId, usize> =
+            plan.chunks.iter().filter(|c| c.want_logits).enumerate().map(|(i, c)| (c.seq, i)).collect();
+        let logits = if constrained { self.step_with_masks(plan, &rows)? } else { self.backend.step(plan)? };
         if logits.len() != want {
             return Err(EngineError::Logits { got: logits.len(), want });
         }
-        let rows: HashMap<SeqId, usize> =
-            plan.chunks.iter().filter(|c| c.want_logits).enumerate().map(|(i, c)| (c.seq, i)).collect();
         let mut tokens = vec![None; want];
         use rayon::prelude::*;
-        let mut work: Vec<(usize, &mut Sampler)> =
-            self.requests.iter_mut().filter_map(|(id, r)| rows.get(id).map(|&i| (i, &mut r.sampler))).collect();
-        let picked: Vec<(usize, u32)> = work.par_iter_mut().map(|(i, s)| (*i, s.sample(&logits[*i]))).collect();
+        let mut work: Vec<(usize, &mut RequestState)> =
+            self.requests.iter_mut().filter_map(|(id, r)| rows.get(id).map(|&i| (i, r))).collect();
+        let picked: Vec<(usize, u32)> = work
+            .par_iter_mut()
+            .map(|(i, r)| (*i, r.sampler.sample_masked(&logits[*i], r.constraint.as_ref().and_then(|c| c.mask()))))
+            .collect();
         for (i, t) in picked {
             tokens[i] = Some(t);
         }
         Ok(tokens)
+    }
+
+    /// Runs the backend step while worker threads compute the masks of the constrained requests
+    /// in it (the step does not wait for them: they are needed only to sample from its logits).
+    /// NOTE: a mask depends only on the tokens committed so far, which include the token this
+    /// step runs, so it can be computed before the step's logits exist.
+    fn step_with_masks(&mut self, plan: &StepPlan, rows: &HashMap<SeqId, usize>) -> Result<Vec<Vec<f32>>, EngineError> {
+        use rayon::prelude::*;
+        let mut cons: Vec<&mut SeqConstraint> = self
+            .requests
+            .iter_mut()
+            .filter(|(id, _)| rows.contains_key(id))
+            .filter_map(|(_, r)| r.constraint.as_mut())
+            .collect();
+        let mut times: Vec<Duration> = Vec::new();
+        let (cons_ref, times_ref, backend) = (&mut cons, &mut times, &mut self.backend);
+        let (logits, step_done) = rayon::in_place_scope(|s| {
+            s.spawn(move |_| *times_ref = cons_ref.par_iter_mut().map(|c| c.compute_mask()).collect());
+            let logits = backend.step(plan);
+            (logits, Instant::now())
+        });
+        self.metrics.constraint.mask_wait_seconds += step_done.elapsed().as_secs_f64();
+        times.iter().for_each(|&t| self.mask_times.record(t));
+        Ok(logits?)
+    }
+
+    /// Advances the grammars of the constrained requests over their sampled tokens, in
+    /// parallel; returns the tokens each grammar forces next.
+    fn commit_constrained(&mut self, plan: &StepPlan, tokens: &[Option<u32>]) -> HashMap<SeqId, Vec<u32>> {
+        use rayon::prelude::*;
+        let picked: HashMap<SeqId, u32> = plan
+            .chunks
+            .iter()
+            .filter(|c| c.want_logits)
+            .zip(tokens)
+            .filter_map(|(c, t)| t.map(|t| (c.seq, t)))
+            .collect();
+        let t = Instant::now();
+        let mut work: Vec<(SeqId, u32, &mut SeqConstraint)> = self
+            .requests
+            .iter_mut()
+            .filter_map(|(id, r)| {
+                let tok = *picked.get(id)?;
+                let c = r.constraint.as_mut()?;
+                (!r.stop_ids.contains(&tok)).then_some((*id, tok, c))
+            })
+            .collect();
+        if work.is_empty() {
+            return HashMap::new();
+        }
+        let forced = work.par_iter_mut().map(|(id, tok, c)| (*id, c.commit(*tok))).collect();
+        self.metrics.constraint.commit_seconds += t.elapsed().as_secs_f64();
+        forced
     }
 
     fn postprocess(
@@ -326,17 +415,33 @@ impl<B: Backend> Engine<B> {
         events: &mut Vec<Event>,
     ) -> Result<(), EngineError> {
         self.sched.on_step_done(plan)?;
+        let mut forced = self.commit_constrained(plan, &tokens);
         for (chunk, token) in plan.chunks.iter().filter(|c| c.want_logits).zip(tokens) {
             let id = chunk.seq;
             let r = self.requests.get_mut(&id).ok_or(SchedulerError::NotRunning(id))?;
             let token = token.ok_or(SchedulerError::NotRunning(id))?;
+            let mut extra = forced.remove(&id).unwrap_or_default();
             let finish = if r.stop_ids.contains(&token) {
                 Some(FinishReason::Stop)
             } else {
                 r.generated.push(token);
                 events.push(Event::Token { id, index: r.generated.len() - 1, token });
-                self.metrics.generated_tokens += 1;
-                (r.generated.len() >= r.max_tokens).then_some(FinishReason::Length)
+                let room = r.max_tokens.saturating_sub(r.generated.len());
+                let cut = extra.len() > room;
+                extra.truncate(room);
+                for &t in &extra {
+                    r.generated.push(t);
+                    events.push(Event::Token { id, index: r.generated.len() - 1, token: t });
+                }
+                self.metrics.generated_tokens += 1 + extra.len() as u64;
+                self.metrics.constraint.forced_tokens += extra.len() as u64;
+                let grammar = r.constraint.as_ref().map_or((false, false), |c| (!cut && c.ended(), c.failed()));
+                self.metrics.constraint.grammar_errors += u64::from(grammar.1);
+                if grammar.0 || grammar.1 {
+                    Some(FinishReason::Stop)
+                } else {
+                    (r.generated.len() >= r.max_tokens).then_some(FinishReason::Length)
+                }
             };
             match finish {
                 Some(reason) => {
@@ -352,7 +457,11 @@ impl<B: Backend> Engine<B> {
                         }));
                     }
                 }
-                None => self.sched.append_token(id, token)?,
+                None => {
+                    for t in std::iter::once(token).chain(extra) {
+                        self.sched.append_token(id, t)?;
+                    }
+                }
             }
         }
         Ok(())
@@ -375,6 +484,8 @@ impl<B: Backend> Engine<B> {
         let st = self.sched.stats();
         let kv = self.sched.kv();
         let avg_running = if st.steps == 0 { 0.0 } else { st.seq_steps as f64 / st.steps as f64 };
+        let mut constraint = self.metrics.constraint.clone();
+        constraint.set_mask_times(&self.mask_times);
         EngineMetrics {
             prompt_tokens_computed: st.prompt_tokens_computed,
             prompt_tokens_cached: st.cached_tokens,
@@ -387,6 +498,7 @@ impl<B: Backend> Engine<B> {
             kv_evictions: kv.evictions(),
             preemptions: st.preemptions,
             prefix_waits: st.prefix_waits,
+            constraint,
             ..self.metrics.clone()
         }
     }

@@ -1,5 +1,6 @@
 //! The engine: scheduling, the paged KV block pool, sampling. Pure Rust, no tensor types.
 
+pub mod constraint;
 pub mod engine;
 pub mod kv;
 pub mod plan;

@@ -1,5 +1,6 @@
-//! Token sampling: greedy, temperature, top-k, top-p. Seeded per request, so the same seed gives
-//! the same text whatever else runs in the same step.
+//! Token sampling: greedy, temperature, top-k, top-p, optionally over the tokens a grammar
+//! allows (`sample_masked`). Seeded per request, so the same seed gives the same text whatever
+//! else runs in the same step.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -61,15 +62,32 @@ impl Sampler {
 
     /// Picks the next token from `logits` (`[vocab]`).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        self.sample_masked(logits, None)
+    }
+
+    /// Picks the next token from `logits` (`[vocab]`) among the tokens `mask` allows (packed
+    /// bits, `[ceil(n / 32)]` words, bit `t % 32` of word `t / 32` for token `t`; ids past the
+    /// mask are not allowed). Greedy and sampled alike: the masked tokens are simply not
+    /// candidates, so the draw over the allowed ones is as without a mask. When no allowed
+    /// token has a finite logit, the lowest allowed id.
+    pub fn sample_masked(&mut self, logits: &[f32], mask: Option<&[u32]>) -> u32 {
         let p = self.params;
         if self.is_greedy() {
-            return argmax(logits);
+            return match mask {
+                None => argmax(logits),
+                Some(m) => masked_argmax(logits, m),
+            };
         }
         // Candidates sorted by logit, descending; ties broken by id for determinism.
-        let mut cand: Vec<(u32, f32)> =
-            logits.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (i as u32, l)).collect();
+        let allowed = |i: usize| mask.is_none_or(|m| is_allowed(m, i));
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|&(i, l)| l.is_finite() && allowed(i))
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
         if cand.is_empty() {
-            return 0;
+            return mask.map_or(0, first_allowed);
         }
         let k = if p.top_k == 0 { cand.len() } else { p.top_k.min(cand.len()) };
         if k < cand.len() {
@@ -121,6 +139,34 @@ pub fn argmax(logits: &[f32]) -> u32 {
     }
     let max = tail.iter().fold(lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)), |a, &b| a.max(b));
     logits.iter().position(|&v| v == max).unwrap_or(0) as u32
+}
+
+fn is_allowed(mask: &[u32], t: usize) -> bool {
+    mask.get(t / 32).is_some_and(|w| w >> (t % 32) & 1 == 1)
+}
+
+fn first_allowed(mask: &[u32]) -> u32 {
+    mask.iter().position(|&w| w != 0).map_or(0, |i| i as u32 * 32 + mask[i].trailing_zeros())
+}
+
+/// `argmax` over the tokens `mask` allows (see `Sampler::sample_masked`): the largest finite
+/// or infinite logit among them, lowest id among equals, never NaN; all NaN: the lowest
+/// allowed id. Whole zero words (32 masked tokens) are skipped at once: a grammar usually
+/// allows a small part of the vocabulary.
+pub fn masked_argmax(logits: &[f32], mask: &[u32]) -> u32 {
+    let mut best: Option<(u32, f32)> = None;
+    for (w, &bits) in mask.iter().enumerate() {
+        let mut bits = bits;
+        while bits != 0 {
+            let t = w * 32 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let Some(&v) = logits.get(t) else { return best.map_or(first_allowed(mask), |b| b.0) };
+            if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+                best = Some((t as u32, v));
+            }
+        }
+    }
+    best.map_or(first_allowed(mask), |b| b.0)
 }
 
 #[cfg(test)]
@@ -181,6 +227,62 @@ mod tests {
         for _ in 0..50 {
             assert_eq!(s.sample(&logits), 3);
         }
+    }
+
+    /// Packed mask bits allowing exactly `ids`, over `n` tokens.
+    fn mask_of(n: usize, ids: &[usize]) -> Vec<u32> {
+        let mut m = vec![0u32; n.div_ceil(32)];
+        for &i in ids {
+            m[i / 32] |= 1 << (i % 32);
+        }
+        m
+    }
+
+    #[test]
+    fn masked_greedy_is_the_argmax_of_the_allowed_tokens() {
+        use rand::Rng;
+        let mut rng = StdRng::seed_from_u64(9);
+        for n in [5usize, 32, 33, 1000, 49_152] {
+            let mut v: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+            // Token 0 is allowed but NaN (never chosen); the last token is always allowed.
+            let mut ids = vec![0];
+            ids.extend((1..n - 1).filter(|_| rng.random_range(0..10) == 0));
+            ids.push(n - 1);
+            v[0] = f32::NAN;
+            let mut want = None::<usize>;
+            for &i in &ids {
+                if !v[i].is_nan() && want.is_none_or(|w| v[i] > v[w]) {
+                    want = Some(i);
+                }
+            }
+            let m = mask_of(n, &ids);
+            assert_eq!(masked_argmax(&v, &m) as usize, want.unwrap(), "n = {n}");
+            let mut s = Sampler::new(SamplingParams::greedy());
+            assert_eq!(s.sample_masked(&v, Some(&m)) as usize, want.unwrap());
+        }
+        // The global maximum is masked out; ties go to the lowest allowed id.
+        let v = [9.0, 1.0, 1.0, 0.5];
+        assert_eq!(masked_argmax(&v, &mask_of(4, &[1, 2, 3])), 1);
+        // Nothing allowed has a usable logit: the lowest allowed id.
+        assert_eq!(masked_argmax(&[1.0, f32::NAN, f32::NAN], &mask_of(3, &[1, 2])), 1);
+        // Allowed ids past the logits (a mask over a larger vocabulary) are never chosen.
+        assert_eq!(masked_argmax(&[0.0, 2.0], &mask_of(40, &[0, 35])), 0);
+    }
+
+    #[test]
+    fn masked_sampling_draws_only_allowed_tokens_and_stays_seeded() {
+        let logits: Vec<f32> = (0..64).map(|i| (i % 5) as f32).collect();
+        let allowed = [3usize, 10, 17, 40, 63];
+        let m = mask_of(64, &allowed);
+        let params = SamplingParams { temperature: 1.5, top_k: 0, top_p: 1.0, seed: 3 };
+        let draw = || {
+            let mut s = Sampler::new(params);
+            (0..200).map(|_| s.sample_masked(&logits, Some(&m))).collect::<Vec<u32>>()
+        };
+        let a = draw();
+        assert_eq!(a, draw());
+        assert!(a.iter().all(|&t| allowed.contains(&(t as usize))), "{a:?}");
+        assert!(a.iter().collect::<std::collections::HashSet<_>>().len() >= 3, "sampling never varied: {a:?}");
     }
 
     #[test]

@@ -58,6 +58,13 @@ impl Sequence {
     fn remaining(&self) -> usize {
         self.tokens.len() - self.num_computed
     }
+
+    /// Whether the tokens still to run are its last one, or were all appended after its
+    /// prompt (and any re-run) was computed: those need KV slots beyond the ones its admission
+    /// allocated.
+    fn is_decoding(&self) -> bool {
+        self.remaining() == 1 || (self.remaining() > 1 && self.num_computed >= self.prompt_len)
+    }
 }
 
 /// Counters over the scheduler's lifetime.
@@ -142,13 +149,22 @@ impl Scheduler {
 
     /// Queues a new sequence at the back.
     pub fn add(&mut self, id: SeqId, prompt: Vec<u32>) -> Result<(), SchedulerError> {
-        if prompt.is_empty() {
+        let n = prompt.len();
+        self.add_continued(id, prompt, n)
+    }
+
+    /// Queues a new sequence whose tokens after `prompt_len` are generated already (tokens a
+    /// grammar forces before the model has chosen any): they are run with the prompt, and
+    /// counted as generated.
+    pub fn add_continued(&mut self, id: SeqId, tokens: Vec<u32>, prompt_len: usize) -> Result<(), SchedulerError> {
+        if tokens.is_empty() || prompt_len == 0 {
             return Err(SchedulerError::EmptyPrompt(id));
         }
         if !self.ids.insert(id) {
             return Err(SchedulerError::Duplicate(id));
         }
-        let prompt_len = prompt.len();
+        let prompt = tokens;
+        let prompt_len = prompt_len.min(prompt.len());
         self.waiting.push_back(Sequence {
             id,
             tokens: prompt,
@@ -165,18 +181,20 @@ impl Scheduler {
         let mut budget = self.cfg.max_batch_tokens;
         let mut plan = StepPlan::default();
 
-        // 1. Decode: one token per running sequence whose last token is the only one left.
+        // 1. Decode: the new tokens of each running sequence past its prefill: one sampled token,
+        // or that token and the tokens a grammar forced after it (run as one chunk).
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
-            if self.running[i].remaining() != 1 {
+            if !self.running[i].is_decoding() {
                 i += 1;
                 continue;
             }
             if !self.reserve_slots(i)? {
                 break; // sequence i preempted itself, and everything after it went first
             }
-            plan.chunks.push(self.chunk(i, 1)?);
-            budget -= 1;
+            let n = self.running[i].remaining().min(budget);
+            plan.chunks.push(self.chunk(i, n)?);
+            budget -= n;
             i += 1;
         }
 
@@ -186,7 +204,7 @@ impl Scheduler {
                 break;
             }
             let rem = self.running[i].remaining();
-            if rem > 1 {
+            if rem > 1 && !self.running[i].is_decoding() {
                 let n = rem.min(budget);
                 plan.chunks.push(self.chunk(i, n)?);
                 budget -= n;

@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod dry_run;
 pub mod exit;
 pub mod lock;
+pub mod output;
 pub mod outputs;
 pub mod pipeline;
 pub mod progress;

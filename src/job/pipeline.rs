@@ -7,7 +7,7 @@
 //! [input]            # id_field = "id", fields = ["text"], document_field = first field
 //! [prompt]           # system, instruction, template = "{{ text }}", chat_template = true
 //! [generation]       # max_tokens, temperature, top_p, top_k, seed
-//! [output]           # kind = "text" | "json", required_keys = [...] (json)
+//! [output]           # kind = "text" | "json" | "choice" | "regex" (see job::output)
 //! [limits]           # max_input_tokens, overflow = "truncate-tail" | "truncate-head" | "error", marker
 //! ```
 
@@ -18,10 +18,13 @@ use minijinja::{Environment, UndefinedBehavior};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::output::OutputShape;
 use super::record::{ChatMessage, ErrorKind, RecordError};
 use super::spans::{differing_range, fill_markers, marker, marker_head};
 use super::writer::RowOutput;
+use crate::engine::constraint::OutputConstraint;
 use crate::engine::sampler::{derive_seed, SamplingParams};
+use crate::engine::single::FinishReason;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -84,8 +87,14 @@ pub struct GenerationSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputKind {
+    /// Free text (no constraint).
     Text,
+    /// A JSON value following `schema` / `schema_file` (default: any object).
     Json,
+    /// One of `choices` (labels, for classification).
+    Choice,
+    /// A full match of `pattern`.
+    Regex,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -93,9 +102,21 @@ pub enum OutputKind {
 pub struct OutputSpec {
     #[serde(default = "default_kind")]
     pub kind: OutputKind,
-    /// JSON outputs: keys the object must have.
+    /// JSON without a schema: keys the object must have.
     #[serde(default)]
     pub required_keys: Vec<String>,
+    /// JSON: the JSON Schema, inline (a TOML table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+    /// JSON: a JSON Schema file, relative to the pipeline file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_file: Option<String>,
+    /// Choice: the labels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<String>,
+    /// Regex: the pattern the whole output matches (Rust `regex` syntax).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,7 +197,14 @@ fn default_generation() -> GenerationSpec {
     GenerationSpec { max_tokens: default_max_tokens(), temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 }
 }
 fn default_output() -> OutputSpec {
-    OutputSpec { kind: OutputKind::Text, required_keys: Vec::new() }
+    OutputSpec {
+        kind: OutputKind::Text,
+        required_keys: Vec::new(),
+        schema: None,
+        schema_file: None,
+        choices: Vec::new(),
+        pattern: None,
+    }
 }
 fn default_limits() -> LimitsSpec {
     LimitsSpec { max_input_tokens: default_max_input(), overflow: default_overflow(), marker: default_marker() }
@@ -215,8 +243,10 @@ pub struct PromptIds {
 pub struct Pipeline {
     pub spec: PipelineSpec,
     pub path: PathBuf,
-    /// blake3 of the file's bytes (part of the job fingerprint).
+    /// blake3 of the file's bytes and its schema file's (part of the job fingerprint).
     pub source_hash: String,
+    /// The output's grammar and the check of each row.
+    pub output: OutputShape,
     env: Environment<'static>,
 }
 
@@ -274,9 +304,7 @@ impl Pipeline {
         if spec.limits.overflow != Overflow::Error && spec.limits.marker.is_empty() {
             return Err(invalid("limits.marker is empty; truncation must leave a visible mark".into()));
         }
-        if spec.output.kind == OutputKind::Text && !spec.output.required_keys.is_empty() {
-            return Err(invalid("output.required_keys needs output.kind = \"json\"".into()));
-        }
+        let output = OutputShape::from_spec(&spec.output, path).map_err(invalid)?;
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         env.add_template_owned("prompt", spec.prompt.template.clone())
@@ -292,12 +320,10 @@ impl Pipeline {
                 )));
             }
         }
-        Ok(Pipeline {
-            source_hash: blake3::hash(text.as_bytes()).to_hex().to_string(),
-            spec,
-            path: path.to_path_buf(),
-            env,
-        })
+        let mut h = blake3::Hasher::new();
+        h.update(text.as_bytes());
+        h.update(&output.schema_file_bytes);
+        Ok(Pipeline { source_hash: h.finalize().to_hex().to_string(), output, spec, path: path.to_path_buf(), env })
     }
 
     /// The field that is checked for emptiness and truncated.
@@ -487,12 +513,15 @@ impl Pipeline {
         }
     }
 
-    /// Turns the model's text into the row's `output` (JSON pipelines parse and check it).
-    pub fn parse_output(&self, text: &str) -> Result<RowOutput, RecordError> {
-        match self.spec.output.kind {
-            OutputKind::Text => Ok(RowOutput::Text(text.trim().to_string())),
-            OutputKind::Json => parse_json_output(text, &self.spec.output.required_keys).map(RowOutput::Json),
-        }
+    /// Turns the model's text into the row's `output`: JSON is parsed and validated against the
+    /// schema, labels and patterns checked; output cut at `max_tokens` is a `truncated` error.
+    pub fn parse_output(&self, text: &str, finish: FinishReason) -> Result<RowOutput, RecordError> {
+        self.output.parse(text, finish)
+    }
+
+    /// The grammar generation follows, if the output has a shape.
+    pub fn constraint(&self) -> Option<&OutputConstraint> {
+        self.output.constraint()
     }
 }
 

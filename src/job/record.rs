@@ -27,12 +27,16 @@ pub enum ErrorKind {
     Template,
     /// A JSON pipeline's model output did not parse as the expected JSON.
     OutputNotJson,
+    /// The output parsed but breaks the pipeline's schema, choices or pattern.
+    OutputMismatch,
+    /// Generation reached `max_tokens` before a shaped output (JSON, choice, regex) was complete.
+    Truncated,
     /// The engine failed on this record (not on the whole job).
     Generation,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 10] = [
+    pub const ALL: [ErrorKind; 12] = [
         ErrorKind::MalformedJson,
         ErrorKind::MissingField,
         ErrorKind::WrongType,
@@ -42,6 +46,8 @@ impl ErrorKind {
         ErrorKind::InputTooLong,
         ErrorKind::Template,
         ErrorKind::OutputNotJson,
+        ErrorKind::OutputMismatch,
+        ErrorKind::Truncated,
         ErrorKind::Generation,
     ];
 
@@ -57,6 +63,8 @@ impl ErrorKind {
             ErrorKind::InputTooLong => "input_too_long",
             ErrorKind::Template => "template",
             ErrorKind::OutputNotJson => "output_not_json",
+            ErrorKind::OutputMismatch => "output_mismatch",
+            ErrorKind::Truncated => "truncated",
             ErrorKind::Generation => "generation",
         }
     }

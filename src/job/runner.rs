@@ -347,7 +347,7 @@ fn finished_row(job: &JobKind, codec: &dyn TextCodec, fl: &InFlight, f: &Finishe
     };
     let fr = f.finish_reason.as_str();
     match job {
-        JobKind::Pipeline(p) => match p.parse_output(&text) {
+        JobKind::Pipeline(p) => match p.parse_output(&text, f.finish_reason) {
             Ok(out) => (ok_row(&fl.id, &out, fr, fl.prompt_tokens, n), None, n),
             Err(e) => (job.error_row(Some(&fl.id), fl.line, &e), Some(e.kind), n),
         },

@@ -62,7 +62,8 @@ impl OutputFormat {
 #[serde(untagged)]
 pub enum RowOutput {
     Text(String),
-    /// The parsed JSON of a JSON pipeline (serialized with sorted keys).
+    /// The parsed JSON of a JSON pipeline, keys in the order the model wrote them (the schema's
+    /// order under a grammar; serde_json keeps insertion order: llguidance turns on `preserve_order`).
     Json(Value),
 }
 

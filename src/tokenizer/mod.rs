@@ -302,6 +302,21 @@ impl Tokenizer {
         self.token_bytes.as_ref().and_then(|tb| tb.get(id))
     }
 
+    /// Whether `id` is a control (special) token: text that only `parse_special` turns into it.
+    /// Constrained decoding keeps these out of grammars that spell text.
+    pub fn is_control(&self, id: u32) -> bool {
+        self.control_ids.contains(&id)
+    }
+
+    /// A copy of the tokenizer pipeline that treats control-token text as plain text (what
+    /// `encode(.., parse_special = false)` uses), for code that must own one, such as the
+    /// token environment of constrained decoding.
+    pub fn plain_pipeline(&self) -> tokenizers::Tokenizer {
+        let mut plain = self.with_special.clone();
+        plain.set_encode_special_tokens(true);
+        plain
+    }
+
     /// Whether the model expects a BOS token at the start of a prompt.
     pub fn add_bos_default(&self) -> bool {
         self.add_bos
