@@ -215,6 +215,9 @@ pub fn bench_batched<B: Backend>(
         eprintln!("{n:>4} sequences: prefill {prefill_s:.2} s, decode {decode_tok_s:.1} tok/s");
         rows.push(BatchRow { sequences: n, prefill_s, decode_tok_s, bandwidth_share: share });
     }
+    if let Some(p) = engine.backend().peak_memory_bytes() {
+        eprintln!("peak device memory {:.2} GB (weights {:.2} GB read per decode step)", p as f64 / 1e9, weights as f64 / 1e9);
+    }
     Ok(rows)
 }
 

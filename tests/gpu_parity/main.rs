@@ -10,6 +10,7 @@
 mod attention;
 mod bench;
 mod quant;
+mod quant_bench;
 #[path = "../common/mod.rs"]
 mod common;
 

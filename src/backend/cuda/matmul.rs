@@ -34,9 +34,15 @@ fn tc_max_tokens() -> usize {
     tuning().tc_max_tokens.unwrap_or(16).min(TC_MAX_TOKENS)
 }
 
+/// Most tokens of a step that read quantized matrices with the GEMV on the packed blocks
+/// (`DUSTOFF_QGEMV_MAX_TOKENS` overrides the default of 8); larger steps widen them to F16.
+fn qgemv_max_tokens() -> usize {
+    tuning().qgemv_max_tokens.unwrap_or(GEMV_MAX_TOKENS)
+}
+
 /// Whether a step of `n` tokens reads `m`'s packed blocks directly (else through the scratch).
 pub fn packed_gemv(m: &DevMat, n: usize) -> bool {
-    matches!(m.data, super::dmat::MatData::Quant { .. }) && n <= GEMV_MAX_TOKENS
+    matches!(m.data, super::dmat::MatData::Quant { .. }) && n <= qgemv_max_tokens()
 }
 
 /// The buffers the products of one step use.
@@ -91,7 +97,7 @@ impl Mm<'_> {
     fn part(&mut self, k: &mut Kernels, p: Sub) -> Result<(), CudaError> {
         let m = p.m;
         if let Some(w) = m.quant(self.s) {
-            if p.n <= GEMV_MAX_TOKENS {
+            if packed_gemv(m, p.n) {
                 return GemvQ {
                     w,
                     x: p.x,
