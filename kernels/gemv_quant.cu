@@ -32,8 +32,8 @@ struct GemvQParams {
 template <int NT> struct RowsPerWarp { enum { N = NT == 1 ? 4 : 2 }; };
 
 // Sums of NR weight rows with the NT inputs, reduced over the warp (every lane gets them).
-// Per unit and run: the NR rows' 16 values are decoded once, then each token's 16 inputs are
-// loaded once and used for all NR rows.
+// Per unit and run: the NR rows' codes are unpacked once, then each token's 16 inputs are
+// loaded once and used for all NR rows (a byte permute, a subtraction and an fma per weight).
 template <class F, int NT, int NR>
 __device__ __forceinline__ void row_sums(const GemvQParams& p, const QRow* rows, float (*acc)[NT]) {
     const int lane = threadIdx.x % WARP;
@@ -55,26 +55,37 @@ __device__ __forceinline__ void row_sums(const GemvQParams& p, const QRow* rows,
             if (u >= units) break;
 #pragma unroll
             for (int run = 0; run < F::RUNS; ++run) {
-                float w[NR][16];
+                // w = a * q + b per run: sum q x with the codes as floats, then
+                // acc += a * sum(q x) + b * sum(x) (sum(x) shared by the NR rows).
+                unsigned q[NR][4];
+                float ca[NR], cb[NR];
 #pragma unroll
-                for (int r = 0; r < NR; ++r) F::run(raw[k][r], u, run, w[r]);
+                for (int r = 0; r < NR; ++r) F::codes(raw[k][r], u, run, q[r], ca[r], cb[r]);
                 const int st = F::start(u, run);
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (t < p.n_tok) {
                         const float4* xv = reinterpret_cast<const float4*>(p.x + (long long)t * p.x_stride + st);
+                        float x[16];
 #pragma unroll
-                        for (int q = 0; q < 4; ++q) {
-                            const float4 v = __ldg(xv + q);
+                        for (int i = 0; i < 4; ++i) {
+                            const float4 v = __ldg(xv + i);
+                            x[4 * i] = v.x;
+                            x[4 * i + 1] = v.y;
+                            x[4 * i + 2] = v.z;
+                            x[4 * i + 3] = v.w;
+                        }
+                        float sx = 0.0f;
 #pragma unroll
-                            for (int r = 0; r < NR; ++r) {
-                                float a = acc[r][t];
-                                a = fmaf(w[r][4 * q + 0], v.x, a);
-                                a = fmaf(w[r][4 * q + 1], v.y, a);
-                                a = fmaf(w[r][4 * q + 2], v.z, a);
-                                a = fmaf(w[r][4 * q + 3], v.w, a);
-                                acc[r][t] = a;
-                            }
+                        for (int j = 0; j < 16; ++j) sx += x[j];
+#pragma unroll
+                        for (int r = 0; r < NR; ++r) {
+                            float sq = 0.0f;
+#pragma unroll
+                            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                                for (int j = 0; j < 4; ++j) sq = fmaf(code_f(q[r][i], j), x[4 * i + j], sq);
+                            acc[r][t] = fmaf(ca[r], sq, fmaf(cb[r], sx, acc[r][t]));
                         }
                     }
                 }

@@ -39,6 +39,17 @@ __device__ __forceinline__ float small_u2f(unsigned v, float off) {
     return __int_as_float(0x4B000000u | v) - (8388608.0f + off);
 }
 
+// Word i (0..3) of a 16-byte load.
+__device__ __forceinline__ unsigned word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// Fifth bits: bits 0..3 of h at bit 4 of bytes 0..3 (the four products land on distinct bits).
+__device__ __forceinline__ unsigned bits_to_bytes4(unsigned h) { return ((h & 15u) * 0x00204081u & 0x01010101u) << 4; }
+
+// Code j (byte j of w, 0..255) as a float: one byte permute and one subtraction.
+__device__ __forceinline__ float code_f(unsigned w, int j) {
+    return __int_as_float(__byte_perm(w, 0x4B000000u, 0x7440 + j)) - 8388608.0f;
+}
+
 __device__ __forceinline__ uint4 ld16(const u8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 __device__ __forceinline__ float ldh(const u8_t* p) { return h2f(__ldg(reinterpret_cast<const half_t*>(p))); }
 __device__ __forceinline__ unsigned ld32(const u8_t* p) { return __ldg(reinterpret_cast<const unsigned*>(p)); }
@@ -57,6 +68,13 @@ struct FQ4_0 {
 #pragma unroll
         for (int j = 0; j < 16; ++j) w[j] = small_u2f((byte_of(a.q, j) >> (4 * r)) & 15u, 8.0f) * a.d;
     }
+    // Run r as codes q (byte j of q[i] is element 4i + j) with w = a * q + b.
+    static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = (word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu;
+        a = x.d;
+        b = -8.0f * x.d;
+    }
 };
 
 struct FQ4_1 {
@@ -69,6 +87,11 @@ struct FQ4_1 {
         h2x2f(a.dm, d, m);
 #pragma unroll
         for (int j = 0; j < 16; ++j) w[j] = small_u2f((byte_of(a.q, j) >> (4 * r)) & 15u, 0.0f) * d + m;
+    }
+    static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = (word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu;
+        h2x2f(x.dm, a, b);
     }
 };
 
@@ -89,6 +112,14 @@ struct FQ5_0 {
             w[j] = small_u2f(q, 16.0f) * d;
         }
     }
+    static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
+        const unsigned qh = x.a.x >> (16 * r);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = ((word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu) | bits_to_bytes4(qh >> (4 * i));
+        float pad;
+        h2x2f(x.a.y, a, pad);
+        b = -16.0f * a;
+    }
 };
 
 struct FQ5_1 {
@@ -108,6 +139,12 @@ struct FQ5_1 {
             w[j] = small_u2f(q, 0.0f) * d + m;
         }
     }
+    static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
+        const unsigned qh = x.a.x >> (16 * r);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = ((word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu) | bits_to_bytes4(qh >> (4 * i));
+        h2x2f(x.a.y, a, b);
+    }
 };
 
 struct FQ8_0 {
@@ -121,6 +158,14 @@ struct FQ8_0 {
         const uint4 q = r == 0 ? a.q0 : a.q1;
 #pragma unroll
         for (int j = 0; j < 16; ++j) w[j] = small_u2f(byte_of(q, j) ^ 0x80u, 128.0f) * a.d;
+    }
+    // Signed codes offset by 128 (x ^ 0x80 per byte), so b = -128 d.
+    static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
+        const uint4 v = r == 0 ? x.q0 : x.q1;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = word_of(v, i) ^ 0x80808080u;
+        a = x.d;
+        b = -128.0f * x.d;
     }
 };
 
@@ -159,6 +204,16 @@ struct FQ4K {
 #pragma unroll
         for (int j = 0; j < 16; ++j) w[j] = d1 * small_u2f((byte_of(a.q, j) >> (4 * r)) & 15u, 0.0f) - o1;
     }
+    static __device__ __forceinline__ void codes(const Raw& x, int u, int r, unsigned (&q)[4], float& a, float& b) {
+        const int c = (u & 7) >> 1;
+        float d, dmin, sc, mn;
+        h2x2f(x.h.x, d, dmin);
+        k_scale_min(x.h, 2 * c + r, sc, mn);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = (word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu;
+        a = d * sc;
+        b = -(dmin * mn);
+    }
 };
 
 // Q5_K: Q4_K plus a fifth bit, bit 2c + r of qh[16h + i] (aux bytes 16..48).
@@ -182,6 +237,17 @@ struct FQ5K {
             const unsigned q = ((byte_of(a.q, j) >> (4 * r)) & 15u) | ((byte_of(a.qh, j) >> hb) & 1u) << 4;
             w[j] = d1 * small_u2f(q, 0.0f) - o1;
         }
+    }
+    static __device__ __forceinline__ void codes(const Raw& x, int u, int r, unsigned (&q)[4], float& a, float& b) {
+        const int c = (u & 7) >> 1;
+        float d, dmin, sc, mn;
+        h2x2f(x.h.x, d, dmin);
+        k_scale_min(x.h, 2 * c + r, sc, mn);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            q[i] = ((word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu) | ((word_of(x.qh, i) >> (2 * c + r)) & 0x01010101u) << 4;
+        a = d * sc;
+        b = -(dmin * mn);
     }
 };
 
@@ -213,6 +279,16 @@ struct FQ6K {
             const unsigned q = lo | ((byte_of(a.c, j) >> (2 * r)) & 3u) << 4;
             w[j] = sc * small_u2f(q, 32.0f);
         }
+    }
+    static __device__ __forceinline__ void codes(const Raw& x, int u, int r, unsigned (&q)[4], float& a, float& b) {
+        const int hh = (u & 3) >> 1, g = u & 1;
+        const uint4 s = make_uint4(x.s0, x.s1, x.s2, x.s3);
+        a = x.d * (float)(signed char)byte_of(s, 8 * hh + g + 2 * r);
+        b = -32.0f * a;
+        const uint4 lq = (r & 1) ? x.b : x.a;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            q[i] = ((word_of(lq, i) >> (4 * (r >> 1))) & 0x0F0F0F0Fu) | ((word_of(x.c, i) >> (2 * r)) & 0x03030303u) << 4;
     }
 };
 

@@ -51,7 +51,8 @@ fn every_kernel_compiles_for_compute70_without_sm75_instructions() {
                     failures.push(e);
                 }
                 // The hot kernels must keep their arrays in registers (local memory = spills).
-                if ["gemv_f16", "gemv_quant", "dequant", "attention_decode"].contains(&f.name) && ptx.contains(".local") {
+                if ["gemv_f16", "gemv_quant", "dequant", "attention_decode"].contains(&f.name) && ptx.contains(".local")
+                {
                     failures.push(format!("{}.cu: uses local memory", f.name));
                 }
             }
@@ -73,7 +74,12 @@ fn quantized_entries_and_loads(file: &str, ptx: &str) -> Result<(), String> {
     for fmt in dustoff::backend::cuda::qformat::QFormat::all() {
         let name = fmt.dtype.name().to_ascii_lowercase();
         let want = if file == "gemv_quant" {
-            vec![format!("gemv_{name}_n1"), format!("gemv_{name}_n8"), format!("gemv_swiglu_{name}_n1"), format!("gemv_swiglu_{name}_n8")]
+            vec![
+                format!("gemv_{name}_n1"),
+                format!("gemv_{name}_n8"),
+                format!("gemv_swiglu_{name}_n1"),
+                format!("gemv_swiglu_{name}_n8"),
+            ]
         } else {
             vec![format!("dequant_{name}_f16"), format!("embedding_{name}")]
         };

@@ -9,10 +9,10 @@
 
 mod attention;
 mod bench;
-mod quant;
-mod quant_bench;
 #[path = "../common/mod.rs"]
 mod common;
+mod quant;
+mod quant_bench;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use rand::rngs::StdRng;
@@ -486,7 +486,14 @@ fn sample_model_greedy_matches_f64_reference() {
     use dustoff::engine::sampler::argmax;
     use dustoff::engine::single::SingleSeq;
     let m = common::sample_model();
-    let opts = CudaOptions { ordinal: 0, num_blocks: 64, block_size: 16, ptx_dir: None, max_positions: 1024, f16_weights: false };
+    let opts = CudaOptions {
+        ordinal: 0,
+        num_blocks: 64,
+        block_size: 16,
+        ptx_dir: None,
+        max_positions: 1024,
+        f16_weights: false,
+    };
     let mut b = CudaBackend::new(m.config.clone(), &m.weights, &opts).expect("CUDA backend on the sample model");
     eprintln!("weights clamped to F16: {}", b.clamped_weights);
     for case in common::read_cases("greedy_cases.jsonl") {
@@ -668,7 +675,14 @@ fn gemv_swiglu_equals_gemv_then_silu_mul() {
 }
 
 fn opts(blocks: usize) -> CudaOptions {
-    CudaOptions { ordinal: 0, num_blocks: blocks, block_size: 16, ptx_dir: None, max_positions: blocks * 16, f16_weights: false }
+    CudaOptions {
+        ordinal: 0,
+        num_blocks: blocks,
+        block_size: 16,
+        ptx_dir: None,
+        max_positions: blocks * 16,
+        f16_weights: false,
+    }
 }
 
 /// Runs `prompt` then `steps` greedy decode steps; returns every step's logits.

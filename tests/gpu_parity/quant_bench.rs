@@ -76,7 +76,11 @@ fn quant_kernel_breakdown() {
                     DequantF16 { w, out: g.d(&wide), row0: 0, n_rows: all_rows }.launch(&mut g.k, &s).unwrap();
                 });
                 let moved = bytes + (all_rows * cols * 2) as f64;
-                eprintln!("widen {name} {what:14} [{all_rows}x{cols}]: {:8.1} us {:7.0} GB/s moved", dt * 1e6, moved / dt / 1e9);
+                eprintln!(
+                    "widen {name} {what:14} [{all_rows}x{cols}]: {:8.1} us {:7.0} GB/s moved",
+                    dt * 1e6,
+                    moved / dt / 1e9
+                );
             }
         }
     }

@@ -14,8 +14,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::device::CudaDevice;
-use super::kernels::{Kernels, PtxSource};
 use super::dmat::{DevMat, Linear};
+use super::kernels::{Kernels, PtxSource};
 use super::memory::{f16_matrix_bytes, plan_memory};
 use super::qformat::{check_tensor, more_bits_layer, QFormat};
 use super::CudaError;
@@ -96,13 +96,13 @@ pub struct CudaBackend {
     pub(super) kernels: Kernels,
     pub(super) blas: CudaBlas,
     pub(super) layers: Vec<LayerW>,
-    pub(super) embd: Linear,                   // [vocab, dim], one part
-    pub(super) output: Option<Linear>,         // [vocab, dim]; None: tied to embd
+    pub(super) embd: Linear,           // [vocab, dim], one part
+    pub(super) output: Option<Linear>, // [vocab, dim]; None: tied to embd
     /// F16 scratch `[largest layer matrix]` that quantized matrices are widened into for steps
     /// of more than 8 tokens (None when every matrix is F16).
     pub(super) wide: Option<CudaSlice<u16>>,
-    pub(super) output_norm: CudaSlice<f32>,    // [dim]
-    pub(super) rope_cos: CudaSlice<f32>,       // [max_pos, head_dim / 2]
+    pub(super) output_norm: CudaSlice<f32>, // [dim]
+    pub(super) rope_cos: CudaSlice<f32>,    // [max_pos, head_dim / 2]
     pub(super) rope_sin: CudaSlice<f32>,
     pub(super) max_pos: usize,
     pub(super) block_size: usize,
@@ -156,7 +156,11 @@ struct Parts {
 
 /// Device, kernels and cuBLAS, after the memory plan (`matrix_bytes` of weight matrices on the
 /// device) was checked against the free memory.
-fn open(cfg: &ModelConfig, opts: &CudaOptions, matrix_bytes: u64) -> Result<(CudaDevice, Kernels, CudaBlas), CudaError> {
+fn open(
+    cfg: &ModelConfig,
+    opts: &CudaOptions,
+    matrix_bytes: u64,
+) -> Result<(CudaDevice, Kernels, CudaBlas), CudaError> {
     let dev = CudaDevice::new(opts.ordinal)?;
     let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
     let plan = plan_memory(cfg, matrix_bytes, wide, opts.num_blocks, opts.block_size, PLANNED_BATCH_TOKENS);
@@ -232,7 +236,8 @@ impl CudaBackend {
         let embd = put(&[&w.token_embd], "token_embd")?;
         let output = if c.tied_embeddings { None } else { Some(put(&[&w.output], "output")?) };
         let output_norm = up(s, &w.output_norm, "output_norm")?;
-        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors: w.rope_freq_factors.clone(), clamped };
+        let parts =
+            Parts { layers, embd, output, output_norm, rope_freq_factors: w.rope_freq_factors.clone(), clamped };
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
     }
 
@@ -248,10 +253,8 @@ impl CudaBackend {
     pub fn synthetic_mix(cfg: ModelConfig, mix: WeightMix, seed: u64, opts: &CudaOptions) -> Result<Self, CudaError> {
         let c = &cfg;
         let shapes = synthetic_shapes(c, mix);
-        let matrix_bytes = shapes
-            .iter()
-            .map(|&(t, r, k)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64)
-            .sum();
+        let matrix_bytes =
+            shapes.iter().map(|&(t, r, k)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64).sum();
         let (dev, mut kernels, blas) = open(&cfg, opts, matrix_bytes)?;
         let s = &dev.stream;
         let mut rng = StdRng::seed_from_u64(seed);
@@ -329,11 +332,13 @@ impl CudaBackend {
         // What a decode step reads: every layer matrix, the head, one embedding row.
         let embd_m = &p.embd.parts[0];
         let head = p.output.as_ref().map_or(embd_m.bytes(), Linear::bytes);
-        let layer_bytes: u64 = p.layers.iter().map(|l| l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes()).sum();
+        let layer_bytes: u64 =
+            p.layers.iter().map(|l| l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes()).sum();
         let decode_bytes = layer_bytes + head + embd_m.row_bytes();
         let weight_bytes = (layer_bytes + embd_m.bytes() + p.output.as_ref().map_or(0, Linear::bytes)) as usize;
         let mut formats: Vec<(GgmlType, usize)> = Vec::new();
-        let all = p.layers.iter().flat_map(|l| [&l.wqkv, &l.wo, &l.wgu, &l.wdown]).chain([&p.embd]).chain(p.output.as_ref());
+        let all =
+            p.layers.iter().flat_map(|l| [&l.wqkv, &l.wo, &l.wgu, &l.wdown]).chain([&p.embd]).chain(p.output.as_ref());
         for m in all.flat_map(|l| &l.parts) {
             match formats.iter_mut().find(|f| f.0 == m.format()) {
                 Some(f) => f.1 += 1,

@@ -84,7 +84,10 @@ impl DevMat {
         let cols = ts.first().map_or(0, |t| t.cols);
         let rows = ts.iter().map(|t| t.rows).sum();
         if let Some(t) = ts.iter().find(|t| t.cols != cols || (!to_f16 && t.dtype != ts[0].dtype)) {
-            return Err(CudaError::Weights(format!("tensor {} ({}, {} wide) cannot stack with {}", t.name, t.dtype, t.cols, ts[0].name)));
+            return Err(CudaError::Weights(format!(
+                "tensor {} ({}, {} wide) cannot stack with {}",
+                t.name, t.dtype, t.cols, ts[0].name
+            )));
         }
         let fmt = ts.first().and_then(|t| QFormat::of(t.dtype)).filter(|_| !to_f16);
         let Some(fmt) = fmt else {

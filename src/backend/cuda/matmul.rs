@@ -6,7 +6,7 @@
 //! | F16 | below `tc_min_tokens` (1) | f32 GEMV (gemv_f16.cu) |
 //! | F16 | up to `tc_max_tokens` (16) | tensor-core GEMM (gemm_tc.cu), input cast to F16 |
 //! | F16 | more | cuBLAS |
-//! | block format | 1..=8 | GEMV on the packed blocks (gemv_quant.cu), dequantized in registers |
+//! | block format | 1..=4 (`DUSTOFF_QGEMV_MAX_TOKENS`, up to 8) | GEMV on the packed blocks (gemv_quant.cu), codes unpacked in registers |
 //! | block format | more | the matrix (or a row chunk of it) widened into one F16 scratch, reused by every matrix of the step, then the F16 path |
 //!
 //! A `Linear` of several parts (a QKV of mixed formats) runs one product per part into its rows
@@ -35,9 +35,12 @@ fn tc_max_tokens() -> usize {
 }
 
 /// Most tokens of a step that read quantized matrices with the GEMV on the packed blocks
-/// (`DUSTOFF_QGEMV_MAX_TOKENS` overrides the default of 8); larger steps widen them to F16.
+/// (`DUSTOFF_QGEMV_MAX_TOKENS` overrides the default of 4); larger steps widen them to F16.
+/// Measured on the H200 (docs/BENCHMARKS.md, 2026-12-01): at 2 sequences the GEMV path ran
+/// 248 tok/s against 112 widened; at 8, 344 against 436; the kernel times put the crossover
+/// near 6 tokens.
 fn qgemv_max_tokens() -> usize {
-    tuning().qgemv_max_tokens.unwrap_or(GEMV_MAX_TOKENS)
+    tuning().qgemv_max_tokens.unwrap_or(4).min(GEMV_MAX_TOKENS)
 }
 
 /// Whether a step of `n` tokens reads `m`'s packed blocks directly (else through the scratch).
@@ -122,7 +125,17 @@ impl Mm<'_> {
             while r < m.rows {
                 let n_rows = chunk.min(m.rows - r);
                 DequantF16 { w, out: wide, row0: r, n_rows }.launch(k, self.s)?;
-                self.f16(k, wide, n_rows, m.cols, p.bias.map(|b| b.offset(r)), p.n, p.out.offset(r), p.out_stride, p.accumulate)?;
+                self.f16(
+                    k,
+                    wide,
+                    n_rows,
+                    m.cols,
+                    p.bias.map(|b| b.offset(r)),
+                    p.n,
+                    p.out.offset(r),
+                    p.out_stride,
+                    p.accumulate,
+                )?;
                 r += n_rows;
             }
             return Ok(());
@@ -161,7 +174,18 @@ impl Mm<'_> {
         accumulate: bool,
     ) -> Result<(), CudaError> {
         if n <= tc_max_tokens() && GemmTc::fits(w, self.x16, rows, cols, n) {
-            let g = GemmTc { w, x: self.x16, out, bias, rows, cols, n_tok: n, out_stride, accumulate, part: Some(self.part) };
+            let g = GemmTc {
+                w,
+                x: self.x16,
+                out,
+                bias,
+                rows,
+                cols,
+                n_tok: n,
+                out_stride,
+                accumulate,
+                part: Some(self.part),
+            };
             return g.launch(k, self.s);
         }
         l::Gemm { w, x: self.x16, out, rows, cols, n_tok: n, out_stride, accumulate }.launch(self.blas)?;

@@ -84,7 +84,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_swiglu_f16_n8"
         ]
     ),
-    KernelFile { name: "gemv_quant", source: include_str!("../../../kernels/gemv_quant.cu"), entries: &GEMV_QUANT_ENTRIES },
+    KernelFile {
+        name: "gemv_quant",
+        source: include_str!("../../../kernels/gemv_quant.cu"),
+        entries: &GEMV_QUANT_ENTRIES,
+    },
     kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),

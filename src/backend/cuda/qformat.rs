@@ -119,9 +119,14 @@ impl QFormat {
 /// format and that its row length fits the kernels (a whole number of kernel units, and a
 /// multiple of 8 for the F16 kernels); the error names the tensor.
 pub fn check_tensor(t: &Tensor) -> Result<(), CudaError> {
-    let bad = |why: String| Err(CudaError::Weights(format!("tensor {} [{}, {}] {}: {why}", t.name, t.rows, t.cols, t.dtype)));
+    let bad =
+        |why: String| Err(CudaError::Weights(format!("tensor {} [{}, {}] {}: {why}", t.name, t.rows, t.cols, t.dtype)));
     let Some(rb) = t.dtype.row_bytes(t.cols) else {
-        return bad(format!("a row of {} elements is not a whole number of {}-element blocks", t.cols, t.dtype.block_size()));
+        return bad(format!(
+            "a row of {} elements is not a whole number of {}-element blocks",
+            t.cols,
+            t.dtype.block_size()
+        ));
     };
     let want = rb.checked_mul(t.rows);
     if want != Some(t.bytes().len()) {
@@ -140,7 +145,7 @@ pub fn check_tensor(t: &Tensor) -> Result<(), CudaError> {
 /// in Q6_K for Q4_K_M): the first and last eighth of the layers and every third one between.
 pub fn more_bits_layer(layer: usize, n_layers: usize) -> bool {
     let e = n_layers / 8;
-    layer < e || layer >= 7 * n_layers / 8 || (layer >= e && (layer - e) % 3 == 2)
+    layer < e || layer >= 7 * n_layers / 8 || (layer - e) % 3 == 2
 }
 
 #[cfg(test)]

@@ -534,4 +534,3 @@ fn swiglu(
     mm.run(k, Product { lin: wgu, bias: None, x: h, n, out: gu, accumulate: false })?;
     l::SiluMul { gu, out: act, n_tok: n, ffn }.launch(k, s)
 }
-
