@@ -30,7 +30,7 @@ __device__ __forceinline__ void dequant_impl(const DequantParams& p) {
         const QRow row = q_row(p.qs, p.aux, p.row0 + r, p.qs_row, p.aux_row);
         float w[F::RUNS][16];
         int st[F::RUNS];
-        F::decode(F::load(row, u), u, w, st);
+        decode_unit<F>(F::load(row, u), u, w, st);
         half_t* o = p.out + r * p.cols;
 #pragma unroll
         for (int k = 0; k < F::RUNS; ++k) {
@@ -66,7 +66,7 @@ __device__ __forceinline__ void embedding_q_impl(const EmbeddingQParams& p) {
     for (int u = threadIdx.x; u < p.cols / F::UE; u += blockDim.x) {
         float w[F::RUNS][16];
         int st[F::RUNS];
-        F::decode(F::load(row, u), u, w, st);
+        decode_unit<F>(F::load(row, u), u, w, st);
 #pragma unroll
         for (int k = 0; k < F::RUNS; ++k)
 #pragma unroll

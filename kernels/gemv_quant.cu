@@ -1,9 +1,9 @@
 // Decode GEMV on quantized weights: out[t, r] (+)= sum_c W[r, c] * x[t, c] for 1..NT tokens,
 // W in a GGML block format (layout: quant.cuh), dequantized in registers (f32), f32 input and
 // f32 accumulation; each weight byte is read once for all NT tokens.
-// One warp per row: lane i decodes units i, i + 32, ... (U units' loads issued before any is
-// decoded, so several 16-byte loads are in flight per thread), then one warp_sum (fixed order:
-// deterministic). The SwiGLU variant reads a gate row and its up row (stacked [2 rows, cols],
+// A warp per 4 rows (1 token) or 2 rows (2..8 tokens): lane i decodes units i, i + 32, ... of
+// each row (the loads of 2 units issued before any is decoded, so several 16-byte loads are in
+// flight per thread), then one warp_sum per row (fixed order: deterministic). The SwiGLU variant reads a gate row and its up row (stacked [2 rows, cols],
 // one format) and writes silu(gate) * up, as gemv_swiglu_f16 does for F16.
 #include "common.cuh"
 #include "quant.cuh"
@@ -27,35 +27,13 @@ struct GemvQParams {
 #define GEMVQ_WARPS 4
 #define GEMVQ_UNROLL 2
 
-// acc[t] += sum of the unit's weights times x[t] at the unit's columns.
-template <class F, int NT>
-__device__ __forceinline__ void unit_dot(const GemvQParams& p, const typename F::Raw& raw, int u, float* acc) {
-    float w[F::RUNS][16];
-    int st[F::RUNS];
-    F::decode(raw, u, w, st);
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        if (t < p.n_tok) {
-            const float* xt = p.x + (long long)t * p.x_stride;
-            float a = acc[t];
-#pragma unroll
-            for (int r = 0; r < F::RUNS; ++r) {
-                const float4* xv = reinterpret_cast<const float4*>(xt + st[r]);
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const float4 v = __ldg(xv + q);
-                    a = fmaf(w[r][4 * q + 0], v.x, a);
-                    a = fmaf(w[r][4 * q + 1], v.y, a);
-                    a = fmaf(w[r][4 * q + 2], v.z, a);
-                    a = fmaf(w[r][4 * q + 3], v.w, a);
-                }
-            }
-            acc[t] = a;
-        }
-    }
-}
+// Rows of weights one warp reads: 4 at one token (so each x value loaded serves 4 rows: the
+// input is f32, 8x the bytes of a Q4 weight), 2 for more tokens (register budget).
+template <int NT> struct RowsPerWarp { enum { N = NT == 1 ? 4 : 2 }; };
 
-// Sums of NR rows (QRow each) with the NT inputs, reduced over the warp (every lane gets them).
+// Sums of NR weight rows with the NT inputs, reduced over the warp (every lane gets them).
+// Per unit and run: the NR rows' codes are unpacked once, then each token's 16 inputs are
+// loaded once and used for all NR rows (a byte permute, a subtraction and an fma per weight).
 template <class F, int NT, int NR>
 __device__ __forceinline__ void row_sums(const GemvQParams& p, const QRow* rows, float (*acc)[NT]) {
     const int lane = threadIdx.x % WARP;
@@ -65,17 +43,54 @@ __device__ __forceinline__ void row_sums(const GemvQParams& p, const QRow* rows,
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
     for (int u0 = lane; u0 < units; u0 += WARP * GEMVQ_UNROLL) {
-        typename F::Raw raw[NR][GEMVQ_UNROLL];
+        typename F::Raw raw[GEMVQ_UNROLL][NR];
 #pragma unroll
         for (int k = 0; k < GEMVQ_UNROLL; ++k)
 #pragma unroll
             for (int r = 0; r < NR; ++r)
-                if (u0 + WARP * k < units) raw[r][k] = F::load(rows[r], u0 + WARP * k);
+                if (u0 + WARP * k < units) raw[k][r] = F::load(rows[r], u0 + WARP * k);
 #pragma unroll
-        for (int k = 0; k < GEMVQ_UNROLL; ++k)
+        for (int k = 0; k < GEMVQ_UNROLL; ++k) {
+            const int u = u0 + WARP * k;
+            if (u >= units) break;
 #pragma unroll
-            for (int r = 0; r < NR; ++r)
-                if (u0 + WARP * k < units) unit_dot<F, NT>(p, raw[r][k], u0 + WARP * k, acc[r]);
+            for (int run = 0; run < F::RUNS; ++run) {
+                // w = a * q + b per run: sum q x with the codes as floats, then
+                // acc += a * sum(q x) + b * sum(x) (sum(x) shared by the NR rows).
+                unsigned q[NR][4];
+                float ca[NR], cb[NR];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) F::codes(raw[k][r], u, run, q[r], ca[r], cb[r]);
+                const int st = F::start(u, run);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t < p.n_tok) {
+                        const float4* xv = reinterpret_cast<const float4*>(p.x + (long long)t * p.x_stride + st);
+                        float x[16];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            const float4 v = __ldg(xv + i);
+                            x[4 * i] = v.x;
+                            x[4 * i + 1] = v.y;
+                            x[4 * i + 2] = v.z;
+                            x[4 * i + 3] = v.w;
+                        }
+                        float sx = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < 16; ++j) sx += x[j];
+#pragma unroll
+                        for (int r = 0; r < NR; ++r) {
+                            float sq = 0.0f;
+#pragma unroll
+                            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                                for (int j = 0; j < 4; ++j) sq = fmaf(code_f(q[r][i], j), x[4 * i + j], sq);
+                            acc[r][t] = fmaf(ca[r], sq, fmaf(cb[r], sx, acc[r][t]));
+                        }
+                    }
+                }
+            }
+        }
     }
 #pragma unroll
     for (int r = 0; r < NR; ++r)
@@ -83,41 +98,59 @@ __device__ __forceinline__ void row_sums(const GemvQParams& p, const QRow* rows,
         for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
 }
 
+// Warp w of block b computes output rows (b * GEMVQ_WARPS + w) * R .. + R.
 template <class F, int NT>
 __device__ __forceinline__ void gemv_q_impl(const GemvQParams& p) {
-    const int row = blockIdx.x * GEMVQ_WARPS + threadIdx.x / WARP;
-    if (row >= p.rows) return;  // whole warps only: no block-wide synchronization below
-    const QRow rows[1] = {q_row(p.qs, p.aux, row, p.qs_row, p.aux_row)};
-    float acc[1][NT];
-    row_sums<F, NT, 1>(p, rows, acc);
+    constexpr int R = RowsPerWarp<NT>::N;
+    const int row0 = (blockIdx.x * GEMVQ_WARPS + threadIdx.x / WARP) * R;
+    if (row0 >= p.rows) return;  // whole warps only: no block-wide synchronization below
+    QRow rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = q_row(p.qs, p.aux, min(row0 + r, p.rows - 1), p.qs_row, p.aux_row);
+    float acc[R][NT];
+    row_sums<F, NT, R>(p, rows, acc);
     const int lane = threadIdx.x % WARP;
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
-        if (lane == t && t < p.n_tok) {
-            float* o = p.out + (long long)t * p.out_stride + row;
-            const float v = acc[0][t] + (p.bias ? p.bias[row] : 0.0f);
-            *o = p.accumulate ? *o + v : v;
-        }
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+            if (lane == t * R + r && t < p.n_tok && row0 + r < p.rows) {
+                const int row = row0 + r;
+                float* o = p.out + (long long)t * p.out_stride + row;
+                const float v = acc[r][t] + (p.bias ? p.bias[row] : 0.0f);
+                *o = p.accumulate ? *o + v : v;
+            }
 }
 
+// Warp w of block b computes output rows (b * GEMVQ_WARPS + w) * R / 2 .. + R / 2 from their
+// gate rows and up rows.
 template <class F, int NT>
 __device__ __forceinline__ void gemv_swiglu_q_impl(const GemvQParams& p) {
-    const int row = blockIdx.x * GEMVQ_WARPS + threadIdx.x / WARP;
-    if (row >= p.rows) return;
-    const QRow rows[2] = {q_row(p.qs, p.aux, row, p.qs_row, p.aux_row),
-                          q_row(p.qs, p.aux, (long long)p.rows + row, p.qs_row, p.aux_row)};
-    float acc[2][NT];
-    row_sums<F, NT, 2>(p, rows, acc);
+    constexpr int R = RowsPerWarp<NT>::N / 2;
+    const int row0 = (blockIdx.x * GEMVQ_WARPS + threadIdx.x / WARP) * R;
+    if (row0 >= p.rows) return;
+    QRow rows[2 * R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = min(row0 + r, p.rows - 1);
+        rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
+        rows[R + r] = q_row(p.qs, p.aux, (long long)p.rows + row, p.qs_row, p.aux_row);
+    }
+    float acc[2 * R][NT];
+    row_sums<F, NT, 2 * R>(p, rows, acc);
     const int lane = threadIdx.x % WARP;
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
-        if (lane == t && t < p.n_tok) {
-            const float g = acc[0][t], u = acc[1][t];
-            p.out[(long long)t * p.out_stride + row] = g / (1.0f + expf(-g)) * u;
-        }
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+            if (lane == t * R + r && t < p.n_tok && row0 + r < p.rows) {
+                const float g = acc[r][t], u = acc[R + r][t];
+                p.out[(long long)t * p.out_stride + row0 + r] = g / (1.0f + expf(-g)) * u;
+            }
 }
 
-// grid: ceil(rows / GEMVQ_WARPS), block: 32 * GEMVQ_WARPS.
+// grid: ceil(rows / (GEMVQ_WARPS * R)) with R = RowsPerWarp (halved for SwiGLU), block:
+// 32 * GEMVQ_WARPS.
 #define GEMVQ_ENTRIES(name, F)                                                                          \
     extern "C" __global__ void __launch_bounds__(WARP * GEMVQ_WARPS) gemv_##name##_n1(const GemvQParams p) { gemv_q_impl<F, 1>(p); } \
     extern "C" __global__ void __launch_bounds__(WARP * GEMVQ_WARPS) gemv_##name##_n2(const GemvQParams p) { gemv_q_impl<F, 2>(p); } \

@@ -17,7 +17,7 @@
 // | Q6_K   | 256   | 192 | 20 | scales[16] (i8), d, pad; qs = ql[128], qh[64] |
 //
 // A unit is what one thread decodes from one or a few 16-byte loads: RUNS runs of 16
-// consecutive elements of the row, run r starting at column st[r]. Values are computed as the
+// consecutive elements of the row, run r starting at column start(u, r). Values are computed as the
 // CPU decoders in src/model/quant/{legacy,kquants}.rs compute them (f32 from f16 scales).
 #pragma once
 
@@ -33,24 +33,47 @@ __device__ __forceinline__ unsigned byte_of(const uint4& v, int j) {
     return (w >> (8 * (j & 3))) & 0xffu;
 }
 
+// v - off as a float for 0 <= v < 2^23 without a conversion instruction (I2F runs at a
+// quarter of the FMA rate or less): the bits of 2^23 + v, minus 2^23 + off, exact.
+__device__ __forceinline__ float small_u2f(unsigned v, float off) {
+    return __int_as_float(0x4B000000u | v) - (8388608.0f + off);
+}
+
+// Word i (0..3) of a 16-byte load.
+__device__ __forceinline__ unsigned word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// Fifth bits: bits 0..3 of h at bit 4 of bytes 0..3 (the four products land on distinct bits).
+__device__ __forceinline__ unsigned bits_to_bytes4(unsigned h) { return ((h & 15u) * 0x00204081u & 0x01010101u) << 4; }
+
+// Code j (byte j of w, 0..255) as a float: one byte permute and one subtraction.
+__device__ __forceinline__ float code_f(unsigned w, int j) {
+    return __int_as_float(__byte_perm(w, 0x4B000000u, 0x7440 + j)) - 8388608.0f;
+}
+
 __device__ __forceinline__ uint4 ld16(const u8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 __device__ __forceinline__ float ldh(const u8_t* p) { return h2f(__ldg(reinterpret_cast<const half_t*>(p))); }
 __device__ __forceinline__ unsigned ld32(const u8_t* p) { return __ldg(reinterpret_cast<const unsigned*>(p)); }
 
-// ---- 32-element blocks: one unit = one block, runs at 32b and 32b + 16 (low and high nibbles).
+// Each format: Raw (the loaded bytes of one unit), load(row, u), run(raw, u, r, w) (the 16
+// values of run r), start(u, r) (its first column). decode_unit() below gives all runs.
+
+// ---- 32-element blocks: one unit = one block, run 0 = elements 32b.. (low nibbles), run 1 =
+// elements 32b + 16.. (high nibbles).
 struct FQ4_0 {
     enum { QB = 16, AB = 2, UE = 32, RUNS = 2 };
     struct Raw { uint4 q; float d; };
     static __device__ __forceinline__ Raw load(const QRow& r, int u) { return {ld16(r.qs + 16 * u), ldh(r.aux + 2 * u)}; }
-    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
+    static __device__ __forceinline__ int start(int u, int r) { return 32 * u + 16 * r; }
+    static __device__ __forceinline__ void run(const Raw& a, int, int r, float (&w)[16]) {
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const unsigned b = byte_of(a.q, j);
-            w[0][j] = (float)((int)(b & 15u) - 8) * a.d;
-            w[1][j] = (float)((int)(b >> 4) - 8) * a.d;
-        }
-        st[0] = 32 * u;
-        st[1] = 32 * u + 16;
+        for (int j = 0; j < 16; ++j) w[j] = small_u2f((byte_of(a.q, j) >> (4 * r)) & 15u, 8.0f) * a.d;
+    }
+    // Run r as codes q (byte j of q[i] is element 4i + j) with w = a * q + b.
+    static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = (word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu;
+        a = x.d;
+        b = -8.0f * x.d;
     }
 };
 
@@ -58,17 +81,17 @@ struct FQ4_1 {
     enum { QB = 16, AB = 4, UE = 32, RUNS = 2 };
     struct Raw { uint4 q; unsigned dm; };
     static __device__ __forceinline__ Raw load(const QRow& r, int u) { return {ld16(r.qs + 16 * u), ld32(r.aux + 4 * u)}; }
-    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
+    static __device__ __forceinline__ int start(int u, int r) { return 32 * u + 16 * r; }
+    static __device__ __forceinline__ void run(const Raw& a, int, int r, float (&w)[16]) {
         float d, m;
         h2x2f(a.dm, d, m);
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const unsigned b = byte_of(a.q, j);
-            w[0][j] = (float)(b & 15u) * d + m;
-            w[1][j] = (float)(b >> 4) * d + m;
-        }
-        st[0] = 32 * u;
-        st[1] = 32 * u + 16;
+        for (int j = 0; j < 16; ++j) w[j] = small_u2f((byte_of(a.q, j) >> (4 * r)) & 15u, 0.0f) * d + m;
+    }
+    static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = (word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu;
+        h2x2f(x.dm, a, b);
     }
 };
 
@@ -78,20 +101,24 @@ struct FQ5_0 {
     static __device__ __forceinline__ Raw load(const QRow& r, int u) {
         return {ld16(r.qs + 16 * u), __ldg(reinterpret_cast<const uint2*>(r.aux + 8 * u))};
     }
-    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
-        const unsigned qh = a.a.x;
+    static __device__ __forceinline__ int start(int u, int r) { return 32 * u + 16 * r; }
+    static __device__ __forceinline__ void run(const Raw& a, int, int r, float (&w)[16]) {
+        const unsigned qh = a.a.x >> (16 * r);
         float d, pad;
         h2x2f(a.a.y, d, pad);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-            const unsigned b = byte_of(a.q, j);
-            const unsigned lo = (b & 15u) | ((qh >> j) & 1u) << 4;
-            const unsigned hi = (b >> 4) | ((qh >> (j + 16)) & 1u) << 4;
-            w[0][j] = (float)((int)lo - 16) * d;
-            w[1][j] = (float)((int)hi - 16) * d;
+            const unsigned q = ((byte_of(a.q, j) >> (4 * r)) & 15u) | ((qh >> j) & 1u) << 4;
+            w[j] = small_u2f(q, 16.0f) * d;
         }
-        st[0] = 32 * u;
-        st[1] = 32 * u + 16;
+    }
+    static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
+        const unsigned qh = x.a.x >> (16 * r);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = ((word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu) | bits_to_bytes4(qh >> (4 * i));
+        float pad;
+        h2x2f(x.a.y, a, pad);
+        b = -16.0f * a;
     }
 };
 
@@ -101,20 +128,22 @@ struct FQ5_1 {
     static __device__ __forceinline__ Raw load(const QRow& r, int u) {
         return {ld16(r.qs + 16 * u), __ldg(reinterpret_cast<const uint2*>(r.aux + 8 * u))};
     }
-    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
-        const unsigned qh = a.a.x;
+    static __device__ __forceinline__ int start(int u, int r) { return 32 * u + 16 * r; }
+    static __device__ __forceinline__ void run(const Raw& a, int, int r, float (&w)[16]) {
+        const unsigned qh = a.a.x >> (16 * r);
         float d, m;
         h2x2f(a.a.y, d, m);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-            const unsigned b = byte_of(a.q, j);
-            const unsigned lo = (b & 15u) | ((qh >> j) & 1u) << 4;
-            const unsigned hi = (b >> 4) | ((qh >> (j + 16)) & 1u) << 4;
-            w[0][j] = (float)lo * d + m;
-            w[1][j] = (float)hi * d + m;
+            const unsigned q = ((byte_of(a.q, j) >> (4 * r)) & 15u) | ((qh >> j) & 1u) << 4;
+            w[j] = small_u2f(q, 0.0f) * d + m;
         }
-        st[0] = 32 * u;
-        st[1] = 32 * u + 16;
+    }
+    static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
+        const unsigned qh = x.a.x >> (16 * r);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = ((word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu) | bits_to_bytes4(qh >> (4 * i));
+        h2x2f(x.a.y, a, b);
     }
 };
 
@@ -124,14 +153,19 @@ struct FQ8_0 {
     static __device__ __forceinline__ Raw load(const QRow& r, int u) {
         return {ld16(r.qs + 32 * u), ld16(r.qs + 32 * u + 16), ldh(r.aux + 2 * u)};
     }
-    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
+    static __device__ __forceinline__ int start(int u, int r) { return 32 * u + 16 * r; }
+    static __device__ __forceinline__ void run(const Raw& a, int, int r, float (&w)[16]) {
+        const uint4 q = r == 0 ? a.q0 : a.q1;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            w[0][j] = (float)(signed char)byte_of(a.q0, j) * a.d;
-            w[1][j] = (float)(signed char)byte_of(a.q1, j) * a.d;
-        }
-        st[0] = 32 * u;
-        st[1] = 32 * u + 16;
+        for (int j = 0; j < 16; ++j) w[j] = small_u2f(byte_of(q, j) ^ 0x80u, 128.0f) * a.d;
+    }
+    // Signed codes offset by 128 (x ^ 0x80 per byte), so b = -128 d.
+    static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
+        const uint4 v = r == 0 ? x.q0 : x.q1;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = word_of(v, i) ^ 0x80808080u;
+        a = x.d;
+        b = -128.0f * x.d;
     }
 };
 
@@ -149,8 +183,8 @@ __device__ __forceinline__ void k_scale_min(const uint4& h, int j, float& sc, fl
 }
 
 // Q4_K: unit u = super-block u / 8, chunk c = (u % 8) / 2 (64 elements), half h = u % 2: the
-// 16 bytes qs[32c + 16h ..] hold elements 64c + 16h + i (low nibbles, sub-block 2c) and
-// 64c + 32 + 16h + i (high nibbles, sub-block 2c + 1).
+// 16 bytes qs[32c + 16h ..] hold elements 64c + 16h + i (low nibbles, sub-block 2c: run 0) and
+// 64c + 32 + 16h + i (high nibbles, sub-block 2c + 1: run 1).
 struct FQ4K {
     enum { QB = 128, AB = 16, UE = 32, RUNS = 2 };
     struct Raw { uint4 q, h; };
@@ -158,25 +192,31 @@ struct FQ4K {
         const int sb = u >> 3, c = (u & 7) >> 1, h = u & 1;
         return {ld16(r.qs + 128 * sb + 32 * c + 16 * h), ld16(r.aux + 16 * sb)};
     }
-    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
-        const int sb = u >> 3, c = (u & 7) >> 1, h = u & 1;
-        float d, dmin, s1, m1, s2, m2;
+    static __device__ __forceinline__ int start(int u, int r) {
+        return 256 * (u >> 3) + 64 * ((u & 7) >> 1) + 16 * (u & 1) + 32 * r;
+    }
+    static __device__ __forceinline__ void run(const Raw& a, int u, int r, float (&w)[16]) {
+        const int c = (u & 7) >> 1;
+        float d, dmin, sc, mn;
         h2x2f(a.h.x, d, dmin);
-        k_scale_min(a.h, 2 * c, s1, m1);
-        k_scale_min(a.h, 2 * c + 1, s2, m2);
-        const float d1 = d * s1, o1 = dmin * m1, d2 = d * s2, o2 = dmin * m2;
+        k_scale_min(a.h, 2 * c + r, sc, mn);
+        const float d1 = d * sc, o1 = dmin * mn;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const unsigned b = byte_of(a.q, j);
-            w[0][j] = d1 * (float)(b & 15u) - o1;
-            w[1][j] = d2 * (float)(b >> 4) - o2;
-        }
-        st[0] = 256 * sb + 64 * c + 16 * h;
-        st[1] = st[0] + 32;
+        for (int j = 0; j < 16; ++j) w[j] = d1 * small_u2f((byte_of(a.q, j) >> (4 * r)) & 15u, 0.0f) - o1;
+    }
+    static __device__ __forceinline__ void codes(const Raw& x, int u, int r, unsigned (&q)[4], float& a, float& b) {
+        const int c = (u & 7) >> 1;
+        float d, dmin, sc, mn;
+        h2x2f(x.h.x, d, dmin);
+        k_scale_min(x.h, 2 * c + r, sc, mn);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = (word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu;
+        a = d * sc;
+        b = -(dmin * mn);
     }
 };
 
-// Q5_K: Q4_K plus a fifth bit, bit 2c (low) / 2c + 1 (high) of qh[16h + i] (aux bytes 16..48).
+// Q5_K: Q4_K plus a fifth bit, bit 2c + r of qh[16h + i] (aux bytes 16..48).
 struct FQ5K {
     enum { QB = 128, AB = 48, UE = 32, RUNS = 2 };
     struct Raw { uint4 q, h, qh; };
@@ -184,30 +224,37 @@ struct FQ5K {
         const int sb = u >> 3, c = (u & 7) >> 1, h = u & 1;
         return {ld16(r.qs + 128 * sb + 32 * c + 16 * h), ld16(r.aux + 48 * sb), ld16(r.aux + 48 * sb + 16 + 16 * h)};
     }
-    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
-        const int sb = u >> 3, c = (u & 7) >> 1, h = u & 1;
-        float d, dmin, s1, m1, s2, m2;
+    static __device__ __forceinline__ int start(int u, int r) { return FQ4K::start(u, r); }
+    static __device__ __forceinline__ void run(const Raw& a, int u, int r, float (&w)[16]) {
+        const int c = (u & 7) >> 1;
+        float d, dmin, sc, mn;
         h2x2f(a.h.x, d, dmin);
-        k_scale_min(a.h, 2 * c, s1, m1);
-        k_scale_min(a.h, 2 * c + 1, s2, m2);
-        const float d1 = d * s1, o1 = dmin * m1, d2 = d * s2, o2 = dmin * m2;
+        k_scale_min(a.h, 2 * c + r, sc, mn);
+        const float d1 = d * sc, o1 = dmin * mn;
+        const int hb = 2 * c + r;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-            const unsigned b = byte_of(a.q, j), hb = byte_of(a.qh, j);
-            const unsigned lo = (b & 15u) | ((hb >> (2 * c)) & 1u) << 4;
-            const unsigned hi = (b >> 4) | ((hb >> (2 * c + 1)) & 1u) << 4;
-            w[0][j] = d1 * (float)lo - o1;
-            w[1][j] = d2 * (float)hi - o2;
+            const unsigned q = ((byte_of(a.q, j) >> (4 * r)) & 15u) | ((byte_of(a.qh, j) >> hb) & 1u) << 4;
+            w[j] = d1 * small_u2f(q, 0.0f) - o1;
         }
-        st[0] = 256 * sb + 64 * c + 16 * h;
-        st[1] = st[0] + 32;
+    }
+    static __device__ __forceinline__ void codes(const Raw& x, int u, int r, unsigned (&q)[4], float& a, float& b) {
+        const int c = (u & 7) >> 1;
+        float d, dmin, sc, mn;
+        h2x2f(x.h.x, d, dmin);
+        k_scale_min(x.h, 2 * c + r, sc, mn);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            q[i] = ((word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu) | ((word_of(x.qh, i) >> (2 * c + r)) & 0x01010101u) << 4;
+        a = d * sc;
+        b = -(dmin * mn);
     }
 };
 
 // Q6_K: unit u = super-block u / 4, half hh = (u % 4) / 2 (128 elements), l0 = 16 (u % 2):
-// for l = l0 + i the four elements 128hh + l + 32k (k = 0..3) take the low nibble of
-// ql[64hh + l], low of ql[64hh + 32 + l], high of ql[64hh + l], high of ql[64hh + 32 + l], and
-// bits 2k..2k+1 of qh[32hh + l]; their scales are sc[8hh + l0 / 16 + 2k].
+// for l = l0 + i, run k (0..3) is element 128hh + l + 32k: the low nibble of ql[64hh + l]
+// (k = 0), low of ql[64hh + 32 + l] (1), high of ql[64hh + l] (2), high of ql[64hh + 32 + l]
+// (3), with bits 2k..2k+1 of qh[32hh + l] on top; its scale is sc[8hh + l0 / 16 + 2k].
 struct FQ6K {
     enum { QB = 192, AB = 20, UE = 64, RUNS = 4 };
     struct Raw { uint4 a, b, c; unsigned s0, s1, s2, s3; float d; };
@@ -218,24 +265,42 @@ struct FQ6K {
         return {ld16(q + 64 * hh + 16 * g), ld16(q + 64 * hh + 32 + 16 * g), ld16(q + 128 + 32 * hh + 16 * g),
                 ld32(x), ld32(x + 4), ld32(x + 8), ld32(x + 12), ldh(x + 16)};
     }
-    static __device__ __forceinline__ void decode(const Raw& a, int u, float (&w)[RUNS][16], int (&st)[RUNS]) {
-        const int sb = u >> 2, hh = (u & 3) >> 1, g = u & 1;
+    static __device__ __forceinline__ int start(int u, int r) {
+        return 256 * (u >> 2) + 128 * ((u & 3) >> 1) + 16 * (u & 1) + 32 * r;
+    }
+    static __device__ __forceinline__ void run(const Raw& a, int u, int r, float (&w)[16]) {
+        const int hh = (u & 3) >> 1, g = u & 1;
         const uint4 s = make_uint4(a.s0, a.s1, a.s2, a.s3);
-        float sc[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) sc[k] = a.d * (float)(signed char)byte_of(s, 8 * hh + g + 2 * k);
+        const float sc = a.d * (float)(signed char)byte_of(s, 8 * hh + g + 2 * r);
+        const uint4 lq = (r & 1) ? a.b : a.a;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-            const unsigned l1 = byte_of(a.a, j), l2 = byte_of(a.b, j), h = byte_of(a.c, j);
-            w[0][j] = sc[0] * (float)((int)((l1 & 15u) | (h & 3u) << 4) - 32);
-            w[1][j] = sc[1] * (float)((int)((l2 & 15u) | ((h >> 2) & 3u) << 4) - 32);
-            w[2][j] = sc[2] * (float)((int)((l1 >> 4) | ((h >> 4) & 3u) << 4) - 32);
-            w[3][j] = sc[3] * (float)((int)((l2 >> 4) | ((h >> 6) & 3u) << 4) - 32);
+            const unsigned lo = (byte_of(lq, j) >> (4 * (r >> 1))) & 15u;
+            const unsigned q = lo | ((byte_of(a.c, j) >> (2 * r)) & 3u) << 4;
+            w[j] = sc * small_u2f(q, 32.0f);
         }
+    }
+    static __device__ __forceinline__ void codes(const Raw& x, int u, int r, unsigned (&q)[4], float& a, float& b) {
+        const int hh = (u & 3) >> 1, g = u & 1;
+        const uint4 s = make_uint4(x.s0, x.s1, x.s2, x.s3);
+        a = x.d * (float)(signed char)byte_of(s, 8 * hh + g + 2 * r);
+        b = -32.0f * a;
+        const uint4 lq = (r & 1) ? x.b : x.a;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) st[k] = 256 * sb + 128 * hh + 16 * g + 32 * k;
+        for (int i = 0; i < 4; ++i)
+            q[i] = ((word_of(lq, i) >> (4 * (r >> 1))) & 0x0F0F0F0Fu) | ((word_of(x.c, i) >> (2 * r)) & 0x03030303u) << 4;
     }
 };
+
+// All runs of unit u: w[r] holds the 16 values from column st[r] on.
+template <class F>
+__device__ __forceinline__ void decode_unit(const typename F::Raw& a, int u, float (&w)[F::RUNS][16], int (&st)[F::RUNS]) {
+#pragma unroll
+    for (int r = 0; r < F::RUNS; ++r) {
+        F::run(a, u, r, w[r]);
+        st[r] = F::start(u, r);
+    }
+}
 
 // Row r of a matrix with the given per-row byte counts of qs and aux.
 __device__ __forceinline__ QRow q_row(const u8_t* qs, const u8_t* aux, long long r, int qs_row, int aux_row) {

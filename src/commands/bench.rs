@@ -158,7 +158,6 @@ pub fn bench_batched<B: Backend>(
     use crate::engine::sampler::SamplingParams;
     // Kernel compilation (NVRTC on a machine without a warm cache) stays out of the timings.
     backend.prepare()?;
-    let bw = backend.measure_copy_bandwidth();
     let weights = backend.decode_weight_bytes();
     let kv_pos = backend.kv_bytes_per_position();
     let vocab = backend.config().vocab_size;
@@ -211,9 +210,24 @@ pub fn bench_batched<B: Backend>(
         let decode_tok_s = (n * gen_tokens.saturating_sub(1)) as f64 / dt.max(1e-9);
         let mean_ctx = (prompt_tokens + gen_tokens / 2) as u64;
         let step_bytes = weights + n as u64 * mean_ctx * kv_pos;
-        let share = bw.map(|bw| step_bytes as f64 * steps as f64 / dt.max(1e-9) / bw);
+        // Bytes per second read by the decode steps; divided by the bandwidth below.
+        let share = step_bytes as f64 * steps as f64 / dt.max(1e-9);
         eprintln!("{n:>4} sequences: prefill {prefill_s:.2} s, decode {decode_tok_s:.1} tok/s");
-        rows.push(BatchRow { sequences: n, prefill_s, decode_tok_s, bandwidth_share: share });
+        rows.push(BatchRow { sequences: n, prefill_s, decode_tok_s, bandwidth_share: Some(share) });
+    }
+    if let Some(p) = engine.backend().peak_memory_bytes() {
+        eprintln!(
+            "peak device memory {:.2} GB (weights {:.2} GB read per decode step)",
+            p as f64 / 1e9,
+            weights as f64 / 1e9
+        );
+    }
+    // Measured after the rows: its 2 GiB of copy buffers may stay in the allocator's pool and
+    // would otherwise count in the peak of every later step.
+    let mut backend = engine.into_backend();
+    let bw = backend.measure_copy_bandwidth();
+    for r in &mut rows {
+        r.bandwidth_share = bw.and_then(|bw| r.bandwidth_share.map(|s| s / bw));
     }
     Ok(rows)
 }

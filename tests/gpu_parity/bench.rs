@@ -31,7 +31,7 @@ fn bench_qwen3_8b_synthetic() {
 }
 
 /// Median GPU time of `f` over 20 runs (after one warm-up), in seconds.
-fn time(g: &mut Gpu, f: &mut dyn FnMut(&mut Gpu)) -> f64 {
+pub(crate) fn time(g: &mut Gpu, f: &mut dyn FnMut(&mut Gpu)) -> f64 {
     let ev = |g: &Gpu| g.dev.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
     f(g);
     let (a, b) = (ev(g), ev(g));

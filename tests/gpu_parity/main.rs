@@ -12,6 +12,7 @@ mod bench;
 #[path = "../common/mod.rs"]
 mod common;
 mod quant;
+mod quant_bench;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use rand::rngs::StdRng;

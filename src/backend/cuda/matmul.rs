@@ -6,7 +6,7 @@
 //! | F16 | below `tc_min_tokens` (1) | f32 GEMV (gemv_f16.cu) |
 //! | F16 | up to `tc_max_tokens` (16) | tensor-core GEMM (gemm_tc.cu), input cast to F16 |
 //! | F16 | more | cuBLAS |
-//! | block format | 1..=8 | GEMV on the packed blocks (gemv_quant.cu), dequantized in registers |
+//! | block format | 1..=4 (`DUSTOFF_QGEMV_MAX_TOKENS`, up to 8) | GEMV on the packed blocks (gemv_quant.cu), codes unpacked in registers |
 //! | block format | more | the matrix (or a row chunk of it) widened into one F16 scratch, reused by every matrix of the step, then the F16 path |
 //!
 //! A `Linear` of several parts (a QKV of mixed formats) runs one product per part into its rows
@@ -34,9 +34,18 @@ fn tc_max_tokens() -> usize {
     tuning().tc_max_tokens.unwrap_or(16).min(TC_MAX_TOKENS)
 }
 
+/// Most tokens of a step that read quantized matrices with the GEMV on the packed blocks
+/// (`DUSTOFF_QGEMV_MAX_TOKENS` overrides the default of 4); larger steps widen them to F16.
+/// Measured on the H200 (docs/BENCHMARKS.md, 2026-12-01): at 2 sequences the GEMV path ran
+/// 248 tok/s against 112 widened; at 8, 344 against 436; the kernel times put the crossover
+/// near 6 tokens.
+fn qgemv_max_tokens() -> usize {
+    tuning().qgemv_max_tokens.unwrap_or(4).min(GEMV_MAX_TOKENS)
+}
+
 /// Whether a step of `n` tokens reads `m`'s packed blocks directly (else through the scratch).
 pub fn packed_gemv(m: &DevMat, n: usize) -> bool {
-    matches!(m.data, super::dmat::MatData::Quant { .. }) && n <= GEMV_MAX_TOKENS
+    matches!(m.data, super::dmat::MatData::Quant { .. }) && n <= qgemv_max_tokens()
 }
 
 /// The buffers the products of one step use.
@@ -91,7 +100,7 @@ impl Mm<'_> {
     fn part(&mut self, k: &mut Kernels, p: Sub) -> Result<(), CudaError> {
         let m = p.m;
         if let Some(w) = m.quant(self.s) {
-            if p.n <= GEMV_MAX_TOKENS {
+            if packed_gemv(m, p.n) {
                 return GemvQ {
                     w,
                     x: p.x,

@@ -145,7 +145,7 @@ pub fn check_tensor(t: &Tensor) -> Result<(), CudaError> {
 /// in Q6_K for Q4_K_M): the first and last eighth of the layers and every third one between.
 pub fn more_bits_layer(layer: usize, n_layers: usize) -> bool {
     let e = n_layers / 8;
-    layer < e || layer >= 7 * n_layers / 8 || (layer >= e && (layer - e) % 3 == 2)
+    layer < e || layer >= 7 * n_layers / 8 || (layer - e) % 3 == 2
 }
 
 #[cfg(test)]

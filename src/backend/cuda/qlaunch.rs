@@ -119,7 +119,10 @@ impl GemvQ {
             aux_row,
         };
         let entry = GEMV_QUANT_ENTRIES[8 * v + self.w.fmt.index];
-        launch(k, s, entry, (blocks_for(K, self.rows, GEMVQ_WARPS)?, 1, 1), (32 * GEMVQ_WARPS) as u32, 0, &p)
+        // Output rows per warp (kernels/gemv_quant.cu: RowsPerWarp, halved for SwiGLU).
+        let per_warp = if self.n_tok == 1 { 4 } else { 2 } / if self.swiglu { 2 } else { 1 };
+        let grid = blocks_for(K, self.rows, GEMVQ_WARPS * per_warp)?;
+        launch(k, s, entry, (grid, 1, 1), (32 * GEMVQ_WARPS) as u32, 0, &p)
     }
 }
 

@@ -8,6 +8,9 @@ pub(super) struct Tuning {
     pub tc_min_tokens: Option<usize>,
     /// `DUSTOFF_TC_MAX_TOKENS`: most tokens for it; larger steps use cuBLAS (default 16).
     pub tc_max_tokens: Option<usize>,
+    /// `DUSTOFF_QGEMV_MAX_TOKENS`: most tokens of a step for the GEMV on packed quantized
+    /// blocks (1..=8); larger steps widen the matrix to F16 for the GEMM.
+    pub qgemv_max_tokens: Option<usize>,
     /// `DUSTOFF_TC_ROWS=64`: 64-row blocks of the wide-tile GEMM even where 128 fit.
     pub tc_rows64: bool,
     /// `DUSTOFF_ATTN_ONEPASS=0`: the two-pass decode attention for every step.
@@ -25,6 +28,7 @@ pub(super) fn tuning() -> &'static Tuning {
         Tuning {
             tc_min_tokens: num("DUSTOFF_TC_MIN_TOKENS"),
             tc_max_tokens: num("DUSTOFF_TC_MAX_TOKENS"),
+            qgemv_max_tokens: num("DUSTOFF_QGEMV_MAX_TOKENS").filter(|n| (1..=8).contains(n)),
             tc_rows64: num("DUSTOFF_TC_ROWS") == Some(64),
             attn_onepass: num("DUSTOFF_ATTN_ONEPASS") != Some(0),
             attn_warps: num("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)),

@@ -1,5 +1,6 @@
-//! Weights converted to F16 for the GPU. F16 tensors are copied as they are; BF16, F32 and the
-//! GGML block formats are widened to f32 and rounded to F16. Values beyond the F16 range
+//! Weights converted to F16 for the GPU: float files, and block formats under `--weights f16`
+//! (otherwise block formats stay packed: `qformat`, `dmat`). F16 tensors are copied as they
+//! are; BF16, F32 and the GGML block formats are widened to f32 and rounded to F16. Values beyond the F16 range
 //! (+-65504, and infinities) are clamped to it and counted, never turned into inf.
 
 use rayon::prelude::*;
@@ -84,26 +85,6 @@ pub fn tensor_to_f16(t: &Tensor) -> Result<(Vec<u16>, u64), CudaError> {
     Ok((out, clamped))
 }
 
-/// Several matrices of the same width stacked along rows (`[sum rows, cols]`): the fused QKV
-/// and gate/up weights, read by one GEMV launch.
-pub fn stack_f16(ts: &[&Tensor]) -> Result<(Vec<u16>, u64), CudaError> {
-    let cols = ts.first().map_or(0, |t| t.cols);
-    if let Some(t) = ts.iter().find(|t| t.cols != cols) {
-        return Err(CudaError::Weights(format!(
-            "tensor {} is {} wide, cannot stack with width {cols}",
-            t.name, t.cols
-        )));
-    }
-    let mut out = Vec::with_capacity(ts.iter().map(|t| t.rows * t.cols).sum());
-    let mut clamped = 0;
-    for t in ts {
-        let (v, c) = tensor_to_f16(t)?;
-        out.extend_from_slice(&v);
-        clamped += c;
-    }
-    Ok((out, clamped))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,16 +113,5 @@ mod tests {
         let (h2, c2) = tensor_to_f16(&t).unwrap();
         assert_eq!(h2, h);
         assert_eq!(c2, 2);
-    }
-
-    #[test]
-    fn stacking_appends_rows_and_rejects_width_mismatch() {
-        let a = Tensor::from_f32("a", 1, 2, &[1.0, 2.0]);
-        let b = Tensor::from_f32("b", 2, 2, &[3.0, 4.0, 5.0, 6.0]);
-        let (v, _) = stack_f16(&[&a, &b]).unwrap();
-        let back: Vec<f32> = v.iter().map(|&b| half::f16::from_bits(b).to_f32()).collect();
-        assert_eq!(back, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-        let c = Tensor::from_f32("c", 1, 3, &[1.0, 2.0, 3.0]);
-        assert!(stack_f16(&[&a, &c]).is_err());
     }
 }

@@ -1,0 +1,87 @@
+//! Run by hand on the GPU machine (`--ignored`): the quantized decode kernels alone on the
+//! Qwen3-8B matrices, per format, as bytes of packed weights read per second, next to the copy
+//! bandwidth of the same run; and the cost of widening a matrix to F16 (steps of 9+ tokens).
+
+use dustoff::backend::cuda::dmat::DevMat;
+use dustoff::backend::cuda::qlaunch::{DequantF16, GemvQ};
+use dustoff::backend::cuda::WeightMix;
+use dustoff::model::quant::GgmlType;
+
+use super::bench::time;
+use super::gpu;
+
+#[test]
+#[ignore]
+fn quant_kernel_breakdown() {
+    let mut g = gpu("quantized kernel breakdown").unwrap();
+    let s = g.dev.stream.clone();
+    let bw = g.dev.copy_bandwidth(1 << 30, 10).unwrap();
+    eprintln!("copy bandwidth {:.0} GB/s", bw / 1e9);
+    let dim = 4096;
+    let xv = g.randn(8 * 12288, 1.0);
+    let x = g.up(&xv);
+    let out = g.zeros::<f32>(8 * 151_936);
+    let wide = g.zeros::<u16>(2 * 12288 * dim);
+    let formats = std::env::var("DUSTOFF_BREAKDOWN_FORMATS").unwrap_or_else(|_| "q4_0,q8_0,q4_k,q6_k".into());
+    for name in formats.split(',') {
+        let Some(WeightMix::Uniform(t)) = WeightMix::parse(name) else { panic!("{name}: one block format") };
+        assert_ne!(t, GgmlType::F16);
+        for (what, rows, cols, swiglu) in [
+            ("qkv", 6144, dim, false),
+            ("o", dim, dim, false),
+            ("gate/up+swiglu", 12288, dim, true),
+            ("down", dim, 12288, false),
+            ("head", 151_936, dim, false),
+        ] {
+            let all_rows = rows * if swiglu { 2 } else { 1 };
+            let probe = DevMat::synthetic(&s, &mut g.k, t, all_rows, cols, 1, what).unwrap();
+            let bytes = probe.bytes() as f64;
+            // Several copies so that repeated runs do not read the L2.
+            let n_copies = ((2usize << 30) as f64 / bytes).clamp(1.0, 8.0) as usize;
+            let mut ws = vec![probe];
+            for j in 1..n_copies {
+                ws.push(DevMat::synthetic(&s, &mut g.k, t, all_rows, cols, j as u64 + 1, what).unwrap());
+            }
+            let mut i = 0;
+            for n in [1usize, 8] {
+                let dt = time(&mut g, &mut |g| {
+                    let w = ws[i % n_copies].quant(&s).unwrap();
+                    i += 1;
+                    GemvQ {
+                        w,
+                        x: g.d(&x),
+                        out: g.d(&out),
+                        bias: None,
+                        rows,
+                        n_tok: n,
+                        x_stride: cols,
+                        out_stride: rows,
+                        accumulate: false,
+                        swiglu,
+                    }
+                    .launch(&mut g.k, &s)
+                    .unwrap();
+                });
+                eprintln!(
+                    "gemv {name} {what:15} [{all_rows}x{cols}] {n} tok: {:8.1} us {:7.0} GB/s ({:.0}% of copy)",
+                    dt * 1e6,
+                    bytes / dt / 1e9,
+                    100.0 * bytes / dt / bw
+                );
+            }
+            if all_rows * cols <= wide.len() {
+                let dt = time(&mut g, &mut |g| {
+                    let w = ws[i % n_copies].quant(&s).unwrap();
+                    i += 1;
+                    DequantF16 { w, out: g.d(&wide), row0: 0, n_rows: all_rows }.launch(&mut g.k, &s).unwrap();
+                });
+                let moved = bytes + (all_rows * cols * 2) as f64;
+                eprintln!(
+                    "widen {name} {what:14} [{all_rows}x{cols}]: {:8.1} us {:7.0} GB/s moved",
+                    dt * 1e6,
+                    moved / dt / 1e9
+                );
+            }
+        }
+    }
+}
