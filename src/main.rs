@@ -635,7 +635,7 @@ fn run(cli: Cli) -> Result<Code> {
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&rows)?);
                 }
-                return Ok(ExitCode::SUCCESS);
+                return Ok(Code::Ok);
             }
             if let Some(sp) = &a.shared_prefix {
                 let [requests, shared, unique] = sp[..] else {
