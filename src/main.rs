@@ -43,7 +43,8 @@ enum Cmd {
     Run(RunCliArgs),
     /// Convert a Hugging Face model directory (BF16/F16/F32 safetensors) to F16, as a GGUF file
     /// (output ends in .gguf) or a safetensors directory; values F16 cannot hold are clamped
-    /// and counted per tensor in convert-report.json beside the output.
+    /// and counted per tensor in convert-report.json beside the output. A GGUF --model is
+    /// converted to another GGUF of --dtype (f16, or a quantize --type), quantized input allowed.
     Convert(ConvertCliArgs),
     /// Quantize a model (HF directory or F16/BF16/F32 GGUF) to a GGUF of --type, optionally
     /// calibrated with an importance matrix; quantize-report.json is written beside the output.
@@ -97,13 +98,14 @@ struct RunCliArgs {
 
 #[derive(Args)]
 struct ConvertCliArgs {
-    /// The Hugging Face model directory (config.json, tokenizer.json, *.safetensors).
+    /// The Hugging Face model directory (config.json, tokenizer.json, *.safetensors), or a GGUF
+    /// file (GGUF -> GGUF type change).
     #[arg(long)]
     model: PathBuf,
     /// Output: *.gguf writes a GGUF file, any other path a safetensors directory.
     #[arg(long)]
     output: PathBuf,
-    /// Target weight type (f16 is the only one for now).
+    /// Target weight type: f16 for an HF directory; for a GGUF --model also a quantize --type.
     #[arg(long, default_value = "f16")]
     dtype: String,
     /// Write the output even when a tensor loses more than --max-lossy-fraction of its values.
@@ -413,6 +415,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             let code = dustoff::commands::run::run(&args)?;
             Ok(ExitCode::from(code as u8))
+        }
+        Cmd::Convert(a) if a.model.is_file() => {
+            // GGUF -> GGUF: a type change of every matrix (e.g. a quantized model to an F16
+            // reference), done by the quantizer with its mix rules for --dtype.
+            let args = dustoff::commands::quantize::QuantizeArgs {
+                model: a.model,
+                output: a.output,
+                qtype: a.dtype,
+                allow_requantize: true,
+                ..Default::default()
+            };
+            let summary = dustoff::commands::quantize::run(&args)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            } else {
+                print!("{}", summary.to_text());
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Convert(a) => {
             let args = dustoff::commands::convert::ConvertArgs {
