@@ -151,8 +151,8 @@ fn q6_k(x: &[f32], w: &[f32], out: &mut Vec<u8>, y: &mut [f32]) {
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };
     let sc: [i8; 16] = std::array::from_fn(|j| round_clamped(s[j] * id, -128.0, 127.0) as i8);
     let mut q = [0u8; 256];
-    for j in 0..16 {
-        let step = d * f32::from(sc[j]);
+    for (j, &scj) in sc.iter().enumerate() {
+        let step = d * f32::from(scj);
         let is = if step == 0.0 { 0.0 } else { 1.0 / step };
         for i in 16 * j..16 * j + 16 {
             let c = round_clamped(x[i] * is, -32.0, 31.0) as i32;
