@@ -154,7 +154,8 @@ Calibration: --calibration FILE (JSONL with a \"text\" field, or plain text) run
 --calibration-tokens tokens through the model on the CPU and records, for every matrix, the mean
 squared activation of each input column (the importance matrix). Scales and mins are then chosen
 by weighted least squares with those weights. --imatrix-out F saves it, --imatrix F reuses it.
-Without calibration the same search runs with uniform weights (plain least squares).";
+Without calibration the same search runs with uniform weights (plain least squares); Q4_0
+also weights each element by its magnitude. Details: docs/QUANTIZE.md.";
 
 #[derive(Args)]
 struct QuantizeCliArgs {
