@@ -50,7 +50,8 @@ enum Cmd {
     Run(RunCliArgs),
     /// Convert a Hugging Face model directory (BF16/F16/F32 safetensors) to F16, as a GGUF file
     /// (output ends in .gguf) or a safetensors directory; values F16 cannot hold are clamped
-    /// and counted per tensor in convert-report.json beside the output.
+    /// and counted per tensor in convert-report.json beside the output. A GGUF --model is
+    /// converted to another GGUF of --dtype (f16, or a quantize --type), quantized input allowed.
     Convert(ConvertCliArgs),
     /// Quantize a model (HF directory or F16/BF16/F32 GGUF) to a GGUF of --type, optionally
     /// calibrated with an importance matrix; quantize-report.json is written beside the output.
@@ -134,13 +135,14 @@ struct RunCliArgs {
 
 #[derive(Args)]
 struct ConvertCliArgs {
-    /// The Hugging Face model directory (config.json, tokenizer.json, *.safetensors).
+    /// The Hugging Face model directory (config.json, tokenizer.json, *.safetensors), or a GGUF
+    /// file (GGUF -> GGUF type change).
     #[arg(long)]
     model: PathBuf,
     /// Output: *.gguf writes a GGUF file, any other path a safetensors directory.
     #[arg(long)]
     output: PathBuf,
-    /// Target weight type (f16 is the only one for now).
+    /// Target weight type: f16 for an HF directory; for a GGUF --model also a quantize --type.
     #[arg(long, default_value = "f16")]
     dtype: String,
     /// Write the output even when a tensor loses more than --max-lossy-fraction of its values.
@@ -189,7 +191,8 @@ Calibration: --calibration FILE (JSONL with a \"text\" field, or plain text) run
 --calibration-tokens tokens through the model on the CPU and records, for every matrix, the mean
 squared activation of each input column (the importance matrix). Scales and mins are then chosen
 by weighted least squares with those weights. --imatrix-out F saves it, --imatrix F reuses it.
-Without calibration the same search runs with uniform weights (plain least squares).";
+Without calibration the same search runs with uniform weights (plain least squares); Q4_0
+also weights each element by its magnitude. Details: docs/QUANTIZE.md.";
 
 #[derive(Args)]
 struct QuantizeCliArgs {
@@ -507,6 +510,24 @@ fn run(cli: Cli) -> Result<Code> {
                 default_max_tokens: a.default_max_tokens,
             };
             dustoff::commands::run::run(&args)
+        }
+        Cmd::Convert(a) if a.model.is_file() => {
+            // GGUF -> GGUF: a type change of every matrix (e.g. a quantized model to an F16
+            // reference), done by the quantizer with its mix rules for --dtype.
+            let args = dustoff::commands::quantize::QuantizeArgs {
+                model: a.model,
+                output: a.output,
+                qtype: a.dtype,
+                allow_requantize: true,
+                ..Default::default()
+            };
+            let summary = dustoff::commands::quantize::run(&args)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            } else {
+                print!("{}", summary.to_text());
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Convert(a) => {
             let args = dustoff::commands::convert::ConvertArgs {

@@ -20,6 +20,7 @@ use dustoff::model::hf_synth::{write_hf_dir, SynthSpec};
 use dustoff::model::loader::{load_model, SAMPLE_MODEL};
 use dustoff::model::quant::{dequantize_row, GgmlType};
 use dustoff::quantize::blocks::quantize_row_weighted;
+use dustoff::quantize::row_weights;
 
 const TOKENS: [u32; 6] = [1, 504, 3458, 314, 9156, 28];
 
@@ -111,12 +112,13 @@ fn every_type_loads_back_close_to_the_f16_model_with_the_mix_rules() {
         let info = g.tensor_info("blk.0.ffn_down.weight").unwrap();
         let src = g_ref.tensor_info("blk.0.ffn_down.weight").unwrap();
         let (rows, cols) = (info.n_rows(), info.row_len());
-        let (mut x, mut y, mut dq) = (vec![0f32; cols], vec![0f32; cols], vec![0f32; cols]);
+        let (mut x, mut y, mut dq, mut rw) = (vec![0f32; cols], vec![0f32; cols], vec![0f32; cols], vec![0f32; cols]);
         let rb = info.dtype.row_bytes(cols).unwrap();
         for r in 0..rows {
             dequantize_row(GgmlType::F16, &g_ref.tensor_data(src)[r * cols * 2..(r + 1) * cols * 2], &mut x);
             let mut bytes = Vec::new();
-            assert!(quantize_row_weighted(info.dtype, &x, &vec![1.0; cols], &mut bytes, &mut y));
+            row_weights(info.dtype, &vec![1.0; cols], &x, &mut rw);
+            assert!(quantize_row_weighted(info.dtype, &x, &rw, &mut bytes, &mut y));
             let file_row = &g.tensor_data(info)[r * rb..(r + 1) * rb];
             assert_eq!(bytes, file_row, "{ty}: row {r}");
             dequantize_row(info.dtype, file_row, &mut dq);

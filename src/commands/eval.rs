@@ -15,7 +15,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::engine::single::SingleSeq;
 use crate::model::loader::{load_model, LoadedModel};
 use crate::model::weights::Tensor;
-use crate::quantize::calibrate::{bar, read_texts, token_windows};
+use crate::quantize::calibrate::{read_texts, token_windows, Progress};
 use crate::quantize::QuantizeError;
 
 /// The text `--verify` scores when no file is given (prose written for dustoff).
@@ -224,7 +224,7 @@ pub fn run(a: &EvalArgs) -> anyhow::Result<EvalSummary> {
     let n = scorers.len();
     let (mut nll, mut kl, mut agree) = (vec![0f64; n], vec![Vec::<f64>::new(); n], vec![0usize; n]);
     let mut scored = 0usize;
-    let pb = bar(windows.len() as u64, "windows");
+    let mut pb = Progress::new(windows.len() as u64, "windows");
     for w in windows.iter().filter(|w| w.len() >= 4) {
         let from = w.len() / 2;
         let m = w.len() - 1 - from;
@@ -260,7 +260,7 @@ pub fn run(a: &EvalArgs) -> anyhow::Result<EvalSummary> {
         scored += m;
         pb.inc(1);
     }
-    pb.finish_and_clear();
+    pb.finish();
     if scored == 0 {
         return Err(QuantizeError::Usage(format!("{text_name} is too short to score (no window of 4+ tokens)")).into());
     }

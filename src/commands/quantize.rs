@@ -78,10 +78,19 @@ impl QuantizeSummary {
             s += &format!("calibration: {t} tokens\n");
         }
         if !r.fallbacks.is_empty() {
-            s += &format!("{} tensor(s) fell back to another type (row length):\n", r.fallbacks.len());
-            for f in &r.fallbacks {
-                s += &format!("  {f}\n");
+            // Grouped by (wanted -> used); the report lists every tensor.
+            let mut groups: std::collections::BTreeMap<(String, String), usize> = Default::default();
+            for t in &r.tensors {
+                if let Some(f) = &t.fallback_from {
+                    *groups.entry((f.clone(), t.to.clone())).or_default() += 1;
+                }
             }
+            let parts: Vec<String> = groups.iter().map(|((f, t), n)| format!("{n} {f} -> {t}")).collect();
+            s += &format!(
+                "{} tensor(s) fell back to another type (row length not a whole number of blocks): {}\n",
+                r.fallbacks.len(),
+                parts.join(", ")
+            );
         }
         if let Some(v) = &self.verify {
             s += &v.to_text();

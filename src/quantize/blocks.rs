@@ -10,7 +10,7 @@
 
 use crate::model::quant::{f16_to_f32, f32_to_f16, GgmlType};
 
-use super::search::{affine_scale_min, symmetric_scale};
+use super::search::{affine_scale_min, round_clamped, symmetric_scale};
 
 /// `v` as a decoder sees it after storing it as f16.
 #[inline]
@@ -37,7 +37,7 @@ fn symmetric_legacy(x: &[f32], w: &[f32], half: u8, out: &mut Vec<u8>, y: &mut [
     let (nneg, npos) = (f32::from(half), f32::from(half) - 1.0);
     let d = stored(symmetric_scale(x, w, nneg, npos));
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };
-    let q: [u8; 32] = std::array::from_fn(|i| ((x[i] * id).round().clamp(-nneg, npos) + nneg) as u8);
+    let q: [u8; 32] = std::array::from_fn(|i| (round_clamped(x[i] * id, -nneg, npos) + nneg) as u8);
     for (yi, &qi) in y.iter_mut().zip(&q) {
         *yi = (i32::from(qi) - i32::from(half)) as f32 * d;
     }
@@ -53,7 +53,7 @@ fn affine_legacy(x: &[f32], w: &[f32], nmax: u8, out: &mut Vec<u8>, y: &mut [f32
     let (s, m) = affine_scale_min(x, w, f32::from(nmax), false);
     let (d, m) = (stored(s), stored(m));
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };
-    let q: [u8; 32] = std::array::from_fn(|i| ((x[i] - m) * id).round().clamp(0.0, f32::from(nmax)) as u8);
+    let q: [u8; 32] = std::array::from_fn(|i| round_clamped((x[i] - m) * id, 0.0, f32::from(nmax)) as u8);
     for (yi, &qi) in y.iter_mut().zip(&q) {
         *yi = f32::from(qi) * d + m;
     }
@@ -71,7 +71,7 @@ fn q8_0(x: &[f32], out: &mut Vec<u8>, y: &mut [f32]) {
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };
     push_f16(out, d);
     for (yi, &v) in y.iter_mut().zip(x) {
-        let q = (v * id).round().clamp(-127.0, 127.0) as i8;
+        let q = round_clamped(v * id, -127.0, 127.0) as i8;
         *yi = f32::from(q) * d;
         out.push(q as u8);
     }
@@ -83,7 +83,7 @@ fn code(v: f32, step: f32, max: f32) -> f32 {
     if step == 0.0 {
         0.0
     } else {
-        (v / step).round().clamp(0.0, max)
+        round_clamped(v / step, 0.0, max)
     }
 }
 
@@ -149,13 +149,13 @@ fn q6_k(x: &[f32], w: &[f32], out: &mut Vec<u8>, y: &mut [f32]) {
     }
     let d = stored(symmetric_scale(&s, &sw, 128.0, 127.0));
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };
-    let sc: [i8; 16] = std::array::from_fn(|j| (s[j] * id).round().clamp(-128.0, 127.0) as i8);
+    let sc: [i8; 16] = std::array::from_fn(|j| round_clamped(s[j] * id, -128.0, 127.0) as i8);
     let mut q = [0u8; 256];
-    for j in 0..16 {
-        let step = d * f32::from(sc[j]);
+    for (j, &scj) in sc.iter().enumerate() {
+        let step = d * f32::from(scj);
         let is = if step == 0.0 { 0.0 } else { 1.0 / step };
         for i in 16 * j..16 * j + 16 {
-            let c = (x[i] * is).round().clamp(-32.0, 31.0) as i32;
+            let c = round_clamped(x[i] * is, -32.0, 31.0) as i32;
             q[i] = (c + 32) as u8;
             y[i] = step * c as f32;
         }

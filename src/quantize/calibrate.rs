@@ -5,6 +5,7 @@
 
 use std::io::IsTerminal;
 use std::path::Path;
+use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -70,17 +71,49 @@ pub fn token_windows(
     Ok(out)
 }
 
-/// A progress bar on a terminal, nothing otherwise.
-pub fn bar(total: u64, what: &str) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
+/// Progress of long work: an indicatif bar on a terminal, a log line every 15 s otherwise.
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    what: String,
+    total: u64,
+    done: u64,
+    start: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    pub fn new(total: u64, what: &str) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4));
+            let tmpl = format!("{{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} {what} ETA {{eta}}");
+            b.set_style(
+                ProgressStyle::with_template(&tmpl)
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            b
+        });
+        let now = Instant::now();
+        Progress { bar, what: what.to_string(), total, done: 0, start: now, last: now }
     }
-    let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4));
-    let tmpl = format!("{{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} {what} ETA {{eta}}");
-    b.set_style(
-        ProgressStyle::with_template(&tmpl).unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "),
-    );
-    b
+
+    pub fn inc(&mut self, n: u64) {
+        self.done += n;
+        match &self.bar {
+            Some(b) => b.inc(n),
+            None if self.last.elapsed().as_secs() >= 15 => {
+                self.last = Instant::now();
+                eprintln!("{}/{} {} ({:.0}s)", self.done, self.total, self.what, self.start.elapsed().as_secs_f64());
+            }
+            None => {}
+        }
+    }
+
+    pub fn finish(self) {
+        if let Some(b) = self.bar {
+            b.finish_and_clear();
+        }
+    }
 }
 
 /// Runs the calibration windows through `model` on the CPU and returns the importance matrix.
@@ -90,13 +123,13 @@ pub fn calibrate(model: &LoadedModel, windows: &[Vec<u32>], dataset: &str) -> Re
     let mut b = CpuBackend::new(model.config.clone(), model.weights.clone(), blocks, 16);
     b.set_tap(Box::new(Imatrix { dataset: dataset.to_string(), ..Default::default() }));
     let total: u64 = windows.iter().map(|w| w.len() as u64).sum();
-    let pb = bar(total, "calibration tokens");
+    let mut pb = Progress::new(total, "calibration tokens");
     for w in windows {
         let mut seq = SingleSeq::new(&b, 0, w.len())?;
         seq.feed(&mut b, w)?;
         pb.inc(w.len() as u64);
     }
-    pb.finish_and_clear();
+    pb.finish();
     let tap = b.take_tap().ok_or_else(|| QuantizeError::Usage("calibration tap missing".into()))?;
     let mut m = *tap
         .into_any()

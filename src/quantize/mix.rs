@@ -83,7 +83,8 @@ impl QuantType {
 
 /// llama.cpp's "use more bits" layer pattern of the `_M` mixes.
 fn more_bits(i: usize, n: usize) -> bool {
-    i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2)
+    // `i - n / 8` is reached only when `i >= n / 8`.
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 /// The layer index of a `blk.N.*` name.

@@ -110,6 +110,23 @@ pub fn column_weights(importance: Option<&[f32]>, cols: usize) -> Vec<f32> {
     }
 }
 
+/// The per-element weights of one row `x` quantized to `dtype`, from its column weights. For
+/// Q4_0 `col_w[c] * sqrt(s2 + x_c^2)` with `s2` the row's mean square (llama.cpp's convention
+/// for weighted quantization: it favours the large weights); for every other type `col_w[c]`.
+/// Measured on the sample model (docs/BENCHMARKS.md, 2026-12-01): the magnitude factor lowered
+/// q4_0's mean KL divergence 0.243 -> 0.231 but raised q4_k_m's (mostly Q5_0) 0.038 -> 0.040.
+pub fn row_weights(dtype: GgmlType, col_w: &[f32], x: &[f32], out: &mut [f32]) {
+    if dtype != GgmlType::Q4_0 {
+        out.copy_from_slice(&col_w[..out.len()]);
+        return;
+    }
+    let s2 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len().max(1) as f64;
+    let s2 = s2 as f32;
+    for ((o, &c), &v) in out.iter_mut().zip(col_w).zip(x) {
+        *o = c * (s2 + v * v).sqrt();
+    }
+}
+
 /// Quantizes a `[rows, cols]` tensor stored as `src_ty` rows (`src`) to `dst`, in parallel over
 /// row ranges. `importance` (`[cols]`) weights the fit and the weighted error. Returns the packed
 /// bytes and the error sums. The caller has checked that `dst` holds rows of `cols`.
@@ -133,11 +150,12 @@ pub fn quantize_tensor(
         .par_chunks(src_rb * rows_per_task)
         .map(|chunk| {
             let mut out = Vec::with_capacity(chunk.len() / src_rb * dst_rb);
-            let (mut x, mut y) = (vec![0f32; cols], vec![0f32; cols]);
+            let (mut x, mut y, mut rw) = (vec![0f32; cols], vec![0f32; cols], vec![0f32; cols]);
             let mut e = ErrorSums::default();
             for row in chunk.chunks_exact(src_rb) {
                 dequantize_row(src_ty, row, &mut x);
-                if !blocks::quantize_row_weighted(dst, &x, &w, &mut out, &mut y) {
+                row_weights(dst, &w, &x, &mut rw);
+                if !blocks::quantize_row_weighted(dst, &x, &rw, &mut out, &mut y) {
                     return None;
                 }
                 for c in 0..cols {

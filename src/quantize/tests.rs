@@ -3,7 +3,7 @@
 //! planted data.
 
 use super::blocks::quantize_row_weighted;
-use super::{column_weights, quantize_tensor};
+use super::{column_weights, quantize_tensor, row_weights};
 use crate::model::quant::{dequantize_row, quantize_row, GgmlType};
 
 const QUANT_TYPES: [GgmlType; 8] = [
@@ -147,8 +147,9 @@ fn tensor_quantization_is_row_parallel_and_deterministic() {
     let (mut want, mut err) = (Vec::new(), 0f64);
     for r in 0..rows {
         let x = decode(GgmlType::F16, &src[r * cols * 2..(r + 1) * cols * 2], cols);
-        let mut y = vec![0f32; cols];
-        quantize_row_weighted(GgmlType::Q4K, &x, &w, &mut want, &mut y);
+        let (mut y, mut rw) = (vec![0f32; cols], vec![0f32; cols]);
+        row_weights(GgmlType::Q4K, &w, &x, &mut rw);
+        quantize_row_weighted(GgmlType::Q4K, &x, &rw, &mut want, &mut y);
         err += x.iter().zip(&y).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>();
     }
     assert_eq!(bytes, want);

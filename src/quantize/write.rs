@@ -121,7 +121,7 @@ pub fn quantize_gguf(src: &Path, out: &Path, o: &QuantizeOptions) -> Result<Quan
     }
 
     let total: u64 = g.tensors.iter().map(|t| t.n_elements()).sum();
-    let pb = super::calibrate::bar(total, "weights");
+    let mut pb = super::calibrate::Progress::new(total, "weights");
     let mut lines = Vec::with_capacity(plan.len());
     let mut missing = Vec::new();
     let outs: Vec<TensorOut> = plan.iter().map(|p| p.0.clone()).collect();
@@ -161,7 +161,7 @@ pub fn quantize_gguf(src: &Path, out: &Path, o: &QuantizeOptions) -> Result<Quan
         });
         Ok(bytes)
     });
-    pb.finish_and_clear();
+    pb.finish();
     if let Err(e) = written {
         let _ = std::fs::remove_file(out.with_extension("gguf.partial"));
         return Err(e);
