@@ -464,7 +464,7 @@ fn place_threads(cli: &Cli) -> std::result::Result<(), ExitCode> {
         }
         Err(e) => {
             eprintln!("error: {e}");
-            Err(ExitCode::from(if e.is_usage() { 2 } else { 1 }))
+            Err(ExitCode::from(if e.is_usage() { Code::Usage } else { Code::Failure }.code()))
         }
     }
 }
@@ -527,7 +527,7 @@ fn run(cli: Cli) -> Result<Code> {
             } else {
                 print!("{}", summary.to_text());
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(Code::Ok)
         }
         Cmd::Convert(a) => {
             let args = dustoff::commands::convert::ConvertArgs {
