@@ -30,6 +30,9 @@ pub trait Backend {
     fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
         Ok(self.step(plan)?.iter().map(|l| crate::engine::sampler::argmax(l)).collect())
     }
+    /// Forgets a finished sequence: frees per-sequence state a backend keeps beside the KV
+    /// blocks (the recurrent state of hybrid models). Its KV blocks belong to the block pool.
+    fn release(&mut self, _seq: crate::engine::plan::SeqId) {}
     /// Compiles or loads everything a step may need (kernels), so that it stays out of
     /// timings; steps do it lazily otherwise.
     fn prepare(&mut self) -> Result<(), BackendError> {
@@ -70,6 +73,9 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn prepare(&mut self) -> Result<(), BackendError> {
         (**self).prepare()
+    }
+    fn release(&mut self, seq: crate::engine::plan::SeqId) {
+        (**self).release(seq)
     }
     fn describe(&self) -> String {
         (**self).describe()

@@ -149,6 +149,18 @@ impl<B: Backend> Engine<B> {
         if num_blocks == 0 || block_size == 0 {
             return Err(EngineError::Config(format!("backend has {num_blocks} KV blocks of {block_size} tokens")));
         }
+        let mut cfg = cfg;
+        if cfg.prefix_cache && backend.config().hybrid.is_some() {
+            // NOTE: a prefix hit would resume a sequence after the shared blocks, but the recurrent
+            // state of its linear-attention layers at that point is not kept (no snapshots at
+            // block boundaries yet). Without reuse, a preempted sequence also restarts from 0.
+            eprintln!(
+                "note: prefix reuse is off for this {} model: its linear-attention state is not snapshotted yet; \
+                 every prompt is computed in full and preempted sequences are recomputed from position 0",
+                backend.config().arch.name()
+            );
+            cfg.prefix_cache = false;
+        }
         let kv = KvCache::new(num_blocks, block_size, cfg.model_fingerprint, cfg.prefix_cache);
         let sched_cfg = SchedulerConfig {
             slots: cfg.slots,
@@ -323,6 +335,7 @@ impl<B: Backend> Engine<B> {
             match finish {
                 Some(reason) => {
                     let seq = self.sched.finish(id)?;
+                    self.backend.release(id);
                     if let Some(r) = self.requests.remove(&id) {
                         self.metrics.requests_finished += 1;
                         events.push(Event::Finished(Completion {

@@ -2,6 +2,7 @@
 //! `config.json` by the safetensors loader).
 
 use super::gguf::{GgufError, GgufFile};
+use super::hybrid::HybridConfig;
 
 /// Architectures dustoff runs. They differ only in small ways on top of the llama block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,6 +13,8 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: per-head RMSNorm on Q and K before RoPE, no QKV bias.
     Qwen3,
+    /// Qwen3.5 dense: Gated DeltaNet layers between gated full-attention layers (`hybrid`).
+    Qwen35,
 }
 
 impl Arch {
@@ -20,6 +23,7 @@ impl Arch {
             "llama" => Some(Arch::Llama),
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
+            "qwen35" => Some(Arch::Qwen35),
             _ => None,
         }
     }
@@ -28,6 +32,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen35 => "qwen35",
         }
     }
 }
@@ -77,13 +82,15 @@ pub struct ModelConfig {
     pub max_context: usize,
     /// The output head shares the embedding table.
     pub tied_embeddings: bool,
+    /// Linear-attention layers and their sizes (hybrid models: Qwen3.5).
+    pub hybrid: Option<HybridConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("{path}: architecture '{arch}' is not supported (llama, qwen2, qwen3 are)")]
+    #[error("{path}: architecture '{arch}' is not supported (llama, qwen2, qwen3, qwen35 are)")]
     UnsupportedArch { path: String, arch: String },
     #[error("{path}: inconsistent model shape: {reason}")]
     Shape { path: String, reason: String },
@@ -95,6 +102,15 @@ impl ModelConfig {
     }
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+    /// Whether layer `l` keeps K/V in the paged cache (every layer but a hybrid model's
+    /// linear-attention ones).
+    pub fn has_kv(&self, l: usize) -> bool {
+        self.hybrid.as_ref().is_none_or(|h| !h.recurrent.get(l).copied().unwrap_or(false))
+    }
+    /// Layers that keep K/V in the paged cache.
+    pub fn n_kv_layers(&self) -> usize {
+        (0..self.n_layers).filter(|&l| self.has_kv(l)).count()
     }
 
     /// Reads the configuration from GGUF metadata; the tensor list decides tied embeddings.
@@ -144,9 +160,9 @@ impl ModelConfig {
         let tied_embeddings = g.tensor_info("output.weight").is_none();
         let rope_style = match arch {
             Arch::Llama => RopeStyle::Adjacent,
-            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Halves,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen35 => RopeStyle::Halves,
         };
-        Ok(ModelConfig {
+        let mut cfg = ModelConfig {
             arch,
             n_layers,
             dim,
@@ -161,7 +177,12 @@ impl ModelConfig {
             rope_scaling,
             max_context,
             tied_embeddings,
-        })
+            hybrid: None,
+        };
+        if arch == Arch::Qwen35 {
+            cfg.hybrid = Some(HybridConfig::from_gguf(g, arch_name, &cfg)?);
+        }
+        Ok(cfg)
     }
 
     /// Inverse frequency of each rotated pair of a head: `[head_dim / 2]`.

@@ -26,7 +26,7 @@ pub enum HfError {
     Json { path: PathBuf, source: serde_json::Error },
     #[error("{path}: '{key}' {reason}")]
     Config { path: PathBuf, key: String, reason: String },
-    #[error("{path}: architecture {arch} is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM are)")]
+    #[error("{path}: architecture {arch} is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3_5ForCausalLM are)")]
     UnsupportedArch { path: PathBuf, arch: String },
     #[error(transparent)]
     Safetensors(#[from] SafetensorsError),
@@ -78,6 +78,9 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
     if !j.is_object() {
         return Err(err("(top level)", "must be a JSON object"));
     }
+    if let Some(text) = super::hybrid::vl_text_config(j) {
+        return config_from_json(&text, path);
+    }
     let opt_usize = |key: &str| -> Result<Option<usize>, HfError> {
         match j.get(key) {
             None | Some(Json::Null) => Ok(None),
@@ -105,6 +108,7 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         "LlamaForCausalLM" => Arch::Llama,
         "Qwen2ForCausalLM" => Arch::Qwen2,
         "Qwen3ForCausalLM" => Arch::Qwen3,
+        "Qwen3_5ForCausalLM" => Arch::Qwen35,
         _ => return Err(HfError::UnsupportedArch { path: path.to_path_buf(), arch: hf_arch }),
     };
     let dim = req_usize("hidden_size")?;
@@ -132,9 +136,17 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
             return Err(err("hidden_act", &format!("'{act}' is not supported (silu is)")));
         }
     }
-    let rope_scaling = match j.get("rope_scaling") {
-        None | Some(Json::Null) => RopeScaling::None,
-        Some(rs) => rope_scaling(rs).map_err(|reason| err("rope_scaling", &reason))?,
+    // transformers 5 writes `rope_parameters` (theta and scaling together) instead of
+    // `rope_theta` and `rope_scaling`.
+    let rope_params = j.get("rope_parameters").filter(|r| r.is_object());
+    let rope_scaling = match (j.get("rope_scaling"), rope_params) {
+        (None | Some(Json::Null), None) => RopeScaling::None,
+        (None | Some(Json::Null), Some(rs)) => rope_scaling(rs).map_err(|reason| err("rope_parameters", &reason))?,
+        (Some(rs), _) => rope_scaling(rs).map_err(|reason| err("rope_scaling", &reason))?,
+    };
+    let rope_theta = match opt_f64("rope_theta")? {
+        Some(t) => t,
+        None => rope_params.and_then(|r| r.get("rope_theta")).and_then(Json::as_f64).unwrap_or(10_000.0),
     };
     let cfg = ModelConfig {
         arch,
@@ -146,12 +158,17 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         head_dim,
         vocab_size: req_usize("vocab_size")?,
         rms_eps: opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
-        rope_theta: opt_f64("rope_theta")?.unwrap_or(10_000.0) as f32,
+        rope_theta: rope_theta as f32,
         rope_style: RopeStyle::Halves,
         rope_scaling,
         max_context: opt_usize("max_position_embeddings")?.unwrap_or(4096),
         tied_embeddings: opt_bool("tie_word_embeddings")?.unwrap_or(false),
+        hybrid: None,
     };
+    let mut cfg = cfg;
+    if arch == Arch::Qwen35 {
+        cfg.hybrid = Some(super::hybrid::HybridConfig::from_hf_json(j, path, &cfg)?);
+    }
     let qkv_bias = arch == Arch::Qwen2 || opt_bool("attention_bias")?.unwrap_or(false);
     Ok((cfg, HfExtras { hf_arch, qkv_bias }))
 }
@@ -218,6 +235,9 @@ pub fn tensor_plan(c: &ModelConfig, x: &HfExtras) -> Vec<PlannedTensor> {
 /// Matrices keep their dtype (BF16, F16 or F32: the CPU backend widens rows as it computes);
 /// norms and biases are widened to f32.
 pub fn load_weights(st: &SafetensorsDir, c: &ModelConfig, x: &HfExtras) -> Result<ModelWeights, HfError> {
+    if let Some(h) = &c.hybrid {
+        return super::hybrid::load_hf_weights(st, c, h);
+    }
     let plan = tensor_plan(c, x);
     let mut mats: HashMap<&str, Tensor> = HashMap::new();
     let mut vecs: HashMap<&str, Vec<f32>> = HashMap::new();
@@ -285,6 +305,7 @@ pub fn load_weights(st: &SafetensorsDir, c: &ModelConfig, x: &HfExtras) -> Resul
             w_gate: mat(&n("ffn_gate.weight"))?,
             w_up: mat(&n("ffn_up.weight"))?,
             w_down: mat(&n("ffn_down.weight"))?,
+            hybrid: None,
         });
     }
     let output_norm = vecs.remove("output_norm.weight").ok_or_else(|| missing("model.norm.weight"))?;

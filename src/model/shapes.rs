@@ -36,6 +36,7 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
             rope_scaling: RopeScaling::None,
             max_context: 32768,
             tied_embeddings: tied,
+            hybrid: None,
         }
     }
     Some(match name {

@@ -49,6 +49,7 @@ pub fn random_weights(c: &ModelConfig, dtype: GgmlType, seed: u64) -> ModelWeigh
             w_gate: matrix(&n("ffn_gate.weight"), c.ffn_dim, c.dim, dtype, &mut rng),
             w_up: matrix(&n("ffn_up.weight"), c.ffn_dim, c.dim, dtype, &mut rng),
             w_down: matrix(&n("ffn_down.weight"), c.dim, c.ffn_dim, dtype, &mut rng),
+            hybrid: None,
         });
     }
     let token_embd = matrix("token_embd.weight", c.vocab_size, c.dim, dtype, &mut rng);

@@ -9,6 +9,7 @@ use memmap2::Mmap;
 
 use super::config::ModelConfig;
 use super::gguf::{GgufError, GgufFile};
+use super::hybrid::HybridLayer;
 use super::quant::GgmlType;
 
 #[derive(Clone)]
@@ -63,6 +64,12 @@ impl Tensor {
             cols,
             storage: Storage::Mapped { map, offset, len },
         })
+    }
+
+    /// A `[0, cols]` matrix: a projection the layer does not have (the attention projections of
+    /// a hybrid model's linear-attention layers). It holds no bytes and is never multiplied.
+    pub fn absent(name: impl Into<String>, cols: usize) -> Self {
+        Tensor { name: name.into(), dtype: GgmlType::F32, rows: 0, cols, storage: Storage::Owned(Arc::new(Vec::new())) }
     }
 
     /// An F32 tensor from values.
@@ -134,6 +141,8 @@ pub struct LayerWeights {
     pub w_gate: Tensor,           // [ffn_dim, dim]
     pub w_up: Tensor,             // [ffn_dim, dim]
     pub w_down: Tensor,           // [dim, ffn_dim]
+    /// Hybrid models: the layer's token mixer (Gated DeltaNet or gated attention).
+    pub hybrid: Option<HybridLayer>,
 }
 
 #[derive(Clone, Debug)]
@@ -160,6 +169,10 @@ impl ModelWeights {
         };
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
+            if let Some(h) = &c.hybrid {
+                layers.push(super::hybrid::gguf_layer(g, c, h, i)?);
+                continue;
+            }
             let n = |s: &str| format!("blk.{i}.{s}");
             let m = |s: &str, rows, cols| Tensor::from_gguf(g, &n(s), rows, cols);
             layers.push(LayerWeights {
@@ -177,6 +190,7 @@ impl ModelWeights {
                 w_gate: m("ffn_gate.weight", c.ffn_dim, c.dim)?,
                 w_up: m("ffn_up.weight", c.ffn_dim, c.dim)?,
                 w_down: m("ffn_down.weight", c.dim, c.ffn_dim)?,
+                hybrid: None,
             });
         }
         let token_embd = Tensor::from_gguf(g, "token_embd.weight", c.vocab_size, c.dim)?;

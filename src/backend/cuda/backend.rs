@@ -149,6 +149,12 @@ struct Parts {
 
 /// Device, kernels and cuBLAS, after the memory plan was checked against the free memory.
 fn open(cfg: &ModelConfig, opts: &CudaOptions) -> Result<(CudaDevice, Kernels, CudaBlas), CudaError> {
+    if cfg.hybrid.is_some() {
+        return Err(CudaError::Weights(format!(
+            "{} models have linear-attention (Gated DeltaNet) layers, which the CUDA backend does not run yet; use --device cpu",
+            cfg.arch.name()
+        )));
+    }
     let dev = CudaDevice::new(opts.ordinal)?;
     let plan = plan_memory(cfg, 2, opts.num_blocks, opts.block_size, PLANNED_BATCH_TOKENS);
     let (free, _) = dev.mem_info()?;
