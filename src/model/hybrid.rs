@@ -90,7 +90,7 @@ impl HybridConfig {
 
     fn check(&self, head_dim: usize) -> Result<(), String> {
         let (nk, nv) = (self.n_k_heads, self.n_v_heads);
-        if nk == 0 || nv == 0 || nv % nk != 0 {
+        if nk == 0 || nv == 0 || !nv.is_multiple_of(nk) {
             return Err(format!("{nv} linear value heads must be a multiple of {nk} key heads"));
         }
         if self.d_k == 0 || self.d_v == 0 || self.conv_kernel < 2 {
@@ -99,7 +99,7 @@ impl HybridConfig {
                 self.d_k, self.d_v, self.conv_kernel
             ));
         }
-        if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 || self.rotary_dim > head_dim {
+        if self.rotary_dim == 0 || !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > head_dim {
             return Err(format!("{} rotary dims of a {head_dim}-wide head", self.rotary_dim));
         }
         Ok(())
@@ -126,7 +126,7 @@ impl HybridConfig {
         }
         let (d_k, n_k, n_v, inner) =
             (req("ssm.state_size")?, req("ssm.group_count")?, req("ssm.time_step_rank")?, req("ssm.inner_size")?);
-        if n_v == 0 || inner % n_v != 0 {
+        if n_v == 0 || !inner.is_multiple_of(n_v) {
             return Err(shape_err(format!("ssm.inner_size {inner} is not a multiple of {n_v} value heads")));
         }
         // The gate doubles the q projection; the file has no flag for it.
@@ -200,7 +200,7 @@ impl HybridConfig {
 
 /// Layer `i` is full attention when `(i + 1) % interval == 0` (Qwen3-Next, Qwen3.5).
 fn by_interval(n_layers: usize, interval: usize) -> Vec<bool> {
-    (0..n_layers).map(|i| interval == 0 || (i + 1) % interval != 0).collect()
+    (0..n_layers).map(|i| interval == 0 || !(i + 1).is_multiple_of(interval)).collect()
 }
 
 /// The weights of one Gated DeltaNet layer (`C` = q|k|v channels, `V` = `n_v d_v`).

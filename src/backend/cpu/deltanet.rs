@@ -220,7 +220,10 @@ mod tests {
             .collect()
     }
 
-    fn inputs(t: usize, dk: usize, dv: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    /// q, k, v, g, beta of `t` tokens.
+    type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+    fn inputs(t: usize, dk: usize, dv: usize) -> Inputs {
         let mut q = values(t * dk, 1);
         let mut k = values(t * dk, 2);
         for i in 0..t {
