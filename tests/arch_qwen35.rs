@@ -272,3 +272,57 @@ fn generate_cli_runs_both_forms() {
         assert_eq!(ids(&line, "token_ids"), want, "{form}: generate output");
     }
 }
+
+#[test]
+fn both_forms_tokenize_the_reference_texts() {
+    for m in [hf(), gguf()] {
+        for r in refs() {
+            let got = m.tokenizer.encode(r["source_text"].as_str().unwrap(), false, true).unwrap();
+            let want = ids(&r, "prompt_ids");
+            assert_eq!(&got[..want.len().min(got.len())], &want[..], "{}: {}", m.path.display(), r["name"]);
+        }
+    }
+}
+
+/// The official Qwen3.5 releases are vision-language checkpoints: nested `text_config`,
+/// tensors under `model.language_model.`, plus `model.visual.*` and `mtp.*`. The fixture's
+/// tensors rewritten in that layout (3 shards) load as the same text model.
+#[test]
+fn vision_language_layout_loads_its_text_model() {
+    use dustoff::model::safetensors::{write_checkpoint, SafetensorsDir, StMeta, StWriteTensor};
+    let src = data_dir().join("hf");
+    let dir = tmpdir("qwen35-vl");
+    let st = SafetensorsDir::open(&src).unwrap();
+    let mut tensors = Vec::new();
+    for name in st.names() {
+        let (_, shape, bytes) = st.read(name).unwrap();
+        let (_, info) = st.get(name).unwrap();
+        assert_eq!(info.dtype, "BF16");
+        let renamed = format!("model.language_model.{}", name.strip_prefix("model.").unwrap());
+        let meta = StMeta { name: renamed, dtype: "BF16", shape: shape.to_vec() };
+        tensors.push(StWriteTensor { meta, data: bytes.to_vec().into() });
+    }
+    for extra in ["model.visual.patch_embed.proj.weight", "model.visual.merger.linear_fc1.weight", "mtp.fc.weight"] {
+        let meta = StMeta { name: extra.into(), dtype: "BF16", shape: vec![2, 2] };
+        tensors.push(StWriteTensor { meta, data: vec![0u8; 8].into() });
+    }
+    write_checkpoint(&dir, &tensors, 3).unwrap();
+    let mut text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let o = text.as_object_mut().unwrap();
+    o.remove("architectures");
+    let tied = o.remove("tie_word_embeddings").unwrap();
+    let vl = serde_json::json!({
+        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+        "tie_word_embeddings": tied, "text_config": text, "vision_config": {"depth": 2, "hidden_size": 16},
+    });
+    std::fs::write(dir.join("config.json"), vl.to_string()).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let (vl, flat) = (load_model(&dir).unwrap(), hf());
+    assert_eq!(vl.config, flat.config);
+    let r = &refs()[1];
+    let (a, b) = (prefill_then_decode(&vl, r), prefill_then_decode(&flat, r));
+    assert_eq!(a, b, "the same weights under another layout give the same logits");
+}
