@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use common::*;
 use dustoff::backend::cpu::CpuBackend;
 use dustoff::backend::Backend;
-use dustoff::engine::engine::{Completion, Engine, EngineConfig, Request};
+use dustoff::engine::engine::{Completion, Engine, EngineConfig, EngineMetrics, Request};
 use dustoff::engine::plan::{SeqChunk, StepPlan};
 use dustoff::engine::sampler::{argmax, SamplingParams};
 use dustoff::engine::single::SingleSeq;
@@ -163,20 +163,30 @@ fn hf_and_gguf_forms_agree() {
     }
 }
 
-fn engine_run(
-    m: &LoadedModel,
+struct Run {
     slots: usize,
     max_batch_tokens: usize,
     blocks: usize,
+    prefix_cache: bool,
     reverse: bool,
-) -> (BTreeMap<u64, Completion>, u64, u64) {
-    let cfg = EngineConfig { slots, max_batch_tokens, prefix_cache: true, model_fingerprint: m.fingerprint };
-    let mut e = Engine::new(backend(m, blocks), cfg).unwrap();
-    assert!(!e.config().prefix_cache, "prefix reuse must be off for a model with recurrent layers");
+}
+
+/// The six reference prompts, then prompt 1 (the chat prompt) twice more: the second copy
+/// finds the first's blocks cached without a state snapshot and computes the shared prefix
+/// again, stopping there to snapshot it; the third resumes from that snapshot.
+fn engine_run(m: &LoadedModel, r: &Run) -> (BTreeMap<u64, Completion>, EngineMetrics) {
+    let cfg = EngineConfig {
+        slots: r.slots,
+        max_batch_tokens: r.max_batch_tokens,
+        prefix_cache: r.prefix_cache,
+        model_fingerprint: m.fingerprint,
+    };
+    let mut e = Engine::new(backend(m, r.blocks), cfg).unwrap();
     let mut prompts: Vec<Vec<u32>> = refs().iter().map(|r| ids(r, "prompt_ids")).collect();
     prompts.push(prompts[1].clone());
+    prompts.push(prompts[1].clone());
     let mut order: Vec<usize> = (0..prompts.len()).collect();
-    if reverse {
+    if r.reverse {
         order.reverse();
     }
     for i in order {
@@ -190,38 +200,83 @@ fn engine_run(
         e.add_request(req).unwrap();
     }
     let done = e.run_to_completion().unwrap();
-    let mt = e.metrics();
-    assert_eq!(mt.prompt_tokens_cached, 0);
-    (done.into_iter().map(|c| (c.id, c)).collect(), mt.preemptions, mt.prompt_tokens_computed)
+    (done.into_iter().map(|c| (c.id, c)).collect(), e.metrics())
 }
 
 #[test]
-fn engine_outputs_match_the_reference_across_slots_chunking_order_and_preemption() {
+fn engine_outputs_match_the_reference_across_slots_prefix_reuse_chunking_order_and_preemption() {
     let m = gguf();
     let r = refs();
-    let (base, _, _) = engine_run(&m, 1, 512, 64, false);
-    assert_eq!(base.len(), r.len() + 1);
-    for (&i, c) in &base {
-        // The last request repeats prompt 1.
-        let src = if i as usize == r.len() { 1 } else { i as usize };
+    let base = Run { slots: 1, max_batch_tokens: 512, blocks: 64, prefix_cache: false, reverse: false };
+    let (want, _) = engine_run(&m, &base);
+    assert_eq!(want.len(), r.len() + 2);
+    for (&i, c) in &want {
+        // The last two requests repeat prompt 1.
+        let src = if i as usize >= r.len() { 1 } else { i as usize };
         assert_eq!(c.token_ids, ids(&r[src], "greedy_ids")[..8], "request {i}: 1 slot vs transformers");
     }
     let variants = [
-        ("7 slots", 7, 512, 64, false),
-        ("7 slots, chunked prefill (24 tokens a step)", 7, 24, 64, false),
-        ("7 slots, reversed order", 7, 512, 64, true),
-        // The longest request needs 13 blocks; 7 slots in 16 blocks preempt (twice).
-        ("7 slots, 16 blocks", 7, 512, 16, false),
+        ("1 slot, prefix cache", Run { prefix_cache: true, ..base }),
+        ("8 slots", Run { slots: 8, ..base }),
+        ("8 slots, prefix cache", Run { slots: 8, prefix_cache: true, ..base }),
+        ("8 slots, prefix cache, chunked prefill", Run { slots: 8, prefix_cache: true, max_batch_tokens: 24, ..base }),
+        ("8 slots, prefix cache, reversed order", Run { slots: 8, prefix_cache: true, reverse: true, ..base }),
+        // The longest request needs 13 blocks; 7 slots in 16 blocks preempt.
+        ("7 slots, 16 blocks", Run { slots: 7, blocks: 16, ..base }),
+        ("7 slots, 16 blocks, prefix cache", Run { slots: 7, blocks: 16, prefix_cache: true, ..base }),
     ];
-    for (name, slots, mbt, blocks, rev) in variants {
-        let (got, preemptions, _) = engine_run(&m, slots, mbt, blocks, rev);
+    for (name, run) in &variants {
+        let (got, mt) = engine_run(&m, run);
         let strip =
             |x: &BTreeMap<u64, Completion>| x.iter().map(|(k, c)| (*k, c.token_ids.clone())).collect::<Vec<_>>();
-        assert_eq!(strip(&got), strip(&base), "{name}: outputs differ from 1 slot");
-        if blocks == 16 {
-            assert!(preemptions > 0, "{name}: expected preemptions");
+        assert_eq!(strip(&got), strip(&want), "{name}: outputs differ from 1 slot: {mt:?}");
+        if !run.prefix_cache {
+            assert_eq!(mt.prompt_tokens_cached, 0, "{name}");
+        } else if run.blocks == 64 {
+            // The third copy of the chat prompt resumes after its first 2 blocks. (In 16 blocks
+            // the cached ones are evicted before they are asked for.)
+            assert!(mt.prompt_tokens_cached >= 32, "{name}: no prefix reuse: {mt:?}");
+        }
+        if run.blocks == 16 {
+            assert!(mt.preemptions > 0, "{name}: expected preemptions: {mt:?}");
         }
     }
+}
+
+#[test]
+fn twenty_prompts_sharing_a_300_token_prefix_resume_from_one_state_snapshot() {
+    let m = gguf();
+    let r = refs();
+    let mut prefix = ids(&r[5], "prompt_ids");
+    prefix.extend(ids(&r[4], "prompt_ids"));
+    prefix.truncate(300);
+    let unique = 6;
+    let cfg = EngineConfig { slots: 8, max_batch_tokens: 512, prefix_cache: true, model_fingerprint: m.fingerprint };
+    let mut e = Engine::new(backend(&m, 256), cfg).unwrap();
+    let mut want = BTreeMap::new();
+    for i in 0..20u32 {
+        let prompt = [prefix.clone(), (0..unique).map(|k| 100 + 37 * i + k).collect()].concat();
+        // Each output checked against a run of its own on a fresh backend.
+        let mut b = backend(&m, 32);
+        let mut seq = SingleSeq::new(&b, 0, prompt.len() + 2).unwrap();
+        let first = argmax(&seq.feed(&mut b, &prompt).unwrap());
+        let second = argmax(&seq.feed(&mut b, &[first]).unwrap());
+        want.insert(i as u64, vec![first, second]);
+        let req = Request { id: i as u64, prompt, max_tokens: 2, sampling: SamplingParams::greedy(), stop_ids: vec![] };
+        e.add_request(req).unwrap();
+    }
+    let got: BTreeMap<u64, Vec<u32>> =
+        e.run_to_completion().unwrap().into_iter().map(|c| (c.id, c.token_ids)).collect();
+    assert_eq!(got, want);
+    let mt = e.metrics();
+    println!("{}", serde_json::to_string(&mt).unwrap());
+    // The first request computes its 306 tokens; the second finds the 18 shared blocks (288
+    // tokens) cached without a state, computes them again and snapshots the state there; the
+    // other 18 restore it with the blocks and compute their last 18 tokens.
+    assert_eq!(mt.prompt_tokens, 20 * 306);
+    assert_eq!(mt.prompt_tokens_computed, 2 * 306 + 18 * 18);
+    assert_eq!(mt.prompt_tokens_cached, 18 * 288);
+    assert!((mt.prompt_tokens_computed as f64) < 0.35 * mt.prompt_tokens as f64);
 }
 
 #[test]

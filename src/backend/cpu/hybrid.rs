@@ -95,6 +95,8 @@ pub struct HybridCpu {
     /// Per layer: its index among the linear-attention layers.
     linear_index: Vec<Option<usize>>,
     pool: StatePool,
+    /// Saved states by the chain hash of the prefix they follow: (state, tokens absorbed).
+    snapshots: HashMap<[u8; 32], (Vec<f32>, usize)>,
     scratch: Scratch,
 }
 
@@ -124,6 +126,7 @@ impl HybridCpu {
             h: h.clone(),
             linear_index,
             pool: StatePool { per_seq, data: Vec::new(), slots: HashMap::new(), free: Vec::new() },
+            snapshots: HashMap::new(),
             scratch: Scratch::default(),
         }
     }
@@ -160,6 +163,37 @@ impl HybridCpu {
                 s.pos = c.start_pos + c.tokens.len();
             }
         }
+    }
+
+    /// Copies `seq`'s state under `key`.
+    pub fn save(&mut self, seq: SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
+        let slot = self
+            .pool
+            .slots
+            .get(&seq)
+            .copied()
+            .ok_or_else(|| BackendError::Plan(format!("sequence {seq} has no recurrent state to snapshot")))?;
+        let state = self.pool.state_mut(slot.index).to_vec();
+        self.snapshots.insert(*key, (state, slot.pos));
+        Ok(())
+    }
+
+    /// Gives `seq` the state saved under `key`, which must follow exactly `pos` tokens.
+    pub fn restore(&mut self, seq: SeqId, key: &[u8; 32], pos: usize) -> bool {
+        let Some((state, at)) = self.snapshots.get(key) else { return false };
+        if *at != pos {
+            return false;
+        }
+        self.pool.reset(seq);
+        let Some(slot) = self.pool.slots.get_mut(&seq) else { return false };
+        slot.pos = pos;
+        let index = slot.index;
+        self.pool.state_mut(index).copy_from_slice(state);
+        true
+    }
+
+    pub fn drop_snapshot(&mut self, key: &[u8; 32]) {
+        self.snapshots.remove(key);
     }
 
     /// Frees the state of a finished sequence.

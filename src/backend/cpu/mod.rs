@@ -149,6 +149,23 @@ impl Backend for CpuBackend {
             h.release(seq);
         }
     }
+
+    fn save_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
+        match &mut self.hybrid {
+            Some(h) => h.save(seq, key),
+            None => Err(BackendError::Plan(format!("sequence {seq}: this model keeps no recurrent state"))),
+        }
+    }
+
+    fn restore_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32], pos: usize) -> bool {
+        self.hybrid.as_mut().is_some_and(|h| h.restore(seq, key, pos))
+    }
+
+    fn drop_state(&mut self, key: &[u8; 32]) {
+        if let Some(h) = &mut self.hybrid {
+            h.drop_snapshot(key);
+        }
+    }
 }
 
 /// Activation buffers kept across steps (grown on demand, never shrunk): a decode step
