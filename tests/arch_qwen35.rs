@@ -279,6 +279,44 @@ fn twenty_prompts_sharing_a_300_token_prefix_resume_from_one_state_snapshot() {
     assert!((mt.prompt_tokens_computed as f64) < 0.35 * mt.prompt_tokens as f64);
 }
 
+/// One slot keeps at most 2 snapshots: the third shared prefix evicts the first, whose next
+/// prompts compute it again (and snapshot it again) instead of resuming from a dropped state.
+#[test]
+fn evicted_state_snapshots_are_never_resumed_from() {
+    let m = gguf();
+    let text = ids(&refs()[5], "prompt_ids");
+    let prefix = |g: usize| text[g * 40..g * 40 + 32].to_vec();
+    let groups = [0, 0, 0, 1, 1, 1, 2, 2, 2, 0, 0];
+    let prompts: Vec<Vec<u32>> = groups
+        .iter()
+        .enumerate()
+        .map(|(i, &g)| [prefix(g), (0..5).map(|k| 300 + 11 * i as u32 + k).collect()].concat())
+        .collect();
+    let run = |prefix_cache: bool| {
+        let cfg = EngineConfig { slots: 1, max_batch_tokens: 512, prefix_cache, model_fingerprint: m.fingerprint };
+        let mut e = Engine::new(backend(&m, 64), cfg).unwrap();
+        for (i, p) in prompts.iter().enumerate() {
+            let req = Request {
+                id: i as u64,
+                prompt: p.clone(),
+                max_tokens: 3,
+                sampling: SamplingParams::greedy(),
+                stop_ids: vec![],
+            };
+            e.add_request(req).unwrap();
+        }
+        let done: BTreeMap<u64, Vec<u32>> =
+            e.run_to_completion().unwrap().into_iter().map(|c| (c.id, c.token_ids)).collect();
+        (done, e.metrics())
+    };
+    let (want, _) = run(false);
+    let (got, mt) = run(true);
+    assert_eq!(got, want);
+    // Reused: the third prompt of each group, and the last one (its group was evicted and
+    // snapshotted again by the one before it): 4 x 2 blocks.
+    assert_eq!(mt.prompt_tokens_cached, 4 * 32, "{mt:?}");
+}
+
 #[test]
 fn a_chunk_that_does_not_continue_its_recurrent_state_is_refused() {
     let m = gguf();
