@@ -82,9 +82,16 @@ pub fn gates(b: &[f32], a: &[f32], a_log: &[f32], dt_bias: &[f32], beta: &mut [f
 
 /// [`gates`] with the decay rate given as `neg_a = -exp(A_log)` (what a `qwen35` GGUF stores).
 pub fn gates_neg_a(b: &[f32], a: &[f32], neg_a: &[f32], dt_bias: &[f32], beta: &mut [f32], g: &mut [f32]) {
+    beta.copy_from_slice(&b[..beta.len()]);
+    g.copy_from_slice(&a[..g.len()]);
+    gates_inplace(beta, g, neg_a, dt_bias);
+}
+
+/// [`gates_neg_a`] in place: `b` becomes beta, `a` becomes the log-decay g.
+pub fn gates_inplace(b: &mut [f32], a: &mut [f32], neg_a: &[f32], dt_bias: &[f32]) {
     for h in 0..b.len() {
-        beta[h] = 1.0 / (1.0 + (-b[h]).exp());
-        g[h] = neg_a[h] * softplus(a[h] + dt_bias[h]);
+        b[h] = 1.0 / (1.0 + (-b[h]).exp());
+        a[h] = neg_a[h] * softplus(a[h] + dt_bias[h]);
     }
 }
 

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use rayon::prelude::*;
 
-use super::deltanet::{conv1d_silu, delta_rule_step, gated_rmsnorm, gates_neg_a, l2norm_inplace};
+use super::deltanet::{conv1d_silu, delta_rule_step, gated_rmsnorm, gates_inplace, l2norm_inplace};
 use super::matmul::{matmul, matmul_fused};
 use super::ops::{self, PagedKv};
 use crate::backend::BackendError;
@@ -334,9 +334,7 @@ impl HybridCpu {
                     l2norm_inplace(head, 1e-6);
                 }
                 m[..nk * dk].iter_mut().for_each(|x| *x *= q_scale);
-                let (b_t, a_t) = (&mut beta[t * nv..(t + 1) * nv], &mut g[t * nv..(t + 1) * nv]);
-                let (b_in, a_in) = (b_t.to_vec(), a_t.to_vec());
-                gates_neg_a(&b_in, &a_in, &d.neg_a, &d.dt_bias, b_t, a_t);
+                gates_inplace(&mut beta[t * nv..(t + 1) * nv], &mut g[t * nv..(t + 1) * nv], &d.neg_a, &d.dt_bias);
             }
             // Each value head runs its tokens in order through its own state matrix.
             let (mixed, beta, g) = (&*mixed, &*beta, &*g);
