@@ -162,6 +162,29 @@ fn prefix_cache_off_never_names_blocks() {
 }
 
 #[test]
+fn with_state_points_a_hit_ends_where_a_recurrent_state_was_saved() {
+    // Hybrid models: the K/V of 2 blocks are cached, but only the state after block 0 is known.
+    let mut kv = KvCache::new(8, 4, FP, true);
+    kv.require_state_points();
+    let a = toks(0..10);
+    kv.allocate(1, &a).unwrap(); // [0, 1, 2]
+    kv.mark_computed(1, &a, 10).unwrap();
+    let m = kv.lookup_prefix(&a);
+    assert_eq!((m.shared_tokens, m.cached_tokens), (8, 0), "no state point: nothing reusable");
+    kv.add_state_point(kv.block_hash(1, 0).unwrap());
+    let m = kv.lookup_prefix(&a);
+    assert_eq!((m.shared_tokens, m.cached_tokens, m.blocks), (8, 4, vec![0]));
+    kv.add_state_point(kv.block_hash(1, 1).unwrap());
+    assert_eq!(kv.lookup_prefix(&a).cached_tokens, 8);
+    kv.remove_state_point(&kv.block_hash(1, 0).unwrap());
+    kv.remove_state_point(&kv.block_hash(1, 1).unwrap());
+    // The second sequence computes blocks 0 and 1 again into fresh blocks (they stay unnamed).
+    assert_eq!(kv.allocate(2, &a), Ok(0));
+    assert_eq!(kv.block_table(2), Some(&[3, 4, 5][..]));
+    ok(&kv);
+}
+
+#[test]
 fn append_slot_takes_a_block_at_block_boundaries() {
     let mut kv = KvCache::new(3, 4, FP, true);
     kv.allocate(1, &toks(0..4)).unwrap(); // [0], full

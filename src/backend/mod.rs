@@ -67,6 +67,21 @@ pub trait Backend {
     fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
         Ok(self.step(plan)?.iter().map(|l| crate::engine::sampler::argmax(l)).collect())
     }
+    /// Forgets a finished sequence: frees per-sequence state a backend keeps beside the KV
+    /// blocks (the recurrent state of hybrid models). Its KV blocks belong to the block pool.
+    fn release(&mut self, _seq: crate::engine::plan::SeqId) {}
+    /// Hybrid models: keeps a copy of `seq`'s recurrent state (after the tokens it has run)
+    /// under `key`, the chain hash of that prefix.
+    fn save_state(&mut self, seq: crate::engine::plan::SeqId, _key: &[u8; 32]) -> Result<(), BackendError> {
+        Err(BackendError::Plan(format!("sequence {seq}: this backend keeps no recurrent state")))
+    }
+    /// Hybrid models: `seq` continues after `pos` tokens from the state saved under `key`.
+    /// False when there is no such snapshot.
+    fn restore_state(&mut self, _seq: crate::engine::plan::SeqId, _key: &[u8; 32], _pos: usize) -> bool {
+        false
+    }
+    /// Hybrid models: forgets the snapshot saved under `key`.
+    fn drop_state(&mut self, _key: &[u8; 32]) {}
     /// Compiles or loads everything a step may need (kernels), so that it stays out of
     /// timings; steps do it lazily otherwise.
     fn prepare(&mut self) -> Result<(), BackendError> {
@@ -107,6 +122,18 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn prepare(&mut self) -> Result<(), BackendError> {
         (**self).prepare()
+    }
+    fn release(&mut self, seq: crate::engine::plan::SeqId) {
+        (**self).release(seq)
+    }
+    fn save_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
+        (**self).save_state(seq, key)
+    }
+    fn restore_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32], pos: usize) -> bool {
+        (**self).restore_state(seq, key, pos)
+    }
+    fn drop_state(&mut self, key: &[u8; 32]) {
+        (**self).drop_state(key)
     }
     fn describe(&self) -> String {
         (**self).describe()

@@ -175,6 +175,12 @@ fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
     }
     let gguf = a.output.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     let (cfg, extras) = read_config(&a.model)?;
+    if cfg.hybrid.is_some() {
+        return Err(ConvertError::Usage(format!(
+            "{}: converting hybrid (linear-attention) models is not supported yet; dustoff runs the directory as it is",
+            a.model.display()
+        )));
+    }
     let st = SafetensorsDir::open(&a.model)?;
     let outs = if gguf {
         let extra = llama3_freq_factors(&cfg).map(|f| {

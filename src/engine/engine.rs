@@ -8,13 +8,13 @@
 // The brief names this file engine.rs inside engine/: `crate::engine::engine::Engine`.
 #![allow(clippy::module_inception)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::constraint::{ConstraintMetrics, MaskTimes, SeqConstraint};
-use super::kv::KvCache;
+use super::kv::{BlockHash, KvCache};
 use super::plan::{SeqId, StepPlan};
 use super::sampler::{Sampler, SamplingParams};
 use super::scheduler::{Scheduler, SchedulerConfig, SchedulerError};
@@ -134,6 +134,8 @@ pub struct Engine<B: Backend> {
     backend: B,
     cfg: EngineConfig,
     sched: Scheduler,
+    /// Hybrid models: the prefixes whose state the backend holds, least recently used first.
+    snapshots: VecDeque<BlockHash>,
     requests: HashMap<SeqId, RequestState>,
     /// Events produced outside a step (a request with `max_tokens == 0`).
     pending: Vec<Event>,
@@ -158,7 +160,12 @@ impl<B: Backend> Engine<B> {
         if num_blocks == 0 || block_size == 0 {
             return Err(EngineError::Config(format!("backend has {num_blocks} KV blocks of {block_size} tokens")));
         }
-        let kv = KvCache::new(num_blocks, block_size, cfg.model_fingerprint, cfg.prefix_cache);
+        let mut kv = KvCache::new(num_blocks, block_size, cfg.model_fingerprint, cfg.prefix_cache);
+        if backend.config().hybrid.is_some() {
+            // NOTE: a sequence of a hybrid model resumes after cached blocks only where the backend
+            // holds a snapshot of its linear-attention state (see `kv::require_state_points`).
+            kv.require_state_points();
+        }
         let sched_cfg = SchedulerConfig {
             slots: cfg.slots,
             max_batch_tokens: cfg.max_batch_tokens,
@@ -174,6 +181,7 @@ impl<B: Backend> Engine<B> {
             backend,
             cfg,
             sched: Scheduler::new(sched_cfg, kv),
+            snapshots: VecDeque::new(),
             requests: HashMap::new(),
             pending: Vec::new(),
             metrics,
@@ -296,6 +304,7 @@ impl<B: Backend> Engine<B> {
         if plan.chunks.is_empty() {
             return Ok(events);
         }
+        self.restore_states()?;
         let tokens = match self.next_tokens(&plan) {
             // NOTE: out of memory inside a step: fewer sequences and tokens, then the caller's next
             // `step` retries (the scheduler counts nothing of a failed step as computed).
@@ -408,6 +417,43 @@ impl<B: Backend> Engine<B> {
         forced
     }
 
+    /// Hybrid models: sequences admitted on a prefix hit continue from the state snapshot
+    /// taken after that prefix.
+    fn restore_states(&mut self) -> Result<(), EngineError> {
+        for (seq, hash, pos) in self.sched.take_restores() {
+            if !self.backend.restore_state(seq, &hash, pos) {
+                return Err(EngineError::Backend(BackendError::Plan(format!(
+                    "sequence {seq}: no recurrent-state snapshot after its {pos} cached tokens"
+                ))));
+            }
+            if let Some(i) = self.snapshots.iter().position(|h| *h == hash) {
+                self.snapshots.remove(i);
+                self.snapshots.push_back(hash);
+            }
+        }
+        Ok(())
+    }
+
+    /// Hybrid models: snapshots the state of sequences that reached the end of a shared prefix,
+    /// keeping at most `2 x slots` snapshots (the least recently used go first).
+    fn save_states(&mut self) -> Result<(), EngineError> {
+        for (seq, hash) in self.sched.take_snapshots_due() {
+            if self.snapshots.contains(&hash) {
+                continue;
+            }
+            self.backend.save_state(seq, &hash)?;
+            self.sched.set_state_point(hash, true);
+            self.snapshots.push_back(hash);
+            while self.snapshots.len() > 2 * self.cfg.slots {
+                if let Some(old) = self.snapshots.pop_front() {
+                    self.backend.drop_state(&old);
+                    self.sched.set_state_point(old, false);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn postprocess(
         &mut self,
         plan: &StepPlan,
@@ -415,6 +461,7 @@ impl<B: Backend> Engine<B> {
         events: &mut Vec<Event>,
     ) -> Result<(), EngineError> {
         self.sched.on_step_done(plan)?;
+        self.save_states()?;
         let mut forced = self.commit_constrained(plan, &tokens);
         for (chunk, token) in plan.chunks.iter().filter(|c| c.want_logits).zip(tokens) {
             let id = chunk.seq;
@@ -446,6 +493,7 @@ impl<B: Backend> Engine<B> {
             match finish {
                 Some(reason) => {
                     let seq = self.sched.finish(id)?;
+                    self.backend.release(id);
                     if let Some(r) = self.requests.remove(&id) {
                         self.metrics.requests_finished += 1;
                         events.push(Event::Finished(Completion {

@@ -14,7 +14,7 @@
 //! until it is computed, so the scheduler can hold back a request whose prefix is being
 //! computed right now by another sequence instead of computing it twice.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::plan::SeqId;
 
@@ -169,10 +169,20 @@ pub struct PrefixMatch {
     /// Cached blocks holding the prompt's first `cached_tokens` tokens.
     pub blocks: Vec<BlockId>,
     pub cached_tokens: usize,
+    /// Leading tokens whose K/V are cached, before a hit is cut back to a state point (see
+    /// [`KvCache::require_state_points`]); equals `cached_tokens` otherwise.
+    pub shared_tokens: usize,
     /// The next block of this prefix is being computed by this running sequence.
     pub pending_on: Option<SeqId>,
     /// Chain hashes of all full blocks of the prompt (empty without a prefix cache).
     hashes: Vec<BlockHash>,
+}
+
+impl PrefixMatch {
+    /// The chain hash of the prompt's full block `j`.
+    pub fn hash_at(&self, j: usize) -> Option<BlockHash> {
+        self.hashes.get(j).copied()
+    }
 }
 
 /// The block pool with per-sequence block tables and the prefix cache.
@@ -189,6 +199,9 @@ pub struct KvCache {
     seqs: HashMap<SeqId, SeqBlocks>,
     peak_used: usize,
     evictions: u64,
+    /// Models with recurrent layers: the chain hashes after which the backend holds a state
+    /// snapshot. A hit must end at one of them (or it would resume with a wrong state).
+    state_points: Option<HashSet<BlockHash>>,
 }
 
 impl KvCache {
@@ -209,6 +222,7 @@ impl KvCache {
             seqs: HashMap::new(),
             peak_used: 0,
             evictions: 0,
+            state_points: None,
         };
         kv.debug_check();
         kv
@@ -241,6 +255,31 @@ impl KvCache {
         self.prefix_cache
     }
 
+    /// For models whose layers keep a recurrent state beside the K/V: a prefix hit is cut back
+    /// to the longest prefix that ends at a state point ([`KvCache::add_state_point`]).
+    pub fn require_state_points(&mut self) {
+        self.state_points.get_or_insert_with(HashSet::new);
+    }
+    pub fn state_points_required(&self) -> bool {
+        self.state_points.is_some()
+    }
+    /// The backend now holds the state after the prefix named `hash`.
+    pub fn add_state_point(&mut self, hash: BlockHash) {
+        if let Some(s) = &mut self.state_points {
+            s.insert(hash);
+        }
+    }
+    /// The backend dropped the state after the prefix named `hash`.
+    pub fn remove_state_point(&mut self, hash: &BlockHash) {
+        if let Some(s) = &mut self.state_points {
+            s.remove(hash);
+        }
+    }
+    /// The chain hash of full block `j` of `seq`'s prompt (known from allocation on).
+    pub fn block_hash(&self, seq: SeqId, j: usize) -> Option<BlockHash> {
+        self.seqs.get(&seq).and_then(|s| s.hashes.get(j).copied())
+    }
+
     pub fn block_table(&self, seq: SeqId) -> Option<&[BlockId]> {
         self.seqs.get(&seq).map(|s| s.blocks.as_slice())
     }
@@ -262,7 +301,13 @@ impl KvCache {
 
     /// The longest cached prefix of `tokens`, in whole blocks.
     pub fn lookup_prefix(&self, tokens: &[u32]) -> PrefixMatch {
-        let mut m = PrefixMatch { blocks: Vec::new(), cached_tokens: 0, pending_on: None, hashes: Vec::new() };
+        let mut m = PrefixMatch {
+            blocks: Vec::new(),
+            cached_tokens: 0,
+            shared_tokens: 0,
+            pending_on: None,
+            hashes: Vec::new(),
+        };
         if !self.prefix_cache {
             return m;
         }
@@ -290,6 +335,11 @@ impl KvCache {
                 }
             }
             parent = *h;
+        }
+        m.shared_tokens = m.blocks.len() * self.block_size;
+        if let Some(points) = &self.state_points {
+            let keep = (1..=m.blocks.len()).rev().find(|&j| points.contains(&m.hashes[j - 1])).unwrap_or(0);
+            m.blocks.truncate(keep);
         }
         m.cached_tokens = m.blocks.len() * self.block_size;
         m

@@ -17,7 +17,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use super::kv::{KvCache, KvError};
+use super::kv::{BlockHash, KvCache, KvError};
 use super::plan::{SeqChunk, SeqId, StepPlan};
 
 /// Waiting requests held back for a shared prefix that admission looks past, at most: bounds
@@ -51,6 +51,9 @@ pub struct Sequence {
     pub max_computed: usize,
     /// Prompt tokens served by the prefix cache at first admission (for per-request reports).
     pub cached_tokens: usize,
+    /// Models with recurrent state: a chunk ends at this position so the state there can be
+    /// snapshotted (the end of the prefix this prompt shares with cached blocks).
+    pub snapshot_at: Option<usize>,
 }
 
 impl Sequence {
@@ -105,6 +108,11 @@ pub struct Scheduler {
     /// Ids of all queued and running sequences.
     ids: HashSet<SeqId>,
     stats: SchedulerStats,
+    /// Admitted this step from a prefix hit on a model with recurrent state: (sequence, hash of
+    /// the prefix, its length); the engine restores the state snapshot before the step runs.
+    restores: Vec<(SeqId, BlockHash, usize)>,
+    /// Chunks that ended at their `snapshot_at`: (sequence, hash of the prefix it computed).
+    snapshots_due: Vec<(SeqId, BlockHash)>,
 }
 
 impl Scheduler {
@@ -116,6 +124,25 @@ impl Scheduler {
             running: Vec::new(),
             ids: HashSet::new(),
             stats: SchedulerStats::default(),
+            restores: Vec::new(),
+            snapshots_due: Vec::new(),
+        }
+    }
+
+    /// The state restores the engine must do before running the last planned step.
+    pub fn take_restores(&mut self) -> Vec<(SeqId, BlockHash, usize)> {
+        std::mem::take(&mut self.restores)
+    }
+    /// The state snapshots the engine should take after the last step.
+    pub fn take_snapshots_due(&mut self) -> Vec<(SeqId, BlockHash)> {
+        std::mem::take(&mut self.snapshots_due)
+    }
+    /// See [`KvCache::add_state_point`] / [`KvCache::remove_state_point`].
+    pub fn set_state_point(&mut self, hash: BlockHash, present: bool) {
+        if present {
+            self.kv.add_state_point(hash);
+        } else {
+            self.kv.remove_state_point(&hash);
         }
     }
 
@@ -172,6 +199,7 @@ impl Scheduler {
             num_computed: 0,
             max_computed: 0,
             cached_tokens: 0,
+            snapshot_at: None,
         });
         Ok(())
     }
@@ -205,7 +233,7 @@ impl Scheduler {
             }
             let rem = self.running[i].remaining();
             if rem > 1 && !self.running[i].is_decoding() {
-                let n = rem.min(budget);
+                let n = self.prefill_len(i, budget);
                 plan.chunks.push(self.chunk(i, n)?);
                 budget -= n;
             }
@@ -215,7 +243,7 @@ impl Scheduler {
         let mut w = 0;
         while w < self.waiting.len().min(MAX_LOOKAHEAD) && self.running.len() < self.cfg.slots && budget > 0 {
             let m = self.kv.lookup_prefix(&self.waiting[w].tokens);
-            if m.pending_on.is_some() {
+            if m.pending_on.is_some() || self.snapshot_in_progress(&m) {
                 // NOTE: its prefix is being computed by a running sequence; admitting it now
                 // would compute the same blocks twice. It keeps its place; later requests go first.
                 self.stats.prefix_waits += 1;
@@ -234,9 +262,18 @@ impl Scheduler {
                 seq.cached_tokens = cached.min(seq.prompt_len);
             }
             self.stats.cached_tokens += cached.min(seq.prompt_len) as u64;
+            if self.kv.state_points_required() {
+                if cached > 0 {
+                    let hash = self.kv.block_hash(seq.id, cached / self.kv.block_size() - 1);
+                    self.restores.push((seq.id, hash.ok_or(KvError::UnknownSeq(seq.id))?, cached));
+                }
+                // NOTE: the cached K/V reach further than any state snapshot: compute the shared
+                // prefix again, stop there and snapshot, so the next prompts resume from it.
+                seq.snapshot_at = (m.shared_tokens > cached).then_some(m.shared_tokens);
+            }
             self.running.push(seq);
             let i = self.running.len() - 1;
-            let n = self.running[i].remaining().min(budget);
+            let n = self.prefill_len(i, budget);
             plan.chunks.push(self.chunk(i, n)?);
             budget -= n;
         }
@@ -298,6 +335,29 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Whether a running sequence is about to snapshot the state after the prefix that `m`
+    /// finds cached without a state (then waiting for it beats computing the prefix again).
+    fn snapshot_in_progress(&self, m: &super::kv::PrefixMatch) -> bool {
+        let p = m.shared_tokens;
+        if !self.kv.state_points_required() || p <= m.cached_tokens {
+            return false;
+        }
+        let j = p / self.kv.block_size() - 1;
+        let h = m.hash_at(j);
+        self.running.iter().any(|s| s.snapshot_at == Some(p) && self.kv.block_hash(s.id, j) == h)
+    }
+
+    /// Prefill tokens of running sequence `i` for this step: its remaining ones within `budget`,
+    /// ending at its `snapshot_at` when it has not reached it yet.
+    fn prefill_len(&self, i: usize, budget: usize) -> usize {
+        let s = &self.running[i];
+        let n = s.remaining().min(budget);
+        match s.snapshot_at {
+            Some(p) if p > s.num_computed => n.min(p - s.num_computed),
+            _ => n,
+        }
+    }
+
     /// The next `n` tokens of running sequence `i`.
     fn chunk(&self, i: usize, n: usize) -> Result<SeqChunk, SchedulerError> {
         let s = &self.running[i];
@@ -323,6 +383,13 @@ impl Scheduler {
             seq.num_computed = end;
             seq.max_computed = seq.max_computed.max(end);
             self.kv.mark_computed(seq.id, &seq.tokens, end)?;
+            if let Some(p) = seq.snapshot_at.filter(|&p| end >= p) {
+                seq.snapshot_at = None;
+                if end == p {
+                    let hash = self.kv.block_hash(seq.id, p / self.kv.block_size() - 1);
+                    self.snapshots_due.push((seq.id, hash.ok_or(KvError::UnknownSeq(seq.id))?));
+                }
+            }
         }
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! `config.json` by the safetensors loader).
 
 use super::gguf::{GgufError, GgufFile};
+use super::hybrid::HybridConfig;
 pub use super::moe::MoeConfig;
 
 /// Architectures dustoff runs. They differ only in small ways on top of the llama block.
@@ -16,6 +17,8 @@ pub enum Arch {
     /// Qwen3-MoE (Qwen3-30B-A3B...): Qwen3 attention; the FFN of each sparse layer is a
     /// mixture of SwiGLU experts (see [`MoeConfig`]).
     Qwen3Moe,
+    /// Qwen3.5 dense: Gated DeltaNet layers between gated full-attention layers (`hybrid`).
+    Qwen35,
 }
 
 impl Arch {
@@ -25,6 +28,7 @@ impl Arch {
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
             "qwen3moe" => Some(Arch::Qwen3Moe),
+            "qwen35" => Some(Arch::Qwen35),
             _ => None,
         }
     }
@@ -34,6 +38,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Qwen35 => "qwen35",
         }
     }
     /// Per-head RMSNorm on Q and K before RoPE (`attn_q_norm`, `attn_k_norm`).
@@ -90,13 +95,15 @@ pub struct ModelConfig {
     /// Mixture-of-experts layers (qwen3moe); `None` for dense models. `ffn_dim` is then the
     /// width of the layers left dense.
     pub moe: Option<MoeConfig>,
+    /// Linear-attention layers and their sizes (hybrid models: Qwen3.5).
+    pub hybrid: Option<HybridConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("{path}: architecture '{arch}' is not supported (llama, qwen2, qwen3, qwen3moe are)")]
+    #[error("{path}: architecture '{arch}' is not supported (llama, qwen2, qwen3, qwen3moe, qwen35 are)")]
     UnsupportedArch { path: String, arch: String },
     #[error("{path}: inconsistent model shape: {reason}")]
     Shape { path: String, reason: String },
@@ -108,6 +115,15 @@ impl ModelConfig {
     }
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+    /// Whether layer `l` keeps K/V in the paged cache (every layer but a hybrid model's
+    /// linear-attention ones).
+    pub fn has_kv(&self, l: usize) -> bool {
+        self.hybrid.as_ref().is_none_or(|h| !h.recurrent.get(l).copied().unwrap_or(false))
+    }
+    /// Layers that keep K/V in the paged cache.
+    pub fn n_kv_layers(&self) -> usize {
+        (0..self.n_layers).filter(|&l| self.has_kv(l)).count()
     }
 
     /// Reads the configuration from GGUF metadata; the tensor list decides tied embeddings.
@@ -157,13 +173,13 @@ impl ModelConfig {
         let tied_embeddings = g.tensor_info("output.weight").is_none();
         let rope_style = match arch {
             Arch::Llama => RopeStyle::Adjacent,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => RopeStyle::Halves,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 => RopeStyle::Halves,
         };
         let moe = match arch {
             Arch::Qwen3Moe => Some(MoeConfig::from_gguf(g, n_layers)?),
             _ => None,
         };
-        Ok(ModelConfig {
+        let mut cfg = ModelConfig {
             arch,
             n_layers,
             dim,
@@ -179,7 +195,12 @@ impl ModelConfig {
             max_context,
             tied_embeddings,
             moe,
-        })
+            hybrid: None,
+        };
+        if arch == Arch::Qwen35 {
+            cfg.hybrid = Some(HybridConfig::from_gguf(g, arch_name, &cfg)?);
+        }
+        Ok(cfg)
     }
 
     /// Inverse frequency of each rotated pair of a head: `[head_dim / 2]`.

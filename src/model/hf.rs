@@ -28,7 +28,7 @@ pub enum HfError {
     Json { path: PathBuf, source: serde_json::Error },
     #[error("{path}: '{key}' {reason}")]
     Config { path: PathBuf, key: String, reason: String },
-    #[error("{path}: architecture {arch} is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM are)")]
+    #[error("{path}: architecture {arch} is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3_5ForCausalLM are)")]
     UnsupportedArch { path: PathBuf, arch: String },
     #[error(transparent)]
     Safetensors(#[from] SafetensorsError),
@@ -82,6 +82,9 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
     if !j.is_object() {
         return Err(err("(top level)", "must be a JSON object"));
     }
+    if let Some(text) = super::hybrid::vl_text_config(j) {
+        return config_from_json(&text, path);
+    }
     let opt_usize = |key: &str| -> Result<Option<usize>, HfError> {
         match j.get(key) {
             None | Some(Json::Null) => Ok(None),
@@ -110,6 +113,7 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         "Qwen2ForCausalLM" => Arch::Qwen2,
         "Qwen3ForCausalLM" => Arch::Qwen3,
         "Qwen3MoeForCausalLM" => Arch::Qwen3Moe,
+        "Qwen3_5ForCausalLM" => Arch::Qwen35,
         _ => return Err(HfError::UnsupportedArch { path: path.to_path_buf(), arch: hf_arch }),
     };
     let dim = req_usize("hidden_size")?;
@@ -179,7 +183,12 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         max_context: opt_usize("max_position_embeddings")?.unwrap_or(4096),
         tied_embeddings: opt_bool("tie_word_embeddings")?.unwrap_or(false),
         moe,
+        hybrid: None,
     };
+    let mut cfg = cfg;
+    if arch == Arch::Qwen35 {
+        cfg.hybrid = Some(super::hybrid::HybridConfig::from_hf_json(j, path, &cfg)?);
+    }
     let qkv_bias = arch == Arch::Qwen2 || opt_bool("attention_bias")?.unwrap_or(false);
     Ok((cfg, HfExtras { hf_arch, qkv_bias }))
 }
@@ -271,6 +280,9 @@ pub fn tensor_plan(c: &ModelConfig, x: &HfExtras) -> Vec<PlannedTensor> {
 /// Matrices keep their dtype (BF16, F16 or F32: the CPU backend widens rows as it computes);
 /// norms and biases are widened to f32.
 pub fn load_weights(st: &SafetensorsDir, c: &ModelConfig, x: &HfExtras) -> Result<ModelWeights, HfError> {
+    if let Some(h) = &c.hybrid {
+        return super::hybrid::load_hf_weights(st, c, h);
+    }
     let plan = tensor_plan(c, x);
     let mut mats: HashMap<&str, Tensor> = HashMap::new();
     // Expert matrices by (stacked GGUF name, expert).
@@ -372,6 +384,7 @@ pub fn load_weights(st: &SafetensorsDir, c: &ModelConfig, x: &HfExtras) -> Resul
             w_up,
             w_down,
             moe,
+            hybrid: None,
         });
     }
     let output_norm = vecs.remove("output_norm.weight").ok_or_else(|| missing("model.norm.weight"))?;

@@ -34,6 +34,8 @@ pub enum SynthError {
     Hf(#[from] HfError),
     #[error("{path}: {reason}")]
     Vocab { path: PathBuf, reason: String },
+    #[error("synthetic HF directories of {0} are not supported")]
+    Unsupported(String),
 }
 
 /// The shape of a synthetic model.
@@ -148,7 +150,7 @@ fn tokenizer_json(v: &Vocab, arch: Arch) -> Json {
         Arch::Llama => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Digits", "individual_digits": true},
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]}),
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => json!({"type": "Sequence", "pretokenizers": [
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": QWEN2_REGEX}, "behavior": "Isolated", "invert": false},
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]}),
     };
@@ -185,6 +187,7 @@ pub fn write_hf_dir(
         Arch::Qwen2 => ("Qwen2ForCausalLM", "qwen2", 1_000_000.0),
         Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3", 1_000_000.0),
         Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe", 1_000_000.0),
+        Arch::Qwen35 => return Err(SynthError::Unsupported("hybrid (Qwen3.5) models".into())),
     };
     let mut config = json!({
         "architectures": [hf_arch], "model_type": model_type, "hidden_size": spec.dim,

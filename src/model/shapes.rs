@@ -37,6 +37,7 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
             max_context: 32768,
             tied_embeddings: tied,
             moe: None,
+            hybrid: None,
         }
     }
     Some(match name {

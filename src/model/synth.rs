@@ -82,6 +82,7 @@ pub fn random_weights(c: &ModelConfig, dtype: GgmlType, seed: u64) -> ModelWeigh
             w_up,
             w_down,
             moe,
+            hybrid: None,
         });
     }
     let token_embd = matrix("token_embd.weight", c.vocab_size, c.dim, dtype, &mut rng);

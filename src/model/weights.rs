@@ -9,6 +9,7 @@ use memmap2::Mmap;
 
 use super::config::ModelConfig;
 use super::gguf::{GgufError, GgufFile};
+use super::hybrid::HybridLayer;
 use super::moe::MoeWeights;
 use super::quant::GgmlType;
 
@@ -69,6 +70,12 @@ impl Tensor {
     /// A matrix with no rows, `[0, cols]`: the dense FFN slots of a sparse (MoE) layer.
     pub fn empty(name: impl Into<String>, cols: usize) -> Self {
         Self::from_bytes(name, GgmlType::F32, 0, cols, Vec::new())
+    }
+
+    /// A `[0, cols]` matrix: a projection the layer does not have (the attention projections of
+    /// a hybrid model's linear-attention layers). It holds no bytes and is never multiplied.
+    pub fn absent(name: impl Into<String>, cols: usize) -> Self {
+        Tensor { name: name.into(), dtype: GgmlType::F32, rows: 0, cols, storage: Storage::Owned(Arc::new(Vec::new())) }
     }
 
     /// An F32 tensor from values.
@@ -144,6 +151,8 @@ pub struct LayerWeights {
     pub w_up: Tensor,             // [ffn_dim, dim]
     pub w_down: Tensor,           // [dim, ffn_dim]
     pub moe: Option<MoeWeights>,  // sparse layers: router and experts
+    /// Hybrid models: the layer's token mixer (Gated DeltaNet or gated attention).
+    pub hybrid: Option<HybridLayer>,
 }
 
 impl LayerWeights {
@@ -182,6 +191,10 @@ impl ModelWeights {
         };
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
+            if let Some(h) = &c.hybrid {
+                layers.push(super::hybrid::gguf_layer(g, c, h, i)?);
+                continue;
+            }
             let n = |s: &str| format!("blk.{i}.{s}");
             let m = |s: &str, rows, cols| Tensor::from_gguf(g, &n(s), rows, cols);
             let moe = match &c.moe {
@@ -212,6 +225,7 @@ impl ModelWeights {
                 w_up,
                 w_down,
                 moe,
+                hybrid: None,
             });
         }
         let token_embd = Tensor::from_gguf(g, "token_embd.weight", c.vocab_size, c.dim)?;

@@ -15,25 +15,7 @@
 //! the chunked form solves each chunk's updates as one triangular system, the shape a GPU prefill
 //! kernel uses, and equals the step form up to rounding (tested below).
 
-/// Which key head a value head reads when there are more value heads than key heads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HeadGrouping {
-    /// Value head `h` reads key head `h / (n_v / n_k)` (Hugging Face checkpoints:
-    /// `repeat_interleave` of q and k).
-    Interleaved,
-    /// Value head `h` reads key head `h % n_k` (value heads reordered, as some GGUF converters
-    /// store them).
-    Tiled,
-}
-
-impl HeadGrouping {
-    pub fn key_head(self, v_head: usize, n_k: usize, n_v: usize) -> usize {
-        match self {
-            HeadGrouping::Interleaved => v_head / (n_v / n_k),
-            HeadGrouping::Tiled => v_head % n_k,
-        }
-    }
-}
+pub use crate::model::hybrid::HeadGrouping;
 
 #[inline]
 fn silu(x: f32) -> f32 {
@@ -94,9 +76,22 @@ pub fn l2norm_inplace(x: &mut [f32], eps: f32) {
 
 /// Per value head: `beta = sigmoid(b)` and the log-decay `g = -exp(a_log) * softplus(a + dt_bias)`.
 pub fn gates(b: &[f32], a: &[f32], a_log: &[f32], dt_bias: &[f32], beta: &mut [f32], g: &mut [f32]) {
+    let neg_a: Vec<f32> = a_log.iter().map(|v| -v.exp()).collect();
+    gates_neg_a(b, a, &neg_a, dt_bias, beta, g);
+}
+
+/// [`gates`] with the decay rate given as `neg_a = -exp(A_log)` (what a `qwen35` GGUF stores).
+pub fn gates_neg_a(b: &[f32], a: &[f32], neg_a: &[f32], dt_bias: &[f32], beta: &mut [f32], g: &mut [f32]) {
+    beta.copy_from_slice(&b[..beta.len()]);
+    g.copy_from_slice(&a[..g.len()]);
+    gates_inplace(beta, g, neg_a, dt_bias);
+}
+
+/// [`gates_neg_a`] in place: `b` becomes beta, `a` becomes the log-decay g.
+pub fn gates_inplace(b: &mut [f32], a: &mut [f32], neg_a: &[f32], dt_bias: &[f32]) {
     for h in 0..b.len() {
-        beta[h] = 1.0 / (1.0 + (-b[h]).exp());
-        g[h] = -a_log[h].exp() * softplus(a[h] + dt_bias[h]);
+        b[h] = 1.0 / (1.0 + (-b[h]).exp());
+        a[h] = neg_a[h] * softplus(a[h] + dt_bias[h]);
     }
 }
 
@@ -232,7 +227,10 @@ mod tests {
             .collect()
     }
 
-    fn inputs(t: usize, dk: usize, dv: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    /// q, k, v, g, beta of `t` tokens.
+    type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+    fn inputs(t: usize, dk: usize, dv: usize) -> Inputs {
         let mut q = values(t * dk, 1);
         let mut k = values(t * dk, 2);
         for i in 0..t {
@@ -335,14 +333,5 @@ mod tests {
         assert!((g[0] + (1.0 + 0.5f32.exp()).ln()).abs() < 1e-6);
         // softplus(25) = 25 past the threshold; exp(1) * 25.
         assert!((g[1] + 1f32.exp() * 25.0).abs() < 1e-4);
-    }
-
-    #[test]
-    fn head_grouping() {
-        // 2 key heads, 4 value heads.
-        let inter: Vec<_> = (0..4).map(|h| HeadGrouping::Interleaved.key_head(h, 2, 4)).collect();
-        let tiled: Vec<_> = (0..4).map(|h| HeadGrouping::Tiled.key_head(h, 2, 4)).collect();
-        assert_eq!(inter, [0, 0, 1, 1]);
-        assert_eq!(tiled, [0, 1, 0, 1]);
     }
 }

@@ -6,6 +6,7 @@ mod attn;
 mod bench_tests;
 pub mod deltanet;
 mod gemv;
+pub mod hybrid;
 pub mod matmul;
 pub mod moe;
 pub mod ops;
@@ -33,6 +34,8 @@ pub struct CpuBackend {
     scratch: Scratch,
     /// Observer of matrix inputs (calibration, eval); `None` in normal runs.
     tap: Option<Box<dyn ActivationTap>>,
+    /// Hybrid models: the linear-attention mixers and each sequence's recurrent state.
+    hybrid: Option<hybrid::HybridCpu>,
 }
 
 impl CpuBackend {
@@ -42,9 +45,12 @@ impl CpuBackend {
         if let Some(f) = &w.rope_freq_factors {
             inv_freq.iter_mut().zip(f).for_each(|(a, &b)| *a /= b);
         }
+        // Linear-attention layers of hybrid models keep no K/V.
+        let kv = |l: usize| if cfg.has_kv(l) { vec![0f32; per_layer] } else { Vec::new() };
         CpuBackend {
-            k_cache: (0..cfg.n_layers).map(|_| vec![0f32; per_layer]).collect(),
-            v_cache: (0..cfg.n_layers).map(|_| vec![0f32; per_layer]).collect(),
+            k_cache: (0..cfg.n_layers).map(kv).collect(),
+            v_cache: (0..cfg.n_layers).map(kv).collect(),
+            hybrid: cfg.hybrid.as_ref().map(|h| hybrid::HybridCpu::new(&cfg, h)),
             cfg,
             w,
             block_size,
@@ -67,7 +73,12 @@ impl CpuBackend {
 
     /// KV cache bytes per token position (all layers, K and V).
     pub fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
-        cfg.n_layers * 2 * cfg.kv_dim() * 4
+        cfg.n_kv_layers() * 2 * cfg.kv_dim() * 4
+    }
+
+    /// Bytes of one sequence's recurrent state (hybrid models; 0 for others).
+    pub fn state_bytes_per_seq(&self) -> usize {
+        self.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq())
     }
 
     fn check_plan(&self, plan: &StepPlan) -> Result<(), BackendError> {
@@ -129,6 +140,7 @@ impl Backend for CpuBackend {
                 let (router, expert) = m.bytes_router_and_expert();
                 n += router + m.n_used * expert;
             }
+            n += l.hybrid.as_ref().map_or(0, |h| h.extra_matrix_bytes());
         }
         n as u64
     }
@@ -139,11 +151,41 @@ impl Backend for CpuBackend {
 
     fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
         self.check_plan(plan)?;
+        if let Some(h) = &mut self.hybrid {
+            h.begin_step(plan)?;
+        }
         // Run the whole step on a pool worker: the parallel regions inside then fork from a
         // worker's own deque (cheap, the other workers are still spinning) instead of being
         // injected from outside the pool and waking sleeping threads ~200 times per token.
         let this = &mut *self;
-        Ok(rayon::scope(|_| this.forward(plan)))
+        let logits = rayon::scope(|_| this.forward(plan));
+        if let Some(h) = &mut self.hybrid {
+            h.end_step(plan);
+        }
+        Ok(logits)
+    }
+
+    fn release(&mut self, seq: crate::engine::plan::SeqId) {
+        if let Some(h) = &mut self.hybrid {
+            h.release(seq);
+        }
+    }
+
+    fn save_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
+        match &mut self.hybrid {
+            Some(h) => h.save(seq, key),
+            None => Err(BackendError::Plan(format!("sequence {seq}: this model keeps no recurrent state"))),
+        }
+    }
+
+    fn restore_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32], pos: usize) -> bool {
+        self.hybrid.as_mut().is_some_and(|h| h.restore(seq, key, pos))
+    }
+
+    fn drop_state(&mut self, key: &[u8; 32]) {
+        if let Some(h) = &mut self.hybrid {
+            h.drop_snapshot(key);
+        }
     }
 }
 
@@ -216,42 +258,49 @@ impl CpuBackend {
 
         for (l, lw) in self.w.layers.iter().enumerate() {
             ops::rmsnorm(x, &lw.attn_norm, c.rms_eps, h);
-            if let Some(t) = self.tap.as_mut() {
-                t.matmul_input(&[&lw.wq.name, &lw.wk.name, &lw.wv.name], h, n);
-            }
-            matmul_fused(&[&lw.wq, &lw.wk, &lw.wv], h, n, &mut [&mut *q, &mut *k, &mut *v]);
-            for (buf, bias, width) in [(&mut *q, &lw.bq, qd), (&mut *k, &lw.bk, kvd), (&mut *v, &lw.bv, kvd)] {
-                if let Some(b) = bias {
-                    buf.chunks_exact_mut(width).for_each(|r| ops::add_inplace(r, b));
+            if let (Some(hl), Some(hy)) = (&lw.hybrid, self.hybrid.as_mut()) {
+                let kv =
+                    hybrid::KvLayer { k: &mut self.k_cache[l], v: &mut self.v_cache[l], block_size: self.block_size };
+                hy.mixer(l, lw, hl, c, plan, &tables, pos, kv, h, o);
+                ops::add_inplace(x, o);
+            } else {
+                if let Some(t) = self.tap.as_mut() {
+                    t.matmul_input(&[&lw.wq.name, &lw.wk.name, &lw.wv.name], h, n);
                 }
+                matmul_fused(&[&lw.wq, &lw.wk, &lw.wv], h, n, &mut [&mut *q, &mut *k, &mut *v]);
+                for (buf, bias, width) in [(&mut *q, &lw.bq, qd), (&mut *k, &lw.bk, kvd), (&mut *v, &lw.bv, kvd)] {
+                    if let Some(b) = bias {
+                        buf.chunks_exact_mut(width).for_each(|r| ops::add_inplace(r, b));
+                    }
+                }
+                if let Some(qn) = &lw.q_norm {
+                    ops::rmsnorm_heads_inplace(q, qn, c.rms_eps);
+                }
+                if let Some(kn) = &lw.k_norm {
+                    ops::rmsnorm_heads_inplace(k, kn, c.rms_eps);
+                }
+                for t in 0..n {
+                    let (cs, sn) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
+                    ops::rope_token(&mut q[t * qd..(t + 1) * qd], hd, cs, sn, c.rope_style);
+                    ops::rope_token(&mut k[t * kvd..(t + 1) * kvd], hd, cs, sn, c.rope_style);
+                }
+                // Write this step's K/V into the paged cache before attending (causal: a token reads
+                // positions <= its own, all of which are now in the cache).
+                let (kc, vc) = (&mut self.k_cache[l], &mut self.v_cache[l]);
+                for t in 0..n {
+                    let blk = tables[t][pos[t] / self.block_size] as usize;
+                    let off = (blk * self.block_size + pos[t] % self.block_size) * kvd;
+                    kc[off..off + kvd].copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
+                    vc[off..off + kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
+                }
+                let kv = PagedKv { k: kc, v: vc, block_size: self.block_size, n_kv_heads: c.n_kv_heads, head_dim: hd };
+                ops::attend_batch(&kv, &tables, pos, q, c.n_heads, att);
+                if let Some(t) = self.tap.as_mut() {
+                    t.matmul_input(&[&lw.wo.name], att, n);
+                }
+                matmul(&lw.wo, att, n, o);
+                ops::add_inplace(x, o);
             }
-            if let Some(qn) = &lw.q_norm {
-                ops::rmsnorm_heads_inplace(q, qn, c.rms_eps);
-            }
-            if let Some(kn) = &lw.k_norm {
-                ops::rmsnorm_heads_inplace(k, kn, c.rms_eps);
-            }
-            for t in 0..n {
-                let (cs, sn) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
-                ops::rope_token(&mut q[t * qd..(t + 1) * qd], hd, cs, sn, c.rope_style);
-                ops::rope_token(&mut k[t * kvd..(t + 1) * kvd], hd, cs, sn, c.rope_style);
-            }
-            // Write this step's K/V into the paged cache before attending (causal: a token reads
-            // positions <= its own, all of which are now in the cache).
-            let (kc, vc) = (&mut self.k_cache[l], &mut self.v_cache[l]);
-            for t in 0..n {
-                let blk = tables[t][pos[t] / self.block_size] as usize;
-                let off = (blk * self.block_size + pos[t] % self.block_size) * kvd;
-                kc[off..off + kvd].copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
-                vc[off..off + kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
-            }
-            let kv = PagedKv { k: kc, v: vc, block_size: self.block_size, n_kv_heads: c.n_kv_heads, head_dim: hd };
-            ops::attend_batch(&kv, &tables, pos, q, c.n_heads, att);
-            if let Some(t) = self.tap.as_mut() {
-                t.matmul_input(&[&lw.wo.name], att, n);
-            }
-            matmul(&lw.wo, att, n, o);
-            ops::add_inplace(x, o);
 
             ops::rmsnorm(x, &lw.ffn_norm, c.rms_eps, h);
             if let Some(mw) = &lw.moe {

@@ -154,13 +154,15 @@ struct Parts {
     clamped: u64,
 }
 
-/// Device, kernels and cuBLAS, after the memory plan (`matrix_bytes` of weight matrices on the
-/// device) was checked against the free memory.
-fn open(
-    cfg: &ModelConfig,
-    opts: &CudaOptions,
-    matrix_bytes: u64,
-) -> Result<(CudaDevice, Kernels, CudaBlas), CudaError> {
+/// Models whose layers the CUDA backend has no kernels for: hybrid (Gated DeltaNet) and
+/// mixture-of-experts models.
+fn refuse_unsupported(cfg: &ModelConfig) -> Result<(), CudaError> {
+    if cfg.hybrid.is_some() {
+        return Err(CudaError::Weights(format!(
+            "{} models have linear-attention (Gated DeltaNet) layers, which the CUDA backend does not run yet; use --device cpu",
+            cfg.arch.name()
+        )));
+    }
     if let Some(m) = &cfg.moe {
         return Err(CudaError::Weights(format!(
             "{} mixture-of-experts model ({} experts, {} used): the CUDA backend has no MoE layers yet; use --device cpu",
@@ -169,6 +171,17 @@ fn open(
             m.n_used
         )));
     }
+    Ok(())
+}
+
+/// Device, kernels and cuBLAS, after the memory plan (`matrix_bytes` of weight matrices on the
+/// device) was checked against the free memory.
+fn open(
+    cfg: &ModelConfig,
+    opts: &CudaOptions,
+    matrix_bytes: u64,
+) -> Result<(CudaDevice, Kernels, CudaBlas), CudaError> {
+    refuse_unsupported(cfg)?;
     let dev = CudaDevice::new(opts.ordinal)?;
     let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
     let plan = plan_memory(cfg, matrix_bytes, wide, opts.num_blocks, opts.block_size, PLANNED_BATCH_TOKENS);
@@ -196,6 +209,7 @@ fn qkv_bias(c: &ModelConfig, bq: &Option<Vec<f32>>, bk: &Option<Vec<f32>>, bv: &
 
 impl CudaBackend {
     pub fn new(cfg: ModelConfig, w: &ModelWeights, opts: &CudaOptions) -> Result<Self, CudaError> {
+        refuse_unsupported(&cfg)?;
         // Every matrix is checked (shape, bytes, row length) before anything is allocated.
         for t in device_matrices(&cfg, w) {
             check_tensor(t)?;
