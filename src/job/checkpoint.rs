@@ -56,31 +56,7 @@ pub struct FileIdentity {
     pub sample: String,
 }
 
-///
-/// A directory (a Hugging Face model directory) is identified by the identities of the plain
-/// files directly in it, in name order, hashed together; `size` is their total.
 pub fn file_identity(path: &Path) -> std::io::Result<FileIdentity> {
-    if path.is_dir() {
-        let mut files: Vec<PathBuf> = fs::read_dir(path)?
-            .map(|e| e.map(|e| e.path()))
-            .collect::<std::io::Result<Vec<_>>>()?
-            .into_iter()
-            .filter(|p| p.is_file())
-            .collect();
-        files.sort();
-        let mut h = blake3::Hasher::new();
-        let mut size = 0u64;
-        for f in &files {
-            let id = file_identity(f)?;
-            size += id.size;
-            h.update(id.name.as_bytes());
-            h.update(&[0]);
-            h.update(&id.size.to_le_bytes());
-            h.update(id.sample.as_bytes());
-        }
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        return Ok(FileIdentity { name, size, sample: h.finalize().to_hex().to_string() });
-    }
     const SPAN: u64 = 1 << 20;
     let mut f = File::open(path)?;
     let size = f.metadata()?.len();
