@@ -81,8 +81,10 @@ impl QuantType {
     }
 }
 
-/// llama.cpp's "use more bits" layer pattern of the `_M` mixes.
-fn more_bits(i: usize, n: usize) -> bool {
+/// llama.cpp's "use more bits" layer pattern of the `_M` mixes (attn_v and ffn_down in Q6_K for
+/// Q4_K_M): the first and last eighth of the layers and every third one between. Also what
+/// `bench --synthetic --dtype q4_k_m` builds on the GPU.
+pub fn more_bits(i: usize, n: usize) -> bool {
     // `i - n / 8` is reached only when `i >= n / 8`.
     i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
@@ -173,5 +175,12 @@ mod tests {
         assert_eq!(choose(QuantType::Q4_0, "blk.4.attn_q.weight", &[8, 40], false, 30).dtype, GgmlType::F16);
         assert_eq!(QuantType::parse("Q4_K_M"), Some(QuantType::Q4KM));
         assert_eq!(QuantType::parse("q3_k"), None);
+    }
+
+    #[test]
+    fn q4_k_m_gives_half_of_36_layers_more_bits() {
+        // Qwen3-8B has 36 layers: llama.cpp's Q4_K_M raises 18 of them.
+        assert_eq!((0..36).filter(|&i| more_bits(i, 36)).count(), 18);
+        assert!(more_bits(0, 36) && more_bits(35, 36) && !more_bits(4, 36));
     }
 }

@@ -17,7 +17,7 @@ use super::device::CudaDevice;
 use super::dmat::{DevMat, Linear};
 use super::kernels::{Kernels, PtxSource};
 use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory};
-use super::qformat::{check_tensor, more_bits_layer, QFormat};
+use super::qformat::{check_tensor, QFormat};
 use super::CudaError;
 use crate::backend::cpu::ops::rope_table;
 use crate::backend::{Backend, BackendError};
@@ -25,6 +25,7 @@ use crate::engine::plan::StepPlan;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::quant::GgmlType;
 use crate::model::weights::{ModelWeights, Tensor};
+use crate::quantize::mix::more_bits;
 
 /// Tokens one step is planned for in the memory check (the engine's prefill chunk).
 pub const PLANNED_BATCH_TOKENS: usize = 512;
@@ -428,7 +429,7 @@ impl CudaBackend {
 pub enum WeightMix {
     /// Every matrix in one format.
     Uniform(GgmlType),
-    /// llama.cpp's Q4_K_M: Q6_K for attn_v and ffn_down in the layers `more_bits_layer` picks
+    /// llama.cpp's Q4_K_M: Q6_K for attn_v and ffn_down in the layers `more_bits` picks
     /// (half of them) and for the output head; Q4_K for everything else, the embedding included.
     Q4KM,
 }
@@ -463,7 +464,7 @@ fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, us
     };
     let mut v = Vec::new();
     for i in 0..c.n_layers {
-        let m = if more_bits_layer(i, c.n_layers) { more } else { base };
+        let m = if more_bits(i, c.n_layers) { more } else { base };
         let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
         v.extend([(base, q, d), (base, kv, d), (m, kv, d), (base, d, q), (base, f, d), (base, f, d), (m, d, f)]);
     }

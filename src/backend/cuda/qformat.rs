@@ -141,13 +141,6 @@ pub fn check_tensor(t: &Tensor) -> Result<(), CudaError> {
     }
 }
 
-/// llama.cpp's rule for the layers that get more bits in its `_M` mixes (attn_v and ffn_down
-/// in Q6_K for Q4_K_M): the first and last eighth of the layers and every third one between.
-pub fn more_bits_layer(layer: usize, n_layers: usize) -> bool {
-    let e = n_layers / 8;
-    layer < e || layer >= 7 * n_layers / 8 || (layer - e) % 3 == 2
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,12 +176,5 @@ mod tests {
         let t = Tensor::from_f32("blk.1.ffn_up.weight", 1, 12, &[0.0; 12]);
         let e = check_tensor(&t).unwrap_err().to_string();
         assert!(e.contains("blk.1.ffn_up.weight") && e.contains("groups of 8"), "{e}");
-    }
-
-    #[test]
-    fn q4_k_m_gives_half_of_36_layers_more_bits() {
-        let n = (0..36).filter(|&i| more_bits_layer(i, 36)).count();
-        assert_eq!(n, 18);
-        assert!(more_bits_layer(0, 36) && more_bits_layer(35, 36) && !more_bits_layer(4, 36));
     }
 }
