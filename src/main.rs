@@ -480,6 +480,16 @@ fn pick_device(s: &str) -> Result<Device> {
     Ok(d)
 }
 
+/// A command's summary on stdout: JSON with `--json`, else its text form.
+fn print_report<T: serde::Serialize>(json: bool, value: &T, text: String) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        print!("{text}");
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<Code> {
     match cli.cmd {
         Cmd::Tokenize(a) => {
@@ -522,11 +532,7 @@ fn run(cli: Cli) -> Result<Code> {
                 ..Default::default()
             };
             let summary = dustoff::commands::quantize::run(&args)?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&summary)?);
-            } else {
-                print!("{}", summary.to_text());
-            }
+            print_report(a.json, &summary, summary.to_text())?;
             Ok(Code::Ok)
         }
         Cmd::Convert(a) => {
@@ -541,11 +547,7 @@ fn run(cli: Cli) -> Result<Code> {
                 verify_prompt: a.verify_prompt,
             };
             let summary = dustoff::commands::convert::run(args)?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&summary)?);
-            } else {
-                print!("{}", summary.to_text());
-            }
+            print_report(a.json, &summary, summary.to_text())?;
             Ok(Code::Ok)
         }
         Cmd::Doctor(a) => {
@@ -560,11 +562,7 @@ fn run(cli: Cli) -> Result<Code> {
                 require_gpu: a.require_gpu,
             };
             let report = dustoff::commands::doctor::run(&args)?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{}", report.to_text());
-            }
+            print_report(a.json, &report, report.to_text())?;
             Ok(if report.exit_code == 0 { Code::Ok } else { Code::Failure })
         }
         Cmd::Quantize(a) => {
@@ -582,11 +580,7 @@ fn run(cli: Cli) -> Result<Code> {
                 verify: a.verify,
             };
             let summary = dustoff::commands::quantize::run(&args)?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&summary)?);
-            } else {
-                print!("{}", summary.to_text());
-            }
+            print_report(a.json, &summary, summary.to_text())?;
             Ok(Code::Ok)
         }
         Cmd::Eval(a) => {
@@ -598,11 +592,7 @@ fn run(cli: Cli) -> Result<Code> {
                 max_tokens: a.max_tokens,
             };
             let summary = dustoff::commands::eval::run(&args)?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&summary)?);
-            } else {
-                print!("{}", summary.to_text());
-            }
+            print_report(a.json, &summary, summary.to_text())?;
             Ok(Code::Ok)
         }
         Cmd::Merge(a) => {

@@ -23,7 +23,8 @@ impl Default for MaskTimes {
     }
 }
 
-/// Values below 16 ns have a bucket each; above, bucket = (exponent, top 4 bits after the lead).
+/// Log-linear buckets (16 per power of two, exact below 16 ns): median and p99 stay within ~6%
+/// in a fixed-size table, however many masks a job computes.
 fn bucket(ns: u64) -> usize {
     if ns < SUB {
         return ns as usize;
