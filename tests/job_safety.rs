@@ -23,39 +23,13 @@ use common::*;
 
 const NEWS: &str = "samples/news.jsonl";
 
-fn short_pipeline(dir: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(repo().join("pipelines/summarize.toml")).unwrap();
-    assert!(text.contains("max_tokens = 64"), "pipelines/summarize.toml changed: update this test");
-    let p = dir.join("summarize8.toml");
-    std::fs::write(&p, text.replace("max_tokens = 64", "max_tokens = 8")).unwrap();
-    p
-}
-
-fn cmd(args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut c = Command::new(bin());
-    c.current_dir(repo()).args(args);
-    for k in [
-        "SLURM_ARRAY_TASK_ID",
-        "SLURM_ARRAY_TASK_COUNT",
-        "JOB_COMPLETION_INDEX",
-        "DUSTOFF_SHARD_COUNT",
-        "DUSTOFF_COMMIT_ROWS",
-        "DUSTOFF_INJECT_OOM",
-        "DUSTOFF_INJECT_WRITE_ERROR",
-    ] {
-        c.env_remove(k);
-    }
-    c.envs(env.iter().copied());
-    c
-}
-
 fn dustoff(args: &[&str], env: &[(&str, &str)]) -> Output {
-    cmd(args, env).output().expect("start dustoff")
+    dustoff_cmd(args, env).output().expect("start dustoff")
 }
 
 fn spawn(args: &[&str], env: &[(&str, &str)], log: &Path) -> Child {
     let f = std::fs::File::create(log).unwrap();
-    cmd(args, env).stdout(Stdio::null()).stderr(f).spawn().expect("start dustoff")
+    dustoff_cmd(args, env).stdout(Stdio::null()).stderr(f).spawn().expect("start dustoff")
 }
 
 fn run_args<'a>(pipeline: &'a str, input: &'a str, output: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
@@ -218,7 +192,7 @@ fn usage_errors_exit_2_everywhere() {
         ),
     ];
     for (args, want) in cases {
-        let o = cmd(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).output().unwrap();
+        let o = dustoff_cmd(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).output().unwrap();
         expect_code(&o, 2, &format!("{args:?}"));
         assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
     }

@@ -17,28 +17,6 @@ use common::*;
 const NEWS: &str = "samples/news.jsonl";
 const ROW_KEYS: [&str; 5] = ["id", "output", "finish_reason", "prompt_tokens", "generated_tokens"];
 
-/// The shipped summarize pipeline with `max_tokens = 8` (fast; the rows are still real output).
-fn short_pipeline(dir: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(repo().join("pipelines/summarize.toml")).unwrap();
-    assert!(text.contains("max_tokens = 64"), "pipelines/summarize.toml changed: update this test");
-    let p = dir.join("summarize8.toml");
-    std::fs::write(&p, text.replace("max_tokens = 64", "max_tokens = 8")).unwrap();
-    p
-}
-
-/// A `dustoff` command in the repo root (for `pipelines/` and the sample model), with any
-/// sharding variables of the environment the tests run in removed.
-fn cmd(args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut c = Command::new(bin());
-    c.current_dir(repo()).args(args);
-    for k in ["SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_COUNT", "JOB_COMPLETION_INDEX"] {
-        c.env_remove(k);
-    }
-    c.env_remove("DUSTOFF_SHARD_COUNT").env_remove("DUSTOFF_COMMIT_ROWS");
-    c.envs(env.iter().copied());
-    c
-}
-
 /// `dustoff run PIPELINE --input IN --output OUT --device cpu --slots 4 --quiet EXTRA...`.
 fn run_args<'a>(pipeline: Option<&'a str>, input: &'a str, output: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec!["run"];
@@ -49,7 +27,7 @@ fn run_args<'a>(pipeline: Option<&'a str>, input: &'a str, output: &'a str, extr
 }
 
 fn dustoff(args: &[&str], env: &[(&str, &str)]) -> Output {
-    cmd(args, env).output().expect("start dustoff")
+    dustoff_cmd(args, env).output().expect("start dustoff")
 }
 
 fn code(o: &Output) -> i32 {
@@ -258,7 +236,7 @@ fn journal(output: &Path) -> Vec<Value> {
 
 fn spawn(args: &[&str], env: &[(&str, &str)], log: &Path) -> Child {
     let f = std::fs::File::create(log).unwrap();
-    cmd(args, env).stdout(Stdio::null()).stderr(f).spawn().expect("start dustoff")
+    dustoff_cmd(args, env).stdout(Stdio::null()).stderr(f).spawn().expect("start dustoff")
 }
 
 #[test]

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use dustoff::model::loader::{load_model, LoadedModel, SAMPLE_MODEL};
 
@@ -44,4 +45,35 @@ pub fn tmpdir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// The shipped summarize pipeline with `max_tokens = 8` (fast; the rows are still real output).
+pub fn short_pipeline(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(repo().join("pipelines/summarize.toml")).unwrap();
+    assert!(text.contains("max_tokens = 64"), "pipelines/summarize.toml changed: update this test");
+    let p = dir.join("summarize8.toml");
+    std::fs::write(&p, text.replace("max_tokens = 64", "max_tokens = 8")).unwrap();
+    p
+}
+
+/// A `dustoff` command in the repo root (for `pipelines/` and the sample model), with every
+/// variable removed that would change a job's behaviour from the environment the tests run in
+/// (sharding, commit batching, fault injection); `env` sets the ones a test wants.
+pub fn dustoff_cmd(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(bin());
+    c.current_dir(repo()).args(args);
+    for k in [
+        "SLURM_ARRAY_TASK_ID",
+        "SLURM_ARRAY_TASK_MIN",
+        "SLURM_ARRAY_TASK_COUNT",
+        "JOB_COMPLETION_INDEX",
+        "DUSTOFF_SHARD_COUNT",
+        "DUSTOFF_COMMIT_ROWS",
+        "DUSTOFF_INJECT_OOM",
+        "DUSTOFF_INJECT_WRITE_ERROR",
+    ] {
+        c.env_remove(k);
+    }
+    c.envs(env.iter().copied());
+    c
 }
