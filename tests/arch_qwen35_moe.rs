@@ -1,0 +1,135 @@
+//! Qwen3.5-MoE (hybrid layers, mixture of experts with a gated shared expert) on the CPU
+//! backend, against the transformers float32 references in
+//! `../shared/testdata/arch/qwen3_5_moe/`: the HF directory (text-only class, experts fused as
+//! `gate_up_proj` / `down_proj`), llama.cpp's F16 GGUF of the same weights (value heads tiled,
+//! experts stacked), and the HF tensors rewritten in the official vision-language layout.
+
+mod common;
+#[path = "hybrid_refs/mod.rs"]
+mod hybrid_refs;
+
+use std::path::PathBuf;
+
+use common::{bin, tmpdir};
+use dustoff::model::config::Arch;
+use dustoff::model::hybrid::{HeadGrouping, HybridLayer};
+use dustoff::model::loader::{load_model, LoadedModel};
+use hybrid_refs::*;
+
+fn data_dir() -> PathBuf {
+    arch_dir("qwen3_5_moe")
+}
+
+fn hf() -> LoadedModel {
+    load_model(&data_dir().join("hf")).expect("load the qwen3_5_moe HF directory")
+}
+
+fn gguf() -> LoadedModel {
+    load_model(&data_dir().join("qwen3_5_moe-f16.gguf")).expect("load the qwen35moe GGUF")
+}
+
+/// What both forms must say about the model (README: L F L F, 8 experts top-2 always
+/// renormalised, expert width 32, shared expert 32, untied).
+fn check_shape(m: &LoadedModel, grouping: HeadGrouping) {
+    let c = &m.config;
+    assert_eq!(c.arch, Arch::Qwen35Moe);
+    let h = c.hybrid.as_ref().expect("hybrid config");
+    assert_eq!(h.recurrent, [true, false, true, false]);
+    assert_eq!((h.n_k_heads, h.n_v_heads, h.d_k, h.d_v, h.conv_kernel), (2, 4, 32, 32, 4));
+    assert_eq!((h.rotary_dim, h.attn_output_gate, h.grouping), (16, true, grouping));
+    let moe = c.moe.as_ref().expect("moe config");
+    assert_eq!((moe.n_experts, moe.n_used, moe.expert_ffn_dim, moe.norm_topk_prob), (8, 2, 32, true));
+    assert_eq!(moe.sparse_layers, [true; 4]);
+    assert!(!c.tied_embeddings);
+    for (i, l) in m.weights.layers.iter().enumerate() {
+        let mw = l.moe.as_ref().unwrap_or_else(|| panic!("layer {i} is sparse"));
+        let sh = mw.shared.as_ref().unwrap_or_else(|| panic!("layer {i} has a shared expert"));
+        assert_eq!((sh.expert.gate.rows, sh.expert.down.cols, sh.gate.rows), (32, 32, 1));
+        assert_eq!(mw.experts.len(), 8);
+        assert_eq!(l.w_gate.rows, 0, "no dense FFN in layer {i}");
+    }
+    assert!(matches!(m.weights.layers[0].hybrid, Some(HybridLayer::Linear(_))));
+    assert!(matches!(m.weights.layers[1].hybrid, Some(HybridLayer::Attention)));
+}
+
+#[test]
+fn hf_directory_with_fused_experts_matches_transformers() {
+    let m = hf();
+    check_shape(&m, HeadGrouping::Interleaved);
+    // Fused experts are bound as views of the mapped gate_up_proj / down_proj.
+    let e = &m.weights.layers[0].moe.as_ref().unwrap().experts[3];
+    assert!(e.gate.name.contains("gate_up_proj[3]") && e.down.name.contains("down_proj[3]"), "{:?}", e.gate);
+    check_against_refs(&m, &refs(&data_dir()), "hf");
+}
+
+#[test]
+fn gguf_matches_transformers() {
+    let m = gguf();
+    check_shape(&m, HeadGrouping::Tiled);
+    check_against_refs(&m, &refs(&data_dir()), "gguf");
+}
+
+#[test]
+fn hf_and_gguf_forms_agree() {
+    forms_agree(&hf(), &gguf(), &refs(&data_dir()));
+}
+
+#[test]
+fn engine_outputs_match_across_slots_prefix_reuse_chunking_order_and_preemption() {
+    engine_equivalence(&gguf(), &refs(&data_dir()));
+}
+
+#[test]
+fn generate_cli_runs_both_forms_and_both_tokenize_the_references() {
+    let dir = tmpdir("qwen35moe-generate");
+    let r = refs(&data_dir());
+    generate_cli(bin(), &data_dir().join("hf"), &r, &dir, "hf");
+    generate_cli(bin(), &data_dir().join("qwen3_5_moe-f16.gguf"), &r, &dir, "gguf");
+    tokenizes_refs(&hf(), &r);
+    tokenizes_refs(&gguf(), &r);
+}
+
+/// The official Qwen3.5 MoE releases are vision-language checkpoints
+/// (`Qwen3_5MoeForConditionalGeneration`: nested `text_config`, tensors under
+/// `model.language_model.`, plus `model.visual.*` and `mtp.*`). The fixture's tensors rewritten
+/// in that layout (2 shards) load as the same text model, and the skipped tensors are logged.
+#[test]
+fn vision_language_layout_loads_its_text_model() {
+    use dustoff::model::safetensors::{write_checkpoint, SafetensorsDir, StMeta, StWriteTensor};
+    let src = data_dir().join("hf");
+    let dir = tmpdir("qwen35moe-vl");
+    let st = SafetensorsDir::open(&src).unwrap();
+    let mut tensors = Vec::new();
+    for name in st.names() {
+        let (_, shape, bytes) = st.read(name).unwrap();
+        let renamed = match name.strip_prefix("model.") {
+            Some(rest) => format!("model.language_model.{rest}"),
+            None => name.to_string(), // lm_head.weight stays at the top level
+        };
+        let meta = StMeta { name: renamed, dtype: "BF16", shape: shape.to_vec() };
+        tensors.push(StWriteTensor { meta, data: bytes.to_vec().into() });
+    }
+    for extra in ["model.visual.blocks.0.attn.qkv.weight", "mtp.layers.0.mlp.experts.gate_up_proj"] {
+        let meta = StMeta { name: extra.into(), dtype: "BF16", shape: vec![2, 2] };
+        tensors.push(StWriteTensor { meta, data: vec![0u8; 8].into() });
+    }
+    write_checkpoint(&dir, &tensors, 2).unwrap();
+    let mut text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let o = text.as_object_mut().unwrap();
+    o.remove("architectures");
+    let tied = o.remove("tie_word_embeddings").unwrap();
+    let vl = serde_json::json!({
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+        "tie_word_embeddings": tied, "text_config": text, "vision_config": {"depth": 2, "hidden_size": 16},
+    });
+    std::fs::write(dir.join("config.json"), vl.to_string()).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let (vl, flat) = (load_model(&dir).unwrap(), hf());
+    assert_eq!(vl.config, flat.config);
+    let r = &refs(&data_dir())[1];
+    let (a, b) = (prefill_then_decode(&vl, r), prefill_then_decode(&flat, r));
+    assert_eq!(a, b, "the same weights under another layout give the same logits");
+}
