@@ -133,3 +133,42 @@ fn vision_language_layout_loads_its_text_model() {
     let (a, b) = (prefill_then_decode(&vl, r), prefill_then_decode(&flat, r));
     assert_eq!(a, b, "the same weights under another layout give the same logits");
 }
+
+/// The memory plan counts each sequence's recurrent state: 2 linear layers x (3 conv inputs of
+/// 256 channels + 4 value heads' 32 x 32 delta-rule matrices) x 4 bytes = 38,912 bytes.
+/// `run --dry-run` reads it from the metadata alone and `doctor --model` adds one per slot.
+#[test]
+fn dry_run_and_doctor_count_the_recurrent_state() {
+    const PER_SEQ: u64 = 2 * (3 * 256 + 4 * 32 * 32) * 4;
+    let model = data_dir().join("qwen3_5_moe-f16.gguf");
+    assert_eq!(gguf().config.hybrid.as_ref().map(|h| h.state_bytes_per_seq() as u64), Some(PER_SEQ));
+    let out = std::process::Command::new(bin())
+        .args(["run", "summarize", "--dry-run", "--device", "cpu", "--input", "samples/news.jsonl"])
+        .arg("--output")
+        .arg(tmpdir("qwen35moe-dry").join("out.jsonl"))
+        .arg("--model")
+        .arg(&model)
+        .current_dir(common::repo())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dry run failed: {err}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["recurrent_state_bytes_per_sequence"].as_u64(), Some(PER_SEQ), "{report}");
+    assert!(err.contains("recurrent state 0.04 MB/sequence (2 linear layers"), "{err}");
+
+    let out = std::process::Command::new(bin())
+        .args(["doctor", "--json", "--no-measure", "--slots", "4", "--ctx", "256", "--model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("doctor --json: {e}; {}", String::from_utf8_lossy(&out.stderr)));
+    let plans = v["model"]["plans"].as_array().expect("plans");
+    let cpu = plans.iter().find(|p| p["device"] == "cpu").expect("a cpu plan");
+    assert_eq!(cpu["state_bytes_per_sequence"].as_u64(), Some(PER_SEQ), "{cpu}");
+    assert_eq!(cpu["state_bytes"].as_u64(), Some(4 * PER_SEQ), "{cpu}");
+    let parts = ["weights_bytes", "kv_bytes", "state_bytes", "workspace_bytes"].map(|k| cpu[k].as_u64().unwrap());
+    assert_eq!(cpu["total_bytes"].as_u64(), Some(parts.iter().sum::<u64>()), "{cpu}");
+    assert!(cpu["note"].as_str().unwrap().contains("recurrent state 0.04 MB/sequence"), "{cpu}");
+}

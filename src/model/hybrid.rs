@@ -89,6 +89,20 @@ impl HybridConfig {
     pub fn state_bytes_per_seq(&self) -> usize {
         self.recurrent.iter().filter(|&&r| r).count() * self.state_len_per_layer() * 4
     }
+    /// What a memory plan says about the recurrent state, e.g. `recurrent state 0.28 MB/sequence
+    /// (3 linear layers x (conv window 3 x 256 + 4 delta-rule matrices 32 x 32), f32)`.
+    pub fn state_summary(&self) -> String {
+        let n = self.recurrent.iter().filter(|&&r| r).count();
+        format!(
+            "recurrent state {:.2} MB/sequence ({n} linear layers x (conv window {} x {} + {} delta-rule matrices {} x {}), f32)",
+            self.state_bytes_per_seq() as f64 / 1e6,
+            self.conv_kernel - 1,
+            self.conv_channels(),
+            self.n_v_heads,
+            self.d_k,
+            self.d_v
+        )
+    }
     /// RoPE inverse frequencies over the rotated dims: `[rotary_dim / 2]`.
     pub fn rope_inv_freq(&self, theta: f32) -> Vec<f32> {
         let r = self.rotary_dim;

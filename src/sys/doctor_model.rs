@@ -83,7 +83,11 @@ pub(super) fn model_report(
     let kv = (CpuBackend::kv_bytes_per_token(c) * positions) as u64;
     // Activations: a few [max_batch_tokens, ffn] f32 buffers and the logits; small next to KV.
     let workspace = (512 * (4 * c.dim + 3 * c.ffn_dim) * 4 + 256 * c.vocab_size * 4) as u64;
-    let total = weights_bytes + kv + workspace;
+    // Hybrid models: each sequence's recurrent state (conv window + delta-rule matrices of every
+    // linear layer, f32), one per slot.
+    let state_per_seq = c.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq()) as u64;
+    let state = state_per_seq * o.slots as u64;
+    let total = weights_bytes + kv + state + workspace;
     let avail = cpu.memory_available_bytes;
     let fits = avail.is_none_or(|a| total <= a);
     let (tok_s, projection) = if o.measure {
@@ -101,15 +105,22 @@ pub(super) fn model_report(
     } else {
         (None, "not measured (--no-measure)".into())
     };
+    let mut note =
+        format!("weights mapped from the file; KV cache f32 for {positions} positions ({} x {})", o.slots, o.ctx);
+    if let Some(h) = &c.hybrid {
+        note.push_str(&format!("; {}", h.state_summary()));
+    }
     plans.push(DevicePlan {
         device: "cpu".into(),
         weights_bytes,
         kv_bytes: kv,
+        state_bytes: state,
+        state_bytes_per_sequence: state_per_seq,
         workspace_bytes: workspace,
         total_bytes: total,
         available_bytes: avail,
         fits,
-        note: format!("weights mapped from the file; KV cache f32 for {positions} positions ({} x {})", o.slots, o.ctx),
+        note,
         decode_bytes_per_token: decode_bytes,
         projected_decode_tok_s: tok_s,
         projection,
@@ -145,6 +156,9 @@ pub(super) fn model_report(
             device,
             weights_bytes: p.weights,
             kv_bytes: p.kv,
+            // The CUDA backend does not run hybrid models yet (refused before loading).
+            state_bytes: 0,
+            state_bytes_per_sequence: 0,
             workspace_bytes: p.workspace,
             total_bytes: p.total,
             available_bytes: g.free_memory_bytes,
