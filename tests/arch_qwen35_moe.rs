@@ -171,4 +171,12 @@ fn dry_run_and_doctor_count_the_recurrent_state() {
     let parts = ["weights_bytes", "kv_bytes", "state_bytes", "workspace_bytes"].map(|k| cpu[k].as_u64().unwrap());
     assert_eq!(cpu["total_bytes"].as_u64(), Some(parts.iter().sum::<u64>()), "{cpu}");
     assert!(cpu["note"].as_str().unwrap().contains("recurrent state 0.04 MB/sequence"), "{cpu}");
+    // Every expert counts in the weights (the file is the weights plus a small header and
+    // tokenizer); a decoded token reads the 2 routed experts and the shared one of each layer.
+    let file = std::fs::metadata(&model).unwrap().len();
+    let w = cpu["weights_bytes"].as_u64().unwrap();
+    assert!(w <= file && w * 10 >= file * 9, "weights {w} of a {file}-byte file");
+    let expert = 3 * 32 * 128 * 2; // gate, up, down of width 32, F16
+    let decode = cpu["decode_bytes_per_token"].as_u64().unwrap();
+    assert!(decode + 4 * 6 * expert as u64 <= w, "decode {decode} reads 2 of 8 experts, weights {w}");
 }

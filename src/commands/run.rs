@@ -73,6 +73,15 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     read.push(&a.model);
     if let JobKind::Pipeline(p) = &job {
         read.push(&p.path);
+        use crate::job::writer::OutputFormat;
+        if let (Some(f), OutputFormat::Parquet) = (p.thinking_field(), OutputFormat::from_path(&a.output)) {
+            return Err(crate::job::exit::UsageError::new(format!(
+                "{}: output.thinking_field = \"{f}\" is written to JSONL outputs only (the Parquet schema has no such \
+                 column); write a .jsonl output or drop thinking_field",
+                p.path.display()
+            ))
+            .into());
+        }
     }
     crate::job::outputs::check_output(&a.output, &read)?;
     if a.dry_run {

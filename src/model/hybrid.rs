@@ -274,11 +274,14 @@ pub enum HybridLayer {
 impl HybridLayer {
     /// Bytes of the matrices a decode step reads that the plain fields do not hold.
     pub fn extra_matrix_bytes(&self) -> usize {
+        self.extra_matrices().iter().map(|t| t.bytes().len()).sum()
+    }
+
+    /// Those matrices (a linear layer's projections; none for attention).
+    pub fn extra_matrices(&self) -> Vec<&Tensor> {
         match self {
-            HybridLayer::Linear(d) => {
-                [&d.w_qkv, &d.w_z, &d.w_b, &d.w_a, &d.w_out].iter().map(|t| t.bytes().len()).sum()
-            }
-            HybridLayer::Attention => 0,
+            HybridLayer::Linear(d) => vec![&d.w_qkv, &d.w_z, &d.w_b, &d.w_a, &d.w_out],
+            HybridLayer::Attention => Vec::new(),
         }
     }
 }

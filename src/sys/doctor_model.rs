@@ -20,10 +20,23 @@ use crate::model::weights::{ModelWeights, Tensor};
 
 const BLOCK: usize = 16;
 
-fn matrices(w: &ModelWeights) -> Vec<&Tensor> {
+/// The weight matrices of the model (`active`: only those one decoded token reads: of a sparse
+/// layer's experts the first `n_used`, standing for the ones the router picks), the head last.
+fn matrices(w: &ModelWeights, active: bool) -> Vec<&Tensor> {
     let mut v: Vec<&Tensor> = Vec::new();
     for l in &w.layers {
         v.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        if let Some(h) = &l.hybrid {
+            v.extend(h.extra_matrices());
+        }
+        if let Some(m) = &l.moe {
+            v.push(&m.router);
+            let used = if active { m.n_used.min(m.experts.len()) } else { m.experts.len() };
+            v.extend(m.experts[..used].iter().flat_map(|e| [&e.gate, &e.up, &e.down]));
+            if let Some(s) = &m.shared {
+                v.extend([&s.gate, &s.expert.gate, &s.expert.up, &s.expert.down]);
+            }
+        }
     }
     v.push(&w.output);
     v
@@ -75,10 +88,10 @@ pub(super) fn model_report(
     let mut plans = Vec::new();
 
     // CPU.
-    let ms = matrices(&m.weights);
+    let ms = matrices(&m.weights, true);
     let decode_bytes: u64 =
         ms.iter().map(|t| t.bytes().len() as u64).sum::<u64>() + m.weights.token_embd.row_bytes() as u64;
-    let weights_bytes: u64 = ms.iter().map(|t| t.bytes().len() as u64).sum::<u64>()
+    let weights_bytes: u64 = matrices(&m.weights, false).iter().map(|t| t.bytes().len() as u64).sum::<u64>()
         + if c.tied_embeddings { 0 } else { m.weights.token_embd.bytes().len() as u64 };
     let kv = (CpuBackend::kv_bytes_per_token(c) * positions) as u64;
     // Activations: a few [max_batch_tokens, ffn] f32 buffers and the logits; small next to KV.
