@@ -110,10 +110,10 @@ pub struct ModelConfig {
     pub max_context: usize,
     /// The output head shares the embedding table.
     pub tied_embeddings: bool,
-    /// Mixture-of-experts layers (qwen3moe); `None` for dense models. `ffn_dim` is then the
-    /// width of the layers left dense.
+    /// Mixture-of-experts layers (qwen3moe, qwen35moe, qwen3next); `None` for dense models.
+    /// `ffn_dim` is then the width of the layers left dense (0 when the file gives none).
     pub moe: Option<MoeConfig>,
-    /// Linear-attention layers and their sizes (hybrid models: Qwen3.5).
+    /// Linear-attention layers and their sizes (hybrid models: Qwen3.5, Qwen3.5-MoE, Qwen3-Next).
     pub hybrid: Option<HybridConfig>,
 }
 
