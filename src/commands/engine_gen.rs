@@ -118,4 +118,7 @@ impl TextCodec for TokenizerCodec<'_> {
     fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, String> {
         self.0.apply_chat_template(messages, true).map_err(|e| e.to_string())
     }
+    fn chat_prompt_thinking(&self, messages: &[ChatMessage], thinking: bool) -> Result<String, String> {
+        self.0.apply_chat_template_thinking(messages, true, thinking).map_err(|e| e.to_string())
+    }
 }

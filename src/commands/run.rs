@@ -73,13 +73,29 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     read.push(&a.model);
     if let JobKind::Pipeline(p) = &job {
         read.push(&p.path);
+        use crate::job::writer::OutputFormat;
+        if let (Some(f), OutputFormat::Parquet) = (p.thinking_field(), OutputFormat::from_path(&a.output)) {
+            return Err(crate::job::exit::UsageError::new(format!(
+                "{}: output.thinking_field = \"{f}\" is written to JSONL outputs only (the Parquet schema has no such \
+                 column); write a .jsonl output or drop thinking_field",
+                p.path.display()
+            ))
+            .into());
+        }
     }
     crate::job::outputs::check_output(&a.output, &read)?;
     if a.dry_run {
         // Writes nothing beside the output: no lock.
         // Only the tokenizer: a dry run works with a vocab-only GGUF too.
         let t = common::load_tokenizer(&a.model)?;
-        let r = crate::job::dry_run::dry_run(&job, &inputs, shard, &TokenizerCodec(&t.tokenizer), common::BLOCK_SIZE)?;
+        let mut r =
+            crate::job::dry_run::dry_run(&job, &inputs, shard, &TokenizerCodec(&t.tokenizer), common::BLOCK_SIZE)?;
+        // The model's metadata (not its weights), when the file has any: a hybrid model's
+        // per-sequence state belongs to the plan.
+        if let Some(h) = crate::model::loader::load_config(&a.model).ok().and_then(|c| c.hybrid) {
+            eprintln!("model: {}", h.state_summary());
+            r.recurrent_state_bytes_per_sequence = Some(h.state_bytes_per_seq() as u64);
+        }
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(ExitCode::Ok);
     }
@@ -109,6 +125,10 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     let slots = common::resolve_slots(a.slots, &a.device, &m.config, &m.weights, per_seq)?;
     let backend = common::make_backend(&m.config, &m.weights, &a.device, slots * per_seq, a.ptx_dir.as_deref())?;
     eprintln!("backend: {}; {slots} slots, KV room for {} tokens", backend.describe(), slots * per_seq);
+    if let Some(h) = &m.config.hybrid {
+        let all = (h.state_bytes_per_seq() * slots) as f64 / 1e6;
+        eprintln!("memory: {}; {all:.2} MB for {slots} slots", h.state_summary());
+    }
     let engine = Engine::new(
         backend,
         EngineConfig {

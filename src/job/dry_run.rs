@@ -31,6 +31,11 @@ pub struct DryRunReport {
     pub generation_budget: u64,
     pub truncated: u64,
     pub seconds: f64,
+    /// Hybrid models: bytes of one sequence's recurrent state (conv window + delta-rule
+    /// matrices of every linear layer), from the model's metadata; absent for other models and
+    /// vocab-only files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recurrent_state_bytes_per_sequence: Option<u64>,
 }
 
 impl DryRunReport {

@@ -18,4 +18,5 @@ pub mod report;
 pub mod runner;
 pub mod shard;
 mod spans;
+pub mod thinking;
 pub mod writer;

@@ -5,14 +5,17 @@
 //! ```toml
 //! name = "summarize"
 //! [input]            # id_field = "id", fields = ["text"], document_field = first field
-//! [prompt]           # system, instruction, template = "{{ text }}", chat_template = true
+//! [prompt]           # system, instruction, template = "{{ text }}", chat_template = true,
+//!                    # thinking = false (true: see job::thinking)
 //! [generation]       # max_tokens, temperature, top_p, top_k, seed
-//! [output]           # kind = "text" | "json" | "choice" | "regex" (see job::output)
+//! [output]           # kind = "text" | "json" | "choice" | "regex" (see job::output),
+//!                    # thinking_field = "reasoning" (keeps the think block, with thinking on)
 //! [limits]           # max_input_tokens, overflow = "truncate-tail" | "truncate-head" | "error", marker
 //! ```
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use minijinja::{Environment, UndefinedBehavior};
 use serde::{Deserialize, Serialize};
@@ -21,6 +24,7 @@ use serde_json::{Map, Value};
 use super::output::OutputShape;
 use super::record::{ChatMessage, ErrorKind, RecordError};
 use super::spans::{differing_range, fill_markers, marker, marker_head};
+use super::thinking;
 use super::writer::RowOutput;
 use crate::engine::constraint::OutputConstraint;
 use crate::engine::sampler::{derive_seed, SamplingParams};
@@ -66,6 +70,11 @@ pub struct PromptSpec {
     /// Wrap in the model's chat template (off: plain text, parts joined by blank lines).
     #[serde(default = "yes")]
     pub chat_template: bool,
+    /// Render the chat template with thinking on (`enable_thinking`) and strip the model's
+    /// `<think>...</think>` block from the row (see `job::thinking`). Off by default: batch
+    /// jobs want the answer.
+    #[serde(default)]
+    pub thinking: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -117,6 +126,10 @@ pub struct OutputSpec {
     /// Regex: the pattern the whole output matches (Rust `regex` syntax).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pattern: Option<String>,
+    /// With `prompt.thinking`: the row field that keeps the reasoning (null when the model
+    /// wrote no think block); without it the reasoning is dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_field: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,6 +172,9 @@ pub struct PipelineSpec {
     #[serde(default = "default_limits")]
     pub limits: LimitsSpec,
 }
+
+/// The keys of a result row, which `output.thinking_field` must not take.
+const ROW_KEYS: [&str; 7] = ["id", "output", "finish_reason", "prompt_tokens", "generated_tokens", "error", "line"];
 
 fn default_id() -> String {
     "id".into()
@@ -204,6 +220,7 @@ fn default_output() -> OutputSpec {
         schema_file: None,
         choices: Vec::new(),
         pattern: None,
+        thinking_field: None,
     }
 }
 fn default_limits() -> LimitsSpec {
@@ -229,6 +246,22 @@ pub trait TextCodec {
     fn decode(&self, ids: &[u32]) -> Result<String, String>;
     /// The model's chat template over `messages`, with the assistant turn opened.
     fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, String>;
+    /// As `chat_prompt`, with the template's `enable_thinking` set to `thinking`. The default
+    /// knows only thinking off; a codec over a real tokenizer overrides it.
+    fn chat_prompt_thinking(&self, messages: &[ChatMessage], thinking: bool) -> Result<String, String> {
+        if thinking {
+            return Err("this codec cannot render a chat template with thinking on".into());
+        }
+        self.chat_prompt(messages)
+    }
+}
+
+/// A finished generation turned into a row's content.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParsedOutput {
+    pub output: RowOutput,
+    /// With `prompt.thinking`: the reasoning of the think block (`None`: the model wrote none).
+    pub reasoning: Option<String>,
 }
 
 /// The token ids of one record's prompt.
@@ -248,6 +281,9 @@ pub struct Pipeline {
     /// The output's grammar and the check of each row.
     pub output: OutputShape,
     env: Environment<'static>,
+    /// With thinking on: whether the chat template's generation prompt leaves a think block
+    /// open (Qwen3.5+), found from the first prompt rendered (the same for every record).
+    think_opened: OnceLock<bool>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -304,6 +340,19 @@ impl Pipeline {
         if spec.limits.overflow != Overflow::Error && spec.limits.marker.is_empty() {
             return Err(invalid("limits.marker is empty; truncation must leave a visible mark".into()));
         }
+        if let Some(f) = &spec.output.thinking_field {
+            if !spec.prompt.thinking {
+                return Err(invalid("output.thinking_field needs prompt.thinking = true".into()));
+            }
+            if f.is_empty() || ROW_KEYS.contains(&f.as_str()) {
+                return Err(invalid(format!(
+                    "output.thinking_field '{f}' must be a new, non-empty key (not {ROW_KEYS:?})"
+                )));
+            }
+        }
+        if spec.prompt.thinking && !spec.prompt.chat_template {
+            return Err(invalid("prompt.thinking = true needs prompt.chat_template = true".into()));
+        }
         let output = OutputShape::from_spec(&spec.output, path).map_err(invalid)?;
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
@@ -323,7 +372,14 @@ impl Pipeline {
         let mut h = blake3::Hasher::new();
         h.update(text.as_bytes());
         h.update(&output.schema_file_bytes);
-        Ok(Pipeline { source_hash: h.finalize().to_hex().to_string(), output, spec, path: path.to_path_buf(), env })
+        Ok(Pipeline {
+            source_hash: h.finalize().to_hex().to_string(),
+            output,
+            spec,
+            path: path.to_path_buf(),
+            env,
+            think_opened: OnceLock::new(),
+        })
     }
 
     /// The field that is checked for emptiness and truncated.
@@ -368,7 +424,14 @@ impl Pipeline {
     pub fn prompt_text(&self, codec: &dyn TextCodec, record_text: &str) -> Result<String, RecordError> {
         let msgs = self.messages(record_text);
         if self.spec.prompt.chat_template {
-            codec.chat_prompt(&msgs).map_err(|e| RecordError::new(ErrorKind::Template, format!("chat template: {e}")))
+            let thinking = self.spec.prompt.thinking;
+            let text = codec
+                .chat_prompt_thinking(&msgs, thinking)
+                .map_err(|e| RecordError::new(ErrorKind::Template, format!("chat template: {e}")))?;
+            if thinking {
+                self.think_opened.get_or_init(|| thinking::prompt_opens_think(&text));
+            }
+            Ok(text)
         } else {
             Ok(msgs.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n\n"))
         }
@@ -513,14 +576,36 @@ impl Pipeline {
         }
     }
 
-    /// Turns the model's text into the row's `output`: JSON is parsed and validated against the
-    /// schema, labels and patterns checked; output cut at `max_tokens` is a `truncated` error.
+    /// Turns the model's text into the row's `output`: with thinking on, the think block is
+    /// split off first (one that never closes is an error row); JSON is parsed and validated
+    /// against the schema, labels and patterns checked; output cut at `max_tokens` is a
+    /// `truncated` error.
     pub fn parse_output(&self, text: &str, finish: FinishReason) -> Result<RowOutput, RecordError> {
-        self.output.parse(text, finish)
+        self.parse_row(text, finish).map(|p| p.output)
     }
 
-    /// The grammar generation follows, if the output has a shape.
+    /// As [`Self::parse_output`], with the reasoning of the think block kept beside the output.
+    pub fn parse_row(&self, text: &str, finish: FinishReason) -> Result<ParsedOutput, RecordError> {
+        if !self.spec.prompt.thinking {
+            return Ok(ParsedOutput { output: self.output.parse(text, finish)?, reasoning: None });
+        }
+        let opened = self.think_opened.get().copied().unwrap_or(false);
+        let t = thinking::split(text, opened, finish)?;
+        Ok(ParsedOutput { output: self.output.parse(t.answer, finish)?, reasoning: t.reasoning.map(str::to_string) })
+    }
+
+    /// The row field that keeps the reasoning (`output.thinking_field`).
+    pub fn thinking_field(&self) -> Option<&str> {
+        self.spec.output.thinking_field.as_deref()
+    }
+
+    /// The grammar generation follows, if the output has a shape. NOTE: none with thinking on:
+    /// a grammar from the first token would forbid the think block (starting it after
+    /// `</think>` is not done yet), so such answers are checked after generation only.
     pub fn constraint(&self) -> Option<&OutputConstraint> {
+        if self.spec.prompt.thinking {
+            return None;
+        }
         self.output.constraint()
     }
 }

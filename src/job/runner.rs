@@ -23,7 +23,7 @@ use super::record::{ChatMessage, ErrorKind, Item, OpenAiEndpoint, OpenAiRequest,
 use super::report::{Counts, JobReport, Outcome, Tokens};
 use super::shard::ShardSpec;
 use super::spans::{differing_range, fill_markers, marker, marker_head};
-use super::writer::{error_row, ok_row, openai_error_row, openai_ok_row};
+use super::writer::{error_row, ok_row_with, openai_error_row, openai_ok_row};
 use crate::engine::sampler::{derive_seed, SamplingParams};
 
 pub use super::exit::ExitCode;
@@ -347,8 +347,11 @@ fn finished_row(job: &JobKind, codec: &dyn TextCodec, fl: &InFlight, f: &Finishe
     };
     let fr = f.finish_reason.as_str();
     match job {
-        JobKind::Pipeline(p) => match p.parse_output(&text, f.finish_reason) {
-            Ok(out) => (ok_row(&fl.id, &out, fr, fl.prompt_tokens, n), None, n),
+        JobKind::Pipeline(p) => match p.parse_row(&text, f.finish_reason) {
+            Ok(out) => {
+                let thinking = p.thinking_field().map(|field| (field, out.reasoning.as_deref()));
+                (ok_row_with(&fl.id, &out.output, thinking, fr, fl.prompt_tokens, n), None, n)
+            }
             Err(e) => (job.error_row(Some(&fl.id), fl.line, &e), Some(e.kind), n),
         },
         JobKind::OpenAi { model_name, .. } => {

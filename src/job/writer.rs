@@ -8,6 +8,7 @@
 //! - unparseable line: `{"id":null,"line":N,"output":null,"error":{...}}`
 //! - OpenAI batch input: OpenAI batch output lines (`id`, `custom_id`, `response`, `error`).
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -71,6 +72,9 @@ pub enum RowOutput {
 struct OkRow<'a> {
     id: &'a str,
     output: &'a RowOutput,
+    /// A pipeline's `output.thinking_field`: field name -> reasoning (at most one entry).
+    #[serde(flatten)]
+    extra: BTreeMap<&'a str, Option<&'a str>>,
     finish_reason: &'a str,
     prompt_tokens: u32,
     generated_tokens: u32,
@@ -98,7 +102,21 @@ fn to_line<T: Serialize>(v: &T) -> String {
 
 /// The row of a record that ran.
 pub fn ok_row(id: &str, output: &RowOutput, finish_reason: &str, prompt_tokens: u32, generated_tokens: u32) -> String {
-    to_line(&OkRow { id, output, finish_reason, prompt_tokens, generated_tokens })
+    ok_row_with(id, output, None, finish_reason, prompt_tokens, generated_tokens)
+}
+
+/// As [`ok_row`], with `thinking`: (field, reasoning) written after `output` (JSONL only: the
+/// Parquet schema has no such column, and the run refuses the combination).
+pub fn ok_row_with(
+    id: &str,
+    output: &RowOutput,
+    thinking: Option<(&str, Option<&str>)>,
+    finish_reason: &str,
+    prompt_tokens: u32,
+    generated_tokens: u32,
+) -> String {
+    let extra = thinking.into_iter().collect();
+    to_line(&OkRow { id, output, extra, finish_reason, prompt_tokens, generated_tokens })
 }
 
 /// The row of a record that failed; `line` is written only when there is no id.

@@ -19,6 +19,12 @@ pub enum Arch {
     Qwen3Moe,
     /// Qwen3.5 dense: Gated DeltaNet layers between gated full-attention layers (`hybrid`).
     Qwen35,
+    /// Qwen3.5 / 3.6 MoE (Qwen3.5-35B-A3B...): the Qwen3.5 hybrid layers with a mixture of
+    /// experts plus a gated shared expert as every layer's FFN.
+    Qwen35Moe,
+    /// Qwen3-Next (Qwen3-Next-80B-A3B): hybrid layers as Qwen3.5 (fused `in_proj_qkvz` /
+    /// `in_proj_ba` in its checkpoints), MoE with a gated shared expert.
+    Qwen3Next,
 }
 
 impl Arch {
@@ -29,6 +35,8 @@ impl Arch {
             "qwen3" => Some(Arch::Qwen3),
             "qwen3moe" => Some(Arch::Qwen3Moe),
             "qwen35" => Some(Arch::Qwen35),
+            "qwen35moe" => Some(Arch::Qwen35Moe),
+            "qwen3next" => Some(Arch::Qwen3Next),
             _ => None,
         }
     }
@@ -39,7 +47,17 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
+            Arch::Qwen3Next => "qwen3next",
         }
+    }
+    /// Gated DeltaNet layers between full-attention ones (see `model::hybrid`).
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next)
+    }
+    /// Mixture-of-experts FFNs (see [`MoeConfig`]).
+    pub fn is_moe(self) -> bool {
+        matches!(self, Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next)
     }
     /// Per-head RMSNorm on Q and K before RoPE (`attn_q_norm`, `attn_k_norm`).
     pub fn has_qk_norm(self) -> bool {
@@ -92,10 +110,10 @@ pub struct ModelConfig {
     pub max_context: usize,
     /// The output head shares the embedding table.
     pub tied_embeddings: bool,
-    /// Mixture-of-experts layers (qwen3moe); `None` for dense models. `ffn_dim` is then the
-    /// width of the layers left dense.
+    /// Mixture-of-experts layers (qwen3moe, qwen35moe, qwen3next); `None` for dense models.
+    /// `ffn_dim` is then the width of the layers left dense (0 when the file gives none).
     pub moe: Option<MoeConfig>,
-    /// Linear-attention layers and their sizes (hybrid models: Qwen3.5).
+    /// Linear-attention layers and their sizes (hybrid models: Qwen3.5, Qwen3.5-MoE, Qwen3-Next).
     pub hybrid: Option<HybridConfig>,
 }
 
@@ -103,7 +121,7 @@ pub struct ModelConfig {
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("{path}: architecture '{arch}' is not supported (llama, qwen2, qwen3, qwen3moe, qwen35 are)")]
+    #[error("{path}: architecture '{arch}' is not supported (llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, qwen3next are)")]
     UnsupportedArch { path: String, arch: String },
     #[error("{path}: inconsistent model shape: {reason}")]
     Shape { path: String, reason: String },
@@ -141,7 +159,12 @@ impl ModelConfig {
         };
         let n_layers = req("block_count")?;
         let dim = req("embedding_length")?;
-        let ffn_dim = req("feed_forward_length")?;
+        // Qwen3.5-MoE files have no dense FFN and no `feed_forward_length`.
+        let ffn_dim = match g.get_u64(&format!("{a}.feed_forward_length"))? {
+            Some(v) => v as usize,
+            None if arch.is_moe() => 0,
+            None => req("feed_forward_length")?,
+        };
         let n_heads = req("attention.head_count")?;
         let n_kv_heads = g.get_u64(&format!("{a}.attention.head_count_kv"))?.map(|v| v as usize).unwrap_or(n_heads);
         let shape_err = |reason: String| ConfigError::Shape { path: path.clone(), reason };
@@ -173,12 +196,11 @@ impl ModelConfig {
         let tied_embeddings = g.tensor_info("output.weight").is_none();
         let rope_style = match arch {
             Arch::Llama => RopeStyle::Adjacent,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 => RopeStyle::Halves,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
+                RopeStyle::Halves
+            }
         };
-        let moe = match arch {
-            Arch::Qwen3Moe => Some(MoeConfig::from_gguf(g, n_layers)?),
-            _ => None,
-        };
+        let moe = if arch.is_moe() { Some(MoeConfig::from_gguf(g, n_layers)?) } else { None };
         let mut cfg = ModelConfig {
             arch,
             n_layers,
@@ -197,7 +219,7 @@ impl ModelConfig {
             moe,
             hybrid: None,
         };
-        if arch == Arch::Qwen35 {
+        if arch.is_hybrid() {
             cfg.hybrid = Some(HybridConfig::from_gguf(g, arch_name, &cfg)?);
         }
         Ok(cfg)

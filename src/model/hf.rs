@@ -3,7 +3,8 @@
 //!
 //! Architectures: `LlamaForCausalLM`, `Qwen2ForCausalLM` (Q/K/V bias), `Qwen3ForCausalLM`
 //! (per-head q/k RMSNorm), `Qwen3MoeForCausalLM` (Qwen3 attention, mixture-of-experts FFN with
-//! one tensor per expert, `mlp.experts.E.{gate,up,down}_proj`), tied or untied embeddings. HF checkpoints keep Q/K rows in the
+//! one tensor per expert, `mlp.experts.E.{gate,up,down}_proj`), tied or untied embeddings; the
+//! hybrid classes (`Qwen3_5*`, `Qwen3Next*`) are bound by `model::hybrid`. HF checkpoints keep Q/K rows in the
 //! "rotate half" order, so every HF directory runs with [`RopeStyle::Halves`] (llama GGUFs differ:
 //! their converter permuted the rows for adjacent pairs; see `gguf_writer`).
 
@@ -28,7 +29,7 @@ pub enum HfError {
     Json { path: PathBuf, source: serde_json::Error },
     #[error("{path}: '{key}' {reason}")]
     Config { path: PathBuf, key: String, reason: String },
-    #[error("{path}: architecture {arch} is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3_5ForCausalLM are)")]
+    #[error("{path}: architecture {arch} is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM are)")]
     UnsupportedArch { path: PathBuf, arch: String },
     #[error(transparent)]
     Safetensors(#[from] SafetensorsError),
@@ -114,6 +115,8 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         "Qwen3ForCausalLM" => Arch::Qwen3,
         "Qwen3MoeForCausalLM" => Arch::Qwen3Moe,
         "Qwen3_5ForCausalLM" => Arch::Qwen35,
+        "Qwen3_5MoeForCausalLM" => Arch::Qwen35Moe,
+        "Qwen3NextForCausalLM" => Arch::Qwen3Next,
         _ => return Err(HfError::UnsupportedArch { path: path.to_path_buf(), arch: hf_arch }),
     };
     let dim = req_usize("hidden_size")?;
@@ -157,14 +160,32 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         },
     };
     let n_layers = req_usize("num_hidden_layers")?;
-    let moe = match arch {
-        Arch::Qwen3Moe => Some(MoeConfig::from_hf_json(j, n_layers).map_err(|(key, reason)| err(&key, &reason))?),
-        _ => None,
+    let moe = if arch.is_moe() {
+        if arch != Arch::Qwen3Moe {
+            // The hybrid MoE classes' defaults differ from Qwen3-MoE's (the fallbacks of
+            // `MoeConfig::from_hf_json`): their sizes must be given.
+            for key in ["num_experts", "num_experts_per_tok", "moe_intermediate_size"] {
+                req_usize(key)?;
+            }
+        }
+        let mut m = MoeConfig::from_hf_json(j, n_layers).map_err(|(key, reason)| err(&key, &reason))?;
+        match arch {
+            // Qwen3.5-MoE always renormalises the chosen experts' weights (no config key).
+            Arch::Qwen35Moe => m.norm_topk_prob = true,
+            // Qwen3NextConfig's default is true.
+            Arch::Qwen3Next if j.get("norm_topk_prob").is_none_or(Json::is_null) => m.norm_topk_prob = true,
+            _ => {}
+        }
+        Some(m)
+    } else {
+        None
     };
-    // Qwen3MoeConfig's default dense width (used only by layers left dense).
+    // Qwen3MoeConfig's default dense width (used only by layers left dense); Qwen3.5-MoE has
+    // no dense layers and no such key.
     let ffn_dim = match (&moe, opt_usize("intermediate_size")?) {
         (_, Some(f)) => f,
-        (Some(_), None) => 6144,
+        (Some(_), None) if arch == Arch::Qwen3Moe => 6144,
+        (Some(_), None) => 0,
         (None, None) => return Err(err("intermediate_size", "is missing")),
     };
     let cfg = ModelConfig {
@@ -186,7 +207,7 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         hybrid: None,
     };
     let mut cfg = cfg;
-    if arch == Arch::Qwen35 {
+    if arch.is_hybrid() {
         cfg.hybrid = Some(super::hybrid::HybridConfig::from_hf_json(j, path, &cfg)?);
     }
     let qkv_bias = arch == Arch::Qwen2 || opt_bool("attention_bias")?.unwrap_or(false);
@@ -360,6 +381,7 @@ pub fn load_weights(st: &SafetensorsDir, c: &ModelConfig, x: &HfExtras) -> Resul
                     experts,
                     n_used: m.n_used,
                     norm_topk_prob: m.norm_topk_prob,
+                    shared: None,
                 })
             }
             _ => None,

@@ -150,9 +150,11 @@ fn tokenizer_json(v: &Vocab, arch: Arch) -> Json {
         Arch::Llama => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Digits", "individual_digits": true},
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]}),
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 => json!({"type": "Sequence", "pretokenizers": [
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
+            json!({"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": QWEN2_REGEX}, "behavior": "Isolated", "invert": false},
-            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]}),
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]})
+        }
     };
     json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
@@ -187,7 +189,9 @@ pub fn write_hf_dir(
         Arch::Qwen2 => ("Qwen2ForCausalLM", "qwen2", 1_000_000.0),
         Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3", 1_000_000.0),
         Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe", 1_000_000.0),
-        Arch::Qwen35 => return Err(SynthError::Unsupported("hybrid (Qwen3.5) models".into())),
+        Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
+            return Err(SynthError::Unsupported("hybrid (Qwen3.5, Qwen3-Next) models".into()))
+        }
     };
     let mut config = json!({
         "architectures": [hf_arch], "model_type": model_type, "hidden_size": spec.dim,

@@ -1,7 +1,9 @@
-//! Hybrid models (Qwen3.5, `qwen35` in GGUF): Gated DeltaNet linear-attention layers interleaved
-//! with gated full-attention layers. This file holds what the loaders need: the extra
-//! configuration ([`HybridConfig`]), the per-layer weights ([`HybridLayer`]) and their binding
-//! from a GGUF file or a Hugging Face checkpoint. The forward pass is `backend::cpu::hybrid`.
+//! Hybrid models (Qwen3.5 `qwen35`, Qwen3.5-MoE `qwen35moe`, Qwen3-Next `qwen3next` in GGUF):
+//! Gated DeltaNet linear-attention layers interleaved with gated full-attention layers; the MoE
+//! ones have a mixture of experts with a gated shared expert as FFN (`model::moe`). This file
+//! holds what the loaders need: the extra configuration ([`HybridConfig`]), the per-layer
+//! weights ([`HybridLayer`]) and their binding from a GGUF file or a Hugging Face checkpoint.
+//! The forward pass is `backend::cpu::hybrid`.
 //!
 //! What differs between the two forms of one model, and how it is made equal here:
 //! - RMSNorm weights: the checkpoint stores them zero-centred (`(1 + w) * x_hat`) for the input,
@@ -10,8 +12,12 @@
 //!   zero-centred in either form.
 //! - Decay: the checkpoint has `A_log`, the GGUF `ssm_a = -exp(A_log)`; both become `neg_a`.
 //! - Value-head order: the checkpoint groups the value heads by the key head they read
-//!   (`repeat_interleave`); the `qwen35` converter tiles them. The file's order is kept and
-//!   [`HeadGrouping`] says which key head a value head reads.
+//!   (`repeat_interleave`); the `qwen35*` converter tiles them (the `qwen3next` one does not).
+//!   The file's order is kept and [`HeadGrouping`] says which key head a value head reads.
+//! - Qwen3-Next checkpoints fuse `in_proj_qkvz` and `in_proj_ba`, grouped per key head (per key
+//!   head: q, k, its value heads' v, their z; and b, a); the GGUF regroups qkvz into `attn_qkv`
+//!   (all q | all k | all v) and `attn_gate` but keeps `ssm_ba` grouped. Both are regrouped
+//!   here into the separate projections of Qwen3.5 ([`fused_qkvz_rows`], [`fused_ba_rows`]).
 
 use std::path::Path;
 
@@ -20,6 +26,7 @@ use serde_json::Value as Json;
 use super::config::{ConfigError, ModelConfig};
 use super::gguf::{GgufError, GgufFile};
 use super::hf::HfError;
+use super::moe::MoeWeights;
 use super::quant::dequantize_row;
 use super::safetensors::SafetensorsDir;
 use super::weights::{LayerWeights, ModelWeights, Tensor};
@@ -82,6 +89,20 @@ impl HybridConfig {
     pub fn state_bytes_per_seq(&self) -> usize {
         self.recurrent.iter().filter(|&&r| r).count() * self.state_len_per_layer() * 4
     }
+    /// What a memory plan says about the recurrent state, e.g. `recurrent state 0.28 MB/sequence
+    /// (3 linear layers x (conv window 3 x 256 + 4 delta-rule matrices 32 x 32), f32)`.
+    pub fn state_summary(&self) -> String {
+        let n = self.recurrent.iter().filter(|&&r| r).count();
+        format!(
+            "recurrent state {:.2} MB/sequence ({n} linear layers x (conv window {} x {} + {} delta-rule matrices {} x {}), f32)",
+            self.state_bytes_per_seq() as f64 / 1e6,
+            self.conv_kernel - 1,
+            self.conv_channels(),
+            self.n_v_heads,
+            self.d_k,
+            self.d_v
+        )
+    }
     /// RoPE inverse frequencies over the rotated dims: `[rotary_dim / 2]`.
     pub fn rope_inv_freq(&self, theta: f32) -> Vec<f32> {
         let r = self.rotary_dim;
@@ -141,7 +162,9 @@ impl HybridConfig {
             d_k,
             d_v: inner / n_v,
             conv_kernel: req("ssm.conv_kernel")?,
-            grouping: HeadGrouping::Tiled,
+            // llama.cpp's qwen35 / qwen35moe converter tiles the value heads; qwen3next keeps
+            // the checkpoint's grouped order.
+            grouping: if arch == "qwen3next" { HeadGrouping::Interleaved } else { HeadGrouping::Tiled },
             rotary_dim: g.get_u64(&format!("{arch}.rope.dimension_count"))?.map_or(c.head_dim, |v| v as usize),
             attn_output_gate: gated,
         };
@@ -198,6 +221,26 @@ impl HybridConfig {
     }
 }
 
+/// Rows of Qwen3-Next's fused `in_proj_qkvz` `[nk (2 d_k + 2 r d_v), dim]` (`r = n_v / n_k`;
+/// per key head: q, k, the v of its `r` value heads, their z) that make up the separate
+/// projections: `(q|k|v rows [C], z rows [V])`, value heads in grouped order.
+pub fn fused_qkvz_rows(h: &HybridConfig) -> (Vec<usize>, Vec<usize>) {
+    let (nk, dk, dv) = (h.n_k_heads, h.d_k, h.d_v);
+    let rv = h.n_v_heads / nk * dv;
+    let block = 2 * dk + 2 * rv;
+    let part = |off: usize, len: usize| (0..nk).flat_map(move |k| k * block + off..k * block + off + len);
+    let qkv = part(0, dk).chain(part(dk, dk)).chain(part(2 * dk, rv)).collect();
+    (qkv, part(2 * dk + rv, rv).collect())
+}
+
+/// Rows of Qwen3-Next's fused `in_proj_ba` / GGUF `ssm_ba` `[2 n_v, dim]` (per key head: the b
+/// then the a of its `r` value heads): `(b rows [n_v], a rows [n_v])`.
+pub fn fused_ba_rows(h: &HybridConfig) -> (Vec<usize>, Vec<usize>) {
+    let (nk, r) = (h.n_k_heads, h.n_v_heads / h.n_k_heads);
+    let part = |off: usize| (0..nk).flat_map(move |k| k * 2 * r + off..k * 2 * r + off + r).collect();
+    (part(0), part(r))
+}
+
 /// Layer `i` is full attention when `(i + 1) % interval == 0` (Qwen3-Next, Qwen3.5).
 fn by_interval(n_layers: usize, interval: usize) -> Vec<bool> {
     (0..n_layers).map(|i| interval == 0 || !(i + 1).is_multiple_of(interval)).collect()
@@ -231,11 +274,14 @@ pub enum HybridLayer {
 impl HybridLayer {
     /// Bytes of the matrices a decode step reads that the plain fields do not hold.
     pub fn extra_matrix_bytes(&self) -> usize {
+        self.extra_matrices().iter().map(|t| t.bytes().len()).sum()
+    }
+
+    /// Those matrices (a linear layer's projections; none for attention).
+    pub fn extra_matrices(&self) -> Vec<&Tensor> {
         match self {
-            HybridLayer::Linear(d) => {
-                [&d.w_qkv, &d.w_z, &d.w_b, &d.w_a, &d.w_out].iter().map(|t| t.bytes().len()).sum()
-            }
-            HybridLayer::Attention => 0,
+            HybridLayer::Linear(d) => vec![&d.w_qkv, &d.w_z, &d.w_b, &d.w_a, &d.w_out],
+            HybridLayer::Attention => Vec::new(),
         }
     }
 }
@@ -248,11 +294,26 @@ pub fn gguf_layer(g: &GgufFile, c: &ModelConfig, h: &HybridConfig, i: usize) -> 
     let (dim, qd, kvd) = (c.dim, c.q_dim(), c.kv_dim());
     let (mix, wq, wk, wv, wo, q_norm, k_norm) = if h.recurrent[i] {
         let (ch, vd, nv) = (h.conv_channels(), h.value_dim(), h.n_v_heads);
+        let (w_b, w_a) = if g.tensor_info(&n("ssm_ba.weight")).is_some() {
+            // qwen3next: b and a fused, grouped per key head.
+            let ba = m("ssm_ba.weight", 2 * nv, dim)?;
+            let (b_rows, a_rows) = fused_ba_rows(h);
+            let split = |rows: &[usize], what: &str| {
+                ba.gather_rows(format!("{} ({what} rows)", ba.name), rows).ok_or_else(|| GgufError::Invalid {
+                    path: g.path.clone(),
+                    what: format!("tensor '{}'", ba.name),
+                    reason: format!("fewer than {} rows", 2 * nv),
+                })
+            };
+            (split(&b_rows, "b")?, split(&a_rows, "a")?)
+        } else {
+            (m("ssm_beta.weight", nv, dim)?, m("ssm_alpha.weight", nv, dim)?)
+        };
         let d = DeltaNetWeights {
             w_qkv: m("attn_qkv.weight", ch, dim)?,
             w_z: m("attn_gate.weight", vd, dim)?,
-            w_b: m("ssm_beta.weight", nv, dim)?,
-            w_a: m("ssm_alpha.weight", nv, dim)?,
+            w_b,
+            w_a,
             conv: Tensor::from_gguf(g, &n("ssm_conv1d.weight"), ch, h.conv_kernel)?.to_f32_vec(),
             neg_a: vec("ssm_a", nv)?,
             dt_bias: vec("ssm_dt.bias", nv)?,
@@ -275,6 +336,18 @@ pub fn gguf_layer(g: &GgufFile, c: &ModelConfig, h: &HybridConfig, i: usize) -> 
             Some(vec("attn_k_norm.weight", c.head_dim)?),
         )
     };
+    let (w_gate, w_up, w_down, moe) = match &c.moe {
+        Some(mc) if mc.is_sparse(i) => {
+            let (a, b, d) = LayerWeights::empty_dense_ffn(i, c);
+            (a, b, d, Some(MoeWeights::from_gguf(g, i, dim, mc)?))
+        }
+        _ => (
+            m("ffn_gate.weight", c.ffn_dim, dim)?,
+            m("ffn_up.weight", c.ffn_dim, dim)?,
+            m("ffn_down.weight", dim, c.ffn_dim)?,
+            None,
+        ),
+    };
     Ok(LayerWeights {
         attn_norm: vec("attn_norm.weight", dim)?,
         wq,
@@ -287,17 +360,17 @@ pub fn gguf_layer(g: &GgufFile, c: &ModelConfig, h: &HybridConfig, i: usize) -> 
         q_norm,
         k_norm,
         ffn_norm: vec("post_attention_norm.weight", dim)?,
-        w_gate: m("ffn_gate.weight", c.ffn_dim, dim)?,
-        w_up: m("ffn_up.weight", c.ffn_dim, dim)?,
-        w_down: m("ffn_down.weight", dim, c.ffn_dim)?,
-        moe: None,
+        w_gate,
+        w_up,
+        w_down,
+        moe,
         hybrid: Some(mix),
     })
 }
 
-/// Reads tensors of an HF checkpoint under one name prefix, shape-checked.
-struct StReader<'a> {
-    st: &'a SafetensorsDir,
+/// Reads tensors of an HF checkpoint, shape-checked.
+pub(super) struct StReader<'a> {
+    pub(super) st: &'a SafetensorsDir,
 }
 
 impl StReader<'_> {
@@ -305,8 +378,31 @@ impl StReader<'_> {
         HfError::Shape { path: self.st.path_of(name), tensor: name.to_string(), expected, found: found.to_vec() }
     }
 
+    /// The stored shape of `name`.
+    pub(super) fn shape(&self, name: &str) -> Result<Vec<usize>, HfError> {
+        Ok(self.st.read(name)?.1.to_vec())
+    }
+
+    /// A 3-D tensor `[d0, d1, d2]` (fused experts) as the matrix `[d0 d1, d2]`, in the map.
+    pub(super) fn stacked(&self, name: &str, dims: [usize; 3]) -> Result<Tensor, HfError> {
+        let (ty, shape, bytes) = self.st.read(name)?;
+        if shape != dims {
+            return Err(self.shape_err(name, dims.to_vec(), shape));
+        }
+        let (file, info) = self.st.get(name)?;
+        Tensor::from_mapped(name, ty, dims[0] * dims[1], dims[2], file.mmap().clone(), info.start, bytes.len())
+            .ok_or_else(|| self.shape_err(name, dims.to_vec(), shape))
+    }
+
+    /// Regroups the rows of `t` (read from `name`) into a new tensor (see `Tensor::gather_rows`).
+    fn regroup(&self, t: &Tensor, name: &str, what: &str, rows: &[usize]) -> Result<Tensor, HfError> {
+        t.gather_rows(format!("{name} ({what} rows)"), rows).ok_or_else(|| {
+            self.shape_err(name, vec![rows.iter().max().map_or(0, |m| m + 1), t.cols], &[t.rows, t.cols])
+        })
+    }
+
     /// A matrix, left in the memory map in its stored type.
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Tensor, HfError> {
+    pub(super) fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Tensor, HfError> {
         let (ty, shape, bytes) = self.st.read(name)?;
         if shape != [rows, cols] {
             return Err(self.shape_err(name, vec![rows, cols], shape));
@@ -317,7 +413,7 @@ impl StReader<'_> {
     }
 
     /// Any tensor of `expected` shape, widened to f32 (norms, conv weights, per-head scalars).
-    fn values(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, HfError> {
+    pub(super) fn values(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, HfError> {
         let (ty, shape, bytes) = self.st.read(name)?;
         if shape != expected {
             return Err(self.shape_err(name, expected.to_vec(), shape));
@@ -344,7 +440,8 @@ fn text_prefix(st: &SafetensorsDir) -> &'static str {
     }
 }
 
-/// Binds the weights of a Qwen3.5 HF checkpoint (text-only or vision-language layout). Vision
+/// Binds the weights of a Qwen3.5, Qwen3.5-MoE or Qwen3-Next HF checkpoint (text-only or
+/// vision-language layout; experts one tensor each or fused). Vision
 /// towers (`model.visual.*`) and multi-token-prediction layers (`mtp.*`) are not loaded; the
 /// log says how many tensors were skipped.
 pub fn load_hf_weights(st: &SafetensorsDir, c: &ModelConfig, h: &HybridConfig) -> Result<ModelWeights, HfError> {
@@ -357,11 +454,30 @@ pub fn load_hf_weights(st: &SafetensorsDir, c: &ModelConfig, h: &HybridConfig) -
         let (mix, wq, wk, wv, wo, q_norm, k_norm) = if h.recurrent[i] {
             let (ch, vd, nv, k) = (h.conv_channels(), h.value_dim(), h.n_v_heads, h.conv_kernel);
             let a_log = r.values(&n("linear_attn.A_log"), &[nv])?;
+            let (qkvz, ba) = (n("linear_attn.in_proj_qkvz.weight"), n("linear_attn.in_proj_ba.weight"));
+            let (w_qkv, w_z, w_b, w_a) = if st.contains(&qkvz) {
+                // Qwen3-Next: fused and grouped per key head.
+                let (fq, fb) = (r.matrix(&qkvz, ch + vd, dim)?, r.matrix(&ba, 2 * nv, dim)?);
+                let ((qkv_rows, z_rows), (b_rows, a_rows)) = (fused_qkvz_rows(h), fused_ba_rows(h));
+                (
+                    r.regroup(&fq, &qkvz, "q|k|v", &qkv_rows)?,
+                    r.regroup(&fq, &qkvz, "z", &z_rows)?,
+                    r.regroup(&fb, &ba, "b", &b_rows)?,
+                    r.regroup(&fb, &ba, "a", &a_rows)?,
+                )
+            } else {
+                (
+                    r.matrix(&n("linear_attn.in_proj_qkv.weight"), ch, dim)?,
+                    r.matrix(&n("linear_attn.in_proj_z.weight"), vd, dim)?,
+                    r.matrix(&n("linear_attn.in_proj_b.weight"), nv, dim)?,
+                    r.matrix(&n("linear_attn.in_proj_a.weight"), nv, dim)?,
+                )
+            };
             let d = DeltaNetWeights {
-                w_qkv: r.matrix(&n("linear_attn.in_proj_qkv.weight"), ch, dim)?,
-                w_z: r.matrix(&n("linear_attn.in_proj_z.weight"), vd, dim)?,
-                w_b: r.matrix(&n("linear_attn.in_proj_b.weight"), nv, dim)?,
-                w_a: r.matrix(&n("linear_attn.in_proj_a.weight"), nv, dim)?,
+                w_qkv,
+                w_z,
+                w_b,
+                w_a,
                 conv: r.values(&n("linear_attn.conv1d.weight"), &[ch, 1, k])?,
                 neg_a: a_log.iter().map(|v| -v.exp()).collect(),
                 dt_bias: r.values(&n("linear_attn.dt_bias"), &[nv])?,
@@ -388,6 +504,18 @@ pub fn load_hf_weights(st: &SafetensorsDir, c: &ModelConfig, h: &HybridConfig) -
                 Some(r.centred_norm(&n("self_attn.k_norm.weight"), c.head_dim)?),
             )
         };
+        let (w_gate, w_up, w_down, moe) = match &c.moe {
+            Some(mc) if mc.is_sparse(i) => {
+                let (a, b, d) = LayerWeights::empty_dense_ffn(i, c);
+                (a, b, d, Some(MoeWeights::from_hf(&r, &n("mlp."), dim, mc)?))
+            }
+            _ => (
+                r.matrix(&n("mlp.gate_proj.weight"), c.ffn_dim, dim)?,
+                r.matrix(&n("mlp.up_proj.weight"), c.ffn_dim, dim)?,
+                r.matrix(&n("mlp.down_proj.weight"), dim, c.ffn_dim)?,
+                None,
+            ),
+        };
         layers.push(LayerWeights {
             attn_norm: r.centred_norm(&n("input_layernorm.weight"), dim)?,
             wq,
@@ -400,10 +528,10 @@ pub fn load_hf_weights(st: &SafetensorsDir, c: &ModelConfig, h: &HybridConfig) -
             q_norm,
             k_norm,
             ffn_norm: r.centred_norm(&n("post_attention_layernorm.weight"), dim)?,
-            w_gate: r.matrix(&n("mlp.gate_proj.weight"), c.ffn_dim, dim)?,
-            w_up: r.matrix(&n("mlp.up_proj.weight"), c.ffn_dim, dim)?,
-            w_down: r.matrix(&n("mlp.down_proj.weight"), dim, c.ffn_dim)?,
-            moe: None,
+            w_gate,
+            w_up,
+            w_down,
+            moe,
             hybrid: Some(mix),
         });
     }
@@ -434,16 +562,18 @@ pub fn load_hf_weights(st: &SafetensorsDir, c: &ModelConfig, h: &HybridConfig) -
 }
 
 /// The text-model part of a Qwen3.5 vision-language `config.json`
-/// (`Qwen3_5ForConditionalGeneration` with a nested `text_config`), as a text-only config:
+/// (`Qwen3_5(Moe)ForConditionalGeneration` with a nested `text_config`), as a text-only config:
 /// `architectures` set to the text class, `tie_word_embeddings` taken from the top level when
 /// the nested config lacks it. `None` for any other config.
 pub fn vl_text_config(j: &Json) -> Option<Json> {
     let arch = j.get("architectures")?.as_array()?.first()?.as_str()?;
-    if arch != "Qwen3_5ForConditionalGeneration" {
-        return None;
-    }
+    let text_arch = match arch {
+        "Qwen3_5ForConditionalGeneration" => "Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForConditionalGeneration" => "Qwen3_5MoeForCausalLM",
+        _ => return None,
+    };
     let mut text = j.get("text_config")?.as_object()?.clone();
-    text.insert("architectures".into(), Json::from(vec!["Qwen3_5ForCausalLM"]));
+    text.insert("architectures".into(), Json::from(vec![text_arch]));
     if !text.contains_key("tie_word_embeddings") {
         if let Some(t) = j.get("tie_word_embeddings") {
             text.insert("tie_word_embeddings".into(), t.clone());
@@ -460,6 +590,26 @@ mod tests {
     fn interval_puts_full_attention_last_in_each_group() {
         assert_eq!(by_interval(6, 3), [true, true, false, true, true, false]);
         assert_eq!(by_interval(4, 4), [true, true, true, false]);
+    }
+
+    #[test]
+    fn fused_qwen3_next_rows() {
+        // 2 key heads of 2, 4 value heads of 1 (r = 2): per key head q[2] k[2] v[2] z[2].
+        let h = HybridConfig {
+            recurrent: vec![true],
+            n_k_heads: 2,
+            n_v_heads: 4,
+            d_k: 2,
+            d_v: 1,
+            conv_kernel: 4,
+            grouping: HeadGrouping::Interleaved,
+            rotary_dim: 2,
+            attn_output_gate: true,
+        };
+        let (qkv, z) = fused_qkvz_rows(&h);
+        assert_eq!(qkv, [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13]);
+        assert_eq!(z, [6, 7, 14, 15]);
+        assert_eq!(fused_ba_rows(&h), (vec![0, 1, 4, 5], vec![2, 3, 6, 7]));
     }
 
     #[test]

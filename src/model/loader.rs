@@ -78,6 +78,18 @@ pub fn load_tokenizer(path: &Path) -> Result<LoadedTokenizer, LoadError> {
     Ok(LoadedTokenizer { path: path.to_path_buf(), tokenizer, fingerprint: gguf_fingerprint(&g) })
 }
 
+/// The model's configuration from its metadata alone (GGUF header or `config.json`): no
+/// weights are bound, so it is cheap; a vocab-only GGUF has none (no `token_embd.weight`).
+pub fn load_config(path: &Path) -> Result<ModelConfig, LoadError> {
+    if !path.exists() {
+        return Err(LoadError::NotFound(path.to_path_buf()));
+    }
+    if path.is_dir() {
+        return Ok(super::hf::read_config(path)?.0);
+    }
+    Ok(ModelConfig::from_gguf(&GgufFile::open(path)?)?)
+}
+
 pub fn load_model(path: &Path) -> Result<LoadedModel, LoadError> {
     if !path.exists() {
         return Err(LoadError::NotFound(path.to_path_buf()));

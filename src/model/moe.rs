@@ -1,5 +1,6 @@
-//! Mixture-of-experts layers (Qwen3-MoE): the configuration (from GGUF metadata or HF
-//! `config.json`) and the weights of one sparse layer (router + experts).
+//! Mixture-of-experts layers (Qwen3-MoE; Qwen3.5-MoE and Qwen3-Next add a shared expert): the
+//! configuration (from GGUF metadata or HF `config.json`) and the weights of one sparse layer
+//! (router + experts [+ shared expert]).
 //!
 //! A sparse layer replaces the dense SwiGLU FFN by `n_experts` SwiGLU experts of width
 //! `expert_ffn_dim` and a router `[n_experts, dim]`: per token, softmax over the router logits,
@@ -11,6 +12,8 @@ use serde_json::Value as Json;
 
 use super::config::ConfigError;
 use super::gguf::{GgufError, GgufFile};
+use super::hf::HfError;
+use super::hybrid::StReader;
 use super::weights::Tensor;
 
 /// The mixture-of-experts part of a model's configuration.
@@ -141,6 +144,46 @@ pub struct Expert {
     pub down: Tensor, // [dim, expert_ffn_dim]
 }
 
+/// The always-on expert of Qwen3-Next / Qwen3.5-MoE layers, added to the routed experts' sum
+/// scaled per token by `sigmoid(gate . x)`.
+#[derive(Clone, Debug)]
+pub struct SharedExpert {
+    /// SwiGLU of width `shared_expert_intermediate_size` (GGUF `ffn_*_shexp`).
+    pub expert: Expert,
+    /// `[1, dim]`: the per-token gate logit (`shared_expert_gate`, GGUF `ffn_gate_inp_shexp`).
+    pub gate: Tensor,
+}
+
+impl SharedExpert {
+    /// Checks the shapes of the four tensors against each other and `dim` (the width comes from
+    /// the tensors, not the config). `Err` names the first tensor that does not fit.
+    pub fn new(expert: Expert, gate: Tensor, dim: usize) -> Result<Self, String> {
+        let f = expert.gate.rows;
+        let bad = |t: &Tensor, want: [usize; 2]| {
+            Err(format!("tensor '{}' is [{}, {}], the shared expert needs {want:?}", t.name, t.rows, t.cols))
+        };
+        if expert.gate.cols != dim || f == 0 {
+            return bad(&expert.gate, [f.max(1), dim]);
+        }
+        if (expert.up.rows, expert.up.cols) != (f, dim) {
+            return bad(&expert.up, [f, dim]);
+        }
+        if (expert.down.rows, expert.down.cols) != (dim, f) {
+            return bad(&expert.down, [dim, f]);
+        }
+        if (gate.rows, gate.cols) != (1, dim) {
+            return bad(&gate, [1, dim]);
+        }
+        Ok(SharedExpert { expert, gate })
+    }
+
+    /// Packed bytes a token reads (the three matrices and the gate row).
+    pub fn bytes(&self) -> usize {
+        let e = &self.expert;
+        e.gate.bytes().len() + e.up.bytes().len() + e.down.bytes().len() + self.gate.bytes().len()
+    }
+}
+
 /// The FFN of one sparse layer, with the routing rule of [`MoeConfig`] (so a layer is
 /// computed from its weights alone).
 #[derive(Clone, Debug)]
@@ -153,10 +196,13 @@ pub struct MoeWeights {
     pub n_used: usize,
     /// `MoeConfig::norm_topk_prob`.
     pub norm_topk_prob: bool,
+    /// Qwen3-Next / Qwen3.5-MoE: the shared expert (`None` for Qwen3-MoE).
+    pub shared: Option<SharedExpert>,
 }
 
 impl MoeWeights {
     /// Packed bytes of the router and of one average expert (what a token reads per expert).
+    /// The shared expert, which every token reads, is [`SharedExpert::bytes`].
     pub fn bytes_router_and_expert(&self) -> (usize, usize) {
         let all: usize =
             self.experts.iter().map(|e| e.gate.bytes().len() + e.up.bytes().len() + e.down.bytes().len()).sum();
@@ -174,7 +220,87 @@ impl MoeWeights {
         let up = expert_slabs(g, &n("ffn_up_exps.weight"), m.n_experts, f, dim)?;
         let down = expert_slabs(g, &n("ffn_down_exps.weight"), m.n_experts, dim, f)?;
         let experts = gate.into_iter().zip(up).zip(down).map(|((gate, up), down)| Expert { gate, up, down }).collect();
-        Ok(MoeWeights { router, experts, n_used: m.n_used, norm_topk_prob: m.norm_topk_prob })
+        let shared = match g.tensor_info(&n("ffn_gate_inp_shexp.weight")) {
+            None => None,
+            Some(_) => {
+                let sf = g.require_tensor(&n("ffn_gate_shexp.weight"))?.n_rows();
+                let expert = Expert {
+                    gate: Tensor::from_gguf(g, &n("ffn_gate_shexp.weight"), sf, dim)?,
+                    up: Tensor::from_gguf(g, &n("ffn_up_shexp.weight"), sf, dim)?,
+                    down: Tensor::from_gguf(g, &n("ffn_down_shexp.weight"), dim, sf)?,
+                };
+                let gate = Tensor::from_gguf(g, &n("ffn_gate_inp_shexp.weight"), 1, dim)?;
+                let invalid =
+                    |reason| GgufError::Invalid { path: g.path.clone(), what: format!("layer {layer}"), reason };
+                Some(SharedExpert::new(expert, gate, dim).map_err(invalid)?)
+            }
+        };
+        Ok(MoeWeights { router, experts, n_used: m.n_used, norm_topk_prob: m.norm_topk_prob, shared })
+    }
+}
+
+impl MoeWeights {
+    /// Binds a sparse layer of an HF checkpoint, `p` being the layer's `...layers.N.mlp.`:
+    /// router `gate.weight`; experts one tensor each (`experts.E.{gate,up,down}_proj.weight`,
+    /// Qwen3-Next) or fused (`experts.gate_up_proj` `[E, 2I, H]`, rows `0..I` gate and `I..2I`
+    /// up, and `experts.down_proj` `[E, H, I]`: Qwen3.5-MoE), bound in place in the memory map
+    /// either way; the shared expert (`shared_expert.*`, `shared_expert_gate.weight`) when the
+    /// checkpoint has one.
+    pub(super) fn from_hf(r: &StReader, p: &str, dim: usize, m: &MoeConfig) -> Result<Self, HfError> {
+        let (ne, f) = (m.n_experts, m.expert_ffn_dim);
+        let router = r.matrix(&format!("{p}gate.weight"), ne, dim)?;
+        let fused = format!("{p}experts.gate_up_proj");
+        let experts = if r.st.contains(&fused) {
+            let gate_up = r.stacked(&fused, [ne, 2 * f, dim])?;
+            let down_name = format!("{p}experts.down_proj");
+            let down = r.stacked(&down_name, [ne, dim, f])?;
+            let slice = |t: &Tensor, name: &str, start: usize, rows: usize| {
+                // In range: the stacked shapes were checked above.
+                t.row_slice(name, start, rows).ok_or_else(|| HfError::Shape {
+                    path: r.st.path_of(name),
+                    tensor: name.to_string(),
+                    expected: vec![start + rows, t.cols],
+                    found: vec![t.rows, t.cols],
+                })
+            };
+            (0..ne)
+                .map(|e| {
+                    Ok(Expert {
+                        gate: slice(&gate_up, &format!("{fused}[{e}].gate"), 2 * f * e, f)?,
+                        up: slice(&gate_up, &format!("{fused}[{e}].up"), 2 * f * e + f, f)?,
+                        down: slice(&down, &format!("{down_name}[{e}]"), dim * e, dim)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, HfError>>()?
+        } else {
+            (0..ne)
+                .map(|e| {
+                    let x = |proj: &str| format!("{p}experts.{e}.{proj}.weight");
+                    Ok(Expert {
+                        gate: r.matrix(&x("gate_proj"), f, dim)?,
+                        up: r.matrix(&x("up_proj"), f, dim)?,
+                        down: r.matrix(&x("down_proj"), dim, f)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, HfError>>()?
+        };
+        let gate_name = format!("{p}shared_expert_gate.weight");
+        let shared = if r.st.contains(&gate_name) {
+            let x = |proj: &str| format!("{p}shared_expert.{proj}.weight");
+            let sf = r.shape(&x("gate_proj"))?.first().copied().unwrap_or(0);
+            let expert = Expert {
+                gate: r.matrix(&x("gate_proj"), sf, dim)?,
+                up: r.matrix(&x("up_proj"), sf, dim)?,
+                down: r.matrix(&x("down_proj"), dim, sf)?,
+            };
+            let gate = r.matrix(&gate_name, 1, dim)?;
+            let bad =
+                |reason: String| HfError::Config { path: r.st.path_of(&gate_name), key: gate_name.clone(), reason };
+            Some(SharedExpert::new(expert, gate, dim).map_err(bad)?)
+        } else {
+            None
+        };
+        Ok(MoeWeights { router, experts, n_used: m.n_used, norm_topk_prob: m.norm_topk_prob, shared })
     }
 }
 

@@ -54,7 +54,7 @@ pub fn random_weights(c: &ModelConfig, dtype: GgmlType, seed: u64) -> ModelWeigh
                         down: matrix(&n(&format!("ffn_down_exps.weight[{e}]")), c.dim, f, dtype, &mut rng),
                     })
                     .collect();
-                Some(MoeWeights { router, experts, n_used: m.n_used, norm_topk_prob: m.norm_topk_prob })
+                Some(MoeWeights { router, experts, n_used: m.n_used, norm_topk_prob: m.norm_topk_prob, shared: None })
             }
             _ => None,
         };

@@ -110,6 +110,43 @@ impl Tensor {
         out
     }
 
+    /// Rows `start..start + count` as a tensor of their own: a view into the same memory map
+    /// (no copy) for a mapped tensor, a copy for an owned one. `None` when the rows are not all
+    /// there. Splits fused checkpoint tensors (`gate_up_proj` `[E, 2I, H]` read as `[E 2I, H]`).
+    pub fn row_slice(&self, name: impl Into<String>, start: usize, count: usize) -> Option<Self> {
+        if start.checked_add(count)? > self.rows {
+            return None;
+        }
+        let rb = self.row_bytes();
+        let storage = match &self.storage {
+            Storage::Mapped { map, offset, .. } => {
+                Storage::Mapped { map: map.clone(), offset: offset + start * rb, len: count * rb }
+            }
+            Storage::Owned(v) => Storage::Owned(Arc::new(v[start * rb..(start + count) * rb].to_vec())),
+        };
+        Some(Tensor { name: name.into(), dtype: self.dtype, rows: count, cols: self.cols, storage })
+    }
+
+    /// The rows `order` (each `< rows`, any order, repeats allowed) copied into a new tensor:
+    /// regroups projections whose checkpoint interleaves their parts (Qwen3-Next's
+    /// `in_proj_qkvz`, grouped per key head). `None` when an index is out of range.
+    pub fn gather_rows(&self, name: impl Into<String>, order: &[usize]) -> Option<Self> {
+        let mut bytes = Vec::with_capacity(order.len() * self.row_bytes());
+        for &r in order {
+            if r >= self.rows {
+                return None;
+            }
+            bytes.extend_from_slice(self.row(r));
+        }
+        Some(Tensor {
+            name: name.into(),
+            dtype: self.dtype,
+            rows: order.len(),
+            cols: self.cols,
+            storage: Storage::Owned(Arc::new(bytes)),
+        })
+    }
+
     /// Loads a tensor of a GGUF file, checking it has `rows x cols` elements.
     pub fn from_gguf(g: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Self, GgufError> {
         let info = g.require_tensor(name)?;

@@ -110,6 +110,9 @@ pub struct DevicePlan {
     pub device: String,
     pub weights_bytes: u64,
     pub kv_bytes: u64,
+    /// Hybrid models: the recurrent state of all slots (counted in `total_bytes`), and of one.
+    pub state_bytes: u64,
+    pub state_bytes_per_sequence: u64,
     pub workspace_bytes: u64,
     pub total_bytes: u64,
     pub available_bytes: Option<u64>,

@@ -20,10 +20,23 @@ use crate::model::weights::{ModelWeights, Tensor};
 
 const BLOCK: usize = 16;
 
-fn matrices(w: &ModelWeights) -> Vec<&Tensor> {
+/// The weight matrices of the model (`active`: only those one decoded token reads: of a sparse
+/// layer's experts the first `n_used`, standing for the ones the router picks), the head last.
+fn matrices(w: &ModelWeights, active: bool) -> Vec<&Tensor> {
     let mut v: Vec<&Tensor> = Vec::new();
     for l in &w.layers {
         v.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        if let Some(h) = &l.hybrid {
+            v.extend(h.extra_matrices());
+        }
+        if let Some(m) = &l.moe {
+            v.push(&m.router);
+            let used = if active { m.n_used.min(m.experts.len()) } else { m.experts.len() };
+            v.extend(m.experts[..used].iter().flat_map(|e| [&e.gate, &e.up, &e.down]));
+            if let Some(s) = &m.shared {
+                v.extend([&s.gate, &s.expert.gate, &s.expert.up, &s.expert.down]);
+            }
+        }
     }
     v.push(&w.output);
     v
@@ -75,15 +88,19 @@ pub(super) fn model_report(
     let mut plans = Vec::new();
 
     // CPU.
-    let ms = matrices(&m.weights);
+    let ms = matrices(&m.weights, true);
     let decode_bytes: u64 =
         ms.iter().map(|t| t.bytes().len() as u64).sum::<u64>() + m.weights.token_embd.row_bytes() as u64;
-    let weights_bytes: u64 = ms.iter().map(|t| t.bytes().len() as u64).sum::<u64>()
+    let weights_bytes: u64 = matrices(&m.weights, false).iter().map(|t| t.bytes().len() as u64).sum::<u64>()
         + if c.tied_embeddings { 0 } else { m.weights.token_embd.bytes().len() as u64 };
     let kv = (CpuBackend::kv_bytes_per_token(c) * positions) as u64;
     // Activations: a few [max_batch_tokens, ffn] f32 buffers and the logits; small next to KV.
     let workspace = (512 * (4 * c.dim + 3 * c.ffn_dim) * 4 + 256 * c.vocab_size * 4) as u64;
-    let total = weights_bytes + kv + workspace;
+    // Hybrid models: each sequence's recurrent state (conv window + delta-rule matrices of every
+    // linear layer, f32), one per slot.
+    let state_per_seq = c.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq()) as u64;
+    let state = state_per_seq * o.slots as u64;
+    let total = weights_bytes + kv + state + workspace;
     let avail = cpu.memory_available_bytes;
     let fits = avail.is_none_or(|a| total <= a);
     let (tok_s, projection) = if o.measure {
@@ -101,15 +118,22 @@ pub(super) fn model_report(
     } else {
         (None, "not measured (--no-measure)".into())
     };
+    let mut note =
+        format!("weights mapped from the file; KV cache f32 for {positions} positions ({} x {})", o.slots, o.ctx);
+    if let Some(h) = &c.hybrid {
+        note.push_str(&format!("; {}", h.state_summary()));
+    }
     plans.push(DevicePlan {
         device: "cpu".into(),
         weights_bytes,
         kv_bytes: kv,
+        state_bytes: state,
+        state_bytes_per_sequence: state_per_seq,
         workspace_bytes: workspace,
         total_bytes: total,
         available_bytes: avail,
         fits,
-        note: format!("weights mapped from the file; KV cache f32 for {positions} positions ({} x {})", o.slots, o.ctx),
+        note,
         decode_bytes_per_token: decode_bytes,
         projected_decode_tok_s: tok_s,
         projection,
@@ -145,6 +169,9 @@ pub(super) fn model_report(
             device,
             weights_bytes: p.weights,
             kv_bytes: p.kv,
+            // The CUDA backend does not run hybrid models yet (refused before loading).
+            state_bytes: 0,
+            state_bytes_per_sequence: 0,
             workspace_bytes: p.workspace,
             total_bytes: p.total,
             available_bytes: g.free_memory_bytes,

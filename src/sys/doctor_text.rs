@@ -145,9 +145,18 @@ impl Report {
             );
             for p in &m.plans {
                 let avail = p.available_bytes.map(|a| format!(" of {} available", gb(a))).unwrap_or_default();
+                let state = if p.state_bytes > 0 {
+                    format!(
+                        " + state {} ({:.2} MB/sequence)",
+                        gb(p.state_bytes),
+                        p.state_bytes_per_sequence as f64 / 1e6
+                    )
+                } else {
+                    String::new()
+                };
                 let _ = writeln!(
                     s,
-                    "  {}: weights {} + KV {} + workspace {} = {}{avail}: {}",
+                    "  {}: weights {} + KV {}{state} + workspace {} = {}{avail}: {}",
                     p.device,
                     gb(p.weights_bytes),
                     gb(p.kv_bytes),

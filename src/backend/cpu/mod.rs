@@ -138,7 +138,7 @@ impl Backend for CpuBackend {
             // A sparse layer: the router and the experts one token uses (of average size).
             if let Some(m) = &l.moe {
                 let (router, expert) = m.bytes_router_and_expert();
-                n += router + m.n_used * expert;
+                n += router + m.n_used * expert + m.shared.as_ref().map_or(0, |s| s.bytes());
             }
             n += l.hybrid.as_ref().map_or(0, |h| h.extra_matrix_bytes());
         }

@@ -10,12 +10,13 @@
 //!    so each chosen expert's matrices are read once per step however many tokens chose it
 //!    (one token: the gate/up products of all its experts fused into one);
 //! 5. per token, the weighted sum over its slots in slot order (slot 0 first), a fixed order
-//!    independent of how tokens were grouped or batched.
+//!    independent of how tokens were grouped or batched;
+//! 6. Qwen3-Next / Qwen3.5-MoE: plus the shared expert times `sigmoid(shared_gate . x)`.
 
 use super::matmul::{matmul, matmul_fused};
 use super::ops;
 use super::take;
-use crate::model::moe::MoeWeights;
+use crate::model::moe::{MoeWeights, SharedExpert};
 use crate::model::weights::Tensor;
 
 /// The experts each token of a step uses.
@@ -105,10 +106,11 @@ pub struct MoeScratch {
     logits: Vec<f32>, // [n, n_experts]
     pub routing: Routing,
     pub groups: Groups,
-    xg: Vec<f32>,   // [n * k, dim] gathered inputs, grouped by expert
-    gate: Vec<f32>, // [n * k, expert_ffn]
-    up: Vec<f32>,   // [n * k, expert_ffn]
-    yg: Vec<f32>,   // [n * k, dim] expert outputs, grouped like xg
+    xg: Vec<f32>,           // [n * k, dim] gathered inputs, grouped by expert
+    gate: Vec<f32>,         // [n * k, expert_ffn]
+    up: Vec<f32>,           // [n * k, expert_ffn]
+    yg: Vec<f32>,           // [n * k, dim] expert outputs, grouped like xg; then [n, dim] shared expert
+    shared_logit: Vec<f32>, // [n] shared-expert gate logits
 }
 
 /// `out[t] = sum over the k experts e chosen by token t of weight(t, e) * expert_e(x[t])` for the
@@ -169,6 +171,28 @@ pub fn moe_ffn(w: &MoeWeights, x: &[f32], n: usize, out: &mut [f32], s: &mut Moe
             let p = s.groups.position[t * k + j] as usize;
             o.iter_mut().zip(&yg[p * dim..(p + 1) * dim]).for_each(|(a, &y)| *a += wt * y);
         }
+    }
+    if let Some(sh) = &w.shared {
+        shared_expert(sh, x, n, out, s);
+    }
+}
+
+/// Adds the shared expert to `out` (`[n, dim]`, the routed sum): per token
+/// `sigmoid(gate . x) * down(silu(gate_proj x) * up_proj x)`, after the routed experts (the
+/// order of transformers' `Qwen3NextSparseMoeBlock`).
+fn shared_expert(sh: &SharedExpert, x: &[f32], n: usize, out: &mut [f32], s: &mut MoeScratch) {
+    let (dim, f) = (sh.gate.cols, sh.expert.gate.rows);
+    let logit = take(&mut s.shared_logit, n);
+    let g = take(&mut s.gate, n * f);
+    let u = take(&mut s.up, n * f);
+    matmul_fused(&[&sh.gate, &sh.expert.gate, &sh.expert.up], x, n, &mut [&mut *logit, &mut *g, &mut *u]);
+    ops::silu_mul_inplace(g, u);
+    let y = take(&mut s.yg, n * dim);
+    matmul(&sh.expert.down, g, n, y);
+    for t in 0..n {
+        let scale = 1.0 / (1.0 + (-logit[t]).exp());
+        let o = &mut out[t * dim..(t + 1) * dim];
+        o.iter_mut().zip(&y[t * dim..(t + 1) * dim]).for_each(|(a, &v)| *a += scale * v);
     }
 }
 
