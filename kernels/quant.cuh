@@ -317,3 +317,66 @@ __device__ __forceinline__ QRow q_row(const u8_t* qs, const u8_t* aux, long long
     MACRO(q4_k, FQ4K)           \
     MACRO(q5_k, FQ5K)           \
     MACRO(q6_k, FQ6K)
+
+// ---- int8 activations (kernels/gemv_q8.cu; CPU twin: src/backend/cuda/q8x.rs).
+// A step input x [n_tok, cols] f32 quantized in blocks of 32 (d = amax / 127, q = rint(x / d)),
+// stored as qx [n_tok, cols] int8 and, per run of 16, xs [n_tok, cols / 16] float2 =
+// (d, d * sum(q of the run)). A run of packed weights w = a * c + b (codes c from F::codes)
+// then dots the run of x as a * d * sum(c q) + b * d * sum(q): four dp4a and two fma.
+
+// sum of the 4 byte products of a (unsigned bytes) and b (signed bytes), plus c.
+__device__ __forceinline__ int dp4a_us(unsigned a, unsigned b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// Both operands signed bytes.
+__device__ __forceinline__ int dp4a_ss(unsigned a, unsigned b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Whether a format's codes are read as signed bytes with b = 0 (Q8_0: its stored bytes are the
+// signed values; the unsigned form, offset by 128, would add a large b * sum(q) that cancels).
+template <class F> struct SignedCodes { enum { V = 0 }; };
+template <> struct SignedCodes<FQ8_0> { enum { V = 1 }; };
+
+// Codes of run r of unit u for dot_codes_q8 (F::codes; Q8_0 back to its signed bytes, b = 0).
+template <class F>
+__device__ __forceinline__ void codes_q8(const typename F::Raw& raw, int u, int r, unsigned (&c)[4], float& a, float& b) {
+    F::codes(raw, u, r, c, a, b);
+    if (SignedCodes<F>::V) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[i] ^= 0x80808080u;
+        b = 0.0f;
+    }
+}
+
+// A run's codes (codes_q8) dotted with one token's int8 run (qx: 16 int8 as a uint4, xs: (d,
+// d * sum(q))): sum over the run of w_j * d * q_j.
+template <class F>
+__device__ __forceinline__ float dot_codes_q8(const unsigned (&c)[4], float a, float b, const uint4& qx, float2 xs) {
+    if (SignedCodes<F>::V) {
+        int s = dp4a_ss(c[0], qx.x, 0);
+        s = dp4a_ss(c[1], qx.y, s);
+        s = dp4a_ss(c[2], qx.z, s);
+        s = dp4a_ss(c[3], qx.w, s);
+        return a * xs.x * (float)s;
+    }
+    int s = dp4a_us(c[0], qx.x, 0);
+    s = dp4a_us(c[1], qx.y, s);
+    s = dp4a_us(c[2], qx.z, s);
+    s = dp4a_us(c[3], qx.w, s);
+    return fmaf(a * xs.x, (float)s, b * xs.y);
+}
+
+// Run r of unit u of packed weights dotted with one token's int8 run (for callers with one
+// token, e.g. an expert's GEMV): codes_q8 then dot_codes_q8.
+template <class F>
+__device__ __forceinline__ float dot_run_q8(const typename F::Raw& raw, int u, int r, const uint4& qx, float2 xs) {
+    unsigned c[4];
+    float a, b;
+    codes_q8<F>(raw, u, r, c, a, b);
+    return dot_codes_q8<F>(c, a, b, qx, xs);
+}

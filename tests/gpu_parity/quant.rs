@@ -1,8 +1,10 @@
 //! Quantized weights on the GPU against their CPU twins (the CPU backend's dot products and
-//! decoders on the file's packed blocks), for every block format: the decode GEMV (1..=8
-//! tokens), the widen-to-F16 path of larger steps (9..300 tokens, through the one dispatcher,
-//! in row chunks of a small scratch), the SwiGLU GEMV, the embedding gather, and whole
-//! models (CUDA backend vs CPU backend on the same quantized file, a Q4_K_M-like mix included).
+//! decoders on the file's packed blocks), for every block format: the decode GEMV on int8
+//! activations (1..=8 tokens; twin: the CPU dot products on the int8-rounded input, `q8x`), the
+//! f32-input GEMV (`DUSTOFF_QGEMV_F32=1`), the widen-to-F16 path of larger steps (9..300
+//! tokens, through the one dispatcher, in row chunks of a small scratch), the SwiGLU GEMVs, the
+//! embedding gather, and whole models (CUDA backend vs CPU backend on the same quantized file,
+//! a Q4_K_M-like mix included).
 
 use cudarc::driver::CudaSlice;
 
@@ -10,8 +12,9 @@ use dustoff::backend::cpu::matmul::matmul;
 use dustoff::backend::cuda::dmat::{DevMat, Linear};
 use dustoff::backend::cuda::launch::Dev;
 use dustoff::backend::cuda::matmul::{Mm, Product};
+use dustoff::backend::cuda::q8x::{dequantized, matmul_q8x};
 use dustoff::backend::cuda::qformat::QFormat;
-use dustoff::backend::cuda::qlaunch::{DequantF16, EmbeddingQ, GemvQ};
+use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, EmbeddingQ, GemvQ, QuantizeX};
 use dustoff::backend::cuda::tc::tc64_part_len;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::quant::{dequantize_row, dot_row, quantize_row, GgmlType};
@@ -19,7 +22,7 @@ use dustoff::model::weights::Tensor;
 
 use super::{compare, f16_vals, gpu, opts, run_greedy, Gpu};
 
-/// The token counts of the issue: GEMV (1..=4 by default) and widened-F16 GEMM steps (5..).
+/// The token counts of the issue: GEMV (1..=8 by default) and widened-F16 GEMM steps (9..).
 const TOKEN_COUNTS: &[usize] = &[1, 2, 7, 8, 9, 16, 33, 64, 300];
 
 fn tensor(g: &mut Gpu, dtype: GgmlType, name: &str, rows: usize, cols: usize) -> Tensor {
@@ -66,23 +69,27 @@ fn quantized_products_every_format_and_token_count() {
             let mut mm = Mm { s: &s, blas: &blas, x16: g.d(&x16), part: g.d(&part), wide: Some(g.d(&wide)) };
             let p = Product { lin: &lin, bias: with_bias.then(|| g.d(&bd)), x: g.d(&xd), n, out: g.d(&od), accumulate };
             mm.run(&mut g.k, p).unwrap();
-            let (mut wa, mut wb) = (vec![0f32; n * rows_a], vec![0f32; n * rows_b]);
-            matmul(&ta, &x, n, &mut wa);
-            matmul(&tb, &x, n, &mut wb);
-            let mut plain = Vec::with_capacity(n * rows);
-            for t in 0..n {
-                plain.extend_from_slice(&wa[t * rows_a..(t + 1) * rows_a]);
-                plain.extend_from_slice(&wb[t * rows_b..(t + 1) * rows_b]);
-            }
+            // The GEMV steps read the input as int8 (its twin: the CPU product on those values).
+            let gemv = n <= 8;
+            let xin = if gemv { dequantized(&x, cols) } else { x.clone() };
+            let (plain, _) = two_part(&ta, &tb, &xin, n);
             let mut want = plain.clone();
             for (i, v) in want.iter_mut().enumerate() {
                 *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
             }
-            let kind = if n <= 4 { "gemv" } else { "wide" };
+            let kind = if gemv { "gemvq8" } else { "wide" };
             eprintln!("{} n={n}", f.dtype);
-            compare(&op(kind, f.dtype), g.seed, &g.down(&od), &want);
-            if (5..=8).contains(&n) {
-                // The GEMV serves up to 8 tokens (DUSTOFF_QGEMV_MAX_TOKENS): checked directly.
+            let got = g.down(&od);
+            compare(&op(kind, f.dtype), g.seed, &got, &want);
+            if gemv {
+                // Against the f32 input: the int8 rounding of the input is the only extra error.
+                let (plain32, wa32) = two_part(&ta, &tb, &x, n);
+                let mut want32 = plain32.clone();
+                for (i, v) in want32.iter_mut().enumerate() {
+                    *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
+                }
+                compare(&op("q8x_vs_f32", f.dtype), g.seed, &got, &want32);
+                // The f32-input GEMV (DUSTOFF_QGEMV_F32=1) on the first part, directly.
                 let m0 = &lin.parts[0];
                 let od = g.poisoned(n * m0.rows);
                 GemvQ {
@@ -96,15 +103,31 @@ fn quantized_products_every_format_and_token_count() {
                     out_stride: m0.rows,
                     accumulate: false,
                     swiglu: false,
+                    xq: None,
                 }
                 .launch(&mut g.k, &s)
                 .unwrap();
                 // One part (Q8_0 with Q8_0) holds all rows; else the first part's rows.
-                let first = if lin.parts.len() == 1 { &plain } else { &wa };
+                let first = if lin.parts.len() == 1 { &plain32 } else { &wa32 };
                 compare(&op("gemv", f.dtype), g.seed, &g.down(&od), first);
             }
         }
     }
+}
+
+/// The product of the two-part Linear (`ta`'s rows, then `tb`'s) with `x` on the CPU:
+/// `(all rows [n, rows_a + rows_b], ta's rows [n, rows_a])`.
+fn two_part(ta: &Tensor, tb: &Tensor, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
+    let (rows_a, rows_b) = (ta.rows, tb.rows);
+    let (mut wa, mut wb) = (vec![0f32; n * rows_a], vec![0f32; n * rows_b]);
+    matmul(ta, x, n, &mut wa);
+    matmul(tb, x, n, &mut wb);
+    let mut plain = Vec::with_capacity(n * (rows_a + rows_b));
+    for t in 0..n {
+        plain.extend_from_slice(&wa[t * rows_a..(t + 1) * rows_a]);
+        plain.extend_from_slice(&wb[t * rows_b..(t + 1) * rows_b]);
+    }
+    (plain, wa)
 }
 
 /// Every format: the widened F16 matrix equals the CPU decoder's values rounded to F16 (bit for
@@ -139,33 +162,93 @@ fn dequant_embedding_and_swiglu_every_format() {
         compare(&op("embedding", f.dtype), g.seed, &g.down(&od), &want);
 
         let ffn = rows / 2;
+        let xq: CudaSlice<u8> = g.zeros(q8x_bytes(8, cols).1);
         for n in [1usize, 3, 8] {
             let x = g.randn(n * cols, 1.5);
-            let (xd, od) = (g.up(&x), g.poisoned(n * ffn));
-            GemvQ {
-                w,
-                x: g.d(&xd),
-                out: g.d(&od),
-                bias: None,
-                rows: ffn,
-                n_tok: n,
-                x_stride: cols,
-                out_stride: ffn,
-                accumulate: false,
-                swiglu: true,
-            }
-            .launch(&mut g.k, &s)
-            .unwrap();
-            let mut want = vec![0f32; n * ffn];
-            for tk in 0..n {
-                let xt = &x[tk * cols..(tk + 1) * cols];
-                for r in 0..ffn {
-                    let (gate, up) = (dot_row(f.dtype, t.row(r), xt), dot_row(f.dtype, t.row(ffn + r), xt));
-                    want[tk * ffn + r] = gate / (1.0 + (-gate).exp()) * up;
+            let xd = g.up(&x);
+            QuantizeX { x: g.d(&xd), xq: g.d(&xq), n_tok: n, cols, x_stride: cols }.launch(&mut g.k, &s).unwrap();
+            for (kind, q8) in [("swiglu", false), ("swigluq8", true)] {
+                let od = g.poisoned(n * ffn);
+                GemvQ {
+                    w,
+                    x: g.d(&xd),
+                    out: g.d(&od),
+                    bias: None,
+                    rows: ffn,
+                    n_tok: n,
+                    x_stride: cols,
+                    out_stride: ffn,
+                    accumulate: false,
+                    swiglu: true,
+                    xq: q8.then(|| g.d(&xq)),
                 }
+                .launch(&mut g.k, &s)
+                .unwrap();
+                let xin = if q8 { dequantized(&x, cols) } else { x.clone() };
+                let mut want = vec![0f32; n * ffn];
+                for tk in 0..n {
+                    let xt = &xin[tk * cols..(tk + 1) * cols];
+                    for r in 0..ffn {
+                        let (gate, up) = (dot_row(f.dtype, t.row(r), xt), dot_row(f.dtype, t.row(ffn + r), xt));
+                        want[tk * ffn + r] = gate / (1.0 + (-gate).exp()) * up;
+                    }
+                }
+                compare(&op(kind, f.dtype), g.seed, &g.down(&od), &want);
             }
-            compare(&op("swiglu", f.dtype), g.seed, &g.down(&od), &want);
         }
+    }
+}
+
+/// The int8 input (quantize_x_q8) equals its CPU twin bit for bit: the codes, and each run's
+/// scale and scaled code sum; and the dp4a GEMV on it equals `q8x::matmul_q8x`.
+#[test]
+fn int8_activations_equal_the_cpu_twin() {
+    let Some(mut g) = gpu("int8 activations") else { return };
+    let s = g.dev.stream.clone();
+    let (n, cols, rows) = (5, 1024, 64);
+    // A wide dynamic range per block, and one all-zero block (scale 0).
+    let mut x = g.randn(n * cols, 30.0);
+    x[64..96].iter_mut().for_each(|v| *v = 0.0);
+    let xd = g.up(&x);
+    let xq: CudaSlice<u8> = g.zeros(q8x_bytes(n, cols).1);
+    QuantizeX { x: g.d(&xd), xq: g.d(&xq), n_tok: n, cols, x_stride: cols }.launch(&mut g.k, &s).unwrap();
+    let bytes = g.down(&xq);
+    let (xs_off, _) = q8x_bytes(n, cols);
+    for t in 0..n {
+        let (q, ds) = dustoff::backend::cuda::q8x::quantize(&x[t * cols..(t + 1) * cols]);
+        let got: Vec<i8> = bytes[t * cols..(t + 1) * cols].iter().map(|&b| b as i8).collect();
+        assert_eq!(got, q, "token {t}: int8 codes");
+        for run in 0..cols / 16 {
+            let o = xs_off + 8 * (t * (cols / 16) + run);
+            let d = f32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
+            let ds_got = f32::from_le_bytes(bytes[o + 4..o + 8].try_into().unwrap());
+            let sum: i32 = q[16 * run..16 * run + 16].iter().map(|&v| v as i32).sum();
+            assert_eq!(d, ds[run / 2], "token {t} run {run}: scale");
+            assert_eq!(ds_got, d * sum as f32, "token {t} run {run}: scaled sum");
+        }
+    }
+    for f in QFormat::all() {
+        let tw = tensor(&mut g, f.dtype, "w", rows, cols);
+        let (m, _) = DevMat::upload(&s, &[&tw], false, "w").unwrap();
+        let od = g.poisoned(n * rows);
+        GemvQ {
+            w: m.quant(&s).unwrap(),
+            x: g.d(&xd),
+            out: g.d(&od),
+            bias: None,
+            rows,
+            n_tok: n,
+            x_stride: cols,
+            out_stride: rows,
+            accumulate: false,
+            swiglu: false,
+            xq: Some(g.d(&xq)),
+        }
+        .launch(&mut g.k, &s)
+        .unwrap();
+        let mut want = vec![0f32; n * rows];
+        matmul_q8x(&tw, &x, n, &mut want);
+        compare(&op("gemvq8", f.dtype), g.seed, &g.down(&od), &want);
     }
 }
 

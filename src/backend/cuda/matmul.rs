@@ -6,7 +6,7 @@
 //! | F16 | below `tc_min_tokens` (1) | f32 GEMV (gemv_f16.cu) |
 //! | F16 | up to `tc_max_tokens` (16) | tensor-core GEMM (gemm_tc.cu), input cast to F16 |
 //! | F16 | more | cuBLAS |
-//! | block format | 1..=4 (`DUSTOFF_QGEMV_MAX_TOKENS`, up to 8) | GEMV on the packed blocks (gemv_quant.cu), codes unpacked in registers |
+//! | block format | 1..=8 (`DUSTOFF_QGEMV_MAX_TOKENS`) | input quantized to int8 once, then the dp4a GEMV on the packed blocks (gemv_q8.cu); `DUSTOFF_QGEMV_F32=1`: the f32-input GEMV (gemv_quant.cu) |
 //! | block format | more | the matrix (or a row chunk of it) widened into one F16 scratch, reused by every matrix of the step, then the F16 path |
 //!
 //! A `Linear` of several parts (a QKV of mixed formats) runs one product per part into its rows
@@ -17,7 +17,7 @@ use cudarc::driver::CudaStream;
 use super::dmat::{DevMat, Linear};
 use super::kernels::Kernels;
 use super::launch::{self as l, Dev, GEMV_MAX_TOKENS};
-use super::qlaunch::{DequantF16, GemvQ};
+use super::qlaunch::{DequantF16, GemvQ, QView, QuantizeX};
 use super::tc::{GemmTc, TC_MAX_TOKENS};
 use super::tuning::tuning;
 use super::CudaError;
@@ -35,12 +35,26 @@ fn tc_max_tokens() -> usize {
 }
 
 /// Most tokens of a step that read quantized matrices with the GEMV on the packed blocks
-/// (`DUSTOFF_QGEMV_MAX_TOKENS` overrides the default of 4); larger steps widen them to F16.
-/// Measured on the H200 (docs/BENCHMARKS.md, 2026-12-01): at 2 sequences the GEMV path ran
-/// 248 tok/s against 112 widened; at 8, 344 against 436; the kernel times put the crossover
-/// near 6 tokens.
+/// (`DUSTOFF_QGEMV_MAX_TOKENS` overrides the default); larger steps widen them to F16.
+/// The f32-input GEMV measured (docs/BENCHMARKS.md, 2026-12-01): at 2 sequences 248 tok/s
+/// against 112 widened; at 8, 344 against 436, so its default stays 4; the int8 GEMV reads
+/// a quarter of the input bytes per token and serves up to 8.
 fn qgemv_max_tokens() -> usize {
-    tuning().qgemv_max_tokens.unwrap_or(4).min(GEMV_MAX_TOKENS)
+    let default = if q8_acts() { 8 } else { 4 };
+    tuning().qgemv_max_tokens.unwrap_or(default).min(GEMV_MAX_TOKENS)
+}
+
+/// Whether the packed GEMV reads int8-quantized activations (the default).
+fn q8_acts() -> bool {
+    !tuning().qgemv_f32
+}
+
+/// What the step input has been converted into in the `x16` scratch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum XForm {
+    None,
+    F16,
+    Q8,
 }
 
 /// Whether a step of `n` tokens reads `m`'s packed blocks directly (else through the scratch).
@@ -74,7 +88,8 @@ pub struct Product<'w> {
 impl Mm<'_> {
     pub fn run(&mut self, k: &mut Kernels, p: Product) -> Result<(), CudaError> {
         let (rows, cols) = (p.lin.rows(), p.lin.cols());
-        let mut cast = false;
+        // The parts share one conversion of the input (x16 holds either form: redone on a switch).
+        let mut have = XForm::None;
         let mut r0 = 0;
         for m in &p.lin.parts {
             let sub = Sub {
@@ -86,9 +101,19 @@ impl Mm<'_> {
                 out_stride: rows,
                 accumulate: p.accumulate,
             };
-            if !cast && !packed_gemv(m, p.n) && p.n >= tc_min_tokens() {
-                l::CastF16 { x: p.x, out: self.x16, n: p.n * cols }.launch(k, self.s)?;
-                cast = true;
+            let packed = packed_gemv(m, p.n);
+            let want = match (packed, q8_acts()) {
+                (true, true) => XForm::Q8,
+                (false, _) if p.n >= tc_min_tokens() => XForm::F16,
+                _ => XForm::None,
+            };
+            if want != XForm::None && want != have {
+                if want == XForm::Q8 {
+                    QuantizeX { x: p.x, xq: self.x16.bytes(), n_tok: p.n, cols, x_stride: cols }.launch(k, self.s)?;
+                } else {
+                    l::CastF16 { x: p.x, out: self.x16, n: p.n * cols }.launch(k, self.s)?;
+                }
+                have = want;
             }
             self.part(k, sub)?;
             r0 += m.rows;
@@ -112,6 +137,7 @@ impl Mm<'_> {
                     out_stride: p.out_stride,
                     accumulate: p.accumulate,
                     swiglu: false,
+                    xq: q8_acts().then(|| self.x16.bytes()),
                 }
                 .launch(k, self.s);
             }
@@ -157,6 +183,40 @@ impl Mm<'_> {
             .launch(k, self.s);
         }
         self.f16(k, w, m.rows, m.cols, p.bias, p.n, p.out, p.out_stride, p.accumulate)
+    }
+
+    /// `out[t, r] = silu(gate) * up` of a stacked quantized gate/up `w` (`[2 ffn, cols]`) for a
+    /// step of `n` tokens that [`packed_gemv`] serves: the input quantized to int8 into `x16`,
+    /// then the SwiGLU GEMV (or the f32-input one with `DUSTOFF_QGEMV_F32=1`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn swiglu_q(
+        &mut self,
+        k: &mut Kernels,
+        w: QView,
+        x: Dev<f32>,
+        n: usize,
+        out: Dev<f32>,
+        ffn: usize,
+    ) -> Result<(), CudaError> {
+        let cols = w.cols;
+        let xq = q8_acts().then(|| self.x16.bytes());
+        if let Some(xq) = xq {
+            QuantizeX { x, xq, n_tok: n, cols, x_stride: cols }.launch(k, self.s)?;
+        }
+        let g = GemvQ {
+            w,
+            x,
+            out,
+            bias: None,
+            rows: ffn,
+            n_tok: n,
+            x_stride: cols,
+            out_stride: ffn,
+            accumulate: false,
+            swiglu: true,
+            xq,
+        };
+        g.launch(k, self.s)
     }
 
     /// F16 weights `[rows, cols]` times the F16 input already in `x16`.

@@ -89,6 +89,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         source: include_str!("../../../kernels/gemv_quant.cu"),
         entries: &GEMV_QUANT_ENTRIES,
     },
+    KernelFile { name: "gemv_q8", source: include_str!("../../../kernels/gemv_q8.cu"), entries: &GEMV_Q8_ENTRIES },
     kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),
@@ -119,6 +120,28 @@ pub const GEMV_QUANT_ENTRIES: [&str; 64] = q_names!(
     ("gemv_swiglu_", "_n4"),
     ("gemv_swiglu_", "_n8"),
 );
+
+/// `kernels/gemv_q8.cu`: entry `8 * v + format` as in [`GEMV_QUANT_ENTRIES`] (int8
+/// activations, dp4a), then `quantize_x_q8` at 64.
+pub const GEMV_Q8_ENTRIES: [&str; 65] = {
+    let d = q_names!(
+        ("gemvq8_", "_n1"),
+        ("gemvq8_", "_n2"),
+        ("gemvq8_", "_n4"),
+        ("gemvq8_", "_n8"),
+        ("gemvq8_swiglu_", "_n1"),
+        ("gemvq8_swiglu_", "_n2"),
+        ("gemvq8_swiglu_", "_n4"),
+        ("gemvq8_swiglu_", "_n8"),
+    );
+    let mut all = ["quantize_x_q8"; 65];
+    let mut i = 0;
+    while i < 64 {
+        all[i] = d[i];
+        i += 1;
+    }
+    all
+};
 
 /// `kernels/dequant.cu`: `dequant_<fmt>_f16` at `format`, `embedding_<fmt>` at `8 + format`,
 /// then the synthetic-weight fillers.

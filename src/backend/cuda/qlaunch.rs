@@ -1,11 +1,12 @@
-//! Launchers of the quantized-weight kernels (kernels/gemv_quant.cu, kernels/dequant.cu). Same
-//! conventions as `launch`: a struct of arguments, shape checks, `#[repr(C)]` params mirrors.
+//! Launchers of the quantized-weight kernels (kernels/gemv_q8.cu, kernels/gemv_quant.cu,
+//! kernels/dequant.cu). Same conventions as `launch`: a struct of arguments, shape checks,
+//! `#[repr(C)]` params mirrors.
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
 use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
-use super::nvrtc::{DEQUANT_ENTRIES, GEMV_QUANT_ENTRIES};
+use super::nvrtc::{DEQUANT_ENTRIES, GEMV_Q8_ENTRIES, GEMV_QUANT_ENTRIES};
 use super::qformat::QFormat;
 use super::CudaError;
 
@@ -60,8 +61,91 @@ unsafe impl DeviceRepr for GemvQParams {}
 /// Warps (one row each) of a quantized GEMV block (kernels/gemv_quant.cu: GEMVQ_WARPS).
 const GEMVQ_WARPS: usize = 4;
 
+/// Bytes of an int8-quantized step input `[n_tok, cols]` (kernels/quant.cuh, "int8
+/// activations"): `(offset of the scales, total)`: qx `[n_tok, cols]` int8, then from the next
+/// 256-byte boundary xs `[n_tok, cols / 16]` (f32 d, f32 d * sum(q)).
+pub fn q8x_bytes(n_tok: usize, cols: usize) -> (usize, usize) {
+    let xs_off = (n_tok * cols).div_ceil(256) * 256;
+    (xs_off, xs_off + n_tok * (cols / 16) * 8)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct QuantizeXParams {
+    x: u64,
+    qx: u64,
+    xs: u64,
+    n_tok: i32,
+    cols: i32,
+    x_stride: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for QuantizeXParams {}
+
+/// `x [n_tok, x_stride]` f32 quantized into `xq` (layout: [`q8x_bytes`]) in blocks of 32:
+/// the input of the int8 GEMV ([`GemvQ`] with `xq`). CPU twin: `q8x::quantize`.
+pub struct QuantizeX {
+    pub x: Dev<f32>,
+    pub xq: Dev<u8>,
+    pub n_tok: usize,
+    pub cols: usize,
+    pub x_stride: usize,
+}
+
+impl QuantizeX {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "quantize_x_q8";
+        check(K, self.cols.is_multiple_of(32), || format!("{} columns are not whole 32-value blocks", self.cols))?;
+        check(
+            K,
+            self.x_stride.is_multiple_of(4) && self.x.ptr.is_multiple_of(16) && self.cols <= self.x_stride,
+            || format!("input stride {} must be a multiple of 4, the input 16-byte aligned", self.x_stride),
+        )?;
+        check(K, self.xq.ptr.is_multiple_of(256), || "the int8 input must be 256-byte aligned".into())?;
+        need(K, "input", self.x, extent(self.n_tok, self.x_stride, self.cols))?;
+        let (xs_off, total) = q8x_bytes(self.n_tok, self.cols);
+        need(K, "int8 input", self.xq, total)?;
+        let threads = self.n_tok * self.cols / 4;
+        if threads == 0 {
+            return Ok(());
+        }
+        let p = QuantizeXParams {
+            x: self.x.ptr,
+            qx: self.xq.ptr,
+            xs: self.xq.ptr + xs_off as u64,
+            n_tok: i32_of(K, self.n_tok)?,
+            cols: i32_of(K, self.cols)?,
+            x_stride: i32_of(K, self.x_stride)?,
+        };
+        launch(k, s, GEMV_Q8_ENTRIES[64], (blocks_for(K, threads, 256)?, 1, 1), 256, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GemvQ8Params {
+    qs: u64,
+    aux: u64,
+    qx: u64,
+    xs: u64,
+    out: u64,
+    bias: u64,
+    rows: i32,
+    cols: i32,
+    n_tok: i32,
+    out_stride: i32,
+    accumulate: i32,
+    qs_row: i32,
+    aux_row: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for GemvQ8Params {}
+
 /// `out[t, r] (+)= sum_c w[r, c] x[t, c] (+ bias[r])` for `n_tok <= 8`, `w` quantized; with
 /// `swiglu`, `w` is the stacked gate/up `[2 rows, cols]` and `out[t, r] = silu(gate) * up`.
+/// With `xq` (the input already quantized by [`QuantizeX`], `[n_tok, cols]`) the int8 dp4a
+/// kernel (gemv_q8.cu) reads it and `x` is not read; without, the f32-input kernel
+/// (gemv_quant.cu) reads `x`.
 pub struct GemvQ {
     pub w: QView,
     pub x: Dev<f32>,
@@ -74,6 +158,7 @@ pub struct GemvQ {
     pub out_stride: usize,
     pub accumulate: bool,
     pub swiglu: bool,
+    pub xq: Option<Dev<u8>>,
 }
 
 impl GemvQ {
@@ -85,6 +170,45 @@ impl GemvQ {
         let want_rows = if self.swiglu { 2 * self.rows } else { self.rows };
         check(K, self.w.rows == want_rows, || format!("{} weight rows for {} outputs", self.w.rows, self.rows))?;
         check(K, !(self.swiglu && (self.accumulate || self.bias.is_some())), || "SwiGLU takes no bias".into())?;
+        let v = match self.n_tok {
+            1 => 0,
+            2 => 1,
+            3 | 4 => 2,
+            _ => 3,
+        } + if self.swiglu { 4 } else { 0 };
+        // Output rows per warp (RowsPerWarp / RowsPerWarpQ8, halved for SwiGLU).
+        let per_warp = if self.n_tok == 1 { 4 } else { 2 } / if self.swiglu { 2 } else { 1 };
+        let grid = blocks_for(K, self.rows, GEMVQ_WARPS * per_warp)?;
+        if let Some(xq) = self.xq {
+            need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.rows))?;
+            check(K, self.rows <= self.out_stride, || "rows overlap their stride".into())?;
+            check(K, cols.is_multiple_of(32) && xq.ptr.is_multiple_of(256), || "int8 input layout".into())?;
+            let (xs_off, total) = q8x_bytes(self.n_tok, cols);
+            need(K, "int8 input", xq, total)?;
+            if let Some(b) = self.bias {
+                need(K, "bias", b, self.rows)?;
+            }
+            if self.rows == 0 {
+                return Ok(());
+            }
+            let p = GemvQ8Params {
+                qs,
+                aux,
+                qx: xq.ptr,
+                xs: xq.ptr + xs_off as u64,
+                out: self.out.ptr,
+                bias: self.bias.map_or(0, |b| b.ptr),
+                rows: i32_of(K, self.rows)?,
+                cols: i32_of(K, cols)?,
+                n_tok: self.n_tok as i32,
+                out_stride: i32_of(K, self.out_stride)?,
+                accumulate: i32::from(self.accumulate),
+                qs_row,
+                aux_row,
+            };
+            let entry = GEMV_Q8_ENTRIES[8 * v + self.w.fmt.index];
+            return launch(k, s, entry, (grid, 1, 1), (32 * GEMVQ_WARPS) as u32, 0, &p);
+        }
         check(K, self.x_stride.is_multiple_of(4) && self.x.ptr.is_multiple_of(16), || {
             format!("input stride {} must be a multiple of 4 and the input 16-byte aligned", self.x_stride)
         })?;
@@ -97,12 +221,6 @@ impl GemvQ {
         if self.rows == 0 {
             return Ok(());
         }
-        let v = match self.n_tok {
-            1 => 0,
-            2 => 1,
-            3 | 4 => 2,
-            _ => 3,
-        } + if self.swiglu { 4 } else { 0 };
         let p = GemvQParams {
             qs,
             aux,
@@ -119,9 +237,6 @@ impl GemvQ {
             aux_row,
         };
         let entry = GEMV_QUANT_ENTRIES[8 * v + self.w.fmt.index];
-        // Output rows per warp (kernels/gemv_quant.cu: RowsPerWarp, halved for SwiGLU).
-        let per_warp = if self.n_tok == 1 { 4 } else { 2 } / if self.swiglu { 2 } else { 1 };
-        let grid = blocks_for(K, self.rows, GEMVQ_WARPS * per_warp)?;
         launch(k, s, entry, (grid, 1, 1), (32 * GEMVQ_WARPS) as u32, 0, &p)
     }
 }
