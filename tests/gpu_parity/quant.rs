@@ -14,7 +14,7 @@ use dustoff::backend::cuda::launch::Dev;
 use dustoff::backend::cuda::matmul::{Mm, Product};
 use dustoff::backend::cuda::q8x::{dequantized, matmul_q8x};
 use dustoff::backend::cuda::qformat::QFormat;
-use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, EmbeddingQ, GemvQ, QuantizeX};
+use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, EmbeddingQ, GemmQ, GemvQ, QuantizeX};
 use dustoff::backend::cuda::tc::tc64_part_len;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::quant::{dequantize_row, dot_row, quantize_row, GgmlType};
@@ -46,12 +46,13 @@ fn quantized_products_every_format_and_token_count() {
     let s = g.dev.stream.clone();
     let blas = cudarc::cublas::CudaBlas::new(s.clone()).unwrap();
     let cols = 512;
-    let (rows_a, rows_b) = (300, 72);
+    // Whole 64-row tiles: steps of 9..64 tokens take the tensor-core GEMM on the packed blocks.
+    let (rows_a, rows_b) = (320, 64);
     let rows = rows_a + rows_b;
     let nmax = *TOKEN_COUNTS.iter().max().unwrap();
     let x16: CudaSlice<u16> = g.zeros(nmax.max(16) * cols);
     let part: CudaSlice<f32> = g.zeros(tc64_part_len(rows, cols, 64).max(1));
-    // Room for 128 rows only: the 300-row part is widened in three chunks.
+    // Room for 128 rows only: at 300 tokens the 320-row part is widened in three chunks.
     let wide: CudaSlice<u16> = g.zeros(128 * cols);
     for f in QFormat::all() {
         let ta = tensor(&mut g, f.dtype, "a", rows_a, cols);
@@ -77,6 +78,8 @@ fn quantized_products_every_format_and_token_count() {
             for (i, v) in want.iter_mut().enumerate() {
                 *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
             }
+            // 9..64 tokens: the GEMM on the packed blocks; 300: widened (x16 holds 300 rows, the
+            // GEMM would read 320); both round weights and input to F16 (the "wide" tolerance).
             let kind = if gemv { "gemvq8" } else { "wide" };
             eprintln!("{} n={n}", f.dtype);
             let got = g.down(&od);
@@ -128,6 +131,56 @@ fn two_part(ta: &Tensor, tb: &Tensor, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32
         plain.extend_from_slice(&wb[t * rows_b..(t + 1) * rows_b]);
     }
     (plain, wa)
+}
+
+/// Every format, 9..100 tokens: the tensor-core GEMM on the packed blocks (gemm_quant.cu) equals
+/// its twin, the product of the CPU decoder's weights and the input both rounded to F16 (as the
+/// kernel stages them), summed in f64; with split-K (a scratch for 2 splits) and without.
+#[test]
+fn packed_gemm_equals_f16_rounded_twin() {
+    let Some(mut g) = gpu("packed gemm") else { return };
+    let s = g.dev.stream.clone();
+    let (rows, cols) = (192, 1024);
+    let part: CudaSlice<f32> = g.zeros(2 * 128 * rows);
+    for f in QFormat::all() {
+        let t = tensor(&mut g, f.dtype, "w", rows, cols);
+        let (m, _) = DevMat::upload(&s, &[&t], false, "w").unwrap();
+        let mut w16 = vec![0f32; rows * cols];
+        for (r, o) in w16.chunks_exact_mut(cols).enumerate() {
+            dequantize_row(f.dtype, t.row(r), o);
+            o.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+        }
+        // 100 tokens: two blocks of 64 along z.
+        for (n, split) in [(9usize, false), (16, true), (33, true), (64, false), (100, true)] {
+            let x = f16_vals(&super::f16_bits(&g.randn(n * cols, 2.0)));
+            let mut xpad = super::f16_bits(&x);
+            xpad.resize(GemmQ::input_rows(n) * cols, 0);
+            let xd = g.up(&xpad);
+            let bias = g.randn(rows, 1.0);
+            let bd = g.up(&bias);
+            let od = g.poisoned(n * rows);
+            GemmQ {
+                w: m.quant(&s).unwrap(),
+                x16: g.d(&xd),
+                out: g.d(&od),
+                bias: Some(g.d(&bd)),
+                n_tok: n,
+                out_stride: rows,
+                accumulate: false,
+                part: split.then(|| g.d(&part)),
+            }
+            .launch(&mut g.k, &s)
+            .unwrap();
+            let mut want = vec![0f32; n * rows];
+            for tk in 0..n {
+                for r in 0..rows {
+                    let dot: f64 = (0..cols).map(|c| w16[r * cols + c] as f64 * x[tk * cols + c] as f64).sum();
+                    want[tk * rows + r] = (dot + bias[r] as f64) as f32;
+                }
+            }
+            compare(&op("gemmq", f.dtype), g.seed, &g.down(&od), &want);
+        }
+    }
 }
 
 /// Every format: the widened F16 matrix equals the CPU decoder's values rounded to F16 (bit for

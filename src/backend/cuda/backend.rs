@@ -358,7 +358,11 @@ impl CudaBackend {
             }
         }
         let quantized = formats.iter().any(|f| QFormat::of(f.0).is_some());
-        let wide = if quantized { Some(zeros::<u16>(s, wide_len(c), "F16 scratch of widened weights")?) } else { None };
+        let wide = if quantized && wide_len(c) > 0 {
+            Some(zeros::<u16>(s, wide_len(c), "F16 scratch of widened weights")?)
+        } else {
+            None
+        };
         let use_graphs = std::env::var(GRAPHS_ENV).map_or(true, |v| v != "0");
         let mut b = CudaBackend {
             cfg,
@@ -477,7 +481,11 @@ fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, us
 
 /// Elements of the F16 scratch that quantized matrices are widened into: the largest layer
 /// matrix (the head goes through it in row chunks).
+/// None (0) where every quantized matrix goes through the packed GEMM (matmul.rs).
 pub fn wide_len(c: &ModelConfig) -> usize {
+    if !super::matmul::wide_scratch_needed(c) {
+        return 0;
+    }
     let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
     [(q + 2 * kv) * d, d * q, 2 * f * d, d * f, 128 * d].into_iter().max().unwrap_or(0)
 }

@@ -7,7 +7,8 @@
 //! | F16 | up to `tc_max_tokens` (16) | tensor-core GEMM (gemm_tc.cu), input cast to F16 |
 //! | F16 | more | cuBLAS |
 //! | block format | 1..=8 (`DUSTOFF_QGEMV_MAX_TOKENS`) | input quantized to int8 once, then the dp4a GEMV on the packed blocks (gemv_q8.cu); `DUSTOFF_QGEMV_F32=1`: the f32-input GEMV (gemv_quant.cu) |
-//! | block format | more | the matrix (or a row chunk of it) widened into one F16 scratch, reused by every matrix of the step, then the F16 path |
+//! | block format | 9.. (whole 64 x 128 tiles; `DUSTOFF_QGEMM_MAX_TOKENS`) | tensor-core GEMM dequantizing its tiles into shared memory (gemm_quant.cu) |
+//! | block format | other shapes, or above that | the matrix (or a row chunk of it) widened into one F16 scratch, reused by every matrix of the step, then the F16 path |
 //!
 //! A `Linear` of several parts (a QKV of mixed formats) runs one product per part into its rows
 //! of the output.
@@ -17,10 +18,11 @@ use cudarc::driver::CudaStream;
 use super::dmat::{DevMat, Linear};
 use super::kernels::Kernels;
 use super::launch::{self as l, Dev, GEMV_MAX_TOKENS};
-use super::qlaunch::{DequantF16, GemvQ, QView, QuantizeX};
+use super::qlaunch::{DequantF16, GemmQ, GemvQ, QView, QuantizeX};
 use super::tc::{GemmTc, TC_MAX_TOKENS};
 use super::tuning::tuning;
 use super::CudaError;
+use crate::model::config::ModelConfig;
 
 /// Fewest tokens that take the tensor-core GEMM instead of the f32 GEMV on F16 weights (at most
 /// 8 use the GEMV). `DUSTOFF_TC_MIN_TOKENS` overrides the default of 2 (for comparisons).
@@ -42,6 +44,25 @@ fn tc_max_tokens() -> usize {
 fn qgemv_max_tokens() -> usize {
     let default = if q8_acts() { 8 } else { 4 };
     tuning().qgemv_max_tokens.unwrap_or(default).min(GEMV_MAX_TOKENS)
+}
+
+/// Most tokens of a step for the tensor-core GEMM on the packed blocks; larger steps widen
+/// the matrices to F16 (`DUSTOFF_QGEMM_MAX_TOKENS`; 0 widens every step above the GEMV's).
+fn qgemm_max_tokens() -> usize {
+    tuning().qgemm_max_tokens.unwrap_or(usize::MAX)
+}
+
+/// Whether quantized models of shape `c` need the F16 scratch that matrices are widened into:
+/// some matrix shape the packed GEMM does not take (rows a multiple of 64, columns of 128; the
+/// parts of a mixed QKV or gate/up included), a mixture-of-experts or hybrid model (their other
+/// matrices may go through the scratch), or `DUSTOFF_QGEMM_MAX_TOKENS` set.
+pub fn wide_scratch_needed(c: &ModelConfig) -> bool {
+    if c.moe.is_some() || c.hybrid.is_some() || tuning().qgemm_max_tokens.is_some() {
+        return true;
+    }
+    let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+    let shapes = [(q + 2 * kv, d), (q + kv, d), (q, d), (kv, d), (d, q), (2 * f, d), (f, d), (d, f), (c.vocab_size, d)];
+    !shapes.iter().all(|&(rows, cols)| GemmQ::fits(rows, cols))
 }
 
 /// Whether the packed GEMV reads int8-quantized activations (the default).
@@ -140,6 +161,22 @@ impl Mm<'_> {
                     xq: q8_acts().then(|| self.x16.bytes()),
                 }
                 .launch(k, self.s);
+            }
+            if p.n <= qgemm_max_tokens()
+                && GemmQ::fits(m.rows, m.cols)
+                && GemmQ::input_rows(p.n) * m.cols <= self.x16.len
+            {
+                let g = GemmQ {
+                    w,
+                    x16: self.x16,
+                    out: p.out,
+                    bias: p.bias,
+                    n_tok: p.n,
+                    out_stride: p.out_stride,
+                    accumulate: p.accumulate,
+                    part: Some(self.part),
+                };
+                return g.launch(k, self.s);
             }
             // Row chunks that fit the scratch (the output head is larger than any layer matrix).
             let wide = self.wide.filter(|d| d.len >= 128 * m.cols).ok_or_else(|| CudaError::Shape {

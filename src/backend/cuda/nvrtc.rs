@@ -89,6 +89,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         source: include_str!("../../../kernels/gemv_quant.cu"),
         entries: &GEMV_QUANT_ENTRIES,
     },
+    KernelFile {
+        name: "gemm_quant",
+        source: include_str!("../../../kernels/gemm_quant.cu"),
+        entries: &GEMM_QUANT_ENTRIES,
+    },
     KernelFile { name: "gemv_q8", source: include_str!("../../../kernels/gemv_q8.cu"), entries: &GEMV_Q8_ENTRIES },
     kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
@@ -137,6 +142,19 @@ pub const GEMV_Q8_ENTRIES: [&str; 65] = {
     let mut all = ["quantize_x_q8"; 65];
     let mut i = 0;
     while i < 64 {
+        all[i] = d[i];
+        i += 1;
+    }
+    all
+};
+
+/// `kernels/gemm_quant.cu`: entry `8 * (tiles of 16 tokens - 1) + format`, then
+/// `splitk_reduce_q` at 32.
+pub const GEMM_QUANT_ENTRIES: [&str; 33] = {
+    let d = q_names!(("gemmq_", "_t16"), ("gemmq_", "_t32"), ("gemmq_", "_t48"), ("gemmq_", "_t64"));
+    let mut all = ["splitk_reduce_q"; 33];
+    let mut i = 0;
+    while i < 32 {
         all[i] = d[i];
         i += 1;
     }

@@ -6,7 +6,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
 use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
-use super::nvrtc::{DEQUANT_ENTRIES, GEMV_Q8_ENTRIES, GEMV_QUANT_ENTRIES};
+use super::nvrtc::{DEQUANT_ENTRIES, GEMM_QUANT_ENTRIES, GEMV_Q8_ENTRIES, GEMV_QUANT_ENTRIES};
 use super::qformat::QFormat;
 use super::CudaError;
 
@@ -238,6 +238,142 @@ impl GemvQ {
         };
         let entry = GEMV_QUANT_ENTRIES[8 * v + self.w.fmt.index];
         launch(k, s, entry, (grid, 1, 1), (32 * GEMVQ_WARPS) as u32, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GemmQParams {
+    qs: u64,
+    aux: u64,
+    x: u64,
+    out: u64,
+    bias: u64,
+    part: u64,
+    rows: i32,
+    cols: i32,
+    n_tok: i32,
+    out_stride: i32,
+    accumulate: i32,
+    qs_row: i32,
+    aux_row: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for GemmQParams {}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct SplitReduceParams {
+    part: u64,
+    out: u64,
+    bias: u64,
+    rows: i32,
+    n_tok: i32,
+    out_stride: i32,
+    accumulate: i32,
+    nk: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
+unsafe impl DeviceRepr for SplitReduceParams {}
+
+/// Rows and columns of the weight tile of one block (kernels/gemm_quant.cu: QG_BM, QG_BK).
+const GEMMQ_BM: usize = 64;
+const GEMMQ_BK: usize = 128;
+/// Blocks the GEMM aims for (split-K below it): ~2 per SM on an H200, 3 on a V100.
+const GEMMQ_TARGET_BLOCKS: usize = 256;
+
+/// `out[t, r] (+)= sum_c w[r, c] x16[t, c] (+ bias[r])` for 9+ tokens on the packed weights
+/// (kernels/gemm_quant.cu: tiles dequantized into shared memory, wmma): `x16` is the step
+/// input cast to F16 (`[ceil16(n_tok), cols]`, above 64 tokens `[ceil64(n_tok), cols]`; rows
+/// past `n_tok` read and dropped);
+/// `part` the split-K scratch (`[k, n_tok, rows]` f32; the splits shrink to what it holds).
+pub struct GemmQ {
+    pub w: QView,
+    pub x16: Dev<u16>,
+    pub out: Dev<f32>,
+    pub bias: Option<Dev<f32>>,
+    pub n_tok: usize,
+    pub out_stride: usize,
+    pub accumulate: bool,
+    pub part: Option<Dev<f32>>,
+}
+
+impl GemmQ {
+    /// Whether the kernel takes a `[rows, cols]` matrix (whole 64-row, 128-column tiles).
+    pub fn fits(rows: usize, cols: usize) -> bool {
+        rows.is_multiple_of(GEMMQ_BM) && cols.is_multiple_of(GEMMQ_BK) && rows > 0
+    }
+
+    /// Rows of F16 input the kernel reads for `n_tok` tokens.
+    pub fn input_rows(n_tok: usize) -> usize {
+        if n_tok <= 64 {
+            n_tok.div_ceil(16) * 16
+        } else {
+            n_tok.div_ceil(64) * 64
+        }
+    }
+
+    /// K splits for `[rows, cols]` at `n_tok` tokens with `part_len` floats of scratch.
+    pub fn splits(rows: usize, cols: usize, n_tok: usize, part_len: usize) -> usize {
+        let blocks = (rows / GEMMQ_BM).max(1) * n_tok.div_ceil(64);
+        let want = GEMMQ_TARGET_BLOCKS.div_ceil(blocks).clamp(1, (cols / GEMMQ_BK / 2).max(1));
+        match part_len / (n_tok * rows).max(1) {
+            0 | 1 => 1,
+            fit => want.min(fit),
+        }
+    }
+
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "gemm_quant";
+        let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
+        let (rows, cols, n) = (self.w.rows, self.w.cols, self.n_tok);
+        check(K, Self::fits(rows, cols), || format!("[{rows}, {cols}] is not whole 64 x 128 tiles"))?;
+        check(K, n >= 1, || "no tokens".into())?;
+        check(K, rows <= self.out_stride, || "rows overlap their stride".into())?;
+        check(K, self.x16.ptr.is_multiple_of(16), || "the F16 input must be 16-byte aligned".into())?;
+        // Tiles of 16 tokens per block (4 above 64 tokens), blocks of 64 tokens along z.
+        let tiles = n.div_ceil(16).min(4);
+        let z = n.div_ceil(64);
+        need(K, "input", self.x16, Self::input_rows(n) * cols)?;
+        need(K, "output", self.out, extent(n, self.out_stride, rows))?;
+        if let Some(b) = self.bias {
+            need(K, "bias", b, rows)?;
+        }
+        let nk = Self::splits(rows, cols, n, self.part.map_or(0, |p| p.len));
+        let mut p = GemmQParams {
+            qs,
+            aux,
+            x: self.x16.ptr,
+            out: self.out.ptr,
+            bias: self.bias.map_or(0, |b| b.ptr),
+            part: 0,
+            rows: i32_of(K, rows)?,
+            cols: i32_of(K, cols)?,
+            n_tok: n as i32,
+            out_stride: i32_of(K, self.out_stride)?,
+            accumulate: i32::from(self.accumulate),
+            qs_row,
+            aux_row,
+        };
+        let entry = GEMM_QUANT_ENTRIES[8 * (tiles - 1) + self.w.fmt.index];
+        let grid = ((rows / GEMMQ_BM) as u32, nk as u32, u32::try_from(z).unwrap_or(u32::MAX));
+        if nk == 1 {
+            return launch(k, s, entry, grid, 128, 0, &p);
+        }
+        let part = self.part.expect("splits > 1 only with a scratch");
+        p.part = part.ptr;
+        launch(k, s, entry, grid, 128, 0, &p)?;
+        let r = SplitReduceParams {
+            part: part.ptr,
+            out: self.out.ptr,
+            bias: p.bias,
+            rows: p.rows,
+            n_tok: p.n_tok,
+            out_stride: p.out_stride,
+            accumulate: p.accumulate,
+            nk: nk as i32,
+        };
+        launch(k, s, GEMM_QUANT_ENTRIES[32], (blocks_for(K, n * rows, 256)?, 1, 1), 256, 0, &r)
     }
 }
 
