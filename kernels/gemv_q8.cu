@@ -64,8 +64,8 @@ struct GemvQ8Params {
 
 #define GEMVQ8_WARPS 4
 #define GEMVQ8_UNROLL 2
-
-template <int NT> struct RowsPerWarpQ8 { enum { N = NT == 1 ? 4 : 2 }; };
+// Weight rows per warp: 4 at one token, 2 at more (the entries below); the _n1r2 entries
+// (DUSTOFF_QGEMV_ROWS=2) read 2 rows per warp at one token, with twice the warps.
 
 // Sums of NR weight rows with the NT int8 inputs, reduced over the warp.
 template <class F, int NT, int NR>
@@ -114,9 +114,8 @@ __device__ __forceinline__ void row_sums_q8(const GemvQ8Params& p, const QRow* r
 }
 
 // Warp w of block b computes output rows (b * GEMVQ8_WARPS + w) * R .. + R.
-template <class F, int NT>
+template <class F, int NT, int R>
 __device__ __forceinline__ void gemv_q8_impl(const GemvQ8Params& p) {
-    constexpr int R = RowsPerWarpQ8<NT>::N;
     const int row0 = (blockIdx.x * GEMVQ8_WARPS + threadIdx.x / WARP) * R;
     if (row0 >= p.rows) return;  // whole warps only: no block-wide synchronization below
     QRow rows[R];
@@ -139,9 +138,8 @@ __device__ __forceinline__ void gemv_q8_impl(const GemvQ8Params& p) {
 
 // Warp w of block b computes output rows (b * GEMVQ8_WARPS + w) * R / 2 .. + R / 2 from their
 // gate rows and up rows.
-template <class F, int NT>
+template <class F, int NT, int R>
 __device__ __forceinline__ void gemv_swiglu_q8_impl(const GemvQ8Params& p) {
-    constexpr int R = RowsPerWarpQ8<NT>::N / 2;
     const int row0 = (blockIdx.x * GEMVQ8_WARPS + threadIdx.x / WARP) * R;
     if (row0 >= p.rows) return;
     QRow rows[2 * R];
@@ -164,16 +162,20 @@ __device__ __forceinline__ void gemv_swiglu_q8_impl(const GemvQ8Params& p) {
             }
 }
 
-// grid: ceil(rows / (GEMVQ8_WARPS * R)) with R = RowsPerWarpQ8 (halved for SwiGLU), block:
-// 32 * GEMVQ8_WARPS.
-#define GEMVQ8_ENTRIES(name, F)                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) gemvq8_##name##_n1(const GemvQ8Params p) { gemv_q8_impl<F, 1>(p); } \
-    extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) gemvq8_##name##_n2(const GemvQ8Params p) { gemv_q8_impl<F, 2>(p); } \
-    extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) gemvq8_##name##_n4(const GemvQ8Params p) { gemv_q8_impl<F, 4>(p); } \
-    extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) gemvq8_##name##_n8(const GemvQ8Params p) { gemv_q8_impl<F, 8>(p); } \
-    extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) gemvq8_swiglu_##name##_n1(const GemvQ8Params p) { gemv_swiglu_q8_impl<F, 1>(p); } \
-    extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) gemvq8_swiglu_##name##_n2(const GemvQ8Params p) { gemv_swiglu_q8_impl<F, 2>(p); } \
-    extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) gemvq8_swiglu_##name##_n4(const GemvQ8Params p) { gemv_swiglu_q8_impl<F, 4>(p); } \
-    extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) gemvq8_swiglu_##name##_n8(const GemvQ8Params p) { gemv_swiglu_q8_impl<F, 8>(p); }
+// grid: ceil(rows / (GEMVQ8_WARPS * R)) with R the output rows per warp (the SwiGLU entries
+// read 2 R weight rows), block: 32 * GEMVQ8_WARPS.
+#define GEMVQ8_ENTRY(kname, impl, NT, R, F) \
+    extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) kname(const GemvQ8Params p) { impl<F, NT, R>(p); }
+#define GEMVQ8_ENTRIES(name, F)                                                 \
+    GEMVQ8_ENTRY(gemvq8_##name##_n1, gemv_q8_impl, 1, 4, F)                     \
+    GEMVQ8_ENTRY(gemvq8_##name##_n2, gemv_q8_impl, 2, 2, F)                     \
+    GEMVQ8_ENTRY(gemvq8_##name##_n4, gemv_q8_impl, 4, 2, F)                     \
+    GEMVQ8_ENTRY(gemvq8_##name##_n8, gemv_q8_impl, 8, 2, F)                     \
+    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n1, gemv_swiglu_q8_impl, 1, 2, F)       \
+    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n2, gemv_swiglu_q8_impl, 2, 1, F)       \
+    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n4, gemv_swiglu_q8_impl, 4, 1, F)       \
+    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n8, gemv_swiglu_q8_impl, 8, 1, F)       \
+    GEMVQ8_ENTRY(gemvq8_##name##_n1r2, gemv_q8_impl, 1, 2, F)                   \
+    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n1r2, gemv_swiglu_q8_impl, 1, 1, F)
 
 FOR_EACH_QFORMAT(GEMVQ8_ENTRIES)

@@ -253,7 +253,8 @@ fn dequant_embedding_and_swiglu_every_format() {
 }
 
 /// The int8 input (quantize_x_q8) equals its CPU twin bit for bit: the codes, and each run's
-/// scale and scaled code sum; and the dp4a GEMV on it equals `q8x::matmul_q8x`.
+/// scale and scaled code sum; and the dp4a GEMV on it equals `q8x::matmul_q8x` (5 tokens;
+/// 1 token with 4 and 2 weight rows per warp, plain and SwiGLU).
 #[test]
 fn int8_activations_equal_the_cpu_twin() {
     let Some(mut g) = gpu("int8 activations") else { return };
@@ -280,28 +281,46 @@ fn int8_activations_equal_the_cpu_twin() {
             assert_eq!(ds_got, d * sum as f32, "token {t} run {run}: scaled sum");
         }
     }
+    let (xq1, x1) = (g.zeros::<u8>(q8x_bytes(1, cols).1), g.up(&x[..cols]));
+    QuantizeX { x: g.d(&x1), xq: g.d(&xq1), n_tok: 1, cols, x_stride: cols }.launch(&mut g.k, &s).unwrap();
     for f in QFormat::all() {
         let tw = tensor(&mut g, f.dtype, "w", rows, cols);
         let (m, _) = DevMat::upload(&s, &[&tw], false, "w").unwrap();
-        let od = g.poisoned(n * rows);
-        GemvQ {
-            w: m.quant(&s).unwrap(),
-            x: g.d(&xd),
-            out: g.d(&od),
-            bias: None,
-            rows,
-            n_tok: n,
-            x_stride: cols,
-            out_stride: rows,
-            accumulate: false,
-            swiglu: false,
-            xq: Some(g.d(&xq)),
+        // n tokens, then 1 token with 4 and with 2 weight rows per warp (the plain and the
+        // SwiGLU entries: gate rows 0..rows / 2, up rows after them).
+        let mut cases = vec![(n, false, false)];
+        for swiglu in [false, true] {
+            cases.extend([(1, false, swiglu), (1, true, swiglu)]);
         }
-        .launch(&mut g.k, &s)
-        .unwrap();
-        let mut want = vec![0f32; n * rows];
-        matmul_q8x(&tw, &x, n, &mut want);
-        compare(&op("gemvq8", f.dtype), g.seed, &g.down(&od), &want);
+        for (nt, rows2, swiglu) in cases {
+            let (xin, xqd) = if nt == 1 { (&x1, &xq1) } else { (&xd, &xq) };
+            let out_rows = if swiglu { rows / 2 } else { rows };
+            let od = g.poisoned(nt * out_rows);
+            GemvQ {
+                w: m.quant(&s).unwrap(),
+                x: g.d(xin),
+                out: g.d(&od),
+                bias: None,
+                rows: out_rows,
+                n_tok: nt,
+                x_stride: cols,
+                out_stride: out_rows,
+                accumulate: false,
+                swiglu,
+                xq: Some(g.d(xqd)),
+            }
+            .launch_rows(&mut g.k, &s, rows2)
+            .unwrap();
+            let mut want = vec![0f32; nt * rows];
+            matmul_q8x(&tw, &x[..nt * cols], nt, &mut want);
+            if swiglu {
+                let (gate, up) = want.split_at(rows / 2);
+                want = gate.iter().zip(up).map(|(&a, &b)| a / (1.0 + (-a).exp()) * b).collect();
+            }
+            let kind = if swiglu { "swigluq8" } else { "gemvq8" };
+            eprintln!("{} n={nt} rows2={rows2} swiglu={swiglu}", f.dtype);
+            compare(&op(kind, f.dtype), g.seed, &g.down(&od), &want);
+        }
     }
 }
 

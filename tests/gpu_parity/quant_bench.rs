@@ -49,7 +49,11 @@ fn quant_kernel_breakdown() {
             for n in [1usize, 8] {
                 // f32: the f32-input kernel (DUSTOFF_QGEMV_F32=1); int8: quantize_x_q8 then the
                 // dp4a kernel (both launches timed: the default path's cost per matrix input).
-                for q8 in [false, true] {
+                // int8r2: 2 weight rows per warp (DUSTOFF_QGEMV_ROWS=2), 1 token only.
+                for (kind, q8, rows2) in [("f32   ", false, false), ("int8  ", true, false), ("int8r2", true, true)] {
+                    if rows2 && n != 1 {
+                        continue;
+                    }
                     let dt = time(&mut g, &mut |g| {
                         let w = ws[i % n_copies].quant(&s).unwrap();
                         i += 1;
@@ -71,10 +75,9 @@ fn quant_kernel_breakdown() {
                             swiglu,
                             xq: q8.then(|| g.d(&xq)),
                         }
-                        .launch(&mut g.k, &s)
+                        .launch_rows(&mut g.k, &s, rows2)
                         .unwrap();
                     });
-                    let kind = if q8 { "int8" } else { "f32 " };
                     eprintln!(
                         "gemv {name} {kind} {what:15} [{all_rows}x{cols}] {n} tok: {:8.1} us {:7.0} GB/s ({:.0}% of copy)",
                         dt * 1e6,

@@ -479,15 +479,10 @@ fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, us
     v
 }
 
-/// Elements of the F16 scratch that quantized matrices are widened into: the largest layer
-/// matrix (the head goes through it in row chunks).
-/// None (0) where every quantized matrix goes through the packed GEMM (matmul.rs).
+/// Elements of the F16 scratch that quantized matrices are widened into (matmul.rs: 0 where
+/// the packed GEMM takes every step).
 pub fn wide_len(c: &ModelConfig) -> usize {
-    if !super::matmul::wide_scratch_needed(c) {
-        return 0;
-    }
-    let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-    [(q + 2 * kv) * d, d * q, 2 * f * d, d * f, 128 * d].into_iter().max().unwrap_or(0)
+    super::matmul::wide_scratch_len(c)
 }
 
 impl Backend for CudaBackend {

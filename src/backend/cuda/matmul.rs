@@ -46,23 +46,43 @@ fn qgemv_max_tokens() -> usize {
     tuning().qgemv_max_tokens.unwrap_or(default).min(GEMV_MAX_TOKENS)
 }
 
+/// Most tokens of a step for the tensor-core GEMM on the packed blocks by default (larger
+/// steps widen the matrices to F16 for cuBLAS).
+const QGEMM_MAX_TOKENS: usize = usize::MAX;
+
 /// Most tokens of a step for the tensor-core GEMM on the packed blocks; larger steps widen
 /// the matrices to F16 (`DUSTOFF_QGEMM_MAX_TOKENS`; 0 widens every step above the GEMV's).
 fn qgemm_max_tokens() -> usize {
-    tuning().qgemm_max_tokens.unwrap_or(usize::MAX)
+    tuning().qgemm_max_tokens.unwrap_or(QGEMM_MAX_TOKENS)
 }
 
 /// Whether quantized models of shape `c` need the F16 scratch that matrices are widened into:
 /// some matrix shape the packed GEMM does not take (rows a multiple of 64, columns of 128; the
-/// parts of a mixed QKV or gate/up included), a mixture-of-experts or hybrid model (their other
-/// matrices may go through the scratch), or `DUSTOFF_QGEMM_MAX_TOKENS` set.
+/// parts of a mixed QKV or gate/up included), steps the GEMM does not serve
+/// ([`qgemm_max_tokens`]), or a mixture-of-experts or hybrid model (their other matrices may
+/// go through the scratch).
 pub fn wide_scratch_needed(c: &ModelConfig) -> bool {
-    if c.moe.is_some() || c.hybrid.is_some() || tuning().qgemm_max_tokens.is_some() {
+    if c.moe.is_some() || c.hybrid.is_some() || qgemm_max_tokens() != usize::MAX {
         return true;
     }
     let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
     let shapes = [(q + 2 * kv, d), (q + kv, d), (q, d), (kv, d), (d, q), (2 * f, d), (f, d), (d, f), (c.vocab_size, d)];
     !shapes.iter().all(|&(rows, cols)| GemmQ::fits(rows, cols))
+}
+
+/// Most elements of the F16 scratch (32 MB): larger matrices are widened in row chunks, each
+/// followed by its F16 GEMM (still large: 1,280 rows of the Qwen3-8B down matrix at least).
+const WIDE_CAP: usize = 16 << 20;
+
+/// Elements of the F16 scratch for widened quantized matrices (0 where none is needed): the
+/// largest layer matrix up to [`WIDE_CAP`], and at least 128 rows of the widest one.
+pub fn wide_scratch_len(c: &ModelConfig) -> usize {
+    if !wide_scratch_needed(c) {
+        return 0;
+    }
+    let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+    let largest = [(q + 2 * kv) * d, d * q, 2 * f * d, d * f].into_iter().max().unwrap_or(0);
+    largest.min(WIDE_CAP).max(128 * d.max(q).max(f))
 }
 
 /// Whether the packed GEMV reads int8-quantized activations (the default).

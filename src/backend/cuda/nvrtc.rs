@@ -127,8 +127,9 @@ pub const GEMV_QUANT_ENTRIES: [&str; 64] = q_names!(
 );
 
 /// `kernels/gemv_q8.cu`: entry `8 * v + format` as in [`GEMV_QUANT_ENTRIES`] (int8
-/// activations, dp4a), then `quantize_x_q8` at 64.
-pub const GEMV_Q8_ENTRIES: [&str; 65] = {
+/// activations, dp4a), v = 8 / 9 the 1-token GEMV / SwiGLU GEMV with 2 weight rows per warp,
+/// then `quantize_x_q8` at 80.
+pub const GEMV_Q8_ENTRIES: [&str; 81] = {
     let d = q_names!(
         ("gemvq8_", "_n1"),
         ("gemvq8_", "_n2"),
@@ -138,10 +139,12 @@ pub const GEMV_Q8_ENTRIES: [&str; 65] = {
         ("gemvq8_swiglu_", "_n2"),
         ("gemvq8_swiglu_", "_n4"),
         ("gemvq8_swiglu_", "_n8"),
+        ("gemvq8_", "_n1r2"),
+        ("gemvq8_swiglu_", "_n1r2"),
     );
-    let mut all = ["quantize_x_q8"; 65];
+    let mut all = ["quantize_x_q8"; 81];
     let mut i = 0;
-    while i < 64 {
+    while i < 80 {
         all[i] = d[i];
         i += 1;
     }

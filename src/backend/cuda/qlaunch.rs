@@ -117,7 +117,7 @@ impl QuantizeX {
             cols: i32_of(K, self.cols)?,
             x_stride: i32_of(K, self.x_stride)?,
         };
-        launch(k, s, GEMV_Q8_ENTRIES[64], (blocks_for(K, threads, 256)?, 1, 1), 256, 0, &p)
+        launch(k, s, GEMV_Q8_ENTRIES[80], (blocks_for(K, threads, 256)?, 1, 1), 256, 0, &p)
     }
 }
 
@@ -163,6 +163,12 @@ pub struct GemvQ {
 
 impl GemvQ {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        self.launch_rows(k, s, super::tuning::tuning().qgemv_rows2)
+    }
+
+    /// As [`GemvQ::launch`]; `rows2`: the 1-token int8 kernel reads 2 weight rows per warp
+    /// instead of 4 (`DUSTOFF_QGEMV_ROWS=2` sets it for `launch`).
+    pub fn launch_rows(&self, k: &mut Kernels, s: &CudaStream, rows2: bool) -> Result<(), CudaError> {
         const K: &str = "gemv_quant";
         let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
         let cols = self.w.cols;
@@ -205,6 +211,12 @@ impl GemvQ {
                 accumulate: i32::from(self.accumulate),
                 qs_row,
                 aux_row,
+            };
+            // One token with 2 weight rows per warp: twice the blocks.
+            let (v, grid) = if self.n_tok == 1 && rows2 {
+                (if self.swiglu { 9 } else { 8 }, blocks_for(K, self.rows, GEMVQ_WARPS * per_warp / 2)?)
+            } else {
+                (v, grid)
             };
             let entry = GEMV_Q8_ENTRIES[8 * v + self.w.fmt.index];
             return launch(k, s, entry, (grid, 1, 1), (32 * GEMVQ_WARPS) as u32, 0, &p);
