@@ -1,20 +1,21 @@
 // Decode GEMV on quantized weights with int8 activations (the default for 1..8 tokens):
-// - quantize_x_q8: the step input x [n_tok, x_stride] f32 -> qx [n_tok, cols] int8 and
-//   xs [n_tok, cols / 16] float2 (layout and rounding: quant.cuh, "int8 activations"), once per
-//   matrix input (the parts of a mixed QKV, gate/up share it);
+// - quantize_x_q8: the step input x [n_tok, x_stride] f32 -> qx, ql [n_tok, cols] int8 (hi
+//   and lo planes) and xs [n_tok, cols / 16] float2 (layout and rounding: quant.cuh, "int8
+//   activations"), once per matrix input (the parts of a mixed QKV, gate/up share it);
 // - gemvq8_<fmt>_n{1,2,4,8} / gemvq8_swiglu_<fmt>_n*: out[t, r] (+)= sum_c W[r, c] x[t, c]
-//   with W packed (quant.cuh), 16 weights x 16 int8 inputs per 4 dp4a, f32 accumulation.
+//   with W packed (quant.cuh), 16 weights x 16 inputs per 8 dp4a, f32 accumulation.
 // A warp per 4 rows (1 token) or 2 rows (2..8 tokens); lane i takes units i, i + 32, ... of each
 // row (2 units' loads in flight before decoding), each token's 16 int8 inputs (one 16-byte load
-// and one 8-byte scale load) serve all the warp's rows; one warp_sum per output (fixed order:
+// and one 8-byte scale load, twice 16 bytes of codes) serve all the warp's rows; one warp_sum per output (fixed order:
 // deterministic). The SwiGLU variant reads gate rows then up rows (stacked [2 rows, cols]).
 #include "common.cuh"
 #include "quant.cuh"
 
 struct QuantizeXParams {
     const float* x;  // [n_tok, x_stride] f32
-    u8_t* qx;        // [n_tok, cols] int8
-    float2* xs;      // [n_tok, cols / 16] (d, d * sum(q))
+    u8_t* qx;        // [n_tok, cols] int8 hi codes
+    u8_t* ql;        // [n_tok, cols] int8 lo codes
+    float2* xs;      // [n_tok, cols / 16] (d, d * sum(q) + dl * sum(l))
     int n_tok;
     int cols;        // a multiple of 32
     int x_stride;    // a multiple of 4
@@ -35,21 +36,37 @@ extern "C" __global__ void __launch_bounds__(256) quantize_x_q8(const QuantizeXP
     for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
     const float d = amax / 127.0f;
     const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    const int q0 = __float2int_rn(v.x * id), q1 = __float2int_rn(v.y * id);
-    const int q2 = __float2int_rn(v.z * id), q3 = __float2int_rn(v.w * id);
-    int s = q0 + q1 + q2 + q3;
+    const float dl = __fmul_rn(d, Q8X_LO);
+    const float idl = dl > 0.0f ? 1.0f / dl : 0.0f;
+    const float vv[4] = {v.x, v.y, v.z, v.w};
+    int q[4], l[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        q[k] = __float2int_rn(__fmul_rn(vv[k], id));
+        const float r = __fmaf_rn(-d, (float)q[k], vv[k]);
+        l[k] = max(-127, min(127, __float2int_rn(__fmul_rn(r, idl))));
+    }
+    int s = q[0] + q[1] + q[2] + q[3], sl = l[0] + l[1] + l[2] + l[3];
     s += __shfl_xor_sync(FULL_MASK, s, 1);
     s += __shfl_xor_sync(FULL_MASK, s, 2);
+    sl += __shfl_xor_sync(FULL_MASK, sl, 1);
+    sl += __shfl_xor_sync(FULL_MASK, sl, 2);
     if (!live) return;
-    const unsigned w = (q0 & 0xff) | (q1 & 0xff) << 8 | (q2 & 0xff) << 16 | (unsigned)(q3 & 0xff) << 24;
-    reinterpret_cast<unsigned*>(p.qx + (long long)t * p.cols)[c4] = w;
-    if ((c4 & 3) == 0) p.xs[(long long)t * (p.cols / 16) + c4 / 4] = make_float2(d, d * (float)s);
+    const unsigned wh = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (unsigned)(q[3] & 0xff) << 24;
+    const unsigned wl = (l[0] & 0xff) | (l[1] & 0xff) << 8 | (l[2] & 0xff) << 16 | (unsigned)(l[3] & 0xff) << 24;
+    reinterpret_cast<unsigned*>(p.qx + (long long)t * p.cols)[c4] = wh;
+    reinterpret_cast<unsigned*>(p.ql + (long long)t * p.cols)[c4] = wl;
+    if ((c4 & 3) == 0) {
+        const float sum = __fmaf_rn(dl, (float)sl, __fmul_rn(d, (float)s));
+        p.xs[(long long)t * (p.cols / 16) + c4 / 4] = make_float2(d, sum);
+    }
 }
 
 struct GemvQ8Params {
     const u8_t* qs;    // [rows, qs_row] bytes
     const u8_t* aux;   // [rows, aux_row] bytes
-    const u8_t* qx;    // [n_tok, cols] int8
+    const u8_t* qx;    // [n_tok, cols] int8 hi codes
+    const u8_t* ql;    // [n_tok, cols] int8 lo codes
     const float2* xs;  // [n_tok, cols / 16]
     float* out;        // [n_tok, out_stride] f32
     const float* bias; // optional [rows] f32, or null
@@ -98,10 +115,11 @@ __device__ __forceinline__ void row_sums_q8(const GemvQ8Params& p, const QRow* r
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (t < p.n_tok) {
-                        const uint4 qx = ld16(p.qx + (long long)t * p.cols + st);
+                        const uint4 qh = ld16(p.qx + (long long)t * p.cols + st);
+                        const uint4 ql = ld16(p.ql + (long long)t * p.cols + st);
                         const float2 xs = __ldg(p.xs + (long long)t * xs_row + st / 16);
 #pragma unroll
-                        for (int r = 0; r < NR; ++r) acc[r][t] += dot_codes_q8<F>(c[r], ca[r], cb[r], qx, xs);
+                        for (int r = 0; r < NR; ++r) acc[r][t] += dot_codes_q8<F>(c[r], ca[r], cb[r], qh, ql, xs);
                     }
                 }
             }

@@ -319,10 +319,15 @@ __device__ __forceinline__ QRow q_row(const u8_t* qs, const u8_t* aux, long long
     MACRO(q6_k, FQ6K)
 
 // ---- int8 activations (kernels/gemv_q8.cu; CPU twin: src/backend/cuda/q8x.rs).
-// A step input x [n_tok, cols] f32 quantized in blocks of 32 (d = amax / 127, q = rint(x / d)),
-// stored as qx [n_tok, cols] int8 and, per run of 16, xs [n_tok, cols / 16] float2 =
-// (d, d * sum(q of the run)). A run of packed weights w = a * c + b (codes c from F::codes)
-// then dots the run of x as a * d * sum(c q) + b * d * sum(q): four dp4a and two fma.
+// A step input x [n_tok, cols] f32 quantized in blocks of 32 as two int8 planes: hi codes
+// q = rint(x / d) with d = amax / 127, and the residual r = x - d q (|r| <= d / 2) as lo codes
+// l = rint(r / dl) with dl = d * Q8X_LO (1 / 254), so x ~ d q + dl l to about amax / 65,000
+// (one plane alone, llama.cpp's design, is off by up to amax / 254 per value: ~0.16 logits on
+// the sample model, above the GPU tolerance of its greedy reference cases). Stored as
+// qx [n_tok, cols] (hi), ql [n_tok, cols] (lo), and per run of 16 xs [n_tok, cols / 16]
+// float2 = (d, d * sum(q) + dl * sum(l)). A run of packed weights w = a * c + b (codes c from
+// F::codes) then dots the run of x as a d sum(c q) + a dl sum(c l) + b xs.y: eight dp4a.
+#define Q8X_LO (1.0f / 254.0f)
 
 // sum of the 4 byte products of a (unsigned bytes) and b (signed bytes), plus c.
 __device__ __forceinline__ int dp4a_us(unsigned a, unsigned b, int c) {
@@ -353,30 +358,37 @@ __device__ __forceinline__ void codes_q8(const typename F::Raw& raw, int u, int 
     }
 }
 
-// A run's codes (codes_q8) dotted with one token's int8 run (qx: 16 int8 as a uint4, xs: (d,
-// d * sum(q))): sum over the run of w_j * d * q_j.
+// sum of the 16 products of a run's codes with 16 int8 values (as a uint4).
 template <class F>
-__device__ __forceinline__ float dot_codes_q8(const unsigned (&c)[4], float a, float b, const uint4& qx, float2 xs) {
+__device__ __forceinline__ int dot16_q8(const unsigned (&c)[4], const uint4& q) {
     if (SignedCodes<F>::V) {
-        int s = dp4a_ss(c[0], qx.x, 0);
-        s = dp4a_ss(c[1], qx.y, s);
-        s = dp4a_ss(c[2], qx.z, s);
-        s = dp4a_ss(c[3], qx.w, s);
-        return a * xs.x * (float)s;
+        int s = dp4a_ss(c[0], q.x, 0);
+        s = dp4a_ss(c[1], q.y, s);
+        s = dp4a_ss(c[2], q.z, s);
+        return dp4a_ss(c[3], q.w, s);
     }
-    int s = dp4a_us(c[0], qx.x, 0);
-    s = dp4a_us(c[1], qx.y, s);
-    s = dp4a_us(c[2], qx.z, s);
-    s = dp4a_us(c[3], qx.w, s);
-    return fmaf(a * xs.x, (float)s, b * xs.y);
+    int s = dp4a_us(c[0], q.x, 0);
+    s = dp4a_us(c[1], q.y, s);
+    s = dp4a_us(c[2], q.z, s);
+    return dp4a_us(c[3], q.w, s);
 }
 
-// Run r of unit u of packed weights dotted with one token's int8 run (for callers with one
+// A run's codes (codes_q8) dotted with one token's run of x (qh, ql: its 16 hi and lo codes,
+// xs: (d, d * sum(q) + dl * sum(l))): sum over the run of w_j * (d q_j + dl l_j).
+template <class F>
+__device__ __forceinline__ float dot_codes_q8(const unsigned (&c)[4], float a, float b, const uint4& qh,
+                                              const uint4& ql, float2 xs) {
+    const float ad = a * xs.x;
+    return fmaf(ad, (float)dot16_q8<F>(c, qh), fmaf(ad * Q8X_LO, (float)dot16_q8<F>(c, ql), b * xs.y));
+}
+
+// Run r of unit u of packed weights dotted with one token's run of x (for callers with one
 // token, e.g. an expert's GEMV): codes_q8 then dot_codes_q8.
 template <class F>
-__device__ __forceinline__ float dot_run_q8(const typename F::Raw& raw, int u, int r, const uint4& qx, float2 xs) {
+__device__ __forceinline__ float dot_run_q8(const typename F::Raw& raw, int u, int r, const uint4& qh, const uint4& ql,
+                                            float2 xs) {
     unsigned c[4];
     float a, b;
     codes_q8<F>(raw, u, r, c, a, b);
-    return dot_codes_q8<F>(c, a, b, qx, xs);
+    return dot_codes_q8<F>(c, a, b, qh, ql, xs);
 }

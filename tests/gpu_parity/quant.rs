@@ -70,52 +70,66 @@ fn quantized_products_every_format_and_token_count() {
             let mut mm = Mm { s: &s, blas: &blas, x16: g.d(&x16), part: g.d(&part), wide: Some(g.d(&wide)) };
             let p = Product { lin: &lin, bias: with_bias.then(|| g.d(&bd)), x: g.d(&xd), n, out: g.d(&od), accumulate };
             mm.run(&mut g.k, p).unwrap();
-            // The GEMV steps read the input as int8 (its twin: the CPU product on those values).
-            let gemv = n <= 8;
+            // The GEMV steps (1..=4 tokens) read the input as int8 (its twin: the CPU product on
+            // those values); 5..64 tokens take the GEMM on the packed blocks, 300 are widened
+            // (x16 holds 300 rows, the GEMM would read 320): both round weights and input to
+            // F16 (the "wide" tolerance).
+            let gemv = n <= 4;
             let xin = if gemv { dequantized(&x, cols) } else { x.clone() };
-            let (plain, _) = two_part(&ta, &tb, &xin, n);
-            let mut want = plain.clone();
-            for (i, v) in want.iter_mut().enumerate() {
-                *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
-            }
-            // 9..64 tokens: the GEMM on the packed blocks; 300: widened (x16 holds 300 rows, the
-            // GEMM would read 320); both round weights and input to F16 (the "wide" tolerance).
+            let want = with_extras(two_part(&ta, &tb, &xin, n).0, &bias, with_bias, &prev, accumulate);
             let kind = if gemv { "gemvq8" } else { "wide" };
             eprintln!("{} n={n}", f.dtype);
             let got = g.down(&od);
             compare(&op(kind, f.dtype), g.seed, &got, &want);
+            let (plain32, wa32) = two_part(&ta, &tb, &x, n);
             if gemv {
-                // Against the f32 input: the int8 rounding of the input is the only extra error.
-                let (plain32, wa32) = two_part(&ta, &tb, &x, n);
-                let mut want32 = plain32.clone();
-                for (i, v) in want32.iter_mut().enumerate() {
-                    *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
-                }
+                // Against the f32 input: the int8 rounding left is the only extra error.
+                let want32 = with_extras(plain32.clone(), &bias, with_bias, &prev, accumulate);
                 compare(&op("q8x_vs_f32", f.dtype), g.seed, &got, &want32);
-                // The f32-input GEMV (DUSTOFF_QGEMV_F32=1) on the first part, directly.
+            }
+            if n <= 8 {
+                // Both GEMV kernels serve up to 8 tokens (DUSTOFF_QGEMV_MAX_TOKENS): checked
+                // directly on the first part (one part, Q8_0 with Q8_0, holds all rows).
                 let m0 = &lin.parts[0];
-                let od = g.poisoned(n * m0.rows);
-                GemvQ {
-                    w: m0.quant(&s).unwrap(),
-                    x: g.d(&xd),
-                    out: g.d(&od),
-                    bias: None,
-                    rows: m0.rows,
-                    n_tok: n,
-                    x_stride: cols,
-                    out_stride: m0.rows,
-                    accumulate: false,
-                    swiglu: false,
-                    xq: None,
+                let (want_f32, want_q8) = if lin.parts.len() == 1 {
+                    (plain32.clone(), two_part(&ta, &tb, &dequantized(&x, cols), n).0)
+                } else {
+                    (wa32.clone(), two_part(&ta, &tb, &dequantized(&x, cols), n).1)
+                };
+                QuantizeX { x: g.d(&xd), xq: g.d(&x16).bytes(), n_tok: n, cols, x_stride: cols }
+                    .launch(&mut g.k, &s)
+                    .unwrap();
+                for (kind, q8, want) in [("gemv", false, &want_f32), ("gemvq8", true, &want_q8)] {
+                    let od = g.poisoned(n * m0.rows);
+                    GemvQ {
+                        w: m0.quant(&s).unwrap(),
+                        x: g.d(&xd),
+                        out: g.d(&od),
+                        bias: None,
+                        rows: m0.rows,
+                        n_tok: n,
+                        x_stride: cols,
+                        out_stride: m0.rows,
+                        accumulate: false,
+                        swiglu: false,
+                        xq: q8.then(|| g.d(&x16).bytes()),
+                    }
+                    .launch(&mut g.k, &s)
+                    .unwrap();
+                    compare(&op(kind, f.dtype), g.seed, &g.down(&od), want);
                 }
-                .launch(&mut g.k, &s)
-                .unwrap();
-                // One part (Q8_0 with Q8_0) holds all rows; else the first part's rows.
-                let first = if lin.parts.len() == 1 { &plain32 } else { &wa32 };
-                compare(&op("gemv", f.dtype), g.seed, &g.down(&od), first);
             }
         }
     }
+}
+
+/// `plain` plus the bias (where `with_bias`) and the previous output (where `accumulate`).
+fn with_extras(mut plain: Vec<f32>, bias: &[f32], with_bias: bool, prev: &[f32], accumulate: bool) -> Vec<f32> {
+    let rows = bias.len();
+    for (i, v) in plain.iter_mut().enumerate() {
+        *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
+    }
+    plain
 }
 
 /// The product of the two-part Linear (`ta`'s rows, then `tb`'s) with `x` on the CPU:
@@ -215,7 +229,7 @@ fn dequant_embedding_and_swiglu_every_format() {
         compare(&op("embedding", f.dtype), g.seed, &g.down(&od), &want);
 
         let ffn = rows / 2;
-        let xq: CudaSlice<u8> = g.zeros(q8x_bytes(8, cols).1);
+        let xq: CudaSlice<u8> = g.zeros(q8x_bytes(8, cols).2);
         for n in [1usize, 3, 8] {
             let x = g.randn(n * cols, 1.5);
             let xd = g.up(&x);
@@ -252,8 +266,8 @@ fn dequant_embedding_and_swiglu_every_format() {
     }
 }
 
-/// The int8 input (quantize_x_q8) equals its CPU twin bit for bit: the codes, and each run's
-/// scale and scaled code sum; and the dp4a GEMV on it equals `q8x::matmul_q8x` (5 tokens;
+/// The int8 input (quantize_x_q8) equals its CPU twin bit for bit: both planes of codes, and
+/// each run's scale and scaled code sums; and the dp4a GEMV on it equals `q8x::matmul_q8x` (5 tokens;
 /// 1 token with 4 and 2 weight rows per warp, plain and SwiGLU).
 #[test]
 fn int8_activations_equal_the_cpu_twin() {
@@ -264,24 +278,28 @@ fn int8_activations_equal_the_cpu_twin() {
     let mut x = g.randn(n * cols, 30.0);
     x[64..96].iter_mut().for_each(|v| *v = 0.0);
     let xd = g.up(&x);
-    let xq: CudaSlice<u8> = g.zeros(q8x_bytes(n, cols).1);
+    let xq: CudaSlice<u8> = g.zeros(q8x_bytes(n, cols).2);
     QuantizeX { x: g.d(&xd), xq: g.d(&xq), n_tok: n, cols, x_stride: cols }.launch(&mut g.k, &s).unwrap();
     let bytes = g.down(&xq);
-    let (xs_off, _) = q8x_bytes(n, cols);
+    let (ql_off, xs_off, _) = q8x_bytes(n, cols);
     for t in 0..n {
-        let (q, ds) = dustoff::backend::cuda::q8x::quantize(&x[t * cols..(t + 1) * cols]);
-        let got: Vec<i8> = bytes[t * cols..(t + 1) * cols].iter().map(|&b| b as i8).collect();
-        assert_eq!(got, q, "token {t}: int8 codes");
+        let (q, l, ds) = dustoff::backend::cuda::q8x::quantize(&x[t * cols..(t + 1) * cols]);
+        let codes =
+            |off: usize| -> Vec<i8> { bytes[off + t * cols..off + (t + 1) * cols].iter().map(|&b| b as i8).collect() };
+        assert_eq!(codes(0), q, "token {t}: hi codes");
+        assert_eq!(codes(ql_off), l, "token {t}: lo codes");
         for run in 0..cols / 16 {
             let o = xs_off + 8 * (t * (cols / 16) + run);
             let d = f32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
             let ds_got = f32::from_le_bytes(bytes[o + 4..o + 8].try_into().unwrap());
             let sum: i32 = q[16 * run..16 * run + 16].iter().map(|&v| v as i32).sum();
+            let sum_l: i32 = l[16 * run..16 * run + 16].iter().map(|&v| v as i32).sum();
             assert_eq!(d, ds[run / 2], "token {t} run {run}: scale");
-            assert_eq!(ds_got, d * sum as f32, "token {t} run {run}: scaled sum");
+            let dl = d * dustoff::backend::cuda::q8x::Q8X_LO;
+            assert_eq!(ds_got, dl.mul_add(sum_l as f32, d * sum as f32), "token {t} run {run}: scaled sums");
         }
     }
-    let (xq1, x1) = (g.zeros::<u8>(q8x_bytes(1, cols).1), g.up(&x[..cols]));
+    let (xq1, x1) = (g.zeros::<u8>(q8x_bytes(1, cols).2), g.up(&x[..cols]));
     QuantizeX { x: g.d(&x1), xq: g.d(&xq1), n_tok: 1, cols, x_stride: cols }.launch(&mut g.k, &s).unwrap();
     for f in QFormat::all() {
         let tw = tensor(&mut g, f.dtype, "w", rows, cols);

@@ -21,7 +21,7 @@ fn quant_kernel_breakdown() {
     let xv = g.randn(8 * 12288, 1.0);
     let x = g.up(&xv);
     let out = g.zeros::<f32>(64 * 151_936);
-    let xq = g.zeros::<u8>(q8x_bytes(8, 12288).1);
+    let xq = g.zeros::<u8>(q8x_bytes(8, 12288).2);
     let x16 = g.zeros::<u16>(64 * 12288);
     let part = g.zeros::<f32>(8 * 64 * 24576);
     let wide = g.zeros::<u16>(2 * 12288 * dim);

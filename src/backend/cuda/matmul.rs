@@ -6,8 +6,8 @@
 //! | F16 | below `tc_min_tokens` (1) | f32 GEMV (gemv_f16.cu) |
 //! | F16 | up to `tc_max_tokens` (16) | tensor-core GEMM (gemm_tc.cu), input cast to F16 |
 //! | F16 | more | cuBLAS |
-//! | block format | 1..=8 (`DUSTOFF_QGEMV_MAX_TOKENS`) | input quantized to int8 once, then the dp4a GEMV on the packed blocks (gemv_q8.cu); `DUSTOFF_QGEMV_F32=1`: the f32-input GEMV (gemv_quant.cu) |
-//! | block format | 9.. (whole 64 x 128 tiles; `DUSTOFF_QGEMM_MAX_TOKENS`) | tensor-core GEMM dequantizing its tiles into shared memory (gemm_quant.cu) |
+//! | block format | 1..=4 (`DUSTOFF_QGEMV_MAX_TOKENS`, up to 8) | input quantized once to two int8 planes, then the dp4a GEMV on the packed blocks (gemv_q8.cu); `DUSTOFF_QGEMV_F32=1`: the f32-input GEMV (gemv_quant.cu) |
+//! | block format | up to 64 (whole 64 x 128 tiles; `DUSTOFF_QGEMM_MAX_TOKENS`) | tensor-core GEMM dequantizing its tiles into shared memory (gemm_quant.cu) |
 //! | block format | other shapes, or above that | the matrix (or a row chunk of it) widened into one F16 scratch, reused by every matrix of the step, then the F16 path |
 //!
 //! A `Linear` of several parts (a QKV of mixed formats) runs one product per part into its rows
@@ -37,18 +37,20 @@ fn tc_max_tokens() -> usize {
 }
 
 /// Most tokens of a step that read quantized matrices with the GEMV on the packed blocks
-/// (`DUSTOFF_QGEMV_MAX_TOKENS` overrides the default); larger steps widen them to F16.
-/// The f32-input GEMV measured (docs/BENCHMARKS.md, 2026-12-01): at 2 sequences 248 tok/s
-/// against 112 widened; at 8, 344 against 436, so its default stays 4; the int8 GEMV reads
-/// a quarter of the input bytes per token and serves up to 8.
+/// (`DUSTOFF_QGEMV_MAX_TOKENS` overrides the default of 4); larger steps take the packed GEMM.
+/// Measured on the H200 (docs/BENCHMARKS.md, 2026-12-01 session 3): 8 sequences of Q4_K_M
+/// decoded at 615 tok/s with the 8-token int8 GEMV and at 902 with the GEMM (16-token tile);
+/// the 8-token GEMV of gate/up took 116 us against the GEMM's 81.
 fn qgemv_max_tokens() -> usize {
-    let default = if q8_acts() { 8 } else { 4 };
-    tuning().qgemv_max_tokens.unwrap_or(default).min(GEMV_MAX_TOKENS)
+    tuning().qgemv_max_tokens.unwrap_or(4).min(GEMV_MAX_TOKENS)
 }
 
-/// Most tokens of a step for the tensor-core GEMM on the packed blocks by default (larger
-/// steps widen the matrices to F16 for cuBLAS).
-const QGEMM_MAX_TOKENS: usize = usize::MAX;
+/// Most tokens of a step for the tensor-core GEMM on the packed blocks by default; larger
+/// steps (prefill) widen the matrices to F16 for cuBLAS. Measured (same session): prefill 768
+/// of Q4_K_M at 7.0k tok/s through the packed GEMM (64-token tiles along z, wmma) against
+/// 15.1k widened; batched 32 / 64 sequences decoded at 2,805 / 3,966 tok/s with the GEMM
+/// against 1,597 / 2,843 widened.
+const QGEMM_MAX_TOKENS: usize = 64;
 
 /// Most tokens of a step for the tensor-core GEMM on the packed blocks; larger steps widen
 /// the matrices to F16 (`DUSTOFF_QGEMM_MAX_TOKENS`; 0 widens every step above the GEMV's).
@@ -58,9 +60,9 @@ fn qgemm_max_tokens() -> usize {
 
 /// Whether quantized models of shape `c` need the F16 scratch that matrices are widened into:
 /// some matrix shape the packed GEMM does not take (rows a multiple of 64, columns of 128; the
-/// parts of a mixed QKV or gate/up included), steps the GEMM does not serve
-/// ([`qgemm_max_tokens`]), or a mixture-of-experts or hybrid model (their other matrices may
-/// go through the scratch).
+/// parts of a mixed QKV or gate/up included), steps the GEMM does not serve (above
+/// [`qgemm_max_tokens`]: prefill), or a mixture-of-experts or hybrid model (their other
+/// matrices may go through the scratch).
 pub fn wide_scratch_needed(c: &ModelConfig) -> bool {
     if c.moe.is_some() || c.hybrid.is_some() || qgemm_max_tokens() != usize::MAX {
         return true;

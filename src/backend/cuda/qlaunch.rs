@@ -62,11 +62,12 @@ unsafe impl DeviceRepr for GemvQParams {}
 const GEMVQ_WARPS: usize = 4;
 
 /// Bytes of an int8-quantized step input `[n_tok, cols]` (kernels/quant.cuh, "int8
-/// activations"): `(offset of the scales, total)`: qx `[n_tok, cols]` int8, then from the next
-/// 256-byte boundary xs `[n_tok, cols / 16]` (f32 d, f32 d * sum(q)).
-pub fn q8x_bytes(n_tok: usize, cols: usize) -> (usize, usize) {
-    let xs_off = (n_tok * cols).div_ceil(256) * 256;
-    (xs_off, xs_off + n_tok * (cols / 16) * 8)
+/// activations"): `(offset of the lo codes, offset of the scales, total)`: qx `[n_tok, cols]`
+/// int8 hi codes, then from the next 256-byte boundary ql (lo codes, the same shape), then xs
+/// `[n_tok, cols / 16]` (f32 d, f32 d * sum(q) + dl * sum(l)).
+pub fn q8x_bytes(n_tok: usize, cols: usize) -> (usize, usize, usize) {
+    let plane = (n_tok * cols).div_ceil(256) * 256;
+    (plane, 2 * plane, 2 * plane + n_tok * (cols / 16) * 8)
 }
 
 #[repr(C)]
@@ -74,6 +75,7 @@ pub fn q8x_bytes(n_tok: usize, cols: usize) -> (usize, usize) {
 struct QuantizeXParams {
     x: u64,
     qx: u64,
+    ql: u64,
     xs: u64,
     n_tok: i32,
     cols: i32,
@@ -103,7 +105,7 @@ impl QuantizeX {
         )?;
         check(K, self.xq.ptr.is_multiple_of(256), || "the int8 input must be 256-byte aligned".into())?;
         need(K, "input", self.x, extent(self.n_tok, self.x_stride, self.cols))?;
-        let (xs_off, total) = q8x_bytes(self.n_tok, self.cols);
+        let (ql_off, xs_off, total) = q8x_bytes(self.n_tok, self.cols);
         need(K, "int8 input", self.xq, total)?;
         let threads = self.n_tok * self.cols / 4;
         if threads == 0 {
@@ -112,6 +114,7 @@ impl QuantizeX {
         let p = QuantizeXParams {
             x: self.x.ptr,
             qx: self.xq.ptr,
+            ql: self.xq.ptr + ql_off as u64,
             xs: self.xq.ptr + xs_off as u64,
             n_tok: i32_of(K, self.n_tok)?,
             cols: i32_of(K, self.cols)?,
@@ -127,6 +130,7 @@ struct GemvQ8Params {
     qs: u64,
     aux: u64,
     qx: u64,
+    ql: u64,
     xs: u64,
     out: u64,
     bias: u64,
@@ -189,7 +193,7 @@ impl GemvQ {
             need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.rows))?;
             check(K, self.rows <= self.out_stride, || "rows overlap their stride".into())?;
             check(K, cols.is_multiple_of(32) && xq.ptr.is_multiple_of(256), || "int8 input layout".into())?;
-            let (xs_off, total) = q8x_bytes(self.n_tok, cols);
+            let (ql_off, xs_off, total) = q8x_bytes(self.n_tok, cols);
             need(K, "int8 input", xq, total)?;
             if let Some(b) = self.bias {
                 need(K, "bias", b, self.rows)?;
@@ -201,6 +205,7 @@ impl GemvQ {
                 qs,
                 aux,
                 qx: xq.ptr,
+                ql: xq.ptr + ql_off as u64,
                 xs: xq.ptr + xs_off as u64,
                 out: self.out.ptr,
                 bias: self.bias.map_or(0, |b| b.ptr),
