@@ -317,3 +317,78 @@ __device__ __forceinline__ QRow q_row(const u8_t* qs, const u8_t* aux, long long
     MACRO(q4_k, FQ4K)           \
     MACRO(q5_k, FQ5K)           \
     MACRO(q6_k, FQ6K)
+
+// ---- int8 activations (kernels/gemv_q8.cu; CPU twin: src/backend/cuda/q8x.rs).
+// A step input x [n_tok, cols] f32 quantized in blocks of 32 as two int8 planes: hi codes
+// q = rint(x / d) with d = amax / 127, and the residual r = x - d q (|r| <= d / 2) as lo codes
+// l = rint(r / dl) with dl = d * Q8X_LO (1 / 254), so x ~ d q + dl l to about amax / 65,000
+// (one plane alone, llama.cpp's design, is off by up to amax / 254 per value: ~0.16 logits on
+// the sample model, above the GPU tolerance of its greedy reference cases). Stored as
+// qx [n_tok, cols] (hi), ql [n_tok, cols] (lo), and per run of 16 xs [n_tok, cols / 16]
+// float2 = (d, d * sum(q) + dl * sum(l)). A run of packed weights w = a * c + b (codes c from
+// F::codes) then dots the run of x as a d sum(c q) + a dl sum(c l) + b xs.y: eight dp4a.
+#define Q8X_LO (1.0f / 254.0f)
+
+// sum of the 4 byte products of a (unsigned bytes) and b (signed bytes), plus c.
+__device__ __forceinline__ int dp4a_us(unsigned a, unsigned b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// Both operands signed bytes.
+__device__ __forceinline__ int dp4a_ss(unsigned a, unsigned b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Whether a format's codes are read as signed bytes with b = 0 (Q8_0: its stored bytes are the
+// signed values; the unsigned form, offset by 128, would add a large b * sum(q) that cancels).
+template <class F> struct SignedCodes { enum { V = 0 }; };
+template <> struct SignedCodes<FQ8_0> { enum { V = 1 }; };
+
+// Codes of run r of unit u for dot_codes_q8 (F::codes; Q8_0 back to its signed bytes, b = 0).
+template <class F>
+__device__ __forceinline__ void codes_q8(const typename F::Raw& raw, int u, int r, unsigned (&c)[4], float& a, float& b) {
+    F::codes(raw, u, r, c, a, b);
+    if (SignedCodes<F>::V) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[i] ^= 0x80808080u;
+        b = 0.0f;
+    }
+}
+
+// sum of the 16 products of a run's codes with 16 int8 values (as a uint4).
+template <class F>
+__device__ __forceinline__ int dot16_q8(const unsigned (&c)[4], const uint4& q) {
+    if (SignedCodes<F>::V) {
+        int s = dp4a_ss(c[0], q.x, 0);
+        s = dp4a_ss(c[1], q.y, s);
+        s = dp4a_ss(c[2], q.z, s);
+        return dp4a_ss(c[3], q.w, s);
+    }
+    int s = dp4a_us(c[0], q.x, 0);
+    s = dp4a_us(c[1], q.y, s);
+    s = dp4a_us(c[2], q.z, s);
+    return dp4a_us(c[3], q.w, s);
+}
+
+// A run's codes (codes_q8) dotted with one token's run of x (qh, ql: its 16 hi and lo codes,
+// xs: (d, d * sum(q) + dl * sum(l))): sum over the run of w_j * (d q_j + dl l_j).
+template <class F>
+__device__ __forceinline__ float dot_codes_q8(const unsigned (&c)[4], float a, float b, const uint4& qh,
+                                              const uint4& ql, float2 xs) {
+    const float ad = a * xs.x;
+    return fmaf(ad, (float)dot16_q8<F>(c, qh), fmaf(ad * Q8X_LO, (float)dot16_q8<F>(c, ql), b * xs.y));
+}
+
+// Run r of unit u of packed weights dotted with one token's run of x (for callers with one
+// token, e.g. an expert's GEMV): codes_q8 then dot_codes_q8.
+template <class F>
+__device__ __forceinline__ float dot_run_q8(const typename F::Raw& raw, int u, int r, const uint4& qh, const uint4& ql,
+                                            float2 xs) {
+    unsigned c[4];
+    float a, b;
+    codes_q8<F>(raw, u, r, c, a, b);
+    return dot_codes_q8<F>(c, a, b, qh, ql, xs);
+}

@@ -51,7 +51,8 @@ fn every_kernel_compiles_for_compute70_without_sm75_instructions() {
                     failures.push(e);
                 }
                 // The hot kernels must keep their arrays in registers (local memory = spills).
-                if ["gemv_f16", "gemv_quant", "dequant", "attention_decode"].contains(&f.name) && ptx.contains(".local")
+                if ["gemv_f16", "gemv_quant", "gemv_q8", "gemm_quant", "dequant", "attention_decode"].contains(&f.name)
+                    && ptx.contains(".local")
                 {
                     failures.push(format!("{}.cu: uses local memory", f.name));
                 }
@@ -65,7 +66,7 @@ fn every_kernel_compiles_for_compute70_without_sm75_instructions() {
 /// block format has its GEMV (1 and 8 tokens, plain and SwiGLU), dequantization and embedding
 /// entry (checked on the PTX the test above compiled).
 fn quantized_entries_and_loads(file: &str, ptx: &str) -> Result<(), String> {
-    if !["gemv_quant", "dequant"].contains(&file) {
+    if !["gemv_quant", "gemv_q8", "gemm_quant", "dequant"].contains(&file) {
         return Ok(());
     }
     if !ptx.contains("ld.global.nc.v4.u32") {
@@ -79,6 +80,16 @@ fn quantized_entries_and_loads(file: &str, ptx: &str) -> Result<(), String> {
                 format!("gemv_{name}_n8"),
                 format!("gemv_swiglu_{name}_n1"),
                 format!("gemv_swiglu_{name}_n8"),
+            ]
+        } else if file == "gemm_quant" {
+            vec!["splitk_reduce_q".to_string(), format!("gemmq_{name}_t16"), format!("gemmq_{name}_t64")]
+        } else if file == "gemv_q8" {
+            vec![
+                "quantize_x_q8".to_string(),
+                format!("gemvq8_{name}_n1"),
+                format!("gemvq8_{name}_n8"),
+                format!("gemvq8_swiglu_{name}_n1"),
+                format!("gemvq8_swiglu_{name}_n8"),
             ]
         } else {
             vec![format!("dequant_{name}_f16"), format!("embedding_{name}")]

@@ -1,8 +1,10 @@
 //! Quantized weights on the GPU against their CPU twins (the CPU backend's dot products and
-//! decoders on the file's packed blocks), for every block format: the decode GEMV (1..=8
-//! tokens), the widen-to-F16 path of larger steps (9..300 tokens, through the one dispatcher,
-//! in row chunks of a small scratch), the SwiGLU GEMV, the embedding gather, and whole
-//! models (CUDA backend vs CPU backend on the same quantized file, a Q4_K_M-like mix included).
+//! decoders on the file's packed blocks), for every block format: the decode GEMV on int8
+//! activations (1..=8 tokens; twin: the CPU dot products on the int8-rounded input, `q8x`), the
+//! f32-input GEMV (`DUSTOFF_QGEMV_F32=1`), the widen-to-F16 path of larger steps (9..300
+//! tokens, through the one dispatcher, in row chunks of a small scratch), the SwiGLU GEMVs, the
+//! embedding gather, and whole models (CUDA backend vs CPU backend on the same quantized file,
+//! a Q4_K_M-like mix included).
 
 use cudarc::driver::CudaSlice;
 
@@ -10,8 +12,9 @@ use dustoff::backend::cpu::matmul::matmul;
 use dustoff::backend::cuda::dmat::{DevMat, Linear};
 use dustoff::backend::cuda::launch::Dev;
 use dustoff::backend::cuda::matmul::{Mm, Product};
+use dustoff::backend::cuda::q8x::{dequantized, matmul_q8x};
 use dustoff::backend::cuda::qformat::QFormat;
-use dustoff::backend::cuda::qlaunch::{DequantF16, EmbeddingQ, GemvQ};
+use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, EmbeddingQ, GemmQ, GemvQ, QuantizeX};
 use dustoff::backend::cuda::tc::tc64_part_len;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::quant::{dequantize_row, dot_row, quantize_row, GgmlType};
@@ -19,7 +22,7 @@ use dustoff::model::weights::Tensor;
 
 use super::{compare, f16_vals, gpu, opts, run_greedy, Gpu};
 
-/// The token counts of the issue: GEMV (1..=4 by default) and widened-F16 GEMM steps (5..).
+/// The token counts of the issue: GEMV (1..=8 by default) and widened-F16 GEMM steps (9..).
 const TOKEN_COUNTS: &[usize] = &[1, 2, 7, 8, 9, 16, 33, 64, 300];
 
 fn tensor(g: &mut Gpu, dtype: GgmlType, name: &str, rows: usize, cols: usize) -> Tensor {
@@ -43,12 +46,13 @@ fn quantized_products_every_format_and_token_count() {
     let s = g.dev.stream.clone();
     let blas = cudarc::cublas::CudaBlas::new(s.clone()).unwrap();
     let cols = 512;
-    let (rows_a, rows_b) = (300, 72);
+    // Whole 64-row tiles: steps of 9..64 tokens take the tensor-core GEMM on the packed blocks.
+    let (rows_a, rows_b) = (320, 64);
     let rows = rows_a + rows_b;
     let nmax = *TOKEN_COUNTS.iter().max().unwrap();
     let x16: CudaSlice<u16> = g.zeros(nmax.max(16) * cols);
     let part: CudaSlice<f32> = g.zeros(tc64_part_len(rows, cols, 64).max(1));
-    // Room for 128 rows only: the 300-row part is widened in three chunks.
+    // Room for 128 rows only: at 300 tokens the 320-row part is widened in three chunks.
     let wide: CudaSlice<u16> = g.zeros(128 * cols);
     for f in QFormat::all() {
         let ta = tensor(&mut g, f.dtype, "a", rows_a, cols);
@@ -66,43 +70,129 @@ fn quantized_products_every_format_and_token_count() {
             let mut mm = Mm { s: &s, blas: &blas, x16: g.d(&x16), part: g.d(&part), wide: Some(g.d(&wide)) };
             let p = Product { lin: &lin, bias: with_bias.then(|| g.d(&bd)), x: g.d(&xd), n, out: g.d(&od), accumulate };
             mm.run(&mut g.k, p).unwrap();
-            let (mut wa, mut wb) = (vec![0f32; n * rows_a], vec![0f32; n * rows_b]);
-            matmul(&ta, &x, n, &mut wa);
-            matmul(&tb, &x, n, &mut wb);
-            let mut plain = Vec::with_capacity(n * rows);
-            for t in 0..n {
-                plain.extend_from_slice(&wa[t * rows_a..(t + 1) * rows_a]);
-                plain.extend_from_slice(&wb[t * rows_b..(t + 1) * rows_b]);
-            }
-            let mut want = plain.clone();
-            for (i, v) in want.iter_mut().enumerate() {
-                *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
-            }
-            let kind = if n <= 4 { "gemv" } else { "wide" };
+            // The GEMV steps (1..=4 tokens) read the input as int8 (its twin: the CPU product on
+            // those values); 5..64 tokens take the GEMM on the packed blocks, 300 are widened
+            // (x16 holds 300 rows, the GEMM would read 320): both round weights and input to
+            // F16 (the "wide" tolerance).
+            let gemv = n <= 4;
+            let xin = if gemv { dequantized(&x, cols) } else { x.clone() };
+            let want = with_extras(two_part(&ta, &tb, &xin, n).0, &bias, with_bias, &prev, accumulate);
+            let kind = if gemv { "gemvq8" } else { "wide" };
             eprintln!("{} n={n}", f.dtype);
-            compare(&op(kind, f.dtype), g.seed, &g.down(&od), &want);
-            if (5..=8).contains(&n) {
-                // The GEMV serves up to 8 tokens (DUSTOFF_QGEMV_MAX_TOKENS): checked directly.
-                let m0 = &lin.parts[0];
-                let od = g.poisoned(n * m0.rows);
-                GemvQ {
-                    w: m0.quant(&s).unwrap(),
-                    x: g.d(&xd),
-                    out: g.d(&od),
-                    bias: None,
-                    rows: m0.rows,
-                    n_tok: n,
-                    x_stride: cols,
-                    out_stride: m0.rows,
-                    accumulate: false,
-                    swiglu: false,
-                }
-                .launch(&mut g.k, &s)
-                .unwrap();
-                // One part (Q8_0 with Q8_0) holds all rows; else the first part's rows.
-                let first = if lin.parts.len() == 1 { &plain } else { &wa };
-                compare(&op("gemv", f.dtype), g.seed, &g.down(&od), first);
+            let got = g.down(&od);
+            compare(&op(kind, f.dtype), g.seed, &got, &want);
+            let (plain32, wa32) = two_part(&ta, &tb, &x, n);
+            if gemv {
+                // Against the f32 input: the int8 rounding left is the only extra error.
+                let want32 = with_extras(plain32.clone(), &bias, with_bias, &prev, accumulate);
+                compare(&op("q8x_vs_f32", f.dtype), g.seed, &got, &want32);
             }
+            if n <= 8 {
+                // Both GEMV kernels serve up to 8 tokens (DUSTOFF_QGEMV_MAX_TOKENS): checked
+                // directly on the first part (one part, Q8_0 with Q8_0, holds all rows).
+                let m0 = &lin.parts[0];
+                let (want_f32, want_q8) = if lin.parts.len() == 1 {
+                    (plain32.clone(), two_part(&ta, &tb, &dequantized(&x, cols), n).0)
+                } else {
+                    (wa32.clone(), two_part(&ta, &tb, &dequantized(&x, cols), n).1)
+                };
+                QuantizeX { x: g.d(&xd), xq: g.d(&x16).bytes(), n_tok: n, cols, x_stride: cols }
+                    .launch(&mut g.k, &s)
+                    .unwrap();
+                for (kind, q8, want) in [("gemv", false, &want_f32), ("gemvq8", true, &want_q8)] {
+                    let od = g.poisoned(n * m0.rows);
+                    GemvQ {
+                        w: m0.quant(&s).unwrap(),
+                        x: g.d(&xd),
+                        out: g.d(&od),
+                        bias: None,
+                        rows: m0.rows,
+                        n_tok: n,
+                        x_stride: cols,
+                        out_stride: m0.rows,
+                        accumulate: false,
+                        swiglu: false,
+                        xq: q8.then(|| g.d(&x16).bytes()),
+                    }
+                    .launch(&mut g.k, &s)
+                    .unwrap();
+                    compare(&op(kind, f.dtype), g.seed, &g.down(&od), want);
+                }
+            }
+        }
+    }
+}
+
+/// `plain` plus the bias (where `with_bias`) and the previous output (where `accumulate`).
+fn with_extras(mut plain: Vec<f32>, bias: &[f32], with_bias: bool, prev: &[f32], accumulate: bool) -> Vec<f32> {
+    let rows = bias.len();
+    for (i, v) in plain.iter_mut().enumerate() {
+        *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
+    }
+    plain
+}
+
+/// The product of the two-part Linear (`ta`'s rows, then `tb`'s) with `x` on the CPU:
+/// `(all rows [n, rows_a + rows_b], ta's rows [n, rows_a])`.
+fn two_part(ta: &Tensor, tb: &Tensor, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
+    let (rows_a, rows_b) = (ta.rows, tb.rows);
+    let (mut wa, mut wb) = (vec![0f32; n * rows_a], vec![0f32; n * rows_b]);
+    matmul(ta, x, n, &mut wa);
+    matmul(tb, x, n, &mut wb);
+    let mut plain = Vec::with_capacity(n * (rows_a + rows_b));
+    for t in 0..n {
+        plain.extend_from_slice(&wa[t * rows_a..(t + 1) * rows_a]);
+        plain.extend_from_slice(&wb[t * rows_b..(t + 1) * rows_b]);
+    }
+    (plain, wa)
+}
+
+/// Every format, 9..100 tokens: the tensor-core GEMM on the packed blocks (gemm_quant.cu) equals
+/// its twin, the product of the CPU decoder's weights and the input both rounded to F16 (as the
+/// kernel stages them), summed in f64; with split-K (a scratch for 2 splits) and without.
+#[test]
+fn packed_gemm_equals_f16_rounded_twin() {
+    let Some(mut g) = gpu("packed gemm") else { return };
+    let s = g.dev.stream.clone();
+    let (rows, cols) = (192, 1024);
+    let part: CudaSlice<f32> = g.zeros(2 * 128 * rows);
+    for f in QFormat::all() {
+        let t = tensor(&mut g, f.dtype, "w", rows, cols);
+        let (m, _) = DevMat::upload(&s, &[&t], false, "w").unwrap();
+        let mut w16 = vec![0f32; rows * cols];
+        for (r, o) in w16.chunks_exact_mut(cols).enumerate() {
+            dequantize_row(f.dtype, t.row(r), o);
+            o.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+        }
+        // 100 tokens: two blocks of 64 along z.
+        for (n, split) in [(9usize, false), (16, true), (33, true), (64, false), (100, true)] {
+            let x = f16_vals(&super::f16_bits(&g.randn(n * cols, 2.0)));
+            let mut xpad = super::f16_bits(&x);
+            xpad.resize(GemmQ::input_rows(n) * cols, 0);
+            let xd = g.up(&xpad);
+            let bias = g.randn(rows, 1.0);
+            let bd = g.up(&bias);
+            let od = g.poisoned(n * rows);
+            GemmQ {
+                w: m.quant(&s).unwrap(),
+                x16: g.d(&xd),
+                out: g.d(&od),
+                bias: Some(g.d(&bd)),
+                n_tok: n,
+                out_stride: rows,
+                accumulate: false,
+                part: split.then(|| g.d(&part)),
+            }
+            .launch(&mut g.k, &s)
+            .unwrap();
+            let mut want = vec![0f32; n * rows];
+            for tk in 0..n {
+                for r in 0..rows {
+                    let dot: f64 = (0..cols).map(|c| w16[r * cols + c] as f64 * x[tk * cols + c] as f64).sum();
+                    want[tk * rows + r] = (dot + bias[r] as f64) as f32;
+                }
+            }
+            compare(&op("gemmq", f.dtype), g.seed, &g.down(&od), &want);
         }
     }
 }
@@ -139,32 +229,115 @@ fn dequant_embedding_and_swiglu_every_format() {
         compare(&op("embedding", f.dtype), g.seed, &g.down(&od), &want);
 
         let ffn = rows / 2;
+        let xq: CudaSlice<u8> = g.zeros(q8x_bytes(8, cols).2);
         for n in [1usize, 3, 8] {
             let x = g.randn(n * cols, 1.5);
-            let (xd, od) = (g.up(&x), g.poisoned(n * ffn));
+            let xd = g.up(&x);
+            QuantizeX { x: g.d(&xd), xq: g.d(&xq), n_tok: n, cols, x_stride: cols }.launch(&mut g.k, &s).unwrap();
+            for (kind, q8) in [("swiglu", false), ("swigluq8", true)] {
+                let od = g.poisoned(n * ffn);
+                GemvQ {
+                    w,
+                    x: g.d(&xd),
+                    out: g.d(&od),
+                    bias: None,
+                    rows: ffn,
+                    n_tok: n,
+                    x_stride: cols,
+                    out_stride: ffn,
+                    accumulate: false,
+                    swiglu: true,
+                    xq: q8.then(|| g.d(&xq)),
+                }
+                .launch(&mut g.k, &s)
+                .unwrap();
+                let xin = if q8 { dequantized(&x, cols) } else { x.clone() };
+                let mut want = vec![0f32; n * ffn];
+                for tk in 0..n {
+                    let xt = &xin[tk * cols..(tk + 1) * cols];
+                    for r in 0..ffn {
+                        let (gate, up) = (dot_row(f.dtype, t.row(r), xt), dot_row(f.dtype, t.row(ffn + r), xt));
+                        want[tk * ffn + r] = gate / (1.0 + (-gate).exp()) * up;
+                    }
+                }
+                compare(&op(kind, f.dtype), g.seed, &g.down(&od), &want);
+            }
+        }
+    }
+}
+
+/// The int8 input (quantize_x_q8) equals its CPU twin bit for bit: both planes of codes, and
+/// each run's scale and scaled code sums; and the dp4a GEMV on it equals `q8x::matmul_q8x` (5 tokens;
+/// 1 token with 4 and 2 weight rows per warp, plain and SwiGLU).
+#[test]
+fn int8_activations_equal_the_cpu_twin() {
+    let Some(mut g) = gpu("int8 activations") else { return };
+    let s = g.dev.stream.clone();
+    let (n, cols, rows) = (5, 1024, 64);
+    // A wide dynamic range per block, and one all-zero block (scale 0).
+    let mut x = g.randn(n * cols, 30.0);
+    x[64..96].iter_mut().for_each(|v| *v = 0.0);
+    let xd = g.up(&x);
+    let xq: CudaSlice<u8> = g.zeros(q8x_bytes(n, cols).2);
+    QuantizeX { x: g.d(&xd), xq: g.d(&xq), n_tok: n, cols, x_stride: cols }.launch(&mut g.k, &s).unwrap();
+    let bytes = g.down(&xq);
+    let (ql_off, xs_off, _) = q8x_bytes(n, cols);
+    for t in 0..n {
+        let (q, l, ds) = dustoff::backend::cuda::q8x::quantize(&x[t * cols..(t + 1) * cols]);
+        let codes =
+            |off: usize| -> Vec<i8> { bytes[off + t * cols..off + (t + 1) * cols].iter().map(|&b| b as i8).collect() };
+        assert_eq!(codes(0), q, "token {t}: hi codes");
+        assert_eq!(codes(ql_off), l, "token {t}: lo codes");
+        for run in 0..cols / 16 {
+            let o = xs_off + 8 * (t * (cols / 16) + run);
+            let d = f32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
+            let ds_got = f32::from_le_bytes(bytes[o + 4..o + 8].try_into().unwrap());
+            let sum: i32 = q[16 * run..16 * run + 16].iter().map(|&v| v as i32).sum();
+            let sum_l: i32 = l[16 * run..16 * run + 16].iter().map(|&v| v as i32).sum();
+            assert_eq!(d, ds[run / 2], "token {t} run {run}: scale");
+            let dl = d * dustoff::backend::cuda::q8x::Q8X_LO;
+            assert_eq!(ds_got, dl.mul_add(sum_l as f32, d * sum as f32), "token {t} run {run}: scaled sums");
+        }
+    }
+    let (xq1, x1) = (g.zeros::<u8>(q8x_bytes(1, cols).2), g.up(&x[..cols]));
+    QuantizeX { x: g.d(&x1), xq: g.d(&xq1), n_tok: 1, cols, x_stride: cols }.launch(&mut g.k, &s).unwrap();
+    for f in QFormat::all() {
+        let tw = tensor(&mut g, f.dtype, "w", rows, cols);
+        let (m, _) = DevMat::upload(&s, &[&tw], false, "w").unwrap();
+        // n tokens, then 1 token with 4 and with 2 weight rows per warp (the plain and the
+        // SwiGLU entries: gate rows 0..rows / 2, up rows after them).
+        let mut cases = vec![(n, false, false)];
+        for swiglu in [false, true] {
+            cases.extend([(1, false, swiglu), (1, true, swiglu)]);
+        }
+        for (nt, rows2, swiglu) in cases {
+            let (xin, xqd) = if nt == 1 { (&x1, &xq1) } else { (&xd, &xq) };
+            let out_rows = if swiglu { rows / 2 } else { rows };
+            let od = g.poisoned(nt * out_rows);
             GemvQ {
-                w,
-                x: g.d(&xd),
+                w: m.quant(&s).unwrap(),
+                x: g.d(xin),
                 out: g.d(&od),
                 bias: None,
-                rows: ffn,
-                n_tok: n,
+                rows: out_rows,
+                n_tok: nt,
                 x_stride: cols,
-                out_stride: ffn,
+                out_stride: out_rows,
                 accumulate: false,
-                swiglu: true,
+                swiglu,
+                xq: Some(g.d(xqd)),
             }
-            .launch(&mut g.k, &s)
+            .launch_rows(&mut g.k, &s, rows2)
             .unwrap();
-            let mut want = vec![0f32; n * ffn];
-            for tk in 0..n {
-                let xt = &x[tk * cols..(tk + 1) * cols];
-                for r in 0..ffn {
-                    let (gate, up) = (dot_row(f.dtype, t.row(r), xt), dot_row(f.dtype, t.row(ffn + r), xt));
-                    want[tk * ffn + r] = gate / (1.0 + (-gate).exp()) * up;
-                }
+            let mut want = vec![0f32; nt * rows];
+            matmul_q8x(&tw, &x[..nt * cols], nt, &mut want);
+            if swiglu {
+                let (gate, up) = want.split_at(rows / 2);
+                want = gate.iter().zip(up).map(|(&a, &b)| a / (1.0 + (-a).exp()) * b).collect();
             }
-            compare(&op("swiglu", f.dtype), g.seed, &g.down(&od), &want);
+            let kind = if swiglu { "swigluq8" } else { "gemvq8" };
+            eprintln!("{} n={nt} rows2={rows2} swiglu={swiglu}", f.dtype);
+            compare(&op(kind, f.dtype), g.seed, &g.down(&od), &want);
         }
     }
 }

@@ -3,7 +3,7 @@
 //! bandwidth of the same run; and the cost of widening a matrix to F16 (steps of 9+ tokens).
 
 use dustoff::backend::cuda::dmat::DevMat;
-use dustoff::backend::cuda::qlaunch::{DequantF16, GemvQ};
+use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, GemmQ, GemvQ, QuantizeX};
 use dustoff::backend::cuda::WeightMix;
 use dustoff::model::quant::GgmlType;
 
@@ -20,7 +20,10 @@ fn quant_kernel_breakdown() {
     let dim = 4096;
     let xv = g.randn(8 * 12288, 1.0);
     let x = g.up(&xv);
-    let out = g.zeros::<f32>(8 * 151_936);
+    let out = g.zeros::<f32>(64 * 151_936);
+    let xq = g.zeros::<u8>(q8x_bytes(8, 12288).2);
+    let x16 = g.zeros::<u16>(64 * 12288);
+    let part = g.zeros::<f32>(8 * 64 * 24576);
     let wide = g.zeros::<u16>(2 * 12288 * dim);
     let formats = std::env::var("DUSTOFF_BREAKDOWN_FORMATS").unwrap_or_else(|_| "q4_0,q8_0,q4_k,q6_k".into());
     for name in formats.split(',') {
@@ -44,26 +47,66 @@ fn quant_kernel_breakdown() {
             }
             let mut i = 0;
             for n in [1usize, 8] {
+                // f32: the f32-input kernel (DUSTOFF_QGEMV_F32=1); int8: quantize_x_q8 then the
+                // dp4a kernel (both launches timed: the default path's cost per matrix input).
+                // int8r2: 2 weight rows per warp (DUSTOFF_QGEMV_ROWS=2), 1 token only.
+                for (kind, q8, rows2) in [("f32   ", false, false), ("int8  ", true, false), ("int8r2", true, true)] {
+                    if rows2 && n != 1 {
+                        continue;
+                    }
+                    let dt = time(&mut g, &mut |g| {
+                        let w = ws[i % n_copies].quant(&s).unwrap();
+                        i += 1;
+                        if q8 {
+                            QuantizeX { x: g.d(&x), xq: g.d(&xq), n_tok: n, cols, x_stride: cols }
+                                .launch(&mut g.k, &s)
+                                .unwrap();
+                        }
+                        GemvQ {
+                            w,
+                            x: g.d(&x),
+                            out: g.d(&out),
+                            bias: None,
+                            rows,
+                            n_tok: n,
+                            x_stride: cols,
+                            out_stride: rows,
+                            accumulate: false,
+                            swiglu,
+                            xq: q8.then(|| g.d(&xq)),
+                        }
+                        .launch_rows(&mut g.k, &s, rows2)
+                        .unwrap();
+                    });
+                    eprintln!(
+                        "gemv {name} {kind} {what:15} [{all_rows}x{cols}] {n} tok: {:8.1} us {:7.0} GB/s ({:.0}% of copy)",
+                        dt * 1e6,
+                        bytes / dt / 1e9,
+                        100.0 * bytes / dt / bw
+                    );
+                }
+            }
+            // The packed tensor-core GEMM (steps of 9+ tokens) at 16 and 64 tokens (the SwiGLU
+            // matrix as its plain gate/up product).
+            for n in [16usize, 64] {
                 let dt = time(&mut g, &mut |g| {
                     let w = ws[i % n_copies].quant(&s).unwrap();
                     i += 1;
-                    GemvQ {
+                    GemmQ {
                         w,
-                        x: g.d(&x),
+                        x16: g.d(&x16),
                         out: g.d(&out),
                         bias: None,
-                        rows,
                         n_tok: n,
-                        x_stride: cols,
-                        out_stride: rows,
+                        out_stride: all_rows,
                         accumulate: false,
-                        swiglu,
+                        part: Some(g.d(&part)),
                     }
                     .launch(&mut g.k, &s)
                     .unwrap();
                 });
                 eprintln!(
-                    "gemv {name} {what:15} [{all_rows}x{cols}] {n} tok: {:8.1} us {:7.0} GB/s ({:.0}% of copy)",
+                    "gemm {name} {what:15} [{all_rows}x{cols}] {n} tok: {:8.1} us {:7.0} GB/s ({:.0}% of copy)",
                     dt * 1e6,
                     bytes / dt / 1e9,
                     100.0 * bytes / dt / bw

@@ -358,7 +358,11 @@ impl CudaBackend {
             }
         }
         let quantized = formats.iter().any(|f| QFormat::of(f.0).is_some());
-        let wide = if quantized { Some(zeros::<u16>(s, wide_len(c), "F16 scratch of widened weights")?) } else { None };
+        let wide = if quantized && wide_len(c) > 0 {
+            Some(zeros::<u16>(s, wide_len(c), "F16 scratch of widened weights")?)
+        } else {
+            None
+        };
         let use_graphs = std::env::var(GRAPHS_ENV).map_or(true, |v| v != "0");
         let mut b = CudaBackend {
             cfg,
@@ -475,11 +479,10 @@ fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, us
     v
 }
 
-/// Elements of the F16 scratch that quantized matrices are widened into: the largest layer
-/// matrix (the head goes through it in row chunks).
+/// Elements of the F16 scratch that quantized matrices are widened into (matmul.rs: 0 where
+/// the packed GEMM takes every step).
 pub fn wide_len(c: &ModelConfig) -> usize {
-    let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-    [(q + 2 * kv) * d, d * q, 2 * f * d, d * f, 128 * d].into_iter().max().unwrap_or(0)
+    super::matmul::wide_scratch_len(c)
 }
 
 impl Backend for CudaBackend {

@@ -41,6 +41,11 @@ impl<T> Dev<T> {
         Dev { ptr: self.ptr, len: self.len, _t: PhantomData }
     }
 
+    /// The same memory as bytes (a scratch reused for another element type).
+    pub fn bytes(self) -> Dev<u8> {
+        Dev { ptr: self.ptr, len: self.len * std::mem::size_of::<T>(), _t: PhantomData }
+    }
+
     /// The elements from `n` on (an empty pointer when `n` is past the end; the shape checks
     /// then reject it).
     pub fn offset(self, n: usize) -> Self {

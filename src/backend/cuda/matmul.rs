@@ -6,8 +6,9 @@
 //! | F16 | below `tc_min_tokens` (1) | f32 GEMV (gemv_f16.cu) |
 //! | F16 | up to `tc_max_tokens` (16) | tensor-core GEMM (gemm_tc.cu), input cast to F16 |
 //! | F16 | more | cuBLAS |
-//! | block format | 1..=4 (`DUSTOFF_QGEMV_MAX_TOKENS`, up to 8) | GEMV on the packed blocks (gemv_quant.cu), codes unpacked in registers |
-//! | block format | more | the matrix (or a row chunk of it) widened into one F16 scratch, reused by every matrix of the step, then the F16 path |
+//! | block format | 1..=4 (`DUSTOFF_QGEMV_MAX_TOKENS`, up to 8) | input quantized once to two int8 planes, then the dp4a GEMV on the packed blocks (gemv_q8.cu); `DUSTOFF_QGEMV_F32=1`: the f32-input GEMV (gemv_quant.cu) |
+//! | block format | up to 64 (whole 64 x 128 tiles; `DUSTOFF_QGEMM_MAX_TOKENS`) | tensor-core GEMM dequantizing its tiles into shared memory (gemm_quant.cu) |
+//! | block format | other shapes, or above that | the matrix (or a row chunk of it) widened into one F16 scratch, reused by every matrix of the step, then the F16 path |
 //!
 //! A `Linear` of several parts (a QKV of mixed formats) runs one product per part into its rows
 //! of the output.
@@ -17,10 +18,11 @@ use cudarc::driver::CudaStream;
 use super::dmat::{DevMat, Linear};
 use super::kernels::Kernels;
 use super::launch::{self as l, Dev, GEMV_MAX_TOKENS};
-use super::qlaunch::{DequantF16, GemvQ};
+use super::qlaunch::{DequantF16, GemmQ, GemvQ, QView, QuantizeX};
 use super::tc::{GemmTc, TC_MAX_TOKENS};
 use super::tuning::tuning;
 use super::CudaError;
+use crate::model::config::ModelConfig;
 
 /// Fewest tokens that take the tensor-core GEMM instead of the f32 GEMV on F16 weights (at most
 /// 8 use the GEMV). `DUSTOFF_TC_MIN_TOKENS` overrides the default of 2 (for comparisons).
@@ -35,12 +37,67 @@ fn tc_max_tokens() -> usize {
 }
 
 /// Most tokens of a step that read quantized matrices with the GEMV on the packed blocks
-/// (`DUSTOFF_QGEMV_MAX_TOKENS` overrides the default of 4); larger steps widen them to F16.
-/// Measured on the H200 (docs/BENCHMARKS.md, 2026-12-01): at 2 sequences the GEMV path ran
-/// 248 tok/s against 112 widened; at 8, 344 against 436; the kernel times put the crossover
-/// near 6 tokens.
+/// (`DUSTOFF_QGEMV_MAX_TOKENS` overrides the default of 4); larger steps take the packed GEMM.
+/// Measured on the H200 (docs/BENCHMARKS.md, 2026-12-01 session 3): 8 sequences of Q4_K_M
+/// decoded at 615 tok/s with the 8-token int8 GEMV and at 902 with the GEMM (16-token tile);
+/// the 8-token GEMV of gate/up took 116 us against the GEMM's 81.
 fn qgemv_max_tokens() -> usize {
     tuning().qgemv_max_tokens.unwrap_or(4).min(GEMV_MAX_TOKENS)
+}
+
+/// Most tokens of a step for the tensor-core GEMM on the packed blocks by default; larger
+/// steps (prefill) widen the matrices to F16 for cuBLAS. Measured (same session): prefill 768
+/// of Q4_K_M at 7.0k tok/s through the packed GEMM (64-token tiles along z, wmma) against
+/// 15.1k widened; batched 32 / 64 sequences decoded at 2,805 / 3,966 tok/s with the GEMM
+/// against 1,597 / 2,843 widened.
+const QGEMM_MAX_TOKENS: usize = 64;
+
+/// Most tokens of a step for the tensor-core GEMM on the packed blocks; larger steps widen
+/// the matrices to F16 (`DUSTOFF_QGEMM_MAX_TOKENS`; 0 widens every step above the GEMV's).
+fn qgemm_max_tokens() -> usize {
+    tuning().qgemm_max_tokens.unwrap_or(QGEMM_MAX_TOKENS)
+}
+
+/// Whether quantized models of shape `c` need the F16 scratch that matrices are widened into:
+/// some matrix shape the packed GEMM does not take (rows a multiple of 64, columns of 128; the
+/// parts of a mixed QKV or gate/up included), steps the GEMM does not serve (above
+/// [`qgemm_max_tokens`]: prefill), or a mixture-of-experts or hybrid model (their other
+/// matrices may go through the scratch).
+pub fn wide_scratch_needed(c: &ModelConfig) -> bool {
+    if c.moe.is_some() || c.hybrid.is_some() || qgemm_max_tokens() != usize::MAX {
+        return true;
+    }
+    let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+    let shapes = [(q + 2 * kv, d), (q + kv, d), (q, d), (kv, d), (d, q), (2 * f, d), (f, d), (d, f), (c.vocab_size, d)];
+    !shapes.iter().all(|&(rows, cols)| GemmQ::fits(rows, cols))
+}
+
+/// Most elements of the F16 scratch (32 MB): larger matrices are widened in row chunks, each
+/// followed by its F16 GEMM (still large: 1,280 rows of the Qwen3-8B down matrix at least).
+const WIDE_CAP: usize = 16 << 20;
+
+/// Elements of the F16 scratch for widened quantized matrices (0 where none is needed): the
+/// largest layer matrix up to [`WIDE_CAP`], and at least 128 rows of the widest one.
+pub fn wide_scratch_len(c: &ModelConfig) -> usize {
+    if !wide_scratch_needed(c) {
+        return 0;
+    }
+    let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+    let largest = [(q + 2 * kv) * d, d * q, 2 * f * d, d * f].into_iter().max().unwrap_or(0);
+    largest.min(WIDE_CAP).max(128 * d.max(q).max(f))
+}
+
+/// Whether the packed GEMV reads int8-quantized activations (the default).
+fn q8_acts() -> bool {
+    !tuning().qgemv_f32
+}
+
+/// What the step input has been converted into in the `x16` scratch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum XForm {
+    None,
+    F16,
+    Q8,
 }
 
 /// Whether a step of `n` tokens reads `m`'s packed blocks directly (else through the scratch).
@@ -74,7 +131,8 @@ pub struct Product<'w> {
 impl Mm<'_> {
     pub fn run(&mut self, k: &mut Kernels, p: Product) -> Result<(), CudaError> {
         let (rows, cols) = (p.lin.rows(), p.lin.cols());
-        let mut cast = false;
+        // The parts share one conversion of the input (x16 holds either form: redone on a switch).
+        let mut have = XForm::None;
         let mut r0 = 0;
         for m in &p.lin.parts {
             let sub = Sub {
@@ -86,9 +144,19 @@ impl Mm<'_> {
                 out_stride: rows,
                 accumulate: p.accumulate,
             };
-            if !cast && !packed_gemv(m, p.n) && p.n >= tc_min_tokens() {
-                l::CastF16 { x: p.x, out: self.x16, n: p.n * cols }.launch(k, self.s)?;
-                cast = true;
+            let packed = packed_gemv(m, p.n);
+            let want = match (packed, q8_acts()) {
+                (true, true) => XForm::Q8,
+                (false, _) if p.n >= tc_min_tokens() => XForm::F16,
+                _ => XForm::None,
+            };
+            if want != XForm::None && want != have {
+                if want == XForm::Q8 {
+                    QuantizeX { x: p.x, xq: self.x16.bytes(), n_tok: p.n, cols, x_stride: cols }.launch(k, self.s)?;
+                } else {
+                    l::CastF16 { x: p.x, out: self.x16, n: p.n * cols }.launch(k, self.s)?;
+                }
+                have = want;
             }
             self.part(k, sub)?;
             r0 += m.rows;
@@ -112,8 +180,25 @@ impl Mm<'_> {
                     out_stride: p.out_stride,
                     accumulate: p.accumulate,
                     swiglu: false,
+                    xq: q8_acts().then(|| self.x16.bytes()),
                 }
                 .launch(k, self.s);
+            }
+            if p.n <= qgemm_max_tokens()
+                && GemmQ::fits(m.rows, m.cols)
+                && GemmQ::input_rows(p.n) * m.cols <= self.x16.len
+            {
+                let g = GemmQ {
+                    w,
+                    x16: self.x16,
+                    out: p.out,
+                    bias: p.bias,
+                    n_tok: p.n,
+                    out_stride: p.out_stride,
+                    accumulate: p.accumulate,
+                    part: Some(self.part),
+                };
+                return g.launch(k, self.s);
             }
             // Row chunks that fit the scratch (the output head is larger than any layer matrix).
             let wide = self.wide.filter(|d| d.len >= 128 * m.cols).ok_or_else(|| CudaError::Shape {
@@ -157,6 +242,40 @@ impl Mm<'_> {
             .launch(k, self.s);
         }
         self.f16(k, w, m.rows, m.cols, p.bias, p.n, p.out, p.out_stride, p.accumulate)
+    }
+
+    /// `out[t, r] = silu(gate) * up` of a stacked quantized gate/up `w` (`[2 ffn, cols]`) for a
+    /// step of `n` tokens that [`packed_gemv`] serves: the input quantized to int8 into `x16`,
+    /// then the SwiGLU GEMV (or the f32-input one with `DUSTOFF_QGEMV_F32=1`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn swiglu_q(
+        &mut self,
+        k: &mut Kernels,
+        w: QView,
+        x: Dev<f32>,
+        n: usize,
+        out: Dev<f32>,
+        ffn: usize,
+    ) -> Result<(), CudaError> {
+        let cols = w.cols;
+        let xq = q8_acts().then(|| self.x16.bytes());
+        if let Some(xq) = xq {
+            QuantizeX { x, xq, n_tok: n, cols, x_stride: cols }.launch(k, self.s)?;
+        }
+        let g = GemvQ {
+            w,
+            x,
+            out,
+            bias: None,
+            rows: ffn,
+            n_tok: n,
+            x_stride: cols,
+            out_stride: ffn,
+            accumulate: false,
+            swiglu: true,
+            xq,
+        };
+        g.launch(k, self.s)
     }
 
     /// F16 weights `[rows, cols]` times the F16 input already in `x16`.

@@ -17,6 +17,7 @@ pub mod memory;
 pub mod nvrtc;
 pub mod prefill;
 mod profile;
+pub mod q8x;
 pub mod qformat;
 pub mod qlaunch;
 mod step;

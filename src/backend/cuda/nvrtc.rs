@@ -89,6 +89,12 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         source: include_str!("../../../kernels/gemv_quant.cu"),
         entries: &GEMV_QUANT_ENTRIES,
     },
+    KernelFile {
+        name: "gemm_quant",
+        source: include_str!("../../../kernels/gemm_quant.cu"),
+        entries: &GEMM_QUANT_ENTRIES,
+    },
+    KernelFile { name: "gemv_q8", source: include_str!("../../../kernels/gemv_q8.cu"), entries: &GEMV_Q8_ENTRIES },
     kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),
@@ -119,6 +125,44 @@ pub const GEMV_QUANT_ENTRIES: [&str; 64] = q_names!(
     ("gemv_swiglu_", "_n4"),
     ("gemv_swiglu_", "_n8"),
 );
+
+/// `kernels/gemv_q8.cu`: entry `8 * v + format` as in [`GEMV_QUANT_ENTRIES`] (int8
+/// activations, dp4a), v = 8 / 9 the 1-token GEMV / SwiGLU GEMV with 2 weight rows per warp,
+/// then `quantize_x_q8` at 80.
+pub const GEMV_Q8_ENTRIES: [&str; 81] = {
+    let d = q_names!(
+        ("gemvq8_", "_n1"),
+        ("gemvq8_", "_n2"),
+        ("gemvq8_", "_n4"),
+        ("gemvq8_", "_n8"),
+        ("gemvq8_swiglu_", "_n1"),
+        ("gemvq8_swiglu_", "_n2"),
+        ("gemvq8_swiglu_", "_n4"),
+        ("gemvq8_swiglu_", "_n8"),
+        ("gemvq8_", "_n1r2"),
+        ("gemvq8_swiglu_", "_n1r2"),
+    );
+    let mut all = ["quantize_x_q8"; 81];
+    let mut i = 0;
+    while i < 80 {
+        all[i] = d[i];
+        i += 1;
+    }
+    all
+};
+
+/// `kernels/gemm_quant.cu`: entry `8 * (tiles of 16 tokens - 1) + format`, then
+/// `splitk_reduce_q` at 32.
+pub const GEMM_QUANT_ENTRIES: [&str; 33] = {
+    let d = q_names!(("gemmq_", "_t16"), ("gemmq_", "_t32"), ("gemmq_", "_t48"), ("gemmq_", "_t64"));
+    let mut all = ["splitk_reduce_q"; 33];
+    let mut i = 0;
+    while i < 32 {
+        all[i] = d[i];
+        i += 1;
+    }
+    all
+};
 
 /// `kernels/dequant.cu`: `dequant_<fmt>_f16` at `format`, `embedding_<fmt>` at `8 + format`,
 /// then the synthetic-weight fillers.

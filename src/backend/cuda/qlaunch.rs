@@ -1,11 +1,12 @@
-//! Launchers of the quantized-weight kernels (kernels/gemv_quant.cu, kernels/dequant.cu). Same
-//! conventions as `launch`: a struct of arguments, shape checks, `#[repr(C)]` params mirrors.
+//! Launchers of the quantized-weight kernels (kernels/gemv_q8.cu, kernels/gemv_quant.cu,
+//! kernels/dequant.cu). Same conventions as `launch`: a struct of arguments, shape checks,
+//! `#[repr(C)]` params mirrors.
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
 use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
-use super::nvrtc::{DEQUANT_ENTRIES, GEMV_QUANT_ENTRIES};
+use super::nvrtc::{DEQUANT_ENTRIES, GEMM_QUANT_ENTRIES, GEMV_Q8_ENTRIES, GEMV_QUANT_ENTRIES};
 use super::qformat::QFormat;
 use super::CudaError;
 
@@ -60,8 +61,95 @@ unsafe impl DeviceRepr for GemvQParams {}
 /// Warps (one row each) of a quantized GEMV block (kernels/gemv_quant.cu: GEMVQ_WARPS).
 const GEMVQ_WARPS: usize = 4;
 
+/// Bytes of an int8-quantized step input `[n_tok, cols]` (kernels/quant.cuh, "int8
+/// activations"): `(offset of the lo codes, offset of the scales, total)`: qx `[n_tok, cols]`
+/// int8 hi codes, then from the next 256-byte boundary ql (lo codes, the same shape), then xs
+/// `[n_tok, cols / 16]` (f32 d, f32 d * sum(q) + dl * sum(l)).
+pub fn q8x_bytes(n_tok: usize, cols: usize) -> (usize, usize, usize) {
+    let plane = (n_tok * cols).div_ceil(256) * 256;
+    (plane, 2 * plane, 2 * plane + n_tok * (cols / 16) * 8)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct QuantizeXParams {
+    x: u64,
+    qx: u64,
+    ql: u64,
+    xs: u64,
+    n_tok: i32,
+    cols: i32,
+    x_stride: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for QuantizeXParams {}
+
+/// `x [n_tok, x_stride]` f32 quantized into `xq` (layout: [`q8x_bytes`]) in blocks of 32:
+/// the input of the int8 GEMV ([`GemvQ`] with `xq`). CPU twin: `q8x::quantize`.
+pub struct QuantizeX {
+    pub x: Dev<f32>,
+    pub xq: Dev<u8>,
+    pub n_tok: usize,
+    pub cols: usize,
+    pub x_stride: usize,
+}
+
+impl QuantizeX {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "quantize_x_q8";
+        check(K, self.cols.is_multiple_of(32), || format!("{} columns are not whole 32-value blocks", self.cols))?;
+        check(
+            K,
+            self.x_stride.is_multiple_of(4) && self.x.ptr.is_multiple_of(16) && self.cols <= self.x_stride,
+            || format!("input stride {} must be a multiple of 4, the input 16-byte aligned", self.x_stride),
+        )?;
+        check(K, self.xq.ptr.is_multiple_of(256), || "the int8 input must be 256-byte aligned".into())?;
+        need(K, "input", self.x, extent(self.n_tok, self.x_stride, self.cols))?;
+        let (ql_off, xs_off, total) = q8x_bytes(self.n_tok, self.cols);
+        need(K, "int8 input", self.xq, total)?;
+        let threads = self.n_tok * self.cols / 4;
+        if threads == 0 {
+            return Ok(());
+        }
+        let p = QuantizeXParams {
+            x: self.x.ptr,
+            qx: self.xq.ptr,
+            ql: self.xq.ptr + ql_off as u64,
+            xs: self.xq.ptr + xs_off as u64,
+            n_tok: i32_of(K, self.n_tok)?,
+            cols: i32_of(K, self.cols)?,
+            x_stride: i32_of(K, self.x_stride)?,
+        };
+        launch(k, s, GEMV_Q8_ENTRIES[80], (blocks_for(K, threads, 256)?, 1, 1), 256, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GemvQ8Params {
+    qs: u64,
+    aux: u64,
+    qx: u64,
+    ql: u64,
+    xs: u64,
+    out: u64,
+    bias: u64,
+    rows: i32,
+    cols: i32,
+    n_tok: i32,
+    out_stride: i32,
+    accumulate: i32,
+    qs_row: i32,
+    aux_row: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for GemvQ8Params {}
+
 /// `out[t, r] (+)= sum_c w[r, c] x[t, c] (+ bias[r])` for `n_tok <= 8`, `w` quantized; with
 /// `swiglu`, `w` is the stacked gate/up `[2 rows, cols]` and `out[t, r] = silu(gate) * up`.
+/// With `xq` (the input already quantized by [`QuantizeX`], `[n_tok, cols]`) the int8 dp4a
+/// kernel (gemv_q8.cu) reads it and `x` is not read; without, the f32-input kernel
+/// (gemv_quant.cu) reads `x`.
 pub struct GemvQ {
     pub w: QView,
     pub x: Dev<f32>,
@@ -74,10 +162,17 @@ pub struct GemvQ {
     pub out_stride: usize,
     pub accumulate: bool,
     pub swiglu: bool,
+    pub xq: Option<Dev<u8>>,
 }
 
 impl GemvQ {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        self.launch_rows(k, s, super::tuning::tuning().qgemv_rows2)
+    }
+
+    /// As [`GemvQ::launch`]; `rows2`: the 1-token int8 kernel reads 2 weight rows per warp
+    /// instead of 4 (`DUSTOFF_QGEMV_ROWS=2` sets it for `launch`).
+    pub fn launch_rows(&self, k: &mut Kernels, s: &CudaStream, rows2: bool) -> Result<(), CudaError> {
         const K: &str = "gemv_quant";
         let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
         let cols = self.w.cols;
@@ -85,6 +180,52 @@ impl GemvQ {
         let want_rows = if self.swiglu { 2 * self.rows } else { self.rows };
         check(K, self.w.rows == want_rows, || format!("{} weight rows for {} outputs", self.w.rows, self.rows))?;
         check(K, !(self.swiglu && (self.accumulate || self.bias.is_some())), || "SwiGLU takes no bias".into())?;
+        let v = match self.n_tok {
+            1 => 0,
+            2 => 1,
+            3 | 4 => 2,
+            _ => 3,
+        } + if self.swiglu { 4 } else { 0 };
+        // Output rows per warp (RowsPerWarp / RowsPerWarpQ8, halved for SwiGLU).
+        let per_warp = if self.n_tok == 1 { 4 } else { 2 } / if self.swiglu { 2 } else { 1 };
+        let grid = blocks_for(K, self.rows, GEMVQ_WARPS * per_warp)?;
+        if let Some(xq) = self.xq {
+            need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.rows))?;
+            check(K, self.rows <= self.out_stride, || "rows overlap their stride".into())?;
+            check(K, cols.is_multiple_of(32) && xq.ptr.is_multiple_of(256), || "int8 input layout".into())?;
+            let (ql_off, xs_off, total) = q8x_bytes(self.n_tok, cols);
+            need(K, "int8 input", xq, total)?;
+            if let Some(b) = self.bias {
+                need(K, "bias", b, self.rows)?;
+            }
+            if self.rows == 0 {
+                return Ok(());
+            }
+            let p = GemvQ8Params {
+                qs,
+                aux,
+                qx: xq.ptr,
+                ql: xq.ptr + ql_off as u64,
+                xs: xq.ptr + xs_off as u64,
+                out: self.out.ptr,
+                bias: self.bias.map_or(0, |b| b.ptr),
+                rows: i32_of(K, self.rows)?,
+                cols: i32_of(K, cols)?,
+                n_tok: self.n_tok as i32,
+                out_stride: i32_of(K, self.out_stride)?,
+                accumulate: i32::from(self.accumulate),
+                qs_row,
+                aux_row,
+            };
+            // One token with 2 weight rows per warp: twice the blocks.
+            let (v, grid) = if self.n_tok == 1 && rows2 {
+                (if self.swiglu { 9 } else { 8 }, blocks_for(K, self.rows, GEMVQ_WARPS * per_warp / 2)?)
+            } else {
+                (v, grid)
+            };
+            let entry = GEMV_Q8_ENTRIES[8 * v + self.w.fmt.index];
+            return launch(k, s, entry, (grid, 1, 1), (32 * GEMVQ_WARPS) as u32, 0, &p);
+        }
         check(K, self.x_stride.is_multiple_of(4) && self.x.ptr.is_multiple_of(16), || {
             format!("input stride {} must be a multiple of 4 and the input 16-byte aligned", self.x_stride)
         })?;
@@ -97,12 +238,6 @@ impl GemvQ {
         if self.rows == 0 {
             return Ok(());
         }
-        let v = match self.n_tok {
-            1 => 0,
-            2 => 1,
-            3 | 4 => 2,
-            _ => 3,
-        } + if self.swiglu { 4 } else { 0 };
         let p = GemvQParams {
             qs,
             aux,
@@ -119,10 +254,143 @@ impl GemvQ {
             aux_row,
         };
         let entry = GEMV_QUANT_ENTRIES[8 * v + self.w.fmt.index];
-        // Output rows per warp (kernels/gemv_quant.cu: RowsPerWarp, halved for SwiGLU).
-        let per_warp = if self.n_tok == 1 { 4 } else { 2 } / if self.swiglu { 2 } else { 1 };
-        let grid = blocks_for(K, self.rows, GEMVQ_WARPS * per_warp)?;
         launch(k, s, entry, (grid, 1, 1), (32 * GEMVQ_WARPS) as u32, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GemmQParams {
+    qs: u64,
+    aux: u64,
+    x: u64,
+    out: u64,
+    bias: u64,
+    part: u64,
+    rows: i32,
+    cols: i32,
+    n_tok: i32,
+    out_stride: i32,
+    accumulate: i32,
+    qs_row: i32,
+    aux_row: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for GemmQParams {}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct SplitReduceParams {
+    part: u64,
+    out: u64,
+    bias: u64,
+    rows: i32,
+    n_tok: i32,
+    out_stride: i32,
+    accumulate: i32,
+    nk: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
+unsafe impl DeviceRepr for SplitReduceParams {}
+
+/// Rows and columns of the weight tile of one block (kernels/gemm_quant.cu: QG_BM, QG_BK).
+const GEMMQ_BM: usize = 64;
+const GEMMQ_BK: usize = 128;
+/// Blocks the GEMM aims for (split-K below it): ~2 per SM on an H200, 3 on a V100.
+const GEMMQ_TARGET_BLOCKS: usize = 256;
+
+/// `out[t, r] (+)= sum_c w[r, c] x16[t, c] (+ bias[r])` for 9+ tokens on the packed weights
+/// (kernels/gemm_quant.cu: tiles dequantized into shared memory, wmma): `x16` is the step
+/// input cast to F16 (`[ceil16(n_tok), cols]`, above 64 tokens `[ceil64(n_tok), cols]`; rows
+/// past `n_tok` read and dropped);
+/// `part` the split-K scratch (`[k, n_tok, rows]` f32; the splits shrink to what it holds).
+pub struct GemmQ {
+    pub w: QView,
+    pub x16: Dev<u16>,
+    pub out: Dev<f32>,
+    pub bias: Option<Dev<f32>>,
+    pub n_tok: usize,
+    pub out_stride: usize,
+    pub accumulate: bool,
+    pub part: Option<Dev<f32>>,
+}
+
+impl GemmQ {
+    /// Whether the kernel takes a `[rows, cols]` matrix (whole 64-row, 128-column tiles).
+    pub fn fits(rows: usize, cols: usize) -> bool {
+        rows.is_multiple_of(GEMMQ_BM) && cols.is_multiple_of(GEMMQ_BK) && rows > 0
+    }
+
+    /// Rows of F16 input the kernel reads for `n_tok` tokens.
+    pub fn input_rows(n_tok: usize) -> usize {
+        if n_tok <= 64 {
+            n_tok.div_ceil(16) * 16
+        } else {
+            n_tok.div_ceil(64) * 64
+        }
+    }
+
+    /// K splits for `[rows, cols]` at `n_tok` tokens with `part_len` floats of scratch.
+    pub fn splits(rows: usize, cols: usize, n_tok: usize, part_len: usize) -> usize {
+        let blocks = (rows / GEMMQ_BM).max(1) * n_tok.div_ceil(64);
+        let want = GEMMQ_TARGET_BLOCKS.div_ceil(blocks).clamp(1, (cols / GEMMQ_BK / 2).max(1));
+        match part_len / (n_tok * rows).max(1) {
+            0 | 1 => 1,
+            fit => want.min(fit),
+        }
+    }
+
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "gemm_quant";
+        let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
+        let (rows, cols, n) = (self.w.rows, self.w.cols, self.n_tok);
+        check(K, Self::fits(rows, cols), || format!("[{rows}, {cols}] is not whole 64 x 128 tiles"))?;
+        check(K, n >= 1, || "no tokens".into())?;
+        check(K, rows <= self.out_stride, || "rows overlap their stride".into())?;
+        check(K, self.x16.ptr.is_multiple_of(16), || "the F16 input must be 16-byte aligned".into())?;
+        // Tiles of 16 tokens per block (4 above 64 tokens), blocks of 64 tokens along z.
+        let tiles = n.div_ceil(16).min(4);
+        let z = n.div_ceil(64);
+        need(K, "input", self.x16, Self::input_rows(n) * cols)?;
+        need(K, "output", self.out, extent(n, self.out_stride, rows))?;
+        if let Some(b) = self.bias {
+            need(K, "bias", b, rows)?;
+        }
+        let nk = Self::splits(rows, cols, n, self.part.map_or(0, |p| p.len));
+        let mut p = GemmQParams {
+            qs,
+            aux,
+            x: self.x16.ptr,
+            out: self.out.ptr,
+            bias: self.bias.map_or(0, |b| b.ptr),
+            part: 0,
+            rows: i32_of(K, rows)?,
+            cols: i32_of(K, cols)?,
+            n_tok: n as i32,
+            out_stride: i32_of(K, self.out_stride)?,
+            accumulate: i32::from(self.accumulate),
+            qs_row,
+            aux_row,
+        };
+        let entry = GEMM_QUANT_ENTRIES[8 * (tiles - 1) + self.w.fmt.index];
+        let grid = ((rows / GEMMQ_BM) as u32, nk as u32, u32::try_from(z).unwrap_or(u32::MAX));
+        if nk == 1 {
+            return launch(k, s, entry, grid, 128, 0, &p);
+        }
+        let part = self.part.expect("splits > 1 only with a scratch");
+        p.part = part.ptr;
+        launch(k, s, entry, grid, 128, 0, &p)?;
+        let r = SplitReduceParams {
+            part: part.ptr,
+            out: self.out.ptr,
+            bias: p.bias,
+            rows: p.rows,
+            n_tok: p.n_tok,
+            out_stride: p.out_stride,
+            accumulate: p.accumulate,
+            nk: nk as i32,
+        };
+        launch(k, s, GEMM_QUANT_ENTRIES[32], (blocks_for(K, n * rows, 256)?, 1, 1), 256, 0, &r)
     }
 }
 

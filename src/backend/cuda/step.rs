@@ -30,7 +30,7 @@ use super::launch::{self as l, Dev};
 use super::matmul::{packed_gemv, tc_min_tokens, Mm, Product};
 use super::prefill::PrefillAttention;
 use super::profile::Profiler;
-use super::qlaunch::{EmbeddingQ, GemvQ};
+use super::qlaunch::EmbeddingQ;
 use super::tc::{tc64_part_len, TC_MAX_TOKENS};
 use super::CudaError;
 use crate::backend::BackendError;
@@ -516,19 +516,7 @@ fn swiglu(
             return g.launch(k, s);
         }
         if let (Some(w), true) = (m.quant(s), packed_gemv(m, n)) {
-            let g = GemvQ {
-                w,
-                x: h,
-                out: act,
-                bias: None,
-                rows: ffn,
-                n_tok: n,
-                x_stride: dim,
-                out_stride: ffn,
-                accumulate: false,
-                swiglu: true,
-            };
-            return g.launch(k, s);
+            return mm.swiglu_q(k, w, h, n, act, ffn);
         }
     }
     mm.run(k, Product { lin: wgu, bias: None, x: h, n, out: gu, accumulate: false })?;

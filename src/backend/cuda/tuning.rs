@@ -11,6 +11,14 @@ pub(super) struct Tuning {
     /// `DUSTOFF_QGEMV_MAX_TOKENS`: most tokens of a step for the GEMV on packed quantized
     /// blocks (1..=8); larger steps widen the matrix to F16 for the GEMM.
     pub qgemv_max_tokens: Option<usize>,
+    /// `DUSTOFF_QGEMV_F32=1`: the f32-input GEMV on packed blocks (gemv_quant.cu) instead of
+    /// the int8-activation dp4a GEMV (gemv_q8.cu), for same-run comparisons.
+    pub qgemv_f32: bool,
+    /// `DUSTOFF_QGEMM_MAX_TOKENS=N`: most tokens of a step for the tensor-core GEMM on packed
+    /// blocks (gemm_quant.cu); larger steps widen quantized matrices to F16 (0: always widen).
+    pub qgemm_max_tokens: Option<usize>,
+    /// `DUSTOFF_QGEMV_ROWS=2`: the 1-token int8 GEMV reads 2 weight rows per warp (else 4).
+    pub qgemv_rows2: bool,
     /// `DUSTOFF_TC_ROWS=64`: 64-row blocks of the wide-tile GEMM even where 128 fit.
     pub tc_rows64: bool,
     /// `DUSTOFF_ATTN_ONEPASS=0`: the two-pass decode attention for every step.
@@ -29,6 +37,9 @@ pub(super) fn tuning() -> &'static Tuning {
             tc_min_tokens: num("DUSTOFF_TC_MIN_TOKENS"),
             tc_max_tokens: num("DUSTOFF_TC_MAX_TOKENS"),
             qgemv_max_tokens: num("DUSTOFF_QGEMV_MAX_TOKENS").filter(|n| (1..=8).contains(n)),
+            qgemv_f32: num("DUSTOFF_QGEMV_F32") == Some(1),
+            qgemm_max_tokens: num("DUSTOFF_QGEMM_MAX_TOKENS"),
+            qgemv_rows2: num("DUSTOFF_QGEMV_ROWS") == Some(2),
             tc_rows64: num("DUSTOFF_TC_ROWS") == Some(64),
             attn_onepass: num("DUSTOFF_ATTN_ONEPASS") != Some(0),
             attn_warps: num("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)),

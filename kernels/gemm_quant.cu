@@ -1,0 +1,182 @@
+// Tensor-core GEMM on packed quantized weights for steps of 9+ tokens (batched decode, prefill):
+// out[t, r] (+)= sum_c W[r, c] x[t, c], W in a GGML block format (layout: quant.cuh), x the
+// step input cast to F16 [ceil16(n_tok), cols] (cast_f32_f16; rows past n_tok are read, their
+// results dropped). No F16 copy of W: each block dequantizes its weight tile from the packed
+// blocks into shared memory (decode_unit, the same values as dequant_<fmt>_f16 writes), then
+// wmma m16n16k16 (F16 in, F32 accumulation; inline PTX, valid on compute_70).
+//
+// A block of 4 warps owns 64 rows, up to 64 tokens (tile blockIdx.z of 64 tokens: longer steps
+// take gridDim.z > 1, each tile dequantizing the same weights again, mostly from the L2) and
+// one range of 128-column chunks (split-K over gridDim.y
+// for matrices of few rows; partial sums to part[k, n_tok, rows], added in k order by
+// splitk_reduce_q below: deterministic, no atomics). Per chunk: the 64 x 128 weight
+// tile (every format covers 128 columns with whole units: 4 units of 32, or 2 Q6_K units of 64)
+// and the [NT16 * 16, 128] input tile are staged in shared memory; the next chunk's packed
+// bytes and input are fetched into registers while this one is multiplied. Warp w computes
+// rows 16 w .. 16 w + 15 for all tokens.
+// Requires (checked by the launcher): rows % 64 == 0, cols % 128 == 0.
+#include "common.cuh"
+#include "quant.cuh"
+
+#define QG_BM 64
+#define QG_BK 128
+#define QG_LD (QG_BK + 8)  // halves per staged row (272 bytes: rows 4 banks apart)
+#define QG_THREADS 128
+
+struct GemmQParams {
+    const u8_t* qs;     // [rows, qs_row] bytes
+    const u8_t* aux;    // [rows, aux_row] bytes
+    const half_t* x;    // [ceil16(n_tok), cols] f16 (n_tok > 64: [ceil64(n_tok), cols])
+    float* out;         // [n_tok, out_stride] f32 (gridDim.y == 1)
+    const float* bias;  // optional [rows] f32 (gridDim.y == 1)
+    float* part;        // [gridDim.y, n_tok, rows] f32 (gridDim.y > 1)
+    int rows;
+    int cols;
+    int n_tok;
+    int out_stride;
+    int accumulate;
+    int qs_row;
+    int aux_row;
+};
+
+// Units of one row in a 128-column chunk, and per thread in a 64-row tile.
+template <class F> struct QG {
+    enum { UPC = QG_BK / F::UE, PER_THREAD = QG_BM * UPC / QG_THREADS };
+};
+
+// Global -> registers: the packed units of chunk c (thread q takes unit q % UPC of row q / UPC)
+// and the input tile (NT16 * 16 tokens x 256 bytes: 16-byte loads).
+template <class F, int NT16>
+__device__ __forceinline__ void qg_fetch(const GemmQParams& p, const QRow* rows, int c, int t0,
+                                         typename F::Raw (&rw)[QG<F>::PER_THREAD], uint4 (&rx)[NT16 * 2]) {
+#pragma unroll
+    for (int i = 0; i < QG<F>::PER_THREAD; ++i) {
+        const int q = threadIdx.x + QG_THREADS * i;
+        rw[i] = F::load(rows[i], c * QG<F>::UPC + q % QG<F>::UPC);
+    }
+    const long long c0 = (long long)c * QG_BK;
+#pragma unroll
+    for (int i = 0; i < NT16 * 2; ++i) {
+        const int q = threadIdx.x + QG_THREADS * i, tok = q / 16, part = q % 16;
+        rx[i] = __ldg(reinterpret_cast<const uint4*>(p.x + (long long)(t0 + tok) * p.cols + c0 + part * 8));
+    }
+}
+
+template <class F, int NT16>
+__device__ __forceinline__ void gemm_q_impl(const GemmQParams& p) {
+    constexpr int BN = NT16 * 16, LDO = BN + 4;
+    constexpr int SW = QG_BM * QG_LD * 2, SX = BN * QG_LD * 2, SO = 4 * 16 * LDO * 4;
+    // Staged W and x during the loop, then (after a barrier) the warps' accumulators.
+    __shared__ __align__(32) unsigned char smem[SW + SX > SO ? SW + SX : SO];
+    half_t* sw = reinterpret_cast<half_t*>(smem);       // [64, QG_LD]
+    half_t* sx = reinterpret_cast<half_t*>(smem + SW);  // [BN, QG_LD]
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int r0 = blockIdx.x * QG_BM, t0 = blockIdx.z * BN;
+    const int chunks = p.cols / QG_BK, kb = blockIdx.y, nk = gridDim.y;
+    const int c_begin = (int)((long long)chunks * kb / nk), c_end = (int)((long long)chunks * (kb + 1) / nk);
+    QRow rows[QG<F>::PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < QG<F>::PER_THREAD; ++i) {
+        const int q = threadIdx.x + QG_THREADS * i;
+        rows[i] = q_row(p.qs, p.aux, r0 + q / QG<F>::UPC, p.qs_row, p.aux_row);
+    }
+    float acc[NT16][8];
+#pragma unroll
+    for (int j = 0; j < NT16; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[j][i] = 0.0f;
+    typename F::Raw rw[QG<F>::PER_THREAD];
+    uint4 rx[NT16 * 2];
+    if (c_begin < c_end) qg_fetch<F, NT16>(p, rows, c_begin, t0, rw, rx);
+    for (int c = c_begin; c < c_end; ++c) {
+        __syncthreads();  // the previous chunk's fragments are loaded
+#pragma unroll
+        for (int i = 0; i < QG<F>::PER_THREAD; ++i) {
+            const int q = threadIdx.x + QG_THREADS * i, row = q / QG<F>::UPC;
+            const int u = c * QG<F>::UPC + q % QG<F>::UPC;
+#pragma unroll
+            for (int k = 0; k < F::RUNS; ++k) {
+                float w[16];  // one run at a time: fewer live registers than decode_unit
+                F::run(rw[i], u, k, w);
+                unsigned pk[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) pk[j] = f2h_sat(w[2 * j]) | (unsigned)f2h_sat(w[2 * j + 1]) << 16;
+                uint4* dst = reinterpret_cast<uint4*>(sw + row * QG_LD + (F::start(u, k) - c * QG_BK));
+                dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+                dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NT16 * 2; ++i) {
+            const int q = threadIdx.x + QG_THREADS * i;
+            *reinterpret_cast<uint4*>(sx + (q / 16) * QG_LD + (q % 16) * 8) = rx[i];
+        }
+        __syncthreads();
+        if (c + 1 < c_end) qg_fetch<F, NT16>(p, rows, c + 1, t0, rw, rx);
+#pragma unroll
+        for (int u = 0; u < QG_BK / 16; ++u) {
+            unsigned a[8];
+            wmma_load_a(a, sw + warp * 16 * QG_LD + u * 16, QG_LD);
+#pragma unroll
+            for (int j = 0; j < NT16; ++j) {
+                unsigned b[8];
+                wmma_load_b_col(b, sx + j * 16 * QG_LD + u * 16, QG_LD);
+                wmma_mma_rc(acc[j], a, b);
+            }
+        }
+    }
+    __syncthreads();  // the staging area becomes the output buffer
+    float* o = reinterpret_cast<float*>(smem) + warp * 16 * LDO;  // [16, LDO]
+#pragma unroll
+    for (int j = 0; j < NT16; ++j) wmma_store_c(o + j * 16, acc[j], LDO);
+    __syncwarp();
+    // Element (m = e % 16, n = e / 16): 16 consecutive rows of one token per half-warp.
+    for (int e = lane; e < 16 * BN; e += WARP) {
+        const int m = e % 16, n = t0 + e / 16;
+        if (n < p.n_tok) {
+            const float v = o[m * LDO + e / 16];
+            const int row = r0 + warp * 16 + m;
+            if (nk == 1) {
+                const float r = p.bias ? v + p.bias[row] : v;
+                float* dst = p.out + (long long)n * p.out_stride + row;
+                *dst = p.accumulate ? *dst + r : r;
+            } else {
+                p.part[((long long)kb * p.n_tok + n) * p.rows + row] = v;
+            }
+        }
+    }
+}
+
+// grid: (rows / 64, k splits, ceil(n_tok / 64)), block 128. The suffix: tokens per block tile
+// (the padded count for <= 64 tokens; t64 for more).
+#define GEMMQ_ENTRIES(name, F)                                                                               \
+    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_t16(const GemmQParams p) { gemm_q_impl<F, 1>(p); } \
+    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_t32(const GemmQParams p) { gemm_q_impl<F, 2>(p); } \
+    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_t48(const GemmQParams p) { gemm_q_impl<F, 3>(p); } \
+    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_t64(const GemmQParams p) { gemm_q_impl<F, 4>(p); }
+
+FOR_EACH_QFORMAT(GEMMQ_ENTRIES)
+
+// out[n, r] (+)= sum_k part[k, n, r] (k ascending) + bias[r]. grid: ceil(n_tok * rows / 256),
+// block 256; nk = the GEMM's gridDim.y.
+struct SplitReduceParams {
+    const float* part;  // [nk, n_tok, rows]
+    float* out;         // [n_tok, out_stride]
+    const float* bias;  // optional [rows]
+    int rows;
+    int n_tok;
+    int out_stride;
+    int accumulate;
+    int nk;
+};
+
+extern "C" __global__ void splitk_reduce_q(const SplitReduceParams p) {
+    const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (long long)p.n_tok * p.rows) return;
+    const int n = (int)(e / p.rows), r = (int)(e % p.rows);
+    float v = 0.0f;
+    for (int k = 0; k < p.nk; ++k) v += p.part[((long long)k * p.n_tok + n) * p.rows + r];
+    if (p.bias) v += p.bias[r];
+    float* dst = p.out + (long long)n * p.out_stride + r;
+    *dst = p.accumulate ? *dst + v : v;
+}
