@@ -196,9 +196,11 @@ impl Attention {
         if let Some(pre) = &self.prefix {
             need(K, "prefix starts", pre.kv_begin, a.n_tok)?;
             let sp = pre.attn.split.as_ref();
-            check(K, sp.is_some_and(|sp| !sp.merge && sp.slot0 == splits && sp.n_slots == slots && sp.tok0 == 0), || {
-                "the shared-prefix pass must write the slots after the decode splits, unmerged".into()
-            })?;
+            check(
+                K,
+                sp.is_some_and(|sp| !sp.merge && sp.slot0 == splits && sp.n_slots == slots && sp.tok0 == 0),
+                || "the shared-prefix pass must write the slots after the decode splits, unmerged".into(),
+            )?;
         }
         if a.n_tok == 0 {
             return Ok(());

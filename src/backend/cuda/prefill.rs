@@ -44,7 +44,14 @@ pub fn heads_per_block(group: usize, head_dim: usize) -> usize {
 /// Appends the tiles of a chunk of `len` tokens starting at flat token `first` and position
 /// `start_pos`, block-table row `bt_row`: `[first row, count, kv_end, bt_row]` per tile of at
 /// most `TILE_TOKENS` tokens, the rows (flat tokens) to `rows`.
-pub fn push_tiles(tiles: &mut Vec<i32>, rows: &mut Vec<i32>, first: usize, len: usize, start_pos: usize, bt_row: usize) {
+pub fn push_tiles(
+    tiles: &mut Vec<i32>,
+    rows: &mut Vec<i32>,
+    first: usize,
+    len: usize,
+    start_pos: usize,
+    bt_row: usize,
+) {
     for t in (0..len).step_by(TILE_TOKENS) {
         let n = TILE_TOKENS.min(len - t);
         push_tile(tiles, rows, first + t..first + t + n, start_pos + t + n, bt_row);

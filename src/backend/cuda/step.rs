@@ -259,7 +259,8 @@ impl CudaBackend {
         }
         let graph = n <= TC_MAX_TOKENS;
         let split_len = l::decode_split_len(n_single, max_len, nh, nkv, hd);
-        let (pf_splits, pf_split_len) = super::prefill::prefill_splits(n_tiles, n - n_single, max_end, nh, nkv, hd, graph);
+        let (pf_splits, pf_split_len) =
+            super::prefill::prefill_splits(n_tiles, n - n_single, max_end, nh, nkv, hd, graph);
         let mut f = Flat {
             n_tok: n,
             n_seqs: plan.chunks.len(),
