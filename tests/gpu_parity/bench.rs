@@ -154,7 +154,7 @@ fn attention_breakdown() {
         // Slots: the most decode splits (shortest split) + up to 64 prefill or shared-prefix splits.
         let part_len = n_tok * nh * (l::attn_splits(max_len, n_tok) + 64);
         let (po, pml) = (g.zeros::<f32>(part_len * hd), g.zeros::<f32>(part_len * 2));
-        let decode = |g: &mut Gpu, split_len: usize, prefix: Option<&cascade::Cascade>| {
+        let decode = |g: &mut Gpu, split_len: usize, prefix: Option<&cascade::Cascade>, onepass: Option<bool>| {
             let splits = max_len.div_ceil(split_len);
             let dev = prefix.map(|c| (g.up(&c.tiles), g.up(&c.rows), g.up(&c.kv_begin)));
             let pre = prefix.map(|c| cascade::splits(c.tiles.len() / 4, c.max_shared, nh, nkv, hd));
@@ -187,7 +187,7 @@ fn attention_breakdown() {
                     max_len,
                     n_splits: splits,
                     split_len,
-                    onepass: None,
+                    onepass,
                     prefix,
                 }
                 .launch(&mut g.k, &s)
@@ -197,9 +197,9 @@ fn attention_breakdown() {
         let label = format!("{kind:7} {n:3} seqs ctx {ctx:5} +{new:3} hd {hd}");
         match kind {
             "decode" => {
-                let before = decode(&mut g, l::attn_split_len(n_tok), None);
+                let before = decode(&mut g, l::attn_split_len(n_tok), None, None);
                 let split = l::decode_split_len(n_tok, max_len, nh, nkv, hd);
-                let after = decode(&mut g, split, None);
+                let after = decode(&mut g, split, None, None);
                 eprintln!(
                     "attn {label}: splits of {:4} {:8.1} us {:6.0} GB/s | of {split:4} {:8.1} us {:6.0} GB/s",
                     l::attn_split_len(n_tok),
@@ -208,15 +208,27 @@ fn attention_breakdown() {
                     after * 1e6,
                     kv_bytes / after / 1e9
                 );
+                if n <= 8 && hd == 128 {
+                    // Few sequences: both kernels at several split lengths.
+                    let mut line = format!("attn {label}: sweep");
+                    for one in [false, true] {
+                        for len in [64usize, 128, 256, 512] {
+                            let dt = decode(&mut g, len, None, Some(one));
+                            line +=
+                                &format!(" | {} {len} {:.1} us", if one { "one-pass" } else { "two-pass" }, dt * 1e6);
+                        }
+                    }
+                    eprintln!("{line}");
+                }
             }
             "shared" => {
                 let split = l::decode_split_len(n_tok, max_len, nh, nkv, hd);
-                let plain = decode(&mut g, split, None);
+                let plain = decode(&mut g, split, None, None);
                 let toks: Vec<cascade::DecodeTok> = (0..n)
                     .map(|si| cascade::DecodeTok { token: si, bt_row: si, table: &tables[si], pos: pos[si] as usize })
                     .collect();
                 let plan = cascade::plan(&toks, n, bs).expect("a shared prefix");
-                let casc = decode(&mut g, split, Some(&plan));
+                let casc = decode(&mut g, split, Some(&plan), None);
                 eprintln!(
                     "attn {label}: plain {:8.1} us {:6.0} GB/s | cascade ({} shared) {:8.1} us ({:6.0} GB/s equivalent)",
                     plain * 1e6,

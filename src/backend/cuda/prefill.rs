@@ -295,7 +295,8 @@ mod tests {
         for (hd, heads) in [(64, 8), (128, 8), (128, 7), (256, 4)] {
             assert!(smem_bytes(hd, heads) <= 96 * 1024, "head size {hd}, {heads} heads");
         }
-        assert!(smem_bytes(128, 8) <= 48 * 1024);
+        // Qwen3-8B (4 heads a block) needs no opt-in above 48 KB; 8-head blocks do (51 KB).
+        assert!(smem_bytes(128, 4) <= 48 * 1024);
     }
 
     #[test]
