@@ -171,7 +171,7 @@ fn kv_store_and_paged_attention_match_cpu() {
             (8, 0, 0, None),
             (8, 0, most, None),
             (24, 0, 0, None),
-            (full, 1024, 0, None),
+            (full, 512, 0, None),
             (full, 64, 0, Some(true)),
             (full, 256, 0, Some(false)),
         ] {

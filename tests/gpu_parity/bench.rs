@@ -229,6 +229,47 @@ fn attention_breakdown() {
                     .collect();
                 let plan = cascade::plan(&toks, n, bs).expect("a shared prefix");
                 let casc = decode(&mut g, split, Some(&plan), None);
+                // Its parts alone: the group pass over the shared range, and the merge.
+                let (ps, pl) = cascade::splits(plan.tiles.len() / 4, plan.max_shared, nh, nkv, hd);
+                let n_slots = max_len.div_ceil(split) + ps;
+                let (td, rd) = (g.up(&plan.tiles), g.up(&plan.rows));
+                let group_pass = time(&mut g, &mut |g| {
+                    let split = Some(PrefillSplit {
+                        part_o: g.d(&po),
+                        part_ml: g.d(&pml),
+                        split_len: pl,
+                        n_splits: ps,
+                        n_slots,
+                        slot0: n_slots - ps,
+                        tok0: 0,
+                        n_part_tok: n_tok,
+                        merge: false,
+                    });
+                    let (tiles, rows) = (g.d(&td), g.d(&rd));
+                    let n_tiles = plan.tiles.len() / 4;
+                    PrefillAttention { paged, tiles, rows, n_rows: plan.rows.len(), n_tiles, split }
+                        .launch(&mut g.k, &s)
+                        .unwrap();
+                });
+                let merge = time(&mut g, &mut |g| {
+                    l::Merge {
+                        part_o: g.d(&po),
+                        part_ml: g.d(&pml),
+                        out: g.d(&out),
+                        n_tok,
+                        n_heads: nh,
+                        head_dim: hd,
+                        n_slots,
+                        out_stride: nh * hd,
+                    }
+                    .launch(&mut g.k, &s)
+                    .unwrap();
+                });
+                eprintln!(
+                    "attn {label}: cascade parts: group pass ({ps} splits of {pl}) {:.1} us, merge of {n_slots} slots {:.1} us",
+                    group_pass * 1e6,
+                    merge * 1e6
+                );
                 eprintln!(
                     "attn {label}: plain {:8.1} us {:6.0} GB/s | cascade ({} shared) {:8.1} us ({:6.0} GB/s equivalent)",
                     plain * 1e6,

@@ -52,9 +52,10 @@ pub fn attn_split_len(n_tok: usize) -> usize {
     }
 }
 
-/// Blocks a decode attention launch aims for (n_kv x tokens x splits): ~16 per SM of an H200,
-/// ~25 of a V100; beyond that, longer splits only save partials.
-const DECODE_TARGET_BLOCKS: usize = 2048;
+/// Blocks a decode attention launch aims for (n_kv x tokens x splits): ~8 per SM of an H200,
+/// ~13 of a V100. Measured on the H200 (docs/BENCHMARKS.md, 2026-12-01 session 3): 1,024
+/// blocks beat 2,048 at 1 sequence x 16k (88 against 136 us a layer), 32 x 1,300 and 64 x 1,024.
+const DECODE_TARGET_BLOCKS: usize = 1024;
 /// Longest decode split.
 const DECODE_MAX_SPLIT: usize = 1024;
 
@@ -304,6 +305,7 @@ impl Merge {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "attn_merge_f32";
         let (nh, hd) = (self.n_heads, self.head_dim);
+        check(K, hd <= 256, || format!("head size {hd} (at most 256: two dimensions per thread)"))?;
         check(K, nh * hd <= self.out_stride, || "heads overlap the row stride".into())?;
         check(K, self.n_tok <= 65_535, || format!("{} tokens in one launch (at most 65535)", self.n_tok))?;
         need(K, "partial outputs", self.part_o, self.n_tok * nh * self.n_slots * hd)?;
@@ -334,10 +336,11 @@ mod tests {
         // One sequence: the shortest split at any length (the splits fill the GPU).
         // Qwen3-8B: 32 query heads over 8 KV heads of 128.
         let q3 = |n, len| decode_split_len(n, len, 32, 8, 128);
-        assert_eq!(q3(1, 16384), 64);
+        assert_eq!(q3(1, 16384), 128);
+        assert_eq!(q3(1, 8192), 64);
         assert_eq!(q3(1, 900), 64);
-        // 64 sequences at 1k: four splits of 256 (2,048 blocks).
-        assert_eq!(q3(64, 1024), 256);
+        // 64 sequences at 1k: two splits of 512 (1,024 blocks).
+        assert_eq!(q3(64, 1024), 512);
         // 64 sequences at 8k: longer splits, same block count.
         assert_eq!(q3(64, 8192), 1024);
         // Few KV heads: more splits for the same sequences.

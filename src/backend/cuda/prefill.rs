@@ -17,9 +17,11 @@ use super::CudaError;
 pub const TILE_TOKENS: usize = 16;
 /// Positions per K/V tile (kernels/attention_prefill.cu ATP_KT); splits are multiples of it.
 const KT: usize = 32;
-/// Blocks a split prefill launch aims for (a few waves on a V100's 80 or an H200's 132 SMs, so
-/// the blocks of unequal length even out).
-const TARGET_BLOCKS: usize = 2048;
+/// Fewest blocks a prefill launch should have (about one wave of an H200's 132 SMs, two of a
+/// V100's 80): below, the tiles are split along the context. Above, splitting measured slower
+/// on the H200 (a 512-token chunk after 8,192 positions, 256 blocks: one split 1,131 us, 8
+/// splits 1,279 us a layer): the kernel is bound by its own tensor-core loop, not by idle SMs.
+const TARGET_BLOCKS: usize = 160;
 /// Shortest split of a long step (shorter ones cost more in partials than they balance).
 const MIN_SPLIT: usize = 256;
 /// Split length of graph-sized steps (fixed, so a captured graph serves every context length
@@ -84,7 +86,7 @@ fn smem_bytes(head_dim: usize, heads: usize) -> usize {
 
 /// (splits, positions per split) of the prefill attention over `n_tiles` tiles reaching at most
 /// `max_end` positions, `n_tok` tokens: one split (direct output) when the tiles alone fill the
-/// GPU or the context is short; else enough splits for ~`TARGET_BLOCKS` blocks, no shorter than
+/// GPU or the context is short; else enough splits for `TARGET_BLOCKS` blocks, no shorter than
 /// `MIN_SPLIT`, within `PART_BUDGET`. Graph-sized steps use `GRAPH_SPLIT` and a power-of-two
 /// count (part of the graph key).
 pub fn prefill_splits(
@@ -301,16 +303,20 @@ mod tests {
 
     #[test]
     fn splits_follow_the_context_and_the_tiles() {
-        // One 512-token chunk of Qwen3-8B (32 tiles x 8 KV heads) at a context of 8,192.
-        let (n, len) = prefill_splits(32, 512, 8192, 32, 8, 128, false);
-        assert_eq!((n, len), (8, 1024));
+        // One 512-token chunk of Qwen3-8B (32 tiles x 8 KV heads) fills the GPU: one split.
+        assert_eq!(prefill_splits(32, 512, 8192, 32, 8, 128, false).0, 1);
+        // The Qwen3.5 shape (16 heads over 4 of 256: 32 x 4 blocks) at 8,192: two splits.
+        assert_eq!(prefill_splits(32, 512, 8192, 16, 4, 256, false), (2, 4096));
+        // One 16-token tile after 8,000 positions: 8 blocks, split 20 ways.
+        let (n, len) = prefill_splits(1, 16, 8016, 32, 8, 128, false);
+        assert_eq!((n, len), (20, 416));
         // Short contexts keep one split (direct output).
         assert_eq!(prefill_splits(48, 768, 256, 32, 8, 128, false).0, 1);
-        // Many tiles already fill the GPU: few splits.
-        assert!(prefill_splits(128, 2048, 2048, 32, 8, 128, false).0 <= 2);
-        // The partial budget caps a large step's splits.
-        let (n, _) = prefill_splits(128, 2048, 32768, 32, 8, 128, false);
-        assert!(2048 * 32 * n * 130 * 4 <= PART_BUDGET, "{n} splits");
+        // Many tiles already fill the GPU.
+        assert_eq!(prefill_splits(128, 2048, 2048, 32, 8, 128, false).0, 1);
+        // The partial budget caps a large step's splits (Qwen3.5 shape, 2 KV heads).
+        let (n, _) = prefill_splits(20, 320, 32768, 16, 2, 256, false);
+        assert!(n > 1 && 320 * 16 * n * 258 * 4 <= PART_BUDGET, "{n} splits");
         // Graph-sized steps: a power of two of fixed splits.
         assert_eq!(prefill_splits(1, 16, 1100, 32, 8, 128, true), (4, GRAPH_SPLIT));
         // Every split count covers the range.
