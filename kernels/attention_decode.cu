@@ -7,8 +7,12 @@
 //   [s * split_len, min(len, (s + 1) * split_len)) and writes, per query head, the running max m,
 //   the sum of exponentials l and the unnormalized output o. Scores: one warp per position (two per pass); V sum:
 //   warps take positions in turn, lanes own head dimensions, partial sums added in shared memory.
-//   Blocks whose split starts past the sequence exit at once (a graph may launch extra splits).
-// Pass 2 (attn_combine_f32): merges the splits: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
+//   A token may start at kv_begin[t] (a shared-prefix group's members: attention_prefill.cu
+//   covers positions below it once for the group, into the partial slots past this grid's
+//   splits). Blocks whose split holds no position of the token write m = -inf, l = 0 and exit
+//   (a graph may launch extra splits); a token outside any group marks those extra slots empty.
+// Pass 2 (attn_merge_f32): merges every slot: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
+//   over the slots with m_s > -inf, in slot order (deterministic).
 // Limits (checked by the launcher): group <= ATT_MAX_GROUP, head_dim <= ATT_MAX_HD and even.
 #include "common.cuh"
 
@@ -23,6 +27,7 @@ struct AttnParams {
     const int* block_tables; // [n_seqs, bt_stride] physical block ids
     const int* tok_seq;      // [n_tok] row of block_tables of each token
     const int* pos;          // [n_tok] absolute position of each token
+    const int* kv_begin;     // [n_tok] first position of each token's own range, or 0 (all from 0)
     float* part_o;           // [n_tok, n_heads, n_splits, head_dim] f32
     float* part_ml;          // [n_tok, n_heads, n_splits, 2] f32 (max, sum of exp)
     float* out;              // [n_tok, out_stride] f32
@@ -34,11 +39,36 @@ struct AttnParams {
     int bt_stride;
     int q_stride;
     int out_stride;
-    int n_splits;
+    int n_splits;            // partial slots per (token, head): the grid's splits, then prefix slots
     int split_len;           // positions per split
     float scale;             // 1 / sqrt(head_dim)
     int block_shift;         // log2(block_size) (block sizes are powers of two)
 };
+
+// The range of split s of token t: [start, end); empty splits (and, for a token outside any
+// shared-prefix group, the prefix slots past the grid) get m = -inf, l = 0 for the group's heads.
+__device__ __forceinline__ bool split_range(const AttnParams& p, int t, int g, int s, int& start, int& end) {
+    const int group = p.n_heads / p.n_kv;
+    const int begin = p.kv_begin ? p.kv_begin[t] : 0;
+    start = max(s * p.split_len, begin);
+    end = min(p.pos[t] + 1, s * p.split_len + p.split_len);
+    const bool empty = start >= end, prefix = s == 0 && begin == 0 && (int)gridDim.z < p.n_splits;
+    if (empty || prefix) {
+        for (int j = threadIdx.x; j < group; j += blockDim.x) {
+            float* ml = p.part_ml + ((long long)t * p.n_heads + g * group + j) * p.n_splits * 2;
+            if (empty) {
+                ml[2 * s] = NEG_INF;
+                ml[2 * s + 1] = 0.0f;
+            }
+            if (prefix)
+                for (int z = gridDim.z; z < p.n_splits; ++z) {
+                    ml[2 * z] = NEG_INF;
+                    ml[2 * z + 1] = 0.0f;
+                }
+        }
+    }
+    return !empty;
+}
 
 // Row `ps` of the sequence (K or V, KV head g) widened to f32: lane holds half pairs lane,
 // lane + 32, ... in f[2 i], f[2 i + 1]; zeros past head_dim.
@@ -89,10 +119,8 @@ extern "C" __global__ void attn_split_f16(const AttnParams p) {
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int group = p.n_heads / p.n_kv;
     const int hd = p.head_dim, half = hd / 2;
-    const int len = p.pos[t] + 1;
-    const int start = s * p.split_len;
-    if (start >= len) return;  // the combine pass reads only splits that hold positions
-    const int end = min(len, start + p.split_len);
+    int start, end;
+    if (!split_range(p, t, g, s, start, end)) return;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
     float* q_s = smem;                      // [group, head_dim], pre-scaled
     float* sc = q_s + group * hd;           // [group, split_len] scores, then probabilities
@@ -207,10 +235,8 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
     extern __shared__ float smem[];
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int group = p.n_heads / p.n_kv;
-    const int len = p.pos[t] + 1;
-    const int start = s * p.split_len;
-    if (start >= len) return;
-    const int end = min(len, start + p.split_len);
+    int start, end;
+    if (!split_range(p, t, g, s, start, end)) return;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
     float* q_s = smem;                      // [group, HD], pre-scaled
     float* sc = q_s + group * HD;           // [group, split_len]
@@ -350,10 +376,8 @@ __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
     extern __shared__ float smem[];
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int group = p.n_heads / p.n_kv;
-    const int len = p.pos[t] + 1;
-    const int start = s * p.split_len;
-    if (start >= len) return;
-    const int end = min(len, start + p.split_len);
+    int start, end;
+    if (!split_range(p, t, g, s, start, end)) return;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
     const int sub = lane % 8, pg = lane / 8;
     float* q_s = smem;                    // [group, 8, QP]
@@ -492,22 +516,70 @@ __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
 extern "C" __global__ void attn_onepass_f16_hd64(const AttnParams p) { attn_split_onepass<64>(p); }
 extern "C" __global__ void attn_onepass_f16_hd128(const AttnParams p) { attn_split_onepass<128>(p); }
 
-// grid: (n_heads, n_tok), block: 128 (loops over head_dim).
-extern "C" __global__ void attn_combine_f32(const AttnParams p) {
-    const int h = blockIdx.x, t = blockIdx.y;
-    const int len = p.pos[t] + 1;
-    const int used = (len + p.split_len - 1) / p.split_len;
-    const long long base = ((long long)t * p.n_heads + h) * p.n_splits;
-    float m = NEG_INF;
-    for (int s = 0; s < used; ++s) m = fmaxf(m, p.part_ml[(base + s) * 2]);
-    float l = 0.0f;
-    for (int s = 0; s < used; ++s) l += expf(p.part_ml[(base + s) * 2] - m) * p.part_ml[(base + s) * 2 + 1];
-    const float inv = 1.0f / l;
-    float* o = p.out + (long long)t * p.out_stride + (long long)h * p.head_dim;
-    for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int s = 0; s < used; ++s)
-            acc = fmaf(expf(p.part_ml[(base + s) * 2] - m), p.part_o[(base + s) * p.head_dim + d], acc);
-        o[d] = acc * inv;
+// Merge of the partial slots of attn_split_* / attn_onepass_* / attn_prefill_* (split mode).
+struct MergeParams {
+    const float* part_o;   // [n_tok, n_heads, n_slots, head_dim] f32
+    const float* part_ml;  // [n_tok, n_heads, n_slots, 2] f32 (max, sum of exp; max -inf: empty)
+    float* out;            // [n_tok, out_stride] f32
+    int n_heads;
+    int head_dim;
+    int n_slots;
+    int out_stride;
+};
+
+#define MERGE_CHUNK 1024
+
+// grid: (n_heads, n_tok), block: 128 threads (thread i owns dimensions i and i + 128). Every
+// token has one non-empty slot. The weights e^(m_s - M) are computed once per slot (into
+// shared memory, MERGE_CHUNK slots at a time), and slots past the last non-empty one (the
+// empty tail of a graph's split bucket) are not read.
+extern "C" __global__ void attn_merge_f32(const MergeParams p) {
+    __shared__ float w_s[MERGE_CHUNK];
+    __shared__ float scratch[32];
+    const int h = blockIdx.x, t = blockIdx.y, hd = p.head_dim;
+    const long long base = ((long long)t * p.n_heads + h) * p.n_slots;
+    const float* ml = p.part_ml + base * 2;
+    float m = NEG_INF, last = 0.0f;
+    for (int s = threadIdx.x; s < p.n_slots; s += blockDim.x) {
+        const float v = ml[2 * s];
+        m = fmaxf(m, v);
+        if (v != NEG_INF) last = (float)(s + 1);
     }
+    // Block max of m and of last (slot counts are exact in f32 far beyond any grid).
+    m = warp_max(m);
+    last = warp_max(last);
+    __syncthreads();
+    if (threadIdx.x % WARP == 0) {
+        scratch[threadIdx.x / WARP] = m;
+        scratch[16 + threadIdx.x / WARP] = last;
+    }
+    __syncthreads();
+    const int nw = blockDim.x / WARP, lane = threadIdx.x % WARP;
+    m = warp_max(lane < nw ? scratch[lane] : NEG_INF);
+    const int used = (int)warp_max(lane < nw ? scratch[16 + lane] : 0.0f);
+    const int d0 = threadIdx.x, d1 = threadIdx.x + blockDim.x;
+    float acc0 = 0.0f, acc1 = 0.0f, lsum = 0.0f;
+    for (int c0 = 0; c0 < used; c0 += MERGE_CHUNK) {
+        const int n = min(MERGE_CHUNK, used - c0);
+        __syncthreads();  // the previous chunk's weights are read
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = ml[2 * (c0 + i)];
+            const float w = v == NEG_INF ? 0.0f : expf(v - m);
+            w_s[i] = w;
+            lsum = fmaf(w, ml[2 * (c0 + i) + 1], lsum);
+        }
+        __syncthreads();
+        const float* o = p.part_o + (base + c0) * hd;
+        for (int i = 0; i < n; ++i) {
+            const float w = w_s[i];
+            if (w != 0.0f) {  // block-uniform; an empty slot's O is never read
+                if (d0 < hd) acc0 = fmaf(w, o[(long long)i * hd + d0], acc0);
+                if (d1 < hd) acc1 = fmaf(w, o[(long long)i * hd + d1], acc1);
+            }
+        }
+    }
+    const float inv = 1.0f / block_sum(lsum, scratch);
+    float* out = p.out + (long long)t * p.out_stride + (long long)h * hd;
+    if (d0 < hd) out[d0] = acc0 * inv;
+    if (d1 < hd) out[d1] = acc1 * inv;
 }

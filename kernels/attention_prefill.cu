@@ -1,23 +1,33 @@
-// Causal attention for prefill chunks on the tensor cores (flash-attention style, one pass).
-// The decode kernel (attention_decode.cu) reads the whole context once per query token; here a
-// block takes a tile of up to 16 query tokens of one sequence and all `group` query heads of one
-// KV head, so each K/V row is read once per tile and every product runs as wmma m16n16k16
-// (F16 inputs, F32 accumulation; inline PTX, valid on compute_70).
+// Causal attention for prefill chunks (and shared-prefix groups) on the tensor cores, flash-
+// attention style, one pass over a K/V range. The decode kernel (attention_decode.cu) reads the
+// context once per query token; here a block takes a tile of up to 16 query rows (tokens) that
+// share one block table and `heads` query heads of one KV head, so each K/V row is read once
+// per tile and every product runs as wmma m16n16k16 (F16 inputs, F32 accumulation; inline PTX,
+// valid on compute_70).
 //
-// grid (n_tiles, n_kv), block: group warps (warp w = query head g * group + w), 16 rows each
-// (row r = token tiles[2 i] + r). Per K/V tile of ATP_KT positions (staged in shared memory,
-// positions past the tile's last query are zero-filled):
-//   S [16, KT] = (Q * scale) K^T     Q held in registers as F16 A fragments
+// grid (n_tiles, n_kv * head_chunks, n_splits), block: `heads` warps (warp w = query head
+// g * group + chunk * heads + w), 16 rows each (row r = token rows[first + r]). Block z covers
+// positions [z * split_len, min((z + 1) * split_len, kv_end)) of its tile, so one long prompt
+// spreads over n_tiles x n_kv x n_splits blocks instead of walking its context serially per
+// tile. Per K/V tile of ATP_KT positions (staged in shared memory, positions past the range
+// zero-filled):
+//   S [16, KT] = (Q * scale) K^T     Q as F16 A fragments (registers; shared memory for HD 256)
 //   online softmax per row (lane pairs own a row): m, l, P = exp(S - m) as F16, alpha = e^(m_old - m)
 //   O [16, HD] = alpha O + P V       O held in registers as F32 accumulators
+// Output: with part_o == 0 (one split), O / l straight to `out`; else the unnormalized O and
+// (m, l) go to partial slot slot0 + z of each (token, head), merged by attn_merge_f32
+// (attention_decode.cu). A split with no position for a row writes m = -inf, l = 0, O = 0.
+// Row r attends the positions c of the block's range with c <= pos[token]; the tile's range end
+// `kv_end` is the last row's position + 1 for a prefill chunk, the shared length for a
+// shared-prefix group (kernels/attention_decode.cu adds each member's own suffix).
 // The accumulator element -> (row, column) map is read once from a wmma load of an index
 // matrix, so the rescale and the final store do not depend on an architecture's fragment layout.
-// Limits (checked by the launcher): HD 64 or 128, group <= ATP_MAX_GROUP, a tile's tokens in one
-// sequence with positions <= the block table's reach.
+// Limits (checked by the launcher): HD 64, 128 or 256; heads <= ATP_MAX_HEADS (4 for HD 256);
+// split_len a multiple of ATP_KT; kv_end <= the block table's reach.
 #include "common.cuh"
 
 #define ATP_KT 32
-#define ATP_MAX_GROUP 7
+#define ATP_MAX_HEADS 8
 #define ATP_PF 8  // 16-byte loads in flight per thread
 
 struct PrefillParams {
@@ -25,10 +35,12 @@ struct PrefillParams {
     const half_t* k_cache;    // [n_slots, n_kv, head_dim] f16
     const half_t* v_cache;    // same layout
     const int* block_tables;  // [n_seqs, bt_stride]
-    const int* tok_seq;       // [n_tok] row of block_tables of each token
     const int* pos;           // [n_tok] absolute position of each token
-    const int* tiles;         // [n_tiles, 2]: first token, token count (1..=16)
-    float* out;               // [n_tok, out_stride] f32
+    const int* tiles;         // [n_tiles, 4]: first row, row count (1..=16), kv_end, block-table row
+    const int* rows;          // [n_rows] flat token of each tile row
+    float* out;               // [n_tok, out_stride] f32 (one split)
+    float* part_o;            // [n_part_tok, n_heads, n_slots, HD] f32, or 0
+    float* part_ml;           // [n_part_tok, n_heads, n_slots, 2] f32 (max, sum of exp)
     int n_heads;
     int n_kv;
     int block_size;
@@ -37,27 +49,34 @@ struct PrefillParams {
     int out_stride;
     float scale;              // 1 / sqrt(head_dim)
     int block_shift;          // log2(block_size) (block sizes are powers of two)
+    int heads;                // query heads per block (divides n_heads / n_kv)
+    int split_len;            // positions per split (a multiple of ATP_KT)
+    int n_slots;              // partial slots per (token, head)
+    int slot0;                // slot of split 0
+    int part_tok0;            // token of partial row 0
 };
 
 // Shared memory layout (bytes), for head size HD and W warps:
 //   map  [16, 16] f32                     element index r * 16 + c (the fragment map)
 //   K, V [ATP_KT, HD + 16] f16 each        the current K/V tile (rows padded: fewer bank conflicts)
 //   per warp: S [16, ATP_KT + 4] f32, P [16, ATP_KT + 16] f16, alpha [16] f32, l [16] f32
+//   HD 256 only, per warp: Q [16, HD + 8] f16 (too many registers to hold as fragments)
 template <int HD>
 struct AtpLayout {
     // K/V and P rows 8 banks apart mod 32 (HD + 16 halves, 48 halves): the 16 rows of a wmma
     // fragment load then hit each bank once per 4 rows (+8 halves overlapped rows 4 banks apart).
-    static constexpr int LDK = HD + 16, LDS = ATP_KT + 4, LDP = ATP_KT + 16;
+    static constexpr int LDK = HD + 16, LDS = ATP_KT + 4, LDP = ATP_KT + 16, LDQ = HD + 8;
+    static constexpr bool Q_SMEM = HD > 128;
     static constexpr int MAP = 16 * 16 * 4;
     static constexpr int KV = ATP_KT * LDK * 2;
-    static constexpr int WARP_BYTES = 16 * LDS * 4 + 16 * LDP * 2 + 2 * 16 * 4;
+    static constexpr int WARP_BYTES = 16 * LDS * 4 + 16 * LDP * 2 + 2 * 16 * 4 + (Q_SMEM ? 16 * LDQ * 2 : 0);
 };
 
 // Element e of a K/V tile (e < 2 * ATP_KT * HD / 8): K rows first, then V rows; 8 halves each.
-// Positions past pos_max are zero (their block-table entries may not exist).
+// Positions at or past `end` are zero (their block-table entries may not exist).
 template <int HD>
 __device__ __forceinline__ void atp_fetch(const PrefillParams& p, const int* bt, long long kv_dim, int g, int kp,
-                                          int pos_max, int base, uint4 (&v)[ATP_PF]) {
+                                          int end, int base, uint4 (&v)[ATP_PF]) {
     constexpr int PARTS = HD / 8, TOTAL = 2 * ATP_KT * PARTS;
 #pragma unroll
     for (int j = 0; j < ATP_PF; ++j) {
@@ -65,7 +84,7 @@ __device__ __forceinline__ void atp_fetch(const PrefillParams& p, const int* bt,
         const int which = e / (ATP_KT * PARTS), r = (e / PARTS) % ATP_KT, part = e % PARTS;
         const int ps = kp + r;
         v[j] = make_uint4(0, 0, 0, 0);
-        if (e < TOTAL && ps <= pos_max) {
+        if (e < TOTAL && ps < end) {
             const long long slot = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
             const half_t* src = (which ? p.v_cache : p.k_cache) + slot * kv_dim + (long long)g * HD + part * 8;
             v[j] = __ldg(reinterpret_cast<const uint4*>(src));
@@ -86,10 +105,16 @@ __device__ __forceinline__ void atp_stage(half_t* ks, half_t* vs, int base, cons
     }
 }
 
+// Partial slot of (token t, head h, split z).
+__device__ __forceinline__ long long atp_slot(const PrefillParams& p, int t, int h, int z) {
+    return ((long long)(t - p.part_tok0) * p.n_heads + h) * p.n_slots + p.slot0 + z;
+}
+
 template <int HD>
 __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     using L = AtpLayout<HD>;
-    constexpr int NK = HD / 16;  // 16-wide slices of the head dimension
+    constexpr int NK = HD / 16;                   // 16-wide slices of the head dimension
+    constexpr int NQ = L::Q_SMEM ? 1 : NK;        // Q fragments held in registers
     extern __shared__ __align__(32) unsigned char smem[];
     float* map = reinterpret_cast<float*>(smem);
     half_t* ks = reinterpret_cast<half_t*>(smem + L::MAP);
@@ -100,16 +125,27 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     half_t* ps = reinterpret_cast<half_t*>(ss + 16 * L::LDS);     // [16, LDP]
     float* alpha_s = reinterpret_cast<float*>(ps + 16 * L::LDP);  // [16]
     float* l_s = alpha_s + 16;                                    // [16]
+    half_t* qs = reinterpret_cast<half_t*>(l_s + 16);             // [16, LDQ] (HD 256)
 
-    const int tile = blockIdx.x, g = blockIdx.y;
-    const int group = p.n_heads / p.n_kv;
-    const int h = g * group + warp;
-    const int t0 = p.tiles[2 * tile], nt = p.tiles[2 * tile + 1];
-    const int* bt = p.block_tables + (long long)p.tok_seq[t0] * p.bt_stride;
+    const int tile = blockIdx.x, z = blockIdx.z;
+    const int group = p.n_heads / p.n_kv, chunks = group / p.heads;
+    const int g = blockIdx.y / chunks;
+    const int h = g * group + (blockIdx.y % chunks) * p.heads + warp;
+    const int r0 = p.tiles[4 * tile], nt = p.tiles[4 * tile + 1], kv_end = p.tiles[4 * tile + 2];
+    const int* bt = p.block_tables + (long long)p.tiles[4 * tile + 3] * p.bt_stride;
+    const int* rows = p.rows + r0;
     const long long kv_dim = (long long)p.n_kv * HD;
-    // Last position any row of the tile attends (rows past nt copy the last token's position).
-    int pos_max = 0;
-    for (int r = 0; r < nt; ++r) pos_max = max(pos_max, p.pos[t0 + r]);
+    const int start = z * p.split_len, end = min(kv_end, start + p.split_len);
+    const int row = lane / 2, half = lane % 2;
+    const int row_tok = rows[min(row, nt - 1)];
+    if (start >= end) {  // a split past this tile's range (partial mode only): empty slots
+        if (half == 0 && row < nt) {
+            float* ml = p.part_ml + atp_slot(p, row_tok, h, z) * 2;
+            ml[0] = NEG_INF;
+            ml[1] = 0.0f;
+        }
+        return;
+    }
 
     for (int i = threadIdx.x; i < 256; i += nthreads) map[i] = (float)i;
     __syncthreads();
@@ -125,28 +161,36 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
         }
     }
 
-    // Q (scaled, F16) -> A fragments, staged through the warp's S area 64 columns at a time.
-    unsigned qa[NK][8];
-    {
+    // Q (scaled, F16): A fragments staged through the warp's S area 64 columns at a time, or
+    // (HD 256) the warp's Q area, read again for every K tile.
+    unsigned qa[NQ][8];
+    if (L::Q_SMEM) {
+        for (int e = lane; e < 16 * HD; e += WARP) {
+            const int r = e / HD, c = e % HD;
+            const int t = rows[min(r, nt - 1)];
+            const float v = r < nt ? p.q[(long long)t * p.q_stride + (long long)h * HD + c] * p.scale : 0.0f;
+            qs[r * L::LDQ + c] = f2h_sat(v);
+        }
+        __syncwarp();
+    } else {
         half_t* stage = reinterpret_cast<half_t*>(ss);  // [16, 72] halves = 2,304 bytes
 #pragma unroll
         for (int c0 = 0; c0 < HD; c0 += 64) {
             for (int e = lane; e < 16 * 64; e += WARP) {
                 const int r = e / 64, c = e % 64;
-                const int t = t0 + min(r, nt - 1);
+                const int t = rows[min(r, nt - 1)];
                 const float v = r < nt ? p.q[(long long)t * p.q_stride + (long long)h * HD + c0 + c] * p.scale : 0.0f;
                 stage[r * 72 + c] = f2h_sat(v);
             }
             __syncwarp();
 #pragma unroll
-            for (int k = 0; k < 4; ++k) wmma_load_a(qa[c0 / 16 + k], stage + k * 16, 72);
+            for (int k = 0; k < 4; ++k) wmma_load_a(qa[L::Q_SMEM ? 0 : c0 / 16 + k], stage + k * 16, 72);
             __syncwarp();
         }
     }
 
     // Row state: lane pairs (2r, 2r + 1) own row r; both lanes keep m and l.
-    const int row = lane / 2, half = lane % 2;
-    const int row_pos = p.pos[t0 + min(row, nt - 1)];
+    const int row_pos = p.pos[row_tok];
     float m_row = NEG_INF, l_row = 0.0f;
     float o[NK][8];
 #pragma unroll
@@ -159,17 +203,17 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     constexpr int PARTS = HD / 8;                  // uint4 per row
     constexpr int TOTAL = 2 * ATP_KT * PARTS;      // uint4 per K + V tile
     uint4 pf[ATP_PF];
-    atp_fetch<HD>(p, bt, kv_dim, g, 0, pos_max, 0, pf);
-    for (int kp = 0; kp <= pos_max; kp += ATP_KT) {
+    atp_fetch<HD>(p, bt, kv_dim, g, start, end, 0, pf);
+    for (int kp = start; kp < end; kp += ATP_KT) {
         __syncthreads();  // every warp is done with the previous K/V tile
         atp_stage<HD>(ks, vs, 0, pf);
         for (int base = ATP_PF * nthreads; base < TOTAL; base += ATP_PF * nthreads) {
             uint4 more[ATP_PF];
-            atp_fetch<HD>(p, bt, kv_dim, g, kp, pos_max, base, more);
+            atp_fetch<HD>(p, bt, kv_dim, g, kp, end, base, more);
             atp_stage<HD>(ks, vs, base, more);
         }
         __syncthreads();
-        if (kp + ATP_KT <= pos_max) atp_fetch<HD>(p, bt, kv_dim, g, kp + ATP_KT, pos_max, 0, pf);
+        if (kp + ATP_KT < end) atp_fetch<HD>(p, bt, kv_dim, g, kp + ATP_KT, end, 0, pf);
 
         // S = Q K^T for the tile's ATP_KT positions.
 #pragma unroll
@@ -181,7 +225,13 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
             for (int k = 0; k < NK; ++k) {
                 unsigned b[8];
                 wmma_load_b_col(b, ks + n * 16 * L::LDK + k * 16, L::LDK);
-                wmma_mma_rc(s, qa[k], b);
+                if (L::Q_SMEM) {
+                    unsigned a[8];
+                    wmma_load_a(a, qs + k * 16, L::LDQ);
+                    wmma_mma_rc(s, a, b);
+                } else {
+                    wmma_mma_rc(s, qa[L::Q_SMEM ? 0 : k], b);
+                }
             }
             wmma_store_c(ss + n * 16, s, L::LDS);
         }
@@ -189,24 +239,26 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
 
         // Online softmax: this lane's half of its row (ATP_KT / 2 columns).
         constexpr int HC = ATP_KT / 2;
+        const int c0 = kp + half * HC;
         const float* srow = ss + row * L::LDS + half * HC;
         float tmax = NEG_INF;
 #pragma unroll
         for (int c = 0; c < HC; ++c)
-            if (kp + half * HC + c <= row_pos) tmax = fmaxf(tmax, srow[c]);
+            if (c0 + c <= row_pos && c0 + c < end) tmax = fmaxf(tmax, srow[c]);
         tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
-        const float m_new = fmaxf(m_row, tmax);  // finite: position 0 is in every row's range
+        // -inf while no position of the split is in this row's range (a later split's row).
+        const float m_new = fmaxf(m_row, tmax);
         float sum = 0.0f;
         half_t* prow = ps + row * L::LDP + half * HC;
 #pragma unroll
         for (int c = 0; c < HC; ++c) {
-            const float e = kp + half * HC + c <= row_pos ? expf(srow[c] - m_new) : 0.0f;
+            const float e = c0 + c <= row_pos && c0 + c < end ? expf(srow[c] - m_new) : 0.0f;
             const half_t eh = f2h(e);
             prow[c] = eh;
             sum += h2f(eh);  // the rounded weight, as the P V product uses it
         }
         sum += __shfl_xor_sync(FULL_MASK, sum, 1);
-        const float alpha = expf(m_row - m_new);
+        const float alpha = m_new == NEG_INF ? 1.0f : expf(m_row - m_new);
         l_row = l_row * alpha + sum;
         m_row = m_new;
         if (half == 0) alpha_s[row] = alpha;
@@ -236,21 +288,39 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
 
     if (half == 0) l_s[row] = l_row;
     __syncwarp();
-    float inv[8];
+    if (p.part_o == nullptr) {
+        // One split: every row has position 0 in range, so l > 0.
+        float inv[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) inv[i] = 1.0f / l_s[frow[i]];
+        for (int i = 0; i < 8; ++i) inv[i] = 1.0f / l_s[frow[i]];
+#pragma unroll
+        for (int j = 0; j < NK; ++j)
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                if (frow[i] < nt)
+                    p.out[(long long)rows[frow[i]] * p.out_stride + (long long)h * HD + j * 16 + fcol[i]] =
+                        o[j][i] * inv[i];
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < NK; ++j)
 #pragma unroll
         for (int i = 0; i < 8; ++i)
-            if (frow[i] < nt)
-                p.out[(long long)(t0 + frow[i]) * p.out_stride + (long long)h * HD + j * 16 + fcol[i]] = o[j][i] * inv[i];
+            if (frow[i] < nt) p.part_o[atp_slot(p, rows[frow[i]], h, z) * HD + j * 16 + fcol[i]] = o[j][i];
+    if (half == 0 && row < nt) {
+        float* ml = p.part_ml + atp_slot(p, row_tok, h, z) * 2;
+        ml[0] = m_row;
+        ml[1] = l_row;
+    }
 }
 
-// block: group * 32 threads; dynamic shared memory AtpLayout<HD>::bytes(group).
-extern "C" __global__ void __launch_bounds__(ATP_MAX_GROUP * WARP) attn_prefill_hd64(const PrefillParams p) {
+// block: heads * 32 threads; dynamic shared memory AtpLayout<HD> (MAP + 2 KV + heads * WARP_BYTES).
+extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd64(const PrefillParams p) {
     attn_prefill_impl<64>(p);
 }
-extern "C" __global__ void __launch_bounds__(ATP_MAX_GROUP * WARP) attn_prefill_hd128(const PrefillParams p) {
+extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd128(const PrefillParams p) {
     attn_prefill_impl<128>(p);
+}
+extern "C" __global__ void __launch_bounds__(4 * WARP) attn_prefill_hd256(const PrefillParams p) {
+    attn_prefill_impl<256>(p);
 }

@@ -132,6 +132,23 @@ impl BenchReport {
     }
 }
 
+/// The long-context table of several one-stream runs (`--prompt-tokens 8192,16384`): prefill
+/// of each prompt and decode right after it.
+pub fn print_prompt_table(reports: &[BenchReport]) {
+    println!("| prompt tokens | TTFT ms | prefill tok/s | decode tok/s after the prompt | bandwidth share |");
+    println!("|---|---|---|---|---|");
+    for r in reports {
+        let share = r.bandwidth_share.map_or_else(|| "-".into(), |s| format!("{:.1}%", s * 100.0));
+        println!(
+            "| {} | {:.1} | {:.0} | {:.1} | {share} |",
+            r.prompt_tokens,
+            r.median_ttft_s * 1e3,
+            r.median_prefill_tok_s,
+            r.median_decode_tok_s
+        );
+    }
+}
+
 /// One row of the batched-decode table.
 #[derive(Clone, Debug, Serialize)]
 pub struct BatchRow {

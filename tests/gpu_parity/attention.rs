@@ -1,13 +1,56 @@
 //! Paged attention kernels against the CPU twin (`ops::attend_batch`): the split decode kernel
-//! and the tensor-core prefill kernel, over a shuffled block pool.
+//! (every split length and bucket), the tensor-core prefill kernel (one split, and split along
+//! the context with the merge), and the shared-prefix (cascade) pass, over a shuffled block pool.
 
 use rand::Rng;
 
+use cudarc::driver::CudaSlice;
 use dustoff::backend::cpu::ops;
+use dustoff::backend::cuda::cascade;
 use dustoff::backend::cuda::launch as l;
-use dustoff::backend::cuda::prefill::{prefill_supported, push_tiles, PrefillAttention};
+use dustoff::backend::cuda::prefill::{prefill_supported, push_tiles, PrefillAttention, PrefillSplit};
 
-use super::{compare, f16_bits, f16_vals, gpu};
+use super::{compare, f16_bits, f16_vals, gpu, Gpu};
+
+/// Device buffers of one attention problem (the queries are rows of a qkv-like buffer).
+struct Problem {
+    q: CudaSlice<f32>,
+    kc: CudaSlice<u16>,
+    vc: CudaSlice<u16>,
+    bt: CudaSlice<i32>,
+    tok_seq: CudaSlice<i32>,
+    pos: CudaSlice<i32>,
+    n_slots: usize,
+    n_seqs: usize,
+    shape: (usize, usize, usize),
+    bt_stride: usize,
+    stride: usize,
+}
+
+impl Problem {
+    fn paged(&self, g: &Gpu, out: &CudaSlice<f32>, n_tok: usize) -> l::PagedAttn {
+        let (nh, nkv, hd) = self.shape;
+        l::PagedAttn {
+            q: g.d(&self.q),
+            k_cache: g.d(&self.kc),
+            v_cache: g.d(&self.vc),
+            block_tables: g.d(&self.bt),
+            tok_seq: g.d(&self.tok_seq),
+            pos: g.d(&self.pos),
+            out: g.d(out),
+            n_slots: self.n_slots,
+            n_seqs: self.n_seqs,
+            n_tok,
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+            block_size: 16,
+            bt_stride: self.bt_stride,
+            q_stride: self.stride,
+            out_stride: nh * hd,
+        }
+    }
+}
 
 #[test]
 fn kv_store_and_paged_attention_match_cpu() {
@@ -15,8 +58,12 @@ fn kv_store_and_paged_attention_match_cpu() {
     let s = g.dev.stream.clone();
     // (n_heads, n_kv, head_dim): SmolLM2 (group 3), Qwen3-8B (group 4): the one-pass decode
     // kernel; Qwen2.5-7B (group 7): the two-pass head-size kernel; head size 80: the generic
-    // split kernel (and no prefill kernel).
-    for (nh, nkv, hd) in [(9usize, 3usize, 64usize), (32, 8, 128), (28, 4, 128), (8, 2, 80)] {
+    // split kernel (and no prefill kernel); head size 256 (Qwen3.5 / Qwen3-Next full attention,
+    // groups 8 and 3): the generic decode kernel, the prefill kernel in 4- and 3-head blocks;
+    // group 8 of 128: 8-warp prefill blocks.
+    for (nh, nkv, hd) in
+        [(9usize, 3usize, 64usize), (32, 8, 128), (28, 4, 128), (8, 2, 80), (16, 2, 256), (6, 2, 256), (64, 8, 128)]
+    {
         let (qd, kvd) = (nh * hd, nkv * hd);
         let stride = qd + 2 * kvd;
         let (bs, n_blocks) = (16usize, 160usize);
@@ -90,11 +137,23 @@ fn kv_store_and_paged_attention_match_cpu() {
             }
         }
         let max_len = seqs.iter().map(|&(c, n)| c + n).max().unwrap();
-        // Exactly the splits needed, and more (a replayed graph launches a power-of-two bucket);
-        // all queries (prefill-sized: long splits) and the first 8 (decode-sized: short splits).
+        let pr = Problem {
+            q: g.up(&qbuf),
+            kc,
+            vc,
+            bt: g.up(&bt),
+            tok_seq: g.up(&qseq),
+            pos: g.up(&qpos),
+            n_slots,
+            n_seqs: seqs.len(),
+            shape: (nh, nkv, hd),
+            bt_stride,
+            stride,
+        };
+        // Partials for the most slots any run below uses (a replayed graph launches a
+        // power-of-two bucket; 32-position prefill splits).
         let most = l::attn_splits(max_len, 1).next_power_of_two() * 2;
-        let (qdv, pd, tsd, btd) = (g.up(&qbuf), g.up(&qpos), g.up(&qseq), g.up(&bt));
-        let (po, pml) = (g.zeros::<f32>(n_tok * nh * most * hd), g.zeros::<f32>(n_tok * nh * most * 2));
+        let (po, pml) = (g.poisoned(n_tok * nh * most * hd), g.poisoned(n_tok * nh * most * 2));
         let (k32, v32) = (f16_vals(&kh), f16_vals(&vh));
         let kv = ops::PagedKv { k: &k32, v: &v32, block_size: bs, n_kv_heads: nkv, head_dim: hd };
         let qcont: Vec<f32> = q_rows.iter().flat_map(|&r| qkv[r * stride..r * stride + qd].to_vec()).collect();
@@ -102,34 +161,33 @@ fn kv_store_and_paged_attention_match_cpu() {
         let ppos: Vec<usize> = qpos.iter().map(|&p| p as usize).collect();
         let mut want = vec![0f32; n_tok * qd];
         ops::attend_batch(&kv, &tabs, &ppos, &qcont, nh, &mut want);
+
+        // Decode kernels: (tokens, split length (0: the step's rule), splits (0: just enough)),
+        // both kernels where the shape has two.
         let full = n_tok;
-        for (n_tok, splits) in [(full, 0), (full, most), (8, 0), (8, most), (24, 0)] {
-            let splits = if splits == 0 { l::attn_splits(max_len, n_tok) } else { splits };
+        for (n_tok, split_len, splits, onepass) in [
+            (full, 0, 0, None),
+            (full, 0, most, None),
+            (8, 0, 0, None),
+            (8, 0, most, None),
+            (24, 0, 0, None),
+            (full, 512, 0, None),
+            (full, 64, 0, Some(true)),
+            (full, 256, 0, Some(false)),
+        ] {
+            let split_len = if split_len == 0 { l::decode_split_len(n_tok, max_len, nh, nkv, hd) } else { split_len };
+            let need = max_len.div_ceil(split_len);
+            let splits = if splits == 0 { need } else { splits.max(need) };
             let out = g.poisoned(n_tok * qd);
             l::Attention {
-                paged: l::PagedAttn {
-                    q: g.d(&qdv),
-                    k_cache: g.d(&kc),
-                    v_cache: g.d(&vc),
-                    block_tables: g.d(&btd),
-                    tok_seq: g.d(&tsd),
-                    pos: g.d(&pd),
-                    out: g.d(&out),
-                    n_slots,
-                    n_seqs: seqs.len(),
-                    n_tok,
-                    n_heads: nh,
-                    n_kv: nkv,
-                    head_dim: hd,
-                    block_size: bs,
-                    bt_stride,
-                    q_stride: stride,
-                    out_stride: qd,
-                },
+                paged: pr.paged(&g, &out, n_tok),
                 part_o: g.d(&po),
                 part_ml: g.d(&pml),
                 max_len,
                 n_splits: splits,
+                split_len,
+                onepass,
+                prefix: None,
             }
             .launch(&mut g.k, &s)
             .unwrap();
@@ -140,40 +198,237 @@ fn kv_store_and_paged_attention_match_cpu() {
             continue;
         }
         // The prefill kernel over every sequence's new tokens (one-token chunks included: a
-        // tile of one), in tiles of up to 16 tokens that never cross a sequence.
-        let mut tiles = Vec::new();
+        // tile of one), in tiles of up to 16 tokens that never cross a sequence: one split
+        // (direct output), then split along the context (32 positions: most tiles see splits
+        // past their rows' positions; 256) and merged.
+        let (mut tiles, mut rows) = (Vec::new(), Vec::new());
         let mut first = 0;
-        for &(_, n) in &seqs {
-            push_tiles(&mut tiles, first, n);
+        for (si, &(c, n)) in seqs.iter().enumerate() {
+            push_tiles(&mut tiles, &mut rows, first, n, c, si);
             first += n;
         }
-        let tiles_d = g.up(&tiles);
+        let (tiles_d, rows_d) = (g.up(&tiles), g.up(&rows));
+        for split_len in [0usize, 32, 256] {
+            let out = g.poisoned(n_tok * qd);
+            let split = (split_len > 0).then(|| PrefillSplit {
+                part_o: g.d(&po),
+                part_ml: g.d(&pml),
+                split_len,
+                n_splits: max_len.div_ceil(split_len),
+                n_slots: max_len.div_ceil(split_len),
+                slot0: 0,
+                tok0: 0,
+                n_part_tok: n_tok,
+                merge: true,
+            });
+            PrefillAttention {
+                paged: pr.paged(&g, &out, n_tok),
+                tiles: g.d(&tiles_d),
+                rows: g.d(&rows_d),
+                n_rows: rows.len(),
+                n_tiles: tiles.len() / 4,
+                split,
+            }
+            .launch(&mut g.k, &s)
+            .unwrap();
+            compare("attention_prefill", g.seed, &g.down(&out), &want);
+        }
+    }
+}
+
+/// Shared-prefix (cascade) attention equals plain attention: 21 decode tokens, 18 of them in
+/// one group whose tables start with the same 40 blocks (plus own suffixes of 1..=200
+/// positions), 2 sharing 3 blocks (below the minimum: no group), one alone; the groups found by
+/// `cascade::plan` from the tables, the shared range in the tensor-core pass (two tiles: 16 +
+/// 2 members), the suffixes in the split kernel, merged. Also plain split attention on the
+/// same inputs.
+#[test]
+fn shared_prefix_attention_equals_plain_attention() {
+    let Some(mut g) = gpu("shared-prefix attention") else { return };
+    let s = g.dev.stream.clone();
+    for (nh, nkv, hd) in [(32usize, 8usize, 128usize), (9, 3, 64), (16, 2, 256)] {
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let bs = 16usize;
+        let n_blocks = 600usize;
+        let mut free: Vec<u32> = (0..n_blocks as u32).collect();
+        for i in (1..free.len()).rev() {
+            free.swap(i, g.rng.random_range(0..=i));
+        }
+        let mut take = |n: usize| -> Vec<u32> { (0..n).map(|_| free.pop().unwrap()).collect() };
+        let shared = take(40);
+        let pair = take(3);
+        let mut tables = Vec::new();
+        let mut positions = Vec::new();
+        for i in 0..18 {
+            let own = 1 + (i * 37) % 200;
+            let len = 40 * bs + own; // positions 0..len (the last is the token's own)
+            let mut t = shared.clone();
+            t.extend(take((len - 40 * bs).div_ceil(bs)));
+            tables.push(t);
+            positions.push(len - 1);
+        }
+        for i in 0..2 {
+            let mut t = pair.clone();
+            t.extend(take(5 + i));
+            positions.push(t.len() * bs - 3);
+            tables.push(t);
+        }
+        let lone = take(20);
+        positions.push(lone.len() * bs - 1);
+        tables.push(lone);
+        let n_tok = tables.len();
+        let bt_stride = tables.iter().map(Vec::len).max().unwrap();
+        let mut bt = vec![0i32; n_tok * bt_stride];
+        for (si, t) in tables.iter().enumerate() {
+            for (j, &b) in t.iter().enumerate() {
+                bt[si * bt_stride + j] = b as i32;
+            }
+        }
+        let n_slots = n_blocks * bs;
+        let kvals = f16_bits(&g.randn(n_slots * kvd, 1.0));
+        let vvals = f16_bits(&g.randn(n_slots * kvd, 1.0));
+        let stride = qd + 2 * kvd;
+        let qv = g.randn(n_tok * stride, 2.0);
+        let pr = Problem {
+            q: g.up(&qv),
+            kc: g.up(&kvals),
+            vc: g.up(&vvals),
+            bt: g.up(&bt),
+            tok_seq: g.up(&(0..n_tok as i32).collect::<Vec<_>>()),
+            pos: g.up(&positions.iter().map(|&p| p as i32).collect::<Vec<_>>()),
+            n_slots,
+            n_seqs: n_tok,
+            shape: (nh, nkv, hd),
+            bt_stride,
+            stride,
+        };
+        let (k32, v32) = (f16_vals(&kvals), f16_vals(&vvals));
+        let kv = ops::PagedKv { k: &k32, v: &v32, block_size: bs, n_kv_heads: nkv, head_dim: hd };
+        let qcont: Vec<f32> = (0..n_tok).flat_map(|t| qv[t * stride..t * stride + qd].to_vec()).collect();
+        let tabs: Vec<&[u32]> = tables.iter().map(Vec::as_slice).collect();
+        let mut want = vec![0f32; n_tok * qd];
+        ops::attend_batch(&kv, &tabs, &positions, &qcont, nh, &mut want);
+
+        let toks: Vec<cascade::DecodeTok> = (0..n_tok)
+            .map(|t| cascade::DecodeTok { token: t, bt_row: t, table: &tables[t], pos: positions[t] })
+            .collect();
+        let plan = cascade::plan(&toks, n_tok, bs).expect("one group");
+        assert_eq!(plan.max_shared, 40 * bs);
+        assert_eq!(plan.tiles.len(), 2 * 4, "18 members: tiles of 16 and 2");
+        assert_eq!(plan.kv_begin.iter().filter(|&&b| b > 0).count(), 18);
+        let max_len = positions.iter().max().unwrap() + 1;
+        let (tiles_d, rows_d, begin_d) = (g.up(&plan.tiles), g.up(&plan.rows), g.up(&plan.kv_begin));
+        let split_len = l::decode_split_len(n_tok, max_len, nh, nkv, hd);
+        let splits = max_len.div_ceil(split_len);
+        for (pre_splits, pre_len) in [cascade::splits(2, plan.max_shared, nh, nkv, hd), (1, 640), (20, 32)] {
+            let n_slots = splits + pre_splits;
+            let (po, pml) = (g.poisoned(n_tok * nh * n_slots * hd), g.poisoned(n_tok * nh * n_slots * 2));
+            let out = g.poisoned(n_tok * qd);
+            let paged = pr.paged(&g, &out, n_tok);
+            let prefix = l::SharedPrefix {
+                kv_begin: g.d(&begin_d),
+                attn: PrefillAttention {
+                    paged,
+                    tiles: g.d(&tiles_d),
+                    rows: g.d(&rows_d),
+                    n_rows: plan.rows.len(),
+                    n_tiles: plan.tiles.len() / 4,
+                    split: Some(PrefillSplit {
+                        part_o: g.d(&po),
+                        part_ml: g.d(&pml),
+                        split_len: pre_len,
+                        n_splits: pre_splits,
+                        n_slots,
+                        slot0: splits,
+                        tok0: 0,
+                        n_part_tok: n_tok,
+                        merge: false,
+                    }),
+                },
+            };
+            l::Attention {
+                paged,
+                part_o: g.d(&po),
+                part_ml: g.d(&pml),
+                max_len,
+                n_splits: splits,
+                split_len,
+                onepass: None,
+                prefix: Some(prefix),
+            }
+            .launch(&mut g.k, &s)
+            .unwrap();
+            compare("attention_cascade", g.seed, &g.down(&out), &want);
+        }
+        // The same tokens without the group pass.
+        let (po, pml) = (g.poisoned(n_tok * nh * splits * hd), g.poisoned(n_tok * nh * splits * 2));
         let out = g.poisoned(n_tok * qd);
-        PrefillAttention {
-            paged: l::PagedAttn {
-                q: g.d(&qdv),
-                k_cache: g.d(&kc),
-                v_cache: g.d(&vc),
-                block_tables: g.d(&btd),
-                tok_seq: g.d(&tsd),
-                pos: g.d(&pd),
-                out: g.d(&out),
-                n_slots,
-                n_seqs: seqs.len(),
-                n_tok,
-                n_heads: nh,
-                n_kv: nkv,
-                head_dim: hd,
-                block_size: bs,
-                bt_stride,
-                q_stride: stride,
-                out_stride: qd,
-            },
-            tiles: g.d(&tiles_d),
-            n_tiles: tiles.len() / 2,
+        l::Attention {
+            paged: pr.paged(&g, &out, n_tok),
+            part_o: g.d(&po),
+            part_ml: g.d(&pml),
+            max_len,
+            n_splits: splits,
+            split_len,
+            onepass: None,
+            prefix: None,
         }
         .launch(&mut g.k, &s)
         .unwrap();
-        compare("attention_prefill", g.seed, &g.down(&out), &want);
+        compare("attention", g.seed, &g.down(&out), &want);
+    }
+}
+
+/// The whole CUDA backend against the CPU backend on steps whose block tables share leading
+/// blocks (random F16 weights, SmolLM2 shape): 20 sequences after one 608-token prefix (38
+/// shared blocks), each prefilled with its own 10..=29 tokens (a 390-token step: prefill
+/// attention split along the context and merged), then one decode step of all 20 (a
+/// 20-token step: the shared-prefix pass, then each suffix). Logits within the backend
+/// tolerance, and the decode step repeated gives the same logits bit for bit.
+#[test]
+fn backend_steps_over_shared_blocks_match_cpu() {
+    use dustoff::backend::Backend;
+    use dustoff::engine::plan::{SeqChunk, StepPlan};
+    use dustoff::model::quant::GgmlType;
+    let Some(g) = gpu("shared blocks through the backend") else { return };
+    drop(g);
+    let cfg = dustoff::model::shapes::shape("smollm2-135m").unwrap();
+    let w = dustoff::model::synth::random_weights(&cfg, GgmlType::F16, 11);
+    let n_blocks = 128;
+    let mut gb = dustoff::backend::cuda::CudaBackend::new(cfg.clone(), &w, &super::opts(n_blocks)).unwrap();
+    let mut cb = dustoff::backend::cpu::CpuBackend::new(cfg, w, n_blocks, 16);
+    let shared: Vec<u32> = (0..38).collect();
+    let prefix: Vec<u32> = (0..608).map(|i| 300 + (i * 53) % 20_000).collect();
+    let tables: Vec<Vec<u32>> =
+        (0..20u32).map(|i| shared.iter().copied().chain(38 + 3 * i..41 + 3 * i).collect()).collect();
+    let own = |i: usize| 10 + i;
+    let chunk = |seq: usize, tokens: Vec<u32>, start_pos: usize, table: &[u32]| SeqChunk {
+        seq: seq as _,
+        tokens,
+        start_pos,
+        block_table: table.to_vec(),
+        want_logits: true,
+    };
+    let steps = [
+        StepPlan { chunks: vec![chunk(100, prefix, 0, &shared)] },
+        StepPlan {
+            chunks: (0..20)
+                .map(|i| chunk(i, (0..own(i)).map(|j| (1000 + i * 97 + j * 13) as u32).collect(), 608, &tables[i]))
+                .collect(),
+        },
+        StepPlan { chunks: (0..20).map(|i| chunk(i, vec![(5000 + i * 7) as u32], 608 + own(i), &tables[i])).collect() },
+    ];
+    for (k, plan) in steps.iter().enumerate() {
+        let got = gb.step(plan).unwrap();
+        let want = cb.step(plan).unwrap();
+        assert_eq!(got.len(), want.len());
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            compare("cuda_vs_cpu_logits", (k * 100 + i) as u64, a, b);
+        }
+        if k == 2 {
+            // The decode step again (it rewrites the same K/V): the same logits.
+            let again = gb.step(plan).unwrap();
+            assert!(again == got, "the shared-prefix decode step is not deterministic");
+        }
     }
 }

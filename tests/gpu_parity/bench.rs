@@ -47,22 +47,46 @@ pub(crate) fn time(g: &mut Gpu, f: &mut dyn FnMut(&mut Gpu)) -> f64 {
     v[10] as f64 / 1e3
 }
 
-/// One layer's attention of the Qwen3-8B shape (32 query heads over 8 KV heads of 128), F16
-/// cache of random values: decode (n sequences, one token each, context `ctx`) as bytes of K/V
-/// read per second, and prefill (4 sequences x 128 new tokens after `ctx` cached positions) as
-/// tensor FLOP/s.
+/// One layer's attention of the Qwen3-8B shape (32 query heads over 8 KV heads of 128; `hd256`
+/// rows: 16 over 4 of 256, the Qwen3.5 full-attention shape), F16 cache of random values, each
+/// sequence in its own blocks. Decode (n sequences, one token each, context `ctx`): bytes of
+/// K/V read per second, with the split rule of the last session (`attn_split_len` of the token
+/// count) and this one (`decode_split_len`, also by context). Prefill (n sequences x `new`
+/// tokens after `ctx` cached positions): tensor FLOP/s, one split per tile (the kernel of the
+/// last session) and split along the context (`prefill_splits`). Shared prefix (n sequences,
+/// `ctx` shared positions + 300..=500 own): plain split attention and the cascade pass.
 #[test]
 #[ignore]
 fn attention_breakdown() {
-    use dustoff::backend::cuda::prefill::{push_tiles, PrefillAttention};
+    use dustoff::backend::cuda::cascade;
+    use dustoff::backend::cuda::prefill::{prefill_splits, push_tiles, PrefillAttention, PrefillSplit};
     let mut g = gpu("attention breakdown").unwrap();
     let s = g.dev.stream.clone();
-    let (nh, nkv, hd, bs) = (32usize, 8usize, 128usize, 16usize);
-    let stride = nh * hd + 2 * nkv * hd;
-    let max_seq = 2048usize;
-    for (n, ctx, new) in [(8usize, 870usize, 1usize), (32, 870, 1), (64, 870, 1), (32, 1300, 1), (4, 1000, 128)] {
-        let per_seq = max_seq / bs;
-        let n_blocks = n * per_seq;
+    let bs = 16usize;
+    // (kind, sequences, context, new tokens, head size)
+    let cases: &[(&str, usize, usize, usize, usize)] = &[
+        ("decode", 1, 870, 1, 128),
+        ("decode", 1, 8192, 1, 128),
+        ("decode", 1, 16384, 1, 128),
+        ("decode", 8, 870, 1, 128),
+        ("decode", 32, 1300, 1, 128),
+        ("decode", 64, 870, 1, 128),
+        ("decode", 64, 1024, 1, 128),
+        ("decode", 1, 8192, 1, 256),
+        ("prefill", 4, 1000, 128, 128),
+        ("prefill", 1, 0, 512, 128),
+        ("prefill", 1, 8192, 512, 128),
+        ("prefill", 1, 16384, 512, 128),
+        ("prefill", 1, 8192, 512, 256),
+        ("shared", 32, 1000, 1, 128),
+    ];
+    for &(kind, n, ctx, new, hd) in cases {
+        let (nh, nkv) = if hd == 256 { (16usize, 4usize) } else { (32, 8) };
+        let stride = nh * hd + 2 * nkv * hd;
+        // Own positions per sequence (the shared case: 300..=500 after the shared blocks).
+        let own = |si: usize| if kind == "shared" { 300 + (si * 7) % 201 } else { ctx + new };
+        let per_seq = (ctx + new + 600).div_ceil(bs);
+        let n_blocks = n * per_seq + ctx.div_ceil(bs);
         let n_slots = n_blocks * bs;
         let (kc, vc) = (g.zeros::<u16>(n_slots * nkv * hd), g.zeros::<u16>(n_slots * nkv * hd));
         for (j, c) in [&kc, &vc].into_iter().enumerate() {
@@ -70,100 +94,224 @@ fn attention_breakdown() {
                 .launch(&mut g.k, &s)
                 .unwrap();
         }
-        let bt: Vec<i32> = (0..n_blocks as i32).collect();
-        let n_tok = n * new;
-        let (mut pos, mut tok_seq, mut tiles) = (Vec::new(), Vec::new(), Vec::new());
+        // Tables: sequence si owns blocks si * per_seq..; the shared case starts every table
+        // with the same blocks (past the sequences' own).
+        let shared_blocks: Vec<u32> = ((n * per_seq) as u32..n_blocks as u32).collect();
+        let tables: Vec<Vec<u32>> = (0..n)
+            .map(|si| {
+                let own_blocks = (si * per_seq) as u32..((si + 1) * per_seq) as u32;
+                if kind == "shared" {
+                    shared_blocks.iter().copied().chain(own_blocks).collect()
+                } else {
+                    own_blocks.collect()
+                }
+            })
+            .collect();
+        let bt_stride = tables.iter().map(Vec::len).max().unwrap();
+        let mut bt = vec![0i32; n * bt_stride];
+        for (si, t) in tables.iter().enumerate() {
+            for (j, &b) in t.iter().enumerate() {
+                bt[si * bt_stride + j] = b as i32;
+            }
+        }
+        let (mut pos, mut tok_seq, mut tiles, mut rows) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for si in 0..n {
-            push_tiles(&mut tiles, pos.len(), new);
+            let first = if kind == "shared" { ctx + own(si) - 1 } else { ctx };
+            push_tiles(&mut tiles, &mut rows, pos.len(), new, first, si);
             for i in 0..new {
-                pos.push((ctx + i) as i32);
+                pos.push((first + i) as i32);
                 tok_seq.push(si as i32);
             }
         }
+        let n_tok = n * new;
         let qv = g.randn(n_tok * stride, 1.0);
         let q = g.up(&qv);
-        let (btd, pd, tsd, tld) = (g.up(&bt), g.up(&pos), g.up(&tok_seq), g.up(&tiles));
-        let max_len = ctx + new;
-        let splits = l::attn_splits(max_len, n_tok);
-        let (po, pml) = (g.zeros::<f32>(n_tok * nh * splits * hd), g.zeros::<f32>(n_tok * nh * splits * 2));
+        let (btd, pd, tsd, tld, rwd) = (g.up(&bt), g.up(&pos), g.up(&tok_seq), g.up(&tiles), g.up(&rows));
+        let max_len = pos.iter().map(|&p| p as usize + 1).max().unwrap();
         let out = g.zeros::<f32>(n_tok * nh * hd);
-        let dt = time(&mut g, &mut |g| {
-            l::Attention {
-                paged: l::PagedAttn {
-                    q: g.d(&q),
-                    k_cache: g.d(&kc),
-                    v_cache: g.d(&vc),
-                    block_tables: g.d(&btd),
-                    tok_seq: g.d(&tsd),
-                    pos: g.d(&pd),
-                    out: g.d(&out),
-                    n_slots,
-                    n_seqs: n,
-                    n_tok,
-                    n_heads: nh,
-                    n_kv: nkv,
-                    head_dim: hd,
-                    block_size: bs,
-                    bt_stride: per_seq,
-                    q_stride: stride,
-                    out_stride: nh * hd,
-                },
-                part_o: g.d(&po),
-                part_ml: g.d(&pml),
-                max_len,
-                n_splits: splits,
-            }
-            .launch(&mut g.k, &s)
-            .unwrap();
-        });
-        let kv_bytes = (n * (ctx + 1) * nkv * hd * 2 * 2) as f64;
-        let flops = |tok_ctx: f64| tok_ctx * nh as f64 * hd as f64 * 4.0;
-        if new == 1 {
-            eprintln!(
-                "attention split   {n:3} seqs ctx {ctx:5}: {:8.1} us  {:7.0} GB/s of K/V",
-                dt * 1e6,
-                kv_bytes / dt / 1e9
-            );
-            continue;
-        }
+        let paged = l::PagedAttn {
+            q: g.d(&q),
+            k_cache: g.d(&kc),
+            v_cache: g.d(&vc),
+            block_tables: g.d(&btd),
+            tok_seq: g.d(&tsd),
+            pos: g.d(&pd),
+            out: g.d(&out),
+            n_slots,
+            n_seqs: n,
+            n_tok,
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+            block_size: bs,
+            bt_stride,
+            q_stride: stride,
+            out_stride: nh * hd,
+        };
         let work: f64 = pos.iter().map(|&p| p as f64 + 1.0).sum();
-        eprintln!(
-            "attention split   {n_tok:4} prefill tokens ctx {ctx}: {:8.1} us  {:6.1} TFLOP/s",
-            dt * 1e6,
-            flops(work) / dt / 1e12
-        );
-        let dt = time(&mut g, &mut |g| {
-            PrefillAttention {
-                paged: l::PagedAttn {
-                    q: g.d(&q),
-                    k_cache: g.d(&kc),
-                    v_cache: g.d(&vc),
-                    block_tables: g.d(&btd),
-                    tok_seq: g.d(&tsd),
-                    pos: g.d(&pd),
-                    out: g.d(&out),
-                    n_slots,
-                    n_seqs: n,
-                    n_tok,
-                    n_heads: nh,
-                    n_kv: nkv,
-                    head_dim: hd,
-                    block_size: bs,
-                    bt_stride: per_seq,
-                    q_stride: stride,
-                    out_stride: nh * hd,
-                },
-                tiles: g.d(&tld),
-                n_tiles: tiles.len() / 2,
+        let kv_bytes = work * (nkv * hd * 2 * 2) as f64;
+        let flops = work * nh as f64 * hd as f64 * 4.0;
+        // Slots: the most decode splits (shortest split) + up to 64 prefill or shared-prefix splits.
+        let part_len = n_tok * nh * (l::attn_splits(max_len, n_tok) + 64);
+        let (po, pml) = (g.zeros::<f32>(part_len * hd), g.zeros::<f32>(part_len * 2));
+        let decode = |g: &mut Gpu, split_len: usize, prefix: Option<&cascade::Cascade>, onepass: Option<bool>| {
+            let splits = max_len.div_ceil(split_len);
+            let dev = prefix.map(|c| (g.up(&c.tiles), g.up(&c.rows), g.up(&c.kv_begin)));
+            let pre = prefix.map(|c| cascade::splits(c.tiles.len() / 4, c.max_shared, nh, nkv, hd));
+            time(g, &mut |g| {
+                let prefix = prefix.zip(dev.as_ref()).zip(pre).map(|((c, (t, r, b)), (ps, pl))| l::SharedPrefix {
+                    kv_begin: g.d(b),
+                    attn: PrefillAttention {
+                        paged,
+                        tiles: g.d(t),
+                        rows: g.d(r),
+                        n_rows: c.rows.len(),
+                        n_tiles: c.tiles.len() / 4,
+                        split: Some(PrefillSplit {
+                            part_o: g.d(&po),
+                            part_ml: g.d(&pml),
+                            split_len: pl,
+                            n_splits: ps,
+                            n_slots: splits + ps,
+                            slot0: splits,
+                            tok0: 0,
+                            n_part_tok: n_tok,
+                            merge: false,
+                        }),
+                    },
+                });
+                l::Attention {
+                    paged,
+                    part_o: g.d(&po),
+                    part_ml: g.d(&pml),
+                    max_len,
+                    n_splits: splits,
+                    split_len,
+                    onepass,
+                    prefix,
+                }
+                .launch(&mut g.k, &s)
+                .unwrap();
+            })
+        };
+        let label = format!("{kind:7} {n:3} seqs ctx {ctx:5} +{new:3} hd {hd}");
+        match kind {
+            "decode" => {
+                let before = decode(&mut g, l::attn_split_len(n_tok), None, None);
+                let split = l::decode_split_len(n_tok, max_len, nh, nkv, hd);
+                let after = decode(&mut g, split, None, None);
+                eprintln!(
+                    "attn {label}: splits of {:4} {:8.1} us {:6.0} GB/s | of {split:4} {:8.1} us {:6.0} GB/s",
+                    l::attn_split_len(n_tok),
+                    before * 1e6,
+                    kv_bytes / before / 1e9,
+                    after * 1e6,
+                    kv_bytes / after / 1e9
+                );
+                if n <= 8 && hd == 128 {
+                    // Few sequences: both kernels at several split lengths.
+                    let mut line = format!("attn {label}: sweep");
+                    for one in [false, true] {
+                        for len in [64usize, 128, 256, 512] {
+                            let dt = decode(&mut g, len, None, Some(one));
+                            line +=
+                                &format!(" | {} {len} {:.1} us", if one { "one-pass" } else { "two-pass" }, dt * 1e6);
+                        }
+                    }
+                    eprintln!("{line}");
+                }
             }
-            .launch(&mut g.k, &s)
-            .unwrap();
-        });
-        eprintln!(
-            "attention prefill {n_tok:4} prefill tokens ctx {ctx}: {:8.1} us  {:6.1} TFLOP/s",
-            dt * 1e6,
-            flops(work) / dt / 1e12
-        );
+            "shared" => {
+                let split = l::decode_split_len(n_tok, max_len, nh, nkv, hd);
+                let plain = decode(&mut g, split, None, None);
+                let toks: Vec<cascade::DecodeTok> = (0..n)
+                    .map(|si| cascade::DecodeTok { token: si, bt_row: si, table: &tables[si], pos: pos[si] as usize })
+                    .collect();
+                let plan = cascade::plan(&toks, n, bs).expect("a shared prefix");
+                let casc = decode(&mut g, split, Some(&plan), None);
+                // Its parts alone: the group pass over the shared range, and the merge.
+                let (ps, pl) = cascade::splits(plan.tiles.len() / 4, plan.max_shared, nh, nkv, hd);
+                let n_slots = max_len.div_ceil(split) + ps;
+                let (td, rd) = (g.up(&plan.tiles), g.up(&plan.rows));
+                let group_pass = time(&mut g, &mut |g| {
+                    let split = Some(PrefillSplit {
+                        part_o: g.d(&po),
+                        part_ml: g.d(&pml),
+                        split_len: pl,
+                        n_splits: ps,
+                        n_slots,
+                        slot0: n_slots - ps,
+                        tok0: 0,
+                        n_part_tok: n_tok,
+                        merge: false,
+                    });
+                    let (tiles, rows) = (g.d(&td), g.d(&rd));
+                    let n_tiles = plan.tiles.len() / 4;
+                    PrefillAttention { paged, tiles, rows, n_rows: plan.rows.len(), n_tiles, split }
+                        .launch(&mut g.k, &s)
+                        .unwrap();
+                });
+                let merge = time(&mut g, &mut |g| {
+                    l::Merge {
+                        part_o: g.d(&po),
+                        part_ml: g.d(&pml),
+                        out: g.d(&out),
+                        n_tok,
+                        n_heads: nh,
+                        head_dim: hd,
+                        n_slots,
+                        out_stride: nh * hd,
+                    }
+                    .launch(&mut g.k, &s)
+                    .unwrap();
+                });
+                eprintln!(
+                    "attn {label}: cascade parts: group pass ({ps} splits of {pl}) {:.1} us, merge of {n_slots} slots {:.1} us",
+                    group_pass * 1e6,
+                    merge * 1e6
+                );
+                eprintln!(
+                    "attn {label}: plain {:8.1} us {:6.0} GB/s | cascade ({} shared) {:8.1} us ({:6.0} GB/s equivalent)",
+                    plain * 1e6,
+                    kv_bytes / plain / 1e9,
+                    plan.max_shared,
+                    casc * 1e6,
+                    kv_bytes / casc / 1e9
+                );
+            }
+            _ => {
+                let n_tiles = tiles.len() / 4;
+                let (pf, pl) = prefill_splits(n_tiles, n_tok, max_len, nh, nkv, hd, false);
+                let run = |g: &mut Gpu, split: bool| {
+                    time(g, &mut |g| {
+                        let split = (split && pf > 1).then(|| PrefillSplit {
+                            part_o: g.d(&po),
+                            part_ml: g.d(&pml),
+                            split_len: pl,
+                            n_splits: pf,
+                            n_slots: pf,
+                            slot0: 0,
+                            tok0: 0,
+                            n_part_tok: n_tok,
+                            merge: true,
+                        });
+                        let rows = g.d(&rwd);
+                        PrefillAttention { paged, tiles: g.d(&tld), rows, n_rows: n_tok, n_tiles, split }
+                            .launch(&mut g.k, &s)
+                            .unwrap();
+                    })
+                };
+                let one = run(&mut g, false);
+                let split = run(&mut g, true);
+                eprintln!(
+                    "attn {label}: one split {:8.1} us {:6.1} TFLOP/s | {pf:2} splits of {pl:5} {:8.1} us {:6.1} TFLOP/s",
+                    one * 1e6,
+                    flops / one / 1e12,
+                    split * 1e6,
+                    flops / split / 1e12
+                );
+            }
+        }
     }
 }
 

@@ -17,6 +17,7 @@ struct AttnParams {
     block_tables: u64,
     tok_seq: u64,
     pos: u64,
+    kv_begin: u64,
     part_o: u64,
     part_ml: u64,
     out: u64,
@@ -36,11 +37,10 @@ struct AttnParams {
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for AttnParams {}
 
-/// Positions per split of the attention pass (a split is one block's share of a sequence):
-/// short for decode steps (few query tokens, so the splits are what fills the GPU), long for
-/// prefill (many query tokens already fill it; fewer partials to store and merge).
-/// Blocks per split column are n_tok x n_kv; from 32 query tokens on, longer splits still
-/// give thousands of blocks at long contexts, with fewer partials to write and merge.
+/// Shortest split of the attention pass (a split is one block's share of a sequence) for a
+/// step of `n_tok` query tokens: short for decode steps of few tokens (the splits are what fills
+/// the GPU), longer from 17 and 33 tokens on (the tokens fill it; fewer partials to merge).
+/// `decode_split_len` never goes below it, so `attn_splits` bounds the partials of a step.
 pub fn attn_split_len(n_tok: usize) -> usize {
     if let Some(v) = tuning().attn_split {
         return v; // for comparisons
@@ -51,6 +51,32 @@ pub fn attn_split_len(n_tok: usize) -> usize {
         _ => 256,
     }
 }
+
+/// Blocks a decode attention launch aims for (n_kv x tokens x splits): ~8 per SM of an H200,
+/// ~13 of a V100. Measured on the H200 (docs/BENCHMARKS.md, 2026-12-01 session 3): 1,024
+/// blocks beat 2,048 at 1 sequence x 16k (88 against 136 us a layer), 32 x 1,300 and 64 x 1,024.
+const DECODE_TARGET_BLOCKS: usize = 1024;
+/// Longest decode split.
+const DECODE_MAX_SPLIT: usize = 1024;
+
+/// Positions per split of a decode step of `n_tok` tokens over sequences of at most `max_len`
+/// positions (`n_heads` query heads over `n_kv` KV heads of `head_dim`): the shortest split for
+/// the step (`attn_split_len`) unless the step already has `DECODE_TARGET_BLOCKS` blocks with
+/// longer ones (many sequences at long contexts); a power of two (graph keys carry it), short
+/// enough for the two-pass kernel's score array.
+pub fn decode_split_len(n_tok: usize, max_len: usize, n_heads: usize, n_kv: usize, head_dim: usize) -> usize {
+    let base = attn_split_len(n_tok);
+    if tuning().attn_split.is_some() || n_kv == 0 {
+        return base;
+    }
+    let group = (n_heads / n_kv).max(1);
+    // Two-pass shared memory: (group * hd + group * split + warps * VCHUNK * hd) floats <= 48 KB.
+    let fixed = group * head_dim + (ATTN_THREADS / 32) * ATTN_VCHUNK * head_dim;
+    let fit = (12 * 1024usize).saturating_sub(fixed) / group;
+    let most = if fit >= base { DECODE_MAX_SPLIT.min(1 << fit.ilog2()) } else { base };
+    let want = DECODE_TARGET_BLOCKS.div_ceil((n_tok * n_kv).max(1)).max(1);
+    max_len.div_ceil(want).next_power_of_two().clamp(base, most.max(base))
+}
 const ATTN_MAX_GROUP: usize = 16;
 const ATTN_MAX_HD: usize = 256;
 const ATTN_VCHUNK: usize = 4;
@@ -59,7 +85,8 @@ const ATTN_THREADS: usize = 128;
 /// Most query heads per KV head of the one-pass decode kernel (kernels/attention_decode.cu).
 const ATTN_ONEPASS_MAX_GROUP: usize = 4;
 
-/// Splits needed for sequences of at most `max_len` positions, `n_tok` query tokens.
+/// Splits needed for sequences of at most `max_len` positions, `n_tok` query tokens, at the
+/// shortest split: an upper bound of every step's decode splits.
 pub fn attn_splits(max_len: usize, n_tok: usize) -> usize {
     max_len.div_ceil(attn_split_len(n_tok)).max(1)
 }
@@ -112,18 +139,39 @@ impl PagedAttn {
 }
 
 /// Split attention of every token of `paged` (one-token chunks: decode). Scratch `part_o`
-/// `[n_tok, n_heads, splits, head_dim]`, `part_ml` `[n_tok, n_heads, splits, 2]` with
-/// `n_splits >= attn_splits(max_len, n_tok)` (more is allowed: the extra blocks exit at once,
-/// so a captured graph can serve growing lengths). The host guarantees `pos[t] < max_len`.
+/// `[n_tok, n_heads, n_slots, head_dim]`, `part_ml` `[n_tok, n_heads, n_slots, 2]`: slots
+/// `0..n_splits` are the splits of `split_len` positions (`n_splits * split_len >= max_len`;
+/// more is allowed: the extra blocks mark their slot empty, so a captured graph can serve
+/// growing lengths), the slots past them belong to `prefix`. The host guarantees
+/// `pos[t] < max_len`.
 pub struct Attention {
     pub paged: PagedAttn,
     pub part_o: Dev<f32>,
     pub part_ml: Dev<f32>,
     pub max_len: usize,
     pub n_splits: usize,
+    pub split_len: usize,
+    /// The one-pass kernel (head sizes 64 and 128, at most 4 query heads per KV head) or the
+    /// two-pass one; `None`: the measured rule.
+    pub onepass: Option<bool>,
+    pub prefix: Option<SharedPrefix>,
+}
+
+/// Shared-prefix (cascade) attention inside a decode step: the members of each group attend
+/// positions `kv_begin[t]..=pos[t]` in the split kernel, and `attn` (split mode, no merge of
+/// its own, slots after the decode splits) covers positions `0..kv_begin[t]` once per group of
+/// up to 16 members. Tokens outside any group have `kv_begin` 0.
+pub struct SharedPrefix {
+    pub kv_begin: Dev<i32>,
+    pub attn: super::prefill::PrefillAttention,
 }
 
 impl Attention {
+    /// Slots per (token, head) of the partial buffers.
+    pub fn n_slots(&self) -> usize {
+        self.n_splits + self.prefix.as_ref().and_then(|p| p.attn.split.as_ref()).map_or(0, |s| s.n_splits)
+    }
+
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "attn_split_f16";
         let a = &self.paged;
@@ -135,17 +183,26 @@ impl Attention {
             format!("head size {hd} (even, at most {ATTN_MAX_HD})")
         })?;
         check(K, a.n_tok <= 65_535, || format!("{} query tokens in one launch (at most 65535)", a.n_tok))?;
-        let splits = self.n_splits;
-        let split_len = attn_split_len(a.n_tok);
-        check(K, splits * split_len >= self.max_len, || {
+        let (splits, split_len) = (self.n_splits, self.split_len);
+        check(K, splits >= 1 && split_len >= 1 && splits * split_len >= self.max_len, || {
             format!("{splits} splits of {split_len} positions do not cover {}", self.max_len)
         })?;
         a.check(K)?;
         check(K, a.bt_stride * a.block_size >= self.max_len, || {
             "block tables shorter than the longest sequence".into()
         })?;
-        need(K, "partial outputs", self.part_o, a.n_tok * nh * splits * hd)?;
-        need(K, "partial statistics", self.part_ml, a.n_tok * nh * splits * 2)?;
+        let slots = self.n_slots();
+        need(K, "partial outputs", self.part_o, a.n_tok * nh * slots * hd)?;
+        need(K, "partial statistics", self.part_ml, a.n_tok * nh * slots * 2)?;
+        if let Some(pre) = &self.prefix {
+            need(K, "prefix starts", pre.kv_begin, a.n_tok)?;
+            let sp = pre.attn.split.as_ref();
+            check(
+                K,
+                sp.is_some_and(|sp| !sp.merge && sp.slot0 == splits && sp.n_slots == slots && sp.tok0 == 0),
+                || "the shared-prefix pass must write the slots after the decode splits, unmerged".into(),
+            )?;
+        }
         if a.n_tok == 0 {
             return Ok(());
         }
@@ -156,6 +213,7 @@ impl Attention {
             block_tables: a.block_tables.ptr,
             tok_seq: a.tok_seq.ptr,
             pos: a.pos.ptr,
+            kv_begin: self.prefix.as_ref().map_or(0, |p| p.kv_begin.ptr),
             part_o: self.part_o.ptr,
             part_ml: self.part_ml.ptr,
             out: a.out.ptr,
@@ -167,17 +225,18 @@ impl Attention {
             bt_stride: i32_of(K, a.bt_stride)?,
             q_stride: i32_of(K, a.q_stride)?,
             out_stride: i32_of(K, a.out_stride)?,
-            n_splits: i32_of(K, splits)?,
-            split_len: split_len as i32,
+            n_splits: i32_of(K, slots)?,
+            split_len: i32_of(K, split_len)?,
             scale: 1.0 / (hd as f32).sqrt(),
             block_shift: a.block_size.trailing_zeros() as i32,
         };
-        let mut smem = ((group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4) as u32;
+        let mut smem = (group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4;
         let grid = (a.n_kv as u32, a.n_tok as u32, i32_of(K, splits)? as u32);
         // Head sizes 64 and 128: the one-pass kernel for up to 4 query heads per KV head, else
         // the reshaped two-pass one (same outputs). `DUSTOFF_ATTN_ONEPASS=0` turns the first off.
         // Below 16 tokens the two-pass kernel was faster (8 sequences: 31 against 38 us a layer).
-        let onepass = group <= ATTN_ONEPASS_MAX_GROUP && a.n_tok >= 16 && tuning().attn_onepass;
+        let rule = a.n_tok >= 16 && tuning().attn_onepass;
+        let onepass = group <= ATTN_ONEPASS_MAX_GROUP && matches!(hd, 64 | 128) && self.onepass.unwrap_or(rule);
         let entry = match (hd, onepass) {
             (64, true) => "attn_onepass_f16_hd64",
             (128, true) => "attn_onepass_f16_hd128",
@@ -186,13 +245,115 @@ impl Attention {
             _ => K,
         };
         let mut threads = ATTN_THREADS;
-        if onepass && matches!(hd, 64 | 128) {
+        if onepass {
             // `DUSTOFF_ATTN_WARPS` (1..=16) sets the warps of a block (for comparisons).
             threads = tuning().attn_warps.map_or(ATTN_THREADS, |w| w * 32);
             // q [group, 8, hd / 8 + 4] + per warp [group, hd + 2] floats.
-            smem = ((group * 8 * (hd / 8 + 4) + (threads / 32) * group * (hd + 2)) * 4) as u32;
+            smem = (group * 8 * (hd / 8 + 4) + (threads / 32) * group * (hd + 2)) * 4;
         }
-        launch(k, s, entry, grid, threads as u32, smem, &p)?;
-        launch(k, s, "attn_combine_f32", (nh as u32, a.n_tok as u32, 1), 128, 0, &p)
+        check(K, smem <= 48 * 1024, || {
+            format!("{smem} bytes of shared memory ({group} heads per KV head, splits of {split_len})")
+        })?;
+        launch(k, s, entry, grid, threads as u32, smem as u32, &p)?;
+        if let Some(pre) = &self.prefix {
+            pre.attn.launch(k, s)?;
+        }
+        Merge {
+            part_o: self.part_o,
+            part_ml: self.part_ml,
+            out: a.out,
+            n_tok: a.n_tok,
+            n_heads: nh,
+            head_dim: hd,
+            n_slots: slots,
+            out_stride: a.out_stride,
+        }
+        .launch(k, s)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct MergeParams {
+    part_o: u64,
+    part_ml: u64,
+    out: u64,
+    n_heads: i32,
+    head_dim: i32,
+    n_slots: i32,
+    out_stride: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for MergeParams {}
+
+/// `out[t, h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s` over the non-empty slots of
+/// `part_o` `[n_tok, n_heads, n_slots, head_dim]` / `part_ml` `[n_tok, n_heads, n_slots, 2]`,
+/// in slot order. The host guarantees that every slot was written and each token has a
+/// non-empty one.
+pub struct Merge {
+    pub part_o: Dev<f32>,
+    pub part_ml: Dev<f32>,
+    pub out: Dev<f32>,
+    pub n_tok: usize,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub n_slots: usize,
+    pub out_stride: usize,
+}
+
+impl Merge {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "attn_merge_f32";
+        let (nh, hd) = (self.n_heads, self.head_dim);
+        check(K, hd <= 256, || format!("head size {hd} (at most 256: two dimensions per thread)"))?;
+        check(K, nh * hd <= self.out_stride, || "heads overlap the row stride".into())?;
+        check(K, self.n_tok <= 65_535, || format!("{} tokens in one launch (at most 65535)", self.n_tok))?;
+        need(K, "partial outputs", self.part_o, self.n_tok * nh * self.n_slots * hd)?;
+        need(K, "partial statistics", self.part_ml, self.n_tok * nh * self.n_slots * 2)?;
+        need(K, "output", self.out, extent(self.n_tok, self.out_stride, nh * hd))?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = MergeParams {
+            part_o: self.part_o.ptr,
+            part_ml: self.part_ml.ptr,
+            out: self.out.ptr,
+            n_heads: i32_of(K, nh)?,
+            head_dim: i32_of(K, hd)?,
+            n_slots: i32_of(K, self.n_slots)?,
+            out_stride: i32_of(K, self.out_stride)?,
+        };
+        launch(k, s, K, (nh as u32, self.n_tok as u32, 1), 128, 0, &p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_splits_follow_context_and_sequences() {
+        // One sequence: the shortest split at any length (the splits fill the GPU).
+        // Qwen3-8B: 32 query heads over 8 KV heads of 128.
+        let q3 = |n, len| decode_split_len(n, len, 32, 8, 128);
+        assert_eq!(q3(1, 16384), 128);
+        assert_eq!(q3(1, 8192), 64);
+        assert_eq!(q3(1, 900), 64);
+        // 64 sequences at 1k: two splits of 512 (1,024 blocks).
+        assert_eq!(q3(64, 1024), 512);
+        // 64 sequences at 8k: longer splits, same block count.
+        assert_eq!(q3(64, 8192), 1024);
+        // Few KV heads: more splits for the same sequences.
+        assert!(decode_split_len(32, 4096, 16, 2, 128) < q3(32, 4096));
+        // 16 query heads per KV head of 256: the two-pass score array caps the split at 256.
+        assert_eq!(decode_split_len(15, 16384, 32, 2, 256), 256);
+        for (n, len) in [(1, 1), (3, 70_000), (17, 5000), (64, 100), (8, 30_000)] {
+            for (nh, nkv, hd) in [(32, 8, 128), (9, 3, 64), (16, 2, 256), (32, 2, 256)] {
+                let l = decode_split_len(n, len, nh, nkv, hd);
+                assert!(l.is_power_of_two() && l >= attn_split_len(n) && len.div_ceil(l) <= attn_splits(len, n));
+                let group = nh / nkv;
+                assert!((group * hd + group * l + 16 * hd) * 4 <= 48 * 1024 || l == attn_split_len(n));
+            }
+        }
     }
 }

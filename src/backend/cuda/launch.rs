@@ -625,4 +625,4 @@ impl KvStore {
     }
 }
 
-pub use super::attention::{attn_split_len, attn_splits, Attention, PagedAttn};
+pub use super::attention::{attn_split_len, attn_splits, decode_split_len, Attention, Merge, PagedAttn, SharedPrefix};

@@ -107,7 +107,7 @@ pub fn plan_memory(
     let attn =
         partials(tok, attn_splits(max_pos, tok)).max(partials(dec, attn_splits(max_pos, dec).next_power_of_two()));
     let rope = (2 * max_pos * hd / 2 * 4) as u64;
-    let meta = (tok * (5 + max_pos.div_ceil(block_size.max(1))) * 4) as u64;
+    let meta = (tok * (16 + max_pos.div_ceil(block_size.max(1))) * 4) as u64;
     let workspace = activations + logits + attn + rope + meta + wide_scratch + CUBLAS_ALLOWANCE;
     MemoryPlan { weights, kv, workspace, total: weights + kv + workspace }
 }

@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod backend;
+pub mod cascade;
 pub mod device;
 pub mod dmat;
 pub mod fused;

@@ -47,10 +47,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_split_f16_hd128",
             "attn_onepass_f16_hd64",
             "attn_onepass_f16_hd128",
-            "attn_combine_f32"
+            "attn_merge_f32"
         ]
     ),
-    kernel_file!("attention_prefill", ["attn_prefill_hd64", "attn_prefill_hd128"]),
+    kernel_file!("attention_prefill", ["attn_prefill_hd64", "attn_prefill_hd128", "attn_prefill_hd256"]),
     KernelFile { name: "dequant", source: include_str!("../../../kernels/dequant.cu"), entries: &DEQUANT_ENTRIES },
     kernel_file!("embedding", ["embedding_f16", "fill_uniform_f16"]),
     kernel_file!(

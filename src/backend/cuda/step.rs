@@ -12,7 +12,10 @@
 //! tokens); more: cuBLAS (faster there on the H200).
 //!
 //! Attention: one-token chunks (decode) take the split kernel, longer chunks (prefill) the
-//! tensor-core prefill kernel in 16-token tiles (`prefill`), where the head shape allows it.
+//! tensor-core prefill kernel in 16-token tiles (`prefill`, split along the context when the
+//! tiles alone do not fill the GPU), where the head shape allows it. In steps above the graph
+//! size, decode tokens whose block tables share leading blocks read them once per group
+//! (`cascade`).
 //!
 //! Per layer: rmsnorm -> qkv matmul (+bias) -> qkv_post (q/k head norm, RoPE, K/V store) ->
 //! attention -> o matmul (+= residual) -> rmsnorm -> gate/up matmul with SwiGLU -> down matmul
@@ -28,7 +31,7 @@ use super::fused::{GemvSwiglu, QkvPost};
 use super::kernels::Kernels;
 use super::launch::{self as l, Dev};
 use super::matmul::{packed_gemv, tc_min_tokens, Mm, Product};
-use super::prefill::PrefillAttention;
+use super::prefill::{PrefillAttention, PrefillSplit};
 use super::profile::Profiler;
 use super::qlaunch::EmbeddingQ;
 use super::tc::{tc64_part_len, TC_MAX_TOKENS};
@@ -51,10 +54,33 @@ pub(super) struct Flat {
     pub n_single: usize,
     /// Longest sequence among those tokens.
     pub max_len: usize,
-    /// Attention splits launched for them.
+    /// Attention splits launched for them, and positions per split.
     pub splits: usize,
+    pub split_len: usize,
     /// Prefill attention tiles (16 tokens at most each) over the other tokens.
     pub n_tiles: usize,
+    /// Their splits (1: no partials) and positions per split.
+    pub pf_splits: usize,
+    pub pf_split_len: usize,
+    /// Shared-prefix pass over the decode tokens: tiles, rows, splits, positions per split
+    /// (no tiles: none).
+    pub casc_tiles: usize,
+    pub casc_rows: usize,
+    pub casc_splits: usize,
+    pub casc_split_len: usize,
+}
+
+impl Flat {
+    /// Partial (token, head) slots of the decode tokens (splits, then shared-prefix slots).
+    fn dec_slots(&self) -> usize {
+        self.splits + self.casc_splits
+    }
+
+    /// Partial rows (token x head x slot) of the step: decode, then prefill.
+    fn part_rows(&self, n_heads: usize) -> usize {
+        let pf = if self.pf_splits > 1 { (self.n_tok - self.n_single) * self.pf_splits } else { 0 };
+        (self.n_single * self.dec_slots() + pf) * n_heads
+    }
 }
 
 /// Grows `buf` to at least `n` elements; returns whether it was (re)allocated.
@@ -78,11 +104,12 @@ fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
 }
 
 /// The shape a captured graph serves: (tokens, logit rows, attention splits, split-kernel
-/// tokens, prefill tiles).
-pub(super) type GraphKey = (usize, usize, usize, usize, usize);
+/// tokens, prefill tiles, positions per split, prefill splits). Graph-sized steps have no
+/// shared-prefix pass.
+pub(super) type GraphKey = (usize, usize, usize, usize, usize, usize, usize);
 
 fn graph_key(f: &Flat) -> GraphKey {
-    (f.n_tok, f.m, f.splits, f.n_single, f.n_tiles)
+    (f.n_tok, f.m, f.splits, f.n_single, f.n_tiles, f.split_len, f.pf_splits)
 }
 
 /// Offsets of the per-step inputs in `Work::meta` (in i32 elements) for a token capacity.
@@ -92,20 +119,39 @@ struct MetaLayout {
     slots: usize,
     tok_seq: usize,
     rows: usize,
-    /// `[first token, count]` per prefill tile (at most one tile per token).
+    /// `[first row, count, kv_end, block-table row]` per prefill tile (at most one per token),
+    /// and the tiles' rows (flat tokens).
     tiles: usize,
+    tile_rows: usize,
+    /// The same for the shared-prefix pass (rows: decode tokens), and each decode token's first
+    /// own position.
+    casc_tiles: usize,
+    casc_rows: usize,
+    kv_begin: usize,
     bt: usize,
 }
 
 fn layout(cap: usize) -> MetaLayout {
-    MetaLayout { ids: 0, pos: cap, slots: 2 * cap, tok_seq: 3 * cap, rows: 4 * cap, tiles: 5 * cap, bt: 7 * cap }
+    MetaLayout {
+        ids: 0,
+        pos: cap,
+        slots: 2 * cap,
+        tok_seq: 3 * cap,
+        rows: 4 * cap,
+        tiles: 5 * cap,
+        tile_rows: 9 * cap,
+        casc_tiles: 10 * cap,
+        casc_rows: 14 * cap,
+        kv_begin: 15 * cap,
+        bt: 16 * cap,
+    }
 }
 
 impl CudaBackend {
-    /// Splits of the split attention pass over `n_single` tokens: rounded up to a power of two
-    /// for graph-sized steps (`n_tok` tokens in all).
-    fn splits_for(n_tok: usize, n_single: usize, max_len: usize) -> usize {
-        let need = l::attn_splits(max_len, n_single);
+    /// Splits of `split_len` positions of the split attention pass: rounded up to a power of
+    /// two for graph-sized steps (`n_tok` tokens in all).
+    fn splits_for(n_tok: usize, split_len: usize, max_len: usize) -> usize {
+        let need = max_len.div_ceil(split_len).max(1);
         if n_tok <= TC_MAX_TOKENS {
             need.next_power_of_two()
         } else {
@@ -113,9 +159,9 @@ impl CudaBackend {
         }
     }
 
-    /// Work buffers for `n_tok` tokens, of which `n_single` take the split attention kernel
-    /// (its partials: `n_single x heads x splits`), and `m` logit rows.
-    fn ensure_work(&mut self, n_tok: usize, n_single: usize, splits: usize, m: usize) -> Result<(), CudaError> {
+    /// Work buffers for `n_tok` tokens, `part` attention partial rows (token x head x slot),
+    /// and `m` logit rows.
+    fn ensure_work(&mut self, n_tok: usize, part: usize, m: usize) -> Result<(), CudaError> {
         let c = &self.cfg;
         let s = &self.dev.stream;
         let w = &mut self.work;
@@ -139,7 +185,7 @@ impl CudaBackend {
             grew |= grow(s, &mut w.tc_part, part, "GEMM partial sums")?;
             w.cap_tok = cap;
         }
-        let part = n_single.max(1) * c.n_heads * splits;
+        let part = part.max(c.n_heads);
         if part > w.cap_part {
             grew |= grow(s, &mut w.part_o, part * c.head_dim, "attention partials")?;
             grew |= grow(s, &mut w.part_ml, part * 2, "attention statistics")?;
@@ -169,11 +215,11 @@ impl CudaBackend {
         let bs = self.block_size;
         let mut seen = std::collections::HashSet::new();
         let mut m = 0;
-        let cfg = &self.cfg;
+        let (nh, nkv, hd) = (self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim);
         // Chunks of several tokens go to the prefill attention where the shape allows it.
-        let tiled = super::prefill::prefill_supported(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
+        let tiled = super::prefill::prefill_supported(nh, nkv, hd);
         let single = |len: usize| !tiled || len == 1;
-        let (mut n_single, mut max_len) = (0, 1);
+        let (mut n_single, mut max_len, mut n_tiles, mut max_end) = (0, 1, 0, 0);
         for c in &plan.chunks {
             let err = |m: String| BackendError::Plan(format!("sequence {}: {m}", c.seq));
             if !seen.insert(c.seq) {
@@ -206,20 +252,67 @@ impl CudaBackend {
             if single(c.tokens.len()) {
                 n_single += c.tokens.len();
                 max_len = max_len.max(end);
+            } else {
+                n_tiles += c.tokens.len().div_ceil(super::prefill::TILE_TOKENS);
+                max_end = max_end.max(end);
             }
         }
-        let splits = Self::splits_for(n, n_single, max_len);
+        let graph = n <= TC_MAX_TOKENS;
+        let split_len = l::decode_split_len(n_single, max_len, nh, nkv, hd);
+        let (pf_splits, pf_split_len) =
+            super::prefill::prefill_splits(n_tiles, n - n_single, max_end, nh, nkv, hd, graph);
+        let mut f = Flat {
+            n_tok: n,
+            n_seqs: plan.chunks.len(),
+            m,
+            n_single,
+            max_len,
+            splits: Self::splits_for(n, split_len, max_len),
+            split_len,
+            n_tiles,
+            pf_splits,
+            pf_split_len,
+            casc_tiles: 0,
+            casc_rows: 0,
+            casc_splits: 0,
+            casc_split_len: 0,
+        };
         if n == 0 {
-            return Ok(Flat { n_tok: 0, n_seqs: plan.chunks.len(), m, n_single, max_len, splits, n_tiles: 0 });
+            return Ok(f);
         }
-        self.ensure_work(n, n_single, splits, m)?;
+        // Shared prefixes among the decode tokens (not in graph-sized steps: a graph would
+        // have to be captured per grouping).
+        let cascade = if !graph && tiled && n_single >= 2 && super::tuning::tuning().cascade {
+            let toks: Vec<super::cascade::DecodeTok> = plan
+                .chunks
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| single(c.tokens.len()))
+                .enumerate()
+                .map(|(token, (ci, c))| super::cascade::DecodeTok {
+                    token,
+                    bt_row: ci,
+                    table: &c.block_table,
+                    pos: c.start_pos,
+                })
+                .collect();
+            super::cascade::plan(&toks, n_single, bs)
+        } else {
+            None
+        };
+        if let Some(c) = &cascade {
+            f.casc_tiles = c.tiles.len() / 4;
+            f.casc_rows = c.rows.len();
+            (f.casc_splits, f.casc_split_len) = super::cascade::splits(f.casc_tiles, c.max_shared, nh, nkv, hd);
+        }
+        self.ensure_work(n, f.part_rows(nh), m)?;
         let lay = layout(self.work.cap_tok);
         let bts = self.bt_stride;
         let meta = &mut self.host_meta;
         meta.clear();
         meta.resize(lay.bt + plan.chunks.len() * bts, 0);
         let mut t = 0;
-        let mut tiles = Vec::new();
+        let (mut tiles, mut tile_rows) = (Vec::new(), Vec::new());
         let mut last_tok = vec![0usize; plan.chunks.len()];
         // Two passes: one-token chunks, then the rest (see `Flat`).
         for pass_single in [true, false] {
@@ -232,7 +325,7 @@ impl CudaBackend {
                     meta[lay.bt + ci * bts + i] = b as i32;
                 }
                 if !pass_single {
-                    super::prefill::push_tiles(&mut tiles, t, c.tokens.len());
+                    super::prefill::push_tiles(&mut tiles, &mut tile_rows, t, c.tokens.len(), c.start_pos, ci);
                 }
                 for (i, &tok) in c.tokens.iter().enumerate() {
                     let p = c.start_pos + i;
@@ -252,9 +345,15 @@ impl CudaBackend {
                 r += 1;
             }
         }
-        let n_tiles = tiles.len() / 2;
+        debug_assert_eq!(tiles.len(), 4 * f.n_tiles);
         meta[lay.tiles..lay.tiles + tiles.len()].copy_from_slice(&tiles);
-        Ok(Flat { n_tok: n, n_seqs: plan.chunks.len(), m, n_single, max_len, splits, n_tiles })
+        meta[lay.tile_rows..lay.tile_rows + tile_rows.len()].copy_from_slice(&tile_rows);
+        if let Some(c) = &cascade {
+            meta[lay.casc_tiles..lay.casc_tiles + c.tiles.len()].copy_from_slice(&c.tiles);
+            meta[lay.casc_rows..lay.casc_rows + c.rows.len()].copy_from_slice(&c.rows);
+            meta[lay.kv_begin..lay.kv_begin + c.kv_begin.len()].copy_from_slice(&c.kv_begin);
+        }
+        Ok(f)
     }
 
     /// Uploads the step inputs and runs (or replays) the layers; the logits stay on the device.
@@ -450,14 +549,59 @@ impl CudaBackend {
                 q_stride: qkv_w,
                 out_stride: qd,
             };
+            let (part_o, part_ml) = (ptr(&w.part_o, s), ptr(&w.part_ml, s));
             if f.n_single > 0 {
                 // The one-token chunks come first in the step (see `Flat`).
                 let paged = l::PagedAttn { n_tok: f.n_single, ..paged };
-                let (part_o, part_ml) = (ptr(&w.part_o, s), ptr(&w.part_ml, s));
-                l::Attention { paged, part_o, part_ml, max_len: f.max_len, n_splits: f.splits }.launch(k, s)?;
+                let prefix = (f.casc_tiles > 0).then(|| l::SharedPrefix {
+                    kv_begin: meta.offset(lay.kv_begin),
+                    attn: PrefillAttention {
+                        paged,
+                        tiles: meta.offset(lay.casc_tiles),
+                        rows: meta.offset(lay.casc_rows),
+                        n_rows: f.casc_rows,
+                        n_tiles: f.casc_tiles,
+                        split: Some(PrefillSplit {
+                            part_o,
+                            part_ml,
+                            split_len: f.casc_split_len,
+                            n_splits: f.casc_splits,
+                            n_slots: f.dec_slots(),
+                            slot0: f.splits,
+                            tok0: 0,
+                            n_part_tok: f.n_single,
+                            merge: false,
+                        }),
+                    },
+                });
+                l::Attention {
+                    paged,
+                    part_o,
+                    part_ml,
+                    max_len: f.max_len,
+                    n_splits: f.splits,
+                    split_len: f.split_len,
+                    onepass: None,
+                    prefix,
+                }
+                .launch(k, s)?;
                 mark("attention split")?;
             }
-            PrefillAttention { paged, tiles: meta.offset(lay.tiles), n_tiles: f.n_tiles }.launch(k, s)?;
+            // The prefill tokens' partials follow the decode tokens'.
+            let dec = f.n_single * f.dec_slots() * c.n_heads;
+            let split = (f.pf_splits > 1).then_some(PrefillSplit {
+                part_o: part_o.offset(dec * hd),
+                part_ml: part_ml.offset(dec * 2),
+                split_len: f.pf_split_len,
+                n_splits: f.pf_splits,
+                n_slots: f.pf_splits,
+                slot0: 0,
+                tok0: f.n_single,
+                n_part_tok: n - f.n_single,
+                merge: true,
+            });
+            let (tiles, rows) = (meta.offset(lay.tiles), meta.offset(lay.tile_rows));
+            PrefillAttention { paged, tiles, rows, n_rows: n - f.n_single, n_tiles: f.n_tiles, split }.launch(k, s)?;
             if f.n_tiles > 0 {
                 mark("attention prefill")?;
             }

@@ -27,6 +27,8 @@ pub(super) struct Tuning {
     pub attn_warps: Option<usize>,
     /// `DUSTOFF_ATTN_SPLIT=N` (a multiple of 16): positions per decode attention split.
     pub attn_split: Option<usize>,
+    /// `DUSTOFF_CASCADE=0`: no shared-prefix (cascade) attention in decode steps.
+    pub cascade: bool,
 }
 
 pub(super) fn tuning() -> &'static Tuning {
@@ -44,6 +46,7 @@ pub(super) fn tuning() -> &'static Tuning {
             attn_onepass: num("DUSTOFF_ATTN_ONEPASS") != Some(0),
             attn_warps: num("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)),
             attn_split: num("DUSTOFF_ATTN_SPLIT").filter(|&v| v >= 16 && v % 16 == 0),
+            cascade: num("DUSTOFF_CASCADE") != Some(0),
         }
     })
 }
