@@ -9,6 +9,11 @@
 //! its first token), their ratio, steps, forced tokens, and the mask time per token (median,
 //! p99: CPU time of one mask, computed on worker threads while the model step runs) with the
 //! time steps waited for masks after the model had finished.
+//!
+//! A third pass repeats the constrained run with the masked choice made on the host
+//! ([`HostChoice`]: the logits of every constrained step come down and `sampler::masked_argmax`
+//! picks), the path a device backend took before `step_greedy_masked`: the "before" column.
+//! It must produce the same tokens.
 
 use std::time::Instant;
 
@@ -16,9 +21,10 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::bench::bench_prompt;
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendError};
 use crate::engine::constraint::{ConstraintMetrics, Grammar};
 use crate::engine::engine::{Engine, EngineConfig, Event, Request};
+use crate::engine::plan::{SeqId, StepPlan};
 use crate::engine::sampler::SamplingParams;
 
 #[derive(Clone, Debug, Serialize)]
@@ -37,6 +43,54 @@ pub struct ConstrainedRow {
     pub constrained_steps: u64,
     pub free_steps: u64,
     pub constraint: ConstraintMetrics,
+    /// The constrained run again, its masked choices made on the host from downloaded logits.
+    pub host_choice_job_tok_s: f64,
+    pub host_choice_ratio: f64,
+    pub host_choice_decode_tok_s: f64,
+    /// Where the decode time goes: mean ms of the constrained run's steps that also ran forced
+    /// tokens (and how many), of its other steps, and of the free run's steps.
+    pub constrained_forced_chunk_steps: u64,
+    pub constrained_forced_chunk_ms: f64,
+    pub constrained_plain_ms: f64,
+    pub free_step_ms: f64,
+}
+
+/// `B` with the masked greedy choice on the host: the trait's default `step_greedy_masked`
+/// (logits downloaded, `sampler::masked_argmax`); every other call goes to `B` (free greedy
+/// steps keep the device arg-max).
+pub struct HostChoice<B: Backend>(pub B);
+
+impl<B: Backend> Backend for HostChoice<B> {
+    fn config(&self) -> &crate::model::config::ModelConfig {
+        self.0.config()
+    }
+    fn block_size(&self) -> usize {
+        self.0.block_size()
+    }
+    fn num_blocks(&self) -> usize {
+        self.0.num_blocks()
+    }
+    fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.0.step(plan)
+    }
+    fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
+        self.0.step_greedy(plan)
+    }
+    fn release(&mut self, seq: SeqId) {
+        self.0.release(seq)
+    }
+    fn prepare(&mut self) -> Result<(), BackendError> {
+        self.0.prepare()
+    }
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn decode_weight_bytes(&self) -> u64 {
+        self.0.decode_weight_bytes()
+    }
+    fn kv_bytes_per_position(&self) -> u64 {
+        self.0.kv_bytes_per_position()
+    }
 }
 
 /// One pass over queued requests `0..n`.
@@ -50,21 +104,48 @@ struct Pass {
     /// Tokens emitted in that time.
     decode_tokens: usize,
     steps: u64,
+    /// Decode-phase steps (count, seconds): those that also ran tokens forced after the step
+    /// before (chunks of several tokens), and the others.
+    forced_chunk: (u64, f64),
+    plain: (u64, f64),
+}
+
+/// Mean milliseconds of `(steps, seconds)`.
+fn ms_per_step((n, s): (u64, f64)) -> f64 {
+    if n == 0 {
+        0.0
+    } else {
+        s * 1e3 / n as f64
+    }
 }
 
 fn timed<B: Backend>(engine: &mut Engine<B>, n: usize) -> Result<Pass> {
     let mut lens = vec![0usize; n];
     let (mut decode_tokens, mut decode_start) = (0, None);
+    let (mut forced_chunk, mut plain) = ((0, 0.0), (0, 0.0));
+    // Whether the last step emitted forced tokens (several tokens for one request): the next
+    // step runs them as a chunk.
+    let mut forced_last = false;
     let steps0 = engine.metrics().steps;
     let t0 = Instant::now();
     while engine.has_work() {
+        let ts = Instant::now();
         let evs = engine.step()?;
+        let dt = ts.elapsed().as_secs_f64();
+        if decode_start.is_some() {
+            let acc: &mut (u64, f64) = if forced_last { &mut forced_chunk } else { &mut plain };
+            acc.0 += 1;
+            acc.1 += dt;
+        }
+        let mut emitted = std::collections::HashMap::<u64, usize>::new();
         for e in evs {
             if let Event::Token { id, index, .. } = e {
                 lens[id as usize] = index + 1;
                 decode_tokens += usize::from(decode_start.is_some());
+                *emitted.entry(id).or_default() += 1;
             }
         }
+        forced_last = emitted.values().any(|&k| k > 1);
         let s = engine.scheduler();
         if decode_start.is_none() && s.num_waiting() == 0 && s.running().iter().all(|q| q.num_computed >= q.prompt_len)
         {
@@ -73,7 +154,7 @@ fn timed<B: Backend>(engine: &mut Engine<B>, n: usize) -> Result<Pass> {
     }
     let decode_s = decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
     let steps = engine.metrics().steps - steps0;
-    Ok(Pass { lens, total_s: t0.elapsed().as_secs_f64(), decode_s, decode_tokens, steps })
+    Ok(Pass { lens, total_s: t0.elapsed().as_secs_f64(), decode_s, decode_tokens, steps, forced_chunk, plain })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -123,8 +204,14 @@ pub fn bench_constrained<B: Backend>(
             e.add_request(req(i, len.max(1), &[]))?;
         }
         let f = timed(&mut e, n)?;
-        backend = Some(e.into_backend());
+        let mut e = Engine::new(HostChoice(e.into_backend()), cfg)?;
+        for i in 0..n {
+            e.add_constrained(req(i, gen_tokens, stop_ids), Some(grammar.start()))?;
+        }
+        let h = timed(&mut e, n)?;
+        backend = Some(e.into_backend().0);
         anyhow::ensure!(f.lens == c.lens, "the free run produced other lengths: {:?} vs {:?}", f.lens, c.lens);
+        anyhow::ensure!(h.lens == c.lens, "the host-choice run produced other lengths: {:?} vs {:?}", h.lens, c.lens);
         let tokens = c.lens.iter().sum::<usize>() as f64;
         let rate = |tok: f64, s: f64| tok / s.max(1e-9);
         let row = ConstrainedRow {
@@ -138,10 +225,23 @@ pub fn bench_constrained<B: Backend>(
             constrained_steps: c.steps,
             free_steps: f.steps,
             constraint,
+            host_choice_job_tok_s: rate(tokens, h.total_s),
+            host_choice_ratio: f.total_s / h.total_s.max(1e-9),
+            host_choice_decode_tok_s: rate(h.decode_tokens as f64, h.decode_s),
+            constrained_forced_chunk_steps: c.forced_chunk.0,
+            constrained_forced_chunk_ms: ms_per_step(c.forced_chunk),
+            constrained_plain_ms: ms_per_step(c.plain),
+            free_step_ms: ms_per_step((f.plain.0 + f.forced_chunk.0, f.plain.1 + f.forced_chunk.1)),
         };
         eprintln!(
-            "{n:>4} sequences: constrained {:.1} tok/s ({} steps), free {:.1} tok/s ({} steps), mask median {:.1} us, p99 {:.1} us",
-            row.constrained_job_tok_s, c.steps, row.free_job_tok_s, f.steps, row.constraint.mask_us_median, row.constraint.mask_us_p99
+            "{n:>4} sequences: constrained {:.1} tok/s ({} steps), free {:.1} tok/s ({} steps), host choice {:.1} tok/s, mask median {:.1} us, p99 {:.1} us",
+            row.constrained_job_tok_s,
+            c.steps,
+            row.free_job_tok_s,
+            f.steps,
+            row.host_choice_job_tok_s,
+            row.constraint.mask_us_median,
+            row.constraint.mask_us_p99
         );
         rows.push(row);
     }
@@ -171,12 +271,12 @@ pub fn run<B: Backend>(
 
 /// The markdown table of `rows` (for docs/BENCHMARKS.md).
 pub fn print_table(rows: &[ConstrainedRow]) {
-    println!("| sequences | tokens/seq | job tok/s constrained / free | ratio | decode tok/s constrained / free | steps c/f | forced | mask median / p99 us | mask wait s |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| sequences | tokens/seq | job tok/s constrained / free | ratio | decode tok/s constrained / free | steps c/f | forced | mask median / p99 us | mask wait s | commit s | host choice: job tok/s, ratio | decode ms/step: c forced-chunk (n) / c other / free |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let c = &r.constraint;
         println!(
-            "| {} | {:.1} | {:.1} / {:.1} | {:.3} | {:.1} / {:.1} | {}/{} | {} | {:.1} / {:.1} | {:.4} |",
+            "| {} | {:.1} | {:.1} / {:.1} | {:.3} | {:.1} / {:.1} | {}/{} | {} | {:.1} / {:.1} | {:.4} | {:.4} | {:.1}, {:.3} | {:.2} ({}) / {:.2} / {:.2} |",
             r.sequences,
             r.mean_tokens,
             r.constrained_job_tok_s,
@@ -189,7 +289,14 @@ pub fn print_table(rows: &[ConstrainedRow]) {
             c.forced_tokens,
             c.mask_us_median,
             c.mask_us_p99,
-            c.mask_wait_seconds
+            c.mask_wait_seconds,
+            c.commit_seconds,
+            r.host_choice_job_tok_s,
+            r.host_choice_ratio,
+            r.constrained_forced_chunk_ms,
+            r.constrained_forced_chunk_steps,
+            r.constrained_plain_ms,
+            r.free_step_ms
         );
     }
 }
