@@ -8,12 +8,15 @@
 //! tok/s of both (tokens after each sequence's first, over the time after every sequence had
 //! its first token), their ratio, steps, forced tokens, and the mask time per token (median,
 //! p99: CPU time of one mask, computed on worker threads while the model step runs) with the
-//! time steps waited for masks after the model had finished.
+//! time steps waited for masks after the model had finished, and the decode step time split
+//! into steps that also ran forced tokens (chunks of several tokens) and the others.
 //!
 //! A third pass repeats the constrained run with the masked choice made on the host
 //! ([`HostChoice`]: the logits of every constrained step come down and `sampler::masked_argmax`
 //! picks), the path a device backend took before `step_greedy_masked`: the "before" column.
-//! It must produce the same tokens.
+//! It must produce the same tokens. The three compared passes run after a first constrained
+//! and a first free pass (reported as `first_*`: on a GPU they capture a graph for each new
+//! step shape), so that all three see the same warm backend.
 
 use std::time::Instant;
 
@@ -22,7 +25,7 @@ use serde::Serialize;
 
 use super::bench::bench_prompt;
 use crate::backend::{Backend, BackendError};
-use crate::engine::constraint::{ConstraintMetrics, Grammar};
+use crate::engine::constraint::{ConstraintMetrics, Grammar, SeqConstraint};
 use crate::engine::engine::{Engine, EngineConfig, Event, Request};
 use crate::engine::plan::{SeqId, StepPlan};
 use crate::engine::sampler::SamplingParams;
@@ -47,6 +50,10 @@ pub struct ConstrainedRow {
     pub host_choice_job_tok_s: f64,
     pub host_choice_ratio: f64,
     pub host_choice_decode_tok_s: f64,
+    /// The first constrained and free passes (graph captures and cuBLAS set-up included).
+    pub first_constrained_job_tok_s: f64,
+    pub first_free_job_tok_s: f64,
+    pub first_ratio: f64,
     /// Where the decode time goes: mean ms of the constrained run's steps that also ran forced
     /// tokens (and how many), of its other steps, and of the free run's steps.
     pub constrained_forced_chunk_steps: u64,
@@ -157,6 +164,22 @@ fn timed<B: Backend>(engine: &mut Engine<B>, n: usize) -> Result<Pass> {
     Ok(Pass { lens, total_s: t0.elapsed().as_secs_f64(), decode_s, decode_tokens, steps, forced_chunk, plain })
 }
 
+/// Runs `reqs` (with their grammars) to completion on a fresh engine over `b`, timed.
+fn pass<B: Backend>(
+    b: B,
+    cfg: EngineConfig,
+    reqs: Vec<(Request, Option<SeqConstraint>)>,
+) -> Result<(Pass, ConstraintMetrics, B)> {
+    let n = reqs.len();
+    let mut e = Engine::new(b, cfg)?;
+    for (r, c) in reqs {
+        e.add_constrained(r, c)?;
+    }
+    let p = timed(&mut e, n)?;
+    let m = e.metrics().constraint;
+    Ok((p, m, e.into_backend()))
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn bench_constrained<B: Backend>(
     mut backend: B,
@@ -193,25 +216,22 @@ pub fn bench_constrained<B: Backend>(
             sampling: SamplingParams::greedy(),
             stop_ids: stop.to_vec(),
         };
-        let mut e = Engine::new(backend.take().expect("backend"), cfg)?;
-        for i in 0..n {
-            e.add_constrained(req(i, gen_tokens, stop_ids), Some(grammar.start()))?;
+        let constrained_reqs = || (0..n).map(|i| (req(i, gen_tokens, stop_ids), Some(grammar.start()))).collect();
+        let free_reqs =
+            |lens: &[usize]| lens.iter().enumerate().map(|(i, &len)| (req(i, len.max(1), &[]), None)).collect();
+        // NOTE: the first pass of each kind captures a CUDA graph per new step shape (and cuBLAS
+        // picks its kernels); the timed passes come after it, so that the three compared runs
+        // see the same warm backend. The first passes are reported too (`first_*`).
+        let b = backend.take().expect("backend");
+        let (c0, _, b) = pass(b, cfg, constrained_reqs())?;
+        let (f0, _, b) = pass(b, cfg, free_reqs(&c0.lens))?;
+        let (c, constraint, b) = pass(b, cfg, constrained_reqs())?;
+        let (f, _, b) = pass(b, cfg, free_reqs(&c.lens))?;
+        let (h, _, b) = pass(HostChoice(b), cfg, constrained_reqs())?;
+        backend = Some(b.0);
+        for (what, p) in [("first constrained", &c0), ("first free", &f0), ("free", &f), ("host-choice", &h)] {
+            anyhow::ensure!(p.lens == c.lens, "the {what} run produced other lengths: {:?} vs {:?}", p.lens, c.lens);
         }
-        let c = timed(&mut e, n)?;
-        let constraint = e.metrics().constraint;
-        let mut e = Engine::new(e.into_backend(), cfg)?;
-        for (i, &len) in c.lens.iter().enumerate() {
-            e.add_request(req(i, len.max(1), &[]))?;
-        }
-        let f = timed(&mut e, n)?;
-        let mut e = Engine::new(HostChoice(e.into_backend()), cfg)?;
-        for i in 0..n {
-            e.add_constrained(req(i, gen_tokens, stop_ids), Some(grammar.start()))?;
-        }
-        let h = timed(&mut e, n)?;
-        backend = Some(e.into_backend().0);
-        anyhow::ensure!(f.lens == c.lens, "the free run produced other lengths: {:?} vs {:?}", f.lens, c.lens);
-        anyhow::ensure!(h.lens == c.lens, "the host-choice run produced other lengths: {:?} vs {:?}", h.lens, c.lens);
         let tokens = c.lens.iter().sum::<usize>() as f64;
         let rate = |tok: f64, s: f64| tok / s.max(1e-9);
         let row = ConstrainedRow {
@@ -228,6 +248,9 @@ pub fn bench_constrained<B: Backend>(
             host_choice_job_tok_s: rate(tokens, h.total_s),
             host_choice_ratio: f.total_s / h.total_s.max(1e-9),
             host_choice_decode_tok_s: rate(h.decode_tokens as f64, h.decode_s),
+            first_constrained_job_tok_s: rate(tokens, c0.total_s),
+            first_free_job_tok_s: rate(tokens, f0.total_s),
+            first_ratio: f0.total_s / c0.total_s.max(1e-9),
             constrained_forced_chunk_steps: c.forced_chunk.0,
             constrained_forced_chunk_ms: ms_per_step(c.forced_chunk),
             constrained_plain_ms: ms_per_step(c.plain),
@@ -271,12 +294,12 @@ pub fn run<B: Backend>(
 
 /// The markdown table of `rows` (for docs/BENCHMARKS.md).
 pub fn print_table(rows: &[ConstrainedRow]) {
-    println!("| sequences | tokens/seq | job tok/s constrained / free | ratio | decode tok/s constrained / free | steps c/f | forced | mask median / p99 us | mask wait s | commit s | host choice: job tok/s, ratio | decode ms/step: c forced-chunk (n) / c other / free |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| sequences | tokens/seq | job tok/s constrained / free | ratio | decode tok/s constrained / free | steps c/f | forced | mask median / p99 us | mask wait s | commit s | host choice: job tok/s, ratio | decode ms/step: c forced-chunk (n) / c other / free | first pass: ratio (c / f job tok/s) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let c = &r.constraint;
         println!(
-            "| {} | {:.1} | {:.1} / {:.1} | {:.3} | {:.1} / {:.1} | {}/{} | {} | {:.1} / {:.1} | {:.4} | {:.4} | {:.1}, {:.3} | {:.2} ({}) / {:.2} / {:.2} |",
+            "| {} | {:.1} | {:.1} / {:.1} | {:.3} | {:.1} / {:.1} | {}/{} | {} | {:.1} / {:.1} | {:.4} | {:.4} | {:.1}, {:.3} | {:.2} ({}) / {:.2} / {:.2} | {:.3} ({:.1} / {:.1}) |",
             r.sequences,
             r.mean_tokens,
             r.constrained_job_tok_s,
@@ -296,7 +319,10 @@ pub fn print_table(rows: &[ConstrainedRow]) {
             r.constrained_forced_chunk_ms,
             r.constrained_forced_chunk_steps,
             r.constrained_plain_ms,
-            r.free_step_ms
+            r.free_step_ms,
+            r.first_ratio,
+            r.first_constrained_job_tok_s,
+            r.first_free_job_tok_s
         );
     }
 }
