@@ -94,6 +94,14 @@ impl<B: Backend> Backend for FaultInjector<B> {
         self.fails(plan)?;
         self.inner.step_greedy(plan)
     }
+    fn step_greedy_masked(
+        &mut self,
+        plan: &StepPlan,
+        fill: &mut super::masks::FillMasks<'_>,
+    ) -> Result<super::masks::MaskedGreedy, BackendError> {
+        self.fails(plan)?;
+        self.inner.step_greedy_masked(plan, fill)
+    }
     fn prepare(&mut self) -> Result<(), BackendError> {
         self.inner.prepare()
     }

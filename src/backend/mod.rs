@@ -3,6 +3,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod fault;
+pub mod masks;
 
 use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;
@@ -67,6 +68,18 @@ pub trait Backend {
     fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
         Ok(self.step(plan)?.iter().map(|l| crate::engine::sampler::argmax(l)).collect())
     }
+    /// Runs one step and returns the greedy choice of every chunk with `want_logits` among the
+    /// tokens its mask allows (`sampler::masked_argmax`; rows given no mask: `argmax`). `fill`
+    /// writes the masks (`masks::MaskRows`) once, while the step runs: the model does not wait
+    /// for it. A device backend uploads the mask bits and chooses on the device (no logits
+    /// download); the default is the same rule on the host (`masks::host_step_greedy_masked`).
+    fn step_greedy_masked(
+        &mut self,
+        plan: &StepPlan,
+        fill: &mut masks::FillMasks<'_>,
+    ) -> Result<masks::MaskedGreedy, BackendError> {
+        masks::host_step_greedy_masked(self, plan, fill)
+    }
     /// Forgets a finished sequence: frees per-sequence state a backend keeps beside the KV
     /// blocks (the recurrent state of hybrid models). Its KV blocks belong to the block pool.
     fn release(&mut self, _seq: crate::engine::plan::SeqId) {}
@@ -119,6 +132,13 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
         (**self).step_greedy(plan)
+    }
+    fn step_greedy_masked(
+        &mut self,
+        plan: &StepPlan,
+        fill: &mut masks::FillMasks<'_>,
+    ) -> Result<masks::MaskedGreedy, BackendError> {
+        (**self).step_greedy_masked(plan, fill)
     }
     fn prepare(&mut self) -> Result<(), BackendError> {
         (**self).prepare()

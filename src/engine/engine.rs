@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::constraint::{ConstraintMetrics, MaskTimes, SeqConstraint};
+use super::constraint::{fill_masks, ConstraintMetrics, MaskTimes, SeqConstraint};
 use super::kv::{BlockHash, KvCache};
 use super::plan::{SeqId, StepPlan};
 use super::sampler::{Sampler, SamplingParams};
@@ -328,8 +328,8 @@ impl<B: Backend> Engine<B> {
 
     /// Runs the plan on the backend and picks the next token of every chunk that wants one, in
     /// plan order (`None` where a chunk's request is unknown). When every such request is
-    /// greedy and unconstrained the backend chooses (on the device where it can: no logits
-    /// download); else each request's sampler draws from its logits, in parallel (64 x 152k
+    /// greedy the backend chooses (on the device where it can: no logits download), under the
+    /// masks of the constrained ones; else each request's sampler draws from its logits, in parallel (64 x 152k
     /// logits is ~10 ms on one core; each request owns its sampler, so the draws do not depend
     /// on the threads), among the tokens its grammar allows.
     fn next_tokens(&mut self, plan: &StepPlan) -> Result<Vec<Option<u32>>, EngineError> {
@@ -346,6 +346,9 @@ impl<B: Backend> Engine<B> {
         }
         let rows: HashMap<SeqId, usize> =
             plan.chunks.iter().filter(|c| c.want_logits).enumerate().map(|(i, c)| (c.seq, i)).collect();
+        if greedy {
+            return self.step_greedy_masked(plan, &rows, want);
+        }
         let logits = if constrained { self.step_with_masks(plan, &rows)? } else { self.backend.step(plan)? };
         if logits.len() != want {
             return Err(EngineError::Logits { got: logits.len(), want });
@@ -362,6 +365,32 @@ impl<B: Backend> Engine<B> {
             tokens[i] = Some(t);
         }
         Ok(tokens)
+    }
+
+    /// A greedy step with constrained requests: the backend runs the step while the masks are
+    /// computed (in parallel over the requests) and written into its mask rows, then picks each
+    /// row's masked arg-max: on the device where it can (the mask bits go up, no logits come
+    /// down). Unconstrained rows of a mixed step get no mask: the plain arg-max.
+    fn step_greedy_masked(
+        &mut self,
+        plan: &StepPlan,
+        rows: &HashMap<SeqId, usize>,
+        want: usize,
+    ) -> Result<Vec<Option<u32>>, EngineError> {
+        let mut cons: Vec<(usize, &mut SeqConstraint)> =
+            self.requests.iter_mut().filter_map(|(id, r)| Some((*rows.get(id)?, r.constraint.as_mut()?))).collect();
+        let mut times: Vec<Duration> = Vec::new();
+        let mut fill = |m: &mut crate::backend::masks::MaskRows<'_>| {
+            times = fill_masks(&mut cons, m)?;
+            Ok(())
+        };
+        let got = self.backend.step_greedy_masked(plan, &mut fill)?;
+        self.metrics.constraint.mask_wait_seconds += got.mask_wait.as_secs_f64();
+        times.iter().for_each(|&t| self.mask_times.record(t));
+        if got.ids.len() != want {
+            return Err(EngineError::Logits { got: got.ids.len(), want });
+        }
+        Ok(got.ids.into_iter().map(Some).collect())
     }
 
     /// Runs the backend step while worker threads compute the masks of the constrained requests

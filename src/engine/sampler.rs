@@ -87,7 +87,7 @@ impl Sampler {
             .map(|(i, &l)| (i as u32, l))
             .collect();
         if cand.is_empty() {
-            return mask.map_or(0, first_allowed);
+            return mask.map_or(0, |m| first_allowed(m, logits.len()));
         }
         let k = if p.top_k == 0 { cand.len() } else { p.top_k.min(cand.len()) };
         if k < cand.len() {
@@ -145,14 +145,21 @@ fn is_allowed(mask: &[u32], t: usize) -> bool {
     mask.get(t / 32).is_some_and(|w| w >> (t % 32) & 1 == 1)
 }
 
-fn first_allowed(mask: &[u32]) -> u32 {
-    mask.iter().position(|&w| w != 0).map_or(0, |i| i as u32 * 32 + mask[i].trailing_zeros())
+/// The lowest allowed id below `n` (0 when none is).
+fn first_allowed(mask: &[u32], n: usize) -> u32 {
+    let t = mask.iter().position(|&w| w != 0).map_or(0, |i| i * 32 + mask[i].trailing_zeros() as usize);
+    if t < n {
+        t as u32
+    } else {
+        0
+    }
 }
 
 /// `argmax` over the tokens `mask` allows (see `Sampler::sample_masked`): the largest finite
 /// or infinite logit among them, lowest id among equals, never NaN; all NaN: the lowest
-/// allowed id. Whole zero words (32 masked tokens) are skipped at once: a grammar usually
-/// allows a small part of the vocabulary.
+/// allowed id (0 when no id below `logits.len()` is allowed). Whole zero words (32 masked
+/// tokens) are skipped at once: a grammar usually allows a small part of the vocabulary.
+/// The device twin is `argmax_masked_rows_f32` (kernels/argmax.cu).
 pub fn masked_argmax(logits: &[f32], mask: &[u32]) -> u32 {
     let mut best: Option<(u32, f32)> = None;
     for (w, &bits) in mask.iter().enumerate() {
@@ -160,13 +167,13 @@ pub fn masked_argmax(logits: &[f32], mask: &[u32]) -> u32 {
         while bits != 0 {
             let t = w * 32 + bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            let Some(&v) = logits.get(t) else { return best.map_or(first_allowed(mask), |b| b.0) };
+            let Some(&v) = logits.get(t) else { return best.map_or(first_allowed(mask, logits.len()), |b| b.0) };
             if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
                 best = Some((t as u32, v));
             }
         }
     }
-    best.map_or(first_allowed(mask), |b| b.0)
+    best.map_or(first_allowed(mask, logits.len()), |b| b.0)
 }
 
 #[cfg(test)]
@@ -265,8 +272,11 @@ mod tests {
         assert_eq!(masked_argmax(&v, &mask_of(4, &[1, 2, 3])), 1);
         // Nothing allowed has a usable logit: the lowest allowed id.
         assert_eq!(masked_argmax(&[1.0, f32::NAN, f32::NAN], &mask_of(3, &[1, 2])), 1);
-        // Allowed ids past the logits (a mask over a larger vocabulary) are never chosen.
+        // Allowed ids past the logits (a mask over a larger vocabulary) are never chosen, not
+        // even as the fallback.
         assert_eq!(masked_argmax(&[0.0, 2.0], &mask_of(40, &[0, 35])), 0);
+        assert_eq!(masked_argmax(&[0.0, 2.0], &mask_of(40, &[35])), 0);
+        assert_eq!(masked_argmax(&[f32::NAN, f32::NAN, 1.0], &mask_of(40, &[1, 35])), 1);
     }
 
     #[test]

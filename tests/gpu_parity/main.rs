@@ -11,6 +11,7 @@ mod attention;
 mod bench;
 #[path = "../common/mod.rs"]
 mod common;
+mod masked;
 mod quant;
 mod quant_bench;
 

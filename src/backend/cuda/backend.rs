@@ -89,6 +89,8 @@ pub(super) struct Work {
     /// Page-locked host copy of `logits` ([cap_logits, vocab]): the download runs at full PCIe
     /// speed into memory reused every step (64 sequences x 151,936 f32 = 39 MB a step).
     pub host_logits: Option<cudarc::driver::PinnedHostSlice<f32>>,
+    /// Constrained greedy steps: the mask slots and bits, host (pinned) and device.
+    pub masks: super::masked::MaskBuffers,
 }
 
 pub struct CudaBackend {
@@ -515,6 +517,17 @@ impl Backend for CudaBackend {
             return Ok(Vec::new());
         }
         Ok(self.forward_greedy(&f)?)
+    }
+    fn step_greedy_masked(
+        &mut self,
+        plan: &StepPlan,
+        fill: &mut crate::backend::masks::FillMasks<'_>,
+    ) -> Result<crate::backend::masks::MaskedGreedy, BackendError> {
+        let f = self.flatten(plan)?;
+        if f.n_tok == 0 {
+            return Ok(Default::default());
+        }
+        self.forward_greedy_masked(&f, fill)
     }
     fn decode_weight_bytes(&self) -> u64 {
         self.decode_bytes

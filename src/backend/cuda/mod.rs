@@ -13,6 +13,7 @@ pub mod dmat;
 pub mod fused;
 pub mod kernels;
 pub mod launch;
+pub mod masked;
 pub mod matmul;
 pub mod memory;
 pub mod nvrtc;

@@ -38,7 +38,7 @@ macro_rules! kernel_file {
 /// Every kernel file, with its entry points (`<op>_<dtype>`).
 pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("add", ["bias_add_f32", "cast_f32_f16"]),
-    kernel_file!("argmax", ["argmax_rows_f32"]),
+    kernel_file!("argmax", ["argmax_rows_f32", "argmax_masked_rows_f32"]),
     kernel_file!(
         "attention_decode",
         [

@@ -357,7 +357,7 @@ impl CudaBackend {
     }
 
     /// Uploads the step inputs and runs (or replays) the layers; the logits stay on the device.
-    fn run_step(&mut self, w: &mut Work, f: &Flat) -> Result<(), CudaError> {
+    pub(super) fn run_step(&mut self, w: &mut Work, f: &Flat) -> Result<(), CudaError> {
         let meta = w.meta.as_mut().expect("step inputs allocated by ensure_work");
         let mut view = meta.slice_mut(0..self.host_meta.len());
         self.dev.stream.memcpy_htod(&self.host_meta, &mut view).map_err(CudaError::driver("uploading step inputs"))?;

@@ -24,7 +24,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
 use serde_json::Value;
 
-pub use seq::SeqConstraint;
+pub use seq::{fill_masks, SeqConstraint};
 pub use stats::{ConstraintMetrics, MaskTimes};
 pub use tok_env::DustoffTokEnv;
 

@@ -75,6 +75,29 @@ impl SeqConstraint {
     }
 }
 
+/// Computes the next-token masks of `cons` (logit row, grammar state) in parallel and writes
+/// them into `out`, the step's mask rows (cut or zero-padded to the model's vocabulary: ids
+/// past the tokenizer's are never allowed). A grammar whose mask fails gets no row mask (the
+/// plain arg-max, as the host path without a mask; its parser error ends the sequence at the
+/// commit). Returns each mask's time.
+pub fn fill_masks(
+    cons: &mut [(usize, &mut SeqConstraint)],
+    out: &mut crate::backend::masks::MaskRows<'_>,
+) -> Result<Vec<Duration>, crate::backend::BackendError> {
+    use rayon::prelude::*;
+    let times = cons.par_iter_mut().map(|(_, c)| c.compute_mask()).collect();
+    let rows: Vec<usize> = cons.iter().filter(|(_, c)| c.mask.is_some()).map(|(r, _)| *r).collect();
+    let dst = out.claim(&rows)?;
+    let mut work: Vec<(&mut [u32], &mut SeqConstraint)> =
+        dst.into_iter().zip(cons.iter_mut().filter(|(_, c)| c.mask.is_some()).map(|(_, c)| &mut **c)).collect();
+    work.par_iter_mut().for_each(|(d, c)| {
+        let src = c.mask().unwrap_or_default();
+        let k = src.len().min(d.len());
+        d[..k].copy_from_slice(&src[..k]);
+    });
+    Ok(times)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::OutputConstraint;
