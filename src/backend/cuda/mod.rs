@@ -14,6 +14,7 @@ pub mod kernels;
 pub mod launch;
 pub mod matmul;
 pub mod memory;
+pub mod moe;
 pub mod nvrtc;
 pub mod prefill;
 mod profile;
