@@ -12,6 +12,7 @@ mod bench;
 #[path = "../common/mod.rs"]
 mod common;
 mod moe;
+mod moe_bench;
 mod quant;
 mod quant_bench;
 
