@@ -214,12 +214,16 @@ __device__ __forceinline__ void moe_mat_impl(const MoeMatParams& p, int grouped)
 FOR_EACH_QFORMAT(MOE_ENTRIES)
 MOE_ENTRIES(f16, FF16)
 
-// ---- Router: logits = W x (f32), softmax over all experts, the k largest (ties: the lower
-// expert index, as src/backend/cpu/moe.rs `route`), weights renormalised over the chosen
-// when norm != 0 (else divided by the softmax total).
+// ---- Router, in two launches so that reading the router (n_experts x dim f32, 1 MB for
+// Qwen3-30B-A3B) is spread over the GPU instead of one block per token:
+// moe_router_logits_f32: logits = W x (a warp per (expert, token));
+// moe_route_f32: per token, softmax over all experts, the k largest (ties: the lower expert
+// index, as src/backend/cpu/moe.rs `route`), weights renormalised over the chosen when
+// norm != 0 (else divided by the softmax total).
 struct RouteParams {
     const float* x;   // [n_tok, dim] normed hidden states
     const float* w;   // [n_experts, dim] router, f32
+    float* logits;    // [n_tok, n_experts]
     int* ids;         // [n_tok, k] chosen experts, best first
     float* wts;       // [n_tok, k] their weights
     int n_tok;
@@ -229,28 +233,34 @@ struct RouteParams {
     int norm;
 };
 
-// grid n_tok, block 256; dynamic shared memory: n_experts floats + n_experts bytes.
-extern "C" __global__ void __launch_bounds__(256) moe_route_f32(const RouteParams p) {
+// grid (ceil(n_experts / 8), n_tok), block 256.
+extern "C" __global__ void __launch_bounds__(256) moe_router_logits_f32(const RouteParams p) {
+    const int t = blockIdx.y;
+    const int lane = threadIdx.x % WARP;
+    const int e = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (e >= p.n_experts) return;
+    const float4* x = reinterpret_cast<const float4*>(p.x + (long long)t * p.dim);
+    const float4* w = reinterpret_cast<const float4*>(p.w + (long long)e * p.dim);
+    float acc = 0.0f;
+    for (int c = lane; c < p.dim / 4; c += WARP) {
+        const float4 a = __ldg(w + c), b = __ldg(x + c);
+        acc = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) p.logits[(long long)t * p.n_experts + e] = acc;
+}
+
+// grid n_tok, block 32 (one warp per token); dynamic shared memory: n_experts floats + n_experts bytes.
+extern "C" __global__ void __launch_bounds__(32) moe_route_f32(const RouteParams p) {
     extern __shared__ float logits[];
     unsigned char* taken = reinterpret_cast<unsigned char*>(logits + p.n_experts);
     const int t = blockIdx.x;
-    const int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    const float4* x = reinterpret_cast<const float4*>(p.x + (long long)t * p.dim);
-    for (int e = wid; e < p.n_experts; e += nw) {
-        const float4* w = reinterpret_cast<const float4*>(p.w + (long long)e * p.dim);
-        float acc = 0.0f;
-        for (int c = lane; c < p.dim / 4; c += WARP) {
-            const float4 a = __ldg(w + c), b = __ldg(x + c);
-            acc = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) {
-            logits[e] = acc;
-            taken[e] = 0;
-        }
+    const int lane = threadIdx.x % WARP;
+    for (int e = lane; e < p.n_experts; e += WARP) {
+        logits[e] = p.logits[(long long)t * p.n_experts + e];
+        taken[e] = 0;
     }
-    __syncthreads();
-    if (wid != 0) return;
+    __syncwarp();
     float mx = NEG_INF;
     for (int e = lane; e < p.n_experts; e += WARP) mx = fmaxf(mx, logits[e]);
     mx = warp_max(mx);

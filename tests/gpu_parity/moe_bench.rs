@@ -2,7 +2,8 @@
 //! qwen3-30b-a3b --dtype q4_k_m` (one stream, 768-token prompt, 200 out, medians of 3) and
 //! `--batch 8,32,64` measure, through the same functions (`commands::bench`), on one synthetic
 //! backend; the batched rows are run three times each and their medians printed.
-//! `DUSTOFF_MOE_BENCH_BATCH=0` skips the batched rows, `DUSTOFF_MOE_BENCH_SHAPE` picks another
+//! `DUSTOFF_MOE_BENCH_BATCH=0` skips the batched rows, `DUSTOFF_MOE_BENCH_ONE=0` the one-stream
+//! run, `DUSTOFF_MOE_BENCH_SHAPE` picks another
 //! shape, `DUSTOFF_MOE_BENCH_PROMPT` the batched prompt length (default 128, 64 out).
 
 use dustoff::backend::Backend;
@@ -23,15 +24,18 @@ fn moe_bench() {
     drop(g);
     let shape = std::env::var("DUSTOFF_MOE_BENCH_SHAPE").unwrap_or_else(|_| "qwen3-30b-a3b".into());
     let batched = std::env::var("DUSTOFF_MOE_BENCH_BATCH").map_or(true, |v| v != "0");
+    let one = std::env::var("DUSTOFF_MOE_BENCH_ONE").map_or(true, |v| v != "0");
     let prompt: usize = std::env::var("DUSTOFF_MOE_BENCH_PROMPT").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
     let sizes = [8usize, 32, 64];
     let tokens = (768 + 200 + 16).max(64 * (prompt + 64 + 16));
     let mut b = make_synthetic_backend(&shape, "q4_k_m", &Device::Cuda(0), tokens, None).unwrap();
     eprintln!("{}", b.describe());
     let name = format!("synthetic {shape} q4_k_m");
-    let r = bench(b.as_mut(), &name, 768, 200, 3).unwrap();
-    r.print_human();
-    println!("ONE-STREAM {}", serde_json::to_string(&r).unwrap());
+    if one {
+        let r = bench(b.as_mut(), &name, 768, 200, 3).unwrap();
+        r.print_human();
+        println!("ONE-STREAM {}", serde_json::to_string(&r).unwrap());
+    }
     if !batched {
         return;
     }

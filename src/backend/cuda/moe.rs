@@ -2,9 +2,10 @@
 //! slabs in their file format, the router in f32, and the launchers of kernels/moe.cu.
 //!
 //! A step's FFN of a sparse layer (`moe_ffn`), for `n` tokens and `k` experts per token:
-//! 1. `moe_route_f32`: router logits, softmax, top-k (ties to the lower expert index, as the
-//!    CPU's `route`), renormalisation: expert ids `[n, k]` and weights `[n, k]` stay on the
-//!    device, so a captured CUDA graph replays whatever the tokens choose;
+//! 1. `moe_router_logits_f32` (a warp per expert and token), then `moe_route_f32` (a warp
+//!    per token): softmax, top-k (ties to the lower expert index, as the CPU's `route`),
+//!    renormalisation: expert ids `[n, k]` and weights `[n, k]` stay on the device, so a
+//!    captured CUDA graph replays whatever the tokens choose;
 //! 2. few tokens (`pair_mode`): gate/up + SwiGLU for every (token, slot) pair in one launch
 //!    (grid over pairs and row tiles, the weight rows at slab + id * stride found on the
 //!    device), then down in one launch, into per-pair rows;
@@ -34,7 +35,7 @@ use crate::model::weights::Tensor;
 /// Entry points of kernels/moe.cu: `9 * variant + format` for the variants gate/up pair mode,
 /// gate/up grouped, down pair mode, down grouped, formats in `QFormat::index` order then F16
 /// (8); then the router, the grouping and the weighted sum.
-pub const MOE_ENTRIES: [&str; 39] = {
+pub const MOE_ENTRIES: [&str; 40] = {
     macro_rules! fmts {
         ($pre:literal, $suf:literal) => {
             [
@@ -52,7 +53,7 @@ pub const MOE_ENTRIES: [&str; 39] = {
     }
     let v =
         [fmts!("moe_gate_up_", "_p"), fmts!("moe_gate_up_", "_g"), fmts!("moe_down_", "_p"), fmts!("moe_down_", "_g")];
-    let mut all = ["moe_route_f32"; 39];
+    let mut all = ["moe_route_f32"; 40];
     let mut i = 0;
     while i < 36 {
         all[i] = v[i / 9][i % 9];
@@ -60,6 +61,7 @@ pub const MOE_ENTRIES: [&str; 39] = {
     }
     all[37] = "moe_group";
     all[38] = "moe_combine_f32";
+    all[39] = "moe_router_logits_f32";
     all
 };
 
@@ -140,7 +142,7 @@ pub fn layer_bytes(w: &MoeWeights, to_f16: bool) -> u64 {
 /// Step buffers of the MoE kernels for `cap_tok` tokens (bytes), for the memory plan.
 pub fn workspace_bytes(cap_tok: usize, dim: usize, m: &MoeConfig) -> u64 {
     let pairs = cap_tok * m.n_used;
-    (pairs * (m.expert_ffn_dim + dim + 4) * 4 + (m.n_experts + 1) * 4) as u64
+    (pairs * (m.expert_ffn_dim + dim + 4) * 4 + (cap_tok + 1) * (m.n_experts + 1) * 4) as u64
 }
 
 fn stack<'a>(w: &'a MoeWeights, f: impl Fn(&'a crate::model::moe::Expert) -> &'a Tensor) -> Vec<&'a Tensor> {
@@ -226,6 +228,7 @@ impl MoeLayerW {
 #[derive(Default)]
 pub struct MoeWork {
     pub cap_pairs: usize,
+    pub logits: Option<CudaSlice<f32>>,   // [tokens, n_experts] router logits
     pub ids: Option<CudaSlice<i32>>,      // [pairs] chosen experts
     pub wts: Option<CudaSlice<f32>>,      // [pairs] their weights
     pub offsets: Option<CudaSlice<i32>>,  // [n_experts + 1]
@@ -243,6 +246,7 @@ impl MoeWork {
             return Ok(false);
         }
         *self = MoeWork::default(); // free first
+        self.logits = Some(zeros(s, cap_tok * m.n_experts, "MoE router logits")?);
         self.ids = Some(zeros(s, pairs, "MoE expert ids")?);
         self.wts = Some(zeros(s, pairs, "MoE expert weights")?);
         self.offsets = Some(zeros(s, m.n_experts + 1, "MoE group offsets")?);
@@ -266,6 +270,7 @@ fn dev<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Result<Dev<T>, CudaError>
 struct RouteParams {
     x: u64,
     w: u64,
+    logits: u64,
     ids: u64,
     wts: u64,
     n_tok: i32,
@@ -277,11 +282,13 @@ struct RouteParams {
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for RouteParams {}
 
-/// Router of `n_tok` tokens: `x` `[n_tok, dim]`, `w` `[n_experts, dim]` f32; writes `ids` and
-/// `wts` `[n_tok, k]` (best first; ties to the lower index; weights renormalised when `norm`).
+/// Router of `n_tok` tokens: `x` `[n_tok, dim]`, `w` `[n_experts, dim]` f32; writes the
+/// `logits` `[n_tok, n_experts]`, then `ids` and `wts` `[n_tok, k]` (best first; ties to the
+/// lower index; weights renormalised when `norm`).
 pub struct MoeRoute {
     pub x: Dev<f32>,
     pub w: Dev<f32>,
+    pub logits: Dev<f32>,
     pub ids: Dev<i32>,
     pub wts: Dev<f32>,
     pub n_tok: usize,
@@ -303,6 +310,7 @@ impl MoeRoute {
         check(K, self.x.ptr.is_multiple_of(16) && self.w.ptr.is_multiple_of(16), || "16-byte aligned inputs".into())?;
         need(K, "input", self.x, self.n_tok * self.dim)?;
         need(K, "router", self.w, self.n_experts * self.dim)?;
+        need(K, "logits", self.logits, self.n_tok * self.n_experts)?;
         need(K, "ids", self.ids, self.n_tok * self.k)?;
         need(K, "weights", self.wts, self.n_tok * self.k)?;
         if self.n_tok == 0 {
@@ -311,6 +319,7 @@ impl MoeRoute {
         let p = RouteParams {
             x: self.x.ptr,
             w: self.w.ptr,
+            logits: self.logits.ptr,
             ids: self.ids.ptr,
             wts: self.wts.ptr,
             n_tok: i32_of(K, self.n_tok)?,
@@ -319,8 +328,11 @@ impl MoeRoute {
             k: self.k as i32,
             norm: i32::from(self.norm),
         };
+        check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        let grid = (blocks_for(K, self.n_experts, 8)?, self.n_tok as u32, 1);
+        launch(kn, s, "moe_router_logits_f32", grid, 256, 0, &p)?;
         let smem = (self.n_experts * 5) as u32;
-        launch(kn, s, K, (blocks_for(K, self.n_tok, 1)?, 1, 1), 256, smem, &p)
+        launch(kn, s, K, (blocks_for(K, self.n_tok, 1)?, 1, 1), 32, smem, &p)
     }
 }
 
@@ -594,9 +606,9 @@ pub fn moe_ffn(
     let pairs = n_tok * k;
     check("moe", pairs <= work.cap_pairs, || format!("{pairs} pairs, buffers for {}", work.cap_pairs))?;
     let (ids, wts, act, y) = (dev(&work.ids, s)?, dev(&work.wts, s)?, dev(&work.act, s)?, dev(&work.y, s)?);
-    let router = Dev::of(&w.router, s);
-    MoeRoute { x: h, w: router, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm: w.norm_topk_prob }
-        .launch(kn, s)?;
+    let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
+    let norm = w.norm_topk_prob;
+    MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm }.launch(kn, s)?;
     let (walk, position) = if n_tok <= pair_max_tokens() {
         (Walk::Pairs { ids }, None)
     } else {

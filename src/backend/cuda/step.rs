@@ -460,8 +460,10 @@ impl CudaBackend {
                 l::Attention { paged, part_o, part_ml, max_len: f.max_len, n_splits: f.splits }.launch(k, s)?;
                 mark("attention split")?;
             }
-            PrefillAttention { paged, tiles: meta.offset(lay.tiles), n_tiles: f.n_tiles }.launch(k, s)?;
+            // Only launched with tiles: shapes the prefill kernel does not serve (Qwen3-30B-A3B's
+            // 8 query heads per KV head) have none, and its launcher refuses their shape.
             if f.n_tiles > 0 {
+                PrefillAttention { paged, tiles: meta.offset(lay.tiles), n_tiles: f.n_tiles }.launch(k, s)?;
                 mark("attention prefill")?;
             }
             mm.run(k, Product { lin: &lw.wo, bias: None, x: att, n, out: x, accumulate: true })?;
