@@ -50,9 +50,13 @@ fn every_kernel_compiles_for_compute70_without_sm75_instructions() {
                 if let Err(e) = quantized_entries_and_loads(f.name, &ptx) {
                     failures.push(e);
                 }
+                if let Err(e) = moe_entries_and_loads(f.name, &ptx) {
+                    failures.push(e);
+                }
                 // The hot kernels must keep their arrays in registers (local memory = spills);
                 // argmax.cu holds the greedy choice of every decode step, masked or not.
-                let hot = ["gemv_f16", "gemv_quant", "gemv_q8", "gemm_quant", "dequant", "attention_decode", "argmax"];
+                let hot =
+                    ["gemv_f16", "gemv_quant", "gemv_q8", "gemm_quant", "dequant", "attention_decode", "argmax", "moe"];
                 if hot.contains(&f.name) && ptx.contains(".local") {
                     failures.push(format!("{}.cu: uses local memory", f.name));
                 }
@@ -99,6 +103,29 @@ fn quantized_entries_and_loads(file: &str, ptx: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The mixture-of-experts kernels: every packed format (and F16) has its gate/up and down
+/// entries in both walks, beside the router, grouping and weighted sum; weights are read with
+/// 16-byte loads.
+fn moe_entries_and_loads(file: &str, ptx: &str) -> Result<(), String> {
+    if file != "moe" {
+        return Ok(());
+    }
+    if !ptx.contains("ld.global.nc.v4.u32") {
+        return Err("moe.cu: no 128-bit read-only loads".into());
+    }
+    let mut names: Vec<String> = dustoff::backend::cuda::qformat::QFormat::all()
+        .iter()
+        .map(|f| f.dtype.name().to_ascii_lowercase())
+        .chain(["f16".to_string()])
+        .flat_map(|n| ["gate_up", "down"].map(|k| ["p", "g"].map(|w| format!("moe_{k}_{n}_{w}"))).concat())
+        .collect();
+    names.extend(["moe_router_logits_f32", "moe_route_f32", "moe_group", "moe_combine_f32"].map(String::from));
+    match names.iter().find(|e| !ptx.contains(&format!(".entry {e}("))) {
+        Some(e) => Err(format!("moe.cu: no entry {e}")),
+        None => Ok(()),
+    }
 }
 
 #[test]

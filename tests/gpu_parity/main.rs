@@ -12,6 +12,8 @@ mod bench;
 #[path = "../common/mod.rs"]
 mod common;
 mod masked;
+mod moe;
+mod moe_bench;
 mod quant;
 mod quant_bench;
 
@@ -136,6 +138,35 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("embedding_q5_k", 1e-6),
     ("embedding_q6_k", 0.0),
     ("cuda_vs_cpu_logits", 2e-2),
+    // Mixture of experts: the router's softmax uses expf and sums in another order (the chosen
+    // experts must be equal, checked apart); the expert products are the quantized GEMV's
+    // sums in another order; the weighted sum rounds once per fma instead of twice.
+    // A Q4_K MoE model, GPU against CPU: as cuda_vs_cpu_logits, plus the Q4_K attention
+    // products of prefill taking F16 inputs (measured 1.3-1.4% at the first steps).
+    ("cuda_vs_cpu_moe_logits", 3e-2),
+    ("moe_route_f32", 1e-6),
+    ("moe_router_logits_f32", 1e-6),
+    ("moe_combine_f32", 1e-6),
+    ("moe_layer_quant", 1e-5),
+    ("moe_layer_f16", 1e-5),
+    ("moe_gate_up_q4_0", 1e-5),
+    ("moe_gate_up_q4_1", 1e-5),
+    ("moe_gate_up_q5_0", 1e-5),
+    ("moe_gate_up_q5_1", 1e-5),
+    ("moe_gate_up_q8_0", 1e-5),
+    ("moe_gate_up_q4_k", 1e-5),
+    ("moe_gate_up_q5_k", 1e-5),
+    ("moe_gate_up_q6_k", 1e-5),
+    ("moe_gate_up_f16", 1e-5),
+    ("moe_down_q4_0", 1e-5),
+    ("moe_down_q4_1", 1e-5),
+    ("moe_down_q5_0", 1e-5),
+    ("moe_down_q5_1", 1e-5),
+    ("moe_down_q8_0", 1e-5),
+    ("moe_down_q4_k", 1e-5),
+    ("moe_down_q5_k", 1e-5),
+    ("moe_down_q6_k", 1e-5),
+    ("moe_down_f16", 1e-5),
 ];
 
 /// Greedy near-tie margin for F16 GPU arithmetic (tests/data/smollm2/README.md).

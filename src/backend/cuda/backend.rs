@@ -56,10 +56,12 @@ pub(super) struct LayerW {
     pub k_norm: Option<CudaSlice<f32>>, // [head_dim]
     pub wo: Linear,                     // [dim, q_dim]
     pub ffn_norm: CudaSlice<f32>,       // [dim]
-    pub wgu: Linear,                    // [2 ffn, dim]: gate rows then up rows
-    pub wdown: Linear,                  // [dim, ffn]
-    pub k_cache: CudaSlice<u16>,        // [num_blocks, block_size, n_kv, head_dim] f16
-    pub v_cache: CudaSlice<u16>,        // same
+    pub wgu: Linear,                    // [2 ffn, dim]: gate rows then up rows (sparse layer: none)
+    pub wdown: Linear,                  // [dim, ffn] (sparse layer: none)
+    /// Sparse (mixture-of-experts) layers: router and expert slabs, in place of wgu/wdown.
+    pub moe: Option<super::moe::MoeLayerW>,
+    pub k_cache: CudaSlice<u16>, // [num_blocks, block_size, n_kv, head_dim] f16
+    pub v_cache: CudaSlice<u16>, // same
 }
 
 /// Step buffers, grown on demand (never shrunk). Growing one drops the captured graphs, which
@@ -91,6 +93,8 @@ pub(super) struct Work {
     pub host_logits: Option<cudarc::driver::PinnedHostSlice<f32>>,
     /// Constrained greedy steps: the mask slots and bits, host (pinned) and device.
     pub masks: super::masked::MaskBuffers,
+    /// Buffers of the sparse layers (expert ids, weights, grouping, expert outputs).
+    pub moe: super::moe::MoeWork,
 }
 
 pub struct CudaBackend {
@@ -157,21 +161,12 @@ struct Parts {
     clamped: u64,
 }
 
-/// Models whose layers the CUDA backend has no kernels for: hybrid (Gated DeltaNet) and
-/// mixture-of-experts models.
+/// Models whose layers the CUDA backend has no kernels for: hybrid (Gated DeltaNet) models.
 fn refuse_unsupported(cfg: &ModelConfig) -> Result<(), CudaError> {
     if cfg.hybrid.is_some() {
         return Err(CudaError::Weights(format!(
             "{} models have linear-attention (Gated DeltaNet) layers, which the CUDA backend does not run yet; use --device cpu",
             cfg.arch.name()
-        )));
-    }
-    if let Some(m) = &cfg.moe {
-        return Err(CudaError::Weights(format!(
-            "{} mixture-of-experts model ({} experts, {} used): the CUDA backend has no MoE layers yet; use --device cpu",
-            cfg.arch.name(),
-            m.n_experts,
-            m.n_used
         )));
     }
     Ok(())
@@ -217,11 +212,15 @@ impl CudaBackend {
         for t in device_matrices(&cfg, w) {
             check_tensor(t)?;
         }
+        for m in w.layers.iter().filter_map(|l| l.moe.as_ref()) {
+            super::moe::check_layer(m)?;
+        }
         let matrix_bytes = device_weight_bytes(&cfg, w, opts.f16_weights).matrices;
         let (dev, kernels, blas) = open(&cfg, opts, matrix_bytes)?;
         let s = &dev.stream;
         let f16 = opts.f16_weights;
         let mut clamped = 0u64;
+        let mut moe_clamped = 0u64;
         let mut put = |ts: &[&Tensor], what: &str| -> Result<Linear, CudaError> {
             let (l, c) = Linear::upload(s, ts, f16, what)?;
             clamped += c;
@@ -233,6 +232,14 @@ impl CudaBackend {
         for (i, lw) in w.layers.iter().enumerate() {
             let name = |s: &str| format!("layer {i} {s}");
             let bqkv = qkv_bias(c, &lw.bq, &lw.bk, &lw.bv).map(|b| up(s, &b, &name("qkv bias"))).transpose()?;
+            let (wgu, wdown, moe) = match &lw.moe {
+                Some(m) => {
+                    let (m, c) = super::moe::MoeLayerW::upload(s, m, f16, &name("experts"))?;
+                    moe_clamped += c;
+                    (Linear { parts: Vec::new() }, Linear { parts: Vec::new() }, Some(m))
+                }
+                None => (put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?, put(&[&lw.w_down], &name("w_down"))?, None),
+            };
             layers.push(LayerW {
                 attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
                 wqkv: put(&[&lw.wq, &lw.wk, &lw.wv], &name("wqkv"))?,
@@ -241,8 +248,9 @@ impl CudaBackend {
                 k_norm: lw.k_norm.as_ref().map(|v| up(s, v, &name("k_norm"))).transpose()?,
                 wo: put(&[&lw.wo], &name("wo"))?,
                 ffn_norm: up(s, &lw.ffn_norm, &name("ffn_norm"))?,
-                wgu: put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?,
-                wdown: put(&[&lw.w_down], &name("w_down"))?,
+                wgu,
+                wdown,
+                moe,
                 k_cache: zeros(s, slots, &name("K cache"))?,
                 v_cache: zeros(s, slots, &name("V cache"))?,
             });
@@ -250,6 +258,7 @@ impl CudaBackend {
         let embd = put(&[&w.token_embd], "token_embd")?;
         let output = if c.tied_embeddings { None } else { Some(put(&[&w.output], "output")?) };
         let output_norm = up(s, &w.output_norm, "output_norm")?;
+        let clamped = clamped + moe_clamped;
         let parts =
             Parts { layers, embd, output, output_norm, rope_freq_factors: w.rope_freq_factors.clone(), clamped };
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
@@ -267,15 +276,14 @@ impl CudaBackend {
     pub fn synthetic_mix(cfg: ModelConfig, mix: WeightMix, seed: u64, opts: &CudaOptions) -> Result<Self, CudaError> {
         let c = &cfg;
         let shapes = synthetic_shapes(c, mix);
-        let matrix_bytes =
-            shapes.iter().map(|&(t, r, k)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64).sum();
+        let matrix_bytes = synthetic_matrix_bytes(c, mix);
         let (dev, mut kernels, blas) = open(&cfg, opts, matrix_bytes)?;
         let s = &dev.stream;
         let mut rng = StdRng::seed_from_u64(seed);
         let mut n_mat = 0u64;
         let mut shape_iter = shapes.into_iter();
         // Parts of one format stack into one matrix, as `Linear::upload` stacks loaded tensors.
-        let mut lin = |n: usize, what: &str| -> Result<Linear, CudaError> {
+        let mut lin = |kernels: &mut Kernels, n: usize, what: &str| -> Result<Linear, CudaError> {
             let mut parts: Vec<DevMat> = Vec::new();
             let mut pending: Vec<(GgmlType, usize, usize)> = (0..n).filter_map(|_| shape_iter.next()).collect();
             while !pending.is_empty() {
@@ -285,7 +293,7 @@ impl CudaBackend {
                 let cols = pending[0].2;
                 n_mat += 1;
                 let seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(n_mat);
-                parts.push(DevMat::synthetic(s, &mut kernels, t, rows, cols, seed, what)?);
+                parts.push(DevMat::synthetic(s, kernels, t, rows, cols, seed, what)?);
                 pending.drain(..k);
             }
             Ok(Linear { parts })
@@ -301,23 +309,35 @@ impl CudaBackend {
             } else {
                 None
             };
-            let qk = c.arch == Arch::Qwen3;
+            let qk = matches!(c.arch, Arch::Qwen3 | Arch::Qwen3Moe);
+            let wqkv = lin(&mut kernels, 3, &name("wqkv"))?;
+            let wo = lin(&mut kernels, 1, &name("wo"))?;
+            let (wgu, wdown, moe) = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
+                Some(m) => {
+                    let (gu, down) = moe_formats(mix, i, c.n_layers);
+                    let seed = seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64);
+                    let w = super::moe::MoeLayerW::synthetic(s, &mut kernels, c, m, gu, down, seed, &name("experts"))?;
+                    (Linear { parts: Vec::new() }, Linear { parts: Vec::new() }, Some(w))
+                }
+                None => (lin(&mut kernels, 2, &name("gate/up"))?, lin(&mut kernels, 1, &name("w_down"))?, None),
+            };
             layers.push(LayerW {
                 attn_norm: ones(c.dim, &name("attn_norm"))?,
-                wqkv: lin(3, &name("wqkv"))?,
+                wqkv,
                 bqkv,
                 q_norm: if qk { Some(ones(c.head_dim, &name("q_norm"))?) } else { None },
                 k_norm: if qk { Some(ones(c.head_dim, &name("k_norm"))?) } else { None },
-                wo: lin(1, &name("wo"))?,
+                wo,
                 ffn_norm: ones(c.dim, &name("ffn_norm"))?,
-                wgu: lin(2, &name("gate/up"))?,
-                wdown: lin(1, &name("w_down"))?,
+                wgu,
+                wdown,
+                moe,
                 k_cache: zeros(s, slots, &name("K cache"))?,
                 v_cache: zeros(s, slots, &name("V cache"))?,
             });
         }
-        let embd = lin(1, "token_embd")?;
-        let output = if c.tied_embeddings { None } else { Some(lin(1, "output")?) };
+        let embd = lin(&mut kernels, 1, "token_embd")?;
+        let output = if c.tied_embeddings { None } else { Some(lin(&mut kernels, 1, "output")?) };
         let output_norm = ones(c.dim, "output_norm")?;
         dev.synchronize()?;
         let parts = Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0 };
@@ -346,14 +366,17 @@ impl CudaBackend {
         // What a decode step reads: every layer matrix, the head, one embedding row.
         let embd_m = &p.embd.parts[0];
         let head = p.output.as_ref().map_or(embd_m.bytes(), Linear::bytes);
-        let layer_bytes: u64 =
-            p.layers.iter().map(|l| l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes()).sum();
-        let decode_bytes = layer_bytes + head + embd_m.row_bytes();
-        let weight_bytes = (layer_bytes + embd_m.bytes() + p.output.as_ref().map_or(0, Linear::bytes)) as usize;
+        // A sparse layer: its router and the n_used experts one token reads (of all it holds).
+        let dense: u64 = p.layers.iter().map(|l| l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes()).sum();
+        let moe = p.layers.iter().filter_map(|l| l.moe.as_ref());
+        let (moe_all, moe_active) = moe.fold((0, 0), |(a, b), m| (a + m.bytes(), b + m.active_bytes()));
+        let decode_bytes = dense + moe_active + head + embd_m.row_bytes();
+        let weight_bytes = (dense + moe_all + embd_m.bytes() + p.output.as_ref().map_or(0, Linear::bytes)) as usize;
         let mut formats: Vec<(GgmlType, usize)> = Vec::new();
         let all =
             p.layers.iter().flat_map(|l| [&l.wqkv, &l.wo, &l.wgu, &l.wdown]).chain([&p.embd]).chain(p.output.as_ref());
-        for m in all.flat_map(|l| &l.parts) {
+        let slabs = p.layers.iter().filter_map(|l| l.moe.as_ref()).flat_map(|m| m.slabs());
+        for m in all.flat_map(|l| &l.parts).chain(slabs) {
             match formats.iter_mut().find(|f| f.0 == m.format()) {
                 Some(f) => f.1 += 1,
                 None => formats.push((m.format(), 1)),
@@ -472,13 +495,45 @@ fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, us
     for i in 0..c.n_layers {
         let m = if more_bits(i, c.n_layers) { more } else { base };
         let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-        v.extend([(base, q, d), (base, kv, d), (m, kv, d), (base, d, q), (base, f, d), (base, f, d), (m, d, f)]);
+        v.extend([(base, q, d), (base, kv, d), (m, kv, d), (base, d, q)]);
+        // A sparse layer's experts are made by `moe::MoeLayerW::synthetic` (`moe_formats`).
+        if !c.moe.as_ref().is_some_and(|x| x.is_sparse(i)) {
+            v.extend([(base, f, d), (base, f, d), (m, d, f)]);
+        }
     }
     v.push((base, c.vocab_size, c.dim));
     if !c.tied_embeddings {
         v.push((more, c.vocab_size, c.dim));
     }
     v
+}
+
+/// Formats of a synthetic sparse layer's (gate and up, down) expert slabs: as the dense FFN of
+/// the mix (Q4_K_M: down in Q6_K in the layers `more_bits` picks, as llama.cpp does for
+/// `ffn_down_exps`).
+fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (GgmlType, GgmlType) {
+    match mix {
+        WeightMix::Uniform(t) => (t, t),
+        WeightMix::Q4KM if more_bits(layer, n_layers) => (GgmlType::Q4K, GgmlType::Q6K),
+        WeightMix::Q4KM => (GgmlType::Q4K, GgmlType::Q4K),
+    }
+}
+
+/// Device bytes of every weight matrix of a synthetic model of shape `c` in `mix` (routers in
+/// f32, expert slabs packed): what the memory plan counts before anything is made.
+pub fn synthetic_matrix_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
+    let bytes =
+        |(t, r, k): (GgmlType, usize, usize)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64;
+    let dense: u64 = synthetic_shapes(c, mix).into_iter().map(bytes).sum();
+    let experts: u64 = (0..c.n_layers)
+        .filter_map(|i| c.moe.as_ref().filter(|m| m.is_sparse(i)).map(|m| (i, m)))
+        .map(|(i, m)| {
+            let (gu, down) = moe_formats(mix, i, c.n_layers);
+            let (e, f, d) = (m.n_experts, m.expert_ffn_dim, c.dim);
+            (e * d * 4) as u64 + 2 * bytes((gu, e * f, d)) + bytes((down, e * d, f))
+        })
+        .sum();
+    dense + experts
 }
 
 /// Elements of the F16 scratch that quantized matrices are widened into (matmul.rs: 0 where

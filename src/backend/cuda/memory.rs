@@ -5,6 +5,7 @@
 use crate::model::config::ModelConfig;
 use crate::model::weights::{ModelWeights, Tensor};
 
+use super::moe;
 use super::qformat::QFormat;
 
 use super::launch::attn_splits;
@@ -34,11 +35,16 @@ const CUBLAS_ALLOWANCE: u64 = 64 << 20;
 const MAX_LOGIT_ROWS: usize = 256;
 
 /// Bytes of every weight matrix (layers, embedding, untied head) in F16.
+/// A sparse layer counts its experts in F16 and its router at its device size (f32, 2 x).
 pub fn f16_matrix_bytes(c: &ModelConfig) -> u64 {
     let (dim, qd, kvd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-    let per_layer_matrix = (qd + 2 * kvd) * dim + dim * qd + 3 * ffn * dim;
+    let ffn_elems = |layer: usize| match &c.moe {
+        Some(m) if m.is_sparse(layer) => m.n_experts * (3 * m.expert_ffn_dim * dim + 2 * dim),
+        _ => 3 * ffn * dim,
+    };
+    let attn = (qd + 2 * kvd) * dim + dim * qd;
     let heads = c.vocab_size * dim * if c.tied_embeddings { 1 } else { 2 };
-    (c.n_layers * per_layer_matrix + heads) as u64 * 2
+    ((0..c.n_layers).map(|l| attn + ffn_elems(l)).sum::<usize>() + heads) as u64 * 2
 }
 
 /// What a model's weight matrices take on the device, as the CUDA backend keeps them: block
@@ -57,21 +63,28 @@ pub fn device_matrices<'a>(cfg: &ModelConfig, w: &'a ModelWeights) -> Vec<&'a Te
         mats.push(&w.output);
     }
     for lw in &w.layers {
-        mats.extend([&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down]);
+        mats.extend([&lw.wq, &lw.wk, &lw.wv, &lw.wo]);
+        // A sparse layer's dense FFN is empty; its experts are counted by `moe`.
+        if lw.moe.is_none() {
+            mats.extend([&lw.w_gate, &lw.w_up, &lw.w_down]);
+        }
     }
     mats
 }
 
 /// [`DeviceWeightBytes`] of a model; `f16_weights` widens every block format at load
-/// (`--weights f16`).
+/// (`--weights f16`). Sparse layers count their router (f32) and expert slabs as `moe` puts
+/// them on the device.
 pub fn device_weight_bytes(cfg: &ModelConfig, w: &ModelWeights, f16_weights: bool) -> DeviceWeightBytes {
-    let matrices = device_matrices(cfg, w)
+    let dense: u64 = device_matrices(cfg, w)
         .iter()
         .map(|t| match QFormat::of(t.dtype).filter(|_| !f16_weights) {
             Some(f) => f.device_bytes(t.rows, t.cols).1 as u64,
             None => (t.rows * t.cols * 2) as u64,
         })
         .sum();
+    let experts: u64 = w.layers.iter().filter_map(|l| l.moe.as_ref()).map(|m| moe::layer_bytes(m, f16_weights)).sum();
+    let matrices = dense + experts;
     let wide_scratch = if matrices < f16_matrix_bytes(cfg) { super::backend::wide_len(cfg) as u64 * 2 } else { 0 };
     DeviceWeightBytes { matrices, wide_scratch }
 }
@@ -108,7 +121,8 @@ pub fn plan_memory(
         partials(tok, attn_splits(max_pos, tok)).max(partials(dec, attn_splits(max_pos, dec).next_power_of_two()));
     let rope = (2 * max_pos * hd / 2 * 4) as u64;
     let meta = (tok * (16 + max_pos.div_ceil(block_size.max(1))) * 4) as u64;
-    let workspace = activations + logits + attn + rope + meta + wide_scratch + CUBLAS_ALLOWANCE;
+    let experts = c.moe.as_ref().map_or(0, |m| moe::workspace_bytes(tok, dim, m));
+    let workspace = activations + logits + attn + rope + meta + wide_scratch + experts + CUBLAS_ALLOWANCE;
     MemoryPlan { weights, kv, workspace, total: weights + kv + workspace }
 }
 
@@ -171,6 +185,31 @@ mod tests {
         assert_eq!(p.kv, 976 * 36 * 2 * 1024 * 2);
         assert!(p.workspace > 64 << 20 && p.workspace < 1 << 30, "{}", p.workspace);
         assert_eq!(p.total, p.weights + p.kv + p.workspace);
+    }
+
+    /// Qwen3-30B-A3B in llama.cpp's Q4_K_M mix (18.56 GB file): weights, KV for 16,384
+    /// positions and the step buffers fit a 32 GB V100; 131,072 positions do not, and the
+    /// refusal names the numbers and how many positions would fit.
+    #[test]
+    fn qwen3_30b_a3b_q4_k_m_plan_on_a_32_gb_card() {
+        use crate::backend::cuda::backend::{synthetic_matrix_bytes, wide_len, WeightMix};
+        let c = shape("qwen3-30b-a3b").unwrap();
+        let bytes = synthetic_matrix_bytes(&c, WeightMix::Q4KM);
+        // The file's tensors as repacked, routers in f32 (25 MB): within 1% of the file.
+        assert!((18.4e9..18.75e9).contains(&(bytes as f64)), "{bytes}");
+        let wide = wide_len(&c) as u64 * 2;
+        let v100_free = 31_700_000_000; // a 32 GB card after the CUDA context
+        let p = plan_memory(&c, bytes, wide, 1024, 16, 512);
+        assert_eq!(p.kv, 16_384 * 48 * 2 * 512 * 2);
+        assert!(p.workspace < 1 << 30, "{}", p.workspace);
+        assert!(p.check(v100_free, "cuda:0 V100 32 GB", 16_384, &c).is_ok(), "{p:?}");
+        let p = plan_memory(&c, bytes, wide, 8192, 16, 512);
+        let e = p.check(v100_free, "cuda:0 V100 32 GB", 131_072, &c).unwrap_err();
+        for part in
+            ["cuda:0 V100 32 GB", "weights 18.", "KV cache 12.88 GB", "cached positions in total fit", "free 31.70 GB"]
+        {
+            assert!(e.contains(part), "{part} missing from: {e}");
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod launch;
 pub mod masked;
 pub mod matmul;
 pub mod memory;
+pub mod moe;
 pub mod nvrtc;
 pub mod prefill;
 mod profile;

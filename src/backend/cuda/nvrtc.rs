@@ -96,6 +96,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     },
     KernelFile { name: "gemv_q8", source: include_str!("../../../kernels/gemv_q8.cu"), entries: &GEMV_Q8_ENTRIES },
     kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
+    KernelFile { name: "moe", source: include_str!("../../../kernels/moe.cu"), entries: &super::moe::MOE_ENTRIES },
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),
     kernel_file!("silu_mul", ["silu_mul_f32"]),

@@ -183,6 +183,9 @@ impl CudaBackend {
             let shapes = [(qd + 2 * kvd, c.dim), (c.dim, qd), (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)];
             let part = shapes.iter().map(|&(r, k)| tc64_part_len(r, k, cap.min(TC_MAX_TOKENS))).max().unwrap_or(0);
             grew |= grow(s, &mut w.tc_part, part, "GEMM partial sums")?;
+            if let Some(m) = &c.moe {
+                grew |= w.moe.grow(s, cap, c.dim, m)?;
+            }
             w.cap_tok = cap;
         }
         let part = part.max(c.n_heads);
@@ -609,6 +612,11 @@ impl CudaBackend {
             mark("o matmul")?;
             norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
             mark("rmsnorm")?;
+            if let Some(moe) = &lw.moe {
+                super::moe::moe_ffn(k, s, moe, &w.moe, h, x, n)?;
+                mark("moe ffn")?;
+                continue;
+            }
             swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
             mark("gate/up matmul")?;
             mm.run(k, Product { lin: &lw.wdown, bias: None, x: act, n, out: x, accumulate: true })?;

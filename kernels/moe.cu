@@ -1,0 +1,388 @@
+// Mixture-of-experts FFN (Qwen3-MoE) on the device. The expert ids of a step live in device
+// memory (written by moe_route_f32), and every kernel below reads them there, so a captured
+// CUDA graph stays valid whatever the tokens choose. CPU twin: src/backend/cpu/moe.rs.
+//
+// Expert weights: one slab per matrix kind (gate, up, down), expert e's rows at e * rows of a
+// [n_experts * rows, cols] matrix in the GPU layout of its format (quant.cuh; F16: plain
+// halves), so a weight row is slab + (e * rows + r) * row bytes, computed on the device.
+//
+// Two ways to walk the (token, slot) pairs of a step (n pairs = tokens x k):
+//   pair mode (few tokens, decode): grid.y = pair p, its expert ids[p]; rows p of act / y;
+//   grouped mode (batches, prefill): grid.y = expert e, the positions offsets[e]..offsets[e+1]
+//     of the grouping (moe_group), each weight row decoded once per 8 tokens of the group;
+//     rows q (grouped position) of act / y.
+// Both then sum y into the residual with moe_combine_f32, slot 0 first: a fixed order, no
+// float atomics, the same result however the step was batched.
+//
+// Dot products: a row group of `lpr` lanes (a power of two up to 32, chosen for the row
+// length) shares each row; lane s decodes units s, s + lpr, ... and the group reduces with
+// shfl_xor in a fixed pattern (deterministic).
+#include "common.cuh"
+#include "quant.cuh"
+
+// F16 rows as a "format": a unit is 8 halves (one 16-byte load).
+struct FF16 {
+    enum { UE = 8 };
+};
+
+struct MoeMatParams {
+    const u8_t* qs;      // slab [n_experts * rows] rows: qs part (F16: the halves)
+    const u8_t* aux;     // slab aux part (unused for F16)
+    const u8_t* qs2;     // gate/up: the up slab (same format and shape); else null
+    const u8_t* aux2;
+    const float* x;      // input rows [*, x_stride] f32
+    float* out;          // output rows [*, out_stride] f32
+    const int* ids;      // [n_pairs] expert of each pair (pair mode)
+    const int* offsets;  // [n_experts + 1] grouped positions per expert (grouped mode)
+    const int* entries;  // [n_pairs] pair at each grouped position (grouped mode)
+    int rows;            // output rows per expert (gate/up: expert width; down: model width)
+    int cols;            // row length
+    int n_pairs;
+    int k;               // experts per token
+    int x_stride;
+    int out_stride;
+    int qs_row;          // bytes of one row in qs (F16: 2 cols)
+    int aux_row;         // bytes of one row in aux (F16: 0)
+    int lpr;             // lanes per row group: 1, 2, 4, ..., 32
+    int x_by_token;      // 1: the input row of pair p is its token p / k (gate/up reads h); 0: row p (down reads act)
+};
+
+// acc[r][t] += row r . x[t] over the units of this lane (u = sub, sub + lpr, ...).
+template <class F, int NT, int NR>
+struct RowDot {
+    static __device__ __forceinline__ void run(const QRow* rows, int units, int sub, int lpr, const float* const* xs,
+                                               int nt, float (&acc)[NR][NT]) {
+        for (int u = sub; u < units; u += lpr) {
+            typename F::Raw raw[NR];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) raw[r] = F::load(rows[r], u);
+#pragma unroll
+            for (int run = 0; run < F::RUNS; ++run) {
+                // w = a * q + b per run of 16: acc += a * sum(q x) + b * sum(x).
+                unsigned q[NR][4];
+                float ca[NR], cb[NR];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) F::codes(raw[r], u, run, q[r], ca[r], cb[r]);
+                const int st = F::start(u, run);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t < nt) {
+                        const float4* xv = reinterpret_cast<const float4*>(xs[t] + st);
+                        float x[16];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            const float4 v = __ldg(xv + i);
+                            x[4 * i] = v.x;
+                            x[4 * i + 1] = v.y;
+                            x[4 * i + 2] = v.z;
+                            x[4 * i + 3] = v.w;
+                        }
+                        float sx = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < 16; ++j) sx += x[j];
+#pragma unroll
+                        for (int r = 0; r < NR; ++r) {
+                            float sq = 0.0f;
+#pragma unroll
+                            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                                for (int j = 0; j < 4; ++j) sq = fmaf(code_f(q[r][i], j), x[4 * i + j], sq);
+                            acc[r][t] = fmaf(ca[r], sq, fmaf(cb[r], sx, acc[r][t]));
+                        }
+                    }
+                }
+            }
+        }
+    }
+};
+
+template <int NT, int NR>
+struct RowDot<FF16, NT, NR> {
+    static __device__ __forceinline__ void run(const QRow* rows, int units, int sub, int lpr, const float* const* xs,
+                                               int nt, float (&acc)[NR][NT]) {
+        for (int u = sub; u < units; u += lpr) {
+            uint4 w[NR];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) w[r] = ld16(rows[r].qs + 16 * u);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < nt) {
+                    const float4* xv = reinterpret_cast<const float4*>(xs[t] + 8 * u);
+                    const float4 a = __ldg(xv), b = __ldg(xv + 1);
+                    const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) acc[r][t] += dot8(w[r], x);
+                }
+            }
+        }
+    }
+};
+
+// Sum over the lpr lanes of a row group (xor pattern: every lane of the group gets it).
+__device__ __forceinline__ float group_sum(float v, int lpr) {
+    for (int o = lpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+// The items (grouped positions or one pair) a block works on, and their expert.
+struct Items {
+    int expert, first, count;
+};
+
+__device__ __forceinline__ Items block_items(const MoeMatParams& p, int grouped) {
+    if (grouped) {
+        const int e = blockIdx.y;
+        return {e, p.offsets[e], p.offsets[e + 1] - p.offsets[e]};
+    }
+    return {p.ids[blockIdx.y], (int)blockIdx.y, 1};
+}
+
+// The input row of item q (a grouped position, or a pair in pair mode).
+__device__ __forceinline__ const float* item_input(const MoeMatParams& p, int grouped, int q) {
+    const int pair = grouped ? p.entries[q] : q;
+    const int row = p.x_by_token ? pair / p.k : q;
+    return p.x + (long long)row * p.x_stride;
+}
+
+// Output rows RG at a time of one expert for the block's items, NT items per pass. GATE_UP:
+// weight rows r of the gate slab and r of the up slab, out = silu(gate) * up; else plain.
+template <class F, int NT, int RG, bool GATE_UP>
+__device__ __forceinline__ void moe_mat_impl(const MoeMatParams& p, int grouped) {
+    constexpr int NR = GATE_UP ? 2 * RG : RG;
+    const Items it = block_items(p, grouped);
+    if (it.count == 0) return;
+    const int lane = threadIdx.x % WARP;
+    const int sub = lane % p.lpr;
+    const int groups_per_block = (blockDim.x / WARP) * (WARP / p.lpr);
+    const int group = (threadIdx.x / WARP) * (WARP / p.lpr) + lane / p.lpr;
+    const int row0 = (blockIdx.x * groups_per_block + group) * RG;
+    // Whole warps stay to the end (shuffles); rows past the end are computed, not written.
+    if ((blockIdx.x * groups_per_block + (threadIdx.x / WARP) * (WARP / p.lpr)) * RG >= p.rows) return;
+    const long long base = (long long)it.expert * p.rows;
+    QRow rows[NR];
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+        const long long row = base + min(row0 + r, p.rows - 1);
+        rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
+        if (GATE_UP) rows[RG + r] = q_row(p.qs2, p.aux2, row, p.qs_row, p.aux_row);
+    }
+    const int units = p.cols / F::UE;
+    for (int c = 0; c < it.count; c += NT) {
+        const int nt = min(NT, it.count - c);
+        const float* xs[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) xs[t] = item_input(p, grouped, it.first + c + min(t, nt - 1));
+        float acc[NR][NT];
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+        RowDot<F, NT, NR>::run(rows, units, sub, p.lpr, xs, nt, acc);
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) acc[r][t] = group_sum(acc[r][t], p.lpr);
+        if (sub == 0) {
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= nt) break;
+                float* o = p.out + (long long)(it.first + c + t) * p.out_stride;
+#pragma unroll
+                for (int r = 0; r < RG; ++r) {
+                    if (row0 + r >= p.rows) break;
+                    if (GATE_UP) {
+                        const float g = acc[r][t], u = acc[RG + r][t];
+                        o[row0 + r] = g / (1.0f + expf(-g)) * u;
+                    } else {
+                        o[row0 + r] = acc[r][t];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Entry points per format: gate/up and down, pair mode (_p: one item, 2 output rows per
+// group for gate/up, 4 for down) and grouped mode (_g: 8 items a pass, 1 and 2 rows).
+// grid: (ceil(rows / rows per block), pairs or experts), block 128.
+#define MOE_ENTRIES(name, F)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(128) moe_gate_up_##name##_p(const MoeMatParams p) { moe_mat_impl<F, 1, 2, true>(p, 0); } \
+    extern "C" __global__ void __launch_bounds__(128) moe_gate_up_##name##_g(const MoeMatParams p) { moe_mat_impl<F, 8, 1, true>(p, 1); } \
+    extern "C" __global__ void __launch_bounds__(128) moe_down_##name##_p(const MoeMatParams p) { moe_mat_impl<F, 1, 4, false>(p, 0); } \
+    extern "C" __global__ void __launch_bounds__(128) moe_down_##name##_g(const MoeMatParams p) { moe_mat_impl<F, 8, 2, false>(p, 1); }
+
+FOR_EACH_QFORMAT(MOE_ENTRIES)
+MOE_ENTRIES(f16, FF16)
+
+// ---- Router, in two launches so that reading the router (n_experts x dim f32, 1 MB for
+// Qwen3-30B-A3B) is spread over the GPU instead of one block per token:
+// moe_router_logits_f32: logits = W x (a warp per (expert, token));
+// moe_route_f32: per token, softmax over all experts, the k largest (ties: the lower expert
+// index, as src/backend/cpu/moe.rs `route`), weights renormalised over the chosen when
+// norm != 0 (else divided by the softmax total).
+struct RouteParams {
+    const float* x;   // [n_tok, dim] normed hidden states
+    const float* w;   // [n_experts, dim] router, f32
+    float* logits;    // [n_tok, n_experts]
+    int* ids;         // [n_tok, k] chosen experts, best first
+    float* wts;       // [n_tok, k] their weights
+    int n_tok;
+    int dim;          // multiple of 4
+    int n_experts;
+    int k;
+    int norm;
+};
+
+// grid (ceil(n_experts / 8), n_tok), block 256.
+extern "C" __global__ void __launch_bounds__(256) moe_router_logits_f32(const RouteParams p) {
+    const int t = blockIdx.y;
+    const int lane = threadIdx.x % WARP;
+    const int e = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (e >= p.n_experts) return;
+    const float4* x = reinterpret_cast<const float4*>(p.x + (long long)t * p.dim);
+    const float4* w = reinterpret_cast<const float4*>(p.w + (long long)e * p.dim);
+    float acc = 0.0f;
+    for (int c = lane; c < p.dim / 4; c += WARP) {
+        const float4 a = __ldg(w + c), b = __ldg(x + c);
+        acc = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) p.logits[(long long)t * p.n_experts + e] = acc;
+}
+
+// grid n_tok, block 32 (one warp per token); dynamic shared memory: n_experts floats + n_experts bytes.
+extern "C" __global__ void __launch_bounds__(32) moe_route_f32(const RouteParams p) {
+    extern __shared__ float logits[];
+    unsigned char* taken = reinterpret_cast<unsigned char*>(logits + p.n_experts);
+    const int t = blockIdx.x;
+    const int lane = threadIdx.x % WARP;
+    for (int e = lane; e < p.n_experts; e += WARP) {
+        logits[e] = p.logits[(long long)t * p.n_experts + e];
+        taken[e] = 0;
+    }
+    __syncwarp();
+    float mx = NEG_INF;
+    for (int e = lane; e < p.n_experts; e += WARP) mx = fmaxf(mx, logits[e]);
+    mx = warp_max(mx);
+    float total = 0.0f;
+    for (int e = lane; e < p.n_experts; e += WARP) total += expf(logits[e] - mx);
+    total = warp_sum(total);
+    float chosen_sum = 0.0f;
+    float mine = 0.0f;  // lane j keeps the weight of slot j (k <= 32, checked on the host)
+    for (int j = 0; j < p.k; ++j) {
+        // Each lane's best untaken expert (ascending scan, strictly greater: lowest index wins
+        // a tie), then the warp's, ties again to the lower index.
+        float bv = NEG_INF;
+        int bi = -1;
+        for (int e = lane; e < p.n_experts; e += WARP) {
+            if (!taken[e] && (bi < 0 || logits[e] > bv)) {
+                bv = logits[e];
+                bi = e;
+            }
+        }
+#pragma unroll
+        for (int o = WARP / 2; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        const float wgt = expf(bv - mx);
+        chosen_sum += wgt;  // in slot order, as the CPU sums them
+        if (lane == j) mine = wgt;
+        if (lane == 0) {
+            taken[bi] = 1;
+            p.ids[t * p.k + j] = bi;
+        }
+        __syncwarp();
+    }
+    const float denom = p.norm ? chosen_sum : total;
+    if (lane < p.k) p.wts[t * p.k + lane] = mine / denom;
+}
+
+// ---- Grouping by expert (a stable counting sort, as `group` in cpu/moe.rs): offsets[e] =
+// pairs choosing experts below e; entries[offsets[e] + i] = the i-th pair (ascending) that
+// chose e; position[pair] = its index in entries. One block; thread e scans the pairs in
+// order (staged in shared memory), so the order within an expert is the pair order.
+struct GroupParams {
+    const int* ids;  // [n_pairs]
+    int* offsets;    // [n_experts + 1]
+    int* entries;    // [n_pairs]
+    int* position;   // [n_pairs]
+    int n_pairs;
+    int n_experts;
+};
+
+#define GROUP_CHUNK 4096
+
+// grid 1, block: n_experts rounded up to 32 (at most 1024).
+extern "C" __global__ void __launch_bounds__(1024) moe_group(const GroupParams p) {
+    __shared__ int ids[GROUP_CHUNK];
+    __shared__ int counts[1024];
+    const int e = threadIdx.x;
+    int n = 0;
+    for (int c0 = 0; c0 < p.n_pairs; c0 += GROUP_CHUNK) {
+        const int m = min(GROUP_CHUNK, p.n_pairs - c0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < m; i += blockDim.x) ids[i] = p.ids[c0 + i];
+        __syncthreads();
+        for (int i = 0; i < m; ++i) n += ids[i] == e;
+    }
+    counts[e] = n;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int i = 0; i < p.n_experts; ++i) {
+            p.offsets[i] = run;
+            const int c = counts[i];
+            counts[i] = run;
+            run += c;
+        }
+        p.offsets[p.n_experts] = run;
+    }
+    __syncthreads();
+    int fill = counts[e];
+    for (int c0 = 0; c0 < p.n_pairs; c0 += GROUP_CHUNK) {
+        const int m = min(GROUP_CHUNK, p.n_pairs - c0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < m; i += blockDim.x) ids[i] = p.ids[c0 + i];
+        __syncthreads();
+        if (e < p.n_experts) {
+            for (int i = 0; i < m; ++i) {
+                if (ids[i] == e) {
+                    p.entries[fill] = c0 + i;
+                    p.position[c0 + i] = fill;
+                    ++fill;
+                }
+            }
+        }
+    }
+}
+
+// ---- Weighted sum into the residual: x[t, c] += sum_j wts[t, j] * y[row(t, j), c], slot 0
+// first (the CPU's order); row = position[t k + j] (grouped) or t k + j (pair mode).
+struct CombineParams {
+    const float* y;        // [n_pairs, dim] expert outputs
+    const float* wts;      // [n_tok, k]
+    const int* position;   // [n_pairs] or null (pair mode)
+    float* x;              // [n_tok, dim] residual
+    int n_tok;
+    int dim;
+    int k;
+};
+
+// grid (ceil(dim / 256), n_tok), block 256.
+extern "C" __global__ void __launch_bounds__(256) moe_combine_f32(const CombineParams p) {
+    const int t = blockIdx.y;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= p.dim) return;
+    float acc = 0.0f;
+    for (int j = 0; j < p.k; ++j) {
+        const int pair = t * p.k + j;
+        const int row = p.position ? p.position[pair] : pair;
+        acc += p.wts[pair] * p.y[(long long)row * p.dim + c];
+    }
+    p.x[(long long)t * p.dim + c] += acc;
+}

@@ -1,0 +1,635 @@
+//! Mixture-of-experts layers on the GPU (Qwen3-MoE): the experts of a sparse layer as three
+//! slabs in their file format, the router in f32, and the launchers of kernels/moe.cu.
+//!
+//! A step's FFN of a sparse layer (`moe_ffn`), for `n` tokens and `k` experts per token:
+//! 1. `moe_router_logits_f32` (a warp per expert and token), then `moe_route_f32` (a warp
+//!    per token): softmax, top-k (ties to the lower expert index, as the CPU's `route`),
+//!    renormalisation: expert ids `[n, k]` and weights `[n, k]` stay on the device, so a
+//!    captured CUDA graph replays whatever the tokens choose;
+//! 2. few tokens (`pair_mode`): gate/up + SwiGLU for every (token, slot) pair in one launch
+//!    (grid over pairs and row tiles, the weight rows at slab + id * stride found on the
+//!    device), then down in one launch, into per-pair rows;
+//!    more tokens: `moe_group` sorts the pairs by expert (count, prefix sum, stable fill), and
+//!    the same two kernels run over experts instead of pairs, each decoding its weight rows
+//!    once per 8 of its tokens (experts nobody chose exit at once);
+//! 3. `moe_combine_f32`: the weighted sum of each token's k rows into the residual, slot 0
+//!    first: a fixed order, the CPU reference's (no float atomics).
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::backend::{up, zeros};
+use super::dmat::{DevMat, MatData};
+use super::kernels::Kernels;
+use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
+use super::qformat::QFormat;
+use super::CudaError;
+use crate::model::config::ModelConfig;
+use crate::model::moe::{MoeConfig, MoeWeights};
+use crate::model::quant::GgmlType;
+use crate::model::weights::Tensor;
+
+/// Entry points of kernels/moe.cu: `9 * variant + format` for the variants gate/up pair mode,
+/// gate/up grouped, down pair mode, down grouped, formats in `QFormat::index` order then F16
+/// (8); then the router, the grouping and the weighted sum.
+pub const MOE_ENTRIES: [&str; 40] = {
+    macro_rules! fmts {
+        ($pre:literal, $suf:literal) => {
+            [
+                concat!($pre, "q4_0", $suf),
+                concat!($pre, "q4_1", $suf),
+                concat!($pre, "q5_0", $suf),
+                concat!($pre, "q5_1", $suf),
+                concat!($pre, "q8_0", $suf),
+                concat!($pre, "q4_k", $suf),
+                concat!($pre, "q5_k", $suf),
+                concat!($pre, "q6_k", $suf),
+                concat!($pre, "f16", $suf),
+            ]
+        };
+    }
+    let v =
+        [fmts!("moe_gate_up_", "_p"), fmts!("moe_gate_up_", "_g"), fmts!("moe_down_", "_p"), fmts!("moe_down_", "_g")];
+    let mut all = ["moe_route_f32"; 40];
+    let mut i = 0;
+    while i < 36 {
+        all[i] = v[i / 9][i % 9];
+        i += 1;
+    }
+    all[37] = "moe_group";
+    all[38] = "moe_combine_f32";
+    all[39] = "moe_router_logits_f32";
+    all
+};
+
+/// Most tokens of a step that take the pair-mode kernels (grid over (token, slot) pairs);
+/// larger steps group by expert. `DUSTOFF_MOE_PAIR_MAX_TOKENS` overrides the default of 8.
+pub fn pair_max_tokens() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| std::env::var("DUSTOFF_MOE_PAIR_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(8))
+}
+
+/// The experts of one sparse layer on the device.
+pub struct MoeLayerW {
+    pub router: CudaSlice<f32>, // [n_experts, dim] f32
+    pub gate: DevMat,           // [n_experts * ffn, dim]: expert e's rows e * ffn ..
+    pub up: DevMat,             // [n_experts * ffn, dim]
+    pub down: DevMat,           // [n_experts * dim, ffn]
+    pub n_experts: usize,
+    pub n_used: usize,
+    /// Width of one expert (`expert_ffn_dim`).
+    pub ffn: usize,
+    pub dim: usize,
+    pub norm_topk_prob: bool,
+}
+
+/// Checks that `w`'s experts can be put on the GPU (shapes, formats, the kernels' row rules)
+/// before anything is allocated; the error names the tensor.
+pub fn check_layer(w: &MoeWeights) -> Result<(), CudaError> {
+    let first = w.experts.first().ok_or_else(|| CudaError::Weights(format!("{}: no experts", w.router.name)))?;
+    if w.n_used == 0 || w.n_used > 32 || w.n_used > w.experts.len() {
+        return Err(CudaError::Weights(format!(
+            "{}: {} experts used of {} (the GPU router takes 1..=32)",
+            w.router.name,
+            w.n_used,
+            w.experts.len()
+        )));
+    }
+    if w.experts.len() > 1024 || !w.router.cols.is_multiple_of(4) {
+        return Err(CudaError::Weights(format!(
+            "{}: {} experts of width {} (the GPU router takes up to 1024 experts, a width divisible by 4)",
+            w.router.name,
+            w.experts.len(),
+            w.router.cols
+        )));
+    }
+    for e in &w.experts {
+        for (t, like) in [(&e.gate, &first.gate), (&e.up, &first.gate), (&e.down, &first.down)] {
+            super::qformat::check_tensor(t)?;
+            if (t.rows, t.cols, t.dtype) != (like.rows, like.cols, like.dtype) {
+                return Err(CudaError::Weights(format!(
+                    "expert tensor {} [{}, {}] {} differs from {} [{}, {}] {}: one slab needs one shape and format",
+                    t.name, t.rows, t.cols, t.dtype, like.name, like.rows, like.cols, like.dtype
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Device bytes of a `[rows, cols]` slab of `dtype` (F16 for the float types or `to_f16`).
+pub fn slab_bytes(dtype: GgmlType, rows: usize, cols: usize, to_f16: bool) -> u64 {
+    match QFormat::of(dtype).filter(|_| !to_f16) {
+        Some(f) => f.device_bytes(rows, cols).1 as u64,
+        None => (rows * cols * 2) as u64,
+    }
+}
+
+/// Device bytes of one sparse layer's router (f32) and three slabs.
+pub fn layer_bytes(w: &MoeWeights, to_f16: bool) -> u64 {
+    let n = w.experts.len();
+    let router = (w.router.rows * w.router.cols * 4) as u64;
+    let Some(e) = w.experts.first() else { return router };
+    router
+        + slab_bytes(e.gate.dtype, n * e.gate.rows, e.gate.cols, to_f16)
+        + slab_bytes(e.up.dtype, n * e.up.rows, e.up.cols, to_f16)
+        + slab_bytes(e.down.dtype, n * e.down.rows, e.down.cols, to_f16)
+}
+
+/// Step buffers of the MoE kernels for `cap_tok` tokens (bytes), for the memory plan.
+pub fn workspace_bytes(cap_tok: usize, dim: usize, m: &MoeConfig) -> u64 {
+    let pairs = cap_tok * m.n_used;
+    (pairs * (m.expert_ffn_dim + dim + 4) * 4 + (cap_tok + 1) * (m.n_experts + 1) * 4) as u64
+}
+
+fn stack<'a>(w: &'a MoeWeights, f: impl Fn(&'a crate::model::moe::Expert) -> &'a Tensor) -> Vec<&'a Tensor> {
+    w.experts.iter().map(f).collect()
+}
+
+impl MoeLayerW {
+    /// Uploads a checked (`check_layer`) sparse layer: each slab packed as in the file (or F16
+    /// with `to_f16`). Returns the layer and the count of values clamped to the F16 range.
+    pub fn upload(s: &Arc<CudaStream>, w: &MoeWeights, to_f16: bool, what: &str) -> Result<(Self, u64), CudaError> {
+        let router = up(s, &w.router.to_f32_vec(), &format!("{what} router"))?;
+        let (gate, c1) = DevMat::upload(s, &stack(w, |e| &e.gate), to_f16, &format!("{what} expert gate slab"))?;
+        let (upm, c2) = DevMat::upload(s, &stack(w, |e| &e.up), to_f16, &format!("{what} expert up slab"))?;
+        let (down, c3) = DevMat::upload(s, &stack(w, |e| &e.down), to_f16, &format!("{what} expert down slab"))?;
+        let ffn = w.experts[0].gate.rows;
+        let l = MoeLayerW {
+            router,
+            gate,
+            up: upm,
+            down,
+            n_experts: w.experts.len(),
+            n_used: w.n_used,
+            ffn,
+            dim: w.router.cols,
+            norm_topk_prob: w.norm_topk_prob,
+        };
+        Ok((l, c1 + c2 + c3))
+    }
+
+    /// A sparse layer of random weights made on the GPU (`DevMat::synthetic` slabs: gate and up
+    /// in `gate_up`, down in `down`) and a random f32 router uniform in +-sqrt(3 / dim), so that
+    /// the router logits of normed inputs spread over the experts as in real use.
+    #[allow(clippy::too_many_arguments)]
+    pub fn synthetic(
+        s: &Arc<CudaStream>,
+        k: &mut Kernels,
+        c: &ModelConfig,
+        m: &MoeConfig,
+        gate_up: GgmlType,
+        down: GgmlType,
+        seed: u64,
+        what: &str,
+    ) -> Result<Self, CudaError> {
+        let (e, f, d) = (m.n_experts, m.expert_ffn_dim, c.dim);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let a = (3.0 / d as f32).sqrt();
+        let r: Vec<f32> = (0..e * d).map(|_| rng.random_range(-a..a)).collect();
+        let router = up(s, &r, &format!("{what} router"))?;
+        let gate = DevMat::synthetic(s, k, gate_up, e * f, d, seed ^ 1, &format!("{what} expert gate slab"))?;
+        let upm = DevMat::synthetic(s, k, gate_up, e * f, d, seed ^ 2, &format!("{what} expert up slab"))?;
+        let down = DevMat::synthetic(s, k, down, e * d, f, seed ^ 3, &format!("{what} expert down slab"))?;
+        Ok(MoeLayerW {
+            router,
+            gate,
+            up: upm,
+            down,
+            n_experts: e,
+            n_used: m.n_used,
+            ffn: f,
+            dim: d,
+            norm_topk_prob: m.norm_topk_prob,
+        })
+    }
+
+    /// Device bytes of the layer (router and every expert).
+    pub fn bytes(&self) -> u64 {
+        (self.router.len() * 4) as u64 + self.gate.bytes() + self.up.bytes() + self.down.bytes()
+    }
+
+    /// Bytes one token reads: the router and its `n_used` experts.
+    pub fn active_bytes(&self) -> u64 {
+        let experts = self.gate.bytes() + self.up.bytes() + self.down.bytes();
+        (self.router.len() * 4) as u64 + experts * self.n_used as u64 / self.n_experts.max(1) as u64
+    }
+
+    /// The three slabs (for the format census).
+    pub fn slabs(&self) -> [&DevMat; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+}
+
+/// Buffers of the MoE kernels, sized for `cap_pairs` (token, slot) pairs.
+#[derive(Default)]
+pub struct MoeWork {
+    pub cap_pairs: usize,
+    pub logits: Option<CudaSlice<f32>>,   // [tokens, n_experts] router logits
+    pub ids: Option<CudaSlice<i32>>,      // [pairs] chosen experts
+    pub wts: Option<CudaSlice<f32>>,      // [pairs] their weights
+    pub offsets: Option<CudaSlice<i32>>,  // [n_experts + 1]
+    pub entries: Option<CudaSlice<i32>>,  // [pairs] pair at each grouped position
+    pub position: Option<CudaSlice<i32>>, // [pairs] grouped position of each pair
+    pub act: Option<CudaSlice<f32>>,      // [pairs, expert ffn] SwiGLU activations
+    pub y: Option<CudaSlice<f32>>,        // [pairs, dim] expert outputs
+}
+
+impl MoeWork {
+    /// Grows the buffers to `cap_tok` tokens; returns whether any was reallocated.
+    pub fn grow(&mut self, s: &Arc<CudaStream>, cap_tok: usize, dim: usize, m: &MoeConfig) -> Result<bool, CudaError> {
+        let pairs = cap_tok * m.n_used;
+        if pairs <= self.cap_pairs {
+            return Ok(false);
+        }
+        *self = MoeWork::default(); // free first
+        self.logits = Some(zeros(s, cap_tok * m.n_experts, "MoE router logits")?);
+        self.ids = Some(zeros(s, pairs, "MoE expert ids")?);
+        self.wts = Some(zeros(s, pairs, "MoE expert weights")?);
+        self.offsets = Some(zeros(s, m.n_experts + 1, "MoE group offsets")?);
+        self.entries = Some(zeros(s, pairs, "MoE group entries")?);
+        self.position = Some(zeros(s, pairs, "MoE group positions")?);
+        self.act = Some(zeros(s, pairs * m.expert_ffn_dim, "MoE activations")?);
+        self.y = Some(zeros(s, pairs * dim, "MoE expert outputs")?);
+        self.cap_pairs = pairs;
+        Ok(true)
+    }
+}
+
+fn dev<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Result<Dev<T>, CudaError> {
+    b.as_ref()
+        .map(|b| Dev::of(b, s))
+        .ok_or_else(|| CudaError::Shape { kernel: "moe", reason: "MoE work buffers not allocated".into() })
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct RouteParams {
+    x: u64,
+    w: u64,
+    logits: u64,
+    ids: u64,
+    wts: u64,
+    n_tok: i32,
+    dim: i32,
+    n_experts: i32,
+    k: i32,
+    norm: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for RouteParams {}
+
+/// Router of `n_tok` tokens: `x` `[n_tok, dim]`, `w` `[n_experts, dim]` f32; writes the
+/// `logits` `[n_tok, n_experts]`, then `ids` and `wts` `[n_tok, k]` (best first; ties to the
+/// lower index; weights renormalised when `norm`).
+pub struct MoeRoute {
+    pub x: Dev<f32>,
+    pub w: Dev<f32>,
+    pub logits: Dev<f32>,
+    pub ids: Dev<i32>,
+    pub wts: Dev<f32>,
+    pub n_tok: usize,
+    pub dim: usize,
+    pub n_experts: usize,
+    pub k: usize,
+    pub norm: bool,
+}
+
+impl MoeRoute {
+    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "moe_route_f32";
+        check(K, self.k >= 1 && self.k <= 32 && self.k <= self.n_experts, || {
+            format!("{} experts used of {} (1..=32)", self.k, self.n_experts)
+        })?;
+        check(K, self.n_experts <= 1024 && self.dim.is_multiple_of(4), || {
+            format!("{} experts, width {}: at most 1024, a multiple of 4", self.n_experts, self.dim)
+        })?;
+        check(K, self.x.ptr.is_multiple_of(16) && self.w.ptr.is_multiple_of(16), || "16-byte aligned inputs".into())?;
+        need(K, "input", self.x, self.n_tok * self.dim)?;
+        need(K, "router", self.w, self.n_experts * self.dim)?;
+        need(K, "logits", self.logits, self.n_tok * self.n_experts)?;
+        need(K, "ids", self.ids, self.n_tok * self.k)?;
+        need(K, "weights", self.wts, self.n_tok * self.k)?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = RouteParams {
+            x: self.x.ptr,
+            w: self.w.ptr,
+            logits: self.logits.ptr,
+            ids: self.ids.ptr,
+            wts: self.wts.ptr,
+            n_tok: i32_of(K, self.n_tok)?,
+            dim: i32_of(K, self.dim)?,
+            n_experts: self.n_experts as i32,
+            k: self.k as i32,
+            norm: i32::from(self.norm),
+        };
+        check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        let grid = (blocks_for(K, self.n_experts, 8)?, self.n_tok as u32, 1);
+        launch(kn, s, "moe_router_logits_f32", grid, 256, 0, &p)?;
+        let smem = (self.n_experts * 5) as u32;
+        launch(kn, s, K, (blocks_for(K, self.n_tok, 1)?, 1, 1), 32, smem, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GroupParams {
+    ids: u64,
+    offsets: u64,
+    entries: u64,
+    position: u64,
+    n_pairs: i32,
+    n_experts: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for GroupParams {}
+
+/// Groups `n_pairs` expert ids by expert, as the CPU's `group`: `offsets` `[n_experts + 1]`,
+/// `entries` (pairs by expert, ascending within one) and its inverse `position`.
+pub struct MoeGroup {
+    pub ids: Dev<i32>,
+    pub offsets: Dev<i32>,
+    pub entries: Dev<i32>,
+    pub position: Dev<i32>,
+    pub n_pairs: usize,
+    pub n_experts: usize,
+}
+
+impl MoeGroup {
+    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "moe_group";
+        check(K, (1..=1024).contains(&self.n_experts), || format!("{} experts (1..=1024)", self.n_experts))?;
+        need(K, "ids", self.ids, self.n_pairs)?;
+        need(K, "offsets", self.offsets, self.n_experts + 1)?;
+        need(K, "entries", self.entries, self.n_pairs)?;
+        need(K, "positions", self.position, self.n_pairs)?;
+        let p = GroupParams {
+            ids: self.ids.ptr,
+            offsets: self.offsets.ptr,
+            entries: self.entries.ptr,
+            position: self.position.ptr,
+            n_pairs: i32_of(K, self.n_pairs)?,
+            n_experts: self.n_experts as i32,
+        };
+        launch(kn, s, K, (1, 1, 1), self.n_experts.div_ceil(32) as u32 * 32, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct MatParams {
+    qs: u64,
+    aux: u64,
+    qs2: u64,
+    aux2: u64,
+    x: u64,
+    out: u64,
+    ids: u64,
+    offsets: u64,
+    entries: u64,
+    rows: i32,
+    cols: i32,
+    n_pairs: i32,
+    k: i32,
+    x_stride: i32,
+    out_stride: i32,
+    qs_row: i32,
+    aux_row: i32,
+    lpr: i32,
+    x_by_token: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for MatParams {}
+
+/// A slab's kernel view: (format index of MOE_ENTRIES, qs, aux, qs row bytes, aux row bytes,
+/// elements per unit), checked against the buffer.
+fn slab_view(m: &DevMat, s: &CudaStream) -> Result<(usize, u64, u64, usize, usize, usize), CudaError> {
+    const K: &str = "moe expert slab";
+    match &m.data {
+        MatData::F16(b) => {
+            let d = Dev::of(b, s);
+            need(K, "F16 slab", d, m.rows * m.cols)?;
+            check(K, m.cols.is_multiple_of(8), || format!("F16 rows of {} (a multiple of 8)", m.cols))?;
+            Ok((8, d.ptr, d.ptr, m.cols * 2, 0, 8))
+        }
+        MatData::Quant { fmt, buf, aux_off } => {
+            let d = Dev::of(buf, s);
+            let (want_off, total) = fmt.device_bytes(m.rows, m.cols);
+            check(K, *aux_off == want_off, || format!("aux at {aux_off}, the layout says {want_off}"))?;
+            need(K, "slab", d, total)?;
+            check(K, m.cols.is_multiple_of(fmt.unit), || format!("{} columns, units of {}", m.cols, fmt.unit))?;
+            let (qr, ar) = fmt.row_parts(m.cols);
+            Ok((fmt.index, d.ptr, d.ptr + *aux_off as u64, qr, ar, fmt.unit))
+        }
+    }
+}
+
+/// How the pairs of a step are walked (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub enum Walk {
+    /// One block row per pair; the expert of pair p is `ids[p]`; rows of x/out by pair.
+    Pairs { ids: Dev<i32> },
+    /// One block row per expert over its grouped positions (`MoeGroup`'s output).
+    Grouped { offsets: Dev<i32>, entries: Dev<i32>, n_experts: usize },
+}
+
+/// Gate/up + SwiGLU (`up` given: `out = silu(slab x) * (up x)`) or a plain product of an
+/// expert slab for every pair of a step. `x` rows: the token's (`x_by_token`, row pair / k) or
+/// the item's; `out` rows: the item's (pair, or grouped position).
+pub struct MoeMat<'a> {
+    pub slab: &'a DevMat,
+    pub up: Option<&'a DevMat>,
+    /// Experts in the slab (its rows are `n_experts x rows`).
+    pub n_experts: usize,
+    pub x: Dev<f32>,
+    pub out: Dev<f32>,
+    pub walk: Walk,
+    pub n_pairs: usize,
+    pub k: usize,
+    pub x_stride: usize,
+    pub out_stride: usize,
+    pub x_by_token: bool,
+}
+
+impl MoeMat<'_> {
+    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "moe_mat";
+        let (fi, qs, aux, qs_row, aux_row, unit) = slab_view(self.slab, s)?;
+        let cols = self.slab.cols;
+        check(K, self.n_experts > 0 && self.slab.rows.is_multiple_of(self.n_experts), || {
+            format!("{} slab rows for {} experts", self.slab.rows, self.n_experts)
+        })?;
+        let rows = self.slab.rows / self.n_experts;
+        let (qs2, aux2) = match self.up {
+            Some(u) => {
+                let (f2, q2, a2, _, _, _) = slab_view(u, s)?;
+                check(K, f2 == fi && (u.rows, u.cols) == (self.slab.rows, cols), || {
+                    "the up slab must match the gate slab's format and shape".into()
+                })?;
+                (q2, a2)
+            }
+            None => (0, 0),
+        };
+        check(K, self.k >= 1 && self.n_pairs.is_multiple_of(self.k), || {
+            format!("{} pairs of {}", self.n_pairs, self.k)
+        })?;
+        check(K, self.x_stride.is_multiple_of(4) && self.x.ptr.is_multiple_of(16) && cols <= self.x_stride, || {
+            format!("input stride {} (a multiple of 4, at least {cols}), 16-byte aligned", self.x_stride)
+        })?;
+        check(K, rows <= self.out_stride, || "output rows overlap their stride".into())?;
+        let in_rows = if self.x_by_token { self.n_pairs / self.k } else { self.n_pairs };
+        need(K, "input", self.x, super::launch::extent(in_rows, self.x_stride, cols))?;
+        need(K, "output", self.out, super::launch::extent(self.n_pairs, self.out_stride, rows))?;
+        let (variant_base, grid_y, ids, offsets, entries) = match self.walk {
+            Walk::Pairs { ids } => {
+                need(K, "ids", ids, self.n_pairs)?;
+                (0, self.n_pairs, ids.ptr, 0, 0)
+            }
+            Walk::Grouped { offsets, entries, n_experts } => {
+                check(K, n_experts == self.n_experts, || "grouping of another expert count".into())?;
+                need(K, "offsets", offsets, n_experts + 1)?;
+                need(K, "entries", entries, self.n_pairs)?;
+                (1, n_experts, 0, offsets.ptr, entries.ptr)
+            }
+        };
+        if self.n_pairs == 0 || rows == 0 {
+            return Ok(());
+        }
+        let units = cols / unit;
+        let lpr = units.div_ceil(2).next_power_of_two().clamp(1, 32);
+        // Output rows per row group (kernels/moe.cu MOE_ENTRIES).
+        let grouped = variant_base == 1;
+        let rg = match (self.up.is_some(), grouped) {
+            (true, false) => 2,
+            (true, true) => 1,
+            (false, false) => 4,
+            (false, true) => 2,
+        };
+        let per_block = 4 * (32 / lpr) * rg;
+        let variant = if self.up.is_some() { variant_base } else { 2 + variant_base };
+        let p = MatParams {
+            qs,
+            aux,
+            qs2,
+            aux2,
+            x: self.x.ptr,
+            out: self.out.ptr,
+            ids,
+            offsets,
+            entries,
+            rows: i32_of(K, rows)?,
+            cols: i32_of(K, cols)?,
+            n_pairs: i32_of(K, self.n_pairs)?,
+            k: i32_of(K, self.k)?,
+            x_stride: i32_of(K, self.x_stride)?,
+            out_stride: i32_of(K, self.out_stride)?,
+            qs_row: i32_of(K, qs_row)?,
+            aux_row: i32_of(K, aux_row)?,
+            lpr: lpr as i32,
+            x_by_token: i32::from(self.x_by_token),
+        };
+        check(K, grid_y <= 65_535, || format!("{grid_y} block rows exceed the grid"))?;
+        let grid = (blocks_for(K, rows, per_block)?, grid_y as u32, 1);
+        launch(kn, s, MOE_ENTRIES[9 * variant + fi], grid, 128, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct CombineParams {
+    y: u64,
+    wts: u64,
+    position: u64,
+    x: u64,
+    n_tok: i32,
+    dim: i32,
+    k: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for CombineParams {}
+
+/// `x[t] += sum_j wts[t, j] * y[row(t, j)]`, slot 0 first; `row = position[t k + j]` when
+/// grouped, else `t k + j`.
+pub struct MoeCombine {
+    pub y: Dev<f32>,
+    pub wts: Dev<f32>,
+    pub position: Option<Dev<i32>>,
+    pub x: Dev<f32>,
+    pub n_tok: usize,
+    pub dim: usize,
+    pub k: usize,
+}
+
+impl MoeCombine {
+    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "moe_combine_f32";
+        let pairs = self.n_tok * self.k;
+        need(K, "expert outputs", self.y, pairs * self.dim)?;
+        need(K, "weights", self.wts, pairs)?;
+        need(K, "residual", self.x, self.n_tok * self.dim)?;
+        if let Some(p) = self.position {
+            need(K, "positions", p, pairs)?;
+        }
+        if pairs == 0 || self.dim == 0 {
+            return Ok(());
+        }
+        let p = CombineParams {
+            y: self.y.ptr,
+            wts: self.wts.ptr,
+            position: self.position.map_or(0, |p| p.ptr),
+            x: self.x.ptr,
+            n_tok: i32_of(K, self.n_tok)?,
+            dim: i32_of(K, self.dim)?,
+            k: i32_of(K, self.k)?,
+        };
+        check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        launch(kn, s, K, (blocks_for(K, self.dim, 256)?, self.n_tok as u32, 1), 256, 0, &p)
+    }
+}
+
+/// The FFN of a sparse layer for `n_tok` tokens: `x[t] += moe(h[t])` (`h`, `x` `[n_tok, dim]`).
+pub fn moe_ffn(
+    kn: &mut Kernels,
+    s: &CudaStream,
+    w: &MoeLayerW,
+    work: &MoeWork,
+    h: Dev<f32>,
+    x: Dev<f32>,
+    n_tok: usize,
+) -> Result<(), CudaError> {
+    let (k, dim) = (w.n_used, w.dim);
+    let pairs = n_tok * k;
+    check("moe", pairs <= work.cap_pairs, || format!("{pairs} pairs, buffers for {}", work.cap_pairs))?;
+    let (ids, wts, act, y) = (dev(&work.ids, s)?, dev(&work.wts, s)?, dev(&work.act, s)?, dev(&work.y, s)?);
+    let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
+    let norm = w.norm_topk_prob;
+    MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm }.launch(kn, s)?;
+    let (walk, position) = if n_tok <= pair_max_tokens() {
+        (Walk::Pairs { ids }, None)
+    } else {
+        let (offsets, entries, position) = (dev(&work.offsets, s)?, dev(&work.entries, s)?, dev(&work.position, s)?);
+        MoeGroup { ids, offsets, entries, position, n_pairs: pairs, n_experts: w.n_experts }.launch(kn, s)?;
+        (Walk::Grouped { offsets, entries, n_experts: w.n_experts }, Some(position))
+    };
+    let mat = |slab, up, x, out, x_stride, out_stride, x_by_token| MoeMat {
+        slab,
+        up,
+        n_experts: w.n_experts,
+        x,
+        out,
+        walk,
+        n_pairs: pairs,
+        k,
+        x_stride,
+        out_stride,
+        x_by_token,
+    };
+    mat(&w.gate, Some(&w.up), h, act, dim, w.ffn, true).launch(kn, s)?;
+    mat(&w.down, None, act, y, w.ffn, dim, false).launch(kn, s)?;
+    MoeCombine { y, wts, position, x, n_tok, dim, k }.launch(kn, s)
+}
