@@ -131,6 +131,8 @@ pub struct CudaBackend {
     pub(super) decode_bytes: u64,
     /// Most device memory seen in use (total - free), read after every allocation.
     pub(super) peak_used: u64,
+    /// Hybrid models (Qwen3.5): the linear-attention layers and the recurrent states.
+    pub(super) hybrid: Option<super::hybrid::HybridCuda>,
 }
 
 pub(super) fn up<T: DeviceRepr>(s: &Arc<CudaStream>, v: &[T], what: &str) -> Result<CudaSlice<T>, CudaError> {
@@ -153,12 +155,13 @@ struct Parts {
     output_norm: CudaSlice<f32>,
     rope_freq_factors: Option<Vec<f32>>,
     clamped: u64,
+    hybrid: Option<super::hybrid::HybridCuda>,
 }
 
-/// Models whose layers the CUDA backend has no kernels for: hybrid (Gated DeltaNet) and
-/// mixture-of-experts models.
+/// Models whose layers the CUDA backend has no kernels for: hybrid models other than the dense
+/// Qwen3.5 (`qwen35`), and mixture-of-experts models.
 fn refuse_unsupported(cfg: &ModelConfig) -> Result<(), CudaError> {
-    if cfg.hybrid.is_some() {
+    if cfg.hybrid.is_some() && cfg.arch != Arch::Qwen35 {
         return Err(CudaError::Weights(format!(
             "{} models have linear-attention (Gated DeltaNet) layers, which the CUDA backend does not run yet; use --device cpu",
             cfg.arch.name()
@@ -230,6 +233,23 @@ impl CudaBackend {
         let mut layers = Vec::with_capacity(w.layers.len());
         for (i, lw) in w.layers.iter().enumerate() {
             let name = |s: &str| format!("layer {i} {s}");
+            if !c.has_kv(i) {
+                // A linear-attention layer: its weights live in `HybridCuda`; no KV cache.
+                layers.push(LayerW {
+                    attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
+                    wqkv: Linear { parts: Vec::new() },
+                    bqkv: None,
+                    q_norm: None,
+                    k_norm: None,
+                    wo: Linear { parts: Vec::new() },
+                    ffn_norm: up(s, &lw.ffn_norm, &name("ffn_norm"))?,
+                    wgu: put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?,
+                    wdown: put(&[&lw.w_down], &name("w_down"))?,
+                    k_cache: zeros(s, 0, &name("K cache"))?,
+                    v_cache: zeros(s, 0, &name("V cache"))?,
+                });
+                continue;
+            }
             let bqkv = qkv_bias(c, &lw.bq, &lw.bk, &lw.bv).map(|b| up(s, &b, &name("qkv bias"))).transpose()?;
             layers.push(LayerW {
                 attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
@@ -248,8 +268,12 @@ impl CudaBackend {
         let embd = put(&[&w.token_embd], "token_embd")?;
         let output = if c.tied_embeddings { None } else { Some(put(&[&w.output], "output")?) };
         let output_norm = up(s, &w.output_norm, "output_norm")?;
-        let parts =
-            Parts { layers, embd, output, output_norm, rope_freq_factors: w.rope_freq_factors.clone(), clamped };
+        let hybrid = match &c.hybrid {
+            Some(h) => Some(super::hybrid::HybridCuda::new(s, c, h, &w.layers, f16, opts.max_positions, &mut clamped)?),
+            None => None,
+        };
+        let rope_freq_factors = w.rope_freq_factors.clone();
+        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors, clamped, hybrid };
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
     }
 
@@ -264,6 +288,9 @@ impl CudaBackend {
     /// codes and realistic scales (`DevMat::synthetic`), kept packed on the GPU.
     pub fn synthetic_mix(cfg: ModelConfig, mix: WeightMix, seed: u64, opts: &CudaOptions) -> Result<Self, CudaError> {
         let c = &cfg;
+        if c.hybrid.is_some() {
+            return Err(CudaError::Weights(format!("no synthetic {} weights on the GPU yet", c.arch.name())));
+        }
         let shapes = synthetic_shapes(c, mix);
         let matrix_bytes =
             shapes.iter().map(|&(t, r, k)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64).sum();
@@ -318,7 +345,7 @@ impl CudaBackend {
         let output = if c.tied_embeddings { None } else { Some(lin(1, "output")?) };
         let output_norm = ones(c.dim, "output_norm")?;
         dev.synchronize()?;
-        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0 };
+        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0, hybrid: None };
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
     }
 
@@ -345,12 +372,19 @@ impl CudaBackend {
         let embd_m = &p.embd.parts[0];
         let head = p.output.as_ref().map_or(embd_m.bytes(), Linear::bytes);
         let layer_bytes: u64 =
-            p.layers.iter().map(|l| l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes()).sum();
+            p.layers.iter().map(|l| l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes()).sum::<u64>()
+                + p.hybrid.as_ref().map_or(0, |h| h.matrix_bytes());
         let decode_bytes = layer_bytes + head + embd_m.row_bytes();
         let weight_bytes = (layer_bytes + embd_m.bytes() + p.output.as_ref().map_or(0, Linear::bytes)) as usize;
         let mut formats: Vec<(GgmlType, usize)> = Vec::new();
-        let all =
-            p.layers.iter().flat_map(|l| [&l.wqkv, &l.wo, &l.wgu, &l.wdown]).chain([&p.embd]).chain(p.output.as_ref());
+        let linear = p.hybrid.iter().flat_map(|h| h.layers.iter().flatten()).flat_map(|l| [&l.proj, &l.out]);
+        let all = p
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wqkv, &l.wo, &l.wgu, &l.wdown])
+            .chain(linear)
+            .chain([&p.embd])
+            .chain(p.output.as_ref());
         for m in all.flat_map(|l| &l.parts) {
             match formats.iter_mut().find(|f| f.0 == m.format()) {
                 Some(f) => f.1 += 1,
@@ -386,6 +420,7 @@ impl CudaBackend {
             formats,
             decode_bytes,
             peak_used: 0,
+            hybrid: p.hybrid,
             dev,
         };
         b.note_memory();
@@ -410,9 +445,14 @@ impl CudaBackend {
         }
     }
 
-    /// KV cache bytes per token position (all layers, K and V, F16).
+    /// KV cache bytes per token position (all layers with a KV cache, K and V, F16).
     pub fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
-        cfg.n_layers * 2 * cfg.kv_dim() * 2
+        cfg.n_kv_layers() * 2 * cfg.kv_dim() * 2
+    }
+
+    /// Bytes of one sequence's recurrent state on the device (hybrid models; 0 for others).
+    pub fn state_bytes_per_seq(&self) -> usize {
+        self.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq())
     }
 
     /// Records the device memory in use now (after allocations, not every step: the query
@@ -479,7 +519,12 @@ fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, us
 /// matrix (the head goes through it in row chunks).
 pub fn wide_len(c: &ModelConfig) -> usize {
     let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-    [(q + 2 * kv) * d, d * q, 2 * f * d, d * f, 128 * d].into_iter().max().unwrap_or(0)
+    // Hybrid models: the linear layers' stacked input projection and output, the gated q.
+    let hy = c.hybrid.as_ref().map_or(0, |h| {
+        let lin_in = h.conv_channels() + h.value_dim() + 2 * h.n_v_heads;
+        (lin_in * d).max(d * h.value_dim()).max((2 * q + 2 * kv) * d)
+    });
+    [(q + 2 * kv) * d, d * q, 2 * f * d, d * f, 128 * d, hy].into_iter().max().unwrap_or(0)
 }
 
 impl Backend for CudaBackend {
@@ -501,7 +546,31 @@ impl Backend for CudaBackend {
         if f.n_tok == 0 {
             return Ok(Vec::new());
         }
-        Ok(self.forward(&f)?)
+        let out = self.forward(&f)?;
+        if let Some(h) = &mut self.hybrid {
+            h.end_step(plan);
+        }
+        Ok(out)
+    }
+    fn release(&mut self, seq: crate::engine::plan::SeqId) {
+        if let Some(h) = &mut self.hybrid {
+            h.release(seq);
+        }
+    }
+    fn save_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
+        match &mut self.hybrid {
+            Some(h) => h.save(&self.dev.stream, seq, key),
+            None => Err(BackendError::Plan(format!("sequence {seq}: this model keeps no recurrent state"))),
+        }
+    }
+    fn restore_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32], pos: usize) -> bool {
+        let s = &self.dev.stream;
+        self.hybrid.as_mut().is_some_and(|h| h.restore(s, seq, key, pos))
+    }
+    fn drop_state(&mut self, key: &[u8; 32]) {
+        if let Some(h) = &mut self.hybrid {
+            h.drop_snapshot(key);
+        }
     }
     fn prepare(&mut self) -> Result<(), BackendError> {
         Ok(self.load_kernels()?)
@@ -511,7 +580,11 @@ impl Backend for CudaBackend {
         if f.n_tok == 0 {
             return Ok(Vec::new());
         }
-        Ok(self.forward_greedy(&f)?)
+        let out = self.forward_greedy(&f)?;
+        if let Some(h) = &mut self.hybrid {
+            h.end_step(plan);
+        }
+        Ok(out)
     }
     fn decode_weight_bytes(&self) -> u64 {
         self.decode_bytes

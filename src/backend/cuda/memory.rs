@@ -21,6 +21,9 @@ pub struct MemoryPlan {
     /// Step buffers for `max_batch_tokens` tokens, logits, attention partials, RoPE tables,
     /// the F16 scratch of widened quantized matrices and the cuBLAS workspace.
     pub workspace: u64,
+    /// Hybrid models: the recurrent states of [`planned_state_seqs`] sequences (f32, every
+    /// linear-attention layer) and as many prefix-reuse snapshots again; 0 for other models.
+    pub state: u64,
     pub total: u64,
 }
 
@@ -36,9 +39,16 @@ const MAX_LOGIT_ROWS: usize = 256;
 /// Bytes of every weight matrix (layers, embedding, untied head) in F16.
 pub fn f16_matrix_bytes(c: &ModelConfig) -> u64 {
     let (dim, qd, kvd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-    let per_layer_matrix = (qd + 2 * kvd) * dim + dim * qd + 3 * ffn * dim;
+    let ffn_m = 3 * ffn * dim;
+    let mixer = |l: usize| match &c.hybrid {
+        // Gated DeltaNet: stacked q|k|v, z, b, a projection and the output projection.
+        Some(h) if !c.has_kv(l) => (h.conv_channels() + h.value_dim() + 2 * h.n_v_heads) * dim + dim * h.value_dim(),
+        Some(h) if h.attn_output_gate => (2 * qd + 2 * kvd) * dim + dim * qd,
+        _ => (qd + 2 * kvd) * dim + dim * qd,
+    };
+    let layers: usize = (0..c.n_layers).map(|l| mixer(l) + ffn_m).sum();
     let heads = c.vocab_size * dim * if c.tied_embeddings { 1 } else { 2 };
-    (c.n_layers * per_layer_matrix + heads) as u64 * 2
+    (layers + heads) as u64 * 2
 }
 
 /// What a model's weight matrices take on the device, as the CUDA backend keeps them: block
@@ -58,7 +68,10 @@ pub fn device_matrices<'a>(cfg: &ModelConfig, w: &'a ModelWeights) -> Vec<&'a Te
     }
     for lw in &w.layers {
         mats.extend([&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down]);
+        mats.extend(super::hybrid::hybrid_matrices(lw));
     }
+    // The attention matrices a linear-attention layer lacks (0 rows) are not uploaded.
+    mats.retain(|t| t.rows > 0);
     mats
 }
 
@@ -74,6 +87,12 @@ pub fn device_weight_bytes(cfg: &ModelConfig, w: &ModelWeights, f16_weights: boo
         .sum();
     let wide_scratch = if matrices < f16_matrix_bytes(cfg) { super::backend::wide_len(cfg) as u64 * 2 } else { 0 };
     DeviceWeightBytes { matrices, wide_scratch }
+}
+
+/// Sequences whose recurrent state the plan counts: one per KV block at most (a running
+/// sequence holds at least one), and no more than 64.
+pub fn planned_state_seqs(num_blocks: usize) -> usize {
+    num_blocks.clamp(1, 64)
 }
 
 /// The plan for a model whose matrices take `matrices` bytes on the device, with a scratch of
@@ -92,7 +111,7 @@ pub fn plan_memory(
     let weights = matrices + vectors;
 
     let positions = (num_blocks * block_size) as u64;
-    let kv = positions * (c.n_layers * 2 * kvd * 2) as u64;
+    let kv = positions * (c.n_kv_layers() * 2 * kvd * 2) as u64;
 
     let tok = max_batch_tokens.max(1).next_power_of_two();
     let act_f32 = 2 * dim + (qd + 2 * kvd) + qd + 2 * ffn + ffn;
@@ -109,7 +128,9 @@ pub fn plan_memory(
     let rope = (2 * max_pos * hd / 2 * 4) as u64;
     let meta = (tok * (5 + max_pos.div_ceil(block_size.max(1))) * 4) as u64;
     let workspace = activations + logits + attn + rope + meta + wide_scratch + CUBLAS_ALLOWANCE;
-    MemoryPlan { weights, kv, workspace, total: weights + kv + workspace }
+    let state =
+        c.hybrid.as_ref().map_or(0, |h| 2 * planned_state_seqs(num_blocks) as u64 * h.state_bytes_per_seq() as u64);
+    MemoryPlan { weights, kv, workspace, state, total: weights + kv + workspace + state }
 }
 
 fn gb(b: u64) -> String {
@@ -143,11 +164,12 @@ impl MemoryPlan {
         }
         alts.push("a GPU with more memory".into());
         Err(format!(
-            "the model does not fit on {device}: weights {} + KV cache {} ({positions} positions, {} layers) + workspace {} = {}, but 90% of the free {} is {}; options: {}",
+            "the model does not fit on {device}: weights {} + KV cache {} ({positions} positions, {} layers) + workspace {}{} = {}, but 90% of the free {} is {}; options: {}",
             gb(self.weights),
             gb(self.kv),
-            cfg.n_layers,
+            cfg.n_kv_layers(),
             gb(self.workspace),
+            if self.state > 0 { format!(" + recurrent states {}", gb(self.state)) } else { String::new() },
             gb(self.total),
             gb(free),
             gb(budget),

@@ -7,9 +7,11 @@
 
 pub mod attention;
 pub mod backend;
+pub mod deltanet;
 pub mod device;
 pub mod dmat;
 pub mod fused;
+pub mod hybrid;
 pub mod kernels;
 pub mod launch;
 pub mod matmul;

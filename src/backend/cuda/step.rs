@@ -137,6 +137,9 @@ impl CudaBackend {
             let shapes = [(qd + 2 * kvd, c.dim), (c.dim, qd), (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)];
             let part = shapes.iter().map(|&(r, k)| tc64_part_len(r, k, cap.min(TC_MAX_TOKENS))).max().unwrap_or(0);
             grew |= grow(s, &mut w.tc_part, part, "GEMM partial sums")?;
+            if let Some(hy) = &mut self.hybrid {
+                grew |= hy.ensure(s, c, cap)?;
+            }
             w.cap_tok = cap;
         }
         let part = n_single.max(1) * c.n_heads * splits;
@@ -254,6 +257,12 @@ impl CudaBackend {
         }
         let n_tiles = tiles.len() / 2;
         meta[lay.tiles..lay.tiles + tiles.len()].copy_from_slice(&tiles);
+        if let Some(hy) = &mut self.hybrid {
+            // Recurrent states: checked, reset at position 0, chunk table uploaded.
+            if hy.begin_step(&self.dev.stream, plan, &last_tok)? {
+                self.graphs.clear(); // the state pool moved
+            }
+        }
         Ok(Flat { n_tok: n, n_seqs: plan.chunks.len(), m, n_single, max_len, splits, n_tiles })
     }
 
@@ -402,9 +411,42 @@ impl CudaBackend {
             out_stride: dim,
             eps: c.rms_eps,
         };
-        for lw in &self.layers {
+        let hybrid_io = self.hybrid.as_ref().map(|_| super::hybrid::StepIo {
+            x,
+            h,
+            att,
+            part_o: ptr(&w.part_o, s),
+            part_ml: ptr(&w.part_ml, s),
+            pos,
+            slots,
+            block_tables: meta.offset(lay.bt),
+            tok_seq: meta.offset(lay.tok_seq),
+            tiles: meta.offset(lay.tiles),
+            n_tok: n,
+            n_seqs: f.n_seqs,
+            n_single: f.n_single,
+            max_len: f.max_len,
+            splits: f.splits,
+            n_tiles: f.n_tiles,
+            n_slots,
+            block_size: self.block_size,
+            bt_stride: self.bt_stride,
+        });
+        for (li, lw) in self.layers.iter().enumerate() {
             norm(x, Dev::of(&lw.attn_norm, s), h).launch(k, s)?;
             mark("rmsnorm")?;
+            if let (Some(hy), Some(io)) = (&self.hybrid, &hybrid_io) {
+                // Qwen3.5: Gated DeltaNet or gated attention, then the dense FFN as below.
+                hy.mixer(li, lw, c, k, &mut mm, io)?;
+                mark(if c.has_kv(li) { "hybrid attention" } else { "deltanet" })?;
+                norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
+                mark("rmsnorm")?;
+                swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
+                mark("gate/up matmul")?;
+                mm.run(k, Product { lin: &lw.wdown, bias: None, x: act, n, out: x, accumulate: true })?;
+                mark("down matmul")?;
+                continue;
+            }
             let bias = lw.bqkv.as_ref().map(|b| Dev::of(b, s));
             mm.run(k, Product { lin: &lw.wqkv, bias, x: h, n, out: qkv, accumulate: false })?;
             mark("qkv matmul")?;
