@@ -376,3 +376,101 @@ fn gated_partial_rope_qkv_post_and_output_gate() {
         compare("hyb_gate_mul_f32", g.seed, &g.down(&ad), &want);
     }
 }
+
+/// GPU time of one Gated DeltaNet layer's kernels (conv, prep, recurrence, gated norm; the
+/// matmuls excluded) at the linear-layer shape of Qwen3.5-9B / Qwen3-Next (16 key heads and 32
+/// value heads of 128, state 32 x 128 x 128 f32 = 2 MB per sequence and layer): decode of 1 and
+/// 64 sequences, and one 512-token prefill chunk. Reports the medians of 20 runs and the
+/// recurrence's state traffic (read + write) per second.
+/// `gpu_parity deltanet_layer_timings -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn deltanet_layer_timings() {
+    let Some(mut g) = gpu("deltanet timings") else { return };
+    let s = g.dev.stream.clone();
+    let copy = g.dev.copy_bandwidth(1 << 30, 10).unwrap();
+    println!("device copy bandwidth (read + write), same run: {:.0} GB/s", copy / 1e9);
+    let cs = Case { nk: 16, nv: 32, dk: 128, dv: 128, tiled: true };
+    let (c, ps, vd, kk) = (cs.channels(), cs.proj_stride(), cs.nv * cs.dv, 4);
+    let per_slot = (kk - 1) * c + cs.nv * cs.mat();
+    for (what, counts) in
+        [("decode, 1 sequence", vec![1]), ("decode, 64 sequences", vec![1; 64]), ("prefill, 512 tokens", vec![512])]
+    {
+        let n: usize = counts.iter().sum();
+        let slots: Vec<usize> = (0..counts.len()).collect();
+        let table = chunk_table(&counts, &slots);
+        let (x, mixed) = (g.randn(n * ps, 1.0), g.randn(n * c, 1.0));
+        let (xd, md, td) = (g.up(&x), g.up(&mixed), g.up(&table));
+        let pool0 = g.randn(counts.len() * per_slot, 0.1);
+        let pd = g.up(&pool0);
+        let conv_w = g.randn(c * kk, 0.5);
+        let (wd, nad, dtd, nwd) =
+            (g.up(&conv_w), g.up(&vec![-1f32; cs.nv]), g.up(&vec![0f32; cs.nv]), g.up(&vec![1f32; cs.dv]));
+        let od = g.zeros::<f32>(n * vd);
+        let pool = StatePool {
+            state: g.d(&pd),
+            slot_stride: per_slot,
+            layer_off: 0,
+            chunks: g.d(&td),
+            max_chunks: counts.len(),
+        };
+        let (b_off, a_off) = (c + vd, c + vd + cs.nv);
+        let conv =
+            DnConv { x: g.d(&xd), x_stride: ps, out: g.d(&md), w: g.d(&wd), pool, n_tok: n, channels: c, kernel: kk };
+        let prep = DnPrep {
+            mixed: g.d(&md),
+            proj: g.d(&xd),
+            neg_a: g.d(&nad),
+            dt_bias: g.d(&dtd),
+            n_tok: n,
+            n_k: cs.nk,
+            d_k: cs.dk,
+            n_v: cs.nv,
+            channels: c,
+            proj_stride: ps,
+            b_off,
+            a_off,
+        };
+        let recur = DnRecur {
+            mixed: g.d(&md),
+            proj: g.d(&xd),
+            out: g.d(&od),
+            pool,
+            conv_len: (kk - 1) * c,
+            n_tok: n,
+            n_k: cs.nk,
+            n_v: cs.nv,
+            d_k: cs.dk,
+            d_v: cs.dv,
+            channels: c,
+            proj_stride: ps,
+            b_off,
+            a_off,
+            tiled: true,
+        };
+        let norm = DnGatedNorm {
+            o: g.d(&od),
+            z: g.d(&xd).offset(c),
+            z_stride: ps,
+            w: g.d(&nwd),
+            n_tok: n,
+            n_v: cs.nv,
+            d_v: cs.dv,
+            eps: 1e-6,
+        };
+        let t_conv = super::bench::time(&mut g, &mut |g| conv.launch(&mut g.k, &s).unwrap());
+        let t_prep = super::bench::time(&mut g, &mut |g| prep.launch(&mut g.k, &s).unwrap());
+        let t_recur = super::bench::time(&mut g, &mut |g| recur.launch(&mut g.k, &s).unwrap());
+        let t_norm = super::bench::time(&mut g, &mut |g| norm.launch(&mut g.k, &s).unwrap());
+        let state_bytes = (counts.len() * cs.nv * cs.mat() * 4 * 2) as f64;
+        println!(
+            "deltanet 9B shape, {what}: conv {:.1} us, prep {:.1} us, recurrence {:.1} us ({:.0} GB/s of state), gated norm {:.1} us, total {:.1} us per layer",
+            t_conv * 1e6,
+            t_prep * 1e6,
+            t_recur * 1e6,
+            state_bytes / t_recur / 1e9,
+            t_norm * 1e6,
+            (t_conv + t_prep + t_recur + t_norm) * 1e6
+        );
+    }
+}
