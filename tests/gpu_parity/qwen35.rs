@@ -179,3 +179,40 @@ fn qwen35_engine_on_cuda_same_output_with_prefix_cache_on_and_off() {
         eprintln!("qwen35 engine on cuda, {name}: {} prompt tokens cached", mt.prompt_tokens_cached);
     }
 }
+
+/// The Qwen3.5-9B shape with random weights made on the GPU (F16 and the Q4_K_M mix): the
+/// seed-method one-stream benchmark (768 prompt tokens, 200 generated, medians of 3 runs after
+/// a warm-up) and batched decode of 1, 8 and 64 sequences (256-token prompts, 64 tokens each;
+/// the median decode rate of 3 runs per row). `gpu_parity bench_qwen35_9b -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_qwen35_9b_synthetic() {
+    use dustoff::backend::cuda::WeightMix;
+    use dustoff::commands::bench::{bench, bench_batched};
+    let Some(g) = gpu("bench qwen3.5-9b") else { return };
+    drop(g);
+    let cfg = dustoff::model::shapes::shape("qwen3.5-9b").unwrap();
+    let dtypes = std::env::var("DUSTOFF_BENCH_DTYPES").unwrap_or_else(|_| "f16,q4_k_m".into());
+    for dtype in dtypes.split(',') {
+        let mix = WeightMix::parse(dtype).unwrap();
+        let t = std::time::Instant::now();
+        let mut b =
+            CudaBackend::synthetic_mix(cfg.clone(), mix, 1, &opts(64 * 320 / 16)).expect("synthetic qwen3.5-9b");
+        b.load_kernels().unwrap();
+        eprintln!("made qwen3.5-9b {dtype} on the GPU in {:.1} s", t.elapsed().as_secs_f64());
+        let r = bench(&mut b, "qwen3.5-9b", 768, 200, 3).unwrap();
+        println!(
+            "--- qwen3.5-9b {dtype}, one stream (state {:.1} MB per sequence)",
+            b.state_bytes_per_seq() as f64 / 1e6
+        );
+        r.print_human();
+        // Each row runs on a fresh engine over the same backend: three rounds of 1, 8, 64.
+        let rows = bench_batched(b, [0; 32], 256, 64, &[1, 8, 64, 1, 8, 64, 1, 8, 64], 512).unwrap();
+        let rates: Vec<Vec<f64>> =
+            (0..3).map(|i| rows.iter().skip(i).step_by(3).map(|r| r.decode_tok_s).collect()).collect();
+        for (n, mut v) in [1, 8, 64].into_iter().zip(rates) {
+            v.sort_by(f64::total_cmp);
+            println!("qwen3.5-9b {dtype} batched decode, {n} sequences: {:.1} tok/s (median of 3: {v:.1?})", v[1]);
+        }
+    }
+}

@@ -148,14 +148,14 @@ pub(super) fn zeros<T: DeviceRepr + ValidAsZeroBits>(
 }
 
 /// Weights on the device, before the backend is assembled.
-struct Parts {
-    layers: Vec<LayerW>,
-    embd: Linear,
-    output: Option<Linear>,
-    output_norm: CudaSlice<f32>,
-    rope_freq_factors: Option<Vec<f32>>,
-    clamped: u64,
-    hybrid: Option<super::hybrid::HybridCuda>,
+pub(super) struct Parts {
+    pub layers: Vec<LayerW>,
+    pub embd: Linear,
+    pub output: Option<Linear>,
+    pub output_norm: CudaSlice<f32>,
+    pub rope_freq_factors: Option<Vec<f32>>,
+    pub clamped: u64,
+    pub hybrid: Option<super::hybrid::HybridCuda>,
 }
 
 /// Models whose layers the CUDA backend has no kernels for: hybrid models other than the dense
@@ -180,7 +180,7 @@ fn refuse_unsupported(cfg: &ModelConfig) -> Result<(), CudaError> {
 
 /// Device, kernels and cuBLAS, after the memory plan (`matrix_bytes` of weight matrices on the
 /// device) was checked against the free memory.
-fn open(
+pub(super) fn open(
     cfg: &ModelConfig,
     opts: &CudaOptions,
     matrix_bytes: u64,
@@ -289,7 +289,7 @@ impl CudaBackend {
     pub fn synthetic_mix(cfg: ModelConfig, mix: WeightMix, seed: u64, opts: &CudaOptions) -> Result<Self, CudaError> {
         let c = &cfg;
         if c.hybrid.is_some() {
-            return Err(CudaError::Weights(format!("no synthetic {} weights on the GPU yet", c.arch.name())));
+            return Self::synthetic_hybrid(cfg, mix, seed, opts);
         }
         let shapes = synthetic_shapes(c, mix);
         let matrix_bytes =
@@ -349,7 +349,7 @@ impl CudaBackend {
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
     }
 
-    fn assemble(
+    pub(super) fn assemble(
         cfg: ModelConfig,
         dev: CudaDevice,
         kernels: Kernels,

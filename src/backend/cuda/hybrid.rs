@@ -135,6 +135,18 @@ impl HybridCuda {
                 Some(HybridLayer::Attention) | None => out.push(None),
             }
         }
+        Self::from_layers(s, c, h, out, max_pos)
+    }
+
+    /// The hybrid part around uploaded linear layers (`None` for attention layers).
+    pub(super) fn from_layers(
+        s: &Arc<CudaStream>,
+        c: &ModelConfig,
+        h: &HybridConfig,
+        out: Vec<Option<LinearW>>,
+        max_pos: usize,
+    ) -> Result<Self, CudaError> {
+        let index = out.iter().flatten().count();
         let max_pos = max_pos.max(1);
         let positions: Vec<usize> = (0..max_pos).collect();
         let (cos, sin) = rope_table(&positions, &h.rope_inv_freq(c.rope_theta));

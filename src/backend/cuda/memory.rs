@@ -196,6 +196,23 @@ mod tests {
     }
 
     #[test]
+    fn qwen35_9b_plan_counts_its_8_kv_layers_and_the_recurrent_states() {
+        let c = shape("qwen3.5-9b").unwrap();
+        let h = c.hybrid.as_ref().unwrap();
+        // The released model has 8.95e9 parameters (untied head): the matrices at 2 bytes.
+        let params = f16_matrix_bytes(&c) as f64 / 2.0;
+        assert!((8.9e9..9.0e9).contains(&params), "{params}");
+        // 24 linear layers x (3 x 8192 conv inputs + 32 x 128 x 128 matrix values) x 4 bytes.
+        assert_eq!(h.state_bytes_per_seq(), 24 * (3 * 8192 + 32 * 128 * 128) * 4);
+        let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 100, 16, 512);
+        assert_eq!(p.kv, 1600 * 8 * 2 * 1024 * 2, "only the 8 attention layers keep K/V");
+        assert_eq!(p.state, 2 * 64 * h.state_bytes_per_seq() as u64);
+        assert_eq!(p.total, p.weights + p.kv + p.workspace + p.state);
+        let e = p.check(20_000_000_000, "cuda:0 X", 1600, &c).unwrap_err();
+        assert!(e.contains("recurrent states 6.76 GB") && e.contains("8 layers"), "{e}");
+    }
+
+    #[test]
     fn refusal_names_numbers_and_alternatives() {
         let c = shape("qwen3-8b").unwrap();
         let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 2048, 16, 512);

@@ -12,6 +12,7 @@ pub mod device;
 pub mod dmat;
 pub mod fused;
 pub mod hybrid;
+mod hybrid_synth;
 pub mod kernels;
 pub mod launch;
 pub mod matmul;
