@@ -209,7 +209,7 @@ mod tests {
         assert_eq!(p.state, 2 * 64 * h.state_bytes_per_seq() as u64);
         assert_eq!(p.total, p.weights + p.kv + p.workspace + p.state);
         let e = p.check(20_000_000_000, "cuda:0 X", 1600, &c).unwrap_err();
-        assert!(e.contains("recurrent states 6.76 GB") && e.contains("8 layers"), "{e}");
+        assert!(e.contains("recurrent states 6.74 GB") && e.contains("8 layers"), "{e}");
     }
 
     #[test]
