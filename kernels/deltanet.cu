@@ -21,6 +21,9 @@
 #define DN_LANES 4
 // Rows of a state column one thread holds: d_k <= DN_LANES * DN_MAX_ROWS = 128.
 #define DN_MAX_ROWS 32
+// Threads of a dn_recur_f32 block (d_v <= 128): the bound keeps a thread within the 128
+// registers that 512 threads may use on an SM (65,536), the 32 state values among them.
+#define DN_RECUR_MAX_THREADS 512
 
 __device__ __forceinline__ float dn_silu(float x) { return x / (1.0f + expf(-x)); }
 
@@ -150,11 +153,11 @@ struct DnRecurParams {
 
 // The delta rule over one chunk's tokens for one value head, per token:
 //   S <- exp(g) S;  u = beta (v - S^T k);  S <- S + k u^T;  o = S^T q.
-// grid: (n_v, max_chunks); block d_v * DN_LANES threads: thread (j, r) holds rows
+// grid: (n_v, max_chunks); block d_v * DN_LANES <= 512 threads: thread (j, r) holds rows
 // r, r + 4, r + 8, ... of column j of S in registers (d_k / 4 <= 32 of them; a 128 x 128
 // matrix is 64 KB, so registers, not shared memory, hold it). The column sums S^T k and S^T q
 // are reduced over the 4 lanes of a column. Dynamic shared memory: 2 * d_k floats (q, k).
-extern "C" __global__ void dn_recur_f32(const DnRecurParams p) {
+extern "C" __global__ void __launch_bounds__(DN_RECUR_MAX_THREADS) dn_recur_f32(const DnRecurParams p) {
     extern __shared__ float qk[];  // [2, d_k]
     const int h = blockIdx.x, c = blockIdx.y;
     if (c >= p.chunks[0]) return;

@@ -18,8 +18,9 @@ use super::CudaError;
 pub const DN_MAX_K: usize = 8;
 /// Largest key head size of `dn_recur_f32` (`DN_LANES * DN_MAX_ROWS`).
 pub const DN_MAX_DK: usize = 128;
-/// Largest value head size of `dn_recur_f32` (a block of `4 d_v` threads).
-pub const DN_MAX_DV: usize = 256;
+/// Largest value head size of `dn_recur_f32` (a block of `4 d_v` threads, at most 512:
+/// `DN_RECUR_MAX_THREADS`, the launch bound that keeps its registers within an SM's).
+pub const DN_MAX_DV: usize = 128;
 
 /// Where one linear layer's state lives in the pool `[n_slots, slot_stride]`.
 #[derive(Clone, Copy, Debug)]
@@ -244,7 +245,7 @@ impl DnRecur {
         check(K, nk > 0 && nv.is_multiple_of(nk), || format!("{nv} value heads over {nk} key heads"))?;
         check(K, dk.is_multiple_of(4) && dk <= DN_MAX_DK, || format!("key head size {dk} (a multiple of 4, <= 128)"))?;
         check(K, dv.is_multiple_of(8) && dv <= DN_MAX_DV, || {
-            format!("value head size {dv} (a multiple of 8, <= 256)")
+            format!("value head size {dv} (a multiple of 8, <= 128)")
         })?;
         check(K, 2 * nk * dk + nv * dv <= self.channels, || "heads overlap the mixed row".into())?;
         need(K, "mixed", self.mixed, self.n_tok * self.channels)?;
