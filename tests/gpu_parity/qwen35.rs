@@ -4,12 +4,14 @@
 //! teacher-forced argmax, top-5 logits; and the engine's outputs with the prefix cache (state
 //! snapshots on the device) on and off.
 //!
-//! Tolerances: the GPU keeps K/V in F16 and casts the inputs of multi-token matmuls to F16
-//! (2^-11 relative), so its logits sit further from the f32 reference than the CPU's (2e-3
-//! there): 5e-2 absolute on logits of magnitude up to ~30, and the teacher-forced argmax is
-//! compared where the reference margin is at least the GPU near-tie margin `TAU_GPU` (0.1,
-//! tests/data/smollm2/README.md). Every greedy token is compared (smallest margin 0.088, far
-//! above the GPU's logit error).
+//! Tolerances: the GPU keeps K/V in F16, and a prompt chunk also casts the inputs of its
+//! matmuls and its attention queries and weights to F16 (2^-11 relative), so its logits sit
+//! further from the f32 reference than the CPU's (2e-3 there). Measured on the H200 (round 2,
+//! both forms, native and compute_70 PTX alike): at most 2.7e-2 after one-token steps and
+//! 5.0e-2 after a one-chunk prefill (story150) on logits of magnitude up to ~30; the limits
+//! are 5e-2 and 7.5e-2. The teacher-forced argmax is compared where the reference margin is
+//! at least the GPU near-tie margin `TAU_GPU` (0.1, tests/data/smollm2/README.md); every
+//! greedy token is compared (smallest margin 0.06, above the GPU's logit error).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -26,7 +28,10 @@ use super::common::{floats, ids};
 use super::{gpu, opts, TAU_GPU};
 
 const NEAR_TIE: f64 = 0.02;
+/// After one-token steps (f32 GEMV inputs, F16 K/V).
 const GPU_LOGIT_TOL: f64 = 5e-2;
+/// After a prompt in one chunk (F16 matmul inputs, tensor-core attention).
+const GPU_PREFILL_TOL: f64 = 7.5e-2;
 
 fn data_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/arch/qwen3_5")
@@ -73,7 +78,7 @@ fn check_against_refs(m: &LoadedModel, form: &str) {
         let d0 = max_abs_diff(&logits[0], &floats(&r, "prompt_last_logits"));
         let d1 = max_abs_diff(&logits[32], &floats(&r, "last_logits"));
         eprintln!("qwen35 {form} {name}: |logit - transformers| after the prompt {d0:.2e}, after 32 tokens {d1:.2e}");
-        assert!(d0 < GPU_LOGIT_TOL, "{form} {name}: prompt_last_logits differ by {d0}");
+        assert!(d0 < GPU_PREFILL_TOL, "{form} {name}: prompt_last_logits differ by {d0}");
         assert!(d1 < GPU_LOGIT_TOL, "{form} {name}: last_logits differ by {d1}");
         worst = worst.max(d0).max(d1);
         for (i, &want) in greedy.iter().enumerate() {
@@ -220,5 +225,23 @@ fn bench_qwen35_9b_synthetic() {
             v.sort_by(f64::total_cmp);
             println!("qwen3.5-9b {dtype} batched decode, {n} sequences: {:.1} tok/s (median of 3: {v:.1?})", v[1]);
         }
+    }
+}
+
+/// Decode steps of the hybrid model replayed from CUDA graphs (the chunk table and recurrent
+/// states at fixed device addresses) give the same logits, bit for bit, as direct launches.
+#[test]
+fn qwen35_graph_replay_equals_direct_launches() {
+    let Some(_g) = gpu("qwen35 graph replay") else { return };
+    let m = load_model(&data_dir().join("qwen3_5-f16.gguf")).expect("load the qwen35 GGUF");
+    let r = &refs()[1];
+    let mut b = cuda(&m, 16);
+    b.set_graphs(true);
+    let with = prefill_then_decode(&mut b, r);
+    b.set_graphs(false);
+    let without = prefill_then_decode(&mut b, r);
+    for (i, (a, w)) in with.iter().zip(&without).enumerate() {
+        assert!(a.iter().all(|v| v.is_finite()), "step {i}: non-finite logits");
+        super::compare("graph_replay", i as u64, a, w);
     }
 }
