@@ -227,6 +227,9 @@ pub fn make_synthetic_backend(
     })?;
     match *device {
         Device::Cpu => {
+            if cfg.hybrid.is_some() {
+                bail!("--synthetic {shape}: random hybrid (linear-attention) weights are made on the GPU only; use --device cuda");
+            }
             let w = crate::model::synth::random_weights(&cfg, parse_dtype(dtype)?, 1);
             make_backend(&cfg, &w, device, tokens, ptx_dir)
         }

@@ -2,9 +2,11 @@
 //! check a machine before the weights arrive.
 
 use super::config::{Arch, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
+use super::hybrid::{HeadGrouping, HybridConfig};
 
 /// Names accepted by `--synthetic`.
-pub const SHAPES: &[&str] = &["qwen3-8b", "qwen2.5-7b", "llama3-8b", "smollm2-135m", "qwen3-0.6b", "qwen3-30b-a3b"];
+pub const SHAPES: &[&str] =
+    &["qwen3-8b", "qwen2.5-7b", "llama3-8b", "smollm2-135m", "qwen3-0.6b", "qwen3-30b-a3b", "qwen3.5-9b"];
 
 pub fn shape(name: &str) -> Option<ModelConfig> {
     #[allow(clippy::too_many_arguments)]
@@ -57,6 +59,23 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
                 sparse_layers: vec![true; 48],
             }),
             ..c(Arch::Qwen3Moe, 48, 2048, 6144, 32, 4, 128, 151_936, 1e6, 1e-6, false)
+        },
+        // Qwen3.5-9B (text model of the released config): 32 layers, every 4th full attention
+        // (16 query / 4 KV heads of 256, output gate, 64 rotated dims, theta 1e7), the others
+        // Gated DeltaNet (16 key heads and 32 value heads of 128, conv kernel 4); untied head.
+        "qwen3.5-9b" => ModelConfig {
+            hybrid: Some(HybridConfig {
+                recurrent: (0..32).map(|i| (i + 1) % 4 != 0).collect(),
+                n_k_heads: 16,
+                n_v_heads: 32,
+                d_k: 128,
+                d_v: 128,
+                conv_kernel: 4,
+                grouping: HeadGrouping::Tiled,
+                rotary_dim: 64,
+                attn_output_gate: true,
+            }),
+            ..c(Arch::Qwen35, 32, 4096, 12288, 16, 4, 256, 248_320, 1e7, 1e-6, false)
         },
         _ => return None,
     })

@@ -11,11 +11,13 @@ mod attention;
 mod bench;
 #[path = "../common/mod.rs"]
 mod common;
+mod deltanet;
 mod masked;
 mod moe;
 mod moe_bench;
 mod quant;
 mod quant_bench;
+mod qwen35;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use rand::rngs::StdRng;
@@ -167,6 +169,17 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("moe_down_q5_k", 1e-5),
     ("moe_down_q6_k", 1e-5),
     ("moe_down_f16", 1e-5),
+    // Hybrid models (deltanet.rs): expf/log1pf and fma contraction against the CPU's separate
+    // multiply-adds, sums over 4 lanes then combined; the step and many-token forms of the
+    // recurrence run the same arithmetic per token, so they agree exactly.
+    ("dn_conv_silu_f32", 1e-6),
+    ("dn_prep_f32", 1e-6),
+    ("dn_recur_f32", 1e-5),
+    ("dn_recur_step_vs_many", 0.0),
+    ("dn_gated_norm_f32", 1e-5),
+    ("hyb_qkv_post_f32", 1e-5),
+    ("hyb_kv_store_f16", 1e-3),
+    ("hyb_gate_mul_f32", 1e-6),
 ];
 
 /// Greedy near-tie margin for F16 GPU arithmetic (tests/data/smollm2/README.md).

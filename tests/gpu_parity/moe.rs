@@ -60,7 +60,7 @@ fn layer(g: &mut Gpu, e: usize, dim: usize, f: usize, k: usize, gu: GgmlType, do
             down: tensor(g, down, &format!("down[{i}]"), dim, f),
         })
         .collect();
-    MoeWeights { router, experts, n_used: k, norm_topk_prob: true }
+    MoeWeights { router, experts, n_used: k, norm_topk_prob: true, shared: None }
 }
 
 fn op(kind: &str, t: GgmlType) -> String {

@@ -137,6 +137,8 @@ pub struct CudaBackend {
     pub(super) decode_bytes: u64,
     /// Most device memory seen in use (total - free), read after every allocation.
     pub(super) peak_used: u64,
+    /// Hybrid models (Qwen3.5): the linear-attention layers and the recurrent states.
+    pub(super) hybrid: Option<super::hybrid::HybridCuda>,
 }
 
 pub(super) fn up<T: DeviceRepr>(s: &Arc<CudaStream>, v: &[T], what: &str) -> Result<CudaSlice<T>, CudaError> {
@@ -152,18 +154,20 @@ pub(super) fn zeros<T: DeviceRepr + ValidAsZeroBits>(
 }
 
 /// Weights on the device, before the backend is assembled.
-struct Parts {
-    layers: Vec<LayerW>,
-    embd: Linear,
-    output: Option<Linear>,
-    output_norm: CudaSlice<f32>,
-    rope_freq_factors: Option<Vec<f32>>,
-    clamped: u64,
+pub(super) struct Parts {
+    pub layers: Vec<LayerW>,
+    pub embd: Linear,
+    pub output: Option<Linear>,
+    pub output_norm: CudaSlice<f32>,
+    pub rope_freq_factors: Option<Vec<f32>>,
+    pub clamped: u64,
+    pub hybrid: Option<super::hybrid::HybridCuda>,
 }
 
-/// Models whose layers the CUDA backend has no kernels for: hybrid (Gated DeltaNet) models.
+/// Models whose layers the CUDA backend has no kernels for: hybrid models other than the dense
+/// Qwen3.5 (`qwen35`), and mixture-of-experts models.
 fn refuse_unsupported(cfg: &ModelConfig) -> Result<(), CudaError> {
-    if cfg.hybrid.is_some() {
+    if cfg.hybrid.is_some() && cfg.arch != Arch::Qwen35 {
         return Err(CudaError::Weights(format!(
             "{} models have linear-attention (Gated DeltaNet) layers, which the CUDA backend does not run yet; use --device cpu",
             cfg.arch.name()
@@ -174,7 +178,7 @@ fn refuse_unsupported(cfg: &ModelConfig) -> Result<(), CudaError> {
 
 /// Device, kernels and cuBLAS, after the memory plan (`matrix_bytes` of weight matrices on the
 /// device) was checked against the free memory.
-fn open(
+pub(super) fn open(
     cfg: &ModelConfig,
     opts: &CudaOptions,
     matrix_bytes: u64,
@@ -231,6 +235,24 @@ impl CudaBackend {
         let mut layers = Vec::with_capacity(w.layers.len());
         for (i, lw) in w.layers.iter().enumerate() {
             let name = |s: &str| format!("layer {i} {s}");
+            if !c.has_kv(i) {
+                // A linear-attention layer: its weights live in `HybridCuda`; no KV cache.
+                layers.push(LayerW {
+                    attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
+                    wqkv: Linear { parts: Vec::new() },
+                    bqkv: None,
+                    q_norm: None,
+                    k_norm: None,
+                    wo: Linear { parts: Vec::new() },
+                    ffn_norm: up(s, &lw.ffn_norm, &name("ffn_norm"))?,
+                    wgu: put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?,
+                    wdown: put(&[&lw.w_down], &name("w_down"))?,
+                    moe: None,
+                    k_cache: zeros(s, 0, &name("K cache"))?,
+                    v_cache: zeros(s, 0, &name("V cache"))?,
+                });
+                continue;
+            }
             let bqkv = qkv_bias(c, &lw.bq, &lw.bk, &lw.bv).map(|b| up(s, &b, &name("qkv bias"))).transpose()?;
             let (wgu, wdown, moe) = match &lw.moe {
                 Some(m) => {
@@ -258,9 +280,13 @@ impl CudaBackend {
         let embd = put(&[&w.token_embd], "token_embd")?;
         let output = if c.tied_embeddings { None } else { Some(put(&[&w.output], "output")?) };
         let output_norm = up(s, &w.output_norm, "output_norm")?;
-        let clamped = clamped + moe_clamped;
-        let parts =
-            Parts { layers, embd, output, output_norm, rope_freq_factors: w.rope_freq_factors.clone(), clamped };
+        let mut clamped = clamped + moe_clamped;
+        let hybrid = match &c.hybrid {
+            Some(h) => Some(super::hybrid::HybridCuda::new(s, c, h, &w.layers, f16, opts.max_positions, &mut clamped)?),
+            None => None,
+        };
+        let rope_freq_factors = w.rope_freq_factors.clone();
+        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors, clamped, hybrid };
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
     }
 
@@ -275,6 +301,9 @@ impl CudaBackend {
     /// codes and realistic scales (`DevMat::synthetic`), kept packed on the GPU.
     pub fn synthetic_mix(cfg: ModelConfig, mix: WeightMix, seed: u64, opts: &CudaOptions) -> Result<Self, CudaError> {
         let c = &cfg;
+        if c.hybrid.is_some() {
+            return Self::synthetic_hybrid(cfg, mix, seed, opts);
+        }
         let shapes = synthetic_shapes(c, mix);
         let matrix_bytes = synthetic_matrix_bytes(c, mix);
         let (dev, mut kernels, blas) = open(&cfg, opts, matrix_bytes)?;
@@ -340,11 +369,11 @@ impl CudaBackend {
         let output = if c.tied_embeddings { None } else { Some(lin(&mut kernels, 1, "output")?) };
         let output_norm = ones(c.dim, "output_norm")?;
         dev.synchronize()?;
-        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0 };
+        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0, hybrid: None };
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
     }
 
-    fn assemble(
+    pub(super) fn assemble(
         cfg: ModelConfig,
         dev: CudaDevice,
         kernels: Kernels,
@@ -367,14 +396,22 @@ impl CudaBackend {
         let embd_m = &p.embd.parts[0];
         let head = p.output.as_ref().map_or(embd_m.bytes(), Linear::bytes);
         // A sparse layer: its router and the n_used experts one token reads (of all it holds).
-        let dense: u64 = p.layers.iter().map(|l| l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes()).sum();
+        let dense: u64 =
+            p.layers.iter().map(|l| l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes()).sum::<u64>()
+                + p.hybrid.as_ref().map_or(0, |h| h.matrix_bytes());
         let moe = p.layers.iter().filter_map(|l| l.moe.as_ref());
         let (moe_all, moe_active) = moe.fold((0, 0), |(a, b), m| (a + m.bytes(), b + m.active_bytes()));
         let decode_bytes = dense + moe_active + head + embd_m.row_bytes();
         let weight_bytes = (dense + moe_all + embd_m.bytes() + p.output.as_ref().map_or(0, Linear::bytes)) as usize;
         let mut formats: Vec<(GgmlType, usize)> = Vec::new();
-        let all =
-            p.layers.iter().flat_map(|l| [&l.wqkv, &l.wo, &l.wgu, &l.wdown]).chain([&p.embd]).chain(p.output.as_ref());
+        let linear = p.hybrid.iter().flat_map(|h| h.layers.iter().flatten()).flat_map(|l| [&l.proj, &l.out]);
+        let all = p
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wqkv, &l.wo, &l.wgu, &l.wdown])
+            .chain(linear)
+            .chain([&p.embd])
+            .chain(p.output.as_ref());
         let slabs = p.layers.iter().filter_map(|l| l.moe.as_ref()).flat_map(|m| m.slabs());
         for m in all.flat_map(|l| &l.parts).chain(slabs) {
             match formats.iter_mut().find(|f| f.0 == m.format()) {
@@ -415,6 +452,7 @@ impl CudaBackend {
             formats,
             decode_bytes,
             peak_used: 0,
+            hybrid: p.hybrid,
             dev,
         };
         b.note_memory();
@@ -439,9 +477,14 @@ impl CudaBackend {
         }
     }
 
-    /// KV cache bytes per token position (all layers, K and V, F16).
+    /// KV cache bytes per token position (all layers with a KV cache, K and V, F16).
     pub fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
-        cfg.n_layers * 2 * cfg.kv_dim() * 2
+        cfg.n_kv_layers() * 2 * cfg.kv_dim() * 2
+    }
+
+    /// Bytes of one sequence's recurrent state on the device (hybrid models; 0 for others).
+    pub fn state_bytes_per_seq(&self) -> usize {
+        self.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq())
     }
 
     /// Records the device memory in use now (after allocations, not every step: the query
@@ -561,7 +604,31 @@ impl Backend for CudaBackend {
         if f.n_tok == 0 {
             return Ok(Vec::new());
         }
-        Ok(self.forward(&f)?)
+        let out = self.forward(&f)?;
+        if let Some(h) = &mut self.hybrid {
+            h.end_step(plan);
+        }
+        Ok(out)
+    }
+    fn release(&mut self, seq: crate::engine::plan::SeqId) {
+        if let Some(h) = &mut self.hybrid {
+            h.release(seq);
+        }
+    }
+    fn save_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
+        match &mut self.hybrid {
+            Some(h) => h.save(&self.dev.stream, seq, key),
+            None => Err(BackendError::Plan(format!("sequence {seq}: this model keeps no recurrent state"))),
+        }
+    }
+    fn restore_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32], pos: usize) -> bool {
+        let s = &self.dev.stream;
+        self.hybrid.as_mut().is_some_and(|h| h.restore(s, seq, key, pos))
+    }
+    fn drop_state(&mut self, key: &[u8; 32]) {
+        if let Some(h) = &mut self.hybrid {
+            h.drop_snapshot(key);
+        }
     }
     fn prepare(&mut self) -> Result<(), BackendError> {
         Ok(self.load_kernels()?)
@@ -571,7 +638,11 @@ impl Backend for CudaBackend {
         if f.n_tok == 0 {
             return Ok(Vec::new());
         }
-        Ok(self.forward_greedy(&f)?)
+        let out = self.forward_greedy(&f)?;
+        if let Some(h) = &mut self.hybrid {
+            h.end_step(plan);
+        }
+        Ok(out)
     }
     fn step_greedy_masked(
         &mut self,

@@ -83,8 +83,13 @@ pub fn wide_scratch_len(c: &ModelConfig) -> usize {
         return 0;
     }
     let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-    let largest = [(q + 2 * kv) * d, d * q, 2 * f * d, d * f].into_iter().max().unwrap_or(0);
-    largest.min(WIDE_CAP).max(128 * d.max(q).max(f))
+    // Hybrid models: the linear layers' stacked input projection and output, the gated q.
+    let (hy, hy_k) = c.hybrid.as_ref().map_or((0, 0), |h| {
+        let lin_in = h.conv_channels() + h.value_dim() + 2 * h.n_v_heads;
+        ((lin_in * d).max(d * h.value_dim()).max((2 * q + 2 * kv) * d), h.value_dim())
+    });
+    let largest = [(q + 2 * kv) * d, d * q, 2 * f * d, d * f, hy].into_iter().max().unwrap_or(0);
+    largest.min(WIDE_CAP).max(128 * d.max(q).max(f).max(hy_k))
 }
 
 /// Whether the packed GEMV reads int8-quantized activations (the default).

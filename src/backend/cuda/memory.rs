@@ -22,6 +22,9 @@ pub struct MemoryPlan {
     /// Step buffers for `max_batch_tokens` tokens, logits, attention partials, RoPE tables,
     /// the F16 scratch of widened quantized matrices and the cuBLAS workspace.
     pub workspace: u64,
+    /// Hybrid models: the recurrent states of [`planned_state_seqs`] sequences (f32, every
+    /// linear-attention layer) and as many prefix-reuse snapshots again; 0 for other models.
+    pub state: u64,
     pub total: u64,
 }
 
@@ -42,9 +45,15 @@ pub fn f16_matrix_bytes(c: &ModelConfig) -> u64 {
         Some(m) if m.is_sparse(layer) => m.n_experts * (3 * m.expert_ffn_dim * dim + 2 * dim),
         _ => 3 * ffn * dim,
     };
-    let attn = (qd + 2 * kvd) * dim + dim * qd;
+    let mixer = |l: usize| match &c.hybrid {
+        // Gated DeltaNet: stacked q|k|v, z, b, a projection and the output projection.
+        Some(h) if !c.has_kv(l) => (h.conv_channels() + h.value_dim() + 2 * h.n_v_heads) * dim + dim * h.value_dim(),
+        Some(h) if h.attn_output_gate => (2 * qd + 2 * kvd) * dim + dim * qd,
+        _ => (qd + 2 * kvd) * dim + dim * qd,
+    };
+    let layers: usize = (0..c.n_layers).map(|l| mixer(l) + ffn_elems(l)).sum();
     let heads = c.vocab_size * dim * if c.tied_embeddings { 1 } else { 2 };
-    ((0..c.n_layers).map(|l| attn + ffn_elems(l)).sum::<usize>() + heads) as u64 * 2
+    (layers + heads) as u64 * 2
 }
 
 /// What a model's weight matrices take on the device, as the CUDA backend keeps them: block
@@ -68,7 +77,10 @@ pub fn device_matrices<'a>(cfg: &ModelConfig, w: &'a ModelWeights) -> Vec<&'a Te
         if lw.moe.is_none() {
             mats.extend([&lw.w_gate, &lw.w_up, &lw.w_down]);
         }
+        mats.extend(super::hybrid::hybrid_matrices(lw));
     }
+    // The attention matrices a linear-attention layer lacks (0 rows) are not uploaded.
+    mats.retain(|t| t.rows > 0);
     mats
 }
 
@@ -89,6 +101,12 @@ pub fn device_weight_bytes(cfg: &ModelConfig, w: &ModelWeights, f16_weights: boo
     DeviceWeightBytes { matrices, wide_scratch }
 }
 
+/// Sequences whose recurrent state the plan counts: one per KV block at most (a running
+/// sequence holds at least one), and no more than 64.
+pub fn planned_state_seqs(num_blocks: usize) -> usize {
+    num_blocks.clamp(1, 64)
+}
+
 /// The plan for a model whose matrices take `matrices` bytes on the device, with a scratch of
 /// `wide_scratch` bytes for widened quantized matrices (0 for F16 weights).
 pub fn plan_memory(
@@ -105,7 +123,7 @@ pub fn plan_memory(
     let weights = matrices + vectors;
 
     let positions = (num_blocks * block_size) as u64;
-    let kv = positions * (c.n_layers * 2 * kvd * 2) as u64;
+    let kv = positions * (c.n_kv_layers() * 2 * kvd * 2) as u64;
 
     let tok = max_batch_tokens.max(1).next_power_of_two();
     let act_f32 = 2 * dim + (qd + 2 * kvd) + qd + 2 * ffn + ffn;
@@ -123,7 +141,9 @@ pub fn plan_memory(
     let meta = (tok * (16 + max_pos.div_ceil(block_size.max(1))) * 4) as u64;
     let experts = c.moe.as_ref().map_or(0, |m| moe::workspace_bytes(tok, dim, m));
     let workspace = activations + logits + attn + rope + meta + wide_scratch + experts + CUBLAS_ALLOWANCE;
-    MemoryPlan { weights, kv, workspace, total: weights + kv + workspace }
+    let state =
+        c.hybrid.as_ref().map_or(0, |h| 2 * planned_state_seqs(num_blocks) as u64 * h.state_bytes_per_seq() as u64);
+    MemoryPlan { weights, kv, workspace, state, total: weights + kv + workspace + state }
 }
 
 fn gb(b: u64) -> String {
@@ -157,11 +177,12 @@ impl MemoryPlan {
         }
         alts.push("a GPU with more memory".into());
         Err(format!(
-            "the model does not fit on {device}: weights {} + KV cache {} ({positions} positions, {} layers) + workspace {} = {}, but 90% of the free {} is {}; options: {}",
+            "the model does not fit on {device}: weights {} + KV cache {} ({positions} positions, {} layers) + workspace {}{} = {}, but 90% of the free {} is {}; options: {}",
             gb(self.weights),
             gb(self.kv),
-            cfg.n_layers,
+            cfg.n_kv_layers(),
             gb(self.workspace),
+            if self.state > 0 { format!(" + recurrent states {}", gb(self.state)) } else { String::new() },
             gb(self.total),
             gb(free),
             gb(budget),
@@ -210,6 +231,23 @@ mod tests {
         {
             assert!(e.contains(part), "{part} missing from: {e}");
         }
+    }
+
+    #[test]
+    fn qwen35_9b_plan_counts_its_8_kv_layers_and_the_recurrent_states() {
+        let c = shape("qwen3.5-9b").unwrap();
+        let h = c.hybrid.as_ref().unwrap();
+        // The released model has 8.95e9 parameters (untied head): the matrices at 2 bytes.
+        let params = f16_matrix_bytes(&c) as f64 / 2.0;
+        assert!((8.9e9..9.0e9).contains(&params), "{params}");
+        // 24 linear layers x (3 x 8192 conv inputs + 32 x 128 x 128 matrix values) x 4 bytes.
+        assert_eq!(h.state_bytes_per_seq(), 24 * (3 * 8192 + 32 * 128 * 128) * 4);
+        let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 100, 16, 512);
+        assert_eq!(p.kv, 1600 * 8 * 2 * 1024 * 2, "only the 8 attention layers keep K/V");
+        assert_eq!(p.state, 2 * 64 * h.state_bytes_per_seq() as u64);
+        assert_eq!(p.total, p.weights + p.kv + p.workspace + p.state);
+        let e = p.check(20_000_000_000, "cuda:0 X", 1600, &c).unwrap_err();
+        assert!(e.contains("recurrent states 6.74 GB") && e.contains("8 layers"), "{e}");
     }
 
     #[test]

@@ -8,9 +8,12 @@
 pub mod attention;
 pub mod backend;
 pub mod cascade;
+pub mod deltanet;
 pub mod device;
 pub mod dmat;
 pub mod fused;
+pub mod hybrid;
+mod hybrid_synth;
 pub mod kernels;
 pub mod launch;
 pub mod masked;

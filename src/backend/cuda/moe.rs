@@ -153,6 +153,12 @@ impl MoeLayerW {
     /// Uploads a checked (`check_layer`) sparse layer: each slab packed as in the file (or F16
     /// with `to_f16`). Returns the layer and the count of values clamped to the F16 range.
     pub fn upload(s: &Arc<CudaStream>, w: &MoeWeights, to_f16: bool, what: &str) -> Result<(Self, u64), CudaError> {
+        if w.shared.is_some() {
+            // Qwen3.5-MoE / Qwen3-Next: the gated shared expert has no GPU kernel yet.
+            return Err(CudaError::Weights(format!(
+                "{what}: a shared expert (Qwen3.5-MoE / Qwen3-Next), which the CUDA backend does not run yet; use --device cpu"
+            )));
+        }
         let router = up(s, &w.router.to_f32_vec(), &format!("{what} router"))?;
         let (gate, c1) = DevMat::upload(s, &stack(w, |e| &e.gate), to_f16, &format!("{what} expert gate slab"))?;
         let (upm, c2) = DevMat::upload(s, &stack(w, |e| &e.up), to_f16, &format!("{what} expert up slab"))?;

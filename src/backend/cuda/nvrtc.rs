@@ -51,6 +51,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!("attention_prefill", ["attn_prefill_hd64", "attn_prefill_hd128", "attn_prefill_hd256"]),
+    kernel_file!("deltanet", ["dn_conv_silu_f32", "dn_prep_f32", "dn_recur_f32", "dn_gated_norm_f32"]),
     KernelFile { name: "dequant", source: include_str!("../../../kernels/dequant.cu"), entries: &DEQUANT_ENTRIES },
     kernel_file!("embedding", ["embedding_f16", "fill_uniform_f16"]),
     kernel_file!(
@@ -95,6 +96,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         entries: &GEMM_QUANT_ENTRIES,
     },
     KernelFile { name: "gemv_q8", source: include_str!("../../../kernels/gemv_q8.cu"), entries: &GEMV_Q8_ENTRIES },
+    kernel_file!("hybrid_attn", ["hyb_qkv_post_f32", "hyb_gate_mul_f32"]),
     kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
     KernelFile { name: "moe", source: include_str!("../../../kernels/moe.cu"), entries: &super::moe::MOE_ENTRIES },
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),

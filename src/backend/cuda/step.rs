@@ -186,6 +186,9 @@ impl CudaBackend {
             if let Some(m) = &c.moe {
                 grew |= w.moe.grow(s, cap, c.dim, m)?;
             }
+            if let Some(hy) = &mut self.hybrid {
+                grew |= hy.ensure(s, c, cap)?;
+            }
             w.cap_tok = cap;
         }
         let part = part.max(c.n_heads);
@@ -356,6 +359,12 @@ impl CudaBackend {
             meta[lay.casc_rows..lay.casc_rows + c.rows.len()].copy_from_slice(&c.rows);
             meta[lay.kv_begin..lay.kv_begin + c.kv_begin.len()].copy_from_slice(&c.kv_begin);
         }
+        if let Some(hy) = &mut self.hybrid {
+            // Recurrent states: checked, reset at position 0, chunk table uploaded.
+            if hy.begin_step(&self.dev.stream, plan, &last_tok)? {
+                self.graphs.clear(); // the state pool moved
+            }
+        }
         Ok(f)
     }
 
@@ -504,9 +513,47 @@ impl CudaBackend {
             out_stride: dim,
             eps: c.rms_eps,
         };
-        for lw in &self.layers {
+        let attn_io = AttnIo {
+            f: FlatAttn::of(f),
+            meta,
+            kv_begin: lay.kv_begin,
+            casc_tiles: lay.casc_tiles,
+            casc_rows: lay.casc_rows,
+            tiles: lay.tiles,
+            tile_rows: lay.tile_rows,
+            part_o: ptr(&w.part_o, s),
+            part_ml: ptr(&w.part_ml, s),
+        };
+        let hybrid_io = self.hybrid.as_ref().map(|_| super::hybrid::StepIo {
+            x,
+            h,
+            att,
+            attn: attn_io,
+            pos,
+            slots,
+            block_tables: meta.offset(lay.bt),
+            tok_seq: meta.offset(lay.tok_seq),
+            n_tok: n,
+            n_seqs: f.n_seqs,
+            n_slots,
+            block_size: self.block_size,
+            bt_stride: self.bt_stride,
+        });
+        for (li, lw) in self.layers.iter().enumerate() {
             norm(x, Dev::of(&lw.attn_norm, s), h).launch(k, s)?;
             mark("rmsnorm")?;
+            if let (Some(hy), Some(io)) = (&self.hybrid, &hybrid_io) {
+                // Qwen3.5: Gated DeltaNet or gated attention, then the dense FFN as below.
+                hy.mixer(li, lw, c, k, &mut mm, io)?;
+                mark(if c.has_kv(li) { "hybrid attention" } else { "deltanet" })?;
+                norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
+                mark("rmsnorm")?;
+                swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
+                mark("gate/up matmul")?;
+                mm.run(k, Product { lin: &lw.wdown, bias: None, x: act, n, out: x, accumulate: true })?;
+                mark("down matmul")?;
+                continue;
+            }
             let bias = lw.bqkv.as_ref().map(|b| Dev::of(b, s));
             mm.run(k, Product { lin: &lw.wqkv, bias, x: h, n, out: qkv, accumulate: false })?;
             mark("qkv matmul")?;
@@ -552,62 +599,7 @@ impl CudaBackend {
                 q_stride: qkv_w,
                 out_stride: qd,
             };
-            let (part_o, part_ml) = (ptr(&w.part_o, s), ptr(&w.part_ml, s));
-            if f.n_single > 0 {
-                // The one-token chunks come first in the step (see `Flat`).
-                let paged = l::PagedAttn { n_tok: f.n_single, ..paged };
-                let prefix = (f.casc_tiles > 0).then(|| l::SharedPrefix {
-                    kv_begin: meta.offset(lay.kv_begin),
-                    attn: PrefillAttention {
-                        paged,
-                        tiles: meta.offset(lay.casc_tiles),
-                        rows: meta.offset(lay.casc_rows),
-                        n_rows: f.casc_rows,
-                        n_tiles: f.casc_tiles,
-                        split: Some(PrefillSplit {
-                            part_o,
-                            part_ml,
-                            split_len: f.casc_split_len,
-                            n_splits: f.casc_splits,
-                            n_slots: f.dec_slots(),
-                            slot0: f.splits,
-                            tok0: 0,
-                            n_part_tok: f.n_single,
-                            merge: false,
-                        }),
-                    },
-                });
-                l::Attention {
-                    paged,
-                    part_o,
-                    part_ml,
-                    max_len: f.max_len,
-                    n_splits: f.splits,
-                    split_len: f.split_len,
-                    onepass: None,
-                    prefix,
-                }
-                .launch(k, s)?;
-                mark("attention split")?;
-            }
-            // The prefill tokens' partials follow the decode tokens'.
-            let dec = f.n_single * f.dec_slots() * c.n_heads;
-            let split = (f.pf_splits > 1).then_some(PrefillSplit {
-                part_o: part_o.offset(dec * hd),
-                part_ml: part_ml.offset(dec * 2),
-                split_len: f.pf_split_len,
-                n_splits: f.pf_splits,
-                n_slots: f.pf_splits,
-                slot0: 0,
-                tok0: f.n_single,
-                n_part_tok: n - f.n_single,
-                merge: true,
-            });
-            let (tiles, rows) = (meta.offset(lay.tiles), meta.offset(lay.tile_rows));
-            PrefillAttention { paged, tiles, rows, n_rows: n - f.n_single, n_tiles: f.n_tiles, split }.launch(k, s)?;
-            if f.n_tiles > 0 {
-                mark("attention prefill")?;
-            }
+            attn_io.launch(k, s, paged, &mut mark)?;
             mm.run(k, Product { lin: &lw.wo, bias: None, x: att, n, out: x, accumulate: true })?;
             mark("o matmul")?;
             norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
@@ -673,4 +665,132 @@ fn swiglu(
     }
     mm.run(k, Product { lin: wgu, bias: None, x: h, n, out: gu, accumulate: false })?;
     l::SiluMul { gu, out: act, n_tok: n, ffn }.launch(k, s)
+}
+
+/// Where the step's attention reads its tables and writes its partials: everything but the
+/// layer's Q and K/V, shared by the plain layers and the hybrid models' attention layers.
+#[derive(Clone, Copy)]
+pub(super) struct AttnIo {
+    pub f: FlatAttn,
+    pub meta: Dev<i32>,
+    pub kv_begin: usize,
+    pub casc_tiles: usize,
+    pub casc_rows: usize,
+    pub tiles: usize,
+    pub tile_rows: usize,
+    pub part_o: Dev<f32>,
+    pub part_ml: Dev<f32>,
+}
+
+/// The attention numbers of [`Flat`] (Copy, so a layer can hold them).
+#[derive(Clone, Copy)]
+pub(super) struct FlatAttn {
+    n_tok: usize,
+    n_single: usize,
+    max_len: usize,
+    splits: usize,
+    split_len: usize,
+    n_tiles: usize,
+    pf_splits: usize,
+    pf_split_len: usize,
+    casc_tiles: usize,
+    casc_rows: usize,
+    casc_splits: usize,
+    casc_split_len: usize,
+}
+
+impl FlatAttn {
+    fn of(f: &Flat) -> Self {
+        FlatAttn {
+            n_tok: f.n_tok,
+            n_single: f.n_single,
+            max_len: f.max_len,
+            splits: f.splits,
+            split_len: f.split_len,
+            n_tiles: f.n_tiles,
+            pf_splits: f.pf_splits,
+            pf_split_len: f.pf_split_len,
+            casc_tiles: f.casc_tiles,
+            casc_rows: f.casc_rows,
+            casc_splits: f.casc_splits,
+            casc_split_len: f.casc_split_len,
+        }
+    }
+
+    fn dec_slots(&self) -> usize {
+        self.splits + self.casc_splits
+    }
+}
+
+impl AttnIo {
+    /// Decode tokens through the split kernel (with the shared-prefix pass where the step has
+    /// groups), then the prefill tiles; `paged` names the layer's Q, caches and output.
+    pub fn launch(
+        &self,
+        k: &mut Kernels,
+        s: &CudaStream,
+        paged: l::PagedAttn,
+        mark: &mut dyn FnMut(&'static str) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        let (f, meta, n, hd) = (&self.f, self.meta, self.f.n_tok, paged.head_dim);
+        let n_heads = paged.n_heads;
+        let lay = self;
+        let (part_o, part_ml) = (self.part_o, self.part_ml);
+        if f.n_single > 0 {
+            // The one-token chunks come first in the step (see `Flat`).
+            let paged = l::PagedAttn { n_tok: f.n_single, ..paged };
+            let prefix = (f.casc_tiles > 0).then(|| l::SharedPrefix {
+                kv_begin: meta.offset(lay.kv_begin),
+                attn: PrefillAttention {
+                    paged,
+                    tiles: meta.offset(lay.casc_tiles),
+                    rows: meta.offset(lay.casc_rows),
+                    n_rows: f.casc_rows,
+                    n_tiles: f.casc_tiles,
+                    split: Some(PrefillSplit {
+                        part_o,
+                        part_ml,
+                        split_len: f.casc_split_len,
+                        n_splits: f.casc_splits,
+                        n_slots: f.dec_slots(),
+                        slot0: f.splits,
+                        tok0: 0,
+                        n_part_tok: f.n_single,
+                        merge: false,
+                    }),
+                },
+            });
+            l::Attention {
+                paged,
+                part_o,
+                part_ml,
+                max_len: f.max_len,
+                n_splits: f.splits,
+                split_len: f.split_len,
+                onepass: None,
+                prefix,
+            }
+            .launch(k, s)?;
+            mark("attention split")?;
+        }
+        // The prefill tokens' partials follow the decode tokens'.
+        let dec = f.n_single * f.dec_slots() * n_heads;
+        let split = (f.pf_splits > 1).then_some(PrefillSplit {
+            part_o: part_o.offset(dec * hd),
+            part_ml: part_ml.offset(dec * 2),
+            split_len: f.pf_split_len,
+            n_splits: f.pf_splits,
+            n_slots: f.pf_splits,
+            slot0: 0,
+            tok0: f.n_single,
+            n_part_tok: n - f.n_single,
+            merge: true,
+        });
+        let (tiles, rows) = (meta.offset(lay.tiles), meta.offset(lay.tile_rows));
+        PrefillAttention { paged, tiles, rows, n_rows: n - f.n_single, n_tiles: f.n_tiles, split }.launch(k, s)?;
+        if f.n_tiles > 0 {
+            mark("attention prefill")?;
+        }
+        Ok(())
+    }
 }

@@ -1,0 +1,487 @@
+//! Launchers of the hybrid-model kernels: the Gated DeltaNet layer (`kernels/deltanet.cu`) and
+//! the gated partial-RoPE attention around the shared attention kernels
+//! (`kernels/hybrid_attn.cu`). Same conventions as `launch`: a struct of arguments, shape
+//! checks, `#[repr(C)]` params mirroring the kernel's struct. CPU twins: `backend::cpu::deltanet`
+//! and `backend::cpu::hybrid`.
+//!
+//! The step's tokens are grouped into chunks (one per sequence, consecutive tokens); the chunk
+//! table `[1 + 3 * max_chunks]` i32 holds the chunk count, then per chunk (first token, tokens,
+//! state slot). The host guarantees that the slots and tokens it names are in range.
+
+use cudarc::driver::{CudaStream, DeviceRepr};
+
+use super::kernels::Kernels;
+use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev};
+use super::CudaError;
+
+/// Longest conv kernel `dn_conv_silu_f32` holds in registers (`DN_MAX_K`).
+pub const DN_MAX_K: usize = 8;
+/// Largest key head size of `dn_recur_f32` (`DN_LANES * DN_MAX_ROWS`).
+pub const DN_MAX_DK: usize = 128;
+/// Largest value head size of `dn_recur_f32` (a block of `4 d_v` threads, at most 512:
+/// `DN_RECUR_MAX_THREADS`, the launch bound that keeps its registers within an SM's).
+pub const DN_MAX_DV: usize = 128;
+
+/// Where one linear layer's state lives in the pool `[n_slots, slot_stride]`.
+#[derive(Clone, Copy, Debug)]
+pub struct StatePool {
+    pub state: Dev<f32>,
+    pub slot_stride: usize,
+    /// Start of this layer's conv state `[K - 1, C]` in a slot; its matrices follow.
+    pub layer_off: usize,
+    /// Chunk table and the most chunks a launch covers.
+    pub chunks: Dev<i32>,
+    pub max_chunks: usize,
+}
+
+impl StatePool {
+    fn check(&self, kernel: &'static str, layer_len: usize) -> Result<(), CudaError> {
+        need(kernel, "chunk table", self.chunks, 1 + 3 * self.max_chunks)?;
+        check(kernel, self.layer_off + layer_len <= self.slot_stride, || {
+            format!(
+                "layer state {}..{} beyond the slot of {}",
+                self.layer_off,
+                self.layer_off + layer_len,
+                self.slot_stride
+            )
+        })?;
+        need(kernel, "state pool", self.state, self.slot_stride)?;
+        check(kernel, self.max_chunks <= 65_535, || format!("{} chunks in one launch (at most 65535)", self.max_chunks))
+    }
+}
+
+// ---------------------------------------------------------------- deltanet.cu: conv
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DnConvParams {
+    x: u64,
+    out: u64,
+    w: u64,
+    state: u64,
+    chunks: u64,
+    slot_stride: i64,
+    layer_off: i64,
+    max_chunks: i32,
+    channels: i32,
+    kernel: i32,
+    x_stride: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for DnConvParams {}
+
+/// Causal depthwise conv1d + SiLU of the first `channels` columns of `x` (`[n_tok, x_stride]`)
+/// into `out` (`[n_tok, channels]`), weights `[channels, kernel]`; each chunk starts from and
+/// updates its slot's conv state.
+pub struct DnConv {
+    pub x: Dev<f32>,
+    pub x_stride: usize,
+    pub out: Dev<f32>,
+    pub w: Dev<f32>,
+    pub pool: StatePool,
+    pub n_tok: usize,
+    pub channels: usize,
+    pub kernel: usize,
+}
+
+impl DnConv {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "dn_conv_silu_f32";
+        let (c, kk) = (self.channels, self.kernel);
+        check(K, (2..=DN_MAX_K).contains(&kk), || format!("conv kernel {kk} (2..={DN_MAX_K})"))?;
+        check(K, c <= self.x_stride, || "channels overlap the input stride".into())?;
+        need(K, "input", self.x, extent(self.n_tok, self.x_stride, c))?;
+        need(K, "output", self.out, self.n_tok * c)?;
+        need(K, "weights", self.w, c * kk)?;
+        self.pool.check(K, (kk - 1) * c)?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = DnConvParams {
+            x: self.x.ptr,
+            out: self.out.ptr,
+            w: self.w.ptr,
+            state: self.pool.state.ptr,
+            chunks: self.pool.chunks.ptr,
+            slot_stride: self.pool.slot_stride as i64,
+            layer_off: self.pool.layer_off as i64,
+            max_chunks: i32_of(K, self.pool.max_chunks)?,
+            channels: i32_of(K, c)?,
+            kernel: kk as i32,
+            x_stride: i32_of(K, self.x_stride)?,
+        };
+        launch(k, s, K, (blocks_for(K, c, 128)?, self.pool.max_chunks as u32, 1), 128, 0, &p)
+    }
+}
+
+// ---------------------------------------------------------------- deltanet.cu: prep
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DnPrepParams {
+    mixed: u64,
+    proj: u64,
+    neg_a: u64,
+    dt_bias: u64,
+    n_tok: i32,
+    n_k: i32,
+    d_k: i32,
+    n_v: i32,
+    channels: i32,
+    proj_stride: i32,
+    b_off: i32,
+    a_off: i32,
+    q_scale: f32,
+    eps: f32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for DnPrepParams {}
+
+/// L2 norm of the `n_k` q and `n_k` k heads (`d_k` each) at the start of every `mixed` row
+/// (`[n_tok, channels]`; q also times `1/sqrt(d_k)`), and in place in `proj`
+/// (`[n_tok, proj_stride]`): the `n_v` beta logits at `b_off` become `sigmoid(b)`, the decay
+/// inputs at `a_off` become `g = neg_a * softplus(a + dt_bias)`.
+pub struct DnPrep {
+    pub mixed: Dev<f32>,
+    pub proj: Dev<f32>,
+    pub neg_a: Dev<f32>,
+    pub dt_bias: Dev<f32>,
+    pub n_tok: usize,
+    pub n_k: usize,
+    pub d_k: usize,
+    pub n_v: usize,
+    pub channels: usize,
+    pub proj_stride: usize,
+    pub b_off: usize,
+    pub a_off: usize,
+}
+
+impl DnPrep {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "dn_prep_f32";
+        check(K, 2 * self.n_k * self.d_k <= self.channels, || "q and k heads overlap the row".into())?;
+        check(K, self.b_off + self.n_v <= self.proj_stride && self.a_off + self.n_v <= self.proj_stride, || {
+            "gate columns beyond the projection row".into()
+        })?;
+        need(K, "mixed", self.mixed, self.n_tok * self.channels)?;
+        need(K, "projection", self.proj, extent(self.n_tok, self.proj_stride, self.proj_stride))?;
+        need(K, "decay rates", self.neg_a, self.n_v)?;
+        need(K, "dt bias", self.dt_bias, self.n_v)?;
+        check(K, self.n_tok <= 65_535, || format!("{} tokens in one launch (at most 65535)", self.n_tok))?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = DnPrepParams {
+            mixed: self.mixed.ptr,
+            proj: self.proj.ptr,
+            neg_a: self.neg_a.ptr,
+            dt_bias: self.dt_bias.ptr,
+            n_tok: self.n_tok as i32,
+            n_k: i32_of(K, self.n_k)?,
+            d_k: i32_of(K, self.d_k)?,
+            n_v: i32_of(K, self.n_v)?,
+            channels: i32_of(K, self.channels)?,
+            proj_stride: i32_of(K, self.proj_stride)?,
+            b_off: i32_of(K, self.b_off)?,
+            a_off: i32_of(K, self.a_off)?,
+            q_scale: 1.0 / (self.d_k as f32).sqrt(),
+            eps: 1e-6,
+        };
+        launch(k, s, K, (i32_of(K, 2 * self.n_k + 1)? as u32, self.n_tok as u32, 1), 32, 0, &p)
+    }
+}
+
+// ---------------------------------------------------------------- deltanet.cu: recurrence
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DnRecurParams {
+    mixed: u64,
+    proj: u64,
+    out: u64,
+    state: u64,
+    chunks: u64,
+    slot_stride: i64,
+    mats_off: i64,
+    max_chunks: i32,
+    n_k: i32,
+    n_v: i32,
+    d_k: i32,
+    d_v: i32,
+    channels: i32,
+    proj_stride: i32,
+    b_off: i32,
+    a_off: i32,
+    tiled: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
+unsafe impl DeviceRepr for DnRecurParams {}
+
+/// The delta rule of every chunk's tokens in order, per value head, from and into the slot's
+/// matrices `[n_v, d_k, d_v]` (at `pool.layer_off + conv_len`): q and k heads from `mixed`
+/// (after [`DnPrep`]), v heads after them, beta and g from `proj`; output `[n_tok, n_v d_v]`.
+/// One token per chunk is the decode step; a prompt chunk runs its tokens in one launch.
+pub struct DnRecur {
+    pub mixed: Dev<f32>,
+    pub proj: Dev<f32>,
+    pub out: Dev<f32>,
+    pub pool: StatePool,
+    /// Offset of the matrices after the layer's conv state: `(K - 1) * C`.
+    pub conv_len: usize,
+    pub n_tok: usize,
+    pub n_k: usize,
+    pub n_v: usize,
+    pub d_k: usize,
+    pub d_v: usize,
+    pub channels: usize,
+    pub proj_stride: usize,
+    pub b_off: usize,
+    pub a_off: usize,
+    /// Value head `h` reads key head `h % n_k` (else `h / (n_v / n_k)`).
+    pub tiled: bool,
+}
+
+impl DnRecur {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "dn_recur_f32";
+        let (nk, nv, dk, dv) = (self.n_k, self.n_v, self.d_k, self.d_v);
+        check(K, nk > 0 && nv.is_multiple_of(nk), || format!("{nv} value heads over {nk} key heads"))?;
+        check(K, dk.is_multiple_of(4) && dk <= DN_MAX_DK, || format!("key head size {dk} (a multiple of 4, <= 128)"))?;
+        check(K, dv.is_multiple_of(8) && dv <= DN_MAX_DV, || {
+            format!("value head size {dv} (a multiple of 8, <= 128)")
+        })?;
+        check(K, 2 * nk * dk + nv * dv <= self.channels, || "heads overlap the mixed row".into())?;
+        need(K, "mixed", self.mixed, self.n_tok * self.channels)?;
+        need(K, "projection", self.proj, extent(self.n_tok, self.proj_stride, self.proj_stride))?;
+        need(K, "output", self.out, self.n_tok * nv * dv)?;
+        self.pool.check(K, self.conv_len + nv * dk * dv)?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = DnRecurParams {
+            mixed: self.mixed.ptr,
+            proj: self.proj.ptr,
+            out: self.out.ptr,
+            state: self.pool.state.ptr,
+            chunks: self.pool.chunks.ptr,
+            slot_stride: self.pool.slot_stride as i64,
+            mats_off: (self.pool.layer_off + self.conv_len) as i64,
+            max_chunks: i32_of(K, self.pool.max_chunks)?,
+            n_k: i32_of(K, nk)?,
+            n_v: i32_of(K, nv)?,
+            d_k: dk as i32,
+            d_v: dv as i32,
+            channels: i32_of(K, self.channels)?,
+            proj_stride: i32_of(K, self.proj_stride)?,
+            b_off: i32_of(K, self.b_off)?,
+            a_off: i32_of(K, self.a_off)?,
+            tiled: i32::from(self.tiled),
+        };
+        let grid = (i32_of(K, nv)? as u32, self.pool.max_chunks as u32, 1);
+        launch(k, s, K, grid, (4 * dv) as u32, (2 * dk * 4) as u32, &p)
+    }
+}
+
+// ---------------------------------------------------------------- deltanet.cu: gated norm
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DnNormParams {
+    o: u64,
+    z: u64,
+    w: u64,
+    n_tok: i32,
+    n_v: i32,
+    d_v: i32,
+    z_stride: i32,
+    eps: f32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
+unsafe impl DeviceRepr for DnNormParams {}
+
+/// In place on `o` (`[n_tok, n_v d_v]`): per head `rmsnorm(o) * w * silu(z)`, `z` from
+/// `[n_tok, z_stride]` (head `h` at column `h d_v`), weight `[d_v]`.
+pub struct DnGatedNorm {
+    pub o: Dev<f32>,
+    pub z: Dev<f32>,
+    pub z_stride: usize,
+    pub w: Dev<f32>,
+    pub n_tok: usize,
+    pub n_v: usize,
+    pub d_v: usize,
+    pub eps: f32,
+}
+
+impl DnGatedNorm {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "dn_gated_norm_f32";
+        let vd = self.n_v * self.d_v;
+        check(K, vd <= self.z_stride, || "gates overlap their stride".into())?;
+        need(K, "output", self.o, self.n_tok * vd)?;
+        need(K, "gates", self.z, extent(self.n_tok, self.z_stride, vd))?;
+        need(K, "weight", self.w, self.d_v)?;
+        check(K, self.n_tok <= 65_535, || format!("{} tokens in one launch (at most 65535)", self.n_tok))?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = DnNormParams {
+            o: self.o.ptr,
+            z: self.z.ptr,
+            w: self.w.ptr,
+            n_tok: self.n_tok as i32,
+            n_v: i32_of(K, self.n_v)?,
+            d_v: i32_of(K, self.d_v)?,
+            z_stride: i32_of(K, self.z_stride)?,
+            eps: self.eps,
+        };
+        launch(k, s, K, (i32_of(K, self.n_v)? as u32, self.n_tok as u32, 1), 32, 0, &p)
+    }
+}
+
+// ---------------------------------------------------------------- hybrid_attn.cu
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct HybQkvParams {
+    proj: u64,
+    q: u64,
+    q_norm: u64,
+    k_norm: u64,
+    pos: u64,
+    cos_t: u64,
+    sin_t: u64,
+    k_cache: u64,
+    v_cache: u64,
+    slots: u64,
+    n_tok: i32,
+    n_heads: i32,
+    n_kv: i32,
+    head_dim: i32,
+    rot: i32,
+    stride: i32,
+    gated: i32,
+    eps: f32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for HybQkvParams {}
+
+/// Between the fused projection and attention of a gated full-attention layer: per-head
+/// RMSNorm of q and k, RoPE on the first `rot` dims (tables `[max_pos, rot / 2]`), queries to
+/// `q` `[n_tok, n_heads * head_dim]`, K and V to the F16 caches at `slots[t]`. `proj`
+/// `[n_tok, stride]`: q heads (each `[query, gate]` when `gated`), k heads, v heads.
+pub struct HybQkvPost {
+    pub proj: Dev<f32>,
+    pub stride: usize,
+    pub q: Dev<f32>,
+    pub q_norm: Option<Dev<f32>>,
+    pub k_norm: Option<Dev<f32>>,
+    pub pos: Dev<i32>,
+    pub cos: Dev<f32>,
+    pub sin: Dev<f32>,
+    pub max_pos: usize,
+    pub k_cache: Dev<u16>,
+    pub v_cache: Dev<u16>,
+    pub slots: Dev<i32>,
+    pub n_slots: usize,
+    pub n_tok: usize,
+    pub n_heads: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub rot: usize,
+    pub gated: bool,
+    pub eps: f32,
+}
+
+impl HybQkvPost {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "hyb_qkv_post_f32";
+        let (hd, rot) = (self.head_dim, self.rot);
+        check(K, hd <= 1024 && rot.is_multiple_of(2) && rot > 0 && rot <= hd, || {
+            format!("head size {hd} (at most 1024) with {rot} rotated dims (even, at most the head)")
+        })?;
+        let q_rows = self.n_heads * hd * if self.gated { 2 } else { 1 };
+        let width = q_rows + 2 * self.n_kv * hd;
+        check(K, width <= self.stride, || "heads overlap the row stride".into())?;
+        need(K, "projection", self.proj, extent(self.n_tok, self.stride, width))?;
+        need(K, "queries", self.q, self.n_tok * self.n_heads * hd)?;
+        for (what, n) in [("q norm", self.q_norm), ("k norm", self.k_norm)] {
+            if let Some(n) = n {
+                need(K, what, n, hd)?;
+            }
+        }
+        need(K, "positions", self.pos, self.n_tok)?;
+        need(K, "cos table", self.cos, self.max_pos * rot / 2)?;
+        need(K, "sin table", self.sin, self.max_pos * rot / 2)?;
+        need(K, "K cache", self.k_cache, self.n_slots * self.n_kv * hd)?;
+        need(K, "V cache", self.v_cache, self.n_slots * self.n_kv * hd)?;
+        need(K, "slots", self.slots, self.n_tok)?;
+        check(K, self.n_tok <= 65_535, || format!("{} tokens in one launch (at most 65535)", self.n_tok))?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = HybQkvParams {
+            proj: self.proj.ptr,
+            q: self.q.ptr,
+            q_norm: self.q_norm.map_or(0, |d| d.ptr),
+            k_norm: self.k_norm.map_or(0, |d| d.ptr),
+            pos: self.pos.ptr,
+            cos_t: self.cos.ptr,
+            sin_t: self.sin.ptr,
+            k_cache: self.k_cache.ptr,
+            v_cache: self.v_cache.ptr,
+            slots: self.slots.ptr,
+            n_tok: self.n_tok as i32,
+            n_heads: i32_of(K, self.n_heads)?,
+            n_kv: i32_of(K, self.n_kv)?,
+            head_dim: hd as i32,
+            rot: rot as i32,
+            stride: i32_of(K, self.stride)?,
+            gated: i32::from(self.gated),
+            eps: self.eps,
+        };
+        let block = (hd.div_ceil(32) * 32).clamp(32, 256) as u32;
+        let grid = (i32_of(K, self.n_heads + 2 * self.n_kv)? as u32, self.n_tok as u32, 1);
+        launch(k, s, K, grid, block, (hd * 4) as u32, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GateMulParams {
+    att: u64,
+    proj: u64,
+    n_tok: i32,
+    n_heads: i32,
+    head_dim: i32,
+    stride: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for GateMulParams {}
+
+/// `att[t, h, d] *= sigmoid(proj[t, (2 h + 1) head_dim + d])`: the output gate of a gated
+/// attention layer (`att` `[n_tok, n_heads * head_dim]`, `proj` `[n_tok, stride]`).
+pub struct GateMul {
+    pub att: Dev<f32>,
+    pub proj: Dev<f32>,
+    pub stride: usize,
+    pub n_tok: usize,
+    pub n_heads: usize,
+    pub head_dim: usize,
+}
+
+impl GateMul {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "hyb_gate_mul_f32";
+        let qd = self.n_heads * self.head_dim;
+        check(K, 2 * qd <= self.stride, || "gates beyond the row stride".into())?;
+        need(K, "attention output", self.att, self.n_tok * qd)?;
+        need(K, "projection", self.proj, extent(self.n_tok, self.stride, 2 * qd))?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = GateMulParams {
+            att: self.att.ptr,
+            proj: self.proj.ptr,
+            n_tok: i32_of(K, self.n_tok)?,
+            n_heads: i32_of(K, self.n_heads)?,
+            head_dim: i32_of(K, self.head_dim)?,
+            stride: i32_of(K, self.stride)?,
+        };
+        launch(k, s, K, (blocks_for(K, self.n_tok * qd, 256)?, 1, 1), 256, 0, &p)
+    }
+}

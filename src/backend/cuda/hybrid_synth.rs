@@ -1,0 +1,149 @@
+//! Random-weight hybrid models made on the GPU (`bench --synthetic qwen3.5-9b`): the layers of
+//! `CudaBackend::synthetic_mix` for Qwen3.5, with the matrices of each Gated DeltaNet layer
+//! (stacked q|k|v, z, b, a projection; output projection) and the gated attention layers
+//! (q with its gate, k, v) in the formats of a weight mix, and plausible small vectors (conv
+//! weights uniform in +-0.5, decay rates `-exp(A_log)` with `A_log` in [0, 2.7], dt bias in
+//! +-0.5, norms 1).
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::backend::{open, up, zeros, CudaBackend, CudaOptions, LayerW, Parts, WeightMix};
+use super::dmat::{DevMat, Linear};
+use super::hybrid::{HybridCuda, LinearW};
+use super::qformat::QFormat;
+use super::CudaError;
+use crate::model::config::ModelConfig;
+use crate::model::quant::GgmlType;
+use crate::quantize::mix::more_bits;
+
+/// Per layer the matrices in the order they are made: linear layers (proj, out, gate/up,
+/// down); attention layers (q+gate and k, v, o, gate/up, down); then the embedding and an
+/// untied head. (format, rows, cols).
+fn shapes(c: &ModelConfig, base: GgmlType, more: GgmlType) -> Vec<(GgmlType, usize, usize)> {
+    let Some(h) = &c.hybrid else { return Vec::new() };
+    let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+    let mut v = Vec::new();
+    for i in 0..c.n_layers {
+        let m = if more_bits(i, c.n_layers) { more } else { base };
+        if h.recurrent[i] {
+            let lin_in = h.conv_channels() + h.value_dim() + 2 * h.n_v_heads;
+            v.extend([(base, lin_in, d), (base, d, h.value_dim())]);
+        } else {
+            // q (+ gate), k and v in one part where v has the base format (as `Linear::upload`
+            // stacks them), else v apart.
+            let q_rows = if h.attn_output_gate { 2 * q } else { q };
+            if m == base {
+                v.push((base, q_rows + 2 * kv, d));
+            } else {
+                v.extend([(base, q_rows + kv, d), (m, kv, d)]);
+            }
+            v.push((base, d, q));
+        }
+        v.extend([(base, 2 * f, d), (m, d, f)]);
+    }
+    v.push((base, c.vocab_size, d));
+    if !c.tied_embeddings {
+        v.push((more, c.vocab_size, d));
+    }
+    v
+}
+
+impl CudaBackend {
+    /// [`CudaBackend::synthetic_mix`] for a hybrid (Qwen3.5) shape.
+    pub(super) fn synthetic_hybrid(
+        cfg: ModelConfig,
+        mix: WeightMix,
+        seed: u64,
+        opts: &CudaOptions,
+    ) -> Result<Self, CudaError> {
+        let Some(h) = cfg.hybrid.clone() else {
+            return Err(CudaError::Weights(format!("{} is not a hybrid shape", cfg.arch.name())));
+        };
+        let (base, more) = match mix {
+            WeightMix::Uniform(t) => (t, t),
+            WeightMix::Q4KM => (GgmlType::Q4K, GgmlType::Q6K),
+        };
+        let c = &cfg;
+        let shapes = shapes(c, base, more);
+        let matrix_bytes =
+            shapes.iter().map(|&(t, r, k)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64).sum();
+        let (dev, mut kernels, blas) = open(c, opts, matrix_bytes)?;
+        let s = &dev.stream;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut n_mat = 0u64;
+        let mut next = shapes.into_iter();
+        let mut mat = |parts: usize, what: &str| -> Result<Linear, CudaError> {
+            let mut out = Vec::with_capacity(parts);
+            for _ in 0..parts {
+                let (t, rows, cols) = next.next().ok_or_else(|| CudaError::Weights(format!("no shape for {what}")))?;
+                n_mat += 1;
+                let seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(n_mat);
+                out.push(DevMat::synthetic(s, &mut kernels, t, rows, cols, seed, what)?);
+            }
+            Ok(Linear { parts: out })
+        };
+        let ones = |n: usize, what: &str| up(s, &vec![1.0f32; n], what);
+        let slots = opts.num_blocks * opts.block_size * c.kv_dim();
+        let (mut layers, mut linear) = (Vec::with_capacity(c.n_layers), Vec::with_capacity(c.n_layers));
+        let mut index = 0;
+        for i in 0..c.n_layers {
+            let name = |x: &str| format!("layer {i} {x}");
+            if h.recurrent[i] {
+                let (proj, out) = (mat(1, &name("linear in"))?, mat(1, &name("linear out"))?);
+                let (ch, nv, kk) = (h.conv_channels(), h.n_v_heads, h.conv_kernel);
+                let conv: Vec<f32> = (0..ch * kk).map(|_| rng.random_range(-0.5..0.5)).collect();
+                let neg_a: Vec<f32> = (0..nv).map(|_| -rng.random_range(0.0f32..2.7).exp()).collect();
+                let dt_bias: Vec<f32> = (0..nv).map(|_| rng.random_range(-0.5..0.5)).collect();
+                linear.push(Some(LinearW {
+                    proj,
+                    conv: up(s, &conv, &name("conv1d"))?,
+                    neg_a: up(s, &neg_a, &name("ssm_a"))?,
+                    dt_bias: up(s, &dt_bias, &name("dt_bias"))?,
+                    norm: ones(h.d_v, &name("ssm_norm"))?,
+                    out,
+                    index,
+                }));
+                index += 1;
+                layers.push(LayerW {
+                    attn_norm: ones(c.dim, &name("attn_norm"))?,
+                    wqkv: Linear { parts: Vec::new() },
+                    bqkv: None,
+                    q_norm: None,
+                    k_norm: None,
+                    wo: Linear { parts: Vec::new() },
+                    ffn_norm: ones(c.dim, &name("ffn_norm"))?,
+                    wgu: mat(1, &name("gate/up"))?,
+                    wdown: mat(1, &name("w_down"))?,
+                    moe: None,
+                    k_cache: zeros(s, 0, &name("K cache"))?,
+                    v_cache: zeros(s, 0, &name("V cache"))?,
+                });
+            } else {
+                linear.push(None);
+                layers.push(LayerW {
+                    attn_norm: ones(c.dim, &name("attn_norm"))?,
+                    wqkv: mat(if more_bits(i, c.n_layers) && more != base { 2 } else { 1 }, &name("wqkv"))?,
+                    bqkv: None,
+                    q_norm: Some(ones(c.head_dim, &name("q_norm"))?),
+                    k_norm: Some(ones(c.head_dim, &name("k_norm"))?),
+                    wo: mat(1, &name("wo"))?,
+                    ffn_norm: ones(c.dim, &name("ffn_norm"))?,
+                    wgu: mat(1, &name("gate/up"))?,
+                    wdown: mat(1, &name("w_down"))?,
+                    moe: None,
+                    k_cache: zeros(s, slots, &name("K cache"))?,
+                    v_cache: zeros(s, slots, &name("V cache"))?,
+                });
+            }
+        }
+        let embd = mat(1, "token_embd")?;
+        let output = if c.tied_embeddings { None } else { Some(mat(1, "output")?) };
+        let output_norm = ones(c.dim, "output_norm")?;
+        let hybrid = HybridCuda::from_layers(s, c, &h, linear, opts.max_positions)?;
+        dev.synchronize()?;
+        let parts =
+            Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0, hybrid: Some(hybrid) };
+        Self::assemble(cfg, dev, kernels, blas, parts, opts)
+    }
+}

@@ -1,0 +1,476 @@
+//! The hybrid-model kernels (kernels/deltanet.cu, kernels/hybrid_attn.cu) against their CPU
+//! twins (backend::cpu::deltanet, the attention of backend::cpu::hybrid), over several
+//! sequences per launch with the token counts of a real step (1, 2, 7, 9, 33, 64) and both the
+//! test model's head sizes (32) and the released models' (128).
+
+use dustoff::backend::cpu::deltanet::{conv1d_silu, delta_rule_step, gated_rmsnorm, gates_inplace, l2norm_inplace};
+use dustoff::backend::cpu::ops;
+use dustoff::backend::cuda::deltanet::{DnConv, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool};
+use dustoff::model::config::RopeStyle;
+
+use super::{compare, f16_vals, gpu, Gpu};
+
+const COUNTS: [usize; 6] = [1, 2, 7, 9, 33, 64];
+
+/// `[n_chunks, (first, tokens, slot)...]` for chunks of `counts` tokens laid out in order,
+/// sequence i in slot `slots[i]`.
+fn chunk_table(counts: &[usize], slots: &[usize]) -> Vec<i32> {
+    let mut t = vec![counts.len() as i32];
+    let mut first = 0;
+    for (&n, &s) in counts.iter().zip(slots) {
+        t.extend([first as i32, n as i32, s as i32]);
+        first += n;
+    }
+    t
+}
+
+#[test]
+fn conv1d_silu_over_several_sequences_updates_each_window() {
+    let Some(mut g) = gpu("dn_conv_silu") else { return };
+    let (c, k, stride) = (96, 4, 96 + 40);
+    let n: usize = COUNTS.iter().sum();
+    let slots = [3, 0, 5, 1, 4, 2]; // not in order: the table names them
+    let per_slot = 7 * c; // a bigger slot: this layer's state at offset 2c
+    let layer_off = 2 * c;
+    let x = g.randn(n * stride, 2.0);
+    let w = g.randn(c * k, 0.7);
+    let pool = g.randn(6 * per_slot, 1.0);
+    let (xd, wd, pd, od) = (g.up(&x), g.up(&w), g.up(&pool), g.poisoned(n * c));
+    let mut table = chunk_table(&COUNTS, &slots);
+    table.resize(1 + 3 * 8, 0); // 8 chunks launched, 6 in the table: the others exit
+    let td = g.up(&table);
+    let s = g.dev.stream.clone();
+    DnConv {
+        x: g.d(&xd),
+        x_stride: stride,
+        out: g.d(&od),
+        w: g.d(&wd),
+        pool: StatePool { state: g.d(&pd), slot_stride: per_slot, layer_off, chunks: g.d(&td), max_chunks: 8 },
+        n_tok: n,
+        channels: c,
+        kernel: k,
+    }
+    .launch(&mut g.k, &s)
+    .unwrap();
+    let (mut want, mut want_pool) = (vec![0f32; n * c], pool.clone());
+    let mut t0 = 0;
+    for (&cnt, &slot) in COUNTS.iter().zip(&slots) {
+        let xs: Vec<f32> = (t0..t0 + cnt).flat_map(|t| x[t * stride..t * stride + c].to_vec()).collect();
+        let st = &mut want_pool[slot * per_slot + layer_off..slot * per_slot + layer_off + (k - 1) * c];
+        conv1d_silu(&xs, st, &w, c, k, &mut want[t0 * c..(t0 + cnt) * c]);
+        t0 += cnt;
+    }
+    compare("dn_conv_silu_f32", g.seed, &g.down(&od), &want);
+    compare("dn_conv_silu_f32", g.seed, &g.down(&pd), &want_pool);
+}
+
+/// What one linear layer's prep + recurrence reads and writes, on the host.
+struct Case {
+    nk: usize,
+    nv: usize,
+    dk: usize,
+    dv: usize,
+    tiled: bool,
+}
+
+impl Case {
+    fn channels(&self) -> usize {
+        2 * self.nk * self.dk + self.nv * self.dv
+    }
+    /// proj row: [C (unused here) | V (unused) | b (n_v) | a (n_v)].
+    fn proj_stride(&self) -> usize {
+        self.channels() + self.nv * self.dv + 2 * self.nv
+    }
+    fn mat(&self) -> usize {
+        self.dk * self.dv
+    }
+}
+
+/// CPU: l2norm + gates + the delta rule per chunk from its slot's matrices.
+#[allow(clippy::too_many_arguments)]
+fn cpu_recurrence(
+    cs: &Case,
+    counts: &[usize],
+    slots: &[usize],
+    mixed: &mut [f32],
+    proj: &mut [f32],
+    neg_a: &[f32],
+    dt_bias: &[f32],
+    mats: &mut [f32],
+    mats_off: usize,
+    per_slot: usize,
+) -> Vec<f32> {
+    let (c, ps, vd) = (cs.channels(), cs.proj_stride(), cs.nv * cs.dv);
+    let n: usize = counts.iter().sum();
+    let (b_off, a_off) = (c + vd, c + vd + cs.nv);
+    let scale = 1.0 / (cs.dk as f32).sqrt();
+    for t in 0..n {
+        let m = &mut mixed[t * c..(t + 1) * c];
+        for head in m[..2 * cs.nk * cs.dk].chunks_exact_mut(cs.dk) {
+            l2norm_inplace(head, 1e-6);
+        }
+        m[..cs.nk * cs.dk].iter_mut().for_each(|v| *v *= scale);
+        let row = &mut proj[t * ps..(t + 1) * ps];
+        let (left, a) = row.split_at_mut(a_off);
+        gates_inplace(&mut left[b_off..b_off + cs.nv], &mut a[..cs.nv], neg_a, dt_bias);
+    }
+    let mut out = vec![0f32; n * vd];
+    let mut t0 = 0;
+    for (&cnt, &slot) in counts.iter().zip(slots) {
+        for h in 0..cs.nv {
+            let kh = if cs.tiled { h % cs.nk } else { h / (cs.nv / cs.nk) };
+            let base = slot * per_slot + mats_off + h * cs.mat();
+            for t in t0..t0 + cnt {
+                let m = &mixed[t * c..(t + 1) * c];
+                let (q, k) = (&m[kh * cs.dk..(kh + 1) * cs.dk], &m[(cs.nk + kh) * cs.dk..(cs.nk + kh + 1) * cs.dk]);
+                let v = &m[2 * cs.nk * cs.dk + h * cs.dv..2 * cs.nk * cs.dk + (h + 1) * cs.dv];
+                let (g, beta) = (proj[t * ps + a_off + h], proj[t * ps + b_off + h]);
+                delta_rule_step(
+                    &mut mats[base..base + cs.mat()],
+                    q,
+                    k,
+                    v,
+                    g,
+                    beta,
+                    &mut out[t * vd + h * cs.dv..][..cs.dv],
+                );
+            }
+        }
+        t0 += cnt;
+    }
+    out
+}
+
+#[test]
+fn delta_rule_many_token_form_equals_steps_and_the_cpu() {
+    let Some(mut g) = gpu("dn_recur") else { return };
+    let s = g.dev.stream.clone();
+    let cases = [
+        Case { nk: 2, nv: 4, dk: 32, dv: 32, tiled: false },
+        Case { nk: 2, nv: 4, dk: 32, dv: 32, tiled: true },
+        Case { nk: 2, nv: 4, dk: 128, dv: 128, tiled: true },
+    ];
+    for cs in &cases {
+        let (c, ps, vd) = (cs.channels(), cs.proj_stride(), cs.nv * cs.dv);
+        let n: usize = COUNTS.iter().sum();
+        let slots = [2, 5, 0, 4, 1, 3];
+        let mats_off = 3 * c; // after a conv state [3, C]
+        let per_slot = mats_off + cs.nv * cs.mat();
+        let mixed = g.randn(n * c, 1.0);
+        let proj = g.randn(n * ps, 2.0);
+        let neg_a: Vec<f32> = g.randn(cs.nv, 1.0).iter().map(|v| -(v * 1.5).exp()).collect();
+        let dt_bias = g.randn(cs.nv, 1.0);
+        // Start from states a previous chunk left (small values, as after decay).
+        let pool = g.randn(6 * per_slot, 0.2);
+        let table = chunk_table(&COUNTS, &slots);
+        let (mut want_mixed, mut want_proj, mut want_pool) = (mixed.clone(), proj.clone(), pool.clone());
+        let want = cpu_recurrence(
+            cs,
+            &COUNTS,
+            &slots,
+            &mut want_mixed,
+            &mut want_proj,
+            &neg_a,
+            &dt_bias,
+            &mut want_pool,
+            mats_off,
+            per_slot,
+        );
+        let (md, pjd, nad, dtd) = (g.up(&mixed), g.up(&proj), g.up(&neg_a), g.up(&dt_bias));
+        let (b_off, a_off) = (c + vd, c + vd + cs.nv);
+        DnPrep {
+            mixed: g.d(&md),
+            proj: g.d(&pjd),
+            neg_a: g.d(&nad),
+            dt_bias: g.d(&dtd),
+            n_tok: n,
+            n_k: cs.nk,
+            d_k: cs.dk,
+            n_v: cs.nv,
+            channels: c,
+            proj_stride: ps,
+            b_off,
+            a_off,
+        }
+        .launch(&mut g.k, &s)
+        .unwrap();
+        compare("dn_prep_f32", g.seed, &g.down(&md), &want_mixed);
+        compare("dn_prep_f32", g.seed, &g.down(&pjd), &want_proj);
+        let recur = |g: &mut Gpu, pool: &cudarc::driver::CudaSlice<f32>, table: &[i32], n_tok: usize, first: usize| {
+            // Two chunks more launched than the table holds: their blocks exit.
+            let max_chunks = (table.len() - 1) / 3 + 2;
+            let mut padded = table.to_vec();
+            padded.resize(1 + 3 * max_chunks, 0);
+            let td = g.up(&padded);
+            let od = g.poisoned(n * vd);
+            DnRecur {
+                mixed: g.d(&md),
+                proj: g.d(&pjd),
+                out: g.d(&od),
+                pool: StatePool { state: g.d(pool), slot_stride: per_slot, layer_off: 0, chunks: g.d(&td), max_chunks },
+                conv_len: mats_off,
+                n_tok,
+                n_k: cs.nk,
+                n_v: cs.nv,
+                d_k: cs.dk,
+                d_v: cs.dv,
+                channels: c,
+                proj_stride: ps,
+                b_off,
+                a_off,
+                tiled: cs.tiled,
+            }
+            .launch(&mut g.k, &s)
+            .unwrap();
+            let o = g.down(&od);
+            o[first * vd..(first + n_tok) * vd].to_vec()
+        };
+        // Many-token form: every chunk's tokens in one launch.
+        let pd = g.up(&pool);
+        let many = recur(&mut g, &pd, &table, n, 0);
+        compare("dn_recur_f32", g.seed, &many, &want);
+        compare("dn_recur_f32", g.seed, &g.down(&pd), &want_pool);
+        // Step form: the same tokens one launch per token (decode), all chunks advancing together.
+        let ps2 = g.up(&pool);
+        let mut steps = vec![0f32; n * vd];
+        let max_cnt = *COUNTS.iter().max().unwrap();
+        for i in 0..max_cnt {
+            let mut t0 = 0;
+            for (&cnt, &slot) in COUNTS.iter().zip(&slots) {
+                if i < cnt {
+                    let t = t0 + i;
+                    let one = recur(&mut g, &ps2, &[1, t as i32, 1, slot as i32], 1, t);
+                    steps[t * vd..(t + 1) * vd].copy_from_slice(&one);
+                }
+                t0 += cnt;
+            }
+        }
+        compare("dn_recur_step_vs_many", g.seed, &steps, &many);
+        compare("dn_recur_step_vs_many", g.seed, &g.down(&ps2), &g.down(&pd));
+    }
+}
+
+#[test]
+fn gated_rmsnorm_per_value_head() {
+    let Some(mut g) = gpu("dn_gated_norm") else { return };
+    let s = g.dev.stream.clone();
+    let (nv, dv, eps) = (4, 128, 1e-6);
+    for n in COUNTS {
+        let (zoff, zs) = (40, 40 + nv * dv + 8);
+        let o = g.randn(n * nv * dv, 3.0);
+        let z = g.randn(n * zs, 4.0);
+        let w = g.randn(dv, 1.5);
+        let (od, zd, wd) = (g.up(&o), g.up(&z), g.up(&w));
+        DnGatedNorm {
+            o: g.d(&od),
+            z: g.d(&zd).offset(zoff),
+            z_stride: zs,
+            w: g.d(&wd),
+            n_tok: n,
+            n_v: nv,
+            d_v: dv,
+            eps,
+        }
+        .launch(&mut g.k, &s)
+        .unwrap();
+        let mut want = o.clone();
+        for t in 0..n {
+            for h in 0..nv {
+                let zh = &z[t * zs + zoff + h * dv..t * zs + zoff + (h + 1) * dv];
+                gated_rmsnorm(&mut want[(t * nv + h) * dv..(t * nv + h + 1) * dv], zh, &w, eps);
+            }
+        }
+        compare("dn_gated_norm_f32", g.seed, &g.down(&od), &want);
+    }
+}
+
+/// The gated attention's pre- and post-processing: q (with its gate beside it), k, v from one
+/// projection row; q/k head RMSNorm, RoPE on the first `rot` dims, K/V to the F16 cache; then
+/// the attention output times sigmoid(gate).
+#[test]
+fn gated_partial_rope_qkv_post_and_output_gate() {
+    let Some(mut g) = gpu("hyb_qkv_post") else { return };
+    let s = g.dev.stream.clone();
+    let (nh, nkv, eps, max_pos) = (4, 2, 1e-6, 4096);
+    for (hd, rot) in [(64, 16), (256, 64)] {
+        let n = 9;
+        let (qr, kvd) = (2 * nh * hd, nkv * hd);
+        let stride = qr + 2 * kvd + 8;
+        let proj = g.randn(n * stride, 3.0);
+        let (qn, kn) = (g.randn(hd, 1.5), g.randn(hd, 1.5));
+        let inv: Vec<f32> = (0..rot / 2).map(|i| 1e7f32.powf(-(2.0 * i as f32) / rot as f32)).collect();
+        let all: Vec<usize> = (0..max_pos).collect();
+        let (cos, sin) = ops::rope_table(&all, &inv);
+        let pos: Vec<usize> = (0..n).map(|i| (i * 397 + 11) % max_pos).collect();
+        let slots: Vec<i32> = (0..n as i32).map(|i| (i * 5 + 3) % 32).collect();
+        let n_slots = 32;
+        let (pd, qnd, knd, cd, sd) = (g.up(&proj), g.up(&qn), g.up(&kn), g.up(&cos), g.up(&sin));
+        let posd = g.up(&pos.iter().map(|&p| p as i32).collect::<Vec<_>>());
+        let sld = g.up(&slots);
+        let (kc, vc) = (g.zeros::<u16>(n_slots * kvd), g.zeros::<u16>(n_slots * kvd));
+        let qd = g.poisoned(n * nh * hd);
+        HybQkvPost {
+            proj: g.d(&pd),
+            stride,
+            q: g.d(&qd),
+            q_norm: Some(g.d(&qnd)),
+            k_norm: Some(g.d(&knd)),
+            pos: g.d(&posd),
+            cos: g.d(&cd),
+            sin: g.d(&sd),
+            max_pos,
+            k_cache: g.d(&kc),
+            v_cache: g.d(&vc),
+            slots: g.d(&sld),
+            n_slots,
+            n_tok: n,
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+            rot,
+            gated: true,
+            eps,
+        }
+        .launch(&mut g.k, &s)
+        .unwrap();
+        // CPU: the steps of HybridCpu::attention.
+        let (c, sn) = ops::rope_table(&pos, &inv);
+        let half = rot / 2;
+        let (mut want_q, mut want_k, mut want_v) = (Vec::new(), Vec::new(), Vec::new());
+        for t in 0..n {
+            let row = &proj[t * stride..(t + 1) * stride];
+            let mut q: Vec<f32> = (0..nh).flat_map(|h| row[2 * h * hd..(2 * h + 1) * hd].to_vec()).collect();
+            let mut k = row[qr..qr + kvd].to_vec();
+            ops::rmsnorm_heads_inplace(&mut q, &qn, eps);
+            ops::rmsnorm_heads_inplace(&mut k, &kn, eps);
+            let (cs, ss) = (&c[t * half..(t + 1) * half], &sn[t * half..(t + 1) * half]);
+            for head in q.chunks_exact_mut(hd).chain(k.chunks_exact_mut(hd)) {
+                ops::rope_token(&mut head[..rot], rot, cs, ss, RopeStyle::Halves);
+            }
+            want_q.extend(q);
+            want_k.push(k);
+            want_v.push(row[qr + kvd..qr + 2 * kvd].to_vec());
+        }
+        compare("hyb_qkv_post_f32", g.seed, &g.down(&qd), &want_q);
+        let (kg, vg) = (f16_vals(&g.down(&kc)), f16_vals(&g.down(&vc)));
+        let at = |cache: &[f32], t: usize| cache[slots[t] as usize * kvd..(slots[t] as usize + 1) * kvd].to_vec();
+        let (gk, gv): (Vec<f32>, Vec<f32>) =
+            ((0..n).flat_map(|t| at(&kg, t)).collect(), (0..n).flat_map(|t| at(&vg, t)).collect());
+        let round = |v: Vec<Vec<f32>>| f16_vals(&super::f16_bits(&v.concat()));
+        compare("hyb_kv_store_f16", g.seed, &gk, &round(want_k));
+        compare("hyb_kv_store_f16", g.seed, &gv, &round(want_v));
+
+        let att = g.randn(n * nh * hd, 2.0);
+        let ad = g.up(&att);
+        GateMul { att: g.d(&ad), proj: g.d(&pd), stride, n_tok: n, n_heads: nh, head_dim: hd }
+            .launch(&mut g.k, &s)
+            .unwrap();
+        let mut want = att.clone();
+        for t in 0..n {
+            for (e, a) in want[t * nh * hd..(t + 1) * nh * hd].iter_mut().enumerate() {
+                let (h, d) = (e / hd, e % hd);
+                let gate = proj[t * stride + (2 * h + 1) * hd + d];
+                *a *= 1.0 / (1.0 + (-gate).exp());
+            }
+        }
+        compare("hyb_gate_mul_f32", g.seed, &g.down(&ad), &want);
+    }
+}
+
+/// GPU time of one Gated DeltaNet layer's kernels (conv, prep, recurrence, gated norm; the
+/// matmuls excluded) at the linear-layer shape of Qwen3.5-9B / Qwen3-Next (16 key heads and 32
+/// value heads of 128, state 32 x 128 x 128 f32 = 2 MB per sequence and layer): decode of 1 and
+/// 64 sequences, and one 512-token prefill chunk. Reports the medians of 20 runs and the
+/// recurrence's state traffic (read + write) per second.
+/// `gpu_parity deltanet_layer_timings -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn deltanet_layer_timings() {
+    let Some(mut g) = gpu("deltanet timings") else { return };
+    let s = g.dev.stream.clone();
+    let copy = g.dev.copy_bandwidth(1 << 30, 10).unwrap();
+    println!("device copy bandwidth (read + write), same run: {:.0} GB/s", copy / 1e9);
+    let cs = Case { nk: 16, nv: 32, dk: 128, dv: 128, tiled: true };
+    let (c, ps, vd, kk) = (cs.channels(), cs.proj_stride(), cs.nv * cs.dv, 4);
+    let per_slot = (kk - 1) * c + cs.nv * cs.mat();
+    for (what, counts) in
+        [("decode, 1 sequence", vec![1]), ("decode, 64 sequences", vec![1; 64]), ("prefill, 512 tokens", vec![512])]
+    {
+        let n: usize = counts.iter().sum();
+        let slots: Vec<usize> = (0..counts.len()).collect();
+        let table = chunk_table(&counts, &slots);
+        let (x, mixed) = (g.randn(n * ps, 1.0), g.randn(n * c, 1.0));
+        let (xd, md, td) = (g.up(&x), g.up(&mixed), g.up(&table));
+        let pool0 = g.randn(counts.len() * per_slot, 0.1);
+        let pd = g.up(&pool0);
+        let conv_w = g.randn(c * kk, 0.5);
+        let (wd, nad, dtd, nwd) =
+            (g.up(&conv_w), g.up(&vec![-1f32; cs.nv]), g.up(&vec![0f32; cs.nv]), g.up(&vec![1f32; cs.dv]));
+        let od = g.zeros::<f32>(n * vd);
+        let pool = StatePool {
+            state: g.d(&pd),
+            slot_stride: per_slot,
+            layer_off: 0,
+            chunks: g.d(&td),
+            max_chunks: counts.len(),
+        };
+        let (b_off, a_off) = (c + vd, c + vd + cs.nv);
+        let conv =
+            DnConv { x: g.d(&xd), x_stride: ps, out: g.d(&md), w: g.d(&wd), pool, n_tok: n, channels: c, kernel: kk };
+        let prep = DnPrep {
+            mixed: g.d(&md),
+            proj: g.d(&xd),
+            neg_a: g.d(&nad),
+            dt_bias: g.d(&dtd),
+            n_tok: n,
+            n_k: cs.nk,
+            d_k: cs.dk,
+            n_v: cs.nv,
+            channels: c,
+            proj_stride: ps,
+            b_off,
+            a_off,
+        };
+        let recur = DnRecur {
+            mixed: g.d(&md),
+            proj: g.d(&xd),
+            out: g.d(&od),
+            pool,
+            conv_len: (kk - 1) * c,
+            n_tok: n,
+            n_k: cs.nk,
+            n_v: cs.nv,
+            d_k: cs.dk,
+            d_v: cs.dv,
+            channels: c,
+            proj_stride: ps,
+            b_off,
+            a_off,
+            tiled: true,
+        };
+        let norm = DnGatedNorm {
+            o: g.d(&od),
+            z: g.d(&xd).offset(c),
+            z_stride: ps,
+            w: g.d(&nwd),
+            n_tok: n,
+            n_v: cs.nv,
+            d_v: cs.dv,
+            eps: 1e-6,
+        };
+        let t_conv = super::bench::time(&mut g, &mut |g| conv.launch(&mut g.k, &s).unwrap());
+        let t_prep = super::bench::time(&mut g, &mut |g| prep.launch(&mut g.k, &s).unwrap());
+        let t_recur = super::bench::time(&mut g, &mut |g| recur.launch(&mut g.k, &s).unwrap());
+        let t_norm = super::bench::time(&mut g, &mut |g| norm.launch(&mut g.k, &s).unwrap());
+        let state_bytes = (counts.len() * cs.nv * cs.mat() * 4 * 2) as f64;
+        println!(
+            "deltanet 9B shape, {what}: conv {:.1} us, prep {:.1} us, recurrence {:.1} us ({:.0} GB/s of state), gated norm {:.1} us, total {:.1} us per layer",
+            t_conv * 1e6,
+            t_prep * 1e6,
+            t_recur * 1e6,
+            state_bytes / t_recur / 1e9,
+            t_norm * 1e6,
+            (t_conv + t_prep + t_recur + t_norm) * 1e6
+        );
+    }
+}
