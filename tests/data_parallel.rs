@@ -124,23 +124,23 @@ fn n_cpu_engines_write_the_bytes_of_one_engine_summarize_and_extract() {
     assert!(log.contains("data parallel: 3 engines (cpu#0, cpu#1, cpu#2)"), "{log}");
 
     // Schema-constrained extraction: every engine decodes under its own copy of the grammar.
-    // Six records, answers of up to 96 tokens: a few seconds on two cores.
+    // Four records, answers of up to 96 tokens: a few seconds on two cores.
     let extract = short_pipeline(&d, "extract-entities", "max_tokens = 320", "max_tokens = 96");
-    let six = d.join("news6.jsonl");
-    std::fs::write(&six, text(&repo().join(NEWS)).lines().take(6).map(|l| format!("{l}\n")).collect::<String>())
+    let four = d.join("news4.jsonl");
+    std::fs::write(&four, text(&repo().join(NEWS)).lines().take(4).map(|l| format!("{l}\n")).collect::<String>())
         .unwrap();
     let one = d.join("entities1.jsonl");
-    let o1 = dustoff(&run_args(Some(&extract), &six, &one, &[]), &[]);
+    let o1 = dustoff(&run_args(Some(&extract), &four, &one, &[]), &[]);
     let two = d.join("entities2.jsonl");
-    let o2 = dustoff(&run_args(Some(&extract), &six, &two, &["--engines", "2"]), &[]);
+    let o2 = dustoff(&run_args(Some(&extract), &four, &two, &["--engines", "2"]), &[]);
     // Rows cut off at 96 tokens are error rows (exit 3) in both runs alike.
     assert_eq!(o1.status.code(), o2.status.code(), "{}", String::from_utf8_lossy(&o2.stderr));
     assert!(matches!(o1.status.code(), Some(0 | 3)), "{}", String::from_utf8_lossy(&o1.stderr));
     assert_eq!(text(&two), text(&one), "two CPU engines write the bytes of one (constrained)");
-    let per = engines(&two, 2, 6);
+    let per = engines(&two, 2, 4);
     let constrained: u64 = per.iter().map(|x| u(&x["constraint"]["constrained_requests"])).sum();
-    assert_eq!(constrained, 6);
-    assert_eq!(report(&two)["engine"]["constraint"]["constrained_requests"], 6);
+    assert_eq!(constrained, 4);
+    assert_eq!(report(&two)["engine"]["constraint"]["constrained_requests"], 4);
 }
 
 /// An OpenAI batch file of `n` chat requests alternating between two long system prompts that
@@ -215,18 +215,10 @@ fn draw(state: &mut u64) -> u64 {
 
 #[test]
 fn kill_9_at_a_random_point_then_resume_with_three_engines_gives_the_one_engine_output() {
+    // The 12 news records, a commit every 2 rows.
     let d = tmpdir("dp-kill");
     let pipeline = short_pipeline(&d, "summarize", "max_tokens = 64", "max_tokens = 8");
-    // 24 records: the news twice, the second copy with new ids.
-    let news = text(&repo().join(NEWS));
-    let mut input_text = news.clone();
-    for l in news.lines() {
-        let mut v: Value = serde_json::from_str(l).unwrap();
-        v["id"] = format!("{}-again", v["id"].as_str().unwrap()).into();
-        input_text += &format!("{v}\n");
-    }
-    let input = d.join("news24.jsonl");
-    std::fs::write(&input, input_text).unwrap();
+    let input = repo().join(NEWS);
     let unbroken = d.join("unbroken.jsonl");
     expect_code(&dustoff(&run_args(Some(&pipeline), &input, &unbroken, &[]), &[]), 0, "one engine, unbroken");
 
@@ -268,10 +260,10 @@ fn kill_9_at_a_random_point_then_resume_with_three_engines_gives_the_one_engine_
     }
     assert_eq!(text(&out), text(&unbroken), "resumed three-engine output equals the unbroken one-engine run");
     let r = report(&out);
-    assert_eq!(r["counts"]["records"], 24);
+    assert_eq!(r["counts"]["records"], 12);
     assert!(!with_suffix(&out, ".dustoff").exists(), "checkpoint removed after completion");
     // The last run computed only what the kills left: the report counts the rest as done.
     let done = u(&r["counts"]["skipped_done"]);
     assert!(done > 0, "the resume skipped the committed rows: {r}");
-    engines(&out, 3, 24 - done);
+    engines(&out, 3, 12 - done);
 }
