@@ -6,8 +6,8 @@
 //! pool hands each thread a factory, and requests and results cross threads as plain data
 //! ([`GenRequest`], [`Finished`]). The runner's thread routes each request
 //! ([`super::routing::PrefixRouter`]) into a per-engine queue; a worker tops its engine up from
-//! its own queue to the engine's capacity and, when its queue is empty, steals from the others
-//! to keep its running slots busy. Results come back over one channel in the order engines
+//! its own queue (to twice its slots) and, when its queue is empty, steals from the others to
+//! keep its running slots busy. Results come back over one channel in the order engines
 //! finish them; the checkpoint writes the output in input order, as with one engine.
 //!
 //! Rows do not depend on the engine that ran them: sampling is seeded per request and the CPU
@@ -278,6 +278,11 @@ fn drive(
     tx: &Sender<Msg>,
     stop: &StopFlag,
 ) -> anyhow::Result<()> {
+    // Requests an engine holds at most: its slots and as many waiting. The engine's own queue
+    // could hold more, but what it holds cannot be stolen, and the worker refills the engine as
+    // soon as a request finishes anyway; so the rest waits in the pool's queues, where an idle
+    // engine can take it (this keeps the tail of a job spread over the engines).
+    let hold = (2 * slots).min(capacity);
     let mut running = 0usize;
     loop {
         let batch = {
@@ -288,7 +293,7 @@ fn drive(
                 }
                 // After a stop the job drops in-flight requests: take nothing, wait for shutdown.
                 if !stop.is_set() {
-                    let b = st.router.take(i, capacity - running, slots.saturating_sub(running));
+                    let b = st.router.take(i, hold.saturating_sub(running), slots.saturating_sub(running));
                     if !b.is_empty() || running > 0 {
                         break b;
                     }

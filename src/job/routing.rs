@@ -159,18 +159,17 @@ impl PrefixRouter {
         out
     }
 
+    /// `(victim, position)` of the request `thief` should steal: the most blocks it holds, then
+    /// the longest queue, then the newest.
     fn steal_candidate(&self, thief: usize) -> Option<(usize, usize)> {
         let t = &self.engines[thief];
-        let mut best: Option<((usize, usize, usize), (usize, usize))> = None;
-        for (v, e) in self.engines.iter().enumerate().filter(|(v, _)| *v != thief) {
-            for (pos, r) in e.queue.iter().enumerate() {
-                let key = (t.depth(&r.blocks), e.queue.len(), pos);
-                if best.as_ref().is_none_or(|(k, _)| key > *k) {
-                    best = Some((key, (v, pos)));
-                }
-            }
-        }
-        best.map(|(_, at)| at)
+        self.engines
+            .iter()
+            .enumerate()
+            .filter(|(v, _)| *v != thief)
+            .flat_map(|(v, e)| e.queue.iter().enumerate().map(move |(pos, r)| (v, pos, e.queue.len(), r)))
+            .max_by_key(|&(v, pos, len, r)| (t.depth(&r.blocks), len, pos, std::cmp::Reverse(v)))
+            .map(|(v, pos, _, _)| (v, pos))
     }
 
     /// `engine` finished `n` of the requests it took.
