@@ -109,6 +109,13 @@ struct RunCliArgs {
     model: ModelArgs,
     #[command(flatten)]
     engine: EngineArgs,
+    /// Data parallel: one engine per listed GPU (`all`, or ordinals like 0,1; `0,0` runs two
+    /// engines on cuda:0). Default: every GPU with --device auto or cuda, the one of cuda:N.
+    #[arg(long)]
+    devices: Option<String>,
+    /// Engines per device (with --device cpu: N CPU engines in one process).
+    #[arg(long, default_value_t = 1)]
+    engines: usize,
     /// Discard an existing checkpoint of this output and start over.
     #[arg(long)]
     restart: bool,
@@ -509,6 +516,9 @@ fn run(cli: Cli) -> Result<Code> {
                 output: a.output,
                 model: a.model.model,
                 device,
+                device_flag: a.model.device,
+                devices: a.devices,
+                engines: a.engines,
                 ptx_dir: a.model.ptx_dir,
                 slots: a.engine.slots,
                 max_batch_tokens: a.engine.max_batch_tokens,

@@ -52,6 +52,10 @@ impl<B: Backend> Generate for EngineGenerate<B> {
         self.engine.config().slots + self.queue
     }
 
+    fn slots(&self) -> usize {
+        self.engine.config().slots
+    }
+
     fn submit(&mut self, req: GenRequest) -> Result<()> {
         let r = Request {
             id: req.key,

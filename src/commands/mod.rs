@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_constrained;
 pub mod common;
 pub mod convert;
+pub mod devices;
 pub mod doctor;
 pub mod engine_gen;
 pub mod eval;

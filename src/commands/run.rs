@@ -23,6 +23,12 @@ pub struct RunArgs {
     pub output: PathBuf,
     pub model: PathBuf,
     pub device: Device,
+    /// `--device` as written (`auto`/`cuda`: a GPU run uses every GPU; `cuda:N` that one).
+    pub device_flag: String,
+    /// `--devices`: `all` or GPU ordinals, one engine each (`0,0`: two engines on cuda:0).
+    pub devices: Option<String>,
+    /// `--engines`: engines per device (N CPU engines with `--device cpu`).
+    pub engines: usize,
     pub ptx_dir: Option<PathBuf>,
     pub slots: Slots,
     pub max_batch_tokens: usize,
@@ -122,25 +128,52 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         }
     };
     let per_seq = (max_in + max_out + common::BLOCK_SIZE).min(m.config.max_context.max(256));
-    let slots = common::resolve_slots(a.slots, &a.device, &m.config, &m.weights, per_seq)?;
-    let backend = common::make_backend(&m.config, &m.weights, &a.device, slots * per_seq, a.ptx_dir.as_deref())?;
-    eprintln!("backend: {}; {slots} slots, KV room for {} tokens", backend.describe(), slots * per_seq);
+    let gpus = if a.device == Device::Cpu { 0 } else { crate::backend::cuda::device::device_count() };
+    let devs = super::devices::engine_devices(&a.device, &a.device_flag, a.devices.as_deref(), a.engines, gpus)?;
+    let stop = StopFlag::with_signals().unwrap_or_default();
+    let eos = m.tokenizer.eos_ids().to_vec();
+    let (mut gen, slots): (Box<dyn Generate>, usize) = if devs.len() == 1 {
+        let slots = common::resolve_slots(a.slots, &devs[0], &m.config, &m.weights, per_seq)?;
+        let backend = common::make_backend(&m.config, &m.weights, &devs[0], slots * per_seq, a.ptx_dir.as_deref())?;
+        eprintln!("backend: {}; {slots} slots, KV room for {} tokens", backend.describe(), slots * per_seq);
+        let engine = Engine::new(
+            backend,
+            EngineConfig {
+                slots,
+                max_batch_tokens: a.max_batch_tokens.max(slots),
+                prefix_cache: a.prefix_cache,
+                model_fingerprint: m.fingerprint,
+            },
+        )?;
+        (Box::new(EngineGenerate::new(engine, eos).with_stop(stop.clone()).with_grammar(grammar)), slots)
+    } else {
+        // Data parallel: one engine per entry, each built in its own thread over shared weights.
+        let slots = super::devices::engine_slots(a.slots, &devs, &m.config, &m.weights, per_seq)?;
+        let pc = super::devices::PoolConfig {
+            model: std::sync::Arc::new((m.config.clone(), m.weights.clone())),
+            model_fingerprint: m.fingerprint,
+            per_seq,
+            max_batch_tokens: a.max_batch_tokens,
+            prefix_cache: a.prefix_cache,
+            ptx_dir: a.ptx_dir.clone(),
+            eos,
+            grammar,
+            stop: stop.clone(),
+        };
+        let pool = super::devices::start_pool(&pc, &devs, &slots)?;
+        eprintln!(
+            "data parallel: {} engines ({}), {} slots in all",
+            pool.engines(),
+            pool.labels().join(", "),
+            pool.total_slots()
+        );
+        let total = pool.total_slots();
+        (Box::new(pool), total)
+    };
     if let Some(h) = &m.config.hybrid {
         let all = (h.state_bytes_per_seq() * slots) as f64 / 1e6;
         eprintln!("memory: {}; {all:.2} MB for {slots} slots", h.state_summary());
     }
-    let engine = Engine::new(
-        backend,
-        EngineConfig {
-            slots,
-            max_batch_tokens: a.max_batch_tokens.max(slots),
-            prefix_cache: a.prefix_cache,
-            model_fingerprint: m.fingerprint,
-        },
-    )?;
-    let stop = StopFlag::with_signals().unwrap_or_default();
-    let mut gen =
-        EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec()).with_stop(stop.clone()).with_grammar(grammar);
 
     let opts = RunOptions {
         inputs,
@@ -155,7 +188,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         quiet: a.quiet,
         model_label: a.model.display().to_string(),
     };
-    let res = runner::run_job(&job, &opts, &lock, &codec, &mut gen, &stop)?;
+    let res = runner::run_job(&job, &opts, &lock, &codec, gen.as_mut(), &stop)?;
     eprint!("{}", res.report.human_summary());
     if let Some(mj) = gen.metrics_json() {
         let computed = mj["prompt_tokens_computed"].as_u64().unwrap_or(0);
@@ -167,6 +200,20 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             mj["oom_recoveries"],
             mj["kv_blocks_peak"],
             mj["kv_blocks_total"],
+        );
+    }
+    for e in gen.metrics_json().and_then(|mj| mj["engines"].as_array().cloned()).unwrap_or_default() {
+        let r = &e["routing"];
+        eprintln!(
+            "  engine {}: finished {} requests (routed {}, {} of them by a shared prefix; stole {}), prompt tokens computed {} of {}, {} generated",
+            e["device"].as_str().unwrap_or("?"),
+            r["finished"],
+            r["routed"],
+            r["routed_by_prefix"],
+            r["stolen"],
+            e["prompt_tokens_computed"],
+            e["prompt_tokens"],
+            e["generated_tokens"],
         );
     }
     if let Some(c) = gen.metrics_json().map(|mj| mj["constraint"].clone()).filter(|c| c["constrained_requests"] != 0) {

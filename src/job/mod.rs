@@ -2,7 +2,8 @@
 //! checkpoints with resume, sharding, writers, progress and the final report.
 //!
 //! Exit codes are documented in [`exit`]; [`lock`] keeps a second run off a running job;
-//! [`outputs`] refuses outputs that would overwrite an input.
+//! [`outputs`] refuses outputs that would overwrite an input; [`parallel`] runs several engines
+//! (data parallel) behind the one job loop, routing requests by prompt prefix ([`routing`]).
 
 pub mod checkpoint;
 pub mod dry_run;
@@ -10,11 +11,13 @@ pub mod exit;
 pub mod lock;
 pub mod output;
 pub mod outputs;
+pub mod parallel;
 pub mod pipeline;
 pub mod progress;
 pub mod reader;
 pub mod record;
 pub mod report;
+pub mod routing;
 pub mod runner;
 pub mod shard;
 mod spans;

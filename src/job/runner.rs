@@ -117,6 +117,11 @@ pub struct Finished {
 pub trait Generate {
     /// How many requests may be submitted and unfinished at once.
     fn capacity(&self) -> usize;
+    /// How many of those run at once (the rest wait in the engine's queue). An engine pool
+    /// steals work for an engine only while it has fewer than this many.
+    fn slots(&self) -> usize {
+        self.capacity()
+    }
     fn submit(&mut self, req: GenRequest) -> anyhow::Result<()>;
     /// Runs engine steps until at least one request finishes (returns at once with nothing when
     /// none is pending). An `Err` is a whole-job failure.

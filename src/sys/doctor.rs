@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use super::cpu::{CpuFeatures, CpuPath};
 use super::gpu::{ptx_isa_for_driver, GpuInfo};
+use super::gpu_links::{tensor_parallel_warning, GpuAt, GpuLink};
 use super::nvrtc_scan::{can_target, scan_nvrtc, NvrtcFile};
 use super::threads::{plan, NumaMode, Placement};
 use super::topology::{pci_numa_node, Node, Topology};
@@ -101,6 +102,10 @@ pub struct CudaReport {
     pub driver_ptx_isa: Option<String>,
     pub cuda_visible_devices: Option<String>,
     pub gpus: Vec<GpuReport>,
+    /// Every pair of GPUs: NVLink or PCIe and how far (NVML, else sysfs).
+    pub links: Vec<GpuLink>,
+    /// Active NVLinks of each GPU `(ordinal, links)` (NVML only).
+    pub nvlinks_active: Vec<(usize, u32)>,
     pub nvrtc: NvrtcReport,
     pub cublas_loadable: bool,
 }
@@ -316,7 +321,17 @@ pub fn gather(o: &DoctorOptions) -> Report {
     if (v100 && compiles_70 != Some(true)) || (gpus.is_empty() && compiles_70 == Some(false)) {
         hints.push(NVRTC12_HINT.into());
     }
+    let at: Vec<GpuAt> = gpus
+        .iter()
+        .filter_map(|g| g.info.pci_bus_id.clone().map(|bus_id| GpuAt { ordinal: g.info.ordinal, bus_id }))
+        .collect();
+    let (links, nvlinks_active) = super::gpu_links::links(&at, &o.sys_root);
+    if let Some(w) = tensor_parallel_warning(&links) {
+        hints.push(format!("warning: {w}"));
+    }
     let cuda = CudaReport {
+        links,
+        nvlinks_active,
         driver_loaded: crate::backend::cuda::device::driver_available(),
         driver_cuda_version: driver.map(|(a, b)| format!("{a}.{b}")),
         driver_ptx_isa: driver_isa.map(|(a, b)| format!("{a}.{b}")),

@@ -106,6 +106,15 @@ impl Report {
         if g.gpus.is_empty() {
             let _ = writeln!(s, "  no GPU");
         }
+        if !g.links.is_empty() {
+            let _ = writeln!(s, "  GPU links (from {}):", g.links[0].source);
+            for l in &g.links {
+                let _ = writeln!(s, "    {}", l.describe());
+            }
+        }
+        for (ordinal, n) in g.nvlinks_active.iter().filter(|(_, n)| *n > 0) {
+            let _ = writeln!(s, "  cuda:{ordinal}: {n} active NVLink(s)");
+        }
         let n = &g.nvrtc;
         match &n.loaded_version {
             Some(v) => {

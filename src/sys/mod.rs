@@ -1,11 +1,12 @@
 //! The machine dustoff runs on: CPU features and kernel path, NUMA topology and thread
-//! placement, and `dustoff doctor`'s report.
+//! placement, the links between GPUs, and `dustoff doctor`'s report.
 
 pub mod cpu;
 pub mod doctor;
 mod doctor_model;
 mod doctor_text;
 pub mod gpu;
+pub mod gpu_links;
 pub mod nvrtc_scan;
 pub mod threads;
 pub mod topology;

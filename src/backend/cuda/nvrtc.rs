@@ -288,11 +288,16 @@ pub fn compile_cached(file: &KernelFile, arch: &str, cache_dir: Option<&Path>) -
     Ok(ptx)
 }
 
-/// Writes through a temporary file and a rename, so that a reader never sees half a file.
+/// Writes through a temporary file and a rename, so that a reader never sees half a file. The
+/// temporary name is unique to the process and the call: engines in several threads of one
+/// process (`run --devices 0,0`) may store the same kernel at once, and each must rename its own
+/// whole file (the last rename wins; both hold the same PTX).
 fn store(dir: &Path, path: &Path, ptx: &str) -> Result<(), CudaError> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let io = |source| CudaError::CacheIo { path: path.to_path_buf(), source };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
     std::fs::write(&tmp, ptx).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
 }
@@ -331,6 +336,25 @@ pub fn check_sm70_ptx(ptx: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threads_storing_the_same_kernel_each_rename_a_whole_file() {
+        // Regression: the temporary name was the process id alone, so two engines of one
+        // process storing one kernel wrote the same temporary file and one rename failed.
+        let dir = std::env::temp_dir().join(format!("dustoff-ptx-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = cache_path(&dir, "k");
+        let ptx: String = (0..20_000).map(|i| format!("// line {i}\n")).collect::<String>() + "}";
+        let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8).map(|_| s.spawn(|| store(&dir, &path, &ptx).map_err(|e| e.to_string()))).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), ptx);
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left.len(), 1, "no temporary files left: {left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn cache_key_changes_with_every_input() {
