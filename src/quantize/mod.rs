@@ -6,6 +6,7 @@ pub mod blocks;
 pub mod calibrate;
 pub mod imatrix;
 pub mod mix;
+pub mod prompts;
 pub mod search;
 #[cfg(test)]
 mod tests;
@@ -48,12 +49,19 @@ pub enum QuantizeError {
     Backend(#[from] crate::backend::BackendError),
     #[error(transparent)]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    #[error("calibration on the GPU: {0}")]
+    Cuda(#[from] crate::backend::cuda::CudaError),
+    #[error(transparent)]
+    Pipeline(#[from] crate::job::pipeline::PipelineError),
+    #[error(transparent)]
+    Records(#[from] crate::job::reader::ReadError),
 }
 
 impl QuantizeError {
     /// True for errors the user fixes by changing the command line (exit code 2).
     pub fn is_usage(&self) -> bool {
         matches!(self, Self::Usage(_) | Self::Requantize { .. })
+            || matches!(self, Self::Pipeline(p) if !matches!(p, crate::job::pipeline::PipelineError::Io { .. }))
     }
 }
 

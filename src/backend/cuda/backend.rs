@@ -131,6 +131,8 @@ pub struct CudaBackend {
     pub(super) decode_bytes: u64,
     /// Most device memory seen in use (total - free), read after every allocation.
     pub(super) peak_used: u64,
+    /// Calibration: every matrix input goes to the host (`tap.rs`); `None` in normal runs.
+    pub(super) tap: Option<super::tap::CudaTap>,
 }
 
 pub(super) fn up<T: DeviceRepr>(s: &Arc<CudaStream>, v: &[T], what: &str) -> Result<CudaSlice<T>, CudaError> {
@@ -386,6 +388,7 @@ impl CudaBackend {
             formats,
             decode_bytes,
             peak_used: 0,
+            tap: None,
             dev,
         };
         b.note_memory();

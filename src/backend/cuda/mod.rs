@@ -20,6 +20,7 @@ mod profile;
 pub mod qformat;
 pub mod qlaunch;
 mod step;
+pub mod tap;
 pub mod tc;
 mod tuning;
 pub mod weights;
@@ -31,6 +32,7 @@ use crate::backend::BackendError;
 pub use backend::{CudaBackend, CudaOptions, WeightMix};
 pub use device::CudaDevice;
 pub use memory::{plan_memory, MemoryPlan};
+pub use tap::CudaTap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {

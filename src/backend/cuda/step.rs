@@ -31,6 +31,7 @@ use super::matmul::{packed_gemv, tc_min_tokens, Mm, Product};
 use super::prefill::PrefillAttention;
 use super::profile::Profiler;
 use super::qlaunch::{EmbeddingQ, GemvQ};
+use super::tap::TapPoint;
 use super::tc::{tc64_part_len, TC_MAX_TOKENS};
 use super::CudaError;
 use crate::backend::BackendError;
@@ -268,7 +269,11 @@ impl CudaBackend {
             self.prof = prof;
             r?;
             self.prof.as_mut().map_or(Ok(()), |p| p.end())?;
-        } else if self.use_graphs && f.n_tok <= TC_MAX_TOKENS && !self.uncapturable.contains(&graph_key(f)) {
+        } else if self.use_graphs
+            && self.tap.is_none()
+            && f.n_tok <= TC_MAX_TOKENS
+            && !self.uncapturable.contains(&graph_key(f))
+        {
             if !self.replay(w, f)? {
                 self.run_layers(w, f, &mut None)?;
             }
@@ -402,9 +407,12 @@ impl CudaBackend {
             out_stride: dim,
             eps: c.rms_eps,
         };
-        for lw in &self.layers {
+        for (li, lw) in self.layers.iter().enumerate() {
             norm(x, Dev::of(&lw.attn_norm, s), h).launch(k, s)?;
             mark("rmsnorm")?;
+            if let Some(t) = self.tap.as_mut() {
+                t.layer_input(&self.dev.stream, li, TapPoint::Qkv, &w.h, n, dim)?;
+            }
             let bias = lw.bqkv.as_ref().map(|b| Dev::of(b, s));
             mm.run(k, Product { lin: &lw.wqkv, bias, x: h, n, out: qkv, accumulate: false })?;
             mark("qkv matmul")?;
@@ -461,14 +469,28 @@ impl CudaBackend {
             if f.n_tiles > 0 {
                 mark("attention prefill")?;
             }
+            if let Some(t) = self.tap.as_mut() {
+                t.layer_input(&self.dev.stream, li, TapPoint::O, &w.att, n, qd)?;
+            }
             mm.run(k, Product { lin: &lw.wo, bias: None, x: att, n, out: x, accumulate: true })?;
             mark("o matmul")?;
             norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
             mark("rmsnorm")?;
+            if let Some(t) = self.tap.as_mut() {
+                t.layer_input(&self.dev.stream, li, TapPoint::GateUp, &w.h, n, dim)?;
+            }
             swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
             mark("gate/up matmul")?;
+            if let Some(t) = self.tap.as_mut() {
+                t.layer_input(&self.dev.stream, li, TapPoint::Down, &w.act, n, ffn)?;
+            }
             mm.run(k, Product { lin: &lw.wdown, bias: None, x: act, n, out: x, accumulate: true })?;
             mark("down matmul")?;
+        }
+        if let Some(t) = self.tap.as_mut() {
+            // The head's input for every token (h is free now), not only the logit rows.
+            norm(x, Dev::of(&self.output_norm, s), h).launch(k, s)?;
+            t.head_input(&self.dev.stream, &w.h, n, dim)?;
         }
         if f.m == 0 {
             return Ok(());
