@@ -29,28 +29,42 @@ echo "sample model: $SRC sha256 $(sha256sum "$SRC" | cut -c1-16)"
 mkdir -p "$T/wt/samples/models" /work
 ln -sfn "$SRC" "$T/wt/$M"
 ln -sfn "$PWD/tests" "$T/wt/tests"
-ln -sfn "$T/wt" /work/wt-quant14
+# (never over a real checkout of that name, as on the development machine)
+[ -d /work/wt-quant14 ] && [ ! -L /work/wt-quant14 ] || ln -sfn "$T/wt" /work/wt-quant14
 left() { echo $((150 - SECONDS)); }
 
-echo; echo "== parity: CUDA activation tap vs CPU (native), then the whole suite (native)"
+echo; echo "== parity: CUDA activation tap vs CPU, and the forward-pass tests around it (native)"
 export DUSTOFF_REQUIRE_GPU=1
-timeout 40 "$T/gpu_parity" --test-threads 1 calibrate 2>&1 | grep -E "calibration_imatrix|test result|panicked|FAILED|SKIPPED" | head -20
-timeout 60 "$T/gpu_parity" --test-threads 2 2>&1 | grep -E "test result|panicked|FAILED" | head -20
+timeout 45 "$T/gpu_parity" --test-threads 1 calibrate sample_model graph_replay 2>&1 | grep -E "calibration_imatrix|test result|panicked|FAILED|SKIPPED" | head -20
 echo; echo "== parity: CUDA activation tap vs CPU (compute_70 PTX)"
-DUSTOFF_PTX_DIR=$T/ptx70 timeout 40 "$T/gpu_parity" --test-threads 1 calibrate 2>&1 | grep -E "calibration_imatrix|test result|panicked|FAILED|PTX" | head -20
+DUSTOFF_PTX_DIR=$T/ptx70 timeout 30 "$T/gpu_parity" --test-threads 1 calibrate 2>&1 | grep -E "calibration_imatrix|test result|panicked|FAILED|PTX" | head -20
 unset DUSTOFF_REQUIRE_GPU
 
-echo; echo "== quantize on this machine (from the Q4_1 sample model: F16 reference, q8_0, q4_k_m)"
-q() { echo "-- dustoff $*"; "$D" "$@" 2>&1 | grep -vE "^\s*$" | tail -4; }
-q convert --model "$SRC" --output "$W/f16.gguf" --dtype f16
-q quantize --model "$W/f16.gguf" --output "$W/q8_0.gguf" --type q8_0
-q quantize --model "$W/f16.gguf" --output "$W/q4_k_m.gguf" --type q4_k_m
-q quantize --model "$W/f16.gguf" --output "$W/q4_k_m-cal-cuda.gguf" --type q4_k_m --device cuda \
-  --calibration "$G/texts/calib.txt" --calibration-tokens 8192 --imatrix-out "$W/im-cuda.gguf"
-q quantize --model "$W/f16.gguf" --output "$W/q4_k_m-cal-cpu.gguf" --type q4_k_m --device cpu \
-  --calibration "$G/texts/calib.txt" --calibration-tokens 8192 --imatrix-out "$W/im-cpu.gguf"
-q quantize --model "$W/f16.gguf" --output "$W/q4_k_m-pipe-cuda.gguf" --type q4_k_m --device cuda \
-  --pipeline summarize --calibration samples/news.jsonl --verify
+echo; echo "== quantize on this machine from the Q4_1 sample model (each timed 3x, median in ms)   [$(left) s left]"
+med() { sort -n | sed -n 2p; }
+# tq NAME ARGS...: quantize the F16 reference 3 times; the first output is kept as NAME.gguf
+# (its summary printed), the median wall time in ms goes to stdout's last line.
+tq() {
+  local name=$1; shift
+  for i in 1 2 3; do
+    local o="$W/t.gguf"; [ $i = 1 ] && o="$W/$name.gguf"
+    rm -f "$o"; local s=$(date +%s%N)
+    "$D" quantize --model "$W/f16.gguf" --output "$o" "$@" > "$W/$name.log$i" 2>&1 || { echo "$name FAILED:" >&2; tail -4 "$W/$name.log$i" >&2; }
+    echo $(( ($(date +%s%N) - s) / 1000000 ))
+  done | med
+  grep -E "^(wrote|calibration|[0-9]+ tensor)" "$W/$name.log1" >&2
+}
+echo "-- dustoff convert --model $SRC --output f16.gguf --dtype f16"
+"$D" convert --model "$SRC" --output "$W/f16.gguf" --dtype f16 2>&1 | grep -E "^wrote|rror"
+TQ8=$(tq q8_0 --type q8_0)
+TQ=$(tq q4_k_m --type q4_k_m)
+CAL="--calibration $G/texts/calib.txt --calibration-tokens 4096"
+TG=$(tq q4_k_m-cal-cuda --type q4_k_m --device cuda $CAL)
+TC=$(tq q4_k_m-cal-cpu --type q4_k_m --device cpu $CAL)
+echo "q8_0 $TQ8 ms; q4_k_m $TQ ms; q4_k_m + 4,096 calibration tokens on cuda $TG ms, on cpu ($(nproc) cores) $TC ms"
+echo "-- quantize --pipeline summarize --calibration samples/news.jsonl --device cuda --verify"
+"$D" quantize --model "$W/f16.gguf" --output "$W/q4_k_m-pipe-cuda.gguf" --type q4_k_m --device cuda \
+  --pipeline summarize --calibration samples/news.jsonl --verify 2>&1 | grep -vE "^\s*$" | tail -6
 
 echo; echo "== generate --device cuda vs --device cpu, same file, same greedy command"
 GEN=""
@@ -60,34 +74,25 @@ for f in q8_0 q4_k_m q4_k_m-cal-cuda; do
       --max-tokens 48 --device $dev > "$W/gen-$f-$dev.log" 2>&1 || { echo "$f $dev FAILED:"; tail -5 "$W/gen-$f-$dev.log"; }
   done
   grep -E "device|matrices" "$W/gen-$f-cuda.log" | head -2
-  if cmp -s "$W/gen-$f-cuda.jsonl" "$W/gen-$f-cpu.jsonl"; then r="identical"; else r="DIFFERENT"; diff "$W/gen-$f-cuda.jsonl" "$W/gen-$f-cpu.jsonl" | head -6; fi
-  n=$(wc -l < "$W/gen-$f-cuda.jsonl" 2>/dev/null || echo 0)
-  echo "$f: $n outputs, cuda vs cpu $r"; head -c 300 "$W/gen-$f-cuda.jsonl"; echo
-  GEN="$GEN\n| generate $f (3 prompts x 48 tokens) | cuda vs cpu: $r |"
+  if [ ! -s "$W/gen-$f-cuda.jsonl" ] || [ ! -s "$W/gen-$f-cpu.jsonl" ]; then r="FAILED (no output)"
+  elif cmp -s "$W/gen-$f-cuda.jsonl" "$W/gen-$f-cpu.jsonl"; then r="identical"
+  else r="DIFFERENT"; diff "$W/gen-$f-cuda.jsonl" "$W/gen-$f-cpu.jsonl" | head -6; fi
+  n=$(cat "$W/gen-$f-cuda.jsonl" 2>/dev/null | wc -l)
+  echo "$f: $n outputs on cuda, cuda vs cpu $r"; head -c 300 "$W/gen-$f-cuda.jsonl" 2>/dev/null; echo
+  GEN="$GEN| generate $f.gguf (3 prompts x 48 tokens, greedy) | $n rows; cuda vs cpu output: $r |\n"
 done
 
-echo; echo "== quantize and calibration time (median of 3, ms)   [$(left) s left]"
-med() { sort -n | sed -n 2p; }
-tq() {   # tq ARGS...: ms of one quantize run from the F16 reference, median of 3
-  for i in 1 2 3; do
-    rm -f "$W/t.gguf"; s=$(date +%s%N)
-    "$D" quantize --model "$W/f16.gguf" --output "$W/t.gguf" --type q4_k_m "$@" > /dev/null 2>&1
-    echo $(( ($(date +%s%N) - s) / 1000000 ))
-  done | med
-}
-TQ=$(tq)
-TG=$(tq --device cuda --calibration "$G/texts/calib.txt" --calibration-tokens 8192)
-TC=$(tq --device cpu --calibration "$G/texts/calib.txt" --calibration-tokens 8192)
-echo "quantize q4_k_m without calibration: $TQ ms; with 8,192 calibration tokens on cuda: $TG ms; on cpu ($(nproc) cores): $TC ms"
-
 echo; echo "== quality: the GPU- and CPU-calibrated files against the F16 reference (held-out text)   [$(left) s left]"
-timeout $(( $(left) - 10 )) "$D" eval --reference "$W/f16.gguf" --model "$W/q8_0.gguf" --model "$W/q4_k_m.gguf" \
-  --model "$W/q4_k_m-cal-cpu.gguf" --model "$W/q4_k_m-cal-cuda.gguf" --text "$G/texts/heldout.txt" --ctx 512 --max-tokens 4096 2>&1 | tail -7
+MODELS=""
+for f in q8_0 q4_k_m q4_k_m-cal-cpu q4_k_m-cal-cuda q4_k_m-pipe-cuda; do [ -s "$W/$f.gguf" ] && MODELS="$MODELS --model $W/$f.gguf"; done
+[ "$(left)" -gt 25 ] && timeout $(( $(left) - 8 )) "$D" eval --reference "$W/f16.gguf" $MODELS \
+  --text "$G/texts/heldout.txt" --ctx 512 --max-tokens 4096 2>&1 | tail -8
 
 echo; echo "== summary"
 echo "| check | result |"
 echo "|---|---|"
-printf "$GEN\n"
-echo "| quantize q4_k_m, no calibration (median of 3) | $TQ ms |"
-echo "| quantize q4_k_m + calibration 8,192 tokens, cuda / cpu (median of 3) | $TG ms / $TC ms |"
+printf "$GEN"
+for f in q4_k_m-cal-cuda q4_k_m-pipe-cuda; do [ -s "$W/$f.gguf" ] || echo "| quantize $f (calibration on cuda) | FAILED |"; done
+echo "| quantize q8_0 / q4_k_m, no calibration (wall, median of 3) | $TQ8 ms / $TQ ms |"
+echo "| quantize q4_k_m + 4,096 calibration tokens, on cuda / on cpu (wall, median of 3) | $TG ms / $TC ms |"
 echo "total $SECONDS s"
