@@ -222,7 +222,7 @@ pub fn run(a: &QuantizeArgs) -> anyhow::Result<QuantizeSummary> {
             "--pipeline needs --calibration FILE (that pipeline's job records, JSONL or Parquet)".into(),
         ));
     }
-    if a.verify_max_kl.is_some_and(|k| !(k >= 0.0)) {
+    if a.verify_max_kl.is_some_and(|k| k.is_nan() || k < 0.0) {
         return Err(usage("--verify-max-kl must be a number >= 0".into()));
     }
     if a.calibration_ctx < 8 {
