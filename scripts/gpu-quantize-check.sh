@@ -35,9 +35,9 @@ left() { echo $((150 - SECONDS)); }
 
 echo; echo "== parity: CUDA activation tap vs CPU, and the forward-pass tests around it (native)"
 export DUSTOFF_REQUIRE_GPU=1
-timeout 45 "$T/gpu_parity" --test-threads 1 calibrate sample_model graph_replay 2>&1 | grep -E "calibration_imatrix|test result|panicked|FAILED|SKIPPED" | head -20
+timeout 45 "$T/gpu_parity" --test-threads 1 --nocapture calibrate sample_model graph_replay 2>&1 | grep -E "calibration_imatrix|test result|panicked|FAILED|SKIPPED" | head -20
 echo; echo "== parity: CUDA activation tap vs CPU (compute_70 PTX)"
-DUSTOFF_PTX_DIR=$T/ptx70 timeout 30 "$T/gpu_parity" --test-threads 1 calibrate 2>&1 | grep -E "calibration_imatrix|test result|panicked|FAILED|PTX" | head -20
+DUSTOFF_PTX_DIR=$T/ptx70 timeout 30 "$T/gpu_parity" --test-threads 1 --nocapture calibrate 2>&1 | grep -E "calibration_imatrix|test result|panicked|FAILED|PTX" | head -20
 unset DUSTOFF_REQUIRE_GPU
 
 echo; echo "== quantize on this machine from the Q4_1 sample model (each timed 3x, median in ms)   [$(left) s left]"
