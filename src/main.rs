@@ -169,6 +169,10 @@ struct ConvertCliArgs {
     /// Prompt of --verify.
     #[arg(long, default_value = "The capital of France is")]
     verify_prompt: String,
+    /// --verify also scores the output against the source (KL divergence on a short built-in
+    /// text); exit 1 when the mean KL exceeds this (implies --verify).
+    #[arg(long)]
+    verify_max_kl: Option<f64>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -195,8 +199,12 @@ hold (not a multiple of 256) fall back: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0
 and the report list them.
 
 Calibration: --calibration FILE (JSONL with a \"text\" field, or plain text) runs up to
---calibration-tokens tokens through the model on the CPU and records, for every matrix, the mean
-squared activation of each input column (the importance matrix). Scales and mins are then chosen
+--calibration-tokens tokens through the model (--device auto: on the GPU when one is usable and
+the CUDA backend runs the model, else on the CPU) and records, for every matrix, the mean
+squared activation of each input column (the importance matrix). With --pipeline P, FILE holds
+that pipeline's job records (JSONL or Parquet): each is rendered and tokenized exactly as
+`dustoff run P` would feed it (system prompt, instruction, chat template), one window per
+record. Scales and mins are then chosen
 by weighted least squares with those weights. --imatrix-out F saves it, --imatrix F reuses it.
 Without calibration the same search runs with uniform weights (plain least squares); Q4_0
 also weights each element by its magnitude. Details: docs/QUANTIZE.md.";
@@ -231,9 +239,18 @@ struct QuantizeCliArgs {
     #[arg(long)]
     allow_requantize: bool,
     /// Afterwards, score the output against the source on a short built-in text (KL divergence,
-    /// top-1 agreement, perplexities).
+    /// top-1 agreement, perplexities); recorded in quantize-report.json.
     #[arg(long)]
     verify: bool,
+    /// Exit 1 when the verification's mean KL divergence exceeds this (implies --verify).
+    #[arg(long)]
+    verify_max_kl: Option<f64>,
+    /// --calibration holds this pipeline's job records: calibrate on the prompts it renders.
+    #[arg(long)]
+    pipeline: Option<String>,
+    /// Where calibration runs: cpu, cuda, cuda:N, or auto (the GPU when usable).
+    #[arg(long, default_value = "auto")]
+    device: String,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -541,11 +558,14 @@ fn run(cli: Cli) -> Result<Code> {
                 output: a.output,
                 qtype: a.dtype,
                 allow_requantize: true,
+                verify: a.verify,
+                verify_max_kl: a.verify_max_kl,
+                threads: cli.threads,
                 ..Default::default()
             };
             let summary = dustoff::commands::quantize::run(&args)?;
             print_report(a.json, &summary, summary.to_text())?;
-            Ok(Code::Ok)
+            Ok(if summary.passed() { Code::Ok } else { Code::Failure })
         }
         Cmd::Convert(a) => {
             let args = dustoff::commands::convert::ConvertArgs {
@@ -554,13 +574,14 @@ fn run(cli: Cli) -> Result<Code> {
                 dtype: a.dtype,
                 allow_lossy: a.allow_lossy,
                 max_lossy_fraction: a.max_lossy_fraction,
-                verify: a.verify,
+                verify: a.verify || a.verify_max_kl.is_some(),
                 verify_tokens: a.verify_tokens,
                 verify_prompt: a.verify_prompt,
+                verify_max_kl: a.verify_max_kl,
             };
             let summary = dustoff::commands::convert::run(args)?;
             print_report(a.json, &summary, summary.to_text())?;
-            Ok(Code::Ok)
+            Ok(if summary.passed() { Code::Ok } else { Code::Failure })
         }
         Cmd::Doctor(a) => {
             let args = dustoff::commands::doctor::DoctorArgs {
@@ -590,10 +611,13 @@ fn run(cli: Cli) -> Result<Code> {
                 allow_requantize: a.allow_requantize,
                 threads: cli.threads,
                 verify: a.verify,
+                verify_max_kl: a.verify_max_kl,
+                pipeline: a.pipeline,
+                device: a.device,
             };
             let summary = dustoff::commands::quantize::run(&args)?;
             print_report(a.json, &summary, summary.to_text())?;
-            Ok(Code::Ok)
+            Ok(if summary.passed() { Code::Ok } else { Code::Failure })
         }
         Cmd::Eval(a) => {
             let args = dustoff::commands::eval::EvalArgs {

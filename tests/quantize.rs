@@ -11,15 +11,18 @@ use std::process::Command;
 use common::*;
 use dustoff::backend::cpu::CpuBackend;
 use dustoff::commands::convert::{self, ConvertArgs};
+use dustoff::commands::engine_gen::TokenizerCodec;
 use dustoff::commands::eval::{self, EvalArgs};
 use dustoff::commands::quantize::{run, QuantizeArgs};
 use dustoff::engine::single::SingleSeq;
+use dustoff::job::pipeline::Pipeline;
 use dustoff::model::config::Arch;
 use dustoff::model::gguf::GgufFile;
 use dustoff::model::hf_synth::{write_hf_dir, SynthSpec};
 use dustoff::model::loader::{load_model, SAMPLE_MODEL};
 use dustoff::model::quant::{dequantize_row, GgmlType};
 use dustoff::quantize::blocks::quantize_row_weighted;
+use dustoff::quantize::prompts::pipeline_windows;
 use dustoff::quantize::row_weights;
 
 const TOKENS: [u32; 6] = [1, 504, 3458, 314, 9156, 28];
@@ -196,6 +199,9 @@ fn bad_inputs_fail_clearly() {
     let (code, err) = cli(&["quantize", "--model", SAMPLE_MODEL, "--output", o, "--type", "q3_k"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("unknown --type \"q3_k\""), "{err}");
+    let (code, err) = cli(&["quantize", "--model", SAMPLE_MODEL, "--output", o, "--pipeline", "summarize"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--pipeline needs --calibration"), "{err}");
     // The sample model is Q4_1 already.
     let (code, err) = cli(&["quantize", "--model", SAMPLE_MODEL, "--output", o]);
     assert_eq!(code, 2, "{err}");
@@ -226,5 +232,144 @@ fn bad_inputs_fail_clearly() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("'blk.0.attn_q.weight' has type id 10"), "{err}");
     assert!(!out.exists());
+    std::fs::remove_dir_all(&d).ok();
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+#[test]
+fn verify_is_recorded_and_a_kl_bound_fails_the_command() {
+    let d = tmpdir("quantize-verify");
+    let hf = synth(&d);
+    let (q, back) = (d.join("q4_0.gguf"), d.join("back-f16.gguf"));
+    let (hs, qs) = (hf.to_str().unwrap(), q.to_str().unwrap());
+    // A bound no real quantization meets: exit 1; the file and its report stay, and say why.
+    let (code, err) = cli(&["quantize", "--model", hs, "--output", qs, "--type", "q4_0", "--verify-max-kl", "0"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(q.exists());
+    let v = json(&d.join("quantize-report.json"))["verify"].clone();
+    assert_eq!((v["passed"].as_bool(), v["max_kl"].as_f64()), (Some(false), Some(0.0)), "{v}");
+    assert_eq!(v["reference"].as_str(), Some(hs));
+    let kl = v["eval"]["models"][0]["kl_divergence"]["mean"].as_f64().unwrap();
+    assert!(kl > 0.0 && kl < 1.0, "{v}");
+    assert!(v["eval"]["scored_positions"].as_u64().unwrap() > 100, "{v}");
+
+    // GGUF -> GGUF convert --verify: an F16 copy of the Q4_0 file is scored against that file.
+    let (code, err) = cli(&["convert", "--model", qs, "--output", back.to_str().unwrap(), "--verify-max-kl", "1e-3"]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&d.join("quantize-report.json"))["verify"].clone();
+    assert_eq!(v["passed"].as_bool(), Some(true), "{v}");
+    assert_eq!(v["reference"].as_str(), Some(qs));
+    assert!(v["eval"]["models"][0]["kl_divergence"]["mean"].as_f64().unwrap() < 1e-3, "{v}");
+
+    // HF -> GGUF convert --verify: the eval joins the tensor check, in the summary and the report.
+    let c = d.join("conv.gguf");
+    let s = convert::run(ConvertArgs {
+        model: hf.clone(),
+        output: c.clone(),
+        verify: true,
+        verify_tokens: 4,
+        verify_max_kl: Some(1e-3),
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(s.passed());
+    let e = s.verify.unwrap().eval.unwrap();
+    let k = e.eval.models[0].kl_divergence.as_ref().unwrap();
+    assert!(k.mean < 1e-3 && k.max.is_finite(), "{k:?}");
+    let r = json(&s.report);
+    assert_eq!(r["verify"]["eval"]["models"][0]["kl_divergence"]["mean"].as_f64(), Some(k.mean));
+    assert!(r["tensors"].as_array().is_some_and(|t| !t.is_empty()), "the tensor report is kept");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn pipeline_calibration_feeds_the_prompts_a_job_feeds() {
+    let d = tmpdir("quantize-pipeline");
+    let hf = synth(&d);
+    let m = load_model(&hf).unwrap();
+    let p = Pipeline::resolve("summarize", &repo().join("pipelines")).unwrap();
+    let news = repo().join("samples/news.jsonl");
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&news)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let w = pipeline_windows(&m.tokenizer, &p, &news, usize::MAX).unwrap();
+    assert_eq!((w.records, w.skipped, w.windows.len()), (records.len(), 0, records.len()));
+    // Every window is the job's prompt for its record, token for token.
+    let codec = TokenizerCodec(&m.tokenizer);
+    for (r, win) in records.iter().zip(&w.windows) {
+        let mut fields = serde_json::Map::new();
+        fields.insert("text".into(), r["text"].clone());
+        let want = p.prompt_ids(&codec, r["id"].as_str().unwrap(), &fields).unwrap();
+        assert_eq!(win, &want.ids, "{}", r["id"]);
+    }
+    // That is the system prompt, the instruction and the document in the chat markup.
+    let first = m.tokenizer.decode(&w.windows[0]).unwrap();
+    for part in
+        [p.spec.prompt.system.as_str(), p.spec.prompt.instruction.as_str(), records[0]["text"].as_str().unwrap()]
+    {
+        assert!(first.contains(part), "{part:?} not in {first:?}");
+    }
+    assert!(first.len() > records[0]["text"].as_str().unwrap().len() + 100);
+    // The token budget cuts the last prompt taken.
+    let budget = w.windows[0].len() + 5;
+    let cut = pipeline_windows(&m.tokenizer, &p, &news, budget).unwrap();
+    assert_eq!(cut.windows.iter().map(Vec::len).collect::<Vec<_>>(), vec![w.windows[0].len(), 5]);
+    assert_eq!(cut.windows[1], w.windows[1][..5]);
+
+    // quantize --pipeline calibrates on exactly those windows, and the report says so.
+    let out = d.join("cal.gguf");
+    let s = run(&QuantizeArgs {
+        model: hf.clone(),
+        output: out.clone(),
+        calibration: Some(news.clone()),
+        pipeline: Some("summarize".into()),
+        device: "cpu".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let c = s.calibration.as_ref().unwrap();
+    assert_eq!(c.device, "cpu");
+    assert_eq!(c.windows, records.len());
+    assert_eq!(c.tokens, w.windows.iter().map(|w| w.len() as u64).sum::<u64>());
+    assert_eq!(c.prompts.as_ref().map(|p| p.records), Some(records.len()));
+    let r = json(&d.join("quantize-report.json"));
+    assert_eq!(r["calibration"]["prompts"]["records"].as_u64(), Some(records.len() as u64));
+    assert!(r["calibration"]["pipeline"].as_str().is_some_and(|p| p.ends_with("summarize.toml")), "{r}");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// llama.cpp's Python reader (gguf-py) parses dustoff's files and its decoders agree with
+/// dustoff's report (scripts/check-gguf.py). Runs where `python3 -c "import gguf"` works (not a
+/// CI dependency); elsewhere it says so and passes.
+#[test]
+fn gguf_py_reads_the_files_and_decodes_them_as_dustoff_does() {
+    let has_gguf = Command::new("python3").args(["-c", "import gguf"]).output().is_ok_and(|o| o.status.success());
+    if !has_gguf {
+        eprintln!("SKIPPED: python3 with the gguf package (gguf-py) is not installed");
+        return;
+    }
+    let d = tmpdir("quantize-gguf-py");
+    let hf = synth(&d);
+    let reference = f16_reference(&d, &hf);
+    for ty in ["q4_k_m", "q4_0"] {
+        let out = d.join(format!("{ty}.gguf"));
+        quantize(&reference, &out, ty);
+        let o = Command::new("python3")
+            .arg(repo().join("scripts/check-gguf.py"))
+            .args([out.as_os_str(), "--reference".as_ref(), reference.as_os_str()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{ty}: {text}");
+        let want_ftype = if ty == "q4_0" { 2 } else { 15 };
+        assert!(text.contains(&format!("general.file_type {want_ftype},")), "{ty}: {text}");
+        assert!(text.contains("decoded ") && !text.contains("decoded 0 "), "{ty}: {text}");
+    }
     std::fs::remove_dir_all(&d).ok();
 }

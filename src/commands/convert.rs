@@ -54,6 +54,9 @@ pub struct ConvertArgs {
     pub verify_tokens: usize,
     /// `--verify-prompt TEXT`.
     pub verify_prompt: String,
+    /// `--verify-max-kl X`: the verification's `dustoff eval` (converted vs source, built-in
+    /// text) fails the command (exit 1) above this mean KL divergence.
+    pub verify_max_kl: Option<f64>,
 }
 
 impl Default for ConvertArgs {
@@ -67,6 +70,7 @@ impl Default for ConvertArgs {
             verify: false,
             verify_tokens: 16,
             verify_prompt: "The capital of France is".into(),
+            verify_max_kl: None,
         }
     }
 }
@@ -102,6 +106,8 @@ pub struct VerifySummary {
     pub first_divergence: Option<usize>,
     pub max_abs_logit_diff: f32,
     pub reference_text: String,
+    /// `dustoff eval` of the output against the source on the built-in text.
+    pub eval: Option<crate::commands::quantize::Verify>,
 }
 
 impl ConvertSummary {
@@ -124,8 +130,17 @@ impl ConvertSummary {
                 "\nverify: {} tensors, {} values, {} mismatched; top-1 agreement {:.3} over {} tokens (max |logit diff| {:.4})",
                 v.tensors_checked, v.values_checked, v.values_mismatched, v.top1_agreement, v.generated, v.max_abs_logit_diff
             );
+            if let Some(e) = &v.eval {
+                s += "\n";
+                s += &e.to_text();
+            }
         }
         s
+    }
+
+    /// False when `--verify-max-kl` was exceeded (exit code 1).
+    pub fn passed(&self) -> bool {
+        self.verify.as_ref().and_then(|v| v.eval.as_ref()).is_none_or(|e| e.passed)
     }
 }
 
@@ -153,7 +168,19 @@ impl Outputs {
 }
 
 pub fn run(args: ConvertArgs) -> anyhow::Result<ConvertSummary> {
-    Ok(convert(&args)?)
+    let mut summary = convert(&args)?;
+    if let Some(v) = summary.verify.as_mut() {
+        let e = crate::commands::quantize::verify(&args.output, &args.model, args.verify_max_kl)?;
+        // convert-report.json gains the scores (written before the verification ran).
+        let text = std::fs::read_to_string(&summary.report).map_err(io(&summary.report))?;
+        let mut j: serde_json::Value = serde_json::from_str(&text)?;
+        if let Some(o) = j.as_object_mut() {
+            o.insert("verify".into(), serde_json::to_value(&e)?);
+        }
+        std::fs::write(&summary.report, serde_json::to_string_pretty(&j)?).map_err(io(&summary.report))?;
+        v.eval = Some(e);
+    }
+    Ok(summary)
 }
 
 fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
@@ -411,5 +438,6 @@ fn verify(a: &ConvertArgs, st: &SafetensorsDir, outs: &Outputs) -> Result<Verify
         first_divergence: first,
         max_abs_logit_diff: max_diff,
         reference_text: tok.decode(&generated)?,
+        eval: None,
     })
 }

@@ -4,18 +4,25 @@
 //!
 //! An HF directory is first converted to an F16 GGUF next to the output (`dustoff convert`'s
 //! exact BF16 -> F16 policy; removed afterwards), which is then quantized tensor by tensor; the
-//! calibration runs on that F16 model on the CPU backend.
+//! calibration runs on that F16 model, on the GPU when one is usable (`--device auto`), else on
+//! the CPU backend. Its text is a plain file, JSONL `text` records, or, with `--pipeline P`, the
+//! records of a job input rendered into the prompts that job will feed. `--verify` scores the
+//! output against the source (`dustoff eval` on a short built-in text) and records the result
+//! in `quantize-report.json`; `--verify-max-kl X` fails the command (exit 1) above a mean KL.
 
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::commands::common::{cuda_usable, parse_device, Device};
 use crate::commands::convert::ConvertArgs;
 use crate::commands::eval::{self, EvalArgs, EvalSummary};
+use crate::job::pipeline::Pipeline;
 use crate::model::loader::load_model;
-use crate::quantize::calibrate::{calibrate, read_texts, token_windows};
+use crate::quantize::calibrate::{calibrate, read_texts, token_windows, CalibrationDevice};
 use crate::quantize::imatrix::Imatrix;
 use crate::quantize::mix::{QuantType, TYPE_NAMES};
+use crate::quantize::prompts::{pipeline_windows, PromptWindows};
 use crate::quantize::write::{quantize_gguf, QuantizeOptions, QuantizeReport};
 use crate::quantize::QuantizeError;
 
@@ -32,6 +39,14 @@ pub struct QuantizeArgs {
     pub allow_requantize: bool,
     pub threads: Option<usize>,
     pub verify: bool,
+    /// `--verify-max-kl X`: fail (exit 1) when the verification's mean KL divergence exceeds X
+    /// (implies `verify`).
+    pub verify_max_kl: Option<f64>,
+    /// `--pipeline P`: the calibration file holds that pipeline's job records (see
+    /// `quantize::prompts`).
+    pub pipeline: Option<String>,
+    /// `--device cpu|cuda|cuda:N|auto` for the calibration passes.
+    pub device: String,
 }
 
 impl Default for QuantizeArgs {
@@ -48,8 +63,68 @@ impl Default for QuantizeArgs {
             allow_requantize: false,
             threads: None,
             verify: false,
+            verify_max_kl: None,
+            pipeline: None,
+            device: "auto".into(),
         }
     }
+}
+
+/// How the importance matrix was made (absent with `--imatrix` or without calibration).
+#[derive(Clone, Debug, Serialize)]
+pub struct CalibrationInfo {
+    pub file: PathBuf,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    pub tokens: u64,
+    pub windows: usize,
+    /// With `--pipeline`: its path and the records used, skipped and truncated.
+    pub pipeline: Option<PathBuf>,
+    pub prompts: Option<PromptWindows>,
+}
+
+/// `--verify`: the output scored against the source.
+#[derive(Clone, Debug, Serialize)]
+pub struct Verify {
+    pub reference: PathBuf,
+    /// `--verify-max-kl`, if given.
+    pub max_kl: Option<f64>,
+    /// False when the mean KL divergence exceeds `max_kl` (the command then exits 1).
+    pub passed: bool,
+    pub eval: EvalSummary,
+}
+
+impl Verify {
+    pub fn to_text(&self) -> String {
+        let mut s = format!("verify against {}: ", self.reference.display());
+        s += &self.eval.to_text();
+        if let (Some(max), Some(kl)) = (self.max_kl, self.mean_kl()) {
+            let verdict = if self.passed { "passed" } else { "FAILED" };
+            s += &format!("verify {verdict}: mean KL {kl:.5} (--verify-max-kl {max})\n");
+        }
+        s
+    }
+    pub fn mean_kl(&self) -> Option<f64> {
+        self.eval.models.first().and_then(|m| m.kl_divergence.as_ref()).map(|k| k.mean)
+    }
+}
+
+/// Scores `output` against `reference` on the built-in text (the `--verify` of quantize and
+/// of a GGUF -> GGUF convert).
+pub fn verify(output: &Path, reference: &Path, max_kl: Option<f64>) -> anyhow::Result<Verify> {
+    let eval = eval::run(&EvalArgs {
+        models: vec![output.to_path_buf()],
+        reference: Some(reference.to_path_buf()),
+        text: None,
+        ctx: 128,
+        max_tokens: 512,
+    })?;
+    let mut v = Verify { reference: reference.to_path_buf(), max_kl, passed: true, eval };
+    if let (Some(max), Some(kl)) = (max_kl, v.mean_kl()) {
+        // NaN (a broken model) fails too.
+        v.passed = kl <= max;
+    }
+    Ok(v)
 }
 
 #[derive(Debug, Serialize)]
@@ -57,8 +132,25 @@ pub struct QuantizeSummary {
     pub report_path: PathBuf,
     pub report: QuantizeReport,
     pub calibration_tokens: Option<u64>,
+    pub calibration: Option<CalibrationInfo>,
     pub imatrix_written: Option<PathBuf>,
-    pub verify: Option<EvalSummary>,
+    pub verify: Option<Verify>,
+}
+
+impl QuantizeSummary {
+    /// False when `--verify-max-kl` was exceeded (exit code 1).
+    pub fn passed(&self) -> bool {
+        self.verify.as_ref().is_none_or(|v| v.passed)
+    }
+}
+
+/// `quantize-report.json`: the quantizer's report plus how it was calibrated and verified.
+#[derive(Serialize)]
+struct ReportFile<'a> {
+    #[serde(flatten)]
+    report: &'a QuantizeReport,
+    calibration: Option<&'a CalibrationInfo>,
+    verify: Option<&'a Verify>,
 }
 
 impl QuantizeSummary {
@@ -74,8 +166,18 @@ impl QuantizeSummary {
             r.seconds,
             self.report_path.display()
         );
-        if let Some(t) = self.calibration_tokens {
-            s += &format!("calibration: {t} tokens\n");
+        if let Some(c) = &self.calibration {
+            s += &format!("calibration: {} tokens in {} windows on {}", c.tokens, c.windows, c.device);
+            if let (Some(p), Some(w)) = (&c.pipeline, &c.prompts) {
+                s += &format!(
+                    ", prompts of {} ({} records, {} skipped, {} truncated)",
+                    p.display(),
+                    w.records,
+                    w.skipped,
+                    w.truncated
+                );
+            }
+            s += "\n";
         }
         if !r.fallbacks.is_empty() {
             // Grouped by (wanted -> used); the report lists every tensor.
@@ -115,6 +217,14 @@ pub fn run(a: &QuantizeArgs) -> anyhow::Result<QuantizeSummary> {
     if a.calibration.is_some() && a.imatrix.is_some() {
         return Err(usage("give --calibration FILE or --imatrix FILE, not both".into()));
     }
+    if a.pipeline.is_some() && a.calibration.is_none() {
+        return Err(usage(
+            "--pipeline needs --calibration FILE (that pipeline's job records, JSONL or Parquet)".into(),
+        ));
+    }
+    if a.verify_max_kl.is_some_and(|k| k.is_nan() || k < 0.0) {
+        return Err(usage("--verify-max-kl must be a number >= 0".into()));
+    }
     if a.calibration_ctx < 8 {
         return Err(usage("--calibration-ctx must be at least 8".into()));
     }
@@ -153,19 +263,39 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
         a.model.clone()
     };
 
-    let (imatrix, imatrix_name, cal_tokens) = match (&a.imatrix, &a.calibration) {
+    let (imatrix, imatrix_name, calibration) = match (&a.imatrix, &a.calibration) {
         (Some(p), _) => (Some(Imatrix::load(p)?), p.display().to_string(), None),
         (None, Some(cal)) => {
             let m = load_model(&src)?;
-            let docs = read_texts(cal)?;
-            let windows = token_windows(&m.tokenizer, &docs, a.calibration_ctx, a.calibration_tokens)?;
+            let (windows, pipeline, prompts) = match &a.pipeline {
+                Some(p) => {
+                    let p = Pipeline::resolve(p, Path::new("pipelines"))?;
+                    let w = pipeline_windows(&m.tokenizer, &p, cal, a.calibration_tokens)?;
+                    (w.windows.clone(), Some(p.path.clone()), Some(w))
+                }
+                None => {
+                    let docs = read_texts(cal)?;
+                    (token_windows(&m.tokenizer, &docs, a.calibration_ctx, a.calibration_tokens)?, None, None)
+                }
+            };
             if windows.is_empty() {
                 return Err(usage(format!("calibration file {} holds no tokens", cal.display())));
             }
-            eprintln!("calibration: {} windows of up to {} tokens on the CPU", windows.len(), a.calibration_ctx);
-            let im = calibrate(&m, &windows, &cal.display().to_string())?;
+            let device = calibration_device(&a.device, &m.config)?;
+            let longest = windows.iter().map(Vec::len).max().unwrap_or(0);
+            eprintln!("calibration: {} windows of up to {longest} tokens on {}", windows.len(), device.name());
+            let im = calibrate(&m, &windows, &cal.display().to_string(), &device)?;
             let name = a.imatrix_out.as_ref().map_or_else(|| cal.display().to_string(), |p| p.display().to_string());
-            (Some(im), name, Some(windows.iter().map(|w| w.len() as u64).sum::<u64>()))
+            let tokens = windows.iter().map(|w| w.len() as u64).sum::<u64>();
+            let info = CalibrationInfo {
+                file: cal.clone(),
+                device: device.name(),
+                tokens,
+                windows: windows.len(),
+                pipeline,
+                prompts,
+            };
+            (Some(im), name, Some(info))
         }
         (None, None) => (None, String::new(), None),
     };
@@ -177,18 +307,46 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
     let opts = QuantizeOptions { qtype, allow_requantize: a.allow_requantize, imatrix: imatrix.as_ref(), imatrix_name };
     let report = quantize_gguf(&src, &a.output, &opts)?;
     let report_path = a.output.parent().unwrap_or(Path::new(".")).join("quantize-report.json");
-    let text = serde_json::to_string_pretty(&report)?;
-    std::fs::write(&report_path, text).map_err(|source| QuantizeError::Io { path: report_path.clone(), source })?;
-    let verify = if a.verify {
-        Some(eval::run(&EvalArgs {
-            models: vec![a.output.clone()],
-            reference: Some(src.clone()),
-            text: None,
-            ctx: 128,
-            max_tokens: 512,
-        })?)
+    let write_report = |verify: Option<&Verify>| -> anyhow::Result<()> {
+        let file = ReportFile { report: &report, calibration: calibration.as_ref(), verify };
+        let text = serde_json::to_string_pretty(&file)?;
+        std::fs::write(&report_path, text).map_err(|source| QuantizeError::Io { path: report_path.clone(), source })?;
+        Ok(())
+    };
+    write_report(None)?;
+    // Against the source as given (an HF directory's BF16 weights computed in f32).
+    let verify = if a.verify || a.verify_max_kl.is_some() {
+        let v = verify(&a.output, &a.model, a.verify_max_kl)?;
+        write_report(Some(&v))?;
+        Some(v)
     } else {
         None
     };
-    Ok(QuantizeSummary { report_path, report, calibration_tokens: cal_tokens, imatrix_written, verify })
+    let calibration_tokens = calibration.as_ref().map(|c| c.tokens);
+    Ok(QuantizeSummary { report_path, report, calibration_tokens, calibration, imatrix_written, verify })
+}
+
+/// The calibration device of `--device`: `auto` is the first GPU when one is usable and the
+/// CUDA backend runs the architecture (dense attention layers; its tap sees those only), else
+/// the CPU.
+fn calibration_device(device: &str, cfg: &crate::model::config::ModelConfig) -> anyhow::Result<CalibrationDevice> {
+    let gpu_runs_it = cfg.hybrid.is_none() && cfg.moe.is_none();
+    let cuda = |ordinal| CalibrationDevice::Cuda { ordinal, ptx_dir: None };
+    Ok(match parse_device(device)? {
+        Device::Cpu => CalibrationDevice::Cpu,
+        Device::Cuda(n) if device != "auto" => {
+            if !gpu_runs_it {
+                return Err(usage(format!(
+                    "--device {device}: the CUDA backend does not run {} layers (hybrid or MoE); calibrate with --device cpu",
+                    cfg.arch.name()
+                )));
+            }
+            if !cuda_usable() {
+                return Err(usage(format!("--device {device}: no usable CUDA device here; use --device cpu or auto")));
+            }
+            cuda(n)
+        }
+        Device::Cuda(n) if gpu_runs_it => cuda(n),
+        Device::Cuda(_) => CalibrationDevice::Cpu,
+    })
 }

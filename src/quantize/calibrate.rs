@@ -1,17 +1,19 @@
 //! Calibration: text in, importance matrix out. The text (JSONL records with a `text` field, or
 //! a plain text file) is tokenized as one stream, cut into windows of `ctx` tokens, and every
-//! window runs through the model on the CPU backend with an [`Imatrix`] tapping the inputs of
-//! every matrix.
+//! window runs through the model on the CPU backend, or on the CUDA backend, with an
+//! [`Imatrix`] tapping the inputs of every matrix. Pipeline prompts as windows: [`super::prompts`].
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::imatrix::Imatrix;
 use super::QuantizeError;
+use crate::backend::cpu::tap::ActivationTap;
 use crate::backend::cpu::CpuBackend;
+use crate::backend::Backend;
 use crate::engine::single::SingleSeq;
 use crate::model::loader::LoadedModel;
 use crate::tokenizer::Tokenizer;
@@ -116,21 +118,61 @@ impl Progress {
     }
 }
 
-/// Runs the calibration windows through `model` on the CPU and returns the importance matrix.
-pub fn calibrate(model: &LoadedModel, windows: &[Vec<u32>], dataset: &str) -> Result<Imatrix, QuantizeError> {
+/// Where the calibration forward passes run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CalibrationDevice {
+    Cpu,
+    /// The CUDA backend with its activation tap (`backend::cuda::tap`); `ptx_dir` as
+    /// `--ptx-dir` (`None`: `DUSTOFF_PTX_DIR`, else NVRTC).
+    Cuda {
+        ordinal: usize,
+        ptx_dir: Option<PathBuf>,
+    },
+}
+
+impl CalibrationDevice {
+    pub fn name(&self) -> String {
+        match self {
+            CalibrationDevice::Cpu => "cpu".into(),
+            CalibrationDevice::Cuda { ordinal, .. } => format!("cuda:{ordinal}"),
+        }
+    }
+}
+
+/// Runs the calibration windows through `model` on `device` and returns the importance matrix.
+/// Each window is one sequence from position 0 (its own KV cache), fed in prefill chunks.
+pub fn calibrate(
+    model: &LoadedModel,
+    windows: &[Vec<u32>],
+    dataset: &str,
+    device: &CalibrationDevice,
+) -> Result<Imatrix, QuantizeError> {
     let ctx = windows.iter().map(Vec::len).max().unwrap_or(1);
     let blocks = ctx.div_ceil(16) + 1;
-    let mut b = CpuBackend::new(model.config.clone(), model.weights.clone(), blocks, 16);
-    b.set_tap(Box::new(Imatrix { dataset: dataset.to_string(), ..Default::default() }));
-    let total: u64 = windows.iter().map(|w| w.len() as u64).sum();
-    let mut pb = Progress::new(total, "calibration tokens");
-    for w in windows {
-        let mut seq = SingleSeq::new(&b, 0, w.len())?;
-        seq.feed(&mut b, w)?;
-        pb.inc(w.len() as u64);
-    }
-    pb.finish();
-    let tap = b.take_tap().ok_or_else(|| QuantizeError::Usage("calibration tap missing".into()))?;
+    let fresh = Box::new(Imatrix { dataset: dataset.to_string(), ..Default::default() });
+    let tap: Box<dyn ActivationTap> = match device {
+        CalibrationDevice::Cpu => {
+            let mut b = CpuBackend::new(model.config.clone(), model.weights.clone(), blocks, 16);
+            b.set_tap(fresh);
+            feed_windows(&mut b, windows)?;
+            b.take_tap().ok_or_else(|| QuantizeError::Usage("calibration tap missing".into()))?
+        }
+        CalibrationDevice::Cuda { ordinal, ptx_dir } => {
+            use crate::backend::cuda::{CudaBackend, CudaOptions, CudaTap};
+            let opts = CudaOptions {
+                ordinal: *ordinal,
+                num_blocks: blocks,
+                block_size: 16,
+                ptx_dir: ptx_dir.clone(),
+                max_positions: blocks * 16,
+                f16_weights: false,
+            };
+            let mut b = CudaBackend::new(model.config.clone(), &model.weights, &opts)?;
+            b.set_tap(CudaTap::new(fresh, &model.weights));
+            feed_windows(&mut b, windows)?;
+            b.take_tap().ok_or_else(|| QuantizeError::Usage("calibration tap missing".into()))?.into_inner()
+        }
+    };
     let mut m = *tap
         .into_any()
         .downcast::<Imatrix>()
@@ -139,7 +181,20 @@ pub fn calibrate(model: &LoadedModel, windows: &[Vec<u32>], dataset: &str) -> Re
     for e in m.entries.values_mut() {
         e.sum_sq.iter_mut().for_each(|v| *v = f64::from(*v as f32));
     }
-    m.tokens = total;
+    m.tokens = windows.iter().map(|w| w.len() as u64).sum();
     m.chunks = windows.len() as u32;
     Ok(m)
+}
+
+/// Every window through `b` (whose tap records the activations), with progress.
+fn feed_windows<B: Backend>(b: &mut B, windows: &[Vec<u32>]) -> Result<(), QuantizeError> {
+    let total: u64 = windows.iter().map(|w| w.len() as u64).sum();
+    let mut pb = Progress::new(total, "calibration tokens");
+    for w in windows {
+        let mut seq = SingleSeq::new(b, 0, w.len())?;
+        seq.feed(b, w)?;
+        pb.inc(w.len() as u64);
+    }
+    pb.finish();
+    Ok(())
 }

@@ -139,6 +139,8 @@ pub struct CudaBackend {
     pub(super) peak_used: u64,
     /// Hybrid models (Qwen3.5): the linear-attention layers and the recurrent states.
     pub(super) hybrid: Option<super::hybrid::HybridCuda>,
+    /// Calibration: every matrix input goes to the host (`tap.rs`); `None` in normal runs.
+    pub(super) tap: Option<super::tap::CudaTap>,
 }
 
 pub(super) fn up<T: DeviceRepr>(s: &Arc<CudaStream>, v: &[T], what: &str) -> Result<CudaSlice<T>, CudaError> {
@@ -453,6 +455,7 @@ impl CudaBackend {
             decode_bytes,
             peak_used: 0,
             hybrid: p.hybrid,
+            tap: None,
             dev,
         };
         b.note_memory();

@@ -27,6 +27,7 @@ pub mod q8x;
 pub mod qformat;
 pub mod qlaunch;
 mod step;
+pub mod tap;
 pub mod tc;
 mod tuning;
 pub mod weights;
@@ -38,6 +39,7 @@ use crate::backend::BackendError;
 pub use backend::{CudaBackend, CudaOptions, WeightMix};
 pub use device::CudaDevice;
 pub use memory::{plan_memory, MemoryPlan};
+pub use tap::CudaTap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {

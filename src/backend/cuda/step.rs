@@ -34,6 +34,7 @@ use super::matmul::{packed_gemv, tc_min_tokens, Mm, Product};
 use super::prefill::{PrefillAttention, PrefillSplit};
 use super::profile::Profiler;
 use super::qlaunch::EmbeddingQ;
+use super::tap::TapPoint;
 use super::tc::{tc64_part_len, TC_MAX_TOKENS};
 use super::CudaError;
 use crate::backend::BackendError;
@@ -379,7 +380,11 @@ impl CudaBackend {
             self.prof = prof;
             r?;
             self.prof.as_mut().map_or(Ok(()), |p| p.end())?;
-        } else if self.use_graphs && f.n_tok <= TC_MAX_TOKENS && !self.uncapturable.contains(&graph_key(f)) {
+        } else if self.use_graphs
+            && self.tap.is_none()
+            && f.n_tok <= TC_MAX_TOKENS
+            && !self.uncapturable.contains(&graph_key(f))
+        {
             if !self.replay(w, f)? {
                 self.run_layers(w, f, &mut None)?;
             }
@@ -554,6 +559,9 @@ impl CudaBackend {
                 mark("down matmul")?;
                 continue;
             }
+            if let Some(t) = self.tap.as_mut() {
+                t.layer_input(&self.dev.stream, li, TapPoint::Qkv, &w.h, n, dim)?;
+            }
             let bias = lw.bqkv.as_ref().map(|b| Dev::of(b, s));
             mm.run(k, Product { lin: &lw.wqkv, bias, x: h, n, out: qkv, accumulate: false })?;
             mark("qkv matmul")?;
@@ -600,6 +608,9 @@ impl CudaBackend {
                 out_stride: qd,
             };
             attn_io.launch(k, s, paged, &mut mark)?;
+            if let Some(t) = self.tap.as_mut() {
+                t.layer_input(&self.dev.stream, li, TapPoint::O, &w.att, n, qd)?;
+            }
             mm.run(k, Product { lin: &lw.wo, bias: None, x: att, n, out: x, accumulate: true })?;
             mark("o matmul")?;
             norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
@@ -609,10 +620,21 @@ impl CudaBackend {
                 mark("moe ffn")?;
                 continue;
             }
+            if let Some(t) = self.tap.as_mut() {
+                t.layer_input(&self.dev.stream, li, TapPoint::GateUp, &w.h, n, dim)?;
+            }
             swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
             mark("gate/up matmul")?;
+            if let Some(t) = self.tap.as_mut() {
+                t.layer_input(&self.dev.stream, li, TapPoint::Down, &w.act, n, ffn)?;
+            }
             mm.run(k, Product { lin: &lw.wdown, bias: None, x: act, n, out: x, accumulate: true })?;
             mark("down matmul")?;
+        }
+        if let Some(t) = self.tap.as_mut() {
+            // The head's input for every token (h is free now), not only the logit rows.
+            norm(x, Dev::of(&self.output_norm, s), h).launch(k, s)?;
+            t.head_input(&self.dev.stream, &w.h, n, dim)?;
         }
         if f.m == 0 {
             return Ok(());
