@@ -9,12 +9,13 @@
 //! and tiled the value heads), so they must agree far more closely than with the reference.
 
 mod common;
+#[path = "hybrid_refs/mod.rs"]
+mod hybrid_refs;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use common::*;
-use dustoff::backend::cpu::CpuBackend;
 use dustoff::backend::Backend;
 use dustoff::engine::engine::{Completion, Engine, EngineConfig, EngineMetrics, Request};
 use dustoff::engine::plan::{SeqChunk, StepPlan};
@@ -23,12 +24,13 @@ use dustoff::engine::single::SingleSeq;
 use dustoff::model::config::Arch;
 use dustoff::model::hybrid::{HeadGrouping, HybridLayer};
 use dustoff::model::loader::{load_model, LoadedModel};
+use hybrid_refs::{arch_dir, backend, max_abs_diff, prefill_then_decode, refs as read_refs};
 
 const NEAR_TIE: f64 = 0.02;
 const LOGIT_TOL: f64 = 2e-3;
 
 fn data_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/arch/qwen3_5")
+    arch_dir("qwen3_5")
 }
 
 fn hf() -> LoadedModel {
@@ -40,35 +42,7 @@ fn gguf() -> LoadedModel {
 }
 
 fn refs() -> Vec<serde_json::Value> {
-    let p = data_dir().join("refs.jsonl");
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("refs line is JSON"))
-        .collect()
-}
-
-fn backend(m: &LoadedModel, blocks: usize) -> CpuBackend {
-    CpuBackend::new(m.config.clone(), m.weights.clone(), blocks, 16)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).abs()).fold(0.0, f64::max)
-}
-
-/// Prefill of the prompt in one chunk, then the 32 reference tokens one decode step at a time:
-/// the logits after the prompt and after every decoded token.
-fn prefill_then_decode(m: &LoadedModel, r: &serde_json::Value) -> Vec<Vec<f32>> {
-    let (prompt, greedy) = (ids(r, "prompt_ids"), ids(r, "greedy_ids"));
-    let mut b = backend(m, 16);
-    let mut seq = SingleSeq::new(&b, 0, prompt.len() + greedy.len()).unwrap();
-    let mut out = vec![seq.feed(&mut b, &prompt).unwrap()];
-    for &t in &greedy {
-        out.push(seq.feed(&mut b, &[t]).unwrap());
-    }
-    out
+    read_refs(&data_dir())
 }
 
 fn check_against_refs(m: &LoadedModel, form: &str) {
