@@ -68,7 +68,8 @@ extern "C" __global__ void dn_conv_silu_f32(const DnConvParams p) {
     for (int i = 0; i < count; ++i) {
         const long long t = first + i;
         const float xin = p.x[t * p.x_stride + ch];
-        // Oldest first, as the CPU sums (the leading zero terms change nothing).
+        // Summed oldest tap first, the order of the CPU twin, so both round alike; the padding
+        // taps (j < 0) are zero and add nothing.
         float acc = 0.0f;
 #pragma unroll
         for (int jj = 0; jj < H; ++jj) acc += wk[jj] * win[jj];
