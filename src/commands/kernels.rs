@@ -16,9 +16,19 @@ pub fn compile_all(arch: &str, out_dir: &Path) -> Result<Vec<PathBuf>> {
     }
     let (major, minor) = nvrtc::nvrtc_version()?;
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    // One thread per file: NVRTC is thread-safe, and the largest files dominate the time.
+    let compiled: Vec<Result<String>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = nvrtc::KERNEL_FILES
+            .iter()
+            .map(|f| s.spawn(move || Ok(nvrtc::compile(f.name, &nvrtc::full_source(f), arch)?)))
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a compile thread panicked"))))
+            .collect()
+    });
     let mut written = Vec::new();
-    for f in nvrtc::KERNEL_FILES {
-        let ptx = nvrtc::compile(f.name, &nvrtc::full_source(f), arch)?;
+    for (f, ptx) in nvrtc::KERNEL_FILES.iter().zip(compiled) {
+        let ptx = ptx?;
         if !nvrtc::ptx_defines_all(&ptx, f) {
             bail!("{}.cu compiled for {arch} lacks some of its entry points ({})", f.name, f.entries.join(", "));
         }
