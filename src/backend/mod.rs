@@ -46,6 +46,13 @@ pub enum BackendError {
     Device(String),
 }
 
+/// A plan the backend cannot run: the text names the sequence and the broken bound.
+impl From<crate::engine::plan::PlanError> for BackendError {
+    fn from(e: crate::engine::plan::PlanError) -> Self {
+        BackendError::Plan(e.to_string())
+    }
+}
+
 impl BackendError {
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, BackendError::OutOfMemory { .. })
