@@ -129,7 +129,7 @@ pub(crate) use simd_gemv::{gemv_rows, gemv_supports};
 #[cfg(test)]
 mod tests;
 
-pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, f32_to_f16_clamped, F16_MAX};
 
 /// True when the AVX2 + FMA + F16C kernels run: the CPU has them and the process's kernel
 /// path (`sys::cpu::cpu_path`, `DUSTOFF_CPU_PATH`) is not `scalar`. One atomic load.
