@@ -19,11 +19,11 @@ use super::kernels::{Kernels, PtxSource};
 use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory};
 use super::qformat::{check_tensor, QFormat};
 use super::CudaError;
-use crate::backend::cpu::ops::rope_table;
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::StepPlan;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::quant::GgmlType;
+use crate::model::rope::rope_table;
 use crate::model::weights::{ModelWeights, Tensor};
 use crate::quantize::mix::more_bits;
 
