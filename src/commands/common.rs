@@ -270,8 +270,7 @@ pub fn parse_dtype(s: &str) -> Result<crate::model::quant::GgmlType> {
 pub const COMMIT_ROWS: usize = 64;
 
 pub fn commit_rows() -> usize {
-    std::env::var("DUSTOFF_COMMIT_ROWS")
-        .ok()
+    crate::sys::env::get("DUSTOFF_COMMIT_ROWS")
         .and_then(|v| v.trim().parse().ok())
         .filter(|&n| n > 0)
         .unwrap_or(COMMIT_ROWS)

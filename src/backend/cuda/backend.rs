@@ -427,7 +427,7 @@ impl CudaBackend {
         } else {
             None
         };
-        let use_graphs = std::env::var(GRAPHS_ENV).map_or(true, |v| v != "0");
+        let use_graphs = crate::sys::env::get(GRAPHS_ENV).is_none_or(|v| v != "0");
         let mut b = CudaBackend {
             cfg,
             kernels,
