@@ -10,7 +10,7 @@ use super::sampler::Sampler;
 use crate::backend::{Backend, BackendError};
 
 /// Prefill chunk length: bounds activation memory for long prompts.
-const PREFILL_CHUNK: usize = 512;
+pub const PREFILL_CHUNK: usize = 512;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -166,6 +166,7 @@ pub fn calibrate(
                 ptx_dir: ptx_dir.clone(),
                 max_positions: blocks * 16,
                 f16_weights: false,
+                max_batch_tokens: crate::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
             };
             let mut b = CudaBackend::new(model.config.clone(), &model.weights, &opts)?;
             b.set_tap(CudaTap::new(fresh, &model.weights));

@@ -27,9 +27,6 @@ use crate::model::rope::rope_table;
 use crate::model::weights::{ModelWeights, Tensor};
 use crate::quantize::mix::more_bits;
 
-/// Tokens one step is planned for in the memory check (the engine's prefill chunk).
-pub const PLANNED_BATCH_TOKENS: usize = 512;
-
 /// How to place a model on a GPU.
 #[derive(Clone, Debug)]
 pub struct CudaOptions {
@@ -40,6 +37,9 @@ pub struct CudaOptions {
     pub ptx_dir: Option<PathBuf>,
     /// Positions the RoPE tables cover (the longest sequence a plan may reach).
     pub max_positions: usize,
+    /// Tokens of the largest step the memory plan reserves workspace for (the engine's
+    /// `max_batch_tokens`); steps past it grow the buffers beyond the plan.
+    pub max_batch_tokens: usize,
     /// `--weights f16`: widen block-format weights to F16 at load (the path before quantized
     /// kernels, kept for comparison) instead of keeping them packed.
     pub f16_weights: bool,
@@ -188,7 +188,7 @@ pub(super) fn open(
     refuse_unsupported(cfg)?;
     let dev = CudaDevice::new(opts.ordinal)?;
     let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
-    let plan = plan_memory(cfg, matrix_bytes, wide, opts.num_blocks, opts.block_size, PLANNED_BATCH_TOKENS);
+    let plan = plan_memory(cfg, matrix_bytes, wide, opts.num_blocks, opts.block_size, opts.max_batch_tokens);
     let (free, _) = dev.mem_info()?;
     plan.check(free as u64, &dev.describe(), opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
