@@ -109,7 +109,7 @@ impl From<CudaError> for BackendError {
             }
             CudaError::Compile { file, arch, log } => BackendError::Compile { file, arch, log },
             CudaError::Shape { kernel, reason } => BackendError::Plan(format!("kernel {kernel}: {reason}")),
-            other => BackendError::Device(other.to_string()),
+            other => BackendError::Device(Box::new(other)),
         }
     }
 }
