@@ -10,7 +10,7 @@ use std::process::Command;
 
 use common::{bin, repo, tmpdir};
 use dustoff::commands::engine_gen::TokenizerCodec;
-use dustoff::engine::single::FinishReason;
+use dustoff::engine::finish::FinishReason;
 use dustoff::job::pipeline::Pipeline;
 use dustoff::job::writer::{ok_row_with, RowOutput};
 use dustoff::tokenizer::Tokenizer;

@@ -15,10 +15,10 @@ use serde::Serialize;
 
 use super::constraint::{fill_masks, ConstraintMetrics, MaskTimes, SeqConstraint};
 use super::kv::{BlockHash, KvCache};
+pub use super::finish::FinishReason;
 use super::plan::{SeqId, StepPlan};
 use super::sampler::{Sampler, SamplingParams};
 use super::scheduler::{Scheduler, SchedulerConfig, SchedulerError};
-pub use super::single::FinishReason;
 use crate::backend::{Backend, BackendError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

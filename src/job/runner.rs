@@ -91,7 +91,7 @@ impl StopFlag {
 }
 
 /// Why generation ended (the engine's own type).
-pub use crate::engine::single::FinishReason;
+use crate::engine::finish::FinishReason;
 
 /// One generation request. `key` is the record's input index.
 #[derive(Clone, Debug, PartialEq)]
