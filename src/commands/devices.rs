@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 
 use super::common::{self, Device, Slots};
-use super::engine_gen::EngineGenerate;
+use super::job_adapters::EngineGenerate;
 use crate::backend::Backend;
 use crate::engine::constraint::Grammar;
 use crate::engine::engine::{Engine, EngineConfig};

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::common::{self, Device, Slots};
-use super::engine_gen::{EngineGenerate, TokenizerCodec};
+use super::job_adapters::{EngineGenerate, TokenizerCodec};
 use crate::backend::Backend;
 use crate::engine::constraint::{ConstraintError, ConstraintFactory, Grammar};
 use crate::engine::engine::{Engine, EngineConfig, BLOCK_SIZE};
