@@ -1,14 +1,11 @@
-//! dustoff command line. Parsing only; the work is in `dustoff::commands`.
-//!
-//! Exit codes: one funnel, in `main`, with the codes of `dustoff::job::exit` (0 only when every
-//! record succeeded; 1 error; 2 usage error; 3 error rows or past `--max-errors`; 4 interrupted,
-//! resumable).
+//! dustoff command line. Parsing only; the work is in `dustoff::commands`. Every command ends
+//! in one exit funnel, `main`, with the codes of `dustoff::job::exit`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use dustoff::commands::common::{self, Device, Slots};
 use dustoff::commands::{generate, tokenize};
@@ -442,15 +439,13 @@ struct TokenizeArgs {
     output: PathBuf,
 }
 
-/// The one exit funnel: every command's result becomes one exit code of `dustoff::job::exit`,
-/// and an error is printed once, each cause once.
+/// The one exit funnel: every command's result becomes one exit code of `dustoff::job::exit`
+/// (listed at the end of `--help`), and an error is printed once, each cause once.
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Err(code) = place_threads(&cli) {
-        return code;
-    }
-    match run(cli) {
-        Ok(code) => ExitCode::from(code.code()),
+    let matches = Cli::command().after_help(exit::help()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    match place_threads(&cli).and_then(|()| run(cli)) {
+        Ok(code) => code.into(),
         Err(e) => {
             eprintln!("error: {}", exit::describe(&e));
             if e.chain().any(|c| {
@@ -460,18 +455,15 @@ fn main() -> ExitCode {
                     "the disk is full: free some space, then run the same command; a job resumes from its checkpoint"
                 );
             }
-            ExitCode::from(exit::code_of(&e).code())
+            exit::code_of(&e).into()
         }
     }
 }
 
 /// `DUSTOFF_CPU_PATH`, `--numa` and `--threads`: checked, applied (pinning, the rayon pool)
 /// before any work, and logged for the commands that compute. Bad values are usage errors.
-fn place_threads(cli: &Cli) -> std::result::Result<(), ExitCode> {
-    if let Err(e) = dustoff::sys::cpu::check_path_env() {
-        eprintln!("error: {e}");
-        return Err(ExitCode::from(Code::Usage.code()));
-    }
+fn place_threads(cli: &Cli) -> Result<()> {
+    dustoff::sys::cpu::check_path_env().map_err(|e| UsageError::new(e.to_string()))?;
     let device = match &cli.cmd {
         Cmd::Generate(a) => Some(a.model.device.as_str()),
         Cmd::Run(a) if !a.dry_run => Some(a.model.device.as_str()),
@@ -489,10 +481,9 @@ fn place_threads(cli: &Cli) -> std::result::Result<(), ExitCode> {
             }
             Ok(())
         }
-        Err(e) => {
-            eprintln!("error: {e}");
-            Err(ExitCode::from(if e.is_usage() { Code::Usage } else { Code::Failure }.code()))
-        }
+        // The message alone, as it was printed before the funnel took these errors.
+        Err(e) if e.is_usage() => Err(UsageError::new(e.to_string()).into()),
+        Err(e) => Err(anyhow::anyhow!("{e}")),
     }
 }
 
@@ -597,7 +588,7 @@ fn run(cli: Cli) -> Result<Code> {
             };
             let report = dustoff::commands::doctor::run(&args)?;
             print_report(a.json, &report, report.to_text())?;
-            Ok(if report.exit_code == 0 { Code::Ok } else { Code::Failure })
+            Ok(report.exit)
         }
         Cmd::Quantize(a) => {
             let args = dustoff::commands::quantize::QuantizeArgs {

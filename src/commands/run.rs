@@ -10,9 +10,10 @@ use super::job_adapters::{EngineGenerate, TokenizerCodec};
 use crate::backend::Backend;
 use crate::engine::constraint::{ConstraintError, ConstraintFactory, Grammar};
 use crate::engine::engine::{Engine, EngineConfig, BLOCK_SIZE};
+use crate::job::exit::ExitCode;
 use crate::job::lock::JobLock;
 use crate::job::pipeline::{Pipeline, PipelineError};
-use crate::job::runner::{self, ExitCode, Generate, JobKind, RunOptions, StopFlag};
+use crate::job::runner::{self, Generate, JobKind, RunOptions, StopFlag};
 use crate::job::shard::ShardSpec;
 
 #[derive(Clone, Debug)]

@@ -2,8 +2,7 @@
 //! final output in input order. The engine and tokenizer come in through two small traits
 //! ([`Generate`], [`TextCodec`]) so this file knows nothing about tensors.
 //!
-//! Exit codes: [`super::exit`] (0 only when every record succeeded, 3 with error rows or past
-//! `--max-errors`, 4 interrupted).
+//! How a job ends becomes one of the codes of [`super::exit`] ([`RunResult`]'s `exit`).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -26,7 +25,7 @@ use super::spans::{differing_range, fill_markers, marker, marker_head};
 use super::writer::{error_row, ok_row_with, openai_error_row, openai_ok_row};
 use crate::engine::sampler::{derive_seed, SamplingParams};
 
-pub use super::exit::ExitCode;
+use super::exit::ExitCode;
 
 /// Set when the job should stop taking records: SIGINT/SIGTERM, or by the caller.
 #[derive(Clone, Debug, Default)]
