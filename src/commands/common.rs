@@ -276,20 +276,8 @@ pub fn make_synthetic_backend_for(
 
 /// Parses a weight type name (`f16`, `q8_0`, `q4_k`...).
 pub fn parse_dtype(s: &str) -> Result<crate::model::quant::GgmlType> {
-    use crate::model::quant::GgmlType as T;
-    Ok(match s.to_ascii_lowercase().as_str() {
-        "f32" => T::F32,
-        "f16" => T::F16,
-        "bf16" => T::BF16,
-        "q4_0" => T::Q4_0,
-        "q4_1" => T::Q4_1,
-        "q5_0" => T::Q5_0,
-        "q5_1" => T::Q5_1,
-        "q8_0" => T::Q8_0,
-        "q4_k" => T::Q4K,
-        "q5_k" => T::Q5K,
-        "q6_k" => T::Q6K,
-        _ => bail!("unknown weight type '{s}' (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)"),
+    crate::model::quant::GgmlType::from_name(s).ok_or_else(|| {
+        anyhow::anyhow!("unknown weight type '{s}' (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)")
     })
 }
 

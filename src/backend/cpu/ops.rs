@@ -191,6 +191,7 @@ macro_rules! for_positions {
         }
     }};
 }
+pub(super) use for_positions;
 
 #[inline(always)]
 fn attend_head_generic(

@@ -512,20 +512,11 @@ pub enum WeightMix {
 impl WeightMix {
     /// `f16`, `q8_0`, `q4_k`, ... or `q4_k_m`; `None` for other names.
     pub fn parse(s: &str) -> Option<WeightMix> {
-        use GgmlType as T;
-        let t = match s.to_ascii_lowercase().as_str() {
-            "q4_k_m" => return Some(WeightMix::Q4KM),
-            "f16" => T::F16,
-            "q4_0" => T::Q4_0,
-            "q4_1" => T::Q4_1,
-            "q5_0" => T::Q5_0,
-            "q5_1" => T::Q5_1,
-            "q8_0" => T::Q8_0,
-            "q4_k" => T::Q4K,
-            "q5_k" => T::Q5K,
-            "q6_k" => T::Q6K,
-            _ => return None,
-        };
+        if s.eq_ignore_ascii_case("q4_k_m") {
+            return Some(WeightMix::Q4KM);
+        }
+        // Synthetic weights are made in F16 and the block formats (no F32 / BF16 matrices).
+        let t = GgmlType::from_name(s).filter(|t| !matches!(t, GgmlType::F32 | GgmlType::BF16))?;
         Some(WeightMix::Uniform(t))
     }
 }

@@ -173,6 +173,14 @@ pub(super) fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) {
         let v = if step > 0.0 { (x[i] / step).round().clamp(-32.0, 31.0) } else { 0.0 };
         (v as i32 + 32) as u8
     });
+    pack_q6_k(&q, &sc, d, out);
+}
+
+/// Writes one Q6_K block: 256 codes `q` (0..64, the value + 32), 16 scale bytes (i8 bits) and
+/// the super-block scale `d`. Half h (128 elements): for l < 32 the elements l, l+32, l+64,
+/// l+96 take the low nibble of ql[l], low of ql[l+32], high of ql[l], high of ql[l+32]; their
+/// top two bits go to qh[l].
+pub(crate) fn pack_q6_k(q: &[u8; 256], sc: &[u8; 16], d: f32, out: &mut Vec<u8>) {
     let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
     for h in 0..2 {
         for l in 0..32 {
@@ -184,6 +192,6 @@ pub(super) fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) {
     }
     out.extend_from_slice(&ql);
     out.extend_from_slice(&qh);
-    out.extend_from_slice(&sc);
+    out.extend_from_slice(sc);
     out.extend_from_slice(&f32_to_f16(d).to_le_bytes());
 }
