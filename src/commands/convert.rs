@@ -41,7 +41,8 @@ pub struct ConvertArgs {
     pub model: PathBuf,
     /// `--output PATH`: `*.gguf` writes a GGUF file, anything else a safetensors directory.
     pub output: PathBuf,
-    /// `--dtype f16` (the only target for now).
+    /// `--dtype f16` (the only target of a Hugging Face directory; a GGUF `--model` goes to
+    /// `quantize` in `main`).
     pub dtype: String,
     /// `--allow-lossy`: write tensors beyond the loss threshold anyway.
     pub allow_lossy: bool,

@@ -5,7 +5,8 @@
 //! share its steps, on the slot count, on chunking or on prefix reuse (given a backend whose
 //! per-sequence results do not depend on the batch, as the CPU backend's do not).
 
-// The brief names this file engine.rs inside engine/: `crate::engine::engine::Engine`.
+// `engine::engine` stutters; the GPU parity tests and most integration tests import this path,
+// so a rename moves together with them.
 #![allow(clippy::module_inception)]
 
 use std::collections::{HashMap, VecDeque};
@@ -14,8 +15,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::constraint::{fill_masks, ConstraintMetrics, MaskTimes, SeqConstraint};
-use super::kv::{BlockHash, KvCache};
 pub use super::finish::FinishReason;
+use super::kv::{BlockHash, KvCache};
 use super::plan::{SeqId, StepPlan};
 use super::sampler::{Sampler, SamplingParams};
 use super::scheduler::{Scheduler, SchedulerConfig, SchedulerError};

@@ -112,7 +112,8 @@ pub struct Finished {
     pub cached_prompt_tokens: u32,
 }
 
-/// The engine as the job loop needs it (the lead implements it over `crate::engine`).
+/// The engine as the job loop needs it (`commands::job_adapters::EngineGenerate` over one
+/// `crate::engine::engine::Engine`, `parallel::EnginePool` over several).
 pub trait Generate {
     /// How many requests may be submitted and unfinished at once.
     fn capacity(&self) -> usize;

@@ -274,7 +274,8 @@ mod tests {
     use super::*;
     use crate::model::quant::{f32_to_bf16, quantize_row};
 
-    /// The planted values of the issue, stored as BF16 first (as a checkpoint holds them).
+    /// Values at and beyond F16's edges (range, subnormals, NaN), stored as BF16 first (as a
+    /// checkpoint holds them).
     #[test]
     fn policy_on_planted_values() {
         let planted = [65504.0f32, 65520.0, 1e6, -1e6, 1e-8, f32::NAN, 1.5, -0.0, 1e-6];

@@ -1,6 +1,7 @@
-//! `CudaBackend`: the forward pass on one GPU. F16 weights (QKV and gate/up stacked so one
-//! launch reads the shared input once), f32 residual stream and activations, F16 paged KV cache,
-//! own GEMV for steps of up to 8 tokens, cuBLAS (F16 in, f32 accumulate and out) above that.
+//! `CudaBackend`: the forward pass on one GPU. Weights F16 or in their packed block formats
+//! (QKV and gate/up stacked so one launch reads the shared input once), f32 residual stream and
+//! activations, F16 paged KV cache; each matrix product's kernel is chosen by (format, tokens
+//! in the step) in `matmul` (GEMV, tensor-core GEMM, cuBLAS).
 //! Construction (from loaded weights, or random weights made on the GPU) lives here; the step
 //! itself (plan flattening, kernels, CUDA-graph replay) in `step.rs`.
 
