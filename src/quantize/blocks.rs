@@ -8,7 +8,7 @@
 //! under the *stored* scales, so the reconstruction is exactly the decoder's.
 //! Block layouts are documented in `model::quant::{legacy, kquants}`.
 
-use crate::model::quant::{f16_to_f32, f32_to_f16, GgmlType};
+use crate::model::quant::{f16_to_f32, f32_to_f16, pack_scale_min, GgmlType};
 
 use super::search::{affine_scale_min, round_clamped, symmetric_scale};
 
@@ -85,17 +85,6 @@ fn code(v: f32, step: f32, max: f32) -> f32 {
     } else {
         round_clamped(v / step, 0.0, max)
     }
-}
-
-/// Packs eight 6-bit scales and mins into the 12 bytes Q4_K/Q5_K store (see `kquants::scale_min`).
-fn pack_scale_min(sc: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
-    let mut s = [0u8; 12];
-    for i in 0..4 {
-        s[i] = (sc[i] & 63) | (sc[i + 4] >> 4) << 6;
-        s[i + 4] = (m[i] & 63) | (m[i + 4] >> 4) << 6;
-        s[i + 8] = (sc[i + 4] & 0x0F) | (m[i + 4] & 0x0F) << 4;
-    }
-    s
 }
 
 /// Q4_K (`nmax` 15) and Q5_K (31) on one 256-element super-block.

@@ -120,8 +120,9 @@ fn quantize_k_affine(x: &[f32], levels: f32) -> (f32, f32, [u8; 8], [u8; 8], [u8
     (d, dmin, scales, mins, q)
 }
 
-/// Packs eight 6-bit scales and mins into 12 bytes (the inverse of [`scale_min`]).
-fn pack_scale_min(sc: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
+/// Packs eight 6-bit scales and mins into the 12 bytes Q4_K/Q5_K store (the inverse of
+/// [`scale_min`]); the quantizer's blocks use it too.
+pub(crate) fn pack_scale_min(sc: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
     let mut s = [0u8; 12];
     for i in 0..4 {
         s[i] = (sc[i] & 63) | (sc[i + 4] >> 4) << 6;

@@ -138,7 +138,7 @@ impl fmt::Display for GgmlType {
 
 mod float;
 mod kquants;
-pub(crate) use kquants::pack_q6_k;
+pub(crate) use kquants::{pack_q6_k, pack_scale_min};
 mod legacy;
 #[cfg(target_arch = "x86_64")]
 mod simd;
