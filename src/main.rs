@@ -508,6 +508,13 @@ fn print_report<T: serde::Serialize>(json: bool, value: &T, text: String) -> Res
     Ok(())
 }
 
+/// `quantize`, and `convert` of a GGUF: the summary printed, exit 1 when verification failed.
+fn quantize(args: &dustoff::commands::quantize::QuantizeArgs, json: bool) -> Result<Code> {
+    let summary = dustoff::commands::quantize::run(args)?;
+    print_report(json, &summary, summary.to_text())?;
+    Ok(if summary.passed() { Code::Ok } else { Code::Failure })
+}
+
 fn run(cli: Cli) -> Result<Code> {
     match cli.cmd {
         Cmd::Tokenize(a) => {
@@ -555,9 +562,7 @@ fn run(cli: Cli) -> Result<Code> {
                 threads: cli.threads,
                 ..Default::default()
             };
-            let summary = dustoff::commands::quantize::run(&args)?;
-            print_report(a.json, &summary, summary.to_text())?;
-            Ok(if summary.passed() { Code::Ok } else { Code::Failure })
+            quantize(&args, a.json)
         }
         Cmd::Convert(a) => {
             let args = dustoff::commands::convert::ConvertArgs {
@@ -607,9 +612,7 @@ fn run(cli: Cli) -> Result<Code> {
                 pipeline: a.pipeline,
                 device: a.device,
             };
-            let summary = dustoff::commands::quantize::run(&args)?;
-            print_report(a.json, &summary, summary.to_text())?;
-            Ok(if summary.passed() { Code::Ok } else { Code::Failure })
+            quantize(&args, a.json)
         }
         Cmd::Eval(a) => {
             let args = dustoff::commands::eval::EvalArgs {
