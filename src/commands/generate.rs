@@ -193,13 +193,13 @@ pub fn run_jsonl<G: Generate>(
     let resumed = ck.committed_rows();
     let mut done = resumed + pending.len() as u64;
     let mut last_commit = Instant::now();
-    loop {
+    while !stop.is_set() {
         while queued.len() < gen.capacity() {
             let Some((req, id, line)) = todo.pop_front() else { break };
             queued.insert(req.key, (id, req.prompt.len(), line));
             gen.submit(req)?;
         }
-        if queued.is_empty() || stop.is_set() {
+        if queued.is_empty() {
             break;
         }
         let finished = gen.poll()?;
