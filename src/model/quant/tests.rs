@@ -19,20 +19,11 @@ pub(crate) fn uniform_values(n: usize, seed: u64) -> Vec<f32> {
 /// Deterministic pseudo-random values (xorshift), roughly uniform in [-1, 1), with a few
 /// larger outliers so blocks have uneven ranges.
 pub(crate) fn test_values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-            if i % 97 == 13 {
-                u * 6.0
-            } else {
-                u
-            }
-        })
-        .collect()
+    let mut v = uniform_values(n, seed);
+    for x in v.iter_mut().skip(13).step_by(97) {
+        *x *= 6.0;
+    }
+    v
 }
 
 fn decode(dtype: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
