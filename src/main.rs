@@ -1,14 +1,11 @@
-//! dustoff command line. Parsing only; the work is in `dustoff::commands`.
-//!
-//! Exit codes: one funnel, in `main`, with the codes of `dustoff::job::exit` (0 only when every
-//! record succeeded; 1 error; 2 usage error; 3 error rows or past `--max-errors`; 4 interrupted,
-//! resumable).
+//! dustoff command line. Parsing only; the work is in `dustoff::commands`. Every command ends
+//! in one exit funnel, `main`, with the codes of `dustoff::job::exit`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use dustoff::commands::common::{self, Device, Slots};
 use dustoff::commands::{generate, tokenize};
@@ -304,7 +301,7 @@ struct BenchArgs {
     #[arg(long, default_value = SAMPLE_MODEL, conflicts_with = "synthetic")]
     model: PathBuf,
     /// A real architecture's shape filled with random weights: qwen3-8b, qwen2.5-7b, llama3-8b,
-    /// smollm2-135m, qwen3-0.6b, qwen3-30b-a3b (MoE, CPU only for now), qwen3.5-9b (hybrid, GPU only).
+    /// smollm2-135m, qwen3-0.6b, qwen3-30b-a3b (MoE), qwen3.5-9b (hybrid, GPU only).
     #[arg(long)]
     synthetic: Option<String>,
     /// Weight type of a synthetic model: f16, q8_0, q4_0, q4_1, q4_k... (on a GPU also q4_k_m,
@@ -422,8 +419,9 @@ struct EngineArgs {
     /// slots ~1,100 tok/s, 64 slots ~5,800); a count that does not fit is refused with numbers.
     #[arg(long, default_value = "auto")]
     slots: Slots,
-    /// Token budget of one engine step (decode tokens plus chunks of prefill).
-    #[arg(long, default_value_t = 512)]
+    /// Token budget of one engine step (decode tokens plus chunks of prefill); on a GPU the
+    /// memory plan reserves workspace for steps of this size.
+    #[arg(long, default_value_t = dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS)]
     max_batch_tokens: usize,
     /// Compute every prompt in full (no reuse of shared prefixes), for comparison.
     #[arg(long)]
@@ -441,15 +439,13 @@ struct TokenizeArgs {
     output: PathBuf,
 }
 
-/// The one exit funnel: every command's result becomes one exit code of `dustoff::job::exit`,
-/// and an error is printed once, each cause once.
+/// The one exit funnel: every command's result becomes one exit code of `dustoff::job::exit`
+/// (listed at the end of `--help`), and an error is printed once, each cause once.
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Err(code) = place_threads(&cli) {
-        return code;
-    }
-    match run(cli) {
-        Ok(code) => ExitCode::from(code.code()),
+    let matches = Cli::command().after_help(exit::help()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    match place_threads(&cli).and_then(|()| run(cli)) {
+        Ok(code) => code.into(),
         Err(e) => {
             eprintln!("error: {}", exit::describe(&e));
             if e.chain().any(|c| {
@@ -459,18 +455,15 @@ fn main() -> ExitCode {
                     "the disk is full: free some space, then run the same command; a job resumes from its checkpoint"
                 );
             }
-            ExitCode::from(exit::code_of(&e).code())
+            exit::code_of(&e).into()
         }
     }
 }
 
 /// `DUSTOFF_CPU_PATH`, `--numa` and `--threads`: checked, applied (pinning, the rayon pool)
 /// before any work, and logged for the commands that compute. Bad values are usage errors.
-fn place_threads(cli: &Cli) -> std::result::Result<(), ExitCode> {
-    if let Err(e) = dustoff::sys::cpu::check_path_env() {
-        eprintln!("error: {e}");
-        return Err(ExitCode::from(Code::Usage.code()));
-    }
+fn place_threads(cli: &Cli) -> Result<()> {
+    dustoff::sys::cpu::check_path_env().map_err(|e| UsageError::new(e.to_string()))?;
     let device = match &cli.cmd {
         Cmd::Generate(a) => Some(a.model.device.as_str()),
         Cmd::Run(a) if !a.dry_run => Some(a.model.device.as_str()),
@@ -488,10 +481,9 @@ fn place_threads(cli: &Cli) -> std::result::Result<(), ExitCode> {
             }
             Ok(())
         }
-        Err(e) => {
-            eprintln!("error: {e}");
-            Err(ExitCode::from(if e.is_usage() { Code::Usage } else { Code::Failure }.code()))
-        }
+        // The message alone, as it was printed before the funnel took these errors.
+        Err(e) if e.is_usage() => Err(UsageError::new(e.to_string()).into()),
+        Err(e) => Err(anyhow::anyhow!("{e}")),
     }
 }
 
@@ -514,6 +506,13 @@ fn print_report<T: serde::Serialize>(json: bool, value: &T, text: String) -> Res
         print!("{text}");
     }
     Ok(())
+}
+
+/// `quantize`, and `convert` of a GGUF: the summary printed, exit 1 when verification failed.
+fn quantize(args: &dustoff::commands::quantize::QuantizeArgs, json: bool) -> Result<Code> {
+    let summary = dustoff::commands::quantize::run(args)?;
+    print_report(json, &summary, summary.to_text())?;
+    Ok(if summary.passed() { Code::Ok } else { Code::Failure })
 }
 
 fn run(cli: Cli) -> Result<Code> {
@@ -563,9 +562,7 @@ fn run(cli: Cli) -> Result<Code> {
                 threads: cli.threads,
                 ..Default::default()
             };
-            let summary = dustoff::commands::quantize::run(&args)?;
-            print_report(a.json, &summary, summary.to_text())?;
-            Ok(if summary.passed() { Code::Ok } else { Code::Failure })
+            quantize(&args, a.json)
         }
         Cmd::Convert(a) => {
             let args = dustoff::commands::convert::ConvertArgs {
@@ -596,7 +593,7 @@ fn run(cli: Cli) -> Result<Code> {
             };
             let report = dustoff::commands::doctor::run(&args)?;
             print_report(a.json, &report, report.to_text())?;
-            Ok(if report.exit_code == 0 { Code::Ok } else { Code::Failure })
+            Ok(report.exit)
         }
         Cmd::Quantize(a) => {
             let args = dustoff::commands::quantize::QuantizeArgs {
@@ -615,9 +612,7 @@ fn run(cli: Cli) -> Result<Code> {
                 pipeline: a.pipeline,
                 device: a.device,
             };
-            let summary = dustoff::commands::quantize::run(&args)?;
-            print_report(a.json, &summary, summary.to_text())?;
-            Ok(if summary.passed() { Code::Ok } else { Code::Failure })
+            quantize(&args, a.json)
         }
         Cmd::Eval(a) => {
             let args = dustoff::commands::eval::EvalArgs {
@@ -643,109 +638,24 @@ fn run(cli: Cli) -> Result<Code> {
             Ok(Code::Ok)
         }
         Cmd::Bench(a) => {
-            let device = pick_device(&a.device)?;
-            let prompt_tokens = a.prompt_tokens.first().copied().unwrap_or(768);
-            let ctx = prompt_tokens + a.gen_tokens;
-            // The backend is made for the mode's KV needs below; `make` builds it on the device.
-            let loaded = match &a.synthetic {
-                Some(_) => None,
-                None => Some(common::load(&a.model)?),
+            let opts = dustoff::commands::bench_modes::BenchOptions {
+                device: pick_device(&a.device)?,
+                model: a.model,
+                synthetic: a.synthetic,
+                dtype: a.dtype,
+                f16_weights: a.weights == "f16",
+                ptx_dir: a.ptx_dir,
+                prompt_tokens: a.prompt_tokens,
+                gen_tokens: a.gen_tokens,
+                runs: a.runs,
+                json: a.json,
+                batch: a.batch,
+                shared_prefix: a.shared_prefix,
+                slots: a.slots,
+                constrained: a.constrained,
+                max_batch_tokens: a.max_batch_tokens,
             };
-            let name = match &a.synthetic {
-                Some(shape) => format!("synthetic {shape} {}", a.dtype),
-                None => a.model.display().to_string(),
-            };
-            let f16_weights = a.weights == "f16";
-            let make = |tokens: usize| -> Result<Box<dyn dustoff::backend::Backend>> {
-                match (&a.synthetic, &loaded) {
-                    (Some(shape), _) => {
-                        let dtype = if f16_weights { "f16" } else { a.dtype.as_str() };
-                        common::make_synthetic_backend(shape, dtype, &device, tokens, a.ptx_dir.as_deref())
-                    }
-                    (None, Some(m)) => common::make_backend_weights(
-                        &m.config,
-                        &m.weights,
-                        &device,
-                        tokens,
-                        a.ptx_dir.as_deref(),
-                        f16_weights,
-                    ),
-                    (None, None) => unreachable!("a model is loaded when no shape is given"),
-                }
-            };
-            let fingerprint = *blake3::hash(name.as_bytes()).as_bytes();
-            if let (Some(p), Some(m)) = (&a.constrained, &loaded) {
-                let batches = if a.batch.is_empty() { vec![32] } else { a.batch.clone() };
-                let b = make(batches.iter().max().copied().unwrap_or(1) * (ctx + common::BLOCK_SIZE))?;
-                let shape = (prompt_tokens, a.gen_tokens, a.max_batch_tokens);
-                let rows = dustoff::commands::bench_constrained::run(b, m, p, fingerprint, shape, &batches)?;
-                dustoff::commands::bench_constrained::print_table(&rows);
-                if a.json {
-                    println!("{}", serde_json::to_string_pretty(&rows)?);
-                }
-                return Ok(Code::Ok);
-            }
-            if let Some(sp) = &a.shared_prefix {
-                let [requests, shared, unique] = sp[..] else {
-                    return Err(
-                        UsageError::new("--shared-prefix takes REQUESTS,SHARED,UNIQUE (e.g. 256,1000,300)").into()
-                    );
-                };
-                let gen = a.gen_tokens;
-                let tokens = a.slots * (shared + unique + gen + common::BLOCK_SIZE) + shared * 2;
-                let b = make(tokens)?;
-                let rows = dustoff::commands::bench::bench_shared_prefix(
-                    b,
-                    fingerprint,
-                    a.slots,
-                    a.max_batch_tokens,
-                    (shared, unique, requests, gen),
-                )?;
-                println!("{}", serde_json::to_string_pretty(&rows)?);
-                return Ok(Code::Ok);
-            }
-            if !a.batch.is_empty() {
-                let most = a.batch.iter().copied().max().unwrap_or(1);
-                let b = make(most * (ctx + common::BLOCK_SIZE))?;
-                let rows = dustoff::commands::bench::bench_batched(
-                    b,
-                    fingerprint,
-                    prompt_tokens,
-                    a.gen_tokens,
-                    &a.batch,
-                    a.max_batch_tokens,
-                )?;
-                println!("| sequences | prefill s | decode tok/s (total) | share of bandwidth bound |");
-                println!("|---|---|---|---|");
-                for r in &rows {
-                    let share = r.bandwidth_share.map(|s| format!("{:.1}%", s * 100.0)).unwrap_or_else(|| "-".into());
-                    println!("| {} | {:.2} | {:.1} | {} |", r.sequences, r.prefill_s, r.decode_tok_s, share);
-                }
-                if a.json {
-                    println!("{}", serde_json::to_string_pretty(&rows)?);
-                }
-                return Ok(Code::Ok);
-            }
-            let longest = a.prompt_tokens.iter().copied().max().unwrap_or(prompt_tokens);
-            let mut b = make(longest + a.gen_tokens)?;
-            let b = b.as_mut();
-            let mut reports = Vec::new();
-            for &p in &a.prompt_tokens {
-                let r = dustoff::commands::bench::bench(b, &name, p, a.gen_tokens, a.runs)?;
-                if !a.json {
-                    r.print_human();
-                }
-                reports.push(r);
-            }
-            if a.json {
-                match &reports[..] {
-                    [r] => println!("{}", serde_json::to_string_pretty(r)?),
-                    all => println!("{}", serde_json::to_string_pretty(all)?),
-                }
-            } else if reports.len() > 1 {
-                dustoff::commands::bench::print_prompt_table(&reports);
-            }
-            Ok(Code::Ok)
+            dustoff::commands::bench_modes::run(&opts)
         }
         Cmd::Generate(a) => {
             if a.max_tokens == 0 {
@@ -765,8 +675,9 @@ fn run(cli: Cli) -> Result<Code> {
                 (Some(p), _, _) => {
                     let device = pick_device(&a.model.device)?;
                     let m = common::load(&a.model.model)?;
+                    let step = dustoff::engine::single::PREFILL_CHUNK;
                     let mut b =
-                        common::make_backend(&m.config, &m.weights, &device, a.ctx, a.model.ptx_dir.as_deref())?;
+                        common::make_backend(&m.config, &m.weights, &device, a.ctx, step, a.model.ptx_dir.as_deref())?;
                     generate::run_prompt(&m, b.as_mut(), &p, a.chat, &opt)?;
                     Ok(Code::Ok)
                 }
@@ -796,23 +707,29 @@ fn run(cli: Cli) -> Result<Code> {
                             anyhow::anyhow!(e).context(format!("opening the checkpoint of {}", o.display()))
                         })?;
                     let m = common::load(&a.model.model)?;
-                    let slots = common::resolve_slots(a.engine.slots, &device, &m.config, &m.weights, a.ctx)?;
-                    let cfg = dustoff::engine::engine::EngineConfig {
+                    let max_batch_tokens = a.engine.max_batch_tokens;
+                    let slots =
+                        common::resolve_slots(a.engine.slots, &device, &m.config, &m.weights, a.ctx, max_batch_tokens)?;
+                    let cfg = dustoff::engine::engine::EngineConfig::new(
                         slots,
-                        max_batch_tokens: a.engine.max_batch_tokens.max(slots),
-                        prefix_cache: !a.engine.no_prefix_cache,
-                        model_fingerprint: m.fingerprint,
-                    };
+                        max_batch_tokens,
+                        !a.engine.no_prefix_cache,
+                        m.fingerprint,
+                    );
                     let backend = common::make_backend(
                         &m.config,
                         &m.weights,
                         &device,
                         a.ctx * slots,
+                        cfg.max_batch_tokens,
                         a.model.ptx_dir.as_deref(),
                     )?;
-                    let mut engine = dustoff::engine::engine::Engine::new(backend, cfg)?;
+                    let engine = dustoff::engine::engine::Engine::new(backend, cfg)?;
                     let stop = dustoff::job::runner::StopFlag::with_signals().unwrap_or_default();
-                    let r = generate::run_jsonl(&m, &mut engine, &job, &opt, &lock, &stop)?;
+                    let mut gen =
+                        dustoff::commands::job_adapters::EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec())
+                            .with_stop(stop.clone());
+                    let r = generate::run_jsonl(&m, &mut gen, &job, &opt, &lock, &stop)?;
                     eprintln!("metrics: {}", serde_json::to_string(&r.metrics)?);
                     eprintln!(
                         "{} rows committed ({} from an earlier run), {} error rows",

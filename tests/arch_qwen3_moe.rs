@@ -250,6 +250,7 @@ fn cuda_backend(m: &LoadedModel, test: &str) -> Option<CudaBackend> {
         ptx_dir: None,
         max_positions: 512,
         f16_weights: false,
+        max_batch_tokens: dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
     };
     Some(CudaBackend::new(m.config.clone(), &m.weights, &opts).expect("CUDA backend of the reference model"))
 }

@@ -185,19 +185,19 @@ fn with_state_points_a_hit_ends_where_a_recurrent_state_was_saved() {
 }
 
 #[test]
-fn append_slot_takes_a_block_at_block_boundaries() {
+fn append_position_takes_a_block_at_block_boundaries() {
     let mut kv = KvCache::new(3, 4, FP, true);
     kv.allocate(1, &toks(0..4)).unwrap(); // [0], full
     kv.allocate(2, &toks(10..17)).unwrap(); // [1, 2], one slot left
     assert!(kv.may_append(2));
-    kv.append_slot(2).unwrap();
-    assert_eq!(kv.num_slots(2), Some(8));
+    kv.append_position(2).unwrap();
+    assert_eq!(kv.num_positions(2), Some(8));
     assert!(!kv.may_append(2), "block 2 is full and none is free");
     assert!(!kv.may_append(1));
-    assert_eq!(kv.append_slot(1), Err(KvError::OutOfBlocks { seq: 1, needed: 1, free: 0 }));
+    assert_eq!(kv.append_position(1), Err(KvError::OutOfBlocks { seq: 1, needed: 1, free: 0 }));
     kv.free(2).unwrap();
     assert!(kv.may_append(1));
-    kv.append_slot(1).unwrap(); // 2 and 1 went back to the front (unnamed), 1 first
+    kv.append_position(1).unwrap(); // 2 and 1 went back to the front (unnamed), 1 first
     assert_eq!(kv.block_table(1), Some(&[0, 1][..]));
     assert!(!kv.can_allocate(&toks(0..9), 0));
     ok(&kv);
@@ -229,7 +229,7 @@ enum Op {
         prompt: u8,
         len: u8,
     },
-    AppendSlot {
+    AppendPosition {
         seq: u8,
     },
     /// Compute up to `n` more positions of the sequence.
@@ -245,7 +245,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (0u8..6, 0u8..4, 1u8..20).prop_map(|(seq, prompt, len)| Op::Allocate { seq, prompt, len }),
-        (0u8..6).prop_map(|seq| Op::AppendSlot { seq }),
+        (0u8..6).prop_map(|seq| Op::AppendPosition { seq }),
         (0u8..6, 1u8..12).prop_map(|(seq, n)| Op::Compute { seq, n }),
         (0u8..6).prop_map(|seq| Op::Free { seq }),
     ]
@@ -303,10 +303,10 @@ proptest! {
                         Err(e) => prop_assert!(false, "unexpected {}", e),
                     }
                 }
-                Op::AppendSlot { seq } => {
+                Op::AppendPosition { seq } => {
                     let seq = seq as SeqId;
                     let may = kv.may_append(seq);
-                    match kv.append_slot(seq) {
+                    match kv.append_position(seq) {
                         Ok(()) => {
                             prop_assert!(may);
                             sh.seqs.get_mut(&seq).unwrap().0.push(9);
@@ -335,7 +335,7 @@ proptest! {
             }
             prop_assert_eq!(kv.check_invariants(), Ok(()));
             for (seq, (t, _)) in &sh.seqs {
-                prop_assert_eq!(kv.num_slots(*seq), Some(t.len()));
+                prop_assert_eq!(kv.num_positions(*seq), Some(t.len()));
             }
         }
     }

@@ -402,7 +402,7 @@ fn shipped_pipelines_load_and_render() {
     let dir = root().join("pipelines");
     let s = Pipeline::resolve("summarize", &dir).unwrap();
     let e = Pipeline::resolve("extract-entities", &dir).unwrap();
-    use dustoff::engine::single::FinishReason::{Length, Stop};
+    use dustoff::engine::finish::FinishReason::{Length, Stop};
     assert_eq!(s.spec.input.id_field, "id");
     assert_eq!(s.document_field(), "text");
     assert_eq!(s.spec.limits.overflow, Overflow::TruncateTail);

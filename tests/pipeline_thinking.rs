@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{bin, repo, tmpdir};
-use dustoff::commands::engine_gen::TokenizerCodec;
-use dustoff::engine::single::FinishReason;
+use dustoff::commands::job_adapters::TokenizerCodec;
+use dustoff::engine::finish::FinishReason;
 use dustoff::job::pipeline::Pipeline;
 use dustoff::job::writer::{ok_row_with, RowOutput};
 use dustoff::tokenizer::Tokenizer;

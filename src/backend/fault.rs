@@ -60,9 +60,9 @@ impl<B: Backend> FaultInjector<B> {
 impl FaultInjector<Box<dyn Backend>> {
     /// Wraps `b` when `DUSTOFF_INJECT_OOM` is set; an unreadable value is an error.
     pub fn wrap_from_env(b: Box<dyn Backend>) -> Result<Box<dyn Backend>, BackendError> {
-        match std::env::var(INJECT_OOM_ENV) {
-            Err(_) => Ok(b),
-            Ok(v) => {
+        match crate::sys::env::get(INJECT_OOM_ENV) {
+            None => Ok(b),
+            Some(v) => {
                 let bad = || BackendError::Plan(format!("{INJECT_OOM_ENV}={v}: give STEP or STEP,SEQS (numbers)"));
                 let (step, seqs) = v.split_once(',').unwrap_or((&v, "1"));
                 let step = step.trim().parse::<u64>().map_err(|_| bad())?;

@@ -41,9 +41,17 @@ pub enum BackendError {
         #[source]
         source: Cause,
     },
-    /// A device failure known only by its message.
-    #[error("{0}")]
-    Device(String),
+    /// Any other device failure (a library that could not be loaded, a PTX or kernel-cache
+    /// file, weights the device cannot take, a graph), the backend's own error kept as is.
+    #[error(transparent)]
+    Device(Cause),
+}
+
+/// A plan the backend cannot run: the text names the sequence and the broken bound.
+impl From<crate::engine::plan::PlanError> for BackendError {
+    fn from(e: crate::engine::plan::PlanError) -> Self {
+        BackendError::Plan(e.to_string())
+    }
 }
 
 impl BackendError {
@@ -202,5 +210,10 @@ mod tests {
         assert!(c.to_string().contains("NVRTC log") && c.to_string().contains("identifier \"x\""), "{c}");
         let s: BackendError = CudaError::Shape { kernel: "gemv", reason: "rows 3 != 4".into() }.into();
         assert!(matches!(s, BackendError::Plan(_)), "{s}");
+        // The rest keep the CUDA error itself: a caller can still tell a missing library.
+        let d: BackendError = CudaError::NvrtcMissing.into();
+        let BackendError::Device(cause) = &d else { panic!("{d:?}") };
+        assert!(matches!(cause.downcast_ref::<CudaError>(), Some(CudaError::NvrtcMissing)), "{d}");
+        assert!(d.to_string().contains("NVRTC library could not be loaded"), "{d}");
     }
 }

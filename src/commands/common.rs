@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::Backend;
+use crate::engine::engine::{BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS};
 use crate::job::exit::UsageError;
 use crate::model::loader::{load_model, LoadedModel};
 
@@ -71,6 +72,7 @@ pub fn resolve_slots(
     cfg: &crate::model::config::ModelConfig,
     weights: &crate::model::weights::ModelWeights,
     per_seq: usize,
+    max_batch_tokens: usize,
 ) -> Result<usize> {
     let n = match (slots, device) {
         (Slots::Count(n), _) => return Ok(n),
@@ -83,7 +85,7 @@ pub fn resolve_slots(
                 .with_context(|| format!("opening cuda:{ordinal} to size --slots auto"))?;
             let (free, _) = dev.mem_info()?;
             let bytes = crate::backend::cuda::memory::device_weight_bytes(cfg, weights, false);
-            let n = fit_slots(cfg, bytes, free as u64, per_seq);
+            let n = fit_slots(cfg, bytes, free as u64, per_seq, max_batch_tokens);
             eprintln!(
                 "slots: {} (--slots auto: the memory plan for {per_seq} cached positions per sequence fits {} in the free {:.2} GB of {}, cap {MAX_AUTO_SLOTS})",
                 n.max(1),
@@ -99,14 +101,15 @@ pub fn resolve_slots(
 }
 
 /// The most sequences (up to [`MAX_AUTO_SLOTS`]) of `per_seq` positions whose CUDA memory plan
-/// fits in `free` bytes; 0 when not even one does.
+/// (with workspace for steps of `max_batch_tokens`, raised to the slot count as the engine
+/// does) fits in `free` bytes; 0 when not even one does.
 pub fn fit_slots(
     cfg: &crate::model::config::ModelConfig,
     bytes: crate::backend::cuda::memory::DeviceWeightBytes,
     free: u64,
     per_seq: usize,
+    max_batch_tokens: usize,
 ) -> usize {
-    use crate::backend::cuda::backend::PLANNED_BATCH_TOKENS;
     let fits = |n: usize| {
         let blocks = (n * per_seq).div_ceil(BLOCK_SIZE).max(1);
         let plan = crate::backend::cuda::plan_memory(
@@ -115,7 +118,7 @@ pub fn fit_slots(
             bytes.wide_scratch,
             blocks,
             BLOCK_SIZE,
-            PLANNED_BATCH_TOKENS,
+            max_batch_tokens.max(n),
         );
         plan.check(free, "", blocks * BLOCK_SIZE, cfg).is_ok()
     };
@@ -137,15 +140,17 @@ pub fn cuda_usable() -> bool {
     crate::backend::cuda::device::device_count() > 0
 }
 
-/// Places a model on `device` with room for `tokens` cached positions.
+/// Places a model on `device` with room for `tokens` cached positions; on a GPU the memory plan
+/// reserves workspace for steps of `max_batch_tokens` (the engine's `--max-batch-tokens`).
 pub fn make_backend(
     cfg: &crate::model::config::ModelConfig,
     w: &crate::model::weights::ModelWeights,
     device: &Device,
     tokens: usize,
+    max_batch_tokens: usize,
     ptx_dir: Option<&Path>,
 ) -> Result<Box<dyn Backend>> {
-    make_backend_weights(cfg, w, device, tokens, ptx_dir, false)
+    make_backend_weights(cfg, w, device, tokens, max_batch_tokens, ptx_dir, false)
 }
 
 /// As [`make_backend`]; `f16_weights`: on a GPU, widen block-format weights to F16 at load
@@ -155,6 +160,7 @@ pub fn make_backend_weights(
     w: &crate::model::weights::ModelWeights,
     device: &Device,
     tokens: usize,
+    max_batch_tokens: usize,
     ptx_dir: Option<&Path>,
     f16_weights: bool,
 ) -> Result<Box<dyn Backend>> {
@@ -166,7 +172,10 @@ pub fn make_backend_weights(
             if ordinal >= n {
                 bail!("device cuda:{ordinal} requested, but {n} CUDA device(s) are usable here; use --device cpu");
             }
-            let opts = crate::backend::cuda::CudaOptions { f16_weights, ..cuda_options(ordinal, blocks, ptx_dir) };
+            let opts = crate::backend::cuda::CudaOptions {
+                f16_weights,
+                ..cuda_options(ordinal, blocks, max_batch_tokens, ptx_dir)
+            };
             let b = crate::backend::cuda::backend::CudaBackend::new(cfg.clone(), w, &opts)
                 .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
             Box::new(b)
@@ -200,9 +209,15 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     Ok(m)
 }
 
-fn cuda_options(ordinal: usize, blocks: usize, ptx_dir: Option<&Path>) -> crate::backend::cuda::CudaOptions {
+fn cuda_options(
+    ordinal: usize,
+    blocks: usize,
+    max_batch_tokens: usize,
+    ptx_dir: Option<&Path>,
+) -> crate::backend::cuda::CudaOptions {
     crate::backend::cuda::CudaOptions {
         ordinal,
+        max_batch_tokens,
         num_blocks: blocks,
         block_size: BLOCK_SIZE,
         ptx_dir: ptx_dir.map(Path::to_path_buf),
@@ -214,12 +229,25 @@ fn cuda_options(ordinal: usize, blocks: usize, ptx_dir: Option<&Path>) -> crate:
 
 /// A random-weight model of a named shape on `device`, weights of type `dtype` (`f16`, `q8_0`,
 /// ..., or on a GPU also `q4_k_m`, llama.cpp's mix). On a GPU the weights are generated there,
-/// so an 8B shape takes seconds, not a 16 GB host buffer.
+/// so an 8B shape takes seconds, not a 16 GB host buffer. The memory plan reserves workspace
+/// for the engine's default step ([`DEFAULT_MAX_BATCH_TOKENS`]); see [`make_synthetic_backend_for`].
 pub fn make_synthetic_backend(
     shape: &str,
     dtype: &str,
     device: &Device,
     tokens: usize,
+    ptx_dir: Option<&Path>,
+) -> Result<Box<dyn Backend>> {
+    make_synthetic_backend_for(shape, dtype, device, tokens, DEFAULT_MAX_BATCH_TOKENS, ptx_dir)
+}
+
+/// As [`make_synthetic_backend`], planned for steps of `max_batch_tokens` tokens.
+pub fn make_synthetic_backend_for(
+    shape: &str,
+    dtype: &str,
+    device: &Device,
+    tokens: usize,
+    max_batch_tokens: usize,
     ptx_dir: Option<&Path>,
 ) -> Result<Box<dyn Backend>> {
     let cfg = crate::model::shapes::shape(shape).ok_or_else(|| {
@@ -231,14 +259,14 @@ pub fn make_synthetic_backend(
                 bail!("--synthetic {shape}: random hybrid (linear-attention) weights are made on the GPU only; use --device cuda");
             }
             let w = crate::model::synth::random_weights(&cfg, parse_dtype(dtype)?, 1);
-            make_backend(&cfg, &w, device, tokens, ptx_dir)
+            make_backend(&cfg, &w, device, tokens, max_batch_tokens, ptx_dir)
         }
         Device::Cuda(ordinal) => {
             use crate::backend::cuda::WeightMix;
             let mix = WeightMix::parse(dtype).ok_or_else(|| {
                 anyhow::anyhow!("--dtype {dtype}: synthetic GPU weights are f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k or q4_k_m")
             })?;
-            let opts = cuda_options(ordinal, tokens.div_ceil(BLOCK_SIZE).max(1), ptx_dir);
+            let opts = cuda_options(ordinal, tokens.div_ceil(BLOCK_SIZE).max(1), max_batch_tokens, ptx_dir);
             let b = crate::backend::cuda::backend::CudaBackend::synthetic_mix(cfg, mix, 1, &opts)
                 .with_context(|| format!("making a synthetic {shape} on cuda:{ordinal}"))?;
             Ok(Box::new(b))
@@ -248,20 +276,8 @@ pub fn make_synthetic_backend(
 
 /// Parses a weight type name (`f16`, `q8_0`, `q4_k`...).
 pub fn parse_dtype(s: &str) -> Result<crate::model::quant::GgmlType> {
-    use crate::model::quant::GgmlType as T;
-    Ok(match s.to_ascii_lowercase().as_str() {
-        "f32" => T::F32,
-        "f16" => T::F16,
-        "bf16" => T::BF16,
-        "q4_0" => T::Q4_0,
-        "q4_1" => T::Q4_1,
-        "q5_0" => T::Q5_0,
-        "q5_1" => T::Q5_1,
-        "q8_0" => T::Q8_0,
-        "q4_k" => T::Q4K,
-        "q5_k" => T::Q5K,
-        "q6_k" => T::Q6K,
-        _ => bail!("unknown weight type '{s}' (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)"),
+    crate::model::quant::GgmlType::from_name(s).ok_or_else(|| {
+        anyhow::anyhow!("unknown weight type '{s}' (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)")
     })
 }
 
@@ -270,15 +286,11 @@ pub fn parse_dtype(s: &str) -> Result<crate::model::quant::GgmlType> {
 pub const COMMIT_ROWS: usize = 64;
 
 pub fn commit_rows() -> usize {
-    std::env::var("DUSTOFF_COMMIT_ROWS")
-        .ok()
+    crate::sys::env::get("DUSTOFF_COMMIT_ROWS")
         .and_then(|v| v.trim().parse().ok())
         .filter(|&n| n > 0)
         .unwrap_or(COMMIT_ROWS)
 }
-
-/// KV block size (tokens) of every backend.
-pub const BLOCK_SIZE: usize = 16;
 
 /// Reads a JSONL file line by line: `(1-based line number, parsed value or error message)`.
 /// Blank lines are skipped.
@@ -357,17 +369,17 @@ mod tests {
                 f16.wide_scratch,
                 blocks,
                 BLOCK_SIZE,
-                crate::backend::cuda::backend::PLANNED_BATCH_TOKENS,
+                DEFAULT_MAX_BATCH_TOKENS.max(n),
             )
         };
         // A 32 GB V100 (30 GB free): 16 GB of F16 weights, then 4096-position sequences.
         let free = 30_000_000_000u64;
-        let n = fit_slots(&c, f16, free, 4096);
+        let n = fit_slots(&c, f16, free, 4096, DEFAULT_MAX_BATCH_TOKENS);
         assert!((1..MAX_AUTO_SLOTS).contains(&n), "{n}");
         assert!(plan(n).check(free, "", n * 4096, &c).is_ok());
         assert!(plan(n + 1).check(free, "", (n + 1) * 4096, &c).is_err(), "one more does not fit");
         // The cap, and nothing at all on a device smaller than the weights.
-        assert_eq!(fit_slots(&c, f16, 1_000_000_000_000, 4096), MAX_AUTO_SLOTS);
-        assert_eq!(fit_slots(&c, f16, 8_000_000_000, 4096), 0);
+        assert_eq!(fit_slots(&c, f16, 1_000_000_000_000, 4096, DEFAULT_MAX_BATCH_TOKENS), MAX_AUTO_SLOTS);
+        assert_eq!(fit_slots(&c, f16, 8_000_000_000, 4096, DEFAULT_MAX_BATCH_TOKENS), 0);
     }
 }

@@ -41,7 +41,8 @@ pub struct ConvertArgs {
     pub model: PathBuf,
     /// `--output PATH`: `*.gguf` writes a GGUF file, anything else a safetensors directory.
     pub output: PathBuf,
-    /// `--dtype f16` (the only target for now).
+    /// `--dtype f16` (the only target of a Hugging Face directory; a GGUF `--model` goes to
+    /// `quantize` in `main`).
     pub dtype: String,
     /// `--allow-lossy`: write tensors beyond the loss threshold anyway.
     pub allow_lossy: bool,
@@ -407,9 +408,10 @@ fn verify(a: &ConvertArgs, st: &SafetensorsDir, outs: &Outputs) -> Result<Verify
     let len = prompt.len() + a.verify_tokens + 1;
     let (rc, _, rw, _) = crate::model::hf::load_dir(&a.model)?;
     let conv = crate::model::loader::load_model(&a.output)?;
-    let blocks = len.div_ceil(16) + 1;
-    let mut rb = CpuBackend::new(rc, rw, blocks, 16);
-    let mut cb = CpuBackend::new(conv.config, conv.weights, blocks, 16);
+    let bs = crate::engine::engine::BLOCK_SIZE;
+    let blocks = len.div_ceil(bs) + 1;
+    let mut rb = CpuBackend::new(rc, rw, blocks, bs);
+    let mut cb = CpuBackend::new(conv.config, conv.weights, blocks, bs);
     let (mut rs, mut cs) = (SingleSeq::new(&rb, 0, len)?, SingleSeq::new(&cb, 0, len)?);
     let (mut rl, mut cl) = (rs.feed(&mut rb, &prompt)?, cs.feed(&mut cb, &prompt)?);
     let (mut agree, mut first, mut max_diff, mut generated) = (0usize, None, 0f32, Vec::new());

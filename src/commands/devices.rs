@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 
 use super::common::{self, Device, Slots};
-use super::engine_gen::EngineGenerate;
+use super::job_adapters::EngineGenerate;
 use crate::backend::Backend;
 use crate::engine::constraint::Grammar;
 use crate::engine::engine::{Engine, EngineConfig};
@@ -92,6 +92,7 @@ pub fn engine_slots(
     cfg: &ModelConfig,
     weights: &ModelWeights,
     per_seq: usize,
+    max_batch_tokens: usize,
 ) -> Result<Vec<usize>> {
     let mut out = Vec::with_capacity(devs.len());
     for d in devs {
@@ -104,7 +105,7 @@ pub fn engine_slots(
                     .with_context(|| format!("opening cuda:{ordinal} to size --slots auto"))?;
                 let (free, _) = dev.mem_info()?;
                 let bytes = crate::backend::cuda::memory::device_weight_bytes(cfg, weights, false);
-                common::fit_slots(cfg, bytes, free as u64 / share, per_seq).max(1)
+                common::fit_slots(cfg, bytes, free as u64 / share, per_seq, max_batch_tokens).max(1)
             }
         };
         out.push(n);
@@ -136,22 +137,18 @@ pub fn start_pool(pc: &PoolConfig, devs: &[Device], slots: &[usize]) -> Result<E
     for ((device, &slots), label) in devs.iter().zip(slots).zip(&labels) {
         let (model, device, label_t) = (pc.model.clone(), device.clone(), label.clone());
         let (ptx_dir, eos, grammar, stop) = (pc.ptx_dir.clone(), pc.eos.clone(), pc.grammar.clone(), pc.stop.clone());
-        let cfg = EngineConfig {
-            slots,
-            max_batch_tokens: pc.max_batch_tokens.max(slots),
-            prefix_cache: pc.prefix_cache,
-            model_fingerprint: pc.model_fingerprint,
-        };
+        let cfg = EngineConfig::new(slots, pc.max_batch_tokens, pc.prefix_cache, pc.model_fingerprint);
         let tokens = slots * pc.per_seq;
         let make = move || -> Result<Box<dyn Generate>> {
-            let backend = common::make_backend(&model.0, &model.1, &device, tokens, ptx_dir.as_deref())?;
+            let step = cfg.max_batch_tokens;
+            let backend = common::make_backend(&model.0, &model.1, &device, tokens, step, ptx_dir.as_deref())?;
             eprintln!("engine {label_t}: {}; {slots} slots, KV room for {tokens} tokens", backend.describe());
             let engine = Engine::new(backend, cfg)?;
             Ok(Box::new(EngineGenerate::new(engine, eos).with_stop(stop).with_grammar(grammar)))
         };
         specs.push(EngineSpec { label: label.clone(), make: Box::new(make) });
     }
-    EnginePool::start(specs, common::BLOCK_SIZE, pc.stop.clone())
+    EnginePool::start(specs, crate::engine::engine::BLOCK_SIZE, pc.stop.clone())
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<Report> {
         ptx_dir: a
             .ptx_dir
             .clone()
-            .or_else(|| std::env::var_os(crate::backend::cuda::kernels::PTX_DIR_ENV).map(PathBuf::from)),
+            .or_else(|| crate::sys::env::get_os(crate::backend::cuda::kernels::PTX_DIR_ENV).map(PathBuf::from)),
         numa: NumaMode::parse(&a.numa)?,
         threads: a.threads,
         measure: a.measure,

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::backend::cpu::matmul::matmul;
 use crate::backend::cpu::tap::ActivationTap;
 use crate::backend::cpu::CpuBackend;
+use crate::engine::engine::BLOCK_SIZE;
 use crate::engine::single::SingleSeq;
 use crate::model::loader::{load_model, LoadedModel};
 use crate::model::weights::Tensor;
@@ -141,7 +142,7 @@ impl Scorer {
         let head = m.weights.output.clone();
         Scorer {
             path: m.path,
-            backend: CpuBackend::new(m.config, m.weights, ctx.div_ceil(16) + 1, 16),
+            backend: CpuBackend::new(m.config, m.weights, ctx.div_ceil(BLOCK_SIZE) + 1, BLOCK_SIZE),
             head,
             dim,
             vocab,

@@ -1,7 +1,7 @@
 //! `dustoff generate`: JSONL prompts in, JSONL completions out; or one `--prompt` streamed to the
 //! terminal with prefill and decode speed at the end.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -11,13 +11,12 @@ use serde_json::{json, Value};
 
 use super::common::read_jsonl;
 use crate::backend::Backend;
-use crate::engine::engine::{Engine, EngineMetrics, Event, Request};
 use crate::engine::sampler::{derive_seed, Sampler, SamplingParams};
 use crate::engine::single::generate_one;
 use crate::job::checkpoint::{file_identity, model_identity, Checkpoint, JobFingerprint, PendingRow};
 use crate::job::exit::ExitCode;
 use crate::job::lock::JobLock;
-use crate::job::runner::StopFlag;
+use crate::job::runner::{GenRequest, Generate, StopFlag};
 use crate::model::loader::LoadedModel;
 use crate::tokenizer::{ChatMessage, StreamDecoder};
 
@@ -117,7 +116,8 @@ pub struct BatchResult {
     pub rows: u64,
     pub resumed_rows: u64,
     pub exit: ExitCode,
-    pub metrics: EngineMetrics,
+    /// The engine's counters (`EngineMetrics` as JSON).
+    pub metrics: Value,
 }
 
 /// What makes two `generate --input` runs the same job (see `checkpoint`): the model, the
@@ -136,14 +136,15 @@ pub fn fingerprint(job: &BatchJob, opt: &GenOptions) -> Result<JobFingerprint> {
     })
 }
 
-/// JSONL mode through the job machinery: every prompt goes through the slot engine; finished
-/// rows are committed to a checkpoint beside the output (`<output>.dustoff/`), so SIGINT or
-/// SIGTERM (exit 4) or `kill -9` loses at most the rows in flight and the same command resumes.
-/// The output, in input order, is written when every line has its row. `lock` is the output's
-/// [`JobLock`], taken before the model was loaded.
-pub fn run_jsonl<B: Backend>(
+/// JSONL mode through the job machinery: every prompt becomes the job's request type
+/// ([`GenRequest`], as `run` makes them) and goes to the slot engine through the same
+/// [`Generate`] adapter; finished rows are committed to a checkpoint beside the output
+/// (`<output>.dustoff/`), so SIGINT or SIGTERM (exit 4) or `kill -9` loses at most the rows in
+/// flight and the same command resumes. The output, in input order, is written when every line
+/// has its row. `lock` is the output's [`JobLock`], taken before the model was loaded.
+pub fn run_jsonl<G: Generate>(
     m: &LoadedModel,
-    engine: &mut Engine<B>,
+    gen: &mut G,
     job: &BatchJob,
     opt: &GenOptions,
     lock: &JobLock,
@@ -160,18 +161,20 @@ pub fn run_jsonl<B: Backend>(
         eprintln!("{note}");
     }
     let committing = || format!("committing finished rows to the checkpoint of {}", output.display());
-    let stop_ids = m.tokenizer.eos_ids().to_vec();
     let records = read_jsonl(input)?;
     let total = records.len() as u64;
     let mut pending: Vec<PendingRow> = Vec::new();
-    let error_row = |i: usize, id: Value, line: usize, msg: String| {
+    let error_row = |i: u64, id: Value, line: usize, msg: String| {
         eprintln!("{}:{line}: {msg}", input.display());
-        PendingRow { index: i as u64, line: json!({"id": id, "line": line, "error": msg}).to_string(), is_error: true }
+        PendingRow { index: i, line: json!({"id": id, "line": line, "error": msg}).to_string(), is_error: true }
     };
-    // Per queued request: (id, prompt length).
-    let mut queued: HashMap<u64, (Value, usize)> = HashMap::new();
+    let max_tokens = u32::try_from(opt.max_tokens).unwrap_or(u32::MAX);
+    // Requests not yet submitted, in input order, and per submitted one: (id, prompt length, line).
+    let mut todo: VecDeque<(GenRequest, Value, usize)> = VecDeque::new();
+    let mut queued: HashMap<u64, (Value, usize, usize)> = HashMap::new();
     for (i, (line, rec)) in records.into_iter().enumerate() {
-        if ck.is_done(i as u64) {
+        let key = i as u64;
+        if ck.is_done(key) {
             continue;
         }
         // A row that failed keeps its id when the line had one; `line` locates it either way.
@@ -179,47 +182,54 @@ pub fn run_jsonl<B: Backend>(
             Err(msg) => Err((Value::Null, msg)),
             Ok(v) => prepare(m, &v).map_err(|e| (v.get("id").cloned().unwrap_or(Value::Null), e)),
         };
-        let p = match prepared {
-            Ok(p) => p,
-            Err((id, msg)) => {
-                pending.push(error_row(i, id, line, msg));
-                continue;
+        match prepared {
+            Ok(p) => {
+                let sampling = opt.sampling_for(&id_key(&p.id));
+                todo.push_back((GenRequest { key, prompt: p.prompt_ids, max_tokens, sampling }, p.id, line));
             }
-        };
-        let req = Request {
-            id: i as u64,
-            prompt: p.prompt_ids.clone(),
-            max_tokens: opt.max_tokens,
-            sampling: opt.sampling_for(&id_key(&p.id)),
-            stop_ids: stop_ids.clone(),
-        };
-        match engine.add_request(req) {
-            Ok(()) => {
-                queued.insert(i as u64, (p.id, p.prompt_ids.len()));
-            }
-            Err(e) => pending.push(error_row(i, p.id, line, e.to_string())),
+            Err((id, msg)) => pending.push(error_row(key, id, line, msg)),
         }
     }
     let resumed = ck.committed_rows();
     let mut done = resumed + pending.len() as u64;
     let mut last_commit = Instant::now();
-    while engine.has_work() && !stop.is_set() {
-        for ev in engine.step()? {
-            let Event::Finished(c) = ev else { continue };
-            let Some((id, prompt_tokens)) = queued.remove(&c.id) else {
-                anyhow::bail!("the engine finished unknown request {}", c.id);
+    while !stop.is_set() {
+        while queued.len() < gen.capacity() {
+            let Some((req, id, line)) = todo.pop_front() else { break };
+            queued.insert(req.key, (id, req.prompt.len(), line));
+            gen.submit(req)?;
+        }
+        if queued.is_empty() {
+            break;
+        }
+        let finished = gen.poll()?;
+        if finished.is_empty() && !stop.is_set() {
+            anyhow::bail!("internal: the engine went idle with {} requests in flight", queued.len());
+        }
+        for f in finished {
+            let Some((id, prompt_tokens, line)) = queued.remove(&f.key) else {
+                anyhow::bail!("the engine finished unknown request {}", f.key);
             };
-            let text = m.tokenizer.decode(&c.token_ids).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let row = json!({
-                "id": id,
-                "prompt_tokens": prompt_tokens,
-                "token_ids": c.token_ids,
-                "text": text,
-                "finish_reason": c.finish_reason.as_str(),
-            });
-            pending.push(PendingRow { index: c.id, line: row.to_string(), is_error: false });
-            done += 1;
-            eprintln!("[{done}/{total}] done");
+            match f.result {
+                Ok(token_ids) => {
+                    let text = m.tokenizer.decode(&token_ids).map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let row = json!({
+                        "id": id,
+                        "prompt_tokens": prompt_tokens,
+                        "token_ids": token_ids,
+                        "text": text,
+                        "finish_reason": f.finish_reason.as_str(),
+                    });
+                    pending.push(PendingRow { index: f.key, line: row.to_string(), is_error: false });
+                    done += 1;
+                    eprintln!("[{done}/{total}] done");
+                }
+                // A request the engine refused (e.g. longer than the KV cache) is its row's error.
+                Err(msg) => {
+                    pending.push(error_row(f.key, id, line, msg));
+                    done += 1;
+                }
+            }
         }
         if pending.len() >= job.commit_rows.max(1) || last_commit.elapsed() >= Duration::from_secs(5) {
             ck.commit(std::mem::take(&mut pending)).with_context(committing)?;
@@ -230,7 +240,7 @@ pub fn run_jsonl<B: Backend>(
     ck.commit(pending).with_context(committing)?;
     let error_rows = ck.committed_errors();
     let rows = ck.committed_rows();
-    let exit = if !queued.is_empty() {
+    let exit = if !queued.is_empty() || !todo.is_empty() {
         ExitCode::Interrupted
     } else {
         ck.finish(output, total, false)
@@ -241,7 +251,8 @@ pub fn run_jsonl<B: Backend>(
             ExitCode::Ok
         }
     };
-    Ok(BatchResult { error_rows, rows, resumed_rows: resumed, exit, metrics: engine.metrics() })
+    let metrics = gen.metrics_json().unwrap_or(Value::Null);
+    Ok(BatchResult { error_rows, rows, resumed_rows: resumed, exit, metrics })
 }
 
 /// Interactive mode: streams the completion of one prompt to stdout.

@@ -2,13 +2,14 @@
 
 pub mod bench;
 pub mod bench_constrained;
+pub mod bench_modes;
 pub mod common;
 pub mod convert;
 pub mod devices;
 pub mod doctor;
-pub mod engine_gen;
 pub mod eval;
 pub mod generate;
+pub mod job_adapters;
 pub mod kernels;
 pub mod quantize;
 pub mod run;

@@ -6,13 +6,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::common::{self, Device, Slots};
-use super::engine_gen::{EngineGenerate, TokenizerCodec};
+use super::job_adapters::{EngineGenerate, TokenizerCodec};
 use crate::backend::Backend;
 use crate::engine::constraint::{ConstraintError, ConstraintFactory, Grammar};
-use crate::engine::engine::{Engine, EngineConfig};
+use crate::engine::engine::{Engine, EngineConfig, BLOCK_SIZE};
+use crate::job::exit::ExitCode;
 use crate::job::lock::JobLock;
 use crate::job::pipeline::{Pipeline, PipelineError};
-use crate::job::runner::{self, ExitCode, Generate, JobKind, RunOptions, StopFlag};
+use crate::job::runner::{self, Generate, JobKind, RunOptions, StopFlag};
 use crate::job::shard::ShardSpec;
 
 #[derive(Clone, Debug)]
@@ -94,8 +95,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         // Writes nothing beside the output: no lock.
         // Only the tokenizer: a dry run works with a vocab-only GGUF too.
         let t = common::load_tokenizer(&a.model)?;
-        let mut r =
-            crate::job::dry_run::dry_run(&job, &inputs, shard, &TokenizerCodec(&t.tokenizer), common::BLOCK_SIZE)?;
+        let mut r = crate::job::dry_run::dry_run(&job, &inputs, shard, &TokenizerCodec(&t.tokenizer), BLOCK_SIZE)?;
         // The model's metadata (not its weights), when the file has any: a hybrid model's
         // per-sequence state belongs to the plan.
         if let Some(h) = crate::model::loader::load_config(&a.model).ok().and_then(|c| c.hybrid) {
@@ -127,28 +127,22 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             (*max_input_tokens as usize, *default_max_tokens as usize)
         }
     };
-    let per_seq = (max_in + max_out + common::BLOCK_SIZE).min(m.config.max_context.max(256));
+    let per_seq = (max_in + max_out + BLOCK_SIZE).min(m.config.max_context.max(256));
     let gpus = if a.device == Device::Cpu { 0 } else { crate::backend::cuda::device::device_count() };
     let devs = super::devices::engine_devices(&a.device, &a.device_flag, a.devices.as_deref(), a.engines, gpus)?;
     let stop = StopFlag::with_signals().unwrap_or_default();
     let eos = m.tokenizer.eos_ids().to_vec();
     let (mut gen, slots): (Box<dyn Generate>, usize) = if devs.len() == 1 {
-        let slots = common::resolve_slots(a.slots, &devs[0], &m.config, &m.weights, per_seq)?;
-        let backend = common::make_backend(&m.config, &m.weights, &devs[0], slots * per_seq, a.ptx_dir.as_deref())?;
-        eprintln!("backend: {}; {slots} slots, KV room for {} tokens", backend.describe(), slots * per_seq);
-        let engine = Engine::new(
-            backend,
-            EngineConfig {
-                slots,
-                max_batch_tokens: a.max_batch_tokens.max(slots),
-                prefix_cache: a.prefix_cache,
-                model_fingerprint: m.fingerprint,
-            },
-        )?;
+        let slots = common::resolve_slots(a.slots, &devs[0], &m.config, &m.weights, per_seq, a.max_batch_tokens)?;
+        let cfg = EngineConfig::new(slots, a.max_batch_tokens, a.prefix_cache, m.fingerprint);
+        let (tokens, step) = (slots * per_seq, cfg.max_batch_tokens);
+        let backend = common::make_backend(&m.config, &m.weights, &devs[0], tokens, step, a.ptx_dir.as_deref())?;
+        eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens", backend.describe());
+        let engine = Engine::new(backend, cfg)?;
         (Box::new(EngineGenerate::new(engine, eos).with_stop(stop.clone()).with_grammar(grammar)), slots)
     } else {
         // Data parallel: one engine per entry, each built in its own thread over shared weights.
-        let slots = super::devices::engine_slots(a.slots, &devs, &m.config, &m.weights, per_seq)?;
+        let slots = super::devices::engine_slots(a.slots, &devs, &m.config, &m.weights, per_seq, a.max_batch_tokens)?;
         let pc = super::devices::PoolConfig {
             model: std::sync::Arc::new((m.config.clone(), m.weights.clone())),
             model_fingerprint: m.fingerprint,

@@ -5,7 +5,8 @@
 //! share its steps, on the slot count, on chunking or on prefix reuse (given a backend whose
 //! per-sequence results do not depend on the batch, as the CPU backend's do not).
 
-// The brief names this file engine.rs inside engine/: `crate::engine::engine::Engine`.
+// `engine::engine` stutters; the GPU parity tests and most integration tests import this path,
+// so a rename moves together with them.
 #![allow(clippy::module_inception)]
 
 use std::collections::{HashMap, VecDeque};
@@ -14,11 +15,11 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::constraint::{fill_masks, ConstraintMetrics, MaskTimes, SeqConstraint};
+pub use super::finish::FinishReason;
 use super::kv::{BlockHash, KvCache};
 use super::plan::{SeqId, StepPlan};
 use super::sampler::{Sampler, SamplingParams};
 use super::scheduler::{Scheduler, SchedulerConfig, SchedulerError};
-pub use super::single::FinishReason;
 use crate::backend::{Backend, BackendError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,9 +34,46 @@ pub struct EngineConfig {
     pub model_fingerprint: [u8; 32],
 }
 
+/// Tokens per KV block of every backend the commands make (the block pool's page size).
+pub const BLOCK_SIZE: usize = 16;
+
+/// `--max-batch-tokens` when none is given: also the step the GPU memory plan reserves
+/// workspace for when a backend is made without an engine configuration.
+pub const DEFAULT_MAX_BATCH_TOKENS: usize = 512;
+
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { slots: 8, max_batch_tokens: 512, prefix_cache: true, model_fingerprint: [0; 32] }
+        EngineConfig {
+            slots: 8,
+            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
+            prefix_cache: true,
+            model_fingerprint: [0; 32],
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The configuration of a command: `max_batch_tokens` is raised to `slots` where it is
+    /// smaller (see [`EngineConfig::validate`]), so the budget the memory plan reserves for is
+    /// the one the engine steps with.
+    pub fn new(slots: usize, max_batch_tokens: usize, prefix_cache: bool, model_fingerprint: [u8; 32]) -> Self {
+        EngineConfig { slots, max_batch_tokens: max_batch_tokens.max(slots), prefix_cache, model_fingerprint }
+    }
+
+    /// The rules an engine is built under (checked by [`Engine::new`]).
+    pub fn validate(&self) -> Result<(), EngineError> {
+        if self.slots == 0 {
+            return Err(EngineError::Config("slots must be at least 1".into()));
+        }
+        // NOTE: with fewer tokens than slots, decodes could take the whole budget every step and
+        // a sequence part way through its prompt would never finish it.
+        if self.max_batch_tokens < self.slots {
+            return Err(EngineError::Config(format!(
+                "max_batch_tokens ({}) must be at least slots ({})",
+                self.max_batch_tokens, self.slots
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -145,17 +183,7 @@ pub struct Engine<B: Backend> {
 
 impl<B: Backend> Engine<B> {
     pub fn new(backend: B, cfg: EngineConfig) -> Result<Self, EngineError> {
-        if cfg.slots == 0 {
-            return Err(EngineError::Config("slots must be at least 1".into()));
-        }
-        // NOTE: with fewer tokens than slots, decodes could take the whole budget every step and
-        // a sequence part way through its prompt would never finish it.
-        if cfg.max_batch_tokens < cfg.slots {
-            return Err(EngineError::Config(format!(
-                "max_batch_tokens ({}) must be at least slots ({})",
-                cfg.max_batch_tokens, cfg.slots
-            )));
-        }
+        cfg.validate()?;
         let (num_blocks, block_size) = (backend.num_blocks(), backend.block_size());
         if num_blocks == 0 || block_size == 0 {
             return Err(EngineError::Config(format!("backend has {num_blocks} KV blocks of {block_size} tokens")));

@@ -155,8 +155,8 @@ struct CachedName {
 struct SeqBlocks {
     /// The block table: position p lives in `blocks[p / block_size]`.
     blocks: Vec<BlockId>,
-    /// Positions with a slot: `0..num_slots` (always within `blocks`).
-    num_slots: usize,
+    /// Positions reserved in `blocks`: `0..num_positions` (always within `blocks`).
+    num_positions: usize,
     /// Chain hashes of the leading full blocks known so far (the prompt's, at allocation).
     hashes: Vec<BlockHash>,
     /// Leading blocks that are named in the cache or were found computed elsewhere.
@@ -283,9 +283,9 @@ impl KvCache {
     pub fn block_table(&self, seq: SeqId) -> Option<&[BlockId]> {
         self.seqs.get(&seq).map(|s| s.blocks.as_slice())
     }
-    /// Positions of `seq` that have a KV slot.
-    pub fn num_slots(&self, seq: SeqId) -> Option<usize> {
-        self.seqs.get(&seq).map(|s| s.num_slots)
+    /// Positions of `seq` that have room in its KV blocks.
+    pub fn num_positions(&self, seq: SeqId) -> Option<usize> {
+        self.seqs.get(&seq).map(|s| s.num_positions)
     }
     pub fn ref_count(&self, block: BlockId) -> u32 {
         self.ref_count[block as usize]
@@ -358,7 +358,7 @@ impl KvCache {
         self.blocks_taken(tokens.len(), &m) + reserve <= self.num_free()
     }
 
-    /// Gives `seq` slots for `tokens` (its prompt), reusing the cached prefix. Returns the
+    /// Gives `seq` KV positions for `tokens` (its prompt), reusing the cached prefix. Returns the
     /// number of leading tokens whose K/V are already in the cache.
     pub fn allocate(&mut self, seq: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
         if self.seqs.contains_key(&seq) {
@@ -369,7 +369,7 @@ impl KvCache {
         if needed > self.num_free() {
             return Err(KvError::OutOfBlocks { seq, needed, free: self.num_free() });
         }
-        let mut s = SeqBlocks { num_slots: tokens.len(), num_registered: m.blocks.len(), ..Default::default() };
+        let mut s = SeqBlocks { num_positions: tokens.len(), num_registered: m.blocks.len(), ..Default::default() };
         for &b in &m.blocks {
             self.take_ref(b);
             s.blocks.push(b);
@@ -390,20 +390,20 @@ impl KvCache {
         Ok(m.cached_tokens)
     }
 
-    /// Whether `seq` can grow by one position (a slot is left in its last block, or a block is free).
+    /// Whether `seq` can grow by one position (room is left in its last block, or a block is free).
     pub fn may_append(&self, seq: SeqId) -> bool {
-        self.seqs.get(&seq).is_some_and(|s| s.num_slots < s.blocks.len() * self.block_size || self.num_free() > 0)
+        self.seqs.get(&seq).is_some_and(|s| s.num_positions < s.blocks.len() * self.block_size || self.num_free() > 0)
     }
 
     /// Grows `seq` by one position, taking a block when the last one is full.
-    pub fn append_slot(&mut self, seq: SeqId) -> Result<(), KvError> {
+    pub fn append_position(&mut self, seq: SeqId) -> Result<(), KvError> {
         let bs = self.block_size;
         let s = self.seqs.get(&seq).ok_or(KvError::UnknownSeq(seq))?;
-        if s.num_slots == s.blocks.len() * bs {
+        if s.num_positions == s.blocks.len() * bs {
             let b = self.take_fresh().ok_or(KvError::OutOfBlocks { seq, needed: 1, free: 0 })?;
             self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?.blocks.push(b);
         }
-        self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?.num_slots += 1;
+        self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?.num_positions += 1;
         self.note_usage();
         self.debug_check();
         Ok(())
@@ -420,7 +420,7 @@ impl KvCache {
         }
         let bs = self.block_size;
         let mut s = self.seqs.remove(&seq).ok_or(KvError::UnknownSeq(seq))?;
-        let full = (num_computed.min(tokens.len()).min(s.num_slots)) / bs;
+        let full = (num_computed.min(tokens.len()).min(s.num_positions)) / bs;
         for j in s.num_registered..full {
             let parent = if j == 0 { ROOT_HASH } else { s.hashes[j - 1] };
             let chunk = &tokens[j * bs..(j + 1) * bs];
@@ -502,8 +502,8 @@ impl KvCache {
         // Ref counts equal the references from block tables.
         let mut refs = vec![0u32; n];
         for (seq, s) in &self.seqs {
-            if s.blocks.len() != self.blocks_for(s.num_slots) {
-                return Err(format!("seq {seq}: {} blocks for {} slots", s.blocks.len(), s.num_slots));
+            if s.blocks.len() != self.blocks_for(s.num_positions) {
+                return Err(format!("seq {seq}: {} blocks for {} positions", s.blocks.len(), s.num_positions));
             }
             if s.num_registered > s.blocks.len() || (self.prefix_cache && s.num_registered > s.hashes.len()) {
                 return Err(format!("seq {seq}: {} registered blocks", s.num_registered));

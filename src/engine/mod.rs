@@ -2,6 +2,7 @@
 
 pub mod constraint;
 pub mod engine;
+pub mod finish;
 pub mod kv;
 pub mod plan;
 pub mod sampler;

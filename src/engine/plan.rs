@@ -33,3 +33,94 @@ impl StepPlan {
         self.chunks.iter().map(|c| c.tokens.len()).sum()
     }
 }
+
+/// Why a backend refuses a plan (`BackendError::Plan` carries the text).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("sequence {0} appears twice in one step")]
+    Repeated(SeqId),
+    #[error("sequence {0} has an empty chunk")]
+    Empty(SeqId),
+    #[error("sequence {seq}: block table covers {covered} positions, the chunk reaches {end}")]
+    ShortTable { seq: SeqId, covered: usize, end: usize },
+    #[error("sequence {seq}: position {pos} is beyond the {max_pos} positions this backend was set up for")]
+    Position { seq: SeqId, pos: usize, max_pos: usize },
+    #[error("sequence {seq}: block {block} is beyond the pool of {num_blocks}")]
+    Block { seq: SeqId, block: u32, num_blocks: usize },
+    #[error("sequence {seq}: token id {token} is beyond the vocabulary ({vocab})")]
+    Token { seq: SeqId, token: u32, vocab: usize },
+}
+
+/// What a backend can run: the bounds [`StepPlan::validate`] checks a plan against.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanLimits {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub vocab_size: usize,
+    /// Positions the backend's tables cover (RoPE, attention scratch); `None`: no such bound.
+    pub max_pos: Option<usize>,
+}
+
+impl StepPlan {
+    /// The one check every backend runs before a step: distinct sequences, non-empty chunks,
+    /// block tables that cover the chunk and stay in the pool, token ids inside the vocabulary.
+    pub fn validate(&self, lim: &PlanLimits) -> Result<(), PlanError> {
+        let mut seen = std::collections::HashSet::new();
+        for c in &self.chunks {
+            let seq = c.seq;
+            if !seen.insert(seq) {
+                return Err(PlanError::Repeated(seq));
+            }
+            if c.tokens.is_empty() {
+                return Err(PlanError::Empty(seq));
+            }
+            let end = c.start_pos + c.tokens.len();
+            let covered = c.block_table.len() * lim.block_size;
+            if covered < end {
+                return Err(PlanError::ShortTable { seq, covered, end });
+            }
+            if let Some(max_pos) = lim.max_pos.filter(|&m| end > m) {
+                return Err(PlanError::Position { seq, pos: end - 1, max_pos });
+            }
+            if let Some(&block) = c.block_table.iter().find(|&&b| b as usize >= lim.num_blocks) {
+                return Err(PlanError::Block { seq, block, num_blocks: lim.num_blocks });
+            }
+            if let Some(&token) = c.tokens.iter().find(|&&t| t as usize >= lim.vocab_size) {
+                return Err(PlanError::Token { seq, token, vocab: lim.vocab_size });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(seq: SeqId, tokens: Vec<u32>, start_pos: usize, block_table: Vec<u32>) -> SeqChunk {
+        SeqChunk { seq, tokens, start_pos, block_table, want_logits: true }
+    }
+
+    #[test]
+    fn validate_names_the_first_broken_rule() {
+        let lim = PlanLimits { block_size: 4, num_blocks: 3, vocab_size: 10, max_pos: Some(8) };
+        let plan = |chunks| StepPlan { chunks };
+        assert_eq!(plan(vec![chunk(1, vec![1, 2], 3, vec![0, 1])]).validate(&lim), Ok(()));
+        let twice = plan(vec![chunk(1, vec![1], 0, vec![0]), chunk(1, vec![2], 1, vec![0])]);
+        assert_eq!(twice.validate(&lim), Err(PlanError::Repeated(1)));
+        assert_eq!(plan(vec![chunk(2, vec![], 0, vec![0])]).validate(&lim), Err(PlanError::Empty(2)));
+        let short = plan(vec![chunk(3, vec![1, 2], 3, vec![0])]).validate(&lim);
+        assert_eq!(short, Err(PlanError::ShortTable { seq: 3, covered: 4, end: 5 }));
+        let far = plan(vec![chunk(4, vec![1], 8, vec![0, 1, 2])]).validate(&lim);
+        assert_eq!(far, Err(PlanError::Position { seq: 4, pos: 8, max_pos: 8 }));
+        let no_max = PlanLimits { max_pos: None, ..lim };
+        assert_eq!(plan(vec![chunk(4, vec![1], 8, vec![0, 1, 2])]).validate(&no_max), Ok(()));
+        let block = plan(vec![chunk(5, vec![1], 0, vec![3])]).validate(&lim);
+        assert_eq!(block, Err(PlanError::Block { seq: 5, block: 3, num_blocks: 3 }));
+        let token = plan(vec![chunk(6, vec![10], 0, vec![0])]).validate(&lim);
+        assert_eq!(
+            token.as_ref().map_err(ToString::to_string),
+            Err("sequence 6: token id 10 is beyond the vocabulary (10)".into())
+        );
+    }
+}

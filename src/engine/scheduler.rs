@@ -217,7 +217,7 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            if !self.reserve_slots(i)? {
+            if !self.reserve_positions(i)? {
                 break; // sequence i preempted itself, and everything after it went first
             }
             let n = self.running[i].remaining().min(budget);
@@ -305,14 +305,14 @@ impl Scheduler {
         Ok(true)
     }
 
-    /// Makes sure running sequence `i` has a slot for each of its tokens, preempting the newest
+    /// Makes sure running sequence `i` has a KV position for each of its tokens, preempting the newest
     /// sequences while blocks are short. False when `i` itself had to be preempted.
-    fn reserve_slots(&mut self, i: usize) -> Result<bool, SchedulerError> {
+    fn reserve_positions(&mut self, i: usize) -> Result<bool, SchedulerError> {
         let id = self.running[i].id;
         let need = self.running[i].tokens.len();
-        while self.kv.num_slots(id).ok_or(KvError::UnknownSeq(id))? < need {
+        while self.kv.num_positions(id).ok_or(KvError::UnknownSeq(id))? < need {
             if self.kv.may_append(id) {
-                self.kv.append_slot(id)?;
+                self.kv.append_position(id)?;
                 continue;
             }
             let victim = self.running.len() - 1;

@@ -3,32 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
+use super::finish::FinishReason;
 use super::plan::{SeqChunk, SeqId, StepPlan};
 use super::sampler::Sampler;
 use crate::backend::{Backend, BackendError};
 
 /// Prefill chunk length: bounds activation memory for long prompts.
-const PREFILL_CHUNK: usize = 512;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FinishReason {
-    /// An end-of-generation token was produced (it is not part of the output).
-    Stop,
-    /// `max_tokens` were generated.
-    Length,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        }
-    }
-}
+pub const PREFILL_CHUNK: usize = 512;
 
 #[derive(Clone, Debug)]
 pub struct SingleOutput {

@@ -241,7 +241,7 @@ struct WriteFaults {
 
 impl WriteFaults {
     fn from_env() -> Self {
-        let v = std::env::var("DUSTOFF_INJECT_WRITE_ERROR").unwrap_or_default();
+        let v = crate::sys::env::get("DUSTOFF_INJECT_WRITE_ERROR").unwrap_or_default();
         WriteFaults {
             commit: v.strip_prefix("commit:").and_then(|n| n.trim().parse().ok()),
             output: v.trim() == "output",

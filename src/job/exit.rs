@@ -1,36 +1,65 @@
 //! The process exit codes of every command, and how an error is printed: one place, used by
-//! `main` for all subcommands (README: "Exit codes").
-//!
-//! - 0: done, and every record succeeded.
-//! - 1: any other error (unreadable input, model or device failure, disk full...). The message
-//!   says what failed; a job's checkpoint stays consistent, so the same command resumes.
-//! - 2: usage error: bad flags (`--slots 0`, `--device gpu`, a bare `generate`), an unknown or
-//!   invalid pipeline, a bad shard, an output that would overwrite an input, another run
-//!   holding the job's lock, a checkpoint of a different job. Retrying the same command fails
-//!   the same way.
-//! - 3: some records failed: the job finished with error rows (output and report written; the
-//!   summary says how many and of which kinds), or it stopped past `--max-errors` (no output,
-//!   checkpoint kept).
-//! - 4: interrupted by SIGINT/SIGTERM; the checkpoint is kept: the same command resumes.
+//! `main` for all subcommands. [`ExitCode::ALL`] with [`ExitCode::meaning`] is the one list:
+//! `--help` prints it ([`help`]) and a test checks README's "Exit codes" table against it.
 
 use std::fmt::Write as _;
 
-/// The process exit code of a command. See the module docs for the meaning of each.
+/// The process exit code of a command; [`ExitCode::meaning`] says when each is returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(i32)]
+#[repr(u8)]
 pub enum ExitCode {
     Ok = 0,
     Failure = 1,
     Usage = 2,
-    /// Error rows in a finished job, or stopped past `--max-errors`.
     RecordErrors = 3,
     Interrupted = 4,
 }
 
 impl ExitCode {
+    /// Every code, in numeric order.
+    pub const ALL: [ExitCode; 5] =
+        [ExitCode::Ok, ExitCode::Failure, ExitCode::Usage, ExitCode::RecordErrors, ExitCode::Interrupted];
+
     pub fn code(self) -> u8 {
-        self as i32 as u8
+        self as u8
     }
+
+    /// When a command exits with this code.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            ExitCode::Ok => "done, and every record succeeded",
+            ExitCode::Failure => {
+                "an error: unreadable input, model or device failure, disk full...; a job's checkpoint stays \
+                 consistent, so the same command resumes"
+            }
+            ExitCode::Usage => {
+                "usage error: bad flags, an unknown or invalid pipeline, a bad shard, an output that would \
+                 overwrite an input, another run holding the job's lock, a checkpoint of a different job; \
+                 the same command fails the same way"
+            }
+            ExitCode::RecordErrors => {
+                "some records failed: the job finished with error rows (output and report written), or it \
+                 stopped past --max-errors (checkpoint kept)"
+            }
+            ExitCode::Interrupted => "interrupted by SIGINT/SIGTERM; the checkpoint is kept: the same command resumes",
+        }
+    }
+}
+
+/// The funnel's last step: `main` returns this to the OS.
+impl From<ExitCode> for std::process::ExitCode {
+    fn from(c: ExitCode) -> Self {
+        std::process::ExitCode::from(c.code())
+    }
+}
+
+/// The "Exit codes" section of `--help`.
+pub fn help() -> String {
+    let mut s = String::from("Exit codes:\n");
+    for c in ExitCode::ALL {
+        let _ = writeln!(s, "  {}  {}", c.code(), c.meaning());
+    }
+    s
 }
 
 /// A mistake in the command line that the user has to fix (exit code 2).
@@ -115,6 +144,24 @@ mod tests {
         // A cause that is not in the message is kept.
         let e = anyhow::Error::new(std::io::Error::from_raw_os_error(28)).context("committing rows");
         assert_eq!(describe(&e), format!("committing rows: {}", std::io::Error::from_raw_os_error(28)));
+    }
+
+    #[test]
+    fn codes_are_listed_once_in_order_and_readme_agrees() {
+        for (i, c) in ExitCode::ALL.iter().enumerate() {
+            assert_eq!(usize::from(c.code()), i, "{c:?}");
+        }
+        let h = help();
+        assert_eq!(h.lines().count(), 1 + ExitCode::ALL.len(), "{h}");
+        // README's table has one row per code, in order (its wording may say more).
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        let section = readme.split("## Exit codes").nth(1).expect("README has an \"Exit codes\" section");
+        let rows: Vec<u8> = section
+            .lines()
+            .take_while(|l| !l.starts_with("## "))
+            .filter_map(|l| l.strip_prefix("| ")?.split(' ').next()?.parse().ok())
+            .collect();
+        assert_eq!(rows, ExitCode::ALL.map(ExitCode::code), "README's exit-code rows");
     }
 
     #[test]

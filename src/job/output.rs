@@ -21,7 +21,7 @@ use super::pipeline::{parse_json_output, OutputKind, OutputSpec};
 use super::record::{ErrorKind, RecordError};
 use super::writer::RowOutput;
 use crate::engine::constraint::OutputConstraint;
-use crate::engine::single::FinishReason;
+use crate::engine::finish::FinishReason;
 
 /// The compiled `[output]` section.
 pub struct OutputShape {

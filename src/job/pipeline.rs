@@ -27,8 +27,8 @@ use super::spans::{differing_range, fill_markers, marker, marker_head};
 use super::thinking;
 use super::writer::RowOutput;
 use crate::engine::constraint::OutputConstraint;
+use crate::engine::finish::FinishReason;
 use crate::engine::sampler::{derive_seed, SamplingParams};
-use crate::engine::single::FinishReason;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {

@@ -2,8 +2,7 @@
 //! final output in input order. The engine and tokenizer come in through two small traits
 //! ([`Generate`], [`TextCodec`]) so this file knows nothing about tensors.
 //!
-//! Exit codes: [`super::exit`] (0 only when every record succeeded, 3 with error rows or past
-//! `--max-errors`, 4 interrupted).
+//! How a job ends becomes one of the codes of [`super::exit`] ([`RunResult`]'s `exit`).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -26,7 +25,7 @@ use super::spans::{differing_range, fill_markers, marker, marker_head};
 use super::writer::{error_row, ok_row_with, openai_error_row, openai_ok_row};
 use crate::engine::sampler::{derive_seed, SamplingParams};
 
-pub use super::exit::ExitCode;
+use super::exit::ExitCode;
 
 /// Set when the job should stop taking records: SIGINT/SIGTERM, or by the caller.
 #[derive(Clone, Debug, Default)]
@@ -91,7 +90,7 @@ impl StopFlag {
 }
 
 /// Why generation ended (the engine's own type).
-pub use crate::engine::single::FinishReason;
+use crate::engine::finish::FinishReason;
 
 /// One generation request. `key` is the record's input index.
 #[derive(Clone, Debug, PartialEq)]
@@ -113,7 +112,8 @@ pub struct Finished {
     pub cached_prompt_tokens: u32,
 }
 
-/// The engine as the job loop needs it (the lead implements it over `crate::engine`).
+/// The engine as the job loop needs it (`commands::job_adapters::EngineGenerate` over one
+/// `crate::engine::engine::Engine`, `parallel::EnginePool` over several).
 pub trait Generate {
     /// How many requests may be submitted and unfinished at once.
     fn capacity(&self) -> usize;

@@ -9,7 +9,7 @@
 //! (cut at `max_tokens`, or the turn ended inside it) is an error row, never half an answer.
 
 use super::record::{ErrorKind, RecordError};
-use crate::engine::single::FinishReason;
+use crate::engine::finish::FinishReason;
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";

@@ -59,6 +59,17 @@ impl Arch {
     pub fn is_moe(self) -> bool {
         matches!(self, Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next)
     }
+    /// How a GGUF file of this architecture pairs RoPE dimensions: llama.cpp's converter
+    /// permutes llama Q/K rows to adjacent pairs and leaves the others in halves (a Hugging Face
+    /// directory is always `Halves`).
+    pub fn gguf_rope_style(self) -> RopeStyle {
+        match self {
+            Arch::Llama => RopeStyle::Adjacent,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
+                RopeStyle::Halves
+            }
+        }
+    }
     /// Per-head RMSNorm on Q and K before RoPE (`attn_q_norm`, `attn_k_norm`).
     pub fn has_qk_norm(self) -> bool {
         matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
@@ -194,12 +205,7 @@ impl ModelConfig {
             return Err(shape_err(format!("token_embd.weight rows are {} wide, the model is {dim}", embd.row_len())));
         }
         let tied_embeddings = g.tensor_info("output.weight").is_none();
-        let rope_style = match arch {
-            Arch::Llama => RopeStyle::Adjacent,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
-                RopeStyle::Halves
-            }
-        };
+        let rope_style = arch.gguf_rope_style();
         let moe = if arch.is_moe() { Some(MoeConfig::from_gguf(g, n_layers)?) } else { None };
         let mut cfg = ModelConfig {
             arch,

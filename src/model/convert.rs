@@ -20,10 +20,9 @@ use serde::Serialize;
 
 use super::gguf_writer::{permute_qk_rows, TensorOut};
 use super::hf::PlannedTensor;
-use super::quant::{dequantize_row, GgmlType};
+use super::quant::{dequantize_row, GgmlType, F16_MAX};
 use super::safetensors::SafetensorsDir;
 
-const F16_MAX: f32 = 65504.0;
 /// Smallest positive normal F16 (2^-14).
 const F16_MIN_NORMAL: f32 = 6.103_515_6e-5;
 
@@ -58,7 +57,7 @@ pub fn f16_policy(v: f32, c: &mut Counts) -> u16 {
     c.max_abs = c.max_abs.max(a);
     let h = if a > F16_MAX {
         c.clamped += 1;
-        half::f16::from_f32(F16_MAX.copysign(v))
+        half::f16::from_bits(super::quant::f32_to_f16(v))
     } else {
         let h = half::f16::from_f32(v);
         let ha = h.to_f32().abs();
@@ -275,7 +274,8 @@ mod tests {
     use super::*;
     use crate::model::quant::{f32_to_bf16, quantize_row};
 
-    /// The planted values of the issue, stored as BF16 first (as a checkpoint holds them).
+    /// Values at and beyond F16's edges (range, subnormals, NaN), stored as BF16 first (as a
+    /// checkpoint holds them).
     #[test]
     fn policy_on_planted_values() {
         let planted = [65504.0f32, 65520.0, 1e6, -1e6, 1e-8, f32::NAN, 1.5, -0.0, 1e-6];

@@ -10,6 +10,7 @@ pub mod hybrid;
 pub mod loader;
 pub mod moe;
 pub mod quant;
+pub mod rope;
 pub mod safetensors;
 pub mod shapes;
 pub mod synth;

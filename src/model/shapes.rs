@@ -1,7 +1,7 @@
 //! Real architectures' shapes, for synthetic (random-weight) models: benchmarks and tests can
 //! check a machine before the weights arrive.
 
-use super::config::{Arch, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
+use super::config::{Arch, ModelConfig, MoeConfig, RopeScaling};
 use super::hybrid::{HeadGrouping, HybridConfig};
 
 /// Names accepted by `--synthetic`.
@@ -34,7 +34,7 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
             vocab_size,
             rms_eps,
             rope_theta,
-            rope_style: if arch == Arch::Llama { RopeStyle::Adjacent } else { RopeStyle::Halves },
+            rope_style: arch.gguf_rope_style(),
             rope_scaling: RopeScaling::None,
             max_context: 32768,
             tied_embeddings: tied,

@@ -8,7 +8,7 @@
 //! under the *stored* scales, so the reconstruction is exactly the decoder's.
 //! Block layouts are documented in `model::quant::{legacy, kquants}`.
 
-use crate::model::quant::{f16_to_f32, f32_to_f16, GgmlType};
+use crate::model::quant::{f16_to_f32, f32_to_f16, pack_scale_min, GgmlType};
 
 use super::search::{affine_scale_min, round_clamped, symmetric_scale};
 
@@ -87,17 +87,6 @@ fn code(v: f32, step: f32, max: f32) -> f32 {
     }
 }
 
-/// Packs eight 6-bit scales and mins into the 12 bytes Q4_K/Q5_K store (see `kquants::scale_min`).
-fn pack_scale_min(sc: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
-    let mut s = [0u8; 12];
-    for i in 0..4 {
-        s[i] = (sc[i] & 63) | (sc[i + 4] >> 4) << 6;
-        s[i + 4] = (m[i] & 63) | (m[i + 4] >> 4) << 6;
-        s[i + 8] = (sc[i + 4] & 0x0F) | (m[i + 4] & 0x0F) << 4;
-    }
-    s
-}
-
 /// Q4_K (`nmax` 15) and Q5_K (31) on one 256-element super-block.
 fn k_affine(x: &[f32], w: &[f32], nmax: u8, out: &mut Vec<u8>, y: &mut [f32]) {
     let n = f32::from(nmax);
@@ -160,21 +149,7 @@ fn q6_k(x: &[f32], w: &[f32], out: &mut Vec<u8>, y: &mut [f32]) {
             y[i] = step * c as f32;
         }
     }
-    // Half h (128 elements): for l < 32 the elements l, l+32, l+64, l+96 take the low nibble of
-    // ql[l], low of ql[l+32], high of ql[l], high of ql[l+32]; their top two bits go to qh[l].
-    let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
-    for h in 0..2 {
-        for l in 0..32 {
-            let e = |k: usize| q[128 * h + l + 32 * k];
-            ql[64 * h + l] = (e(0) & 0x0F) | (e(2) & 0x0F) << 4;
-            ql[64 * h + l + 32] = (e(1) & 0x0F) | (e(3) & 0x0F) << 4;
-            qh[32 * h + l] = (e(0) >> 4) | (e(1) >> 4) << 2 | (e(2) >> 4) << 4 | (e(3) >> 4) << 6;
-        }
-    }
-    out.extend_from_slice(&ql);
-    out.extend_from_slice(&qh);
-    out.extend(sc.iter().map(|&v| v as u8));
-    push_f16(out, d);
+    crate::model::quant::pack_q6_k(&q, &sc.map(|v| v as u8), d, out);
 }
 
 /// Quantizes one row `x` (a whole number of `dtype` blocks) with per-element importance `w`

@@ -148,11 +148,12 @@ pub fn calibrate(
     device: &CalibrationDevice,
 ) -> Result<Imatrix, QuantizeError> {
     let ctx = windows.iter().map(Vec::len).max().unwrap_or(1);
-    let blocks = ctx.div_ceil(16) + 1;
+    let bs = crate::engine::engine::BLOCK_SIZE;
+    let blocks = ctx.div_ceil(bs) + 1;
     let fresh = Box::new(Imatrix { dataset: dataset.to_string(), ..Default::default() });
     let tap: Box<dyn ActivationTap> = match device {
         CalibrationDevice::Cpu => {
-            let mut b = CpuBackend::new(model.config.clone(), model.weights.clone(), blocks, 16);
+            let mut b = CpuBackend::new(model.config.clone(), model.weights.clone(), blocks, bs);
             b.set_tap(fresh);
             feed_windows(&mut b, windows)?;
             b.take_tap().ok_or_else(|| QuantizeError::Usage("calibration tap missing".into()))?
@@ -162,10 +163,11 @@ pub fn calibrate(
             let opts = CudaOptions {
                 ordinal: *ordinal,
                 num_blocks: blocks,
-                block_size: 16,
+                block_size: bs,
                 ptx_dir: ptx_dir.clone(),
-                max_positions: blocks * 16,
+                max_positions: blocks * bs,
                 f16_weights: false,
+                max_batch_tokens: crate::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
             };
             let mut b = CudaBackend::new(model.config.clone(), &model.weights, &opts)?;
             b.set_tap(CudaTap::new(fresh, &model.weights));

@@ -6,28 +6,9 @@ use super::blocks::quantize_row_weighted;
 use super::{column_weights, quantize_tensor, row_weights};
 use crate::model::quant::{dequantize_row, quantize_row, GgmlType};
 
-const QUANT_TYPES: [GgmlType; 8] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
-
 /// xorshift values in [-1, 1).
 fn uniform(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    crate::model::quant::tests::uniform_values(n, seed)
 }
 
 /// A weight-like row: roughly normal values (sum of uniforms) whose scale changes every 64
@@ -77,7 +58,7 @@ fn bound(t: GgmlType) -> f64 {
 #[test]
 fn reconstruction_is_the_decoders_bit_for_bit_and_errors_are_bounded() {
     let n = 1024;
-    for t in QUANT_TYPES {
+    for t in GgmlType::BLOCK_TYPES {
         for seed in 0..4 {
             let x = weight_row(n, seed);
             for imp in [None, Some(uniform(n, seed + 100).iter().map(|v| v.abs() + 0.01).collect::<Vec<_>>())] {
@@ -98,7 +79,7 @@ fn reconstruction_is_the_decoders_bit_for_bit_and_errors_are_bounded() {
 fn the_search_beats_naive_round_to_nearest() {
     // The naive quantizers of model::quant (absmax / min-max scales, no search) as the floor.
     let n = 2048;
-    for t in QUANT_TYPES.into_iter().filter(|&t| t != GgmlType::Q8_0) {
+    for t in GgmlType::BLOCK_TYPES.into_iter().filter(|&t| t != GgmlType::Q8_0) {
         let (mut ours, mut naive) = (0f64, 0f64);
         for seed in 0..4 {
             let x = weight_row(n, seed + 7);
@@ -118,7 +99,7 @@ fn importance_lowers_the_weighted_error_on_planted_data() {
     // metric, and clearly better in total.
     let n = 1024;
     let imp: Vec<f32> = (0..n).map(|c| if c % 8 == 3 { 50.0 } else { 1.0 }).collect();
-    for t in QUANT_TYPES.into_iter().filter(|&t| t != GgmlType::Q8_0) {
+    for t in GgmlType::BLOCK_TYPES.into_iter().filter(|&t| t != GgmlType::Q8_0) {
         let (mut with, mut without) = (0f64, 0f64);
         for seed in 0..6 {
             let x = weight_row(n, seed + 31);

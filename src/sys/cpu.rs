@@ -93,7 +93,7 @@ fn resolved() -> &'static (CpuPath, Option<CpuPathError>) {
     static PATH: OnceLock<(CpuPath, Option<CpuPathError>)> = OnceLock::new();
     PATH.get_or_init(|| {
         let detected = CpuPath::detected();
-        match resolve_path(std::env::var(CPU_PATH_ENV).ok().as_deref(), detected) {
+        match resolve_path(super::env::get(CPU_PATH_ENV).as_deref(), detected) {
             Ok(p) => (p, None),
             Err(e) => (detected, Some(e)),
         }

@@ -19,6 +19,7 @@ use super::threads::{plan, NumaMode, Placement};
 use super::topology::{pci_numa_node, Node, Topology};
 use crate::backend::cuda::device::CudaDevice;
 use crate::backend::cuda::nvrtc;
+use crate::job::exit::ExitCode;
 
 /// How to get NVRTC 12 (the last NVRTC that targets compute_70), as scripts/nvrtc12.sh does.
 pub const NVRTC12_HINT: &str = "NVRTC 13 cannot target compute_70 (V100); NVRTC 12 comes in the PyPI wheel: \
@@ -152,8 +153,11 @@ pub struct Report {
     pub default_device: String,
     pub problems: Vec<String>,
     pub hints: Vec<String>,
-    /// 0: the default device (and with --require-gpu a GPU) is usable; 1 otherwise.
+    /// The code of [`Report::exit`], for the JSON form.
     pub exit_code: u8,
+    /// `Ok`: the default device (and with --require-gpu a GPU) is usable; `Failure` otherwise.
+    #[serde(skip)]
+    pub exit: ExitCode,
 }
 
 fn meminfo(key: &str) -> Option<u64> {
@@ -365,7 +369,8 @@ pub fn gather(o: &DoctorOptions) -> Report {
             Placement { cpus: None, node: None, threads: 0, reason: e.to_string() }
         });
     let model = o.model.as_deref().map(|p| super::doctor_model::model_report(p, o, &cpu, &cuda, &mut problems));
-    let exit_code = u8::from(!default_usable || (o.require_gpu && !any_gpu));
+    let failed = !default_usable || (o.require_gpu && !any_gpu);
+    let exit = if failed { ExitCode::Failure } else { ExitCode::Ok };
     Report {
         version: env!("CARGO_PKG_VERSION"),
         cpu,
@@ -376,7 +381,8 @@ pub fn gather(o: &DoctorOptions) -> Report {
         default_device,
         problems,
         hints,
-        exit_code,
+        exit_code: exit.code(),
+        exit,
     }
 }
 

@@ -18,7 +18,9 @@ use crate::backend::cuda::memory::{device_weight_bytes, plan_memory};
 use crate::model::loader::load_model;
 use crate::model::weights::{ModelWeights, Tensor};
 
-const BLOCK: usize = 16;
+/// The KV block and step budget of a default run.
+const BLOCK: usize = crate::engine::engine::BLOCK_SIZE;
+const STEP: usize = crate::engine::engine::DEFAULT_MAX_BATCH_TOKENS;
 
 /// The weight matrices of the model (`active`: only those one decoded token reads: of a sparse
 /// layer's experts the first `n_used`, standing for the ones the router picks), the head last.
@@ -95,7 +97,7 @@ pub(super) fn model_report(
         + if c.tied_embeddings { 0 } else { m.weights.token_embd.bytes().len() as u64 };
     let kv = (CpuBackend::kv_bytes_per_token(c) * positions) as u64;
     // Activations: a few [max_batch_tokens, ffn] f32 buffers and the logits; small next to KV.
-    let workspace = (512 * (4 * c.dim + 3 * c.ffn_dim) * 4 + 256 * c.vocab_size * 4) as u64;
+    let workspace = (STEP * (4 * c.dim + 3 * c.ffn_dim) * 4 + 256 * c.vocab_size * 4) as u64;
     // Hybrid models: each sequence's recurrent state (conv window + delta-rule matrices of every
     // linear layer, f32), one per slot.
     let state_per_seq = c.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq()) as u64;
@@ -143,7 +145,7 @@ pub(super) fn model_report(
     for g in cuda.gpus.iter().filter(|g| g.usable) {
         // Weights as the CUDA backend keeps them (block formats packed).
         let b = device_weight_bytes(c, &m.weights, false);
-        let p = plan_memory(c, b.matrices, b.wide_scratch, positions / BLOCK, BLOCK, 512);
+        let p = plan_memory(c, b.matrices, b.wide_scratch, positions / BLOCK, BLOCK, STEP);
         let device = format!("cuda:{}", g.info.ordinal);
         let (fits, note) = match g.free_memory_bytes {
             Some(free) => match p.check(free, &device, positions, c) {

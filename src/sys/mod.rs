@@ -5,6 +5,7 @@ pub mod cpu;
 pub mod doctor;
 mod doctor_model;
 mod doctor_text;
+pub mod env;
 pub mod gpu;
 pub mod gpu_links;
 pub mod nvrtc_scan;

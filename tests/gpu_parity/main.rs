@@ -583,6 +583,7 @@ fn sample_model_greedy_matches_f64_reference() {
         ptx_dir: None,
         max_positions: 1024,
         f16_weights: false,
+        max_batch_tokens: dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
     };
     let mut b = CudaBackend::new(m.config.clone(), &m.weights, &opts).expect("CUDA backend on the sample model");
     eprintln!("weights clamped to F16: {}", b.clamped_weights);
@@ -772,6 +773,7 @@ fn opts(blocks: usize) -> CudaOptions {
         ptx_dir: None,
         max_positions: blocks * 16,
         f16_weights: false,
+        max_batch_tokens: dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
     }
 }
 

@@ -11,29 +11,8 @@
 
 use std::arch::x86_64::*;
 
-use super::ops::PagedKv;
+use super::ops::{for_positions, PagedKv};
 use crate::model::quant::hsum;
-
-/// Calls `$body` with the offset `$o` (into the cache arrays, at KV head `$kvh`) of positions
-/// `0..=$pos` in order, walking the block table block by block.
-macro_rules! for_offsets {
-    ($kv:expr, $table:expr, $pos:expr, $kvh:expr, |$o:ident| $body:block) => {{
-        let stride = $kv.n_kv_heads * $kv.head_dim;
-        let mut first = 0;
-        for &blk in $table {
-            if first > $pos {
-                break;
-            }
-            let n = $kv.block_size.min($pos + 1 - first);
-            let base = blk as usize * $kv.block_size * stride + $kvh * $kv.head_dim;
-            for i in 0..n {
-                let $o = base + i * stride;
-                $body
-            }
-            first += n;
-        }
-    }};
-}
 
 /// `[sum(v[0]), ..., sum(v[7])]`.
 #[inline(always)]
@@ -107,7 +86,7 @@ pub(super) unsafe fn attend_head<const V8: usize>(
     let mut pending = [_mm256_setzero_ps(); 8];
     let (mut p, mut group) = (0usize, 0usize);
     let mut maxv = _mm256_set1_ps(f32::NEG_INFINITY);
-    for_offsets!(kv, table, pos, kvh, |o| {
+    for_positions!(kv, table, pos, kvh, |_p, o| {
         let k = kp.add(o);
         prefetch_row(k.add(PREFETCH_ROWS * stride), hd);
         let (mut a0, mut a1) = (_mm256_mul_ps(qv[0], _mm256_loadu_ps(k)), _mm256_setzero_ps());
@@ -158,7 +137,7 @@ pub(super) unsafe fn attend_head<const V8: usize>(
     // Pass 2: out = sum_p w_p v_p, accumulators in registers.
     let mut acc = [_mm256_setzero_ps(); V8];
     let mut p = 0usize;
-    for_offsets!(kv, table, pos, kvh, |o| {
+    for_positions!(kv, table, pos, kvh, |_p, o| {
         let w = _mm256_broadcast_ss(&*sp.add(p));
         let v = vp.add(o);
         prefetch_row(v.add(PREFETCH_ROWS * stride), hd);

@@ -37,7 +37,8 @@ fn bench_batched_decode() {
     let cfg = ModelConfig::from_gguf(&g).expect("config");
     let w = ModelWeights::from_gguf(&g, &cfg).expect("weights");
     // DUSTOFF_BENCH_PROMPT overrides the context length (e.g. a short one to profile decode).
-    let prompt_len = std::env::var("DUSTOFF_BENCH_PROMPT").ok().and_then(|v| v.parse().ok()).unwrap_or(256usize).max(1);
+    let prompt_len =
+        crate::sys::env::get("DUSTOFF_BENCH_PROMPT").and_then(|v| v.parse().ok()).unwrap_or(256usize).max(1);
     let (slots, rounds, steps) = (8usize, 3usize, 12usize);
     let bs = 16;
     let blocks_per_seq = (prompt_len + 2 * rounds * steps + 8).div_ceil(bs);

@@ -324,30 +324,8 @@ mod tests {
     use super::*;
     use crate::model::quant::{dequantize_row, quantize_row, GgmlType};
 
-    const ALL: [GgmlType; 11] = [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::BF16,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4K,
-        GgmlType::Q5K,
-        GgmlType::Q6K,
-    ];
-
     fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
+        crate::model::quant::tests::uniform_values(n, seed)
     }
 
     fn random_tensor(dtype: GgmlType, rows: usize, cols: usize, seed: u64) -> Tensor {
@@ -381,7 +359,7 @@ mod tests {
 
     #[test]
     fn matmul_matches_f64_reference_all_types() {
-        for (i, dtype) in ALL.into_iter().enumerate() {
+        for (i, dtype) in GgmlType::ALL.into_iter().enumerate() {
             for rows in [49, 577] {
                 let w = random_tensor(dtype, rows, 512, 100 + i as u64);
                 for n_tok in [1, 3, 17] {
@@ -395,7 +373,7 @@ mod tests {
     fn results_do_not_depend_on_the_token_count() {
         // A token's output must be bitwise the same alone, in a small batch (GEMV) and in a
         // prefill batch (tiled GEMM): greedy output may not depend on the batch.
-        for (i, dtype) in ALL.into_iter().enumerate() {
+        for (i, dtype) in GgmlType::ALL.into_iter().enumerate() {
             let w = random_tensor(dtype, 37, 256, 300 + i as u64);
             let x = values(20 * 256, 9);
             let mut alone = vec![0f32; 37];

@@ -13,7 +13,7 @@ pub mod ops;
 pub mod tap;
 
 use crate::backend::{Backend, BackendError};
-use crate::engine::plan::StepPlan;
+use crate::engine::plan::{PlanLimits, StepPlan};
 use crate::model::config::ModelConfig;
 use crate::model::weights::ModelWeights;
 
@@ -82,36 +82,13 @@ impl CpuBackend {
     }
 
     fn check_plan(&self, plan: &StepPlan) -> Result<(), BackendError> {
-        let mut seen = std::collections::HashSet::new();
-        for c in &plan.chunks {
-            if !seen.insert(c.seq) {
-                return Err(BackendError::Plan(format!("sequence {} appears twice in one step", c.seq)));
-            }
-            if c.tokens.is_empty() {
-                return Err(BackendError::Plan(format!("sequence {} has an empty chunk", c.seq)));
-            }
-            let end = c.start_pos + c.tokens.len();
-            if c.block_table.len() * self.block_size < end {
-                return Err(BackendError::Plan(format!(
-                    "sequence {}: block table covers {} positions, the chunk reaches {end}",
-                    c.seq,
-                    c.block_table.len() * self.block_size
-                )));
-            }
-            if let Some(&b) = c.block_table.iter().find(|&&b| b as usize >= self.num_blocks) {
-                return Err(BackendError::Plan(format!(
-                    "sequence {}: block {b} is beyond the pool of {}",
-                    c.seq, self.num_blocks
-                )));
-            }
-            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-                return Err(BackendError::Plan(format!(
-                    "sequence {}: token id {t} is beyond the vocabulary ({})",
-                    c.seq, self.cfg.vocab_size
-                )));
-            }
-        }
-        Ok(())
+        let lim = PlanLimits {
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+            vocab_size: self.cfg.vocab_size,
+            max_pos: None,
+        };
+        Ok(plan.validate(&lim)?)
     }
 }
 

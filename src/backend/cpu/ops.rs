@@ -32,20 +32,8 @@ pub fn rmsnorm_heads_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// Cos/sin table of the rotation angles: `[n_pos, head_dim / 2]` each. Angles are computed in
-/// f64 (position x frequency loses bits in f32 at long positions).
-pub fn rope_table(positions: &[usize], inv_freq: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let mut cos = Vec::with_capacity(positions.len() * inv_freq.len());
-    let mut sin = Vec::with_capacity(positions.len() * inv_freq.len());
-    for &p in positions {
-        for &f in inv_freq {
-            let a = p as f64 * f as f64;
-            cos.push(a.cos() as f32);
-            sin.push(a.sin() as f32);
-        }
-    }
-    (cos, sin)
-}
+/// The table is the model's (`model::rope`), shared with the CUDA backend.
+pub use crate::model::rope::rope_table;
 
 /// Rotates every head of one token's `x` (`[n_heads, head_dim]`) by that token's cos/sin row.
 pub fn rope_token(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], style: RopeStyle) {
@@ -203,6 +191,7 @@ macro_rules! for_positions {
         }
     }};
 }
+pub(super) use for_positions;
 
 #[inline(always)]
 fn attend_head_generic(

@@ -1,6 +1,7 @@
-//! `CudaBackend`: the forward pass on one GPU. F16 weights (QKV and gate/up stacked so one
-//! launch reads the shared input once), f32 residual stream and activations, F16 paged KV cache,
-//! own GEMV for steps of up to 8 tokens, cuBLAS (F16 in, f32 accumulate and out) above that.
+//! `CudaBackend`: the forward pass on one GPU. Weights F16 or in their packed block formats
+//! (QKV and gate/up stacked so one launch reads the shared input once), f32 residual stream and
+//! activations, F16 paged KV cache; each matrix product's kernel is chosen by (format, tokens
+//! in the step) in `matmul` (GEMV, tensor-core GEMM, cuBLAS).
 //! Construction (from loaded weights, or random weights made on the GPU) lives here; the step
 //! itself (plan flattening, kernels, CUDA-graph replay) in `step.rs`.
 
@@ -19,16 +20,13 @@ use super::kernels::{Kernels, PtxSource};
 use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory};
 use super::qformat::{check_tensor, QFormat};
 use super::CudaError;
-use crate::backend::cpu::ops::rope_table;
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::StepPlan;
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::quant::GgmlType;
+use crate::model::rope::rope_table;
 use crate::model::weights::{ModelWeights, Tensor};
 use crate::quantize::mix::more_bits;
-
-/// Tokens one step is planned for in the memory check (the engine's prefill chunk).
-pub const PLANNED_BATCH_TOKENS: usize = 512;
 
 /// How to place a model on a GPU.
 #[derive(Clone, Debug)]
@@ -40,6 +38,9 @@ pub struct CudaOptions {
     pub ptx_dir: Option<PathBuf>,
     /// Positions the RoPE tables cover (the longest sequence a plan may reach).
     pub max_positions: usize,
+    /// Tokens of the largest step the memory plan reserves workspace for (the engine's
+    /// `max_batch_tokens`); steps past it grow the buffers beyond the plan.
+    pub max_batch_tokens: usize,
     /// `--weights f16`: widen block-format weights to F16 at load (the path before quantized
     /// kernels, kept for comparison) instead of keeping them packed.
     pub f16_weights: bool,
@@ -188,7 +189,7 @@ pub(super) fn open(
     refuse_unsupported(cfg)?;
     let dev = CudaDevice::new(opts.ordinal)?;
     let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
-    let plan = plan_memory(cfg, matrix_bytes, wide, opts.num_blocks, opts.block_size, PLANNED_BATCH_TOKENS);
+    let plan = plan_memory(cfg, matrix_bytes, wide, opts.num_blocks, opts.block_size, opts.max_batch_tokens);
     let (free, _) = dev.mem_info()?;
     plan.check(free as u64, &dev.describe(), opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
@@ -427,7 +428,7 @@ impl CudaBackend {
         } else {
             None
         };
-        let use_graphs = std::env::var(GRAPHS_ENV).map_or(true, |v| v != "0");
+        let use_graphs = crate::sys::env::get(GRAPHS_ENV).is_none_or(|v| v != "0");
         let mut b = CudaBackend {
             cfg,
             kernels,
@@ -512,20 +513,11 @@ pub enum WeightMix {
 impl WeightMix {
     /// `f16`, `q8_0`, `q4_k`, ... or `q4_k_m`; `None` for other names.
     pub fn parse(s: &str) -> Option<WeightMix> {
-        use GgmlType as T;
-        let t = match s.to_ascii_lowercase().as_str() {
-            "q4_k_m" => return Some(WeightMix::Q4KM),
-            "f16" => T::F16,
-            "q4_0" => T::Q4_0,
-            "q4_1" => T::Q4_1,
-            "q5_0" => T::Q5_0,
-            "q5_1" => T::Q5_1,
-            "q8_0" => T::Q8_0,
-            "q4_k" => T::Q4K,
-            "q5_k" => T::Q5K,
-            "q6_k" => T::Q6K,
-            _ => return None,
-        };
+        if s.eq_ignore_ascii_case("q4_k_m") {
+            return Some(WeightMix::Q4KM);
+        }
+        // Synthetic weights are made in F16 and the block formats (no F32 / BF16 matrices).
+        let t = GgmlType::from_name(s).filter(|t| !matches!(t, GgmlType::F32 | GgmlType::BF16))?;
         Some(WeightMix::Uniform(t))
     }
 }

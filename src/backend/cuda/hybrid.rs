@@ -23,11 +23,11 @@ use super::kernels::Kernels;
 use super::launch::Dev;
 use super::matmul::{Mm, Product};
 use super::CudaError;
-use crate::backend::cpu::ops::rope_table;
 use crate::backend::BackendError;
 use crate::engine::plan::{SeqId, StepPlan};
 use crate::model::config::ModelConfig;
 use crate::model::hybrid::{HeadGrouping, HybridConfig, HybridLayer};
+use crate::model::rope::rope_table;
 use crate::model::weights::{LayerWeights, Tensor};
 
 /// One Gated DeltaNet layer on the device (`C` q|k|v channels, `V = n_v d_v`).

@@ -26,7 +26,7 @@ pub enum PtxSource {
 impl PtxSource {
     /// An explicit `--ptx-dir` wins, then `DUSTOFF_PTX_DIR`, then NVRTC with the default cache.
     pub fn resolve(ptx_dir: Option<PathBuf>) -> Self {
-        let env = std::env::var_os(PTX_DIR_ENV).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let env = crate::sys::env::get_os(PTX_DIR_ENV).filter(|v| !v.is_empty()).map(PathBuf::from);
         match ptx_dir.or(env) {
             Some(d) => PtxSource::Dir(d),
             None => PtxSource::Nvrtc { cache_dir: nvrtc::default_cache_dir() },

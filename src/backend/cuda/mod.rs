@@ -1,9 +1,12 @@
 //! The CUDA backend: cudarc with dynamic loading (the binary runs where no CUDA exists), kernels
 //! from `kernels/` compiled at run time by NVRTC for the device's compute capability (or loaded
-//! as precompiled PTX), cuBLAS for prefill GEMMs, own GEMV kernels for decode.
+//! as precompiled PTX), cuBLAS for large F16 GEMMs, own kernels for the rest (GEMV and
+//! tensor-core GEMM on F16 and packed block formats, attention, MoE, DeltaNet).
 //!
 //! Layers: `nvrtc` (sources, compilation, disk cache) -> `kernels` (lazy per-device registry) ->
-//! `launch` (`#[repr(C)]` params mirrors, shape-checked launchers) -> `backend` (the forward pass).
+//! launchers (`launch`, `qlaunch`, `fused`, `tc`, ...: `#[repr(C)]` params mirrors, shape
+//! checks, grid choice) -> `matmul` (which kernel a product takes) -> `backend` (placing the
+//! model) and `step` (the forward pass of one plan).
 
 pub mod attention;
 pub mod backend;
@@ -109,7 +112,7 @@ impl From<CudaError> for BackendError {
             }
             CudaError::Compile { file, arch, log } => BackendError::Compile { file, arch, log },
             CudaError::Shape { kernel, reason } => BackendError::Plan(format!("kernel {kernel}: {reason}")),
-            other => BackendError::Device(other.to_string()),
+            other => BackendError::Device(Box::new(other)),
         }
     }
 }

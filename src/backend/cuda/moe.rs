@@ -69,7 +69,7 @@ pub const MOE_ENTRIES: [&str; 40] = {
 /// larger steps group by expert. `DUSTOFF_MOE_PAIR_MAX_TOKENS` overrides the default of 8.
 pub fn pair_max_tokens() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| std::env::var("DUSTOFF_MOE_PAIR_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(8))
+    *N.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_PAIR_MAX_TOKENS").and_then(|v| v.parse().ok()).unwrap_or(8))
 }
 
 /// The experts of one sparse layer on the device.

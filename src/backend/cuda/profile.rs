@@ -14,7 +14,7 @@ use super::CudaError;
 pub const PROFILE_ENV: &str = "DUSTOFF_PROFILE";
 
 pub fn profiling_requested() -> bool {
-    std::env::var(PROFILE_ENV).is_ok_and(|v| v == "1")
+    crate::sys::env::get(PROFILE_ENV).is_some_and(|v| v == "1")
 }
 
 /// The step-size bucket a step of `n_tok` tokens is counted under.

@@ -38,7 +38,7 @@ use super::tap::TapPoint;
 use super::tc::{tc64_part_len, TC_MAX_TOKENS};
 use super::CudaError;
 use crate::backend::BackendError;
-use crate::engine::plan::StepPlan;
+use crate::engine::plan::{PlanLimits, StepPlan};
 use crate::model::config::RopeStyle;
 
 /// The shape of one step (its inputs are in `CudaBackend::host_meta`).
@@ -220,7 +220,13 @@ impl CudaBackend {
     pub(super) fn flatten(&mut self, plan: &StepPlan) -> Result<Flat, BackendError> {
         let n = plan.n_tokens();
         let bs = self.block_size;
-        let mut seen = std::collections::HashSet::new();
+        let lim = PlanLimits {
+            block_size: bs,
+            num_blocks: self.num_blocks,
+            vocab_size: self.cfg.vocab_size,
+            max_pos: Some(self.max_pos),
+        };
+        plan.validate(&lim)?;
         let mut m = 0;
         let (nh, nkv, hd) = (self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim);
         // Chunks of several tokens go to the prefill attention where the shape allows it.
@@ -228,33 +234,7 @@ impl CudaBackend {
         let single = |len: usize| !tiled || len == 1;
         let (mut n_single, mut max_len, mut n_tiles, mut max_end) = (0, 1, 0, 0);
         for c in &plan.chunks {
-            let err = |m: String| BackendError::Plan(format!("sequence {}: {m}", c.seq));
-            if !seen.insert(c.seq) {
-                return Err(err("appears twice in one step".into()));
-            }
-            if c.tokens.is_empty() {
-                return Err(err("empty chunk".into()));
-            }
             let end = c.start_pos + c.tokens.len();
-            if c.block_table.len() * bs < end {
-                return Err(err(format!(
-                    "block table covers {} positions, the chunk reaches {end}",
-                    c.block_table.len() * bs
-                )));
-            }
-            if end > self.max_pos {
-                return Err(err(format!(
-                    "position {} is beyond the {} positions this backend was set up for",
-                    end - 1,
-                    self.max_pos
-                )));
-            }
-            if let Some(&b) = c.block_table.iter().find(|&&b| b as usize >= self.num_blocks) {
-                return Err(err(format!("block {b} is beyond the pool of {}", self.num_blocks)));
-            }
-            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-                return Err(err(format!("token id {t} is beyond the vocabulary ({})", self.cfg.vocab_size)));
-            }
             m += usize::from(c.want_logits);
             if single(c.tokens.len()) {
                 n_single += c.tokens.len();

@@ -34,7 +34,7 @@ pub(super) struct Tuning {
 pub(super) fn tuning() -> &'static Tuning {
     static T: OnceLock<Tuning> = OnceLock::new();
     T.get_or_init(|| {
-        let num = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok());
+        let num = |name: &'static str| crate::sys::env::get(name).and_then(|v| v.parse::<usize>().ok());
         Tuning {
             tc_min_tokens: num("DUSTOFF_TC_MIN_TOKENS"),
             tc_max_tokens: num("DUSTOFF_TC_MAX_TOKENS"),

@@ -10,22 +10,8 @@ use crate::model::weights::Tensor;
 
 use super::CudaError;
 
-/// Largest finite F16 value.
-pub const F16_MAX: f32 = 65504.0;
-
-/// Rounds to F16 bits, clamping out-of-range values (counted in `clamped`). NaN stays NaN.
-pub fn f32_to_f16_clamped(v: f32, clamped: &mut u64) -> u16 {
-    let c = if v > F16_MAX {
-        *clamped += 1;
-        F16_MAX
-    } else if v < -F16_MAX {
-        *clamped += 1;
-        -F16_MAX
-    } else {
-        v
-    };
-    half::f16::from_f32(c).to_bits()
-}
+/// The clamp rule is the model's (`quant::float`): one owner for every F16 conversion.
+pub use crate::model::quant::{f32_to_f16_clamped, F16_MAX};
 
 /// The F16 values of a tensor (`[rows, cols]`, row-major) and how many were clamped.
 pub fn tensor_to_f16(t: &Tensor) -> Result<(Vec<u16>, u64), CudaError> {

@@ -1,7 +1,9 @@
 //! Scalar conversions between f32 and the 16-bit float formats of GGUF files.
 
 /// Largest finite f16 value; larger magnitudes are clamped to it (never turned into inf).
-const F16_MAX: f32 = 65504.0;
+/// The one F16 range rule: `f32_to_f16`, the counted `f32_to_f16_clamped` (GPU weights) and
+/// the conversion policy (`model::convert::f16_policy`) all clamp here.
+pub const F16_MAX: f32 = 65504.0;
 
 pub fn f16_to_f32(bits: u16) -> f32 {
     half::f16::from_bits(bits).to_f32()
@@ -10,6 +12,12 @@ pub fn f16_to_f32(bits: u16) -> f32 {
 /// f32 -> f16 bits, round-to-nearest-even, clamped to ±65504 (NaN stays NaN).
 pub fn f32_to_f16(v: f32) -> u16 {
     half::f16::from_f32(v.clamp(-F16_MAX, F16_MAX)).to_bits()
+}
+
+/// As [`f32_to_f16`], counting the values (infinities included) that were clamped.
+pub fn f32_to_f16_clamped(v: f32, clamped: &mut u64) -> u16 {
+    *clamped += u64::from(v.abs() > F16_MAX);
+    f32_to_f16(v)
 }
 
 pub fn bf16_to_f32(bits: u16) -> f32 {

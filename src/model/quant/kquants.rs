@@ -120,8 +120,9 @@ fn quantize_k_affine(x: &[f32], levels: f32) -> (f32, f32, [u8; 8], [u8; 8], [u8
     (d, dmin, scales, mins, q)
 }
 
-/// Packs eight 6-bit scales and mins into 12 bytes (the inverse of [`scale_min`]).
-fn pack_scale_min(sc: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
+/// Packs eight 6-bit scales and mins into the 12 bytes Q4_K/Q5_K store (the inverse of
+/// [`scale_min`]); the quantizer's blocks use it too.
+pub(crate) fn pack_scale_min(sc: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
     let mut s = [0u8; 12];
     for i in 0..4 {
         s[i] = (sc[i] & 63) | (sc[i + 4] >> 4) << 6;
@@ -173,6 +174,14 @@ pub(super) fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) {
         let v = if step > 0.0 { (x[i] / step).round().clamp(-32.0, 31.0) } else { 0.0 };
         (v as i32 + 32) as u8
     });
+    pack_q6_k(&q, &sc, d, out);
+}
+
+/// Writes one Q6_K block: 256 codes `q` (0..64, the value + 32), 16 scale bytes (i8 bits) and
+/// the super-block scale `d`. Half h (128 elements): for l < 32 the elements l, l+32, l+64,
+/// l+96 take the low nibble of ql[l], low of ql[l+32], high of ql[l], high of ql[l+32]; their
+/// top two bits go to qh[l].
+pub(crate) fn pack_q6_k(q: &[u8; 256], sc: &[u8; 16], d: f32, out: &mut Vec<u8>) {
     let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
     for h in 0..2 {
         for l in 0..32 {
@@ -184,6 +193,6 @@ pub(super) fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) {
     }
     out.extend_from_slice(&ql);
     out.extend_from_slice(&qh);
-    out.extend_from_slice(&sc);
+    out.extend_from_slice(sc);
     out.extend_from_slice(&f32_to_f16(d).to_le_bytes());
 }

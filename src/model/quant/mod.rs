@@ -23,6 +23,24 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
+    /// Every type, in the enum's order.
+    pub const ALL: [GgmlType; 11] = [
+        Self::F32,
+        Self::F16,
+        Self::BF16,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+    ];
+    /// The GGML block formats (every type but the three float ones).
+    pub const BLOCK_TYPES: [GgmlType; 8] =
+        [Self::Q4_0, Self::Q4_1, Self::Q5_0, Self::Q5_1, Self::Q8_0, Self::Q4K, Self::Q5K, Self::Q6K];
+
     /// Maps a GGUF type id to a supported type; `None` for ids dustoff cannot compute with.
     pub fn from_id(id: u32) -> Option<Self> {
         Some(match id {
@@ -90,6 +108,11 @@ impl GgmlType {
         (n / self.block_size()).checked_mul(self.type_size())
     }
 
+    /// The type of a name as [`GgmlType::name`] writes it, in any case (`q4_k`, `F16`...).
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(s))
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::F32 => "F32",
@@ -115,6 +138,7 @@ impl fmt::Display for GgmlType {
 
 mod float;
 mod kquants;
+pub(crate) use kquants::{pack_q6_k, pack_scale_min};
 mod legacy;
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -127,9 +151,9 @@ mod simd_gemv;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use simd_gemv::{gemv_rows, gemv_supports};
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
-pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, f32_to_f16_clamped, F16_MAX};
 
 /// True when the AVX2 + FMA + F16C kernels run: the CPU has them and the process's kernel
 /// path (`sys::cpu::cpu_path`, `DUSTOFF_CPU_PATH`) is not `scalar`. One atomic load.

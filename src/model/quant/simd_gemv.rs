@@ -451,17 +451,6 @@ mod tests {
     use crate::model::quant::tests::test_values;
     use crate::model::quant::{dot_row_scalar, quantize_row};
 
-    const BLOCK_TYPES: [GgmlType; 8] = [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4K,
-        GgmlType::Q5K,
-        GgmlType::Q6K,
-    ];
-
     fn avx2() -> bool {
         is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
     }
@@ -487,7 +476,7 @@ mod tests {
             eprintln!("skipped: no avx2/fma/f16c on this CPU");
             return;
         }
-        for (k, &dtype) in BLOCK_TYPES.iter().enumerate() {
+        for (k, &dtype) in GgmlType::BLOCK_TYPES.iter().enumerate() {
             let cols = dtype.block_size() * if dtype.block_size() == 256 { 2 } else { 5 };
             for nr in [1usize, 3, 6, 9] {
                 let rows: Vec<Vec<u8>> =

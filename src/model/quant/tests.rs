@@ -2,37 +2,28 @@
 
 use super::*;
 
-const ALL: [GgmlType; 11] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
+/// Deterministic pseudo-random values (xorshift), uniform in [-1, 1): the test data of the
+/// quantizer and matmul tests too.
+pub(crate) fn uniform_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
 
 /// Deterministic pseudo-random values (xorshift), roughly uniform in [-1, 1), with a few
 /// larger outliers so blocks have uneven ranges.
 pub(crate) fn test_values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-            if i % 97 == 13 {
-                u * 6.0
-            } else {
-                u
-            }
-        })
-        .collect()
+    let mut v = uniform_values(n, seed);
+    for x in v.iter_mut().skip(13).step_by(97) {
+        *x *= 6.0;
+    }
+    v
 }
 
 fn decode(dtype: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
@@ -215,7 +206,7 @@ use super::float::half_at;
 
 #[test]
 fn quantize_round_trip_all_types() {
-    for dtype in ALL {
+    for dtype in GgmlType::ALL {
         let n = 1024;
         let x = test_values(n, 7 + dtype.id() as u64);
         let enc = quantize_row(dtype, &x);
@@ -263,7 +254,7 @@ fn naive_dot(w: &[f32], x: &[f32]) -> (f64, f64) {
 
 #[test]
 fn dot_row_matches_dequantized_dot() {
-    for dtype in ALL {
+    for dtype in GgmlType::ALL {
         for (n, seed) in [(256usize, 1u64), (1536, 2), (2048, 3)] {
             let w = test_values(n, seed * 31 + dtype.id() as u64);
             let x = test_values(n, seed * 77 + 5);
@@ -288,7 +279,7 @@ fn dot_row_matches_dequantized_dot() {
 
 #[test]
 fn simd_dequantize_matches_scalar() {
-    for dtype in ALL {
+    for dtype in GgmlType::ALL {
         let n = 2048;
         let enc = quantize_row(dtype, &test_values(n, 40 + dtype.id() as u64));
         let (a, b) = (decode(dtype, &enc, n), dequant_scalar(dtype, &enc, n));

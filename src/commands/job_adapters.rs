@@ -7,8 +7,9 @@ use anyhow::Result;
 use crate::backend::Backend;
 use crate::engine::constraint::Grammar;
 use crate::engine::engine::{Engine, EngineError, Event, Request};
+use crate::engine::finish::FinishReason;
 use crate::job::pipeline::TextCodec;
-use crate::job::runner::{FinishReason, Finished, GenRequest, Generate, StopFlag};
+use crate::job::runner::{Finished, GenRequest, Generate, StopFlag};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// The engine behind `Generate`: requests are queued in the engine, `poll` steps it.

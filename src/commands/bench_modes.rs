@@ -1,0 +1,125 @@
+//! `dustoff bench` from its flags to a result: which mode runs (one stream, `--batch`,
+//! `--shared-prefix`, `--constrained`), on a backend sized for that mode's KV needs, and how
+//! the rows are printed. The measurements themselves are in `bench` and `bench_constrained`.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use super::bench::{bench, bench_batched, bench_shared_prefix, print_prompt_table};
+use super::common::{self, Device};
+use crate::backend::Backend;
+use crate::engine::engine::BLOCK_SIZE;
+use crate::job::exit::{ExitCode, UsageError};
+
+/// The flags of `dustoff bench` (see its `--help`).
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub model: PathBuf,
+    /// A named shape with random weights instead of `model`.
+    pub synthetic: Option<String>,
+    pub dtype: String,
+    /// `--weights f16`: widen block formats to F16 on the GPU.
+    pub f16_weights: bool,
+    pub device: Device,
+    pub ptx_dir: Option<PathBuf>,
+    /// One stream: one row per prompt length; the batched modes take the first.
+    pub prompt_tokens: Vec<usize>,
+    pub gen_tokens: usize,
+    pub runs: usize,
+    pub json: bool,
+    pub batch: Vec<usize>,
+    /// `REQUESTS,SHARED,UNIQUE` of the shared-prefix job.
+    pub shared_prefix: Option<Vec<usize>>,
+    pub slots: usize,
+    pub constrained: Option<String>,
+    pub max_batch_tokens: usize,
+}
+
+/// Runs the mode the options ask for and prints its rows.
+pub fn run(a: &BenchOptions) -> Result<ExitCode> {
+    let prompt_tokens = a.prompt_tokens.first().copied().unwrap_or(768);
+    let ctx = prompt_tokens + a.gen_tokens;
+    // The backend is made for the mode's KV needs below; `make` builds it on the device.
+    let loaded = match &a.synthetic {
+        Some(_) => None,
+        None => Some(common::load(&a.model)?),
+    };
+    let name = match &a.synthetic {
+        Some(shape) => format!("synthetic {shape} {}", a.dtype),
+        None => a.model.display().to_string(),
+    };
+    let ptx_dir = a.ptx_dir.as_deref();
+    let make = |tokens: usize, step: usize| -> Result<Box<dyn Backend>> {
+        match (&a.synthetic, &loaded) {
+            (Some(shape), _) => {
+                let dtype = if a.f16_weights { "f16" } else { a.dtype.as_str() };
+                common::make_synthetic_backend_for(shape, dtype, &a.device, tokens, step, ptx_dir)
+            }
+            (None, Some(m)) => {
+                common::make_backend_weights(&m.config, &m.weights, &a.device, tokens, step, ptx_dir, a.f16_weights)
+            }
+            (None, None) => unreachable!("a model is loaded when no shape is given"),
+        }
+    };
+    let fingerprint = *blake3::hash(name.as_bytes()).as_bytes();
+    if let (Some(p), Some(m)) = (&a.constrained, &loaded) {
+        let batches = if a.batch.is_empty() { vec![32] } else { a.batch.clone() };
+        let most = batches.iter().max().copied().unwrap_or(1);
+        let b = make(most * (ctx + BLOCK_SIZE), a.max_batch_tokens.max(most))?;
+        let shape = (prompt_tokens, a.gen_tokens, a.max_batch_tokens);
+        let rows = super::bench_constrained::run(b, m, p, fingerprint, shape, &batches)?;
+        super::bench_constrained::print_table(&rows);
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        }
+        return Ok(ExitCode::Ok);
+    }
+    if let Some(sp) = &a.shared_prefix {
+        let [requests, shared, unique] = sp[..] else {
+            return Err(UsageError::new("--shared-prefix takes REQUESTS,SHARED,UNIQUE (e.g. 256,1000,300)").into());
+        };
+        let gen = a.gen_tokens;
+        let tokens = a.slots * (shared + unique + gen + BLOCK_SIZE) + shared * 2;
+        let b = make(tokens, a.max_batch_tokens.max(a.slots))?;
+        let rows = bench_shared_prefix(b, fingerprint, a.slots, a.max_batch_tokens, (shared, unique, requests, gen))?;
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(ExitCode::Ok);
+    }
+    if !a.batch.is_empty() {
+        let most = a.batch.iter().copied().max().unwrap_or(1);
+        let b = make(most * (ctx + BLOCK_SIZE), a.max_batch_tokens.max(most))?;
+        let rows = bench_batched(b, fingerprint, prompt_tokens, a.gen_tokens, &a.batch, a.max_batch_tokens)?;
+        println!("| sequences | prefill s | decode tok/s (total) | share of bandwidth bound |");
+        println!("|---|---|---|---|");
+        for r in &rows {
+            let share = r.bandwidth_share.map(|s| format!("{:.1}%", s * 100.0)).unwrap_or_else(|| "-".into());
+            println!("| {} | {:.2} | {:.1} | {} |", r.sequences, r.prefill_s, r.decode_tok_s, share);
+        }
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        }
+        return Ok(ExitCode::Ok);
+    }
+    // One stream: the prompt is prefilled in steps of `PREFILL_CHUNK` tokens.
+    let longest = a.prompt_tokens.iter().copied().max().unwrap_or(prompt_tokens);
+    let mut b = make(longest + a.gen_tokens, crate::engine::single::PREFILL_CHUNK)?;
+    let b = b.as_mut();
+    let mut reports = Vec::new();
+    for &p in &a.prompt_tokens {
+        let r = bench(b, &name, p, a.gen_tokens, a.runs)?;
+        if !a.json {
+            r.print_human();
+        }
+        reports.push(r);
+    }
+    if a.json {
+        match &reports[..] {
+            [r] => println!("{}", serde_json::to_string_pretty(r)?),
+            all => println!("{}", serde_json::to_string_pretty(all)?),
+        }
+    } else if reports.len() > 1 {
+        print_prompt_table(&reports);
+    }
+    Ok(ExitCode::Ok)
+}

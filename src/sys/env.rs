@@ -1,0 +1,169 @@
+//! Every `DUSTOFF_*` environment variable, in one registry: name, default and meaning.
+//! docs/ENVIRONMENT.md is this table rendered ([`markdown`]); a test greps `src/` and `tests/`
+//! for `DUSTOFF_` names and fails on one missing here or on a stale document, so the list
+//! cannot drift. The binary's readers call [`get`] / [`get_os`]; tests read theirs directly.
+//!
+//! A new switch is one line in [`VARS`], e.g.
+//! `var(Scope::Tuning, "DUSTOFF_FOO", "off", "1: the foo kernel (for A/B runs)"),`
+//! read as `crate::sys::env::get("DUSTOFF_FOO")`; then run `cargo test --release --lib
+//! sys::env` and paste the table it prints into docs/ENVIRONMENT.md.
+
+use std::ffi::OsString;
+
+/// Who the variable is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Operators: changes what a command does or where it finds things.
+    Run,
+    /// A/B switches of kernel choices (benchmarks; the defaults are the measured best).
+    Tuning,
+    /// Fault injection and knobs for the test suite and benchmark tests.
+    Test,
+}
+
+impl Scope {
+    fn title(self) -> &'static str {
+        match self {
+            Scope::Run => "Running jobs",
+            Scope::Tuning => "Kernel choice (A/B switches, read once per process)",
+            Scope::Test => "Tests, fault injection and benchmark tests",
+        }
+    }
+}
+
+/// One environment variable.
+#[derive(Clone, Copy, Debug)]
+pub struct EnvVar {
+    pub scope: Scope,
+    pub name: &'static str,
+    /// What holds when it is unset.
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+const fn var(scope: Scope, name: &'static str, default: &'static str, meaning: &'static str) -> EnvVar {
+    EnvVar { scope, name, default, meaning }
+}
+
+/// The registry, grouped by scope.
+pub const VARS: &[EnvVar] = &[
+    var(Scope::Run, "DUSTOFF_PTX_DIR", "unset: NVRTC compiles the kernels", "folder of precompiled PTX (`dustoff kernels --out DIR`); `--ptx-dir` wins over it"),
+    var(Scope::Run, "DUSTOFF_CPU_PATH", "the best the CPU has", "cap on the CPU backend's kernel path: `scalar`, `avx2` or `avx512` (a bad value is a usage error)"),
+    var(Scope::Run, "DUSTOFF_SHARD_COUNT", "unset", "shard count with a Kubernetes Indexed Job's `JOB_COMPLETION_INDEX` when `--shard-count` is not given"),
+    var(Scope::Run, "DUSTOFF_COMMIT_ROWS", "64", "rows per checkpoint commit of `run` and `generate --input` (lower: commits after a few records)"),
+    var(Scope::Run, "DUSTOFF_CUDA_GRAPHS", "1", "`0`: no CUDA-graph replay of decode steps"),
+    var(Scope::Run, "DUSTOFF_PROFILE", "0", "`1`: GPU time per kernel class of the forward pass, printed at exit (graphs off)"),
+    var(Scope::Tuning, "DUSTOFF_TC_MIN_TOKENS", "2", "fewest tokens of a step for the tensor-core GEMM"),
+    var(Scope::Tuning, "DUSTOFF_TC_MAX_TOKENS", "16", "most tokens of a step for the tensor-core GEMM; larger steps use cuBLAS"),
+    var(Scope::Tuning, "DUSTOFF_TC_ROWS", "128 where it fits", "`64`: 64-row blocks of the wide-tile GEMM"),
+    var(Scope::Tuning, "DUSTOFF_QGEMV_MAX_TOKENS", "4", "most tokens (1..=8) of a step for the GEMV on packed quantized blocks; larger steps widen to F16"),
+    var(Scope::Tuning, "DUSTOFF_QGEMV_F32", "0", "`1`: the f32-input GEMV on packed blocks instead of the int8-activation dp4a GEMV"),
+    var(Scope::Tuning, "DUSTOFF_QGEMV_ROWS", "4", "`2`: the 1-token int8 GEMV reads 2 weight rows per warp"),
+    var(Scope::Tuning, "DUSTOFF_QGEMM_MAX_TOKENS", "64", "most tokens of a step for the tensor-core GEMM on packed blocks (`0`: always widen to F16)"),
+    var(Scope::Tuning, "DUSTOFF_ATTN_ONEPASS", "1", "`0`: the two-pass decode attention for every step"),
+    var(Scope::Tuning, "DUSTOFF_ATTN_WARPS", "4", "warps (1..=16) of a one-pass decode attention block"),
+    var(Scope::Tuning, "DUSTOFF_ATTN_SPLIT", "chosen per shape", "positions (a multiple of 16) per decode attention split"),
+    var(Scope::Tuning, "DUSTOFF_CASCADE", "1", "`0`: no shared-prefix (cascade) attention in decode steps"),
+    var(Scope::Tuning, "DUSTOFF_MOE_PAIR_MAX_TOKENS", "8", "most tokens of a step for the per-(token, expert) MoE kernels; larger steps group by expert"),
+    var(Scope::Test, "DUSTOFF_INJECT_OOM", "unset", "`STEP[,SEQS]`: the first step from STEP on with at least SEQS sequences, and every later one as large, fails out of memory"),
+    var(Scope::Test, "DUSTOFF_INJECT_WRITE_ERROR", "unset", "`commit:N`: the N-th checkpoint commit fails like a full disk; `output`: the final output does"),
+    var(Scope::Test, "DUSTOFF_REQUIRE_GPU", "unset", "`1`: GPU tests fail instead of skipping when no CUDA device is usable"),
+    var(Scope::Test, "DUSTOFF_PARITY_SEED", "random (printed)", "replays the random inputs of a GPU parity test"),
+    var(Scope::Test, "DUSTOFF_CRASH_SEED", "random (printed)", "replays the kill delays of the random crash test"),
+    var(Scope::Test, "DUSTOFF_HF_SAMPLES_DIR", "unset: skipped", "where the ignored `hf_models` test writes its sample HF directories"),
+    var(Scope::Test, "DUSTOFF_BENCH_PROMPT", "256", "context length of the CPU backend's batched bench test"),
+    var(Scope::Test, "DUSTOFF_BENCH_SHAPE", "qwen3-8b", "synthetic shape of the GPU bench test"),
+    var(Scope::Test, "DUSTOFF_BENCH_DTYPES", "f16,q4_k_m", "weight types of the Qwen3.5 GPU bench test"),
+    var(Scope::Test, "DUSTOFF_BREAKDOWN_FORMATS", "q4_0,q8_0,q4_k,q6_k", "formats of the quantized-kernel breakdown bench test"),
+    var(Scope::Test, "DUSTOFF_MOE_BENCH_SHAPE", "qwen3-30b-a3b", "synthetic shape of the MoE GPU bench test"),
+    var(Scope::Test, "DUSTOFF_MOE_BENCH_PROMPT", "128", "prompt length of the MoE bench test's batched rows"),
+    var(Scope::Test, "DUSTOFF_MOE_BENCH_BATCH", "1", "`0`: the MoE bench test skips its batched rows"),
+    var(Scope::Test, "DUSTOFF_MOE_BENCH_ONE", "1", "`0`: the MoE bench test skips its one-stream row"),
+];
+
+/// The registry entry of `name`.
+pub fn lookup(name: &str) -> Option<&'static EnvVar> {
+    VARS.iter().find(|v| v.name == name)
+}
+
+/// The value of a registered variable (`None`: unset or not UTF-8). A name missing from
+/// [`VARS`] is a programming error, caught in debug builds and by this module's test.
+pub fn get(name: &'static str) -> Option<String> {
+    debug_assert!(lookup(name).is_some(), "{name} is not in sys::env::VARS");
+    std::env::var(name).ok()
+}
+
+/// As [`get`], for paths (any bytes).
+pub fn get_os(name: &'static str) -> Option<OsString> {
+    debug_assert!(lookup(name).is_some(), "{name} is not in sys::env::VARS");
+    std::env::var_os(name)
+}
+
+/// docs/ENVIRONMENT.md: the registry as tables, one per scope.
+pub fn markdown() -> String {
+    let mut s = String::from(
+        "# Environment variables\n\nEvery `DUSTOFF_*` variable dustoff and its tests read. Generated from \
+         `src/sys/env.rs` (the registry); a test keeps the two equal.\n",
+    );
+    for scope in [Scope::Run, Scope::Tuning, Scope::Test] {
+        s.push_str(&format!("\n## {}\n\n| variable | default | meaning |\n|---|---|---|\n", scope.title()));
+        for v in VARS.iter().filter(|v| v.scope == scope) {
+            s.push_str(&format!("| `{}` | {} | {} |\n", v.name, v.default, v.meaning));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    /// Every `DUSTOFF_[A-Z0-9_]+` word in the `.rs` files below `dir` (but this one, which
+    /// holds the registry).
+    fn names_in(dir: &Path, out: &mut BTreeSet<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                names_in(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("src/sys/env.rs") {
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                for (i, _) in text.match_indices("DUSTOFF_") {
+                    let rest = &text[i..];
+                    let end = rest.find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'));
+                    let name = &rest[..end.unwrap_or(rest.len())];
+                    // `DUSTOFF_` alone (a prefix in prose) or a name ending in `_` (a prefix
+                    // being built) is not a variable.
+                    if name.len() > "DUSTOFF_".len() && !name.ends_with('_') {
+                        out.insert(name.to_string());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn registry_lists_every_variable_the_source_reads_and_the_docs_match() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut used = BTreeSet::new();
+        names_in(&root.join("src"), &mut used);
+        names_in(&root.join("tests"), &mut used);
+        let listed: BTreeSet<String> = VARS.iter().map(|v| v.name.to_string()).collect();
+        assert_eq!(listed.len(), VARS.len(), "a name is listed twice in sys::env::VARS");
+        let missing: Vec<_> = used.difference(&listed).collect();
+        assert!(missing.is_empty(), "add these to sys::env::VARS (name, default, meaning): {missing:?}");
+        let stale: Vec<_> = listed.difference(&used).collect();
+        assert!(stale.is_empty(), "in sys::env::VARS but read nowhere: {stale:?}");
+        let doc = std::fs::read_to_string(root.join("docs/ENVIRONMENT.md")).unwrap_or_default();
+        let want = markdown();
+        if doc != want {
+            println!("{want}");
+        }
+        assert!(
+            doc == want,
+            "docs/ENVIRONMENT.md differs from sys::env::markdown(): replace it with the text printed above"
+        );
+    }
+}
