@@ -2,8 +2,9 @@
 // by the quantized GEMV (gemv_quant.cu), the dequantization to F16 and the embedding gather
 // (dequant.cu). The loader pastes this file in place of its include line (after common.cuh).
 //
-// Device layout (src/backend/cuda/qformat.rs repacks at load, a byte permutation of the file's
-// blocks, never a re-quantization): a matrix [rows, cols] of nblk blocks per row is two arrays,
+// Device layout (src/backend/cuda/qformat.rs repacks at load: a byte permutation of the file's
+// blocks, the K scales a bit permutation; never a re-quantization): a matrix [rows, cols] of
+// nblk blocks per row is two arrays,
 //   qs  [rows, nblk, QB] bytes: the quantized values of each block (16-byte aligned rows),
 //   aux [rows, nblk, AB] bytes: the block's scales, mins and high bits.
 // | format | block | QB  | AB | aux bytes                         |
@@ -12,9 +13,9 @@
 // | Q5_0   | 32    | 16  | 8  | qh (u32), d, pad                  |
 // | Q5_1   | 32    | 16  | 8  | qh (u32), d, m                    |
 // | Q8_0   | 32    | 32  | 2  | d                                 |
-// | Q4_K   | 256   | 128 | 16 | d, dmin, scales[12]               |
-// | Q5_K   | 256   | 128 | 48 | d, dmin, scales[12], qh[32]       |
-// | Q6_K   | 256   | 192 | 20 | scales[16] (i8), d, pad; qs = ql[128], qh[64] |
+// | Q4_K   | 256   | 128 | 16 | d, dmin, scales[12] per unit (k_chunk_bits) |
+// | Q5_K   | 256   | 128 | 48 | d, dmin, scales[12] as Q4_K, qh[32] |
+// | Q6_K   | 256   | 192 | 20 | scales[16] (i8) in unit order, d, pad; qs = ql[128], qh[64] |
 //
 // A unit is what one thread decodes from one or a few 16-byte loads: RUNS runs of 16
 // consecutive elements of the row, run r starting at column start(u, r). Values are computed as the

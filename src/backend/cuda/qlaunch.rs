@@ -355,7 +355,8 @@ impl GemmQ {
     /// K splits for `[rows, cols]` at `n_tok` tokens with `part_len` floats of scratch.
     pub fn splits(rows: usize, cols: usize, n_tok: usize, part_len: usize) -> usize {
         let blocks = (rows / GEMMQ_BM).max(1) * n_tok.div_ceil(64);
-        let want = GEMMQ_TARGET_BLOCKS.div_ceil(blocks).clamp(1, (cols / GEMMQ_BK / 2).max(1));
+        let target = super::tuning::tuning().qgemm_blocks.unwrap_or(GEMMQ_TARGET_BLOCKS);
+        let want = target.div_ceil(blocks).clamp(1, (cols / GEMMQ_BK / 2).max(1));
         match part_len / (n_tok * rows).max(1) {
             0 | 1 => 1,
             fit => want.min(fit),
