@@ -4,8 +4,9 @@
 //   activations"), once per matrix input (the parts of a mixed QKV, gate/up share it);
 // - gemvq8_<fmt>_n{1,2,4,8} / gemvq8_swiglu_<fmt>_n*: out[t, r] (+)= sum_c W[r, c] x[t, c]
 //   with W packed (quant.cuh), f32 accumulation.
-// A block of 4 warps is 2 groups of 64 threads; a group owns R weight rows (R = 4 at 1 token, 2
-// at 2..4, 4 at 8; 2 with the _n1r2 entries) and its 64 threads stride over the rows' units, so
+// A block of 4 warps is 2 groups of 64 threads; a group owns R = 4 weight rows (2 with the _n1r2
+// entries; H200, round 1: 4 rows read the Qwen3-8B head at 82% / 89% of the copy bandwidth
+// (Q4_K / Q6_K), 2 rows at 68% / 79%) and its 64 threads stride over the rows' units, so
 // that a block covers few rows (small matrices still fill the GPU) and each thread's activation
 // loads serve R rows. Per run of 16 weights and token: 4 dp4a on the hi codes, the sum scaled
 // by 254 (exact in int32), 4 dp4a on the lo codes on top, one int-to-float conversion; formats
@@ -303,12 +304,12 @@ __device__ __forceinline__ void gemv_swiglu_q8_impl(const GemvQ8Params& p) {
     extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) kname(const GemvQ8Params p) { impl<F, NT, R>(p); }
 #define GEMVQ8_ENTRIES(name, F)                                                 \
     GEMVQ8_ENTRY(gemvq8_##name##_n1, gemv_q8_impl, 1, 4, F)                     \
-    GEMVQ8_ENTRY(gemvq8_##name##_n2, gemv_q8_impl, 2, 2, F)                     \
-    GEMVQ8_ENTRY(gemvq8_##name##_n4, gemv_q8_impl, 4, 2, F)                     \
+    GEMVQ8_ENTRY(gemvq8_##name##_n2, gemv_q8_impl, 2, 4, F)                     \
+    GEMVQ8_ENTRY(gemvq8_##name##_n4, gemv_q8_impl, 4, 4, F)                     \
     GEMVQ8_ENTRY(gemvq8_##name##_n8, gemv_q8_impl, 8, 4, F)                     \
     GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n1, gemv_swiglu_q8_impl, 1, 2, F)       \
-    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n2, gemv_swiglu_q8_impl, 2, 1, F)       \
-    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n4, gemv_swiglu_q8_impl, 4, 1, F)       \
+    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n2, gemv_swiglu_q8_impl, 2, 2, F)       \
+    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n4, gemv_swiglu_q8_impl, 4, 2, F)       \
     GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n8, gemv_swiglu_q8_impl, 8, 2, F)       \
     GEMVQ8_ENTRY(gemvq8_##name##_n1r2, gemv_q8_impl, 1, 2, F)                   \
     GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n1r2, gemv_swiglu_q8_impl, 1, 1, F)

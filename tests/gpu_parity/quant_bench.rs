@@ -12,6 +12,18 @@ use dustoff::model::quant::GgmlType;
 use super::bench::time;
 use super::gpu;
 
+/// Median GPU time of `f`'s launches captured once as a CUDA graph and replayed (after a direct
+/// run that loads the modules), in seconds.
+fn time_graph(g: &mut super::Gpu, f: &mut dyn FnMut(&mut super::Gpu)) -> f64 {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    f(g);
+    let s = g.dev.stream.clone();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    f(g);
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
+    time(g, &mut |_| graph.launch().unwrap())
+}
+
 #[test]
 #[ignore]
 fn quant_kernel_breakdown() {
@@ -91,6 +103,37 @@ fn quant_kernel_breakdown() {
                         100.0 * bytes / dt / bw
                     );
                 }
+                // The decode path as a replayed graph runs it: quantize_x_q8 then the int8 GEMV
+                // on each copy in turn, captured once, no host launches between the kernels.
+                let dt = time_graph(&mut g, &mut |g| {
+                    for j in 0..reps {
+                        let w = ws[j % n_copies].quant(&s).unwrap();
+                        QuantizeX { x: g.d(&x), xq: g.d(&xq), n_tok: n, cols, x_stride: cols }
+                            .launch(&mut g.k, &s)
+                            .unwrap();
+                        GemvQ {
+                            w,
+                            x: g.d(&x),
+                            out: g.d(&out),
+                            bias: None,
+                            rows,
+                            n_tok: n,
+                            x_stride: cols,
+                            out_stride: rows,
+                            accumulate: false,
+                            swiglu,
+                            xq: Some(g.d(&xq)),
+                        }
+                        .launch(&mut g.k, &s)
+                        .unwrap();
+                    }
+                }) / reps as f64;
+                eprintln!(
+                    "gemv {name} graph  {what:15} [{all_rows}x{cols}] {n} tok: {:8.1} us {:7.0} GB/s ({:.0}% of copy)",
+                    dt * 1e6,
+                    bytes / dt / 1e9,
+                    100.0 * bytes / dt / bw
+                );
             }
             // The packed tensor-core GEMM (steps of 9+ tokens) at 16 and 64 tokens (the SwiGLU
             // matrix as its plain gate/up product).

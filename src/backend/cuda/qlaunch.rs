@@ -218,13 +218,8 @@ impl GemvQ {
                 aux_row,
             };
             // Output rows per group of 64 threads, 2 groups a block (gemv_q8.cu entries):
-            // weight rows 4 at 1 token (2 with `rows2`), 2 at 2..4, 4 at 8; SwiGLU halves them.
-            let weight_rows = match self.n_tok {
-                1 if rows2 => 2,
-                1 => 4,
-                2..=4 => 2,
-                _ => 4,
-            };
+            // weight rows 4 (2 with `rows2` at 1 token); SwiGLU halves them.
+            let weight_rows = if self.n_tok == 1 && rows2 { 2 } else { 4 };
             let group_rows = weight_rows / if self.swiglu { 2 } else { 1 };
             let grid = blocks_for(K, self.rows, 2 * group_rows)?;
             let v = if self.n_tok == 1 && rows2 {
