@@ -180,3 +180,106 @@ extern "C" __global__ void splitk_reduce_q(const SplitReduceParams p) {
     float* dst = p.out + (long long)n * p.out_stride + r;
     *dst = p.accumulate ? *dst + v : v;
 }
+
+// ---- Prefill tile (steps above 64 tokens): a block of 8 warps owns 64 weight rows and 128
+// tokens, so each 64 x 128 weight tile is dequantized once per 128 tokens (twice the reuse of
+// the tiles above) by twice the threads. Per 128-column chunk: thread q dequantizes runs
+// 2 (q % 4), 2 (q % 4) + 1 of row q / 4 (the 8 runs of 16 of a row's chunk, in unit order) and
+// stages 8 x 16 bytes of the [128, 128] F16 input; the next chunk's packed bytes and input are
+// fetched into registers while this one is multiplied. Warp w computes rows 16 (w % 4) .. + 15
+// for tokens 64 (w / 4) .. + 63 (4 accumulator tiles). Tokens past n_tok read the last token's
+// row (no padded input) and are not written. Dynamic shared memory: QW_SMEM bytes (opt-in above
+// 48 KB, legal on sm_70). No split-K (the token tiles fill the GPU): gridDim.y == 1.
+#define QW_BN 128
+#define QW_THREADS 256
+#define QW_SMEM ((QG_BM + QW_BN) * QG_LD * 2)
+
+// The thread's unit of chunk c (its two runs 2 (q % 4), + 1 lie in one unit: RUNS is even) and
+// its 8 x 16 bytes of the input tile.
+template <class F>
+__device__ __forceinline__ void qw_fetch(const GemmQParams& p, const QRow& row, int c, int t0, typename F::Raw& rw,
+                                         uint4 (&rx)[8]) {
+    rw = F::load(row, c * QG<F>::UPC + 2 * (threadIdx.x % 4) / F::RUNS);
+    const long long c0 = (long long)c * QG_BK;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int q = threadIdx.x + QW_THREADS * i, tok = min(t0 + q / 16, p.n_tok - 1), part = q % 16;
+        rx[i] = __ldg(reinterpret_cast<const uint4*>(p.x + (long long)tok * p.cols + c0 + part * 8));
+    }
+}
+
+template <class F>
+__device__ __forceinline__ void gemm_qw_impl(const GemmQParams& p) {
+    extern __shared__ __align__(32) unsigned char qw_smem[];
+    half_t* sw = reinterpret_cast<half_t*>(qw_smem);                     // [64, QG_LD]
+    half_t* sx = reinterpret_cast<half_t*>(qw_smem + QG_BM * QG_LD * 2);  // [128, QG_LD]
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int wm = warp % 4, wn = warp / 4;
+    const int r0 = blockIdx.x * QG_BM, t0 = blockIdx.z * QW_BN;
+    const int chunks = p.cols / QG_BK;
+    const int my_row = threadIdx.x / 4, s = threadIdx.x % 4;
+    const QRow row = q_row(p.qs, p.aux, r0 + my_row, p.qs_row, p.aux_row);
+    float acc[4][8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[j][i] = 0.0f;
+    typename F::Raw rw;
+    uint4 rx[8];
+    qw_fetch<F>(p, row, 0, t0, rw, rx);
+    for (int c = 0; c < chunks; ++c) {
+        __syncthreads();  // the previous chunk's fragments are loaded
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int j = 2 * s + k, u = c * QG<F>::UPC + j / F::RUNS, run = j % F::RUNS;
+            float w[16];
+            F::run(rw, u, run, w);
+            unsigned pk[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) pk[i] = f2h_sat(w[2 * i]) | (unsigned)f2h_sat(w[2 * i + 1]) << 16;
+            uint4* dst = reinterpret_cast<uint4*>(sw + my_row * QG_LD + (F::start(u, run) - c * QG_BK));
+            dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+            dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int q = threadIdx.x + QW_THREADS * i;
+            *reinterpret_cast<uint4*>(sx + (q / 16) * QG_LD + (q % 16) * 8) = rx[i];
+        }
+        __syncthreads();
+        if (c + 1 < chunks) qw_fetch<F>(p, row, c + 1, t0, rw, rx);
+#pragma unroll
+        for (int u = 0; u < QG_BK / 16; ++u) {
+            unsigned a[8];
+            wmma_load_a(a, sw + wm * 16 * QG_LD + u * 16, QG_LD);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                unsigned b[8];
+                wmma_load_b_col(b, sx + (wn * 64 + j * 16) * QG_LD + u * 16, QG_LD);
+                wmma_mma_rc(acc[j], a, b);
+            }
+        }
+    }
+    __syncthreads();  // the staging area becomes the output buffer
+    constexpr int LDO = 64 + 4;
+    float* o = reinterpret_cast<float*>(qw_smem) + warp * 16 * LDO;  // [16, LDO]
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wmma_store_c(o + j * 16, acc[j], LDO);
+    __syncwarp();
+    for (int e = lane; e < 16 * 64; e += WARP) {
+        const int m = e % 16, n = t0 + wn * 64 + e / 16;
+        if (n < p.n_tok) {
+            const float v = o[m * LDO + e / 16];
+            const int row_o = r0 + wm * 16 + m;
+            const float r = p.bias ? v + p.bias[row_o] : v;
+            float* dst = p.out + (long long)n * p.out_stride + row_o;
+            *dst = p.accumulate ? *dst + r : r;
+        }
+    }
+}
+
+// grid: (rows / 64, 1, ceil(n_tok / 128)), block 256, QW_SMEM bytes of dynamic shared memory.
+#define GEMMQW_ENTRY(name, F) \
+    extern "C" __global__ void __launch_bounds__(QW_THREADS) gemmq_##name##_w128(const GemmQParams p) { gemm_qw_impl<F>(p); }
+
+FOR_EACH_QFORMAT(GEMMQW_ENTRY)

@@ -3,11 +3,16 @@
 //   and lo planes) and xs [n_tok, cols / 16] float2 (layout and rounding: quant.cuh, "int8
 //   activations"), once per matrix input (the parts of a mixed QKV, gate/up share it);
 // - gemvq8_<fmt>_n{1,2,4,8} / gemvq8_swiglu_<fmt>_n*: out[t, r] (+)= sum_c W[r, c] x[t, c]
-//   with W packed (quant.cuh), 16 weights x 16 inputs per 8 dp4a, f32 accumulation.
-// A warp per 4 rows (1 token) or 2 rows (2..8 tokens); lane i takes units i, i + 32, ... of each
-// row (2 units' loads in flight before decoding), each token's 16 int8 inputs (one 16-byte load
-// and one 8-byte scale load, twice 16 bytes of codes) serve all the warp's rows; one warp_sum per output (fixed order:
-// deterministic). The SwiGLU variant reads gate rows then up rows (stacked [2 rows, cols]).
+//   with W packed (quant.cuh), f32 accumulation.
+// A block of 4 warps is 2 groups of 64 threads; a group owns R = 4 weight rows (2 with the _n1r2
+// entries; H200, round 1: 4 rows read the Qwen3-8B head at 82% / 89% of the copy bandwidth
+// (Q4_K / Q6_K), 2 rows at 68% / 79%) and its 64 threads stride over the rows' units, so
+// that a block covers few rows (small matrices still fill the GPU) and each thread's activation
+// loads serve R rows. Per run of 16 weights and token: 4 dp4a on the hi codes, the sum scaled
+// by 254 (exact in int32), 4 dp4a on the lo codes on top, one int-to-float conversion; formats
+// whose two runs share a scale (the 32-element blocks) convert once per unit. Reduction: each
+// warp sums its lanes (butterfly, fixed order), the group's two warps are added through shared
+// memory in warp order: deterministic. SwiGLU: gate rows then up rows (stacked [2 rows, cols]).
 #include "common.cuh"
 #include "quant.cuh"
 
@@ -80,86 +85,201 @@ struct GemvQ8Params {
 };
 
 #define GEMVQ8_WARPS 4
+#define GEMVQ8_GROUP 64  // threads sharing one group of rows
 #define GEMVQ8_UNROLL 2
-// Weight rows per warp: 4 at one token, 2 at more (the entries below); the _n1r2 entries
-// (DUSTOFF_QGEMV_ROWS=2) read 2 rows per warp at one token, with twice the warps.
 
-// Sums of NR weight rows with the NT int8 inputs, reduced over the warp.
-template <class F, int NT, int NR>
-__device__ __forceinline__ void row_sums_q8(const GemvQ8Params& p, const QRow* rows, float (*acc)[NT]) {
-    const int lane = threadIdx.x % WARP;
-    const int units = p.cols / F::UE;
-    const int xs_row = p.cols / 16;
+// Whether both runs of a unit share one weight scale (a, b) and one activation block of 32:
+// the 32-element block formats (start(u, 1) = start(u, 0) + 16).
+template <class F> struct SameScale { enum { V = F::UE == 32 && F::RUNS == 2 && F::QB <= 32 }; };
+
+// 4 dp4a of a run's codes with 16 int8 values, added to s.
+template <class F>
+__device__ __forceinline__ int dot16_acc(const unsigned (&c)[4], const uint4& q, int s) {
+    if (SignedCodes<F>::V) {
+        s = dp4a_ss(c[0], q.x, s);
+        s = dp4a_ss(c[1], q.y, s);
+        s = dp4a_ss(c[2], q.z, s);
+        return dp4a_ss(c[3], q.w, s);
+    }
+    s = dp4a_us(c[0], q.x, s);
+    s = dp4a_us(c[1], q.y, s);
+    s = dp4a_us(c[2], q.z, s);
+    return dp4a_us(c[3], q.w, s);
+}
+
+// Unit u of NR rows (raw) dotted with NT tokens, added to acc. Per run: sum_j c_j (254 q_j +
+// l_j) in int32 (|sum| < 2^28 for every format), times a * d / 254, plus b * xs.y. The
+// primary template: each run on its own (the K formats: a scale and an activation block per run).
+template <class F, int NT, int NR, bool SAME = SameScale<F>::V>
+struct UnitDot {
+    static __device__ __forceinline__ void add(const GemvQ8Params& p, const typename F::Raw (&raw)[NR], int u,
+                                               float (&acc)[NR][NT]) {
+        const int xs_row = p.cols / 16;
 #pragma unroll
-    for (int r = 0; r < NR; ++r)
+        for (int run = 0; run < F::RUNS; ++run) {
+            unsigned c[NR][4];
+            float a[NR], b[NR];
 #pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    for (int u0 = lane; u0 < units; u0 += WARP * GEMVQ8_UNROLL) {
-        typename F::Raw raw[GEMVQ8_UNROLL][NR];
+            for (int r = 0; r < NR; ++r) codes_q8<F>(raw[r], u, run, c[r], a[r], b[r]);
+            const int st = F::start(u, run);
 #pragma unroll
-        for (int k = 0; k < GEMVQ8_UNROLL; ++k)
+            for (int t = 0; t < NT; ++t) {
+                if (t < p.n_tok) {
+                    const uint4 qh = ld16(p.qx + (long long)t * p.cols + st);
+                    const uint4 ql = ld16(p.ql + (long long)t * p.cols + st);
+                    const float2 xs = __ldg(p.xs + (long long)t * xs_row + st / 16);
+                    const float dx = xs.x * Q8X_LO;
 #pragma unroll
-            for (int r = 0; r < NR; ++r)
-                if (u0 + WARP * k < units) raw[k][r] = F::load(rows[r], u0 + WARP * k);
-#pragma unroll
-        for (int k = 0; k < GEMVQ8_UNROLL; ++k) {
-            const int u = u0 + WARP * k;
-            if (u >= units) break;
-#pragma unroll
-            for (int run = 0; run < F::RUNS; ++run) {
-                unsigned c[NR][4];
-                float ca[NR], cb[NR];
-#pragma unroll
-                for (int r = 0; r < NR; ++r) codes_q8<F>(raw[k][r], u, run, c[r], ca[r], cb[r]);
-                const int st = F::start(u, run);
-#pragma unroll
-                for (int t = 0; t < NT; ++t) {
-                    if (t < p.n_tok) {
-                        const uint4 qh = ld16(p.qx + (long long)t * p.cols + st);
-                        const uint4 ql = ld16(p.ql + (long long)t * p.cols + st);
-                        const float2 xs = __ldg(p.xs + (long long)t * xs_row + st / 16);
-#pragma unroll
-                        for (int r = 0; r < NR; ++r) acc[r][t] += dot_codes_q8<F>(c[r], ca[r], cb[r], qh, ql, xs);
+                    for (int r = 0; r < NR; ++r) {
+                        const int si = dot16_acc<F>(c[r], ql, dot16_acc<F>(c[r], qh, 0) * 254);
+                        acc[r][t] = fmaf(a[r], dx * (float)si, fmaf(b[r], xs.y, acc[r][t]));
                     }
                 }
             }
         }
     }
+};
+
+// The 32-element blocks: both runs share (a, b) and the activation block, so one integer sum
+// and one conversion per unit and token (32 hi and lo codes: 4 x 16-byte loads, the two runs'
+// xs as one float4).
+template <class F, int NT, int NR>
+struct UnitDot<F, NT, NR, true> {
+    static __device__ __forceinline__ void add(const GemvQ8Params& p, const typename F::Raw (&raw)[NR], int u,
+                                               float (&acc)[NR][NT]) {
+        const int xs_row = p.cols / 16;
+        unsigned c[NR][2][4];
+        float a[NR], b[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            codes_q8<F>(raw[r], u, 0, c[r][0], a[r], b[r]);
+            codes_q8<F>(raw[r], u, 1, c[r][1], a[r], b[r]);
+        }
+        const int st = F::start(u, 0);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            if (t < p.n_tok) {
+                const u8_t* hx = p.qx + (long long)t * p.cols + st;
+                const u8_t* lx = p.ql + (long long)t * p.cols + st;
+                const uint4 h0 = ld16(hx), h1 = ld16(hx + 16), l0 = ld16(lx), l1 = ld16(lx + 16);
+                const float4 xs = __ldg(reinterpret_cast<const float4*>(p.xs + (long long)t * xs_row + st / 16));
+                const float dx = xs.x * Q8X_LO, ys = xs.y + xs.w;
+#pragma unroll
+                for (int r = 0; r < NR; ++r) {
+                    int si = dot16_acc<F>(c[r][1], h1, dot16_acc<F>(c[r][0], h0, 0)) * 254;
+                    si = dot16_acc<F>(c[r][1], l1, dot16_acc<F>(c[r][0], l0, si));
+                    acc[r][t] = fmaf(a[r], dx * (float)si, fmaf(b[r], ys, acc[r][t]));
+                }
+            }
+        }
+    }
+};
+
+// Sums of V values over a warp, all at once (V a power of two, <= 32): each butterfly step
+// sends half of the values a lane holds and keeps the other half, so V values take V - 1 +
+// (5 - log2 V) shuffles instead of 5 V. Afterwards lane l holds the total of value
+// (l / (32 / V)) in v[0] (with V = 1: every lane). Fixed order: deterministic.
+template <int V>
+__device__ __forceinline__ void warp_sum_many(float (&v)[V]) {
+    const int lane = threadIdx.x % WARP;
+    int n = V;
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o >>= 1) {
+        if (n > 1) {
+            const bool upper = (lane & o) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; ++i) {
+                if (i < n / 2) {
+                    const float send = upper ? v[i] : v[i + n / 2];
+                    const float keep = upper ? v[i + n / 2] : v[i];
+                    v[i] = keep + __shfl_xor_sync(FULL_MASK, send, o);
+                }
+            }
+            n /= 2;
+        } else {
+            v[0] += __shfl_xor_sync(FULL_MASK, v[0], o);
+        }
+    }
+}
+
+// This thread's lane of the warp sums of NR x NT partial sums: the value index it holds
+// (warp_sum_many's order: after the step with offset o the lanes with bit o set keep the upper
+// half, so value i ends at the lanes whose bits 16, 8, ... spell i).
+template <int V>
+__device__ __forceinline__ int warp_sum_index() {
+    const int lane = threadIdx.x % WARP;
+    int idx = 0, n = V;
+#pragma unroll
+    for (int o = WARP / 2; o > 0 && n > 1; o >>= 1) {
+        if (lane & o) idx += n / 2;
+        n /= 2;
+    }
+    return idx;
+}
+
+// The partial sums of NR weight rows with NT tokens over this thread's units (stride: the
+// group), reduced over the group: returns, for thread j < NR * NT of the group, the total of
+// row j % NR, token j / NR (others: garbage). All threads of the block must call it.
+template <class F, int NT, int NR>
+__device__ __forceinline__ float group_sums_q8(const GemvQ8Params& p, const QRow* rows) {
+    const int gt = threadIdx.x % GEMVQ8_GROUP;
+    const int units = p.cols / F::UE;
+    float acc[NR][NT];
 #pragma unroll
     for (int r = 0; r < NR; ++r)
 #pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    for (int u0 = gt; u0 < units; u0 += GEMVQ8_GROUP * GEMVQ8_UNROLL) {
+        typename F::Raw raw[GEMVQ8_UNROLL][NR];
+#pragma unroll
+        for (int k = 0; k < GEMVQ8_UNROLL; ++k)
+#pragma unroll
+            for (int r = 0; r < NR; ++r)
+                if (u0 + GEMVQ8_GROUP * k < units) raw[k][r] = F::load(rows[r], u0 + GEMVQ8_GROUP * k);
+#pragma unroll
+        for (int k = 0; k < GEMVQ8_UNROLL; ++k) {
+            if (u0 + GEMVQ8_GROUP * k >= units) break;
+            UnitDot<F, NT, NR>::add(p, raw[k], u0 + GEMVQ8_GROUP * k, acc);
+        }
+    }
+    constexpr int V = NR * NT;
+    float v[V];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int r = 0; r < NR; ++r) v[t * NR + r] = acc[r][t];
+    warp_sum_many<V>(v);
+    // Lane l holds value warp_sum_index (each value at 32 / V lanes: the first one writes).
+    __shared__ float red[GEMVQ8_WARPS][V];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (lane % (WARP / V) == 0) red[warp][warp_sum_index<V>()] = v[0];
+    __syncthreads();
+    const int gw = warp & ~1;  // the group's first warp
+    return gt < V ? red[gw][gt] + red[gw + 1][gt] : 0.0f;
 }
 
-// Warp w of block b computes output rows (b * GEMVQ8_WARPS + w) * R .. + R.
+// Group g of block b computes output rows (2 b + g) R .. + R.
 template <class F, int NT, int R>
 __device__ __forceinline__ void gemv_q8_impl(const GemvQ8Params& p) {
-    const int row0 = (blockIdx.x * GEMVQ8_WARPS + threadIdx.x / WARP) * R;
-    if (row0 >= p.rows) return;  // whole warps only: no block-wide synchronization below
+    const int row0 = (blockIdx.x * 2 + threadIdx.x / GEMVQ8_GROUP) * R;
     QRow rows[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) rows[r] = q_row(p.qs, p.aux, min(row0 + r, p.rows - 1), p.qs_row, p.aux_row);
-    float acc[R][NT];
-    row_sums_q8<F, NT, R>(p, rows, acc);
-    const int lane = threadIdx.x % WARP;
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-            if (lane == t * R + r && t < p.n_tok && row0 + r < p.rows) {
-                const int row = row0 + r;
-                float* o = p.out + (long long)t * p.out_stride + row;
-                const float v = acc[r][t] + (p.bias ? p.bias[row] : 0.0f);
-                *o = p.accumulate ? *o + v : v;
-            }
+    const float v = group_sums_q8<F, NT, R>(p, rows);
+    const int j = threadIdx.x % GEMVQ8_GROUP, r = j % R, t = j / R;
+    if (j < R * NT && t < p.n_tok && row0 + r < p.rows) {
+        const int row = row0 + r;
+        float* o = p.out + (long long)t * p.out_stride + row;
+        const float x = v + (p.bias ? p.bias[row] : 0.0f);
+        *o = p.accumulate ? *o + x : x;
+    }
 }
 
-// Warp w of block b computes output rows (b * GEMVQ8_WARPS + w) * R / 2 .. + R / 2 from their
-// gate rows and up rows.
+// Group g of block b computes output rows (2 b + g) R .. + R from their R gate rows and R up
+// rows (2 R weight rows).
 template <class F, int NT, int R>
 __device__ __forceinline__ void gemv_swiglu_q8_impl(const GemvQ8Params& p) {
-    const int row0 = (blockIdx.x * GEMVQ8_WARPS + threadIdx.x / WARP) * R;
-    if (row0 >= p.rows) return;
+    const int row0 = (blockIdx.x * 2 + threadIdx.x / GEMVQ8_GROUP) * R;
     QRow rows[2 * R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -167,32 +287,30 @@ __device__ __forceinline__ void gemv_swiglu_q8_impl(const GemvQ8Params& p) {
         rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
         rows[R + r] = q_row(p.qs, p.aux, (long long)p.rows + row, p.qs_row, p.aux_row);
     }
-    float acc[2 * R][NT];
-    row_sums_q8<F, NT, 2 * R>(p, rows, acc);
-    const int lane = threadIdx.x % WARP;
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-            if (lane == t * R + r && t < p.n_tok && row0 + r < p.rows) {
-                const float g = acc[r][t], u = acc[R + r][t];
-                p.out[(long long)t * p.out_stride + row0 + r] = g / (1.0f + expf(-g)) * u;
-            }
+    // Thread j < 2 R NT holds weight row j % 2R (gate rows first), token j / 2R: the up value
+    // of the same output is R threads further on (the same warp: 2 R NT <= 32).
+    const float v = group_sums_q8<F, NT, 2 * R>(p, rows);
+    const int j = threadIdx.x % GEMVQ8_GROUP;
+    const float up = __shfl_down_sync(FULL_MASK, v, R);
+    const int r = j % (2 * R), t = j / (2 * R);
+    if (j < 2 * R * NT && r < R && t < p.n_tok && row0 + r < p.rows) {
+        p.out[(long long)t * p.out_stride + row0 + r] = v / (1.0f + expf(-v)) * up;
+    }
 }
 
-// grid: ceil(rows / (GEMVQ8_WARPS * R)) with R the output rows per warp (the SwiGLU entries
-// read 2 R weight rows), block: 32 * GEMVQ8_WARPS.
+// grid: ceil(rows / (2 R)) with R the output rows per group (the SwiGLU entries read 2 R
+// weight rows), block: 32 * GEMVQ8_WARPS.
 #define GEMVQ8_ENTRY(kname, impl, NT, R, F) \
     extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) kname(const GemvQ8Params p) { impl<F, NT, R>(p); }
 #define GEMVQ8_ENTRIES(name, F)                                                 \
     GEMVQ8_ENTRY(gemvq8_##name##_n1, gemv_q8_impl, 1, 4, F)                     \
-    GEMVQ8_ENTRY(gemvq8_##name##_n2, gemv_q8_impl, 2, 2, F)                     \
-    GEMVQ8_ENTRY(gemvq8_##name##_n4, gemv_q8_impl, 4, 2, F)                     \
-    GEMVQ8_ENTRY(gemvq8_##name##_n8, gemv_q8_impl, 8, 2, F)                     \
+    GEMVQ8_ENTRY(gemvq8_##name##_n2, gemv_q8_impl, 2, 4, F)                     \
+    GEMVQ8_ENTRY(gemvq8_##name##_n4, gemv_q8_impl, 4, 4, F)                     \
+    GEMVQ8_ENTRY(gemvq8_##name##_n8, gemv_q8_impl, 8, 4, F)                     \
     GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n1, gemv_swiglu_q8_impl, 1, 2, F)       \
-    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n2, gemv_swiglu_q8_impl, 2, 1, F)       \
-    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n4, gemv_swiglu_q8_impl, 4, 1, F)       \
-    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n8, gemv_swiglu_q8_impl, 8, 1, F)       \
+    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n2, gemv_swiglu_q8_impl, 2, 2, F)       \
+    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n4, gemv_swiglu_q8_impl, 4, 2, F)       \
+    GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n8, gemv_swiglu_q8_impl, 8, 2, F)       \
     GEMVQ8_ENTRY(gemvq8_##name##_n1r2, gemv_q8_impl, 1, 2, F)                   \
     GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n1r2, gemv_swiglu_q8_impl, 1, 1, F)
 

@@ -2,8 +2,9 @@
 // by the quantized GEMV (gemv_quant.cu), the dequantization to F16 and the embedding gather
 // (dequant.cu). The loader pastes this file in place of its include line (after common.cuh).
 //
-// Device layout (src/backend/cuda/qformat.rs repacks at load, a byte permutation of the file's
-// blocks, never a re-quantization): a matrix [rows, cols] of nblk blocks per row is two arrays,
+// Device layout (src/backend/cuda/qformat.rs repacks at load: a byte permutation of the file's
+// blocks, the K scales a bit permutation; never a re-quantization): a matrix [rows, cols] of
+// nblk blocks per row is two arrays,
 //   qs  [rows, nblk, QB] bytes: the quantized values of each block (16-byte aligned rows),
 //   aux [rows, nblk, AB] bytes: the block's scales, mins and high bits.
 // | format | block | QB  | AB | aux bytes                         |
@@ -12,9 +13,9 @@
 // | Q5_0   | 32    | 16  | 8  | qh (u32), d, pad                  |
 // | Q5_1   | 32    | 16  | 8  | qh (u32), d, m                    |
 // | Q8_0   | 32    | 32  | 2  | d                                 |
-// | Q4_K   | 256   | 128 | 16 | d, dmin, scales[12]               |
-// | Q5_K   | 256   | 128 | 48 | d, dmin, scales[12], qh[32]       |
-// | Q6_K   | 256   | 192 | 20 | scales[16] (i8), d, pad; qs = ql[128], qh[64] |
+// | Q4_K   | 256   | 128 | 16 | d, dmin, scales[12] per unit (k_chunk_bits) |
+// | Q5_K   | 256   | 128 | 48 | d, dmin, scales[12] as Q4_K, qh[32] |
+// | Q6_K   | 256   | 192 | 20 | scales[16] (i8) in unit order, d, pad; qs = ql[128], qh[64] |
 //
 // A unit is what one thread decodes from one or a few 16-byte loads: RUNS runs of 16
 // consecutive elements of the row, run r starting at column start(u, r). Values are computed as the
@@ -170,16 +171,22 @@ struct FQ8_0 {
 };
 
 // ---- 256-element super-blocks.
-// Scale and min of sub-block j (0..8) from the 12 packed bytes s (kquants.rs: scale_min).
-__device__ __forceinline__ void k_scale_min(const uint4& h, int j, float& sc, float& mn) {
-    // h: bytes 0-3 d, dmin; bytes 4..16 the 12 scale bytes, so s[k] = byte_of(h, 4 + k).
-    if (j < 4) {
-        sc = (float)(byte_of(h, 4 + j) & 63u);
-        mn = (float)(byte_of(h, 8 + j) & 63u);
-    } else {
-        sc = (float)((byte_of(h, 8 + j) & 15u) | (byte_of(h, j) >> 6) << 4);
-        mn = (float)((byte_of(h, 8 + j) >> 4) | (byte_of(h, 4 + j) >> 6) << 4);
-    }
+// The 12 scale bytes of a Q4_K / Q5_K super-block as the loader rewrites them (qformat.rs
+// pack_k_scales, a bijection of the file's bits): chunk c (sub-blocks 2c, 2c + 1) is the 24
+// bits from bit 24c of aux bytes 4..16, sc[2c] | mn[2c] << 6 | sc[2c+1] << 12 | mn[2c+1] << 18.
+// h: the super-block's 16 aux bytes (d, dmin, then those 12). One funnel shift, no byte select.
+__device__ __forceinline__ unsigned k_chunk_bits(const uint4& h, int c) {
+    const unsigned lo = c < 2 ? h.y : (c == 2 ? h.z : h.w);
+    const unsigned hi = c < 2 ? h.z : h.w;
+    unsigned r;
+    asm("shf.r.wrap.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(lo), "r"(hi), "r"((24 * c) & 31));
+    return r;
+}
+
+// Scale and min of run r (sub-block 2c + r) from k_chunk_bits, as floats (exact small ints).
+__device__ __forceinline__ void k_scale_min(unsigned bits, int r, float& sc, float& mn) {
+    sc = small_u2f((bits >> (12 * r)) & 63u, 0.0f);
+    mn = small_u2f((bits >> (12 * r + 6)) & 63u, 0.0f);
 }
 
 // Q4_K: unit u = super-block u / 8, chunk c = (u % 8) / 2 (64 elements), half h = u % 2: the
@@ -199,7 +206,7 @@ struct FQ4K {
         const int c = (u & 7) >> 1;
         float d, dmin, sc, mn;
         h2x2f(a.h.x, d, dmin);
-        k_scale_min(a.h, 2 * c + r, sc, mn);
+        k_scale_min(k_chunk_bits(a.h, c), r, sc, mn);
         const float d1 = d * sc, o1 = dmin * mn;
 #pragma unroll
         for (int j = 0; j < 16; ++j) w[j] = d1 * small_u2f((byte_of(a.q, j) >> (4 * r)) & 15u, 0.0f) - o1;
@@ -208,7 +215,7 @@ struct FQ4K {
         const int c = (u & 7) >> 1;
         float d, dmin, sc, mn;
         h2x2f(x.h.x, d, dmin);
-        k_scale_min(x.h, 2 * c + r, sc, mn);
+        k_scale_min(k_chunk_bits(x.h, c), r, sc, mn);
 #pragma unroll
         for (int i = 0; i < 4; ++i) q[i] = (word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu;
         a = d * sc;
@@ -229,7 +236,7 @@ struct FQ5K {
         const int c = (u & 7) >> 1;
         float d, dmin, sc, mn;
         h2x2f(a.h.x, d, dmin);
-        k_scale_min(a.h, 2 * c + r, sc, mn);
+        k_scale_min(k_chunk_bits(a.h, c), r, sc, mn);
         const float d1 = d * sc, o1 = dmin * mn;
         const int hb = 2 * c + r;
 #pragma unroll
@@ -242,7 +249,7 @@ struct FQ5K {
         const int c = (u & 7) >> 1;
         float d, dmin, sc, mn;
         h2x2f(x.h.x, d, dmin);
-        k_scale_min(x.h, 2 * c + r, sc, mn);
+        k_scale_min(k_chunk_bits(x.h, c), r, sc, mn);
 #pragma unroll
         for (int i = 0; i < 4; ++i)
             q[i] = ((word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu) | ((word_of(x.qh, i) >> (2 * c + r)) & 0x01010101u) << 4;
@@ -254,24 +261,27 @@ struct FQ5K {
 // Q6_K: unit u = super-block u / 4, half hh = (u % 4) / 2 (128 elements), l0 = 16 (u % 2):
 // for l = l0 + i, run k (0..3) is element 128hh + l + 32k: the low nibble of ql[64hh + l]
 // (k = 0), low of ql[64hh + 32 + l] (1), high of ql[64hh + l] (2), high of ql[64hh + 32 + l]
-// (3), with bits 2k..2k+1 of qh[32hh + l] on top; its scale is sc[8hh + l0 / 16 + 2k].
+// (3), with bits 2k..2k+1 of qh[32hh + l] on top; its scale sc[8hh + l0 / 16 + 2k] is byte k
+// of aux word u % 4 (the loader's order, qformat.rs Q6K_AUX), d at aux byte 16.
 struct FQ6K {
     enum { QB = 192, AB = 20, UE = 64, RUNS = 4 };
-    struct Raw { uint4 a, b, c; unsigned s0, s1, s2, s3; float d; };
+    struct Raw { uint4 a, b, c; unsigned s; float d; };
     static __device__ __forceinline__ Raw load(const QRow& r, int u) {
         const int sb = u >> 2, hh = (u & 3) >> 1, g = u & 1;
         const u8_t* q = r.qs + 192 * sb;
         const u8_t* x = r.aux + 20 * sb;
         return {ld16(q + 64 * hh + 16 * g), ld16(q + 64 * hh + 32 + 16 * g), ld16(q + 128 + 32 * hh + 16 * g),
-                ld32(x), ld32(x + 4), ld32(x + 8), ld32(x + 12), ldh(x + 16)};
+                ld32(x + 4 * (u & 3)), ldh(x + 16)};
     }
     static __device__ __forceinline__ int start(int u, int r) {
         return 256 * (u >> 2) + 128 * ((u & 3) >> 1) + 16 * (u & 1) + 32 * r;
     }
-    static __device__ __forceinline__ void run(const Raw& a, int u, int r, float (&w)[16]) {
-        const int hh = (u & 3) >> 1, g = u & 1;
-        const uint4 s = make_uint4(a.s0, a.s1, a.s2, a.s3);
-        const float sc = a.d * (float)(signed char)byte_of(s, 8 * hh + g + 2 * r);
+    // The signed scale of run r times d (byte r of s, offset by 128 through the float trick).
+    static __device__ __forceinline__ float scale(const Raw& a, int r) {
+        return a.d * (code_f(a.s ^ 0x80808080u, r) - 128.0f);
+    }
+    static __device__ __forceinline__ void run(const Raw& a, int, int r, float (&w)[16]) {
+        const float sc = scale(a, r);
         const uint4 lq = (r & 1) ? a.b : a.a;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
@@ -280,10 +290,8 @@ struct FQ6K {
             w[j] = sc * small_u2f(q, 32.0f);
         }
     }
-    static __device__ __forceinline__ void codes(const Raw& x, int u, int r, unsigned (&q)[4], float& a, float& b) {
-        const int hh = (u & 3) >> 1, g = u & 1;
-        const uint4 s = make_uint4(x.s0, x.s1, x.s2, x.s3);
-        a = x.d * (float)(signed char)byte_of(s, 8 * hh + g + 2 * r);
+    static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
+        a = scale(x, r);
         b = -32.0f * a;
         const uint4 lq = (r & 1) ? x.b : x.a;
 #pragma unroll

@@ -96,7 +96,12 @@ fn quantized_entries_and_loads(file: &str, ptx: &str) -> Result<(), String> {
                 format!("gemv_swiglu_{name}_n8"),
             ]
         } else if file == "gemm_quant" {
-            vec!["splitk_reduce_q".to_string(), format!("gemmq_{name}_t16"), format!("gemmq_{name}_t64")]
+            vec![
+                "splitk_reduce_q".to_string(),
+                format!("gemmq_{name}_t16"),
+                format!("gemmq_{name}_t64"),
+                format!("gemmq_{name}_w128"),
+            ]
         } else if file == "gemv_q8" {
             vec![
                 "quantize_x_q8".to_string(),

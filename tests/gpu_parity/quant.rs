@@ -22,8 +22,9 @@ use dustoff::model::weights::Tensor;
 
 use super::{compare, f16_vals, gpu, opts, run_greedy, Gpu};
 
-/// The token counts of the issue: GEMV (1..=8 by default) and widened-F16 GEMM steps (9..).
-const TOKEN_COUNTS: &[usize] = &[1, 2, 7, 8, 9, 16, 33, 64, 300];
+/// The token counts of the issues (11 and its kernel follow-up): GEMV (1..=4 by default, up to
+/// 8), the packed GEMM (5..=64) and widened-F16 steps (65..).
+const TOKEN_COUNTS: &[usize] = &[1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 64, 65, 300, 512];
 
 fn tensor(g: &mut Gpu, dtype: GgmlType, name: &str, rows: usize, cols: usize) -> Tensor {
     let a = (3.0 / cols as f32).sqrt();
@@ -147,7 +148,7 @@ fn two_part(ta: &Tensor, tb: &Tensor, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32
     (plain, wa)
 }
 
-/// Every format, 9..100 tokens: the tensor-core GEMM on the packed blocks (gemm_quant.cu) equals
+/// Every format, 9..512 tokens: the tensor-core GEMM on the packed blocks (gemm_quant.cu) equals
 /// its twin, the product of the CPU decoder's weights and the input both rounded to F16 (as the
 /// kernel stages them), summed in f64; with split-K (a scratch for 2 splits) and without.
 #[test]
@@ -164,8 +165,10 @@ fn packed_gemm_equals_f16_rounded_twin() {
             dequantize_row(f.dtype, t.row(r), o);
             o.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
         }
-        // 100 tokens: two blocks of 64 along z.
-        for (n, split) in [(9usize, false), (16, true), (33, true), (64, false), (100, true)] {
+        // Above 64 tokens the 128-token prefill tile (65: one partial tile; 300: two whole and a
+        // partial one; 512: four), split-K only at 9..=64.
+        for (n, split) in [(9usize, false), (16, true), (33, true), (64, false), (65, false), (300, true), (512, false)]
+        {
             let x = f16_vals(&super::f16_bits(&g.randn(n * cols, 2.0)));
             let mut xpad = super::f16_bits(&x);
             xpad.resize(GemmQ::input_rows(n) * cols, 0);

@@ -1,6 +1,8 @@
 //! Run by hand on the GPU machine (`--ignored`): the quantized decode kernels alone on the
 //! Qwen3-8B matrices, per format, as bytes of packed weights read per second, next to the copy
 //! bandwidth of the same run; and the cost of widening a matrix to F16 (steps of 9+ tokens).
+//! Each timing is a run of back-to-back launches over the rotating copies (as in a replayed
+//! decode graph, no host gap between kernels), divided by the launches.
 
 use dustoff::backend::cuda::dmat::DevMat;
 use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, GemmQ, GemvQ, QuantizeX};
@@ -9,6 +11,18 @@ use dustoff::model::quant::GgmlType;
 
 use super::bench::time;
 use super::gpu;
+
+/// Median GPU time of `f`'s launches captured once as a CUDA graph and replayed (after a direct
+/// run that loads the modules), in seconds.
+fn time_graph(g: &mut super::Gpu, f: &mut dyn FnMut(&mut super::Gpu)) -> f64 {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    f(g);
+    let s = g.dev.stream.clone();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    f(g);
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
+    time(g, &mut |_| graph.launch().unwrap())
+}
 
 #[test]
 #[ignore]
@@ -25,7 +39,7 @@ fn quant_kernel_breakdown() {
     let x16 = g.zeros::<u16>(64 * 12288);
     let part = g.zeros::<f32>(8 * 64 * 24576);
     let wide = g.zeros::<u16>(2 * 12288 * dim);
-    let formats = std::env::var("DUSTOFF_BREAKDOWN_FORMATS").unwrap_or_else(|_| "q4_0,q8_0,q4_k,q6_k".into());
+    let formats = std::env::var("DUSTOFF_BREAKDOWN_FORMATS").unwrap_or_else(|_| "q4_0,q8_0,q4_k,q6_k,q5_k".into());
     for name in formats.split(',') {
         let Some(WeightMix::Uniform(t)) = WeightMix::parse(name) else { panic!("{name}: one block format") };
         assert_ne!(t, GgmlType::F16);
@@ -46,7 +60,9 @@ fn quant_kernel_breakdown() {
                 ws.push(DevMat::synthetic(&s, &mut g.k, t, all_rows, cols, j as u64 + 1, what).unwrap());
             }
             let mut i = 0;
-            for n in [1usize, 8] {
+            // Launches per timing (each on the next copy).
+            let reps = n_copies.max(4);
+            for n in [1usize, 2, 8] {
                 // f32: the f32-input kernel (DUSTOFF_QGEMV_F32=1); int8: quantize_x_q8 then the
                 // dp4a kernel (both launches timed: the default path's cost per matrix input).
                 // int8r2: 2 weight rows per warp (DUSTOFF_QGEMV_ROWS=2), 1 token only.
@@ -55,13 +71,46 @@ fn quant_kernel_breakdown() {
                         continue;
                     }
                     let dt = time(&mut g, &mut |g| {
-                        let w = ws[i % n_copies].quant(&s).unwrap();
-                        i += 1;
-                        if q8 {
-                            QuantizeX { x: g.d(&x), xq: g.d(&xq), n_tok: n, cols, x_stride: cols }
-                                .launch(&mut g.k, &s)
-                                .unwrap();
+                        for _ in 0..reps {
+                            let w = ws[i % n_copies].quant(&s).unwrap();
+                            i += 1;
+                            if q8 {
+                                QuantizeX { x: g.d(&x), xq: g.d(&xq), n_tok: n, cols, x_stride: cols }
+                                    .launch(&mut g.k, &s)
+                                    .unwrap();
+                            }
+                            GemvQ {
+                                w,
+                                x: g.d(&x),
+                                out: g.d(&out),
+                                bias: None,
+                                rows,
+                                n_tok: n,
+                                x_stride: cols,
+                                out_stride: rows,
+                                accumulate: false,
+                                swiglu,
+                                xq: q8.then(|| g.d(&xq)),
+                            }
+                            .launch_rows(&mut g.k, &s, rows2)
+                            .unwrap();
                         }
+                    }) / reps as f64;
+                    eprintln!(
+                        "gemv {name} {kind} {what:15} [{all_rows}x{cols}] {n} tok: {:8.1} us {:7.0} GB/s ({:.0}% of copy)",
+                        dt * 1e6,
+                        bytes / dt / 1e9,
+                        100.0 * bytes / dt / bw
+                    );
+                }
+                // The decode path as a replayed graph runs it: quantize_x_q8 then the int8 GEMV
+                // on each copy in turn, captured once, no host launches between the kernels.
+                let dt = time_graph(&mut g, &mut |g| {
+                    for j in 0..reps {
+                        let w = ws[j % n_copies].quant(&s).unwrap();
+                        QuantizeX { x: g.d(&x), xq: g.d(&xq), n_tok: n, cols, x_stride: cols }
+                            .launch(&mut g.k, &s)
+                            .unwrap();
                         GemvQ {
                             w,
                             x: g.d(&x),
@@ -73,38 +122,40 @@ fn quant_kernel_breakdown() {
                             out_stride: rows,
                             accumulate: false,
                             swiglu,
-                            xq: q8.then(|| g.d(&xq)),
+                            xq: Some(g.d(&xq)),
                         }
-                        .launch_rows(&mut g.k, &s, rows2)
+                        .launch(&mut g.k, &s)
                         .unwrap();
-                    });
-                    eprintln!(
-                        "gemv {name} {kind} {what:15} [{all_rows}x{cols}] {n} tok: {:8.1} us {:7.0} GB/s ({:.0}% of copy)",
-                        dt * 1e6,
-                        bytes / dt / 1e9,
-                        100.0 * bytes / dt / bw
-                    );
-                }
+                    }
+                }) / reps as f64;
+                eprintln!(
+                    "gemv {name} graph  {what:15} [{all_rows}x{cols}] {n} tok: {:8.1} us {:7.0} GB/s ({:.0}% of copy)",
+                    dt * 1e6,
+                    bytes / dt / 1e9,
+                    100.0 * bytes / dt / bw
+                );
             }
             // The packed tensor-core GEMM (steps of 9+ tokens) at 16 and 64 tokens (the SwiGLU
             // matrix as its plain gate/up product).
             for n in [16usize, 64] {
                 let dt = time(&mut g, &mut |g| {
-                    let w = ws[i % n_copies].quant(&s).unwrap();
-                    i += 1;
-                    GemmQ {
-                        w,
-                        x16: g.d(&x16),
-                        out: g.d(&out),
-                        bias: None,
-                        n_tok: n,
-                        out_stride: all_rows,
-                        accumulate: false,
-                        part: Some(g.d(&part)),
+                    for _ in 0..reps {
+                        let w = ws[i % n_copies].quant(&s).unwrap();
+                        i += 1;
+                        GemmQ {
+                            w,
+                            x16: g.d(&x16),
+                            out: g.d(&out),
+                            bias: None,
+                            n_tok: n,
+                            out_stride: all_rows,
+                            accumulate: false,
+                            part: Some(g.d(&part)),
+                        }
+                        .launch(&mut g.k, &s)
+                        .unwrap();
                     }
-                    .launch(&mut g.k, &s)
-                    .unwrap();
-                });
+                }) / reps as f64;
                 eprintln!(
                     "gemm {name} {what:15} [{all_rows}x{cols}] {n} tok: {:8.1} us {:7.0} GB/s ({:.0}% of copy)",
                     dt * 1e6,

@@ -7,7 +7,7 @@
 //! | F16 | up to `tc_max_tokens` (16) | tensor-core GEMM (gemm_tc.cu), input cast to F16 |
 //! | F16 | more | cuBLAS |
 //! | block format | 1..=4 (`DUSTOFF_QGEMV_MAX_TOKENS`, up to 8) | input quantized once to two int8 planes, then the dp4a GEMV on the packed blocks (gemv_q8.cu); `DUSTOFF_QGEMV_F32=1`: the f32-input GEMV (gemv_quant.cu) |
-//! | block format | up to 64 (whole 64 x 128 tiles; `DUSTOFF_QGEMM_MAX_TOKENS`) | tensor-core GEMM dequantizing its tiles into shared memory (gemm_quant.cu) |
+//! | block format | up to 64 (whole 64 x 128 tiles; `DUSTOFF_QGEMM_MAX_TOKENS`) | tensor-core GEMM dequantizing its tiles into shared memory (gemm_quant.cu; above 64 tokens, where allowed, its 128-token prefill tile) |
 //! | block format | other shapes, or above that | the matrix (or a row chunk of it) widened into one F16 scratch, reused by every matrix of the step, then the F16 path |
 //!
 //! A `Linear` of several parts (a QKV of mixed formats) runs one product per part into its rows
@@ -40,7 +40,8 @@ fn tc_max_tokens() -> usize {
 /// (`DUSTOFF_QGEMV_MAX_TOKENS` overrides the default of 4); larger steps take the packed GEMM.
 /// Measured on the H200 (docs/BENCHMARKS.md, 2026-12-01 session 3): 8 sequences of Q4_K_M
 /// decoded at 615 tok/s with the 8-token int8 GEMV and at 902 with the GEMM (16-token tile);
-/// the 8-token GEMV of gate/up took 116 us against the GEMM's 81.
+/// the 8-token GEMV of gate/up took 116 us against the GEMM's 81. Session 4's GEMV: 76 us
+/// against 70 (Q4_K gate/up), and 66 against 43 (down): the GEMM still wins at 8 tokens.
 fn qgemv_max_tokens() -> usize {
     tuning().qgemv_max_tokens.unwrap_or(4).min(GEMV_MAX_TOKENS)
 }
@@ -49,7 +50,9 @@ fn qgemv_max_tokens() -> usize {
 /// steps (prefill) widen the matrices to F16 for cuBLAS. Measured (same session): prefill 768
 /// of Q4_K_M at 7.0k tok/s through the packed GEMM (64-token tiles along z, wmma) against
 /// 15.1k widened; batched 32 / 64 sequences decoded at 2,805 / 3,966 tok/s with the GEMM
-/// against 1,597 / 2,843 widened.
+/// against 1,597 / 2,843 widened. Session 4 (docs/BENCHMARKS.md): the 128-token tile of 8
+/// warps (`gemmq_<fmt>_w128`) prefilled at 6.9k tok/s against 13.7k widened: prefill stays
+/// widened (the issue allows a per-matrix F16 scratch reused across layers where faster).
 const QGEMM_MAX_TOKENS: usize = 64;
 
 /// Most tokens of a step for the tensor-core GEMM on the packed blocks; larger steps widen

@@ -155,13 +155,18 @@ pub const GEMV_Q8_ENTRIES: [&str; 81] = {
 };
 
 /// `kernels/gemm_quant.cu`: entry `8 * (tiles of 16 tokens - 1) + format`, then
-/// `splitk_reduce_q` at 32.
-pub const GEMM_QUANT_ENTRIES: [&str; 33] = {
+/// `splitk_reduce_q` at 32, the 128-token prefill tiles `gemmq_<fmt>_w128` at `33 + format`.
+pub const GEMM_QUANT_ENTRIES: [&str; 41] = {
     let d = q_names!(("gemmq_", "_t16"), ("gemmq_", "_t32"), ("gemmq_", "_t48"), ("gemmq_", "_t64"));
-    let mut all = ["splitk_reduce_q"; 33];
+    let w = q_names!(("gemmq_", "_w128"));
+    let mut all = ["splitk_reduce_q"; 41];
     let mut i = 0;
     while i < 32 {
         all[i] = d[i];
+        i += 1;
+    }
+    while i < 40 {
+        all[i + 1] = w[i - 32];
         i += 1;
     }
     all

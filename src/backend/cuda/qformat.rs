@@ -3,8 +3,10 @@
 //! A matrix `[rows, cols]` of `nblk = cols / block_size` blocks per row becomes two arrays in
 //! one device buffer: `qs [rows, nblk, qb]` (the quantized values, 16-byte aligned so that a
 //! thread reads them with 16-byte loads) then `aux [rows, nblk, ab]` (scales, mins, high bits).
-//! Both are byte permutations of the file's blocks, so the repacked form is exact: `unpack`
-//! gives back the file's bytes (tested for every format).
+//! Both are byte permutations of the file's blocks (Q6_K's scales reordered per kernel unit),
+//! except that the 12 scale bytes of a Q4_K / Q5_K super-block are rewritten by a bijection of
+//! their bits ([`pack_k_scales`]: each unit's scales and mins at fixed bit offsets). So the
+//! repacked form is exact: `unpack` gives back the file's bytes (tested for every format).
 
 use crate::model::quant::GgmlType;
 use crate::model::weights::Tensor;
@@ -27,14 +29,80 @@ pub struct QFormat {
     aux_ranges: &'static [(usize, usize)],
     /// Elements one kernel unit covers (quant.cuh `UE`): the row length must be a multiple.
     pub unit: usize,
+    /// Q4_K / Q5_K: the aux offset of the 12 packed scale bytes, rewritten by
+    /// [`pack_k_scales`] (a bijection of their 96 bits).
+    k_scales: Option<usize>,
+}
+
+/// Q6_K's 16 scales reordered so that unit `w = 2 hh + g` of a super-block (quant.cuh FQ6K)
+/// finds its four runs' scales `sc[8 hh + g + 2 k]`, k = 0..3, in aux word `w`; then d.
+const Q6K_AUX: &[(usize, usize)] = &[
+    (192, 193),
+    (194, 195),
+    (196, 197),
+    (198, 199),
+    (193, 194),
+    (195, 196),
+    (197, 198),
+    (199, 200),
+    (200, 201),
+    (202, 203),
+    (204, 205),
+    (206, 207),
+    (201, 202),
+    (203, 204),
+    (205, 206),
+    (207, 208),
+    (208, 210),
+];
+
+/// The 6-bit scale and min of sub-block `j` (0..8) from a K super-block's 12 scale bytes (the
+/// file's packing, model/quant/kquants.rs).
+fn k_scale_min(s: &[u8], j: usize) -> (u32, u32) {
+    if j < 4 {
+        ((s[j] & 63) as u32, (s[j + 4] & 63) as u32)
+    } else {
+        (((s[j + 4] & 15) | (s[j - 4] >> 6) << 4) as u32, ((s[j + 4] >> 4) | (s[j] >> 6) << 4) as u32)
+    }
+}
+
+/// Rewrites the 12 scale bytes of a Q4_K / Q5_K super-block for the GPU: chunk `c` (sub-blocks
+/// 2c, 2c + 1: one kernel unit's two runs) as the 24 bits from bit 24c of the 96-bit
+/// little-endian string, `sc[2c] | mn[2c] << 6 | sc[2c+1] << 12 | mn[2c+1] << 18`: a thread
+/// extracts its four values with one funnel shift and constant shifts (quant.cuh
+/// `k_chunk_bits`) instead of the file's data-dependent byte selects.
+pub fn pack_k_scales(s: &mut [u8]) {
+    let mut bits: u128 = 0;
+    for c in 0..4 {
+        let (s0, m0) = k_scale_min(s, 2 * c);
+        let (s1, m1) = k_scale_min(s, 2 * c + 1);
+        bits |= ((s0 | m0 << 6 | s1 << 12 | m1 << 18) as u128) << (24 * c);
+    }
+    s[..12].copy_from_slice(&bits.to_le_bytes()[..12]);
+}
+
+/// The inverse of [`pack_k_scales`]: the file's 12 scale bytes back.
+pub fn unpack_k_scales(s: &mut [u8]) {
+    let mut b = [0u8; 16];
+    b[..12].copy_from_slice(&s[..12]);
+    let bits = u128::from_le_bytes(b);
+    let v = |j: usize, min: bool| ((bits >> (24 * (j / 2) + 12 * (j % 2) + if min { 6 } else { 0 })) & 63) as u8;
+    let mut out = [0u8; 12];
+    for j in 0..4 {
+        out[j] = v(j, false) | (v(j + 4, false) >> 4) << 6;
+        out[j + 4] = v(j, true) | (v(j + 4, true) >> 4) << 6;
+        out[j + 8] = (v(j + 4, false) & 15) | (v(j + 4, true) & 15) << 4;
+    }
+    s[..12].copy_from_slice(&out);
 }
 
 impl QFormat {
     /// The device layout of `dtype`; `None` for the float types (they become F16).
     pub fn of(dtype: GgmlType) -> Option<QFormat> {
         let f = |index, qb, ab, qs_ranges, aux_ranges, unit| {
-            Some(QFormat { dtype, index, qb, ab, qs_ranges, aux_ranges, unit })
+            Some(QFormat { dtype, index, qb, ab, qs_ranges, aux_ranges, unit, k_scales: None })
         };
+        let k = |f: Option<QFormat>| f.map(|f| QFormat { k_scales: Some(4), ..f });
         match dtype {
             GgmlType::Q4_0 => f(0, 16, 2, &[(2, 18)], &[(0, 2)], 32),
             GgmlType::Q4_1 => f(1, 16, 4, &[(4, 20)], &[(0, 4)], 32),
@@ -42,10 +110,11 @@ impl QFormat {
             GgmlType::Q5_0 => f(2, 16, 8, &[(6, 22)], &[(2, 6), (0, 2)], 32),
             GgmlType::Q5_1 => f(3, 16, 8, &[(8, 24)], &[(4, 8), (0, 4)], 32),
             GgmlType::Q8_0 => f(4, 32, 2, &[(2, 34)], &[(0, 2)], 32),
-            GgmlType::Q4K => f(5, 128, 16, &[(16, 144)], &[(0, 16)], 32),
-            GgmlType::Q5K => f(6, 128, 48, &[(48, 176)], &[(0, 48)], 32),
-            // qs: ql[128] and qh[64]; aux: scales[16] then d.
-            GgmlType::Q6K => f(7, 192, 20, &[(0, 192)], &[(192, 210)], 64),
+            // aux: d, dmin, the scales (rewritten by pack_k_scales).
+            GgmlType::Q4K => k(f(5, 128, 16, &[(16, 144)], &[(0, 16)], 32)),
+            GgmlType::Q5K => k(f(6, 128, 48, &[(48, 176)], &[(0, 48)], 32)),
+            // qs: ql[128] and qh[64]; aux: scales[16] (reordered: Q6K_AUX) then d.
+            GgmlType::Q6K => f(7, 192, 20, &[(0, 192)], Q6K_AUX, 64),
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
         }
     }
@@ -84,10 +153,14 @@ impl QFormat {
                 q[..e - s].copy_from_slice(&b[s..e]);
                 q = &mut q[e - s..];
             }
-            let mut a = &mut aux[i * self.ab..(i + 1) * self.ab];
+            let blk = &mut aux[i * self.ab..(i + 1) * self.ab];
+            let mut a = &mut blk[..];
             for &(s, e) in self.aux_ranges {
                 a[..e - s].copy_from_slice(&b[s..e]);
                 a = &mut a[e - s..];
+            }
+            if let Some(o) = self.k_scales {
+                pack_k_scales(&mut blk[o..o + 12]);
             }
         }
         (out, aux_off)
@@ -105,7 +178,11 @@ impl QFormat {
                 b[s..e].copy_from_slice(&q[..e - s]);
                 q = &q[e - s..];
             }
-            let mut a = &image[aux_off + i * self.ab..];
+            let mut blk = image[aux_off + i * self.ab..aux_off + (i + 1) * self.ab].to_vec();
+            if let Some(o) = self.k_scales {
+                unpack_k_scales(&mut blk[o..o + 12]);
+            }
+            let mut a = &blk[..];
             for &(s, e) in self.aux_ranges {
                 b[s..e].copy_from_slice(&a[..e - s]);
                 a = &a[e - s..];
@@ -165,6 +242,32 @@ mod tests {
             assert_eq!(used, ts, "{}: ranges cover the block", f.dtype);
             assert!(f.qb.is_multiple_of(16) && f.ab >= used - f.qb, "{}", f.dtype);
             assert!(bs.is_multiple_of(f.unit));
+        }
+    }
+
+    /// The scale rewrite is a bijection of the 96 bits (every byte pattern comes back) and puts
+    /// chunk c's values where quant.cuh's k_chunk_bits reads them.
+    #[test]
+    fn k_scale_repack_round_trips_and_places_each_chunk() {
+        let mut seed = 0x9e37_79b9u32;
+        for _ in 0..2000 {
+            let mut s = [0u8; 12];
+            for b in &mut s {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                *b = (seed >> 24) as u8;
+            }
+            let file = s;
+            pack_k_scales(&mut s);
+            let mut w = [0u8; 16];
+            w[..12].copy_from_slice(&s);
+            let bits = u128::from_le_bytes(w);
+            for c in 0..4 {
+                let f = (bits >> (24 * c)) as u32;
+                let want = [k_scale_min(&file, 2 * c), k_scale_min(&file, 2 * c + 1)];
+                assert_eq!([(f & 63, f >> 6 & 63), (f >> 12 & 63, f >> 18 & 63)], want, "chunk {c}");
+            }
+            unpack_k_scales(&mut s);
+            assert_eq!(s, file);
         }
     }
 

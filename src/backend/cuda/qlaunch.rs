@@ -217,11 +217,19 @@ impl GemvQ {
                 qs_row,
                 aux_row,
             };
-            // One token with 2 weight rows per warp: twice the blocks.
-            let (v, grid) = if self.n_tok == 1 && rows2 {
-                (if self.swiglu { 9 } else { 8 }, blocks_for(K, self.rows, GEMVQ_WARPS * per_warp / 2)?)
+            // Output rows per group of 64 threads, 2 groups a block (gemv_q8.cu entries):
+            // weight rows 4 (2 with `rows2` at 1 token); SwiGLU halves them.
+            let weight_rows = if self.n_tok == 1 && rows2 { 2 } else { 4 };
+            let group_rows = weight_rows / if self.swiglu { 2 } else { 1 };
+            let grid = blocks_for(K, self.rows, 2 * group_rows)?;
+            let v = if self.n_tok == 1 && rows2 {
+                if self.swiglu {
+                    9
+                } else {
+                    8
+                }
             } else {
-                (v, grid)
+                v
             };
             let entry = GEMV_Q8_ENTRIES[8 * v + self.w.fmt.index];
             return launch(k, s, entry, (grid, 1, 1), (32 * GEMVQ_WARPS) as u32, 0, &p);
@@ -321,19 +329,29 @@ impl GemmQ {
         rows.is_multiple_of(GEMMQ_BM) && cols.is_multiple_of(GEMMQ_BK) && rows > 0
     }
 
-    /// Rows of F16 input the kernel reads for `n_tok` tokens.
+    /// Rows of F16 input the kernel reads for `n_tok` tokens (the 128-token prefill tile reads
+    /// no padding rows).
     pub fn input_rows(n_tok: usize) -> usize {
         if n_tok <= 64 {
             n_tok.div_ceil(16) * 16
+        } else if Self::prefill_tile(n_tok) {
+            n_tok
         } else {
             n_tok.div_ceil(64) * 64
         }
     }
 
+    /// Whether a step of `n_tok` tokens takes the 128-token prefill tile (gemm_quant.cu
+    /// `gemmq_<fmt>_w128`): above 64 tokens, unless `DUSTOFF_QGEMM_Z64=1`.
+    fn prefill_tile(n_tok: usize) -> bool {
+        n_tok > 64 && !super::tuning::tuning().qgemm_z64
+    }
+
     /// K splits for `[rows, cols]` at `n_tok` tokens with `part_len` floats of scratch.
     pub fn splits(rows: usize, cols: usize, n_tok: usize, part_len: usize) -> usize {
         let blocks = (rows / GEMMQ_BM).max(1) * n_tok.div_ceil(64);
-        let want = GEMMQ_TARGET_BLOCKS.div_ceil(blocks).clamp(1, (cols / GEMMQ_BK / 2).max(1));
+        let target = super::tuning::tuning().qgemm_blocks.unwrap_or(GEMMQ_TARGET_BLOCKS);
+        let want = target.div_ceil(blocks).clamp(1, (cols / GEMMQ_BK / 2).max(1));
         match part_len / (n_tok * rows).max(1) {
             0 | 1 => 1,
             fit => want.min(fit),
@@ -372,6 +390,19 @@ impl GemmQ {
             qs_row,
             aux_row,
         };
+        if Self::prefill_tile(n) {
+            // Dynamic shared memory (QW_SMEM): the staged [64 + 128, 136] F16 tiles.
+            const SMEM: usize = (GEMMQ_BM + 128) * (GEMMQ_BK + 8) * 2;
+            let entry = GEMM_QUANT_ENTRIES[33 + self.w.fmt.index];
+            k.get(entry)?
+                .set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    SMEM as i32,
+                )
+                .map_err(CudaError::driver(format!("allowing {SMEM} bytes of shared memory for {entry}")))?;
+            let grid = ((rows / GEMMQ_BM) as u32, 1, u32::try_from(n.div_ceil(128)).unwrap_or(u32::MAX));
+            return launch(k, s, entry, grid, 256, SMEM as u32, &p);
+        }
         let entry = GEMM_QUANT_ENTRIES[8 * (tiles - 1) + self.w.fmt.index];
         let grid = ((rows / GEMMQ_BM) as u32, nk as u32, u32::try_from(z).unwrap_or(u32::MAX));
         if nk == 1 {

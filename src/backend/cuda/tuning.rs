@@ -19,6 +19,12 @@ pub(super) struct Tuning {
     pub qgemm_max_tokens: Option<usize>,
     /// `DUSTOFF_QGEMV_ROWS=2`: the 1-token int8 GEMV reads 2 weight rows per warp (else 4).
     pub qgemv_rows2: bool,
+    /// `DUSTOFF_QGEMM_Z64=1`: steps above 64 tokens on the packed GEMM take 64-token tiles along
+    /// z (4 warps) instead of the 128-token prefill tile (8 warps).
+    pub qgemm_z64: bool,
+    /// `DUSTOFF_QGEMM_BLOCKS=N`: blocks the packed GEMM of 9..=64 tokens aims for through
+    /// split-K (default 256).
+    pub qgemm_blocks: Option<usize>,
     /// `DUSTOFF_TC_ROWS=64`: 64-row blocks of the wide-tile GEMM even where 128 fit.
     pub tc_rows64: bool,
     /// `DUSTOFF_ATTN_ONEPASS=0`: the two-pass decode attention for every step.
@@ -42,6 +48,8 @@ pub(super) fn tuning() -> &'static Tuning {
             qgemv_f32: num("DUSTOFF_QGEMV_F32") == Some(1),
             qgemm_max_tokens: num("DUSTOFF_QGEMM_MAX_TOKENS"),
             qgemv_rows2: num("DUSTOFF_QGEMV_ROWS") == Some(2),
+            qgemm_z64: num("DUSTOFF_QGEMM_Z64") == Some(1),
+            qgemm_blocks: num("DUSTOFF_QGEMM_BLOCKS").filter(|&b| b > 0),
             tc_rows64: num("DUSTOFF_TC_ROWS") == Some(64),
             attn_onepass: num("DUSTOFF_ATTN_ONEPASS") != Some(0),
             attn_warps: num("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)),
