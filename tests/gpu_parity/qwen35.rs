@@ -14,7 +14,7 @@
 //! greedy token is compared (smallest margin 0.06, above the GPU's logit error).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use dustoff::backend::cpu::CpuBackend;
 use dustoff::backend::cuda::CudaBackend;
@@ -33,12 +33,21 @@ const GPU_LOGIT_TOL: f64 = 5e-2;
 /// After a prompt in one chunk (F16 matmul inputs, tensor-core attention).
 const GPU_PREFILL_TOL: f64 = 7.5e-2;
 
+/// `../shared/testdata/arch/<arch>/` (qwen3_5, qwen3_5_moe, qwen3_next).
+pub(super) fn arch_dir(arch: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/arch").join(arch)
+}
+
 fn data_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/arch/qwen3_5")
+    arch_dir("qwen3_5")
 }
 
 fn refs() -> Vec<serde_json::Value> {
-    let p = data_dir().join("refs.jsonl");
+    refs_in(&data_dir())
+}
+
+pub(super) fn refs_in(dir: &Path) -> Vec<serde_json::Value> {
+    let p = dir.join("refs.jsonl");
     std::fs::read_to_string(&p)
         .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
         .lines()
@@ -47,8 +56,9 @@ fn refs() -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn cuda(m: &LoadedModel, blocks: usize) -> CudaBackend {
-    CudaBackend::new(m.config.clone(), &m.weights, &opts(blocks)).expect("qwen35 on the CUDA backend")
+pub(super) fn cuda(m: &LoadedModel, blocks: usize) -> CudaBackend {
+    CudaBackend::new(m.config.clone(), &m.weights, &opts(blocks))
+        .unwrap_or_else(|e| panic!("{} on the CUDA backend: {e}", m.config.arch.name()))
 }
 
 fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
@@ -57,7 +67,7 @@ fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
 }
 
 /// Prefill in one chunk, then the 32 reference tokens one decode step at a time.
-fn prefill_then_decode(b: &mut CudaBackend, r: &serde_json::Value) -> Vec<Vec<f32>> {
+pub(super) fn prefill_then_decode(b: &mut CudaBackend, r: &serde_json::Value) -> Vec<Vec<f32>> {
     let (prompt, greedy) = (ids(r, "prompt_ids"), ids(r, "greedy_ids"));
     let mut seq = SingleSeq::new(&*b, 0, prompt.len() + greedy.len()).unwrap();
     let mut out = vec![seq.feed(b, &prompt).unwrap()];
@@ -68,16 +78,23 @@ fn prefill_then_decode(b: &mut CudaBackend, r: &serde_json::Value) -> Vec<Vec<f3
 }
 
 fn check_against_refs(m: &LoadedModel, form: &str) {
+    check_against_refs_in(&refs(), m, form)
+}
+
+/// The assertions of the CPU tests (tests/hybrid_refs) on the CUDA backend, with the GPU
+/// tolerances above, for the references `refs` of the model `m`.
+pub(super) fn check_against_refs_in(refs: &[serde_json::Value], m: &LoadedModel, form: &str) {
+    let arch = m.config.arch.name();
     let mut b = cuda(m, 16);
     let mut worst = 0f64;
-    for r in refs() {
+    for r in refs.iter().cloned() {
         let name = r["name"].as_str().unwrap().to_string();
         let (prompt, greedy) = (ids(&r, "prompt_ids"), ids(&r, "greedy_ids"));
         let (tf_argmax, tf_margin) = (ids(&r, "argmax_ids"), floats(&r, "margins"));
         let logits = prefill_then_decode(&mut b, &r);
         let d0 = max_abs_diff(&logits[0], &floats(&r, "prompt_last_logits"));
         let d1 = max_abs_diff(&logits[32], &floats(&r, "last_logits"));
-        eprintln!("qwen35 {form} {name}: |logit - transformers| after the prompt {d0:.2e}, after 32 tokens {d1:.2e}");
+        eprintln!("{arch} {form} {name}: |logit - transformers| after the prompt {d0:.2e}, after 32 tokens {d1:.2e}");
         assert!(d0 < GPU_PREFILL_TOL, "{form} {name}: prompt_last_logits differ by {d0}");
         assert!(d1 < GPU_LOGIT_TOL, "{form} {name}: last_logits differ by {d1}");
         worst = worst.max(d0).max(d1);
@@ -113,7 +130,7 @@ fn check_against_refs(m: &LoadedModel, form: &str) {
         assert!(usable + 3 >= prompt.len(), "{form} {name}: only {usable} positions had usable margins");
         assert!(4 * checked >= 3 * prompt.len(), "{form} {name}: only {checked} positions compared");
     }
-    eprintln!("qwen35 {form} on {}: largest |logit - transformers| {worst:.2e}", b.describe());
+    eprintln!("{arch} {form} on {}: largest |logit - transformers| {worst:.2e}", b.describe());
 }
 
 #[test]
@@ -130,15 +147,20 @@ fn qwen35_hf_directory_on_cuda_matches_transformers() {
     check_against_refs(&m, "hf");
 }
 
-struct Run {
-    slots: usize,
-    max_batch_tokens: usize,
-    prefix_cache: bool,
+pub(super) struct Run {
+    pub slots: usize,
+    pub max_batch_tokens: usize,
+    pub prefix_cache: bool,
 }
 
 /// The six reference prompts, then the chat prompt twice more (the third copy resumes from
 /// the state snapshot the second one took), 8 greedy tokens each.
-fn engine_run<B: Backend>(b: B, m: &LoadedModel, r: &Run) -> (BTreeMap<u64, Vec<u32>>, EngineMetrics) {
+pub(super) fn engine_run_in<B: Backend>(
+    refs: &[serde_json::Value],
+    b: B,
+    m: &LoadedModel,
+    r: &Run,
+) -> (BTreeMap<u64, Vec<u32>>, EngineMetrics) {
     let cfg = EngineConfig {
         slots: r.slots,
         max_batch_tokens: r.max_batch_tokens,
@@ -146,7 +168,7 @@ fn engine_run<B: Backend>(b: B, m: &LoadedModel, r: &Run) -> (BTreeMap<u64, Vec<
         model_fingerprint: m.fingerprint,
     };
     let mut e = Engine::new(b, cfg).unwrap();
-    let mut prompts: Vec<Vec<u32>> = refs().iter().map(|r| ids(r, "prompt_ids")).collect();
+    let mut prompts: Vec<Vec<u32>> = refs.iter().map(|r| ids(r, "prompt_ids")).collect();
     prompts.push(prompts[1].clone());
     prompts.push(prompts[1].clone());
     for (i, p) in prompts.into_iter().enumerate() {
@@ -165,9 +187,16 @@ fn engine_run<B: Backend>(b: B, m: &LoadedModel, r: &Run) -> (BTreeMap<u64, Vec<
 fn qwen35_engine_on_cuda_same_output_with_prefix_cache_on_and_off() {
     let Some(_g) = gpu("qwen35 engine") else { return };
     let m = load_model(&data_dir().join("qwen3_5-f16.gguf")).expect("load the qwen35 GGUF");
-    let r = refs();
+    engine_on_cuda_equals_cpu(&refs(), &m);
+}
+
+/// The engine's greedy outputs on the CUDA backend equal the CPU backend's (and those equal
+/// transformers') with the prefix cache on and off, 1 or 8 slots, whole or chunked prefill.
+pub(super) fn engine_on_cuda_equals_cpu(r: &[serde_json::Value], m: &LoadedModel) {
+    let arch = m.config.arch.name();
+    let engine_run = |b, m, run| engine_run_in(r, b, m, run);
     let base = Run { slots: 1, max_batch_tokens: 512, prefix_cache: false };
-    let (want, _) = engine_run(CpuBackend::new(m.config.clone(), m.weights.clone(), 64, 16), &m, &base);
+    let (want, _) = engine_run_in(r, CpuBackend::new(m.config.clone(), m.weights.clone(), 64, 16), m, &base);
     for (&i, t) in &want {
         let src = if i as usize >= r.len() { 1 } else { i as usize };
         assert_eq!(t[..], ids(&r[src], "greedy_ids")[..8], "request {i}: CPU vs transformers");
@@ -180,14 +209,14 @@ fn qwen35_engine_on_cuda_same_output_with_prefix_cache_on_and_off() {
         ("8 slots, prefix cache, chunked prefill", Run { slots: 8, prefix_cache: true, max_batch_tokens: 24 }),
     ];
     for (name, run) in &variants {
-        let (got, mt) = engine_run(cuda(&m, 64), &m, run);
+        let (got, mt) = engine_run(cuda(m, 64), m, run);
         assert_eq!(got, want, "{name}: CUDA outputs differ from the CPU's: {mt:?}");
         if run.prefix_cache {
             assert!(mt.prompt_tokens_cached >= 32, "{name}: no prefix reuse: {mt:?}");
         } else {
             assert_eq!(mt.prompt_tokens_cached, 0, "{name}");
         }
-        eprintln!("qwen35 engine on cuda, {name}: {} prompt tokens cached", mt.prompt_tokens_cached);
+        eprintln!("{arch} engine on cuda, {name}: {} prompt tokens cached", mt.prompt_tokens_cached);
     }
 }
 

@@ -95,6 +95,8 @@ pub(super) struct Work {
     pub masks: super::masked::MaskBuffers,
     /// Buffers of the sparse layers (expert ids, weights, grouping, expert outputs).
     pub moe: super::moe::MoeWork,
+    /// Buffers of the shared experts (Qwen3.5-MoE, Qwen3-Next).
+    pub shexp: super::shared_expert::SharedWork,
 }
 
 pub struct CudaBackend {
@@ -166,10 +168,10 @@ pub(super) struct Parts {
     pub hybrid: Option<super::hybrid::HybridCuda>,
 }
 
-/// Models whose layers the CUDA backend has no kernels for: hybrid models other than the dense
-/// Qwen3.5 (`qwen35`), and mixture-of-experts models.
+/// Models whose layers the CUDA backend has no kernels for: hybrid (linear-attention) models
+/// other than Qwen3.5, Qwen3.5-MoE and Qwen3-Next (none today: every hybrid arch runs).
 fn refuse_unsupported(cfg: &ModelConfig) -> Result<(), CudaError> {
-    if cfg.hybrid.is_some() && cfg.arch != Arch::Qwen35 {
+    if cfg.hybrid.is_some() && !matches!(cfg.arch, Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next) {
         return Err(CudaError::Weights(format!(
             "{} models have linear-attention (Gated DeltaNet) layers, which the CUDA backend does not run yet; use --device cpu",
             cfg.arch.name()
@@ -238,7 +240,18 @@ impl CudaBackend {
         for (i, lw) in w.layers.iter().enumerate() {
             let name = |s: &str| format!("layer {i} {s}");
             if !c.has_kv(i) {
-                // A linear-attention layer: its weights live in `HybridCuda`; no KV cache.
+                // A linear-attention layer: its weights live in `HybridCuda`; no KV cache. Its
+                // FFN is dense (Qwen3.5) or sparse with a shared expert (Qwen3.5-MoE, Qwen3-Next).
+                let (wgu, wdown, moe) = match &lw.moe {
+                    Some(m) => {
+                        let (m, c) = super::moe::MoeLayerW::upload(s, m, f16, &name("experts"))?;
+                        moe_clamped += c;
+                        (Linear { parts: Vec::new() }, Linear { parts: Vec::new() }, Some(m))
+                    }
+                    None => {
+                        (put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?, put(&[&lw.w_down], &name("w_down"))?, None)
+                    }
+                };
                 layers.push(LayerW {
                     attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
                     wqkv: Linear { parts: Vec::new() },
@@ -247,9 +260,9 @@ impl CudaBackend {
                     k_norm: None,
                     wo: Linear { parts: Vec::new() },
                     ffn_norm: up(s, &lw.ffn_norm, &name("ffn_norm"))?,
-                    wgu: put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?,
-                    wdown: put(&[&lw.w_down], &name("w_down"))?,
-                    moe: None,
+                    wgu,
+                    wdown,
+                    moe,
                     k_cache: zeros(s, 0, &name("K cache"))?,
                     v_cache: zeros(s, 0, &name("V cache"))?,
                 });
@@ -414,7 +427,8 @@ impl CudaBackend {
             .chain(linear)
             .chain([&p.embd])
             .chain(p.output.as_ref());
-        let slabs = p.layers.iter().filter_map(|l| l.moe.as_ref()).flat_map(|m| m.slabs());
+        let shared = p.layers.iter().filter_map(|l| l.moe.as_ref()?.shared.as_ref()).flat_map(|x| x.mats());
+        let slabs = p.layers.iter().filter_map(|l| l.moe.as_ref()).flat_map(|m| m.slabs()).chain(shared);
         for m in all.flat_map(|l| &l.parts).chain(slabs) {
             match formats.iter_mut().find(|f| f.0 == m.format()) {
                 Some(f) => f.1 += 1,

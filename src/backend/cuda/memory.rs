@@ -140,6 +140,15 @@ pub fn plan_memory(
     let rope = (2 * max_pos * hd / 2 * 4) as u64;
     let meta = (tok * (16 + max_pos.div_ceil(block_size.max(1))) * 4) as u64;
     let experts = c.moe.as_ref().map_or(0, |m| moe::workspace_bytes(tok, dim, m));
+    // Qwen3.5-MoE / Qwen3-Next: the shared experts' buffers (their width, which the config
+    // does not carry here, is at most the model width in every released model).
+    let shared = match c.arch {
+        crate::model::config::Arch::Qwen35Moe | crate::model::config::Arch::Qwen3Next => {
+            super::shared_expert::SharedWork::bytes_for(tok, dim, dim)
+        }
+        _ => 0,
+    };
+    let experts = experts + shared;
     let workspace = activations + logits + attn + rope + meta + wide_scratch + experts + CUBLAS_ALLOWANCE;
     let state =
         c.hybrid.as_ref().map_or(0, |h| 2 * planned_state_seqs(num_blocks) as u64 * h.state_bytes_per_seq() as u64);

@@ -101,6 +101,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile { name: "moe", source: include_str!("../../../kernels/moe.cu"), entries: &super::moe::MOE_ENTRIES },
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),
+    kernel_file!("shared_expert", ["shexp_gate_add_f32"]),
     kernel_file!("silu_mul", ["silu_mul_f32"]),
 ];
 
