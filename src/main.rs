@@ -304,7 +304,7 @@ struct BenchArgs {
     #[arg(long, default_value = SAMPLE_MODEL, conflicts_with = "synthetic")]
     model: PathBuf,
     /// A real architecture's shape filled with random weights: qwen3-8b, qwen2.5-7b, llama3-8b,
-    /// smollm2-135m, qwen3-0.6b, qwen3-30b-a3b (MoE, CPU only for now), qwen3.5-9b (hybrid, GPU only).
+    /// smollm2-135m, qwen3-0.6b, qwen3-30b-a3b (MoE), qwen3.5-9b and qwen3.6-35b-a3b (hybrid, GPU only).
     #[arg(long)]
     synthetic: Option<String>,
     /// Weight type of a synthetic model: f16, q8_0, q4_0, q4_1, q4_k... (on a GPU also q4_k_m,

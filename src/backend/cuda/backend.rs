@@ -571,7 +571,7 @@ fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, us
 /// Formats of a synthetic sparse layer's (gate and up, down) expert slabs: as the dense FFN of
 /// the mix (Q4_K_M: down in Q6_K in the layers `more_bits` picks, as llama.cpp does for
 /// `ffn_down_exps`).
-fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (GgmlType, GgmlType) {
+pub(super) fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (GgmlType, GgmlType) {
     match mix {
         WeightMix::Uniform(t) => (t, t),
         WeightMix::Q4KM if more_bits(layer, n_layers) => (GgmlType::Q4K, GgmlType::Q6K),
@@ -582,6 +582,9 @@ fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (GgmlType, Ggml
 /// Device bytes of every weight matrix of a synthetic model of shape `c` in `mix` (routers in
 /// f32, expert slabs packed): what the memory plan counts before anything is made.
 pub fn synthetic_matrix_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
+    if c.hybrid.is_some() {
+        return super::hybrid_synth::matrix_bytes(c, mix);
+    }
     let bytes =
         |(t, r, k): (GgmlType, usize, usize)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64;
     let dense: u64 = synthetic_shapes(c, mix).into_iter().map(bytes).sum();
