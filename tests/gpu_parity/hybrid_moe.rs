@@ -92,3 +92,44 @@ fn qwen3next_engine_on_cuda_same_output_with_prefix_cache_on_and_off() {
     let m = model("qwen3_next", "hf");
     engine_on_cuda_equals_cpu(&refs_in(&arch_dir("qwen3_next")), &m);
 }
+
+/// The Qwen3.6-35B-A3B shape (`--synthetic qwen3.6-35b-a3b`) with random Q4_K_M weights made
+/// on the GPU: the functions `dustoff bench` runs, one stream (768 prompt tokens, 200
+/// generated, medians of 3 runs after a warm-up) and 64 sequences of 256-token prompts, 64
+/// tokens each, three times (the median decode rate). `DUSTOFF_BENCH_DTYPES` picks the mixes
+/// (default q4_k_m). `gpu_parity bench_qwen36_35b -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_qwen36_35b_synthetic() {
+    use dustoff::backend::cuda::WeightMix;
+    use dustoff::backend::Backend;
+    use dustoff::commands::bench::{bench, bench_batched};
+    let Some(g) = gpu("bench qwen3.6-35b-a3b") else { return };
+    drop(g);
+    let cfg = dustoff::model::shapes::shape("qwen3.6-35b-a3b").unwrap();
+    let dtypes = std::env::var("DUSTOFF_BENCH_DTYPES").unwrap_or_else(|_| "q4_k_m".into());
+    for dtype in dtypes.split(',') {
+        let mix = WeightMix::parse(dtype).unwrap();
+        let t = std::time::Instant::now();
+        let mut b = CudaBackend::synthetic_mix(cfg.clone(), mix, 1, &super::opts(64 * 336 / 16))
+            .expect("synthetic qwen3.6-35b-a3b");
+        b.load_kernels().unwrap();
+        eprintln!("made qwen3.6-35b-a3b {dtype} on the GPU in {:.1} s", t.elapsed().as_secs_f64());
+        let r = bench(&mut b, "qwen3.6-35b-a3b", 768, 200, 3).unwrap();
+        println!(
+            "--- qwen3.6-35b-a3b {dtype}, one stream ({:.2} GB of weights, {:.1} MB read per token, state {:.1} MB per sequence)",
+            b.weight_bytes as f64 / 1e9,
+            b.decode_weight_bytes() as f64 / 1e6,
+            b.state_bytes_per_seq() as f64 / 1e6
+        );
+        r.print_human();
+        let rows = bench_batched(b, [0; 32], 256, 64, &[64, 64, 64], 2048).unwrap();
+        let mut v: Vec<f64> = rows.iter().map(|r| r.decode_tok_s).collect();
+        v.sort_by(f64::total_cmp);
+        let prefill: Vec<f64> = rows.iter().map(|r| r.prefill_s).collect();
+        println!(
+            "qwen3.6-35b-a3b {dtype} batched decode, 64 sequences: {:.1} tok/s (median of 3: {v:.1?}; prefill of 64 x 256 tokens {prefill:.2?} s)",
+            v[1]
+        );
+    }
+}
