@@ -355,6 +355,13 @@ struct BenchArgs {
     /// Token budget per engine step for the batched modes.
     #[arg(long, default_value_t = 2048)]
     max_batch_tokens: usize,
+    /// Print the CUDA memory plan of the mode's sequences (weights, KV, recurrent states,
+    /// workspace) and whether it fits --plan-free-gb, then exit; nothing is loaded.
+    #[arg(long)]
+    plan: bool,
+    /// Free GPU memory the --plan is judged against (default: a 32 GB V100 after its context).
+    #[arg(long, default_value_t = 31.7)]
+    plan_free_gb: f64,
 }
 
 #[derive(Args)]
@@ -673,6 +680,45 @@ fn run(cli: Cli) -> Result<Code> {
                     (None, None) => unreachable!("a model is loaded when no shape is given"),
                 }
             };
+            if a.plan {
+                // The sequences of the mode: the largest batch, else the shared-prefix job's
+                // slots, else one stream; each of its prompt plus generated tokens.
+                let seqs = match (a.batch.iter().max(), &a.shared_prefix) {
+                    (Some(&n), _) => n,
+                    (None, Some(_)) => a.slots,
+                    (None, None) => 1,
+                };
+                let ctx = a.prompt_tokens.iter().copied().max().unwrap_or(prompt_tokens) + a.gen_tokens;
+                let (cfg, bytes) = match (&a.synthetic, &loaded) {
+                    (Some(shape), _) => {
+                        let cfg = dustoff::model::shapes::shape(shape)
+                            .ok_or_else(|| UsageError::new(format!("unknown shape '{shape}'")))?;
+                        let dtype = if f16_weights { "f16" } else { a.dtype.as_str() };
+                        let mix = dustoff::backend::cuda::WeightMix::parse(dtype)
+                            .ok_or_else(|| UsageError::new(format!("--dtype {dtype}: not a GPU weight type")))?;
+                        let m = dustoff::backend::cuda::backend::synthetic_matrix_bytes(&cfg, mix);
+                        let wide = dustoff::backend::cuda::backend::wide_len(&cfg) as u64 * 2;
+                        (cfg, dustoff::backend::cuda::memory::DeviceWeightBytes { matrices: m, wide_scratch: wide })
+                    }
+                    (None, Some(m)) => (
+                        m.config.clone(),
+                        dustoff::backend::cuda::memory::device_weight_bytes(&m.config, &m.weights, f16_weights),
+                    ),
+                    (None, None) => unreachable!("a model is loaded when no shape is given"),
+                };
+                let free = (a.plan_free_gb * 1e9) as u64;
+                let r = dustoff::commands::bench_plan::plan_report(
+                    &cfg,
+                    bytes.matrices,
+                    bytes.wide_scratch,
+                    seqs,
+                    ctx,
+                    common::BLOCK_SIZE,
+                    free,
+                );
+                r.print_human();
+                return Ok(Code::Ok);
+            }
             let fingerprint = *blake3::hash(name.as_bytes()).as_bytes();
             if let (Some(p), Some(m)) = (&a.constrained, &loaded) {
                 let batches = if a.batch.is_empty() { vec![32] } else { a.batch.clone() };

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_constrained;
+pub mod bench_plan;
 pub mod common;
 pub mod convert;
 pub mod devices;

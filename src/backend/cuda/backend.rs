@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use super::device::CudaDevice;
 use super::dmat::{DevMat, Linear};
 use super::kernels::{Kernels, PtxSource};
-use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory};
+use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for};
 use super::qformat::{check_tensor, QFormat};
 use super::CudaError;
 use crate::backend::cpu::ops::rope_table;
@@ -190,7 +190,8 @@ pub(super) fn open(
     refuse_unsupported(cfg)?;
     let dev = CudaDevice::new(opts.ordinal)?;
     let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
-    let plan = plan_memory(cfg, matrix_bytes, wide, opts.num_blocks, opts.block_size, PLANNED_BATCH_TOKENS);
+    let (blocks, bs) = (opts.num_blocks, opts.block_size);
+    let plan = plan_memory_for(cfg, matrix_bytes, wide, blocks, bs, PLANNED_BATCH_TOKENS, opts.max_positions);
     let (free, _) = dev.mem_info()?;
     plan.check(free as u64, &dev.describe(), opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
