@@ -432,3 +432,97 @@ extern "C" __global__ void dn_chunk_scan_f32(const DnChunkParams p) {
         Sg[(long long)(e / DN_COLS) * dv + col0 + e % DN_COLS] = S[e];
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// dn_conv_prep_f32: dn_conv_silu_f32 and dn_prep_f32 in one launch (CPU twins as theirs). A
+// block holds the C channels of one q or k head (then the L2 norm of each token's head is a
+// block sum), or 128 v channels (no norm), or, the last block of a chunk, the gates.
+// grid: (2 n_k + ceil(n_v d_v / 128) + 1, max_chunks), block 128 (d_k <= 128).
+struct DnConvPrepParams {
+    const float* x;        // [n_tok, x_stride]: q|k|v channels at 0..C (the projection)
+    float* out;            // [n_tok, C]: conv + SiLU, q and k heads L2-normed (q scaled)
+    const float* w;        // [C, K]
+    float* state;          // pool [n_slots, slot_stride]
+    const int* chunks;     // [1 + 3 * max_chunks]
+    float* proj;           // the projection again: b at b_off, a at a_off -> beta, g
+    const float* neg_a;    // [n_v]
+    const float* dt_bias;  // [n_v]
+    long long slot_stride;
+    long long layer_off;
+    int max_chunks;
+    int channels;
+    int kernel;
+    int x_stride;
+    int n_k;
+    int d_k;
+    int n_v;
+    int b_off;
+    int a_off;
+    float q_scale;
+    float eps;
+};
+
+extern "C" __global__ void dn_conv_prep_f32(const DnConvPrepParams p) {
+    __shared__ float scratch[32];
+    const int c = blockIdx.y;
+    if (c >= p.chunks[0]) return;
+    const int first = p.chunks[1 + 3 * c], count = p.chunks[2 + 3 * c];
+    const long long slot = p.chunks[3 + 3 * c];
+    const int qk_blocks = 2 * p.n_k;
+    const int v_blocks = (p.channels - qk_blocks * p.d_k + 127) / 128;
+    const int b = blockIdx.x;
+    if (b == qk_blocks + v_blocks) {
+        // The gates of every token of the chunk: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias).
+        for (int e = threadIdx.x; e < count * p.n_v; e += blockDim.x) {
+            const long long t = first + e / p.n_v;
+            const int hh = e % p.n_v;
+            float* row = p.proj + t * p.x_stride;
+            row[p.b_off + hh] = 1.0f / (1.0f + expf(-row[p.b_off + hh]));
+            const float a = row[p.a_off + hh] + p.dt_bias[hh];
+            const float sp = a > 20.0f ? a : log1pf(expf(a));
+            row[p.a_off + hh] = p.neg_a[hh] * sp;
+        }
+        return;
+    }
+    const bool normed = b < qk_blocks;
+    const int ch = normed ? b * p.d_k + threadIdx.x : qk_blocks * p.d_k + (b - qk_blocks) * 128 + threadIdx.x;
+    const bool live = normed ? (int)threadIdx.x < p.d_k : ch < p.channels;
+    const float scale = b < p.n_k ? p.q_scale : 1.0f;
+    const int C = p.channels, K = p.kernel;
+    float* st = p.state + slot * p.slot_stride + p.layer_off;  // [K - 1, C]
+    // The window as in dn_conv_silu_f32: right-aligned, compile-time indices only.
+    constexpr int H = DN_MAX_K - 1;
+    float win[H];
+    float wk[H];
+#pragma unroll
+    for (int jj = 0; jj < H; ++jj) {
+        const int j = jj - (H - (K - 1));
+        win[jj] = (live && j >= 0) ? st[(long long)j * C + ch] : 0.0f;
+        wk[jj] = (live && j >= 0) ? p.w[(long long)ch * K + j] : 0.0f;
+    }
+    const float w_last = live ? p.w[(long long)ch * K + K - 1] : 0.0f;
+    for (int i = 0; i < count; ++i) {
+        const long long t = first + i;
+        const float xin = live ? p.x[t * p.x_stride + ch] : 0.0f;
+        float acc = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < H; ++jj) acc += wk[jj] * win[jj];
+        acc += w_last * xin;
+        float y = live ? dn_silu(acc) : 0.0f;
+        if (normed) {
+            // Every thread of the block takes part in the sum (the dead ones add 0).
+            const float ss = block_sum(y * y, scratch);
+            y = y * (1.0f / sqrtf(ss + p.eps)) * scale;
+        }
+        if (live) p.out[t * C + ch] = y;
+#pragma unroll
+        for (int jj = 0; jj < H - 1; ++jj) win[jj] = win[jj + 1];
+        win[H - 1] = xin;
+    }
+    if (!live) return;
+#pragma unroll
+    for (int jj = 0; jj < H; ++jj) {
+        const int j = jj - (H - (K - 1));
+        if (j >= 0) st[(long long)j * C + ch] = win[jj];
+    }
+}

@@ -8,7 +8,7 @@ use dustoff::backend::cpu::deltanet::{
 };
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::deltanet::{
-    DnChunked, DnConv, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool, DN_AB_ROW, DN_CH,
+    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool, DN_AB_ROW, DN_CH,
 };
 use dustoff::model::config::RopeStyle;
 
@@ -444,6 +444,84 @@ fn gated_partial_rope_qkv_post_and_output_gate() {
             }
         }
         compare("hyb_gate_mul_f32", g.seed, &g.down(&ad), &want);
+    }
+}
+
+/// `dn_conv_prep_f32` (conv + SiLU, q/k L2 norms, gates in one launch) against its CPU twins
+/// in order (conv1d_silu, l2norm_inplace and the q scale, gates_inplace), over several
+/// sequences with their own conv windows; the projection's q|k|v channels are its first
+/// columns, the gates after the z block, as in a layer.
+#[test]
+fn conv_norm_and_gates_in_one_kernel_equal_the_cpu_steps() {
+    let Some(mut g) = gpu("dn_conv_prep") else { return };
+    let s = g.dev.stream.clone();
+    for cs in
+        [Case { nk: 2, nv: 4, dk: 32, dv: 32, tiled: false }, Case { nk: 2, nv: 4, dk: 128, dv: 128, tiled: true }]
+    {
+        let (c, ps, vd, kk) = (cs.channels(), cs.proj_stride(), cs.nv * cs.dv, 4);
+        let n: usize = COUNTS.iter().sum();
+        let slots = [3, 0, 5, 1, 4, 2];
+        let per_slot = (kk - 1) * c + 5;
+        let proj = g.randn(n * ps, 2.0);
+        let w = g.randn(c * kk, 0.7);
+        let pool = g.randn(6 * per_slot, 1.0);
+        let neg_a: Vec<f32> = g.randn(cs.nv, 1.0).iter().map(|v| -(v * 1.5).exp()).collect();
+        let dt_bias = g.randn(cs.nv, 1.0);
+        let (b_off, a_off) = (c + vd, c + vd + cs.nv);
+        // CPU: the three steps.
+        let (mut want, mut want_pool, mut want_proj) = (vec![0f32; n * c], pool.clone(), proj.clone());
+        let mut t0 = 0;
+        for (&cnt, &slot) in COUNTS.iter().zip(&slots) {
+            let xs: Vec<f32> = (t0..t0 + cnt).flat_map(|t| proj[t * ps..t * ps + c].to_vec()).collect();
+            let st = &mut want_pool[slot * per_slot..slot * per_slot + (kk - 1) * c];
+            conv1d_silu(&xs, st, &w, c, kk, &mut want[t0 * c..(t0 + cnt) * c]);
+            t0 += cnt;
+        }
+        let scale = 1.0 / (cs.dk as f32).sqrt();
+        for t in 0..n {
+            let m = &mut want[t * c..(t + 1) * c];
+            for head in m[..2 * cs.nk * cs.dk].chunks_exact_mut(cs.dk) {
+                l2norm_inplace(head, 1e-6);
+            }
+            m[..cs.nk * cs.dk].iter_mut().for_each(|v| *v *= scale);
+            let row = &mut want_proj[t * ps..(t + 1) * ps];
+            let (left, a) = row.split_at_mut(a_off);
+            gates_inplace(&mut left[b_off..b_off + cs.nv], &mut a[..cs.nv], &neg_a, &dt_bias);
+        }
+        let mut table = chunk_table(&COUNTS, &slots);
+        table.resize(1 + 3 * 8, 0); // 8 chunks launched, 6 in the table
+        let (pjd, wd, pd, td, od) = (g.up(&proj), g.up(&w), g.up(&pool), g.up(&table), g.poisoned(n * c));
+        let (nad, dtd) = (g.up(&neg_a), g.up(&dt_bias));
+        let pool_v =
+            StatePool { state: g.d(&pd), slot_stride: per_slot, layer_off: 0, chunks: g.d(&td), max_chunks: 8 };
+        let conv = DnConv {
+            x: g.d(&pjd),
+            x_stride: ps,
+            out: g.d(&od),
+            w: g.d(&wd),
+            pool: pool_v,
+            n_tok: n,
+            channels: c,
+            kernel: kk,
+        };
+        let prep = DnPrep {
+            mixed: g.d(&od),
+            proj: g.d(&pjd),
+            neg_a: g.d(&nad),
+            dt_bias: g.d(&dtd),
+            n_tok: n,
+            n_k: cs.nk,
+            d_k: cs.dk,
+            n_v: cs.nv,
+            channels: c,
+            proj_stride: ps,
+            b_off,
+            a_off,
+        };
+        DnConvPrep { conv: &conv, prep: &prep }.launch(&mut g.k, &s).unwrap();
+        compare("dn_conv_prep_f32", g.seed, &g.down(&od), &want);
+        compare("dn_conv_prep_f32", g.seed, &g.down(&pd), &want_pool);
+        compare("dn_conv_prep_f32", g.seed, &g.down(&pjd), &want_proj);
     }
 }
 

@@ -5,9 +5,18 @@
 //! for the HF directory and the GGUF; both forms agree on the GPU; the engine gives the CPU's
 //! outputs with the prefix cache (device state snapshots) on and off.
 //!
-//! MoE routing on the GPU sees the F16 rounding of the GPU path (K/V, a chunk's matmul
-//! inputs); every expert choice of these prompts has a router gap >= 3e-4 (README), and the
-//! whole-model logits are checked, so a flipped choice would fail the logit bounds.
+//! Tolerances (`MOE`): the GPU keeps K/V in F16 and rounds a chunk's matmul inputs to F16, as
+//! for the dense Qwen3.5 (qwen35.rs); with experts a router choice whose two logits lie closer
+//! than that rounding moves may flip (the references have router gaps down to 3e-4, README),
+//! and a flipped expert moves every later logit. Measured on the H200 (round 1, compute_70 PTX
+//! and native alike): after a one-chunk prefill up to 0.102 (qwen3next chat), after one-token
+//! steps up to 0.053 (qwen35moe chat), and a free-running greedy token of margin 0.255 flipped
+//! (qwen35moe code100, whose router gap at position 12 is 7.6e-4); the HF and GGUF forms of
+//! qwen35moe (value heads in another order, so f32 sums in another order) moved the chat
+//! prompt's logits by 0.016, the mark of such a flip (qwen3next, gaps >= 7.5e-3 there: < 5e-3).
+//! So the bounds are twice the dense ones (0.15 and 0.1), greedy tokens and teacher-forced
+//! argmaxes are compared where the reference margin is at least 0.3 (twice the prefill bound),
+//! and the forms are compared on the prompts whose router gaps are all >= 1.5e-3.
 
 use std::path::PathBuf;
 
@@ -15,7 +24,14 @@ use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::loader::{load_model, LoadedModel};
 
 use super::gpu;
-use super::qwen35::{arch_dir, check_against_refs_in, cuda, engine_on_cuda_equals_cpu, prefill_then_decode, refs_in};
+use super::qwen35::{
+    arch_dir, check_against_refs_in, cuda, engine_on_cuda_equals_cpu_to, prefill_then_decode, refs_in, GpuTol,
+};
+
+const MOE: GpuTol = GpuTol { prefill: 0.15, decode: 0.1, greedy_tau: 0.3, tf_tau: 0.3, min_checked: 0.5 };
+
+/// Prompts whose every router choice has a gap of at least this (README: `router_min_gap`).
+const CLEAR_ROUTING: f64 = 1.5e-3;
 
 /// The HF and GGUF forms hold the same values (BF16 -> F16 is exact), so on the GPU, where
 /// both round the same activations to F16, their logits differ only by f32 sums in another
@@ -32,7 +48,12 @@ fn forms_agree_on_cuda(arch: &str, gguf: &str) {
     let (hf, gg) = (model(arch, "hf"), model(arch, gguf));
     let (mut a, mut b): (CudaBackend, CudaBackend) = (cuda(&hf, 16), cuda(&gg, 16));
     let mut worst = 0f64;
-    for r in refs.iter().take(3) {
+    let clear: Vec<&serde_json::Value> = refs
+        .iter()
+        .filter(|r| r["router_min_gap"].as_array().unwrap().iter().all(|g| g.as_f64().unwrap() >= CLEAR_ROUTING))
+        .collect();
+    assert!(clear.len() >= 2, "{arch}: only {} prompts route clearly", clear.len());
+    for r in clear {
         let (la, lb) = (prefill_then_decode(&mut a, r), prefill_then_decode(&mut b, r));
         for (i, (x, y)) in la.iter().zip(&lb).enumerate() {
             let d = x.iter().zip(y).map(|(&p, &q)| (p as f64 - q as f64).abs()).fold(0.0, f64::max);
@@ -46,13 +67,18 @@ fn forms_agree_on_cuda(arch: &str, gguf: &str) {
 #[test]
 fn qwen35moe_gguf_on_cuda_matches_transformers() {
     let Some(_g) = gpu("qwen35moe gguf") else { return };
-    check_against_refs_in(&refs_in(&arch_dir("qwen3_5_moe")), &model("qwen3_5_moe", "qwen3_5_moe-f16.gguf"), "gguf");
+    check_against_refs_in(
+        &refs_in(&arch_dir("qwen3_5_moe")),
+        &model("qwen3_5_moe", "qwen3_5_moe-f16.gguf"),
+        "gguf",
+        &MOE,
+    );
 }
 
 #[test]
 fn qwen35moe_hf_directory_on_cuda_matches_transformers() {
     let Some(_g) = gpu("qwen35moe hf") else { return };
-    check_against_refs_in(&refs_in(&arch_dir("qwen3_5_moe")), &model("qwen3_5_moe", "hf"), "hf");
+    check_against_refs_in(&refs_in(&arch_dir("qwen3_5_moe")), &model("qwen3_5_moe", "hf"), "hf", &MOE);
 }
 
 #[test]
@@ -65,19 +91,19 @@ fn qwen35moe_hf_and_gguf_agree_on_cuda() {
 fn qwen35moe_engine_on_cuda_same_output_with_prefix_cache_on_and_off() {
     let Some(_g) = gpu("qwen35moe engine") else { return };
     let m = model("qwen3_5_moe", "qwen3_5_moe-f16.gguf");
-    engine_on_cuda_equals_cpu(&refs_in(&arch_dir("qwen3_5_moe")), &m);
+    engine_on_cuda_equals_cpu_to(&refs_in(&arch_dir("qwen3_5_moe")), &m, MOE.greedy_tau);
 }
 
 #[test]
 fn qwen3next_gguf_on_cuda_matches_transformers() {
     let Some(_g) = gpu("qwen3next gguf") else { return };
-    check_against_refs_in(&refs_in(&arch_dir("qwen3_next")), &model("qwen3_next", "qwen3_next-f16.gguf"), "gguf");
+    check_against_refs_in(&refs_in(&arch_dir("qwen3_next")), &model("qwen3_next", "qwen3_next-f16.gguf"), "gguf", &MOE);
 }
 
 #[test]
 fn qwen3next_hf_directory_on_cuda_matches_transformers() {
     let Some(_g) = gpu("qwen3next hf") else { return };
-    check_against_refs_in(&refs_in(&arch_dir("qwen3_next")), &model("qwen3_next", "hf"), "hf");
+    check_against_refs_in(&refs_in(&arch_dir("qwen3_next")), &model("qwen3_next", "hf"), "hf", &MOE);
 }
 
 #[test]
@@ -90,7 +116,27 @@ fn qwen3next_hf_and_gguf_agree_on_cuda() {
 fn qwen3next_engine_on_cuda_same_output_with_prefix_cache_on_and_off() {
     let Some(_g) = gpu("qwen3next engine") else { return };
     let m = model("qwen3_next", "hf");
-    engine_on_cuda_equals_cpu(&refs_in(&arch_dir("qwen3_next")), &m);
+    engine_on_cuda_equals_cpu_to(&refs_in(&arch_dir("qwen3_next")), &m, MOE.greedy_tau);
+}
+
+/// Decode steps of the MoE hybrids replayed from CUDA graphs (expert ids, chunk table and
+/// recurrent states at fixed device addresses; the shared expert's gate computed on the
+/// device) give the same logits, bit for bit, as direct launches.
+#[test]
+fn qwen35moe_and_qwen3next_graph_replay_equals_direct_launches() {
+    let Some(_g) = gpu("hybrid moe graph replay") else { return };
+    for (arch, file) in [("qwen3_5_moe", "qwen3_5_moe-f16.gguf"), ("qwen3_next", "qwen3_next-f16.gguf")] {
+        let r = &refs_in(&arch_dir(arch))[1];
+        let mut b = cuda(&model(arch, file), 16);
+        b.set_graphs(true);
+        let with = prefill_then_decode(&mut b, r);
+        b.set_graphs(false);
+        let without = prefill_then_decode(&mut b, r);
+        for (i, (a, w)) in with.iter().zip(&without).enumerate() {
+            assert!(a.iter().all(|v| v.is_finite()), "{arch} step {i}: non-finite logits");
+            super::compare("graph_replay", i as u64, a, w);
+        }
+    }
 }
 
 /// The Qwen3.6-35B-A3B shape (`--synthetic qwen3.6-35b-a3b`) with random Q4_K_M weights made

@@ -185,6 +185,7 @@ const TOLERANCES: &[(&str, f64)] = &[
     // The chunked form against its CPU twin (the same algebra, sums in another order) and
     // against the step form (another algebra: the CPU tests allow 1e-4 absolute between them).
     ("dn_chunk_scan_f32", 1e-5),
+    ("dn_conv_prep_f32", 1e-6),
     ("dn_chunk_vs_step", 1e-4),
     ("dn_gated_norm_f32", 1e-5),
     ("hyb_qkv_post_f32", 1e-5),

@@ -61,9 +61,9 @@ fn sparse_layer_with_a_shared_expert_matches_the_cpu_reference() {
     let Some(mut g) = gpu("shared expert layer") else { return };
     let s = g.dev.stream.clone();
     let blas = cudarc::cublas::CudaBlas::new(s.clone()).unwrap();
-    // 8 experts of 128, 2 used, a shared expert of 256 (wider than the routed ones, as the
-    // shape check allows), width 256.
-    let (e, dim, f, sf, k) = (8, 256, 128, 256, 2);
+    // 8 experts of 256, 2 used, a shared expert of 512 (wider than the routed ones, as the
+    // shape check allows), width 256 (Q6_K rows are whole blocks of 256).
+    let (e, dim, f, sf, k) = (8, 256, 256, 512, 2);
     for (gu, dn) in [(GgmlType::F16, GgmlType::F16), (GgmlType::Q4K, GgmlType::Q6K)] {
         let r = g.randn(e * dim, (3.0 / dim as f32).sqrt());
         let experts = (0..e)

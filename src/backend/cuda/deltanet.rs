@@ -189,6 +189,95 @@ impl DnPrep {
     }
 }
 
+// ---------------------------------------------------------------- deltanet.cu: conv + prep
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DnConvPrepParams {
+    x: u64,
+    out: u64,
+    w: u64,
+    state: u64,
+    chunks: u64,
+    proj: u64,
+    neg_a: u64,
+    dt_bias: u64,
+    slot_stride: i64,
+    layer_off: i64,
+    max_chunks: i32,
+    channels: i32,
+    kernel: i32,
+    x_stride: i32,
+    n_k: i32,
+    d_k: i32,
+    n_v: i32,
+    b_off: i32,
+    a_off: i32,
+    q_scale: f32,
+    eps: f32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
+unsafe impl DeviceRepr for DnConvPrepParams {}
+
+/// [`DnConv`] then [`DnPrep`] in one launch (`dn_conv_prep_f32`): the conv's output is the
+/// prep's `mixed`, its input the prep's `proj` (the layer's projection), as in a layer step.
+pub struct DnConvPrep<'a> {
+    pub conv: &'a DnConv,
+    pub prep: &'a DnPrep,
+}
+
+impl DnConvPrep<'_> {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "dn_conv_prep_f32";
+        let (c, p) = (self.conv, self.prep);
+        check(K, c.out.ptr == p.mixed.ptr && c.x.ptr == p.proj.ptr && c.x_stride == p.proj_stride, || {
+            "the conv must write the prep's rows and read its projection".into()
+        })?;
+        check(K, c.channels == p.channels && c.n_tok == p.n_tok, || "conv and prep shapes differ".into())?;
+        check(K, (1..=DN_MAX_K).contains(&c.kernel), || format!("conv kernel {} (1..=8)", c.kernel))?;
+        check(K, p.d_k > 0 && p.d_k <= 128 && 2 * p.n_k * p.d_k <= c.channels, || {
+            format!("{} q/k heads of {} in {} channels (heads of at most 128)", 2 * p.n_k, p.d_k, c.channels)
+        })?;
+        check(K, p.b_off + p.n_v <= p.proj_stride && p.a_off + p.n_v <= p.proj_stride, || {
+            "gate columns beyond the projection row".into()
+        })?;
+        check(K, c.channels <= c.x_stride, || "channels beyond the input stride".into())?;
+        need(K, "input", c.x, extent(c.n_tok, c.x_stride, c.x_stride))?;
+        need(K, "output", c.out, c.n_tok * c.channels)?;
+        need(K, "weights", c.w, c.channels * c.kernel)?;
+        need(K, "decay rates", p.neg_a, p.n_v)?;
+        need(K, "dt bias", p.dt_bias, p.n_v)?;
+        c.pool.check(K, (c.kernel - 1) * c.channels)?;
+        if c.n_tok == 0 {
+            return Ok(());
+        }
+        let prm = DnConvPrepParams {
+            x: c.x.ptr,
+            out: c.out.ptr,
+            w: c.w.ptr,
+            state: c.pool.state.ptr,
+            chunks: c.pool.chunks.ptr,
+            proj: p.proj.ptr,
+            neg_a: p.neg_a.ptr,
+            dt_bias: p.dt_bias.ptr,
+            slot_stride: c.pool.slot_stride as i64,
+            layer_off: c.pool.layer_off as i64,
+            max_chunks: i32_of(K, c.pool.max_chunks)?,
+            channels: i32_of(K, c.channels)?,
+            kernel: c.kernel as i32,
+            x_stride: i32_of(K, c.x_stride)?,
+            n_k: i32_of(K, p.n_k)?,
+            d_k: p.d_k as i32,
+            n_v: i32_of(K, p.n_v)?,
+            b_off: i32_of(K, p.b_off)?,
+            a_off: i32_of(K, p.a_off)?,
+            q_scale: 1.0 / (p.d_k as f32).sqrt(),
+            eps: 1e-6,
+        };
+        let blocks = 2 * p.n_k + (c.channels - 2 * p.n_k * p.d_k).div_ceil(128) + 1;
+        launch(k, s, K, (i32_of(K, blocks)? as u32, c.pool.max_chunks as u32, 1), 128, 0, &prm)
+    }
+}
+
 // ---------------------------------------------------------------- deltanet.cu: recurrence
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -18,7 +18,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use super::attention::PagedAttn;
 use super::backend::{up, zeros, LayerW};
 use super::deltanet::{
-    DnChunked, DnConv, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool, DN_AB_ROW, DN_CH,
+    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool, DN_AB_ROW, DN_CH,
 };
 use super::dmat::Linear;
 use super::kernels::Kernels;
@@ -93,6 +93,13 @@ pub struct HybridCuda {
     mixed: Option<CudaSlice<f32>>, // [cap, C] conv output
     core: Option<CudaSlice<f32>>,  // [cap, max(V, q_dim)]: delta-rule output / queries
     ab: Option<CudaSlice<f32>>,    // [cap, n_v, DN_AB_ROW]: the chunked form's sub-chunk table
+}
+
+/// Whether a linear layer runs conv + L2 norm + gates as one kernel (`DUSTOFF_DN_FUSED=0`:
+/// as `dn_conv_silu_f32` then `dn_prep_f32`, for comparison).
+fn fused_conv_prep() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DUSTOFF_DN_FUSED").map_or(true, |v| v != "0"))
 }
 
 /// Fewest tokens of one chunk that take the chunked delta rule (in steps that are not
@@ -376,7 +383,7 @@ impl HybridCuda {
             chunks: Self::buf_i32(&self.chunks, s)?,
             max_chunks,
         };
-        DnConv {
+        let conv = DnConv {
             x: proj,
             x_stride: width,
             out: mixed,
@@ -385,10 +392,9 @@ impl HybridCuda {
             n_tok: n,
             channels: ch,
             kernel: kk,
-        }
-        .launch(k, s)?;
+        };
         let (b_off, a_off) = (ch + vd, ch + vd + nv);
-        DnPrep {
+        let prep = DnPrep {
             mixed,
             proj,
             neg_a: Dev::of(&d.neg_a, s),
@@ -401,8 +407,14 @@ impl HybridCuda {
             proj_stride: width,
             b_off,
             a_off,
+        };
+        // Conv, L2 norms and gates in one launch; `DUSTOFF_DN_FUSED=0`: the two kernels.
+        if fused_conv_prep() {
+            DnConvPrep { conv: &conv, prep: &prep }.launch(k, s)?;
+        } else {
+            conv.launch(k, s)?;
+            prep.launch(k, s)?;
         }
-        .launch(k, s)?;
         let recur = DnRecur {
             mixed,
             proj,

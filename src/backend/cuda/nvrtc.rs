@@ -59,7 +59,8 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "dn_recur_f32",
             "dn_gated_norm_f32",
             "dn_chunk_prep_f32",
-            "dn_chunk_scan_f32"
+            "dn_chunk_scan_f32",
+            "dn_conv_prep_f32"
         ]
     ),
     KernelFile { name: "dequant", source: include_str!("../../../kernels/dequant.cu"), entries: &DEQUANT_ENTRIES },
