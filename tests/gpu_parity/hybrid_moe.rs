@@ -115,7 +115,7 @@ fn qwen3next_hf_and_gguf_agree_on_cuda() {
 #[test]
 fn qwen3next_engine_on_cuda_same_output_with_prefix_cache_on_and_off() {
     let Some(_g) = gpu("qwen3next engine") else { return };
-    let m = model("qwen3_next", "hf");
+    let m = model("qwen3_next", "qwen3_next-f16.gguf");
     engine_on_cuda_equals_cpu_to(&refs_in(&arch_dir("qwen3_next")), &m, MOE.greedy_tau);
 }
 
