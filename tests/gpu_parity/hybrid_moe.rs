@@ -143,7 +143,8 @@ fn qwen35moe_and_qwen3next_graph_replay_equals_direct_launches() {
 /// on the GPU: the functions `dustoff bench` runs, one stream (768 prompt tokens, 200
 /// generated, medians of 3 runs after a warm-up) and 64 sequences of 256-token prompts, 64
 /// tokens each, three times (the median decode rate). `DUSTOFF_BENCH_DTYPES` picks the mixes
-/// (default q4_k_m). `gpu_parity bench_qwen36_35b -- --ignored --nocapture`.
+/// (default q4_k_m); `DUSTOFF_BENCH_BATCH=0` skips the batched rows.
+/// `gpu_parity bench_qwen36_35b -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn bench_qwen36_35b_synthetic() {
@@ -169,6 +170,9 @@ fn bench_qwen36_35b_synthetic() {
             b.state_bytes_per_seq() as f64 / 1e6
         );
         r.print_human();
+        if std::env::var("DUSTOFF_BENCH_BATCH").is_ok_and(|v| v == "0") {
+            continue; // one stream only (a profiling run)
+        }
         let rows = bench_batched(b, [0; 32], 256, 64, &[64, 64, 64], 2048).unwrap();
         let mut v: Vec<f64> = rows.iter().map(|r| r.decode_tok_s).collect();
         v.sort_by(f64::total_cmp);
