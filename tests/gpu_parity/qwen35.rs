@@ -158,9 +158,9 @@ pub(super) fn check_against_refs_in(refs: &[serde_json::Value], m: &LoadedModel,
                 fail(d < tol.decode, format!("{form} {name}: token-by-token prompt logits differ by {d}"));
             }
         }
-        // The reference's own near-ties leave at most 3 positions out (as on the CPU); the GPU's
-        // margin leaves out at most the share `min_checked` allows.
-        assert!(usable + 3 >= prompt.len(), "{form} {name}: only {usable} positions had usable margins");
+        // The reference's own near-ties leave at most a twentieth of the positions out (the CPU
+        // tests' rule); the GPU's margin leaves out at most the share `min_checked` allows.
+        assert!(usable * 20 >= prompt.len() * 19, "{form} {name}: only {usable} positions had usable margins");
         eprintln!("{arch} {form} {name}: {checked} of {} teacher-forced positions compared", prompt.len());
         let share = checked as f64 / prompt.len() as f64;
         fail(share >= tol.min_checked, format!("{form} {name}: only {checked} positions compared"));
