@@ -238,3 +238,291 @@ extern "C" __global__ void dn_gated_norm_f32(const DnNormParams p) {
     const float inv = 1.0f / sqrtf(ss / (float)p.d_v + p.eps);
     for (int i = lane; i < p.d_v; i += WARP) x[i] = x[i] * inv * p.w[i] * dn_silu(z[i]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The chunked (WY) form of the delta rule for prompt chunks (CPU twin: delta_rule_chunked in
+// src/backend/cpu/deltanet.rs). A sequence's chunk of tokens is cut into sub-chunks of
+// DN_CH tokens. With G_i the cumulative log-decay within a sub-chunk (from its start),
+// D_ij = exp(G_i - G_j) and S0 the state before it, the updates u_i solve the unit lower
+// triangular system u_i + sum_{j<i} A_ij u_j = beta_i (v_i - exp(G_i) S0^T k_i),
+// A_ij = beta_i D_ij (k_i . k_j); then o_i = exp(G_i) S0^T q_i + sum_{j<=i} B_ij u_j,
+// B_ij = D_ij (q_i . k_j), and S = exp(G_last) S0 + sum_j D_last,j k_j u_j^T.
+//   dn_chunk_prep_f32  A, B and G of every sub-chunk, all in parallel (no state needed);
+//   dn_chunk_scan_f32  per (value head, group of DN_COLS state columns, sequence): the
+//                      sub-chunks in order, the state columns in shared memory. Each column
+//                      of S evolves on its own (u_j, o_j and S[:, j] read only column j), so
+//                      the column groups are independent blocks: a 512-token prompt of 32
+//                      value heads of 128 runs 32 x 8 blocks instead of 32.
+#define DN_CH 32
+#define DN_COLS 16
+// Floats per (token, value head) in the sub-chunk table: the row of A, the row of B, G.
+#define DN_AB_ROW (2 * DN_CH + 1)
+
+struct DnChunkParams {
+    const float* mixed;  // [n_tok, C] after dn_prep: q heads, k heads, v heads
+    const float* proj;   // [n_tok, proj_stride]: beta at b_off, g at a_off
+    float* ab;           // [n_tok, n_v, DN_AB_ROW]: A row, B row, G of each token
+    float* out;          // [n_tok, n_v * d_v]
+    float* state;        // pool [n_slots, slot_stride]
+    const int* chunks;   // [1 + 3 * max_chunks]
+    long long slot_stride;
+    long long mats_off;  // layer_off + (K - 1) * C
+    int max_chunks;
+    int n_k;
+    int n_v;
+    int d_k;
+    int d_v;
+    int channels;
+    int proj_stride;
+    int b_off;
+    int a_off;
+    int tiled;
+};
+
+__device__ __forceinline__ int dn_key_head(const DnChunkParams& p, int h) {
+    return p.tiled ? h % p.n_k : h / (p.n_v / p.n_k);
+}
+
+// grid: (n_v, max sub-chunks of a chunk, max_chunks), block 256. Dynamic shared memory:
+// q and k rows of the sub-chunk, [2, DN_CH, d_k + 1] (padded against bank conflicts).
+extern "C" __global__ void dn_chunk_prep_f32(const DnChunkParams p) {
+    extern __shared__ float sm[];
+    __shared__ float cum[DN_CH];
+    const int h = blockIdx.x, sub = blockIdx.y, c = blockIdx.z;
+    if (c >= p.chunks[0]) return;
+    const int first = p.chunks[1 + 3 * c], count = p.chunks[2 + 3 * c];
+    const int t0 = sub * DN_CH;
+    if (t0 >= count) return;
+    const int n = min(DN_CH, count - t0);
+    const int dk = p.d_k, ld = dk + 1, kh = dn_key_head(p, h);
+    float* sq = sm;
+    float* sk = sm + DN_CH * ld;
+    for (int e = threadIdx.x; e < n * dk; e += blockDim.x) {
+        const int i = e / dk, a = e % dk;
+        const float* row = p.mixed + (long long)(first + t0 + i) * p.channels;
+        sq[i * ld + a] = row[(long long)kh * dk + a];
+        sk[i * ld + a] = row[(long long)p.n_k * dk + (long long)kh * dk + a];
+    }
+    if (threadIdx.x == 0) {
+        // In token order, as the CPU sums it.
+        float acc = 0.0f;
+        for (int i = 0; i < n; ++i) {
+            acc += p.proj[(long long)(first + t0 + i) * p.proj_stride + p.a_off + h];
+            cum[i] = acc;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < DN_CH * DN_CH; e += blockDim.x) {
+        const int i = e / DN_CH, j = e % DN_CH;
+        if (i >= n) continue;
+        float a = 0.0f, b = 0.0f;
+        if (j <= i) {
+            float kk = 0.0f, qk = 0.0f;
+            for (int x = 0; x < dk; ++x) {
+                kk += sk[i * ld + x] * sk[j * ld + x];
+                qk += sq[i * ld + x] * sk[j * ld + x];
+            }
+            const float d = expf(cum[i] - cum[j]);
+            const float beta = p.proj[(long long)(first + t0 + i) * p.proj_stride + p.b_off + h];
+            a = j < i ? beta * d * kk : 0.0f;
+            b = d * qk;
+        }
+        float* r = p.ab + ((long long)(first + t0 + i) * p.n_v + h) * DN_AB_ROW;
+        r[j] = a;
+        r[DN_CH + j] = b;
+        if (j == 0) r[2 * DN_CH] = cum[i];
+    }
+}
+
+// grid: (n_v, d_v / DN_COLS, max_chunks), block 256. Dynamic shared memory (floats):
+// S columns [d_k, DN_COLS], one row block X [DN_CH, d_k + 1] (q, then k), A and B
+// [DN_CH, DN_CH] each, G [DN_CH], P = exp(G) S0^T q, R (right-hand side) and U
+// [DN_CH, DN_COLS] each, E = exp(G_last - G) [DN_CH].
+extern "C" __global__ void dn_chunk_scan_f32(const DnChunkParams p) {
+    extern __shared__ float sm[];
+    const int h = blockIdx.x, cg = blockIdx.y, c = blockIdx.z;
+    if (c >= p.chunks[0]) return;
+    const int first = p.chunks[1 + 3 * c], count = p.chunks[2 + 3 * c];
+    const long long slot = p.chunks[3 + 3 * c];
+    const int dk = p.d_k, dv = p.d_v, ld = dk + 1, kh = dn_key_head(p, h);
+    const int col0 = cg * DN_COLS;
+    float* S = sm;                        // [dk, DN_COLS]
+    float* X = S + dk * DN_COLS;          // [DN_CH, ld]
+    float* A = X + DN_CH * ld;            // [DN_CH, DN_CH]
+    float* B = A + DN_CH * DN_CH;         // [DN_CH, DN_CH]
+    float* G = B + DN_CH * DN_CH;         // [DN_CH]
+    float* P = G + DN_CH;                 // [DN_CH, DN_COLS]
+    float* R = P + DN_CH * DN_COLS;       // [DN_CH, DN_COLS]
+    float* U = R + DN_CH * DN_COLS;       // [DN_CH, DN_COLS]
+    float* E = U + DN_CH * DN_COLS;       // [DN_CH]
+    float* Sg = p.state + slot * p.slot_stride + p.mats_off + (long long)h * dk * dv;  // [dk, dv]
+    for (int e = threadIdx.x; e < dk * DN_COLS; e += blockDim.x) {
+        S[e] = Sg[(long long)(e / DN_COLS) * dv + col0 + e % DN_COLS];
+    }
+    const long long vd = (long long)p.n_v * dv;
+    const long long v_col = 2LL * p.n_k * dk + (long long)h * dv + col0;
+    for (int t0 = 0; t0 < count; t0 += DN_CH) {
+        const int n = min(DN_CH, count - t0);
+        const long long tb = first + t0;
+        __syncthreads();  // the previous sub-chunk's readers of X, A, B, G, U are done
+        for (int e = threadIdx.x; e < n * dk; e += blockDim.x) {
+            const int i = e / dk, a = e % dk;
+            X[i * ld + a] = p.mixed[(tb + i) * p.channels + (long long)kh * dk + a];
+        }
+        for (int e = threadIdx.x; e < n * DN_CH; e += blockDim.x) {
+            const int i = e / DN_CH, j = e % DN_CH;
+            const float* r = p.ab + ((tb + i) * p.n_v + h) * DN_AB_ROW;
+            A[e] = r[j];
+            B[e] = r[DN_CH + j];
+            if (j == 0) G[i] = r[2 * DN_CH];
+        }
+        __syncthreads();
+        // P = exp(G) (S0^T q_i) for the block's columns.
+        for (int e = threadIdx.x; e < n * DN_COLS; e += blockDim.x) {
+            const int i = e / DN_COLS, j = e % DN_COLS;
+            float acc = 0.0f;
+            for (int a = 0; a < dk; ++a) acc += X[i * ld + a] * S[a * DN_COLS + j];
+            P[e] = expf(G[i]) * acc;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < n * dk; e += blockDim.x) {
+            const int i = e / dk, a = e % dk;
+            X[i * ld + a] = p.mixed[(tb + i) * p.channels + (long long)p.n_k * dk + (long long)kh * dk + a];
+        }
+        __syncthreads();
+        // R = beta (v - exp(G) S0^T k_i).
+        for (int e = threadIdx.x; e < n * DN_COLS; e += blockDim.x) {
+            const int i = e / DN_COLS, j = e % DN_COLS;
+            float acc = 0.0f;
+            for (int a = 0; a < dk; ++a) acc += X[i * ld + a] * S[a * DN_COLS + j];
+            const float beta = p.proj[(tb + i) * p.proj_stride + p.b_off + h];
+            R[e] = beta * (p.mixed[(tb + i) * p.channels + v_col + j] - expf(G[i]) * acc);
+        }
+        __syncthreads();
+        // Forward substitution, one thread per column: u_i = r_i - sum_{j<i} A_ij u_j.
+        if (threadIdx.x < DN_COLS) {
+            const int j = threadIdx.x;
+            for (int i = 0; i < n; ++i) {
+                float u = R[i * DN_COLS + j];
+                for (int m = 0; m < i; ++m) u -= A[i * DN_CH + m] * U[m * DN_COLS + j];
+                U[i * DN_COLS + j] = u;
+            }
+        }
+        if (threadIdx.x < n) E[threadIdx.x] = expf(G[n - 1] - G[threadIdx.x]);
+        __syncthreads();
+        // o_i = P_i + sum_{m<=i} B_im u_m.
+        for (int e = threadIdx.x; e < n * DN_COLS; e += blockDim.x) {
+            const int i = e / DN_COLS, j = e % DN_COLS;
+            float acc = P[e];
+            for (int m = 0; m <= i; ++m) acc += B[i * DN_CH + m] * U[m * DN_COLS + j];
+            p.out[(tb + i) * vd + (long long)h * dv + col0 + j] = acc;
+        }
+        // S = exp(G_last) S0 + sum_m exp(G_last - G_m) k_m u_m^T (X holds k; P is no longer
+        // read by this update, and the outputs above read S0 only through P).
+        const float gl = G[n - 1];
+        for (int e = threadIdx.x; e < dk * DN_COLS; e += blockDim.x) {
+            const int a = e / DN_COLS, j = e % DN_COLS;
+            float acc = expf(gl) * S[e];
+            for (int m = 0; m < n; ++m) acc += E[m] * X[m * ld + a] * U[m * DN_COLS + j];
+            S[e] = acc;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < dk * DN_COLS; e += blockDim.x) {
+        Sg[(long long)(e / DN_COLS) * dv + col0 + e % DN_COLS] = S[e];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dn_conv_prep_f32: dn_conv_silu_f32 and dn_prep_f32 in one launch (CPU twins as theirs). A
+// block holds the C channels of one q or k head (then the L2 norm of each token's head is a
+// block sum), or 128 v channels (no norm), or, the last block of a chunk, the gates.
+// grid: (2 n_k + ceil(n_v d_v / 128) + 1, max_chunks), block 128 (d_k <= 128).
+struct DnConvPrepParams {
+    const float* x;        // [n_tok, x_stride]: q|k|v channels at 0..C (the projection)
+    float* out;            // [n_tok, C]: conv + SiLU, q and k heads L2-normed (q scaled)
+    const float* w;        // [C, K]
+    float* state;          // pool [n_slots, slot_stride]
+    const int* chunks;     // [1 + 3 * max_chunks]
+    float* proj;           // the projection again: b at b_off, a at a_off -> beta, g
+    const float* neg_a;    // [n_v]
+    const float* dt_bias;  // [n_v]
+    long long slot_stride;
+    long long layer_off;
+    int max_chunks;
+    int channels;
+    int kernel;
+    int x_stride;
+    int n_k;
+    int d_k;
+    int n_v;
+    int b_off;
+    int a_off;
+    float q_scale;
+    float eps;
+};
+
+extern "C" __global__ void dn_conv_prep_f32(const DnConvPrepParams p) {
+    __shared__ float scratch[32];
+    const int c = blockIdx.y;
+    if (c >= p.chunks[0]) return;
+    const int first = p.chunks[1 + 3 * c], count = p.chunks[2 + 3 * c];
+    const long long slot = p.chunks[3 + 3 * c];
+    const int qk_blocks = 2 * p.n_k;
+    const int v_blocks = (p.channels - qk_blocks * p.d_k + 127) / 128;
+    const int b = blockIdx.x;
+    if (b == qk_blocks + v_blocks) {
+        // The gates of every token of the chunk: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias).
+        for (int e = threadIdx.x; e < count * p.n_v; e += blockDim.x) {
+            const long long t = first + e / p.n_v;
+            const int hh = e % p.n_v;
+            float* row = p.proj + t * p.x_stride;
+            row[p.b_off + hh] = 1.0f / (1.0f + expf(-row[p.b_off + hh]));
+            const float a = row[p.a_off + hh] + p.dt_bias[hh];
+            const float sp = a > 20.0f ? a : log1pf(expf(a));
+            row[p.a_off + hh] = p.neg_a[hh] * sp;
+        }
+        return;
+    }
+    const bool normed = b < qk_blocks;
+    const int ch = normed ? b * p.d_k + threadIdx.x : qk_blocks * p.d_k + (b - qk_blocks) * 128 + threadIdx.x;
+    const bool live = normed ? (int)threadIdx.x < p.d_k : ch < p.channels;
+    const float scale = b < p.n_k ? p.q_scale : 1.0f;
+    const int C = p.channels, K = p.kernel;
+    float* st = p.state + slot * p.slot_stride + p.layer_off;  // [K - 1, C]
+    // The window as in dn_conv_silu_f32: right-aligned, compile-time indices only.
+    constexpr int H = DN_MAX_K - 1;
+    float win[H];
+    float wk[H];
+#pragma unroll
+    for (int jj = 0; jj < H; ++jj) {
+        const int j = jj - (H - (K - 1));
+        win[jj] = (live && j >= 0) ? st[(long long)j * C + ch] : 0.0f;
+        wk[jj] = (live && j >= 0) ? p.w[(long long)ch * K + j] : 0.0f;
+    }
+    const float w_last = live ? p.w[(long long)ch * K + K - 1] : 0.0f;
+    for (int i = 0; i < count; ++i) {
+        const long long t = first + i;
+        const float xin = live ? p.x[t * p.x_stride + ch] : 0.0f;
+        float acc = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < H; ++jj) acc += wk[jj] * win[jj];
+        acc += w_last * xin;
+        float y = live ? dn_silu(acc) : 0.0f;
+        if (normed) {
+            // Every thread of the block takes part in the sum (the dead ones add 0).
+            const float ss = block_sum(y * y, scratch);
+            y = y * (1.0f / sqrtf(ss + p.eps)) * scale;
+        }
+        if (live) p.out[t * C + ch] = y;
+#pragma unroll
+        for (int jj = 0; jj < H - 1; ++jj) win[jj] = win[jj + 1];
+        win[H - 1] = xin;
+    }
+    if (!live) return;
+#pragma unroll
+    for (int jj = 0; jj < H; ++jj) {
+        const int j = jj - (H - (K - 1));
+        if (j >= 0) st[(long long)j * C + ch] = win[jj];
+    }
+}

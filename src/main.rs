@@ -301,7 +301,7 @@ struct BenchArgs {
     #[arg(long, default_value = SAMPLE_MODEL, conflicts_with = "synthetic")]
     model: PathBuf,
     /// A real architecture's shape filled with random weights: qwen3-8b, qwen2.5-7b, llama3-8b,
-    /// smollm2-135m, qwen3-0.6b, qwen3-30b-a3b (MoE), qwen3.5-9b (hybrid, GPU only).
+    /// smollm2-135m, qwen3-0.6b, qwen3-30b-a3b (MoE), qwen3.5-9b and qwen3.6-35b-a3b (hybrid, GPU only).
     #[arg(long)]
     synthetic: Option<String>,
     /// Weight type of a synthetic model: f16, q8_0, q4_0, q4_1, q4_k... (on a GPU also q4_k_m,
@@ -352,6 +352,13 @@ struct BenchArgs {
     /// Token budget per engine step for the batched modes.
     #[arg(long, default_value_t = 2048)]
     max_batch_tokens: usize,
+    /// Print the CUDA memory plan of the mode's sequences (weights, KV, recurrent states,
+    /// workspace) and whether it fits --plan-free-gb, then exit; nothing is loaded.
+    #[arg(long)]
+    plan: bool,
+    /// Free GPU memory the --plan is judged against (default: a 32 GB V100 after its context).
+    #[arg(long, default_value_t = 31.7)]
+    plan_free_gb: f64,
 }
 
 #[derive(Args)]
@@ -654,6 +661,8 @@ fn run(cli: Cli) -> Result<Code> {
                 slots: a.slots,
                 constrained: a.constrained,
                 max_batch_tokens: a.max_batch_tokens,
+                plan: a.plan,
+                plan_free_gb: a.plan_free_gb,
             };
             dustoff::commands::bench_modes::run(&opts)
         }

@@ -34,6 +34,10 @@ pub struct BenchOptions {
     pub slots: usize,
     pub constrained: Option<String>,
     pub max_batch_tokens: usize,
+    /// `--plan`: print the CUDA memory plan of the mode's sequences and exit.
+    pub plan: bool,
+    /// The free GPU memory `--plan` is judged against, in GB.
+    pub plan_free_gb: f64,
 }
 
 /// Runs the mode the options ask for and prints its rows.
@@ -62,6 +66,40 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
             (None, None) => unreachable!("a model is loaded when no shape is given"),
         }
     };
+    if a.plan {
+        // The sequences of the mode: the largest batch, else the shared-prefix job's slots, else
+        // one stream; each of its prompt plus generated tokens.
+        let seqs = match (a.batch.iter().max(), &a.shared_prefix) {
+            (Some(&n), _) => n,
+            (None, Some(_)) => a.slots,
+            (None, None) => 1,
+        };
+        let ctx = a.prompt_tokens.iter().copied().max().unwrap_or(prompt_tokens) + a.gen_tokens;
+        let (cfg, bytes) = match (&a.synthetic, &loaded) {
+            (Some(shape), _) => {
+                let cfg = crate::model::shapes::shape(shape)
+                    .ok_or_else(|| UsageError::new(format!("unknown shape '{shape}'")))?;
+                let dtype = if a.f16_weights { "f16" } else { a.dtype.as_str() };
+                let mix = crate::backend::cuda::WeightMix::parse(dtype)
+                    .ok_or_else(|| UsageError::new(format!("--dtype {dtype}: not a GPU weight type")))?;
+                let m = crate::backend::cuda::backend::synthetic_matrix_bytes(&cfg, mix);
+                let wide = crate::backend::cuda::backend::wide_len(&cfg) as u64 * 2;
+                (cfg, crate::backend::cuda::memory::DeviceWeightBytes { matrices: m, wide_scratch: wide })
+            }
+            (None, Some(m)) => (
+                m.config.clone(),
+                crate::backend::cuda::memory::device_weight_bytes(&m.config, &m.weights, a.f16_weights),
+            ),
+            (None, None) => unreachable!("a model is loaded when no shape is given"),
+        };
+        let free = (a.plan_free_gb * 1e9) as u64;
+        // The step size the mode's backend is made for (below).
+        let step = if seqs > 1 { a.max_batch_tokens.max(seqs) } else { crate::engine::single::PREFILL_CHUNK };
+        let r =
+            super::bench_plan::plan_report(&cfg, bytes.matrices, bytes.wide_scratch, seqs, ctx, BLOCK_SIZE, step, free);
+        r.print_human();
+        return Ok(ExitCode::Ok);
+    }
     let fingerprint = *blake3::hash(name.as_bytes()).as_bytes();
     if let (Some(p), Some(m)) = (&a.constrained, &loaded) {
         let batches = if a.batch.is_empty() { vec![32] } else { a.batch.clone() };

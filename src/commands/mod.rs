@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_constrained;
 pub mod bench_modes;
+pub mod bench_plan;
 pub mod common;
 pub mod convert;
 pub mod devices;

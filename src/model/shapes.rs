@@ -5,8 +5,16 @@ use super::config::{Arch, ModelConfig, MoeConfig, RopeScaling};
 use super::hybrid::{HeadGrouping, HybridConfig};
 
 /// Names accepted by `--synthetic`.
-pub const SHAPES: &[&str] =
-    &["qwen3-8b", "qwen2.5-7b", "llama3-8b", "smollm2-135m", "qwen3-0.6b", "qwen3-30b-a3b", "qwen3.5-9b"];
+pub const SHAPES: &[&str] = &[
+    "qwen3-8b",
+    "qwen2.5-7b",
+    "llama3-8b",
+    "smollm2-135m",
+    "qwen3-0.6b",
+    "qwen3-30b-a3b",
+    "qwen3.5-9b",
+    "qwen3.6-35b-a3b",
+];
 
 pub fn shape(name: &str) -> Option<ModelConfig> {
     #[allow(clippy::too_many_arguments)]
@@ -76,6 +84,34 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
                 attn_output_gate: true,
             }),
             ..c(Arch::Qwen35, 32, 4096, 12288, 16, 4, 256, 248_320, 1e7, 1e-6, false)
+        },
+        // Qwen3.6-35B-A3B = Qwen3.5-35B-A3B (one topology; transformers' qwen3_5_moe docs, and
+        // the released configs as restated by THUDM/slime scripts/models/qwen3.5-35B-A3B.sh):
+        // 40 layers, every 4th full attention (16 query / 2 KV heads of 256, output gate, 25% =
+        // 64 rotated dims, theta 1e7), the others Gated DeltaNet (16 key / 32 value heads of
+        // 128, conv kernel 4); every layer sparse: 256 experts, 8 used, width 512, plus a gated
+        // shared expert of width 512 (`expert_ffn_dim` here, the same in the config); untied
+        // head over 248,320 tokens. No dense FFN (`ffn_dim` 0, as in the GGUF files).
+        "qwen3.6-35b-a3b" | "qwen3.5-35b-a3b" => ModelConfig {
+            hybrid: Some(HybridConfig {
+                recurrent: (0..40).map(|i| (i + 1) % 4 != 0).collect(),
+                n_k_heads: 16,
+                n_v_heads: 32,
+                d_k: 128,
+                d_v: 128,
+                conv_kernel: 4,
+                grouping: HeadGrouping::Tiled,
+                rotary_dim: 64,
+                attn_output_gate: true,
+            }),
+            moe: Some(MoeConfig {
+                n_experts: 256,
+                n_used: 8,
+                expert_ffn_dim: 512,
+                norm_topk_prob: true,
+                sparse_layers: vec![true; 40],
+            }),
+            ..c(Arch::Qwen35Moe, 40, 2048, 0, 16, 2, 256, 248_320, 1e7, 1e-6, false)
         },
         _ => return None,
     })

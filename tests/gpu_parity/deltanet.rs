@@ -3,9 +3,13 @@
 //! sequences per launch with the token counts of a real step (1, 2, 7, 9, 33, 64) and both the
 //! test model's head sizes (32) and the released models' (128).
 
-use dustoff::backend::cpu::deltanet::{conv1d_silu, delta_rule_step, gated_rmsnorm, gates_inplace, l2norm_inplace};
+use dustoff::backend::cpu::deltanet::{
+    conv1d_silu, delta_rule_chunked, delta_rule_step, gated_rmsnorm, gates_inplace, l2norm_inplace,
+};
 use dustoff::backend::cpu::ops;
-use dustoff::backend::cuda::deltanet::{DnConv, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool};
+use dustoff::backend::cuda::deltanet::{
+    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool, DN_AB_ROW, DN_CH,
+};
 use dustoff::model::config::RopeStyle;
 
 use super::{compare, f16_vals, gpu, Gpu};
@@ -99,6 +103,7 @@ fn cpu_recurrence(
     mats: &mut [f32],
     mats_off: usize,
     per_slot: usize,
+    chunk: Option<usize>,
 ) -> Vec<f32> {
     let (c, ps, vd) = (cs.channels(), cs.proj_stride(), cs.nv * cs.dv);
     let n: usize = counts.iter().sum();
@@ -120,6 +125,24 @@ fn cpu_recurrence(
         for h in 0..cs.nv {
             let kh = if cs.tiled { h % cs.nk } else { h / (cs.nv / cs.nk) };
             let base = slot * per_slot + mats_off + h * cs.mat();
+            if let Some(ch) = chunk {
+                // The chunked CPU twin over the chunk's tokens of this head, gathered.
+                let (mut q, mut k, mut v, mut g, mut beta) = (vec![], vec![], vec![], vec![], vec![]);
+                for t in t0..t0 + cnt {
+                    let m = &mixed[t * c..(t + 1) * c];
+                    q.extend_from_slice(&m[kh * cs.dk..(kh + 1) * cs.dk]);
+                    k.extend_from_slice(&m[(cs.nk + kh) * cs.dk..(cs.nk + kh + 1) * cs.dk]);
+                    v.extend_from_slice(&m[2 * cs.nk * cs.dk + h * cs.dv..2 * cs.nk * cs.dk + (h + 1) * cs.dv]);
+                    g.push(proj[t * ps + a_off + h]);
+                    beta.push(proj[t * ps + b_off + h]);
+                }
+                let mut o = vec![0f32; cnt * cs.dv];
+                delta_rule_chunked(&mut mats[base..base + cs.mat()], &q, &k, &v, &g, &beta, ch, &mut o);
+                for (i, t) in (t0..t0 + cnt).enumerate() {
+                    out[t * vd + h * cs.dv..][..cs.dv].copy_from_slice(&o[i * cs.dv..(i + 1) * cs.dv]);
+                }
+                continue;
+            }
             for t in t0..t0 + cnt {
                 let m = &mixed[t * c..(t + 1) * c];
                 let (q, k) = (&m[kh * cs.dk..(kh + 1) * cs.dk], &m[(cs.nk + kh) * cs.dk..(cs.nk + kh + 1) * cs.dk]);
@@ -175,6 +198,23 @@ fn delta_rule_many_token_form_equals_steps_and_the_cpu() {
             &mut want_pool,
             mats_off,
             per_slot,
+            None,
+        );
+        // The chunked CPU twin from the same prepared inputs (mixed and proj after the prep).
+        let mut chunk_pool = pool.clone();
+        let (mut m2, mut p2) = (mixed.clone(), proj.clone());
+        let want_chunked = cpu_recurrence(
+            cs,
+            &COUNTS,
+            &slots,
+            &mut m2,
+            &mut p2,
+            &neg_a,
+            &dt_bias,
+            &mut chunk_pool,
+            mats_off,
+            per_slot,
+            Some(DN_CH),
         );
         let (md, pjd, nad, dtd) = (g.up(&mixed), g.up(&proj), g.up(&neg_a), g.up(&dt_bias));
         let (b_off, a_off) = (c + vd, c + vd + cs.nv);
@@ -247,6 +287,36 @@ fn delta_rule_many_token_form_equals_steps_and_the_cpu() {
         }
         compare("dn_recur_step_vs_many", g.seed, &steps, &many);
         compare("dn_recur_step_vs_many", g.seed, &g.down(&ps2), &g.down(&pd));
+        // The chunked form (prefill): against its CPU twin and against the step form.
+        let max_chunks = COUNTS.len() + 2; // two more launched than the table holds
+        let mut padded = table.clone();
+        padded.resize(1 + 3 * max_chunks, 0);
+        let (td, pc, od) = (g.up(&padded), g.up(&pool), g.poisoned(n * vd));
+        let abd = g.poisoned(n * cs.nv * DN_AB_ROW);
+        let recur = DnRecur {
+            mixed: g.d(&md),
+            proj: g.d(&pjd),
+            out: g.d(&od),
+            pool: StatePool { state: g.d(&pc), slot_stride: per_slot, layer_off: 0, chunks: g.d(&td), max_chunks },
+            conv_len: mats_off,
+            n_tok: n,
+            n_k: cs.nk,
+            n_v: cs.nv,
+            d_k: cs.dk,
+            d_v: cs.dv,
+            channels: c,
+            proj_stride: ps,
+            b_off,
+            a_off,
+            tiled: cs.tiled,
+        };
+        let max_count = *COUNTS.iter().max().unwrap();
+        DnChunked { recur: &recur, ab: g.d(&abd), max_count }.launch(&mut g.k, &s).unwrap();
+        let chunked = g.down(&od);
+        compare("dn_chunk_scan_f32", g.seed, &chunked, &want_chunked);
+        compare("dn_chunk_scan_f32", g.seed, &g.down(&pc), &chunk_pool);
+        compare("dn_chunk_vs_step", g.seed, &chunked, &want);
+        compare("dn_chunk_vs_step", g.seed, &g.down(&pc), &want_pool);
     }
 }
 
@@ -377,6 +447,84 @@ fn gated_partial_rope_qkv_post_and_output_gate() {
     }
 }
 
+/// `dn_conv_prep_f32` (conv + SiLU, q/k L2 norms, gates in one launch) against its CPU twins
+/// in order (conv1d_silu, l2norm_inplace and the q scale, gates_inplace), over several
+/// sequences with their own conv windows; the projection's q|k|v channels are its first
+/// columns, the gates after the z block, as in a layer.
+#[test]
+fn conv_norm_and_gates_in_one_kernel_equal_the_cpu_steps() {
+    let Some(mut g) = gpu("dn_conv_prep") else { return };
+    let s = g.dev.stream.clone();
+    for cs in
+        [Case { nk: 2, nv: 4, dk: 32, dv: 32, tiled: false }, Case { nk: 2, nv: 4, dk: 128, dv: 128, tiled: true }]
+    {
+        let (c, ps, vd, kk) = (cs.channels(), cs.proj_stride(), cs.nv * cs.dv, 4);
+        let n: usize = COUNTS.iter().sum();
+        let slots = [3, 0, 5, 1, 4, 2];
+        let per_slot = (kk - 1) * c + 5;
+        let proj = g.randn(n * ps, 2.0);
+        let w = g.randn(c * kk, 0.7);
+        let pool = g.randn(6 * per_slot, 1.0);
+        let neg_a: Vec<f32> = g.randn(cs.nv, 1.0).iter().map(|v| -(v * 1.5).exp()).collect();
+        let dt_bias = g.randn(cs.nv, 1.0);
+        let (b_off, a_off) = (c + vd, c + vd + cs.nv);
+        // CPU: the three steps.
+        let (mut want, mut want_pool, mut want_proj) = (vec![0f32; n * c], pool.clone(), proj.clone());
+        let mut t0 = 0;
+        for (&cnt, &slot) in COUNTS.iter().zip(&slots) {
+            let xs: Vec<f32> = (t0..t0 + cnt).flat_map(|t| proj[t * ps..t * ps + c].to_vec()).collect();
+            let st = &mut want_pool[slot * per_slot..slot * per_slot + (kk - 1) * c];
+            conv1d_silu(&xs, st, &w, c, kk, &mut want[t0 * c..(t0 + cnt) * c]);
+            t0 += cnt;
+        }
+        let scale = 1.0 / (cs.dk as f32).sqrt();
+        for t in 0..n {
+            let m = &mut want[t * c..(t + 1) * c];
+            for head in m[..2 * cs.nk * cs.dk].chunks_exact_mut(cs.dk) {
+                l2norm_inplace(head, 1e-6);
+            }
+            m[..cs.nk * cs.dk].iter_mut().for_each(|v| *v *= scale);
+            let row = &mut want_proj[t * ps..(t + 1) * ps];
+            let (left, a) = row.split_at_mut(a_off);
+            gates_inplace(&mut left[b_off..b_off + cs.nv], &mut a[..cs.nv], &neg_a, &dt_bias);
+        }
+        let mut table = chunk_table(&COUNTS, &slots);
+        table.resize(1 + 3 * 8, 0); // 8 chunks launched, 6 in the table
+        let (pjd, wd, pd, td, od) = (g.up(&proj), g.up(&w), g.up(&pool), g.up(&table), g.poisoned(n * c));
+        let (nad, dtd) = (g.up(&neg_a), g.up(&dt_bias));
+        let pool_v =
+            StatePool { state: g.d(&pd), slot_stride: per_slot, layer_off: 0, chunks: g.d(&td), max_chunks: 8 };
+        let conv = DnConv {
+            x: g.d(&pjd),
+            x_stride: ps,
+            out: g.d(&od),
+            w: g.d(&wd),
+            pool: pool_v,
+            n_tok: n,
+            channels: c,
+            kernel: kk,
+        };
+        let prep = DnPrep {
+            mixed: g.d(&od),
+            proj: g.d(&pjd),
+            neg_a: g.d(&nad),
+            dt_bias: g.d(&dtd),
+            n_tok: n,
+            n_k: cs.nk,
+            d_k: cs.dk,
+            n_v: cs.nv,
+            channels: c,
+            proj_stride: ps,
+            b_off,
+            a_off,
+        };
+        DnConvPrep { conv: &conv, prep: &prep }.launch(&mut g.k, &s).unwrap();
+        compare("dn_conv_prep_f32", g.seed, &g.down(&od), &want);
+        compare("dn_conv_prep_f32", g.seed, &g.down(&pd), &want_pool);
+        compare("dn_conv_prep_f32", g.seed, &g.down(&pjd), &want_proj);
+    }
+}
+
 /// GPU time of one Gated DeltaNet layer's kernels (conv, prep, recurrence, gated norm; the
 /// matmuls excluded) at the linear-layer shape of Qwen3.5-9B / Qwen3-Next (16 key heads and 32
 /// value heads of 128, state 32 x 128 x 128 f32 = 2 MB per sequence and layer): decode of 1 and
@@ -461,6 +609,20 @@ fn deltanet_layer_timings() {
         let t_conv = super::bench::time(&mut g, &mut |g| conv.launch(&mut g.k, &s).unwrap());
         let t_prep = super::bench::time(&mut g, &mut |g| prep.launch(&mut g.k, &s).unwrap());
         let t_recur = super::bench::time(&mut g, &mut |g| recur.launch(&mut g.k, &s).unwrap());
+        let longest = counts.iter().copied().max().unwrap_or(0);
+        if longest > 1 {
+            let abd = g.zeros::<f32>(n * cs.nv * DN_AB_ROW);
+            let ch = DnChunked { recur: &recur, ab: g.d(&abd), max_count: longest };
+            let t = super::bench::time(&mut g, &mut |g| ch.launch(&mut g.k, &s).unwrap());
+            println!(
+                "deltanet 9B shape, {what}: chunked delta rule {:.1} us ({} + {} blocks) against the step form's {:.1} us ({} blocks)",
+                t * 1e6,
+                cs.nv * longest.div_ceil(DN_CH),
+                cs.nv * cs.dv / dustoff::backend::cuda::deltanet::DN_COLS,
+                t_recur * 1e6,
+                cs.nv
+            );
+        }
         let t_norm = super::bench::time(&mut g, &mut |g| norm.launch(&mut g.k, &s).unwrap());
         let state_bytes = (counts.len() * cs.nv * cs.mat() * 4 * 2) as f64;
         println!(

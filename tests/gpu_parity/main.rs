@@ -13,12 +13,14 @@ mod calibrate;
 #[path = "../common/mod.rs"]
 mod common;
 mod deltanet;
+mod hybrid_moe;
 mod masked;
 mod moe;
 mod moe_bench;
 mod quant;
 mod quant_bench;
 mod qwen35;
+mod shared_expert;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use rand::rngs::StdRng;
@@ -180,10 +182,21 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("dn_prep_f32", 1e-6),
     ("dn_recur_f32", 1e-5),
     ("dn_recur_step_vs_many", 0.0),
+    // The chunked form against its CPU twin (the same algebra, sums in another order) and
+    // against the step form (another algebra: the CPU tests allow 1e-4 absolute between them).
+    ("dn_chunk_scan_f32", 1e-5),
+    ("dn_conv_prep_f32", 1e-6),
+    ("dn_chunk_vs_step", 1e-4),
     ("dn_gated_norm_f32", 1e-5),
     ("hyb_qkv_post_f32", 1e-5),
     ("hyb_kv_store_f16", 1e-3),
     ("hyb_gate_mul_f32", 1e-6),
+    // The shared expert: the gate kernel sums in another order (and fma); a whole sparse
+    // layer with one rounds its matmul inputs to F16 (or int8 blocks) twice, gate/up then down,
+    // as the `wide_*` products do once.
+    ("shexp_gate_add_f32", 1e-6),
+    ("shared_expert_layer_f16", 3e-3),
+    ("shared_expert_layer_quant", 3e-3),
 ];
 
 /// Greedy near-tie margin for F16 GPU arithmetic (tests/data/smollm2/README.md).

@@ -14,7 +14,7 @@
 //! greedy token is compared (smallest margin 0.06, above the GPU's logit error).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use dustoff::backend::cpu::CpuBackend;
 use dustoff::backend::cuda::CudaBackend;
@@ -33,12 +33,21 @@ const GPU_LOGIT_TOL: f64 = 5e-2;
 /// After a prompt in one chunk (F16 matmul inputs, tensor-core attention).
 const GPU_PREFILL_TOL: f64 = 7.5e-2;
 
+/// `../shared/testdata/arch/<arch>/` (qwen3_5, qwen3_5_moe, qwen3_next).
+pub(super) fn arch_dir(arch: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/arch").join(arch)
+}
+
 fn data_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/arch/qwen3_5")
+    arch_dir("qwen3_5")
 }
 
 fn refs() -> Vec<serde_json::Value> {
-    let p = data_dir().join("refs.jsonl");
+    refs_in(&data_dir())
+}
+
+pub(super) fn refs_in(dir: &Path) -> Vec<serde_json::Value> {
+    let p = dir.join("refs.jsonl");
     std::fs::read_to_string(&p)
         .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
         .lines()
@@ -47,8 +56,9 @@ fn refs() -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn cuda(m: &LoadedModel, blocks: usize) -> CudaBackend {
-    CudaBackend::new(m.config.clone(), &m.weights, &opts(blocks)).expect("qwen35 on the CUDA backend")
+pub(super) fn cuda(m: &LoadedModel, blocks: usize) -> CudaBackend {
+    CudaBackend::new(m.config.clone(), &m.weights, &opts(blocks))
+        .unwrap_or_else(|e| panic!("{} on the CUDA backend: {e}", m.config.arch.name()))
 }
 
 fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
@@ -57,7 +67,7 @@ fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
 }
 
 /// Prefill in one chunk, then the 32 reference tokens one decode step at a time.
-fn prefill_then_decode(b: &mut CudaBackend, r: &serde_json::Value) -> Vec<Vec<f32>> {
+pub(super) fn prefill_then_decode(b: &mut CudaBackend, r: &serde_json::Value) -> Vec<Vec<f32>> {
     let (prompt, greedy) = (ids(r, "prompt_ids"), ids(r, "greedy_ids"));
     let mut seq = SingleSeq::new(&*b, 0, prompt.len() + greedy.len()).unwrap();
     let mut out = vec![seq.feed(b, &prompt).unwrap()];
@@ -68,23 +78,61 @@ fn prefill_then_decode(b: &mut CudaBackend, r: &serde_json::Value) -> Vec<Vec<f3
 }
 
 fn check_against_refs(m: &LoadedModel, form: &str) {
+    check_against_refs_in(&refs(), m, form, &DENSE)
+}
+
+/// The GPU's bounds for one model family: logits after a one-chunk prefill and after
+/// one-token steps; the reference margin from which greedy tokens and teacher-forced argmaxes
+/// are compared, and the share of prompt positions that must be compared.
+pub(super) struct GpuTol {
+    pub prefill: f64,
+    pub decode: f64,
+    /// Greedy tokens are compared where the reference margin is at least this (0: all).
+    pub greedy_tau: f64,
+    pub tf_tau: f64,
+    pub min_checked: f64,
+}
+
+/// Dense Qwen3.5 (measured, see the module docs): every greedy token compared.
+const DENSE: GpuTol =
+    GpuTol { prefill: GPU_PREFILL_TOL, decode: GPU_LOGIT_TOL, greedy_tau: 0.0, tf_tau: TAU_GPU, min_checked: 0.75 };
+
+/// The assertions of the CPU tests (tests/hybrid_refs) on the CUDA backend, with the GPU
+/// bounds `tol`, for the references `refs` of the model `m`. Every prompt is measured and
+/// printed before the first failure is reported.
+pub(super) fn check_against_refs_in(refs: &[serde_json::Value], m: &LoadedModel, form: &str, tol: &GpuTol) {
+    let arch = m.config.arch.name();
     let mut b = cuda(m, 16);
     let mut worst = 0f64;
-    for r in refs() {
+    let mut failures: Vec<String> = Vec::new();
+    let mut fail = |ok: bool, what: String| {
+        if !ok {
+            eprintln!("FAILED: {what}");
+            failures.push(what);
+        }
+    };
+    for r in refs.iter().cloned() {
         let name = r["name"].as_str().unwrap().to_string();
         let (prompt, greedy) = (ids(&r, "prompt_ids"), ids(&r, "greedy_ids"));
         let (tf_argmax, tf_margin) = (ids(&r, "argmax_ids"), floats(&r, "margins"));
         let logits = prefill_then_decode(&mut b, &r);
         let d0 = max_abs_diff(&logits[0], &floats(&r, "prompt_last_logits"));
         let d1 = max_abs_diff(&logits[32], &floats(&r, "last_logits"));
-        eprintln!("qwen35 {form} {name}: |logit - transformers| after the prompt {d0:.2e}, after 32 tokens {d1:.2e}");
-        assert!(d0 < GPU_PREFILL_TOL, "{form} {name}: prompt_last_logits differ by {d0}");
-        assert!(d1 < GPU_LOGIT_TOL, "{form} {name}: last_logits differ by {d1}");
+        eprintln!("{arch} {form} {name}: |logit - transformers| after the prompt {d0:.2e}, after 32 tokens {d1:.2e}");
+        fail(d0 < tol.prefill, format!("{form} {name}: prompt_last_logits differ by {d0}"));
+        fail(d1 < tol.decode, format!("{form} {name}: last_logits differ by {d1}"));
         worst = worst.max(d0).max(d1);
+        let margins = floats(&r, "greedy_margins");
+        let mut compared = 0;
         for (i, &want) in greedy.iter().enumerate() {
-            assert!(floats(&r, "greedy_margins")[i] >= NEAR_TIE, "{name}: near-tie in the greedy reference");
-            assert_eq!(argmax(&logits[i]), want, "{form} {name}: greedy token {i}");
+            assert!(margins[i] >= NEAR_TIE, "{name}: near-tie in the greedy reference");
+            if margins[i] >= tol.greedy_tau {
+                let got = argmax(&logits[i]);
+                fail(got == want, format!("{form} {name}: greedy token {i} is {got}, transformers {want}"));
+                compared += 1;
+            }
         }
+        eprintln!("{arch} {form} {name}: {compared} of 32 greedy tokens compared");
         // Teacher forcing one token per step (the decode path, graph replay).
         let mut seq = SingleSeq::new(&b, 0, prompt.len()).unwrap();
         let top5: BTreeMap<u64, &serde_json::Value> =
@@ -93,27 +141,32 @@ fn check_against_refs(m: &LoadedModel, form: &str) {
         for (p, &t) in prompt.iter().enumerate() {
             let l = seq.feed(&mut b, &[t]).unwrap();
             usable += usize::from(tf_margin[p] >= NEAR_TIE);
-            if tf_margin[p] >= TAU_GPU {
-                assert_eq!(argmax(&l), tf_argmax[p], "{form} {name}: teacher-forced argmax at position {p}");
+            if tf_margin[p] >= tol.tf_tau {
+                let got = argmax(&l);
+                fail(got == tf_argmax[p], format!("{form} {name}: teacher-forced argmax at position {p} is {got}"));
                 checked += 1;
             }
             if let Some(e) = top5.get(&(p as u64)) {
                 for (id, want) in ids(e, "ids").iter().zip(floats(e, "logits")) {
                     let d = (l[*id as usize] as f64 - want).abs();
-                    assert!(d < GPU_LOGIT_TOL, "{form} {name}: top-5 logit of {id} at position {p} differs by {d}");
+                    fail(d < tol.decode, format!("{form} {name}: top-5 logit of {id} at position {p} differs by {d}"));
                 }
             }
             if p + 1 == prompt.len() {
                 let d = max_abs_diff(&l, &floats(&r, "prompt_last_logits"));
-                assert!(d < GPU_LOGIT_TOL, "{form} {name}: token-by-token prompt logits differ by {d}");
+                eprintln!("{arch} {form} {name}: token-by-token prompt logits {d:.2e} from transformers");
+                fail(d < tol.decode, format!("{form} {name}: token-by-token prompt logits differ by {d}"));
             }
         }
-        // The reference's own near-ties leave at most 3 positions out (as on the CPU); the GPU's
-        // margin leaves out at most a quarter more.
-        assert!(usable + 3 >= prompt.len(), "{form} {name}: only {usable} positions had usable margins");
-        assert!(4 * checked >= 3 * prompt.len(), "{form} {name}: only {checked} positions compared");
+        // The reference's own near-ties leave at most a twentieth of the positions out (the CPU
+        // tests' rule); the GPU's margin leaves out at most the share `min_checked` allows.
+        assert!(usable * 20 >= prompt.len() * 19, "{form} {name}: only {usable} positions had usable margins");
+        eprintln!("{arch} {form} {name}: {checked} of {} teacher-forced positions compared", prompt.len());
+        let share = checked as f64 / prompt.len() as f64;
+        fail(share >= tol.min_checked, format!("{form} {name}: only {checked} positions compared"));
     }
-    eprintln!("qwen35 {form} on {}: largest |logit - transformers| {worst:.2e}", b.describe());
+    eprintln!("{arch} {form} on {}: largest |logit - transformers| {worst:.2e}", b.describe());
+    assert!(failures.is_empty(), "{} failures, the first: {}", failures.len(), failures[0]);
 }
 
 #[test]
@@ -130,15 +183,20 @@ fn qwen35_hf_directory_on_cuda_matches_transformers() {
     check_against_refs(&m, "hf");
 }
 
-struct Run {
-    slots: usize,
-    max_batch_tokens: usize,
-    prefix_cache: bool,
+pub(super) struct Run {
+    pub slots: usize,
+    pub max_batch_tokens: usize,
+    pub prefix_cache: bool,
 }
 
 /// The six reference prompts, then the chat prompt twice more (the third copy resumes from
 /// the state snapshot the second one took), 8 greedy tokens each.
-fn engine_run<B: Backend>(b: B, m: &LoadedModel, r: &Run) -> (BTreeMap<u64, Vec<u32>>, EngineMetrics) {
+pub(super) fn engine_run_in<B: Backend>(
+    refs: &[serde_json::Value],
+    b: B,
+    m: &LoadedModel,
+    r: &Run,
+) -> (BTreeMap<u64, Vec<u32>>, EngineMetrics) {
     let cfg = EngineConfig {
         slots: r.slots,
         max_batch_tokens: r.max_batch_tokens,
@@ -146,7 +204,7 @@ fn engine_run<B: Backend>(b: B, m: &LoadedModel, r: &Run) -> (BTreeMap<u64, Vec<
         model_fingerprint: m.fingerprint,
     };
     let mut e = Engine::new(b, cfg).unwrap();
-    let mut prompts: Vec<Vec<u32>> = refs().iter().map(|r| ids(r, "prompt_ids")).collect();
+    let mut prompts: Vec<Vec<u32>> = refs.iter().map(|r| ids(r, "prompt_ids")).collect();
     prompts.push(prompts[1].clone());
     prompts.push(prompts[1].clone());
     for (i, p) in prompts.into_iter().enumerate() {
@@ -165,9 +223,23 @@ fn engine_run<B: Backend>(b: B, m: &LoadedModel, r: &Run) -> (BTreeMap<u64, Vec<
 fn qwen35_engine_on_cuda_same_output_with_prefix_cache_on_and_off() {
     let Some(_g) = gpu("qwen35 engine") else { return };
     let m = load_model(&data_dir().join("qwen3_5-f16.gguf")).expect("load the qwen35 GGUF");
-    let r = refs();
+    engine_on_cuda_equals_cpu(&refs(), &m);
+}
+
+/// The engine's greedy outputs on the CUDA backend equal the CPU backend's (and those equal
+/// transformers') with the prefix cache on and off, 1 or 8 slots, whole or chunked prefill.
+pub(super) fn engine_on_cuda_equals_cpu(r: &[serde_json::Value], m: &LoadedModel) {
+    engine_on_cuda_equals_cpu_to(r, m, 0.0)
+}
+
+/// [`engine_on_cuda_equals_cpu`] where each request is compared up to its first token whose
+/// reference greedy margin is below `tau` (free-running: a near-tie the GPU's F16 rounding
+/// flips changes every later token).
+pub(super) fn engine_on_cuda_equals_cpu_to(r: &[serde_json::Value], m: &LoadedModel, tau: f64) {
+    let arch = m.config.arch.name();
+    let engine_run = |b, m, run| engine_run_in(r, b, m, run);
     let base = Run { slots: 1, max_batch_tokens: 512, prefix_cache: false };
-    let (want, _) = engine_run(CpuBackend::new(m.config.clone(), m.weights.clone(), 64, 16), &m, &base);
+    let (want, _) = engine_run_in(r, CpuBackend::new(m.config.clone(), m.weights.clone(), 64, 16), m, &base);
     for (&i, t) in &want {
         let src = if i as usize >= r.len() { 1 } else { i as usize };
         assert_eq!(t[..], ids(&r[src], "greedy_ids")[..8], "request {i}: CPU vs transformers");
@@ -180,14 +252,22 @@ fn qwen35_engine_on_cuda_same_output_with_prefix_cache_on_and_off() {
         ("8 slots, prefix cache, chunked prefill", Run { slots: 8, prefix_cache: true, max_batch_tokens: 24 }),
     ];
     for (name, run) in &variants {
-        let (got, mt) = engine_run(cuda(&m, 64), &m, run);
-        assert_eq!(got, want, "{name}: CUDA outputs differ from the CPU's: {mt:?}");
+        let (got, mt) = engine_run(cuda(m, 64), m, run);
+        let mut compared = 0;
+        for (&i, w) in &want {
+            let src = if i as usize >= r.len() { 1 } else { i as usize };
+            let margins = floats(&r[src], "greedy_margins");
+            let n = margins.iter().take(w.len()).take_while(|&&x| x >= tau).count();
+            assert_eq!(got[&i][..n], w[..n], "{name}: request {i}: CUDA outputs differ from the CPU's: {mt:?}");
+            compared += n;
+        }
+        eprintln!("{arch} engine on cuda, {name}: {compared} tokens compared");
         if run.prefix_cache {
             assert!(mt.prompt_tokens_cached >= 32, "{name}: no prefix reuse: {mt:?}");
         } else {
             assert_eq!(mt.prompt_tokens_cached, 0, "{name}");
         }
-        eprintln!("qwen35 engine on cuda, {name}: {} prompt tokens cached", mt.prompt_tokens_cached);
+        eprintln!("{arch} engine on cuda, {name}: {} prompt tokens cached", mt.prompt_tokens_cached);
     }
 }
 

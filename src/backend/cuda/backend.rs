@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use super::device::CudaDevice;
 use super::dmat::{DevMat, Linear};
 use super::kernels::{Kernels, PtxSource};
-use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory};
+use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for};
 use super::qformat::{check_tensor, QFormat};
 use super::CudaError;
 use crate::backend::{Backend, BackendError};
@@ -96,6 +96,8 @@ pub(super) struct Work {
     pub masks: super::masked::MaskBuffers,
     /// Buffers of the sparse layers (expert ids, weights, grouping, expert outputs).
     pub moe: super::moe::MoeWork,
+    /// Buffers of the shared experts (Qwen3.5-MoE, Qwen3-Next).
+    pub shexp: super::shared_expert::SharedWork,
 }
 
 pub struct CudaBackend {
@@ -167,10 +169,10 @@ pub(super) struct Parts {
     pub hybrid: Option<super::hybrid::HybridCuda>,
 }
 
-/// Models whose layers the CUDA backend has no kernels for: hybrid models other than the dense
-/// Qwen3.5 (`qwen35`), and mixture-of-experts models.
+/// Models whose layers the CUDA backend has no kernels for: hybrid (linear-attention) models
+/// other than Qwen3.5, Qwen3.5-MoE and Qwen3-Next (none today: every hybrid arch runs).
 fn refuse_unsupported(cfg: &ModelConfig) -> Result<(), CudaError> {
-    if cfg.hybrid.is_some() && cfg.arch != Arch::Qwen35 {
+    if cfg.hybrid.is_some() && !matches!(cfg.arch, Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next) {
         return Err(CudaError::Weights(format!(
             "{} models have linear-attention (Gated DeltaNet) layers, which the CUDA backend does not run yet; use --device cpu",
             cfg.arch.name()
@@ -189,7 +191,8 @@ pub(super) fn open(
     refuse_unsupported(cfg)?;
     let dev = CudaDevice::new(opts.ordinal)?;
     let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
-    let plan = plan_memory(cfg, matrix_bytes, wide, opts.num_blocks, opts.block_size, opts.max_batch_tokens);
+    let (blocks, bs) = (opts.num_blocks, opts.block_size);
+    let plan = plan_memory_for(cfg, matrix_bytes, wide, blocks, bs, opts.max_batch_tokens, opts.max_positions);
     let (free, _) = dev.mem_info()?;
     plan.check(free as u64, &dev.describe(), opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
@@ -239,7 +242,18 @@ impl CudaBackend {
         for (i, lw) in w.layers.iter().enumerate() {
             let name = |s: &str| format!("layer {i} {s}");
             if !c.has_kv(i) {
-                // A linear-attention layer: its weights live in `HybridCuda`; no KV cache.
+                // A linear-attention layer: its weights live in `HybridCuda`; no KV cache. Its
+                // FFN is dense (Qwen3.5) or sparse with a shared expert (Qwen3.5-MoE, Qwen3-Next).
+                let (wgu, wdown, moe) = match &lw.moe {
+                    Some(m) => {
+                        let (m, c) = super::moe::MoeLayerW::upload(s, m, f16, &name("experts"))?;
+                        moe_clamped += c;
+                        (Linear { parts: Vec::new() }, Linear { parts: Vec::new() }, Some(m))
+                    }
+                    None => {
+                        (put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?, put(&[&lw.w_down], &name("w_down"))?, None)
+                    }
+                };
                 layers.push(LayerW {
                     attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
                     wqkv: Linear { parts: Vec::new() },
@@ -248,9 +262,9 @@ impl CudaBackend {
                     k_norm: None,
                     wo: Linear { parts: Vec::new() },
                     ffn_norm: up(s, &lw.ffn_norm, &name("ffn_norm"))?,
-                    wgu: put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?,
-                    wdown: put(&[&lw.w_down], &name("w_down"))?,
-                    moe: None,
+                    wgu,
+                    wdown,
+                    moe,
                     k_cache: zeros(s, 0, &name("K cache"))?,
                     v_cache: zeros(s, 0, &name("V cache"))?,
                 });
@@ -415,7 +429,8 @@ impl CudaBackend {
             .chain(linear)
             .chain([&p.embd])
             .chain(p.output.as_ref());
-        let slabs = p.layers.iter().filter_map(|l| l.moe.as_ref()).flat_map(|m| m.slabs());
+        let shared = p.layers.iter().filter_map(|l| l.moe.as_ref()?.shared.as_ref()).flat_map(|x| x.mats());
+        let slabs = p.layers.iter().filter_map(|l| l.moe.as_ref()).flat_map(|m| m.slabs()).chain(shared);
         for m in all.flat_map(|l| &l.parts).chain(slabs) {
             match formats.iter_mut().find(|f| f.0 == m.format()) {
                 Some(f) => f.1 += 1,
@@ -549,7 +564,7 @@ fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, us
 /// Formats of a synthetic sparse layer's (gate and up, down) expert slabs: as the dense FFN of
 /// the mix (Q4_K_M: down in Q6_K in the layers `more_bits` picks, as llama.cpp does for
 /// `ffn_down_exps`).
-fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (GgmlType, GgmlType) {
+pub(super) fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (GgmlType, GgmlType) {
     match mix {
         WeightMix::Uniform(t) => (t, t),
         WeightMix::Q4KM if more_bits(layer, n_layers) => (GgmlType::Q4K, GgmlType::Q6K),
@@ -560,6 +575,9 @@ fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (GgmlType, Ggml
 /// Device bytes of every weight matrix of a synthetic model of shape `c` in `mix` (routers in
 /// f32, expert slabs packed): what the memory plan counts before anything is made.
 pub fn synthetic_matrix_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
+    if c.hybrid.is_some() {
+        return super::hybrid_synth::matrix_bytes(c, mix);
+    }
     let bytes =
         |(t, r, k): (GgmlType, usize, usize)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64;
     let dense: u64 = synthetic_shapes(c, mix).into_iter().map(bytes).sum();

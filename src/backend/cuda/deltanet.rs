@@ -189,6 +189,95 @@ impl DnPrep {
     }
 }
 
+// ---------------------------------------------------------------- deltanet.cu: conv + prep
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DnConvPrepParams {
+    x: u64,
+    out: u64,
+    w: u64,
+    state: u64,
+    chunks: u64,
+    proj: u64,
+    neg_a: u64,
+    dt_bias: u64,
+    slot_stride: i64,
+    layer_off: i64,
+    max_chunks: i32,
+    channels: i32,
+    kernel: i32,
+    x_stride: i32,
+    n_k: i32,
+    d_k: i32,
+    n_v: i32,
+    b_off: i32,
+    a_off: i32,
+    q_scale: f32,
+    eps: f32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
+unsafe impl DeviceRepr for DnConvPrepParams {}
+
+/// [`DnConv`] then [`DnPrep`] in one launch (`dn_conv_prep_f32`): the conv's output is the
+/// prep's `mixed`, its input the prep's `proj` (the layer's projection), as in a layer step.
+pub struct DnConvPrep<'a> {
+    pub conv: &'a DnConv,
+    pub prep: &'a DnPrep,
+}
+
+impl DnConvPrep<'_> {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "dn_conv_prep_f32";
+        let (c, p) = (self.conv, self.prep);
+        check(K, c.out.ptr == p.mixed.ptr && c.x.ptr == p.proj.ptr && c.x_stride == p.proj_stride, || {
+            "the conv must write the prep's rows and read its projection".into()
+        })?;
+        check(K, c.channels == p.channels && c.n_tok == p.n_tok, || "conv and prep shapes differ".into())?;
+        check(K, (1..=DN_MAX_K).contains(&c.kernel), || format!("conv kernel {} (1..=8)", c.kernel))?;
+        check(K, p.d_k > 0 && p.d_k <= 128 && 2 * p.n_k * p.d_k <= c.channels, || {
+            format!("{} q/k heads of {} in {} channels (heads of at most 128)", 2 * p.n_k, p.d_k, c.channels)
+        })?;
+        check(K, p.b_off + p.n_v <= p.proj_stride && p.a_off + p.n_v <= p.proj_stride, || {
+            "gate columns beyond the projection row".into()
+        })?;
+        check(K, c.channels <= c.x_stride, || "channels beyond the input stride".into())?;
+        need(K, "input", c.x, extent(c.n_tok, c.x_stride, c.x_stride))?;
+        need(K, "output", c.out, c.n_tok * c.channels)?;
+        need(K, "weights", c.w, c.channels * c.kernel)?;
+        need(K, "decay rates", p.neg_a, p.n_v)?;
+        need(K, "dt bias", p.dt_bias, p.n_v)?;
+        c.pool.check(K, (c.kernel - 1) * c.channels)?;
+        if c.n_tok == 0 {
+            return Ok(());
+        }
+        let prm = DnConvPrepParams {
+            x: c.x.ptr,
+            out: c.out.ptr,
+            w: c.w.ptr,
+            state: c.pool.state.ptr,
+            chunks: c.pool.chunks.ptr,
+            proj: p.proj.ptr,
+            neg_a: p.neg_a.ptr,
+            dt_bias: p.dt_bias.ptr,
+            slot_stride: c.pool.slot_stride as i64,
+            layer_off: c.pool.layer_off as i64,
+            max_chunks: i32_of(K, c.pool.max_chunks)?,
+            channels: i32_of(K, c.channels)?,
+            kernel: c.kernel as i32,
+            x_stride: i32_of(K, c.x_stride)?,
+            n_k: i32_of(K, p.n_k)?,
+            d_k: p.d_k as i32,
+            n_v: i32_of(K, p.n_v)?,
+            b_off: i32_of(K, p.b_off)?,
+            a_off: i32_of(K, p.a_off)?,
+            q_scale: 1.0 / (p.d_k as f32).sqrt(),
+            eps: 1e-6,
+        };
+        let blocks = 2 * p.n_k + (c.channels - 2 * p.n_k * p.d_k).div_ceil(128) + 1;
+        launch(k, s, K, (i32_of(K, blocks)? as u32, c.pool.max_chunks as u32, 1), 128, 0, &prm)
+    }
+}
+
 // ---------------------------------------------------------------- deltanet.cu: recurrence
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -276,6 +365,100 @@ impl DnRecur {
         };
         let grid = (i32_of(K, nv)? as u32, self.pool.max_chunks as u32, 1);
         launch(k, s, K, grid, (4 * dv) as u32, (2 * dk * 4) as u32, &p)
+    }
+}
+
+// ---------------------------------------------------------------- deltanet.cu: chunked form
+/// Tokens of one sub-chunk of the chunked delta rule (`DN_CH`).
+pub const DN_CH: usize = 32;
+/// State columns one block of `dn_chunk_scan_f32` holds (`DN_COLS`).
+pub const DN_COLS: usize = 16;
+/// f32 values per (token, value head) of the sub-chunk table (`DN_AB_ROW`: rows of A and B, G).
+pub const DN_AB_ROW: usize = 2 * DN_CH + 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DnChunkParams {
+    mixed: u64,
+    proj: u64,
+    ab: u64,
+    out: u64,
+    state: u64,
+    chunks: u64,
+    slot_stride: i64,
+    mats_off: i64,
+    max_chunks: i32,
+    n_k: i32,
+    n_v: i32,
+    d_k: i32,
+    d_v: i32,
+    channels: i32,
+    proj_stride: i32,
+    b_off: i32,
+    a_off: i32,
+    tiled: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for DnChunkParams {}
+
+/// The delta rule of every chunk in the chunked (WY) form, the prefill path: the same inputs,
+/// state and output as [`DnRecur`] (`recur`), plus the sub-chunk table `ab`
+/// `[n_tok, n_v, DN_AB_ROW]` f32; `max_count`: the most tokens of one chunk (the host's
+/// table says it). `dn_chunk_prep_f32` then `dn_chunk_scan_f32` (kernels/deltanet.cu).
+pub struct DnChunked<'a> {
+    pub recur: &'a DnRecur,
+    pub ab: Dev<f32>,
+    pub max_count: usize,
+}
+
+impl DnChunked<'_> {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "dn_chunk_scan_f32";
+        let r = self.recur;
+        let (nk, nv, dk, dv) = (r.n_k, r.n_v, r.d_k, r.d_v);
+        check(K, nk > 0 && nv.is_multiple_of(nk), || format!("{nv} value heads over {nk} key heads"))?;
+        check(K, dk <= DN_MAX_DK && dk > 0, || format!("key head size {dk} (<= 128)"))?;
+        check(K, dv.is_multiple_of(DN_COLS) && dv > 0, || format!("value head size {dv} (a multiple of {DN_COLS})"))?;
+        check(K, 2 * nk * dk + nv * dv <= r.channels, || "heads overlap the mixed row".into())?;
+        check(K, self.max_count <= r.n_tok, || {
+            format!("a chunk of {} tokens in a step of {}", self.max_count, r.n_tok)
+        })?;
+        need(K, "mixed", r.mixed, r.n_tok * r.channels)?;
+        need(K, "projection", r.proj, extent(r.n_tok, r.proj_stride, r.proj_stride))?;
+        need(K, "output", r.out, r.n_tok * nv * dv)?;
+        need(K, "sub-chunk table", self.ab, r.n_tok * nv * DN_AB_ROW)?;
+        r.pool.check(K, r.conv_len + nv * dk * dv)?;
+        if r.n_tok == 0 || self.max_count == 0 {
+            return Ok(());
+        }
+        let p = DnChunkParams {
+            mixed: r.mixed.ptr,
+            proj: r.proj.ptr,
+            ab: self.ab.ptr,
+            out: r.out.ptr,
+            state: r.pool.state.ptr,
+            chunks: r.pool.chunks.ptr,
+            slot_stride: r.pool.slot_stride as i64,
+            mats_off: (r.pool.layer_off + r.conv_len) as i64,
+            max_chunks: i32_of(K, r.pool.max_chunks)?,
+            n_k: i32_of(K, nk)?,
+            n_v: i32_of(K, nv)?,
+            d_k: dk as i32,
+            d_v: i32_of(K, dv)?,
+            channels: i32_of(K, r.channels)?,
+            proj_stride: i32_of(K, r.proj_stride)?,
+            b_off: i32_of(K, r.b_off)?,
+            a_off: i32_of(K, r.a_off)?,
+            tiled: i32::from(r.tiled),
+        };
+        let (nv32, chunks) = (i32_of(K, nv)? as u32, r.pool.max_chunks as u32);
+        let subs = i32_of(K, self.max_count.div_ceil(DN_CH))? as u32;
+        check(K, subs <= 65_535, || format!("{subs} sub-chunks exceed the grid"))?;
+        let prep_smem = (2 * DN_CH * (dk + 1) * 4) as u32;
+        launch(k, s, "dn_chunk_prep_f32", (nv32, subs, chunks), 256, prep_smem, &p)?;
+        // S columns, X, A, B, G, P, R, U, E (kernels/deltanet.cu).
+        let scan = dk * DN_COLS + DN_CH * (dk + 1) + 2 * DN_CH * DN_CH + 2 * DN_CH + 3 * DN_CH * DN_COLS;
+        launch(k, s, K, (nv32, (dv / DN_COLS) as u32, chunks), 256, (scan * 4) as u32, &p)
     }
 }
 

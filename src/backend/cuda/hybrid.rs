@@ -17,7 +17,9 @@ use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::attention::PagedAttn;
 use super::backend::{up, zeros, LayerW};
-use super::deltanet::{DnConv, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool};
+use super::deltanet::{
+    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool, DN_AB_ROW, DN_CH,
+};
 use super::dmat::Linear;
 use super::kernels::Kernels;
 use super::launch::Dev;
@@ -90,6 +92,22 @@ pub struct HybridCuda {
     proj: Option<CudaSlice<f32>>,  // [cap, proj width]: either projection of a layer
     mixed: Option<CudaSlice<f32>>, // [cap, C] conv output
     core: Option<CudaSlice<f32>>,  // [cap, max(V, q_dim)]: delta-rule output / queries
+    ab: Option<CudaSlice<f32>>,    // [cap, n_v, DN_AB_ROW]: the chunked form's sub-chunk table
+}
+
+/// Whether a linear layer runs conv + L2 norm + gates as one kernel (`DUSTOFF_DN_FUSED=0`:
+/// as `dn_conv_silu_f32` then `dn_prep_f32`, for comparison).
+fn fused_conv_prep() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DUSTOFF_DN_FUSED").map_or(true, |v| v != "0"))
+}
+
+/// Fewest tokens of one chunk that take the chunked delta rule (in steps that are not
+/// replayed as graphs); `DUSTOFF_DN_CHUNK_MIN` overrides the default of one sub-chunk
+/// (`DN_CH`); 0 turns the chunked form off.
+fn chunked_min_tokens() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("DUSTOFF_DN_CHUNK_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(DN_CH))
 }
 
 /// Slots the pool starts with (it doubles when more sequences run at once).
@@ -164,6 +182,7 @@ impl HybridCuda {
             proj: None,
             mixed: None,
             core: None,
+            ab: None,
         })
     }
 
@@ -197,6 +216,8 @@ impl HybridCuda {
         self.mixed = Some(zeros(s, cap * h.conv_channels(), "conv output")?);
         self.core = None;
         self.core = Some(zeros(s, cap * h.value_dim().max(c.q_dim()), "delta-rule output")?);
+        self.ab = None;
+        self.ab = Some(zeros(s, cap * h.n_v_heads * DN_AB_ROW, "chunked delta-rule table")?);
         self.chunks = None;
         self.chunks = Some(zeros(s, 1 + 3 * cap, "chunk table")?);
         self.cap_tok = cap;
@@ -362,7 +383,7 @@ impl HybridCuda {
             chunks: Self::buf_i32(&self.chunks, s)?,
             max_chunks,
         };
-        DnConv {
+        let conv = DnConv {
             x: proj,
             x_stride: width,
             out: mixed,
@@ -371,10 +392,9 @@ impl HybridCuda {
             n_tok: n,
             channels: ch,
             kernel: kk,
-        }
-        .launch(k, s)?;
+        };
         let (b_off, a_off) = (ch + vd, ch + vd + nv);
-        DnPrep {
+        let prep = DnPrep {
             mixed,
             proj,
             neg_a: Dev::of(&d.neg_a, s),
@@ -387,9 +407,15 @@ impl HybridCuda {
             proj_stride: width,
             b_off,
             a_off,
+        };
+        // Conv, L2 norms and gates in one launch; `DUSTOFF_DN_FUSED=0`: the two kernels.
+        if fused_conv_prep() {
+            DnConvPrep { conv: &conv, prep: &prep }.launch(k, s)?;
+        } else {
+            conv.launch(k, s)?;
+            prep.launch(k, s)?;
         }
-        .launch(k, s)?;
-        DnRecur {
+        let recur = DnRecur {
             mixed,
             proj,
             out: core,
@@ -405,8 +431,16 @@ impl HybridCuda {
             b_off,
             a_off,
             tiled: h.grouping == HeadGrouping::Tiled,
+        };
+        // Prompt chunks take the chunked form (more blocks, fewer serial steps); graph-sized
+        // steps keep the step form, whose launch does not depend on the chunk lengths.
+        let longest = self.host_chunks.iter().skip(2).step_by(3).copied().max().unwrap_or(0).max(0) as usize;
+        let min = chunked_min_tokens();
+        if n > super::tc::TC_MAX_TOKENS && min > 0 && longest >= min {
+            DnChunked { recur: &recur, ab: Self::buf(&self.ab, s)?, max_count: longest }.launch(k, s)?;
+        } else {
+            recur.launch(k, s)?;
         }
-        .launch(k, s)?;
         DnGatedNorm {
             o: core,
             z: proj.offset(ch),

@@ -1,17 +1,22 @@
-//! Random-weight hybrid models made on the GPU (`bench --synthetic qwen3.5-9b`): the layers of
-//! `CudaBackend::synthetic_mix` for Qwen3.5, with the matrices of each Gated DeltaNet layer
-//! (stacked q|k|v, z, b, a projection; output projection) and the gated attention layers
-//! (q with its gate, k, v) in the formats of a weight mix, and plausible small vectors (conv
-//! weights uniform in +-0.5, decay rates `-exp(A_log)` with `A_log` in [0, 2.7], dt bias in
-//! +-0.5, norms 1).
+//! Random-weight hybrid models made on the GPU (`bench --synthetic qwen3.5-9b`,
+//! `qwen3.6-35b-a3b`): the layers of `CudaBackend::synthetic_mix` for Qwen3.5 and Qwen3.5-MoE,
+//! with the matrices of each Gated DeltaNet layer (stacked q|k|v, z, b, a projection; output
+//! projection) and the gated attention layers (q with its gate, k, v) in the formats of a
+//! weight mix, and plausible small vectors (conv weights uniform in +-0.5, decay rates
+//! `-exp(A_log)` with `A_log` in [0, 2.7], dt bias in +-0.5, norms 1). Sparse layers get
+//! `MoeLayerW::synthetic` experts and a shared expert of the experts' width (both 512 in the
+//! released Qwen3.5/3.6-35B-A3B), in the formats llama.cpp's mix gives `ffn_*_exps` and
+//! `ffn_*_shexp` (`moe_formats`).
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::backend::{open, up, zeros, CudaBackend, CudaOptions, LayerW, Parts, WeightMix};
+use super::backend::{moe_formats, open, up, zeros, CudaBackend, CudaOptions, LayerW, Parts, WeightMix};
 use super::dmat::{DevMat, Linear};
 use super::hybrid::{HybridCuda, LinearW};
+use super::moe::{slab_bytes, MoeLayerW};
 use super::qformat::QFormat;
+use super::shared_expert::SharedExpertW;
 use super::CudaError;
 use crate::model::config::ModelConfig;
 use crate::model::quant::GgmlType;
@@ -19,7 +24,8 @@ use crate::quantize::mix::more_bits;
 
 /// Per layer the matrices in the order they are made: linear layers (proj, out, gate/up,
 /// down); attention layers (q+gate and k, v, o, gate/up, down); then the embedding and an
-/// untied head. (format, rows, cols).
+/// untied head. (format, rows, cols). Sparse layers have no dense gate/up and down (their
+/// experts: `expert_bytes`).
 fn shapes(c: &ModelConfig, base: GgmlType, more: GgmlType) -> Vec<(GgmlType, usize, usize)> {
     let Some(h) = &c.hybrid else { return Vec::new() };
     let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
@@ -40,13 +46,64 @@ fn shapes(c: &ModelConfig, base: GgmlType, more: GgmlType) -> Vec<(GgmlType, usi
             }
             v.push((base, d, q));
         }
-        v.extend([(base, 2 * f, d), (m, d, f)]);
+        if !c.moe.as_ref().is_some_and(|x| x.is_sparse(i)) {
+            v.extend([(base, 2 * f, d), (m, d, f)]);
+        }
     }
     v.push((base, c.vocab_size, d));
     if !c.tied_embeddings {
         v.push((more, c.vocab_size, d));
     }
     v
+}
+
+/// Device bytes of the sparse layers of a synthetic hybrid model in `mix`: per layer the f32
+/// router, the three expert slabs and the shared expert (three matrices, f32 gate row).
+fn expert_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
+    let Some(m) = &c.moe else { return 0 };
+    (0..c.n_layers)
+        .filter(|&i| m.is_sparse(i))
+        .map(|i| {
+            let (gu, down) = moe_formats(mix, i, c.n_layers);
+            let (e, f, d) = (m.n_experts, m.expert_ffn_dim, c.dim);
+            let routed = (e * d * 4) as u64 + 2 * slab_bytes(gu, e * f, d, false) + slab_bytes(down, e * d, f, false);
+            let shared = slab_bytes(gu, 2 * f, d, false) + slab_bytes(down, d, f, false) + (d * 4) as u64;
+            routed + shared
+        })
+        .sum()
+}
+
+/// Device bytes of every weight matrix of a synthetic hybrid model of shape `c` in `mix`
+/// (routers and shared-expert gates in f32): what the memory plan counts before anything is made.
+pub(super) fn matrix_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
+    let (base, more) = match mix {
+        WeightMix::Uniform(t) => (t, t),
+        WeightMix::Q4KM => (GgmlType::Q4K, GgmlType::Q6K),
+    };
+    let dense: u64 = shapes(c, base, more)
+        .iter()
+        .map(|&(t, r, k)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64)
+        .sum();
+    dense + expert_bytes(c, mix)
+}
+
+/// The synthetic sparse layer `i`: routed experts and a shared expert of their width.
+fn sparse_layer(
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    k: &mut super::kernels::Kernels,
+    c: &ModelConfig,
+    mix: WeightMix,
+    i: usize,
+    seed: u64,
+) -> Result<Option<MoeLayerW>, CudaError> {
+    let Some(m) = c.moe.as_ref().filter(|m| m.is_sparse(i)) else { return Ok(None) };
+    let (gu, down) = moe_formats(mix, i, c.n_layers);
+    let seed = seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64);
+    let what = format!("layer {i} experts");
+    let mut w = MoeLayerW::synthetic(s, k, c, m, gu, down, seed, &what)?;
+    let f = m.expert_ffn_dim;
+    w.shared = Some(SharedExpertW::synthetic(s, k, c.dim, f, gu, down, seed, &format!("layer {i} shared expert"))?);
+    Ok(Some(w))
 }
 
 impl CudaBackend {
@@ -66,20 +123,19 @@ impl CudaBackend {
         };
         let c = &cfg;
         let shapes = shapes(c, base, more);
-        let matrix_bytes =
-            shapes.iter().map(|&(t, r, k)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64).sum();
+        let matrix_bytes = matrix_bytes(c, mix);
         let (dev, mut kernels, blas) = open(c, opts, matrix_bytes)?;
         let s = &dev.stream;
         let mut rng = StdRng::seed_from_u64(seed);
         let mut n_mat = 0u64;
         let mut next = shapes.into_iter();
-        let mut mat = |parts: usize, what: &str| -> Result<Linear, CudaError> {
+        let mut mat = |kernels: &mut super::kernels::Kernels, parts: usize, what: &str| -> Result<Linear, CudaError> {
             let mut out = Vec::with_capacity(parts);
             for _ in 0..parts {
                 let (t, rows, cols) = next.next().ok_or_else(|| CudaError::Weights(format!("no shape for {what}")))?;
                 n_mat += 1;
                 let seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(n_mat);
-                out.push(DevMat::synthetic(s, &mut kernels, t, rows, cols, seed, what)?);
+                out.push(DevMat::synthetic(s, kernels, t, rows, cols, seed, what)?);
             }
             Ok(Linear { parts: out })
         };
@@ -89,8 +145,16 @@ impl CudaBackend {
         let mut index = 0;
         for i in 0..c.n_layers {
             let name = |x: &str| format!("layer {i} {x}");
+            // The FFN after the mixer: experts and a shared expert, or dense gate/up and down.
+            let ffn = |kernels: &mut super::kernels::Kernels, mat: &mut dyn FnMut(&mut super::kernels::Kernels, usize, &str) -> Result<Linear, CudaError>| {
+                match sparse_layer(s, kernels, c, mix, i, seed)? {
+                    Some(m) => Ok::<_, CudaError>((Linear { parts: Vec::new() }, Linear { parts: Vec::new() }, Some(m))),
+                    None => Ok((mat(kernels, 1, &name("gate/up"))?, mat(kernels, 1, &name("w_down"))?, None)),
+                }
+            };
             if h.recurrent[i] {
-                let (proj, out) = (mat(1, &name("linear in"))?, mat(1, &name("linear out"))?);
+                let (proj, out) =
+                    (mat(&mut kernels, 1, &name("linear in"))?, mat(&mut kernels, 1, &name("linear out"))?);
                 let (ch, nv, kk) = (h.conv_channels(), h.n_v_heads, h.conv_kernel);
                 let conv: Vec<f32> = (0..ch * kk).map(|_| rng.random_range(-0.5..0.5)).collect();
                 let neg_a: Vec<f32> = (0..nv).map(|_| -rng.random_range(0.0f32..2.7).exp()).collect();
@@ -105,6 +169,7 @@ impl CudaBackend {
                     index,
                 }));
                 index += 1;
+                let (wgu, wdown, moe) = ffn(&mut kernels, &mut mat)?;
                 layers.push(LayerW {
                     attn_norm: ones(c.dim, &name("attn_norm"))?,
                     wqkv: Linear { parts: Vec::new() },
@@ -113,32 +178,36 @@ impl CudaBackend {
                     k_norm: None,
                     wo: Linear { parts: Vec::new() },
                     ffn_norm: ones(c.dim, &name("ffn_norm"))?,
-                    wgu: mat(1, &name("gate/up"))?,
-                    wdown: mat(1, &name("w_down"))?,
-                    moe: None,
+                    wgu,
+                    wdown,
+                    moe,
                     k_cache: zeros(s, 0, &name("K cache"))?,
                     v_cache: zeros(s, 0, &name("V cache"))?,
                 });
             } else {
                 linear.push(None);
+                let wqkv =
+                    mat(&mut kernels, if more_bits(i, c.n_layers) && more != base { 2 } else { 1 }, &name("wqkv"))?;
+                let wo = mat(&mut kernels, 1, &name("wo"))?;
+                let (wgu, wdown, moe) = ffn(&mut kernels, &mut mat)?;
                 layers.push(LayerW {
                     attn_norm: ones(c.dim, &name("attn_norm"))?,
-                    wqkv: mat(if more_bits(i, c.n_layers) && more != base { 2 } else { 1 }, &name("wqkv"))?,
+                    wqkv,
                     bqkv: None,
                     q_norm: Some(ones(c.head_dim, &name("q_norm"))?),
                     k_norm: Some(ones(c.head_dim, &name("k_norm"))?),
-                    wo: mat(1, &name("wo"))?,
+                    wo,
                     ffn_norm: ones(c.dim, &name("ffn_norm"))?,
-                    wgu: mat(1, &name("gate/up"))?,
-                    wdown: mat(1, &name("w_down"))?,
-                    moe: None,
+                    wgu,
+                    wdown,
+                    moe,
                     k_cache: zeros(s, slots, &name("K cache"))?,
                     v_cache: zeros(s, slots, &name("V cache"))?,
                 });
             }
         }
-        let embd = mat(1, "token_embd")?;
-        let output = if c.tied_embeddings { None } else { Some(mat(1, "output")?) };
+        let embd = mat(&mut kernels, 1, "token_embd")?;
+        let output = if c.tied_embeddings { None } else { Some(mat(&mut kernels, 1, "output")?) };
         let output_norm = ones(c.dim, "output_norm")?;
         let hybrid = HybridCuda::from_layers(s, c, &h, linear, opts.max_positions)?;
         dev.synchronize()?;

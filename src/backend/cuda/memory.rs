@@ -108,7 +108,8 @@ pub fn planned_state_seqs(num_blocks: usize) -> usize {
 }
 
 /// The plan for a model whose matrices take `matrices` bytes on the device, with a scratch of
-/// `wide_scratch` bytes for widened quantized matrices (0 for F16 weights).
+/// `wide_scratch` bytes for widened quantized matrices (0 for F16 weights); one sequence may
+/// hold every cached position.
 pub fn plan_memory(
     cfg: &ModelConfig,
     matrices: u64,
@@ -116,6 +117,22 @@ pub fn plan_memory(
     num_blocks: usize,
     block_size: usize,
     max_batch_tokens: usize,
+) -> MemoryPlan {
+    plan_memory_for(cfg, matrices, wide_scratch, num_blocks, block_size, max_batch_tokens, num_blocks * block_size)
+}
+
+/// [`plan_memory`] for a backend whose sequences reach at most `max_positions` positions
+/// (`CudaOptions::max_positions`): the RoPE tables, block-table rows and attention partials
+/// are sized by the longest sequence, not by the whole KV pool (64 sequences of 4,096
+/// positions need the partials of one 4,096-position sequence per token, not of 262,144).
+pub fn plan_memory_for(
+    cfg: &ModelConfig,
+    matrices: u64,
+    wide_scratch: u64,
+    num_blocks: usize,
+    block_size: usize,
+    max_batch_tokens: usize,
+    max_positions: usize,
 ) -> MemoryPlan {
     let c = cfg;
     let (dim, qd, kvd, ffn, hd) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim, c.head_dim);
@@ -131,7 +148,7 @@ pub fn plan_memory(
     let activations = (tok * (act_f32 * 4 + 6 * 4) + tok.max(16) * act_f16 * 2) as u64;
     let rows = tok.min(MAX_LOGIT_ROWS);
     let logits = (rows * (c.vocab_size + dim) * 4) as u64;
-    let max_pos = positions as usize;
+    let max_pos = max_positions.max(1);
     // Decode steps round their split count up to a power of two (one graph per bucket).
     let partials = |n: usize, splits: usize| (n * c.n_heads * splits * (hd + 2) * 4) as u64;
     let dec = TC_MAX_TOKENS.min(tok);
@@ -140,6 +157,15 @@ pub fn plan_memory(
     let rope = (2 * max_pos * hd / 2 * 4) as u64;
     let meta = (tok * (16 + max_pos.div_ceil(block_size.max(1))) * 4) as u64;
     let experts = c.moe.as_ref().map_or(0, |m| moe::workspace_bytes(tok, dim, m));
+    // Qwen3.5-MoE / Qwen3-Next: the shared experts' buffers (their width, which the config
+    // does not carry here, is at most the model width in every released model).
+    let shared = match c.arch {
+        crate::model::config::Arch::Qwen35Moe | crate::model::config::Arch::Qwen3Next => {
+            super::shared_expert::SharedWork::bytes_for(tok, dim, dim)
+        }
+        _ => 0,
+    };
+    let experts = experts + shared;
     let workspace = activations + logits + attn + rope + meta + wide_scratch + experts + CUBLAS_ALLOWANCE;
     let state =
         c.hybrid.as_ref().map_or(0, |h| 2 * planned_state_seqs(num_blocks) as u64 * h.state_bytes_per_seq() as u64);

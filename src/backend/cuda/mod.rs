@@ -29,6 +29,7 @@ mod profile;
 pub mod q8x;
 pub mod qformat;
 pub mod qlaunch;
+pub mod shared_expert;
 mod step;
 pub mod tap;
 pub mod tc;

@@ -84,6 +84,9 @@ pub struct MoeLayerW {
     pub ffn: usize,
     pub dim: usize,
     pub norm_topk_prob: bool,
+    /// Qwen3.5-MoE / Qwen3-Next: the gated shared expert (`shared_expert.rs`), run after the
+    /// routed experts by the caller of `moe_ffn`.
+    pub shared: Option<super::shared_expert::SharedExpertW>,
 }
 
 /// Checks that `w`'s experts can be put on the GPU (shapes, formats, the kernels' row rules)
@@ -105,6 +108,9 @@ pub fn check_layer(w: &MoeWeights) -> Result<(), CudaError> {
             w.experts.len(),
             w.router.cols
         )));
+    }
+    if let Some(sh) = &w.shared {
+        super::shared_expert::SharedExpertW::check(sh)?;
     }
     for e in &w.experts {
         for (t, like) in [(&e.gate, &first.gate), (&e.up, &first.gate), (&e.down, &first.down)] {
@@ -128,10 +134,11 @@ pub fn slab_bytes(dtype: GgmlType, rows: usize, cols: usize, to_f16: bool) -> u6
     }
 }
 
-/// Device bytes of one sparse layer's router (f32) and three slabs.
+/// Device bytes of one sparse layer's router (f32), three slabs and shared expert.
 pub fn layer_bytes(w: &MoeWeights, to_f16: bool) -> u64 {
     let n = w.experts.len();
-    let router = (w.router.rows * w.router.cols * 4) as u64;
+    let shared = w.shared.as_ref().map_or(0, |sh| super::shared_expert::shared_bytes(sh, to_f16));
+    let router = (w.router.rows * w.router.cols * 4) as u64 + shared;
     let Some(e) = w.experts.first() else { return router };
     router
         + slab_bytes(e.gate.dtype, n * e.gate.rows, e.gate.cols, to_f16)
@@ -153,17 +160,19 @@ impl MoeLayerW {
     /// Uploads a checked (`check_layer`) sparse layer: each slab packed as in the file (or F16
     /// with `to_f16`). Returns the layer and the count of values clamped to the F16 range.
     pub fn upload(s: &Arc<CudaStream>, w: &MoeWeights, to_f16: bool, what: &str) -> Result<(Self, u64), CudaError> {
-        if w.shared.is_some() {
-            // Qwen3.5-MoE / Qwen3-Next: the gated shared expert has no GPU kernel yet.
-            return Err(CudaError::Weights(format!(
-                "{what}: a shared expert (Qwen3.5-MoE / Qwen3-Next), which the CUDA backend does not run yet; use --device cpu"
-            )));
-        }
         let router = up(s, &w.router.to_f32_vec(), &format!("{what} router"))?;
         let (gate, c1) = DevMat::upload(s, &stack(w, |e| &e.gate), to_f16, &format!("{what} expert gate slab"))?;
         let (upm, c2) = DevMat::upload(s, &stack(w, |e| &e.up), to_f16, &format!("{what} expert up slab"))?;
         let (down, c3) = DevMat::upload(s, &stack(w, |e| &e.down), to_f16, &format!("{what} expert down slab"))?;
         let ffn = w.experts[0].gate.rows;
+        let (shared, c4) = match &w.shared {
+            Some(sh) => {
+                let (x, c) =
+                    super::shared_expert::SharedExpertW::upload(s, sh, to_f16, &format!("{what} shared expert"))?;
+                (Some(x), c)
+            }
+            None => (None, 0),
+        };
         let l = MoeLayerW {
             router,
             gate,
@@ -174,8 +183,9 @@ impl MoeLayerW {
             ffn,
             dim: w.router.cols,
             norm_topk_prob: w.norm_topk_prob,
+            shared,
         };
-        Ok((l, c1 + c2 + c3))
+        Ok((l, c1 + c2 + c3 + c4))
     }
 
     /// A sparse layer of random weights made on the GPU (`DevMat::synthetic` slabs: gate and up
@@ -210,18 +220,26 @@ impl MoeLayerW {
             ffn: f,
             dim: d,
             norm_topk_prob: m.norm_topk_prob,
+            shared: None,
         })
     }
 
     /// Device bytes of the layer (router and every expert).
     pub fn bytes(&self) -> u64 {
-        (self.router.len() * 4) as u64 + self.gate.bytes() + self.up.bytes() + self.down.bytes()
+        (self.router.len() * 4) as u64 + self.gate.bytes() + self.up.bytes() + self.down.bytes() + self.shared_bytes()
+    }
+
+    /// Device bytes of the shared expert (0 without one), all read by every token.
+    fn shared_bytes(&self) -> u64 {
+        self.shared.as_ref().map_or(0, |s| s.bytes())
     }
 
     /// Bytes one token reads: the router and its `n_used` experts.
     pub fn active_bytes(&self) -> u64 {
         let experts = self.gate.bytes() + self.up.bytes() + self.down.bytes();
-        (self.router.len() * 4) as u64 + experts * self.n_used as u64 / self.n_experts.max(1) as u64
+        (self.router.len() * 4) as u64
+            + experts * self.n_used as u64 / self.n_experts.max(1) as u64
+            + self.shared_bytes()
     }
 
     /// The three slabs (for the format census).

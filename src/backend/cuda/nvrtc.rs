@@ -51,7 +51,18 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!("attention_prefill", ["attn_prefill_hd64", "attn_prefill_hd128", "attn_prefill_hd256"]),
-    kernel_file!("deltanet", ["dn_conv_silu_f32", "dn_prep_f32", "dn_recur_f32", "dn_gated_norm_f32"]),
+    kernel_file!(
+        "deltanet",
+        [
+            "dn_conv_silu_f32",
+            "dn_prep_f32",
+            "dn_recur_f32",
+            "dn_gated_norm_f32",
+            "dn_chunk_prep_f32",
+            "dn_chunk_scan_f32",
+            "dn_conv_prep_f32"
+        ]
+    ),
     KernelFile { name: "dequant", source: include_str!("../../../kernels/dequant.cu"), entries: &DEQUANT_ENTRIES },
     kernel_file!("embedding", ["embedding_f16", "fill_uniform_f16"]),
     kernel_file!(
@@ -101,6 +112,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile { name: "moe", source: include_str!("../../../kernels/moe.cu"), entries: &super::moe::MOE_ENTRIES },
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),
+    kernel_file!("shared_expert", ["shexp_gate_add_f32"]),
     kernel_file!("silu_mul", ["silu_mul_f32"]),
 ];
 

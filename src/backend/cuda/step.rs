@@ -187,6 +187,10 @@ impl CudaBackend {
             if let Some(m) = &c.moe {
                 grew |= w.moe.grow(s, cap, c.dim, m)?;
             }
+            let shared = self.layers.iter().filter_map(|l| l.moe.as_ref()?.shared.as_ref().map(|x| x.ffn)).max();
+            if let Some(f) = shared {
+                grew |= w.shexp.grow(s, cap, c.dim, f)?;
+            }
             if let Some(hy) = &mut self.hybrid {
                 grew |= hy.ensure(s, c, cap)?;
             }
@@ -533,6 +537,16 @@ impl CudaBackend {
                 mark(if c.has_kv(li) { "hybrid attention" } else { "deltanet" })?;
                 norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
                 mark("rmsnorm")?;
+                if let Some(moe) = &lw.moe {
+                    // Qwen3.5-MoE / Qwen3-Next: routed experts, then the gated shared expert.
+                    super::moe::moe_ffn(k, s, moe, &w.moe, h, x, n)?;
+                    mark("moe ffn")?;
+                    if let Some(sh) = &moe.shared {
+                        super::shared_expert::shared_expert_ffn(k, &mut mm, sh, &w.shexp, h, x, n)?;
+                        mark("shared expert")?;
+                    }
+                    continue;
+                }
                 swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
                 mark("gate/up matmul")?;
                 mm.run(k, Product { lin: &lw.wdown, bias: None, x: act, n, out: x, accumulate: true })?;
@@ -644,7 +658,7 @@ impl CudaBackend {
 /// one fused GEMV where the weights are one part (F16 at 1 token, a block format at 1..=8),
 /// else the product into `gu` and `silu_mul`.
 #[allow(clippy::too_many_arguments)]
-fn swiglu(
+pub(super) fn swiglu(
     k: &mut Kernels,
     mm: &mut Mm,
     wgu: &Linear,

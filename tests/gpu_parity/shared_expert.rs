@@ -1,0 +1,116 @@
+//! The shared expert of Qwen3.5-MoE / Qwen3-Next sparse layers (src/backend/cuda/
+//! shared_expert.rs, kernels/shared_expert.cu) against the CPU: the gate kernel alone
+//! (`x += sigmoid(gate . h) y`, its twin the end of cpu/moe.rs `shared_expert`), and a whole
+//! sparse layer with a shared expert (routed experts, then the gated shared one) against the
+//! CPU reference `moe_ffn`, F16 and the Q4_K_M mix, at 1 to 33 tokens and 100.
+
+use dustoff::backend::cpu::matmul::matmul;
+use dustoff::backend::cpu::moe::{moe_ffn as cpu_moe_ffn, MoeScratch};
+use dustoff::backend::cuda::matmul::Mm;
+use dustoff::backend::cuda::moe::{moe_ffn, MoeLayerW, MoeWork};
+use dustoff::backend::cuda::shared_expert::{shared_expert_ffn, SharedWork, ShexpGateAdd};
+use dustoff::backend::cuda::tc::tc64_part_len;
+use dustoff::model::moe::{Expert, MoeConfig, MoeWeights, SharedExpert};
+use dustoff::model::quant::{quantize_row, GgmlType};
+use dustoff::model::weights::Tensor;
+
+use super::{compare, gpu, Gpu};
+
+const TOKEN_COUNTS: &[usize] = &[1, 2, 5, 8, 9, 33, 100];
+
+fn tensor(g: &mut Gpu, dtype: GgmlType, name: &str, rows: usize, cols: usize) -> Tensor {
+    let a = (3.0 / cols as f32).sqrt();
+    let mut bytes = Vec::new();
+    for _ in 0..rows {
+        let v = g.randn(cols, a);
+        match dtype {
+            GgmlType::F16 => bytes.extend(v.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes())),
+            _ => bytes.extend(quantize_row(dtype, &v)),
+        }
+    }
+    Tensor::from_bytes(name, dtype, rows, cols, bytes)
+}
+
+#[test]
+fn shared_expert_gate_adds_the_sigmoid_scaled_output() {
+    let Some(mut g) = gpu("shared expert gate") else { return };
+    let s = g.dev.stream.clone();
+    let dim = 384;
+    let gate_row = g.randn(dim, (3.0 / dim as f32).sqrt());
+    let gate = Tensor::from_f32("gate", 1, dim, &gate_row);
+    for n in [1, 3, 64] {
+        let (h, y, x) = (g.randn(n * dim, 1.5), g.randn(n * dim, 2.0), g.randn(n * dim, 4.0));
+        // The CPU twin: the gate logit as a product, then `o += sigmoid(logit) * y`.
+        let mut logit = vec![0f32; n];
+        matmul(&gate, &h, n, &mut logit);
+        let mut want = x.clone();
+        for t in 0..n {
+            let scale = 1.0 / (1.0 + (-logit[t]).exp());
+            let o = &mut want[t * dim..(t + 1) * dim];
+            o.iter_mut().zip(&y[t * dim..(t + 1) * dim]).for_each(|(a, &v)| *a += scale * v);
+        }
+        let (hd, gd, yd, xd) = (g.up(&h), g.up(&gate_row), g.up(&y), g.up(&x));
+        let op = ShexpGateAdd { h: g.d(&hd), gate: g.d(&gd), y: g.d(&yd), x: g.d(&xd), n_tok: n, dim };
+        op.launch(&mut g.k, &s).unwrap();
+        compare("shexp_gate_add_f32", g.seed + n as u64, &g.down(&xd), &want);
+    }
+}
+
+#[test]
+fn sparse_layer_with_a_shared_expert_matches_the_cpu_reference() {
+    let Some(mut g) = gpu("shared expert layer") else { return };
+    let s = g.dev.stream.clone();
+    let blas = cudarc::cublas::CudaBlas::new(s.clone()).unwrap();
+    // 8 experts of 256, 2 used, a shared expert of 512 (wider than the routed ones, as the
+    // shape check allows), width 256 (Q6_K rows are whole blocks of 256).
+    let (e, dim, f, sf, k) = (8, 256, 256, 512, 2);
+    for (gu, dn) in [(GgmlType::F16, GgmlType::F16), (GgmlType::Q4K, GgmlType::Q6K)] {
+        let r = g.randn(e * dim, (3.0 / dim as f32).sqrt());
+        let experts = (0..e)
+            .map(|i| Expert {
+                gate: tensor(&mut g, gu, &format!("gate[{i}]"), f, dim),
+                up: tensor(&mut g, gu, &format!("up[{i}]"), f, dim),
+                down: tensor(&mut g, dn, &format!("down[{i}]"), dim, f),
+            })
+            .collect();
+        let shexp = Expert {
+            gate: tensor(&mut g, gu, "shexp gate", sf, dim),
+            up: tensor(&mut g, gu, "shexp up", sf, dim),
+            down: tensor(&mut g, dn, "shexp down", dim, sf),
+        };
+        let gate_row = g.randn(dim, (3.0 / dim as f32).sqrt());
+        let shared = SharedExpert::new(shexp, Tensor::from_f32("shexp gate_inp", 1, dim, &gate_row), dim).unwrap();
+        let w = MoeWeights {
+            router: Tensor::from_f32("router", e, dim, &r),
+            experts,
+            n_used: k,
+            norm_topk_prob: true,
+            shared: Some(shared),
+        };
+        let (lw, _) = MoeLayerW::upload(&s, &w, false, "test layer").unwrap();
+        let m = MoeConfig { n_experts: e, n_used: k, expert_ffn_dim: f, norm_topk_prob: true, sparse_layers: vec![] };
+        let nmax = *TOKEN_COUNTS.iter().max().unwrap();
+        let mut work = MoeWork::default();
+        work.grow(&s, nmax, dim, &m).unwrap();
+        let mut sw = SharedWork::default();
+        sw.grow(&s, nmax, dim, sf).unwrap();
+        let x16 = g.zeros::<u16>(nmax.max(16) * sf.max(dim));
+        let part = g.zeros::<f32>(tc64_part_len(2 * sf, dim, 64).max(tc64_part_len(dim, sf, 64)).max(1));
+        let wide = g.zeros::<u16>(2 * sf * dim);
+        for &n in TOKEN_COUNTS {
+            let (h, x) = (g.randn(n * dim, 1.0), g.randn(n * dim, 5.0));
+            let mut out = vec![0f32; n * dim];
+            cpu_moe_ffn(&w, &h, n, &mut out, &mut MoeScratch::default());
+            let want: Vec<f32> = x.iter().zip(&out).map(|(a, b)| a + b).collect();
+            let (hd, xd) = (g.up(&h), g.up(&x));
+            let (hv, xv) = (g.d(&hd), g.d(&xd));
+            moe_ffn(&mut g.k, &s, &lw, &work, hv, xv, n).unwrap();
+            let mut mm = Mm { s: &s, blas: &blas, x16: g.d(&x16), part: g.d(&part), wide: Some(g.d(&wide)) };
+            let sh = lw.shared.as_ref().expect("the shared expert is uploaded");
+            shared_expert_ffn(&mut g.k, &mut mm, sh, &sw, hv, xv, n).unwrap();
+            let name = if gu == GgmlType::F16 { "shared_expert_layer_f16" } else { "shared_expert_layer_quant" };
+            eprintln!("{gu}/{dn}, {n} tokens");
+            compare(name, g.seed + n as u64, &g.down(&xd), &want);
+        }
+    }
+}
