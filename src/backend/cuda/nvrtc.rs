@@ -85,6 +85,21 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_swiglu_f16_n8"
         ]
     ),
+    kernel_file!(
+        "fused_norm",
+        [
+            "rmsnorm_q8_f32",
+            "rmsnorm_f16_f32",
+            "gemv_norm_f16_n1",
+            "gemv_norm_f16_n2",
+            "gemv_norm_f16_n4",
+            "gemv_norm_f16_n8",
+            "gemv_norm_swiglu_f16_n1",
+            "gemv_norm_swiglu_f16_n2",
+            "gemv_norm_swiglu_f16_n4",
+            "gemv_norm_swiglu_f16_n8"
+        ]
+    ),
     KernelFile {
         name: "gemv_quant",
         source: include_str!("../../../kernels/gemv_quant.cu"),

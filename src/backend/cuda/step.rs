@@ -34,6 +34,7 @@ use super::matmul::{packed_gemv, tc_min_tokens, Mm, Product};
 use super::prefill::{PrefillAttention, PrefillSplit};
 use super::profile::Profiler;
 use super::qlaunch::EmbeddingQ;
+use super::step_norm::{norm_product, norm_swiglu, NormIn};
 use super::tap::TapPoint;
 use super::tc::{tc64_part_len, TC_MAX_TOKENS};
 use super::CudaError;
@@ -470,6 +471,13 @@ impl CudaBackend {
                     return Ok(false);
                 }
             };
+            if super::tuning::tuning().graph_nodes {
+                let mut nodes = 0usize;
+                // SAFETY: the graph handle is live (owned by `g`); a null node array asks only
+                // for the count.
+                let r = unsafe { cudarc::driver::sys::cuGraphGetNodes(g.cu_graph(), std::ptr::null_mut(), &mut nodes) };
+                eprintln!("graph: {}-token step, {} nodes ({r:?})", f.n_tok, nodes);
+            }
             self.graphs.insert(key, g);
             self.note_memory();
         }
@@ -544,9 +552,15 @@ impl CudaBackend {
             block_size: self.block_size,
             bt_stride: self.bt_stride,
         });
+        // Norms folded into the products that read them (step_norm.rs), except where a tap
+        // reads the normed input.
+        let fuse = self.fuse_norm && self.tap.is_none();
+        let norm_in = |wt: &CudaSlice<f32>| NormIn { x, w: Dev::of(wt, s), h, n, dim, eps: c.rms_eps };
         for (li, lw) in self.layers.iter().enumerate() {
-            norm(x, Dev::of(&lw.attn_norm, s), h).launch(k, s)?;
-            mark("rmsnorm")?;
+            if !fuse || self.hybrid.is_some() {
+                norm(x, Dev::of(&lw.attn_norm, s), h).launch(k, s)?;
+                mark("rmsnorm")?;
+            }
             if let (Some(hy), Some(io)) = (&self.hybrid, &hybrid_io) {
                 // Qwen3.5: Gated DeltaNet or gated attention, then the dense FFN as below.
                 hy.mixer(li, lw, c, k, &mut mm, io)?;
@@ -563,8 +577,14 @@ impl CudaBackend {
                 t.layer_input(&self.dev.stream, li, TapPoint::Qkv, &w.h, n, dim)?;
             }
             let bias = lw.bqkv.as_ref().map(|b| Dev::of(b, s));
-            mm.run(k, Product { lin: &lw.wqkv, bias, x: h, n, out: qkv, accumulate: false })?;
-            mark("qkv matmul")?;
+            let qkv_p = Product { lin: &lw.wqkv, bias, x: h, n, out: qkv, accumulate: false };
+            if fuse {
+                norm_product(k, &mut mm, norm_in(&lw.attn_norm), qkv_p)?;
+                mark("norm+qkv matmul")?;
+            } else {
+                mm.run(k, qkv_p)?;
+                mark("qkv matmul")?;
+            }
             let (kc, vc) = (Dev::of(&lw.k_cache, s), Dev::of(&lw.v_cache, s));
             QkvPost {
                 qkv,
@@ -613,8 +633,10 @@ impl CudaBackend {
             }
             mm.run(k, Product { lin: &lw.wo, bias: None, x: att, n, out: x, accumulate: true })?;
             mark("o matmul")?;
-            norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
-            mark("rmsnorm")?;
+            if !fuse || lw.moe.is_some() {
+                norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
+                mark("rmsnorm")?;
+            }
             if let Some(moe) = &lw.moe {
                 super::moe::moe_ffn(k, s, moe, &w.moe, h, x, n)?;
                 mark("moe ffn")?;
@@ -623,8 +645,13 @@ impl CudaBackend {
             if let Some(t) = self.tap.as_mut() {
                 t.layer_input(&self.dev.stream, li, TapPoint::GateUp, &w.h, n, dim)?;
             }
-            swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
-            mark("gate/up matmul")?;
+            if fuse {
+                norm_swiglu(k, &mut mm, norm_in(&lw.ffn_norm), &lw.wgu, gu, act, ffn)?;
+                mark("norm+gate/up matmul")?;
+            } else {
+                swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
+                mark("gate/up matmul")?;
+            }
             if let Some(t) = self.tap.as_mut() {
                 t.layer_input(&self.dev.stream, li, TapPoint::Down, &w.act, n, ffn)?;
             }

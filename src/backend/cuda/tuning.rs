@@ -29,6 +29,11 @@ pub(super) struct Tuning {
     pub attn_split: Option<usize>,
     /// `DUSTOFF_CASCADE=0`: no shared-prefix (cascade) attention in decode steps.
     pub cascade: bool,
+    /// `DUSTOFF_FUSE_NORM=0`: the layer norms as launches of their own (before session 4's
+    /// fused_norm.cu), for same-run comparisons; the default folds them into the products.
+    pub fuse_norm: bool,
+    /// `DUSTOFF_GRAPH_NODES=1`: print the node count of every captured decode graph.
+    pub graph_nodes: bool,
 }
 
 pub(super) fn tuning() -> &'static Tuning {
@@ -47,6 +52,8 @@ pub(super) fn tuning() -> &'static Tuning {
             attn_warps: num("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)),
             attn_split: num("DUSTOFF_ATTN_SPLIT").filter(|&v| v >= 16 && v % 16 == 0),
             cascade: num("DUSTOFF_CASCADE") != Some(0),
+            fuse_norm: num("DUSTOFF_FUSE_NORM") != Some(0),
+            graph_nodes: num("DUSTOFF_GRAPH_NODES") == Some(1),
         }
     })
 }
