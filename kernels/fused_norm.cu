@@ -190,19 +190,20 @@ __device__ __forceinline__ void gn_rows(const GemvNormParams& p, const uint4* co
     }
 }
 
-template <int NT>
+// NR output rows a block (GN_ROWS; the _r4 / _r8 one-token entries 4 / 8: DUSTOFF_GEMV_ROWS).
+template <int NT, int NR = GN_ROWS>
 __device__ __forceinline__ void gemv_norm_impl(const GemvNormParams& p) {
-    const int row0 = blockIdx.x * GN_ROWS;
-    const uint4* wrow[GN_ROWS];
+    const int row0 = blockIdx.x * NR;
+    const uint4* wrow[NR];
 #pragma unroll
-    for (int r = 0; r < GN_ROWS; ++r)
+    for (int r = 0; r < NR; ++r)
         wrow[r] = row0 + r < p.rows ? reinterpret_cast<const uint4*>(p.w + (long long)(row0 + r) * p.cols) : nullptr;
-    float tot[GN_ROWS][NT], ss[NT];
-    gn_rows<NT, GN_ROWS>(p, wrow, tot, ss);
+    float tot[NR][NT], ss[NT];
+    gn_rows<NT, NR>(p, wrow, tot, ss);
     // Thread (r, t) writes output (t, row0 + r).
     const int r = threadIdx.x / NT, t = threadIdx.x % NT;
 #pragma unroll
-    for (int rr = 0; rr < GN_ROWS; ++rr)
+    for (int rr = 0; rr < NR; ++rr)
 #pragma unroll
         for (int tt = 0; tt < NT; ++tt)
             if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
@@ -214,26 +215,26 @@ __device__ __forceinline__ void gemv_norm_impl(const GemvNormParams& p) {
             }
 }
 
-template <int NT>
+template <int NT, int NR = GN_ROWS>
 __device__ __forceinline__ void gemv_norm_swiglu_impl(const GemvNormParams& p) {
-    const int row0 = blockIdx.x * GN_ROWS;
-    const uint4* wrow[2 * GN_ROWS];
+    const int row0 = blockIdx.x * NR;
+    const uint4* wrow[2 * NR];
 #pragma unroll
-    for (int r = 0; r < GN_ROWS; ++r) {
+    for (int r = 0; r < NR; ++r) {
         const bool in = row0 + r < p.rows;
         wrow[r] = in ? reinterpret_cast<const uint4*>(p.w + (long long)(row0 + r) * p.cols) : nullptr;
-        wrow[GN_ROWS + r] = in ? reinterpret_cast<const uint4*>(p.w + (long long)(p.rows + row0 + r) * p.cols) : nullptr;
+        wrow[NR + r] = in ? reinterpret_cast<const uint4*>(p.w + (long long)(p.rows + row0 + r) * p.cols) : nullptr;
     }
-    float tot[2 * GN_ROWS][NT], ss[NT];
-    gn_rows<NT, 2 * GN_ROWS>(p, wrow, tot, ss);
+    float tot[2 * NR][NT], ss[NT];
+    gn_rows<NT, 2 * NR>(p, wrow, tot, ss);
     const int r = threadIdx.x / NT, t = threadIdx.x % NT;
 #pragma unroll
-    for (int rr = 0; rr < GN_ROWS; ++rr)
+    for (int rr = 0; rr < NR; ++rr)
 #pragma unroll
         for (int tt = 0; tt < NT; ++tt)
             if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
                 const float scale = rsqrtf(ss[tt] / (float)p.cols + p.eps);
-                const float gt = tot[rr][tt] * scale, u = tot[GN_ROWS + rr][tt] * scale;
+                const float gt = tot[rr][tt] * scale, u = tot[NR + rr][tt] * scale;
                 p.out[(long long)t * p.out_stride + row0 + r] = gt / (1.0f + expf(-gt)) * u;
             }
 }
@@ -247,3 +248,8 @@ extern "C" __global__ void __launch_bounds__(GN_THREADS) gemv_norm_swiglu_f16_n1
 extern "C" __global__ void __launch_bounds__(GN_THREADS) gemv_norm_swiglu_f16_n2(const GemvNormParams p) { gemv_norm_swiglu_impl<2>(p); }
 extern "C" __global__ void __launch_bounds__(GN_THREADS) gemv_norm_swiglu_f16_n4(const GemvNormParams p) { gemv_norm_swiglu_impl<4>(p); }
 extern "C" __global__ void __launch_bounds__(GN_THREADS) gemv_norm_swiglu_f16_n8(const GemvNormParams p) { gemv_norm_swiglu_impl<8>(p); }
+// grid: ceil(rows / 4) and ceil(rows / 8).
+extern "C" __global__ void __launch_bounds__(GN_THREADS) gemv_norm_f16_n1_r4(const GemvNormParams p) { gemv_norm_impl<1, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GN_THREADS) gemv_norm_f16_n1_r8(const GemvNormParams p) { gemv_norm_impl<1, 8>(p); }
+extern "C" __global__ void __launch_bounds__(GN_THREADS) gemv_norm_swiglu_f16_n1_r4(const GemvNormParams p) { gemv_norm_swiglu_impl<1, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GN_THREADS) gemv_norm_swiglu_f16_n1_r8(const GemvNormParams p) { gemv_norm_swiglu_impl<1, 8>(p); }

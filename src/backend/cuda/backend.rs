@@ -130,6 +130,8 @@ pub struct CudaBackend {
     pub(super) fuse_norm: bool,
     /// `DUSTOFF_PROFILE=1`: per-kernel-class GPU times (graphs off).
     pub(super) prof: Option<super::profile::Profiler>,
+    /// `DUSTOFF_STEP_TIMES=1`: GPU time against period per step size (graphs on).
+    pub(super) step_times: Option<super::profile::StepTimes>,
     /// Weight values clamped to the F16 range at load.
     pub clamped_weights: u64,
     /// Bytes of weights on the device.
@@ -453,6 +455,7 @@ impl CudaBackend {
             use_graphs,
             fuse_norm: super::tuning::tuning().fuse_norm,
             prof: super::profile::profiling_requested().then(|| super::profile::Profiler::new(dev.ctx.clone())),
+            step_times: super::profile::step_times_requested().then(|| super::profile::StepTimes::new(dev.ctx.clone())),
             clamped_weights: p.clamped,
             weight_bytes,
             formats,

@@ -192,18 +192,30 @@ impl GemvNorm {
         if let Some(b) = self.bias {
             need(K, "bias", b, self.rows)?;
         }
-        let v = match self.n_tok {
-            1 => 0,
-            2 => 1,
-            3 | 4 => 2,
-            _ => 3,
+        // One token: 2, 4 or 8 rows a block (`DUSTOFF_GEMV_ROWS`), as the plain GEMV.
+        let (v, rows_per_block) = match (self.n_tok, super::tuning::tuning().gemv_rows) {
+            (1, 4) => (4, 4),
+            (1, 8) => (5, 8),
+            (1, _) => (0, GN_ROWS),
+            (2, _) => (1, GN_ROWS),
+            (3 | 4, _) => (2, GN_ROWS),
+            _ => (3, GN_ROWS),
         };
-        const PLAIN: [&str; 4] = ["gemv_norm_f16_n1", "gemv_norm_f16_n2", "gemv_norm_f16_n4", "gemv_norm_f16_n8"];
-        const SWIGLU: [&str; 4] = [
+        const PLAIN: [&str; 6] = [
+            "gemv_norm_f16_n1",
+            "gemv_norm_f16_n2",
+            "gemv_norm_f16_n4",
+            "gemv_norm_f16_n8",
+            "gemv_norm_f16_n1_r4",
+            "gemv_norm_f16_n1_r8",
+        ];
+        const SWIGLU: [&str; 6] = [
             "gemv_norm_swiglu_f16_n1",
             "gemv_norm_swiglu_f16_n2",
             "gemv_norm_swiglu_f16_n4",
             "gemv_norm_swiglu_f16_n8",
+            "gemv_norm_swiglu_f16_n1_r4",
+            "gemv_norm_swiglu_f16_n1_r8",
         ];
         let entry = if self.swiglu { SWIGLU[v] } else { PLAIN[v] };
         let p = GemvNormParams {
@@ -219,7 +231,7 @@ impl GemvNorm {
             accumulate: i32::from(self.accumulate),
             eps: self.eps,
         };
-        launch(k, s, entry, (blocks_for(K, self.rows, GN_ROWS)?, 1, 1), GN_THREADS, 0, &p)
+        launch(k, s, entry, (blocks_for(K, self.rows, rows_per_block)?, 1, 1), GN_THREADS, 0, &p)
     }
 }
 

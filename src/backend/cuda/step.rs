@@ -374,7 +374,19 @@ impl CudaBackend {
     pub(super) fn run_step(&mut self, w: &mut Work, f: &Flat) -> Result<(), CudaError> {
         let meta = w.meta.as_mut().expect("step inputs allocated by ensure_work");
         let mut view = meta.slice_mut(0..self.host_meta.len());
+        if let Some(t) = self.step_times.as_mut() {
+            t.begin(&self.dev.stream, f.n_tok)?;
+        }
         self.dev.stream.memcpy_htod(&self.host_meta, &mut view).map_err(CudaError::driver("uploading step inputs"))?;
+        self.launch_step(w, f)?;
+        if let Some(t) = self.step_times.as_mut() {
+            t.end(&self.dev.stream)?;
+        }
+        Ok(())
+    }
+
+    /// The step's kernels: profiled, replayed from a graph, or launched one by one.
+    fn launch_step(&mut self, w: &mut Work, f: &Flat) -> Result<(), CudaError> {
         if self.prof.is_some() {
             let mut prof = self.prof.take();
             let r = self.run_layers(w, f, &mut prof);
