@@ -235,9 +235,12 @@ impl GemvNorm {
     }
 }
 
+/// One row's int8 activations as `q8x::quantize` gives them: hi codes, lo codes, block scales.
+pub type Q8Row = (Vec<i8>, Vec<i8>, Vec<f32>);
+
 /// CPU twin of [`RmsNormQ8`]: the normed rows `[n, dim]` and, per row, the two int8 planes and
 /// block scales of `q8x::quantize`.
-pub fn rmsnorm_q8_twin(x: &[f32], w: &[f32], eps: f32) -> (Vec<f32>, Vec<(Vec<i8>, Vec<i8>, Vec<f32>)>) {
+pub fn rmsnorm_q8_twin(x: &[f32], w: &[f32], eps: f32) -> (Vec<f32>, Vec<Q8Row>) {
     let mut h = vec![0f32; x.len()];
     crate::backend::cpu::ops::rmsnorm(x, w, eps, &mut h);
     let planes = h.chunks(w.len()).map(super::q8x::quantize).collect();

@@ -19,7 +19,9 @@
 //!
 //! Per layer: rmsnorm -> qkv matmul (+bias) -> qkv_post (q/k head norm, RoPE, K/V store) ->
 //! attention -> o matmul (+= residual) -> rmsnorm -> gate/up matmul with SwiGLU -> down matmul
-//! (+= residual). Logits only for the last token of chunks that want them.
+//! (+= residual). Logits only for the last token of chunks that want them. The two norms run
+//! inside the launch that prepares (or performs) the product after them (`step_norm`), except
+//! where a tap reads the normed input, in hybrid layers and before a mixture-of-experts FFN.
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
