@@ -84,19 +84,21 @@ __device__ __forceinline__ void gemv_rows(const GemvParams& p, const uint4* cons
         }
 }
 
-template <int NT>
+// NR rows a block (GEMV_ROWS; the _r4 / _r8 one-token entries take 4 / 8, more loads in flight
+// per thread and fewer blocks for the small matrices: DUSTOFF_GEMV_ROWS).
+template <int NT, int NR = GEMV_ROWS>
 __device__ __forceinline__ void gemv_impl(const GemvParams& p) {
-    const int row0 = blockIdx.x * GEMV_ROWS;
-    const uint4* wrow[GEMV_ROWS];
+    const int row0 = blockIdx.x * NR;
+    const uint4* wrow[NR];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r)
+    for (int r = 0; r < NR; ++r)
         wrow[r] = row0 + r < p.rows ? reinterpret_cast<const uint4*>(p.w + (long long)(row0 + r) * p.cols) : nullptr;
-    float tot[GEMV_ROWS][NT];
-    gemv_rows<NT, GEMV_ROWS>(p, wrow, tot);
+    float tot[NR][NT];
+    gemv_rows<NT, NR>(p, wrow, tot);
     // Thread (r, t) writes output (t, row0 + r).
     const int r = threadIdx.x / NT, t = threadIdx.x % NT;
 #pragma unroll
-    for (int rr = 0; rr < GEMV_ROWS; ++rr)
+    for (int rr = 0; rr < NR; ++rr)
 #pragma unroll
         for (int tt = 0; tt < NT; ++tt)
             if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
@@ -112,6 +114,9 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f16_n1(const Gem
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f16_n2(const GemvParams p) { gemv_impl<2>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f16_n4(const GemvParams p) { gemv_impl<4>(p); }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f16_n8(const GemvParams p) { gemv_impl<8>(p); }
+// grid: ceil(rows / 4) and ceil(rows / 8).
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f16_n1_r4(const GemvParams p) { gemv_impl<1, 4>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f16_n1_r8(const GemvParams p) { gemv_impl<1, 8>(p); }
 
 // SwiGLU fused into the gate/up GEMV: W is [2 * rows, cols] (gate rows, then up rows); block b
 // computes gate rows and up rows b * GEMV_ROWS .. + GEMV_ROWS and writes out[t, r] =

@@ -128,8 +128,13 @@ pub struct CudaBackend {
     /// Step shapes whose capture failed: they run without a graph.
     pub(super) uncapturable: std::collections::HashSet<super::step::GraphKey>,
     pub(super) use_graphs: bool,
+    /// Layer norms folded into the products that read them (fused_norm.rs; `DUSTOFF_FUSE_NORM=0`
+    /// or [`CudaBackend::set_fuse_norm`] turns it off).
+    pub(super) fuse_norm: bool,
     /// `DUSTOFF_PROFILE=1`: per-kernel-class GPU times (graphs off).
     pub(super) prof: Option<super::profile::Profiler>,
+    /// `DUSTOFF_STEP_TIMES=1`: GPU time against period per step size (graphs on).
+    pub(super) step_times: Option<super::profile::StepTimes>,
     /// Weight values clamped to the F16 range at load.
     pub clamped_weights: u64,
     /// Bytes of weights on the device.
@@ -464,7 +469,9 @@ impl CudaBackend {
             graphs: HashMap::new(),
             uncapturable: Default::default(),
             use_graphs,
+            fuse_norm: super::tuning::tuning().fuse_norm,
             prof: super::profile::profiling_requested().then(|| super::profile::Profiler::new(dev.ctx.clone())),
+            step_times: super::profile::step_times_requested().then(|| super::profile::StepTimes::new(dev.ctx.clone())),
             clamped_weights: p.clamped,
             weight_bytes,
             formats,
@@ -485,6 +492,13 @@ impl CudaBackend {
     /// Compiles (or loads) every kernel now, so that it stays out of timings.
     pub fn load_kernels(&mut self) -> Result<(), CudaError> {
         self.kernels.load_all()
+    }
+
+    /// Folds the layer norms into the products that read them, or launches them on their own
+    /// (for same-process comparisons; the default comes from `DUSTOFF_FUSE_NORM`).
+    pub fn set_fuse_norm(&mut self, on: bool) {
+        self.fuse_norm = on;
+        self.graphs.clear(); // captured with the other kernels
     }
 
     /// Turns CUDA-graph replay of decode steps on or off (on by default unless

@@ -295,11 +295,14 @@ impl Gemv {
         if let Some(b) = self.bias {
             need(K, "bias", b, self.rows)?;
         }
-        let entry = match self.n_tok {
-            1 => "gemv_f16_n1",
-            2 => "gemv_f16_n2",
-            3 | 4 => "gemv_f16_n4",
-            _ => "gemv_f16_n8",
+        // One token: 2, 4 or 8 rows a block (`DUSTOFF_GEMV_ROWS`).
+        let (entry, rows_per_block) = match (self.n_tok, super::tuning::tuning().gemv_rows) {
+            (1, 4) => ("gemv_f16_n1_r4", 4),
+            (1, 8) => ("gemv_f16_n1_r8", 8),
+            (1, _) => ("gemv_f16_n1", GEMV_ROWS),
+            (2, _) => ("gemv_f16_n2", GEMV_ROWS),
+            (3 | 4, _) => ("gemv_f16_n4", GEMV_ROWS),
+            _ => ("gemv_f16_n8", GEMV_ROWS),
         };
         let p = GemvParams {
             w: self.w.ptr,
@@ -313,7 +316,7 @@ impl Gemv {
             out_stride: i32_of(K, self.out_stride)?,
             accumulate: i32::from(self.accumulate),
         };
-        launch(k, s, entry, (blocks_for(K, self.rows, GEMV_ROWS)?, 1, 1), GEMV_THREADS as u32, 0, &p)
+        launch(k, s, entry, (blocks_for(K, self.rows, rows_per_block)?, 1, 1), GEMV_THREADS as u32, 0, &p)
     }
 }
 

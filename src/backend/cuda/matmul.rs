@@ -101,11 +101,21 @@ fn q8_acts() -> bool {
 }
 
 /// What the step input has been converted into in the `x16` scratch.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum XForm {
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum XForm {
     None,
     F16,
     Q8,
+}
+
+/// The form a step of `n` tokens reads `m`'s input in: the int8 planes (packed GEMV), F16 in
+/// `x16` (tensor-core GEMM, packed GEMM, cuBLAS), or the f32 input itself (F16 GEMV).
+pub fn input_form(m: &DevMat, n: usize) -> XForm {
+    match (packed_gemv(m, n), q8_acts()) {
+        (true, true) => XForm::Q8,
+        (false, _) if n >= tc_min_tokens() => XForm::F16,
+        _ => XForm::None,
+    }
 }
 
 /// Whether a step of `n` tokens reads `m`'s packed blocks directly (else through the scratch).
@@ -138,9 +148,13 @@ pub struct Product<'w> {
 
 impl Mm<'_> {
     pub fn run(&mut self, k: &mut Kernels, p: Product) -> Result<(), CudaError> {
+        self.run_with(k, p, XForm::None)
+    }
+
+    /// [`Mm::run`] where `x16` already holds `p.x` in the form `have` (a fused norm wrote it).
+    pub fn run_with(&mut self, k: &mut Kernels, p: Product, mut have: XForm) -> Result<(), CudaError> {
         let (rows, cols) = (p.lin.rows(), p.lin.cols());
         // The parts share one conversion of the input (x16 holds either form: redone on a switch).
-        let mut have = XForm::None;
         let mut r0 = 0;
         for m in &p.lin.parts {
             let sub = Sub {
@@ -152,12 +166,7 @@ impl Mm<'_> {
                 out_stride: rows,
                 accumulate: p.accumulate,
             };
-            let packed = packed_gemv(m, p.n);
-            let want = match (packed, q8_acts()) {
-                (true, true) => XForm::Q8,
-                (false, _) if p.n >= tc_min_tokens() => XForm::F16,
-                _ => XForm::None,
-            };
+            let want = input_form(m, p.n);
             if want != XForm::None && want != have {
                 if want == XForm::Q8 {
                     QuantizeX { x: p.x, xq: self.x16.bytes(), n_tok: p.n, cols, x_stride: cols }.launch(k, self.s)?;
@@ -265,9 +274,24 @@ impl Mm<'_> {
         out: Dev<f32>,
         ffn: usize,
     ) -> Result<(), CudaError> {
+        self.swiglu_q_with(k, w, x, n, out, ffn, XForm::None)
+    }
+
+    /// [`Mm::swiglu_q`] where `x16` already holds `x` in the form `have` (a fused norm wrote it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn swiglu_q_with(
+        &mut self,
+        k: &mut Kernels,
+        w: QView,
+        x: Dev<f32>,
+        n: usize,
+        out: Dev<f32>,
+        ffn: usize,
+        have: XForm,
+    ) -> Result<(), CudaError> {
         let cols = w.cols;
         let xq = q8_acts().then(|| self.x16.bytes());
-        if let Some(xq) = xq {
+        if let (Some(xq), false) = (xq, have == XForm::Q8) {
             QuantizeX { x, xq, n_tok: n, cols, x_stride: cols }.launch(k, self.s)?;
         }
         let g = GemvQ {

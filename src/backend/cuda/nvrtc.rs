@@ -90,10 +90,31 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "gemv_f16_n2",
             "gemv_f16_n4",
             "gemv_f16_n8",
+            "gemv_f16_n1_r4",
+            "gemv_f16_n1_r8",
             "gemv_swiglu_f16_n1",
             "gemv_swiglu_f16_n2",
             "gemv_swiglu_f16_n4",
             "gemv_swiglu_f16_n8"
+        ]
+    ),
+    kernel_file!(
+        "fused_norm",
+        [
+            "rmsnorm_q8_f32",
+            "rmsnorm_f16_f32",
+            "gemv_norm_f16_n1",
+            "gemv_norm_f16_n2",
+            "gemv_norm_f16_n4",
+            "gemv_norm_f16_n8",
+            "gemv_norm_swiglu_f16_n1",
+            "gemv_norm_swiglu_f16_n2",
+            "gemv_norm_swiglu_f16_n4",
+            "gemv_norm_swiglu_f16_n8",
+            "gemv_norm_f16_n1_r4",
+            "gemv_norm_f16_n1_r8",
+            "gemv_norm_swiglu_f16_n1_r4",
+            "gemv_norm_swiglu_f16_n1_r8"
         ]
     ),
     KernelFile {

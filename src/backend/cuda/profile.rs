@@ -108,3 +108,82 @@ impl Drop for Profiler {
         }
     }
 }
+
+pub const STEP_TIMES_ENV: &str = "DUSTOFF_STEP_TIMES";
+
+pub fn step_times_requested() -> bool {
+    std::env::var(STEP_TIMES_ENV).is_ok_and(|v| v == "1")
+}
+
+/// `DUSTOFF_STEP_TIMES=1`: per step size (tokens, up to 64; larger steps in one row), the GPU
+/// time of the step's own work (events around the graph replay or the direct launches, graphs
+/// on) against the period from one step's start to the next (host work, uploads, logits and
+/// the GPU's idle time included). Where the two differ, the fixed cost of a step is on the
+/// host; where they agree, on the GPU. Printed to stderr when the backend is dropped.
+pub struct StepTimes {
+    ctx: Arc<CudaContext>,
+    /// The step in flight: tokens, start time, its start and end events.
+    pending: Option<(usize, std::time::Instant, CudaEvent, Option<CudaEvent>)>,
+    /// tokens (65: more) -> (GPU ms, period ms) of every step.
+    rows: BTreeMap<usize, Vec<(f64, f64)>>,
+}
+
+impl StepTimes {
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
+        StepTimes { ctx, pending: None, rows: BTreeMap::new() }
+    }
+
+    fn record(&self, s: &CudaStream) -> Result<CudaEvent, CudaError> {
+        let e = self
+            .ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(CudaError::driver("creating a step-time event"))?;
+        e.record(s).map_err(CudaError::driver("recording a step-time event"))?;
+        Ok(e)
+    }
+
+    /// A step of `n_tok` tokens starts (the previous one is counted now).
+    pub fn begin(&mut self, s: &CudaStream, n_tok: usize) -> Result<(), CudaError> {
+        self.settle()?;
+        let e = self.record(s)?;
+        self.pending = Some((n_tok, std::time::Instant::now(), e, None));
+        Ok(())
+    }
+
+    /// The step's GPU work has all been launched.
+    pub fn end(&mut self, s: &CudaStream) -> Result<(), CudaError> {
+        let e = self.record(s)?;
+        if let Some(p) = self.pending.as_mut() {
+            p.3 = Some(e);
+        }
+        Ok(())
+    }
+
+    fn settle(&mut self) -> Result<(), CudaError> {
+        let Some((n, t0, e0, Some(e1))) = self.pending.take() else { return Ok(()) };
+        e1.synchronize().map_err(CudaError::driver("waiting for a step-time event"))?;
+        let gpu = e0.elapsed_ms(&e1).map_err(CudaError::driver("reading a step-time event"))? as f64;
+        self.rows.entry(n.min(65)).or_default().push((gpu, t0.elapsed().as_secs_f64() * 1e3));
+        Ok(())
+    }
+}
+
+impl Drop for StepTimes {
+    fn drop(&mut self) {
+        // The last step has no successor: its period is unknown, so it is left out. Medians:
+        // the steps that capture a graph take far longer than the replays.
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        for (n, v) in &self.rows {
+            let n = if *n == 65 { ">64".to_string() } else { n.to_string() };
+            let (gpu, period) = (median(v.iter().map(|r| r.0).collect()), median(v.iter().map(|r| r.1).collect()));
+            eprintln!(
+                "step times: {n}-token steps: {}, median GPU {gpu:.3} ms (upload + layers), median period {period:.3} ms (GPU busy {:.1}%)",
+                v.len(),
+                100.0 * gpu / period.max(1e-9)
+            );
+        }
+    }
+}

@@ -19,7 +19,9 @@
 //!
 //! Per layer: rmsnorm -> qkv matmul (+bias) -> qkv_post (q/k head norm, RoPE, K/V store) ->
 //! attention -> o matmul (+= residual) -> rmsnorm -> gate/up matmul with SwiGLU -> down matmul
-//! (+= residual). Logits only for the last token of chunks that want them.
+//! (+= residual). Logits only for the last token of chunks that want them. The two norms run
+//! inside the launch that prepares (or performs) the product after them (`step_norm`), except
+//! where a tap reads the normed input, in hybrid layers and before a mixture-of-experts FFN.
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -34,6 +36,7 @@ use super::matmul::{packed_gemv, tc_min_tokens, Mm, Product};
 use super::prefill::{PrefillAttention, PrefillSplit};
 use super::profile::Profiler;
 use super::qlaunch::EmbeddingQ;
+use super::step_norm::{norm_product, norm_swiglu, NormIn};
 use super::tap::TapPoint;
 use super::tc::{tc64_part_len, TC_MAX_TOKENS};
 use super::CudaError;
@@ -357,7 +360,19 @@ impl CudaBackend {
     pub(super) fn run_step(&mut self, w: &mut Work, f: &Flat) -> Result<(), CudaError> {
         let meta = w.meta.as_mut().expect("step inputs allocated by ensure_work");
         let mut view = meta.slice_mut(0..self.host_meta.len());
+        if let Some(t) = self.step_times.as_mut() {
+            t.begin(&self.dev.stream, f.n_tok)?;
+        }
         self.dev.stream.memcpy_htod(&self.host_meta, &mut view).map_err(CudaError::driver("uploading step inputs"))?;
+        self.launch_step(w, f)?;
+        if let Some(t) = self.step_times.as_mut() {
+            t.end(&self.dev.stream)?;
+        }
+        Ok(())
+    }
+
+    /// The step's kernels: profiled, replayed from a graph, or launched one by one.
+    fn launch_step(&mut self, w: &mut Work, f: &Flat) -> Result<(), CudaError> {
         if self.prof.is_some() {
             let mut prof = self.prof.take();
             let r = self.run_layers(w, f, &mut prof);
@@ -454,6 +469,13 @@ impl CudaBackend {
                     return Ok(false);
                 }
             };
+            if super::tuning::tuning().graph_nodes {
+                let mut nodes = 0usize;
+                // SAFETY: the graph handle is live (owned by `g`); a null node array asks only
+                // for the count.
+                let r = unsafe { cudarc::driver::sys::cuGraphGetNodes(g.cu_graph(), std::ptr::null_mut(), &mut nodes) };
+                eprintln!("graph: {}-token step, {} nodes ({r:?})", f.n_tok, nodes);
+            }
             self.graphs.insert(key, g);
             self.note_memory();
         }
@@ -528,9 +550,15 @@ impl CudaBackend {
             block_size: self.block_size,
             bt_stride: self.bt_stride,
         });
+        // Norms folded into the products that read them (step_norm.rs), except where a tap
+        // reads the normed input.
+        let fuse = self.fuse_norm && self.tap.is_none();
+        let norm_in = |wt: &CudaSlice<f32>| NormIn { x, w: Dev::of(wt, s), h, n, dim, eps: c.rms_eps };
         for (li, lw) in self.layers.iter().enumerate() {
-            norm(x, Dev::of(&lw.attn_norm, s), h).launch(k, s)?;
-            mark("rmsnorm")?;
+            if !fuse || self.hybrid.is_some() {
+                norm(x, Dev::of(&lw.attn_norm, s), h).launch(k, s)?;
+                mark("rmsnorm")?;
+            }
             if let (Some(hy), Some(io)) = (&self.hybrid, &hybrid_io) {
                 // Qwen3.5: Gated DeltaNet or gated attention, then the dense FFN as below.
                 hy.mixer(li, lw, c, k, &mut mm, io)?;
@@ -557,8 +585,14 @@ impl CudaBackend {
                 t.layer_input(&self.dev.stream, li, TapPoint::Qkv, &w.h, n, dim)?;
             }
             let bias = lw.bqkv.as_ref().map(|b| Dev::of(b, s));
-            mm.run(k, Product { lin: &lw.wqkv, bias, x: h, n, out: qkv, accumulate: false })?;
-            mark("qkv matmul")?;
+            let qkv_p = Product { lin: &lw.wqkv, bias, x: h, n, out: qkv, accumulate: false };
+            if fuse {
+                norm_product(k, &mut mm, norm_in(&lw.attn_norm), qkv_p)?;
+                mark("norm+qkv matmul")?;
+            } else {
+                mm.run(k, qkv_p)?;
+                mark("qkv matmul")?;
+            }
             let (kc, vc) = (Dev::of(&lw.k_cache, s), Dev::of(&lw.v_cache, s));
             QkvPost {
                 qkv,
@@ -607,8 +641,10 @@ impl CudaBackend {
             }
             mm.run(k, Product { lin: &lw.wo, bias: None, x: att, n, out: x, accumulate: true })?;
             mark("o matmul")?;
-            norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
-            mark("rmsnorm")?;
+            if !fuse || lw.moe.is_some() {
+                norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
+                mark("rmsnorm")?;
+            }
             if let Some(moe) = &lw.moe {
                 super::moe::moe_ffn(k, s, moe, &w.moe, h, x, n)?;
                 mark("moe ffn")?;
@@ -617,8 +653,13 @@ impl CudaBackend {
             if let Some(t) = self.tap.as_mut() {
                 t.layer_input(&self.dev.stream, li, TapPoint::GateUp, &w.h, n, dim)?;
             }
-            swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
-            mark("gate/up matmul")?;
+            if fuse {
+                norm_swiglu(k, &mut mm, norm_in(&lw.ffn_norm), &lw.wgu, gu, act, ffn)?;
+                mark("norm+gate/up matmul")?;
+            } else {
+                swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
+                mark("gate/up matmul")?;
+            }
             if let Some(t) = self.tap.as_mut() {
                 t.layer_input(&self.dev.stream, li, TapPoint::Down, &w.act, n, ffn)?;
             }

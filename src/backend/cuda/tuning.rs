@@ -35,6 +35,15 @@ pub(super) struct Tuning {
     pub attn_split: Option<usize>,
     /// `DUSTOFF_CASCADE=0`: no shared-prefix (cascade) attention in decode steps.
     pub cascade: bool,
+    /// `DUSTOFF_FUSE_NORM=0`: the layer norms as launches of their own (before session 4's
+    /// fused_norm.cu), for same-run comparisons; the default folds them into the products.
+    pub fuse_norm: bool,
+    /// `DUSTOFF_GEMV_ROWS=2|4|8`: rows a block of the one-token F16 GEMVs (gemv_f16.cu,
+    /// fused_norm.cu). Default 4: Qwen3-8B F16 decode 203.9 tok/s against 200.8 with 2 and
+    /// 201.5 with 8 (H200, docs/BENCHMARKS.md, 2026-12-01 session 4).
+    pub gemv_rows: usize,
+    /// `DUSTOFF_GRAPH_NODES=1`: print the node count of every captured decode graph.
+    pub graph_nodes: bool,
 }
 
 pub(super) fn tuning() -> &'static Tuning {
@@ -55,6 +64,9 @@ pub(super) fn tuning() -> &'static Tuning {
             attn_warps: num("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)),
             attn_split: num("DUSTOFF_ATTN_SPLIT").filter(|&v| v >= 16 && v % 16 == 0),
             cascade: num("DUSTOFF_CASCADE") != Some(0),
+            fuse_norm: num("DUSTOFF_FUSE_NORM") != Some(0),
+            gemv_rows: num("DUSTOFF_GEMV_ROWS").filter(|r| [2, 4, 8].contains(r)).unwrap_or(4),
+            graph_nodes: num("DUSTOFF_GRAPH_NODES") == Some(1),
         }
     })
 }
