@@ -82,8 +82,19 @@ const ATTN_MAX_HD: usize = 256;
 const ATTN_VCHUNK: usize = 4;
 const ATTN_THREADS: usize = 128;
 
-/// Most query heads per KV head of the one-pass decode kernel (kernels/attention_decode.cu).
-const ATTN_ONEPASS_MAX_GROUP: usize = 4;
+/// Most query heads of a one-pass decode block (kernels/attention_decode.cu): a larger group
+/// takes `ceil(group / 4)` blocks of equal head counts.
+const ATTN_ONEPASS_MAX_HEADS: usize = 4;
+
+/// (blocks per KV head, query heads per block, shared-memory bytes) of the one-pass decode
+/// kernel for `group` query heads per KV head of `hd` and `threads` per block: q
+/// `[heads, lanes per position, dims per lane + 4]` + per warp `[heads, hd + 2]` floats.
+pub fn onepass_shape(group: usize, hd: usize, threads: usize) -> (usize, usize, usize) {
+    let chunks = group.div_ceil(ATTN_ONEPASS_MAX_HEADS).max(1);
+    let heads = group.div_ceil(chunks);
+    let dl = if hd >= 128 { 16 } else { 8 };
+    (chunks, heads, (heads * (hd / dl) * (dl + 4) + (threads / 32) * heads * (hd + 2)) * 4)
+}
 
 /// Splits needed for sequences of at most `max_len` positions, `n_tok` query tokens, at the
 /// shortest split: an upper bound of every step's decode splits.
@@ -151,8 +162,8 @@ pub struct Attention {
     pub max_len: usize,
     pub n_splits: usize,
     pub split_len: usize,
-    /// The one-pass kernel (head sizes 64 and 128, at most 4 query heads per KV head) or the
-    /// two-pass one; `None`: the measured rule.
+    /// The one-pass kernel (head sizes 64, 128 and 256) or the two-pass one; `None`: the
+    /// measured rule.
     pub onepass: Option<bool>,
     pub prefix: Option<SharedPrefix>,
 }
@@ -231,15 +242,18 @@ impl Attention {
             block_shift: a.block_size.trailing_zeros() as i32,
         };
         let mut smem = (group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4;
-        let grid = (a.n_kv as u32, a.n_tok as u32, i32_of(K, splits)? as u32);
-        // Head sizes 64 and 128: the one-pass kernel for up to 4 query heads per KV head, else
-        // the reshaped two-pass one (same outputs). `DUSTOFF_ATTN_ONEPASS=0` turns the first off.
-        // Below 16 tokens the two-pass kernel was faster (8 sequences: 31 against 38 us a layer).
-        let rule = a.n_tok >= 16 && tuning().attn_onepass;
-        let onepass = group <= ATTN_ONEPASS_MAX_GROUP && matches!(hd, 64 | 128) && self.onepass.unwrap_or(rule);
+        let mut grid = (a.n_kv as u32, a.n_tok as u32, i32_of(K, splits)? as u32);
+        // Head sizes 64, 128 and 256: the one-pass kernel, else the two-pass one (same
+        // outputs). `DUSTOFF_ATTN_ONEPASS=0` turns the first off, `=2` takes it for every step.
+        // Below 16 tokens the two-pass kernel was faster before the one-pass kernel loaded
+        // ahead (8 sequences: 31 against 38 us a layer).
+        let t = tuning();
+        let rule = t.attn_onepass_all || (a.n_tok >= 16 && t.attn_onepass);
+        let onepass = matches!(hd, 64 | 128 | 256) && self.onepass.unwrap_or(rule);
         let entry = match (hd, onepass) {
             (64, true) => "attn_onepass_f16_hd64",
             (128, true) => "attn_onepass_f16_hd128",
+            (256, true) => "attn_onepass_f16_hd256",
             (64, false) => "attn_split_f16_hd64",
             (128, false) => "attn_split_f16_hd128",
             _ => K,
@@ -247,9 +261,10 @@ impl Attention {
         let mut threads = ATTN_THREADS;
         if onepass {
             // `DUSTOFF_ATTN_WARPS` (1..=16) sets the warps of a block (for comparisons).
-            threads = tuning().attn_warps.map_or(ATTN_THREADS, |w| w * 32);
-            // q [group, 8, hd / 8 + 4] + per warp [group, hd + 2] floats.
-            smem = (group * 8 * (hd / 8 + 4) + (threads / 32) * group * (hd + 2)) * 4;
+            threads = t.attn_warps.map_or(ATTN_THREADS, |w| w * 32);
+            let (chunks, _, bytes) = onepass_shape(group, hd, threads);
+            grid.0 = i32_of(K, a.n_kv * chunks)? as u32;
+            smem = bytes;
         }
         check(K, smem <= 48 * 1024, || {
             format!("{smem} bytes of shared memory ({group} heads per KV head, splits of {split_len})")

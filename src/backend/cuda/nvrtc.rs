@@ -47,6 +47,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_split_f16_hd128",
             "attn_onepass_f16_hd64",
             "attn_onepass_f16_hd128",
+            "attn_onepass_f16_hd256",
             "attn_merge_f32"
         ]
     ),

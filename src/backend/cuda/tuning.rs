@@ -23,6 +23,8 @@ pub(super) struct Tuning {
     pub tc_rows64: bool,
     /// `DUSTOFF_ATTN_ONEPASS=0`: the two-pass decode attention for every step.
     pub attn_onepass: bool,
+    /// `DUSTOFF_ATTN_ONEPASS=2`: the one-pass decode attention for every step, few tokens too.
+    pub attn_onepass_all: bool,
     /// `DUSTOFF_ATTN_WARPS=N` (1..=16): warps of a one-pass decode attention block.
     pub attn_warps: Option<usize>,
     /// `DUSTOFF_ATTN_SPLIT=N` (a multiple of 16): positions per decode attention split.
@@ -44,6 +46,7 @@ pub(super) fn tuning() -> &'static Tuning {
             qgemv_rows2: num("DUSTOFF_QGEMV_ROWS") == Some(2),
             tc_rows64: num("DUSTOFF_TC_ROWS") == Some(64),
             attn_onepass: num("DUSTOFF_ATTN_ONEPASS") != Some(0),
+            attn_onepass_all: num("DUSTOFF_ATTN_ONEPASS") == Some(2),
             attn_warps: num("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)),
             attn_split: num("DUSTOFF_ATTN_SPLIT").filter(|&v| v >= 16 && v % 16 == 0),
             cascade: num("DUSTOFF_CASCADE") != Some(0),
