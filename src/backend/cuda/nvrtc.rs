@@ -51,7 +51,16 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_merge_f32"
         ]
     ),
-    kernel_file!("attention_prefill", ["attn_prefill_hd64", "attn_prefill_hd128", "attn_prefill_hd256"]),
+    kernel_file!(
+        "attention_prefill",
+        [
+            "attn_prefill_hd64",
+            "attn_prefill_hd128",
+            "attn_prefill_hd256",
+            "attn_prefill_hd64_qs",
+            "attn_prefill_hd128_qs"
+        ]
+    ),
     kernel_file!("deltanet", ["dn_conv_silu_f32", "dn_prep_f32", "dn_recur_f32", "dn_gated_norm_f32"]),
     KernelFile { name: "dequant", source: include_str!("../../../kernels/dequant.cu"), entries: &DEQUANT_ENTRIES },
     kernel_file!("embedding", ["embedding_f16", "fill_uniform_f16"]),

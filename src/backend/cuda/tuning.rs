@@ -31,6 +31,9 @@ pub(super) struct Tuning {
     pub attn_split: Option<usize>,
     /// `DUSTOFF_CASCADE=0`: no shared-prefix (cascade) attention in decode steps.
     pub cascade: bool,
+    /// `DUSTOFF_PREFILL_QS=0` / `=1`: the prefill attention's Q tile in registers / in shared
+    /// memory (default: the variant with more warps an SM).
+    pub prefill_qs: Option<bool>,
 }
 
 pub(super) fn tuning() -> &'static Tuning {
@@ -50,6 +53,7 @@ pub(super) fn tuning() -> &'static Tuning {
             attn_warps: num("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)),
             attn_split: num("DUSTOFF_ATTN_SPLIT").filter(|&v| v >= 16 && v % 16 == 0),
             cascade: num("DUSTOFF_CASCADE") != Some(0),
+            prefill_qs: num("DUSTOFF_PREFILL_QS").filter(|&v| v <= 1).map(|v| v == 1),
         }
     })
 }
