@@ -179,27 +179,34 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
 
     const float qscale = p.scale * ATP_LOG2E;
     // Q (scaled, F16): A fragments staged through the warp's S area 64 columns at a time, or
-    // (HD 256) the warp's Q area, read again for every K tile.
+    // (Q in shared memory) the warp's Q area, read again for every K tile. Each 64-column slab
+    // is read as 32 independent loads a lane, all issued before the first store (a loop of
+    // load-then-store waited out a memory latency per element: ~30 us a block, the whole cost of
+    // a short prefill chunk's or a shared-prefix group's block); lanes r < 16 hold row r's token.
     unsigned qa[NQ][8];
-    if (L::Q_SMEM) {
-        for (int e = lane; e < 16 * HD; e += WARP) {
-            const int r = e / HD, c = e % HD;
-            const int t = rows[min(r, nt - 1)];
-            const float v = r < nt ? p.q[(long long)t * p.q_stride + (long long)h * HD + c] * qscale : 0.0f;
-            qs[r * L::LDQ + c] = f2h_sat(v);
+    const int lane_tok = rows[min(lane % 16, nt - 1)];
+    half_t* stage = reinterpret_cast<half_t*>(ss);  // [16, 72] halves = 2,304 bytes
+#pragma unroll
+    for (int c0 = 0; c0 < HD; c0 += 64) {
+        constexpr int PER_LANE = 16 * 64 / WARP;  // row i / 2, column lane + 32 (i % 2)
+        float v[PER_LANE];
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int r = i / 2, c = c0 + lane + WARP * (i % 2);
+            const int t = __shfl_sync(FULL_MASK, lane_tok, r);
+            v[i] = r < nt ? __ldg(p.q + (long long)t * p.q_stride + (long long)h * HD + c) * qscale : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int r = i / 2, c = lane + WARP * (i % 2);
+            if (L::Q_SMEM) {
+                qs[r * L::LDQ + c0 + c] = f2h_sat(v[i]);
+            } else {
+                stage[r * 72 + c] = f2h_sat(v[i]);
+            }
         }
         __syncwarp();
-    } else {
-        half_t* stage = reinterpret_cast<half_t*>(ss);  // [16, 72] halves = 2,304 bytes
-#pragma unroll
-        for (int c0 = 0; c0 < HD; c0 += 64) {
-            for (int e = lane; e < 16 * 64; e += WARP) {
-                const int r = e / 64, c = e % 64;
-                const int t = rows[min(r, nt - 1)];
-                const float v = r < nt ? p.q[(long long)t * p.q_stride + (long long)h * HD + c0 + c] * qscale : 0.0f;
-                stage[r * 72 + c] = f2h_sat(v);
-            }
-            __syncwarp();
+        if (!L::Q_SMEM) {
 #pragma unroll
             for (int k = 0; k < 4; ++k) wmma_load_a(qa[L::Q_SMEM ? 0 : c0 / 16 + k], stage + k * 16, 72);
             __syncwarp();

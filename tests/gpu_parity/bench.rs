@@ -105,6 +105,7 @@ fn attention_breakdown() {
         ("prefill", 1, 0, 512, 128),
         ("prefill", 1, 8192, 512, 128),
         ("prefill", 1, 16384, 512, 128),
+        ("prefill", 1, 8192, 2048, 128),
         ("prefill", 1, 8192, 512, 256),
         ("shared", 32, 1000, 1, 128),
     ];

@@ -11,6 +11,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 use super::attention::{Merge, PagedAttn};
 use super::kernels::Kernels;
 use super::launch::{check, i32_of, launch, need, Dev};
+use super::tuning::tuning;
 use super::CudaError;
 
 /// Query tokens per tile (one wmma row tile).
@@ -86,33 +87,19 @@ fn smem_bytes(head_dim: usize, heads: usize, qs: bool) -> usize {
 }
 
 /// The kernel entry and its shared memory for head size `hd` and `heads` warps: the Q tile in
-/// registers, or (head sizes 64 / 128, at most 4 heads) in shared memory where that variant
-/// keeps more warps on an SM (its registers allow three blocks; shared memory decides: an H200
-/// fits three 52 KB blocks, a V100 one). `DUSTOFF_PREFILL_QS=0` / `=1` forces the choice.
-fn choose_entry(k: &mut Kernels, hd: usize, heads: usize) -> Result<(&'static str, usize), CudaError> {
-    let (reg, qs) = match hd {
-        64 => ("attn_prefill_hd64", "attn_prefill_hd64_qs"),
-        128 => ("attn_prefill_hd128", "attn_prefill_hd128_qs"),
-        _ => return Ok(("attn_prefill_hd256", smem_bytes(hd, heads, true))),
-    };
-    let (reg_smem, qs_smem) = (smem_bytes(hd, heads, false), smem_bytes(hd, heads, true));
-    if heads > 4 {
-        return Ok((reg, reg_smem));
+/// registers, or with `DUSTOFF_PREFILL_QS=1` (head sizes 64 / 128, at most 4 heads) in shared
+/// memory. The second has 168 registers against 255 (three blocks an SM instead of two on an
+/// H200, one on a V100 for its 52 KB), but measured 8-17% slower on the H200 (a 512-token chunk
+/// after 8,192 positions: 1,067 against 982 us a layer; docs/BENCHMARKS.md, session 4).
+fn choose_entry(hd: usize, heads: usize) -> (&'static str, usize) {
+    let qs = tuning().prefill_qs && heads <= 4;
+    match (hd, qs) {
+        (64, false) => ("attn_prefill_hd64", smem_bytes(hd, heads, false)),
+        (64, true) => ("attn_prefill_hd64_qs", smem_bytes(hd, heads, true)),
+        (128, false) => ("attn_prefill_hd128", smem_bytes(hd, heads, false)),
+        (128, true) => ("attn_prefill_hd128_qs", smem_bytes(hd, heads, true)),
+        _ => ("attn_prefill_hd256", smem_bytes(hd, heads, true)),
     }
-    let use_qs = match super::tuning::tuning().prefill_qs {
-        Some(v) => v,
-        None => {
-            let threads = (heads * 32) as u32;
-            let mut blocks = |entry: &'static str, smem: usize| -> Result<u32, CudaError> {
-                let f = k.get(entry)?;
-                allow_smem(f, entry, smem)?;
-                f.occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
-                    .map_err(CudaError::driver(format!("occupancy of {entry}")))
-            };
-            blocks(qs, qs_smem)? > blocks(reg, reg_smem)?
-        }
-    };
-    Ok(if use_qs { (qs, qs_smem) } else { (reg, reg_smem) })
 }
 
 /// Above 48 KB of dynamic shared memory a kernel must opt in (sm_70 allows 96 KB per block).
@@ -276,7 +263,7 @@ impl PrefillAttention {
             slot0: i32_of(K, slot0)?,
             part_tok0: i32_of(K, tok0)?,
         };
-        let (entry, smem) = choose_entry(k, hd, heads)?;
+        let (entry, smem) = choose_entry(hd, heads);
         allow_smem(k.get(entry)?, entry, smem)?;
         let grid = (i32_of(K, self.n_tiles)? as u32, (nkv * group / heads) as u32, i32_of(K, n_splits)? as u32);
         launch(k, s, entry, grid, (heads * 32) as u32, smem as u32, &p)?;

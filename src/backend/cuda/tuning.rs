@@ -23,17 +23,15 @@ pub(super) struct Tuning {
     pub tc_rows64: bool,
     /// `DUSTOFF_ATTN_ONEPASS=0`: the two-pass decode attention for every step.
     pub attn_onepass: bool,
-    /// `DUSTOFF_ATTN_ONEPASS=2`: the one-pass decode attention for every step, few tokens too.
-    pub attn_onepass_all: bool,
     /// `DUSTOFF_ATTN_WARPS=N` (1..=16): warps of a one-pass decode attention block.
     pub attn_warps: Option<usize>,
     /// `DUSTOFF_ATTN_SPLIT=N` (a multiple of 16): positions per decode attention split.
     pub attn_split: Option<usize>,
     /// `DUSTOFF_CASCADE=0`: no shared-prefix (cascade) attention in decode steps.
     pub cascade: bool,
-    /// `DUSTOFF_PREFILL_QS=0` / `=1`: the prefill attention's Q tile in registers / in shared
-    /// memory (default: the variant with more warps an SM).
-    pub prefill_qs: Option<bool>,
+    /// `DUSTOFF_PREFILL_QS=1`: the prefill attention's Q tile in shared memory for head sizes
+    /// 64 and 128 too (default: in registers, measured faster on the H200).
+    pub prefill_qs: bool,
 }
 
 pub(super) fn tuning() -> &'static Tuning {
@@ -49,11 +47,10 @@ pub(super) fn tuning() -> &'static Tuning {
             qgemv_rows2: num("DUSTOFF_QGEMV_ROWS") == Some(2),
             tc_rows64: num("DUSTOFF_TC_ROWS") == Some(64),
             attn_onepass: num("DUSTOFF_ATTN_ONEPASS") != Some(0),
-            attn_onepass_all: num("DUSTOFF_ATTN_ONEPASS") == Some(2),
             attn_warps: num("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)),
             attn_split: num("DUSTOFF_ATTN_SPLIT").filter(|&v| v >= 16 && v % 16 == 0),
             cascade: num("DUSTOFF_CASCADE") != Some(0),
-            prefill_qs: num("DUSTOFF_PREFILL_QS").filter(|&v| v <= 1).map(|v| v == 1),
+            prefill_qs: num("DUSTOFF_PREFILL_QS") == Some(1),
         }
     })
 }
