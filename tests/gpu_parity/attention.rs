@@ -484,8 +484,10 @@ fn long_context_attention_matches_cpu() {
             let most = l::attn_splits(len, 1) + 64;
             let (po, pml) = (g.poisoned(n_tok * nh * most * hd), g.poisoned(n_tok * nh * most * 2));
             if kind == "decode" {
+                // The rule's split is the one-pass kernel's (up to 1,024 positions); the forced
+                // two-pass case takes 256, which its score array holds for every shape here.
                 for (split_len, onepass) in
-                    [(0, None), (0, Some(true)), (64, Some(true)), (512, Some(true)), (0, Some(false))]
+                    [(0, None), (0, Some(true)), (64, Some(true)), (512, Some(true)), (256, Some(false))]
                 {
                     let split_len =
                         if split_len == 0 { l::decode_split_len(n_tok, len, nh, nkv, hd) } else { split_len };
