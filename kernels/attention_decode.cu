@@ -46,16 +46,16 @@ struct AttnParams {
 };
 
 // The range of split s of token t: [start, end); empty splits (and, for a token outside any
-// shared-prefix group, the prefix slots past the grid) get m = -inf, l = 0 for the group's heads.
-__device__ __forceinline__ bool split_range(const AttnParams& p, int t, int g, int s, int& start, int& end) {
-    const int group = p.n_heads / p.n_kv;
+// shared-prefix group, the prefix slots past the grid) get m = -inf, l = 0 for the block's
+// query heads hf..hf + hc.
+__device__ __forceinline__ bool split_range(const AttnParams& p, int t, int hf, int hc, int s, int& start, int& end) {
     const int begin = p.kv_begin ? p.kv_begin[t] : 0;
     start = max(s * p.split_len, begin);
     end = min(p.pos[t] + 1, s * p.split_len + p.split_len);
     const bool empty = start >= end, prefix = s == 0 && begin == 0 && (int)gridDim.z < p.n_splits;
     if (empty || prefix) {
-        for (int j = threadIdx.x; j < group; j += blockDim.x) {
-            float* ml = p.part_ml + ((long long)t * p.n_heads + g * group + j) * p.n_splits * 2;
+        for (int j = threadIdx.x; j < hc; j += blockDim.x) {
+            float* ml = p.part_ml + ((long long)t * p.n_heads + hf + j) * p.n_splits * 2;
             if (empty) {
                 ml[2 * s] = NEG_INF;
                 ml[2 * s + 1] = 0.0f;
@@ -120,7 +120,7 @@ extern "C" __global__ void attn_split_f16(const AttnParams p) {
     const int group = p.n_heads / p.n_kv;
     const int hd = p.head_dim, half = hd / 2;
     int start, end;
-    if (!split_range(p, t, g, s, start, end)) return;
+    if (!split_range(p, t, g * group, group, s, start, end)) return;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
     float* q_s = smem;                      // [group, head_dim], pre-scaled
     float* sc = q_s + group * hd;           // [group, split_len] scores, then probabilities
@@ -236,7 +236,7 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int group = p.n_heads / p.n_kv;
     int start, end;
-    if (!split_range(p, t, g, s, start, end)) return;
+    if (!split_range(p, t, g * group, group, s, start, end)) return;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
     float* q_s = smem;                      // [group, HD], pre-scaled
     float* sc = q_s + group * HD;           // [group, split_len]
@@ -361,80 +361,114 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
 extern "C" __global__ void attn_split_f16_hd64(const AttnParams p) { attn_split_fast<64>(p); }
 extern "C" __global__ void attn_split_f16_hd128(const AttnParams p) { attn_split_fast<128>(p); }
 
-// One-pass variant for head sizes 64/128 and at most ATF_MAX_GROUP query heads per KV head
-// (flash-decoding inside the split): lanes form 4 groups of 8, each group takes one position per
-// step and two steps at a time (K and V rows of 8 positions in flight per warp: the two-pass
-// kernel above keeps too few bytes in flight to stream the cache), each lane owns DL = HD / 8
-// dimensions; scores end in 3 shuffles, and an online softmax (running max m, sum l, output o
-// per query head) runs per lane group. The 4 lane groups, then the warps, are merged at the end.
-// Same outputs as attn_split_f16; shared memory: q [group, 8, DL + 4] (padded: the 8 lanes of a
-// float4 read hit distinct banks) + per warp [group, HD + 2] floats.
-#define ATF_MAX_GROUP 4
+// One-pass variant (flash-decoding inside the split) for head sizes 64, 128 and 256 and any
+// group: a block serves up to ATF_MAX_HEADS query heads of one KV head (a group of 8 or 16 takes
+// 2 or 4 blocks per (KV head, token, split); they read the same K/V rows, the second mostly from
+// L2). Lanes form position groups of LPP = HD / DL lanes, each lane owning DL dimensions (DL 8
+// for HD 64, else 16, so the head loop holds at most 4 x 16 accumulators); a warp step takes
+// PG = 32 / LPP positions per row buffer and two buffers (8 positions for HD 64/128, 4 for 256).
+// The next step's K and V rows are loaded into registers before this step's products (the
+// loads of a step and the arithmetic of the last one overlap: without it a warp waited out a
+// full memory latency per step), scores end in log2(LPP) shuffles, and an online softmax
+// (running max m, sum l, output o per query head) runs per position group. The position groups,
+// then the warps, are merged at the end. Same outputs as attn_split_f16; grid (n_kv * chunks,
+// n_tok, n_splits) with chunks = ceil(group / ATF_MAX_HEADS); shared memory:
+// q [heads, LPP, DL + 4] (padded: the lanes of a float4 read hit distinct banks) + per warp
+// [heads, HD + 2] floats.
+#define ATF_MAX_HEADS 4
+template <int HD>
+struct Atf {
+    static constexpr int DL = HD >= 128 ? 16 : 8;  // dimensions per lane
+    static constexpr int LPP = HD / DL;            // lanes per position: 8, 8, 16
+    static constexpr int PG = WARP / LPP;          // positions per row buffer: 4, 4, 2
+    static constexpr int PW = 2 * PG;              // positions per warp step
+    static constexpr int QP = DL + 4, RW = HD + 2;
+};
+
+// K and V rows of the two row buffers of the warp step at `base` (position base + u * PG + pg
+// for lane group pg), packed halves; zeros past `end` (no load).
+template <int HD>
+__device__ __forceinline__ void atf_fetch(const AttnParams& p, const int* bt, long long kv_dim, int g, int base,
+                                          int end, uint4 (&kr)[2][Atf<HD>::DL / 8],
+                                          uint4 (&vr)[2][Atf<HD>::DL / 8]) {
+    using A = Atf<HD>;
+    const int lane = threadIdx.x % WARP, sub = lane % A::LPP, pg = lane / A::LPP;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int ps = base + u * A::PG + pg;
+        const bool ok = ps < end;
+        const long long slot = ok ? ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1)) : 0;
+        const long long off = slot * kv_dim + (long long)g * HD + sub * A::DL;
+#pragma unroll
+        for (int i = 0; i < A::DL / 8; ++i) {
+            kr[u][i] = ok ? __ldg(reinterpret_cast<const uint4*>(p.k_cache + off) + i) : make_uint4(0, 0, 0, 0);
+            vr[u][i] = ok ? __ldg(reinterpret_cast<const uint4*>(p.v_cache + off) + i) : make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+__device__ __forceinline__ void atf_unpack(const uint4& w, float* f) {
+    h2x2f(w.x, f[0], f[1]);
+    h2x2f(w.y, f[2], f[3]);
+    h2x2f(w.z, f[4], f[5]);
+    h2x2f(w.w, f[6], f[7]);
+}
+
 template <int HD>
 __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
-    constexpr int DL = HD / 8, QP = DL + 4, RW = HD + 2;
+    using A = Atf<HD>;
+    constexpr int DL = A::DL, LPP = A::LPP, PG = A::PG, PW = A::PW, QP = A::QP, RW = A::RW;
     extern __shared__ float smem[];
-    const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     const int group = p.n_heads / p.n_kv;
+    const int chunks = (group + ATF_MAX_HEADS - 1) / ATF_MAX_HEADS, heads = (group + chunks - 1) / chunks;
+    const int g = blockIdx.x / chunks, t = blockIdx.y, s = blockIdx.z;
+    const int h0 = g * group + (blockIdx.x % chunks) * heads;            // first query head of the block
+    const int nh = min(heads, g * group + group - h0);                    // its heads (the last chunk may have fewer)
     int start, end;
-    if (!split_range(p, t, g, s, start, end)) return;
+    if (!split_range(p, t, h0, nh, s, start, end)) return;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
-    const int sub = lane % 8, pg = lane / 8;
-    float* q_s = smem;                    // [group, 8, QP]
-    float* red = q_s + group * 8 * QP;    // [nwarps, group, RW]: m, l, o[HD]
+    const int sub = lane % LPP, pg = lane / LPP;
+    float* q_s = smem;                 // [heads, LPP, QP]
+    float* red = q_s + heads * LPP * QP;  // [nwarps, heads, RW]: m, l, o[HD]
 
-    const float* qt = p.q + (long long)t * p.q_stride + (long long)g * group * HD;
-    for (int i = threadIdx.x; i < group * HD; i += blockDim.x) {
+    const float* qt = p.q + (long long)t * p.q_stride + (long long)h0 * HD;
+    for (int i = threadIdx.x; i < nh * HD; i += blockDim.x) {
         const int j = i / HD, d = i % HD;
-        q_s[(j * 8 + d / DL) * QP + d % DL] = qt[i] * p.scale;
+        q_s[(j * LPP + d / DL) * QP + d % DL] = qt[i] * p.scale;
     }
     __syncthreads();
     const int* bt = p.block_tables + (long long)p.tok_seq[t] * p.bt_stride;
     const long long kv_dim = (long long)p.n_kv * HD;
 
-    float m[ATF_MAX_GROUP], l[ATF_MAX_GROUP], o[ATF_MAX_GROUP][DL];
+    float m[ATF_MAX_HEADS], l[ATF_MAX_HEADS], o[ATF_MAX_HEADS][DL];
 #pragma unroll
-    for (int j = 0; j < ATF_MAX_GROUP; ++j) {
+    for (int j = 0; j < ATF_MAX_HEADS; ++j) {
         m[j] = NEG_INF;
         l[j] = 0.0f;
 #pragma unroll
         for (int i = 0; i < DL; ++i) o[j][i] = 0.0f;
     }
-    for (int base = start + warp * 8; base < end; base += nwarps * 8) {
-        // Positions base + pg and base + 4 + pg; rows kept as packed halves until used.
-        uint4 kr[2][DL / 8], vr[2][DL / 8];
+    uint4 kr[2][DL / 8], vr[2][DL / 8];
+    int base = start + warp * PW;
+    atf_fetch<HD>(p, bt, kv_dim, g, base, end, kr, vr);
+    for (; base < end; base += nwarps * PW) {
+        float kf[2][DL], vf[2][DL];
         bool ok[2];
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-            const int ps = base + u * 4 + pg;
-            ok[u] = ps < end;
-            const long long slot =
-                ok[u] ? ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1)) : 0;
-            const long long off = slot * kv_dim + (long long)g * HD + sub * DL;
+            ok[u] = base + u * PG + pg < end;
 #pragma unroll
             for (int i = 0; i < DL / 8; ++i) {
-                kr[u][i] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(p.k_cache + off) + i) : make_uint4(0, 0, 0, 0);
-                vr[u][i] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(p.v_cache + off) + i) : make_uint4(0, 0, 0, 0);
+                atf_unpack(kr[u][i], kf[u] + 8 * i);
+                atf_unpack(vr[u][i], vf[u] + 8 * i);
             }
         }
-        float kf[2][DL], vf[2][DL];
+        // The next step's rows, in flight during this step's arithmetic.
+        atf_fetch<HD>(p, bt, kv_dim, g, base + nwarps * PW, end, kr, vr);
 #pragma unroll
-        for (int u = 0; u < 2; ++u)
-#pragma unroll
-            for (int i = 0; i < DL / 8; ++i) {
-                h2x2f(kr[u][i].x, kf[u][8 * i + 0], kf[u][8 * i + 1]);
-                h2x2f(kr[u][i].y, kf[u][8 * i + 2], kf[u][8 * i + 3]);
-                h2x2f(kr[u][i].z, kf[u][8 * i + 4], kf[u][8 * i + 5]);
-                h2x2f(kr[u][i].w, kf[u][8 * i + 6], kf[u][8 * i + 7]);
-                h2x2f(vr[u][i].x, vf[u][8 * i + 0], vf[u][8 * i + 1]);
-                h2x2f(vr[u][i].y, vf[u][8 * i + 2], vf[u][8 * i + 3]);
-                h2x2f(vr[u][i].z, vf[u][8 * i + 4], vf[u][8 * i + 5]);
-                h2x2f(vr[u][i].w, vf[u][8 * i + 6], vf[u][8 * i + 7]);
-            }
-#pragma unroll
-        for (int j = 0; j < ATF_MAX_GROUP; ++j) {
-            if (j < group) {
-                const float4* qv = reinterpret_cast<const float4*>(q_s + (j * 8 + sub) * QP);
+        for (int j = 0; j < ATF_MAX_HEADS; ++j) {
+            if (j < nh) {
+                const float4* qv = reinterpret_cast<const float4*>(q_s + (j * LPP + sub) * QP);
                 float sc[2] = {0.0f, 0.0f};
 #pragma unroll
                 for (int i = 0; i < DL / 4; ++i) {
@@ -448,11 +482,9 @@ __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
                     }
                 }
 #pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    sc[u] += __shfl_xor_sync(FULL_MASK, sc[u], 1);
-                    sc[u] += __shfl_xor_sync(FULL_MASK, sc[u], 2);
-                    sc[u] += __shfl_xor_sync(FULL_MASK, sc[u], 4);
-                }
+                for (int u = 0; u < 2; ++u)
+#pragma unroll
+                    for (int x = 1; x < LPP; x <<= 1) sc[u] += __shfl_xor_sync(FULL_MASK, sc[u], x);
                 const float s0 = ok[0] ? sc[0] : NEG_INF, s1 = ok[1] ? sc[1] : NEG_INF;
                 const float m_new = fmaxf(m[j], fmaxf(s0, s1));
                 if (m_new != NEG_INF) {  // else: no position of this lane group yet
@@ -467,22 +499,23 @@ __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
         }
     }
 
-    // Merge the 4 lane groups (lanes sub, sub + 8, sub + 16, sub + 24 hold the same dimensions).
+    // Merge the position groups (lanes sub, sub + LPP, ... hold the same dimensions).
 #pragma unroll
-    for (int j = 0; j < ATF_MAX_GROUP; ++j) {
-        if (j < group) {
-            float mm = fmaxf(m[j], __shfl_xor_sync(FULL_MASK, m[j], 8));
-            mm = fmaxf(mm, __shfl_xor_sync(FULL_MASK, mm, 16));
+    for (int j = 0; j < ATF_MAX_HEADS; ++j) {
+        if (j < nh) {
+            float mm = m[j];
+#pragma unroll
+            for (int x = LPP; x < WARP; x <<= 1) mm = fmaxf(mm, __shfl_xor_sync(FULL_MASK, mm, x));
             const float f = mm == NEG_INF ? 0.0f : expf(m[j] - mm);
             float lj = l[j] * f;
-            lj += __shfl_xor_sync(FULL_MASK, lj, 8);
-            lj += __shfl_xor_sync(FULL_MASK, lj, 16);
-            float* r = red + (warp * group + j) * RW;
+#pragma unroll
+            for (int x = LPP; x < WARP; x <<= 1) lj += __shfl_xor_sync(FULL_MASK, lj, x);
+            float* r = red + (warp * heads + j) * RW;
 #pragma unroll
             for (int i = 0; i < DL; ++i) {
                 float v = o[j][i] * f;
-                v += __shfl_xor_sync(FULL_MASK, v, 8);
-                v += __shfl_xor_sync(FULL_MASK, v, 16);
+#pragma unroll
+                for (int x = LPP; x < WARP; x <<= 1) v += __shfl_xor_sync(FULL_MASK, v, x);
                 if (pg == 0) r[2 + sub * DL + i] = v;
             }
             if (lane == 0) {
@@ -493,18 +526,18 @@ __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
     }
     __syncthreads();
     // Merge the warps: thread e takes (head j, dimension d); warps in order (deterministic).
-    for (int e = threadIdx.x; e < group * HD; e += blockDim.x) {
+    for (int e = threadIdx.x; e < nh * HD; e += blockDim.x) {
         const int j = e / HD, d = e % HD;
         float mm = NEG_INF;
-        for (int w = 0; w < nwarps; ++w) mm = fmaxf(mm, red[(w * group + j) * RW]);
+        for (int w = 0; w < nwarps; ++w) mm = fmaxf(mm, red[(w * heads + j) * RW]);
         float lsum = 0.0f, v = 0.0f;
         for (int w = 0; w < nwarps; ++w) {
-            const float* r = red + (w * group + j) * RW;
+            const float* r = red + (w * heads + j) * RW;
             const float f = r[0] == NEG_INF ? 0.0f : expf(r[0] - mm);
             lsum += r[1] * f;
             v += r[2 + d] * f;
         }
-        const long long row = ((long long)t * p.n_heads + g * group + j) * p.n_splits + s;
+        const long long row = ((long long)t * p.n_heads + h0 + j) * p.n_splits + s;
         p.part_o[row * HD + d] = v;
         if (d == 0) {
             p.part_ml[row * 2] = mm;
@@ -515,6 +548,7 @@ __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
 
 extern "C" __global__ void attn_onepass_f16_hd64(const AttnParams p) { attn_split_onepass<64>(p); }
 extern "C" __global__ void attn_onepass_f16_hd128(const AttnParams p) { attn_split_onepass<128>(p); }
+extern "C" __global__ void attn_onepass_f16_hd256(const AttnParams p) { attn_split_onepass<256>(p); }
 
 // Merge of the partial slots of attn_split_* / attn_onepass_* / attn_prefill_* (split mode).
 struct MergeParams {

@@ -13,6 +13,7 @@
 // zero-filled):
 //   S [16, KT] = (Q * scale) K^T     Q as F16 A fragments (registers; shared memory for HD 256)
 //   online softmax per row (lane pairs own a row): m, l, P = exp(S - m) as F16, alpha = e^(m_old - m)
+//   (in log2 units: Q carries scale * log2(e), the exponentials are 2^x on the SFU)
 //   O [16, HD] = alpha O + P V       O held in registers as F32 accumulators
 // Output: with part_o == 0 (one split), O / l straight to `out`; else the unnormalized O and
 // (m, l) go to partial slot slot0 + z of each (token, head), merged by attn_merge_f32
@@ -22,13 +23,25 @@
 // shared-prefix group (kernels/attention_decode.cu adds each member's own suffix).
 // The accumulator element -> (row, column) map is read once from a wmma load of an index
 // matrix, so the rescale and the final store do not depend on an architecture's fragment layout.
-// Limits (checked by the launcher): HD 64, 128 or 256; heads <= ATP_MAX_HEADS (4 for HD 256);
+// Limits (checked by the launcher): HD 64, 128 or 256; heads <= ATP_MAX_HEADS (4 for HD 256 and
+// the _qs entries);
 // split_len a multiple of ATP_KT; kv_end <= the block table's reach.
 #include "common.cuh"
 
 #define ATP_KT 32
 #define ATP_MAX_HEADS 8
 #define ATP_PF 8  // 16-byte loads in flight per thread
+#define ATP_LOG2E 1.4426950408889634f
+#define ATP_LN2 0.6931471805599453f
+
+// 2^x on the special-function unit (one instruction; relative error ~2^-22, far below the F16
+// rounding of the weights it makes). Scores are kept in log2 units: Q is scaled by
+// scale * log2(e), so e^(s - m) = 2^(s' - m'); partial maxima go out in natural units.
+__device__ __forceinline__ float atp_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 struct PrefillParams {
     const float* q;           // [n_tok, q_stride] f32; head h at q + t * q_stride + h * head_dim
@@ -61,46 +74,49 @@ struct PrefillParams {
 //   K, V [ATP_KT, HD + 16] f16 each        the current K/V tile (rows padded: fewer bank conflicts)
 //   per warp: S [16, ATP_KT + 4] f32, P [16, ATP_KT + 16] f16, alpha [16] f32, l [16] f32
 //   HD 256 only, per warp: Q [16, HD + 8] f16 (too many registers to hold as fragments)
-template <int HD>
+template <int HD, bool QS>
 struct AtpLayout {
     // K/V and P rows 8 banks apart mod 32 (HD + 16 halves, 48 halves): the 16 rows of a wmma
     // fragment load then hit each bank once per 4 rows (+8 halves overlapped rows 4 banks apart).
     static constexpr int LDK = HD + 16, LDS = ATP_KT + 4, LDP = ATP_KT + 16, LDQ = HD + 8;
-    static constexpr bool Q_SMEM = HD > 128;
+    static constexpr bool Q_SMEM = QS || HD > 128;
     static constexpr int MAP = 16 * 16 * 4;
     static constexpr int KV = ATP_KT * LDK * 2;
     static constexpr int WARP_BYTES = 16 * LDS * 4 + 16 * LDP * 2 + 2 * 16 * 4 + (Q_SMEM ? 16 * LDQ * 2 : 0);
 };
 
-// Element e of a K/V tile (e < 2 * ATP_KT * HD / 8): K rows first, then V rows; 8 halves each.
-// Positions at or past `end` are zero (their block-table entries may not exist).
+// Pair e of a K/V tile (e < ATP_KT * HD / 8): row e / PARTS, 8-half part e % PARTS of K (into
+// v[2 j]) and of V (v[2 j + 1]), one block-table lookup for both. Positions at or past `end` are
+// zero (their block-table entries may not exist).
 template <int HD>
 __device__ __forceinline__ void atp_fetch(const PrefillParams& p, const int* bt, long long kv_dim, int g, int kp,
                                           int end, int base, uint4 (&v)[ATP_PF]) {
-    constexpr int PARTS = HD / 8, TOTAL = 2 * ATP_KT * PARTS;
+    constexpr int PARTS = HD / 8, PAIRS = ATP_KT * PARTS;
 #pragma unroll
-    for (int j = 0; j < ATP_PF; ++j) {
+    for (int j = 0; j < ATP_PF / 2; ++j) {
         const int e = base + j * blockDim.x + threadIdx.x;
-        const int which = e / (ATP_KT * PARTS), r = (e / PARTS) % ATP_KT, part = e % PARTS;
-        const int ps = kp + r;
-        v[j] = make_uint4(0, 0, 0, 0);
-        if (e < TOTAL && ps < end) {
+        const int ps = kp + e / PARTS, part = e % PARTS;
+        v[2 * j] = make_uint4(0, 0, 0, 0);
+        v[2 * j + 1] = make_uint4(0, 0, 0, 0);
+        if (e < PAIRS && ps < end) {
             const long long slot = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
-            const half_t* src = (which ? p.v_cache : p.k_cache) + slot * kv_dim + (long long)g * HD + part * 8;
-            v[j] = __ldg(reinterpret_cast<const uint4*>(src));
+            const long long off = slot * kv_dim + (long long)g * HD + part * 8;
+            v[2 * j] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + off));
+            v[2 * j + 1] = __ldg(reinterpret_cast<const uint4*>(p.v_cache + off));
         }
     }
 }
 
 template <int HD>
 __device__ __forceinline__ void atp_stage(half_t* ks, half_t* vs, int base, const uint4 (&v)[ATP_PF]) {
-    constexpr int PARTS = HD / 8, TOTAL = 2 * ATP_KT * PARTS, LDK = AtpLayout<HD>::LDK;
+    constexpr int PARTS = HD / 8, PAIRS = ATP_KT * PARTS, LDK = AtpLayout<HD, false>::LDK;
 #pragma unroll
-    for (int j = 0; j < ATP_PF; ++j) {
+    for (int j = 0; j < ATP_PF / 2; ++j) {
         const int e = base + j * blockDim.x + threadIdx.x;
-        if (e < TOTAL) {
-            const int which = e / (ATP_KT * PARTS), r = (e / PARTS) % ATP_KT, part = e % PARTS;
-            *reinterpret_cast<uint4*>((which ? vs : ks) + r * LDK + part * 8) = v[j];
+        if (e < PAIRS) {
+            const int at = (e / PARTS) * LDK + (e % PARTS) * 8;
+            *reinterpret_cast<uint4*>(ks + at) = v[2 * j];
+            *reinterpret_cast<uint4*>(vs + at) = v[2 * j + 1];
         }
     }
 }
@@ -110,9 +126,9 @@ __device__ __forceinline__ long long atp_slot(const PrefillParams& p, int t, int
     return ((long long)(t - p.part_tok0) * p.n_heads + h) * p.n_slots + p.slot0 + z;
 }
 
-template <int HD>
+template <int HD, bool QS>
 __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
-    using L = AtpLayout<HD>;
+    using L = AtpLayout<HD, QS>;
     constexpr int NK = HD / 16;                   // 16-wide slices of the head dimension
     constexpr int NQ = L::Q_SMEM ? 1 : NK;        // Q fragments held in registers
     extern __shared__ __align__(32) unsigned char smem[];
@@ -161,28 +177,36 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
         }
     }
 
+    const float qscale = p.scale * ATP_LOG2E;
     // Q (scaled, F16): A fragments staged through the warp's S area 64 columns at a time, or
-    // (HD 256) the warp's Q area, read again for every K tile.
+    // (Q in shared memory) the warp's Q area, read again for every K tile. Each 64-column slab
+    // is read as 32 independent loads a lane, all issued before the first store (a loop of
+    // load-then-store waited out a memory latency per element: ~30 us a block, the whole cost of
+    // a short prefill chunk's or a shared-prefix group's block); lanes r < 16 hold row r's token.
     unsigned qa[NQ][8];
-    if (L::Q_SMEM) {
-        for (int e = lane; e < 16 * HD; e += WARP) {
-            const int r = e / HD, c = e % HD;
-            const int t = rows[min(r, nt - 1)];
-            const float v = r < nt ? p.q[(long long)t * p.q_stride + (long long)h * HD + c] * p.scale : 0.0f;
-            qs[r * L::LDQ + c] = f2h_sat(v);
+    const int lane_tok = rows[min(lane % 16, nt - 1)];
+    half_t* stage = reinterpret_cast<half_t*>(ss);  // [16, 72] halves = 2,304 bytes
+#pragma unroll
+    for (int c0 = 0; c0 < HD; c0 += 64) {
+        constexpr int PER_LANE = 16 * 64 / WARP;  // row i / 2, column lane + 32 (i % 2)
+        float v[PER_LANE];
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int r = i / 2, c = c0 + lane + WARP * (i % 2);
+            const int t = __shfl_sync(FULL_MASK, lane_tok, r);
+            v[i] = r < nt ? __ldg(p.q + (long long)t * p.q_stride + (long long)h * HD + c) * qscale : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int r = i / 2, c = lane + WARP * (i % 2);
+            if (L::Q_SMEM) {
+                qs[r * L::LDQ + c0 + c] = f2h_sat(v[i]);
+            } else {
+                stage[r * 72 + c] = f2h_sat(v[i]);
+            }
         }
         __syncwarp();
-    } else {
-        half_t* stage = reinterpret_cast<half_t*>(ss);  // [16, 72] halves = 2,304 bytes
-#pragma unroll
-        for (int c0 = 0; c0 < HD; c0 += 64) {
-            for (int e = lane; e < 16 * 64; e += WARP) {
-                const int r = e / 64, c = e % 64;
-                const int t = rows[min(r, nt - 1)];
-                const float v = r < nt ? p.q[(long long)t * p.q_stride + (long long)h * HD + c0 + c] * p.scale : 0.0f;
-                stage[r * 72 + c] = f2h_sat(v);
-            }
-            __syncwarp();
+        if (!L::Q_SMEM) {
 #pragma unroll
             for (int k = 0; k < 4; ++k) wmma_load_a(qa[L::Q_SMEM ? 0 : c0 / 16 + k], stage + k * 16, 72);
             __syncwarp();
@@ -200,14 +224,14 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
 
     // K/V tiles are fetched ATP_PF 16-byte loads per thread at a time (all in flight together);
     // the first batch of the next tile is fetched before this tile's products and stored after.
-    constexpr int PARTS = HD / 8;                  // uint4 per row
-    constexpr int TOTAL = 2 * ATP_KT * PARTS;      // uint4 per K + V tile
+    constexpr int PAIRS = ATP_KT * (HD / 8);       // (K, V) uint4 pairs per tile
+    const int batch = ATP_PF / 2 * nthreads;       // pairs per fetch
     uint4 pf[ATP_PF];
     atp_fetch<HD>(p, bt, kv_dim, g, start, end, 0, pf);
     for (int kp = start; kp < end; kp += ATP_KT) {
         __syncthreads();  // every warp is done with the previous K/V tile
         atp_stage<HD>(ks, vs, 0, pf);
-        for (int base = ATP_PF * nthreads; base < TOTAL; base += ATP_PF * nthreads) {
+        for (int base = batch; base < PAIRS; base += batch) {
             uint4 more[ATP_PF];
             atp_fetch<HD>(p, bt, kv_dim, g, kp, end, base, more);
             atp_stage<HD>(ks, vs, base, more);
@@ -215,25 +239,41 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
         __syncthreads();
         if (kp + ATP_KT < end) atp_fetch<HD>(p, bt, kv_dim, g, kp + ATP_KT, end, 0, pf);
 
-        // S = Q K^T for the tile's ATP_KT positions.
+        // S = Q K^T for the tile's ATP_KT positions (Q from shared memory: each A fragment
+        // loaded once per tile, for both 16-column halves).
+        if (L::Q_SMEM) {
+            float s2[ATP_KT / 16][8];
 #pragma unroll
-        for (int n = 0; n < ATP_KT / 16; ++n) {
-            float s[8];
+            for (int n = 0; n < ATP_KT / 16; ++n)
 #pragma unroll
-            for (int i = 0; i < 8; ++i) s[i] = 0.0f;
+                for (int i = 0; i < 8; ++i) s2[n][i] = 0.0f;
 #pragma unroll
             for (int k = 0; k < NK; ++k) {
-                unsigned b[8];
-                wmma_load_b_col(b, ks + n * 16 * L::LDK + k * 16, L::LDK);
-                if (L::Q_SMEM) {
-                    unsigned a[8];
-                    wmma_load_a(a, qs + k * 16, L::LDQ);
-                    wmma_mma_rc(s, a, b);
-                } else {
-                    wmma_mma_rc(s, qa[L::Q_SMEM ? 0 : k], b);
+                unsigned a[8];
+                wmma_load_a(a, qs + k * 16, L::LDQ);
+#pragma unroll
+                for (int n = 0; n < ATP_KT / 16; ++n) {
+                    unsigned b[8];
+                    wmma_load_b_col(b, ks + n * 16 * L::LDK + k * 16, L::LDK);
+                    wmma_mma_rc(s2[n], a, b);
                 }
             }
-            wmma_store_c(ss + n * 16, s, L::LDS);
+#pragma unroll
+            for (int n = 0; n < ATP_KT / 16; ++n) wmma_store_c(ss + n * 16, s2[n], L::LDS);
+        } else {
+#pragma unroll
+            for (int n = 0; n < ATP_KT / 16; ++n) {
+                float s[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) s[i] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < NK; ++k) {
+                    unsigned b[8];
+                    wmma_load_b_col(b, ks + n * 16 * L::LDK + k * 16, L::LDK);
+                    wmma_mma_rc(s, qa[L::Q_SMEM ? 0 : k], b);
+                }
+                wmma_store_c(ss + n * 16, s, L::LDS);
+            }
         }
         __syncwarp();
 
@@ -252,13 +292,13 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
         half_t* prow = ps + row * L::LDP + half * HC;
 #pragma unroll
         for (int c = 0; c < HC; ++c) {
-            const float e = c0 + c <= row_pos && c0 + c < end ? expf(srow[c] - m_new) : 0.0f;
+            const float e = c0 + c <= row_pos && c0 + c < end ? atp_ex2(srow[c] - m_new) : 0.0f;
             const half_t eh = f2h(e);
             prow[c] = eh;
             sum += h2f(eh);  // the rounded weight, as the P V product uses it
         }
         sum += __shfl_xor_sync(FULL_MASK, sum, 1);
-        const float alpha = m_new == NEG_INF ? 1.0f : expf(m_row - m_new);
+        const float alpha = m_new == NEG_INF ? 1.0f : atp_ex2(m_row - m_new);
         l_row = l_row * alpha + sum;
         m_row = m_new;
         if (half == 0) alpha_s[row] = alpha;
@@ -309,18 +349,26 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
             if (frow[i] < nt) p.part_o[atp_slot(p, rows[frow[i]], h, z) * HD + j * 16 + fcol[i]] = o[j][i];
     if (half == 0 && row < nt) {
         float* ml = p.part_ml + atp_slot(p, row_tok, h, z) * 2;
-        ml[0] = m_row;
+        ml[0] = m_row * ATP_LN2;  // -inf stays -inf
         ml[1] = l_row;
     }
 }
 
-// block: heads * 32 threads; dynamic shared memory AtpLayout<HD> (MAP + 2 KV + heads * WARP_BYTES).
+// block: heads * 32 threads; dynamic shared memory AtpLayout<HD, QS> (MAP + 2 KV + heads * WARP_BYTES).
 extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd64(const PrefillParams p) {
-    attn_prefill_impl<64>(p);
+    attn_prefill_impl<64, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd128(const PrefillParams p) {
-    attn_prefill_impl<128>(p);
+    attn_prefill_impl<128, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(4 * WARP) attn_prefill_hd256(const PrefillParams p) {
-    attn_prefill_impl<256>(p);
+    attn_prefill_impl<256, true>(p);
+}
+// The Q tile in shared memory for head sizes 64 / 128 too (64 fewer registers a thread: three
+// 4-warp blocks an SM instead of two, where shared memory allows; at most 4 heads a block).
+extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd64_qs(const PrefillParams p) {
+    attn_prefill_impl<64, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd128_qs(const PrefillParams p) {
+    attn_prefill_impl<128, true>(p);
 }

@@ -8,7 +8,7 @@ use cudarc::driver::CudaSlice;
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::cascade;
 use dustoff::backend::cuda::launch as l;
-use dustoff::backend::cuda::prefill::{prefill_supported, push_tiles, PrefillAttention, PrefillSplit};
+use dustoff::backend::cuda::prefill::{prefill_splits, prefill_supported, push_tiles, PrefillAttention, PrefillSplit};
 
 use super::{compare, f16_bits, f16_vals, gpu, Gpu};
 
@@ -429,6 +429,118 @@ fn backend_steps_over_shared_blocks_match_cpu() {
             // The decode step again (it rewrites the same K/V): the same logits.
             let again = gb.step(plan).unwrap();
             assert!(again == got, "the shared-prefix decode step is not deterministic");
+        }
+    }
+}
+
+/// Long contexts: one sequence of 16,384 positions in shuffled blocks. Decode tokens at
+/// positions 0, 1, 4,095 and 16,383 (contexts 1..16k) through the one-pass kernel, the two-pass
+/// kernel and the step's rule, and a prefill tile of the last 16 positions through the
+/// tensor-core kernel (one split, and split along the context with the merge), against the CPU
+/// twin; Qwen3-8B (32 / 8 heads of 128), groups of 8 (Qwen3-30B-A3B: 32 / 4) and head size 256
+/// in groups of 8 (16 / 2).
+#[test]
+fn long_context_attention_matches_cpu() {
+    let Some(mut g) = gpu("long-context attention") else { return };
+    let s = g.dev.stream.clone();
+    let (bs, len) = (16usize, 16_384usize);
+    for (nh, nkv, hd) in [(32usize, 8usize, 128usize), (32, 4, 128), (16, 2, 256)] {
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let n_blocks = len / bs;
+        let mut table: Vec<u32> = (0..n_blocks as u32).collect();
+        for i in (1..table.len()).rev() {
+            table.swap(i, g.rng.random_range(0..=i));
+        }
+        let n_slots = n_blocks * bs;
+        let (kb, vb) = (f16_bits(&g.randn(n_slots * kvd, 1.0)), f16_bits(&g.randn(n_slots * kvd, 1.0)));
+        let (k32, v32) = (f16_vals(&kb), f16_vals(&vb));
+        let kv = ops::PagedKv { k: &k32, v: &v32, block_size: bs, n_kv_heads: nkv, head_dim: hd };
+        let bt: Vec<i32> = table.iter().map(|&b| b as i32).collect();
+        let (kc, vc, btd) = (g.up(&kb), g.up(&vb), g.up(&bt));
+        // Decode tokens and the prefill tile's tokens, each a query row of `stride`.
+        let stride = qd + 2 * kvd;
+        let cases: [(&str, Vec<usize>); 2] =
+            [("decode", vec![0, 1, 4095, len - 1]), ("prefill", (len - 16..len).collect())];
+        for (kind, positions) in cases {
+            let n_tok = positions.len();
+            let qv = g.randn(n_tok * stride, 2.0);
+            let qcont: Vec<f32> = (0..n_tok).flat_map(|t| qv[t * stride..t * stride + qd].to_vec()).collect();
+            let tabs: Vec<&[u32]> = vec![table.as_slice(); n_tok];
+            let mut want = vec![0f32; n_tok * qd];
+            ops::attend_batch(&kv, &tabs, &positions, &qcont, nh, &mut want);
+            let pr = Problem {
+                q: g.up(&qv),
+                kc: kc.clone(),
+                vc: vc.clone(),
+                bt: btd.clone(),
+                tok_seq: g.up(&vec![0i32; n_tok]),
+                pos: g.up(&positions.iter().map(|&p| p as i32).collect::<Vec<_>>()),
+                n_slots,
+                n_seqs: 1,
+                shape: (nh, nkv, hd),
+                bt_stride: n_blocks,
+                stride,
+            };
+            let most = l::attn_splits(len, 1) + 64;
+            let (po, pml) = (g.poisoned(n_tok * nh * most * hd), g.poisoned(n_tok * nh * most * 2));
+            if kind == "decode" {
+                // The rule's split is the one-pass kernel's (up to 1,024 positions); the forced
+                // two-pass case takes 256, which its score array holds for every shape here.
+                for (split_len, onepass) in
+                    [(0, None), (0, Some(true)), (64, Some(true)), (512, Some(true)), (256, Some(false))]
+                {
+                    let split_len =
+                        if split_len == 0 { l::decode_split_len(n_tok, len, nh, nkv, hd) } else { split_len };
+                    let out = g.poisoned(n_tok * qd);
+                    l::Attention {
+                        paged: pr.paged(&g, &out, n_tok),
+                        part_o: g.d(&po),
+                        part_ml: g.d(&pml),
+                        max_len: len,
+                        n_splits: len.div_ceil(split_len),
+                        split_len,
+                        onepass,
+                        prefix: None,
+                    }
+                    .launch(&mut g.k, &s)
+                    .unwrap();
+                    compare("attention", g.seed, &g.down(&out), &want);
+                }
+                continue;
+            }
+            if !prefill_supported(nh, nkv, hd) {
+                continue;
+            }
+            let (mut tiles, mut rows) = (Vec::new(), Vec::new());
+            push_tiles(&mut tiles, &mut rows, 0, n_tok, len - n_tok, 0);
+            let (tiles_d, rows_d) = (g.up(&tiles), g.up(&rows));
+            let (pf, pl) = prefill_splits(tiles.len() / 4, n_tok, len, nh, nkv, hd, false);
+            for split_len in [0usize, pl] {
+                let out = g.poisoned(n_tok * qd);
+                let n_splits = if split_len == 0 { 1 } else { pf.max(len.div_ceil(split_len)) };
+                let split = (split_len > 0).then(|| PrefillSplit {
+                    part_o: g.d(&po),
+                    part_ml: g.d(&pml),
+                    split_len,
+                    n_splits,
+                    n_slots: n_splits,
+                    slot0: 0,
+                    tok0: 0,
+                    n_part_tok: n_tok,
+                    merge: true,
+                });
+                PrefillAttention {
+                    paged: pr.paged(&g, &out, n_tok),
+                    tiles: g.d(&tiles_d),
+                    rows: g.d(&rows_d),
+                    n_rows: rows.len(),
+                    n_tiles: tiles.len() / 4,
+                    split,
+                }
+                .launch(&mut g.k, &s)
+                .unwrap();
+                compare("attention_prefill", g.seed, &g.down(&out), &want);
+            }
         }
     }
 }

@@ -48,7 +48,8 @@ pub(crate) fn time(g: &mut Gpu, f: &mut dyn FnMut(&mut Gpu)) -> f64 {
 }
 
 /// One layer's attention of the Qwen3-8B shape (32 query heads over 8 KV heads of 128; `hd256`
-/// rows: 16 over 4 of 256, the Qwen3.5 full-attention shape), F16 cache of random values, each
+/// rows: 16 over 4 of 256, the Qwen3.5 full-attention shape; `decode-g8` rows: 32 over 4 of
+/// 128, Qwen3-30B-A3B), F16 cache of random values, each
 /// sequence in its own blocks. Decode (n sequences, one token each, context `ctx`): bytes of
 /// K/V read per second, with the split rule of the last session (`attn_split_len` of the token
 /// count) and this one (`decode_split_len`, also by context). Prefill (n sequences x `new`
@@ -63,6 +64,28 @@ fn attention_breakdown() {
     let mut g = gpu("attention breakdown").unwrap();
     let s = g.dev.stream.clone();
     let bs = 16usize;
+    // What the driver made of each attention kernel (registers bound how many blocks share an SM).
+    for entry in [
+        "attn_onepass_f16_hd64",
+        "attn_onepass_f16_hd128",
+        "attn_onepass_f16_hd256",
+        "attn_split_f16_hd128",
+        "attn_split_f16",
+        "attn_prefill_hd64",
+        "attn_prefill_hd128",
+        "attn_prefill_hd256",
+        "attn_prefill_hd64_qs",
+        "attn_prefill_hd128_qs",
+    ] {
+        let f = g.k.get(entry).unwrap();
+        eprintln!(
+            "attn kernel {entry}: {} registers, {} bytes of local memory a thread",
+            f.num_regs().unwrap(),
+            f.local_size_bytes().unwrap()
+        );
+    }
+    // `ATTN_BREAKDOWN=prefill` (or decode, shared): only the rows of that kind.
+    let only = std::env::var("ATTN_BREAKDOWN").unwrap_or_default();
     // (kind, sequences, context, new tokens, head size)
     let cases: &[(&str, usize, usize, usize, usize)] = &[
         ("decode", 1, 870, 1, 128),
@@ -73,15 +96,26 @@ fn attention_breakdown() {
         ("decode", 64, 870, 1, 128),
         ("decode", 64, 1024, 1, 128),
         ("decode", 1, 8192, 1, 256),
+        ("decode", 1, 16384, 1, 256),
+        ("decode", 32, 1300, 1, 256),
+        ("decode-g8", 1, 870, 1, 128),
+        ("decode-g8", 1, 8192, 1, 128),
+        ("decode-g8", 32, 1300, 1, 128),
         ("prefill", 4, 1000, 128, 128),
         ("prefill", 1, 0, 512, 128),
         ("prefill", 1, 8192, 512, 128),
         ("prefill", 1, 16384, 512, 128),
+        ("prefill", 1, 8192, 2048, 128),
         ("prefill", 1, 8192, 512, 256),
         ("shared", 32, 1000, 1, 128),
     ];
-    for &(kind, n, ctx, new, hd) in cases {
-        let (nh, nkv) = if hd == 256 { (16usize, 4usize) } else { (32, 8) };
+    for &(kind, n, ctx, new, hd) in cases.iter().filter(|c| c.0.starts_with(only.as_str())) {
+        // decode-g8: Qwen3-30B-A3B's 32 query heads over 4 KV heads (groups of 8).
+        let (nh, nkv) = match (kind, hd) {
+            ("decode-g8", _) => (32usize, 4usize),
+            (_, 256) => (16, 4),
+            _ => (32, 8),
+        };
         let stride = nh * hd + 2 * nkv * hd;
         // Own positions per sequence (the shared case: 300..=500 after the shared blocks).
         let own = |si: usize| if kind == "shared" { 300 + (si * 7) % 201 } else { ctx + new };
@@ -196,7 +230,7 @@ fn attention_breakdown() {
         };
         let label = format!("{kind:7} {n:3} seqs ctx {ctx:5} +{new:3} hd {hd}");
         match kind {
-            "decode" => {
+            "decode" | "decode-g8" => {
                 let before = decode(&mut g, l::attn_split_len(n_tok), None, None);
                 let split = l::decode_split_len(n_tok, max_len, nh, nkv, hd);
                 let after = decode(&mut g, split, None, None);
@@ -208,8 +242,8 @@ fn attention_breakdown() {
                     after * 1e6,
                     kv_bytes / after / 1e9
                 );
-                if n <= 8 && hd == 128 {
-                    // Few sequences: both kernels at several split lengths.
+                {
+                    // Both kernels at several split lengths.
                     let mut line = format!("attn {label}: sweep");
                     for one in [false, true] {
                         for len in [64usize, 128, 256, 512] {

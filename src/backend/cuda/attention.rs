@@ -59,17 +59,52 @@ const DECODE_TARGET_BLOCKS: usize = 1024;
 /// Longest decode split.
 const DECODE_MAX_SPLIT: usize = 1024;
 
+/// Blocks a one-pass decode launch aims for: about two an SM of an H200 (its occupancy at 207
+/// registers) for a few tokens, four times that from 16 tokens on. Measured on the H200
+/// (docs/BENCHMARKS.md, session 4), best split of 64..1,024 per row: 1 sequence x 8k: 256
+/// (256 blocks), x 16k: 512 (256), 8 x 870: 256 (256), 32 x 1,300: 512 (768), 64 x 1,024:
+/// 1,024 (1,024).
+fn onepass_target_blocks(n_tok: usize) -> usize {
+    if n_tok < 16 {
+        256
+    } else {
+        1024
+    }
+}
+
+/// Whether a decode launch takes the one-pass kernel: head sizes 64, 128 and 256 (unless
+/// `DUSTOFF_ATTN_ONEPASS=0`). It was as fast or faster than the two-pass kernel at its best
+/// split in every measured row (1 to 64 sequences, contexts 870 to 16k, groups 4 and 8).
+pub fn onepass_for(head_dim: usize) -> bool {
+    matches!(head_dim, 64 | 128 | 256) && tuning().attn_onepass
+}
+
 /// Positions per split of a decode step of `n_tok` tokens over sequences of at most `max_len`
-/// positions (`n_heads` query heads over `n_kv` KV heads of `head_dim`): the shortest split for
-/// the step (`attn_split_len`) unless the step already has `DECODE_TARGET_BLOCKS` blocks with
-/// longer ones (many sequences at long contexts); a power of two (graph keys carry it), short
-/// enough for the two-pass kernel's score array.
+/// positions (`n_heads` query heads over `n_kv` KV heads of `head_dim`), a power of two (graph
+/// keys carry it) no shorter than `attn_split_len`. One-pass kernel: the split (64..=1,024)
+/// whose block count is nearest `onepass_target_blocks` (ties: the longer). Two-pass kernel:
+/// the shortest split unless the step already has `DECODE_TARGET_BLOCKS` blocks with longer
+/// ones, short enough for its score array.
 pub fn decode_split_len(n_tok: usize, max_len: usize, n_heads: usize, n_kv: usize, head_dim: usize) -> usize {
     let base = attn_split_len(n_tok);
     if tuning().attn_split.is_some() || n_kv == 0 {
         return base;
     }
     let group = (n_heads / n_kv).max(1);
+    if onepass_for(head_dim) {
+        let units = (n_tok * n_kv * onepass_shape(group, head_dim, ATTN_THREADS).0).max(1) as f64;
+        let target = onepass_target_blocks(n_tok) as f64;
+        let off = |len: usize| ((units * max_len.max(1).div_ceil(len) as f64) / target).ln().abs();
+        let mut best = base.max(64);
+        let mut len = best;
+        while len < DECODE_MAX_SPLIT {
+            len *= 2;
+            if off(len) <= off(best) {
+                best = len;
+            }
+        }
+        return best;
+    }
     // Two-pass shared memory: (group * hd + group * split + warps * VCHUNK * hd) floats <= 48 KB.
     let fixed = group * head_dim + (ATTN_THREADS / 32) * ATTN_VCHUNK * head_dim;
     let fit = (12 * 1024usize).saturating_sub(fixed) / group;
@@ -82,8 +117,19 @@ const ATTN_MAX_HD: usize = 256;
 const ATTN_VCHUNK: usize = 4;
 const ATTN_THREADS: usize = 128;
 
-/// Most query heads per KV head of the one-pass decode kernel (kernels/attention_decode.cu).
-const ATTN_ONEPASS_MAX_GROUP: usize = 4;
+/// Most query heads of a one-pass decode block (kernels/attention_decode.cu): a larger group
+/// takes `ceil(group / 4)` blocks of equal head counts.
+const ATTN_ONEPASS_MAX_HEADS: usize = 4;
+
+/// (blocks per KV head, query heads per block, shared-memory bytes) of the one-pass decode
+/// kernel for `group` query heads per KV head of `hd` and `threads` per block: q
+/// `[heads, lanes per position, dims per lane + 4]` + per warp `[heads, hd + 2]` floats.
+pub fn onepass_shape(group: usize, hd: usize, threads: usize) -> (usize, usize, usize) {
+    let chunks = group.div_ceil(ATTN_ONEPASS_MAX_HEADS).max(1);
+    let heads = group.div_ceil(chunks);
+    let dl = if hd >= 128 { 16 } else { 8 };
+    (chunks, heads, (heads * (hd / dl) * (dl + 4) + (threads / 32) * heads * (hd + 2)) * 4)
+}
 
 /// Splits needed for sequences of at most `max_len` positions, `n_tok` query tokens, at the
 /// shortest split: an upper bound of every step's decode splits.
@@ -151,8 +197,8 @@ pub struct Attention {
     pub max_len: usize,
     pub n_splits: usize,
     pub split_len: usize,
-    /// The one-pass kernel (head sizes 64 and 128, at most 4 query heads per KV head) or the
-    /// two-pass one; `None`: the measured rule.
+    /// The one-pass kernel (head sizes 64, 128 and 256) or the two-pass one; `None`: the
+    /// measured rule.
     pub onepass: Option<bool>,
     pub prefix: Option<SharedPrefix>,
 }
@@ -231,15 +277,15 @@ impl Attention {
             block_shift: a.block_size.trailing_zeros() as i32,
         };
         let mut smem = (group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4;
-        let grid = (a.n_kv as u32, a.n_tok as u32, i32_of(K, splits)? as u32);
-        // Head sizes 64 and 128: the one-pass kernel for up to 4 query heads per KV head, else
-        // the reshaped two-pass one (same outputs). `DUSTOFF_ATTN_ONEPASS=0` turns the first off.
-        // Below 16 tokens the two-pass kernel was faster (8 sequences: 31 against 38 us a layer).
-        let rule = a.n_tok >= 16 && tuning().attn_onepass;
-        let onepass = group <= ATTN_ONEPASS_MAX_GROUP && matches!(hd, 64 | 128) && self.onepass.unwrap_or(rule);
+        let mut grid = (a.n_kv as u32, a.n_tok as u32, i32_of(K, splits)? as u32);
+        // Head sizes 64, 128 and 256: the one-pass kernel (`onepass_for`), else the two-pass
+        // one (same outputs).
+        let t = tuning();
+        let onepass = matches!(hd, 64 | 128 | 256) && self.onepass.unwrap_or(onepass_for(hd));
         let entry = match (hd, onepass) {
             (64, true) => "attn_onepass_f16_hd64",
             (128, true) => "attn_onepass_f16_hd128",
+            (256, true) => "attn_onepass_f16_hd256",
             (64, false) => "attn_split_f16_hd64",
             (128, false) => "attn_split_f16_hd128",
             _ => K,
@@ -247,9 +293,10 @@ impl Attention {
         let mut threads = ATTN_THREADS;
         if onepass {
             // `DUSTOFF_ATTN_WARPS` (1..=16) sets the warps of a block (for comparisons).
-            threads = tuning().attn_warps.map_or(ATTN_THREADS, |w| w * 32);
-            // q [group, 8, hd / 8 + 4] + per warp [group, hd + 2] floats.
-            smem = (group * 8 * (hd / 8 + 4) + (threads / 32) * group * (hd + 2)) * 4;
+            threads = t.attn_warps.map_or(ATTN_THREADS, |w| w * 32);
+            let (chunks, _, bytes) = onepass_shape(group, hd, threads);
+            grid.0 = i32_of(K, a.n_kv * chunks)? as u32;
+            smem = bytes;
         }
         check(K, smem <= 48 * 1024, || {
             format!("{smem} bytes of shared memory ({group} heads per KV head, splits of {split_len})")
@@ -333,27 +380,51 @@ mod tests {
 
     #[test]
     fn decode_splits_follow_context_and_sequences() {
-        // One sequence: the shortest split at any length (the splits fill the GPU).
-        // Qwen3-8B: 32 query heads over 8 KV heads of 128.
+        // Qwen3-8B: 32 query heads over 8 KV heads of 128 (the one-pass kernel).
         let q3 = |n, len| decode_split_len(n, len, 32, 8, 128);
-        assert_eq!(q3(1, 16384), 128);
-        assert_eq!(q3(1, 8192), 64);
+        // One sequence: about 256 blocks (the measured best at 8k and 16k).
+        assert_eq!(q3(1, 16384), 512);
+        assert_eq!(q3(1, 8193), 256);
         assert_eq!(q3(1, 900), 64);
-        // 64 sequences at 1k: two splits of 512 (1,024 blocks).
+        // 8 sequences at 870: 4 splits of 256 (256 blocks).
+        assert_eq!(q3(8, 871), 256);
+        // 32 at 1,300: 3 splits of 512 (768 blocks); 64 at 1k: two of 512 (1,024 blocks).
+        assert_eq!(q3(32, 1301), 512);
         assert_eq!(q3(64, 1024), 512);
-        // 64 sequences at 8k: longer splits, same block count.
+        // 64 sequences at 8k: the longest split.
         assert_eq!(q3(64, 8192), 1024);
         // Few KV heads: more splits for the same sequences.
         assert!(decode_split_len(32, 4096, 16, 2, 128) < q3(32, 4096));
-        // 16 query heads per KV head of 256: the two-pass score array caps the split at 256.
-        assert_eq!(decode_split_len(15, 16384, 32, 2, 256), 256);
+        // Groups of 8 take two blocks per KV head: Qwen3-30B-A3B (32 over 4) splits as Qwen3-8B.
+        assert_eq!(decode_split_len(1, 8193, 32, 4, 128), q3(1, 8193));
+        // Head size 80 (the two-pass kernel): the score array caps the split.
+        assert_eq!(decode_split_len(1, 16384, 32, 8, 80), 128);
         for (n, len) in [(1, 1), (3, 70_000), (17, 5000), (64, 100), (8, 30_000)] {
-            for (nh, nkv, hd) in [(32, 8, 128), (9, 3, 64), (16, 2, 256), (32, 2, 256)] {
+            for (nh, nkv, hd) in [(32, 8, 128), (9, 3, 64), (16, 2, 256), (32, 2, 256), (8, 2, 80)] {
                 let l = decode_split_len(n, len, nh, nkv, hd);
                 assert!(l.is_power_of_two() && l >= attn_split_len(n) && len.div_ceil(l) <= attn_splits(len, n));
                 let group = nh / nkv;
-                assert!((group * hd + group * l + 16 * hd) * 4 <= 48 * 1024 || l == attn_split_len(n));
+                if onepass_for(hd) {
+                    assert!(l <= DECODE_MAX_SPLIT && onepass_shape(group, hd, ATTN_THREADS).2 <= 48 * 1024);
+                } else {
+                    assert!((group * hd + group * l + 16 * hd) * 4 <= 48 * 1024 || l == attn_split_len(n));
+                }
             }
         }
+    }
+
+    #[test]
+    fn onepass_blocks_split_groups_evenly() {
+        // (blocks per KV head, heads per block): groups up to 4 in one block, 7 in 4 + 3,
+        // 8 in 2 x 4, 16 in 4 x 4.
+        let shape = |g, hd| {
+            let (chunks, heads, _) = onepass_shape(g, hd, ATTN_THREADS);
+            (chunks, heads)
+        };
+        assert_eq!(shape(3, 64), (1, 3));
+        assert_eq!(shape(4, 128), (1, 4));
+        assert_eq!(shape(7, 128), (2, 4));
+        assert_eq!(shape(8, 256), (2, 4));
+        assert_eq!(shape(16, 128), (4, 4));
     }
 }

@@ -47,10 +47,20 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_split_f16_hd128",
             "attn_onepass_f16_hd64",
             "attn_onepass_f16_hd128",
+            "attn_onepass_f16_hd256",
             "attn_merge_f32"
         ]
     ),
-    kernel_file!("attention_prefill", ["attn_prefill_hd64", "attn_prefill_hd128", "attn_prefill_hd256"]),
+    kernel_file!(
+        "attention_prefill",
+        [
+            "attn_prefill_hd64",
+            "attn_prefill_hd128",
+            "attn_prefill_hd256",
+            "attn_prefill_hd64_qs",
+            "attn_prefill_hd128_qs"
+        ]
+    ),
     kernel_file!(
         "deltanet",
         [

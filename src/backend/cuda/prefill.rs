@@ -11,6 +11,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 use super::attention::{Merge, PagedAttn};
 use super::kernels::Kernels;
 use super::launch::{check, i32_of, launch, need, Dev};
+use super::tuning::tuning;
 use super::CudaError;
 
 /// Query tokens per tile (one wmma row tile).
@@ -75,13 +76,39 @@ pub fn push_tile(
     tiles.extend([first as i32, (rows.len() - first) as i32, kv_end as i32, bt_row as i32]);
 }
 
-/// Shared memory of one block (kernels/attention_prefill.cu AtpLayout).
-fn smem_bytes(head_dim: usize, heads: usize) -> usize {
+/// Shared memory of one block (kernels/attention_prefill.cu AtpLayout; `qs`: the Q tile in
+/// shared memory, always for head size 256).
+fn smem_bytes(head_dim: usize, heads: usize, qs: bool) -> usize {
     let map = 16 * 16 * 4;
     let kv = KT * (head_dim + 16) * 2;
-    let q = if head_dim > 128 { 16 * (head_dim + 8) * 2 } else { 0 };
+    let q = if qs || head_dim > 128 { 16 * (head_dim + 8) * 2 } else { 0 };
     let per_warp = 16 * (KT + 4) * 4 + 16 * (KT + 16) * 2 + 2 * 16 * 4 + q;
     map + 2 * kv + heads * per_warp
+}
+
+/// The kernel entry and its shared memory for head size `hd` and `heads` warps: the Q tile in
+/// registers, or with `DUSTOFF_PREFILL_QS=1` (head sizes 64 / 128, at most 4 heads) in shared
+/// memory. The second has 168 registers against 255 (three blocks an SM instead of two on an
+/// H200, one on a V100 for its 52 KB), but measured 8-17% slower on the H200 (a 512-token chunk
+/// after 8,192 positions: 1,067 against 982 us a layer; docs/BENCHMARKS.md, session 4).
+fn choose_entry(hd: usize, heads: usize) -> (&'static str, usize) {
+    let qs = tuning().prefill_qs && heads <= 4;
+    match (hd, qs) {
+        (64, false) => ("attn_prefill_hd64", smem_bytes(hd, heads, false)),
+        (64, true) => ("attn_prefill_hd64_qs", smem_bytes(hd, heads, true)),
+        (128, false) => ("attn_prefill_hd128", smem_bytes(hd, heads, false)),
+        (128, true) => ("attn_prefill_hd128_qs", smem_bytes(hd, heads, true)),
+        _ => ("attn_prefill_hd256", smem_bytes(hd, heads, true)),
+    }
+}
+
+/// Above 48 KB of dynamic shared memory a kernel must opt in (sm_70 allows 96 KB per block).
+fn allow_smem(f: &cudarc::driver::CudaFunction, entry: &str, smem: usize) -> Result<(), CudaError> {
+    if smem > 48 * 1024 {
+        f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .map_err(CudaError::driver(format!("allowing {smem} bytes of shared memory for {entry}")))?;
+    }
+    Ok(())
 }
 
 /// (splits, positions per split) of the prefill attention over `n_tiles` tiles reaching at most
@@ -236,18 +263,8 @@ impl PrefillAttention {
             slot0: i32_of(K, slot0)?,
             part_tok0: i32_of(K, tok0)?,
         };
-        let entry = match hd {
-            64 => "attn_prefill_hd64",
-            128 => "attn_prefill_hd128",
-            _ => "attn_prefill_hd256",
-        };
-        let smem = smem_bytes(hd, heads);
-        if smem > 48 * 1024 {
-            // Above 48 KB a kernel must opt in (sm_70 allows 96 KB per block).
-            k.get(entry)?
-                .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-                .map_err(CudaError::driver(format!("allowing {smem} bytes of shared memory for {entry}")))?;
-        }
+        let (entry, smem) = choose_entry(hd, heads);
+        allow_smem(k.get(entry)?, entry, smem)?;
         let grid = (i32_of(K, self.n_tiles)? as u32, (nkv * group / heads) as u32, i32_of(K, n_splits)? as u32);
         launch(k, s, entry, grid, (heads * 32) as u32, smem as u32, &p)?;
         match &self.split {
@@ -295,10 +312,15 @@ mod tests {
         assert_eq!(heads_per_block(8, 256), 4);
         assert_eq!(heads_per_block(6, 256), 3);
         for (hd, heads) in [(64, 8), (128, 8), (128, 7), (256, 4)] {
-            assert!(smem_bytes(hd, heads) <= 96 * 1024, "head size {hd}, {heads} heads");
+            assert!(
+                smem_bytes(hd, heads, false) <= 96 * 1024 && smem_bytes(hd, heads.min(4), true) <= 96 * 1024,
+                "head size {hd}, {heads} heads"
+            );
         }
-        // Qwen3-8B (4 heads a block) needs no opt-in above 48 KB; 8-head blocks do (51 KB).
-        assert!(smem_bytes(128, 4) <= 48 * 1024);
+        // Qwen3-8B (4 heads a block) needs no opt-in above 48 KB; 8-head blocks do (51 KB), and
+        // so does the Q tile in shared memory (52 KB: three blocks an SM on an H200, one on a V100).
+        assert!(smem_bytes(128, 4, false) <= 48 * 1024);
+        assert!(smem_bytes(128, 4, true) > 48 * 1024 && 3 * smem_bytes(128, 4, true) <= 227 * 1024);
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub(super) struct Tuning {
     pub gemv_rows: usize,
     /// `DUSTOFF_GRAPH_NODES=1`: print the node count of every captured decode graph.
     pub graph_nodes: bool,
+    /// `DUSTOFF_PREFILL_QS=1`: the prefill attention's Q tile in shared memory for head sizes
+    /// 64 and 128 too (default: in registers, measured faster on the H200).
+    pub prefill_qs: bool,
 }
 
 pub(super) fn tuning() -> &'static Tuning {
@@ -67,6 +70,7 @@ pub(super) fn tuning() -> &'static Tuning {
             fuse_norm: num("DUSTOFF_FUSE_NORM") != Some(0),
             gemv_rows: num("DUSTOFF_GEMV_ROWS").filter(|r| [2, 4, 8].contains(r)).unwrap_or(4),
             graph_nodes: num("DUSTOFF_GRAPH_NODES") == Some(1),
+            prefill_qs: num("DUSTOFF_PREFILL_QS") == Some(1),
         }
     })
 }
