@@ -99,7 +99,7 @@ pub struct HybridCuda {
 /// as `dn_conv_silu_f32` then `dn_prep_f32`, for comparison).
 fn fused_conv_prep() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("DUSTOFF_DN_FUSED").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_DN_FUSED").is_none_or(|v| v != "0"))
 }
 
 /// Fewest tokens of one chunk that take the chunked delta rule (in steps that are not
@@ -107,7 +107,7 @@ fn fused_conv_prep() -> bool {
 /// (`DN_CH`); 0 turns the chunked form off.
 fn chunked_min_tokens() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("DUSTOFF_DN_CHUNK_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(DN_CH))
+    *N.get_or_init(|| crate::sys::env::get("DUSTOFF_DN_CHUNK_MIN").and_then(|v| v.parse().ok()).unwrap_or(DN_CH))
 }
 
 /// Slots the pool starts with (it doubles when more sequences run at once).

@@ -112,7 +112,7 @@ impl Drop for Profiler {
 pub const STEP_TIMES_ENV: &str = "DUSTOFF_STEP_TIMES";
 
 pub fn step_times_requested() -> bool {
-    std::env::var(STEP_TIMES_ENV).is_ok_and(|v| v == "1")
+    crate::sys::env::get(STEP_TIMES_ENV).is_some_and(|v| v == "1")
 }
 
 /// `DUSTOFF_STEP_TIMES=1`: per step size (tokens, up to 64; larger steps in one row), the GPU
