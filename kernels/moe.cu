@@ -386,3 +386,164 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine_f32(const CombineP
     }
     p.x[(long long)t * p.dim + c] += acc;
 }
+
+// ---- One stream (pair mode), three launches a layer instead of five:
+// moe_route_fused_f32: router logits, then the last block of each token (an atomic count per
+//   token; the count is reset by that block, so the next launch and graph replays start at 0)
+//   runs the softmax / top-k / renormalisation of moe_route_f32 on the finished logits;
+// gate/up: moe_gate_up_<fmt>_p as before;
+// moe_down_sum_<fmt>: down and the weighted sum in one launch: block (row tile, token t), warp j
+//   computes slot j's expert rows . act[t k + j], then x[t, r] += sum_j wts[t, j] acc[j][r] in
+//   slot order (the weighted sum of moe_combine_f32, the same order): each output row is written
+//   once, by one thread.
+struct RouteFusedParams {
+    const float* x;      // [n_tok, dim] normed hidden states
+    const float* w;      // [n_experts, dim] router, f32
+    float* logits;       // [n_tok, n_experts]
+    int* ids;            // [n_tok, k]
+    float* wts;          // [n_tok, k]
+    unsigned* count;     // [n_tok] blocks done per token (0 between launches)
+    int n_tok;
+    int dim;             // multiple of 4
+    int n_experts;
+    int k;
+    int norm;
+};
+
+// The top-k of token t on finished logits, as moe_route_f32 (one warp; logits through the L2:
+// other blocks wrote them). `sl` holds n_experts floats + n_experts bytes of shared memory.
+__device__ __forceinline__ void route_top_k(const RouteFusedParams& p, int t, float* sl) {
+    unsigned char* taken = reinterpret_cast<unsigned char*>(sl + p.n_experts);
+    const int lane = threadIdx.x % WARP;
+    for (int e = lane; e < p.n_experts; e += WARP) {
+        sl[e] = __ldcg(p.logits + (long long)t * p.n_experts + e);
+        taken[e] = 0;
+    }
+    __syncwarp();
+    float mx = NEG_INF;
+    for (int e = lane; e < p.n_experts; e += WARP) mx = fmaxf(mx, sl[e]);
+    mx = warp_max(mx);
+    float total = 0.0f;
+    for (int e = lane; e < p.n_experts; e += WARP) total += expf(sl[e] - mx);
+    total = warp_sum(total);
+    float chosen_sum = 0.0f, mine = 0.0f;
+    for (int j = 0; j < p.k; ++j) {
+        float bv = NEG_INF;
+        int bi = -1;
+        for (int e = lane; e < p.n_experts; e += WARP) {
+            if (!taken[e] && (bi < 0 || sl[e] > bv)) {
+                bv = sl[e];
+                bi = e;
+            }
+        }
+#pragma unroll
+        for (int o = WARP / 2; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        const float wgt = expf(bv - mx);
+        chosen_sum += wgt;
+        if (lane == j) mine = wgt;
+        if (lane == 0) {
+            taken[bi] = 1;
+            p.ids[t * p.k + j] = bi;
+        }
+        __syncwarp();
+    }
+    const float denom = p.norm ? chosen_sum : total;
+    if (lane < p.k) p.wts[t * p.k + lane] = mine / denom;
+}
+
+// grid (ceil(n_experts / 4), n_tok), block 128 (a warp per expert); dynamic shared memory:
+// n_experts floats + n_experts bytes.
+extern "C" __global__ void __launch_bounds__(128) moe_route_fused_f32(const RouteFusedParams p) {
+    extern __shared__ float sl[];
+    __shared__ int last;
+    const int t = blockIdx.y;
+    const int lane = threadIdx.x % WARP;
+    const int e = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (e < p.n_experts) {
+        const float4* x = reinterpret_cast<const float4*>(p.x + (long long)t * p.dim);
+        const float4* w = reinterpret_cast<const float4*>(p.w + (long long)e * p.dim);
+        float acc = 0.0f;
+#pragma unroll 4
+        for (int c = lane; c < p.dim / 4; c += WARP) {
+            const float4 a = __ldg(w + c), b = __ldg(x + c);
+            acc = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) p.logits[(long long)t * p.n_experts + e] = acc;
+    }
+    __threadfence();  // this block's logits are visible before its count
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(p.count + t, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the other blocks' logits, counted before ours
+    if (threadIdx.x < WARP) {
+        route_top_k(p, t, sl);
+        if (threadIdx.x == 0) p.count[t] = 0;
+    }
+}
+
+struct DownSumParams {
+    const u8_t* qs;     // down slab [n_experts * rows] rows: qs part (F16: the halves)
+    const u8_t* aux;
+    const float* act;   // [n_tok * k, cols] f32 SwiGLU activations by pair
+    const int* ids;     // [n_tok * k]
+    const float* wts;   // [n_tok * k]
+    float* x;           // [n_tok, rows] residual, += the weighted sum
+    int rows;           // model width
+    int cols;           // expert width
+    int k;              // <= 8 (one warp per slot)
+    int qs_row;
+    int aux_row;
+    int lpr;            // lanes per row group
+};
+
+#define DS_RG 4  // rows per row group
+
+// Warp j: rows row0 .. row0 + (32 / lpr) * DS_RG of slot j's expert for token blockIdx.y.
+template <class F>
+__device__ __forceinline__ void moe_down_sum_impl(const DownSumParams& p) {
+    __shared__ float part[8][32 * DS_RG];  // [slot, row of the block]
+    const int t = blockIdx.y, j = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int sub = lane % p.lpr, group = lane / p.lpr;
+    const int per_block = (WARP / p.lpr) * DS_RG;
+    const int row0 = blockIdx.x * per_block;
+    const int pair = t * p.k + j;
+    const long long base = (long long)p.ids[pair] * p.rows;
+    QRow rows[DS_RG];
+#pragma unroll
+    for (int r = 0; r < DS_RG; ++r) {
+        const long long row = base + min(row0 + group * DS_RG + r, p.rows - 1);
+        rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
+    }
+    const float* xs[1] = {p.act + (long long)pair * p.cols};
+    float acc[DS_RG][1];
+#pragma unroll
+    for (int r = 0; r < DS_RG; ++r) acc[r][0] = 0.0f;
+    RowDot<F, 1, DS_RG>::run(rows, p.cols / F::UE, sub, p.lpr, xs, 1, acc);
+#pragma unroll
+    for (int r = 0; r < DS_RG; ++r) acc[r][0] = group_sum(acc[r][0], p.lpr);
+    if (sub == 0) {
+#pragma unroll
+        for (int r = 0; r < DS_RG; ++r) part[j][group * DS_RG + r] = acc[r][0];
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < per_block && row0 + r < p.rows; r += blockDim.x) {
+        float s = 0.0f;
+        for (int i = 0; i < p.k; ++i) s += p.wts[t * p.k + i] * part[i][r];
+        p.x[(long long)t * p.rows + row0 + r] += s;
+    }
+}
+
+// grid (ceil(rows / ((32 / lpr) * DS_RG)), n_tok), block 32 * k.
+#define DOWN_SUM_ENTRY(name, F) \
+    extern "C" __global__ void __launch_bounds__(256) moe_down_sum_##name(const DownSumParams p) { moe_down_sum_impl<F>(p); }
+FOR_EACH_QFORMAT(DOWN_SUM_ENTRY)
+DOWN_SUM_ENTRY(f16, FF16)
