@@ -50,47 +50,72 @@ struct MoeMatParams {
 // acc[r][t] += row r . x[t] over the units of this lane (u = sub, sub + lpr, ...).
 template <class F, int NT, int NR>
 struct RowDot {
-    static __device__ __forceinline__ void run(const QRow* rows, int units, int sub, int lpr, const float* const* xs,
-                                               int nt, float (&acc)[NR][NT]) {
-        for (int u = sub; u < units; u += lpr) {
-            typename F::Raw raw[NR];
+    // acc += the rows' unit u (loaded in raw) . x.
+    static __device__ __forceinline__ void unit(const typename F::Raw (&raw)[NR], int u, const float* const* xs,
+                                                int nt, float (&acc)[NR][NT]) {
 #pragma unroll
-            for (int r = 0; r < NR; ++r) raw[r] = F::load(rows[r], u);
+        for (int run = 0; run < F::RUNS; ++run) {
+            // w = a * q + b per run of 16: acc += a * sum(q x) + b * sum(x).
+            unsigned q[NR][4];
+            float ca[NR], cb[NR];
 #pragma unroll
-            for (int run = 0; run < F::RUNS; ++run) {
-                // w = a * q + b per run of 16: acc += a * sum(q x) + b * sum(x).
-                unsigned q[NR][4];
-                float ca[NR], cb[NR];
+            for (int r = 0; r < NR; ++r) F::codes(raw[r], u, run, q[r], ca[r], cb[r]);
+            const int st = F::start(u, run);
 #pragma unroll
-                for (int r = 0; r < NR; ++r) F::codes(raw[r], u, run, q[r], ca[r], cb[r]);
-                const int st = F::start(u, run);
+            for (int t = 0; t < NT; ++t) {
+                if (t < nt) {
+                    const float4* xv = reinterpret_cast<const float4*>(xs[t] + st);
+                    float x[16];
 #pragma unroll
-                for (int t = 0; t < NT; ++t) {
-                    if (t < nt) {
-                        const float4* xv = reinterpret_cast<const float4*>(xs[t] + st);
-                        float x[16];
+                    for (int i = 0; i < 4; ++i) {
+                        const float4 v = __ldg(xv + i);
+                        x[4 * i] = v.x;
+                        x[4 * i + 1] = v.y;
+                        x[4 * i + 2] = v.z;
+                        x[4 * i + 3] = v.w;
+                    }
+                    float sx = 0.0f;
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            const float4 v = __ldg(xv + i);
-                            x[4 * i] = v.x;
-                            x[4 * i + 1] = v.y;
-                            x[4 * i + 2] = v.z;
-                            x[4 * i + 3] = v.w;
-                        }
-                        float sx = 0.0f;
+                    for (int j = 0; j < 16; ++j) sx += x[j];
 #pragma unroll
-                        for (int j = 0; j < 16; ++j) sx += x[j];
+                    for (int r = 0; r < NR; ++r) {
+                        float sq = 0.0f;
 #pragma unroll
-                        for (int r = 0; r < NR; ++r) {
-                            float sq = 0.0f;
+                        for (int i = 0; i < 4; ++i)
 #pragma unroll
-                            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                                for (int j = 0; j < 4; ++j) sq = fmaf(code_f(q[r][i], j), x[4 * i + j], sq);
-                            acc[r][t] = fmaf(ca[r], sq, fmaf(cb[r], sx, acc[r][t]));
-                        }
+                            for (int j = 0; j < 4; ++j) sq = fmaf(code_f(q[r][i], j), x[4 * i + j], sq);
+                        acc[r][t] = fmaf(ca[r], sq, fmaf(cb[r], sx, acc[r][t]));
                     }
                 }
+            }
+        }
+    }
+
+    static __device__ __forceinline__ void run(const QRow* rows, int units, int sub, int lpr, const float* const* xs,
+                                               int nt, float (&acc)[NR][NT]) {
+        // One token (pair mode, decode): two units of every row loaded before either is
+        // decoded (twice the bytes in flight; a lane has few units, so latency rules), where
+        // the registers allow; the sums keep the unit order u, u + lpr, ... either way.
+        constexpr bool DEEP = NT == 1 && sizeof(typename F::Raw) * NR <= 128;
+        if (DEEP) {
+            for (int u = sub; u < units; u += 2 * lpr) {
+                const bool two = u + lpr < units;
+                typename F::Raw a[NR], b[NR];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) a[r] = F::load(rows[r], u);
+                if (two) {
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) b[r] = F::load(rows[r], u + lpr);
+                }
+                unit(a, u, xs, nt, acc);
+                if (two) unit(b, u + lpr, xs, nt, acc);
+            }
+        } else {
+            for (int u = sub; u < units; u += lpr) {
+                typename F::Raw raw[NR];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) raw[r] = F::load(rows[r], u);
+                unit(raw, u, xs, nt, acc);
             }
         }
     }
@@ -216,7 +241,7 @@ MOE_ENTRIES(f16, FF16)
 
 // ---- Router, in two launches so that reading the router (n_experts x dim f32, 1 MB for
 // Qwen3-30B-A3B) is spread over the GPU instead of one block per token:
-// moe_router_logits_f32: logits = W x (a warp per (expert, token));
+// moe_router_logits_f32: logits = W x (a block per (expert, token));
 // moe_route_f32: per token, softmax over all experts, the k largest (ties: the lower expert
 // index, as src/backend/cpu/moe.rs `route`), weights renormalised over the chosen when
 // norm != 0 (else divided by the softmax total).
@@ -233,7 +258,32 @@ struct RouteParams {
     int norm;
 };
 
-// grid (ceil(n_experts / 8), n_tok), block 256.
+// Router logit (expert blockIdx.x, token blockIdx.y) by a block of 128 threads: thread i takes
+// float4 i, i + 128, ... (the 4 loads of a 2048-wide row all in flight: the 1 MB router of
+// Qwen3-30B-A3B is read by n_experts blocks, not 16), then a fixed-order block sum.
+__device__ __forceinline__ float router_dot(const float* xr, const float* wr, int dim, float* scratch) {
+    const float4* x = reinterpret_cast<const float4*>(xr);
+    const float4* w = reinterpret_cast<const float4*>(wr);
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < dim / 4; c += blockDim.x) {
+        const float4 a = __ldg(w + c), b = __ldg(x + c);
+        acc = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
+    }
+    return block_sum(acc, scratch);
+}
+
+// Few tokens (<= 8): grid (n_experts, n_tok), block 128.
+extern "C" __global__ void __launch_bounds__(128) moe_router_logits_blk_f32(const RouteParams p) {
+    __shared__ float scratch[32];
+    const int t = blockIdx.y, e = blockIdx.x;
+    const float v = router_dot(p.x + (long long)t * p.dim, p.w + (long long)e * p.dim, p.dim, scratch);
+    if (threadIdx.x == 0) p.logits[(long long)t * p.n_experts + e] = v;
+}
+
+// More tokens: a warp per (expert, token), 8 experts a block, so that a token's input is read
+// from the L2 once per 8 experts (prefill: n_tok x n_experts blocks of the kernel above would
+// read it once per expert). grid (ceil(n_experts / 8), n_tok), block 256.
 extern "C" __global__ void __launch_bounds__(256) moe_router_logits_f32(const RouteParams p) {
     const int t = blockIdx.y;
     const int lane = threadIdx.x % WARP;
@@ -242,6 +292,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_router_logits_f32(const Ro
     const float4* x = reinterpret_cast<const float4*>(p.x + (long long)t * p.dim);
     const float4* w = reinterpret_cast<const float4*>(p.w + (long long)e * p.dim);
     float acc = 0.0f;
+#pragma unroll 4
     for (int c = lane; c < p.dim / 4; c += WARP) {
         const float4 a = __ldg(w + c), b = __ldg(x + c);
         acc = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
@@ -304,8 +355,12 @@ extern "C" __global__ void __launch_bounds__(32) moe_route_f32(const RouteParams
 
 // ---- Grouping by expert (a stable counting sort, as `group` in cpu/moe.rs): offsets[e] =
 // pairs choosing experts below e; entries[offsets[e] + i] = the i-th pair (ascending) that
-// chose e; position[pair] = its index in entries. One block; thread e scans the pairs in
-// order (staged in shared memory), so the order within an expert is the pair order.
+// chose e; position[pair] = its index in entries. One block of nw warps; warp w owns the
+// contiguous chunk w of the pairs: (1) per-warp counts per expert (shared atomics: counts do
+// not depend on their order), (2) each expert's start per warp (warps in order) and the
+// prefix sum over experts, (3) each warp walks its chunk 32 pairs at a time in order, a pair's
+// rank among the earlier lanes with the same expert from __match_any_sync (sm_70): so the order
+// within an expert is the pair order, as on the CPU.
 struct GroupParams {
     const int* ids;  // [n_pairs]
     int* offsets;    // [n_experts + 1]
@@ -315,49 +370,53 @@ struct GroupParams {
     int n_experts;
 };
 
-#define GROUP_CHUNK 4096
-
-// grid 1, block: n_experts rounded up to 32 (at most 1024).
+// grid 1, block 32 * nw (nw <= 32); dynamic shared memory: (nw + 1) * n_experts ints.
 extern "C" __global__ void __launch_bounds__(1024) moe_group(const GroupParams p) {
-    __shared__ int ids[GROUP_CHUNK];
-    __shared__ int counts[1024];
-    const int e = threadIdx.x;
-    int n = 0;
-    for (int c0 = 0; c0 < p.n_pairs; c0 += GROUP_CHUNK) {
-        const int m = min(GROUP_CHUNK, p.n_pairs - c0);
-        __syncthreads();
-        for (int i = threadIdx.x; i < m; i += blockDim.x) ids[i] = p.ids[c0 + i];
-        __syncthreads();
-        for (int i = 0; i < m; ++i) n += ids[i] == e;
+    extern __shared__ int sh[];
+    const int n = p.n_experts, nw = blockDim.x / WARP, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int* hist = sh;          // [nw, n]: pairs of warp w's chunk per expert, then their start
+    int* base = sh + nw * n; // [n]: pairs of experts below e
+    for (int i = threadIdx.x; i < nw * n; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    const int chunk = (p.n_pairs + nw - 1) / nw;
+    const int c0 = min(p.n_pairs, w * chunk), c1 = min(p.n_pairs, c0 + chunk);
+    for (int i = c0 + lane; i < c1; i += WARP) atomicAdd(&hist[w * n + p.ids[i]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        int run = 0;
+        for (int v = 0; v < nw; ++v) {
+            const int c = hist[v * n + e];
+            hist[v * n + e] = run;
+            run += c;
+        }
+        base[e] = run;
     }
-    counts[e] = n;
     __syncthreads();
     if (threadIdx.x == 0) {
         int run = 0;
-        for (int i = 0; i < p.n_experts; ++i) {
-            p.offsets[i] = run;
-            const int c = counts[i];
-            counts[i] = run;
+        for (int e = 0; e < n; ++e) {
+            p.offsets[e] = run;
+            const int c = base[e];
+            base[e] = run;
             run += c;
         }
-        p.offsets[p.n_experts] = run;
+        p.offsets[n] = run;
     }
     __syncthreads();
-    int fill = counts[e];
-    for (int c0 = 0; c0 < p.n_pairs; c0 += GROUP_CHUNK) {
-        const int m = min(GROUP_CHUNK, p.n_pairs - c0);
-        __syncthreads();
-        for (int i = threadIdx.x; i < m; i += blockDim.x) ids[i] = p.ids[c0 + i];
-        __syncthreads();
-        if (e < p.n_experts) {
-            for (int i = 0; i < m; ++i) {
-                if (ids[i] == e) {
-                    p.entries[fill] = c0 + i;
-                    p.position[c0 + i] = fill;
-                    ++fill;
-                }
-            }
+    for (int b0 = c0; b0 < c1; b0 += WARP) {
+        const int i = b0 + lane;
+        const bool live = i < c1;
+        const int e = live ? p.ids[i] : -1 - lane;  // dead lanes match nobody
+        const unsigned same = __match_any_sync(FULL_MASK, e);
+        const int rank = __popc(same & ((1u << lane) - 1u));
+        if (live) {
+            const int pos = base[e] + hist[w * n + e] + rank;
+            p.entries[pos] = i;
+            p.position[i] = pos;
         }
+        __syncwarp();
+        if (live && rank == 0) hist[w * n + e] += __popc(same);
+        __syncwarp();
     }
 }
 
@@ -458,26 +517,15 @@ __device__ __forceinline__ void route_top_k(const RouteFusedParams& p, int t, fl
     if (lane < p.k) p.wts[t * p.k + lane] = mine / denom;
 }
 
-// grid (ceil(n_experts / 4), n_tok), block 128 (a warp per expert); dynamic shared memory:
-// n_experts floats + n_experts bytes.
+// grid (n_experts, n_tok), block 128 (a block per expert, as moe_router_logits_f32); dynamic
+// shared memory: n_experts floats + n_experts bytes.
 extern "C" __global__ void __launch_bounds__(128) moe_route_fused_f32(const RouteFusedParams p) {
     extern __shared__ float sl[];
+    __shared__ float scratch[32];
     __shared__ int last;
-    const int t = blockIdx.y;
-    const int lane = threadIdx.x % WARP;
-    const int e = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    if (e < p.n_experts) {
-        const float4* x = reinterpret_cast<const float4*>(p.x + (long long)t * p.dim);
-        const float4* w = reinterpret_cast<const float4*>(p.w + (long long)e * p.dim);
-        float acc = 0.0f;
-#pragma unroll 4
-        for (int c = lane; c < p.dim / 4; c += WARP) {
-            const float4 a = __ldg(w + c), b = __ldg(x + c);
-            acc = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) p.logits[(long long)t * p.n_experts + e] = acc;
-    }
+    const int t = blockIdx.y, e = blockIdx.x;
+    const float v = router_dot(p.x + (long long)t * p.dim, p.w + (long long)e * p.dim, p.dim, scratch);
+    if (threadIdx.x == 0) p.logits[(long long)t * p.n_experts + e] = v;
     __threadfence();  // this block's logits are visible before its count
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(p.count + t, 1u) == gridDim.x - 1;

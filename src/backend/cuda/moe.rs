@@ -35,9 +35,9 @@ use crate::model::weights::Tensor;
 
 /// Entry points of kernels/moe.cu: `9 * variant + format` for the variants gate/up pair mode,
 /// gate/up grouped, down pair mode, down grouped, formats in `QFormat::index` order then F16
-/// (8); then the router, the grouping and the weighted sum (36..40); the fused router (40) and
-/// down + weighted sum `41 + format` (one stream: `fused_enabled`).
-pub const MOE_ENTRIES: [&str; 50] = {
+/// (8); then the router, the grouping and the weighted sum (36..40); the fused router (40),
+/// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50).
+pub const MOE_ENTRIES: [&str; 51] = {
     macro_rules! fmts {
         ($pre:literal, $suf:literal) => {
             [
@@ -56,7 +56,7 @@ pub const MOE_ENTRIES: [&str; 50] = {
     let v =
         [fmts!("moe_gate_up_", "_p"), fmts!("moe_gate_up_", "_g"), fmts!("moe_down_", "_p"), fmts!("moe_down_", "_g")];
     let ds = fmts!("moe_down_sum_", "");
-    let mut all = ["moe_route_f32"; 50];
+    let mut all = ["moe_route_f32"; 51];
     let mut i = 0;
     while i < 36 {
         all[i] = v[i / 9][i % 9];
@@ -66,6 +66,7 @@ pub const MOE_ENTRIES: [&str; 50] = {
     all[38] = "moe_combine_f32";
     all[39] = "moe_router_logits_f32";
     all[40] = "moe_route_fused_f32";
+    all[50] = "moe_router_logits_blk_f32";
     let mut j = 0;
     while j < 9 {
         all[41 + j] = ds[j];
@@ -362,8 +363,14 @@ impl MoeRoute {
             norm: i32::from(self.norm),
         };
         check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
-        let grid = (blocks_for(K, self.n_experts, 8)?, self.n_tok as u32, 1);
-        launch(kn, s, "moe_router_logits_f32", grid, 256, 0, &p)?;
+        // Few tokens: a block per (expert, token) (every load of a row in flight at once); more:
+        // a warp per pair, 8 experts a block (the token's input read once per 8 experts).
+        if self.n_tok <= 8 {
+            launch(kn, s, "moe_router_logits_blk_f32", (self.n_experts as u32, self.n_tok as u32, 1), 128, 0, &p)?;
+        } else {
+            let grid = (blocks_for(K, self.n_experts, 8)?, self.n_tok as u32, 1);
+            launch(kn, s, "moe_router_logits_f32", grid, 256, 0, &p)?;
+        }
         let smem = (self.n_experts * 5) as u32;
         launch(kn, s, K, (blocks_for(K, self.n_tok, 1)?, 1, 1), 32, smem, &p)
     }
@@ -409,7 +416,10 @@ impl MoeGroup {
             n_pairs: i32_of(K, self.n_pairs)?,
             n_experts: self.n_experts as i32,
         };
-        launch(kn, s, K, (1, 1, 1), self.n_experts.div_ceil(32) as u32 * 32, 0, &p)
+        // Warps: up to 32, fewer for many experts (their counts must fit 48 KB of shared memory).
+        let nw = (11_000 / self.n_experts).clamp(1, 32);
+        let smem = ((nw + 1) * self.n_experts * 4) as u32;
+        launch(kn, s, K, (1, 1, 1), 32 * nw as u32, smem, &p)
     }
 }
 
@@ -685,7 +695,7 @@ impl MoeRouteFused {
             k: r.k as i32,
             norm: i32::from(r.norm),
         };
-        let grid = (blocks_for(K, r.n_experts, 4)?, r.n_tok as u32, 1);
+        let grid = (r.n_experts as u32, r.n_tok as u32, 1);
         launch(kn, s, K, grid, 128, (r.n_experts * 5) as u32, &p)
     }
 }
