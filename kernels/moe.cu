@@ -50,72 +50,47 @@ struct MoeMatParams {
 // acc[r][t] += row r . x[t] over the units of this lane (u = sub, sub + lpr, ...).
 template <class F, int NT, int NR>
 struct RowDot {
-    // acc += the rows' unit u (loaded in raw) . x.
-    static __device__ __forceinline__ void unit(const typename F::Raw (&raw)[NR], int u, const float* const* xs,
-                                                int nt, float (&acc)[NR][NT]) {
-#pragma unroll
-        for (int run = 0; run < F::RUNS; ++run) {
-            // w = a * q + b per run of 16: acc += a * sum(q x) + b * sum(x).
-            unsigned q[NR][4];
-            float ca[NR], cb[NR];
-#pragma unroll
-            for (int r = 0; r < NR; ++r) F::codes(raw[r], u, run, q[r], ca[r], cb[r]);
-            const int st = F::start(u, run);
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                if (t < nt) {
-                    const float4* xv = reinterpret_cast<const float4*>(xs[t] + st);
-                    float x[16];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const float4 v = __ldg(xv + i);
-                        x[4 * i] = v.x;
-                        x[4 * i + 1] = v.y;
-                        x[4 * i + 2] = v.z;
-                        x[4 * i + 3] = v.w;
-                    }
-                    float sx = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < 16; ++j) sx += x[j];
-#pragma unroll
-                    for (int r = 0; r < NR; ++r) {
-                        float sq = 0.0f;
-#pragma unroll
-                        for (int i = 0; i < 4; ++i)
-#pragma unroll
-                            for (int j = 0; j < 4; ++j) sq = fmaf(code_f(q[r][i], j), x[4 * i + j], sq);
-                        acc[r][t] = fmaf(ca[r], sq, fmaf(cb[r], sx, acc[r][t]));
-                    }
-                }
-            }
-        }
-    }
-
     static __device__ __forceinline__ void run(const QRow* rows, int units, int sub, int lpr, const float* const* xs,
                                                int nt, float (&acc)[NR][NT]) {
-        // One token (pair mode, decode): two units of every row loaded before either is
-        // decoded (twice the bytes in flight; a lane has few units, so latency rules), where
-        // the registers allow; the sums keep the unit order u, u + lpr, ... either way.
-        constexpr bool DEEP = NT == 1 && sizeof(typename F::Raw) * NR <= 128;
-        if (DEEP) {
-            for (int u = sub; u < units; u += 2 * lpr) {
-                const bool two = u + lpr < units;
-                typename F::Raw a[NR], b[NR];
+        for (int u = sub; u < units; u += lpr) {
+            typename F::Raw raw[NR];
 #pragma unroll
-                for (int r = 0; r < NR; ++r) a[r] = F::load(rows[r], u);
-                if (two) {
+            for (int r = 0; r < NR; ++r) raw[r] = F::load(rows[r], u);
 #pragma unroll
-                    for (int r = 0; r < NR; ++r) b[r] = F::load(rows[r], u + lpr);
+            for (int run = 0; run < F::RUNS; ++run) {
+                // w = a * q + b per run of 16: acc += a * sum(q x) + b * sum(x).
+                unsigned q[NR][4];
+                float ca[NR], cb[NR];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) F::codes(raw[r], u, run, q[r], ca[r], cb[r]);
+                const int st = F::start(u, run);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t < nt) {
+                        const float4* xv = reinterpret_cast<const float4*>(xs[t] + st);
+                        float x[16];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            const float4 v = __ldg(xv + i);
+                            x[4 * i] = v.x;
+                            x[4 * i + 1] = v.y;
+                            x[4 * i + 2] = v.z;
+                            x[4 * i + 3] = v.w;
+                        }
+                        float sx = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < 16; ++j) sx += x[j];
+#pragma unroll
+                        for (int r = 0; r < NR; ++r) {
+                            float sq = 0.0f;
+#pragma unroll
+                            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                                for (int j = 0; j < 4; ++j) sq = fmaf(code_f(q[r][i], j), x[4 * i + j], sq);
+                            acc[r][t] = fmaf(ca[r], sq, fmaf(cb[r], sx, acc[r][t]));
+                        }
+                    }
                 }
-                unit(a, u, xs, nt, acc);
-                if (two) unit(b, u + lpr, xs, nt, acc);
-            }
-        } else {
-            for (int u = sub; u < units; u += lpr) {
-                typename F::Raw raw[NR];
-#pragma unroll
-                for (int r = 0; r < NR; ++r) raw[r] = F::load(rows[r], u);
-                unit(raw, u, xs, nt, acc);
             }
         }
     }
