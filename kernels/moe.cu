@@ -216,7 +216,7 @@ MOE_ENTRIES(f16, FF16)
 
 // ---- Router, in two launches so that reading the router (n_experts x dim f32, 1 MB for
 // Qwen3-30B-A3B) is spread over the GPU instead of one block per token:
-// moe_router_logits_f32: logits = W x (a warp per (expert, token));
+// moe_router_logits_f32: logits = W x (a block per (expert, token));
 // moe_route_f32: per token, softmax over all experts, the k largest (ties: the lower expert
 // index, as src/backend/cpu/moe.rs `route`), weights renormalised over the chosen when
 // norm != 0 (else divided by the softmax total).
@@ -233,7 +233,32 @@ struct RouteParams {
     int norm;
 };
 
-// grid (ceil(n_experts / 8), n_tok), block 256.
+// Router logit (expert blockIdx.x, token blockIdx.y) by a block of 128 threads: thread i takes
+// float4 i, i + 128, ... (the 4 loads of a 2048-wide row all in flight: the 1 MB router of
+// Qwen3-30B-A3B is read by n_experts blocks, not 16), then a fixed-order block sum.
+__device__ __forceinline__ float router_dot(const float* xr, const float* wr, int dim, float* scratch) {
+    const float4* x = reinterpret_cast<const float4*>(xr);
+    const float4* w = reinterpret_cast<const float4*>(wr);
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < dim / 4; c += blockDim.x) {
+        const float4 a = __ldg(w + c), b = __ldg(x + c);
+        acc = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
+    }
+    return block_sum(acc, scratch);
+}
+
+// Few tokens (<= 8): grid (n_experts, n_tok), block 128.
+extern "C" __global__ void __launch_bounds__(128) moe_router_logits_blk_f32(const RouteParams p) {
+    __shared__ float scratch[32];
+    const int t = blockIdx.y, e = blockIdx.x;
+    const float v = router_dot(p.x + (long long)t * p.dim, p.w + (long long)e * p.dim, p.dim, scratch);
+    if (threadIdx.x == 0) p.logits[(long long)t * p.n_experts + e] = v;
+}
+
+// More tokens: a warp per (expert, token), 8 experts a block, so that a token's input is read
+// from the L2 once per 8 experts (prefill: n_tok x n_experts blocks of the kernel above would
+// read it once per expert). grid (ceil(n_experts / 8), n_tok), block 256.
 extern "C" __global__ void __launch_bounds__(256) moe_router_logits_f32(const RouteParams p) {
     const int t = blockIdx.y;
     const int lane = threadIdx.x % WARP;
@@ -242,6 +267,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_router_logits_f32(const Ro
     const float4* x = reinterpret_cast<const float4*>(p.x + (long long)t * p.dim);
     const float4* w = reinterpret_cast<const float4*>(p.w + (long long)e * p.dim);
     float acc = 0.0f;
+#pragma unroll 4
     for (int c = lane; c < p.dim / 4; c += WARP) {
         const float4 a = __ldg(w + c), b = __ldg(x + c);
         acc = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
@@ -304,8 +330,12 @@ extern "C" __global__ void __launch_bounds__(32) moe_route_f32(const RouteParams
 
 // ---- Grouping by expert (a stable counting sort, as `group` in cpu/moe.rs): offsets[e] =
 // pairs choosing experts below e; entries[offsets[e] + i] = the i-th pair (ascending) that
-// chose e; position[pair] = its index in entries. One block; thread e scans the pairs in
-// order (staged in shared memory), so the order within an expert is the pair order.
+// chose e; position[pair] = its index in entries. One block of nw warps; warp w owns the
+// contiguous chunk w of the pairs: (1) per-warp counts per expert (shared atomics: counts do
+// not depend on their order), (2) each expert's start per warp (warps in order) and the
+// prefix sum over experts, (3) each warp walks its chunk 32 pairs at a time in order, a pair's
+// rank among the earlier lanes with the same expert from __match_any_sync (sm_70): so the order
+// within an expert is the pair order, as on the CPU.
 struct GroupParams {
     const int* ids;  // [n_pairs]
     int* offsets;    // [n_experts + 1]
@@ -315,49 +345,53 @@ struct GroupParams {
     int n_experts;
 };
 
-#define GROUP_CHUNK 4096
-
-// grid 1, block: n_experts rounded up to 32 (at most 1024).
+// grid 1, block 32 * nw (nw <= 32); dynamic shared memory: (nw + 1) * n_experts ints.
 extern "C" __global__ void __launch_bounds__(1024) moe_group(const GroupParams p) {
-    __shared__ int ids[GROUP_CHUNK];
-    __shared__ int counts[1024];
-    const int e = threadIdx.x;
-    int n = 0;
-    for (int c0 = 0; c0 < p.n_pairs; c0 += GROUP_CHUNK) {
-        const int m = min(GROUP_CHUNK, p.n_pairs - c0);
-        __syncthreads();
-        for (int i = threadIdx.x; i < m; i += blockDim.x) ids[i] = p.ids[c0 + i];
-        __syncthreads();
-        for (int i = 0; i < m; ++i) n += ids[i] == e;
+    extern __shared__ int sh[];
+    const int n = p.n_experts, nw = blockDim.x / WARP, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int* hist = sh;          // [nw, n]: pairs of warp w's chunk per expert, then their start
+    int* base = sh + nw * n; // [n]: pairs of experts below e
+    for (int i = threadIdx.x; i < nw * n; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    const int chunk = (p.n_pairs + nw - 1) / nw;
+    const int c0 = min(p.n_pairs, w * chunk), c1 = min(p.n_pairs, c0 + chunk);
+    for (int i = c0 + lane; i < c1; i += WARP) atomicAdd(&hist[w * n + p.ids[i]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        int run = 0;
+        for (int v = 0; v < nw; ++v) {
+            const int c = hist[v * n + e];
+            hist[v * n + e] = run;
+            run += c;
+        }
+        base[e] = run;
     }
-    counts[e] = n;
     __syncthreads();
     if (threadIdx.x == 0) {
         int run = 0;
-        for (int i = 0; i < p.n_experts; ++i) {
-            p.offsets[i] = run;
-            const int c = counts[i];
-            counts[i] = run;
+        for (int e = 0; e < n; ++e) {
+            p.offsets[e] = run;
+            const int c = base[e];
+            base[e] = run;
             run += c;
         }
-        p.offsets[p.n_experts] = run;
+        p.offsets[n] = run;
     }
     __syncthreads();
-    int fill = counts[e];
-    for (int c0 = 0; c0 < p.n_pairs; c0 += GROUP_CHUNK) {
-        const int m = min(GROUP_CHUNK, p.n_pairs - c0);
-        __syncthreads();
-        for (int i = threadIdx.x; i < m; i += blockDim.x) ids[i] = p.ids[c0 + i];
-        __syncthreads();
-        if (e < p.n_experts) {
-            for (int i = 0; i < m; ++i) {
-                if (ids[i] == e) {
-                    p.entries[fill] = c0 + i;
-                    p.position[c0 + i] = fill;
-                    ++fill;
-                }
-            }
+    for (int b0 = c0; b0 < c1; b0 += WARP) {
+        const int i = b0 + lane;
+        const bool live = i < c1;
+        const int e = live ? p.ids[i] : -1 - lane;  // dead lanes match nobody
+        const unsigned same = __match_any_sync(FULL_MASK, e);
+        const int rank = __popc(same & ((1u << lane) - 1u));
+        if (live) {
+            const int pos = base[e] + hist[w * n + e] + rank;
+            p.entries[pos] = i;
+            p.position[i] = pos;
         }
+        __syncwarp();
+        if (live && rank == 0) hist[w * n + e] += __popc(same);
+        __syncwarp();
     }
 }
 
@@ -386,3 +420,153 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine_f32(const CombineP
     }
     p.x[(long long)t * p.dim + c] += acc;
 }
+
+// ---- One stream (pair mode), three launches a layer instead of five:
+// moe_route_fused_f32: router logits, then the last block of each token (an atomic count per
+//   token; the count is reset by that block, so the next launch and graph replays start at 0)
+//   runs the softmax / top-k / renormalisation of moe_route_f32 on the finished logits;
+// gate/up: moe_gate_up_<fmt>_p as before;
+// moe_down_sum_<fmt>: down and the weighted sum in one launch: block (row tile, token t), warp j
+//   computes slot j's expert rows . act[t k + j], then x[t, r] += sum_j wts[t, j] acc[j][r] in
+//   slot order (the weighted sum of moe_combine_f32, the same order): each output row is written
+//   once, by one thread.
+struct RouteFusedParams {
+    const float* x;      // [n_tok, dim] normed hidden states
+    const float* w;      // [n_experts, dim] router, f32
+    float* logits;       // [n_tok, n_experts]
+    int* ids;            // [n_tok, k]
+    float* wts;          // [n_tok, k]
+    unsigned* count;     // [n_tok] blocks done per token (0 between launches)
+    int n_tok;
+    int dim;             // multiple of 4
+    int n_experts;
+    int k;
+    int norm;
+};
+
+// The top-k of token t on finished logits, as moe_route_f32 (one warp; logits through the L2:
+// other blocks wrote them). `sl` holds n_experts floats + n_experts bytes of shared memory.
+__device__ __forceinline__ void route_top_k(const RouteFusedParams& p, int t, float* sl) {
+    unsigned char* taken = reinterpret_cast<unsigned char*>(sl + p.n_experts);
+    const int lane = threadIdx.x % WARP;
+    for (int e = lane; e < p.n_experts; e += WARP) {
+        sl[e] = __ldcg(p.logits + (long long)t * p.n_experts + e);
+        taken[e] = 0;
+    }
+    __syncwarp();
+    float mx = NEG_INF;
+    for (int e = lane; e < p.n_experts; e += WARP) mx = fmaxf(mx, sl[e]);
+    mx = warp_max(mx);
+    float total = 0.0f;
+    for (int e = lane; e < p.n_experts; e += WARP) total += expf(sl[e] - mx);
+    total = warp_sum(total);
+    float chosen_sum = 0.0f, mine = 0.0f;
+    for (int j = 0; j < p.k; ++j) {
+        float bv = NEG_INF;
+        int bi = -1;
+        for (int e = lane; e < p.n_experts; e += WARP) {
+            if (!taken[e] && (bi < 0 || sl[e] > bv)) {
+                bv = sl[e];
+                bi = e;
+            }
+        }
+#pragma unroll
+        for (int o = WARP / 2; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        const float wgt = expf(bv - mx);
+        chosen_sum += wgt;
+        if (lane == j) mine = wgt;
+        if (lane == 0) {
+            taken[bi] = 1;
+            p.ids[t * p.k + j] = bi;
+        }
+        __syncwarp();
+    }
+    const float denom = p.norm ? chosen_sum : total;
+    if (lane < p.k) p.wts[t * p.k + lane] = mine / denom;
+}
+
+// grid (n_experts, n_tok), block 128 (a block per expert, as moe_router_logits_f32); dynamic
+// shared memory: n_experts floats + n_experts bytes.
+extern "C" __global__ void __launch_bounds__(128) moe_route_fused_f32(const RouteFusedParams p) {
+    extern __shared__ float sl[];
+    __shared__ float scratch[32];
+    __shared__ int last;
+    const int t = blockIdx.y, e = blockIdx.x;
+    const float v = router_dot(p.x + (long long)t * p.dim, p.w + (long long)e * p.dim, p.dim, scratch);
+    if (threadIdx.x == 0) p.logits[(long long)t * p.n_experts + e] = v;
+    __threadfence();  // this block's logits are visible before its count
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(p.count + t, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the other blocks' logits, counted before ours
+    if (threadIdx.x < WARP) {
+        route_top_k(p, t, sl);
+        if (threadIdx.x == 0) p.count[t] = 0;
+    }
+}
+
+struct DownSumParams {
+    const u8_t* qs;     // down slab [n_experts * rows] rows: qs part (F16: the halves)
+    const u8_t* aux;
+    const float* act;   // [n_tok * k, cols] f32 SwiGLU activations by pair
+    const int* ids;     // [n_tok * k]
+    const float* wts;   // [n_tok * k]
+    float* x;           // [n_tok, rows] residual, += the weighted sum
+    int rows;           // model width
+    int cols;           // expert width
+    int k;              // <= 8 (one warp per slot)
+    int qs_row;
+    int aux_row;
+    int lpr;            // lanes per row group
+};
+
+#define DS_RG 4  // rows per row group
+
+// Warp j: rows row0 .. row0 + (32 / lpr) * DS_RG of slot j's expert for token blockIdx.y.
+template <class F>
+__device__ __forceinline__ void moe_down_sum_impl(const DownSumParams& p) {
+    __shared__ float part[8][32 * DS_RG];  // [slot, row of the block]
+    const int t = blockIdx.y, j = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int sub = lane % p.lpr, group = lane / p.lpr;
+    const int per_block = (WARP / p.lpr) * DS_RG;
+    const int row0 = blockIdx.x * per_block;
+    const int pair = t * p.k + j;
+    const long long base = (long long)p.ids[pair] * p.rows;
+    QRow rows[DS_RG];
+#pragma unroll
+    for (int r = 0; r < DS_RG; ++r) {
+        const long long row = base + min(row0 + group * DS_RG + r, p.rows - 1);
+        rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
+    }
+    const float* xs[1] = {p.act + (long long)pair * p.cols};
+    float acc[DS_RG][1];
+#pragma unroll
+    for (int r = 0; r < DS_RG; ++r) acc[r][0] = 0.0f;
+    RowDot<F, 1, DS_RG>::run(rows, p.cols / F::UE, sub, p.lpr, xs, 1, acc);
+#pragma unroll
+    for (int r = 0; r < DS_RG; ++r) acc[r][0] = group_sum(acc[r][0], p.lpr);
+    if (sub == 0) {
+#pragma unroll
+        for (int r = 0; r < DS_RG; ++r) part[j][group * DS_RG + r] = acc[r][0];
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < per_block && row0 + r < p.rows; r += blockDim.x) {
+        float s = 0.0f;
+        for (int i = 0; i < p.k; ++i) s += p.wts[t * p.k + i] * part[i][r];
+        p.x[(long long)t * p.rows + row0 + r] += s;
+    }
+}
+
+// grid (ceil(rows / ((32 / lpr) * DS_RG)), n_tok), block 32 * k.
+#define DOWN_SUM_ENTRY(name, F) \
+    extern "C" __global__ void __launch_bounds__(256) moe_down_sum_##name(const DownSumParams p) { moe_down_sum_impl<F>(p); }
+FOR_EACH_QFORMAT(DOWN_SUM_ENTRY)
+DOWN_SUM_ENTRY(f16, FF16)

@@ -73,6 +73,8 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Tuning, "DUSTOFF_DN_CHUNK_MIN", "32", "fewest tokens of a prompt chunk for the chunked (WY) delta rule; shorter chunks run the step form (`0`: never chunked)"),
     var(Scope::Run, "DUSTOFF_GRAPH_NODES", "0", "`1`: print the node count of every captured decode graph"),
     var(Scope::Run, "DUSTOFF_STEP_TIMES", "0", "`1`: per step size, the median GPU time of a step against its period, printed at exit"),
+    var(Scope::Tuning, "DUSTOFF_MOE_GEMM", "1", "`0`: MoE steps grouped by expert run the grouped GEMV instead of the tensor-core grouped GEMM"),
+    var(Scope::Tuning, "DUSTOFF_MOE_FUSED", "1", "`0`: the MoE router, top-k, down and weighted sum as separate launches instead of two fused ones"),
     var(Scope::Tuning, "DUSTOFF_MOE_PAIR_MAX_TOKENS", "8", "most tokens of a step for the per-(token, expert) MoE kernels; larger steps group by expert"),
     var(Scope::Test, "DUSTOFF_INJECT_OOM", "unset", "`STEP[,SEQS]`: the first step from STEP on with at least SEQS sequences, and every later one as large, fails out of memory"),
     var(Scope::Test, "DUSTOFF_INJECT_WRITE_ERROR", "unset", "`commit:N`: the N-th checkpoint commit fails like a full disk; `output`: the final output does"),

@@ -18,6 +18,7 @@ mod hybrid_moe;
 mod masked;
 mod moe;
 mod moe_bench;
+mod moe_gemm;
 mod quant;
 mod quant_bench;
 mod qwen35;
@@ -176,6 +177,34 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("moe_down_q5_k", 1e-5),
     ("moe_down_q6_k", 1e-5),
     ("moe_down_f16", 1e-5),
+    // The grouped tensor-core GEMM (moe_gemm.cu) against its twin (weights and inputs rounded to
+    // F16 as staged, f64 sums): the gather rounds exactly as the twin; gate/up activations are
+    // stored as F16, so an f32 sum in another order lands on the other side of a rounding
+    // half-way point for a few elements (one F16 step, 2^-11 relative, each); down is f32.
+    // Whole layer against the f32 CPU reference: inputs, weights and activations rounded to
+    // F16 (2^-11 relative each, random signs), as the widened path's `wide_*`.
+    // Down + weighted sum in one launch: the down GEMV's sums, then the weights in slot order.
+    ("moe_down_sum_q4_0", 1e-5),
+    ("moe_down_sum_q4_1", 1e-5),
+    ("moe_down_sum_q5_0", 1e-5),
+    ("moe_down_sum_q5_1", 1e-5),
+    ("moe_down_sum_q8_0", 1e-5),
+    ("moe_down_sum_q4_k", 1e-5),
+    ("moe_down_sum_q5_k", 1e-5),
+    ("moe_down_sum_q6_k", 1e-5),
+    ("moe_down_sum_f16", 1e-5),
+    ("moe_gather_f16", 0.0),
+    ("moe_gemm_gate_up_q4_0", 1e-4),
+    ("moe_gemm_gate_up_q8_0", 1e-4),
+    ("moe_gemm_gate_up_q4_k", 1e-4),
+    ("moe_gemm_gate_up_q5_k", 1e-4),
+    ("moe_gemm_gate_up_q6_k", 1e-4),
+    ("moe_gemm_down_q4_0", 1e-5),
+    ("moe_gemm_down_q8_0", 1e-5),
+    ("moe_gemm_down_q4_k", 1e-5),
+    ("moe_gemm_down_q5_k", 1e-5),
+    ("moe_gemm_down_q6_k", 1e-5),
+    ("moe_layer_gemm", 2e-3),
     // Hybrid models (deltanet.rs): expf/log1pf and fma contraction against the CPU's separate
     // multiply-adds, sums over 4 lanes then combined; the step and many-token forms of the
     // recurrence run the same arithmetic per token, so they agree exactly.

@@ -9,8 +9,10 @@ use dustoff::backend::cpu::matmul::{matmul, matmul_fused};
 use dustoff::backend::cpu::moe::{group, moe_ffn as cpu_moe_ffn, route, Groups, MoeScratch, Routing};
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::moe::{
-    moe_ffn, pair_max_tokens, MoeCombine, MoeGroup, MoeLayerW, MoeMat, MoeRoute, MoeWork, Walk,
+    moe_ffn, pair_max_tokens, MoeCombine, MoeDownSum, MoeGroup, MoeLayerW, MoeMat, MoeRoute, MoeRouteFused, MoeWork,
+    Walk,
 };
+use dustoff::backend::cuda::moe_gemm::{gemm_enabled, gemm_fits};
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::config::ModelConfig;
 use dustoff::model::moe::{Expert, MoeConfig, MoeWeights};
@@ -50,7 +52,7 @@ fn tensor(g: &mut Gpu, dtype: GgmlType, name: &str, rows: usize, cols: usize) ->
 }
 
 /// A random sparse layer: `e` experts of width `f` over `dim`, `k` used.
-fn layer(g: &mut Gpu, e: usize, dim: usize, f: usize, k: usize, gu: GgmlType, down: GgmlType) -> MoeWeights {
+pub(super) fn layer(g: &mut Gpu, e: usize, dim: usize, f: usize, k: usize, gu: GgmlType, down: GgmlType) -> MoeWeights {
     let r = g.randn(e * dim, (3.0 / dim as f32).sqrt());
     let router = Tensor::from_f32("router", e, dim, &r);
     let experts = (0..e)
@@ -120,6 +122,22 @@ fn router_top_k_with_ties_and_both_normalisations() {
             let mut want_logits = vec![0f32; n * e];
             matmul(&w, &x, n, &mut want_logits);
             compare("moe_router_logits_f32", g.seed, &g.down(&logits), &want_logits);
+            // The fused router (one launch, the last block of a token routes it), twice: the
+            // per-token counts it leaves must be zero again for the second launch.
+            let count = g.zeros::<u32>(n);
+            for _ in 0..2 {
+                let (ids2, wts2) = (g.zeros::<i32>(n * k), g.poisoned(n * k));
+                let route = MoeRoute {
+                    ids: g.d(&ids2),
+                    wts: g.d(&wts2),
+                    ..MoeRoute { x: xv, w: wv, logits: lv, ids: iv, wts: tv, n_tok: n, dim, n_experts: e, k, norm }
+                };
+                MoeRouteFused { route, count: g.d(&count) }.launch(&mut g.k, &s).unwrap();
+                let got2: Vec<u32> = g.down(&ids2).iter().map(|&i| i as u32).collect();
+                assert_eq!(got2, want.experts, "fused router, {n} tokens, k {k}, norm {norm}");
+                compare("moe_route_f32", g.seed, &g.down(&wts2), &want.weights);
+                assert!(g.down(&count).iter().all(|&c| c == 0), "router counts reset");
+            }
         }
     }
 }
@@ -241,6 +259,46 @@ fn grouped_expert_products_every_format_and_token_count() {
     }
 }
 
+/// Down + weighted sum in one launch (one stream) against the CPU: per pair the expert's down
+/// product, summed per token in slot order into the residual; k = 8 (a warp per slot) and 1.
+#[test]
+fn down_sum_equals_cpu_down_then_slot_order_sum() {
+    let Some(mut g) = gpu("moe down sum") else { return };
+    let s = g.dev.stream.clone();
+    let (e, dim, f) = (8, 512, 256);
+    for &dtype in FORMATS {
+        for k in [8usize, 1] {
+            let w = layer(&mut g, e, dim, f, k, dtype, dtype);
+            let (lw, _) = MoeLayerW::upload(&s, &w, false, "test layer").unwrap();
+            for n in [1usize, 3, 8] {
+                let pairs = n * k;
+                let act = g.randn(pairs * f, 1.0);
+                let ids = random_ids(&mut g, n, e, k);
+                let wts = g.randn(pairs, 1.0);
+                let x = g.randn(n * dim, 5.0);
+                let mut want = x.clone();
+                for t in 0..n {
+                    let mut o = vec![0f32; dim];
+                    for j in 0..k {
+                        let p = t * k + j;
+                        let mut y = vec![0f32; dim];
+                        matmul(&w.experts[ids[p] as usize].down, &act[p * f..(p + 1) * f], 1, &mut y);
+                        o.iter_mut().zip(&y).for_each(|(a, &v)| *a += wts[p] * v);
+                    }
+                    want[t * dim..(t + 1) * dim].iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+                }
+                let (ad, wd, xd) = (g.up(&act), g.up(&wts), g.up(&x));
+                let idd = g.up(&ids.iter().map(|&i| i as i32).collect::<Vec<_>>());
+                let (av, iv, wv, xv) = (g.d(&ad), g.d(&idd), g.d(&wd), g.d(&xd));
+                MoeDownSum { down: &lw.down, n_experts: e, act: av, ids: iv, wts: wv, x: xv, n_tok: n, k }
+                    .launch(&mut g.k, &s)
+                    .unwrap();
+                compare(&op("moe_down_sum", dtype), g.seed, &g.down(&xd), &want);
+            }
+        }
+    }
+}
+
 /// The weighted sum into the residual against the CPU's slot-order sum.
 #[test]
 fn combine_sums_slots_in_order_into_the_residual() {
@@ -280,7 +338,8 @@ fn combine_sums_slots_in_order_into_the_residual() {
 
 /// A whole sparse layer (`moe_ffn`: route, group, gate/up, down, combine) against the CPU
 /// reference `moe_ffn`, in the Q4_K_M mix (Q4_K gate/up, Q6_K down), Q8_0, Q4_0 and F16, at
-/// every token count and 100 (pair walk up to 64 tokens, expert walk above); then with inputs
+/// every token count and 100 (pair walk up to `pair_max_tokens`, expert walk above: the
+/// tensor-core GEMM for the block formats, the grouped GEMV for F16); then with inputs
 /// that make every token choose expert 3 first and no token choose expert 5.
 #[test]
 fn whole_sparse_layer_matches_the_cpu_reference() {
@@ -322,7 +381,13 @@ fn whole_sparse_layer_matches_the_cpu_reference() {
                 let (hd, xd) = (g.up(&h), g.up(&x));
                 let (hv, xv) = (g.d(&hd), g.d(&xd));
                 moe_ffn(&mut g.k, &s, &lw, &work, hv, xv, n).unwrap();
-                let name = if gu == GgmlType::F16 { "moe_layer_f16" } else { "moe_layer_quant" };
+                // Grouped steps of the GEMM formats take the tensor-core GEMM (F16 inputs).
+                let gemm = n > pair_max_tokens() && gemm_enabled() && gemm_fits(&lw);
+                let name = match (gemm, gu) {
+                    (true, _) => "moe_layer_gemm",
+                    (false, GgmlType::F16) => "moe_layer_f16",
+                    (false, _) => "moe_layer_quant",
+                };
                 compare(name, g.seed + n as u64, &g.down(&xd), &want);
                 // The device routing is the reference's.
                 let ids: Vec<u32> = g.down(work.ids.as_ref().unwrap())[..n * k].iter().map(|&i| i as u32).collect();

@@ -52,3 +52,162 @@ fn moe_bench() {
         println!("| {n} | {:.1} | {} | {pre:.3} | {:.1}% |", median(tok.clone()), runs.join(" / "), share * 100.0);
     }
 }
+
+/// Run by hand on the GPU machine (`--ignored moe_kernel_breakdown --nocapture`): each launch of
+/// a sparse layer of the Qwen3-30B-A3B shape (Q4_K gate/up, Q6_K down: the Q4_K_M mix's heavier
+/// layers) alone, median of 20 (`bench::time`, CUDA events), rotating over 4 layers so that
+/// repeated runs do not read the L2: one token (pair walk: router logits + top-k, gate/up,
+/// down, weighted sum), 8 tokens, and grouped steps of 64 and 768 tokens through the grouped
+/// GEMV and the tensor-core GEMM. Bytes are the packed expert rows each launch reads.
+#[test]
+#[ignore]
+fn moe_kernel_breakdown() {
+    use dustoff::backend::cuda::launch::Dev;
+    use dustoff::backend::cuda::moe::{
+        MoeCombine, MoeDownSum, MoeGroup, MoeLayerW, MoeMat, MoeRoute, MoeRouteFused, MoeWork, Walk,
+    };
+    use dustoff::backend::cuda::moe_gemm::{GemmOut, MoeGather, MoeGemm, Tile};
+    use dustoff::model::quant::GgmlType;
+
+    use super::bench::time;
+    let mut g = gpu("moe kernel breakdown").unwrap();
+    let s = g.dev.stream.clone();
+    let bw = g.dev.copy_bandwidth(1 << 30, 10).unwrap();
+    println!("copy bandwidth {:.0} GB/s", bw / 1e9);
+    let c = dustoff::model::shapes::shape("qwen3-30b-a3b").unwrap();
+    let m = c.moe.clone().unwrap();
+    let (dim, k, e) = (c.dim, m.n_used, m.n_experts);
+    const L: usize = 4;
+    let layers: Vec<MoeLayerW> = (0..L)
+        .map(|i| {
+            MoeLayerW::synthetic(&s, &mut g.k, &c, &m, GgmlType::Q4K, GgmlType::Q6K, 7 + i as u64, "bench").unwrap()
+        })
+        .collect();
+    let per_expert = |b: u64| b as f64 / e as f64;
+    let gu_bytes = per_expert(layers[0].gate.bytes() + layers[0].up.bytes());
+    let down_bytes = per_expert(layers[0].down.bytes());
+    let mut work = MoeWork::default();
+    work.grow(&s, 768, dim, &m).unwrap();
+    let hv = g.randn(768 * dim, 1.0);
+    let h = g.up(&hv);
+    let x = g.zeros::<f32>(768 * dim);
+    let d = |b: &Option<cudarc::driver::CudaSlice<f32>>| Dev::of(b.as_ref().unwrap(), &s);
+    let di = |b: &Option<cudarc::driver::CudaSlice<i32>>| Dev::of(b.as_ref().unwrap(), &s);
+    let dh = |b: &Option<cudarc::driver::CudaSlice<u16>>| Dev::of(b.as_ref().unwrap(), &s);
+    let di_u32 = |b: &Option<cudarc::driver::CudaSlice<u32>>| Dev::of(b.as_ref().unwrap(), &s);
+    let (logits, ids, wts, act, y) = (d(&work.logits), di(&work.ids), d(&work.wts), d(&work.act), d(&work.y));
+    let (offsets, entries, position) = (di(&work.offsets), di(&work.entries), di(&work.position));
+    let (x16, act16) = (dh(&work.x16), dh(&work.act16));
+    let (hd, xd) = (Dev::of(&h, &s), Dev::of(&x, &s));
+    let mut i = 0usize;
+    let mut next = || {
+        i += 1;
+        i % L
+    };
+    println!("| tokens | launch | us (median of 20) | expert bytes read | GB/s | share of copy |");
+    println!("|---|---|---|---|---|---|");
+    let row = |n: usize, what: &str, t: f64, bytes: f64| {
+        let gbs = if bytes > 0.0 { format!("{:.0}", bytes / t / 1e9) } else { "-".into() };
+        let share = if bytes > 0.0 { format!("{:.1}%", bytes / t / bw * 100.0) } else { "-".into() };
+        println!("| {n} | {what} | {:.1} | {:.1} MB | {gbs} | {share} |", t * 1e6, bytes / 1e6);
+    };
+    for n in [1usize, 8, 64, 768] {
+        let pairs = n * k;
+        let route = |l: &MoeLayerW| MoeRoute {
+            x: hd,
+            w: Dev::of(&l.router, &s),
+            logits,
+            ids,
+            wts,
+            n_tok: n,
+            dim,
+            n_experts: e,
+            k,
+            norm: l.norm_topk_prob,
+        };
+        // Route every layer once, so that ids / groups hold a real routing for the timed launch.
+        let t_route = time(&mut g, &mut |g| route(&layers[next()]).launch(&mut g.k, &s).unwrap());
+        row(n, "router logits + top-k (2 launches)", t_route, 0.0);
+        if n <= 8 {
+            let count = di_u32(&work.route_count);
+            let t = time(&mut g, &mut |g| {
+                MoeRouteFused { route: route(&layers[next()]), count }.launch(&mut g.k, &s).unwrap()
+            });
+            row(n, "fused router (1 launch)", t, 0.0);
+        }
+        route(&layers[0]).launch(&mut g.k, &s).unwrap();
+        let group = MoeGroup { ids, offsets, entries, position, n_pairs: pairs, n_experts: e };
+        group.launch(&mut g.k, &s).unwrap();
+        let ids_h = g.down(work.ids.as_ref().unwrap());
+        let mut touched: Vec<i32> = ids_h[..pairs].to_vec();
+        touched.sort_unstable();
+        touched.dedup();
+        let ex = touched.len() as f64;
+        let grouped = n > 8;
+        let walk = if grouped { Walk::Grouped { offsets, entries, n_experts: e } } else { Walk::Pairs { ids } };
+        let mat = |li: usize, down: bool| MoeMat {
+            slab: if down { &layers[li].down } else { &layers[li].gate },
+            up: (!down).then_some(&layers[li].up),
+            n_experts: e,
+            x: if down { act } else { hd },
+            out: if down { y } else { act },
+            walk,
+            n_pairs: pairs,
+            k,
+            x_stride: if down { m.expert_ffn_dim } else { dim },
+            out_stride: if down { dim } else { m.expert_ffn_dim },
+            x_by_token: !down,
+        };
+        // Pair mode reads each pair's expert (8 distinct per token); grouped reads each touched one.
+        let reads = if grouped { ex } else { pairs as f64 };
+        if grouped {
+            let t = time(&mut g, &mut |g| group.launch(&mut g.k, &s).unwrap());
+            row(n, "group by expert", t, 0.0);
+        }
+        let kind = if grouped { "grouped GEMV" } else { "pair GEMV" };
+        let t = time(&mut g, &mut |g| mat(next(), false).launch(&mut g.k, &s).unwrap());
+        row(n, &format!("{kind} gate/up + SwiGLU"), t, reads * gu_bytes);
+        let t = time(&mut g, &mut |g| mat(next(), true).launch(&mut g.k, &s).unwrap());
+        row(n, &format!("{kind} down"), t, reads * down_bytes);
+        let position = grouped.then_some(position);
+        let comb = MoeCombine { y, wts, position, x: xd, n_tok: n, dim, k };
+        let t = time(&mut g, &mut |g| comb.launch(&mut g.k, &s).unwrap());
+        row(n, "weighted sum", t, 0.0);
+        if !grouped {
+            let t = time(&mut g, &mut |g| {
+                let l = &layers[next()];
+                MoeDownSum { down: &l.down, n_experts: e, act, ids, wts, x: xd, n_tok: n, k }
+                    .launch(&mut g.k, &s)
+                    .unwrap()
+            });
+            row(n, "down + weighted sum (1 launch)", t, reads * down_bytes);
+        }
+        if grouped {
+            let tile = Tile::for_step(pairs, e);
+            let gather = MoeGather { h: hd, entries, x16, n_pairs: pairs, dim, k };
+            let t = time(&mut g, &mut |g| gather.launch(&mut g.k, &s).unwrap());
+            row(n, "gather F16", t, 0.0);
+            let gemm = |li: usize, down: bool| MoeGemm {
+                slab: if down { &layers[li].down } else { &layers[li].gate },
+                n_experts: e,
+                x: if down { act16 } else { x16 },
+                offsets,
+                out: if down { GemmOut::Down { y } } else { GemmOut::GateUp { up: &layers[li].up, act: act16 } },
+                n_pairs: pairs,
+                tile,
+            };
+            let flop = |rows: usize, cols: usize| 2.0 * (pairs * rows * cols) as f64;
+            let t = time(&mut g, &mut |g| gemm(next(), false).launch(&mut g.k, &s).unwrap());
+            row(n, &format!("GEMM {tile:?} gate/up + SwiGLU"), t, ex * gu_bytes);
+            println!("|  |  (tensor FLOP/s) | {:.1} T |  |  |  |", flop(2 * m.expert_ffn_dim, dim) / t / 1e12);
+            let t = time(&mut g, &mut |g| gemm(next(), true).launch(&mut g.k, &s).unwrap());
+            row(n, &format!("GEMM {tile:?} down"), t, ex * down_bytes);
+            println!("|  |  (tensor FLOP/s) | {:.1} T |  |  |  |", flop(dim, m.expert_ffn_dim) / t / 1e12);
+        }
+        let t = time(&mut g, &mut |g| {
+            let l = &layers[next()];
+            dustoff::backend::cuda::moe::moe_ffn(&mut g.k, &s, l, &work, hd, xd, n).unwrap();
+        });
+        row(n, "whole moe_ffn (default path)", t, reads * (gu_bytes + down_bytes));
+    }
+}

@@ -24,6 +24,7 @@ pub mod masked;
 pub mod matmul;
 pub mod memory;
 pub mod moe;
+pub mod moe_gemm;
 pub mod nvrtc;
 pub mod prefill;
 mod profile;

@@ -25,6 +25,7 @@ use super::backend::{up, zeros};
 use super::dmat::{DevMat, MatData};
 use super::kernels::Kernels;
 use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
+use super::moe_gemm;
 use super::qformat::QFormat;
 use super::CudaError;
 use crate::model::config::ModelConfig;
@@ -34,8 +35,9 @@ use crate::model::weights::Tensor;
 
 /// Entry points of kernels/moe.cu: `9 * variant + format` for the variants gate/up pair mode,
 /// gate/up grouped, down pair mode, down grouped, formats in `QFormat::index` order then F16
-/// (8); then the router, the grouping and the weighted sum.
-pub const MOE_ENTRIES: [&str; 40] = {
+/// (8); then the router, the grouping and the weighted sum (36..40); the fused router (40),
+/// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50).
+pub const MOE_ENTRIES: [&str; 51] = {
     macro_rules! fmts {
         ($pre:literal, $suf:literal) => {
             [
@@ -53,7 +55,8 @@ pub const MOE_ENTRIES: [&str; 40] = {
     }
     let v =
         [fmts!("moe_gate_up_", "_p"), fmts!("moe_gate_up_", "_g"), fmts!("moe_down_", "_p"), fmts!("moe_down_", "_g")];
-    let mut all = ["moe_route_f32"; 40];
+    let ds = fmts!("moe_down_sum_", "");
+    let mut all = ["moe_route_f32"; 51];
     let mut i = 0;
     while i < 36 {
         all[i] = v[i / 9][i % 9];
@@ -62,8 +65,23 @@ pub const MOE_ENTRIES: [&str; 40] = {
     all[37] = "moe_group";
     all[38] = "moe_combine_f32";
     all[39] = "moe_router_logits_f32";
+    all[40] = "moe_route_fused_f32";
+    all[50] = "moe_router_logits_blk_f32";
+    let mut j = 0;
+    while j < 9 {
+        all[41 + j] = ds[j];
+        j += 1;
+    }
     all
 };
+
+/// Whether one-stream steps (pair mode) take the fused kernels (router + top-k in one launch,
+/// down + weighted sum in one: three launches a layer) or the five of the grouped walk
+/// (`DUSTOFF_MOE_FUSED=0`, for comparisons).
+pub fn fused_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_FUSED").is_none_or(|v| v != "0"))
+}
 
 /// Most tokens of a step that take the pair-mode kernels (grid over (token, slot) pairs);
 /// larger steps group by expert. `DUSTOFF_MOE_PAIR_MAX_TOKENS` overrides the default of 8.
@@ -149,7 +167,11 @@ pub fn layer_bytes(w: &MoeWeights, to_f16: bool) -> u64 {
 /// Step buffers of the MoE kernels for `cap_tok` tokens (bytes), for the memory plan.
 pub fn workspace_bytes(cap_tok: usize, dim: usize, m: &MoeConfig) -> u64 {
     let pairs = cap_tok * m.n_used;
-    (pairs * (m.expert_ffn_dim + dim + 4) * 4 + (cap_tok + 1) * (m.n_experts + 1) * 4) as u64
+    // f32 activations and outputs, ids / weights / entries / positions, then the grouped
+    // GEMM's F16 gathered inputs and activations (moe_gemm.rs).
+    let f32_rows = pairs * (m.expert_ffn_dim + dim + 4) * 4;
+    let f16_rows = pairs * (m.expert_ffn_dim + dim) * 2;
+    (f32_rows + f16_rows + (cap_tok + 1) * (m.n_experts + 1) * 4) as u64
 }
 
 fn stack<'a>(w: &'a MoeWeights, f: impl Fn(&'a crate::model::moe::Expert) -> &'a Tensor) -> Vec<&'a Tensor> {
@@ -252,14 +274,17 @@ impl MoeLayerW {
 #[derive(Default)]
 pub struct MoeWork {
     pub cap_pairs: usize,
-    pub logits: Option<CudaSlice<f32>>,   // [tokens, n_experts] router logits
-    pub ids: Option<CudaSlice<i32>>,      // [pairs] chosen experts
-    pub wts: Option<CudaSlice<f32>>,      // [pairs] their weights
-    pub offsets: Option<CudaSlice<i32>>,  // [n_experts + 1]
-    pub entries: Option<CudaSlice<i32>>,  // [pairs] pair at each grouped position
-    pub position: Option<CudaSlice<i32>>, // [pairs] grouped position of each pair
-    pub act: Option<CudaSlice<f32>>,      // [pairs, expert ffn] SwiGLU activations
-    pub y: Option<CudaSlice<f32>>,        // [pairs, dim] expert outputs
+    pub logits: Option<CudaSlice<f32>>,      // [tokens, n_experts] router logits
+    pub ids: Option<CudaSlice<i32>>,         // [pairs] chosen experts
+    pub wts: Option<CudaSlice<f32>>,         // [pairs] their weights
+    pub offsets: Option<CudaSlice<i32>>,     // [n_experts + 1]
+    pub entries: Option<CudaSlice<i32>>,     // [pairs] pair at each grouped position
+    pub position: Option<CudaSlice<i32>>,    // [pairs] grouped position of each pair
+    pub act: Option<CudaSlice<f32>>,         // [pairs, expert ffn] SwiGLU activations
+    pub y: Option<CudaSlice<f32>>,           // [pairs, dim] expert outputs
+    pub x16: Option<CudaSlice<u16>>,         // [pairs, dim] F16 inputs by grouped position (GEMM)
+    pub act16: Option<CudaSlice<u16>>,       // [pairs, expert ffn] F16 SwiGLU activations (GEMM)
+    pub route_count: Option<CudaSlice<u32>>, // [tokens] blocks done (fused router; 0 between launches)
 }
 
 impl MoeWork {
@@ -278,6 +303,9 @@ impl MoeWork {
         self.position = Some(zeros(s, pairs, "MoE group positions")?);
         self.act = Some(zeros(s, pairs * m.expert_ffn_dim, "MoE activations")?);
         self.y = Some(zeros(s, pairs * dim, "MoE expert outputs")?);
+        self.x16 = Some(zeros(s, pairs * dim, "MoE gathered F16 inputs")?);
+        self.act16 = Some(zeros(s, pairs * m.expert_ffn_dim, "MoE F16 activations")?);
+        self.route_count = Some(zeros(s, cap_tok, "MoE router counts")?);
         self.cap_pairs = pairs;
         Ok(true)
     }
@@ -353,8 +381,14 @@ impl MoeRoute {
             norm: i32::from(self.norm),
         };
         check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
-        let grid = (blocks_for(K, self.n_experts, 8)?, self.n_tok as u32, 1);
-        launch(kn, s, "moe_router_logits_f32", grid, 256, 0, &p)?;
+        // Few tokens: a block per (expert, token) (every load of a row in flight at once); more:
+        // a warp per pair, 8 experts a block (the token's input read once per 8 experts).
+        if self.n_tok <= 8 {
+            launch(kn, s, "moe_router_logits_blk_f32", (self.n_experts as u32, self.n_tok as u32, 1), 128, 0, &p)?;
+        } else {
+            let grid = (blocks_for(K, self.n_experts, 8)?, self.n_tok as u32, 1);
+            launch(kn, s, "moe_router_logits_f32", grid, 256, 0, &p)?;
+        }
         let smem = (self.n_experts * 5) as u32;
         launch(kn, s, K, (blocks_for(K, self.n_tok, 1)?, 1, 1), 32, smem, &p)
     }
@@ -400,7 +434,10 @@ impl MoeGroup {
             n_pairs: i32_of(K, self.n_pairs)?,
             n_experts: self.n_experts as i32,
         };
-        launch(kn, s, K, (1, 1, 1), self.n_experts.div_ceil(32) as u32 * 32, 0, &p)
+        // Warps: up to 32, fewer for many experts (their counts must fit 48 KB of shared memory).
+        let nw = (11_000 / self.n_experts).clamp(1, 32);
+        let smem = ((nw + 1) * self.n_experts * 4) as u32;
+        launch(kn, s, K, (1, 1, 1), 32 * nw as u32, smem, &p)
     }
 }
 
@@ -616,6 +653,144 @@ impl MoeCombine {
     }
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct RouteFusedParams {
+    x: u64,
+    w: u64,
+    logits: u64,
+    ids: u64,
+    wts: u64,
+    count: u64,
+    n_tok: i32,
+    dim: i32,
+    n_experts: i32,
+    k: i32,
+    norm: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for RouteFusedParams {}
+
+/// [`MoeRoute`] in one launch (`moe_route_fused_f32`): the last block of each token to finish
+/// its logits runs the top-k. `count` `[n_tok]` must be zero before the first launch (each
+/// launch leaves it zero).
+pub struct MoeRouteFused {
+    pub route: MoeRoute,
+    pub count: Dev<u32>,
+}
+
+impl MoeRouteFused {
+    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "moe_route_fused_f32";
+        let r = &self.route;
+        check(K, r.k >= 1 && r.k <= 32 && r.k <= r.n_experts, || {
+            format!("{} experts used of {} (1..=32)", r.k, r.n_experts)
+        })?;
+        check(K, r.n_experts <= 1024 && r.dim.is_multiple_of(4), || {
+            format!("{} experts, width {}: at most 1024, a multiple of 4", r.n_experts, r.dim)
+        })?;
+        check(K, r.x.ptr.is_multiple_of(16) && r.w.ptr.is_multiple_of(16), || "16-byte aligned inputs".into())?;
+        need(K, "input", r.x, r.n_tok * r.dim)?;
+        need(K, "router", r.w, r.n_experts * r.dim)?;
+        need(K, "logits", r.logits, r.n_tok * r.n_experts)?;
+        need(K, "ids", r.ids, r.n_tok * r.k)?;
+        need(K, "weights", r.wts, r.n_tok * r.k)?;
+        need(K, "counts", self.count, r.n_tok)?;
+        check(K, r.n_tok <= 65_535, || format!("{} tokens exceed the grid", r.n_tok))?;
+        if r.n_tok == 0 {
+            return Ok(());
+        }
+        let p = RouteFusedParams {
+            x: r.x.ptr,
+            w: r.w.ptr,
+            logits: r.logits.ptr,
+            ids: r.ids.ptr,
+            wts: r.wts.ptr,
+            count: self.count.ptr,
+            n_tok: i32_of(K, r.n_tok)?,
+            dim: i32_of(K, r.dim)?,
+            n_experts: r.n_experts as i32,
+            k: r.k as i32,
+            norm: i32::from(r.norm),
+        };
+        let grid = (r.n_experts as u32, r.n_tok as u32, 1);
+        launch(kn, s, K, grid, 128, (r.n_experts * 5) as u32, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DownSumParams {
+    qs: u64,
+    aux: u64,
+    act: u64,
+    ids: u64,
+    wts: u64,
+    x: u64,
+    rows: i32,
+    cols: i32,
+    k: i32,
+    qs_row: i32,
+    aux_row: i32,
+    lpr: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for DownSumParams {}
+
+/// Down and the weighted sum of pair mode in one launch (`moe_down_sum_<fmt>`):
+/// `x[t, r] += sum_j wts[t k + j] * (down_{ids[t k + j]}[r] . act[t k + j])`, slot 0 first
+/// (the order of [`MoeCombine`]); `k <= 8` (a warp per slot).
+pub struct MoeDownSum<'a> {
+    pub down: &'a DevMat,
+    pub n_experts: usize,
+    pub act: Dev<f32>,
+    pub ids: Dev<i32>,
+    pub wts: Dev<f32>,
+    pub x: Dev<f32>,
+    pub n_tok: usize,
+    pub k: usize,
+}
+
+impl MoeDownSum<'_> {
+    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "moe_down_sum";
+        let (fi, qs, aux, qs_row, aux_row, unit) = slab_view(self.down, s)?;
+        check(K, self.n_experts > 0 && self.down.rows.is_multiple_of(self.n_experts), || {
+            format!("{} slab rows for {} experts", self.down.rows, self.n_experts)
+        })?;
+        check(K, (1..=8).contains(&self.k), || format!("{} experts per token (1..=8)", self.k))?;
+        let (rows, cols) = (self.down.rows / self.n_experts, self.down.cols);
+        let pairs = self.n_tok * self.k;
+        check(K, self.act.ptr.is_multiple_of(16), || "16-byte aligned activations".into())?;
+        need(K, "activations", self.act, pairs * cols)?;
+        need(K, "ids", self.ids, pairs)?;
+        need(K, "weights", self.wts, pairs)?;
+        need(K, "residual", self.x, self.n_tok * rows)?;
+        check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        if pairs == 0 || rows == 0 {
+            return Ok(());
+        }
+        let lpr = (cols / unit).div_ceil(2).next_power_of_two().clamp(1, 32);
+        let per_block = (32 / lpr) * 4;
+        let p = DownSumParams {
+            qs,
+            aux,
+            act: self.act.ptr,
+            ids: self.ids.ptr,
+            wts: self.wts.ptr,
+            x: self.x.ptr,
+            rows: i32_of(K, rows)?,
+            cols: i32_of(K, cols)?,
+            k: self.k as i32,
+            qs_row: i32_of(K, qs_row)?,
+            aux_row: i32_of(K, aux_row)?,
+            lpr: lpr as i32,
+        };
+        let grid = (blocks_for(K, rows, per_block)?, self.n_tok as u32, 1);
+        launch(kn, s, MOE_ENTRIES[41 + fi], grid, 32 * self.k as u32, 0, &p)
+    }
+}
+
 /// The FFN of a sparse layer for `n_tok` tokens: `x[t] += moe(h[t])` (`h`, `x` `[n_tok, dim]`).
 pub fn moe_ffn(
     kn: &mut Kernels,
@@ -632,12 +807,35 @@ pub fn moe_ffn(
     let (ids, wts, act, y) = (dev(&work.ids, s)?, dev(&work.wts, s)?, dev(&work.act, s)?, dev(&work.y, s)?);
     let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
     let norm = w.norm_topk_prob;
-    MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm }.launch(kn, s)?;
+    let route = MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm };
+    if n_tok <= pair_max_tokens() && fused_enabled() && k <= 8 {
+        // One stream: fused router, gate/up per pair, down + weighted sum (3 launches).
+        MoeRouteFused { route, count: dev(&work.route_count, s)? }.launch(kn, s)?;
+        MoeMat {
+            slab: &w.gate,
+            up: Some(&w.up),
+            n_experts: w.n_experts,
+            x: h,
+            out: act,
+            walk: Walk::Pairs { ids },
+            n_pairs: pairs,
+            k,
+            x_stride: dim,
+            out_stride: w.ffn,
+            x_by_token: true,
+        }
+        .launch(kn, s)?;
+        return MoeDownSum { down: &w.down, n_experts: w.n_experts, act, ids, wts, x, n_tok, k }.launch(kn, s);
+    }
+    route.launch(kn, s)?;
     let (walk, position) = if n_tok <= pair_max_tokens() {
         (Walk::Pairs { ids }, None)
     } else {
         let (offsets, entries, position) = (dev(&work.offsets, s)?, dev(&work.entries, s)?, dev(&work.position, s)?);
         MoeGroup { ids, offsets, entries, position, n_pairs: pairs, n_experts: w.n_experts }.launch(kn, s)?;
+        if moe_gemm::gemm_enabled() && moe_gemm::gemm_fits(w) {
+            return grouped_gemm(kn, s, w, work, h, x, n_tok, Some(position));
+        }
         (Walk::Grouped { offsets, entries, n_experts: w.n_experts }, Some(position))
     };
     let mat = |slab, up, x, out, x_stride, out_stride, x_by_token| MoeMat {
@@ -655,5 +853,31 @@ pub fn moe_ffn(
     };
     mat(&w.gate, Some(&w.up), h, act, dim, w.ffn, true).launch(kn, s)?;
     mat(&w.down, None, act, y, w.ffn, dim, false).launch(kn, s)?;
+    MoeCombine { y, wts, position, x, n_tok, dim, k }.launch(kn, s)
+}
+
+/// Gather, tensor-core gate/up + SwiGLU, down and the weighted sum of a grouped step
+/// (`moe_gemm.rs`), after `MoeRoute` and `MoeGroup` filled `work`.
+#[allow(clippy::too_many_arguments)]
+fn grouped_gemm(
+    kn: &mut Kernels,
+    s: &CudaStream,
+    w: &MoeLayerW,
+    work: &MoeWork,
+    h: Dev<f32>,
+    x: Dev<f32>,
+    n_tok: usize,
+    position: Option<Dev<i32>>,
+) -> Result<(), CudaError> {
+    use moe_gemm::{GemmOut, MoeGather, MoeGemm, Tile};
+    let (k, dim, pairs) = (w.n_used, w.dim, n_tok * w.n_used);
+    let (offsets, entries, wts, y) =
+        (dev(&work.offsets, s)?, dev(&work.entries, s)?, dev(&work.wts, s)?, dev(&work.y, s)?);
+    let (x16, act16) = (dev(&work.x16, s)?, dev(&work.act16, s)?);
+    MoeGather { h, entries, x16, n_pairs: pairs, dim, k }.launch(kn, s)?;
+    let tile = Tile::for_step(pairs, w.n_experts);
+    let gemm = |slab, x, out| MoeGemm { slab, n_experts: w.n_experts, x, offsets, out, n_pairs: pairs, tile };
+    gemm(&w.gate, x16, GemmOut::GateUp { up: &w.up, act: act16 }).launch(kn, s)?;
+    gemm(&w.down, act16, GemmOut::Down { y }).launch(kn, s)?;
     MoeCombine { y, wts, position, x, n_tok, dim, k }.launch(kn, s)
 }

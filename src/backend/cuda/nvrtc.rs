@@ -141,6 +141,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("hybrid_attn", ["hyb_qkv_post_f32", "hyb_gate_mul_f32"]),
     kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
     KernelFile { name: "moe", source: include_str!("../../../kernels/moe.cu"), entries: &super::moe::MOE_ENTRIES },
+    KernelFile {
+        name: "moe_gemm",
+        source: include_str!("../../../kernels/moe_gemm.cu"),
+        entries: &super::moe_gemm::MOE_GEMM_ENTRIES,
+    },
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),
     kernel_file!("shared_expert", ["shexp_gate_add_f32"]),

@@ -1,0 +1,246 @@
+// Grouped tensor-core GEMM over the experts of a step (prefill, batches): the (token, slot)
+// pairs are grouped by expert on the device (moe_group in moe.cu: offsets, entries), their input
+// rows gathered as F16 (moe_gather_f16), then per expert that has tokens one GEMM with the
+// expert's tokens as the N dimension:
+//   gate/up: act[q, r] = f16(silu(gate_e[r] . x[q]) * (up_e[r] . x[q]))   (q: grouped position)
+//   down:    y[q, r]   = down_e[r] . act[q]                              (f32)
+// and moe_combine_f32 (moe.cu) sums each token's k rows of y in slot order (deterministic).
+// CPU twin: the product of the CPU decoder's weights and the input, both rounded to F16 as
+// staged here, f64 sums (tests/gpu_parity/moe_gemm.rs); reference: src/backend/cpu/moe.rs.
+//
+// No F16 copy of the experts: each block dequantizes its weight tile from the packed blocks
+// (quant.cuh, decode order of F::run) into shared memory, then wmma m16n16k16 (F16 in, F32
+// accumulation; inline PTX from common.cuh, valid on compute_70).
+//
+// Block (128 threads, 4 warps): 64 weight rows (gate/up: 32 gate rows then the same 32 up rows,
+// so the SwiGLU is fused in the epilogue) x BN tokens of one expert, chunks of 128 columns.
+// grid.y walks the (expert, token tile) list: block y finds its tile from the offsets (a warp
+// prefix sum of ceil(count / BN) over the experts), so the grid is fixed by the step's pair
+// count (ceil(pairs / BN) + experts bounds the tiles) and a captured graph stays valid whatever
+// the router chose; blocks past the last tile and experts without tokens cost nothing.
+// Warp w computes tile rows 16w .. 16w + 15 for all BN tokens.
+// Requires (checked by the launcher): cols % 128 == 0; rows % 32 (gate/up) or % 64 (down).
+#include "common.cuh"
+#include "quant.cuh"
+
+#define MG_BM 64
+#define MG_BK 128
+#define MG_LD (MG_BK + 8)  // halves per staged row (272 bytes: rows 4 banks apart)
+#define MG_THREADS 128
+
+// ---- Gather: x16[q] = f16(h[entries[q] / k]) for every grouped position q.
+struct MoeGatherParams {
+    const float* h;      // [n_tok, dim] f32 (normed hidden states)
+    const int* entries;  // [n_pairs] pair (token * k + slot) at each grouped position
+    half_t* x16;         // [n_pairs, dim] f16
+    int n_pairs;
+    int dim;  // multiple of 8
+    int k;
+};
+
+// grid (ceil(dim / 1024), min(n_pairs, 65535)), block 128: 8 values a thread.
+extern "C" __global__ void __launch_bounds__(128) moe_gather_f16(const MoeGatherParams p) {
+    const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (c >= p.dim) return;
+    for (int q = blockIdx.y; q < p.n_pairs; q += gridDim.y) {
+        const int tok = p.entries[q] / p.k;
+        const float4* src = reinterpret_cast<const float4*>(p.h + (long long)tok * p.dim + c);
+        const float4 a = __ldg(src), b = __ldg(src + 1);
+        uint4 o;
+        o.x = f2h_sat(a.x) | (unsigned)f2h_sat(a.y) << 16;
+        o.y = f2h_sat(a.z) | (unsigned)f2h_sat(a.w) << 16;
+        o.z = f2h_sat(b.x) | (unsigned)f2h_sat(b.y) << 16;
+        o.w = f2h_sat(b.z) | (unsigned)f2h_sat(b.w) << 16;
+        *reinterpret_cast<uint4*>(p.x16 + (long long)q * p.dim + c) = o;
+    }
+}
+
+struct MoeGemmParams {
+    const u8_t* qs;       // slab [n_experts * rows] rows: qs part (gate, or down)
+    const u8_t* aux;      // slab aux part
+    const u8_t* qs2;      // gate/up: the up slab (same format and shape); down: null
+    const u8_t* aux2;
+    const half_t* x;      // [n_pairs, cols] f16 input rows by grouped position
+    const int* offsets;   // [n_experts + 1] grouped positions per expert
+    half_t* act;          // gate/up output [n_pairs, rows] f16
+    float* y;             // down output [n_pairs, rows] f32
+    int rows;             // output rows per expert (gate/up: expert width; down: model width)
+    int cols;             // row length, multiple of 128
+    int n_experts;
+    int n_pairs;
+    int qs_row;           // bytes of one row in qs
+    int aux_row;          // bytes of one row in aux
+};
+
+template <class F> struct MG {
+    enum { UPC = MG_BK / F::UE, PER_THREAD = MG_BM * UPC / MG_THREADS };
+};
+
+// The block's tile: expert, first grouped position, token count; false past the last tile.
+__device__ __forceinline__ bool mg_tile(const MoeGemmParams& p, int bn, int& expert, int& first, int& count) {
+    __shared__ int s_tile[3];
+    if (threadIdx.x < WARP) {
+        const int lane = threadIdx.x, y = blockIdx.y;
+        int run = 0;  // tiles of the experts before this group of 32
+        bool found = false;
+        for (int b0 = 0; b0 < p.n_experts && !found; b0 += WARP) {
+            const int e = b0 + lane;
+            const int o0 = e < p.n_experts ? p.offsets[e] : 0;
+            const int cnt = e < p.n_experts ? p.offsets[e + 1] - o0 : 0;
+            const int tiles = (cnt + bn - 1) / bn;
+            int inc = tiles;  // inclusive prefix sum over the lanes
+#pragma unroll
+            for (int o = 1; o < WARP; o <<= 1) {
+                const int v = __shfl_up_sync(FULL_MASK, inc, o);
+                if (lane >= o) inc += v;
+            }
+            const int lo = run + inc - tiles;
+            const bool mine = y >= lo && y < run + inc;
+            if (mine) {
+                const int t0 = (y - lo) * bn;
+                s_tile[0] = e;
+                s_tile[1] = o0 + t0;
+                s_tile[2] = min(bn, cnt - t0);
+            }
+            found = __any_sync(FULL_MASK, mine);
+            run += __shfl_sync(FULL_MASK, inc, WARP - 1);
+        }
+        if (lane == 0 && !found) s_tile[0] = -1;
+    }
+    __syncthreads();
+    expert = s_tile[0];
+    first = s_tile[1];
+    count = s_tile[2];
+    return expert >= 0;
+}
+
+// Global -> registers: the packed units of chunk c (thread q takes unit q % UPC of tile row
+// q / UPC) and the input tile (BN tokens x 256 bytes: 16-byte loads; rows past the tile's
+// count repeat its last row, their results are dropped).
+template <class F, int NT16>
+__device__ __forceinline__ void mg_fetch(const MoeGemmParams& p, const QRow* rows, int c, int first, int count,
+                                         typename F::Raw (&rw)[MG<F>::PER_THREAD], uint4 (&rx)[NT16 * 2]) {
+#pragma unroll
+    for (int i = 0; i < MG<F>::PER_THREAD; ++i) {
+        const int q = threadIdx.x + MG_THREADS * i;
+        rw[i] = F::load(rows[i], c * MG<F>::UPC + q % MG<F>::UPC);
+    }
+    const long long c0 = (long long)c * MG_BK;
+#pragma unroll
+    for (int i = 0; i < NT16 * 2; ++i) {
+        const int q = threadIdx.x + MG_THREADS * i, tok = min(q / 16, count - 1), part = q % 16;
+        rx[i] = __ldg(reinterpret_cast<const uint4*>(p.x + (long long)(first + tok) * p.cols + c0 + part * 8));
+    }
+}
+
+template <class F, int NT16, bool GATE_UP>
+__device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
+    constexpr int BN = NT16 * 16, LDO = BN + 4;
+    constexpr int SW = MG_BM * MG_LD * 2, SX = BN * MG_LD * 2, SO = MG_BM * LDO * 4;
+    // Staged W and x during the loop, then (after a barrier) the accumulators [64, LDO] f32.
+    __shared__ __align__(128) unsigned char smem[SW + SX > SO ? SW + SX : SO];
+    half_t* sw = reinterpret_cast<half_t*>(smem);       // [64, MG_LD]
+    half_t* sx = reinterpret_cast<half_t*>(smem + SW);  // [BN, MG_LD]
+    int expert, first, count;
+    if (!mg_tile(p, BN, expert, first, count)) return;
+    const int warp = threadIdx.x / WARP;
+    constexpr int OUT_ROWS = GATE_UP ? MG_BM / 2 : MG_BM;  // output rows of the tile
+    const int r0 = blockIdx.x * OUT_ROWS;
+    const long long base = (long long)expert * p.rows + r0;
+    QRow rows[MG<F>::PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < MG<F>::PER_THREAD; ++i) {
+        const int tr = (threadIdx.x + MG_THREADS * i) / MG<F>::UPC;  // tile row
+        if (GATE_UP && tr >= OUT_ROWS) {
+            rows[i] = q_row(p.qs2, p.aux2, base + tr - OUT_ROWS, p.qs_row, p.aux_row);
+        } else {
+            rows[i] = q_row(p.qs, p.aux, base + tr, p.qs_row, p.aux_row);
+        }
+    }
+    float acc[NT16][8];
+#pragma unroll
+    for (int j = 0; j < NT16; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[j][i] = 0.0f;
+    const int chunks = p.cols / MG_BK;
+    typename F::Raw rw[MG<F>::PER_THREAD];
+    uint4 rx[NT16 * 2];
+    mg_fetch<F, NT16>(p, rows, 0, first, count, rw, rx);
+    for (int c = 0; c < chunks; ++c) {
+        __syncthreads();  // the previous chunk's fragments are loaded
+#pragma unroll
+        for (int i = 0; i < MG<F>::PER_THREAD; ++i) {
+            const int q = threadIdx.x + MG_THREADS * i, tr = q / MG<F>::UPC;
+            const int u = c * MG<F>::UPC + q % MG<F>::UPC;
+#pragma unroll
+            for (int k = 0; k < F::RUNS; ++k) {
+                float w[16];
+                F::run(rw[i], u, k, w);
+                unsigned pk[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) pk[j] = f2h_sat(w[2 * j]) | (unsigned)f2h_sat(w[2 * j + 1]) << 16;
+                uint4* dst = reinterpret_cast<uint4*>(sw + tr * MG_LD + (F::start(u, k) - c * MG_BK));
+                dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+                dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NT16 * 2; ++i) {
+            const int q = threadIdx.x + MG_THREADS * i;
+            *reinterpret_cast<uint4*>(sx + (q / 16) * MG_LD + (q % 16) * 8) = rx[i];
+        }
+        __syncthreads();
+        if (c + 1 < chunks) mg_fetch<F, NT16>(p, rows, c + 1, first, count, rw, rx);
+#pragma unroll
+        for (int u = 0; u < MG_BK / 16; ++u) {
+            unsigned a[8];
+            wmma_load_a(a, sw + warp * 16 * MG_LD + u * 16, MG_LD);
+#pragma unroll
+            for (int j = 0; j < NT16; ++j) {
+                unsigned b[8];
+                wmma_load_b_col(b, sx + j * 16 * MG_LD + u * 16, MG_LD);
+                wmma_mma_rc(acc[j], a, b);
+            }
+        }
+    }
+    __syncthreads();  // the staging area becomes the accumulator tile
+    float* o = reinterpret_cast<float*>(smem);  // [64 tile rows, LDO]: (row, token)
+#pragma unroll
+    for (int j = 0; j < NT16; ++j) wmma_store_c(o + warp * 16 * LDO + j * 16, acc[j], LDO);
+    __syncthreads();
+    // Consecutive threads write consecutive rows of one token (coalesced).
+    for (int e = threadIdx.x; e < OUT_ROWS * count; e += MG_THREADS) {
+        const int r = e % OUT_ROWS, n = e / OUT_ROWS;
+        const long long dst = (long long)(first + n) * p.rows + r0 + r;
+        if (GATE_UP) {
+            const float g = o[r * LDO + n], u = o[(OUT_ROWS + r) * LDO + n];
+            p.act[dst] = f2h_sat(g / (1.0f + expf(-g)) * u);
+        } else {
+            p.y[dst] = o[r * LDO + n];
+        }
+    }
+}
+
+// Entry points per format: gate/up (+ SwiGLU) and down, tiles of 16 or 64 tokens.
+// grid: (rows / 32 (gate/up) or rows / 64 (down), ceil(pairs / BN) + min(experts, pairs)),
+// block 128.
+#define MOE_GEMM_ENTRIES(name, F)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_gemm_gate_up_##name##_t16(const MoeGemmParams p) { \
+        moe_gemm_impl<F, 1, true>(p);                                                                              \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_gemm_gate_up_##name##_t64(const MoeGemmParams p) { \
+        moe_gemm_impl<F, 4, true>(p);                                                                              \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_gemm_down_##name##_t16(const MoeGemmParams p) {    \
+        moe_gemm_impl<F, 1, false>(p);                                                                             \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_gemm_down_##name##_t64(const MoeGemmParams p) {    \
+        moe_gemm_impl<F, 4, false>(p);                                                                             \
+    }
+
+// The formats of the Q4_K_M / Q5_K_M / Q8_0 / Q4_0 mixes; other formats take the grouped GEMV.
+MOE_GEMM_ENTRIES(q4_0, FQ4_0)
+MOE_GEMM_ENTRIES(q8_0, FQ8_0)
+MOE_GEMM_ENTRIES(q4_k, FQ4K)
+MOE_GEMM_ENTRIES(q5_k, FQ5K)
+MOE_GEMM_ENTRIES(q6_k, FQ6K)

@@ -1,0 +1,265 @@
+//! The grouped tensor-core GEMM of the MoE FFN (kernels/moe_gemm.cu) for steps that group their
+//! (token, slot) pairs by expert (prefill, batches above `moe::pair_max_tokens`):
+//! `moe_gather_f16` copies each grouped position's input row as F16, then one launch of
+//! gate/up + SwiGLU and one of down run over the (expert, token tile) list that the kernels
+//! read from the device's group offsets; `moe::MoeCombine` then sums each token's rows.
+//!
+//! Formats with a GEMM entry: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K (the Q4_K_M / Q5_K_M / Q8_0 /
+//! Q4_0 mixes); a layer with any other slab format, or rows / columns off the tile sizes,
+//! takes the grouped GEMV of kernels/moe.cu instead (`gemm_fits`).
+
+use std::sync::OnceLock;
+
+use cudarc::driver::{CudaStream, DeviceRepr};
+
+use super::dmat::{DevMat, MatData};
+use super::kernels::Kernels;
+use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
+use super::moe::MoeLayerW;
+use super::CudaError;
+use crate::model::quant::GgmlType;
+
+/// Formats with GEMM entries, in the order of [`MOE_GEMM_ENTRIES`].
+const GEMM_FORMATS: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+
+/// Entry points of kernels/moe_gemm.cu: `4 * format + variant` for the variants gate/up t16,
+/// gate/up t64, down t16, down t64 (formats in [`GEMM_FORMATS`] order), then the gather.
+pub const MOE_GEMM_ENTRIES: [&str; 21] = {
+    macro_rules! v {
+        ($f:literal) => {
+            [
+                concat!("moe_gemm_gate_up_", $f, "_t16"),
+                concat!("moe_gemm_gate_up_", $f, "_t64"),
+                concat!("moe_gemm_down_", $f, "_t16"),
+                concat!("moe_gemm_down_", $f, "_t64"),
+            ]
+        };
+    }
+    let f = [v!("q4_0"), v!("q8_0"), v!("q4_k"), v!("q5_k"), v!("q6_k")];
+    let mut all = ["moe_gather_f16"; 21];
+    let mut i = 0;
+    while i < 20 {
+        all[i] = f[i / 4][i % 4];
+        i += 1;
+    }
+    all
+};
+
+/// Whether steps that group by expert take the tensor-core GEMM (default) or the grouped GEMV
+/// (`DUSTOFF_MOE_GEMM=0`, for comparisons).
+pub fn gemm_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_GEMM").is_none_or(|v| v != "0"))
+}
+
+/// Tokens of one expert per block tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tile {
+    T16,
+    T64,
+}
+
+impl Tile {
+    /// The tile for a step of `n_pairs` pairs over `n_experts`: 64 tokens once the mean expert
+    /// has more than 16 (prefill), else 16 (batched decode: a few tokens per expert).
+    pub fn for_step(n_pairs: usize, n_experts: usize) -> Tile {
+        if n_pairs > 16 * n_experts.max(1) {
+            Tile::T64
+        } else {
+            Tile::T16
+        }
+    }
+    pub fn tokens(self) -> usize {
+        match self {
+            Tile::T16 => 16,
+            Tile::T64 => 64,
+        }
+    }
+}
+
+fn gemm_format(m: &DevMat) -> Option<usize> {
+    match &m.data {
+        MatData::Quant { fmt, .. } => GEMM_FORMATS.iter().position(|&t| t == fmt.dtype),
+        MatData::F16(_) => None,
+    }
+}
+
+/// Whether the layer's slabs have GEMM entries and tile-sized shapes (gate/up rows a multiple of
+/// 32, down rows of 64, both row lengths of 128).
+pub fn gemm_fits(w: &MoeLayerW) -> bool {
+    gemm_format(&w.gate).is_some()
+        && gemm_format(&w.up) == gemm_format(&w.gate)
+        && gemm_format(&w.down).is_some()
+        && w.ffn.is_multiple_of(128)
+        && w.dim.is_multiple_of(128)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GatherParams {
+    h: u64,
+    entries: u64,
+    x16: u64,
+    n_pairs: i32,
+    dim: i32,
+    k: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for GatherParams {}
+
+/// `x16[q] = f16(h[entries[q] / k])` for the `n_pairs` grouped positions (`h` `[n_pairs / k, dim]`
+/// f32, `x16` `[n_pairs, dim]` F16 bits).
+pub struct MoeGather {
+    pub h: Dev<f32>,
+    pub entries: Dev<i32>,
+    pub x16: Dev<u16>,
+    pub n_pairs: usize,
+    pub dim: usize,
+    pub k: usize,
+}
+
+impl MoeGather {
+    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "moe_gather_f16";
+        check(K, self.k >= 1 && self.n_pairs.is_multiple_of(self.k), || {
+            format!("{} pairs of {}", self.n_pairs, self.k)
+        })?;
+        check(
+            K,
+            self.dim.is_multiple_of(8) && self.h.ptr.is_multiple_of(16) && self.x16.ptr.is_multiple_of(16),
+            || format!("width {} (a multiple of 8), 16-byte aligned rows", self.dim),
+        )?;
+        need(K, "input", self.h, self.n_pairs / self.k * self.dim)?;
+        need(K, "entries", self.entries, self.n_pairs)?;
+        need(K, "gathered rows", self.x16, self.n_pairs * self.dim)?;
+        if self.n_pairs == 0 || self.dim == 0 {
+            return Ok(());
+        }
+        let p = GatherParams {
+            h: self.h.ptr,
+            entries: self.entries.ptr,
+            x16: self.x16.ptr,
+            n_pairs: i32_of(K, self.n_pairs)?,
+            dim: i32_of(K, self.dim)?,
+            k: i32_of(K, self.k)?,
+        };
+        let grid = (blocks_for(K, self.dim, 8 * 128)?, self.n_pairs.min(65_535) as u32, 1);
+        launch(kn, s, K, grid, 128, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GemmParams {
+    qs: u64,
+    aux: u64,
+    qs2: u64,
+    aux2: u64,
+    x: u64,
+    offsets: u64,
+    act: u64,
+    y: u64,
+    rows: i32,
+    cols: i32,
+    n_experts: i32,
+    n_pairs: i32,
+    qs_row: i32,
+    aux_row: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for GemmParams {}
+
+/// Where a grouped GEMM writes: gate/up (with the up slab) F16 activations, down f32 rows.
+#[derive(Clone, Copy)]
+pub enum GemmOut<'a> {
+    /// `act[q, r] = f16(silu(gate x) * up x)`, `[n_pairs, ffn]` F16 bits.
+    GateUp { up: &'a DevMat, act: Dev<u16> },
+    /// `y[q, r] = down act`, `[n_pairs, dim]` f32.
+    Down { y: Dev<f32> },
+}
+
+/// One grouped GEMM over the experts of a step: `x` `[n_pairs, cols]` F16 rows by grouped
+/// position, `offsets` `[n_experts + 1]` the grouping (`moe::MoeGroup`), `slab` the gate (with
+/// `GemmOut::GateUp`) or down slab of `n_experts` experts.
+pub struct MoeGemm<'a> {
+    pub slab: &'a DevMat,
+    pub n_experts: usize,
+    pub x: Dev<u16>,
+    pub offsets: Dev<i32>,
+    pub out: GemmOut<'a>,
+    pub n_pairs: usize,
+    pub tile: Tile,
+}
+
+fn quant_parts(m: &DevMat, s: &CudaStream) -> Result<(u64, u64, usize, usize), CudaError> {
+    const K: &str = "moe_gemm";
+    let MatData::Quant { fmt, buf, aux_off } = &m.data else {
+        return Err(CudaError::Shape { kernel: K, reason: "an F16 slab (the GEMM reads packed blocks)".into() });
+    };
+    let d = Dev::of(buf, s);
+    let (want_off, total) = fmt.device_bytes(m.rows, m.cols);
+    check(K, *aux_off == want_off, || format!("aux at {aux_off}, the layout says {want_off}"))?;
+    need(K, "slab", d, total)?;
+    let (qr, ar) = fmt.row_parts(m.cols);
+    Ok((d.ptr, d.ptr + *aux_off as u64, qr, ar))
+}
+
+impl MoeGemm<'_> {
+    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "moe_gemm";
+        let fi = gemm_format(self.slab)
+            .ok_or_else(|| CudaError::Shape { kernel: K, reason: "a slab format without a GEMM entry".into() })?;
+        check(K, self.n_experts > 0 && self.slab.rows.is_multiple_of(self.n_experts), || {
+            format!("{} slab rows for {} experts", self.slab.rows, self.n_experts)
+        })?;
+        let (rows, cols) = (self.slab.rows / self.n_experts, self.slab.cols);
+        let (qs, aux, qs_row, aux_row) = quant_parts(self.slab, s)?;
+        let gate_up = matches!(self.out, GemmOut::GateUp { .. });
+        let out_rows = if gate_up { 32 } else { 64 };
+        check(K, cols.is_multiple_of(128) && rows.is_multiple_of(out_rows), || {
+            format!("[{rows}, {cols}] per expert: columns a multiple of 128, rows of {out_rows}")
+        })?;
+        check(K, self.x.ptr.is_multiple_of(16), || "16-byte aligned input rows".into())?;
+        need(K, "input", self.x, self.n_pairs * cols)?;
+        need(K, "offsets", self.offsets, self.n_experts + 1)?;
+        let (qs2, aux2, act, y) = match self.out {
+            GemmOut::GateUp { up, act } => {
+                check(K, gemm_format(up) == Some(fi) && (up.rows, up.cols) == (self.slab.rows, cols), || {
+                    "the up slab must match the gate slab's format and shape".into()
+                })?;
+                need(K, "activations", act, self.n_pairs * rows)?;
+                let (q2, a2, _, _) = quant_parts(up, s)?;
+                (q2, a2, act.ptr, 0)
+            }
+            GemmOut::Down { y } => {
+                need(K, "expert outputs", y, self.n_pairs * rows)?;
+                (0, 0, 0, y.ptr)
+            }
+        };
+        if self.n_pairs == 0 || rows == 0 {
+            return Ok(());
+        }
+        let p = GemmParams {
+            qs,
+            aux,
+            qs2,
+            aux2,
+            x: self.x.ptr,
+            offsets: self.offsets.ptr,
+            act,
+            y,
+            rows: i32_of(K, rows)?,
+            cols: i32_of(K, cols)?,
+            n_experts: i32_of(K, self.n_experts)?,
+            n_pairs: i32_of(K, self.n_pairs)?,
+            qs_row: i32_of(K, qs_row)?,
+            aux_row: i32_of(K, aux_row)?,
+        };
+        // Tiles: sum over experts of ceil(count / BN) <= ceil(pairs / BN) + experts with tokens.
+        let tiles = self.n_pairs.div_ceil(self.tile.tokens()) + self.n_experts.min(self.n_pairs);
+        check(K, tiles <= 65_535, || format!("{tiles} token tiles exceed the grid"))?;
+        let variant = 2 * usize::from(!gate_up) + usize::from(self.tile == Tile::T64);
+        let grid = (blocks_for(K, rows, out_rows)?, tiles as u32, 1);
+        launch(kn, s, MOE_GEMM_ENTRIES[4 * fi + variant], grid, 128, 0, &p)
+    }
+}
