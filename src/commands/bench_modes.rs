@@ -95,8 +95,15 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         let free = (a.plan_free_gb * 1e9) as u64;
         // The step size the mode's backend is made for (below).
         let step = if seqs > 1 { a.max_batch_tokens.max(seqs) } else { crate::engine::single::PREFILL_CHUNK };
-        let r =
-            super::bench_plan::plan_report(&cfg, bytes.matrices, bytes.wide_scratch, seqs, ctx, BLOCK_SIZE, step, free);
+        let r = super::bench_plan::plan_report(
+            &cfg,
+            bytes.matrices,
+            bytes.wide_scratch,
+            seqs,
+            ctx,
+            (BLOCK_SIZE, step),
+            free,
+        );
         r.print_human();
         return Ok(ExitCode::Ok);
     }

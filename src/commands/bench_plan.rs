@@ -47,8 +47,7 @@ pub fn plan_report(
     wide: u64,
     seqs: usize,
     ctx: usize,
-    block_size: usize,
-    step_tokens: usize,
+    (block_size, step_tokens): (usize, usize),
     free: u64,
 ) -> PlanReport {
     let per_seq = cfg.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq() as u64);
@@ -130,7 +129,7 @@ mod tests {
     fn qwen36_35b_a3b_64_sequences_of_4096() {
         let c = shape("qwen3.6-35b-a3b").unwrap();
         let bytes = synthetic_matrix_bytes(&c, WeightMix::Q4KM);
-        let r = plan_report(&c, bytes, wide_len(&c) as u64 * 2, 64, 4096, 16, 512, V100_32GB_FREE);
+        let r = plan_report(&c, bytes, wide_len(&c) as u64 * 2, 64, 4096, (16, 512), V100_32GB_FREE);
         assert!((20.5e9..21.8e9).contains(&(r.weights_bytes as f64)), "{r:?}");
         assert_eq!(r.kv_bytes, 64 * 4096 * 10 * 2 * 512 * 2);
         assert_eq!(r.live_state_bytes, 64 * 30 * (3 * 8192 + 32 * 128 * 128) * 4);
@@ -144,10 +143,10 @@ mod tests {
         // The count that fits is the largest whose plan passes.
         let n = r.fitting_sequences;
         assert!(n < 256 && n > 0, "{r:?}");
-        let next = plan_report(&c, bytes, wide_len(&c) as u64 * 2, n + 1, 4096, 16, 512, V100_32GB_FREE);
+        let next = plan_report(&c, bytes, wide_len(&c) as u64 * 2, n + 1, 4096, (16, 512), V100_32GB_FREE);
         assert!(
             next.verdict.is_err()
-                && plan_report(&c, bytes, wide_len(&c) as u64 * 2, n, 4096, 16, 512, V100_32GB_FREE).verdict.is_ok()
+                && plan_report(&c, bytes, wide_len(&c) as u64 * 2, n, 4096, (16, 512), V100_32GB_FREE).verdict.is_ok()
         );
     }
 }
