@@ -158,9 +158,12 @@ pub(super) fn check_against_refs_in(refs: &[serde_json::Value], m: &LoadedModel,
                 fail(d < tol.decode, format!("{form} {name}: token-by-token prompt logits differ by {d}"));
             }
         }
-        // The reference's own near-ties leave at most a twentieth of the positions out (the CPU
-        // tests' rule); the GPU's margin leaves out at most the share `min_checked` allows.
-        assert!(usable * 20 >= prompt.len() * 19, "{form} {name}: only {usable} positions had usable margins");
+        // The reference's own near-ties (a property of the reference file, not of the GPU) leave
+        // out at most three positions or a twentieth, whichever is more: the CPU tests' rules
+        // (tests/arch_qwen35.rs: three; tests/hybrid_refs: a twentieth; qwen3_5's short8 has one
+        // near-tie in 8 positions). The GPU's margin leaves out at most what `min_checked` allows.
+        let allowed = (prompt.len() / 20).max(3);
+        assert!(usable + allowed >= prompt.len(), "{form} {name}: only {usable} positions had usable margins");
         eprintln!("{arch} {form} {name}: {checked} of {} teacher-forced positions compared", prompt.len());
         let share = checked as f64 / prompt.len() as f64;
         fail(share >= tol.min_checked, format!("{form} {name}: only {checked} positions compared"));
