@@ -32,7 +32,7 @@ const LOGIT_TOL: f64 = 2e-3;
 const FORMS_TOL: f64 = 1e-4;
 
 fn data_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/arch/qwen3_moe")
+    common::shared_testdata().join("arch/qwen3_moe")
 }
 
 fn refs() -> Vec<Json> {

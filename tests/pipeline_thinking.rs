@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{bin, repo, tmpdir};
+use common::{bin, tmpdir};
 use dustoff::commands::job_adapters::TokenizerCodec;
 use dustoff::engine::finish::FinishReason;
 use dustoff::job::pipeline::Pipeline;
@@ -22,7 +22,7 @@ const TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.co
 /// The tiny model's directory with the template above as `chat_template.jinja` (which takes
 /// precedence over the one in tokenizer_config.json).
 fn model_dir(name: &str) -> PathBuf {
-    let src = repo().join("../shared/testdata/arch/qwen3_5/hf");
+    let src = common::shared_testdata().join("arch/qwen3_5/hf");
     let dir = tmpdir(name).join("model");
     std::fs::create_dir_all(&dir).unwrap();
     for f in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {

@@ -1,5 +1,8 @@
 //! The tokenizer against llama.cpp's reference ids for the sample model (tests/data/smollm2).
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use dustoff::model::gguf::GgufFile;
@@ -294,7 +297,7 @@ fn bench_build_from_gguf() {
 /// llama.cpp's ids for each text (one line per text, no BOS).
 #[test]
 fn qwen35_pre_tokenizer_matches_llama_cpp() {
-    let dir = root().join("../shared/testdata/qwen35-vocab");
+    let dir = common::shared_testdata().join("qwen35-vocab");
     let gguf = dir.join("ggml-vocab-qwen35.gguf");
     let tok = dustoff::model::loader::load_tokenizer(&gguf)
         .unwrap_or_else(|e| panic!("vocab-only GGUF {}: {e}", gguf.display()))

@@ -8,7 +8,7 @@ use std::process::Command;
 use common::*;
 
 fn vocab_gguf() -> std::path::PathBuf {
-    repo().join("../shared/testdata/qwen35-vocab/ggml-vocab-qwen35.gguf")
+    common::shared_testdata().join("qwen35-vocab/ggml-vocab-qwen35.gguf")
 }
 
 #[test]
@@ -31,9 +31,9 @@ fn tokenize_reads_a_vocab_only_gguf() {
         serde_json::from_str(std::fs::read_to_string(d.join("out.jsonl")).unwrap().trim()).unwrap();
     // llama.cpp's ids for this text (ggml-vocab-qwen35.gguf.out, the "résumé" case).
     let inp =
-        std::fs::read_to_string(repo().join("../shared/testdata/qwen35-vocab/ggml-vocab-qwen35.gguf.inp")).unwrap();
+        std::fs::read_to_string(common::shared_testdata().join("qwen35-vocab/ggml-vocab-qwen35.gguf.inp")).unwrap();
     let outp =
-        std::fs::read_to_string(repo().join("../shared/testdata/qwen35-vocab/ggml-vocab-qwen35.gguf.out")).unwrap();
+        std::fs::read_to_string(common::shared_testdata().join("qwen35-vocab/ggml-vocab-qwen35.gguf.out")).unwrap();
     let idx = inp.split("\n__ggml_vocab_test__\n").position(|t| t == "re\u{301}sume\u{301}").expect("case in the .inp");
     let want: Vec<u64> = outp.split('\n').nth(idx).unwrap().split_whitespace().map(|t| t.parse().unwrap()).collect();
     let got: Vec<u64> = row["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();

@@ -10,6 +10,29 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The project's shared test data: `../shared/testdata` beside this checkout (how CI lays it
+/// out), else beside the local repository this one was cloned from (a clone in a temporary
+/// folder: `git clone . $(mktemp -d)`). Tests that use it fail on a missing file, naming it.
+pub fn shared_testdata() -> PathBuf {
+    let beside = repo().join("../shared/testdata");
+    if beside.exists() {
+        return beside;
+    }
+    let origin = Command::new("git").arg("-C").arg(repo()).args(["remote", "get-url", "origin"]).output();
+    match origin {
+        Ok(o) if o.status.success() => {
+            let url = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            let from_origin = Path::new(&url).join("../shared/testdata");
+            if from_origin.exists() {
+                from_origin
+            } else {
+                beside
+            }
+        }
+        _ => beside,
+    }
+}
+
 /// The sample model; fails with the fetch command when it is missing.
 pub fn sample_model() -> LoadedModel {
     let p = repo().join(SAMPLE_MODEL);

@@ -35,7 +35,7 @@ const GPU_PREFILL_TOL: f64 = 7.5e-2;
 
 /// `../shared/testdata/arch/<arch>/` (qwen3_5, qwen3_5_moe, qwen3_next).
 pub(super) fn arch_dir(arch: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/arch").join(arch)
+    crate::common::shared_testdata().join("arch").join(arch)
 }
 
 fn data_dir() -> PathBuf {

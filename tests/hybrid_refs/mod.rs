@@ -22,7 +22,7 @@ pub const NEAR_TIE: f64 = 0.02;
 pub const LOGIT_TOL: f64 = 2e-3;
 
 pub fn arch_dir(arch: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/arch").join(arch)
+    crate::common::shared_testdata().join("arch").join(arch)
 }
 
 pub fn ids(v: &serde_json::Value, key: &str) -> Vec<u32> {
