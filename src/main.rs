@@ -356,9 +356,10 @@ struct BenchArgs {
     /// workspace) and whether it fits --plan-free-gb, then exit; nothing is loaded.
     #[arg(long)]
     plan: bool,
-    /// Free GPU memory the --plan is judged against (default: a 32 GB V100 after its context).
-    #[arg(long, default_value_t = 31.7)]
-    plan_free_gb: f64,
+    /// Free GPU memory in GB (1e9 bytes) the --plan is judged against (default: a
+    /// V100-SXM2-32GB after its context: 32,510 MiB less 512 MiB = 33.55 GB).
+    #[arg(long)]
+    plan_free_gb: Option<f64>,
 }
 
 #[derive(Args)]
@@ -685,8 +686,14 @@ fn run(cli: Cli) -> Result<Code> {
                     let device = pick_device(&a.model.device)?;
                     let m = common::load(&a.model.model)?;
                     let step = dustoff::engine::single::PREFILL_CHUNK;
-                    let mut b =
-                        common::make_backend(&m.config, &m.weights, &device, a.ctx, step, a.model.ptx_dir.as_deref())?;
+                    let mut b = common::make_backend(
+                        &m.config,
+                        &m.weights,
+                        &device,
+                        a.ctx,
+                        (step, 1),
+                        a.model.ptx_dir.as_deref(),
+                    )?;
                     generate::run_prompt(&m, b.as_mut(), &p, a.chat, &opt)?;
                     Ok(Code::Ok)
                 }
@@ -730,7 +737,7 @@ fn run(cli: Cli) -> Result<Code> {
                         &m.weights,
                         &device,
                         a.ctx * slots,
-                        cfg.max_batch_tokens,
+                        (cfg.max_batch_tokens, slots),
                         a.model.ptx_dir.as_deref(),
                     )?;
                     let engine = dustoff::engine::engine::Engine::new(backend, cfg)?;

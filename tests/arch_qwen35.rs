@@ -291,6 +291,52 @@ fn evicted_state_snapshots_are_never_resumed_from() {
     assert_eq!(mt.prompt_tokens_cached, 4 * 32, "{mt:?}");
 }
 
+/// A backend whose snapshot pool holds one state (as a GPU's planned pool may): the engine
+/// evicts before it saves, so when the first group's prefix comes back after the second's its
+/// snapshot is gone and that prompt computes the prefix again (and snapshots it again): same
+/// outputs as without the prefix cache, one reuse fewer than with an unbounded pool, no error.
+#[test]
+fn a_full_state_snapshot_pool_degrades_to_recomputing_the_prefix() {
+    let m = gguf();
+    let text = ids(&refs()[5], "prompt_ids");
+    let prefix = |g: usize| text[g * 40..g * 40 + 32].to_vec();
+    let groups = [0, 0, 0, 1, 1, 1, 0, 0, 0];
+    let prompts: Vec<Vec<u32>> = groups
+        .iter()
+        .enumerate()
+        .map(|(i, &g)| [prefix(g), (0..5).map(|k| 300 + 11 * i as u32 + k).collect()].concat())
+        .collect();
+    let run = |prefix_cache: bool, pool: usize| {
+        let cfg = EngineConfig { slots: 1, max_batch_tokens: 512, prefix_cache, model_fingerprint: m.fingerprint };
+        let mut b = backend(&m, 64);
+        b.set_state_snapshot_capacity(pool);
+        let mut e = Engine::new(b, cfg).unwrap();
+        for (i, p) in prompts.iter().enumerate() {
+            let req = Request {
+                id: i as u64,
+                prompt: p.clone(),
+                max_tokens: 3,
+                sampling: SamplingParams::greedy(),
+                stop_ids: vec![],
+            };
+            e.add_request(req).unwrap();
+        }
+        let done: BTreeMap<u64, Vec<u32>> =
+            e.run_to_completion().unwrap().into_iter().map(|c| (c.id, c.token_ids)).collect();
+        (done, e.metrics())
+    };
+    let (want, _) = run(false, 1);
+    let (got, one) = run(true, 1);
+    let (unbounded, two) = run(true, usize::MAX);
+    assert_eq!(got, want);
+    assert_eq!(unbounded, want);
+    // Pool of one: the third prompt of groups 0 and 1, and the last two of the returning group
+    // (its first computes the prefix again): 4 x 32 tokens. Two snapshots (the engine's cap of
+    // 2 per slot): the returning group resumes at once, 5 x 32.
+    assert_eq!(one.prompt_tokens_cached, 4 * 32, "{one:?}");
+    assert_eq!(two.prompt_tokens_cached, 5 * 32, "{two:?}");
+}
+
 #[test]
 fn a_chunk_that_does_not_continue_its_recurrent_state_is_refused() {
     let m = gguf();

@@ -251,6 +251,8 @@ fn cuda_backend(m: &LoadedModel, test: &str) -> Option<CudaBackend> {
         max_positions: 512,
         f16_weights: false,
         max_batch_tokens: dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
+        max_seqs: 8,
+        max_snapshots: 0,
     };
     Some(CudaBackend::new(m.config.clone(), &m.weights, &opts).expect("CUDA backend of the reference model"))
 }

@@ -103,6 +103,11 @@ pub trait Backend {
     }
     /// Hybrid models: forgets the snapshot saved under `key`.
     fn drop_state(&mut self, _key: &[u8; 32]) {}
+    /// Hybrid models: the most snapshots the backend keeps at once (the pool its memory plan
+    /// holds); the engine evicts its least recently used before saving beyond them.
+    fn state_snapshot_capacity(&self) -> usize {
+        usize::MAX
+    }
     /// Compiles or loads everything a step may need (kernels), so that it stays out of
     /// timings; steps do it lazily otherwise.
     fn prepare(&mut self) -> Result<(), BackendError> {
@@ -162,6 +167,9 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn drop_state(&mut self, key: &[u8; 32]) {
         (**self).drop_state(key)
+    }
+    fn state_snapshot_capacity(&self) -> usize {
+        (**self).state_snapshot_capacity()
     }
     fn describe(&self) -> String {
         (**self).describe()

@@ -37,7 +37,7 @@ pub struct BenchOptions {
     /// `--plan`: print the CUDA memory plan of the mode's sequences and exit.
     pub plan: bool,
     /// The free GPU memory `--plan` is judged against, in GB.
-    pub plan_free_gb: f64,
+    pub plan_free_gb: Option<f64>,
 }
 
 /// Runs the mode the options ask for and prints its rows.
@@ -54,15 +54,22 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         None => a.model.display().to_string(),
     };
     let ptx_dir = a.ptx_dir.as_deref();
-    let make = |tokens: usize, step: usize| -> Result<Box<dyn Backend>> {
+    // `seqs`: the most sequences a step of the mode runs.
+    let make = |tokens: usize, step: usize, seqs: usize| -> Result<Box<dyn Backend>> {
         match (&a.synthetic, &loaded) {
             (Some(shape), _) => {
                 let dtype = if a.f16_weights { "f16" } else { a.dtype.as_str() };
-                common::make_synthetic_backend_for(shape, dtype, &a.device, tokens, step, ptx_dir)
+                common::make_synthetic_backend_for(shape, dtype, &a.device, tokens, (step, seqs), ptx_dir)
             }
-            (None, Some(m)) => {
-                common::make_backend_weights(&m.config, &m.weights, &a.device, tokens, step, ptx_dir, a.f16_weights)
-            }
+            (None, Some(m)) => common::make_backend_weights(
+                &m.config,
+                &m.weights,
+                &a.device,
+                tokens,
+                (step, seqs),
+                ptx_dir,
+                a.f16_weights,
+            ),
             (None, None) => unreachable!("a model is loaded when no shape is given"),
         }
     };
@@ -92,7 +99,7 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
             ),
             (None, None) => unreachable!("a model is loaded when no shape is given"),
         };
-        let free = (a.plan_free_gb * 1e9) as u64;
+        let free = a.plan_free_gb.map_or(super::bench_plan::V100_32GB_FREE, |g| (g * 1e9) as u64);
         // The step size the mode's backend is made for (below).
         let step = if seqs > 1 { a.max_batch_tokens.max(seqs) } else { crate::engine::single::PREFILL_CHUNK };
         let r = super::bench_plan::plan_report(
@@ -111,7 +118,7 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
     if let (Some(p), Some(m)) = (&a.constrained, &loaded) {
         let batches = if a.batch.is_empty() { vec![32] } else { a.batch.clone() };
         let most = batches.iter().max().copied().unwrap_or(1);
-        let b = make(most * (ctx + BLOCK_SIZE), a.max_batch_tokens.max(most))?;
+        let b = make(most * (ctx + BLOCK_SIZE), a.max_batch_tokens.max(most), most)?;
         let shape = (prompt_tokens, a.gen_tokens, a.max_batch_tokens);
         let rows = super::bench_constrained::run(b, m, p, fingerprint, shape, &batches)?;
         super::bench_constrained::print_table(&rows);
@@ -126,14 +133,14 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         };
         let gen = a.gen_tokens;
         let tokens = a.slots * (shared + unique + gen + BLOCK_SIZE) + shared * 2;
-        let b = make(tokens, a.max_batch_tokens.max(a.slots))?;
+        let b = make(tokens, a.max_batch_tokens.max(a.slots), a.slots)?;
         let rows = bench_shared_prefix(b, fingerprint, a.slots, a.max_batch_tokens, (shared, unique, requests, gen))?;
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(ExitCode::Ok);
     }
     if !a.batch.is_empty() {
         let most = a.batch.iter().copied().max().unwrap_or(1);
-        let b = make(most * (ctx + BLOCK_SIZE), a.max_batch_tokens.max(most))?;
+        let b = make(most * (ctx + BLOCK_SIZE), a.max_batch_tokens.max(most), most)?;
         let rows = bench_batched(b, fingerprint, prompt_tokens, a.gen_tokens, &a.batch, a.max_batch_tokens)?;
         println!("| sequences | prefill s | decode tok/s (total) | share of bandwidth bound |");
         println!("|---|---|---|---|");
@@ -148,7 +155,7 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
     }
     // One stream: the prompt is prefilled in steps of `PREFILL_CHUNK` tokens.
     let longest = a.prompt_tokens.iter().copied().max().unwrap_or(prompt_tokens);
-    let mut b = make(longest + a.gen_tokens, crate::engine::single::PREFILL_CHUNK)?;
+    let mut b = make(longest + a.gen_tokens, crate::engine::single::PREFILL_CHUNK, 1)?;
     let b = b.as_mut();
     let mut reports = Vec::new();
     for &p in &a.prompt_tokens {

@@ -119,6 +119,7 @@ pub fn fit_slots(
             blocks,
             BLOCK_SIZE,
             max_batch_tokens.max(n),
+            crate::backend::cuda::memory::SeqPlan::new(n),
         );
         plan.check(free, "", blocks * BLOCK_SIZE, cfg).is_ok()
     };
@@ -147,10 +148,10 @@ pub fn make_backend(
     w: &crate::model::weights::ModelWeights,
     device: &Device,
     tokens: usize,
-    max_batch_tokens: usize,
+    (max_batch_tokens, seqs): (usize, usize),
     ptx_dir: Option<&Path>,
 ) -> Result<Box<dyn Backend>> {
-    make_backend_weights(cfg, w, device, tokens, max_batch_tokens, ptx_dir, false)
+    make_backend_weights(cfg, w, device, tokens, (max_batch_tokens, seqs), ptx_dir, false)
 }
 
 /// As [`make_backend`]; `f16_weights`: on a GPU, widen block-format weights to F16 at load
@@ -160,7 +161,7 @@ pub fn make_backend_weights(
     w: &crate::model::weights::ModelWeights,
     device: &Device,
     tokens: usize,
-    max_batch_tokens: usize,
+    (max_batch_tokens, seqs): (usize, usize),
     ptx_dir: Option<&Path>,
     f16_weights: bool,
 ) -> Result<Box<dyn Backend>> {
@@ -174,7 +175,7 @@ pub fn make_backend_weights(
             }
             let opts = crate::backend::cuda::CudaOptions {
                 f16_weights,
-                ..cuda_options(ordinal, blocks, max_batch_tokens, ptx_dir)
+                ..cuda_options(ordinal, blocks, (max_batch_tokens, seqs), ptx_dir)
             };
             let b = crate::backend::cuda::backend::CudaBackend::new(cfg.clone(), w, &opts)
                 .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
@@ -209,13 +210,17 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     Ok(m)
 }
 
+/// `seqs`: the sequences that run at once (the recurrent-state pool of hybrid models).
 fn cuda_options(
     ordinal: usize,
     blocks: usize,
-    max_batch_tokens: usize,
+    (max_batch_tokens, seqs): (usize, usize),
     ptx_dir: Option<&Path>,
 ) -> crate::backend::cuda::CudaOptions {
+    let plan = crate::backend::cuda::memory::SeqPlan::new(seqs);
     crate::backend::cuda::CudaOptions {
+        max_seqs: plan.running,
+        max_snapshots: plan.snapshots,
         ordinal,
         max_batch_tokens,
         num_blocks: blocks,
@@ -230,7 +235,8 @@ fn cuda_options(
 /// A random-weight model of a named shape on `device`, weights of type `dtype` (`f16`, `q8_0`,
 /// ..., or on a GPU also `q4_k_m`, llama.cpp's mix). On a GPU the weights are generated there,
 /// so an 8B shape takes seconds, not a 16 GB host buffer. The memory plan reserves workspace
-/// for the engine's default step ([`DEFAULT_MAX_BATCH_TOKENS`]); see [`make_synthetic_backend_for`].
+/// for the engine's default step ([`DEFAULT_MAX_BATCH_TOKENS`]) and up to [`MAX_AUTO_SLOTS`]
+/// sequences at once; see [`make_synthetic_backend_for`].
 pub fn make_synthetic_backend(
     shape: &str,
     dtype: &str,
@@ -238,16 +244,17 @@ pub fn make_synthetic_backend(
     tokens: usize,
     ptx_dir: Option<&Path>,
 ) -> Result<Box<dyn Backend>> {
-    make_synthetic_backend_for(shape, dtype, device, tokens, DEFAULT_MAX_BATCH_TOKENS, ptx_dir)
+    make_synthetic_backend_for(shape, dtype, device, tokens, (DEFAULT_MAX_BATCH_TOKENS, MAX_AUTO_SLOTS), ptx_dir)
 }
 
-/// As [`make_synthetic_backend`], planned for steps of `max_batch_tokens` tokens.
+/// As [`make_synthetic_backend`], planned for steps of `max_batch_tokens` tokens and `seqs`
+/// sequences at once.
 pub fn make_synthetic_backend_for(
     shape: &str,
     dtype: &str,
     device: &Device,
     tokens: usize,
-    max_batch_tokens: usize,
+    (max_batch_tokens, seqs): (usize, usize),
     ptx_dir: Option<&Path>,
 ) -> Result<Box<dyn Backend>> {
     let cfg = crate::model::shapes::shape(shape).ok_or_else(|| {
@@ -259,14 +266,14 @@ pub fn make_synthetic_backend_for(
                 bail!("--synthetic {shape}: random hybrid (linear-attention) weights are made on the GPU only; use --device cuda");
             }
             let w = crate::model::synth::random_weights(&cfg, parse_dtype(dtype)?, 1);
-            make_backend(&cfg, &w, device, tokens, max_batch_tokens, ptx_dir)
+            make_backend(&cfg, &w, device, tokens, (max_batch_tokens, seqs), ptx_dir)
         }
         Device::Cuda(ordinal) => {
             use crate::backend::cuda::WeightMix;
             let mix = WeightMix::parse(dtype).ok_or_else(|| {
                 anyhow::anyhow!("--dtype {dtype}: synthetic GPU weights are f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k or q4_k_m")
             })?;
-            let opts = cuda_options(ordinal, tokens.div_ceil(BLOCK_SIZE).max(1), max_batch_tokens, ptx_dir);
+            let opts = cuda_options(ordinal, tokens.div_ceil(BLOCK_SIZE).max(1), (max_batch_tokens, seqs), ptx_dir);
             let b = crate::backend::cuda::backend::CudaBackend::synthetic_mix(cfg, mix, 1, &opts)
                 .with_context(|| format!("making a synthetic {shape} on cuda:{ordinal}"))?;
             Ok(Box::new(b))
@@ -370,6 +377,7 @@ mod tests {
                 blocks,
                 BLOCK_SIZE,
                 DEFAULT_MAX_BATCH_TOKENS.max(n),
+                crate::backend::cuda::memory::SeqPlan::new(n),
             )
         };
         // A 32 GB V100 (30 GB free): 16 GB of F16 weights, then 4096-position sequences.

@@ -136,7 +136,8 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         let slots = common::resolve_slots(a.slots, &devs[0], &m.config, &m.weights, per_seq, a.max_batch_tokens)?;
         let cfg = EngineConfig::new(slots, a.max_batch_tokens, a.prefix_cache, m.fingerprint);
         let (tokens, step) = (slots * per_seq, cfg.max_batch_tokens);
-        let backend = common::make_backend(&m.config, &m.weights, &devs[0], tokens, step, a.ptx_dir.as_deref())?;
+        let backend =
+            common::make_backend(&m.config, &m.weights, &devs[0], tokens, (step, slots), a.ptx_dir.as_deref())?;
         eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens", backend.describe());
         let engine = Engine::new(backend, cfg)?;
         (Box::new(EngineGenerate::new(engine, eos).with_stop(stop.clone()).with_grammar(grammar)), slots)

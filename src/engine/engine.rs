@@ -492,21 +492,23 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Hybrid models: snapshots the state of sequences that reached the end of a shared prefix,
-    /// keeping at most `2 x slots` snapshots (the least recently used go first).
+    /// keeping at most `2 x slots` snapshots and no more than the backend's pool holds (the
+    /// least recently used go first, before the new one is saved). An evicted prefix is no
+    /// longer a state point, so the next prompt that shares it computes it again.
     fn save_states(&mut self) -> Result<(), EngineError> {
+        let cap = (2 * self.cfg.slots).min(self.backend.state_snapshot_capacity());
         for (seq, hash) in self.sched.take_snapshots_due() {
-            if self.snapshots.contains(&hash) {
+            if self.snapshots.contains(&hash) || cap == 0 {
                 continue;
+            }
+            while self.snapshots.len() >= cap {
+                let Some(old) = self.snapshots.pop_front() else { break };
+                self.backend.drop_state(&old);
+                self.sched.set_state_point(old, false);
             }
             self.backend.save_state(seq, &hash)?;
             self.sched.set_state_point(hash, true);
             self.snapshots.push_back(hash);
-            while self.snapshots.len() > 2 * self.cfg.slots {
-                if let Some(old) = self.snapshots.pop_front() {
-                    self.backend.drop_state(&old);
-                    self.sched.set_state_point(old, false);
-                }
-            }
         }
         Ok(())
     }

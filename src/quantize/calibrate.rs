@@ -168,6 +168,9 @@ pub fn calibrate(
                 max_positions: blocks * bs,
                 f16_weights: false,
                 max_batch_tokens: crate::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
+                // One calibration sequence at a time, no prefix reuse.
+                max_seqs: 1,
+                max_snapshots: 0,
             };
             let mut b = CudaBackend::new(model.config.clone(), &model.weights, &opts)?;
             b.set_tap(CudaTap::new(fresh, &model.weights));

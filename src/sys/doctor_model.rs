@@ -145,7 +145,8 @@ pub(super) fn model_report(
     for g in cuda.gpus.iter().filter(|g| g.usable) {
         // Weights as the CUDA backend keeps them (block formats packed).
         let b = device_weight_bytes(c, &m.weights, false);
-        let p = plan_memory(c, b.matrices, b.wide_scratch, positions / BLOCK, BLOCK, STEP);
+        let seqs = crate::backend::cuda::memory::SeqPlan::new(o.slots);
+        let p = plan_memory(c, b.matrices, b.wide_scratch, positions / BLOCK, BLOCK, STEP, seqs);
         let device = format!("cuda:{}", g.info.ordinal);
         let (fits, note) = match g.free_memory_bytes {
             Some(free) => match p.check(free, &device, positions, c) {

@@ -73,6 +73,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Tuning, "DUSTOFF_DN_CHUNK_MIN", "32", "fewest tokens of a prompt chunk for the chunked (WY) delta rule; shorter chunks run the step form (`0`: never chunked)"),
     var(Scope::Run, "DUSTOFF_GRAPH_NODES", "0", "`1`: print the node count of every captured decode graph"),
     var(Scope::Run, "DUSTOFF_STEP_TIMES", "0", "`1`: per step size, the median GPU time of a step against its period, printed at exit"),
+    var(Scope::Run, "DUSTOFF_STATE_SNAPSHOTS", "8", "hybrid models on a GPU: prefix-reuse state snapshots kept at once (in the memory plan; the least recently used is evicted and its prefix computed again)"),
     var(Scope::Tuning, "DUSTOFF_MOE_GEMM", "1", "`0`: MoE steps grouped by expert run the grouped GEMV instead of the tensor-core grouped GEMM"),
     var(Scope::Tuning, "DUSTOFF_MOE_FUSED", "1", "`0`: the MoE router, top-k, down and weighted sum as separate launches instead of two fused ones"),
     var(Scope::Tuning, "DUSTOFF_MOE_PAIR_MAX_TOKENS", "8", "most tokens of a step for the per-(token, expert) MoE kernels; larger steps group by expert"),
@@ -91,6 +92,8 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Test, "DUSTOFF_BENCH_BATCH", "1", "`0`: the Qwen3.6-35B-A3B GPU bench test skips its batched rows"),
     var(Scope::Test, "DUSTOFF_MOE_BENCH_BATCH", "1", "`0`: the MoE bench test skips its batched rows"),
     var(Scope::Test, "DUSTOFF_MOE_BENCH_ONE", "1", "`0`: the MoE bench test skips its one-stream row"),
+    var(Scope::Test, "DUSTOFF_DIAG_ARCH", "qwen3_5_moe", "reference model (GGUF form) of the hybrid diagnosis test (`hybrid_diag`)"),
+    var(Scope::Test, "DUSTOFF_DIAG_PROMPTS", "short8,chunk64,code100,mixed200", "reference prompts the hybrid diagnosis test runs"),
 ];
 
 /// The registry entry of `name`.

@@ -14,6 +14,7 @@ mod calibrate;
 mod common;
 mod deltanet;
 mod fused_norm;
+mod hybrid_diag;
 mod hybrid_moe;
 mod masked;
 mod moe;
@@ -640,6 +641,8 @@ fn sample_model_greedy_matches_f64_reference() {
         max_positions: 1024,
         f16_weights: false,
         max_batch_tokens: dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
+        max_seqs: 8,
+        max_snapshots: 0,
     };
     let mut b = CudaBackend::new(m.config.clone(), &m.weights, &opts).expect("CUDA backend on the sample model");
     eprintln!("weights clamped to F16: {}", b.clamped_weights);
@@ -830,6 +833,9 @@ fn opts(blocks: usize) -> CudaOptions {
         max_positions: blocks * 16,
         f16_weights: false,
         max_batch_tokens: dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
+        // The engine tests run up to 8 slots; the batched benchmarks up to 64 sequences.
+        max_seqs: 64,
+        max_snapshots: 64,
     }
 }
 

@@ -97,6 +97,8 @@ pub struct HybridCpu {
     pool: StatePool,
     /// Saved states by the chain hash of the prefix they follow: (state, tokens absorbed).
     snapshots: HashMap<[u8; 32], (Vec<f32>, usize)>,
+    /// Most snapshots held at once (unbounded unless set: host memory).
+    pub(super) max_snapshots: usize,
     scratch: Scratch,
 }
 
@@ -127,6 +129,7 @@ impl HybridCpu {
             linear_index,
             pool: StatePool { per_seq, data: Vec::new(), slots: HashMap::new(), free: Vec::new() },
             snapshots: HashMap::new(),
+            max_snapshots: usize::MAX,
             scratch: Scratch::default(),
         }
     }
@@ -173,6 +176,13 @@ impl HybridCpu {
             .get(&seq)
             .copied()
             .ok_or_else(|| BackendError::Plan(format!("sequence {seq} has no recurrent state to snapshot")))?;
+        if !self.snapshots.contains_key(key) && self.snapshots.len() >= self.max_snapshots {
+            // The engine evicts its least recently used snapshot before it saves beyond the pool.
+            return Err(BackendError::Plan(format!(
+                "sequence {seq}: the state snapshot pool holds {} snapshots, all in use",
+                self.max_snapshots
+            )));
+        }
         let state = self.pool.state_mut(slot.index).to_vec();
         self.snapshots.insert(*key, (state, slot.pos));
         Ok(())

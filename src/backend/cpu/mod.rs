@@ -71,6 +71,14 @@ impl CpuBackend {
         self.tap.take()
     }
 
+    /// Hybrid models: keeps at most `n` prefix snapshots of recurrent states (as a GPU's
+    /// planned pool does; unbounded by default).
+    pub fn set_state_snapshot_capacity(&mut self, n: usize) {
+        if let Some(h) = &mut self.hybrid {
+            h.max_snapshots = n;
+        }
+    }
+
     /// KV cache bytes per token position (all layers, K and V).
     pub fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
         cfg.n_kv_layers() * 2 * cfg.kv_dim() * 4
@@ -163,6 +171,9 @@ impl Backend for CpuBackend {
         if let Some(h) = &mut self.hybrid {
             h.drop_snapshot(key);
         }
+    }
+    fn state_snapshot_capacity(&self) -> usize {
+        self.hybrid.as_ref().map_or(0, |h| h.max_snapshots)
     }
 }
 
@@ -281,6 +292,9 @@ impl CpuBackend {
 
             ops::rmsnorm(x, &lw.ffn_norm, c.rms_eps, h);
             if let Some(mw) = &lw.moe {
+                if let Some(t) = self.tap.as_mut() {
+                    t.matmul_input(&[&mw.router.name], h, n);
+                }
                 moe::moe_ffn(mw, h, n, o, &mut s.moe);
             } else {
                 if let Some(t) = self.tap.as_mut() {

@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use super::device::CudaDevice;
 use super::dmat::{DevMat, Linear};
 use super::kernels::{Kernels, PtxSource};
-use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for};
+use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for, SeqPlan};
 use super::qformat::{check_tensor, QFormat};
 use super::CudaError;
 use crate::backend::{Backend, BackendError};
@@ -44,6 +44,19 @@ pub struct CudaOptions {
     /// `--weights f16`: widen block-format weights to F16 at load (the path before quantized
     /// kernels, kept for comparison) instead of keeping them packed.
     pub f16_weights: bool,
+    /// Sequences that run at once (the engine's slots): the recurrent-state pool of hybrid
+    /// models and the logits rows of a step are planned for them.
+    pub max_seqs: usize,
+    /// Hybrid models: prefix-reuse state snapshots kept at once (the engine evicts its least
+    /// recently used beyond them); [`SeqPlan::new`] gives the default.
+    pub max_snapshots: usize,
+}
+
+impl CudaOptions {
+    /// The sequences the plan and the state pool are sized for.
+    pub fn seqs(&self) -> SeqPlan {
+        SeqPlan { running: self.max_seqs.max(1), snapshots: self.max_snapshots }
+    }
 }
 
 /// The environment variable that turns CUDA-graph replay of decode steps off (`0`).
@@ -197,7 +210,8 @@ pub(super) fn open(
     let dev = CudaDevice::new(opts.ordinal)?;
     let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
     let (blocks, bs) = (opts.num_blocks, opts.block_size);
-    let plan = plan_memory_for(cfg, matrix_bytes, wide, blocks, bs, opts.max_batch_tokens, opts.max_positions);
+    let (tok, pos) = (opts.max_batch_tokens, opts.max_positions);
+    let plan = plan_memory_for(cfg, matrix_bytes, wide, blocks, bs, tok, pos, opts.seqs());
     let (free, _) = dev.mem_info()?;
     plan.check(free as u64, &dev.describe(), opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
@@ -304,7 +318,10 @@ impl CudaBackend {
         let output_norm = up(s, &w.output_norm, "output_norm")?;
         let mut clamped = clamped + moe_clamped;
         let hybrid = match &c.hybrid {
-            Some(h) => Some(super::hybrid::HybridCuda::new(s, c, h, &w.layers, f16, opts.max_positions, &mut clamped)?),
+            Some(h) => {
+                let pos_seqs = (opts.max_positions, opts.seqs());
+                Some(super::hybrid::HybridCuda::new(s, c, h, &w.layers, f16, pos_seqs, &mut clamped)?)
+            }
             None => None,
         };
         let rope_freq_factors = w.rope_freq_factors.clone();
@@ -656,6 +673,9 @@ impl Backend for CudaBackend {
         if let Some(h) = &mut self.hybrid {
             h.drop_snapshot(key);
         }
+    }
+    fn state_snapshot_capacity(&self) -> usize {
+        self.hybrid.as_ref().map_or(0, |h| h.max_snapshots)
     }
     fn prepare(&mut self) -> Result<(), BackendError> {
         Ok(self.load_kernels()?)

@@ -3,9 +3,12 @@
 //!
 //! State: one slot per running sequence in a device pool `[n_slots, per_seq]` f32, laid out
 //! as the CPU's (per linear layer: conv window `[K - 1, C]`, then the delta-rule matrices
-//! `[n_v, d_k, d_v]`). The pool grows (by doubling, contents copied) when more sequences run
-//! at once than it holds; growing moves it, so the captured graphs are dropped. Prefix-reuse
-//! snapshots are device copies of a slot, keyed by the prefix's chain hash.
+//! `[n_v, d_k, d_v]`). The pool holds the sequences the backend was planned for
+//! (`CudaOptions::max_seqs`), allocated once, so the memory plan is what the device holds and
+//! the pool never moves under a captured graph; a sequence beyond it is refused as out of
+//! memory (the engine then runs fewer at once). Prefix-reuse snapshots are device copies of a
+//! slot, keyed by the prefix's chain hash, at most `CudaOptions::max_snapshots` of them (the
+//! engine evicts before it saves beyond them).
 //!
 //! Per step the host writes the chunk table (per chunk: first token, tokens, slot) and
 //! uploads it into a buffer of fixed address, so a captured decode graph stays valid.
@@ -83,8 +86,8 @@ pub struct HybridCuda {
     slots: HashMap<SeqId, Slot>,
     free: Vec<usize>,
     snapshots: HashMap<[u8; 32], (CudaSlice<f32>, usize)>,
-    /// The pool moved since the last step began (graphs captured before hold its old address).
-    pool_moved: bool,
+    /// Most snapshots held at once (the plan's snapshot pool).
+    pub(super) max_snapshots: usize,
     /// Chunk table of the current step: `[1 + 3 * cap_tok]`.
     host_chunks: Vec<i32>,
     chunks: Option<CudaSlice<i32>>,
@@ -110,8 +113,19 @@ fn chunked_min_tokens() -> usize {
     *N.get_or_init(|| crate::sys::env::get("DUSTOFF_DN_CHUNK_MIN").and_then(|v| v.parse().ok()).unwrap_or(DN_CH))
 }
 
-/// Slots the pool starts with (it doubles when more sequences run at once).
-const INITIAL_SLOTS: usize = 4;
+/// Width of the widest projection row a step writes into `proj`: a linear layer's stacked
+/// q|k|v, z, b, a, or an attention layer's q (with its gate), k, v.
+fn proj_width(c: &ModelConfig, h: &HybridConfig) -> usize {
+    let lin = h.conv_channels() + h.value_dim() + 2 * h.n_v_heads;
+    let q = if h.attn_output_gate { 2 * c.q_dim() } else { c.q_dim() };
+    lin.max(q + 2 * c.kv_dim())
+}
+
+/// Bytes of the step buffers of `HybridCuda::ensure` for `cap` tokens (the memory plan).
+pub fn workspace_bytes(c: &ModelConfig, h: &HybridConfig, cap: usize) -> u64 {
+    let f32s = proj_width(c, h) + h.conv_channels() + h.value_dim().max(c.q_dim()) + h.n_v_heads * DN_AB_ROW;
+    (cap * f32s * 4 + (1 + 3 * cap) * 4) as u64
+}
 
 impl HybridCuda {
     /// Uploads the linear layers of `w` (the attention layers use the plain `LayerW` fields).
@@ -121,7 +135,7 @@ impl HybridCuda {
         h: &HybridConfig,
         layers: &[LayerWeights],
         f16: bool,
-        max_pos: usize,
+        (max_pos, seqs): (usize, crate::backend::cuda::memory::SeqPlan),
         clamped: &mut u64,
     ) -> Result<Self, CudaError> {
         let mut out = Vec::with_capacity(layers.len());
@@ -147,7 +161,7 @@ impl HybridCuda {
                 Some(HybridLayer::Attention) | None => out.push(None),
             }
         }
-        Self::from_layers(s, c, h, out, max_pos)
+        Self::from_layers(s, c, h, out, max_pos, seqs)
     }
 
     /// The hybrid part around uploaded linear layers (`None` for attention layers).
@@ -157,12 +171,14 @@ impl HybridCuda {
         h: &HybridConfig,
         out: Vec<Option<LinearW>>,
         max_pos: usize,
+        seqs: crate::backend::cuda::memory::SeqPlan,
     ) -> Result<Self, CudaError> {
         let index = out.iter().flatten().count();
         let max_pos = max_pos.max(1);
         let positions: Vec<usize> = (0..max_pos).collect();
         let (cos, sin) = rope_table(&positions, &h.rope_inv_freq(c.rope_theta));
         let per_seq = index * h.state_len_per_layer();
+        let cap_slots = seqs.running.max(1);
         Ok(HybridCuda {
             h: h.clone(),
             layers: out,
@@ -170,12 +186,12 @@ impl HybridCuda {
             rope_sin: up(s, &sin, "partial RoPE sin table")?,
             max_pos,
             per_seq,
-            pool: zeros(s, INITIAL_SLOTS * per_seq, "recurrent state pool")?,
-            cap_slots: INITIAL_SLOTS,
+            pool: zeros(s, cap_slots * per_seq, "recurrent state pool")?,
+            cap_slots,
             slots: HashMap::new(),
-            free: Vec::new(),
+            free: (0..cap_slots).rev().collect(),
             snapshots: HashMap::new(),
-            pool_moved: false,
+            max_snapshots: seqs.snapshots,
             host_chunks: Vec::new(),
             chunks: None,
             cap_tok: 0,
@@ -196,14 +212,6 @@ impl HybridCuda {
         self.layers.iter().flatten().map(|l| l.proj.bytes() + l.out.bytes()).sum()
     }
 
-    /// Width of the widest projection row a step writes into `proj`.
-    fn proj_width(&self, c: &ModelConfig) -> usize {
-        let h = &self.h;
-        let lin = h.conv_channels() + h.value_dim() + 2 * h.n_v_heads;
-        let q = if h.attn_output_gate { 2 * c.q_dim() } else { c.q_dim() };
-        lin.max(q + 2 * c.kv_dim())
-    }
-
     /// Buffers for `cap` tokens; true when any was (re)allocated (graphs hold the old ones).
     pub(super) fn ensure(&mut self, s: &Arc<CudaStream>, c: &ModelConfig, cap: usize) -> Result<bool, CudaError> {
         if cap <= self.cap_tok {
@@ -211,7 +219,7 @@ impl HybridCuda {
         }
         let h = &self.h;
         self.proj = None;
-        self.proj = Some(zeros(s, cap * self.proj_width(c), "hybrid projection")?);
+        self.proj = Some(zeros(s, cap * proj_width(c, h), "hybrid projection")?);
         self.mixed = None;
         self.mixed = Some(zeros(s, cap * h.conv_channels(), "conv output")?);
         self.core = None;
@@ -228,26 +236,12 @@ impl HybridCuda {
     fn reset(&mut self, s: &Arc<CudaStream>, seq: SeqId) -> Result<(), CudaError> {
         let index = match self.slots.get(&seq) {
             Some(sl) => sl.index,
-            None => match self.free.pop() {
-                Some(i) => i,
-                None => {
-                    let used = self.slots.len();
-                    if used >= self.cap_slots {
-                        let cap = 2 * self.cap_slots;
-                        let mut pool = zeros(s, cap * self.per_seq, "recurrent state pool")?;
-                        let n = self.cap_slots * self.per_seq;
-                        s.memcpy_dtod(&self.pool.slice(0..n), &mut pool.slice_mut(0..n))
-                            .map_err(CudaError::driver("copying the recurrent state pool"))?;
-                        self.free.extend((self.cap_slots + 1..cap).rev());
-                        self.pool = pool;
-                        self.cap_slots = cap;
-                        self.pool_moved = true;
-                        cap / 2
-                    } else {
-                        used
-                    }
-                }
-            },
+            None => self.free.pop().ok_or_else(|| {
+                CudaError::OutOfMemory(format!(
+                    "sequence {seq}: the recurrent-state pool holds the {} sequences the backend was planned for",
+                    self.cap_slots
+                ))
+            })?,
         };
         let r = index * self.per_seq..(index + 1) * self.per_seq;
         s.memset_zeros(&mut self.pool.slice_mut(r)).map_err(CudaError::driver("zeroing a recurrent state"))?;
@@ -257,13 +251,13 @@ impl HybridCuda {
 
     /// Checks that every chunk continues its sequence's state exactly (as the CPU backend
     /// does), gives chunks at position 0 a zeroed slot, and uploads the chunk table. `last_tok`:
-    /// the flat index of each chunk's last token. True when the pool moved.
+    /// the flat index of each chunk's last token.
     pub(super) fn begin_step(
         &mut self,
         s: &Arc<CudaStream>,
         plan: &StepPlan,
         last_tok: &[usize],
-    ) -> Result<bool, BackendError> {
+    ) -> Result<(), BackendError> {
         for c in plan.chunks.iter().filter(|c| c.start_pos > 0) {
             match self.slots.get(&c.seq) {
                 Some(sl) if sl.pos == c.start_pos => {}
@@ -291,7 +285,7 @@ impl HybridCuda {
         let dev = self.chunks.as_mut().ok_or_else(|| BackendError::Plan("chunk table not allocated".into()))?;
         s.memcpy_htod(&self.host_chunks, &mut dev.slice_mut(0..self.host_chunks.len()))
             .map_err(CudaError::driver("uploading the chunk table"))?;
-        Ok(std::mem::take(&mut self.pool_moved))
+        Ok(())
     }
 
     /// Records that the step's chunks were absorbed into their states.
@@ -316,6 +310,13 @@ impl HybridCuda {
             .get(&seq)
             .copied()
             .ok_or_else(|| BackendError::Plan(format!("sequence {seq} has no recurrent state to snapshot")))?;
+        if !self.snapshots.contains_key(key) && self.snapshots.len() >= self.max_snapshots {
+            // The engine evicts its least recently used snapshot before it saves beyond the pool.
+            return Err(BackendError::Plan(format!(
+                "sequence {seq}: the state snapshot pool holds {} snapshots, all in use",
+                self.max_snapshots
+            )));
+        }
         let r = sl.index * self.per_seq..(sl.index + 1) * self.per_seq;
         let copy = s.clone_dtod(&self.pool.slice(r)).map_err(CudaError::driver("copying a state snapshot"))?;
         self.snapshots.insert(*key, (copy, sl.pos));
@@ -328,7 +329,6 @@ impl HybridCuda {
             Some((_, at)) if *at == pos => {}
             _ => return false,
         }
-        // A grown pool invalidates the graphs: the next `begin_step` says so.
         if self.reset(s, seq).is_err() {
             return false;
         }

@@ -209,7 +209,7 @@ impl CudaBackend {
         let embd = mat(&mut kernels, 1, "token_embd")?;
         let output = if c.tied_embeddings { None } else { Some(mat(&mut kernels, 1, "output")?) };
         let output_norm = ones(c.dim, "output_norm")?;
-        let hybrid = HybridCuda::from_layers(s, c, &h, linear, opts.max_positions)?;
+        let hybrid = HybridCuda::from_layers(s, c, &h, linear, opts.max_positions, opts.seqs())?;
         dev.synchronize()?;
         let parts =
             Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0, hybrid: Some(hybrid) };

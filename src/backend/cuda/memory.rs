@@ -1,6 +1,11 @@
-//! Device memory planning before anything is loaded: weights + KV cache + step workspace, checked
-//! against the device's free memory with 10% headroom. A model that does not fit is refused with
-//! the numbers and what would make it fit; there is no silent fallback to the CPU.
+//! Device memory planning before anything is loaded: weights + KV cache + recurrent states
+//! (hybrid models) + step workspace, checked against the device's free memory with a 5% margin.
+//! A model that does not fit is refused with the numbers and what would make it fit; there is
+//! no silent fallback to the CPU.
+//!
+//! Units: every size is in bytes, printed in GB = 1e9 bytes; the free memory is the driver's
+//! `cuMemGetInfo` figure (bytes) after the CUDA context exists. A V100-SXM2-32GB has 32,510 MiB
+//! = 34.09e9 bytes ([`V100_32GB_FREE`] assumes 512 MiB of it taken by the context).
 
 use crate::model::config::ModelConfig;
 use crate::model::weights::{ModelWeights, Tensor};
@@ -22,14 +27,50 @@ pub struct MemoryPlan {
     /// Step buffers for `max_batch_tokens` tokens, logits, attention partials, RoPE tables,
     /// the F16 scratch of widened quantized matrices and the cuBLAS workspace.
     pub workspace: u64,
-    /// Hybrid models: the recurrent states of [`planned_state_seqs`] sequences (f32, every
-    /// linear-attention layer) and as many prefix-reuse snapshots again; 0 for other models.
+    /// Hybrid models: the recurrent states of `seqs.running` sequences and `seqs.snapshots`
+    /// prefix-reuse snapshots (f32, every linear-attention layer); 0 for other models.
     pub state: u64,
+    /// Bytes of one recurrent state (0 for models without one).
+    pub state_per_seq: u64,
+    pub seqs: SeqPlan,
     pub total: u64,
 }
 
-/// The share of free memory a plan may use.
-pub const HEADROOM: f64 = 0.9;
+/// The sequences a backend is planned for: how many run at once (each holds a recurrent state
+/// in hybrid models, and returns at most one logits row a step) and how many prefix-reuse
+/// snapshots of a recurrent state it keeps (the engine evicts the least recently used beyond
+/// them; a prefix whose snapshot was evicted is computed again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqPlan {
+    pub running: usize,
+    pub snapshots: usize,
+}
+
+/// Prefix snapshots a hybrid model keeps by default (`DUSTOFF_STATE_SNAPSHOTS`): the engine
+/// snapshots only at the end of a prompt's longest shareable prefix, so a job needs one per
+/// distinct shared prefix (a pipeline's system prompt and instruction); 8 leave room for a few.
+pub const DEFAULT_STATE_SNAPSHOTS: usize = 8;
+
+impl SeqPlan {
+    /// `running` sequences and the snapshot pool of `DUSTOFF_STATE_SNAPSHOTS` (default
+    /// [`DEFAULT_STATE_SNAPSHOTS`]).
+    pub fn new(running: usize) -> Self {
+        let snapshots = crate::sys::env::get("DUSTOFF_STATE_SNAPSHOTS")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_STATE_SNAPSHOTS);
+        SeqPlan { running: running.max(1), snapshots }
+    }
+}
+
+/// The share of free memory a plan may use. The plan itemizes every buffer the backend
+/// allocates (weights, KV, states, snapshots, step buffers, an allowance for cuBLAS), so the
+/// margin covers only what it cannot see: allocation rounding, kernel images, graph
+/// instances (measured on the H200 with the Qwen3.6-35B-A3B shape: docs/BENCHMARKS.md,
+/// session 5). 5% of a 32 GB V100 is 1.7 GB.
+pub const HEADROOM: f64 = 0.95;
+
+/// Free bytes of a V100-SXM2-32GB after its CUDA context: 32,510 MiB less 512 MiB.
+pub const V100_32GB_FREE: u64 = (32_510 - 512) << 20;
 
 /// Bytes cuBLAS may take for its workspace and handles (an allowance, not a measurement).
 const CUBLAS_ALLOWANCE: u64 = 64 << 20;
@@ -101,12 +142,6 @@ pub fn device_weight_bytes(cfg: &ModelConfig, w: &ModelWeights, f16_weights: boo
     DeviceWeightBytes { matrices, wide_scratch }
 }
 
-/// Sequences whose recurrent state the plan counts: one per KV block at most (a running
-/// sequence holds at least one), and no more than 64.
-pub fn planned_state_seqs(num_blocks: usize) -> usize {
-    num_blocks.clamp(1, 64)
-}
-
 /// The plan for a model whose matrices take `matrices` bytes on the device, with a scratch of
 /// `wide_scratch` bytes for widened quantized matrices (0 for F16 weights); one sequence may
 /// hold every cached position.
@@ -117,14 +152,17 @@ pub fn plan_memory(
     num_blocks: usize,
     block_size: usize,
     max_batch_tokens: usize,
+    seqs: SeqPlan,
 ) -> MemoryPlan {
-    plan_memory_for(cfg, matrices, wide_scratch, num_blocks, block_size, max_batch_tokens, num_blocks * block_size)
+    let positions = num_blocks * block_size;
+    plan_memory_for(cfg, matrices, wide_scratch, num_blocks, block_size, max_batch_tokens, positions, seqs)
 }
 
 /// [`plan_memory`] for a backend whose sequences reach at most `max_positions` positions
 /// (`CudaOptions::max_positions`): the RoPE tables, block-table rows and attention partials
 /// are sized by the longest sequence, not by the whole KV pool (64 sequences of 4,096
 /// positions need the partials of one 4,096-position sequence per token, not of 262,144).
+#[allow(clippy::too_many_arguments)]
 pub fn plan_memory_for(
     cfg: &ModelConfig,
     matrices: u64,
@@ -133,6 +171,7 @@ pub fn plan_memory_for(
     block_size: usize,
     max_batch_tokens: usize,
     max_positions: usize,
+    seqs: SeqPlan,
 ) -> MemoryPlan {
     let c = cfg;
     let (dim, qd, kvd, ffn, hd) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim, c.head_dim);
@@ -146,7 +185,8 @@ pub fn plan_memory_for(
     let act_f32 = 2 * dim + (qd + 2 * kvd) + qd + 2 * ffn + ffn;
     let act_f16 = dim.max(qd).max(ffn);
     let activations = (tok * (act_f32 * 4 + 6 * 4) + tok.max(16) * act_f16 * 2) as u64;
-    let rows = tok.min(MAX_LOGIT_ROWS);
+    // One logits row per sequence of a step at most (its last token).
+    let rows = tok.min(MAX_LOGIT_ROWS).min(seqs.running.max(1));
     let logits = (rows * (c.vocab_size + dim) * 4) as u64;
     let max_pos = max_positions.max(1);
     // Decode steps round their split count up to a power of two (one graph per bucket).
@@ -166,10 +206,13 @@ pub fn plan_memory_for(
         _ => 0,
     };
     let experts = experts + shared;
-    let workspace = activations + logits + attn + rope + meta + wide_scratch + experts + CUBLAS_ALLOWANCE;
-    let state =
-        c.hybrid.as_ref().map_or(0, |h| 2 * planned_state_seqs(num_blocks) as u64 * h.state_bytes_per_seq() as u64);
-    MemoryPlan { weights, kv, workspace, state, total: weights + kv + workspace + state }
+    // Hybrid models: the linear layers' step buffers (projections, conv output, delta-rule
+    // output, chunk tables), sized for the step's tokens.
+    let linear = c.hybrid.as_ref().map_or(0, |h| super::hybrid::workspace_bytes(c, h, tok));
+    let workspace = activations + logits + attn + rope + meta + wide_scratch + experts + linear + CUBLAS_ALLOWANCE;
+    let state_per_seq = c.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq() as u64);
+    let state = (seqs.running + seqs.snapshots) as u64 * state_per_seq;
+    MemoryPlan { weights, kv, workspace, state, state_per_seq, seqs, total: weights + kv + workspace + state }
 }
 
 fn gb(b: u64) -> String {
@@ -194,22 +237,58 @@ impl MemoryPlan {
                 positions
             ));
         }
-        // 4-bit weights: about 4.5 bits per matrix element (block formats with scales).
-        let four_bit = self.weights * 9 / 32;
-        if self.total - self.weights + four_bit <= budget {
-            alts.push(format!("4-bit weights (about {}): the rest fits", gb(four_bit)));
-        } else {
-            alts.push(format!("4-bit weights (about {}) together with a shorter context", gb(four_bit)));
+        let (per, seqs) = (self.state_per_seq, self.seqs);
+        if per > 0 {
+            let snaps = seqs.snapshots as u64 * per;
+            if seqs.snapshots > 0 && snaps >= over {
+                alts.push(format!(
+                    "fewer prefix snapshots: DUSTOFF_STATE_SNAPSHOTS={} fits ({} now, {} each)",
+                    (snaps - over) / per,
+                    seqs.snapshots,
+                    gb(per)
+                ));
+            }
+            // A sequence frees its recurrent state and its share of the KV cache.
+            let each = per + kv_per_pos * (positions / seqs.running.max(1)) as u64;
+            let fewer = over.div_ceil(each.max(1)) as usize;
+            if seqs.running > 1 && fewer < seqs.running {
+                alts.push(format!(
+                    "fewer parallel sequences: {} fit ({} now; each holds a {} recurrent state and its KV blocks)",
+                    seqs.running - fewer,
+                    seqs.running,
+                    gb(per)
+                ));
+            }
+        }
+        // 4-bit weights (about 4.5 bits per matrix element: block formats with scales), where
+        // that is clearly smaller than the weights as they are.
+        let four_bit = f16_matrix_bytes(cfg) * 9 / 32;
+        if four_bit + four_bit / 10 < self.weights {
+            if self.total - self.weights + four_bit <= budget {
+                alts.push(format!("4-bit weights (about {}): the rest fits", gb(four_bit)));
+            } else {
+                alts.push(format!("4-bit weights (about {}) together with a shorter context", gb(four_bit)));
+            }
         }
         alts.push("a GPU with more memory".into());
         Err(format!(
-            "the model does not fit on {device}: weights {} + KV cache {} ({positions} positions, {} layers) + workspace {}{} = {}, but 90% of the free {} is {}; options: {}",
+            "the model does not fit on {device}: weights {} + KV cache {} ({positions} positions, {} layers) + workspace {}{} = {}, but {:.0}% of the free {} is {}; options: {}",
             gb(self.weights),
             gb(self.kv),
             cfg.n_kv_layers(),
             gb(self.workspace),
-            if self.state > 0 { format!(" + recurrent states {}", gb(self.state)) } else { String::new() },
+            if self.state > 0 {
+                format!(
+                    " + recurrent states {} ({} sequences + {} prefix snapshots)",
+                    gb(self.state),
+                    self.seqs.running,
+                    self.seqs.snapshots
+                )
+            } else {
+                String::new()
+            },
             gb(self.total),
+            HEADROOM * 100.0,
             gb(free),
             gb(budget),
             alts.join("; ")
@@ -225,7 +304,7 @@ mod tests {
     #[test]
     fn qwen3_8b_plan_matches_hand_count() {
         let c = shape("qwen3-8b").unwrap();
-        let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 61, 16, 512);
+        let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 61, 16, 512, SeqPlan::new(1));
         // 8.19e9 parameters at 2 bytes (untied head).
         assert!((p.weights as f64 / 1e9 - 16.38).abs() < 0.05, "{}", p.weights);
         // 976 positions x 36 layers x 2 x 1024 x 2 bytes.
@@ -245,15 +324,15 @@ mod tests {
         // The file's tensors as repacked, routers in f32 (25 MB): within 1% of the file.
         assert!((18.4e9..18.75e9).contains(&(bytes as f64)), "{bytes}");
         let wide = wide_len(&c) as u64 * 2;
-        let v100_free = 31_700_000_000; // a 32 GB card after the CUDA context
-        let p = plan_memory(&c, bytes, wide, 1024, 16, 512);
+        let v100_free = V100_32GB_FREE;
+        let p = plan_memory(&c, bytes, wide, 1024, 16, 512, SeqPlan::new(4));
         assert_eq!(p.kv, 16_384 * 48 * 2 * 512 * 2);
         assert!(p.workspace < 1 << 30, "{}", p.workspace);
         assert!(p.check(v100_free, "cuda:0 V100 32 GB", 16_384, &c).is_ok(), "{p:?}");
-        let p = plan_memory(&c, bytes, wide, 8192, 16, 512);
-        let e = p.check(v100_free, "cuda:0 V100 32 GB", 131_072, &c).unwrap_err();
+        let p = plan_memory(&c, bytes, wide, 16_384, 16, 512, SeqPlan::new(4));
+        let e = p.check(v100_free, "cuda:0 V100 32 GB", 262_144, &c).unwrap_err();
         for part in
-            ["cuda:0 V100 32 GB", "weights 18.", "KV cache 12.88 GB", "cached positions in total fit", "free 31.70 GB"]
+            ["cuda:0 V100 32 GB", "weights 18.", "KV cache 25.77 GB", "cached positions in total fit", "free 33.55 GB"]
         {
             assert!(e.contains(part), "{part} missing from: {e}");
         }
@@ -268,24 +347,28 @@ mod tests {
         assert!((8.9e9..9.0e9).contains(&params), "{params}");
         // 24 linear layers x (3 x 8192 conv inputs + 32 x 128 x 128 matrix values) x 4 bytes.
         assert_eq!(h.state_bytes_per_seq(), 24 * (3 * 8192 + 32 * 128 * 128) * 4);
-        let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 100, 16, 512);
+        let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 100, 16, 512, SeqPlan { running: 64, snapshots: 64 });
         assert_eq!(p.kv, 1600 * 8 * 2 * 1024 * 2, "only the 8 attention layers keep K/V");
         assert_eq!(p.state, 2 * 64 * h.state_bytes_per_seq() as u64);
         assert_eq!(p.total, p.weights + p.kv + p.workspace + p.state);
-        let e = p.check(20_000_000_000, "cuda:0 X", 1600, &c).unwrap_err();
-        assert!(e.contains("recurrent states 6.74 GB") && e.contains("8 layers"), "{e}");
+        let e = p.check(24_000_000_000, "cuda:0 X", 1600, &c).unwrap_err();
+        assert!(
+            e.contains("recurrent states 6.74 GB (64 sequences + 64 prefix snapshots)") && e.contains("8 layers"),
+            "{e}"
+        );
+        assert!(e.contains("fewer prefix snapshots") && e.contains("fewer parallel sequences"), "{e}");
     }
 
     #[test]
     fn refusal_names_numbers_and_alternatives() {
         let c = shape("qwen3-8b").unwrap();
-        let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 2048, 16, 512);
+        let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 2048, 16, 512, SeqPlan::new(1));
         assert!(p.check(40_000_000_000, "cuda:0 X", 2048 * 16, &c).is_ok());
         let e = p.check(16_000_000_000, "cuda:0 X", 2048 * 16, &c).unwrap_err();
         for part in ["cuda:0 X", "weights 16.", "KV cache", "4-bit weights", "free 16.00 GB"] {
             assert!(e.contains(part), "{part} missing from: {e}");
         }
-        let e = p.check(24_000_000_000, "cuda:0 X", 2048 * 16, &c).unwrap_err();
+        let e = p.check(22_000_000_000, "cuda:0 X", 2048 * 16, &c).unwrap_err();
         assert!(e.contains("cached positions in total fit"), "{e}");
     }
 }

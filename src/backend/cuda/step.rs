@@ -349,9 +349,7 @@ impl CudaBackend {
         }
         if let Some(hy) = &mut self.hybrid {
             // Recurrent states: checked, reset at position 0, chunk table uploaded.
-            if hy.begin_step(&self.dev.stream, plan, &last_tok)? {
-                self.graphs.clear(); // the state pool moved
-            }
+            hy.begin_step(&self.dev.stream, plan, &last_tok)?;
         }
         Ok(f)
     }
@@ -566,6 +564,9 @@ impl CudaBackend {
                 norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
                 mark("rmsnorm")?;
                 if let Some(moe) = &lw.moe {
+                    if let Some(t) = self.tap.as_mut() {
+                        t.layer_input(&self.dev.stream, li, TapPoint::Router, &w.h, n, dim)?;
+                    }
                     // Qwen3.5-MoE / Qwen3-Next: routed experts, then the gated shared expert.
                     super::moe::moe_ffn(k, s, moe, &w.moe, h, x, n)?;
                     mark("moe ffn")?;

@@ -6,8 +6,8 @@
 //! the step (final RMSNorm applied), as on the CPU.
 //!
 //! A step with a tap runs without graph replay (each download waits for the stream); without a
-//! tap the forward pass does nothing extra. Dense attention layers only: the CUDA backend runs
-//! no other kind.
+//! tap the forward pass does nothing extra. Hybrid layers report only their sparse FFN's input
+//! (under the router's name, as the CPU does): enough to compare routing choices.
 
 use std::sync::Arc;
 
@@ -27,6 +27,8 @@ pub(super) enum TapPoint {
     O,
     /// The FFN-normed hidden state, read by gate and up.
     GateUp,
+    /// The FFN-normed hidden state of a sparse layer, read by its router (and experts).
+    Router,
     /// `silu(gate) * up`, read by down.
     Down,
 }
@@ -37,6 +39,8 @@ struct LayerNames {
     o: String,
     gate_up: [String; 2],
     down: String,
+    /// The router of a sparse layer (its input: the FFN-normed hidden state).
+    router: Option<String>,
 }
 
 /// A host tap plus the matrix names it reports under.
@@ -59,6 +63,7 @@ impl CudaTap {
                 o: l.wo.name.clone(),
                 gate_up: [l.w_gate.name.clone(), l.w_up.name.clone()],
                 down: l.w_down.name.clone(),
+                router: l.moe.as_ref().map(|m| m.router.name.clone()),
             })
             .collect();
         CudaTap { tap, layers, head: w.output.name.clone(), host: Vec::new() }
@@ -108,6 +113,7 @@ impl CudaTap {
             TapPoint::O => vec![l.o.clone()],
             TapPoint::GateUp => l.gate_up.to_vec(),
             TapPoint::Down => vec![l.down.clone()],
+            TapPoint::Router => l.router.iter().cloned().collect(),
         };
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         self.report(s, buf, n, cols, &refs)

@@ -1,0 +1,155 @@
+//! Where the GPU's qwen35moe prefill leaves the CPU's: the input of every sparse layer (the
+//! FFN-normed hidden state its router and experts read, `[n_tok, dim]`), tapped on both
+//! backends for the same prompt, fed as one chunk, as chunks of 16 and token by token. Per
+//! layer it prints the relative error by position range, and every position where the GPU's
+//! routed experts (its router logits computed here from its tapped input) differ from the
+//! CPU's, with the CPU's router gap there (k-th minus (k+1)-th logit). A defect of the
+//! multi-token path shows as an error that grows with the position in every layer; a flipped
+//! near-tie as an error that jumps at the flip and spreads from there.
+//!
+//! `gpu_parity --ignored hybrid_diag --nocapture` (`DUSTOFF_DIAG_PROMPTS`: the prompt names,
+//! `DUSTOFF_DIAG_ARCH`: the reference model).
+
+use std::any::Any;
+use std::sync::{Arc, Mutex};
+
+use dustoff::backend::cpu::tap::ActivationTap;
+use dustoff::backend::cpu::CpuBackend;
+use dustoff::backend::cuda::CudaTap;
+use dustoff::backend::Backend;
+use dustoff::engine::single::SingleSeq;
+use dustoff::model::loader::{load_model, LoadedModel};
+
+use super::common::{floats, ids};
+use super::gpu;
+use super::qwen35::{arch_dir, cuda, refs_in};
+
+/// Tapped inputs by matrix name, in step order: (name, `[n, cols]` values, n).
+type Taps = Arc<Mutex<Vec<(String, Vec<f32>, usize)>>>;
+
+struct Rec(Taps);
+
+impl ActivationTap for Rec {
+    fn matmul_input(&mut self, names: &[&str], x: &[f32], n_tok: usize) {
+        if let Some(first) = names.first() {
+            self.0.lock().unwrap().push((first.to_string(), x.to_vec(), n_tok));
+        }
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+/// The rows of every step's input of `name`, concatenated (`[tokens, dim]`).
+fn rows_of(t: &Taps, name: &str) -> Vec<f32> {
+    t.lock().unwrap().iter().filter(|(n, _, _)| n == name).flat_map(|(_, x, _)| x.iter().copied()).collect()
+}
+
+/// Feeds `prompt` in pieces of `chunk` tokens; the last piece's logits.
+fn feed<B: Backend>(b: &mut B, prompt: &[u32], chunk: usize) -> Vec<f32> {
+    let mut seq = SingleSeq::new(&*b, 0, prompt.len() + 1).unwrap();
+    let mut last = Vec::new();
+    for piece in prompt.chunks(chunk) {
+        last = seq.feed(b, piece).unwrap();
+    }
+    last
+}
+
+/// Top-`k` expert set of router logits `l` (ties to the lower index) and the gap after it.
+fn top_k(l: &[f64], k: usize) -> (Vec<usize>, f64) {
+    let mut idx: Vec<usize> = (0..l.len()).collect();
+    idx.sort_by(|&a, &b| l[b].total_cmp(&l[a]).then(a.cmp(&b)));
+    let gap = if l.len() > k { l[idx[k - 1]] - l[idx[k]] } else { f64::INFINITY };
+    let mut set = idx[..k].to_vec();
+    set.sort();
+    (set, gap)
+}
+
+fn logits_of(router: &[f32], h: &[f32]) -> Vec<f64> {
+    router.chunks_exact(h.len()).map(|r| r.iter().zip(h).map(|(&a, &b)| a as f64 * b as f64).sum()).collect()
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).abs()).fold(0.0, f64::max)
+}
+
+fn report(m: &LoadedModel, what: &str, cpu: &Taps, gpu: &Taps, n: usize) {
+    let dim = m.config.dim;
+    for (l, lw) in m.weights.layers.iter().enumerate() {
+        let Some(moe) = &lw.moe else { continue };
+        let name = &moe.router.name;
+        let (c, g) = (rows_of(cpu, name), rows_of(gpu, name));
+        assert_eq!((c.len(), g.len()), (n * dim, n * dim), "{what}: layer {l} taps");
+        let router = moe.router.to_f32_vec();
+        let mut bins = String::new();
+        for (lo, hi) in [(0, 8), (8, 16), (16, 32), (32, 64), (64, 100), (100, usize::MAX)] {
+            let hi = hi.min(n);
+            if lo >= hi {
+                continue;
+            }
+            let mut worst = 0f64;
+            for t in lo..hi {
+                let (cr, gr) = (&c[t * dim..(t + 1) * dim], &g[t * dim..(t + 1) * dim]);
+                let scale = cr.iter().map(|v| v.abs() as f64).fold(0.0, f64::max).max(1e-30);
+                worst = worst.max(max_abs(cr, gr) / scale);
+            }
+            bins.push_str(&format!(" [{lo},{hi}) {worst:.1e}"));
+        }
+        let mut flips = Vec::new();
+        for t in 0..n {
+            let (cr, gr) = (&c[t * dim..(t + 1) * dim], &g[t * dim..(t + 1) * dim]);
+            let (cs, gap) = top_k(&logits_of(&router, cr), moe.n_used);
+            let (gs, _) = top_k(&logits_of(&router, gr), moe.n_used);
+            if cs != gs {
+                flips.push(format!("{t}(gap {gap:.1e}: {cs:?}->{gs:?})"));
+            }
+        }
+        println!("  {what} layer {l}: rel err by position{bins}; routing differs at {} positions: {}", flips.len(), {
+            let mut f = flips.iter().take(8).cloned().collect::<Vec<_>>().join(" ");
+            if flips.len() > 8 {
+                f.push_str(" ...");
+            }
+            f
+        });
+    }
+}
+
+#[test]
+#[ignore = "diagnosis (prints): per-layer GPU vs CPU error and routing differences of a hybrid MoE"]
+fn hybrid_diag_moe_prefill_vs_cpu() {
+    let Some(_g) = gpu("hybrid diag") else { return };
+    // `DUSTOFF_DIAG_ARCH`: qwen3_5_moe (default) or qwen3_next, in its GGUF form.
+    let arch = std::env::var("DUSTOFF_DIAG_ARCH").unwrap_or_else(|_| "qwen3_5_moe".into());
+    let dir = arch_dir(&arch);
+    let file = format!("{arch}-f16.gguf");
+    let m = load_model(&dir.join(&file)).unwrap();
+    let wanted = std::env::var("DUSTOFF_DIAG_PROMPTS").unwrap_or_else(|_| "short8,chunk64,code100,mixed200".into());
+    let mut b = cuda(&m, 64);
+    for r in refs_in(&dir).iter().filter(|r| wanted.split(',').any(|w| w == r["name"].as_str().unwrap())) {
+        let prompt = ids(r, "prompt_ids");
+        let n = prompt.len();
+        let want: Vec<f32> = floats(r, "prompt_last_logits").iter().map(|&v| v as f32).collect();
+        let cpu_taps: Taps = Arc::default();
+        let mut cpu = CpuBackend::new(m.config.clone(), m.weights.clone(), 64, 16);
+        cpu.set_tap(Box::new(Rec(cpu_taps.clone())));
+        let cpu_last = feed(&mut cpu, &prompt, n);
+        println!(
+            "{} ({n} tokens, {file}): CPU vs transformers after the prompt {:.2e}",
+            r["name"],
+            max_abs(&cpu_last, &want)
+        );
+        for chunk in [n, 16, 1] {
+            let gpu_taps: Taps = Arc::default();
+            b.set_tap(CudaTap::new(Box::new(Rec(gpu_taps.clone())), &m.weights));
+            let last = feed(&mut b, &prompt, chunk);
+            b.take_tap();
+            let what = format!("chunks of {chunk}");
+            println!(
+                "  {what}: GPU vs transformers {:.2e}, GPU vs CPU {:.2e}",
+                max_abs(&last, &want),
+                max_abs(&last, &cpu_last)
+            );
+            report(&m, &what, &cpu_taps, &gpu_taps, n);
+        }
+    }
+}
