@@ -16,18 +16,20 @@
 //! prompt's logits by 0.016, the mark of such a flip (qwen3next, gaps >= 7.5e-3 there: < 5e-3).
 //! So the bounds are twice the dense ones (0.15 and 0.1), greedy tokens and teacher-forced
 //! argmaxes are compared where the reference margin is at least 0.3 (twice the prefill bound),
-//! and the forms are compared on the prompts whose router gaps are all >= 1.5e-3.
+//! and the forms are compared on the prompts whose prefill routes as the CPU's in both forms
+//! and whose generated positions have router gaps >= 1.5e-3.
 //!
-//! OPEN (round 2, H200, compute_70 PTX; `#[ignore]`d so that the suite says what passes): on
-//! qwen35moe the one-chunk prefill drifts with the prompt length while one-token steps stay
-//! close: after the prompt 0.044 / 0.052 / 0.062 / **1.47** / 0.19 / 0.15 from transformers for
-//! the 8 / 45 / 64 / 100 / 150 / 200-token prompts, token by token 0.009-0.014 for all of them
-//! (both forms alike); the HF and GGUF forms differ by 0.0076 after the 200-token prompt.
-//! Qwen3-Next passes every bound with the same kernels (chunked delta rule, MoE, shared
-//! expert), and the kernels pass their parity tests at 1..100 tokens; not yet known whether
-//! router choices flipped by the F16 rounding of a chunk's matmul inputs (the prefill's logit
-//! error is ~3x the decode path's even for 8 tokens) explain it, or a defect of multi-token
-//! steps specific to this layer order (L F L F).
+//! The one-chunk prefill of qwen35moe (session 5, H200, compute_70 PTX; `hybrid_diag`): its
+//! sparse-layer inputs sit within 1e-3 (first layer) to 1e-2 (fourth) of the CPU's, the F16
+//! rounding of a chunk's matmul inputs (token by token: 5e-7 to 2e-3), the same as
+//! qwen3next's, and nothing grows with the position. But three reference prompts hold router
+//! near-ties that this rounding flips: code100 at position 12 of the first sparse layer (gap
+//! 7.7e-4), story150 at 141 and mixed200 at 16 of the second (2.6e-3); every later layer and
+//! position then differs (1.49 / 0.19 / 0.11 from transformers after the prompt, where the
+//! other prompts stay within 0.047-0.066). Qwen3-Next's prompts have no gap that small. So
+//! the reference checks run `hybrid_diag::prefill_routing_vs_cpu` first (routing against the
+//! f32 CPU engine: differences only at near-ties, inputs at the F16 level up to them) and
+//! compare a prompt whose prefill flipped such a choice after feeding it token by token.
 
 use std::path::PathBuf;
 
@@ -39,9 +41,11 @@ use super::qwen35::{
     arch_dir, check_against_refs_in, cuda, engine_on_cuda_equals_cpu_to, prefill_then_decode, refs_in, GpuTol,
 };
 
-const MOE: GpuTol = GpuTol { prefill: 0.15, decode: 0.1, greedy_tau: 0.3, tf_tau: 0.3, min_checked: 0.5 };
+const MOE: GpuTol =
+    GpuTol { prefill: 0.15, decode: 0.1, greedy_tau: 0.3, tf_tau: 0.3, min_checked: 0.5, route_check: true };
 
-/// Prompts whose every router choice has a gap of at least this (README: `router_min_gap`).
+/// Generated positions whose every router choice has a gap of at least this (README:
+/// `router_min_gap`) for the forms comparison.
 const CLEAR_ROUTING: f64 = 1.5e-3;
 
 /// The HF and GGUF forms hold the same values (BF16 -> F16 is exact), so on the GPU, where
@@ -59,10 +63,20 @@ fn forms_agree_on_cuda(arch: &str, gguf: &str) {
     let (hf, gg) = (model(arch, "hf"), model(arch, gguf));
     let (mut a, mut b): (CudaBackend, CudaBackend) = (cuda(&hf, 16), cuda(&gg, 16));
     let mut worst = 0f64;
-    let clear: Vec<&serde_json::Value> = refs
-        .iter()
-        .filter(|r| r["router_min_gap"].as_array().unwrap().iter().all(|g| g.as_f64().unwrap() >= CLEAR_ROUTING))
-        .collect();
+    // Prompts whose one-chunk prefill routes as the CPU's in both forms, and whose generated
+    // positions have no near-tie.
+    let mut clear: Vec<&serde_json::Value> = Vec::new();
+    for r in &refs {
+        let (prompt, name) = (super::common::ids(r, "prompt_ids"), r["name"].as_str().unwrap());
+        let gaps = r["router_min_gap"].as_array().unwrap();
+        let decode_clear = gaps[prompt.len()..].iter().all(|g| g.as_f64().unwrap() >= CLEAR_ROUTING);
+        let routes = |b: &mut CudaBackend, m: &LoadedModel, form: &str| {
+            super::hybrid_diag::prefill_routing_vs_cpu(m, b, &prompt, &format!("{arch} {form} {name}")).is_none()
+        };
+        if decode_clear && routes(&mut a, &hf, "hf") && routes(&mut b, &gg, "gguf") {
+            clear.push(r);
+        }
+    }
     assert!(clear.len() >= 2, "{arch}: only {} prompts route clearly", clear.len());
     for r in clear {
         let (la, lb) = (prefill_then_decode(&mut a, r), prefill_then_decode(&mut b, r));
@@ -76,7 +90,6 @@ fn forms_agree_on_cuda(arch: &str, gguf: &str) {
 }
 
 #[test]
-#[ignore = "fails on the H200 (round 2): one-chunk prefill of qwen35moe drifts from transformers (module docs)"]
 fn qwen35moe_gguf_on_cuda_matches_transformers() {
     let Some(_g) = gpu("qwen35moe gguf") else { return };
     check_against_refs_in(
@@ -88,14 +101,12 @@ fn qwen35moe_gguf_on_cuda_matches_transformers() {
 }
 
 #[test]
-#[ignore = "fails on the H200 (round 2): one-chunk prefill of qwen35moe drifts from transformers (module docs)"]
 fn qwen35moe_hf_directory_on_cuda_matches_transformers() {
     let Some(_g) = gpu("qwen35moe hf") else { return };
     check_against_refs_in(&refs_in(&arch_dir("qwen3_5_moe")), &model("qwen3_5_moe", "hf"), "hf", &MOE);
 }
 
 #[test]
-#[ignore = "fails on the H200 (round 2): one-chunk prefill of qwen35moe drifts from transformers (module docs)"]
 fn qwen35moe_hf_and_gguf_agree_on_cuda() {
     let Some(_g) = gpu("qwen35moe forms") else { return };
     forms_agree_on_cuda("qwen3_5_moe", "qwen3_5_moe-f16.gguf");
@@ -196,4 +207,76 @@ fn bench_qwen36_35b_synthetic() {
             v[1]
         );
     }
+}
+
+/// The memory plan against the device: the Qwen3.6-35B-A3B shape (random Q4_K_M weights made
+/// on the GPU) planned for 64 sequences of 4,096 positions, steps of 512 tokens and 8 prefix
+/// snapshots (the `dustoff bench --plan` case of issue 13), runs 64 requests in 8 groups that
+/// share a 32-token prefix (so the snapshot pool fills); the device memory the backend holds
+/// (used after the run, and its peak, less what was used before it was made: the context)
+/// stays within the plan. Prints both and the context. `gpu_parity --ignored plan_vs_device`.
+#[test]
+#[ignore]
+fn qwen36_35b_plan_vs_device_memory() {
+    use dustoff::backend::cuda::backend::{synthetic_matrix_bytes, wide_len, WeightMix};
+    use dustoff::backend::cuda::memory::{plan_memory_for, SeqPlan};
+    use dustoff::backend::cuda::{CudaDevice, CudaOptions};
+    use dustoff::backend::Backend;
+    use dustoff::engine::engine::{Engine, EngineConfig, Request};
+    use dustoff::engine::sampler::SamplingParams;
+    let Some(g) = gpu("qwen3.6-35b-a3b plan vs device") else { return };
+    drop(g);
+    let dev = CudaDevice::new(0).unwrap();
+    let (free0, total) = dev.mem_info().unwrap();
+    let cfg = dustoff::model::shapes::shape("qwen3.6-35b-a3b").unwrap();
+    let seqs = SeqPlan { running: 64, snapshots: 8 };
+    let opts = CudaOptions {
+        max_positions: 4096,
+        max_seqs: seqs.running,
+        max_snapshots: seqs.snapshots,
+        ..super::opts(64 * 4096 / 16)
+    };
+    let (matrices, wide) = (synthetic_matrix_bytes(&cfg, WeightMix::Q4KM), wide_len(&cfg) as u64 * 2);
+    let plan = plan_memory_for(&cfg, matrices, wide, opts.num_blocks, 16, opts.max_batch_tokens, 4096, seqs);
+    let t = std::time::Instant::now();
+    let mut b = CudaBackend::synthetic_mix(cfg, WeightMix::Q4KM, 1, &opts).expect("synthetic qwen3.6-35b-a3b");
+    b.load_kernels().unwrap();
+    let made = t.elapsed().as_secs_f64();
+    let ecfg = EngineConfig { slots: 64, max_batch_tokens: 512, prefix_cache: true, model_fingerprint: [7; 32] };
+    let mut e = Engine::new(b, ecfg).unwrap();
+    for i in 0..64u32 {
+        let group = i % 8;
+        let mut prompt: Vec<u32> = (0..32).map(|k| 1000 + 97 * group + 13 * k).collect();
+        prompt.extend((0..8).map(|k| 50_000 + 8 * i + k));
+        let sampling = SamplingParams::greedy();
+        e.add_request(Request { id: i as u64, prompt, max_tokens: 4, sampling, stop_ids: vec![] }).unwrap();
+    }
+    let done = e.run_to_completion().unwrap();
+    let (free1, _) = dev.mem_info().unwrap();
+    let peak = e.backend().peak_memory_bytes().unwrap_or(0);
+    let mt = e.metrics();
+    let used0 = (total - free0) as u64;
+    let held = ((total - free1) as u64).max(peak).saturating_sub(used0);
+    let gb = |b: u64| b as f64 / 1e9;
+    println!(
+        "qwen3.6-35b-a3b Q4_K_M, 64 x 4,096 planned: plan {:.3} GB (weights {:.3}, KV {:.3}, states {:.3} = {} + {} snapshots, workspace {:.3}); device: {:.3} GB held by the backend (peak {:.3} GB used, after the run {:.3} GB, before it {:.3} GB: the context); plan - held = {:.3} GB; made in {made:.1} s; {} requests done, {} of {} prompt tokens cached",
+        gb(plan.total),
+        gb(plan.weights),
+        gb(plan.kv),
+        gb(plan.state),
+        seqs.running,
+        seqs.snapshots,
+        gb(plan.workspace),
+        gb(held),
+        gb(peak),
+        gb((total - free1) as u64),
+        gb(used0),
+        gb(plan.total) - gb(held),
+        done.len(),
+        mt.prompt_tokens_cached,
+        mt.prompt_tokens,
+    );
+    assert_eq!(done.len(), 64);
+    assert!(mt.prompt_tokens_cached > 0, "no prefix reuse: {mt:?}");
+    assert!(held <= plan.total, "the backend holds {held} bytes, more than its plan of {}", plan.total);
 }
