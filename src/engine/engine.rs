@@ -329,6 +329,11 @@ impl<B: Backend> Engine<B> {
     pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
         let mut events = std::mem::take(&mut self.pending);
         let plan = self.sched.schedule()?;
+        // A preempted sequence restarts from position 0: its recurrent state (hybrid models) is
+        // stale, and the planned state pool holds only the sequences that run.
+        for id in self.sched.take_preempted() {
+            self.backend.release(id);
+        }
         if plan.chunks.is_empty() {
             return Ok(events);
         }

@@ -113,6 +113,8 @@ pub struct Scheduler {
     restores: Vec<(SeqId, BlockHash, usize)>,
     /// Chunks that ended at their `snapshot_at`: (sequence, hash of the prefix it computed).
     snapshots_due: Vec<(SeqId, BlockHash)>,
+    /// Sequences preempted since the engine last asked (they restart from position 0).
+    preempted: Vec<SeqId>,
 }
 
 impl Scheduler {
@@ -126,6 +128,7 @@ impl Scheduler {
             stats: SchedulerStats::default(),
             restores: Vec::new(),
             snapshots_due: Vec::new(),
+            preempted: Vec::new(),
         }
     }
 
@@ -136,6 +139,11 @@ impl Scheduler {
     /// The state snapshots the engine should take after the last step.
     pub fn take_snapshots_due(&mut self) -> Vec<(SeqId, BlockHash)> {
         std::mem::take(&mut self.snapshots_due)
+    }
+    /// The sequences preempted since the last call: their per-sequence backend state (a hybrid
+    /// model's recurrent state) is stale, and its slot is needed by the sequences that run.
+    pub fn take_preempted(&mut self) -> Vec<SeqId> {
+        std::mem::take(&mut self.preempted)
     }
     /// See [`KvCache::add_state_point`] / [`KvCache::remove_state_point`].
     pub fn set_state_point(&mut self, hash: BlockHash, present: bool) {
@@ -329,6 +337,7 @@ impl Scheduler {
     fn preempt(&mut self, i: usize) -> Result<(), SchedulerError> {
         let mut seq = self.running.remove(i);
         self.kv.free(seq.id)?;
+        self.preempted.push(seq.id);
         seq.num_computed = 0;
         self.waiting.push_front(seq);
         self.stats.preemptions += 1;
