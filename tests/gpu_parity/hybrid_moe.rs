@@ -16,8 +16,8 @@
 //! prompt's logits by 0.016, the mark of such a flip (qwen3next, gaps >= 7.5e-3 there: < 5e-3).
 //! So the bounds are twice the dense ones (0.15 and 0.1), greedy tokens and teacher-forced
 //! argmaxes are compared where the reference margin is at least 0.3 (twice the prefill bound),
-//! and the forms are compared on the prompts whose prefill routes as the CPU's in both forms
-//! and whose generated positions have router gaps >= 1.5e-3.
+//! and the forms are compared token by token on the prompts whose generated positions have
+//! router gaps >= 1.5e-3, and after a one-chunk prefill where it routes as the CPU's in both.
 //!
 //! The one-chunk prefill of qwen35moe (session 5, H200, compute_70 PTX; `hybrid_diag`): its
 //! sparse-layer inputs sit within 1e-3 (first layer) to 1e-2 (fourth) of the CPU's, the F16
@@ -38,7 +38,8 @@ use dustoff::model::loader::{load_model, LoadedModel};
 
 use super::gpu;
 use super::qwen35::{
-    arch_dir, check_against_refs_in, cuda, engine_on_cuda_equals_cpu_to, prefill_then_decode, refs_in, GpuTol,
+    arch_dir, check_against_refs_in, cuda, engine_on_cuda_equals_cpu_to, feed_then_decode, prefill_then_decode,
+    refs_in, GpuTol,
 };
 
 const MOE: GpuTol =
@@ -48,10 +49,16 @@ const MOE: GpuTol =
 /// `router_min_gap`) for the forms comparison.
 const CLEAR_ROUTING: f64 = 1.5e-3;
 
-/// The HF and GGUF forms hold the same values (BF16 -> F16 is exact), so on the GPU, where
-/// both round the same activations to F16, their logits differ only by f32 sums in another
-/// order (value heads tiled in the qwen35moe GGUF, interleaved in the HF file).
+/// The HF and GGUF forms hold the same values (BF16 -> F16 is exact), so fed token by token
+/// (the decode path: f32 GEMV inputs) their logits differ only by f32 sums in another order
+/// (value heads tiled in the qwen35moe GGUF, interleaved in the HF file) and what that moves in
+/// the F16 K/V cache.
 const FORMS_TOL: f64 = 5e-3;
+
+/// After a one-chunk prefill, where each form rounds its own f32 sums to F16 for the chunk's
+/// matmuls: H200, session 5 (compute_70 PTX), qwen35moe chunk64 1.05e-2 (each form 0.066 from
+/// transformers), short8 < 5e-3.
+const FORMS_PREFILL_TOL: f64 = 2.5e-2;
 
 fn model(arch: &str, file: &str) -> LoadedModel {
     let p: PathBuf = arch_dir(arch).join(file);
@@ -62,31 +69,36 @@ fn forms_agree_on_cuda(arch: &str, gguf: &str) {
     let refs = refs_in(&arch_dir(arch));
     let (hf, gg) = (model(arch, "hf"), model(arch, gguf));
     let (mut a, mut b): (CudaBackend, CudaBackend) = (cuda(&hf, 16), cuda(&gg, 16));
-    let mut worst = 0f64;
-    // Prompts whose one-chunk prefill routes as the CPU's in both forms, and whose generated
-    // positions have no near-tie.
-    let mut clear: Vec<&serde_json::Value> = Vec::new();
+    let (mut worst, mut worst_prefill, mut prefilled) = (0f64, 0f64, 0);
+    let diff = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(&p, &q)| (p as f64 - q as f64).abs()).fold(0.0, f64::max);
     for r in &refs {
         let (prompt, name) = (super::common::ids(r, "prompt_ids"), r["name"].as_str().unwrap());
+        // Generated positions with a router near-tie may route apart on the two forms.
         let gaps = r["router_min_gap"].as_array().unwrap();
-        let decode_clear = gaps[prompt.len()..].iter().all(|g| g.as_f64().unwrap() >= CLEAR_ROUTING);
+        if !gaps[prompt.len()..].iter().all(|g| g.as_f64().unwrap() >= CLEAR_ROUTING) {
+            continue;
+        }
+        let (la, lb) = (feed_then_decode(&mut a, r, 1), feed_then_decode(&mut b, r, 1));
+        for (i, (x, y)) in la.iter().zip(&lb).enumerate() {
+            let d = diff(x, y);
+            assert!(d < FORMS_TOL, "{arch} {name}: token by token, step {i}: HF and GGUF logits differ by {d}");
+            worst = worst.max(d);
+        }
+        // The one-chunk prefill, where it routes as the CPU's in both forms.
         let routes = |b: &mut CudaBackend, m: &LoadedModel, form: &str| {
             super::hybrid_diag::prefill_routing_vs_cpu(m, b, &prompt, &format!("{arch} {form} {name}")).is_none()
         };
-        if decode_clear && routes(&mut a, &hf, "hf") && routes(&mut b, &gg, "gguf") {
-            clear.push(r);
+        if routes(&mut a, &hf, "hf") && routes(&mut b, &gg, "gguf") {
+            let (pa, pb) = (prefill_then_decode(&mut a, r), prefill_then_decode(&mut b, r));
+            let d = diff(&pa[0], &pb[0]);
+            assert!(d < FORMS_PREFILL_TOL, "{arch} {name}: after a one-chunk prefill HF and GGUF logits differ by {d}");
+            worst_prefill = worst_prefill.max(d);
+            prefilled += 1;
         }
     }
-    assert!(clear.len() >= 2, "{arch}: only {} prompts route clearly", clear.len());
-    for r in clear {
-        let (la, lb) = (prefill_then_decode(&mut a, r), prefill_then_decode(&mut b, r));
-        for (i, (x, y)) in la.iter().zip(&lb).enumerate() {
-            let d = x.iter().zip(y).map(|(&p, &q)| (p as f64 - q as f64).abs()).fold(0.0, f64::max);
-            assert!(d < FORMS_TOL, "{arch} {}: step {i}: HF and GGUF logits differ by {d} on the GPU", r["name"]);
-            worst = worst.max(d);
-        }
-    }
-    eprintln!("{arch}: HF vs GGUF on the GPU: largest |logit difference| {worst:.2e}");
+    assert!(prefilled >= 2, "{arch}: only {prefilled} prompts route clearly in a one-chunk prefill");
+    eprintln!("{arch}: HF vs GGUF on the GPU after one-chunk prefills: largest |logit difference| {worst_prefill:.2e}");
+    eprintln!("{arch}: HF vs GGUF on the GPU token by token: largest |logit difference| {worst:.2e}");
 }
 
 #[test]
