@@ -75,6 +75,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Run, "DUSTOFF_STEP_TIMES", "0", "`1`: per step size, the median GPU time of a step against its period, printed at exit"),
     var(Scope::Tuning, "DUSTOFF_MOE_GEMM", "1", "`0`: MoE steps grouped by expert run the grouped GEMV instead of the tensor-core grouped GEMM"),
     var(Scope::Tuning, "DUSTOFF_MOE_FUSED", "1", "`0`: the MoE router, top-k, down and weighted sum as separate launches instead of two fused ones"),
+    var(Scope::Tuning, "DUSTOFF_MOE_Q8", "1", "`0`: one-stream MoE expert products on f32 activations instead of int8 (dp4a)"),
     var(Scope::Tuning, "DUSTOFF_MOE_PAIR_MAX_TOKENS", "8", "most tokens of a step for the per-(token, expert) MoE kernels; larger steps group by expert"),
     var(Scope::Test, "DUSTOFF_INJECT_OOM", "unset", "`STEP[,SEQS]`: the first step from STEP on with at least SEQS sequences, and every later one as large, fails out of memory"),
     var(Scope::Test, "DUSTOFF_INJECT_WRITE_ERROR", "unset", "`commit:N`: the N-th checkpoint commit fails like a full disk; `output`: the final output does"),
@@ -89,6 +90,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Test, "DUSTOFF_MOE_BENCH_SHAPE", "qwen3-30b-a3b", "synthetic shape of the MoE GPU bench test"),
     var(Scope::Test, "DUSTOFF_MOE_BENCH_PROMPT", "128", "prompt length of the MoE bench test's batched rows"),
     var(Scope::Test, "DUSTOFF_BENCH_BATCH", "1", "`0`: the Qwen3.6-35B-A3B GPU bench test skips its batched rows"),
+    var(Scope::Test, "DUSTOFF_MOE_BENCH_SIZES", "8,32,64", "sequence counts of the MoE bench test's batched rows"),
     var(Scope::Test, "DUSTOFF_MOE_BENCH_BATCH", "1", "`0`: the MoE bench test skips its batched rows"),
     var(Scope::Test, "DUSTOFF_MOE_BENCH_ONE", "1", "`0`: the MoE bench test skips its one-stream row"),
 ];
