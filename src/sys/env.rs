@@ -76,6 +76,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Tuning, "DUSTOFF_MOE_GEMM", "1", "`0`: MoE steps grouped by expert run the grouped GEMV instead of the tensor-core grouped GEMM"),
     var(Scope::Tuning, "DUSTOFF_MOE_FUSED", "1", "`0`: the MoE router, top-k, down and weighted sum as separate launches instead of two fused ones"),
     var(Scope::Tuning, "DUSTOFF_MOE_Q8", "1", "`0`: one-stream MoE expert products on f32 activations instead of int8 (dp4a)"),
+    var(Scope::Tuning, "DUSTOFF_MOE_Q8_MAX_TOKENS", "64", "most tokens of a grouped MoE step for the int8 grouped GEMV; larger steps take the tensor-core GEMM"),
     var(Scope::Tuning, "DUSTOFF_MOE_PAIR_MAX_TOKENS", "8", "most tokens of a step for the per-(token, expert) MoE kernels; larger steps group by expert"),
     var(Scope::Test, "DUSTOFF_INJECT_OOM", "unset", "`STEP[,SEQS]`: the first step from STEP on with at least SEQS sequences, and every later one as large, fails out of memory"),
     var(Scope::Test, "DUSTOFF_INJECT_WRITE_ERROR", "unset", "`commit:N`: the N-th checkpoint commit fails like a full disk; `output`: the final output does"),
