@@ -49,10 +49,9 @@ __device__ __forceinline__ int q8_row_bytes(int cols) { return 2 * cols + cols /
 // Rows xr[0 .. nr) of `cols` values quantized as quantize_x_q8 does (bit for bit), row t into
 // sm + t rb: 8 lanes per block of 32 values, one float4 each, so a warp takes 4 blocks (a chunk
 // of 128 values) at a time; warp `first` of `step` warps takes chunks first, first + step, ...
-// of all rows, QN chunks' loads in flight at once. Writes the hi / lo codes and the
-// (d, d sum(q) + dl sum(l)) of each run of 16.
-#define QN 8
-template <int NT>
+// of all rows, QN chunks' loads in flight at once (few: the registers bound the blocks an SM
+// holds). Writes the hi / lo codes and the (d, d sum(q) + dl sum(l)) of each run of 16.
+template <int NT, int QN>
 __device__ __forceinline__ void quantize_rows_q8(const float* const (&xr)[NT], int nr, int cols, u8_t* sm, int rb,
                                                  int first, int step) {
     const int lane = threadIdx.x % WARP, bi = lane / 8, c4 = lane % 8;
@@ -174,13 +173,12 @@ __device__ __forceinline__ float lane_group_sum(float v, int lpr) {
 }
 
 #define MAT_R 2        // output rows per row group of the gate/up and grouped down products
-#define MAT_UN 2       // units in flight per lane
 #define MAT_THREADS 256
 #define MAT_NT 4       // grouped items per pass
 
 // Gate/up (GATE_UP: 2 MAT_R weight rows a group, gate then up) or the grouped down product,
 // pair mode (p.offsets null, one item) or grouped (NT items a pass). See the file comment.
-template <class F, int NT, bool GATE_UP>
+template <class F, int NT, int UN, int QN, bool GATE_UP>
 __device__ __forceinline__ void moe_mat_q8_impl(const MoeQ8Params& p) {
     constexpr int NR = GATE_UP ? 2 * MAT_R : MAT_R;
     extern __shared__ uint4 smem_v[];
@@ -222,8 +220,8 @@ __device__ __forceinline__ void moe_mat_q8_impl(const MoeQ8Params& p) {
         }
         if (c > 0) __syncthreads();  // the previous pass's reads of the shared inputs are done
         float acc[NR][NT];
-        rows_dot_sm<F, NR, NT, MAT_UN>(rows, p.cols / F::UE, sub, p.lpr, sm, rb, p.cols, nt, acc, [&] {
-            quantize_rows_q8<NT>(xr, nt, p.cols, sm, rb, warp, MAT_THREADS / WARP);
+        rows_dot_sm<F, NR, NT, UN>(rows, p.cols / F::UE, sub, p.lpr, sm, rb, p.cols, nt, acc, [&] {
+            quantize_rows_q8<NT, QN>(xr, nt, p.cols, sm, rb, warp, MAT_THREADS / WARP);
             __syncthreads();
         });
 #pragma unroll
@@ -251,7 +249,10 @@ __device__ __forceinline__ void moe_mat_q8_impl(const MoeQ8Params& p) {
 }
 
 #define DS_R 4   // output rows per row group of the down + sum product
-#define DS_UN 2
+
+// Units in flight per lane in pair mode: 2 for formats whose unit loads fit 32 bytes, else 1
+// (Q5_K / Q6_K / Q8_0 units with 2 in flight spilled registers under the 128-register bound).
+template <class F> struct PairUnits { enum { V = sizeof(typename F::Raw) <= 32 ? 2 : 1 }; };
 
 template <class F>
 __device__ __forceinline__ void moe_down_sum_q8_impl(const MoeQ8Params& p) {
@@ -273,8 +274,8 @@ __device__ __forceinline__ void moe_down_sum_q8_impl(const MoeQ8Params& p) {
     }
     const float* xr[1] = {p.x + (long long)pair * p.cols};
     float acc[DS_R][1];
-    rows_dot_sm<F, DS_R, 1, DS_UN>(rows, p.cols / F::UE, sub, p.lpr, sm, rb, p.cols, 1, acc, [&] {
-        quantize_rows_q8<1>(xr, 1, p.cols, sm, rb, 0, 1);
+    rows_dot_sm<F, DS_R, 1, PairUnits<F>::V>(rows, p.cols / F::UE, sub, p.lpr, sm, rb, p.cols, 1, acc, [&] {
+        quantize_rows_q8<1, 4>(xr, 1, p.cols, sm, rb, 0, 1);
         __syncwarp();
     });
 #pragma unroll
@@ -294,19 +295,22 @@ __device__ __forceinline__ void moe_down_sum_q8_impl(const MoeQ8Params& p) {
 // gate/up (pair mode and _g) and grouped down: grid (ceil(rows / (8 (32 / lpr) MAT_R)), pairs
 // or experts), block MAT_THREADS, dynamic shared memory (items a pass) q8_row_bytes(cols);
 // down + sum: grid (ceil(rows / ((32 / lpr) DS_R)), n_tok), block 32 k (k <= 8), dynamic shared
-// memory k q8_row_bytes(cols).
-#define MOE_Q8_ENTRIES(name, F)                                                                              \
-    extern "C" __global__ void __launch_bounds__(MAT_THREADS) moe_gate_up_q8_##name(const MoeQ8Params p) {    \
-        moe_mat_q8_impl<F, 1, true>(p);                                                                      \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256) moe_down_sum_q8_##name(const MoeQ8Params p) {          \
-        moe_down_sum_q8_impl<F>(p);                                                                          \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(MAT_THREADS) moe_gate_up_q8_##name##_g(const MoeQ8Params p) { \
-        moe_mat_q8_impl<F, MAT_NT, true>(p);                                                                 \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(MAT_THREADS) moe_down_q8_##name##_g(const MoeQ8Params p) {   \
-        moe_mat_q8_impl<F, MAT_NT, false>(p);                                                                \
+// memory k q8_row_bytes(cols). At least 2 blocks an SM (<= 128 registers a thread): with 1 (H200,
+// round 1 of this session: 148-248 registers) the one-stream launches ran in 2-3 waves.
+// Pair mode: PairUnits units a lane in flight, the input in 2 chunk loads a warp; grouped: 1
+// unit, 4.
+#define MOE_Q8_ENTRIES(name, F)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(MAT_THREADS, 2) moe_gate_up_q8_##name(const MoeQ8Params p) {    \
+        moe_mat_q8_impl<F, 1, PairUnits<F>::V, 2, true>(p);                                                                   \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256, 2) moe_down_sum_q8_##name(const MoeQ8Params p) {          \
+        moe_down_sum_q8_impl<F>(p);                                                                             \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(MAT_THREADS, 2) moe_gate_up_q8_##name##_g(const MoeQ8Params p) { \
+        moe_mat_q8_impl<F, MAT_NT, 1, 4, true>(p);                                                              \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(MAT_THREADS, 2) moe_down_q8_##name##_g(const MoeQ8Params p) {   \
+        moe_mat_q8_impl<F, MAT_NT, 1, 4, false>(p);                                                             \
     }
 
 FOR_EACH_QFORMAT(MOE_Q8_ENTRIES)

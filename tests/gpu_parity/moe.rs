@@ -387,9 +387,8 @@ fn whole_sparse_layer_matches_the_cpu_reference() {
                 // Steps of the block formats take the int8 kernels (moe_q8.cu): pair steps (with the
                 // fused launches), grouped steps up to grouped_max_tokens; larger ones the GEMM.
                 let grouped = n > pair_max_tokens();
-                let q8 = q8_enabled()
-                    && gu != GgmlType::F16
-                    && if grouped { n <= grouped_max_tokens() } else { fused_enabled() };
+                let q8 = gu != GgmlType::F16
+                    && if grouped { n <= grouped_max_tokens() } else { fused_enabled() && q8_enabled() };
                 let gemm = grouped && !q8 && gemm_enabled() && gemm_fits(&lw);
                 let name = match (gemm, gu) {
                     (true, _) => "moe_layer_gemm",

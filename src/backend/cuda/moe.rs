@@ -842,10 +842,7 @@ pub fn moe_ffn(
     } else {
         let (offsets, entries, position) = (dev(&work.offsets, s)?, dev(&work.entries, s)?, dev(&work.position, s)?);
         MoeGroup { ids, offsets, entries, position, n_pairs: pairs, n_experts: w.n_experts }.launch(kn, s)?;
-        if super::moe_q8::q8_enabled()
-            && n_tok <= super::moe_q8::grouped_max_tokens()
-            && super::moe_q8::grouped_fits(&w.gate, &w.down)
-        {
+        if n_tok <= super::moe_q8::grouped_max_tokens() && super::moe_q8::grouped_fits(&w.gate, &w.down) {
             // Batches: the grouped int8 GEMV (moe_q8.rs), then the weighted sum.
             let (ne, n_pairs) = (w.n_experts, pairs);
             let walk = Walk::Grouped { offsets, entries, n_experts: ne };

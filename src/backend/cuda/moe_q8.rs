@@ -31,8 +31,8 @@ pub const MOE_Q8_ENTRIES: [&str; 32] = {
     all!("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 };
 
-/// Whether MoE steps of the block formats take the int8 kernels (`DUSTOFF_MOE_Q8=0`: the f32
-/// GEMV kernels of moe.cu, and the tensor-core GEMM for every grouped step).
+/// Whether one-stream (pair mode) MoE steps of the block formats take the int8 kernels
+/// (`DUSTOFF_MOE_Q8=0`: the f32 GEMV kernels of moe.cu). Grouped steps: [`grouped_max_tokens`].
 pub fn q8_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_Q8").is_none_or(|v| v != "0"))
