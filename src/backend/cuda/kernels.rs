@@ -132,7 +132,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("hybrid_attn", ["hyb_qkv_post_f32", "hyb_gate_mul_f32"]),
     kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
     KernelFile { name: "moe", source: include_str!("../../../kernels/moe.cu"), entries: &super::moe::MOE_ENTRIES },
-    KernelFile { name: "moe_q8", source: include_str!("../../../kernels/moe_q8.cu"), entries: &super::moe_q8::MOE_Q8_ENTRIES },
+    KernelFile {
+        name: "moe_q8",
+        source: include_str!("../../../kernels/moe_q8.cu"),
+        entries: &super::moe_q8::MOE_Q8_ENTRIES,
+    },
     KernelFile {
         name: "moe_gemm",
         source: include_str!("../../../kernels/moe_gemm.cu"),
