@@ -1,21 +1,18 @@
-// Routed experts on int8 activations: the packed expert rows dotted with dp4a against the
-// two-plane int8 form of the input (kernels/quant.cuh, "int8 activations"), instead of the f32
-// decode + FMA of moe.cu's GEMV kernels. CPU twin: src/backend/cuda/q8x.rs `matmul_q8x` per
-// (token, slot) pair (the product on the dequantized input).
+// One-stream (pair mode) routed experts on int8 activations: the packed expert rows dotted
+// with dp4a against the two-plane int8 form of the input (kernels/quant.cuh, "int8
+// activations"), instead of the f32 decode + FMA of moe.cu's pair kernels. CPU twin:
+// src/backend/cuda/q8x.rs `matmul_q8x` per pair (the product on the dequantized input).
 //
 // Each block quantizes the input rows it needs into shared memory itself (the arithmetic of
-// gemv_q8.cu's quantize_x_q8, bit for bit), so no int8 buffer crosses launches:
-//   moe_gate_up_q8_<fmt>[_g]: act[q, r] = silu(gate_e[r] . h[t]) * (up_e[r] . h[t]), block 256;
-//     pair mode (few tokens): grid (row tiles, pairs), item q = pair p, e = ids[p], t = p / k;
-//     grouped (_g, batches): grid (row tiles, experts), items q = offsets[e] .. offsets[e + 1]
-//     (grouped positions of moe_group), t = entries[q] / k, NT items per pass, the weight
-//     registers shared by them; experts nobody chose exit at once;
-//   moe_down_q8_<fmt>_g: y[q, r] = down_e[r] . act[q] over the same grouping (then
-//     moe_combine_f32 sums each token's rows, slot 0 first);
-//   moe_down_sum_q8_<fmt>: pair mode, grid (row tiles, tokens), block 32 k: warp j quantizes
-//     act[t k + j] (its own shared memory, no block barrier) and dots the rows of expert
-//     ids[t k + j]'s down slab; then x[t, r] += sum_j wts[t k + j] * part[j][r], slot 0 first
-//     (moe_combine_f32's order).
+// gemv_q8.cu's quantize_x_q8, bit for bit), so the layer keeps three launches (fused router,
+// gate/up, down + weighted sum) and no int8 buffer crosses launches:
+//   moe_gate_up_q8_<fmt>: grid (ceil(ffn / rows per block), pairs), block 256; the block's
+//     pair p reads token p / k's input h [dim] (quantized once per block, 2.5 bytes a column
+//     of shared memory) and writes act[p, r] = silu(gate_e[r] . h) * (up_e[r] . h), e = ids[p];
+//   moe_down_sum_q8_<fmt>: grid (ceil(dim / rows per block), tokens), block 32 k: warp j
+//     quantizes act[t k + j] (its own shared memory, no block barrier) and dots the rows of
+//     expert ids[t k + j]'s down slab; then x[t, r] += sum_j wts[t k + j] * part[j][r], slot 0
+//     first (moe_combine_f32's order).
 // Weight rows: lpr lanes (a power of two) share a row group of R rows; lane s takes units s,
 // s + lpr, ...; the weight loads of UN units are issued before the activations are needed (the
 // first ones before the block quantizes its input), the group reduces with shfl_xor in a
@@ -29,11 +26,9 @@ struct MoeQ8Params {
     const u8_t* qs2;   // gate/up: the up slab (same format and shape); down: null
     const u8_t* aux2;
     const float* x;    // gate/up: h [n_tok, cols]; down: act [n_pairs, cols] (f32)
-    const int* ids;      // [n_pairs] expert of each pair (pair mode)
-    const int* offsets;  // [n_experts + 1] grouped positions per expert (grouped mode), else null
-    const int* entries;  // [n_pairs] pair at each grouped position (grouped gate/up)
-    const float* wts;    // [n_pairs] weights (down + sum)
-    float* out;          // act [n_pairs, rows]; grouped down: y [n_pairs, rows]; down + sum: x [n_tok, rows] (+=)
+    const int* ids;    // [n_pairs] expert of each pair
+    const float* wts;  // [n_pairs] weights (down)
+    float* out;        // gate/up: act [n_pairs, rows]; down: the residual [n_tok, rows] (+=)
     int rows;          // output rows per expert
     int cols;          // row length (a multiple of 32)
     int k;             // experts per token
@@ -46,36 +41,28 @@ struct MoeQ8Params {
 // (d, d sum(q) + dl sum(l)) per run of 16.
 __device__ __forceinline__ int q8_row_bytes(int cols) { return 2 * cols + cols / 2; }
 
-// Rows xr[0 .. nr) of `cols` values quantized as quantize_x_q8 does (bit for bit), row t into
-// sm + t rb: 8 lanes per block of 32 values, one float4 each, so a warp takes 4 blocks (a chunk
-// of 128 values) at a time; warp `first` of `step` warps takes chunks first, first + step, ...
-// of all rows, QN chunks' loads in flight at once (few: the registers bound the blocks an SM
-// holds). Writes the hi / lo codes and the (d, d sum(q) + dl sum(l)) of each run of 16.
-template <int NT, int QN>
-__device__ __forceinline__ void quantize_rows_q8(const float* const (&xr)[NT], int nr, int cols, u8_t* sm, int rb,
-                                                 int first, int step) {
+// x [cols] quantized as quantize_x_q8 does (bit for bit): 8 lanes per block of 32 values, one
+// float4 each, so a warp takes 4 blocks (a chunk of 128 values) at a time; warp `first` of
+// `step` warps takes chunks first, first + step, ..., QN chunks' loads in flight at once. Writes
+// hi / lo codes and the (d, d sum(q) + dl sum(l)) of each run of 16 into `sm`.
+#define QN 4
+__device__ __forceinline__ void quantize_rows_q8(const float* x, int cols, u8_t* sm, int first, int step) {
     const int lane = threadIdx.x % WARP, bi = lane / 8, c4 = lane % 8;
-    const int nb = cols / 32, nch = (nb + 3) / 4, total = nr * nch;
-    for (int g0 = first; g0 < total; g0 += QN * step) {
+    const int nb = cols / 32;
+    u8_t* qh = sm;
+    u8_t* ql = sm + cols;
+    float2* xs = reinterpret_cast<float2*>(sm + 2 * cols);
+    for (int g0 = first; 4 * g0 < nb; g0 += QN * step) {
         float4 v[QN];
 #pragma unroll
         for (int i = 0; i < QN; ++i) {
-            const int g = g0 + i * step, t = g / nch, b = 4 * (g - t * nch) + bi;
-            // Row t's pointer by unrolled selects (a dynamic index would put xr in local memory).
-            const float* x = xr[0];
-#pragma unroll
-            for (int j = 1; j < NT; ++j) x = t == j ? xr[j] : x;
-            v[i] = g < total && b < nb ? __ldg(reinterpret_cast<const float4*>(x + 32 * b + 4 * c4))
-                                       : make_float4(0.f, 0.f, 0.f, 0.f);
+            const int b = 4 * (g0 + i * step) + bi;
+            v[i] = b < nb ? __ldg(reinterpret_cast<const float4*>(x + 32 * b + 4 * c4)) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int i = 0; i < QN; ++i) {
-            const int g = g0 + i * step;
-            if (g >= total) break;  // warp-uniform
-            const int t = g / nch, b = 4 * (g - t * nch) + bi;
-            u8_t* qh = sm + t * rb;
-            u8_t* ql = qh + cols;
-            float2* xs = reinterpret_cast<float2*>(qh + 2 * cols);
+            if (4 * (g0 + i * step) >= nb) break;  // warp-uniform
+            const int b = 4 * (g0 + i * step) + bi;
             float amax = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
 #pragma unroll
             for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
@@ -108,46 +95,38 @@ __device__ __forceinline__ void quantize_rows_q8(const float* const (&xr)[NT], i
     }
 }
 
-// acc[r][t] += unit u of rows r dotted with quantized row t (< nt) in shared memory (sm + t rb).
-template <class F, int NR, int NT>
-__device__ __forceinline__ void unit_dot_sm(const typename F::Raw (&raw)[NR], int u, const u8_t* sm, int rb, int cols,
-                                            int nt, float (&acc)[NR][NT]) {
+// acc[r] += unit u of rows r dotted with the quantized row in shared memory `sm` (cols values).
+template <class F, int NR>
+__device__ __forceinline__ void unit_dot_sm(const typename F::Raw (&raw)[NR], int u, const u8_t* sm, int cols,
+                                            float (&acc)[NR]) {
+    const float2* xs = reinterpret_cast<const float2*>(sm + 2 * cols);
 #pragma unroll
     for (int run = 0; run < F::RUNS; ++run) {
         const int st = F::start(u, run);
-        unsigned c[NR][4];
-        float a[NR], b[NR];
+        const uint4 qh = *reinterpret_cast<const uint4*>(sm + st);
+        const uint4 ql = *reinterpret_cast<const uint4*>(sm + cols + st);
+        const float2 x2 = xs[st / 16];
+        const float dx = x2.x * Q8X_LO;
 #pragma unroll
-        for (int r = 0; r < NR; ++r) codes_q8<F>(raw[r], u, run, c[r], a[r], b[r]);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            if (t < nt) {
-                const u8_t* x = sm + t * rb;
-                const uint4 qh = *reinterpret_cast<const uint4*>(x + st);
-                const uint4 ql = *reinterpret_cast<const uint4*>(x + cols + st);
-                const float2 x2 = reinterpret_cast<const float2*>(x + 2 * cols)[st / 16];
-                const float dx = x2.x * Q8X_LO;
-#pragma unroll
-                for (int r = 0; r < NR; ++r) {
-                    const int si = dot16_q8<F>(c[r], qh) * 254 + dot16_q8<F>(c[r], ql);
-                    acc[r][t] = fmaf(a[r], dx * (float)si, fmaf(b[r], x2.y, acc[r][t]));
-                }
-            }
+        for (int r = 0; r < NR; ++r) {
+            unsigned c[4];
+            float a, b;
+            codes_q8<F>(raw[r], u, run, c, a, b);
+            const int si = dot16_q8<F>(c, qh) * 254 + dot16_q8<F>(c, ql);
+            acc[r] = fmaf(a, dx * (float)si, fmaf(b, x2.y, acc[r]));
         }
     }
 }
 
-// The partial dot products of NR weight rows with nt quantized inputs over this lane's units
+// The partial dot products of NR weight rows with the quantized input over this lane's units
 // (sub, sub + lpr, ...), UN units' loads in flight at once; `ready` is called once by every
-// thread, after the first loads are issued and before the inputs are read (the caller
-// quantizes them there).
-template <class F, int NR, int NT, int UN, class Ready>
+// thread, after the first loads are issued and before the input is read (the caller quantizes
+// the input there).
+template <class F, int NR, int UN, class Ready>
 __device__ __forceinline__ void rows_dot_sm(const QRow (&rows)[NR], int units, int sub, int lpr, const u8_t* sm,
-                                            int rb, int cols, int nt, float (&acc)[NR][NT], Ready ready) {
+                                            int cols, float (&acc)[NR], Ready ready) {
 #pragma unroll
-    for (int r = 0; r < NR; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
     typename F::Raw raw[UN][NR];
     auto load = [&](int u0) {
 #pragma unroll
@@ -162,7 +141,7 @@ __device__ __forceinline__ void rows_dot_sm(const QRow (&rows)[NR], int units, i
         if (u0 != sub) load(u0);
 #pragma unroll
         for (int i = 0; i < UN; ++i)
-            if (u0 + lpr * i < units) unit_dot_sm<F, NR, NT>(raw[i], u0 + lpr * i, sm, rb, cols, nt, acc);
+            if (u0 + lpr * i < units) unit_dot_sm<F, NR>(raw[i], u0 + lpr * i, sm, cols, acc);
     }
 }
 
@@ -172,87 +151,51 @@ __device__ __forceinline__ float lane_group_sum(float v, int lpr) {
     return v;
 }
 
-#define MAT_R 2        // output rows per row group of the gate/up and grouped down products
-#define MAT_THREADS 256
-#define MAT_NT 4       // grouped items per pass
+// Units in flight per lane: 2 for formats whose unit loads fit 32 bytes, else 1 (Q5_K / Q6_K /
+// Q8_0 units with 2 in flight spilled registers under the 128-register bound of the entries).
+template <class F> struct PairUnits { enum { V = sizeof(typename F::Raw) <= 32 ? 2 : 1 }; };
 
-// Gate/up (GATE_UP: 2 MAT_R weight rows a group, gate then up) or the grouped down product,
-// pair mode (p.offsets null, one item) or grouped (NT items a pass). See the file comment.
-template <class F, int NT, int UN, int QN, bool GATE_UP>
-__device__ __forceinline__ void moe_mat_q8_impl(const MoeQ8Params& p) {
-    constexpr int NR = GATE_UP ? 2 * MAT_R : MAT_R;
+#define GU_R 2       // output rows per row group (gate/up: 2 gate + 2 up weight rows)
+#define GU_THREADS 256
+
+template <class F>
+__device__ __forceinline__ void moe_gate_up_q8_impl(const MoeQ8Params& p) {
     extern __shared__ uint4 smem_v[];
     u8_t* sm = reinterpret_cast<u8_t*>(smem_v);
-    int e, first, count;
-    if (p.offsets) {
-        e = blockIdx.y;
-        first = p.offsets[e];
-        count = p.offsets[e + 1] - first;
-        if (count == 0) return;  // the whole block: nobody chose expert e
-    } else {
-        first = blockIdx.y;
-        count = 1;
-        e = p.ids[first];
-    }
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int pair = blockIdx.y, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int sub = lane % p.lpr;
-    const int groups = (MAT_THREADS / WARP) * (WARP / p.lpr);
+    const int groups = (GU_THREADS / WARP) * (WARP / p.lpr);
     const int group = warp * (WARP / p.lpr) + lane / p.lpr;
-    const int row0 = (blockIdx.x * groups + group) * MAT_R;
-    const long long base = (long long)e * p.rows;
-    QRow rows[NR];
+    const int row0 = (blockIdx.x * groups + group) * GU_R;
+    const long long base = (long long)p.ids[pair] * p.rows;
+    QRow rows[2 * GU_R];
 #pragma unroll
-    for (int r = 0; r < MAT_R; ++r) {
+    for (int r = 0; r < GU_R; ++r) {
         const long long row = base + min(row0 + r, p.rows - 1);
         rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
-        if (GATE_UP) rows[MAT_R + r] = q_row(p.qs2, p.aux2, row, p.qs_row, p.aux_row);
+        rows[GU_R + r] = q_row(p.qs2, p.aux2, row, p.qs_row, p.aux_row);
     }
-    const int rb = q8_row_bytes(p.cols);
-    for (int c = 0; c < count; c += NT) {
-        const int nt = min(NT, count - c);
-        const float* xr[NT];
+    const float* x = p.x + (long long)(pair / p.k) * p.cols;
+    float acc[2 * GU_R];
+    rows_dot_sm<F, 2 * GU_R, PairUnits<F>::V>(rows, p.cols / F::UE, sub, p.lpr, sm, p.cols, acc, [&] {
+        quantize_rows_q8(x, p.cols, sm, warp, GU_THREADS / WARP);
+        __syncthreads();
+    });
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const int q = first + c + min(t, nt - 1);
-            // gate/up reads the pair's token (pair / k); down reads the item's own row.
-            const int row = GATE_UP ? (p.offsets ? p.entries[q] : q) / p.k : q;
-            xr[t] = p.x + (long long)row * p.cols;
-        }
-        if (c > 0) __syncthreads();  // the previous pass's reads of the shared inputs are done
-        float acc[NR][NT];
-        rows_dot_sm<F, NR, NT, UN>(rows, p.cols / F::UE, sub, p.lpr, sm, rb, p.cols, nt, acc, [&] {
-            quantize_rows_q8<NT, QN>(xr, nt, p.cols, sm, rb, warp, MAT_THREADS / WARP);
-            __syncthreads();
-        });
+    for (int r = 0; r < 2 * GU_R; ++r) acc[r] = lane_group_sum(acc[r], p.lpr);
+    if (sub == 0) {
+        float* o = p.out + (long long)pair * p.rows;
 #pragma unroll
-        for (int r = 0; r < NR; ++r)
-#pragma unroll
-            for (int t = 0; t < NT; ++t) acc[r][t] = lane_group_sum(acc[r][t], p.lpr);
-        if (sub == 0) {
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                if (t >= nt) break;
-                float* o = p.out + (long long)(first + c + t) * p.rows;
-#pragma unroll
-                for (int r = 0; r < MAT_R; ++r) {
-                    if (row0 + r >= p.rows) break;
-                    if (GATE_UP) {
-                        const float g = acc[r][t], u = acc[MAT_R + r][t];
-                        o[row0 + r] = g / (1.0f + expf(-g)) * u;
-                    } else {
-                        o[row0 + r] = acc[r][t];
-                    }
-                }
+        for (int r = 0; r < GU_R; ++r) {
+            if (row0 + r < p.rows) {
+                const float g = acc[r], u = acc[GU_R + r];
+                o[row0 + r] = g / (1.0f + expf(-g)) * u;
             }
         }
     }
 }
 
-#define DS_R 4   // output rows per row group of the down + sum product
-
-// Units in flight per lane in pair mode: 2 for formats whose unit loads fit 32 bytes, else 1
-// (Q5_K / Q6_K / Q8_0 units with 2 in flight spilled registers under the 128-register bound).
-template <class F> struct PairUnits { enum { V = sizeof(typename F::Raw) <= 32 ? 2 : 1 }; };
+#define DS_R 4   // output rows per row group of the down product
 
 template <class F>
 __device__ __forceinline__ void moe_down_sum_q8_impl(const MoeQ8Params& p) {
@@ -263,8 +206,7 @@ __device__ __forceinline__ void moe_down_sum_q8_impl(const MoeQ8Params& p) {
     const int per_block = (WARP / p.lpr) * DS_R;
     const int row0 = blockIdx.x * per_block;
     const int pair = t * p.k + j;
-    const int rb = q8_row_bytes(p.cols);
-    u8_t* sm = reinterpret_cast<u8_t*>(smem_v) + j * rb;
+    u8_t* sm = reinterpret_cast<u8_t*>(smem_v) + j * q8_row_bytes(p.cols);
     const long long base = (long long)p.ids[pair] * p.rows;
     QRow rows[DS_R];
 #pragma unroll
@@ -272,17 +214,17 @@ __device__ __forceinline__ void moe_down_sum_q8_impl(const MoeQ8Params& p) {
         const long long row = base + min(row0 + group * DS_R + r, p.rows - 1);
         rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
     }
-    const float* xr[1] = {p.x + (long long)pair * p.cols};
-    float acc[DS_R][1];
-    rows_dot_sm<F, DS_R, 1, PairUnits<F>::V>(rows, p.cols / F::UE, sub, p.lpr, sm, rb, p.cols, 1, acc, [&] {
-        quantize_rows_q8<1, 4>(xr, 1, p.cols, sm, rb, 0, 1);
+    const float* x = p.x + (long long)pair * p.cols;
+    float acc[DS_R];
+    rows_dot_sm<F, DS_R, PairUnits<F>::V>(rows, p.cols / F::UE, sub, p.lpr, sm, p.cols, acc, [&] {
+        quantize_rows_q8(x, p.cols, sm, 0, 1);
         __syncwarp();
     });
 #pragma unroll
-    for (int r = 0; r < DS_R; ++r) acc[r][0] = lane_group_sum(acc[r][0], p.lpr);
+    for (int r = 0; r < DS_R; ++r) acc[r] = lane_group_sum(acc[r], p.lpr);
     if (sub == 0) {
 #pragma unroll
-        for (int r = 0; r < DS_R; ++r) part[j][group * DS_R + r] = acc[r][0];
+        for (int r = 0; r < DS_R; ++r) part[j][group * DS_R + r] = acc[r];
     }
     __syncthreads();
     for (int r = threadIdx.x; r < per_block && row0 + r < p.rows; r += blockDim.x) {
@@ -292,25 +234,17 @@ __device__ __forceinline__ void moe_down_sum_q8_impl(const MoeQ8Params& p) {
     }
 }
 
-// gate/up (pair mode and _g) and grouped down: grid (ceil(rows / (8 (32 / lpr) MAT_R)), pairs
-// or experts), block MAT_THREADS, dynamic shared memory (items a pass) q8_row_bytes(cols);
-// down + sum: grid (ceil(rows / ((32 / lpr) DS_R)), n_tok), block 32 k (k <= 8), dynamic shared
-// memory k q8_row_bytes(cols). At least 2 blocks an SM (<= 128 registers a thread): with 1 (H200,
-// round 1 of this session: 148-248 registers) the one-stream launches ran in 2-3 waves.
-// Pair mode: PairUnits units a lane in flight, the input in 2 chunk loads a warp; grouped: 1
-// unit, 4.
-#define MOE_Q8_ENTRIES(name, F)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(MAT_THREADS, 2) moe_gate_up_q8_##name(const MoeQ8Params p) {    \
-        moe_mat_q8_impl<F, 1, PairUnits<F>::V, 2, true>(p);                                                                   \
-    }                                                                                                           \
-    extern "C" __global__ void __launch_bounds__(256, 2) moe_down_sum_q8_##name(const MoeQ8Params p) {          \
-        moe_down_sum_q8_impl<F>(p);                                                                             \
-    }                                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MAT_THREADS, 2) moe_gate_up_q8_##name##_g(const MoeQ8Params p) { \
-        moe_mat_q8_impl<F, MAT_NT, 1, 4, true>(p);                                                              \
-    }                                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MAT_THREADS, 2) moe_down_q8_##name##_g(const MoeQ8Params p) {   \
-        moe_mat_q8_impl<F, MAT_NT, 1, 4, false>(p);                                                             \
+// gate/up: grid (ceil(rows / (8 (32 / lpr) GU_R)), n_pairs), block GU_THREADS, dynamic shared
+// memory q8_row_bytes(cols); down + sum: grid (ceil(rows / ((32 / lpr) DS_R)), n_tok), block
+// 32 k (k <= 8), dynamic shared memory k q8_row_bytes(cols). At least 2 blocks an SM (<= 128
+// registers a thread): without the bound (H200, this session's round 1) they took 148-248
+// registers, 1 block an SM, and ran in 2-3 waves.
+#define MOE_Q8_ENTRIES(name, F)                                                                             \
+    extern "C" __global__ void __launch_bounds__(GU_THREADS, 2) moe_gate_up_q8_##name(const MoeQ8Params p) { \
+        moe_gate_up_q8_impl<F>(p);                                                                          \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 2) moe_down_sum_q8_##name(const MoeQ8Params p) {      \
+        moe_down_sum_q8_impl<F>(p);                                                                         \
     }
 
 FOR_EACH_QFORMAT(MOE_Q8_ENTRIES)

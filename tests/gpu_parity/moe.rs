@@ -13,7 +13,7 @@ use dustoff::backend::cuda::moe::{
     MoeRouteFused, MoeWork, Walk,
 };
 use dustoff::backend::cuda::moe_gemm::{gemm_enabled, gemm_fits};
-use dustoff::backend::cuda::moe_q8::{grouped_max_tokens, q8_enabled};
+use dustoff::backend::cuda::moe_q8::q8_enabled;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::config::ModelConfig;
 use dustoff::model::moe::{Expert, MoeConfig, MoeWeights};
@@ -339,9 +339,8 @@ fn combine_sums_slots_in_order_into_the_residual() {
 
 /// A whole sparse layer (`moe_ffn`: route, group, gate/up, down, combine) against the CPU
 /// reference `moe_ffn`, in the Q4_K_M mix (Q4_K gate/up, Q6_K down), Q8_0, Q4_0 and F16, at
-/// every token count and 100 (pair walk up to `pair_max_tokens`, expert walk above: for the
-/// block formats the grouped int8 GEMV up to `moe_q8::grouped_max_tokens` and the tensor-core
-/// GEMM above, the grouped GEMV for F16); then with inputs
+/// every token count and 100 (pair walk up to `pair_max_tokens`, expert walk above: the
+/// tensor-core GEMM for the block formats, the grouped GEMV for F16); then with inputs
 /// that make every token choose expert 3 first and no token choose expert 5.
 #[test]
 fn whole_sparse_layer_matches_the_cpu_reference() {
@@ -384,12 +383,9 @@ fn whole_sparse_layer_matches_the_cpu_reference() {
                 let (hv, xv) = (g.d(&hd), g.d(&xd));
                 moe_ffn(&mut g.k, &s, &lw, &work, hv, xv, n).unwrap();
                 // Grouped steps of the GEMM formats take the tensor-core GEMM (F16 inputs).
-                // Steps of the block formats take the int8 kernels (moe_q8.cu): pair steps (with the
-                // fused launches), grouped steps up to grouped_max_tokens; larger ones the GEMM.
-                let grouped = n > pair_max_tokens();
-                let q8 = gu != GgmlType::F16
-                    && if grouped { n <= grouped_max_tokens() } else { fused_enabled() && q8_enabled() };
-                let gemm = grouped && !q8 && gemm_enabled() && gemm_fits(&lw);
+                let gemm = n > pair_max_tokens() && gemm_enabled() && gemm_fits(&lw);
+                // Pair steps of the block formats take the int8 kernels (moe_q8.cu) when enabled.
+                let q8 = n <= pair_max_tokens() && fused_enabled() && q8_enabled() && gu != GgmlType::F16;
                 let name = match (gemm, gu) {
                     (true, _) => "moe_layer_gemm",
                     (false, GgmlType::F16) => "moe_layer_f16",

@@ -325,8 +325,7 @@ fn moe_pair_graph_breakdown() {
         let gu_q8 = |g: &mut super::Gpu, l: usize| {
             let (_, ids, _, act) = d(&works[l]);
             let lw = &layers[l];
-            let walk = Walk::Pairs { ids };
-            MoeGateUpQ8 { gate: &lw.gate, up: &lw.up, n_experts: e, h: hd, walk, act, n_pairs: pairs, k }
+            MoeGateUpQ8 { gate: &lw.gate, up: &lw.up, n_experts: e, h: hd, ids, act, n_pairs: pairs, k }
                 .launch(&mut g.k, &s)
                 .unwrap();
         };

@@ -814,8 +814,7 @@ pub fn moe_ffn(
         if super::moe_q8::q8_enabled() && super::moe_q8::fits(&w.gate, &w.down, k) {
             // The same three launches on int8 activations (moe_q8.rs).
             let (ne, n_pairs) = (w.n_experts, pairs);
-            let walk = Walk::Pairs { ids };
-            super::moe_q8::MoeGateUpQ8 { gate: &w.gate, up: &w.up, n_experts: ne, h, walk, act, n_pairs, k }
+            super::moe_q8::MoeGateUpQ8 { gate: &w.gate, up: &w.up, n_experts: ne, h, ids, act, n_pairs, k }
                 .launch(kn, s)?;
             return super::moe_q8::MoeDownSumQ8 { down: &w.down, n_experts: ne, act, ids, wts, x, n_tok, k }
                 .launch(kn, s);
@@ -842,15 +841,6 @@ pub fn moe_ffn(
     } else {
         let (offsets, entries, position) = (dev(&work.offsets, s)?, dev(&work.entries, s)?, dev(&work.position, s)?);
         MoeGroup { ids, offsets, entries, position, n_pairs: pairs, n_experts: w.n_experts }.launch(kn, s)?;
-        if n_tok <= super::moe_q8::grouped_max_tokens() && super::moe_q8::grouped_fits(&w.gate, &w.down) {
-            // Batches: the grouped int8 GEMV (moe_q8.rs), then the weighted sum.
-            let (ne, n_pairs) = (w.n_experts, pairs);
-            let walk = Walk::Grouped { offsets, entries, n_experts: ne };
-            super::moe_q8::MoeGateUpQ8 { gate: &w.gate, up: &w.up, n_experts: ne, h, walk, act, n_pairs, k }
-                .launch(kn, s)?;
-            super::moe_q8::MoeDownQ8 { down: &w.down, n_experts: ne, act, offsets, y, n_pairs }.launch(kn, s)?;
-            return MoeCombine { y, wts, position: Some(position), x, n_tok, dim, k }.launch(kn, s);
-        }
         if moe_gemm::gemm_enabled() && moe_gemm::gemm_fits(w) {
             return grouped_gemm(kn, s, w, work, h, x, n_tok, Some(position));
         }

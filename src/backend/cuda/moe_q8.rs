@@ -2,7 +2,8 @@
 //! activations (dp4a on the packed rows), each block quantizing the input it reads into shared
 //! memory (bit for bit as `quantize_x_q8`, CPU twin `q8x::quantize`). A sparse layer's FFN of
 //! a few tokens is then still three launches: `moe::MoeRouteFused`, [`MoeGateUpQ8`],
-//! [`MoeDownSumQ8`]. CPU twin of the products: `q8x::matmul_q8x` per pair.
+//! [`MoeDownSumQ8`]. CPU twin of the products: `q8x::matmul_q8x` per pair. Taken only with
+//! `DUSTOFF_MOE_Q8=1` ([`q8_enabled`]).
 
 use std::sync::OnceLock;
 
@@ -11,46 +12,32 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 use super::dmat::{DevMat, MatData};
 use super::kernels::Kernels;
 use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
-use super::moe::{slab_view, Walk};
+use super::moe::slab_view;
 use super::CudaError;
 
-/// Entry points of kernels/moe_q8.cu: `4 * format + v` (formats in `QFormat::index` order),
-/// v = 0 gate/up + SwiGLU per pair, 1 down + weighted sum per token, 2 gate/up grouped by
-/// expert, 3 down grouped by expert.
-pub const MOE_Q8_ENTRIES: [&str; 32] = {
-    macro_rules! all {
+/// Entry points of kernels/moe_q8.cu: `2 * format + v` (formats in `QFormat::index` order),
+/// v = 0 gate/up + SwiGLU, v = 1 down + weighted sum.
+pub const MOE_Q8_ENTRIES: [&str; 16] = {
+    macro_rules! both {
         ($($f:literal),*) => {
-            [$(
-                concat!("moe_gate_up_q8_", $f),
-                concat!("moe_down_sum_q8_", $f),
-                concat!("moe_gate_up_q8_", $f, "_g"),
-                concat!("moe_down_q8_", $f, "_g"),
-            )*]
+            [$(concat!("moe_gate_up_q8_", $f), concat!("moe_down_sum_q8_", $f)),*]
         };
     }
-    all!("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+    both!("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 };
 
-/// Whether one-stream (pair mode) MoE steps of the block formats take the int8 kernels
-/// (`DUSTOFF_MOE_Q8=0`: the f32 GEMV kernels of moe.cu). Grouped steps: [`grouped_max_tokens`].
+/// Whether pair-mode steps take the int8 kernels (`DUSTOFF_MOE_Q8=1`) instead of the f32 ones
+/// of moe.cu. Off by default: on the H200 (this session's round 1) the int8 launches were slower
+/// than the f32 ones (whole one-stream FFN 32.9 us against 28.5 us a layer in a graph) while they
+/// held 148-248 registers a thread; the 128-register bound they have now is not measured yet.
 pub fn q8_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_Q8").is_none_or(|v| v != "0"))
+    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_Q8").is_some_and(|v| v == "1"))
 }
 
-/// Most tokens of a grouped step (more than `moe::pair_max_tokens`) that take the grouped int8
-/// GEMV; larger steps (prefill) take the tensor-core GEMM. `DUSTOFF_MOE_Q8_MAX_TOKENS`
-/// overrides the default of 64.
-pub fn grouped_max_tokens() -> usize {
-    static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_Q8_MAX_TOKENS").and_then(|v| v.parse().ok()).unwrap_or(64))
-}
-
-/// Threads of a gate/up or grouped down block (kernels/moe_q8.cu MAT_THREADS), output rows per
-/// row group (MAT_R) and grouped items per pass (MAT_NT).
-const MAT_THREADS: usize = 256;
-const MAT_R: usize = 2;
-const MAT_NT: usize = 4;
+/// Threads of a gate/up block (kernels/moe_q8.cu GU_THREADS) and output rows per row group.
+const GU_THREADS: usize = 256;
+const GU_R: usize = 2;
 /// Output rows per row group of the down product (DS_R).
 const DS_R: usize = 4;
 /// Shared memory the kernels may take per block (the default limit, no opt-in).
@@ -61,26 +48,15 @@ fn q8_row_bytes(cols: usize) -> usize {
     2 * cols + cols / 2
 }
 
-fn packed(m: &DevMat) -> bool {
-    matches!(m.data, MatData::Quant { .. }) && m.cols.is_multiple_of(32)
-}
-
-/// Whether the pair-mode int8 kernels take slabs of these shapes and formats: packed block
-/// formats (not F16), rows of whole 32-value blocks, the input rows in shared memory, `k <= 8`.
+/// Whether the int8 kernels take slabs of these shapes and formats: packed block formats
+/// (not F16), rows of whole 32-value blocks, the input rows in shared memory, `k <= 8`.
 pub fn fits(gate: &DevMat, down: &DevMat, k: usize) -> bool {
+    let packed = |m: &DevMat| matches!(m.data, MatData::Quant { .. }) && m.cols.is_multiple_of(32);
     packed(gate)
         && packed(down)
         && (1..=8).contains(&k)
         && q8_row_bytes(gate.cols) <= SMEM_MAX
         && k * q8_row_bytes(down.cols) <= SMEM_MAX
-}
-
-/// Whether the grouped int8 kernels take these slabs (MAT_NT input rows in shared memory).
-pub fn grouped_fits(gate: &DevMat, down: &DevMat) -> bool {
-    packed(gate)
-        && packed(down)
-        && MAT_NT * q8_row_bytes(gate.cols) <= SMEM_MAX
-        && MAT_NT * q8_row_bytes(down.cols) <= SMEM_MAX
 }
 
 #[repr(C)]
@@ -92,8 +68,6 @@ struct MoeQ8Params {
     aux2: u64,
     x: u64,
     ids: u64,
-    offsets: u64,
-    entries: u64,
     wts: u64,
     out: u64,
     rows: i32,
@@ -111,40 +85,17 @@ fn lanes_per_row(units: usize) -> usize {
     units.div_ceil(2).next_power_of_two().clamp(1, 32)
 }
 
-/// `act[q, r] = silu(gate_e[r] . h[t]) * (up_e[r] . h[t])` on int8 `h` (`[n_pairs / k, dim]`
-/// f32; `act` `[n_pairs, ffn]` f32): per pair (`Walk::Pairs`: q = p, e = ids[p], t = p / k) or
-/// per grouped position (`Walk::Grouped`: q, its pair entries[q], t = entries[q] / k, e the
-/// expert whose positions hold q).
+/// `act[p, r] = silu(gate_e[r] . h[p / k]) * (up_e[r] . h[p / k])` with `e = ids[p]`, for
+/// `n_pairs` pairs (`h` `[n_pairs / k, dim]` f32, `act` `[n_pairs, ffn]` f32), on int8 `h`.
 pub struct MoeGateUpQ8<'a> {
     pub gate: &'a DevMat,
     pub up: &'a DevMat,
     pub n_experts: usize,
     pub h: Dev<f32>,
-    pub walk: Walk,
+    pub ids: Dev<i32>,
     pub act: Dev<f32>,
     pub n_pairs: usize,
     pub k: usize,
-}
-
-/// The grid rows, entry variant offset, and pointers of a walk (checked against `n_pairs`).
-fn walk_ptrs(
-    k: &'static str,
-    walk: Walk,
-    n_experts: usize,
-    n_pairs: usize,
-) -> Result<(usize, u64, u64, u64), CudaError> {
-    match walk {
-        Walk::Pairs { ids } => {
-            need(k, "ids", ids, n_pairs)?;
-            Ok((n_pairs, ids.ptr, 0, 0))
-        }
-        Walk::Grouped { offsets, entries, n_experts: ne } => {
-            check(k, ne == n_experts, || "grouping of another expert count".into())?;
-            need(k, "offsets", offsets, n_experts + 1)?;
-            need(k, "entries", entries, n_pairs)?;
-            Ok((n_experts, 0, offsets.ptr, entries.ptr))
-        }
-    }
 }
 
 impl MoeGateUpQ8<'_> {
@@ -167,26 +118,21 @@ impl MoeGateUpQ8<'_> {
         })?;
         check(K, self.h.ptr.is_multiple_of(16), || "16-byte aligned input".into())?;
         need(K, "input", self.h, self.n_pairs / self.k * cols)?;
+        need(K, "ids", self.ids, self.n_pairs)?;
         need(K, "activations", self.act, self.n_pairs * rows)?;
-        let (grid_y, ids, offsets, entries) = walk_ptrs(K, self.walk, self.n_experts, self.n_pairs)?;
-        let grouped = offsets != 0;
-        let nt = if grouped { MAT_NT } else { 1 };
-        check(K, nt * q8_row_bytes(cols) <= SMEM_MAX, || format!("{nt} int8 rows of {cols} exceed 48 KB"))?;
-        check(K, grid_y <= 65_535, || format!("{grid_y} block rows exceed the grid"))?;
+        check(K, self.n_pairs <= 65_535, || format!("{} pairs exceed the grid", self.n_pairs))?;
         if self.n_pairs == 0 || rows == 0 {
             return Ok(());
         }
         let lpr = lanes_per_row(cols / unit);
-        let per_block = (MAT_THREADS / 32) * (32 / lpr) * MAT_R;
+        let per_block = (GU_THREADS / 32) * (32 / lpr) * GU_R;
         let p = MoeQ8Params {
             qs,
             aux,
             qs2,
             aux2,
             x: self.h.ptr,
-            ids,
-            offsets,
-            entries,
+            ids: self.ids.ptr,
             wts: 0,
             out: self.act.ptr,
             rows: i32_of(K, rows)?,
@@ -196,67 +142,8 @@ impl MoeGateUpQ8<'_> {
             aux_row: i32_of(K, aux_row)?,
             lpr: lpr as i32,
         };
-        let grid = (blocks_for(K, rows, per_block)?, grid_y as u32, 1);
-        let entry = MOE_Q8_ENTRIES[4 * fi + if grouped { 2 } else { 0 }];
-        launch(kn, s, entry, grid, MAT_THREADS as u32, (nt * q8_row_bytes(cols)) as u32, &p)
-    }
-}
-
-/// `y[q, r] = down_e[r] . act[q]` over the grouped positions q of each expert e (`act`
-/// `[n_pairs, ffn]`, `y` `[n_pairs, dim]` f32, both by grouped position), on int8 `act`; then
-/// `moe::MoeCombine` with the positions sums each token's rows.
-pub struct MoeDownQ8<'a> {
-    pub down: &'a DevMat,
-    pub n_experts: usize,
-    pub act: Dev<f32>,
-    pub offsets: Dev<i32>,
-    pub y: Dev<f32>,
-    pub n_pairs: usize,
-}
-
-impl MoeDownQ8<'_> {
-    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
-        const K: &str = "moe_down_q8_g";
-        let (fi, qs, aux, qs_row, aux_row, unit) = slab_view(self.down, s)?;
-        check(K, fi < 8, || "a packed block format".into())?;
-        check(K, self.n_experts > 0 && self.down.rows.is_multiple_of(self.n_experts), || {
-            format!("{} slab rows for {} experts", self.down.rows, self.n_experts)
-        })?;
-        let (rows, cols) = (self.down.rows / self.n_experts, self.down.cols);
-        check(K, cols.is_multiple_of(32) && MAT_NT * q8_row_bytes(cols) <= SMEM_MAX, || {
-            format!("rows of {cols} (whole 32-value blocks, {MAT_NT} int8 inputs in 48 KB)")
-        })?;
-        check(K, self.act.ptr.is_multiple_of(16), || "16-byte aligned activations".into())?;
-        need(K, "activations", self.act, self.n_pairs * cols)?;
-        need(K, "offsets", self.offsets, self.n_experts + 1)?;
-        need(K, "outputs", self.y, self.n_pairs * rows)?;
-        check(K, self.n_experts <= 65_535, || format!("{} experts exceed the grid", self.n_experts))?;
-        if self.n_pairs == 0 || rows == 0 {
-            return Ok(());
-        }
-        let lpr = lanes_per_row(cols / unit);
-        let per_block = (MAT_THREADS / 32) * (32 / lpr) * MAT_R;
-        let p = MoeQ8Params {
-            qs,
-            aux,
-            qs2: 0,
-            aux2: 0,
-            x: self.act.ptr,
-            ids: 0,
-            offsets: self.offsets.ptr,
-            entries: 0,
-            wts: 0,
-            out: self.y.ptr,
-            rows: i32_of(K, rows)?,
-            cols: i32_of(K, cols)?,
-            k: 1,
-            qs_row: i32_of(K, qs_row)?,
-            aux_row: i32_of(K, aux_row)?,
-            lpr: lpr as i32,
-        };
-        let grid = (blocks_for(K, rows, per_block)?, self.n_experts as u32, 1);
-        let smem = (MAT_NT * q8_row_bytes(cols)) as u32;
-        launch(kn, s, MOE_Q8_ENTRIES[4 * fi + 3], grid, MAT_THREADS as u32, smem, &p)
+        let grid = (blocks_for(K, rows, per_block)?, self.n_pairs as u32, 1);
+        launch(kn, s, MOE_Q8_ENTRIES[2 * fi], grid, GU_THREADS as u32, q8_row_bytes(cols) as u32, &p)
     }
 }
 
@@ -305,8 +192,6 @@ impl MoeDownSumQ8<'_> {
             aux2: 0,
             x: self.act.ptr,
             ids: self.ids.ptr,
-            offsets: 0,
-            entries: 0,
             wts: self.wts.ptr,
             out: self.x.ptr,
             rows: i32_of(K, rows)?,
@@ -318,6 +203,6 @@ impl MoeDownSumQ8<'_> {
         };
         let grid = (blocks_for(K, rows, per_block)?, self.n_tok as u32, 1);
         let smem = (self.k * q8_row_bytes(cols)) as u32;
-        launch(kn, s, MOE_Q8_ENTRIES[4 * fi + 1], grid, 32 * self.k as u32, smem, &p)
+        launch(kn, s, MOE_Q8_ENTRIES[2 * fi + 1], grid, 32 * self.k as u32, smem, &p)
     }
 }
