@@ -20,6 +20,7 @@ mod masked;
 mod moe;
 mod moe_bench;
 mod moe_gemm;
+mod moe_q8;
 mod quant;
 mod quant_bench;
 mod qwen35;
@@ -196,6 +197,25 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("moe_down_sum_q6_k", 1e-5),
     ("moe_down_sum_f16", 1e-5),
     ("moe_gather_f16", 0.0),
+    // The int8-activation pair kernels (moe_q8.cu) against q8x::matmul_q8x per pair.
+    ("moe_gate_up_q8_q4_0", 1e-5),
+    ("moe_gate_up_q8_q4_1", 1e-5),
+    ("moe_gate_up_q8_q5_0", 1e-5),
+    ("moe_gate_up_q8_q5_1", 1e-5),
+    ("moe_gate_up_q8_q8_0", 1e-5),
+    ("moe_gate_up_q8_q4_k", 1e-5),
+    ("moe_gate_up_q8_q5_k", 1e-5),
+    ("moe_gate_up_q8_q6_k", 1e-5),
+    ("moe_down_sum_q8_q4_0", 1e-5),
+    ("moe_down_sum_q8_q4_1", 1e-5),
+    ("moe_down_sum_q8_q5_0", 1e-5),
+    ("moe_down_sum_q8_q5_1", 1e-5),
+    ("moe_down_sum_q8_q8_0", 1e-5),
+    ("moe_down_sum_q8_q4_k", 1e-5),
+    ("moe_down_sum_q8_q5_k", 1e-5),
+    ("moe_down_sum_q8_q6_k", 1e-5),
+    // A whole sparse layer on int8 activations against the f32 CPU reference (the q8x_vs_f32 bound).
+    ("moe_layer_q8", 1e-4),
     ("moe_gemm_gate_up_q4_0", 1e-4),
     ("moe_gemm_gate_up_q8_0", 1e-4),
     ("moe_gemm_gate_up_q4_k", 1e-4),

@@ -9,10 +9,11 @@ use dustoff::backend::cpu::matmul::{matmul, matmul_fused};
 use dustoff::backend::cpu::moe::{group, moe_ffn as cpu_moe_ffn, route, Groups, MoeScratch, Routing};
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::moe::{
-    moe_ffn, pair_max_tokens, MoeCombine, MoeDownSum, MoeGroup, MoeLayerW, MoeMat, MoeRoute, MoeRouteFused, MoeWork,
-    Walk,
+    fused_enabled, moe_ffn, pair_max_tokens, MoeCombine, MoeDownSum, MoeGroup, MoeLayerW, MoeMat, MoeRoute,
+    MoeRouteFused, MoeWork, Walk,
 };
 use dustoff::backend::cuda::moe_gemm::{gemm_enabled, gemm_fits};
+use dustoff::backend::cuda::moe_q8::q8_enabled;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::config::ModelConfig;
 use dustoff::model::moe::{Expert, MoeConfig, MoeWeights};
@@ -383,9 +384,12 @@ fn whole_sparse_layer_matches_the_cpu_reference() {
                 moe_ffn(&mut g.k, &s, &lw, &work, hv, xv, n).unwrap();
                 // Grouped steps of the GEMM formats take the tensor-core GEMM (F16 inputs).
                 let gemm = n > pair_max_tokens() && gemm_enabled() && gemm_fits(&lw);
+                // Pair steps of the block formats take the int8 kernels (moe_q8.cu) when enabled.
+                let q8 = n <= pair_max_tokens() && fused_enabled() && q8_enabled() && gu != GgmlType::F16;
                 let name = match (gemm, gu) {
                     (true, _) => "moe_layer_gemm",
                     (false, GgmlType::F16) => "moe_layer_f16",
+                    (false, _) if q8 => "moe_layer_q8",
                     (false, _) => "moe_layer_quant",
                 };
                 compare(name, g.seed + n as u64, &g.down(&xd), &want);

@@ -2,7 +2,8 @@
 //! qwen3-30b-a3b --dtype q4_k_m` (one stream, 768-token prompt, 200 out, medians of 3) and
 //! `--batch 8,32,64` measure, through the same functions (`commands::bench`), on one synthetic
 //! backend; the batched rows are run three times each and their medians printed.
-//! `DUSTOFF_MOE_BENCH_BATCH=0` skips the batched rows, `DUSTOFF_MOE_BENCH_ONE=0` the one-stream
+//! `DUSTOFF_MOE_BENCH_BATCH=0` skips the batched rows, `DUSTOFF_MOE_BENCH_SIZES` picks their
+//! sequence counts (default 8,32,64), `DUSTOFF_MOE_BENCH_ONE=0` the one-stream
 //! run, `DUSTOFF_MOE_BENCH_SHAPE` picks another
 //! shape, `DUSTOFF_MOE_BENCH_PROMPT` the batched prompt length (default 128, 64 out).
 
@@ -26,8 +27,13 @@ fn moe_bench() {
     let batched = std::env::var("DUSTOFF_MOE_BENCH_BATCH").map_or(true, |v| v != "0");
     let one = std::env::var("DUSTOFF_MOE_BENCH_ONE").map_or(true, |v| v != "0");
     let prompt: usize = std::env::var("DUSTOFF_MOE_BENCH_PROMPT").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
-    let sizes = [8usize, 32, 64];
-    let tokens = (768 + 200 + 16).max(64 * (prompt + 64 + 16));
+    let sizes: Vec<usize> = std::env::var("DUSTOFF_MOE_BENCH_SIZES")
+        .unwrap_or_else(|_| "8,32,64".into())
+        .split(',')
+        .map(|v| v.trim().parse().expect("DUSTOFF_MOE_BENCH_SIZES: sequence counts, comma-separated"))
+        .collect();
+    let most = sizes.iter().copied().max().unwrap_or(1);
+    let tokens = (768 + 200 + 16).max(most * (prompt + 64 + 16));
     let mut b = make_synthetic_backend(&shape, "q4_k_m", &Device::Cuda(0), tokens, None).unwrap();
     eprintln!("{}", b.describe());
     let name = format!("synthetic {shape} q4_k_m");
@@ -43,7 +49,7 @@ fn moe_bench() {
     let rows = bench_batched(b, [0; 32], prompt, 64, &all, 2048).unwrap();
     println!("| sequences | decode tok/s (median of 3) | runs | prefill s (median) | share of bandwidth bound |");
     println!("|---|---|---|---|---|");
-    for &n in &sizes {
+    for &n in sizes.iter() {
         let rs: Vec<_> = rows.iter().filter(|r| r.sequences == n).collect();
         let tok: Vec<f64> = rs.iter().map(|r| r.decode_tok_s).collect();
         let pre = median(rs.iter().map(|r| r.prefill_s).collect());
@@ -209,5 +215,160 @@ fn moe_kernel_breakdown() {
             dustoff::backend::cuda::moe::moe_ffn(&mut g.k, &s, l, &work, hd, xd, n).unwrap();
         });
         row(n, "whole moe_ffn (default path)", t, reads * (gu_bytes + down_bytes));
+    }
+}
+
+/// Median GPU time per layer of `f(layer)` over `n_layers` layers, captured once as a CUDA graph
+/// (one launch after another as in a replayed decode step, no host gaps) and replayed.
+fn time_graph_layers(g: &mut super::Gpu, n_layers: usize, f: &mut dyn FnMut(&mut super::Gpu, usize)) -> f64 {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    (0..n_layers).for_each(|l| f(g, l));
+    let s = g.dev.stream.clone();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    (0..n_layers).for_each(|l| f(g, l));
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
+    super::bench::time(g, &mut |_| graph.launch().unwrap()) / n_layers as f64
+}
+
+/// Run by hand on the GPU machine (`--ignored moe_pair_graph_breakdown --nocapture`): the
+/// one-stream (pair mode) launches of a sparse layer of the Qwen3-30B-A3B shape (Q4_K gate/up,
+/// Q6_K down), f32-activation kernels (moe.cu) against the int8 ones (moe_q8.cu), each timed
+/// inside a CUDA graph over 6 layers (144+ MB of chosen experts: no L2 reuse between replays),
+/// per layer, for 1 and 8 tokens. Bytes: the packed rows of the chosen experts.
+#[test]
+#[ignore]
+fn moe_pair_graph_breakdown() {
+    use dustoff::backend::cuda::launch::Dev;
+    use dustoff::backend::cuda::moe::{MoeDownSum, MoeLayerW, MoeMat, MoeRoute, MoeRouteFused, MoeWork, Walk};
+    use dustoff::backend::cuda::moe_q8::{MoeDownSumQ8, MoeGateUpQ8};
+    use dustoff::model::quant::GgmlType;
+
+    let mut g = gpu("moe pair graph breakdown").unwrap();
+    let s = g.dev.stream.clone();
+    let bw = g.dev.copy_bandwidth(1 << 30, 10).unwrap();
+    println!("copy bandwidth {:.0} GB/s", bw / 1e9);
+    let c = dustoff::model::shapes::shape("qwen3-30b-a3b").unwrap();
+    let m = c.moe.clone().unwrap();
+    let (dim, k, e, f) = (c.dim, m.n_used, m.n_experts, m.expert_ffn_dim);
+    const L: usize = 6;
+    let layers: Vec<MoeLayerW> = (0..L)
+        .map(|i| {
+            MoeLayerW::synthetic(&s, &mut g.k, &c, &m, GgmlType::Q4K, GgmlType::Q6K, 17 + i as u64, "bench").unwrap()
+        })
+        .collect();
+    let gu_b = (layers[0].gate.bytes() + layers[0].up.bytes()) as f64 / e as f64;
+    let dn_b = layers[0].down.bytes() as f64 / e as f64;
+    // One work area per layer, so each layer's ids / weights stay its own routing.
+    let works: Vec<MoeWork> = (0..L)
+        .map(|_| {
+            let mut w = MoeWork::default();
+            w.grow(&s, 8, dim, &m).unwrap();
+            w
+        })
+        .collect();
+    let hv = g.randn(8 * dim, 1.0);
+    let h = g.up(&hv);
+    let x = g.zeros::<f32>(8 * dim);
+    let (hd, xd) = (Dev::of(&h, &s), Dev::of(&x, &s));
+    println!("| tokens | launch (in a graph, per layer) | us | expert bytes | GB/s | share of copy |");
+    println!("|---|---|---|---|---|---|");
+    let row = |n: usize, what: &str, t: f64, bytes: f64| {
+        let (gbs, share) = if bytes > 0.0 {
+            (format!("{:.0}", bytes / t / 1e9), format!("{:.1}%", bytes / t / bw * 100.0))
+        } else {
+            ("-".into(), "-".into())
+        };
+        println!("| {n} | {what} | {:.2} | {:.1} MB | {gbs} | {share} |", t * 1e6, bytes / 1e6);
+    };
+    for n in [1usize, 8] {
+        let pairs = n * k;
+        let d = |w: &MoeWork| {
+            let f32d = |b: &Option<cudarc::driver::CudaSlice<f32>>| Dev::of(b.as_ref().unwrap(), &s);
+            (f32d(&w.logits), Dev::of(w.ids.as_ref().unwrap(), &s), f32d(&w.wts), f32d(&w.act))
+        };
+        let route = |g: &mut super::Gpu, l: usize| {
+            let (logits, ids, wts, _) = d(&works[l]);
+            let lw = &layers[l];
+            let r = MoeRoute {
+                x: hd,
+                w: Dev::of(&lw.router, &s),
+                logits,
+                ids,
+                wts,
+                n_tok: n,
+                dim,
+                n_experts: e,
+                k,
+                norm: lw.norm_topk_prob,
+            };
+            let count = Dev::of(works[l].route_count.as_ref().unwrap(), &s);
+            MoeRouteFused { route: r, count }.launch(&mut g.k, &s).unwrap();
+        };
+        let gu_f32 = |g: &mut super::Gpu, l: usize| {
+            let (_, ids, _, act) = d(&works[l]);
+            MoeMat {
+                slab: &layers[l].gate,
+                up: Some(&layers[l].up),
+                n_experts: e,
+                x: hd,
+                out: act,
+                walk: Walk::Pairs { ids },
+                n_pairs: pairs,
+                k,
+                x_stride: dim,
+                out_stride: f,
+                x_by_token: true,
+            }
+            .launch(&mut g.k, &s)
+            .unwrap();
+        };
+        let gu_q8 = |g: &mut super::Gpu, l: usize| {
+            let (_, ids, _, act) = d(&works[l]);
+            let lw = &layers[l];
+            MoeGateUpQ8 { gate: &lw.gate, up: &lw.up, n_experts: e, h: hd, ids, act, n_pairs: pairs, k }
+                .launch(&mut g.k, &s)
+                .unwrap();
+        };
+        let dn_f32 = |g: &mut super::Gpu, l: usize| {
+            let (_, ids, wts, act) = d(&works[l]);
+            MoeDownSum { down: &layers[l].down, n_experts: e, act, ids, wts, x: xd, n_tok: n, k }
+                .launch(&mut g.k, &s)
+                .unwrap();
+        };
+        let dn_q8 = |g: &mut super::Gpu, l: usize| {
+            let (_, ids, wts, act) = d(&works[l]);
+            MoeDownSumQ8 { down: &layers[l].down, n_experts: e, act, ids, wts, x: xd, n_tok: n, k }
+                .launch(&mut g.k, &s)
+                .unwrap();
+        };
+        (0..L).for_each(|l| route(&mut g, l));
+        s.synchronize().unwrap();
+        let mut distinct = 0usize;
+        for w in &works {
+            let mut ids: Vec<i32> = g.down(w.ids.as_ref().unwrap())[..pairs].to_vec();
+            ids.sort_unstable();
+            ids.dedup();
+            distinct += ids.len();
+        }
+        // Pair mode reads each pair's expert rows (a shared expert is read once per pair, the L2
+        // may serve the repeat): bytes counted per distinct expert, the DRAM traffic.
+        let ex = distinct as f64 / L as f64;
+        row(n, "fused router + top-k", time_graph_layers(&mut g, L, &mut |g, l| route(g, l)), 0.0);
+        row(n, "f32 gate/up + SwiGLU (moe.cu)", time_graph_layers(&mut g, L, &mut |g, l| gu_f32(g, l)), ex * gu_b);
+        row(n, "int8 gate/up + SwiGLU (moe_q8.cu)", time_graph_layers(&mut g, L, &mut |g, l| gu_q8(g, l)), ex * gu_b);
+        row(n, "f32 down + weighted sum", time_graph_layers(&mut g, L, &mut |g, l| dn_f32(g, l)), ex * dn_b);
+        row(n, "int8 down + weighted sum", time_graph_layers(&mut g, L, &mut |g, l| dn_q8(g, l)), ex * dn_b);
+        let t = time_graph_layers(&mut g, L, &mut |g, l| {
+            route(g, l);
+            gu_f32(g, l);
+            dn_f32(g, l);
+        });
+        row(n, "whole FFN, f32 (3 launches)", t, ex * (gu_b + dn_b));
+        let t = time_graph_layers(&mut g, L, &mut |g, l| {
+            route(g, l);
+            gu_q8(g, l);
+            dn_q8(g, l);
+        });
+        row(n, "whole FFN, int8 (3 launches)", t, ex * (gu_b + dn_b));
     }
 }

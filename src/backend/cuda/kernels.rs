@@ -133,6 +133,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
     KernelFile { name: "moe", source: include_str!("../../../kernels/moe.cu"), entries: &super::moe::MOE_ENTRIES },
     KernelFile {
+        name: "moe_q8",
+        source: include_str!("../../../kernels/moe_q8.cu"),
+        entries: &super::moe_q8::MOE_Q8_ENTRIES,
+    },
+    KernelFile {
         name: "moe_gemm",
         source: include_str!("../../../kernels/moe_gemm.cu"),
         entries: &super::moe_gemm::MOE_GEMM_ENTRIES,
@@ -295,7 +300,7 @@ impl Kernels {
     pub fn load_all(&mut self) -> Result<(), CudaError> {
         if let PtxSource::Nvrtc { cache_dir } = &self.source {
             let todo: Vec<&'static KernelFile> =
-                KERNEL_FILES.iter().filter(|f| !self.modules.contains_key(f.name)).collect();
+                KERNEL_FILES.iter().filter(|f| in_use(f) && !self.modules.contains_key(f.name)).collect();
             let (arch, dir) = (self.arch.as_str(), cache_dir.as_deref());
             let ptx: Vec<Result<String, CudaError>> = std::thread::scope(|s| {
                 let jobs: Vec<_> = todo.iter().map(|f| s.spawn(move || nvrtc::compile_cached(f, arch, dir))).collect();
@@ -307,7 +312,7 @@ impl Kernels {
                 self.load_ptx(file, ptx?)?;
             }
         }
-        for f in KERNEL_FILES {
+        for f in KERNEL_FILES.iter().filter(|f| in_use(f)) {
             for e in f.entries {
                 self.get(e)?;
             }
@@ -369,4 +374,11 @@ mod tests {
         }
         assert!(file_of("no_such_kernel").is_none());
     }
+}
+
+/// Whether `load_all` loads this file: a kernel file behind a switch that is off is compiled only
+/// when something launches it, so that it adds nothing to every start (moe_q8.cu, ~3.5 MB of PTX
+/// that the driver would compile at each first start on a V100).
+fn in_use(f: &KernelFile) -> bool {
+    f.name != "moe_q8" || super::moe_q8::q8_enabled()
 }

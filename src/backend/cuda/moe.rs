@@ -469,7 +469,7 @@ unsafe impl DeviceRepr for MatParams {}
 
 /// A slab's kernel view: (format index of MOE_ENTRIES, qs, aux, qs row bytes, aux row bytes,
 /// elements per unit), checked against the buffer.
-fn slab_view(m: &DevMat, s: &CudaStream) -> Result<(usize, u64, u64, usize, usize, usize), CudaError> {
+pub(super) fn slab_view(m: &DevMat, s: &CudaStream) -> Result<(usize, u64, u64, usize, usize, usize), CudaError> {
     const K: &str = "moe expert slab";
     match &m.data {
         MatData::F16(b) => {
@@ -811,6 +811,14 @@ pub fn moe_ffn(
     if n_tok <= pair_max_tokens() && fused_enabled() && k <= 8 {
         // One stream: fused router, gate/up per pair, down + weighted sum (3 launches).
         MoeRouteFused { route, count: dev(&work.route_count, s)? }.launch(kn, s)?;
+        if super::moe_q8::q8_enabled() && super::moe_q8::fits(&w.gate, &w.down, k) {
+            // The same three launches on int8 activations (moe_q8.rs).
+            let (ne, n_pairs) = (w.n_experts, pairs);
+            super::moe_q8::MoeGateUpQ8 { gate: &w.gate, up: &w.up, n_experts: ne, h, ids, act, n_pairs, k }
+                .launch(kn, s)?;
+            return super::moe_q8::MoeDownSumQ8 { down: &w.down, n_experts: ne, act, ids, wts, x, n_tok, k }
+                .launch(kn, s);
+        }
         MoeMat {
             slab: &w.gate,
             up: Some(&w.up),

@@ -1,0 +1,208 @@
+//! Launchers of kernels/moe_q8.cu: the one-stream (pair mode) expert products on int8
+//! activations (dp4a on the packed rows), each block quantizing the input it reads into shared
+//! memory (bit for bit as `quantize_x_q8`, CPU twin `q8x::quantize`). A sparse layer's FFN of
+//! a few tokens is then still three launches: `moe::MoeRouteFused`, [`MoeGateUpQ8`],
+//! [`MoeDownSumQ8`]. CPU twin of the products: `q8x::matmul_q8x` per pair. Taken only with
+//! `DUSTOFF_MOE_Q8=1` ([`q8_enabled`]).
+
+use std::sync::OnceLock;
+
+use cudarc::driver::{CudaStream, DeviceRepr};
+
+use super::dmat::{DevMat, MatData};
+use super::kernels::Kernels;
+use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
+use super::moe::slab_view;
+use super::CudaError;
+
+/// Entry points of kernels/moe_q8.cu: `2 * format + v` (formats in `QFormat::index` order),
+/// v = 0 gate/up + SwiGLU, v = 1 down + weighted sum.
+pub const MOE_Q8_ENTRIES: [&str; 16] = {
+    macro_rules! both {
+        ($($f:literal),*) => {
+            [$(concat!("moe_gate_up_q8_", $f), concat!("moe_down_sum_q8_", $f)),*]
+        };
+    }
+    both!("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+};
+
+/// Whether pair-mode steps take the int8 kernels (`DUSTOFF_MOE_Q8=1`) instead of the f32 ones
+/// of moe.cu. Off by default: on the H200 (this session's round 1) the int8 launches were slower
+/// than the f32 ones (whole one-stream FFN 32.9 us against 28.5 us a layer in a graph) while they
+/// held 148-248 registers a thread; the 128-register bound they have now is not measured yet.
+pub fn q8_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_Q8").is_some_and(|v| v == "1"))
+}
+
+/// Threads of a gate/up block (kernels/moe_q8.cu GU_THREADS) and output rows per row group.
+const GU_THREADS: usize = 256;
+const GU_R: usize = 2;
+/// Output rows per row group of the down product (DS_R).
+const DS_R: usize = 4;
+/// Shared memory the kernels may take per block (the default limit, no opt-in).
+const SMEM_MAX: usize = 48 * 1024;
+
+/// Shared-memory bytes of one quantized input row (kernels/moe_q8.cu q8_row_bytes).
+fn q8_row_bytes(cols: usize) -> usize {
+    2 * cols + cols / 2
+}
+
+/// Whether the int8 kernels take slabs of these shapes and formats: packed block formats
+/// (not F16), rows of whole 32-value blocks, the input rows in shared memory, `k <= 8`.
+pub fn fits(gate: &DevMat, down: &DevMat, k: usize) -> bool {
+    let packed = |m: &DevMat| matches!(m.data, MatData::Quant { .. }) && m.cols.is_multiple_of(32);
+    packed(gate)
+        && packed(down)
+        && (1..=8).contains(&k)
+        && q8_row_bytes(gate.cols) <= SMEM_MAX
+        && k * q8_row_bytes(down.cols) <= SMEM_MAX
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct MoeQ8Params {
+    qs: u64,
+    aux: u64,
+    qs2: u64,
+    aux2: u64,
+    x: u64,
+    ids: u64,
+    wts: u64,
+    out: u64,
+    rows: i32,
+    cols: i32,
+    k: i32,
+    qs_row: i32,
+    aux_row: i32,
+    lpr: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for MoeQ8Params {}
+
+/// Lanes per row group for rows of `units` units: about two units a lane, at most a warp.
+fn lanes_per_row(units: usize) -> usize {
+    units.div_ceil(2).next_power_of_two().clamp(1, 32)
+}
+
+/// `act[p, r] = silu(gate_e[r] . h[p / k]) * (up_e[r] . h[p / k])` with `e = ids[p]`, for
+/// `n_pairs` pairs (`h` `[n_pairs / k, dim]` f32, `act` `[n_pairs, ffn]` f32), on int8 `h`.
+pub struct MoeGateUpQ8<'a> {
+    pub gate: &'a DevMat,
+    pub up: &'a DevMat,
+    pub n_experts: usize,
+    pub h: Dev<f32>,
+    pub ids: Dev<i32>,
+    pub act: Dev<f32>,
+    pub n_pairs: usize,
+    pub k: usize,
+}
+
+impl MoeGateUpQ8<'_> {
+    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "moe_gate_up_q8";
+        let (fi, qs, aux, qs_row, aux_row, unit) = slab_view(self.gate, s)?;
+        let (f2, qs2, aux2, _, _, _) = slab_view(self.up, s)?;
+        check(K, fi < 8 && f2 == fi && (self.up.rows, self.up.cols) == (self.gate.rows, self.gate.cols), || {
+            "gate and up slabs of one packed format and shape".into()
+        })?;
+        check(K, self.n_experts > 0 && self.gate.rows.is_multiple_of(self.n_experts), || {
+            format!("{} slab rows for {} experts", self.gate.rows, self.n_experts)
+        })?;
+        let (rows, cols) = (self.gate.rows / self.n_experts, self.gate.cols);
+        check(K, cols.is_multiple_of(32) && q8_row_bytes(cols) <= SMEM_MAX, || {
+            format!("rows of {cols} (whole 32-value blocks, the int8 input in 48 KB)")
+        })?;
+        check(K, self.k >= 1 && self.n_pairs.is_multiple_of(self.k), || {
+            format!("{} pairs of {}", self.n_pairs, self.k)
+        })?;
+        check(K, self.h.ptr.is_multiple_of(16), || "16-byte aligned input".into())?;
+        need(K, "input", self.h, self.n_pairs / self.k * cols)?;
+        need(K, "ids", self.ids, self.n_pairs)?;
+        need(K, "activations", self.act, self.n_pairs * rows)?;
+        check(K, self.n_pairs <= 65_535, || format!("{} pairs exceed the grid", self.n_pairs))?;
+        if self.n_pairs == 0 || rows == 0 {
+            return Ok(());
+        }
+        let lpr = lanes_per_row(cols / unit);
+        let per_block = (GU_THREADS / 32) * (32 / lpr) * GU_R;
+        let p = MoeQ8Params {
+            qs,
+            aux,
+            qs2,
+            aux2,
+            x: self.h.ptr,
+            ids: self.ids.ptr,
+            wts: 0,
+            out: self.act.ptr,
+            rows: i32_of(K, rows)?,
+            cols: i32_of(K, cols)?,
+            k: i32_of(K, self.k)?,
+            qs_row: i32_of(K, qs_row)?,
+            aux_row: i32_of(K, aux_row)?,
+            lpr: lpr as i32,
+        };
+        let grid = (blocks_for(K, rows, per_block)?, self.n_pairs as u32, 1);
+        launch(kn, s, MOE_Q8_ENTRIES[2 * fi], grid, GU_THREADS as u32, q8_row_bytes(cols) as u32, &p)
+    }
+}
+
+/// `x[t, r] += sum_j wts[t k + j] * (down_{ids[t k + j]}[r] . act[t k + j])`, slot 0 first
+/// (the order of `moe::MoeCombine`), on int8 `act` (`[n_tok k, ffn]` f32); `k <= 8`.
+pub struct MoeDownSumQ8<'a> {
+    pub down: &'a DevMat,
+    pub n_experts: usize,
+    pub act: Dev<f32>,
+    pub ids: Dev<i32>,
+    pub wts: Dev<f32>,
+    pub x: Dev<f32>,
+    pub n_tok: usize,
+    pub k: usize,
+}
+
+impl MoeDownSumQ8<'_> {
+    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "moe_down_sum_q8";
+        let (fi, qs, aux, qs_row, aux_row, unit) = slab_view(self.down, s)?;
+        check(K, fi < 8, || "a packed block format".into())?;
+        check(K, self.n_experts > 0 && self.down.rows.is_multiple_of(self.n_experts), || {
+            format!("{} slab rows for {} experts", self.down.rows, self.n_experts)
+        })?;
+        check(K, (1..=8).contains(&self.k), || format!("{} experts per token (1..=8)", self.k))?;
+        let (rows, cols) = (self.down.rows / self.n_experts, self.down.cols);
+        check(K, cols.is_multiple_of(32) && self.k * q8_row_bytes(cols) <= SMEM_MAX, || {
+            format!("rows of {cols} (whole 32-value blocks, {} int8 inputs in 48 KB)", self.k)
+        })?;
+        let pairs = self.n_tok * self.k;
+        check(K, self.act.ptr.is_multiple_of(16), || "16-byte aligned activations".into())?;
+        need(K, "activations", self.act, pairs * cols)?;
+        need(K, "ids", self.ids, pairs)?;
+        need(K, "weights", self.wts, pairs)?;
+        need(K, "residual", self.x, self.n_tok * rows)?;
+        check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        if pairs == 0 || rows == 0 {
+            return Ok(());
+        }
+        let lpr = lanes_per_row(cols / unit);
+        let per_block = (32 / lpr) * DS_R;
+        let p = MoeQ8Params {
+            qs,
+            aux,
+            qs2: 0,
+            aux2: 0,
+            x: self.act.ptr,
+            ids: self.ids.ptr,
+            wts: self.wts.ptr,
+            out: self.x.ptr,
+            rows: i32_of(K, rows)?,
+            cols: i32_of(K, cols)?,
+            k: self.k as i32,
+            qs_row: i32_of(K, qs_row)?,
+            aux_row: i32_of(K, aux_row)?,
+            lpr: lpr as i32,
+        };
+        let grid = (blocks_for(K, rows, per_block)?, self.n_tok as u32, 1);
+        let smem = (self.k * q8_row_bytes(cols)) as u32;
+        launch(kn, s, MOE_Q8_ENTRIES[2 * fi + 1], grid, 32 * self.k as u32, smem, &p)
+    }
+}

@@ -1,0 +1,105 @@
+//! The one-stream MoE kernels on int8 activations (kernels/moe_q8.cu) against their CPU twin:
+//! per pair the expert's product on the input as the int8 kernels see it
+//! (`q8x::matmul_q8x`: the block's own quantization is `quantize_x_q8`'s, bit for bit), for
+//! every packed format, k = 8 and 3, 1 / 2 / 8 tokens, widths that are not whole chunks of 128
+//! values and row counts that are not whole blocks; an expert that every token chooses and
+//! experts that none chooses.
+
+use dustoff::backend::cpu::ops;
+use dustoff::backend::cuda::moe::MoeLayerW;
+use dustoff::backend::cuda::moe_q8::{MoeDownSumQ8, MoeGateUpQ8};
+use dustoff::backend::cuda::q8x::matmul_q8x;
+use dustoff::model::quant::GgmlType;
+
+use super::moe::layer;
+use super::{compare, gpu, Gpu};
+
+const PACKED: &[GgmlType] = &[
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+fn op(kind: &str, t: GgmlType) -> String {
+    format!("{kind}_{}", t.name().to_ascii_lowercase())
+}
+
+/// `n` tokens' ids: k distinct experts each, random; with `skew`, expert 1 in every token's
+/// first slot and expert 0 in none (experts 2.. fill the rest).
+fn ids_for(g: &mut Gpu, n: usize, e: usize, k: usize, skew: bool) -> Vec<i32> {
+    use rand::Rng;
+    let mut ids = Vec::with_capacity(n * k);
+    for _ in 0..n {
+        let mut chosen: Vec<i32> = if skew { vec![1] } else { Vec::new() };
+        while chosen.len() < k {
+            let c = g.rng.random_range(if skew { 2 } else { 0 }..e as i32);
+            if !chosen.contains(&c) {
+                chosen.push(c);
+            }
+        }
+        ids.extend(chosen);
+    }
+    ids
+}
+
+#[test]
+fn q8_expert_products_equal_the_int8_twin_every_format() {
+    let Some(mut g) = gpu("moe q8 expert products") else { return };
+    let s = g.dev.stream.clone();
+    let e = 12;
+    for &dtype in PACKED {
+        // 32-value formats: 11 blocks of 32 (not whole 128-value chunks) and 160 expert rows
+        // (not whole gate/up blocks); the K formats need whole super-blocks of 256.
+        let (dim, f) = if dtype.block_size() == 32 { (352, 160) } else { (512, 256) };
+        for k in [8usize, 3] {
+            let w = layer(&mut g, e, dim, f, k, dtype, dtype);
+            let (lw, _) = MoeLayerW::upload(&s, &w, false, "test layer").unwrap();
+            for (n, skew) in [(1usize, false), (2, false), (8, false), (8, true)] {
+                let pairs = n * k;
+                let h = g.randn(n * dim, 1.0);
+                let ids = ids_for(&mut g, n, e, k, skew);
+                // Twin: per pair silu(gate h) * up h on the int8 view of h.
+                let mut act = vec![0f32; pairs * f];
+                for p in 0..pairs {
+                    let (t, ex) = (p / k, &w.experts[ids[p] as usize]);
+                    let (mut gt, mut ut) = (vec![0f32; f], vec![0f32; f]);
+                    matmul_q8x(&ex.gate, &h[t * dim..(t + 1) * dim], 1, &mut gt);
+                    matmul_q8x(&ex.up, &h[t * dim..(t + 1) * dim], 1, &mut ut);
+                    ops::silu_mul_inplace(&mut gt, &ut);
+                    act[p * f..(p + 1) * f].copy_from_slice(&gt);
+                }
+                let (hd, idd, ad) = (g.up(&h), g.up(&ids), g.poisoned(pairs * f));
+                let (hv, iv, av) = (g.d(&hd), g.d(&idd), g.d(&ad));
+                MoeGateUpQ8 { gate: &lw.gate, up: &lw.up, n_experts: e, h: hv, ids: iv, act: av, n_pairs: pairs, k }
+                    .launch(&mut g.k, &s)
+                    .unwrap();
+                compare(&op("moe_gate_up_q8", dtype), g.seed, &g.down(&ad), &act);
+                // Down + weighted sum on the twin's activations (each kernel checked on its own).
+                let wts = g.randn(pairs, 1.0);
+                let x = g.randn(n * dim, 5.0);
+                let mut want = x.clone();
+                for t in 0..n {
+                    let mut o = vec![0f32; dim];
+                    for j in 0..k {
+                        let p = t * k + j;
+                        let mut y = vec![0f32; dim];
+                        matmul_q8x(&w.experts[ids[p] as usize].down, &act[p * f..(p + 1) * f], 1, &mut y);
+                        o.iter_mut().zip(&y).for_each(|(a, &v)| *a += wts[p] * v);
+                    }
+                    want[t * dim..(t + 1) * dim].iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+                }
+                let (ad2, wd, xd) = (g.up(&act), g.up(&wts), g.up(&x));
+                let (av2, wv, xv) = (g.d(&ad2), g.d(&wd), g.d(&xd));
+                MoeDownSumQ8 { down: &lw.down, n_experts: e, act: av2, ids: iv, wts: wv, x: xv, n_tok: n, k }
+                    .launch(&mut g.k, &s)
+                    .unwrap();
+                compare(&op("moe_down_sum_q8", dtype), g.seed, &g.down(&xd), &want);
+            }
+        }
+    }
+}
