@@ -17,6 +17,17 @@ fn bench_qwen3_8b_synthetic() {
     drop(g);
     let name = std::env::var("DUSTOFF_BENCH_SHAPE").unwrap_or_else(|_| "qwen3-8b".into());
     let cfg = dustoff::model::shapes::shape(&name).unwrap();
+    if let Ok(dtype) = std::env::var("DUSTOFF_BENCH_DTYPE") {
+        // One weight mix, one stream with graphs (`dustoff bench --synthetic NAME --dtype D`).
+        let mix = dustoff::backend::cuda::WeightMix::parse(&dtype).expect("a weight mix");
+        let num = |v: &str, d: usize| std::env::var(v).ok().and_then(|s| s.parse().ok()).unwrap_or(d);
+        let (runs, gen) = (num("DUSTOFF_BENCH_RUNS", 3), num("DUSTOFF_BENCH_GEN", 200));
+        let mut b = CudaBackend::synthetic_mix(cfg, mix, 1, &opts((768 + gen).div_ceil(16))).expect("synthetic");
+        b.load_kernels().unwrap();
+        let r = dustoff::commands::bench::bench(&mut b, &format!("{name} {dtype}"), 768, gen, runs).unwrap();
+        r.print_human();
+        return;
+    }
     let t = std::time::Instant::now();
     let mut b = CudaBackend::synthetic(cfg, 1, &opts((768 + 200usize).div_ceil(16))).expect("synthetic backend");
     b.load_kernels().unwrap();
