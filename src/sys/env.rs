@@ -89,6 +89,8 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Test, "DUSTOFF_BENCH_DTYPE", "unset: F16 and the kernel table", "weight mix of the GPU bench test (`q4_k_m`, `q8_0`, ...): one stream (768 in) with graphs, no kernel table"),
     var(Scope::Test, "DUSTOFF_BENCH_RUNS", "3", "timed runs of the GPU bench test with DUSTOFF_BENCH_DTYPE"),
     var(Scope::Test, "DUSTOFF_BENCH_GEN", "200", "generated tokens of the GPU bench test with DUSTOFF_BENCH_DTYPE"),
+    var(Scope::Test, "DUSTOFF_BENCH_SEQS", "0", "with DUSTOFF_BENCH_DTYPE: batched decode of this many sequences instead of one stream (prints the peak memory)"),
+    var(Scope::Test, "DUSTOFF_BENCH_PROMPT_TOKENS", "768", "prompt tokens of each sequence of DUSTOFF_BENCH_SEQS"),
     var(Scope::Test, "DUSTOFF_BENCH_DTYPES", "f16,q4_k_m", "weight types of the Qwen3.5 GPU bench test"),
     var(Scope::Test, "DUSTOFF_BREAKDOWN_FORMATS", "q4_0,q8_0,q4_k,q6_k", "formats of the quantized-kernel breakdown bench test"),
     var(Scope::Test, "DUSTOFF_MOE_BENCH_SHAPE", "qwen3-30b-a3b", "synthetic shape of the MoE GPU bench test"),
