@@ -27,8 +27,16 @@ struct NormQ8Params {
     float eps;
 };
 
-// row_scale (the row's 1 / rms with rmsnorm_f32's sums): quant.cuh, shared with the GEMVs
-// that normalize their own input (gemv_q8.cu gemvq8xn_*).
+// The row's 1 / rms with rmsnorm_f32's sums (same block size, same order: same bits).
+__device__ __forceinline__ float row_scale(const float* x, int dim, float eps, float* scratch) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = x[i];
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, scratch);
+    return rsqrtf(ss / (float)dim + eps);
+}
 
 // grid: n_tok, block: the block size rmsnorm_f32 takes for `dim` (a multiple of 32).
 // Thread i takes float4 groups i, i + blockDim, ...; 8 consecutive threads hold one block of

@@ -26,10 +26,16 @@ struct QuantizeXParams {
     int x_stride;    // a multiple of 4
 };
 
-// Four consecutive values v of a block of 32 (thread j % 8 of 8 consecutive lanes holds values
-// 4 (j % 8) ..): their hi and lo codes packed as 4 bytes each, and in lanes j % 4 == 0 the
-// xs entry of their run of 16. Every lane of the warp must call it (shuffles).
-__device__ __forceinline__ void quantize_quad(const float4 v, unsigned& wh, unsigned& wl, float2& xs) {
+// 8 threads per block of 32 values (one float4 each); grid: ceil(n_tok * cols / 4 / 256).
+// Every thread of a warp takes part in the shuffles (no early return: the groups of 8 are whole).
+extern "C" __global__ void __launch_bounds__(256) quantize_x_q8(const QuantizeXParams p) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long total = (long long)p.n_tok * (p.cols / 4);
+    const bool live = i < total;
+    const long long j = live ? i : 0;
+    const int per_tok = p.cols / 4;
+    const int t = (int)(j / per_tok), c4 = (int)(j % per_tok);
+    const float4 v = *reinterpret_cast<const float4*>(p.x + (long long)t * p.x_stride + 4 * c4);
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
@@ -50,28 +56,15 @@ __device__ __forceinline__ void quantize_quad(const float4 v, unsigned& wh, unsi
     s += __shfl_xor_sync(FULL_MASK, s, 2);
     sl += __shfl_xor_sync(FULL_MASK, sl, 1);
     sl += __shfl_xor_sync(FULL_MASK, sl, 2);
-    wh = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (unsigned)(q[3] & 0xff) << 24;
-    wl = (l[0] & 0xff) | (l[1] & 0xff) << 8 | (l[2] & 0xff) << 16 | (unsigned)(l[3] & 0xff) << 24;
-    xs = make_float2(d, __fmaf_rn(dl, (float)sl, __fmul_rn(d, (float)s)));
-}
-
-// 8 threads per block of 32 values (one float4 each); grid: ceil(n_tok * cols / 4 / 256).
-// Every thread of a warp takes part in the shuffles (no early return: the groups of 8 are whole).
-extern "C" __global__ void __launch_bounds__(256) quantize_x_q8(const QuantizeXParams p) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long total = (long long)p.n_tok * (p.cols / 4);
-    const bool live = i < total;
-    const long long j = live ? i : 0;
-    const int per_tok = p.cols / 4;
-    const int t = (int)(j / per_tok), c4 = (int)(j % per_tok);
-    const float4 v = *reinterpret_cast<const float4*>(p.x + (long long)t * p.x_stride + 4 * c4);
-    unsigned wh, wl;
-    float2 xs;
-    quantize_quad(v, wh, wl, xs);
     if (!live) return;
+    const unsigned wh = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (unsigned)(q[3] & 0xff) << 24;
+    const unsigned wl = (l[0] & 0xff) | (l[1] & 0xff) << 8 | (l[2] & 0xff) << 16 | (unsigned)(l[3] & 0xff) << 24;
     reinterpret_cast<unsigned*>(p.qx + (long long)t * p.cols)[c4] = wh;
     reinterpret_cast<unsigned*>(p.ql + (long long)t * p.cols)[c4] = wl;
-    if ((c4 & 3) == 0) p.xs[(long long)t * (p.cols / 16) + c4 / 4] = xs;
+    if ((c4 & 3) == 0) {
+        const float sum = __fmaf_rn(dl, (float)sl, __fmul_rn(d, (float)s));
+        p.xs[(long long)t * (p.cols / 16) + c4 / 4] = make_float2(d, sum);
+    }
 }
 
 struct GemvQ8Params {
@@ -89,27 +82,8 @@ struct GemvQ8Params {
     int accumulate;    // 1: out += W x; 0: out = W x
     int qs_row;
     int aux_row;
-    const float* x;    // the gemvq8x_* entries: the f32 input [n_tok, x_stride] they quantize
-    int x_stride;
-    float eps;         // gemvq8xn_*: the norm's epsilon
-    const float* nw;   // gemvq8xn_*: the norm weight [cols] f32
+    int sets;          // sets of rows a group computes one after the other (gemv_sets), >= 1
 };
-
-// Where the dot products read the int8 activations: the planes in global memory (written by
-// quantize_x_q8 or a fused norm), or in shared memory (SM: the gemvq8x_* entries quantized
-// their f32 input there).
-struct XQ {
-    const u8_t* qx;    // [n_tok, cols]
-    const u8_t* ql;    // [n_tok, cols]
-    const float2* xs;  // [n_tok, cols / 16]
-};
-template <bool SM> __device__ __forceinline__ uint4 ldx16(const u8_t* p) {
-    return SM ? *reinterpret_cast<const uint4*>(p) : ld16(p);
-}
-template <bool SM> __device__ __forceinline__ float2 ldxs(const float2* p) { return SM ? *p : __ldg(p); }
-template <bool SM> __device__ __forceinline__ float4 ldxs4(const float2* p) {
-    return SM ? *reinterpret_cast<const float4*>(p) : __ldg(reinterpret_cast<const float4*>(p));
-}
 
 #define GEMVQ8_WARPS 4
 #define GEMVQ8_GROUP 64  // threads sharing one group of rows
@@ -137,10 +111,10 @@ __device__ __forceinline__ int dot16_acc(const unsigned (&c)[4], const uint4& q,
 // Unit u of NR rows (raw) dotted with NT tokens, added to acc. Per run: sum_j c_j (254 q_j +
 // l_j) in int32 (|sum| < 2^28 for every format), times a * d / 254, plus b * xs.y. The
 // primary template: each run on its own (the K formats: a scale and an activation block per run).
-template <class F, int NT, int NR, bool SM, bool SAME = SameScale<F>::V>
+template <class F, int NT, int NR, bool SAME = SameScale<F>::V>
 struct UnitDot {
-    static __device__ __forceinline__ void add(const GemvQ8Params& p, const XQ& x, const typename F::Raw (&raw)[NR],
-                                               int u, float (&acc)[NR][NT]) {
+    static __device__ __forceinline__ void add(const GemvQ8Params& p, const typename F::Raw (&raw)[NR], int u,
+                                               float (&acc)[NR][NT]) {
         const int xs_row = p.cols / 16;
 #pragma unroll
         for (int run = 0; run < F::RUNS; ++run) {
@@ -152,9 +126,9 @@ struct UnitDot {
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if (t < p.n_tok) {
-                    const uint4 qh = ldx16<SM>(x.qx + (long long)t * p.cols + st);
-                    const uint4 ql = ldx16<SM>(x.ql + (long long)t * p.cols + st);
-                    const float2 xs = ldxs<SM>(x.xs + (long long)t * xs_row + st / 16);
+                    const uint4 qh = ld16(p.qx + (long long)t * p.cols + st);
+                    const uint4 ql = ld16(p.ql + (long long)t * p.cols + st);
+                    const float2 xs = __ldg(p.xs + (long long)t * xs_row + st / 16);
                     const float dx = xs.x * Q8X_LO;
 #pragma unroll
                     for (int r = 0; r < NR; ++r) {
@@ -170,10 +144,10 @@ struct UnitDot {
 // The 32-element blocks: both runs share (a, b) and the activation block, so one integer sum
 // and one conversion per unit and token (32 hi and lo codes: 4 x 16-byte loads, the two runs'
 // xs as one float4).
-template <class F, int NT, int NR, bool SM>
-struct UnitDot<F, NT, NR, SM, true> {
-    static __device__ __forceinline__ void add(const GemvQ8Params& p, const XQ& x, const typename F::Raw (&raw)[NR],
-                                               int u, float (&acc)[NR][NT]) {
+template <class F, int NT, int NR>
+struct UnitDot<F, NT, NR, true> {
+    static __device__ __forceinline__ void add(const GemvQ8Params& p, const typename F::Raw (&raw)[NR], int u,
+                                               float (&acc)[NR][NT]) {
         const int xs_row = p.cols / 16;
         unsigned c[NR][2][4];
         float a[NR], b[NR];
@@ -186,10 +160,10 @@ struct UnitDot<F, NT, NR, SM, true> {
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             if (t < p.n_tok) {
-                const u8_t* hx = x.qx + (long long)t * p.cols + st;
-                const u8_t* lx = x.ql + (long long)t * p.cols + st;
-                const uint4 h0 = ldx16<SM>(hx), h1 = ldx16<SM>(hx + 16), l0 = ldx16<SM>(lx), l1 = ldx16<SM>(lx + 16);
-                const float4 xs = ldxs4<SM>(x.xs + (long long)t * xs_row + st / 16);
+                const u8_t* hx = p.qx + (long long)t * p.cols + st;
+                const u8_t* lx = p.ql + (long long)t * p.cols + st;
+                const uint4 h0 = ld16(hx), h1 = ld16(hx + 16), l0 = ld16(lx), l1 = ld16(lx + 16);
+                const float4 xs = __ldg(reinterpret_cast<const float4*>(p.xs + (long long)t * xs_row + st / 16));
                 const float dx = xs.x * Q8X_LO, ys = xs.y + xs.w;
 #pragma unroll
                 for (int r = 0; r < NR; ++r) {
@@ -246,9 +220,9 @@ __device__ __forceinline__ int warp_sum_index() {
 
 // The partial sums of NR weight rows with NT tokens over this thread's units (stride: the
 // group), reduced over the group: returns, for thread j < NR * NT of the group, the total of
-// row j % NR, token j / NR (others: garbage). All threads of the block (G groups) must call it.
-template <class F, int NT, int NR, int G, bool SM>
-__device__ __forceinline__ float group_sums_q8(const GemvQ8Params& p, const XQ& x, const QRow* rows) {
+// row j % NR, token j / NR (others: garbage). All threads of the block must call it.
+template <class F, int NT, int NR>
+__device__ __forceinline__ float group_sums_q8(const GemvQ8Params& p, const QRow* rows) {
     const int gt = threadIdx.x % GEMVQ8_GROUP;
     const int units = p.cols / F::UE;
     float acc[NR][NT];
@@ -266,7 +240,7 @@ __device__ __forceinline__ float group_sums_q8(const GemvQ8Params& p, const XQ& 
 #pragma unroll
         for (int k = 0; k < GEMVQ8_UNROLL; ++k) {
             if (u0 + GEMVQ8_GROUP * k >= units) break;
-            UnitDot<F, NT, NR, SM>::add(p, x, raw[k], u0 + GEMVQ8_GROUP * k, acc);
+            UnitDot<F, NT, NR>::add(p, raw[k], u0 + GEMVQ8_GROUP * k, acc);
         }
     }
     constexpr int V = NR * NT;
@@ -277,7 +251,7 @@ __device__ __forceinline__ float group_sums_q8(const GemvQ8Params& p, const XQ& 
         for (int r = 0; r < NR; ++r) v[t * NR + r] = acc[r][t];
     warp_sum_many<V>(v);
     // Lane l holds value warp_sum_index (each value at 32 / V lanes: the first one writes).
-    __shared__ float red[2 * G][V];
+    __shared__ float red[GEMVQ8_WARPS][V];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (lane % (WARP / V) == 0) red[warp][warp_sum_index<V>()] = v[0];
     __syncthreads();
@@ -285,141 +259,97 @@ __device__ __forceinline__ float group_sums_q8(const GemvQ8Params& p, const XQ& 
     return gt < V ? red[gw][gt] + red[gw + 1][gt] : 0.0f;
 }
 
-// The input planes in global memory (quantize_x_q8 or a fused norm wrote them).
-__device__ __forceinline__ XQ xq_global(const GemvQ8Params& p) { return {p.qx, p.ql, p.xs}; }
-
-// The R weight rows of group g of block b: output rows (G b + g) R .. + R (clamped: the last
-// block's spare rows read the last row and write nothing).
-template <int R, int G>
-__device__ __forceinline__ void plain_rows(const GemvQ8Params& p, QRow (&rows)[R]) {
-    const int row0 = (blockIdx.x * G + threadIdx.x / GEMVQ8_GROUP) * R;
-#pragma unroll
-    for (int r = 0; r < R; ++r) rows[r] = q_row(p.qs, p.aux, min(row0 + r, p.rows - 1), p.qs_row, p.aux_row);
+// Sets of rows (p.sets, 1 by default): group g of block b computes, for s = 0 .. sets - 1, the
+// R output rows from ((s * grid + b) * 2 + g) * R on (with one set: (2 b + g) R), the rows of
+// set s + 1 prefetched into L2 before set s is computed, so that the memory reads of the next
+// set overlap the dot products and reduction of this one (with one set a block loads, then
+// computes, then exits, and blocks that start together compute together).
+template <int R>
+__device__ __forceinline__ int set_row0(int s) {
+    return ((s * (int)gridDim.x + (int)blockIdx.x) * 2 + (int)threadIdx.x / GEMVQ8_GROUP) * R;
 }
 
-// The SwiGLU form: R gate rows, then the R up rows of the same outputs (p.rows further on).
-template <int R, int G>
-__device__ __forceinline__ void swiglu_rows(const GemvQ8Params& p, QRow (&rows)[2 * R]) {
-    const int row0 = (blockIdx.x * G + threadIdx.x / GEMVQ8_GROUP) * R;
+// The weight rows of set s (clamped: the last set's spare rows read the last row and write
+// nothing): plain, the R rows; SwiGLU (SW), R gate rows then the R up rows of the same
+// outputs (p.rows further on).
+template <int R, bool SW>
+__device__ __forceinline__ void set_rows(const GemvQ8Params& p, int s, QRow (&rows)[SW ? 2 * R : R]) {
+    const int row0 = set_row0<R>(s);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int row = min(row0 + r, p.rows - 1);
         rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
-        rows[R + r] = q_row(p.qs, p.aux, (long long)p.rows + row, p.qs_row, p.aux_row);
+        if constexpr (SW) rows[R + r] = q_row(p.qs, p.aux, (long long)p.rows + row, p.qs_row, p.aux_row);
     }
 }
 
-// Group g of block b computes output rows (G b + g) R .. + R from `rows` (plain_rows).
-template <class F, int NT, int R, int G, bool SM>
-__device__ __forceinline__ void gemv_q8_rows(const GemvQ8Params& p, const XQ& x, const QRow (&rows)[R]) {
-    const int row0 = (blockIdx.x * G + threadIdx.x / GEMVQ8_GROUP) * R;
-    const float v = group_sums_q8<F, NT, R, G, SM>(p, x, rows);
-    const int j = threadIdx.x % GEMVQ8_GROUP, r = j % R, t = j / R;
-    if (j < R * NT && t < p.n_tok && row0 + r < p.rows) {
-        const int row = row0 + r;
-        float* o = p.out + (long long)t * p.out_stride + row;
-        const float y = v + (p.bias ? p.bias[row] : 0.0f);
-        *o = p.accumulate ? *o + y : y;
+// Every 128-byte line of the rows' qs and aux bytes into L2 (the group's threads take a line
+// each in turn).
+template <int NR>
+__device__ __forceinline__ void prefetch_rows(const GemvQ8Params& p, const QRow (&rows)[NR]) {
+    const int gt = threadIdx.x % GEMVQ8_GROUP;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        for (int b = 128 * gt; b < p.qs_row; b += 128 * GEMVQ8_GROUP)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r].qs + b));
+        for (int b = 128 * gt; b < p.aux_row; b += 128 * GEMVQ8_GROUP)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r].aux + b));
     }
 }
 
-// Output rows (G b + g) R .. + R from their gate and up rows (swiglu_rows).
-template <class F, int NT, int R, int G, bool SM>
-__device__ __forceinline__ void gemv_swiglu_q8_rows(const GemvQ8Params& p, const XQ& x, const QRow (&rows)[2 * R]) {
-    const int row0 = (blockIdx.x * G + threadIdx.x / GEMVQ8_GROUP) * R;
-    // Thread j < 2 R NT holds weight row j % 2R (gate rows first), token j / 2R: the up value
-    // of the same output is R threads further on (the same warp: 2 R NT <= 32).
-    const float v = group_sums_q8<F, NT, 2 * R, G, SM>(p, x, rows);
-    const int j = threadIdx.x % GEMVQ8_GROUP;
-    const float up = __shfl_down_sync(FULL_MASK, v, R);
-    const int r = j % (2 * R), t = j / (2 * R);
-    if (j < 2 * R * NT && r < R && t < p.n_tok && row0 + r < p.rows) {
-        p.out[(long long)t * p.out_stride + row0 + r] = v / (1.0f + expf(-v)) * up;
+// The outputs of set s from its rows: plain, out (+)= W x (+ bias); SwiGLU, silu(gate) * up.
+template <class F, int NT, int R, bool SW>
+__device__ __forceinline__ void set_out(const GemvQ8Params& p, int s, const QRow (&rows)[SW ? 2 * R : R]) {
+    constexpr int NR = SW ? 2 * R : R;
+    const int row0 = set_row0<R>(s);
+    // Thread j < NR NT holds weight row j % NR, token j / NR; SwiGLU: the up value of the same
+    // output is R threads further on (the same warp: 2 R NT <= 32).
+    const float v = group_sums_q8<F, NT, NR>(p, rows);
+    const int j = threadIdx.x % GEMVQ8_GROUP, r = j % NR, t = j / NR;
+    if constexpr (SW) {
+        const float up = __shfl_down_sync(FULL_MASK, v, R);
+        if (j < NR * NT && r < R && t < p.n_tok && row0 + r < p.rows)
+            p.out[(long long)t * p.out_stride + row0 + r] = v / (1.0f + expf(-v)) * up;
+    } else {
+        if (j < NR * NT && t < p.n_tok && row0 + r < p.rows) {
+            const int row = row0 + r;
+            float* o = p.out + (long long)t * p.out_stride + row;
+            const float x = v + (p.bias ? p.bias[row] : 0.0f);
+            *o = p.accumulate ? *o + x : x;
+        }
+    }
+}
+
+// Every set of the group in turn.
+template <class F, int NT, int R, bool SW>
+__device__ __forceinline__ void gemv_sets(const GemvQ8Params& p) {
+    QRow rows[SW ? 2 * R : R];
+    set_rows<R, SW>(p, 0, rows);
+    for (int s = 0; s < p.sets; ++s) {
+        if (s > 0) set_rows<R, SW>(p, s, rows);
+        if (s + 1 < p.sets) {
+            QRow next[SW ? 2 * R : R];
+            set_rows<R, SW>(p, s + 1, next);
+            prefetch_rows(p, next);
+        }
+        set_out<F, NT, R, SW>(p, s, rows);
+        // The reduction's shared memory is written again by the next set.
+        if (s + 1 < p.sets) __syncthreads();
     }
 }
 
 template <class F, int NT, int R>
 __device__ __forceinline__ void gemv_q8_impl(const GemvQ8Params& p) {
-    QRow rows[R];
-    plain_rows<R, 2>(p, rows);
-    gemv_q8_rows<F, NT, R, 2, false>(p, xq_global(p), rows);
+    gemv_sets<F, NT, R, false>(p);
 }
 
+// R output rows a group from their R gate rows and R up rows (2 R weight rows).
 template <class F, int NT, int R>
 __device__ __forceinline__ void gemv_swiglu_q8_impl(const GemvQ8Params& p) {
-    QRow rows[2 * R];
-    swiglu_rows<R, 2>(p, rows);
-    gemv_swiglu_q8_rows<F, NT, R, 2, false>(p, xq_global(p), rows);
+    gemv_sets<F, NT, R, true>(p);
 }
 
-// The prologue of the gemvq8x_* entries (a block of G groups, 64 G threads): the block
-// quantizes the f32 input x [n_tok, cols] (with NORM: rmsnorm(x) * nw first, 1 token) into
-// dynamic shared memory (qx [n_tok, cols], ql [n_tok, cols], xs [n_tok, cols / 16] float2:
-// 2.5 n_tok cols bytes), the codes quantize_x_q8 (or rmsnorm_q8_f32) writes, from the same
-// device function (quantize_quad) and, for the norm, the same sums in the same order
-// (row_scale over 256 threads: rmsnorm_q8_f32's block for dim >= 256; below, the extra
-// threads add zeros). So no separate quantize or norm launch (and graph node) before the
-// matrix. While it quantizes, the first 128-byte lines of the group's weight rows are already
-// on their way to L2 (prefetch): the weights' DRAM latency overlaps the prologue. Each block
-// re-reads x (from L2): worth it where the block's weights outweigh x (qlaunch.rs chooses).
-template <int NR, int G, bool NORM>
-__device__ __forceinline__ XQ quantize_prologue(const GemvQ8Params& p, const QRow (&rows)[NR]) {
-    extern __shared__ __align__(16) u8_t q8x_smem[];
-    __shared__ float scratch[32];
-    const int plane = p.n_tok * p.cols;
-    u8_t* sq = q8x_smem;
-    u8_t* sl = q8x_smem + plane;
-    float2* sxs = reinterpret_cast<float2*>(q8x_smem + 2 * plane);
-    const int gt = threadIdx.x % GEMVQ8_GROUP;
-    if (128 * gt < p.qs_row) {
-#pragma unroll
-        for (int r = 0; r < NR; ++r) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r].qs + 128 * gt));
-    }
-    // NORM: one token (the entries' NT), its 1 / rms.
-    const float scale = NORM ? row_scale(p.x, p.cols, p.eps, scratch) : 1.0f;
-    const int per_tok = p.cols / 4, total = p.n_tok * per_tok;
-    // total is a multiple of 8 (cols of whole 32-blocks) and so is the block: every group of 8
-    // lanes is whole in every round, and every lane of a warp runs the same rounds (shuffles).
-    for (int i0 = 0; i0 < total; i0 += GEMVQ8_GROUP * G) {
-        const int i = i0 + threadIdx.x;
-        const bool live = i < total;
-        const int j = live ? i : 0;
-        const int t = j / per_tok, c4 = j % per_tok;
-        float4 v = __ldg(reinterpret_cast<const float4*>(p.x + (long long)t * p.x_stride + 4 * c4));
-        if (NORM) {
-            const float4 w = __ldg(reinterpret_cast<const float4*>(p.nw + 4 * c4));
-            v = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z, v.w * scale * w.w);
-        }
-        unsigned wh, wl;
-        float2 xs;
-        quantize_quad(v, wh, wl, xs);
-        if (live) {
-            reinterpret_cast<unsigned*>(sq + t * p.cols)[c4] = wh;
-            reinterpret_cast<unsigned*>(sl + t * p.cols)[c4] = wl;
-            if ((c4 & 3) == 0) sxs[t * (p.cols / 16) + c4 / 4] = xs;
-        }
-    }
-    __syncthreads();
-    return XQ{sq, sl, sxs};
-}
-
-template <class F, int NT, int R, int G, bool NORM>
-__device__ __forceinline__ void gemv_q8x_impl(const GemvQ8Params& p) {
-    QRow rows[R];
-    plain_rows<R, G>(p, rows);
-    const XQ x = quantize_prologue<R, G, NORM>(p, rows);
-    gemv_q8_rows<F, NT, R, G, true>(p, x, rows);
-}
-
-template <class F, int NT, int R, int G, bool NORM>
-__device__ __forceinline__ void gemv_swiglu_q8x_impl(const GemvQ8Params& p) {
-    QRow rows[2 * R];
-    swiglu_rows<R, G>(p, rows);
-    const XQ x = quantize_prologue<2 * R, G, NORM>(p, rows);
-    gemv_swiglu_q8_rows<F, NT, R, G, true>(p, x, rows);
-}
-
-// grid: ceil(rows / (2 R)) with R the output rows per group (the SwiGLU entries read 2 R
+// grid: ceil(rows / (2 R sets)) with R the output rows per group (the SwiGLU entries read 2 R
 // weight rows), block: 32 * GEMVQ8_WARPS.
 #define GEMVQ8_ENTRY(kname, impl, NT, R, F) \
     extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) kname(const GemvQ8Params p) { impl<F, NT, R>(p); }
@@ -436,22 +366,3 @@ __device__ __forceinline__ void gemv_swiglu_q8x_impl(const GemvQ8Params& p) {
     GEMVQ8_ENTRY(gemvq8_swiglu_##name##_n1r2, gemv_swiglu_q8_impl, 1, 1, F)
 
 FOR_EACH_QFORMAT(GEMVQ8_ENTRIES)
-
-// The entries that quantize their own input (quantize_prologue): grid ceil(rows / (G R)),
-// block 64 G threads, dynamic shared memory 2.5 n_tok cols bytes. gemvq8x_*: _n1 2 groups of 4
-// rows; _n1g4 and the 2- and 4-token ones 4 groups (the prologue shared by 16 rows).
-// gemvq8xn_* (1 token): rmsnorm, then the quantization, then the GEMV (4 groups, 256 threads:
-// rmsnorm_q8_f32's block); the SwiGLU one with 2 output rows a group.
-#define GEMVQ8X_ENTRY(kname, impl, NT, R, G, NORM, F)                                             \
-    extern "C" __global__ void __launch_bounds__(GEMVQ8_GROUP * G) kname(const GemvQ8Params p) { \
-        impl<F, NT, R, G, NORM>(p);                                                               \
-    }
-#define GEMVQ8X_ENTRIES(name, F)                                                \
-    GEMVQ8X_ENTRY(gemvq8x_##name##_n1, gemv_q8x_impl, 1, 4, 2, false, F)        \
-    GEMVQ8X_ENTRY(gemvq8x_##name##_n1g4, gemv_q8x_impl, 1, 4, 4, false, F)      \
-    GEMVQ8X_ENTRY(gemvq8x_##name##_n2, gemv_q8x_impl, 2, 4, 4, false, F)        \
-    GEMVQ8X_ENTRY(gemvq8x_##name##_n4, gemv_q8x_impl, 4, 4, 4, false, F)        \
-    GEMVQ8X_ENTRY(gemvq8xn_##name##_n1, gemv_q8x_impl, 1, 4, 4, true, F)        \
-    GEMVQ8X_ENTRY(gemvq8xn_swiglu_##name##_n1, gemv_swiglu_q8x_impl, 1, 2, 4, true, F)
-
-FOR_EACH_QFORMAT(GEMVQ8X_ENTRIES)

@@ -337,18 +337,6 @@ __device__ __forceinline__ QRow q_row(const u8_t* qs, const u8_t* aux, long long
 // F::codes) then dots the run of x as a d sum(c q) + a dl sum(c l) + b xs.y: eight dp4a.
 #define Q8X_LO (1.0f / 254.0f)
 
-// The row's 1 / rms with rmsnorm_f32's sums (same block size, same order: same bits; a larger
-// block whose extra threads add zeros gives the same bits too). All threads must call it.
-__device__ __forceinline__ float row_scale(const float* x, int dim, float eps, float* scratch) {
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = x[i];
-        ss = fmaf(v, v, ss);
-    }
-    ss = block_sum(ss, scratch);
-    return rsqrtf(ss / (float)dim + eps);
-}
-
 // sum of the 4 byte products of a (unsigned bytes) and b (signed bytes), plus c.
 __device__ __forceinline__ int dp4a_us(unsigned a, unsigned b, int c) {
     int d;

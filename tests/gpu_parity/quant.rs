@@ -345,138 +345,63 @@ fn int8_activations_equal_the_cpu_twin() {
     }
 }
 
-/// The GEMV that quantizes its own f32 input in shared memory (`gemvq8x_*`, the o and down
-/// products' default) against the two launches it replaces (`quantize_x_q8`, then the int8 GEMV
-/// with 4 rows a group): the same sums in the same order, so bit for bit equal, for every format,
-/// 1..=4 tokens, 2 and 4 groups a block, a row count that leaves the last block ragged, bias,
-/// accumulation and an input stride wider than the row; and within tolerance of the CPU twin.
+/// Sets of rows (`DUSTOFF_QGEMV_SETS`: each group of the one-token int8 GEMV computes several
+/// sets of rows in turn, the next one prefetched into L2): only which block computes a row
+/// changes, so the plain and the SwiGLU entries (4 and 2 weight rows a group) give the same
+/// bits as with one set, for every format, with a ragged last set, bias and accumulation.
 #[test]
-fn inline_quantizing_gemv_equals_the_two_launches() {
-    let Some(mut g) = gpu("inline-quantizing GEMV") else { return };
+fn gemv_row_sets_equal_one_set() {
+    let Some(mut g) = gpu("int8 GEMV row sets") else { return };
     let s = g.dev.stream.clone();
-    let (cols, rows) = (1536, 200);
-    let xq: CudaSlice<u8> = g.zeros(q8x_bytes(4, cols).2);
+    let (cols, rows) = (1024, 200);
+    let x = g.randn(cols, 2.0);
+    let xd = g.up(&x);
+    let xq: CudaSlice<u8> = g.zeros(q8x_bytes(1, cols).2);
+    QuantizeX { x: g.d(&xd), xq: g.d(&xq), n_tok: 1, cols, x_stride: cols }.launch(&mut g.k, &s).unwrap();
+    let prev = g.randn(rows, 1.0);
     let bias = g.randn(rows, 1.0);
     let bd = g.up(&bias);
     for f in QFormat::all() {
         let tw = tensor(&mut g, f.dtype, "w", rows, cols);
         let (m, _) = DevMat::upload(&s, &[&tw], false, "w").unwrap();
         let w = m.quant(&s).unwrap();
-        for n in 1..=4usize {
-            let x_stride = if n % 2 == 1 { cols + 64 } else { cols };
-            let mut x = g.randn(n * x_stride, 3.0);
-            x[32..64].iter_mut().for_each(|v| *v = 0.0);
-            let xd = g.up(&x);
-            let (accumulate, with_bias) = (n != 2, n != 3);
-            let prev = g.randn(n * rows, 4.0);
-            let (xdev, bdev) = (g.d(&xd), with_bias.then(|| g.d(&bd)));
-            let gemv = |out: Dev<f32>, xq: Option<Dev<u8>>| GemvQ {
-                w,
-                x: xdev,
-                out,
-                bias: bdev,
-                rows,
-                n_tok: n,
-                x_stride,
-                out_stride: rows,
-                accumulate,
-                swiglu: false,
-                xq,
-            };
-            let od = g.up(&prev);
-            QuantizeX { x: g.d(&xd), xq: g.d(&xq), n_tok: n, cols, x_stride }.launch(&mut g.k, &s).unwrap();
-            gemv(g.d(&od), Some(g.d(&xq))).launch_rows(&mut g.k, &s, false).unwrap();
-            let two = g.down(&od);
-            let xt: Vec<f32> = (0..n).flat_map(|t| x[t * x_stride..t * x_stride + cols].to_vec()).collect();
-            let mut want = vec![0f32; n * rows];
-            matmul_q8x(&tw, &xt, n, &mut want);
-            let want = with_extras(want, &bias, with_bias, &prev, accumulate);
-            for groups in [2, 4] {
-                if groups == 2 && n > 1 {
-                    continue;
-                }
-                let od = g.up(&prev);
-                gemv(g.d(&od), None).launch_inline(&mut g.k, &s, groups).unwrap();
-                let got = g.down(&od);
-                eprintln!("{} n={n} groups={groups}", f.dtype);
-                let same = got.iter().zip(&two).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{} n={n} groups={groups}: not bit-equal to quantize_x_q8 + gemvq8", f.dtype);
-                compare(&op("gemvq8", f.dtype), g.seed, &got, &want);
-            }
-        }
-    }
-}
-
-/// The one-token GEMVs that normalize and quantize their own input (`gemvq8xn_*`: QKV, and
-/// gate/up + SwiGLU with `DUSTOFF_QGEMV_INLINE_NORM=all`) against the launches they replace
-/// (`rmsnorm_q8_f32`, then the int8 GEMV): bit for bit, for every format, widths below and
-/// above the norm's 256-thread block, bias and accumulation; and within tolerance of the CPU
-/// twin on the normed row.
-#[test]
-fn norm_inline_gemv_equals_norm_then_gemv() {
-    use dustoff::backend::cuda::fused_norm::RmsNormQ8;
-    let Some(mut g) = gpu("norm-inline GEMV") else { return };
-    let s = g.dev.stream.clone();
-    let rows = 200;
-    let eps = 1e-6;
-    for cols in [128, 1024, 4096] {
-        let x = g.randn(cols, 2.0);
-        let nw: Vec<f32> = g.randn(cols, 0.5).iter().map(|v| 1.0 + v).collect();
-        let (xd, nwd) = (g.up(&x), g.up(&nw));
-        let xq: CudaSlice<u8> = g.zeros(q8x_bytes(1, cols).2);
-        let h = g.poisoned(cols);
-        RmsNormQ8 { x: g.d(&xd), w: g.d(&nwd), h: g.d(&h), xq: g.d(&xq), n_tok: 1, dim: cols, eps }
-            .launch(&mut g.k, &s)
-            .unwrap();
-        let hv = g.down(&h);
-        let bias = g.randn(rows, 1.0);
-        let bd = g.up(&bias);
-        for f in QFormat::all() {
-            if !cols.is_multiple_of(f.dtype.block_size()) {
-                continue;
-            }
-            let tw = tensor(&mut g, f.dtype, "w", rows, cols);
-            let (m, _) = DevMat::upload(&s, &[&tw], false, "w").unwrap();
-            let w = m.quant(&s).unwrap();
-            for swiglu in [false, true] {
-                let out_rows = if swiglu { rows / 2 } else { rows };
-                let accumulate = !swiglu && cols != 1024;
-                let with_bias = !swiglu && cols != 128;
-                let prev = g.randn(out_rows, 4.0);
-                let (xdev, bdev) = (g.d(&xd), with_bias.then(|| g.d(&bd)));
-                let gemv = |out: Dev<f32>, xq: Option<Dev<u8>>| GemvQ {
+        for (swiglu, rows2) in [(false, false), (false, true), (true, false)] {
+            let out_rows = if swiglu { rows / 2 } else { rows };
+            let (xdev, xqdev, bdev) = (g.d(&xd), g.d(&xq), (!swiglu).then(|| g.d(&bd)));
+            let mut run = |sets: usize| -> Vec<f32> {
+                let od = g.up(&prev[..out_rows]);
+                let q = GemvQ {
                     w,
                     x: xdev,
-                    out,
+                    out: g.d(&od),
                     bias: bdev,
                     rows: out_rows,
                     n_tok: 1,
                     x_stride: cols,
                     out_stride: out_rows,
-                    accumulate,
+                    accumulate: !swiglu,
                     swiglu,
-                    xq,
+                    xq: Some(xqdev),
                 };
-                let od = g.up(&prev);
-                gemv(g.d(&od), Some(g.d(&xq))).launch_rows(&mut g.k, &s, false).unwrap();
-                let two = g.down(&od);
-                let od = g.up(&prev);
-                let nwdev = g.d(&nwd);
-                gemv(g.d(&od), None).launch_norm_inline(&mut g.k, &s, nwdev, eps).unwrap();
-                let got = g.down(&od);
-                eprintln!("{} cols={cols} swiglu={swiglu}", f.dtype);
-                let same = got.iter().zip(&two).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{} cols={cols} swiglu={swiglu}: not bit-equal to rmsnorm_q8 + gemvq8", f.dtype);
-                let mut want = vec![0f32; rows];
-                matmul_q8x(&tw, &hv, 1, &mut want);
-                if swiglu {
-                    let (gate, up) = want.split_at(rows / 2);
-                    want = gate.iter().zip(up).map(|(&a, &b)| a / (1.0 + (-a).exp()) * b).collect();
-                } else {
-                    want = with_extras(want, &bias, with_bias, &prev, accumulate);
-                }
-                compare(&op(if swiglu { "swigluq8" } else { "gemvq8" }, f.dtype), g.seed, &got, &want);
+                q.launch_rows_sets(&mut g.k, &s, rows2, sets).unwrap();
+                g.down(&od)
+            };
+            let one = run(1);
+            for sets in [2, 3, 16] {
+                let got = run(sets);
+                let same = got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{} swiglu={swiglu} rows2={rows2}: {sets} sets differ from one", f.dtype);
             }
+            // And the one set against the CPU twin.
+            let mut want = vec![0f32; rows];
+            matmul_q8x(&tw, &x, 1, &mut want);
+            if swiglu {
+                let (gate, up) = want.split_at(rows / 2);
+                want = gate.iter().zip(up).map(|(&a, &b)| a / (1.0 + (-a).exp()) * b).collect();
+            } else {
+                want = with_extras(want, &bias, true, &prev, true);
+            }
+            compare(&op(if swiglu { "swigluq8" } else { "gemvq8" }, f.dtype), g.seed, &one, &want);
         }
     }
 }

@@ -6,7 +6,7 @@
 //! | F16 | below `tc_min_tokens` (1) | f32 GEMV (gemv_f16.cu) |
 //! | F16 | up to `tc_max_tokens` (16) | tensor-core GEMM (gemm_tc.cu), input cast to F16 |
 //! | F16 | more | cuBLAS |
-//! | block format | 1..=4 (`DUSTOFF_QGEMV_MAX_TOKENS`, up to 8) | input quantized once to two int8 planes, then the dp4a GEMV on the packed blocks (gemv_q8.cu); a lone matrix of up to 16,384 rows whose input no fused kernel quantized: the GEMV that quantizes it in shared memory itself (`DUSTOFF_QGEMV_INLINE=0`: the separate launch); `DUSTOFF_QGEMV_F32=1`: the f32-input GEMV (gemv_quant.cu) |
+//! | block format | 1..=4 (`DUSTOFF_QGEMV_MAX_TOKENS`, up to 8) | input quantized once to two int8 planes, then the dp4a GEMV on the packed blocks (gemv_q8.cu); `DUSTOFF_QGEMV_F32=1`: the f32-input GEMV (gemv_quant.cu) |
 //! | block format | up to 64 (whole 64 x 128 tiles; `DUSTOFF_QGEMM_MAX_TOKENS`) | tensor-core GEMM dequantizing its tiles into shared memory (gemm_quant.cu; above 64 tokens, where allowed, its 128-token prefill tile) |
 //! | block format | other shapes, or above that | the matrix (or a row chunk of it) widened into one F16 scratch, reused by every matrix of the step, then the F16 path |
 //!
@@ -167,28 +167,6 @@ impl Mm<'_> {
                 accumulate: p.accumulate,
             };
             let want = input_form(m, p.n);
-            // A lone quantized matrix whose input is not quantized yet (o reads the attention
-            // output, down the SwiGLU output): the GEMV that quantizes its input itself, one
-            // launch (and graph node) instead of two.
-            if want == XForm::Q8 && have != XForm::Q8 && p.lin.parts.len() == 1 && GemvQ::inline_fits(m.rows, cols, p.n)
-            {
-                if let Some(w) = m.quant(self.s) {
-                    let g = GemvQ {
-                        w,
-                        x: p.x,
-                        out: sub.out,
-                        bias: sub.bias,
-                        rows: m.rows,
-                        n_tok: p.n,
-                        x_stride: cols,
-                        out_stride: rows,
-                        accumulate: p.accumulate,
-                        swiglu: false,
-                        xq: None,
-                    };
-                    return g.launch_inline(k, self.s, super::qlaunch::inline_groups());
-                }
-            }
             if want != XForm::None && want != have {
                 if want == XForm::Q8 {
                     QuantizeX { x: p.x, xq: self.x16.bytes(), n_tok: p.n, cols, x_stride: cols }.launch(k, self.s)?;

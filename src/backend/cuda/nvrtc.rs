@@ -179,10 +179,8 @@ pub const GEMV_QUANT_ENTRIES: [&str; 64] = q_names!(
 
 /// `kernels/gemv_q8.cu`: entry `8 * v + format` as in [`GEMV_QUANT_ENTRIES`] (int8
 /// activations, dp4a), v = 8 / 9 the 1-token GEMV / SwiGLU GEMV with 2 weight rows per warp,
-/// then `quantize_x_q8` at 80, then from 81 on `81 + 8 * v + format` the entries that
-/// quantize their own f32 input (v = 0..4: `gemvq8x_<fmt>_n1`, `_n1g4`, `_n2`, `_n4`; v = 4, 5:
-/// `gemvq8xn_<fmt>_n1`, `gemvq8xn_swiglu_<fmt>_n1`, which normalize it first).
-pub const GEMV_Q8_ENTRIES: [&str; 129] = {
+/// then `quantize_x_q8` at 80.
+pub const GEMV_Q8_ENTRIES: [&str; 81] = {
     let d = q_names!(
         ("gemvq8_", "_n1"),
         ("gemvq8_", "_n2"),
@@ -195,22 +193,10 @@ pub const GEMV_Q8_ENTRIES: [&str; 129] = {
         ("gemvq8_", "_n1r2"),
         ("gemvq8_swiglu_", "_n1r2"),
     );
-    let x = q_names!(
-        ("gemvq8x_", "_n1"),
-        ("gemvq8x_", "_n1g4"),
-        ("gemvq8x_", "_n2"),
-        ("gemvq8x_", "_n4"),
-        ("gemvq8xn_", "_n1"),
-        ("gemvq8xn_swiglu_", "_n1"),
-    );
-    let mut all = ["quantize_x_q8"; 129];
+    let mut all = ["quantize_x_q8"; 81];
     let mut i = 0;
     while i < 80 {
         all[i] = d[i];
-        i += 1;
-    }
-    while i < 128 {
-        all[i + 1] = x[i - 80];
         i += 1;
     }
     all

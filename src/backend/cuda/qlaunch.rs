@@ -141,54 +141,28 @@ struct GemvQ8Params {
     accumulate: i32,
     qs_row: i32,
     aux_row: i32,
-    /// The gemvq8x_* entries: the f32 input they quantize themselves.
-    x: u64,
-    x_stride: i32,
-    /// The gemvq8xn_* entries: the norm's epsilon and weight (`[cols]` f32).
-    eps: f32,
-    nw: u64,
+    /// Sets of rows each group computes in turn (the next set prefetched into L2), >= 1.
+    sets: i32,
 }
-// SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for GemvQ8Params {}
 
-/// Bytes of shared memory a gemvq8x_* block may take for its quantized input without opting
-/// in (`2.5 n_tok cols`: up to 1 token of 19,660 columns, 4 of 4,915).
-const INLINE_SMEM_MAX: usize = 48 << 10;
-
-/// Most output rows of a matrix for the entries that quantize their own input: each block
-/// re-reads the f32 input (from L2), a cost that grows with the blocks while the separate
-/// `quantize_x_q8` launch it saves is fixed, so the output head keeps the separate launch.
-const INLINE_MAX_ROWS: usize = 16_384;
-
-/// Which one-token products on packed blocks normalize their own input in the GEMV's prologue
-/// (`DUSTOFF_QGEMV_INLINE_NORM`): none (the fused `rmsnorm_q8_f32` launch before them), QKV
-/// only, or QKV and the SwiGLU gate/up.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum InlineNorm {
-    Off,
-    Qkv,
-    All,
-}
-
-pub fn inline_norm() -> InlineNorm {
-    static N: std::sync::OnceLock<InlineNorm> = std::sync::OnceLock::new();
-    *N.get_or_init(|| match crate::sys::env::get("DUSTOFF_QGEMV_INLINE_NORM").as_deref() {
-        Some("0") => InlineNorm::Off,
-        Some("all") => InlineNorm::All,
-        _ => InlineNorm::Qkv,
-    })
-}
-
-/// `DUSTOFF_QGEMV_INLINE`: groups of 64 threads a block of the GEMV that quantizes its own
-/// input (2 or 4), or 0: never (the separate `quantize_x_q8` launch before every GEMV whose
-/// input no fused kernel quantized).
-pub fn inline_groups() -> usize {
-    static G: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *G.get_or_init(|| match crate::sys::env::get("DUSTOFF_QGEMV_INLINE").as_deref() {
-        Some("0") => 0,
-        Some("2") => 2,
-        _ => 4,
-    })
+/// Sets of rows each group of a one-token int8 GEMV computes in turn, the next set's bytes
+/// prefetched into L2 while it computes one (gemv_q8.cu `gemv_sets`): `force` if above 0, else
+/// `DUSTOFF_QGEMV_SETS` (default 1: one set, every block loads, computes, exits), at most as
+/// many as `rows` outputs in blocks of `per_block` fill; 1 for steps of 2+ tokens.
+fn sets_for(n_tok: usize, rows: usize, per_block: usize, force: usize) -> usize {
+    static S: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let env = *S.get_or_init(|| {
+        let v = crate::sys::env::get("DUSTOFF_QGEMV_SETS").and_then(|v| v.parse().ok());
+        v.filter(|v| (1..=16).contains(v)).unwrap_or(1)
+    });
+    let want = if force > 0 { force } else { env };
+    if n_tok == 1 {
+        want.min(rows.div_ceil(per_block.max(1))).max(1)
+    } else {
+        1
+    }
 }
 
 /// `out[t, r] (+)= sum_c w[r, c] x[t, c] (+ bias[r])` for `n_tok <= 8`, `w` quantized; with
@@ -212,131 +186,6 @@ pub struct GemvQ {
 }
 
 impl GemvQ {
-    /// Whether [`GemvQ::launch_inline`] takes a plain (not SwiGLU) product of `rows x cols` at
-    /// `n_tok` tokens with the default [`inline_groups`].
-    pub fn inline_fits(rows: usize, cols: usize, n_tok: usize) -> bool {
-        inline_groups() > 0
-            && (1..=4).contains(&n_tok)
-            && rows <= INLINE_MAX_ROWS
-            && cols.is_multiple_of(32)
-            && 5 * n_tok * cols / 2 <= INLINE_SMEM_MAX
-    }
-
-    /// The int8 GEMV that quantizes the f32 input `x` itself (gemv_q8.cu `gemvq8x_*`: the
-    /// codes of [`QuantizeX`], in shared memory), one launch instead of two; `xq` is not read.
-    /// `groups`: 2 or 4 groups of 64 threads a block (4 rows each; 2 only at 1 token).
-    pub fn launch_inline(&self, k: &mut Kernels, s: &CudaStream, groups: usize) -> Result<(), CudaError> {
-        const K: &str = "gemv_q8_inline";
-        let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
-        let (cols, n) = (self.w.cols, self.n_tok);
-        check(K, !self.swiglu, || "the inline-quantizing GEMV has no SwiGLU form".into())?;
-        check(K, (1..=4).contains(&n), || format!("{n} tokens (1..=4)"))?;
-        check(K, self.w.rows == self.rows, || format!("{} weight rows for {} outputs", self.w.rows, self.rows))?;
-        check(K, groups == 4 || (groups == 2 && n == 1), || format!("{groups} groups at {n} tokens"))?;
-        check(K, cols.is_multiple_of(32), || format!("{cols} columns are not whole 32-value blocks"))?;
-        let smem = 5 * n * cols / 2;
-        check(K, smem <= INLINE_SMEM_MAX, || format!("{smem} bytes of shared memory for {n} x {cols} inputs"))?;
-        check(K, self.x_stride.is_multiple_of(4) && self.x.ptr.is_multiple_of(16) && cols <= self.x_stride, || {
-            format!("input stride {} must be a multiple of 4, the input 16-byte aligned", self.x_stride)
-        })?;
-        check(K, self.rows <= self.out_stride, || "rows overlap their stride".into())?;
-        need(K, "input", self.x, extent(n, self.x_stride, cols))?;
-        need(K, "output", self.out, extent(n, self.out_stride, self.rows))?;
-        if let Some(b) = self.bias {
-            need(K, "bias", b, self.rows)?;
-        }
-        if self.rows == 0 {
-            return Ok(());
-        }
-        let p = GemvQ8Params {
-            qs,
-            aux,
-            qx: 0,
-            ql: 0,
-            xs: 0,
-            out: self.out.ptr,
-            bias: self.bias.map_or(0, |b| b.ptr),
-            rows: i32_of(K, self.rows)?,
-            cols: i32_of(K, cols)?,
-            n_tok: n as i32,
-            out_stride: i32_of(K, self.out_stride)?,
-            accumulate: i32::from(self.accumulate),
-            qs_row,
-            aux_row,
-            x: self.x.ptr,
-            x_stride: i32_of(K, self.x_stride)?,
-            eps: 0.0,
-            nw: 0,
-        };
-        let v = match (n, groups) {
-            (1, 2) => 0,
-            (1, _) => 1,
-            (2, _) => 2,
-            _ => 3,
-        };
-        let grid = blocks_for(K, self.rows, 4 * groups)?;
-        let entry = GEMV_Q8_ENTRIES[81 + 8 * v + self.w.fmt.index];
-        launch(k, s, entry, (grid, 1, 1), (64 * groups) as u32, smem as u32, &p)
-    }
-
-    /// Whether [`GemvQ::launch_norm_inline`] takes a one-token product of `cols` columns.
-    pub fn norm_inline_fits(cols: usize) -> bool {
-        cols.is_multiple_of(32) && 5 * cols / 2 <= INLINE_SMEM_MAX
-    }
-
-    /// One token: `rmsnorm(x) * nw` (epsilon `eps`) quantized in shared memory, then the int8
-    /// GEMV (plain or SwiGLU) on it (gemv_q8.cu `gemvq8xn_*`): the codes `rmsnorm_q8_f32`
-    /// writes, bit for bit, and no launch of its own; `xq` is not read and no normed f32 row is
-    /// written.
-    pub fn launch_norm_inline(&self, k: &mut Kernels, s: &CudaStream, nw: Dev<f32>, eps: f32) -> Result<(), CudaError> {
-        const K: &str = "gemv_q8_norm_inline";
-        let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
-        let cols = self.w.cols;
-        check(K, self.n_tok == 1, || format!("{} tokens (1)", self.n_tok))?;
-        let want_rows = if self.swiglu { 2 * self.rows } else { self.rows };
-        check(K, self.w.rows == want_rows, || format!("{} weight rows for {} outputs", self.w.rows, self.rows))?;
-        check(K, !(self.swiglu && (self.accumulate || self.bias.is_some())), || "SwiGLU takes no bias".into())?;
-        check(K, Self::norm_inline_fits(cols), || format!("{cols} columns (whole 32-blocks, <= 19,660)"))?;
-        check(K, self.x.ptr.is_multiple_of(16) && nw.ptr.is_multiple_of(16), || {
-            "the input and the norm weight must be 16-byte aligned".into()
-        })?;
-        check(K, self.rows <= self.out_stride, || "rows overlap their stride".into())?;
-        need(K, "input", self.x, cols)?;
-        need(K, "norm weight", nw, cols)?;
-        need(K, "output", self.out, extent(1, self.out_stride, self.rows))?;
-        if let Some(b) = self.bias {
-            need(K, "bias", b, self.rows)?;
-        }
-        if self.rows == 0 {
-            return Ok(());
-        }
-        let p = GemvQ8Params {
-            qs,
-            aux,
-            qx: 0,
-            ql: 0,
-            xs: 0,
-            out: self.out.ptr,
-            bias: self.bias.map_or(0, |b| b.ptr),
-            rows: i32_of(K, self.rows)?,
-            cols: i32_of(K, cols)?,
-            n_tok: 1,
-            out_stride: i32_of(K, self.out_stride)?,
-            accumulate: i32::from(self.accumulate),
-            qs_row,
-            aux_row,
-            x: self.x.ptr,
-            x_stride: i32_of(K, cols)?,
-            eps,
-            nw: nw.ptr,
-        };
-        // 4 groups a block: 4 output rows a group, 2 for SwiGLU (4 weight rows).
-        let (v, per_block) = if self.swiglu { (5, 8) } else { (4, 16) };
-        let grid = blocks_for(K, self.rows, per_block)?;
-        let entry = GEMV_Q8_ENTRIES[81 + 8 * v + self.w.fmt.index];
-        launch(k, s, entry, (grid, 1, 1), 256, (5 * cols / 2) as u32, &p)
-    }
-
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         self.launch_rows(k, s, super::tuning::tuning().qgemv_rows2)
     }
@@ -344,6 +193,12 @@ impl GemvQ {
     /// As [`GemvQ::launch`]; `rows2`: the 1-token int8 kernel reads 2 weight rows per warp
     /// instead of 4 (`DUSTOFF_QGEMV_ROWS=2` sets it for `launch`).
     pub fn launch_rows(&self, k: &mut Kernels, s: &CudaStream, rows2: bool) -> Result<(), CudaError> {
+        self.launch_rows_sets(k, s, rows2, 0)
+    }
+
+    /// [`GemvQ::launch_rows`] with `sets` sets of rows a group of the one-token int8 GEMV (0:
+    /// the default, `DUSTOFF_QGEMV_SETS`); the same sums in the same order, so the same bits.
+    pub fn launch_rows_sets(&self, k: &mut Kernels, s: &CudaStream, rows2: bool, sets: usize) -> Result<(), CudaError> {
         const K: &str = "gemv_quant";
         let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
         let cols = self.w.cols;
@@ -387,16 +242,15 @@ impl GemvQ {
                 accumulate: i32::from(self.accumulate),
                 qs_row,
                 aux_row,
-                x: 0,
-                x_stride: 0,
-                eps: 0.0,
-                nw: 0,
+                sets: 1,
             };
             // Output rows per group of 64 threads, 2 groups a block (gemv_q8.cu entries):
             // weight rows 4 (2 with `rows2` at 1 token); SwiGLU halves them.
             let weight_rows = if self.n_tok == 1 && rows2 { 2 } else { 4 };
             let group_rows = weight_rows / if self.swiglu { 2 } else { 1 };
-            let grid = blocks_for(K, self.rows, 2 * group_rows)?;
+            let sets = sets_for(self.n_tok, self.rows, 2 * group_rows, sets);
+            let p = GemvQ8Params { sets: sets as i32, ..p };
+            let grid = blocks_for(K, self.rows, 2 * group_rows * sets)?;
             let v = if self.n_tok == 1 && rows2 {
                 if self.swiglu {
                     9

@@ -10,7 +10,6 @@ use super::fused_norm::{GemvNorm, RmsNormF16, RmsNormQ8};
 use super::kernels::Kernels;
 use super::launch::{self as l, Dev};
 use super::matmul::{input_form, packed_gemv, tc_min_tokens, Mm, Product, XForm};
-use super::qlaunch::{inline_norm, GemvQ, InlineNorm};
 use super::CudaError;
 
 /// The norm in front of a product: `h = rmsnorm(x) * w`, rows of `dim`.
@@ -75,34 +74,6 @@ pub(super) fn norm_product(k: &mut Kernels, mm: &mut Mm, a: NormIn, p: Product) 
             return g.launch(k, s);
         }
     }
-    // One token, every part on the int8 GEMV: each part's GEMV normalizes and quantizes the
-    // row itself (no norm launch; `h` is not written: no part reads it).
-    let inline = p.n == 1
-        && inline_norm() != InlineNorm::Off
-        && GemvQ::norm_inline_fits(p.lin.cols())
-        && p.lin.parts.iter().all(|m| input_form(m, 1) == XForm::Q8 && m.quant(s).is_some());
-    if inline {
-        let rows = p.lin.rows();
-        let mut r0 = 0;
-        for m in &p.lin.parts {
-            let g = GemvQ {
-                w: m.quant(s).expect("checked above"),
-                x: a.x,
-                out: p.out.offset(r0),
-                bias: p.bias.map(|b| b.offset(r0)),
-                rows: m.rows,
-                n_tok: 1,
-                x_stride: a.dim,
-                out_stride: rows,
-                accumulate: p.accumulate,
-                swiglu: false,
-                xq: None,
-            };
-            g.launch_norm_inline(k, s, a.w, a.eps)?;
-            r0 += m.rows;
-        }
-        return Ok(());
-    }
     let have = prepare(k, mm, a, input_form(&p.lin.parts[0], p.n))?;
     mm.run_with(k, p, have)
 }
@@ -141,26 +112,6 @@ pub(super) fn norm_swiglu(
             return g.launch(k, s);
         }
         if let (Some(w), true) = (m.quant(s), packed_gemv(m, n)) {
-            if n == 1
-                && inline_norm() == InlineNorm::All
-                && input_form(m, 1) == XForm::Q8
-                && GemvQ::norm_inline_fits(w.cols)
-            {
-                let g = GemvQ {
-                    w,
-                    x: a.x,
-                    out: act,
-                    bias: None,
-                    rows: ffn,
-                    n_tok: 1,
-                    x_stride: a.dim,
-                    out_stride: ffn,
-                    accumulate: false,
-                    swiglu: true,
-                    xq: None,
-                };
-                return g.launch_norm_inline(k, s, a.w, a.eps);
-            }
             let have = prepare(k, mm, a, input_form(m, n))?;
             return mm.swiglu_q_with(k, w, a.h, n, act, ffn, have);
         }
