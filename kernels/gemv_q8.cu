@@ -82,7 +82,6 @@ struct GemvQ8Params {
     int accumulate;    // 1: out += W x; 0: out = W x
     int qs_row;
     int aux_row;
-    int sets;          // sets of rows a group computes one after the other (gemv_sets), >= 1
 };
 
 #define GEMVQ8_WARPS 4
@@ -259,97 +258,47 @@ __device__ __forceinline__ float group_sums_q8(const GemvQ8Params& p, const QRow
     return gt < V ? red[gw][gt] + red[gw + 1][gt] : 0.0f;
 }
 
-// Sets of rows (p.sets, 1 by default): group g of block b computes, for s = 0 .. sets - 1, the
-// R output rows from ((s * grid + b) * 2 + g) * R on (with one set: (2 b + g) R), the rows of
-// set s + 1 prefetched into L2 before set s is computed, so that the memory reads of the next
-// set overlap the dot products and reduction of this one (with one set a block loads, then
-// computes, then exits, and blocks that start together compute together).
-template <int R>
-__device__ __forceinline__ int set_row0(int s) {
-    return ((s * (int)gridDim.x + (int)blockIdx.x) * 2 + (int)threadIdx.x / GEMVQ8_GROUP) * R;
+// Group g of block b computes output rows (2 b + g) R .. + R.
+template <class F, int NT, int R>
+__device__ __forceinline__ void gemv_q8_impl(const GemvQ8Params& p) {
+    const int row0 = (blockIdx.x * 2 + threadIdx.x / GEMVQ8_GROUP) * R;
+    QRow rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = q_row(p.qs, p.aux, min(row0 + r, p.rows - 1), p.qs_row, p.aux_row);
+    const float v = group_sums_q8<F, NT, R>(p, rows);
+    const int j = threadIdx.x % GEMVQ8_GROUP, r = j % R, t = j / R;
+    if (j < R * NT && t < p.n_tok && row0 + r < p.rows) {
+        const int row = row0 + r;
+        float* o = p.out + (long long)t * p.out_stride + row;
+        const float x = v + (p.bias ? p.bias[row] : 0.0f);
+        *o = p.accumulate ? *o + x : x;
+    }
 }
 
-// The weight rows of set s (clamped: the last set's spare rows read the last row and write
-// nothing): plain, the R rows; SwiGLU (SW), R gate rows then the R up rows of the same
-// outputs (p.rows further on).
-template <int R, bool SW>
-__device__ __forceinline__ void set_rows(const GemvQ8Params& p, int s, QRow (&rows)[SW ? 2 * R : R]) {
-    const int row0 = set_row0<R>(s);
+// Group g of block b computes output rows (2 b + g) R .. + R from their R gate rows and R up
+// rows (2 R weight rows).
+template <class F, int NT, int R>
+__device__ __forceinline__ void gemv_swiglu_q8_impl(const GemvQ8Params& p) {
+    const int row0 = (blockIdx.x * 2 + threadIdx.x / GEMVQ8_GROUP) * R;
+    QRow rows[2 * R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int row = min(row0 + r, p.rows - 1);
         rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
-        if constexpr (SW) rows[R + r] = q_row(p.qs, p.aux, (long long)p.rows + row, p.qs_row, p.aux_row);
+        rows[R + r] = q_row(p.qs, p.aux, (long long)p.rows + row, p.qs_row, p.aux_row);
+    }
+    // Thread j < 2 R NT holds weight row j % 2R (gate rows first), token j / 2R: the up value
+    // of the same output is R threads further on (the same warp: 2 R NT <= 32).
+    const float v = group_sums_q8<F, NT, 2 * R>(p, rows);
+    const int j = threadIdx.x % GEMVQ8_GROUP;
+    const float up = __shfl_down_sync(FULL_MASK, v, R);
+    const int r = j % (2 * R), t = j / (2 * R);
+    if (j < 2 * R * NT && r < R && t < p.n_tok && row0 + r < p.rows) {
+        p.out[(long long)t * p.out_stride + row0 + r] = v / (1.0f + expf(-v)) * up;
     }
 }
 
-// Every 128-byte line of the rows' qs and aux bytes into L2 (the group's threads take a line
-// each in turn).
-template <int NR>
-__device__ __forceinline__ void prefetch_rows(const GemvQ8Params& p, const QRow (&rows)[NR]) {
-    const int gt = threadIdx.x % GEMVQ8_GROUP;
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-        for (int b = 128 * gt; b < p.qs_row; b += 128 * GEMVQ8_GROUP)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r].qs + b));
-        for (int b = 128 * gt; b < p.aux_row; b += 128 * GEMVQ8_GROUP)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r].aux + b));
-    }
-}
-
-// The outputs of set s from its rows: plain, out (+)= W x (+ bias); SwiGLU, silu(gate) * up.
-template <class F, int NT, int R, bool SW>
-__device__ __forceinline__ void set_out(const GemvQ8Params& p, int s, const QRow (&rows)[SW ? 2 * R : R]) {
-    constexpr int NR = SW ? 2 * R : R;
-    const int row0 = set_row0<R>(s);
-    // Thread j < NR NT holds weight row j % NR, token j / NR; SwiGLU: the up value of the same
-    // output is R threads further on (the same warp: 2 R NT <= 32).
-    const float v = group_sums_q8<F, NT, NR>(p, rows);
-    const int j = threadIdx.x % GEMVQ8_GROUP, r = j % NR, t = j / NR;
-    if constexpr (SW) {
-        const float up = __shfl_down_sync(FULL_MASK, v, R);
-        if (j < NR * NT && r < R && t < p.n_tok && row0 + r < p.rows)
-            p.out[(long long)t * p.out_stride + row0 + r] = v / (1.0f + expf(-v)) * up;
-    } else {
-        if (j < NR * NT && t < p.n_tok && row0 + r < p.rows) {
-            const int row = row0 + r;
-            float* o = p.out + (long long)t * p.out_stride + row;
-            const float x = v + (p.bias ? p.bias[row] : 0.0f);
-            *o = p.accumulate ? *o + x : x;
-        }
-    }
-}
-
-// Every set of the group in turn.
-template <class F, int NT, int R, bool SW>
-__device__ __forceinline__ void gemv_sets(const GemvQ8Params& p) {
-    QRow rows[SW ? 2 * R : R];
-    set_rows<R, SW>(p, 0, rows);
-    for (int s = 0; s < p.sets; ++s) {
-        if (s > 0) set_rows<R, SW>(p, s, rows);
-        if (s + 1 < p.sets) {
-            QRow next[SW ? 2 * R : R];
-            set_rows<R, SW>(p, s + 1, next);
-            prefetch_rows(p, next);
-        }
-        set_out<F, NT, R, SW>(p, s, rows);
-        // The reduction's shared memory is written again by the next set.
-        if (s + 1 < p.sets) __syncthreads();
-    }
-}
-
-template <class F, int NT, int R>
-__device__ __forceinline__ void gemv_q8_impl(const GemvQ8Params& p) {
-    gemv_sets<F, NT, R, false>(p);
-}
-
-// R output rows a group from their R gate rows and R up rows (2 R weight rows).
-template <class F, int NT, int R>
-__device__ __forceinline__ void gemv_swiglu_q8_impl(const GemvQ8Params& p) {
-    gemv_sets<F, NT, R, true>(p);
-}
-
-// grid: ceil(rows / (2 R sets)) with R the output rows per group (the SwiGLU entries read 2 R
+// grid: ceil(rows / (2 R)) with R the output rows per group (the SwiGLU entries read 2 R
 // weight rows), block: 32 * GEMVQ8_WARPS.
 #define GEMVQ8_ENTRY(kname, impl, NT, R, F) \
     extern "C" __global__ void __launch_bounds__(WARP * GEMVQ8_WARPS) kname(const GemvQ8Params p) { impl<F, NT, R>(p); }

@@ -345,67 +345,6 @@ fn int8_activations_equal_the_cpu_twin() {
     }
 }
 
-/// Sets of rows (`DUSTOFF_QGEMV_SETS`: each group of the one-token int8 GEMV computes several
-/// sets of rows in turn, the next one prefetched into L2): only which block computes a row
-/// changes, so the plain and the SwiGLU entries (4 and 2 weight rows a group) give the same
-/// bits as with one set, for every format, with a ragged last set, bias and accumulation.
-#[test]
-fn gemv_row_sets_equal_one_set() {
-    let Some(mut g) = gpu("int8 GEMV row sets") else { return };
-    let s = g.dev.stream.clone();
-    let (cols, rows) = (1024, 200);
-    let x = g.randn(cols, 2.0);
-    let xd = g.up(&x);
-    let xq: CudaSlice<u8> = g.zeros(q8x_bytes(1, cols).2);
-    QuantizeX { x: g.d(&xd), xq: g.d(&xq), n_tok: 1, cols, x_stride: cols }.launch(&mut g.k, &s).unwrap();
-    let prev = g.randn(rows, 1.0);
-    let bias = g.randn(rows, 1.0);
-    let bd = g.up(&bias);
-    for f in QFormat::all() {
-        let tw = tensor(&mut g, f.dtype, "w", rows, cols);
-        let (m, _) = DevMat::upload(&s, &[&tw], false, "w").unwrap();
-        let w = m.quant(&s).unwrap();
-        for (swiglu, rows2) in [(false, false), (false, true), (true, false)] {
-            let out_rows = if swiglu { rows / 2 } else { rows };
-            let (xdev, xqdev, bdev) = (g.d(&xd), g.d(&xq), (!swiglu).then(|| g.d(&bd)));
-            let mut run = |sets: usize| -> Vec<f32> {
-                let od = g.up(&prev[..out_rows]);
-                let q = GemvQ {
-                    w,
-                    x: xdev,
-                    out: g.d(&od),
-                    bias: bdev,
-                    rows: out_rows,
-                    n_tok: 1,
-                    x_stride: cols,
-                    out_stride: out_rows,
-                    accumulate: !swiglu,
-                    swiglu,
-                    xq: Some(xqdev),
-                };
-                q.launch_rows_sets(&mut g.k, &s, rows2, sets).unwrap();
-                g.down(&od)
-            };
-            let one = run(1);
-            for sets in [2, 3, 16] {
-                let got = run(sets);
-                let same = got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{} swiglu={swiglu} rows2={rows2}: {sets} sets differ from one", f.dtype);
-            }
-            // And the one set against the CPU twin.
-            let mut want = vec![0f32; rows];
-            matmul_q8x(&tw, &x, 1, &mut want);
-            if swiglu {
-                let (gate, up) = want.split_at(rows / 2);
-                want = gate.iter().zip(up).map(|(&a, &b)| a / (1.0 + (-a).exp()) * b).collect();
-            } else {
-                want = with_extras(want, &bias, true, &prev, true);
-            }
-            compare(&op(if swiglu { "swigluq8" } else { "gemvq8" }, f.dtype), g.seed, &one, &want);
-        }
-    }
-}
-
 /// A small Qwen3-shaped model (2 layers, 1024 wide, a 4096-token vocabulary) whose matrices
 /// are all `dtype` (layer 0's attn_v and ffn_down in `v_down` when given: a mixed QKV).
 fn small_model(

@@ -141,29 +141,9 @@ struct GemvQ8Params {
     accumulate: i32,
     qs_row: i32,
     aux_row: i32,
-    /// Sets of rows each group computes in turn (the next set prefetched into L2), >= 1.
-    sets: i32,
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for GemvQ8Params {}
-
-/// Sets of rows each group of a one-token int8 GEMV computes in turn, the next set's bytes
-/// prefetched into L2 while it computes one (gemv_q8.cu `gemv_sets`): `force` if above 0, else
-/// `DUSTOFF_QGEMV_SETS` (default 1: one set, every block loads, computes, exits), at most as
-/// many as `rows` outputs in blocks of `per_block` fill; 1 for steps of 2+ tokens.
-fn sets_for(n_tok: usize, rows: usize, per_block: usize, force: usize) -> usize {
-    static S: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let env = *S.get_or_init(|| {
-        let v = crate::sys::env::get("DUSTOFF_QGEMV_SETS").and_then(|v| v.parse().ok());
-        v.filter(|v| (1..=16).contains(v)).unwrap_or(1)
-    });
-    let want = if force > 0 { force } else { env };
-    if n_tok == 1 {
-        want.min(rows.div_ceil(per_block.max(1))).max(1)
-    } else {
-        1
-    }
-}
 
 /// `out[t, r] (+)= sum_c w[r, c] x[t, c] (+ bias[r])` for `n_tok <= 8`, `w` quantized; with
 /// `swiglu`, `w` is the stacked gate/up `[2 rows, cols]` and `out[t, r] = silu(gate) * up`.
@@ -193,12 +173,6 @@ impl GemvQ {
     /// As [`GemvQ::launch`]; `rows2`: the 1-token int8 kernel reads 2 weight rows per warp
     /// instead of 4 (`DUSTOFF_QGEMV_ROWS=2` sets it for `launch`).
     pub fn launch_rows(&self, k: &mut Kernels, s: &CudaStream, rows2: bool) -> Result<(), CudaError> {
-        self.launch_rows_sets(k, s, rows2, 0)
-    }
-
-    /// [`GemvQ::launch_rows`] with `sets` sets of rows a group of the one-token int8 GEMV (0:
-    /// the default, `DUSTOFF_QGEMV_SETS`); the same sums in the same order, so the same bits.
-    pub fn launch_rows_sets(&self, k: &mut Kernels, s: &CudaStream, rows2: bool, sets: usize) -> Result<(), CudaError> {
         const K: &str = "gemv_quant";
         let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
         let cols = self.w.cols;
@@ -242,15 +216,12 @@ impl GemvQ {
                 accumulate: i32::from(self.accumulate),
                 qs_row,
                 aux_row,
-                sets: 1,
             };
             // Output rows per group of 64 threads, 2 groups a block (gemv_q8.cu entries):
             // weight rows 4 (2 with `rows2` at 1 token); SwiGLU halves them.
             let weight_rows = if self.n_tok == 1 && rows2 { 2 } else { 4 };
             let group_rows = weight_rows / if self.swiglu { 2 } else { 1 };
-            let sets = sets_for(self.n_tok, self.rows, 2 * group_rows, sets);
-            let p = GemvQ8Params { sets: sets as i32, ..p };
-            let grid = blocks_for(K, self.rows, 2 * group_rows * sets)?;
+            let grid = blocks_for(K, self.rows, 2 * group_rows)?;
             let v = if self.n_tok == 1 && rows2 {
                 if self.swiglu {
                     9
