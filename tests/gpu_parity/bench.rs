@@ -17,6 +17,33 @@ fn bench_qwen3_8b_synthetic() {
     drop(g);
     let name = std::env::var("DUSTOFF_BENCH_SHAPE").unwrap_or_else(|_| "qwen3-8b".into());
     let cfg = dustoff::model::shapes::shape(&name).unwrap();
+    if let Ok(dtype) = std::env::var("DUSTOFF_BENCH_DTYPE") {
+        // One weight mix, one stream with graphs (`dustoff bench --synthetic NAME --dtype D`).
+        let mix = dustoff::backend::cuda::WeightMix::parse(&dtype).expect("a weight mix");
+        let num = |v: &str, d: usize| std::env::var(v).ok().and_then(|s| s.parse().ok()).unwrap_or(d);
+        let (runs, gen) = (num("DUSTOFF_BENCH_RUNS", 3), num("DUSTOFF_BENCH_GEN", 200));
+        let batch = num("DUSTOFF_BENCH_SEQS", 0);
+        if batch > 0 {
+            // `dustoff bench --synthetic NAME --dtype D --batch N --prompt-tokens P --gen-tokens G`:
+            // N sequences of P + G positions (its peak memory line: the 2 x 4,096 row of issue 11).
+            let prompt = num("DUSTOFF_BENCH_PROMPT_TOKENS", 768);
+            let blocks = batch * (prompt + gen + 16).div_ceil(16);
+            let b = CudaBackend::synthetic_mix(cfg, mix, 1, &opts(blocks)).expect("synthetic");
+            let rows = dustoff::commands::bench::bench_batched(b, [0; 32], prompt, gen, &[batch], 2048).unwrap();
+            for r in rows {
+                println!(
+                    "batch {} x {prompt}: decode {:.1} tok/s, prefill {:.2} s",
+                    r.sequences, r.decode_tok_s, r.prefill_s
+                );
+            }
+            return;
+        }
+        let mut b = CudaBackend::synthetic_mix(cfg, mix, 1, &opts((768 + gen).div_ceil(16))).expect("synthetic");
+        b.load_kernels().unwrap();
+        let r = dustoff::commands::bench::bench(&mut b, &format!("{name} {dtype}"), 768, gen, runs).unwrap();
+        r.print_human();
+        return;
+    }
     let t = std::time::Instant::now();
     let mut b = CudaBackend::synthetic(cfg, 1, &opts((768 + 200usize).div_ceil(16))).expect("synthetic backend");
     b.load_kernels().unwrap();
