@@ -15,6 +15,7 @@ mod common;
 mod deltanet;
 mod fused_norm;
 mod hybrid_moe;
+mod job_tie;
 mod masked;
 mod moe;
 mod moe_bench;
