@@ -126,9 +126,13 @@ __device__ __forceinline__ long long atp_slot(const PrefillParams& p, int t, int
     return ((long long)(t - p.part_tok0) * p.n_heads + h) * p.n_slots + p.slot0 + z;
 }
 
-template <int HD, bool QS>
+// LEAN: the Q tile in shared memory and no K/V fetch held in registers across a tile's
+// products (each tile is staged load-then-store in batches before them), so the kernel fits
+// 128 registers and four 4-warp blocks share an SM (the launcher splits the context so that
+// a prompt chunk gives them the blocks to run).
+template <int HD, bool QS, bool LEAN>
 __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
-    using L = AtpLayout<HD, QS>;
+    using L = AtpLayout<HD, QS || LEAN>;
     constexpr int NK = HD / 16;                   // 16-wide slices of the head dimension
     constexpr int NQ = L::Q_SMEM ? 1 : NK;        // Q fragments held in registers
     extern __shared__ __align__(32) unsigned char smem[];
@@ -226,18 +230,19 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     // the first batch of the next tile is fetched before this tile's products and stored after.
     constexpr int PAIRS = ATP_KT * (HD / 8);       // (K, V) uint4 pairs per tile
     const int batch = ATP_PF / 2 * nthreads;       // pairs per fetch
-    uint4 pf[ATP_PF];
-    atp_fetch<HD>(p, bt, kv_dim, g, start, end, 0, pf);
+    uint4 pf[ATP_PF];  // unused (optimized away) when LEAN
+    if (!LEAN) atp_fetch<HD>(p, bt, kv_dim, g, start, end, 0, pf);
     for (int kp = start; kp < end; kp += ATP_KT) {
         __syncthreads();  // every warp is done with the previous K/V tile
-        atp_stage<HD>(ks, vs, 0, pf);
-        for (int base = batch; base < PAIRS; base += batch) {
+        if (!LEAN) atp_stage<HD>(ks, vs, 0, pf);
+        for (int base = LEAN ? 0 : batch; base < PAIRS; base += batch) {
             uint4 more[ATP_PF];
             atp_fetch<HD>(p, bt, kv_dim, g, kp, end, base, more);
             atp_stage<HD>(ks, vs, base, more);
         }
         __syncthreads();
-        if (kp + ATP_KT < end) atp_fetch<HD>(p, bt, kv_dim, g, kp + ATP_KT, end, 0, pf);
+        if (!LEAN && kp + ATP_KT < end)
+            atp_fetch<HD>(p, bt, kv_dim, g, kp + ATP_KT, end, 0, pf);
 
         // S = Q K^T for the tile's ATP_KT positions (Q from shared memory: each A fragment
         // loaded once per tile, for both 16-column halves).
@@ -281,21 +286,36 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
         constexpr int HC = ATP_KT / 2;
         const int c0 = kp + half * HC;
         const float* srow = ss + row * L::LDS + half * HC;
-        float tmax = NEG_INF;
-#pragma unroll
-        for (int c = 0; c < HC; ++c)
-            if (c0 + c <= row_pos && c0 + c < end) tmax = fmaxf(tmax, srow[c]);
-        tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
-        // -inf while no position of the split is in this row's range (a later split's row).
-        const float m_new = fmaxf(m_row, tmax);
-        float sum = 0.0f;
         half_t* prow = ps + row * L::LDP + half * HC;
+        float tmax = NEG_INF, sum = 0.0f, m_new;
+        // Tiles that every row of the warp sees whole (all but the diagonal ones of a long
+        // context) skip the per-column causal and range tests: the same values, fewer
+        // instructions (the softmax is most of the issue slots beside the products).
+        if (__all_sync(FULL_MASK, kp + ATP_KT - 1 <= row_pos && kp + ATP_KT <= end)) {
 #pragma unroll
-        for (int c = 0; c < HC; ++c) {
-            const float e = c0 + c <= row_pos && c0 + c < end ? atp_ex2(srow[c] - m_new) : 0.0f;
-            const half_t eh = f2h(e);
-            prow[c] = eh;
-            sum += h2f(eh);  // the rounded weight, as the P V product uses it
+            for (int c = 0; c < HC; ++c) tmax = fmaxf(tmax, srow[c]);
+            tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
+            m_new = fmaxf(m_row, tmax);
+#pragma unroll
+            for (int c = 0; c < HC; ++c) {
+                const half_t eh = f2h(atp_ex2(srow[c] - m_new));
+                prow[c] = eh;
+                sum += h2f(eh);
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < HC; ++c)
+                if (c0 + c <= row_pos && c0 + c < end) tmax = fmaxf(tmax, srow[c]);
+            tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
+            // -inf while no position of the split is in this row's range (a later split's row).
+            m_new = fmaxf(m_row, tmax);
+#pragma unroll
+            for (int c = 0; c < HC; ++c) {
+                const float e = c0 + c <= row_pos && c0 + c < end ? atp_ex2(srow[c] - m_new) : 0.0f;
+                const half_t eh = f2h(e);
+                prow[c] = eh;
+                sum += h2f(eh);  // the rounded weight, as the P V product uses it
+            }
         }
         sum += __shfl_xor_sync(FULL_MASK, sum, 1);
         const float alpha = m_new == NEG_INF ? 1.0f : atp_ex2(m_row - m_new);
@@ -304,14 +324,17 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
         if (half == 0) alpha_s[row] = alpha;
         __syncwarp();
 
-        // O = alpha O + P V.
-        float a_of[8];
+        // O = alpha O + P V (the rescale skipped while no row's maximum moved: alpha is then
+        // exactly 1 for every row, most tiles of a long context).
+        if (__any_sync(FULL_MASK, alpha != 1.0f)) {
+            float a_of[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) a_of[i] = alpha_s[frow[i]];
+            for (int i = 0; i < 8; ++i) a_of[i] = alpha_s[frow[i]];
 #pragma unroll
-        for (int j = 0; j < NK; ++j)
+            for (int j = 0; j < NK; ++j)
 #pragma unroll
-            for (int i = 0; i < 8; ++i) o[j][i] *= a_of[i];
+                for (int i = 0; i < 8; ++i) o[j][i] *= a_of[i];
+        }
 #pragma unroll
         for (int k2 = 0; k2 < ATP_KT / 16; ++k2) {
             unsigned a[8];
@@ -356,19 +379,30 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
 
 // block: heads * 32 threads; dynamic shared memory AtpLayout<HD, QS> (MAP + 2 KV + heads * WARP_BYTES).
 extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd64(const PrefillParams p) {
-    attn_prefill_impl<64, false>(p);
+    attn_prefill_impl<64, false, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd128(const PrefillParams p) {
-    attn_prefill_impl<128, false>(p);
+    attn_prefill_impl<128, false, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(4 * WARP) attn_prefill_hd256(const PrefillParams p) {
-    attn_prefill_impl<256, true>(p);
+    attn_prefill_impl<256, true, false>(p);
+}
+// Lean entries (at most 4 heads a block, 128 registers: four blocks an SM where shared memory
+// allows; `DUSTOFF_PREFILL_LEAN=1`).
+extern "C" __global__ void __launch_bounds__(4 * WARP, 4) attn_prefill_hd64_lean(const PrefillParams p) {
+    attn_prefill_impl<64, true, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(4 * WARP, 4) attn_prefill_hd128_lean(const PrefillParams p) {
+    attn_prefill_impl<128, true, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(4 * WARP, 4) attn_prefill_hd256_lean(const PrefillParams p) {
+    attn_prefill_impl<256, true, true>(p);
 }
 // The Q tile in shared memory for head sizes 64 / 128 too (64 fewer registers a thread: three
 // 4-warp blocks an SM instead of two, where shared memory allows; at most 4 heads a block).
 extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd64_qs(const PrefillParams p) {
-    attn_prefill_impl<64, true>(p);
+    attn_prefill_impl<64, true, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd128_qs(const PrefillParams p) {
-    attn_prefill_impl<128, true>(p);
+    attn_prefill_impl<128, true, false>(p);
 }
