@@ -69,7 +69,14 @@ fn top2(logits: &[f32], mask: &[u32]) -> ((u32, f32), (u32, f32)) {
 /// tokens appended without sampling, a stop token or the grammar's end finishes), one sequence
 /// at a time. With `teacher`, the walk takes the teacher's tokens instead of its own arg-max
 /// (and stops where the teacher's tokens end); every sampled position is recorded.
-fn walk(b: &mut dyn Backend, m: &LoadedModel, g: &Grammar, prompt: &[u32], max: usize, teacher: Option<&[u32]>) -> Walk {
+fn walk(
+    b: &mut dyn Backend,
+    m: &LoadedModel,
+    g: &Grammar,
+    prompt: &[u32],
+    max: usize,
+    teacher: Option<&[u32]>,
+) -> Walk {
     let stop = m.tokenizer.eos_ids().to_vec();
     let mut c = g.start();
     let mut tokens = c.take_forced();
@@ -168,7 +175,8 @@ fn extract_entities_rows_match_cpu_or_part_at_a_cpu_near_tie() {
     let blocks = (prompts.len() * longest).div_ceil(16) + 16;
     let cpu = run_engine(CpuBackend::new(m.config.clone(), m.weights.clone(), blocks, 16), &m, &grammar, &prompts, max);
     // ptx_dir None: NVRTC, or the PTX folder in DUSTOFF_PTX_DIR.
-    let gpu_b = CudaBackend::new(m.config.clone(), &m.weights, &super::opts(blocks)).expect("CUDA backend on the sample model");
+    let gpu_b =
+        CudaBackend::new(m.config.clone(), &m.weights, &super::opts(blocks)).expect("CUDA backend on the sample model");
     let gpu = run_engine(gpu_b, &m, &grammar, &prompts, max);
     let mut failures = Vec::new();
     let mut parted = 0;
@@ -225,9 +233,15 @@ fn ticket_1046_cpu_margins() {
     let blocks = (prompts[0].1.len() + max + 16).div_ceil(16) + 1;
     let mut b = CpuBackend::new(m.config.clone(), m.weights.clone(), blocks, 16);
     let w = walk(&mut b, &m, &grammar, &prompts[0].1, max, None);
-    let engine = run_engine(CpuBackend::new(m.config.clone(), m.weights.clone(), blocks, 16), &m, &grammar, &prompts, max);
+    let engine =
+        run_engine(CpuBackend::new(m.config.clone(), m.weights.clone(), blocks, 16), &m, &grammar, &prompts, max);
     assert_eq!(w.tokens, engine[&0], "the one-sequence walk reproduces the engine's row");
-    eprintln!("ticket-1046: prompt {} tokens, {} generated, {} sampled", prompts[0].1.len(), w.tokens.len(), w.picks.len());
+    eprintln!(
+        "ticket-1046: prompt {} tokens, {} generated, {} sampled",
+        prompts[0].1.len(),
+        w.tokens.len(),
+        w.picks.len()
+    );
     eprintln!("text: {:?}", m.tokenizer.decode(&w.tokens).unwrap_or_default());
     for k in &w.picks {
         eprintln!(

@@ -54,6 +54,9 @@ pub(super) struct Tuning {
     /// `DUSTOFF_ATTN_FAST_EXP=1`: the one-pass decode attention's exponentials on the SFU
     /// (one multiply and `ex2.approx`) instead of `expf`.
     pub attn_fast_exp: bool,
+    /// `DUSTOFF_ATTN_DEPTH=2`: the one-pass decode attention keeps two warp steps of K/V rows in
+    /// flight instead of one.
+    pub attn_depth2: bool,
 }
 
 pub(super) fn tuning() -> &'static Tuning {
@@ -80,6 +83,7 @@ pub(super) fn tuning() -> &'static Tuning {
             prefill_qs: num("DUSTOFF_PREFILL_QS") == Some(1),
             prefill_lean: num("DUSTOFF_PREFILL_LEAN") == Some(1),
             attn_fast_exp: num("DUSTOFF_ATTN_FAST_EXP") == Some(1),
+            attn_depth2: num("DUSTOFF_ATTN_DEPTH") == Some(2),
         }
     })
 }
