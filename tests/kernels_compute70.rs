@@ -5,7 +5,8 @@
 
 use std::path::PathBuf;
 
-use dustoff::backend::cuda::nvrtc::{self, KERNEL_FILES};
+use dustoff::backend::cuda::kernels::{file_of, KERNEL_FILES};
+use dustoff::backend::cuda::nvrtc;
 use dustoff::backend::cuda::CudaError;
 
 fn in_ci() -> bool {
@@ -149,7 +150,7 @@ fn gemv_uses_16_byte_weight_loads() {
     if !nvrtc12() {
         return;
     }
-    let f = nvrtc::file_of("gemv_f16_n1").unwrap();
+    let f = file_of("gemv_f16_n1").unwrap();
     let ptx = nvrtc::compile(f.name, &nvrtc::full_source(f), "compute_70").unwrap();
     assert!(ptx.contains("ld.global.nc.v4.u32"), "no 128-bit read-only loads in the GEMV PTX");
 }
@@ -160,7 +161,7 @@ fn disk_cache_stores_reuses_and_repairs() {
         return;
     }
     let dir = scratch_dir("ptx-cache");
-    let f = nvrtc::file_of("rmsnorm_f32").unwrap();
+    let f = file_of("rmsnorm_f32").unwrap();
     let first = nvrtc::compile_cached(f, "compute_70", Some(&dir)).unwrap();
     let key = nvrtc::cache_key(&nvrtc::full_source(f), "compute_70", nvrtc::nvrtc_version().unwrap());
     let path = nvrtc::cache_path(&dir, &key);

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+use crate::backend::cuda::kernels::KERNEL_FILES;
 use crate::backend::cuda::nvrtc;
 
 /// Compiles every kernel file for `arch` (e.g. `compute_70`) into `out_dir`; returns the files
@@ -18,7 +19,7 @@ pub fn compile_all(arch: &str, out_dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     // One thread per file: NVRTC is thread-safe, and the largest files dominate the time.
     let compiled: Vec<Result<String>> = std::thread::scope(|s| {
-        let jobs: Vec<_> = nvrtc::KERNEL_FILES
+        let jobs: Vec<_> = KERNEL_FILES
             .iter()
             .map(|f| s.spawn(move || Ok(nvrtc::compile(f.name, &nvrtc::full_source(f), arch)?)))
             .collect();
@@ -27,7 +28,7 @@ pub fn compile_all(arch: &str, out_dir: &Path) -> Result<Vec<PathBuf>> {
             .collect()
     });
     let mut written = Vec::new();
-    for (f, ptx) in nvrtc::KERNEL_FILES.iter().zip(compiled) {
+    for (f, ptx) in KERNEL_FILES.iter().zip(compiled) {
         let ptx = ptx?;
         if !nvrtc::ptx_defines_all(&ptx, f) {
             bail!("{}.cu compiled for {arch} lacks some of its entry points ({})", f.name, f.entries.join(", "));

@@ -7,7 +7,7 @@ use rand::Rng;
 use cudarc::driver::CudaSlice;
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::cascade;
-use dustoff::backend::cuda::launch as l;
+use dustoff::backend::cuda::ops as l;
 use dustoff::backend::cuda::prefill::{prefill_splits, prefill_supported, push_tiles, PrefillAttention, PrefillSplit};
 
 use super::{compare, f16_bits, f16_vals, gpu, Gpu};

@@ -3,7 +3,7 @@
 
 use cudarc::driver::CudaSlice;
 
-use dustoff::backend::cuda::launch as l;
+use dustoff::backend::cuda::ops as l;
 use dustoff::backend::cuda::CudaBackend;
 
 use super::{gpu, opts, Gpu};
@@ -160,7 +160,7 @@ fn attention_breakdown() {
         let n_slots = n_blocks * bs;
         let (kc, vc) = (g.zeros::<u16>(n_slots * nkv * hd), g.zeros::<u16>(n_slots * nkv * hd));
         for (j, c) in [&kc, &vc].into_iter().enumerate() {
-            dustoff::backend::cuda::fused::FillUniform { out: g.d(c), seed: 9 + j as u64, scale: 1.0 }
+            dustoff::backend::cuda::embedding::FillUniform { out: g.d(c), seed: 9 + j as u64, scale: 1.0 }
                 .launch(&mut g.k, &s)
                 .unwrap();
         }
@@ -412,7 +412,7 @@ fn kernel_breakdown() {
         // Random values, not zeros (zeros can run faster than real data).
         for (j, w) in ws.iter().enumerate() {
             let out = g.d(w);
-            dustoff::backend::cuda::fused::FillUniform { out, seed: j as u64 + 1, scale: 0.03 }
+            dustoff::backend::cuda::embedding::FillUniform { out, seed: j as u64 + 1, scale: 0.03 }
                 .launch(&mut g.k, &s)
                 .unwrap();
         }
@@ -421,7 +421,7 @@ fn kernel_breakdown() {
             let w = g.d(&ws[i % n_copies]);
             i += 1;
             if swiglu {
-                dustoff::backend::cuda::fused::GemvSwiglu {
+                dustoff::backend::cuda::gemv_f16::GemvSwiglu {
                     w,
                     x: g.d(&x),
                     out: g.d(&out),
@@ -456,12 +456,12 @@ fn kernel_breakdown() {
         let all_rows = rows * if swiglu { 2 } else { 1 };
         let x16 = g.zeros::<u16>(64 * cols);
         let outn = g.zeros::<f32>(64 * all_rows);
-        let part = g.zeros::<f32>(dustoff::backend::cuda::tc::tc64_part_len(all_rows, cols, 64).max(1));
+        let part = g.zeros::<f32>(dustoff::backend::cuda::gemm_tc::tc64_part_len(all_rows, cols, 64).max(1));
         for n in [8usize, 16, 32, 64] {
             let dt = time(&mut g, &mut |g| {
                 let w = g.d(&ws[i % n_copies]);
                 i += 1;
-                dustoff::backend::cuda::tc::GemmTc {
+                dustoff::backend::cuda::gemm_tc::GemmTc {
                     w,
                     x: g.d(&x16),
                     out: g.d(&outn),

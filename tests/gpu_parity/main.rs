@@ -33,7 +33,8 @@ use dustoff::backend::cpu::matmul::matmul;
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::device::device_count;
 use dustoff::backend::cuda::kernels::{Kernels, PtxSource};
-use dustoff::backend::cuda::launch::{self as l, Dev};
+use dustoff::backend::cuda::launch::Dev;
+use dustoff::backend::cuda::ops as l;
 use dustoff::backend::cuda::{CudaBackend, CudaDevice, CudaOptions};
 use dustoff::model::config::RopeStyle;
 use dustoff::model::quant::GgmlType;
@@ -500,7 +501,7 @@ fn gemv_every_token_count_with_bias_and_accumulation_and_cublas_gemm() {
 /// split), 4032 x 1024 (the 64-row kernel, split-K capped by the column count).
 #[test]
 fn tensor_core_gemm_every_tile_count_with_bias_and_accumulation() {
-    use dustoff::backend::cuda::tc::{tc64_part_len, tc_padded, GemmTc};
+    use dustoff::backend::cuda::gemm_tc::{tc64_part_len, tc_padded, GemmTc};
     let Some(mut g) = gpu("gemm_tc") else { return };
     let s = g.dev.stream.clone();
     for (rows, cols, scratch) in [(1008, 1536, false), (4096, 4096, true), (4096, 4096, false), (4032, 1024, true)] {
@@ -752,7 +753,7 @@ fn qkv_post_equals_norm_rope_store() {
         .unwrap();
         // Fused.
         let (b, kb, vb) = (g.up(&qkv), g.zeros::<u16>(n_slots * kvd), g.zeros::<u16>(n_slots * kvd));
-        dustoff::backend::cuda::fused::QkvPost {
+        dustoff::backend::cuda::kv_cache::QkvPost {
             qkv: g.d(&b),
             q_norm: norms.then(|| g.d(&qnd)),
             k_norm: norms.then(|| g.d(&knd)),
@@ -806,7 +807,7 @@ fn gemv_swiglu_equals_gemv_then_silu_mul() {
         };
         gemv.launch(&mut g.k, &s).unwrap();
         l::SiluMul { gu: g.d(&gu), out: g.d(&act), n_tok: n, ffn }.launch(&mut g.k, &s).unwrap();
-        dustoff::backend::cuda::fused::GemvSwiglu {
+        dustoff::backend::cuda::gemv_f16::GemvSwiglu {
             w: g.d(&wd),
             x: g.d(&xd),
             out: g.d(&got),

@@ -10,12 +10,12 @@ use cudarc::driver::CudaSlice;
 
 use dustoff::backend::cpu::matmul::matmul;
 use dustoff::backend::cuda::dmat::{DevMat, Linear};
+use dustoff::backend::cuda::gemm_tc::tc64_part_len;
 use dustoff::backend::cuda::launch::Dev;
 use dustoff::backend::cuda::matmul::{Mm, Product};
 use dustoff::backend::cuda::q8x::{dequantized, matmul_q8x};
 use dustoff::backend::cuda::qformat::QFormat;
 use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, EmbeddingQ, GemmQ, GemvQ, QuantizeX};
-use dustoff::backend::cuda::tc::tc64_part_len;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::quant::{dequantize_row, dot_row, quantize_row, GgmlType};
 use dustoff::model::weights::Tensor;

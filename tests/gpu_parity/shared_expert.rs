@@ -6,10 +6,10 @@
 
 use dustoff::backend::cpu::matmul::matmul;
 use dustoff::backend::cpu::moe::{moe_ffn as cpu_moe_ffn, MoeScratch};
+use dustoff::backend::cuda::gemm_tc::tc64_part_len;
 use dustoff::backend::cuda::matmul::Mm;
 use dustoff::backend::cuda::moe::{moe_ffn, MoeLayerW, MoeWork};
 use dustoff::backend::cuda::shared_expert::{shared_expert_ffn, SharedWork, ShexpGateAdd};
-use dustoff::backend::cuda::tc::tc64_part_len;
 use dustoff::model::moe::{Expert, MoeConfig, MoeWeights, SharedExpert};
 use dustoff::model::quant::{quantize_row, GgmlType};
 use dustoff::model::weights::Tensor;

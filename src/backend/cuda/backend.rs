@@ -5,20 +5,20 @@
 //! Construction (from loaded weights, or random weights made on the GPU) lives here; the step
 //! itself (plan flattening, kernels, CUDA-graph replay) in `step.rs`.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::CudaSlice;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::device::CudaDevice;
+use super::device::{up, zeros, CudaDevice};
 use super::dmat::{DevMat, Linear};
+use super::graph::StepGraphs;
 use super::kernels::{Kernels, PtxSource};
 use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for};
 use super::qformat::{check_tensor, QFormat};
+use super::workspace::Work;
 use super::CudaError;
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::StepPlan;
@@ -65,41 +65,6 @@ pub(super) struct LayerW {
     pub v_cache: CudaSlice<u16>, // same
 }
 
-/// Step buffers, grown on demand (never shrunk). Growing one drops the captured graphs, which
-/// hold its old address.
-#[derive(Default)]
-pub(super) struct Work {
-    pub cap_tok: usize,
-    pub x: Option<CudaSlice<f32>>,   // [tok, dim] residual
-    pub h: Option<CudaSlice<f32>>,   // [tok, dim] normed
-    pub qkv: Option<CudaSlice<f32>>, // [tok, q_dim + 2 kv_dim]
-    pub att: Option<CudaSlice<f32>>, // [tok, q_dim]
-    pub gu: Option<CudaSlice<f32>>,  // [tok, 2 ffn]
-    pub act: Option<CudaSlice<f32>>, // [tok, ffn]
-    pub x16: Option<CudaSlice<u16>>, // [tok, max(dim, q_dim, ffn)] cuBLAS input
-    /// Split-K partial sums of the tensor-core GEMM ([splits, tok, rows], the largest matrix's).
-    pub tc_part: Option<CudaSlice<f32>>,
-    /// Per-step inputs, uploaded in one copy: [ids | pos | slots | tok_seq | rows] (cap_tok
-    /// each), then block tables [cap_tok, bt_stride].
-    pub meta: Option<CudaSlice<i32>>,
-    pub cap_part: usize,
-    pub part_o: Option<CudaSlice<f32>>,  // [tok * n_heads * splits * head_dim]
-    pub part_ml: Option<CudaSlice<f32>>, // [tok * n_heads * splits * 2]
-    pub cap_logits: usize,
-    pub hn: Option<CudaSlice<f32>>,     // [m, dim]
-    pub logits: Option<CudaSlice<f32>>, // [m, vocab]
-    pub argmax: Option<CudaSlice<i32>>, // [m] greedy ids (step_greedy)
-    /// Page-locked host copy of `logits` ([cap_logits, vocab]): the download runs at full PCIe
-    /// speed into memory reused every step (64 sequences x 151,936 f32 = 39 MB a step).
-    pub host_logits: Option<cudarc::driver::PinnedHostSlice<f32>>,
-    /// Constrained greedy steps: the mask slots and bits, host (pinned) and device.
-    pub masks: super::masked::MaskBuffers,
-    /// Buffers of the sparse layers (expert ids, weights, grouping, expert outputs).
-    pub moe: super::moe::MoeWork,
-    /// Buffers of the shared experts (Qwen3.5-MoE, Qwen3-Next).
-    pub shexp: super::shared_expert::SharedWork,
-}
-
 pub struct CudaBackend {
     pub(super) cfg: ModelConfig,
     pub(super) dev: CudaDevice,
@@ -123,11 +88,8 @@ pub struct CudaBackend {
     pub(super) work: Work,
     /// Host staging of the per-step inputs (same layout as `Work::meta`).
     pub(super) host_meta: Vec<i32>,
-    /// Captured steps by shape: (tokens, logit rows, attention splits, split-kernel tokens, prefill tiles).
-    pub(super) graphs: HashMap<super::step::GraphKey, CudaGraph>,
-    /// Step shapes whose capture failed: they run without a graph.
-    pub(super) uncapturable: std::collections::HashSet<super::step::GraphKey>,
-    pub(super) use_graphs: bool,
+    /// Captured decode steps by shape.
+    pub(super) graphs: StepGraphs,
     /// Layer norms folded into the products that read them (fused_norm.rs; `DUSTOFF_FUSE_NORM=0`
     /// or [`CudaBackend::set_fuse_norm`] turns it off).
     pub(super) fuse_norm: bool,
@@ -149,18 +111,6 @@ pub struct CudaBackend {
     pub(super) hybrid: Option<super::hybrid::HybridCuda>,
     /// Calibration: every matrix input goes to the host (`tap.rs`); `None` in normal runs.
     pub(super) tap: Option<super::tap::CudaTap>,
-}
-
-pub(super) fn up<T: DeviceRepr>(s: &Arc<CudaStream>, v: &[T], what: &str) -> Result<CudaSlice<T>, CudaError> {
-    s.clone_htod(v).map_err(CudaError::driver(format!("uploading {what}")))
-}
-
-pub(super) fn zeros<T: DeviceRepr + ValidAsZeroBits>(
-    s: &Arc<CudaStream>,
-    n: usize,
-    what: &str,
-) -> Result<CudaSlice<T>, CudaError> {
-    s.alloc_zeros(n.max(1)).map_err(CudaError::driver(format!("allocating {what} ({n} elements)")))
 }
 
 /// Weights on the device, before the backend is assembled.
@@ -466,9 +416,7 @@ impl CudaBackend {
             bt_stride: max_pos.div_ceil(opts.block_size.max(1)),
             work: Work::default(),
             host_meta: Vec::new(),
-            graphs: HashMap::new(),
-            uncapturable: Default::default(),
-            use_graphs,
+            graphs: StepGraphs::new(use_graphs),
             fuse_norm: super::tuning::tuning().fuse_norm,
             prof: super::profile::profiling_requested().then(|| super::profile::Profiler::new(dev.ctx.clone())),
             step_times: super::profile::step_times_requested().then(|| super::profile::StepTimes::new(dev.ctx.clone())),
@@ -504,7 +452,7 @@ impl CudaBackend {
     /// Turns CUDA-graph replay of decode steps on or off (on by default unless
     /// `DUSTOFF_CUDA_GRAPHS=0`). Both paths launch the same kernels with the same arguments.
     pub fn set_graphs(&mut self, on: bool) {
-        self.use_graphs = on;
+        self.graphs.on = on;
         if !on {
             self.graphs.clear();
         }

@@ -1,10 +1,25 @@
-//! One CUDA device: its context, the single stream every kernel runs on, and its identity.
+//! One CUDA device: its context, the single stream every kernel runs on, its identity, and the
+//! upload and allocation helpers on that stream that every part of the backend uses.
 
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 
 use super::CudaError;
+
+/// `v` copied to a new device buffer.
+pub(super) fn up<T: DeviceRepr>(s: &Arc<CudaStream>, v: &[T], what: &str) -> Result<CudaSlice<T>, CudaError> {
+    s.clone_htod(v).map_err(CudaError::driver(format!("uploading {what}")))
+}
+
+/// A zeroed device buffer of `n` elements (at least one: cudarc refuses empty allocations).
+pub(super) fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+    s: &Arc<CudaStream>,
+    n: usize,
+    what: &str,
+) -> Result<CudaSlice<T>, CudaError> {
+    s.alloc_zeros(n.max(1)).map_err(CudaError::driver(format!("allocating {what} ({n} elements)")))
+}
 
 /// Whether the CUDA driver library can be loaded (checked once; cudarc would panic on a
 /// missing one).

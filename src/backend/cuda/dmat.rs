@@ -10,7 +10,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::fused::FillUniform;
+use super::embedding::FillUniform;
 use super::kernels::Kernels;
 use super::launch::Dev;
 use super::qformat::QFormat;

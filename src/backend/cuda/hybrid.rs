@@ -16,10 +16,11 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::attention::PagedAttn;
-use super::backend::{up, zeros, LayerW};
+use super::backend::LayerW;
 use super::deltanet::{
     DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool, DN_AB_ROW, DN_CH,
 };
+use super::device::{up, zeros};
 use super::dmat::Linear;
 use super::kernels::Kernels;
 use super::launch::Dev;
@@ -375,7 +376,7 @@ impl HybridCuda {
         mm.run(k, Product { lin: &d.proj, bias: None, x: io.h, n, out: proj, accumulate: false })?;
         // Graph-sized steps launch for every token as a possible chunk (the table says how
         // many there are), so a graph serves any split of its tokens into chunks.
-        let max_chunks = if n <= super::tc::TC_MAX_TOKENS { n } else { io.n_seqs };
+        let max_chunks = if n <= super::gemm_tc::TC_MAX_TOKENS { n } else { io.n_seqs };
         let pool = StatePool {
             state: Dev::of(&self.pool, s),
             slot_stride: self.per_seq,
@@ -436,7 +437,7 @@ impl HybridCuda {
         // steps keep the step form, whose launch does not depend on the chunk lengths.
         let longest = self.host_chunks.iter().skip(2).step_by(3).copied().max().unwrap_or(0).max(0) as usize;
         let min = chunked_min_tokens();
-        if n > super::tc::TC_MAX_TOKENS && min > 0 && longest >= min {
+        if n > super::gemm_tc::TC_MAX_TOKENS && min > 0 && longest >= min {
             DnChunked { recur: &recur, ab: Self::buf(&self.ab, s)?, max_count: longest }.launch(k, s)?;
         } else {
             recur.launch(k, s)?;

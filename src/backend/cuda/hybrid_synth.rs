@@ -11,7 +11,8 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::backend::{moe_formats, open, up, zeros, CudaBackend, CudaOptions, LayerW, Parts, WeightMix};
+use super::backend::{moe_formats, open, CudaBackend, CudaOptions, LayerW, Parts, WeightMix};
+use super::device::{up, zeros};
 use super::dmat::{DevMat, Linear};
 use super::hybrid::{HybridCuda, LinearW};
 use super::moe::{slab_bytes, MoeLayerW};

@@ -1,5 +1,10 @@
-//! The lazy per-device kernel registry: a kernel file is compiled (or its PTX loaded) the first
-//! time one of its entry points is asked for, then every entry is looked up by name.
+//! The kernel files and their entry points, in one table (`KERNEL_FILES`: `nvrtc` compiles
+//! from it, `dustoff kernels` writes a PTX file per row, the registry finds an entry's file in
+//! it), and the lazy per-device registry: a kernel file is compiled (or its PTX loaded) the
+//! first time one of its entry points is asked for, then every entry is looked up by name.
+//!
+//! A new kernel: its `.cu` in `kernels/`, its entry names in the table below, its launcher in
+//! the Rust module of the same name (`cuda/<file>.rs`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -10,6 +15,226 @@ use cudarc::nvrtc::Ptx;
 
 use super::nvrtc::{self, KernelFile};
 use super::CudaError;
+
+macro_rules! kernel_file {
+    ($name:literal, [$($e:literal),* $(,)?]) => {
+        KernelFile {
+            name: $name,
+            source: include_str!(concat!("../../../kernels/", $name, ".cu")),
+            entries: &[$($e),*],
+        }
+    };
+}
+
+/// Every kernel file, with its entry points (`<op>_<dtype>`).
+pub const KERNEL_FILES: &[KernelFile] = &[
+    kernel_file!("add", ["bias_add_f32", "cast_f32_f16"]),
+    kernel_file!("argmax", ["argmax_rows_f32", "argmax_masked_rows_f32"]),
+    kernel_file!(
+        "attention_decode",
+        [
+            "attn_split_f16",
+            "attn_split_f16_hd64",
+            "attn_split_f16_hd128",
+            "attn_onepass_f16_hd64",
+            "attn_onepass_f16_hd128",
+            "attn_onepass_f16_hd256",
+            "attn_onepass2_f16_hd64",
+            "attn_onepass2_f16_hd128",
+            "attn_onepass2_f16_hd256",
+            "attn_merge_f32"
+        ]
+    ),
+    kernel_file!(
+        "attention_prefill",
+        [
+            "attn_prefill_hd64",
+            "attn_prefill_hd128",
+            "attn_prefill_hd256",
+            "attn_prefill_hd64_qs",
+            "attn_prefill_hd128_qs",
+            "attn_prefill_hd64_lean",
+            "attn_prefill_hd128_lean",
+            "attn_prefill_hd256_lean"
+        ]
+    ),
+    kernel_file!(
+        "deltanet",
+        [
+            "dn_conv_silu_f32",
+            "dn_prep_f32",
+            "dn_recur_f32",
+            "dn_gated_norm_f32",
+            "dn_chunk_prep_f32",
+            "dn_chunk_scan_f32",
+            "dn_conv_prep_f32"
+        ]
+    ),
+    KernelFile { name: "dequant", source: include_str!("../../../kernels/dequant.cu"), entries: &DEQUANT_ENTRIES },
+    kernel_file!("embedding", ["embedding_f16", "fill_uniform_f16"]),
+    kernel_file!(
+        "gemm_tc",
+        [
+            "gemm_tc_f16_t16",
+            "gemm_tc_f16_t32",
+            "gemm_tc_f16_t48",
+            "gemm_tc_f16_t64",
+            "gemm_tc64_f16_t16",
+            "gemm_tc64_f16_t32",
+            "gemm_tc64_f16_t48",
+            "gemm_tc64_f16_t64",
+            "gemm_tc128_f16_t16",
+            "gemm_tc128_f16_t32",
+            "gemm_tc128_f16_t48",
+            "gemm_tc128_f16_t64",
+            "splitk_reduce_f32"
+        ]
+    ),
+    kernel_file!(
+        "gemv_f16",
+        [
+            "gemv_f16_n1",
+            "gemv_f16_n2",
+            "gemv_f16_n4",
+            "gemv_f16_n8",
+            "gemv_f16_n1_r4",
+            "gemv_f16_n1_r8",
+            "gemv_swiglu_f16_n1",
+            "gemv_swiglu_f16_n2",
+            "gemv_swiglu_f16_n4",
+            "gemv_swiglu_f16_n8"
+        ]
+    ),
+    kernel_file!(
+        "fused_norm",
+        [
+            "rmsnorm_q8_f32",
+            "rmsnorm_f16_f32",
+            "gemv_norm_f16_n1",
+            "gemv_norm_f16_n2",
+            "gemv_norm_f16_n4",
+            "gemv_norm_f16_n8",
+            "gemv_norm_swiglu_f16_n1",
+            "gemv_norm_swiglu_f16_n2",
+            "gemv_norm_swiglu_f16_n4",
+            "gemv_norm_swiglu_f16_n8",
+            "gemv_norm_f16_n1_r4",
+            "gemv_norm_f16_n1_r8",
+            "gemv_norm_swiglu_f16_n1_r4",
+            "gemv_norm_swiglu_f16_n1_r8"
+        ]
+    ),
+    KernelFile {
+        name: "gemv_quant",
+        source: include_str!("../../../kernels/gemv_quant.cu"),
+        entries: &GEMV_QUANT_ENTRIES,
+    },
+    KernelFile {
+        name: "gemm_quant",
+        source: include_str!("../../../kernels/gemm_quant.cu"),
+        entries: &GEMM_QUANT_ENTRIES,
+    },
+    KernelFile { name: "gemv_q8", source: include_str!("../../../kernels/gemv_q8.cu"), entries: &GEMV_Q8_ENTRIES },
+    kernel_file!("hybrid_attn", ["hyb_qkv_post_f32", "hyb_gate_mul_f32"]),
+    kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
+    KernelFile { name: "moe", source: include_str!("../../../kernels/moe.cu"), entries: &super::moe::MOE_ENTRIES },
+    KernelFile {
+        name: "moe_gemm",
+        source: include_str!("../../../kernels/moe_gemm.cu"),
+        entries: &super::moe_gemm::MOE_GEMM_ENTRIES,
+    },
+    kernel_file!("rmsnorm", ["rmsnorm_f32"]),
+    kernel_file!("rope", ["rope_f32"]),
+    kernel_file!("shared_expert", ["shexp_gate_add_f32"]),
+    kernel_file!("silu_mul", ["silu_mul_f32"]),
+];
+
+/// Entry names for every GGML block format, in `qformat::QFormat::index` order, for each
+/// (prefix, suffix) pair: `gemv_q4_0_n1`, ... (kernels/quant.cuh, FOR_EACH_QFORMAT).
+macro_rules! q_names {
+    ($(($pre:literal, $suf:literal)),* $(,)?) => {
+        [$(
+            concat!($pre, "q4_0", $suf), concat!($pre, "q4_1", $suf), concat!($pre, "q5_0", $suf),
+            concat!($pre, "q5_1", $suf), concat!($pre, "q8_0", $suf), concat!($pre, "q4_k", $suf),
+            concat!($pre, "q5_k", $suf), concat!($pre, "q6_k", $suf),
+        )*]
+    };
+}
+
+/// `kernels/gemv_quant.cu`: entry `8 * v + format` where v = 0..4 is the GEMV for 1 / 2 / 4 / 8
+/// tokens and v = 4..8 the SwiGLU GEMV for the same token counts.
+pub const GEMV_QUANT_ENTRIES: [&str; 64] = q_names!(
+    ("gemv_", "_n1"),
+    ("gemv_", "_n2"),
+    ("gemv_", "_n4"),
+    ("gemv_", "_n8"),
+    ("gemv_swiglu_", "_n1"),
+    ("gemv_swiglu_", "_n2"),
+    ("gemv_swiglu_", "_n4"),
+    ("gemv_swiglu_", "_n8"),
+);
+
+/// `kernels/gemv_q8.cu`: entry `8 * v + format` as in [`GEMV_QUANT_ENTRIES`] (int8
+/// activations, dp4a), v = 8 / 9 the 1-token GEMV / SwiGLU GEMV with 2 weight rows per warp,
+/// then `quantize_x_q8` at 80.
+pub const GEMV_Q8_ENTRIES: [&str; 81] = {
+    let d = q_names!(
+        ("gemvq8_", "_n1"),
+        ("gemvq8_", "_n2"),
+        ("gemvq8_", "_n4"),
+        ("gemvq8_", "_n8"),
+        ("gemvq8_swiglu_", "_n1"),
+        ("gemvq8_swiglu_", "_n2"),
+        ("gemvq8_swiglu_", "_n4"),
+        ("gemvq8_swiglu_", "_n8"),
+        ("gemvq8_", "_n1r2"),
+        ("gemvq8_swiglu_", "_n1r2"),
+    );
+    let mut all = ["quantize_x_q8"; 81];
+    let mut i = 0;
+    while i < 80 {
+        all[i] = d[i];
+        i += 1;
+    }
+    all
+};
+
+/// `kernels/gemm_quant.cu`: entry `8 * (tiles of 16 tokens - 1) + format`, then
+/// `splitk_reduce_q` at 32, the 128-token prefill tiles `gemmq_<fmt>_w128` at `33 + format`.
+pub const GEMM_QUANT_ENTRIES: [&str; 41] = {
+    let d = q_names!(("gemmq_", "_t16"), ("gemmq_", "_t32"), ("gemmq_", "_t48"), ("gemmq_", "_t64"));
+    let w = q_names!(("gemmq_", "_w128"));
+    let mut all = ["splitk_reduce_q"; 41];
+    let mut i = 0;
+    while i < 32 {
+        all[i] = d[i];
+        i += 1;
+    }
+    while i < 40 {
+        all[i + 1] = w[i - 32];
+        i += 1;
+    }
+    all
+};
+
+/// `kernels/dequant.cu`: `dequant_<fmt>_f16` at `format`, `embedding_<fmt>` at `8 + format`,
+/// then the synthetic-weight fillers.
+pub const DEQUANT_ENTRIES: [&str; 18] = {
+    let d = q_names!(("dequant_", "_f16"), ("embedding_", ""));
+    let mut all = ["fill_random_u32"; 18];
+    let mut i = 0;
+    while i < 16 {
+        all[i] = d[i];
+        i += 1;
+    }
+    all[17] = "tile_aux";
+    all
+};
+
+/// The file that defines entry point `entry`.
+pub fn file_of(entry: &str) -> Option<&'static KernelFile> {
+    KERNEL_FILES.iter().find(|f| f.entries.contains(&entry))
+}
 
 /// The environment variable naming a folder of precompiled PTX files (`<file>.ptx`).
 pub const PTX_DIR_ENV: &str = "DUSTOFF_PTX_DIR";
@@ -61,7 +286,7 @@ impl Kernels {
     /// The function `entry` (e.g. `rmsnorm_f32`), loading its file on first use.
     pub fn get(&mut self, entry: &'static str) -> Result<&CudaFunction, CudaError> {
         if !self.funcs.contains_key(entry) {
-            let file = nvrtc::file_of(entry).ok_or_else(|| CudaError::UnknownKernel(entry.to_string()))?;
+            let file = file_of(entry).ok_or_else(|| CudaError::UnknownKernel(entry.to_string()))?;
             let module = self.module(file)?;
             let f = module.load_function(entry).map_err(CudaError::driver(format!("loading kernel {entry}")))?;
             self.funcs.insert(entry, f);
@@ -76,7 +301,7 @@ impl Kernels {
     pub fn load_all(&mut self) -> Result<(), CudaError> {
         if let PtxSource::Nvrtc { cache_dir } = &self.source {
             let todo: Vec<&'static KernelFile> =
-                nvrtc::KERNEL_FILES.iter().filter(|f| !self.modules.contains_key(f.name)).collect();
+                KERNEL_FILES.iter().filter(|f| !self.modules.contains_key(f.name)).collect();
             let (arch, dir) = (self.arch.as_str(), cache_dir.as_deref());
             let ptx: Vec<Result<String, CudaError>> = std::thread::scope(|s| {
                 let jobs: Vec<_> = todo.iter().map(|f| s.spawn(move || nvrtc::compile_cached(f, arch, dir))).collect();
@@ -88,7 +313,7 @@ impl Kernels {
                 self.load_ptx(file, ptx?)?;
             }
         }
-        for f in nvrtc::KERNEL_FILES {
+        for f in KERNEL_FILES {
             for e in f.entries {
                 self.get(e)?;
             }
@@ -130,5 +355,24 @@ impl Kernels {
         )))?;
         self.modules.insert(file.name, m.clone());
         Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::nvrtc::full_source;
+
+    #[test]
+    fn every_entry_maps_to_its_file_and_sources_inline_common() {
+        for f in KERNEL_FILES {
+            for e in f.entries {
+                assert_eq!(file_of(e).map(|x| x.name), Some(f.name));
+            }
+            let src = full_source(f);
+            assert!(!src.contains("#include"), "{}: includes left after inlining", f.name);
+            assert!(src.contains("h2f("), "{}: common.cuh not inlined", f.name);
+        }
+        assert!(file_of("no_such_kernel").is_none());
     }
 }

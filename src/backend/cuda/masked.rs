@@ -10,7 +10,8 @@ use std::time::Duration;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice};
 
-use super::backend::{zeros, CudaBackend};
+use super::backend::CudaBackend;
+use super::device::zeros;
 use super::kernels::Kernels;
 use super::launch::{i32_of, launch, need, Dev};
 use super::step::Flat;

@@ -16,10 +16,11 @@
 use cudarc::driver::CudaStream;
 
 use super::dmat::{DevMat, Linear};
+use super::gemm_tc::{GemmTc, TC_MAX_TOKENS};
 use super::kernels::Kernels;
-use super::launch::{self as l, Dev, GEMV_MAX_TOKENS};
+use super::launch::{Dev, GEMV_MAX_TOKENS};
+use super::ops as l;
 use super::qlaunch::{DequantF16, GemmQ, GemvQ, QView, QuantizeX};
-use super::tc::{GemmTc, TC_MAX_TOKENS};
 use super::tuning::tuning;
 use super::CudaError;
 use crate::model::config::ModelConfig;

@@ -8,8 +8,8 @@ use crate::model::weights::{ModelWeights, Tensor};
 use super::moe;
 use super::qformat::QFormat;
 
-use super::launch::attn_splits;
-use super::tc::TC_MAX_TOKENS;
+use super::attention::attn_splits;
+use super::gemm_tc::TC_MAX_TOKENS;
 
 /// Bytes the backend will hold on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

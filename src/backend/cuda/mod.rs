@@ -3,22 +3,32 @@
 //! as precompiled PTX), cuBLAS for large F16 GEMMs, own kernels for the rest (GEMV and
 //! tensor-core GEMM on F16 and packed block formats, attention, MoE, DeltaNet).
 //!
-//! Layers: `nvrtc` (sources, compilation, disk cache) -> `kernels` (lazy per-device registry) ->
-//! launchers (`launch`, `qlaunch`, `fused`, `tc`, ...: `#[repr(C)]` params mirrors, shape
-//! checks, grid choice) -> `matmul` (which kernel a product takes) -> `backend` (placing the
-//! model) and `step` (the forward pass of one plan).
+//! Layers: `kernels` (the table of kernel files and their entries, and the lazy per-device
+//! registry) over `nvrtc` (compilation, disk cache) -> launchers, one module per kernel file
+//! (`gemv_f16` for `kernels/gemv_f16.cu`, `gemm_tc`, `rmsnorm`, `qlaunch` for the block-format
+//! files, ...: the `#[repr(C)]` params mirror, shape checks, grid choice; `launch` holds what
+//! they share) -> `matmul` (which kernel a product takes) -> `step` (the forward pass of one
+//! plan) over `workspace` (its buffers) and `graph` (its captured CUDA graphs) -> `backend`
+//! (placing the model, the `Backend` entry points).
 
+pub mod add;
+pub mod argmax;
 pub mod attention;
 pub mod backend;
 pub mod cascade;
+pub mod cublas_gemm;
 pub mod deltanet;
 pub mod device;
 pub mod dmat;
-pub mod fused;
+pub mod embedding;
 pub mod fused_norm;
+pub mod gemm_tc;
+pub mod gemv_f16;
+mod graph;
 pub mod hybrid;
 mod hybrid_synth;
 pub mod kernels;
+pub mod kv_cache;
 pub mod launch;
 pub mod masked;
 pub mod matmul;
@@ -26,18 +36,22 @@ pub mod memory;
 pub mod moe;
 pub mod moe_gemm;
 pub mod nvrtc;
+pub mod ops;
 pub mod prefill;
 mod profile;
 pub mod q8x;
 pub mod qformat;
 pub mod qlaunch;
+pub mod rmsnorm;
+pub mod rope;
 pub mod shared_expert;
+pub mod silu_mul;
 mod step;
 mod step_norm;
 pub mod tap;
-pub mod tc;
 mod tuning;
 pub mod weights;
+mod workspace;
 
 use std::path::PathBuf;
 

@@ -21,7 +21,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::backend::{up, zeros};
+use super::device::{up, zeros};
 use super::dmat::{DevMat, MatData};
 use super::kernels::Kernels;
 use super::launch::{blocks_for, check, i32_of, launch, need, Dev};

@@ -18,7 +18,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::backend::{up, zeros};
+use super::device::{up, zeros};
 use super::dmat::{DevMat, Linear};
 use super::kernels::Kernels;
 use super::launch::{blocks_for, i32_of, launch, need, Dev};

@@ -23,22 +23,25 @@
 //! inside the launch that prepares (or performs) the product after them (`step_norm`), except
 //! where a tap reads the normed input, in hybrid layers and before a mixture-of-experts FFN.
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream};
 use rayon::prelude::*;
 
-use super::backend::{zeros, CudaBackend, Work};
+use super::backend::CudaBackend;
 use super::dmat::Linear;
-use super::fused::{GemvSwiglu, QkvPost};
+use super::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
+use super::gemv_f16::GemvSwiglu;
+use super::graph::{GraphKey, StepGraphs};
 use super::kernels::Kernels;
-use super::launch::{self as l, Dev};
+use super::kv_cache::QkvPost;
+use super::launch::Dev;
 use super::matmul::{packed_gemv, tc_min_tokens, Mm, Product};
+use super::ops as l;
 use super::prefill::{PrefillAttention, PrefillSplit};
 use super::profile::Profiler;
 use super::qlaunch::EmbeddingQ;
 use super::step_norm::{norm_product, norm_swiglu, NormIn};
 use super::tap::TapPoint;
-use super::tc::{tc64_part_len, TC_MAX_TOKENS};
+use super::workspace::{grow, layout, ptr, Work};
 use super::CudaError;
 use crate::backend::BackendError;
 use crate::engine::plan::{PlanLimits, StepPlan};
@@ -87,68 +90,8 @@ impl Flat {
     }
 }
 
-/// Grows `buf` to at least `n` elements; returns whether it was (re)allocated.
-fn grow<T: DeviceRepr + ValidAsZeroBits>(
-    s: &std::sync::Arc<CudaStream>,
-    buf: &mut Option<CudaSlice<T>>,
-    n: usize,
-    what: &str,
-) -> Result<bool, CudaError> {
-    if buf.as_ref().is_none_or(|b| b.len() < n) {
-        *buf = None; // free first: the old buffer is not needed
-        *buf = Some(zeros(s, n, what)?);
-        return Ok(true);
-    }
-    Ok(false)
-}
-
-fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
-    // Every buffer is grown before use; an absent one would be a bug in `ensure_work`.
-    Dev::of(b.as_ref().expect("work buffer allocated by ensure_work"), s)
-}
-
-/// The shape a captured graph serves: (tokens, logit rows, attention splits, split-kernel
-/// tokens, prefill tiles, positions per split, prefill splits). Graph-sized steps have no
-/// shared-prefix pass.
-pub(super) type GraphKey = (usize, usize, usize, usize, usize, usize, usize);
-
 fn graph_key(f: &Flat) -> GraphKey {
     (f.n_tok, f.m, f.splits, f.n_single, f.n_tiles, f.split_len, f.pf_splits)
-}
-
-/// Offsets of the per-step inputs in `Work::meta` (in i32 elements) for a token capacity.
-struct MetaLayout {
-    ids: usize,
-    pos: usize,
-    slots: usize,
-    tok_seq: usize,
-    rows: usize,
-    /// `[first row, count, kv_end, block-table row]` per prefill tile (at most one per token),
-    /// and the tiles' rows (flat tokens).
-    tiles: usize,
-    tile_rows: usize,
-    /// The same for the shared-prefix pass (rows: decode tokens), and each decode token's first
-    /// own position.
-    casc_tiles: usize,
-    casc_rows: usize,
-    kv_begin: usize,
-    bt: usize,
-}
-
-fn layout(cap: usize) -> MetaLayout {
-    MetaLayout {
-        ids: 0,
-        pos: cap,
-        slots: 2 * cap,
-        tok_seq: 3 * cap,
-        rows: 4 * cap,
-        tiles: 5 * cap,
-        tile_rows: 9 * cap,
-        casc_tiles: 10 * cap,
-        casc_rows: 14 * cap,
-        kv_begin: 15 * cap,
-        bt: 16 * cap,
-    }
 }
 
 impl CudaBackend {
@@ -379,11 +322,7 @@ impl CudaBackend {
             self.prof = prof;
             r?;
             self.prof.as_mut().map_or(Ok(()), |p| p.end())?;
-        } else if self.use_graphs
-            && self.tap.is_none()
-            && f.n_tok <= TC_MAX_TOKENS
-            && !self.uncapturable.contains(&graph_key(f))
-        {
+        } else if self.tap.is_none() && f.n_tok <= TC_MAX_TOKENS && self.graphs.wanted(&graph_key(f)) {
             if !self.replay(w, f)? {
                 self.run_layers(w, f, &mut None)?;
             }
@@ -444,42 +383,18 @@ impl CudaBackend {
     /// shape is not tried again).
     fn replay(&mut self, w: &Work, f: &Flat) -> Result<bool, CudaError> {
         let key = graph_key(f);
-        if !self.graphs.contains_key(&key) {
+        if !self.graphs.contains(&key) {
             // Module loads are not stream work; do them all before capturing.
             self.kernels.load_all()?;
             let s = self.dev.stream.clone();
-            s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(CudaError::driver("beginning graph capture"))?;
+            StepGraphs::begin_capture(&s)?;
             let ran = self.run_layers(w, f, &mut None);
-            let g = s.end_capture(CUgraphInstantiate_flags(0)).map_err(CudaError::driver("ending graph capture"));
-            // A library call that cannot be captured (cuBLAS setting up a workspace, say)
-            // invalidates the capture: run such shapes without a graph from then on.
-            let g = match (ran, g) {
-                (Ok(()), Ok(Some(g))) => g,
-                (ran, g) => {
-                    let why = ran.err().map(|e| e.to_string()).or(g.err().map(|e| e.to_string()));
-                    if self.uncapturable.is_empty() {
-                        eprintln!(
-                            "note: a {}-token step could not be captured as a CUDA graph ({}); such steps run without one",
-                            f.n_tok,
-                            why.unwrap_or_else(|| "empty capture".into())
-                        );
-                    }
-                    self.uncapturable.insert(key);
-                    return Ok(false);
-                }
-            };
-            if super::tuning::tuning().graph_nodes {
-                let mut nodes = 0usize;
-                // SAFETY: the graph handle is live (owned by `g`); a null node array asks only
-                // for the count.
-                let r = unsafe { cudarc::driver::sys::cuGraphGetNodes(g.cu_graph(), std::ptr::null_mut(), &mut nodes) };
-                eprintln!("graph: {}-token step, {} nodes ({r:?})", f.n_tok, nodes);
+            if !self.graphs.end_capture(&s, key, f.n_tok, ran)? {
+                return Ok(false);
             }
-            self.graphs.insert(key, g);
             self.note_memory();
         }
-        self.graphs[&key].launch().map_err(CudaError::driver("launching the decode graph"))?;
+        self.graphs.launch(&key)?;
         Ok(true)
     }
 

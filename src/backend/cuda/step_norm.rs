@@ -8,8 +8,9 @@
 use super::dmat::Linear;
 use super::fused_norm::{GemvNorm, RmsNormF16, RmsNormQ8};
 use super::kernels::Kernels;
-use super::launch::{self as l, Dev};
+use super::launch::Dev;
 use super::matmul::{input_form, packed_gemv, tc_min_tokens, Mm, Product, XForm};
+use super::ops as l;
 use super::CudaError;
 
 /// The norm in front of a product: `h = rmsnorm(x) * w`, rows of `dim`.

@@ -1,0 +1,166 @@
+//! Launchers of `kernels/kv_cache.cu`: K/V stores into the F16 paged cache, alone or fused
+//! with the per-head norms and RoPE that precede them (`qkv_post_f32`: everything between the
+//! QKV product and attention in one launch, since launch gaps, not bytes, limit a
+//! memory-bound step at batch 1).
+
+use cudarc::driver::{CudaStream, DeviceRepr};
+
+use super::kernels::Kernels;
+use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev};
+use super::CudaError;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct KvStoreParams {
+    qkv: u64,
+    k_cache: u64,
+    v_cache: u64,
+    slots: u64,
+    n_tok: i32,
+    kv_dim: i32,
+    stride: i32,
+    k_off: i32,
+    v_off: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for KvStoreParams {}
+
+/// Stores K (`qkv[t, k_off..k_off + kv_dim]`) and V (at `v_off`) of each token into the F16
+/// cache `[n_slots, kv_dim]` at `slots[t] < n_slots` (checked on the host).
+pub struct KvStore {
+    pub qkv: Dev<f32>,
+    pub k_cache: Dev<u16>,
+    pub v_cache: Dev<u16>,
+    pub slots: Dev<i32>,
+    pub n_slots: usize,
+    pub n_tok: usize,
+    pub kv_dim: usize,
+    pub stride: usize,
+    pub k_off: usize,
+    pub v_off: usize,
+}
+
+impl KvStore {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "kv_store_f16";
+        check(K, self.k_off.max(self.v_off) + self.kv_dim <= self.stride, || {
+            "K/V columns beyond the row stride".into()
+        })?;
+        need(K, "qkv", self.qkv, extent(self.n_tok, self.stride, self.k_off.max(self.v_off) + self.kv_dim))?;
+        need(K, "K cache", self.k_cache, self.n_slots * self.kv_dim)?;
+        need(K, "V cache", self.v_cache, self.n_slots * self.kv_dim)?;
+        need(K, "slots", self.slots, self.n_tok)?;
+        let total = self.n_tok * self.kv_dim;
+        if total == 0 {
+            return Ok(());
+        }
+        let p = KvStoreParams {
+            qkv: self.qkv.ptr,
+            k_cache: self.k_cache.ptr,
+            v_cache: self.v_cache.ptr,
+            slots: self.slots.ptr,
+            n_tok: i32_of(K, self.n_tok)?,
+            kv_dim: i32_of(K, self.kv_dim)?,
+            stride: i32_of(K, self.stride)?,
+            k_off: i32_of(K, self.k_off)?,
+            v_off: i32_of(K, self.v_off)?,
+        };
+        launch(k, s, K, (blocks_for(K, total, 256)?, 1, 1), 256, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct QkvPostParams {
+    qkv: u64,
+    q_norm: u64,
+    k_norm: u64,
+    pos: u64,
+    cos_t: u64,
+    sin_t: u64,
+    k_cache: u64,
+    v_cache: u64,
+    slots: u64,
+    n_tok: i32,
+    n_heads: i32,
+    n_kv: i32,
+    head_dim: i32,
+    stride: i32,
+    style: i32,
+    eps: f32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for QkvPostParams {}
+
+/// Everything between the QKV matmul and attention, in one launch: per-head RMSNorm of q and k
+/// (when the weights are given), RoPE of q and k in place, K and V stored to the F16 cache at
+/// `slots[t]`. `qkv` `[n_tok, stride]` holds q heads, k heads, v heads (`head_dim` each);
+/// caches `[n_slots, n_kv * head_dim]`; tables `[max_pos, head_dim / 2]`.
+pub struct QkvPost {
+    pub qkv: Dev<f32>,
+    pub q_norm: Option<Dev<f32>>,
+    pub k_norm: Option<Dev<f32>>,
+    pub pos: Dev<i32>,
+    pub cos: Dev<f32>,
+    pub sin: Dev<f32>,
+    pub max_pos: usize,
+    pub k_cache: Dev<u16>,
+    pub v_cache: Dev<u16>,
+    pub slots: Dev<i32>,
+    pub n_slots: usize,
+    pub n_tok: usize,
+    pub n_heads: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub stride: usize,
+    pub halves: bool,
+    pub eps: f32,
+}
+
+impl QkvPost {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "qkv_post_f32";
+        let hd = self.head_dim;
+        let heads = self.n_heads + 2 * self.n_kv;
+        check(K, hd.is_multiple_of(2) && hd <= 1024, || format!("head size {hd} (even, at most 1024)"))?;
+        check(K, heads * hd <= self.stride, || "heads overlap the row stride".into())?;
+        need(K, "qkv", self.qkv, extent(self.n_tok, self.stride, heads * hd))?;
+        for (what, n) in [("q norm", self.q_norm), ("k norm", self.k_norm)] {
+            if let Some(n) = n {
+                need(K, what, n, hd)?;
+            }
+        }
+        need(K, "positions", self.pos, self.n_tok)?;
+        need(K, "cos table", self.cos, self.max_pos * hd / 2)?;
+        need(K, "sin table", self.sin, self.max_pos * hd / 2)?;
+        need(K, "K cache", self.k_cache, self.n_slots * self.n_kv * hd)?;
+        need(K, "V cache", self.v_cache, self.n_slots * self.n_kv * hd)?;
+        need(K, "slots", self.slots, self.n_tok)?;
+        check(K, self.n_tok <= 65_535, || format!("{} tokens in one launch (at most 65535)", self.n_tok))?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = QkvPostParams {
+            qkv: self.qkv.ptr,
+            q_norm: self.q_norm.map_or(0, |d| d.ptr),
+            k_norm: self.k_norm.map_or(0, |d| d.ptr),
+            pos: self.pos.ptr,
+            cos_t: self.cos.ptr,
+            sin_t: self.sin.ptr,
+            k_cache: self.k_cache.ptr,
+            v_cache: self.v_cache.ptr,
+            slots: self.slots.ptr,
+            n_tok: i32_of(K, self.n_tok)?,
+            n_heads: i32_of(K, self.n_heads)?,
+            n_kv: i32_of(K, self.n_kv)?,
+            head_dim: i32_of(K, hd)?,
+            stride: i32_of(K, self.stride)?,
+            style: i32::from(self.halves),
+            eps: self.eps,
+        };
+        // The block size rmsnorm_f32 would use for rows of head_dim (identical sums).
+        let block = (hd.div_ceil(32) * 32).clamp(32, 256) as u32;
+        let grid = (i32_of(K, heads)? as u32, self.n_tok as u32, 1);
+        launch(k, s, K, grid, block, (hd * 4) as u32, &p)
+    }
+}

@@ -1,0 +1,100 @@
+//! The step's device buffers: `Work`, grown on demand (never shrunk) and held by the backend,
+//! and the layout of the per-step inputs inside it.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+
+use super::device::zeros;
+use super::launch::Dev;
+use super::CudaError;
+
+/// Step buffers, grown on demand (never shrunk). Growing one drops the captured graphs, which
+/// hold its old address.
+#[derive(Default)]
+pub(super) struct Work {
+    pub cap_tok: usize,
+    pub x: Option<CudaSlice<f32>>,   // [tok, dim] residual
+    pub h: Option<CudaSlice<f32>>,   // [tok, dim] normed
+    pub qkv: Option<CudaSlice<f32>>, // [tok, q_dim + 2 kv_dim]
+    pub att: Option<CudaSlice<f32>>, // [tok, q_dim]
+    pub gu: Option<CudaSlice<f32>>,  // [tok, 2 ffn]
+    pub act: Option<CudaSlice<f32>>, // [tok, ffn]
+    pub x16: Option<CudaSlice<u16>>, // [tok, max(dim, q_dim, ffn)] cuBLAS input
+    /// Split-K partial sums of the tensor-core GEMM ([splits, tok, rows], the largest matrix's).
+    pub tc_part: Option<CudaSlice<f32>>,
+    /// Per-step inputs, uploaded in one copy: [ids | pos | slots | tok_seq | rows] (cap_tok
+    /// each), then block tables [cap_tok, bt_stride].
+    pub meta: Option<CudaSlice<i32>>,
+    pub cap_part: usize,
+    pub part_o: Option<CudaSlice<f32>>,  // [tok * n_heads * splits * head_dim]
+    pub part_ml: Option<CudaSlice<f32>>, // [tok * n_heads * splits * 2]
+    pub cap_logits: usize,
+    pub hn: Option<CudaSlice<f32>>,     // [m, dim]
+    pub logits: Option<CudaSlice<f32>>, // [m, vocab]
+    pub argmax: Option<CudaSlice<i32>>, // [m] greedy ids (step_greedy)
+    /// Page-locked host copy of `logits` ([cap_logits, vocab]): the download runs at full PCIe
+    /// speed into memory reused every step (64 sequences x 151,936 f32 = 39 MB a step).
+    pub host_logits: Option<cudarc::driver::PinnedHostSlice<f32>>,
+    /// Constrained greedy steps: the mask slots and bits, host (pinned) and device.
+    pub masks: super::masked::MaskBuffers,
+    /// Buffers of the sparse layers (expert ids, weights, grouping, expert outputs).
+    pub moe: super::moe::MoeWork,
+    /// Buffers of the shared experts (Qwen3.5-MoE, Qwen3-Next).
+    pub shexp: super::shared_expert::SharedWork,
+}
+
+/// Grows `buf` to at least `n` elements; returns whether it was (re)allocated.
+pub(super) fn grow<T: DeviceRepr + ValidAsZeroBits>(
+    s: &Arc<CudaStream>,
+    buf: &mut Option<CudaSlice<T>>,
+    n: usize,
+    what: &str,
+) -> Result<bool, CudaError> {
+    if buf.as_ref().is_none_or(|b| b.len() < n) {
+        *buf = None; // free first: the old buffer is not needed
+        *buf = Some(zeros(s, n, what)?);
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+pub(super) fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
+    // Every buffer is grown before use; an absent one would be a bug in `ensure_work`.
+    Dev::of(b.as_ref().expect("work buffer allocated by ensure_work"), s)
+}
+
+/// Offsets of the per-step inputs in `Work::meta` (in i32 elements) for a token capacity.
+pub(super) struct MetaLayout {
+    pub ids: usize,
+    pub pos: usize,
+    pub slots: usize,
+    pub tok_seq: usize,
+    pub rows: usize,
+    /// `[first row, count, kv_end, block-table row]` per prefill tile (at most one per token),
+    /// and the tiles' rows (flat tokens).
+    pub tiles: usize,
+    pub tile_rows: usize,
+    /// The same for the shared-prefix pass (rows: decode tokens), and each decode token's first
+    /// own position.
+    pub casc_tiles: usize,
+    pub casc_rows: usize,
+    pub kv_begin: usize,
+    pub bt: usize,
+}
+
+pub(super) fn layout(cap: usize) -> MetaLayout {
+    MetaLayout {
+        ids: 0,
+        pos: cap,
+        slots: 2 * cap,
+        tok_seq: 3 * cap,
+        rows: 4 * cap,
+        tiles: 5 * cap,
+        tile_rows: 9 * cap,
+        casc_tiles: 10 * cap,
+        casc_rows: 14 * cap,
+        kv_begin: 15 * cap,
+        bt: 16 * cap,
+    }
+}
