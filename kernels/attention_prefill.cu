@@ -126,13 +126,9 @@ __device__ __forceinline__ long long atp_slot(const PrefillParams& p, int t, int
     return ((long long)(t - p.part_tok0) * p.n_heads + h) * p.n_slots + p.slot0 + z;
 }
 
-// LEAN: the Q tile in shared memory and no K/V fetch held in registers across a tile's
-// products (each tile is staged load-then-store in batches before them), so the kernel fits
-// 128 registers and four 4-warp blocks share an SM (the launcher splits the context so that
-// a prompt chunk gives them the blocks to run).
-template <int HD, bool QS, bool LEAN>
+template <int HD, bool QS>
 __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
-    using L = AtpLayout<HD, QS || LEAN>;
+    using L = AtpLayout<HD, QS>;
     constexpr int NK = HD / 16;                   // 16-wide slices of the head dimension
     constexpr int NQ = L::Q_SMEM ? 1 : NK;        // Q fragments held in registers
     extern __shared__ __align__(32) unsigned char smem[];
@@ -230,19 +226,18 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     // the first batch of the next tile is fetched before this tile's products and stored after.
     constexpr int PAIRS = ATP_KT * (HD / 8);       // (K, V) uint4 pairs per tile
     const int batch = ATP_PF / 2 * nthreads;       // pairs per fetch
-    uint4 pf[ATP_PF];  // unused (optimized away) when LEAN
-    if (!LEAN) atp_fetch<HD>(p, bt, kv_dim, g, start, end, 0, pf);
+    uint4 pf[ATP_PF];
+    atp_fetch<HD>(p, bt, kv_dim, g, start, end, 0, pf);
     for (int kp = start; kp < end; kp += ATP_KT) {
         __syncthreads();  // every warp is done with the previous K/V tile
-        if (!LEAN) atp_stage<HD>(ks, vs, 0, pf);
-        for (int base = LEAN ? 0 : batch; base < PAIRS; base += batch) {
+        atp_stage<HD>(ks, vs, 0, pf);
+        for (int base = batch; base < PAIRS; base += batch) {
             uint4 more[ATP_PF];
             atp_fetch<HD>(p, bt, kv_dim, g, kp, end, base, more);
             atp_stage<HD>(ks, vs, base, more);
         }
         __syncthreads();
-        if (!LEAN && kp + ATP_KT < end)
-            atp_fetch<HD>(p, bt, kv_dim, g, kp + ATP_KT, end, 0, pf);
+        if (kp + ATP_KT < end) atp_fetch<HD>(p, bt, kv_dim, g, kp + ATP_KT, end, 0, pf);
 
         // S = Q K^T for the tile's ATP_KT positions (Q from shared memory: each A fragment
         // loaded once per tile, for both 16-column halves).
@@ -379,30 +374,19 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
 
 // block: heads * 32 threads; dynamic shared memory AtpLayout<HD, QS> (MAP + 2 KV + heads * WARP_BYTES).
 extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd64(const PrefillParams p) {
-    attn_prefill_impl<64, false, false>(p);
+    attn_prefill_impl<64, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd128(const PrefillParams p) {
-    attn_prefill_impl<128, false, false>(p);
+    attn_prefill_impl<128, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(4 * WARP) attn_prefill_hd256(const PrefillParams p) {
-    attn_prefill_impl<256, true, false>(p);
-}
-// Lean entries (at most 4 heads a block, 128 registers: four blocks an SM where shared memory
-// allows; `DUSTOFF_PREFILL_LEAN=1`).
-extern "C" __global__ void __launch_bounds__(4 * WARP, 4) attn_prefill_hd64_lean(const PrefillParams p) {
-    attn_prefill_impl<64, true, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(4 * WARP, 4) attn_prefill_hd128_lean(const PrefillParams p) {
-    attn_prefill_impl<128, true, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(4 * WARP, 4) attn_prefill_hd256_lean(const PrefillParams p) {
-    attn_prefill_impl<256, true, true>(p);
+    attn_prefill_impl<256, true>(p);
 }
 // The Q tile in shared memory for head sizes 64 / 128 too (64 fewer registers a thread: three
 // 4-warp blocks an SM instead of two, where shared memory allows; at most 4 heads a block).
 extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd64_qs(const PrefillParams p) {
-    attn_prefill_impl<64, true, false>(p);
+    attn_prefill_impl<64, true>(p);
 }
 extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd128_qs(const PrefillParams p) {
-    attn_prefill_impl<128, true, false>(p);
+    attn_prefill_impl<128, true>(p);
 }

@@ -109,9 +109,6 @@ fn attention_breakdown() {
         "attn_prefill_hd256",
         "attn_prefill_hd64_qs",
         "attn_prefill_hd128_qs",
-        "attn_prefill_hd64_lean",
-        "attn_prefill_hd128_lean",
-        "attn_prefill_hd256_lean",
     ] {
         let f = g.k.get(entry).unwrap();
         eprintln!(

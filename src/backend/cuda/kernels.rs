@@ -52,10 +52,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_prefill_hd128",
             "attn_prefill_hd256",
             "attn_prefill_hd64_qs",
-            "attn_prefill_hd128_qs",
-            "attn_prefill_hd64_lean",
-            "attn_prefill_hd128_lean",
-            "attn_prefill_hd256_lean"
+            "attn_prefill_hd128_qs"
         ]
     ),
     kernel_file!(

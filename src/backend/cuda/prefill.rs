@@ -92,14 +92,6 @@ fn smem_bytes(head_dim: usize, heads: usize, qs: bool) -> usize {
 /// H200, one on a V100 for its 52 KB), but measured 8-17% slower on the H200 (a 512-token chunk
 /// after 8,192 positions: 1,067 against 982 us a layer; docs/BENCHMARKS.md, session 4).
 fn choose_entry(hd: usize, heads: usize) -> (&'static str, usize) {
-    if lean(heads) {
-        let entry = match hd {
-            64 => "attn_prefill_hd64_lean",
-            128 => "attn_prefill_hd128_lean",
-            _ => "attn_prefill_hd256_lean",
-        };
-        return (entry, smem_bytes(hd, heads, true));
-    }
     let qs = tuning().prefill_qs && heads <= 4;
     match (hd, qs) {
         (64, false) => ("attn_prefill_hd64", smem_bytes(hd, heads, false)),
@@ -107,22 +99,6 @@ fn choose_entry(hd: usize, heads: usize) -> (&'static str, usize) {
         (128, false) => ("attn_prefill_hd128", smem_bytes(hd, heads, false)),
         (128, true) => ("attn_prefill_hd128_qs", smem_bytes(hd, heads, true)),
         _ => ("attn_prefill_hd256", smem_bytes(hd, heads, true)),
-    }
-}
-
-/// Whether blocks of `heads` warps take the lean entries (`DUSTOFF_PREFILL_LEAN=1`, at most
-/// 4 heads a block: their `__launch_bounds__`).
-fn lean(heads: usize) -> bool {
-    tuning().prefill_lean && heads <= 4
-}
-
-/// Blocks a prefill launch aims for: `TARGET_BLOCKS`, or for the lean entries four blocks on
-/// each of an H200's 132 SMs (they fit four an SM; below that count SMs idle).
-fn target_blocks(heads: usize) -> usize {
-    if lean(heads) {
-        4 * 132
-    } else {
-        TARGET_BLOCKS
     }
 }
 
@@ -156,9 +132,8 @@ pub fn prefill_splits(
         return (max_end.div_ceil(GRAPH_SPLIT).next_power_of_two(), GRAPH_SPLIT);
     }
     let group = n_heads / n_kv;
-    let heads = heads_per_block(group, head_dim);
-    let blocks = n_tiles * n_kv * (group / heads).max(1);
-    let want = target_blocks(heads).div_ceil(blocks).clamp(1, 64);
+    let blocks = n_tiles * n_kv * (group / heads_per_block(group, head_dim)).max(1);
+    let want = TARGET_BLOCKS.div_ceil(blocks).clamp(1, 64);
     let mut split = max_end.div_ceil(want).div_ceil(KT).max(1) * KT;
     split = split.max(MIN_SPLIT);
     while max_end.div_ceil(split) > 1 && n_tok * n_heads * max_end.div_ceil(split) * (head_dim + 2) * 4 > PART_BUDGET {
