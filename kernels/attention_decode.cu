@@ -427,68 +427,10 @@ __device__ __forceinline__ float atf_exp(const AttnParams& p, float x) {
     return expf(x);
 }
 
-// One warp step of attn_split_onepass: the rows of the step at `base` (already in kr / vr)
-// into the online softmax of every query head, and the rows of the step at `next` fetched into
-// kr / vr before the arithmetic.
 template <int HD>
-__device__ __forceinline__ void atf_step(const AttnParams& p, const int* bt, long long kv_dim, int g, int base, int end,
-                                         int next, int nh, int sub, int pg, const float* q_s,
-                                         uint4 (&kr)[2][Atf<HD>::DL / 8], uint4 (&vr)[2][Atf<HD>::DL / 8],
-                                         float (&m)[ATF_MAX_HEADS], float (&l)[ATF_MAX_HEADS],
-                                         float (&o)[ATF_MAX_HEADS][Atf<HD>::DL]) {
-    using A = Atf<HD>;
-    constexpr int DL = A::DL, LPP = A::LPP, PG = A::PG, QP = A::QP;
-    float kf[2][DL], vf[2][DL];
-    bool ok[2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-        ok[u] = base + u * PG + pg < end;
-#pragma unroll
-        for (int i = 0; i < DL / 8; ++i) {
-            atf_unpack(kr[u][i], kf[u] + 8 * i);
-            atf_unpack(vr[u][i], vf[u] + 8 * i);
-        }
-    }
-    // A later step's rows, in flight during this step's arithmetic.
-    atf_fetch<HD>(p, bt, kv_dim, g, next, end, kr, vr);
-#pragma unroll
-    for (int j = 0; j < ATF_MAX_HEADS; ++j) {
-        if (j < nh) {
-            const float4* qv = reinterpret_cast<const float4*>(q_s + (j * LPP + sub) * QP);
-            float sc[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int i = 0; i < DL / 4; ++i) {
-                const float4 q4 = qv[i];
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    sc[u] = fmaf(q4.x, kf[u][4 * i + 0], sc[u]);
-                    sc[u] = fmaf(q4.y, kf[u][4 * i + 1], sc[u]);
-                    sc[u] = fmaf(q4.z, kf[u][4 * i + 2], sc[u]);
-                    sc[u] = fmaf(q4.w, kf[u][4 * i + 3], sc[u]);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 2; ++u)
-#pragma unroll
-                for (int x = 1; x < LPP; x <<= 1) sc[u] += __shfl_xor_sync(FULL_MASK, sc[u], x);
-            const float s0 = ok[0] ? sc[0] : NEG_INF, s1 = ok[1] ? sc[1] : NEG_INF;
-            const float m_new = fmaxf(m[j], fmaxf(s0, s1));
-            if (m_new != NEG_INF) {  // else: no position of this lane group yet
-                const float corr = atf_exp(p, m[j] - m_new);
-                const float p0 = ok[0] ? atf_exp(p, s0 - m_new) : 0.0f, p1 = ok[1] ? atf_exp(p, s1 - m_new) : 0.0f;
-                l[j] = l[j] * corr + p0 + p1;
-#pragma unroll
-                for (int i = 0; i < DL; ++i) o[j][i] = fmaf(p1, vf[1][i], fmaf(p0, vf[0][i], o[j][i] * corr));
-                m[j] = m_new;
-            }
-        }
-    }
-}
-
-template <int HD, int DEPTH>
 __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
     using A = Atf<HD>;
-    constexpr int DL = A::DL, LPP = A::LPP, PW = A::PW, QP = A::QP, RW = A::RW;
+    constexpr int DL = A::DL, LPP = A::LPP, PG = A::PG, PW = A::PW, QP = A::QP, RW = A::RW;
     extern __shared__ float smem[];
     const int group = p.n_heads / p.n_kv;
     const int chunks = (group + ATF_MAX_HEADS - 1) / ATF_MAX_HEADS, heads = (group + chunks - 1) / chunks;
@@ -519,18 +461,55 @@ __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
 #pragma unroll
         for (int i = 0; i < DL; ++i) o[j][i] = 0.0f;
     }
-    // DEPTH 1: the next step's rows in flight during this step's arithmetic; DEPTH 2: the next
-    // two steps' (twice the bytes in flight a warp: at 8k positions the kernel read K/V at
-    // ~2.2 TB/s, bound by the loads a warp keeps in flight; 32 more registers a thread).
-    uint4 kr[2][DL / 8], vr[2][DL / 8], kr2[2][DL / 8], vr2[2][DL / 8];
-    const int stride = nwarps * PW;
+    uint4 kr[2][DL / 8], vr[2][DL / 8];
     int base = start + warp * PW;
     atf_fetch<HD>(p, bt, kv_dim, g, base, end, kr, vr);
-    if (DEPTH == 2) atf_fetch<HD>(p, bt, kv_dim, g, base + stride, end, kr2, vr2);
-    for (; base < end; base += DEPTH * stride) {
-        atf_step<HD>(p, bt, kv_dim, g, base, end, base + DEPTH * stride, nh, sub, pg, q_s, kr, vr, m, l, o);
-        if (DEPTH == 2 && base + stride < end)
-            atf_step<HD>(p, bt, kv_dim, g, base + stride, end, base + 3 * stride, nh, sub, pg, q_s, kr2, vr2, m, l, o);
+    for (; base < end; base += nwarps * PW) {
+        float kf[2][DL], vf[2][DL];
+        bool ok[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            ok[u] = base + u * PG + pg < end;
+#pragma unroll
+            for (int i = 0; i < DL / 8; ++i) {
+                atf_unpack(kr[u][i], kf[u] + 8 * i);
+                atf_unpack(vr[u][i], vf[u] + 8 * i);
+            }
+        }
+        // The next step's rows, in flight during this step's arithmetic.
+        atf_fetch<HD>(p, bt, kv_dim, g, base + nwarps * PW, end, kr, vr);
+#pragma unroll
+        for (int j = 0; j < ATF_MAX_HEADS; ++j) {
+            if (j < nh) {
+                const float4* qv = reinterpret_cast<const float4*>(q_s + (j * LPP + sub) * QP);
+                float sc[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int i = 0; i < DL / 4; ++i) {
+                    const float4 q4 = qv[i];
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+                        sc[u] = fmaf(q4.x, kf[u][4 * i + 0], sc[u]);
+                        sc[u] = fmaf(q4.y, kf[u][4 * i + 1], sc[u]);
+                        sc[u] = fmaf(q4.z, kf[u][4 * i + 2], sc[u]);
+                        sc[u] = fmaf(q4.w, kf[u][4 * i + 3], sc[u]);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 2; ++u)
+#pragma unroll
+                    for (int x = 1; x < LPP; x <<= 1) sc[u] += __shfl_xor_sync(FULL_MASK, sc[u], x);
+                const float s0 = ok[0] ? sc[0] : NEG_INF, s1 = ok[1] ? sc[1] : NEG_INF;
+                const float m_new = fmaxf(m[j], fmaxf(s0, s1));
+                if (m_new != NEG_INF) {  // else: no position of this lane group yet
+                    const float corr = atf_exp(p, m[j] - m_new);
+                    const float p0 = ok[0] ? atf_exp(p, s0 - m_new) : 0.0f, p1 = ok[1] ? atf_exp(p, s1 - m_new) : 0.0f;
+                    l[j] = l[j] * corr + p0 + p1;
+#pragma unroll
+                    for (int i = 0; i < DL; ++i) o[j][i] = fmaf(p1, vf[1][i], fmaf(p0, vf[0][i], o[j][i] * corr));
+                    m[j] = m_new;
+                }
+            }
+        }
     }
 
     // Merge the position groups (lanes sub, sub + LPP, ... hold the same dimensions).
@@ -580,13 +559,9 @@ __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
     }
 }
 
-extern "C" __global__ void attn_onepass_f16_hd64(const AttnParams p) { attn_split_onepass<64, 1>(p); }
-extern "C" __global__ void attn_onepass_f16_hd128(const AttnParams p) { attn_split_onepass<128, 1>(p); }
-extern "C" __global__ void attn_onepass_f16_hd256(const AttnParams p) { attn_split_onepass<256, 1>(p); }
-// Two steps of K/V rows in flight a warp (`DUSTOFF_ATTN_DEPTH=2`).
-extern "C" __global__ void attn_onepass2_f16_hd64(const AttnParams p) { attn_split_onepass<64, 2>(p); }
-extern "C" __global__ void attn_onepass2_f16_hd128(const AttnParams p) { attn_split_onepass<128, 2>(p); }
-extern "C" __global__ void attn_onepass2_f16_hd256(const AttnParams p) { attn_split_onepass<256, 2>(p); }
+extern "C" __global__ void attn_onepass_f16_hd64(const AttnParams p) { attn_split_onepass<64>(p); }
+extern "C" __global__ void attn_onepass_f16_hd128(const AttnParams p) { attn_split_onepass<128>(p); }
+extern "C" __global__ void attn_onepass_f16_hd256(const AttnParams p) { attn_split_onepass<256>(p); }
 
 // Merge of the partial slots of attn_split_* / attn_onepass_* / attn_prefill_* (split mode).
 struct MergeParams {

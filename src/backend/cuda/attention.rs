@@ -284,16 +284,12 @@ impl Attention {
         // one (same outputs).
         let t = tuning();
         let onepass = matches!(hd, 64 | 128 | 256) && self.onepass.unwrap_or(onepass_for(hd));
-        // `DUSTOFF_ATTN_DEPTH=2`: the one-pass entries with two steps of K/V rows in flight.
-        let entry = match (hd, onepass, t.attn_depth2) {
-            (64, true, false) => "attn_onepass_f16_hd64",
-            (128, true, false) => "attn_onepass_f16_hd128",
-            (256, true, false) => "attn_onepass_f16_hd256",
-            (64, true, true) => "attn_onepass2_f16_hd64",
-            (128, true, true) => "attn_onepass2_f16_hd128",
-            (256, true, true) => "attn_onepass2_f16_hd256",
-            (64, false, _) => "attn_split_f16_hd64",
-            (128, false, _) => "attn_split_f16_hd128",
+        let entry = match (hd, onepass) {
+            (64, true) => "attn_onepass_f16_hd64",
+            (128, true) => "attn_onepass_f16_hd128",
+            (256, true) => "attn_onepass_f16_hd256",
+            (64, false) => "attn_split_f16_hd64",
+            (128, false) => "attn_split_f16_hd128",
             _ => K,
         };
         let mut threads = ATTN_THREADS;

@@ -39,9 +39,6 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_onepass_f16_hd64",
             "attn_onepass_f16_hd128",
             "attn_onepass_f16_hd256",
-            "attn_onepass2_f16_hd64",
-            "attn_onepass2_f16_hd128",
-            "attn_onepass2_f16_hd256",
             "attn_merge_f32"
         ]
     ),

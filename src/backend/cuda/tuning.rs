@@ -51,9 +51,6 @@ pub(super) struct Tuning {
     /// instead of one multiply and the SFU's `ex2.approx` (default: 9-14% faster on the H200,
     /// docs/BENCHMARKS.md, session 5).
     pub attn_fast_exp: bool,
-    /// `DUSTOFF_ATTN_DEPTH=2`: the one-pass decode attention keeps two warp steps of K/V rows in
-    /// flight instead of one.
-    pub attn_depth2: bool,
 }
 
 pub(super) fn tuning() -> &'static Tuning {
@@ -79,7 +76,6 @@ pub(super) fn tuning() -> &'static Tuning {
             graph_nodes: num("DUSTOFF_GRAPH_NODES") == Some(1),
             prefill_qs: num("DUSTOFF_PREFILL_QS") == Some(1),
             attn_fast_exp: num("DUSTOFF_ATTN_FAST_EXP") != Some(0),
-            attn_depth2: num("DUSTOFF_ATTN_DEPTH") == Some(2),
         }
     })
 }
