@@ -43,6 +43,7 @@ struct AttnParams {
     int split_len;           // positions per split
     float scale;             // 1 / sqrt(head_dim)
     int block_shift;         // log2(block_size) (block sizes are powers of two)
+    int fast_exp;            // 1: the one-pass kernel's exponentials as 2^(x log2 e) on the SFU
 };
 
 // The range of split s of token t: [start, end); empty splits (and, for a token outside any
@@ -414,6 +415,18 @@ __device__ __forceinline__ void atf_unpack(const uint4& w, float* f) {
     h2x2f(w.w, f[6], f[7]);
 }
 
+// e^x for the one-pass loop: expf (a dozen instructions with its range handling), or with
+// p.fast_exp one multiply and the SFU's 2^x (relative error ~2^-21 for the scores' range: far
+// below the F16 rounding of K and V); -inf gives 0 either way.
+__device__ __forceinline__ float atf_exp(const AttnParams& p, float x) {
+    if (p.fast_exp) {
+        float y;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+        return y;
+    }
+    return expf(x);
+}
+
 template <int HD>
 __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
     using A = Atf<HD>;
@@ -488,8 +501,8 @@ __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
                 const float s0 = ok[0] ? sc[0] : NEG_INF, s1 = ok[1] ? sc[1] : NEG_INF;
                 const float m_new = fmaxf(m[j], fmaxf(s0, s1));
                 if (m_new != NEG_INF) {  // else: no position of this lane group yet
-                    const float corr = expf(m[j] - m_new);
-                    const float p0 = ok[0] ? expf(s0 - m_new) : 0.0f, p1 = ok[1] ? expf(s1 - m_new) : 0.0f;
+                    const float corr = atf_exp(p, m[j] - m_new);
+                    const float p0 = ok[0] ? atf_exp(p, s0 - m_new) : 0.0f, p1 = ok[1] ? atf_exp(p, s1 - m_new) : 0.0f;
                     l[j] = l[j] * corr + p0 + p1;
 #pragma unroll
                     for (int i = 0; i < DL; ++i) o[j][i] = fmaf(p1, vf[1][i], fmaf(p0, vf[0][i], o[j][i] * corr));

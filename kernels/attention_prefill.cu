@@ -281,21 +281,36 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
         constexpr int HC = ATP_KT / 2;
         const int c0 = kp + half * HC;
         const float* srow = ss + row * L::LDS + half * HC;
-        float tmax = NEG_INF;
-#pragma unroll
-        for (int c = 0; c < HC; ++c)
-            if (c0 + c <= row_pos && c0 + c < end) tmax = fmaxf(tmax, srow[c]);
-        tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
-        // -inf while no position of the split is in this row's range (a later split's row).
-        const float m_new = fmaxf(m_row, tmax);
-        float sum = 0.0f;
         half_t* prow = ps + row * L::LDP + half * HC;
+        float tmax = NEG_INF, sum = 0.0f, m_new;
+        // Tiles that every row of the warp sees whole (all but the diagonal ones of a long
+        // context) skip the per-column causal and range tests: the same values, fewer
+        // instructions (the softmax is most of the issue slots beside the products).
+        if (__all_sync(FULL_MASK, kp + ATP_KT - 1 <= row_pos && kp + ATP_KT <= end)) {
 #pragma unroll
-        for (int c = 0; c < HC; ++c) {
-            const float e = c0 + c <= row_pos && c0 + c < end ? atp_ex2(srow[c] - m_new) : 0.0f;
-            const half_t eh = f2h(e);
-            prow[c] = eh;
-            sum += h2f(eh);  // the rounded weight, as the P V product uses it
+            for (int c = 0; c < HC; ++c) tmax = fmaxf(tmax, srow[c]);
+            tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
+            m_new = fmaxf(m_row, tmax);
+#pragma unroll
+            for (int c = 0; c < HC; ++c) {
+                const half_t eh = f2h(atp_ex2(srow[c] - m_new));
+                prow[c] = eh;
+                sum += h2f(eh);
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < HC; ++c)
+                if (c0 + c <= row_pos && c0 + c < end) tmax = fmaxf(tmax, srow[c]);
+            tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
+            // -inf while no position of the split is in this row's range (a later split's row).
+            m_new = fmaxf(m_row, tmax);
+#pragma unroll
+            for (int c = 0; c < HC; ++c) {
+                const float e = c0 + c <= row_pos && c0 + c < end ? atp_ex2(srow[c] - m_new) : 0.0f;
+                const half_t eh = f2h(e);
+                prow[c] = eh;
+                sum += h2f(eh);  // the rounded weight, as the P V product uses it
+            }
         }
         sum += __shfl_xor_sync(FULL_MASK, sum, 1);
         const float alpha = m_new == NEG_INF ? 1.0f : atp_ex2(m_row - m_new);
@@ -304,14 +319,17 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
         if (half == 0) alpha_s[row] = alpha;
         __syncwarp();
 
-        // O = alpha O + P V.
-        float a_of[8];
+        // O = alpha O + P V (the rescale skipped while no row's maximum moved: alpha is then
+        // exactly 1 for every row, most tiles of a long context).
+        if (__any_sync(FULL_MASK, alpha != 1.0f)) {
+            float a_of[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) a_of[i] = alpha_s[frow[i]];
+            for (int i = 0; i < 8; ++i) a_of[i] = alpha_s[frow[i]];
 #pragma unroll
-        for (int j = 0; j < NK; ++j)
+            for (int j = 0; j < NK; ++j)
 #pragma unroll
-            for (int i = 0; i < 8; ++i) o[j][i] *= a_of[i];
+                for (int i = 0; i < 8; ++i) o[j][i] *= a_of[i];
+        }
 #pragma unroll
         for (int k2 = 0; k2 < ATP_KT / 16; ++k2) {
             unsigned a[8];

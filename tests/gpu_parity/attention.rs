@@ -459,8 +459,13 @@ fn long_context_attention_matches_cpu() {
         let (kc, vc, btd) = (g.up(&kb), g.up(&vb), g.up(&bt));
         // Decode tokens and the prefill tile's tokens, each a query row of `stride`.
         let stride = qd + 2 * kvd;
-        let cases: [(&str, Vec<usize>); 2] =
-            [("decode", vec![0, 1, 4095, len - 1]), ("prefill", (len - 16..len).collect())];
+        // Prefill: three tiles of a chunk at the start (contexts 1..48: the causal mask in every
+        // K/V tile) and at the end (16k: whole tiles before the diagonal ones).
+        let cases: [(&str, Vec<usize>); 3] = [
+            ("decode", vec![0, 1, 4095, len - 1]),
+            ("prefill", (0..48).collect()),
+            ("prefill", (len - 48..len).collect()),
+        ];
         for (kind, positions) in cases {
             let n_tok = positions.len();
             let qv = g.randn(n_tok * stride, 2.0);
@@ -512,12 +517,13 @@ fn long_context_attention_matches_cpu() {
                 continue;
             }
             let (mut tiles, mut rows) = (Vec::new(), Vec::new());
-            push_tiles(&mut tiles, &mut rows, 0, n_tok, len - n_tok, 0);
+            push_tiles(&mut tiles, &mut rows, 0, n_tok, positions[0], 0);
             let (tiles_d, rows_d) = (g.up(&tiles), g.up(&rows));
-            let (pf, pl) = prefill_splits(tiles.len() / 4, n_tok, len, nh, nkv, hd, false);
+            let reach = positions[n_tok - 1] + 1;
+            let (pf, pl) = prefill_splits(tiles.len() / 4, n_tok, reach, nh, nkv, hd, false);
             for split_len in [0usize, pl] {
                 let out = g.poisoned(n_tok * qd);
-                let n_splits = if split_len == 0 { 1 } else { pf.max(len.div_ceil(split_len)) };
+                let n_splits = if split_len == 0 { 1 } else { pf.max(reach.div_ceil(split_len)) };
                 let split = (split_len > 0).then(|| PrefillSplit {
                     part_o: g.d(&po),
                     part_ml: g.d(&pml),

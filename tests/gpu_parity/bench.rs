@@ -57,6 +57,36 @@ fn bench_qwen3_8b_synthetic() {
     kernel_breakdown();
 }
 
+/// The long-context rows of `dustoff bench --device cuda --synthetic qwen3-8b --prompt-tokens
+/// 8192,16384` through the same code (`common::make_synthetic_backend_for`, `bench::bench`):
+/// prefill tok/s of one long prompt (512-token chunks) and decode tok/s after it, medians of
+/// `DUSTOFF_LONG_RUNS` (default 3) runs. Kernels from `DUSTOFF_PTX_DIR` where it is set.
+#[test]
+#[ignore]
+fn long_context_bench() {
+    let Some(g) = gpu("long-context bench") else { return };
+    drop(g);
+    use dustoff::commands::common::{make_synthetic_backend_for, Device};
+    let runs = std::env::var("DUSTOFF_LONG_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let prompts = [8192usize, 16384];
+    let gen = 200;
+    let step = dustoff::engine::single::PREFILL_CHUNK;
+    let mut b = make_synthetic_backend_for("qwen3-8b", "f16", &Device::Cuda(0), 16384 + gen, step, None)
+        .expect("synthetic qwen3-8b on cuda:0");
+    for p in prompts {
+        let r = dustoff::commands::bench::bench(b.as_mut(), "synthetic qwen3-8b f16", p, gen, runs).unwrap();
+        let runs: Vec<String> =
+            r.runs.iter().map(|x| format!("{:.0}/{:.1}", x.prefill_tok_s, x.decode_tok_s)).collect();
+        eprintln!(
+            "long-context {p}: prefill {:.0} tok/s, decode after it {:.1} tok/s (medians of {}: {})",
+            r.median_prefill_tok_s,
+            r.median_decode_tok_s,
+            r.runs.len(),
+            runs.join(", ")
+        );
+    }
+}
+
 /// Median GPU time of `f` over 20 runs (after one warm-up), in seconds.
 pub(crate) fn time(g: &mut Gpu, f: &mut dyn FnMut(&mut Gpu)) -> f64 {
     let ev = |g: &Gpu| g.dev.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();

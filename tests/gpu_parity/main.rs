@@ -16,6 +16,7 @@ mod deltanet;
 mod fused_norm;
 mod hybrid_diag;
 mod hybrid_moe;
+mod job_tie;
 mod masked;
 mod moe;
 mod moe_bench;

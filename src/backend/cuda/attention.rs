@@ -33,6 +33,7 @@ struct AttnParams {
     split_len: i32,
     scale: f32,
     block_shift: i32,
+    fast_exp: i32,
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for AttnParams {}
@@ -275,6 +276,7 @@ impl Attention {
             split_len: i32_of(K, split_len)?,
             scale: 1.0 / (hd as f32).sqrt(),
             block_shift: a.block_size.trailing_zeros() as i32,
+            fast_exp: i32::from(tuning().attn_fast_exp),
         };
         let mut smem = (group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4;
         let mut grid = (a.n_kv as u32, a.n_tok as u32, i32_of(K, splits)? as u32);
