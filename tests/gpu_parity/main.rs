@@ -640,7 +640,7 @@ fn sample_model_greedy_matches_f64_reference() {
         ptx_dir: None,
         max_positions: 1024,
         f16_weights: false,
-        max_batch_tokens: dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_tokens: dustoff::engine::batch::DEFAULT_MAX_BATCH_TOKENS,
     };
     let mut b = CudaBackend::new(m.config.clone(), &m.weights, &opts).expect("CUDA backend on the sample model");
     eprintln!("weights clamped to F16: {}", b.clamped_weights);
@@ -830,7 +830,7 @@ fn opts(blocks: usize) -> CudaOptions {
         ptx_dir: None,
         max_positions: blocks * 16,
         f16_weights: false,
-        max_batch_tokens: dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_tokens: dustoff::engine::batch::DEFAULT_MAX_BATCH_TOKENS,
     }
 }
 
@@ -873,7 +873,7 @@ fn graph_replay_equals_direct_launches() {
 /// its 1024-wide rows take the wide-tile GEMM).
 #[test]
 fn batched_graph_replay_equals_direct_launches() {
-    use dustoff::engine::engine::{Engine, EngineConfig, Request};
+    use dustoff::engine::batch::{Engine, EngineConfig, Request};
     use dustoff::engine::sampler::SamplingParams;
     let Some(g) = gpu("batched graph replay") else { return };
     drop(g);
