@@ -429,7 +429,7 @@ struct EngineArgs {
     slots: Slots,
     /// Token budget of one engine step (decode tokens plus chunks of prefill); on a GPU the
     /// memory plan reserves workspace for steps of this size.
-    #[arg(long, default_value_t = dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS)]
+    #[arg(long, default_value_t = dustoff::engine::batch::DEFAULT_MAX_BATCH_TOKENS)]
     max_batch_tokens: usize,
     /// Compute every prompt in full (no reuse of shared prefixes), for comparison.
     #[arg(long)]
@@ -726,7 +726,7 @@ fn run(cli: Cli) -> Result<Code> {
                     let max_batch_tokens = a.engine.max_batch_tokens;
                     let slots =
                         common::resolve_slots(a.engine.slots, &device, &m.config, &m.weights, a.ctx, max_batch_tokens)?;
-                    let cfg = dustoff::engine::engine::EngineConfig::new(
+                    let cfg = dustoff::engine::batch::EngineConfig::new(
                         slots,
                         max_batch_tokens,
                         !a.engine.no_prefix_cache,
@@ -740,7 +740,7 @@ fn run(cli: Cli) -> Result<Code> {
                         (cfg.max_batch_tokens, slots),
                         a.model.ptx_dir.as_deref(),
                     )?;
-                    let engine = dustoff::engine::engine::Engine::new(backend, cfg)?;
+                    let engine = dustoff::engine::batch::Engine::new(backend, cfg)?;
                     let stop = dustoff::job::runner::StopFlag::with_signals().unwrap_or_default();
                     let mut gen =
                         dustoff::commands::job_adapters::EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec())

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use common::*;
 use dustoff::backend::Backend;
-use dustoff::engine::engine::{Completion, Engine, EngineConfig, EngineMetrics, Request};
+use dustoff::engine::batch::{Completion, Engine, EngineConfig, EngineMetrics, Request};
 use dustoff::engine::plan::{SeqChunk, StepPlan};
 use dustoff::engine::sampler::{argmax, SamplingParams};
 use dustoff::engine::single::SingleSeq;

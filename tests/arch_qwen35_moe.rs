@@ -189,7 +189,7 @@ fn dry_run_and_doctor_count_the_recurrent_state() {
 /// the same outputs as the job without the prefix cache.
 #[test]
 fn a_shared_prefix_job_computes_a_sixth_of_its_prompt_tokens() {
-    use dustoff::engine::engine::{Engine, EngineConfig, Request};
+    use dustoff::engine::batch::{Engine, EngineConfig, Request};
     use dustoff::engine::sampler::SamplingParams;
     let m = gguf();
     let r = refs(&data_dir());

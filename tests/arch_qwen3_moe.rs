@@ -16,7 +16,7 @@ use std::process::Command;
 
 use dustoff::backend::cpu::CpuBackend;
 use dustoff::backend::cuda::{CudaBackend, CudaOptions};
-use dustoff::engine::engine::{Engine, EngineConfig, EngineMetrics, Request};
+use dustoff::engine::batch::{Engine, EngineConfig, EngineMetrics, Request};
 use dustoff::engine::sampler::argmax;
 use dustoff::engine::sampler::SamplingParams;
 use dustoff::engine::single::SingleSeq;
@@ -250,7 +250,7 @@ fn cuda_backend(m: &LoadedModel, test: &str) -> Option<CudaBackend> {
         ptx_dir: None,
         max_positions: 512,
         f16_weights: false,
-        max_batch_tokens: dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_tokens: dustoff::engine::batch::DEFAULT_MAX_BATCH_TOKENS,
         max_seqs: 8,
         max_snapshots: 0,
     };

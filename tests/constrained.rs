@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 
 use common::*;
 use dustoff::backend::cpu::CpuBackend;
+use dustoff::engine::batch::{Completion, Engine, EngineConfig, EngineMetrics, FinishReason, Request};
 use dustoff::engine::constraint::{ConstraintFactory, Grammar, OutputConstraint};
-use dustoff::engine::engine::{Completion, Engine, EngineConfig, EngineMetrics, FinishReason, Request};
 use dustoff::engine::sampler::SamplingParams;
 use dustoff::model::loader::LoadedModel;
 use dustoff::tokenizer::ChatMessage;

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use dustoff::backend::cpu::CpuBackend;
-use dustoff::engine::engine::{
+use dustoff::engine::batch::{
     Completion, Engine, EngineConfig, EngineError, EngineMetrics, Event, FinishReason, Request,
 };
 use dustoff::engine::sampler::SamplingParams;

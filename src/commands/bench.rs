@@ -171,7 +171,7 @@ pub fn bench_batched<B: Backend>(
     batches: &[usize],
     max_batch_tokens: usize,
 ) -> Result<Vec<BatchRow>> {
-    use crate::engine::engine::{Engine, EngineConfig, Event, Request};
+    use crate::engine::batch::{Engine, EngineConfig, Event, Request};
     use crate::engine::sampler::SamplingParams;
     // Kernel compilation (NVRTC on a machine without a warm cache) stays out of the timings.
     backend.prepare()?;
@@ -266,7 +266,7 @@ pub fn bench_shared_prefix<B: Backend>(
     max_batch_tokens: usize,
     (shared, unique, requests, gen_tokens): (usize, usize, usize, usize),
 ) -> Result<Vec<SharedPrefixRow>> {
-    use crate::engine::engine::{Engine, EngineConfig, Request};
+    use crate::engine::batch::{Engine, EngineConfig, Request};
     use crate::engine::sampler::SamplingParams;
     let mut backend = backend;
     backend.prepare()?;

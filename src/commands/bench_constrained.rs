@@ -25,8 +25,8 @@ use serde::Serialize;
 
 use super::bench::bench_prompt;
 use crate::backend::{Backend, BackendError};
+use crate::engine::batch::{Engine, EngineConfig, Event, Request};
 use crate::engine::constraint::{ConstraintMetrics, Grammar, SeqConstraint};
-use crate::engine::engine::{Engine, EngineConfig, Event, Request};
 use crate::engine::plan::{SeqId, StepPlan};
 use crate::engine::sampler::SamplingParams;
 

@@ -9,7 +9,7 @@ use anyhow::Result;
 use super::bench::{bench, bench_batched, bench_shared_prefix, print_prompt_table};
 use super::common::{self, Device};
 use crate::backend::Backend;
-use crate::engine::engine::BLOCK_SIZE;
+use crate::engine::batch::BLOCK_SIZE;
 use crate::job::exit::{ExitCode, UsageError};
 
 /// The flags of `dustoff bench` (see its `--help`).

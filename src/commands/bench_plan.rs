@@ -61,7 +61,7 @@ pub fn plan_report(
     };
     let fits = |p: &MemoryPlan, blocks: usize| p.check(free, "the card", blocks * block_size, cfg);
     let (own, blocks) = plan(seqs);
-    let default_step = crate::engine::engine::DEFAULT_MAX_BATCH_TOKENS.max(seqs);
+    let default_step = crate::engine::batch::DEFAULT_MAX_BATCH_TOKENS.max(seqs);
     let with_default_step = (fits(&own, blocks).is_err() && step_tokens > default_step).then(|| {
         let p = plan_memory_for(cfg, matrices, wide, blocks, block_size, default_step, ctx, SeqPlan::new(seqs));
         (default_step, p.total)
@@ -142,7 +142,7 @@ impl PlanReport {
 mod tests {
     use super::*;
     use crate::backend::cuda::backend::{synthetic_matrix_bytes, wide_len, WeightMix};
-    use crate::engine::engine::DEFAULT_MAX_BATCH_TOKENS;
+    use crate::engine::batch::DEFAULT_MAX_BATCH_TOKENS;
     use crate::model::shapes::shape;
 
     /// The goal: Qwen3.6-35B-A3B in the Q4_K_M mix with 64 sequences of 4,096

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::Backend;
-use crate::engine::engine::{BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS};
+use crate::engine::batch::{BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS};
 use crate::job::exit::UsageError;
 use crate::model::loader::{load_model, LoadedModel};
 

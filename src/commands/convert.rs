@@ -408,7 +408,7 @@ fn verify(a: &ConvertArgs, st: &SafetensorsDir, outs: &Outputs) -> Result<Verify
     let len = prompt.len() + a.verify_tokens + 1;
     let (rc, _, rw, _) = crate::model::hf::load_dir(&a.model)?;
     let conv = crate::model::loader::load_model(&a.output)?;
-    let bs = crate::engine::engine::BLOCK_SIZE;
+    let bs = crate::engine::batch::BLOCK_SIZE;
     let blocks = len.div_ceil(bs) + 1;
     let mut rb = CpuBackend::new(rc, rw, blocks, bs);
     let mut cb = CpuBackend::new(conv.config, conv.weights, blocks, bs);

@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use super::common::{self, Device, Slots};
 use super::job_adapters::EngineGenerate;
 use crate::backend::Backend;
+use crate::engine::batch::{Engine, EngineConfig};
 use crate::engine::constraint::Grammar;
-use crate::engine::engine::{Engine, EngineConfig};
 use crate::job::exit::UsageError;
 use crate::job::parallel::{EnginePool, EngineSpec};
 use crate::job::runner::{Generate, StopFlag};
@@ -148,7 +148,7 @@ pub fn start_pool(pc: &PoolConfig, devs: &[Device], slots: &[usize]) -> Result<E
         };
         specs.push(EngineSpec { label: label.clone(), make: Box::new(make) });
     }
-    EnginePool::start(specs, crate::engine::engine::BLOCK_SIZE, pc.stop.clone())
+    EnginePool::start(specs, crate::engine::batch::BLOCK_SIZE, pc.stop.clone())
 }
 
 #[cfg(test)]

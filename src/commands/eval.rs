@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::backend::cpu::matmul::matmul;
 use crate::backend::cpu::tap::ActivationTap;
 use crate::backend::cpu::CpuBackend;
-use crate::engine::engine::BLOCK_SIZE;
+use crate::engine::batch::BLOCK_SIZE;
 use crate::engine::single::SingleSeq;
 use crate::model::loader::{load_model, LoadedModel};
 use crate::model::weights::Tensor;

@@ -5,8 +5,8 @@ use std::ops::Range;
 use anyhow::Result;
 
 use crate::backend::Backend;
+use crate::engine::batch::{Engine, EngineError, Event, Request};
 use crate::engine::constraint::Grammar;
-use crate::engine::engine::{Engine, EngineError, Event, Request};
 use crate::engine::finish::FinishReason;
 use crate::job::pipeline::TextCodec;
 use crate::job::runner::{Finished, GenRequest, Generate, StopFlag};

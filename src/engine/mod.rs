@@ -1,7 +1,7 @@
 //! The engine: scheduling, the paged KV block pool, sampling. Pure Rust, no tensor types.
 
+pub mod batch;
 pub mod constraint;
-pub mod engine;
 pub mod finish;
 pub mod kv;
 pub mod plan;

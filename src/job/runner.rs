@@ -113,7 +113,7 @@ pub struct Finished {
 }
 
 /// The engine as the job loop needs it (`commands::job_adapters::EngineGenerate` over one
-/// `crate::engine::engine::Engine`, `parallel::EnginePool` over several).
+/// `crate::engine::batch::Engine`, `parallel::EnginePool` over several).
 pub trait Generate {
     /// How many requests may be submitted and unfinished at once.
     fn capacity(&self) -> usize;

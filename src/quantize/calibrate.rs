@@ -148,7 +148,7 @@ pub fn calibrate(
     device: &CalibrationDevice,
 ) -> Result<Imatrix, QuantizeError> {
     let ctx = windows.iter().map(Vec::len).max().unwrap_or(1);
-    let bs = crate::engine::engine::BLOCK_SIZE;
+    let bs = crate::engine::batch::BLOCK_SIZE;
     let blocks = ctx.div_ceil(bs) + 1;
     let fresh = Box::new(Imatrix { dataset: dataset.to_string(), ..Default::default() });
     let tap: Box<dyn ActivationTap> = match device {
@@ -167,7 +167,7 @@ pub fn calibrate(
                 ptx_dir: ptx_dir.clone(),
                 max_positions: blocks * bs,
                 f16_weights: false,
-                max_batch_tokens: crate::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
+                max_batch_tokens: crate::engine::batch::DEFAULT_MAX_BATCH_TOKENS,
                 // One calibration sequence at a time, no prefix reuse.
                 max_seqs: 1,
                 max_snapshots: 0,

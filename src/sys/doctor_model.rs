@@ -19,8 +19,8 @@ use crate::model::loader::load_model;
 use crate::model::weights::{ModelWeights, Tensor};
 
 /// The KV block and step budget of a default run.
-const BLOCK: usize = crate::engine::engine::BLOCK_SIZE;
-const STEP: usize = crate::engine::engine::DEFAULT_MAX_BATCH_TOKENS;
+const BLOCK: usize = crate::engine::batch::BLOCK_SIZE;
+const STEP: usize = crate::engine::batch::DEFAULT_MAX_BATCH_TOKENS;
 
 /// The weight matrices of the model (`active`: only those one decoded token reads: of a sparse
 /// layer's experts the first `n_used`, standing for the ones the router picks), the head last.

@@ -71,7 +71,7 @@ fn long_context_bench() {
     let prompts = [8192usize, 16384];
     let gen = 200;
     let step = dustoff::engine::single::PREFILL_CHUNK;
-    let mut b = make_synthetic_backend_for("qwen3-8b", "f16", &Device::Cuda(0), 16384 + gen, step, None)
+    let mut b = make_synthetic_backend_for("qwen3-8b", "f16", &Device::Cuda(0), 16384 + gen, (step, 1), None)
         .expect("synthetic qwen3-8b on cuda:0");
     for p in prompts {
         let r = dustoff::commands::bench::bench(b.as_mut(), "synthetic qwen3-8b f16", p, gen, runs).unwrap();

@@ -234,7 +234,7 @@ fn qwen36_35b_plan_vs_device_memory() {
     use dustoff::backend::cuda::memory::{plan_memory_for, SeqPlan};
     use dustoff::backend::cuda::{CudaDevice, CudaOptions};
     use dustoff::backend::Backend;
-    use dustoff::engine::engine::{Engine, EngineConfig, Request};
+    use dustoff::engine::batch::{Engine, EngineConfig, Request};
     use dustoff::engine::sampler::SamplingParams;
     let Some(g) = gpu("qwen3.6-35b-a3b plan vs device") else { return };
     drop(g);

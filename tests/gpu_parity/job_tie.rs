@@ -17,8 +17,8 @@ use dustoff::backend::cpu::CpuBackend;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::backend::Backend;
 use dustoff::commands::job_adapters::TokenizerCodec;
+use dustoff::engine::batch::{Engine, EngineConfig, Request};
 use dustoff::engine::constraint::{ConstraintFactory, Grammar, SeqConstraint};
-use dustoff::engine::engine::{Engine, EngineConfig, Request};
 use dustoff::engine::sampler::{masked_argmax, SamplingParams};
 use dustoff::engine::single::SingleSeq;
 use dustoff::job::pipeline::Pipeline;
@@ -141,7 +141,7 @@ fn run_engine<B: Backend>(
     prompts: &[(String, Vec<u32>)],
     max: usize,
 ) -> BTreeMap<u64, Vec<u32>> {
-    let cfg = EngineConfig::new(16, dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS, true, m.fingerprint);
+    let cfg = EngineConfig::new(16, dustoff::engine::batch::DEFAULT_MAX_BATCH_TOKENS, true, m.fingerprint);
     let mut e = Engine::new(backend, cfg).unwrap();
     for (i, (_, prompt)) in prompts.iter().enumerate() {
         let r = Request {

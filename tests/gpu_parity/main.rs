@@ -662,7 +662,7 @@ fn sample_model_greedy_matches_f64_reference() {
         ptx_dir: None,
         max_positions: 1024,
         f16_weights: false,
-        max_batch_tokens: dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_tokens: dustoff::engine::batch::DEFAULT_MAX_BATCH_TOKENS,
         max_seqs: 8,
         max_snapshots: 0,
     };
@@ -854,7 +854,7 @@ fn opts(blocks: usize) -> CudaOptions {
         ptx_dir: None,
         max_positions: blocks * 16,
         f16_weights: false,
-        max_batch_tokens: dustoff::engine::engine::DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_tokens: dustoff::engine::batch::DEFAULT_MAX_BATCH_TOKENS,
         // The engine tests run up to 8 slots; the batched benchmarks up to 64 sequences.
         max_seqs: 64,
         max_snapshots: 64,
@@ -900,7 +900,7 @@ fn graph_replay_equals_direct_launches() {
 /// its 1024-wide rows take the wide-tile GEMM).
 #[test]
 fn batched_graph_replay_equals_direct_launches() {
-    use dustoff::engine::engine::{Engine, EngineConfig, Request};
+    use dustoff::engine::batch::{Engine, EngineConfig, Request};
     use dustoff::engine::sampler::SamplingParams;
     let Some(g) = gpu("batched graph replay") else { return };
     drop(g);

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use dustoff::backend::cpu::CpuBackend;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::backend::Backend;
-use dustoff::engine::engine::{Completion, Engine, EngineConfig, EngineMetrics, Request};
+use dustoff::engine::batch::{Completion, Engine, EngineConfig, EngineMetrics, Request};
 use dustoff::engine::sampler::{argmax, SamplingParams};
 use dustoff::engine::single::SingleSeq;
 use dustoff::model::loader::{load_model, LoadedModel};

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use dustoff::backend::cpu::CpuBackend;
-use dustoff::engine::engine::{Completion, Engine, EngineConfig, EngineMetrics, Request};
+use dustoff::engine::batch::{Completion, Engine, EngineConfig, EngineMetrics, Request};
 use dustoff::engine::sampler::{argmax, SamplingParams};
 use dustoff::engine::single::SingleSeq;
 use dustoff::model::loader::LoadedModel;

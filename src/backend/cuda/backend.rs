@@ -2,8 +2,9 @@
 //! (QKV and gate/up stacked so one launch reads the shared input once), f32 residual stream and
 //! activations, F16 paged KV cache; each matrix product's kernel is chosen by (format, tokens
 //! in the step) in `matmul` (GEMV, tensor-core GEMM, cuBLAS).
-//! Construction (from loaded weights, or random weights made on the GPU) lives here; the step
-//! itself (plan flattening, kernels, CUDA-graph replay) in `step.rs`.
+//! Construction (from loaded weights, or random weights made on the GPU) and the `Backend`
+//! entry points live here; the step itself in `step_inputs` (the plan flattened into the step
+//! inputs), `step` (the layers' kernels, graph replay) and `step_attn` (the step's attention).
 
 use std::path::PathBuf;
 
@@ -18,6 +19,7 @@ use super::graph::StepGraphs;
 use super::kernels::{Kernels, PtxSource};
 use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for, SeqPlan};
 use super::qformat::{check_tensor, QFormat};
+use super::tap::CudaTap;
 use super::workspace::Work;
 use super::CudaError;
 use crate::backend::{Backend, BackendError};
@@ -448,6 +450,16 @@ impl CudaBackend {
         };
         b.note_memory();
         Ok(b)
+    }
+
+    /// Sets the tap that sees every matrix input from the next step on.
+    pub fn set_tap(&mut self, tap: CudaTap) {
+        self.tap = Some(tap);
+    }
+
+    /// Removes the tap (and with it the extra work per step).
+    pub fn take_tap(&mut self) -> Option<CudaTap> {
+        self.tap.take()
     }
 
     pub fn device(&self) -> &CudaDevice {

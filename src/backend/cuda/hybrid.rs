@@ -55,7 +55,7 @@ pub(super) struct StepIo {
     pub h: Dev<f32>,   // [tok, dim] normed input
     pub att: Dev<f32>, // [tok, q_dim]
     /// The step's attention tables and partials (step.rs).
-    pub attn: super::step::AttnIo,
+    pub attn: super::step_attn::AttnIo,
     pub pos: Dev<i32>,
     pub slots: Dev<i32>,
     pub block_tables: Dev<i32>,

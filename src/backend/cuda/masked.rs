@@ -14,7 +14,7 @@ use super::backend::CudaBackend;
 use super::device::zeros;
 use super::kernels::Kernels;
 use super::launch::{i32_of, launch, need, Dev};
-use super::step::Flat;
+use super::step_inputs::Flat;
 use super::CudaError;
 use crate::backend::masks::{FillMasks, MaskRows, MaskedGreedy};
 use crate::backend::BackendError;

@@ -11,12 +11,14 @@
 //! | block format | other shapes, or above that | the matrix (or a row chunk of it) widened into one F16 scratch, reused by every matrix of the step, then the F16 path |
 //!
 //! A `Linear` of several parts (a QKV of mixed formats) runs one product per part into its rows
-//! of the output.
+//! of the output. `swiglu` is the gate/up product with its activation (a fused GEMV where one
+//! exists for the shape, else the product and `silu_mul`).
 
 use cudarc::driver::CudaStream;
 
 use super::dmat::{DevMat, Linear};
 use super::gemm_tc::{GemmTc, TC_MAX_TOKENS};
+use super::gemv_f16::GemvSwiglu;
 use super::kernels::Kernels;
 use super::launch::{Dev, GEMV_MAX_TOKENS};
 use super::ops as l;
@@ -357,4 +359,33 @@ struct Sub<'w> {
     out: Dev<f32>,
     out_stride: usize,
     accumulate: bool,
+}
+
+/// `act[t, r] = silu(gate) * up` of the stacked gate/up weights `[2 ffn, dim]` for `n` tokens:
+/// one fused GEMV where the weights are one part (F16 at 1 token, a block format at 1..=8),
+/// else the product into `gu` and `silu_mul`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn swiglu(
+    k: &mut Kernels,
+    mm: &mut Mm,
+    wgu: &Linear,
+    h: Dev<f32>,
+    n: usize,
+    gu: Dev<f32>,
+    act: Dev<f32>,
+    ffn: usize,
+) -> Result<(), CudaError> {
+    let s = mm.s;
+    let dim = wgu.cols();
+    if let [m] = &wgu.parts[..] {
+        if let (Some(w), true) = (m.f16(s), n < tc_min_tokens()) {
+            let g = GemvSwiglu { w, x: h, out: act, ffn, cols: dim, n_tok: n, x_stride: dim, out_stride: ffn };
+            return g.launch(k, s);
+        }
+        if let (Some(w), true) = (m.quant(s), packed_gemv(m, n)) {
+            return mm.swiglu_q(k, w, h, n, act, ffn);
+        }
+    }
+    mm.run(k, Product { lin: wgu, bias: None, x: h, n, out: gu, accumulate: false })?;
+    l::SiluMul { gu, out: act, n_tok: n, ffn }.launch(k, s)
 }

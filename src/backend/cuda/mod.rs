@@ -8,8 +8,9 @@
 //! (`gemv_f16` for `kernels/gemv_f16.cu`, `gemm_tc`, `rmsnorm`, `qlaunch` for the block-format
 //! files, ...: the `#[repr(C)]` params mirror, shape checks, grid choice; `launch` holds what
 //! they share) -> `matmul` (which kernel a product takes) -> `step` (the forward pass of one
-//! plan) over `workspace` (its buffers) and `graph` (its captured CUDA graphs) -> `backend`
-//! (placing the model, the `Backend` entry points).
+//! plan: `step_inputs` flattens the plan, `step_attn` launches its attention) over `workspace`
+//! (its buffers) and `graph` (its captured CUDA graphs) -> `backend` (placing the model, the
+//! `Backend` entry points).
 
 pub mod add;
 pub mod argmax;
@@ -48,6 +49,8 @@ pub mod rope;
 pub mod shared_expert;
 pub mod silu_mul;
 mod step;
+mod step_attn;
+mod step_inputs;
 mod step_norm;
 pub mod tap;
 mod tuning;

@@ -149,7 +149,7 @@ pub fn shared_expert_ffn(
     let s = mm.s;
     super::launch::check("shared expert", n <= work.cap_tok, || format!("{n} tokens, buffers for {}", work.cap_tok))?;
     let (gu, act, y) = (dev(&work.gu, s)?, dev(&work.act, s)?, dev(&work.y, s)?);
-    super::step::swiglu(k, mm, &w.gu, h, n, gu, act, w.ffn)?;
+    super::matmul::swiglu(k, mm, &w.gu, h, n, gu, act, w.ffn)?;
     mm.run(k, Product { lin: &w.down, bias: None, x: act, n, out: y, accumulate: false })?;
     ShexpGateAdd { h, gate: Dev::of(&w.gate, s), y, x, n_tok: n, dim: w.gu.cols() }.launch(k, s)
 }

@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use super::backend::CudaBackend;
 use super::CudaError;
 use crate::backend::cpu::tap::ActivationTap;
 use crate::model::weights::ModelWeights;
@@ -129,17 +128,5 @@ impl CudaTap {
     ) -> Result<(), CudaError> {
         let head = self.head.clone();
         self.report(s, buf, n, dim, &[&head])
-    }
-}
-
-impl CudaBackend {
-    /// Sets the tap that sees every matrix input from the next step on.
-    pub fn set_tap(&mut self, tap: CudaTap) {
-        self.tap = Some(tap);
-    }
-
-    /// Removes the tap (and with it the extra work per step).
-    pub fn take_tap(&mut self) -> Option<CudaTap> {
-        self.tap.take()
     }
 }

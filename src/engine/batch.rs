@@ -5,10 +5,6 @@
 //! share its steps, on the slot count, on chunking or on prefix reuse (given a backend whose
 //! per-sequence results do not depend on the batch, as the CPU backend's do not).
 
-// `engine::engine` stutters; the GPU parity tests and most integration tests import this path,
-// so a rename moves together with them.
-#![allow(clippy::module_inception)]
-
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
