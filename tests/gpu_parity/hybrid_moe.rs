@@ -52,8 +52,9 @@ const CLEAR_ROUTING: f64 = 1.5e-3;
 /// The HF and GGUF forms hold the same values (BF16 -> F16 is exact), so fed token by token
 /// (the decode path: f32 GEMV inputs) their logits differ only by f32 sums in another order
 /// (value heads tiled in the qwen35moe GGUF, interleaved in the HF file) and what that moves in
-/// the F16 K/V cache.
-const FORMS_TOL: f64 = 5e-3;
+/// the F16 K/V cache. H200, session 5 integration (compute_70 PTX and native): qwen35moe chunk64
+/// 5.5e-3 at step 8, where each form alone matches transformers.
+const FORMS_TOL: f64 = 1e-2;
 
 /// After a one-chunk prefill, where each form rounds its own f32 sums to F16 for the chunk's
 /// matmuls: H200, session 5 (compute_70 PTX), qwen35moe chunk64 1.05e-2 (each form 0.066 from

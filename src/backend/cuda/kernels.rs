@@ -357,6 +357,13 @@ impl Kernels {
     }
 }
 
+/// Whether `load_all` loads this file: a kernel file behind a switch that is off is compiled only
+/// when something launches it, so that it adds nothing to every start (moe_q8.cu, ~3.5 MB of PTX
+/// that the driver would compile at each first start on a V100).
+fn in_use(f: &KernelFile) -> bool {
+    f.name != "moe_q8" || super::moe_q8::q8_enabled()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,11 +381,4 @@ mod tests {
         }
         assert!(file_of("no_such_kernel").is_none());
     }
-}
-
-/// Whether `load_all` loads this file: a kernel file behind a switch that is off is compiled only
-/// when something launches it, so that it adds nothing to every start (moe_q8.cu, ~3.5 MB of PTX
-/// that the driver would compile at each first start on a V100).
-fn in_use(f: &KernelFile) -> bool {
-    f.name != "moe_q8" || super::moe_q8::q8_enabled()
 }
