@@ -5,7 +5,7 @@
 // - gemvq8_<fmt>_n{1,2,4,8} / gemvq8_swiglu_<fmt>_n*: out[t, r] (+)= sum_c W[r, c] x[t, c]
 //   with W packed (quant.cuh), f32 accumulation.
 // A block of 4 warps is 2 groups of 64 threads; a group owns R = 4 weight rows (2 with the _n1r2
-// entries; H200, round 1: 4 rows read the Qwen3-8B head at 82% / 89% of the copy bandwidth
+// entries; on an H200 4 rows read the Qwen3-8B head at 82% / 89% of the copy bandwidth
 // (Q4_K / Q6_K), 2 rows at 68% / 79%) and its 64 threads stride over the rows' units, so
 // that a block covers few rows (small matrices still fill the GPU) and each thread's activation
 // loads serve R rows. Per run of 16 weights and token: 4 dp4a on the hi codes, the sum scaled

@@ -237,8 +237,8 @@ __device__ __forceinline__ void moe_down_sum_q8_impl(const MoeQ8Params& p) {
 // gate/up: grid (ceil(rows / (8 (32 / lpr) GU_R)), n_pairs), block GU_THREADS, dynamic shared
 // memory q8_row_bytes(cols); down + sum: grid (ceil(rows / ((32 / lpr) DS_R)), n_tok), block
 // 32 k (k <= 8), dynamic shared memory k q8_row_bytes(cols). At least 2 blocks an SM (<= 128
-// registers a thread): without the bound (H200, this session's round 1) they took 148-248
-// registers, 1 block an SM, and ran in 2-3 waves.
+// registers a thread): without the bound they take 148-248 registers (ptxas, sm_90), 1 block an
+// SM, and run in 2-3 waves.
 #define MOE_Q8_ENTRIES(name, F)                                                                             \
     extern "C" __global__ void __launch_bounds__(GU_THREADS, 2) moe_gate_up_q8_##name(const MoeQ8Params p) { \
         moe_gate_up_q8_impl<F>(p);                                                                          \

@@ -27,9 +27,10 @@ pub const MOE_Q8_ENTRIES: [&str; 16] = {
 };
 
 /// Whether pair-mode steps take the int8 kernels (`DUSTOFF_MOE_Q8=1`) instead of the f32 ones
-/// of moe.cu. Off by default: on the H200 (this session's round 1) the int8 launches were slower
-/// than the f32 ones (whole one-stream FFN 32.9 us against 28.5 us a layer in a graph) while they
-/// held 148-248 registers a thread; the 128-register bound they have now is not measured yet.
+/// of moe.cu. Off by default because they are slower there: a whole one-stream FFN takes 32.9 us
+/// against 28.5 us a layer in a graph on an H200 (`gpu_parity --ignored
+/// moe_bench::moe_pair_graph_breakdown`; docs/BENCHMARKS.md), with 148-248 registers a thread
+/// before the 128-register bound, whose effect is not measured.
 pub fn q8_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_Q8").is_some_and(|v| v == "1"))
