@@ -10,7 +10,7 @@
 // that a block covers few rows (small matrices still fill the GPU) and each thread's activation
 // loads serve R rows. Per run of 16 weights and token: 4 dp4a on the hi codes, the sum scaled
 // by 254 (exact in int32), 4 dp4a on the lo codes on top, one int-to-float conversion; formats
-// whose two runs share a scale (the 32-element blocks) convert once per unit. Reduction: each
+// whose two runs share a scale (the 32-element blocks, Q4_K) convert once per unit. Reduction: each
 // warp sums its lanes (butterfly, fixed order), the group's two warps are added through shared
 // memory in warp order: deterministic. SwiGLU: gate rows then up rows (stacked [2 rows, cols]).
 #include "common.cuh"
@@ -36,35 +36,11 @@ extern "C" __global__ void __launch_bounds__(256) quantize_x_q8(const QuantizeXP
     const int per_tok = p.cols / 4;
     const int t = (int)(j / per_tok), c4 = (int)(j % per_tok);
     const float4 v = *reinterpret_cast<const float4*>(p.x + (long long)t * p.x_stride + 4 * c4);
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
-    const float d = amax / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    const float dl = __fmul_rn(d, Q8X_LO);
-    const float idl = dl > 0.0f ? 1.0f / dl : 0.0f;
-    const float vv[4] = {v.x, v.y, v.z, v.w};
-    int q[4], l[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        q[k] = __float2int_rn(__fmul_rn(vv[k], id));
-        const float r = __fmaf_rn(-d, (float)q[k], vv[k]);
-        l[k] = max(-127, min(127, __float2int_rn(__fmul_rn(r, idl))));
-    }
-    int s = q[0] + q[1] + q[2] + q[3], sl = l[0] + l[1] + l[2] + l[3];
-    s += __shfl_xor_sync(FULL_MASK, s, 1);
-    s += __shfl_xor_sync(FULL_MASK, s, 2);
-    sl += __shfl_xor_sync(FULL_MASK, sl, 1);
-    sl += __shfl_xor_sync(FULL_MASK, sl, 2);
+    const Q8Quad r = q8_quad(v);
     if (!live) return;
-    const unsigned wh = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (unsigned)(q[3] & 0xff) << 24;
-    const unsigned wl = (l[0] & 0xff) | (l[1] & 0xff) << 8 | (l[2] & 0xff) << 16 | (unsigned)(l[3] & 0xff) << 24;
-    reinterpret_cast<unsigned*>(p.qx + (long long)t * p.cols)[c4] = wh;
-    reinterpret_cast<unsigned*>(p.ql + (long long)t * p.cols)[c4] = wl;
-    if ((c4 & 3) == 0) {
-        const float sum = __fmaf_rn(dl, (float)sl, __fmul_rn(d, (float)s));
-        p.xs[(long long)t * (p.cols / 16) + c4 / 4] = make_float2(d, sum);
-    }
+    reinterpret_cast<unsigned*>(p.qx + (long long)t * p.cols)[c4] = r.wh;
+    reinterpret_cast<unsigned*>(p.ql + (long long)t * p.cols)[c4] = r.wl;
+    if ((c4 & 3) == 0) p.xs[(long long)t * (p.cols / 16) + c4 / 4] = r.xs;
 }
 
 struct GemvQ8Params {
@@ -82,6 +58,13 @@ struct GemvQ8Params {
     int accumulate;    // 1: out += W x; 0: out = W x
     int qs_row;
     int aux_row;
+    // SwiGLU at one token, optional (null: none): the output also quantized into the int8
+    // planes of the next product's input (quantize_x_q8's layout for [1, rows]: hi codes at qo,
+    // lo codes at qo + qo_plane, xs at qo + 2 qo_plane), with arrival counters [rows / 32]
+    // that are zero before the launch and after it.
+    u8_t* qo;
+    unsigned* counters;
+    int qo_plane;
 };
 
 #define GEMVQ8_WARPS 4
@@ -89,8 +72,10 @@ struct GemvQ8Params {
 #define GEMVQ8_UNROLL 2
 
 // Whether both runs of a unit share one weight scale (a, b) and one activation block of 32:
-// the 32-element block formats (start(u, 1) = start(u, 0) + 16).
+// the 32-element block formats and Q4_K in the loader's sub-block order (start(u, 1) =
+// start(u, 0) + 16).
 template <class F> struct SameScale { enum { V = F::UE == 32 && F::RUNS == 2 && F::QB <= 32 }; };
+template <> struct SameScale<FQ4K> { enum { V = 1 }; };
 
 // 4 dp4a of a run's codes with 16 int8 values, added to s.
 template <class F>
@@ -258,6 +243,40 @@ __device__ __forceinline__ float group_sums_q8(const GemvQ8Params& p, const QRow
     return gt < V ? red[gw][gt] + red[gw + 1][gt] : 0.0f;
 }
 
+// One token (p.qo set, rows a multiple of 32): this block's 2 R outputs lie in one block of 32
+// that 32 / (2 R) consecutive blocks write; the last of them to finish quantizes those 32 values
+// with q8_quad (the codes quantize_x_q8 would write, bit for bit), so the product that reads them
+// needs no quantize launch of its own. Ordering: bar.sync, then thread 0's acq_rel atomic
+// (release of the block's writes, acquire of the others'), then L2 loads of the 32 values.
+template <int R>
+__device__ __forceinline__ void swiglu_quantize_out(const GemvQ8Params& p) {
+    __shared__ unsigned last;
+    const int chunk = blockIdx.x * 2 * R / 32;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned old;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p.counters + chunk) : "memory");
+        last = old == 32 / (2 * R) - 1;
+        // Every block of this chunk has arrived: reset for the next launch.
+        if (last) p.counters[chunk] = 0;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x >= WARP) return;
+    // Lanes 8..31 repeat lanes 0..7 (whole groups of 8 for q8_quad's shuffles); 0..7 write.
+    const int lane = threadIdx.x, c4 = 8 * chunk + (lane & 7);
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p.out + 4 * c4)
+                 : "memory");
+    const Q8Quad q = q8_quad(v);
+    if (lane < 8) {
+        reinterpret_cast<unsigned*>(p.qo)[c4] = q.wh;
+        reinterpret_cast<unsigned*>(p.qo + p.qo_plane)[c4] = q.wl;
+        if ((lane & 3) == 0) reinterpret_cast<float2*>(p.qo + 2 * p.qo_plane)[c4 / 4] = q.xs;
+    }
+}
+
 // Group g of block b computes output rows (2 b + g) R .. + R.
 template <class F, int NT, int R>
 __device__ __forceinline__ void gemv_q8_impl(const GemvQ8Params& p) {
@@ -296,6 +315,7 @@ __device__ __forceinline__ void gemv_swiglu_q8_impl(const GemvQ8Params& p) {
     if (j < 2 * R * NT && r < R && t < p.n_tok && row0 + r < p.rows) {
         p.out[(long long)t * p.out_stride + row0 + r] = v / (1.0f + expf(-v)) * up;
     }
+    if (NT == 1 && p.qo) swiglu_quantize_out<R>(p);
 }
 
 // grid: ceil(rows / (2 R)) with R the output rows per group (the SwiGLU entries read 2 R

@@ -63,33 +63,11 @@ __device__ __forceinline__ void quantize_rows_q8(const float* x, int cols, u8_t*
         for (int i = 0; i < QN; ++i) {
             if (4 * (g0 + i * step) >= nb) break;  // warp-uniform
             const int b = 4 * (g0 + i * step) + bi;
-            float amax = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
-#pragma unroll
-            for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
-            const float d = amax / 127.0f;
-            const float id = d > 0.0f ? 1.0f / d : 0.0f;
-            const float dl = __fmul_rn(d, Q8X_LO);
-            const float idl = dl > 0.0f ? 1.0f / dl : 0.0f;
-            const float vv[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-            int q[4], l[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                q[e] = __float2int_rn(__fmul_rn(vv[e], id));
-                const float r = __fmaf_rn(-d, (float)q[e], vv[e]);
-                l[e] = max(-127, min(127, __float2int_rn(__fmul_rn(r, idl))));
-            }
-            // Sums over each run of 16 (4 lanes): integers, exact in any order.
-            int s = q[0] + q[1] + q[2] + q[3], sl = l[0] + l[1] + l[2] + l[3];
-            s += __shfl_xor_sync(FULL_MASK, s, 1);
-            s += __shfl_xor_sync(FULL_MASK, s, 2);
-            sl += __shfl_xor_sync(FULL_MASK, sl, 1);
-            sl += __shfl_xor_sync(FULL_MASK, sl, 2);
+            const Q8Quad r = q8_quad(v[i]);
             if (b < nb) {
-                const unsigned wh = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (unsigned)(q[3] & 0xff) << 24;
-                const unsigned wl = (l[0] & 0xff) | (l[1] & 0xff) << 8 | (l[2] & 0xff) << 16 | (unsigned)(l[3] & 0xff) << 24;
-                reinterpret_cast<unsigned*>(qh + 32 * b)[c4] = wh;
-                reinterpret_cast<unsigned*>(ql + 32 * b)[c4] = wl;
-                if ((c4 & 3) == 0) xs[2 * b + c4 / 4] = make_float2(d, __fmaf_rn(dl, (float)sl, __fmul_rn(d, (float)s)));
+                reinterpret_cast<unsigned*>(qh + 32 * b)[c4] = r.wh;
+                reinterpret_cast<unsigned*>(ql + 32 * b)[c4] = r.wl;
+                if ((c4 & 3) == 0) xs[2 * b + c4 / 4] = r.xs;
             }
         }
     }

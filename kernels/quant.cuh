@@ -13,7 +13,7 @@
 // | Q5_0   | 32    | 16  | 8  | qh (u32), d, pad                  |
 // | Q5_1   | 32    | 16  | 8  | qh (u32), d, m                    |
 // | Q8_0   | 32    | 32  | 2  | d                                 |
-// | Q4_K   | 256   | 128 | 16 | d, dmin, scales[12] per unit (k_chunk_bits) |
+// | Q4_K   | 256   | 128 | 16 | d, dmin, scales[12] per chunk (k_chunk_bits); qs per sub-block |
 // | Q5_K   | 256   | 128 | 48 | d, dmin, scales[12] as Q4_K, qh[32] |
 // | Q6_K   | 256   | 192 | 20 | scales[16] (i8) in unit order, d, pad; qs = ql[128], qh[64] |
 //
@@ -189,41 +189,43 @@ __device__ __forceinline__ void k_scale_min(unsigned bits, int r, float& sc, flo
     mn = small_u2f((bits >> (12 * r + 6)) & 63u, 0.0f);
 }
 
-// Q4_K: unit u = super-block u / 8, chunk c = (u % 8) / 2 (64 elements), half h = u % 2: the
-// 16 bytes qs[32c + 16h ..] hold elements 64c + 16h + i (low nibbles, sub-block 2c: run 0) and
-// 64c + 32 + 16h + i (high nibbles, sub-block 2c + 1: run 1).
+// Q4_K: unit u = sub-block u (32 elements: super-block u / 8, sub-block j = u % 8). The loader
+// reorders the nibbles of a super-block (qformat.rs `q4k_subblock_nibbles`, a bijection) so that
+// the 16 bytes qs[16 j ..] hold elements 32u + i (low nibbles: run 0) and 32u + 16 + i (high
+// nibbles: run 1), i = 0..15: one unit is one activation block of 32 with one scale and min
+// (chunk j / 2, half j % 2 of k_chunk_bits), as the 32-element block formats, so the int8 GEMV
+// takes one integer sum and one conversion per 32 weights (gemv_q8.cu SameScale).
 struct FQ4K {
     enum { QB = 128, AB = 16, UE = 32, RUNS = 2 };
     struct Raw { uint4 q, h; };
     static __device__ __forceinline__ Raw load(const QRow& r, int u) {
-        const int sb = u >> 3, c = (u & 7) >> 1, h = u & 1;
-        return {ld16(r.qs + 128 * sb + 32 * c + 16 * h), ld16(r.aux + 16 * sb)};
+        return {ld16(r.qs + 16 * u), ld16(r.aux + 16 * (u >> 3))};
     }
-    static __device__ __forceinline__ int start(int u, int r) {
-        return 256 * (u >> 3) + 64 * ((u & 7) >> 1) + 16 * (u & 1) + 32 * r;
-    }
-    static __device__ __forceinline__ void run(const Raw& a, int u, int r, float (&w)[16]) {
-        const int c = (u & 7) >> 1;
+    static __device__ __forceinline__ int start(int u, int r) { return 32 * u + 16 * r; }
+    static __device__ __forceinline__ void scale_min(const Raw& a, int u, float& d1, float& o1) {
         float d, dmin, sc, mn;
         h2x2f(a.h.x, d, dmin);
-        k_scale_min(k_chunk_bits(a.h, c), r, sc, mn);
-        const float d1 = d * sc, o1 = dmin * mn;
+        k_scale_min(k_chunk_bits(a.h, (u & 7) >> 1), u & 1, sc, mn);
+        d1 = d * sc;
+        o1 = dmin * mn;
+    }
+    static __device__ __forceinline__ void run(const Raw& a, int u, int r, float (&w)[16]) {
+        float d1, o1;
+        scale_min(a, u, d1, o1);
 #pragma unroll
         for (int j = 0; j < 16; ++j) w[j] = d1 * small_u2f((byte_of(a.q, j) >> (4 * r)) & 15u, 0.0f) - o1;
     }
     static __device__ __forceinline__ void codes(const Raw& x, int u, int r, unsigned (&q)[4], float& a, float& b) {
-        const int c = (u & 7) >> 1;
-        float d, dmin, sc, mn;
-        h2x2f(x.h.x, d, dmin);
-        k_scale_min(k_chunk_bits(x.h, c), r, sc, mn);
+        float d1, o1;
+        scale_min(x, u, d1, o1);
 #pragma unroll
         for (int i = 0; i < 4; ++i) q[i] = (word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu;
-        a = d * sc;
-        b = -(dmin * mn);
+        a = d1;
+        b = -o1;
     }
 };
 
-// Q5_K: Q4_K plus a fifth bit, bit 2c + r of qh[16h + i] (aux bytes 16..48).
+// Q5_K: the file's Q4_K nibble order plus a fifth bit, bit 2c + r of qh[16h + i] (aux bytes 16..48).
 struct FQ5K {
     enum { QB = 128, AB = 48, UE = 32, RUNS = 2 };
     struct Raw { uint4 q, h, qh; };
@@ -231,7 +233,12 @@ struct FQ5K {
         const int sb = u >> 3, c = (u & 7) >> 1, h = u & 1;
         return {ld16(r.qs + 128 * sb + 32 * c + 16 * h), ld16(r.aux + 48 * sb), ld16(r.aux + 48 * sb + 16 + 16 * h)};
     }
-    static __device__ __forceinline__ int start(int u, int r) { return FQ4K::start(u, r); }
+    // Unit u = super-block u / 8, chunk c = (u % 8) / 2, half h = u % 2 (the file's nibble
+    // order): qs[32c + 16h ..] holds elements 64c + 16h + i (low nibbles, sub-block 2c: run 0)
+    // and 64c + 32 + 16h + i (high nibbles, sub-block 2c + 1: run 1).
+    static __device__ __forceinline__ int start(int u, int r) {
+        return 256 * (u >> 3) + 64 * ((u & 7) >> 1) + 16 * (u & 1) + 32 * r;
+    }
     static __device__ __forceinline__ void run(const Raw& a, int u, int r, float (&w)[16]) {
         const int c = (u & 7) >> 1;
         float d, dmin, sc, mn;
@@ -336,6 +343,44 @@ __device__ __forceinline__ QRow q_row(const u8_t* qs, const u8_t* aux, long long
 // float2 = (d, d * sum(q) + dl * sum(l)). A run of packed weights w = a * c + b (codes c from
 // F::codes) then dots the run of x as a d sum(c q) + a dl sum(c l) + b xs.y: eight dp4a.
 #define Q8X_LO (1.0f / 254.0f)
+
+// The two planes of 4 consecutive values v of one block of 32 held by 8 consecutive lanes (a
+// lane group aligned to 8; every lane of the warp must call it, so the shuffles see whole
+// groups): wh, wl = the hi and lo codes of v as bytes 0..3, xs = (d, d * sum(q) + dl * sum(l))
+// of the run of 16 that v is in (the same on the run's 4 lanes). The one quantizer of the int8
+// activations (quantize_x_q8, rmsnorm_q8_f32, the MoE kernels); CPU twin: q8x.rs `quantize`.
+struct Q8Quad {
+    unsigned wh, wl;
+    float2 xs;
+};
+__device__ __forceinline__ Q8Quad q8_quad(const float4 v) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    const float dl = __fmul_rn(d, Q8X_LO);
+    const float idl = dl > 0.0f ? 1.0f / dl : 0.0f;
+    const float vv[4] = {v.x, v.y, v.z, v.w};
+    int q[4], l[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        q[k] = __float2int_rn(__fmul_rn(vv[k], id));
+        const float r = __fmaf_rn(-d, (float)q[k], vv[k]);
+        l[k] = max(-127, min(127, __float2int_rn(__fmul_rn(r, idl))));
+    }
+    // Sums over the run of 16 (4 lanes): integers, exact in any order.
+    int s = q[0] + q[1] + q[2] + q[3], sl = l[0] + l[1] + l[2] + l[3];
+    s += __shfl_xor_sync(FULL_MASK, s, 1);
+    s += __shfl_xor_sync(FULL_MASK, s, 2);
+    sl += __shfl_xor_sync(FULL_MASK, sl, 1);
+    sl += __shfl_xor_sync(FULL_MASK, sl, 2);
+    Q8Quad out;
+    out.wh = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (unsigned)(q[3] & 0xff) << 24;
+    out.wl = (l[0] & 0xff) | (l[1] & 0xff) << 8 | (l[2] & 0xff) << 16 | (unsigned)(l[3] & 0xff) << 24;
+    out.xs = make_float2(d, __fmaf_rn(dl, (float)sl, __fmul_rn(d, (float)s)));
+    return out;
+}
 
 // sum of the 4 byte products of a (unsigned bytes) and b (signed bytes), plus c.
 __device__ __forceinline__ int dp4a_us(unsigned a, unsigned b, int c) {

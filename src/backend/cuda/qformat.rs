@@ -5,8 +5,9 @@
 //! thread reads them with 16-byte loads) then `aux [rows, nblk, ab]` (scales, mins, high bits).
 //! Both are byte permutations of the file's blocks (Q6_K's scales reordered per kernel unit),
 //! except that the 12 scale bytes of a Q4_K / Q5_K super-block are rewritten by a bijection of
-//! their bits ([`pack_k_scales`]: each unit's scales and mins at fixed bit offsets). So the
-//! repacked form is exact: `unpack` gives back the file's bytes (tested for every format).
+//! their bits ([`pack_k_scales`]: each unit's scales and mins at fixed bit offsets) and that
+//! the 256 nibbles of a Q4_K super-block are put in sub-block order ([`q4k_subblock_nibbles`]).
+//! So the repacked form is exact: `unpack` gives back the file's bytes (tested for every format).
 
 use crate::model::quant::GgmlType;
 use crate::model::weights::Tensor;
@@ -32,6 +33,8 @@ pub struct QFormat {
     /// Q4_K / Q5_K: the aux offset of the 12 packed scale bytes, rewritten by
     /// [`pack_k_scales`] (a bijection of their 96 bits).
     k_scales: Option<usize>,
+    /// Q4_K: the qs nibbles of each super-block in sub-block order ([`q4k_subblock_nibbles`]).
+    subblock_nibbles: bool,
 }
 
 /// Q6_K's 16 scales reordered so that unit `w = 2 hh + g` of a super-block (quant.cuh FQ6K)
@@ -63,6 +66,52 @@ fn k_scale_min(s: &[u8], j: usize) -> (u32, u32) {
         ((s[j] & 63) as u32, (s[j + 4] & 63) as u32)
     } else {
         (((s[j + 4] & 15) | (s[j - 4] >> 6) << 4) as u32, ((s[j + 4] >> 4) | (s[j] >> 6) << 4) as u32)
+    }
+}
+
+/// Nibble `e` (element 0..256) of a Q4_K super-block's 128 qs bytes in the file's order:
+/// byte `32c + l` holds element `64c + l` (low nibble) and `64c + 32 + l` (high nibble).
+fn q4k_file_nibble(q: &[u8], e: usize) -> u8 {
+    let (j, i) = (e / 32, e % 32);
+    let b = q[32 * (j / 2) + i];
+    if j % 2 == 0 {
+        b & 15
+    } else {
+        b >> 4
+    }
+}
+
+/// Nibble `e` of a Q4_K super-block's qs in sub-block order (the inverse layout below).
+fn q4k_subblock_nibble(q: &[u8], e: usize) -> u8 {
+    let (j, i) = (e / 32, e % 32);
+    let b = q[16 * j + i % 16];
+    if i < 16 {
+        b & 15
+    } else {
+        b >> 4
+    }
+}
+
+/// Reorders the 128 qs bytes of a Q4_K super-block for the GPU (quant.cuh FQ4K): byte
+/// `16j + i` (j = 0..8, i = 0..16) holds element `32j + i` (low nibble) and `32j + 16 + i`
+/// (high nibble), so one 16-byte load is one whole sub-block (one scale and min, one
+/// activation block of 32) instead of halves of two. A bijection of the nibbles.
+pub fn q4k_subblock_nibbles(q: &mut [u8]) {
+    let file: [u8; 128] = q[..128].try_into().expect("128 qs bytes");
+    for j in 0..8 {
+        for i in 0..16 {
+            q[16 * j + i] = q4k_file_nibble(&file, 32 * j + i) | q4k_file_nibble(&file, 32 * j + 16 + i) << 4;
+        }
+    }
+}
+
+/// The inverse of [`q4k_subblock_nibbles`]: the file's qs order back.
+pub fn q4k_file_nibbles(q: &mut [u8]) {
+    let dev: [u8; 128] = q[..128].try_into().expect("128 qs bytes");
+    for c in 0..4 {
+        for l in 0..32 {
+            q[32 * c + l] = q4k_subblock_nibble(&dev, 64 * c + l) | q4k_subblock_nibble(&dev, 64 * c + 32 + l) << 4;
+        }
     }
 }
 
@@ -100,7 +149,7 @@ impl QFormat {
     /// The device layout of `dtype`; `None` for the float types (they become F16).
     pub fn of(dtype: GgmlType) -> Option<QFormat> {
         let f = |index, qb, ab, qs_ranges, aux_ranges, unit| {
-            Some(QFormat { dtype, index, qb, ab, qs_ranges, aux_ranges, unit, k_scales: None })
+            Some(QFormat { dtype, index, qb, ab, qs_ranges, aux_ranges, unit, k_scales: None, subblock_nibbles: false })
         };
         let k = |f: Option<QFormat>| f.map(|f| QFormat { k_scales: Some(4), ..f });
         match dtype {
@@ -111,7 +160,10 @@ impl QFormat {
             GgmlType::Q5_1 => f(3, 16, 8, &[(8, 24)], &[(4, 8), (0, 4)], 32),
             GgmlType::Q8_0 => f(4, 32, 2, &[(2, 34)], &[(0, 2)], 32),
             // aux: d, dmin, the scales (rewritten by pack_k_scales).
-            GgmlType::Q4K => k(f(5, 128, 16, &[(16, 144)], &[(0, 16)], 32)),
+            // qs: in sub-block order (q4k_subblock_nibbles).
+            GgmlType::Q4K => {
+                k(f(5, 128, 16, &[(16, 144)], &[(0, 16)], 32)).map(|f| QFormat { subblock_nibbles: true, ..f })
+            }
             GgmlType::Q5K => k(f(6, 128, 48, &[(48, 176)], &[(0, 48)], 32)),
             // qs: ql[128] and qh[64]; aux: scales[16] (reordered: Q6K_AUX) then d.
             GgmlType::Q6K => f(7, 192, 20, &[(0, 192)], Q6K_AUX, 64),
@@ -162,6 +214,9 @@ impl QFormat {
             if let Some(o) = self.k_scales {
                 pack_k_scales(&mut blk[o..o + 12]);
             }
+            if self.subblock_nibbles {
+                q4k_subblock_nibbles(&mut qs[i * self.qb..(i + 1) * self.qb]);
+            }
         }
         (out, aux_off)
     }
@@ -173,7 +228,11 @@ impl QFormat {
         let (aux_off, _) = self.device_bytes(rows, cols);
         let mut out = vec![0u8; n * ts];
         for (i, b) in out.chunks_exact_mut(ts).enumerate() {
-            let mut q = &image[i * self.qb..];
+            let mut qv = image[i * self.qb..(i + 1) * self.qb].to_vec();
+            if self.subblock_nibbles {
+                q4k_file_nibbles(&mut qv);
+            }
+            let mut q = &qv[..];
             for &(s, e) in self.qs_ranges {
                 b[s..e].copy_from_slice(&q[..e - s]);
                 q = &q[e - s..];
@@ -268,6 +327,42 @@ mod tests {
             }
             unpack_k_scales(&mut s);
             assert_eq!(s, file);
+        }
+    }
+
+    /// The Q4_K qs reorder puts element `32j + i` where quant.cuh FQ4K reads it (unit j, run
+    /// i / 16, byte i % 16) and is undone by its inverse.
+    #[test]
+    fn q4k_nibbles_in_subblock_order_decode_to_the_file_values() {
+        let f = QFormat::of(GgmlType::Q4K).expect("a block format");
+        let cols = 512;
+        let row = random_row(cols, 7);
+        let bytes = quantize_row(GgmlType::Q4K, &row);
+        let mut want = vec![0f32; cols];
+        crate::model::quant::dequantize_row(GgmlType::Q4K, &bytes, &mut want);
+        let (img, aux_off) = f.repack(&bytes, 1, cols);
+        for (sb, blk) in bytes.chunks_exact(144).enumerate() {
+            let q = &img[128 * sb..128 * (sb + 1)];
+            let aux = &img[aux_off + 16 * sb..aux_off + 16 * (sb + 1)];
+            let d = crate::model::quant::f16_to_f32(u16::from_le_bytes([aux[0], aux[1]]));
+            let dmin = crate::model::quant::f16_to_f32(u16::from_le_bytes([aux[2], aux[3]]));
+            let mut w = [0u8; 16];
+            w[..12].copy_from_slice(&aux[4..16]);
+            let bits = u128::from_le_bytes(w);
+            for j in 0..8 {
+                let chunk = (bits >> (24 * (j / 2))) as u32 >> (12 * (j % 2));
+                let (sc, mn) = ((chunk & 63) as f32, (chunk >> 6 & 63) as f32);
+                for i in 0..32 {
+                    let code = (q[16 * j + i % 16] >> (4 * (i / 16))) & 15;
+                    let v = d * sc * code as f32 - dmin * mn;
+                    let e = 256 * sb + 32 * j + i;
+                    let tol = 1e-6 * ((d * sc * code as f32).abs() + (dmin * mn).abs()) + 1e-9;
+                    assert!((v - want[e]).abs() <= tol, "element {e}: {v} vs {}", want[e]);
+                }
+            }
+            let mut back = q.to_vec();
+            q4k_file_nibbles(&mut back);
+            assert_eq!(back, blk[16..144], "super-block {sb}");
         }
     }
 
