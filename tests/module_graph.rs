@@ -22,7 +22,7 @@ enum Tok {
     Comma,
     Semi,
     Star,
-    Other,
+    Other(char),
 }
 
 /// Tokens of `src` with comments, string and char literals removed, each with its line.
@@ -62,7 +62,9 @@ fn tokens(src: &str) -> Vec<(Tok, usize)> {
                     i += 1;
                 }
             }
-        } else if c == 'r' && (next == Some('"') || (next == Some('#') && matches!(b.get(i + 2), Some('"') | Some('#')))) {
+        } else if c == 'r'
+            && (next == Some('"') || (next == Some('#') && matches!(b.get(i + 2), Some('"') | Some('#'))))
+        {
             // Raw string r"..", r#".."#: ends at a quote followed by as many hashes.
             let mut j = i + 1;
             let mut hashes = 0;
@@ -132,7 +134,7 @@ fn tokens(src: &str) -> Vec<(Tok, usize)> {
                 ',' => Tok::Comma,
                 ';' => Tok::Semi,
                 '*' => Tok::Star,
-                _ => Tok::Other,
+                _ => Tok::Other(c),
             };
             out.push((t, line));
             i += 1;
@@ -143,13 +145,17 @@ fn tokens(src: &str) -> Vec<(Tok, usize)> {
 
 /// Expands a use tree starting at `toks[*i]` into full paths (`a::{b, c::d}` -> `a::b`, `a::c::d`);
 /// a glob keeps its prefix. Stops after the tree (at `,`, `}` or `;`, not consumed).
-fn use_tree(toks: &[(Tok, usize)], i: &mut usize, prefix: &[String], out: &mut Vec<Vec<String>>) {
+fn use_tree(toks: &[(Tok, usize)], i: &mut usize, prefix: &[String], out: &mut Vec<(Vec<String>, Option<String>)>) {
     let mut path = prefix.to_vec();
     loop {
         match toks.get(*i).map(|t| &t.0) {
             Some(Tok::Ident(s)) if s == "as" => {
+                let alias = match toks.get(*i + 1) {
+                    Some((Tok::Ident(a), _)) => Some(a.clone()),
+                    _ => None,
+                };
                 *i += 2;
-                out.push(path);
+                out.push((path, alias));
                 return;
             }
             Some(Tok::Ident(s)) => {
@@ -159,7 +165,7 @@ fn use_tree(toks: &[(Tok, usize)], i: &mut usize, prefix: &[String], out: &mut V
             Some(Tok::PathSep) => *i += 1,
             Some(Tok::Star) => {
                 *i += 1;
-                out.push(path);
+                out.push((path, None));
                 return;
             }
             Some(Tok::Open) => {
@@ -177,17 +183,22 @@ fn use_tree(toks: &[(Tok, usize)], i: &mut usize, prefix: &[String], out: &mut V
                 }
             }
             _ => {
-                out.push(path);
+                if path.last().is_some_and(|s| s == "self") {
+                    path.pop();
+                }
+                out.push((path, None));
                 return;
             }
         }
     }
 }
 
-/// One import: from which module file, at which line, of which full path.
+/// One import: from which module file, at which line, of which full path; for a `pub use`, the
+/// name it re-exports the item under.
 struct Import {
     line: usize,
     path: Vec<String>,
+    reexport: Option<String>,
 }
 
 /// The paths a module file names: `use` trees and `crate::`/`super::`/`self::` paths in code,
@@ -228,18 +239,25 @@ fn imports(module: &[String], src: &str) -> Vec<Import> {
                 }
             }
             Tok::Ident(s) if s == "use" => {
+                // `pub use` or `pub(crate) use`: a re-export that paths through this module follow.
+                let public = matches!(toks.get(i.wrapping_sub(1)), Some((Tok::Ident(p), _)) if p == "pub")
+                    || (toks.get(i.wrapping_sub(1)).map(|t| &t.0) == Some(&Tok::Other(')'))
+                        && matches!(toks.get(i.wrapping_sub(4)), Some((Tok::Ident(p), _)) if p == "pub"));
                 i += 1;
                 let mut trees = Vec::new();
                 use_tree(&toks, &mut i, &[], &mut trees);
                 let cur = here(&inline);
-                for p in trees {
-                    if let Some(abs) = absolute(&cur, &p) {
-                        out.push(Import { line, path: abs });
-                    }
+                for (p, alias) in trees {
+                    // A `use` path without `crate`/`super`/`self` starts at a child module (or
+                    // another crate: it then resolves to this module itself and is dropped).
+                    let abs = absolute(&cur, &p).unwrap_or_else(|| [cur.clone(), p.clone()].concat());
+                    let reexport = if public && inline.is_empty() { alias.or_else(|| p.last().cloned()) } else { None };
+                    out.push(Import { line, path: abs, reexport });
                 }
             }
             Tok::Ident(s)
-                if (s == "crate" || s == "super" || s == "self") && toks.get(i + 1).map(|t| &t.0) == Some(&Tok::PathSep) =>
+                if (s == "crate" || s == "super" || s == "self")
+                    && toks.get(i + 1).map(|t| &t.0) == Some(&Tok::PathSep) =>
             {
                 let mut p = Vec::new();
                 while let Some((Tok::Ident(seg), _)) = toks.get(i) {
@@ -251,7 +269,7 @@ fn imports(module: &[String], src: &str) -> Vec<Import> {
                     i += 1;
                 }
                 if let Some(abs) = absolute(&here(&inline), &p) {
-                    out.push(Import { line, path: abs });
+                    out.push(Import { line, path: abs, reexport: None });
                 }
             }
             _ => i += 1,
@@ -313,15 +331,37 @@ fn is_prefix(a: &[String], b: &[String]) -> bool {
 /// Import edges between module files: (from, to) -> the lines of `from` that make it.
 type Edges = BTreeMap<(ModPath, ModPath), Vec<usize>>;
 
+/// The module file that defines what `path` names, following re-exports (`pub use`): a path
+/// through a facade (`cuda::CudaBackend`, `ops::Gemv`) leads to the module that defines the item.
+fn resolve<'a>(mods: &'a BTreeMap<ModPath, PathBuf>, reexports: &Reexports, path: &[String]) -> Option<&'a ModPath> {
+    let mut path = path.to_vec();
+    for _ in 0..16 {
+        let m = owner(mods, &path)?;
+        let Some(target) = path.get(m.len()).and_then(|name| reexports.get(&(m.clone(), name.clone()))) else {
+            return Some(m);
+        };
+        path = [target.clone(), path[m.len() + 1..].to_vec()].concat();
+    }
+    None
+}
+
+/// (module, name) -> the full path a `pub use` of that module re-exports under that name.
+type Reexports = BTreeMap<(ModPath, String), Vec<String>>;
+
 fn edges(mods: &BTreeMap<ModPath, PathBuf>, sources: &BTreeMap<ModPath, String>) -> Edges {
+    let all: BTreeMap<&ModPath, Vec<Import>> = sources.iter().map(|(m, src)| (m, imports(m, src))).collect();
+    let reexports: Reexports = all
+        .iter()
+        .flat_map(|(m, imps)| imps.iter().filter_map(|i| Some((((*m).clone(), i.reexport.clone()?), i.path.clone()))))
+        .collect();
     let mut e = Edges::new();
-    for (m, src) in sources {
-        for imp in imports(m, src) {
-            let Some(to) = owner(mods, &imp.path) else { continue };
+    for (m, imps) in &all {
+        for imp in imps {
+            let Some(to) = resolve(mods, &reexports, &imp.path) else { continue };
             if is_prefix(to, m) || is_prefix(m, to) {
                 continue;
             }
-            e.entry((m.clone(), to.clone())).or_default().push(imp.line);
+            e.entry(((*m).clone(), to.clone())).or_default().push(imp.line);
         }
     }
     e
@@ -377,8 +417,15 @@ fn circles(nodes: &[ModPath], e: &Edges) -> Vec<Vec<ModPath>> {
         }
     }
     let n = nodes.len();
-    let mut t =
-        T { adj: &adj, index: vec![None; n], low: vec![0; n], on: vec![false; n], stack: Vec::new(), next: 0, out: Vec::new() };
+    let mut t = T {
+        adj: &adj,
+        index: vec![None; n],
+        low: vec![0; n],
+        on: vec![false; n],
+        stack: Vec::new(),
+        next: 0,
+        out: Vec::new(),
+    };
     for v in 0..n {
         if t.index[v].is_none() {
             visit(&mut t, v);
@@ -419,7 +466,8 @@ fn describe(c: &[ModPath], e: &Edges, files: &BTreeMap<ModPath, PathBuf>) -> Str
 fn load(root: &Path) -> (BTreeMap<ModPath, PathBuf>, BTreeMap<ModPath, String>) {
     let mut files = BTreeMap::new();
     module_files(root, &root.join("backend"), &mut files);
-    let sources = files.iter().map(|(m, p)| (m.clone(), std::fs::read_to_string(p).expect("read a source file"))).collect();
+    let sources =
+        files.iter().map(|(m, p)| (m.clone(), std::fs::read_to_string(p).expect("read a source file"))).collect();
     (files, sources)
 }
 
@@ -440,10 +488,11 @@ fn backend_has_no_import_circles() {
 #[test]
 fn checker_finds_a_circle_and_ignores_the_tree() {
     let m = |s: &str| -> ModPath { s.split("::").map(String::from).collect() };
-    let files: BTreeMap<ModPath, PathBuf> = ["backend", "backend::x", "backend::x::a", "backend::x::b", "backend::x::c"]
-        .iter()
-        .map(|s| (m(s), PathBuf::from(format!("{s}.rs"))))
-        .collect();
+    let files: BTreeMap<ModPath, PathBuf> =
+        ["backend", "backend::x", "backend::x::a", "backend::x::b", "backend::x::c"]
+            .iter()
+            .map(|s| (m(s), PathBuf::from(format!("{s}.rs"))))
+            .collect();
     let sources: BTreeMap<ModPath, String> = [
         ("backend", "pub mod x; pub use x::a::A;"),
         ("backend::x", "pub mod a; pub use a::A; pub struct E;"),
