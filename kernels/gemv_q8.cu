@@ -58,13 +58,6 @@ struct GemvQ8Params {
     int accumulate;    // 1: out += W x; 0: out = W x
     int qs_row;
     int aux_row;
-    // SwiGLU at one token, optional (null: none): the output also quantized into the int8
-    // planes of the next product's input (quantize_x_q8's layout for [1, rows]: hi codes at qo,
-    // lo codes at qo + qo_plane, xs at qo + 2 qo_plane), with arrival counters [rows / 32]
-    // that are zero before the launch and after it.
-    u8_t* qo;
-    unsigned* counters;
-    int qo_plane;
 };
 
 #define GEMVQ8_WARPS 4
@@ -243,40 +236,6 @@ __device__ __forceinline__ float group_sums_q8(const GemvQ8Params& p, const QRow
     return gt < V ? red[gw][gt] + red[gw + 1][gt] : 0.0f;
 }
 
-// One token (p.qo set, rows a multiple of 32): this block's 2 R outputs lie in one block of 32
-// that 32 / (2 R) consecutive blocks write; the last of them to finish quantizes those 32 values
-// with q8_quad (the codes quantize_x_q8 would write, bit for bit), so the product that reads them
-// needs no quantize launch of its own. Ordering: bar.sync, then thread 0's acq_rel atomic
-// (release of the block's writes, acquire of the others'), then L2 loads of the 32 values.
-template <int R>
-__device__ __forceinline__ void swiglu_quantize_out(const GemvQ8Params& p) {
-    __shared__ unsigned last;
-    const int chunk = blockIdx.x * 2 * R / 32;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned old;
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p.counters + chunk) : "memory");
-        last = old == 32 / (2 * R) - 1;
-        // Every block of this chunk has arrived: reset for the next launch.
-        if (last) p.counters[chunk] = 0;
-    }
-    __syncthreads();
-    if (!last || threadIdx.x >= WARP) return;
-    // Lanes 8..31 repeat lanes 0..7 (whole groups of 8 for q8_quad's shuffles); 0..7 write.
-    const int lane = threadIdx.x, c4 = 8 * chunk + (lane & 7);
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "l"(p.out + 4 * c4)
-                 : "memory");
-    const Q8Quad q = q8_quad(v);
-    if (lane < 8) {
-        reinterpret_cast<unsigned*>(p.qo)[c4] = q.wh;
-        reinterpret_cast<unsigned*>(p.qo + p.qo_plane)[c4] = q.wl;
-        if ((lane & 3) == 0) reinterpret_cast<float2*>(p.qo + 2 * p.qo_plane)[c4 / 4] = q.xs;
-    }
-}
-
 // Group g of block b computes output rows (2 b + g) R .. + R.
 template <class F, int NT, int R>
 __device__ __forceinline__ void gemv_q8_impl(const GemvQ8Params& p) {
@@ -315,7 +274,6 @@ __device__ __forceinline__ void gemv_swiglu_q8_impl(const GemvQ8Params& p) {
     if (j < 2 * R * NT && r < R && t < p.n_tok && row0 + r < p.rows) {
         p.out[(long long)t * p.out_stride + row0 + r] = v / (1.0f + expf(-v)) * up;
     }
-    if (NT == 1 && p.qo) swiglu_quantize_out<R>(p);
 }
 
 // grid: ceil(rows / (2 R)) with R the output rows per group (the SwiGLU entries read 2 R

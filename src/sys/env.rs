@@ -59,8 +59,6 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Tuning, "DUSTOFF_QGEMV_MAX_TOKENS", "4", "most tokens (1..=8) of a step for the GEMV on packed quantized blocks; larger steps widen to F16"),
     var(Scope::Tuning, "DUSTOFF_QGEMV_F32", "0", "`1`: the f32-input GEMV on packed blocks instead of the int8-activation dp4a GEMV"),
     var(Scope::Tuning, "DUSTOFF_QGEMV_ROWS", "4", "`2`: the 1-token int8 GEMV reads 2 weight rows per warp"),
-    var(Scope::Tuning, "DUSTOFF_SWIGLU_Q8", "0", "`1`: the one-token int8 SwiGLU GEMV also quantizes its output for the down product (no quantize launch before it)"),
-    var(Scope::Tuning, "DUSTOFF_QGEMV_ROWS2_COLS", "-", "the 1-token int8 GEMV reads 2 weight rows per warp for matrices of at least this many columns (e.g. `8192`: the FFN down product only)"),
     var(Scope::Tuning, "DUSTOFF_QGEMM_MAX_TOKENS", "64", "most tokens of a step for the tensor-core GEMM on packed blocks (`0`: always widen to F16)"),
     var(Scope::Tuning, "DUSTOFF_ATTN_ONEPASS", "1", "`0`: the two-pass decode attention for every step"),
     var(Scope::Tuning, "DUSTOFF_ATTN_WARPS", "4", "warps (1..=16) of a one-pass decode attention block"),

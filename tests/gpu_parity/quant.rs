@@ -15,7 +15,7 @@ use dustoff::backend::cuda::launch::Dev;
 use dustoff::backend::cuda::matmul::{Mm, Product};
 use dustoff::backend::cuda::q8x::{dequantized, matmul_q8x};
 use dustoff::backend::cuda::qformat::QFormat;
-use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, EmbeddingQ, GemmQ, GemvQ, QuantizeX, SwigluQ8Out};
+use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, EmbeddingQ, GemmQ, GemvQ, QuantizeX};
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::quant::{dequantize_row, dot_row, quantize_row, GgmlType};
 use dustoff::model::weights::Tensor;
@@ -264,60 +264,6 @@ fn dequant_embedding_and_swiglu_every_format() {
                     }
                 }
                 compare(&op(kind, f.dtype), g.seed, &g.down(&od), &want);
-            }
-        }
-    }
-}
-
-/// The one-token SwiGLU GEMV that also quantizes its output (`DUSTOFF_SWIGLU_Q8`,
-/// `GemvQ::launch_swiglu_q8`): the same outputs as the plain kernel bit for bit, int8 planes
-/// equal to quantize_x_q8 of those outputs bit for bit, and arrival counters back at zero after
-/// every launch (two launches per layout, the second on a new input), for every format and both
-/// row layouts (4 and 2 weight rows per group).
-#[test]
-fn swiglu_writes_the_int8_planes_of_its_output() {
-    let Some(mut g) = gpu("swiglu with int8 output") else { return };
-    let s = g.dev.stream.clone();
-    // Three blocks of 32 outputs: a stacked gate/up of 192 rows (three 64-row counter groups).
-    let (ffn, cols) = (96, 512);
-    for f in QFormat::all() {
-        let t = tensor(&mut g, f.dtype, "gu", 2 * ffn, cols);
-        let (m, _) = DevMat::upload(&s, &[&t], false, "gu").unwrap();
-        let counters = m.counters(&s).expect("arrival counters of a whole 64-row matrix");
-        let planes: CudaSlice<u8> = g.zeros(q8x_bytes(1, ffn).2);
-        let want: CudaSlice<u8> = g.zeros(q8x_bytes(1, ffn).2);
-        let xq: CudaSlice<u8> = g.zeros(q8x_bytes(1, cols).2);
-        for rows2 in [false, true] {
-            for round in 0..2 {
-                let x = g.randn(cols, 1.0 + round as f32);
-                let xd = g.up(&x);
-                QuantizeX { x: g.d(&xd), xq: g.d(&xq), n_tok: 1, cols, x_stride: cols }.launch(&mut g.k, &s).unwrap();
-                let (od, plain) = (g.poisoned(ffn), g.poisoned(ffn));
-                let gemv = |out: &CudaSlice<f32>, g: &Gpu| GemvQ {
-                    w: m.quant(&s).unwrap(),
-                    x: g.d(&xd),
-                    out: g.d(out),
-                    bias: None,
-                    rows: ffn,
-                    n_tok: 1,
-                    x_stride: cols,
-                    out_stride: ffn,
-                    accumulate: false,
-                    swiglu: true,
-                    xq: Some(g.d(&xq)),
-                };
-                let qo = SwigluQ8Out { planes: g.d(&planes), counters };
-                gemv(&od, &g).launch_swiglu_q8(&mut g.k, &s, rows2, qo).unwrap();
-                gemv(&plain, &g).launch_rows(&mut g.k, &s, rows2).unwrap();
-                QuantizeX { x: g.d(&od), xq: g.d(&want), n_tok: 1, cols: ffn, x_stride: ffn }
-                    .launch(&mut g.k, &s)
-                    .unwrap();
-                let what = format!("{} rows2={rows2} round {round}", f.dtype);
-                let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(g.down(&od)), bits(g.down(&plain)), "{what}: outputs");
-                assert_eq!(g.down(&planes), g.down(&want), "{what}: int8 planes");
-                let c = g.down(m.counters.as_ref().unwrap());
-                assert!(c.iter().all(|&v| v == 0), "{what}: counters {c:?}");
             }
         }
     }

@@ -31,27 +31,9 @@ pub struct DevMat {
     pub rows: usize,
     pub cols: usize,
     pub data: MatData,
-    /// Packed matrices of whole 64-row groups: `[rows / 64]` arrival counters (zero between
-    /// launches) for the one-token SwiGLU GEMV that quantizes its own output
-    /// (`DUSTOFF_SWIGLU_Q8`, qlaunch.rs `SwigluQ8Out`: a stacked gate/up `[2 ffn, cols]` has
-    /// `ffn / 32` blocks of 32 outputs).
-    pub counters: Option<CudaSlice<u32>>,
-}
-
-/// The zeroed arrival counters of a packed matrix (`DevMat::counters`), for whole 64-row groups.
-fn counters_for(s: &Arc<CudaStream>, rows: usize, what: &str) -> Result<Option<CudaSlice<u32>>, CudaError> {
-    if rows == 0 || !rows.is_multiple_of(64) {
-        return Ok(None);
-    }
-    super::device::zeros(s, rows / 64, &format!("{what} arrival counters")).map(Some)
 }
 
 impl DevMat {
-    /// The arrival counters ([`DevMat::counters`]) as a device pointer.
-    pub fn counters(&self, s: &CudaStream) -> Option<Dev<u32>> {
-        self.counters.as_ref().map(|c| Dev::of(c, s))
-    }
-
     /// Device bytes of the matrix (what one GEMV over it reads).
     pub fn bytes(&self) -> u64 {
         match &self.data {
@@ -117,13 +99,12 @@ impl DevMat {
                 clamped += c;
             }
             let w = s.clone_htod(&v).map_err(CudaError::driver(format!("uploading {what}")))?;
-            return Ok((DevMat { rows, cols, data: MatData::F16(w), counters: None }, clamped));
+            return Ok((DevMat { rows, cols, data: MatData::F16(w) }, clamped));
         };
         let bytes: Vec<u8> = ts.iter().flat_map(|t| t.bytes().iter().copied()).collect();
         let (img, aux_off) = fmt.repack(&bytes, rows, cols);
         let buf = s.clone_htod(&img).map_err(CudaError::driver(format!("uploading {what}")))?;
-        let counters = counters_for(s, rows, what)?;
-        Ok((DevMat { rows, cols, data: MatData::Quant { fmt, buf, aux_off }, counters }, 0))
+        Ok((DevMat { rows, cols, data: MatData::Quant { fmt, buf, aux_off } }, 0))
     }
 
     /// A `[rows, cols]` matrix of random weights made on the GPU, uniform in +-sqrt(3 / cols)
@@ -148,7 +129,7 @@ impl DevMat {
             let buf = unsafe { s.alloc::<u16>((rows * cols).max(1)) }
                 .map_err(CudaError::driver(format!("allocating {what} ({rows}x{cols})")))?;
             FillUniform { out: Dev::of(&buf, s), seed, scale }.launch(k, s)?;
-            return Ok(DevMat { rows, cols, data: MatData::F16(buf), counters: None });
+            return Ok(DevMat { rows, cols, data: MatData::F16(buf) });
         };
         if !cols.is_multiple_of(dtype.block_size()) {
             return Err(CudaError::Weights(format!("{what}: {cols} columns are not whole {dtype} blocks")));
@@ -165,8 +146,7 @@ impl DevMat {
         FillQuant { w, tmpl: Dev::of(&tmpl, s), seed }.launch(k, s)?;
         // The template buffer must outlive the kernel that reads it.
         s.synchronize().map_err(CudaError::driver("filling synthetic weights"))?;
-        let counters = counters_for(s, rows, what)?;
-        Ok(DevMat { rows, cols, data: MatData::Quant { fmt, buf, aux_off }, counters })
+        Ok(DevMat { rows, cols, data: MatData::Quant { fmt, buf, aux_off } })
     }
 }
 

@@ -22,7 +22,7 @@ use super::gemv_f16::GemvSwiglu;
 use super::kernels::Kernels;
 use super::launch::{Dev, GEMV_MAX_TOKENS};
 use super::ops as l;
-use super::qlaunch::{q8x_bytes, DequantF16, GemmQ, GemvQ, QView, QuantizeX, SwigluQ8Out};
+use super::qlaunch::{DequantF16, GemmQ, GemvQ, QView, QuantizeX};
 use super::tuning::tuning;
 use super::CudaError;
 use crate::model::config::ModelConfig;
@@ -108,11 +108,7 @@ fn q8_acts() -> bool {
 pub enum XForm {
     None,
     F16,
-    /// The int8 planes at the start of `x16`.
     Q8,
-    /// The int8 planes at this byte offset of `x16` (written by the one-token SwiGLU GEMV
-    /// beside the planes of its own input: [`Mm::swiglu_q_with`]).
-    Q8At(usize),
 }
 
 /// The form a step of `n` tokens reads `m`'s input in: the int8 planes (packed GEMV), F16 in
@@ -164,17 +160,6 @@ impl Mm<'_> {
         // The parts share one conversion of the input (x16 holds either form: redone on a switch).
         let mut r0 = 0;
         for m in &p.lin.parts {
-            let want = input_form(m, p.n);
-            let placed = matches!((want, have), (XForm::Q8, XForm::Q8At(_)));
-            if want != XForm::None && want != have && !placed {
-                if want == XForm::Q8 {
-                    QuantizeX { x: p.x, xq: self.x16.bytes(), n_tok: p.n, cols, x_stride: cols }.launch(k, self.s)?;
-                } else {
-                    l::CastF16 { x: p.x, out: self.x16, n: p.n * cols }.launch(k, self.s)?;
-                }
-                have = want;
-            }
-            let xq = self.x16.bytes().offset(if let XForm::Q8At(off) = have { off } else { 0 });
             let sub = Sub {
                 m,
                 bias: p.bias.map(|b| b.offset(r0)),
@@ -183,8 +168,16 @@ impl Mm<'_> {
                 out: p.out.offset(r0),
                 out_stride: rows,
                 accumulate: p.accumulate,
-                xq,
             };
+            let want = input_form(m, p.n);
+            if want != XForm::None && want != have {
+                if want == XForm::Q8 {
+                    QuantizeX { x: p.x, xq: self.x16.bytes(), n_tok: p.n, cols, x_stride: cols }.launch(k, self.s)?;
+                } else {
+                    l::CastF16 { x: p.x, out: self.x16, n: p.n * cols }.launch(k, self.s)?;
+                }
+                have = want;
+            }
             self.part(k, sub)?;
             r0 += m.rows;
         }
@@ -207,7 +200,7 @@ impl Mm<'_> {
                     out_stride: p.out_stride,
                     accumulate: p.accumulate,
                     swiglu: false,
-                    xq: q8_acts().then_some(p.xq),
+                    xq: q8_acts().then(|| self.x16.bytes()),
                 }
                 .launch(k, self.s);
             }
@@ -273,8 +266,7 @@ impl Mm<'_> {
 
     /// `out[t, r] = silu(gate) * up` of a stacked quantized gate/up `w` (`[2 ffn, cols]`) for a
     /// step of `n` tokens that [`packed_gemv`] serves: the input quantized to int8 into `x16`,
-    /// then the SwiGLU GEMV (or the f32-input one with `DUSTOFF_QGEMV_F32=1`). Returns the form
-    /// `x16` holds `out` in afterwards (the next product's `have`).
+    /// then the SwiGLU GEMV (or the f32-input one with `DUSTOFF_QGEMV_F32=1`).
     #[allow(clippy::too_many_arguments)]
     pub fn swiglu_q(
         &mut self,
@@ -284,15 +276,11 @@ impl Mm<'_> {
         n: usize,
         out: Dev<f32>,
         ffn: usize,
-        counters: Option<Dev<u32>>,
-    ) -> Result<XForm, CudaError> {
-        self.swiglu_q_with(k, w, x, n, out, ffn, XForm::None, counters)
+    ) -> Result<(), CudaError> {
+        self.swiglu_q_with(k, w, x, n, out, ffn, XForm::None)
     }
 
     /// [`Mm::swiglu_q`] where `x16` already holds `x` in the form `have` (a fused norm wrote it).
-    /// With `DUSTOFF_SWIGLU_Q8=1`, at one token and with the matrix's arrival `counters`, the
-    /// GEMV also writes `out`'s int8 planes into `x16` after those of `x` and returns
-    /// [`XForm::Q8At`]: the down product then launches no quantize of its own.
     #[allow(clippy::too_many_arguments)]
     pub fn swiglu_q_with(
         &mut self,
@@ -303,21 +291,12 @@ impl Mm<'_> {
         out: Dev<f32>,
         ffn: usize,
         have: XForm,
-        counters: Option<Dev<u32>>,
-    ) -> Result<XForm, CudaError> {
+    ) -> Result<(), CudaError> {
         let cols = w.cols;
         let xq = q8_acts().then(|| self.x16.bytes());
         if let (Some(xq), false) = (xq, have == XForm::Q8) {
             QuantizeX { x, xq, n_tok: n, cols, x_stride: cols }.launch(k, self.s)?;
         }
-        // The output planes go after the input's (from the next 256-byte boundary).
-        let off = q8x_bytes(1, cols).2.div_ceil(256) * 256;
-        let place = match (xq, counters) {
-            (Some(xq), Some(c)) if tuning().swiglu_q8 && n == 1 && ffn.is_multiple_of(32) => Some(xq.offset(off))
-                .filter(|p| p.len >= q8x_bytes(1, ffn).2)
-                .map(|planes| SwigluQ8Out { planes, counters: c }),
-            _ => None,
-        };
         let g = GemvQ {
             w,
             x,
@@ -331,12 +310,7 @@ impl Mm<'_> {
             swiglu: true,
             xq,
         };
-        if let Some(q) = place {
-            g.launch_swiglu_q8(k, self.s, g.rows2(), q)?;
-            return Ok(XForm::Q8At(off));
-        }
-        g.launch(k, self.s)?;
-        Ok(XForm::None)
+        g.launch(k, self.s)
     }
 
     /// F16 weights `[rows, cols]` times the F16 input already in `x16`.
@@ -385,14 +359,11 @@ struct Sub<'w> {
     out: Dev<f32>,
     out_stride: usize,
     accumulate: bool,
-    /// Where the int8 planes of `x` are (when the part reads them).
-    xq: Dev<u8>,
 }
 
 /// `act[t, r] = silu(gate) * up` of the stacked gate/up weights `[2 ffn, dim]` for `n` tokens:
 /// one fused GEMV where the weights are one part (F16 at 1 token, a block format at 1..=8),
-/// else the product into `gu` and `silu_mul`. Returns the form `x16` holds `act` in (the down
-/// product's `have`: [`Mm::swiglu_q_with`]).
+/// else the product into `gu` and `silu_mul`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn swiglu(
     k: &mut Kernels,
@@ -403,20 +374,18 @@ pub(super) fn swiglu(
     gu: Dev<f32>,
     act: Dev<f32>,
     ffn: usize,
-) -> Result<XForm, CudaError> {
+) -> Result<(), CudaError> {
     let s = mm.s;
     let dim = wgu.cols();
     if let [m] = &wgu.parts[..] {
         if let (Some(w), true) = (m.f16(s), n < tc_min_tokens()) {
             let g = GemvSwiglu { w, x: h, out: act, ffn, cols: dim, n_tok: n, x_stride: dim, out_stride: ffn };
-            g.launch(k, s)?;
-            return Ok(XForm::None);
+            return g.launch(k, s);
         }
         if let (Some(w), true) = (m.quant(s), packed_gemv(m, n)) {
-            return mm.swiglu_q(k, w, h, n, act, ffn, m.counters(s));
+            return mm.swiglu_q(k, w, h, n, act, ffn);
         }
     }
     mm.run(k, Product { lin: wgu, bias: None, x: h, n, out: gu, accumulate: false })?;
-    l::SiluMul { gu, out: act, n_tok: n, ffn }.launch(k, s)?;
-    Ok(XForm::None)
+    l::SiluMul { gu, out: act, n_tok: n, ffn }.launch(k, s)
 }

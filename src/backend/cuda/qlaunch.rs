@@ -141,21 +141,9 @@ struct GemvQ8Params {
     accumulate: i32,
     qs_row: i32,
     aux_row: i32,
-    qo: u64,
-    counters: u64,
-    qo_plane: i32,
 }
-// SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for GemvQ8Params {}
-
-/// Where the one-token SwiGLU GEMV also writes its output as int8 planes (the input of the
-/// down product, layout [`q8x_bytes`] for `[1, rows]`), and its arrival counters
-/// (`[rows / 32]`, zero before and after every launch: [`super::dmat::DevMat`] holds them).
-#[derive(Clone, Copy, Debug)]
-pub struct SwigluQ8Out {
-    pub planes: Dev<u8>,
-    pub counters: Dev<u32>,
-}
 
 /// `out[t, r] (+)= sum_c w[r, c] x[t, c] (+ bias[r])` for `n_tok <= 8`, `w` quantized; with
 /// `swiglu`, `w` is the stacked gate/up `[2 rows, cols]` and `out[t, r] = silu(gate) * up`.
@@ -179,43 +167,13 @@ pub struct GemvQ {
 
 impl GemvQ {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
-        self.launch_rows(k, s, self.rows2())
-    }
-
-    /// Whether the 1-token int8 kernel reads 2 weight rows per warp for this matrix
-    /// (`DUSTOFF_QGEMV_ROWS=2`, or `DUSTOFF_QGEMV_ROWS2_COLS` and at least that many columns).
-    pub fn rows2(&self) -> bool {
-        let t = super::tuning::tuning();
-        t.qgemv_rows2 || t.qgemv_rows2_cols.is_some_and(|c| self.w.cols >= c)
+        self.launch_rows(k, s, super::tuning::tuning().qgemv_rows2)
     }
 
     /// As [`GemvQ::launch`]; `rows2`: the 1-token int8 kernel reads 2 weight rows per warp
     /// instead of 4 (`DUSTOFF_QGEMV_ROWS=2` sets it for `launch`).
     pub fn launch_rows(&self, k: &mut Kernels, s: &CudaStream, rows2: bool) -> Result<(), CudaError> {
-        self.launch_inner(k, s, rows2, None)
-    }
-
-    /// [`GemvQ::launch_rows`] of the one-token int8 SwiGLU GEMV that also quantizes its output
-    /// into `qo` (kernels/gemv_q8.cu `swiglu_quantize_out`): `rows` a multiple of 32.
-    pub fn launch_swiglu_q8(
-        &self,
-        k: &mut Kernels,
-        s: &CudaStream,
-        rows2: bool,
-        qo: SwigluQ8Out,
-    ) -> Result<(), CudaError> {
-        self.launch_inner(k, s, rows2, Some(qo))
-    }
-
-    fn launch_inner(
-        &self,
-        k: &mut Kernels,
-        s: &CudaStream,
-        rows2: bool,
-        qo: Option<SwigluQ8Out>,
-    ) -> Result<(), CudaError> {
         const K: &str = "gemv_quant";
-        check(K, qo.is_none() || self.xq.is_some(), || "a quantized output needs the int8 kernel".into())?;
         let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
         let cols = self.w.cols;
         check(K, self.n_tok >= 1 && self.n_tok <= GEMV_MAX_TOKENS, || format!("{} tokens (1..=8)", self.n_tok))?;
@@ -240,19 +198,6 @@ impl GemvQ {
             if let Some(b) = self.bias {
                 need(K, "bias", b, self.rows)?;
             }
-            let mut qo_plane = 0;
-            if let Some(q) = qo {
-                check(K, self.swiglu && self.n_tok == 1 && self.rows.is_multiple_of(32), || {
-                    "quantized output: the one-token SwiGLU of whole 32-value blocks only".into()
-                })?;
-                check(K, self.out_stride == self.rows && q.planes.ptr.is_multiple_of(256), || {
-                    "quantized output layout".into()
-                })?;
-                let (ql_off, _, total) = q8x_bytes(1, self.rows);
-                need(K, "quantized output", q.planes, total)?;
-                need(K, "arrival counters", q.counters, self.rows / 32)?;
-                qo_plane = i32_of(K, ql_off)?;
-            }
             if self.rows == 0 {
                 return Ok(());
             }
@@ -271,9 +216,6 @@ impl GemvQ {
                 accumulate: i32::from(self.accumulate),
                 qs_row,
                 aux_row,
-                qo: qo.map_or(0, |q| q.planes.ptr),
-                counters: qo.map_or(0, |q| q.counters.ptr),
-                qo_plane,
             };
             // Output rows per group of 64 threads, 2 groups a block (gemv_q8.cu entries):
             // weight rows 4 (2 with `rows2` at 1 token); SwiGLU halves them.

@@ -317,21 +317,17 @@ impl CudaBackend {
             if let Some(t) = self.tap.as_mut() {
                 t.layer_input(&self.dev.stream, li, TapPoint::GateUp, &w.h, n, dim)?;
             }
-            // `act_in`: the form x16 holds act in (its int8 planes when the SwiGLU GEMV wrote them).
-            let act_in = if fuse {
-                let f = norm_swiglu(k, &mut mm, norm_in(&lw.ffn_norm), &lw.wgu, gu, act, ffn)?;
+            if fuse {
+                norm_swiglu(k, &mut mm, norm_in(&lw.ffn_norm), &lw.wgu, gu, act, ffn)?;
                 mark("norm+gate/up matmul")?;
-                f
             } else {
-                let f = swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
+                swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
                 mark("gate/up matmul")?;
-                f
-            };
+            }
             if let Some(t) = self.tap.as_mut() {
                 t.layer_input(&self.dev.stream, li, TapPoint::Down, &w.act, n, ffn)?;
             }
-            let down = Product { lin: &lw.wdown, bias: None, x: act, n, out: x, accumulate: true };
-            mm.run_with(k, down, act_in)?;
+            mm.run(k, Product { lin: &lw.wdown, bias: None, x: act, n, out: x, accumulate: true })?;
             mark("down matmul")?;
         }
         if let Some(t) = self.tap.as_mut() {

@@ -29,13 +29,12 @@ pub(super) struct NormIn {
 fn prepare(k: &mut Kernels, mm: &mut Mm, a: NormIn, form: XForm) -> Result<XForm, CudaError> {
     let s = mm.s;
     let (x, w, h, n_tok, dim, eps) = (a.x, a.w, a.h, a.n, a.dim, a.eps);
-    // The fused kernels take whole 32-value blocks; other widths keep the plain norm (as does
-    // a placed form, which only a SwiGLU GEMV writes).
-    let form = if dim.is_multiple_of(32) && !matches!(form, XForm::Q8At(_)) { form } else { XForm::None };
+    // The fused kernels take whole 32-value blocks; other widths keep the plain norm.
+    let form = if dim.is_multiple_of(32) { form } else { XForm::None };
     match form {
         XForm::Q8 => RmsNormQ8 { x, w, h, xq: mm.x16.bytes(), n_tok, dim, eps }.launch(k, s)?,
         XForm::F16 => RmsNormF16 { x, w, h, x16: mm.x16, n_tok, dim, eps }.launch(k, s)?,
-        XForm::None | XForm::Q8At(_) => l::RmsNorm {
+        XForm::None => l::RmsNorm {
             x,
             w,
             out: h,
@@ -92,7 +91,7 @@ pub(super) fn norm_swiglu(
     gu: Dev<f32>,
     act: Dev<f32>,
     ffn: usize,
-) -> Result<XForm, CudaError> {
+) -> Result<(), CudaError> {
     let s = mm.s;
     let n = a.n;
     if let [m] = &wgu.parts[..] {
@@ -111,16 +110,14 @@ pub(super) fn norm_swiglu(
                 swiglu: true,
                 eps: a.eps,
             };
-            g.launch(k, s)?;
-            return Ok(XForm::None);
+            return g.launch(k, s);
         }
         if let (Some(w), true) = (m.quant(s), packed_gemv(m, n)) {
             let have = prepare(k, mm, a, input_form(m, n))?;
-            return mm.swiglu_q_with(k, w, a.h, n, act, ffn, have, m.counters(s));
+            return mm.swiglu_q_with(k, w, a.h, n, act, ffn, have);
         }
     }
     let have = prepare(k, mm, a, input_form(&wgu.parts[0], n))?;
     mm.run_with(k, Product { lin: wgu, bias: None, x: a.h, n, out: gu, accumulate: false }, have)?;
-    l::SiluMul { gu, out: act, n_tok: n, ffn }.launch(k, s)?;
-    Ok(XForm::None)
+    l::SiluMul { gu, out: act, n_tok: n, ffn }.launch(k, s)
 }

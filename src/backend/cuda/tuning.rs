@@ -19,11 +19,6 @@ pub(super) struct Tuning {
     pub qgemm_max_tokens: Option<usize>,
     /// `DUSTOFF_QGEMV_ROWS=2`: the 1-token int8 GEMV reads 2 weight rows per warp (else 4).
     pub qgemv_rows2: bool,
-    /// `DUSTOFF_QGEMV_ROWS2_COLS=N`: as `qgemv_rows2` for matrices of at least N columns only.
-    pub qgemv_rows2_cols: Option<usize>,
-    /// `DUSTOFF_SWIGLU_Q8=1`: the one-token int8 SwiGLU GEMV also writes its output's int8
-    /// planes (arrival counters per block of 32), so the down product launches no quantize.
-    pub swiglu_q8: bool,
     /// `DUSTOFF_QGEMM_Z64=1`: steps above 64 tokens on the packed GEMM take 64-token tiles along
     /// z (4 warps) instead of the 128-token prefill tile (8 warps).
     pub qgemm_z64: bool,
@@ -69,8 +64,6 @@ pub(super) fn tuning() -> &'static Tuning {
             qgemv_f32: num("DUSTOFF_QGEMV_F32") == Some(1),
             qgemm_max_tokens: num("DUSTOFF_QGEMM_MAX_TOKENS"),
             qgemv_rows2: num("DUSTOFF_QGEMV_ROWS") == Some(2),
-            qgemv_rows2_cols: num("DUSTOFF_QGEMV_ROWS2_COLS"),
-            swiglu_q8: num("DUSTOFF_SWIGLU_Q8") == Some(1),
             qgemm_z64: num("DUSTOFF_QGEMM_Z64") == Some(1),
             qgemm_blocks: num("DUSTOFF_QGEMM_BLOCKS").filter(|&b| b > 0),
             tc_rows64: num("DUSTOFF_TC_ROWS") == Some(64),
