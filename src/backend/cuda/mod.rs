@@ -36,6 +36,7 @@ pub mod matmul;
 pub mod memory;
 pub mod moe;
 pub mod moe_gemm;
+pub mod moe_one;
 pub mod moe_q8;
 pub mod nvrtc;
 pub mod ops;
