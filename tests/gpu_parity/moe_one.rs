@@ -45,7 +45,8 @@ fn run(
     let (hd, xd) = (g.up(h), g.up(x));
     let nd = rms.map(|w| g.up(w));
     let rms = nd.as_ref().map(|b| (g.d(b), 1e-6f32));
-    pair_ffn(&mut g.k, &s, lw, work, g.d(&hd), g.d(&xd), n, path, rms).unwrap();
+    let (hv, xv) = (g.d(&hd), g.d(&xd));
+    pair_ffn(&mut g.k, &s, lw, work, hv, xv, n, path, rms).unwrap();
     let ids = g.down(work.ids.as_ref().unwrap())[..n * lw.n_used].to_vec();
     let sync = g.down(work.one_sync.as_ref().unwrap());
     assert!(sync.iter().all(|&c| c == 0), "{path:?}, {n} tokens: tile counters left at zero");
