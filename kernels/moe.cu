@@ -48,10 +48,12 @@ struct MoeMatParams {
 };
 
 // An input load: through the read-only path, or (CG: inputs written earlier in the same launch,
-// moe_one) through the L2.
+// moe_one) a plain coherent load. The L1 may keep those: no block of the launch reads such a row
+// before the flag that says it is complete (a row read through the L2 instead costs every warp
+// the L2's latency on each input load).
 template <bool CG>
 __device__ __forceinline__ float4 ld_in(const float4* p) {
-    return CG ? __ldcg(p) : __ldg(p);
+    return CG ? *p : __ldg(p);
 }
 
 // acc[r][t] += row r . x[t] over the units of this lane (u = sub, sub + lpr, ...).

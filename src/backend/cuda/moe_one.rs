@@ -15,17 +15,9 @@ use super::kernels::Kernels;
 use super::launch::{check, i32_of, launch, need, Dev};
 use super::CudaError;
 
-/// The format pairs with a one-launch kernel: (gate/up format index, down format index, entry),
-/// format indices as `QFormat::index` (F16: 8); kernels/moe.cu MOE_ONE_ENTRY.
-pub const ONE_ENTRIES: [(usize, usize, &str); 7] = [
-    (5, 7, "moe_one_q4_k_q6_k"),
-    (5, 5, "moe_one_q4_k_q4_k"),
-    (6, 7, "moe_one_q5_k_q6_k"),
-    (7, 7, "moe_one_q6_k_q6_k"),
-    (4, 4, "moe_one_q8_0_q8_0"),
-    (0, 0, "moe_one_q4_0_q4_0"),
-    (8, 8, "moe_one_f16_f16"),
-];
+/// The format pairs with a one-launch kernel (kernels.rs): (gate/up format index, down format
+/// index, entry).
+pub use super::kernels::MOE_ONE_ENTRIES as ONE_ENTRIES;
 
 /// Threads of a block (every tile kind).
 const THREADS: usize = 256;
@@ -39,7 +31,7 @@ pub fn one_enabled() -> bool {
     *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_ONE").is_none_or(|v| v != "0"))
 }
 
-/// A slab's kernel view (`moe::slab_view`): (format index, qs, aux, qs row bytes, aux row bytes,
+/// A slab's kernel view (`moe_slab::slab_view`): (format index, qs, aux, qs row bytes, aux row bytes,
 /// elements per unit).
 pub type SlabView = (usize, u64, u64, usize, usize, usize);
 
@@ -91,7 +83,7 @@ pub struct MoeOne<'a> {
     pub wts: Dev<f32>,
     /// gate `[n_experts * ffn, dim]`, up (same), down `[n_experts * dim, ffn]`.
     pub slabs: [&'a DevMat; 3],
-    /// Their `moe::slab_view`s.
+    /// Their `moe_slab::slab_view`s.
     pub views: [SlabView; 3],
     pub act: Dev<f32>,
     pub x: Dev<f32>,
