@@ -25,10 +25,11 @@ const THREADS: usize = 256;
 const GU_RG: usize = 2;
 const DS_RG: usize = 4;
 /// Whether one-stream steps take the one-launch kernel where the slab formats have one
-/// (`DUSTOFF_MOE_ONE=0`: the three fused launches, for comparisons).
+/// (`DUSTOFF_MOE_ONE=1`). Off by default: measured slower than the RMSNorm and three fused
+/// launches (61.2 against 38.4 us a layer, H200, docs/BENCHMARKS.md session 6).
 pub fn one_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_ONE").is_none_or(|v| v != "0"))
+    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_ONE").is_some_and(|v| v == "1"))
 }
 
 /// A slab's kernel view (`moe_slab::slab_view`): (format index, qs, aux, qs row bytes, aux row bytes,
