@@ -47,8 +47,17 @@ struct MoeMatParams {
     int x_by_token;      // 1: the input row of pair p is its token p / k (gate/up reads h); 0: row p (down reads act)
 };
 
+// An input load: through the read-only path, or (CG: inputs written earlier in the same launch,
+// moe_one) a plain coherent load. The L1 may keep those: no block of the launch reads such a row
+// before the flag that says it is complete (a row read through the L2 instead costs every warp
+// the L2's latency on each input load).
+template <bool CG>
+__device__ __forceinline__ float4 ld_in(const float4* p) {
+    return CG ? *p : __ldg(p);
+}
+
 // acc[r][t] += row r . x[t] over the units of this lane (u = sub, sub + lpr, ...).
-template <class F, int NT, int NR>
+template <class F, int NT, int NR, bool CG = false>
 struct RowDot {
     static __device__ __forceinline__ void run(const QRow* rows, int units, int sub, int lpr, const float* const* xs,
                                                int nt, float (&acc)[NR][NT]) {
@@ -71,7 +80,7 @@ struct RowDot {
                         float x[16];
 #pragma unroll
                         for (int i = 0; i < 4; ++i) {
-                            const float4 v = __ldg(xv + i);
+                            const float4 v = ld_in<CG>(xv + i);
                             x[4 * i] = v.x;
                             x[4 * i + 1] = v.y;
                             x[4 * i + 2] = v.z;
@@ -96,8 +105,8 @@ struct RowDot {
     }
 };
 
-template <int NT, int NR>
-struct RowDot<FF16, NT, NR> {
+template <int NT, int NR, bool CG>
+struct RowDot<FF16, NT, NR, CG> {
     static __device__ __forceinline__ void run(const QRow* rows, int units, int sub, int lpr, const float* const* xs,
                                                int nt, float (&acc)[NR][NT]) {
         for (int u = sub; u < units; u += lpr) {
@@ -108,7 +117,7 @@ struct RowDot<FF16, NT, NR> {
             for (int t = 0; t < NT; ++t) {
                 if (t < nt) {
                     const float4* xv = reinterpret_cast<const float4*>(xs[t] + 8 * u);
-                    const float4 a = __ldg(xv), b = __ldg(xv + 1);
+                    const float4 a = ld_in<CG>(xv), b = ld_in<CG>(xv + 1);
                     const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
                     for (int r = 0; r < NR; ++r) acc[r][t] += dot8(w[r], x);
@@ -144,20 +153,21 @@ __device__ __forceinline__ const float* item_input(const MoeMatParams& p, int gr
     return p.x + (long long)row * p.x_stride;
 }
 
-// Output rows RG at a time of one expert for the block's items, NT items per pass. GATE_UP:
-// weight rows r of the gate slab and r of the up slab, out = silu(gate) * up; else plain.
-template <class F, int NT, int RG, bool GATE_UP>
-__device__ __forceinline__ void moe_mat_impl(const MoeMatParams& p, int grouped) {
+// Output rows RG at a time of one expert for the items `it`, NT items per pass, the rows of row
+// tile `tile` (blockDim.x / 32 * 32 / lpr * RG rows). GATE_UP: weight rows r of the gate slab
+// and r of the up slab, out = silu(gate) * up; else plain. Both walks and moe_one's gate/up
+// phase run this one body.
+template <class F, int NT, int RG, bool GATE_UP, bool CG = false>
+__device__ __forceinline__ void moe_mat_rows(const MoeMatParams& p, int grouped, const Items it, int tile) {
     constexpr int NR = GATE_UP ? 2 * RG : RG;
-    const Items it = block_items(p, grouped);
     if (it.count == 0) return;
     const int lane = threadIdx.x % WARP;
     const int sub = lane % p.lpr;
     const int groups_per_block = (blockDim.x / WARP) * (WARP / p.lpr);
     const int group = (threadIdx.x / WARP) * (WARP / p.lpr) + lane / p.lpr;
-    const int row0 = (blockIdx.x * groups_per_block + group) * RG;
+    const int row0 = (tile * groups_per_block + group) * RG;
     // Whole warps stay to the end (shuffles); rows past the end are computed, not written.
-    if ((blockIdx.x * groups_per_block + (threadIdx.x / WARP) * (WARP / p.lpr)) * RG >= p.rows) return;
+    if ((tile * groups_per_block + (threadIdx.x / WARP) * (WARP / p.lpr)) * RG >= p.rows) return;
     const long long base = (long long)it.expert * p.rows;
     QRow rows[NR];
 #pragma unroll
@@ -177,7 +187,7 @@ __device__ __forceinline__ void moe_mat_impl(const MoeMatParams& p, int grouped)
         for (int r = 0; r < NR; ++r)
 #pragma unroll
             for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-        RowDot<F, NT, NR>::run(rows, units, sub, p.lpr, xs, nt, acc);
+        RowDot<F, NT, NR, CG>::run(rows, units, sub, p.lpr, xs, nt, acc);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
 #pragma unroll
@@ -200,6 +210,11 @@ __device__ __forceinline__ void moe_mat_impl(const MoeMatParams& p, int grouped)
             }
         }
     }
+}
+
+template <class F, int NT, int RG, bool GATE_UP>
+__device__ __forceinline__ void moe_mat_impl(const MoeMatParams& p, int grouped) {
+    moe_mat_rows<F, NT, RG, GATE_UP>(p, grouped, block_items(p, grouped), blockIdx.x);
 }
 
 // Entry points per format: gate/up and down, pair mode (_p: one item, 2 output rows per
@@ -276,56 +291,94 @@ extern "C" __global__ void __launch_bounds__(256) moe_router_logits_f32(const Ro
     if (lane == 0) p.logits[(long long)t * p.n_experts + e] = acc;
 }
 
-// grid n_tok, block 32 (one warp per token); dynamic shared memory: n_experts floats + n_experts bytes.
-extern "C" __global__ void __launch_bounds__(32) moe_route_f32(const RouteParams p) {
-    extern __shared__ float logits[];
-    unsigned char* taken = reinterpret_cast<unsigned char*>(logits + p.n_experts);
-    const int t = blockIdx.x;
-    const int lane = threadIdx.x % WARP;
-    for (int e = lane; e < p.n_experts; e += WARP) {
-        logits[e] = p.logits[(long long)t * p.n_experts + e];
-        taken[e] = 0;
-    }
-    __syncwarp();
+// ---- Top-k of one token, by the whole block and without a serial loop over the k slots:
+// expert e's slot is its rank, the number of experts that beat it (a larger logit, or an equal
+// one at a lower index: the CPU's `route` tie rule), so the k experts of rank < k are the CPU's
+// choice in the CPU's order. Ranks compare order keys (the float's bits made monotone as
+// unsigned, -0 as +0, NaN below every number), a strict total order: every rank 0..n-1 is taken
+// exactly once, so all k slots are written. Weights: exp(l - max) over the softmax total, or
+// over the chosen ones' sum in slot order when norm (the CPU's order).
+struct TopKShared {
+    float* logit;    // [n] the token's logits
+    unsigned* key;   // [n] their order keys
+    int* slot_id;    // [k]
+    float* slot_w;   // [k]
+    float* red;      // [32] reduction scratch
+};
+
+__device__ __forceinline__ unsigned order_key(float v) {
+    if (v != v) return 0u;
+    if (v == 0.0f) v = 0.0f;
+    const unsigned b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[wid] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x / WARP) ? scratch[lane] : NEG_INF;
+    return warp_max(v);
+}
+
+// Every thread of the block calls it, with sh.logit filled (and a barrier after the fill).
+// Writes ids[0..k) and wts[0..k); returns after a barrier (sh may be refilled).
+__device__ __forceinline__ void block_top_k(const TopKShared& sh, int n, int k, int norm, int* ids, float* wts) {
     float mx = NEG_INF;
-    for (int e = lane; e < p.n_experts; e += WARP) mx = fmaxf(mx, logits[e]);
-    mx = warp_max(mx);
-    float total = 0.0f;
-    for (int e = lane; e < p.n_experts; e += WARP) total += expf(logits[e] - mx);
-    total = warp_sum(total);
-    float chosen_sum = 0.0f;
-    float mine = 0.0f;  // lane j keeps the weight of slot j (k <= 32, checked on the host)
-    for (int j = 0; j < p.k; ++j) {
-        // Each lane's best untaken expert (ascending scan, strictly greater: lowest index wins
-        // a tie), then the warp's, ties again to the lower index.
-        float bv = NEG_INF;
-        int bi = -1;
-        for (int e = lane; e < p.n_experts; e += WARP) {
-            if (!taken[e] && (bi < 0 || logits[e] > bv)) {
-                bv = logits[e];
-                bi = e;
-            }
-        }
-#pragma unroll
-        for (int o = WARP / 2; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
-            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        const float wgt = expf(bv - mx);
-        chosen_sum += wgt;  // in slot order, as the CPU sums them
-        if (lane == j) mine = wgt;
-        if (lane == 0) {
-            taken[bi] = 1;
-            p.ids[t * p.k + j] = bi;
-        }
-        __syncwarp();
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        mx = fmaxf(mx, sh.logit[e]);
+        sh.key[e] = order_key(sh.logit[e]);
     }
-    const float denom = p.norm ? chosen_sum : total;
-    if (lane < p.k) p.wts[t * p.k + lane] = mine / denom;
+    mx = block_max(mx, sh.red);
+    float total = 0.0f;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) total += expf(sh.logit[e] - mx);
+    total = block_sum(total, sh.red);  // its barriers also publish sh.key
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const unsigned ke = sh.key[e];
+        int rank = 0;
+        for (int f = 0; f < n; ++f) {
+            const unsigned kf = sh.key[f];
+            rank += (kf > ke) | ((kf == ke) & (f < e));
+        }
+        if (rank < k) {
+            sh.slot_id[rank] = e;
+            sh.slot_w[rank] = expf(sh.logit[e] - mx);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < k) {
+        float denom = total;
+        if (norm) {
+            denom = 0.0f;
+            for (int j = 0; j < k; ++j) denom += sh.slot_w[j];  // slot order, as the CPU sums them
+        }
+        ids[threadIdx.x] = sh.slot_id[threadIdx.x];
+        wts[threadIdx.x] = sh.slot_w[threadIdx.x] / denom;
+    }
+    __syncthreads();
+}
+
+// Dynamic shared memory of block_top_k for n experts, k slots: bytes 8 n + 8 k + 128.
+__device__ __forceinline__ TopKShared top_k_shared(unsigned char* base, int n, int k) {
+    TopKShared sh;
+    sh.logit = reinterpret_cast<float*>(base);
+    sh.key = reinterpret_cast<unsigned*>(base + 4 * n);
+    sh.slot_id = reinterpret_cast<int*>(base + 8 * n);
+    sh.slot_w = reinterpret_cast<float*>(base + 8 * n + 4 * k);
+    sh.red = reinterpret_cast<float*>(base + 8 * n + 8 * k);
+    return sh;
+}
+
+// grid n_tok, block 128; dynamic shared memory: 8 n_experts + 8 k + 128 bytes.
+extern "C" __global__ void __launch_bounds__(128) moe_route_f32(const RouteParams p) {
+    extern __shared__ __align__(16) unsigned char route_sh[];
+    const TopKShared sh = top_k_shared(route_sh, p.n_experts, p.k);
+    const int t = blockIdx.x;
+    for (int e = threadIdx.x; e < p.n_experts; e += blockDim.x) sh.logit[e] = p.logits[(long long)t * p.n_experts + e];
+    __syncthreads();
+    block_top_k(sh, p.n_experts, p.k, p.norm, p.ids + t * p.k, p.wts + t * p.k);
 }
 
 // ---- Grouping by expert (a stable counting sort, as `group` in cpu/moe.rs): offsets[e] =
@@ -444,58 +497,10 @@ struct RouteFusedParams {
     int norm;
 };
 
-// The top-k of token t on finished logits, as moe_route_f32 (one warp; logits through the L2:
-// other blocks wrote them). `sl` holds n_experts floats + n_experts bytes of shared memory.
-__device__ __forceinline__ void route_top_k(const RouteFusedParams& p, int t, float* sl) {
-    unsigned char* taken = reinterpret_cast<unsigned char*>(sl + p.n_experts);
-    const int lane = threadIdx.x % WARP;
-    for (int e = lane; e < p.n_experts; e += WARP) {
-        sl[e] = __ldcg(p.logits + (long long)t * p.n_experts + e);
-        taken[e] = 0;
-    }
-    __syncwarp();
-    float mx = NEG_INF;
-    for (int e = lane; e < p.n_experts; e += WARP) mx = fmaxf(mx, sl[e]);
-    mx = warp_max(mx);
-    float total = 0.0f;
-    for (int e = lane; e < p.n_experts; e += WARP) total += expf(sl[e] - mx);
-    total = warp_sum(total);
-    float chosen_sum = 0.0f, mine = 0.0f;
-    for (int j = 0; j < p.k; ++j) {
-        float bv = NEG_INF;
-        int bi = -1;
-        for (int e = lane; e < p.n_experts; e += WARP) {
-            if (!taken[e] && (bi < 0 || sl[e] > bv)) {
-                bv = sl[e];
-                bi = e;
-            }
-        }
-#pragma unroll
-        for (int o = WARP / 2; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
-            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        const float wgt = expf(bv - mx);
-        chosen_sum += wgt;
-        if (lane == j) mine = wgt;
-        if (lane == 0) {
-            taken[bi] = 1;
-            p.ids[t * p.k + j] = bi;
-        }
-        __syncwarp();
-    }
-    const float denom = p.norm ? chosen_sum : total;
-    if (lane < p.k) p.wts[t * p.k + lane] = mine / denom;
-}
-
 // grid (n_experts, n_tok), block 128 (a block per expert, as moe_router_logits_f32); dynamic
-// shared memory: n_experts floats + n_experts bytes.
+// shared memory: 8 n_experts + 8 k + 128 bytes (block_top_k).
 extern "C" __global__ void __launch_bounds__(128) moe_route_fused_f32(const RouteFusedParams p) {
-    extern __shared__ float sl[];
+    extern __shared__ __align__(16) unsigned char route_sh[];
     __shared__ float scratch[32];
     __shared__ int last;
     const int t = blockIdx.y, e = blockIdx.x;
@@ -507,10 +512,11 @@ extern "C" __global__ void __launch_bounds__(128) moe_route_fused_f32(const Rout
     __syncthreads();
     if (!last) return;
     __threadfence();  // the other blocks' logits, counted before ours
-    if (threadIdx.x < WARP) {
-        route_top_k(p, t, sl);
-        if (threadIdx.x == 0) p.count[t] = 0;
-    }
+    const TopKShared sh = top_k_shared(route_sh, p.n_experts, p.k);
+    for (int i = threadIdx.x; i < p.n_experts; i += blockDim.x) sh.logit[i] = __ldcg(p.logits + (long long)t * p.n_experts + i);
+    __syncthreads();
+    block_top_k(sh, p.n_experts, p.k, p.norm, p.ids + t * p.k, p.wts + t * p.k);
+    if (threadIdx.x == 0) p.count[t] = 0;
 }
 
 struct DownSumParams {
@@ -530,39 +536,53 @@ struct DownSumParams {
 
 #define DS_RG 4  // rows per row group
 
-// Warp j: rows row0 .. row0 + (32 / lpr) * DS_RG of slot j's expert for token blockIdx.y.
-template <class F>
-__device__ __forceinline__ void moe_down_sum_impl(const DownSumParams& p) {
+// A load of routing data (ids, weights): plain, or (CG: written earlier in the same launch) through the L2.
+template <bool CG, class T>
+__device__ __forceinline__ T ld_route(const T* p) {
+    return CG ? __ldcg(p) : *p;
+}
+
+// Warp j < k: rows row0 .. row0 + (32 / lpr) * DS_RG of slot j's expert for token t, row tile
+// `tile`; warps from k on only join the barrier. CG: act, ids and wts were written in this launch.
+template <class F, bool CG>
+__device__ __forceinline__ void moe_down_sum_rows(const DownSumParams& p, int t, int tile) {
     __shared__ float part[8][32 * DS_RG];  // [slot, row of the block]
-    const int t = blockIdx.y, j = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int j = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int sub = lane % p.lpr, group = lane / p.lpr;
     const int per_block = (WARP / p.lpr) * DS_RG;
-    const int row0 = blockIdx.x * per_block;
-    const int pair = t * p.k + j;
-    const long long base = (long long)p.ids[pair] * p.rows;
-    QRow rows[DS_RG];
+    const int row0 = tile * per_block;
+    if (j < p.k) {
+        const int pair = t * p.k + j;
+        const long long base = (long long)ld_route<CG>(p.ids + pair) * p.rows;
+        QRow rows[DS_RG];
 #pragma unroll
-    for (int r = 0; r < DS_RG; ++r) {
-        const long long row = base + min(row0 + group * DS_RG + r, p.rows - 1);
-        rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
-    }
-    const float* xs[1] = {p.act + (long long)pair * p.cols};
-    float acc[DS_RG][1];
+        for (int r = 0; r < DS_RG; ++r) {
+            const long long row = base + min(row0 + group * DS_RG + r, p.rows - 1);
+            rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
+        }
+        const float* xs[1] = {p.act + (long long)pair * p.cols};
+        float acc[DS_RG][1];
 #pragma unroll
-    for (int r = 0; r < DS_RG; ++r) acc[r][0] = 0.0f;
-    RowDot<F, 1, DS_RG>::run(rows, p.cols / F::UE, sub, p.lpr, xs, 1, acc);
+        for (int r = 0; r < DS_RG; ++r) acc[r][0] = 0.0f;
+        RowDot<F, 1, DS_RG, CG>::run(rows, p.cols / F::UE, sub, p.lpr, xs, 1, acc);
 #pragma unroll
-    for (int r = 0; r < DS_RG; ++r) acc[r][0] = group_sum(acc[r][0], p.lpr);
-    if (sub == 0) {
+        for (int r = 0; r < DS_RG; ++r) acc[r][0] = group_sum(acc[r][0], p.lpr);
+        if (sub == 0) {
 #pragma unroll
-        for (int r = 0; r < DS_RG; ++r) part[j][group * DS_RG + r] = acc[r][0];
+            for (int r = 0; r < DS_RG; ++r) part[j][group * DS_RG + r] = acc[r][0];
+        }
     }
     __syncthreads();
     for (int r = threadIdx.x; r < per_block && row0 + r < p.rows; r += blockDim.x) {
         float s = 0.0f;
-        for (int i = 0; i < p.k; ++i) s += p.wts[t * p.k + i] * part[i][r];
+        for (int i = 0; i < p.k; ++i) s += ld_route<CG>(p.wts + t * p.k + i) * part[i][r];
         p.x[(long long)t * p.rows + row0 + r] += s;
     }
+}
+
+template <class F>
+__device__ __forceinline__ void moe_down_sum_impl(const DownSumParams& p) {
+    moe_down_sum_rows<F, false>(p, blockIdx.y, blockIdx.x);
 }
 
 // grid (ceil(rows / ((32 / lpr) * DS_RG)), n_tok), block 32 * k.
@@ -570,3 +590,212 @@ __device__ __forceinline__ void moe_down_sum_impl(const DownSumParams& p) {
     extern "C" __global__ void __launch_bounds__(256) moe_down_sum_##name(const DownSumParams p) { moe_down_sum_impl<F>(p); }
 FOR_EACH_QFORMAT(DOWN_SUM_ENTRY)
 DOWN_SUM_ENTRY(f16, FF16)
+
+// ---- One stream in one launch (moe_one_<gate/up fmt>_<down fmt>): router + top-k, gate/up +
+// SwiGLU of every pair and down + weighted sum, the work of the three launches above (the same
+// device functions, so the same results bit for bit) as tiles of one grid. A block takes the
+// next tile number from a counter (sync[0]), not from blockIdx: tiles are handed out in order
+// to blocks already running, so a tile that waits on lower-numbered tiles waits only on blocks
+// that are resident and never wait on it (no deadlock whatever the GPU's size or scheduling):
+//   tiles 0 .. n_experts - 1: router logits of expert e for every token; the last to finish
+//     (sync[2]) ranks every token's experts (block_top_k) and raises sync[3];
+//   then gu_tiles per pair: wait for sync[3], the pair's gate/up rows (moe_mat_rows), then
+//     count the tile in sync[4 + pair];
+//   then down_tiles per token: wait for sync[3], ask the L2 for this tile's down rows of the
+//     token's experts (prefetch, while gate/up runs), wait until all k pairs of the token count
+//     gu_tiles, then down + weighted sum (moe_down_sum_rows).
+// The last block to leave (sync[1]) zeroes sync for the next launch (a graph replays the same
+// buffer). Data written inside the launch (logits, ids, wts, act) is read through the L2
+// (__ldcg), after a __threadfence on both sides of each flag.
+struct MoeOneParams {
+    float* h;             // [n_tok, dim] normed hidden states (written here when norm_w is set)
+    const float* router;  // [n_experts, dim] f32
+    float* logits;        // [n_tok, n_experts]
+    int* ids;             // [n_tok * k]
+    float* wts;           // [n_tok * k]
+    const u8_t* g_qs;     // gate slab (format FG)
+    const u8_t* g_aux;
+    const u8_t* u_qs;     // up slab (FG)
+    const u8_t* u_aux;
+    const u8_t* d_qs;     // down slab (format FD)
+    const u8_t* d_aux;
+    float* act;           // [n_tok * k, ffn] SwiGLU activations by pair
+    float* x;             // [n_tok, dim] residual, += the MoE output
+    unsigned* sync;       // [4 + n_tok * k], zero between launches
+    const float* norm_w;  // [dim] RMSNorm weight: h = rmsnorm(x) computed here; null: h is given
+    float eps;
+    int n_tok;
+    int dim;
+    int n_experts;
+    int k;                // <= 8
+    int ffn;
+    int norm;
+    int g_qs_row, g_aux_row, g_lpr;
+    int d_qs_row, d_aux_row, d_lpr;
+    int gu_tiles;         // gate/up tiles per pair
+    int down_tiles;       // down tiles per token
+};
+
+__device__ __forceinline__ void wait_at_least(const unsigned* flag, unsigned v) {
+    while (*reinterpret_cast<const volatile unsigned*>(flag) < v) __nanosleep(64);
+    __threadfence();
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// router_dot of h = rmsnorm(x) computed on the way, as kernels/rmsnorm.cu computes it (the same
+// sum order for a block of 256 threads, the launcher's block for rows of 256 and more: the same
+// h bit for bit); float4 c of h is written by the router tile c % n_experts. x through the L2:
+// the down tiles of this launch write it later.
+__device__ __forceinline__ float router_dot_normed(const MoeOneParams& p, int t, int e, float* scratch) {
+    const float* xr = p.x + (long long)t * p.dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < p.dim; i += blockDim.x) {
+        const float v = __ldcg(xr + i);
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, scratch);
+    const float scale = rsqrtf(ss / (float)p.dim + p.eps);
+    const float4* x = reinterpret_cast<const float4*>(xr);
+    const float4* nw = reinterpret_cast<const float4*>(p.norm_w);
+    const float4* w = reinterpret_cast<const float4*>(p.router + (long long)e * p.dim);
+    float4* h = reinterpret_cast<float4*>(p.h + (long long)t * p.dim);
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < p.dim / 4; c += blockDim.x) {
+        const float4 a = __ldg(w + c), xv = __ldcg(x + c), g = __ldg(nw + c);
+        const float4 b = {xv.x * scale * g.x, xv.y * scale * g.y, xv.z * scale * g.z, xv.w * scale * g.w};
+        if (c % p.n_experts == e) h[c] = b;
+        acc = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, acc))));
+    }
+    return block_sum(acc, scratch);
+}
+
+// Router tile of expert e: its logit for every token; the last router tile routes the tokens.
+// Dynamic shared memory: 8 n_experts + 8 k + 128 bytes (block_top_k).
+__device__ __forceinline__ void moe_one_router(const MoeOneParams& p, int e, unsigned char* dyn) {
+    __shared__ float scratch[32];
+    __shared__ int last;
+    for (int t = 0; t < p.n_tok; ++t) {
+        const float v = p.norm_w ? router_dot_normed(p, t, e, scratch)
+                                 : router_dot(p.h + (long long)t * p.dim, p.router + (long long)e * p.dim, p.dim, scratch);
+        if (threadIdx.x == 0) p.logits[(long long)t * p.n_experts + e] = v;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(p.sync + 2, 1u) == (unsigned)p.n_experts - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const TopKShared sh = top_k_shared(dyn, p.n_experts, p.k);
+    for (int t = 0; t < p.n_tok; ++t) {
+        for (int i = threadIdx.x; i < p.n_experts; i += blockDim.x)
+            sh.logit[i] = __ldcg(p.logits + (long long)t * p.n_experts + i);
+        __syncthreads();
+        block_top_k(sh, p.n_experts, p.k, p.norm, p.ids + t * p.k, p.wts + t * p.k);
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) atomicExch(p.sync + 3, 1u);
+}
+
+template <class FG, class FD>
+__device__ __forceinline__ void moe_one_impl(const MoeOneParams& p) {
+    extern __shared__ __align__(16) unsigned char one_sh[];
+    __shared__ int ticket_sh;
+    if (threadIdx.x == 0) ticket_sh = (int)atomicAdd(p.sync, 1u);
+    __syncthreads();
+    const int ticket = ticket_sh;
+    const int n_pairs = p.n_tok * p.k;
+    const int gu0 = p.n_experts, down0 = gu0 + n_pairs * p.gu_tiles;
+    if (ticket < gu0) {
+        moe_one_router(p, ticket, one_sh);
+    } else if (ticket < down0) {
+        const int pair = (ticket - gu0) / p.gu_tiles, tile = (ticket - gu0) % p.gu_tiles;
+        if (threadIdx.x == 0) wait_at_least(p.sync + 3, 1u);
+        __syncthreads();
+        MoeMatParams mp;
+        mp.qs = p.g_qs;
+        mp.aux = p.g_aux;
+        mp.qs2 = p.u_qs;
+        mp.aux2 = p.u_aux;
+        mp.x = p.h;
+        mp.out = p.act;
+        mp.ids = p.ids;
+        mp.offsets = nullptr;
+        mp.entries = nullptr;
+        mp.rows = p.ffn;
+        mp.cols = p.dim;
+        mp.n_pairs = n_pairs;
+        mp.k = p.k;
+        mp.x_stride = p.dim;
+        mp.out_stride = p.ffn;
+        mp.qs_row = p.g_qs_row;
+        mp.aux_row = p.g_aux_row;
+        mp.lpr = p.g_lpr;
+        mp.x_by_token = 1;
+        const Items it = {__ldcg(p.ids + pair), pair, 1};
+        moe_mat_rows<FG, 1, 2, true, true>(mp, 0, it, tile);  // h through the L2: the router tiles may write it
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(p.sync + 4 + pair, 1u);
+    } else {
+        const int t = (ticket - down0) / p.down_tiles, tile = (ticket - down0) % p.down_tiles;
+        if (threadIdx.x == 0) wait_at_least(p.sync + 3, 1u);
+        __syncthreads();
+        const int j = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+        const int sub = lane % p.d_lpr, group = lane / p.d_lpr;
+        if (j < p.k) {
+            // This lane's share of the 128-byte lines of its DS_RG rows.
+            const long long base = (long long)__ldcg(p.ids + t * p.k + j) * p.dim;
+            const int row0 = tile * (WARP / p.d_lpr) * DS_RG + group * DS_RG;
+            for (int r = 0; r < DS_RG; ++r) {
+                const long long row = base + min(row0 + r, p.dim - 1);
+                for (int off = 128 * sub; off < p.d_qs_row; off += 128 * p.d_lpr) prefetch_l2(p.d_qs + row * p.d_qs_row + off);
+                for (int off = 128 * sub; off < p.d_aux_row; off += 128 * p.d_lpr)
+                    prefetch_l2(p.d_aux + row * p.d_aux_row + off);
+            }
+        }
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < p.k; ++i) wait_at_least(p.sync + 4 + t * p.k + i, (unsigned)p.gu_tiles);
+        }
+        __syncthreads();
+        DownSumParams dp;
+        dp.qs = p.d_qs;
+        dp.aux = p.d_aux;
+        dp.act = p.act;
+        dp.ids = p.ids;
+        dp.wts = p.wts;
+        dp.x = p.x;
+        dp.rows = p.dim;
+        dp.cols = p.ffn;
+        dp.k = p.k;
+        dp.qs_row = p.d_qs_row;
+        dp.aux_row = p.d_aux_row;
+        dp.lpr = p.d_lpr;
+        moe_down_sum_rows<FD, true>(dp, t, tile);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(p.sync + 1, 1u) == gridDim.x - 1) {
+        // Every other block has left: nothing reads sync any more in this launch.
+        for (int i = 0; i < 4 + n_pairs; ++i) p.sync[i] = 0;
+        __threadfence();
+    }
+}
+
+// grid: n_experts + n_tok k gu_tiles + n_tok down_tiles blocks of 256 threads; dynamic shared
+// memory 8 n_experts + 8 k + 128 bytes. Instantiated for the format pairs of the common files
+// (Q4_K_M: Q4_K / Q6_K and Q4_K / Q4_K; Q5_K_M; Q8_0; Q4_0; F16); others take the three launches.
+#define MOE_ONE_ENTRY(gname, FG, dname, FD)                                                              \
+    extern "C" __global__ void __launch_bounds__(256, 2) moe_one_##gname##_##dname(const MoeOneParams p) { \
+        moe_one_impl<FG, FD>(p);                                                                          \
+    }
+MOE_ONE_ENTRY(q4_k, FQ4K, q6_k, FQ6K)
+MOE_ONE_ENTRY(q4_k, FQ4K, q4_k, FQ4K)
+MOE_ONE_ENTRY(q5_k, FQ5K, q6_k, FQ6K)
+MOE_ONE_ENTRY(q6_k, FQ6K, q6_k, FQ6K)
+MOE_ONE_ENTRY(q8_0, FQ8_0, q8_0, FQ8_0)
+MOE_ONE_ENTRY(q4_0, FQ4_0, q4_0, FQ4_0)
+MOE_ONE_ENTRY(f16, FF16, f16, FF16)

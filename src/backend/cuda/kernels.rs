@@ -250,8 +250,9 @@ pub const DEQUANT_ENTRIES: [&str; 18] = {
 /// Entry points of kernels/moe.cu: `9 * variant + format` for the variants gate/up pair mode,
 /// gate/up grouped, down pair mode, down grouped, formats in `QFormat::index` order then F16
 /// (8); then the router, the grouping and the weighted sum (36..40); the fused router (40),
-/// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50).
-pub const MOE_ENTRIES: [&str; 51] = {
+/// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50),
+/// then the one-launch layers of [`MOE_ONE_ENTRIES`] (51..).
+pub const MOE_ENTRIES: [&str; 51 + MOE_ONE_ENTRIES.len()] = {
     macro_rules! fmts {
         ($pre:literal, $suf:literal) => {
             [
@@ -270,7 +271,7 @@ pub const MOE_ENTRIES: [&str; 51] = {
     let v =
         [fmts!("moe_gate_up_", "_p"), fmts!("moe_gate_up_", "_g"), fmts!("moe_down_", "_p"), fmts!("moe_down_", "_g")];
     let ds = fmts!("moe_down_sum_", "");
-    let mut all = ["moe_route_f32"; 51];
+    let mut all = ["moe_route_f32"; 51 + MOE_ONE_ENTRIES.len()];
     let mut i = 0;
     while i < 36 {
         all[i] = v[i / 9][i % 9];
@@ -286,8 +287,25 @@ pub const MOE_ENTRIES: [&str; 51] = {
         all[41 + j] = ds[j];
         j += 1;
     }
+    let mut j = 0;
+    while j < MOE_ONE_ENTRIES.len() {
+        all[51 + j] = MOE_ONE_ENTRIES[j].2;
+        j += 1;
+    }
     all
 };
+
+/// The format pairs with a one-launch sparse layer in kernels/moe.cu (MOE_ONE_ENTRY, moe_one.rs):
+/// (gate/up format index, down format index, entry), indices as `QFormat::index` (F16: 8).
+pub const MOE_ONE_ENTRIES: [(usize, usize, &str); 7] = [
+    (5, 7, "moe_one_q4_k_q6_k"),
+    (5, 5, "moe_one_q4_k_q4_k"),
+    (6, 7, "moe_one_q5_k_q6_k"),
+    (7, 7, "moe_one_q6_k_q6_k"),
+    (4, 4, "moe_one_q8_0_q8_0"),
+    (0, 0, "moe_one_q4_0_q4_0"),
+    (8, 8, "moe_one_f16_f16"),
+];
 
 /// Entry points of kernels/moe_gemm.cu: `4 * format + variant` for the variants gate/up t16,
 /// gate/up t64, down t16, down t64 (formats in `moe_gemm::GEMM_FORMATS` order), then the gather.

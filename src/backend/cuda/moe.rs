@@ -237,6 +237,7 @@ pub struct MoeWork {
     pub x16: Option<CudaSlice<u16>>,         // [pairs, dim] F16 inputs by grouped position (GEMM)
     pub act16: Option<CudaSlice<u16>>,       // [pairs, expert ffn] F16 SwiGLU activations (GEMM)
     pub route_count: Option<CudaSlice<u32>>, // [tokens] blocks done (fused router; 0 between launches)
+    pub one_sync: Option<CudaSlice<u32>>,    // [4 + pairs] tile counters of moe_one (0 between launches)
 }
 
 impl MoeWork {
@@ -258,6 +259,7 @@ impl MoeWork {
         self.x16 = Some(zeros(s, pairs * dim, "MoE gathered F16 inputs")?);
         self.act16 = Some(zeros(s, pairs * m.expert_ffn_dim, "MoE F16 activations")?);
         self.route_count = Some(zeros(s, cap_tok, "MoE router counts")?);
+        self.one_sync = Some(zeros(s, 4 + pairs, "MoE one-launch counters")?);
         self.cap_pairs = pairs;
         Ok(true)
     }
@@ -348,8 +350,15 @@ impl MoeRoute {
             let grid = (blocks_for(K, self.n_experts, 8)?, self.n_tok as u32, 1);
             launch(kn, s, "moe_router_logits_f32", grid, 256, 0, &p)?;
         }
-        let smem = (self.n_experts * 5) as u32;
-        launch(kn, s, K, (blocks_for(K, self.n_tok, 1)?, 1, 1), 32, smem, &p)
+        launch(
+            kn,
+            s,
+            K,
+            (blocks_for(K, self.n_tok, 1)?, 1, 1),
+            128,
+            super::moe_one::top_k_smem(self.n_experts, self.k),
+            &p,
+        )
     }
 }
 
@@ -639,7 +648,7 @@ impl MoeRouteFused {
             norm: i32::from(r.norm),
         };
         let grid = (r.n_experts as u32, r.n_tok as u32, 1);
-        launch(kn, s, K, grid, 128, (r.n_experts * 5) as u32, &p)
+        launch(kn, s, K, grid, 128, super::moe_one::top_k_smem(r.n_experts, r.k), &p)
     }
 }
 
@@ -711,31 +720,8 @@ pub fn moe_ffn(
     let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
     let norm = w.norm_topk_prob;
     let route = MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm };
-    if n_tok <= pair_max_tokens() && fused_enabled() && k <= 8 {
-        // One stream: fused router, gate/up per pair, down + weighted sum (3 launches).
-        MoeRouteFused { route, count: dev(&work.route_count, s)? }.launch(kn, s)?;
-        if super::moe_q8::q8_enabled() && super::moe_q8::fits(&w.gate, &w.down, k) {
-            // The same three launches on int8 activations (moe_q8.rs).
-            let (ne, n_pairs) = (w.n_experts, pairs);
-            super::moe_q8::MoeGateUpQ8 { gate: &w.gate, up: &w.up, n_experts: ne, h, ids, act, n_pairs, k }
-                .launch(kn, s)?;
-            return MoeDownSum { down: &w.down, n_experts: ne, act, ids, wts, x, n_tok, k }.launch_q8(kn, s);
-        }
-        MoeMat {
-            slab: &w.gate,
-            up: Some(&w.up),
-            n_experts: w.n_experts,
-            x: h,
-            out: act,
-            walk: Walk::Pairs { ids },
-            n_pairs: pairs,
-            k,
-            x_stride: dim,
-            out_stride: w.ffn,
-            x_by_token: true,
-        }
-        .launch(kn, s)?;
-        return MoeDownSum { down: &w.down, n_experts: w.n_experts, act, ids, wts, x, n_tok, k }.launch(kn, s);
+    if let Some(path) = pair_path(w, n_tok) {
+        return pair_ffn(kn, s, w, work, h, x, n_tok, path, None);
     }
     route.launch(kn, s)?;
     let (walk, position) = if n_tok <= pair_max_tokens() {
@@ -764,6 +750,141 @@ pub fn moe_ffn(
     mat(&w.gate, Some(&w.up), h, act, dim, w.ffn, true).launch(kn, s)?;
     mat(&w.down, None, act, y, w.ffn, dim, false).launch(kn, s)?;
     MoeCombine { y, wts, position, x, n_tok, dim, k }.launch(kn, s)
+}
+
+/// The RMSNorm before a sparse layer and the layer: `h = rmsnorm(x) * norm_w` (`[n_tok, dim]`,
+/// as `rmsnorm::RmsNorm`), then `x[t] += moe(h[t])`. A one-stream step on the one-launch kernel
+/// computes the norm inside it (one launch less a layer); other steps launch the norm first.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_ffn_normed(
+    kn: &mut Kernels,
+    s: &CudaStream,
+    w: &MoeLayerW,
+    work: &MoeWork,
+    x: Dev<f32>,
+    norm_w: Dev<f32>,
+    eps: f32,
+    h: Dev<f32>,
+    n_tok: usize,
+) -> Result<(), CudaError> {
+    if let Some(path) = pair_path(w, n_tok) {
+        return pair_ffn(kn, s, w, work, h, x, n_tok, path, Some((norm_w, eps)));
+    }
+    rms_norm(x, norm_w, eps, h, n_tok, w.dim).launch(kn, s)?;
+    moe_ffn(kn, s, w, work, h, x, n_tok)
+}
+
+fn rms_norm(x: Dev<f32>, norm_w: Dev<f32>, eps: f32, h: Dev<f32>, n_tok: usize, dim: usize) -> super::rmsnorm::RmsNorm {
+    super::rmsnorm::RmsNorm {
+        x,
+        w: norm_w,
+        out: h,
+        rows: None,
+        n_src_rows: n_tok,
+        n_outer: n_tok,
+        n_inner: 1,
+        dim,
+        in_stride: dim,
+        out_stride: dim,
+        eps,
+    }
+}
+
+/// The path of a step of `n_tok` tokens through the fused one-stream kernels, if it takes them.
+fn pair_path(w: &MoeLayerW, n_tok: usize) -> Option<PairPath> {
+    let k = w.n_used;
+    if n_tok > pair_max_tokens() || !fused_enabled() || k > 8 {
+        return None;
+    }
+    let q8 = super::moe_q8::q8_enabled() && super::moe_q8::fits(&w.gate, &w.down, k);
+    Some(match () {
+        _ if q8 => PairPath::Int8,
+        _ if super::moe_one::one_enabled() => PairPath::One,
+        _ => PairPath::Three,
+    })
+}
+
+/// How a one-stream step (pair mode, `k <= 8`) runs its sparse layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PairPath {
+    /// One launch (`moe_one_<fmt>_<fmt>`, moe_one.rs) where the slab formats have one, else `Three`.
+    One,
+    /// Fused router, gate/up per pair, down + weighted sum.
+    Three,
+    /// The three launches on int8 activations (moe_q8.rs).
+    Int8,
+}
+
+/// The FFN of a sparse layer for a step of few tokens (`k <= 8`, the fused launches), by `path`:
+/// `x[t] += moe(h[t])`; with `rms` = (norm weight, eps) first `h = rmsnorm(x)` (inside the one
+/// launch, else by `rmsnorm_f32`). `One` and `Three` give the same values bit for bit (the same
+/// device functions in the same order).
+#[allow(clippy::too_many_arguments)]
+pub fn pair_ffn(
+    kn: &mut Kernels,
+    s: &CudaStream,
+    w: &MoeLayerW,
+    work: &MoeWork,
+    h: Dev<f32>,
+    x: Dev<f32>,
+    n_tok: usize,
+    path: PairPath,
+    rms: Option<(Dev<f32>, f32)>,
+) -> Result<(), CudaError> {
+    let (k, dim) = (w.n_used, w.dim);
+    let pairs = n_tok * k;
+    check("moe", pairs <= work.cap_pairs, || format!("{pairs} pairs, buffers for {}", work.cap_pairs))?;
+    let (ids, wts, act) = (dev(&work.ids, s)?, dev(&work.wts, s)?, dev(&work.act, s)?);
+    let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
+    let norm = w.norm_topk_prob;
+    if path == PairPath::One {
+        let one = super::moe_one::MoeOne {
+            h,
+            router,
+            logits,
+            ids,
+            wts,
+            slabs: [&w.gate, &w.up, &w.down],
+            views: [slab_view(&w.gate, s)?, slab_view(&w.up, s)?, slab_view(&w.down, s)?],
+            act,
+            x,
+            sync: dev(&work.one_sync, s)?,
+            n_tok,
+            n_experts: w.n_experts,
+            k,
+            norm,
+            rms,
+        };
+        if one.entry().is_some() {
+            return one.launch(kn, s);
+        }
+    }
+    if let Some((norm_w, eps)) = rms {
+        rms_norm(x, norm_w, eps, h, n_tok, dim).launch(kn, s)?;
+    }
+    let route = MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm };
+    MoeRouteFused { route, count: dev(&work.route_count, s)? }.launch(kn, s)?;
+    if path == PairPath::Int8 {
+        let (ne, n_pairs) = (w.n_experts, pairs);
+        super::moe_q8::MoeGateUpQ8 { gate: &w.gate, up: &w.up, n_experts: ne, h, ids, act, n_pairs, k }
+            .launch(kn, s)?;
+        return MoeDownSum { down: &w.down, n_experts: ne, act, ids, wts, x, n_tok, k }.launch_q8(kn, s);
+    }
+    MoeMat {
+        slab: &w.gate,
+        up: Some(&w.up),
+        n_experts: w.n_experts,
+        x: h,
+        out: act,
+        walk: Walk::Pairs { ids },
+        n_pairs: pairs,
+        k,
+        x_stride: dim,
+        out_stride: w.ffn,
+        x_by_token: true,
+    }
+    .launch(kn, s)?;
+    MoeDownSum { down: &w.down, n_experts: w.n_experts, act, ids, wts, x, n_tok, k }.launch(kn, s)
 }
 
 /// Gather, tensor-core gate/up + SwiGLU, down and the weighted sum of a grouped step

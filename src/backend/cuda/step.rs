@@ -305,14 +305,15 @@ impl CudaBackend {
             }
             mm.run(k, Product { lin: &lw.wo, bias: None, x: att, n, out: x, accumulate: true })?;
             mark("o matmul")?;
-            if !fuse || lw.moe.is_some() {
-                norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
-                mark("rmsnorm")?;
-            }
             if let Some(moe) = &lw.moe {
-                super::moe::moe_ffn(k, s, moe, &w.moe, h, x, n)?;
+                // The norm runs inside the MoE launch where a one-stream step allows (moe.rs).
+                super::moe::moe_ffn_normed(k, s, moe, &w.moe, x, Dev::of(&lw.ffn_norm, s), c.rms_eps, h, n)?;
                 mark("moe ffn")?;
                 continue;
+            }
+            if !fuse {
+                norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
+                mark("rmsnorm")?;
             }
             if let Some(t) = self.tap.as_mut() {
                 t.layer_input(&self.dev.stream, li, TapPoint::GateUp, &w.h, n, dim)?;
