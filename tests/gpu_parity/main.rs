@@ -241,6 +241,7 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("dn_conv_prep_f32", 1e-6),
     ("dn_chunk_vs_step", 1e-4),
     ("dn_gated_norm_f32", 1e-5),
+    ("dn_recur_norm_f32", 1e-5),
     ("hyb_qkv_post_f32", 1e-5),
     ("hyb_kv_store_f16", 1e-3),
     ("hyb_gate_mul_f32", 1e-6),
@@ -248,6 +249,7 @@ const TOLERANCES: &[(&str, f64)] = &[
     // layer with one rounds its matmul inputs to F16 (or int8 blocks) twice, gate/up then down,
     // as the `wide_*` products do once.
     ("shexp_gate_add_f32", 1e-6),
+    ("shexp_gate_q8_f32", 1e-6),
     ("shared_expert_layer_f16", 3e-3),
     ("shared_expert_layer_quant", 3e-3),
     // Norms fused into the products (fused_norm.cu): the planes and casts equal the unfused
