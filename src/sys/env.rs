@@ -99,6 +99,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Test, "DUSTOFF_MOE_BENCH_SHAPE", "qwen3-30b-a3b", "synthetic shape of the MoE GPU bench test"),
     var(Scope::Test, "DUSTOFF_MOE_BENCH_PROMPT", "128", "prompt length of the MoE bench test's batched rows"),
     var(Scope::Test, "DUSTOFF_LONG_RUNS", "3", "runs (medians) of each prompt of the long-context GPU bench test"),
+    var(Scope::Test, "DUSTOFF_BENCH_9B", "0", "`1`: the hybrid fusion bench test also runs the Qwen3.5-9B shape one stream"),
     var(Scope::Test, "DUSTOFF_BENCH_BATCH", "1", "`0`: the Qwen3.6-35B-A3B GPU bench test skips its batched rows"),
     var(Scope::Test, "DUSTOFF_MOE_BENCH_SIZES", "8,32,64", "sequence counts of the MoE bench test's batched rows"),
     var(Scope::Test, "DUSTOFF_MOE_BENCH_BATCH", "1", "`0`: the MoE bench test skips its batched rows"),

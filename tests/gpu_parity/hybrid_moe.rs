@@ -350,7 +350,6 @@ fn hybrid_models_with_fused_norms_match_unfused() {
 #[ignore]
 fn bench_qwen36_35b_fusions() {
     use dustoff::backend::cuda::WeightMix;
-    use dustoff::backend::Backend;
     use dustoff::commands::bench::bench;
     let Some(g) = gpu("bench qwen3.6-35b-a3b fusions") else { return };
     drop(g);

@@ -21,7 +21,9 @@
 //! attention -> o matmul (+= residual) -> rmsnorm -> gate/up matmul with SwiGLU -> down matmul
 //! (+= residual). Logits only for the last token of chunks that want them. The two norms run
 //! inside the launch that prepares (or performs) the product after them (`step_norm`), except
-//! where a tap reads the normed input, in hybrid layers and before a mixture-of-experts FFN.
+//! where a tap reads the normed input and before a plain mixture-of-experts FFN. Hybrid layers
+//! fold the mixer's norm into its input projection, and the FFN norm before routed experts
+//! writes the shared expert's input form beside `h` (the experts read `h` in f32).
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use rayon::prelude::*;
