@@ -50,6 +50,43 @@ impl Problem {
             out_stride: nh * hd,
         }
     }
+
+    /// The prefill kernel over the rows of `tiles`/`rows` (as `push_tiles` lays them out) into
+    /// `out`: one split (`None`), or `(split_len, n_splits)` over the partials `parts`
+    /// (`[n_tok, heads, n_splits, head_dim]` and `[.., 2]`) with the kernel's own merge.
+    fn prefill(
+        &self,
+        g: &mut Gpu,
+        out: &CudaSlice<f32>,
+        n_tok: usize,
+        (tiles, rows): (&[i32], &[i32]),
+        (po, pml): (&CudaSlice<f32>, &CudaSlice<f32>),
+        split: Option<(usize, usize)>,
+    ) {
+        let (tiles_d, rows_d) = (g.up(tiles), g.up(rows));
+        let split = split.map(|(split_len, n_splits)| PrefillSplit {
+            part_o: g.d(po),
+            part_ml: g.d(pml),
+            split_len,
+            n_splits,
+            n_slots: n_splits,
+            slot0: 0,
+            tok0: 0,
+            n_part_tok: n_tok,
+            merge: true,
+        });
+        let s = g.dev.stream.clone();
+        PrefillAttention {
+            paged: self.paged(g, out, n_tok),
+            tiles: g.d(&tiles_d),
+            rows: g.d(&rows_d),
+            n_rows: rows.len(),
+            n_tiles: tiles.len() / 4,
+            split,
+        }
+        .launch(&mut g.k, &s)
+        .unwrap();
+    }
 }
 
 #[test]
@@ -207,30 +244,10 @@ fn kv_store_and_paged_attention_match_cpu() {
             push_tiles(&mut tiles, &mut rows, first, n, c, si);
             first += n;
         }
-        let (tiles_d, rows_d) = (g.up(&tiles), g.up(&rows));
         for split_len in [0usize, 32, 256] {
             let out = g.poisoned(n_tok * qd);
-            let split = (split_len > 0).then(|| PrefillSplit {
-                part_o: g.d(&po),
-                part_ml: g.d(&pml),
-                split_len,
-                n_splits: max_len.div_ceil(split_len),
-                n_slots: max_len.div_ceil(split_len),
-                slot0: 0,
-                tok0: 0,
-                n_part_tok: n_tok,
-                merge: true,
-            });
-            PrefillAttention {
-                paged: pr.paged(&g, &out, n_tok),
-                tiles: g.d(&tiles_d),
-                rows: g.d(&rows_d),
-                n_rows: rows.len(),
-                n_tiles: tiles.len() / 4,
-                split,
-            }
-            .launch(&mut g.k, &s)
-            .unwrap();
+            let split = (split_len > 0).then(|| (split_len, max_len.div_ceil(split_len)));
+            pr.prefill(&mut g, &out, n_tok, (&tiles, &rows), (&po, &pml), split);
             compare("attention_prefill", g.seed, &g.down(&out), &want);
         }
     }
@@ -518,33 +535,12 @@ fn long_context_attention_matches_cpu() {
             }
             let (mut tiles, mut rows) = (Vec::new(), Vec::new());
             push_tiles(&mut tiles, &mut rows, 0, n_tok, positions[0], 0);
-            let (tiles_d, rows_d) = (g.up(&tiles), g.up(&rows));
             let reach = positions[n_tok - 1] + 1;
             let (pf, pl) = prefill_splits(tiles.len() / 4, n_tok, reach, nh, nkv, hd, false);
             for split_len in [0usize, pl] {
                 let out = g.poisoned(n_tok * qd);
-                let n_splits = if split_len == 0 { 1 } else { pf.max(reach.div_ceil(split_len)) };
-                let split = (split_len > 0).then(|| PrefillSplit {
-                    part_o: g.d(&po),
-                    part_ml: g.d(&pml),
-                    split_len,
-                    n_splits,
-                    n_slots: n_splits,
-                    slot0: 0,
-                    tok0: 0,
-                    n_part_tok: n_tok,
-                    merge: true,
-                });
-                PrefillAttention {
-                    paged: pr.paged(&g, &out, n_tok),
-                    tiles: g.d(&tiles_d),
-                    rows: g.d(&rows_d),
-                    n_rows: rows.len(),
-                    n_tiles: tiles.len() / 4,
-                    split,
-                }
-                .launch(&mut g.k, &s)
-                .unwrap();
+                let split = (split_len > 0).then(|| (split_len, pf.max(reach.div_ceil(split_len))));
+                pr.prefill(&mut g, &out, n_tok, (&tiles, &rows), (&po, &pml), split);
                 compare("attention_prefill", g.seed, &g.down(&out), &want);
             }
         }
