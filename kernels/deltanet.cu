@@ -6,7 +6,9 @@
 //                      g = -exp(A_log) * softplus(a + dt_bias);
 //   dn_recur_f32       the delta rule per (sequence, value head) over the chunk's tokens in
 //                      order, the f32 state matrix [d_k, d_v] held in registers;
-//   dn_gated_norm_f32  RMSNorm of each head's output times the weight times SiLU(z).
+//   dn_gated_norm_f32  RMSNorm of each head's output times the weight times SiLU(z);
+//   dn_recur_norm_f32  dn_recur_f32 with the gated norm of each token's head output in the
+//                      same block (a block holds a whole value head), one launch less a layer.
 //
 // The step's tokens are grouped by sequence (chunks of consecutive tokens); `chunks` holds
 // n_chunks, then per chunk (first token, tokens, state slot). Kernels are launched for up to
@@ -15,6 +17,7 @@
 // starts at layer_off = j * (conv (K - 1) * C + matrices n_v * d_k * d_v): conv state
 // [K - 1, C] (oldest input first), then the matrices [n_v, d_k, d_v].
 #include "common.cuh"
+#include "quant.cuh"
 
 #define DN_MAX_K 8
 // Lanes that share one column of a state matrix (each holds d_k / DN_LANES rows of it).
@@ -150,6 +153,17 @@ struct DnRecurParams {
     int b_off;
     int a_off;
     int tiled;           // 1: value head h reads key head h % n_k; 0: h / (n_v / n_k)
+    // dn_recur_norm_f32 only: the gated RMSNorm of the output (dn_gated_norm_f32's inputs).
+    const float* z;      // [n_tok, z_stride]: gate z of head h at column h * d_v
+    const float* norm_w; // [d_v]
+    int z_stride;
+    float eps;
+    // Optional (null: not written): the normalized output also as the int8 planes of the out
+    // projection's GEMV (quant.cuh, "int8 activations"; [n_tok, n_v * d_v], d_v a multiple of
+    // 32), so that GEMV needs no quantize launch before it.
+    u8_t* qx;
+    u8_t* ql;
+    float2* xs;
 };
 
 // The delta rule over one chunk's tokens for one value head, per token:
@@ -158,8 +172,57 @@ struct DnRecurParams {
 // r, r + 4, r + 8, ... of column j of S in registers (d_k / 4 <= 32 of them; a 128 x 128
 // matrix is 64 KB, so registers, not shared memory, hold it). The column sums S^T k and S^T q
 // are reduced over the 4 lanes of a column. Dynamic shared memory: 2 * d_k floats (q, k).
-extern "C" __global__ void __launch_bounds__(DN_RECUR_MAX_THREADS) dn_recur_f32(const DnRecurParams p) {
+// The head's d_v values in `row` (shared) into the int8 planes at flat offset `at` of a
+// [n_tok, vd] input (at a multiple of 32). Called by all 32 lanes of warp 0 (the shuffles are
+// full-warp); lanes past d_v / 4 hold zeros and store nothing.
+__device__ __forceinline__ void dn_quantize_row(const DnRecurParams& p, const float* row, long long at, int dv) {
+    const int lane = threadIdx.x;
+    const bool live = lane < dv / 4;
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = live ? row[4 * lane + e] : 0.0f;
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    const float dl = __fmul_rn(d, Q8X_LO);
+    const float idl = dl > 0.0f ? 1.0f / dl : 0.0f;
+    int q[4], l[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        q[e] = __float2int_rn(__fmul_rn(v[e], id));
+        const float res = __fmaf_rn(-d, (float)q[e], v[e]);
+        l[e] = max(-127, min(127, __float2int_rn(__fmul_rn(res, idl))));
+    }
+    int sq = q[0] + q[1] + q[2] + q[3], sl = l[0] + l[1] + l[2] + l[3];
+    sq += __shfl_xor_sync(FULL_MASK, sq, 1);
+    sq += __shfl_xor_sync(FULL_MASK, sq, 2);
+    sl += __shfl_xor_sync(FULL_MASK, sl, 1);
+    sl += __shfl_xor_sync(FULL_MASK, sl, 2);
+    if (!live) return;
+    const unsigned wh = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (unsigned)(q[3] & 0xff) << 24;
+    const unsigned wl = (l[0] & 0xff) | (l[1] & 0xff) << 8 | (l[2] & 0xff) << 16 | (unsigned)(l[3] & 0xff) << 24;
+    const long long c4 = at / 4 + lane;  // float4 index in the flat [n_tok, vd] input
+    reinterpret_cast<unsigned*>(p.qx)[c4] = wh;
+    reinterpret_cast<unsigned*>(p.ql)[c4] = wl;
+    if ((lane & 3) == 0) {
+        // Run of 16 (at + 4 lane) / 16 of the flat input: row t's runs start at t * vd / 16.
+        p.xs[(at + 4 * lane) / 16] = make_float2(d, __fmaf_rn(dl, (float)sl, __fmul_rn(d, (float)sq)));
+    }
+}
+
+// NORM: each token's output row of the head is normalized in the block before it is stored:
+// rmsnorm(o) * w * silu(z), the sum of squares over the d_v columns as a block sum (lane r == 0
+// of each column contributes; the order is fixed, so the result is deterministic).
+// With qx, warp 0 quantizes the head's normalized row from shared memory: 8 lanes per block
+// of 32 values (a run of 4 each), the rounding of quantize_x_q8 (gemv_q8.cu), so the codes are
+// those that launch would write.
+template <bool NORM>
+__device__ __forceinline__ void dn_recur_impl(const DnRecurParams& p) {
     extern __shared__ float qk[];  // [2, d_k]
+    __shared__ float red[DN_RECUR_MAX_THREADS / WARP];
+    __shared__ float orow[DN_RECUR_MAX_THREADS / DN_LANES];  // one token's d_v outputs
     const int h = blockIdx.x, c = blockIdx.y;
     if (c >= p.chunks[0]) return;
     const int first = p.chunks[1 + 3 * c], count = p.chunks[2 + 3 * c];
@@ -207,6 +270,17 @@ extern "C" __global__ void __launch_bounds__(DN_RECUR_MAX_THREADS) dn_recur_f32(
         }
         qs += __shfl_xor_sync(FULL_MASK, qs, 1);
         qs += __shfl_xor_sync(FULL_MASK, qs, 2);
+        if (NORM) {
+            const float ss = block_sum(r == 0 ? qs * qs : 0.0f, red);
+            const float inv = 1.0f / sqrtf(ss / (float)dv + p.eps);
+            const float zv = p.z[t * p.z_stride + (long long)h * dv + j];
+            qs = qs * inv * p.norm_w[j] * dn_silu(zv);
+            if (p.qx != nullptr) {
+                if (r == 0) orow[j] = qs;
+                __syncthreads();
+                if (threadIdx.x < WARP) dn_quantize_row(p, orow, t * vd + (long long)h * dv, dv);
+            }
+        }
         if (r == 0) p.out[t * vd + (long long)h * dv + j] = qs;
         __syncthreads();  // q and k of the next token overwrite the shared copies
     }
@@ -214,6 +288,14 @@ extern "C" __global__ void __launch_bounds__(DN_RECUR_MAX_THREADS) dn_recur_f32(
     for (int m = 0; m < DN_MAX_ROWS; ++m) {
         if (m < nr) S[(long long)(r + DN_LANES * m) * dv + j] = s[m];
     }
+}
+
+extern "C" __global__ void __launch_bounds__(DN_RECUR_MAX_THREADS) dn_recur_f32(const DnRecurParams p) {
+    dn_recur_impl<false>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(DN_RECUR_MAX_THREADS) dn_recur_norm_f32(const DnRecurParams p) {
+    dn_recur_impl<true>(p);
 }
 
 struct DnNormParams {

@@ -3,7 +3,9 @@
 // the ordinary matmul dispatcher; this file holds the gate (CPU twin: the end of
 // src/backend/cpu/moe.rs `shared_expert`):
 //   shexp_gate_add_f32   x[t] += sigmoid(gate . h[t]) * y[t]
+//   shexp_gate_q8_f32    sigmoid(gate . h[t]) * act[t] as the down GEMV's int8 input (below)
 #include "common.cuh"
+#include "quant.cuh"
 
 struct ShexpGateParams {
     const float* h;     // [n_tok, dim]: the FFN's normed input
@@ -27,4 +29,71 @@ extern "C" __global__ void shexp_gate_add_f32(const ShexpGateParams p) {
     const float* yr = p.y + t * p.dim;
     float* xr = p.x + t * p.dim;
     for (int i = threadIdx.x; i < p.dim; i += blockDim.x) xr[i] += scale * yr[i];
+}
+
+// shexp_gate_q8_f32: the gate folded into the down product's input. Since down is linear,
+// sigmoid(g) (W act) = W (sigmoid(g) act): the kernel scales the SwiGLU output by the token's
+// gate and writes it as the int8 planes the packed GEMV reads (kernels/quant.cuh, "int8
+// activations"; the rounding of quantize_x_q8, so the codes are those of the scaled row), and
+// the down GEMV adds its rows straight into the residual: one launch (this one) instead of the
+// input quantization and shexp_gate_add_f32. CPU twin: the gate of cpu/moe.rs `shared_expert`,
+// then q8x::quantize of the scaled row.
+struct ShexpQ8Params {
+    const float* h;     // [n_tok, dim]: the FFN's normed input
+    const float* gate;  // [dim]
+    const float* act;   // [n_tok, f]: silu(gate) * up of the shared expert
+    u8_t* qx;           // [n_tok, f] int8 hi codes
+    u8_t* ql;           // [n_tok, f] int8 lo codes
+    float2* xs;         // [n_tok, f / 16]: (d, d * sum(q) + dl * sum(l)) per run of 16
+    int n_tok;
+    int dim;
+    int f;              // a multiple of 32
+};
+
+// grid: n_tok, block 256. 8 threads per 32-value block (a float4 each); every thread of a warp
+// takes part in the shuffles (the loop bound is block-uniform, the groups of 8 whole).
+extern "C" __global__ void __launch_bounds__(256) shexp_gate_q8_f32(const ShexpQ8Params p) {
+    __shared__ float scratch[32];
+    const long long t = blockIdx.x;
+    if (t >= p.n_tok) return;
+    const float* hr = p.h + t * p.dim;
+    float acc = 0.0f;
+    for (int i = threadIdx.x; i < p.dim; i += blockDim.x) acc = fmaf(p.gate[i], hr[i], acc);
+    const float scale = 1.0f / (1.0f + expf(-block_sum(acc, scratch)));
+    const int per_tok = p.f / 4;
+    for (int base = 0; base < per_tok; base += blockDim.x) {
+        const int c4 = base + threadIdx.x;
+        const bool live = c4 < per_tok;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (live) v = *reinterpret_cast<const float4*>(p.act + t * p.f + 4 * c4);
+        const float vv[4] = {scale * v.x, scale * v.y, scale * v.z, scale * v.w};
+        float amax = fmaxf(fmaxf(fabsf(vv[0]), fabsf(vv[1])), fmaxf(fabsf(vv[2]), fabsf(vv[3])));
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+        const float d = amax / 127.0f;
+        const float id = d > 0.0f ? 1.0f / d : 0.0f;
+        const float dl = __fmul_rn(d, Q8X_LO);
+        const float idl = dl > 0.0f ? 1.0f / dl : 0.0f;
+        int q[4], l[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            q[k] = __float2int_rn(__fmul_rn(vv[k], id));
+            const float r = __fmaf_rn(-d, (float)q[k], vv[k]);
+            l[k] = max(-127, min(127, __float2int_rn(__fmul_rn(r, idl))));
+        }
+        int s = q[0] + q[1] + q[2] + q[3], sl = l[0] + l[1] + l[2] + l[3];
+        s += __shfl_xor_sync(FULL_MASK, s, 1);
+        s += __shfl_xor_sync(FULL_MASK, s, 2);
+        sl += __shfl_xor_sync(FULL_MASK, sl, 1);
+        sl += __shfl_xor_sync(FULL_MASK, sl, 2);
+        if (!live) continue;
+        const unsigned wh = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (unsigned)(q[3] & 0xff) << 24;
+        const unsigned wl = (l[0] & 0xff) | (l[1] & 0xff) << 8 | (l[2] & 0xff) << 16 | (unsigned)(l[3] & 0xff) << 24;
+        reinterpret_cast<unsigned*>(p.qx + t * p.f)[c4] = wh;
+        reinterpret_cast<unsigned*>(p.ql + t * p.f)[c4] = wl;
+        if ((c4 & 3) == 0) {
+            const float sum = __fmaf_rn(dl, (float)sl, __fmul_rn(d, (float)s));
+            p.xs[t * (p.f / 16) + c4 / 4] = make_float2(d, sum);
+        }
+    }
 }

@@ -8,8 +8,11 @@ use dustoff::backend::cpu::deltanet::{
 };
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::deltanet::{
-    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool, DN_AB_ROW, DN_CH,
+    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, GateMul, HybQkvPost, StatePool,
+    DN_AB_ROW, DN_CH,
 };
+use dustoff::backend::cuda::q8x;
+use dustoff::backend::cuda::qlaunch::q8x_bytes;
 use dustoff::model::config::RopeStyle;
 
 use super::{compare, f16_vals, gpu, Gpu};
@@ -320,6 +323,120 @@ fn delta_rule_many_token_form_equals_steps_and_the_cpu() {
     }
 }
 
+/// `dn_recur_norm_f32` (the step form with the gated norm of each token's head output in the
+/// same block) against the CPU: l2norm + gates, the delta rule step by step, then
+/// `gated_rmsnorm` per head; several chunks per launch, padded table, both head sizes.
+#[test]
+fn delta_rule_with_the_gated_norm_in_one_kernel_equals_the_cpu() {
+    let Some(mut g) = gpu("dn_recur_norm") else { return };
+    let s = g.dev.stream.clone();
+    let cases =
+        [Case { nk: 2, nv: 4, dk: 32, dv: 32, tiled: false }, Case { nk: 2, nv: 4, dk: 128, dv: 128, tiled: true }];
+    for cs in &cases {
+        let (c, ps, vd) = (cs.channels(), cs.proj_stride(), cs.nv * cs.dv);
+        let n: usize = COUNTS.iter().sum();
+        let slots = [2, 5, 0, 4, 1, 3];
+        let mats_off = 3 * c;
+        let per_slot = mats_off + cs.nv * cs.mat();
+        let (mixed, proj) = (g.randn(n * c, 1.0), g.randn(n * ps, 2.0));
+        let neg_a: Vec<f32> = g.randn(cs.nv, 1.0).iter().map(|v| -(v * 1.5).exp()).collect();
+        let dt_bias = g.randn(cs.nv, 1.0);
+        let pool = g.randn(6 * per_slot, 0.2);
+        let w = g.randn(cs.dv, 1.5);
+        let eps = 1e-6;
+        let (mut want_mixed, mut want_proj, mut want_pool) = (mixed.clone(), proj.clone(), pool.clone());
+        let mut want = cpu_recurrence(
+            cs,
+            &COUNTS,
+            &slots,
+            &mut want_mixed,
+            &mut want_proj,
+            &neg_a,
+            &dt_bias,
+            &mut want_pool,
+            mats_off,
+            per_slot,
+            None,
+        );
+        // z: the gate columns right after the q|k|v channels of the projection row.
+        for t in 0..n {
+            for h in 0..cs.nv {
+                let z = &proj[t * ps + c + h * cs.dv..t * ps + c + (h + 1) * cs.dv];
+                gated_rmsnorm(&mut want[(t * cs.nv + h) * cs.dv..(t * cs.nv + h + 1) * cs.dv], z, &w, eps);
+            }
+        }
+        let (md, pjd, nad, dtd, wd) = (g.up(&mixed), g.up(&proj), g.up(&neg_a), g.up(&dt_bias), g.up(&w));
+        let (b_off, a_off) = (c + vd, c + vd + cs.nv);
+        DnPrep {
+            mixed: g.d(&md),
+            proj: g.d(&pjd),
+            neg_a: g.d(&nad),
+            dt_bias: g.d(&dtd),
+            n_tok: n,
+            n_k: cs.nk,
+            d_k: cs.dk,
+            n_v: cs.nv,
+            channels: c,
+            proj_stride: ps,
+            b_off,
+            a_off,
+        }
+        .launch(&mut g.k, &s)
+        .unwrap();
+        let max_chunks = COUNTS.len() + 2; // two more launched than the table holds
+        let mut table = chunk_table(&COUNTS, &slots);
+        table.resize(1 + 3 * max_chunks, 0);
+        let (td, pd, od) = (g.up(&table), g.up(&pool), g.poisoned(n * vd));
+        let recur = DnRecur {
+            mixed: g.d(&md),
+            proj: g.d(&pjd),
+            out: g.d(&od),
+            pool: StatePool { state: g.d(&pd), slot_stride: per_slot, layer_off: 0, chunks: g.d(&td), max_chunks },
+            conv_len: mats_off,
+            n_tok: n,
+            n_k: cs.nk,
+            n_v: cs.nv,
+            d_k: cs.dk,
+            d_v: cs.dv,
+            channels: c,
+            proj_stride: ps,
+            b_off,
+            a_off,
+            tiled: cs.tiled,
+        };
+        let norm = DnGatedNorm {
+            o: g.d(&od),
+            z: g.d(&pjd).offset(c),
+            z_stride: ps,
+            w: g.d(&wd),
+            n_tok: n,
+            n_v: cs.nv,
+            d_v: cs.dv,
+            eps,
+        };
+        let (ql_off, xs_off, total) = q8x_bytes(n, vd);
+        let xq = g.zeros::<u8>(total);
+        DnRecurNorm { recur: &recur, norm: &norm, xq: Some(g.d(&xq)) }.launch(&mut g.k, &s).unwrap();
+        compare("dn_recur_norm_f32", g.seed, &g.down(&od), &want);
+        compare("dn_recur_norm_f32", g.seed, &g.down(&pd), &want_pool);
+        // The int8 planes as the out projection's GEMV reads them (d q + dl l) against the
+        // CPU's quantization of the CPU's output.
+        let b = g.down(&xq);
+        let d = |i: usize| f32::from_le_bytes(b[xs_off + 8 * (i / 16)..xs_off + 8 * (i / 16) + 4].try_into().unwrap());
+        let got: Vec<f32> = (0..n * vd)
+            .map(|i| (d(i) * q8x::Q8X_LO).mul_add(b[ql_off + i] as i8 as f32, d(i) * (b[i] as i8 as f32)))
+            .collect();
+        compare("dn_recur_norm_f32", g.seed, &got, &q8x::dequantized(&want, vd));
+        // Without the planes: the same output and states.
+        let (pd2, od2) = (g.up(&pool), g.poisoned(n * vd));
+        let recur2 = DnRecur { out: g.d(&od2), pool: StatePool { state: g.d(&pd2), ..recur.pool }, ..recur };
+        let norm2 = DnGatedNorm { o: g.d(&od2), ..norm };
+        DnRecurNorm { recur: &recur2, norm: &norm2, xq: None }.launch(&mut g.k, &s).unwrap();
+        compare("dn_recur_step_vs_many", g.seed, &g.down(&od2), &g.down(&od));
+        compare("dn_recur_step_vs_many", g.seed, &g.down(&pd2), &g.down(&pd));
+    }
+}
+
 #[test]
 fn gated_rmsnorm_per_value_head() {
     let Some(mut g) = gpu("dn_gated_norm") else { return };
@@ -625,6 +742,20 @@ fn deltanet_layer_timings() {
         }
         let t_norm = super::bench::time(&mut g, &mut |g| norm.launch(&mut g.k, &s).unwrap());
         let state_bytes = (counts.len() * cs.nv * cs.mat() * 4 * 2) as f64;
+        // The decode step's fused form: the delta rule, the gated norm and the out
+        // projection's int8 input in one launch.
+        let xq = g.zeros::<u8>(q8x_bytes(n, vd).2);
+        let fused = DnRecurNorm { recur: &recur, norm: &norm, xq: Some(g.d(&xq)) };
+        let t_fused = super::bench::time(&mut g, &mut |g| fused.launch(&mut g.k, &s).unwrap());
+        let fc = DnConvPrep { conv: &conv, prep: &prep };
+        let t_cp = super::bench::time(&mut g, &mut |g| fc.launch(&mut g.k, &s).unwrap());
+        println!(
+            "deltanet 9B shape, {what}: conv + prep in one launch {:.1} us; delta rule + gated norm + int8 planes in one launch {:.1} us ({:.0} GB/s of state) against {:.1} us apart",
+            t_cp * 1e6,
+            t_fused * 1e6,
+            state_bytes / t_fused / 1e9,
+            (t_recur + t_norm) * 1e6
+        );
         println!(
             "deltanet 9B shape, {what}: conv {:.1} us, prep {:.1} us, recurrence {:.1} us ({:.0} GB/s of state), gated norm {:.1} us, total {:.1} us per layer",
             t_conv * 1e6,

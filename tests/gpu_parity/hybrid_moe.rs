@@ -294,3 +294,110 @@ fn qwen36_35b_plan_vs_device_memory() {
     assert!(mt.prompt_tokens_cached > 0, "no prefix reuse: {mt:?}");
     assert!(held <= plan.total, "the backend holds {held} bytes, more than its plan of {}", plan.total);
 }
+
+/// The first four layers (L L L F) of the Qwen3.6-35B-A3B shape (routed and shared experts)
+/// and of the Qwen3.5-9B shape (dense FFN), random Q4_K_M weights made on the GPU: the layer
+/// norms folded into the products that read them (the linear layers' input projection, the
+/// gated attention's q/gate/k/v, the shared expert's or the dense FFN's gate/up: the norm
+/// writes their int8 input) give the logits of the separate norm launches bit for bit, over a
+/// 45-token prompt and 20 teacher-forced one-token steps through decode graphs.
+#[test]
+fn hybrid_models_with_fused_norms_match_unfused() {
+    use dustoff::backend::cuda::WeightMix;
+    use dustoff::engine::single::SingleSeq;
+    let Some(g) = gpu("hybrid fused norms") else { return };
+    drop(g);
+    let prompt: Vec<u32> = (0..45).map(|i| 300 + i * 53).collect();
+    let forced: Vec<u32> = (0..20).map(|i| 700 + i * 101).collect();
+    let logits = |b: &mut CudaBackend| {
+        let mut seq = SingleSeq::new(&*b, 0, prompt.len() + forced.len() + 1).unwrap();
+        let mut all = vec![seq.feed(b, &prompt).unwrap()];
+        for &t in &forced {
+            all.push(seq.feed(b, &[t]).unwrap());
+        }
+        all
+    };
+    for shape in ["qwen3.6-35b-a3b", "qwen3.5-9b"] {
+        let mut cfg = dustoff::model::shapes::shape(shape).unwrap();
+        cfg.n_layers = 4;
+        if let Some(h) = cfg.hybrid.as_mut() {
+            h.recurrent.truncate(4);
+        }
+        if let Some(m) = cfg.moe.as_mut() {
+            m.sparse_layers.truncate(4);
+        }
+        let mut b = CudaBackend::synthetic_mix(cfg, WeightMix::Q4KM, 3, &super::opts(16)).expect("synthetic hybrid");
+        b.set_fuse_norm(false);
+        let want = logits(&mut b);
+        b.set_fuse_norm(true);
+        let got = logits(&mut b);
+        for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+            eprintln!("{shape} step {i}");
+            super::compare("fused_norm_q8_model", i as u64, a, w);
+        }
+    }
+}
+
+/// One stream (768 prompt tokens, 200 generated, medians of 3 after a warm-up) of the
+/// Qwen3.6-35B-A3B shape, random Q4_K_M weights made on the GPU, with the decode-step fusions
+/// of the hybrid layers on and off in one process (same weights): all on (the defaults) and
+/// all off (the launches before them: `set_fuse_norm(false)`, `set_hybrid_fusion(false)`);
+/// then the `DUSTOFF_PROFILE` classes of 64 one-token steps with all on and all off; with
+/// `DUSTOFF_BENCH_9B=1` the Qwen3.5-9B shape one stream with all on and all off; last, each
+/// half alone off (the layer norms unfolded; the linear layers' and shared expert's fused
+/// launches apart). The bound counts the bytes a token reads (weights, KV) and, beside it,
+/// the recurrent state read and written. `gpu_parity --ignored bench_qwen36_35b_fusions
+/// --nocapture`.
+#[test]
+#[ignore]
+fn bench_qwen36_35b_fusions() {
+    use dustoff::backend::cuda::WeightMix;
+    use dustoff::commands::bench::bench;
+    let Some(g) = gpu("bench qwen3.6-35b-a3b fusions") else { return };
+    drop(g);
+    let make = |shape: &str| {
+        let cfg = dustoff::model::shapes::shape(shape).unwrap();
+        let t = std::time::Instant::now();
+        let b = CudaBackend::synthetic_mix(cfg, WeightMix::Q4KM, 1, &super::opts(1024 / 16)).expect("synthetic hybrid");
+        eprintln!("made {shape} Q4_K_M on the GPU in {:.1} s", t.elapsed().as_secs_f64());
+        b
+    };
+    let run = |b: &mut CudaBackend, shape: &str, name: &str, norms: bool, hybrid: bool| {
+        b.set_fuse_norm(norms);
+        b.set_hybrid_fusion(hybrid);
+        let state = 2.0 * b.state_bytes_per_seq() as f64;
+        let r = bench(b, shape, 768, 200, 3).unwrap();
+        let bw = r.copy_bandwidth_gb_s.unwrap_or(f64::NAN) * 1e9;
+        let (tok, bytes) = (r.median_decode_tok_s, r.bytes_per_token as f64);
+        println!(
+            "FUSION {shape} Q4_K_M {name}: decode {tok:.1} tok/s (runs {:?}), prefill 768 {:.0} tok/s, {:.1}% of the active-bytes bound ({:.3} GB a token), {:.1}% with the state ({:.1} MB read + written), copy {:.0} GB/s",
+            r.runs.iter().map(|x| (x.decode_tok_s * 10.0).round() / 10.0).collect::<Vec<_>>(),
+            r.median_prefill_tok_s,
+            100.0 * tok * bytes / bw,
+            bytes / 1e9,
+            100.0 * tok * (bytes + state) / bw,
+            state / 1e6,
+            bw / 1e9,
+        );
+    };
+    let big = "qwen3.6-35b-a3b";
+    let mut b = make(big);
+    run(&mut b, big, "all fusions on", true, true);
+    run(&mut b, big, "all off", false, false);
+    for (name, on) in [("all fusions on", true), ("all off", false)] {
+        b.set_fuse_norm(on);
+        b.set_hybrid_fusion(on);
+        b.set_profile(true);
+        eprintln!("PROFILE {big} Q4_K_M {name} (64 one-token steps after 768 prompt tokens, graphs off):");
+        bench(&mut b, big, 768, 64, 0).unwrap();
+        b.set_profile(false);
+    }
+    if std::env::var("DUSTOFF_BENCH_9B").is_ok_and(|v| v == "1") {
+        let small = "qwen3.5-9b";
+        let mut b9 = make(small);
+        run(&mut b9, small, "all fusions on", true, true);
+        run(&mut b9, small, "all off", false, false);
+    }
+    run(&mut b, big, "norms unfolded", false, true);
+    run(&mut b, big, "dn + shexp launches apart", true, false);
+}

@@ -242,6 +242,7 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("dn_conv_prep_f32", 1e-6),
     ("dn_chunk_vs_step", 1e-4),
     ("dn_gated_norm_f32", 1e-5),
+    ("dn_recur_norm_f32", 1e-5),
     ("hyb_qkv_post_f32", 1e-5),
     ("hyb_kv_store_f16", 1e-3),
     ("hyb_gate_mul_f32", 1e-6),
@@ -249,6 +250,10 @@ const TOLERANCES: &[(&str, f64)] = &[
     // layer with one rounds its matmul inputs to F16 (or int8 blocks) twice, gate/up then down,
     // as the `wide_*` products do once.
     ("shexp_gate_add_f32", 1e-6),
+    // The gated row's codes: the gate logit is a block sum on the GPU, a sequential sum on
+    // the CPU; the scale's last bit moves a lo code's rounding boundary now and then (one lo
+    // step, amax / 32,000, on a value: 2.2e-6 relative measured at 8 tokens, H200).
+    ("shexp_gate_q8_f32", 1e-5),
     ("shared_expert_layer_f16", 3e-3),
     ("shared_expert_layer_quant", 3e-3),
     // Norms fused into the products (fused_norm.cu): the planes and casts equal the unfused

@@ -9,7 +9,9 @@ use dustoff::backend::cpu::moe::{moe_ffn as cpu_moe_ffn, MoeScratch};
 use dustoff::backend::cuda::gemm_tc::tc64_part_len;
 use dustoff::backend::cuda::matmul::Mm;
 use dustoff::backend::cuda::moe::{moe_ffn, MoeLayerW, MoeWork};
-use dustoff::backend::cuda::shared_expert::{shared_expert_ffn, SharedWork, ShexpGateAdd};
+use dustoff::backend::cuda::q8x;
+use dustoff::backend::cuda::qlaunch::q8x_bytes;
+use dustoff::backend::cuda::shared_expert::{shared_expert_ffn, SharedWork, ShexpGateAdd, ShexpGateQ8};
 use dustoff::model::moe::{Expert, MoeConfig, MoeWeights, SharedExpert};
 use dustoff::model::quant::{quantize_row, GgmlType};
 use dustoff::model::weights::Tensor;
@@ -53,6 +55,51 @@ fn shared_expert_gate_adds_the_sigmoid_scaled_output() {
         let op = ShexpGateAdd { h: g.d(&hd), gate: g.d(&gd), y: g.d(&yd), x: g.d(&xd), n_tok: n, dim };
         op.launch(&mut g.k, &s).unwrap();
         compare("shexp_gate_add_f32", g.seed + n as u64, &g.down(&xd), &want);
+    }
+}
+
+/// The gate folded into the down GEMV's int8 input: `sigmoid(gate . h) act` quantized on the
+/// GPU against the CPU's scaled row through `q8x::quantize`, compared as the values the GEMV
+/// sees (`d q + dl l`) and the per-run sums it adds (`xs.y`).
+#[test]
+fn shared_expert_gate_folded_into_the_int8_down_input() {
+    let Some(mut g) = gpu("shared expert gate q8") else { return };
+    let s = g.dev.stream.clone();
+    let (dim, f) = (384, 512);
+    let gate_row = g.randn(dim, (3.0 / dim as f32).sqrt());
+    let gate = Tensor::from_f32("gate", 1, dim, &gate_row);
+    for n in [1, 3, 8] {
+        let (h, act) = (g.randn(n * dim, 1.5), g.randn(n * f, 2.0));
+        let mut logit = vec![0f32; n];
+        matmul(&gate, &h, n, &mut logit);
+        let scaled: Vec<f32> = (0..n * f).map(|i| act[i] / (1.0 + (-logit[i / f]).exp())).collect();
+        let want = q8x::dequantized(&scaled, f);
+        let mut want_sums = Vec::new();
+        for row in scaled.chunks(f) {
+            let (q, l, ds) = q8x::quantize(row);
+            for r in 0..f / 16 {
+                let d = ds[r / 2];
+                let (sq, sl) = (16 * r..16 * r + 16).fold((0i32, 0i32), |a, j| (a.0 + q[j] as i32, a.1 + l[j] as i32));
+                want_sums.push((d * q8x::Q8X_LO).mul_add(sl as f32, d * sq as f32));
+            }
+        }
+        let (ql_off, xs_off, total) = q8x_bytes(n, f);
+        let (hd, gd, ad, xq) = (g.up(&h), g.up(&gate_row), g.up(&act), g.zeros::<u8>(total));
+        let op = ShexpGateQ8 { h: g.d(&hd), gate: g.d(&gd), act: g.d(&ad), xq: g.d(&xq), n_tok: n, dim, ffn: f };
+        op.launch(&mut g.k, &s).unwrap();
+        let b = g.down(&xq);
+        let xs = |i: usize| f32::from_le_bytes(b[xs_off + 4 * i..xs_off + 4 * i + 4].try_into().unwrap());
+        let got: Vec<f32> = (0..n * f)
+            .map(|i| {
+                let (t, j) = (i / f, i % f);
+                let d = xs(2 * (t * (f / 16) + j / 16));
+                let (q, l) = (b[i] as i8 as f32, b[ql_off + i] as i8 as f32);
+                (d * q8x::Q8X_LO).mul_add(l, d * q)
+            })
+            .collect();
+        let got_sums: Vec<f32> = (0..n * f / 16).map(|r| xs(2 * r + 1)).collect();
+        compare("shexp_gate_q8_f32", g.seed + n as u64, &got, &want);
+        compare("shexp_gate_q8_f32", g.seed + n as u64, &got_sums, &want_sums);
     }
 }
 

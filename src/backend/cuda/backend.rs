@@ -464,6 +464,23 @@ impl CudaBackend {
         self.graphs.clear(); // captured with the other kernels
     }
 
+    /// Hybrid models: the fused decode launches of the linear layers (delta rule + gated norm +
+    /// the out projection's int8 input) and of the shared expert (its gate folded into the down
+    /// product's int8 input) on, or their separate launches (same-process comparisons; the
+    /// defaults come from `DUSTOFF_DN_RECUR_NORM` and `DUSTOFF_SHEXP_FUSED`).
+    pub fn set_hybrid_fusion(&mut self, on: bool) {
+        if let Some(h) = self.hybrid.as_mut() {
+            h.set_fusion(on);
+        }
+        self.graphs.clear();
+    }
+
+    /// Starts `DUSTOFF_PROFILE`'s per-class GPU timing from the next step (graphs are skipped
+    /// while it runs), or stops it and prints what it gathered (stderr).
+    pub fn set_profile(&mut self, on: bool) {
+        self.prof = on.then(|| super::profile::Profiler::new(self.dev.ctx.clone()));
+    }
+
     /// Turns CUDA-graph replay of decode steps on or off (on by default unless
     /// `DUSTOFF_CUDA_GRAPHS=0`). Both paths launch the same kernels with the same arguments.
     pub fn set_graphs(&mut self, on: bool) {

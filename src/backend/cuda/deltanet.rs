@@ -13,6 +13,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 use super::kernels::Kernels;
 use super::kv_cache::check_rope_store;
 use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev};
+use super::qlaunch::q8x_bytes;
 use super::CudaError;
 
 /// Longest conv kernel `dn_conv_silu_f32` holds in registers (`DN_MAX_K`).
@@ -300,6 +301,13 @@ struct DnRecurParams {
     b_off: i32,
     a_off: i32,
     tiled: i32,
+    z: u64,
+    norm_w: u64,
+    z_stride: i32,
+    eps: f32,
+    qx: u64,
+    ql: u64,
+    xs: u64,
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
 unsafe impl DeviceRepr for DnRecurParams {}
@@ -330,18 +338,39 @@ pub struct DnRecur {
 
 impl DnRecur {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
-        const K: &str = "dn_recur_f32";
+        self.launch_as(k, s, "dn_recur_f32", None, None)
+    }
+
+    /// `dn_recur_f32`, or with `norm` (its `o` this launch's `out`) `dn_recur_norm_f32`.
+    fn launch_as(
+        &self,
+        k: &mut Kernels,
+        s: &CudaStream,
+        kn: &'static str,
+        norm: Option<&DnGatedNorm>,
+        xq: Option<Dev<u8>>,
+    ) -> Result<(), CudaError> {
         let (nk, nv, dk, dv) = (self.n_k, self.n_v, self.d_k, self.d_v);
-        check(K, nk > 0 && nv.is_multiple_of(nk), || format!("{nv} value heads over {nk} key heads"))?;
-        check(K, dk.is_multiple_of(4) && dk <= DN_MAX_DK, || format!("key head size {dk} (a multiple of 4, <= 128)"))?;
-        check(K, dv.is_multiple_of(8) && dv <= DN_MAX_DV, || {
+        check(kn, nk > 0 && nv.is_multiple_of(nk), || format!("{nv} value heads over {nk} key heads"))?;
+        check(kn, dk.is_multiple_of(4) && dk <= DN_MAX_DK, || format!("key head size {dk} (a multiple of 4, <= 128)"))?;
+        check(kn, dv.is_multiple_of(8) && dv <= DN_MAX_DV, || {
             format!("value head size {dv} (a multiple of 8, <= 128)")
         })?;
-        check(K, 2 * nk * dk + nv * dv <= self.channels, || "heads overlap the mixed row".into())?;
-        need(K, "mixed", self.mixed, self.n_tok * self.channels)?;
-        need(K, "projection", self.proj, extent(self.n_tok, self.proj_stride, self.proj_stride))?;
-        need(K, "output", self.out, self.n_tok * nv * dv)?;
-        self.pool.check(K, self.conv_len + nv * dk * dv)?;
+        check(kn, 2 * nk * dk + nv * dv <= self.channels, || "heads overlap the mixed row".into())?;
+        need(kn, "mixed", self.mixed, self.n_tok * self.channels)?;
+        need(kn, "projection", self.proj, extent(self.n_tok, self.proj_stride, self.proj_stride))?;
+        need(kn, "output", self.out, self.n_tok * nv * dv)?;
+        self.pool.check(kn, self.conv_len + nv * dk * dv)?;
+        let q8 = match xq {
+            Some(xq) => {
+                check(kn, dv.is_multiple_of(32), || format!("value head size {dv}: not whole 32-value blocks"))?;
+                check(kn, xq.ptr.is_multiple_of(256), || "the int8 output must be 256-byte aligned".into())?;
+                let (ql, xs, total) = q8x_bytes(self.n_tok, nv * dv);
+                need(kn, "int8 output", xq, total)?;
+                (xq.ptr, xq.ptr + ql as u64, xq.ptr + xs as u64)
+            }
+            None => (0, 0, 0),
+        };
         if self.n_tok == 0 {
             return Ok(());
         }
@@ -353,19 +382,53 @@ impl DnRecur {
             chunks: self.pool.chunks.ptr,
             slot_stride: self.pool.slot_stride as i64,
             mats_off: (self.pool.layer_off + self.conv_len) as i64,
-            max_chunks: i32_of(K, self.pool.max_chunks)?,
-            n_k: i32_of(K, nk)?,
-            n_v: i32_of(K, nv)?,
+            max_chunks: i32_of(kn, self.pool.max_chunks)?,
+            n_k: i32_of(kn, nk)?,
+            n_v: i32_of(kn, nv)?,
             d_k: dk as i32,
             d_v: dv as i32,
-            channels: i32_of(K, self.channels)?,
-            proj_stride: i32_of(K, self.proj_stride)?,
-            b_off: i32_of(K, self.b_off)?,
-            a_off: i32_of(K, self.a_off)?,
+            channels: i32_of(kn, self.channels)?,
+            proj_stride: i32_of(kn, self.proj_stride)?,
+            b_off: i32_of(kn, self.b_off)?,
+            a_off: i32_of(kn, self.a_off)?,
             tiled: i32::from(self.tiled),
+            z: norm.map_or(0, |n| n.z.ptr),
+            norm_w: norm.map_or(0, |n| n.w.ptr),
+            z_stride: norm.map_or(Ok(0), |n| i32_of(kn, n.z_stride))?,
+            eps: norm.map_or(0.0, |n| n.eps),
+            qx: q8.0,
+            ql: q8.1,
+            xs: q8.2,
         };
-        let grid = (i32_of(K, nv)? as u32, self.pool.max_chunks as u32, 1);
-        launch(k, s, K, grid, (4 * dv) as u32, (2 * dk * 4) as u32, &p)
+        let grid = (i32_of(kn, nv)? as u32, self.pool.max_chunks as u32, 1);
+        launch(k, s, kn, grid, (4 * dv) as u32, (2 * dk * 4) as u32, &p)
+    }
+}
+
+/// [`DnRecur`] then [`DnGatedNorm`] on its output in one launch (`dn_recur_norm_f32`): a block
+/// holds a whole value head's `d_v` outputs of a token, so the norm's sum of squares is a block
+/// sum and each output is stored once, normalized. The decode step's form (one launch a linear
+/// layer less); the chunked prefill keeps the two. With `xq` the normalized output is also
+/// written as the int8 planes of the out projection's GEMV (layout `q8x_bytes(n_tok, n_v d_v)`,
+/// the codes `QuantizeX` would write), so that product needs no quantize launch.
+pub struct DnRecurNorm<'a> {
+    pub recur: &'a DnRecur,
+    pub norm: &'a DnGatedNorm,
+    pub xq: Option<Dev<u8>>,
+}
+
+impl DnRecurNorm<'_> {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "dn_recur_norm_f32";
+        let (r, n) = (self.recur, self.norm);
+        check(K, n.o.ptr == r.out.ptr && n.n_tok == r.n_tok && n.n_v == r.n_v && n.d_v == r.d_v, || {
+            "the norm must cover the recurrence's output rows".into()
+        })?;
+        let vd = n.n_v * n.d_v;
+        check(K, vd <= n.z_stride, || "gates overlap their stride".into())?;
+        need(K, "gates", n.z, extent(n.n_tok, n.z_stride, vd))?;
+        need(K, "weight", n.w, n.d_v)?;
+        r.launch_as(k, s, K, Some(n), self.xq)
     }
 }
 

@@ -19,15 +19,17 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::deltanet::{
-    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool, DN_AB_ROW, DN_CH,
+    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, GateMul, HybQkvPost, StatePool,
+    DN_AB_ROW, DN_CH,
 };
 use super::device::{up, zeros};
 use super::dmat::Linear;
 use super::kernels::Kernels;
 use super::launch::Dev;
 use super::layer::LayerW;
-use super::matmul::{Mm, Product};
+use super::matmul::{input_form, Mm, Product, XForm};
 use super::paged_attn::PagedAttn;
+use super::step_norm::{norm_product, NormIn};
 use super::CudaError;
 use crate::backend::BackendError;
 use crate::engine::plan::{SeqId, StepPlan};
@@ -97,6 +99,11 @@ pub struct HybridCuda {
     mixed: Option<CudaSlice<f32>>, // [cap, C] conv output
     core: Option<CudaSlice<f32>>,  // [cap, max(V, q_dim)]: delta-rule output / queries
     ab: Option<CudaSlice<f32>>,    // [cap, n_v, DN_AB_ROW]: the chunked form's sub-chunk table
+    /// The step form's delta rule with the gated norm (and the out projection's int8 input)
+    /// in one launch.
+    recur_norm: bool,
+    /// The shared expert's gate folded into its down product's int8 input.
+    pub(super) fold_shexp_gate: bool,
 }
 
 /// Whether a linear layer runs conv + L2 norm + gates as one kernel (`DUSTOFF_DN_FUSED=0`:
@@ -105,6 +112,16 @@ fn fused_conv_prep() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_DN_FUSED").is_none_or(|v| v != "0"))
 }
+
+/// Whether the step form of the delta rule normalizes its output in the same launch
+/// (`dn_recur_norm_f32`; `DUSTOFF_DN_RECUR_NORM=0`: `dn_recur_f32` then `dn_gated_norm_f32`).
+fn recur_norm_fused() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_DN_RECUR_NORM").is_none_or(|v| v != "0"))
+}
+
+/// The profiler's mark: the work launched since the previous one belongs to the named class.
+pub(super) type Mark<'a> = &'a mut dyn FnMut(&'static str) -> Result<(), CudaError>;
 
 /// Fewest tokens of one chunk that take the chunked delta rule (in steps that are not
 /// replayed as graphs); `DUSTOFF_DN_CHUNK_MIN` overrides the default of one sub-chunk
@@ -200,7 +217,15 @@ impl HybridCuda {
             mixed: None,
             core: None,
             ab: None,
+            recur_norm: recur_norm_fused(),
+            fold_shexp_gate: super::shared_expert::gate_folded(),
         })
+    }
+
+    /// The fused decode launches on, or their separate launches (`CudaBackend::set_hybrid_fusion`).
+    pub(super) fn set_fusion(&mut self, on: bool) {
+        self.recur_norm = on;
+        self.fold_shexp_gate = on;
     }
 
     /// Bytes of one sequence's recurrent state on the device.
@@ -350,7 +375,9 @@ impl HybridCuda {
             .ok_or_else(|| CudaError::Shape { kernel: "hybrid", reason: "work buffers not allocated".into() })
     }
 
-    /// Layer `li`'s token mixer: `io.h` (normed input) -> `io.x += mixer(h)`.
+    /// Layer `li`'s token mixer: `io.h` (normed input) -> `io.x += mixer(h)`. With `pre` the
+    /// layer's norm is not applied yet: the first product folds it in (`io.h` receives it).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn mixer(
         &self,
         li: usize,
@@ -359,21 +386,43 @@ impl HybridCuda {
         k: &mut Kernels,
         mm: &mut Mm,
         io: &StepIo,
+        pre: Option<NormIn>,
+        mark: Mark,
     ) -> Result<(), CudaError> {
         match self.layers.get(li).and_then(Option::as_ref) {
-            Some(d) => self.linear(d, c, k, mm, io),
-            None => self.attention(lw, c, k, mm, io),
+            Some(d) => self.linear(d, c, k, mm, io, pre, mark),
+            None => self.attention(lw, c, k, mm, io, pre, mark),
         }
     }
 
-    fn linear(&self, d: &LinearW, c: &ModelConfig, k: &mut Kernels, mm: &mut Mm, io: &StepIo) -> Result<(), CudaError> {
+    /// The input projection of a layer (`p.x` is `io.h`), its norm folded in where `pre` says.
+    fn first_product(k: &mut Kernels, mm: &mut Mm, pre: Option<NormIn>, p: Product) -> Result<(), CudaError> {
+        match pre {
+            Some(a) => norm_product(k, mm, a, p),
+            None => mm.run(k, p),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &self,
+        d: &LinearW,
+        c: &ModelConfig,
+        k: &mut Kernels,
+        mm: &mut Mm,
+        io: &StepIo,
+        pre: Option<NormIn>,
+        mark: Mark,
+    ) -> Result<(), CudaError> {
         let s = mm.s;
         let h = &self.h;
         let n = io.n_tok;
         let (ch, vd, nv, kk) = (h.conv_channels(), h.value_dim(), h.n_v_heads, h.conv_kernel);
         let width = d.proj.rows();
         let (proj, mixed, core) = (Self::buf(&self.proj, s)?, Self::buf(&self.mixed, s)?, Self::buf(&self.core, s)?);
-        mm.run(k, Product { lin: &d.proj, bias: None, x: io.h, n, out: proj, accumulate: false })?;
+        let p = Product { lin: &d.proj, bias: None, x: io.h, n, out: proj, accumulate: false };
+        Self::first_product(k, mm, pre, p)?;
+        mark("dn in proj")?;
         // Graph-sized steps launch for every token as a possible chunk (the table says how
         // many there are), so a graph serves any split of its tokens into chunks.
         let max_chunks = if n <= super::gemm_tc::TC_MAX_TOKENS { n } else { io.n_seqs };
@@ -416,6 +465,7 @@ impl HybridCuda {
             conv.launch(k, s)?;
             prep.launch(k, s)?;
         }
+        mark("dn conv+prep")?;
         let recur = DnRecur {
             mixed,
             proj,
@@ -437,12 +487,7 @@ impl HybridCuda {
         // steps keep the step form, whose launch does not depend on the chunk lengths.
         let longest = self.host_chunks.iter().skip(2).step_by(3).copied().max().unwrap_or(0).max(0) as usize;
         let min = chunked_min_tokens();
-        if n > super::gemm_tc::TC_MAX_TOKENS && min > 0 && longest >= min {
-            DnChunked { recur: &recur, ab: Self::buf(&self.ab, s)?, max_count: longest }.launch(k, s)?;
-        } else {
-            recur.launch(k, s)?;
-        }
-        DnGatedNorm {
+        let norm = DnGatedNorm {
             o: core,
             z: proj.offset(ch),
             z_stride: width,
@@ -451,9 +496,29 @@ impl HybridCuda {
             n_v: nv,
             d_v: h.d_v,
             eps: c.rms_eps,
+        };
+        if n > super::gemm_tc::TC_MAX_TOKENS && min > 0 && longest >= min {
+            DnChunked { recur: &recur, ab: Self::buf(&self.ab, s)?, max_count: longest }.launch(k, s)?;
+            mark("dn recurrence")?;
+            norm.launch(k, s)?;
+            mark("dn gated norm")?;
+        } else if self.recur_norm {
+            // The out projection's int8 input written by the same launch where its GEMV reads one.
+            let q8 = matches!(&d.out.parts[..], [m] if input_form(m, n) == XForm::Q8) && vd.is_multiple_of(32);
+            let xq = q8.then(|| mm.x16.bytes());
+            DnRecurNorm { recur: &recur, norm: &norm, xq }.launch(k, s)?;
+            mark("dn recur+norm")?;
+            let out = Product { lin: &d.out, bias: None, x: core, n, out: io.x, accumulate: true };
+            mm.run_with(k, out, if q8 { XForm::Q8 } else { XForm::None })?;
+            return mark("dn out proj");
+        } else {
+            recur.launch(k, s)?;
+            mark("dn recurrence")?;
+            norm.launch(k, s)?;
+            mark("dn gated norm")?;
         }
-        .launch(k, s)?;
-        mm.run(k, Product { lin: &d.out, bias: None, x: core, n, out: io.x, accumulate: true })
+        mm.run(k, Product { lin: &d.out, bias: None, x: core, n, out: io.x, accumulate: true })?;
+        mark("dn out proj")
     }
 
     fn buf_i32(b: &Option<CudaSlice<i32>>, s: &CudaStream) -> Result<Dev<i32>, CudaError> {
@@ -462,6 +527,7 @@ impl HybridCuda {
             .ok_or_else(|| CudaError::Shape { kernel: "hybrid", reason: "chunk table not allocated".into() })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         lw: &LayerW,
@@ -469,6 +535,8 @@ impl HybridCuda {
         k: &mut Kernels,
         mm: &mut Mm,
         io: &StepIo,
+        pre: Option<NormIn>,
+        mark: Mark,
     ) -> Result<(), CudaError> {
         let s = mm.s;
         let n = io.n_tok;
@@ -476,7 +544,9 @@ impl HybridCuda {
         let gated = self.h.attn_output_gate;
         let width = lw.wqkv.rows();
         let (proj, q) = (Self::buf(&self.proj, s)?, Self::buf(&self.core, s)?);
-        mm.run(k, Product { lin: &lw.wqkv, bias: None, x: io.h, n, out: proj, accumulate: false })?;
+        let p = Product { lin: &lw.wqkv, bias: None, x: io.h, n, out: proj, accumulate: false };
+        Self::first_product(k, mm, pre, p)?;
+        mark("attn qkv proj")?;
         let (kc, vc) = (Dev::of(&lw.k_cache, s), Dev::of(&lw.v_cache, s));
         HybQkvPost {
             proj,
@@ -501,6 +571,7 @@ impl HybridCuda {
             eps: c.rms_eps,
         }
         .launch(k, s)?;
+        mark("attn qkv_post")?;
         let paged = PagedAttn {
             q,
             k_cache: kc,
@@ -520,11 +591,13 @@ impl HybridCuda {
             q_stride: qd,
             out_stride: qd,
         };
-        io.attn.launch(k, s, paged, &mut |_| Ok(()))?;
+        io.attn.launch(k, s, paged, mark)?;
         if gated {
             GateMul { att: io.att, proj, stride: width, n_tok: n, n_heads: c.n_heads, head_dim: hd }.launch(k, s)?;
+            mark("attn gate")?;
         }
-        mm.run(k, Product { lin: &lw.wo, bias: None, x: io.att, n, out: io.x, accumulate: true })
+        mm.run(k, Product { lin: &lw.wo, bias: None, x: io.att, n, out: io.x, accumulate: true })?;
+        mark("attn o proj")
     }
 }
 

@@ -59,6 +59,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "dn_conv_silu_f32",
             "dn_prep_f32",
             "dn_recur_f32",
+            "dn_recur_norm_f32",
             "dn_gated_norm_f32",
             "dn_chunk_prep_f32",
             "dn_chunk_scan_f32",
@@ -161,7 +162,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     },
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),
-    kernel_file!("shared_expert", ["shexp_gate_add_f32"]),
+    kernel_file!("shared_expert", ["shexp_gate_add_f32", "shexp_gate_q8_f32"]),
     kernel_file!("silu_mul", ["silu_mul_f32"]),
 ];
 

@@ -8,6 +8,10 @@
 //! 2. down through the dispatcher -> `y` `[n, dim]`;
 //! 3. `shexp_gate_add_f32` (kernels/shared_expert.cu): `x[t] += sigmoid(gate . h[t]) y[t]`.
 //!
+//! Where the down GEMV reads int8 activations (decode steps of packed weights), 2 and 3 are
+//! `shexp_gate_q8_f32` (the gated row `sigmoid(gate . h[t]) act[t]` quantized) and the down
+//! GEMV accumulating into `x`.
+//!
 //! The routed sum enters `x` first and the shared expert second, the order of transformers'
 //! `Qwen3NextSparseMoeBlock`; the CPU adds both into a zeroed row before the residual, so the
 //! two round differently by one addition (f32).
@@ -21,9 +25,10 @@ use rand::{Rng, SeedableRng};
 use super::device::{up, zeros};
 use super::dmat::{DevMat, Linear};
 use super::kernels::Kernels;
-use super::launch::{blocks_for, i32_of, launch, need, Dev};
-use super::matmul::{Mm, Product};
+use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
+use super::matmul::{input_form, packed_gemv, Mm, Product, XForm};
 use super::qformat::check_tensor;
+use super::qlaunch::q8x_bytes;
 use super::CudaError;
 use crate::model::moe::SharedExpert;
 use crate::model::quant::GgmlType;
@@ -136,6 +141,13 @@ fn dev(b: &Option<CudaSlice<f32>>, s: &CudaStream) -> Result<Dev<f32>, CudaError
         .ok_or_else(|| CudaError::Shape { kernel: "shared expert", reason: "work buffers not allocated".into() })
 }
 
+/// Whether the gate is folded into the down product's int8 input where the down GEMV reads
+/// one (`DUSTOFF_SHEXP_FUSED=0`: the product into `y`, then `shexp_gate_add_f32`).
+pub(super) fn gate_folded() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_SHEXP_FUSED").is_none_or(|v| v != "0"))
+}
+
 /// `x[t] += sigmoid(gate . h[t]) * shared(h[t])` for `n` tokens (`h`, `x` `[n, dim]`).
 pub fn shared_expert_ffn(
     k: &mut Kernels,
@@ -146,12 +158,105 @@ pub fn shared_expert_ffn(
     x: Dev<f32>,
     n: usize,
 ) -> Result<(), CudaError> {
+    shared_expert_ffn_with(k, mm, w, work, h, x, n, XForm::None, gate_folded())
+}
+
+/// [`shared_expert_ffn`] where `mm.x16` already holds `h` in the form `have` (the FFN norm
+/// before the routed experts wrote it: they read `h` in f32 and leave `x16` alone); `fold`:
+/// the gate folded into the down product's int8 input where it reads one.
+///
+/// One token (the packed int8 GEMVs): the fused SwiGLU GEMV, `shexp_gate_q8_f32` (gate, scale,
+/// quantize) and the down GEMV adding into `x`: three launches, or two with `have`.
+#[allow(clippy::too_many_arguments)]
+pub fn shared_expert_ffn_with(
+    k: &mut Kernels,
+    mm: &mut Mm,
+    w: &SharedExpertW,
+    work: &SharedWork,
+    h: Dev<f32>,
+    x: Dev<f32>,
+    n: usize,
+    have: XForm,
+    fold: bool,
+) -> Result<(), CudaError> {
     let s = mm.s;
     super::launch::check("shared expert", n <= work.cap_tok, || format!("{n} tokens, buffers for {}", work.cap_tok))?;
     let (gu, act, y) = (dev(&work.gu, s)?, dev(&work.act, s)?, dev(&work.y, s)?);
-    super::matmul::swiglu(k, mm, &w.gu, h, n, gu, act, w.ffn)?;
+    let gate = Dev::of(&w.gate, s);
+    match &w.gu.parts[..] {
+        [m] if m.quant(s).is_some() && packed_gemv(m, n) => {
+            let wq = m.quant(s).expect("checked above");
+            mm.swiglu_q_with(k, wq, h, n, act, w.ffn, have)?;
+        }
+        _ => super::matmul::swiglu(k, mm, &w.gu, h, n, gu, act, w.ffn)?,
+    }
+    if let ([m], true) = (&w.down.parts[..], fold) {
+        if input_form(m, n) == XForm::Q8 && w.ffn.is_multiple_of(32) {
+            ShexpGateQ8 { h, gate, act, xq: mm.x16.bytes(), n_tok: n, dim: w.gu.cols(), ffn: w.ffn }.launch(k, s)?;
+            let p = Product { lin: &w.down, bias: None, x: act, n, out: x, accumulate: true };
+            return mm.run_with(k, p, XForm::Q8);
+        }
+    }
     mm.run(k, Product { lin: &w.down, bias: None, x: act, n, out: y, accumulate: false })?;
-    ShexpGateAdd { h, gate: Dev::of(&w.gate, s), y, x, n_tok: n, dim: w.gu.cols() }.launch(k, s)
+    ShexpGateAdd { h, gate, y, x, n_tok: n, dim: w.gu.cols() }.launch(k, s)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GateQ8Params {
+    h: u64,
+    gate: u64,
+    act: u64,
+    qx: u64,
+    ql: u64,
+    xs: u64,
+    n_tok: i32,
+    dim: i32,
+    f: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
+unsafe impl DeviceRepr for GateQ8Params {}
+
+/// `sigmoid(gate . h[t]) * act[t]` quantized into `xq` (layout: `qlaunch::q8x_bytes(n_tok,
+/// ffn)`) as the down GEMV's int8 input (`h` `[n_tok, dim]`, `act` `[n_tok, ffn]`, `gate`
+/// `[dim]`). CPU twin: the logit and scale of cpu/moe.rs `shared_expert`, then `q8x::quantize`.
+pub struct ShexpGateQ8 {
+    pub h: Dev<f32>,
+    pub gate: Dev<f32>,
+    pub act: Dev<f32>,
+    pub xq: Dev<u8>,
+    pub n_tok: usize,
+    pub dim: usize,
+    pub ffn: usize,
+}
+
+impl ShexpGateQ8 {
+    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "shexp_gate_q8_f32";
+        check(K, self.ffn.is_multiple_of(32), || format!("{} columns are not whole 32-value blocks", self.ffn))?;
+        check(K, self.act.ptr.is_multiple_of(16), || "the activations must be 16-byte aligned".into())?;
+        check(K, self.xq.ptr.is_multiple_of(256), || "the int8 input must be 256-byte aligned".into())?;
+        need(K, "input", self.h, self.n_tok * self.dim)?;
+        need(K, "gate", self.gate, self.dim)?;
+        need(K, "activations", self.act, self.n_tok * self.ffn)?;
+        let (ql_off, xs_off, total) = q8x_bytes(self.n_tok, self.ffn);
+        need(K, "int8 input", self.xq, total)?;
+        if self.n_tok == 0 {
+            return Ok(());
+        }
+        let p = GateQ8Params {
+            h: self.h.ptr,
+            gate: self.gate.ptr,
+            act: self.act.ptr,
+            qx: self.xq.ptr,
+            ql: self.xq.ptr + ql_off as u64,
+            xs: self.xq.ptr + xs_off as u64,
+            n_tok: i32_of(K, self.n_tok)?,
+            dim: i32_of(K, self.dim)?,
+            f: i32_of(K, self.ffn)?,
+        };
+        launch(k, s, K, (blocks_for(K, self.n_tok, 1)?, 1, 1), 256, 0, &p)
+    }
 }
 
 #[repr(C)]

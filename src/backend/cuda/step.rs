@@ -21,7 +21,9 @@
 //! attention -> o matmul (+= residual) -> rmsnorm -> gate/up matmul with SwiGLU -> down matmul
 //! (+= residual). Logits only for the last token of chunks that want them. The two norms run
 //! inside the launch that prepares (or performs) the product after them (`step_norm`), except
-//! where a tap reads the normed input, in hybrid layers and before a mixture-of-experts FFN.
+//! where a tap reads the normed input and before a plain mixture-of-experts FFN. Hybrid layers
+//! fold the mixer's norm into its input projection, and the FFN norm before routed experts
+//! writes the shared expert's input form beside `h` (the experts read `h` in f32).
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use rayon::prelude::*;
@@ -216,17 +218,30 @@ impl CudaBackend {
         let fuse = self.fuse_norm && self.tap.is_none();
         let norm_in = |wt: &CudaSlice<f32>| NormIn { x, w: Dev::of(wt, s), h, n, dim, eps: c.rms_eps };
         for (li, lw) in self.layers.iter().enumerate() {
-            if !fuse || self.hybrid.is_some() {
+            if !fuse {
                 norm(x, Dev::of(&lw.attn_norm, s), h).launch(k, s)?;
                 mark("rmsnorm")?;
             }
             if let (Some(hy), Some(io)) = (&self.hybrid, &hybrid_io) {
-                // Qwen3.5: Gated DeltaNet or gated attention, then the dense FFN as below.
-                hy.mixer(li, lw, c, k, &mut mm, io)?;
-                mark(if c.has_kv(li) { "hybrid attention" } else { "deltanet" })?;
-                norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
-                mark("rmsnorm")?;
+                // Qwen3.5: Gated DeltaNet or gated attention, then the dense FFN as below; the
+                // norms folded into the products that read them as for the plain layers.
+                hy.mixer(li, lw, c, k, &mut mm, io, fuse.then(|| norm_in(&lw.attn_norm)), &mut mark)?;
                 if let Some(moe) = &lw.moe {
+                    // The FFN norm also writes the shared expert's int8 input where its gate/up
+                    // reads one (the routed experts read h in f32 and leave x16 alone).
+                    let have = match &moe.shared {
+                        Some(sh) if fuse => super::step_norm::prepare(
+                            k,
+                            &mut mm,
+                            norm_in(&lw.ffn_norm),
+                            super::matmul::input_form(&sh.gu.parts[0], n),
+                        )?,
+                        _ => {
+                            norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
+                            super::matmul::XForm::None
+                        }
+                    };
+                    mark("rmsnorm")?;
                     if let Some(t) = self.tap.as_mut() {
                         t.layer_input(&self.dev.stream, li, TapPoint::Router, &w.h, n, dim)?;
                     }
@@ -234,12 +249,19 @@ impl CudaBackend {
                     super::moe::moe_ffn(k, s, moe, &w.moe, h, x, n)?;
                     mark("moe ffn")?;
                     if let Some(sh) = &moe.shared {
-                        super::shared_expert::shared_expert_ffn(k, &mut mm, sh, &w.shexp, h, x, n)?;
+                        let fold = hy.fold_shexp_gate;
+                        super::shared_expert::shared_expert_ffn_with(k, &mut mm, sh, &w.shexp, h, x, n, have, fold)?;
                         mark("shared expert")?;
                     }
                     continue;
                 }
-                swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
+                if fuse {
+                    norm_swiglu(k, &mut mm, norm_in(&lw.ffn_norm), &lw.wgu, gu, act, ffn)?;
+                } else {
+                    norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
+                    mark("rmsnorm")?;
+                    swiglu(k, &mut mm, &lw.wgu, h, n, gu, act, ffn)?;
+                }
                 mark("gate/up matmul")?;
                 mm.run(k, Product { lin: &lw.wdown, bias: None, x: act, n, out: x, accumulate: true })?;
                 mark("down matmul")?;

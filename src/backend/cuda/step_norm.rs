@@ -26,7 +26,7 @@ pub(super) struct NormIn {
 
 /// Normalizes into `h` and, in the same launch, writes `x16` in the form the product reads
 /// (`form`); returns what `x16` now holds.
-fn prepare(k: &mut Kernels, mm: &mut Mm, a: NormIn, form: XForm) -> Result<XForm, CudaError> {
+pub(super) fn prepare(k: &mut Kernels, mm: &mut Mm, a: NormIn, form: XForm) -> Result<XForm, CudaError> {
     let s = mm.s;
     let (x, w, h, n_tok, dim, eps) = (a.x, a.w, a.h, a.n, a.dim, a.eps);
     // The fused kernels take whole 32-value blocks; other widths keep the plain norm.
