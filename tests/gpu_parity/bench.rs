@@ -117,7 +117,7 @@ pub(crate) fn time(g: &mut Gpu, f: &mut dyn FnMut(&mut Gpu)) -> f64 {
 #[ignore]
 fn attention_breakdown() {
     use dustoff::backend::cuda::cascade;
-    use dustoff::backend::cuda::prefill::{prefill_splits, push_tiles, PrefillAttention, PrefillSplit};
+    use dustoff::backend::cuda::prefill::{acc_available, prefill_splits, push_tiles, PrefillAttention, PrefillSplit};
     let mut g = gpu("attention breakdown").unwrap();
     let s = g.dev.stream.clone();
     let bs = 16usize;
@@ -133,6 +133,9 @@ fn attention_breakdown() {
         "attn_prefill_hd256",
         "attn_prefill_hd64_qs",
         "attn_prefill_hd128_qs",
+        "attn_prefill_hd64_acc",
+        "attn_prefill_hd128_acc",
+        "attn_prefill_hd256_acc",
     ] {
         let f = g.k.get(entry).unwrap();
         eprintln!(
@@ -373,7 +376,7 @@ fn attention_breakdown() {
             _ => {
                 let n_tiles = tiles.len() / 4;
                 let (pf, pl) = prefill_splits(n_tiles, n_tok, max_len, nh, nkv, hd, false);
-                let run = |g: &mut Gpu, split: bool| {
+                let run = |g: &mut Gpu, split: bool, acc: bool| {
                     time(g, &mut |g| {
                         let split = (split && pf > 1).then(|| PrefillSplit {
                             part_o: g.d(&po),
@@ -388,19 +391,25 @@ fn attention_breakdown() {
                         });
                         let rows = g.d(&rwd);
                         PrefillAttention { paged, tiles: g.d(&tld), rows, n_rows: n_tok, n_tiles, split }
-                            .launch(&mut g.k, &s)
+                            .launch_kernel(&mut g.k, &s, Some(acc))
                             .unwrap();
                     })
                 };
-                let one = run(&mut g, false);
-                let split = run(&mut g, true);
-                eprintln!(
-                    "attn {label}: one split {:8.1} us {:6.1} TFLOP/s | {pf:2} splits of {pl:5} {:8.1} us {:6.1} TFLOP/s",
-                    one * 1e6,
-                    flops / one / 1e12,
-                    split * 1e6,
-                    flops / split / 1e12
-                );
+                // Both kernel families (the softmax through shared memory, and on the
+                // accumulators where the device has that layout), one split and the rule's.
+                let families: &[bool] = if acc_available(&g.k) { &[false, true] } else { &[false] };
+                for &acc in families {
+                    let one = run(&mut g, false, acc);
+                    let split = run(&mut g, true, acc);
+                    eprintln!(
+                        "attn {label} {}: one split {:8.1} us {:6.1} TFLOP/s | {pf:2} splits of {pl:5} {:8.1} us {:6.1} TFLOP/s",
+                        if acc { "acc " } else { "smem" },
+                        one * 1e6,
+                        flops / one / 1e12,
+                        split * 1e6,
+                        flops / split / 1e12
+                    );
+                }
             }
         }
     }
