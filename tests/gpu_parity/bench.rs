@@ -87,6 +87,35 @@ fn long_context_bench() {
     }
 }
 
+/// The shared-prefix job of `dustoff bench --device cuda --synthetic qwen3-8b --shared-prefix
+/// REQUESTS,1000,300` (32 slots, 200 generated tokens each, the default step budget) through the
+/// same code, `DUSTOFF_SP_REQUESTS` requests (default 256): seconds with the prefix cache on
+/// and off. With `DUSTOFF_STEP_TIMES=1` the backend prints each step size's median GPU time when
+/// it is dropped, so a run with `DUSTOFF_CASCADE=0` beside one without gives the 32-token
+/// decode steps' time with and without the shared-prefix pass. Kernels from `DUSTOFF_PTX_DIR`
+/// where it is set.
+#[test]
+#[ignore]
+fn shared_prefix_job_bench() {
+    let Some(g) = gpu("shared-prefix job") else { return };
+    drop(g);
+    use dustoff::commands::common::{make_synthetic_backend_for, Device};
+    use dustoff::engine::batch::{BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS};
+    let requests = std::env::var("DUSTOFF_SP_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(256);
+    let (shared, unique, gen, slots) = (1000usize, 300usize, 200usize, 32usize);
+    let tokens = slots * (shared + unique + gen + BLOCK_SIZE) + shared * 2;
+    let step = DEFAULT_MAX_BATCH_TOKENS.max(slots);
+    let b = make_synthetic_backend_for("qwen3-8b", "f16", &Device::Cuda(0), tokens, (step, slots), None)
+        .expect("synthetic qwen3-8b on cuda:0");
+    let rows = dustoff::commands::bench::bench_shared_prefix(b, [7; 32], slots, step, (shared, unique, requests, gen))
+        .expect("the shared-prefix job");
+    let (on, off) = (rows[0].seconds, rows[1].seconds);
+    eprintln!(
+        "shared-prefix job {requests} x ({shared} + {unique}), {gen} out, {slots} slots: cache on {on:.2} s, off {off:.2} s, {:.2}x",
+        off / on
+    );
+}
+
 /// Median GPU time of `f` over 20 runs (after one warm-up), in seconds.
 pub(crate) fn time(g: &mut Gpu, f: &mut dyn FnMut(&mut Gpu)) -> f64 {
     let ev = |g: &Gpu| g.dev.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
