@@ -89,8 +89,8 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
                 let dtype = if a.f16_weights { "f16" } else { a.dtype.as_str() };
                 let mix = crate::backend::cuda::WeightMix::parse(dtype)
                     .ok_or_else(|| UsageError::new(format!("--dtype {dtype}: not a GPU weight type")))?;
-                let m = crate::backend::cuda::backend::synthetic_matrix_bytes(&cfg, mix);
-                let wide = crate::backend::cuda::backend::wide_len(&cfg) as u64 * 2;
+                let m = crate::backend::cuda::synth::synthetic_matrix_bytes(&cfg, mix);
+                let wide = crate::backend::cuda::memory::wide_len(&cfg) as u64 * 2;
                 (cfg, crate::backend::cuda::memory::DeviceWeightBytes { matrices: m, wide_scratch: wide })
             }
             (None, Some(m)) => (

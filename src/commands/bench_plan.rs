@@ -141,7 +141,8 @@ impl PlanReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::backend::{synthetic_matrix_bytes, wide_len, WeightMix};
+    use crate::backend::cuda::memory::wide_len;
+    use crate::backend::cuda::synth::{synthetic_matrix_bytes, WeightMix};
     use crate::engine::batch::DEFAULT_MAX_BATCH_TOKENS;
     use crate::model::shapes::shape;
 

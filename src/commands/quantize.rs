@@ -327,8 +327,8 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
 }
 
 /// The calibration device of `--device`: `auto` is the first GPU when one is usable and the
-/// CUDA backend runs the architecture (dense attention layers; its tap sees those only), else
-/// the CPU.
+/// model is dense (the GPU tap sees the inputs of dense attention and FFN layers only, not of
+/// linear-attention or expert layers), else the CPU.
 fn calibration_device(device: &str, cfg: &crate::model::config::ModelConfig) -> anyhow::Result<CalibrationDevice> {
     let gpu_runs_it = cfg.hybrid.is_none() && cfg.moe.is_none();
     let cuda = |ordinal| CalibrationDevice::Cuda { ordinal, ptx_dir: None };
@@ -337,7 +337,7 @@ fn calibration_device(device: &str, cfg: &crate::model::config::ModelConfig) -> 
         Device::Cuda(n) if device != "auto" => {
             if !gpu_runs_it {
                 return Err(usage(format!(
-                    "--device {device}: the CUDA backend does not run {} layers (hybrid or MoE); calibrate with --device cpu",
+                    "--device {device}: GPU calibration taps dense layers only, not the linear-attention or expert layers of {}; calibrate with --device cpu",
                     cfg.arch.name()
                 )));
             }

@@ -15,6 +15,7 @@ use super::doctor::{shown, CpuReport, CudaReport, DevicePlan, DoctorOptions, Mod
 use crate::backend::cpu::matmul::matmul;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::memory::{device_weight_bytes, plan_memory};
+use crate::backend::cuda::qformat::QFormat;
 use crate::model::loader::load_model;
 use crate::model::weights::{ModelWeights, Tensor};
 
@@ -42,6 +43,14 @@ fn matrices(w: &ModelWeights, active: bool) -> Vec<&Tensor> {
     }
     v.push(&w.output);
     v
+}
+
+/// Bytes of one matrix on the CUDA device: block formats packed, F16/BF16/F32 as F16.
+fn gpu_bytes(t: &Tensor) -> u64 {
+    match QFormat::of(t.dtype) {
+        Some(f) => f.device_bytes(t.rows, t.cols).1 as u64,
+        None => (t.rows * t.cols * 2) as u64,
+    }
 }
 
 /// Median seconds of one token through every matrix (after a warm-up pass).
@@ -150,13 +159,20 @@ pub(super) fn model_report(
         let device = format!("cuda:{}", g.info.ordinal);
         let (fits, note) = match g.free_memory_bytes {
             Some(free) => match p.check(free, &device, positions, c) {
-                Ok(()) => (true, format!("F16 weights; KV cache F16 for {positions} positions")),
+                Ok(()) => {
+                    let mut n = format!("weights as the CUDA backend keeps them (block formats packed, the rest F16); KV cache F16 for {positions} positions");
+                    if let Some(h) = &c.hybrid {
+                        n.push_str(&format!("; {}", h.state_summary()));
+                    }
+                    (true, n)
+                }
                 Err(msg) => (false, msg),
             },
             None => (false, "free memory unknown".into()),
         };
-        let emb = (c.vocab_size * c.dim * 2) as u64;
-        let gpu_decode = p.weights - (if c.tied_embeddings { 0 } else { emb }) + (c.dim * 2) as u64;
+        // Read a token: the matrices a token passes through (the chosen experts only, as
+        // `matrices(.., true)` counts them) as the device holds them, and one embedding row.
+        let gpu_decode = matrices(&m.weights, true).iter().map(|t| gpu_bytes(t)).sum::<u64>() + (c.dim * 2) as u64;
         let (tok_s, projection) = match g.copy_bandwidth_gb_s {
             Some(bw) => (
                 Some(bw * 1e9 / gpu_decode as f64 * GPU_DECODE_SHARE),
@@ -172,9 +188,8 @@ pub(super) fn model_report(
             device,
             weights_bytes: p.weights,
             kv_bytes: p.kv,
-            // The CUDA backend does not run hybrid models yet (refused before loading).
-            state_bytes: 0,
-            state_bytes_per_sequence: 0,
+            state_bytes: p.state,
+            state_bytes_per_sequence: p.state_per_seq,
             workspace_bytes: p.workspace,
             total_bytes: p.total,
             available_bytes: g.free_memory_bytes,

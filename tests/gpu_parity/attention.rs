@@ -52,37 +52,24 @@ impl Problem {
             out_stride: nh * hd,
         }
     }
-}
 
-/// Prefill tiles on the device: `tiles` `[n_tiles, 4]`, `rows` `[n_rows]` (prefill::push_tiles).
-struct TileList {
-    tiles: CudaSlice<i32>,
-    rows: CudaSlice<i32>,
-    n_rows: usize,
-    n_tiles: usize,
-}
-
-/// The prefill kernel over `tl` against `want` (`[n_tok, n_heads * head_dim]`), in both of its
-/// kernel families where the device has the second (`prefill::acc_available`): one split
-/// (direct output) with `splits: None`, else `(split length, splits)` into the partials `part`
-/// (one slot a split) and merged.
-fn check_prefill(
-    g: &mut Gpu,
-    pr: &Problem,
-    tl: &TileList,
-    n_tok: usize,
-    splits: Option<(usize, usize)>,
-    part: (&CudaSlice<f32>, &CudaSlice<f32>),
-    want: &[f32],
-) {
-    let s = g.dev.stream.clone();
-    let (nh, _, hd) = pr.shape;
-    let families: &[bool] = if acc_available(&g.k) { &[false, true] } else { &[false] };
-    for &acc in families {
-        let out = g.poisoned(n_tok * nh * hd);
-        let split = splits.map(|(split_len, n_splits)| PrefillSplit {
-            part_o: g.d(part.0),
-            part_ml: g.d(part.1),
+    /// The prefill kernel over the rows of `tiles`/`rows` (as `push_tiles` lays them out) into
+    /// `out`: one split (`None`), or `(split_len, n_splits)` over the partials `parts`
+    /// (`[n_tok, heads, n_splits, head_dim]` and `[.., 2]`) with the kernel's own merge; `acc`:
+    /// the kernel family with the softmax on the accumulators (`PrefillAttention::launch_kernel`).
+    fn prefill(
+        &self,
+        g: &mut Gpu,
+        out: &CudaSlice<f32>,
+        n_tok: usize,
+        (tiles, rows): (&[i32], &[i32]),
+        (po, pml): (&CudaSlice<f32>, &CudaSlice<f32>),
+        (split, acc): (Option<(usize, usize)>, bool),
+    ) {
+        let (tiles_d, rows_d) = (g.up(tiles), g.up(rows));
+        let split = split.map(|(split_len, n_splits)| PrefillSplit {
+            part_o: g.d(po),
+            part_ml: g.d(pml),
             split_len,
             n_splits,
             n_slots: n_splits,
@@ -91,18 +78,28 @@ fn check_prefill(
             n_part_tok: n_tok,
             merge: true,
         });
+        let s = g.dev.stream.clone();
         PrefillAttention {
-            paged: pr.paged(g, &out, n_tok),
-            tiles: g.d(&tl.tiles),
-            rows: g.d(&tl.rows),
-            n_rows: tl.n_rows,
-            n_tiles: tl.n_tiles,
+            paged: self.paged(g, out, n_tok),
+            tiles: g.d(&tiles_d),
+            rows: g.d(&rows_d),
+            n_rows: rows.len(),
+            n_tiles: tiles.len() / 4,
             split,
         }
         .launch_kernel(&mut g.k, &s, Some(acc))
         .unwrap();
         eprintln!("prefill kernel: softmax {}", if acc { "on the accumulators" } else { "through shared memory" });
-        compare("attention_prefill", g.seed, &g.down(&out), want);
+    }
+}
+
+/// The prefill kernel families to check: the softmax through shared memory, and on the
+/// accumulators where the device has their layout (`prefill::acc_available`).
+fn prefill_families(g: &Gpu) -> Vec<bool> {
+    if acc_available(&g.k) {
+        vec![false, true]
+    } else {
+        vec![false]
     }
 }
 
@@ -261,10 +258,13 @@ fn kv_store_and_paged_attention_match_cpu() {
             push_tiles(&mut tiles, &mut rows, first, n, c, si);
             first += n;
         }
-        let tl = TileList { tiles: g.up(&tiles), rows: g.up(&rows), n_rows: rows.len(), n_tiles: tiles.len() / 4 };
         for split_len in [0usize, 32, 256] {
-            let splits = (split_len > 0).then(|| (split_len, max_len.div_ceil(split_len)));
-            check_prefill(&mut g, &pr, &tl, n_tok, splits, (&po, &pml), &want);
+            let split = (split_len > 0).then(|| (split_len, max_len.div_ceil(split_len)));
+            for acc in prefill_families(&g) {
+                let out = g.poisoned(n_tok * qd);
+                pr.prefill(&mut g, &out, n_tok, (&tiles, &rows), (&po, &pml), (split, acc));
+                compare("attention_prefill", g.seed, &g.down(&out), &want);
+            }
         }
     }
 }
@@ -551,11 +551,16 @@ fn long_context_attention_matches_cpu() {
             }
             let (mut tiles, mut rows) = (Vec::new(), Vec::new());
             push_tiles(&mut tiles, &mut rows, 0, n_tok, positions[0], 0);
-            let tl = TileList { tiles: g.up(&tiles), rows: g.up(&rows), n_rows: rows.len(), n_tiles: tiles.len() / 4 };
             let reach = positions[n_tok - 1] + 1;
-            let (pf, pl) = prefill_splits(tl.n_tiles, n_tok, reach, nh, nkv, hd, false);
-            check_prefill(&mut g, &pr, &tl, n_tok, None, (&po, &pml), &want);
-            check_prefill(&mut g, &pr, &tl, n_tok, Some((pl, pf.max(reach.div_ceil(pl)))), (&po, &pml), &want);
+            let (pf, pl) = prefill_splits(tiles.len() / 4, n_tok, reach, nh, nkv, hd, false);
+            for split_len in [0usize, pl] {
+                let split = (split_len > 0).then(|| (split_len, pf.max(reach.div_ceil(split_len))));
+                for acc in prefill_families(&g) {
+                    let out = g.poisoned(n_tok * qd);
+                    pr.prefill(&mut g, &out, n_tok, (&tiles, &rows), (&po, &pml), (split, acc));
+                    compare("attention_prefill", g.seed, &g.down(&out), &want);
+                }
+            }
         }
     }
 }

@@ -383,7 +383,8 @@ fn whole_sparse_layer_matches_the_cpu_reference() {
                 let (hv, xv) = (g.d(&hd), g.d(&xd));
                 moe_ffn(&mut g.k, &s, &lw, &work, hv, xv, n).unwrap();
                 // Grouped steps of the GEMM formats take the tensor-core GEMM (F16 inputs).
-                let gemm = n > pair_max_tokens() && gemm_enabled() && gemm_fits(&lw);
+                let gemm =
+                    n > pair_max_tokens() && gemm_enabled() && gemm_fits(&lw.gate, &lw.up, &lw.down, lw.ffn, lw.dim);
                 // Pair steps of the block formats take the int8 kernels (moe_q8.cu) when enabled.
                 let q8 = n <= pair_max_tokens() && fused_enabled() && q8_enabled() && gu != GgmlType::F16;
                 let name = match (gemm, gu) {

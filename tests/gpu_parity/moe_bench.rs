@@ -240,7 +240,7 @@ fn time_graph_layers(g: &mut super::Gpu, n_layers: usize, f: &mut dyn FnMut(&mut
 fn moe_pair_graph_breakdown() {
     use dustoff::backend::cuda::launch::Dev;
     use dustoff::backend::cuda::moe::{MoeDownSum, MoeLayerW, MoeMat, MoeRoute, MoeRouteFused, MoeWork, Walk};
-    use dustoff::backend::cuda::moe_q8::{MoeDownSumQ8, MoeGateUpQ8};
+    use dustoff::backend::cuda::moe_q8::MoeGateUpQ8;
     use dustoff::model::quant::GgmlType;
 
     let mut g = gpu("moe pair graph breakdown").unwrap();
@@ -337,8 +337,8 @@ fn moe_pair_graph_breakdown() {
         };
         let dn_q8 = |g: &mut super::Gpu, l: usize| {
             let (_, ids, wts, act) = d(&works[l]);
-            MoeDownSumQ8 { down: &layers[l].down, n_experts: e, act, ids, wts, x: xd, n_tok: n, k }
-                .launch(&mut g.k, &s)
+            MoeDownSum { down: &layers[l].down, n_experts: e, act, ids, wts, x: xd, n_tok: n, k }
+                .launch_q8(&mut g.k, &s)
                 .unwrap();
         };
         (0..L).for_each(|l| route(&mut g, l));

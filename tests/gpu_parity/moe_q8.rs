@@ -6,8 +6,8 @@
 //! experts that none chooses.
 
 use dustoff::backend::cpu::ops;
-use dustoff::backend::cuda::moe::MoeLayerW;
-use dustoff::backend::cuda::moe_q8::{MoeDownSumQ8, MoeGateUpQ8};
+use dustoff::backend::cuda::moe::{MoeDownSum, MoeLayerW};
+use dustoff::backend::cuda::moe_q8::MoeGateUpQ8;
 use dustoff::backend::cuda::q8x::matmul_q8x;
 use dustoff::model::quant::GgmlType;
 
@@ -95,8 +95,8 @@ fn q8_expert_products_equal_the_int8_twin_every_format() {
                 }
                 let (ad2, wd, xd) = (g.up(&act), g.up(&wts), g.up(&x));
                 let (av2, wv, xv) = (g.d(&ad2), g.d(&wd), g.d(&xd));
-                MoeDownSumQ8 { down: &lw.down, n_experts: e, act: av2, ids: iv, wts: wv, x: xv, n_tok: n, k }
-                    .launch(&mut g.k, &s)
+                MoeDownSum { down: &lw.down, n_experts: e, act: av2, ids: iv, wts: wv, x: xv, n_tok: n, k }
+                    .launch_q8(&mut g.k, &s)
                     .unwrap();
                 compare(&op("moe_down_sum_q8", dtype), g.seed, &g.down(&xd), &want);
             }

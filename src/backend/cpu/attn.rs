@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::ops::{for_positions, PagedKv};
+use super::paged::{for_positions, PagedKv};
 use crate::model::quant::hsum;
 
 /// `[sum(v[0]), ..., sum(v[7])]`.

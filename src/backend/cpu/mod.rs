@@ -10,6 +10,7 @@ pub mod hybrid;
 pub mod matmul;
 pub mod moe;
 pub mod ops;
+mod paged;
 pub mod tap;
 
 use crate::backend::{Backend, BackendError};

@@ -2,6 +2,8 @@
 
 use rayon::prelude::*;
 
+use super::paged::for_positions;
+pub use super::paged::PagedKv;
 use crate::model::config::RopeStyle;
 
 /// `out[t] = x[t] / rms(x[t]) * w` for each row of `x` (`[n, dim]`).
@@ -72,24 +74,6 @@ pub fn silu_mul_inplace(gate: &mut [f32], up: &[f32]) {
 pub fn add_inplace(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
-    }
-}
-
-/// A paged KV cache of one layer: `[n_blocks, block_size, n_kv_heads, head_dim]`, f32.
-pub struct PagedKv<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
-    pub block_size: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-}
-
-impl PagedKv<'_> {
-    /// Offset of (position, kv head) in the cache arrays, through the sequence's block table.
-    #[inline]
-    pub fn offset(&self, block_table: &[u32], pos: usize, kv_head: usize) -> usize {
-        let block = block_table[pos / self.block_size] as usize;
-        ((block * self.block_size + pos % self.block_size) * self.n_kv_heads + kv_head) * self.head_dim
     }
 }
 
@@ -168,30 +152,6 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     let tail: f32 = a[whole..].iter().zip(&b[whole..]).map(|(x, y)| x * y).sum();
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
-
-/// Runs `$body` with `$p` (position) and `$o` (offset of KV head `$kvh` of that position in
-/// the cache arrays) for positions `0..=pos`, walking the block table block by block (no
-/// division per position). A macro, not a closure, so the body is compiled inside the
-/// caller's `target_feature` context.
-macro_rules! for_positions {
-    ($kv:expr, $table:expr, $pos:expr, $kvh:expr, |$p:ident, $o:ident| $body:block) => {{
-        let stride = $kv.n_kv_heads * $kv.head_dim;
-        let mut first = 0;
-        for &blk in $table {
-            if first > $pos {
-                break;
-            }
-            let n = $kv.block_size.min($pos + 1 - first);
-            let base = blk as usize * $kv.block_size * stride + $kvh * $kv.head_dim;
-            for i in 0..n {
-                let ($p, $o) = (first + i, base + i * stride);
-                $body
-            }
-            first += n;
-        }
-    }};
-}
-pub(super) use for_positions;
 
 #[inline(always)]
 fn attend_head_generic(

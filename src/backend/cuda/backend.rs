@@ -17,8 +17,11 @@ use super::device::{up, zeros, CudaDevice};
 use super::dmat::{DevMat, Linear};
 use super::graph::StepGraphs;
 use super::kernels::{Kernels, PtxSource};
-use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for, SeqPlan};
+use super::layer::LayerW;
+use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for, wide_len};
 use super::qformat::{check_tensor, QFormat};
+use super::seqs::SeqPlan;
+use super::synth::{moe_formats, synthetic_matrix_bytes, synthetic_shapes, WeightMix};
 use super::tap::CudaTap;
 use super::workspace::Work;
 use super::CudaError;
@@ -28,7 +31,6 @@ use crate::model::config::{Arch, ModelConfig};
 use crate::model::quant::GgmlType;
 use crate::model::rope::rope_table;
 use crate::model::weights::{ModelWeights, Tensor};
-use crate::quantize::mix::more_bits;
 
 /// How to place a model on a GPU.
 #[derive(Clone, Debug)]
@@ -63,22 +65,6 @@ impl CudaOptions {
 
 /// The environment variable that turns CUDA-graph replay of decode steps off (`0`).
 pub const GRAPHS_ENV: &str = "DUSTOFF_CUDA_GRAPHS";
-
-pub(super) struct LayerW {
-    pub attn_norm: CudaSlice<f32>,      // [dim]
-    pub wqkv: Linear,                   // [q_dim + 2 kv_dim, dim]
-    pub bqkv: Option<CudaSlice<f32>>,   // [q_dim + 2 kv_dim]
-    pub q_norm: Option<CudaSlice<f32>>, // [head_dim]
-    pub k_norm: Option<CudaSlice<f32>>, // [head_dim]
-    pub wo: Linear,                     // [dim, q_dim]
-    pub ffn_norm: CudaSlice<f32>,       // [dim]
-    pub wgu: Linear,                    // [2 ffn, dim]: gate rows then up rows (sparse layer: none)
-    pub wdown: Linear,                  // [dim, ffn] (sparse layer: none)
-    /// Sparse (mixture-of-experts) layers: router and expert slabs, in place of wgu/wdown.
-    pub moe: Option<super::moe::MoeLayerW>,
-    pub k_cache: CudaSlice<u16>, // [num_blocks, block_size, n_kv, head_dim] f16
-    pub v_cache: CudaSlice<u16>, // same
-}
 
 pub struct CudaBackend {
     pub(super) cfg: ModelConfig,
@@ -504,89 +490,6 @@ impl CudaBackend {
             self.peak_used = self.peak_used.max(total.saturating_sub(free) as u64);
         }
     }
-}
-
-/// Weight formats of a synthetic model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WeightMix {
-    /// Every matrix in one format.
-    Uniform(GgmlType),
-    /// llama.cpp's Q4_K_M: Q6_K for attn_v and ffn_down in the layers `more_bits` picks
-    /// (half of them) and for the output head; Q4_K for everything else, the embedding included.
-    Q4KM,
-}
-
-impl WeightMix {
-    /// `f16`, `q8_0`, `q4_k`, ... or `q4_k_m`; `None` for other names.
-    pub fn parse(s: &str) -> Option<WeightMix> {
-        if s.eq_ignore_ascii_case("q4_k_m") {
-            return Some(WeightMix::Q4KM);
-        }
-        // Synthetic weights are made in F16 and the block formats (no F32 / BF16 matrices).
-        let t = GgmlType::from_name(s).filter(|t| !matches!(t, GgmlType::F32 | GgmlType::BF16))?;
-        Some(WeightMix::Uniform(t))
-    }
-}
-
-/// (format, rows, cols) of every matrix of a synthetic model, in the order `synthetic_mix`
-/// makes them: per layer q, k, v, o, gate, up, down; then the embedding and an untied head.
-fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, usize)> {
-    let (base, more) = match mix {
-        WeightMix::Uniform(t) => (t, t),
-        WeightMix::Q4KM => (GgmlType::Q4K, GgmlType::Q6K),
-    };
-    let mut v = Vec::new();
-    for i in 0..c.n_layers {
-        let m = if more_bits(i, c.n_layers) { more } else { base };
-        let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-        v.extend([(base, q, d), (base, kv, d), (m, kv, d), (base, d, q)]);
-        // A sparse layer's experts are made by `moe::MoeLayerW::synthetic` (`moe_formats`).
-        if !c.moe.as_ref().is_some_and(|x| x.is_sparse(i)) {
-            v.extend([(base, f, d), (base, f, d), (m, d, f)]);
-        }
-    }
-    v.push((base, c.vocab_size, c.dim));
-    if !c.tied_embeddings {
-        v.push((more, c.vocab_size, c.dim));
-    }
-    v
-}
-
-/// Formats of a synthetic sparse layer's (gate and up, down) expert slabs: as the dense FFN of
-/// the mix (Q4_K_M: down in Q6_K in the layers `more_bits` picks, as llama.cpp does for
-/// `ffn_down_exps`).
-pub(super) fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (GgmlType, GgmlType) {
-    match mix {
-        WeightMix::Uniform(t) => (t, t),
-        WeightMix::Q4KM if more_bits(layer, n_layers) => (GgmlType::Q4K, GgmlType::Q6K),
-        WeightMix::Q4KM => (GgmlType::Q4K, GgmlType::Q4K),
-    }
-}
-
-/// Device bytes of every weight matrix of a synthetic model of shape `c` in `mix` (routers in
-/// f32, expert slabs packed): what the memory plan counts before anything is made.
-pub fn synthetic_matrix_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
-    if c.hybrid.is_some() {
-        return super::hybrid_synth::matrix_bytes(c, mix);
-    }
-    let bytes =
-        |(t, r, k): (GgmlType, usize, usize)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64;
-    let dense: u64 = synthetic_shapes(c, mix).into_iter().map(bytes).sum();
-    let experts: u64 = (0..c.n_layers)
-        .filter_map(|i| c.moe.as_ref().filter(|m| m.is_sparse(i)).map(|m| (i, m)))
-        .map(|(i, m)| {
-            let (gu, down) = moe_formats(mix, i, c.n_layers);
-            let (e, f, d) = (m.n_experts, m.expert_ffn_dim, c.dim);
-            (e * d * 4) as u64 + 2 * bytes((gu, e * f, d)) + bytes((down, e * d, f))
-        })
-        .sum();
-    dense + experts
-}
-
-/// Elements of the F16 scratch that quantized matrices are widened into (matmul.rs: 0 where
-/// the packed GEMM takes every step).
-pub fn wide_len(c: &ModelConfig) -> usize {
-    super::matmul::wide_scratch_len(c)
 }
 
 impl Backend for CudaBackend {

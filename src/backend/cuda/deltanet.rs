@@ -11,6 +11,7 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
+use super::kv_cache::check_rope_store;
 use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev};
 use super::CudaError;
 
@@ -582,18 +583,14 @@ impl HybQkvPost {
         check(K, width <= self.stride, || "heads overlap the row stride".into())?;
         need(K, "projection", self.proj, extent(self.n_tok, self.stride, width))?;
         need(K, "queries", self.q, self.n_tok * self.n_heads * hd)?;
-        for (what, n) in [("q norm", self.q_norm), ("k norm", self.k_norm)] {
-            if let Some(n) = n {
-                need(K, what, n, hd)?;
-            }
-        }
-        need(K, "positions", self.pos, self.n_tok)?;
-        need(K, "cos table", self.cos, self.max_pos * rot / 2)?;
-        need(K, "sin table", self.sin, self.max_pos * rot / 2)?;
-        need(K, "K cache", self.k_cache, self.n_slots * self.n_kv * hd)?;
-        need(K, "V cache", self.v_cache, self.n_slots * self.n_kv * hd)?;
-        need(K, "slots", self.slots, self.n_tok)?;
-        check(K, self.n_tok <= 65_535, || format!("{} tokens in one launch (at most 65535)", self.n_tok))?;
+        check_rope_store(
+            K,
+            [self.q_norm, self.k_norm],
+            (self.pos, self.slots, self.n_tok),
+            (self.cos, self.sin, self.max_pos * rot / 2),
+            (self.k_cache, self.v_cache, self.n_slots * self.n_kv * hd),
+            hd,
+        )?;
         if self.n_tok == 0 {
             return Ok(());
         }

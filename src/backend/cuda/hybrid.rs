@@ -18,8 +18,6 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use super::attention::PagedAttn;
-use super::backend::LayerW;
 use super::deltanet::{
     DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, GateMul, HybQkvPost, StatePool, DN_AB_ROW, DN_CH,
 };
@@ -27,7 +25,9 @@ use super::device::{up, zeros};
 use super::dmat::Linear;
 use super::kernels::Kernels;
 use super::launch::Dev;
+use super::layer::LayerW;
 use super::matmul::{Mm, Product};
+use super::paged_attn::PagedAttn;
 use super::CudaError;
 use crate::backend::BackendError;
 use crate::engine::plan::{SeqId, StepPlan};
@@ -136,7 +136,7 @@ impl HybridCuda {
         h: &HybridConfig,
         layers: &[LayerWeights],
         f16: bool,
-        (max_pos, seqs): (usize, crate::backend::cuda::memory::SeqPlan),
+        (max_pos, seqs): (usize, super::seqs::SeqPlan),
         clamped: &mut u64,
     ) -> Result<Self, CudaError> {
         let mut out = Vec::with_capacity(layers.len());
@@ -172,7 +172,7 @@ impl HybridCuda {
         h: &HybridConfig,
         out: Vec<Option<LinearW>>,
         max_pos: usize,
-        seqs: crate::backend::cuda::memory::SeqPlan,
+        seqs: super::seqs::SeqPlan,
     ) -> Result<Self, CudaError> {
         let index = out.iter().flatten().count();
         let max_pos = max_pos.max(1);

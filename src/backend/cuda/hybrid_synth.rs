@@ -11,82 +11,17 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::backend::{moe_formats, open, CudaBackend, CudaOptions, LayerW, Parts, WeightMix};
+use super::backend::{open, CudaBackend, CudaOptions, Parts};
 use super::device::{up, zeros};
 use super::dmat::{DevMat, Linear};
 use super::hybrid::{HybridCuda, LinearW};
-use super::moe::{slab_bytes, MoeLayerW};
-use super::qformat::QFormat;
+use super::layer::LayerW;
+use super::moe::MoeLayerW;
 use super::shared_expert::SharedExpertW;
+use super::synth::{hybrid_shapes, moe_formats, synthetic_matrix_bytes, WeightMix};
 use super::CudaError;
 use crate::model::config::ModelConfig;
-use crate::model::quant::GgmlType;
 use crate::quantize::mix::more_bits;
-
-/// Per layer the matrices in the order they are made: linear layers (proj, out, gate/up,
-/// down); attention layers (q+gate and k, v, o, gate/up, down); then the embedding and an
-/// untied head. (format, rows, cols). Sparse layers have no dense gate/up and down (their
-/// experts: `expert_bytes`).
-fn shapes(c: &ModelConfig, base: GgmlType, more: GgmlType) -> Vec<(GgmlType, usize, usize)> {
-    let Some(h) = &c.hybrid else { return Vec::new() };
-    let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-    let mut v = Vec::new();
-    for i in 0..c.n_layers {
-        let m = if more_bits(i, c.n_layers) { more } else { base };
-        if h.recurrent[i] {
-            let lin_in = h.conv_channels() + h.value_dim() + 2 * h.n_v_heads;
-            v.extend([(base, lin_in, d), (base, d, h.value_dim())]);
-        } else {
-            // q (+ gate), k and v in one part where v has the base format (as `Linear::upload`
-            // stacks them), else v apart.
-            let q_rows = if h.attn_output_gate { 2 * q } else { q };
-            if m == base {
-                v.push((base, q_rows + 2 * kv, d));
-            } else {
-                v.extend([(base, q_rows + kv, d), (m, kv, d)]);
-            }
-            v.push((base, d, q));
-        }
-        if !c.moe.as_ref().is_some_and(|x| x.is_sparse(i)) {
-            v.extend([(base, 2 * f, d), (m, d, f)]);
-        }
-    }
-    v.push((base, c.vocab_size, d));
-    if !c.tied_embeddings {
-        v.push((more, c.vocab_size, d));
-    }
-    v
-}
-
-/// Device bytes of the sparse layers of a synthetic hybrid model in `mix`: per layer the f32
-/// router, the three expert slabs and the shared expert (three matrices, f32 gate row).
-fn expert_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
-    let Some(m) = &c.moe else { return 0 };
-    (0..c.n_layers)
-        .filter(|&i| m.is_sparse(i))
-        .map(|i| {
-            let (gu, down) = moe_formats(mix, i, c.n_layers);
-            let (e, f, d) = (m.n_experts, m.expert_ffn_dim, c.dim);
-            let routed = (e * d * 4) as u64 + 2 * slab_bytes(gu, e * f, d, false) + slab_bytes(down, e * d, f, false);
-            let shared = slab_bytes(gu, 2 * f, d, false) + slab_bytes(down, d, f, false) + (d * 4) as u64;
-            routed + shared
-        })
-        .sum()
-}
-
-/// Device bytes of every weight matrix of a synthetic hybrid model of shape `c` in `mix`
-/// (routers and shared-expert gates in f32): what the memory plan counts before anything is made.
-pub(super) fn matrix_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
-    let (base, more) = match mix {
-        WeightMix::Uniform(t) => (t, t),
-        WeightMix::Q4KM => (GgmlType::Q4K, GgmlType::Q6K),
-    };
-    let dense: u64 = shapes(c, base, more)
-        .iter()
-        .map(|&(t, r, k)| QFormat::of(t).map_or(r * k * 2, |f| f.device_bytes(r, k).1) as u64)
-        .sum();
-    dense + expert_bytes(c, mix)
-}
 
 /// The synthetic sparse layer `i`: routed experts and a shared expert of their width.
 fn sparse_layer(
@@ -118,13 +53,10 @@ impl CudaBackend {
         let Some(h) = cfg.hybrid.clone() else {
             return Err(CudaError::Weights(format!("{} is not a hybrid shape", cfg.arch.name())));
         };
-        let (base, more) = match mix {
-            WeightMix::Uniform(t) => (t, t),
-            WeightMix::Q4KM => (GgmlType::Q4K, GgmlType::Q6K),
-        };
+        let (base, more) = mix.formats();
         let c = &cfg;
-        let shapes = shapes(c, base, more);
-        let matrix_bytes = matrix_bytes(c, mix);
+        let shapes = hybrid_shapes(c, base, more);
+        let matrix_bytes = synthetic_matrix_bytes(c, mix);
         let (dev, mut kernels, blas) = open(c, opts, matrix_bytes)?;
         let s = &dev.stream;
         let mut rng = StdRng::seed_from_u64(seed);

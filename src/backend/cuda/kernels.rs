@@ -22,6 +22,7 @@ macro_rules! kernel_file {
             name: $name,
             source: include_str!(concat!("../../../kernels/", $name, ".cu")),
             entries: &[$($e),*],
+            switch: None,
         }
     };
 }
@@ -67,7 +68,12 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "dn_conv_prep_f32"
         ]
     ),
-    KernelFile { name: "dequant", source: include_str!("../../../kernels/dequant.cu"), entries: &DEQUANT_ENTRIES },
+    KernelFile {
+        name: "dequant",
+        source: include_str!("../../../kernels/dequant.cu"),
+        entries: &DEQUANT_ENTRIES,
+        switch: None,
+    },
     kernel_file!("embedding", ["embedding_f16", "fill_uniform_f16"]),
     kernel_file!(
         "gemm_tc",
@@ -125,25 +131,36 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         name: "gemv_quant",
         source: include_str!("../../../kernels/gemv_quant.cu"),
         entries: &GEMV_QUANT_ENTRIES,
+        switch: None,
     },
     KernelFile {
         name: "gemm_quant",
         source: include_str!("../../../kernels/gemm_quant.cu"),
         entries: &GEMM_QUANT_ENTRIES,
+        switch: None,
     },
-    KernelFile { name: "gemv_q8", source: include_str!("../../../kernels/gemv_q8.cu"), entries: &GEMV_Q8_ENTRIES },
+    KernelFile {
+        name: "gemv_q8",
+        source: include_str!("../../../kernels/gemv_q8.cu"),
+        entries: &GEMV_Q8_ENTRIES,
+        switch: None,
+    },
     kernel_file!("hybrid_attn", ["hyb_qkv_post_f32", "hyb_gate_mul_f32"]),
     kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
-    KernelFile { name: "moe", source: include_str!("../../../kernels/moe.cu"), entries: &super::moe::MOE_ENTRIES },
+    KernelFile { name: "moe", source: include_str!("../../../kernels/moe.cu"), entries: &MOE_ENTRIES, switch: None },
     KernelFile {
         name: "moe_q8",
         source: include_str!("../../../kernels/moe_q8.cu"),
-        entries: &super::moe_q8::MOE_Q8_ENTRIES,
+        entries: &MOE_Q8_ENTRIES,
+        // Off by default: ~3.5 MB of PTX that the driver would compile at each first start on a
+        // V100 (`load_all` skips a file whose switch is off).
+        switch: Some("DUSTOFF_MOE_Q8"),
     },
     KernelFile {
         name: "moe_gemm",
         source: include_str!("../../../kernels/moe_gemm.cu"),
-        entries: &super::moe_gemm::MOE_GEMM_ENTRIES,
+        entries: &MOE_GEMM_ENTRIES,
+        switch: None,
     },
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),
@@ -233,6 +250,82 @@ pub const DEQUANT_ENTRIES: [&str; 18] = {
     all
 };
 
+/// Entry points of kernels/moe.cu: `9 * variant + format` for the variants gate/up pair mode,
+/// gate/up grouped, down pair mode, down grouped, formats in `QFormat::index` order then F16
+/// (8); then the router, the grouping and the weighted sum (36..40); the fused router (40),
+/// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50).
+pub const MOE_ENTRIES: [&str; 51] = {
+    macro_rules! fmts {
+        ($pre:literal, $suf:literal) => {
+            [
+                concat!($pre, "q4_0", $suf),
+                concat!($pre, "q4_1", $suf),
+                concat!($pre, "q5_0", $suf),
+                concat!($pre, "q5_1", $suf),
+                concat!($pre, "q8_0", $suf),
+                concat!($pre, "q4_k", $suf),
+                concat!($pre, "q5_k", $suf),
+                concat!($pre, "q6_k", $suf),
+                concat!($pre, "f16", $suf),
+            ]
+        };
+    }
+    let v =
+        [fmts!("moe_gate_up_", "_p"), fmts!("moe_gate_up_", "_g"), fmts!("moe_down_", "_p"), fmts!("moe_down_", "_g")];
+    let ds = fmts!("moe_down_sum_", "");
+    let mut all = ["moe_route_f32"; 51];
+    let mut i = 0;
+    while i < 36 {
+        all[i] = v[i / 9][i % 9];
+        i += 1;
+    }
+    all[37] = "moe_group";
+    all[38] = "moe_combine_f32";
+    all[39] = "moe_router_logits_f32";
+    all[40] = "moe_route_fused_f32";
+    all[50] = "moe_router_logits_blk_f32";
+    let mut j = 0;
+    while j < 9 {
+        all[41 + j] = ds[j];
+        j += 1;
+    }
+    all
+};
+
+/// Entry points of kernels/moe_gemm.cu: `4 * format + variant` for the variants gate/up t16,
+/// gate/up t64, down t16, down t64 (formats in `moe_gemm::GEMM_FORMATS` order), then the gather.
+pub const MOE_GEMM_ENTRIES: [&str; 21] = {
+    macro_rules! v {
+        ($f:literal) => {
+            [
+                concat!("moe_gemm_gate_up_", $f, "_t16"),
+                concat!("moe_gemm_gate_up_", $f, "_t64"),
+                concat!("moe_gemm_down_", $f, "_t16"),
+                concat!("moe_gemm_down_", $f, "_t64"),
+            ]
+        };
+    }
+    let f = [v!("q4_0"), v!("q8_0"), v!("q4_k"), v!("q5_k"), v!("q6_k")];
+    let mut all = ["moe_gather_f16"; 21];
+    let mut i = 0;
+    while i < 20 {
+        all[i] = f[i / 4][i % 4];
+        i += 1;
+    }
+    all
+};
+
+/// Entry points of kernels/moe_q8.cu: `2 * format + v` (formats in `QFormat::index` order),
+/// v = 0 gate/up + SwiGLU, v = 1 down + weighted sum.
+pub const MOE_Q8_ENTRIES: [&str; 16] = {
+    macro_rules! both {
+        ($($f:literal),*) => {
+            [$(concat!("moe_gate_up_q8_", $f), concat!("moe_down_sum_q8_", $f)),*]
+        };
+    }
+    both!("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+};
+
 /// The file that defines entry point `entry`.
 pub fn file_of(entry: &str) -> Option<&'static KernelFile> {
     KERNEL_FILES.iter().find(|f| f.entries.contains(&entry))
@@ -309,7 +402,7 @@ impl Kernels {
     pub fn load_all(&mut self) -> Result<(), CudaError> {
         if let PtxSource::Nvrtc { cache_dir } = &self.source {
             let todo: Vec<&'static KernelFile> =
-                KERNEL_FILES.iter().filter(|f| in_use(f) && !self.modules.contains_key(f.name)).collect();
+                KERNEL_FILES.iter().filter(|f| f.switched_on() && !self.modules.contains_key(f.name)).collect();
             let (arch, dir) = (self.arch.as_str(), cache_dir.as_deref());
             let ptx: Vec<Result<String, CudaError>> = std::thread::scope(|s| {
                 let jobs: Vec<_> = todo.iter().map(|f| s.spawn(move || nvrtc::compile_cached(f, arch, dir))).collect();
@@ -321,7 +414,7 @@ impl Kernels {
                 self.load_ptx(file, ptx?)?;
             }
         }
-        for f in KERNEL_FILES.iter().filter(|f| in_use(f)) {
+        for f in KERNEL_FILES.iter().filter(|f| f.switched_on()) {
             for e in f.entries {
                 self.get(e)?;
             }
@@ -364,13 +457,6 @@ impl Kernels {
         self.modules.insert(file.name, m.clone());
         Ok(m)
     }
-}
-
-/// Whether `load_all` loads this file: a kernel file behind a switch that is off is compiled only
-/// when something launches it, so that it adds nothing to every start (moe_q8.cu, ~3.5 MB of PTX
-/// that the driver would compile at each first start on a V100).
-fn in_use(f: &KernelFile) -> bool {
-    f.name != "moe_q8" || super::moe_q8::q8_enabled()
 }
 
 #[cfg(test)]

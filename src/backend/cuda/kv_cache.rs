@@ -92,6 +92,33 @@ struct QkvPostParams {
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for QkvPostParams {}
 
+/// The checks both QK-norm + RoPE + cache-store kernels make of the inputs they share
+/// (`qkv_post_f32` here, `hyb_qkv_post_f32` in deltanet.rs): per-head norm weights
+/// `[head_dim]` where given, positions and slots `[n_tok]` (at most 65535 tokens: one grid row
+/// each), RoPE tables of `table_len` (`max_pos * rotated dims / 2`), the F16 caches of
+/// `cache_len` (`n_slots * n_kv * head_dim`).
+pub(super) fn check_rope_store(
+    kernel: &'static str,
+    norms: [Option<Dev<f32>>; 2],
+    (pos, slots, n_tok): (Dev<i32>, Dev<i32>, usize),
+    (cos, sin, table_len): (Dev<f32>, Dev<f32>, usize),
+    (k_cache, v_cache, cache_len): (Dev<u16>, Dev<u16>, usize),
+    head_dim: usize,
+) -> Result<(), CudaError> {
+    for (what, n) in [("q norm", norms[0]), ("k norm", norms[1])] {
+        if let Some(n) = n {
+            need(kernel, what, n, head_dim)?;
+        }
+    }
+    need(kernel, "positions", pos, n_tok)?;
+    need(kernel, "cos table", cos, table_len)?;
+    need(kernel, "sin table", sin, table_len)?;
+    need(kernel, "K cache", k_cache, cache_len)?;
+    need(kernel, "V cache", v_cache, cache_len)?;
+    need(kernel, "slots", slots, n_tok)?;
+    check(kernel, n_tok <= 65_535, || format!("{n_tok} tokens in one launch (at most 65535)"))
+}
+
 /// Everything between the QKV matmul and attention, in one launch: per-head RMSNorm of q and k
 /// (when the weights are given), RoPE of q and k in place, K and V stored to the F16 cache at
 /// `slots[t]`. `qkv` `[n_tok, stride]` holds q heads, k heads, v heads (`head_dim` each);
@@ -125,18 +152,14 @@ impl QkvPost {
         check(K, hd.is_multiple_of(2) && hd <= 1024, || format!("head size {hd} (even, at most 1024)"))?;
         check(K, heads * hd <= self.stride, || "heads overlap the row stride".into())?;
         need(K, "qkv", self.qkv, extent(self.n_tok, self.stride, heads * hd))?;
-        for (what, n) in [("q norm", self.q_norm), ("k norm", self.k_norm)] {
-            if let Some(n) = n {
-                need(K, what, n, hd)?;
-            }
-        }
-        need(K, "positions", self.pos, self.n_tok)?;
-        need(K, "cos table", self.cos, self.max_pos * hd / 2)?;
-        need(K, "sin table", self.sin, self.max_pos * hd / 2)?;
-        need(K, "K cache", self.k_cache, self.n_slots * self.n_kv * hd)?;
-        need(K, "V cache", self.v_cache, self.n_slots * self.n_kv * hd)?;
-        need(K, "slots", self.slots, self.n_tok)?;
-        check(K, self.n_tok <= 65_535, || format!("{} tokens in one launch (at most 65535)", self.n_tok))?;
+        check_rope_store(
+            K,
+            [self.q_norm, self.k_norm],
+            (self.pos, self.slots, self.n_tok),
+            (self.cos, self.sin, self.max_pos * hd / 2),
+            (self.k_cache, self.v_cache, self.n_slots * self.n_kv * hd),
+            hd,
+        )?;
         if self.n_tok == 0 {
             return Ok(());
         }

@@ -8,28 +8,16 @@
 use std::time::Duration;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice};
+use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::backend::CudaBackend;
 use super::device::zeros;
 use super::kernels::Kernels;
 use super::launch::{i32_of, launch, need, Dev};
-use super::step_inputs::Flat;
+use super::step_flat::Flat;
 use super::CudaError;
 use crate::backend::masks::{FillMasks, MaskRows, MaskedGreedy};
 use crate::backend::BackendError;
-
-/// Buffers of the masked step, grown on demand (never shrunk; not part of any captured graph).
-/// Layout of both, for a step of `m` logit rows: `[m]` mask slots, then `[m, words]` mask bits
-/// (the used masks first).
-#[derive(Default)]
-pub(super) struct MaskBuffers {
-    cap: usize, // elements of `host` and `dev`
-    host: Option<PinnedHostSlice<u32>>,
-    dev: Option<CudaSlice<u32>>,
-    /// Timing events: after the layers, and when the mask upload was queued.
-    events: Option<(CudaEvent, CudaEvent)>,
-}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

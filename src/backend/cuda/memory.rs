@@ -12,6 +12,7 @@ use crate::model::weights::{ModelWeights, Tensor};
 
 use super::moe;
 use super::qformat::QFormat;
+pub use super::seqs::{SeqPlan, DEFAULT_STATE_SNAPSHOTS};
 
 use super::attention::attn_splits;
 use super::gemm_tc::TC_MAX_TOKENS;
@@ -34,32 +35,6 @@ pub struct MemoryPlan {
     pub state_per_seq: u64,
     pub seqs: SeqPlan,
     pub total: u64,
-}
-
-/// The sequences a backend is planned for: how many run at once (each holds a recurrent state
-/// in hybrid models, and returns at most one logits row a step) and how many prefix-reuse
-/// snapshots of a recurrent state it keeps (the engine evicts the least recently used beyond
-/// them; a prefix whose snapshot was evicted is computed again).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SeqPlan {
-    pub running: usize,
-    pub snapshots: usize,
-}
-
-/// Prefix snapshots a hybrid model keeps by default (`DUSTOFF_STATE_SNAPSHOTS`): the engine
-/// snapshots only at the end of a prompt's longest shareable prefix, so a job needs one per
-/// distinct shared prefix (a pipeline's system prompt and instruction); 8 leave room for a few.
-pub const DEFAULT_STATE_SNAPSHOTS: usize = 8;
-
-impl SeqPlan {
-    /// `running` sequences and the snapshot pool of `DUSTOFF_STATE_SNAPSHOTS` (default
-    /// [`DEFAULT_STATE_SNAPSHOTS`]).
-    pub fn new(running: usize) -> Self {
-        let snapshots = crate::sys::env::get("DUSTOFF_STATE_SNAPSHOTS")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(DEFAULT_STATE_SNAPSHOTS);
-        SeqPlan { running: running.max(1), snapshots }
-    }
 }
 
 /// The share of free memory a plan may use. The plan itemizes every buffer the backend
@@ -125,6 +100,12 @@ pub fn device_matrices<'a>(cfg: &ModelConfig, w: &'a ModelWeights) -> Vec<&'a Te
     mats
 }
 
+/// Elements of the F16 scratch that quantized matrices are widened into (matmul.rs: 0 where
+/// the packed GEMM takes every step).
+pub fn wide_len(c: &ModelConfig) -> usize {
+    super::matmul::wide_scratch_len(c)
+}
+
 /// [`DeviceWeightBytes`] of a model; `f16_weights` widens every block format at load
 /// (`--weights f16`). Sparse layers count their router (f32) and expert slabs as `moe` puts
 /// them on the device.
@@ -138,7 +119,7 @@ pub fn device_weight_bytes(cfg: &ModelConfig, w: &ModelWeights, f16_weights: boo
         .sum();
     let experts: u64 = w.layers.iter().filter_map(|l| l.moe.as_ref()).map(|m| moe::layer_bytes(m, f16_weights)).sum();
     let matrices = dense + experts;
-    let wide_scratch = if matrices < f16_matrix_bytes(cfg) { super::backend::wide_len(cfg) as u64 * 2 } else { 0 };
+    let wide_scratch = if matrices < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
     DeviceWeightBytes { matrices, wide_scratch }
 }
 
@@ -318,7 +299,7 @@ mod tests {
     /// refusal names the numbers and how many positions would fit.
     #[test]
     fn qwen3_30b_a3b_q4_k_m_plan_on_a_32_gb_card() {
-        use crate::backend::cuda::backend::{synthetic_matrix_bytes, wide_len, WeightMix};
+        use crate::backend::cuda::synth::{synthetic_matrix_bytes, WeightMix};
         let c = shape("qwen3-30b-a3b").unwrap();
         let bytes = synthetic_matrix_bytes(&c, WeightMix::Q4KM);
         // The file's tensors as repacked, routers in f32 (25 MB): within 1% of the file.

@@ -3,14 +3,31 @@
 //! as precompiled PTX), cuBLAS for large F16 GEMMs, own kernels for the rest (GEMV and
 //! tensor-core GEMM on F16 and packed block formats, attention, MoE, DeltaNet).
 //!
-//! Layers: `kernels` (the table of kernel files and their entries, and the lazy per-device
-//! registry) over `nvrtc` (compilation, disk cache) -> launchers, one module per kernel file
-//! (`gemv_f16` for `kernels/gemv_f16.cu`, `gemm_tc`, `rmsnorm`, `qlaunch` for the block-format
-//! files, ...: the `#[repr(C)]` params mirror, shape checks, grid choice; `launch` holds what
-//! they share) -> `matmul` (which kernel a product takes) -> `step` (the forward pass of one
-//! plan: `step_inputs` flattens the plan, `step_attn` launches its attention) over `workspace`
-//! (its buffers) and `graph` (its captured CUDA graphs) -> `backend` (placing the model, the
-//! `Backend` entry points).
+//! Layers, bottom up: a module imports from its own layer or those below, never from above and
+//! never in a circle (tests/module_graph.rs fails naming any import circle inside
+//! `src/backend/`; every child may use this module's shared items such as [`CudaError`]):
+//! 1. `nvrtc` (compilation, disk cache) and `kernels` (the table of kernel files with every
+//!    entry name, MoE families included, and the lazy per-device registry); `launch` (what
+//!    every launcher shares: `Dev`, shape checks, the one `launch` call); `device`, `qformat`,
+//!    `tuning`.
+//! 2. Launchers, one module per kernel file (`gemv_f16` for `kernels/gemv_f16.cu`, `gemm_tc`,
+//!    `rmsnorm`, `qlaunch` for the block-format files, `moe`, ...: the `#[repr(C)]` params
+//!    mirror, shape checks, grid choice). What two launcher modules share sits in a module
+//!    below both: `dmat` (device matrices), `paged_attn` (the paged-attention inputs and the
+//!    merge of split partials, for `attention` and `prefill`), `moe_slab` (expert slabs and
+//!    the pair-mode down product, for `moe`, `moe_q8`, `shared_expert`). A family's dispatch
+//!    (`matmul`: which kernel a product takes; `moe::moe_ffn`) sits above its launchers, and
+//!    a launcher never imports its dispatcher. `ops` only re-exports the plain launchers under
+//!    one name (`use super::ops as l`); nothing it re-exports imports it.
+//! 3. Step plumbing over the launchers: `step_flat` (the shape of a flattened step), `step_attn`
+//!    (its attention), `workspace` (its buffers), `graph` (captured CUDA graphs), `seqs`,
+//!    `layer` (one layer's device weights), `synth` (synthetic models' formats and bytes),
+//!    `hybrid` (the linear-attention layers), `memory` (the memory plan).
+//! 4. `backend`: the `CudaBackend` struct, its construction and the `Backend` entry points.
+//! 5. Modules that extend `CudaBackend` with `impl` blocks and so import `backend`, which never
+//!    names them: `step_inputs` (the plan flattened), `step` (the layers' launches, graph
+//!    replay), `masked` (the grammar-masked greedy step), `hybrid_synth` (synthetic hybrid
+//!    models).
 
 pub mod add;
 pub mod argmax;
@@ -31,14 +48,17 @@ mod hybrid_synth;
 pub mod kernels;
 pub mod kv_cache;
 pub mod launch;
+mod layer;
 pub mod masked;
 pub mod matmul;
 pub mod memory;
 pub mod moe;
 pub mod moe_gemm;
 pub mod moe_q8;
+pub mod moe_slab;
 pub mod nvrtc;
 pub mod ops;
+pub mod paged_attn;
 pub mod prefill;
 mod profile;
 pub mod q8x;
@@ -46,12 +66,15 @@ pub mod qformat;
 pub mod qlaunch;
 pub mod rmsnorm;
 pub mod rope;
+pub mod seqs;
 pub mod shared_expert;
 pub mod silu_mul;
 mod step;
 mod step_attn;
+mod step_flat;
 mod step_inputs;
 mod step_norm;
+pub mod synth;
 pub mod tap;
 mod tuning;
 pub mod weights;
@@ -61,9 +84,10 @@ use std::path::PathBuf;
 
 use crate::backend::BackendError;
 
-pub use backend::{CudaBackend, CudaOptions, WeightMix};
+pub use backend::{CudaBackend, CudaOptions};
 pub use device::CudaDevice;
 pub use memory::{plan_memory, MemoryPlan};
+pub use synth::WeightMix;
 pub use tap::CudaTap;
 
 #[derive(Debug, thiserror::Error)]

@@ -22,58 +22,18 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::device::{up, zeros};
-use super::dmat::{DevMat, MatData};
-use super::kernels::Kernels;
+use super::dmat::DevMat;
+use super::kernels::{Kernels, MOE_ENTRIES};
 use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
 use super::moe_gemm;
-use super::qformat::QFormat;
+pub use super::moe_slab::slab_bytes;
+use super::moe_slab::slab_view;
+pub use super::moe_slab::MoeDownSum;
 use super::CudaError;
 use crate::model::config::ModelConfig;
 use crate::model::moe::{MoeConfig, MoeWeights};
 use crate::model::quant::GgmlType;
 use crate::model::weights::Tensor;
-
-/// Entry points of kernels/moe.cu: `9 * variant + format` for the variants gate/up pair mode,
-/// gate/up grouped, down pair mode, down grouped, formats in `QFormat::index` order then F16
-/// (8); then the router, the grouping and the weighted sum (36..40); the fused router (40),
-/// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50).
-pub const MOE_ENTRIES: [&str; 51] = {
-    macro_rules! fmts {
-        ($pre:literal, $suf:literal) => {
-            [
-                concat!($pre, "q4_0", $suf),
-                concat!($pre, "q4_1", $suf),
-                concat!($pre, "q5_0", $suf),
-                concat!($pre, "q5_1", $suf),
-                concat!($pre, "q8_0", $suf),
-                concat!($pre, "q4_k", $suf),
-                concat!($pre, "q5_k", $suf),
-                concat!($pre, "q6_k", $suf),
-                concat!($pre, "f16", $suf),
-            ]
-        };
-    }
-    let v =
-        [fmts!("moe_gate_up_", "_p"), fmts!("moe_gate_up_", "_g"), fmts!("moe_down_", "_p"), fmts!("moe_down_", "_g")];
-    let ds = fmts!("moe_down_sum_", "");
-    let mut all = ["moe_route_f32"; 51];
-    let mut i = 0;
-    while i < 36 {
-        all[i] = v[i / 9][i % 9];
-        i += 1;
-    }
-    all[37] = "moe_group";
-    all[38] = "moe_combine_f32";
-    all[39] = "moe_router_logits_f32";
-    all[40] = "moe_route_fused_f32";
-    all[50] = "moe_router_logits_blk_f32";
-    let mut j = 0;
-    while j < 9 {
-        all[41 + j] = ds[j];
-        j += 1;
-    }
-    all
-};
 
 /// Whether one-stream steps (pair mode) take the fused kernels (router + top-k in one launch,
 /// down + weighted sum in one: three launches a layer) or the five of the grouped walk
@@ -142,14 +102,6 @@ pub fn check_layer(w: &MoeWeights) -> Result<(), CudaError> {
         }
     }
     Ok(())
-}
-
-/// Device bytes of a `[rows, cols]` slab of `dtype` (F16 for the float types or `to_f16`).
-pub fn slab_bytes(dtype: GgmlType, rows: usize, cols: usize, to_f16: bool) -> u64 {
-    match QFormat::of(dtype).filter(|_| !to_f16) {
-        Some(f) => f.device_bytes(rows, cols).1 as u64,
-        None => (rows * cols * 2) as u64,
-    }
 }
 
 /// Device bytes of one sparse layer's router (f32), three slabs and shared expert.
@@ -351,20 +303,27 @@ pub struct MoeRoute {
 }
 
 impl MoeRoute {
-    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
-        const K: &str = "moe_route_f32";
-        check(K, self.k >= 1 && self.k <= 32 && self.k <= self.n_experts, || {
+    /// The checks of the router's inputs and outputs that both router kernels make.
+    fn check(&self, kernel: &'static str) -> Result<(), CudaError> {
+        check(kernel, self.k >= 1 && self.k <= 32 && self.k <= self.n_experts, || {
             format!("{} experts used of {} (1..=32)", self.k, self.n_experts)
         })?;
-        check(K, self.n_experts <= 1024 && self.dim.is_multiple_of(4), || {
+        check(kernel, self.n_experts <= 1024 && self.dim.is_multiple_of(4), || {
             format!("{} experts, width {}: at most 1024, a multiple of 4", self.n_experts, self.dim)
         })?;
-        check(K, self.x.ptr.is_multiple_of(16) && self.w.ptr.is_multiple_of(16), || "16-byte aligned inputs".into())?;
-        need(K, "input", self.x, self.n_tok * self.dim)?;
-        need(K, "router", self.w, self.n_experts * self.dim)?;
-        need(K, "logits", self.logits, self.n_tok * self.n_experts)?;
-        need(K, "ids", self.ids, self.n_tok * self.k)?;
-        need(K, "weights", self.wts, self.n_tok * self.k)?;
+        check(kernel, self.x.ptr.is_multiple_of(16) && self.w.ptr.is_multiple_of(16), || {
+            "16-byte aligned inputs".into()
+        })?;
+        need(kernel, "input", self.x, self.n_tok * self.dim)?;
+        need(kernel, "router", self.w, self.n_experts * self.dim)?;
+        need(kernel, "logits", self.logits, self.n_tok * self.n_experts)?;
+        need(kernel, "ids", self.ids, self.n_tok * self.k)?;
+        need(kernel, "weights", self.wts, self.n_tok * self.k)
+    }
+
+    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "moe_route_f32";
+        self.check(K)?;
         if self.n_tok == 0 {
             return Ok(());
         }
@@ -466,29 +425,6 @@ struct MatParams {
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for MatParams {}
-
-/// A slab's kernel view: (format index of MOE_ENTRIES, qs, aux, qs row bytes, aux row bytes,
-/// elements per unit), checked against the buffer.
-pub(super) fn slab_view(m: &DevMat, s: &CudaStream) -> Result<(usize, u64, u64, usize, usize, usize), CudaError> {
-    const K: &str = "moe expert slab";
-    match &m.data {
-        MatData::F16(b) => {
-            let d = Dev::of(b, s);
-            need(K, "F16 slab", d, m.rows * m.cols)?;
-            check(K, m.cols.is_multiple_of(8), || format!("F16 rows of {} (a multiple of 8)", m.cols))?;
-            Ok((8, d.ptr, d.ptr, m.cols * 2, 0, 8))
-        }
-        MatData::Quant { fmt, buf, aux_off } => {
-            let d = Dev::of(buf, s);
-            let (want_off, total) = fmt.device_bytes(m.rows, m.cols);
-            check(K, *aux_off == want_off, || format!("aux at {aux_off}, the layout says {want_off}"))?;
-            need(K, "slab", d, total)?;
-            check(K, m.cols.is_multiple_of(fmt.unit), || format!("{} columns, units of {}", m.cols, fmt.unit))?;
-            let (qr, ar) = fmt.row_parts(m.cols);
-            Ok((fmt.index, d.ptr, d.ptr + *aux_off as u64, qr, ar, fmt.unit))
-        }
-    }
-}
 
 /// How the pairs of a step are walked (see the module docs).
 #[derive(Clone, Copy, Debug)]
@@ -683,18 +619,7 @@ impl MoeRouteFused {
     pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "moe_route_fused_f32";
         let r = &self.route;
-        check(K, r.k >= 1 && r.k <= 32 && r.k <= r.n_experts, || {
-            format!("{} experts used of {} (1..=32)", r.k, r.n_experts)
-        })?;
-        check(K, r.n_experts <= 1024 && r.dim.is_multiple_of(4), || {
-            format!("{} experts, width {}: at most 1024, a multiple of 4", r.n_experts, r.dim)
-        })?;
-        check(K, r.x.ptr.is_multiple_of(16) && r.w.ptr.is_multiple_of(16), || "16-byte aligned inputs".into())?;
-        need(K, "input", r.x, r.n_tok * r.dim)?;
-        need(K, "router", r.w, r.n_experts * r.dim)?;
-        need(K, "logits", r.logits, r.n_tok * r.n_experts)?;
-        need(K, "ids", r.ids, r.n_tok * r.k)?;
-        need(K, "weights", r.wts, r.n_tok * r.k)?;
+        r.check(K)?;
         need(K, "counts", self.count, r.n_tok)?;
         check(K, r.n_tok <= 65_535, || format!("{} tokens exceed the grid", r.n_tok))?;
         if r.n_tok == 0 {
@@ -737,36 +662,14 @@ struct DownSumParams {
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for DownSumParams {}
 
-/// Down and the weighted sum of pair mode in one launch (`moe_down_sum_<fmt>`):
-/// `x[t, r] += sum_j wts[t k + j] * (down_{ids[t k + j]}[r] . act[t k + j])`, slot 0 first
-/// (the order of [`MoeCombine`]); `k <= 8` (a warp per slot).
-pub struct MoeDownSum<'a> {
-    pub down: &'a DevMat,
-    pub n_experts: usize,
-    pub act: Dev<f32>,
-    pub ids: Dev<i32>,
-    pub wts: Dev<f32>,
-    pub x: Dev<f32>,
-    pub n_tok: usize,
-    pub k: usize,
-}
-
+/// Down and the weighted sum of pair mode in one launch (`moe_down_sum_<fmt>`; the int8 twin:
+/// `launch_q8` in moe_q8.rs).
 impl MoeDownSum<'_> {
     pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "moe_down_sum";
         let (fi, qs, aux, qs_row, aux_row, unit) = slab_view(self.down, s)?;
-        check(K, self.n_experts > 0 && self.down.rows.is_multiple_of(self.n_experts), || {
-            format!("{} slab rows for {} experts", self.down.rows, self.n_experts)
-        })?;
-        check(K, (1..=8).contains(&self.k), || format!("{} experts per token (1..=8)", self.k))?;
-        let (rows, cols) = (self.down.rows / self.n_experts, self.down.cols);
-        let pairs = self.n_tok * self.k;
-        check(K, self.act.ptr.is_multiple_of(16), || "16-byte aligned activations".into())?;
-        need(K, "activations", self.act, pairs * cols)?;
-        need(K, "ids", self.ids, pairs)?;
-        need(K, "weights", self.wts, pairs)?;
-        need(K, "residual", self.x, self.n_tok * rows)?;
-        check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        let (rows, cols) = self.expert_shape(K)?;
+        let pairs = self.check_pairs(K, rows, cols)?;
         if pairs == 0 || rows == 0 {
             return Ok(());
         }
@@ -816,8 +719,7 @@ pub fn moe_ffn(
             let (ne, n_pairs) = (w.n_experts, pairs);
             super::moe_q8::MoeGateUpQ8 { gate: &w.gate, up: &w.up, n_experts: ne, h, ids, act, n_pairs, k }
                 .launch(kn, s)?;
-            return super::moe_q8::MoeDownSumQ8 { down: &w.down, n_experts: ne, act, ids, wts, x, n_tok, k }
-                .launch(kn, s);
+            return MoeDownSum { down: &w.down, n_experts: ne, act, ids, wts, x, n_tok, k }.launch_q8(kn, s);
         }
         MoeMat {
             slab: &w.gate,
@@ -841,7 +743,7 @@ pub fn moe_ffn(
     } else {
         let (offsets, entries, position) = (dev(&work.offsets, s)?, dev(&work.entries, s)?, dev(&work.position, s)?);
         MoeGroup { ids, offsets, entries, position, n_pairs: pairs, n_experts: w.n_experts }.launch(kn, s)?;
-        if moe_gemm::gemm_enabled() && moe_gemm::gemm_fits(w) {
+        if moe_gemm::gemm_enabled() && moe_gemm::gemm_fits(&w.gate, &w.up, &w.down, w.ffn, w.dim) {
             return grouped_gemm(kn, s, w, work, h, x, n_tok, Some(position));
         }
         (Walk::Grouped { offsets, entries, n_experts: w.n_experts }, Some(position))

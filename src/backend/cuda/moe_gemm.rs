@@ -13,37 +13,13 @@ use std::sync::OnceLock;
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::dmat::{DevMat, MatData};
-use super::kernels::Kernels;
+use super::kernels::{Kernels, MOE_GEMM_ENTRIES};
 use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
-use super::moe::MoeLayerW;
 use super::CudaError;
 use crate::model::quant::GgmlType;
 
-/// Formats with GEMM entries, in the order of [`MOE_GEMM_ENTRIES`].
+/// Formats with GEMM entries, in the order of `kernels::MOE_GEMM_ENTRIES`.
 const GEMM_FORMATS: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
-
-/// Entry points of kernels/moe_gemm.cu: `4 * format + variant` for the variants gate/up t16,
-/// gate/up t64, down t16, down t64 (formats in [`GEMM_FORMATS`] order), then the gather.
-pub const MOE_GEMM_ENTRIES: [&str; 21] = {
-    macro_rules! v {
-        ($f:literal) => {
-            [
-                concat!("moe_gemm_gate_up_", $f, "_t16"),
-                concat!("moe_gemm_gate_up_", $f, "_t64"),
-                concat!("moe_gemm_down_", $f, "_t16"),
-                concat!("moe_gemm_down_", $f, "_t64"),
-            ]
-        };
-    }
-    let f = [v!("q4_0"), v!("q8_0"), v!("q4_k"), v!("q5_k"), v!("q6_k")];
-    let mut all = ["moe_gather_f16"; 21];
-    let mut i = 0;
-    while i < 20 {
-        all[i] = f[i / 4][i % 4];
-        i += 1;
-    }
-    all
-};
 
 /// Whether steps that group by expert take the tensor-core GEMM (default) or the grouped GEMV
 /// (`DUSTOFF_MOE_GEMM=0`, for comparisons).
@@ -84,14 +60,15 @@ fn gemm_format(m: &DevMat) -> Option<usize> {
     }
 }
 
-/// Whether the layer's slabs have GEMM entries and tile-sized shapes (gate/up rows a multiple of
-/// 32, down rows of 64, both row lengths of 128).
-pub fn gemm_fits(w: &MoeLayerW) -> bool {
-    gemm_format(&w.gate).is_some()
-        && gemm_format(&w.up) == gemm_format(&w.gate)
-        && gemm_format(&w.down).is_some()
-        && w.ffn.is_multiple_of(128)
-        && w.dim.is_multiple_of(128)
+/// Whether a layer's slabs (`moe::MoeLayerW`: experts of width `ffn` over `dim`) have GEMM
+/// entries and tile-sized shapes (gate/up rows a multiple of 32, down rows of 64, both row
+/// lengths of 128).
+pub fn gemm_fits(gate: &DevMat, up: &DevMat, down: &DevMat, ffn: usize, dim: usize) -> bool {
+    gemm_format(gate).is_some()
+        && gemm_format(up) == gemm_format(gate)
+        && gemm_format(down).is_some()
+        && ffn.is_multiple_of(128)
+        && dim.is_multiple_of(128)
 }
 
 #[repr(C)]

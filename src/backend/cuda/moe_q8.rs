@@ -2,7 +2,7 @@
 //! activations (dp4a on the packed rows), each block quantizing the input it reads into shared
 //! memory (bit for bit as `quantize_x_q8`, CPU twin `q8x::quantize`). A sparse layer's FFN of
 //! a few tokens is then still three launches: `moe::MoeRouteFused`, [`MoeGateUpQ8`],
-//! [`MoeDownSumQ8`]. CPU twin of the products: `q8x::matmul_q8x` per pair. Taken only with
+//! [`MoeDownSum::launch_q8`]. CPU twin of the products: `q8x::matmul_q8x` per pair. Taken only with
 //! `DUSTOFF_MOE_Q8=1` ([`q8_enabled`]).
 
 use std::sync::OnceLock;
@@ -10,21 +10,10 @@ use std::sync::OnceLock;
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::dmat::{DevMat, MatData};
-use super::kernels::Kernels;
+use super::kernels::{file_of, Kernels, MOE_Q8_ENTRIES};
 use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
-use super::moe::slab_view;
+use super::moe_slab::{slab_view, MoeDownSum};
 use super::CudaError;
-
-/// Entry points of kernels/moe_q8.cu: `2 * format + v` (formats in `QFormat::index` order),
-/// v = 0 gate/up + SwiGLU, v = 1 down + weighted sum.
-pub const MOE_Q8_ENTRIES: [&str; 16] = {
-    macro_rules! both {
-        ($($f:literal),*) => {
-            [$(concat!("moe_gate_up_q8_", $f), concat!("moe_down_sum_q8_", $f)),*]
-        };
-    }
-    both!("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
-};
 
 /// Whether pair-mode steps take the int8 kernels (`DUSTOFF_MOE_Q8=1`) instead of the f32 ones
 /// of moe.cu. Off by default because they are slower there: a whole one-stream FFN takes 32.9 us
@@ -33,7 +22,7 @@ pub const MOE_Q8_ENTRIES: [&str; 16] = {
 /// before the 128-register bound, whose effect is not measured.
 pub fn q8_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_Q8").is_some_and(|v| v == "1"))
+    *ON.get_or_init(|| file_of(MOE_Q8_ENTRIES[0]).is_some_and(|f| f.switched_on()))
 }
 
 /// Threads of a gate/up block (kernels/moe_q8.cu GU_THREADS) and output rows per row group.
@@ -148,39 +137,17 @@ impl MoeGateUpQ8<'_> {
     }
 }
 
-/// `x[t, r] += sum_j wts[t k + j] * (down_{ids[t k + j]}[r] . act[t k + j])`, slot 0 first
-/// (the order of `moe::MoeCombine`), on int8 `act` (`[n_tok k, ffn]` f32); `k <= 8`.
-pub struct MoeDownSumQ8<'a> {
-    pub down: &'a DevMat,
-    pub n_experts: usize,
-    pub act: Dev<f32>,
-    pub ids: Dev<i32>,
-    pub wts: Dev<f32>,
-    pub x: Dev<f32>,
-    pub n_tok: usize,
-    pub k: usize,
-}
-
-impl MoeDownSumQ8<'_> {
-    pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+/// The down product and weighted sum on int8 activations (`moe_down_sum_q8_<fmt>`).
+impl MoeDownSum<'_> {
+    pub fn launch_q8(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "moe_down_sum_q8";
         let (fi, qs, aux, qs_row, aux_row, unit) = slab_view(self.down, s)?;
         check(K, fi < 8, || "a packed block format".into())?;
-        check(K, self.n_experts > 0 && self.down.rows.is_multiple_of(self.n_experts), || {
-            format!("{} slab rows for {} experts", self.down.rows, self.n_experts)
-        })?;
-        check(K, (1..=8).contains(&self.k), || format!("{} experts per token (1..=8)", self.k))?;
-        let (rows, cols) = (self.down.rows / self.n_experts, self.down.cols);
+        let (rows, cols) = self.expert_shape(K)?;
         check(K, cols.is_multiple_of(32) && self.k * q8_row_bytes(cols) <= SMEM_MAX, || {
             format!("rows of {cols} (whole 32-value blocks, {} int8 inputs in 48 KB)", self.k)
         })?;
-        let pairs = self.n_tok * self.k;
-        check(K, self.act.ptr.is_multiple_of(16), || "16-byte aligned activations".into())?;
-        need(K, "activations", self.act, pairs * cols)?;
-        need(K, "ids", self.ids, pairs)?;
-        need(K, "weights", self.wts, pairs)?;
-        need(K, "residual", self.x, self.n_tok * rows)?;
-        check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        let pairs = self.check_pairs(K, rows, cols)?;
         if pairs == 0 || rows == 0 {
             return Ok(());
         }

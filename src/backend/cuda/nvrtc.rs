@@ -19,6 +19,17 @@ pub struct KernelFile {
     pub name: &'static str,
     pub source: &'static str,
     pub entries: &'static [&'static str],
+    /// An environment variable that must be `1` for [`KernelFile::switched_on`] (a kernel family
+    /// that is off by default is then compiled only when something launches it, so that it adds
+    /// nothing to every start); none: always on.
+    pub switch: Option<&'static str>,
+}
+
+impl KernelFile {
+    /// Whether this file's family is switched on (see `switch`).
+    pub fn switched_on(&self) -> bool {
+        self.switch.is_none_or(|v| crate::sys::env::get(v).is_some_and(|x| x == "1"))
+    }
 }
 
 pub const COMMON: &str = include_str!("../../../kernels/common.cuh");

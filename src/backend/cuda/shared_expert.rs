@@ -96,7 +96,7 @@ impl SharedExpertW {
 /// Device bytes of a shared expert as `SharedExpertW::upload` puts it (for the memory plan).
 pub fn shared_bytes(sh: &SharedExpert, to_f16: bool) -> u64 {
     let e = &sh.expert;
-    let m = |t: &crate::model::weights::Tensor| super::moe::slab_bytes(t.dtype, t.rows, t.cols, to_f16);
+    let m = |t: &crate::model::weights::Tensor| super::moe_slab::slab_bytes(t.dtype, t.rows, t.cols, to_f16);
     m(&e.gate) + m(&e.up) + m(&e.down) + (sh.gate.cols * 4) as u64
 }
 

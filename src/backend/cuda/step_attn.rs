@@ -8,7 +8,7 @@ use super::kernels::Kernels;
 use super::launch::Dev;
 use super::ops as l;
 use super::prefill::{PrefillAttention, PrefillSplit};
-use super::step_inputs::Flat;
+use super::step_flat::Flat;
 use super::CudaError;
 
 /// Where the step's attention reads its tables and writes its partials: everything but the

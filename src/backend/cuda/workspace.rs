@@ -3,11 +3,23 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
 
 use super::device::zeros;
 use super::launch::Dev;
 use super::CudaError;
+
+/// Buffers of the masked step (masked.rs), grown on demand (never shrunk; not part of any captured graph).
+/// Layout of both, for a step of `m` logit rows: `[m]` mask slots, then `[m, words]` mask bits
+/// (the used masks first).
+#[derive(Default)]
+pub(super) struct MaskBuffers {
+    pub cap: usize, // elements of `host` and `dev`
+    pub host: Option<PinnedHostSlice<u32>>,
+    pub dev: Option<CudaSlice<u32>>,
+    /// Timing events: after the layers, and when the mask upload was queued.
+    pub events: Option<(CudaEvent, CudaEvent)>,
+}
 
 /// Step buffers, grown on demand (never shrunk). Growing one drops the captured graphs, which
 /// hold its old address.
@@ -37,7 +49,7 @@ pub(super) struct Work {
     /// speed into memory reused every step (64 sequences x 151,936 f32 = 39 MB a step).
     pub host_logits: Option<cudarc::driver::PinnedHostSlice<f32>>,
     /// Constrained greedy steps: the mask slots and bits, host (pinned) and device.
-    pub masks: super::masked::MaskBuffers,
+    pub masks: MaskBuffers,
     /// Buffers of the sparse layers (expert ids, weights, grouping, expert outputs).
     pub moe: super::moe::MoeWork,
     /// Buffers of the shared experts (Qwen3.5-MoE, Qwen3-Next).

@@ -1,0 +1,81 @@
+//! What the launchers of the MoE kernel files (moe.cu, moe_q8.cu, the shared expert) share:
+//! one expert slab's (all experts' `[rows, cols]` matrices of one projection stacked in one
+//! buffer) device bytes and kernel view, and the inputs of the pair-mode down + weighted sum,
+//! which both moe.cu (f32 activations) and moe_q8.cu (int8) launch.
+
+use cudarc::driver::CudaStream;
+
+use super::dmat::{DevMat, MatData};
+use super::launch::{check, need, Dev};
+use super::qformat::QFormat;
+use super::CudaError;
+use crate::model::quant::GgmlType;
+
+/// Device bytes of a `[rows, cols]` slab of `dtype` (F16 for the float types or `to_f16`).
+pub fn slab_bytes(dtype: GgmlType, rows: usize, cols: usize, to_f16: bool) -> u64 {
+    match QFormat::of(dtype).filter(|_| !to_f16) {
+        Some(f) => f.device_bytes(rows, cols).1 as u64,
+        None => (rows * cols * 2) as u64,
+    }
+}
+
+/// A slab's kernel view: (format index of MOE_ENTRIES, qs, aux, qs row bytes, aux row bytes,
+/// elements per unit), checked against the buffer.
+pub fn slab_view(m: &DevMat, s: &CudaStream) -> Result<(usize, u64, u64, usize, usize, usize), CudaError> {
+    const K: &str = "moe expert slab";
+    match &m.data {
+        MatData::F16(b) => {
+            let d = Dev::of(b, s);
+            need(K, "F16 slab", d, m.rows * m.cols)?;
+            check(K, m.cols.is_multiple_of(8), || format!("F16 rows of {} (a multiple of 8)", m.cols))?;
+            Ok((8, d.ptr, d.ptr, m.cols * 2, 0, 8))
+        }
+        MatData::Quant { fmt, buf, aux_off } => {
+            let d = Dev::of(buf, s);
+            let (want_off, total) = fmt.device_bytes(m.rows, m.cols);
+            check(K, *aux_off == want_off, || format!("aux at {aux_off}, the layout says {want_off}"))?;
+            need(K, "slab", d, total)?;
+            check(K, m.cols.is_multiple_of(fmt.unit), || format!("{} columns, units of {}", m.cols, fmt.unit))?;
+            let (qr, ar) = fmt.row_parts(m.cols);
+            Ok((fmt.index, d.ptr, d.ptr + *aux_off as u64, qr, ar, fmt.unit))
+        }
+    }
+}
+
+/// The pair-mode down product and weighted sum:
+/// `x[t, r] += sum_j wts[t k + j] * (down_{ids[t k + j]}[r] . act[t k + j])`, slot 0 first
+/// (the order of `moe::MoeCombine`); `k <= 8` (a warp per slot); `act` `[n_tok k, ffn]`.
+/// Launched by `launch` (moe.rs, f32 activations) or `launch_q8` (moe_q8.rs, int8).
+pub struct MoeDownSum<'a> {
+    pub down: &'a DevMat,
+    pub n_experts: usize,
+    pub act: Dev<f32>,
+    pub ids: Dev<i32>,
+    pub wts: Dev<f32>,
+    pub x: Dev<f32>,
+    pub n_tok: usize,
+    pub k: usize,
+}
+
+impl MoeDownSum<'_> {
+    /// (rows, cols) of one expert's down matrix, the slab checked against the experts and `k`.
+    pub(super) fn expert_shape(&self, kernel: &'static str) -> Result<(usize, usize), CudaError> {
+        check(kernel, self.n_experts > 0 && self.down.rows.is_multiple_of(self.n_experts), || {
+            format!("{} slab rows for {} experts", self.down.rows, self.n_experts)
+        })?;
+        check(kernel, (1..=8).contains(&self.k), || format!("{} experts per token (1..=8)", self.k))?;
+        Ok((self.down.rows / self.n_experts, self.down.cols))
+    }
+
+    /// Checks the pair buffers for experts of `rows` x `cols`; the number of pairs.
+    pub(super) fn check_pairs(&self, kernel: &'static str, rows: usize, cols: usize) -> Result<usize, CudaError> {
+        let pairs = self.n_tok * self.k;
+        check(kernel, self.act.ptr.is_multiple_of(16), || "16-byte aligned activations".into())?;
+        need(kernel, "activations", self.act, pairs * cols)?;
+        need(kernel, "ids", self.ids, pairs)?;
+        need(kernel, "weights", self.wts, pairs)?;
+        need(kernel, "residual", self.x, self.n_tok * rows)?;
+        check(kernel, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        Ok(pairs)
+    }
+}

@@ -1,0 +1,140 @@
+//! Synthetic models (`bench --synthetic`, random weights made on the GPU): the formats of a
+//! weight mix, every matrix's (format, rows, cols) in the order the constructors make them
+//! (`backend::CudaBackend::synthetic_mix`, `hybrid_synth`), and the device bytes the memory
+//! plan counts before anything is made.
+
+use super::moe_slab::slab_bytes;
+use crate::model::config::ModelConfig;
+use crate::model::moe::MoeConfig;
+use crate::model::quant::GgmlType;
+use crate::quantize::mix::more_bits;
+
+/// Weight formats of a synthetic model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightMix {
+    /// Every matrix in one format.
+    Uniform(GgmlType),
+    /// llama.cpp's Q4_K_M: Q6_K for attn_v and ffn_down in the layers `more_bits` picks
+    /// (half of them) and for the output head; Q4_K for everything else, the embedding included.
+    Q4KM,
+}
+
+impl WeightMix {
+    /// (base format, format of the matrices `more_bits` picks and of the output head).
+    pub fn formats(self) -> (GgmlType, GgmlType) {
+        match self {
+            WeightMix::Uniform(t) => (t, t),
+            WeightMix::Q4KM => (GgmlType::Q4K, GgmlType::Q6K),
+        }
+    }
+
+    /// `f16`, `q8_0`, `q4_k`, ... or `q4_k_m`; `None` for other names.
+    pub fn parse(s: &str) -> Option<WeightMix> {
+        if s.eq_ignore_ascii_case("q4_k_m") {
+            return Some(WeightMix::Q4KM);
+        }
+        // Synthetic weights are made in F16 and the block formats (no F32 / BF16 matrices).
+        let t = GgmlType::from_name(s).filter(|t| !matches!(t, GgmlType::F32 | GgmlType::BF16))?;
+        Some(WeightMix::Uniform(t))
+    }
+}
+
+/// (format, rows, cols) of every matrix of a synthetic model, in the order `synthetic_mix`
+/// makes them: per layer q, k, v, o, gate, up, down; then the embedding and an untied head.
+pub(super) fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, usize)> {
+    let (base, more) = mix.formats();
+    let mut v = Vec::new();
+    for i in 0..c.n_layers {
+        let m = if more_bits(i, c.n_layers) { more } else { base };
+        let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        v.extend([(base, q, d), (base, kv, d), (m, kv, d), (base, d, q)]);
+        // A sparse layer's experts are made by `moe::MoeLayerW::synthetic` (`moe_formats`).
+        if !c.moe.as_ref().is_some_and(|x| x.is_sparse(i)) {
+            v.extend([(base, f, d), (base, f, d), (m, d, f)]);
+        }
+    }
+    v.push((base, c.vocab_size, c.dim));
+    if !c.tied_embeddings {
+        v.push((more, c.vocab_size, c.dim));
+    }
+    v
+}
+
+/// Formats of a synthetic sparse layer's (gate and up, down) expert slabs: as the dense FFN of
+/// the mix (Q4_K_M: down in Q6_K in the layers `more_bits` picks, as llama.cpp does for
+/// `ffn_down_exps`).
+pub(super) fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (GgmlType, GgmlType) {
+    match mix {
+        WeightMix::Uniform(t) => (t, t),
+        WeightMix::Q4KM if more_bits(layer, n_layers) => (GgmlType::Q4K, GgmlType::Q6K),
+        WeightMix::Q4KM => (GgmlType::Q4K, GgmlType::Q4K),
+    }
+}
+
+/// Per layer the matrices in the order they are made: linear layers (proj, out, gate/up,
+/// down); attention layers (q+gate and k, v, o, gate/up, down); then the embedding and an
+/// untied head. (format, rows, cols). Sparse layers have no dense gate/up and down (their
+/// experts: `routed_bytes`, `shared_bytes`).
+pub(super) fn hybrid_shapes(c: &ModelConfig, base: GgmlType, more: GgmlType) -> Vec<(GgmlType, usize, usize)> {
+    let Some(h) = &c.hybrid else { return Vec::new() };
+    let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+    let mut v = Vec::new();
+    for i in 0..c.n_layers {
+        let m = if more_bits(i, c.n_layers) { more } else { base };
+        if h.recurrent[i] {
+            let lin_in = h.conv_channels() + h.value_dim() + 2 * h.n_v_heads;
+            v.extend([(base, lin_in, d), (base, d, h.value_dim())]);
+        } else {
+            // q (+ gate), k and v in one part where v has the base format (as `Linear::upload`
+            // stacks them), else v apart.
+            let q_rows = if h.attn_output_gate { 2 * q } else { q };
+            if m == base {
+                v.push((base, q_rows + 2 * kv, d));
+            } else {
+                v.extend([(base, q_rows + kv, d), (m, kv, d)]);
+            }
+            v.push((base, d, q));
+        }
+        if !c.moe.as_ref().is_some_and(|x| x.is_sparse(i)) {
+            v.extend([(base, 2 * f, d), (m, d, f)]);
+        }
+    }
+    v.push((base, c.vocab_size, d));
+    if !c.tied_embeddings {
+        v.push((more, c.vocab_size, d));
+    }
+    v
+}
+
+/// Device bytes of sparse layer `i`'s f32 router and three expert slabs (`moe::MoeLayerW`).
+fn routed_bytes(c: &ModelConfig, m: &MoeConfig, mix: WeightMix, i: usize) -> u64 {
+    let (gu, down) = moe_formats(mix, i, c.n_layers);
+    let (e, f, d) = (m.n_experts, m.expert_ffn_dim, c.dim);
+    (e * d * 4) as u64 + 2 * slab_bytes(gu, e * f, d, false) + slab_bytes(down, e * d, f, false)
+}
+
+/// Device bytes of a hybrid sparse layer's shared expert of the experts' width (three
+/// matrices, f32 gate row).
+fn shared_bytes(c: &ModelConfig, m: &MoeConfig, mix: WeightMix, i: usize) -> u64 {
+    let (gu, down) = moe_formats(mix, i, c.n_layers);
+    let (f, d) = (m.expert_ffn_dim, c.dim);
+    slab_bytes(gu, 2 * f, d, false) + slab_bytes(down, d, f, false) + (d * 4) as u64
+}
+
+/// Device bytes of every weight matrix of a synthetic model of shape `c` in `mix` (routers and
+/// shared-expert gates in f32, expert slabs packed): what the memory plan counts before
+/// anything is made.
+pub fn synthetic_matrix_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
+    let dense: u64 = if c.hybrid.is_some() {
+        let (base, more) = mix.formats();
+        hybrid_shapes(c, base, more).into_iter().map(|(t, r, k)| slab_bytes(t, r, k, false)).sum()
+    } else {
+        synthetic_shapes(c, mix).into_iter().map(|(t, r, k)| slab_bytes(t, r, k, false)).sum()
+    };
+    let Some(m) = &c.moe else { return dense };
+    let experts: u64 = (0..c.n_layers)
+        .filter(|&i| m.is_sparse(i))
+        .map(|i| routed_bytes(c, m, mix, i) + if c.hybrid.is_some() { shared_bytes(c, m, mix, i) } else { 0 })
+        .sum();
+    dense + experts
+}
