@@ -68,7 +68,12 @@ fn long_context_bench() {
     drop(g);
     use dustoff::commands::common::{make_synthetic_backend_for, Device};
     let runs = std::env::var("DUSTOFF_LONG_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let prompts = [8192usize, 16384];
+    // `DUSTOFF_LONG_PROMPTS=16384` (comma-separated): only those prompt lengths.
+    let prompts: Vec<usize> = std::env::var("DUSTOFF_LONG_PROMPTS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![8192, 16384]);
     let gen = 200;
     let step = dustoff::engine::single::PREFILL_CHUNK;
     let mut b = make_synthetic_backend_for("qwen3-8b", "f16", &Device::Cuda(0), 16384 + gen, (step, 1), None)
@@ -90,7 +95,7 @@ fn long_context_bench() {
 /// The shared-prefix job of `dustoff bench --device cuda --synthetic qwen3-8b --shared-prefix
 /// REQUESTS,1000,300` (32 slots, 200 generated tokens each, the default step budget) through the
 /// same code, `DUSTOFF_SP_REQUESTS` requests (default 256): seconds with the prefix cache on
-/// and off. With `DUSTOFF_STEP_TIMES=1` the backend prints each step size's median GPU time when
+/// and off (`DUSTOFF_SP_CACHE=on`: the first half alone). With `DUSTOFF_STEP_TIMES=1` the backend prints each step size's median GPU time when
 /// it is dropped, so a run with `DUSTOFF_CASCADE=0` beside one without gives the 32-token
 /// decode steps' time with and without the shared-prefix pass. Kernels from `DUSTOFF_PTX_DIR`
 /// where it is set.
@@ -107,6 +112,35 @@ fn shared_prefix_job_bench() {
     let step = DEFAULT_MAX_BATCH_TOKENS.max(slots);
     let b = make_synthetic_backend_for("qwen3-8b", "f16", &Device::Cuda(0), tokens, (step, slots), None)
         .expect("synthetic qwen3-8b on cuda:0");
+    if std::env::var("DUSTOFF_SP_CACHE").as_deref() == Ok("on") {
+        // The cache-on half alone (the same requests as `bench_shared_prefix` makes), so that
+        // the backend's step times hold only steps whose sequences share the prefix blocks.
+        use dustoff::backend::Backend;
+        use dustoff::engine::batch::{Engine, EngineConfig, Request};
+        use dustoff::engine::sampler::SamplingParams;
+        let mut b = b;
+        b.prepare().unwrap();
+        let vocab = b.config().vocab_size;
+        let prefix = dustoff::commands::bench::bench_prompt(shared, vocab);
+        let cfg = EngineConfig { slots, max_batch_tokens: step, prefix_cache: true, model_fingerprint: [7; 32] };
+        let mut engine = Engine::new(b, cfg).unwrap();
+        for i in 0..requests {
+            let mut p = prefix.clone();
+            p.extend((0..unique).map(|j| (1000 + (i * 7 + j * 131 + 17) % (vocab - 1000)) as u32));
+            let sampling = SamplingParams::greedy();
+            engine.add_request(Request { id: i as u64, prompt: p, max_tokens: gen, sampling, stop_ids: Vec::new() }).unwrap();
+        }
+        let t0 = std::time::Instant::now();
+        engine.run_to_completion().unwrap();
+        let m = engine.metrics();
+        eprintln!(
+            "shared-prefix job {requests} x ({shared} + {unique}), {gen} out, {slots} slots: cache on {:.2} s ({} of {} prompt tokens computed)",
+            t0.elapsed().as_secs_f64(),
+            m.prompt_tokens_computed,
+            m.prompt_tokens
+        );
+        return;
+    }
     let rows = dustoff::commands::bench::bench_shared_prefix(b, [7; 32], slots, step, (shared, unique, requests, gen))
         .expect("the shared-prefix job");
     let (on, off) = (rows[0].seconds, rows[1].seconds);
