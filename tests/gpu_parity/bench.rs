@@ -128,7 +128,9 @@ fn shared_prefix_job_bench() {
             let mut p = prefix.clone();
             p.extend((0..unique).map(|j| (1000 + (i * 7 + j * 131 + 17) % (vocab - 1000)) as u32));
             let sampling = SamplingParams::greedy();
-            engine.add_request(Request { id: i as u64, prompt: p, max_tokens: gen, sampling, stop_ids: Vec::new() }).unwrap();
+            engine
+                .add_request(Request { id: i as u64, prompt: p, max_tokens: gen, sampling, stop_ids: Vec::new() })
+                .unwrap();
         }
         let t0 = std::time::Instant::now();
         engine.run_to_completion().unwrap();
