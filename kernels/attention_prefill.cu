@@ -390,3 +390,289 @@ extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd64_qs(c
 extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd128_qs(const PrefillParams p) {
     attn_prefill_impl<128, true>(p);
 }
+
+// ---- The softmax on the accumulators (architectures whose wmma accumulator is two m16n8
+// tiles: compute capability 8.0 and newer, where the compute_70 PTX is JIT-compiled).
+//
+// The kernel above stores each S fragment to shared memory, reads it back by lane pairs for the
+// softmax and writes P: four shared-memory passes and two warp barriers on the chain from the
+// QK^T products to the PV products of every K/V tile. Here S stays in the accumulators: with
+// the layout below a lane holds rows g = lane / 4 and g + 8 (four elements of each per
+// 16-column fragment) and the four lanes of a quad hold a row's 16 columns, so the row maxima
+// and sums are two xor shuffles, alpha is a register, and P goes to shared memory once (F16,
+// as the A operand of the PV product, whose fragment layout stays the architecture's).
+// Element i of a fragment (wmma m16n16k16 f32, sm_80 and newer): row g + 8 ((i >> 1) & 1),
+// column 8 (i >> 2) + 2 (lane % 4) + (i & 1). The kernel checks this against the index
+// matrix once and traps on another layout (the launcher takes it only from compute
+// capability 8.0 on; sm_70 / sm_75 keep attn_prefill_impl).
+__device__ __forceinline__ int atp_acc_row(int lane, int i) { return lane / 4 + 8 * ((i >> 1) & 1); }
+__device__ __forceinline__ int atp_acc_col(int lane, int i) { return 8 * (i >> 2) + 2 * (lane % 4) + (i & 1); }
+
+template <int HD, bool QS>
+__device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
+    using L = AtpLayout<HD, QS>;
+    constexpr int NK = HD / 16;             // 16-wide slices of the head dimension
+    constexpr int NQ = L::Q_SMEM ? 1 : NK;  // Q fragments held in registers
+    constexpr int NT = ATP_KT / 16;         // 16-position fragments of a K/V tile
+    extern __shared__ __align__(32) unsigned char smem[];
+    float* map = reinterpret_cast<float*>(smem);
+    half_t* ks = reinterpret_cast<half_t*>(smem + L::MAP);
+    half_t* vs = reinterpret_cast<half_t*>(smem + L::MAP + L::KV);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nthreads = blockDim.x;
+    unsigned char* wbase = smem + L::MAP + 2 * L::KV + warp * L::WARP_BYTES;
+    float* ss = reinterpret_cast<float*>(wbase);               // Q staging only ([16, 72] halves)
+    half_t* ps = reinterpret_cast<half_t*>(ss + 16 * L::LDS);  // [16, LDP] P of the tile
+    half_t* qs = reinterpret_cast<half_t*>(ps + 16 * L::LDP + 2 * 16 * 2);  // [16, LDQ] (Q_SMEM)
+
+    const int tile = blockIdx.x, z = blockIdx.z;
+    const int group = p.n_heads / p.n_kv, chunks = group / p.heads;
+    const int g = blockIdx.y / chunks;
+    const int h = g * group + (blockIdx.y % chunks) * p.heads + warp;
+    const int r0 = p.tiles[4 * tile], nt = p.tiles[4 * tile + 1], kv_end = p.tiles[4 * tile + 2];
+    const int* bt = p.block_tables + (long long)p.tiles[4 * tile + 3] * p.bt_stride;
+    const int* rows = p.rows + r0;
+    const long long kv_dim = (long long)p.n_kv * HD;
+    const int start = z * p.split_len, end = min(kv_end, start + p.split_len);
+    // This lane's two rows (A: g, B: g + 8) and their tokens (rows past nt repeat the last).
+    const int ra = lane / 4, rb = ra + 8;
+    const int tok_a = rows[min(ra, nt - 1)], tok_b = rows[min(rb, nt - 1)];
+    if (start >= end) {  // a split past this tile's range (partial mode only): empty slots
+        if (lane % 4 == 0) {
+            if (ra < nt) {
+                float* ml = p.part_ml + atp_slot(p, tok_a, h, z) * 2;
+                ml[0] = NEG_INF;
+                ml[1] = 0.0f;
+            }
+            if (rb < nt) {
+                float* ml = p.part_ml + atp_slot(p, tok_b, h, z) * 2;
+                ml[0] = NEG_INF;
+                ml[1] = 0.0f;
+            }
+        }
+        return;
+    }
+
+    // The layout check: the index matrix through wmma_load_c must give row r * 16 + c where the
+    // formulas above say (one load a block; a mismatch is a defect of the launcher's choice).
+    for (int i = threadIdx.x; i < 256; i += nthreads) map[i] = (float)i;
+    __syncthreads();
+    {
+        float d[8];
+        wmma_load_c(d, map, 16);
+        bool ok = true;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ok = ok && (int)d[i] == atp_acc_row(lane, i) * 16 + atp_acc_col(lane, i);
+        if (!__all_sync(FULL_MASK, ok)) __trap();
+    }
+
+    // Q (scaled, F16): as in attn_prefill_impl.
+    const float qscale = p.scale * ATP_LOG2E;
+    unsigned qa[NQ][8];
+    const int lane_tok = rows[min(lane % 16, nt - 1)];
+    half_t* stage = reinterpret_cast<half_t*>(ss);  // [16, 72] halves = 2,304 bytes
+#pragma unroll
+    for (int c0 = 0; c0 < HD; c0 += 64) {
+        constexpr int PER_LANE = 16 * 64 / WARP;  // row i / 2, column lane + 32 (i % 2)
+        float v[PER_LANE];
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int r = i / 2, c = c0 + lane + WARP * (i % 2);
+            const int t = __shfl_sync(FULL_MASK, lane_tok, r);
+            v[i] = r < nt ? __ldg(p.q + (long long)t * p.q_stride + (long long)h * HD + c) * qscale : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int r = i / 2, c = lane + WARP * (i % 2);
+            if (L::Q_SMEM) {
+                qs[r * L::LDQ + c0 + c] = f2h_sat(v[i]);
+            } else {
+                stage[r * 72 + c] = f2h_sat(v[i]);
+            }
+        }
+        __syncwarp();
+        if (!L::Q_SMEM) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) wmma_load_a(qa[L::Q_SMEM ? 0 : c0 / 16 + k], stage + k * 16, 72);
+            __syncwarp();
+        }
+    }
+
+    // Row state of rows A and B, the same in the four lanes of the quad.
+    const int pos_a = p.pos[tok_a], pos_b = p.pos[tok_b];
+    float m_a = NEG_INF, m_b = NEG_INF, l_a = 0.0f, l_b = 0.0f;
+    float o[NK][8];
+#pragma unroll
+    for (int j = 0; j < NK; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[j][i] = 0.0f;
+
+    constexpr int PAIRS = ATP_KT * (HD / 8);
+    const int batch = ATP_PF / 2 * nthreads;
+    uint4 pf[ATP_PF];
+    atp_fetch<HD>(p, bt, kv_dim, g, start, end, 0, pf);
+    for (int kp = start; kp < end; kp += ATP_KT) {
+        __syncthreads();  // every warp is done with the previous K/V tile
+        atp_stage<HD>(ks, vs, 0, pf);
+        for (int base = batch; base < PAIRS; base += batch) {
+            uint4 more[ATP_PF];
+            atp_fetch<HD>(p, bt, kv_dim, g, kp, end, base, more);
+            atp_stage<HD>(ks, vs, base, more);
+        }
+        __syncthreads();
+        if (kp + ATP_KT < end) atp_fetch<HD>(p, bt, kv_dim, g, kp + ATP_KT, end, 0, pf);
+
+        // S = Q K^T: the NT accumulators of the tile live together (independent product chains).
+        float s[NT][8];
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) s[n][i] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NK; ++k) {
+            unsigned a[8];
+            if (L::Q_SMEM) wmma_load_a(a, qs + k * 16, L::LDQ);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                unsigned b[8];
+                wmma_load_b_col(b, ks + n * 16 * L::LDK + k * 16, L::LDK);
+                wmma_mma_rc(s[n], L::Q_SMEM ? a : qa[L::Q_SMEM ? 0 : k], b);
+            }
+        }
+
+        // Masked positions (past the row's own position or the range end) become -inf; tiles
+        // that every row of the warp sees whole skip the tests.
+        const bool whole = __all_sync(FULL_MASK, kp + ATP_KT - 1 <= min(pos_a, pos_b) && kp + ATP_KT <= end);
+        if (!whole) {
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int c = kp + n * 16 + atp_acc_col(lane, i);
+                    const int rp = (i & 2) ? pos_b : pos_a;
+                    if (c > rp || c >= end) s[n][i] = NEG_INF;
+                }
+        }
+        float t_a = NEG_INF, t_b = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                if (i & 2) {
+                    t_b = fmaxf(t_b, s[n][i]);
+                } else {
+                    t_a = fmaxf(t_a, s[n][i]);
+                }
+            }
+        t_a = fmaxf(t_a, __shfl_xor_sync(FULL_MASK, t_a, 1));
+        t_b = fmaxf(t_b, __shfl_xor_sync(FULL_MASK, t_b, 1));
+        t_a = fmaxf(t_a, __shfl_xor_sync(FULL_MASK, t_a, 2));
+        t_b = fmaxf(t_b, __shfl_xor_sync(FULL_MASK, t_b, 2));
+        // -inf while no position of the split is in the row's range (a later split's row).
+        const float mn_a = fmaxf(m_a, t_a), mn_b = fmaxf(m_b, t_b);
+        // P = 2^(S - m) rounded to F16 (the sum takes the rounded weights, as the PV product
+        // does); masked elements are exactly 0 (also where m is still -inf).
+        float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 8; i += 2) {
+                const float m = (i & 2) ? mn_b : mn_a;
+                const float e0 = s[n][i] == NEG_INF ? 0.0f : atp_ex2(s[n][i] - m);
+                const float e1 = s[n][i + 1] == NEG_INF ? 0.0f : atp_ex2(s[n][i + 1] - m);
+                const half_t h0 = f2h(e0), h1 = f2h(e1);
+                if (i & 2) {
+                    sum_b += h2f(h0) + h2f(h1);
+                } else {
+                    sum_a += h2f(h0) + h2f(h1);
+                }
+                const int at = atp_acc_row(lane, i) * L::LDP + n * 16 + atp_acc_col(lane, i);
+                *reinterpret_cast<unsigned*>(ps + at) = (unsigned)h0 | ((unsigned)h1 << 16);
+            }
+        sum_a += __shfl_xor_sync(FULL_MASK, sum_a, 1);
+        sum_b += __shfl_xor_sync(FULL_MASK, sum_b, 1);
+        sum_a += __shfl_xor_sync(FULL_MASK, sum_a, 2);
+        sum_b += __shfl_xor_sync(FULL_MASK, sum_b, 2);
+        const float al_a = mn_a == NEG_INF ? 1.0f : atp_ex2(m_a - mn_a);
+        const float al_b = mn_b == NEG_INF ? 1.0f : atp_ex2(m_b - mn_b);
+        l_a = l_a * al_a + sum_a;
+        l_b = l_b * al_b + sum_b;
+        m_a = mn_a;
+        m_b = mn_b;
+        __syncwarp();  // P complete before its fragment loads
+
+        // O = alpha O + P V (no rescale while no row's maximum moved).
+        if (__any_sync(FULL_MASK, al_a != 1.0f || al_b != 1.0f)) {
+#pragma unroll
+            for (int j = 0; j < NK; ++j)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[j][i] *= (i & 2) ? al_b : al_a;
+        }
+#pragma unroll
+        for (int k2 = 0; k2 < NT; ++k2) {
+            unsigned a[8];
+            wmma_load_a(a, ps + k2 * 16, L::LDP);
+#pragma unroll
+            for (int j = 0; j < NK; ++j) {
+                unsigned b[8];
+                wmma_load_b_row(b, vs + k2 * 16 * L::LDK + j * 16, L::LDK);
+                wmma_mma_rr(o[j], a, b);
+            }
+        }
+        __syncwarp();  // P is read before the next tile overwrites it
+    }
+
+    if (p.part_o == nullptr) {
+        // One split: every row has position 0 in range, so l > 0.
+        const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+        float* out_a = p.out + (long long)tok_a * p.out_stride + (long long)h * HD;
+        float* out_b = p.out + (long long)tok_b * p.out_stride + (long long)h * HD;
+#pragma unroll
+        for (int j = 0; j < NK; ++j)
+#pragma unroll
+            for (int i = 0; i < 8; i += 2) {
+                const int c = j * 16 + atp_acc_col(lane, i);
+                if (i & 2) {
+                    if (rb < nt) *reinterpret_cast<float2*>(out_b + c) = make_float2(o[j][i] * inv_b, o[j][i + 1] * inv_b);
+                } else {
+                    if (ra < nt) *reinterpret_cast<float2*>(out_a + c) = make_float2(o[j][i] * inv_a, o[j][i + 1] * inv_a);
+                }
+            }
+        return;
+    }
+    float* po_a = p.part_o + atp_slot(p, tok_a, h, z) * HD;
+    float* po_b = p.part_o + atp_slot(p, tok_b, h, z) * HD;
+#pragma unroll
+    for (int j = 0; j < NK; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+            const int c = j * 16 + atp_acc_col(lane, i);
+            if (i & 2) {
+                if (rb < nt) *reinterpret_cast<float2*>(po_b + c) = make_float2(o[j][i], o[j][i + 1]);
+            } else {
+                if (ra < nt) *reinterpret_cast<float2*>(po_a + c) = make_float2(o[j][i], o[j][i + 1]);
+            }
+        }
+    if (lane % 4 == 0) {
+        if (ra < nt) {
+            float* ml = p.part_ml + atp_slot(p, tok_a, h, z) * 2;
+            ml[0] = m_a * ATP_LN2;  // -inf stays -inf
+            ml[1] = l_a;
+        }
+        if (rb < nt) {
+            float* ml = p.part_ml + atp_slot(p, tok_b, h, z) * 2;
+            ml[0] = m_b * ATP_LN2;
+            ml[1] = l_b;
+        }
+    }
+}
+
+// Same launch shape and shared memory as the entries above.
+extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd64_acc(const PrefillParams p) {
+    attn_prefill_acc_impl<64, false>(p);
+}
+extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd128_acc(const PrefillParams p) {
+    attn_prefill_acc_impl<128, false>(p);
+}
+extern "C" __global__ void __launch_bounds__(4 * WARP) attn_prefill_hd256_acc(const PrefillParams p) {
+    attn_prefill_acc_impl<256, true>(p);
+}

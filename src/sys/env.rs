@@ -69,6 +69,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Tuning, "DUSTOFF_FUSE_NORM", "1", "`0`: the layer norms as launches of their own instead of folded into the products that read them"),
     var(Scope::Tuning, "DUSTOFF_GEMV_ROWS", "4", "rows (2, 4 or 8) a block of the one-token F16 GEMVs"),
     var(Scope::Tuning, "DUSTOFF_PREFILL_QS", "0", "`1`: the prefill attention keeps its Q tile in shared memory for head sizes 64 and 128 too"),
+    var(Scope::Tuning, "DUSTOFF_PREFILL_ACC", "1", "`0`: the prefill attention's softmax through shared memory also from compute capability 8.0 on (else on the accumulators there)"),
     var(Scope::Tuning, "DUSTOFF_ATTN_FAST_EXP", "1", "`0`: the one-pass decode attention's exponentials as `expf` instead of one multiply and the SFU's 2^x"),
     var(Scope::Tuning, "DUSTOFF_DN_FUSED", "1", "`0`: a Gated DeltaNet layer runs conv1d and the L2 norms + gates as two kernels instead of one"),
     var(Scope::Tuning, "DUSTOFF_DN_RECUR_NORM", "1", "`0`: the step form of the delta rule and the gated RMSNorm of its output as two kernels instead of one"),

@@ -8,7 +8,9 @@ use cudarc::driver::CudaSlice;
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::cascade;
 use dustoff::backend::cuda::ops as l;
-use dustoff::backend::cuda::prefill::{prefill_splits, prefill_supported, push_tiles, PrefillAttention, PrefillSplit};
+use dustoff::backend::cuda::prefill::{
+    acc_available, prefill_splits, prefill_supported, push_tiles, PrefillAttention, PrefillSplit,
+};
 
 use super::{compare, f16_bits, f16_vals, gpu, Gpu};
 
@@ -53,7 +55,8 @@ impl Problem {
 
     /// The prefill kernel over the rows of `tiles`/`rows` (as `push_tiles` lays them out) into
     /// `out`: one split (`None`), or `(split_len, n_splits)` over the partials `parts`
-    /// (`[n_tok, heads, n_splits, head_dim]` and `[.., 2]`) with the kernel's own merge.
+    /// (`[n_tok, heads, n_splits, head_dim]` and `[.., 2]`) with the kernel's own merge; `acc`:
+    /// the kernel family with the softmax on the accumulators (`PrefillAttention::launch_kernel`).
     fn prefill(
         &self,
         g: &mut Gpu,
@@ -61,7 +64,7 @@ impl Problem {
         n_tok: usize,
         (tiles, rows): (&[i32], &[i32]),
         (po, pml): (&CudaSlice<f32>, &CudaSlice<f32>),
-        split: Option<(usize, usize)>,
+        (split, acc): (Option<(usize, usize)>, bool),
     ) {
         let (tiles_d, rows_d) = (g.up(tiles), g.up(rows));
         let split = split.map(|(split_len, n_splits)| PrefillSplit {
@@ -84,8 +87,19 @@ impl Problem {
             n_tiles: tiles.len() / 4,
             split,
         }
-        .launch(&mut g.k, &s)
+        .launch_kernel(&mut g.k, &s, Some(acc))
         .unwrap();
+        eprintln!("prefill kernel: softmax {}", if acc { "on the accumulators" } else { "through shared memory" });
+    }
+}
+
+/// The prefill kernel families to check: the softmax through shared memory, and on the
+/// accumulators where the device has their layout (`prefill::acc_available`).
+fn prefill_families(g: &Gpu) -> Vec<bool> {
+    if acc_available(&g.k) {
+        vec![false, true]
+    } else {
+        vec![false]
     }
 }
 
@@ -245,10 +259,12 @@ fn kv_store_and_paged_attention_match_cpu() {
             first += n;
         }
         for split_len in [0usize, 32, 256] {
-            let out = g.poisoned(n_tok * qd);
             let split = (split_len > 0).then(|| (split_len, max_len.div_ceil(split_len)));
-            pr.prefill(&mut g, &out, n_tok, (&tiles, &rows), (&po, &pml), split);
-            compare("attention_prefill", g.seed, &g.down(&out), &want);
+            for acc in prefill_families(&g) {
+                let out = g.poisoned(n_tok * qd);
+                pr.prefill(&mut g, &out, n_tok, (&tiles, &rows), (&po, &pml), (split, acc));
+                compare("attention_prefill", g.seed, &g.down(&out), &want);
+            }
         }
     }
 }
@@ -538,10 +554,12 @@ fn long_context_attention_matches_cpu() {
             let reach = positions[n_tok - 1] + 1;
             let (pf, pl) = prefill_splits(tiles.len() / 4, n_tok, reach, nh, nkv, hd, false);
             for split_len in [0usize, pl] {
-                let out = g.poisoned(n_tok * qd);
                 let split = (split_len > 0).then(|| (split_len, pf.max(reach.div_ceil(split_len))));
-                pr.prefill(&mut g, &out, n_tok, (&tiles, &rows), (&po, &pml), split);
-                compare("attention_prefill", g.seed, &g.down(&out), &want);
+                for acc in prefill_families(&g) {
+                    let out = g.poisoned(n_tok * qd);
+                    pr.prefill(&mut g, &out, n_tok, (&tiles, &rows), (&po, &pml), (split, acc));
+                    compare("attention_prefill", g.seed, &g.down(&out), &want);
+                }
             }
         }
     }

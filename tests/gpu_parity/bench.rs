@@ -68,7 +68,12 @@ fn long_context_bench() {
     drop(g);
     use dustoff::commands::common::{make_synthetic_backend_for, Device};
     let runs = std::env::var("DUSTOFF_LONG_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let prompts = [8192usize, 16384];
+    // `DUSTOFF_LONG_PROMPTS=16384` (comma-separated): only those prompt lengths.
+    let prompts: Vec<usize> = std::env::var("DUSTOFF_LONG_PROMPTS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![8192, 16384]);
     let gen = 200;
     let step = dustoff::engine::single::PREFILL_CHUNK;
     let mut b = make_synthetic_backend_for("qwen3-8b", "f16", &Device::Cuda(0), 16384 + gen, (step, 1), None)
@@ -85,6 +90,66 @@ fn long_context_bench() {
             runs.join(", ")
         );
     }
+}
+
+/// The shared-prefix job of `dustoff bench --device cuda --synthetic qwen3-8b --shared-prefix
+/// REQUESTS,1000,300` (32 slots, 200 generated tokens each, the default step budget) through the
+/// same code, `DUSTOFF_SP_REQUESTS` requests (default 256): seconds with the prefix cache on
+/// and off (`DUSTOFF_SP_CACHE=on`: the first half alone). With `DUSTOFF_STEP_TIMES=1` the backend prints each step size's median GPU time when
+/// it is dropped, so a run with `DUSTOFF_CASCADE=0` beside one without gives the 32-token
+/// decode steps' time with and without the shared-prefix pass. Kernels from `DUSTOFF_PTX_DIR`
+/// where it is set.
+#[test]
+#[ignore]
+fn shared_prefix_job_bench() {
+    let Some(g) = gpu("shared-prefix job") else { return };
+    drop(g);
+    use dustoff::commands::common::{make_synthetic_backend_for, Device};
+    use dustoff::engine::batch::{BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS};
+    let requests = std::env::var("DUSTOFF_SP_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(256);
+    let (shared, unique, gen, slots) = (1000usize, 300usize, 200usize, 32usize);
+    let tokens = slots * (shared + unique + gen + BLOCK_SIZE) + shared * 2;
+    let step = DEFAULT_MAX_BATCH_TOKENS.max(slots);
+    let b = make_synthetic_backend_for("qwen3-8b", "f16", &Device::Cuda(0), tokens, (step, slots), None)
+        .expect("synthetic qwen3-8b on cuda:0");
+    if std::env::var("DUSTOFF_SP_CACHE").as_deref() == Ok("on") {
+        // The cache-on half alone (the same requests as `bench_shared_prefix` makes), so that
+        // the backend's step times hold only steps whose sequences share the prefix blocks.
+        use dustoff::backend::Backend;
+        use dustoff::engine::batch::{Engine, EngineConfig, Request};
+        use dustoff::engine::sampler::SamplingParams;
+        let mut b = b;
+        b.prepare().unwrap();
+        let vocab = b.config().vocab_size;
+        let prefix = dustoff::commands::bench::bench_prompt(shared, vocab);
+        let cfg = EngineConfig { slots, max_batch_tokens: step, prefix_cache: true, model_fingerprint: [7; 32] };
+        let mut engine = Engine::new(b, cfg).unwrap();
+        for i in 0..requests {
+            let mut p = prefix.clone();
+            p.extend((0..unique).map(|j| (1000 + (i * 7 + j * 131 + 17) % (vocab - 1000)) as u32));
+            let sampling = SamplingParams::greedy();
+            engine
+                .add_request(Request { id: i as u64, prompt: p, max_tokens: gen, sampling, stop_ids: Vec::new() })
+                .unwrap();
+        }
+        let t0 = std::time::Instant::now();
+        engine.run_to_completion().unwrap();
+        let m = engine.metrics();
+        eprintln!(
+            "shared-prefix job {requests} x ({shared} + {unique}), {gen} out, {slots} slots: cache on {:.2} s ({} of {} prompt tokens computed)",
+            t0.elapsed().as_secs_f64(),
+            m.prompt_tokens_computed,
+            m.prompt_tokens
+        );
+        return;
+    }
+    let rows = dustoff::commands::bench::bench_shared_prefix(b, [7; 32], slots, step, (shared, unique, requests, gen))
+        .expect("the shared-prefix job");
+    let (on, off) = (rows[0].seconds, rows[1].seconds);
+    eprintln!(
+        "shared-prefix job {requests} x ({shared} + {unique}), {gen} out, {slots} slots: cache on {on:.2} s, off {off:.2} s, {:.2}x",
+        off / on
+    );
 }
 
 /// Median GPU time of `f` over 20 runs (after one warm-up), in seconds.
@@ -117,7 +182,7 @@ pub(crate) fn time(g: &mut Gpu, f: &mut dyn FnMut(&mut Gpu)) -> f64 {
 #[ignore]
 fn attention_breakdown() {
     use dustoff::backend::cuda::cascade;
-    use dustoff::backend::cuda::prefill::{prefill_splits, push_tiles, PrefillAttention, PrefillSplit};
+    use dustoff::backend::cuda::prefill::{acc_available, prefill_splits, push_tiles, PrefillAttention, PrefillSplit};
     let mut g = gpu("attention breakdown").unwrap();
     let s = g.dev.stream.clone();
     let bs = 16usize;
@@ -133,6 +198,9 @@ fn attention_breakdown() {
         "attn_prefill_hd256",
         "attn_prefill_hd64_qs",
         "attn_prefill_hd128_qs",
+        "attn_prefill_hd64_acc",
+        "attn_prefill_hd128_acc",
+        "attn_prefill_hd256_acc",
     ] {
         let f = g.k.get(entry).unwrap();
         eprintln!(
@@ -373,7 +441,7 @@ fn attention_breakdown() {
             _ => {
                 let n_tiles = tiles.len() / 4;
                 let (pf, pl) = prefill_splits(n_tiles, n_tok, max_len, nh, nkv, hd, false);
-                let run = |g: &mut Gpu, split: bool| {
+                let run = |g: &mut Gpu, split: bool, acc: bool| {
                     time(g, &mut |g| {
                         let split = (split && pf > 1).then(|| PrefillSplit {
                             part_o: g.d(&po),
@@ -388,19 +456,25 @@ fn attention_breakdown() {
                         });
                         let rows = g.d(&rwd);
                         PrefillAttention { paged, tiles: g.d(&tld), rows, n_rows: n_tok, n_tiles, split }
-                            .launch(&mut g.k, &s)
+                            .launch_kernel(&mut g.k, &s, Some(acc))
                             .unwrap();
                     })
                 };
-                let one = run(&mut g, false);
-                let split = run(&mut g, true);
-                eprintln!(
-                    "attn {label}: one split {:8.1} us {:6.1} TFLOP/s | {pf:2} splits of {pl:5} {:8.1} us {:6.1} TFLOP/s",
-                    one * 1e6,
-                    flops / one / 1e12,
-                    split * 1e6,
-                    flops / split / 1e12
-                );
+                // Both kernel families (the softmax through shared memory, and on the
+                // accumulators where the device has that layout), one split and the rule's.
+                let families: &[bool] = if acc_available(&g.k) { &[false, true] } else { &[false] };
+                for &acc in families {
+                    let one = run(&mut g, false, acc);
+                    let split = run(&mut g, true, acc);
+                    eprintln!(
+                        "attn {label} {}: one split {:8.1} us {:6.1} TFLOP/s | {pf:2} splits of {pl:5} {:8.1} us {:6.1} TFLOP/s",
+                        if acc { "acc " } else { "smem" },
+                        one * 1e6,
+                        flops / one / 1e12,
+                        split * 1e6,
+                        flops / split / 1e12
+                    );
+                }
             }
         }
     }

@@ -50,7 +50,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_prefill_hd128",
             "attn_prefill_hd256",
             "attn_prefill_hd64_qs",
-            "attn_prefill_hd128_qs"
+            "attn_prefill_hd128_qs",
+            "attn_prefill_hd64_acc",
+            "attn_prefill_hd128_acc",
+            "attn_prefill_hd256_acc"
         ]
     ),
     kernel_file!(
@@ -392,6 +395,12 @@ impl Kernels {
 
     pub fn source(&self) -> &PtxSource {
         &self.source
+    }
+
+    /// The NVRTC architecture the kernels run on (`compute_90` on an H200, whatever PTX they
+    /// come from).
+    pub fn arch(&self) -> &str {
+        &self.arch
     }
 
     /// The function `entry` (e.g. `rmsnorm_f32`), loading its file on first use.

@@ -86,13 +86,24 @@ fn smem_bytes(head_dim: usize, heads: usize, qs: bool) -> usize {
     map + 2 * kv + heads * per_warp
 }
 
-/// The kernel entry and its shared memory for head size `hd` and `heads` warps: the Q tile in
-/// registers, or with `DUSTOFF_PREFILL_QS=1` (head sizes 64 / 128, at most 4 heads) in shared
-/// memory. The second has 168 registers against 255 (three blocks an SM instead of two on an
-/// H200, one on a V100 for its 52 KB), but measured 8-17% slower on the H200 (a 512-token chunk
-/// after 8,192 positions: 1,067 against 982 us a layer; docs/BENCHMARKS.md, session 4).
-fn choose_entry(hd: usize, heads: usize) -> (&'static str, usize) {
-    let qs = tuning().prefill_qs && heads <= 4;
+/// The kernel entry and its shared memory for head size `hd` and `heads` warps on `arch`
+/// (`compute_XY`): from compute capability 8.0 on, the softmax on the accumulators (`_acc`, its
+/// fragment layout is that of sm_80 and newer; `DUSTOFF_PREFILL_ACC=0` turns it off); else the
+/// Q tile in registers, or with `DUSTOFF_PREFILL_QS=1` (head sizes 64 / 128, at most 4 heads)
+/// in shared memory. The second has 168 registers against 255 (three blocks an SM instead of
+/// two on an H200, one on a V100 for its 52 KB), but measured 8-17% slower on the H200 (a
+/// 512-token chunk after 8,192 positions: 1,067 against 982 us a layer; docs/BENCHMARKS.md,
+/// session 4).
+fn choose_entry(hd: usize, heads: usize, arch: &str, acc: Option<bool>) -> (&'static str, usize) {
+    let t = tuning();
+    if acc.unwrap_or(t.prefill_acc) && acc_layout(arch) {
+        return match hd {
+            64 => ("attn_prefill_hd64_acc", smem_bytes(hd, heads, false)),
+            128 => ("attn_prefill_hd128_acc", smem_bytes(hd, heads, false)),
+            _ => ("attn_prefill_hd256_acc", smem_bytes(hd, heads, true)),
+        };
+    }
+    let qs = t.prefill_qs && heads <= 4;
     match (hd, qs) {
         (64, false) => ("attn_prefill_hd64", smem_bytes(hd, heads, false)),
         (64, true) => ("attn_prefill_hd64_qs", smem_bytes(hd, heads, true)),
@@ -100,6 +111,17 @@ fn choose_entry(hd: usize, heads: usize) -> (&'static str, usize) {
         (128, true) => ("attn_prefill_hd128_qs", smem_bytes(hd, heads, true)),
         _ => ("attn_prefill_hd256", smem_bytes(hd, heads, true)),
     }
+}
+
+/// Whether the kernels of `k` can take the softmax on the accumulators (the `_acc` entries).
+pub fn acc_available(k: &Kernels) -> bool {
+    acc_layout(k.arch())
+}
+
+/// Whether `arch` (`compute_XY`) has the wmma accumulator layout of two m16n8 tiles that the
+/// `_acc` entries assume (compute capability 8.0 and newer; they check it and trap otherwise).
+fn acc_layout(arch: &str) -> bool {
+    arch.strip_prefix("compute_").and_then(|v| v.parse::<u32>().ok()).is_some_and(|v| v >= 80)
 }
 
 /// Above 48 KB of dynamic shared memory a kernel must opt in (sm_70 allows 96 KB per block).
@@ -208,6 +230,13 @@ pub struct PrefillAttention {
 
 impl PrefillAttention {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        self.launch_kernel(k, s, None)
+    }
+
+    /// `launch` with the kernel family chosen by the caller (tests and benchmarks compare both
+    /// in one process): `Some(true)` the softmax on the accumulators where `acc_available`,
+    /// `Some(false)` through shared memory, `None` the default (`DUSTOFF_PREFILL_ACC`).
+    pub fn launch_kernel(&self, k: &mut Kernels, s: &CudaStream, acc: Option<bool>) -> Result<(), CudaError> {
         const K: &str = "attn_prefill";
         let a = &self.paged;
         let (hd, nh, nkv) = (a.head_dim, a.n_heads, a.n_kv);
@@ -263,7 +292,7 @@ impl PrefillAttention {
             slot0: i32_of(K, slot0)?,
             part_tok0: i32_of(K, tok0)?,
         };
-        let (entry, smem) = choose_entry(hd, heads);
+        let (entry, smem) = choose_entry(hd, heads, k.arch(), acc);
         allow_smem(k.get(entry)?, entry, smem)?;
         let grid = (i32_of(K, self.n_tiles)? as u32, (nkv * group / heads) as u32, i32_of(K, n_splits)? as u32);
         launch(k, s, entry, grid, (heads * 32) as u32, smem as u32, &p)?;
@@ -321,6 +350,13 @@ mod tests {
         // so does the Q tile in shared memory (52 KB: three blocks an SM on an H200, one on a V100).
         assert!(smem_bytes(128, 4, false) <= 48 * 1024);
         assert!(smem_bytes(128, 4, true) > 48 * 1024 && 3 * smem_bytes(128, 4, true) <= 227 * 1024);
+    }
+
+    #[test]
+    fn accumulator_softmax_only_from_compute_8_0() {
+        assert!(!acc_layout("compute_70") && !acc_layout("compute_75"));
+        assert!(acc_layout("compute_80") && acc_layout("compute_90") && acc_layout("compute_120"));
+        assert!(!acc_layout("sm_90") && !acc_layout("compute_"));
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub(super) struct Tuning {
     /// `DUSTOFF_PREFILL_QS=1`: the prefill attention's Q tile in shared memory for head sizes
     /// 64 and 128 too (default: in registers, measured faster on the H200).
     pub prefill_qs: bool,
+    /// `DUSTOFF_PREFILL_ACC=0`: the prefill attention's softmax through shared memory from
+    /// compute capability 8.0 on too (kernels/attention_prefill.cu, `_acc` entries).
+    pub prefill_acc: bool,
     /// `DUSTOFF_ATTN_FAST_EXP=0`: the one-pass decode attention's exponentials as `expf`
     /// instead of one multiply and the SFU's `ex2.approx` (default: 9-14% faster on the H200,
     /// docs/BENCHMARKS.md, session 5).
@@ -75,6 +78,7 @@ pub(super) fn tuning() -> &'static Tuning {
             gemv_rows: num("DUSTOFF_GEMV_ROWS").filter(|r| [2, 4, 8].contains(r)).unwrap_or(4),
             graph_nodes: num("DUSTOFF_GRAPH_NODES") == Some(1),
             prefill_qs: num("DUSTOFF_PREFILL_QS") == Some(1),
+            prefill_acc: num("DUSTOFF_PREFILL_ACC") != Some(0),
             attn_fast_exp: num("DUSTOFF_ATTN_FAST_EXP") != Some(0),
         }
     })
