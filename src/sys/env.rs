@@ -48,6 +48,7 @@ const fn var(scope: Scope, name: &'static str, default: &'static str, meaning: &
 /// The registry, grouped by scope.
 pub const VARS: &[EnvVar] = &[
     var(Scope::Run, "DUSTOFF_PTX_DIR", "unset: NVRTC compiles the kernels", "folder of precompiled PTX (`dustoff kernels --out DIR`); `--ptx-dir` wins over it"),
+    var(Scope::Run, "DUSTOFF_LOAD_THREADS", "the cores", "threads that compile (NVRTC) and load the kernel files at start; `1`: one file at a time"),
     var(Scope::Run, "DUSTOFF_CPU_PATH", "the best the CPU has", "cap on the CPU backend's kernel path: `scalar`, `avx2` or `avx512` (a bad value is a usage error)"),
     var(Scope::Run, "DUSTOFF_SHARD_COUNT", "unset", "shard count with a Kubernetes Indexed Job's `JOB_COMPLETION_INDEX` when `--shard-count` is not given"),
     var(Scope::Run, "DUSTOFF_COMMIT_ROWS", "64", "rows per checkpoint commit of `run` and `generate --input` (lower: commits after a few records)"),
