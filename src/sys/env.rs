@@ -48,7 +48,7 @@ const fn var(scope: Scope, name: &'static str, default: &'static str, meaning: &
 /// The registry, grouped by scope.
 pub const VARS: &[EnvVar] = &[
     var(Scope::Run, "DUSTOFF_PTX_DIR", "unset: NVRTC compiles the kernels", "folder of precompiled PTX (`dustoff kernels --out DIR`); `--ptx-dir` wins over it"),
-    var(Scope::Run, "DUSTOFF_LOAD_THREADS", "the cores", "threads that compile (NVRTC) and load the kernel files at start; `1`: one file at a time"),
+    var(Scope::Run, "DUSTOFF_LOAD_THREADS", "the cores", "threads that compile the kernel files with NVRTC at start (the driver loads the modules one at a time); `1`: one file at a time"),
     var(Scope::Run, "DUSTOFF_CPU_PATH", "the best the CPU has", "cap on the CPU backend's kernel path: `scalar`, `avx2` or `avx512` (a bad value is a usage error)"),
     var(Scope::Run, "DUSTOFF_SHARD_COUNT", "unset", "shard count with a Kubernetes Indexed Job's `JOB_COMPLETION_INDEX` when `--shard-count` is not given"),
     var(Scope::Run, "DUSTOFF_COMMIT_ROWS", "64", "rows per checkpoint commit of `run` and `generate --input` (lower: commits after a few records)"),
@@ -80,7 +80,6 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Run, "DUSTOFF_STEP_TIMES", "0", "`1`: per step size, the median GPU time of a step against its period, printed at exit"),
     var(Scope::Run, "DUSTOFF_STATE_SNAPSHOTS", "8", "hybrid models on a GPU: prefix-reuse state snapshots kept at once (in the memory plan; the least recently used is evicted and its prefix computed again)"),
     var(Scope::Tuning, "DUSTOFF_MOE_GEMM", "1", "`0`: MoE steps grouped by expert run the grouped GEMV instead of the tensor-core grouped GEMM"),
-    var(Scope::Tuning, "DUSTOFF_MOE_ONE", "0", "`1`: one-stream MoE layers as one launch (`moe_one_<fmt>_<fmt>`) instead of the RMSNorm and three fused launches"),
     var(Scope::Tuning, "DUSTOFF_MOE_FUSED", "1", "`0`: the MoE router, top-k, down and weighted sum as separate launches instead of two fused ones"),
     var(Scope::Tuning, "DUSTOFF_MOE_Q8", "0", "`1`: MoE steps of up to `DUSTOFF_MOE_PAIR_MAX_TOKENS` tokens on int8 activations (dp4a) instead of f32"),
     var(Scope::Tuning, "DUSTOFF_MOE_PAIR_MAX_TOKENS", "8", "most tokens of a step for the per-(token, expert) MoE kernels; larger steps group by expert"),

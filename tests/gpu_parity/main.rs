@@ -21,7 +21,6 @@ mod masked;
 mod moe;
 mod moe_bench;
 mod moe_gemm;
-mod moe_one;
 mod moe_q8;
 mod quant;
 mod quant_bench;

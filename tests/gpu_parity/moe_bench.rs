@@ -232,8 +232,7 @@ fn time_graph_layers(g: &mut super::Gpu, n_layers: usize, f: &mut dyn FnMut(&mut
 
 /// Run by hand on the GPU machine (`--ignored moe_pair_graph_breakdown --nocapture`): the
 /// one-stream (pair mode) launches of a sparse layer of the Qwen3-30B-A3B shape (Q4_K gate/up,
-/// Q6_K down), f32-activation kernels (moe.cu) against the int8 ones (moe_q8.cu) and the whole
-/// layer as one launch (moe_one), each timed
+/// Q6_K down), f32-activation kernels (moe.cu) against the int8 ones (moe_q8.cu), each timed
 /// inside a CUDA graph over 6 layers (144+ MB of chosen experts: no L2 reuse between replays),
 /// per layer, for 1 and 8 tokens. Bytes: the packed rows of the chosen experts.
 #[test]
@@ -373,9 +372,5 @@ fn moe_pair_graph_breakdown() {
             dn_q8(g, l);
         });
         row(n, "whole FFN, int8 (3 launches)", t, ex * (gu_b + dn_b));
-        let t = time_graph_layers(&mut g, L, &mut |g, l| {
-            pair_ffn(&mut g.k, &s, &layers[l], &works[l], hd, xd, n, PairPath::One, None).unwrap();
-        });
-        row(n, "whole FFN, one launch (moe_one)", t, ex * (gu_b + dn_b));
     }
 }

@@ -254,9 +254,8 @@ pub const DEQUANT_ENTRIES: [&str; 18] = {
 /// Entry points of kernels/moe.cu: `9 * variant + format` for the variants gate/up pair mode,
 /// gate/up grouped, down pair mode, down grouped, formats in `QFormat::index` order then F16
 /// (8); then the router, the grouping and the weighted sum (36..40); the fused router (40),
-/// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50),
-/// then the one-launch layers of [`MOE_ONE_ENTRIES`] (51..).
-pub const MOE_ENTRIES: [&str; 51 + MOE_ONE_ENTRIES.len()] = {
+/// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50).
+pub const MOE_ENTRIES: [&str; 51] = {
     macro_rules! fmts {
         ($pre:literal, $suf:literal) => {
             [
@@ -275,7 +274,7 @@ pub const MOE_ENTRIES: [&str; 51 + MOE_ONE_ENTRIES.len()] = {
     let v =
         [fmts!("moe_gate_up_", "_p"), fmts!("moe_gate_up_", "_g"), fmts!("moe_down_", "_p"), fmts!("moe_down_", "_g")];
     let ds = fmts!("moe_down_sum_", "");
-    let mut all = ["moe_route_f32"; 51 + MOE_ONE_ENTRIES.len()];
+    let mut all = ["moe_route_f32"; 51];
     let mut i = 0;
     while i < 36 {
         all[i] = v[i / 9][i % 9];
@@ -291,25 +290,8 @@ pub const MOE_ENTRIES: [&str; 51 + MOE_ONE_ENTRIES.len()] = {
         all[41 + j] = ds[j];
         j += 1;
     }
-    let mut j = 0;
-    while j < MOE_ONE_ENTRIES.len() {
-        all[51 + j] = MOE_ONE_ENTRIES[j].2;
-        j += 1;
-    }
     all
 };
-
-/// The format pairs with a one-launch sparse layer in kernels/moe.cu (MOE_ONE_ENTRY, moe_one.rs):
-/// (gate/up format index, down format index, entry), indices as `QFormat::index` (F16: 8).
-pub const MOE_ONE_ENTRIES: [(usize, usize, &str); 7] = [
-    (5, 7, "moe_one_q4_k_q6_k"),
-    (5, 5, "moe_one_q4_k_q4_k"),
-    (6, 7, "moe_one_q5_k_q6_k"),
-    (7, 7, "moe_one_q6_k_q6_k"),
-    (4, 4, "moe_one_q8_0_q8_0"),
-    (0, 0, "moe_one_q4_0_q4_0"),
-    (8, 8, "moe_one_f16_f16"),
-];
 
 /// Entry points of kernels/moe_gemm.cu: `4 * format + variant` for the variants gate/up t16,
 /// gate/up t64, down t16, down t64 (formats in `moe_gemm::GEMM_FORMATS` order), then the gather.
@@ -425,6 +407,7 @@ impl Kernels {
             KERNEL_FILES.iter().filter(|f| f.switched_on() && !self.modules.contains_key(f.name)).collect();
         todo.sort_by_key(|f| std::cmp::Reverse(f.source.len()));
         let next = std::sync::atomic::AtomicUsize::new(0);
+        let jit = std::sync::Mutex::new(());
         let threads = load_threads().min(todo.len()).max(1);
         let (ctx, arch, source, todo_ref) = (&self.ctx, self.arch.as_str(), &self.source, &todo);
         let mut done: Vec<(usize, Result<Arc<CudaModule>, CudaError>)> = std::thread::scope(|s| {
@@ -435,7 +418,13 @@ impl Kernels {
                         loop {
                             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             let Some(&file) = todo_ref.get(i) else { break };
-                            let m = ptx_of(source, arch, file).and_then(|ptx| load_module(ctx, source, file, ptx));
+                            // NVRTC compiles in parallel; the driver's JIT of the modules one at a
+                            // time (several at once measured slower on the H200: 61.5 s against
+                            // 52.4 s for a fresh-cache first start from compute_70 PTX).
+                            let m = ptx_of(source, arch, file).and_then(|ptx| {
+                                let _one = jit.lock().unwrap_or_else(|e| e.into_inner());
+                                load_module(ctx, source, file, ptx)
+                            });
                             out.push((i, m));
                         }
                         out
@@ -478,8 +467,8 @@ impl Kernels {
     }
 }
 
-/// Threads that compile and load the kernel files at start: `DUSTOFF_LOAD_THREADS`, else the
-/// cores this process may use (1: one file at a time).
+/// Threads that compile (NVRTC) the kernel files at start: `DUSTOFF_LOAD_THREADS`, else the
+/// cores this process may use (1: one file at a time); the modules load one at a time.
 pub fn load_threads() -> usize {
     crate::sys::env::get("DUSTOFF_LOAD_THREADS")
         .and_then(|v| v.parse::<usize>().ok())

@@ -54,7 +54,6 @@ pub mod matmul;
 pub mod memory;
 pub mod moe;
 pub mod moe_gemm;
-pub mod moe_one;
 pub mod moe_q8;
 pub mod moe_slab;
 pub mod nvrtc;

@@ -237,7 +237,6 @@ pub struct MoeWork {
     pub x16: Option<CudaSlice<u16>>,         // [pairs, dim] F16 inputs by grouped position (GEMM)
     pub act16: Option<CudaSlice<u16>>,       // [pairs, expert ffn] F16 SwiGLU activations (GEMM)
     pub route_count: Option<CudaSlice<u32>>, // [tokens] blocks done (fused router; 0 between launches)
-    pub one_sync: Option<CudaSlice<u32>>,    // [4 + pairs] tile counters of moe_one (0 between launches)
 }
 
 impl MoeWork {
@@ -259,7 +258,6 @@ impl MoeWork {
         self.x16 = Some(zeros(s, pairs * dim, "MoE gathered F16 inputs")?);
         self.act16 = Some(zeros(s, pairs * m.expert_ffn_dim, "MoE F16 activations")?);
         self.route_count = Some(zeros(s, cap_tok, "MoE router counts")?);
-        self.one_sync = Some(zeros(s, 4 + pairs, "MoE one-launch counters")?);
         self.cap_pairs = pairs;
         Ok(true)
     }
@@ -350,15 +348,7 @@ impl MoeRoute {
             let grid = (blocks_for(K, self.n_experts, 8)?, self.n_tok as u32, 1);
             launch(kn, s, "moe_router_logits_f32", grid, 256, 0, &p)?;
         }
-        launch(
-            kn,
-            s,
-            K,
-            (blocks_for(K, self.n_tok, 1)?, 1, 1),
-            128,
-            super::moe_one::top_k_smem(self.n_experts, self.k),
-            &p,
-        )
+        launch(kn, s, K, (blocks_for(K, self.n_tok, 1)?, 1, 1), 128, top_k_smem(self.n_experts, self.k), &p)
     }
 }
 
@@ -648,7 +638,7 @@ impl MoeRouteFused {
             norm: i32::from(r.norm),
         };
         let grid = (r.n_experts as u32, r.n_tok as u32, 1);
-        launch(kn, s, K, grid, 128, super::moe_one::top_k_smem(r.n_experts, r.k), &p)
+        launch(kn, s, K, grid, 128, top_k_smem(r.n_experts, r.k), &p)
     }
 }
 
@@ -790,6 +780,11 @@ fn rms_norm(x: Dev<f32>, norm_w: Dev<f32>, eps: f32, h: Dev<f32>, n_tok: usize, 
     }
 }
 
+/// Dynamic shared memory of kernels/moe.cu `block_top_k` for `n` experts, `k` slots (bytes).
+pub fn top_k_smem(n: usize, k: usize) -> u32 {
+    (8 * n + 8 * k + 128) as u32
+}
+
 /// The path of a step of `n_tok` tokens through the fused one-stream kernels, if it takes them.
 fn pair_path(w: &MoeLayerW, n_tok: usize) -> Option<PairPath> {
     let k = w.n_used;
@@ -799,7 +794,6 @@ fn pair_path(w: &MoeLayerW, n_tok: usize) -> Option<PairPath> {
     let q8 = super::moe_q8::q8_enabled() && super::moe_q8::fits(&w.gate, &w.down, k);
     Some(match () {
         _ if q8 => PairPath::Int8,
-        _ if super::moe_one::one_enabled() => PairPath::One,
         _ => PairPath::Three,
     })
 }
@@ -807,8 +801,6 @@ fn pair_path(w: &MoeLayerW, n_tok: usize) -> Option<PairPath> {
 /// How a one-stream step (pair mode, `k <= 8`) runs its sparse layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PairPath {
-    /// One launch (`moe_one_<fmt>_<fmt>`, moe_one.rs) where the slab formats have one, else `Three`.
-    One,
     /// Fused router, gate/up per pair, down + weighted sum.
     Three,
     /// The three launches on int8 activations (moe_q8.rs).
@@ -816,9 +808,7 @@ pub enum PairPath {
 }
 
 /// The FFN of a sparse layer for a step of few tokens (`k <= 8`, the fused launches), by `path`:
-/// `x[t] += moe(h[t])`; with `rms` = (norm weight, eps) first `h = rmsnorm(x)` (inside the one
-/// launch, else by `rmsnorm_f32`). `One` and `Three` give the same values bit for bit (the same
-/// device functions in the same order).
+/// `x[t] += moe(h[t])`; with `rms` = (norm weight, eps) first `h = rmsnorm(x)` (`rmsnorm_f32`).
 #[allow(clippy::too_many_arguments)]
 pub fn pair_ffn(
     kn: &mut Kernels,
@@ -837,28 +827,6 @@ pub fn pair_ffn(
     let (ids, wts, act) = (dev(&work.ids, s)?, dev(&work.wts, s)?, dev(&work.act, s)?);
     let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
     let norm = w.norm_topk_prob;
-    if path == PairPath::One {
-        let one = super::moe_one::MoeOne {
-            h,
-            router,
-            logits,
-            ids,
-            wts,
-            slabs: [&w.gate, &w.up, &w.down],
-            views: [slab_view(&w.gate, s)?, slab_view(&w.up, s)?, slab_view(&w.down, s)?],
-            act,
-            x,
-            sync: dev(&work.one_sync, s)?,
-            n_tok,
-            n_experts: w.n_experts,
-            k,
-            norm,
-            rms,
-        };
-        if one.entry().is_some() {
-            return one.launch(kn, s);
-        }
-    }
     if let Some((norm_w, eps)) = rms {
         rms_norm(x, norm_w, eps, h, n_tok, dim).launch(kn, s)?;
     }
