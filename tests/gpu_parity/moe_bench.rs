@@ -239,9 +239,7 @@ fn time_graph_layers(g: &mut super::Gpu, n_layers: usize, f: &mut dyn FnMut(&mut
 #[ignore]
 fn moe_pair_graph_breakdown() {
     use dustoff::backend::cuda::launch::Dev;
-    use dustoff::backend::cuda::moe::{
-        pair_ffn, MoeDownSum, MoeLayerW, MoeMat, MoeRoute, MoeRouteFused, MoeWork, PairPath, Walk,
-    };
+    use dustoff::backend::cuda::moe::{MoeDownSum, MoeLayerW, MoeMat, MoeRoute, MoeRouteFused, MoeWork, Walk};
     use dustoff::backend::cuda::moe_q8::MoeGateUpQ8;
     use dustoff::model::quant::GgmlType;
 
