@@ -397,20 +397,18 @@ impl Kernels {
     }
 
     /// Loads every kernel file now (so that compilation stays out of timings), the files spread
-    /// over [`load_threads`] threads, largest first: each thread takes the next file, gets its
-    /// PTX (NVRTC, thread-safe, with the atomic cache writes of `nvrtc::store`; or the PTX
-    /// folder) and loads it into the shared context (the driver's JIT to machine code happens
-    /// there). One file at a time, a fresh machine's first start took 79 s natively and 47 s
-    /// from compute_70 PTX on a 16-core H200 host, most of it in the largest files.
+    /// over [`load_threads`] threads for their PTX, largest first: each thread takes the next
+    /// file and gets its PTX (NVRTC, thread-safe, with the atomic cache writes of
+    /// `nvrtc::store`; or the PTX folder); then this thread loads the modules into the context
+    /// one at a time (the driver's JIT to machine code happens there).
     pub fn load_all(&mut self) -> Result<(), CudaError> {
         let mut todo: Vec<&'static KernelFile> =
             KERNEL_FILES.iter().filter(|f| f.switched_on() && !self.modules.contains_key(f.name)).collect();
         todo.sort_by_key(|f| std::cmp::Reverse(f.source.len()));
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let jit = std::sync::Mutex::new(());
         let threads = load_threads().min(todo.len()).max(1);
-        let (ctx, arch, source, todo_ref) = (&self.ctx, self.arch.as_str(), &self.source, &todo);
-        let mut done: Vec<(usize, Result<Arc<CudaModule>, CudaError>)> = std::thread::scope(|s| {
+        let (arch, source, todo_ref) = (self.arch.as_str(), &self.source, &todo);
+        let mut done: Vec<(usize, Result<String, CudaError>)> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..threads)
                 .map(|_| {
                     s.spawn(|| {
@@ -418,13 +416,7 @@ impl Kernels {
                         loop {
                             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             let Some(&file) = todo_ref.get(i) else { break };
-                            // NVRTC compiles in parallel; the driver's JIT of the modules one at a
-                            // time (several at once measured slower on the H200: 61.5 s against
-                            // 52.4 s for a fresh-cache first start from compute_70 PTX).
-                            let m = ptx_of(source, arch, file).and_then(|ptx| {
-                                let _one = jit.lock().unwrap_or_else(|e| e.into_inner());
-                                load_module(ctx, source, file, ptx)
-                            });
+                            let m = ptx_of(source, arch, file);
                             out.push((i, m));
                         }
                         out
@@ -440,11 +432,15 @@ impl Kernels {
                 })
                 .collect()
         });
-        // The first failure in table order, as one file at a time would have reported it.
+        // The first failure in table order, as one file at a time would have reported it. The
+        // driver loads (JITs) the modules here, one at a time on this thread: loads from several
+        // threads measured slower on the H200 (a fresh-cache first start from compute_70 PTX:
+        // 61.5 s against 52.4 s) and a cold-cache native parity run crashed inside libcuda once.
         done.sort_by_key(|(i, _)| todo.get(*i).map_or(usize::MAX, |f| table_index(f)));
-        for (i, m) in done {
-            let m = m?;
-            if let Some(f) = todo.get(i) {
+        for (i, ptx) in done {
+            let ptx = ptx?;
+            if let Some(&f) = todo.get(i) {
+                let m = load_module(&self.ctx, &self.source, f, ptx)?;
                 self.modules.insert(f.name, m);
             }
         }
