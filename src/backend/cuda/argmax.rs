@@ -1,5 +1,5 @@
-//! Launcher of `kernels/argmax.cu`'s row arg-max (greedy decoding on the device; the masked
-//! variant of constrained decoding is launched from `masked`).
+//! Launchers of `kernels/argmax.cu`: the row arg-max of greedy decoding on the device and its
+//! masked variant, which constrained decoding (`masked`) calls with the grammar's allow-bits.
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
@@ -38,5 +38,56 @@ impl ArgmaxRows {
         let rows = i32_of(K, self.rows)?;
         let p = ArgmaxParams { x: self.x.ptr, out: self.out.ptr, rows, n: i32_of(K, self.n)? };
         launch(k, s, K, (rows as u32, 1, 1), 1024, 0, &p)
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct MaskedArgmaxParams {
+    x: u64,
+    slot: u64,
+    bits: u64,
+    out: u64,
+    rows: i32,
+    n: i32,
+    words: i32,
+}
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for MaskedArgmaxParams {}
+
+/// `out[r]` = the arg-max of `x[r, ..n]` over the tokens allowed by mask `slot[r]` of `bits`
+/// (`[masks, words]`; `slot[r] == masks::NO_MASK`: every token), kernels/argmax.cu. The host
+/// twin is `engine::sampler::masked_argmax` (and `argmax` for rows without a mask).
+pub struct MaskedArgmaxRows {
+    pub x: Dev<f32>,
+    pub slot: Dev<u32>,
+    pub bits: Dev<u32>,
+    pub out: Dev<i32>,
+    pub rows: usize,
+    pub n: usize,
+    pub words: usize,
+}
+
+impl MaskedArgmaxRows {
+    /// `masks`: how many masks `bits` holds (slots must be below it; the kernel trusts them).
+    pub fn launch(&self, masks: usize, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        const K: &str = "argmax_masked_rows_f32";
+        need(K, "logits", self.x, self.rows * self.n)?;
+        need(K, "slots", self.slot, self.rows)?;
+        need(K, "mask bits", self.bits, masks * self.words)?;
+        need(K, "output", self.out, self.rows)?;
+        if self.rows == 0 {
+            return Ok(());
+        }
+        let p = MaskedArgmaxParams {
+            x: self.x.ptr,
+            slot: self.slot.ptr,
+            bits: self.bits.ptr,
+            out: self.out.ptr,
+            rows: i32_of(K, self.rows)?,
+            n: i32_of(K, self.n)?,
+            words: i32_of(K, self.words)?,
+        };
+        launch(k, s, K, (self.rows as u32, 1, 1), 1024, 0, &p)
     }
 }

@@ -8,67 +8,15 @@
 use std::time::Duration;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaStream, DeviceRepr};
 
+use super::argmax::MaskedArgmaxRows;
 use super::backend::CudaBackend;
 use super::device::zeros;
-use super::kernels::Kernels;
-use super::launch::{i32_of, launch, need, Dev};
+use super::launch::Dev;
 use super::step_flat::Flat;
 use super::CudaError;
 use crate::backend::masks::{FillMasks, MaskRows, MaskedGreedy};
 use crate::backend::BackendError;
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct MaskedArgmaxParams {
-    x: u64,
-    slot: u64,
-    bits: u64,
-    out: u64,
-    rows: i32,
-    n: i32,
-    words: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for MaskedArgmaxParams {}
-
-/// `out[r]` = the arg-max of `x[r, ..n]` over the tokens allowed by mask `slot[r]` of `bits`
-/// (`[masks, words]`; `slot[r] == masks::NO_MASK`: every token), kernels/argmax.cu. The host
-/// twin is `engine::sampler::masked_argmax` (and `argmax` for rows without a mask).
-pub struct MaskedArgmaxRows {
-    pub x: Dev<f32>,
-    pub slot: Dev<u32>,
-    pub bits: Dev<u32>,
-    pub out: Dev<i32>,
-    pub rows: usize,
-    pub n: usize,
-    pub words: usize,
-}
-
-impl MaskedArgmaxRows {
-    /// `masks`: how many masks `bits` holds (slots must be below it; the kernel trusts them).
-    pub fn launch(&self, masks: usize, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
-        const K: &str = "argmax_masked_rows_f32";
-        need(K, "logits", self.x, self.rows * self.n)?;
-        need(K, "slots", self.slot, self.rows)?;
-        need(K, "mask bits", self.bits, masks * self.words)?;
-        need(K, "output", self.out, self.rows)?;
-        if self.rows == 0 {
-            return Ok(());
-        }
-        let p = MaskedArgmaxParams {
-            x: self.x.ptr,
-            slot: self.slot.ptr,
-            bits: self.bits.ptr,
-            out: self.out.ptr,
-            rows: i32_of(K, self.rows)?,
-            n: i32_of(K, self.n)?,
-            words: i32_of(K, self.words)?,
-        };
-        launch(k, s, K, (self.rows as u32, 1, 1), 1024, 0, &p)
-    }
-}
 
 impl CudaBackend {
     /// Grows the mask buffers to `len` words.

@@ -3,7 +3,7 @@
 //! re-exports: each launcher lives in the module of its kernel file.
 
 pub use super::add::{BiasAdd, CastF16};
-pub use super::argmax::ArgmaxRows;
+pub use super::argmax::{ArgmaxRows, MaskedArgmaxRows};
 pub use super::attention::{attn_split_len, attn_splits, decode_split_len, Attention, SharedPrefix};
 pub use super::cublas_gemm::Gemm;
 pub use super::embedding::{Embedding, FillUniform};
