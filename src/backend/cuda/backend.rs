@@ -17,7 +17,7 @@ use super::device::{up, zeros, CudaDevice};
 use super::dmat::{DevMat, Linear};
 use super::graph::StepGraphs;
 use super::kernels::{Kernels, PtxSource};
-use super::layer::LayerW;
+use super::layer::{LayerW, SynthMats};
 use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for, wide_len};
 use super::qformat::{check_tensor, QFormat};
 use super::seqs::SeqPlan;
@@ -327,20 +327,8 @@ impl CudaBackend {
                 }
                 None => (lin(&mut kernels, 2, &name("gate/up"))?, lin(&mut kernels, 1, &name("w_down"))?, None),
             };
-            layers.push(LayerW {
-                attn_norm: ones(c.dim, &name("attn_norm"))?,
-                wqkv,
-                bqkv,
-                q_norm: if qk { Some(ones(c.head_dim, &name("q_norm"))?) } else { None },
-                k_norm: if qk { Some(ones(c.head_dim, &name("k_norm"))?) } else { None },
-                wo,
-                ffn_norm: ones(c.dim, &name("ffn_norm"))?,
-                wgu,
-                wdown,
-                moe,
-                k_cache: zeros(s, slots, &name("K cache"))?,
-                v_cache: zeros(s, slots, &name("V cache"))?,
-            });
+            let (qk_norm, ffn) = (qk, (wgu, wdown, moe));
+            layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, slots, SynthMats { wqkv, bqkv, qk_norm, wo, ffn })?);
         }
         let embd = lin(&mut kernels, 1, "token_embd")?;
         let output = if c.tied_embeddings { None } else { Some(lin(&mut kernels, 1, "output")?) };
@@ -542,7 +530,7 @@ impl Backend for CudaBackend {
     fn save_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
         match &mut self.hybrid {
             Some(h) => h.save(&self.dev.stream, seq, key),
-            None => Err(BackendError::Plan(format!("sequence {seq}: this model keeps no recurrent state"))),
+            None => Err(BackendError::no_recurrent_state(seq)),
         }
     }
     fn restore_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32], pos: usize) -> bool {

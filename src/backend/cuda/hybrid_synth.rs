@@ -12,10 +12,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::backend::{open, CudaBackend, CudaOptions, Parts};
-use super::device::{up, zeros};
+use super::device::up;
 use super::dmat::{DevMat, Linear};
 use super::hybrid::{HybridCuda, LinearW};
-use super::layer::LayerW;
+use super::layer::{LayerW, SynthMats};
 use super::moe::MoeLayerW;
 use super::shared_expert::SharedExpertW;
 use super::synth::{hybrid_shapes, moe_formats, synthetic_matrix_bytes, WeightMix};
@@ -103,40 +103,16 @@ impl CudaBackend {
                 }));
                 index += 1;
                 let (wgu, wdown, moe) = ffn(&mut kernels, &mut mat)?;
-                layers.push(LayerW {
-                    attn_norm: ones(c.dim, &name("attn_norm"))?,
-                    wqkv: Linear { parts: Vec::new() },
-                    bqkv: None,
-                    q_norm: None,
-                    k_norm: None,
-                    wo: Linear { parts: Vec::new() },
-                    ffn_norm: ones(c.dim, &name("ffn_norm"))?,
-                    wgu,
-                    wdown,
-                    moe,
-                    k_cache: zeros(s, 0, &name("K cache"))?,
-                    v_cache: zeros(s, 0, &name("V cache"))?,
-                });
+                let (wqkv, wo) = (Linear { parts: Vec::new() }, Linear { parts: Vec::new() });
+                let m = SynthMats { wqkv, bqkv: None, qk_norm: false, wo, ffn: (wgu, wdown, moe) };
+                layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, 0, m)?);
             } else {
                 linear.push(None);
                 let wqkv =
                     mat(&mut kernels, if more_bits(i, c.n_layers) && more != base { 2 } else { 1 }, &name("wqkv"))?;
                 let wo = mat(&mut kernels, 1, &name("wo"))?;
-                let (wgu, wdown, moe) = ffn(&mut kernels, &mut mat)?;
-                layers.push(LayerW {
-                    attn_norm: ones(c.dim, &name("attn_norm"))?,
-                    wqkv,
-                    bqkv: None,
-                    q_norm: Some(ones(c.head_dim, &name("q_norm"))?),
-                    k_norm: Some(ones(c.head_dim, &name("k_norm"))?),
-                    wo,
-                    ffn_norm: ones(c.dim, &name("ffn_norm"))?,
-                    wgu,
-                    wdown,
-                    moe,
-                    k_cache: zeros(s, slots, &name("K cache"))?,
-                    v_cache: zeros(s, slots, &name("V cache"))?,
-                });
+                let m = SynthMats { wqkv, bqkv: None, qk_norm: true, wo, ffn: ffn(&mut kernels, &mut mat)? };
+                layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, slots, m)?);
             }
         }
         let embd = mat(&mut kernels, 1, "token_embd")?;
