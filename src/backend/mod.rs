@@ -58,6 +58,12 @@ impl BackendError {
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, BackendError::OutOfMemory { .. })
     }
+
+    /// `save_state` asked of a model without recurrent layers (the engine saves states only
+    /// for hybrid models, so this is a plan the backend cannot run).
+    pub fn no_recurrent_state(seq: crate::engine::plan::SeqId) -> Self {
+        BackendError::Plan(format!("sequence {seq}: this model keeps no recurrent state"))
+    }
 }
 
 /// A model placed on a device, with its paged KV cache.
@@ -94,7 +100,7 @@ pub trait Backend {
     /// Hybrid models: keeps a copy of `seq`'s recurrent state (after the tokens it has run)
     /// under `key`, the chain hash of that prefix.
     fn save_state(&mut self, seq: crate::engine::plan::SeqId, _key: &[u8; 32]) -> Result<(), BackendError> {
-        Err(BackendError::Plan(format!("sequence {seq}: this backend keeps no recurrent state")))
+        Err(BackendError::no_recurrent_state(seq))
     }
     /// Hybrid models: `seq` continues after `pos` tokens from the state saved under `key`.
     /// False when there is no such snapshot.

@@ -160,7 +160,7 @@ impl Backend for CpuBackend {
     fn save_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
         match &mut self.hybrid {
             Some(h) => h.save(seq, key),
-            None => Err(BackendError::Plan(format!("sequence {seq}: this model keeps no recurrent state"))),
+            None => Err(BackendError::no_recurrent_state(seq)),
         }
     }
 
