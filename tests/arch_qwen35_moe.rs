@@ -8,25 +8,13 @@ mod common;
 #[path = "hybrid_refs/mod.rs"]
 mod hybrid_refs;
 
-use std::path::PathBuf;
-
 use common::{bin, tmpdir};
 use dustoff::model::config::Arch;
 use dustoff::model::hybrid::{HeadGrouping, HybridLayer};
-use dustoff::model::loader::{load_model, LoadedModel};
+use dustoff::model::loader::LoadedModel;
 use hybrid_refs::*;
 
-fn data_dir() -> PathBuf {
-    arch_dir("qwen3_5_moe")
-}
-
-fn hf() -> LoadedModel {
-    load_model(&data_dir().join("hf")).expect("load the qwen3_5_moe HF directory")
-}
-
-fn gguf() -> LoadedModel {
-    load_model(&data_dir().join("qwen3_5_moe-f16.gguf")).expect("load the qwen35moe GGUF")
-}
+const FIXTURE: Fixture = Fixture { dir: "qwen3_5_moe", gguf: "qwen3_5_moe-f16.gguf" };
 
 /// What both forms must say about the model (README: L F L F, 8 experts top-2 always
 /// renormalised, expert width 32, shared expert 32, untied).
@@ -54,39 +42,39 @@ fn check_shape(m: &LoadedModel, grouping: HeadGrouping) {
 
 #[test]
 fn hf_directory_with_fused_experts_matches_transformers() {
-    let m = hf();
+    let m = FIXTURE.hf();
     check_shape(&m, HeadGrouping::Interleaved);
     // Fused experts are bound as views of the mapped gate_up_proj / down_proj.
     let e = &m.weights.layers[0].moe.as_ref().unwrap().experts[3];
     assert!(e.gate.name.contains("gate_up_proj[3]") && e.down.name.contains("down_proj[3]"), "{:?}", e.gate);
-    check_against_refs(&m, &refs(&data_dir()), "hf");
+    check_against_refs(&m, &FIXTURE.refs(), "hf");
 }
 
 #[test]
 fn gguf_matches_transformers() {
-    let m = gguf();
+    let m = FIXTURE.gguf();
     check_shape(&m, HeadGrouping::Tiled);
-    check_against_refs(&m, &refs(&data_dir()), "gguf");
+    check_against_refs(&m, &FIXTURE.refs(), "gguf");
 }
 
 #[test]
 fn hf_and_gguf_forms_agree() {
-    forms_agree(&hf(), &gguf(), &refs(&data_dir()));
+    forms_agree(&FIXTURE.hf(), &FIXTURE.gguf(), &FIXTURE.refs());
 }
 
 #[test]
 fn engine_outputs_match_across_slots_prefix_reuse_chunking_order_and_preemption() {
-    engine_equivalence(&gguf(), &refs(&data_dir()));
+    engine_equivalence(&FIXTURE.gguf(), &FIXTURE.refs());
 }
 
 #[test]
 fn generate_cli_runs_both_forms_and_both_tokenize_the_references() {
     let dir = tmpdir("qwen35moe-generate");
-    let r = refs(&data_dir());
-    generate_cli(bin(), &data_dir().join("hf"), &r, &dir, "hf");
-    generate_cli(bin(), &data_dir().join("qwen3_5_moe-f16.gguf"), &r, &dir, "gguf");
-    tokenizes_refs(&hf(), &r);
-    tokenizes_refs(&gguf(), &r);
+    let r = FIXTURE.refs();
+    generate_cli(bin(), &FIXTURE.hf_path(), &r, &dir, "hf");
+    generate_cli(bin(), &FIXTURE.gguf_path(), &r, &dir, "gguf");
+    tokenizes_refs(&FIXTURE.hf(), &r);
+    tokenizes_refs(&FIXTURE.gguf(), &r);
 }
 
 /// The official Qwen3.5 MoE releases are vision-language checkpoints
@@ -95,43 +83,9 @@ fn generate_cli_runs_both_forms_and_both_tokenize_the_references() {
 /// in that layout (2 shards) load as the same text model, and the skipped tensors are logged.
 #[test]
 fn vision_language_layout_loads_its_text_model() {
-    use dustoff::model::safetensors::{write_checkpoint, SafetensorsDir, StMeta, StWriteTensor};
-    let src = data_dir().join("hf");
-    let dir = tmpdir("qwen35moe-vl");
-    let st = SafetensorsDir::open(&src).unwrap();
-    let mut tensors = Vec::new();
-    for name in st.names() {
-        let (_, shape, bytes) = st.read(name).unwrap();
-        let renamed = match name.strip_prefix("model.") {
-            Some(rest) => format!("model.language_model.{rest}"),
-            None => name.to_string(), // lm_head.weight stays at the top level
-        };
-        let meta = StMeta { name: renamed, dtype: "BF16", shape: shape.to_vec() };
-        tensors.push(StWriteTensor { meta, data: bytes.to_vec().into() });
-    }
-    for extra in ["model.visual.blocks.0.attn.qkv.weight", "mtp.layers.0.mlp.experts.gate_up_proj"] {
-        let meta = StMeta { name: extra.into(), dtype: "BF16", shape: vec![2, 2] };
-        tensors.push(StWriteTensor { meta, data: vec![0u8; 8].into() });
-    }
-    write_checkpoint(&dir, &tensors, 2).unwrap();
-    let mut text: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    let o = text.as_object_mut().unwrap();
-    o.remove("architectures");
-    let tied = o.remove("tie_word_embeddings").unwrap();
-    let vl = serde_json::json!({
-        "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
-        "tie_word_embeddings": tied, "text_config": text, "vision_config": {"depth": 2, "hidden_size": 16},
-    });
-    std::fs::write(dir.join("config.json"), vl.to_string()).unwrap();
-    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
-    let (vl, flat) = (load_model(&dir).unwrap(), hf());
-    assert_eq!(vl.config, flat.config);
-    let r = &refs(&data_dir())[1];
-    let (a, b) = (prefill_then_decode(&vl, r), prefill_then_decode(&flat, r));
-    assert_eq!(a, b, "the same weights under another layout give the same logits");
+    let extras = ["model.visual.blocks.0.attn.qkv.weight", "mtp.layers.0.mlp.experts.gate_up_proj"];
+    let (class, model_type) = ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe");
+    vision_language_layout_matches(&FIXTURE, &tmpdir("qwen35moe-vl"), &extras, 2, class, model_type);
 }
 
 /// The memory plan counts each sequence's recurrent state: 2 linear layers x (3 conv inputs of
@@ -140,8 +94,8 @@ fn vision_language_layout_loads_its_text_model() {
 #[test]
 fn dry_run_and_doctor_count_the_recurrent_state() {
     const PER_SEQ: u64 = 2 * (3 * 256 + 4 * 32 * 32) * 4;
-    let model = data_dir().join("qwen3_5_moe-f16.gguf");
-    assert_eq!(gguf().config.hybrid.as_ref().map(|h| h.state_bytes_per_seq() as u64), Some(PER_SEQ));
+    let model = FIXTURE.gguf_path();
+    assert_eq!(FIXTURE.gguf().config.hybrid.as_ref().map(|h| h.state_bytes_per_seq() as u64), Some(PER_SEQ));
     let out = std::process::Command::new(bin())
         .args(["run", "summarize", "--dry-run", "--device", "cpu", "--input", "samples/news.jsonl"])
         .arg("--output")
@@ -191,8 +145,8 @@ fn dry_run_and_doctor_count_the_recurrent_state() {
 fn a_shared_prefix_job_computes_a_sixth_of_its_prompt_tokens() {
     use dustoff::engine::batch::{Engine, EngineConfig, Request};
     use dustoff::engine::sampler::SamplingParams;
-    let m = gguf();
-    let r = refs(&data_dir());
+    let m = FIXTURE.gguf();
+    let r = FIXTURE.refs();
     let mut prefix = ids(&r[5], "prompt_ids");
     prefix.extend(ids(&r[4], "prompt_ids"));
     prefix.truncate(320);

@@ -8,25 +8,13 @@ mod common;
 #[path = "hybrid_refs/mod.rs"]
 mod hybrid_refs;
 
-use std::path::PathBuf;
-
 use common::{bin, tmpdir};
 use dustoff::model::config::Arch;
 use dustoff::model::hybrid::{HeadGrouping, HybridLayer};
-use dustoff::model::loader::{load_model, LoadedModel};
+use dustoff::model::loader::LoadedModel;
 use hybrid_refs::*;
 
-fn data_dir() -> PathBuf {
-    arch_dir("qwen3_next")
-}
-
-fn hf() -> LoadedModel {
-    load_model(&data_dir().join("hf")).expect("load the qwen3_next HF directory")
-}
-
-fn gguf() -> LoadedModel {
-    load_model(&data_dir().join("qwen3_next-f16.gguf")).expect("load the qwen3next GGUF")
-}
+const FIXTURE: Fixture = Fixture { dir: "qwen3_next", gguf: "qwen3_next-f16.gguf" };
 
 fn check_shape(m: &LoadedModel) {
     let c = &m.config;
@@ -49,34 +37,34 @@ fn check_shape(m: &LoadedModel) {
 
 #[test]
 fn hf_directory_with_fused_projections_matches_transformers() {
-    let m = hf();
+    let m = FIXTURE.hf();
     check_shape(&m);
-    check_against_refs(&m, &refs(&data_dir()), "hf");
+    check_against_refs(&m, &FIXTURE.refs(), "hf");
 }
 
 #[test]
 fn gguf_matches_transformers() {
-    let m = gguf();
+    let m = FIXTURE.gguf();
     check_shape(&m);
-    check_against_refs(&m, &refs(&data_dir()), "gguf");
+    check_against_refs(&m, &FIXTURE.refs(), "gguf");
 }
 
 #[test]
 fn hf_and_gguf_forms_agree() {
-    forms_agree(&hf(), &gguf(), &refs(&data_dir()));
+    forms_agree(&FIXTURE.hf(), &FIXTURE.gguf(), &FIXTURE.refs());
 }
 
 #[test]
 fn engine_outputs_match_across_slots_prefix_reuse_chunking_order_and_preemption() {
-    engine_equivalence(&hf(), &refs(&data_dir()));
+    engine_equivalence(&FIXTURE.hf(), &FIXTURE.refs());
 }
 
 #[test]
 fn generate_cli_runs_both_forms_and_both_tokenize_the_references() {
     let dir = tmpdir("qwen3next-generate");
-    let r = refs(&data_dir());
-    generate_cli(bin(), &data_dir().join("hf"), &r, &dir, "hf");
-    generate_cli(bin(), &data_dir().join("qwen3_next-f16.gguf"), &r, &dir, "gguf");
-    tokenizes_refs(&hf(), &r);
-    tokenizes_refs(&gguf(), &r);
+    let r = FIXTURE.refs();
+    generate_cli(bin(), &FIXTURE.hf_path(), &r, &dir, "hf");
+    generate_cli(bin(), &FIXTURE.gguf_path(), &r, &dir, "gguf");
+    tokenizes_refs(&FIXTURE.hf(), &r);
+    tokenizes_refs(&FIXTURE.gguf(), &r);
 }

@@ -1,10 +1,10 @@
-//! The reference checks shared by the hybrid-architecture tests (`arch_qwen35_moe`,
-//! `arch_qwen3_next`): a tiny random model of `../shared/testdata/arch/<arch>/` (HF directory
+//! The reference checks shared by the hybrid-architecture tests (`arch_qwen35`,
+//! `arch_qwen35_moe`, `arch_qwen3_next`): a tiny random model of `../shared/testdata/arch/<arch>/` (HF directory
 //! and llama.cpp's F16 GGUF) against the transformers float32 outputs in its `refs.jsonl`.
 //!
 //! Tolerances follow the data's README: argmax equal wherever the reference margin is >= 0.02
 //! (smaller ones are near-ties), logits within 2e-3 absolute (they reach about +-30), all 32
-//! greedy tokens equal (smallest greedy margin 0.05). MoE routing is not compared directly:
+//! greedy tokens equal (smallest greedy margin 0.05; 0.06 for qwen3_5). MoE routing is not compared directly:
 //! every expert choice in these prompts has a router gap >= 3e-4, so a wrong choice would show
 //! in the logits.
 #![allow(dead_code)]
@@ -16,7 +16,9 @@ use dustoff::backend::cpu::CpuBackend;
 use dustoff::engine::batch::{Completion, Engine, EngineConfig, EngineMetrics, Request};
 use dustoff::engine::sampler::{argmax, SamplingParams};
 use dustoff::engine::single::SingleSeq;
-use dustoff::model::loader::LoadedModel;
+use dustoff::model::loader::{load_model, LoadedModel};
+
+pub use crate::common::{floats, ids};
 
 pub const NEAR_TIE: f64 = 0.02;
 pub const LOGIT_TOL: f64 = 2e-3;
@@ -25,12 +27,32 @@ pub fn arch_dir(arch: &str) -> PathBuf {
     crate::common::shared_testdata().join("arch").join(arch)
 }
 
-pub fn ids(v: &serde_json::Value, key: &str) -> Vec<u32> {
-    v[key].as_array().unwrap_or_else(|| panic!("{key} missing")).iter().map(|x| x.as_u64().unwrap() as u32).collect()
+/// One architecture's fixture: `../shared/testdata/arch/<dir>/` with its HF directory `hf/`
+/// and llama.cpp's F16 GGUF `<gguf>` of the same weights.
+pub struct Fixture {
+    pub dir: &'static str,
+    pub gguf: &'static str,
 }
 
-pub fn floats(v: &serde_json::Value, key: &str) -> Vec<f64> {
-    v[key].as_array().unwrap_or_else(|| panic!("{key} missing")).iter().map(|x| x.as_f64().unwrap()).collect()
+impl Fixture {
+    pub fn data_dir(&self) -> PathBuf {
+        arch_dir(self.dir)
+    }
+    pub fn hf_path(&self) -> PathBuf {
+        self.data_dir().join("hf")
+    }
+    pub fn gguf_path(&self) -> PathBuf {
+        self.data_dir().join(self.gguf)
+    }
+    pub fn hf(&self) -> LoadedModel {
+        load_model(&self.hf_path()).unwrap_or_else(|e| panic!("load the {} HF directory: {e}", self.dir))
+    }
+    pub fn gguf(&self) -> LoadedModel {
+        load_model(&self.gguf_path()).unwrap_or_else(|e| panic!("load {}: {e}", self.gguf))
+    }
+    pub fn refs(&self) -> Vec<serde_json::Value> {
+        refs(&self.data_dir())
+    }
 }
 
 pub fn refs(dir: &Path) -> Vec<serde_json::Value> {
@@ -68,7 +90,20 @@ pub fn prefill_then_decode(m: &LoadedModel, r: &serde_json::Value) -> Vec<Vec<f3
 /// Every assertion of the README that fits an f32 engine, for every prompt of `refs`: logits
 /// after the one-chunk prefill and at the end, 32 greedy tokens from the engine's own state,
 /// and teacher forcing one token per step (the decode path) with top-5 logits where given.
+/// A few near-ties per file (README): at least 19 positions in 20 have a usable margin.
 pub fn check_against_refs(m: &LoadedModel, refs: &[serde_json::Value], form: &str) {
+    check_against_refs_with(m, refs, form, |checked, len| checked * 20 >= len * 19);
+}
+
+/// [`check_against_refs`] with the data's own bound on near-ties: `enough(checked, prompt
+/// length)` holds when enough positions had a usable margin (far more near-ties would make
+/// the teacher-forcing check meaningless).
+pub fn check_against_refs_with(
+    m: &LoadedModel,
+    refs: &[serde_json::Value],
+    form: &str,
+    enough: impl Fn(usize, usize) -> bool,
+) {
     let mut worst = 0f64;
     for r in refs {
         let name = r["name"].as_str().unwrap().to_string();
@@ -86,7 +121,8 @@ pub fn check_against_refs(m: &LoadedModel, refs: &[serde_json::Value], form: &st
         for (i, &want) in greedy.iter().enumerate() {
             // Checked so that a regenerated file cannot silently weaken the test.
             assert!(margins[i] >= NEAR_TIE, "{name}: near-tie in the greedy reference");
-            assert_eq!(argmax(&logits[i]), want, "{form} {name}: greedy token {i}");
+            let n = prompt.len() + i - 1;
+            assert_eq!(argmax(&logits[i]), want, "{form} {name}: greedy token {i} (position {n})");
         }
         let mut b = backend(m, 16);
         let mut seq = SingleSeq::new(&b, 0, prompt.len()).unwrap();
@@ -111,8 +147,7 @@ pub fn check_against_refs(m: &LoadedModel, refs: &[serde_json::Value], form: &st
                 assert!(d < LOGIT_TOL, "{form} {name}: token-by-token prompt logits differ by {d}");
             }
         }
-        // A few near-ties per file (README); far more would make the check meaningless.
-        assert!(checked * 20 >= prompt.len() * 19, "{form} {name}: only {checked} positions had usable margins");
+        assert!(enough(checked, prompt.len()), "{form} {name}: only {checked} positions had usable margins");
     }
     println!("{form}: largest |logit - transformers|: {worst:.2e}");
 }
@@ -235,4 +270,57 @@ pub fn tokenizes_refs(m: &LoadedModel, refs: &[serde_json::Value]) {
         let want = ids(r, "prompt_ids");
         assert_eq!(&got[..want.len().min(got.len())], &want[..], "{}: {}", m.path.display(), r["name"]);
     }
+}
+
+/// The official releases of these families are vision-language checkpoints: a nested
+/// `text_config` under `class` / `model_type`, tensors under `model.language_model.` (a
+/// top-level `lm_head.weight` stays), plus `model.visual.*` and `mtp.*` tensors (`extras`, 2 x 2
+/// BF16 each). The fixture's HF tensors rewritten in that layout (`shards` files, in `dir`)
+/// load as the same text model and give the same logits for reference prompt 1.
+pub fn vision_language_layout_matches(
+    f: &Fixture,
+    dir: &Path,
+    extras: &[&str],
+    shards: usize,
+    class: &str,
+    model_type: &str,
+) {
+    use dustoff::model::safetensors::{write_checkpoint, SafetensorsDir, StMeta, StWriteTensor};
+    let src = f.hf_path();
+    let st = SafetensorsDir::open(&src).unwrap();
+    let mut tensors = Vec::new();
+    for name in st.names() {
+        let (_, shape, bytes) = st.read(name).unwrap();
+        let (_, info) = st.get(name).unwrap();
+        assert_eq!(info.dtype, "BF16");
+        let renamed = match name.strip_prefix("model.") {
+            Some(rest) => format!("model.language_model.{rest}"),
+            None => name.to_string(),
+        };
+        let meta = StMeta { name: renamed, dtype: "BF16", shape: shape.to_vec() };
+        tensors.push(StWriteTensor { meta, data: bytes.to_vec().into() });
+    }
+    for extra in extras {
+        let meta = StMeta { name: extra.to_string(), dtype: "BF16", shape: vec![2, 2] };
+        tensors.push(StWriteTensor { meta, data: vec![0u8; 8].into() });
+    }
+    write_checkpoint(dir, &tensors, shards).unwrap();
+    let mut text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let o = text.as_object_mut().unwrap();
+    o.remove("architectures");
+    let tied = o.remove("tie_word_embeddings").unwrap();
+    let vl = serde_json::json!({
+        "architectures": [class], "model_type": model_type,
+        "tie_word_embeddings": tied, "text_config": text, "vision_config": {"depth": 2, "hidden_size": 16},
+    });
+    std::fs::write(dir.join("config.json"), vl.to_string()).unwrap();
+    for name in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(src.join(name), dir.join(name)).unwrap();
+    }
+    let (vl, flat) = (load_model(dir).unwrap(), f.hf());
+    assert_eq!(vl.config, flat.config);
+    let r = &f.refs()[1];
+    let (a, b) = (prefill_then_decode(&vl, r), prefill_then_decode(&flat, r));
+    assert_eq!(a, b, "the same weights under another layout give the same logits");
 }
