@@ -25,14 +25,7 @@ fn free_running_greedy_matches_f64_up_to_first_near_tie() {
         let want = ids(&case, "f64_free_greedy_ids");
         let margins = floats(&case, "f64_free_margins");
         let check_len = margins.iter().position(|&m| m < TAU).unwrap_or(want.len());
-        let mut seq = SingleSeq::new(&b, 0, prompt.len() + want.len()).unwrap();
-        let mut logits = seq.feed(&mut b, &prompt).unwrap();
-        let mut got = Vec::new();
-        for _ in 0..check_len {
-            let t = argmax(&logits);
-            got.push(t);
-            logits = seq.feed(&mut b, &[t]).unwrap();
-        }
+        let got = free_greedy(&mut b, 0, &prompt, prompt.len() + want.len(), check_len);
         assert_eq!(got, want[..check_len], "case {id}: free-running greedy differs (checked {check_len} tokens)");
     }
 }

@@ -100,3 +100,24 @@ pub fn dustoff_cmd(args: &[&str], env: &[(&str, &str)]) -> Command {
     c.envs(env.iter().copied());
     c
 }
+
+/// Free-running greedy decoding of sequence `seq` (room for `max_len` positions): the prompt
+/// in one chunk, then `n` tokens, each the `argmax` of the logits before it (and fed back).
+pub fn free_greedy<B: dustoff::backend::Backend>(
+    b: &mut B,
+    seq: dustoff::engine::plan::SeqId,
+    prompt: &[u32],
+    max_len: usize,
+    n: usize,
+) -> Vec<u32> {
+    use dustoff::engine::sampler::argmax;
+    let mut s = dustoff::engine::single::SingleSeq::new(b, seq, max_len).unwrap();
+    let mut logits = s.feed(b, prompt).unwrap();
+    let mut got = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = argmax(&logits);
+        got.push(t);
+        logits = s.feed(b, &[t]).unwrap();
+    }
+    got
+}
