@@ -44,7 +44,9 @@ use dustoff::model::weights::Tensor;
 
 /// Largest allowed ||gpu - cpu|| / ||cpu|| per op. Reasons: f32 sums in another order (1e-6
 /// scale), `rsqrt.approx`/`expf` in place of exact functions, F16 inputs rounded identically on
-/// both sides (so no F16 error enters these comparisons).
+/// both sides (so no F16 error enters these comparisons). A name ending in `*` covers the op
+/// on every weight format (`gemv_*`: `gemv_q4_0` ... `gemv_q6_k`, `WEIGHT_FORMATS`); an exact
+/// name wins over it.
 const TOLERANCES: &[(&str, f64)] = &[
     ("embedding_f16", 0.0),
     ("cast_f32_f16", 0.0),
@@ -72,69 +74,20 @@ const TOLERANCES: &[(&str, f64)] = &[
     // relative each, random signs) before the tensor-core GEMM / cuBLAS; the dequantized F16
     // matrix and the embedding rows differ from the CPU decoder only where an fma rounds once
     // instead of twice (Q4_1/Q5_1 d*q + m, K-quant d*sc*q - dmin*m).
-    ("gemv_q4_0", 1e-5),
-    ("gemv_q4_1", 1e-5),
-    ("gemv_q5_0", 1e-5),
-    ("gemv_q5_1", 1e-5),
-    ("gemv_q8_0", 1e-5),
-    ("gemv_q4_k", 1e-5),
-    ("gemv_q5_k", 1e-5),
-    ("gemv_q6_k", 1e-5),
-    ("wide_q4_0", 2e-3),
-    ("wide_q4_1", 2e-3),
-    ("wide_q5_0", 2e-3),
-    ("wide_q5_1", 2e-3),
-    ("wide_q8_0", 2e-3),
-    ("wide_q4_k", 2e-3),
-    ("wide_q5_k", 2e-3),
-    ("wide_q6_k", 2e-3),
-    ("swiglu_q4_0", 1e-5),
-    ("swiglu_q4_1", 1e-5),
-    ("swiglu_q5_0", 1e-5),
-    ("swiglu_q5_1", 1e-5),
-    ("swiglu_q8_0", 1e-5),
-    ("swiglu_q4_k", 1e-5),
-    ("swiglu_q5_k", 1e-5),
-    ("swiglu_q6_k", 1e-5),
+    ("gemv_*", 1e-5),
+    ("wide_*", 2e-3),
+    ("swiglu_*", 1e-5),
     // The int8-activation GEMV against its twin (the CPU product on the two-plane int8
     // input): integer sums per run are exact, f32 sums in another order; against the f32
     // input, the rounding left (at most amax / 64,500 per value of a block of 32) adds about
     // 2e-5 relative error to a dot product of random values.
-    ("gemvq8_q4_0", 1e-5),
-    ("gemvq8_q4_1", 1e-5),
-    ("gemvq8_q5_0", 1e-5),
-    ("gemvq8_q5_1", 1e-5),
-    ("gemvq8_q8_0", 1e-5),
-    ("gemvq8_q4_k", 1e-5),
-    ("gemvq8_q5_k", 1e-5),
-    ("gemvq8_q6_k", 1e-5),
-    ("swigluq8_q4_0", 1e-5),
-    ("swigluq8_q4_1", 1e-5),
-    ("swigluq8_q5_0", 1e-5),
-    ("swigluq8_q5_1", 1e-5),
-    ("swigluq8_q8_0", 1e-5),
-    ("swigluq8_q4_k", 1e-5),
-    ("swigluq8_q5_k", 1e-5),
-    ("swigluq8_q6_k", 1e-5),
-    ("q8x_vs_f32_q4_0", 1e-4),
-    ("q8x_vs_f32_q4_1", 1e-4),
-    ("q8x_vs_f32_q5_0", 1e-4),
-    ("q8x_vs_f32_q5_1", 1e-4),
-    ("q8x_vs_f32_q8_0", 1e-4),
-    ("q8x_vs_f32_q4_k", 1e-4),
-    ("q8x_vs_f32_q5_k", 1e-4),
-    ("q8x_vs_f32_q6_k", 1e-4),
+    ("gemvq8_*", 1e-5),
+    ("swigluq8_*", 1e-5),
+    ("q8x_vs_f32_*", 1e-4),
     // The packed GEMM: against its twin (weights and input rounded to F16 as the kernel stages
     // them, f64 sums), f32 tensor-core sums in another order; in `Mm::run` (against the f32 CPU
     // product) the F16 rounding of weights and input, as the widened path.
-    ("gemmq_q4_0", 1e-5),
-    ("gemmq_q4_1", 1e-5),
-    ("gemmq_q5_0", 1e-5),
-    ("gemmq_q5_1", 1e-5),
-    ("gemmq_q8_0", 1e-5),
-    ("gemmq_q4_k", 1e-5),
-    ("gemmq_q5_k", 1e-5),
-    ("gemmq_q6_k", 1e-5),
+    ("gemmq_*", 1e-5),
     ("dequant_q4_0", 0.0),
     ("dequant_q4_1", 1e-4),
     ("dequant_q5_0", 0.0),
@@ -163,70 +116,24 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("moe_combine_f32", 1e-6),
     ("moe_layer_quant", 1e-5),
     ("moe_layer_f16", 1e-5),
-    ("moe_gate_up_q4_0", 1e-5),
-    ("moe_gate_up_q4_1", 1e-5),
-    ("moe_gate_up_q5_0", 1e-5),
-    ("moe_gate_up_q5_1", 1e-5),
-    ("moe_gate_up_q8_0", 1e-5),
-    ("moe_gate_up_q4_k", 1e-5),
-    ("moe_gate_up_q5_k", 1e-5),
-    ("moe_gate_up_q6_k", 1e-5),
-    ("moe_gate_up_f16", 1e-5),
-    ("moe_down_q4_0", 1e-5),
-    ("moe_down_q4_1", 1e-5),
-    ("moe_down_q5_0", 1e-5),
-    ("moe_down_q5_1", 1e-5),
-    ("moe_down_q8_0", 1e-5),
-    ("moe_down_q4_k", 1e-5),
-    ("moe_down_q5_k", 1e-5),
-    ("moe_down_q6_k", 1e-5),
-    ("moe_down_f16", 1e-5),
+    ("moe_gate_up_*", 1e-5),
+    ("moe_down_*", 1e-5),
+    // Down + weighted sum in one launch: the down GEMV's sums, then the weights in slot order.
+    ("moe_down_sum_*", 1e-5),
+    ("moe_gather_f16", 0.0),
+    // The int8-activation pair kernels (moe_q8.cu) against q8x::matmul_q8x per pair.
+    ("moe_gate_up_q8_*", 1e-5),
+    ("moe_down_sum_q8_*", 1e-5),
+    // A whole sparse layer on int8 activations against the f32 CPU reference (the q8x_vs_f32 bound).
+    ("moe_layer_q8", 1e-4),
     // The grouped tensor-core GEMM (moe_gemm.cu) against its twin (weights and inputs rounded to
     // F16 as staged, f64 sums): the gather rounds exactly as the twin; gate/up activations are
     // stored as F16, so an f32 sum in another order lands on the other side of a rounding
     // half-way point for a few elements (one F16 step, 2^-11 relative, each); down is f32.
+    ("moe_gemm_gate_up_*", 1e-4),
+    ("moe_gemm_down_*", 1e-5),
     // Whole layer against the f32 CPU reference: inputs, weights and activations rounded to
     // F16 (2^-11 relative each, random signs), as the widened path's `wide_*`.
-    // Down + weighted sum in one launch: the down GEMV's sums, then the weights in slot order.
-    ("moe_down_sum_q4_0", 1e-5),
-    ("moe_down_sum_q4_1", 1e-5),
-    ("moe_down_sum_q5_0", 1e-5),
-    ("moe_down_sum_q5_1", 1e-5),
-    ("moe_down_sum_q8_0", 1e-5),
-    ("moe_down_sum_q4_k", 1e-5),
-    ("moe_down_sum_q5_k", 1e-5),
-    ("moe_down_sum_q6_k", 1e-5),
-    ("moe_down_sum_f16", 1e-5),
-    ("moe_gather_f16", 0.0),
-    // The int8-activation pair kernels (moe_q8.cu) against q8x::matmul_q8x per pair.
-    ("moe_gate_up_q8_q4_0", 1e-5),
-    ("moe_gate_up_q8_q4_1", 1e-5),
-    ("moe_gate_up_q8_q5_0", 1e-5),
-    ("moe_gate_up_q8_q5_1", 1e-5),
-    ("moe_gate_up_q8_q8_0", 1e-5),
-    ("moe_gate_up_q8_q4_k", 1e-5),
-    ("moe_gate_up_q8_q5_k", 1e-5),
-    ("moe_gate_up_q8_q6_k", 1e-5),
-    ("moe_down_sum_q8_q4_0", 1e-5),
-    ("moe_down_sum_q8_q4_1", 1e-5),
-    ("moe_down_sum_q8_q5_0", 1e-5),
-    ("moe_down_sum_q8_q5_1", 1e-5),
-    ("moe_down_sum_q8_q8_0", 1e-5),
-    ("moe_down_sum_q8_q4_k", 1e-5),
-    ("moe_down_sum_q8_q5_k", 1e-5),
-    ("moe_down_sum_q8_q6_k", 1e-5),
-    // A whole sparse layer on int8 activations against the f32 CPU reference (the q8x_vs_f32 bound).
-    ("moe_layer_q8", 1e-4),
-    ("moe_gemm_gate_up_q4_0", 1e-4),
-    ("moe_gemm_gate_up_q8_0", 1e-4),
-    ("moe_gemm_gate_up_q4_k", 1e-4),
-    ("moe_gemm_gate_up_q5_k", 1e-4),
-    ("moe_gemm_gate_up_q6_k", 1e-4),
-    ("moe_gemm_down_q4_0", 1e-5),
-    ("moe_gemm_down_q8_0", 1e-5),
-    ("moe_gemm_down_q4_k", 1e-5),
-    ("moe_gemm_down_q5_k", 1e-5),
-    ("moe_gemm_down_q6_k", 1e-5),
     ("moe_layer_gemm", 2e-3),
     // Hybrid models (deltanet.rs): expf/log1pf and fma contraction against the CPU's separate
     // multiply-adds, sums over 4 lanes then combined; the step and many-token forms of the
@@ -273,8 +180,33 @@ const TOLERANCES: &[(&str, f64)] = &[
 /// Greedy near-tie margin for F16 GPU arithmetic (tests/data/smollm2/README.md).
 const TAU_GPU: f64 = 0.1;
 
+/// The suffixes a `*` row of `TOLERANCES` stands for.
+const WEIGHT_FORMATS: &[&str] = &["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "f16"];
+
 fn tolerance(op: &str) -> f64 {
-    TOLERANCES.iter().find(|(o, _)| *o == op).map(|t| t.1).unwrap_or_else(|| panic!("no tolerance for {op}"))
+    let family = |o: &str| {
+        o.strip_suffix('*').and_then(|prefix| op.strip_prefix(prefix)).is_some_and(|f| WEIGHT_FORMATS.contains(&f))
+    };
+    let exact = TOLERANCES.iter().find(|(o, _)| *o == op);
+    exact
+        .or_else(|| TOLERANCES.iter().find(|(o, _)| family(o)))
+        .map(|t| t.1)
+        .unwrap_or_else(|| panic!("no tolerance for {op}"))
+}
+
+/// The `*` rows stand for every weight format and lose to an exact row; no GPU needed.
+#[test]
+fn tolerance_rows_resolve_exact_names_before_format_families() {
+    assert_eq!(tolerance("gemv_f16"), 1e-5);
+    assert_eq!(tolerance("gemv_q4_k"), 1e-5);
+    assert_eq!(tolerance("wide_q6_k"), 2e-3);
+    assert_eq!(tolerance("dequant_q4_1"), 1e-4);
+    assert_eq!(tolerance("dequant_q6_k"), 0.0);
+    assert_eq!(tolerance("moe_down_f16"), 1e-5);
+    assert_eq!(tolerance("moe_gate_up_q8_0"), 1e-5);
+    assert_eq!(tolerance("moe_down_sum_q8_q4_0"), 1e-5);
+    assert_eq!(tolerance("moe_gemm_gate_up_q6_k"), 1e-4);
+    assert!(std::panic::catch_unwind(|| tolerance("gemv_q9_z")).is_err(), "an unknown format has no tolerance");
 }
 
 /// Relative L2 error, with NaN/inf failing; names the worst element.
@@ -366,19 +298,7 @@ fn rmsnorm_plain_gathered_and_per_head() {
     let w = g.randn(dim, 2.0);
     let (xd, wd, out) = (g.up(&x), g.up(&w), g.poisoned(n * dim));
     let s = g.dev.stream.clone();
-    let a = l::RmsNorm {
-        x: g.d(&xd),
-        w: g.d(&wd),
-        out: g.d(&out),
-        rows: None,
-        n_src_rows: n,
-        n_outer: n,
-        n_inner: 1,
-        dim,
-        in_stride: dim,
-        out_stride: dim,
-        eps,
-    };
+    let a = l::RmsNorm::plain(g.d(&xd), g.d(&wd), g.d(&out), n, dim, eps);
     a.launch(&mut g.k, &s).unwrap();
     let mut want = vec![0f32; n * dim];
     ops::rmsnorm(&x, &w, eps, &mut want);
@@ -657,7 +577,6 @@ fn embedding_silu_bias_and_saturating_cast() {
 fn sample_model_greedy_matches_f64_reference() {
     let Some(g) = gpu("sample model") else { return };
     drop(g);
-    use dustoff::engine::sampler::argmax;
     use dustoff::engine::single::SingleSeq;
     let m = common::sample_model();
     let opts = CudaOptions {
@@ -679,14 +598,7 @@ fn sample_model_greedy_matches_f64_reference() {
         let want = common::ids(&case, "f64_free_greedy_ids");
         let margins = common::floats(&case, "f64_free_margins");
         let check_len = margins.iter().take(16).position(|&m| m < TAU_GPU).unwrap_or(16.min(want.len()));
-        let mut seq = SingleSeq::new(&b, 0, prompt.len() + want.len()).unwrap();
-        let mut logits = seq.feed(&mut b, &prompt).unwrap();
-        let mut got = Vec::new();
-        for _ in 0..check_len {
-            let t = argmax(&logits);
-            got.push(t);
-            logits = seq.feed(&mut b, &[t]).unwrap();
-        }
+        let got = common::free_greedy(&mut b, 0, &prompt, prompt.len() + want.len(), check_len);
         assert_eq!(got, want[..check_len], "case {id}: free-running greedy differs (checked {check_len} tokens)");
 
         let forced = common::ids(&case, "llamacpp_greedy_ids");
