@@ -69,7 +69,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     let inputs = crate::job::reader::expand_inputs(&a.inputs)?;
     let shard = match &a.shard {
         Some(s) => Some(s.parse::<ShardSpec>()?),
-        None => ShardSpec::from_env(|k| std::env::var(k).ok(), a.shard_count)?,
+        None => ShardSpec::from_env(crate::sys::env::get, a.shard_count)?,
     };
     if let Some(s) = shard {
         eprintln!("shard {s} (records picked by a stable hash of their id)");

@@ -339,7 +339,7 @@ pub fn gather(o: &DoctorOptions) -> Report {
         driver_loaded: crate::backend::cuda::device::driver_available(),
         driver_cuda_version: driver.map(|(a, b)| format!("{a}.{b}")),
         driver_ptx_isa: driver_isa.map(|(a, b)| format!("{a}.{b}")),
-        cuda_visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+        cuda_visible_devices: crate::sys::env::get("CUDA_VISIBLE_DEVICES"),
         // SAFETY: only tries to dlopen the candidate library names; no cuBLAS function is called.
         cublas_loadable: unsafe { cudarc::cublas::sys::is_culib_present() },
         gpus,

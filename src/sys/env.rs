@@ -1,4 +1,5 @@
-//! Every `DUSTOFF_*` environment variable, in one registry: name, default and meaning.
+//! Every environment variable the binary reads, in one registry: name, default and meaning
+//! (dustoff's own `DUSTOFF_*` knobs, and the host's variables it looks at, [`Scope::Host`]).
 //! docs/ENVIRONMENT.md is this table rendered ([`markdown`]); a test greps `src/` and `tests/`
 //! for `DUSTOFF_` names and fails on one missing here or on a stale document, so the list
 //! cannot drift. The binary's readers call [`get`] / [`get_os`]; tests read theirs directly.
@@ -19,6 +20,9 @@ pub enum Scope {
     Tuning,
     /// Fault injection and knobs for the test suite and benchmark tests.
     Test,
+    /// Set by the host, a scheduler or the user's shell for other programs too; read, never
+    /// defined, by dustoff.
+    Host,
 }
 
 impl Scope {
@@ -27,6 +31,7 @@ impl Scope {
             Scope::Run => "Running jobs",
             Scope::Tuning => "Kernel choice (A/B switches, read once per process)",
             Scope::Test => "Tests, fault injection and benchmark tests",
+            Scope::Host => "Read from the host (not dustoff's own)",
         }
     }
 }
@@ -47,6 +52,15 @@ const fn var(scope: Scope, name: &'static str, default: &'static str, meaning: &
 
 /// The registry, grouped by scope.
 pub const VARS: &[EnvVar] = &[
+    var(Scope::Host, "HOME", "-", "the NVRTC kernel cache's folder `~/.cache/dustoff` without `XDG_CACHE_HOME`; `doctor` looks for NVRTC 12 in `~/.cache/nvrtc12`"),
+    var(Scope::Host, "XDG_CACHE_HOME", "unset: `~/.cache`", "an absolute path: the NVRTC kernel cache is `$XDG_CACHE_HOME/dustoff`"),
+    var(Scope::Host, "LD_LIBRARY_PATH", "-", "`doctor` searches these folders for NVRTC libraries"),
+    var(Scope::Host, "NVRTC12_DIR", "unset: `~/.cache/nvrtc12`", "where scripts/nvrtc12.sh unpacked NVRTC 12 (`doctor` looks there)"),
+    var(Scope::Host, "CUDA_VISIBLE_DEVICES", "unset", "reported by `doctor` (the driver applies it)"),
+    var(Scope::Host, "SLURM_ARRAY_TASK_ID", "unset", "`run` without `--shard`: this task's shard (a Slurm job array)"),
+    var(Scope::Host, "SLURM_ARRAY_TASK_MIN", "0", "the array's first task id, subtracted from `SLURM_ARRAY_TASK_ID`"),
+    var(Scope::Host, "SLURM_ARRAY_TASK_COUNT", "unset", "the shard count of a Slurm job array when `--shard-count` is not given"),
+    var(Scope::Host, "JOB_COMPLETION_INDEX", "unset", "`run` without `--shard`: this pod's shard (a Kubernetes Indexed Job)"),
     var(Scope::Run, "DUSTOFF_PTX_DIR", "unset: NVRTC compiles the kernels", "folder of precompiled PTX (`dustoff kernels --out DIR`); `--ptx-dir` wins over it"),
     var(Scope::Run, "DUSTOFF_LOAD_THREADS", "the cores", "threads that compile the kernel files with NVRTC at start (the driver loads the modules one at a time); `1`: one file at a time"),
     var(Scope::Run, "DUSTOFF_CPU_PATH", "the best the CPU has", "cap on the CPU backend's kernel path: `scalar`, `avx2` or `avx512` (a bad value is a usage error)"),
@@ -120,13 +134,13 @@ pub fn lookup(name: &str) -> Option<&'static EnvVar> {
 
 /// The value of a registered variable (`None`: unset or not UTF-8). A name missing from
 /// [`VARS`] is a programming error, caught in debug builds and by this module's test.
-pub fn get(name: &'static str) -> Option<String> {
+pub fn get(name: &str) -> Option<String> {
     debug_assert!(lookup(name).is_some(), "{name} is not in sys::env::VARS");
     std::env::var(name).ok()
 }
 
 /// As [`get`], for paths (any bytes).
-pub fn get_os(name: &'static str) -> Option<OsString> {
+pub fn get_os(name: &str) -> Option<OsString> {
     debug_assert!(lookup(name).is_some(), "{name} is not in sys::env::VARS");
     std::env::var_os(name)
 }
@@ -134,10 +148,11 @@ pub fn get_os(name: &'static str) -> Option<OsString> {
 /// docs/ENVIRONMENT.md: the registry as tables, one per scope.
 pub fn markdown() -> String {
     let mut s = String::from(
-        "# Environment variables\n\nEvery `DUSTOFF_*` variable dustoff and its tests read. Generated from \
-         `src/sys/env.rs` (the registry); a test keeps the two equal.\n",
+        "# Environment variables\n\nEvery `DUSTOFF_*` variable dustoff and its tests read, and the host's \
+         variables dustoff looks at. Generated from `src/sys/env.rs` (the registry); a test keeps the two \
+         equal.\n",
     );
-    for scope in [Scope::Run, Scope::Tuning, Scope::Test] {
+    for scope in [Scope::Run, Scope::Tuning, Scope::Test, Scope::Host] {
         s.push_str(&format!("\n## {}\n\n| variable | default | meaning |\n|---|---|---|\n", scope.title()));
         for v in VARS.iter().filter(|v| v.scope == scope) {
             s.push_str(&format!("| `{}` | {} | {} |\n", v.name, v.default, v.meaning));
@@ -182,8 +197,12 @@ mod tests {
         let mut used = BTreeSet::new();
         names_in(&root.join("src"), &mut used);
         names_in(&root.join("tests"), &mut used);
-        let listed: BTreeSet<String> = VARS.iter().map(|v| v.name.to_string()).collect();
-        assert_eq!(listed.len(), VARS.len(), "a name is listed twice in sys::env::VARS");
+        let all: BTreeSet<&str> = VARS.iter().map(|v| v.name).collect();
+        assert_eq!(all.len(), VARS.len(), "a name is listed twice in sys::env::VARS");
+        // The host's variables are not greppable by a prefix; dustoff's own all start DUSTOFF_.
+        let own = VARS.iter().filter(|v| v.scope != Scope::Host);
+        assert!(VARS.iter().all(|v| (v.scope == Scope::Host) != v.name.starts_with("DUSTOFF_")), "scope of a name");
+        let listed: BTreeSet<String> = own.map(|v| v.name.to_string()).collect();
         let missing: Vec<_> = used.difference(&listed).collect();
         assert!(missing.is_empty(), "add these to sys::env::VARS (name, default, meaning): {missing:?}");
         let stale: Vec<_> = listed.difference(&used).collect();

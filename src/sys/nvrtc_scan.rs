@@ -31,12 +31,12 @@ pub fn can_target(major: u32, cc: (i32, i32)) -> Option<bool> {
 /// The folders searched: `LD_LIBRARY_PATH`, `NVRTC12_DIR` / `~/.cache/nvrtc12` (where
 /// scripts/nvrtc12.sh unpacks the wheel), the CUDA toolkit folders and the system lib folders.
 fn search_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
+    let mut dirs: Vec<PathBuf> = crate::sys::env::get_os("LD_LIBRARY_PATH")
         .map(|v| std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect())
         .unwrap_or_default();
-    let wheel = std::env::var_os("NVRTC12_DIR")
+    let wheel = crate::sys::env::get_os("NVRTC12_DIR")
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/nvrtc12")));
+        .or_else(|| crate::sys::env::get_os("HOME").map(|h| PathBuf::from(h).join(".cache/nvrtc12")));
     if let Some(w) = wheel {
         dirs.push(w.join("nvidia/cuda_nvrtc/lib"));
     }

@@ -108,7 +108,7 @@ pub fn cache_dir_from(xdg_cache_home: Option<OsString>, home: Option<OsString>) 
 
 /// The cache folder from the environment.
 pub fn default_cache_dir() -> Option<PathBuf> {
-    cache_dir_from(std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
+    cache_dir_from(crate::sys::env::get_os("XDG_CACHE_HOME"), crate::sys::env::get_os("HOME"))
 }
 
 /// The cache file of a key.
