@@ -63,8 +63,8 @@ impl Sequence {
     }
 
     /// Whether the tokens still to run are its last one, or were all appended after its
-    /// prompt (and any re-run) was computed: those need KV slots beyond the ones its admission
-    /// allocated.
+    /// prompt (and any re-run) was computed: those need KV positions beyond the ones its
+    /// admission allocated.
     fn is_decoding(&self) -> bool {
         self.remaining() == 1 || (self.remaining() > 1 && self.num_computed >= self.prompt_len)
     }

@@ -194,7 +194,8 @@ impl CudaBackend {
             Ok(l)
         };
         let c = &cfg;
-        let slots = opts.num_blocks * opts.block_size * c.kv_dim();
+        // f16 elements of one layer's K (and of its V) cache: [num_blocks, block_size, kv_dim].
+        let cache_len = opts.num_blocks * opts.block_size * c.kv_dim();
         let mut layers = Vec::with_capacity(w.layers.len());
         for (i, lw) in w.layers.iter().enumerate() {
             let name = |s: &str| format!("layer {i} {s}");
@@ -247,8 +248,8 @@ impl CudaBackend {
                 wgu,
                 wdown,
                 moe,
-                k_cache: zeros(s, slots, &name("K cache"))?,
-                v_cache: zeros(s, slots, &name("V cache"))?,
+                k_cache: zeros(s, cache_len, &name("K cache"))?,
+                v_cache: zeros(s, cache_len, &name("V cache"))?,
             });
         }
         let embd = put(&[&w.token_embd], "token_embd")?;
@@ -305,7 +306,8 @@ impl CudaBackend {
             Ok(Linear { parts })
         };
         let ones = |n: usize, what: &str| up(s, &vec![1.0f32; n], what);
-        let slots = opts.num_blocks * opts.block_size * c.kv_dim();
+        // f16 elements of one layer's K (and of its V) cache: [num_blocks, block_size, kv_dim].
+        let cache_len = opts.num_blocks * opts.block_size * c.kv_dim();
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let name = |s: &str| format!("layer {i} {s}");
@@ -328,7 +330,14 @@ impl CudaBackend {
                 None => (lin(&mut kernels, 2, &name("gate/up"))?, lin(&mut kernels, 1, &name("w_down"))?, None),
             };
             let (qk_norm, ffn) = (qk, (wgu, wdown, moe));
-            layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, slots, SynthMats { wqkv, bqkv, qk_norm, wo, ffn })?);
+            layers.push(LayerW::synthetic(
+                s,
+                c.dim,
+                c.head_dim,
+                i,
+                cache_len,
+                SynthMats { wqkv, bqkv, qk_norm, wo, ffn },
+            )?);
         }
         let embd = lin(&mut kernels, 1, "token_embd")?;
         let output = if c.tied_embeddings { None } else { Some(lin(&mut kernels, 1, "output")?) };

@@ -73,7 +73,8 @@ impl CudaBackend {
             Ok(Linear { parts: out })
         };
         let ones = |n: usize, what: &str| up(s, &vec![1.0f32; n], what);
-        let slots = opts.num_blocks * opts.block_size * c.kv_dim();
+        // f16 elements of one layer's K (and of its V) cache: [num_blocks, block_size, kv_dim].
+        let cache_len = opts.num_blocks * opts.block_size * c.kv_dim();
         let (mut layers, mut linear) = (Vec::with_capacity(c.n_layers), Vec::with_capacity(c.n_layers));
         let mut index = 0;
         for i in 0..c.n_layers {
@@ -112,7 +113,7 @@ impl CudaBackend {
                     mat(&mut kernels, if more_bits(i, c.n_layers) && more != base { 2 } else { 1 }, &name("wqkv"))?;
                 let wo = mat(&mut kernels, 1, &name("wo"))?;
                 let m = SynthMats { wqkv, bqkv: None, qk_norm: true, wo, ffn: ffn(&mut kernels, &mut mat)? };
-                layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, slots, m)?);
+                layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, cache_len, m)?);
             }
         }
         let embd = mat(&mut kernels, 1, "token_embd")?;
