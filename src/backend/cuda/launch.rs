@@ -97,8 +97,9 @@ pub(crate) fn launch<P: DeviceRepr>(
 ) -> Result<(), CudaError> {
     let f = k.get(entry)?;
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem };
-    // SAFETY: `params` mirrors the kernel's params struct (see the #[repr(C)] definitions below);
-    // every pointer in it was shape-checked by the caller against the buffer it points into.
+    // SAFETY: `params` mirrors the kernel's params struct (the #[repr(C)] definition in the
+    // launcher module of its kernel file); every pointer in it was shape-checked by the caller
+    // against the buffer it points into.
     unsafe { stream.launch_builder(f).arg(params).launch(cfg) }
         .map(|_| ())
         .map_err(CudaError::driver(format!("launching {entry}")))

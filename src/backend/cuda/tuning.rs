@@ -35,12 +35,12 @@ pub(super) struct Tuning {
     pub attn_split: Option<usize>,
     /// `DUSTOFF_CASCADE=0`: no shared-prefix (cascade) attention in decode steps.
     pub cascade: bool,
-    /// `DUSTOFF_FUSE_NORM=0`: the layer norms as launches of their own (before session 4's
+    /// `DUSTOFF_FUSE_NORM=0`: the layer norms as launches of their own (the step before
     /// fused_norm.cu), for same-run comparisons; the default folds them into the products.
     pub fuse_norm: bool,
     /// `DUSTOFF_GEMV_ROWS=2|4|8`: rows a block of the one-token F16 GEMVs (gemv_f16.cu,
     /// fused_norm.cu). Default 4: Qwen3-8B F16 decode 203.9 tok/s against 200.8 with 2 and
-    /// 201.5 with 8 (H200, docs/BENCHMARKS.md, 2026-12-01 session 4).
+    /// 201.5 with 8 (H200, docs/BENCHMARKS.md, 2026-12-01, "decode-step fusion").
     pub gemv_rows: usize,
     /// `DUSTOFF_GRAPH_NODES=1`: print the node count of every captured decode graph.
     pub graph_nodes: bool,
@@ -52,7 +52,7 @@ pub(super) struct Tuning {
     pub prefill_acc: bool,
     /// `DUSTOFF_ATTN_FAST_EXP=0`: the one-pass decode attention's exponentials as `expf`
     /// instead of one multiply and the SFU's `ex2.approx` (default: 9-14% faster on the H200,
-    /// docs/BENCHMARKS.md, session 5).
+    /// docs/BENCHMARKS.md, "the ticket-1046 job diff, prefill softmax, decode exponentials").
     pub attn_fast_exp: bool,
 }
 
