@@ -49,19 +49,7 @@ fn rmsnorm_q8_equals_rmsnorm_then_quantize_and_its_twin() {
         RmsNormQ8 { x: g.d(&xd), w: g.d(&wd), h: g.d(&h), xq: g.d(&xq), n_tok: n, dim, eps }
             .launch(&mut g.k, &s)
             .unwrap();
-        let norm = l::RmsNorm {
-            x: g.d(&xd),
-            w: g.d(&wd),
-            out: g.d(&h2),
-            rows: None,
-            n_src_rows: n,
-            n_outer: n,
-            n_inner: 1,
-            dim,
-            in_stride: dim,
-            out_stride: dim,
-            eps,
-        };
+        let norm = l::RmsNorm::plain(g.d(&xd), g.d(&wd), g.d(&h2), n, dim, eps);
         norm.launch(&mut g.k, &s).unwrap();
         QuantizeX { x: g.d(&h2), xq: g.d(&xq2), n_tok: n, cols: dim, x_stride: dim }.launch(&mut g.k, &s).unwrap();
         let (hf, hu) = (g.down(&h), g.down(&h2));
@@ -89,19 +77,7 @@ fn rmsnorm_f16_equals_rmsnorm_then_cast_and_its_twin() {
         RmsNormF16 { x: g.d(&xd), w: g.d(&wd), h: g.d(&h), x16: g.d(&x16), n_tok: n, dim, eps }
             .launch(&mut g.k, &s)
             .unwrap();
-        let norm = l::RmsNorm {
-            x: g.d(&xd),
-            w: g.d(&wd),
-            out: g.d(&h2),
-            rows: None,
-            n_src_rows: n,
-            n_outer: n,
-            n_inner: 1,
-            dim,
-            in_stride: dim,
-            out_stride: dim,
-            eps,
-        };
+        let norm = l::RmsNorm::plain(g.d(&xd), g.d(&wd), g.d(&h2), n, dim, eps);
         norm.launch(&mut g.k, &s).unwrap();
         l::CastF16 { x: g.d(&h2), out: g.d(&x16b), n: n * dim }.launch(&mut g.k, &s).unwrap();
         let (hf, hu) = (g.down(&h), g.down(&h2));
