@@ -114,6 +114,26 @@ __device__ __forceinline__ void split_softmax(const AttnParams& p, float* sc, in
     }
 }
 
+// A lane's part of the scores of two positions: acc[u] = q . k_u over the lane's DL dimensions
+// (q: DL / 4 float4 in shared memory; kf: the two rows widened to f32), products in dimension
+// order.
+template <int DL>
+__device__ __forceinline__ void att_dot2(const float4* qv, const float (&kf)[2][DL], float (&acc)[2]) {
+    acc[0] = 0.0f;
+    acc[1] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DL / 4; ++i) {
+        const float4 q4 = qv[i];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            acc[u] = fmaf(q4.x, kf[u][4 * i + 0], acc[u]);
+            acc[u] = fmaf(q4.y, kf[u][4 * i + 1], acc[u]);
+            acc[u] = fmaf(q4.z, kf[u][4 * i + 2], acc[u]);
+            acc[u] = fmaf(q4.w, kf[u][4 * i + 3], acc[u]);
+        }
+    }
+}
+
 // Dynamic shared memory: (group * head_dim + group * split_len + nwarps * ATT_VCHUNK * head_dim) floats.
 extern "C" __global__ void attn_split_f16(const AttnParams p) {
     extern __shared__ float smem[];
@@ -274,18 +294,8 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
         }
         for (int j = 0; j < group; ++j) {
             const float4* qv = reinterpret_cast<const float4*>(q_s + j * HD + sub * DL);
-            float acc[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int i = 0; i < DL / 4; ++i) {
-                const float4 q4 = qv[i];
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    acc[u] = fmaf(q4.x, kf[u][4 * i + 0], acc[u]);
-                    acc[u] = fmaf(q4.y, kf[u][4 * i + 1], acc[u]);
-                    acc[u] = fmaf(q4.z, kf[u][4 * i + 2], acc[u]);
-                    acc[u] = fmaf(q4.w, kf[u][4 * i + 3], acc[u]);
-                }
-            }
+            float acc[2];
+            att_dot2<DL>(qv, kf, acc);
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
                 float a = acc[u];
@@ -482,18 +492,8 @@ __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
         for (int j = 0; j < ATF_MAX_HEADS; ++j) {
             if (j < nh) {
                 const float4* qv = reinterpret_cast<const float4*>(q_s + (j * LPP + sub) * QP);
-                float sc[2] = {0.0f, 0.0f};
-#pragma unroll
-                for (int i = 0; i < DL / 4; ++i) {
-                    const float4 q4 = qv[i];
-#pragma unroll
-                    for (int u = 0; u < 2; ++u) {
-                        sc[u] = fmaf(q4.x, kf[u][4 * i + 0], sc[u]);
-                        sc[u] = fmaf(q4.y, kf[u][4 * i + 1], sc[u]);
-                        sc[u] = fmaf(q4.z, kf[u][4 * i + 2], sc[u]);
-                        sc[u] = fmaf(q4.w, kf[u][4 * i + 3], sc[u]);
-                    }
-                }
+                float sc[2];
+                att_dot2<DL>(qv, kf, sc);
 #pragma unroll
                 for (int u = 0; u < 2; ++u)
 #pragma unroll
