@@ -33,20 +33,7 @@ fn plain_rmsnorm(
     eps: f32,
 ) {
     let s = g.dev.stream.clone();
-    let norm = l::RmsNorm {
-        x: g.d(x),
-        w: g.d(w),
-        out: g.d(out),
-        rows: None,
-        n_src_rows: n,
-        n_outer: n,
-        n_inner: 1,
-        dim,
-        in_stride: dim,
-        out_stride: dim,
-        eps,
-    };
-    norm.launch(&mut g.k, &s).unwrap();
+    l::RmsNorm::contiguous(g.d(x), g.d(w), g.d(out), n, dim, eps).launch(&mut g.k, &s).unwrap();
 }
 
 /// The GPU's two int8 planes read back as the values the int8 GEMV sees (`d q + dl l`).

@@ -42,6 +42,23 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
+    /// `n` contiguous rows `[n, dim]` of `x` into `out` (no gather, one norm a row).
+    pub fn contiguous(x: Dev<f32>, w: Dev<f32>, out: Dev<f32>, n: usize, dim: usize, eps: f32) -> Self {
+        RmsNorm {
+            x,
+            w,
+            out,
+            rows: None,
+            n_src_rows: n,
+            n_outer: n,
+            n_inner: 1,
+            dim,
+            in_stride: dim,
+            out_stride: dim,
+            eps,
+        }
+    }
+
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "rmsnorm_f32";
         let width = self.n_inner * self.dim;

@@ -174,19 +174,7 @@ impl CudaBackend {
             (None, None) => unreachable!("a matrix is F16 or quantized"),
         }
         mark("embedding")?;
-        let norm = |x: Dev<f32>, wt: Dev<f32>, out: Dev<f32>| l::RmsNorm {
-            x,
-            w: wt,
-            out,
-            rows: None,
-            n_src_rows: n,
-            n_outer: n,
-            n_inner: 1,
-            dim,
-            in_stride: dim,
-            out_stride: dim,
-            eps: c.rms_eps,
-        };
+        let norm = |x: Dev<f32>, wt: Dev<f32>, out: Dev<f32>| l::RmsNorm::contiguous(x, wt, out, n, dim, c.rms_eps);
         let attn_io = AttnIo {
             f: FlatAttn::of(f),
             meta,
