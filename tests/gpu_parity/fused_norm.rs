@@ -33,7 +33,7 @@ fn plain_rmsnorm(
     eps: f32,
 ) {
     let s = g.dev.stream.clone();
-    l::RmsNorm::contiguous(g.d(x), g.d(w), g.d(out), n, dim, eps).launch(&mut g.k, &s).unwrap();
+    l::RmsNorm::plain(g.d(x), g.d(w), g.d(out), n, dim, eps).launch(&mut g.k, &s).unwrap();
 }
 
 /// The GPU's two int8 planes read back as the values the int8 GEMV sees (`d q + dl l`).

@@ -366,7 +366,7 @@ fn rmsnorm_plain_gathered_and_per_head() {
     let w = g.randn(dim, 2.0);
     let (xd, wd, out) = (g.up(&x), g.up(&w), g.poisoned(n * dim));
     let s = g.dev.stream.clone();
-    let a = l::RmsNorm::contiguous(g.d(&xd), g.d(&wd), g.d(&out), n, dim, eps);
+    let a = l::RmsNorm::plain(g.d(&xd), g.d(&wd), g.d(&out), n, dim, eps);
     a.launch(&mut g.k, &s).unwrap();
     let mut want = vec![0f32; n * dim];
     ops::rmsnorm(&x, &w, eps, &mut want);

@@ -1,13 +1,14 @@
 //! Launcher of the decode attention (kernels/attention_decode.cu): split attention over the
-//! paged F16 cache for one-token chunks, and the combine pass (`Merge`, `attn_merge_f32`), which
-//! also follows the prefill kernel's splits (prefill.rs uses it from here). Same conventions as
-//! `launch`.
+//! paged F16 cache for one-token chunks. The combine pass of the same file (`attn_merge_f32`)
+//! is launched from paged_attn.rs (`Merge`): prefill.rs needs it too, and this module uses
+//! prefill.rs (a shared-prefix group's pass), so a merge launcher here would close an import
+//! circle (tests/module_graph.rs). Same conventions as `launch`.
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
-use super::launch::{check, extent, i32_of, launch, need, Dev};
-use super::paged_attn::PagedAttn;
+use super::launch::{check, i32_of, launch, need, Dev};
+use super::paged_attn::{Merge, PagedAttn};
 use super::tuning::tuning;
 use super::CudaError;
 
@@ -274,61 +275,6 @@ impl Attention {
             out_stride: a.out_stride,
         }
         .launch(k, s)
-    }
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct MergeParams {
-    part_o: u64,
-    part_ml: u64,
-    out: u64,
-    n_heads: i32,
-    head_dim: i32,
-    n_slots: i32,
-    out_stride: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for MergeParams {}
-
-/// `out[t, h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s` over the non-empty slots of
-/// `part_o` `[n_tok, n_heads, n_slots, head_dim]` / `part_ml` `[n_tok, n_heads, n_slots, 2]`,
-/// in slot order. The host guarantees that every slot was written and each token has a
-/// non-empty one.
-pub struct Merge {
-    pub part_o: Dev<f32>,
-    pub part_ml: Dev<f32>,
-    pub out: Dev<f32>,
-    pub n_tok: usize,
-    pub n_heads: usize,
-    pub head_dim: usize,
-    pub n_slots: usize,
-    pub out_stride: usize,
-}
-
-impl Merge {
-    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
-        const K: &str = "attn_merge_f32";
-        let (nh, hd) = (self.n_heads, self.head_dim);
-        check(K, hd <= 256, || format!("head size {hd} (at most 256: two dimensions per thread)"))?;
-        check(K, nh * hd <= self.out_stride, || "heads overlap the row stride".into())?;
-        check(K, self.n_tok <= 65_535, || format!("{} tokens in one launch (at most 65535)", self.n_tok))?;
-        need(K, "partial outputs", self.part_o, self.n_tok * nh * self.n_slots * hd)?;
-        need(K, "partial statistics", self.part_ml, self.n_tok * nh * self.n_slots * 2)?;
-        need(K, "output", self.out, extent(self.n_tok, self.out_stride, nh * hd))?;
-        if self.n_tok == 0 {
-            return Ok(());
-        }
-        let p = MergeParams {
-            part_o: self.part_o.ptr,
-            part_ml: self.part_ml.ptr,
-            out: self.out.ptr,
-            n_heads: i32_of(K, nh)?,
-            head_dim: i32_of(K, hd)?,
-            n_slots: i32_of(K, self.n_slots)?,
-            out_stride: i32_of(K, self.out_stride)?,
-        };
-        launch(k, s, K, (nh as u32, self.n_tok as u32, 1), 128, 0, &p)
     }
 }
 

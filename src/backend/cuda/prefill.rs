@@ -8,10 +8,9 @@
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::attention::Merge;
 use super::kernels::Kernels;
 use super::launch::{check, i32_of, launch, need, Dev};
-use super::paged_attn::PagedAttn;
+use super::paged_attn::{Merge, PagedAttn};
 use super::tuning::tuning;
 use super::CudaError;
 

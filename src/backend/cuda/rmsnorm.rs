@@ -42,8 +42,8 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    /// `n` contiguous rows `[n, dim]` of `x` into `out` (no gather, one norm a row).
-    pub fn contiguous(x: Dev<f32>, w: Dev<f32>, out: Dev<f32>, n: usize, dim: usize, eps: f32) -> Self {
+    /// The plain form: `n` contiguous rows of width `dim` (`x`, `out`: `[n, dim]`), no gather.
+    pub fn plain(x: Dev<f32>, w: Dev<f32>, out: Dev<f32>, n: usize, dim: usize, eps: f32) -> Self {
         RmsNorm {
             x,
             w,

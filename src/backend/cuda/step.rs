@@ -174,7 +174,7 @@ impl CudaBackend {
             (None, None) => unreachable!("a matrix is F16 or quantized"),
         }
         mark("embedding")?;
-        let norm = |x: Dev<f32>, wt: Dev<f32>, out: Dev<f32>| l::RmsNorm::contiguous(x, wt, out, n, dim, c.rms_eps);
+        let norm = |x: Dev<f32>, wt: Dev<f32>, out: Dev<f32>| l::RmsNorm::plain(x, wt, out, n, dim, c.rms_eps);
         let attn_io = AttnIo {
             f: FlatAttn::of(f),
             meta,
