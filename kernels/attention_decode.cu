@@ -114,6 +114,26 @@ __device__ __forceinline__ void split_softmax(const AttnParams& p, float* sc, in
     }
 }
 
+// A lane's part of the scores of two positions: acc[u] = q . k_u over the lane's DL dimensions
+// (q: DL / 4 float4 in shared memory; kf: the two rows widened to f32), products in dimension
+// order.
+template <int DL>
+__device__ __forceinline__ void att_dot2(const float4* qv, const float (&kf)[2][DL], float (&acc)[2]) {
+    acc[0] = 0.0f;
+    acc[1] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DL / 4; ++i) {
+        const float4 q4 = qv[i];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            acc[u] = fmaf(q4.x, kf[u][4 * i + 0], acc[u]);
+            acc[u] = fmaf(q4.y, kf[u][4 * i + 1], acc[u]);
+            acc[u] = fmaf(q4.z, kf[u][4 * i + 2], acc[u]);
+            acc[u] = fmaf(q4.w, kf[u][4 * i + 3], acc[u]);
+        }
+    }
+}
+
 // Dynamic shared memory: (group * head_dim + group * split_len + nwarps * ATT_VCHUNK * head_dim) floats.
 extern "C" __global__ void attn_split_f16(const AttnParams p) {
     extern __shared__ float smem[];
@@ -274,18 +294,8 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
         }
         for (int j = 0; j < group; ++j) {
             const float4* qv = reinterpret_cast<const float4*>(q_s + j * HD + sub * DL);
-            float acc[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int i = 0; i < DL / 4; ++i) {
-                const float4 q4 = qv[i];
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    acc[u] = fmaf(q4.x, kf[u][4 * i + 0], acc[u]);
-                    acc[u] = fmaf(q4.y, kf[u][4 * i + 1], acc[u]);
-                    acc[u] = fmaf(q4.z, kf[u][4 * i + 2], acc[u]);
-                    acc[u] = fmaf(q4.w, kf[u][4 * i + 3], acc[u]);
-                }
-            }
+            float acc[2];
+            att_dot2<DL>(qv, kf, acc);
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
                 float a = acc[u];
@@ -482,18 +492,8 @@ __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
         for (int j = 0; j < ATF_MAX_HEADS; ++j) {
             if (j < nh) {
                 const float4* qv = reinterpret_cast<const float4*>(q_s + (j * LPP + sub) * QP);
-                float sc[2] = {0.0f, 0.0f};
-#pragma unroll
-                for (int i = 0; i < DL / 4; ++i) {
-                    const float4 q4 = qv[i];
-#pragma unroll
-                    for (int u = 0; u < 2; ++u) {
-                        sc[u] = fmaf(q4.x, kf[u][4 * i + 0], sc[u]);
-                        sc[u] = fmaf(q4.y, kf[u][4 * i + 1], sc[u]);
-                        sc[u] = fmaf(q4.z, kf[u][4 * i + 2], sc[u]);
-                        sc[u] = fmaf(q4.w, kf[u][4 * i + 3], sc[u]);
-                    }
-                }
+                float sc[2];
+                att_dot2<DL>(qv, kf, sc);
 #pragma unroll
                 for (int u = 0; u < 2; ++u)
 #pragma unroll
@@ -575,6 +575,7 @@ struct MergeParams {
 };
 
 #define MERGE_CHUNK 1024
+#define MERGE_BATCH 8
 
 // grid: (n_heads, n_tok), block: 128 threads (thread i owns dimensions i and i + 128). Every
 // token has one non-empty slot. The weights e^(m_s - M) are computed once per slot (into
@@ -617,11 +618,26 @@ extern "C" __global__ void attn_merge_f32(const MergeParams p) {
         }
         __syncthreads();
         const float* o = p.part_o + (base + c0) * hd;
-        for (int i = 0; i < n; ++i) {
-            const float w = w_s[i];
-            if (w != 0.0f) {  // block-uniform; an empty slot's O is never read
-                if (d0 < hd) acc0 = fmaf(w, o[(long long)i * hd + d0], acc0);
-                if (d1 < hd) acc1 = fmaf(w, o[(long long)i * hd + d1], acc1);
+        // MERGE_BATCH slots' loads issued before their products (one load, then its FMA, per slot
+        // waited out a memory latency per slot: 32 of them at a 1 x 8k split); products stay in
+        // slot order. An empty slot (w = 0, block-uniform) is neither read nor added.
+        for (int i0 = 0; i0 < n; i0 += MERGE_BATCH) {
+            float v0[MERGE_BATCH], v1[MERGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                const int i = i0 + u;
+                const bool live = i < n && w_s[min(i, n - 1)] != 0.0f;
+                v0[u] = live && d0 < hd ? o[(long long)i * hd + d0] : 0.0f;
+                v1[u] = live && d1 < hd ? o[(long long)i * hd + d1] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                const int i = i0 + u;
+                const float w = i < n ? w_s[i] : 0.0f;
+                if (w != 0.0f) {
+                    acc0 = fmaf(w, v0[u], acc0);
+                    acc1 = fmaf(w, v1[u], acc1);
+                }
             }
         }
     }

@@ -126,6 +126,47 @@ __device__ __forceinline__ long long atp_slot(const PrefillParams& p, int t, int
     return ((long long)(t - p.part_tok0) * p.n_heads + h) * p.n_slots + p.slot0 + z;
 }
 
+// Q of the warp's head for its tile rows (scaled, F16): A fragments staged through `ss` (the
+// warp's scratch, used as [16, 72] halves) 64 columns at a time, or (Q_SMEM) the warp's Q area
+// `qs` [16, LDQ], read again for every K tile. Each 64-column slab is read as 32 independent
+// loads a lane, all issued before the first store (a loop of load-then-store waited out a memory
+// latency per element: ~30 us a block, the whole cost of a short prefill chunk's or a
+// shared-prefix group's block); lanes r < 16 hold row r's token.
+template <int HD, bool QS, int NQ>
+__device__ __forceinline__ void atp_load_q(const PrefillParams& p, const int* rows, int nt, int h, float qscale,
+                                           float* ss, half_t* qs, unsigned (&qa)[NQ][8]) {
+    using L = AtpLayout<HD, QS>;
+    const int lane = threadIdx.x % WARP;
+    const int lane_tok = rows[min(lane % 16, nt - 1)];
+    half_t* stage = reinterpret_cast<half_t*>(ss);  // [16, 72] halves = 2,304 bytes
+#pragma unroll
+    for (int c0 = 0; c0 < HD; c0 += 64) {
+        constexpr int PER_LANE = 16 * 64 / WARP;  // row i / 2, column lane + 32 (i % 2)
+        float v[PER_LANE];
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int r = i / 2, c = c0 + lane + WARP * (i % 2);
+            const int t = __shfl_sync(FULL_MASK, lane_tok, r);
+            v[i] = r < nt ? __ldg(p.q + (long long)t * p.q_stride + (long long)h * HD + c) * qscale : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int r = i / 2, c = lane + WARP * (i % 2);
+            if (L::Q_SMEM) {
+                qs[r * L::LDQ + c0 + c] = f2h_sat(v[i]);
+            } else {
+                stage[r * 72 + c] = f2h_sat(v[i]);
+            }
+        }
+        __syncwarp();
+        if (!L::Q_SMEM) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) wmma_load_a(qa[L::Q_SMEM ? 0 : c0 / 16 + k], stage + k * 16, 72);
+            __syncwarp();
+        }
+    }
+}
+
 template <int HD, bool QS>
 __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     using L = AtpLayout<HD, QS>;
@@ -177,41 +218,10 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
         }
     }
 
+    // Q (scaled, F16): A fragments staged through the warp's S area, or the warp's Q area.
     const float qscale = p.scale * ATP_LOG2E;
-    // Q (scaled, F16): A fragments staged through the warp's S area 64 columns at a time, or
-    // (Q in shared memory) the warp's Q area, read again for every K tile. Each 64-column slab
-    // is read as 32 independent loads a lane, all issued before the first store (a loop of
-    // load-then-store waited out a memory latency per element: ~30 us a block, the whole cost of
-    // a short prefill chunk's or a shared-prefix group's block); lanes r < 16 hold row r's token.
     unsigned qa[NQ][8];
-    const int lane_tok = rows[min(lane % 16, nt - 1)];
-    half_t* stage = reinterpret_cast<half_t*>(ss);  // [16, 72] halves = 2,304 bytes
-#pragma unroll
-    for (int c0 = 0; c0 < HD; c0 += 64) {
-        constexpr int PER_LANE = 16 * 64 / WARP;  // row i / 2, column lane + 32 (i % 2)
-        float v[PER_LANE];
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) {
-            const int r = i / 2, c = c0 + lane + WARP * (i % 2);
-            const int t = __shfl_sync(FULL_MASK, lane_tok, r);
-            v[i] = r < nt ? __ldg(p.q + (long long)t * p.q_stride + (long long)h * HD + c) * qscale : 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) {
-            const int r = i / 2, c = lane + WARP * (i % 2);
-            if (L::Q_SMEM) {
-                qs[r * L::LDQ + c0 + c] = f2h_sat(v[i]);
-            } else {
-                stage[r * 72 + c] = f2h_sat(v[i]);
-            }
-        }
-        __syncwarp();
-        if (!L::Q_SMEM) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) wmma_load_a(qa[L::Q_SMEM ? 0 : c0 / 16 + k], stage + k * 16, 72);
-            __syncwarp();
-        }
-    }
+    atp_load_q<HD, QS, NQ>(p, rows, nt, h, qscale, ss, qs, qa);
 
     // Row state: lane pairs (2r, 2r + 1) own row r; both lanes keep m and l.
     const int row_pos = p.pos[row_tok];
@@ -468,34 +478,7 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
     // Q (scaled, F16): as in attn_prefill_impl.
     const float qscale = p.scale * ATP_LOG2E;
     unsigned qa[NQ][8];
-    const int lane_tok = rows[min(lane % 16, nt - 1)];
-    half_t* stage = reinterpret_cast<half_t*>(ss);  // [16, 72] halves = 2,304 bytes
-#pragma unroll
-    for (int c0 = 0; c0 < HD; c0 += 64) {
-        constexpr int PER_LANE = 16 * 64 / WARP;  // row i / 2, column lane + 32 (i % 2)
-        float v[PER_LANE];
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) {
-            const int r = i / 2, c = c0 + lane + WARP * (i % 2);
-            const int t = __shfl_sync(FULL_MASK, lane_tok, r);
-            v[i] = r < nt ? __ldg(p.q + (long long)t * p.q_stride + (long long)h * HD + c) * qscale : 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) {
-            const int r = i / 2, c = lane + WARP * (i % 2);
-            if (L::Q_SMEM) {
-                qs[r * L::LDQ + c0 + c] = f2h_sat(v[i]);
-            } else {
-                stage[r * 72 + c] = f2h_sat(v[i]);
-            }
-        }
-        __syncwarp();
-        if (!L::Q_SMEM) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) wmma_load_a(qa[L::Q_SMEM ? 0 : c0 / 16 + k], stage + k * 16, 72);
-            __syncwarp();
-        }
-    }
+    atp_load_q<HD, QS, NQ>(p, rows, nt, h, qscale, ss, qs, qa);
 
     // Row state of rows A and B, the same in the four lanes of the quad.
     const int pos_a = p.pos[tok_a], pos_b = p.pos[tok_b];

@@ -103,6 +103,50 @@ fn prefill_families(g: &Gpu) -> Vec<bool> {
     }
 }
 
+/// A shared-prefix group on the device for `decode_attention`: the cascade plan's tiles, rows
+/// and each token's `kv_begin`, and its prefix pass's (splits, positions a split).
+pub(crate) struct Group<'a> {
+    pub dev: (&'a CudaSlice<i32>, &'a CudaSlice<i32>, &'a CudaSlice<i32>),
+    pub pre: (usize, usize),
+}
+
+/// The decode attention of `paged`'s tokens over `max_len` positions in splits of `split_len`,
+/// partials in `parts` (`[n_tok, n_heads, slots, head_dim]` and `[n_tok, n_heads, slots, 2]`
+/// f32); with a group, its prefix pass writes the slots after the decode splits.
+pub(crate) fn decode_attention(
+    g: &Gpu,
+    paged: l::PagedAttn,
+    (po, pml): (&CudaSlice<f32>, &CudaSlice<f32>),
+    max_len: usize,
+    split_len: usize,
+    onepass: Option<bool>,
+    group: Option<Group>,
+) -> l::Attention {
+    let splits = max_len.div_ceil(split_len);
+    let prefix = group.map(|Group { dev: (tiles, rows, begin), pre: (n_splits, pre_len) }| l::SharedPrefix {
+        kv_begin: g.d(begin),
+        attn: PrefillAttention {
+            paged,
+            tiles: g.d(tiles),
+            rows: g.d(rows),
+            n_rows: rows.len(),
+            n_tiles: tiles.len() / 4,
+            split: Some(PrefillSplit {
+                part_o: g.d(po),
+                part_ml: g.d(pml),
+                split_len: pre_len,
+                n_splits,
+                n_slots: splits + n_splits,
+                slot0: splits,
+                tok0: 0,
+                n_part_tok: paged.n_tok,
+                merge: false,
+            }),
+        },
+    });
+    l::Attention { paged, part_o: g.d(po), part_ml: g.d(pml), max_len, n_splits: splits, split_len, onepass, prefix }
+}
+
 #[test]
 fn kv_store_and_paged_attention_match_cpu() {
     let Some(mut g) = gpu("attention") else { return };
@@ -143,20 +187,7 @@ fn kv_store_and_paged_attention_match_cpu() {
         let n_slots = n_blocks * bs;
         let (qkvd, sd) = (g.up(&qkv), g.up(&slots));
         let (kc, vc) = (g.zeros::<u16>(n_slots * kvd), g.zeros::<u16>(n_slots * kvd));
-        l::KvStore {
-            qkv: g.d(&qkvd),
-            k_cache: g.d(&kc),
-            v_cache: g.d(&vc),
-            slots: g.d(&sd),
-            n_slots,
-            n_tok: all,
-            kv_dim: kvd,
-            stride,
-            k_off: qd,
-            v_off: qd + kvd,
-        }
-        .launch(&mut g.k, &s)
-        .unwrap();
+        super::kv_store(&mut g, &qkvd, (&kc, &vc), &sd, n_slots, all, kvd, stride, qd);
         let (kh, vh) = (g.down(&kc), g.down(&vc));
         let (mut kgot, mut kwant) = (Vec::new(), Vec::new());
         for (t, &sl) in slots.iter().enumerate() {
@@ -358,39 +389,10 @@ fn shared_prefix_attention_equals_plain_attention() {
             let (po, pml) = (g.poisoned(n_tok * nh * n_slots * hd), g.poisoned(n_tok * nh * n_slots * 2));
             let out = g.poisoned(n_tok * qd);
             let paged = pr.paged(&g, &out, n_tok);
-            let prefix = l::SharedPrefix {
-                kv_begin: g.d(&begin_d),
-                attn: PrefillAttention {
-                    paged,
-                    tiles: g.d(&tiles_d),
-                    rows: g.d(&rows_d),
-                    n_rows: plan.rows.len(),
-                    n_tiles: plan.tiles.len() / 4,
-                    split: Some(PrefillSplit {
-                        part_o: g.d(&po),
-                        part_ml: g.d(&pml),
-                        split_len: pre_len,
-                        n_splits: pre_splits,
-                        n_slots,
-                        slot0: splits,
-                        tok0: 0,
-                        n_part_tok: n_tok,
-                        merge: false,
-                    }),
-                },
-            };
-            l::Attention {
-                paged,
-                part_o: g.d(&po),
-                part_ml: g.d(&pml),
-                max_len,
-                n_splits: splits,
-                split_len,
-                onepass: None,
-                prefix: Some(prefix),
-            }
-            .launch(&mut g.k, &s)
-            .unwrap();
+            let group = Group { dev: (&tiles_d, &rows_d, &begin_d), pre: (pre_splits, pre_len) };
+            decode_attention(&g, paged, (&po, &pml), max_len, split_len, None, Some(group))
+                .launch(&mut g.k, &s)
+                .unwrap();
             compare("attention_cascade", g.seed, &g.down(&out), &want);
         }
         // The same tokens without the group pass.

@@ -6,6 +6,7 @@ use cudarc::driver::CudaSlice;
 use dustoff::backend::cuda::ops as l;
 use dustoff::backend::cuda::CudaBackend;
 
+use super::attention::{decode_attention, Group};
 use super::{gpu, opts, Gpu};
 
 /// Seed-method benchmark of the Qwen3-8B shape with GPU-made weights, plus achieved bandwidth
@@ -314,43 +315,13 @@ fn attention_breakdown() {
         let part_len = n_tok * nh * (l::attn_splits(max_len, n_tok) + 64);
         let (po, pml) = (g.zeros::<f32>(part_len * hd), g.zeros::<f32>(part_len * 2));
         let decode = |g: &mut Gpu, split_len: usize, prefix: Option<&cascade::Cascade>, onepass: Option<bool>| {
-            let splits = max_len.div_ceil(split_len);
             let dev = prefix.map(|c| (g.up(&c.tiles), g.up(&c.rows), g.up(&c.kv_begin)));
             let pre = prefix.map(|c| cascade::splits(c.tiles.len() / 4, c.max_shared, nh, nkv, hd));
             time(g, &mut |g| {
-                let prefix = prefix.zip(dev.as_ref()).zip(pre).map(|((c, (t, r, b)), (ps, pl))| l::SharedPrefix {
-                    kv_begin: g.d(b),
-                    attn: PrefillAttention {
-                        paged,
-                        tiles: g.d(t),
-                        rows: g.d(r),
-                        n_rows: c.rows.len(),
-                        n_tiles: c.tiles.len() / 4,
-                        split: Some(PrefillSplit {
-                            part_o: g.d(&po),
-                            part_ml: g.d(&pml),
-                            split_len: pl,
-                            n_splits: ps,
-                            n_slots: splits + ps,
-                            slot0: splits,
-                            tok0: 0,
-                            n_part_tok: n_tok,
-                            merge: false,
-                        }),
-                    },
-                });
-                l::Attention {
-                    paged,
-                    part_o: g.d(&po),
-                    part_ml: g.d(&pml),
-                    max_len,
-                    n_splits: splits,
-                    split_len,
-                    onepass,
-                    prefix,
-                }
-                .launch(&mut g.k, &s)
-                .unwrap();
+                let group = dev.as_ref().zip(pre).map(|((t, r, b), pre)| Group { dev: (t, r, b), pre });
+                decode_attention(g, paged, (&po, &pml), max_len, split_len, onepass, group)
+                    .launch(&mut g.k, &s)
+                    .unwrap();
             })
         };
         let label = format!("{kind:7} {n:3} seqs ctx {ctx:5} +{new:3} hd {hd}");

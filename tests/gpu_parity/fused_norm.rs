@@ -2,6 +2,7 @@
 //! the launches it replaces (bit for bit where it promises so) and against its CPU twin, and
 //! whole models with the fusion on and off.
 
+use cudarc::driver::CudaSlice;
 use dustoff::backend::cuda::fused_norm::{gemv_norm_twin, rmsnorm_q8_twin, GemvNorm, RmsNormF16, RmsNormQ8};
 use dustoff::backend::cuda::q8x::{dequantized, Q8X_LO};
 use dustoff::backend::cuda::qlaunch::{q8x_bytes, QuantizeX};
@@ -19,6 +20,20 @@ fn inputs(g: &mut Gpu, n: usize, dim: usize) -> (Vec<f32>, Vec<f32>) {
     }
     let w: Vec<f32> = g.randn(dim, 0.5).iter().map(|v| 1.0 + v).collect();
     (x, w)
+}
+
+/// The unfused norm the fused kernels replace: `rmsnorm_f32` of `n` rows of `dim` into `out`.
+fn plain_rmsnorm(
+    g: &mut Gpu,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    out: &CudaSlice<f32>,
+    n: usize,
+    dim: usize,
+    eps: f32,
+) {
+    let s = g.dev.stream.clone();
+    l::RmsNorm::plain(g.d(x), g.d(w), g.d(out), n, dim, eps).launch(&mut g.k, &s).unwrap();
 }
 
 /// The GPU's two int8 planes read back as the values the int8 GEMV sees (`d q + dl l`).
@@ -49,8 +64,7 @@ fn rmsnorm_q8_equals_rmsnorm_then_quantize_and_its_twin() {
         RmsNormQ8 { x: g.d(&xd), w: g.d(&wd), h: g.d(&h), xq: g.d(&xq), n_tok: n, dim, eps }
             .launch(&mut g.k, &s)
             .unwrap();
-        let norm = l::RmsNorm::plain(g.d(&xd), g.d(&wd), g.d(&h2), n, dim, eps);
-        norm.launch(&mut g.k, &s).unwrap();
+        plain_rmsnorm(&mut g, &xd, &wd, &h2, n, dim, eps);
         QuantizeX { x: g.d(&h2), xq: g.d(&xq2), n_tok: n, cols: dim, x_stride: dim }.launch(&mut g.k, &s).unwrap();
         let (hf, hu) = (g.down(&h), g.down(&h2));
         assert!(hf.iter().zip(&hu).all(|(a, b)| a.to_bits() == b.to_bits()), "{n}x{dim}: h differs from rmsnorm_f32");
@@ -77,8 +91,7 @@ fn rmsnorm_f16_equals_rmsnorm_then_cast_and_its_twin() {
         RmsNormF16 { x: g.d(&xd), w: g.d(&wd), h: g.d(&h), x16: g.d(&x16), n_tok: n, dim, eps }
             .launch(&mut g.k, &s)
             .unwrap();
-        let norm = l::RmsNorm::plain(g.d(&xd), g.d(&wd), g.d(&h2), n, dim, eps);
-        norm.launch(&mut g.k, &s).unwrap();
+        plain_rmsnorm(&mut g, &xd, &wd, &h2, n, dim, eps);
         l::CastF16 { x: g.d(&h2), out: g.d(&x16b), n: n * dim }.launch(&mut g.k, &s).unwrap();
         let (hf, hu) = (g.down(&h), g.down(&h2));
         assert!(hf.iter().zip(&hu).all(|(a, b)| a.to_bits() == b.to_bits()), "{n}x{dim}: h differs from rmsnorm_f32");
@@ -141,13 +154,7 @@ fn gemv_norm_every_token_count_with_bias_accumulation_and_swiglu() {
 /// Prompt then fixed tokens (teacher-forced, so both runs see the same inputs): every step's
 /// logits.
 fn forced_logits(b: &mut CudaBackend, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
-    use dustoff::engine::single::SingleSeq;
-    let mut seq = SingleSeq::new(&*b, 0, prompt.len() + forced.len() + 1).unwrap();
-    let mut all = vec![seq.feed(b, prompt).unwrap()];
-    for &t in forced {
-        all.push(seq.feed(b, &[t]).unwrap());
-    }
-    all
+    super::run_steps(b, prompt, forced.len(), |i, _| forced[i])
 }
 
 /// Whole models, fusion on against off, through decode graphs: a Q4_K_M-mix model (mixed QKV

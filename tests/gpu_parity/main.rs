@@ -677,20 +677,7 @@ fn qkv_post_equals_norm_rope_store() {
         }
         .launch(&mut g.k, &s)
         .unwrap();
-        l::KvStore {
-            qkv: g.d(&a),
-            k_cache: g.d(&ka),
-            v_cache: g.d(&va),
-            slots: g.d(&sld),
-            n_slots,
-            n_tok: n,
-            kv_dim: kvd,
-            stride,
-            k_off: qd,
-            v_off: qd + kvd,
-        }
-        .launch(&mut g.k, &s)
-        .unwrap();
+        kv_store(&mut g, &a, (&ka, &va), &sld, n_slots, n, kvd, stride, qd);
         // Fused.
         let (b, kb, vb) = (g.up(&qkv), g.zeros::<u16>(n_slots * kvd), g.zeros::<u16>(n_slots * kvd));
         dustoff::backend::cuda::kv_cache::QkvPost {
@@ -778,17 +765,58 @@ fn opts(blocks: usize) -> CudaOptions {
     }
 }
 
-/// Runs `prompt` then `steps` greedy decode steps; returns every step's logits.
-fn run_greedy(b: &mut dyn dustoff::backend::Backend, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
-    use dustoff::engine::sampler::argmax;
+/// `kv_store_f16` of `n_tok` rows of a fused QKV buffer `[n_tok, stride]` (Q `q_dim` wide, then
+/// K and V `kv_dim` each) into the paged caches `[n_slots, kv_dim]` at `slots`.
+#[allow(clippy::too_many_arguments)]
+fn kv_store(
+    g: &mut Gpu,
+    qkv: &CudaSlice<f32>,
+    (kc, vc): (&CudaSlice<u16>, &CudaSlice<u16>),
+    slots: &CudaSlice<i32>,
+    n_slots: usize,
+    n_tok: usize,
+    kv_dim: usize,
+    stride: usize,
+    q_dim: usize,
+) {
+    let s = g.dev.stream.clone();
+    l::KvStore {
+        qkv: g.d(qkv),
+        k_cache: g.d(kc),
+        v_cache: g.d(vc),
+        slots: g.d(slots),
+        n_slots,
+        n_tok,
+        kv_dim,
+        stride,
+        k_off: q_dim,
+        v_off: q_dim + kv_dim,
+    }
+    .launch(&mut g.k, &s)
+    .unwrap();
+}
+
+/// Runs `prompt` then `steps` one-token steps, step `i` feeding `next(i, last logits)`; returns
+/// every step's logits.
+fn run_steps(
+    b: &mut dyn dustoff::backend::Backend,
+    prompt: &[u32],
+    steps: usize,
+    mut next: impl FnMut(usize, &[f32]) -> u32,
+) -> Vec<Vec<f32>> {
     use dustoff::engine::single::SingleSeq;
     let mut seq = SingleSeq::new(&*b, 0, prompt.len() + steps + 1).unwrap();
     let mut all = vec![seq.feed(b, prompt).unwrap()];
-    for _ in 0..steps {
-        let t = argmax(all.last().unwrap());
+    for i in 0..steps {
+        let t = next(i, all.last().unwrap());
         all.push(seq.feed(b, &[t]).unwrap());
     }
     all
+}
+
+/// Runs `prompt` then `steps` greedy decode steps; returns every step's logits.
+fn run_greedy(b: &mut dyn dustoff::backend::Backend, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
+    run_steps(b, prompt, steps, |_, l| dustoff::engine::sampler::argmax(l))
 }
 
 /// Decode steps replayed from CUDA graphs give the same logits, bit for bit, as the same

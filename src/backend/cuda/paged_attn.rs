@@ -2,7 +2,9 @@
 //! kernels/attention_prefill.cu) attention launchers share: the description of queries over the
 //! paged KV cache, and the exact merge of split partials that follows either kernel's splits
 //! (entry `attn_merge_f32`, defined in attention_decode.cu: the one entry of that file launched
-//! from outside attention.rs, so that neither attention launcher needs the other's module).
+//! from outside attention.rs. It cannot move there: attention.rs uses prefill.rs for a
+//! shared-prefix group's pass, and prefill.rs needs the merge, so the two would import each
+//! other, a circle that tests/module_graph.rs refuses).
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
