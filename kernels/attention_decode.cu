@@ -575,7 +575,6 @@ struct MergeParams {
 };
 
 #define MERGE_CHUNK 1024
-#define MERGE_BATCH 8
 
 // grid: (n_heads, n_tok), block: 128 threads (thread i owns dimensions i and i + 128). Every
 // token has one non-empty slot. The weights e^(m_s - M) are computed once per slot (into
@@ -618,26 +617,11 @@ extern "C" __global__ void attn_merge_f32(const MergeParams p) {
         }
         __syncthreads();
         const float* o = p.part_o + (base + c0) * hd;
-        // MERGE_BATCH slots' loads issued before their products (one load, then its FMA, per slot
-        // waited out a memory latency per slot: 32 of them at a 1 x 8k split); products stay in
-        // slot order. An empty slot (w = 0, block-uniform) is neither read nor added.
-        for (int i0 = 0; i0 < n; i0 += MERGE_BATCH) {
-            float v0[MERGE_BATCH], v1[MERGE_BATCH];
-#pragma unroll
-            for (int u = 0; u < MERGE_BATCH; ++u) {
-                const int i = i0 + u;
-                const bool live = i < n && w_s[min(i, n - 1)] != 0.0f;
-                v0[u] = live && d0 < hd ? o[(long long)i * hd + d0] : 0.0f;
-                v1[u] = live && d1 < hd ? o[(long long)i * hd + d1] : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < MERGE_BATCH; ++u) {
-                const int i = i0 + u;
-                const float w = i < n ? w_s[i] : 0.0f;
-                if (w != 0.0f) {
-                    acc0 = fmaf(w, v0[u], acc0);
-                    acc1 = fmaf(w, v1[u], acc1);
-                }
+        for (int i = 0; i < n; ++i) {
+            const float w = w_s[i];
+            if (w != 0.0f) {  // block-uniform; an empty slot's O is never read
+                if (d0 < hd) acc0 = fmaf(w, o[(long long)i * hd + d0], acc0);
+                if (d1 < hd) acc1 = fmaf(w, o[(long long)i * hd + d1], acc1);
             }
         }
     }
