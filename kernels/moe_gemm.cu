@@ -133,6 +133,99 @@ __device__ __forceinline__ void mg_fetch(const MoeGemmParams& p, const QRow* row
     }
 }
 
+// ---- Staging one run of 16 weights as F16 (16 halves from dst on, two 16-byte stores).
+//
+// The generic form decodes through F::run and rounds with the saturating conversion. Q4_K and
+// Q6_K (the Q4_K_M mix) have a shorter form with the same bits: a code q at bit s of a packed
+// word is masked in place and OR-ed into the mantissa of 2^23 ((w & m << s) | 0x4B000000 is the
+// float 2^23 + q * 2^s, one LOP3), so no shift per weight; its scale is taken times 2^-s
+// (exact: a power of two), so the product and its rounding are those of the generic form. The
+// clamp to +-65504 is skipped when the run's bound says no value can reach it (the clamp is
+// then the identity); otherwise the generic form runs. Per weight: LOP3, FADD, FFMA or FMUL and
+// half an F2FP, against two shifts/masks, an OR, FADD, FFMA and two FMNMX before.
+
+__device__ __forceinline__ unsigned mg_lop_and_or(unsigned a, unsigned m, unsigned c) {
+    unsigned r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(m), "r"(c));  // (a & m) | c
+    return r;
+}
+
+__device__ __forceinline__ unsigned mg_pack(float lo, float hi) { return f2h(lo) | (unsigned)f2h(hi) << 16; }
+
+template <class F>
+__device__ __forceinline__ void mg_stage_generic(const typename F::Raw& a, int u, int r, uint4* dst) {
+    float w[16];
+    F::run(a, u, r, w);
+    unsigned pk[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) pk[j] = f2h_sat(w[2 * j]) | (unsigned)f2h_sat(w[2 * j + 1]) << 16;
+    dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+    dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+}
+
+template <class F> struct MgStage {
+    static __device__ __forceinline__ void run(const typename F::Raw& a, int u, int r, uint4* dst) {
+        mg_stage_generic<F>(a, u, r, dst);
+    }
+};
+
+#define MG_EXP23 0x4B000000u
+
+// Q4_K: element 4i + b of run r is the nibble at bit 8b + 4r of word i; value d1 * q - o1.
+template <> struct MgStage<FQ4K> {
+    static __device__ __forceinline__ void run(const FQ4K::Raw& a, int u, int r, uint4* dst) {
+        float d1, o1;
+        FQ4K::scale_min(a, u, d1, o1);
+        if (!(fabsf(o1) + 15.0f * fabsf(d1) <= 65000.0f)) {
+            mg_stage_generic<FQ4K>(a, u, r, dst);
+            return;
+        }
+        // Bytes 0..2 of t = w >> 4r at s = 0, 8, 16; byte 3 from t >> 12 at s = 12.
+        const float d8 = d1 * 0x1p-8f, d16 = d1 * 0x1p-16f, d12 = d1 * 0x1p-12f;
+        unsigned pk[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned t = word_of(a.q, i) >> (4 * r), t3 = t >> 12;
+            const float q0 = __uint_as_float(mg_lop_and_or(t, 0xFu, MG_EXP23)) - 8388608.0f;
+            const float q1 = __uint_as_float(mg_lop_and_or(t, 0xF00u, MG_EXP23)) - 8388608.0f;
+            const float q2 = __uint_as_float(mg_lop_and_or(t, 0xF0000u, MG_EXP23)) - 8388608.0f;
+            const float q3 = __uint_as_float(mg_lop_and_or(t3, 0xF000u, MG_EXP23)) - 8388608.0f;
+            pk[2 * i] = mg_pack(fmaf(d1, q0, -o1), fmaf(d8, q1, -o1));
+            pk[2 * i + 1] = mg_pack(fmaf(d16, q2, -o1), fmaf(d12, q3, -o1));
+        }
+        dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+        dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+    }
+};
+
+// Q6_K: element 4i + b of run r is the low (r < 2) or high nibble of byte b of word i of a (runs
+// 0, 2) or b (runs 1, 3), with bits 2r, 2r + 1 of byte b of c as bits 4, 5; value sc * (q - 32).
+template <> struct MgStage<FQ6K> {
+    static __device__ __forceinline__ void run(const FQ6K::Raw& a, int u, int r, uint4* dst) {
+        const float sc = FQ6K::scale(a, r);
+        if (!(32.0f * fabsf(sc) <= 65000.0f)) {
+            mg_stage_generic<FQ6K>(a, u, r, dst);
+            return;
+        }
+        const uint4 lq = (r & 1) ? a.b : a.a;
+        const float s8 = sc * 0x1p-8f, s16 = sc * 0x1p-16f;
+        unsigned pk[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned c = word_of(a.c, i), hi = (r < 2 ? c << (4 - 2 * r) : c >> (2 * r - 4)) & 0x30303030u;
+            const unsigned q = mg_lop_and_or(word_of(lq, i) >> (4 * (r >> 1)), 0x0F0F0F0Fu, hi), q3 = q >> 16;
+            const float v0 = __uint_as_float(mg_lop_and_or(q, 0x3Fu, MG_EXP23)) - (8388608.0f + 32.0f);
+            const float v1 = __uint_as_float(mg_lop_and_or(q, 0x3F00u, MG_EXP23)) - (8388608.0f + 8192.0f);
+            const float v2 = __uint_as_float(mg_lop_and_or(q, 0x3F0000u, MG_EXP23)) - (8388608.0f + 2097152.0f);
+            const float v3 = __uint_as_float(mg_lop_and_or(q3, 0x3F00u, MG_EXP23)) - (8388608.0f + 8192.0f);
+            pk[2 * i] = mg_pack(sc * v0, s8 * v1);
+            pk[2 * i + 1] = mg_pack(s16 * v2, s8 * v3);
+        }
+        dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+        dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+    }
+};
+
 template <class F, int NT16, bool GATE_UP>
 __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
     constexpr int BN = NT16 * 16, LDO = BN + 4;
@@ -173,16 +266,8 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
             const int q = threadIdx.x + MG_THREADS * i, tr = q / MG<F>::UPC;
             const int u = c * MG<F>::UPC + q % MG<F>::UPC;
 #pragma unroll
-            for (int k = 0; k < F::RUNS; ++k) {
-                float w[16];
-                F::run(rw[i], u, k, w);
-                unsigned pk[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) pk[j] = f2h_sat(w[2 * j]) | (unsigned)f2h_sat(w[2 * j + 1]) << 16;
-                uint4* dst = reinterpret_cast<uint4*>(sw + tr * MG_LD + (F::start(u, k) - c * MG_BK));
-                dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-                dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
-            }
+            for (int k = 0; k < F::RUNS; ++k)
+                MgStage<F>::run(rw[i], u, k, reinterpret_cast<uint4*>(sw + tr * MG_LD + (F::start(u, k) - c * MG_BK)));
         }
 #pragma unroll
         for (int i = 0; i < NT16 * 2; ++i) {

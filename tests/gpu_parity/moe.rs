@@ -262,6 +262,33 @@ fn grouped_expert_products_every_format_and_token_count() {
 
 /// Down + weighted sum in one launch (one stream) against the CPU: per pair the expert's down
 /// product, summed per token in slot order into the residual; k = 8 (a warp per slot) and 1.
+/// Twin of the pair-mode down + weighted sum: `x[t] + sum_j wts[p] * down_p(act[p])` over the
+/// slots `p = t k + j` in slot order (`x` `[n_tok, dim]`, `act` `[n_tok k, f]`); `down(p, a, y)`
+/// writes pair `p`'s product of its activations `a` into `y` `[dim]`.
+pub(super) fn down_sum_twin(
+    x: &[f32],
+    act: &[f32],
+    wts: &[f32],
+    k: usize,
+    f: usize,
+    down: &mut dyn FnMut(usize, &[f32], &mut [f32]),
+) -> Vec<f32> {
+    let n = wts.len() / k;
+    let dim = x.len() / n;
+    let mut want = x.to_vec();
+    for t in 0..n {
+        let mut o = vec![0f32; dim];
+        for j in 0..k {
+            let p = t * k + j;
+            let mut y = vec![0f32; dim];
+            down(p, &act[p * f..(p + 1) * f], &mut y);
+            o.iter_mut().zip(&y).for_each(|(a, &v)| *a += wts[p] * v);
+        }
+        want[t * dim..(t + 1) * dim].iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+    }
+    want
+}
+
 #[test]
 fn down_sum_equals_cpu_down_then_slot_order_sum() {
     let Some(mut g) = gpu("moe down sum") else { return };
@@ -277,17 +304,9 @@ fn down_sum_equals_cpu_down_then_slot_order_sum() {
                 let ids = random_ids(&mut g, n, e, k);
                 let wts = g.randn(pairs, 1.0);
                 let x = g.randn(n * dim, 5.0);
-                let mut want = x.clone();
-                for t in 0..n {
-                    let mut o = vec![0f32; dim];
-                    for j in 0..k {
-                        let p = t * k + j;
-                        let mut y = vec![0f32; dim];
-                        matmul(&w.experts[ids[p] as usize].down, &act[p * f..(p + 1) * f], 1, &mut y);
-                        o.iter_mut().zip(&y).for_each(|(a, &v)| *a += wts[p] * v);
-                    }
-                    want[t * dim..(t + 1) * dim].iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-                }
+                let want = down_sum_twin(&x, &act, &wts, k, f, &mut |p, a, y| {
+                    matmul(&w.experts[ids[p] as usize].down, a, 1, y)
+                });
                 let (ad, wd, xd) = (g.up(&act), g.up(&wts), g.up(&x));
                 let idd = g.up(&ids.iter().map(|&i| i as i32).collect::<Vec<_>>());
                 let (av, iv, wv, xv) = (g.d(&ad), g.d(&idd), g.d(&wd), g.d(&xd));

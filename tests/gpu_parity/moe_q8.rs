@@ -82,17 +82,9 @@ fn q8_expert_products_equal_the_int8_twin_every_format() {
                 // Down + weighted sum on the twin's activations (each kernel checked on its own).
                 let wts = g.randn(pairs, 1.0);
                 let x = g.randn(n * dim, 5.0);
-                let mut want = x.clone();
-                for t in 0..n {
-                    let mut o = vec![0f32; dim];
-                    for j in 0..k {
-                        let p = t * k + j;
-                        let mut y = vec![0f32; dim];
-                        matmul_q8x(&w.experts[ids[p] as usize].down, &act[p * f..(p + 1) * f], 1, &mut y);
-                        o.iter_mut().zip(&y).for_each(|(a, &v)| *a += wts[p] * v);
-                    }
-                    want[t * dim..(t + 1) * dim].iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-                }
+                let want = super::moe::down_sum_twin(&x, &act, &wts, k, f, &mut |p, a, y| {
+                    matmul_q8x(&w.experts[ids[p] as usize].down, a, 1, y)
+                });
                 let (ad2, wd, xd) = (g.up(&act), g.up(&wts), g.up(&x));
                 let (av2, wv, xv) = (g.d(&ad2), g.d(&wd), g.d(&xd));
                 MoeDownSum { down: &lw.down, n_experts: e, act: av2, ids: iv, wts: wv, x: xv, n_tok: n, k }

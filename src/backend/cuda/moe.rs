@@ -27,8 +27,9 @@ use super::kernels::{Kernels, MOE_ENTRIES};
 use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
 use super::moe_gemm;
 pub use super::moe_slab::slab_bytes;
-use super::moe_slab::slab_view;
 pub use super::moe_slab::MoeDownSum;
+use super::moe_slab::{slab_view, RowWalk};
+use super::step_norm::NormIn;
 use super::CudaError;
 use crate::model::config::ModelConfig;
 use crate::model::moe::{MoeConfig, MoeWeights};
@@ -651,12 +652,7 @@ struct DownSumParams {
     ids: u64,
     wts: u64,
     x: u64,
-    rows: i32,
-    cols: i32,
-    k: i32,
-    qs_row: i32,
-    aux_row: i32,
-    lpr: i32,
+    walk: RowWalk,
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for DownSumParams {}
@@ -681,12 +677,7 @@ impl MoeDownSum<'_> {
             ids: self.ids.ptr,
             wts: self.wts.ptr,
             x: self.x.ptr,
-            rows: i32_of(K, rows)?,
-            cols: i32_of(K, cols)?,
-            k: self.k as i32,
-            qs_row: i32_of(K, qs_row)?,
-            aux_row: i32_of(K, aux_row)?,
-            lpr: lpr as i32,
+            walk: RowWalk::new(K, (rows, cols), self.k, (qs_row, aux_row), lpr)?,
         };
         let grid = (blocks_for(K, rows, per_block)?, self.n_tok as u32, 1);
         launch(kn, s, MOE_ENTRIES[41 + fi], grid, 32 * self.k as u32, 0, &p)
@@ -760,24 +751,8 @@ pub fn moe_ffn_normed(
     if let Some(path) = pair_path(w, n_tok) {
         return pair_ffn(kn, s, w, work, h, x, n_tok, path, Some((norm_w, eps)));
     }
-    rms_norm(x, norm_w, eps, h, n_tok, w.dim).launch(kn, s)?;
+    NormIn { x, w: norm_w, h, n: n_tok, dim: w.dim, eps }.plain().launch(kn, s)?;
     moe_ffn(kn, s, w, work, h, x, n_tok)
-}
-
-fn rms_norm(x: Dev<f32>, norm_w: Dev<f32>, eps: f32, h: Dev<f32>, n_tok: usize, dim: usize) -> super::rmsnorm::RmsNorm {
-    super::rmsnorm::RmsNorm {
-        x,
-        w: norm_w,
-        out: h,
-        rows: None,
-        n_src_rows: n_tok,
-        n_outer: n_tok,
-        n_inner: 1,
-        dim,
-        in_stride: dim,
-        out_stride: dim,
-        eps,
-    }
 }
 
 /// Dynamic shared memory of kernels/moe.cu `block_top_k` for `n` experts, `k` slots (bytes).
@@ -828,7 +803,7 @@ pub fn pair_ffn(
     let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
     let norm = w.norm_topk_prob;
     if let Some((norm_w, eps)) = rms {
-        rms_norm(x, norm_w, eps, h, n_tok, dim).launch(kn, s)?;
+        NormIn { x, w: norm_w, h, n: n_tok, dim, eps }.plain().launch(kn, s)?;
     }
     let route = MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm };
     MoeRouteFused { route, count: dev(&work.route_count, s)? }.launch(kn, s)?;

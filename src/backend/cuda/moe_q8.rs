@@ -11,8 +11,8 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::dmat::{DevMat, MatData};
 use super::kernels::{file_of, Kernels, MOE_Q8_ENTRIES};
-use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
-use super::moe_slab::{slab_view, MoeDownSum};
+use super::launch::{blocks_for, check, launch, need, Dev};
+use super::moe_slab::{slab_view, MoeDownSum, RowWalk};
 use super::CudaError;
 
 /// Whether pair-mode steps take the int8 kernels (`DUSTOFF_MOE_Q8=1`) instead of the f32 ones
@@ -60,12 +60,7 @@ struct MoeQ8Params {
     ids: u64,
     wts: u64,
     out: u64,
-    rows: i32,
-    cols: i32,
-    k: i32,
-    qs_row: i32,
-    aux_row: i32,
-    lpr: i32,
+    walk: RowWalk,
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for MoeQ8Params {}
@@ -125,12 +120,7 @@ impl MoeGateUpQ8<'_> {
             ids: self.ids.ptr,
             wts: 0,
             out: self.act.ptr,
-            rows: i32_of(K, rows)?,
-            cols: i32_of(K, cols)?,
-            k: i32_of(K, self.k)?,
-            qs_row: i32_of(K, qs_row)?,
-            aux_row: i32_of(K, aux_row)?,
-            lpr: lpr as i32,
+            walk: RowWalk::new(K, (rows, cols), self.k, (qs_row, aux_row), lpr)?,
         };
         let grid = (blocks_for(K, rows, per_block)?, self.n_pairs as u32, 1);
         launch(kn, s, MOE_Q8_ENTRIES[2 * fi], grid, GU_THREADS as u32, q8_row_bytes(cols) as u32, &p)
@@ -162,12 +152,7 @@ impl MoeDownSum<'_> {
             ids: self.ids.ptr,
             wts: self.wts.ptr,
             out: self.x.ptr,
-            rows: i32_of(K, rows)?,
-            cols: i32_of(K, cols)?,
-            k: self.k as i32,
-            qs_row: i32_of(K, qs_row)?,
-            aux_row: i32_of(K, aux_row)?,
-            lpr: lpr as i32,
+            walk: RowWalk::new(K, (rows, cols), self.k, (qs_row, aux_row), lpr)?,
         };
         let grid = (blocks_for(K, rows, per_block)?, self.n_tok as u32, 1);
         let smem = (self.k * q8_row_bytes(cols)) as u32;

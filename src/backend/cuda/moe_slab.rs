@@ -1,12 +1,13 @@
 //! What the launchers of the MoE kernel files (moe.cu, moe_q8.cu, the shared expert) share:
 //! one expert slab's (all experts' `[rows, cols]` matrices of one projection stacked in one
 //! buffer) device bytes and kernel view, and the inputs of the pair-mode down + weighted sum,
-//! which both moe.cu (f32 activations) and moe_q8.cu (int8) launch.
+//! which both moe.cu (f32 activations) and moe_q8.cu (int8) launch, and the row-walk sizes that
+//! close both files' pair-mode parameter structs.
 
 use cudarc::driver::CudaStream;
 
 use super::dmat::{DevMat, MatData};
-use super::launch::{check, need, Dev};
+use super::launch::{check, i32_of, need, Dev};
 use super::qformat::QFormat;
 use super::CudaError;
 use crate::model::quant::GgmlType;
@@ -77,5 +78,39 @@ impl MoeDownSum<'_> {
         need(kernel, "residual", self.x, self.n_tok * rows)?;
         check(kernel, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
         Ok(pairs)
+    }
+}
+
+/// The sizes that close the pair-mode parameter structs of moe.cu (`DownSumParams`) and
+/// moe_q8.cu (`MoeQ8Params`): `rows, cols, k, qs_row, aux_row, lpr`, i32 each, in this order
+/// after the pointers (the same bytes as six i32 fields there).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RowWalk {
+    rows: i32,
+    cols: i32,
+    k: i32,
+    qs_row: i32,
+    aux_row: i32,
+    lpr: i32,
+}
+
+impl RowWalk {
+    /// Experts of `rows` x `cols`, `k` slots, `qs_row` / `aux_row` bytes a row, `lpr` lanes a row.
+    pub(super) fn new(
+        kernel: &'static str,
+        (rows, cols): (usize, usize),
+        k: usize,
+        (qs_row, aux_row): (usize, usize),
+        lpr: usize,
+    ) -> Result<Self, CudaError> {
+        Ok(RowWalk {
+            rows: i32_of(kernel, rows)?,
+            cols: i32_of(kernel, cols)?,
+            k: i32_of(kernel, k)?,
+            qs_row: i32_of(kernel, qs_row)?,
+            aux_row: i32_of(kernel, aux_row)?,
+            lpr: i32_of(kernel, lpr)?,
+        })
     }
 }

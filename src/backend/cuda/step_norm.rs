@@ -24,6 +24,25 @@ pub(super) struct NormIn {
     pub eps: f32,
 }
 
+impl NormIn {
+    /// The norm alone (`h` `[n, dim]` f32), for widths and steps that no product folds it into.
+    pub(super) fn plain(self) -> l::RmsNorm {
+        l::RmsNorm {
+            x: self.x,
+            w: self.w,
+            out: self.h,
+            rows: None,
+            n_src_rows: self.n,
+            n_outer: self.n,
+            n_inner: 1,
+            dim: self.dim,
+            in_stride: self.dim,
+            out_stride: self.dim,
+            eps: self.eps,
+        }
+    }
+}
+
 /// Normalizes into `h` and, in the same launch, writes `x16` in the form the product reads
 /// (`form`); returns what `x16` now holds.
 pub(super) fn prepare(k: &mut Kernels, mm: &mut Mm, a: NormIn, form: XForm) -> Result<XForm, CudaError> {
@@ -34,20 +53,7 @@ pub(super) fn prepare(k: &mut Kernels, mm: &mut Mm, a: NormIn, form: XForm) -> R
     match form {
         XForm::Q8 => RmsNormQ8 { x, w, h, xq: mm.x16.bytes(), n_tok, dim, eps }.launch(k, s)?,
         XForm::F16 => RmsNormF16 { x, w, h, x16: mm.x16, n_tok, dim, eps }.launch(k, s)?,
-        XForm::None => l::RmsNorm {
-            x,
-            w,
-            out: h,
-            rows: None,
-            n_src_rows: n_tok,
-            n_outer: n_tok,
-            n_inner: 1,
-            dim,
-            in_stride: dim,
-            out_stride: dim,
-            eps,
-        }
-        .launch(k, s)?,
+        XForm::None => a.plain().launch(k, s)?,
     }
     Ok(form)
 }
