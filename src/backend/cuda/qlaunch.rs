@@ -376,10 +376,10 @@ kernel_params! { DequantParams {
     qs: u64, aux: u64, out: u64, row0: i64, n_rows: i32, cols: i32, qs_row: i32, aux_row: i32
 } }
 
-/// Threads of a widening block and units each thread decodes (kernels/dequant.cu: DQ_THREADS,
-/// DQ_UNITS).
-const DEQUANT_THREADS: usize = 128;
-const DEQUANT_UNITS: usize = 2;
+/// Threads of a widening block, and the columns of a row it widens: DQ_PASSES (2) rounds of
+/// DQ_THREADS lanes storing 8 values each (kernels/dequant.cu).
+const DEQUANT_THREADS: usize = 256;
+const DEQUANT_COLS: usize = 2 * DEQUANT_THREADS * 8;
 
 /// Rows `row0 .. row0 + n_rows` of a quantized matrix widened to F16 into `out`
 /// (`[n_rows, cols]`, 16-byte aligned): the scratch the tensor-core GEMM and cuBLAS read.
@@ -413,9 +413,8 @@ impl DequantF16 {
             qs_row,
             aux_row,
         };
-        // One block per (row, DEQUANT_THREADS x DEQUANT_UNITS units of it).
-        let per_row = (self.w.cols / self.w.fmt.unit).div_ceil(DEQUANT_THREADS * DEQUANT_UNITS);
-        let blocks = blocks_for(K, self.n_rows * per_row, 1)?;
+        // One block per (row, DEQUANT_COLS columns of it).
+        let blocks = blocks_for(K, self.n_rows * self.w.cols.div_ceil(DEQUANT_COLS), 1)?;
         launch(k, s, DEQUANT_ENTRIES[self.w.fmt.index], (blocks, 1, 1), DEQUANT_THREADS as u32, 0, &p)
     }
 }
