@@ -140,3 +140,21 @@ __device__ __forceinline__ void wmma_store_c(float* p, const float (&d)[8], int 
                    "r"(ldm)
                  : "memory");
 }
+
+// One K tile of a warp's tensor-core product, both operands F16 in shared memory: for k-steps
+// u < BK / 16, acc[j] += A[16 rows at a + 16 u] x B[token tile j at b + j 16 ld + 16 u]
+// (A row-major [16, ld], B column-major: token tile j's 16 tokens as rows of ld).
+template <int NT16, int BK>
+__device__ __forceinline__ void wmma_k_tile(float (*acc)[8], const half_t* a_tile, const half_t* b_tiles, int ld) {
+#pragma unroll
+    for (int u = 0; u < BK / 16; ++u) {
+        unsigned a[8];
+        wmma_load_a(a, a_tile + u * 16, ld);
+#pragma unroll
+        for (int j = 0; j < NT16; ++j) {
+            unsigned b[8];
+            wmma_load_b_col(b, b_tiles + j * 16 * ld + u * 16, ld);
+            wmma_mma_rc(acc[j], a, b);
+        }
+    }
+}

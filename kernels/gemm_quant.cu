@@ -113,17 +113,7 @@ __device__ __forceinline__ void gemm_q_impl(const GemmQParams& p) {
         }
         __syncthreads();
         if (c + 1 < c_end) qg_fetch<F, NT16>(p, rows, c + 1, t0, rw, rx);
-#pragma unroll
-        for (int u = 0; u < QG_BK / 16; ++u) {
-            unsigned a[8];
-            wmma_load_a(a, sw + warp * 16 * QG_LD + u * 16, QG_LD);
-#pragma unroll
-            for (int j = 0; j < NT16; ++j) {
-                unsigned b[8];
-                wmma_load_b_col(b, sx + j * 16 * QG_LD + u * 16, QG_LD);
-                wmma_mma_rc(acc[j], a, b);
-            }
-        }
+        wmma_k_tile<NT16, QG_BK>(acc, sw + warp * 16 * QG_LD, sx, QG_LD);
     }
     __syncthreads();  // the staging area becomes the output buffer
     float* o = reinterpret_cast<float*>(smem) + warp * 16 * LDO;  // [16, LDO]
@@ -248,17 +238,7 @@ __device__ __forceinline__ void gemm_qw_impl(const GemmQParams& p) {
         }
         __syncthreads();
         if (c + 1 < chunks) qw_fetch<F>(p, row, c + 1, t0, rw, rx);
-#pragma unroll
-        for (int u = 0; u < QG_BK / 16; ++u) {
-            unsigned a[8];
-            wmma_load_a(a, sw + wm * 16 * QG_LD + u * 16, QG_LD);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                unsigned b[8];
-                wmma_load_b_col(b, sx + (wn * 64 + j * 16) * QG_LD + u * 16, QG_LD);
-                wmma_mma_rc(acc[j], a, b);
-            }
-        }
+        wmma_k_tile<4, QG_BK>(acc, sw + wm * 16 * QG_LD, sx + wn * 64 * QG_LD, QG_LD);
     }
     __syncthreads();  // the staging area becomes the output buffer
     constexpr int LDO = 64 + 4;

@@ -93,17 +93,7 @@ __device__ __forceinline__ void gemm_tc_impl(const TcParams& p) {
         }
         __syncwarp();
         if (kc + TC_WARPS < nkc) tc_fetch<NT16>(p, wb, kc + TC_WARPS, ra, rb);
-#pragma unroll
-        for (int u = 0; u < TC_KC / 16; ++u) {
-            unsigned a[8];
-            wmma_load_a(a, sa + u * 16, TC_LD);
-#pragma unroll
-            for (int j = 0; j < NT16; ++j) {
-                unsigned b[8];
-                wmma_load_b_col(b, sb + j * 16 * TC_LD + u * 16, TC_LD);
-                wmma_mma_rc(acc[j], a, b);
-            }
-        }
+        wmma_k_tile<NT16, TC_KC>(acc, sa, sb, TC_LD);
     }
     __syncthreads();  // every warp is done with the staging area before it becomes the sum buffer
     float* red = reinterpret_cast<float*>(smem);  // [TC_WARPS][16][LD]
@@ -221,17 +211,7 @@ __device__ __forceinline__ void gemm_tc64_impl(const Tc2Params& p) {
         }
         __syncthreads();
         if (c + 1 < c_end) t2_fetch<NT16, WARPS>(p, r0, c + 1, rw, rx);
-#pragma unroll
-        for (int u = 0; u < T2_BK / 16; ++u) {
-            unsigned a[8];
-            wmma_load_a(a, sw + warp * 16 * T2_LD + u * 16, T2_LD);
-#pragma unroll
-            for (int j = 0; j < NT16; ++j) {
-                unsigned b[8];
-                wmma_load_b_col(b, sx + j * 16 * T2_LD + u * 16, T2_LD);
-                wmma_mma_rc(acc[j], a, b);
-            }
-        }
+        wmma_k_tile<NT16, T2_BK>(acc, sw + warp * 16 * T2_LD, sx, T2_LD);
     }
     __syncthreads();  // the staging area becomes the output buffer
     float* o = reinterpret_cast<float*>(smem) + warp * 16 * LDO;  // [16, LDO]

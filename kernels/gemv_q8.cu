@@ -203,17 +203,10 @@ __device__ __forceinline__ float group_sums_q8(const GemvQ8Params& p, const QRow
     const int gt = threadIdx.x % GEMVQ8_GROUP;
     const int units = p.cols / F::UE;
     float acc[NR][NT];
-#pragma unroll
-    for (int r = 0; r < NR; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    zero_acc<NR, NT>(acc);
     for (int u0 = gt; u0 < units; u0 += GEMVQ8_GROUP * GEMVQ8_UNROLL) {
         typename F::Raw raw[GEMVQ8_UNROLL][NR];
-#pragma unroll
-        for (int k = 0; k < GEMVQ8_UNROLL; ++k)
-#pragma unroll
-            for (int r = 0; r < NR; ++r)
-                if (u0 + GEMVQ8_GROUP * k < units) raw[k][r] = F::load(rows[r], u0 + GEMVQ8_GROUP * k);
+        load_round<F, NR, GEMVQ8_UNROLL, GEMVQ8_GROUP>(raw, rows, u0, units);
 #pragma unroll
         for (int k = 0; k < GEMVQ8_UNROLL; ++k) {
             if (u0 + GEMVQ8_GROUP * k >= units) break;

@@ -38,17 +38,10 @@ template <class F, int NT, int NR>
 __device__ __forceinline__ void row_sums(const GemvQParams& p, const QRow* rows, float (*acc)[NT]) {
     const int lane = threadIdx.x % WARP;
     const int units = p.cols / F::UE;
-#pragma unroll
-    for (int r = 0; r < NR; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    zero_acc<NR, NT>(acc);
     for (int u0 = lane; u0 < units; u0 += WARP * GEMVQ_UNROLL) {
         typename F::Raw raw[GEMVQ_UNROLL][NR];
-#pragma unroll
-        for (int k = 0; k < GEMVQ_UNROLL; ++k)
-#pragma unroll
-            for (int r = 0; r < NR; ++r)
-                if (u0 + WARP * k < units) raw[k][r] = F::load(rows[r], u0 + WARP * k);
+        load_round<F, NR, GEMVQ_UNROLL, WARP>(raw, rows, u0, units);
 #pragma unroll
         for (int k = 0; k < GEMVQ_UNROLL; ++k) {
             const int u = u0 + WARP * k;
@@ -66,27 +59,10 @@ __device__ __forceinline__ void row_sums(const GemvQParams& p, const QRow* rows,
                 for (int t = 0; t < NT; ++t) {
                     if (t < p.n_tok) {
                         const float4* xv = reinterpret_cast<const float4*>(p.x + (long long)t * p.x_stride + st);
-                        float x[16];
+                        float4 v[4];
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            const float4 v = __ldg(xv + i);
-                            x[4 * i] = v.x;
-                            x[4 * i + 1] = v.y;
-                            x[4 * i + 2] = v.z;
-                            x[4 * i + 3] = v.w;
-                        }
-                        float sx = 0.0f;
-#pragma unroll
-                        for (int j = 0; j < 16; ++j) sx += x[j];
-#pragma unroll
-                        for (int r = 0; r < NR; ++r) {
-                            float sq = 0.0f;
-#pragma unroll
-                            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                                for (int j = 0; j < 4; ++j) sq = fmaf(code_f(q[r][i], j), x[4 * i + j], sq);
-                            acc[r][t] = fmaf(ca[r], sq, fmaf(cb[r], sx, acc[r][t]));
-                        }
+                        for (int i = 0; i < 4; ++i) v[i] = __ldg(xv + i);
+                        run_dot_f32<NR, NT>(v, q, ca, cb, acc, t);
                     }
                 }
             }

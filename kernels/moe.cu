@@ -77,27 +77,10 @@ struct RowDot {
                 for (int t = 0; t < NT; ++t) {
                     if (t < nt) {
                         const float4* xv = reinterpret_cast<const float4*>(xs[t] + st);
-                        float x[16];
+                        float4 v[4];
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            const float4 v = ld_in<CG>(xv + i);
-                            x[4 * i] = v.x;
-                            x[4 * i + 1] = v.y;
-                            x[4 * i + 2] = v.z;
-                            x[4 * i + 3] = v.w;
-                        }
-                        float sx = 0.0f;
-#pragma unroll
-                        for (int j = 0; j < 16; ++j) sx += x[j];
-#pragma unroll
-                        for (int r = 0; r < NR; ++r) {
-                            float sq = 0.0f;
-#pragma unroll
-                            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                                for (int j = 0; j < 4; ++j) sq = fmaf(code_f(q[r][i], j), x[4 * i + j], sq);
-                            acc[r][t] = fmaf(ca[r], sq, fmaf(cb[r], sx, acc[r][t]));
-                        }
+                        for (int i = 0; i < 4; ++i) v[i] = ld_in<CG>(xv + i);
+                        run_dot_f32<NR, NT>(v, q, ca, cb, acc, t);
                     }
                 }
             }

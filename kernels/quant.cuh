@@ -307,6 +307,55 @@ struct FQ6K {
     }
 };
 
+// acc[r][t] = 0 for NR rows x NT tokens.
+template <int NR, int NT>
+__device__ __forceinline__ void zero_acc(float (*acc)[NT]) {
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+}
+
+// One round of a GEMV's unit loop: units u0 + STRIDE k (k < UNROLL) of NR rows, those below
+// `units`, all loads issued before any is used (UNROLL x NR loads in flight a thread).
+template <class F, int NR, int UNROLL, int STRIDE>
+__device__ __forceinline__ void load_round(typename F::Raw (&raw)[UNROLL][NR], const QRow* rows, int u0, int units) {
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k)
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+            if (u0 + STRIDE * k < units) raw[k][r] = F::load(rows[r], u0 + STRIDE * k);
+}
+
+// One run of 16 f32 inputs (v: its four float4 loads) against the codes of NR rows (q[r]: four
+// words of byte codes, weight = ca[r] * code + cb[r]): acc[r][t] += ca[r] * sum(code x) +
+// cb[r] * sum(x), sum(x) shared by the rows. The inner step of the f32-input GEMVs
+// (gemv_quant.cu, moe.cu), in one fixed order of operations.
+template <int NR, int NT>
+__device__ __forceinline__ void run_dot_f32(const float4 (&v)[4], const unsigned (&q)[NR][4], const float (&ca)[NR],
+                                            const float (&cb)[NR], float (*acc)[NT], int t) {
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        x[4 * i] = v[i].x;
+        x[4 * i + 1] = v[i].y;
+        x[4 * i + 2] = v[i].z;
+        x[4 * i + 3] = v[i].w;
+    }
+    float sx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) sx += x[j];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        float sq = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) sq = fmaf(code_f(q[r][i], j), x[4 * i + j], sq);
+        acc[r][t] = fmaf(ca[r], sq, fmaf(cb[r], sx, acc[r][t]));
+    }
+}
+
 // All runs of unit u: w[r] holds the 16 values from column st[r] on.
 template <class F>
 __device__ __forceinline__ void decode_unit(const typename F::Raw& a, int u, float (&w)[F::RUNS][16], int (&st)[F::RUNS]) {

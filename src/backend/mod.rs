@@ -119,6 +119,11 @@ pub trait Backend {
     fn prepare(&mut self) -> Result<(), BackendError> {
         Ok(())
     }
+    /// Most tokens of one step when a single sequence's prompt is fed in chunks
+    /// (`engine::single::SingleSeq::feed`).
+    fn prefill_chunk(&self) -> usize {
+        crate::engine::single::PREFILL_CHUNK
+    }
     /// A short name for logs ("cpu (2 threads)", "cuda:0 NVIDIA H200").
     fn describe(&self) -> String;
     /// Bytes of weights one decode step reads: every matrix in full, one embedding row.
@@ -176,6 +181,9 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn state_snapshot_capacity(&self) -> usize {
         (**self).state_snapshot_capacity()
+    }
+    fn prefill_chunk(&self) -> usize {
+        (**self).prefill_chunk()
     }
     fn describe(&self) -> String {
         (**self).describe()

@@ -90,7 +90,8 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
                 let mix = crate::backend::cuda::WeightMix::parse(dtype)
                     .ok_or_else(|| UsageError::new(format!("--dtype {dtype}: not a GPU weight type")))?;
                 let m = crate::backend::cuda::synth::synthetic_matrix_bytes(&cfg, mix);
-                let wide = crate::backend::cuda::memory::wide_len(&cfg) as u64 * 2;
+                let packed = m < crate::backend::cuda::memory::f16_matrix_bytes(&cfg);
+                let wide = if packed { crate::backend::cuda::memory::wide_len(&cfg) as u64 * 2 } else { 0 };
                 (cfg, crate::backend::cuda::memory::DeviceWeightBytes { matrices: m, wide_scratch: wide })
             }
             (None, Some(m)) => (
@@ -101,7 +102,11 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         };
         let free = a.plan_free_gb.map_or(super::bench_plan::V100_32GB_FREE, |g| (g * 1e9) as u64);
         // The step size the mode's backend is made for (below).
-        let step = if seqs > 1 { a.max_batch_tokens.max(seqs) } else { crate::engine::single::PREFILL_CHUNK };
+        let step = if seqs > 1 {
+            a.max_batch_tokens.max(seqs)
+        } else {
+            crate::backend::cuda::memory::prefill_chunk(&cfg, bytes.wide_scratch)
+        };
         let r = super::bench_plan::plan_report(
             &cfg,
             bytes.matrices,
@@ -153,7 +158,7 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         }
         return Ok(ExitCode::Ok);
     }
-    // One stream: the prompt is prefilled in steps of `PREFILL_CHUNK` tokens.
+    // One stream: the prompt is prefilled in steps of `Backend::prefill_chunk` tokens.
     let longest = a.prompt_tokens.iter().copied().max().unwrap_or(prompt_tokens);
     let mut b = make(longest + a.gen_tokens, crate::engine::single::PREFILL_CHUNK, 1)?;
     let b = b.as_mut();

@@ -8,7 +8,8 @@ use super::plan::{SeqChunk, SeqId, StepPlan};
 use super::sampler::Sampler;
 use crate::backend::{Backend, BackendError};
 
-/// Prefill chunk length: bounds activation memory for long prompts.
+/// Prefill chunk length: bounds activation memory for long prompts (`Backend::prefill_chunk`,
+/// the default; a backend may take longer chunks).
 pub const PREFILL_CHUNK: usize = 512;
 
 #[derive(Clone, Debug)]
@@ -57,8 +58,9 @@ impl SingleSeq {
             )));
         }
         let mut last = Vec::new();
-        let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
-        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+        let step = b.prefill_chunk().max(1);
+        let n_chunks = tokens.len().div_ceil(step);
+        for (i, chunk) in tokens.chunks(step).enumerate() {
             let want = i + 1 == n_chunks;
             let plan = StepPlan {
                 chunks: vec![SeqChunk {

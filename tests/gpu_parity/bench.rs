@@ -30,7 +30,9 @@ fn bench_qwen3_8b_synthetic() {
             let prompt = num("DUSTOFF_BENCH_PROMPT_TOKENS", 768);
             let blocks = batch * (prompt + gen + 16).div_ceil(16);
             let b = CudaBackend::synthetic_mix(cfg, mix, 1, &opts(blocks)).expect("synthetic");
-            let rows = dustoff::commands::bench::bench_batched(b, [0; 32], prompt, gen, &[batch], 2048).unwrap();
+            // `--max-batch-tokens` (DUSTOFF_BENCH_STEP_TOKENS, default 2048 as the CLI's).
+            let step = num("DUSTOFF_BENCH_STEP_TOKENS", 2048);
+            let rows = dustoff::commands::bench::bench_batched(b, [0; 32], prompt, gen, &[batch], step).unwrap();
             for r in rows {
                 println!(
                     "batch {} x {prompt}: decode {:.1} tok/s, prefill {:.2} s",

@@ -209,6 +209,19 @@ fn dequant_embedding_and_swiglu_every_format() {
     let s = g.dev.stream.clone();
     let (rows, cols) = (40, 768);
     for f in QFormat::all() {
+        // Rows longer than one widening block's units (256: 16,896 columns are 528 units of
+        // 32 and 264 of 64), so a row spans several blocks, the last one partly idle.
+        let t = tensor(&mut g, f.dtype, "w", 6, 16_896);
+        let (m, _) = DevMat::upload(&s, &[&t], false, "w").unwrap();
+        let out: CudaSlice<u16> = g.zeros(4 * 16_896);
+        DequantF16 { w: m.quant(&s).unwrap(), out: g.d(&out), row0: 1, n_rows: 4 }.launch(&mut g.k, &s).unwrap();
+        let mut want = vec![0f32; 4 * 16_896];
+        for (r, o) in want.chunks_exact_mut(16_896).enumerate() {
+            dequantize_row(f.dtype, t.row(1 + r), o);
+            o.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+        }
+        compare(&op("dequant", f.dtype), g.seed, &f16_vals(&g.down(&out)), &want);
+
         let t = tensor(&mut g, f.dtype, "w", rows, cols);
         let (m, _) = DevMat::upload(&s, &[&t], false, "w").unwrap();
         let w = m.quant(&s).unwrap();

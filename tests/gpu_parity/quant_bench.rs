@@ -5,12 +5,13 @@
 //! decode graph, no host gap between kernels), divided by the launches.
 
 use dustoff::backend::cuda::dmat::DevMat;
-use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, GemmQ, GemvQ, QuantizeX};
+use dustoff::backend::cuda::launch::Dev;
+use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, GemmQ, GemvQ, QView, QuantizeX};
 use dustoff::backend::cuda::WeightMix;
 use dustoff::model::quant::GgmlType;
 
 use super::bench::time;
-use super::gpu;
+use super::{gpu, Gpu};
 
 /// Median GPU time of `f`'s launches captured once as a CUDA graph and replayed (after a direct
 /// run that loads the modules), in seconds.
@@ -22,6 +23,76 @@ fn time_graph(g: &mut super::Gpu, f: &mut dyn FnMut(&mut super::Gpu)) -> f64 {
     f(g);
     let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
     time(g, &mut |_| graph.launch().unwrap())
+}
+
+/// The packed GEMV of `rows x cols` weights over `n` contiguous tokens (`[n, cols]` in,
+/// `[n, rows]` out): int8 planes `xq` where given, else the f32 input.
+fn gemv(
+    w: QView,
+    x: Dev<f32>,
+    out: Dev<f32>,
+    (rows, cols, n): (usize, usize, usize),
+    swiglu: bool,
+    xq: Option<Dev<u8>>,
+) -> GemvQ {
+    GemvQ { w, x, out, bias: None, rows, n_tok: n, x_stride: cols, out_stride: rows, accumulate: false, swiglu, xq }
+}
+
+/// Synthetic `[rows, cols]` matrices of format `t` (seeds 1, 2, ...): as many as reach `bytes`
+/// in all (rounded up, within `lo..=hi` copies), so that kernels timed over them in turn do
+/// not read the L2.
+fn copies(
+    g: &mut Gpu,
+    t: GgmlType,
+    (rows, cols): (usize, usize),
+    what: &str,
+    (bytes, lo, hi): (usize, usize, usize),
+) -> Vec<DevMat> {
+    let s = g.dev.stream.clone();
+    let probe = DevMat::synthetic(&s, &mut g.k, t, rows, cols, 1, what).unwrap();
+    let ratio = bytes as f64 / probe.bytes() as f64;
+    let n = ratio.ceil().clamp(lo as f64, hi as f64) as usize;
+    let mut ws = vec![probe];
+    for j in 1..n {
+        ws.push(DevMat::synthetic(&s, &mut g.k, t, rows, cols, j as u64 + 1, what).unwrap());
+    }
+    ws
+}
+
+/// Widening (dequant_<fmt>_f16) alone on the Qwen3-8B layer matrices, per format: GB/s moved
+/// (packed bytes read + F16 bytes written) against the copy bandwidth of the same run, over
+/// rotating copies (at least 256 MB of them, so the L2 does not serve the reads).
+/// `DUSTOFF_BREAKDOWN_FORMATS` picks the formats (default the Q4_K_M ones, then Q4_0, Q8_0).
+#[test]
+#[ignore]
+fn widen_breakdown() {
+    let mut g = gpu("widening breakdown").unwrap();
+    let s = g.dev.stream.clone();
+    let bw = g.dev.copy_bandwidth(1 << 30, 10).unwrap();
+    eprintln!("copy bandwidth {:.0} GB/s", bw / 1e9);
+    let dim = 4096;
+    let wide = g.zeros::<u16>(2 * 12288 * dim);
+    let formats = std::env::var("DUSTOFF_BREAKDOWN_FORMATS").unwrap_or_else(|_| "q4_k,q6_k,q4_0,q8_0".into());
+    for name in formats.split(',') {
+        let Some(WeightMix::Uniform(t)) = WeightMix::parse(name) else { panic!("{name}: one block format") };
+        for (what, rows, cols) in [("qkv", 6144, dim), ("o", dim, dim), ("gate/up", 24576, dim), ("down", dim, 12288)] {
+            let ws = copies(&mut g, t, (rows, cols), what, (256 << 20, 2, 16));
+            let (bytes, n_copies) = (ws[0].bytes() as f64, ws.len());
+            let mut i = 0;
+            let dt = time(&mut g, &mut |g| {
+                let w = ws[i % n_copies].quant(&s).unwrap();
+                i += 1;
+                DequantF16 { w, out: g.d(&wide), row0: 0, n_rows: rows }.launch(&mut g.k, &s).unwrap();
+            });
+            let moved = bytes + (rows * cols * 2) as f64;
+            eprintln!(
+                "widen {name:5} {what:8} [{rows}x{cols}]: {:7.1} us {:6.0} GB/s moved ({:.0}% of copy)",
+                dt * 1e6,
+                moved / dt / 1e9,
+                100.0 * moved / dt / bw
+            );
+        }
+    }
 }
 
 #[test]
@@ -38,7 +109,6 @@ fn quant_kernel_breakdown() {
     let xq = g.zeros::<u8>(q8x_bytes(8, 12288).2);
     let x16 = g.zeros::<u16>(64 * 12288);
     let part = g.zeros::<f32>(8 * 64 * 24576);
-    let wide = g.zeros::<u16>(2 * 12288 * dim);
     let formats = std::env::var("DUSTOFF_BREAKDOWN_FORMATS").unwrap_or_else(|_| "q4_0,q8_0,q4_k,q6_k,q5_k".into());
     for name in formats.split(',') {
         let Some(WeightMix::Uniform(t)) = WeightMix::parse(name) else { panic!("{name}: one block format") };
@@ -51,14 +121,9 @@ fn quant_kernel_breakdown() {
             ("head", 151_936, dim, false),
         ] {
             let all_rows = rows * if swiglu { 2 } else { 1 };
-            let probe = DevMat::synthetic(&s, &mut g.k, t, all_rows, cols, 1, what).unwrap();
-            let bytes = probe.bytes() as f64;
             // Several copies so that repeated runs do not read the L2.
-            let n_copies = ((2usize << 30) as f64 / bytes).clamp(1.0, 8.0) as usize;
-            let mut ws = vec![probe];
-            for j in 1..n_copies {
-                ws.push(DevMat::synthetic(&s, &mut g.k, t, all_rows, cols, j as u64 + 1, what).unwrap());
-            }
+            let ws = copies(&mut g, t, (all_rows, cols), what, (2 << 30, 1, 8));
+            let (bytes, n_copies) = (ws[0].bytes() as f64, ws.len());
             let mut i = 0;
             // Launches per timing (each on the next copy).
             let reps = n_copies.max(4);
@@ -79,21 +144,10 @@ fn quant_kernel_breakdown() {
                                     .launch(&mut g.k, &s)
                                     .unwrap();
                             }
-                            GemvQ {
-                                w,
-                                x: g.d(&x),
-                                out: g.d(&out),
-                                bias: None,
-                                rows,
-                                n_tok: n,
-                                x_stride: cols,
-                                out_stride: rows,
-                                accumulate: false,
-                                swiglu,
-                                xq: q8.then(|| g.d(&xq)),
-                            }
-                            .launch_rows(&mut g.k, &s, rows2)
-                            .unwrap();
+                            let xq = q8.then(|| g.d(&xq));
+                            gemv(w, g.d(&x), g.d(&out), (rows, cols, n), swiglu, xq)
+                                .launch_rows(&mut g.k, &s, rows2)
+                                .unwrap();
                         }
                     }) / reps as f64;
                     eprintln!(
@@ -111,21 +165,9 @@ fn quant_kernel_breakdown() {
                         QuantizeX { x: g.d(&x), xq: g.d(&xq), n_tok: n, cols, x_stride: cols }
                             .launch(&mut g.k, &s)
                             .unwrap();
-                        GemvQ {
-                            w,
-                            x: g.d(&x),
-                            out: g.d(&out),
-                            bias: None,
-                            rows,
-                            n_tok: n,
-                            x_stride: cols,
-                            out_stride: rows,
-                            accumulate: false,
-                            swiglu,
-                            xq: Some(g.d(&xq)),
-                        }
-                        .launch(&mut g.k, &s)
-                        .unwrap();
+                        gemv(w, g.d(&x), g.d(&out), (rows, cols, n), swiglu, Some(g.d(&xq)))
+                            .launch(&mut g.k, &s)
+                            .unwrap();
                     }
                 }) / reps as f64;
                 eprintln!(
@@ -163,19 +205,58 @@ fn quant_kernel_breakdown() {
                     100.0 * bytes / dt / bw
                 );
             }
-            if all_rows * cols <= wide.len() {
-                let dt = time(&mut g, &mut |g| {
-                    let w = ws[i % n_copies].quant(&s).unwrap();
-                    i += 1;
-                    DequantF16 { w, out: g.d(&wide), row0: 0, n_rows: all_rows }.launch(&mut g.k, &s).unwrap();
-                });
-                let moved = bytes + (all_rows * cols * 2) as f64;
-                eprintln!(
-                    "widen {name} {what:14} [{all_rows}x{cols}]: {:8.1} us {:7.0} GB/s moved",
-                    dt * 1e6,
-                    moved / dt / 1e9
-                );
+        }
+    }
+}
+
+/// Prefill of one 768-token prompt on the synthetic Qwen3-8B shape (`bench --synthetic
+/// qwen3-8b --dtype D` weights), per weight mix (`DUSTOFF_PREFILL_DTYPES`, default
+/// `q4_k_m,f16`) and per chunking (steps of 512 tokens, the engine's default, and the backend's
+/// `prefill_chunk`): the median wall time of 3 prompts after a warm-up, then the GPU time per
+/// kernel class of 3 more (`DUSTOFF_PROFILE`'s classes, graphs off; the sums of the 3 prompts
+/// are printed, so a class's time per prompt is a third of its line).
+#[test]
+#[ignore]
+fn prefill_profile() {
+    use dustoff::backend::cuda::CudaBackend;
+    use dustoff::backend::Backend;
+    use dustoff::engine::single::SingleSeq;
+    let Some(g) = gpu("prefill profile") else { return };
+    drop(g);
+    let cfg = dustoff::model::shapes::shape("qwen3-8b").unwrap();
+    let dtypes = std::env::var("DUSTOFF_PREFILL_DTYPES").unwrap_or_else(|_| "q4_k_m,f16".into());
+    let n = 768;
+    let prompt = dustoff::commands::bench::bench_prompt(n, cfg.vocab_size);
+    for dtype in dtypes.split(',') {
+        let mix = WeightMix::parse(dtype).expect("a weight mix");
+        let mut b = CudaBackend::synthetic_mix(cfg.clone(), mix, 1, &super::opts((n + 16).div_ceil(16))).unwrap();
+        b.load_kernels().unwrap();
+        let mut chunks = vec![512, b.prefill_chunk()];
+        chunks.dedup();
+        for chunk in chunks {
+            // One prompt fed `chunk` tokens a call (each call a step of at most prefill_chunk).
+            let prefill = |b: &mut CudaBackend| {
+                let mut seq = SingleSeq::new(b, 0, n + 16).unwrap();
+                let t = std::time::Instant::now();
+                for part in prompt.chunks(chunk) {
+                    seq.feed(b, part).unwrap();
+                }
+                t.elapsed().as_secs_f64()
+            };
+            prefill(&mut b);
+            let mut ts: Vec<f64> = (0..3).map(|_| prefill(&mut b)).collect();
+            ts.sort_by(f64::total_cmp);
+            eprintln!(
+                "prefill {dtype} 768 in steps of {chunk}: {:.2} ms = {:.0} tok/s (median of 3)",
+                ts[1] * 1e3,
+                n as f64 / ts[1]
+            );
+            b.set_profile(true);
+            for _ in 0..3 {
+                prefill(&mut b);
             }
+            eprintln!("profile of 3 prompts, {dtype}, steps of {chunk}:");
+            b.set_profile(false);
         }
     }
 }

@@ -18,7 +18,7 @@ use super::dmat::{DevMat, Linear};
 use super::graph::StepGraphs;
 use super::kernels::{Kernels, PtxSource};
 use super::layer::{LayerW, SynthMats};
-use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for, wide_len};
+use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for, prefill_chunk, wide_len};
 use super::qformat::{check_tensor, QFormat};
 use super::seqs::SeqPlan;
 use super::synth::{moe_formats, synthetic_matrix_bytes, synthetic_shapes, WeightMix};
@@ -148,7 +148,8 @@ pub(super) fn open(
     let dev = CudaDevice::new(opts.ordinal)?;
     let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
     let (blocks, bs) = (opts.num_blocks, opts.block_size);
-    let (tok, pos) = (opts.max_batch_tokens, opts.max_positions);
+    // One sequence's prompt may run in steps of `prefill_chunk` tokens (SingleSeq::feed).
+    let (tok, pos) = (opts.max_batch_tokens.max(prefill_chunk(cfg, wide)), opts.max_positions);
     let plan = plan_memory_for(cfg, matrix_bytes, wide, blocks, bs, tok, pos, opts.seqs());
     let (free, _) = dev.mem_info()?;
     plan.check(free as u64, &dev.describe(), opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
@@ -159,6 +160,7 @@ pub(super) fn open(
     }
     let blas = CudaBlas::new(dev.stream.clone())
         .map_err(|source| CudaError::Cublas { what: "creating a handle".into(), source })?;
+    super::workspace::log_memory(&dev.stream, "context and cuBLAS handle", 0);
     Ok((dev, kernels, blas))
 }
 
@@ -432,6 +434,7 @@ impl CudaBackend {
             dev,
         };
         b.note_memory();
+        super::workspace::log_memory(&b.dev.stream, "ready (weights, KV, tables)", 0);
         Ok(b)
     }
 
@@ -556,6 +559,10 @@ impl Backend for CudaBackend {
     }
     fn prepare(&mut self) -> Result<(), BackendError> {
         Ok(self.load_kernels()?)
+    }
+    fn prefill_chunk(&self) -> usize {
+        let wide = self.wide.as_ref().map_or(0, |w| w.len() as u64 * 2);
+        prefill_chunk(&self.cfg, wide)
     }
     fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
         let f = self.flatten(plan)?;

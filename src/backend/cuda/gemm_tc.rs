@@ -6,44 +6,20 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
 use super::launch::{check, extent, i32_of, launch, need, Dev};
+use super::qlaunch::kernel_params;
 use super::CudaError;
 
 /// Most tokens one tensor-core GEMM launch serves (4 tiles of 16).
 pub const TC_MAX_TOKENS: usize = 64;
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct TcParams {
-    w: u64,
-    x: u64,
-    out: u64,
-    bias: u64,
-    rows: i32,
-    cols: i32,
-    n_tok: i32,
-    out_stride: i32,
-    accumulate: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
-unsafe impl DeviceRepr for TcParams {}
+kernel_params! { TcParams {
+    w: u64, x: u64, out: u64, bias: u64, rows: i32, cols: i32, n_tok: i32, out_stride: i32, accumulate: i32
+} }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct Tc2Params {
-    w: u64,
-    x: u64,
-    out: u64,
-    bias: u64,
-    part: u64,
-    rows: i32,
-    cols: i32,
-    n_tok: i32,
-    out_stride: i32,
-    accumulate: i32,
-    nk: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for Tc2Params {}
+kernel_params! { Tc2Params {
+    w: u64, x: u64, out: u64, bias: u64, part: u64, rows: i32, cols: i32, n_tok: i32, out_stride: i32,
+    accumulate: i32, nk: i32
+} }
 
 /// Blocks the 64-row kernel aims for (split-K below it): ~2 per SM on an H200, 3 on a V100.
 const TC64_TARGET_BLOCKS: usize = 256;

@@ -80,7 +80,16 @@ pub fn wide_scratch_needed(c: &ModelConfig) -> bool {
 
 /// Most elements of the F16 scratch (32 MB): larger matrices are widened in row chunks, each
 /// followed by its F16 GEMM (still large: 1,280 rows of the Qwen3-8B down matrix at least).
+/// `DUSTOFF_WIDE_MB=N` sets N MB instead (for comparisons of the chunking).
 const WIDE_CAP: usize = 16 << 20;
+
+fn wide_cap() -> usize {
+    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        let mb = crate::sys::env::get("DUSTOFF_WIDE_MB").and_then(|v| v.parse::<usize>().ok());
+        mb.map_or(WIDE_CAP, |mb| (mb << 20) / 2)
+    })
+}
 
 /// Elements of the F16 scratch for widened quantized matrices (0 where none is needed): the
 /// largest layer matrix up to [`WIDE_CAP`], and at least 128 rows of the widest one.
@@ -95,7 +104,7 @@ pub fn wide_scratch_len(c: &ModelConfig) -> usize {
         ((lin_in * d).max(d * h.value_dim()).max((2 * q + 2 * kv) * d), h.value_dim())
     });
     let largest = [(q + 2 * kv) * d, d * q, 2 * f * d, d * f, hy].into_iter().max().unwrap_or(0);
-    largest.min(WIDE_CAP).max(128 * d.max(q).max(f).max(hy_k))
+    largest.min(wide_cap()).max(128 * d.max(q).max(f).max(hy_k))
 }
 
 /// Whether the packed GEMV reads int8-quantized activations (the default).

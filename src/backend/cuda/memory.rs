@@ -106,6 +106,26 @@ pub fn wide_len(c: &ModelConfig) -> usize {
     super::matmul::wide_scratch_len(c)
 }
 
+/// Prefill chunk of one sequence's prompt (`Backend::prefill_chunk`) on a dense model whose
+/// matrices are widened to F16 for prefill steps: every chunk widens every matrix once (a
+/// Qwen3-8B Q4_K_M step writes ~14 GB of F16 scratch), so 1,024 tokens take the 768-token
+/// benchmark prompt in one step instead of 512 + 256 (two widenings); step buffers for 1,024
+/// tokens are ~0.25 GB on that shape.
+pub const PACKED_PREFILL_CHUNK: usize = 1024;
+
+/// The prefill chunk of one sequence for a model with `wide_scratch` bytes of widening scratch
+/// (0: nothing is widened): [`PACKED_PREFILL_CHUNK`] for dense models that widen, else the
+/// engine's default. Mixture-of-experts and hybrid models keep the default (their expert and
+/// linear-attention kernels do not widen).
+pub fn prefill_chunk(c: &ModelConfig, wide_scratch: u64) -> usize {
+    let default = crate::engine::single::PREFILL_CHUNK;
+    if wide_scratch > 0 && c.moe.is_none() && c.hybrid.is_none() {
+        PACKED_PREFILL_CHUNK.max(default)
+    } else {
+        default
+    }
+}
+
 /// [`DeviceWeightBytes`] of a model; `f16_weights` widens every block format at load
 /// (`--weights f16`). Sparse layers count their router (f32) and expert slabs as `moe` puts
 /// them on the device.

@@ -10,6 +10,22 @@ use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev, GEMV_M
 use super::qformat::QFormat;
 use super::CudaError;
 
+/// A kernel's parameter struct: the `#[repr(C)]` mirror of the struct the kernel takes by
+/// value (same fields in the same order: device addresses as u64, then 32-bit values).
+macro_rules! kernel_params {
+    ($name:ident { $($field:ident: $ty:ty),* $(,)? }) => {
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug)]
+        struct $name {
+            $($field: $ty),*
+        }
+        // SAFETY: plain-old-data (integers and device addresses) with the C layout of the
+        // kernel's struct, trailing padding included where there is any.
+        unsafe impl DeviceRepr for $name {}
+    };
+}
+pub(super) use kernel_params;
+
 /// A quantized matrix on the device: `rows x cols` in `fmt`'s layout (qformat.rs), qs at the
 /// start of `buf`, aux at `aux_off` bytes.
 #[derive(Clone, Copy, Debug)]
@@ -38,25 +54,10 @@ impl QView {
     }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct GemvQParams {
-    qs: u64,
-    aux: u64,
-    x: u64,
-    out: u64,
-    bias: u64,
-    rows: i32,
-    cols: i32,
-    n_tok: i32,
-    x_stride: i32,
-    out_stride: i32,
-    accumulate: i32,
-    qs_row: i32,
-    aux_row: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for GemvQParams {}
+kernel_params! { GemvQParams {
+    qs: u64, aux: u64, x: u64, out: u64, bias: u64, rows: i32, cols: i32, n_tok: i32, x_stride: i32,
+    out_stride: i32, accumulate: i32, qs_row: i32, aux_row: i32
+} }
 
 /// Warps (one row each) of a quantized GEMV block (kernels/gemv_quant.cu: GEMVQ_WARPS).
 const GEMVQ_WARPS: usize = 4;
@@ -70,19 +71,7 @@ pub fn q8x_bytes(n_tok: usize, cols: usize) -> (usize, usize, usize) {
     (plane, 2 * plane, 2 * plane + n_tok * (cols / 16) * 8)
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct QuantizeXParams {
-    x: u64,
-    qx: u64,
-    ql: u64,
-    xs: u64,
-    n_tok: i32,
-    cols: i32,
-    x_stride: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for QuantizeXParams {}
+kernel_params! { QuantizeXParams { x: u64, qx: u64, ql: u64, xs: u64, n_tok: i32, cols: i32, x_stride: i32 } }
 
 /// `x [n_tok, x_stride]` f32 quantized into `xq` (layout: [`q8x_bytes`]) in blocks of 32:
 /// the input of the int8 GEMV ([`GemvQ`] with `xq`). CPU twin: `q8x::quantize`.
@@ -124,26 +113,10 @@ impl QuantizeX {
     }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct GemvQ8Params {
-    qs: u64,
-    aux: u64,
-    qx: u64,
-    ql: u64,
-    xs: u64,
-    out: u64,
-    bias: u64,
-    rows: i32,
-    cols: i32,
-    n_tok: i32,
-    out_stride: i32,
-    accumulate: i32,
-    qs_row: i32,
-    aux_row: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for GemvQ8Params {}
+kernel_params! { GemvQ8Params {
+    qs: u64, aux: u64, qx: u64, ql: u64, xs: u64, out: u64, bias: u64, rows: i32, cols: i32, n_tok: i32,
+    out_stride: i32, accumulate: i32, qs_row: i32, aux_row: i32
+} }
 
 /// `out[t, r] (+)= sum_c w[r, c] x[t, c] (+ bias[r])` for `n_tok <= 8`, `w` quantized; with
 /// `swiglu`, `w` is the stacked gate/up `[2 rows, cols]` and `out[t, r] = silu(gate) * up`.
@@ -266,40 +239,14 @@ impl GemvQ {
     }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct GemmQParams {
-    qs: u64,
-    aux: u64,
-    x: u64,
-    out: u64,
-    bias: u64,
-    part: u64,
-    rows: i32,
-    cols: i32,
-    n_tok: i32,
-    out_stride: i32,
-    accumulate: i32,
-    qs_row: i32,
-    aux_row: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for GemmQParams {}
+kernel_params! { GemmQParams {
+    qs: u64, aux: u64, x: u64, out: u64, bias: u64, part: u64, rows: i32, cols: i32, n_tok: i32,
+    out_stride: i32, accumulate: i32, qs_row: i32, aux_row: i32
+} }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct SplitReduceParams {
-    part: u64,
-    out: u64,
-    bias: u64,
-    rows: i32,
-    n_tok: i32,
-    out_stride: i32,
-    accumulate: i32,
-    nk: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
-unsafe impl DeviceRepr for SplitReduceParams {}
+kernel_params! { SplitReduceParams {
+    part: u64, out: u64, bias: u64, rows: i32, n_tok: i32, out_stride: i32, accumulate: i32, nk: i32
+} }
 
 /// Rows and columns of the weight tile of one block (kernels/gemm_quant.cu: QG_BM, QG_BK).
 const GEMMQ_BM: usize = 64;
@@ -425,20 +372,14 @@ impl GemmQ {
     }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct DequantParams {
-    qs: u64,
-    aux: u64,
-    out: u64,
-    row0: i64,
-    n_rows: i32,
-    cols: i32,
-    qs_row: i32,
-    aux_row: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for DequantParams {}
+kernel_params! { DequantParams {
+    qs: u64, aux: u64, out: u64, row0: i64, n_rows: i32, cols: i32, qs_row: i32, aux_row: i32
+} }
+
+/// Threads of a widening block, and the columns of a row it widens: DQ_PASSES (2) rounds of
+/// DQ_THREADS lanes storing 8 values each (kernels/dequant.cu).
+const DEQUANT_THREADS: usize = 256;
+const DEQUANT_COLS: usize = 2 * DEQUANT_THREADS * 8;
 
 /// Rows `row0 .. row0 + n_rows` of a quantized matrix widened to F16 into `out`
 /// (`[n_rows, cols]`, 16-byte aligned): the scratch the tensor-core GEMM and cuBLAS read.
@@ -472,25 +413,15 @@ impl DequantF16 {
             qs_row,
             aux_row,
         };
-        let blocks = blocks_for(K, units, 256)?.min(132 * 16);
-        launch(k, s, DEQUANT_ENTRIES[self.w.fmt.index], (blocks, 1, 1), 256, 0, &p)
+        // One block per (row, DEQUANT_COLS columns of it).
+        let blocks = blocks_for(K, self.n_rows * self.w.cols.div_ceil(DEQUANT_COLS), 1)?;
+        launch(k, s, DEQUANT_ENTRIES[self.w.fmt.index], (blocks, 1, 1), DEQUANT_THREADS as u32, 0, &p)
     }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct EmbeddingQParams {
-    qs: u64,
-    aux: u64,
-    ids: u64,
-    out: u64,
-    n_tok: i32,
-    cols: i32,
-    qs_row: i32,
-    aux_row: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for EmbeddingQParams {}
+kernel_params! { EmbeddingQParams {
+    qs: u64, aux: u64, ids: u64, out: u64, n_tok: i32, cols: i32, qs_row: i32, aux_row: i32
+} }
 
 /// `out[t] = f32(table[ids[t]])` from a quantized table `[vocab, dim]`; ids `< vocab` (checked
 /// on the host).
@@ -524,28 +455,9 @@ impl EmbeddingQ {
     }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct FillBytesParams {
-    out: u64,
-    n: i64,
-    seed: u64,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for FillBytesParams {}
+kernel_params! { FillBytesParams { out: u64, n: i64, seed: u64 } }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct TileAuxParams {
-    out: u64,
-    tmpl: u64,
-    n_blocks: i64,
-    seed: u64,
-    ab: i32,
-    n_tmpl: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for TileAuxParams {}
+kernel_params! { TileAuxParams { out: u64, tmpl: u64, n_blocks: i64, seed: u64, ab: i32, n_tmpl: i32 } }
 
 /// Synthetic quantized weights made on the GPU: random qs bytes, and aux blocks each copied
 /// from one of the host-quantized templates `tmpl` (`[n_tmpl, fmt.ab]`), chosen by a hash.
