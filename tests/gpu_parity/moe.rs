@@ -260,19 +260,13 @@ fn grouped_expert_products_every_format_and_token_count() {
     }
 }
 
-/// Down + weighted sum in one launch (one stream) against the CPU: per pair the expert's down
-/// product, summed per token in slot order into the residual; k = 8 (a warp per slot) and 1.
+/// One pair's down product: `(pair, activations [f], out [dim])`.
+pub(super) type DownFn<'a> = dyn FnMut(usize, &[f32], &mut [f32]) + 'a;
+
 /// Twin of the pair-mode down + weighted sum: `x[t] + sum_j wts[p] * down_p(act[p])` over the
 /// slots `p = t k + j` in slot order (`x` `[n_tok, dim]`, `act` `[n_tok k, f]`); `down(p, a, y)`
 /// writes pair `p`'s product of its activations `a` into `y` `[dim]`.
-pub(super) fn down_sum_twin(
-    x: &[f32],
-    act: &[f32],
-    wts: &[f32],
-    k: usize,
-    f: usize,
-    down: &mut dyn FnMut(usize, &[f32], &mut [f32]),
-) -> Vec<f32> {
+pub(super) fn down_sum_twin(x: &[f32], act: &[f32], wts: &[f32], k: usize, f: usize, down: &mut DownFn) -> Vec<f32> {
     let n = wts.len() / k;
     let dim = x.len() / n;
     let mut want = x.to_vec();
@@ -289,6 +283,8 @@ pub(super) fn down_sum_twin(
     want
 }
 
+/// Down + weighted sum in one launch (one stream) against the CPU: per pair the expert's down
+/// product, summed per token in slot order into the residual; k = 8 (a warp per slot) and 1.
 #[test]
 fn down_sum_equals_cpu_down_then_slot_order_sum() {
     let Some(mut g) = gpu("moe down sum") else { return };
