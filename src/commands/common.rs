@@ -177,7 +177,7 @@ pub fn make_backend_weights(
                 f16_weights,
                 ..cuda_options(ordinal, blocks, (max_batch_tokens, seqs), ptx_dir)
             };
-            let b = crate::backend::cuda::backend::CudaBackend::new(cfg.clone(), w, &opts)
+            let b = crate::backend::cuda::model::CudaBackend::new(cfg.clone(), w, &opts)
                 .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
             Box::new(b)
         }
@@ -274,7 +274,7 @@ pub fn make_synthetic_backend_for(
                 anyhow::anyhow!("--dtype {dtype}: synthetic GPU weights are f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k or q4_k_m")
             })?;
             let opts = cuda_options(ordinal, tokens.div_ceil(BLOCK_SIZE).max(1), (max_batch_tokens, seqs), ptx_dir);
-            let b = crate::backend::cuda::backend::CudaBackend::synthetic_mix(cfg, mix, 1, &opts)
+            let b = crate::backend::cuda::model::CudaBackend::synthetic_mix(cfg, mix, 1, &opts)
                 .with_context(|| format!("making a synthetic {shape} on cuda:{ordinal}"))?;
             Ok(Box::new(b))
         }

@@ -11,11 +11,11 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::backend::{open, CudaBackend, CudaOptions, Parts};
 use super::device::up;
 use super::dmat::{DevMat, Linear};
 use super::hybrid::{HybridCuda, LinearW};
 use super::layer::{LayerW, SynthMats};
+use super::model::{open, CudaBackend, CudaOptions, Parts};
 use super::moe::MoeLayerW;
 use super::shared_expert::SharedExpertW;
 use super::synth::{hybrid_shapes, moe_formats, synthetic_matrix_bytes, WeightMix};

@@ -10,9 +10,9 @@ use std::time::Duration;
 use cudarc::driver::sys::CUevent_flags;
 
 use super::argmax::MaskedArgmaxRows;
-use super::backend::CudaBackend;
 use super::device::zeros;
 use super::launch::Dev;
+use super::model::CudaBackend;
 use super::step_flat::Flat;
 use super::CudaError;
 use crate::backend::masks::{FillMasks, MaskRows, MaskedGreedy};

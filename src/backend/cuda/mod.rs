@@ -23,8 +23,8 @@
 //!    (its attention), `workspace` (its buffers), `graph` (captured CUDA graphs), `seqs`,
 //!    `layer` (one layer's device weights), `synth` (synthetic models' formats and bytes),
 //!    `hybrid` (the linear-attention layers), `memory` (the memory plan).
-//! 4. `backend`: the `CudaBackend` struct, its construction and the `Backend` entry points.
-//! 5. Modules that extend `CudaBackend` with `impl` blocks and so import `backend`, which never
+//! 4. `model`: the `CudaBackend` struct, its construction and the `Backend` entry points.
+//! 5. Modules that extend `CudaBackend` with `impl` blocks and so import `model`, which never
 //!    names them: `step_inputs` (the plan flattened), `step` (the layers' launches, graph
 //!    replay), `masked` (the grammar-masked greedy step), `hybrid_synth` (synthetic hybrid
 //!    models).
@@ -32,7 +32,6 @@
 pub mod add;
 pub mod argmax;
 pub mod attention;
-pub mod backend;
 pub mod cascade;
 pub mod cublas_gemm;
 pub mod deltanet;
@@ -52,6 +51,7 @@ mod layer;
 pub mod masked;
 pub mod matmul;
 pub mod memory;
+pub mod model;
 pub mod moe;
 pub mod moe_gemm;
 pub mod moe_q8;
@@ -84,9 +84,9 @@ use std::path::PathBuf;
 
 use crate::backend::BackendError;
 
-pub use backend::{CudaBackend, CudaOptions};
 pub use device::CudaDevice;
 pub use memory::{plan_memory, MemoryPlan};
+pub use model::{CudaBackend, CudaOptions};
 pub use synth::WeightMix;
 pub use tap::CudaTap;
 

@@ -28,12 +28,12 @@
 use cudarc::driver::{CudaSlice, CudaStream};
 use rayon::prelude::*;
 
-use super::backend::CudaBackend;
 use super::gemm_tc::TC_MAX_TOKENS;
 use super::graph::StepGraphs;
 use super::kv_cache::QkvPost;
 use super::launch::Dev;
 use super::matmul::{swiglu, Mm, Product};
+use super::model::CudaBackend;
 use super::ops as l;
 use super::profile::Profiler;
 use super::qlaunch::EmbeddingQ;

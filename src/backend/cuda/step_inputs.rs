@@ -2,9 +2,9 @@
 //! inputs written to `CudaBackend::host_meta` in the layout of `workspace::layout`, with the
 //! work buffers grown to fit (`ensure_work`). `step` runs what this prepares.
 
-use super::backend::CudaBackend;
 use super::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
 use super::graph::GraphKey;
+use super::model::CudaBackend;
 use super::step_flat::Flat;
 use super::workspace::{grow, layout};
 use super::CudaError;

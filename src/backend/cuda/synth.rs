@@ -1,6 +1,6 @@
 //! Synthetic models (`bench --synthetic`, random weights made on the GPU): the formats of a
 //! weight mix, every matrix's (format, rows, cols) in the order the constructors make them
-//! (`backend::CudaBackend::synthetic_mix`, `hybrid_synth`), and the device bytes the memory
+//! (`model::CudaBackend::synthetic_mix`, `hybrid_synth`), and the device bytes the memory
 //! plan counts before anything is made.
 
 use super::moe_slab::slab_bytes;
