@@ -47,17 +47,8 @@ struct MoeMatParams {
     int x_by_token;      // 1: the input row of pair p is its token p / k (gate/up reads h); 0: row p (down reads act)
 };
 
-// An input load: through the read-only path, or (CG: inputs written earlier in the same launch;
-// every launch here passes false) a plain coherent load. The L1 may keep those: no block of the launch reads such a row
-// before the flag that says it is complete (a row read through the L2 instead costs every warp
-// the L2's latency on each input load).
-template <bool CG>
-__device__ __forceinline__ float4 ld_in(const float4* p) {
-    return CG ? *p : __ldg(p);
-}
-
 // acc[r][t] += row r . x[t] over the units of this lane (u = sub, sub + lpr, ...).
-template <class F, int NT, int NR, bool CG = false>
+template <class F, int NT, int NR>
 struct RowDot {
     static __device__ __forceinline__ void run(const QRow* rows, int units, int sub, int lpr, const float* const* xs,
                                                int nt, float (&acc)[NR][NT]) {
@@ -79,7 +70,7 @@ struct RowDot {
                         const float4* xv = reinterpret_cast<const float4*>(xs[t] + st);
                         float4 v[4];
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) v[i] = ld_in<CG>(xv + i);
+                        for (int i = 0; i < 4; ++i) v[i] = __ldg(xv + i);
                         run_dot_f32<NR, NT>(v, q, ca, cb, acc, t);
                     }
                 }
@@ -88,8 +79,8 @@ struct RowDot {
     }
 };
 
-template <int NT, int NR, bool CG>
-struct RowDot<FF16, NT, NR, CG> {
+template <int NT, int NR>
+struct RowDot<FF16, NT, NR> {
     static __device__ __forceinline__ void run(const QRow* rows, int units, int sub, int lpr, const float* const* xs,
                                                int nt, float (&acc)[NR][NT]) {
         for (int u = sub; u < units; u += lpr) {
@@ -100,7 +91,7 @@ struct RowDot<FF16, NT, NR, CG> {
             for (int t = 0; t < NT; ++t) {
                 if (t < nt) {
                     const float4* xv = reinterpret_cast<const float4*>(xs[t] + 8 * u);
-                    const float4 a = ld_in<CG>(xv), b = ld_in<CG>(xv + 1);
+                    const float4 a = __ldg(xv), b = __ldg(xv + 1);
                     const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
                     for (int r = 0; r < NR; ++r) acc[r][t] += dot8(w[r], x);
@@ -139,7 +130,7 @@ __device__ __forceinline__ const float* item_input(const MoeMatParams& p, int gr
 // Output rows RG at a time of one expert for the items `it`, NT items per pass, the rows of row
 // tile `tile` (blockDim.x / 32 * 32 / lpr * RG rows). GATE_UP: weight rows r of the gate slab
 // and r of the up slab, out = silu(gate) * up; else plain. Both walks run this one body.
-template <class F, int NT, int RG, bool GATE_UP, bool CG = false>
+template <class F, int NT, int RG, bool GATE_UP>
 __device__ __forceinline__ void moe_mat_rows(const MoeMatParams& p, int grouped, const Items it, int tile) {
     constexpr int NR = GATE_UP ? 2 * RG : RG;
     if (it.count == 0) return;
@@ -169,7 +160,7 @@ __device__ __forceinline__ void moe_mat_rows(const MoeMatParams& p, int grouped,
         for (int r = 0; r < NR; ++r)
 #pragma unroll
             for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-        RowDot<F, NT, NR, CG>::run(rows, units, sub, p.lpr, xs, nt, acc);
+        RowDot<F, NT, NR>::run(rows, units, sub, p.lpr, xs, nt, acc);
 #pragma unroll
         for (int r = 0; r < NR; ++r)
 #pragma unroll
@@ -518,15 +509,9 @@ struct DownSumParams {
 
 #define DS_RG 4  // rows per row group
 
-// A load of routing data (ids, weights): plain, or (CG: written earlier in the same launch) through the L2.
-template <bool CG, class T>
-__device__ __forceinline__ T ld_route(const T* p) {
-    return CG ? __ldcg(p) : *p;
-}
-
 // Warp j < k: rows row0 .. row0 + (32 / lpr) * DS_RG of slot j's expert for token t, row tile
-// `tile`; warps from k on only join the barrier. CG: act, ids and wts were written in this launch.
-template <class F, bool CG>
+// `tile`; warps from k on only join the barrier.
+template <class F>
 __device__ __forceinline__ void moe_down_sum_rows(const DownSumParams& p, int t, int tile) {
     __shared__ float part[8][32 * DS_RG];  // [slot, row of the block]
     const int j = threadIdx.x / WARP, lane = threadIdx.x % WARP;
@@ -535,7 +520,7 @@ __device__ __forceinline__ void moe_down_sum_rows(const DownSumParams& p, int t,
     const int row0 = tile * per_block;
     if (j < p.k) {
         const int pair = t * p.k + j;
-        const long long base = (long long)ld_route<CG>(p.ids + pair) * p.rows;
+        const long long base = (long long)p.ids[pair] * p.rows;
         QRow rows[DS_RG];
 #pragma unroll
         for (int r = 0; r < DS_RG; ++r) {
@@ -546,7 +531,7 @@ __device__ __forceinline__ void moe_down_sum_rows(const DownSumParams& p, int t,
         float acc[DS_RG][1];
 #pragma unroll
         for (int r = 0; r < DS_RG; ++r) acc[r][0] = 0.0f;
-        RowDot<F, 1, DS_RG, CG>::run(rows, p.cols / F::UE, sub, p.lpr, xs, 1, acc);
+        RowDot<F, 1, DS_RG>::run(rows, p.cols / F::UE, sub, p.lpr, xs, 1, acc);
 #pragma unroll
         for (int r = 0; r < DS_RG; ++r) acc[r][0] = group_sum(acc[r][0], p.lpr);
         if (sub == 0) {
@@ -557,14 +542,14 @@ __device__ __forceinline__ void moe_down_sum_rows(const DownSumParams& p, int t,
     __syncthreads();
     for (int r = threadIdx.x; r < per_block && row0 + r < p.rows; r += blockDim.x) {
         float s = 0.0f;
-        for (int i = 0; i < p.k; ++i) s += ld_route<CG>(p.wts + t * p.k + i) * part[i][r];
+        for (int i = 0; i < p.k; ++i) s += *(p.wts + t * p.k + i) * part[i][r];
         p.x[(long long)t * p.rows + row0 + r] += s;
     }
 }
 
 template <class F>
 __device__ __forceinline__ void moe_down_sum_impl(const DownSumParams& p) {
-    moe_down_sum_rows<F, false>(p, blockIdx.y, blockIdx.x);
+    moe_down_sum_rows<F>(p, blockIdx.y, blockIdx.x);
 }
 
 // grid (ceil(rows / ((32 / lpr) * DS_RG)), n_tok), block 32 * k.

@@ -66,34 +66,10 @@ extern "C" __global__ void __launch_bounds__(256) shexp_gate_q8_f32(const ShexpQ
         const bool live = c4 < per_tok;
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (live) v = *reinterpret_cast<const float4*>(p.act + t * p.f + 4 * c4);
-        const float vv[4] = {scale * v.x, scale * v.y, scale * v.z, scale * v.w};
-        float amax = fmaxf(fmaxf(fabsf(vv[0]), fabsf(vv[1])), fmaxf(fabsf(vv[2]), fabsf(vv[3])));
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
-        const float d = amax / 127.0f;
-        const float id = d > 0.0f ? 1.0f / d : 0.0f;
-        const float dl = __fmul_rn(d, Q8X_LO);
-        const float idl = dl > 0.0f ? 1.0f / dl : 0.0f;
-        int q[4], l[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            q[k] = __float2int_rn(__fmul_rn(vv[k], id));
-            const float r = __fmaf_rn(-d, (float)q[k], vv[k]);
-            l[k] = max(-127, min(127, __float2int_rn(__fmul_rn(r, idl))));
-        }
-        int s = q[0] + q[1] + q[2] + q[3], sl = l[0] + l[1] + l[2] + l[3];
-        s += __shfl_xor_sync(FULL_MASK, s, 1);
-        s += __shfl_xor_sync(FULL_MASK, s, 2);
-        sl += __shfl_xor_sync(FULL_MASK, sl, 1);
-        sl += __shfl_xor_sync(FULL_MASK, sl, 2);
+        const Q8Quad o = q8_quad(make_float4(scale * v.x, scale * v.y, scale * v.z, scale * v.w));
         if (!live) continue;
-        const unsigned wh = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (unsigned)(q[3] & 0xff) << 24;
-        const unsigned wl = (l[0] & 0xff) | (l[1] & 0xff) << 8 | (l[2] & 0xff) << 16 | (unsigned)(l[3] & 0xff) << 24;
-        reinterpret_cast<unsigned*>(p.qx + t * p.f)[c4] = wh;
-        reinterpret_cast<unsigned*>(p.ql + t * p.f)[c4] = wl;
-        if ((c4 & 3) == 0) {
-            const float sum = __fmaf_rn(dl, (float)sl, __fmul_rn(d, (float)s));
-            p.xs[t * (p.f / 16) + c4 / 4] = make_float2(d, sum);
-        }
+        reinterpret_cast<unsigned*>(p.qx + t * p.f)[c4] = o.wh;
+        reinterpret_cast<unsigned*>(p.ql + t * p.f)[c4] = o.wl;
+        if ((c4 & 3) == 0) p.xs[t * (p.f / 16) + c4 / 4] = o.xs;
     }
 }

@@ -401,3 +401,64 @@ fn bench_qwen36_35b_fusions() {
     run(&mut b, big, "norms unfolded", false, true);
     run(&mut b, big, "dn + shexp launches apart", true, false);
 }
+
+/// The shared-prefix job of tests/arch_qwen35_moe.rs through the engine on the CUDA backend
+/// (device state snapshots): 16 prompts of a 320-token shared prefix (20 KV blocks) + 20
+/// unique tokens, 8 slots, 3 tokens each. The first request computes its 340 tokens; the
+/// second finds the 20 blocks cached without a state, computes them again and snapshots the
+/// state at the block boundary; the other 14 restore blocks and snapshot together and compute
+/// their 20 own tokens: 2 x 340 + 14 x 20 of 16 x 340 (17.6%). The outputs equal the same
+/// job's with the prefix cache off on the GPU; how many equal the CPU engine's is printed
+/// (a router near-tie that the GPU's F16 prefill rounding flips may move a CPU-vs-GPU token,
+/// see the module notes; the on/off runs share that rounding up to the restored state).
+pub(super) fn shared_prefix_job_on_cuda(arch: &str, file: &str) {
+    use dustoff::backend::Backend;
+    use dustoff::engine::batch::{Engine, EngineConfig, EngineMetrics, Request};
+    use dustoff::engine::sampler::SamplingParams;
+    use std::collections::BTreeMap;
+    let m = model(arch, file);
+    let r = refs_in(&arch_dir(arch));
+    let mut prefix = super::common::ids(&r[5], "prompt_ids");
+    prefix.extend(super::common::ids(&r[4], "prompt_ids"));
+    prefix.truncate(320);
+    fn run<B: Backend>(b: B, prefix: &[u32], fp: [u8; 32], cache: bool) -> (BTreeMap<u64, Vec<u32>>, EngineMetrics) {
+        let cfg = EngineConfig { slots: 8, max_batch_tokens: 512, prefix_cache: cache, model_fingerprint: fp };
+        let mut e = Engine::new(b, cfg).unwrap();
+        for i in 0..16u32 {
+            let prompt = [prefix.to_vec(), (0..20).map(|k| 100 + 37 * i + k).collect()].concat();
+            let req = Request { id: i as u64, prompt, max_tokens: 3, sampling: SamplingParams::greedy(), stop_ids: vec![] };
+            e.add_request(req).unwrap();
+        }
+        let done = e.run_to_completion().unwrap();
+        (done.into_iter().map(|c| (c.id, c.token_ids)).collect(), e.metrics())
+    }
+    let fp = m.fingerprint;
+    let cpu = dustoff::backend::cpu::CpuBackend::new(m.config.clone(), m.weights.clone(), 512, 16);
+    let (on_cpu, _) = run(cpu, &prefix, fp, false);
+    let (off, mt_off) = run(cuda(&m, 512), &prefix, fp, false);
+    let (on, mt) = run(cuda(&m, 512), &prefix, fp, true);
+    assert_eq!(mt_off.prompt_tokens_computed, 16 * 340, "{arch}: cache off: {mt_off:?}");
+    assert_eq!(mt.prompt_tokens, 16 * 340, "{arch}: {mt:?}");
+    assert_eq!(mt.prompt_tokens_computed, 2 * 340 + 14 * 20, "{arch}: prompt tokens computed: {mt:?}");
+    assert_eq!(mt.prompt_tokens_cached, 14 * 320, "{arch}: {mt:?}");
+    assert_eq!(on, off, "{arch}: the shared-prefix job's outputs with the prefix cache on and off (GPU)");
+    let same = on.iter().filter(|(i, t)| on_cpu.get(i) == Some(t)).count();
+    eprintln!(
+        "{arch} shared-prefix job on cuda: computed {} of {} prompt tokens ({:.1}%); outputs on = off; {same} of 16 requests equal the CPU engine's",
+        mt.prompt_tokens_computed,
+        mt.prompt_tokens,
+        100.0 * mt.prompt_tokens_computed as f64 / mt.prompt_tokens as f64
+    );
+}
+
+#[test]
+fn qwen35moe_shared_prefix_job_on_cuda_computes_a_sixth_of_its_prompt_tokens() {
+    let Some(_g) = gpu("qwen35moe shared-prefix job") else { return };
+    shared_prefix_job_on_cuda("qwen3_5_moe", "qwen3_5_moe-f16.gguf");
+}
+
+#[test]
+fn qwen35_shared_prefix_job_on_cuda_computes_a_sixth_of_its_prompt_tokens() {
+    let Some(_g) = gpu("qwen35 shared-prefix job") else { return };
+    shared_prefix_job_on_cuda("qwen3_5", "qwen3_5-f16.gguf");
+}
