@@ -45,6 +45,13 @@ struct MoeMatParams {
     int aux_row;         // bytes of one row in aux (F16: 0)
     int lpr;             // lanes per row group: 1, 2, 4, ..., 32
     int x_by_token;      // 1: the input row of pair p is its token p / k (gate/up reads h); 0: row p (down reads act)
+    // Pair mode with a shared expert (Qwen3.5-MoE / Qwen3-Next one-stream steps): block rows
+    // n_pairs + t of the grid are token t's shared expert, whose gate / up rows (the routed
+    // experts' width and format) start at these (null otherwise); its output is row n_pairs + t.
+    const u8_t* sh_qs;
+    const u8_t* sh_aux;
+    const u8_t* sh_qs2;
+    const u8_t* sh_aux2;
 };
 
 // acc[r][t] += row r . x[t] over the units of this lane (u = sub, sub + lpr, ...).
@@ -112,18 +119,22 @@ struct Items {
     int expert, first, count;
 };
 
+// Pair mode: expert -1 is the shared expert (block rows from n_pairs on).
 __device__ __forceinline__ Items block_items(const MoeMatParams& p, int grouped) {
     if (grouped) {
         const int e = blockIdx.y;
         return {e, p.offsets[e], p.offsets[e + 1] - p.offsets[e]};
     }
+    if ((int)blockIdx.y >= p.n_pairs) return {-1, (int)blockIdx.y, 1};
     return {p.ids[blockIdx.y], (int)blockIdx.y, 1};
 }
 
-// The input row of item q (a grouped position, or a pair in pair mode).
+// The input row of item q (a grouped position, or a pair in pair mode; from n_pairs on the
+// shared expert's of token q - n_pairs).
 __device__ __forceinline__ const float* item_input(const MoeMatParams& p, int grouped, int q) {
     const int pair = grouped ? p.entries[q] : q;
-    const int row = p.x_by_token ? pair / p.k : q;
+    const int tok = !grouped && pair >= p.n_pairs ? pair - p.n_pairs : pair / p.k;
+    const int row = p.x_by_token ? tok : q;
     return p.x + (long long)row * p.x_stride;
 }
 
@@ -141,13 +152,16 @@ __device__ __forceinline__ void moe_mat_rows(const MoeMatParams& p, int grouped,
     const int row0 = (tile * groups_per_block + group) * RG;
     // Whole warps stay to the end (shuffles); rows past the end are computed, not written.
     if ((tile * groups_per_block + (threadIdx.x / WARP) * (WARP / p.lpr)) * RG >= p.rows) return;
-    const long long base = (long long)it.expert * p.rows;
+    const bool sh = !grouped && it.expert < 0;
+    const long long base = sh ? 0 : (long long)it.expert * p.rows;
+    const u8_t* qs = sh ? p.sh_qs : p.qs;
+    const u8_t* aux = sh ? p.sh_aux : p.aux;
     QRow rows[NR];
 #pragma unroll
     for (int r = 0; r < RG; ++r) {
         const long long row = base + min(row0 + r, p.rows - 1);
-        rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
-        if (GATE_UP) rows[RG + r] = q_row(p.qs2, p.aux2, row, p.qs_row, p.aux_row);
+        rows[r] = q_row(qs, aux, row, p.qs_row, p.aux_row);
+        if (GATE_UP) rows[RG + r] = q_row(sh ? p.sh_qs2 : p.qs2, sh ? p.sh_aux2 : p.aux2, row, p.qs_row, p.aux_row);
     }
     const int units = p.cols / F::UE;
     for (int c = 0; c < it.count; c += NT) {
@@ -468,20 +482,29 @@ struct RouteFusedParams {
     int n_experts;
     int k;
     int norm;
+    // With a shared expert (pair mode): its gate row [dim] f32; block n_experts of each token
+    // writes sigmoid(gate . x[t]) to wts[n_tok k + t], the weight of its slot k (else null).
+    const float* sh_gate;
 };
 
-// grid (n_experts, n_tok), block 128 (a block per expert, as moe_router_logits_f32); dynamic
-// shared memory: 8 n_experts + 8 k + 128 bytes (block_top_k).
+// grid (n_experts (+ 1 with sh_gate), n_tok), block 128 (a block per expert, as
+// moe_router_logits_f32); dynamic shared memory: 8 n_experts + 8 k + 128 bytes (block_top_k).
 extern "C" __global__ void __launch_bounds__(128) moe_route_fused_f32(const RouteFusedParams p) {
     extern __shared__ __align__(16) unsigned char route_sh[];
     __shared__ float scratch[32];
     __shared__ int last;
     const int t = blockIdx.y, e = blockIdx.x;
+    if (e >= p.n_experts) {
+        // The shared expert's gate (shexp_gate_add_f32's sigmoid); not counted below.
+        const float g = router_dot(p.x + (long long)t * p.dim, p.sh_gate, p.dim, scratch);
+        if (threadIdx.x == 0) p.wts[p.n_tok * p.k + t] = 1.0f / (1.0f + expf(-g));
+        return;
+    }
     const float v = router_dot(p.x + (long long)t * p.dim, p.w + (long long)e * p.dim, p.dim, scratch);
     if (threadIdx.x == 0) p.logits[(long long)t * p.n_experts + e] = v;
     __threadfence();  // this block's logits are visible before its count
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(p.count + t, 1u) == gridDim.x - 1;
+    if (threadIdx.x == 0) last = atomicAdd(p.count + t, 1u) == (unsigned)p.n_experts - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();  // the other blocks' logits, counted before ours
@@ -505,27 +528,35 @@ struct DownSumParams {
     int qs_row;
     int aux_row;
     int lpr;            // lanes per row group
+    // With a shared expert (its down rows: the routed experts' shape and format; else null):
+    // warp k computes it for token t from act row n_tok k + t, weight wts[n_tok k + t].
+    const u8_t* sh_qs;
+    const u8_t* sh_aux;
 };
 
 #define DS_RG 4  // rows per row group
 
 // Warp j < k: rows row0 .. row0 + (32 / lpr) * DS_RG of slot j's expert for token t, row tile
-// `tile`; warps from k on only join the barrier.
+// `tile`; warp k the shared expert's where there is one; further warps only join the barrier.
+// The slot of pair index pair_of(j) (the shared expert's after all n_tok k routed pairs).
 template <class F>
 __device__ __forceinline__ void moe_down_sum_rows(const DownSumParams& p, int t, int tile) {
-    __shared__ float part[8][32 * DS_RG];  // [slot, row of the block]
+    __shared__ float part[9][32 * DS_RG];  // [slot, row of the block]
     const int j = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int sub = lane % p.lpr, group = lane / p.lpr;
     const int per_block = (WARP / p.lpr) * DS_RG;
     const int row0 = tile * per_block;
-    if (j < p.k) {
-        const int pair = t * p.k + j;
-        const long long base = (long long)p.ids[pair] * p.rows;
+    const int slots = p.k + (p.sh_qs != nullptr);
+    const int shared_pair = (int)gridDim.y * p.k + t;
+    if (j < slots) {
+        const bool sh = j == p.k;
+        const int pair = sh ? shared_pair : t * p.k + j;
+        const long long base = sh ? 0 : (long long)p.ids[pair] * p.rows;
         QRow rows[DS_RG];
 #pragma unroll
         for (int r = 0; r < DS_RG; ++r) {
             const long long row = base + min(row0 + group * DS_RG + r, p.rows - 1);
-            rows[r] = q_row(p.qs, p.aux, row, p.qs_row, p.aux_row);
+            rows[r] = q_row(sh ? p.sh_qs : p.qs, sh ? p.sh_aux : p.aux, row, p.qs_row, p.aux_row);
         }
         const float* xs[1] = {p.act + (long long)pair * p.cols};
         float acc[DS_RG][1];
@@ -543,6 +574,7 @@ __device__ __forceinline__ void moe_down_sum_rows(const DownSumParams& p, int t,
     for (int r = threadIdx.x; r < per_block && row0 + r < p.rows; r += blockDim.x) {
         float s = 0.0f;
         for (int i = 0; i < p.k; ++i) s += *(p.wts + t * p.k + i) * part[i][r];
+        if (slots > p.k) s += p.wts[shared_pair] * part[p.k][r];
         p.x[(long long)t * p.rows + row0 + r] += s;
     }
 }
@@ -552,8 +584,8 @@ __device__ __forceinline__ void moe_down_sum_impl(const DownSumParams& p) {
     moe_down_sum_rows<F>(p, blockIdx.y, blockIdx.x);
 }
 
-// grid (ceil(rows / ((32 / lpr) * DS_RG)), n_tok), block 32 * k.
+// grid (ceil(rows / ((32 / lpr) * DS_RG)), n_tok), block 32 * k (32 * (k + 1) with a shared expert).
 #define DOWN_SUM_ENTRY(name, F) \
-    extern "C" __global__ void __launch_bounds__(256) moe_down_sum_##name(const DownSumParams p) { moe_down_sum_impl<F>(p); }
+    extern "C" __global__ void __launch_bounds__(288) moe_down_sum_##name(const DownSumParams p) { moe_down_sum_impl<F>(p); }
 FOR_EACH_QFORMAT(DOWN_SUM_ENTRY)
 DOWN_SUM_ENTRY(f16, FF16)

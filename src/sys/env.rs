@@ -90,6 +90,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Tuning, "DUSTOFF_ATTN_FAST_EXP", "1", "`0`: the one-pass decode attention's exponentials as `expf` instead of one multiply and the SFU's 2^x"),
     var(Scope::Tuning, "DUSTOFF_DN_FUSED", "1", "`0`: a Gated DeltaNet layer runs conv1d and the L2 norms + gates as two kernels instead of one"),
     var(Scope::Tuning, "DUSTOFF_DN_RECUR_NORM", "1", "`0`: the step form of the delta rule and the gated RMSNorm of its output as two kernels instead of one"),
+    var(Scope::Tuning, "DUSTOFF_SHEXP_PAIRS", "1", "`0`: a one-stream step runs the shared expert in launches of its own instead of as one more pair of the routed experts' launches"),
     var(Scope::Tuning, "DUSTOFF_SHEXP_FUSED", "1", "`0`: the shared expert's gate as a launch of its own after the down product instead of folded into the down GEMV's int8 input"),
     var(Scope::Tuning, "DUSTOFF_DN_CHUNK_MIN", "32", "fewest tokens of a prompt chunk for the chunked (WY) delta rule; shorter chunks run the step form (`0`: never chunked)"),
     var(Scope::Run, "DUSTOFF_GRAPH_NODES", "0", "`1`: print the node count of every captured decode graph"),

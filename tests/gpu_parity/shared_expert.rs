@@ -105,12 +105,28 @@ fn shared_expert_gate_folded_into_the_int8_down_input() {
 
 #[test]
 fn sparse_layer_with_a_shared_expert_matches_the_cpu_reference() {
-    let Some(mut g) = gpu("shared expert layer") else { return };
+    // A shared expert of 512, wider than the routed ones (as the shape check allows).
+    sparse_layer_vs_cpu("shared expert layer", 512, TOKEN_COUNTS, false);
+}
+
+/// One-stream steps (1 to 8 tokens) with the shared expert as one more pair of the routed
+/// experts' three launches (src/backend/cuda/moe_shexp.rs: the gate block in the router, the
+/// gate/up block rows, the down warp), which needs the routed experts' width.
+#[test]
+fn shared_expert_inside_the_routed_launches_matches_the_cpu_reference() {
+    sparse_layer_vs_cpu("shared expert in the routed launches", 256, &[1, 2, 5, 8], true);
+}
+
+/// 8 experts of 256, 2 used, a shared expert of `sf`, width 256 (Q6_K rows are whole blocks of
+/// 256), F16 and Q4_K/Q6_K, at each of `counts` tokens against the CPU's `moe_ffn`; `in_pairs`:
+/// through `moe_shexp::moe_ffn_shared` (which must take every count), else `moe_ffn` and then
+/// `shared_expert_ffn`.
+fn sparse_layer_vs_cpu(test: &str, sf: usize, counts: &[usize], in_pairs: bool) {
+    use dustoff::backend::cuda::moe_shexp::{moe_ffn_shared, shared_pairs};
+    let Some(mut g) = gpu(test) else { return };
     let s = g.dev.stream.clone();
     let blas = cudarc::cublas::CudaBlas::new(s.clone()).unwrap();
-    // 8 experts of 256, 2 used, a shared expert of 512 (wider than the routed ones, as the
-    // shape check allows), width 256 (Q6_K rows are whole blocks of 256).
-    let (e, dim, f, sf, k) = (8, 256, 256, 512, 2);
+    let (e, dim, f, k) = (8, 256, 256, 2);
     for (gu, dn) in [(GgmlType::F16, GgmlType::F16), (GgmlType::Q4K, GgmlType::Q6K)] {
         let r = g.randn(e * dim, (3.0 / dim as f32).sqrt());
         let experts = (0..e)
@@ -136,25 +152,30 @@ fn sparse_layer_with_a_shared_expert_matches_the_cpu_reference() {
         };
         let (lw, _) = MoeLayerW::upload(&s, &w, false, "test layer").unwrap();
         let m = MoeConfig { n_experts: e, n_used: k, expert_ffn_dim: f, norm_topk_prob: true, sparse_layers: vec![] };
-        let nmax = *TOKEN_COUNTS.iter().max().unwrap();
+        let nmax = *counts.iter().max().unwrap();
         let mut work = MoeWork::default();
-        work.grow(&s, nmax, dim, &m).unwrap();
+        work.grow(&s, 2 * nmax, dim, &m).unwrap(); // room for the shared expert's pairs
         let mut sw = SharedWork::default();
         sw.grow(&s, nmax, dim, sf).unwrap();
         let x16 = g.zeros::<u16>(nmax.max(16) * sf.max(dim));
         let part = g.zeros::<f32>(tc64_part_len(2 * sf, dim, 64).max(tc64_part_len(dim, sf, 64)).max(1));
         let wide = g.zeros::<u16>(2 * sf * dim);
-        for &n in TOKEN_COUNTS {
+        for &n in counts {
             let (h, x) = (g.randn(n * dim, 1.0), g.randn(n * dim, 5.0));
             let mut out = vec![0f32; n * dim];
             cpu_moe_ffn(&w, &h, n, &mut out, &mut MoeScratch::default());
             let want: Vec<f32> = x.iter().zip(&out).map(|(a, b)| a + b).collect();
             let (hd, xd) = (g.up(&h), g.up(&x));
             let (hv, xv) = (g.d(&hd), g.d(&xd));
-            moe_ffn(&mut g.k, &s, &lw, &work, hv, xv, n).unwrap();
-            let mut mm = Mm { s: &s, blas: &blas, x16: g.d(&x16), part: g.d(&part), wide: Some(g.d(&wide)) };
-            let sh = lw.shared.as_ref().expect("the shared expert is uploaded");
-            shared_expert_ffn(&mut g.k, &mut mm, sh, &sw, hv, xv, n).unwrap();
+            if in_pairs {
+                let sh = shared_pairs(&lw, &work, n, &s).expect("a one-stream step takes the shared expert along");
+                moe_ffn_shared(&mut g.k, &s, &lw, &work, &sh, hv, xv, n).unwrap();
+            } else {
+                moe_ffn(&mut g.k, &s, &lw, &work, hv, xv, n).unwrap();
+                let mut mm = Mm { s: &s, blas: &blas, x16: g.d(&x16), part: g.d(&part), wide: Some(g.d(&wide)) };
+                let sh = lw.shared.as_ref().expect("the shared expert is uploaded");
+                shared_expert_ffn(&mut g.k, &mut mm, sh, &sw, hv, xv, n).unwrap();
+            }
             let name = if gu == GgmlType::F16 { "shared_expert_layer_f16" } else { "shared_expert_layer_quant" };
             eprintln!("{gu}/{dn}, {n} tokens");
             compare(name, g.seed + n as u64, &g.down(&xd), &want);

@@ -55,6 +55,7 @@ pub mod model;
 pub mod moe;
 pub mod moe_gemm;
 pub mod moe_q8;
+pub mod moe_shexp;
 pub mod moe_slab;
 pub mod nvrtc;
 pub mod ops;

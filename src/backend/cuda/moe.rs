@@ -26,6 +26,7 @@ use super::dmat::DevMat;
 use super::kernels::{Kernels, MOE_ENTRIES};
 use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
 use super::moe_gemm;
+use super::moe_shexp::ShexpPairs;
 pub use super::moe_slab::slab_bytes;
 pub use super::moe_slab::MoeDownSum;
 use super::moe_slab::{slab_view, RowWalk};
@@ -422,6 +423,10 @@ struct MatParams {
     aux_row: i32,
     lpr: i32,
     x_by_token: i32,
+    sh_qs: u64,
+    sh_aux: u64,
+    sh_qs2: u64,
+    sh_aux2: u64,
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for MatParams {}
@@ -455,6 +460,12 @@ pub struct MoeMat<'a> {
 
 impl MoeMat<'_> {
     pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        self.launch_sh(kn, s, None)
+    }
+
+    /// [`MoeMat::launch`]; with `sh` (pair-mode gate/up only) also the shared expert of each
+    /// token `t` as block row `n_pairs + t`, into output row `n_pairs + t`.
+    pub fn launch_sh(&self, kn: &mut Kernels, s: &CudaStream, sh: Option<&ShexpPairs>) -> Result<(), CudaError> {
         const K: &str = "moe_mat";
         let (fi, qs, aux, qs_row, aux_row, unit) = slab_view(self.slab, s)?;
         let cols = self.slab.cols;
@@ -480,15 +491,21 @@ impl MoeMat<'_> {
         })?;
         check(K, rows <= self.out_stride, || "output rows overlap their stride".into())?;
         let in_rows = if self.x_by_token { self.n_pairs / self.k } else { self.n_pairs };
+        let sh_rows = sh.map_or(0, |_| self.n_pairs / self.k);
+        if let Some(sh) = sh {
+            sh.check_gate_up(K, fi, (rows, cols), (qs_row, aux_row), self.up.is_some() && self.x_by_token)?;
+        }
         need(K, "input", self.x, super::launch::extent(in_rows, self.x_stride, cols))?;
-        need(K, "output", self.out, super::launch::extent(self.n_pairs, self.out_stride, rows))?;
+        need(K, "output", self.out, super::launch::extent(self.n_pairs + sh_rows, self.out_stride, rows))?;
         let (variant_base, grid_y, ids, offsets, entries) = match self.walk {
             Walk::Pairs { ids } => {
                 need(K, "ids", ids, self.n_pairs)?;
-                (0, self.n_pairs, ids.ptr, 0, 0)
+                (0, self.n_pairs + sh_rows, ids.ptr, 0, 0)
             }
             Walk::Grouped { offsets, entries, n_experts } => {
-                check(K, n_experts == self.n_experts, || "grouping of another expert count".into())?;
+                check(K, n_experts == self.n_experts && sh.is_none(), || {
+                    "grouping of another expert count (or a shared expert: pair mode only)".into()
+                })?;
                 need(K, "offsets", offsets, n_experts + 1)?;
                 need(K, "entries", entries, self.n_pairs)?;
                 (1, n_experts, 0, offsets.ptr, entries.ptr)
@@ -529,6 +546,10 @@ impl MoeMat<'_> {
             aux_row: i32_of(K, aux_row)?,
             lpr: lpr as i32,
             x_by_token: i32::from(self.x_by_token),
+            sh_qs: sh.map_or(0, |h| h.gu[0]),
+            sh_aux: sh.map_or(0, |h| h.gu[1]),
+            sh_qs2: sh.map_or(0, |h| h.gu[2]),
+            sh_aux2: sh.map_or(0, |h| h.gu[3]),
         };
         check(K, grid_y <= 65_535, || format!("{grid_y} block rows exceed the grid"))?;
         let grid = (blocks_for(K, rows, per_block)?, grid_y as u32, 1);
@@ -603,6 +624,7 @@ struct RouteFusedParams {
     n_experts: i32,
     k: i32,
     norm: i32,
+    sh_gate: u64,
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for RouteFusedParams {}
@@ -617,9 +639,20 @@ pub struct MoeRouteFused {
 
 impl MoeRouteFused {
     pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        self.launch_sh(kn, s, None)
+    }
+
+    /// [`MoeRouteFused::launch`]; with `sh` also each token's shared-expert gate
+    /// `sigmoid(gate . x[t])` into `wts[n_tok k + t]` (one more block per token).
+    pub fn launch_sh(&self, kn: &mut Kernels, s: &CudaStream, sh: Option<&ShexpPairs>) -> Result<(), CudaError> {
         const K: &str = "moe_route_fused_f32";
         let r = &self.route;
         r.check(K)?;
+        if let Some(sh) = sh {
+            need(K, "shared-expert gate", sh.gate, r.dim)?;
+            check(K, sh.gate.ptr.is_multiple_of(16), || "16-byte aligned gate row".into())?;
+            need(K, "weights", r.wts, r.n_tok * (r.k + 1))?;
+        }
         need(K, "counts", self.count, r.n_tok)?;
         check(K, r.n_tok <= 65_535, || format!("{} tokens exceed the grid", r.n_tok))?;
         if r.n_tok == 0 {
@@ -637,8 +670,9 @@ impl MoeRouteFused {
             n_experts: r.n_experts as i32,
             k: r.k as i32,
             norm: i32::from(r.norm),
+            sh_gate: sh.map_or(0, |h| h.gate.ptr),
         };
-        let grid = (r.n_experts as u32, r.n_tok as u32, 1);
+        let grid = (r.n_experts as u32 + u32::from(sh.is_some()), r.n_tok as u32, 1);
         launch(kn, s, K, grid, 128, top_k_smem(r.n_experts, r.k), &p)
     }
 }
@@ -653,6 +687,8 @@ struct DownSumParams {
     wts: u64,
     x: u64,
     walk: RowWalk,
+    sh_qs: u64,
+    sh_aux: u64,
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for DownSumParams {}
@@ -661,10 +697,21 @@ unsafe impl DeviceRepr for DownSumParams {}
 /// `launch_q8` in moe_q8.rs).
 impl MoeDownSum<'_> {
     pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        self.launch_sh(kn, s, None)
+    }
+
+    /// [`MoeDownSum::launch`]; with `sh` also each token's shared expert as slot `k` (warp
+    /// `k`: act row `n_tok k + t`, weight `wts[n_tok k + t]`), added last.
+    pub fn launch_sh(&self, kn: &mut Kernels, s: &CudaStream, sh: Option<&ShexpPairs>) -> Result<(), CudaError> {
         const K: &str = "moe_down_sum";
         let (fi, qs, aux, qs_row, aux_row, unit) = slab_view(self.down, s)?;
         let (rows, cols) = self.expert_shape(K)?;
         let pairs = self.check_pairs(K, rows, cols)?;
+        if let Some(sh) = sh {
+            sh.check_down(K, fi, (rows, cols), (qs_row, aux_row))?;
+            need(K, "activations", self.act, (pairs + self.n_tok) * cols)?;
+            need(K, "weights", self.wts, pairs + self.n_tok)?;
+        }
         if pairs == 0 || rows == 0 {
             return Ok(());
         }
@@ -678,9 +725,12 @@ impl MoeDownSum<'_> {
             wts: self.wts.ptr,
             x: self.x.ptr,
             walk: RowWalk::new(K, (rows, cols), self.k, (qs_row, aux_row), lpr)?,
+            sh_qs: sh.map_or(0, |h| h.down[0]),
+            sh_aux: sh.map_or(0, |h| h.down[1]),
         };
         let grid = (blocks_for(K, rows, per_block)?, self.n_tok as u32, 1);
-        launch(kn, s, MOE_ENTRIES[41 + fi], grid, 32 * self.k as u32, 0, &p)
+        let warps = self.k + usize::from(sh.is_some());
+        launch(kn, s, MOE_ENTRIES[41 + fi], grid, 32 * warps as u32, 0, &p)
     }
 }
 
@@ -702,7 +752,7 @@ pub fn moe_ffn(
     let norm = w.norm_topk_prob;
     let route = MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm };
     if let Some(path) = pair_path(w, n_tok) {
-        return pair_ffn(kn, s, w, work, h, x, n_tok, path, None);
+        return pair_ffn(kn, s, w, work, h, x, n_tok, path, None, None);
     }
     route.launch(kn, s)?;
     let (walk, position) = if n_tok <= pair_max_tokens() {
@@ -749,7 +799,7 @@ pub fn moe_ffn_normed(
     n_tok: usize,
 ) -> Result<(), CudaError> {
     if let Some(path) = pair_path(w, n_tok) {
-        return pair_ffn(kn, s, w, work, h, x, n_tok, path, Some((norm_w, eps)));
+        return pair_ffn(kn, s, w, work, h, x, n_tok, path, Some((norm_w, eps)), None);
     }
     NormIn { x, w: norm_w, h, n: n_tok, dim: w.dim, eps }.plain().launch(kn, s)?;
     moe_ffn(kn, s, w, work, h, x, n_tok)
@@ -761,7 +811,7 @@ pub fn top_k_smem(n: usize, k: usize) -> u32 {
 }
 
 /// The path of a step of `n_tok` tokens through the fused one-stream kernels, if it takes them.
-fn pair_path(w: &MoeLayerW, n_tok: usize) -> Option<PairPath> {
+pub(super) fn pair_path(w: &MoeLayerW, n_tok: usize) -> Option<PairPath> {
     let k = w.n_used;
     if n_tok > pair_max_tokens() || !fused_enabled() || k > 8 {
         return None;
@@ -783,7 +833,9 @@ pub enum PairPath {
 }
 
 /// The FFN of a sparse layer for a step of few tokens (`k <= 8`, the fused launches), by `path`:
-/// `x[t] += moe(h[t])`; with `rms` = (norm weight, eps) first `h = rmsnorm(x)` (`rmsnorm_f32`).
+/// `x[t] += moe(h[t])`; with `rms` = (norm weight, eps) first `h = rmsnorm(x)` (`rmsnorm_f32`);
+/// with `sh` (path `Three` only) the shared expert inside the same three launches
+/// (moe_shexp.rs).
 #[allow(clippy::too_many_arguments)]
 pub fn pair_ffn(
     kn: &mut Kernels,
@@ -795,10 +847,14 @@ pub fn pair_ffn(
     n_tok: usize,
     path: PairPath,
     rms: Option<(Dev<f32>, f32)>,
+    sh: Option<&ShexpPairs>,
 ) -> Result<(), CudaError> {
     let (k, dim) = (w.n_used, w.dim);
     let pairs = n_tok * k;
-    check("moe", pairs <= work.cap_pairs, || format!("{pairs} pairs, buffers for {}", work.cap_pairs))?;
+    let rows = pairs + sh.map_or(0, |_| n_tok);
+    check("moe", rows <= work.cap_pairs && (sh.is_none() || path == PairPath::Three), || {
+        format!("{rows} pairs, buffers for {} (a shared expert: the f32 path only)", work.cap_pairs)
+    })?;
     let (ids, wts, act) = (dev(&work.ids, s)?, dev(&work.wts, s)?, dev(&work.act, s)?);
     let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
     let norm = w.norm_topk_prob;
@@ -806,7 +862,7 @@ pub fn pair_ffn(
         NormIn { x, w: norm_w, h, n: n_tok, dim, eps }.plain().launch(kn, s)?;
     }
     let route = MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm };
-    MoeRouteFused { route, count: dev(&work.route_count, s)? }.launch(kn, s)?;
+    MoeRouteFused { route, count: dev(&work.route_count, s)? }.launch_sh(kn, s, sh)?;
     if path == PairPath::Int8 {
         let (ne, n_pairs) = (w.n_experts, pairs);
         super::moe_q8::MoeGateUpQ8 { gate: &w.gate, up: &w.up, n_experts: ne, h, ids, act, n_pairs, k }
@@ -826,8 +882,8 @@ pub fn pair_ffn(
         out_stride: w.ffn,
         x_by_token: true,
     }
-    .launch(kn, s)?;
-    MoeDownSum { down: &w.down, n_experts: w.n_experts, act, ids, wts, x, n_tok, k }.launch(kn, s)
+    .launch_sh(kn, s, sh)?;
+    MoeDownSum { down: &w.down, n_experts: w.n_experts, act, ids, wts, x, n_tok, k }.launch_sh(kn, s, sh)
 }
 
 /// Gather, tensor-core gate/up + SwiGLU, down and the weighted sum of a grouped step

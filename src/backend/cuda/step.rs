@@ -215,10 +215,13 @@ impl CudaBackend {
                 // norms folded into the products that read them as for the plain layers.
                 hy.mixer(li, lw, c, k, &mut mm, io, fuse.then(|| norm_in(&lw.attn_norm)), &mut mark)?;
                 if let Some(moe) = &lw.moe {
+                    // One-stream steps: the shared expert inside the routed experts' launches
+                    // (moe_shexp.rs), which read h in f32.
+                    let in_pairs = super::moe_shexp::shared_pairs(moe, &w.moe, n, s);
                     // The FFN norm also writes the shared expert's int8 input where its gate/up
                     // reads one (the routed experts read h in f32 and leave x16 alone).
                     let have = match &moe.shared {
-                        Some(sh) if fuse => super::step_norm::prepare(
+                        Some(sh) if fuse && in_pairs.is_none() => super::step_norm::prepare(
                             k,
                             &mut mm,
                             norm_in(&lw.ffn_norm),
@@ -232,6 +235,11 @@ impl CudaBackend {
                     mark("rmsnorm")?;
                     if let Some(t) = self.tap.as_mut() {
                         t.layer_input(&self.dev.stream, li, TapPoint::Router, &w.h, n, dim)?;
+                    }
+                    if let Some(sh) = &in_pairs {
+                        super::moe_shexp::moe_ffn_shared(k, s, moe, &w.moe, sh, h, x, n)?;
+                        mark("moe ffn")?;
+                        continue;
                     }
                     // Qwen3.5-MoE / Qwen3-Next: routed experts, then the gated shared expert.
                     super::moe::moe_ffn(k, s, moe, &w.moe, h, x, n)?;
