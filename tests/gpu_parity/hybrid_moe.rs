@@ -426,7 +426,8 @@ pub(super) fn shared_prefix_job_on_cuda(arch: &str, file: &str) {
         let mut e = Engine::new(b, cfg).unwrap();
         for i in 0..16u32 {
             let prompt = [prefix.to_vec(), (0..20).map(|k| 100 + 37 * i + k).collect()].concat();
-            let req = Request { id: i as u64, prompt, max_tokens: 3, sampling: SamplingParams::greedy(), stop_ids: vec![] };
+            let req =
+                Request { id: i as u64, prompt, max_tokens: 3, sampling: SamplingParams::greedy(), stop_ids: vec![] };
             e.add_request(req).unwrap();
         }
         let done = e.run_to_completion().unwrap();

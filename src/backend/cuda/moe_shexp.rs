@@ -88,7 +88,10 @@ impl ShexpPairs {
         gate_up_by_token: bool,
     ) -> Result<(), CudaError> {
         check(kernel, gate_up_by_token && (fi, shape, row) == (self.fmt.0, self.shape, self.gu_row), || {
-            format!("a shared expert of format {} {:?} for gate/up experts of format {fi} {shape:?}", self.fmt.0, self.shape)
+            format!(
+                "a shared expert of format {} {:?} for gate/up experts of format {fi} {shape:?}",
+                self.fmt.0, self.shape
+            )
         })
     }
 
