@@ -55,7 +55,7 @@ extern "C" __global__ void dn_conv_silu_f32(const DnConvParams p) {
     const long long slot = p.chunks[3 + 3 * c];
     const int C = p.channels, K = p.kernel;
     float* st = p.state + slot * p.slot_stride + p.layer_off;  // [K - 1, C]
-    // The history right-aligned in win[0 .. H): win[H - 1] is the newest input; slots before
+    // The history right-aligned in win[0 .. H): win[H - 1] is the newest input; entries before
     // H - (K - 1) hold zeros with zero weights. Only compile-time indices (unrolled loops), so
     // the window stays in registers.
     constexpr int H = DN_MAX_K - 1;

@@ -4,7 +4,7 @@
 //                     then k heads, then v heads; head_dim each): per-head RMSNorm of q and k,
 //                     RoPE on the first `rot` dims of each head (pairs (i, i + rot / 2)), queries
 //                     written compactly to q [n_tok, n_heads * head_dim], K and V stored to the
-//                     F16 cache at slots[t];
+//                     F16 cache at row kv_rows[t];
 //   hyb_gate_mul_f32  attention output times sigmoid(gate).
 #include "common.cuh"
 
@@ -16,9 +16,9 @@ struct HybQkvParams {
     const int* pos;         // [n_tok]
     const float* cos_t;     // [max_pos, rot / 2]
     const float* sin_t;     // [max_pos, rot / 2]
-    half_t* k_cache;        // [n_slots, n_kv * head_dim] f16
+    half_t* k_cache;        // [cache_rows, n_kv * head_dim] f16
     half_t* v_cache;        // same
-    const int* slots;       // [n_tok]
+    const int* kv_rows;     // [n_tok] cache row of each token
     int n_tok;
     int n_heads;
     int n_kv;
@@ -39,11 +39,11 @@ extern "C" __global__ void hyb_qkv_post_f32(const HybQkvParams p) {
     const long long kv_dim = (long long)p.n_kv * hd;
     const long long q_rows = (long long)p.n_heads * hd * (p.gated ? 2 : 1);
     const float* row = p.proj + (long long)t * p.stride;
-    const long long slot = p.slots[t];
+    const long long kv_row = p.kv_rows[t];
     if (h >= p.n_heads + p.n_kv) {  // v head: store only
         const int vh = h - p.n_heads - p.n_kv;
         const float* x = row + q_rows + kv_dim + (long long)vh * hd;
-        half_t* dst = p.v_cache + slot * kv_dim + (long long)vh * hd;
+        half_t* dst = p.v_cache + kv_row * kv_dim + (long long)vh * hd;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = f2h_sat(x[i]);
         return;
     }
@@ -65,7 +65,7 @@ extern "C" __global__ void hyb_qkv_post_f32(const HybQkvParams p) {
     }
     __syncthreads();
     float* dst = p.q + ((long long)t * p.n_heads + h) * hd;  // q heads only
-    half_t* kdst = p.k_cache + slot * kv_dim + (long long)(h - p.n_heads) * hd;
+    half_t* kdst = p.k_cache + kv_row * kv_dim + (long long)(h - p.n_heads) * hd;
     const long long tb = (long long)p.pos[t] * half;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float r;

@@ -628,20 +628,20 @@ fn qkv_post_equals_norm_rope_store() {
     {
         let (qd, kvd) = (nh * hd, nkv * hd);
         let stride = qd + 2 * kvd;
-        let (n, max_pos, n_slots) = (7usize, 4096usize, 512usize);
+        let (n, max_pos, cache_rows) = (7usize, 4096usize, 512usize);
         let inv_freq: Vec<f32> = (0..hd / 2).map(|i| 10_000f32.powf(-(2.0 * i as f32) / hd as f32)).collect();
         let (cos, sin) = ops::rope_table(&(0..max_pos).collect::<Vec<_>>(), &inv_freq);
         let (cd, sd) = (g.up(&cos), g.up(&sin));
         let pos: Vec<i32> = (0..n).map(|_| g.rng.random_range(0..max_pos as i32)).collect();
-        let slots: Vec<i32> = (0..n).map(|i| (i * 37 + 5) as i32).collect();
-        let (pd, sld) = (g.up(&pos), g.up(&slots));
+        let kv_rows: Vec<i32> = (0..n).map(|i| (i * 37 + 5) as i32).collect();
+        let (pd, rowsd) = (g.up(&pos), g.up(&kv_rows));
         let qn = g.randn(hd, 1.0);
         let kn = g.randn(hd, 1.0);
         let (qnd, knd) = (g.up(&qn), g.up(&kn));
         let qkv = g.randn(n * stride, 3.0);
         let eps = 1e-6;
         // Reference: the separate kernels.
-        let (a, ka, va) = (g.up(&qkv), g.zeros::<u16>(n_slots * kvd), g.zeros::<u16>(n_slots * kvd));
+        let (a, ka, va) = (g.up(&qkv), g.zeros::<u16>(cache_rows * kvd), g.zeros::<u16>(cache_rows * kvd));
         if norms {
             for (off, heads, w) in [(0, nh, &qnd), (qd, nkv, &knd)] {
                 let x = g.d(&a).offset(off);
@@ -677,9 +677,9 @@ fn qkv_post_equals_norm_rope_store() {
         }
         .launch(&mut g.k, &s)
         .unwrap();
-        kv_store(&mut g, &a, (&ka, &va), &sld, n_slots, n, kvd, stride, qd);
+        kv_store(&mut g, &a, (&ka, &va), &rowsd, cache_rows, n, kvd, stride, qd);
         // Fused.
-        let (b, kb, vb) = (g.up(&qkv), g.zeros::<u16>(n_slots * kvd), g.zeros::<u16>(n_slots * kvd));
+        let (b, kb, vb) = (g.up(&qkv), g.zeros::<u16>(cache_rows * kvd), g.zeros::<u16>(cache_rows * kvd));
         dustoff::backend::cuda::kv_cache::QkvPost {
             qkv: g.d(&b),
             q_norm: norms.then(|| g.d(&qnd)),
@@ -690,8 +690,8 @@ fn qkv_post_equals_norm_rope_store() {
             max_pos,
             k_cache: g.d(&kb),
             v_cache: g.d(&vb),
-            slots: g.d(&sld),
-            n_slots,
+            kv_rows: g.d(&rowsd),
+            cache_rows,
             n_tok: n,
             n_heads: nh,
             n_kv: nkv,
@@ -766,14 +766,14 @@ fn opts(blocks: usize) -> CudaOptions {
 }
 
 /// `kv_store_f16` of `n_tok` rows of a fused QKV buffer `[n_tok, stride]` (Q `q_dim` wide, then
-/// K and V `kv_dim` each) into the paged caches `[n_slots, kv_dim]` at `slots`.
+/// K and V `kv_dim` each) into the paged caches `[cache_rows, kv_dim]` at `kv_rows`.
 #[allow(clippy::too_many_arguments)]
 fn kv_store(
     g: &mut Gpu,
     qkv: &CudaSlice<f32>,
     (kc, vc): (&CudaSlice<u16>, &CudaSlice<u16>),
-    slots: &CudaSlice<i32>,
-    n_slots: usize,
+    kv_rows: &CudaSlice<i32>,
+    cache_rows: usize,
     n_tok: usize,
     kv_dim: usize,
     stride: usize,
@@ -784,8 +784,8 @@ fn kv_store(
         qkv: g.d(qkv),
         k_cache: g.d(kc),
         v_cache: g.d(vc),
-        slots: g.d(slots),
-        n_slots,
+        kv_rows: g.d(kv_rows),
+        cache_rows,
         n_tok,
         kv_dim,
         stride,

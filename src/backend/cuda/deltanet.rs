@@ -594,7 +594,7 @@ struct HybQkvParams {
     sin_t: u64,
     k_cache: u64,
     v_cache: u64,
-    slots: u64,
+    kv_rows: u64,
     n_tok: i32,
     n_heads: i32,
     n_kv: i32,
@@ -609,7 +609,7 @@ unsafe impl DeviceRepr for HybQkvParams {}
 
 /// Between the fused projection and attention of a gated full-attention layer: per-head
 /// RMSNorm of q and k, RoPE on the first `rot` dims (tables `[max_pos, rot / 2]`), queries to
-/// `q` `[n_tok, n_heads * head_dim]`, K and V to the F16 caches at `slots[t]`. `proj`
+/// `q` `[n_tok, n_heads * head_dim]`, K and V to the F16 caches at `kv_rows[t]`. `proj`
 /// `[n_tok, stride]`: q heads (each `[query, gate]` when `gated`), k heads, v heads.
 pub struct HybQkvPost {
     pub proj: Dev<f32>,
@@ -623,8 +623,8 @@ pub struct HybQkvPost {
     pub max_pos: usize,
     pub k_cache: Dev<u16>,
     pub v_cache: Dev<u16>,
-    pub slots: Dev<i32>,
-    pub n_slots: usize,
+    pub kv_rows: Dev<i32>,
+    pub cache_rows: usize,
     pub n_tok: usize,
     pub n_heads: usize,
     pub n_kv: usize,
@@ -649,9 +649,9 @@ impl HybQkvPost {
         check_rope_store(
             K,
             [self.q_norm, self.k_norm],
-            (self.pos, self.slots, self.n_tok),
+            (self.pos, self.kv_rows, self.n_tok),
             (self.cos, self.sin, self.max_pos * rot / 2),
-            (self.k_cache, self.v_cache, self.n_slots * self.n_kv * hd),
+            (self.k_cache, self.v_cache, self.cache_rows * self.n_kv * hd),
             hd,
         )?;
         if self.n_tok == 0 {
@@ -667,7 +667,7 @@ impl HybQkvPost {
             sin_t: self.sin.ptr,
             k_cache: self.k_cache.ptr,
             v_cache: self.v_cache.ptr,
-            slots: self.slots.ptr,
+            kv_rows: self.kv_rows.ptr,
             n_tok: self.n_tok as i32,
             n_heads: i32_of(K, self.n_heads)?,
             n_kv: i32_of(K, self.n_kv)?,

@@ -156,11 +156,11 @@ impl CudaBackend {
             (ptr(&w.x, s), ptr(&w.h, s), ptr(&w.qkv, s), ptr(&w.att, s), ptr(&w.gu, s), ptr(&w.act, s));
         let meta = ptr(&w.meta, s);
         let lay = layout(w.cap_tok);
-        let (pos, slots) = (meta.offset(lay.pos), meta.offset(lay.slots));
+        let (pos, kv_rows) = (meta.offset(lay.pos), meta.offset(lay.kv_rows));
         let k = &mut self.kernels;
         let wide = self.wide.as_ref().map(|b| Dev::of(b, s));
         let mut mm = Mm { s, blas: &self.blas, x16: ptr(&w.x16, s), part: ptr(&w.tc_part, s), wide };
-        let n_slots = self.num_blocks * self.block_size;
+        let cache_rows = self.num_blocks * self.block_size;
         if let Some(p) = prof.as_mut() {
             p.begin(s, n)?;
         }
@@ -192,12 +192,12 @@ impl CudaBackend {
             att,
             attn: attn_io,
             pos,
-            slots,
+            kv_rows,
             block_tables: meta.offset(lay.bt),
             tok_seq: meta.offset(lay.tok_seq),
             n_tok: n,
             n_seqs: f.n_seqs,
-            n_slots,
+            cache_rows,
             block_size: self.block_size,
             bt_stride: self.bt_stride,
         });
@@ -278,8 +278,8 @@ impl CudaBackend {
                 max_pos: self.max_pos,
                 k_cache: kc,
                 v_cache: vc,
-                slots,
-                n_slots,
+                kv_rows,
+                cache_rows,
                 n_tok: n,
                 n_heads: c.n_heads,
                 n_kv: c.n_kv_heads,
@@ -298,7 +298,7 @@ impl CudaBackend {
                 tok_seq: meta.offset(lay.tok_seq),
                 pos,
                 out: att,
-                n_slots,
+                cache_rows,
                 n_seqs: f.n_seqs,
                 n_tok: n,
                 n_heads: c.n_heads,

@@ -35,7 +35,7 @@ pub(super) struct Work {
     pub x16: Option<CudaSlice<u16>>, // [tok, max(dim, q_dim, ffn)] cuBLAS input
     /// Split-K partial sums of the tensor-core GEMM ([splits, tok, rows], the largest matrix's).
     pub tc_part: Option<CudaSlice<f32>>,
-    /// Per-step inputs, uploaded in one copy: [ids | pos | slots | tok_seq | rows] (cap_tok
+    /// Per-step inputs, uploaded in one copy: [ids | pos | kv_rows | tok_seq | rows] (cap_tok
     /// each), then block tables [cap_tok, bt_stride].
     pub meta: Option<CudaSlice<i32>>,
     pub cap_part: usize,
@@ -95,7 +95,7 @@ pub(super) fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
 pub(super) struct MetaLayout {
     pub ids: usize,
     pub pos: usize,
-    pub slots: usize,
+    pub kv_rows: usize,
     pub tok_seq: usize,
     pub rows: usize,
     /// `[first row, count, kv_end, block-table row]` per prefill tile (at most one per token),
@@ -114,7 +114,7 @@ pub(super) fn layout(cap: usize) -> MetaLayout {
     MetaLayout {
         ids: 0,
         pos: cap,
-        slots: 2 * cap,
+        kv_rows: 2 * cap,
         tok_seq: 3 * cap,
         rows: 4 * cap,
         tiles: 5 * cap,
