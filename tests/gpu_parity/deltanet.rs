@@ -8,9 +8,9 @@ use dustoff::backend::cpu::deltanet::{
 };
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::deltanet::{
-    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, GateMul, HybQkvPost, StatePool,
-    DN_AB_ROW, DN_CH,
+    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, StatePool, DN_AB_ROW, DN_CH,
 };
+use dustoff::backend::cuda::hybrid_attn::{GateMul, HybQkvPost};
 use dustoff::backend::cuda::q8x;
 use dustoff::backend::cuda::qlaunch::q8x_bytes;
 use dustoff::model::config::RopeStyle;

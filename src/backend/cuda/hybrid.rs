@@ -19,11 +19,11 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::deltanet::{
-    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, GateMul, HybQkvPost, StatePool,
-    DN_AB_ROW, DN_CH,
+    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, StatePool, DN_AB_ROW, DN_CH,
 };
 use super::device::{up, zeros};
 use super::dmat::Linear;
+use super::hybrid_attn::{GateMul, HybQkvPost};
 use super::kernels::Kernels;
 use super::launch::Dev;
 use super::layer::LayerW;

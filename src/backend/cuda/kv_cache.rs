@@ -93,7 +93,7 @@ struct QkvPostParams {
 unsafe impl DeviceRepr for QkvPostParams {}
 
 /// The checks both QK-norm + RoPE + cache-store kernels make of the inputs they share
-/// (`qkv_post_f32` here, `hyb_qkv_post_f32` in deltanet.rs): per-head norm weights
+/// (`qkv_post_f32` here, `hyb_qkv_post_f32` in hybrid_attn.rs): per-head norm weights
 /// `[head_dim]` where given, positions and cache rows `[n_tok]` (at most 65535 tokens: one grid row
 /// each), RoPE tables of `table_len` (`max_pos * rotated dims / 2`), the F16 caches of
 /// `cache_len` (`cache_rows * n_kv * head_dim`).

@@ -43,6 +43,7 @@ pub mod gemm_tc;
 pub mod gemv_f16;
 mod graph;
 pub mod hybrid;
+pub mod hybrid_attn;
 mod hybrid_synth;
 pub mod kernels;
 pub mod kv_cache;
