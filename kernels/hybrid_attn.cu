@@ -43,29 +43,16 @@ extern "C" __global__ void hyb_qkv_post_f32(const HybQkvParams p) {
     if (h >= p.n_heads + p.n_kv) {  // v head: store only
         const int vh = h - p.n_heads - p.n_kv;
         const float* x = row + q_rows + kv_dim + (long long)vh * hd;
-        half_t* dst = p.v_cache + kv_row * kv_dim + (long long)vh * hd;
+        half_t* dst = cache_head(p.v_cache, kv_row, kv_dim, vh, hd);
         for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = f2h_sat(x[i]);
         return;
     }
     const bool is_k = h >= p.n_heads;
     const float* x = is_k ? row + q_rows + (long long)(h - p.n_heads) * hd
                           : row + (long long)h * hd * (p.gated ? 2 : 1);
-    const float* nw = is_k ? p.k_norm : p.q_norm;
-    if (nw) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            const float v = x[i];
-            ss = fmaf(v, v, ss);
-        }
-        ss = block_sum(ss, scratch);
-        const float scale = rsqrtf(ss / (float)hd + p.eps);
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i] * scale * nw[i];
-    } else {
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i];
-    }
-    __syncthreads();
+    head_norm_to_shared(x, is_k ? p.k_norm : p.q_norm, hd, p.eps, hs, scratch);
     float* dst = p.q + ((long long)t * p.n_heads + h) * hd;  // q heads only
-    half_t* kdst = p.k_cache + kv_row * kv_dim + (long long)(h - p.n_heads) * hd;
+    half_t* kdst = cache_head(p.k_cache, kv_row, kv_dim, h - p.n_heads, hd);
     const long long tb = (long long)p.pos[t] * half;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float r;

@@ -62,27 +62,14 @@ extern "C" __global__ void qkv_post_f32(const QkvPostParams p) {
     float* x = p.qkv + (long long)t * p.stride + (long long)h * hd;
     const long long kv_row = p.kv_rows[t];
     if (h >= p.n_heads + p.n_kv) {  // v head: store only
-        half_t* dst = p.v_cache + kv_row * kv_dim + (long long)(h - p.n_heads - p.n_kv) * hd;
+        half_t* dst = cache_head(p.v_cache, kv_row, kv_dim, h - p.n_heads - p.n_kv, hd);
         for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = f2h_sat(x[i]);
         return;
     }
     const bool is_k = h >= p.n_heads;
-    const float* nw = is_k ? p.k_norm : p.q_norm;
-    if (nw) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            const float v = x[i];
-            ss = fmaf(v, v, ss);
-        }
-        ss = block_sum(ss, scratch);
-        const float scale = rsqrtf(ss / (float)hd + p.eps);
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i] * scale * nw[i];
-    } else {
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i];
-    }
-    __syncthreads();
+    head_norm_to_shared(x, is_k ? p.k_norm : p.q_norm, hd, p.eps, hs, scratch);
     const long long tb = (long long)p.pos[t] * half;
-    half_t* kdst = p.k_cache + kv_row * kv_dim + (long long)(h - p.n_heads) * hd;
+    half_t* kdst = cache_head(p.k_cache, kv_row, kv_dim, h - p.n_heads, hd);
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const int a = p.style == 0 ? 2 * i : i;
         const int b = p.style == 0 ? 2 * i + 1 : i + half;
