@@ -313,7 +313,7 @@ fn attention_breakdown() {
         let work: f64 = pos.iter().map(|&p| p as f64 + 1.0).sum();
         let kv_bytes = work * (nkv * hd * 2 * 2) as f64;
         let flops = work * nh as f64 * hd as f64 * 4.0;
-        // Slots: the most decode splits (shortest split) + up to 64 prefill or shared-prefix splits.
+        // Partials: the most decode splits (shortest split) + up to 64 prefill or shared-prefix splits.
         let part_len = n_tok * nh * (l::attn_splits(max_len, n_tok) + 64);
         let (po, pml) = (g.zeros::<f32>(part_len * hd), g.zeros::<f32>(part_len * 2));
         let decode = |g: &mut Gpu, split_len: usize, prefix: Option<&cascade::Cascade>, onepass: Option<bool>| {

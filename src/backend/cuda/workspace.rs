@@ -10,7 +10,7 @@ use super::launch::Dev;
 use super::CudaError;
 
 /// Buffers of the masked step (masked.rs), grown on demand (never shrunk; not part of any captured graph).
-/// Layout of both, for a step of `m` logit rows: `[m]` mask slots, then `[m, words]` mask bits
+/// Layout of both, for a step of `m` logit rows: `[m]` mask indices, then `[m, words]` mask bits
 /// (the used masks first).
 #[derive(Default)]
 pub(super) struct MaskBuffers {
@@ -48,7 +48,7 @@ pub(super) struct Work {
     /// Page-locked host copy of `logits` ([cap_logits, vocab]): the download runs at full PCIe
     /// speed into memory reused every step (64 sequences x 151,936 f32 = 39 MB a step).
     pub host_logits: Option<cudarc::driver::PinnedHostSlice<f32>>,
-    /// Constrained greedy steps: the mask slots and bits, host (pinned) and device.
+    /// Constrained greedy steps: the mask indices and bits, host (pinned) and device.
     pub masks: MaskBuffers,
     /// Buffers of the sparse layers (expert ids, weights, grouping, expert outputs).
     pub moe: super::moe::MoeWork,
