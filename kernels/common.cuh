@@ -96,6 +96,20 @@ __device__ __forceinline__ void head_norm_to_shared(const float* x, const float*
     __syncthreads();
 }
 
+// The inputs both QK-norm + RoPE + cache-store kernels take (qkv_post_f32 in kv_cache.cu,
+// hyb_qkv_post_f32 in hybrid_attn.cu), one member of their params structs (Rust mirror:
+// kv_cache::RopeStorePtrs).
+struct RopeStorePtrs {
+    const float* q_norm;    // optional [head_dim] f32, or null
+    const float* k_norm;    // optional [head_dim] f32, or null
+    const int* pos;         // [n_tok]
+    const float* cos_t;     // [max_pos, rotated dims / 2]
+    const float* sin_t;     // same
+    half_t* k_cache;        // [cache_rows, n_kv * head_dim] f16
+    half_t* v_cache;        // same
+    const int* kv_rows;     // [n_tok] cache row of each token
+};
+
 // KV head kh of cache row kv_row in a paged F16 cache [cache_rows, kv_dim] (kv_dim = n_kv * hd).
 __device__ __forceinline__ half_t* cache_head(half_t* cache, long long kv_row, long long kv_dim, int kh, int hd) {
     return cache + kv_row * kv_dim + (long long)kh * hd;

@@ -11,14 +11,7 @@
 struct HybQkvParams {
     const float* proj;      // [n_tok, stride]
     float* q;               // [n_tok, n_heads * head_dim]
-    const float* q_norm;    // optional [head_dim]
-    const float* k_norm;    // optional [head_dim]
-    const int* pos;         // [n_tok]
-    const float* cos_t;     // [max_pos, rot / 2]
-    const float* sin_t;     // [max_pos, rot / 2]
-    half_t* k_cache;        // [cache_rows, n_kv * head_dim] f16
-    half_t* v_cache;        // same
-    const int* kv_rows;     // [n_tok] cache row of each token
+    RopeStorePtrs rs;       // tables [max_pos, rot / 2]
     int n_tok;
     int n_heads;
     int n_kv;
@@ -39,28 +32,28 @@ extern "C" __global__ void hyb_qkv_post_f32(const HybQkvParams p) {
     const long long kv_dim = (long long)p.n_kv * hd;
     const long long q_rows = (long long)p.n_heads * hd * (p.gated ? 2 : 1);
     const float* row = p.proj + (long long)t * p.stride;
-    const long long kv_row = p.kv_rows[t];
+    const long long kv_row = p.rs.kv_rows[t];
     if (h >= p.n_heads + p.n_kv) {  // v head: store only
         const int vh = h - p.n_heads - p.n_kv;
         const float* x = row + q_rows + kv_dim + (long long)vh * hd;
-        half_t* dst = cache_head(p.v_cache, kv_row, kv_dim, vh, hd);
+        half_t* dst = cache_head(p.rs.v_cache, kv_row, kv_dim, vh, hd);
         for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = f2h_sat(x[i]);
         return;
     }
     const bool is_k = h >= p.n_heads;
     const float* x = is_k ? row + q_rows + (long long)(h - p.n_heads) * hd
                           : row + (long long)h * hd * (p.gated ? 2 : 1);
-    head_norm_to_shared(x, is_k ? p.k_norm : p.q_norm, hd, p.eps, hs, scratch);
+    head_norm_to_shared(x, is_k ? p.rs.k_norm : p.rs.q_norm, hd, p.eps, hs, scratch);
     float* dst = p.q + ((long long)t * p.n_heads + h) * hd;  // q heads only
-    half_t* kdst = cache_head(p.k_cache, kv_row, kv_dim, h - p.n_heads, hd);
-    const long long tb = (long long)p.pos[t] * half;
+    half_t* kdst = cache_head(p.rs.k_cache, kv_row, kv_dim, h - p.n_heads, hd);
+    const long long tb = (long long)p.rs.pos[t] * half;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float r;
         if (i < half) {
-            r = hs[i] * p.cos_t[tb + i] - hs[i + half] * p.sin_t[tb + i];
+            r = hs[i] * p.rs.cos_t[tb + i] - hs[i + half] * p.rs.sin_t[tb + i];
         } else if (i < p.rot) {
             const int k = i - half;
-            r = hs[k] * p.sin_t[tb + k] + hs[i] * p.cos_t[tb + k];
+            r = hs[k] * p.rs.sin_t[tb + k] + hs[i] * p.rs.cos_t[tb + k];
         } else {
             r = hs[i];
         }

@@ -35,14 +35,7 @@ extern "C" __global__ void kv_store_f16(const KvStoreParams p) {
 // same block size (block = clamp(round_up(head_dim, 32), 32, 256), as the launcher picks).
 struct QkvPostParams {
     float* qkv;             // [n_tok, stride] f32
-    const float* q_norm;    // optional [head_dim] f32, or null
-    const float* k_norm;    // optional [head_dim] f32, or null
-    const int* pos;         // [n_tok]
-    const float* cos_t;     // [max_pos, head_dim / 2]
-    const float* sin_t;     // [max_pos, head_dim / 2]
-    half_t* k_cache;        // [cache_rows, n_kv * head_dim] f16
-    half_t* v_cache;        // same
-    const int* kv_rows;     // [n_tok] cache row of each token
+    RopeStorePtrs rs;       // tables [max_pos, head_dim / 2]
     int n_tok;
     int n_heads;
     int n_kv;
@@ -60,20 +53,20 @@ extern "C" __global__ void qkv_post_f32(const QkvPostParams p) {
     const int hd = p.head_dim, half = hd / 2;
     const long long kv_dim = (long long)p.n_kv * hd;
     float* x = p.qkv + (long long)t * p.stride + (long long)h * hd;
-    const long long kv_row = p.kv_rows[t];
+    const long long kv_row = p.rs.kv_rows[t];
     if (h >= p.n_heads + p.n_kv) {  // v head: store only
-        half_t* dst = cache_head(p.v_cache, kv_row, kv_dim, h - p.n_heads - p.n_kv, hd);
+        half_t* dst = cache_head(p.rs.v_cache, kv_row, kv_dim, h - p.n_heads - p.n_kv, hd);
         for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = f2h_sat(x[i]);
         return;
     }
     const bool is_k = h >= p.n_heads;
-    head_norm_to_shared(x, is_k ? p.k_norm : p.q_norm, hd, p.eps, hs, scratch);
-    const long long tb = (long long)p.pos[t] * half;
-    half_t* kdst = cache_head(p.k_cache, kv_row, kv_dim, h - p.n_heads, hd);
+    head_norm_to_shared(x, is_k ? p.rs.k_norm : p.rs.q_norm, hd, p.eps, hs, scratch);
+    const long long tb = (long long)p.rs.pos[t] * half;
+    half_t* kdst = cache_head(p.rs.k_cache, kv_row, kv_dim, h - p.n_heads, hd);
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const int a = p.style == 0 ? 2 * i : i;
         const int b = p.style == 0 ? 2 * i + 1 : i + half;
-        const float c = p.cos_t[tb + i], s = p.sin_t[tb + i];
+        const float c = p.rs.cos_t[tb + i], s = p.rs.sin_t[tb + i];
         const float x0 = hs[a], x1 = hs[b];
         const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
         x[a] = r0;

@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
-use super::kv_cache::check_rope_store;
+use super::kv_cache::{check_rope_store, RopeStorePtrs};
 use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev};
 use super::CudaError;
 
@@ -14,14 +14,7 @@ use super::CudaError;
 struct HybQkvParams {
     proj: u64,
     q: u64,
-    q_norm: u64,
-    k_norm: u64,
-    pos: u64,
-    cos_t: u64,
-    sin_t: u64,
-    k_cache: u64,
-    v_cache: u64,
-    kv_rows: u64,
+    rs: RopeStorePtrs,
     n_tok: i32,
     n_heads: i32,
     n_kv: i32,
@@ -73,7 +66,7 @@ impl HybQkvPost {
         check(K, width <= self.stride, || "heads overlap the row stride".into())?;
         need(K, "projection", self.proj, extent(self.n_tok, self.stride, width))?;
         need(K, "queries", self.q, self.n_tok * self.n_heads * hd)?;
-        check_rope_store(
+        let rs = check_rope_store(
             K,
             [self.q_norm, self.k_norm],
             (self.pos, self.kv_rows, self.n_tok),
@@ -87,14 +80,7 @@ impl HybQkvPost {
         let p = HybQkvParams {
             proj: self.proj.ptr,
             q: self.q.ptr,
-            q_norm: self.q_norm.map_or(0, |d| d.ptr),
-            k_norm: self.k_norm.map_or(0, |d| d.ptr),
-            pos: self.pos.ptr,
-            cos_t: self.cos.ptr,
-            sin_t: self.sin.ptr,
-            k_cache: self.k_cache.ptr,
-            v_cache: self.v_cache.ptr,
-            kv_rows: self.kv_rows.ptr,
+            rs,
             n_tok: self.n_tok as i32,
             n_heads: i32_of(K, self.n_heads)?,
             n_kv: i32_of(K, self.n_kv)?,

@@ -69,10 +69,11 @@ impl KvStore {
     }
 }
 
+/// The inputs both QK-norm + RoPE + cache-store kernels take, one member of their params
+/// structs (`RopeStorePtrs` in kernels/common.cuh); made by [`check_rope_store`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-struct QkvPostParams {
-    qkv: u64,
+pub(super) struct RopeStorePtrs {
     q_norm: u64,
     k_norm: u64,
     pos: u64,
@@ -81,6 +82,13 @@ struct QkvPostParams {
     k_cache: u64,
     v_cache: u64,
     kv_rows: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct QkvPostParams {
+    qkv: u64,
+    rs: RopeStorePtrs,
     n_tok: i32,
     n_heads: i32,
     n_kv: i32,
@@ -93,7 +101,8 @@ struct QkvPostParams {
 unsafe impl DeviceRepr for QkvPostParams {}
 
 /// The checks both QK-norm + RoPE + cache-store kernels make of the inputs they share
-/// (`qkv_post_f32` here, `hyb_qkv_post_f32` in hybrid_attn.rs): per-head norm weights
+/// (`qkv_post_f32` here, `hyb_qkv_post_f32` in hybrid_attn.rs), and those inputs' pointers as
+/// the kernels take them: per-head norm weights
 /// `[head_dim]` where given, positions and cache rows `[n_tok]` (at most 65535 tokens: one grid row
 /// each), RoPE tables of `table_len` (`max_pos * rotated dims / 2`), the F16 caches of
 /// `cache_len` (`cache_rows * n_kv * head_dim`).
@@ -104,7 +113,7 @@ pub(super) fn check_rope_store(
     (cos, sin, table_len): (Dev<f32>, Dev<f32>, usize),
     (k_cache, v_cache, cache_len): (Dev<u16>, Dev<u16>, usize),
     head_dim: usize,
-) -> Result<(), CudaError> {
+) -> Result<RopeStorePtrs, CudaError> {
     for (what, n) in [("q norm", norms[0]), ("k norm", norms[1])] {
         if let Some(n) = n {
             need(kernel, what, n, head_dim)?;
@@ -116,7 +125,17 @@ pub(super) fn check_rope_store(
     need(kernel, "K cache", k_cache, cache_len)?;
     need(kernel, "V cache", v_cache, cache_len)?;
     need(kernel, "cache rows", kv_rows, n_tok)?;
-    check(kernel, n_tok <= 65_535, || format!("{n_tok} tokens in one launch (at most 65535)"))
+    check(kernel, n_tok <= 65_535, || format!("{n_tok} tokens in one launch (at most 65535)"))?;
+    Ok(RopeStorePtrs {
+        q_norm: norms[0].map_or(0, |d| d.ptr),
+        k_norm: norms[1].map_or(0, |d| d.ptr),
+        pos: pos.ptr,
+        cos_t: cos.ptr,
+        sin_t: sin.ptr,
+        k_cache: k_cache.ptr,
+        v_cache: v_cache.ptr,
+        kv_rows: kv_rows.ptr,
+    })
 }
 
 /// Everything between the QKV matmul and attention, in one launch: per-head RMSNorm of q and k
@@ -152,7 +171,7 @@ impl QkvPost {
         check(K, hd.is_multiple_of(2) && hd <= 1024, || format!("head size {hd} (even, at most 1024)"))?;
         check(K, heads * hd <= self.stride, || "heads overlap the row stride".into())?;
         need(K, "qkv", self.qkv, extent(self.n_tok, self.stride, heads * hd))?;
-        check_rope_store(
+        let rs = check_rope_store(
             K,
             [self.q_norm, self.k_norm],
             (self.pos, self.kv_rows, self.n_tok),
@@ -165,14 +184,7 @@ impl QkvPost {
         }
         let p = QkvPostParams {
             qkv: self.qkv.ptr,
-            q_norm: self.q_norm.map_or(0, |d| d.ptr),
-            k_norm: self.k_norm.map_or(0, |d| d.ptr),
-            pos: self.pos.ptr,
-            cos_t: self.cos.ptr,
-            sin_t: self.sin.ptr,
-            k_cache: self.k_cache.ptr,
-            v_cache: self.v_cache.ptr,
-            kv_rows: self.kv_rows.ptr,
+            rs,
             n_tok: i32_of(K, self.n_tok)?,
             n_heads: i32_of(K, self.n_heads)?,
             n_kv: i32_of(K, self.n_kv)?,
