@@ -25,6 +25,7 @@ use super::device::{up, zeros};
 use super::dmat::Linear;
 use super::hybrid_attn::{GateMul, HybQkvPost};
 use super::kernels::Kernels;
+use super::kv_cache::RopeStore;
 use super::launch::Dev;
 use super::layer::LayerW;
 use super::matmul::{input_form, Mm, Product, XForm};
@@ -552,16 +553,18 @@ impl HybridCuda {
             proj,
             stride: width,
             q,
-            q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
-            k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
-            pos: io.pos,
-            cos: Dev::of(&self.rope_cos, s),
-            sin: Dev::of(&self.rope_sin, s),
-            max_pos: self.max_pos,
-            k_cache: kc,
-            v_cache: vc,
-            kv_rows: io.kv_rows,
-            cache_rows: io.cache_rows,
+            store: RopeStore {
+                q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
+                k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
+                pos: io.pos,
+                cos: Dev::of(&self.rope_cos, s),
+                sin: Dev::of(&self.rope_sin, s),
+                max_pos: self.max_pos,
+                k_cache: kc,
+                v_cache: vc,
+                kv_rows: io.kv_rows,
+                cache_rows: io.cache_rows,
+            },
             n_tok: n,
             n_heads: c.n_heads,
             n_kv: c.n_kv_heads,

@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
-use super::kv_cache::{check_rope_store, RopeStorePtrs};
+use super::kv_cache::{RopeStore, RopeStorePtrs};
 use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev};
 use super::CudaError;
 
@@ -35,16 +35,7 @@ pub struct HybQkvPost {
     pub proj: Dev<f32>,
     pub stride: usize,
     pub q: Dev<f32>,
-    pub q_norm: Option<Dev<f32>>,
-    pub k_norm: Option<Dev<f32>>,
-    pub pos: Dev<i32>,
-    pub cos: Dev<f32>,
-    pub sin: Dev<f32>,
-    pub max_pos: usize,
-    pub k_cache: Dev<u16>,
-    pub v_cache: Dev<u16>,
-    pub kv_rows: Dev<i32>,
-    pub cache_rows: usize,
+    pub store: RopeStore,
     pub n_tok: usize,
     pub n_heads: usize,
     pub n_kv: usize,
@@ -66,14 +57,7 @@ impl HybQkvPost {
         check(K, width <= self.stride, || "heads overlap the row stride".into())?;
         need(K, "projection", self.proj, extent(self.n_tok, self.stride, width))?;
         need(K, "queries", self.q, self.n_tok * self.n_heads * hd)?;
-        let rs = check_rope_store(
-            K,
-            [self.q_norm, self.k_norm],
-            (self.pos, self.kv_rows, self.n_tok),
-            (self.cos, self.sin, self.max_pos * rot / 2),
-            (self.k_cache, self.v_cache, self.cache_rows * self.n_kv * hd),
-            hd,
-        )?;
+        let rs = self.store.check(K, self.n_tok, (self.n_kv, hd, rot))?;
         if self.n_tok == 0 {
             return Ok(());
         }

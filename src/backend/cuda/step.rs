@@ -30,7 +30,7 @@ use rayon::prelude::*;
 
 use super::gemm_tc::TC_MAX_TOKENS;
 use super::graph::StepGraphs;
-use super::kv_cache::QkvPost;
+use super::kv_cache::{QkvPost, RopeStore};
 use super::launch::Dev;
 use super::matmul::{swiglu, Mm, Product};
 use super::model::CudaBackend;
@@ -270,16 +270,18 @@ impl CudaBackend {
             let (kc, vc) = (Dev::of(&lw.k_cache, s), Dev::of(&lw.v_cache, s));
             QkvPost {
                 qkv,
-                q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
-                k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
-                pos,
-                cos: Dev::of(&self.rope_cos, s),
-                sin: Dev::of(&self.rope_sin, s),
-                max_pos: self.max_pos,
-                k_cache: kc,
-                v_cache: vc,
-                kv_rows,
-                cache_rows,
+                store: RopeStore {
+                    q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
+                    k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
+                    pos,
+                    cos: Dev::of(&self.rope_cos, s),
+                    sin: Dev::of(&self.rope_sin, s),
+                    max_pos: self.max_pos,
+                    k_cache: kc,
+                    v_cache: vc,
+                    kv_rows,
+                    cache_rows,
+                },
                 n_tok: n,
                 n_heads: c.n_heads,
                 n_kv: c.n_kv_heads,
