@@ -1,14 +1,13 @@
 //! Launcher of the decode attention (kernels/attention_decode.cu): split attention over the
-//! paged F16 cache for one-token chunks. The combine pass of the same file (`attn_merge_f32`)
-//! is launched from paged_attn.rs (`Merge`): prefill.rs needs it too, and this module uses
-//! prefill.rs (a shared-prefix group's pass), so a merge launcher here would close an import
-//! circle (tests/module_graph.rs). Same conventions as `launch`.
+//! paged F16 cache for one-token chunks, then the merge of its partials (attention_merge.rs,
+//! which prefill.rs launches too). Same conventions as `launch`.
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
+use super::attention_merge::Merge;
 use super::kernels::Kernels;
 use super::launch::{check, i32_of, launch, need, Dev};
-use super::paged_attn::{Merge, PagedAttn};
+use super::paged_attn::PagedAttn;
 use super::tuning::tuning;
 use super::CudaError;
 

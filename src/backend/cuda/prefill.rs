@@ -8,9 +8,10 @@
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaStream, DeviceRepr};
 
+use super::attention_merge::Merge;
 use super::kernels::Kernels;
 use super::launch::{check, i32_of, launch, need, Dev};
-use super::paged_attn::{Merge, PagedAttn};
+use super::paged_attn::PagedAttn;
 use super::tuning::tuning;
 use super::CudaError;
 
