@@ -11,7 +11,6 @@ use dustoff::backend::cuda::deltanet::{
     DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, StatePool, DN_AB_ROW, DN_CH,
 };
 use dustoff::backend::cuda::hybrid_attn::{GateMul, HybQkvPost};
-use dustoff::backend::cuda::kv_cache::RopeStore;
 use dustoff::backend::cuda::q8x;
 use dustoff::backend::cuda::qlaunch::q8x_bytes;
 use dustoff::model::config::RopeStyle;
@@ -501,18 +500,14 @@ fn gated_partial_rope_qkv_post_and_output_gate() {
             proj: g.d(&pd),
             stride,
             q: g.d(&qd),
-            store: RopeStore {
-                q_norm: Some(g.d(&qnd)),
-                k_norm: Some(g.d(&knd)),
-                pos: g.d(&posd),
-                cos: g.d(&cd),
-                sin: g.d(&sd),
-                max_pos,
-                k_cache: g.d(&kc),
-                v_cache: g.d(&vc),
-                kv_rows: g.d(&rowsd),
-                cache_rows,
-            },
+            store: super::rope_store(
+                &g,
+                Some((&qnd, &knd)),
+                &posd,
+                (&cd, &sd, max_pos),
+                (&kc, &vc),
+                (&rowsd, cache_rows),
+            ),
             n_tok: n,
             n_heads: nh,
             n_kv: nkv,

@@ -35,6 +35,7 @@ use dustoff::backend::cpu::matmul::matmul;
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::device::device_count;
 use dustoff::backend::cuda::kernels::{Kernels, PtxSource};
+use dustoff::backend::cuda::kv_cache::RopeStore;
 use dustoff::backend::cuda::launch::Dev;
 use dustoff::backend::cuda::ops as l;
 use dustoff::backend::cuda::{CudaBackend, CudaDevice, CudaOptions};
@@ -682,18 +683,14 @@ fn qkv_post_equals_norm_rope_store() {
         let (b, kb, vb) = (g.up(&qkv), g.zeros::<u16>(cache_rows * kvd), g.zeros::<u16>(cache_rows * kvd));
         dustoff::backend::cuda::kv_cache::QkvPost {
             qkv: g.d(&b),
-            store: dustoff::backend::cuda::kv_cache::RopeStore {
-                q_norm: norms.then(|| g.d(&qnd)),
-                k_norm: norms.then(|| g.d(&knd)),
-                pos: g.d(&pd),
-                cos: g.d(&cd),
-                sin: g.d(&sd),
-                max_pos,
-                k_cache: g.d(&kb),
-                v_cache: g.d(&vb),
-                kv_rows: g.d(&rowsd),
-                cache_rows,
-            },
+            store: rope_store(
+                &g,
+                norms.then_some((&qnd, &knd)),
+                &pd,
+                (&cd, &sd, max_pos),
+                (&kb, &vb),
+                (&rowsd, cache_rows),
+            ),
             n_tok: n,
             n_heads: nh,
             n_kv: nkv,
@@ -764,6 +761,31 @@ fn opts(blocks: usize) -> CudaOptions {
         // The engine tests run up to 8 slots; the batched benchmarks up to 64 sequences.
         max_seqs: 64,
         max_snapshots: 64,
+    }
+}
+
+/// The QK-norm + RoPE + cache-store inputs of a test (`kv_cache::RopeStore`): per-head norm
+/// weights (q, k) or none, positions, RoPE tables of `max_pos` positions, the caches and each
+/// token's row in them.
+pub(crate) fn rope_store(
+    g: &Gpu,
+    norms: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
+    pos: &CudaSlice<i32>,
+    (cos, sin, max_pos): (&CudaSlice<f32>, &CudaSlice<f32>, usize),
+    (kc, vc): (&CudaSlice<u16>, &CudaSlice<u16>),
+    (kv_rows, cache_rows): (&CudaSlice<i32>, usize),
+) -> RopeStore {
+    RopeStore {
+        q_norm: norms.map(|(q, _)| g.d(q)),
+        k_norm: norms.map(|(_, k)| g.d(k)),
+        pos: g.d(pos),
+        cos: g.d(cos),
+        sin: g.d(sin),
+        max_pos,
+        k_cache: g.d(kc),
+        v_cache: g.d(vc),
+        kv_rows: g.d(kv_rows),
+        cache_rows,
     }
 }
 
