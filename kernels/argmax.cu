@@ -63,11 +63,11 @@ extern "C" __global__ void argmax_rows_f32(const ArgmaxParams p) {
 // the mask bits (vocab / 32 words a row) instead of downloading the logits. Same rule as the
 // host's sampler::masked_argmax: the largest allowed value (-inf included), the lowest id among
 // equals, NaN never chosen; no allowed token with a value: the lowest allowed id (0 if none).
-// A row whose slot is 0xffffffff has no mask (an unconstrained sequence of a mixed step): the
+// A row whose mask index is 0xffffffff has no mask (an unconstrained sequence of a mixed step): the
 // plain arg-max, as argmax_rows_f32.
 struct MaskedArgmaxParams {
     const float* x;           // [rows, n] f32
-    const unsigned* slot;     // [rows]: the row's mask in `bits`, or 0xffffffff (none)
+    const unsigned* mask_of;  // [rows]: the row's mask in `bits`, or 0xffffffff (none)
     const unsigned* bits;     // [masks, words]
     int* out;                 // [rows]
     int rows;
@@ -83,8 +83,8 @@ extern "C" __global__ void argmax_masked_rows_f32(const MaskedArgmaxParams p) {
     __shared__ int si[32];
     __shared__ int sf[32];
     const float* x = p.x + (long long)blockIdx.x * p.n;
-    const unsigned slot = p.slot[blockIdx.x];
-    const unsigned* m = slot == 0xffffffffu ? nullptr : p.bits + (long long)slot * p.words;
+    const unsigned mask = p.mask_of[blockIdx.x];
+    const unsigned* m = mask == 0xffffffffu ? nullptr : p.bits + (long long)mask * p.words;
     const int limit = m == nullptr ? p.n : min(p.n, p.words * 32);
     float bv = NEG_INF;
     int bi = 0x7fffffff;

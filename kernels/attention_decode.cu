@@ -8,11 +8,10 @@
 //   the sum of exponentials l and the unnormalized output o. Scores: one warp per position (two per pass); V sum:
 //   warps take positions in turn, lanes own head dimensions, partial sums added in shared memory.
 //   A token may start at kv_begin[t] (a shared-prefix group's members: attention_prefill.cu
-//   covers positions below it once for the group, into the partial slots past this grid's
+//   covers positions below it once for the group, into the partials past this grid's
 //   splits). Blocks whose split holds no position of the token write m = -inf, l = 0 and exit
-//   (a graph may launch extra splits); a token outside any group marks those extra slots empty.
-// Pass 2 (attn_merge_f32): merges every slot: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
-//   over the slots with m_s > -inf, in slot order (deterministic).
+//   (a graph may launch extra splits); a token outside any group marks those extra partials empty.
+// Pass 2 (attn_merge_f32, attention_merge.cu): merges every partial of the token, exactly.
 // Limits (checked by the launcher): group <= ATT_MAX_GROUP, head_dim <= ATT_MAX_HD and even.
 #include "common.cuh"
 
@@ -39,7 +38,7 @@ struct AttnParams {
     int bt_stride;
     int q_stride;
     int out_stride;
-    int n_splits;            // partial slots per (token, head): the grid's splits, then prefix slots
+    int n_splits;            // partials per (token, head): the grid's splits, then prefix partials
     int split_len;           // positions per split
     float scale;             // 1 / sqrt(head_dim)
     int block_shift;         // log2(block_size) (block sizes are powers of two)
@@ -47,7 +46,7 @@ struct AttnParams {
 };
 
 // The range of split s of token t: [start, end); empty splits (and, for a token outside any
-// shared-prefix group, the prefix slots past the grid) get m = -inf, l = 0 for the block's
+// shared-prefix group, the prefix partials past the grid) get m = -inf, l = 0 for the block's
 // query heads hf..hf + hc.
 __device__ __forceinline__ bool split_range(const AttnParams& p, int t, int hf, int hc, int s, int& start, int& end) {
     const int begin = p.kv_begin ? p.kv_begin[t] : 0;
@@ -76,8 +75,8 @@ __device__ __forceinline__ bool split_range(const AttnParams& p, int t, int hf, 
 __device__ __forceinline__ void load_row(const AttnParams& p, const int* bt, int ps, long long kv_dim, int g,
                                          const half_t* cache, float (&f)[ATT_MAX_HD / WARP]) {
     const int lane = threadIdx.x % WARP, half = p.head_dim / 2;
-    const long long slot = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
-    const unsigned int* r = reinterpret_cast<const unsigned int*>(cache + slot * kv_dim + (long long)g * p.head_dim);
+    const long long kv_row = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
+    const unsigned int* r = reinterpret_cast<const unsigned int*>(cache + kv_row * kv_dim + (long long)g * p.head_dim);
 #pragma unroll
     for (int i = 0; i < ATT_MAX_HD / 64; ++i) {
         const int d2 = lane + WARP * i;
@@ -277,8 +276,8 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
         for (int u = 0; u < 2; ++u) {
             const int ps = base + u * 4 + pq;
             if (ps < end) {
-                const long long slot = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
-                const uint4* r = reinterpret_cast<const uint4*>(p.k_cache + slot * kv_dim + (long long)g * HD + sub * DL);
+                const long long kv_row = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
+                const uint4* r = reinterpret_cast<const uint4*>(p.k_cache + kv_row * kv_dim + (long long)g * HD + sub * DL);
 #pragma unroll
                 for (int i = 0; i < DL / 8; ++i) {
                     const uint4 w = __ldg(r + i);
@@ -327,8 +326,8 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
             for (int u = 0; u < 2; ++u) {
                 const int q = u ? ps2 : ps;
                 if (u == 0 || two) {
-                    const long long slot = ((long long)bt[q >> p.block_shift] << p.block_shift) + (q & (p.block_size - 1));
-                    const half_t* r = p.v_cache + slot * kv_dim + (long long)g * HD + lane * VL;
+                    const long long kv_row = ((long long)bt[q >> p.block_shift] << p.block_shift) + (q & (p.block_size - 1));
+                    const half_t* r = p.v_cache + kv_row * kv_dim + (long long)g * HD + lane * VL;
                     if (VL == 4) {
                         const uint2 w = __ldg(reinterpret_cast<const uint2*>(r));
                         h2x2f(w.x, vf[u][0], vf[u][1]);
@@ -408,8 +407,8 @@ __device__ __forceinline__ void atf_fetch(const AttnParams& p, const int* bt, lo
     for (int u = 0; u < 2; ++u) {
         const int ps = base + u * A::PG + pg;
         const bool ok = ps < end;
-        const long long slot = ok ? ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1)) : 0;
-        const long long off = slot * kv_dim + (long long)g * HD + sub * A::DL;
+        const long long kv_row = ok ? ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1)) : 0;
+        const long long off = kv_row * kv_dim + (long long)g * HD + sub * A::DL;
 #pragma unroll
         for (int i = 0; i < A::DL / 8; ++i) {
             kr[u][i] = ok ? __ldg(reinterpret_cast<const uint4*>(p.k_cache + off) + i) : make_uint4(0, 0, 0, 0);
@@ -562,71 +561,3 @@ __device__ __forceinline__ void attn_split_onepass(const AttnParams& p) {
 extern "C" __global__ void attn_onepass_f16_hd64(const AttnParams p) { attn_split_onepass<64>(p); }
 extern "C" __global__ void attn_onepass_f16_hd128(const AttnParams p) { attn_split_onepass<128>(p); }
 extern "C" __global__ void attn_onepass_f16_hd256(const AttnParams p) { attn_split_onepass<256>(p); }
-
-// Merge of the partial slots of attn_split_* / attn_onepass_* / attn_prefill_* (split mode).
-struct MergeParams {
-    const float* part_o;   // [n_tok, n_heads, n_slots, head_dim] f32
-    const float* part_ml;  // [n_tok, n_heads, n_slots, 2] f32 (max, sum of exp; max -inf: empty)
-    float* out;            // [n_tok, out_stride] f32
-    int n_heads;
-    int head_dim;
-    int n_slots;
-    int out_stride;
-};
-
-#define MERGE_CHUNK 1024
-
-// grid: (n_heads, n_tok), block: 128 threads (thread i owns dimensions i and i + 128). Every
-// token has one non-empty slot. The weights e^(m_s - M) are computed once per slot (into
-// shared memory, MERGE_CHUNK slots at a time), and slots past the last non-empty one (the
-// empty tail of a graph's split bucket) are not read.
-extern "C" __global__ void attn_merge_f32(const MergeParams p) {
-    __shared__ float w_s[MERGE_CHUNK];
-    __shared__ float scratch[32];
-    const int h = blockIdx.x, t = blockIdx.y, hd = p.head_dim;
-    const long long base = ((long long)t * p.n_heads + h) * p.n_slots;
-    const float* ml = p.part_ml + base * 2;
-    float m = NEG_INF, last = 0.0f;
-    for (int s = threadIdx.x; s < p.n_slots; s += blockDim.x) {
-        const float v = ml[2 * s];
-        m = fmaxf(m, v);
-        if (v != NEG_INF) last = (float)(s + 1);
-    }
-    // Block max of m and of last (slot counts are exact in f32 far beyond any grid).
-    m = warp_max(m);
-    last = warp_max(last);
-    __syncthreads();
-    if (threadIdx.x % WARP == 0) {
-        scratch[threadIdx.x / WARP] = m;
-        scratch[16 + threadIdx.x / WARP] = last;
-    }
-    __syncthreads();
-    const int nw = blockDim.x / WARP, lane = threadIdx.x % WARP;
-    m = warp_max(lane < nw ? scratch[lane] : NEG_INF);
-    const int used = (int)warp_max(lane < nw ? scratch[16 + lane] : 0.0f);
-    const int d0 = threadIdx.x, d1 = threadIdx.x + blockDim.x;
-    float acc0 = 0.0f, acc1 = 0.0f, lsum = 0.0f;
-    for (int c0 = 0; c0 < used; c0 += MERGE_CHUNK) {
-        const int n = min(MERGE_CHUNK, used - c0);
-        __syncthreads();  // the previous chunk's weights are read
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const float v = ml[2 * (c0 + i)];
-            const float w = v == NEG_INF ? 0.0f : expf(v - m);
-            w_s[i] = w;
-            lsum = fmaf(w, ml[2 * (c0 + i) + 1], lsum);
-        }
-        __syncthreads();
-        const float* o = p.part_o + (base + c0) * hd;
-        for (int i = 0; i < n; ++i) {
-            const float w = w_s[i];
-            if (w != 0.0f) {  // block-uniform; an empty slot's O is never read
-                if (d0 < hd) acc0 = fmaf(w, o[(long long)i * hd + d0], acc0);
-                if (d1 < hd) acc1 = fmaf(w, o[(long long)i * hd + d1], acc1);
-            }
-        }
-    }
-    const float inv = 1.0f / block_sum(lsum, scratch);
-    float* out = p.out + (long long)t * p.out_stride + (long long)h * hd;
-    if (d0 < hd) out[d0] = acc0 * inv;
-    if (d1 < hd) out[d1] = acc1 * inv;
-}

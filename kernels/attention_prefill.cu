@@ -16,7 +16,7 @@
 //   (in log2 units: Q carries scale * log2(e), the exponentials are 2^x on the SFU)
 //   O [16, HD] = alpha O + P V       O held in registers as F32 accumulators
 // Output: with part_o == 0 (one split), O / l straight to `out`; else the unnormalized O and
-// (m, l) go to partial slot slot0 + z of each (token, head), merged by attn_merge_f32
+// (m, l) go to partial part0 + z of each (token, head), merged by attn_merge_f32
 // (attention_decode.cu). A split with no position for a row writes m = -inf, l = 0, O = 0.
 // Row r attends the positions c of the block's range with c <= pos[token]; the tile's range end
 // `kv_end` is the last row's position + 1 for a prefill chunk, the shared length for a
@@ -45,15 +45,15 @@ __device__ __forceinline__ float atp_ex2(float x) {
 
 struct PrefillParams {
     const float* q;           // [n_tok, q_stride] f32; head h at q + t * q_stride + h * head_dim
-    const half_t* k_cache;    // [n_slots, n_kv, head_dim] f16
+    const half_t* k_cache;    // [cache_rows, n_kv, head_dim] f16
     const half_t* v_cache;    // same layout
     const int* block_tables;  // [n_seqs, bt_stride]
     const int* pos;           // [n_tok] absolute position of each token
     const int* tiles;         // [n_tiles, 4]: first row, row count (1..=16), kv_end, block-table row
     const int* rows;          // [n_rows] flat token of each tile row
     float* out;               // [n_tok, out_stride] f32 (one split)
-    float* part_o;            // [n_part_tok, n_heads, n_slots, HD] f32, or 0
-    float* part_ml;           // [n_part_tok, n_heads, n_slots, 2] f32 (max, sum of exp)
+    float* part_o;            // [n_part_tok, n_heads, n_parts, HD] f32, or 0
+    float* part_ml;           // [n_part_tok, n_heads, n_parts, 2] f32 (max, sum of exp)
     int n_heads;
     int n_kv;
     int block_size;
@@ -64,8 +64,8 @@ struct PrefillParams {
     int block_shift;          // log2(block_size) (block sizes are powers of two)
     int heads;                // query heads per block (divides n_heads / n_kv)
     int split_len;            // positions per split (a multiple of ATP_KT)
-    int n_slots;              // partial slots per (token, head)
-    int slot0;                // slot of split 0
+    int n_parts;              // partials per (token, head)
+    int part0;                // partial of split 0
     int part_tok0;            // token of partial row 0
 };
 
@@ -99,8 +99,8 @@ __device__ __forceinline__ void atp_fetch(const PrefillParams& p, const int* bt,
         v[2 * j] = make_uint4(0, 0, 0, 0);
         v[2 * j + 1] = make_uint4(0, 0, 0, 0);
         if (e < PAIRS && ps < end) {
-            const long long slot = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
-            const long long off = slot * kv_dim + (long long)g * HD + part * 8;
+            const long long kv_row = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
+            const long long off = kv_row * kv_dim + (long long)g * HD + part * 8;
             v[2 * j] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + off));
             v[2 * j + 1] = __ldg(reinterpret_cast<const uint4*>(p.v_cache + off));
         }
@@ -121,9 +121,9 @@ __device__ __forceinline__ void atp_stage(half_t* ks, half_t* vs, int base, cons
     }
 }
 
-// Partial slot of (token t, head h, split z).
-__device__ __forceinline__ long long atp_slot(const PrefillParams& p, int t, int h, int z) {
-    return ((long long)(t - p.part_tok0) * p.n_heads + h) * p.n_slots + p.slot0 + z;
+// Partial of (token t, head h, split z).
+__device__ __forceinline__ long long atp_part(const PrefillParams& p, int t, int h, int z) {
+    return ((long long)(t - p.part_tok0) * p.n_heads + h) * p.n_parts + p.part0 + z;
 }
 
 // Q of the warp's head for its tile rows (scaled, F16): A fragments staged through `ss` (the
@@ -195,9 +195,9 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     const int start = z * p.split_len, end = min(kv_end, start + p.split_len);
     const int row = lane / 2, half = lane % 2;
     const int row_tok = rows[min(row, nt - 1)];
-    if (start >= end) {  // a split past this tile's range (partial mode only): empty slots
+    if (start >= end) {  // a split past this tile's range (partial mode only): empty partials
         if (half == 0 && row < nt) {
-            float* ml = p.part_ml + atp_slot(p, row_tok, h, z) * 2;
+            float* ml = p.part_ml + atp_part(p, row_tok, h, z) * 2;
             ml[0] = NEG_INF;
             ml[1] = 0.0f;
         }
@@ -295,7 +295,7 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
         float tmax = NEG_INF, sum = 0.0f, m_new;
         // Tiles that every row of the warp sees whole (all but the diagonal ones of a long
         // context) skip the per-column causal and range tests: the same values, fewer
-        // instructions (the softmax is most of the issue slots beside the products).
+        // instructions (the softmax issues most of the instructions beside the products).
         if (__all_sync(FULL_MASK, kp + ATP_KT - 1 <= row_pos && kp + ATP_KT <= end)) {
 #pragma unroll
             for (int c = 0; c < HC; ++c) tmax = fmaxf(tmax, srow[c]);
@@ -374,9 +374,9 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     for (int j = 0; j < NK; ++j)
 #pragma unroll
         for (int i = 0; i < 8; ++i)
-            if (frow[i] < nt) p.part_o[atp_slot(p, rows[frow[i]], h, z) * HD + j * 16 + fcol[i]] = o[j][i];
+            if (frow[i] < nt) p.part_o[atp_part(p, rows[frow[i]], h, z) * HD + j * 16 + fcol[i]] = o[j][i];
     if (half == 0 && row < nt) {
-        float* ml = p.part_ml + atp_slot(p, row_tok, h, z) * 2;
+        float* ml = p.part_ml + atp_part(p, row_tok, h, z) * 2;
         ml[0] = m_row * ATP_LN2;  // -inf stays -inf
         ml[1] = l_row;
     }
@@ -446,15 +446,15 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
     // This lane's two rows (A: g, B: g + 8) and their tokens (rows past nt repeat the last).
     const int ra = lane / 4, rb = ra + 8;
     const int tok_a = rows[min(ra, nt - 1)], tok_b = rows[min(rb, nt - 1)];
-    if (start >= end) {  // a split past this tile's range (partial mode only): empty slots
+    if (start >= end) {  // a split past this tile's range (partial mode only): empty partials
         if (lane % 4 == 0) {
             if (ra < nt) {
-                float* ml = p.part_ml + atp_slot(p, tok_a, h, z) * 2;
+                float* ml = p.part_ml + atp_part(p, tok_a, h, z) * 2;
                 ml[0] = NEG_INF;
                 ml[1] = 0.0f;
             }
             if (rb < nt) {
-                float* ml = p.part_ml + atp_slot(p, tok_b, h, z) * 2;
+                float* ml = p.part_ml + atp_part(p, tok_b, h, z) * 2;
                 ml[0] = NEG_INF;
                 ml[1] = 0.0f;
             }
@@ -622,8 +622,8 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
             }
         return;
     }
-    float* po_a = p.part_o + atp_slot(p, tok_a, h, z) * HD;
-    float* po_b = p.part_o + atp_slot(p, tok_b, h, z) * HD;
+    float* po_a = p.part_o + atp_part(p, tok_a, h, z) * HD;
+    float* po_b = p.part_o + atp_part(p, tok_b, h, z) * HD;
 #pragma unroll
     for (int j = 0; j < NK; ++j)
 #pragma unroll
@@ -637,12 +637,12 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
         }
     if (lane % 4 == 0) {
         if (ra < nt) {
-            float* ml = p.part_ml + atp_slot(p, tok_a, h, z) * 2;
+            float* ml = p.part_ml + atp_part(p, tok_a, h, z) * 2;
             ml[0] = m_a * ATP_LN2;  // -inf stays -inf
             ml[1] = l_a;
         }
         if (rb < nt) {
-            float* ml = p.part_ml + atp_slot(p, tok_b, h, z) * 2;
+            float* ml = p.part_ml + atp_part(p, tok_b, h, z) * 2;
             ml[0] = m_b * ATP_LN2;
             ml[1] = l_b;
         }

@@ -75,6 +75,46 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
+// One attention head's hd values x (f32) into shared memory hs, RMS-normalized by the head-norm
+// weights nw [hd] (Qwen3's q/k norms) or copied as they are (nw null), then a block barrier.
+// The sums of rmsnorm_f32 over a row of hd with the same block size, so the same values.
+// Called by the whole block; scratch as block_sum's.
+__device__ __forceinline__ void head_norm_to_shared(const float* x, const float* nw, int hd, float eps, float* hs,
+                                                    float* scratch) {
+    if (nw) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            const float v = x[i];
+            ss = fmaf(v, v, ss);
+        }
+        ss = block_sum(ss, scratch);
+        const float scale = rsqrtf(ss / (float)hd + eps);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i] * scale * nw[i];
+    } else {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i];
+    }
+    __syncthreads();
+}
+
+// The inputs both QK-norm + RoPE + cache-store kernels take (qkv_post_f32 in kv_cache.cu,
+// hyb_qkv_post_f32 in hybrid_attn.cu), one member of their params structs (Rust mirror:
+// kv_cache::RopeStorePtrs).
+struct RopeStorePtrs {
+    const float* q_norm;    // optional [head_dim] f32, or null
+    const float* k_norm;    // optional [head_dim] f32, or null
+    const int* pos;         // [n_tok]
+    const float* cos_t;     // [max_pos, rotated dims / 2]
+    const float* sin_t;     // same
+    half_t* k_cache;        // [cache_rows, n_kv * head_dim] f16
+    half_t* v_cache;        // same
+    const int* kv_rows;     // [n_tok] cache row of each token
+};
+
+// KV head kh of cache row kv_row in a paged F16 cache [cache_rows, kv_dim] (kv_dim = n_kv * hd).
+__device__ __forceinline__ half_t* cache_head(half_t* cache, long long kv_row, long long kv_dim, int kh, int hd) {
+    return cache + kv_row * kv_dim + (long long)kh * hd;
+}
+
 // ---- Tensor cores: wmma m16n16k16, F16 inputs, F32 accumulators, as inline PTX (no toolkit
 // headers; valid from compute_70). Fragments are 8 registers; addresses 32-byte aligned, leading
 // dimensions (ldm, in elements) multiples of 8 (F16) or 4 (F32). The element order inside a

@@ -55,7 +55,7 @@ extern "C" __global__ void dn_conv_silu_f32(const DnConvParams p) {
     const long long slot = p.chunks[3 + 3 * c];
     const int C = p.channels, K = p.kernel;
     float* st = p.state + slot * p.slot_stride + p.layer_off;  // [K - 1, C]
-    // The history right-aligned in win[0 .. H): win[H - 1] is the newest input; slots before
+    // The history right-aligned in win[0 .. H): win[H - 1] is the newest input; entries before
     // H - (K - 1) hold zeros with zero weights. Only compile-time indices (unrolled loops), so
     // the window stays in registers.
     constexpr int H = DN_MAX_K - 1;
@@ -181,35 +181,13 @@ __device__ __forceinline__ void dn_quantize_row(const DnRecurParams& p, const fl
     float v[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) v[e] = live ? row[4 * lane + e] : 0.0f;
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
-    const float d = amax / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    const float dl = __fmul_rn(d, Q8X_LO);
-    const float idl = dl > 0.0f ? 1.0f / dl : 0.0f;
-    int q[4], l[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        q[e] = __float2int_rn(__fmul_rn(v[e], id));
-        const float res = __fmaf_rn(-d, (float)q[e], v[e]);
-        l[e] = max(-127, min(127, __float2int_rn(__fmul_rn(res, idl))));
-    }
-    int sq = q[0] + q[1] + q[2] + q[3], sl = l[0] + l[1] + l[2] + l[3];
-    sq += __shfl_xor_sync(FULL_MASK, sq, 1);
-    sq += __shfl_xor_sync(FULL_MASK, sq, 2);
-    sl += __shfl_xor_sync(FULL_MASK, sl, 1);
-    sl += __shfl_xor_sync(FULL_MASK, sl, 2);
+    const Q8Quad q = q8_quad(make_float4(v[0], v[1], v[2], v[3]));
     if (!live) return;
-    const unsigned wh = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (unsigned)(q[3] & 0xff) << 24;
-    const unsigned wl = (l[0] & 0xff) | (l[1] & 0xff) << 8 | (l[2] & 0xff) << 16 | (unsigned)(l[3] & 0xff) << 24;
     const long long c4 = at / 4 + lane;  // float4 index in the flat [n_tok, vd] input
-    reinterpret_cast<unsigned*>(p.qx)[c4] = wh;
-    reinterpret_cast<unsigned*>(p.ql)[c4] = wl;
-    if ((lane & 3) == 0) {
-        // Run of 16 (at + 4 lane) / 16 of the flat input: row t's runs start at t * vd / 16.
-        p.xs[(at + 4 * lane) / 16] = make_float2(d, __fmaf_rn(dl, (float)sl, __fmul_rn(d, (float)sq)));
-    }
+    reinterpret_cast<unsigned*>(p.qx)[c4] = q.wh;
+    reinterpret_cast<unsigned*>(p.ql)[c4] = q.wl;
+    // Run of 16 (at + 4 lane) / 16 of the flat input: row t's runs start at t * vd / 16.
+    if ((lane & 3) == 0) p.xs[(at + 4 * lane) / 16] = q.xs;
 }
 
 // NORM: each token's output row of the head is normalized in the block before it is stored:

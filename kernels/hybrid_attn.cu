@@ -4,21 +4,14 @@
 //                     then k heads, then v heads; head_dim each): per-head RMSNorm of q and k,
 //                     RoPE on the first `rot` dims of each head (pairs (i, i + rot / 2)), queries
 //                     written compactly to q [n_tok, n_heads * head_dim], K and V stored to the
-//                     F16 cache at slots[t];
+//                     F16 cache at row kv_rows[t];
 //   hyb_gate_mul_f32  attention output times sigmoid(gate).
 #include "common.cuh"
 
 struct HybQkvParams {
     const float* proj;      // [n_tok, stride]
     float* q;               // [n_tok, n_heads * head_dim]
-    const float* q_norm;    // optional [head_dim]
-    const float* k_norm;    // optional [head_dim]
-    const int* pos;         // [n_tok]
-    const float* cos_t;     // [max_pos, rot / 2]
-    const float* sin_t;     // [max_pos, rot / 2]
-    half_t* k_cache;        // [n_slots, n_kv * head_dim] f16
-    half_t* v_cache;        // same
-    const int* slots;       // [n_tok]
+    RopeStorePtrs rs;       // tables [max_pos, rot / 2]
     int n_tok;
     int n_heads;
     int n_kv;
@@ -39,41 +32,28 @@ extern "C" __global__ void hyb_qkv_post_f32(const HybQkvParams p) {
     const long long kv_dim = (long long)p.n_kv * hd;
     const long long q_rows = (long long)p.n_heads * hd * (p.gated ? 2 : 1);
     const float* row = p.proj + (long long)t * p.stride;
-    const long long slot = p.slots[t];
+    const long long kv_row = p.rs.kv_rows[t];
     if (h >= p.n_heads + p.n_kv) {  // v head: store only
         const int vh = h - p.n_heads - p.n_kv;
         const float* x = row + q_rows + kv_dim + (long long)vh * hd;
-        half_t* dst = p.v_cache + slot * kv_dim + (long long)vh * hd;
+        half_t* dst = cache_head(p.rs.v_cache, kv_row, kv_dim, vh, hd);
         for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = f2h_sat(x[i]);
         return;
     }
     const bool is_k = h >= p.n_heads;
     const float* x = is_k ? row + q_rows + (long long)(h - p.n_heads) * hd
                           : row + (long long)h * hd * (p.gated ? 2 : 1);
-    const float* nw = is_k ? p.k_norm : p.q_norm;
-    if (nw) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            const float v = x[i];
-            ss = fmaf(v, v, ss);
-        }
-        ss = block_sum(ss, scratch);
-        const float scale = rsqrtf(ss / (float)hd + p.eps);
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i] * scale * nw[i];
-    } else {
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i];
-    }
-    __syncthreads();
+    head_norm_to_shared(x, is_k ? p.rs.k_norm : p.rs.q_norm, hd, p.eps, hs, scratch);
     float* dst = p.q + ((long long)t * p.n_heads + h) * hd;  // q heads only
-    half_t* kdst = p.k_cache + slot * kv_dim + (long long)(h - p.n_heads) * hd;
-    const long long tb = (long long)p.pos[t] * half;
+    half_t* kdst = cache_head(p.rs.k_cache, kv_row, kv_dim, h - p.n_heads, hd);
+    const long long tb = (long long)p.rs.pos[t] * half;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float r;
         if (i < half) {
-            r = hs[i] * p.cos_t[tb + i] - hs[i + half] * p.sin_t[tb + i];
+            r = hs[i] * p.rs.cos_t[tb + i] - hs[i + half] * p.rs.sin_t[tb + i];
         } else if (i < p.rot) {
             const int k = i - half;
-            r = hs[k] * p.sin_t[tb + k] + hs[i] * p.cos_t[tb + k];
+            r = hs[k] * p.rs.sin_t[tb + k] + hs[i] * p.rs.cos_t[tb + k];
         } else {
             r = hs[i];
         }

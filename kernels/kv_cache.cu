@@ -1,13 +1,13 @@
 // Writes the K and V of this step's tokens into the paged F16 cache of one layer.
-// Cache layout: [n_blocks, block_size, n_kv_heads, head_dim] f16, so slot = block * block_size
-// + offset and element (slot, i) lives at slot * kv_dim + i.
+// Cache layout: [n_blocks, block_size, n_kv_heads, head_dim] f16, so cache row
+// = block * block_size + offset and element (row, i) lives at row * kv_dim + i.
 #include "common.cuh"
 
 struct KvStoreParams {
     const float* qkv;   // [n_tok, stride] f32; K at column k_off, V at column v_off
-    half_t* k_cache;    // [n_slots, kv_dim] f16
-    half_t* v_cache;    // [n_slots, kv_dim] f16
-    const int* slots;   // [n_tok] destination slot of each token
+    half_t* k_cache;    // [cache_rows, kv_dim] f16
+    half_t* v_cache;    // [cache_rows, kv_dim] f16
+    const int* kv_rows; // [n_tok] destination cache row of each token
     int n_tok;
     int kv_dim;
     int stride;
@@ -20,7 +20,7 @@ extern "C" __global__ void kv_store_f16(const KvStoreParams p) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)p.n_tok * p.kv_dim) return;
     const long long t = idx / p.kv_dim, i = idx % p.kv_dim;
-    const long long dst = (long long)p.slots[t] * p.kv_dim + i;
+    const long long dst = (long long)p.kv_rows[t] * p.kv_dim + i;
     const float* row = p.qkv + t * p.stride;
     p.k_cache[dst] = f2h_sat(row[p.k_off + i]);
     p.v_cache[dst] = f2h_sat(row[p.v_off + i]);
@@ -35,14 +35,7 @@ extern "C" __global__ void kv_store_f16(const KvStoreParams p) {
 // same block size (block = clamp(round_up(head_dim, 32), 32, 256), as the launcher picks).
 struct QkvPostParams {
     float* qkv;             // [n_tok, stride] f32
-    const float* q_norm;    // optional [head_dim] f32, or null
-    const float* k_norm;    // optional [head_dim] f32, or null
-    const int* pos;         // [n_tok]
-    const float* cos_t;     // [max_pos, head_dim / 2]
-    const float* sin_t;     // [max_pos, head_dim / 2]
-    half_t* k_cache;        // [n_slots, n_kv * head_dim] f16
-    half_t* v_cache;        // same
-    const int* slots;       // [n_tok]
+    RopeStorePtrs rs;       // tables [max_pos, head_dim / 2]
     int n_tok;
     int n_heads;
     int n_kv;
@@ -60,33 +53,20 @@ extern "C" __global__ void qkv_post_f32(const QkvPostParams p) {
     const int hd = p.head_dim, half = hd / 2;
     const long long kv_dim = (long long)p.n_kv * hd;
     float* x = p.qkv + (long long)t * p.stride + (long long)h * hd;
-    const long long slot = p.slots[t];
+    const long long kv_row = p.rs.kv_rows[t];
     if (h >= p.n_heads + p.n_kv) {  // v head: store only
-        half_t* dst = p.v_cache + slot * kv_dim + (long long)(h - p.n_heads - p.n_kv) * hd;
+        half_t* dst = cache_head(p.rs.v_cache, kv_row, kv_dim, h - p.n_heads - p.n_kv, hd);
         for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = f2h_sat(x[i]);
         return;
     }
     const bool is_k = h >= p.n_heads;
-    const float* nw = is_k ? p.k_norm : p.q_norm;
-    if (nw) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            const float v = x[i];
-            ss = fmaf(v, v, ss);
-        }
-        ss = block_sum(ss, scratch);
-        const float scale = rsqrtf(ss / (float)hd + p.eps);
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i] * scale * nw[i];
-    } else {
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i];
-    }
-    __syncthreads();
-    const long long tb = (long long)p.pos[t] * half;
-    half_t* kdst = p.k_cache + slot * kv_dim + (long long)(h - p.n_heads) * hd;
+    head_norm_to_shared(x, is_k ? p.rs.k_norm : p.rs.q_norm, hd, p.eps, hs, scratch);
+    const long long tb = (long long)p.rs.pos[t] * half;
+    half_t* kdst = cache_head(p.rs.k_cache, kv_row, kv_dim, h - p.n_heads, hd);
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const int a = p.style == 0 ? 2 * i : i;
         const int b = p.style == 0 ? 2 * i + 1 : i + half;
-        const float c = p.cos_t[tb + i], s = p.sin_t[tb + i];
+        const float c = p.rs.cos_t[tb + i], s = p.rs.sin_t[tb + i];
         const float x0 = hs[a], x1 = hs[b];
         const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
         x[a] = r0;

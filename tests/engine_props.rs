@@ -188,7 +188,7 @@ fn with_state_points_a_hit_ends_where_a_recurrent_state_was_saved() {
 fn append_position_takes_a_block_at_block_boundaries() {
     let mut kv = KvCache::new(3, 4, FP, true);
     kv.allocate(1, &toks(0..4)).unwrap(); // [0], full
-    kv.allocate(2, &toks(10..17)).unwrap(); // [1, 2], one slot left
+    kv.allocate(2, &toks(10..17)).unwrap(); // [1, 2], one position left
     assert!(kv.may_append(2));
     kv.append_position(2).unwrap();
     assert_eq!(kv.num_positions(2), Some(8));
@@ -260,7 +260,7 @@ fn prompt(variant: u8, len: usize) -> Vec<u32> {
 struct Shadow {
     /// What the simulated backend wrote: per block, per offset, the token whose K/V is there.
     content: Vec<Vec<Option<u32>>>,
-    /// Per live sequence: its tokens (slots beyond the prompt get token 9) and computed count.
+    /// Per live sequence: its tokens (positions beyond the prompt get token 9) and computed count.
     seqs: HashMap<SeqId, (Vec<u32>, usize)>,
 }
 
@@ -363,7 +363,7 @@ fn simulate(cfg: SchedulerConfig, num_blocks: usize, bs: usize, prefix: bool, re
 }
 
 /// `simulate`, with `forced` more tokens appended after each sampled one (as a grammar's forced
-/// tokens are): they must run as part of the next chunks, in KV slots reserved for them.
+/// tokens are): they must run as part of the next chunks, in KV positions reserved for them.
 fn simulate_forced(
     cfg: SchedulerConfig,
     num_blocks: usize,
@@ -556,7 +556,7 @@ proptest! {
     }
 
     /// Tokens appended several at a time (a grammar's forced tokens) run as one chunk, with KV
-    /// slots reserved past block boundaries, through preemption and prefix reuse.
+    /// positions reserved past block boundaries, through preemption and prefix reuse.
     #[test]
     fn forced_tokens_appended_between_steps_run_in_reserved_slots(
         slots in 1usize..5,

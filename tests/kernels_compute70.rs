@@ -63,6 +63,7 @@ fn every_kernel_compiles_for_compute70_without_sm75_instructions() {
                     "gemm_quant",
                     "dequant",
                     "attention_decode",
+                    "attention_merge",
                     "argmax",
                     "moe",
                     "deltanet",

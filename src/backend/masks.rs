@@ -14,7 +14,7 @@ use super::{Backend, BackendError};
 use crate::engine::plan::StepPlan;
 use crate::engine::sampler::{argmax, masked_argmax};
 
-/// `MaskRows::slot` of a row without a mask.
+/// `MaskRows::mask_of` of a row without a mask.
 pub const NO_MASK: u32 = u32::MAX;
 
 /// The masks of one step's logit rows (chunks with `want_logits`, in plan order), written by
@@ -23,23 +23,23 @@ pub const NO_MASK: u32 = u32::MAX;
 pub struct MaskRows<'a> {
     words: usize,
     /// `[rows]`: the index of the row's mask in `bits`, or `NO_MASK`.
-    slot: &'a mut [u32],
+    mask_of: &'a mut [u32],
     /// `[room, words]`, the first `used` masks claimed.
     bits: &'a mut [u32],
     used: usize,
 }
 
 impl<'a> MaskRows<'a> {
-    /// Over `slot` (`[rows]`) and `bits` (room for `bits.len() / words` masks); every row starts
+    /// Over `mask_of` (`[rows]`) and `bits` (room for `bits.len() / words` masks); every row starts
     /// without a mask.
-    pub fn new(words: usize, slot: &'a mut [u32], bits: &'a mut [u32]) -> Self {
-        slot.fill(NO_MASK);
-        MaskRows { words, slot, bits, used: 0 }
+    pub fn new(words: usize, mask_of: &'a mut [u32], bits: &'a mut [u32]) -> Self {
+        mask_of.fill(NO_MASK);
+        MaskRows { words, mask_of, bits, used: 0 }
     }
 
     /// Logit rows of the step.
     pub fn rows(&self) -> usize {
-        self.slot.len()
+        self.mask_of.len()
     }
 
     /// Words per mask: `ceil(vocab / 32)` of the model's vocabulary.
@@ -56,11 +56,11 @@ impl<'a> MaskRows<'a> {
     /// returned in the order given. Refused (nothing claimed) for a row out of range or
     /// claimed before, or more masks than there is room for.
     pub fn claim(&mut self, rows: &[usize]) -> Result<Vec<&mut [u32]>, BackendError> {
-        let n = self.slot.len();
+        let n = self.mask_of.len();
         let room = self.bits.len().checked_div(self.words).unwrap_or(0);
         let mut seen = vec![false; n];
         for &r in rows {
-            if r >= n || self.slot[r] != NO_MASK || std::mem::replace(&mut seen[r], true) {
+            if r >= n || self.mask_of[r] != NO_MASK || std::mem::replace(&mut seen[r], true) {
                 return Err(BackendError::Plan(format!("mask for logit row {r}: out of range or given twice")));
             }
         }
@@ -71,7 +71,7 @@ impl<'a> MaskRows<'a> {
             )));
         }
         for (k, &r) in rows.iter().enumerate() {
-            self.slot[r] = (self.used + k) as u32;
+            self.mask_of[r] = (self.used + k) as u32;
         }
         let start = self.used * self.words;
         self.used += rows.len();
@@ -86,7 +86,7 @@ impl<'a> MaskRows<'a> {
 
     /// Row `r`'s mask, if it has one.
     pub fn get(&self, r: usize) -> Option<&[u32]> {
-        let s = *self.slot.get(r)?;
+        let s = *self.mask_of.get(r)?;
         (s != NO_MASK).then(|| &self.bits[s as usize * self.words..][..self.words])
     }
 }
@@ -115,12 +115,12 @@ pub fn host_step_greedy_masked<B: Backend + ?Sized>(
     use rayon::prelude::*;
     let rows = plan.chunks.iter().filter(|c| c.want_logits).count();
     let words = b.config().vocab_size.div_ceil(32);
-    let mut slot = vec![NO_MASK; rows];
+    let mut mask_of = vec![NO_MASK; rows];
     let mut bits = vec![0u32; rows * words];
     let mut filled = Ok(());
     let (logits, step_done) = rayon::in_place_scope(|s| {
-        let (slot, bits, filled) = (&mut slot, &mut bits, &mut filled);
-        s.spawn(move |_| *filled = fill(&mut MaskRows::new(words, slot, bits)));
+        let (mask_of, bits, filled) = (&mut mask_of, &mut bits, &mut filled);
+        s.spawn(move |_| *filled = fill(&mut MaskRows::new(words, mask_of, bits)));
         let logits = b.step(plan);
         (logits, Instant::now())
     });
@@ -130,7 +130,7 @@ pub fn host_step_greedy_masked<B: Backend + ?Sized>(
     if logits.len() != rows {
         return Err(BackendError::Plan(format!("the step returned {} logit rows for {rows}", logits.len())));
     }
-    let masks = MaskRows { words, slot: &mut slot, bits: &mut bits, used: 0 };
+    let masks = MaskRows { words, mask_of: &mut mask_of, bits: &mut bits, used: 0 };
     let ids = logits
         .par_iter()
         .enumerate()
@@ -145,8 +145,8 @@ mod tests {
 
     #[test]
     fn claimed_masks_are_compact_and_rows_without_one_have_none() {
-        let (mut slot, mut bits) = (vec![7u32; 4], vec![9u32; 3 * 2]);
-        let mut m = MaskRows::new(2, &mut slot, &mut bits);
+        let (mut mask_of, mut bits) = (vec![7u32; 4], vec![9u32; 3 * 2]);
+        let mut m = MaskRows::new(2, &mut mask_of, &mut bits);
         let mut got = m.claim(&[3, 1]).unwrap();
         got[0][0] = 0b100;
         got[1][1] = 1;
@@ -159,6 +159,6 @@ mod tests {
         assert!(m.claim(&[4]).is_err(), "out of range");
         assert!(m.claim(&[0, 2]).is_err(), "room for 3 masks only");
         assert_eq!(m.claim(&[2]).unwrap().len(), 1);
-        assert_eq!(slot, vec![NO_MASK, 1, 2, 0]);
+        assert_eq!(mask_of, vec![NO_MASK, 1, 2, 0]);
     }
 }

@@ -22,7 +22,7 @@ struct Problem {
     bt: CudaSlice<i32>,
     tok_seq: CudaSlice<i32>,
     pos: CudaSlice<i32>,
-    n_slots: usize,
+    cache_rows: usize,
     n_seqs: usize,
     shape: (usize, usize, usize),
     bt_stride: usize,
@@ -40,7 +40,7 @@ impl Problem {
             tok_seq: g.d(&self.tok_seq),
             pos: g.d(&self.pos),
             out: g.d(out),
-            n_slots: self.n_slots,
+            cache_rows: self.cache_rows,
             n_seqs: self.n_seqs,
             n_tok,
             n_heads: nh,
@@ -72,8 +72,8 @@ impl Problem {
             part_ml: g.d(pml),
             split_len,
             n_splits,
-            n_slots: n_splits,
-            slot0: 0,
+            n_parts: n_splits,
+            part0: 0,
             tok0: 0,
             n_part_tok: n_tok,
             merge: true,
@@ -111,8 +111,8 @@ pub(crate) struct Group<'a> {
 }
 
 /// The decode attention of `paged`'s tokens over `max_len` positions in splits of `split_len`,
-/// partials in `parts` (`[n_tok, n_heads, slots, head_dim]` and `[n_tok, n_heads, slots, 2]`
-/// f32); with a group, its prefix pass writes the slots after the decode splits.
+/// partials in `parts` (`[n_tok, n_heads, parts, head_dim]` and `[n_tok, n_heads, parts, 2]`
+/// f32); with a group, its prefix pass writes the partials after the decode splits.
 pub(crate) fn decode_attention(
     g: &Gpu,
     paged: l::PagedAttn,
@@ -136,8 +136,8 @@ pub(crate) fn decode_attention(
                 part_ml: g.d(pml),
                 split_len: pre_len,
                 n_splits,
-                n_slots: splits + n_splits,
-                slot0: splits,
+                n_parts: splits + n_splits,
+                part0: splits,
                 tok0: 0,
                 n_part_tok: paged.n_tok,
                 merge: false,
@@ -174,26 +174,26 @@ fn kv_store_and_paged_attention_match_cpu() {
         let bt_stride = tables.iter().map(Vec::len).max().unwrap();
 
         // Every position of every sequence goes through kv_store (context and new tokens alike).
-        let (mut slots, mut pos, mut tok_seq) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut kv_rows, mut pos, mut tok_seq) = (Vec::new(), Vec::new(), Vec::new());
         for (si, &(c, n)) in seqs.iter().enumerate() {
             for p in 0..c + n {
-                slots.push((tables[si][p / bs] as usize * bs + p % bs) as i32);
+                kv_rows.push((tables[si][p / bs] as usize * bs + p % bs) as i32);
                 pos.push(p);
                 tok_seq.push(si);
             }
         }
-        let all = slots.len();
+        let all = kv_rows.len();
         let qkv = g.randn(all * stride, 2.0);
-        let n_slots = n_blocks * bs;
-        let (qkvd, sd) = (g.up(&qkv), g.up(&slots));
-        let (kc, vc) = (g.zeros::<u16>(n_slots * kvd), g.zeros::<u16>(n_slots * kvd));
-        super::kv_store(&mut g, &qkvd, (&kc, &vc), &sd, n_slots, all, kvd, stride, qd);
+        let cache_rows = n_blocks * bs;
+        let (qkvd, sd) = (g.up(&qkv), g.up(&kv_rows));
+        let (kc, vc) = (g.zeros::<u16>(cache_rows * kvd), g.zeros::<u16>(cache_rows * kvd));
+        super::kv_store(&mut g, &qkvd, (&kc, &vc), &sd, cache_rows, all, kvd, stride, qd);
         let (kh, vh) = (g.down(&kc), g.down(&vc));
         let (mut kgot, mut kwant) = (Vec::new(), Vec::new());
-        for (t, &sl) in slots.iter().enumerate() {
-            let sl = sl as usize;
-            kgot.extend(f16_vals(&kh[sl * kvd..(sl + 1) * kvd]));
-            kgot.extend(f16_vals(&vh[sl * kvd..(sl + 1) * kvd]));
+        for (t, &row) in kv_rows.iter().enumerate() {
+            let row = row as usize;
+            kgot.extend(f16_vals(&kh[row * kvd..(row + 1) * kvd]));
+            kgot.extend(f16_vals(&vh[row * kvd..(row + 1) * kvd]));
             kwant.extend(f16_vals(&f16_bits(&qkv[t * stride + qd..t * stride + qd + 2 * kvd])));
         }
         compare("kv_store_f16", g.seed, &kgot, &kwant);
@@ -226,13 +226,13 @@ fn kv_store_and_paged_attention_match_cpu() {
             bt: g.up(&bt),
             tok_seq: g.up(&qseq),
             pos: g.up(&qpos),
-            n_slots,
+            cache_rows,
             n_seqs: seqs.len(),
             shape: (nh, nkv, hd),
             bt_stride,
             stride,
         };
-        // Partials for the most slots any run below uses (a replayed graph launches a
+        // Partials for the most splits any run below uses (a replayed graph launches a
         // power-of-two bucket; 32-position prefill splits).
         let most = l::attn_splits(max_len, 1).next_power_of_two() * 2;
         let (po, pml) = (g.poisoned(n_tok * nh * most * hd), g.poisoned(n_tok * nh * most * 2));
@@ -348,9 +348,9 @@ fn shared_prefix_attention_equals_plain_attention() {
                 bt[si * bt_stride + j] = b as i32;
             }
         }
-        let n_slots = n_blocks * bs;
-        let kvals = f16_bits(&g.randn(n_slots * kvd, 1.0));
-        let vvals = f16_bits(&g.randn(n_slots * kvd, 1.0));
+        let cache_rows = n_blocks * bs;
+        let kvals = f16_bits(&g.randn(cache_rows * kvd, 1.0));
+        let vvals = f16_bits(&g.randn(cache_rows * kvd, 1.0));
         let stride = qd + 2 * kvd;
         let qv = g.randn(n_tok * stride, 2.0);
         let pr = Problem {
@@ -360,7 +360,7 @@ fn shared_prefix_attention_equals_plain_attention() {
             bt: g.up(&bt),
             tok_seq: g.up(&(0..n_tok as i32).collect::<Vec<_>>()),
             pos: g.up(&positions.iter().map(|&p| p as i32).collect::<Vec<_>>()),
-            n_slots,
+            cache_rows,
             n_seqs: n_tok,
             shape: (nh, nkv, hd),
             bt_stride,
@@ -385,8 +385,8 @@ fn shared_prefix_attention_equals_plain_attention() {
         let split_len = l::decode_split_len(n_tok, max_len, nh, nkv, hd);
         let splits = max_len.div_ceil(split_len);
         for (pre_splits, pre_len) in [cascade::splits(2, plan.max_shared, nh, nkv, hd), (1, 640), (20, 32)] {
-            let n_slots = splits + pre_splits;
-            let (po, pml) = (g.poisoned(n_tok * nh * n_slots * hd), g.poisoned(n_tok * nh * n_slots * 2));
+            let n_parts = splits + pre_splits;
+            let (po, pml) = (g.poisoned(n_tok * nh * n_parts * hd), g.poisoned(n_tok * nh * n_parts * 2));
             let out = g.poisoned(n_tok * qd);
             let paged = pr.paged(&g, &out, n_tok);
             let group = Group { dev: (&tiles_d, &rows_d, &begin_d), pre: (pre_splits, pre_len) };
@@ -486,8 +486,8 @@ fn long_context_attention_matches_cpu() {
         for i in (1..table.len()).rev() {
             table.swap(i, g.rng.random_range(0..=i));
         }
-        let n_slots = n_blocks * bs;
-        let (kb, vb) = (f16_bits(&g.randn(n_slots * kvd, 1.0)), f16_bits(&g.randn(n_slots * kvd, 1.0)));
+        let cache_rows = n_blocks * bs;
+        let (kb, vb) = (f16_bits(&g.randn(cache_rows * kvd, 1.0)), f16_bits(&g.randn(cache_rows * kvd, 1.0)));
         let (k32, v32) = (f16_vals(&kb), f16_vals(&vb));
         let kv = ops::PagedKv { k: &k32, v: &v32, block_size: bs, n_kv_heads: nkv, head_dim: hd };
         let bt: Vec<i32> = table.iter().map(|&b| b as i32).collect();
@@ -515,7 +515,7 @@ fn long_context_attention_matches_cpu() {
                 bt: btd.clone(),
                 tok_seq: g.up(&vec![0i32; n_tok]),
                 pos: g.up(&positions.iter().map(|&p| p as i32).collect::<Vec<_>>()),
-                n_slots,
+                cache_rows,
                 n_seqs: 1,
                 shape: (nh, nkv, hd),
                 bt_stride: n_blocks,

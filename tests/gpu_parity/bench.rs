@@ -249,8 +249,8 @@ fn attention_breakdown() {
         let own = |si: usize| if kind == "shared" { 300 + (si * 7) % 201 } else { ctx + new };
         let per_seq = (ctx + new + 600).div_ceil(bs);
         let n_blocks = n * per_seq + ctx.div_ceil(bs);
-        let n_slots = n_blocks * bs;
-        let (kc, vc) = (g.zeros::<u16>(n_slots * nkv * hd), g.zeros::<u16>(n_slots * nkv * hd));
+        let cache_rows = n_blocks * bs;
+        let (kc, vc) = (g.zeros::<u16>(cache_rows * nkv * hd), g.zeros::<u16>(cache_rows * nkv * hd));
         for (j, c) in [&kc, &vc].into_iter().enumerate() {
             dustoff::backend::cuda::embedding::FillUniform { out: g.d(c), seed: 9 + j as u64, scale: 1.0 }
                 .launch(&mut g.k, &s)
@@ -299,7 +299,7 @@ fn attention_breakdown() {
             tok_seq: g.d(&tsd),
             pos: g.d(&pd),
             out: g.d(&out),
-            n_slots,
+            cache_rows,
             n_seqs: n,
             n_tok,
             n_heads: nh,
@@ -313,7 +313,7 @@ fn attention_breakdown() {
         let work: f64 = pos.iter().map(|&p| p as f64 + 1.0).sum();
         let kv_bytes = work * (nkv * hd * 2 * 2) as f64;
         let flops = work * nh as f64 * hd as f64 * 4.0;
-        // Slots: the most decode splits (shortest split) + up to 64 prefill or shared-prefix splits.
+        // Partials: the most decode splits (shortest split) + up to 64 prefill or shared-prefix splits.
         let part_len = n_tok * nh * (l::attn_splits(max_len, n_tok) + 64);
         let (po, pml) = (g.zeros::<f32>(part_len * hd), g.zeros::<f32>(part_len * 2));
         let decode = |g: &mut Gpu, split_len: usize, prefix: Option<&cascade::Cascade>, onepass: Option<bool>| {
@@ -363,7 +363,7 @@ fn attention_breakdown() {
                 let casc = decode(&mut g, split, Some(&plan), None);
                 // Its parts alone: the group pass over the shared range, and the merge.
                 let (ps, pl) = cascade::splits(plan.tiles.len() / 4, plan.max_shared, nh, nkv, hd);
-                let n_slots = max_len.div_ceil(split) + ps;
+                let n_parts = max_len.div_ceil(split) + ps;
                 let (td, rd) = (g.up(&plan.tiles), g.up(&plan.rows));
                 let group_pass = time(&mut g, &mut |g| {
                     let split = Some(PrefillSplit {
@@ -371,8 +371,8 @@ fn attention_breakdown() {
                         part_ml: g.d(&pml),
                         split_len: pl,
                         n_splits: ps,
-                        n_slots,
-                        slot0: n_slots - ps,
+                        n_parts,
+                        part0: n_parts - ps,
                         tok0: 0,
                         n_part_tok: n_tok,
                         merge: false,
@@ -391,14 +391,14 @@ fn attention_breakdown() {
                         n_tok,
                         n_heads: nh,
                         head_dim: hd,
-                        n_slots,
+                        n_parts,
                         out_stride: nh * hd,
                     }
                     .launch(&mut g.k, &s)
                     .unwrap();
                 });
                 eprintln!(
-                    "attn {label}: cascade parts: group pass ({ps} splits of {pl}) {:.1} us, merge of {n_slots} slots {:.1} us",
+                    "attn {label}: cascade parts: group pass ({ps} splits of {pl}) {:.1} us, merge of {n_parts} partials {:.1} us",
                     group_pass * 1e6,
                     merge * 1e6
                 );
@@ -421,8 +421,8 @@ fn attention_breakdown() {
                             part_ml: g.d(&pml),
                             split_len: pl,
                             n_splits: pf,
-                            n_slots: pf,
-                            slot0: 0,
+                            n_parts: pf,
+                            part0: 0,
                             tok0: 0,
                             n_part_tok: n_tok,
                             merge: true,

@@ -8,9 +8,9 @@ use dustoff::backend::cpu::deltanet::{
 };
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::deltanet::{
-    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, GateMul, HybQkvPost, StatePool,
-    DN_AB_ROW, DN_CH,
+    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, StatePool, DN_AB_ROW, DN_CH,
 };
+use dustoff::backend::cuda::hybrid_attn::{GateMul, HybQkvPost};
 use dustoff::backend::cuda::q8x;
 use dustoff::backend::cuda::qlaunch::q8x_bytes;
 use dustoff::model::config::RopeStyle;
@@ -489,27 +489,25 @@ fn gated_partial_rope_qkv_post_and_output_gate() {
         let all: Vec<usize> = (0..max_pos).collect();
         let (cos, sin) = ops::rope_table(&all, &inv);
         let pos: Vec<usize> = (0..n).map(|i| (i * 397 + 11) % max_pos).collect();
-        let slots: Vec<i32> = (0..n as i32).map(|i| (i * 5 + 3) % 32).collect();
-        let n_slots = 32;
+        let kv_rows: Vec<i32> = (0..n as i32).map(|i| (i * 5 + 3) % 32).collect();
+        let cache_rows = 32;
         let (pd, qnd, knd, cd, sd) = (g.up(&proj), g.up(&qn), g.up(&kn), g.up(&cos), g.up(&sin));
         let posd = g.up(&pos.iter().map(|&p| p as i32).collect::<Vec<_>>());
-        let sld = g.up(&slots);
-        let (kc, vc) = (g.zeros::<u16>(n_slots * kvd), g.zeros::<u16>(n_slots * kvd));
+        let rowsd = g.up(&kv_rows);
+        let (kc, vc) = (g.zeros::<u16>(cache_rows * kvd), g.zeros::<u16>(cache_rows * kvd));
         let qd = g.poisoned(n * nh * hd);
         HybQkvPost {
             proj: g.d(&pd),
             stride,
             q: g.d(&qd),
-            q_norm: Some(g.d(&qnd)),
-            k_norm: Some(g.d(&knd)),
-            pos: g.d(&posd),
-            cos: g.d(&cd),
-            sin: g.d(&sd),
-            max_pos,
-            k_cache: g.d(&kc),
-            v_cache: g.d(&vc),
-            slots: g.d(&sld),
-            n_slots,
+            store: super::rope_store(
+                &g,
+                Some((&qnd, &knd)),
+                &posd,
+                (&cd, &sd, max_pos),
+                (&kc, &vc),
+                (&rowsd, cache_rows),
+            ),
             n_tok: n,
             n_heads: nh,
             n_kv: nkv,
@@ -540,7 +538,7 @@ fn gated_partial_rope_qkv_post_and_output_gate() {
         }
         compare("hyb_qkv_post_f32", g.seed, &g.down(&qd), &want_q);
         let (kg, vg) = (f16_vals(&g.down(&kc)), f16_vals(&g.down(&vc)));
-        let at = |cache: &[f32], t: usize| cache[slots[t] as usize * kvd..(slots[t] as usize + 1) * kvd].to_vec();
+        let at = |cache: &[f32], t: usize| cache[kv_rows[t] as usize * kvd..(kv_rows[t] as usize + 1) * kvd].to_vec();
         let (gk, gv): (Vec<f32>, Vec<f32>) =
             ((0..n).flat_map(|t| at(&kg, t)).collect(), (0..n).flat_map(|t| at(&vg, t)).collect());
         let round = |v: Vec<Vec<f32>>| f16_vals(&super::f16_bits(&v.concat()));

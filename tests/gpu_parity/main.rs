@@ -35,6 +35,7 @@ use dustoff::backend::cpu::matmul::matmul;
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::device::device_count;
 use dustoff::backend::cuda::kernels::{Kernels, PtxSource};
+use dustoff::backend::cuda::kv_cache::RopeStore;
 use dustoff::backend::cuda::launch::Dev;
 use dustoff::backend::cuda::ops as l;
 use dustoff::backend::cuda::{CudaBackend, CudaDevice, CudaOptions};
@@ -628,20 +629,20 @@ fn qkv_post_equals_norm_rope_store() {
     {
         let (qd, kvd) = (nh * hd, nkv * hd);
         let stride = qd + 2 * kvd;
-        let (n, max_pos, n_slots) = (7usize, 4096usize, 512usize);
+        let (n, max_pos, cache_rows) = (7usize, 4096usize, 512usize);
         let inv_freq: Vec<f32> = (0..hd / 2).map(|i| 10_000f32.powf(-(2.0 * i as f32) / hd as f32)).collect();
         let (cos, sin) = ops::rope_table(&(0..max_pos).collect::<Vec<_>>(), &inv_freq);
         let (cd, sd) = (g.up(&cos), g.up(&sin));
         let pos: Vec<i32> = (0..n).map(|_| g.rng.random_range(0..max_pos as i32)).collect();
-        let slots: Vec<i32> = (0..n).map(|i| (i * 37 + 5) as i32).collect();
-        let (pd, sld) = (g.up(&pos), g.up(&slots));
+        let kv_rows: Vec<i32> = (0..n).map(|i| (i * 37 + 5) as i32).collect();
+        let (pd, rowsd) = (g.up(&pos), g.up(&kv_rows));
         let qn = g.randn(hd, 1.0);
         let kn = g.randn(hd, 1.0);
         let (qnd, knd) = (g.up(&qn), g.up(&kn));
         let qkv = g.randn(n * stride, 3.0);
         let eps = 1e-6;
         // Reference: the separate kernels.
-        let (a, ka, va) = (g.up(&qkv), g.zeros::<u16>(n_slots * kvd), g.zeros::<u16>(n_slots * kvd));
+        let (a, ka, va) = (g.up(&qkv), g.zeros::<u16>(cache_rows * kvd), g.zeros::<u16>(cache_rows * kvd));
         if norms {
             for (off, heads, w) in [(0, nh, &qnd), (qd, nkv, &knd)] {
                 let x = g.d(&a).offset(off);
@@ -677,21 +678,19 @@ fn qkv_post_equals_norm_rope_store() {
         }
         .launch(&mut g.k, &s)
         .unwrap();
-        kv_store(&mut g, &a, (&ka, &va), &sld, n_slots, n, kvd, stride, qd);
+        kv_store(&mut g, &a, (&ka, &va), &rowsd, cache_rows, n, kvd, stride, qd);
         // Fused.
-        let (b, kb, vb) = (g.up(&qkv), g.zeros::<u16>(n_slots * kvd), g.zeros::<u16>(n_slots * kvd));
+        let (b, kb, vb) = (g.up(&qkv), g.zeros::<u16>(cache_rows * kvd), g.zeros::<u16>(cache_rows * kvd));
         dustoff::backend::cuda::kv_cache::QkvPost {
             qkv: g.d(&b),
-            q_norm: norms.then(|| g.d(&qnd)),
-            k_norm: norms.then(|| g.d(&knd)),
-            pos: g.d(&pd),
-            cos: g.d(&cd),
-            sin: g.d(&sd),
-            max_pos,
-            k_cache: g.d(&kb),
-            v_cache: g.d(&vb),
-            slots: g.d(&sld),
-            n_slots,
+            store: rope_store(
+                &g,
+                norms.then_some((&qnd, &knd)),
+                &pd,
+                (&cd, &sd, max_pos),
+                (&kb, &vb),
+                (&rowsd, cache_rows),
+            ),
             n_tok: n,
             n_heads: nh,
             n_kv: nkv,
@@ -765,15 +764,40 @@ fn opts(blocks: usize) -> CudaOptions {
     }
 }
 
+/// The QK-norm + RoPE + cache-store inputs of a test (`kv_cache::RopeStore`): per-head norm
+/// weights (q, k) or none, positions, RoPE tables of `max_pos` positions, the caches and each
+/// token's row in them.
+pub(crate) fn rope_store(
+    g: &Gpu,
+    norms: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
+    pos: &CudaSlice<i32>,
+    (cos, sin, max_pos): (&CudaSlice<f32>, &CudaSlice<f32>, usize),
+    (kc, vc): (&CudaSlice<u16>, &CudaSlice<u16>),
+    (kv_rows, cache_rows): (&CudaSlice<i32>, usize),
+) -> RopeStore {
+    RopeStore {
+        q_norm: norms.map(|(q, _)| g.d(q)),
+        k_norm: norms.map(|(_, k)| g.d(k)),
+        pos: g.d(pos),
+        cos: g.d(cos),
+        sin: g.d(sin),
+        max_pos,
+        k_cache: g.d(kc),
+        v_cache: g.d(vc),
+        kv_rows: g.d(kv_rows),
+        cache_rows,
+    }
+}
+
 /// `kv_store_f16` of `n_tok` rows of a fused QKV buffer `[n_tok, stride]` (Q `q_dim` wide, then
-/// K and V `kv_dim` each) into the paged caches `[n_slots, kv_dim]` at `slots`.
+/// K and V `kv_dim` each) into the paged caches `[cache_rows, kv_dim]` at `kv_rows`.
 #[allow(clippy::too_many_arguments)]
 fn kv_store(
     g: &mut Gpu,
     qkv: &CudaSlice<f32>,
     (kc, vc): (&CudaSlice<u16>, &CudaSlice<u16>),
-    slots: &CudaSlice<i32>,
-    n_slots: usize,
+    kv_rows: &CudaSlice<i32>,
+    cache_rows: usize,
     n_tok: usize,
     kv_dim: usize,
     stride: usize,
@@ -784,8 +808,8 @@ fn kv_store(
         qkv: g.d(qkv),
         k_cache: g.d(kc),
         v_cache: g.d(vc),
-        slots: g.d(slots),
-        n_slots,
+        kv_rows: g.d(kv_rows),
+        cache_rows,
         n_tok,
         kv_dim,
         stride,

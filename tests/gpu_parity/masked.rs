@@ -79,18 +79,18 @@ fn masked_argmax_rows_matches_host_masked_argmax() {
         }
         masks.push(Some(m));
     }
-    // The slot table and the compact masks, as `MaskRows` lays them out (not in row order).
-    let mut slot = vec![NO_MASK; rows];
+    // The mask index table and the compact masks, as `MaskRows` lays them out (not in row order).
+    let mut mask_of = vec![NO_MASK; rows];
     let mut bits = Vec::new();
     for r in (0..rows).rev() {
         if let Some(m) = &masks[r] {
-            slot[r] = (bits.len() / words) as u32;
+            mask_of[r] = (bits.len() / words) as u32;
             bits.extend_from_slice(m);
         }
     }
     let used = bits.len() / words;
-    let (xd, sd, bd, od) = (g.up(&x), g.up(&slot), g.up(&bits), g.zeros::<i32>(rows));
-    let k = MaskedArgmaxRows { x: g.d(&xd), slot: g.d(&sd), bits: g.d(&bd), out: g.d(&od), rows, n, words };
+    let (xd, sd, bd, od) = (g.up(&x), g.up(&mask_of), g.up(&bits), g.zeros::<i32>(rows));
+    let k = MaskedArgmaxRows { x: g.d(&xd), mask_of: g.d(&sd), bits: g.d(&bd), out: g.d(&od), rows, n, words };
     k.launch(used, &mut g.k, &s).unwrap();
     let got = g.down(&od);
     let want: Vec<i32> = (0..rows)
@@ -103,7 +103,7 @@ fn masked_argmax_rows_matches_host_masked_argmax() {
     assert_eq!((want[2], want[3], want[4], want[5], want[7]), (n as i32 - 1, 123, 300, 0, 31));
     assert_eq!(want[8], 15);
     assert_eq!(want[10], n as i32 / 2);
-    // A slot table that points past the masks is refused before launch.
+    // A mask index table that points past the masks is refused before launch.
     assert!(k.launch(used + 1, &mut g.k, &s).is_err());
 }
 

@@ -265,7 +265,7 @@ mod tests {
     fn attention_over_one_position_returns_its_value() {
         let k = vec![1.0f32; 8];
         let v: Vec<f32> = (0..8).map(|i| i as f32).collect();
-        // block_size 2, 1 kv head, head_dim 4; block table [1] puts position 0 in block 1 slot 0.
+        // block_size 2, 1 kv head, head_dim 4; block table [1] puts position 0 in block 1 offset 0.
         let kv = PagedKv { k: &k, v: &v, block_size: 1, n_kv_heads: 1, head_dim: 4 };
         let mut out = vec![0f32; 8];
         attend_token(&kv, &[1], 0, &[0.5; 8], 2, &mut out);

@@ -45,7 +45,7 @@ impl ArgmaxRows {
 #[derive(Clone, Copy, Debug)]
 struct MaskedArgmaxParams {
     x: u64,
-    slot: u64,
+    mask_of: u64,
     bits: u64,
     out: u64,
     rows: i32,
@@ -55,12 +55,12 @@ struct MaskedArgmaxParams {
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for MaskedArgmaxParams {}
 
-/// `out[r]` = the arg-max of `x[r, ..n]` over the tokens allowed by mask `slot[r]` of `bits`
-/// (`[masks, words]`; `slot[r] == masks::NO_MASK`: every token), kernels/argmax.cu. The host
+/// `out[r]` = the arg-max of `x[r, ..n]` over the tokens allowed by mask `mask_of[r]` of `bits`
+/// (`[masks, words]`; `mask_of[r] == masks::NO_MASK`: every token), kernels/argmax.cu. The host
 /// twin is `engine::sampler::masked_argmax` (and `argmax` for rows without a mask).
 pub struct MaskedArgmaxRows {
     pub x: Dev<f32>,
-    pub slot: Dev<u32>,
+    pub mask_of: Dev<u32>,
     pub bits: Dev<u32>,
     pub out: Dev<i32>,
     pub rows: usize,
@@ -69,11 +69,11 @@ pub struct MaskedArgmaxRows {
 }
 
 impl MaskedArgmaxRows {
-    /// `masks`: how many masks `bits` holds (slots must be below it; the kernel trusts them).
+    /// `masks`: how many masks `bits` holds (mask indices must be below it; the kernel trusts them).
     pub fn launch(&self, masks: usize, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "argmax_masked_rows_f32";
         need(K, "logits", self.x, self.rows * self.n)?;
-        need(K, "slots", self.slot, self.rows)?;
+        need(K, "mask indices", self.mask_of, self.rows)?;
         need(K, "mask bits", self.bits, masks * self.words)?;
         need(K, "output", self.out, self.rows)?;
         if self.rows == 0 {
@@ -81,7 +81,7 @@ impl MaskedArgmaxRows {
         }
         let p = MaskedArgmaxParams {
             x: self.x.ptr,
-            slot: self.slot.ptr,
+            mask_of: self.mask_of.ptr,
             bits: self.bits.ptr,
             out: self.out.ptr,
             rows: i32_of(K, self.rows)?,

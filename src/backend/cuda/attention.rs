@@ -1,14 +1,13 @@
 //! Launcher of the decode attention (kernels/attention_decode.cu): split attention over the
-//! paged F16 cache for one-token chunks. The combine pass of the same file (`attn_merge_f32`)
-//! is launched from paged_attn.rs (`Merge`): prefill.rs needs it too, and this module uses
-//! prefill.rs (a shared-prefix group's pass), so a merge launcher here would close an import
-//! circle (tests/module_graph.rs). Same conventions as `launch`.
+//! paged F16 cache for one-token chunks, then the merge of its partials (attention_merge.rs,
+//! which prefill.rs launches too). Same conventions as `launch`.
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
+use super::attention_merge::Merge;
 use super::kernels::Kernels;
 use super::launch::{check, i32_of, launch, need, Dev};
-use super::paged_attn::{Merge, PagedAttn};
+use super::paged_attn::PagedAttn;
 use super::tuning::tuning;
 use super::CudaError;
 
@@ -143,10 +142,10 @@ pub fn attn_splits(max_len: usize, n_tok: usize) -> usize {
 }
 
 /// Split attention of every token of `paged` (one-token chunks: decode). Scratch `part_o`
-/// `[n_tok, n_heads, n_slots, head_dim]`, `part_ml` `[n_tok, n_heads, n_slots, 2]`: slots
+/// `[n_tok, n_heads, n_parts, head_dim]`, `part_ml` `[n_tok, n_heads, n_parts, 2]`: partials
 /// `0..n_splits` are the splits of `split_len` positions (`n_splits * split_len >= max_len`;
-/// more is allowed: the extra blocks mark their slot empty, so a captured graph can serve
-/// growing lengths), the slots past them belong to `prefix`. The host guarantees
+/// more is allowed: the extra blocks mark their partial empty, so a captured graph can serve
+/// growing lengths), the partials past them belong to `prefix`. The host guarantees
 /// `pos[t] < max_len`.
 pub struct Attention {
     pub paged: PagedAttn,
@@ -163,7 +162,7 @@ pub struct Attention {
 
 /// Shared-prefix (cascade) attention inside a decode step: the members of each group attend
 /// positions `kv_begin[t]..=pos[t]` in the split kernel, and `attn` (split mode, no merge of
-/// its own, slots after the decode splits) covers positions `0..kv_begin[t]` once per group of
+/// its own, partials after the decode splits) covers positions `0..kv_begin[t]` once per group of
 /// up to 16 members. Tokens outside any group have `kv_begin` 0.
 pub struct SharedPrefix {
     pub kv_begin: Dev<i32>,
@@ -171,8 +170,8 @@ pub struct SharedPrefix {
 }
 
 impl Attention {
-    /// Slots per (token, head) of the partial buffers.
-    pub fn n_slots(&self) -> usize {
+    /// Partials per (token, head) of the partial buffers.
+    pub fn n_parts(&self) -> usize {
         self.n_splits + self.prefix.as_ref().and_then(|p| p.attn.split.as_ref()).map_or(0, |s| s.n_splits)
     }
 
@@ -195,16 +194,16 @@ impl Attention {
         check(K, a.bt_stride * a.block_size >= self.max_len, || {
             "block tables shorter than the longest sequence".into()
         })?;
-        let slots = self.n_slots();
-        need(K, "partial outputs", self.part_o, a.n_tok * nh * slots * hd)?;
-        need(K, "partial statistics", self.part_ml, a.n_tok * nh * slots * 2)?;
+        let parts = self.n_parts();
+        need(K, "partial outputs", self.part_o, a.n_tok * nh * parts * hd)?;
+        need(K, "partial statistics", self.part_ml, a.n_tok * nh * parts * 2)?;
         if let Some(pre) = &self.prefix {
             need(K, "prefix starts", pre.kv_begin, a.n_tok)?;
             let sp = pre.attn.split.as_ref();
             check(
                 K,
-                sp.is_some_and(|sp| !sp.merge && sp.slot0 == splits && sp.n_slots == slots && sp.tok0 == 0),
-                || "the shared-prefix pass must write the slots after the decode splits, unmerged".into(),
+                sp.is_some_and(|sp| !sp.merge && sp.part0 == splits && sp.n_parts == parts && sp.tok0 == 0),
+                || "the shared-prefix pass must write the partials after the decode splits, unmerged".into(),
             )?;
         }
         if a.n_tok == 0 {
@@ -229,7 +228,7 @@ impl Attention {
             bt_stride: i32_of(K, a.bt_stride)?,
             q_stride: i32_of(K, a.q_stride)?,
             out_stride: i32_of(K, a.out_stride)?,
-            n_splits: i32_of(K, slots)?,
+            n_splits: i32_of(K, parts)?,
             split_len: i32_of(K, split_len)?,
             scale: 1.0 / (hd as f32).sqrt(),
             block_shift: a.block_size.trailing_zeros() as i32,
@@ -271,7 +270,7 @@ impl Attention {
             n_tok: a.n_tok,
             n_heads: nh,
             head_dim: hd,
-            n_slots: slots,
+            n_parts: parts,
             out_stride: a.out_stride,
         }
         .launch(k, s)

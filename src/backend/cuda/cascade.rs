@@ -11,7 +11,7 @@ use super::prefill::{heads_per_block, push_tile, TILE_TOKENS};
 /// Fewest shared blocks worth a group pass (below, the split kernel reads them as fast).
 pub const MIN_SHARED_BLOCKS: usize = 4;
 /// Blocks the shared-prefix pass aims for (about one wave: its blocks are short, and each
-/// split adds a partial slot per member to merge).
+/// split adds a partial per member to merge).
 const TARGET_BLOCKS: usize = 128;
 /// Shortest split of the shared-prefix pass.
 const MIN_SPLIT: usize = 128;

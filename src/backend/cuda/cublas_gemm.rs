@@ -4,7 +4,7 @@
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::cublas::CudaBlas;
 
-use super::launch::{check, extent, i32_of, need, Dev};
+use super::launch::{check, check_product_out, i32_of, need, Dev};
 use super::CudaError;
 
 /// `out[t, r] (+)= sum_c w[r, c] x[t, c]` through cuBLAS: `w` F16 `[rows, cols]`, `x` F16
@@ -25,7 +25,7 @@ impl Gemm {
         const K: &str = "cublas_gemm_f16";
         need(K, "weights", self.w, self.rows * self.cols)?;
         need(K, "input", self.x, self.n_tok * self.cols)?;
-        need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.rows))?;
+        check_product_out(K, (self.out, self.out_stride), None, self.rows, self.n_tok)?;
         check(K, self.rows <= self.out_stride, || "rows overlap their stride".into())?;
         if self.n_tok == 0 || self.rows == 0 {
             return Ok(());

@@ -1,8 +1,7 @@
-//! Launchers of the hybrid-model kernels: the Gated DeltaNet layer (`kernels/deltanet.cu`) and
-//! the gated partial-RoPE attention around the shared attention kernels
-//! (`kernels/hybrid_attn.cu`). Same conventions as `launch`: a struct of arguments, shape
-//! checks, `#[repr(C)]` params mirroring the kernel's struct. CPU twins: `backend::cpu::deltanet`
-//! and `backend::cpu::hybrid`.
+//! Launchers of `kernels/deltanet.cu`, the Gated DeltaNet layer of the hybrid models (its
+//! gated attention layer: hybrid_attn.rs). Same conventions as `launch`: a struct of arguments,
+//! shape checks, `#[repr(C)]` params mirroring the kernel's struct. CPU twin:
+//! `backend::cpu::deltanet`.
 //!
 //! The step's tokens are grouped into chunks (one per sequence, consecutive tokens); the chunk
 //! table `[1 + 3 * max_chunks]` i32 holds the chunk count, then per chunk (first token, tokens,
@@ -11,7 +10,6 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
-use super::kv_cache::check_rope_store;
 use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev};
 use super::qlaunch::q8x_bytes;
 use super::CudaError;
@@ -578,153 +576,5 @@ impl DnGatedNorm {
             eps: self.eps,
         };
         launch(k, s, K, (i32_of(K, self.n_v)? as u32, self.n_tok as u32, 1), 32, 0, &p)
-    }
-}
-
-// ---------------------------------------------------------------- hybrid_attn.cu
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct HybQkvParams {
-    proj: u64,
-    q: u64,
-    q_norm: u64,
-    k_norm: u64,
-    pos: u64,
-    cos_t: u64,
-    sin_t: u64,
-    k_cache: u64,
-    v_cache: u64,
-    slots: u64,
-    n_tok: i32,
-    n_heads: i32,
-    n_kv: i32,
-    head_dim: i32,
-    rot: i32,
-    stride: i32,
-    gated: i32,
-    eps: f32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for HybQkvParams {}
-
-/// Between the fused projection and attention of a gated full-attention layer: per-head
-/// RMSNorm of q and k, RoPE on the first `rot` dims (tables `[max_pos, rot / 2]`), queries to
-/// `q` `[n_tok, n_heads * head_dim]`, K and V to the F16 caches at `slots[t]`. `proj`
-/// `[n_tok, stride]`: q heads (each `[query, gate]` when `gated`), k heads, v heads.
-pub struct HybQkvPost {
-    pub proj: Dev<f32>,
-    pub stride: usize,
-    pub q: Dev<f32>,
-    pub q_norm: Option<Dev<f32>>,
-    pub k_norm: Option<Dev<f32>>,
-    pub pos: Dev<i32>,
-    pub cos: Dev<f32>,
-    pub sin: Dev<f32>,
-    pub max_pos: usize,
-    pub k_cache: Dev<u16>,
-    pub v_cache: Dev<u16>,
-    pub slots: Dev<i32>,
-    pub n_slots: usize,
-    pub n_tok: usize,
-    pub n_heads: usize,
-    pub n_kv: usize,
-    pub head_dim: usize,
-    pub rot: usize,
-    pub gated: bool,
-    pub eps: f32,
-}
-
-impl HybQkvPost {
-    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
-        const K: &str = "hyb_qkv_post_f32";
-        let (hd, rot) = (self.head_dim, self.rot);
-        check(K, hd <= 1024 && rot.is_multiple_of(2) && rot > 0 && rot <= hd, || {
-            format!("head size {hd} (at most 1024) with {rot} rotated dims (even, at most the head)")
-        })?;
-        let q_rows = self.n_heads * hd * if self.gated { 2 } else { 1 };
-        let width = q_rows + 2 * self.n_kv * hd;
-        check(K, width <= self.stride, || "heads overlap the row stride".into())?;
-        need(K, "projection", self.proj, extent(self.n_tok, self.stride, width))?;
-        need(K, "queries", self.q, self.n_tok * self.n_heads * hd)?;
-        check_rope_store(
-            K,
-            [self.q_norm, self.k_norm],
-            (self.pos, self.slots, self.n_tok),
-            (self.cos, self.sin, self.max_pos * rot / 2),
-            (self.k_cache, self.v_cache, self.n_slots * self.n_kv * hd),
-            hd,
-        )?;
-        if self.n_tok == 0 {
-            return Ok(());
-        }
-        let p = HybQkvParams {
-            proj: self.proj.ptr,
-            q: self.q.ptr,
-            q_norm: self.q_norm.map_or(0, |d| d.ptr),
-            k_norm: self.k_norm.map_or(0, |d| d.ptr),
-            pos: self.pos.ptr,
-            cos_t: self.cos.ptr,
-            sin_t: self.sin.ptr,
-            k_cache: self.k_cache.ptr,
-            v_cache: self.v_cache.ptr,
-            slots: self.slots.ptr,
-            n_tok: self.n_tok as i32,
-            n_heads: i32_of(K, self.n_heads)?,
-            n_kv: i32_of(K, self.n_kv)?,
-            head_dim: hd as i32,
-            rot: rot as i32,
-            stride: i32_of(K, self.stride)?,
-            gated: i32::from(self.gated),
-            eps: self.eps,
-        };
-        let block = (hd.div_ceil(32) * 32).clamp(32, 256) as u32;
-        let grid = (i32_of(K, self.n_heads + 2 * self.n_kv)? as u32, self.n_tok as u32, 1);
-        launch(k, s, K, grid, block, (hd * 4) as u32, &p)
-    }
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct GateMulParams {
-    att: u64,
-    proj: u64,
-    n_tok: i32,
-    n_heads: i32,
-    head_dim: i32,
-    stride: i32,
-}
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
-unsafe impl DeviceRepr for GateMulParams {}
-
-/// `att[t, h, d] *= sigmoid(proj[t, (2 h + 1) head_dim + d])`: the output gate of a gated
-/// attention layer (`att` `[n_tok, n_heads * head_dim]`, `proj` `[n_tok, stride]`).
-pub struct GateMul {
-    pub att: Dev<f32>,
-    pub proj: Dev<f32>,
-    pub stride: usize,
-    pub n_tok: usize,
-    pub n_heads: usize,
-    pub head_dim: usize,
-}
-
-impl GateMul {
-    pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
-        const K: &str = "hyb_gate_mul_f32";
-        let qd = self.n_heads * self.head_dim;
-        check(K, 2 * qd <= self.stride, || "gates beyond the row stride".into())?;
-        need(K, "attention output", self.att, self.n_tok * qd)?;
-        need(K, "projection", self.proj, extent(self.n_tok, self.stride, 2 * qd))?;
-        if self.n_tok == 0 {
-            return Ok(());
-        }
-        let p = GateMulParams {
-            att: self.att.ptr,
-            proj: self.proj.ptr,
-            n_tok: i32_of(K, self.n_tok)?,
-            n_heads: i32_of(K, self.n_heads)?,
-            head_dim: i32_of(K, self.head_dim)?,
-            stride: i32_of(K, self.stride)?,
-        };
-        launch(k, s, K, (blocks_for(K, self.n_tok * qd, 256)?, 1, 1), 256, 0, &p)
     }
 }

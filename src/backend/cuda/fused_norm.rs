@@ -9,7 +9,7 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
-use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
+use super::launch::{blocks_for, check, check_product_out, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
 use super::qlaunch::q8x_bytes;
 use super::CudaError;
 
@@ -188,10 +188,7 @@ impl GemvNorm {
         need(K, "weights", self.w, w_rows * self.cols)?;
         need(K, "input", self.x, self.n_tok * self.cols)?;
         need(K, "norm weight", self.g, self.cols)?;
-        need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.rows))?;
-        if let Some(b) = self.bias {
-            need(K, "bias", b, self.rows)?;
-        }
+        check_product_out(K, (self.out, self.out_stride), self.bias, self.rows, self.n_tok)?;
         // One token: 2, 4 or 8 rows a block (`DUSTOFF_GEMV_ROWS`), as the plain GEMV.
         let (v, rows_per_block) = match (self.n_tok, super::tuning::tuning().gemv_rows) {
             (1, 4) => (4, 4),

@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
-use super::launch::{check, extent, i32_of, launch, need, Dev};
+use super::launch::{check, check_product_out, i32_of, launch, need, Dev};
 use super::qlaunch::kernel_params;
 use super::CudaError;
 
@@ -93,10 +93,7 @@ impl GemmTc {
         check(K, self.rows <= self.out_stride, || "rows overlap their stride".into())?;
         need(K, "weights", self.w, self.rows * self.cols)?;
         need(K, "input", self.x, tc_padded(self.n_tok) * self.cols)?;
-        need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.rows))?;
-        if let Some(b) = self.bias {
-            need(K, "bias", b, self.rows)?;
-        }
+        check_product_out(K, (self.out, self.out_stride), self.bias, self.rows, self.n_tok)?;
         if self.rows == 0 || self.cols == 0 {
             return Ok(());
         }

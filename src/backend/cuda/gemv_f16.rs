@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
-use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
+use super::launch::{blocks_for, check, check_product_out, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
 use super::CudaError;
 
 #[repr(C)]
@@ -63,10 +63,7 @@ impl Gemv {
         check(K, self.cols <= self.x_stride && self.rows <= self.out_stride, || "rows overlap their stride".into())?;
         need(K, "weights", self.w, self.rows * self.cols)?;
         need(K, "input", self.x, extent(self.n_tok, self.x_stride, self.cols))?;
-        need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.rows))?;
-        if let Some(b) = self.bias {
-            need(K, "bias", b, self.rows)?;
-        }
+        check_product_out(K, (self.out, self.out_stride), self.bias, self.rows, self.n_tok)?;
         // One token: 2, 4 or 8 rows a block (`DUSTOFF_GEMV_ROWS`).
         let (entry, rows_per_block) = match (self.n_tok, super::tuning::tuning().gemv_rows) {
             (1, 4) => ("gemv_f16_n1_r4", 4),
@@ -121,7 +118,7 @@ impl GemvSwiglu {
         check(K, self.cols <= self.x_stride && self.ffn <= self.out_stride, || "rows overlap their stride".into())?;
         need(K, "weights", self.w, 2 * self.ffn * self.cols)?;
         need(K, "input", self.x, extent(self.n_tok, self.x_stride, self.cols))?;
-        need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.ffn))?;
+        check_product_out(K, (self.out, self.out_stride), None, self.ffn, self.n_tok)?;
         let entry = match self.n_tok {
             1 => "gemv_swiglu_f16_n1",
             2 => "gemv_swiglu_f16_n2",

@@ -19,12 +19,13 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::deltanet::{
-    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, GateMul, HybQkvPost, StatePool,
-    DN_AB_ROW, DN_CH,
+    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, StatePool, DN_AB_ROW, DN_CH,
 };
 use super::device::{up, zeros};
 use super::dmat::Linear;
+use super::hybrid_attn::{GateMul, HybQkvPost};
 use super::kernels::Kernels;
+use super::kv_cache::RopeStore;
 use super::launch::Dev;
 use super::layer::LayerW;
 use super::matmul::{input_form, Mm, Product, XForm};
@@ -59,12 +60,12 @@ pub(super) struct StepIo {
     /// The step's attention tables and partials (step.rs).
     pub attn: super::step_attn::AttnIo,
     pub pos: Dev<i32>,
-    pub slots: Dev<i32>,
+    pub kv_rows: Dev<i32>,
     pub block_tables: Dev<i32>,
     pub tok_seq: Dev<i32>,
     pub n_tok: usize,
     pub n_seqs: usize,
-    pub n_slots: usize,
+    pub cache_rows: usize,
     pub block_size: usize,
     pub bt_stride: usize,
 }
@@ -552,16 +553,18 @@ impl HybridCuda {
             proj,
             stride: width,
             q,
-            q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
-            k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
-            pos: io.pos,
-            cos: Dev::of(&self.rope_cos, s),
-            sin: Dev::of(&self.rope_sin, s),
-            max_pos: self.max_pos,
-            k_cache: kc,
-            v_cache: vc,
-            slots: io.slots,
-            n_slots: io.n_slots,
+            store: RopeStore {
+                q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
+                k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
+                pos: io.pos,
+                cos: Dev::of(&self.rope_cos, s),
+                sin: Dev::of(&self.rope_sin, s),
+                max_pos: self.max_pos,
+                k_cache: kc,
+                v_cache: vc,
+                kv_rows: io.kv_rows,
+                cache_rows: io.cache_rows,
+            },
             n_tok: n,
             n_heads: c.n_heads,
             n_kv: c.n_kv_heads,
@@ -580,7 +583,7 @@ impl HybridCuda {
             tok_seq: io.tok_seq,
             pos: io.pos,
             out: io.att,
-            n_slots: io.n_slots,
+            cache_rows: io.cache_rows,
             n_seqs: io.n_seqs,
             n_tok: n,
             n_heads: c.n_heads,

@@ -39,10 +39,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_split_f16_hd128",
             "attn_onepass_f16_hd64",
             "attn_onepass_f16_hd128",
-            "attn_onepass_f16_hd256",
-            "attn_merge_f32"
+            "attn_onepass_f16_hd256"
         ]
     ),
+    kernel_file!("attention_merge", ["attn_merge_f32"]),
     kernel_file!(
         "attention_prefill",
         [

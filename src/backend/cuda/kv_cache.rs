@@ -15,7 +15,7 @@ struct KvStoreParams {
     qkv: u64,
     k_cache: u64,
     v_cache: u64,
-    slots: u64,
+    kv_rows: u64,
     n_tok: i32,
     kv_dim: i32,
     stride: i32,
@@ -26,13 +26,13 @@ struct KvStoreParams {
 unsafe impl DeviceRepr for KvStoreParams {}
 
 /// Stores K (`qkv[t, k_off..k_off + kv_dim]`) and V (at `v_off`) of each token into the F16
-/// cache `[n_slots, kv_dim]` at `slots[t] < n_slots` (checked on the host).
+/// cache `[cache_rows, kv_dim]` at `kv_rows[t] < cache_rows` (checked on the host).
 pub struct KvStore {
     pub qkv: Dev<f32>,
     pub k_cache: Dev<u16>,
     pub v_cache: Dev<u16>,
-    pub slots: Dev<i32>,
-    pub n_slots: usize,
+    pub kv_rows: Dev<i32>,
+    pub cache_rows: usize,
     pub n_tok: usize,
     pub kv_dim: usize,
     pub stride: usize,
@@ -47,9 +47,9 @@ impl KvStore {
             "K/V columns beyond the row stride".into()
         })?;
         need(K, "qkv", self.qkv, extent(self.n_tok, self.stride, self.k_off.max(self.v_off) + self.kv_dim))?;
-        need(K, "K cache", self.k_cache, self.n_slots * self.kv_dim)?;
-        need(K, "V cache", self.v_cache, self.n_slots * self.kv_dim)?;
-        need(K, "slots", self.slots, self.n_tok)?;
+        need(K, "K cache", self.k_cache, self.cache_rows * self.kv_dim)?;
+        need(K, "V cache", self.v_cache, self.cache_rows * self.kv_dim)?;
+        need(K, "cache rows", self.kv_rows, self.n_tok)?;
         let total = self.n_tok * self.kv_dim;
         if total == 0 {
             return Ok(());
@@ -58,7 +58,7 @@ impl KvStore {
             qkv: self.qkv.ptr,
             k_cache: self.k_cache.ptr,
             v_cache: self.v_cache.ptr,
-            slots: self.slots.ptr,
+            kv_rows: self.kv_rows.ptr,
             n_tok: i32_of(K, self.n_tok)?,
             kv_dim: i32_of(K, self.kv_dim)?,
             stride: i32_of(K, self.stride)?,
@@ -69,10 +69,11 @@ impl KvStore {
     }
 }
 
+/// The inputs both QK-norm + RoPE + cache-store kernels take, one member of their params
+/// structs (`RopeStorePtrs` in kernels/common.cuh); made by [`RopeStore::check`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-struct QkvPostParams {
-    qkv: u64,
+pub(super) struct RopeStorePtrs {
     q_norm: u64,
     k_norm: u64,
     pos: u64,
@@ -80,7 +81,14 @@ struct QkvPostParams {
     sin_t: u64,
     k_cache: u64,
     v_cache: u64,
-    slots: u64,
+    kv_rows: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct QkvPostParams {
+    qkv: u64,
+    rs: RopeStorePtrs,
     n_tok: i32,
     n_heads: i32,
     n_kv: i32,
@@ -92,39 +100,13 @@ struct QkvPostParams {
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for QkvPostParams {}
 
-/// The checks both QK-norm + RoPE + cache-store kernels make of the inputs they share
-/// (`qkv_post_f32` here, `hyb_qkv_post_f32` in deltanet.rs): per-head norm weights
-/// `[head_dim]` where given, positions and slots `[n_tok]` (at most 65535 tokens: one grid row
-/// each), RoPE tables of `table_len` (`max_pos * rotated dims / 2`), the F16 caches of
-/// `cache_len` (`n_slots * n_kv * head_dim`).
-pub(super) fn check_rope_store(
-    kernel: &'static str,
-    norms: [Option<Dev<f32>>; 2],
-    (pos, slots, n_tok): (Dev<i32>, Dev<i32>, usize),
-    (cos, sin, table_len): (Dev<f32>, Dev<f32>, usize),
-    (k_cache, v_cache, cache_len): (Dev<u16>, Dev<u16>, usize),
-    head_dim: usize,
-) -> Result<(), CudaError> {
-    for (what, n) in [("q norm", norms[0]), ("k norm", norms[1])] {
-        if let Some(n) = n {
-            need(kernel, what, n, head_dim)?;
-        }
-    }
-    need(kernel, "positions", pos, n_tok)?;
-    need(kernel, "cos table", cos, table_len)?;
-    need(kernel, "sin table", sin, table_len)?;
-    need(kernel, "K cache", k_cache, cache_len)?;
-    need(kernel, "V cache", v_cache, cache_len)?;
-    need(kernel, "slots", slots, n_tok)?;
-    check(kernel, n_tok <= 65_535, || format!("{n_tok} tokens in one launch (at most 65535)"))
-}
-
-/// Everything between the QKV matmul and attention, in one launch: per-head RMSNorm of q and k
-/// (when the weights are given), RoPE of q and k in place, K and V stored to the F16 cache at
-/// `slots[t]`. `qkv` `[n_tok, stride]` holds q heads, k heads, v heads (`head_dim` each);
-/// caches `[n_slots, n_kv * head_dim]`; tables `[max_pos, head_dim / 2]`.
-pub struct QkvPost {
-    pub qkv: Dev<f32>,
+/// What both QK-norm + RoPE + cache-store kernels take beside their projection rows
+/// (`qkv_post_f32` here, `hyb_qkv_post_f32` in hybrid_attn.rs): per-head norm weights
+/// `[head_dim]` (`None`: no norm), positions `pos` and each token's cache row `kv_rows` (both
+/// `[n_tok]`), RoPE tables `[max_pos, rotated dims / 2]`, the layer's F16 caches
+/// `[cache_rows, n_kv * head_dim]`.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeStore {
     pub q_norm: Option<Dev<f32>>,
     pub k_norm: Option<Dev<f32>>,
     pub pos: Dev<i32>,
@@ -133,8 +115,53 @@ pub struct QkvPost {
     pub max_pos: usize,
     pub k_cache: Dev<u16>,
     pub v_cache: Dev<u16>,
-    pub slots: Dev<i32>,
-    pub n_slots: usize,
+    pub kv_rows: Dev<i32>,
+    pub cache_rows: usize,
+}
+
+impl RopeStore {
+    /// The checks of these inputs for `n_tok` tokens (at most 65535: one grid row each) of
+    /// `n_kv` KV heads of `head_dim`, `rot` dims rotated, and their pointers as the kernels
+    /// take them.
+    pub(super) fn check(
+        &self,
+        kernel: &'static str,
+        n_tok: usize,
+        (n_kv, head_dim, rot): (usize, usize, usize),
+    ) -> Result<RopeStorePtrs, CudaError> {
+        for (what, n) in [("q norm", self.q_norm), ("k norm", self.k_norm)] {
+            if let Some(n) = n {
+                need(kernel, what, n, head_dim)?;
+            }
+        }
+        let (table_len, cache_len) = (self.max_pos * rot / 2, self.cache_rows * n_kv * head_dim);
+        need(kernel, "positions", self.pos, n_tok)?;
+        need(kernel, "cos table", self.cos, table_len)?;
+        need(kernel, "sin table", self.sin, table_len)?;
+        need(kernel, "K cache", self.k_cache, cache_len)?;
+        need(kernel, "V cache", self.v_cache, cache_len)?;
+        need(kernel, "cache rows", self.kv_rows, n_tok)?;
+        check(kernel, n_tok <= 65_535, || format!("{n_tok} tokens in one launch (at most 65535)"))?;
+        Ok(RopeStorePtrs {
+            q_norm: self.q_norm.map_or(0, |d| d.ptr),
+            k_norm: self.k_norm.map_or(0, |d| d.ptr),
+            pos: self.pos.ptr,
+            cos_t: self.cos.ptr,
+            sin_t: self.sin.ptr,
+            k_cache: self.k_cache.ptr,
+            v_cache: self.v_cache.ptr,
+            kv_rows: self.kv_rows.ptr,
+        })
+    }
+}
+
+/// Everything between the QKV matmul and attention, in one launch: per-head RMSNorm of q and k
+/// (when the weights are given), RoPE of q and k in place, K and V stored to the F16 cache at
+/// `kv_rows[t]` (`store`; every dim rotated). `qkv` `[n_tok, stride]` holds q heads, k heads,
+/// v heads (`head_dim` each).
+pub struct QkvPost {
+    pub qkv: Dev<f32>,
+    pub store: RopeStore,
     pub n_tok: usize,
     pub n_heads: usize,
     pub n_kv: usize,
@@ -152,27 +179,13 @@ impl QkvPost {
         check(K, hd.is_multiple_of(2) && hd <= 1024, || format!("head size {hd} (even, at most 1024)"))?;
         check(K, heads * hd <= self.stride, || "heads overlap the row stride".into())?;
         need(K, "qkv", self.qkv, extent(self.n_tok, self.stride, heads * hd))?;
-        check_rope_store(
-            K,
-            [self.q_norm, self.k_norm],
-            (self.pos, self.slots, self.n_tok),
-            (self.cos, self.sin, self.max_pos * hd / 2),
-            (self.k_cache, self.v_cache, self.n_slots * self.n_kv * hd),
-            hd,
-        )?;
+        let rs = self.store.check(K, self.n_tok, (self.n_kv, hd, hd))?;
         if self.n_tok == 0 {
             return Ok(());
         }
         let p = QkvPostParams {
             qkv: self.qkv.ptr,
-            q_norm: self.q_norm.map_or(0, |d| d.ptr),
-            k_norm: self.k_norm.map_or(0, |d| d.ptr),
-            pos: self.pos.ptr,
-            cos_t: self.cos.ptr,
-            sin_t: self.sin.ptr,
-            k_cache: self.k_cache.ptr,
-            v_cache: self.v_cache.ptr,
-            slots: self.slots.ptr,
+            rs,
             n_tok: i32_of(K, self.n_tok)?,
             n_heads: i32_of(K, self.n_heads)?,
             n_kv: i32_of(K, self.n_kv)?,

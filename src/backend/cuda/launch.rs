@@ -82,6 +82,22 @@ pub(crate) fn extent(rows: usize, stride: usize, width: usize) -> usize {
     }
 }
 
+/// The checks of a matrix product's result every product launcher makes: `out` holds `n_tok`
+/// rows of `rows` values `out_stride` apart, and `bias` (where given) `[rows]`.
+pub(crate) fn check_product_out<T>(
+    kernel: &'static str,
+    (out, out_stride): (Dev<T>, usize),
+    bias: Option<Dev<f32>>,
+    rows: usize,
+    n_tok: usize,
+) -> Result<(), CudaError> {
+    need(kernel, "output", out, extent(n_tok, out_stride, rows))?;
+    if let Some(b) = bias {
+        need(kernel, "bias", b, rows)?;
+    }
+    Ok(())
+}
+
 pub(crate) fn i32_of(kernel: &'static str, v: usize) -> Result<i32, CudaError> {
     i32::try_from(v).map_err(|_| CudaError::Shape { kernel, reason: format!("{v} does not fit a 32-bit index") })
 }

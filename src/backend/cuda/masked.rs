@@ -66,8 +66,8 @@ impl CudaBackend {
             after_layers.record(&s).map_err(CudaError::driver("recording the step's end"))?;
             let host = b.host.as_mut().expect("pinned mask bits allocated by ensure_masks");
             let host = host.as_mut_slice().map_err(CudaError::driver("mapping the pinned mask bits"))?;
-            let (slot, bits) = host[..m + m * words].split_at_mut(m);
-            let mut rows = MaskRows::new(words, slot, bits);
+            let (mask_of, bits) = host[..m + m * words].split_at_mut(m);
+            let mut rows = MaskRows::new(words, mask_of, bits);
             fill(&mut rows)?;
             let used = rows.used();
             before_upload.record(&s).map_err(CudaError::driver("recording the mask upload"))?;
@@ -82,7 +82,7 @@ impl CudaBackend {
             let logits = w.logits.as_ref().expect("logits allocated by ensure_work");
             MaskedArgmaxRows {
                 x: Dev::of(logits, &s),
-                slot: all,
+                mask_of: all,
                 bits: all.offset(m),
                 out: Dev::of(ids, &s),
                 rows: m,

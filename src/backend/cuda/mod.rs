@@ -13,8 +13,8 @@
 //! 2. Launchers, one module per kernel file (`gemv_f16` for `kernels/gemv_f16.cu`, `gemm_tc`,
 //!    `rmsnorm`, `qlaunch` for the block-format files, `moe`, ...: the `#[repr(C)]` params
 //!    mirror, shape checks, grid choice). What two launcher modules share sits in a module
-//!    below both: `dmat` (device matrices), `paged_attn` (the paged-attention inputs and the
-//!    merge of split partials, for `attention` and `prefill`), `moe_slab` (expert slabs and
+//!    below both: `dmat` (device matrices), `paged_attn` (the paged-attention inputs, for
+//!    `attention` and `prefill`; both launch `attention_merge`), `moe_slab` (expert slabs and
 //!    the pair-mode down product, for `moe`, `moe_q8`, `shared_expert`). A family's dispatch
 //!    (`matmul`: which kernel a product takes; `moe::moe_ffn`) sits above its launchers, and
 //!    a launcher never imports its dispatcher. `ops` only re-exports the plain launchers under
@@ -32,6 +32,7 @@
 pub mod add;
 pub mod argmax;
 pub mod attention;
+pub mod attention_merge;
 pub mod cascade;
 pub mod cublas_gemm;
 pub mod deltanet;
@@ -43,6 +44,7 @@ pub mod gemm_tc;
 pub mod gemv_f16;
 mod graph;
 pub mod hybrid;
+pub mod hybrid_attn;
 mod hybrid_synth;
 pub mod kernels;
 pub mod kv_cache;

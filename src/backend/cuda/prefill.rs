@@ -8,9 +8,10 @@
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaStream, DeviceRepr};
 
+use super::attention_merge::Merge;
 use super::kernels::Kernels;
 use super::launch::{check, i32_of, launch, need, Dev};
-use super::paged_attn::{Merge, PagedAttn};
+use super::paged_attn::PagedAttn;
 use super::tuning::tuning;
 use super::CudaError;
 
@@ -187,27 +188,27 @@ struct PrefillParams {
     block_shift: i32,
     heads: i32,
     split_len: i32,
-    n_slots: i32,
-    slot0: i32,
+    n_parts: i32,
+    part0: i32,
     part_tok0: i32,
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
 unsafe impl DeviceRepr for PrefillParams {}
 
-/// Split mode of a prefill launch: split z of a tile writes partial slot `slot0 + z` of each
-/// of its rows' (token, head) pairs in `part_o` `[n_part_tok, n_heads, n_slots, head_dim]` /
-/// `part_ml` `[n_part_tok, n_heads, n_slots, 2]`, token t at partial row `t - tok0`. With
-/// `merge`, the launch then merges every slot of tokens `tok0..tok0 + n_part_tok` into the
+/// Split mode of a prefill launch: split z of a tile writes partial `part0 + z` of each
+/// of its rows' (token, head) pairs in `part_o` `[n_part_tok, n_heads, n_parts, head_dim]` /
+/// `part_ml` `[n_part_tok, n_heads, n_parts, 2]`, token t at partial row `t - tok0`. With
+/// `merge`, the launch then merges every partial of tokens `tok0..tok0 + n_part_tok` into the
 /// output (the host guarantees that each of them is a row of exactly one tile and that no
-/// other kernel owns their slots); without, the caller merges (shared-prefix groups).
+/// other kernel owns their partials); without, the caller merges (shared-prefix groups).
 #[derive(Clone, Copy, Debug)]
 pub struct PrefillSplit {
     pub part_o: Dev<f32>,
     pub part_ml: Dev<f32>,
     pub split_len: usize,
     pub n_splits: usize,
-    pub n_slots: usize,
-    pub slot0: usize,
+    pub n_parts: usize,
+    pub part0: usize,
     pub tok0: usize,
     pub n_part_tok: usize,
     pub merge: bool,
@@ -253,19 +254,19 @@ impl PrefillAttention {
         let group = nh / nkv;
         let heads = heads_per_block(group, hd);
         let (mut part_o, mut part_ml) = (0, 0);
-        let (mut split_len, mut n_splits, mut n_slots, mut slot0, mut tok0) = (1 << 30, 1, 1, 0, 0);
+        let (mut split_len, mut n_splits, mut n_parts, mut part0, mut tok0) = (1 << 30, 1, 1, 0, 0);
         if let Some(sp) = &self.split {
             check(K, sp.split_len > 0 && sp.split_len.is_multiple_of(KT), || {
                 format!("split of {} positions (a multiple of {KT})", sp.split_len)
             })?;
-            check(K, sp.n_splits >= 1 && sp.slot0 + sp.n_splits <= sp.n_slots, || {
-                format!("splits {}..{} beyond {} slots", sp.slot0, sp.slot0 + sp.n_splits, sp.n_slots)
+            check(K, sp.n_splits >= 1 && sp.part0 + sp.n_splits <= sp.n_parts, || {
+                format!("splits {}..{} beyond {} partials", sp.part0, sp.part0 + sp.n_splits, sp.n_parts)
             })?;
             check(K, sp.tok0 + sp.n_part_tok <= a.n_tok, || "partial rows beyond the tokens".into())?;
-            need(K, "partial outputs", sp.part_o, sp.n_part_tok * nh * sp.n_slots * hd)?;
-            need(K, "partial statistics", sp.part_ml, sp.n_part_tok * nh * sp.n_slots * 2)?;
+            need(K, "partial outputs", sp.part_o, sp.n_part_tok * nh * sp.n_parts * hd)?;
+            need(K, "partial statistics", sp.part_ml, sp.n_part_tok * nh * sp.n_parts * 2)?;
             (part_o, part_ml) = (sp.part_o.ptr, sp.part_ml.ptr);
-            (split_len, n_splits, n_slots, slot0, tok0) = (sp.split_len, sp.n_splits, sp.n_slots, sp.slot0, sp.tok0);
+            (split_len, n_splits, n_parts, part0, tok0) = (sp.split_len, sp.n_splits, sp.n_parts, sp.part0, sp.tok0);
         }
         let p = PrefillParams {
             q: a.q.ptr,
@@ -288,8 +289,8 @@ impl PrefillAttention {
             block_shift: a.block_size.trailing_zeros() as i32,
             heads: heads as i32,
             split_len: i32_of(K, split_len)?,
-            n_slots: i32_of(K, n_slots)?,
-            slot0: i32_of(K, slot0)?,
+            n_parts: i32_of(K, n_parts)?,
+            part0: i32_of(K, part0)?,
             part_tok0: i32_of(K, tok0)?,
         };
         let (entry, smem) = choose_entry(hd, heads, k.arch(), acc);
@@ -304,7 +305,7 @@ impl PrefillAttention {
                 n_tok: sp.n_part_tok,
                 n_heads: nh,
                 head_dim: hd,
-                n_slots: sp.n_slots,
+                n_parts: sp.n_parts,
                 out_stride: a.out_stride,
             }
             .launch(k, s),

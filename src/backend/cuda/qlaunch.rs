@@ -6,7 +6,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
 use super::kernels::{DEQUANT_ENTRIES, GEMM_QUANT_ENTRIES, GEMV_Q8_ENTRIES, GEMV_QUANT_ENTRIES};
-use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
+use super::launch::{blocks_for, check, check_product_out, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
 use super::qformat::QFormat;
 use super::CudaError;
 
@@ -163,14 +163,11 @@ impl GemvQ {
         let per_warp = if self.n_tok == 1 { 4 } else { 2 } / if self.swiglu { 2 } else { 1 };
         let grid = blocks_for(K, self.rows, GEMVQ_WARPS * per_warp)?;
         if let Some(xq) = self.xq {
-            need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.rows))?;
+            check_product_out(K, (self.out, self.out_stride), self.bias, self.rows, self.n_tok)?;
             check(K, self.rows <= self.out_stride, || "rows overlap their stride".into())?;
             check(K, cols.is_multiple_of(32) && xq.ptr.is_multiple_of(256), || "int8 input layout".into())?;
             let (ql_off, xs_off, total) = q8x_bytes(self.n_tok, cols);
             need(K, "int8 input", xq, total)?;
-            if let Some(b) = self.bias {
-                need(K, "bias", b, self.rows)?;
-            }
             if self.rows == 0 {
                 return Ok(());
             }
@@ -212,10 +209,7 @@ impl GemvQ {
         })?;
         check(K, cols <= self.x_stride && self.rows <= self.out_stride, || "rows overlap their stride".into())?;
         need(K, "input", self.x, extent(self.n_tok, self.x_stride, cols))?;
-        need(K, "output", self.out, extent(self.n_tok, self.out_stride, self.rows))?;
-        if let Some(b) = self.bias {
-            need(K, "bias", b, self.rows)?;
-        }
+        check_product_out(K, (self.out, self.out_stride), self.bias, self.rows, self.n_tok)?;
         if self.rows == 0 {
             return Ok(());
         }
@@ -317,10 +311,7 @@ impl GemmQ {
         let tiles = n.div_ceil(16).min(4);
         let z = n.div_ceil(64);
         need(K, "input", self.x16, Self::input_rows(n) * cols)?;
-        need(K, "output", self.out, extent(n, self.out_stride, rows))?;
-        if let Some(b) = self.bias {
-            need(K, "bias", b, rows)?;
-        }
+        check_product_out(K, (self.out, self.out_stride), self.bias, rows, n)?;
         let nk = Self::splits(rows, cols, n, self.part.map_or(0, |p| p.len));
         let mut p = GemmQParams {
             qs,

@@ -30,7 +30,7 @@ use rayon::prelude::*;
 
 use super::gemm_tc::TC_MAX_TOKENS;
 use super::graph::StepGraphs;
-use super::kv_cache::QkvPost;
+use super::kv_cache::{QkvPost, RopeStore};
 use super::launch::Dev;
 use super::matmul::{swiglu, Mm, Product};
 use super::model::CudaBackend;
@@ -156,11 +156,11 @@ impl CudaBackend {
             (ptr(&w.x, s), ptr(&w.h, s), ptr(&w.qkv, s), ptr(&w.att, s), ptr(&w.gu, s), ptr(&w.act, s));
         let meta = ptr(&w.meta, s);
         let lay = layout(w.cap_tok);
-        let (pos, slots) = (meta.offset(lay.pos), meta.offset(lay.slots));
+        let (pos, kv_rows) = (meta.offset(lay.pos), meta.offset(lay.kv_rows));
         let k = &mut self.kernels;
         let wide = self.wide.as_ref().map(|b| Dev::of(b, s));
         let mut mm = Mm { s, blas: &self.blas, x16: ptr(&w.x16, s), part: ptr(&w.tc_part, s), wide };
-        let n_slots = self.num_blocks * self.block_size;
+        let cache_rows = self.num_blocks * self.block_size;
         if let Some(p) = prof.as_mut() {
             p.begin(s, n)?;
         }
@@ -192,12 +192,12 @@ impl CudaBackend {
             att,
             attn: attn_io,
             pos,
-            slots,
+            kv_rows,
             block_tables: meta.offset(lay.bt),
             tok_seq: meta.offset(lay.tok_seq),
             n_tok: n,
             n_seqs: f.n_seqs,
-            n_slots,
+            cache_rows,
             block_size: self.block_size,
             bt_stride: self.bt_stride,
         });
@@ -278,16 +278,18 @@ impl CudaBackend {
             let (kc, vc) = (Dev::of(&lw.k_cache, s), Dev::of(&lw.v_cache, s));
             QkvPost {
                 qkv,
-                q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
-                k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
-                pos,
-                cos: Dev::of(&self.rope_cos, s),
-                sin: Dev::of(&self.rope_sin, s),
-                max_pos: self.max_pos,
-                k_cache: kc,
-                v_cache: vc,
-                slots,
-                n_slots,
+                store: RopeStore {
+                    q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
+                    k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
+                    pos,
+                    cos: Dev::of(&self.rope_cos, s),
+                    sin: Dev::of(&self.rope_sin, s),
+                    max_pos: self.max_pos,
+                    k_cache: kc,
+                    v_cache: vc,
+                    kv_rows,
+                    cache_rows,
+                },
                 n_tok: n,
                 n_heads: c.n_heads,
                 n_kv: c.n_kv_heads,
@@ -306,7 +308,7 @@ impl CudaBackend {
                 tok_seq: meta.offset(lay.tok_seq),
                 pos,
                 out: att,
-                n_slots,
+                cache_rows,
                 n_seqs: f.n_seqs,
                 n_tok: n,
                 n_heads: c.n_heads,

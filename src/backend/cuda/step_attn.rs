@@ -61,7 +61,7 @@ impl FlatAttn {
         }
     }
 
-    fn dec_slots(&self) -> usize {
+    fn dec_parts(&self) -> usize {
         self.splits + self.casc_splits
     }
 }
@@ -96,8 +96,8 @@ impl AttnIo {
                         part_ml,
                         split_len: f.casc_split_len,
                         n_splits: f.casc_splits,
-                        n_slots: f.dec_slots(),
-                        slot0: f.splits,
+                        n_parts: f.dec_parts(),
+                        part0: f.splits,
                         tok0: 0,
                         n_part_tok: f.n_single,
                         merge: false,
@@ -118,14 +118,14 @@ impl AttnIo {
             mark("attention split")?;
         }
         // The prefill tokens' partials follow the decode tokens'.
-        let dec = f.n_single * f.dec_slots() * n_heads;
+        let dec = f.n_single * f.dec_parts() * n_heads;
         let split = (f.pf_splits > 1).then_some(PrefillSplit {
             part_o: part_o.offset(dec * hd),
             part_ml: part_ml.offset(dec * 2),
             split_len: f.pf_split_len,
             n_splits: f.pf_splits,
-            n_slots: f.pf_splits,
-            slot0: 0,
+            n_parts: f.pf_splits,
+            part0: 0,
             tok0: f.n_single,
             n_part_tok: n - f.n_single,
             merge: true,

@@ -32,14 +32,14 @@ pub(super) struct Flat {
 }
 
 impl Flat {
-    /// Partial (token, head) slots of the decode tokens (splits, then shared-prefix slots).
-    pub(super) fn dec_slots(&self) -> usize {
+    /// Partials per (token, head) of the decode tokens (splits, then shared-prefix partials).
+    pub(super) fn dec_parts(&self) -> usize {
         self.splits + self.casc_splits
     }
 
-    /// Partial rows (token x head x slot) of the step: decode, then prefill.
+    /// Partial rows (token x head x partial) of the step: decode, then prefill.
     pub(super) fn part_rows(&self, n_heads: usize) -> usize {
         let pf = if self.pf_splits > 1 { (self.n_tok - self.n_single) * self.pf_splits } else { 0 };
-        (self.n_single * self.dec_slots() + pf) * n_heads
+        (self.n_single * self.dec_parts() + pf) * n_heads
     }
 }

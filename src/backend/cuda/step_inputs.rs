@@ -27,7 +27,7 @@ impl CudaBackend {
         }
     }
 
-    /// Work buffers for `n_tok` tokens, `part` attention partial rows (token x head x slot),
+    /// Work buffers for `n_tok` tokens, `part` attention partial rows (token x head x partial),
     /// and `m` logit rows.
     fn ensure_work(&mut self, n_tok: usize, part: usize, m: usize) -> Result<(), CudaError> {
         let c = &self.cfg;
@@ -189,7 +189,7 @@ impl CudaBackend {
                     let p = c.start_pos + i;
                     meta[lay.ids + t] = tok as i32;
                     meta[lay.pos + t] = p as i32;
-                    meta[lay.slots + t] = (c.block_table[p / bs] as usize * bs + p % bs) as i32;
+                    meta[lay.kv_rows + t] = (c.block_table[p / bs] as usize * bs + p % bs) as i32;
                     meta[lay.tok_seq + t] = ci as i32;
                     t += 1;
                 }

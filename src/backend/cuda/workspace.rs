@@ -10,7 +10,7 @@ use super::launch::Dev;
 use super::CudaError;
 
 /// Buffers of the masked step (masked.rs), grown on demand (never shrunk; not part of any captured graph).
-/// Layout of both, for a step of `m` logit rows: `[m]` mask slots, then `[m, words]` mask bits
+/// Layout of both, for a step of `m` logit rows: `[m]` mask indices, then `[m, words]` mask bits
 /// (the used masks first).
 #[derive(Default)]
 pub(super) struct MaskBuffers {
@@ -35,7 +35,7 @@ pub(super) struct Work {
     pub x16: Option<CudaSlice<u16>>, // [tok, max(dim, q_dim, ffn)] cuBLAS input
     /// Split-K partial sums of the tensor-core GEMM ([splits, tok, rows], the largest matrix's).
     pub tc_part: Option<CudaSlice<f32>>,
-    /// Per-step inputs, uploaded in one copy: [ids | pos | slots | tok_seq | rows] (cap_tok
+    /// Per-step inputs, uploaded in one copy: [ids | pos | kv_rows | tok_seq | rows] (cap_tok
     /// each), then block tables [cap_tok, bt_stride].
     pub meta: Option<CudaSlice<i32>>,
     pub cap_part: usize,
@@ -48,7 +48,7 @@ pub(super) struct Work {
     /// Page-locked host copy of `logits` ([cap_logits, vocab]): the download runs at full PCIe
     /// speed into memory reused every step (64 sequences x 151,936 f32 = 39 MB a step).
     pub host_logits: Option<cudarc::driver::PinnedHostSlice<f32>>,
-    /// Constrained greedy steps: the mask slots and bits, host (pinned) and device.
+    /// Constrained greedy steps: the mask indices and bits, host (pinned) and device.
     pub masks: MaskBuffers,
     /// Buffers of the sparse layers (expert ids, weights, grouping, expert outputs).
     pub moe: super::moe::MoeWork,
@@ -95,7 +95,7 @@ pub(super) fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
 pub(super) struct MetaLayout {
     pub ids: usize,
     pub pos: usize,
-    pub slots: usize,
+    pub kv_rows: usize,
     pub tok_seq: usize,
     pub rows: usize,
     /// `[first row, count, kv_end, block-table row]` per prefill tile (at most one per token),
@@ -114,7 +114,7 @@ pub(super) fn layout(cap: usize) -> MetaLayout {
     MetaLayout {
         ids: 0,
         pos: cap,
-        slots: 2 * cap,
+        kv_rows: 2 * cap,
         tok_seq: 3 * cap,
         rows: 4 * cap,
         tiles: 5 * cap,
