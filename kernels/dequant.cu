@@ -119,6 +119,44 @@ __device__ __forceinline__ void dequant_q6k_impl(const DequantParams& p) {
     }
 }
 
+// Q4_K apart as well (its generic unit: 4 lanes each loading the unit's 32 bytes and decoding
+// both runs for one half of one): a lane takes 8 bytes of a unit's qs, the low nibbles (run 0,
+// columns 32u + 8b ..) and the high ones (run 1, 32u + 16 + 8b ..), b = lane % 2: 24 bytes in
+// two loads give 16 values. 2 lanes a unit, 128 units a block (4,096 columns); each warp store
+// writes whole 32-byte sectors (the two runs of a unit are its two sectors).
+__device__ __forceinline__ void dequant_q4k_impl(const DequantParams& p) {
+    constexpr int U_PER_BLOCK = DQ_THREADS / 2;
+    const int units = p.cols / FQ4K::UE;
+    const int blocks_per_row = (units + U_PER_BLOCK - 1) / U_PER_BLOCK;
+    const int r = blockIdx.x / blocks_per_row;
+    if (r >= p.n_rows) return;
+    const int u = (blockIdx.x - r * blocks_per_row) * U_PER_BLOCK + threadIdx.x / 2, b = threadIdx.x & 1;
+    if (u >= units) return;
+    const QRow row = q_row(p.qs, p.aux, p.row0 + r, p.qs_row, p.aux_row);
+    FQ4K::Raw a;  // only the scale block (FQ4K::scale_min); the codes: 8 bytes of the unit
+    a.h = ld16(row.aux + 16 * (u >> 3));
+    const uint2 q = __ldg(reinterpret_cast<const uint2*>(row.qs + 16 * u + 8 * b));
+    float d1, o1;
+    FQ4K::scale_min(a, u, d1, o1);
+    half_t* o = p.out + (long long)r * p.cols + 32 * u + 8 * b;
+#pragma unroll
+    for (int run = 0; run < 2; ++run) {
+        unsigned pk[4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const unsigned c = ((h ? q.y : q.x) >> (4 * run)) & 0x0F0F0F0Fu;  // byte j: code of column 4h + j
+            float w[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)  // as FQ4K::run (small_u2f of the code: exact), same contraction
+                w[j] = d1 * (__int_as_float(__byte_perm(c, 0x4B000000u, 0x7440 + j)) - 8388608.0f) - o1;
+            pk[2 * h] = (unsigned)f2h_sat(w[0]) | (unsigned)f2h_sat(w[1]) << 16;
+            pk[2 * h + 1] = (unsigned)f2h_sat(w[2]) | (unsigned)f2h_sat(w[3]) << 16;
+        }
+        half_t* on = o + 16 * run;
+        asm volatile("st.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(on), "r"(pk[0]), "r"(pk[1]), "r"(pk[2]), "r"(pk[3]) : "memory");
+    }
+}
+
 struct EmbeddingQParams {
     const u8_t* qs;
     const u8_t* aux;
@@ -152,6 +190,8 @@ template <class F>
 __device__ __forceinline__ void dequant_any(const DequantParams& p) { dequant_impl<F>(p); }
 template <>
 __device__ __forceinline__ void dequant_any<FQ6K>(const DequantParams& p) { dequant_q6k_impl(p); }
+template <>
+__device__ __forceinline__ void dequant_any<FQ4K>(const DequantParams& p) { dequant_q4k_impl(p); }
 
 #define DEQUANT_ENTRIES(name, F)                                                                       \
     extern "C" __global__ void dequant_##name##_f16(const DequantParams p) { dequant_any<F>(p); }    \

@@ -15,7 +15,7 @@ use super::qformat::QFormat;
 pub use super::seqs::{SeqPlan, DEFAULT_STATE_SNAPSHOTS};
 
 use super::attention::attn_splits;
-use super::gemm_tc::TC_MAX_TOKENS;
+use super::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
 
 /// Bytes the backend will hold on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,19 +182,16 @@ pub fn plan_memory_for(
     let positions = (num_blocks * block_size) as u64;
     let kv = positions * (c.n_kv_layers() * 2 * kvd * 2) as u64;
 
+    // The step buffers of `ensure_work` (step_inputs.rs) for its capacity of `tok` tokens.
     let tok = max_batch_tokens.max(1).next_power_of_two();
     let act_f32 = 2 * dim + (qd + 2 * kvd) + qd + 2 * ffn + ffn;
     let act_f16 = dim.max(qd).max(ffn);
-    let activations = (tok * (act_f32 * 4 + 6 * 4) + tok.max(16) * act_f16 * 2) as u64;
-    // One logits row per sequence of a step at most (its last token).
+    let activations = (tok * act_f32 * 4 + tok.max(16) * act_f16 * 2) as u64 + tc_part_bytes(c, tok);
+    // One logits row per sequence of a step at most (its last token): final norm, logits, arg-max.
     let rows = tok.min(MAX_LOGIT_ROWS).min(seqs.running.max(1));
-    let logits = (rows * (c.vocab_size + dim) * 4) as u64;
+    let logits = (rows * (c.vocab_size + dim + 1) * 4) as u64;
     let max_pos = max_positions.max(1);
-    // Decode steps round their split count up to a power of two (one graph per bucket).
-    let partials = |n: usize, splits: usize| (n * c.n_heads * splits * (hd + 2) * 4) as u64;
-    let dec = TC_MAX_TOKENS.min(tok);
-    let attn =
-        partials(tok, attn_splits(max_pos, tok)).max(partials(dec, attn_splits(max_pos, dec).next_power_of_two()));
+    let attn = (attn_part_rows(c, tok, max_pos, seqs.running) * (hd + 2) * 4) as u64;
     let rope = (2 * max_pos * hd / 2 * 4) as u64;
     let meta = (tok * (16 + max_pos.div_ceil(block_size.max(1))) * 4) as u64;
     let experts = c.moe.as_ref().map_or(0, |m| moe::workspace_bytes(tok, dim, m));
@@ -214,6 +211,51 @@ pub fn plan_memory_for(
     let state_per_seq = c.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq() as u64);
     let state = (seqs.running + seqs.snapshots) as u64 * state_per_seq;
     MemoryPlan { weights, kv, workspace, state, state_per_seq, seqs, total: weights + kv + workspace + state }
+}
+
+/// Split-K partial sums of the 64-token GEMMs (`Work::tc_part`): the largest of the four layer
+/// matrices, f32.
+fn tc_part_bytes(c: &ModelConfig, tok: usize) -> u64 {
+    let (qd, kvd) = (c.q_dim(), c.kv_dim());
+    let shapes = [(qd + 2 * kvd, c.dim), (c.dim, qd), (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)];
+    let n = tok.min(TC_MAX_TOKENS);
+    shapes.iter().map(|&(r, k)| tc64_part_len(r, k, n)).max().unwrap_or(0) as u64 * 4
+}
+
+/// Rows (token x head x slot) of attention partials a step of at most `tok` tokens can take
+/// (`Flat::part_rows`, at least one per head), over sequences of at most `max_pos` positions:
+/// the decode tokens (one per running sequence at most) at their split count, a power of two in
+/// graph-sized steps, plus the shared-prefix slots; and the prefill tokens at the split count
+/// `prefill_splits` gives one chunk of them reaching `max_pos` (one chunk has the fewest tiles,
+/// so the most splits; none once its tiles fill the GPU: then the kernel writes its output
+/// directly and takes no partials).
+fn attn_part_rows(c: &ModelConfig, tok: usize, max_pos: usize, running: usize) -> usize {
+    use super::prefill::{prefill_splits, prefill_supported, TILE_TOKENS};
+    let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
+    // Shapes without the prefill kernel run every token through the decode attention.
+    let tiled = prefill_supported(nh, nkv, hd);
+    let most_dec = if tiled { tok.min(running.max(1)) } else { tok };
+    let dec = (1..=most_dec)
+        .map(|d| {
+            let shared = if d >= 2 { max_pos.div_ceil(256) } else { 0 };
+            d * (attn_splits(max_pos, d).next_power_of_two() + shared)
+        })
+        .max()
+        .unwrap_or(0);
+    let pf = (1..=if tiled { tok } else { 0 })
+        .map(|p| {
+            let graph = p <= TC_MAX_TOKENS;
+            let splits = |g: bool| prefill_splits(p.div_ceil(TILE_TOKENS), p, max_pos, nh, nkv, hd, g).0;
+            let most = splits(false).max(if graph { splits(true) } else { 1 });
+            if most > 1 {
+                p * most
+            } else {
+                0
+            }
+        })
+        .max()
+        .unwrap_or(0);
+    ((dec + pf) * nh).max(nh)
 }
 
 fn gb(b: u64) -> String {
