@@ -35,6 +35,26 @@ pub struct MemoryPlan {
     pub state_per_seq: u64,
     pub seqs: SeqPlan,
     pub total: u64,
+    /// `workspace` item by item.
+    pub parts: WorkspaceParts,
+}
+
+/// The workspace of a plan by buffer, as `DUSTOFF_MEMORY_LOG=1` itemizes the allocations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WorkspaceParts {
+    /// Step buffers for the step capacity (`ensure_work`): residual, normed input, qkv,
+    /// attention output, gate/up, FFN activation (f32), the F16 GEMM input, the 64-token GEMMs'
+    /// split-K partial sums, the step inputs and block tables.
+    pub step: u64,
+    /// Split attention partials and statistics.
+    pub attention: u64,
+    /// Final norm, logits and arg-max of the logit rows.
+    pub logits: u64,
+    pub rope: u64,
+    pub wide_scratch: u64,
+    /// Mixture-of-experts, shared-expert and linear-attention step buffers.
+    pub experts_linear: u64,
+    pub cublas: u64,
 }
 
 /// The share of free memory a plan may use. The plan itemizes every buffer the backend
@@ -44,8 +64,13 @@ pub struct MemoryPlan {
 /// session 5). 5% of a 32 GB V100 is 1.7 GB.
 pub const HEADROOM: f64 = 0.95;
 
-/// Free bytes of a V100-SXM2-32GB after its CUDA context: 32,510 MiB less 512 MiB.
-pub const V100_32GB_FREE: u64 = (32_510 - 512) << 20;
+/// Device memory a CUDA context takes before anything is allocated (an assumption: the plan
+/// is checked against the free memory after the context, so it never counts it; `bench
+/// --plan` adds it to compare with a measured peak, which reads total - free).
+pub const CONTEXT_ASSUMED: u64 = 512 << 20;
+
+/// Free bytes of a V100-SXM2-32GB after its CUDA context: 32,510 MiB less [`CONTEXT_ASSUMED`].
+pub const V100_32GB_FREE: u64 = (32_510 << 20) - CONTEXT_ASSUMED;
 
 /// Bytes cuBLAS may take for its workspace and handles (an allowance, not a measurement).
 const CUBLAS_ALLOWANCE: u64 = 64 << 20;
@@ -207,10 +232,19 @@ pub fn plan_memory_for(
     // Hybrid models: the linear layers' step buffers (projections, conv output, delta-rule
     // output, chunk tables), sized for the step's tokens.
     let linear = c.hybrid.as_ref().map_or(0, |h| super::hybrid::workspace_bytes(c, h, tok));
+    let parts = WorkspaceParts {
+        step: activations + meta,
+        attention: attn,
+        logits,
+        rope,
+        wide_scratch,
+        experts_linear: experts + linear,
+        cublas: CUBLAS_ALLOWANCE,
+    };
     let workspace = activations + logits + attn + rope + meta + wide_scratch + experts + linear + CUBLAS_ALLOWANCE;
     let state_per_seq = c.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq() as u64);
     let state = (seqs.running + seqs.snapshots) as u64 * state_per_seq;
-    MemoryPlan { weights, kv, workspace, state, state_per_seq, seqs, total: weights + kv + workspace + state }
+    MemoryPlan { weights, kv, workspace, state, state_per_seq, seqs, total: weights + kv + workspace + state, parts }
 }
 
 /// Split-K partial sums of the 64-token GEMMs (`Work::tc_part`): the largest of the four layer
@@ -378,6 +412,38 @@ mod tests {
             ["cuda:0 V100 32 GB", "weights 18.", "KV cache 25.77 GB", "cached positions in total fit", "free 33.55 GB"]
         {
             assert!(e.contains(part), "{part} missing from: {e}");
+        }
+    }
+
+    /// Issue 11's 2 x 4,096 row as `bench --plan` plans it (Qwen3-8B, Q4_K_M mix, 2 sequences of
+    /// 3,896 + 200 tokens in 2 x 257 blocks): each workspace item is what the backend allocates
+    /// for those steps (`DUSTOFF_MEMORY_LOG=1`, docs/BENCHMARKS.md session 8): the step buffers
+    /// of the step capacity, attention partials for 2 decode tokens and the prefill chunk with
+    /// the most partial rows (none for a chunk whose tiles fill the GPU), the logits of 2 rows.
+    #[test]
+    fn qwen3_8b_two_sequences_of_4096_plan_itemized() {
+        use crate::backend::cuda::synth::{synthetic_matrix_bytes, WeightMix};
+        let c = shape("qwen3-8b").unwrap();
+        let (bytes, wide) = (synthetic_matrix_bytes(&c, WeightMix::Q4KM), wide_len(&c) as u64 * 2);
+        for step in [512usize, 2048] {
+            let p = plan_memory_for(&c, bytes, wide, 2 * 257, 16, step, 4096, SeqPlan::new(2));
+            assert_eq!(p.kv, 2 * 4112 * 36 * 2 * 1024 * 2);
+            // f32 [step, x] residual, normed input 4,096 each, qkv 6,144, attention 4,096,
+            // gate/up 24,576, activation 12,288; the F16 GEMM input [step, 12,288]; split-K
+            // partials of the 64-token GEMMs (gate/up: 2 splits x 64 x 24,576); step inputs
+            // [step, 16 + 256 block-table entries].
+            let f32s = 4096 + 4096 + 6144 + 4096 + 24_576 + 12_288;
+            let want = step * f32s * 4 + step * 12_288 * 2 + 2 * 64 * 24_576 * 4 + step * (16 + 256) * 4;
+            assert_eq!(p.parts.step, want as u64, "steps of {step}");
+            // (2 decode tokens x (64 splits + 16 shared-prefix slots) + a 304-token chunk x 2
+            // splits) x 32 heads, rows of 128 + 2 floats.
+            assert_eq!(p.parts.attention, (2 * 80 + 304 * 2) * 32 * 130 * 4, "steps of {step}");
+            assert_eq!(p.parts.logits, 2 * (151_936 + 4096 + 1) * 4);
+            assert_eq!(p.parts.rope, 4096 * 128 * 4);
+            assert_eq!(p.parts.wide_scratch, wide);
+            let w = p.parts;
+            let sum = w.step + w.attention + w.logits + w.rope + w.wide_scratch + w.experts_linear + w.cublas;
+            assert_eq!(p.workspace, sum);
         }
     }
 
