@@ -72,8 +72,24 @@ pub const CONTEXT_ASSUMED: u64 = 512 << 20;
 /// Free bytes of a V100-SXM2-32GB after its CUDA context: 32,510 MiB less [`CONTEXT_ASSUMED`].
 pub const V100_32GB_FREE: u64 = (32_510 << 20) - CONTEXT_ASSUMED;
 
-/// Bytes cuBLAS may take for its workspace and handles (an allowance, not a measurement).
-const CUBLAS_ALLOWANCE: u64 = 64 << 20;
+/// Bytes cuBLAS may take for its workspace and handles: its handle measured 9 MB with the one
+/// 4 MiB workspace buffer of [`CUBLAS_WORKSPACE`] (H200, docs/BENCHMARKS.md session 8).
+const CUBLAS_ALLOWANCE: u64 = 16 << 20;
+
+/// cuBLAS's workspace pool (`:KiB:count`), read by cuBLAS when a handle is made: one 4 MiB
+/// buffer, cuBLAS's own default before Hopper (the V100's). Its Hopper default, 2 x 32 MiB, is
+/// 63 MB more at the handle (H200) for dustoff's only cuBLAS calls: the prefill GEMMs of one
+/// stream, outside graphs.
+pub const CUBLAS_WORKSPACE: &str = ":4096:1";
+
+/// Sets `CUBLAS_WORKSPACE_CONFIG` to [`CUBLAS_WORKSPACE`] unless the user set it. For `main`,
+/// before any thread starts (the environment is not safe to change while other threads may
+/// read it).
+pub fn default_cublas_workspace() {
+    if crate::sys::env::get_os("CUBLAS_WORKSPACE_CONFIG").is_none() {
+        std::env::set_var("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE);
+    }
+}
 
 /// Logit rows a step may return at most, for the workspace estimate.
 const MAX_LOGIT_ROWS: usize = 256;
