@@ -146,14 +146,6 @@ pub(super) fn open(
 ) -> Result<(CudaDevice, Kernels, CudaBlas), CudaError> {
     refuse_unsupported(cfg)?;
     let dev = CudaDevice::new(opts.ordinal)?;
-    super::workspace::log_memory(&dev.stream, "CUDA context", 0);
-    // The context reserves local memory for a default per-thread stack on every resident
-    // thread of every SM; dustoff's kernels keep their values in registers and shared memory.
-    // 0 gives it back; the driver grows the reservation again at a launch that needs more
-    // (and keeps it), so this only sheds what no kernel asks for.
-    if dev.ctx.set_limit(cudarc::driver::sys::CUlimit::CU_LIMIT_STACK_SIZE, 0).is_ok() {
-        super::workspace::log_memory(&dev.stream, "stack limit 0", 0);
-    }
     let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
     let (blocks, bs) = (opts.num_blocks, opts.block_size);
     // One sequence's prompt may run in steps of `prefill_chunk` tokens (SingleSeq::feed).
@@ -162,6 +154,7 @@ pub(super) fn open(
     let (free, _) = dev.mem_info()?;
     plan.check(free as u64, &dev.describe(), opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
+    super::workspace::log_memory(&dev.stream, "CUDA context", 0);
     // SAFETY: only tries to dlopen the candidate names; CudaBlas::new would panic without one.
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
         return Err(CudaError::CublasMissing);
