@@ -450,6 +450,8 @@ struct TokenizeArgs {
 /// The one exit funnel: every command's result becomes one exit code of `dustoff::job::exit`
 /// (listed at the end of `--help`), and an error is printed once, each cause once.
 fn main() -> ExitCode {
+    // Before any thread exists (it changes the process environment).
+    dustoff::backend::cuda::memory::default_cublas_workspace();
     let matches = Cli::command().after_help(exit::help()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match place_threads(&cli).and_then(|()| run(cli)) {

@@ -57,6 +57,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Host, "LD_LIBRARY_PATH", "-", "`doctor` searches these folders for NVRTC libraries"),
     var(Scope::Host, "NVRTC12_DIR", "unset: `~/.cache/nvrtc12`", "where scripts/nvrtc12.sh unpacked NVRTC 12 (`doctor` looks there)"),
     var(Scope::Host, "CUDA_VISIBLE_DEVICES", "unset", "reported by `doctor` (the driver applies it)"),
+    var(Scope::Host, "CUBLAS_WORKSPACE_CONFIG", "unset: the binary sets `:4096:1`", "cuBLAS's workspace pool (`:KiB:count`); unset, `dustoff` asks for one 4 MiB buffer (cuBLAS's pre-Hopper default; its Hopper default, 2 x 32 MiB, is 63 MB more)"),
     var(Scope::Host, "SLURM_ARRAY_TASK_ID", "unset", "`run` without `--shard`: this task's shard (a Slurm job array)"),
     var(Scope::Host, "SLURM_ARRAY_TASK_MIN", "0", "the array's first task id, subtracted from `SLURM_ARRAY_TASK_ID`"),
     var(Scope::Host, "SLURM_ARRAY_TASK_COUNT", "unset", "the shard count of a Slurm job array when `--shard-count` is not given"),

@@ -368,11 +368,26 @@ pub struct Kernels {
     source: PtxSource,
     modules: HashMap<&'static str, Arc<CudaModule>>,
     funcs: HashMap<&'static str, CudaFunction>,
+    /// The per-thread stack limit [`Kernels::fit_stack`] set (`None`: the driver's default).
+    stack: Option<usize>,
+}
+
+/// Stack bytes a thread gets beyond the largest kernel frame: frames of functions the compiler
+/// keeps out of line (math slow paths) are not in a kernel's own figure.
+const STACK_MARGIN: usize = 256;
+
+/// Local memory (stack frame and spills) a thread of `f` needs, bytes.
+fn local_bytes(f: &CudaFunction) -> Result<usize, CudaError> {
+    use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES;
+    let b = f
+        .get_attribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+        .map_err(CudaError::driver("reading a kernel's local size"))?;
+    Ok(usize::try_from(b).unwrap_or(0))
 }
 
 impl Kernels {
     pub fn new(ctx: Arc<CudaContext>, arch: String, source: PtxSource) -> Self {
-        Kernels { ctx, arch, source, modules: HashMap::new(), funcs: HashMap::new() }
+        Kernels { ctx, arch, source, modules: HashMap::new(), funcs: HashMap::new(), stack: None }
     }
 
     pub fn source(&self) -> &PtxSource {
@@ -391,6 +406,13 @@ impl Kernels {
             let file = file_of(entry).ok_or_else(|| CudaError::UnknownKernel(entry.to_string()))?;
             let module = self.module(file)?;
             let f = module.load_function(entry).map_err(CudaError::driver(format!("loading kernel {entry}")))?;
+            // A kernel loaded after the stack limit was lowered may need more than the others.
+            if let Some(limit) = self.stack {
+                let need = local_bytes(&f)? + STACK_MARGIN;
+                if need > limit {
+                    self.set_stack(need)?;
+                }
+            }
             self.funcs.insert(entry, f);
         }
         Ok(&self.funcs[entry])
@@ -449,6 +471,37 @@ impl Kernels {
                 self.get(e)?;
             }
         }
+        self.fit_stack()
+    }
+
+    /// Lowers the context's per-thread stack limit to the largest local frame of the loaded
+    /// kernels plus [`STACK_MARGIN`] (once, after `load_all`): the default limit reserves local
+    /// memory for every resident thread of every SM (1 KB a thread: 276 MB on an H200,
+    /// measured), most of which no kernel uses. A limit below a kernel's needs makes its
+    /// launches fail (limit 0 did: round 1b of session 8), so the limit covers the largest frame,
+    /// and `get` raises it for a kernel loaded later.
+    fn fit_stack(&mut self) -> Result<(), CudaError> {
+        use cudarc::driver::sys::CUlimit::CU_LIMIT_STACK_SIZE;
+        if self.stack.is_some() {
+            return Ok(());
+        }
+        let mut need = 0;
+        for f in self.funcs.values() {
+            need = need.max(local_bytes(f)?);
+        }
+        let need = need + STACK_MARGIN;
+        let now = self.ctx.get_limit(CU_LIMIT_STACK_SIZE).map_err(CudaError::driver("reading the stack limit"))?;
+        if need < now {
+            self.set_stack(need)?;
+            super::workspace::log_memory(&self.ctx.default_stream(), &format!("stack limit {now} -> {need} B"), 0);
+        }
+        Ok(())
+    }
+
+    fn set_stack(&mut self, bytes: usize) -> Result<(), CudaError> {
+        use cudarc::driver::sys::CUlimit::CU_LIMIT_STACK_SIZE;
+        self.ctx.set_limit(CU_LIMIT_STACK_SIZE, bytes).map_err(CudaError::driver("setting the stack limit"))?;
+        self.stack = Some(bytes);
         Ok(())
     }
 

@@ -15,7 +15,7 @@ use super::qformat::QFormat;
 pub use super::seqs::{SeqPlan, DEFAULT_STATE_SNAPSHOTS};
 
 use super::attention::attn_splits;
-use super::gemm_tc::TC_MAX_TOKENS;
+use super::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
 
 /// Bytes the backend will hold on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +35,26 @@ pub struct MemoryPlan {
     pub state_per_seq: u64,
     pub seqs: SeqPlan,
     pub total: u64,
+    /// `workspace` item by item.
+    pub parts: WorkspaceParts,
+}
+
+/// The workspace of a plan by buffer, as `DUSTOFF_MEMORY_LOG=1` itemizes the allocations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WorkspaceParts {
+    /// Step buffers for the step capacity (`ensure_work`): residual, normed input, qkv,
+    /// attention output, gate/up, FFN activation (f32), the F16 GEMM input, the 64-token GEMMs'
+    /// split-K partial sums, the step inputs and block tables.
+    pub step: u64,
+    /// Split attention partials and statistics.
+    pub attention: u64,
+    /// Final norm, logits and arg-max of the logit rows.
+    pub logits: u64,
+    pub rope: u64,
+    pub wide_scratch: u64,
+    /// Mixture-of-experts, shared-expert and linear-attention step buffers.
+    pub experts_linear: u64,
+    pub cublas: u64,
 }
 
 /// The share of free memory a plan may use. The plan itemizes every buffer the backend
@@ -44,11 +64,32 @@ pub struct MemoryPlan {
 /// session 5). 5% of a 32 GB V100 is 1.7 GB.
 pub const HEADROOM: f64 = 0.95;
 
-/// Free bytes of a V100-SXM2-32GB after its CUDA context: 32,510 MiB less 512 MiB.
-pub const V100_32GB_FREE: u64 = (32_510 - 512) << 20;
+/// Device memory a CUDA context takes before anything is allocated (an assumption: the plan
+/// is checked against the free memory after the context, so it never counts it; `bench
+/// --plan` adds it to compare with a measured peak, which reads total - free).
+pub const CONTEXT_ASSUMED: u64 = 512 << 20;
 
-/// Bytes cuBLAS may take for its workspace and handles (an allowance, not a measurement).
-const CUBLAS_ALLOWANCE: u64 = 64 << 20;
+/// Free bytes of a V100-SXM2-32GB after its CUDA context: 32,510 MiB less [`CONTEXT_ASSUMED`].
+pub const V100_32GB_FREE: u64 = (32_510 << 20) - CONTEXT_ASSUMED;
+
+/// Bytes cuBLAS may take for its workspace and handles: its handle measured 9 MB with the one
+/// 4 MiB workspace buffer of [`CUBLAS_WORKSPACE`] (H200, docs/BENCHMARKS.md session 8).
+const CUBLAS_ALLOWANCE: u64 = 16 << 20;
+
+/// cuBLAS's workspace pool (`:KiB:count`), read by cuBLAS when a handle is made: one 4 MiB
+/// buffer, cuBLAS's own default before Hopper (the V100's). Its Hopper default, 2 x 32 MiB, is
+/// 63 MB more at the handle (H200) for dustoff's only cuBLAS calls: the prefill GEMMs of one
+/// stream, outside graphs.
+pub const CUBLAS_WORKSPACE: &str = ":4096:1";
+
+/// Sets `CUBLAS_WORKSPACE_CONFIG` to [`CUBLAS_WORKSPACE`] unless the user set it. For `main`,
+/// before any thread starts (the environment is not safe to change while other threads may
+/// read it).
+pub fn default_cublas_workspace() {
+    if crate::sys::env::get_os("CUBLAS_WORKSPACE_CONFIG").is_none() {
+        std::env::set_var("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE);
+    }
+}
 
 /// Logit rows a step may return at most, for the workspace estimate.
 const MAX_LOGIT_ROWS: usize = 256;
@@ -182,19 +223,16 @@ pub fn plan_memory_for(
     let positions = (num_blocks * block_size) as u64;
     let kv = positions * (c.n_kv_layers() * 2 * kvd * 2) as u64;
 
+    // The step buffers of `ensure_work` (step_inputs.rs) for its capacity of `tok` tokens.
     let tok = max_batch_tokens.max(1).next_power_of_two();
     let act_f32 = 2 * dim + (qd + 2 * kvd) + qd + 2 * ffn + ffn;
     let act_f16 = dim.max(qd).max(ffn);
-    let activations = (tok * (act_f32 * 4 + 6 * 4) + tok.max(16) * act_f16 * 2) as u64;
-    // One logits row per sequence of a step at most (its last token).
+    let activations = (tok * act_f32 * 4 + tok.max(16) * act_f16 * 2) as u64 + tc_part_bytes(c, tok);
+    // One logits row per sequence of a step at most (its last token): final norm, logits, arg-max.
     let rows = tok.min(MAX_LOGIT_ROWS).min(seqs.running.max(1));
-    let logits = (rows * (c.vocab_size + dim) * 4) as u64;
+    let logits = (rows * (c.vocab_size + dim + 1) * 4) as u64;
     let max_pos = max_positions.max(1);
-    // Decode steps round their split count up to a power of two (one graph per bucket).
-    let partials = |n: usize, splits: usize| (n * c.n_heads * splits * (hd + 2) * 4) as u64;
-    let dec = TC_MAX_TOKENS.min(tok);
-    let attn =
-        partials(tok, attn_splits(max_pos, tok)).max(partials(dec, attn_splits(max_pos, dec).next_power_of_two()));
+    let attn = (attn_part_rows(c, tok, max_pos, seqs.running) * (hd + 2) * 4) as u64;
     let rope = (2 * max_pos * hd / 2 * 4) as u64;
     let meta = (tok * (16 + max_pos.div_ceil(block_size.max(1))) * 4) as u64;
     let experts = c.moe.as_ref().map_or(0, |m| moe::workspace_bytes(tok, dim, m));
@@ -210,10 +248,64 @@ pub fn plan_memory_for(
     // Hybrid models: the linear layers' step buffers (projections, conv output, delta-rule
     // output, chunk tables), sized for the step's tokens.
     let linear = c.hybrid.as_ref().map_or(0, |h| super::hybrid::workspace_bytes(c, h, tok));
+    let parts = WorkspaceParts {
+        step: activations + meta,
+        attention: attn,
+        logits,
+        rope,
+        wide_scratch,
+        experts_linear: experts + linear,
+        cublas: CUBLAS_ALLOWANCE,
+    };
     let workspace = activations + logits + attn + rope + meta + wide_scratch + experts + linear + CUBLAS_ALLOWANCE;
     let state_per_seq = c.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq() as u64);
     let state = (seqs.running + seqs.snapshots) as u64 * state_per_seq;
-    MemoryPlan { weights, kv, workspace, state, state_per_seq, seqs, total: weights + kv + workspace + state }
+    MemoryPlan { weights, kv, workspace, state, state_per_seq, seqs, total: weights + kv + workspace + state, parts }
+}
+
+/// Split-K partial sums of the 64-token GEMMs (`Work::tc_part`): the largest of the four layer
+/// matrices, f32.
+fn tc_part_bytes(c: &ModelConfig, tok: usize) -> u64 {
+    let (qd, kvd) = (c.q_dim(), c.kv_dim());
+    let shapes = [(qd + 2 * kvd, c.dim), (c.dim, qd), (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)];
+    let n = tok.min(TC_MAX_TOKENS);
+    shapes.iter().map(|&(r, k)| tc64_part_len(r, k, n)).max().unwrap_or(0) as u64 * 4
+}
+
+/// Rows (token x head x slot) of attention partials a step of at most `tok` tokens can take
+/// (`Flat::part_rows`, at least one per head), over sequences of at most `max_pos` positions:
+/// the decode tokens (one per running sequence at most) at their split count, a power of two in
+/// graph-sized steps, plus the shared-prefix slots; and the prefill tokens at the split count
+/// `prefill_splits` gives one chunk of them reaching `max_pos` (one chunk has the fewest tiles,
+/// so the most splits; none once its tiles fill the GPU: then the kernel writes its output
+/// directly and takes no partials).
+fn attn_part_rows(c: &ModelConfig, tok: usize, max_pos: usize, running: usize) -> usize {
+    use super::prefill::{prefill_splits, prefill_supported, TILE_TOKENS};
+    let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
+    // Shapes without the prefill kernel run every token through the decode attention.
+    let tiled = prefill_supported(nh, nkv, hd);
+    let most_dec = if tiled { tok.min(running.max(1)) } else { tok };
+    let dec = (1..=most_dec)
+        .map(|d| {
+            let shared = if d >= 2 { max_pos.div_ceil(256) } else { 0 };
+            d * (attn_splits(max_pos, d).next_power_of_two() + shared)
+        })
+        .max()
+        .unwrap_or(0);
+    let pf = (1..=if tiled { tok } else { 0 })
+        .map(|p| {
+            let graph = p <= TC_MAX_TOKENS;
+            let splits = |g: bool| prefill_splits(p.div_ceil(TILE_TOKENS), p, max_pos, nh, nkv, hd, g).0;
+            let most = splits(false).max(if graph { splits(true) } else { 1 });
+            if most > 1 {
+                p * most
+            } else {
+                0
+            }
+        })
+        .max()
+        .unwrap_or(0);
+    ((dec + pf) * nh).max(nh)
 }
 
 fn gb(b: u64) -> String {
@@ -336,6 +428,38 @@ mod tests {
             ["cuda:0 V100 32 GB", "weights 18.", "KV cache 25.77 GB", "cached positions in total fit", "free 33.55 GB"]
         {
             assert!(e.contains(part), "{part} missing from: {e}");
+        }
+    }
+
+    /// Issue 11's 2 x 4,096 row as `bench --plan` plans it (Qwen3-8B, Q4_K_M mix, 2 sequences of
+    /// 3,896 + 200 tokens in 2 x 257 blocks): each workspace item is what the backend allocates
+    /// for those steps (`DUSTOFF_MEMORY_LOG=1`, docs/BENCHMARKS.md session 8): the step buffers
+    /// of the step capacity, attention partials for 2 decode tokens and the prefill chunk with
+    /// the most partial rows (none for a chunk whose tiles fill the GPU), the logits of 2 rows.
+    #[test]
+    fn qwen3_8b_two_sequences_of_4096_plan_itemized() {
+        use crate::backend::cuda::synth::{synthetic_matrix_bytes, WeightMix};
+        let c = shape("qwen3-8b").unwrap();
+        let (bytes, wide) = (synthetic_matrix_bytes(&c, WeightMix::Q4KM), wide_len(&c) as u64 * 2);
+        for step in [512usize, 2048] {
+            let p = plan_memory_for(&c, bytes, wide, 2 * 257, 16, step, 4096, SeqPlan::new(2));
+            assert_eq!(p.kv, 2 * 4112 * 36 * 2 * 1024 * 2);
+            // f32 [step, x] residual, normed input 4,096 each, qkv 6,144, attention 4,096,
+            // gate/up 24,576, activation 12,288; the F16 GEMM input [step, 12,288]; split-K
+            // partials of the 64-token GEMMs (gate/up: 2 splits x 64 x 24,576); step inputs
+            // [step, 16 + 256 block-table entries].
+            let f32s = 4096 + 4096 + 6144 + 4096 + 24_576 + 12_288;
+            let want = step * f32s * 4 + step * 12_288 * 2 + 2 * 64 * 24_576 * 4 + step * (16 + 256) * 4;
+            assert_eq!(p.parts.step, want as u64, "steps of {step}");
+            // (2 decode tokens x (64 splits + 16 shared-prefix slots) + a 304-token chunk x 2
+            // splits) x 32 heads, rows of 128 + 2 floats.
+            assert_eq!(p.parts.attention, (2 * 80 + 304 * 2) * 32 * 130 * 4, "steps of {step}");
+            assert_eq!(p.parts.logits, 2 * (151_936 + 4096 + 1) * 4);
+            assert_eq!(p.parts.rope, 4096 * 128 * 4);
+            assert_eq!(p.parts.wide_scratch, wide);
+            let w = p.parts;
+            let sum = w.step + w.attention + w.logits + w.rope + w.wide_scratch + w.experts_linear + w.cublas;
+            assert_eq!(p.workspace, sum);
         }
     }
 

@@ -154,13 +154,14 @@ pub(super) fn open(
     let (free, _) = dev.mem_info()?;
     plan.check(free as u64, &dev.describe(), opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
+    super::workspace::log_memory(&dev.stream, "CUDA context", 0);
     // SAFETY: only tries to dlopen the candidate names; CudaBlas::new would panic without one.
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
         return Err(CudaError::CublasMissing);
     }
     let blas = CudaBlas::new(dev.stream.clone())
         .map_err(|source| CudaError::Cublas { what: "creating a handle".into(), source })?;
-    super::workspace::log_memory(&dev.stream, "context and cuBLAS handle", 0);
+    super::workspace::log_memory(&dev.stream, "cuBLAS handle", 0);
     Ok((dev, kernels, blas))
 }
 
@@ -593,7 +594,11 @@ impl Backend for CudaBackend {
         Self::kv_bytes_per_token(&self.cfg) as u64
     }
     fn peak_memory_bytes(&self) -> Option<u64> {
-        Some(self.peak_used)
+        // Also what is held now: memory taken between the samples (cuBLAS allocates its
+        // workspace and loads its kernels at the first GEMM) still counts.
+        let now = self.dev.mem_info().map_or(0, |(free, total)| total.saturating_sub(free) as u64);
+        super::workspace::log_memory(&self.dev.stream, "at the peak query", 0);
+        Some(self.peak_used.max(now))
     }
     fn measure_copy_bandwidth(&mut self) -> Option<f64> {
         // 1 GiB each way when there is room (several times any L2), else a quarter of the free memory.
