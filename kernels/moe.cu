@@ -6,12 +6,12 @@
 // [n_experts * rows, cols] matrix in the GPU layout of its format (quant.cuh; F16: plain
 // halves), so a weight row is slab + (e * rows + r) * row bytes, computed on the device.
 //
-// Two ways to walk the (token, slot) pairs of a step (n pairs = tokens x k):
+// Two ways to walk the (token, rank) pairs of a step (n pairs = tokens x k):
 //   pair mode (few tokens, decode): grid.y = pair p, its expert ids[p]; rows p of act / y;
 //   grouped mode (batches, prefill): grid.y = expert e, the positions offsets[e]..offsets[e+1]
 //     of the grouping (moe_group), each weight row decoded once per 8 tokens of the group;
 //     rows q (grouped position) of act / y.
-// Both then sum y into the residual with moe_combine_f32, slot 0 first: a fixed order, no
+// Both then sum y into the residual with moe_combine_f32, rank 0 first: a fixed order, no
 // float atomics, the same result however the step was batched.
 //
 // Dot products: a row group of `lpr` lanes (a power of two up to 32, chosen for the row
@@ -278,18 +278,18 @@ extern "C" __global__ void __launch_bounds__(256) moe_router_logits_f32(const Ro
     if (lane == 0) p.logits[(long long)t * p.n_experts + e] = acc;
 }
 
-// ---- Top-k of one token, by the whole block and without a serial loop over the k slots:
-// expert e's slot is its rank, the number of experts that beat it (a larger logit, or an equal
+// ---- Top-k of one token, by the whole block and without a serial loop over the k ranks:
+// expert e's rank is the number of experts that beat it (a larger logit, or an equal
 // one at a lower index: the CPU's `route` tie rule), so the k experts of rank < k are the CPU's
 // choice in the CPU's order. Ranks compare order keys (the float's bits made monotone as
 // unsigned, -0 as +0, NaN below every number), a strict total order: every rank 0..n-1 is taken
-// exactly once, so all k slots are written. Weights: exp(l - max) over the softmax total, or
-// over the chosen ones' sum in slot order when norm (the CPU's order).
+// exactly once, so all k ranks are written. Weights: exp(l - max) over the softmax total, or
+// over the chosen ones' sum in rank order when norm (the CPU's order).
 struct TopKShared {
     float* logit;    // [n] the token's logits
     unsigned* key;   // [n] their order keys
     int* slot_id;    // [k]
-    float* slot_w;   // [k]
+    float* rank_w;   // [k]
     float* red;      // [32] reduction scratch
 };
 
@@ -331,7 +331,7 @@ __device__ __forceinline__ void block_top_k(const TopKShared& sh, int n, int k, 
         }
         if (rank < k) {
             sh.slot_id[rank] = e;
-            sh.slot_w[rank] = expf(sh.logit[e] - mx);
+            sh.rank_w[rank] = expf(sh.logit[e] - mx);
         }
     }
     __syncthreads();
@@ -339,21 +339,21 @@ __device__ __forceinline__ void block_top_k(const TopKShared& sh, int n, int k, 
         float denom = total;
         if (norm) {
             denom = 0.0f;
-            for (int j = 0; j < k; ++j) denom += sh.slot_w[j];  // slot order, as the CPU sums them
+            for (int j = 0; j < k; ++j) denom += sh.rank_w[j];  // rank order, as the CPU sums them
         }
         ids[threadIdx.x] = sh.slot_id[threadIdx.x];
-        wts[threadIdx.x] = sh.slot_w[threadIdx.x] / denom;
+        wts[threadIdx.x] = sh.rank_w[threadIdx.x] / denom;
     }
     __syncthreads();
 }
 
-// Dynamic shared memory of block_top_k for n experts, k slots: bytes 8 n + 8 k + 128.
+// Dynamic shared memory of block_top_k for n experts, k ranks: bytes 8 n + 8 k + 128.
 __device__ __forceinline__ TopKShared top_k_shared(unsigned char* base, int n, int k) {
     TopKShared sh;
     sh.logit = reinterpret_cast<float*>(base);
     sh.key = reinterpret_cast<unsigned*>(base + 4 * n);
     sh.slot_id = reinterpret_cast<int*>(base + 8 * n);
-    sh.slot_w = reinterpret_cast<float*>(base + 8 * n + 4 * k);
+    sh.rank_w = reinterpret_cast<float*>(base + 8 * n + 4 * k);
     sh.red = reinterpret_cast<float*>(base + 8 * n + 8 * k);
     return sh;
 }
@@ -435,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(1024) moe_group(const GroupParams p
     }
 }
 
-// ---- Weighted sum into the residual: x[t, c] += sum_j wts[t, j] * y[row(t, j), c], slot 0
+// ---- Weighted sum into the residual: x[t, c] += sum_j wts[t, j] * y[row(t, j), c], rank 0
 // first (the CPU's order); row = position[t k + j] (grouped) or t k + j (pair mode).
 struct CombineParams {
     const float* y;        // [n_pairs, dim] expert outputs
@@ -467,8 +467,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine_f32(const CombineP
 //   runs the softmax / top-k / renormalisation of moe_route_f32 on the finished logits;
 // gate/up: moe_gate_up_<fmt>_p as before;
 // moe_down_sum_<fmt>: down and the weighted sum in one launch: block (row tile, token t), warp j
-//   computes slot j's expert rows . act[t k + j], then x[t, r] += sum_j wts[t, j] acc[j][r] in
-//   slot order (the weighted sum of moe_combine_f32, the same order): each output row is written
+//   computes rank j's expert rows . act[t k + j], then x[t, r] += sum_j wts[t, j] acc[j][r] in
+//   rank order (the weighted sum of moe_combine_f32, the same order): each output row is written
 //   once, by one thread.
 struct RouteFusedParams {
     const float* x;      // [n_tok, dim] normed hidden states
@@ -483,7 +483,7 @@ struct RouteFusedParams {
     int k;
     int norm;
     // With a shared expert (pair mode): its gate row [dim] f32; block n_experts of each token
-    // writes sigmoid(gate . x[t]) to wts[n_tok k + t], the weight of its slot k (else null).
+    // writes sigmoid(gate . x[t]) to wts[n_tok k + t], the weight of its rank k (else null).
     const float* sh_gate;
 };
 
@@ -524,7 +524,7 @@ struct DownSumParams {
     float* x;           // [n_tok, rows] residual, += the weighted sum
     int rows;           // model width
     int cols;           // expert width
-    int k;              // <= 8 (one warp per slot)
+    int k;              // <= 8 (one warp per rank)
     int qs_row;
     int aux_row;
     int lpr;            // lanes per row group
@@ -536,19 +536,19 @@ struct DownSumParams {
 
 #define DS_RG 4  // rows per row group
 
-// Warp j < k: rows row0 .. row0 + (32 / lpr) * DS_RG of slot j's expert for token t, row tile
+// Warp j < k: rows row0 .. row0 + (32 / lpr) * DS_RG of rank j's expert for token t, row tile
 // `tile`; warp k the shared expert's where there is one; further warps only join the barrier.
-// The slot of pair index pair_of(j) (the shared expert's after all n_tok k routed pairs).
+// The rank of pair index pair_of(j) (the shared expert's after all n_tok k routed pairs).
 template <class F>
 __device__ __forceinline__ void moe_down_sum_rows(const DownSumParams& p, int t, int tile) {
-    __shared__ float part[9][32 * DS_RG];  // [slot, row of the block]
+    __shared__ float part[9][32 * DS_RG];  // [rank, row of the block]
     const int j = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int sub = lane % p.lpr, group = lane / p.lpr;
     const int per_block = (WARP / p.lpr) * DS_RG;
     const int row0 = tile * per_block;
-    const int slots = p.k + (p.sh_qs != nullptr);
+    const int ranks = p.k + (p.sh_qs != nullptr);
     const int shared_pair = (int)gridDim.y * p.k + t;
-    if (j < slots) {
+    if (j < ranks) {
         const bool sh = j == p.k;
         const int pair = sh ? shared_pair : t * p.k + j;
         const long long base = sh ? 0 : (long long)p.ids[pair] * p.rows;
@@ -574,7 +574,7 @@ __device__ __forceinline__ void moe_down_sum_rows(const DownSumParams& p, int t,
     for (int r = threadIdx.x; r < per_block && row0 + r < p.rows; r += blockDim.x) {
         float s = 0.0f;
         for (int i = 0; i < p.k; ++i) s += *(p.wts + t * p.k + i) * part[i][r];
-        if (slots > p.k) s += p.wts[shared_pair] * part[p.k][r];
+        if (ranks > p.k) s += p.wts[shared_pair] * part[p.k][r];
         p.x[(long long)t * p.rows + row0 + r] += s;
     }
 }

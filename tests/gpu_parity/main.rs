@@ -119,7 +119,7 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("moe_layer_f16", 1e-5),
     ("moe_gate_up_*", 1e-5),
     ("moe_down_*", 1e-5),
-    // Down + weighted sum in one launch: the down GEMV's sums, then the weights in slot order.
+    // Down + weighted sum in one launch: the down GEMV's sums, then the weights in rank order.
     ("moe_down_sum_*", 1e-5),
     ("moe_gather_f16", 0.0),
     // The int8-activation pair kernels (moe_q8.cu) against q8x::matmul_q8x per pair.

@@ -4,12 +4,12 @@
 //! 1. router logits `[n, n_experts]` = x . router^T (f32 accumulation);
 //! 2. per token, in f32: softmax over all experts, the `k` largest chosen (see [`route`] for
 //!    ties), their probabilities renormalised to sum 1 when `norm_topk_prob`;
-//! 3. the `n * k` (token, slot) pairs grouped by expert (count, prefix sum, fill: ascending
+//! 3. the `n * k` (token, rank) pairs grouped by expert (count, prefix sum, fill: ascending
 //!    token within an expert), their rows of x gathered into one `[n * k, dim]` buffer;
 //! 4. per expert that has tokens, one matrix product over its group: `down(silu(gate x) * up x)`,
 //!    so each chosen expert's matrices are read once per step however many tokens chose it
 //!    (one token: the gate/up products of all its experts fused into one);
-//! 5. per token, the weighted sum over its slots in slot order (slot 0 first), a fixed order
+//! 5. per token, the weighted sum over its ranks in rank order (rank 0 first), a fixed order
 //!    independent of how tokens were grouped or batched;
 //! 6. Qwen3-Next / Qwen3.5-MoE: plus the shared expert times `sigmoid(shared_gate . x)`.
 
@@ -65,15 +65,15 @@ pub fn route(logits: &[f32], n_experts: usize, k: usize, norm_topk_prob: bool, o
     }
 }
 
-/// The (token, slot) pairs of a routing grouped by expert: `entries[offsets[e]..offsets[e + 1]]`
-/// are the pairs (as `token * k + slot`) that chose expert `e`, in ascending token order.
+/// The (token, rank) pairs of a routing grouped by expert: `entries[offsets[e]..offsets[e + 1]]`
+/// are the pairs (as `token * k + rank`) that chose expert `e`, in ascending token order.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Groups {
     /// `[n_experts + 1]`: prefix sums of the per-expert counts.
     pub offsets: Vec<usize>,
     /// `[n * k]`.
     pub entries: Vec<u32>,
-    /// `[n * k]`: the inverse, `position[token * k + slot]` = index into `entries`.
+    /// `[n * k]`: the inverse, `position[token * k + rank]` = index into `entries`.
     pub position: Vec<u32>,
 }
 

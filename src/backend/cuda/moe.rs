@@ -6,13 +6,13 @@
 //!    per token): softmax, top-k (ties to the lower expert index, as the CPU's `route`),
 //!    renormalisation: expert ids `[n, k]` and weights `[n, k]` stay on the device, so a
 //!    captured CUDA graph replays whatever the tokens choose;
-//! 2. few tokens (`pair_mode`): gate/up + SwiGLU for every (token, slot) pair in one launch
+//! 2. few tokens (`pair_mode`): gate/up + SwiGLU for every (token, rank) pair in one launch
 //!    (grid over pairs and row tiles, the weight rows at slab + id * stride found on the
 //!    device), then down in one launch, into per-pair rows;
 //!    more tokens: `moe_group` sorts the pairs by expert (count, prefix sum, stable fill), and
 //!    the same two kernels run over experts instead of pairs, each decoding its weight rows
 //!    once per 8 of its tokens (experts nobody chose exit at once);
-//! 3. `moe_combine_f32`: the weighted sum of each token's k rows into the residual, slot 0
+//! 3. `moe_combine_f32`: the weighted sum of each token's k rows into the residual, rank 0
 //!    first: a fixed order, the CPU reference's (no float atomics).
 
 use std::sync::{Arc, OnceLock};
@@ -45,7 +45,7 @@ pub fn fused_enabled() -> bool {
     *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_FUSED").is_none_or(|v| v != "0"))
 }
 
-/// Most tokens of a step that take the pair-mode kernels (grid over (token, slot) pairs);
+/// Most tokens of a step that take the pair-mode kernels (grid over (token, rank) pairs);
 /// larger steps group by expert. `DUSTOFF_MOE_PAIR_MAX_TOKENS` overrides the default of 8.
 pub fn pair_max_tokens() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
@@ -224,7 +224,7 @@ impl MoeLayerW {
     }
 }
 
-/// Buffers of the MoE kernels, sized for `cap_pairs` (token, slot) pairs.
+/// Buffers of the MoE kernels, sized for `cap_pairs` (token, rank) pairs.
 #[derive(Default)]
 pub struct MoeWork {
     pub cap_pairs: usize,
@@ -571,7 +571,7 @@ struct CombineParams {
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for CombineParams {}
 
-/// `x[t] += sum_j wts[t, j] * y[row(t, j)]`, slot 0 first; `row = position[t k + j]` when
+/// `x[t] += sum_j wts[t, j] * y[row(t, j)]`, rank 0 first; `row = position[t k + j]` when
 /// grouped, else `t k + j`.
 pub struct MoeCombine {
     pub y: Dev<f32>,
@@ -700,7 +700,7 @@ impl MoeDownSum<'_> {
         self.launch_sh(kn, s, None)
     }
 
-    /// [`MoeDownSum::launch`]; with `sh` also each token's shared expert as slot `k` (warp
+    /// [`MoeDownSum::launch`]; with `sh` also each token's shared expert as rank `k` (warp
     /// `k`: act row `n_tok k + t`, weight `wts[n_tok k + t]`), added last.
     pub fn launch_sh(&self, kn: &mut Kernels, s: &CudaStream, sh: Option<&ShexpPairs>) -> Result<(), CudaError> {
         const K: &str = "moe_down_sum";
@@ -805,7 +805,7 @@ pub fn moe_ffn_normed(
     moe_ffn(kn, s, w, work, h, x, n_tok)
 }
 
-/// Dynamic shared memory of kernels/moe.cu `block_top_k` for `n` experts, `k` slots (bytes).
+/// Dynamic shared memory of kernels/moe.cu `block_top_k` for `n` experts, `k` ranks (bytes).
 pub fn top_k_smem(n: usize, k: usize) -> u32 {
     (8 * n + 8 * k + 128) as u32
 }
