@@ -585,7 +585,12 @@ impl Backend for CudaBackend {
         if f.n_tok == 0 {
             return Ok(Default::default());
         }
-        self.forward_greedy_masked(&f, fill)
+        let out = self.forward_greedy_masked(&f, fill)?;
+        // As `step` and `step_greedy`: the recurrent states absorbed the step's chunks.
+        if let Some(h) = &mut self.hybrid {
+            h.end_step(plan);
+        }
+        Ok(out)
     }
     fn decode_weight_bytes(&self) -> u64 {
         self.decode_bytes
