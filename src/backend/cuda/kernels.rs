@@ -493,7 +493,7 @@ impl Kernels {
         let now = self.ctx.get_limit(CU_LIMIT_STACK_SIZE).map_err(CudaError::driver("reading the stack limit"))?;
         if need < now {
             self.set_stack(need)?;
-            super::workspace::log_memory(&self.ctx.default_stream(), &format!("stack limit {now} -> {need} B"), 0);
+            super::device::log_memory(&self.ctx.default_stream(), &format!("stack limit {now} -> {need} B"), 0);
         }
         Ok(())
     }

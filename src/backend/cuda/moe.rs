@@ -26,7 +26,6 @@ use super::dmat::DevMat;
 use super::kernels::{Kernels, MOE_ENTRIES};
 use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
 use super::moe_gemm;
-use super::moe_shexp::ShexpPairs;
 pub use super::moe_slab::slab_bytes;
 pub use super::moe_slab::MoeDownSum;
 use super::moe_slab::{slab_view, RowWalk};
@@ -910,4 +909,82 @@ fn grouped_gemm(
     gemm(&w.gate, x16, GemmOut::GateUp { up: &w.up, act: act16 }).launch(kn, s)?;
     gemm(&w.down, act16, GemmOut::Down { y }).launch(kn, s)?;
     MoeCombine { y, wts, position, x, n_tok, dim, k }.launch(kn, s)
+}
+
+/// A shared expert's device views for the pair-mode kernels.
+#[derive(Clone, Copy, Debug)]
+pub struct ShexpPairs {
+    /// Gate rows (qs, aux), then up rows (qs, aux): the halves of the `[2 f, dim]` gate/up.
+    pub(super) gu: [u64; 4],
+    /// Down rows (qs, aux) of the `[dim, f]` down matrix.
+    pub(super) down: [u64; 2],
+    /// The gate row `[dim]` f32.
+    pub(super) gate: Dev<f32>,
+    /// Format index and (qs, aux) row bytes of gate/up and of down.
+    fmt: (usize, usize),
+    gu_row: (usize, usize),
+    down_row: (usize, usize),
+    /// (ffn, dim).
+    shape: (usize, usize),
+}
+
+impl ShexpPairs {
+    /// The views of `w`'s shared expert where it matches the routed experts' width and
+    /// formats and its gate/up is one matrix; else `None`.
+    pub fn of(w: &MoeLayerW, s: &CudaStream) -> Option<Self> {
+        let sh = w.shared.as_ref()?;
+        let ([gu], [dn]) = (&sh.gu.parts[..], &sh.down.parts[..]) else { return None };
+        let (f, dim) = (w.ffn, w.dim);
+        if sh.ffn != f || (gu.rows, gu.cols) != (2 * f, dim) || (dn.rows, dn.cols) != (dim, f) {
+            return None;
+        }
+        let (fg, qs, aux, qr, ar, _) = slab_view(gu, s).ok()?;
+        let (fd, dqs, daux, dqr, dar, _) = slab_view(dn, s).ok()?;
+        let (rg, _, _, _, _, _) = slab_view(&w.gate, s).ok()?;
+        let (rd, _, _, _, _, _) = slab_view(&w.down, s).ok()?;
+        if (fg, fd) != (rg, rd) {
+            return None;
+        }
+        let up = (qs + (f * qr) as u64, aux + (f * ar) as u64);
+        Some(ShexpPairs {
+            gu: [qs, aux, up.0, up.1],
+            down: [dqs, daux],
+            gate: Dev::of(&sh.gate, s),
+            fmt: (fg, fd),
+            gu_row: (qr, ar),
+            down_row: (dqr, dar),
+            shape: (f, dim),
+        })
+    }
+
+    /// The gate/up launch's experts (`(rows, cols)` each, format `fi`, row bytes) are these.
+    pub(super) fn check_gate_up(
+        &self,
+        kernel: &'static str,
+        fi: usize,
+        shape: (usize, usize),
+        row: (usize, usize),
+        gate_up_by_token: bool,
+    ) -> Result<(), CudaError> {
+        check(kernel, gate_up_by_token && (fi, shape, row) == (self.fmt.0, self.shape, self.gu_row), || {
+            format!(
+                "a shared expert of format {} {:?} for gate/up experts of format {fi} {shape:?}",
+                self.fmt.0, self.shape
+            )
+        })
+    }
+
+    /// The down launch's experts are of this shape, format and row bytes.
+    pub(super) fn check_down(
+        &self,
+        kernel: &'static str,
+        fi: usize,
+        shape: (usize, usize),
+        row: (usize, usize),
+    ) -> Result<(), CudaError> {
+        let want = (self.shape.1, self.shape.0);
+        check(kernel, (fi, shape, row) == (self.fmt.1, want, self.down_row), || {
+            format!("a shared expert's down of format {} {want:?} for experts of format {fi} {shape:?}", self.fmt.1)
+        })
+    }
 }

@@ -72,19 +72,7 @@ pub(super) fn grow<T: DeviceRepr + ValidAsZeroBits>(
     Ok(false)
 }
 
-/// `DUSTOFF_MEMORY_LOG=1`: one line on stderr per device allocation that goes through here
-/// (step buffers, the widening scratch) and at the backend's milestones: what, its bytes, and
-/// the device memory in use after it (total - free, what the bench's peak reads).
-pub(super) fn log_memory(s: &CudaStream, what: &str, bytes: usize) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MEMORY_LOG").is_some_and(|v| v == "1")) {
-        return;
-    }
-    if let Ok((free, total)) = s.context().mem_get_info() {
-        let used = total.saturating_sub(free) as f64 / 1e9;
-        eprintln!("memory: {what:32} {:9.1} MB, in use {used:.3} GB", bytes as f64 / 1e6);
-    }
-}
+pub(super) use super::device::log_memory;
 
 pub(super) fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
     // Every buffer is grown before use; an absent one would be a bug in `ensure_work`.
