@@ -154,14 +154,14 @@ pub(super) fn open(
     let (free, _) = dev.mem_info()?;
     plan.check(free as u64, &dev.describe(), opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
-    super::workspace::log_memory(&dev.stream, "CUDA context", 0);
+    super::device::log_memory(&dev.stream, "CUDA context", 0);
     // SAFETY: only tries to dlopen the candidate names; CudaBlas::new would panic without one.
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
         return Err(CudaError::CublasMissing);
     }
     let blas = CudaBlas::new(dev.stream.clone())
         .map_err(|source| CudaError::Cublas { what: "creating a handle".into(), source })?;
-    super::workspace::log_memory(&dev.stream, "cuBLAS handle", 0);
+    super::device::log_memory(&dev.stream, "cuBLAS handle", 0);
     Ok((dev, kernels, blas))
 }
 
@@ -435,7 +435,7 @@ impl CudaBackend {
             dev,
         };
         b.note_memory();
-        super::workspace::log_memory(&b.dev.stream, "ready (weights, KV, tables)", 0);
+        super::device::log_memory(&b.dev.stream, "ready (weights, KV, tables)", 0);
         Ok(b)
     }
 
@@ -602,7 +602,7 @@ impl Backend for CudaBackend {
         // Also what is held now: memory taken between the samples (cuBLAS allocates its
         // workspace and loads its kernels at the first GEMM) still counts.
         let now = self.dev.mem_info().map_or(0, |(free, total)| total.saturating_sub(free) as u64);
-        super::workspace::log_memory(&self.dev.stream, "at the peak query", 0);
+        super::device::log_memory(&self.dev.stream, "at the peak query", 0);
         Some(self.peak_used.max(now))
     }
     fn measure_copy_bandwidth(&mut self) -> Option<f64> {

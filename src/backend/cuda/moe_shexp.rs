@@ -22,7 +22,7 @@ use cudarc::driver::CudaStream;
 
 use super::kernels::Kernels;
 use super::launch::Dev;
-pub use super::moe::ShexpPairs;
+use super::moe::ShexpPairs;
 use super::moe::{pair_ffn, pair_path, MoeLayerW, MoeWork, PairPath};
 use super::CudaError;
 

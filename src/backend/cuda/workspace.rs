@@ -72,7 +72,7 @@ pub(super) fn grow<T: DeviceRepr + ValidAsZeroBits>(
     Ok(false)
 }
 
-pub(super) use super::device::log_memory;
+use super::device::log_memory;
 
 pub(super) fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
     // Every buffer is grown before use; an absent one would be a bug in `ensure_work`.
