@@ -64,6 +64,40 @@ enum Cmd {
     /// decode rate. Exit 1 when the device --device auto picks cannot run (or, with
     /// --require-gpu, when no GPU can); the CPU backend always counts as usable.
     Doctor(DoctorCliArgs),
+    /// Write a random-weight GGUF of a real model's shape (e.g. qwen3-30b-a3b in q4_k_m): the
+    /// tensor names, formats and sizes of the real file, so jobs, benchmarks and memory plans
+    /// can run before (or without) the real weights. The text it generates is noise.
+    Synth(SynthCliArgs),
+}
+
+#[derive(Args)]
+struct SynthCliArgs {
+    /// Shape name (as `bench --synthetic`): qwen3-8b, qwen3-30b-a3b, llama3-8b, ... (not the
+    /// Gated DeltaNet hybrids).
+    #[arg(long)]
+    shape: String,
+    /// Storage mix, as `quantize --type`: q4_k_m, q4_k_s, q5_k_m, q6_k, q8_0, q4_0, f16.
+    #[arg(long = "type", default_value = "q4_k_m")]
+    qtype: String,
+    /// Hugging Face directory whose tokenizer.json (byte-level BPE), tokenizer_config.json and
+    /// chat template go into the file; its vocabulary is padded to the shape's with unused tokens.
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// Output GGUF file (written as <output>.partial, renamed when complete).
+    #[arg(long)]
+    output: PathBuf,
+    /// Seed of the random weights (the same seed writes the same file).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Replace an existing output file.
+    #[arg(long)]
+    force: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+    /// No progress line.
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(Args)]
@@ -634,6 +668,19 @@ fn run(cli: Cli) -> Result<Code> {
             };
             let summary = dustoff::commands::eval::run(&args)?;
             print_report(a.json, &summary, summary.to_text())?;
+            Ok(Code::Ok)
+        }
+        Cmd::Synth(a) => {
+            let o = dustoff::model::synth_gguf::SynthOptions {
+                shape: a.shape,
+                qtype: a.qtype,
+                tokenizer: a.tokenizer,
+                output: a.output,
+                seed: a.seed,
+                force: a.force,
+            };
+            let summary = dustoff::commands::synth::run(&o, a.quiet)?;
+            print_report(a.json, &summary, format!("{}\n", summary.to_text()))?;
             Ok(Code::Ok)
         }
         Cmd::Merge(a) => {

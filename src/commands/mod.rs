@@ -14,4 +14,5 @@ pub mod job_adapters;
 pub mod kernels;
 pub mod quantize;
 pub mod run;
+pub mod synth;
 pub mod tokenize;

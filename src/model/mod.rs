@@ -14,4 +14,5 @@ pub mod rope;
 pub mod safetensors;
 pub mod shapes;
 pub mod synth;
+pub mod synth_gguf;
 pub mod weights;

@@ -1,12 +1,12 @@
 //! Quantization types (the `--type` of `dustoff quantize`) and the rules that pick each tensor's
 //! storage type, following the conventions llama.cpp's quantizer made familiar:
 //!
-//! - 1-D tensors (norms, biases) and `rope_freqs.weight` stay F32.
+//! - 1-D tensors (norms, biases), `rope_freqs.weight` and MoE routers (`ffn_gate_inp`) stay F32.
 //! - The output head (`output.weight`, or `token_embd.weight` when the embedding is tied) is
 //!   Q6_K for every type except q8_0 (Q8_0) and f16 (F16).
-//! - `_M` mixes (q4_k_m, q5_k_m): `attn_v` and `ffn_down` of "more bits" layers get Q6_K: the
-//!   first and last eighth of the layers and every third layer in between
-//!   (`i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2`).
+//! - `_M` mixes (q4_k_m, q5_k_m): `attn_v` and `ffn_down` (the stacked `ffn_down_exps` too) of
+//!   "more bits" layers get Q6_K: the first and last eighth of the layers and every third layer
+//!   in between (`i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2`).
 //! - q4_k_s: `attn_v` of layers 0-3 and `ffn_down` of the first eighth of the layers get Q5_K.
 //! - Everything else (the untied embedding included) gets the type's base: Q4_K, Q5_K, Q6_K,
 //!   Q8_0, Q4_0 or F16.
@@ -105,7 +105,8 @@ fn preferred(t: QuantType, name: &str, is_head: bool, n_layers: usize) -> GgmlTy
     }
     let layer = layer_of(name);
     let v = name.ends_with(".attn_v.weight");
-    let down = name.ends_with(".ffn_down.weight");
+    // Stacked experts (`ffn_down_exps`) follow the dense down projection's rule, as llama.cpp's.
+    let down = name.ends_with(".ffn_down.weight") || name.ends_with(".ffn_down_exps.weight");
     match (t, layer) {
         (QuantType::Q4KM | QuantType::Q5KM, Some(i)) if (v || down) && more_bits(i, n_layers) => GgmlType::Q6K,
         (QuantType::Q4KS, Some(i)) if (v && i < 4) || (down && i < n_layers / 8) => GgmlType::Q5K,
@@ -134,7 +135,9 @@ pub struct Choice {
 /// The storage type of tensor `name` (`shape` row-major, outermost first). `tied_head`: the
 /// model has no `output.weight`, so `token_embd.weight` is also the output head.
 pub fn choose(t: QuantType, name: &str, shape: &[usize], tied_head: bool, n_layers: usize) -> Choice {
-    if shape.len() < 2 || !name.ends_with(".weight") || name == "rope_freqs.weight" {
+    // The MoE router stays F32 as in llama.cpp: a 4-bit router changes which experts run.
+    let router = name.ends_with(".ffn_gate_inp.weight");
+    if shape.len() < 2 || !name.ends_with(".weight") || name == "rope_freqs.weight" || router {
         return Choice { dtype: GgmlType::F32, fallback_from: None };
     }
     let is_head = name == "output.weight" || (tied_head && name == "token_embd.weight");
@@ -163,6 +166,11 @@ mod tests {
         assert_eq!(c("token_embd.weight", 1536), GgmlType::Q4K);
         assert_eq!(choose(QuantType::Q4KM, "token_embd.weight", &[10, 256], true, 30).dtype, GgmlType::Q6K);
         assert_eq!(choose(QuantType::Q4KM, "blk.0.attn_norm.weight", &[576], false, 30).dtype, GgmlType::F32);
+        let moe = |name: &str| choose(QuantType::Q4KM, name, &[128, 2048, 768], false, 48).dtype;
+        assert_eq!(moe("blk.0.ffn_down_exps.weight"), GgmlType::Q6K);
+        assert_eq!(moe("blk.6.ffn_down_exps.weight"), GgmlType::Q4K);
+        assert_eq!(moe("blk.0.ffn_up_exps.weight"), GgmlType::Q4K);
+        assert_eq!(choose(QuantType::Q4KM, "blk.0.ffn_gate_inp.weight", &[128, 2048], false, 48).dtype, GgmlType::F32);
     }
 
     #[test]

@@ -1,0 +1,289 @@
+//! A random-weight GGUF file of a real model's shape (`dustoff synth`): a model to run jobs,
+//! benchmarks and memory plans on before the real weights are downloaded (or on machines that
+//! may not hold them), with the same tensor names, formats, byte counts and loader path as a
+//! file of that model quantized by `dustoff quantize` or llama.cpp.
+//!
+//! Weights: each matrix is made of blocks drawn (by a hash of the seed, the tensor and the
+//! block's position) from a pool of 4,096 blocks quantized from values uniform in
+//! +-sqrt(3 / cols), so outputs have about unit variance for unit-variance inputs, as in
+//! `synth::random_weights`. Norms are 1, biases and the router (F32, as llama.cpp keeps
+//! `ffn_gate_inp`) are uniform, so tokens spread over the experts as in real use. The text such
+//! a model writes is noise; its speed and memory are those of the real model.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+
+use super::config::{Arch, ModelConfig};
+use super::gguf::Value;
+use super::gguf_writer::{model_kv, tokenizer_kv, write_gguf, GgufWriteError, TensorOut};
+use super::hf::{tensor_plan, HfExtras};
+use super::quant::{quantize_row, GgmlType};
+use super::shapes::{shape, SHAPES};
+use crate::quantize::mix::{choose, QuantType, TYPE_NAMES};
+
+/// Blocks in each (format, row length) pool.
+const POOL_BLOCKS: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("unknown shape '{0}' (known: {known})", known = SHAPES.join(", "))]
+    UnknownShape(String),
+    #[error(
+        "shape '{0}' is a hybrid (Gated DeltaNet) model: synthetic GGUF files are written for the \
+         llama, qwen2, qwen3 and qwen3moe shapes (bench --synthetic runs the hybrids in memory)"
+    )]
+    Hybrid(String),
+    #[error("unknown --type '{0}' (known: {TYPE_NAMES})")]
+    UnknownType(String),
+    #[error("{0} exists; pass --force to replace it")]
+    Exists(PathBuf),
+    #[error(transparent)]
+    Write(#[from] GgufWriteError),
+}
+
+impl SynthError {
+    /// Errors of the arguments (exit status 2), as opposed to failures while writing.
+    pub fn is_usage(&self) -> bool {
+        !matches!(self, SynthError::Write(GgufWriteError::Io { .. }))
+    }
+}
+
+pub struct SynthOptions {
+    /// A name of `shapes::SHAPES`.
+    pub shape: String,
+    /// A `dustoff quantize --type` name.
+    pub qtype: String,
+    /// A Hugging Face directory whose `tokenizer.json` (byte-level BPE) is written into the file,
+    /// its token list padded to the shape's vocabulary with unused tokens.
+    pub tokenizer: PathBuf,
+    pub output: PathBuf,
+    pub seed: u64,
+    pub force: bool,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct SynthSummary {
+    pub output: PathBuf,
+    pub shape: String,
+    pub qtype: String,
+    pub tensors: usize,
+    pub file_bytes: u64,
+    /// Bytes of tensor data per storage format.
+    pub bytes_by_type: Vec<(String, u64)>,
+}
+
+impl SynthSummary {
+    pub fn to_text(&self) -> String {
+        let by: Vec<String> =
+            self.bytes_by_type.iter().map(|(t, b)| format!("{t} {:.2} GB", *b as f64 / 1e9)).collect();
+        format!(
+            "wrote {} ({} {}, random weights): {} tensors, {:.2} GB ({})",
+            self.output.display(),
+            self.shape,
+            self.qtype,
+            self.tensors,
+            self.file_bytes as f64 / 1e9,
+            by.join(", ")
+        )
+    }
+}
+
+/// What one tensor of the file holds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fill {
+    Ones,
+    /// Uniform in +-amplitude (F32 vectors and the router).
+    Uniform(f32),
+    /// Blocks from the pool of (format, row length).
+    Blocks,
+}
+
+/// The tensors of shape `c` in GGUF order (experts stacked as `[n_experts, rows, cols]`), with
+/// the storage type `qtype` gives each and what fills it.
+fn file_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<(TensorOut, Fill)> {
+    let extras = HfExtras { hf_arch: String::new(), qkv_bias: c.arch == Arch::Qwen2 };
+    let mut out: Vec<(TensorOut, Fill)> = Vec::new();
+    for p in tensor_plan(c, &extras) {
+        let name = p.gguf;
+        if p.expert.is_some() {
+            // One stacked tensor per layer and projection, met first at expert 0.
+            if let Some((t, _)) = out.iter_mut().find(|(t, _)| t.name == name) {
+                t.shape[0] += 1;
+                continue;
+            }
+        }
+        let shape = match p.expert {
+            Some(_) => [vec![1], p.shape].concat(),
+            None => p.shape,
+        };
+        let (dtype, fill) = if shape.len() == 1 {
+            let bias = name.ends_with(".bias");
+            (GgmlType::F32, if bias { Fill::Uniform(0.1) } else { Fill::Ones })
+        } else {
+            let dtype = choose(qtype, &name, &shape, c.tied_embeddings, c.n_layers).dtype;
+            // The router (kept F32 by `choose`) as values, every matrix else as blocks.
+            let router = name.ends_with("ffn_gate_inp.weight");
+            (dtype, if router { Fill::Uniform((3.0 / c.dim as f32).sqrt()) } else { Fill::Blocks })
+        };
+        out.push((TensorOut { name, dtype, shape }, fill));
+    }
+    out
+}
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// A pool of `POOL_BLOCKS` units of `unit` elements of `dtype`, quantized from uniform values
+/// for rows of `cols` elements.
+fn pool(dtype: GgmlType, cols: usize, unit: usize, seed: u64) -> Vec<u8> {
+    let a = (3.0 / cols as f32).sqrt();
+    let mut rng = StdRng::seed_from_u64(seed ^ (cols as u64) << 8 ^ dtype as u64);
+    let vals: Vec<f32> = (0..POOL_BLOCKS * unit).map(|_| rng.random_range(-a..a)).collect();
+    quantize_row(dtype, &vals)
+}
+
+/// Elements per pool unit: the format's block, at least 32 elements where rows allow it.
+fn unit_of(dtype: GgmlType, cols: usize) -> usize {
+    let b = dtype.block_size();
+    if b < 32 && cols.is_multiple_of(32) {
+        32
+    } else {
+        b
+    }
+}
+
+fn tensor_bytes(
+    t: &TensorOut,
+    fill: Fill,
+    idx: usize,
+    seed: u64,
+    pools: &HashMap<(GgmlType, usize), Vec<u8>>,
+) -> Vec<u8> {
+    let n: usize = t.shape.iter().product();
+    match fill {
+        Fill::Ones => (0..n).flat_map(|_| 1f32.to_le_bytes()).collect(),
+        Fill::Uniform(a) => {
+            let mut rng = StdRng::seed_from_u64(seed ^ splitmix64(idx as u64));
+            (0..n).flat_map(|_| rng.random_range(-a..a).to_le_bytes()).collect()
+        }
+        Fill::Blocks => {
+            let cols = *t.shape.last().unwrap_or(&1);
+            let unit = unit_of(t.dtype, cols);
+            let ub = t.dtype.row_bytes(unit).unwrap_or(0);
+            let pool = &pools[&(t.dtype, cols)];
+            let mut out = vec![0u8; n / unit * ub];
+            let key = splitmix64(seed ^ splitmix64(idx as u64 + 1));
+            out.par_chunks_mut(ub * 1024).enumerate().for_each(|(c, chunk)| {
+                for (j, u) in chunk.chunks_mut(ub).enumerate() {
+                    let pick = (splitmix64(key ^ (c * 1024 + j) as u64) % POOL_BLOCKS as u64) as usize;
+                    u.copy_from_slice(&pool[pick * ub..(pick + 1) * ub]);
+                }
+            });
+            out
+        }
+    }
+}
+
+/// Writes the file (complete or not at all: `write_gguf` renames it into place at the end).
+/// `progress(done, total)` is called after each tensor with bytes of tensor data.
+pub fn write_synthetic_gguf(o: &SynthOptions, mut progress: impl FnMut(u64, u64)) -> Result<SynthSummary, SynthError> {
+    let c = shape(&o.shape).ok_or_else(|| SynthError::UnknownShape(o.shape.clone()))?;
+    if c.hybrid.is_some() {
+        return Err(SynthError::Hybrid(o.shape.clone()));
+    }
+    let qtype = QuantType::parse(&o.qtype).ok_or_else(|| SynthError::UnknownType(o.qtype.clone()))?;
+    if o.output.exists() && !o.force {
+        return Err(SynthError::Exists(o.output.clone()));
+    }
+    let tensors = file_tensors(&c, qtype);
+    let mut kv = model_kv(&c, &format!("synthetic {} ({})", o.shape, qtype.name()));
+    for (k, v) in kv.iter_mut() {
+        if k == "general.file_type" {
+            *v = Value::U32(qtype.file_type());
+        }
+    }
+    kv.push(("general.quantization_version".into(), Value::U32(2)));
+    kv.extend(tokenizer_kv(&o.tokenizer, c.vocab_size)?);
+
+    let mut pools: HashMap<(GgmlType, usize), Vec<u8>> = HashMap::new();
+    for (t, fill) in &tensors {
+        let cols = *t.shape.last().unwrap_or(&1);
+        if *fill == Fill::Blocks && !pools.contains_key(&(t.dtype, cols)) {
+            pools.insert((t.dtype, cols), pool(t.dtype, cols, unit_of(t.dtype, cols), o.seed));
+        }
+    }
+    let sizes: Vec<u64> = tensors.iter().map(|(t, _)| data_bytes(t)).collect();
+    let total: u64 = sizes.iter().sum();
+    let mut done = 0u64;
+    let outs: Vec<TensorOut> = tensors.iter().map(|(t, _)| t.clone()).collect();
+    write_gguf::<SynthError>(&o.output, &kv, &outs, |i| {
+        let (t, fill) = &tensors[i];
+        let b = tensor_bytes(t, *fill, i, o.seed, &pools);
+        done += sizes[i];
+        progress(done, total);
+        Ok(b)
+    })?;
+    let mut by: Vec<(String, u64)> = Vec::new();
+    for (t, s) in outs.iter().zip(&sizes) {
+        match by.iter_mut().find(|(n, _)| *n == t.dtype.name()) {
+            Some((_, b)) => *b += s,
+            None => by.push((t.dtype.name().to_string(), *s)),
+        }
+    }
+    let file_bytes = std::fs::metadata(&o.output).map(|m| m.len()).unwrap_or(0);
+    Ok(SynthSummary {
+        output: o.output.clone(),
+        shape: o.shape.clone(),
+        qtype: qtype.name().into(),
+        tensors: outs.len(),
+        file_bytes,
+        bytes_by_type: by,
+    })
+}
+
+fn data_bytes(t: &TensorOut) -> u64 {
+    let cols = *t.shape.last().unwrap_or(&1);
+    let rows: usize = t.shape.iter().rev().skip(1).product();
+    (t.dtype.row_bytes(cols).unwrap_or(0) * rows) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qwen3_30b_a3b_q4_k_m_has_the_llama_cpp_mix_and_size() {
+        let c = shape("qwen3-30b-a3b").unwrap();
+        let t = file_tensors(&c, QuantType::Q4KM);
+        let find = |n: &str| t.iter().find(|(x, _)| x.name == n).unwrap().0.clone();
+        let down0 = find("blk.0.ffn_down_exps.weight");
+        assert_eq!((down0.shape.clone(), down0.dtype), (vec![128, 2048, 768], GgmlType::Q6K));
+        assert_eq!(find("blk.6.ffn_down_exps.weight").dtype, GgmlType::Q4K);
+        assert_eq!(find("blk.6.ffn_gate_exps.weight").shape, vec![128, 768, 2048]);
+        assert_eq!(find("blk.3.ffn_gate_inp.weight").dtype, GgmlType::F32);
+        assert_eq!(find("output.weight").dtype, GgmlType::Q6K);
+        // 3 stacked expert tensors, router, q/k/v/o, 4 norms per layer; embedding, head, norm.
+        assert_eq!(t.len(), 48 * 12 + 3);
+        let total: u64 = t.iter().map(|(x, _)| data_bytes(x)).sum();
+        // llama.cpp's Q4_K_M file of this shape is 18.56 GB.
+        assert!((18.3e9..18.8e9).contains(&(total as f64)), "{total}");
+    }
+
+    #[test]
+    fn pool_blocks_fill_whole_rows() {
+        let t = TensorOut { name: "blk.0.attn_q.weight".into(), dtype: GgmlType::Q4K, shape: vec![3, 512] };
+        let pools = HashMap::from([((GgmlType::Q4K, 512), pool(GgmlType::Q4K, 512, 256, 1))]);
+        let b = tensor_bytes(&t, Fill::Blocks, 0, 7, &pools);
+        assert_eq!(b.len() as u64, data_bytes(&t));
+        assert_ne!(b, tensor_bytes(&t, Fill::Blocks, 1, 7, &pools), "tensors draw different blocks");
+        assert_eq!(b, tensor_bytes(&t, Fill::Blocks, 0, 7, &pools), "the same seed gives the same file");
+    }
+}
