@@ -177,8 +177,22 @@ pub fn make_backend_weights(
                 f16_weights,
                 ..cuda_options(ordinal, blocks, (max_batch_tokens, seqs), ptx_dir)
             };
-            let b = crate::backend::cuda::model::CudaBackend::new(cfg.clone(), w, &opts)
+            let t = std::time::Instant::now();
+            let mut b = crate::backend::cuda::model::CudaBackend::new(cfg.clone(), w, &opts)
                 .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
+            let placed = t.elapsed().as_secs_f64();
+            // Kernels now, not inside the first step: a first start from compute_70 PTX on a
+            // new GPU (or driver) spends about a minute in the driver's JIT, which the operator
+            // should see named rather than as a stalled job.
+            let t = std::time::Instant::now();
+            b.load_kernels().with_context(|| format!("loading the CUDA kernels on cuda:{ordinal}"))?;
+            let kernels = t.elapsed().as_secs_f64();
+            let jit = if kernels > 10.0 {
+                " (compiled for this GPU once; the driver caches them for the next start)"
+            } else {
+                ""
+            };
+            eprintln!("cuda:{ordinal}: weights placed in {placed:.1} s, kernels ready in {kernels:.1} s{jit}");
             Box::new(b)
         }
     };

@@ -101,8 +101,8 @@ impl DevMat {
             let w = s.clone_htod(&v).map_err(CudaError::driver(format!("uploading {what}")))?;
             return Ok((DevMat { rows, cols, data: MatData::F16(w) }, clamped));
         };
-        let bytes: Vec<u8> = ts.iter().flat_map(|t| t.bytes().iter().copied()).collect();
-        let (img, aux_off) = fmt.repack(&bytes, rows, cols);
+        let parts: Vec<&[u8]> = ts.iter().map(|t| t.bytes()).collect();
+        let (img, aux_off) = fmt.repack_parts(&parts, rows, cols);
         let buf = s.clone_htod(&img).map_err(CudaError::driver(format!("uploading {what}")))?;
         Ok((DevMat { rows, cols, data: MatData::Quant { fmt, buf, aux_off } }, 0))
     }
