@@ -49,6 +49,18 @@ impl Fixture {
     pub fn refs(&self) -> Vec<serde_json::Value> {
         refs(&self.data_dir())
     }
+    /// [`generate_cli`] on both forms, in a fresh folder `dir_name`.
+    pub fn generate_cli_both_forms(&self, dir_name: &str) {
+        let (dir, r) = (crate::common::tmpdir(dir_name), self.refs());
+        generate_cli(crate::common::bin(), &self.hf_path(), &r, &dir, "hf");
+        generate_cli(crate::common::bin(), &self.gguf_path(), &r, &dir, "gguf");
+    }
+    /// [`tokenizes_refs`] on both forms.
+    pub fn both_forms_tokenize_refs(&self) {
+        let r = self.refs();
+        tokenizes_refs(&self.hf(), &r);
+        tokenizes_refs(&self.gguf(), &r);
+    }
 }
 
 pub fn refs(dir: &Path) -> Vec<serde_json::Value> {
