@@ -13,6 +13,7 @@ mod calibrate;
 #[path = "../common/mod.rs"]
 mod common;
 mod deltanet;
+mod deltanet_case;
 mod fused_norm;
 mod hybrid_diag;
 mod hybrid_moe;
