@@ -168,12 +168,25 @@ fn grouping_by_expert_equals_the_cpu_counting_sort() {
 
 /// Distinct random experts for each of `n` tokens (`k` each), as a router would choose.
 fn random_ids(g: &mut Gpu, n: usize, e: usize, k: usize) -> Vec<u32> {
+    distinct_ids(g, n, k, None, 0..e as u32, None)
+}
+
+/// `k` distinct experts for each of `n` tokens: `first` in every token's slot 0 where given,
+/// the other slots drawn uniformly from `draw`, never `skip`.
+pub(super) fn distinct_ids(
+    g: &mut Gpu,
+    n: usize,
+    k: usize,
+    first: Option<u32>,
+    draw: std::ops::Range<u32>,
+    skip: Option<u32>,
+) -> Vec<u32> {
     let mut ids = Vec::with_capacity(n * k);
     for _ in 0..n {
-        let mut chosen: Vec<u32> = Vec::new();
+        let mut chosen: Vec<u32> = first.into_iter().collect();
         while chosen.len() < k {
-            let c = g.rng.random_range(0..e as u32);
-            if !chosen.contains(&c) {
+            let c = g.rng.random_range(draw.clone());
+            if Some(c) != skip && !chosen.contains(&c) {
                 chosen.push(c);
             }
         }
