@@ -25,8 +25,8 @@ use super::{compare, gpu, opts, run_greedy, Gpu};
 
 const TOKEN_COUNTS: &[usize] = &[1, 2, 7, 8, 9, 33];
 
-/// Every format the expert kernels read: the block formats and F16.
-const FORMATS: &[GgmlType] = &[
+/// The block formats the expert kernels read (moe_q8.rs tests each on int8 activations).
+pub(super) const PACKED: &[GgmlType] = &[
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -35,8 +35,12 @@ const FORMATS: &[GgmlType] = &[
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
-    GgmlType::F16,
 ];
+
+/// Every format the expert kernels read: the block formats and F16.
+fn formats() -> impl Iterator<Item = GgmlType> {
+    PACKED.iter().copied().chain([GgmlType::F16])
+}
 
 fn tensor(g: &mut Gpu, dtype: GgmlType, name: &str, rows: usize, cols: usize) -> Tensor {
     let a = (3.0 / cols as f32).sqrt();
@@ -202,7 +206,7 @@ fn grouped_expert_products_every_format_and_token_count() {
     let Some(mut g) = gpu("moe expert products") else { return };
     let s = g.dev.stream.clone();
     let (e, dim, f, k) = (8, 512, 256, 3);
-    for &dtype in FORMATS {
+    for dtype in formats() {
         let w = layer(&mut g, e, dim, f, k, dtype, dtype);
         let (lw, _) = MoeLayerW::upload(&s, &w, false, "test layer").unwrap();
         for &n in TOKEN_COUNTS {
@@ -303,7 +307,7 @@ fn down_sum_equals_cpu_down_then_slot_order_sum() {
     let Some(mut g) = gpu("moe down sum") else { return };
     let s = g.dev.stream.clone();
     let (e, dim, f) = (8, 512, 256);
-    for &dtype in FORMATS {
+    for dtype in formats() {
         for k in [8usize, 1] {
             let w = layer(&mut g, e, dim, f, k, dtype, dtype);
             let (lw, _) = MoeLayerW::upload(&s, &w, false, "test layer").unwrap();

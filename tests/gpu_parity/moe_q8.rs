@@ -11,19 +11,8 @@ use dustoff::backend::cuda::moe_q8::MoeGateUpQ8;
 use dustoff::backend::cuda::q8x::matmul_q8x;
 use dustoff::model::quant::GgmlType;
 
-use super::moe::{distinct_ids, layer};
+use super::moe::{distinct_ids, layer, PACKED};
 use super::{compare, gpu, Gpu};
-
-const PACKED: &[GgmlType] = &[
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
 
 fn op(kind: &str, t: GgmlType) -> String {
     format!("{kind}_{}", t.name().to_ascii_lowercase())
