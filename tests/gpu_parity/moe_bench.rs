@@ -70,7 +70,7 @@ fn moe_bench() {
 fn moe_kernel_breakdown() {
     use dustoff::backend::cuda::launch::Dev;
     use dustoff::backend::cuda::moe::{
-        MoeCombine, MoeDownSum, MoeGroup, MoeLayerW, MoeMat, MoeRoute, MoeRouteFused, MoeWork, Walk,
+        MoeCombine, MoeDownSum, MoeGroup, MoeLayerW, MoeMat, MoeRouteFused, MoeWork, Walk,
     };
     use dustoff::backend::cuda::moe_gemm::{GemmOut, MoeGather, MoeGemm, Tile};
 
@@ -109,18 +109,7 @@ fn moe_kernel_breakdown() {
     };
     for n in [1usize, 8, 64, 768] {
         let pairs = n * k;
-        let route = |l: &MoeLayerW| MoeRoute {
-            x: hd,
-            w: Dev::of(&l.router, &s),
-            logits,
-            ids,
-            wts,
-            n_tok: n,
-            dim,
-            n_experts: e,
-            k,
-            norm: l.norm_topk_prob,
-        };
+        let route = |l: &MoeLayerW| layer_route(l, &s, hd, (logits, ids, wts), n);
         // Route every layer once, so that ids / groups hold a real routing for the timed launch.
         let t_route = time(&mut g, &mut |g| route(&layers[next()]).launch(&mut g.k, &s).unwrap());
         row(n, "router logits + top-k (2 launches)", t_route, 0.0);
@@ -237,6 +226,25 @@ fn bench_layers(
     (g, bw, c, m, layers)
 }
 
+/// The router of layer `l` over `n` tokens of `x` (`[n, dim]`): logits, expert ids and weights
+/// (`[n, n_used]`) into the given buffers.
+fn layer_route(
+    l: &dustoff::backend::cuda::moe::MoeLayerW,
+    s: &cudarc::driver::CudaStream,
+    x: dustoff::backend::cuda::launch::Dev<f32>,
+    (logits, ids, wts): (
+        dustoff::backend::cuda::launch::Dev<f32>,
+        dustoff::backend::cuda::launch::Dev<i32>,
+        dustoff::backend::cuda::launch::Dev<f32>,
+    ),
+    n: usize,
+) -> dustoff::backend::cuda::moe::MoeRoute {
+    use dustoff::backend::cuda::launch::Dev;
+    let w = Dev::of(&l.router, s);
+    let (dim, n_experts, k, norm) = (l.dim, l.n_experts, l.n_used, l.norm_topk_prob);
+    dustoff::backend::cuda::moe::MoeRoute { x, w, logits, ids, wts, n_tok: n, dim, n_experts, k, norm }
+}
+
 /// Median GPU time per layer of `f(layer)` over `n_layers` layers, captured once as a CUDA graph
 /// (one launch after another as in a replayed decode step, no host gaps) and replayed.
 fn time_graph_layers(g: &mut super::Gpu, n_layers: usize, f: &mut dyn FnMut(&mut super::Gpu, usize)) -> f64 {
@@ -258,7 +266,7 @@ fn time_graph_layers(g: &mut super::Gpu, n_layers: usize, f: &mut dyn FnMut(&mut
 #[ignore]
 fn moe_pair_graph_breakdown() {
     use dustoff::backend::cuda::launch::Dev;
-    use dustoff::backend::cuda::moe::{MoeDownSum, MoeMat, MoeRoute, MoeRouteFused, MoeWork, Walk};
+    use dustoff::backend::cuda::moe::{MoeDownSum, MoeMat, MoeRouteFused, MoeWork, Walk};
     use dustoff::backend::cuda::moe_q8::MoeGateUpQ8;
 
     const L: usize = 6;
@@ -297,19 +305,7 @@ fn moe_pair_graph_breakdown() {
         };
         let route = |g: &mut super::Gpu, l: usize| {
             let (logits, ids, wts, _) = d(&works[l]);
-            let lw = &layers[l];
-            let r = MoeRoute {
-                x: hd,
-                w: Dev::of(&lw.router, &s),
-                logits,
-                ids,
-                wts,
-                n_tok: n,
-                dim,
-                n_experts: e,
-                k,
-                norm: lw.norm_topk_prob,
-            };
+            let r = layer_route(&layers[l], &s, hd, (logits, ids, wts), n);
             let count = Dev::of(works[l].route_count.as_ref().unwrap(), &s);
             MoeRouteFused { route: r, count }.launch(&mut g.k, &s).unwrap();
         };
