@@ -155,16 +155,7 @@ fn delta_rule_with_the_gated_norm_in_one_kernel_equals_the_cpu() {
         let (td, pd, od) = (g.up(&table), g.up(pool), g.poisoned(n * vd));
         let pool_v = StatePool { state: g.d(&pd), slot_stride: per_slot, layer_off: 0, chunks: g.d(&td), max_chunks };
         let recur = cs.recur((g.d(&md), g.d(&pjd), g.d(&od)), pool_v, r.mats_off, n);
-        let norm = DnGatedNorm {
-            o: g.d(&od),
-            z: g.d(&pjd).offset(c),
-            z_stride: ps,
-            w: g.d(&wd),
-            n_tok: n,
-            n_v: cs.nv,
-            d_v: cs.dv,
-            eps,
-        };
+        let norm = cs.gated_norm(g.d(&od), g.d(&pjd), g.d(&wd), n, eps);
         let (ql_off, xs_off, total) = q8x_bytes(n, vd);
         let xq = g.zeros::<u8>(total);
         DnRecurNorm { recur: &recur, norm: &norm, xq: Some(g.d(&xq)) }.launch(&mut g.k, &s).unwrap();
@@ -401,16 +392,7 @@ fn deltanet_layer_timings() {
             DnConv { x: g.d(&xd), x_stride: ps, out: g.d(&md), w: g.d(&wd), pool, n_tok: n, channels: c, kernel: kk };
         let prep = cs.prep(g.d(&md), g.d(&xd), (g.d(&nad), g.d(&dtd)), n);
         let recur = cs.recur((g.d(&md), g.d(&xd), g.d(&od)), pool, (kk - 1) * c, n);
-        let norm = DnGatedNorm {
-            o: g.d(&od),
-            z: g.d(&xd).offset(c),
-            z_stride: ps,
-            w: g.d(&nwd),
-            n_tok: n,
-            n_v: cs.nv,
-            d_v: cs.dv,
-            eps: 1e-6,
-        };
+        let norm = cs.gated_norm(g.d(&od), g.d(&xd), g.d(&nwd), n, 1e-6);
         let t_conv = super::bench::time(&mut g, &mut |g| conv.launch(&mut g.k, &s).unwrap());
         let t_prep = super::bench::time(&mut g, &mut |g| prep.launch(&mut g.k, &s).unwrap());
         let t_recur = super::bench::time(&mut g, &mut |g| recur.launch(&mut g.k, &s).unwrap());

@@ -6,7 +6,7 @@
 use dustoff::backend::cpu::deltanet::{
     conv1d_silu, delta_rule_chunked, delta_rule_step, gates_inplace, l2norm_inplace,
 };
-use dustoff::backend::cuda::deltanet::{DnPrep, DnRecur, StatePool};
+use dustoff::backend::cuda::deltanet::{DnGatedNorm, DnPrep, DnRecur, StatePool};
 use dustoff::backend::cuda::launch::Dev;
 
 use super::Gpu;
@@ -115,6 +115,15 @@ impl Case {
             a_off,
             tiled: self.tiled,
         }
+    }
+}
+
+impl Case {
+    /// `dn_gated_norm_f32` in place on `o` (`[n, n_v d_v]`), gated by the z columns of `proj`
+    /// (right after the q|k|v channels of each row), weights `w` (`[d_v]`).
+    pub fn gated_norm(&self, o: Dev<f32>, proj: Dev<f32>, w: Dev<f32>, n: usize, eps: f32) -> DnGatedNorm {
+        let (channels, z_stride) = (self.channels(), self.proj_stride());
+        DnGatedNorm { o, z: proj.offset(channels), z_stride, w, n_tok: n, n_v: self.nv, d_v: self.dv, eps }
     }
 }
 
