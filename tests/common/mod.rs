@@ -92,6 +92,19 @@ pub fn in_out_cmd(args: &[&str], dir: &Path) -> Command {
     c
 }
 
+/// A test path as `&str` (for command arguments; test paths are UTF-8).
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `p` with `suffix` appended to its last component (`out.jsonl` -> `out.jsonl.dustoff`: the
+/// checkpoint folder beside an output).
+pub fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
+    let mut o = p.as_os_str().to_owned();
+    o.push(suffix);
+    PathBuf::from(o)
+}
+
 pub fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("dustoff-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
