@@ -24,8 +24,7 @@ use dustoff::model::config::Arch;
 use dustoff::model::hybrid::{HeadGrouping, HybridLayer};
 use dustoff::model::loader::LoadedModel;
 use hybrid_refs::{
-    backend, check_against_refs_with, engine_run, forms_agree, generate_cli, tokenizes_refs,
-    vision_language_layout_matches, Fixture, Run,
+    backend, check_against_refs_with, engine_run, forms_agree, vision_language_layout_matches, Fixture, Run,
 };
 
 const FIXTURE: Fixture = Fixture { dir: "qwen3_5", gguf: "qwen3_5-f16.gguf" };
@@ -228,16 +227,12 @@ fn a_chunk_that_does_not_continue_its_recurrent_state_is_refused() {
 
 #[test]
 fn generate_cli_runs_both_forms() {
-    let (dir, r) = (tmpdir("qwen35-generate"), FIXTURE.refs());
-    generate_cli(bin(), &FIXTURE.hf_path(), &r, &dir, "hf");
-    generate_cli(bin(), &FIXTURE.gguf_path(), &r, &dir, "gguf");
+    FIXTURE.generate_cli_both_forms("qwen35-generate");
 }
 
 #[test]
 fn both_forms_tokenize_the_reference_texts() {
-    for m in [FIXTURE.hf(), FIXTURE.gguf()] {
-        tokenizes_refs(&m, &FIXTURE.refs());
-    }
+    FIXTURE.both_forms_tokenize_refs();
 }
 
 /// The official Qwen3.5 releases are vision-language checkpoints: nested `text_config`,

@@ -69,12 +69,8 @@ fn engine_outputs_match_across_slots_prefix_reuse_chunking_order_and_preemption(
 
 #[test]
 fn generate_cli_runs_both_forms_and_both_tokenize_the_references() {
-    let dir = tmpdir("qwen35moe-generate");
-    let r = FIXTURE.refs();
-    generate_cli(bin(), &FIXTURE.hf_path(), &r, &dir, "hf");
-    generate_cli(bin(), &FIXTURE.gguf_path(), &r, &dir, "gguf");
-    tokenizes_refs(&FIXTURE.hf(), &r);
-    tokenizes_refs(&FIXTURE.gguf(), &r);
+    FIXTURE.generate_cli_both_forms("qwen35moe-generate");
+    FIXTURE.both_forms_tokenize_refs();
 }
 
 /// The official Qwen3.5 MoE releases are vision-language checkpoints

@@ -24,6 +24,8 @@ use dustoff::model::config::Arch;
 use dustoff::model::loader::{load_model, LoadedModel};
 use serde_json::Value as Json;
 
+use common::max_abs_diff;
+
 /// Margin below which two logits count as a near-tie for f32 arithmetic (README).
 const TAU: f64 = 0.02;
 /// Absolute logit tolerance against transformers (README; logits reach about +-30).
@@ -36,9 +38,7 @@ fn data_dir() -> PathBuf {
 }
 
 fn refs() -> Vec<Json> {
-    let p = data_dir().join("refs.jsonl");
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect()
+    common::read_jsonl(&data_dir().join("refs.jsonl"))
 }
 
 fn hf_model() -> LoadedModel {
@@ -51,11 +51,6 @@ fn gguf_model() -> LoadedModel {
 
 fn backend(m: &LoadedModel) -> CpuBackend {
     CpuBackend::new(m.config.clone(), m.weights.clone(), 16, 16)
-}
-
-fn max_abs_diff(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max)
 }
 
 /// Every assertion of the module docs for one form of the model; returns the largest logit

@@ -8,7 +8,6 @@ mod common;
 #[path = "hybrid_refs/mod.rs"]
 mod hybrid_refs;
 
-use common::{bin, tmpdir};
 use dustoff::model::config::Arch;
 use dustoff::model::hybrid::{HeadGrouping, HybridLayer};
 use dustoff::model::loader::LoadedModel;
@@ -61,10 +60,6 @@ fn engine_outputs_match_across_slots_prefix_reuse_chunking_order_and_preemption(
 
 #[test]
 fn generate_cli_runs_both_forms_and_both_tokenize_the_references() {
-    let dir = tmpdir("qwen3next-generate");
-    let r = FIXTURE.refs();
-    generate_cli(bin(), &FIXTURE.hf_path(), &r, &dir, "hf");
-    generate_cli(bin(), &FIXTURE.gguf_path(), &r, &dir, "gguf");
-    tokenizes_refs(&FIXTURE.hf(), &r);
-    tokenizes_refs(&FIXTURE.gguf(), &r);
+    FIXTURE.generate_cli_both_forms("qwen3next-generate");
+    FIXTURE.both_forms_tokenize_refs();
 }

@@ -24,14 +24,7 @@ fn tokenize_command_reproduces_every_reference_case() {
         .map(|c| serde_json::json!({"id": c["id"], "text": c["text"], "add_bos": c["add_bos"], "parse_special": c["parse_special"]}))
         .collect();
     write_lines(&d.join("in.jsonl"), &input);
-    let st = Command::new(bin())
-        .args(["tokenize", "--input"])
-        .arg(d.join("in.jsonl"))
-        .arg("--output")
-        .arg(d.join("out.jsonl"))
-        .current_dir(repo())
-        .status()
-        .unwrap();
+    let st = in_out_cmd(&["tokenize"], &d).status().unwrap();
     assert!(st.success());
     let out = read_lines(&d.join("out.jsonl"));
     assert_eq!(out.len(), cases.len());
@@ -52,14 +45,8 @@ fn generate_command_matches_f64_greedy_and_reports_bad_lines() {
     let mut text: String = input.iter().map(|l| format!("{l}\n")).collect();
     text.push_str("{not json\n");
     std::fs::write(d.join("in.jsonl"), text).unwrap();
-    let out = Command::new(bin())
-        .args(["generate", "--device", "cpu", "--max-tokens", "16", "--temperature", "0", "--input"])
-        .arg(d.join("in.jsonl"))
-        .arg("--output")
-        .arg(d.join("out.jsonl"))
-        .current_dir(repo())
-        .output()
-        .unwrap();
+    let out =
+        in_out_cmd(&["generate", "--device", "cpu", "--max-tokens", "16", "--temperature", "0"], &d).output().unwrap();
     // Exit code 3: some records became error rows, the rest finished.
     assert_eq!(out.status.code(), Some(3), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     let rows = read_lines(&d.join("out.jsonl"));

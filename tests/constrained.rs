@@ -191,6 +191,12 @@ fn dustoff(args: &[&str]) -> std::process::Output {
     Command::new(bin()).current_dir(repo()).args(args).output().expect("start dustoff")
 }
 
+/// `dustoff run <pipeline>` of `input` into `output` on the CPU with 8 slots, quietly.
+fn run_cpu(pipeline: &str, input: &str, output: &Path) -> std::process::Output {
+    let out = output.to_str().unwrap();
+    dustoff(&["run", pipeline, "--input", input, "--output", out, "--device", "cpu", "--slots", "8", "--quiet"])
+}
+
 fn rows(path: &Path) -> Vec<Value> {
     let t = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     t.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
@@ -222,19 +228,7 @@ fn shipped_extraction_and_classification_write_only_schema_valid_rows() {
     let inp = d.join("in.jsonl");
     std::fs::write(&inp, input).unwrap();
     let out = d.join("entities.jsonl");
-    let o = dustoff(&[
-        "run",
-        "extract-entities",
-        "--input",
-        inp.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "--device",
-        "cpu",
-        "--slots",
-        "8",
-        "--quiet",
-    ]);
+    let o = run_cpu("extract-entities", inp.to_str().unwrap(), &out);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let schema: Value =
         serde_json::from_slice(&std::fs::read(repo().join("pipelines/entities.schema.json")).unwrap()).unwrap();
@@ -253,19 +247,7 @@ fn shipped_extraction_and_classification_write_only_schema_valid_rows() {
     assert!(c["masks"].as_u64().unwrap() > 0 && c["mask_us_p99"].as_f64().unwrap() > 0.0, "{c}");
 
     let out = d.join("topics.jsonl");
-    let o = dustoff(&[
-        "run",
-        "classify",
-        "--input",
-        "samples/news.jsonl",
-        "--output",
-        out.to_str().unwrap(),
-        "--device",
-        "cpu",
-        "--slots",
-        "8",
-        "--quiet",
-    ]);
+    let o = run_cpu("classify", "samples/news.jsonl", &out);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let labels = ["politics", "business", "science", "technology", "sports", "weather", "support"];
     let r = rows(&out);

@@ -59,16 +59,6 @@ fn seed() -> u64 {
     }
 }
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn with_suffix(output: &Path, suffix: &str) -> PathBuf {
-    let mut p = output.as_os_str().to_owned();
-    p.push(suffix);
-    PathBuf::from(p)
-}
-
 fn checkpoint_dir(output: &Path) -> PathBuf {
     with_suffix(output, ".dustoff")
 }

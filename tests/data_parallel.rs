@@ -59,16 +59,6 @@ fn expect_code(o: &Output, want: i32, what: &str) {
     assert_eq!(code, want, "{what}: exit code {code}; stderr:\n{}", String::from_utf8_lossy(&o.stderr));
 }
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
-    let mut o = p.as_os_str().to_owned();
-    o.push(suffix);
-    PathBuf::from(o)
-}
-
 fn text(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }

@@ -47,18 +47,8 @@ fn expect_code(o: &Output, want: i32, what: &str) {
     assert_eq!(o.status.code(), Some(want), "{what}: stderr:\n{}", stderr(o));
 }
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 fn bytes(p: &Path) -> Vec<u8> {
     std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
-    let mut o = p.as_os_str().to_owned();
-    o.push(suffix);
-    PathBuf::from(o)
 }
 
 fn report(output: &Path) -> Value {

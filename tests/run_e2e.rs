@@ -42,10 +42,6 @@ fn expect_code(o: &Output, want: i32, what: &str) {
     assert_eq!(code(o), want, "{what}: exit code {}; stderr:\n{}", code(o), stderr(o));
 }
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 fn read_rows(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {e}: {l}", path.display()))).collect()

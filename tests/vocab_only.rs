@@ -16,16 +16,7 @@ fn tokenize_reads_a_vocab_only_gguf() {
     let d = tmpdir("vocab-tokenize");
     // "résumé" with decomposed accents: the qwen35 rule keeps each mark with its letter.
     std::fs::write(d.join("in.jsonl"), "{\"id\":\"a\",\"text\":\"re\u{301}sume\u{301}\"}\n").unwrap();
-    let out = Command::new(bin())
-        .args(["tokenize", "--model"])
-        .arg(vocab_gguf())
-        .arg("--input")
-        .arg(d.join("in.jsonl"))
-        .arg("--output")
-        .arg(d.join("out.jsonl"))
-        .current_dir(repo())
-        .output()
-        .unwrap();
+    let out = in_out_cmd(&["tokenize", "--model", vocab_gguf().to_str().unwrap()], &d).output().unwrap();
     assert!(out.status.success(), "tokenize failed: {}", String::from_utf8_lossy(&out.stderr));
     let row: serde_json::Value =
         serde_json::from_str(std::fs::read_to_string(d.join("out.jsonl")).unwrap().trim()).unwrap();

@@ -292,7 +292,7 @@ pub fn gguf_layer(g: &GgufFile, c: &ModelConfig, h: &HybridConfig, i: usize) -> 
     let m = |s: &str, rows, cols| Tensor::from_gguf(g, &n(s), rows, cols);
     let vec = |s: &str, len: usize| Tensor::from_gguf(g, &n(s), 1, len).map(|t| t.to_f32_vec());
     let (dim, qd, kvd) = (c.dim, c.q_dim(), c.kv_dim());
-    let (mix, wq, wk, wv, wo, q_norm, k_norm) = if h.recurrent[i] {
+    let mixer = if h.recurrent[i] {
         let (ch, vd, nv) = (h.conv_channels(), h.value_dim(), h.n_v_heads);
         let (w_b, w_a) = if g.tensor_info(&n("ssm_ba.weight")).is_some() {
             // qwen3next: b and a fused, grouped per key head.
@@ -336,20 +336,56 @@ pub fn gguf_layer(g: &GgufFile, c: &ModelConfig, h: &HybridConfig, i: usize) -> 
             Some(vec("attn_k_norm.weight", c.head_dim)?),
         )
     };
-    let (w_gate, w_up, w_down, moe) = match &c.moe {
+    let ffn = ffn_parts(
+        c,
+        i,
+        |mc| MoeWeights::from_gguf(g, i, dim, mc),
+        || {
+            Ok((
+                m("ffn_gate.weight", c.ffn_dim, dim)?,
+                m("ffn_up.weight", c.ffn_dim, dim)?,
+                m("ffn_down.weight", dim, c.ffn_dim)?,
+            ))
+        },
+    )?;
+    Ok(hybrid_layer(vec("attn_norm.weight", dim)?, vec("post_attention_norm.weight", dim)?, mixer, ffn))
+}
+
+/// A hybrid layer's token mixer as its loaders read it: the mixer, wq, wk, wv, wo (absent in
+/// a linear layer) and the q/k head norms (attention layers only).
+type Mixer = (HybridLayer, Tensor, Tensor, Tensor, Tensor, Option<Vec<f32>>, Option<Vec<f32>>);
+/// Its FFN: dense gate/up/down (empty in a sparse layer) and the experts of a sparse one.
+type Ffn = (Tensor, Tensor, Tensor, Option<MoeWeights>);
+
+/// Layer `i`'s FFN: the experts (`sparse`) where the MoE config makes it sparse, else the dense
+/// matrices (`dense`).
+fn ffn_parts<E>(
+    c: &ModelConfig,
+    i: usize,
+    sparse: impl FnOnce(&super::moe::MoeConfig) -> Result<MoeWeights, E>,
+    dense: impl FnOnce() -> Result<(Tensor, Tensor, Tensor), E>,
+) -> Result<Ffn, E> {
+    Ok(match &c.moe {
         Some(mc) if mc.is_sparse(i) => {
             let (a, b, d) = LayerWeights::empty_dense_ffn(i, c);
-            (a, b, d, Some(MoeWeights::from_gguf(g, i, dim, mc)?))
+            (a, b, d, Some(sparse(mc)?))
         }
-        _ => (
-            m("ffn_gate.weight", c.ffn_dim, dim)?,
-            m("ffn_up.weight", c.ffn_dim, dim)?,
-            m("ffn_down.weight", dim, c.ffn_dim)?,
-            None,
-        ),
-    };
-    Ok(LayerWeights {
-        attn_norm: vec("attn_norm.weight", dim)?,
+        _ => {
+            let (a, b, d) = dense()?;
+            (a, b, d, None)
+        }
+    })
+}
+
+/// One hybrid layer from its loaded parts; no q/k/v biases (no hybrid family has them).
+fn hybrid_layer(
+    attn_norm: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    (mix, wq, wk, wv, wo, q_norm, k_norm): Mixer,
+    (w_gate, w_up, w_down, moe): Ffn,
+) -> LayerWeights {
+    LayerWeights {
+        attn_norm,
         wq,
         wk,
         wv,
@@ -359,13 +395,13 @@ pub fn gguf_layer(g: &GgufFile, c: &ModelConfig, h: &HybridConfig, i: usize) -> 
         bv: None,
         q_norm,
         k_norm,
-        ffn_norm: vec("post_attention_norm.weight", dim)?,
+        ffn_norm,
         w_gate,
         w_up,
         w_down,
         moe,
         hybrid: Some(mix),
-    })
+    }
 }
 
 /// Reads tensors of an HF checkpoint, shape-checked.
@@ -451,7 +487,7 @@ pub fn load_hf_weights(st: &SafetensorsDir, c: &ModelConfig, h: &HybridConfig) -
     let mut layers = Vec::with_capacity(c.n_layers);
     for i in 0..c.n_layers {
         let n = |s: &str| format!("{p}layers.{i}.{s}");
-        let (mix, wq, wk, wv, wo, q_norm, k_norm) = if h.recurrent[i] {
+        let mixer = if h.recurrent[i] {
             let (ch, vd, nv, k) = (h.conv_channels(), h.value_dim(), h.n_v_heads, h.conv_kernel);
             let a_log = r.values(&n("linear_attn.A_log"), &[nv])?;
             let (qkvz, ba) = (n("linear_attn.in_proj_qkvz.weight"), n("linear_attn.in_proj_ba.weight"));
@@ -504,36 +540,23 @@ pub fn load_hf_weights(st: &SafetensorsDir, c: &ModelConfig, h: &HybridConfig) -
                 Some(r.centred_norm(&n("self_attn.k_norm.weight"), c.head_dim)?),
             )
         };
-        let (w_gate, w_up, w_down, moe) = match &c.moe {
-            Some(mc) if mc.is_sparse(i) => {
-                let (a, b, d) = LayerWeights::empty_dense_ffn(i, c);
-                (a, b, d, Some(MoeWeights::from_hf(&r, &n("mlp."), dim, mc)?))
-            }
-            _ => (
-                r.matrix(&n("mlp.gate_proj.weight"), c.ffn_dim, dim)?,
-                r.matrix(&n("mlp.up_proj.weight"), c.ffn_dim, dim)?,
-                r.matrix(&n("mlp.down_proj.weight"), dim, c.ffn_dim)?,
-                None,
-            ),
-        };
-        layers.push(LayerWeights {
-            attn_norm: r.centred_norm(&n("input_layernorm.weight"), dim)?,
-            wq,
-            wk,
-            wv,
-            wo,
-            bq: None,
-            bk: None,
-            bv: None,
-            q_norm,
-            k_norm,
-            ffn_norm: r.centred_norm(&n("post_attention_layernorm.weight"), dim)?,
-            w_gate,
-            w_up,
-            w_down,
-            moe,
-            hybrid: Some(mix),
-        });
+        let ffn = ffn_parts(
+            c,
+            i,
+            |mc| MoeWeights::from_hf(&r, &n("mlp."), dim, mc),
+            || {
+                Ok((
+                    r.matrix(&n("mlp.gate_proj.weight"), c.ffn_dim, dim)?,
+                    r.matrix(&n("mlp.up_proj.weight"), c.ffn_dim, dim)?,
+                    r.matrix(&n("mlp.down_proj.weight"), dim, c.ffn_dim)?,
+                ))
+            },
+        )?;
+        let norms = (
+            r.centred_norm(&n("input_layernorm.weight"), dim)?,
+            r.centred_norm(&n("post_attention_layernorm.weight"), dim)?,
+        );
+        layers.push(hybrid_layer(norms.0, norms.1, mixer, ffn));
     }
     let token_embd = r.matrix(&format!("{p}embed_tokens.weight"), c.vocab_size, dim)?;
     let output = if c.tied_embeddings { token_embd.clone() } else { r.matrix("lm_head.weight", c.vocab_size, dim)? };

@@ -59,30 +59,14 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
         // Qwen3-30B-A3B: 48 sparse layers of 128 experts (8 used, width 768); the dense width
         // 6144 is its config's `intermediate_size`, used by no layer.
         "qwen3-30b-a3b" => ModelConfig {
-            moe: Some(MoeConfig {
-                n_experts: 128,
-                n_used: 8,
-                expert_ffn_dim: 768,
-                norm_topk_prob: true,
-                sparse_layers: vec![true; 48],
-            }),
+            moe: Some(all_sparse(128, 8, 768, 48)),
             ..c(Arch::Qwen3Moe, 48, 2048, 6144, 32, 4, 128, 151_936, 1e6, 1e-6, false)
         },
         // Qwen3.5-9B (text model of the released config): 32 layers, every 4th full attention
         // (16 query / 4 KV heads of 256, output gate, 64 rotated dims, theta 1e7), the others
         // Gated DeltaNet (16 key heads and 32 value heads of 128, conv kernel 4); untied head.
         "qwen3.5-9b" => ModelConfig {
-            hybrid: Some(HybridConfig {
-                recurrent: (0..32).map(|i| (i + 1) % 4 != 0).collect(),
-                n_k_heads: 16,
-                n_v_heads: 32,
-                d_k: 128,
-                d_v: 128,
-                conv_kernel: 4,
-                grouping: HeadGrouping::Tiled,
-                rotary_dim: 64,
-                attn_output_gate: true,
-            }),
+            hybrid: Some(qwen35_linear(32)),
             ..c(Arch::Qwen35, 32, 4096, 12288, 16, 4, 256, 248_320, 1e7, 1e-6, false)
         },
         // Qwen3.6-35B-A3B = Qwen3.5-35B-A3B (one topology; transformers' qwen3_5_moe docs, and
@@ -93,28 +77,35 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
         // shared expert of width 512 (`expert_ffn_dim` here, the same in the config); untied
         // head over 248,320 tokens. No dense FFN (`ffn_dim` 0, as in the GGUF files).
         "qwen3.6-35b-a3b" | "qwen3.5-35b-a3b" => ModelConfig {
-            hybrid: Some(HybridConfig {
-                recurrent: (0..40).map(|i| (i + 1) % 4 != 0).collect(),
-                n_k_heads: 16,
-                n_v_heads: 32,
-                d_k: 128,
-                d_v: 128,
-                conv_kernel: 4,
-                grouping: HeadGrouping::Tiled,
-                rotary_dim: 64,
-                attn_output_gate: true,
-            }),
-            moe: Some(MoeConfig {
-                n_experts: 256,
-                n_used: 8,
-                expert_ffn_dim: 512,
-                norm_topk_prob: true,
-                sparse_layers: vec![true; 40],
-            }),
+            hybrid: Some(qwen35_linear(40)),
+            moe: Some(all_sparse(256, 8, 512, 40)),
             ..c(Arch::Qwen35Moe, 40, 2048, 0, 16, 2, 256, 248_320, 1e7, 1e-6, false)
         },
         _ => return None,
     })
+}
+
+/// Every layer sparse: `n_experts` experts of width `expert_ffn_dim`, `n_used` per token, the
+/// chosen weights renormalized (`norm_topk_prob`, true in both shapes here).
+fn all_sparse(n_experts: usize, n_used: usize, expert_ffn_dim: usize, n_layers: usize) -> MoeConfig {
+    MoeConfig { n_experts, n_used, expert_ffn_dim, norm_topk_prob: true, sparse_layers: vec![true; n_layers] }
+}
+
+/// The Qwen3.5 layer plan of `n_layers`: every 4th full attention (output gate, 64 rotated
+/// dims), the others Gated DeltaNet with 16 key heads and 32 value heads of 128, conv kernel 4.
+/// The 9B and the 35B-A3B releases share it.
+fn qwen35_linear(n_layers: usize) -> HybridConfig {
+    HybridConfig {
+        recurrent: (0..n_layers).map(|i| (i + 1) % 4 != 0).collect(),
+        n_k_heads: 16,
+        n_v_heads: 32,
+        d_k: 128,
+        d_v: 128,
+        conv_kernel: 4,
+        grouping: HeadGrouping::Tiled,
+        rotary_dim: 64,
+        attn_output_gate: true,
+    }
 }
 
 impl ModelConfig {
@@ -146,5 +137,19 @@ mod tests {
         // The dense shapes are unchanged by the MoE term.
         let d = shape("qwen3-8b").unwrap();
         assert_eq!(d.decode_matrix_params(), 36 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 12288) + 151_936 * 4096u64);
+    }
+
+    #[test]
+    fn qwen35_shapes_put_full_attention_at_every_fourth_layer() {
+        for (name, layers, sparse) in [("qwen3.5-9b", 32, 0), ("qwen3.6-35b-a3b", 40, 40)] {
+            let c = shape(name).unwrap();
+            let h = c.hybrid.as_ref().unwrap();
+            assert_eq!((c.n_layers, h.recurrent.len()), (layers, layers), "{name}");
+            let full: Vec<usize> = (0..layers).filter(|&i| !h.recurrent[i]).collect();
+            assert_eq!(full, (3..layers).step_by(4).collect::<Vec<_>>(), "{name}");
+            assert_eq!((h.n_k_heads, h.n_v_heads, h.d_k, h.d_v, h.rotary_dim), (16, 32, 128, 128, 64), "{name}");
+            let n_sparse = c.moe.as_ref().map_or(0, |m| (0..layers).filter(|&i| m.is_sparse(i)).count());
+            assert_eq!(n_sparse, sparse, "{name}");
+        }
     }
 }

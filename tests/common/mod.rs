@@ -41,13 +41,29 @@ pub fn sample_model() -> LoadedModel {
 }
 
 pub fn read_cases(name: &str) -> Vec<serde_json::Value> {
-    let p = repo().join("tests/data/smollm2").join(name);
-    std::fs::read_to_string(&p)
+    read_jsonl(&repo().join("tests/data/smollm2").join(name))
+}
+
+/// The JSON values of a JSONL file's lines (blank lines skipped); fails naming the file.
+pub fn read_jsonl(p: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(p)
         .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
         .lines()
         .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("reference line is JSON"))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: a line is not JSON: {e}", p.display())))
         .collect()
+}
+
+/// `../shared/testdata/arch/<arch>/`: a tiny random model of an architecture and the
+/// transformers outputs for it (`refs.jsonl`).
+pub fn arch_dir(arch: &str) -> PathBuf {
+    shared_testdata().join("arch").join(arch)
+}
+
+/// The largest `|a - b|` of two equally long logit rows (dustoff's f32 against a reference's f64).
+pub fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).abs()).fold(0.0, f64::max)
 }
 
 pub fn ids(v: &serde_json::Value, key: &str) -> Vec<u32> {
@@ -61,6 +77,32 @@ pub fn floats(v: &serde_json::Value, key: &str) -> Vec<f64> {
 /// The dustoff binary built for this test run.
 pub fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_dustoff"))
+}
+
+/// `dustoff <args> --input <dir>/in.jsonl --output <dir>/out.jsonl` in the repo root: a
+/// command whose rows a test writes and reads back in `dir`.
+pub fn in_out_cmd(args: &[&str], dir: &Path) -> Command {
+    let mut c = Command::new(bin());
+    c.current_dir(repo())
+        .args(args)
+        .arg("--input")
+        .arg(dir.join("in.jsonl"))
+        .arg("--output")
+        .arg(dir.join("out.jsonl"));
+    c
+}
+
+/// A test path as `&str` (for command arguments; test paths are UTF-8).
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `p` with `suffix` appended to its last component (`out.jsonl` -> `out.jsonl.dustoff`: the
+/// checkpoint folder beside an output).
+pub fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
+    let mut o = p.as_os_str().to_owned();
+    o.push(suffix);
+    PathBuf::from(o)
 }
 
 pub fn tmpdir(name: &str) -> PathBuf {

@@ -144,7 +144,20 @@ pub(crate) fn decode_attention(
             }),
         },
     });
-    l::Attention { paged, part_o: g.d(po), part_ml: g.d(pml), max_len, n_splits: splits, split_len, onepass, prefix }
+    l::Attention { prefix, ..split_attention(g, paged, (po, pml), max_len, (split_len, splits), onepass) }
+}
+
+/// The decode attention of `paged`'s tokens over `max_len` positions in `n_splits` splits of
+/// `split_len` (more than the positions need is allowed), no shared-prefix group.
+fn split_attention(
+    g: &Gpu,
+    paged: l::PagedAttn,
+    (po, pml): (&CudaSlice<f32>, &CudaSlice<f32>),
+    max_len: usize,
+    (split_len, n_splits): (usize, usize),
+    onepass: Option<bool>,
+) -> l::Attention {
+    l::Attention { paged, part_o: g.d(po), part_ml: g.d(pml), max_len, n_splits, split_len, onepass, prefix: None }
 }
 
 #[test]
@@ -261,18 +274,9 @@ fn kv_store_and_paged_attention_match_cpu() {
             let need = max_len.div_ceil(split_len);
             let splits = if splits == 0 { need } else { splits.max(need) };
             let out = g.poisoned(n_tok * qd);
-            l::Attention {
-                paged: pr.paged(&g, &out, n_tok),
-                part_o: g.d(&po),
-                part_ml: g.d(&pml),
-                max_len,
-                n_splits: splits,
-                split_len,
-                onepass,
-                prefix: None,
-            }
-            .launch(&mut g.k, &s)
-            .unwrap();
+            split_attention(&g, pr.paged(&g, &out, n_tok), (&po, &pml), max_len, (split_len, splits), onepass)
+                .launch(&mut g.k, &s)
+                .unwrap();
             compare("attention", g.seed, &g.down(&out), &want[..n_tok * qd]);
         }
 
@@ -398,18 +402,9 @@ fn shared_prefix_attention_equals_plain_attention() {
         // The same tokens without the group pass.
         let (po, pml) = (g.poisoned(n_tok * nh * splits * hd), g.poisoned(n_tok * nh * splits * 2));
         let out = g.poisoned(n_tok * qd);
-        l::Attention {
-            paged: pr.paged(&g, &out, n_tok),
-            part_o: g.d(&po),
-            part_ml: g.d(&pml),
-            max_len,
-            n_splits: splits,
-            split_len,
-            onepass: None,
-            prefix: None,
-        }
-        .launch(&mut g.k, &s)
-        .unwrap();
+        split_attention(&g, pr.paged(&g, &out, n_tok), (&po, &pml), max_len, (split_len, splits), None)
+            .launch(&mut g.k, &s)
+            .unwrap();
         compare("attention", g.seed, &g.down(&out), &want);
     }
 }
@@ -532,18 +527,10 @@ fn long_context_attention_matches_cpu() {
                     let split_len =
                         if split_len == 0 { l::decode_split_len(n_tok, len, nh, nkv, hd) } else { split_len };
                     let out = g.poisoned(n_tok * qd);
-                    l::Attention {
-                        paged: pr.paged(&g, &out, n_tok),
-                        part_o: g.d(&po),
-                        part_ml: g.d(&pml),
-                        max_len: len,
-                        n_splits: len.div_ceil(split_len),
-                        split_len,
-                        onepass,
-                        prefix: None,
-                    }
-                    .launch(&mut g.k, &s)
-                    .unwrap();
+                    let splits = (split_len, len.div_ceil(split_len));
+                    split_attention(&g, pr.paged(&g, &out, n_tok), (&po, &pml), len, splits, onepass)
+                        .launch(&mut g.k, &s)
+                        .unwrap();
                     compare("attention", g.seed, &g.down(&out), &want);
                 }
                 continue;

@@ -189,28 +189,18 @@ fn attention_breakdown() {
     let mut g = gpu("attention breakdown").unwrap();
     let s = g.dev.stream.clone();
     let bs = 16usize;
-    // What the driver made of each attention kernel (registers bound how many blocks share an SM).
-    for entry in [
-        "attn_onepass_f16_hd64",
-        "attn_onepass_f16_hd128",
-        "attn_onepass_f16_hd256",
-        "attn_split_f16_hd128",
-        "attn_split_f16",
-        "attn_prefill_hd64",
-        "attn_prefill_hd128",
-        "attn_prefill_hd256",
-        "attn_prefill_hd64_qs",
-        "attn_prefill_hd128_qs",
-        "attn_prefill_hd64_acc",
-        "attn_prefill_hd128_acc",
-        "attn_prefill_hd256_acc",
-    ] {
-        let f = g.k.get(entry).unwrap();
-        eprintln!(
-            "attn kernel {entry}: {} registers, {} bytes of local memory a thread",
-            f.num_regs().unwrap(),
-            f.local_size_bytes().unwrap()
-        );
+    // What the driver made of each attention kernel (registers bound how many blocks share an
+    // SM): every entry of the decode and prefill files, as the kernel table lists them.
+    let attention_files = ["attention_decode", "attention_prefill"];
+    for file in dustoff::backend::cuda::kernels::KERNEL_FILES.iter().filter(|f| attention_files.contains(&f.name)) {
+        for &entry in file.entries {
+            let f = g.k.get(entry).unwrap();
+            eprintln!(
+                "attn kernel {entry}: {} registers, {} bytes of local memory a thread",
+                f.num_regs().unwrap(),
+                f.local_size_bytes().unwrap()
+            );
+        }
     }
     // `ATTN_BREAKDOWN=prefill` (or decode, shared): only the rows of that kind.
     let only = std::env::var("ATTN_BREAKDOWN").unwrap_or_default();

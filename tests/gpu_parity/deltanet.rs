@@ -3,33 +3,20 @@
 //! sequences per launch with the token counts of a real step (1, 2, 7, 9, 33, 64) and both the
 //! test model's head sizes (32) and the released models' (128).
 
-use dustoff::backend::cpu::deltanet::{
-    conv1d_silu, delta_rule_chunked, delta_rule_step, gated_rmsnorm, gates_inplace, l2norm_inplace,
-};
+use dustoff::backend::cpu::deltanet::gated_rmsnorm;
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::deltanet::{
-    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, StatePool, DN_AB_ROW, DN_CH,
+    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnRecur, DnRecurNorm, StatePool, DN_AB_ROW, DN_CH,
 };
 use dustoff::backend::cuda::hybrid_attn::{GateMul, HybQkvPost};
 use dustoff::backend::cuda::q8x;
 use dustoff::backend::cuda::qlaunch::q8x_bytes;
 use dustoff::model::config::RopeStyle;
 
+use super::deltanet_case::{
+    chunk_table, cpu_conv, cpu_prep, decay_rates, padded_table, Case, Recurrence, COUNTS, SLOTS,
+};
 use super::{compare, f16_vals, gpu, Gpu};
-
-const COUNTS: [usize; 6] = [1, 2, 7, 9, 33, 64];
-
-/// `[n_chunks, (first, tokens, slot)...]` for chunks of `counts` tokens laid out in order,
-/// sequence i in slot `slots[i]`.
-fn chunk_table(counts: &[usize], slots: &[usize]) -> Vec<i32> {
-    let mut t = vec![counts.len() as i32];
-    let mut first = 0;
-    for (&n, &s) in counts.iter().zip(slots) {
-        t.extend([first as i32, n as i32, s as i32]);
-        first += n;
-    }
-    t
-}
 
 #[test]
 fn conv1d_silu_over_several_sequences_updates_each_window() {
@@ -43,9 +30,7 @@ fn conv1d_silu_over_several_sequences_updates_each_window() {
     let w = g.randn(c * k, 0.7);
     let pool = g.randn(6 * per_slot, 1.0);
     let (xd, wd, pd, od) = (g.up(&x), g.up(&w), g.up(&pool), g.poisoned(n * c));
-    let mut table = chunk_table(&COUNTS, &slots);
-    table.resize(1 + 3 * 8, 0); // 8 chunks launched, 6 in the table: the others exit
-    let td = g.up(&table);
+    let td = g.up(&padded_table(&COUNTS, &slots, 8)); // 8 chunks launched, 6 in the table: the others exit
     let s = g.dev.stream.clone();
     DnConv {
         x: g.d(&xd),
@@ -59,112 +44,10 @@ fn conv1d_silu_over_several_sequences_updates_each_window() {
     }
     .launch(&mut g.k, &s)
     .unwrap();
-    let (mut want, mut want_pool) = (vec![0f32; n * c], pool.clone());
-    let mut t0 = 0;
-    for (&cnt, &slot) in COUNTS.iter().zip(&slots) {
-        let xs: Vec<f32> = (t0..t0 + cnt).flat_map(|t| x[t * stride..t * stride + c].to_vec()).collect();
-        let st = &mut want_pool[slot * per_slot + layer_off..slot * per_slot + layer_off + (k - 1) * c];
-        conv1d_silu(&xs, st, &w, c, k, &mut want[t0 * c..(t0 + cnt) * c]);
-        t0 += cnt;
-    }
+    let mut want_pool = pool.clone();
+    let want = cpu_conv(&x, stride, &w, (c, k), (&COUNTS, &slots), &mut want_pool, per_slot, layer_off);
     compare("dn_conv_silu_f32", g.seed, &g.down(&od), &want);
     compare("dn_conv_silu_f32", g.seed, &g.down(&pd), &want_pool);
-}
-
-/// What one linear layer's prep + recurrence reads and writes, on the host.
-struct Case {
-    nk: usize,
-    nv: usize,
-    dk: usize,
-    dv: usize,
-    tiled: bool,
-}
-
-impl Case {
-    fn channels(&self) -> usize {
-        2 * self.nk * self.dk + self.nv * self.dv
-    }
-    /// proj row: [C (unused here) | V (unused) | b (n_v) | a (n_v)].
-    fn proj_stride(&self) -> usize {
-        self.channels() + self.nv * self.dv + 2 * self.nv
-    }
-    fn mat(&self) -> usize {
-        self.dk * self.dv
-    }
-}
-
-/// CPU: l2norm + gates + the delta rule per chunk from its slot's matrices.
-#[allow(clippy::too_many_arguments)]
-fn cpu_recurrence(
-    cs: &Case,
-    counts: &[usize],
-    slots: &[usize],
-    mixed: &mut [f32],
-    proj: &mut [f32],
-    neg_a: &[f32],
-    dt_bias: &[f32],
-    mats: &mut [f32],
-    mats_off: usize,
-    per_slot: usize,
-    chunk: Option<usize>,
-) -> Vec<f32> {
-    let (c, ps, vd) = (cs.channels(), cs.proj_stride(), cs.nv * cs.dv);
-    let n: usize = counts.iter().sum();
-    let (b_off, a_off) = (c + vd, c + vd + cs.nv);
-    let scale = 1.0 / (cs.dk as f32).sqrt();
-    for t in 0..n {
-        let m = &mut mixed[t * c..(t + 1) * c];
-        for head in m[..2 * cs.nk * cs.dk].chunks_exact_mut(cs.dk) {
-            l2norm_inplace(head, 1e-6);
-        }
-        m[..cs.nk * cs.dk].iter_mut().for_each(|v| *v *= scale);
-        let row = &mut proj[t * ps..(t + 1) * ps];
-        let (left, a) = row.split_at_mut(a_off);
-        gates_inplace(&mut left[b_off..b_off + cs.nv], &mut a[..cs.nv], neg_a, dt_bias);
-    }
-    let mut out = vec![0f32; n * vd];
-    let mut t0 = 0;
-    for (&cnt, &slot) in counts.iter().zip(slots) {
-        for h in 0..cs.nv {
-            let kh = if cs.tiled { h % cs.nk } else { h / (cs.nv / cs.nk) };
-            let base = slot * per_slot + mats_off + h * cs.mat();
-            if let Some(ch) = chunk {
-                // The chunked CPU twin over the chunk's tokens of this head, gathered.
-                let (mut q, mut k, mut v, mut g, mut beta) = (vec![], vec![], vec![], vec![], vec![]);
-                for t in t0..t0 + cnt {
-                    let m = &mixed[t * c..(t + 1) * c];
-                    q.extend_from_slice(&m[kh * cs.dk..(kh + 1) * cs.dk]);
-                    k.extend_from_slice(&m[(cs.nk + kh) * cs.dk..(cs.nk + kh + 1) * cs.dk]);
-                    v.extend_from_slice(&m[2 * cs.nk * cs.dk + h * cs.dv..2 * cs.nk * cs.dk + (h + 1) * cs.dv]);
-                    g.push(proj[t * ps + a_off + h]);
-                    beta.push(proj[t * ps + b_off + h]);
-                }
-                let mut o = vec![0f32; cnt * cs.dv];
-                delta_rule_chunked(&mut mats[base..base + cs.mat()], &q, &k, &v, &g, &beta, ch, &mut o);
-                for (i, t) in (t0..t0 + cnt).enumerate() {
-                    out[t * vd + h * cs.dv..][..cs.dv].copy_from_slice(&o[i * cs.dv..(i + 1) * cs.dv]);
-                }
-                continue;
-            }
-            for t in t0..t0 + cnt {
-                let m = &mixed[t * c..(t + 1) * c];
-                let (q, k) = (&m[kh * cs.dk..(kh + 1) * cs.dk], &m[(cs.nk + kh) * cs.dk..(cs.nk + kh + 1) * cs.dk]);
-                let v = &m[2 * cs.nk * cs.dk + h * cs.dv..2 * cs.nk * cs.dk + (h + 1) * cs.dv];
-                let (g, beta) = (proj[t * ps + a_off + h], proj[t * ps + b_off + h]);
-                delta_rule_step(
-                    &mut mats[base..base + cs.mat()],
-                    q,
-                    k,
-                    v,
-                    g,
-                    beta,
-                    &mut out[t * vd + h * cs.dv..][..cs.dv],
-                );
-            }
-        }
-        t0 += cnt;
-    }
-    out
 }
 
 #[test]
@@ -177,68 +60,17 @@ fn delta_rule_many_token_form_equals_steps_and_the_cpu() {
         Case { nk: 2, nv: 4, dk: 128, dv: 128, tiled: true },
     ];
     for cs in &cases {
-        let (c, ps, vd) = (cs.channels(), cs.proj_stride(), cs.nv * cs.dv);
+        let vd = cs.nv * cs.dv;
         let n: usize = COUNTS.iter().sum();
-        let slots = [2, 5, 0, 4, 1, 3];
-        let mats_off = 3 * c; // after a conv state [3, C]
-        let per_slot = mats_off + cs.nv * cs.mat();
-        let mixed = g.randn(n * c, 1.0);
-        let proj = g.randn(n * ps, 2.0);
-        let neg_a: Vec<f32> = g.randn(cs.nv, 1.0).iter().map(|v| -(v * 1.5).exp()).collect();
-        let dt_bias = g.randn(cs.nv, 1.0);
-        // Start from states a previous chunk left (small values, as after decay).
-        let pool = g.randn(6 * per_slot, 0.2);
-        let table = chunk_table(&COUNTS, &slots);
-        let (mut want_mixed, mut want_proj, mut want_pool) = (mixed.clone(), proj.clone(), pool.clone());
-        let want = cpu_recurrence(
-            cs,
-            &COUNTS,
-            &slots,
-            &mut want_mixed,
-            &mut want_proj,
-            &neg_a,
-            &dt_bias,
-            &mut want_pool,
-            mats_off,
-            per_slot,
-            None,
-        );
+        let r = Recurrence::random(&mut g, cs);
+        let (mats_off, per_slot) = (r.mats_off, r.per_slot);
+        let want = r.cpu(cs, None);
         // The chunked CPU twin from the same prepared inputs (mixed and proj after the prep).
-        let mut chunk_pool = pool.clone();
-        let (mut m2, mut p2) = (mixed.clone(), proj.clone());
-        let want_chunked = cpu_recurrence(
-            cs,
-            &COUNTS,
-            &slots,
-            &mut m2,
-            &mut p2,
-            &neg_a,
-            &dt_bias,
-            &mut chunk_pool,
-            mats_off,
-            per_slot,
-            Some(DN_CH),
-        );
-        let (md, pjd, nad, dtd) = (g.up(&mixed), g.up(&proj), g.up(&neg_a), g.up(&dt_bias));
-        let (b_off, a_off) = (c + vd, c + vd + cs.nv);
-        DnPrep {
-            mixed: g.d(&md),
-            proj: g.d(&pjd),
-            neg_a: g.d(&nad),
-            dt_bias: g.d(&dtd),
-            n_tok: n,
-            n_k: cs.nk,
-            d_k: cs.dk,
-            n_v: cs.nv,
-            channels: c,
-            proj_stride: ps,
-            b_off,
-            a_off,
-        }
-        .launch(&mut g.k, &s)
-        .unwrap();
-        compare("dn_prep_f32", g.seed, &g.down(&md), &want_mixed);
-        compare("dn_prep_f32", g.seed, &g.down(&pjd), &want_proj);
+        let want_chunked = r.cpu(cs, Some(DN_CH));
+        let (md, pjd, nad, dtd) = (g.up(&r.mixed), g.up(&r.proj), g.up(&r.neg_a), g.up(&r.dt_bias));
+        cs.prep(g.d(&md), g.d(&pjd), (g.d(&nad), g.d(&dtd)), n).launch(&mut g.k, &s).unwrap();
+        compare("dn_prep_f32", g.seed, &g.down(&md), &want.mixed);
+        compare("dn_prep_f32", g.seed, &g.down(&pjd), &want.proj);
         let recur = |g: &mut Gpu, pool: &cudarc::driver::CudaSlice<f32>, table: &[i32], n_tok: usize, first: usize| {
             // Two chunks more launched than the table holds: their blocks exit.
             let max_chunks = (table.len() - 1) / 3 + 2;
@@ -246,40 +78,24 @@ fn delta_rule_many_token_form_equals_steps_and_the_cpu() {
             padded.resize(1 + 3 * max_chunks, 0);
             let td = g.up(&padded);
             let od = g.poisoned(n * vd);
-            DnRecur {
-                mixed: g.d(&md),
-                proj: g.d(&pjd),
-                out: g.d(&od),
-                pool: StatePool { state: g.d(pool), slot_stride: per_slot, layer_off: 0, chunks: g.d(&td), max_chunks },
-                conv_len: mats_off,
-                n_tok,
-                n_k: cs.nk,
-                n_v: cs.nv,
-                d_k: cs.dk,
-                d_v: cs.dv,
-                channels: c,
-                proj_stride: ps,
-                b_off,
-                a_off,
-                tiled: cs.tiled,
-            }
-            .launch(&mut g.k, &s)
-            .unwrap();
+            let pool =
+                StatePool { state: g.d(pool), slot_stride: per_slot, layer_off: 0, chunks: g.d(&td), max_chunks };
+            cs.recur((g.d(&md), g.d(&pjd), g.d(&od)), pool, mats_off, n_tok).launch(&mut g.k, &s).unwrap();
             let o = g.down(&od);
             o[first * vd..(first + n_tok) * vd].to_vec()
         };
         // Many-token form: every chunk's tokens in one launch.
-        let pd = g.up(&pool);
-        let many = recur(&mut g, &pd, &table, n, 0);
-        compare("dn_recur_f32", g.seed, &many, &want);
-        compare("dn_recur_f32", g.seed, &g.down(&pd), &want_pool);
+        let pd = g.up(&r.pool);
+        let many = recur(&mut g, &pd, &chunk_table(&COUNTS, &SLOTS), n, 0);
+        compare("dn_recur_f32", g.seed, &many, &want.out);
+        compare("dn_recur_f32", g.seed, &g.down(&pd), &want.pool);
         // Step form: the same tokens one launch per token (decode), all chunks advancing together.
-        let ps2 = g.up(&pool);
+        let ps2 = g.up(&r.pool);
         let mut steps = vec![0f32; n * vd];
         let max_cnt = *COUNTS.iter().max().unwrap();
         for i in 0..max_cnt {
             let mut t0 = 0;
-            for (&cnt, &slot) in COUNTS.iter().zip(&slots) {
+            for (&cnt, &slot) in COUNTS.iter().zip(&SLOTS) {
                 if i < cnt {
                     let t = t0 + i;
                     let one = recur(&mut g, &ps2, &[1, t as i32, 1, slot as i32], 1, t);
@@ -292,34 +108,18 @@ fn delta_rule_many_token_form_equals_steps_and_the_cpu() {
         compare("dn_recur_step_vs_many", g.seed, &g.down(&ps2), &g.down(&pd));
         // The chunked form (prefill): against its CPU twin and against the step form.
         let max_chunks = COUNTS.len() + 2; // two more launched than the table holds
-        let mut padded = table.clone();
-        padded.resize(1 + 3 * max_chunks, 0);
-        let (td, pc, od) = (g.up(&padded), g.up(&pool), g.poisoned(n * vd));
+        let padded = padded_table(&COUNTS, &SLOTS, max_chunks);
+        let (td, pc, od) = (g.up(&padded), g.up(&r.pool), g.poisoned(n * vd));
         let abd = g.poisoned(n * cs.nv * DN_AB_ROW);
-        let recur = DnRecur {
-            mixed: g.d(&md),
-            proj: g.d(&pjd),
-            out: g.d(&od),
-            pool: StatePool { state: g.d(&pc), slot_stride: per_slot, layer_off: 0, chunks: g.d(&td), max_chunks },
-            conv_len: mats_off,
-            n_tok: n,
-            n_k: cs.nk,
-            n_v: cs.nv,
-            d_k: cs.dk,
-            d_v: cs.dv,
-            channels: c,
-            proj_stride: ps,
-            b_off,
-            a_off,
-            tiled: cs.tiled,
-        };
+        let pool = StatePool { state: g.d(&pc), slot_stride: per_slot, layer_off: 0, chunks: g.d(&td), max_chunks };
+        let recur = cs.recur((g.d(&md), g.d(&pjd), g.d(&od)), pool, mats_off, n);
         let max_count = *COUNTS.iter().max().unwrap();
         DnChunked { recur: &recur, ab: g.d(&abd), max_count }.launch(&mut g.k, &s).unwrap();
         let chunked = g.down(&od);
-        compare("dn_chunk_scan_f32", g.seed, &chunked, &want_chunked);
-        compare("dn_chunk_scan_f32", g.seed, &g.down(&pc), &chunk_pool);
-        compare("dn_chunk_vs_step", g.seed, &chunked, &want);
-        compare("dn_chunk_vs_step", g.seed, &g.down(&pc), &want_pool);
+        compare("dn_chunk_scan_f32", g.seed, &chunked, &want_chunked.out);
+        compare("dn_chunk_scan_f32", g.seed, &g.down(&pc), &want_chunked.pool);
+        compare("dn_chunk_vs_step", g.seed, &chunked, &want.out);
+        compare("dn_chunk_vs_step", g.seed, &g.down(&pc), &want.pool);
     }
 }
 
@@ -335,29 +135,12 @@ fn delta_rule_with_the_gated_norm_in_one_kernel_equals_the_cpu() {
     for cs in &cases {
         let (c, ps, vd) = (cs.channels(), cs.proj_stride(), cs.nv * cs.dv);
         let n: usize = COUNTS.iter().sum();
-        let slots = [2, 5, 0, 4, 1, 3];
-        let mats_off = 3 * c;
-        let per_slot = mats_off + cs.nv * cs.mat();
-        let (mixed, proj) = (g.randn(n * c, 1.0), g.randn(n * ps, 2.0));
-        let neg_a: Vec<f32> = g.randn(cs.nv, 1.0).iter().map(|v| -(v * 1.5).exp()).collect();
-        let dt_bias = g.randn(cs.nv, 1.0);
-        let pool = g.randn(6 * per_slot, 0.2);
+        let r = Recurrence::random(&mut g, cs);
+        let (proj, pool, per_slot) = (&r.proj, &r.pool, r.per_slot);
         let w = g.randn(cs.dv, 1.5);
         let eps = 1e-6;
-        let (mut want_mixed, mut want_proj, mut want_pool) = (mixed.clone(), proj.clone(), pool.clone());
-        let mut want = cpu_recurrence(
-            cs,
-            &COUNTS,
-            &slots,
-            &mut want_mixed,
-            &mut want_proj,
-            &neg_a,
-            &dt_bias,
-            &mut want_pool,
-            mats_off,
-            per_slot,
-            None,
-        );
+        let want_r = r.cpu(cs, None);
+        let (mut want, want_pool) = (want_r.out, want_r.pool);
         // z: the gate columns right after the q|k|v channels of the projection row.
         for t in 0..n {
             for h in 0..cs.nv {
@@ -365,55 +148,14 @@ fn delta_rule_with_the_gated_norm_in_one_kernel_equals_the_cpu() {
                 gated_rmsnorm(&mut want[(t * cs.nv + h) * cs.dv..(t * cs.nv + h + 1) * cs.dv], z, &w, eps);
             }
         }
-        let (md, pjd, nad, dtd, wd) = (g.up(&mixed), g.up(&proj), g.up(&neg_a), g.up(&dt_bias), g.up(&w));
-        let (b_off, a_off) = (c + vd, c + vd + cs.nv);
-        DnPrep {
-            mixed: g.d(&md),
-            proj: g.d(&pjd),
-            neg_a: g.d(&nad),
-            dt_bias: g.d(&dtd),
-            n_tok: n,
-            n_k: cs.nk,
-            d_k: cs.dk,
-            n_v: cs.nv,
-            channels: c,
-            proj_stride: ps,
-            b_off,
-            a_off,
-        }
-        .launch(&mut g.k, &s)
-        .unwrap();
+        let (md, pjd, nad, dtd, wd) = (g.up(&r.mixed), g.up(proj), g.up(&r.neg_a), g.up(&r.dt_bias), g.up(&w));
+        cs.prep(g.d(&md), g.d(&pjd), (g.d(&nad), g.d(&dtd)), n).launch(&mut g.k, &s).unwrap();
         let max_chunks = COUNTS.len() + 2; // two more launched than the table holds
-        let mut table = chunk_table(&COUNTS, &slots);
-        table.resize(1 + 3 * max_chunks, 0);
-        let (td, pd, od) = (g.up(&table), g.up(&pool), g.poisoned(n * vd));
-        let recur = DnRecur {
-            mixed: g.d(&md),
-            proj: g.d(&pjd),
-            out: g.d(&od),
-            pool: StatePool { state: g.d(&pd), slot_stride: per_slot, layer_off: 0, chunks: g.d(&td), max_chunks },
-            conv_len: mats_off,
-            n_tok: n,
-            n_k: cs.nk,
-            n_v: cs.nv,
-            d_k: cs.dk,
-            d_v: cs.dv,
-            channels: c,
-            proj_stride: ps,
-            b_off,
-            a_off,
-            tiled: cs.tiled,
-        };
-        let norm = DnGatedNorm {
-            o: g.d(&od),
-            z: g.d(&pjd).offset(c),
-            z_stride: ps,
-            w: g.d(&wd),
-            n_tok: n,
-            n_v: cs.nv,
-            d_v: cs.dv,
-            eps,
-        };
+        let table = padded_table(&COUNTS, &SLOTS, max_chunks);
+        let (td, pd, od) = (g.up(&table), g.up(pool), g.poisoned(n * vd));
+        let pool_v = StatePool { state: g.d(&pd), slot_stride: per_slot, layer_off: 0, chunks: g.d(&td), max_chunks };
+        let recur = cs.recur((g.d(&md), g.d(&pjd), g.d(&od)), pool_v, r.mats_off, n);
+        let norm = cs.gated_norm(g.d(&od), g.d(&pjd), g.d(&wd), n, eps);
         let (ql_off, xs_off, total) = q8x_bytes(n, vd);
         let xq = g.zeros::<u8>(total);
         DnRecurNorm { recur: &recur, norm: &norm, xq: Some(g.d(&xq)) }.launch(&mut g.k, &s).unwrap();
@@ -428,7 +170,7 @@ fn delta_rule_with_the_gated_norm_in_one_kernel_equals_the_cpu() {
             .collect();
         compare("dn_recur_norm_f32", g.seed, &got, &q8x::dequantized(&want, vd));
         // Without the planes: the same output and states.
-        let (pd2, od2) = (g.up(&pool), g.poisoned(n * vd));
+        let (pd2, od2) = (g.up(pool), g.poisoned(n * vd));
         let recur2 = DnRecur { out: g.d(&od2), pool: StatePool { state: g.d(&pd2), ..recur.pool }, ..recur };
         let norm2 = DnGatedNorm { o: g.d(&od2), ..norm };
         DnRecurNorm { recur: &recur2, norm: &norm2, xq: None }.launch(&mut g.k, &s).unwrap();
@@ -573,38 +315,20 @@ fn conv_norm_and_gates_in_one_kernel_equal_the_cpu_steps() {
     for cs in
         [Case { nk: 2, nv: 4, dk: 32, dv: 32, tiled: false }, Case { nk: 2, nv: 4, dk: 128, dv: 128, tiled: true }]
     {
-        let (c, ps, vd, kk) = (cs.channels(), cs.proj_stride(), cs.nv * cs.dv, 4);
+        let (c, ps, kk) = (cs.channels(), cs.proj_stride(), 4);
         let n: usize = COUNTS.iter().sum();
         let slots = [3, 0, 5, 1, 4, 2];
         let per_slot = (kk - 1) * c + 5;
         let proj = g.randn(n * ps, 2.0);
         let w = g.randn(c * kk, 0.7);
         let pool = g.randn(6 * per_slot, 1.0);
-        let neg_a: Vec<f32> = g.randn(cs.nv, 1.0).iter().map(|v| -(v * 1.5).exp()).collect();
+        let neg_a = decay_rates(&mut g, cs.nv);
         let dt_bias = g.randn(cs.nv, 1.0);
-        let (b_off, a_off) = (c + vd, c + vd + cs.nv);
         // CPU: the three steps.
-        let (mut want, mut want_pool, mut want_proj) = (vec![0f32; n * c], pool.clone(), proj.clone());
-        let mut t0 = 0;
-        for (&cnt, &slot) in COUNTS.iter().zip(&slots) {
-            let xs: Vec<f32> = (t0..t0 + cnt).flat_map(|t| proj[t * ps..t * ps + c].to_vec()).collect();
-            let st = &mut want_pool[slot * per_slot..slot * per_slot + (kk - 1) * c];
-            conv1d_silu(&xs, st, &w, c, kk, &mut want[t0 * c..(t0 + cnt) * c]);
-            t0 += cnt;
-        }
-        let scale = 1.0 / (cs.dk as f32).sqrt();
-        for t in 0..n {
-            let m = &mut want[t * c..(t + 1) * c];
-            for head in m[..2 * cs.nk * cs.dk].chunks_exact_mut(cs.dk) {
-                l2norm_inplace(head, 1e-6);
-            }
-            m[..cs.nk * cs.dk].iter_mut().for_each(|v| *v *= scale);
-            let row = &mut want_proj[t * ps..(t + 1) * ps];
-            let (left, a) = row.split_at_mut(a_off);
-            gates_inplace(&mut left[b_off..b_off + cs.nv], &mut a[..cs.nv], &neg_a, &dt_bias);
-        }
-        let mut table = chunk_table(&COUNTS, &slots);
-        table.resize(1 + 3 * 8, 0); // 8 chunks launched, 6 in the table
+        let (mut want_pool, mut want_proj) = (pool.clone(), proj.clone());
+        let mut want = cpu_conv(&proj, ps, &w, (c, kk), (&COUNTS, &slots), &mut want_pool, per_slot, 0);
+        cpu_prep(&cs, n, &mut want, &mut want_proj, &neg_a, &dt_bias);
+        let table = padded_table(&COUNTS, &slots, 8); // 8 chunks launched, 6 in the table
         let (pjd, wd, pd, td, od) = (g.up(&proj), g.up(&w), g.up(&pool), g.up(&table), g.poisoned(n * c));
         let (nad, dtd) = (g.up(&neg_a), g.up(&dt_bias));
         let pool_v =
@@ -619,20 +343,7 @@ fn conv_norm_and_gates_in_one_kernel_equal_the_cpu_steps() {
             channels: c,
             kernel: kk,
         };
-        let prep = DnPrep {
-            mixed: g.d(&od),
-            proj: g.d(&pjd),
-            neg_a: g.d(&nad),
-            dt_bias: g.d(&dtd),
-            n_tok: n,
-            n_k: cs.nk,
-            d_k: cs.dk,
-            n_v: cs.nv,
-            channels: c,
-            proj_stride: ps,
-            b_off,
-            a_off,
-        };
+        let prep = cs.prep(g.d(&od), g.d(&pjd), (g.d(&nad), g.d(&dtd)), n);
         DnConvPrep { conv: &conv, prep: &prep }.launch(&mut g.k, &s).unwrap();
         compare("dn_conv_prep_f32", g.seed, &g.down(&od), &want);
         compare("dn_conv_prep_f32", g.seed, &g.down(&pd), &want_pool);
@@ -677,50 +388,11 @@ fn deltanet_layer_timings() {
             chunks: g.d(&td),
             max_chunks: counts.len(),
         };
-        let (b_off, a_off) = (c + vd, c + vd + cs.nv);
         let conv =
             DnConv { x: g.d(&xd), x_stride: ps, out: g.d(&md), w: g.d(&wd), pool, n_tok: n, channels: c, kernel: kk };
-        let prep = DnPrep {
-            mixed: g.d(&md),
-            proj: g.d(&xd),
-            neg_a: g.d(&nad),
-            dt_bias: g.d(&dtd),
-            n_tok: n,
-            n_k: cs.nk,
-            d_k: cs.dk,
-            n_v: cs.nv,
-            channels: c,
-            proj_stride: ps,
-            b_off,
-            a_off,
-        };
-        let recur = DnRecur {
-            mixed: g.d(&md),
-            proj: g.d(&xd),
-            out: g.d(&od),
-            pool,
-            conv_len: (kk - 1) * c,
-            n_tok: n,
-            n_k: cs.nk,
-            n_v: cs.nv,
-            d_k: cs.dk,
-            d_v: cs.dv,
-            channels: c,
-            proj_stride: ps,
-            b_off,
-            a_off,
-            tiled: true,
-        };
-        let norm = DnGatedNorm {
-            o: g.d(&od),
-            z: g.d(&xd).offset(c),
-            z_stride: ps,
-            w: g.d(&nwd),
-            n_tok: n,
-            n_v: cs.nv,
-            d_v: cs.dv,
-            eps: 1e-6,
-        };
+        let prep = cs.prep(g.d(&md), g.d(&xd), (g.d(&nad), g.d(&dtd)), n);
+        let recur = cs.recur((g.d(&md), g.d(&xd), g.d(&od)), pool, (kk - 1) * c, n);
+        let norm = cs.gated_norm(g.d(&od), g.d(&xd), g.d(&nwd), n, 1e-6);
         let t_conv = super::bench::time(&mut g, &mut |g| conv.launch(&mut g.k, &s).unwrap());
         let t_prep = super::bench::time(&mut g, &mut |g| prep.launch(&mut g.k, &s).unwrap());
         let t_recur = super::bench::time(&mut g, &mut |g| recur.launch(&mut g.k, &s).unwrap());

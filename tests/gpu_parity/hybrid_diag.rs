@@ -20,9 +20,9 @@ use dustoff::backend::Backend;
 use dustoff::engine::single::SingleSeq;
 use dustoff::model::loader::{load_model, LoadedModel};
 
-use super::common::{floats, ids};
+use super::common::{arch_dir, floats, ids};
 use super::gpu;
-use super::qwen35::{arch_dir, cuda, refs_in};
+use super::qwen35::{cuda, refs_in};
 
 /// Tapped inputs by matrix name, in step order: (name, `[n, cols]` values, n).
 type Taps = Arc<Mutex<Vec<(String, Vec<f32>, usize)>>>;

@@ -36,10 +36,10 @@ use std::path::PathBuf;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::loader::{load_model, LoadedModel};
 
+use super::common::arch_dir;
 use super::gpu;
 use super::qwen35::{
-    arch_dir, check_against_refs_in, cuda, engine_on_cuda_equals_cpu_to, feed_then_decode, prefill_then_decode,
-    refs_in, GpuTol,
+    check_against_refs_in, cuda, engine_on_cuda_equals_cpu_to, feed_then_decode, prefill_then_decode, refs_in, GpuTol,
 };
 
 const MOE: GpuTol =

@@ -13,6 +13,7 @@ mod calibrate;
 #[path = "../common/mod.rs"]
 mod common;
 mod deltanet;
+mod deltanet_case;
 mod fused_norm;
 mod hybrid_diag;
 mod hybrid_moe;
@@ -317,20 +318,7 @@ fn rmsnorm_plain_gathered_and_per_head() {
     let qkv = g.randn(n * stride, 5.0);
     let hw = g.randn(hd, 1.0);
     let (qd, hwd) = (g.up(&qkv), g.up(&hw));
-    let b = l::RmsNorm {
-        x: g.d(&qd),
-        w: g.d(&hwd),
-        out: g.d(&qd),
-        rows: None,
-        n_src_rows: n,
-        n_outer: n,
-        n_inner: heads,
-        dim: hd,
-        in_stride: stride,
-        out_stride: stride,
-        eps,
-    };
-    b.launch(&mut g.k, &s).unwrap();
+    head_norm_in_place(g.d(&qd), g.d(&hwd), (n, stride), (heads, hd), eps).launch(&mut g.k, &s).unwrap();
     let mut want3 = qkv.clone();
     for t in 0..n {
         ops::rmsnorm_heads_inplace(&mut want3[t * stride..t * stride + heads * hd], &hw, eps);
@@ -645,22 +633,9 @@ fn qkv_post_equals_norm_rope_store() {
         let (a, ka, va) = (g.up(&qkv), g.zeros::<u16>(cache_rows * kvd), g.zeros::<u16>(cache_rows * kvd));
         if norms {
             for (off, heads, w) in [(0, nh, &qnd), (qd, nkv, &knd)] {
-                let x = g.d(&a).offset(off);
-                l::RmsNorm {
-                    x,
-                    w: g.d(w),
-                    out: x,
-                    rows: None,
-                    n_src_rows: n,
-                    n_outer: n,
-                    n_inner: heads,
-                    dim: hd,
-                    in_stride: stride,
-                    out_stride: stride,
-                    eps,
-                }
-                .launch(&mut g.k, &s)
-                .unwrap();
+                head_norm_in_place(g.d(&a).offset(off), g.d(w), (n, stride), (heads, hd), eps)
+                    .launch(&mut g.k, &s)
+                    .unwrap();
             }
         }
         let halves = style == RopeStyle::Halves;
@@ -767,6 +742,30 @@ fn opts(blocks: usize) -> CudaOptions {
 /// The QK-norm + RoPE + cache-store inputs of a test (`kv_cache::RopeStore`): per-head norm
 /// weights (q, k) or none, positions, RoPE tables of `max_pos` positions, the caches and each
 /// token's row in them.
+/// RMSNorm of each of `heads` heads of `hd` in place, at the start of each of the `n` rows of
+/// `x` (`[n, stride]`, f32), weights `w` (`[hd]`): Qwen3's q/k head norms.
+fn head_norm_in_place(
+    x: Dev<f32>,
+    w: Dev<f32>,
+    (n, stride): (usize, usize),
+    (heads, hd): (usize, usize),
+    eps: f32,
+) -> l::RmsNorm {
+    l::RmsNorm {
+        x,
+        w,
+        out: x,
+        rows: None,
+        n_src_rows: n,
+        n_outer: n,
+        n_inner: heads,
+        dim: hd,
+        in_stride: stride,
+        out_stride: stride,
+        eps,
+    }
+}
+
 pub(crate) fn rope_store(
     g: &Gpu,
     norms: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,

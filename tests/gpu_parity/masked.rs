@@ -12,12 +12,11 @@ use super::{gpu, opts};
 use dustoff::backend::cuda::argmax::MaskedArgmaxRows;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::backend::masks::NO_MASK;
-use dustoff::backend::{Backend, BackendError};
+use dustoff::backend::Backend;
+use dustoff::commands::bench_constrained::HostChoice;
 use dustoff::engine::batch::{Completion, Engine, EngineConfig, EngineMetrics, Request};
 use dustoff::engine::constraint::{ConstraintFactory, OutputConstraint};
-use dustoff::engine::plan::StepPlan;
 use dustoff::engine::sampler::{argmax, masked_argmax, SamplingParams};
-use dustoff::model::config::ModelConfig;
 use dustoff::model::loader::{load_model, LoadedModel};
 
 /// Random rows of every kind the engine produces, over a vocabulary that is not a multiple of
@@ -108,34 +107,6 @@ fn masked_argmax_rows_matches_host_masked_argmax() {
     assert!(k.launch(used + 1, &mut g.k, &s).is_err());
 }
 
-/// The CUDA backend, choosing on the host: every constrained greedy step downloads the logits
-/// and takes `sampler::masked_argmax` (the trait's default rule), as before the device path.
-struct HostChoice(CudaBackend);
-
-impl Backend for HostChoice {
-    fn config(&self) -> &ModelConfig {
-        self.0.config()
-    }
-    fn block_size(&self) -> usize {
-        self.0.block_size()
-    }
-    fn num_blocks(&self) -> usize {
-        self.0.num_blocks()
-    }
-    fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
-        self.0.step(plan)
-    }
-    fn describe(&self) -> String {
-        self.0.describe()
-    }
-    fn decode_weight_bytes(&self) -> u64 {
-        self.0.decode_weight_bytes()
-    }
-    fn kv_bytes_per_position(&self) -> u64 {
-        self.0.kv_bytes_per_position()
-    }
-}
-
 /// The schema of the constrained requests of [`mixed_run`].
 fn city_schema() -> serde_json::Value {
     json!({
@@ -201,8 +172,9 @@ fn check_constrained_rows(m: &LoadedModel, done: &BTreeMap<u64, Completion>, mt:
 }
 
 /// Six constrained and two free greedy requests in the same steps on the sample model: the
-/// device's masked choice gives the same tokens as the host's from the same backend's logits,
-/// every constrained row follows the schema (the free rows take the plain arg-max in both).
+/// device's masked choice gives the same tokens as the host's from the same backend's logits
+/// (`HostChoice`: every constrained step's logits come down to `sampler::masked_argmax`),
+/// every constrained row follows the schema (the free rows take the device arg-max in both).
 #[test]
 fn constrained_greedy_on_the_device_equals_the_host_choice() {
     let Some(g) = gpu("masked greedy engine") else { return };

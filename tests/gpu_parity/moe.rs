@@ -25,8 +25,8 @@ use super::{compare, gpu, opts, run_greedy, Gpu};
 
 const TOKEN_COUNTS: &[usize] = &[1, 2, 7, 8, 9, 33];
 
-/// Every format the expert kernels read: the block formats and F16.
-const FORMATS: &[GgmlType] = &[
+/// The block formats the expert kernels read (moe_q8.rs tests each on int8 activations).
+pub(super) const PACKED: &[GgmlType] = &[
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -35,8 +35,12 @@ const FORMATS: &[GgmlType] = &[
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
-    GgmlType::F16,
 ];
+
+/// Every format the expert kernels read: the block formats and F16.
+fn formats() -> impl Iterator<Item = GgmlType> {
+    PACKED.iter().copied().chain([GgmlType::F16])
+}
 
 fn tensor(g: &mut Gpu, dtype: GgmlType, name: &str, rows: usize, cols: usize) -> Tensor {
     let a = (3.0 / cols as f32).sqrt();
@@ -168,12 +172,25 @@ fn grouping_by_expert_equals_the_cpu_counting_sort() {
 
 /// Distinct random experts for each of `n` tokens (`k` each), as a router would choose.
 fn random_ids(g: &mut Gpu, n: usize, e: usize, k: usize) -> Vec<u32> {
+    distinct_ids(g, n, k, None, 0..e as u32, None)
+}
+
+/// `k` distinct experts for each of `n` tokens: `first` in every token's slot 0 where given,
+/// the other slots drawn uniformly from `draw`, never `skip`.
+pub(super) fn distinct_ids(
+    g: &mut Gpu,
+    n: usize,
+    k: usize,
+    first: Option<u32>,
+    draw: std::ops::Range<u32>,
+    skip: Option<u32>,
+) -> Vec<u32> {
     let mut ids = Vec::with_capacity(n * k);
     for _ in 0..n {
-        let mut chosen: Vec<u32> = Vec::new();
+        let mut chosen: Vec<u32> = first.into_iter().collect();
         while chosen.len() < k {
-            let c = g.rng.random_range(0..e as u32);
-            if !chosen.contains(&c) {
+            let c = g.rng.random_range(draw.clone());
+            if Some(c) != skip && !chosen.contains(&c) {
                 chosen.push(c);
             }
         }
@@ -189,7 +206,7 @@ fn grouped_expert_products_every_format_and_token_count() {
     let Some(mut g) = gpu("moe expert products") else { return };
     let s = g.dev.stream.clone();
     let (e, dim, f, k) = (8, 512, 256, 3);
-    for &dtype in FORMATS {
+    for dtype in formats() {
         let w = layer(&mut g, e, dim, f, k, dtype, dtype);
         let (lw, _) = MoeLayerW::upload(&s, &w, false, "test layer").unwrap();
         for &n in TOKEN_COUNTS {
@@ -290,7 +307,7 @@ fn down_sum_equals_cpu_down_then_slot_order_sum() {
     let Some(mut g) = gpu("moe down sum") else { return };
     let s = g.dev.stream.clone();
     let (e, dim, f) = (8, 512, 256);
-    for &dtype in FORMATS {
+    for dtype in formats() {
         for k in [8usize, 1] {
             let w = layer(&mut g, e, dim, f, k, dtype, dtype);
             let (lw, _) = MoeLayerW::upload(&s, &w, false, "test layer").unwrap();

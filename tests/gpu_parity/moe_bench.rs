@@ -70,25 +70,15 @@ fn moe_bench() {
 fn moe_kernel_breakdown() {
     use dustoff::backend::cuda::launch::Dev;
     use dustoff::backend::cuda::moe::{
-        MoeCombine, MoeDownSum, MoeGroup, MoeLayerW, MoeMat, MoeRoute, MoeRouteFused, MoeWork, Walk,
+        MoeCombine, MoeDownSum, MoeGroup, MoeLayerW, MoeMat, MoeRouteFused, MoeWork, Walk,
     };
     use dustoff::backend::cuda::moe_gemm::{GemmOut, MoeGather, MoeGemm, Tile};
-    use dustoff::model::quant::GgmlType;
 
     use super::bench::time;
-    let mut g = gpu("moe kernel breakdown").unwrap();
-    let s = g.dev.stream.clone();
-    let bw = g.dev.copy_bandwidth(1 << 30, 10).unwrap();
-    println!("copy bandwidth {:.0} GB/s", bw / 1e9);
-    let c = dustoff::model::shapes::shape("qwen3-30b-a3b").unwrap();
-    let m = c.moe.clone().unwrap();
-    let (dim, k, e) = (c.dim, m.n_used, m.n_experts);
     const L: usize = 4;
-    let layers: Vec<MoeLayerW> = (0..L)
-        .map(|i| {
-            MoeLayerW::synthetic(&s, &mut g.k, &c, &m, GgmlType::Q4K, GgmlType::Q6K, 7 + i as u64, "bench").unwrap()
-        })
-        .collect();
+    let (mut g, bw, c, m, layers) = bench_layers("moe kernel breakdown", L, 7);
+    let s = g.dev.stream.clone();
+    let (dim, k, e) = (c.dim, m.n_used, m.n_experts);
     let per_expert = |b: u64| b as f64 / e as f64;
     let gu_bytes = per_expert(layers[0].gate.bytes() + layers[0].up.bytes());
     let down_bytes = per_expert(layers[0].down.bytes());
@@ -119,18 +109,7 @@ fn moe_kernel_breakdown() {
     };
     for n in [1usize, 8, 64, 768] {
         let pairs = n * k;
-        let route = |l: &MoeLayerW| MoeRoute {
-            x: hd,
-            w: Dev::of(&l.router, &s),
-            logits,
-            ids,
-            wts,
-            n_tok: n,
-            dim,
-            n_experts: e,
-            k,
-            norm: l.norm_topk_prob,
-        };
+        let route = |l: &MoeLayerW| layer_route(l, &s, hd, (logits, ids, wts), n);
         // Route every layer once, so that ids / groups hold a real routing for the timed launch.
         let t_route = time(&mut g, &mut |g| route(&layers[next()]).launch(&mut g.k, &s).unwrap());
         row(n, "router logits + top-k (2 launches)", t_route, 0.0);
@@ -218,6 +197,54 @@ fn moe_kernel_breakdown() {
     }
 }
 
+/// A GPU and its copy bandwidth (bytes/s, printed), and `n` sparse layers of the Qwen3-30B-A3B shape with
+/// random experts, Q4_K gate/up and Q6_K down (seeds `seed`, `seed + 1`, ...).
+fn bench_layers(
+    what: &str,
+    n: usize,
+    seed: u64,
+) -> (
+    super::Gpu,
+    f64,
+    dustoff::model::config::ModelConfig,
+    dustoff::model::moe::MoeConfig,
+    Vec<dustoff::backend::cuda::moe::MoeLayerW>,
+) {
+    use dustoff::backend::cuda::moe::MoeLayerW;
+    use dustoff::model::quant::GgmlType;
+    let mut g = gpu(what).unwrap();
+    let s = g.dev.stream.clone();
+    let bw = g.dev.copy_bandwidth(1 << 30, 10).unwrap();
+    println!("copy bandwidth {:.0} GB/s", bw / 1e9);
+    let c = dustoff::model::shapes::shape("qwen3-30b-a3b").unwrap();
+    let m = c.moe.clone().unwrap();
+    let layers = (0..n)
+        .map(|i| {
+            MoeLayerW::synthetic(&s, &mut g.k, &c, &m, GgmlType::Q4K, GgmlType::Q6K, seed + i as u64, "bench").unwrap()
+        })
+        .collect();
+    (g, bw, c, m, layers)
+}
+
+/// The router of layer `l` over `n` tokens of `x` (`[n, dim]`): logits, expert ids and weights
+/// (`[n, n_used]`) into the given buffers.
+fn layer_route(
+    l: &dustoff::backend::cuda::moe::MoeLayerW,
+    s: &cudarc::driver::CudaStream,
+    x: dustoff::backend::cuda::launch::Dev<f32>,
+    (logits, ids, wts): (
+        dustoff::backend::cuda::launch::Dev<f32>,
+        dustoff::backend::cuda::launch::Dev<i32>,
+        dustoff::backend::cuda::launch::Dev<f32>,
+    ),
+    n: usize,
+) -> dustoff::backend::cuda::moe::MoeRoute {
+    use dustoff::backend::cuda::launch::Dev;
+    let w = Dev::of(&l.router, s);
+    let (dim, n_experts, k, norm) = (l.dim, l.n_experts, l.n_used, l.norm_topk_prob);
+    dustoff::backend::cuda::moe::MoeRoute { x, w, logits, ids, wts, n_tok: n, dim, n_experts, k, norm }
+}
+
 /// Median GPU time per layer of `f(layer)` over `n_layers` layers, captured once as a CUDA graph
 /// (one launch after another as in a replayed decode step, no host gaps) and replayed.
 fn time_graph_layers(g: &mut super::Gpu, n_layers: usize, f: &mut dyn FnMut(&mut super::Gpu, usize)) -> f64 {
@@ -239,23 +266,13 @@ fn time_graph_layers(g: &mut super::Gpu, n_layers: usize, f: &mut dyn FnMut(&mut
 #[ignore]
 fn moe_pair_graph_breakdown() {
     use dustoff::backend::cuda::launch::Dev;
-    use dustoff::backend::cuda::moe::{MoeDownSum, MoeLayerW, MoeMat, MoeRoute, MoeRouteFused, MoeWork, Walk};
+    use dustoff::backend::cuda::moe::{MoeDownSum, MoeMat, MoeRouteFused, MoeWork, Walk};
     use dustoff::backend::cuda::moe_q8::MoeGateUpQ8;
-    use dustoff::model::quant::GgmlType;
 
-    let mut g = gpu("moe pair graph breakdown").unwrap();
-    let s = g.dev.stream.clone();
-    let bw = g.dev.copy_bandwidth(1 << 30, 10).unwrap();
-    println!("copy bandwidth {:.0} GB/s", bw / 1e9);
-    let c = dustoff::model::shapes::shape("qwen3-30b-a3b").unwrap();
-    let m = c.moe.clone().unwrap();
-    let (dim, k, e, f) = (c.dim, m.n_used, m.n_experts, m.expert_ffn_dim);
     const L: usize = 6;
-    let layers: Vec<MoeLayerW> = (0..L)
-        .map(|i| {
-            MoeLayerW::synthetic(&s, &mut g.k, &c, &m, GgmlType::Q4K, GgmlType::Q6K, 17 + i as u64, "bench").unwrap()
-        })
-        .collect();
+    let (mut g, bw, c, m, layers) = bench_layers("moe pair graph breakdown", L, 17);
+    let s = g.dev.stream.clone();
+    let (dim, k, e, f) = (c.dim, m.n_used, m.n_experts, m.expert_ffn_dim);
     let gu_b = (layers[0].gate.bytes() + layers[0].up.bytes()) as f64 / e as f64;
     let dn_b = layers[0].down.bytes() as f64 / e as f64;
     // One work area per layer, so each layer's ids / weights stay its own routing.
@@ -288,19 +305,7 @@ fn moe_pair_graph_breakdown() {
         };
         let route = |g: &mut super::Gpu, l: usize| {
             let (logits, ids, wts, _) = d(&works[l]);
-            let lw = &layers[l];
-            let r = MoeRoute {
-                x: hd,
-                w: Dev::of(&lw.router, &s),
-                logits,
-                ids,
-                wts,
-                n_tok: n,
-                dim,
-                n_experts: e,
-                k,
-                norm: lw.norm_topk_prob,
-            };
+            let r = layer_route(&layers[l], &s, hd, (logits, ids, wts), n);
             let count = Dev::of(works[l].route_count.as_ref().unwrap(), &s);
             MoeRouteFused { route: r, count }.launch(&mut g.k, &s).unwrap();
         };

@@ -10,7 +10,6 @@ use dustoff::backend::cuda::moe_gemm::{gemm_fits, GemmOut, MoeGather, MoeGemm, T
 use dustoff::model::moe::MoeWeights;
 use dustoff::model::quant::{dequantize_row, GgmlType};
 use dustoff::model::weights::Tensor;
-use rand::Rng;
 
 use super::{compare, f16_vals, gpu, Gpu};
 
@@ -42,18 +41,7 @@ fn dot(w: &[f32], x: &[f32]) -> f64 {
 /// `k` distinct experts for each of `n` tokens, never `unused`; with `all_first`, slot 0 of
 /// every token is expert 0.
 fn ids_for(g: &mut Gpu, n: usize, e: usize, k: usize, unused: u32, all_first: bool) -> Vec<u32> {
-    let mut ids = Vec::with_capacity(n * k);
-    for _ in 0..n {
-        let mut chosen: Vec<u32> = if all_first { vec![0] } else { Vec::new() };
-        while chosen.len() < k {
-            let c = g.rng.random_range(0..e as u32);
-            if c != unused && !chosen.contains(&c) {
-                chosen.push(c);
-            }
-        }
-        ids.extend(chosen);
-    }
-    ids
+    super::moe::distinct_ids(g, n, k, all_first.then_some(0), 0..e as u32, Some(unused))
 }
 
 #[test]

@@ -11,19 +11,8 @@ use dustoff::backend::cuda::moe_q8::MoeGateUpQ8;
 use dustoff::backend::cuda::q8x::matmul_q8x;
 use dustoff::model::quant::GgmlType;
 
-use super::moe::layer;
+use super::moe::{distinct_ids, layer, PACKED};
 use super::{compare, gpu, Gpu};
-
-const PACKED: &[GgmlType] = &[
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
 
 fn op(kind: &str, t: GgmlType) -> String {
     format!("{kind}_{}", t.name().to_ascii_lowercase())
@@ -32,19 +21,8 @@ fn op(kind: &str, t: GgmlType) -> String {
 /// `n` tokens' ids: k distinct experts each, random; with `skew`, expert 1 in every token's
 /// first slot and expert 0 in none (experts 2.. fill the rest).
 fn ids_for(g: &mut Gpu, n: usize, e: usize, k: usize, skew: bool) -> Vec<i32> {
-    use rand::Rng;
-    let mut ids = Vec::with_capacity(n * k);
-    for _ in 0..n {
-        let mut chosen: Vec<i32> = if skew { vec![1] } else { Vec::new() };
-        while chosen.len() < k {
-            let c = g.rng.random_range(if skew { 2 } else { 0 }..e as i32);
-            if !chosen.contains(&c) {
-                chosen.push(c);
-            }
-        }
-        ids.extend(chosen);
-    }
-    ids
+    let draw = if skew { 2 } else { 0 }..e as u32;
+    distinct_ids(g, n, k, skew.then_some(1), draw, None).into_iter().map(|i| i as i32).collect()
 }
 
 #[test]

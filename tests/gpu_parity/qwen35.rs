@@ -24,7 +24,7 @@ use dustoff::engine::sampler::{argmax, SamplingParams};
 use dustoff::engine::single::SingleSeq;
 use dustoff::model::loader::{load_model, LoadedModel};
 
-use super::common::{floats, ids};
+use super::common::{arch_dir, floats, ids, max_abs_diff, read_jsonl};
 use super::{gpu, opts, TAU_GPU};
 
 const NEAR_TIE: f64 = 0.02;
@@ -32,11 +32,6 @@ const NEAR_TIE: f64 = 0.02;
 const GPU_LOGIT_TOL: f64 = 5e-2;
 /// After a prompt in one chunk (F16 matmul inputs, tensor-core attention).
 const GPU_PREFILL_TOL: f64 = 7.5e-2;
-
-/// `../shared/testdata/arch/<arch>/` (qwen3_5, qwen3_5_moe, qwen3_next).
-pub(super) fn arch_dir(arch: &str) -> PathBuf {
-    crate::common::shared_testdata().join("arch").join(arch)
-}
 
 fn data_dir() -> PathBuf {
     arch_dir("qwen3_5")
@@ -47,23 +42,12 @@ fn refs() -> Vec<serde_json::Value> {
 }
 
 pub(super) fn refs_in(dir: &Path) -> Vec<serde_json::Value> {
-    let p = dir.join("refs.jsonl");
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("refs line is JSON"))
-        .collect()
+    read_jsonl(&dir.join("refs.jsonl"))
 }
 
 pub(super) fn cuda(m: &LoadedModel, blocks: usize) -> CudaBackend {
     CudaBackend::new(m.config.clone(), &m.weights, &opts(blocks))
         .unwrap_or_else(|e| panic!("{} on the CUDA backend: {e}", m.config.arch.name()))
-}
-
-fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).abs()).fold(0.0, f64::max)
 }
 
 /// Prefill in one chunk, then the 32 reference tokens one decode step at a time.

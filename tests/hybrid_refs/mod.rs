@@ -18,14 +18,10 @@ use dustoff::engine::sampler::{argmax, SamplingParams};
 use dustoff::engine::single::SingleSeq;
 use dustoff::model::loader::{load_model, LoadedModel};
 
-pub use crate::common::{floats, ids};
+pub use crate::common::{arch_dir, floats, ids, max_abs_diff};
 
 pub const NEAR_TIE: f64 = 0.02;
 pub const LOGIT_TOL: f64 = 2e-3;
-
-pub fn arch_dir(arch: &str) -> PathBuf {
-    crate::common::shared_testdata().join("arch").join(arch)
-}
 
 /// One architecture's fixture: `../shared/testdata/arch/<dir>/` with its HF directory `hf/`
 /// and llama.cpp's F16 GGUF `<gguf>` of the same weights.
@@ -53,25 +49,26 @@ impl Fixture {
     pub fn refs(&self) -> Vec<serde_json::Value> {
         refs(&self.data_dir())
     }
+    /// [`generate_cli`] on both forms, in a fresh folder `dir_name`.
+    pub fn generate_cli_both_forms(&self, dir_name: &str) {
+        let (dir, r) = (crate::common::tmpdir(dir_name), self.refs());
+        generate_cli(crate::common::bin(), &self.hf_path(), &r, &dir, "hf");
+        generate_cli(crate::common::bin(), &self.gguf_path(), &r, &dir, "gguf");
+    }
+    /// [`tokenizes_refs`] on both forms.
+    pub fn both_forms_tokenize_refs(&self) {
+        let r = self.refs();
+        tokenizes_refs(&self.hf(), &r);
+        tokenizes_refs(&self.gguf(), &r);
+    }
 }
 
 pub fn refs(dir: &Path) -> Vec<serde_json::Value> {
-    let p = dir.join("refs.jsonl");
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("refs line is JSON"))
-        .collect()
+    crate::common::read_jsonl(&dir.join("refs.jsonl"))
 }
 
 pub fn backend(m: &LoadedModel, blocks: usize) -> CpuBackend {
     CpuBackend::new(m.config.clone(), m.weights.clone(), blocks, 16)
-}
-
-pub fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).abs()).fold(0.0, f64::max)
 }
 
 /// Prefill of the prompt in one chunk, then the 32 reference tokens one decode step at a time:

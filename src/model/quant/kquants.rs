@@ -25,14 +25,18 @@ pub(super) fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     }
 }
 
+/// Sub-block `j`'s scale and offset, `(d * sc_j, dmin * m_j)`: its values are `scale * q - offset`.
+#[inline(always)]
+pub(super) fn sub_scale(j: usize, scales: &[u8], d: f32, dmin: f32) -> (f32, f32) {
+    let (sc, m) = scale_min(j, scales);
+    (d * f32::from(sc), dmin * f32::from(m))
+}
+
 pub(super) fn dequantize_q4_k(b: &[u8], y: &mut [f32]) {
     let (d, dmin) = (half_at(b, 0), half_at(b, 2));
     let (scales, qs) = (&b[4..16], &b[16..144]);
     for c in 0..4 {
-        let (s1, m1) = scale_min(2 * c, scales);
-        let (s2, m2) = scale_min(2 * c + 1, scales);
-        let (d1, o1) = (d * f32::from(s1), dmin * f32::from(m1));
-        let (d2, o2) = (d * f32::from(s2), dmin * f32::from(m2));
+        let ((d1, o1), (d2, o2)) = (sub_scale(2 * c, scales, d, dmin), sub_scale(2 * c + 1, scales, d, dmin));
         for l in 0..32 {
             let q = qs[32 * c + l];
             y[64 * c + l] = d1 * f32::from(q & 0x0F) - o1;
@@ -45,10 +49,7 @@ pub(super) fn dequantize_q5_k(b: &[u8], y: &mut [f32]) {
     let (d, dmin) = (half_at(b, 0), half_at(b, 2));
     let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
     for c in 0..4 {
-        let (s1, m1) = scale_min(2 * c, scales);
-        let (s2, m2) = scale_min(2 * c + 1, scales);
-        let (d1, o1) = (d * f32::from(s1), dmin * f32::from(m1));
-        let (d2, o2) = (d * f32::from(s2), dmin * f32::from(m2));
+        let ((d1, o1), (d2, o2)) = (sub_scale(2 * c, scales, d, dmin), sub_scale(2 * c + 1, scales, d, dmin));
         for l in 0..32 {
             let q = qs[32 * c + l];
             let lo = (q & 0x0F) | ((qh[l] >> (2 * c)) & 1) << 4;

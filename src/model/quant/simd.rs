@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::kquants::scale_min;
+use super::kquants::sub_scale;
 use super::GgmlType;
 
 /// Receives 16 consecutive elements starting at element `pos` of the current block.
@@ -145,10 +145,8 @@ unsafe fn visit_q45_k<S: Sink, const FIVE: bool>(b: *const u8, s: &mut S) {
     let (qh_a, qh_b) = if FIVE { (load16(qh), load16(qh.add(16))) } else { (_mm_setzero_si128(), _mm_setzero_si128()) };
     let x10 = _mm_set1_epi8(0x10);
     for c in 0..4 {
-        let (s1, m1) = scale_min(2 * c, scales);
-        let (s2, m2) = scale_min(2 * c + 1, scales);
-        let (d1, o1) = (d * f32::from(s1), -dmin * f32::from(m1));
-        let (d2, o2) = (d * f32::from(s2), -dmin * f32::from(m2));
+        // The offsets negated (a sign flip, exact): the sink takes `d * q + o`.
+        let ((d1, o1), (d2, o2)) = (sub_scale(2 * c, scales, d, -dmin), sub_scale(2 * c + 1, scales, d, -dmin));
         let (lo_a, hi_a) = nibbles(load16(qs.add(32 * c)));
         let (lo_b, hi_b) = nibbles(load16(qs.add(32 * c + 16)));
         let (lo_a, lo_b, hi_a, hi_b) = if FIVE {
