@@ -50,6 +50,29 @@ __device__ __forceinline__ float dot8(uint4 w, const float* x) {
     return acc;
 }
 
+// SiLU and the logistic function in the one form every kernel and the CPU twins use.
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Output (t, row) of a GEMV into out [n_tok, out_stride]: (+)= v + bias[row] (bias optional;
+// accumulate 1: add to what is there, the residual add of a down or out projection).
+__device__ __forceinline__ void gemv_store(float* out, int out_stride, const float* bias, int accumulate, int t,
+                                           int row, float v) {
+    float* o = out + (long long)t * out_stride + row;
+    const float x = v + (bias ? bias[row] : 0.0f);
+    *o = accumulate ? *o + x : x;
+}
+
+// 64 well-mixed bits of (seed, i) (splitmix64's finalizer of seed ^ i * an odd constant): the
+// random fills' element hash, so a fill is a pure function of (seed, index) for any grid.
+__device__ __forceinline__ unsigned long long hash_index(unsigned long long seed, unsigned long long i) {
+    unsigned long long z = seed ^ (i * 0xd1b54a32d192ed03ull);
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

@@ -28,8 +28,6 @@
 // registers that 512 threads may use on an SM (65,536), the 32 state values among them.
 #define DN_RECUR_MAX_THREADS 512
 
-__device__ __forceinline__ float dn_silu(float x) { return x / (1.0f + expf(-x)); }
-
 struct DnConvParams {
     const float* x;      // [n_tok, x_stride]: the q|k|v channels are columns 0..C
     float* out;          // [n_tok, C]
@@ -77,7 +75,7 @@ extern "C" __global__ void dn_conv_silu_f32(const DnConvParams p) {
 #pragma unroll
         for (int jj = 0; jj < H; ++jj) acc += wk[jj] * win[jj];
         acc += w_last * xin;
-        p.out[t * C + ch] = dn_silu(acc);
+        p.out[t * C + ch] = silu(acc);
 #pragma unroll
         for (int jj = 0; jj < H - 1; ++jj) win[jj] = win[jj + 1];
         win[H - 1] = xin;
@@ -127,7 +125,7 @@ extern "C" __global__ void dn_prep_f32(const DnPrepParams p) {
     float* row = p.proj + (long long)t * p.proj_stride;
     for (int hh = lane; hh < p.n_v; hh += WARP) {
         const float b = row[p.b_off + hh];
-        row[p.b_off + hh] = 1.0f / (1.0f + expf(-b));
+        row[p.b_off + hh] = sigmoid(b);
         // softplus with torch's threshold: x above 20.
         const float a = row[p.a_off + hh] + p.dt_bias[hh];
         const float sp = a > 20.0f ? a : log1pf(expf(a));
@@ -252,7 +250,7 @@ __device__ __forceinline__ void dn_recur_impl(const DnRecurParams& p) {
             const float ss = block_sum(r == 0 ? qs * qs : 0.0f, red);
             const float inv = 1.0f / sqrtf(ss / (float)dv + p.eps);
             const float zv = p.z[t * p.z_stride + (long long)h * dv + j];
-            qs = qs * inv * p.norm_w[j] * dn_silu(zv);
+            qs = qs * inv * p.norm_w[j] * silu(zv);
             if (p.qx != nullptr) {
                 if (r == 0) orow[j] = qs;
                 __syncthreads();
@@ -296,7 +294,7 @@ extern "C" __global__ void dn_gated_norm_f32(const DnNormParams p) {
     for (int i = lane; i < p.d_v; i += WARP) ss += x[i] * x[i];
     ss = warp_sum(ss);
     const float inv = 1.0f / sqrtf(ss / (float)p.d_v + p.eps);
-    for (int i = lane; i < p.d_v; i += WARP) x[i] = x[i] * inv * p.w[i] * dn_silu(z[i]);
+    for (int i = lane; i < p.d_v; i += WARP) x[i] = x[i] * inv * p.w[i] * silu(z[i]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -537,7 +535,7 @@ extern "C" __global__ void dn_conv_prep_f32(const DnConvPrepParams p) {
             const long long t = first + e / p.n_v;
             const int hh = e % p.n_v;
             float* row = p.proj + t * p.x_stride;
-            row[p.b_off + hh] = 1.0f / (1.0f + expf(-row[p.b_off + hh]));
+            row[p.b_off + hh] = sigmoid(row[p.b_off + hh]);
             const float a = row[p.a_off + hh] + p.dt_bias[hh];
             const float sp = a > 20.0f ? a : log1pf(expf(a));
             row[p.a_off + hh] = p.neg_a[hh] * sp;
@@ -568,7 +566,7 @@ extern "C" __global__ void dn_conv_prep_f32(const DnConvPrepParams p) {
 #pragma unroll
         for (int jj = 0; jj < H; ++jj) acc += wk[jj] * win[jj];
         acc += w_last * xin;
-        float y = live ? dn_silu(acc) : 0.0f;
+        float y = live ? silu(acc) : 0.0f;
         if (normed) {
             // Every thread of the block takes part in the sum (the dead ones add 0).
             const float ss = block_sum(y * y, scratch);

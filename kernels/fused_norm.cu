@@ -184,11 +184,8 @@ __device__ __forceinline__ void gemv_norm_impl(const GemvNormParams& p) {
 #pragma unroll
         for (int tt = 0; tt < NT; ++tt)
             if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
-                const int row = row0 + r;
                 const float scale = rsqrtf(ss[tt] / (float)p.cols + p.eps);
-                float* o = p.out + (long long)t * p.out_stride + row;
-                const float v = tot[rr][tt] * scale + (p.bias ? p.bias[row] : 0.0f);
-                *o = p.accumulate ? *o + v : v;
+                gemv_store(p.out, p.out_stride, p.bias, p.accumulate, t, row0 + r, tot[rr][tt] * scale);
             }
 }
 
@@ -212,7 +209,7 @@ __device__ __forceinline__ void gemv_norm_swiglu_impl(const GemvNormParams& p) {
             if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
                 const float scale = rsqrtf(ss[tt] / (float)p.cols + p.eps);
                 const float gt = tot[rr][tt] * scale, u = tot[NR + rr][tt] * scale;
-                p.out[(long long)t * p.out_stride + row0 + r] = gt / (1.0f + expf(-gt)) * u;
+                p.out[(long long)t * p.out_stride + row0 + r] = silu(gt) * u;
             }
 }
 

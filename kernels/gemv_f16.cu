@@ -102,10 +102,7 @@ __device__ __forceinline__ void gemv_impl(const GemvParams& p) {
 #pragma unroll
         for (int tt = 0; tt < NT; ++tt)
             if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
-                const int row = row0 + r;
-                float* o = p.out + (long long)t * p.out_stride + row;
-                const float v = tot[rr][tt] + (p.bias ? p.bias[row] : 0.0f);
-                *o = p.accumulate ? *o + v : v;
+                gemv_store(p.out, p.out_stride, p.bias, p.accumulate, t, row0 + r, tot[rr][tt]);
             }
 }
 
@@ -142,7 +139,7 @@ __device__ __forceinline__ void gemv_swiglu_impl(const GemvParams& p) {
         for (int tt = 0; tt < NT; ++tt)
             if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
                 const float g = tot[rr][tt], u = tot[GEMV_ROWS + rr][tt];
-                p.out[(long long)t * p.out_stride + row0 + r] = g / (1.0f + expf(-g)) * u;
+                p.out[(long long)t * p.out_stride + row0 + r] = silu(g) * u;
             }
 }
 

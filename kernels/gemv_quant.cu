@@ -91,10 +91,7 @@ __device__ __forceinline__ void gemv_q_impl(const GemvQParams& p) {
 #pragma unroll
         for (int t = 0; t < NT; ++t)
             if (lane == t * R + r && t < p.n_tok && row0 + r < p.rows) {
-                const int row = row0 + r;
-                float* o = p.out + (long long)t * p.out_stride + row;
-                const float v = acc[r][t] + (p.bias ? p.bias[row] : 0.0f);
-                *o = p.accumulate ? *o + v : v;
+                gemv_store(p.out, p.out_stride, p.bias, p.accumulate, t, row0 + r, acc[r][t]);
             }
 }
 
@@ -121,7 +118,7 @@ __device__ __forceinline__ void gemv_swiglu_q_impl(const GemvQParams& p) {
         for (int t = 0; t < NT; ++t)
             if (lane == t * R + r && t < p.n_tok && row0 + r < p.rows) {
                 const float g = acc[r][t], u = acc[R + r][t];
-                p.out[(long long)t * p.out_stride + row0 + r] = g / (1.0f + expf(-g)) * u;
+                p.out[(long long)t * p.out_stride + row0 + r] = silu(g) * u;
             }
 }
 
