@@ -221,3 +221,34 @@ __device__ __forceinline__ void wmma_k_tile(float (*acc)[8], const half_t* a_til
         }
     }
 }
+
+// The end of a tensor-core GEMM block (gemm_tc.cu, gemm_quant.cu): after a block barrier (the
+// staging area smem becomes the output buffer), each warp's NT16 accumulator tiles (weight rows
+// row0 .. + 16, tokens t0 .. + 16 NT16) go through its [16, ldo] floats of smem to the output
+// [n_tok, out_stride] (one K split, nk == 1: + bias, accumulate) or to split kb's partial
+// part [nk, n_tok, rows]. Element (m = e % 16, n = e / 16): 16 consecutive rows of one token per
+// half-warp. P: a params struct with out, part, bias, out_stride, rows, n_tok, accumulate.
+template <int NT16, class P>
+__device__ __forceinline__ void wmma_store_rows(const P& p, unsigned char* smem, int ldo, const float (&acc)[NT16][8],
+                                                int row0, int t0, int nk, int kb) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    __syncthreads();
+    float* o = reinterpret_cast<float*>(smem) + warp * 16 * ldo;  // [16, ldo]
+#pragma unroll
+    for (int j = 0; j < NT16; ++j) wmma_store_c(o + j * 16, acc[j], ldo);
+    __syncwarp();
+    for (int e = lane; e < 16 * 16 * NT16; e += WARP) {
+        const int m = e % 16, n = t0 + e / 16;
+        if (n < p.n_tok) {
+            const float v = o[m * ldo + e / 16];
+            const int row = row0 + m;
+            if (nk == 1) {
+                const float r = p.bias ? v + p.bias[row] : v;
+                float* dst = p.out + (long long)n * p.out_stride + row;
+                *dst = p.accumulate ? *dst + r : r;
+            } else {
+                p.part[((long long)kb * p.n_tok + n) * p.rows + row] = v;
+            }
+        }
+    }
+}
