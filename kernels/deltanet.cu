@@ -133,8 +133,10 @@ extern "C" __global__ void dn_prep_f32(const DnPrepParams p) {
     }
 }
 
-struct DnRecurParams {
-    const float* mixed;  // [n_tok, C] after dn_prep
+// The delta rule's inputs that the recurrent and the chunked forms share (the base of both
+// params structs; Rust mirror: deltanet.rs DnHeadsParams).
+struct DnHeads {
+    const float* mixed;  // [n_tok, C] after dn_prep: q heads, k heads, v heads
     const float* proj;   // [n_tok, proj_stride]: beta at b_off, g at a_off
     float* out;          // [n_tok, n_v * d_v]
     float* state;        // pool [n_slots, slot_stride]
@@ -151,6 +153,14 @@ struct DnRecurParams {
     int b_off;
     int a_off;
     int tiled;           // 1: value head h reads key head h % n_k; 0: h / (n_v / n_k)
+};
+
+// The key head that value head h reads.
+__device__ __forceinline__ int dn_key_head(const DnHeads& p, int h) {
+    return p.tiled ? h % p.n_k : h / (p.n_v / p.n_k);
+}
+
+struct DnRecurParams : DnHeads {
     // dn_recur_norm_f32 only: the gated RMSNorm of the output (dn_gated_norm_f32's inputs).
     const float* z;      // [n_tok, z_stride]: gate z of head h at column h * d_v
     const float* norm_w; // [d_v]
@@ -205,7 +215,7 @@ __device__ __forceinline__ void dn_recur_impl(const DnRecurParams& p) {
     const long long slot = p.chunks[3 + 3 * c];
     const int j = threadIdx.x / DN_LANES, r = threadIdx.x % DN_LANES;
     const int dk = p.d_k, dv = p.d_v, nr = dk / DN_LANES;
-    const int kh = p.tiled ? h % p.n_k : h / (p.n_v / p.n_k);
+    const int kh = dn_key_head(p, h);
     float* S = p.state + slot * p.slot_stride + p.mats_off + (long long)h * dk * dv;
     float s[DN_MAX_ROWS];
 #pragma unroll
@@ -316,30 +326,9 @@ extern "C" __global__ void dn_gated_norm_f32(const DnNormParams p) {
 // Floats per (token, value head) in the sub-chunk table: the row of A, the row of B, G.
 #define DN_AB_ROW (2 * DN_CH + 1)
 
-struct DnChunkParams {
-    const float* mixed;  // [n_tok, C] after dn_prep: q heads, k heads, v heads
-    const float* proj;   // [n_tok, proj_stride]: beta at b_off, g at a_off
+struct DnChunkParams : DnHeads {
     float* ab;           // [n_tok, n_v, DN_AB_ROW]: A row, B row, G of each token
-    float* out;          // [n_tok, n_v * d_v]
-    float* state;        // pool [n_slots, slot_stride]
-    const int* chunks;   // [1 + 3 * max_chunks]
-    long long slot_stride;
-    long long mats_off;  // layer_off + (K - 1) * C
-    int max_chunks;
-    int n_k;
-    int n_v;
-    int d_k;
-    int d_v;
-    int channels;
-    int proj_stride;
-    int b_off;
-    int a_off;
-    int tiled;
 };
-
-__device__ __forceinline__ int dn_key_head(const DnChunkParams& p, int h) {
-    return p.tiled ? h % p.n_k : h / (p.n_v / p.n_k);
-}
 
 // grid: (n_v, max sub-chunks of a chunk, max_chunks), block 256. Dynamic shared memory:
 // q and k rows of the sub-chunk, [2, DN_CH, d_k + 1] (padded against bank conflicts).
