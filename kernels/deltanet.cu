@@ -28,6 +28,46 @@
 // registers that 512 threads may use on an SM (65,536), the 32 state values among them.
 #define DN_RECUR_MAX_THREADS 512
 
+// The causal conv window of one channel (dn_conv_silu_f32, dn_conv_prep_f32): the history
+// right-aligned in win[0 .. H) (win[H - 1] the newest input; entries before H - (K - 1) hold
+// zeros with zero weights). Only compile-time indices (unrolled loops), so it stays in registers.
+struct DnWindow {
+    static constexpr int H = DN_MAX_K - 1;
+    float win[H];
+    float wk[H];
+    float w_last;
+    // Channel ch's state column of st [K - 1, C] (oldest input first) and weight row of w
+    // [C, K]; live false: zeros.
+    __device__ __forceinline__ void load(const float* st, const float* w, int ch, int C, int K, bool live) {
+#pragma unroll
+        for (int jj = 0; jj < H; ++jj) {
+            const int j = jj - (H - (K - 1));  // index in the state / weight row, < 0: unused
+            win[jj] = (live && j >= 0) ? st[(long long)j * C + ch] : 0.0f;
+            wk[jj] = (live && j >= 0) ? w[(long long)ch * K + j] : 0.0f;
+        }
+        w_last = live ? w[(long long)ch * K + K - 1] : 0.0f;
+    }
+    // The conv of the window and input xin, summed oldest tap first (the CPU twin's order, so
+    // both round alike; the padding taps add nothing); then xin joins the window.
+    __device__ __forceinline__ float step(float xin) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < H; ++jj) acc += wk[jj] * win[jj];
+        acc += w_last * xin;
+#pragma unroll
+        for (int jj = 0; jj < H - 1; ++jj) win[jj] = win[jj + 1];
+        win[H - 1] = xin;
+        return acc;
+    }
+    __device__ __forceinline__ void store(float* st, int ch, int C, int K) const {
+#pragma unroll
+        for (int jj = 0; jj < H; ++jj) {
+            const int j = jj - (H - (K - 1));
+            if (j >= 0) st[(long long)j * C + ch] = win[jj];
+        }
+    }
+};
+
 struct DnConvParams {
     const float* x;      // [n_tok, x_stride]: the q|k|v channels are columns 0..C
     float* out;          // [n_tok, C]
@@ -53,38 +93,23 @@ extern "C" __global__ void dn_conv_silu_f32(const DnConvParams p) {
     const long long slot = p.chunks[3 + 3 * c];
     const int C = p.channels, K = p.kernel;
     float* st = p.state + slot * p.slot_stride + p.layer_off;  // [K - 1, C]
-    // The history right-aligned in win[0 .. H): win[H - 1] is the newest input; entries before
-    // H - (K - 1) hold zeros with zero weights. Only compile-time indices (unrolled loops), so
-    // the window stays in registers.
-    constexpr int H = DN_MAX_K - 1;
-    float win[H];
-    float wk[H];
-#pragma unroll
-    for (int jj = 0; jj < H; ++jj) {
-        const int j = jj - (H - (K - 1));  // index in the state / weight row, < 0: unused
-        win[jj] = j >= 0 ? st[(long long)j * C + ch] : 0.0f;
-        wk[jj] = j >= 0 ? p.w[(long long)ch * K + j] : 0.0f;
-    }
-    const float w_last = p.w[(long long)ch * K + K - 1];
+    DnWindow wnd;
+    wnd.load(st, p.w, ch, C, K, true);
     for (int i = 0; i < count; ++i) {
         const long long t = first + i;
-        const float xin = p.x[t * p.x_stride + ch];
-        // Summed oldest tap first, the order of the CPU twin, so both round alike; the padding
-        // taps (j < 0) are zero and add nothing.
-        float acc = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < H; ++jj) acc += wk[jj] * win[jj];
-        acc += w_last * xin;
-        p.out[t * C + ch] = silu(acc);
-#pragma unroll
-        for (int jj = 0; jj < H - 1; ++jj) win[jj] = win[jj + 1];
-        win[H - 1] = xin;
+        p.out[t * C + ch] = silu(wnd.step(p.x[t * p.x_stride + ch]));
     }
-#pragma unroll
-    for (int jj = 0; jj < H; ++jj) {
-        const int j = jj - (H - (K - 1));
-        if (j >= 0) st[(long long)j * C + ch] = win[jj];
-    }
+    wnd.store(st, ch, C, K);
+}
+
+// Value head hh's gates in place in a projection row: beta = sigmoid(b) at b_off, g =
+// -exp(A_log) softplus(a + dt_bias) at a_off (softplus with torch's threshold: x above 20).
+__device__ __forceinline__ void dn_gates(float* row, int b_off, int a_off, int hh, const float* neg_a,
+                                         const float* dt_bias) {
+    row[b_off + hh] = sigmoid(row[b_off + hh]);
+    const float a = row[a_off + hh] + dt_bias[hh];
+    const float sp = a > 20.0f ? a : log1pf(expf(a));
+    row[a_off + hh] = neg_a[hh] * sp;
 }
 
 struct DnPrepParams {
@@ -123,14 +148,7 @@ extern "C" __global__ void dn_prep_f32(const DnPrepParams p) {
         return;
     }
     float* row = p.proj + (long long)t * p.proj_stride;
-    for (int hh = lane; hh < p.n_v; hh += WARP) {
-        const float b = row[p.b_off + hh];
-        row[p.b_off + hh] = sigmoid(b);
-        // softplus with torch's threshold: x above 20.
-        const float a = row[p.a_off + hh] + p.dt_bias[hh];
-        const float sp = a > 20.0f ? a : log1pf(expf(a));
-        row[p.a_off + hh] = p.neg_a[hh] * sp;
-    }
+    for (int hh = lane; hh < p.n_v; hh += WARP) dn_gates(row, p.b_off, p.a_off, hh, p.neg_a, p.dt_bias);
 }
 
 // The delta rule's inputs that the recurrent and the chunked forms share (the base of both
@@ -531,11 +549,7 @@ extern "C" __global__ void dn_conv_prep_f32(const DnConvPrepParams p) {
         for (int e = threadIdx.x; e < count * p.n_v; e += blockDim.x) {
             const long long t = first + e / p.n_v;
             const int hh = e % p.n_v;
-            float* row = p.proj + t * p.x_stride;
-            row[p.b_off + hh] = sigmoid(row[p.b_off + hh]);
-            const float a = row[p.a_off + hh] + p.dt_bias[hh];
-            const float sp = a > 20.0f ? a : log1pf(expf(a));
-            row[p.a_off + hh] = p.neg_a[hh] * sp;
+            dn_gates(p.proj + t * p.x_stride, p.b_off, p.a_off, hh, p.neg_a, p.dt_bias);
         }
         return;
     }
@@ -545,24 +559,11 @@ extern "C" __global__ void dn_conv_prep_f32(const DnConvPrepParams p) {
     const float scale = b < p.n_k ? p.q_scale : 1.0f;
     const int C = p.channels, K = p.kernel;
     float* st = p.state + slot * p.slot_stride + p.layer_off;  // [K - 1, C]
-    // The window as in dn_conv_silu_f32: right-aligned, compile-time indices only.
-    constexpr int H = DN_MAX_K - 1;
-    float win[H];
-    float wk[H];
-#pragma unroll
-    for (int jj = 0; jj < H; ++jj) {
-        const int j = jj - (H - (K - 1));
-        win[jj] = (live && j >= 0) ? st[(long long)j * C + ch] : 0.0f;
-        wk[jj] = (live && j >= 0) ? p.w[(long long)ch * K + j] : 0.0f;
-    }
-    const float w_last = live ? p.w[(long long)ch * K + K - 1] : 0.0f;
+    DnWindow wnd;
+    wnd.load(st, p.w, ch, C, K, live);
     for (int i = 0; i < count; ++i) {
         const long long t = first + i;
-        const float xin = live ? p.x[t * p.x_stride + ch] : 0.0f;
-        float acc = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < H; ++jj) acc += wk[jj] * win[jj];
-        acc += w_last * xin;
+        const float acc = wnd.step(live ? p.x[t * p.x_stride + ch] : 0.0f);
         float y = live ? silu(acc) : 0.0f;
         if (normed) {
             // Every thread of the block takes part in the sum (the dead ones add 0).
@@ -570,14 +571,6 @@ extern "C" __global__ void dn_conv_prep_f32(const DnConvPrepParams p) {
             y = y * (1.0f / sqrtf(ss + p.eps)) * scale;
         }
         if (live) p.out[t * C + ch] = y;
-#pragma unroll
-        for (int jj = 0; jj < H - 1; ++jj) win[jj] = win[jj + 1];
-        win[H - 1] = xin;
     }
-    if (!live) return;
-#pragma unroll
-    for (int jj = 0; jj < H; ++jj) {
-        const int j = jj - (H - (K - 1));
-        if (j >= 0) st[(long long)j * C + ch] = win[jj];
-    }
+    if (live) wnd.store(st, ch, C, K);
 }
