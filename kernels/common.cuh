@@ -63,6 +63,33 @@ __device__ __forceinline__ void gemv_store(float* out, int out_stride, const flo
     *o = accumulate ? *o + x : x;
 }
 
+// The F16 GEMV blocks' weight rows (gemv_f16.cu, fused_norm.cu): 16-byte pointers to rows row0 ..
+// row0 + NR of w [rows, cols] (null past rows) and, with UP (SwiGLU), to the up rows rows +
+// row0 .. in wrow[NR ..] (the gate rows first in a [2 rows, cols] matrix).
+template <int NR, bool UP>
+__device__ __forceinline__ void f16_row_ptrs(const half_t* w, int rows, int cols, int row0,
+                                             const uint4* (&wrow)[UP ? 2 * NR : NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        const bool in = row0 + r < rows;
+        wrow[r] = in ? reinterpret_cast<const uint4*>(w + (long long)(row0 + r) * cols) : nullptr;
+        if (UP) wrow[UP ? NR + r : r] = in ? reinterpret_cast<const uint4*>(w + (long long)(rows + row0 + r) * cols) : nullptr;
+    }
+}
+
+// Thread (r, t) = (threadIdx.x / NT, threadIdx.x % NT) of an F16 GEMV block of NR rows owns
+// output (t, row0 + r): f(rr, tt) runs for it (t < n_tok, row0 + r < rows) with compile-time
+// indices rr == r, tt == t, so the per-(row, token) totals it reads stay in registers.
+template <int NR, int NT, class F>
+__device__ __forceinline__ void gemv_own_output(int row0, int rows, int n_tok, F&& f) {
+    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
+#pragma unroll
+    for (int rr = 0; rr < NR; ++rr)
+#pragma unroll
+        for (int tt = 0; tt < NT; ++tt)
+            if (rr == r && tt == t && t < n_tok && row0 + r < rows) f(rr, tt);
+}
+
 // 64 well-mixed bits of (seed, i) (splitmix64's finalizer of seed ^ i * an odd constant): the
 // random fills' element hash, so a fill is a pure function of (seed, index) for any grid.
 __device__ __forceinline__ unsigned long long hash_index(unsigned long long seed, unsigned long long i) {
