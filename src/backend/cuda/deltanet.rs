@@ -11,7 +11,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
 use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev};
-use super::qlaunch::q8x_bytes;
+use super::qlaunch::q8x_planes;
 use super::CudaError;
 
 /// Longest conv kernel `dn_conv_silu_f32` holds in registers (`DN_MAX_K`).
@@ -401,11 +401,9 @@ impl DnRecur {
         self.check_heads(kn)?;
         let q8 = match xq {
             Some(xq) => {
+                // Each head's d_v values are whole blocks (the kernel quantizes a head at a time).
                 check(kn, dv.is_multiple_of(32), || format!("value head size {dv}: not whole 32-value blocks"))?;
-                check(kn, xq.ptr.is_multiple_of(256), || "the int8 output must be 256-byte aligned".into())?;
-                let (ql, xs, total) = q8x_bytes(self.n_tok, nv * dv);
-                need(kn, "int8 output", xq, total)?;
-                (xq.ptr, xq.ptr + ql as u64, xq.ptr + xs as u64)
+                q8x_planes(kn, "int8 output", xq, self.n_tok, nv * dv)?
             }
             None => (0, 0, 0),
         };
