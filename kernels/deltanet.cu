@@ -292,6 +292,8 @@ __device__ __forceinline__ void dn_recur_impl(const DnRecurParams& p) {
     // its offset opaque to the compiler (the empty asm): under the token loop's register pressure
     // it otherwise rebuilt every row's address from the params (13 to 27 PTX instructions a row
     // instead of 6; dn_recur_norm_f32 1,802 -> 1,353 instructions, dn_recur_f32 1,235 -> 1,069).
+    // Time on the H200 from compute_70 PTX: the same within run-to-run noise (the driver's
+    // compiler seems to undo most of it); the token loop is unchanged either way.
     long long at = (S - p.state) + (long long)r * dv + j;
     asm volatile("" : "+l"(at));
     float* col = p.state + at;
