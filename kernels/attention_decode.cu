@@ -116,6 +116,21 @@ __device__ __forceinline__ void split_softmax(const AttnParams& p, float* sc, in
 // A lane's part of the scores of two positions: acc[u] = q . k_u over the lane's DL dimensions
 // (q: DL / 4 float4 in shared memory; kf: the two rows widened to f32), products in dimension
 // order.
+// The warps' partial V sums red [nwarps, ATT_VCHUNK, hd] added in warp order (a fixed order)
+// into the partial outputs of query heads j0 .. j0 + ATT_VCHUNK of KV head g, token t, split s.
+// Called by the whole block after the barrier that follows the writes to red.
+__device__ __forceinline__ void att_store_vsum(const AttnParams& p, const float* red, int hd, int nwarps, int group,
+                                               int j0, int t, int g, int s) {
+    for (int e = threadIdx.x; e < ATT_VCHUNK * hd; e += blockDim.x) {
+        const int j = e / hd, d = e % hd;
+        if (j0 + j < group) {
+            float v = 0.0f;
+            for (int w = 0; w < nwarps; ++w) v += red[((long long)w * ATT_VCHUNK + j) * hd + d];
+            p.part_o[(((long long)t * p.n_heads + g * group + j0 + j) * p.n_splits + s) * hd + d] = v;
+        }
+    }
+}
+
 template <int DL>
 __device__ __forceinline__ void att_dot2(const float4* qv, const float (&kf)[2][DL], float (&acc)[2]) {
     acc[0] = 0.0f;
@@ -230,14 +245,7 @@ extern "C" __global__ void attn_split_f16(const AttnParams p) {
                 }
             }
         __syncthreads();
-        for (int e = threadIdx.x; e < ATT_VCHUNK * hd; e += blockDim.x) {
-            const int j = e / hd, d = e % hd;
-            if (j0 + j < group) {
-                float v = 0.0f;
-                for (int w = 0; w < nwarps; ++w) v += red[((long long)w * ATT_VCHUNK + j) * hd + d];
-                p.part_o[(((long long)t * p.n_heads + g * group + j0 + j) * p.n_splits + s) * hd + d] = v;
-            }
-        }
+        att_store_vsum(p, red, hd, nwarps, group, j0, t, g, s);
         __syncthreads();
     }
 }
@@ -356,14 +364,7 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
 #pragma unroll
             for (int i = 0; i < VL; ++i) red[((long long)warp * ATT_VCHUNK + j) * HD + lane * VL + i] = acc[j][i];
         __syncthreads();
-        for (int e = threadIdx.x; e < ATT_VCHUNK * HD; e += blockDim.x) {
-            const int j = e / HD, d = e % HD;
-            if (j0 + j < group) {
-                float v = 0.0f;
-                for (int w = 0; w < nwarps; ++w) v += red[((long long)w * ATT_VCHUNK + j) * HD + d];
-                p.part_o[(((long long)t * p.n_heads + g * group + j0 + j) * p.n_splits + s) * HD + d] = v;
-            }
-        }
+        att_store_vsum(p, red, HD, nwarps, group, j0, t, g, s);
         __syncthreads();
     }
 }

@@ -126,6 +126,72 @@ __device__ __forceinline__ long long atp_part(const PrefillParams& p, int t, int
     return ((long long)(t - p.part_tok0) * p.n_heads + h) * p.n_parts + p.part0 + z;
 }
 
+// (max, sum of exp) of partial (token t, head h, split z); m in natural units (-inf: none).
+__device__ __forceinline__ void atp_store_ml(const PrefillParams& p, int t, int h, int z, float m, float l) {
+    float* ml = p.part_ml + atp_part(p, t, h, z) * 2;
+    ml[0] = m;
+    ml[1] = l;
+}
+
+// What a block works on (both kernel families): tile blockIdx.x of the tile table, query head
+// h of the warp (KV head g), split z's K/V range [start, end) of the tile.
+struct AtpTile {
+    int z, g, h, nt, start, end;
+    const int* bt;    // the tile's block-table row
+    const int* rows;  // [nt] flat tokens of the tile's rows
+};
+__device__ __forceinline__ AtpTile atp_tile(const PrefillParams& p, int warp) {
+    AtpTile a;
+    const int tile = blockIdx.x;
+    a.z = blockIdx.z;
+    const int group = p.n_heads / p.n_kv, chunks = group / p.heads;
+    a.g = blockIdx.y / chunks;
+    a.h = a.g * group + (blockIdx.y % chunks) * p.heads + warp;
+    const int r0 = p.tiles[4 * tile], kv_end = p.tiles[4 * tile + 2];
+    a.nt = p.tiles[4 * tile + 1];
+    a.bt = p.block_tables + (long long)p.tiles[4 * tile + 3] * p.bt_stride;
+    a.rows = p.rows + r0;
+    a.start = a.z * p.split_len;
+    a.end = min(kv_end, a.start + p.split_len);
+    return a;
+}
+
+// The K/V tile at kp into shared memory (ks, vs), from the batch already fetched into pf and
+// the rest of the tile (batch pairs a fetch); then the first batch of the next tile into pf, in
+// flight during this tile's products. Called by the whole block.
+template <int HD>
+__device__ __forceinline__ void atp_next_kv(const PrefillParams& p, const AtpTile& a, long long kv_dim, int kp,
+                                            int batch, half_t* ks, half_t* vs, uint4 (&pf)[ATP_PF]) {
+    constexpr int PAIRS = ATP_KT * (HD / 8);  // (K, V) uint4 pairs per tile
+    __syncthreads();  // every warp is done with the previous K/V tile
+    atp_stage<HD>(ks, vs, 0, pf);
+    for (int base = batch; base < PAIRS; base += batch) {
+        uint4 more[ATP_PF];
+        atp_fetch<HD>(p, a.bt, kv_dim, a.g, kp, a.end, base, more);
+        atp_stage<HD>(ks, vs, base, more);
+    }
+    __syncthreads();
+    if (kp + ATP_KT < a.end) atp_fetch<HD>(p, a.bt, kv_dim, a.g, kp + ATP_KT, a.end, 0, pf);
+}
+
+// O += P V over the tile: P the warp's [16, ATP_KT] F16 rows at ps (leading dimension ldp), V
+// the tile's rows at vs [ATP_KT, LDK].
+template <int HD>
+__device__ __forceinline__ void atp_pv(float (&o)[HD / 16][8], const half_t* ps, int ldp, const half_t* vs) {
+    constexpr int LDK = AtpLayout<HD, false>::LDK;
+#pragma unroll
+    for (int k2 = 0; k2 < ATP_KT / 16; ++k2) {
+        unsigned a[8];
+        wmma_load_a(a, ps + k2 * 16, ldp);
+#pragma unroll
+        for (int j = 0; j < HD / 16; ++j) {
+            unsigned b[8];
+            wmma_load_b_row(b, vs + k2 * 16 * LDK + j * 16, LDK);
+            wmma_mma_rr(o[j], a, b);
+        }
+    }
+}
+
 // Q of the warp's head for its tile rows (scaled, F16): A fragments staged through `ss` (the
 // warp's scratch, used as [16, 72] halves) 64 columns at a time, or (Q_SMEM) the warp's Q area
 // `qs` [16, LDQ], read again for every K tile. Each 64-column slab is read as 32 independent
@@ -184,22 +250,15 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     float* l_s = alpha_s + 16;                                    // [16]
     half_t* qs = reinterpret_cast<half_t*>(l_s + 16);             // [16, LDQ] (HD 256)
 
-    const int tile = blockIdx.x, z = blockIdx.z;
-    const int group = p.n_heads / p.n_kv, chunks = group / p.heads;
-    const int g = blockIdx.y / chunks;
-    const int h = g * group + (blockIdx.y % chunks) * p.heads + warp;
-    const int r0 = p.tiles[4 * tile], nt = p.tiles[4 * tile + 1], kv_end = p.tiles[4 * tile + 2];
-    const int* bt = p.block_tables + (long long)p.tiles[4 * tile + 3] * p.bt_stride;
-    const int* rows = p.rows + r0;
+    const AtpTile tl = atp_tile(p, warp);
+    const int z = tl.z, g = tl.g, h = tl.h, nt = tl.nt, start = tl.start, end = tl.end;
+    const int* rows = tl.rows;
     const long long kv_dim = (long long)p.n_kv * HD;
-    const int start = z * p.split_len, end = min(kv_end, start + p.split_len);
     const int row = lane / 2, half = lane % 2;
     const int row_tok = rows[min(row, nt - 1)];
     if (start >= end) {  // a split past this tile's range (partial mode only): empty partials
         if (half == 0 && row < nt) {
-            float* ml = p.part_ml + atp_part(p, row_tok, h, z) * 2;
-            ml[0] = NEG_INF;
-            ml[1] = 0.0f;
+            atp_store_ml(p, row_tok, h, z, NEG_INF, 0.0f);
         }
         return;
     }
@@ -234,20 +293,11 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
 
     // K/V tiles are fetched ATP_PF 16-byte loads per thread at a time (all in flight together);
     // the first batch of the next tile is fetched before this tile's products and stored after.
-    constexpr int PAIRS = ATP_KT * (HD / 8);       // (K, V) uint4 pairs per tile
-    const int batch = ATP_PF / 2 * nthreads;       // pairs per fetch
+    const int batch = ATP_PF / 2 * nthreads;       // (K, V) pairs per fetch
     uint4 pf[ATP_PF];
-    atp_fetch<HD>(p, bt, kv_dim, g, start, end, 0, pf);
+    atp_fetch<HD>(p, tl.bt, kv_dim, g, start, end, 0, pf);
     for (int kp = start; kp < end; kp += ATP_KT) {
-        __syncthreads();  // every warp is done with the previous K/V tile
-        atp_stage<HD>(ks, vs, 0, pf);
-        for (int base = batch; base < PAIRS; base += batch) {
-            uint4 more[ATP_PF];
-            atp_fetch<HD>(p, bt, kv_dim, g, kp, end, base, more);
-            atp_stage<HD>(ks, vs, base, more);
-        }
-        __syncthreads();
-        if (kp + ATP_KT < end) atp_fetch<HD>(p, bt, kv_dim, g, kp + ATP_KT, end, 0, pf);
+        atp_next_kv<HD>(p, tl, kv_dim, kp, batch, ks, vs, pf);
 
         // S = Q K^T for the tile's ATP_KT positions (Q from shared memory: each A fragment
         // loaded once per tile, for both 16-column halves).
@@ -340,17 +390,7 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
 #pragma unroll
                 for (int i = 0; i < 8; ++i) o[j][i] *= a_of[i];
         }
-#pragma unroll
-        for (int k2 = 0; k2 < ATP_KT / 16; ++k2) {
-            unsigned a[8];
-            wmma_load_a(a, ps + k2 * 16, L::LDP);
-#pragma unroll
-            for (int j = 0; j < NK; ++j) {
-                unsigned b[8];
-                wmma_load_b_row(b, vs + k2 * 16 * L::LDK + j * 16, L::LDK);
-                wmma_mma_rr(o[j], a, b);
-            }
-        }
+        atp_pv<HD>(o, ps, L::LDP, vs);
         __syncwarp();  // P and alpha are read before the next tile overwrites them
     }
 
@@ -376,9 +416,7 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
         for (int i = 0; i < 8; ++i)
             if (frow[i] < nt) p.part_o[atp_part(p, rows[frow[i]], h, z) * HD + j * 16 + fcol[i]] = o[j][i];
     if (half == 0 && row < nt) {
-        float* ml = p.part_ml + atp_part(p, row_tok, h, z) * 2;
-        ml[0] = m_row * ATP_LN2;  // -inf stays -inf
-        ml[1] = l_row;
+        atp_store_ml(p, row_tok, h, z, m_row * ATP_LN2, l_row);  // -inf stays -inf
     }
 }
 
@@ -434,29 +472,20 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
     half_t* ps = reinterpret_cast<half_t*>(ss + 16 * L::LDS);  // [16, LDP] P of the tile
     half_t* qs = reinterpret_cast<half_t*>(ps + 16 * L::LDP + 2 * 16 * 2);  // [16, LDQ] (Q_SMEM)
 
-    const int tile = blockIdx.x, z = blockIdx.z;
-    const int group = p.n_heads / p.n_kv, chunks = group / p.heads;
-    const int g = blockIdx.y / chunks;
-    const int h = g * group + (blockIdx.y % chunks) * p.heads + warp;
-    const int r0 = p.tiles[4 * tile], nt = p.tiles[4 * tile + 1], kv_end = p.tiles[4 * tile + 2];
-    const int* bt = p.block_tables + (long long)p.tiles[4 * tile + 3] * p.bt_stride;
-    const int* rows = p.rows + r0;
+    const AtpTile tl = atp_tile(p, warp);
+    const int z = tl.z, g = tl.g, h = tl.h, nt = tl.nt, start = tl.start, end = tl.end;
+    const int* rows = tl.rows;
     const long long kv_dim = (long long)p.n_kv * HD;
-    const int start = z * p.split_len, end = min(kv_end, start + p.split_len);
     // This lane's two rows (A: g, B: g + 8) and their tokens (rows past nt repeat the last).
     const int ra = lane / 4, rb = ra + 8;
     const int tok_a = rows[min(ra, nt - 1)], tok_b = rows[min(rb, nt - 1)];
     if (start >= end) {  // a split past this tile's range (partial mode only): empty partials
         if (lane % 4 == 0) {
             if (ra < nt) {
-                float* ml = p.part_ml + atp_part(p, tok_a, h, z) * 2;
-                ml[0] = NEG_INF;
-                ml[1] = 0.0f;
+                atp_store_ml(p, tok_a, h, z, NEG_INF, 0.0f);
             }
             if (rb < nt) {
-                float* ml = p.part_ml + atp_part(p, tok_b, h, z) * 2;
-                ml[0] = NEG_INF;
-                ml[1] = 0.0f;
+                atp_store_ml(p, tok_b, h, z, NEG_INF, 0.0f);
             }
         }
         return;
@@ -489,20 +518,11 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[j][i] = 0.0f;
 
-    constexpr int PAIRS = ATP_KT * (HD / 8);
     const int batch = ATP_PF / 2 * nthreads;
     uint4 pf[ATP_PF];
-    atp_fetch<HD>(p, bt, kv_dim, g, start, end, 0, pf);
+    atp_fetch<HD>(p, tl.bt, kv_dim, g, start, end, 0, pf);
     for (int kp = start; kp < end; kp += ATP_KT) {
-        __syncthreads();  // every warp is done with the previous K/V tile
-        atp_stage<HD>(ks, vs, 0, pf);
-        for (int base = batch; base < PAIRS; base += batch) {
-            uint4 more[ATP_PF];
-            atp_fetch<HD>(p, bt, kv_dim, g, kp, end, base, more);
-            atp_stage<HD>(ks, vs, base, more);
-        }
-        __syncthreads();
-        if (kp + ATP_KT < end) atp_fetch<HD>(p, bt, kv_dim, g, kp + ATP_KT, end, 0, pf);
+        atp_next_kv<HD>(p, tl, kv_dim, kp, batch, ks, vs, pf);
 
         // S = Q K^T: the NT accumulators of the tile live together (independent product chains).
         float s[NT][8];
@@ -590,17 +610,7 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
 #pragma unroll
                 for (int i = 0; i < 8; ++i) o[j][i] *= (i & 2) ? al_b : al_a;
         }
-#pragma unroll
-        for (int k2 = 0; k2 < NT; ++k2) {
-            unsigned a[8];
-            wmma_load_a(a, ps + k2 * 16, L::LDP);
-#pragma unroll
-            for (int j = 0; j < NK; ++j) {
-                unsigned b[8];
-                wmma_load_b_row(b, vs + k2 * 16 * L::LDK + j * 16, L::LDK);
-                wmma_mma_rr(o[j], a, b);
-            }
-        }
+        atp_pv<HD>(o, ps, L::LDP, vs);
         __syncwarp();  // P is read before the next tile overwrites it
     }
 
@@ -637,14 +647,10 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
         }
     if (lane % 4 == 0) {
         if (ra < nt) {
-            float* ml = p.part_ml + atp_part(p, tok_a, h, z) * 2;
-            ml[0] = m_a * ATP_LN2;  // -inf stays -inf
-            ml[1] = l_a;
+            atp_store_ml(p, tok_a, h, z, m_a * ATP_LN2, l_a);  // -inf stays -inf
         }
         if (rb < nt) {
-            float* ml = p.part_ml + atp_part(p, tok_b, h, z) * 2;
-            ml[0] = m_b * ATP_LN2;
-            ml[1] = l_b;
+            atp_store_ml(p, tok_b, h, z, m_b * ATP_LN2, l_b);
         }
     }
 }

@@ -50,6 +50,56 @@ __device__ __forceinline__ float dot8(uint4 w, const float* x) {
     return acc;
 }
 
+// SiLU and the logistic function in the one form every kernel and the CPU twins use.
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Output (t, row) of a GEMV into out [n_tok, out_stride]: (+)= v + bias[row] (bias optional;
+// accumulate 1: add to what is there, the residual add of a down or out projection).
+__device__ __forceinline__ void gemv_store(float* out, int out_stride, const float* bias, int accumulate, int t,
+                                           int row, float v) {
+    float* o = out + (long long)t * out_stride + row;
+    const float x = v + (bias ? bias[row] : 0.0f);
+    *o = accumulate ? *o + x : x;
+}
+
+// The F16 GEMV blocks' weight rows (gemv_f16.cu, fused_norm.cu): 16-byte pointers to rows row0 ..
+// row0 + NR of w [rows, cols] (null past rows) and, with UP (SwiGLU), to the up rows rows +
+// row0 .. in wrow[NR ..] (the gate rows first in a [2 rows, cols] matrix).
+template <int NR, bool UP>
+__device__ __forceinline__ void f16_row_ptrs(const half_t* w, int rows, int cols, int row0,
+                                             const uint4* (&wrow)[UP ? 2 * NR : NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        const bool in = row0 + r < rows;
+        wrow[r] = in ? reinterpret_cast<const uint4*>(w + (long long)(row0 + r) * cols) : nullptr;
+        if (UP) wrow[UP ? NR + r : r] = in ? reinterpret_cast<const uint4*>(w + (long long)(rows + row0 + r) * cols) : nullptr;
+    }
+}
+
+// Thread (r, t) = (threadIdx.x / NT, threadIdx.x % NT) of an F16 GEMV block of NR rows owns
+// output (t, row0 + r): f(rr, tt) runs for it (t < n_tok, row0 + r < rows) with compile-time
+// indices rr == r, tt == t, so the per-(row, token) totals it reads stay in registers.
+template <int NR, int NT, class F>
+__device__ __forceinline__ void gemv_own_output(int row0, int rows, int n_tok, F&& f) {
+    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
+#pragma unroll
+    for (int rr = 0; rr < NR; ++rr)
+#pragma unroll
+        for (int tt = 0; tt < NT; ++tt)
+            if (rr == r && tt == t && t < n_tok && row0 + r < rows) f(rr, tt);
+}
+
+// 64 well-mixed bits of (seed, i) (splitmix64's finalizer of seed ^ i * an odd constant): the
+// random fills' element hash, so a fill is a pure function of (seed, index) for any grid.
+__device__ __forceinline__ unsigned long long hash_index(unsigned long long seed, unsigned long long i) {
+    unsigned long long z = seed ^ (i * 0xd1b54a32d192ed03ull);
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
@@ -195,6 +245,37 @@ __device__ __forceinline__ void wmma_k_tile(float (*acc)[8], const half_t* a_til
             unsigned b[8];
             wmma_load_b_col(b, b_tiles + j * 16 * ld + u * 16, ld);
             wmma_mma_rc(acc[j], a, b);
+        }
+    }
+}
+
+// The end of a tensor-core GEMM block (gemm_tc.cu, gemm_quant.cu): after a block barrier (the
+// staging area smem becomes the output buffer), each warp's NT16 accumulator tiles (weight rows
+// row0 .. + 16, tokens t0 .. + 16 NT16) go through its [16, ldo] floats of smem to the output
+// [n_tok, out_stride] (one K split, nk == 1: + bias, accumulate) or to split kb's partial
+// part [nk, n_tok, rows]. Element (m = e % 16, n = e / 16): 16 consecutive rows of one token per
+// half-warp. P: a params struct with out, part, bias, out_stride, rows, n_tok, accumulate.
+template <int NT16, class P>
+__device__ __forceinline__ void wmma_store_rows(const P& p, unsigned char* smem, int ldo, const float (&acc)[NT16][8],
+                                                int row0, int t0, int nk, int kb) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    __syncthreads();
+    float* o = reinterpret_cast<float*>(smem) + warp * 16 * ldo;  // [16, ldo]
+#pragma unroll
+    for (int j = 0; j < NT16; ++j) wmma_store_c(o + j * 16, acc[j], ldo);
+    __syncwarp();
+    for (int e = lane; e < 16 * 16 * NT16; e += WARP) {
+        const int m = e % 16, n = t0 + e / 16;
+        if (n < p.n_tok) {
+            const float v = o[m * ldo + e / 16];
+            const int row = row0 + m;
+            if (nk == 1) {
+                const float r = p.bias ? v + p.bias[row] : v;
+                float* dst = p.out + (long long)n * p.out_stride + row;
+                *dst = p.accumulate ? *dst + r : r;
+            } else {
+                p.part[((long long)kb * p.n_tok + n) * p.rows + row] = v;
+            }
         }
     }
 }

@@ -28,7 +28,45 @@
 // registers that 512 threads may use on an SM (65,536), the 32 state values among them.
 #define DN_RECUR_MAX_THREADS 512
 
-__device__ __forceinline__ float dn_silu(float x) { return x / (1.0f + expf(-x)); }
+// The causal conv window of one channel (dn_conv_silu_f32, dn_conv_prep_f32): the history
+// right-aligned in win[0 .. H) (win[H - 1] the newest input; entries before H - (K - 1) hold
+// zeros with zero weights). Only compile-time indices (unrolled loops), so it stays in registers.
+struct DnWindow {
+    static constexpr int H = DN_MAX_K - 1;
+    float win[H];
+    float wk[H];
+    float w_last;
+    // Channel ch's state column of st [K - 1, C] (oldest input first) and weight row of w
+    // [C, K]; live false: zeros.
+    __device__ __forceinline__ void load(const float* st, const float* w, int ch, int C, int K, bool live) {
+#pragma unroll
+        for (int jj = 0; jj < H; ++jj) {
+            const int j = jj - (H - (K - 1));  // index in the state / weight row, < 0: unused
+            win[jj] = (live && j >= 0) ? st[(long long)j * C + ch] : 0.0f;
+            wk[jj] = (live && j >= 0) ? w[(long long)ch * K + j] : 0.0f;
+        }
+        w_last = live ? w[(long long)ch * K + K - 1] : 0.0f;
+    }
+    // The conv of the window and input xin, summed oldest tap first (the CPU twin's order, so
+    // both round alike; the padding taps add nothing); then xin joins the window.
+    __device__ __forceinline__ float step(float xin) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < H; ++jj) acc += wk[jj] * win[jj];
+        acc += w_last * xin;
+#pragma unroll
+        for (int jj = 0; jj < H - 1; ++jj) win[jj] = win[jj + 1];
+        win[H - 1] = xin;
+        return acc;
+    }
+    __device__ __forceinline__ void store(float* st, int ch, int C, int K) const {
+#pragma unroll
+        for (int jj = 0; jj < H; ++jj) {
+            const int j = jj - (H - (K - 1));
+            if (j >= 0) st[(long long)j * C + ch] = win[jj];
+        }
+    }
+};
 
 struct DnConvParams {
     const float* x;      // [n_tok, x_stride]: the q|k|v channels are columns 0..C
@@ -55,38 +93,23 @@ extern "C" __global__ void dn_conv_silu_f32(const DnConvParams p) {
     const long long slot = p.chunks[3 + 3 * c];
     const int C = p.channels, K = p.kernel;
     float* st = p.state + slot * p.slot_stride + p.layer_off;  // [K - 1, C]
-    // The history right-aligned in win[0 .. H): win[H - 1] is the newest input; entries before
-    // H - (K - 1) hold zeros with zero weights. Only compile-time indices (unrolled loops), so
-    // the window stays in registers.
-    constexpr int H = DN_MAX_K - 1;
-    float win[H];
-    float wk[H];
-#pragma unroll
-    for (int jj = 0; jj < H; ++jj) {
-        const int j = jj - (H - (K - 1));  // index in the state / weight row, < 0: unused
-        win[jj] = j >= 0 ? st[(long long)j * C + ch] : 0.0f;
-        wk[jj] = j >= 0 ? p.w[(long long)ch * K + j] : 0.0f;
-    }
-    const float w_last = p.w[(long long)ch * K + K - 1];
+    DnWindow wnd;
+    wnd.load(st, p.w, ch, C, K, true);
     for (int i = 0; i < count; ++i) {
         const long long t = first + i;
-        const float xin = p.x[t * p.x_stride + ch];
-        // Summed oldest tap first, the order of the CPU twin, so both round alike; the padding
-        // taps (j < 0) are zero and add nothing.
-        float acc = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < H; ++jj) acc += wk[jj] * win[jj];
-        acc += w_last * xin;
-        p.out[t * C + ch] = dn_silu(acc);
-#pragma unroll
-        for (int jj = 0; jj < H - 1; ++jj) win[jj] = win[jj + 1];
-        win[H - 1] = xin;
+        p.out[t * C + ch] = silu(wnd.step(p.x[t * p.x_stride + ch]));
     }
-#pragma unroll
-    for (int jj = 0; jj < H; ++jj) {
-        const int j = jj - (H - (K - 1));
-        if (j >= 0) st[(long long)j * C + ch] = win[jj];
-    }
+    wnd.store(st, ch, C, K);
+}
+
+// Value head hh's gates in place in a projection row: beta = sigmoid(b) at b_off, g =
+// -exp(A_log) softplus(a + dt_bias) at a_off (softplus with torch's threshold: x above 20).
+__device__ __forceinline__ void dn_gates(float* row, int b_off, int a_off, int hh, const float* neg_a,
+                                         const float* dt_bias) {
+    row[b_off + hh] = sigmoid(row[b_off + hh]);
+    const float a = row[a_off + hh] + dt_bias[hh];
+    const float sp = a > 20.0f ? a : log1pf(expf(a));
+    row[a_off + hh] = neg_a[hh] * sp;
 }
 
 struct DnPrepParams {
@@ -125,18 +148,13 @@ extern "C" __global__ void dn_prep_f32(const DnPrepParams p) {
         return;
     }
     float* row = p.proj + (long long)t * p.proj_stride;
-    for (int hh = lane; hh < p.n_v; hh += WARP) {
-        const float b = row[p.b_off + hh];
-        row[p.b_off + hh] = 1.0f / (1.0f + expf(-b));
-        // softplus with torch's threshold: x above 20.
-        const float a = row[p.a_off + hh] + p.dt_bias[hh];
-        const float sp = a > 20.0f ? a : log1pf(expf(a));
-        row[p.a_off + hh] = p.neg_a[hh] * sp;
-    }
+    for (int hh = lane; hh < p.n_v; hh += WARP) dn_gates(row, p.b_off, p.a_off, hh, p.neg_a, p.dt_bias);
 }
 
-struct DnRecurParams {
-    const float* mixed;  // [n_tok, C] after dn_prep
+// The delta rule's inputs that the recurrent and the chunked forms share (the base of both
+// params structs; Rust mirror: deltanet.rs DnHeadsParams).
+struct DnHeads {
+    const float* mixed;  // [n_tok, C] after dn_prep: q heads, k heads, v heads
     const float* proj;   // [n_tok, proj_stride]: beta at b_off, g at a_off
     float* out;          // [n_tok, n_v * d_v]
     float* state;        // pool [n_slots, slot_stride]
@@ -153,6 +171,14 @@ struct DnRecurParams {
     int b_off;
     int a_off;
     int tiled;           // 1: value head h reads key head h % n_k; 0: h / (n_v / n_k)
+};
+
+// The key head that value head h reads.
+__device__ __forceinline__ int dn_key_head(const DnHeads& p, int h) {
+    return p.tiled ? h % p.n_k : h / (p.n_v / p.n_k);
+}
+
+struct DnRecurParams : DnHeads {
     // dn_recur_norm_f32 only: the gated RMSNorm of the output (dn_gated_norm_f32's inputs).
     const float* z;      // [n_tok, z_stride]: gate z of head h at column h * d_v
     const float* norm_w; // [d_v]
@@ -207,7 +233,7 @@ __device__ __forceinline__ void dn_recur_impl(const DnRecurParams& p) {
     const long long slot = p.chunks[3 + 3 * c];
     const int j = threadIdx.x / DN_LANES, r = threadIdx.x % DN_LANES;
     const int dk = p.d_k, dv = p.d_v, nr = dk / DN_LANES;
-    const int kh = p.tiled ? h % p.n_k : h / (p.n_v / p.n_k);
+    const int kh = dn_key_head(p, h);
     float* S = p.state + slot * p.slot_stride + p.mats_off + (long long)h * dk * dv;
     float s[DN_MAX_ROWS];
 #pragma unroll
@@ -252,7 +278,7 @@ __device__ __forceinline__ void dn_recur_impl(const DnRecurParams& p) {
             const float ss = block_sum(r == 0 ? qs * qs : 0.0f, red);
             const float inv = 1.0f / sqrtf(ss / (float)dv + p.eps);
             const float zv = p.z[t * p.z_stride + (long long)h * dv + j];
-            qs = qs * inv * p.norm_w[j] * dn_silu(zv);
+            qs = qs * inv * p.norm_w[j] * silu(zv);
             if (p.qx != nullptr) {
                 if (r == 0) orow[j] = qs;
                 __syncthreads();
@@ -262,9 +288,19 @@ __device__ __forceinline__ void dn_recur_impl(const DnRecurParams& p) {
         if (r == 0) p.out[t * vd + (long long)h * dv + j] = qs;
         __syncthreads();  // q and k of the next token overwrite the shared copies
     }
+    // The state back through one pointer to column j's row r (row r + 4 m at col[m * step]),
+    // its offset opaque to the compiler (the empty asm): under the token loop's register pressure
+    // it otherwise rebuilt every row's address from the params (13 to 27 PTX instructions a row
+    // instead of 6; dn_recur_norm_f32 1,802 -> 1,353 instructions, dn_recur_f32 1,235 -> 1,069).
+    // Time on the H200 from compute_70 PTX: the same within run-to-run noise (the driver's
+    // compiler seems to undo most of it); the token loop is unchanged either way.
+    long long at = (S - p.state) + (long long)r * dv + j;
+    asm volatile("" : "+l"(at));
+    float* col = p.state + at;
+    const long long step = (long long)DN_LANES * dv;
 #pragma unroll
     for (int m = 0; m < DN_MAX_ROWS; ++m) {
-        if (m < nr) S[(long long)(r + DN_LANES * m) * dv + j] = s[m];
+        if (m < nr) col[m * step] = s[m];
     }
 }
 
@@ -296,7 +332,7 @@ extern "C" __global__ void dn_gated_norm_f32(const DnNormParams p) {
     for (int i = lane; i < p.d_v; i += WARP) ss += x[i] * x[i];
     ss = warp_sum(ss);
     const float inv = 1.0f / sqrtf(ss / (float)p.d_v + p.eps);
-    for (int i = lane; i < p.d_v; i += WARP) x[i] = x[i] * inv * p.w[i] * dn_silu(z[i]);
+    for (int i = lane; i < p.d_v; i += WARP) x[i] = x[i] * inv * p.w[i] * silu(z[i]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -318,30 +354,9 @@ extern "C" __global__ void dn_gated_norm_f32(const DnNormParams p) {
 // Floats per (token, value head) in the sub-chunk table: the row of A, the row of B, G.
 #define DN_AB_ROW (2 * DN_CH + 1)
 
-struct DnChunkParams {
-    const float* mixed;  // [n_tok, C] after dn_prep: q heads, k heads, v heads
-    const float* proj;   // [n_tok, proj_stride]: beta at b_off, g at a_off
+struct DnChunkParams : DnHeads {
     float* ab;           // [n_tok, n_v, DN_AB_ROW]: A row, B row, G of each token
-    float* out;          // [n_tok, n_v * d_v]
-    float* state;        // pool [n_slots, slot_stride]
-    const int* chunks;   // [1 + 3 * max_chunks]
-    long long slot_stride;
-    long long mats_off;  // layer_off + (K - 1) * C
-    int max_chunks;
-    int n_k;
-    int n_v;
-    int d_k;
-    int d_v;
-    int channels;
-    int proj_stride;
-    int b_off;
-    int a_off;
-    int tiled;
 };
-
-__device__ __forceinline__ int dn_key_head(const DnChunkParams& p, int h) {
-    return p.tiled ? h % p.n_k : h / (p.n_v / p.n_k);
-}
 
 // grid: (n_v, max sub-chunks of a chunk, max_chunks), block 256. Dynamic shared memory:
 // q and k rows of the sub-chunk, [2, DN_CH, d_k + 1] (padded against bank conflicts).
@@ -536,11 +551,7 @@ extern "C" __global__ void dn_conv_prep_f32(const DnConvPrepParams p) {
         for (int e = threadIdx.x; e < count * p.n_v; e += blockDim.x) {
             const long long t = first + e / p.n_v;
             const int hh = e % p.n_v;
-            float* row = p.proj + t * p.x_stride;
-            row[p.b_off + hh] = 1.0f / (1.0f + expf(-row[p.b_off + hh]));
-            const float a = row[p.a_off + hh] + p.dt_bias[hh];
-            const float sp = a > 20.0f ? a : log1pf(expf(a));
-            row[p.a_off + hh] = p.neg_a[hh] * sp;
+            dn_gates(p.proj + t * p.x_stride, p.b_off, p.a_off, hh, p.neg_a, p.dt_bias);
         }
         return;
     }
@@ -550,39 +561,18 @@ extern "C" __global__ void dn_conv_prep_f32(const DnConvPrepParams p) {
     const float scale = b < p.n_k ? p.q_scale : 1.0f;
     const int C = p.channels, K = p.kernel;
     float* st = p.state + slot * p.slot_stride + p.layer_off;  // [K - 1, C]
-    // The window as in dn_conv_silu_f32: right-aligned, compile-time indices only.
-    constexpr int H = DN_MAX_K - 1;
-    float win[H];
-    float wk[H];
-#pragma unroll
-    for (int jj = 0; jj < H; ++jj) {
-        const int j = jj - (H - (K - 1));
-        win[jj] = (live && j >= 0) ? st[(long long)j * C + ch] : 0.0f;
-        wk[jj] = (live && j >= 0) ? p.w[(long long)ch * K + j] : 0.0f;
-    }
-    const float w_last = live ? p.w[(long long)ch * K + K - 1] : 0.0f;
+    DnWindow wnd;
+    wnd.load(st, p.w, ch, C, K, live);
     for (int i = 0; i < count; ++i) {
         const long long t = first + i;
-        const float xin = live ? p.x[t * p.x_stride + ch] : 0.0f;
-        float acc = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < H; ++jj) acc += wk[jj] * win[jj];
-        acc += w_last * xin;
-        float y = live ? dn_silu(acc) : 0.0f;
+        const float acc = wnd.step(live ? p.x[t * p.x_stride + ch] : 0.0f);
+        float y = live ? silu(acc) : 0.0f;
         if (normed) {
             // Every thread of the block takes part in the sum (the dead ones add 0).
             const float ss = block_sum(y * y, scratch);
             y = y * (1.0f / sqrtf(ss + p.eps)) * scale;
         }
         if (live) p.out[t * C + ch] = y;
-#pragma unroll
-        for (int jj = 0; jj < H - 1; ++jj) win[jj] = win[jj + 1];
-        win[H - 1] = xin;
     }
-    if (!live) return;
-#pragma unroll
-    for (int jj = 0; jj < H; ++jj) {
-        const int j = jj - (H - (K - 1));
-        if (j >= 0) st[(long long)j * C + ch] = win[jj];
-    }
+    if (live) wnd.store(st, ch, C, K);
 }

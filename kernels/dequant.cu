@@ -205,18 +205,11 @@ struct FillBytesParams {
     unsigned long long seed;
 };
 
-__device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 // grid-stride; out[i] = 32 random bits from a hash of (seed, i).
 extern "C" __global__ void fill_random_u32(const FillBytesParams p) {
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += step)
-        p.out[i] = (unsigned)(mix64(p.seed ^ ((unsigned long long)i * 0xd1b54a32d192ed03ull)) >> 16);
+        p.out[i] = (unsigned)(hash_index(p.seed, i) >> 16);
 }
 
 struct TileAuxParams {
@@ -234,7 +227,7 @@ extern "C" __global__ void tile_aux(const TileAuxParams p) {
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
         const long long b = i / p.ab;
-        const int k = (int)(mix64(p.seed ^ ((unsigned long long)b * 0xd1b54a32d192ed03ull)) % (unsigned long long)p.n_tmpl);
+        const int k = (int)(hash_index(p.seed, b) % (unsigned long long)p.n_tmpl);
         p.out[i] = p.tmpl[(long long)k * p.ab + (i - b * p.ab)];
     }
 }

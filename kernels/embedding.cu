@@ -26,18 +26,11 @@ struct FillParams {
     float scale;
 };
 
-__device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 // grid-stride; any grid.
 extern "C" __global__ void fill_uniform_f16(const FillParams p) {
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += step) {
-        const unsigned long long r = splitmix64(p.seed ^ ((unsigned long long)i * 0xd1b54a32d192ed03ull));
+        const unsigned long long r = hash_index(p.seed, i);
         const float u = (float)(r >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
         p.out[i] = f2h((2.0f * u - 1.0f) * p.scale);
     }

@@ -172,48 +172,27 @@ template <int NT, int NR = GN_ROWS>
 __device__ __forceinline__ void gemv_norm_impl(const GemvNormParams& p) {
     const int row0 = blockIdx.x * NR;
     const uint4* wrow[NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r)
-        wrow[r] = row0 + r < p.rows ? reinterpret_cast<const uint4*>(p.w + (long long)(row0 + r) * p.cols) : nullptr;
+    f16_row_ptrs<NR, false>(p.w, p.rows, p.cols, row0, wrow);
     float tot[NR][NT], ss[NT];
     gn_rows<NT, NR>(p, wrow, tot, ss);
-    // Thread (r, t) writes output (t, row0 + r).
-    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
-#pragma unroll
-    for (int rr = 0; rr < NR; ++rr)
-#pragma unroll
-        for (int tt = 0; tt < NT; ++tt)
-            if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
-                const int row = row0 + r;
-                const float scale = rsqrtf(ss[tt] / (float)p.cols + p.eps);
-                float* o = p.out + (long long)t * p.out_stride + row;
-                const float v = tot[rr][tt] * scale + (p.bias ? p.bias[row] : 0.0f);
-                *o = p.accumulate ? *o + v : v;
-            }
+    gemv_own_output<NR, NT>(row0, p.rows, p.n_tok, [&](int rr, int tt) {
+        const float scale = rsqrtf(ss[tt] / (float)p.cols + p.eps);
+        gemv_store(p.out, p.out_stride, p.bias, p.accumulate, tt, row0 + rr, tot[rr][tt] * scale);
+    });
 }
 
 template <int NT, int NR = GN_ROWS>
 __device__ __forceinline__ void gemv_norm_swiglu_impl(const GemvNormParams& p) {
     const int row0 = blockIdx.x * NR;
     const uint4* wrow[2 * NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-        const bool in = row0 + r < p.rows;
-        wrow[r] = in ? reinterpret_cast<const uint4*>(p.w + (long long)(row0 + r) * p.cols) : nullptr;
-        wrow[NR + r] = in ? reinterpret_cast<const uint4*>(p.w + (long long)(p.rows + row0 + r) * p.cols) : nullptr;
-    }
+    f16_row_ptrs<NR, true>(p.w, p.rows, p.cols, row0, wrow);
     float tot[2 * NR][NT], ss[NT];
     gn_rows<NT, 2 * NR>(p, wrow, tot, ss);
-    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
-#pragma unroll
-    for (int rr = 0; rr < NR; ++rr)
-#pragma unroll
-        for (int tt = 0; tt < NT; ++tt)
-            if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
-                const float scale = rsqrtf(ss[tt] / (float)p.cols + p.eps);
-                const float gt = tot[rr][tt] * scale, u = tot[NR + rr][tt] * scale;
-                p.out[(long long)t * p.out_stride + row0 + r] = gt / (1.0f + expf(-gt)) * u;
-            }
+    gemv_own_output<NR, NT>(row0, p.rows, p.n_tok, [&](int rr, int tt) {
+        const float scale = rsqrtf(ss[tt] / (float)p.cols + p.eps);
+        const float gt = tot[rr][tt] * scale, u = tot[NR + rr][tt] * scale;
+        p.out[(long long)tt * p.out_stride + row0 + rr] = silu(gt) * u;
+    });
 }
 
 // grid: ceil(rows / GN_ROWS), block: GN_THREADS.

@@ -70,7 +70,7 @@ __device__ __forceinline__ void gemm_q_impl(const GemmQParams& p) {
     __shared__ __align__(32) unsigned char smem[SW + SX > SO ? SW + SX : SO];
     half_t* sw = reinterpret_cast<half_t*>(smem);       // [64, QG_LD]
     half_t* sx = reinterpret_cast<half_t*>(smem + SW);  // [BN, QG_LD]
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int warp = threadIdx.x / WARP;
     const int r0 = blockIdx.x * QG_BM, t0 = blockIdx.z * BN;
     const int chunks = p.cols / QG_BK, kb = blockIdx.y, nk = gridDim.y;
     const int c_begin = (int)((long long)chunks * kb / nk), c_end = (int)((long long)chunks * (kb + 1) / nk);
@@ -115,26 +115,7 @@ __device__ __forceinline__ void gemm_q_impl(const GemmQParams& p) {
         if (c + 1 < c_end) qg_fetch<F, NT16>(p, rows, c + 1, t0, rw, rx);
         wmma_k_tile<NT16, QG_BK>(acc, sw + warp * 16 * QG_LD, sx, QG_LD);
     }
-    __syncthreads();  // the staging area becomes the output buffer
-    float* o = reinterpret_cast<float*>(smem) + warp * 16 * LDO;  // [16, LDO]
-#pragma unroll
-    for (int j = 0; j < NT16; ++j) wmma_store_c(o + j * 16, acc[j], LDO);
-    __syncwarp();
-    // Element (m = e % 16, n = e / 16): 16 consecutive rows of one token per half-warp.
-    for (int e = lane; e < 16 * BN; e += WARP) {
-        const int m = e % 16, n = t0 + e / 16;
-        if (n < p.n_tok) {
-            const float v = o[m * LDO + e / 16];
-            const int row = r0 + warp * 16 + m;
-            if (nk == 1) {
-                const float r = p.bias ? v + p.bias[row] : v;
-                float* dst = p.out + (long long)n * p.out_stride + row;
-                *dst = p.accumulate ? *dst + r : r;
-            } else {
-                p.part[((long long)kb * p.n_tok + n) * p.rows + row] = v;
-            }
-        }
-    }
+    wmma_store_rows<NT16>(p, smem, LDO, acc, r0 + warp * 16, t0, nk, kb);
 }
 
 // grid: (rows / 64, k splits, ceil(n_tok / 64)), block 128. The suffix: tokens per block tile
@@ -203,7 +184,7 @@ __device__ __forceinline__ void gemm_qw_impl(const GemmQParams& p) {
     extern __shared__ __align__(32) unsigned char qw_smem[];
     half_t* sw = reinterpret_cast<half_t*>(qw_smem);                     // [64, QG_LD]
     half_t* sx = reinterpret_cast<half_t*>(qw_smem + QG_BM * QG_LD * 2);  // [128, QG_LD]
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int warp = threadIdx.x / WARP;
     const int wm = warp % 4, wn = warp / 4;
     const int r0 = blockIdx.x * QG_BM, t0 = blockIdx.z * QW_BN;
     const int chunks = p.cols / QG_BK;
@@ -240,22 +221,7 @@ __device__ __forceinline__ void gemm_qw_impl(const GemmQParams& p) {
         if (c + 1 < chunks) qw_fetch<F>(p, row, c + 1, t0, rw, rx);
         wmma_k_tile<4, QG_BK>(acc, sw + wm * 16 * QG_LD, sx + wn * 64 * QG_LD, QG_LD);
     }
-    __syncthreads();  // the staging area becomes the output buffer
-    constexpr int LDO = 64 + 4;
-    float* o = reinterpret_cast<float*>(qw_smem) + warp * 16 * LDO;  // [16, LDO]
-#pragma unroll
-    for (int j = 0; j < 4; ++j) wmma_store_c(o + j * 16, acc[j], LDO);
-    __syncwarp();
-    for (int e = lane; e < 16 * 64; e += WARP) {
-        const int m = e % 16, n = t0 + wn * 64 + e / 16;
-        if (n < p.n_tok) {
-            const float v = o[m * LDO + e / 16];
-            const int row_o = r0 + wm * 16 + m;
-            const float r = p.bias ? v + p.bias[row_o] : v;
-            float* dst = p.out + (long long)n * p.out_stride + row_o;
-            *dst = p.accumulate ? *dst + r : r;
-        }
-    }
+    wmma_store_rows<4>(p, qw_smem, 64 + 4, acc, r0 + wm * 16, t0 + wn * 64, 1, 0);
 }
 
 // grid: (rows / 64, 1, ceil(n_tok / 128)), block 256, QW_SMEM bytes of dynamic shared memory.

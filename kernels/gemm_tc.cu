@@ -186,7 +186,7 @@ __device__ __forceinline__ void gemm_tc64_impl(const Tc2Params& p) {
     __shared__ __align__(32) unsigned char smem[SW + SX > SO ? SW + SX : SO];
     half_t* sw = reinterpret_cast<half_t*>(smem);       // [64, T2_LD]
     half_t* sx = reinterpret_cast<half_t*>(smem + SW);  // [BN, T2_LD]
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int warp = threadIdx.x / WARP;
     const int r0 = blockIdx.x * T2_BM;
     const int chunks = p.cols / T2_BK, kb = blockIdx.y, nk = gridDim.y;
     const int c_begin = (int)((long long)chunks * kb / nk), c_end = (int)((long long)chunks * (kb + 1) / nk);
@@ -213,26 +213,7 @@ __device__ __forceinline__ void gemm_tc64_impl(const Tc2Params& p) {
         if (c + 1 < c_end) t2_fetch<NT16, WARPS>(p, r0, c + 1, rw, rx);
         wmma_k_tile<NT16, T2_BK>(acc, sw + warp * 16 * T2_LD, sx, T2_LD);
     }
-    __syncthreads();  // the staging area becomes the output buffer
-    float* o = reinterpret_cast<float*>(smem) + warp * 16 * LDO;  // [16, LDO]
-#pragma unroll
-    for (int j = 0; j < NT16; ++j) wmma_store_c(o + j * 16, acc[j], LDO);
-    __syncwarp();
-    // Element (m = e % 16, n = e / 16): 16 consecutive rows of one token per half-warp.
-    for (int e = lane; e < 16 * BN; e += WARP) {
-        const int m = e % 16, n = e / 16;
-        if (n < p.n_tok) {
-            const float v = o[m * LDO + n];
-            const int row = r0 + warp * 16 + m;
-            if (nk == 1) {
-                float r = p.bias ? v + p.bias[row] : v;
-                float* dst = p.out + (long long)n * p.out_stride + row;
-                *dst = p.accumulate ? *dst + r : r;
-            } else {
-                p.part[((long long)kb * p.n_tok + n) * p.rows + row] = v;
-            }
-        }
-    }
+    wmma_store_rows<NT16>(p, smem, LDO, acc, r0 + warp * 16, 0, nk, kb);
 }
 
 // grid: (rows / 64, k splits), block: 128 (rows % 128 != 0); the _w8 entries: grid

@@ -90,23 +90,12 @@ template <int NT, int NR = GEMV_ROWS>
 __device__ __forceinline__ void gemv_impl(const GemvParams& p) {
     const int row0 = blockIdx.x * NR;
     const uint4* wrow[NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r)
-        wrow[r] = row0 + r < p.rows ? reinterpret_cast<const uint4*>(p.w + (long long)(row0 + r) * p.cols) : nullptr;
+    f16_row_ptrs<NR, false>(p.w, p.rows, p.cols, row0, wrow);
     float tot[NR][NT];
     gemv_rows<NT, NR>(p, wrow, tot);
-    // Thread (r, t) writes output (t, row0 + r).
-    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
-#pragma unroll
-    for (int rr = 0; rr < NR; ++rr)
-#pragma unroll
-        for (int tt = 0; tt < NT; ++tt)
-            if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
-                const int row = row0 + r;
-                float* o = p.out + (long long)t * p.out_stride + row;
-                const float v = tot[rr][tt] + (p.bias ? p.bias[row] : 0.0f);
-                *o = p.accumulate ? *o + v : v;
-            }
+    gemv_own_output<NR, NT>(row0, p.rows, p.n_tok, [&](int rr, int tt) {
+        gemv_store(p.out, p.out_stride, p.bias, p.accumulate, tt, row0 + rr, tot[rr][tt]);
+    });
 }
 
 // grid: ceil(rows / GEMV_ROWS), block: GEMV_THREADS.
@@ -126,24 +115,12 @@ template <int NT>
 __device__ __forceinline__ void gemv_swiglu_impl(const GemvParams& p) {
     const int row0 = blockIdx.x * GEMV_ROWS;
     const uint4* wrow[2 * GEMV_ROWS];
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) {
-        const bool in = row0 + r < p.rows;
-        wrow[r] = in ? reinterpret_cast<const uint4*>(p.w + (long long)(row0 + r) * p.cols) : nullptr;
-        wrow[GEMV_ROWS + r] =
-            in ? reinterpret_cast<const uint4*>(p.w + (long long)(p.rows + row0 + r) * p.cols) : nullptr;
-    }
+    f16_row_ptrs<GEMV_ROWS, true>(p.w, p.rows, p.cols, row0, wrow);
     float tot[2 * GEMV_ROWS][NT];
     gemv_rows<NT, 2 * GEMV_ROWS>(p, wrow, tot);
-    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
-#pragma unroll
-    for (int rr = 0; rr < GEMV_ROWS; ++rr)
-#pragma unroll
-        for (int tt = 0; tt < NT; ++tt)
-            if (rr == r && tt == t && t < p.n_tok && row0 + r < p.rows) {
-                const float g = tot[rr][tt], u = tot[GEMV_ROWS + rr][tt];
-                p.out[(long long)t * p.out_stride + row0 + r] = g / (1.0f + expf(-g)) * u;
-            }
+    gemv_own_output<GEMV_ROWS, NT>(row0, p.rows, p.n_tok, [&](int rr, int tt) {
+        p.out[(long long)tt * p.out_stride + row0 + rr] = silu(tot[rr][tt]) * tot[GEMV_ROWS + rr][tt];
+    });
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_swiglu_f16_n1(const GemvParams p) { gemv_swiglu_impl<1>(p); }

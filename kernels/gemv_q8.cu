@@ -239,10 +239,7 @@ __device__ __forceinline__ void gemv_q8_impl(const GemvQ8Params& p) {
     const float v = group_sums_q8<F, NT, R>(p, rows);
     const int j = threadIdx.x % GEMVQ8_GROUP, r = j % R, t = j / R;
     if (j < R * NT && t < p.n_tok && row0 + r < p.rows) {
-        const int row = row0 + r;
-        float* o = p.out + (long long)t * p.out_stride + row;
-        const float x = v + (p.bias ? p.bias[row] : 0.0f);
-        *o = p.accumulate ? *o + x : x;
+        gemv_store(p.out, p.out_stride, p.bias, p.accumulate, t, row0 + r, v);
     }
 }
 
@@ -265,7 +262,7 @@ __device__ __forceinline__ void gemv_swiglu_q8_impl(const GemvQ8Params& p) {
     const float up = __shfl_down_sync(FULL_MASK, v, R);
     const int r = j % (2 * R), t = j / (2 * R);
     if (j < 2 * R * NT && r < R && t < p.n_tok && row0 + r < p.rows) {
-        p.out[(long long)t * p.out_stride + row0 + r] = v / (1.0f + expf(-v)) * up;
+        p.out[(long long)t * p.out_stride + row0 + r] = silu(v) * up;
     }
 }
 

@@ -74,6 +74,18 @@ __device__ __forceinline__ void row_sums(const GemvQParams& p, const QRow* rows,
         for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
 }
 
+// Lane t R + r of a warp of R rows from row0 owns output (t, row0 + r): f(r, t) runs for it
+// (t < n_tok, row0 + r < rows) with compile-time indices, so the sums it reads stay in registers.
+template <int R, int NT, class Fn>
+__device__ __forceinline__ void gemvq_own_output(int row0, int rows, int n_tok, Fn&& f) {
+    const int lane = threadIdx.x % WARP;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+            if (lane == t * R + r && t < n_tok && row0 + r < rows) f(r, t);
+}
+
 // Warp w of block b computes output rows (b * GEMVQ_WARPS + w) * R .. + R.
 template <class F, int NT>
 __device__ __forceinline__ void gemv_q_impl(const GemvQParams& p) {
@@ -85,17 +97,9 @@ __device__ __forceinline__ void gemv_q_impl(const GemvQParams& p) {
     for (int r = 0; r < R; ++r) rows[r] = q_row(p.qs, p.aux, min(row0 + r, p.rows - 1), p.qs_row, p.aux_row);
     float acc[R][NT];
     row_sums<F, NT, R>(p, rows, acc);
-    const int lane = threadIdx.x % WARP;
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-            if (lane == t * R + r && t < p.n_tok && row0 + r < p.rows) {
-                const int row = row0 + r;
-                float* o = p.out + (long long)t * p.out_stride + row;
-                const float v = acc[r][t] + (p.bias ? p.bias[row] : 0.0f);
-                *o = p.accumulate ? *o + v : v;
-            }
+    gemvq_own_output<R, NT>(row0, p.rows, p.n_tok, [&](int r, int t) {
+        gemv_store(p.out, p.out_stride, p.bias, p.accumulate, t, row0 + r, acc[r][t]);
+    });
 }
 
 // Warp w of block b computes output rows (b * GEMVQ_WARPS + w) * R / 2 .. + R / 2 from their
@@ -114,15 +118,9 @@ __device__ __forceinline__ void gemv_swiglu_q_impl(const GemvQParams& p) {
     }
     float acc[2 * R][NT];
     row_sums<F, NT, 2 * R>(p, rows, acc);
-    const int lane = threadIdx.x % WARP;
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-            if (lane == t * R + r && t < p.n_tok && row0 + r < p.rows) {
-                const float g = acc[r][t], u = acc[R + r][t];
-                p.out[(long long)t * p.out_stride + row0 + r] = g / (1.0f + expf(-g)) * u;
-            }
+    gemvq_own_output<R, NT>(row0, p.rows, p.n_tok, [&](int r, int t) {
+        p.out[(long long)t * p.out_stride + row0 + r] = silu(acc[r][t]) * acc[R + r][t];
+    });
 }
 
 // grid: ceil(rows / (GEMVQ_WARPS * R)) with R = RowsPerWarp (halved for SwiGLU), block:

@@ -82,5 +82,5 @@ extern "C" __global__ void hyb_gate_mul_f32(const GateMulParams p) {
     const long long t = idx / qd, e = idx % qd;
     const long long h = e / p.head_dim, d = e % p.head_dim;
     const float g = p.proj[t * p.stride + (2 * h + 1) * p.head_dim + d];
-    p.att[idx] *= 1.0f / (1.0f + expf(-g));
+    p.att[idx] *= sigmoid(g);
 }

@@ -189,7 +189,7 @@ __device__ __forceinline__ void moe_mat_rows(const MoeMatParams& p, int grouped,
                     if (row0 + r >= p.rows) break;
                     if (GATE_UP) {
                         const float g = acc[r][t], u = acc[RG + r][t];
-                        o[row0 + r] = g / (1.0f + expf(-g)) * u;
+                        o[row0 + r] = silu(g) * u;
                     } else {
                         o[row0 + r] = acc[r][t];
                     }
@@ -497,7 +497,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_route_fused_f32(const Rout
     if (e >= p.n_experts) {
         // The shared expert's gate (shexp_gate_add_f32's sigmoid); not counted below.
         const float g = router_dot(p.x + (long long)t * p.dim, p.sh_gate, p.dim, scratch);
-        if (threadIdx.x == 0) p.wts[p.n_tok * p.k + t] = 1.0f / (1.0f + expf(-g));
+        if (threadIdx.x == 0) p.wts[p.n_tok * p.k + t] = sigmoid(g);
         return;
     }
     const float v = router_dot(p.x + (long long)t * p.dim, p.w + (long long)e * p.dim, p.dim, scratch);

@@ -299,7 +299,7 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
         const long long dst = (long long)(first + n) * p.rows + r0 + r;
         if (GATE_UP) {
             const float g = o[r * LDO + n], u = o[(OUT_ROWS + r) * LDO + n];
-            p.act[dst] = f2h_sat(g / (1.0f + expf(-g)) * u);
+            p.act[dst] = f2h_sat(silu(g) * u);
         } else {
             p.y[dst] = o[r * LDO + n];
         }

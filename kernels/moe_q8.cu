@@ -167,7 +167,7 @@ __device__ __forceinline__ void moe_gate_up_q8_impl(const MoeQ8Params& p) {
         for (int r = 0; r < GU_R; ++r) {
             if (row0 + r < p.rows) {
                 const float g = acc[r], u = acc[GU_R + r];
-                o[row0 + r] = g / (1.0f + expf(-g)) * u;
+                o[row0 + r] = silu(g) * u;
             }
         }
     }

@@ -96,34 +96,11 @@ struct FQ4_1 {
     }
 };
 
-struct FQ5_0 {
-    enum { QB = 16, AB = 8, UE = 32, RUNS = 2 };
-    struct Raw { uint4 q; uint2 a; };
-    static __device__ __forceinline__ Raw load(const QRow& r, int u) {
-        return {ld16(r.qs + 16 * u), __ldg(reinterpret_cast<const uint2*>(r.aux + 8 * u))};
-    }
-    static __device__ __forceinline__ int start(int u, int r) { return 32 * u + 16 * r; }
-    static __device__ __forceinline__ void run(const Raw& a, int, int r, float (&w)[16]) {
-        const unsigned qh = a.a.x >> (16 * r);
-        float d, pad;
-        h2x2f(a.a.y, d, pad);
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const unsigned q = ((byte_of(a.q, j) >> (4 * r)) & 15u) | ((qh >> j) & 1u) << 4;
-            w[j] = small_u2f(q, 16.0f) * d;
-        }
-    }
-    static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
-        const unsigned qh = x.a.x >> (16 * r);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = ((word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu) | bits_to_bytes4(qh >> (4 * i));
-        float pad;
-        h2x2f(x.a.y, a, pad);
-        b = -16.0f * a;
-    }
-};
-
-struct FQ5_1 {
+// Q5_0 (MIN false: w = d (q - 16)) and Q5_1 (MIN true: w = d q + m): 4 low bits of an element
+// as in Q4, the fifth from the block's 32-bit qh (element e's bit e); aux (qh, then d and
+// pad or m as two halves) loads as one uint2.
+template <bool MIN>
+struct FQ5 {
     enum { QB = 16, AB = 8, UE = 32, RUNS = 2 };
     struct Raw { uint4 q; uint2 a; };
     static __device__ __forceinline__ Raw load(const QRow& r, int u) {
@@ -137,7 +114,7 @@ struct FQ5_1 {
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
             const unsigned q = ((byte_of(a.q, j) >> (4 * r)) & 15u) | ((qh >> j) & 1u) << 4;
-            w[j] = small_u2f(q, 0.0f) * d + m;
+            w[j] = MIN ? small_u2f(q, 0.0f) * d + m : small_u2f(q, 16.0f) * d;
         }
     }
     static __device__ __forceinline__ void codes(const Raw& x, int, int r, unsigned (&q)[4], float& a, float& b) {
@@ -145,8 +122,11 @@ struct FQ5_1 {
 #pragma unroll
         for (int i = 0; i < 4; ++i) q[i] = ((word_of(x.q, i) >> (4 * r)) & 0x0F0F0F0Fu) | bits_to_bytes4(qh >> (4 * i));
         h2x2f(x.a.y, a, b);
+        if (!MIN) b = -16.0f * a;
     }
 };
+using FQ5_0 = FQ5<false>;
+using FQ5_1 = FQ5<true>;
 
 struct FQ8_0 {
     enum { QB = 32, AB = 2, UE = 32, RUNS = 2 };

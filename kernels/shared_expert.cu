@@ -7,6 +7,14 @@
 #include "common.cuh"
 #include "quant.cuh"
 
+// sigmoid(gate . h) for one token's row h [dim], every thread of the block (256) getting it;
+// scratch: block_sum's.
+__device__ __forceinline__ float shexp_gate(const float* h, const float* gate, int dim, float* scratch) {
+    float acc = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) acc = fmaf(gate[i], h[i], acc);
+    return sigmoid(block_sum(acc, scratch));
+}
+
 struct ShexpGateParams {
     const float* h;     // [n_tok, dim]: the FFN's normed input
     const float* gate;  // [dim]: the gate row (f32)
@@ -21,11 +29,7 @@ extern "C" __global__ void shexp_gate_add_f32(const ShexpGateParams p) {
     __shared__ float scratch[32];
     const long long t = blockIdx.x;
     if (t >= p.n_tok) return;
-    const float* hr = p.h + t * p.dim;
-    float acc = 0.0f;
-    for (int i = threadIdx.x; i < p.dim; i += blockDim.x) acc = fmaf(p.gate[i], hr[i], acc);
-    const float logit = block_sum(acc, scratch);
-    const float scale = 1.0f / (1.0f + expf(-logit));
+    const float scale = shexp_gate(p.h + t * p.dim, p.gate, p.dim, scratch);
     const float* yr = p.y + t * p.dim;
     float* xr = p.x + t * p.dim;
     for (int i = threadIdx.x; i < p.dim; i += blockDim.x) xr[i] += scale * yr[i];
@@ -56,10 +60,7 @@ extern "C" __global__ void __launch_bounds__(256) shexp_gate_q8_f32(const ShexpQ
     __shared__ float scratch[32];
     const long long t = blockIdx.x;
     if (t >= p.n_tok) return;
-    const float* hr = p.h + t * p.dim;
-    float acc = 0.0f;
-    for (int i = threadIdx.x; i < p.dim; i += blockDim.x) acc = fmaf(p.gate[i], hr[i], acc);
-    const float scale = 1.0f / (1.0f + expf(-block_sum(acc, scratch)));
+    const float scale = shexp_gate(p.h + t * p.dim, p.gate, p.dim, scratch);
     const int per_tok = p.f / 4;
     for (int base = 0; base < per_tok; base += blockDim.x) {
         const int c4 = base + threadIdx.x;

@@ -15,5 +15,5 @@ extern "C" __global__ void silu_mul_f32(const SiluMulParams p) {
     const long long t = idx / p.ffn, i = idx % p.ffn;
     const float g = p.gu[t * 2 * p.ffn + i];
     const float u = p.gu[t * 2 * p.ffn + p.ffn + i];
-    p.out[idx] = g / (1.0f + expf(-g)) * u;
+    p.out[idx] = silu(g) * u;
 }

@@ -64,6 +64,28 @@ impl BackendError {
     pub fn no_recurrent_state(seq: crate::engine::plan::SeqId) -> Self {
         BackendError::Plan(format!("sequence {seq}: this model keeps no recurrent state"))
     }
+
+    /// `save_state` of a sequence of a hybrid model that holds no state (both backends).
+    pub fn no_state_slot(seq: crate::engine::plan::SeqId) -> Self {
+        BackendError::Plan(format!("sequence {seq} has no recurrent state to snapshot"))
+    }
+}
+
+/// Both backends' rule before a state snapshot is saved: a new key (`is_new`) needs room beside
+/// the `held` snapshots (at most `max`); the engine evicts its least recently used snapshot
+/// before it saves beyond the pool, so a full pool here is a plan the backend cannot run.
+pub fn snapshot_room(
+    seq: crate::engine::plan::SeqId,
+    is_new: bool,
+    held: usize,
+    max: usize,
+) -> Result<(), BackendError> {
+    if is_new && held >= max {
+        return Err(BackendError::Plan(format!(
+            "sequence {seq}: the state snapshot pool holds {max} snapshots, all in use"
+        )));
+    }
+    Ok(())
 }
 
 /// A model placed on a device, with its paged KV cache.

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use super::deltanet::{conv1d_silu, delta_rule_step, gated_rmsnorm, gates_inplace, l2norm_inplace};
 use super::matmul::{matmul, matmul_fused};
 use super::ops::{self, PagedKv};
-use crate::backend::BackendError;
+use crate::backend::{snapshot_room, BackendError};
 use crate::engine::plan::{SeqId, StepPlan};
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::hybrid::{DeltaNetWeights, HybridConfig, HybridLayer};
@@ -170,19 +170,8 @@ impl HybridCpu {
 
     /// Copies `seq`'s state under `key`.
     pub fn save(&mut self, seq: SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
-        let slot = self
-            .pool
-            .slots
-            .get(&seq)
-            .copied()
-            .ok_or_else(|| BackendError::Plan(format!("sequence {seq} has no recurrent state to snapshot")))?;
-        if !self.snapshots.contains_key(key) && self.snapshots.len() >= self.max_snapshots {
-            // The engine evicts its least recently used snapshot before it saves beyond the pool.
-            return Err(BackendError::Plan(format!(
-                "sequence {seq}: the state snapshot pool holds {} snapshots, all in use",
-                self.max_snapshots
-            )));
-        }
+        let slot = self.pool.slots.get(&seq).copied().ok_or_else(|| BackendError::no_state_slot(seq))?;
+        snapshot_room(seq, !self.snapshots.contains_key(key), self.snapshots.len(), self.max_snapshots)?;
         let state = self.pool.state_mut(slot.index).to_vec();
         self.snapshots.insert(*key, (state, slot.pos));
         Ok(())

@@ -11,7 +11,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
 use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev};
-use super::qlaunch::q8x_bytes;
+use super::qlaunch::q8x_planes;
 use super::CudaError;
 
 /// Longest conv kernel `dn_conv_silu_f32` holds in registers (`DN_MAX_K`).
@@ -279,9 +279,11 @@ impl DnConvPrep<'_> {
 }
 
 // ---------------------------------------------------------------- deltanet.cu: recurrence
+/// The delta rule's inputs that [`DnRecur`] and [`DnChunked`] share: the C `DnHeads`, the first
+/// member of both params structs (kernels/deltanet.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-struct DnRecurParams {
+struct DnHeadsParams {
     mixed: u64,
     proj: u64,
     out: u64,
@@ -299,6 +301,12 @@ struct DnRecurParams {
     b_off: i32,
     a_off: i32,
     tiled: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct DnRecurParams {
+    heads: DnHeadsParams,
     z: u64,
     norm_w: u64,
     z_stride: i32,
@@ -307,7 +315,8 @@ struct DnRecurParams {
     ql: u64,
     xs: u64,
 }
-// SAFETY: plain-old-data with the C layout of the kernel's struct (trailing padding included).
+// SAFETY: plain-old-data with the C layout of the kernel's struct (its DnHeads base first,
+// trailing padding included).
 unsafe impl DeviceRepr for DnRecurParams {}
 
 /// The delta rule of every chunk's tokens in order, per value head, from and into the slot's
@@ -339,6 +348,42 @@ impl DnRecur {
         self.launch_as(k, s, "dn_recur_f32", None, None)
     }
 
+    /// The checks both forms make of the heads and buffers: value heads over key heads, the
+    /// q|k|v heads within the mixed row, every buffer long enough for the step (the head sizes'
+    /// own limits differ by form and are checked before).
+    fn check_heads(&self, kn: &'static str) -> Result<(), CudaError> {
+        let (nk, nv, dk, dv) = (self.n_k, self.n_v, self.d_k, self.d_v);
+        check(kn, nk > 0 && nv.is_multiple_of(nk), || format!("{nv} value heads over {nk} key heads"))?;
+        check(kn, 2 * nk * dk + nv * dv <= self.channels, || "heads overlap the mixed row".into())?;
+        need(kn, "mixed", self.mixed, self.n_tok * self.channels)?;
+        need(kn, "projection", self.proj, extent(self.n_tok, self.proj_stride, self.proj_stride))?;
+        need(kn, "output", self.out, self.n_tok * nv * dv)?;
+        self.pool.check(kn, self.conv_len + nv * dk * dv)
+    }
+
+    /// The params both forms' kernels start with (C `DnHeads`).
+    fn heads(&self, kn: &'static str) -> Result<DnHeadsParams, CudaError> {
+        Ok(DnHeadsParams {
+            mixed: self.mixed.ptr,
+            proj: self.proj.ptr,
+            out: self.out.ptr,
+            state: self.pool.state.ptr,
+            chunks: self.pool.chunks.ptr,
+            slot_stride: self.pool.slot_stride as i64,
+            mats_off: (self.pool.layer_off + self.conv_len) as i64,
+            max_chunks: i32_of(kn, self.pool.max_chunks)?,
+            n_k: i32_of(kn, self.n_k)?,
+            n_v: i32_of(kn, self.n_v)?,
+            d_k: i32_of(kn, self.d_k)?,
+            d_v: i32_of(kn, self.d_v)?,
+            channels: i32_of(kn, self.channels)?,
+            proj_stride: i32_of(kn, self.proj_stride)?,
+            b_off: i32_of(kn, self.b_off)?,
+            a_off: i32_of(kn, self.a_off)?,
+            tiled: i32::from(self.tiled),
+        })
+    }
+
     /// `dn_recur_f32`, or with `norm` (its `o` this launch's `out`) `dn_recur_norm_f32`.
     fn launch_as(
         &self,
@@ -348,24 +393,17 @@ impl DnRecur {
         norm: Option<&DnGatedNorm>,
         xq: Option<Dev<u8>>,
     ) -> Result<(), CudaError> {
-        let (nk, nv, dk, dv) = (self.n_k, self.n_v, self.d_k, self.d_v);
-        check(kn, nk > 0 && nv.is_multiple_of(nk), || format!("{nv} value heads over {nk} key heads"))?;
+        let (nv, dk, dv) = (self.n_v, self.d_k, self.d_v);
         check(kn, dk.is_multiple_of(4) && dk <= DN_MAX_DK, || format!("key head size {dk} (a multiple of 4, <= 128)"))?;
         check(kn, dv.is_multiple_of(8) && dv <= DN_MAX_DV, || {
             format!("value head size {dv} (a multiple of 8, <= 128)")
         })?;
-        check(kn, 2 * nk * dk + nv * dv <= self.channels, || "heads overlap the mixed row".into())?;
-        need(kn, "mixed", self.mixed, self.n_tok * self.channels)?;
-        need(kn, "projection", self.proj, extent(self.n_tok, self.proj_stride, self.proj_stride))?;
-        need(kn, "output", self.out, self.n_tok * nv * dv)?;
-        self.pool.check(kn, self.conv_len + nv * dk * dv)?;
+        self.check_heads(kn)?;
         let q8 = match xq {
             Some(xq) => {
+                // Each head's d_v values are whole blocks (the kernel quantizes a head at a time).
                 check(kn, dv.is_multiple_of(32), || format!("value head size {dv}: not whole 32-value blocks"))?;
-                check(kn, xq.ptr.is_multiple_of(256), || "the int8 output must be 256-byte aligned".into())?;
-                let (ql, xs, total) = q8x_bytes(self.n_tok, nv * dv);
-                need(kn, "int8 output", xq, total)?;
-                (xq.ptr, xq.ptr + ql as u64, xq.ptr + xs as u64)
+                q8x_planes(kn, "int8 output", xq, self.n_tok, nv * dv)?
             }
             None => (0, 0, 0),
         };
@@ -373,23 +411,7 @@ impl DnRecur {
             return Ok(());
         }
         let p = DnRecurParams {
-            mixed: self.mixed.ptr,
-            proj: self.proj.ptr,
-            out: self.out.ptr,
-            state: self.pool.state.ptr,
-            chunks: self.pool.chunks.ptr,
-            slot_stride: self.pool.slot_stride as i64,
-            mats_off: (self.pool.layer_off + self.conv_len) as i64,
-            max_chunks: i32_of(kn, self.pool.max_chunks)?,
-            n_k: i32_of(kn, nk)?,
-            n_v: i32_of(kn, nv)?,
-            d_k: dk as i32,
-            d_v: dv as i32,
-            channels: i32_of(kn, self.channels)?,
-            proj_stride: i32_of(kn, self.proj_stride)?,
-            b_off: i32_of(kn, self.b_off)?,
-            a_off: i32_of(kn, self.a_off)?,
-            tiled: i32::from(self.tiled),
+            heads: self.heads(kn)?,
             z: norm.map_or(0, |n| n.z.ptr),
             norm_w: norm.map_or(0, |n| n.w.ptr),
             z_stride: norm.map_or(Ok(0), |n| i32_of(kn, n.z_stride))?,
@@ -441,26 +463,10 @@ pub const DN_AB_ROW: usize = 2 * DN_CH + 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct DnChunkParams {
-    mixed: u64,
-    proj: u64,
+    heads: DnHeadsParams,
     ab: u64,
-    out: u64,
-    state: u64,
-    chunks: u64,
-    slot_stride: i64,
-    mats_off: i64,
-    max_chunks: i32,
-    n_k: i32,
-    n_v: i32,
-    d_k: i32,
-    d_v: i32,
-    channels: i32,
-    proj_stride: i32,
-    b_off: i32,
-    a_off: i32,
-    tiled: i32,
 }
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
+// SAFETY: plain-old-data with the C layout of the kernel's struct (its DnHeads base first).
 unsafe impl DeviceRepr for DnChunkParams {}
 
 /// The delta rule of every chunk in the chunked (WY) form, the prefill path: the same inputs,
@@ -477,42 +483,18 @@ impl DnChunked<'_> {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "dn_chunk_scan_f32";
         let r = self.recur;
-        let (nk, nv, dk, dv) = (r.n_k, r.n_v, r.d_k, r.d_v);
-        check(K, nk > 0 && nv.is_multiple_of(nk), || format!("{nv} value heads over {nk} key heads"))?;
+        let (nv, dk, dv) = (r.n_v, r.d_k, r.d_v);
         check(K, dk <= DN_MAX_DK && dk > 0, || format!("key head size {dk} (<= 128)"))?;
         check(K, dv.is_multiple_of(DN_COLS) && dv > 0, || format!("value head size {dv} (a multiple of {DN_COLS})"))?;
-        check(K, 2 * nk * dk + nv * dv <= r.channels, || "heads overlap the mixed row".into())?;
+        r.check_heads(K)?;
         check(K, self.max_count <= r.n_tok, || {
             format!("a chunk of {} tokens in a step of {}", self.max_count, r.n_tok)
         })?;
-        need(K, "mixed", r.mixed, r.n_tok * r.channels)?;
-        need(K, "projection", r.proj, extent(r.n_tok, r.proj_stride, r.proj_stride))?;
-        need(K, "output", r.out, r.n_tok * nv * dv)?;
         need(K, "sub-chunk table", self.ab, r.n_tok * nv * DN_AB_ROW)?;
-        r.pool.check(K, r.conv_len + nv * dk * dv)?;
         if r.n_tok == 0 || self.max_count == 0 {
             return Ok(());
         }
-        let p = DnChunkParams {
-            mixed: r.mixed.ptr,
-            proj: r.proj.ptr,
-            ab: self.ab.ptr,
-            out: r.out.ptr,
-            state: r.pool.state.ptr,
-            chunks: r.pool.chunks.ptr,
-            slot_stride: r.pool.slot_stride as i64,
-            mats_off: (r.pool.layer_off + r.conv_len) as i64,
-            max_chunks: i32_of(K, r.pool.max_chunks)?,
-            n_k: i32_of(K, nk)?,
-            n_v: i32_of(K, nv)?,
-            d_k: dk as i32,
-            d_v: i32_of(K, dv)?,
-            channels: i32_of(K, r.channels)?,
-            proj_stride: i32_of(K, r.proj_stride)?,
-            b_off: i32_of(K, r.b_off)?,
-            a_off: i32_of(K, r.a_off)?,
-            tiled: i32::from(r.tiled),
-        };
+        let p = DnChunkParams { heads: r.heads(K)?, ab: self.ab.ptr };
         let (nv32, chunks) = (i32_of(K, nv)? as u32, r.pool.max_chunks as u32);
         let subs = i32_of(K, self.max_count.div_ceil(DN_CH))? as u32;
         check(K, subs <= 65_535, || format!("{subs} sub-chunks exceed the grid"))?;

@@ -10,7 +10,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
 use super::launch::{blocks_for, check, check_product_out, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
-use super::qlaunch::q8x_bytes;
+use super::qlaunch::q8x_planes;
 use super::CudaError;
 
 #[repr(C)]
@@ -35,14 +35,17 @@ fn norm_block(dim: usize) -> u32 {
     (dim.div_ceil(32) * 32).clamp(32, 256) as u32
 }
 
-fn check_norm(
+/// The checks both fused norms make, and their params without outputs beyond `h` (the callers
+/// add the int8 planes or the f16 copy).
+fn norm_rows(
     k: &'static str,
     x: Dev<f32>,
     w: Dev<f32>,
     h: Dev<f32>,
     n_tok: usize,
     dim: usize,
-) -> Result<(), CudaError> {
+    eps: f32,
+) -> Result<NormQ8Params, CudaError> {
     check(k, dim.is_multiple_of(32) && dim > 0, || format!("width {dim} is not whole 32-value blocks"))?;
     check(k, x.ptr.is_multiple_of(16) && h.ptr.is_multiple_of(16), || {
         "input and output must be 16-byte aligned".into()
@@ -50,7 +53,19 @@ fn check_norm(
     check(k, n_tok <= 65_535 * 32, || format!("{n_tok} rows in one launch"))?;
     need(k, "weight", w, dim)?;
     need(k, "input", x, n_tok * dim)?;
-    need(k, "normed output", h, n_tok * dim)
+    need(k, "normed output", h, n_tok * dim)?;
+    Ok(NormQ8Params {
+        x: x.ptr,
+        w: w.ptr,
+        h: h.ptr,
+        qx: 0,
+        ql: 0,
+        xs: 0,
+        x16: 0,
+        n_tok: i32_of(k, n_tok)?,
+        dim: i32_of(k, dim)?,
+        eps,
+    })
 }
 
 /// `h = rmsnorm(x) * w` (`[n_tok, dim]` f32) and `h` quantized into `xq` as the int8 GEMV reads
@@ -69,25 +84,12 @@ pub struct RmsNormQ8 {
 impl RmsNormQ8 {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "rmsnorm_q8_f32";
-        check_norm(K, self.x, self.w, self.h, self.n_tok, self.dim)?;
-        check(K, self.xq.ptr.is_multiple_of(256), || "the int8 input must be 256-byte aligned".into())?;
-        let (ql_off, xs_off, total) = q8x_bytes(self.n_tok, self.dim);
-        need(K, "int8 input", self.xq, total)?;
+        let rows = norm_rows(K, self.x, self.w, self.h, self.n_tok, self.dim, self.eps)?;
+        let (qx, ql, xs) = q8x_planes(K, "int8 input", self.xq, self.n_tok, self.dim)?;
         if self.n_tok == 0 {
             return Ok(());
         }
-        let p = NormQ8Params {
-            x: self.x.ptr,
-            w: self.w.ptr,
-            h: self.h.ptr,
-            qx: self.xq.ptr,
-            ql: self.xq.ptr + ql_off as u64,
-            xs: self.xq.ptr + xs_off as u64,
-            x16: 0,
-            n_tok: i32_of(K, self.n_tok)?,
-            dim: i32_of(K, self.dim)?,
-            eps: self.eps,
-        };
+        let p = NormQ8Params { qx, ql, xs, ..rows };
         launch(k, s, K, (self.n_tok as u32, 1, 1), norm_block(self.dim), 0, &p)
     }
 }
@@ -107,23 +109,12 @@ pub struct RmsNormF16 {
 impl RmsNormF16 {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "rmsnorm_f16_f32";
-        check_norm(K, self.x, self.w, self.h, self.n_tok, self.dim)?;
+        let rows = norm_rows(K, self.x, self.w, self.h, self.n_tok, self.dim, self.eps)?;
         need(K, "f16 output", self.x16, self.n_tok * self.dim)?;
         if self.n_tok == 0 {
             return Ok(());
         }
-        let p = NormQ8Params {
-            x: self.x.ptr,
-            w: self.w.ptr,
-            h: self.h.ptr,
-            qx: 0,
-            ql: 0,
-            xs: 0,
-            x16: self.x16.ptr,
-            n_tok: i32_of(K, self.n_tok)?,
-            dim: i32_of(K, self.dim)?,
-            eps: self.eps,
-        };
+        let p = NormQ8Params { x16: self.x16.ptr, ..rows };
         launch(k, s, K, (self.n_tok as u32, 1, 1), norm_block(self.dim), 0, &p)
     }
 }

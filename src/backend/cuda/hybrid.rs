@@ -26,13 +26,13 @@ use super::dmat::Linear;
 use super::hybrid_attn::{GateMul, HybQkvPost};
 use super::kernels::Kernels;
 use super::kv_cache::RopeStore;
-use super::launch::Dev;
+use super::launch::{allocated, Dev};
 use super::layer::LayerW;
 use super::matmul::{input_form, Mm, Product, XForm};
 use super::paged_attn::PagedAttn;
 use super::step_norm::{norm_product, NormIn};
 use super::CudaError;
-use crate::backend::BackendError;
+use crate::backend::{snapshot_room, BackendError};
 use crate::engine::plan::{SeqId, StepPlan};
 use crate::model::config::ModelConfig;
 use crate::model::hybrid::{HeadGrouping, HybridConfig, HybridLayer};
@@ -332,18 +332,8 @@ impl HybridCuda {
 
     /// A device copy of `seq`'s state under `key`.
     pub(super) fn save(&mut self, s: &Arc<CudaStream>, seq: SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
-        let sl = self
-            .slots
-            .get(&seq)
-            .copied()
-            .ok_or_else(|| BackendError::Plan(format!("sequence {seq} has no recurrent state to snapshot")))?;
-        if !self.snapshots.contains_key(key) && self.snapshots.len() >= self.max_snapshots {
-            // The engine evicts its least recently used snapshot before it saves beyond the pool.
-            return Err(BackendError::Plan(format!(
-                "sequence {seq}: the state snapshot pool holds {} snapshots, all in use",
-                self.max_snapshots
-            )));
-        }
+        let sl = self.slots.get(&seq).copied().ok_or_else(|| BackendError::no_state_slot(seq))?;
+        snapshot_room(seq, !self.snapshots.contains_key(key), self.snapshots.len(), self.max_snapshots)?;
         let r = sl.index * self.per_seq..(sl.index + 1) * self.per_seq;
         let copy = s.clone_dtod(&self.pool.slice(r)).map_err(CudaError::driver("copying a state snapshot"))?;
         self.snapshots.insert(*key, (copy, sl.pos));
@@ -371,9 +361,7 @@ impl HybridCuda {
     }
 
     fn buf(b: &Option<CudaSlice<f32>>, s: &CudaStream) -> Result<Dev<f32>, CudaError> {
-        b.as_ref()
-            .map(|b| Dev::of(b, s))
-            .ok_or_else(|| CudaError::Shape { kernel: "hybrid", reason: "work buffers not allocated".into() })
+        allocated(b, s, "hybrid", "work buffers")
     }
 
     /// Layer `li`'s token mixer: `io.h` (normed input) -> `io.x += mixer(h)`. With `pre` the
@@ -431,7 +419,7 @@ impl HybridCuda {
             state: Dev::of(&self.pool, s),
             slot_stride: self.per_seq,
             layer_off: d.index * h.state_len_per_layer(),
-            chunks: Self::buf_i32(&self.chunks, s)?,
+            chunks: allocated(&self.chunks, s, "hybrid", "chunk table")?,
             max_chunks,
         };
         let conv = DnConv {
@@ -520,12 +508,6 @@ impl HybridCuda {
         }
         mm.run(k, Product { lin: &d.out, bias: None, x: core, n, out: io.x, accumulate: true })?;
         mark("dn out proj")
-    }
-
-    fn buf_i32(b: &Option<CudaSlice<i32>>, s: &CudaStream) -> Result<Dev<i32>, CudaError> {
-        b.as_ref()
-            .map(|b| Dev::of(b, s))
-            .ok_or_else(|| CudaError::Shape { kernel: "hybrid", reason: "chunk table not allocated".into() })
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -58,6 +58,19 @@ impl<T> Dev<T> {
     }
 }
 
+/// The view of a work buffer that is allocated on first use: an error naming the kernel family
+/// and the buffer (`what`) while it is not.
+pub(crate) fn allocated<T>(
+    b: &Option<CudaSlice<T>>,
+    s: &CudaStream,
+    kernel: &'static str,
+    what: &str,
+) -> Result<Dev<T>, CudaError> {
+    b.as_ref()
+        .map(|b| Dev::of(b, s))
+        .ok_or_else(|| CudaError::Shape { kernel, reason: format!("{what} not allocated") })
+}
+
 pub(crate) fn need<T>(kernel: &'static str, what: &str, d: Dev<T>, n: usize) -> Result<(), CudaError> {
     if d.len < n {
         return Err(CudaError::Shape { kernel, reason: format!("{what} holds {} elements, needs {n}", d.len) });

@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use super::device::{up, zeros};
 use super::dmat::DevMat;
 use super::kernels::{Kernels, MOE_ENTRIES};
-use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
+use super::launch::{allocated, blocks_for, check, i32_of, launch, need, Dev};
 use super::moe_gemm;
 pub use super::moe_slab::slab_bytes;
 pub use super::moe_slab::MoeDownSum;
@@ -265,9 +265,7 @@ impl MoeWork {
 }
 
 fn dev<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Result<Dev<T>, CudaError> {
-    b.as_ref()
-        .map(|b| Dev::of(b, s))
-        .ok_or_else(|| CudaError::Shape { kernel: "moe", reason: "MoE work buffers not allocated".into() })
+    allocated(b, s, "moe", "MoE work buffers")
 }
 
 #[repr(C)]

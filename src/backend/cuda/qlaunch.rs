@@ -71,6 +71,23 @@ pub fn q8x_bytes(n_tok: usize, cols: usize) -> (usize, usize, usize) {
     (plane, 2 * plane, 2 * plane + n_tok * (cols / 16) * 8)
 }
 
+/// The planes `(qx, ql, xs)` (device addresses) of the int8 activations `xq` of `[n_tok, cols]`
+/// (layout [`q8x_bytes`]) that a kernel writes or reads (`what`: "int8 input" / "int8 output"),
+/// checked: whole 32-value blocks, 256-byte aligned, long enough.
+pub fn q8x_planes(
+    kernel: &'static str,
+    what: &str,
+    xq: Dev<u8>,
+    n_tok: usize,
+    cols: usize,
+) -> Result<(u64, u64, u64), CudaError> {
+    check(kernel, cols.is_multiple_of(32), || format!("{what}: {cols} columns are not whole 32-value blocks"))?;
+    check(kernel, xq.ptr.is_multiple_of(256), || format!("the {what} must be 256-byte aligned"))?;
+    let (ql, xs, total) = q8x_bytes(n_tok, cols);
+    need(kernel, what, xq, total)?;
+    Ok((xq.ptr, xq.ptr + ql as u64, xq.ptr + xs as u64))
+}
+
 kernel_params! { QuantizeXParams { x: u64, qx: u64, ql: u64, xs: u64, n_tok: i32, cols: i32, x_stride: i32 } }
 
 /// `x [n_tok, x_stride]` f32 quantized into `xq` (layout: [`q8x_bytes`]) in blocks of 32:
@@ -92,19 +109,17 @@ impl QuantizeX {
             self.x_stride.is_multiple_of(4) && self.x.ptr.is_multiple_of(16) && self.cols <= self.x_stride,
             || format!("input stride {} must be a multiple of 4, the input 16-byte aligned", self.x_stride),
         )?;
-        check(K, self.xq.ptr.is_multiple_of(256), || "the int8 input must be 256-byte aligned".into())?;
         need(K, "input", self.x, extent(self.n_tok, self.x_stride, self.cols))?;
-        let (ql_off, xs_off, total) = q8x_bytes(self.n_tok, self.cols);
-        need(K, "int8 input", self.xq, total)?;
+        let (qx, ql, xs) = q8x_planes(K, "int8 input", self.xq, self.n_tok, self.cols)?;
         let threads = self.n_tok * self.cols / 4;
         if threads == 0 {
             return Ok(());
         }
         let p = QuantizeXParams {
             x: self.x.ptr,
-            qx: self.xq.ptr,
-            ql: self.xq.ptr + ql_off as u64,
-            xs: self.xq.ptr + xs_off as u64,
+            qx,
+            ql,
+            xs,
             n_tok: i32_of(K, self.n_tok)?,
             cols: i32_of(K, self.cols)?,
             x_stride: i32_of(K, self.x_stride)?,
@@ -165,18 +180,16 @@ impl GemvQ {
         if let Some(xq) = self.xq {
             check_product_out(K, (self.out, self.out_stride), self.bias, self.rows, self.n_tok)?;
             check(K, self.rows <= self.out_stride, || "rows overlap their stride".into())?;
-            check(K, cols.is_multiple_of(32) && xq.ptr.is_multiple_of(256), || "int8 input layout".into())?;
-            let (ql_off, xs_off, total) = q8x_bytes(self.n_tok, cols);
-            need(K, "int8 input", xq, total)?;
+            let (qx, ql, xs) = q8x_planes(K, "int8 input", xq, self.n_tok, cols)?;
             if self.rows == 0 {
                 return Ok(());
             }
             let p = GemvQ8Params {
                 qs,
                 aux,
-                qx: xq.ptr,
-                ql: xq.ptr + ql_off as u64,
-                xs: xq.ptr + xs_off as u64,
+                qx,
+                ql,
+                xs,
                 out: self.out.ptr,
                 bias: self.bias.map_or(0, |b| b.ptr),
                 rows: i32_of(K, self.rows)?,

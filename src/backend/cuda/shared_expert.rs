@@ -25,10 +25,10 @@ use rand::{Rng, SeedableRng};
 use super::device::{up, zeros};
 use super::dmat::{DevMat, Linear};
 use super::kernels::Kernels;
-use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
+use super::launch::{allocated, blocks_for, check, i32_of, launch, need, Dev};
 use super::matmul::{input_form, packed_gemv, Mm, Product, XForm};
 use super::qformat::check_tensor;
-use super::qlaunch::q8x_bytes;
+use super::qlaunch::q8x_planes;
 use super::CudaError;
 use crate::model::moe::SharedExpert;
 use crate::model::quant::GgmlType;
@@ -136,9 +136,7 @@ impl SharedWork {
 }
 
 fn dev(b: &Option<CudaSlice<f32>>, s: &CudaStream) -> Result<Dev<f32>, CudaError> {
-    b.as_ref()
-        .map(|b| Dev::of(b, s))
-        .ok_or_else(|| CudaError::Shape { kernel: "shared expert", reason: "work buffers not allocated".into() })
+    allocated(b, s, "shared expert", "work buffers")
 }
 
 /// Whether the gate is folded into the down product's int8 input where the down GEMV reads
@@ -233,14 +231,11 @@ pub struct ShexpGateQ8 {
 impl ShexpGateQ8 {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "shexp_gate_q8_f32";
-        check(K, self.ffn.is_multiple_of(32), || format!("{} columns are not whole 32-value blocks", self.ffn))?;
         check(K, self.act.ptr.is_multiple_of(16), || "the activations must be 16-byte aligned".into())?;
-        check(K, self.xq.ptr.is_multiple_of(256), || "the int8 input must be 256-byte aligned".into())?;
         need(K, "input", self.h, self.n_tok * self.dim)?;
         need(K, "gate", self.gate, self.dim)?;
         need(K, "activations", self.act, self.n_tok * self.ffn)?;
-        let (ql_off, xs_off, total) = q8x_bytes(self.n_tok, self.ffn);
-        need(K, "int8 input", self.xq, total)?;
+        let (qx, ql, xs) = q8x_planes(K, "int8 input", self.xq, self.n_tok, self.ffn)?;
         if self.n_tok == 0 {
             return Ok(());
         }
@@ -248,9 +243,9 @@ impl ShexpGateQ8 {
             h: self.h.ptr,
             gate: self.gate.ptr,
             act: self.act.ptr,
-            qx: self.xq.ptr,
-            ql: self.xq.ptr + ql_off as u64,
-            xs: self.xq.ptr + xs_off as u64,
+            qx,
+            ql,
+            xs,
             n_tok: i32_of(K, self.n_tok)?,
             dim: i32_of(K, self.dim)?,
             f: i32_of(K, self.ffn)?,
