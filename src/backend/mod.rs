@@ -1,5 +1,6 @@
 //! Backends execute a `StepPlan` and return logits. `cpu` is the reference; `cuda` the fast one.
 
+pub mod allreduce;
 pub mod cpu;
 pub mod cuda;
 pub mod fault;
