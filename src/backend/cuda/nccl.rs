@@ -3,8 +3,8 @@
 //! finds no library, so every entry here probes for it first and returns
 //! [`CudaError::Nccl`] instead.
 
-use cudarc::nccl::{result, sys};
 use cudarc::driver::CudaStream;
+use cudarc::nccl::{result, sys};
 
 use super::CudaError;
 

@@ -70,7 +70,11 @@ impl CudaBackend {
             self.prof = prof;
             r?;
             self.prof.as_mut().map_or(Ok(()), |p| p.end())?;
-        } else if self.tap.is_none() && self.tp.is_none() && f.n_tok <= TC_MAX_TOKENS && self.graphs.wanted(&graph_key(f)) {
+        } else if self.tap.is_none()
+            && self.tp.is_none()
+            && f.n_tok <= TC_MAX_TOKENS
+            && self.graphs.wanted(&graph_key(f))
+        {
             if !self.replay(w, f)? {
                 self.run_layers(w, f, &mut None)?;
             }

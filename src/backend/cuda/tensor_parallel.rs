@@ -58,9 +58,9 @@ enum Kind {
 }
 
 /// The reduction `ordinals` (one GPU per rank) get, as [`ALLREDUCE_ENV`] and the machine allow.
-fn choose(ordinals: &[usize]) -> Result<Kind, CudaError> {
+fn choose(ordinals: &[usize], setting: Option<&str>) -> Result<Kind, CudaError> {
     let shared = (1..ordinals.len()).any(|i| ordinals[..i].contains(&ordinals[i]));
-    match crate::sys::env::get(ALLREDUCE_ENV).as_deref().map(str::trim) {
+    match setting.map(str::trim) {
         Some("host") => Ok(Kind::Host),
         Some("nccl") if shared => Err(CudaError::Nccl(format!(
             "{ALLREDUCE_ENV}=nccl, but ranks share a GPU ({ordinals:?}): NCCL needs one GPU per rank; use host"
@@ -141,13 +141,30 @@ impl TpCudaBackend {
     /// Places rank `r`'s shard on GPU `ordinals[r]` (repeats allowed: ranks sharing a GPU),
     /// `opts` as for one GPU (each rank plans its own memory: weights / N plus the replicated
     /// parts, KV / N, its own workspace).
-    pub fn new(cfg: &ModelConfig, w: &ModelWeights, ordinals: &[usize], opts: &CudaOptions) -> Result<Self, BackendError> {
+    pub fn new(
+        cfg: &ModelConfig,
+        w: &ModelWeights,
+        ordinals: &[usize],
+        opts: &CudaOptions,
+    ) -> Result<Self, BackendError> {
+        Self::with_reduction(cfg, w, ordinals, opts, crate::sys::env::get(ALLREDUCE_ENV).as_deref())
+    }
+
+    /// As [`TpCudaBackend::new`], the reduction given as [`ALLREDUCE_ENV`] takes it (`nccl`,
+    /// `host`, `auto`; `None`: auto).
+    pub fn with_reduction(
+        cfg: &ModelConfig,
+        w: &ModelWeights,
+        ordinals: &[usize],
+        opts: &CudaOptions,
+        reduction: Option<&str>,
+    ) -> Result<Self, BackendError> {
         let n = ordinals.len();
         crate::model::tensor_parallel::check(cfg, n).map_err(|e| BackendError::Plan(e.to_string()))?;
         if let Some(why) = gpu_refusal(cfg, n) {
             return Err(BackendError::Plan(why));
         }
-        let kind = choose(ordinals)?;
+        let kind = choose(ordinals, reduction)?;
         let id = if kind == Kind::Nccl { Some(unique_id()?) } else { None };
         let host = (kind == Kind::Host).then(|| Arc::new(HostAllReduce::new(n)));
         let model = Arc::new((cfg.clone(), w.clone()));
@@ -226,7 +243,9 @@ impl TpCudaBackend {
         let mut me = TpCudaBackend { cfg: cfg.clone(), workers, info: Vec::new(), kind, head_bytes };
         if let Some((rank, e)) = first_err {
             drop(me); // stops the ranks that did load
-            return Err(BackendError::Device(format!("tensor-parallel rank {rank} on cuda:{}: {e}", ordinals[rank]).into()));
+            return Err(BackendError::Device(
+                format!("tensor-parallel rank {rank} on cuda:{}: {e}", ordinals[rank]).into(),
+            ));
         }
         me.info = info.into_iter().map(|i| i.expect("every rank reported")).collect();
         Ok(me)
@@ -235,7 +254,9 @@ impl TpCudaBackend {
     /// The same job to every rank; every rank's reply, in rank order.
     fn all(&self, job: impl Fn() -> Job) -> Result<Vec<Out>, BackendError> {
         for (r, w) in self.workers.iter().enumerate() {
-            w.jobs.send(job()).map_err(|_| BackendError::Device(format!("tensor-parallel rank {r} has stopped").into()))?;
+            w.jobs
+                .send(job())
+                .map_err(|_| BackendError::Device(format!("tensor-parallel rank {r} has stopped").into()))?;
         }
         let mut outs = Vec::with_capacity(self.workers.len());
         let mut err = None;
@@ -341,8 +362,7 @@ impl Backend for TpCudaBackend {
         self.all(|| Job::Save(seq, *key)).map(|_| ())
     }
     fn restore_state(&mut self, seq: SeqId, key: &[u8; 32], pos: usize) -> bool {
-        self.all(|| Job::Restore(seq, *key, pos))
-            .is_ok_and(|o| o.iter().all(|x| matches!(x, Out::Flag(true))))
+        self.all(|| Job::Restore(seq, *key, pos)).is_ok_and(|o| o.iter().all(|x| matches!(x, Out::Flag(true))))
     }
     fn drop_state(&mut self, key: &[u8; 32]) {
         let _ = self.all(|| Job::Drop(*key));
