@@ -90,6 +90,13 @@ pub fn make_tp_backend(
     } else {
         let ordinals: Vec<usize> = devs.iter().map(|d| if let Device::Cuda(k) = d { *k } else { 0 }).collect();
         let opts = common::cuda_options(ordinals[0], blocks, (max_batch_tokens, seqs), ptx_dir);
+        let p = plan_per_gpu(cfg, w, n, tokens, (max_batch_tokens, seqs))?;
+        eprintln!(
+            "tensor parallel: {n} ranks on {ordinals:?}; per rank: weights {:.2} GB, KV {:.2} GB, workspace {:.2} GB",
+            p.weights as f64 / 1e9,
+            p.kv as f64 / 1e9,
+            p.workspace as f64 / 1e9
+        );
         let b = crate::backend::cuda::tensor_parallel::TpCudaBackend::new(cfg, w, &ordinals, &opts)
             .with_context(|| format!("placing {n} tensor-parallel ranks on {ordinals:?}"))?;
         Box::new(b)
@@ -139,6 +146,23 @@ pub fn slots_for(
     }
 }
 
+/// The memory plan of one GPU's rank (rank 0's shard: the largest, as all ranks hold equal
+/// parts): its 1/N of the split matrices plus the replicated ones, its 1/N of the KV cache.
+pub fn plan_per_gpu(
+    cfg: &ModelConfig,
+    w: &ModelWeights,
+    n: usize,
+    tokens: usize,
+    (max_batch_tokens, seqs): (usize, usize),
+) -> Result<crate::backend::cuda::MemoryPlan> {
+    let (sc, sw) = rank0_shard(cfg, w, n)?;
+    let bytes = crate::backend::cuda::memory::device_weight_bytes(&sc, &sw, false);
+    let bs = crate::engine::batch::BLOCK_SIZE;
+    let seqs = crate::backend::cuda::memory::SeqPlan::new(seqs);
+    let blocks = tokens.div_ceil(bs).max(1);
+    Ok(crate::backend::cuda::plan_memory(&sc, bytes.matrices, bytes.wide_scratch, blocks, bs, max_batch_tokens, seqs))
+}
+
 fn gpu_count(device: &Device) -> usize {
     match device {
         Device::Cpu => 0,
@@ -149,6 +173,25 @@ fn gpu_count(device: &Device) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpu_holds_a_third_of_the_split_weights_and_of_the_kv_cache() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(crate::model::loader::SAMPLE_MODEL);
+        let m = crate::model::loader::load_model(&path).expect("the sample model (samples/fetch-model.sh)");
+        let (c, w) = (&m.config, &m.weights);
+        let one = plan_per_gpu(c, w, 1, 4096, (512, 8)).unwrap();
+        let three = plan_per_gpu(c, w, 3, 4096, (512, 8)).unwrap();
+        assert_eq!(three.kv * 3, one.kv, "each rank caches a third of the KV heads");
+        // Replicated: the (tied) embedding table and the final norm: a model of no layers.
+        let (mut c0, mut w0) = (c.clone(), w.clone());
+        c0.n_layers = 0;
+        w0.layers.clear();
+        let repl = plan_per_gpu(&c0, &w0, 1, 16, (512, 8)).unwrap().weights as f64;
+        let want = repl + (one.weights as f64 - repl) / 3.0;
+        let got = three.weights as f64;
+        // Within 1%: the layer norms (replicated, 0.1 MB) are counted as split here.
+        assert!((got - want).abs() < 0.01 * want, "per-GPU weights {got} vs {want} (one GPU: {})", one.weights);
+    }
 
     #[test]
     fn ranks_take_the_listed_or_the_next_gpus() {

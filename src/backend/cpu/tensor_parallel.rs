@@ -157,7 +157,9 @@ impl Backend for TpCpuBackend {
     }
     fn restore_state(&mut self, seq: SeqId, key: &[u8; 32], pos: usize) -> bool {
         // Every rank keeps the same snapshots (hybrid models run with one rank only).
-        self.ranks.iter_mut().fold(true, |ok, b| b.restore_state(seq, key, pos) && ok)
+        // Every rank restores (no short circuit), then all must have found the snapshot.
+        let found: Vec<bool> = self.ranks.iter_mut().map(|b| b.restore_state(seq, key, pos)).collect();
+        found.into_iter().all(|f| f)
     }
     fn drop_state(&mut self, key: &[u8; 32]) {
         self.ranks.iter_mut().for_each(|b| b.drop_state(key));
