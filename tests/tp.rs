@@ -192,3 +192,65 @@ fn splits_that_do_not_fit_are_refused_with_the_reason() {
     let prompt = [2046u32, 882, 198, 40, 1041, 264, 300];
     assert_eq!(free_greedy(&mut p, 0, &prompt, 40, 12), free_greedy(&mut t, 0, &prompt, 40, 12));
 }
+
+fn dustoff_out(args: &[&str]) -> std::process::Output {
+    dustoff_cmd(args, &[]).output().expect("start dustoff")
+}
+
+#[test]
+fn generate_and_run_with_three_cpu_ranks_write_the_plain_output() {
+    let p = ["generate", "--device", "cpu", "--prompt", "The capital of France is", "--max-tokens", "24"];
+    let plain = dustoff_out(&p);
+    let split = dustoff_out(&[&p[..], &["--tensor-parallel", "3"]].concat());
+    assert!(plain.status.success() && split.status.success(), "{}", String::from_utf8_lossy(&split.stderr));
+    assert!(!plain.stdout.is_empty());
+    assert_eq!(plain.stdout, split.stdout, "generate --tensor-parallel 3 printed another text");
+    assert!(String::from_utf8_lossy(&split.stderr).contains("3 x tensor parallel"));
+
+    let dir = tmpdir("tp-run");
+    let pipeline = short_pipeline(&dir);
+    let input = dir.join("in.jsonl");
+    let news = std::fs::read_to_string(repo().join("samples/news.jsonl")).unwrap();
+    std::fs::write(&input, news.lines().take(4).collect::<Vec<_>>().join("\n") + "\n").unwrap();
+    let (a, b) = (dir.join("plain.jsonl"), dir.join("tp.jsonl"));
+    for (out, extra) in [(&a, &[][..]), (&b, &["--tensor-parallel", "3"][..])] {
+        let (pl, i, o) = (pipeline.to_str().unwrap(), input.to_str().unwrap(), out.to_str().unwrap());
+        let args = [&["run", pl, "--input", i, "--output", o, "--device", "cpu", "--slots", "2", "--quiet"][..], extra]
+            .concat();
+        let r = dustoff_out(&args);
+        assert!(r.status.success(), "run {extra:?}: {}", String::from_utf8_lossy(&r.stderr));
+    }
+    let (ta, tb) = (std::fs::read_to_string(&a).unwrap(), std::fs::read_to_string(&b).unwrap());
+    assert_eq!(ta.lines().count(), 4);
+    assert_eq!(ta, tb, "run --tensor-parallel 3 wrote other rows");
+}
+
+#[test]
+fn bad_tensor_parallel_flags_are_usage_errors() {
+    let base = ["generate", "--device", "cpu", "--prompt", "x", "--max-tokens", "2", "--tensor-parallel"];
+    for (n, says) in [("2", "N must divide 3"), ("0", "--tensor-parallel 0")] {
+        let r = dustoff_out(&[&base[..], &[n]].concat());
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+    }
+    let out = tmpdir("tp-usage").join("never.jsonl");
+    let r = dustoff_out(&[
+        "run",
+        "summarize",
+        "--input",
+        "samples/news.jsonl",
+        "--output",
+        out.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--engines",
+        "2",
+        "--tensor-parallel",
+        "3",
+    ]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{err}");
+    assert!(err.contains("leave out --engines"), "{err}");
+    assert!(!out.exists(), "a refused run writes no output");
+}
