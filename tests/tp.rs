@@ -21,8 +21,9 @@ use dustoff::engine::single::SingleSeq;
 use dustoff::model::loader::{load_model, LoadedModel};
 
 /// Largest |logit difference| allowed between N ranks and the plain backend (logits of these
-/// models span about 20-40; f32 rounding of the reordered sums over 30 layers stays near 1e-4).
-const LOGIT_TOL: f32 = 2e-3;
+/// models span about 20-40; measured: 7e-5 on the sample model with N = 3, 2.3e-5 on qwen3_moe
+/// with N = 2: f32 rounding of the reordered sums).
+const LOGIT_TOL: f32 = 1e-3;
 /// Top-2 margin of the plain backend's logits below which a greedy choice is a near-tie.
 const TAU: f32 = 0.02;
 const BLOCKS: usize = 64;
@@ -97,26 +98,36 @@ fn one_rank_gives_the_plain_backends_logits_bit_for_bit() {
     }
 }
 
+/// Teacher-forced `steps` greedy steps after each prompt on both backends: every step's logits
+/// within `LOGIT_TOL`, the same greedy choice away from near-ties. Returns the largest
+/// difference and the choices compared.
+fn compare_split(
+    p: &mut dyn Backend,
+    t: &mut dyn Backend,
+    prompts: &[(String, Vec<u32>)],
+    steps: usize,
+) -> (f32, usize) {
+    let (mut worst, mut compared) = (0f32, 0);
+    for (id, prompt) in prompts {
+        for (step, (a, b)) in logits_side_by_side(p, t, prompt, steps).iter().enumerate() {
+            let d = max_diff(a, b);
+            worst = worst.max(d);
+            assert!(d <= LOGIT_TOL, "{id} step {step}: split logits differ by {d} > {LOGIT_TOL}");
+            if margin(a) >= TAU {
+                assert_eq!(argmax(a), argmax(b), "{id} step {step}: the split chose another token");
+                compared += 1;
+            }
+        }
+    }
+    (worst, compared)
+}
+
 #[test]
 fn three_ranks_match_the_plain_backend_on_the_sample_model() {
     let m = sample_model();
     let (mut p, mut t) = (plain(&m), tp(&m, 3));
     assert!(t.describe().starts_with("3 x tensor parallel"), "{}", t.describe());
-    let mut worst = 0f32;
-    let mut compared = 0;
-    for (id, prompt) in sample_prompts() {
-        let steps = logits_side_by_side(&mut p, &mut t, &prompt, 16);
-        for (step, (a, b)) in steps.iter().enumerate() {
-            let d = max_diff(a, b);
-            worst = worst.max(d);
-            assert!(d <= LOGIT_TOL, "case {id} step {step}: N=3 logits differ by {d} > {LOGIT_TOL}");
-            // Same greedy token unless the plain backend's choice is a near-tie.
-            if margin(a) >= TAU {
-                assert_eq!(argmax(a), argmax(b), "case {id} step {step}: N=3 chose another token");
-                compared += 1;
-            }
-        }
-    }
+    let (worst, compared) = compare_split(&mut p, &mut t, &sample_prompts(), 16);
     assert!(compared > 50, "only {compared} greedy choices compared");
     eprintln!("sample model, N=3: largest |logit difference| {worst:e} over {compared} greedy choices");
 }
@@ -137,18 +148,11 @@ fn free_running_greedy_with_three_ranks_equals_one_backend() {
 fn two_ranks_split_the_experts_of_qwen3_moe() {
     let m = qwen3_moe();
     let (mut p, mut t) = (plain(&m), tp(&m, 2));
-    let mut compared = 0;
-    for prompt in [vec![2046u32, 882, 198, 40, 1041, 264], vec![2045, 17, 300, 1200, 45, 9, 77, 512]] {
-        for (step, (a, b)) in logits_side_by_side(&mut p, &mut t, &prompt, 16).iter().enumerate() {
-            let d = max_diff(a, b);
-            assert!(d <= LOGIT_TOL, "qwen3_moe step {step}: N=2 logits differ by {d}");
-            if margin(a) >= TAU {
-                assert_eq!(argmax(a), argmax(b), "qwen3_moe step {step}: N=2 chose another token");
-                compared += 1;
-            }
-        }
-    }
+    let prompts = [vec![2046u32, 882, 198, 40, 1041, 264], vec![2045, 17, 300, 1200, 45, 9, 77, 512]];
+    let prompts: Vec<_> = prompts.into_iter().enumerate().map(|(i, p)| (format!("qwen3_moe prompt {i}"), p)).collect();
+    let (worst, compared) = compare_split(&mut p, &mut t, &prompts, 16);
     assert!(compared > 20, "only {compared} choices compared");
+    eprintln!("qwen3_moe, N=2: largest |logit difference| {worst:e} over {compared} greedy choices");
 }
 
 #[test]
