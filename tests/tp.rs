@@ -12,8 +12,12 @@
 mod common;
 
 use common::*;
-use dustoff::backend::cpu::tensor_parallel::TpCpuBackend;
+use std::sync::Arc;
+
+use dustoff::backend::allreduce::HostAllReduce;
+use dustoff::backend::cpu::tensor_parallel::{rank_backend, TpCpuBackend};
 use dustoff::backend::cpu::CpuBackend;
+use dustoff::backend::rank_group::RankGroup;
 use dustoff::backend::Backend;
 use dustoff::engine::plan::{SeqChunk, StepPlan};
 use dustoff::engine::sampler::argmax;
@@ -257,4 +261,71 @@ fn bad_tensor_parallel_flags_are_usage_errors() {
     assert_eq!(r.status.code(), Some(2), "{err}");
     assert!(err.contains("leave out --engines"), "{err}");
     assert!(!out.exists(), "a refused run writes no output");
+}
+
+/// Runs `f` on a thread and fails if it has not finished within `secs` (a hang is a failure,
+/// not a stuck test run).
+fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(secs)).unwrap_or_else(|_| panic!("{what}: hung for {secs} s"))
+}
+
+/// A group of CPU ranks on their own threads: the group the GPU ranks run in
+/// (`backend::rank_group`), here without a GPU.
+fn cpu_group(m: &LoadedModel, n: usize) -> Result<RankGroup, dustoff::backend::BackendError> {
+    let (cfg, w) = (m.config.clone(), m.weights.clone());
+    let reduce = Arc::new(HostAllReduce::new(n));
+    let build = move |rank| {
+        rank_backend(&cfg, &w, rank, reduce.clone(), BLOCKS, BS)
+            .map_err(|e| dustoff::backend::BackendError::Plan(e.to_string()))
+    };
+    RankGroup::start(&m.config, n, m.weights.output.bytes().len() as u64, "host", build, |_, _| Ok(()))
+}
+
+#[test]
+fn a_threaded_rank_group_of_cpu_ranks_matches_the_plain_backend() {
+    within(240, "rank group", || {
+        let m = sample_model();
+        let mut p = plain(&m);
+        let mut one = cpu_group(&m, 1).unwrap();
+        let prompts = sample_prompts();
+        for (id, prompt) in prompts.iter().take(2) {
+            for (step, (a, b)) in logits_side_by_side(&mut p, &mut one, prompt, 8).iter().enumerate() {
+                assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{id} step {step}: group of 1");
+            }
+        }
+        drop(one); // the rank threads end
+        let mut three = cpu_group(&m, 3).unwrap();
+        assert!(three.describe().starts_with("3 x tensor parallel (host all-reduce)"), "{}", three.describe());
+        let (worst, compared) = compare_split(&mut p, &mut three, &prompts[..3], 8);
+        assert!(compared > 10, "{compared}");
+        // Greedy steps through the group (rank 0 chooses) equal the plain backend's.
+        let a = free_greedy(&mut p, 0, &prompts[0].1, prompts[0].1.len() + 12, 12);
+        let b = free_greedy(&mut three, 0, &prompts[0].1, prompts[0].1.len() + 12, 12);
+        assert_eq!(a, b);
+        three.release(0);
+        eprintln!("group of 3 CPU ranks: largest |logit difference| {worst:e}");
+    });
+}
+
+#[test]
+fn a_rank_that_fails_to_load_fails_the_group_without_a_hang() {
+    let m = sample_model();
+    let cfg = m.config.clone();
+    let e = within(60, "failing rank", move || {
+        let (c, w) = (cfg.clone(), m.weights.clone());
+        let build = move |rank: usize| -> Result<CpuBackend, dustoff::backend::BackendError> {
+            match rank {
+                1 => Err(dustoff::backend::BackendError::Plan("rank 1 cannot load".into())),
+                2 => panic!("rank 2 panics while loading"),
+                _ => Ok(CpuBackend::new(c.clone(), w.clone(), 4, BS)),
+            }
+        };
+        RankGroup::start(&cfg, 3, 0, "host", build, |_, _| Ok(())).err().map(|e| e.to_string())
+    });
+    let e = e.expect("the group must not start");
+    assert!(e.contains("rank 1") && e.contains("cannot load") || e.contains("rank 2") && e.contains("panic"), "{e}");
 }

@@ -5,6 +5,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod fault;
 pub mod masks;
+pub mod rank_group;
 
 use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;

@@ -58,6 +58,42 @@ impl CpuBackend {
     }
 }
 
+impl crate::backend::rank_group::RankEngine for CpuBackend {
+    // Not `step`: it runs the forward pass on a rayon worker, which must never wait at the
+    // all-reduce (see the module note).
+    fn rank_logits(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.step_rank(plan)
+    }
+    fn rank_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
+        Ok(self.step_rank(plan)?.iter().map(|l| crate::engine::sampler::argmax(l)).collect())
+    }
+    fn rank_step(&mut self, plan: &StepPlan) -> Result<(), BackendError> {
+        self.step_rank(plan).map(|_| ())
+    }
+    fn abort_collective(&mut self) {
+        if let Some(r) = &self.rank {
+            r.reduce.abort();
+        }
+    }
+}
+
+/// Rank `rank` of `n` as a CPU backend of its shard, joined to `reduce` (for a
+/// [`crate::backend::rank_group::RankGroup`] of CPU ranks: the group's threads tested without
+/// a GPU).
+pub fn rank_backend(
+    cfg: &ModelConfig,
+    w: &ModelWeights,
+    rank: usize,
+    reduce: Arc<HostAllReduce>,
+    num_blocks: usize,
+    block_size: usize,
+) -> Result<CpuBackend, TpError> {
+    let (sc, sw) = shard(cfg, w, Rank { rank, n: reduce.ranks() })?;
+    let mut b = CpuBackend::new(sc, sw, num_blocks, block_size);
+    b.rank = Some(RankLink { rank, reduce });
+    Ok(b)
+}
+
 /// N CPU rank backends that together run one model.
 pub struct TpCpuBackend {
     cfg: ModelConfig,

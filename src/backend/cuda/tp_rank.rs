@@ -2,7 +2,7 @@
 //! all-reduce that sums the ranks' partial outputs after each block's attention output and FFN
 //! down projections (`step.rs`).
 //!
-//! Two reductions: NCCL on the rank's stream (ranks on distinct GPUs; also one rank alone, where
+//! Two reductions: NCCL on the rank's stream (ranks on distinct GPUs; or one rank alone when asked for, where
 //! the sum of one is a real NCCL call that changes nothing), and host-staged (download, sum in
 //! rank order in host memory, upload) for ranks that share one GPU, where NCCL refuses to run
 //! (two ranks on one device): a slow path that tests the split itself on a single GPU.
