@@ -468,6 +468,13 @@ struct EngineArgs {
     /// Compute every prompt in full (no reuse of shared prefixes), for comparison.
     #[arg(long)]
     no_prefix_cache: bool,
+    /// Split the model over N ranks (tensor parallel): each holds 1/N of the attention heads,
+    /// KV cache and FFN columns, and the ranks sum their outputs after every block's two output
+    /// projections. On GPUs one rank per GPU (cuda:K..K+N, or the GPUs of `run --devices`;
+    /// NCCL between them); on the CPU N threads. N must divide the KV heads. GPUs: dense models
+    /// only for N > 1. See docs/CLUSTER.md.
+    #[arg(long)]
+    tensor_parallel: Option<usize>,
 }
 
 #[derive(Args)]
@@ -579,6 +586,7 @@ fn run(cli: Cli) -> Result<Code> {
                 device_flag: a.model.device,
                 devices: a.devices,
                 engines: a.engines,
+                tensor_parallel: a.engine.tensor_parallel,
                 ptx_dir: a.model.ptx_dir,
                 slots: a.engine.slots,
                 max_batch_tokens: a.engine.max_batch_tokens,
@@ -735,10 +743,12 @@ fn run(cli: Cli) -> Result<Code> {
                     let device = pick_device(&a.model.device)?;
                     let m = common::load(&a.model.model)?;
                     let step = dustoff::engine::single::PREFILL_CHUNK;
-                    let mut b = common::make_backend(
+                    let mut b = dustoff::commands::tensor_parallel::backend_for(
                         &m.config,
                         &m.weights,
                         &device,
+                        a.engine.tensor_parallel,
+                        None,
                         a.ctx,
                         (step, 1),
                         a.model.ptx_dir.as_deref(),
@@ -773,18 +783,26 @@ fn run(cli: Cli) -> Result<Code> {
                         })?;
                     let m = common::load(&a.model.model)?;
                     let max_batch_tokens = a.engine.max_batch_tokens;
-                    let slots =
-                        common::resolve_slots(a.engine.slots, &device, &m.config, &m.weights, a.ctx, max_batch_tokens)?;
+                    let slots = dustoff::commands::tensor_parallel::slots_for(
+                        a.engine.slots,
+                        &device,
+                        &m.config,
+                        &m.weights,
+                        a.engine.tensor_parallel,
+                        (a.ctx, max_batch_tokens),
+                    )?;
                     let cfg = dustoff::engine::batch::EngineConfig::new(
                         slots,
                         max_batch_tokens,
                         !a.engine.no_prefix_cache,
                         m.fingerprint,
                     );
-                    let backend = common::make_backend(
+                    let backend = dustoff::commands::tensor_parallel::backend_for(
                         &m.config,
                         &m.weights,
                         &device,
+                        a.engine.tensor_parallel,
+                        None,
                         a.ctx * slots,
                         (cfg.max_batch_tokens, slots),
                         a.model.ptx_dir.as_deref(),

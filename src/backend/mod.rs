@@ -1,9 +1,11 @@
 //! Backends execute a `StepPlan` and return logits. `cpu` is the reference; `cuda` the fast one.
 
+pub mod allreduce;
 pub mod cpu;
 pub mod cuda;
 pub mod fault;
 pub mod masks;
+pub mod rank_group;
 
 use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;

@@ -225,7 +225,7 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
 }
 
 /// `seqs`: the sequences that run at once (the recurrent-state pool of hybrid models).
-fn cuda_options(
+pub(crate) fn cuda_options(
     ordinal: usize,
     blocks: usize,
     (max_batch_tokens, seqs): (usize, usize),

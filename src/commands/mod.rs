@@ -15,4 +15,5 @@ pub mod kernels;
 pub mod quantize;
 pub mod run;
 pub mod synth;
+pub mod tensor_parallel;
 pub mod tokenize;

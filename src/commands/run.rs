@@ -30,6 +30,9 @@ pub struct RunArgs {
     pub devices: Option<String>,
     /// `--engines`: engines per device (N CPU engines with `--device cpu`).
     pub engines: usize,
+    /// `--tensor-parallel N`: one engine whose model is split over N ranks (the GPUs of
+    /// `--devices`, else cuda:K..K+N; N threads on the CPU).
+    pub tensor_parallel: Option<usize>,
     pub ptx_dir: Option<PathBuf>,
     pub slots: Slots,
     pub max_batch_tokens: usize,
@@ -129,15 +132,40 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     };
     let per_seq = (max_in + max_out + BLOCK_SIZE).min(m.config.max_context.max(256));
     let gpus = if a.device == Device::Cpu { 0 } else { crate::backend::cuda::device::device_count() };
-    let devs = super::devices::engine_devices(&a.device, &a.device_flag, a.devices.as_deref(), a.engines, gpus)?;
+    let devs = match a.tensor_parallel {
+        // One engine over the ranks' devices (the group is built below from devs[0] and --devices).
+        Some(_) if a.engines != 1 => {
+            return Err(crate::job::exit::UsageError::new(
+                "--tensor-parallel runs one engine over its ranks: leave out --engines",
+            )
+            .into())
+        }
+        Some(_) => vec![a.device.clone()],
+        None => super::devices::engine_devices(&a.device, &a.device_flag, a.devices.as_deref(), a.engines, gpus)?,
+    };
     let stop = StopFlag::with_signals().unwrap_or_default();
     let eos = m.tokenizer.eos_ids().to_vec();
     let (mut gen, slots): (Box<dyn Generate>, usize) = if devs.len() == 1 {
-        let slots = common::resolve_slots(a.slots, &devs[0], &m.config, &m.weights, per_seq, a.max_batch_tokens)?;
+        let slots = super::tensor_parallel::slots_for(
+            a.slots,
+            &devs[0],
+            &m.config,
+            &m.weights,
+            a.tensor_parallel,
+            (per_seq, a.max_batch_tokens),
+        )?;
         let cfg = EngineConfig::new(slots, a.max_batch_tokens, a.prefix_cache, m.fingerprint);
         let (tokens, step) = (slots * per_seq, cfg.max_batch_tokens);
-        let backend =
-            common::make_backend(&m.config, &m.weights, &devs[0], tokens, (step, slots), a.ptx_dir.as_deref())?;
+        let backend = super::tensor_parallel::backend_for(
+            &m.config,
+            &m.weights,
+            &devs[0],
+            a.tensor_parallel,
+            a.devices.as_deref(),
+            tokens,
+            (step, slots),
+            a.ptx_dir.as_deref(),
+        )?;
         eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens", backend.describe());
         let engine = Engine::new(backend, cfg)?;
         (Box::new(EngineGenerate::new(engine, eos).with_stop(stop.clone()).with_grammar(grammar)), slots)

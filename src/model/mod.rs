@@ -15,4 +15,5 @@ pub mod safetensors;
 pub mod shapes;
 pub mod synth;
 pub mod synth_gguf;
+pub mod tensor_parallel;
 pub mod weights;

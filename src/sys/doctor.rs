@@ -109,6 +109,8 @@ pub struct CudaReport {
     pub nvlinks_active: Vec<(usize, u32)>,
     pub nvrtc: NvrtcReport,
     pub cublas_loadable: bool,
+    /// NCCL's version when libnccl loads (tensor parallel over several GPUs needs it), else why not.
+    pub nccl: Result<String, String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -342,6 +344,7 @@ pub fn gather(o: &DoctorOptions) -> Report {
         cuda_visible_devices: crate::sys::env::get("CUDA_VISIBLE_DEVICES"),
         // SAFETY: only tries to dlopen the candidate library names; no cuBLAS function is called.
         cublas_loadable: unsafe { cudarc::cublas::sys::is_culib_present() },
+        nccl: crate::backend::cuda::nccl::nccl_version().map_err(|e| e.to_string()),
         gpus,
         nvrtc,
     };

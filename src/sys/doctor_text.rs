@@ -145,6 +145,12 @@ impl Report {
             let _ = writeln!(s, "    {} ({t}{gpus})", file.path);
         }
         let _ = writeln!(s, "  cuBLAS: {}", if g.cublas_loadable { "found" } else { "not found" });
+        let _ = match &g.nccl {
+            Ok(v) => writeln!(s, "  NCCL: {v} (--tensor-parallel over several GPUs)"),
+            Err(e) => {
+                writeln!(s, "  NCCL: not loadable ({e}); single-GPU runs and --tensor-parallel on one GPU still work")
+            }
+        };
 
         if let Some(m) = &self.model {
             let _ = writeln!(

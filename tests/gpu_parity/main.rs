@@ -27,6 +27,7 @@ mod quant;
 mod quant_bench;
 mod qwen35;
 mod shared_expert;
+mod tensor_parallel;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use rand::rngs::StdRng;

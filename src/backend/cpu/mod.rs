@@ -12,6 +12,7 @@ pub mod moe;
 pub mod ops;
 mod paged;
 pub mod tap;
+pub mod tensor_parallel;
 
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::{PlanLimits, StepPlan};
@@ -37,6 +38,8 @@ pub struct CpuBackend {
     tap: Option<Box<dyn ActivationTap>>,
     /// Hybrid models: the linear-attention mixers and each sequence's recurrent state.
     hybrid: Option<hybrid::HybridCpu>,
+    /// A tensor-parallel rank: its place and the all-reduce it shares (`tensor_parallel`).
+    rank: Option<tensor_parallel::RankLink>,
 }
 
 impl CpuBackend {
@@ -59,6 +62,7 @@ impl CpuBackend {
             inv_freq,
             scratch: Scratch::default(),
             tap: None,
+            rank: None,
         }
     }
 
@@ -288,7 +292,7 @@ impl CpuBackend {
                     t.matmul_input(&[&lw.wo.name], att, n);
                 }
                 matmul(&lw.wo, att, n, o);
-                ops::add_inplace(x, o);
+                tensor_parallel::residual(&self.rank, x, o);
             }
 
             ops::rmsnorm(x, &lw.ffn_norm, c.rms_eps, h);
@@ -308,13 +312,16 @@ impl CpuBackend {
                 }
                 matmul(&lw.w_down, gate, n, o);
             }
-            ops::add_inplace(x, o);
+            tensor_parallel::residual(&self.rank, x, o);
         }
 
         if let Some(t) = self.tap.as_mut() {
             let mut all = vec![0f32; n * dim]; // [n, dim] final-normed, every token
             ops::rmsnorm(x, &self.w.output_norm, c.rms_eps, &mut all);
             t.matmul_input(&[&self.w.output.name], &all, n);
+        }
+        if self.rank.as_ref().is_some_and(|r| r.rank > 0) {
+            return Vec::new(); // the output head is replicated: rank 0 computes the logits
         }
         // Logits only for the last token of chunks that want them.
         let mut rows = Vec::new();

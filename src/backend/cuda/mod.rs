@@ -59,6 +59,7 @@ pub mod moe_gemm;
 pub mod moe_q8;
 pub mod moe_shexp;
 pub mod moe_slab;
+pub mod nccl;
 pub mod nvrtc;
 pub mod ops;
 pub mod paged_attn;
@@ -79,6 +80,8 @@ mod step_inputs;
 mod step_norm;
 pub mod synth;
 pub mod tap;
+pub mod tensor_parallel;
+pub mod tp_rank;
 mod tuning;
 pub mod weights;
 mod workspace;
@@ -123,6 +126,9 @@ pub enum CudaError {
     OutOfMemory(String),
     #[error("CUDA graph: {0}")]
     Graph(String),
+    /// NCCL missing or failing (tensor parallel).
+    #[error("NCCL: {0}")]
+    Nccl(String),
 }
 
 impl CudaError {

@@ -112,6 +112,8 @@ pub struct CudaBackend {
     pub(super) hybrid: Option<super::hybrid::HybridCuda>,
     /// Calibration: every matrix input goes to the host (`tap.rs`); `None` in normal runs.
     pub(super) tap: Option<super::tap::CudaTap>,
+    /// A tensor-parallel rank (`tensor_parallel`): its place and its all-reduce.
+    pub(super) tp: Option<super::tp_rank::CudaRank>,
 }
 
 /// Weights on the device, before the backend is assembled.
@@ -432,6 +434,7 @@ impl CudaBackend {
             peak_used: 0,
             hybrid: p.hybrid,
             tap: None,
+            tp: None,
             dev,
         };
         b.note_memory();

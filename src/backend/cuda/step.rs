@@ -70,7 +70,11 @@ impl CudaBackend {
             self.prof = prof;
             r?;
             self.prof.as_mut().map_or(Ok(()), |p| p.end())?;
-        } else if self.tap.is_none() && f.n_tok <= TC_MAX_TOKENS && self.graphs.wanted(&graph_key(f)) {
+        } else if self.tap.is_none()
+            && self.tp.is_none()
+            && f.n_tok <= TC_MAX_TOKENS
+            && self.graphs.wanted(&graph_key(f))
+        {
             if !self.replay(w, f)? {
                 self.run_layers(w, f, &mut None)?;
             }
@@ -165,6 +169,10 @@ impl CudaBackend {
             p.begin(s, n)?;
         }
         let mut mark = |class: &'static str| prof.as_mut().map_or(Ok(()), |p| p.mark(s, class));
+        // Tensor parallel: rank 0 adds the residual into its partial output projections, the
+        // others write theirs alone; the all-reduce after each sums them (tp_rank.rs).
+        let mut tp = self.tp.as_mut();
+        let add_residual = tp.as_ref().is_none_or(|r| r.adds_residual());
 
         let ids = meta.offset(lay.ids).cast::<u32>();
         let embd = &self.embd.parts[0];
@@ -323,7 +331,10 @@ impl CudaBackend {
             if let Some(t) = self.tap.as_mut() {
                 t.layer_input(&self.dev.stream, li, TapPoint::O, &w.att, n, qd)?;
             }
-            mm.run(k, Product { lin: &lw.wo, bias: None, x: att, n, out: x, accumulate: true })?;
+            mm.run(k, Product { lin: &lw.wo, bias: None, x: att, n, out: x, accumulate: add_residual })?;
+            if let Some(r) = tp.as_mut() {
+                r.all_reduce(x, n * dim, s)?;
+            }
             mark("o matmul")?;
             if let Some(moe) = &lw.moe {
                 // The norm runs inside the MoE launch where a one-stream step allows (moe.rs).
@@ -348,7 +359,10 @@ impl CudaBackend {
             if let Some(t) = self.tap.as_mut() {
                 t.layer_input(&self.dev.stream, li, TapPoint::Down, &w.act, n, ffn)?;
             }
-            mm.run(k, Product { lin: &lw.wdown, bias: None, x: act, n, out: x, accumulate: true })?;
+            mm.run(k, Product { lin: &lw.wdown, bias: None, x: act, n, out: x, accumulate: add_residual })?;
+            if let Some(r) = tp.as_mut() {
+                r.all_reduce(x, n * dim, s)?;
+            }
             mark("down matmul")?;
         }
         if let Some(t) = self.tap.as_mut() {
@@ -356,7 +370,8 @@ impl CudaBackend {
             norm(x, Dev::of(&self.output_norm, s), h).launch(k, s)?;
             t.head_input(&self.dev.stream, &w.h, n, dim)?;
         }
-        if f.m == 0 {
+        // The output head is replicated: rank 0 alone computes the logits.
+        if f.m == 0 || self.tp.as_ref().is_some_and(|r| r.rank > 0) {
             return Ok(());
         }
         let (hn, logits) = (ptr(&w.hn, s), ptr(&w.logits, s));

@@ -1,0 +1,331 @@
+//! Tensor parallel on the CPU (`--tensor-parallel N`): N rank backends, each holding its shard
+//! of the heads, KV cache and FFN columns, summing their partial outputs after every block's two
+//! output projections. Real models only: the sample model (9 heads / 3 KV heads: N = 1 and 3)
+//! and the qwen3_moe reference model (4 / 2 heads, 8 experts: N = 1 and 2).
+//!
+//! - N = 1 runs the whole rank path (threads, all-reduce, residual rule) and must give logits
+//!   bit-identical to the plain backend.
+//! - N > 1 adds the same products in a different order (each rank's dot products over its
+//!   columns, then the ranks' sums), so logits differ by rounding: they must agree within
+//!   `LOGIT_TOL`, and greedy tokens must be equal up to the plain backend's first near-tie.
+
+mod common;
+
+use common::*;
+use std::sync::Arc;
+
+use dustoff::backend::allreduce::HostAllReduce;
+use dustoff::backend::cpu::tensor_parallel::{rank_backend, TpCpuBackend};
+use dustoff::backend::cpu::CpuBackend;
+use dustoff::backend::rank_group::RankGroup;
+use dustoff::backend::Backend;
+use dustoff::engine::plan::{SeqChunk, StepPlan};
+use dustoff::engine::sampler::argmax;
+use dustoff::engine::single::SingleSeq;
+use dustoff::model::loader::{load_model, LoadedModel};
+
+/// Largest |logit difference| allowed between N ranks and the plain backend (logits of these
+/// models span about 20-40; measured: 7e-5 on the sample model with N = 3, 2.3e-5 on qwen3_moe
+/// with N = 2: f32 rounding of the reordered sums).
+const LOGIT_TOL: f32 = 1e-3;
+/// Top-2 margin of the plain backend's logits below which a greedy choice is a near-tie.
+const TAU: f32 = 0.02;
+const BLOCKS: usize = 64;
+const BS: usize = 16;
+
+fn qwen3_moe() -> LoadedModel {
+    load_model(&shared_testdata().join("arch/qwen3_moe/qwen3_moe-f16.gguf")).expect("load qwen3_moe reference")
+}
+
+fn plain(m: &LoadedModel) -> CpuBackend {
+    CpuBackend::new(m.config.clone(), m.weights.clone(), BLOCKS, BS)
+}
+
+fn tp(m: &LoadedModel, n: usize) -> TpCpuBackend {
+    TpCpuBackend::new(&m.config, &m.weights, n, BLOCKS, BS).expect("model splits")
+}
+
+fn margin(l: &[f32]) -> f32 {
+    let best = argmax(l);
+    let second = l.iter().enumerate().filter(|(i, _)| *i as u32 != best).map(|(_, v)| *v).fold(f32::MIN, f32::max);
+    l[best as usize] - second
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Teacher-forced run of `prompt` then `n` greedy tokens of `reference` on both backends: per
+/// step the logits of both. The tokens fed are the reference's own choices.
+fn logits_side_by_side(
+    reference: &mut dyn Backend,
+    other: &mut dyn Backend,
+    prompt: &[u32],
+    n: usize,
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let mut a = SingleSeq::new(reference, 0, prompt.len() + n + 1).unwrap();
+    let mut b = SingleSeq::new(other, 0, prompt.len() + n + 1).unwrap();
+    let (mut la, mut lb) = (a.feed(reference, prompt).unwrap(), b.feed(other, prompt).unwrap());
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = argmax(&la);
+        out.push((la, lb));
+        la = a.feed(reference, &[t]).unwrap();
+        lb = b.feed(other, &[t]).unwrap();
+    }
+    out.push((la, lb));
+    out
+}
+
+fn sample_prompts() -> Vec<(String, Vec<u32>)> {
+    read_cases("greedy_cases.jsonl")
+        .iter()
+        .map(|c| (c["id"].as_str().unwrap().to_string(), ids(c, "prompt_ids")))
+        .collect()
+}
+
+#[test]
+fn one_rank_gives_the_plain_backends_logits_bit_for_bit() {
+    let m = sample_model();
+    let (mut p, mut t) = (plain(&m), tp(&m, 1));
+    for (id, prompt) in sample_prompts().into_iter().take(3) {
+        for (step, (a, b)) in logits_side_by_side(&mut p, &mut t, &prompt, 12).iter().enumerate() {
+            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "case {id} step {step}: N=1 logits differ (max |d| {})", max_diff(a, b));
+        }
+    }
+    let m = qwen3_moe();
+    let (mut p, mut t) = (plain(&m), tp(&m, 1));
+    for (step, (a, b)) in logits_side_by_side(&mut p, &mut t, &[2046, 882, 198, 40, 1041], 10).iter().enumerate() {
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "qwen3_moe step {step}: N=1 differs");
+    }
+}
+
+/// Teacher-forced `steps` greedy steps after each prompt on both backends: every step's logits
+/// within `LOGIT_TOL`, the same greedy choice away from near-ties. Returns the largest
+/// difference and the choices compared.
+fn compare_split(
+    p: &mut dyn Backend,
+    t: &mut dyn Backend,
+    prompts: &[(String, Vec<u32>)],
+    steps: usize,
+) -> (f32, usize) {
+    let (mut worst, mut compared) = (0f32, 0);
+    for (id, prompt) in prompts {
+        for (step, (a, b)) in logits_side_by_side(p, t, prompt, steps).iter().enumerate() {
+            let d = max_diff(a, b);
+            worst = worst.max(d);
+            assert!(d <= LOGIT_TOL, "{id} step {step}: split logits differ by {d} > {LOGIT_TOL}");
+            if margin(a) >= TAU {
+                assert_eq!(argmax(a), argmax(b), "{id} step {step}: the split chose another token");
+                compared += 1;
+            }
+        }
+    }
+    (worst, compared)
+}
+
+#[test]
+fn three_ranks_match_the_plain_backend_on_the_sample_model() {
+    let m = sample_model();
+    let (mut p, mut t) = (plain(&m), tp(&m, 3));
+    assert!(t.describe().starts_with("3 x tensor parallel"), "{}", t.describe());
+    let (worst, compared) = compare_split(&mut p, &mut t, &sample_prompts(), 16);
+    assert!(compared > 50, "only {compared} greedy choices compared");
+    eprintln!("sample model, N=3: largest |logit difference| {worst:e} over {compared} greedy choices");
+}
+
+#[test]
+fn free_running_greedy_with_three_ranks_equals_one_backend() {
+    // Free-running (each backend feeds back its own choices), as `generate` does.
+    let m = sample_model();
+    let (mut p, mut t) = (plain(&m), tp(&m, 3));
+    for (id, prompt) in sample_prompts().into_iter().take(3) {
+        let a = free_greedy(&mut p, 0, &prompt, prompt.len() + 24, 24);
+        let b = free_greedy(&mut t, 0, &prompt, prompt.len() + 24, 24);
+        assert_eq!(a, b, "case {id}: free-running greedy differs with 3 ranks");
+    }
+}
+
+#[test]
+fn two_ranks_split_the_experts_of_qwen3_moe() {
+    let m = qwen3_moe();
+    let (mut p, mut t) = (plain(&m), tp(&m, 2));
+    let prompts = [vec![2046u32, 882, 198, 40, 1041, 264], vec![2045, 17, 300, 1200, 45, 9, 77, 512]];
+    let prompts: Vec<_> = prompts.into_iter().enumerate().map(|(i, p)| (format!("qwen3_moe prompt {i}"), p)).collect();
+    let (worst, compared) = compare_split(&mut p, &mut t, &prompts, 16);
+    assert!(compared > 20, "only {compared} choices compared");
+    eprintln!("qwen3_moe, N=2: largest |logit difference| {worst:e} over {compared} greedy choices");
+}
+
+#[test]
+fn a_batched_step_of_two_sequences_matches() {
+    // Two sequences in one step, with their own block tables: each rank's KV cache of its heads
+    // is paged like the plain one.
+    let m = sample_model();
+    let (mut p, mut t) = (plain(&m), tp(&m, 3));
+    let prompts = sample_prompts();
+    let (a, b) = (&prompts[0].1, &prompts[1].1);
+    let chunk = |seq, tokens: &[u32], table: Vec<u32>| SeqChunk {
+        seq,
+        tokens: tokens.to_vec(),
+        start_pos: 0,
+        block_table: table,
+        want_logits: true,
+    };
+    let ta: Vec<u32> = (0..a.len().div_ceil(BS) as u32).collect();
+    let tb: Vec<u32> = (0..b.len().div_ceil(BS) as u32).map(|i| 40 - i).collect();
+    let plan = StepPlan { chunks: vec![chunk(0, a, ta), chunk(1, b, tb)] };
+    let (lp, lt) = (p.step(&plan).unwrap(), t.step(&plan).unwrap());
+    assert_eq!(lt.len(), 2);
+    for (x, y) in lp.iter().zip(&lt) {
+        assert!(max_diff(x, y) <= LOGIT_TOL, "batched step: {}", max_diff(x, y));
+        assert_eq!(argmax(x), argmax(y));
+    }
+}
+
+#[test]
+fn splits_that_do_not_fit_are_refused_with_the_reason() {
+    let m = sample_model();
+    let e = TpCpuBackend::new(&m.config, &m.weights, 2, BLOCKS, BS).err().expect("2 does not divide 3 KV heads");
+    assert!(e.to_string().contains("3 KV heads") && e.to_string().contains("possible: 1, 3"), "{e}");
+    let e = TpCpuBackend::new(&m.config, &m.weights, 0, BLOCKS, BS).err().unwrap();
+    assert!(e.to_string().contains("--tensor-parallel 0"), "{e}");
+    let hy = load_model(&shared_testdata().join("arch/qwen3_5/qwen3_5-f16.gguf")).unwrap();
+    let e = TpCpuBackend::new(&hy.config, &hy.weights, 2, BLOCKS, BS).err().expect("hybrid refused");
+    assert!(e.to_string().contains("hybrid") && e.to_string().contains("--tensor-parallel 1"), "{e}");
+    // One rank of a hybrid model is the plain model, recurrent states included.
+    let (mut p, mut t) = (plain(&hy), TpCpuBackend::new(&hy.config, &hy.weights, 1, BLOCKS, BS).unwrap());
+    let prompt = [2046u32, 882, 198, 40, 1041, 264, 300];
+    assert_eq!(free_greedy(&mut p, 0, &prompt, 40, 12), free_greedy(&mut t, 0, &prompt, 40, 12));
+}
+
+fn dustoff_out(args: &[&str]) -> std::process::Output {
+    dustoff_cmd(args, &[]).output().expect("start dustoff")
+}
+
+#[test]
+fn generate_and_run_with_three_cpu_ranks_write_the_plain_output() {
+    let p = ["generate", "--device", "cpu", "--prompt", "The capital of France is", "--max-tokens", "24"];
+    let plain = dustoff_out(&p);
+    let split = dustoff_out(&[&p[..], &["--tensor-parallel", "3"]].concat());
+    assert!(plain.status.success() && split.status.success(), "{}", String::from_utf8_lossy(&split.stderr));
+    assert!(!plain.stdout.is_empty());
+    assert_eq!(plain.stdout, split.stdout, "generate --tensor-parallel 3 printed another text");
+    assert!(String::from_utf8_lossy(&split.stderr).contains("3 x tensor parallel"));
+
+    let dir = tmpdir("tp-run");
+    let pipeline = short_pipeline(&dir);
+    let input = dir.join("in.jsonl");
+    let news = std::fs::read_to_string(repo().join("samples/news.jsonl")).unwrap();
+    std::fs::write(&input, news.lines().take(4).collect::<Vec<_>>().join("\n") + "\n").unwrap();
+    let (a, b) = (dir.join("plain.jsonl"), dir.join("tp.jsonl"));
+    for (out, extra) in [(&a, &[][..]), (&b, &["--tensor-parallel", "3"][..])] {
+        let (pl, i, o) = (pipeline.to_str().unwrap(), input.to_str().unwrap(), out.to_str().unwrap());
+        let args = [&["run", pl, "--input", i, "--output", o, "--device", "cpu", "--slots", "2", "--quiet"][..], extra]
+            .concat();
+        let r = dustoff_out(&args);
+        assert!(r.status.success(), "run {extra:?}: {}", String::from_utf8_lossy(&r.stderr));
+    }
+    let (ta, tb) = (std::fs::read_to_string(&a).unwrap(), std::fs::read_to_string(&b).unwrap());
+    assert_eq!(ta.lines().count(), 4);
+    assert_eq!(ta, tb, "run --tensor-parallel 3 wrote other rows");
+}
+
+#[test]
+fn bad_tensor_parallel_flags_are_usage_errors() {
+    let base = ["generate", "--device", "cpu", "--prompt", "x", "--max-tokens", "2", "--tensor-parallel"];
+    for (n, says) in [("2", "N must divide 3"), ("0", "--tensor-parallel 0")] {
+        let r = dustoff_out(&[&base[..], &[n]].concat());
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+    }
+    let out = tmpdir("tp-usage").join("never.jsonl");
+    let r = dustoff_out(&[
+        "run",
+        "summarize",
+        "--input",
+        "samples/news.jsonl",
+        "--output",
+        out.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--engines",
+        "2",
+        "--tensor-parallel",
+        "3",
+    ]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{err}");
+    assert!(err.contains("leave out --engines"), "{err}");
+    assert!(!out.exists(), "a refused run writes no output");
+}
+
+/// Runs `f` on a thread and fails if it has not finished within `secs` (a hang is a failure,
+/// not a stuck test run).
+fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(secs)).unwrap_or_else(|_| panic!("{what}: hung for {secs} s"))
+}
+
+/// A group of CPU ranks on their own threads: the group the GPU ranks run in
+/// (`backend::rank_group`), here without a GPU.
+fn cpu_group(m: &LoadedModel, n: usize) -> Result<RankGroup, dustoff::backend::BackendError> {
+    let (cfg, w) = (m.config.clone(), m.weights.clone());
+    let reduce = Arc::new(HostAllReduce::new(n));
+    let build = move |rank| {
+        rank_backend(&cfg, &w, rank, reduce.clone(), BLOCKS, BS)
+            .map_err(|e| dustoff::backend::BackendError::Plan(e.to_string()))
+    };
+    RankGroup::start(&m.config, n, m.weights.output.bytes().len() as u64, "host", build, |_, _| Ok(()))
+}
+
+#[test]
+fn a_threaded_rank_group_of_cpu_ranks_matches_the_plain_backend() {
+    within(240, "rank group", || {
+        let m = sample_model();
+        let mut p = plain(&m);
+        let mut one = cpu_group(&m, 1).unwrap();
+        let prompts = sample_prompts();
+        for (id, prompt) in prompts.iter().take(2) {
+            for (step, (a, b)) in logits_side_by_side(&mut p, &mut one, prompt, 8).iter().enumerate() {
+                assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{id} step {step}: group of 1");
+            }
+        }
+        drop(one); // the rank threads end
+        let mut three = cpu_group(&m, 3).unwrap();
+        assert!(three.describe().starts_with("3 x tensor parallel (host all-reduce)"), "{}", three.describe());
+        let (worst, compared) = compare_split(&mut p, &mut three, &prompts[..3], 8);
+        assert!(compared > 10, "{compared}");
+        // Greedy steps through the group (rank 0 chooses) equal the plain backend's.
+        let a = free_greedy(&mut p, 0, &prompts[0].1, prompts[0].1.len() + 12, 12);
+        let b = free_greedy(&mut three, 0, &prompts[0].1, prompts[0].1.len() + 12, 12);
+        assert_eq!(a, b);
+        three.release(0);
+        eprintln!("group of 3 CPU ranks: largest |logit difference| {worst:e}");
+    });
+}
+
+#[test]
+fn a_rank_that_fails_to_load_fails_the_group_without_a_hang() {
+    let m = sample_model();
+    let cfg = m.config.clone();
+    let e = within(60, "failing rank", move || {
+        let (c, w) = (cfg.clone(), m.weights.clone());
+        let build = move |rank: usize| -> Result<CpuBackend, dustoff::backend::BackendError> {
+            match rank {
+                1 => Err(dustoff::backend::BackendError::Plan("rank 1 cannot load".into())),
+                2 => panic!("rank 2 panics while loading"),
+                _ => Ok(CpuBackend::new(c.clone(), w.clone(), 4, BS)),
+            }
+        };
+        RankGroup::start(&cfg, 3, 0, "host", build, |_, _| Ok(())).err().map(|e| e.to_string())
+    });
+    let e = e.expect("the group must not start");
+    assert!(e.contains("rank 1") && e.contains("cannot load") || e.contains("rank 2") && e.contains("panic"), "{e}");
+}
