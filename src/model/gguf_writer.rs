@@ -53,7 +53,8 @@ pub struct TensorOut {
 }
 
 impl TensorOut {
-    fn n_bytes(&self) -> usize {
+    /// Bytes of the tensor's data (its shape in its type).
+    pub fn n_bytes(&self) -> usize {
         let cols = self.shape.last().copied().unwrap_or(1);
         let rows: usize = self.shape.iter().rev().skip(1).product();
         self.dtype.row_bytes(cols).unwrap_or(0) * rows

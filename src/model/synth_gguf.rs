@@ -220,7 +220,7 @@ pub fn write_synthetic_gguf(o: &SynthOptions, mut progress: impl FnMut(u64, u64)
             pools.insert((t.dtype, cols), pool(t.dtype, cols, unit_of(t.dtype, cols), o.seed));
         }
     }
-    let sizes: Vec<u64> = tensors.iter().map(|(t, _)| data_bytes(t)).collect();
+    let sizes: Vec<u64> = tensors.iter().map(|(t, _)| t.n_bytes() as u64).collect();
     let total: u64 = sizes.iter().sum();
     let mut done = 0u64;
     let outs: Vec<TensorOut> = tensors.iter().map(|(t, _)| t.clone()).collect();
@@ -249,12 +249,6 @@ pub fn write_synthetic_gguf(o: &SynthOptions, mut progress: impl FnMut(u64, u64)
     })
 }
 
-fn data_bytes(t: &TensorOut) -> u64 {
-    let cols = *t.shape.last().unwrap_or(&1);
-    let rows: usize = t.shape.iter().rev().skip(1).product();
-    (t.dtype.row_bytes(cols).unwrap_or(0) * rows) as u64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,7 +266,7 @@ mod tests {
         assert_eq!(find("output.weight").dtype, GgmlType::Q6K);
         // 3 stacked expert tensors, router, q/k/v/o, 4 norms per layer; embedding, head, norm.
         assert_eq!(t.len(), 48 * 12 + 3);
-        let total: u64 = t.iter().map(|(x, _)| data_bytes(x)).sum();
+        let total: u64 = t.iter().map(|(x, _)| x.n_bytes() as u64).sum();
         // llama.cpp's Q4_K_M file of this shape is 18.56 GB.
         assert!((18.3e9..18.8e9).contains(&(total as f64)), "{total}");
     }
@@ -282,7 +276,7 @@ mod tests {
         let t = TensorOut { name: "blk.0.attn_q.weight".into(), dtype: GgmlType::Q4K, shape: vec![3, 512] };
         let pools = HashMap::from([((GgmlType::Q4K, 512), pool(GgmlType::Q4K, 512, 256, 1))]);
         let b = tensor_bytes(&t, Fill::Blocks, 0, 7, &pools);
-        assert_eq!(b.len() as u64, data_bytes(&t));
+        assert_eq!(b.len(), t.n_bytes());
         assert_ne!(b, tensor_bytes(&t, Fill::Blocks, 1, 7, &pools), "tensors draw different blocks");
         assert_eq!(b, tensor_bytes(&t, Fill::Blocks, 0, 7, &pools), "the same seed gives the same file");
     }
