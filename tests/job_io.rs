@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dustoff::job::checkpoint::{
-    checkpoint_dir, file_identity, Checkpoint, CheckpointError, JobFingerprint, PendingRow,
+    checkpoint_dir, discard_dir, file_identity, Checkpoint, CheckpointError, JobFingerprint, PendingRow,
 };
 use dustoff::job::pipeline::{parse_json_output, Overflow, Pipeline, TextCodec};
 use dustoff::job::reader::{expand_inputs, InputFormat, ReadError, ReaderConfig, RecordReader};
@@ -327,6 +327,38 @@ fn resume_after_crash_is_byte_identical() {
             assert_eq!(text.lines().collect::<Vec<_>>(), want);
         }
     }
+}
+
+/// A finished job's checkpoint goes in one rename: a kill while its files are deleted leaves
+/// the renamed directory only (the checkpoint is whole or gone), and the next open removes it.
+#[test]
+fn checkpoint_removal_is_whole_or_nothing() {
+    let rows = sample_rows(None);
+    let d = tmpdir("discard");
+    let fp = fingerprint(None, "p1");
+    let out = d.join("out.jsonl");
+    let mut ck = Checkpoint::open(&out, &fp, false).unwrap();
+    commit_scrambled(&mut ck, &rows, 6);
+    let old = discard_dir(&checkpoint_dir(&out));
+    ck.finish(&out, rows.len() as u64, false).unwrap();
+    assert!(out.exists() && !checkpoint_dir(&out).exists() && !old.exists());
+    // The state a kill in the middle of the deletion leaves: part of the renamed directory.
+    fs::create_dir_all(&old).unwrap();
+    fs::write(old.join("journal.jsonl"), "{\"part\":\"part-000001.tsv\",\"first\":0,\"rows\":6,\"errors\":0}\n")
+        .unwrap();
+    let ck = Checkpoint::open(&out, &fp, false).unwrap();
+    assert_eq!(ck.committed_rows(), 0, "the old journal is not read as this checkpoint's");
+    assert!(!old.exists(), "the leftover of the interrupted deletion is removed");
+    drop(ck);
+    // --restart goes the same way.
+    let mut ck = Checkpoint::open(&out, &fp, false).unwrap();
+    ck.commit(rows[..4].to_vec()).unwrap();
+    drop(ck);
+    let ck = Checkpoint::open(&out, &fp, true).unwrap();
+    assert_eq!(ck.committed_rows(), 0);
+    assert!(!old.exists());
+    // The renamed directory is one of the output's own paths (an input there is refused).
+    assert!(dustoff::job::outputs::owned_paths(&out).contains(&old));
 }
 
 #[test]

@@ -263,9 +263,7 @@ fn create(dir: &Path, fingerprint: &JobFingerprint) -> Result<(), CheckpointErro
         let path = path.to_path_buf();
         move |source| CheckpointError::Io { path, source }
     };
-    if dir.exists() {
-        fs::remove_dir_all(dir).map_err(io(dir))?;
-    }
+    discard(dir)?;
     fs::create_dir_all(dir).map_err(io(dir))?;
     File::create(dir.join("journal.jsonl")).and_then(|f| f.sync_all()).map_err(io(dir))?;
     let job = JobFile {
@@ -292,6 +290,35 @@ fn journal_totals(path: &Path) -> (u64, u64) {
         .fold((0, 0), |(r, e), j| (r + j.rows, e + j.errors))
 }
 
+/// Where a checkpoint directory is moved to be deleted (beside it, same file system).
+pub fn discard_dir(dir: &Path) -> PathBuf {
+    let mut p = dir.as_os_str().to_owned();
+    p.push(".old");
+    PathBuf::from(p)
+}
+
+/// Removes a checkpoint directory as one step for any later reader: it is renamed away first
+/// (atomic), then deleted. A kill while the files are being deleted leaves only the renamed
+/// directory, which the next call removes; the checkpoint itself is either whole or gone, never
+/// a journal whose parts or `job.json` are partly deleted (a finished job's checkpoint half
+/// deleted used to look like a new job's and had every row recomputed).
+fn discard(dir: &Path) -> Result<(), CheckpointError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CheckpointError::Io { path, source }
+    };
+    let old = discard_dir(dir);
+    if old.exists() {
+        fs::remove_dir_all(&old).map_err(io(&old))?;
+    }
+    if dir.exists() {
+        fs::rename(dir, &old).map_err(io(dir))?;
+        sync_parent(dir).map_err(io(dir))?;
+        fs::remove_dir_all(&old).map_err(io(&old))?;
+    }
+    Ok(())
+}
+
 /// The checkpoint directory of an output.
 pub fn checkpoint_dir(output: &Path) -> PathBuf {
     let mut p = output.as_os_str().to_owned();
@@ -312,8 +339,8 @@ impl Checkpoint {
             move |source| CheckpointError::Io { path, source }
         };
         let job_path = dir.join("job.json");
-        if restart && dir.exists() {
-            fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        if restart {
+            discard(&dir)?;
         }
         if !job_path.exists() {
             // New job (or one that died before its job.json was durable): start clean.
@@ -342,7 +369,6 @@ impl Checkpoint {
                  row ({rows} error rows): replaced by this job's",
                 dir.display()
             ));
-            fs::remove_dir_all(&dir).map_err(io(&dir))?;
             create(&dir, fingerprint)?;
         }
         let mut ck = Checkpoint {
@@ -620,12 +646,9 @@ impl Checkpoint {
             o.finish()?;
         }
         let n = out.finish()?;
-        // job.json goes first: a kill while the directory is being removed then leaves a
-        // checkpoint without job.json, which the next run discards (`open`), rather than a
-        // journal whose parts are partly gone, which it would refuse as damaged.
-        let job = self.dir.join("job.json");
-        fs::remove_file(&job).map_err(|source| CheckpointError::Io { path: job, source })?;
-        fs::remove_dir_all(&self.dir).map_err(|source| CheckpointError::Io { path: self.dir.clone(), source })?;
+        // The output is in place: the checkpoint goes in one rename, so a kill from here on
+        // finds the job complete (output, no checkpoint), never a checkpoint half deleted.
+        discard(&self.dir)?;
         Ok(n)
     }
 }

@@ -21,6 +21,7 @@ pub fn owned_paths(output: &Path) -> Vec<PathBuf> {
         with(".report.json.tmp"),
         super::shard::order_path(output),
         super::checkpoint::checkpoint_dir(output),
+        super::checkpoint::discard_dir(&super::checkpoint::checkpoint_dir(output)),
         super::lock::JobLock::path_for(output),
     ]
 }
