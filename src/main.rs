@@ -394,6 +394,15 @@ struct BenchArgs {
     /// V100-SXM2-32GB after its context: 32,510 MiB less 512 MiB = 33.55 GB).
     #[arg(long)]
     plan_free_gb: Option<f64>,
+    /// Split the model over N ranks (see `run --help`) and time the split: one rank per GPU
+    /// from --device cuda:K, or the GPUs of --devices; on the CPU N threads. Needs --model (for
+    /// a synthetic shape, write it first with `dustoff synth`). With --plan: one GPU's share.
+    #[arg(long)]
+    tensor_parallel: Option<usize>,
+    /// GPUs of the --tensor-parallel ranks, one per rank (e.g. 0,1; 0,0 puts two ranks on one
+    /// GPU: a test of the split, not a speed-up).
+    #[arg(long, requires = "tensor_parallel")]
+    devices: Option<String>,
 }
 
 #[derive(Args)]
@@ -471,8 +480,9 @@ struct EngineArgs {
     /// Split the model over N ranks (tensor parallel): each holds 1/N of the attention heads,
     /// KV cache and FFN columns, and the ranks sum their outputs after every block's two output
     /// projections. On GPUs one rank per GPU (cuda:K..K+N, or the GPUs of `run --devices`;
-    /// NCCL between them); on the CPU N threads. N must divide the KV heads. GPUs: dense models
-    /// only for N > 1. See docs/CLUSTER.md.
+    /// NCCL between them); on the CPU N threads. N must divide the KV heads (and a hybrid
+    /// model's linear-attention key heads). GPUs: dense models only for N > 1; the CPU also
+    /// splits mixture-of-experts and hybrid models. See docs/CLUSTER.md.
     #[arg(long)]
     tensor_parallel: Option<usize>,
 }
@@ -721,6 +731,8 @@ fn run(cli: Cli) -> Result<Code> {
                 max_batch_tokens: a.max_batch_tokens,
                 plan: a.plan,
                 plan_free_gb: a.plan_free_gb,
+                tensor_parallel: a.tensor_parallel,
+                devices: a.devices,
             };
             dustoff::commands::bench_modes::run(&opts)
         }

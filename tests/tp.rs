@@ -159,6 +159,57 @@ fn two_ranks_split_the_experts_of_qwen3_moe() {
     eprintln!("qwen3_moe, N=2: largest |logit difference| {worst:e} over {compared} greedy choices");
 }
 
+/// Each hybrid reference model in both of its forms: the GGUF (tiled value heads for qwen3_5*,
+/// regrouped qkvz for qwen3_next) and the Hugging Face directory (value heads interleaved).
+fn hybrid_models() -> Vec<(String, LoadedModel)> {
+    let mut v = Vec::new();
+    for arch in ["qwen3_5", "qwen3_5_moe", "qwen3_next"] {
+        let dir = shared_testdata().join("arch").join(arch);
+        for (form, path) in [("gguf", dir.join(format!("{arch}-f16.gguf"))), ("hf", dir.join("hf"))] {
+            let m = load_model(&path).unwrap_or_else(|e| panic!("load {}: {e}", path.display()));
+            v.push((format!("{arch} {form}"), m));
+        }
+    }
+    v
+}
+
+#[test]
+fn two_ranks_split_the_linear_attention_heads_of_hybrid_models() {
+    // Each rank holds one of the 2 linear key heads with its value heads (and their recurrent
+    // state), one of the 2 KV heads of the gated attention layers, half of every FFN or expert.
+    let prompts = [vec![2046u32, 882, 198, 40, 1041, 264], vec![2045, 17, 300, 1200, 45, 9, 77, 512, 33]];
+    for (name, m) in hybrid_models() {
+        let h = m.config.hybrid.as_ref().expect("a hybrid model");
+        assert_eq!((h.n_k_heads, m.config.n_kv_heads), (2, 2), "{name}");
+        let (mut p, mut t) = (plain(&m), tp(&m, 2));
+        let prompts: Vec<_> =
+            prompts.iter().enumerate().map(|(i, p)| (format!("{name} prompt {i}"), p.clone())).collect();
+        let (worst, compared) = compare_split(&mut p, &mut t, &prompts, 12);
+        assert!(compared > 10, "{name}: only {compared} choices compared");
+        // A sequence resumed from a saved recurrent state (prefix reuse) continues as the
+        // unbroken one: every rank saved, and restores, its own heads' state.
+        let (key, prompt) = ([7u8; 32], &prompts[1].1);
+        let table: Vec<u32> = (0..4).collect();
+        let one = |b: &mut dyn Backend, seq, tokens: &[u32], start_pos| {
+            let chunk =
+                SeqChunk { seq, tokens: tokens.to_vec(), start_pos, block_table: table.clone(), want_logits: true };
+            b.step(&StepPlan { chunks: vec![chunk] }).unwrap().pop().unwrap()
+        };
+        for (b, what) in [(&mut p as &mut dyn Backend, "plain"), (&mut t, "2 ranks")] {
+            let cut = 5;
+            one(b, 0, &prompt[..cut], 0);
+            b.save_state(0, &key).unwrap();
+            let unbroken = one(b, 0, &prompt[cut..], cut);
+            b.release(0);
+            assert!(b.restore_state(1, &key, cut), "{name} {what}: snapshot not found");
+            let resumed = one(b, 1, &prompt[cut..], cut);
+            b.release(1);
+            assert!(max_diff(&unbroken, &resumed) <= LOGIT_TOL, "{name} {what}: resumed state differs");
+        }
+        eprintln!("{name}, N=2: largest |logit difference| {worst:e} over {compared} greedy choices");
+    }
+}
+
 #[test]
 fn a_batched_step_of_two_sequences_matches() {
     // Two sequences in one step, with their own block tables: each rank's KV cache of its heads
@@ -193,8 +244,9 @@ fn splits_that_do_not_fit_are_refused_with_the_reason() {
     let e = TpCpuBackend::new(&m.config, &m.weights, 0, BLOCKS, BS).err().unwrap();
     assert!(e.to_string().contains("--tensor-parallel 0"), "{e}");
     let hy = load_model(&shared_testdata().join("arch/qwen3_5/qwen3_5-f16.gguf")).unwrap();
-    let e = TpCpuBackend::new(&hy.config, &hy.weights, 2, BLOCKS, BS).err().expect("hybrid refused");
-    assert!(e.to_string().contains("hybrid") && e.to_string().contains("--tensor-parallel 1"), "{e}");
+    // 2 KV heads and 2 linear key heads: 4 splits neither.
+    let e = TpCpuBackend::new(&hy.config, &hy.weights, 4, BLOCKS, BS).err().expect("4 does not divide 2 key heads");
+    assert!(e.to_string().contains("2 key heads") && e.to_string().contains("possible: 1, 2"), "{e}");
     // One rank of a hybrid model is the plain model, recurrent states included.
     let (mut p, mut t) = (plain(&hy), TpCpuBackend::new(&hy.config, &hy.weights, 1, BLOCKS, BS).unwrap());
     let prompt = [2046u32, 882, 198, 40, 1041, 264, 300];

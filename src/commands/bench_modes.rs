@@ -38,6 +38,10 @@ pub struct BenchOptions {
     pub plan: bool,
     /// The free GPU memory `--plan` is judged against, in GB.
     pub plan_free_gb: Option<f64>,
+    /// `--tensor-parallel N`: the model split over N ranks.
+    pub tensor_parallel: Option<usize>,
+    /// `--devices`: the GPUs of the ranks.
+    pub devices: Option<String>,
 }
 
 /// Runs the mode the options ask for and prints its rows.
@@ -54,9 +58,33 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         None => a.model.display().to_string(),
     };
     let ptx_dir = a.ptx_dir.as_deref();
+    if let Some(n) = a.tensor_parallel {
+        if a.synthetic.is_some() {
+            return Err(UsageError::new(format!(
+                "--tensor-parallel {n} splits a loaded model: write the shape to a file with `dustoff synth --shape \
+                 SHAPE --type TYPE --tokenizer DIR --output F.gguf` and bench --model F.gguf"
+            ))
+            .into());
+        }
+        if a.f16_weights {
+            return Err(
+                UsageError::new("--tensor-parallel keeps the weights' own formats: leave out --weights f16").into()
+            );
+        }
+    }
     // `seqs`: the most sequences a step of the mode runs.
     let make = |tokens: usize, step: usize, seqs: usize| -> Result<Box<dyn Backend>> {
         match (&a.synthetic, &loaded) {
+            (None, Some(m)) if a.tensor_parallel.is_some() => super::tensor_parallel::backend_for(
+                &m.config,
+                &m.weights,
+                &a.device,
+                a.tensor_parallel,
+                a.devices.as_deref(),
+                tokens,
+                (step, seqs),
+                ptx_dir,
+            ),
             (Some(shape), _) => {
                 let dtype = if a.f16_weights { "f16" } else { a.dtype.as_str() };
                 common::make_synthetic_backend_for(shape, dtype, &a.device, tokens, (step, seqs), ptx_dir)
@@ -94,12 +122,25 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
                 let wide = if packed { crate::backend::cuda::memory::wide_len(&cfg) as u64 * 2 } else { 0 };
                 (cfg, crate::backend::cuda::memory::DeviceWeightBytes { matrices: m, wide_scratch: wide })
             }
-            (None, Some(m)) => (
-                m.config.clone(),
-                crate::backend::cuda::memory::device_weight_bytes(&m.config, &m.weights, a.f16_weights),
-            ),
+            (None, Some(m)) => {
+                // Under --tensor-parallel one GPU holds rank 0's shard (the ranks' are equal).
+                let (c, w) = match a.tensor_parallel {
+                    Some(n) => {
+                        super::tensor_parallel::check_split(&m.config, &vec![a.device.clone(); n])?;
+                        super::tensor_parallel::rank0_shard(&m.config, &m.weights, n)?
+                    }
+                    None => (m.config.clone(), m.weights.clone()),
+                };
+                let bytes = crate::backend::cuda::memory::device_weight_bytes(&c, &w, a.f16_weights);
+                (c, bytes)
+            }
             (None, None) => unreachable!("a model is loaded when no shape is given"),
         };
+        if let Some(n) = a.tensor_parallel {
+            println!(
+                "tensor parallel {n}: the plan of one GPU's rank (1/{n} of the split weights and of the KV cache)"
+            );
+        }
         let free = a.plan_free_gb.map_or(super::bench_plan::V100_32GB_FREE, |g| (g * 1e9) as u64);
         // The step size the mode's backend is made for (below).
         let step = if seqs > 1 {

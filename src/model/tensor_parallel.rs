@@ -10,11 +10,17 @@
 //! - dense FFN: rows `[r * F/N, (r + 1) * F/N)` of gate and up, the same columns of down;
 //! - mixture of experts: every expert (and the shared expert) split the same way by its own
 //!   width; the router and the shared expert's gate replicated, so every rank routes alike;
+//! - Gated DeltaNet (hybrid models): rank `r` holds key heads `[r * nk/N, (r + 1) * nk/N)` and
+//!   the value heads that read them (contiguous for the checkpoint's interleaved grouping; for
+//!   the tiled grouping of `qwen35` GGUF files every `nk`-th head, kept in the file's order, so
+//!   the shard's own grouping still pairs them right): their q, k and v rows of the fused
+//!   projection and of the conv1d, their z, b, a rows, decays and `dt_bias`, their columns of the
+//!   output projection, and a recurrent state of its heads only. A gated full-attention layer's
+//!   `wq` rows come in `[query, gate]` pairs per head and are split by head the same way;
 //! - replicated: the embedding table, every norm, Q/K head norms, the output head.
 //!
 //! Each rank's output projection then yields a partial sum of the full product; the sum over
-//! ranks (the all-reduce) is the plain model's output. Hybrid (linear-attention) models are
-//! refused for N > 1: their recurrent mixers are not split yet.
+//! ranks (the all-reduce) is the plain model's output.
 //!
 //! Columns of a block-quantized matrix are cut at block boundaries only (the bytes of a row are
 //! whole blocks): a split that would cut a block is refused with the tensor named, never
@@ -23,6 +29,7 @@
 use std::ops::Range;
 
 use super::config::ModelConfig;
+use super::hybrid::{DeltaNetWeights, HybridConfig, HybridLayer};
 use super::moe::{Expert, MoeWeights, SharedExpert};
 use super::weights::{LayerWeights, ModelWeights, Tensor};
 
@@ -44,10 +51,10 @@ pub enum TpError {
     )]
     Block { n: usize, tensor: String, dtype: String, block: usize, part: usize },
     #[error(
-        "--tensor-parallel {n}: {arch} is a hybrid (linear-attention) model, whose recurrent layers are not \
-         split yet; use --tensor-parallel 1"
+        "--tensor-parallel {n}: the linear-attention layers have {n_k} key heads ({n_v} value heads) and each \
+         rank must hold whole key heads with their value heads, so N must divide {n_k} (possible: {ok})"
     )]
-    Hybrid { n: usize, arch: String },
+    LinearHeads { n: usize, n_k: usize, n_v: usize, ok: String },
 }
 
 /// Rank `rank` of `n`.
@@ -73,8 +80,13 @@ impl Rank {
     }
 }
 
-/// Checks that `c` splits `n` ways (heads, FFN widths, no hybrid layers). Block alignment of
-/// the columns is checked per tensor by [`shard`].
+/// The divisors of `k`, listed for an error message.
+fn divisors(k: usize) -> String {
+    (1..=k).filter(|d| k.is_multiple_of(*d)).map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// Checks that `c` splits `n` ways (attention and linear-attention heads, FFN widths). Block
+/// alignment of the columns is checked per tensor by [`shard`].
 pub fn check(c: &ModelConfig, n: usize) -> Result<(), TpError> {
     if n == 0 {
         return Err(TpError::Zero);
@@ -82,13 +94,14 @@ pub fn check(c: &ModelConfig, n: usize) -> Result<(), TpError> {
     if n == 1 {
         return Ok(());
     }
-    if c.hybrid.is_some() {
-        return Err(TpError::Hybrid { n, arch: c.arch.name().to_string() });
+    if let Some(h) = &c.hybrid {
+        // The value heads are a multiple of the key heads (checked at load), so they split too.
+        if !h.n_k_heads.is_multiple_of(n) {
+            return Err(TpError::LinearHeads { n, n_k: h.n_k_heads, n_v: h.n_v_heads, ok: divisors(h.n_k_heads) });
+        }
     }
     if c.n_kv_heads == 0 || !c.n_kv_heads.is_multiple_of(n) || !c.n_heads.is_multiple_of(n) {
-        let ok: Vec<String> =
-            (1..=c.n_kv_heads).filter(|d| c.n_kv_heads.is_multiple_of(*d)).map(|d| d.to_string()).collect();
-        return Err(TpError::Heads { n, n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, ok: ok.join(", ") });
+        return Err(TpError::Heads { n, n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, ok: divisors(c.n_kv_heads) });
     }
     let dense = c.moe.as_ref().is_none_or(|m| m.sparse_layers.iter().any(|s| !s));
     if dense && !c.ffn_dim.is_multiple_of(n) {
@@ -112,6 +125,10 @@ pub fn shard_config(c: &ModelConfig, n: usize) -> ModelConfig {
     if let Some(m) = &mut s.moe {
         m.expert_ffn_dim /= n;
     }
+    if let Some(h) = &mut s.hybrid {
+        h.n_k_heads /= n;
+        h.n_v_heads /= n;
+    }
     s
 }
 
@@ -127,6 +144,9 @@ pub fn shard(c: &ModelConfig, w: &ModelWeights, r: Rank) -> Result<(ModelConfig,
     let heads = r.heads(c);
     let kv = r.kv_heads(c);
     let (q_rows, kv_rows) = (heads.start * hd..heads.end * hd, kv.start * hd..kv.end * hd);
+    // A gated attention layer's wq holds [query, gate] rows per head.
+    let gated = c.hybrid.as_ref().is_some_and(|h| h.attn_output_gate);
+    let wq_rows = if gated { 2 * q_rows.start..2 * q_rows.end } else { q_rows.clone() };
     let layers = w
         .layers
         .iter()
@@ -135,10 +155,15 @@ pub fn shard(c: &ModelConfig, w: &ModelWeights, r: Rank) -> Result<(ModelConfig,
             let dense_ffn = l.moe.is_none();
             Ok(LayerWeights {
                 attn_norm: l.attn_norm.clone(),
-                wq: rows(&l.wq, &q_rows),
-                wk: rows(&l.wk, &kv_rows),
-                wv: rows(&l.wv, &kv_rows),
-                wo: cols(&l.wo, &q_rows, r.n)?,
+                // A linear layer's attention slots are empty (0 rows): nothing to split.
+                wq: if l.wq.rows == 0 { l.wq.clone() } else { rows(&l.wq, &wq_rows) },
+                wk: if l.wk.rows == 0 { l.wk.clone() } else { rows(&l.wk, &kv_rows) },
+                wv: if l.wv.rows == 0 { l.wv.clone() } else { rows(&l.wv, &kv_rows) },
+                wo: if l.wo.rows == 0 {
+                    Tensor::absent(l.wo.name.clone(), q_rows.len())
+                } else {
+                    cols(&l.wo, &q_rows, r.n)?
+                },
                 bq: l.bq.as_ref().map(|b| b[q_rows.clone()].to_vec()),
                 bk: l.bk.as_ref().map(|b| b[kv_rows.clone()].to_vec()),
                 bv: l.bv.as_ref().map(|b| b[kv_rows.clone()].to_vec()),
@@ -150,7 +175,12 @@ pub fn shard(c: &ModelConfig, w: &ModelWeights, r: Rank) -> Result<(ModelConfig,
                 w_up: if dense_ffn { rows(&l.w_up, &ffn) } else { l.w_up.clone() },
                 w_down: if dense_ffn { cols(&l.w_down, &ffn, r.n)? } else { empty_cols(&l.w_down, ffn.len()) },
                 moe: l.moe.as_ref().map(|m| shard_moe(m, r)).transpose()?,
-                hybrid: None,
+                hybrid: match (&l.hybrid, &c.hybrid) {
+                    (Some(HybridLayer::Linear(d)), Some(h)) => {
+                        Some(HybridLayer::Linear(Box::new(shard_deltanet(d, h, r)?)))
+                    }
+                    (other, _) => other.clone(),
+                },
             })
         })
         .collect::<Result<Vec<_>, TpError>>()?;
@@ -162,6 +192,60 @@ pub fn shard(c: &ModelConfig, w: &ModelWeights, r: Rank) -> Result<(ModelConfig,
         rope_freq_factors: w.rope_freq_factors.clone(),
     };
     Ok((shard_config(c, r.n), weights))
+}
+
+/// Rank `r`'s key heads and their value heads of a Gated DeltaNet layer, in the layer's order:
+/// `(key heads, value heads)`.
+fn linear_heads(h: &HybridConfig, r: Rank) -> (Range<usize>, Vec<usize>) {
+    let keys = r.part(h.n_k_heads);
+    let values =
+        (0..h.n_v_heads).filter(|&v| keys.contains(&h.grouping.key_head(v, h.n_k_heads, h.n_v_heads))).collect();
+    (keys, values)
+}
+
+/// Rows `[i * size, (i + 1) * size)` of every `i` in `units`, offset by `base`.
+fn unit_rows(units: impl IntoIterator<Item = usize>, size: usize, base: usize) -> impl Iterator<Item = usize> {
+    units.into_iter().flat_map(move |i| base + i * size..base + (i + 1) * size)
+}
+
+fn shard_deltanet(d: &DeltaNetWeights, h: &HybridConfig, r: Rank) -> Result<DeltaNetWeights, TpError> {
+    let (keys, values) = linear_heads(h, r);
+    let (nk, dk, dv, kk) = (h.n_k_heads, h.d_k, h.d_v, h.conv_kernel);
+    // q | k | v channels of the fused projection and of the conv1d ([C, K]).
+    let channels: Vec<usize> = unit_rows(keys.clone(), dk, 0)
+        .chain(unit_rows(keys.clone(), dk, nk * dk))
+        .chain(unit_rows(values.iter().copied(), dv, 2 * nk * dk))
+        .collect();
+    let v_rows: Vec<usize> = unit_rows(values.iter().copied(), dv, 0).collect();
+    let gather = |t: &Tensor, order: &[usize]| {
+        t.gather_rows(t.name.clone(), order).expect("the shard's rows lie inside the tensor (checked shapes)")
+    };
+    let pick = |v: &[f32]| values.iter().map(|&i| v[i]).collect::<Vec<f32>>();
+    let out_cols: Vec<Range<usize>> = values.iter().map(|&v| v * dv..(v + 1) * dv).collect();
+    Ok(DeltaNetWeights {
+        w_qkv: gather(&d.w_qkv, &channels),
+        w_z: gather(&d.w_z, &v_rows),
+        w_b: gather(&d.w_b, &values),
+        w_a: gather(&d.w_a, &values),
+        conv: channels.iter().flat_map(|&c| d.conv[c * kk..(c + 1) * kk].iter().copied()).collect(),
+        neg_a: pick(&d.neg_a),
+        dt_bias: pick(&d.dt_bias),
+        norm: d.norm.clone(),
+        w_out: cols_of(&d.w_out, &merge_ranges(out_cols), r.n)?,
+    })
+}
+
+/// Adjacent ranges joined (fewer, longer copies; and a block-quantized cut is judged on the
+/// joined run, which is what the bytes hold).
+fn merge_ranges(mut v: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::with_capacity(v.len());
+    for r in v.drain(..) {
+        match out.last_mut() {
+            Some(last) if last.end == r.start => last.end = r.end,
+            _ => out.push(r),
+        }
+    }
+    out
 }
 
 fn shard_expert(e: &Expert, r: Rank) -> Result<Expert, TpError> {
@@ -202,21 +286,35 @@ fn empty_cols(t: &Tensor, cols: usize) -> Tensor {
 
 /// Columns `range` of every row of `t`, copied; refused when a cut falls inside a block.
 pub fn cols(t: &Tensor, range: &Range<usize>, n: usize) -> Result<Tensor, TpError> {
+    cols_of(t, std::slice::from_ref(range), n)
+}
+
+/// The columns of `ranges` (in that order) of every row of `t`, copied; refused when a cut
+/// falls inside a block.
+fn cols_of(t: &Tensor, ranges: &[Range<usize>], n: usize) -> Result<Tensor, TpError> {
     let (dtype, block) = (t.dtype, t.dtype.block_size());
-    let (Some(skip), Some(keep)) = (dtype.row_bytes(range.start), dtype.row_bytes(range.len())) else {
-        return Err(TpError::Block {
-            n,
-            tensor: t.name.clone(),
-            dtype: dtype.name().to_string(),
-            block,
-            part: range.len(),
-        });
-    };
-    let mut bytes = Vec::with_capacity(keep * t.rows);
-    for row in 0..t.rows {
-        bytes.extend_from_slice(&t.row(row)[skip..skip + keep]);
+    let mut spans = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let (Some(skip), Some(keep)) = (dtype.row_bytes(range.start), dtype.row_bytes(range.len())) else {
+            return Err(TpError::Block {
+                n,
+                tensor: t.name.clone(),
+                dtype: dtype.name().to_string(),
+                block,
+                part: range.len(),
+            });
+        };
+        spans.push(skip..skip + keep);
     }
-    Ok(Tensor::from_bytes(t.name.clone(), dtype, t.rows, range.len(), bytes))
+    let width: usize = ranges.iter().map(|r| r.len()).sum();
+    let mut bytes = Vec::with_capacity(spans.iter().map(|s| s.len()).sum::<usize>() * t.rows);
+    for row in 0..t.rows {
+        let src = t.row(row);
+        for s in &spans {
+            bytes.extend_from_slice(&src[s.clone()]);
+        }
+    }
+    Ok(Tensor::from_bytes(t.name.clone(), dtype, t.rows, width, bytes))
 }
 
 #[cfg(test)]

@@ -255,7 +255,7 @@ impl CpuBackend {
                 let kv =
                     hybrid::KvLayer { k: &mut self.k_cache[l], v: &mut self.v_cache[l], block_size: self.block_size };
                 hy.mixer(l, lw, hl, c, plan, &tables, pos, kv, h, o);
-                ops::add_inplace(x, o);
+                tensor_parallel::residual(&self.rank, x, o);
             } else {
                 if let Some(t) = self.tap.as_mut() {
                     t.matmul_input(&[&lw.wq.name, &lw.wk.name, &lw.wv.name], h, n);
