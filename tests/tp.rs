@@ -381,3 +381,45 @@ fn a_rank_that_fails_to_load_fails_the_group_without_a_hang() {
     let e = e.expect("the group must not start");
     assert!(e.contains("rank 1") && e.contains("cannot load") || e.contains("rank 2") && e.contains("panic"), "{e}");
 }
+
+/// The GB figure of a `bench --plan` line starting with `label`.
+fn plan_gb(out: &str, label: &str) -> f64 {
+    let line = out.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("no '{label}' line in:\n{out}"));
+    line[label.len()..].split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn bench_splits_a_loaded_model_and_plans_one_gpus_share() {
+    let base = ["bench", "--plan", "--batch", "64"];
+    let (one, three) = (dustoff_out(&base), dustoff_out(&[&base[..], &["--tensor-parallel", "3"]].concat()));
+    assert!(one.status.success() && three.status.success(), "{}", String::from_utf8_lossy(&three.stderr));
+    let (one, three) = (String::from_utf8_lossy(&one.stdout), String::from_utf8_lossy(&three.stdout));
+    assert!(three.contains("tensor parallel 3: the plan of one GPU's rank"), "{three}");
+    // 64 sequences of 968 positions: each rank caches a third of the KV heads.
+    let (kv1, kv3) = (plan_gb(&one, "KV cache"), plan_gb(&three, "KV cache"));
+    assert!(kv1 > 1.0 && (kv1 / 3.0 - kv3).abs() <= 0.011, "KV {kv1} GB on one GPU, {kv3} GB per rank of 3");
+    let (w1, w3) = (plan_gb(&one, "weights"), plan_gb(&three, "weights"));
+    assert!(w3 < w1, "weights {w1} GB on one GPU, {w3} GB per rank of 3");
+    // One stream on three CPU ranks runs and says so.
+    let r = dustoff_out(&[
+        "bench",
+        "--device",
+        "cpu",
+        "--tensor-parallel",
+        "3",
+        "--prompt-tokens",
+        "16",
+        "--gen-tokens",
+        "4",
+        "--runs",
+        "1",
+        "--json",
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&r.stdout).expect("bench --json");
+    assert!(v["device"].as_str().unwrap().starts_with("3 x tensor parallel"), "{v}");
+    // A synthetic shape has no host weights to split: a usage error that says what to do.
+    let r = dustoff_out(&["bench", "--synthetic", "qwen3-8b", "--tensor-parallel", "2"]);
+    assert_eq!(r.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("dustoff synth"));
+}

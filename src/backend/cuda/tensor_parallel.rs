@@ -44,7 +44,7 @@ pub fn gpu_refusal(cfg: &ModelConfig, n: usize) -> Option<String> {
         format!(
             "--tensor-parallel {n} on a GPU: {what} models ({}) are not split on the GPU yet (their fused expert \
              and mixer launches add into the residual in place); use --tensor-parallel 1, or --device cpu, which \
-             splits mixture-of-experts models",
+             splits mixture-of-experts and hybrid models",
             cfg.arch.name()
         )
     })
