@@ -20,14 +20,21 @@ fn probe() -> Result<(), CudaError> {
     // SAFETY: only tries to dlopen cudarc's candidate names (libnccl.so, ...); later calls
     // would panic without one.
     if unsafe { sys::is_culib_present() } {
-        Ok(())
-    } else {
-        Err(CudaError::Nccl(
-            "the NCCL library (libnccl.so) could not be loaded: install NCCL (libnccl2 and its libnccl.so link) \
-             for tensor parallel over several GPUs"
-                .into(),
-        ))
+        return Ok(());
     }
+    // The runtime package (libnccl2) installs only libnccl.so.2; cudarc looks for libnccl.so,
+    // which comes with the development package or a link.
+    // SAFETY: dlopen of NCCL's own library name; nothing from it is called.
+    let runtime_only = unsafe { libloading::Library::new("libnccl.so.2") }.is_ok();
+    Err(CudaError::Nccl(if runtime_only {
+        "libnccl.so.2 is installed but not its libnccl.so link, the name dustoff loads: install libnccl-dev, or \
+         link it (ln -s libnccl.so.2 libnccl.so in a folder on LD_LIBRARY_PATH)"
+            .into()
+    } else {
+        "the NCCL library (libnccl.so) could not be loaded: install NCCL (libnccl2 and its libnccl.so link) \
+         for tensor parallel over several GPUs"
+            .into()
+    }))
 }
 
 fn nccl_err(what: &str) -> impl Fn(result::NcclError) -> CudaError + '_ {
