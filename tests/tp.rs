@@ -1,7 +1,8 @@
 //! Tensor parallel on the CPU (`--tensor-parallel N`): N rank backends, each holding its shard
 //! of the heads, KV cache and FFN columns, summing their partial outputs after every block's two
-//! output projections. Real models only: the sample model (9 heads / 3 KV heads: N = 1 and 3)
-//! and the qwen3_moe reference model (4 / 2 heads, 8 experts: N = 1 and 2).
+//! output projections. Real models only: the sample model (9 heads / 3 KV heads: N = 1 and 3),
+//! the qwen3_moe reference model (4 / 2 heads, 8 experts: N = 1 and 2) and the hybrid reference
+//! models (2 KV heads, 2 linear key heads / 4 value heads: N = 2) in both their forms.
 //!
 //! - N = 1 runs the whole rank path (threads, all-reduce, residual rule) and must give logits
 //!   bit-identical to the plain backend.
