@@ -13,10 +13,8 @@
 mod common;
 
 use common::*;
-use std::sync::Arc;
 
-use dustoff::backend::allreduce::HostAllReduce;
-use dustoff::backend::cpu::tensor_parallel::{rank_backend, TpCpuBackend};
+use dustoff::backend::cpu::tensor_parallel::tp_cpu_group;
 use dustoff::backend::cpu::CpuBackend;
 use dustoff::backend::rank_group::RankGroup;
 use dustoff::backend::Backend;
@@ -42,8 +40,8 @@ fn plain(m: &LoadedModel) -> CpuBackend {
     CpuBackend::new(m.config.clone(), m.weights.clone(), BLOCKS, BS)
 }
 
-fn tp(m: &LoadedModel, n: usize) -> TpCpuBackend {
-    TpCpuBackend::new(&m.config, &m.weights, n, BLOCKS, BS).expect("model splits")
+fn tp(m: &LoadedModel, n: usize) -> RankGroup {
+    tp_cpu_group(&m.config, &m.weights, n, BLOCKS, BS).expect("model splits")
 }
 
 fn margin(l: &[f32]) -> f32 {
@@ -240,16 +238,16 @@ fn a_batched_step_of_two_sequences_matches() {
 #[test]
 fn splits_that_do_not_fit_are_refused_with_the_reason() {
     let m = sample_model();
-    let e = TpCpuBackend::new(&m.config, &m.weights, 2, BLOCKS, BS).err().expect("2 does not divide 3 KV heads");
+    let e = tp_cpu_group(&m.config, &m.weights, 2, BLOCKS, BS).err().expect("2 does not divide 3 KV heads");
     assert!(e.to_string().contains("3 KV heads") && e.to_string().contains("possible: 1, 3"), "{e}");
-    let e = TpCpuBackend::new(&m.config, &m.weights, 0, BLOCKS, BS).err().unwrap();
+    let e = tp_cpu_group(&m.config, &m.weights, 0, BLOCKS, BS).err().unwrap();
     assert!(e.to_string().contains("--tensor-parallel 0"), "{e}");
     let hy = load_model(&shared_testdata().join("arch/qwen3_5/qwen3_5-f16.gguf")).unwrap();
     // 2 KV heads and 2 linear key heads: 4 splits neither.
-    let e = TpCpuBackend::new(&hy.config, &hy.weights, 4, BLOCKS, BS).err().expect("4 does not divide 2 key heads");
+    let e = tp_cpu_group(&hy.config, &hy.weights, 4, BLOCKS, BS).err().expect("4 does not divide 2 key heads");
     assert!(e.to_string().contains("2 key heads") && e.to_string().contains("possible: 1, 2"), "{e}");
     // One rank of a hybrid model is the plain model, recurrent states included.
-    let (mut p, mut t) = (plain(&hy), TpCpuBackend::new(&hy.config, &hy.weights, 1, BLOCKS, BS).unwrap());
+    let (mut p, mut t) = (plain(&hy), tp_cpu_group(&hy.config, &hy.weights, 1, BLOCKS, BS).unwrap());
     let prompt = [2046u32, 882, 198, 40, 1041, 264, 300];
     assert_eq!(free_greedy(&mut p, 0, &prompt, 40, 12), free_greedy(&mut t, 0, &prompt, 40, 12));
 }
@@ -326,24 +324,12 @@ fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send
     rx.recv_timeout(std::time::Duration::from_secs(secs)).unwrap_or_else(|_| panic!("{what}: hung for {secs} s"))
 }
 
-/// A group of CPU ranks on their own threads: the group the GPU ranks run in
-/// (`backend::rank_group`), here without a GPU.
-fn cpu_group(m: &LoadedModel, n: usize) -> Result<RankGroup, dustoff::backend::BackendError> {
-    let (cfg, w) = (m.config.clone(), m.weights.clone());
-    let reduce = Arc::new(HostAllReduce::new(n));
-    let build = move |rank| {
-        rank_backend(&cfg, &w, rank, reduce.clone(), BLOCKS, BS)
-            .map_err(|e| dustoff::backend::BackendError::Plan(e.to_string()))
-    };
-    RankGroup::start(&m.config, n, m.weights.output.bytes().len() as u64, "host", build, |_, _| Ok(()))
-}
-
 #[test]
 fn a_threaded_rank_group_of_cpu_ranks_matches_the_plain_backend() {
     within(240, "rank group", || {
         let m = sample_model();
         let mut p = plain(&m);
-        let mut one = cpu_group(&m, 1).unwrap();
+        let mut one = tp(&m, 1);
         let prompts = sample_prompts();
         for (id, prompt) in prompts.iter().take(2) {
             for (step, (a, b)) in logits_side_by_side(&mut p, &mut one, prompt, 8).iter().enumerate() {
@@ -351,7 +337,7 @@ fn a_threaded_rank_group_of_cpu_ranks_matches_the_plain_backend() {
             }
         }
         drop(one); // the rank threads end
-        let mut three = cpu_group(&m, 3).unwrap();
+        let mut three = tp(&m, 3);
         assert!(three.describe().starts_with("3 x tensor parallel (host all-reduce)"), "{}", three.describe());
         let (worst, compared) = compare_split(&mut p, &mut three, &prompts[..3], 8);
         assert!(compared > 10, "{compared}");

@@ -31,7 +31,8 @@ pub struct HostAllReduce {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A rank that panicked while holding a slot aborted the reduction first (`RankGuard`);
+    // A rank that panicked while holding a slot aborted the reduction after (its rank group
+    // calls `RankEngine::abort_collective`);
     // the data is still whole (plain floats), so a poisoned lock is not a second failure.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -106,18 +107,6 @@ impl HostAllReduce {
     }
 }
 
-/// Held by a rank's thread while it runs a step: if the thread unwinds (a panic), the
-/// reduction is aborted so the other ranks stop waiting for it.
-pub struct RankGuard<'a>(pub &'a HostAllReduce);
-
-impl Drop for RankGuard<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.abort();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,7 +158,8 @@ mod tests {
         let r = std::thread::scope(|s| {
             let waiting = s.spawn(|| ar.reduce(0, &mut [1.0]));
             let failing = s.spawn(|| {
-                let _g = RankGuard(&ar);
+                // What a rank group does for a rank whose step failed or panicked.
+                ar.abort();
                 panic!("rank 1 fails before its all-reduce");
             });
             assert!(failing.join().is_err());

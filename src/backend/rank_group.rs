@@ -1,8 +1,8 @@
 //! N rank engines of one tensor-parallel model, each built and run on its own thread (a CUDA
 //! backend's state is not `Send`), driven in lockstep: every call goes to all ranks, which meet
-//! in their all-reduces during a step; rank 0's answer is the group's. The GPU group
-//! (`cuda::tensor_parallel`) runs on it; its tests run it with CPU ranks (tests/tp.rs), so the
-//! threads and channels are tested without a GPU.
+//! in their all-reduces during a step; rank 0's answer is the group's. The GPU ranks
+//! (`cuda::tensor_parallel`) and the CPU ranks (`cpu::tensor_parallel`) both run on it, so its
+//! threads and channels are tested without a GPU (tests/tp.rs).
 //!
 //! No hang on failure: a rank that fails to build (an error or a panic) makes the group's
 //! construction fail, naming it, before any rank joins a collective; a rank that stops answers

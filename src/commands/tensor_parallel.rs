@@ -79,14 +79,8 @@ pub fn make_tp_backend(
     let blocks = tokens.div_ceil(crate::engine::batch::BLOCK_SIZE).max(1);
     let n = devs.len();
     let b: Box<dyn Backend> = if devs.iter().all(|d| *d == Device::Cpu) {
-        let b = crate::backend::cpu::tensor_parallel::TpCpuBackend::new(
-            cfg,
-            w,
-            n,
-            blocks,
-            crate::engine::batch::BLOCK_SIZE,
-        )?;
-        Box::new(b)
+        let bs = crate::engine::batch::BLOCK_SIZE;
+        Box::new(crate::backend::cpu::tensor_parallel::tp_cpu_group(cfg, w, n, blocks, bs)?)
     } else {
         let ordinals: Vec<usize> = devs.iter().map(|d| if let Device::Cuda(k) = d { *k } else { 0 }).collect();
         let opts = common::cuda_options(ordinals[0], blocks, (max_batch_tokens, seqs), ptx_dir);

@@ -1,6 +1,6 @@
 //! Tensor parallel on the CPU (`--tensor-parallel N --device cpu`): N rank backends, each a
 //! [`CpuBackend`] holding its shard (`model::tensor_parallel`: 1/N of the heads, of the KV cache
-//! and of the FFN columns), run every step in N threads. After each block's attention output
+//! and of the FFN columns), run every step on their N threads of a [`RankGroup`]. After each block's attention output
 //! projection and FFN down projection the ranks sum their partial outputs in host memory
 //! (`allreduce::HostAllReduce`, rank order) and add the residual; rank 0 computes the logits.
 //!
@@ -11,11 +11,12 @@
 use std::sync::Arc;
 
 use super::CpuBackend;
-use crate::backend::allreduce::{HostAllReduce, RankGuard};
-use crate::backend::{Backend, BackendError};
-use crate::engine::plan::{SeqId, StepPlan};
+use crate::backend::allreduce::HostAllReduce;
+use crate::backend::rank_group::RankGroup;
+use crate::backend::BackendError;
+use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;
-use crate::model::tensor_parallel::{shard, Rank, TpError};
+use crate::model::tensor_parallel::{check, shard, Rank, TpError};
 use crate::model::weights::ModelWeights;
 
 /// A rank's place in its group and the all-reduce the group shares.
@@ -36,8 +37,8 @@ pub(super) fn residual(rank: &Option<RankLink>, x: &mut [f32], o: &[f32]) {
     } else {
         x.copy_from_slice(o);
     }
-    // The CPU forward pass has no error path: a failed peer ends this rank's thread too, and
-    // the group's step reports it (`TpCpuBackend::step`).
+    // The CPU forward pass has no error path: a failed peer ends this rank's step too, and the
+    // group reports it (`RankGroup`, which also aborts the reduction for the others).
     if let Err(e) = r.reduce.reduce(r.rank, x) {
         panic!("rank {}: {e}", r.rank);
     }
@@ -94,125 +95,21 @@ pub fn rank_backend(
     Ok(b)
 }
 
-/// N CPU rank backends that together run one model.
-pub struct TpCpuBackend {
-    cfg: ModelConfig,
-    ranks: Vec<CpuBackend>,
-    reduce: Arc<HostAllReduce>,
-}
-
-impl TpCpuBackend {
-    /// Splits the model `n` ways (errors name what does not split) and places each shard with a
-    /// KV cache of `num_blocks` blocks of its own KV heads.
-    pub fn new(
-        cfg: &ModelConfig,
-        w: &ModelWeights,
-        n: usize,
-        num_blocks: usize,
-        block_size: usize,
-    ) -> Result<Self, TpError> {
-        let reduce = Arc::new(HostAllReduce::new(n.max(1)));
-        let mut ranks = Vec::with_capacity(n);
-        for rank in 0..n {
-            let (sc, sw) = shard(cfg, w, Rank { rank, n })?;
-            let mut b = CpuBackend::new(sc, sw, num_blocks, block_size);
-            b.rank = Some(RankLink { rank, reduce: reduce.clone() });
-            ranks.push(b);
-        }
-        if ranks.is_empty() {
-            return Err(TpError::Zero);
-        }
-        Ok(TpCpuBackend { cfg: cfg.clone(), ranks, reduce })
-    }
-
-    pub fn ranks(&self) -> usize {
-        self.ranks.len()
-    }
-
-    /// Runs `plan` on every rank, one thread each; rank 0's logits.
-    fn run(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
-        if self.reduce.is_aborted() {
-            return Err(BackendError::Plan("tensor parallel: a rank failed in an earlier step".into()));
-        }
-        let reduce = &*self.reduce;
-        let results: Vec<_> = std::thread::scope(|s| {
-            let hs: Vec<_> = self
-                .ranks
-                .iter_mut()
-                .map(|b| {
-                    s.spawn(move || {
-                        let _guard = RankGuard(reduce);
-                        let r = b.step_rank(plan);
-                        if r.is_err() {
-                            reduce.abort();
-                        }
-                        r
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join()).collect()
-        });
-        let mut first = None;
-        for (rank, r) in results.into_iter().enumerate() {
-            let r = r.unwrap_or_else(|p| {
-                let msg = p
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                Err(BackendError::Device(format!("tensor-parallel rank {rank} failed: {msg}").into()))
-            });
-            match (rank, r) {
-                (_, Err(e)) => return Err(e),
-                (0, Ok(l)) => first = Some(l),
-                _ => {}
-            }
-        }
-        Ok(first.unwrap_or_default())
-    }
-}
-
-impl Backend for TpCpuBackend {
-    fn config(&self) -> &ModelConfig {
-        &self.cfg
-    }
-    fn block_size(&self) -> usize {
-        self.ranks[0].block_size
-    }
-    fn num_blocks(&self) -> usize {
-        self.ranks[0].num_blocks
-    }
-    fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
-        self.run(plan)
-    }
-    fn release(&mut self, seq: SeqId) {
-        self.ranks.iter_mut().for_each(|b| b.release(seq));
-    }
-    fn save_state(&mut self, seq: SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
-        self.ranks.iter_mut().try_for_each(|b| b.save_state(seq, key))
-    }
-    fn restore_state(&mut self, seq: SeqId, key: &[u8; 32], pos: usize) -> bool {
-        // Every rank keeps the same snapshots (hybrid models run with one rank only).
-        // Every rank restores (no short circuit), then all must have found the snapshot.
-        let found: Vec<bool> = self.ranks.iter_mut().map(|b| b.restore_state(seq, key, pos)).collect();
-        found.into_iter().all(|f| f)
-    }
-    fn drop_state(&mut self, key: &[u8; 32]) {
-        self.ranks.iter_mut().for_each(|b| b.drop_state(key));
-    }
-    fn state_snapshot_capacity(&self) -> usize {
-        self.ranks[0].state_snapshot_capacity()
-    }
-    fn describe(&self) -> String {
-        format!("{} x tensor parallel, {}", self.ranks.len(), self.ranks[0].describe())
-    }
-    /// Every rank reads its shard and one embedding row; only rank 0 reads the output head.
-    fn decode_weight_bytes(&self) -> u64 {
-        let head = self.ranks[0].w.output.bytes().len() as u64;
-        let all: u64 = self.ranks.iter().map(|b| b.decode_weight_bytes()).sum();
-        all - (self.ranks.len() as u64 - 1) * head
-    }
-    fn kv_bytes_per_position(&self) -> u64 {
-        self.ranks.iter().map(|b| b.kv_bytes_per_position()).sum()
-    }
+/// N CPU ranks that together run one model: a [`RankGroup`] of [`rank_backend`]s, the group
+/// the GPU ranks run in (threads driven in lockstep, a failing or panicking rank fails the step
+/// and releases the others), joined by a host all-reduce in rank order. The split is checked
+/// first, so a model that does not split is refused with the reason before any thread starts.
+pub fn tp_cpu_group(
+    cfg: &ModelConfig,
+    w: &ModelWeights,
+    n: usize,
+    num_blocks: usize,
+    block_size: usize,
+) -> Result<RankGroup, BackendError> {
+    let refused = |e: TpError| BackendError::Device(e.into());
+    check(cfg, n).map_err(refused)?;
+    let reduce = Arc::new(HostAllReduce::new(n));
+    let (c, wt) = (cfg.clone(), w.clone());
+    let build = move |rank| rank_backend(&c, &wt, rank, reduce.clone(), num_blocks, block_size).map_err(refused);
+    RankGroup::start(cfg, n, w.output.bytes().len() as u64, "host", build, |_, _| Ok(()))
 }
