@@ -89,15 +89,9 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
                 let dtype = if a.f16_weights { "f16" } else { a.dtype.as_str() };
                 common::make_synthetic_backend_for(shape, dtype, &a.device, tokens, (step, seqs), ptx_dir)
             }
-            (None, Some(m)) => common::make_backend_weights(
-                &m.config,
-                &m.weights,
-                &a.device,
-                tokens,
-                (step, seqs),
-                ptx_dir,
-                a.f16_weights,
-            ),
+            (None, Some(m)) => {
+                common::make_backend(&m.config, &m.weights, &a.device, tokens, (step, seqs), ptx_dir, a.f16_weights)
+            }
             (None, None) => unreachable!("a model is loaded when no shape is given"),
         }
     };

@@ -143,20 +143,9 @@ pub fn cuda_usable() -> bool {
 
 /// Places a model on `device` with room for `tokens` cached positions; on a GPU the memory plan
 /// reserves workspace for steps of `max_batch_tokens` (the engine's `--max-batch-tokens`).
+/// `f16_weights`: on a GPU, widen block-format weights to F16 at load (`bench --weights f16`)
+/// instead of keeping them packed.
 pub fn make_backend(
-    cfg: &crate::model::config::ModelConfig,
-    w: &crate::model::weights::ModelWeights,
-    device: &Device,
-    tokens: usize,
-    (max_batch_tokens, seqs): (usize, usize),
-    ptx_dir: Option<&Path>,
-) -> Result<Box<dyn Backend>> {
-    make_backend_weights(cfg, w, device, tokens, (max_batch_tokens, seqs), ptx_dir, false)
-}
-
-/// As [`make_backend`]; `f16_weights`: on a GPU, widen block-format weights to F16 at load
-/// (`bench --weights f16`) instead of keeping them packed.
-pub fn make_backend_weights(
     cfg: &crate::model::config::ModelConfig,
     w: &crate::model::weights::ModelWeights,
     device: &Device,
@@ -280,7 +269,7 @@ pub fn make_synthetic_backend_for(
                 bail!("--synthetic {shape}: random hybrid (linear-attention) weights are made on the GPU only; use --device cuda");
             }
             let w = crate::model::synth::random_weights(&cfg, parse_dtype(dtype)?, 1);
-            make_backend(&cfg, &w, device, tokens, (max_batch_tokens, seqs), ptx_dir)
+            make_backend(&cfg, &w, device, tokens, (max_batch_tokens, seqs), ptx_dir, false)
         }
         Device::Cuda(ordinal) => {
             use crate::backend::cuda::WeightMix;

@@ -141,7 +141,8 @@ pub fn start_pool(pc: &PoolConfig, devs: &[Device], slots: &[usize]) -> Result<E
         let tokens = slots * pc.per_seq;
         let make = move || -> Result<Box<dyn Generate>> {
             let step = cfg.max_batch_tokens;
-            let backend = common::make_backend(&model.0, &model.1, &device, tokens, (step, slots), ptx_dir.as_deref())?;
+            let backend =
+                common::make_backend(&model.0, &model.1, &device, tokens, (step, slots), ptx_dir.as_deref(), false)?;
             eprintln!("engine {label_t}: {}; {slots} slots, KV room for {tokens} tokens", backend.describe());
             let engine = Engine::new(backend, cfg)?;
             Ok(Box::new(EngineGenerate::new(engine, eos).with_stop(stop).with_grammar(grammar)))

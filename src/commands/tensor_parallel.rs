@@ -112,7 +112,7 @@ pub fn backend_for(
     ptx_dir: Option<&Path>,
 ) -> Result<Box<dyn Backend>> {
     match tp {
-        None => common::make_backend(cfg, w, device, tokens, step, ptx_dir),
+        None => common::make_backend(cfg, w, device, tokens, step, ptx_dir, false),
         Some(n) => {
             let devs = rank_devices(device, devices, n, gpu_count(device))?;
             make_tp_backend(cfg, w, &devs, tokens, step, ptx_dir)

@@ -292,6 +292,23 @@ fn f16_vals(b: &[u16]) -> Vec<f32> {
     b.iter().map(|&x| half::f16::from_bits(x).to_f32()).collect()
 }
 
+/// A random F16 matrix `[rows, cols]` (uniform in `-scale..scale`, rounded to F16): the CPU
+/// tensor the reference multiplies with, and its device copy.
+fn f16_matrix(g: &mut Gpu, rows: usize, cols: usize, scale: f32) -> (Tensor, CudaSlice<u16>) {
+    let wbits = f16_bits(&f16_vals(&f16_bits(&g.randn(rows * cols, scale))));
+    let wt = Tensor::from_bytes("w", GgmlType::F16, rows, cols, wbits.iter().flat_map(|b| b.to_le_bytes()).collect());
+    (wt, g.up(&wbits))
+}
+
+/// `plain` plus the bias (where `with_bias`) and the previous output (where `accumulate`).
+fn with_extras(mut plain: Vec<f32>, bias: &[f32], with_bias: bool, prev: &[f32], accumulate: bool) -> Vec<f32> {
+    let rows = bias.len();
+    for (i, v) in plain.iter_mut().enumerate() {
+        *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
+    }
+    plain
+}
+
 #[test]
 fn rmsnorm_plain_gathered_and_per_head() {
     let Some(mut g) = gpu("rmsnorm") else { return };
@@ -376,10 +393,7 @@ fn rope_both_styles_at_long_positions() {
 fn gemv_every_token_count_with_bias_and_accumulation_and_cublas_gemm() {
     let Some(mut g) = gpu("gemv") else { return };
     let (rows, cols) = (1000, 1536);
-    let wv = f16_vals(&f16_bits(&g.randn(rows * cols, 0.1)));
-    let wbits = f16_bits(&wv);
-    let wt = Tensor::from_bytes("w", GgmlType::F16, rows, cols, wbits.iter().flat_map(|b| b.to_le_bytes()).collect());
-    let wd = g.up(&wbits);
+    let (wt, wd) = f16_matrix(&mut g, rows, cols, 0.1);
     let bias = g.randn(rows, 1.0);
     let bd = g.up(&bias);
     let s = g.dev.stream.clone();
@@ -405,9 +419,7 @@ fn gemv_every_token_count_with_bias_and_accumulation_and_cublas_gemm() {
         .unwrap();
         let mut want = vec![0f32; n * rows];
         matmul(&wt, &x, n, &mut want);
-        for (i, v) in want.iter_mut().enumerate() {
-            *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
-        }
+        let want = with_extras(want, &bias, with_bias, &prev, accumulate);
         compare("gemv_f16", g.seed, &g.down(&od), &want);
     }
 
@@ -441,11 +453,7 @@ fn tensor_core_gemm_every_tile_count_with_bias_and_accumulation() {
     let Some(mut g) = gpu("gemm_tc") else { return };
     let s = g.dev.stream.clone();
     for (rows, cols, scratch) in [(1008, 1536, false), (4096, 4096, true), (4096, 4096, false), (4032, 1024, true)] {
-        let wv = f16_vals(&f16_bits(&g.randn(rows * cols, 0.1)));
-        let wbits = f16_bits(&wv);
-        let wt =
-            Tensor::from_bytes("w", GgmlType::F16, rows, cols, wbits.iter().flat_map(|b| b.to_le_bytes()).collect());
-        let wd = g.up(&wbits);
+        let (wt, wd) = f16_matrix(&mut g, rows, cols, 0.1);
         let bias = g.randn(rows, 1.0);
         let bd = g.up(&bias);
         let part = g.zeros::<f32>(tc64_part_len(rows, cols, 64).max(1));
@@ -472,9 +480,7 @@ fn tensor_core_gemm_every_tile_count_with_bias_and_accumulation() {
             .unwrap();
             let mut want = vec![0f32; n * rows];
             matmul(&wt, &f16_vals(&x16[..n * cols]), n, &mut want);
-            for (i, v) in want.iter_mut().enumerate() {
-                *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
-            }
+            let want = with_extras(want, &bias, with_bias, &prev, accumulate);
             compare("gemm_tc_f16", g.seed + n as u64, &g.down(&od), &want);
         }
     }
@@ -569,17 +575,7 @@ fn sample_model_greedy_matches_f64_reference() {
     drop(g);
     use dustoff::engine::single::SingleSeq;
     let m = common::sample_model();
-    let opts = CudaOptions {
-        ordinal: 0,
-        num_blocks: 64,
-        block_size: 16,
-        ptx_dir: None,
-        max_positions: 1024,
-        f16_weights: false,
-        max_batch_tokens: dustoff::engine::batch::DEFAULT_MAX_BATCH_TOKENS,
-        max_seqs: 8,
-        max_snapshots: 0,
-    };
+    let opts = CudaOptions { max_seqs: 8, max_snapshots: 0, ..opts(64) };
     let mut b = CudaBackend::new(m.config.clone(), &m.weights, &opts).expect("CUDA backend on the sample model");
     eprintln!("weights clamped to F16: {}", b.clamped_weights);
     for case in common::read_cases("greedy_cases.jsonl") {

@@ -20,7 +20,7 @@ use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::quant::{dequantize_row, dot_row, quantize_row, GgmlType};
 use dustoff::model::weights::Tensor;
 
-use super::{compare, f16_vals, gpu, opts, run_greedy, Gpu};
+use super::{compare, f16_vals, gpu, opts, run_greedy, with_extras, Gpu};
 
 /// The token counts of the issues (11 and its kernel follow-up): GEMV (1..=4 by default, up to
 /// 8), the packed GEMM (5..=64) and widened-F16 steps (65..).
@@ -122,15 +122,6 @@ fn quantized_products_every_format_and_token_count() {
             }
         }
     }
-}
-
-/// `plain` plus the bias (where `with_bias`) and the previous output (where `accumulate`).
-fn with_extras(mut plain: Vec<f32>, bias: &[f32], with_bias: bool, prev: &[f32], accumulate: bool) -> Vec<f32> {
-    let rows = bias.len();
-    for (i, v) in plain.iter_mut().enumerate() {
-        *v += if with_bias { bias[i % rows] } else { 0.0 } + if accumulate { prev[i] } else { 0.0 };
-    }
-    plain
 }
 
 /// The product of the two-part Linear (`ta`'s rows, then `tb`'s) with `x` on the CPU:

@@ -140,10 +140,12 @@ unsafe fn legacy_nibs(qs: *const u8) -> [__m256i; 4] {
     [_mm256_and_si256(a, m), _mm256_and_si256(b, m), _mm256_srli_epi32(a, 4), _mm256_srli_epi32(b, 4)]
 }
 
-struct Q4_0;
-impl Fmt for Q4_0 {
+/// Q4_0 (`EIGHT` false) and Q8_0: one F16 scale `d` per block of 32, weights `d * q` (Q4_0's
+/// codes are nibbles offset by 8, Q8_0's signed bytes).
+struct Q4Q8_0<const EIGHT: bool>;
+impl<const EIGHT: bool> Fmt for Q4Q8_0<EIGHT> {
     const BS: usize = 32;
-    const TS: usize = 18;
+    const TS: usize = if EIGHT { 34 } else { 18 };
     type Sc = *const f32;
     #[inline(always)]
     unsafe fn scales(b: *const u8, tab: *const f32) -> *const f32 {
@@ -151,8 +153,16 @@ impl Fmt for Q4_0 {
     }
     #[inline(always)]
     unsafe fn w32(b: *const u8, d: &*const f32, _g: usize) -> [__m256; 4] {
-        let (q, eight, d) = (legacy_nibs(b.add(2)), _mm256_set1_epi32(8), bcast(*d));
-        four!(|j| _mm256_mul_ps(cvt(_mm256_sub_epi32(q[j], eight)), d))
+        let d = bcast(*d);
+        if EIGHT {
+            four!(|j| {
+                let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(2 + 8 * j) as *const __m128i));
+                _mm256_mul_ps(cvt(q), d)
+            })
+        } else {
+            let (q, eight) = (legacy_nibs(b.add(2)), _mm256_set1_epi32(8));
+            four!(|j| _mm256_mul_ps(cvt(_mm256_sub_epi32(q[j], eight)), d))
+        }
     }
 }
 
@@ -205,25 +215,6 @@ impl Fmt for Q5_1 {
     unsafe fn w32(b: *const u8, &(d, m, qh): &(*const f32, *const f32, u32), _g: usize) -> [__m256; 4] {
         let (q, d, m) = (legacy_nibs(b.add(8)), bcast(d), bcast(m));
         four!(|j| _mm256_fmadd_ps(cvt(_mm256_or_si256(q[j], fifth8(qh, 8 * j as u32))), d, m))
-    }
-}
-
-struct Q8_0;
-impl Fmt for Q8_0 {
-    const BS: usize = 32;
-    const TS: usize = 34;
-    type Sc = *const f32;
-    #[inline(always)]
-    unsafe fn scales(b: *const u8, tab: *const f32) -> *const f32 {
-        half_at(b, tab)
-    }
-    #[inline(always)]
-    unsafe fn w32(b: *const u8, d: &*const f32, _g: usize) -> [__m256; 4] {
-        let d = bcast(*d);
-        four!(|j| {
-            let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(2 + 8 * j) as *const __m128i));
-            _mm256_mul_ps(cvt(q), d)
-        })
     }
 }
 
@@ -433,11 +424,11 @@ pub(crate) unsafe fn gemv_rows(
     );
     let (p, xp) = (packed.as_ptr(), x.as_ptr());
     match dtype {
-        GgmlType::Q4_0 => rows_fmt::<Q4_0>(p, rb, nr, nb, xp, n_tok, out, ldo),
+        GgmlType::Q4_0 => rows_fmt::<Q4Q8_0<false>>(p, rb, nr, nb, xp, n_tok, out, ldo),
         GgmlType::Q4_1 => rows_fmt::<Q4_1>(p, rb, nr, nb, xp, n_tok, out, ldo),
         GgmlType::Q5_0 => rows_fmt::<Q5_0>(p, rb, nr, nb, xp, n_tok, out, ldo),
         GgmlType::Q5_1 => rows_fmt::<Q5_1>(p, rb, nr, nb, xp, n_tok, out, ldo),
-        GgmlType::Q8_0 => rows_fmt::<Q8_0>(p, rb, nr, nb, xp, n_tok, out, ldo),
+        GgmlType::Q8_0 => rows_fmt::<Q4Q8_0<true>>(p, rb, nr, nb, xp, n_tok, out, ldo),
         GgmlType::Q4K => rows_fmt::<Q45K<false>>(p, rb, nr, nb, xp, n_tok, out, ldo),
         GgmlType::Q5K => rows_fmt::<Q45K<true>>(p, rb, nr, nb, xp, n_tok, out, ldo),
         GgmlType::Q6K => rows_fmt::<Q6K>(p, rb, nr, nb, xp, n_tok, out, ldo),
