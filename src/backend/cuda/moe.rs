@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use super::device::{up, zeros};
 use super::dmat::DevMat;
 use super::kernels::{Kernels, MOE_ENTRIES};
-use super::launch::{allocated, blocks_for, check, i32_of, launch, need, Dev};
+use super::launch::{allocated, blocks_for, check, grid_yz, i32_of, launch, need, Dev};
 use super::moe_gemm;
 pub use super::moe_slab::slab_bytes;
 pub use super::moe_slab::MoeDownSum;
@@ -338,7 +338,7 @@ impl MoeRoute {
             k: self.k as i32,
             norm: i32::from(self.norm),
         };
-        check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        grid_yz(K, self.n_tok, "tokens")?;
         // Few tokens: a block per (expert, token) (every load of a row in flight at once); more:
         // a warp per pair, 8 experts a block (the token's input read once per 8 experts).
         if self.n_tok <= 8 {
@@ -548,8 +548,7 @@ impl MoeMat<'_> {
             sh_qs2: sh.map_or(0, |h| h.gu[2]),
             sh_aux2: sh.map_or(0, |h| h.gu[3]),
         };
-        check(K, grid_y <= 65_535, || format!("{grid_y} block rows exceed the grid"))?;
-        let grid = (blocks_for(K, rows, per_block)?, grid_y as u32, 1);
+        let grid = (blocks_for(K, rows, per_block)?, grid_yz(K, grid_y, "block rows")?, 1);
         launch(kn, s, MOE_ENTRIES[9 * variant + fi], grid, 128, 0, &p)
     }
 }
@@ -602,7 +601,7 @@ impl MoeCombine {
             dim: i32_of(K, self.dim)?,
             k: i32_of(K, self.k)?,
         };
-        check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        grid_yz(K, self.n_tok, "tokens")?;
         launch(kn, s, K, (blocks_for(K, self.dim, 256)?, self.n_tok as u32, 1), 256, 0, &p)
     }
 }
@@ -651,7 +650,7 @@ impl MoeRouteFused {
             need(K, "weights", r.wts, r.n_tok * (r.k + 1))?;
         }
         need(K, "counts", self.count, r.n_tok)?;
-        check(K, r.n_tok <= 65_535, || format!("{} tokens exceed the grid", r.n_tok))?;
+        grid_yz(K, r.n_tok, "tokens")?;
         if r.n_tok == 0 {
             return Ok(());
         }
