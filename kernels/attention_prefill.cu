@@ -85,6 +85,26 @@ struct AtpLayout {
     static constexpr int WARP_BYTES = 16 * LDS * 4 + 16 * LDP * 2 + 2 * 16 * 4 + (Q_SMEM ? 16 * LDQ * 2 : 0);
 };
 
+// The regions of the layout above in the block's dynamic shared memory, those of warp `warp`
+// for the per-warp ones (its alpha and l lie between ps and qs).
+struct AtpSmem {
+    float* map;  // [16, 16]
+    half_t* ks;  // [ATP_KT, LDK]
+    half_t* vs;  // [ATP_KT, LDK]
+    float* ss;   // [16, LDS]
+    half_t* ps;  // [16, LDP]
+    half_t* qs;  // [16, LDQ] (Q_SMEM)
+};
+template <class L>
+__device__ __forceinline__ AtpSmem atp_smem(unsigned char* smem, int warp) {
+    unsigned char* wbase = smem + L::MAP + 2 * L::KV + warp * L::WARP_BYTES;
+    float* ss = reinterpret_cast<float*>(wbase);
+    half_t* ps = reinterpret_cast<half_t*>(ss + 16 * L::LDS);
+    return {reinterpret_cast<float*>(smem), reinterpret_cast<half_t*>(smem + L::MAP),
+            reinterpret_cast<half_t*>(smem + L::MAP + L::KV), ss, ps,
+            reinterpret_cast<half_t*>(ps + 16 * L::LDP + 2 * 16 * 2)};
+}
+
 // Pair e of a K/V tile (e < ATP_KT * HD / 8): row e / PARTS, 8-half part e % PARTS of K (into
 // v[2 j]) and of V (v[2 j + 1]), one block-table lookup for both. Positions at or past `end` are
 // zero (their block-table entries may not exist).
@@ -239,16 +259,10 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     constexpr int NK = HD / 16;                   // 16-wide slices of the head dimension
     constexpr int NQ = L::Q_SMEM ? 1 : NK;        // Q fragments held in registers
     extern __shared__ __align__(32) unsigned char smem[];
-    float* map = reinterpret_cast<float*>(smem);
-    half_t* ks = reinterpret_cast<half_t*>(smem + L::MAP);
-    half_t* vs = reinterpret_cast<half_t*>(smem + L::MAP + L::KV);
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nthreads = blockDim.x;
-    unsigned char* wbase = smem + L::MAP + 2 * L::KV + warp * L::WARP_BYTES;
-    float* ss = reinterpret_cast<float*>(wbase);                  // [16, LDS]
-    half_t* ps = reinterpret_cast<half_t*>(ss + 16 * L::LDS);     // [16, LDP]
+    const auto [map, ks, vs, ss, ps, qs] = atp_smem<L>(smem, warp);
     float* alpha_s = reinterpret_cast<float*>(ps + 16 * L::LDP);  // [16]
     float* l_s = alpha_s + 16;                                    // [16]
-    half_t* qs = reinterpret_cast<half_t*>(l_s + 16);             // [16, LDQ] (HD 256)
 
     const AtpTile tl = atp_tile(p, warp);
     const int z = tl.z, g = tl.g, h = tl.h, nt = tl.nt, start = tl.start, end = tl.end;
@@ -420,16 +434,16 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     }
 }
 
-// block: heads * 32 threads; dynamic shared memory AtpLayout<HD, QS> (MAP + 2 KV + heads * WARP_BYTES).
-extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd64(const PrefillParams p) {
-    attn_prefill_impl<64, false>(p);
-}
-extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd128(const PrefillParams p) {
-    attn_prefill_impl<128, false>(p);
-}
-extern "C" __global__ void __launch_bounds__(4 * WARP) attn_prefill_hd256(const PrefillParams p) {
-    attn_prefill_impl<256, true>(p);
-}
+// The entries of head sizes 64, 128 and 256 of one implementation (`sfx`: their name's end), of
+// one launch shape. block: heads * 32 threads (256: at most 4 heads, the Q tile in shared
+// memory); dynamic shared memory AtpLayout<HD, QS> (MAP + 2 KV + heads * WARP_BYTES).
+#define ATP_ENTRIES(impl, sfx) \
+    extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd64##sfx(const PrefillParams p) { impl<64, false>(p); } \
+    extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd128##sfx(const PrefillParams p) { impl<128, false>(p); } \
+    extern "C" __global__ void __launch_bounds__(4 * WARP) attn_prefill_hd256##sfx(const PrefillParams p) { impl<256, true>(p); }
+
+ATP_ENTRIES(attn_prefill_impl, )
+
 // The Q tile in shared memory for head sizes 64 / 128 too (64 fewer registers a thread: three
 // 4-warp blocks an SM instead of two, where shared memory allows; at most 4 heads a block).
 extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd64_qs(const PrefillParams p) {
@@ -463,14 +477,9 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
     constexpr int NQ = L::Q_SMEM ? 1 : NK;  // Q fragments held in registers
     constexpr int NT = ATP_KT / 16;         // 16-position fragments of a K/V tile
     extern __shared__ __align__(32) unsigned char smem[];
-    float* map = reinterpret_cast<float*>(smem);
-    half_t* ks = reinterpret_cast<half_t*>(smem + L::MAP);
-    half_t* vs = reinterpret_cast<half_t*>(smem + L::MAP + L::KV);
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nthreads = blockDim.x;
-    unsigned char* wbase = smem + L::MAP + 2 * L::KV + warp * L::WARP_BYTES;
-    float* ss = reinterpret_cast<float*>(wbase);               // Q staging only ([16, 72] halves)
-    half_t* ps = reinterpret_cast<half_t*>(ss + 16 * L::LDS);  // [16, LDP] P of the tile
-    half_t* qs = reinterpret_cast<half_t*>(ps + 16 * L::LDP + 2 * 16 * 2);  // [16, LDQ] (Q_SMEM)
+    // ss: Q staging only ([16, 72] halves); alpha and l unused.
+    const auto [map, ks, vs, ss, ps, qs] = atp_smem<L>(smem, warp);
 
     const AtpTile tl = atp_tile(p, warp);
     const int z = tl.z, g = tl.g, h = tl.h, nt = tl.nt, start = tl.start, end = tl.end;
@@ -656,12 +665,4 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
 }
 
 // Same launch shape and shared memory as the entries above.
-extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd64_acc(const PrefillParams p) {
-    attn_prefill_acc_impl<64, false>(p);
-}
-extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd128_acc(const PrefillParams p) {
-    attn_prefill_acc_impl<128, false>(p);
-}
-extern "C" __global__ void __launch_bounds__(4 * WARP) attn_prefill_hd256_acc(const PrefillParams p) {
-    attn_prefill_acc_impl<256, true>(p);
-}
+ATP_ENTRIES(attn_prefill_acc_impl, _acc)

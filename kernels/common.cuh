@@ -63,6 +63,22 @@ __device__ __forceinline__ void gemv_store(float* out, int out_stride, const flo
     *o = accumulate ? *o + x : x;
 }
 
+// The split-K reduction of the tensor-core and packed-weight GEMMs (gemm_tc.cu, gemm_quant.cu):
+// out[n, r] (+)= sum_k part[k, n, r] (k ascending: deterministic) + bias[r] (bias optional), by
+// thread e of a 1-D grid for element e of [n_tok, rows]. P: a params struct with part
+// [nk, n_tok, rows], out [n_tok, out_stride], bias, rows, n_tok, out_stride, accumulate, nk.
+template <class P>
+__device__ __forceinline__ void splitk_reduce(const P& p) {
+    const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (long long)p.n_tok * p.rows) return;
+    const int n = (int)(e / p.rows), r = (int)(e % p.rows);
+    float v = 0.0f;
+    for (int k = 0; k < p.nk; ++k) v += p.part[((long long)k * p.n_tok + n) * p.rows + r];
+    if (p.bias) v += p.bias[r];
+    float* dst = p.out + (long long)n * p.out_stride + r;
+    *dst = p.accumulate ? *dst + v : v;
+}
+
 // The F16 GEMV blocks' weight rows (gemv_f16.cu, fused_norm.cu): 16-byte pointers to rows row0 ..
 // row0 + NR of w [rows, cols] (null past rows) and, with UP (SwiGLU), to the up rows rows +
 // row0 .. in wrow[NR ..] (the gate rows first in a [2 rows, cols] matrix).
@@ -246,6 +262,17 @@ __device__ __forceinline__ void wmma_k_tile(float (*acc)[8], const half_t* a_til
             wmma_load_b_col(b, b_tiles + j * 16 * ld + u * 16, ld);
             wmma_mma_rc(acc[j], a, b);
         }
+    }
+}
+
+// A fetched input tile into shared memory (the GEMMs of gemm_quant.cu, moe_gemm.cu): 16-byte
+// piece q = threadIdx.x + THREADS i (rx[i]) is part q % 16 of row q / 16 of sx [rows, ld] halves.
+template <int THREADS, int N>
+__device__ __forceinline__ void stage_x_tile(half_t* sx, int ld, const uint4 (&rx)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int q = threadIdx.x + THREADS * i;
+        *reinterpret_cast<uint4*>(sx + (q / 16) * ld + (q % 16) * 8) = rx[i];
     }
 }
 

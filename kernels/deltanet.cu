@@ -28,6 +28,15 @@
 // registers that 512 threads may use on an SM (65,536), the 32 state values among them.
 #define DN_RECUR_MAX_THREADS 512
 
+// Chunk c of the chunk table: its first token, its tokens and its sequence's state slot.
+struct DnChunk {
+    int first, count;
+    long long slot;
+};
+__device__ __forceinline__ DnChunk dn_chunk(const int* chunks, int c) {
+    return {chunks[1 + 3 * c], chunks[2 + 3 * c], chunks[3 + 3 * c]};
+}
+
 // The causal conv window of one channel (dn_conv_silu_f32, dn_conv_prep_f32): the history
 // right-aligned in win[0 .. H) (win[H - 1] the newest input; entries before H - (K - 1) hold
 // zeros with zero weights). Only compile-time indices (unrolled loops), so it stays in registers.
@@ -89,8 +98,7 @@ extern "C" __global__ void dn_conv_silu_f32(const DnConvParams p) {
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     const int c = blockIdx.y;
     if (ch >= p.channels || c >= p.chunks[0]) return;
-    const int first = p.chunks[1 + 3 * c], count = p.chunks[2 + 3 * c];
-    const long long slot = p.chunks[3 + 3 * c];
+    const auto [first, count, slot] = dn_chunk(p.chunks, c);
     const int C = p.channels, K = p.kernel;
     float* st = p.state + slot * p.slot_stride + p.layer_off;  // [K - 1, C]
     DnWindow wnd;
@@ -229,8 +237,7 @@ __device__ __forceinline__ void dn_recur_impl(const DnRecurParams& p) {
     __shared__ float orow[DN_RECUR_MAX_THREADS / DN_LANES];  // one token's d_v outputs
     const int h = blockIdx.x, c = blockIdx.y;
     if (c >= p.chunks[0]) return;
-    const int first = p.chunks[1 + 3 * c], count = p.chunks[2 + 3 * c];
-    const long long slot = p.chunks[3 + 3 * c];
+    const auto [first, count, slot] = dn_chunk(p.chunks, c);
     const int j = threadIdx.x / DN_LANES, r = threadIdx.x % DN_LANES;
     const int dk = p.d_k, dv = p.d_v, nr = dk / DN_LANES;
     const int kh = dn_key_head(p, h);
@@ -365,7 +372,7 @@ extern "C" __global__ void dn_chunk_prep_f32(const DnChunkParams p) {
     __shared__ float cum[DN_CH];
     const int h = blockIdx.x, sub = blockIdx.y, c = blockIdx.z;
     if (c >= p.chunks[0]) return;
-    const int first = p.chunks[1 + 3 * c], count = p.chunks[2 + 3 * c];
+    const auto [first, count, slot] = dn_chunk(p.chunks, c);
     const int t0 = sub * DN_CH;
     if (t0 >= count) return;
     const int n = min(DN_CH, count - t0);
@@ -417,8 +424,7 @@ extern "C" __global__ void dn_chunk_scan_f32(const DnChunkParams p) {
     extern __shared__ float sm[];
     const int h = blockIdx.x, cg = blockIdx.y, c = blockIdx.z;
     if (c >= p.chunks[0]) return;
-    const int first = p.chunks[1 + 3 * c], count = p.chunks[2 + 3 * c];
-    const long long slot = p.chunks[3 + 3 * c];
+    const auto [first, count, slot] = dn_chunk(p.chunks, c);
     const int dk = p.d_k, dv = p.d_v, ld = dk + 1, kh = dn_key_head(p, h);
     const int col0 = cg * DN_COLS;
     float* S = sm;                        // [dk, DN_COLS]
@@ -541,8 +547,7 @@ extern "C" __global__ void dn_conv_prep_f32(const DnConvPrepParams p) {
     __shared__ float scratch[32];
     const int c = blockIdx.y;
     if (c >= p.chunks[0]) return;
-    const int first = p.chunks[1 + 3 * c], count = p.chunks[2 + 3 * c];
-    const long long slot = p.chunks[3 + 3 * c];
+    const auto [first, count, slot] = dn_chunk(p.chunks, c);
     const int qk_blocks = 2 * p.n_k;
     const int v_blocks = (p.channels - qk_blocks * p.d_k + 127) / 128;
     const int b = blockIdx.x;

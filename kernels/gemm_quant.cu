@@ -49,11 +49,7 @@ template <class F> struct QG {
 template <class F, int NT16>
 __device__ __forceinline__ void qg_fetch(const GemmQParams& p, const QRow* rows, int c, int t0,
                                          typename F::Raw (&rw)[QG<F>::PER_THREAD], uint4 (&rx)[NT16 * 2]) {
-#pragma unroll
-    for (int i = 0; i < QG<F>::PER_THREAD; ++i) {
-        const int q = threadIdx.x + QG_THREADS * i;
-        rw[i] = F::load(rows[i], c * QG<F>::UPC + q % QG<F>::UPC);
-    }
+    fetch_tile_units<F, QG_THREADS, QG<F>::UPC>(rows, c, rw);
     const long long c0 = (long long)c * QG_BK;
 #pragma unroll
     for (int i = 0; i < NT16 * 2; ++i) {
@@ -106,11 +102,7 @@ __device__ __forceinline__ void gemm_q_impl(const GemmQParams& p) {
                 dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
             }
         }
-#pragma unroll
-        for (int i = 0; i < NT16 * 2; ++i) {
-            const int q = threadIdx.x + QG_THREADS * i;
-            *reinterpret_cast<uint4*>(sx + (q / 16) * QG_LD + (q % 16) * 8) = rx[i];
-        }
+        stage_x_tile<QG_THREADS>(sx, QG_LD, rx);
         __syncthreads();
         if (c + 1 < c_end) qg_fetch<F, NT16>(p, rows, c + 1, t0, rw, rx);
         wmma_k_tile<NT16, QG_BK>(acc, sw + warp * 16 * QG_LD, sx, QG_LD);
@@ -141,16 +133,7 @@ struct SplitReduceParams {
     int nk;
 };
 
-extern "C" __global__ void splitk_reduce_q(const SplitReduceParams p) {
-    const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (long long)p.n_tok * p.rows) return;
-    const int n = (int)(e / p.rows), r = (int)(e % p.rows);
-    float v = 0.0f;
-    for (int k = 0; k < p.nk; ++k) v += p.part[((long long)k * p.n_tok + n) * p.rows + r];
-    if (p.bias) v += p.bias[r];
-    float* dst = p.out + (long long)n * p.out_stride + r;
-    *dst = p.accumulate ? *dst + v : v;
-}
+extern "C" __global__ void splitk_reduce_q(const SplitReduceParams p) { splitk_reduce(p); }
 
 // ---- Prefill tile (steps above 64 tokens): a block of 8 warps owns 64 weight rows and 128
 // tokens, so each 64 x 128 weight tile is dequantized once per 128 tokens (twice the reuse of
@@ -212,11 +195,7 @@ __device__ __forceinline__ void gemm_qw_impl(const GemmQParams& p) {
             dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
             dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
         }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int q = threadIdx.x + QW_THREADS * i;
-            *reinterpret_cast<uint4*>(sx + (q / 16) * QG_LD + (q % 16) * 8) = rx[i];
-        }
+        stage_x_tile<QW_THREADS>(sx, QG_LD, rx);
         __syncthreads();
         if (c + 1 < chunks) qw_fetch<F>(p, row, c + 1, t0, rw, rx);
         wmma_k_tile<4, QG_BK>(acc, sw + wm * 16 * QG_LD, sx + wn * 64 * QG_LD, QG_LD);

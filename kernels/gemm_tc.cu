@@ -228,13 +228,4 @@ extern "C" __global__ void __launch_bounds__(256) gemm_tc128_f16_t48(const Tc2Pa
 extern "C" __global__ void __launch_bounds__(256) gemm_tc128_f16_t64(const Tc2Params p) { gemm_tc64_impl<4, 8>(p); }
 
 // out[n, r] (+)= sum_k part[k, n, r] (k ascending) + bias[r]. grid: ceil(n_tok * rows / 256), block 256.
-extern "C" __global__ void splitk_reduce_f32(const Tc2Params p) {
-    const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (long long)p.n_tok * p.rows) return;
-    const int n = (int)(e / p.rows), r = (int)(e % p.rows);
-    float v = 0.0f;
-    for (int k = 0; k < p.nk; ++k) v += p.part[((long long)k * p.n_tok + n) * p.rows + r];
-    if (p.bias) v += p.bias[r];
-    float* dst = p.out + (long long)n * p.out_stride + r;
-    *dst = p.accumulate ? *dst + v : v;
-}
+extern "C" __global__ void splitk_reduce_f32(const Tc2Params p) { splitk_reduce(p); }

@@ -470,18 +470,19 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine_f32(const CombineP
 //   computes rank j's expert rows . act[t k + j], then x[t, r] += sum_j wts[t, j] acc[j][r] in
 //   rank order (the weighted sum of moe_combine_f32, the same order): each output row is written
 //   once, by one thread.
+// The fields of RouteParams first, in its order (the launcher embeds that struct), then:
 struct RouteFusedParams {
     const float* x;      // [n_tok, dim] normed hidden states
     const float* w;      // [n_experts, dim] router, f32
     float* logits;       // [n_tok, n_experts]
     int* ids;            // [n_tok, k]
     float* wts;          // [n_tok, k]
-    unsigned* count;     // [n_tok] blocks done per token (0 between launches)
     int n_tok;
     int dim;             // multiple of 4
     int n_experts;
     int k;
     int norm;
+    unsigned* count;     // [n_tok] blocks done per token (0 between launches)
     // With a shared expert (pair mode): its gate row [dim] f32; block n_experts of each token
     // writes sigmoid(gate . x[t]) to wts[n_tok k + t], the weight of its rank k (else null).
     const float* sh_gate;

@@ -120,11 +120,7 @@ __device__ __forceinline__ bool mg_tile(const MoeGemmParams& p, int bn, int& exp
 template <class F, int NT16>
 __device__ __forceinline__ void mg_fetch(const MoeGemmParams& p, const QRow* rows, int c, int first, int count,
                                          typename F::Raw (&rw)[MG<F>::PER_THREAD], uint4 (&rx)[NT16 * 2]) {
-#pragma unroll
-    for (int i = 0; i < MG<F>::PER_THREAD; ++i) {
-        const int q = threadIdx.x + MG_THREADS * i;
-        rw[i] = F::load(rows[i], c * MG<F>::UPC + q % MG<F>::UPC);
-    }
+    fetch_tile_units<F, MG_THREADS, MG<F>::UPC>(rows, c, rw);
     const long long c0 = (long long)c * MG_BK;
 #pragma unroll
     for (int i = 0; i < NT16 * 2; ++i) {
@@ -269,13 +265,11 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
             for (int k = 0; k < F::RUNS; ++k)
                 MgStage<F>::run(rw[i], u, k, reinterpret_cast<uint4*>(sw + tr * MG_LD + (F::start(u, k) - c * MG_BK)));
         }
-#pragma unroll
-        for (int i = 0; i < NT16 * 2; ++i) {
-            const int q = threadIdx.x + MG_THREADS * i;
-            *reinterpret_cast<uint4*>(sx + (q / 16) * MG_LD + (q % 16) * 8) = rx[i];
-        }
+        stage_x_tile<MG_THREADS>(sx, MG_LD, rx);
         __syncthreads();
         if (c + 1 < chunks) mg_fetch<F, NT16>(p, rows, c + 1, first, count, rw, rx);
+        // The product of common.cuh's wmma_k_tile, written out: through that function NVRTC 12.9
+        // computes this kernel's fragment addresses otherwise (other PTX, not measured).
 #pragma unroll
         for (int u = 0; u < MG_BK / 16; ++u) {
             unsigned a[8];

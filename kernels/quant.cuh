@@ -351,6 +351,18 @@ __device__ __forceinline__ QRow q_row(const u8_t* qs, const u8_t* aux, long long
     return {qs + r * qs_row, aux + r * aux_row};
 }
 
+// The packed units of column chunk c of a tile's weight rows, as the prefill GEMMs (gemm_quant.cu,
+// moe_gemm.cu) fetch them: thread q = threadIdx.x + THREADS i loads unit q % UPC (of the UPC
+// units a row has in a chunk) of its row rows[i].
+template <class F, int THREADS, int UPC, int N>
+__device__ __forceinline__ void fetch_tile_units(const QRow* rows, int c, typename F::Raw (&rw)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int q = threadIdx.x + THREADS * i;
+        rw[i] = F::load(rows[i], c * UPC + q % UPC);
+    }
+}
+
 // Instantiates MACRO(name, F) for every format (entry point names use the lower-case name).
 #define FOR_EACH_QFORMAT(MACRO) \
     MACRO(q4_0, FQ4_0)          \

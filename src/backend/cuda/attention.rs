@@ -6,7 +6,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::attention_merge::Merge;
 use super::kernels::Kernels;
-use super::launch::{check, i32_of, launch, need, Dev};
+use super::launch::{check, grid_yz, i32_of, launch, need, Dev};
 use super::paged_attn::PagedAttn;
 use super::tuning::tuning;
 use super::CudaError;
@@ -185,7 +185,7 @@ impl Attention {
         check(K, hd.is_multiple_of(2) && hd <= ATTN_MAX_HD, || {
             format!("head size {hd} (even, at most {ATTN_MAX_HD})")
         })?;
-        check(K, a.n_tok <= 65_535, || format!("{} query tokens in one launch (at most 65535)", a.n_tok))?;
+        grid_yz(K, a.n_tok, "query tokens")?;
         let (splits, split_len) = (self.n_splits, self.split_len);
         check(K, splits >= 1 && split_len >= 1 && splits * split_len >= self.max_len, || {
             format!("{splits} splits of {split_len} positions do not cover {}", self.max_len)

@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
-use super::launch::{check, extent, i32_of, launch, need, Dev};
+use super::launch::{check, extent, grid_yz, i32_of, launch, need, Dev};
 use super::CudaError;
 
 #[repr(C)]
@@ -43,7 +43,7 @@ impl Merge {
         let (nh, hd) = (self.n_heads, self.head_dim);
         check(K, hd <= 256, || format!("head size {hd} (at most 256: two dimensions per thread)"))?;
         check(K, nh * hd <= self.out_stride, || "heads overlap the row stride".into())?;
-        check(K, self.n_tok <= 65_535, || format!("{} tokens in one launch (at most 65535)", self.n_tok))?;
+        grid_yz(K, self.n_tok, "tokens")?;
         need(K, "partial outputs", self.part_o, self.n_tok * nh * self.n_parts * hd)?;
         need(K, "partial statistics", self.part_ml, self.n_tok * nh * self.n_parts * 2)?;
         need(K, "output", self.out, extent(self.n_tok, self.out_stride, nh * hd))?;

@@ -10,7 +10,7 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
-use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev};
+use super::launch::{blocks_for, check, extent, grid_yz, i32_of, launch, need, Dev};
 use super::qlaunch::q8x_planes;
 use super::CudaError;
 
@@ -46,7 +46,7 @@ impl StatePool {
             )
         })?;
         need(kernel, "state pool", self.state, self.slot_stride)?;
-        check(kernel, self.max_chunks <= 65_535, || format!("{} chunks in one launch (at most 65535)", self.max_chunks))
+        grid_yz(kernel, self.max_chunks, "chunks").map(|_| ())
     }
 }
 
@@ -165,7 +165,7 @@ impl DnPrep {
         need(K, "projection", self.proj, extent(self.n_tok, self.proj_stride, self.proj_stride))?;
         need(K, "decay rates", self.neg_a, self.n_v)?;
         need(K, "dt bias", self.dt_bias, self.n_v)?;
-        check(K, self.n_tok <= 65_535, || format!("{} tokens in one launch (at most 65535)", self.n_tok))?;
+        grid_yz(K, self.n_tok, "tokens")?;
         if self.n_tok == 0 {
             return Ok(());
         }
@@ -496,8 +496,7 @@ impl DnChunked<'_> {
         }
         let p = DnChunkParams { heads: r.heads(K)?, ab: self.ab.ptr };
         let (nv32, chunks) = (i32_of(K, nv)? as u32, r.pool.max_chunks as u32);
-        let subs = i32_of(K, self.max_count.div_ceil(DN_CH))? as u32;
-        check(K, subs <= 65_535, || format!("{subs} sub-chunks exceed the grid"))?;
+        let subs = grid_yz(K, self.max_count.div_ceil(DN_CH), "sub-chunks")?;
         let prep_smem = (2 * DN_CH * (dk + 1) * 4) as u32;
         launch(k, s, "dn_chunk_prep_f32", (nv32, subs, chunks), 256, prep_smem, &p)?;
         // S columns, X, A, B, G, P, R, U, E (kernels/deltanet.cu).
@@ -543,7 +542,7 @@ impl DnGatedNorm {
         need(K, "output", self.o, self.n_tok * vd)?;
         need(K, "gates", self.z, extent(self.n_tok, self.z_stride, vd))?;
         need(K, "weight", self.w, self.d_v)?;
-        check(K, self.n_tok <= 65_535, || format!("{} tokens in one launch (at most 65535)", self.n_tok))?;
+        grid_yz(K, self.n_tok, "tokens")?;
         if self.n_tok == 0 {
             return Ok(());
         }

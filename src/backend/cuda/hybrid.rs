@@ -124,6 +124,18 @@ fn recur_norm_fused() -> bool {
 /// The profiler's mark: the work launched since the previous one belongs to the named class.
 pub(super) type Mark<'a> = &'a mut dyn FnMut(&'static str) -> Result<(), CudaError>;
 
+/// What a layer's token mixer (`HybridCuda::mixer`) runs with: the model's shape, the kernels,
+/// the products, the step's buffers and the profiler's mark. With `pre` the layer's norm is not
+/// applied yet: the first product folds it in (`io.h` receives it).
+pub(super) struct MixerCx<'a, 'm> {
+    pub c: &'a ModelConfig,
+    pub k: &'a mut Kernels,
+    pub mm: &'a mut Mm<'m>,
+    pub io: &'a StepIo,
+    pub pre: Option<NormIn>,
+    pub mark: Mark<'a>,
+}
+
 /// Fewest tokens of one chunk that take the chunked delta rule (in steps that are not
 /// replayed as graphs); `DUSTOFF_DN_CHUNK_MIN` overrides the default of one sub-chunk
 /// (`DN_CH`); 0 turns the chunked form off.
@@ -364,23 +376,11 @@ impl HybridCuda {
         allocated(b, s, "hybrid", "work buffers")
     }
 
-    /// Layer `li`'s token mixer: `io.h` (normed input) -> `io.x += mixer(h)`. With `pre` the
-    /// layer's norm is not applied yet: the first product folds it in (`io.h` receives it).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn mixer(
-        &self,
-        li: usize,
-        lw: &LayerW,
-        c: &ModelConfig,
-        k: &mut Kernels,
-        mm: &mut Mm,
-        io: &StepIo,
-        pre: Option<NormIn>,
-        mark: Mark,
-    ) -> Result<(), CudaError> {
+    /// Layer `li`'s token mixer: `io.h` (normed input) -> `io.x += mixer(h)`.
+    pub(super) fn mixer(&self, li: usize, lw: &LayerW, cx: MixerCx) -> Result<(), CudaError> {
         match self.layers.get(li).and_then(Option::as_ref) {
-            Some(d) => self.linear(d, c, k, mm, io, pre, mark),
-            None => self.attention(lw, c, k, mm, io, pre, mark),
+            Some(d) => self.linear(d, cx),
+            None => self.attention(lw, cx),
         }
     }
 
@@ -392,17 +392,8 @@ impl HybridCuda {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn linear(
-        &self,
-        d: &LinearW,
-        c: &ModelConfig,
-        k: &mut Kernels,
-        mm: &mut Mm,
-        io: &StepIo,
-        pre: Option<NormIn>,
-        mark: Mark,
-    ) -> Result<(), CudaError> {
+    fn linear(&self, d: &LinearW, cx: MixerCx) -> Result<(), CudaError> {
+        let MixerCx { c, k, mm, io, pre, mark } = cx;
         let s = mm.s;
         let h = &self.h;
         let n = io.n_tok;
@@ -510,17 +501,8 @@ impl HybridCuda {
         mark("dn out proj")
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &self,
-        lw: &LayerW,
-        c: &ModelConfig,
-        k: &mut Kernels,
-        mm: &mut Mm,
-        io: &StepIo,
-        pre: Option<NormIn>,
-        mark: Mark,
-    ) -> Result<(), CudaError> {
+    fn attention(&self, lw: &LayerW, cx: MixerCx) -> Result<(), CudaError> {
+        let MixerCx { c, k, mm, io, pre, mark } = cx;
         let s = mm.s;
         let n = io.n_tok;
         let (qd, hd) = (c.q_dim(), c.head_dim);

@@ -6,7 +6,7 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
-use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev};
+use super::launch::{blocks_for, check, extent, grid_yz, i32_of, launch, need, Dev};
 use super::CudaError;
 
 #[repr(C)]
@@ -141,7 +141,7 @@ impl RopeStore {
         need(kernel, "K cache", self.k_cache, cache_len)?;
         need(kernel, "V cache", self.v_cache, cache_len)?;
         need(kernel, "cache rows", self.kv_rows, n_tok)?;
-        check(kernel, n_tok <= 65_535, || format!("{n_tok} tokens in one launch (at most 65535)"))?;
+        grid_yz(kernel, n_tok, "tokens")?;
         Ok(RopeStorePtrs {
             q_norm: self.q_norm.map_or(0, |d| d.ptr),
             k_norm: self.k_norm.map_or(0, |d| d.ptr),

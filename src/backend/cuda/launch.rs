@@ -86,6 +86,13 @@ pub(crate) fn check(kernel: &'static str, ok: bool, reason: impl FnOnce() -> Str
     }
 }
 
+/// `n` (tokens, chunks, tiles: `what`) as the y or z extent of a grid, which holds at most
+/// 65535 blocks.
+pub(crate) fn grid_yz(kernel: &'static str, n: usize, what: &str) -> Result<u32, CudaError> {
+    check(kernel, n <= 65_535, || format!("{n} {what} in one launch (at most 65535)"))?;
+    Ok(n as u32)
+}
+
 /// Extent of a strided matrix: the last row starts at (rows - 1) * stride and is `width` long.
 pub(crate) fn extent(rows: usize, stride: usize, width: usize) -> usize {
     if rows == 0 {

@@ -274,22 +274,9 @@ impl Mm<'_> {
     }
 
     /// `out[t, r] = silu(gate) * up` of a stacked quantized gate/up `w` (`[2 ffn, cols]`) for a
-    /// step of `n` tokens that [`packed_gemv`] serves: the input quantized to int8 into `x16`,
-    /// then the SwiGLU GEMV (or the f32-input one with `DUSTOFF_QGEMV_F32=1`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn swiglu_q(
-        &mut self,
-        k: &mut Kernels,
-        w: QView,
-        x: Dev<f32>,
-        n: usize,
-        out: Dev<f32>,
-        ffn: usize,
-    ) -> Result<(), CudaError> {
-        self.swiglu_q_with(k, w, x, n, out, ffn, XForm::None)
-    }
-
-    /// [`Mm::swiglu_q`] where `x16` already holds `x` in the form `have` (a fused norm wrote it).
+    /// step of `n` tokens that [`packed_gemv`] serves: the input quantized to int8 into `x16`
+    /// (unless `have` says a fused norm already wrote it there), then the SwiGLU GEMV (or the
+    /// f32-input one with `DUSTOFF_QGEMV_F32=1`).
     #[allow(clippy::too_many_arguments)]
     pub fn swiglu_q_with(
         &mut self,
@@ -392,7 +379,7 @@ pub(super) fn swiglu(
             return g.launch(k, s);
         }
         if let (Some(w), true) = (m.quant(s), packed_gemv(m, n)) {
-            return mm.swiglu_q(k, w, h, n, act, ffn);
+            return mm.swiglu_q_with(k, w, h, n, act, ffn, XForm::None);
         }
     }
     mm.run(k, Product { lin: wgu, bias: None, x: h, n, out: gu, accumulate: false })?;

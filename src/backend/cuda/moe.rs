@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use super::device::{up, zeros};
 use super::dmat::DevMat;
 use super::kernels::{Kernels, MOE_ENTRIES};
-use super::launch::{allocated, blocks_for, check, i32_of, launch, need, Dev};
+use super::launch::{allocated, blocks_for, check, grid_yz, i32_of, launch, need, Dev};
 use super::moe_gemm;
 pub use super::moe_slab::slab_bytes;
 pub use super::moe_slab::MoeDownSum;
@@ -320,25 +320,31 @@ impl MoeRoute {
         need(kernel, "weights", self.wts, self.n_tok * self.k)
     }
 
+    /// The params of the router kernels (`moe_route_fused_f32`'s begin with them); after
+    /// [`MoeRoute::check`].
+    fn params(&self, kernel: &'static str) -> Result<RouteParams, CudaError> {
+        Ok(RouteParams {
+            x: self.x.ptr,
+            w: self.w.ptr,
+            logits: self.logits.ptr,
+            ids: self.ids.ptr,
+            wts: self.wts.ptr,
+            n_tok: i32_of(kernel, self.n_tok)?,
+            dim: i32_of(kernel, self.dim)?,
+            n_experts: self.n_experts as i32,
+            k: self.k as i32,
+            norm: i32::from(self.norm),
+        })
+    }
+
     pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "moe_route_f32";
         self.check(K)?;
         if self.n_tok == 0 {
             return Ok(());
         }
-        let p = RouteParams {
-            x: self.x.ptr,
-            w: self.w.ptr,
-            logits: self.logits.ptr,
-            ids: self.ids.ptr,
-            wts: self.wts.ptr,
-            n_tok: i32_of(K, self.n_tok)?,
-            dim: i32_of(K, self.dim)?,
-            n_experts: self.n_experts as i32,
-            k: self.k as i32,
-            norm: i32::from(self.norm),
-        };
-        check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        let p = self.params(K)?;
+        grid_yz(K, self.n_tok, "tokens")?;
         // Few tokens: a block per (expert, token) (every load of a row in flight at once); more:
         // a warp per pair, 8 experts a block (the token's input read once per 8 experts).
         if self.n_tok <= 8 {
@@ -548,8 +554,7 @@ impl MoeMat<'_> {
             sh_qs2: sh.map_or(0, |h| h.gu[2]),
             sh_aux2: sh.map_or(0, |h| h.gu[3]),
         };
-        check(K, grid_y <= 65_535, || format!("{grid_y} block rows exceed the grid"))?;
-        let grid = (blocks_for(K, rows, per_block)?, grid_y as u32, 1);
+        let grid = (blocks_for(K, rows, per_block)?, grid_yz(K, grid_y, "block rows")?, 1);
         launch(kn, s, MOE_ENTRIES[9 * variant + fi], grid, 128, 0, &p)
     }
 }
@@ -602,29 +607,24 @@ impl MoeCombine {
             dim: i32_of(K, self.dim)?,
             k: i32_of(K, self.k)?,
         };
-        check(K, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        grid_yz(K, self.n_tok, "tokens")?;
         launch(kn, s, K, (blocks_for(K, self.dim, 256)?, self.n_tok as u32, 1), 256, 0, &p)
     }
 }
 
+/// moe.cu's `RouteFusedParams` lists the fields of `RouteParams` first, in its order: as C
+/// lays it out, they and the padding after `norm` are this `route` (the 8-aligned `count` then
+/// starts at byte 64 either way).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct RouteFusedParams {
-    x: u64,
-    w: u64,
-    logits: u64,
-    ids: u64,
-    wts: u64,
+    route: RouteParams,
     count: u64,
-    n_tok: i32,
-    dim: i32,
-    n_experts: i32,
-    k: i32,
-    norm: i32,
     sh_gate: u64,
 }
-// SAFETY: plain-old-data with the C layout of the kernel's struct.
+// SAFETY: plain-old-data with the C layout of the kernel's struct (padding included).
 unsafe impl DeviceRepr for RouteFusedParams {}
+const _: () = assert!(std::mem::offset_of!(RouteFusedParams, count) == 64);
 
 /// [`MoeRoute`] in one launch (`moe_route_fused_f32`): the last block of each token to finish
 /// its logits runs the top-k. `count` `[n_tok]` must be zero before the first launch (each
@@ -651,24 +651,11 @@ impl MoeRouteFused {
             need(K, "weights", r.wts, r.n_tok * (r.k + 1))?;
         }
         need(K, "counts", self.count, r.n_tok)?;
-        check(K, r.n_tok <= 65_535, || format!("{} tokens exceed the grid", r.n_tok))?;
+        grid_yz(K, r.n_tok, "tokens")?;
         if r.n_tok == 0 {
             return Ok(());
         }
-        let p = RouteFusedParams {
-            x: r.x.ptr,
-            w: r.w.ptr,
-            logits: r.logits.ptr,
-            ids: r.ids.ptr,
-            wts: r.wts.ptr,
-            count: self.count.ptr,
-            n_tok: i32_of(K, r.n_tok)?,
-            dim: i32_of(K, r.dim)?,
-            n_experts: r.n_experts as i32,
-            k: r.k as i32,
-            norm: i32::from(r.norm),
-            sh_gate: sh.map_or(0, |h| h.gate.ptr),
-        };
+        let p = RouteFusedParams { route: r.params(K)?, count: self.count.ptr, sh_gate: sh.map_or(0, |h| h.gate.ptr) };
         let grid = (r.n_experts as u32 + u32::from(sh.is_some()), r.n_tok as u32, 1);
         launch(kn, s, K, grid, 128, top_k_smem(r.n_experts, r.k), &p)
     }

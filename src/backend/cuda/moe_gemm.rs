@@ -14,7 +14,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::dmat::{DevMat, MatData};
 use super::kernels::{Kernels, MOE_GEMM_ENTRIES};
-use super::launch::{blocks_for, check, i32_of, launch, need, Dev};
+use super::launch::{blocks_for, check, grid_yz, i32_of, launch, need, Dev};
 use super::CudaError;
 use crate::model::quant::GgmlType;
 
@@ -234,9 +234,9 @@ impl MoeGemm<'_> {
         };
         // Tiles: sum over experts of ceil(count / BN) <= ceil(pairs / BN) + experts with tokens.
         let tiles = self.n_pairs.div_ceil(self.tile.tokens()) + self.n_experts.min(self.n_pairs);
-        check(K, tiles <= 65_535, || format!("{tiles} token tiles exceed the grid"))?;
+        let tiles = grid_yz(K, tiles, "token tiles")?;
         let variant = 2 * usize::from(!gate_up) + usize::from(self.tile == Tile::T64);
-        let grid = (blocks_for(K, rows, out_rows)?, tiles as u32, 1);
+        let grid = (blocks_for(K, rows, out_rows)?, tiles, 1);
         launch(kn, s, MOE_GEMM_ENTRIES[4 * fi + variant], grid, 128, 0, &p)
     }
 }

@@ -11,7 +11,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::dmat::{DevMat, MatData};
 use super::kernels::{file_of, Kernels, MOE_Q8_ENTRIES};
-use super::launch::{blocks_for, check, launch, need, Dev};
+use super::launch::{blocks_for, check, grid_yz, launch, need, Dev};
 use super::moe_slab::{slab_view, MoeDownSum, RowWalk};
 use super::CudaError;
 
@@ -105,7 +105,7 @@ impl MoeGateUpQ8<'_> {
         need(K, "input", self.h, self.n_pairs / self.k * cols)?;
         need(K, "ids", self.ids, self.n_pairs)?;
         need(K, "activations", self.act, self.n_pairs * rows)?;
-        check(K, self.n_pairs <= 65_535, || format!("{} pairs exceed the grid", self.n_pairs))?;
+        grid_yz(K, self.n_pairs, "pairs")?;
         if self.n_pairs == 0 || rows == 0 {
             return Ok(());
         }

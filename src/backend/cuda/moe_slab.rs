@@ -7,7 +7,7 @@
 use cudarc::driver::CudaStream;
 
 use super::dmat::{DevMat, MatData};
-use super::launch::{check, i32_of, need, Dev};
+use super::launch::{check, grid_yz, i32_of, need, Dev};
 use super::qformat::QFormat;
 use super::CudaError;
 use crate::model::quant::GgmlType;
@@ -76,7 +76,7 @@ impl MoeDownSum<'_> {
         need(kernel, "ids", self.ids, pairs)?;
         need(kernel, "weights", self.wts, pairs)?;
         need(kernel, "residual", self.x, self.n_tok * rows)?;
-        check(kernel, self.n_tok <= 65_535, || format!("{} tokens exceed the grid", self.n_tok))?;
+        grid_yz(kernel, self.n_tok, "tokens")?;
         Ok(pairs)
     }
 }

@@ -221,7 +221,8 @@ impl CudaBackend {
             if let (Some(hy), Some(io)) = (&self.hybrid, &hybrid_io) {
                 // Qwen3.5: Gated DeltaNet or gated attention, then the dense FFN as below; the
                 // norms folded into the products that read them as for the plain layers.
-                hy.mixer(li, lw, c, k, &mut mm, io, fuse.then(|| norm_in(&lw.attn_norm)), &mut mark)?;
+                let pre = fuse.then(|| norm_in(&lw.attn_norm));
+                hy.mixer(li, lw, super::hybrid::MixerCx { c, k, mm: &mut mm, io, pre, mark: &mut mark })?;
                 if let Some(moe) = &lw.moe {
                     // One-stream steps: the shared expert inside the routed experts' launches
                     // (moe_shexp.rs), which read h in f32.
