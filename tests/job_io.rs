@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use dustoff::job::checkpoint::{
     checkpoint_dir, discard_dir, file_identity, Checkpoint, CheckpointError, JobFingerprint, PendingRow,
+    CHECKPOINT_FORMAT_VERSION,
 };
 use dustoff::job::pipeline::{parse_json_output, Overflow, Pipeline, TextCodec};
 use dustoff::job::reader::{expand_inputs, InputFormat, ReadError, ReaderConfig, RecordReader};
@@ -359,6 +360,57 @@ fn checkpoint_removal_is_whole_or_nothing() {
     assert!(!old.exists());
     // The renamed directory is one of the output's own paths (an input there is refused).
     assert!(dustoff::job::outputs::owned_paths(&out).contains(&old));
+}
+
+/// What a kill during a finished checkpoint's removal leaves (`.dustoff.old` holding only its
+/// finished marker) reads as the job complete: every record done, the output kept, the leftover
+/// removed. Another job's marker, or one whose output is gone, is a leftover only.
+#[test]
+fn a_finished_marker_left_by_a_kill_reads_as_the_job_complete() {
+    let rows = sample_rows(None);
+    let n = rows.len() as u64;
+    let d = tmpdir("finished-marker");
+    let fp = fingerprint(None, "p1");
+    let out = d.join("out.jsonl");
+    let mut ck = Checkpoint::open(&out, &fp, false).unwrap();
+    commit_scrambled(&mut ck, &rows, 6);
+    let errors = ck.committed_errors();
+    assert!(errors > 0, "the sample has error rows, which the marker must carry");
+    ck.finish(&out, n, false).unwrap();
+    let want = fs::read(&out).unwrap();
+    let (dir, old) = (checkpoint_dir(&out), discard_dir(&checkpoint_dir(&out)));
+    let leave_marker = |digest: String| {
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&old).unwrap();
+        let m = serde_json::json!({"format_version": CHECKPOINT_FORMAT_VERSION, "digest": digest, "rows": n, "errors": errors});
+        fs::write(old.join("finished.json"), m.to_string()).unwrap();
+    };
+
+    leave_marker(fp.digest());
+    let mut ck = Checkpoint::open(&out, &fp, false).unwrap();
+    assert_eq!((ck.resumed_rows(), ck.committed_errors()), (n, errors));
+    assert!(rows.iter().all(|r| ck.is_done(r.index)));
+    assert!(ck.commit(rows[..1].to_vec()).is_err(), "a complete job takes no commit");
+    ck.finish(&out, n, false).unwrap();
+    assert_eq!(fs::read(&out).unwrap(), want, "the output is kept");
+    assert!(!old.exists() && !dir.exists());
+
+    leave_marker(fingerprint(None, "p2").digest());
+    let ck = Checkpoint::open(&out, &fp, false).unwrap();
+    assert_eq!(ck.resumed_rows(), 0, "another job's marker");
+    assert!(!old.exists());
+    drop(ck);
+    leave_marker(fp.digest());
+    fs::remove_file(&out).unwrap();
+    let ck = Checkpoint::open(&out, &fp, false).unwrap();
+    assert_eq!(ck.resumed_rows(), 0, "a marker whose output is gone");
+    assert!(!old.exists());
+    drop(ck);
+    fs::write(&out, &want).unwrap();
+    leave_marker(fp.digest());
+    let ck = Checkpoint::open(&out, &fp, true).unwrap();
+    assert_eq!(ck.resumed_rows(), 0, "--restart discards the marker with the rest");
+    assert!(!old.exists());
 }
 
 #[test]

@@ -8,7 +8,9 @@
 //! - out of memory inside a step (injected): the job continues and its output is unchanged;
 //! - disk full (injected) in a commit and in the final output: a clear error, and the same
 //!   command resumes to the unbroken output;
-//! - Ctrl-C during `generate --input`: exit 4, and the same command resumes.
+//! - Ctrl-C during `generate --input`: exit 4, and the same command resumes;
+//! - a kill (injected) at each instant of a job's last step: the same command completes it
+//!   without computing a row again.
 
 mod common;
 
@@ -301,6 +303,43 @@ fn disk_full_gives_a_clear_error_and_the_same_command_resumes() {
     expect_code(&o, 0, "rerun writes the output");
     assert_eq!(bytes(&out2), bytes(&b.output));
     assert_eq!(report(&out2)["counts"]["skipped_done"], 12, "nothing recomputed");
+}
+
+/// A kill at each instant of the job's last step (`DUSTOFF_INJECT_KILL`, the windows random
+/// kills hit only by chance): after the output is in place, after the checkpoint is renamed to
+/// `.dustoff.old` to be deleted, and while it is deleted (once, a kill after the rename had the
+/// rerun find no checkpoint and compute every row again). The same command then completes the job with the unbroken
+/// output, every row once, no checkpoint left behind, and no row computed again.
+#[test]
+fn a_kill_in_the_last_step_of_a_job_loses_and_recomputes_nothing() {
+    use std::os::unix::process::ExitStatusExt;
+    let b = baseline();
+    let d = tmpdir("finish-kill");
+    let want_ids: Vec<Value> = read_jsonl(&b.output).iter().map(|v| v["id"].clone()).collect();
+    assert_eq!(want_ids.len(), 12);
+    for (point, checkpoint_left, old_left) in [
+        ("finish-after-output", true, false),
+        ("finish-after-discard-rename", false, true),
+        ("finish-during-removal", false, true),
+    ] {
+        let out = d.join(format!("{point}.jsonl"));
+        let (ck, old) = (with_suffix(&out, ".dustoff"), with_suffix(&out, ".dustoff.old"));
+        let args = run_args(s(&b.pipeline), NEWS, s(&out), &[]);
+        let o = dustoff(&args, &[("DUSTOFF_INJECT_KILL", point)]);
+        assert_eq!(o.status.signal(), Some(9), "{point}: killed there; stderr:\n{}", stderr(&o));
+        assert_eq!(bytes(&out), bytes(&b.output), "{point}: the output was in place");
+        assert_eq!((ck.exists(), old.exists()), (checkpoint_left, old_left), "{point}: what the kill left");
+
+        let o = dustoff(&args, &[]);
+        expect_code(&o, 0, &format!("{point}: rerun"));
+        assert_eq!(bytes(&out), bytes(&b.output), "{point}: the unbroken run's output");
+        let ids: Vec<Value> = read_jsonl(&out).iter().map(|v| v["id"].clone()).collect();
+        assert_eq!(ids, want_ids, "{point}: every row once, in input order");
+        assert!(!ck.exists() && !old.exists(), "{point}: a checkpoint is left behind");
+        let counts = &report(&out)["counts"];
+        assert_eq!((&counts["skipped_done"], &counts["ok"]), (&Value::from(12), &Value::from(0)), "{point}: {counts}");
+        assert!(stderr(&o).contains("12 already done"), "{point}: {}", stderr(&o));
+    }
 }
 
 #[test]

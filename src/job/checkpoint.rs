@@ -9,6 +9,9 @@
 //! - `journal.jsonl`: one line per committed part `{part, rows, errors, bytes, blake3, first,
 //!   last}`, appended and fsync'd after the part itself is fsync'd. A part not in the journal
 //!   (crash between the two) is deleted on resume; a torn last journal line is cut off.
+//! - `finished.json`: `{format_version, digest, rows, errors}`, written once the final output is
+//!   in place and removed last with the checkpoint, so a rerun after a kill during the removal
+//!   finds the job complete instead of starting it again.
 
 use std::collections::BinaryHeap;
 use std::fs::{self, File, OpenOptions};
@@ -189,6 +192,20 @@ struct JobFile {
     fingerprint: JobFingerprint,
 }
 
+/// Written into a checkpoint once the job's output is in place, and deleted last when the
+/// checkpoint goes (see [`remove_aside`]): while it is there, in `.dustoff` or `.dustoff.old`,
+/// the job is known complete.
+const FINISHED_FILE: &str = "finished.json";
+
+/// [`FINISHED_FILE`]: which job completed, with how many rows and error rows.
+#[derive(Serialize, Deserialize)]
+struct FinishedFile {
+    format_version: u32,
+    digest: String,
+    rows: u64,
+    errors: u64,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct JournalEntry {
     part: String,
@@ -214,7 +231,8 @@ pub struct PendingRow {
 pub struct Checkpoint {
     dir: PathBuf,
     fingerprint: JobFingerprint,
-    journal: File,
+    /// `None` for a job found complete (see `completed`).
+    journal: Option<File>,
     parts: Vec<JournalEntry>,
     next_part: u64,
     /// Bit i set: input record i has a committed row. `[ceil(n_records / 64)]` words.
@@ -227,6 +245,10 @@ pub struct Checkpoint {
     faults: WriteFaults,
     /// Commits made by this process (the write-fault hook counts them).
     commits: u64,
+    /// A job whose output was in place when a kill cut the checkpoint's removal short: the
+    /// directory moved aside, still holding [`FINISHED_FILE`]. Every record is done; `finish`
+    /// only removes it.
+    completed: Option<PathBuf>,
 }
 
 /// Test-only hook (`DUSTOFF_INJECT_WRITE_ERROR`, read when a checkpoint opens): `commit:N` makes
@@ -246,6 +268,23 @@ impl WriteFaults {
             commit: v.strip_prefix("commit:").and_then(|n| n.trim().parse().ok()),
             output: v.trim() == "output",
         }
+    }
+}
+
+/// Test-only hook (`DUSTOFF_INJECT_KILL=POINT`, read at the point itself, once per job): the
+/// named instant of [`Checkpoint::finish`] kills this process with SIGKILL, leaving exactly
+/// what a `kill -9` landing there leaves, so the tests reach the windows that random kills hit
+/// only by chance. Points: `finish-after-output` (output in place, checkpoint whole),
+/// `finish-after-discard-rename` (checkpoint moved to `.dustoff.old`, not yet deleted),
+/// `finish-during-removal` (all its files deleted but the finished marker).
+fn kill_point(point: &str) {
+    if crate::sys::env::get("DUSTOFF_INJECT_KILL").is_some_and(|v| v.trim() == point) {
+        #[cfg(unix)]
+        // SAFETY: kill(2) on this process's own pid with a constant signal; no memory is touched.
+        unsafe {
+            libc::kill(std::process::id() as libc::pid_t, libc::SIGKILL);
+        }
+        std::process::abort();
     }
 }
 
@@ -301,22 +340,65 @@ pub fn discard_dir(dir: &Path) -> PathBuf {
 /// (atomic), then deleted. A kill while the files are being deleted leaves only the renamed
 /// directory, which the next call removes; the checkpoint itself is either whole or gone, never
 /// a journal whose parts or `job.json` are partly deleted (a finished job's checkpoint half
-/// deleted used to look like a new job's and had every row recomputed).
+/// deleted used to look like a new job's and had every row recomputed). A finished job's
+/// renamed directory keeps its [`FINISHED_FILE`] to the end, which [`Checkpoint::open`] reads
+/// as the job complete.
 fn discard(dir: &Path) -> Result<(), CheckpointError> {
+    let old = move_aside(dir)?;
+    remove_aside(&old, &|| {})
+}
+
+/// The first step of [`discard`]: removes the leftover of an earlier discard, then renames
+/// `dir` (if there) to [`discard_dir`]. Returns that path.
+fn move_aside(dir: &Path) -> Result<PathBuf, CheckpointError> {
+    let old = discard_dir(dir);
+    remove_aside(&old, &|| {})?;
+    if dir.exists() {
+        fs::rename(dir, &old).map_err(|source| CheckpointError::Io { path: dir.to_path_buf(), source })?;
+        sync_parent(dir).map_err(|source| CheckpointError::Io { path: dir.to_path_buf(), source })?;
+    }
+    Ok(old)
+}
+
+/// The second step of [`discard`]: deletes the renamed directory (if there), its
+/// [`FINISHED_FILE`] last, so that a finished job stays known complete until nothing of its
+/// checkpoint is left. `before_marker` runs between the two (a test's kill point).
+fn remove_aside(old: &Path, before_marker: &dyn Fn()) -> Result<(), CheckpointError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| CheckpointError::Io { path, source }
     };
+    if !old.exists() {
+        return Ok(());
+    }
+    for e in fs::read_dir(old).map_err(io(old))? {
+        let p = e.map_err(io(old))?.path();
+        if p.file_name().is_some_and(|n| n == FINISHED_FILE) {
+            continue;
+        }
+        if p.is_dir() {
+            fs::remove_dir_all(&p).map_err(io(&p))?;
+        } else {
+            fs::remove_file(&p).map_err(io(&p))?;
+        }
+    }
+    before_marker();
+    let marker = old.join(FINISHED_FILE);
+    if marker.exists() {
+        fs::remove_file(&marker).map_err(io(&marker))?;
+    }
+    fs::remove_dir(old).map_err(io(old))
+}
+
+/// The job of `fingerprint` as a moved-aside checkpoint with a readable [`FINISHED_FILE`] of
+/// that job shows it: complete, its output in place (`(rows, errors)`). Anything else there is
+/// the leftover of a discard, to be removed.
+fn completed_aside(dir: &Path, output: &Path, fingerprint: &JobFingerprint) -> Option<(PathBuf, u64, u64)> {
     let old = discard_dir(dir);
-    if old.exists() {
-        fs::remove_dir_all(&old).map_err(io(&old))?;
-    }
-    if dir.exists() {
-        fs::rename(dir, &old).map_err(io(dir))?;
-        sync_parent(dir).map_err(io(dir))?;
-        fs::remove_dir_all(&old).map_err(io(&old))?;
-    }
-    Ok(())
+    let text = fs::read_to_string(old.join(FINISHED_FILE)).ok()?;
+    let f: FinishedFile = serde_json::from_str(&text).ok()?;
+    let this_job = f.format_version == CHECKPOINT_FORMAT_VERSION && f.digest == fingerprint.digest();
+    (this_job && output.is_file()).then_some((old, f.rows, f.errors))
 }
 
 /// The checkpoint directory of an output.
@@ -341,6 +423,24 @@ impl Checkpoint {
         let job_path = dir.join("job.json");
         if restart {
             discard(&dir)?;
+        } else if !job_path.exists() {
+            if let Some((old, rows, errors)) = completed_aside(&dir, output, fingerprint) {
+                return Ok(Checkpoint {
+                    dir,
+                    fingerprint: fingerprint.clone(),
+                    journal: None,
+                    parts: Vec::new(),
+                    next_part: 1,
+                    done: Vec::new(),
+                    rows,
+                    errors,
+                    resumed_rows: rows,
+                    replaced: None,
+                    faults: WriteFaults::from_env(),
+                    commits: 0,
+                    completed: Some(old),
+                });
+            }
         }
         if !job_path.exists() {
             // New job (or one that died before its job.json was durable): start clean.
@@ -374,7 +474,9 @@ impl Checkpoint {
         let mut ck = Checkpoint {
             dir: dir.clone(),
             fingerprint: fingerprint.clone(),
-            journal: OpenOptions::new().read(true).append(true).open(dir.join("journal.jsonl")).map_err(io(&dir))?,
+            journal: Some(
+                OpenOptions::new().read(true).append(true).open(dir.join("journal.jsonl")).map_err(io(&dir))?,
+            ),
             parts: Vec::new(),
             next_part: 1,
             done: Vec::new(),
@@ -384,6 +486,7 @@ impl Checkpoint {
             replaced,
             faults: WriteFaults::from_env(),
             commits: 0,
+            completed: None,
         };
         ck.load_journal()?;
         ck.resumed_rows = ck.rows;
@@ -424,13 +527,10 @@ impl Checkpoint {
 
     fn load_journal(&mut self) -> Result<(), CheckpointError> {
         let path = self.dir.join("journal.jsonl");
+        let Some(mut journal) = self.journal.as_ref() else { return Ok(()) };
         let mut text = String::new();
-        (&self.journal)
-            .seek(SeekFrom::Start(0))
-            .map_err(|source| CheckpointError::Io { path: path.clone(), source })?;
-        (&self.journal)
-            .read_to_string(&mut text)
-            .map_err(|source| CheckpointError::Io { path: path.clone(), source })?;
+        journal.seek(SeekFrom::Start(0)).map_err(|source| CheckpointError::Io { path: path.clone(), source })?;
+        journal.read_to_string(&mut text).map_err(|source| CheckpointError::Io { path: path.clone(), source })?;
         let mut good = 0usize;
         let mut entries = Vec::new();
         for (n, seg) in text.split_inclusive('\n').enumerate() {
@@ -451,9 +551,9 @@ impl Checkpoint {
             }
         }
         if good < text.len() {
-            self.journal
+            journal
                 .set_len(good as u64)
-                .and_then(|_| self.journal.sync_all())
+                .and_then(|_| journal.sync_all())
                 .map_err(|source| CheckpointError::Io { path: path.clone(), source })?;
         }
         for e in entries {
@@ -500,7 +600,7 @@ impl Checkpoint {
 
     /// Whether input record `index` already has a committed row.
     pub fn is_done(&self, index: u64) -> bool {
-        self.done.get((index / 64) as usize).is_some_and(|w| w & (1 << (index % 64)) != 0)
+        self.completed.is_some() || self.done.get((index / 64) as usize).is_some_and(|w| w & (1 << (index % 64)) != 0)
     }
 
     /// Rows committed so far (this run and earlier ones).
@@ -582,7 +682,11 @@ impl Checkpoint {
         let mut line = serde_json::to_string(&entry).unwrap_or_default();
         line.push('\n');
         let jpath = self.dir.join("journal.jsonl");
-        self.journal.write_all(line.as_bytes()).and_then(|_| self.journal.sync_data()).map_err(io(&jpath))?;
+        let journal = self.journal.as_mut().ok_or_else(|| CheckpointError::Corrupt {
+            path: jpath.clone(),
+            message: "the job is complete: it has no journal to commit to".into(),
+        })?;
+        journal.write_all(line.as_bytes()).and_then(|_| journal.sync_data()).map_err(io(&jpath))?;
         for r in &rows {
             self.mark(r.index);
         }
@@ -599,6 +703,11 @@ impl Checkpoint {
     pub fn finish(self, output: &Path, expected: u64, json_output: bool) -> Result<u64, CheckpointError> {
         if self.rows != expected {
             return Err(CheckpointError::Incomplete { expected, committed: self.rows });
+        }
+        if let Some(old) = &self.completed {
+            // The output was put in place before the kill; what is left is the removal.
+            remove_aside(old, &|| {})?;
+            return Ok(self.rows);
         }
         let mut parts = self.parts.clone();
         parts.sort_by_key(|p| p.first);
@@ -646,9 +755,24 @@ impl Checkpoint {
             o.finish()?;
         }
         let n = out.finish()?;
-        // The output is in place: the checkpoint goes in one rename, so a kill from here on
-        // finds the job complete (output, no checkpoint), never a checkpoint half deleted.
-        discard(&self.dir)?;
+        kill_point("finish-after-output");
+        // The output is in place (and durable). The marker says so to a rerun after a kill
+        // during the removal below, which would otherwise find no checkpoint and compute every
+        // row again; the checkpoint goes in one rename, so it is never half deleted.
+        let marker = self.dir.join(FINISHED_FILE);
+        let finished = FinishedFile {
+            format_version: CHECKPOINT_FORMAT_VERSION,
+            digest: self.fingerprint.digest(),
+            rows: self.rows,
+            errors: self.errors,
+        };
+        let io = |source| CheckpointError::Io { path: marker.clone(), source };
+        let text = serde_json::to_string(&finished).unwrap_or_default();
+        fs::write(&marker, text).and_then(|_| File::open(&marker)?.sync_all()).map_err(io)?;
+        sync_parent(&marker).map_err(io)?;
+        let old = move_aside(&self.dir)?;
+        kill_point("finish-after-discard-rename");
+        remove_aside(&old, &|| kill_point("finish-during-removal"))?;
         Ok(n)
     }
 }

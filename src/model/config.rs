@@ -128,6 +128,68 @@ pub struct ModelConfig {
     pub hybrid: Option<HybridConfig>,
 }
 
+/// A quantity of the attention shape, as [`attention_shape`] blames it: each loader maps it to
+/// its own file's name for the value (a GGUF key, a `config.json` field).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnField {
+    /// Width of the residual stream.
+    Dim,
+    /// Query heads.
+    Heads,
+    /// Key/value heads.
+    KvHeads,
+    /// Size of one head.
+    HeadDim,
+}
+
+/// An attention shape rule that a model's values break: the quantity to blame and why (the
+/// reason leaves that quantity's own name to the caller, so it reads after it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttnShapeError {
+    pub field: AttnField,
+    pub reason: String,
+}
+
+/// The attention shape rules, written once for every loader (GGUF metadata, `config.json`):
+/// whole query heads per KV head, and an even, positive head size (RoPE rotates pairs).
+/// `head_dim` is the file's explicit head size; without one it is `dim / n_heads`, which must
+/// then be exact. `name` spells a quantity as the caller's file does, for the reasons that name
+/// a second one. Returns the head size.
+pub fn attention_shape(
+    dim: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: Option<usize>,
+    name: &dyn Fn(AttnField) -> String,
+) -> Result<usize, AttnShapeError> {
+    let fail = |field, reason| Err(AttnShapeError { field, reason });
+    if n_heads == 0 {
+        return fail(AttnField::Heads, "must be positive".into());
+    }
+    if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
+        return fail(AttnField::KvHeads, format!("{n_kv_heads} must divide {} {n_heads}", name(AttnField::Heads)));
+    }
+    let head_dim = match head_dim {
+        Some(h) if h == 0 || !h.is_multiple_of(2) => {
+            return fail(AttnField::HeadDim, format!("{h} must be even and positive"));
+        }
+        Some(h) => h,
+        None if !dim.is_multiple_of(n_heads) => {
+            let (d, h) = (name(AttnField::Dim), name(AttnField::Heads));
+            return fail(AttnField::HeadDim, format!("is missing and {d} {dim} is not a multiple of {h} {n_heads}"));
+        }
+        None => dim / n_heads,
+    };
+    if head_dim == 0 || !head_dim.is_multiple_of(2) {
+        let (d, h) = (name(AttnField::Dim), name(AttnField::Heads));
+        return fail(
+            AttnField::HeadDim,
+            format!("is missing and {d} {dim} / {h} {n_heads} = {head_dim} must be even and positive"),
+        );
+    }
+    Ok(head_dim)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(transparent)]
@@ -179,16 +241,18 @@ impl ModelConfig {
         let n_heads = req("attention.head_count")?;
         let n_kv_heads = g.get_u64(&format!("{a}.attention.head_count_kv"))?.map(|v| v as usize).unwrap_or(n_heads);
         let shape_err = |reason: String| ConfigError::Shape { path: path.clone(), reason };
-        if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
-            return Err(shape_err(format!("{n_heads} query heads and {n_kv_heads} KV heads")));
-        }
-        let head_dim = match g.get_u64(&format!("{a}.attention.key_length"))? {
-            Some(v) => v as usize,
-            None => dim / n_heads,
+        let key_length = g.get_u64(&format!("{a}.attention.key_length"))?.map(|v| v as usize);
+        let key = |f: AttnField| {
+            let k = match f {
+                AttnField::Dim => "embedding_length",
+                AttnField::Heads => "attention.head_count",
+                AttnField::KvHeads => "attention.head_count_kv",
+                AttnField::HeadDim => "attention.key_length",
+            };
+            format!("{a}.{k}")
         };
-        if head_dim == 0 || head_dim % 2 != 0 {
-            return Err(shape_err(format!("head size {head_dim} must be even and positive")));
-        }
+        let head_dim = attention_shape(dim, n_heads, n_kv_heads, key_length, &key)
+            .map_err(|e| shape_err(format!("'{}' {}", key(e.field), e.reason)))?;
         let rms_eps = g.get_f64(&format!("{a}.attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5) as f32;
         let rope_theta = g.get_f64(&format!("{a}.rope.freq_base"))?.unwrap_or(10_000.0) as f32;
         let max_context = g.get_u64(&format!("{a}.context_length"))?.unwrap_or(4096) as usize;
@@ -258,5 +322,63 @@ impl ModelConfig {
                 f as f32
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hf_name(f: AttnField) -> String {
+        format!("{f:?}").to_lowercase()
+    }
+
+    #[test]
+    fn attention_shape_blames_the_quantity_that_breaks_a_rule() {
+        let check = |dim, heads, kv, hd| attention_shape(dim, heads, kv, hd, &hf_name);
+        assert_eq!(check(64, 4, 2, None), Ok(16));
+        assert_eq!(check(64, 4, 2, Some(32)), Ok(32), "an explicit head size need not be dim / heads");
+        let e = check(64, 4, 3, None).unwrap_err();
+        assert_eq!(e.field, AttnField::KvHeads);
+        assert_eq!(e.reason, "3 must divide heads 4");
+        assert_eq!(check(64, 4, 0, None).unwrap_err().field, AttnField::KvHeads);
+        assert_eq!(check(64, 0, 0, None).unwrap_err().field, AttnField::Heads);
+        let e = check(64, 4, 2, Some(15)).unwrap_err();
+        assert_eq!((e.field, e.reason.as_str()), (AttnField::HeadDim, "15 must be even and positive"));
+        assert_eq!(check(64, 4, 2, Some(0)).unwrap_err().field, AttnField::HeadDim);
+        let e = check(66, 4, 2, None).unwrap_err();
+        assert_eq!(
+            (e.field, e.reason.as_str()),
+            (AttnField::HeadDim, "is missing and dim 66 is not a multiple of heads 4")
+        );
+        let e = check(60, 4, 2, None).unwrap_err();
+        assert!(e.field == AttnField::HeadDim && e.reason.contains("= 15 must be even"), "{e:?}");
+    }
+
+    #[test]
+    fn gguf_shape_errors_name_the_file_and_the_key() {
+        use super::super::gguf::Value;
+        use super::super::gguf_writer::{model_kv, write_gguf, GgufWriteError};
+        let dir = std::env::temp_dir().join(format!("dustoff-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = super::super::shapes::shape("smollm2-135m").unwrap();
+        // (key, value, what the message says): header-only files, as the rules run before any
+        // tensor is read.
+        for (key, v, says) in [
+            (
+                "llama.attention.head_count_kv",
+                4,
+                "'llama.attention.head_count_kv' 4 must divide llama.attention.head_count 9",
+            ),
+            ("llama.attention.key_length", 63, "'llama.attention.key_length' 63 must be even and positive"),
+        ] {
+            let p = dir.join("t.gguf");
+            let mut kv = model_kv(&base, "t");
+            kv.iter_mut().filter(|(k, _)| k == key).for_each(|(_, val)| *val = Value::U32(v));
+            write_gguf::<GgufWriteError>(&p, &kv, &[], |_| Ok(Vec::new())).unwrap();
+            let e = ModelConfig::from_gguf(&GgufFile::open(&p).unwrap()).unwrap_err().to_string();
+            assert!(e.contains("t.gguf") && e.contains(says), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

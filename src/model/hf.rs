@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 
-use super::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
+use super::config::{attention_shape, Arch, AttnField, ModelConfig, RopeScaling, RopeStyle};
 use super::moe::{Expert, MoeConfig, MoeWeights};
 use super::quant::{dequantize_row, GgmlType};
 use super::safetensors::{SafetensorsDir, SafetensorsError};
@@ -122,17 +122,17 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
     let dim = req_usize("hidden_size")?;
     let n_heads = req_usize("num_attention_heads")?;
     let n_kv_heads = opt_usize("num_key_value_heads")?.unwrap_or(n_heads);
-    if n_heads == 0 || n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
-        return Err(err("num_key_value_heads", &format!("{n_kv_heads} must divide num_attention_heads {n_heads}")));
-    }
-    let head_dim = match opt_usize("head_dim")? {
-        Some(h) => h,
-        None if dim.is_multiple_of(n_heads) => dim / n_heads,
-        None => return Err(err("head_dim", "is missing and hidden_size is not a multiple of the head count")),
+    let field = |f: AttnField| {
+        match f {
+            AttnField::Dim => "hidden_size",
+            AttnField::Heads => "num_attention_heads",
+            AttnField::KvHeads => "num_key_value_heads",
+            AttnField::HeadDim => "head_dim",
+        }
+        .to_string()
     };
-    if head_dim == 0 || !head_dim.is_multiple_of(2) {
-        return Err(err("head_dim", &format!("{head_dim} must be even and positive")));
-    }
+    let head_dim = attention_shape(dim, n_heads, n_kv_heads, opt_usize("head_dim")?, &field)
+        .map_err(|e| err(&field(e.field), &e.reason))?;
     if opt_bool("mlp_bias")? == Some(true) {
         return Err(err("mlp_bias", "true is not supported"));
     }
@@ -493,6 +493,12 @@ mod tests {
         assert!(e.contains("'hidden_size'"), "{e}");
         let e = cfg(serde_json::json!({"num_key_value_heads": 3})).unwrap_err().to_string();
         assert!(e.contains("num_key_value_heads"), "{e}");
+        assert!(e.contains("'num_key_value_heads' 3 must divide num_attention_heads 4"), "{e}");
+        let e = cfg(serde_json::json!({"head_dim": null, "hidden_size": 66})).unwrap_err().to_string();
+        assert!(
+            e.contains("'head_dim' is missing and hidden_size 66 is not a multiple of num_attention_heads 4"),
+            "{e}"
+        );
         let e = cfg(serde_json::json!({"architectures": ["GPT2LMHeadModel"]})).unwrap_err().to_string();
         assert!(e.contains("GPT2LMHeadModel"), "{e}");
     }

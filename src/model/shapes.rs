@@ -124,6 +124,7 @@ impl ModelConfig {
 
 #[cfg(test)]
 mod tests {
+    use super::super::config::{attention_shape, AttnField};
     use super::*;
 
     #[test]
@@ -137,6 +138,16 @@ mod tests {
         // The dense shapes are unchanged by the MoE term.
         let d = shape("qwen3-8b").unwrap();
         assert_eq!(d.decode_matrix_params(), 36 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 12288) + 151_936 * 4096u64);
+    }
+
+    #[test]
+    fn every_shape_keeps_the_attention_rules_the_loaders_check() {
+        for name in SHAPES {
+            let c = shape(name).unwrap();
+            let named = |f: AttnField| format!("{f:?}");
+            let hd = attention_shape(c.dim, c.n_heads, c.n_kv_heads, Some(c.head_dim), &named);
+            assert_eq!(hd, Ok(c.head_dim), "{name}");
+        }
     }
 
     #[test]

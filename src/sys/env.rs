@@ -104,6 +104,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Tuning, "DUSTOFF_MOE_PAIR_MAX_TOKENS", "8", "most tokens of a step for the per-(token, expert) MoE kernels; larger steps group by expert"),
     var(Scope::Test, "DUSTOFF_INJECT_OOM", "unset", "`STEP[,SEQS]`: the first step from STEP on with at least SEQS sequences, and every later one as large, fails out of memory"),
     var(Scope::Test, "DUSTOFF_INJECT_WRITE_ERROR", "unset", "`commit:N`: the N-th checkpoint commit fails like a full disk; `output`: the final output does"),
+    var(Scope::Test, "DUSTOFF_INJECT_KILL", "unset", "`finish-after-output`, `finish-after-discard-rename` or `finish-during-removal`: the process kills itself (SIGKILL) at that instant of a job's last step"),
     var(Scope::Test, "DUSTOFF_REQUIRE_GPU", "unset", "`1`: GPU tests fail instead of skipping when no CUDA device is usable"),
     var(Scope::Test, "DUSTOFF_PARITY_SEED", "random (printed)", "replays the random inputs of a GPU parity test"),
     var(Scope::Test, "DUSTOFF_CRASH_SEED", "random (printed)", "replays the kill delays of the random crash test"),

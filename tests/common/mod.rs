@@ -136,6 +136,7 @@ pub fn dustoff_cmd(args: &[&str], env: &[(&str, &str)]) -> Command {
         "DUSTOFF_COMMIT_ROWS",
         "DUSTOFF_INJECT_OOM",
         "DUSTOFF_INJECT_WRITE_ERROR",
+        "DUSTOFF_INJECT_KILL",
     ] {
         c.env_remove(k);
     }
