@@ -167,7 +167,14 @@ fn router_top_k_with_ties_and_both_normalisations() {
                 };
                 MoeRouteFused { route, count: g.d(&count) }.launch(&mut g.k, &s).unwrap();
                 let got2: Vec<u32> = g.down(&ids2).iter().map(|&i| i as u32).collect();
-                assert_same_choice(&got2, &want.experts, &want_logits, e, k, &format!("fused router, {n} tokens, k {k}, norm {norm}"));
+                assert_same_choice(
+                    &got2,
+                    &want.experts,
+                    &want_logits,
+                    e,
+                    k,
+                    &format!("fused router, {n} tokens, k {k}, norm {norm}"),
+                );
                 compare("moe_route_f32", g.seed, &g.down(&wts2), &want.weights);
                 assert!(g.down(&count).iter().all(|&c| c == 0), "router counts reset");
             }
