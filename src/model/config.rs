@@ -142,13 +142,25 @@ pub enum AttnField {
     HeadDim,
 }
 
-/// An attention shape rule that a model's values break: the quantity to blame and why (the
-/// reason leaves that quantity's own name to the caller, so it reads after it).
+/// A shape rule that a model's values break: the quantity to blame (`F`: [`AttnField`],
+/// [`MoeField`](super::moe::MoeField), [`HybridField`](super::hybrid::HybridField)) and why.
+/// The reason leaves the quantity's own name to the caller, so it reads after it (mostly from
+/// the value on): each loader names the quantity as its own file does, the rule is written once.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AttnShapeError {
-    pub field: AttnField,
+pub struct ShapeError<F> {
+    pub field: F,
     pub reason: String,
 }
+
+impl<F: Copy> ShapeError<F> {
+    /// `'name' reason`, the quantity named by `name` (how the GGUF loader reports it).
+    pub fn named(&self, name: impl Fn(F) -> String) -> String {
+        format!("'{}' {}", name(self.field), self.reason)
+    }
+}
+
+/// An attention shape rule that a model's values break (see [`attention_shape`]).
+pub type AttnShapeError = ShapeError<AttnField>;
 
 /// The attention shape rules, written once for every loader (GGUF metadata, `config.json`):
 /// whole query heads per KV head, and an even, positive head size (RoPE rotates pairs).
@@ -251,8 +263,8 @@ impl ModelConfig {
             };
             format!("{a}.{k}")
         };
-        let head_dim = attention_shape(dim, n_heads, n_kv_heads, key_length, &key)
-            .map_err(|e| shape_err(format!("'{}' {}", key(e.field), e.reason)))?;
+        let head_dim =
+            attention_shape(dim, n_heads, n_kv_heads, key_length, &key).map_err(|e| shape_err(e.named(key)))?;
         let rms_eps = g.get_f64(&format!("{a}.attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5) as f32;
         let rope_theta = g.get_f64(&format!("{a}.rope.freq_base"))?.unwrap_or(10_000.0) as f32;
         let max_context = g.get_u64(&format!("{a}.context_length"))?.unwrap_or(4096) as usize;
@@ -358,7 +370,7 @@ mod tests {
     #[test]
     fn gguf_shape_errors_name_the_file_and_the_key() {
         use super::super::gguf::Value;
-        use super::super::gguf_writer::{model_kv, write_gguf, GgufWriteError};
+        use super::super::gguf_writer::{header_only_with, model_kv};
         let dir = std::env::temp_dir().join(format!("dustoff-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let base = super::super::shapes::shape("smollm2-135m").unwrap();
@@ -372,11 +384,8 @@ mod tests {
             ),
             ("llama.attention.key_length", 63, "'llama.attention.key_length' 63 must be even and positive"),
         ] {
-            let p = dir.join("t.gguf");
-            let mut kv = model_kv(&base, "t");
-            kv.iter_mut().filter(|(k, _)| k == key).for_each(|(_, val)| *val = Value::U32(v));
-            write_gguf::<GgufWriteError>(&p, &kv, &[], |_| Ok(Vec::new())).unwrap();
-            let e = ModelConfig::from_gguf(&GgufFile::open(&p).unwrap()).unwrap_err().to_string();
+            let g = header_only_with(&dir.join("t.gguf"), model_kv(&base, "t"), key, Some(Value::U32(v)));
+            let e = ModelConfig::from_gguf(&g).unwrap_err().to_string();
             assert!(e.contains("t.gguf") && e.contains(says), "{e}");
         }
         std::fs::remove_dir_all(&dir).ok();

@@ -382,6 +382,21 @@ pub fn tokenizer_kv(dir: &Path, n_vocab: usize) -> Result<Vec<(String, Value)>, 
     Ok(kv)
 }
 
+/// Writes `kv` with `key` set to `value` (left out for `None`) and no tensors to `path`, and
+/// opens it: for tests of the rules that read only the header.
+#[cfg(test)]
+pub(crate) fn header_only_with(
+    path: &Path,
+    mut kv: Vec<(String, Value)>,
+    key: &str,
+    value: Option<Value>,
+) -> super::gguf::GgufFile {
+    kv.retain(|(k, _)| k != key);
+    kv.extend(value.map(|v| (key.to_string(), v)));
+    write_gguf::<GgufWriteError>(path, &kv, &[], |_| Ok(Vec::new())).unwrap();
+    super::gguf::GgufFile::open(path).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
