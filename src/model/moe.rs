@@ -10,7 +10,7 @@
 
 use serde_json::Value as Json;
 
-use super::config::ConfigError;
+use super::config::{ConfigError, ShapeError};
 use super::gguf::{GgufError, GgufFile};
 use super::hf::HfError;
 use super::hybrid::StReader;
@@ -32,17 +32,37 @@ pub struct MoeConfig {
     pub sparse_layers: Vec<bool>,
 }
 
+/// A quantity of the MoE configuration, as [`MoeConfig`]'s rules blame it: each loader maps it
+/// to its own file's name for the value (a GGUF key, a `config.json` field).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeField {
+    /// Experts per sparse layer.
+    Experts,
+    /// Experts each token uses.
+    Used,
+    /// Intermediate width of one expert.
+    ExpertFfnDim,
+}
+
 impl MoeConfig {
     pub fn is_sparse(&self, layer: usize) -> bool {
         self.sparse_layers.get(layer).copied().unwrap_or(false)
     }
 
-    fn check(&self) -> Result<(), String> {
-        if self.n_experts == 0 || self.n_used == 0 || self.n_used > self.n_experts {
-            return Err(format!("{} experts with {} used per token", self.n_experts, self.n_used));
+    /// The MoE rules, written once for every loader (GGUF metadata, `config.json`): experts
+    /// exist, a token uses between one and all of them, and an expert has a width. `name`
+    /// spells a quantity as the caller's file does, for the reasons that name a second one.
+    fn check(&self, name: &dyn Fn(MoeField) -> String) -> Result<(), ShapeError<MoeField>> {
+        let fail = |field, reason| Err(ShapeError { field, reason });
+        if self.n_experts == 0 {
+            return fail(MoeField::Experts, "0 must be positive".into());
+        }
+        if self.n_used == 0 || self.n_used > self.n_experts {
+            let (n, e) = (self.n_used, name(MoeField::Experts));
+            return fail(MoeField::Used, format!("{n} must be between 1 and {e} {}", self.n_experts));
         }
         if self.expert_ffn_dim == 0 {
-            return Err("expert FFN width 0".into());
+            return fail(MoeField::ExpertFfnDim, "0 must be positive".into());
         }
         Ok(())
     }
@@ -64,14 +84,17 @@ impl MoeConfig {
         let n_used = req("expert_used_count")?;
         let sparse_layers: Vec<bool> =
             (0..n_layers).map(|i| g.tensor_info(&format!("blk.{i}.ffn_gate_inp.weight")).is_some()).collect();
-        // Older files lack the expert width: the first sparse layer's gate tensor has it.
-        let expert_ffn_dim = match g.get_u64(&format!("{a}.expert_feed_forward_length"))? {
-            Some(v) => v as usize,
+        // Older files lack the expert width: the first sparse layer's gate tensor has it. The
+        // note tells a bad width's message where the value came from.
+        let (expert_ffn_dim, width_note) = match g.get_u64(&format!("{a}.expert_feed_forward_length"))? {
+            Some(v) => (v as usize, String::new()),
             None => match sparse_layers.iter().position(|&s| s) {
                 Some(i) => {
-                    g.require_tensor(&format!("blk.{i}.ffn_gate_exps.weight"))?.dims.get(1).map_or(0, |&d| d as usize)
+                    let t = format!("blk.{i}.ffn_gate_exps.weight");
+                    let w = g.require_tensor(&t)?.dims.get(1).map_or(0, |&d| d as usize);
+                    (w, format!(" (the key is missing; the width is {t}'s)"))
                 }
-                None => 0,
+                None => (0, " (the key is missing and no layer has experts to take the width from)".into()),
             },
         };
         // llama.cpp's gating function ids: 1 softmax, 2 sigmoid.
@@ -82,7 +105,18 @@ impl MoeConfig {
         }
         let norm_topk_prob = g.get_bool(&format!("{a}.expert_weights_norm"))?.unwrap_or(true);
         let m = MoeConfig { n_experts, n_used, expert_ffn_dim, norm_topk_prob, sparse_layers };
-        m.check().map_err(shape_err)?;
+        let key = |f: MoeField| {
+            let k = match f {
+                MoeField::Experts => "expert_count",
+                MoeField::Used => "expert_used_count",
+                MoeField::ExpertFfnDim => "expert_feed_forward_length",
+            };
+            format!("{a}.{k}")
+        };
+        m.check(&key).map_err(|e| {
+            let note = if e.field == MoeField::ExpertFfnDim { width_note.as_str() } else { "" };
+            shape_err(format!("{}{note}", e.named(key)))
+        })?;
         Ok(m)
     }
 
@@ -131,7 +165,25 @@ impl MoeConfig {
         // transformers: sparse iff not listed, experts exist, and (layer + 1) % step == 0.
         let sparse_layers = (0..n_layers).map(|i| !dense[i] && n_experts > 0 && (i + 1) % step == 0).collect();
         let m = MoeConfig { n_experts, n_used, expert_ffn_dim, norm_topk_prob, sparse_layers };
-        m.check().map_err(|r| bad("num_experts_per_tok", &r))?;
+        let unset = |k: &str| j.get(k).is_none_or(Json::is_null);
+        // The expert count is named as the file spells it.
+        let experts =
+            if unset("num_experts") && !unset("num_local_experts") { "num_local_experts" } else { "num_experts" };
+        let field = |f: MoeField| {
+            match f {
+                MoeField::Experts => experts,
+                MoeField::Used => "num_experts_per_tok",
+                MoeField::ExpertFfnDim => "moe_intermediate_size",
+            }
+            .to_string()
+        };
+        m.check(&field).map_err(|e| {
+            let k = field(e.field);
+            // A value the file leaves out is transformers' default: say so, or the message
+            // would quote a number the file does not have.
+            let default = if unset(&k) { " (not set: the default)" } else { "" };
+            (k, format!("{}{default}", e.reason))
+        })?;
         Ok(m)
     }
 }
@@ -378,5 +430,72 @@ mod tests {
             let (k, reason) = hf(j.clone()).unwrap_err();
             assert_eq!(k, key, "{j}: {reason}");
         }
+    }
+
+    #[test]
+    fn hf_shape_rules_name_the_field_that_fails() {
+        let cases = [
+            (serde_json::json!({"num_experts": 0}), "num_experts", "0 must be positive"),
+            (serde_json::json!({"num_local_experts": 0}), "num_local_experts", "0 must be positive"),
+            (
+                serde_json::json!({"num_experts": 4, "num_experts_per_tok": 0}),
+                "num_experts_per_tok",
+                "0 must be between 1 and num_experts 4",
+            ),
+            (
+                serde_json::json!({"num_local_experts": 4, "num_experts_per_tok": 5}),
+                "num_experts_per_tok",
+                "5 must be between 1 and num_local_experts 4",
+            ),
+            // Left out, the default 8 is what breaks the rule.
+            (
+                serde_json::json!({"num_experts": 4}),
+                "num_experts_per_tok",
+                "8 must be between 1 and num_experts 4 (not set: the default)",
+            ),
+            (serde_json::json!({"moe_intermediate_size": 0}), "moe_intermediate_size", "0 must be positive"),
+        ];
+        for (j, key, says) in cases {
+            assert_eq!(hf(j.clone()).unwrap_err(), (key.to_string(), says.to_string()), "{j}");
+        }
+    }
+
+    #[test]
+    fn gguf_shape_rules_name_the_key_that_fails() {
+        use super::super::gguf::Value;
+        use super::super::gguf_writer::{header_only_with, model_kv};
+        let dir = std::env::temp_dir().join(format!("dustoff-moe-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = super::super::shapes::shape("qwen3-30b-a3b").unwrap();
+        // (key, its value or none, what the message says): header-only files, so no layer has
+        // a router; the rules need none.
+        for (key, v, says) in [
+            ("qwen3moe.expert_count", Some(0), "'qwen3moe.expert_count' 0 must be positive"),
+            (
+                "qwen3moe.expert_used_count",
+                Some(0),
+                "'qwen3moe.expert_used_count' 0 must be between 1 and qwen3moe.expert_count 128",
+            ),
+            (
+                "qwen3moe.expert_used_count",
+                Some(129),
+                "'qwen3moe.expert_used_count' 129 must be between 1 and qwen3moe.expert_count 128",
+            ),
+            (
+                "qwen3moe.expert_feed_forward_length",
+                Some(0),
+                "'qwen3moe.expert_feed_forward_length' 0 must be positive",
+            ),
+            (
+                "qwen3moe.expert_feed_forward_length",
+                None,
+                "'qwen3moe.expert_feed_forward_length' 0 must be positive (the key is missing and no layer has experts",
+            ),
+        ] {
+            let g = header_only_with(&dir.join("t.gguf"), model_kv(&base, "t"), key, v.map(Value::U32));
+            let e = MoeConfig::from_gguf(&g, base.n_layers).unwrap_err().to_string();
+            assert!(e.contains("t.gguf") && e.contains(says), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 }
