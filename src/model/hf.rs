@@ -499,6 +499,17 @@ mod tests {
             e.contains("'head_dim' is missing and hidden_size 66 is not a multiple of num_attention_heads 4"),
             "{e}"
         );
+        // The MoE and linear-attention rules name the field that breaks them, with its value.
+        let e = cfg(serde_json::json!({"architectures": ["Qwen3MoeForCausalLM"], "moe_intermediate_size": 0}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("x/config.json: 'moe_intermediate_size' 0 must be positive"), "{e}");
+        let e = cfg(serde_json::json!({"architectures": ["Qwen3_5ForCausalLM"], "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+            "linear_conv_kernel_dim": 1}))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("x/config.json: 'linear_conv_kernel_dim' 1 must be at least 2"), "{e}");
         let e = cfg(serde_json::json!({"architectures": ["GPT2LMHeadModel"]})).unwrap_err().to_string();
         assert!(e.contains("GPT2LMHeadModel"), "{e}");
     }

@@ -23,7 +23,7 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::config::{ConfigError, ModelConfig};
+use super::config::{ConfigError, ModelConfig, ShapeError};
 use super::gguf::{GgufError, GgufFile};
 use super::hf::HfError;
 use super::moe::MoeWeights;
@@ -71,6 +71,24 @@ pub struct HybridConfig {
     pub attn_output_gate: bool,
 }
 
+/// A quantity of the hybrid configuration, as [`HybridConfig`]'s rules blame it: each loader
+/// maps it to its own file's name for the value (a GGUF key, a `config.json` field).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HybridField {
+    /// Linear-attention key heads.
+    KeyHeads,
+    /// Linear-attention value heads.
+    ValueHeads,
+    /// Size of one key head.
+    KeyHeadDim,
+    /// Size of one value head.
+    ValueHeadDim,
+    /// Causal conv1d kernel length.
+    ConvKernel,
+    /// Dims of a full-attention head that RoPE rotates.
+    RotaryDim,
+}
+
 impl HybridConfig {
     /// Channels of the q|k|v projection and of the conv1d: `2 n_k d_k + n_v d_v`.
     pub fn conv_channels(&self) -> usize {
@@ -109,19 +127,36 @@ impl HybridConfig {
         (0..r / 2).map(|i| (theta as f64).powf(-(2.0 * i as f64) / r as f64) as f32).collect()
     }
 
-    fn check(&self, head_dim: usize) -> Result<(), String> {
+    /// The linear-attention rules, written once for every loader (GGUF metadata, `config.json`):
+    /// whole value heads per key head, positive head sizes, a conv kernel that spans a previous
+    /// input, and an even number of rotated dims (RoPE rotates pairs) within the `head_dim`-wide
+    /// head. `name` spells a quantity as the caller's file does, for the reasons that name a
+    /// second one.
+    fn check(&self, head_dim: usize, name: &dyn Fn(HybridField) -> String) -> Result<(), ShapeError<HybridField>> {
+        let fail = |field, reason| Err(ShapeError { field, reason });
         let (nk, nv) = (self.n_k_heads, self.n_v_heads);
-        if nk == 0 || nv == 0 || !nv.is_multiple_of(nk) {
-            return Err(format!("{nv} linear value heads must be a multiple of {nk} key heads"));
+        if nk == 0 {
+            return fail(HybridField::KeyHeads, "0 must be positive".into());
         }
-        if self.d_k == 0 || self.d_v == 0 || self.conv_kernel < 2 {
-            return Err(format!(
-                "linear head sizes {} / {} and conv kernel {} must be positive (kernel at least 2)",
-                self.d_k, self.d_v, self.conv_kernel
-            ));
+        if nv == 0 || !nv.is_multiple_of(nk) {
+            let k = name(HybridField::KeyHeads);
+            return fail(HybridField::ValueHeads, format!("{nv} must be a positive multiple of {k} {nk}"));
         }
-        if self.rotary_dim == 0 || !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > head_dim {
-            return Err(format!("{} rotary dims of a {head_dim}-wide head", self.rotary_dim));
+        if self.d_k == 0 {
+            return fail(HybridField::KeyHeadDim, "0 must be positive".into());
+        }
+        if self.d_v == 0 {
+            return fail(HybridField::ValueHeadDim, "0 must be positive".into());
+        }
+        if self.conv_kernel < 2 {
+            return fail(HybridField::ConvKernel, format!("{} must be at least 2", self.conv_kernel));
+        }
+        let r = self.rotary_dim;
+        if r == 0 || !r.is_multiple_of(2) || r > head_dim {
+            return fail(
+                HybridField::RotaryDim,
+                format!("{r} must be even, positive and at most the head size {head_dim}"),
+            );
         }
         Ok(())
     }
@@ -147,9 +182,7 @@ impl HybridConfig {
         }
         let (d_k, n_k, n_v, inner) =
             (req("ssm.state_size")?, req("ssm.group_count")?, req("ssm.time_step_rank")?, req("ssm.inner_size")?);
-        if n_v == 0 || !inner.is_multiple_of(n_v) {
-            return Err(shape_err(format!("ssm.inner_size {inner} is not a multiple of {n_v} value heads")));
-        }
+        let key = |k: &str| format!("{arch}.{k}");
         // The gate doubles the q projection; the file has no flag for it.
         let gated = match recurrent.iter().position(|&r| !r) {
             Some(l) => g.require_tensor(&format!("blk.{l}.attn_q.weight"))?.n_rows() == 2 * c.q_dim(),
@@ -160,7 +193,7 @@ impl HybridConfig {
             n_k_heads: n_k,
             n_v_heads: n_v,
             d_k,
-            d_v: inner / n_v,
+            d_v: inner.checked_div(n_v).unwrap_or(0),
             conv_kernel: req("ssm.conv_kernel")?,
             // llama.cpp's qwen35 / qwen35moe converter tiles the value heads; qwen3next keeps
             // the checkpoint's grouped order.
@@ -168,7 +201,31 @@ impl HybridConfig {
             rotary_dim: g.get_u64(&format!("{arch}.rope.dimension_count"))?.map_or(c.head_dim, |v| v as usize),
             attn_output_gate: gated,
         };
-        h.check(c.head_dim).map_err(shape_err)?;
+        let field_key = |f: HybridField| {
+            key(match f {
+                HybridField::KeyHeads => "ssm.group_count",
+                HybridField::ValueHeads => "ssm.time_step_rank",
+                HybridField::KeyHeadDim => "ssm.state_size",
+                // The value head size is the total over the value heads here.
+                HybridField::ValueHeadDim => "ssm.inner_size",
+                HybridField::ConvKernel => "ssm.conv_kernel",
+                HybridField::RotaryDim => "rope.dimension_count",
+            })
+        };
+        h.check(c.head_dim, &field_key).map_err(|e| {
+            let (total, heads) = (field_key(HybridField::ValueHeadDim), field_key(HybridField::ValueHeads));
+            shape_err(match e.field {
+                // The file gives the width of all value heads, not the size the rule is about.
+                HybridField::ValueHeadDim => format!("'{total}' {inner} / {heads} {n_v} = {}", e.reason),
+                _ => e.named(field_key),
+            })
+        })?;
+        // Not a shared rule: only GGUF gives the value width as a total (the value heads are
+        // known good here).
+        if !inner.is_multiple_of(n_v) {
+            let (total, heads) = (field_key(HybridField::ValueHeadDim), field_key(HybridField::ValueHeads));
+            return Err(shape_err(format!("'{total}' {inner} must be a multiple of {heads} {n_v}")));
+        }
         Ok(h)
     }
 
@@ -199,12 +256,17 @@ impl HybridConfig {
         if recurrent.len() != c.n_layers {
             return Err(err("layer_types", format!("has {} entries for {} layers", recurrent.len(), c.n_layers)));
         }
-        let factor =
-            [j.get("partial_rotary_factor"), j.get("rope_parameters").and_then(|r| r.get("partial_rotary_factor"))]
-                .into_iter()
-                .flatten()
-                .find_map(Json::as_f64)
-                .unwrap_or(1.0);
+        // (where the factor was found, the factor)
+        let (factor_key, factor) = [
+            ("partial_rotary_factor", j.get("partial_rotary_factor")),
+            (
+                "rope_parameters.partial_rotary_factor",
+                j.get("rope_parameters").and_then(|r| r.get("partial_rotary_factor")),
+            ),
+        ]
+        .into_iter()
+        .find_map(|(k, v)| v.and_then(Json::as_f64).map(|f| (k, f)))
+        .unwrap_or(("partial_rotary_factor", 1.0));
         let h = HybridConfig {
             recurrent,
             n_k_heads: usize_of("linear_num_key_heads", None)?,
@@ -216,7 +278,22 @@ impl HybridConfig {
             rotary_dim: (c.head_dim as f64 * factor) as usize,
             attn_output_gate: j.get("attn_output_gate").and_then(Json::as_bool).unwrap_or(true),
         };
-        h.check(c.head_dim).map_err(|reason| err("linear_num_value_heads", reason))?;
+        let field = |f: HybridField| {
+            match f {
+                HybridField::KeyHeads => "linear_num_key_heads",
+                HybridField::ValueHeads => "linear_num_value_heads",
+                HybridField::KeyHeadDim => "linear_key_head_dim",
+                HybridField::ValueHeadDim => "linear_value_head_dim",
+                HybridField::ConvKernel => "linear_conv_kernel_dim",
+                HybridField::RotaryDim => factor_key,
+            }
+            .to_string()
+        };
+        h.check(c.head_dim, &field).map_err(|e| match e.field {
+            // The file gives a fraction of the head, not the dims the rule is about.
+            HybridField::RotaryDim => err(factor_key, format!("{factor} x head size {} = {}", c.head_dim, e.reason)),
+            f => err(&field(f), e.reason),
+        })?;
         Ok(h)
     }
 }
@@ -633,6 +710,93 @@ mod tests {
         assert_eq!(qkv, [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13]);
         assert_eq!(z, [6, 7, 14, 15]);
         assert_eq!(fused_ba_rows(&h), (vec![0, 1, 4, 5], vec![2, 3, 6, 7]));
+    }
+
+    #[test]
+    fn hf_shape_rules_name_the_field_that_fails() {
+        let c = super::super::shapes::shape("qwen3.5-9b").unwrap();
+        let base = serde_json::json!({"linear_num_key_heads": 16, "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128, "partial_rotary_factor": 0.25});
+        let load = |extra: Json| {
+            let mut j = base.clone();
+            if let (Some(o), Some(e)) = (j.as_object_mut(), extra.as_object()) {
+                o.extend(e.clone());
+            }
+            HybridConfig::from_hf_json(&j, Path::new("x/config.json"), &c)
+        };
+        let h = load(serde_json::json!({})).unwrap();
+        assert_eq!((h.n_k_heads, h.n_v_heads, h.d_k, h.d_v, h.conv_kernel, h.rotary_dim), (16, 32, 128, 128, 4, 64));
+        let rule = "must be even, positive and at most the head size 256";
+        for (extra, says) in [
+            (serde_json::json!({"linear_num_key_heads": 0}), "'linear_num_key_heads' 0 must be positive".to_string()),
+            (
+                serde_json::json!({"linear_num_value_heads": 24}),
+                "'linear_num_value_heads' 24 must be a positive multiple of linear_num_key_heads 16".into(),
+            ),
+            (serde_json::json!({"linear_num_value_heads": 0}), "'linear_num_value_heads' 0 must be a positive".into()),
+            (serde_json::json!({"linear_key_head_dim": 0}), "'linear_key_head_dim' 0 must be positive".into()),
+            (serde_json::json!({"linear_value_head_dim": 0}), "'linear_value_head_dim' 0 must be positive".into()),
+            (serde_json::json!({"linear_conv_kernel_dim": 1}), "'linear_conv_kernel_dim' 1 must be at least 2".into()),
+            (
+                serde_json::json!({"partial_rotary_factor": 1.5}),
+                format!("'partial_rotary_factor' 1.5 x head size 256 = 384 {rule}"),
+            ),
+            (
+                serde_json::json!({"partial_rotary_factor": null, "rope_parameters": {"partial_rotary_factor": 0.0}}),
+                format!("'rope_parameters.partial_rotary_factor' 0 x head size 256 = 0 {rule}"),
+            ),
+        ] {
+            let e = load(extra.clone()).unwrap_err().to_string();
+            assert!(e.contains("x/config.json") && e.contains(&says), "{extra}: {e}");
+        }
+    }
+
+    #[test]
+    fn gguf_shape_rules_name_the_key_that_fails() {
+        use super::super::gguf::Value;
+        use super::super::gguf_writer::{header_only_with, model_kv};
+        let dir = std::env::temp_dir().join(format!("dustoff-hybrid-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = super::super::shapes::shape("qwen3.5-9b").unwrap();
+        let mut kv = model_kv(&c, "t");
+        // Every layer linear, so that no full-attention tensor is needed to tell the output gate.
+        kv.push(("qwen35.attention.recurrent_layers".into(), Value::Array(vec![Value::Bool(true); c.n_layers])));
+        for (k, v) in [("state_size", 128), ("group_count", 16), ("time_step_rank", 32), ("inner_size", 4096)] {
+            kv.push((format!("qwen35.ssm.{k}"), Value::U32(v)));
+        }
+        kv.push(("qwen35.ssm.conv_kernel".into(), Value::U32(4)));
+        let open = |key: &str, v: u32| header_only_with(&dir.join("t.gguf"), kv.clone(), key, Some(Value::U32(v)));
+        let h = HybridConfig::from_gguf(&open("qwen35.rope.dimension_count", 64), "qwen35", &c).unwrap();
+        assert_eq!((h.n_k_heads, h.n_v_heads, h.d_k, h.d_v, h.conv_kernel, h.rotary_dim), (16, 32, 128, 128, 4, 64));
+        let rule = "must be even, positive and at most the head size 256";
+        for (key, v, says) in [
+            ("qwen35.ssm.group_count", 0, "'qwen35.ssm.group_count' 0 must be positive".to_string()),
+            (
+                "qwen35.ssm.time_step_rank",
+                24,
+                "'qwen35.ssm.time_step_rank' 24 must be a positive multiple of qwen35.ssm.group_count 16".into(),
+            ),
+            // No value heads: the heads' rule says so, not the width's.
+            ("qwen35.ssm.time_step_rank", 0, "'qwen35.ssm.time_step_rank' 0 must be a positive multiple".into()),
+            ("qwen35.ssm.state_size", 0, "'qwen35.ssm.state_size' 0 must be positive".into()),
+            (
+                "qwen35.ssm.inner_size",
+                16,
+                "'qwen35.ssm.inner_size' 16 / qwen35.ssm.time_step_rank 32 = 0 must be positive".into(),
+            ),
+            (
+                "qwen35.ssm.inner_size",
+                4001,
+                "'qwen35.ssm.inner_size' 4001 must be a multiple of qwen35.ssm.time_step_rank 32".into(),
+            ),
+            ("qwen35.ssm.conv_kernel", 1, "'qwen35.ssm.conv_kernel' 1 must be at least 2".into()),
+            ("qwen35.rope.dimension_count", 63, format!("'qwen35.rope.dimension_count' 63 {rule}")),
+            ("qwen35.rope.dimension_count", 512, format!("'qwen35.rope.dimension_count' 512 {rule}")),
+        ] {
+            let e = HybridConfig::from_gguf(&open(key, v), "qwen35", &c).unwrap_err().to_string();
+            assert!(e.contains("t.gguf") && e.contains(&says), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
