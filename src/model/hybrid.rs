@@ -256,17 +256,30 @@ impl HybridConfig {
         if recurrent.len() != c.n_layers {
             return Err(err("layer_types", format!("has {} entries for {} layers", recurrent.len(), c.n_layers)));
         }
-        // (where the factor was found, the factor)
-        let (factor_key, factor) = [
+        // (where the factor was found, the factor). A value of another type is an error, not
+        // the default: a full rotation where the checkpoint rotates a quarter of each head would
+        // load and write noise.
+        let mut factor_found = None;
+        for (k, v) in [
             ("partial_rotary_factor", j.get("partial_rotary_factor")),
             (
                 "rope_parameters.partial_rotary_factor",
                 j.get("rope_parameters").and_then(|r| r.get("partial_rotary_factor")),
             ),
-        ]
-        .into_iter()
-        .find_map(|(k, v)| v.and_then(Json::as_f64).map(|f| (k, f)))
-        .unwrap_or(("partial_rotary_factor", 1.0));
+        ] {
+            match v {
+                None | Some(Json::Null) => {}
+                Some(v) => {
+                    let f = v.as_f64().ok_or_else(|| err(k, format!("{v} must be a number")))?;
+                    factor_found.get_or_insert((k, f));
+                }
+            }
+        }
+        let (factor_key, factor) = factor_found.unwrap_or(("partial_rotary_factor", 1.0));
+        let attn_output_gate = match j.get("attn_output_gate") {
+            None | Some(Json::Null) => true,
+            Some(v) => v.as_bool().ok_or_else(|| err("attn_output_gate", format!("{v} must be true or false")))?,
+        };
         let h = HybridConfig {
             recurrent,
             n_k_heads: usize_of("linear_num_key_heads", None)?,
@@ -276,7 +289,7 @@ impl HybridConfig {
             conv_kernel: usize_of("linear_conv_kernel_dim", Some(4))?,
             grouping: HeadGrouping::Interleaved,
             rotary_dim: (c.head_dim as f64 * factor) as usize,
-            attn_output_gate: j.get("attn_output_gate").and_then(Json::as_bool).unwrap_or(true),
+            attn_output_gate,
         };
         let field = |f: HybridField| {
             match f {
@@ -745,6 +758,15 @@ mod tests {
                 serde_json::json!({"partial_rotary_factor": null, "rope_parameters": {"partial_rotary_factor": 0.0}}),
                 format!("'rope_parameters.partial_rotary_factor' 0 x head size 256 = 0 {rule}"),
             ),
+            (
+                serde_json::json!({"partial_rotary_factor": "0.25"}),
+                "'partial_rotary_factor' \"0.25\" must be a number".into(),
+            ),
+            (
+                serde_json::json!({"rope_parameters": {"partial_rotary_factor": true}}),
+                "'rope_parameters.partial_rotary_factor' true must be a number".into(),
+            ),
+            (serde_json::json!({"attn_output_gate": "yes"}), "'attn_output_gate' \"yes\" must be true or false".into()),
         ] {
             let e = load(extra.clone()).unwrap_err().to_string();
             assert!(e.contains("x/config.json") && e.contains(&says), "{extra}: {e}");
