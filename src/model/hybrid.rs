@@ -174,11 +174,15 @@ impl HybridConfig {
                 .iter()
                 .map(|v| v.as_bool().or_else(|| v.as_u64().map(|x| x != 0)))
                 .collect::<Option<Vec<bool>>>()
-                .ok_or_else(|| shape_err("attention.recurrent_layers must be a list of booleans".into()))?,
+                .ok_or_else(|| shape_err(format!("'{arch}.attention.recurrent_layers' must be a list of booleans")))?,
             None => by_interval(c.n_layers, req("full_attention_interval")?),
         };
         if recurrent.len() != c.n_layers {
-            return Err(shape_err(format!("{} recurrent-layer flags for {} layers", recurrent.len(), c.n_layers)));
+            return Err(shape_err(format!(
+                "'{arch}.attention.recurrent_layers' has {} flags for {} layers ({arch}.block_count)",
+                recurrent.len(),
+                c.n_layers
+            )));
         }
         let (d_k, n_k, n_v, inner) =
             (req("ssm.state_size")?, req("ssm.group_count")?, req("ssm.time_step_rank")?, req("ssm.inner_size")?);
@@ -816,6 +820,21 @@ mod tests {
             ("qwen35.rope.dimension_count", 512, format!("'qwen35.rope.dimension_count' 512 {rule}")),
         ] {
             let e = HybridConfig::from_gguf(&open(key, v), "qwen35", &c).unwrap_err().to_string();
+            assert!(e.contains("t.gguf") && e.contains(&says), "{e}");
+        }
+        let flags =
+            |v: Value| header_only_with(&dir.join("t.gguf"), kv.clone(), "qwen35.attention.recurrent_layers", Some(v));
+        for (v, says) in [
+            (
+                Value::Array(vec![Value::Bool(true); 3]),
+                format!("'qwen35.attention.recurrent_layers' has 3 flags for {} layers", c.n_layers),
+            ),
+            (
+                Value::Array(vec![Value::F32(0.5); c.n_layers]),
+                "'qwen35.attention.recurrent_layers' must be a list of booleans".into(),
+            ),
+        ] {
+            let e = HybridConfig::from_gguf(&flags(v), "qwen35", &c).unwrap_err().to_string();
             assert!(e.contains("t.gguf") && e.contains(&says), "{e}");
         }
         std::fs::remove_dir_all(&dir).ok();
