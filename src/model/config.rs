@@ -181,25 +181,26 @@ pub fn attention_shape(
     if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
         return fail(AttnField::KvHeads, format!("{n_kv_heads} must divide {} {n_heads}", name(AttnField::Heads)));
     }
-    let head_dim = match head_dim {
-        Some(h) if h == 0 || !h.is_multiple_of(2) => {
-            return fail(AttnField::HeadDim, format!("{h} must be even and positive"));
-        }
-        Some(h) => h,
-        None if !dim.is_multiple_of(n_heads) => {
+    let even = |h: usize| h > 0 && h.is_multiple_of(2);
+    match head_dim {
+        Some(h) if even(h) => Ok(h),
+        Some(h) => fail(AttnField::HeadDim, format!("{h} must be even and positive")),
+        None => {
             let (d, h) = (name(AttnField::Dim), name(AttnField::Heads));
-            return fail(AttnField::HeadDim, format!("is missing and {d} {dim} is not a multiple of {h} {n_heads}"));
+            if !dim.is_multiple_of(n_heads) {
+                return fail(
+                    AttnField::HeadDim,
+                    format!("is missing and {d} {dim} is not a multiple of {h} {n_heads}"),
+                );
+            }
+            let derived = dim / n_heads;
+            if !even(derived) {
+                let why = format!("is missing and {d} {dim} / {h} {n_heads} = {derived} must be even and positive");
+                return fail(AttnField::HeadDim, why);
+            }
+            Ok(derived)
         }
-        None => dim / n_heads,
-    };
-    if head_dim == 0 || !head_dim.is_multiple_of(2) {
-        let (d, h) = (name(AttnField::Dim), name(AttnField::Heads));
-        return fail(
-            AttnField::HeadDim,
-            format!("is missing and {d} {dim} / {h} {n_heads} = {head_dim} must be even and positive"),
-        );
     }
-    Ok(head_dim)
 }
 
 #[derive(Debug, thiserror::Error)]
