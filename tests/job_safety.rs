@@ -307,9 +307,10 @@ fn disk_full_gives_a_clear_error_and_the_same_command_resumes() {
 
 /// A kill at each instant of the job's last step (`DUSTOFF_INJECT_KILL`, the windows random
 /// kills hit only by chance): after the output is in place, after the checkpoint is renamed to
-/// `.dustoff.old` to be deleted, and while it is deleted (once, a kill after the rename had the
-/// rerun find no checkpoint and compute every row again). The same command then completes the job with the unbroken
-/// output, every row once, no checkpoint left behind, and no row computed again.
+/// `.dustoff.old` to be deleted, and while it is deleted (after the rename a rerun finds no
+/// checkpoint: only the finished marker tells it the job is complete). The same command then
+/// completes the job with the unbroken output, every row once, no checkpoint left behind, and
+/// no row computed again.
 #[test]
 fn a_kill_in_the_last_step_of_a_job_loses_and_recomputes_nothing() {
     use std::os::unix::process::ExitStatusExt;
