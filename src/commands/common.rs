@@ -232,6 +232,7 @@ pub(crate) fn cuda_options(
         // RoPE tables cover every position the KV cache can hold.
         max_positions: blocks * BLOCK_SIZE,
         f16_weights: false,
+        cublas: crate::backend::cuda::model::cublas_wanted(),
     }
 }
 

@@ -171,6 +171,7 @@ pub fn calibrate(
                 // One calibration sequence at a time, no prefix reuse.
                 max_seqs: 1,
                 max_snapshots: 0,
+                cublas: crate::backend::cuda::model::cublas_wanted(),
             };
             let mut b = CudaBackend::new(model.config.clone(), &model.weights, &opts)?;
             b.set_tap(CudaTap::new(fresh, &model.weights));

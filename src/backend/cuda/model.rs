@@ -54,6 +54,9 @@ pub struct CudaOptions {
     /// Hybrid models: prefix-reuse state snapshots kept at once (the engine evicts its least
     /// recently used beyond them); [`SeqPlan::new`] gives the default.
     pub max_snapshots: usize,
+    /// Load cuBLAS for prefill-sized products when the library is present ([`cublas_wanted`]:
+    /// unless `DUSTOFF_CUBLAS=0`); false: dustoff's tensor-core GEMM in 64-token slices.
+    pub cublas: bool,
 }
 
 impl CudaOptions {
@@ -70,7 +73,9 @@ pub struct CudaBackend {
     pub(super) cfg: ModelConfig,
     pub(super) dev: CudaDevice,
     pub(super) kernels: Kernels,
-    pub(super) blas: CudaBlas,
+    /// cuBLAS for prefill-sized F16 products; None when the library is absent (or
+    /// `DUSTOFF_CUBLAS=0`): then they run on dustoff's tensor-core GEMM in 64-token slices.
+    pub(super) blas: Option<CudaBlas>,
     pub(super) layers: Vec<LayerW>,
     pub(super) embd: Linear,           // [vocab, dim], one part
     pub(super) output: Option<Linear>, // [vocab, dim]; None: tied to embd
@@ -145,7 +150,7 @@ pub(super) fn open(
     cfg: &ModelConfig,
     opts: &CudaOptions,
     matrix_bytes: u64,
-) -> Result<(CudaDevice, Kernels, CudaBlas), CudaError> {
+) -> Result<(CudaDevice, Kernels, Option<CudaBlas>), CudaError> {
     refuse_unsupported(cfg)?;
     let dev = CudaDevice::new(opts.ordinal)?;
     let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
@@ -157,14 +162,38 @@ pub(super) fn open(
     plan.check(free as u64, &dev.describe(), opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
     super::device::log_memory(&dev.stream, "CUDA context", 0);
+    let blas = open_cublas(&dev, opts.cublas)?;
+    Ok((dev, kernels, blas))
+}
+
+/// The environment variable that keeps cuBLAS unloaded (`0`): prefill products then run on
+/// dustoff's own tensor-core GEMM, as on a server whose driver came without the CUDA libraries.
+pub const CUBLAS_ENV: &str = "DUSTOFF_CUBLAS";
+
+/// Whether the environment lets dustoff load cuBLAS (`DUSTOFF_CUBLAS` is not `0`).
+pub fn cublas_wanted() -> bool {
+    crate::sys::env::get(CUBLAS_ENV).is_none_or(|v| v != "0")
+}
+
+/// cuBLAS when it can be loaded and `wanted`; else None, said on stderr when it is missing. A
+/// server with only the NVIDIA driver has no libcublas: dustoff then needs nothing but libcuda
+/// and the PTX of `dustoff kernels`.
+fn open_cublas(dev: &CudaDevice, wanted: bool) -> Result<Option<CudaBlas>, CudaError> {
+    if !wanted {
+        return Ok(None);
+    }
     // SAFETY: only tries to dlopen the candidate names; CudaBlas::new would panic without one.
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-        return Err(CudaError::CublasMissing);
+        eprintln!(
+            "note: cuBLAS (libcublas) not found: prefill products run on dustoff's tensor-core GEMM \
+             (64-token slices; slower prompts, same F32 accumulation)"
+        );
+        return Ok(None);
     }
     let blas = CudaBlas::new(dev.stream.clone())
         .map_err(|source| CudaError::Cublas { what: "creating a handle".into(), source })?;
     super::device::log_memory(&dev.stream, "cuBLAS handle", 0);
-    Ok((dev, kernels, blas))
+    Ok(Some(blas))
 }
 
 fn qkv_bias(c: &ModelConfig, bq: &Option<Vec<f32>>, bk: &Option<Vec<f32>>, bv: &Option<Vec<f32>>) -> Option<Vec<f32>> {
@@ -356,7 +385,7 @@ impl CudaBackend {
         cfg: ModelConfig,
         dev: CudaDevice,
         kernels: Kernels,
-        blas: CudaBlas,
+        blas: Option<CudaBlas>,
         p: Parts,
         opts: &CudaOptions,
     ) -> Result<Self, CudaError> {
