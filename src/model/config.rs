@@ -3,6 +3,7 @@
 
 use super::gguf::{GgufError, GgufFile};
 use super::hybrid::HybridConfig;
+use super::layer::{FfnKind, LayerKind, MixerKind};
 pub use super::moe::MoeConfig;
 
 /// Architectures dustoff runs. They differ only in small ways on top of the llama block.
@@ -69,6 +70,10 @@ impl Arch {
                 RopeStyle::Halves
             }
         }
+    }
+    /// A gated shared expert beside the routed ones in every sparse layer.
+    pub fn has_shared_expert(self) -> bool {
+        matches!(self, Arch::Qwen35Moe | Arch::Qwen3Next)
     }
     /// Per-head RMSNorm on Q and K before RoPE (`attn_q_norm`, `attn_k_norm`).
     pub fn has_qk_norm(self) -> bool {
@@ -220,10 +225,40 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+    /// The kind of layer `l` (see `model::layer`), derived from the configuration.
+    pub fn layer_kind(&self, l: usize) -> LayerKind {
+        let mixer = match &self.hybrid {
+            Some(h) if h.recurrent.get(l).copied().unwrap_or(false) => MixerKind::DeltaNet,
+            Some(h) if h.attn_output_gate => MixerKind::GatedAttention,
+            _ => MixerKind::Attention,
+        };
+        let ffn = match &self.moe {
+            Some(m) if m.is_sparse(l) => FfnKind::Moe { shared: self.arch.has_shared_expert() },
+            _ => FfnKind::Dense,
+        };
+        LayerKind { mixer, ffn }
+    }
+    /// Every layer's kind, in order: what the memory plan, `doctor`, `run --dry-run` and the
+    /// tensor-parallel planner read.
+    pub fn layer_kinds(&self) -> Vec<LayerKind> {
+        (0..self.n_layers).map(|l| self.layer_kind(l)).collect()
+    }
     /// Whether layer `l` keeps K/V in the paged cache (every layer but a hybrid model's
     /// linear-attention ones).
     pub fn has_kv(&self, l: usize) -> bool {
-        self.hybrid.as_ref().is_none_or(|h| !h.recurrent.get(l).copied().unwrap_or(false))
+        self.layer_kind(l).has_kv()
+    }
+    /// Bytes of one sequence's recurrent state: the Gated DeltaNet layers' (f32); 0 for a model
+    /// without any.
+    pub fn state_bytes_per_seq(&self) -> usize {
+        let recurrent = self.layer_kinds().iter().filter(|k| k.is_recurrent()).count();
+        self.hybrid.as_ref().map_or(0, |h| recurrent * h.state_len_per_layer() * 4)
+    }
+    /// What a memory plan says about the recurrent state (see `HybridConfig::state_summary`);
+    /// `None` for a model without recurrent layers.
+    pub fn state_summary(&self) -> Option<String> {
+        let recurrent = self.layer_kinds().iter().any(|k| k.is_recurrent());
+        self.hybrid.as_ref().filter(|_| recurrent).map(|h| h.state_summary())
     }
     /// Layers that keep K/V in the paged cache.
     pub fn n_kv_layers(&self) -> usize {

@@ -7,6 +7,7 @@ pub mod gguf_writer;
 pub mod hf;
 pub mod hf_synth;
 pub mod hybrid;
+pub mod layer;
 pub mod loader;
 pub mod moe;
 pub mod quant;

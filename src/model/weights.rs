@@ -10,6 +10,7 @@ use memmap2::Mmap;
 use super::config::ModelConfig;
 use super::gguf::{GgufError, GgufFile};
 use super::hybrid::HybridLayer;
+use super::layer::{AttentionWeights, DenseFfn, Ffn, Layer, Mixer};
 use super::moe::MoeWeights;
 use super::quant::GgmlType;
 
@@ -193,6 +194,32 @@ pub struct LayerWeights {
 }
 
 impl LayerWeights {
+    /// The layer typed by kind (see `model::layer`): its mixer and FFN with their weights.
+    pub fn typed(&self) -> Layer<'_> {
+        let attention = || AttentionWeights {
+            wq: &self.wq,
+            wk: &self.wk,
+            wv: &self.wv,
+            wo: &self.wo,
+            bq: self.bq.as_deref(),
+            bk: self.bk.as_deref(),
+            bv: self.bv.as_deref(),
+            q_norm: self.q_norm.as_deref(),
+            k_norm: self.k_norm.as_deref(),
+        };
+        let mixer = match &self.hybrid {
+            Some(HybridLayer::Linear(d)) => Mixer::DeltaNet(d),
+            // The output gate doubles the query rows: `wq` [2 q_dim, dim], `wo` [dim, q_dim].
+            Some(HybridLayer::Attention) if self.wq.rows == 2 * self.wo.cols => Mixer::GatedAttention(attention()),
+            _ => Mixer::Attention(attention()),
+        };
+        let ffn = match &self.moe {
+            Some(m) => Ffn::Moe(m),
+            None => Ffn::Dense(DenseFfn { gate: &self.w_gate, up: &self.w_up, down: &self.w_down }),
+        };
+        Layer { attn_norm: &self.attn_norm, mixer, ffn_norm: &self.ffn_norm, ffn }
+    }
+
     /// The dense FFN matrices, empty for a sparse layer (see above).
     pub fn empty_dense_ffn(layer: usize, c: &ModelConfig) -> (Tensor, Tensor, Tensor) {
         let n = |s: &str| format!("blk.{layer}.{s} (sparse layer: none)");
