@@ -101,9 +101,10 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         let mut r = crate::job::dry_run::dry_run(&job, &inputs, shard, &TokenizerCodec(&t.tokenizer), BLOCK_SIZE)?;
         // The model's metadata (not its weights), when the file has any: a hybrid model's
         // per-sequence state belongs to the plan.
-        if let Some(h) = crate::model::loader::load_config(&a.model).ok().and_then(|c| c.hybrid) {
-            eprintln!("model: {}", h.state_summary());
-            r.recurrent_state_bytes_per_sequence = Some(h.state_bytes_per_seq() as u64);
+        let cfg = crate::model::loader::load_config(&a.model).ok();
+        if let Some((c, summary)) = cfg.as_ref().and_then(|c| Some((c, c.state_summary()?))) {
+            eprintln!("model: {summary}");
+            r.recurrent_state_bytes_per_sequence = Some(c.state_bytes_per_seq() as u64);
         }
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(ExitCode::Ok);
@@ -193,9 +194,9 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         let total = pool.total_slots();
         (Box::new(pool), total)
     };
-    if let Some(h) = &m.config.hybrid {
-        let all = (h.state_bytes_per_seq() * slots) as f64 / 1e6;
-        eprintln!("memory: {}; {all:.2} MB for {slots} slots", h.state_summary());
+    if let Some(summary) = m.config.state_summary() {
+        let all = (m.config.state_bytes_per_seq() * slots) as f64 / 1e6;
+        eprintln!("memory: {summary}; {all:.2} MB for {slots} slots");
     }
 
     let opts = RunOptions {

@@ -27,7 +27,7 @@ use super::workspace::Work;
 use super::CudaError;
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::StepPlan;
-use crate::model::config::{Arch, ModelConfig};
+use crate::model::config::ModelConfig;
 use crate::model::quant::GgmlType;
 use crate::model::rope::rope_table;
 use crate::model::weights::{ModelWeights, Tensor};
@@ -135,7 +135,7 @@ pub(super) struct Parts {
 /// Models whose layers the CUDA backend has no kernels for: hybrid (linear-attention) models
 /// other than Qwen3.5, Qwen3.5-MoE and Qwen3-Next (none today: every hybrid arch runs).
 fn refuse_unsupported(cfg: &ModelConfig) -> Result<(), CudaError> {
-    if cfg.hybrid.is_some() && !matches!(cfg.arch, Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next) {
+    if cfg.hybrid.is_some() && !cfg.arch.is_hybrid() {
         return Err(CudaError::Weights(format!(
             "{} models have linear-attention (Gated DeltaNet) layers, which the CUDA backend does not run yet; use --device cpu",
             cfg.arch.name()
@@ -345,13 +345,13 @@ impl CudaBackend {
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let name = |s: &str| format!("layer {i} {s}");
-            let bqkv = if c.arch == Arch::Qwen2 {
+            let bqkv = if c.arch.family().attention.qkv_bias {
                 let b: Vec<f32> = (0..c.q_dim() + 2 * c.kv_dim()).map(|_| rng.random_range(-0.1..0.1)).collect();
                 Some(up(s, &b, &name("qkv bias"))?)
             } else {
                 None
             };
-            let qk = matches!(c.arch, Arch::Qwen3 | Arch::Qwen3Moe);
+            let qk = c.arch.family().attention.qk_norm;
             let wqkv = lin(&mut kernels, 3, &name("wqkv"))?;
             let wo = lin(&mut kernels, 1, &name("wo"))?;
             let (wgu, wdown, moe) = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
