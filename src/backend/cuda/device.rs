@@ -40,6 +40,29 @@ pub fn device_count() -> usize {
         .unwrap_or(0)
 }
 
+/// The oldest driver dustoff runs on: CUDA 11.2 (R460). cudarc's context creation reads the
+/// memory-pool attribute, which CUDA 11.2 introduced (an older driver answers "invalid value").
+/// docs/COMPATIBILITY.md lists every driver entry point and the CUDA release that has it.
+pub const MIN_DRIVER: (i32, i32) = (11, 2);
+
+/// What `doctor` and the README say about drivers.
+pub const SUPPORTED_DRIVERS: &str = "CUDA 11.2 (R460) or newer: the compute_70 PTX declares ISA 7.0 (CUDA 11.0); \
+decode-step graph replay needs CUDA 11.4 (R470; cuGraphInstantiateWithFlags) and is off below it";
+
+/// The driver entry point that graph replay needs beyond [`MIN_DRIVER`] (CUDA 11.4).
+pub const GRAPH_ENTRY: &str = "cuGraphInstantiateWithFlags";
+
+/// Whether the loaded driver exports `symbol`. cudarc resolves a driver function at its first
+/// call and panics when the driver lacks it, so an entry point newer than [`MIN_DRIVER`] is
+/// asked for here first.
+pub fn driver_has(symbol: &str) -> bool {
+    if !driver_available() {
+        return false;
+    }
+    // SAFETY: the library is present (checked above); looking a symbol up runs no code.
+    unsafe { cudarc::driver::sys::culib().get::<*const std::ffi::c_void>(symbol.as_bytes()).is_ok() }
+}
+
 pub struct CudaDevice {
     pub ordinal: usize,
     pub ctx: Arc<CudaContext>,
@@ -55,6 +78,9 @@ impl CudaDevice {
     pub fn new(ordinal: usize) -> Result<Self, CudaError> {
         if !driver_available() {
             return Err(CudaError::DriverMissing);
+        }
+        if let Some(v) = crate::sys::gpu::driver_version().filter(|v| *v < MIN_DRIVER) {
+            return Err(CudaError::DriverTooOld { have: v, need: MIN_DRIVER });
         }
         let ctx = CudaContext::new(ordinal).map_err(CudaError::driver(format!("opening device cuda:{ordinal}")))?;
         // SAFETY: one stream is used for all work, so cudarc's cross-stream event tracking is not

@@ -61,10 +61,12 @@ pub mod moe_shexp;
 pub mod moe_slab;
 pub mod nccl;
 pub mod nvrtc;
+pub mod nvrtc_lib;
 pub mod ops;
 pub mod paged_attn;
 pub mod prefill;
 mod profile;
+pub mod ptx_isa;
 pub mod q8x;
 pub mod qformat;
 pub mod qlaunch;
@@ -98,12 +100,16 @@ pub use tap::CudaTap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
-    #[error("the NVRTC library could not be loaded (put libnvrtc.so.12 or newer on LD_LIBRARY_PATH, or pass --ptx-dir with precompiled PTX)")]
+    #[error("no NVRTC library could be loaded (put libnvrtc on LD_LIBRARY_PATH or name it in DUSTOFF_NVRTC: NVRTC 11.x or 12.x for a V100; scripts/nvrtc12.sh fetches one; or pass --ptx-dir with precompiled PTX)")]
     NvrtcMissing,
     #[error("the CUDA driver library (libcuda.so) could not be loaded: no NVIDIA driver on this machine")]
     DriverMissing,
+    #[error("the NVIDIA driver supports CUDA {}.{}; dustoff needs CUDA {}.{} or newer (update the driver; `dustoff doctor` lists what works)", have.0, have.1, need.0, need.1)]
+    DriverTooOld { have: (i32, i32), need: (i32, i32) },
     #[error("NVRTC: {0}")]
     Nvrtc(String),
+    #[error("PTX of kernel file {file}.cu for {arch}: {source}")]
+    Isa { file: String, arch: String, source: ptx_isa::IsaError },
     #[error("compiling kernel file {file}.cu for {arch}: {log}")]
     Compile { file: String, arch: String, log: String },
     #[error("PTX file {path}: {source}")]

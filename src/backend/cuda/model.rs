@@ -517,7 +517,7 @@ impl CudaBackend {
     /// Turns CUDA-graph replay of decode steps on or off (on by default unless
     /// `DUSTOFF_CUDA_GRAPHS=0`). Both paths launch the same kernels with the same arguments.
     pub fn set_graphs(&mut self, on: bool) {
-        self.graphs.on = on;
+        self.graphs.on = on && super::graph::graphs_supported();
         if !on {
             self.graphs.clear();
         }
