@@ -7,7 +7,10 @@
 
 pub mod checkpoint;
 pub mod dry_run;
+pub mod errors_file;
 pub mod exit;
+pub mod identity;
+pub mod incremental;
 pub mod lock;
 pub mod output;
 pub mod outputs;
@@ -22,4 +25,5 @@ pub mod runner;
 pub mod shard;
 mod spans;
 pub mod thinking;
+pub mod tolerance;
 pub mod writer;
