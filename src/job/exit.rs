@@ -93,6 +93,10 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
             || matches!(c.downcast_ref::<PipelineError>(), Some(p) if !matches!(p, PipelineError::Io { .. }))
             || c.downcast_ref::<crate::quantize::QuantizeError>().is_some_and(|q| q.is_usage())
             || matches!(
+                c.downcast_ref::<super::reader::ReadError>(),
+                Some(super::reader::ReadError::Decompress(super::decompress::DecompressError::Unsupported { .. }))
+            )
+            || matches!(
                 c.downcast_ref::<ShardError>(),
                 Some(
                     ShardError::Spec(_) | ShardError::Env { .. } | ShardError::NoCount { .. } | ShardError::Missing(_)

@@ -6,6 +6,7 @@
 //! (data parallel) behind the one job loop, routing requests by prompt prefix ([`routing`]).
 
 pub mod checkpoint;
+pub mod decompress;
 pub mod dry_run;
 pub mod errors_file;
 pub mod exit;
