@@ -147,12 +147,27 @@ struct RunCliArgs {
     /// Engines per device (with --device cpu: N CPU engines in one process).
     #[arg(long, default_value_t = 1)]
     engines: usize,
-    /// Discard an existing checkpoint of this output and start over.
+    /// Discard an existing checkpoint of this output, or a finished output of a different job,
+    /// and compute every record again.
     #[arg(long)]
     restart: bool,
+    /// Over a finished output of the same model, pipeline and parameters whose input grew or
+    /// changed: compute only records whose id is new or whose content changed, take every
+    /// other row unchanged from the output, and rewrite it atomically (for nightly runs over a
+    /// growing archive). Without a finished output, every record is computed.
+    #[arg(long, conflicts_with = "restart")]
+    incremental: bool,
     /// Abort (resumably, exit code 3) once more than this many records have failed.
     #[arg(long)]
     max_errors: Option<u64>,
+    /// A completed job with at most this many error rows exits 0 (the report, the summary and
+    /// <output>.errors.jsonl still list them). With --max-error-rate, either suffices.
+    #[arg(long)]
+    allow_errors: Option<u64>,
+    /// A completed job whose error rows are at most this share of its rows (0 to 1; 0.01 = 1%)
+    /// exits 0. With --allow-errors, either suffices.
+    #[arg(long)]
+    max_error_rate: Option<f64>,
     /// Process only shard K of N (0-based), records picked by a stable hash of the id. Default:
     /// SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT or JOB_COMPLETION_INDEX with --shard-count.
     #[arg(long)]
@@ -160,9 +175,14 @@ struct RunCliArgs {
     /// Number of shards when the index comes from JOB_COMPLETION_INDEX (Kubernetes).
     #[arg(long)]
     shard_count: Option<u32>,
-    /// Read, render and tokenize everything, report counts and prefix reuse, run no model.
+    /// Read, render and tokenize everything and make the run's checks (lock, finished output,
+    /// checkpoint) without the model; print what would run and fail, and exit as the run would
+    /// (3 when records would fail beyond the error tolerance).
     #[arg(long)]
     dry_run: bool,
+    /// With --dry-run: print the report as JSON instead of the summary.
+    #[arg(long, requires = "dry_run")]
+    json: bool,
     /// No progress output.
     #[arg(long)]
     quiet: bool,
@@ -501,6 +521,15 @@ struct TokenizeArgs {
 /// The one exit funnel: every command's result becomes one exit code of `dustoff::job::exit`
 /// (listed at the end of `--help`), and an error is printed once, each cause once.
 fn main() -> ExitCode {
+    // A closed pipe (`dustoff run ... --dry-run | head -1`) ends the process quietly, as it
+    // does other Unix tools, instead of a panic in `println!` (exit 101). A job killed this way
+    // resumes from its checkpoint like after any other kill.
+    #[cfg(unix)]
+    // SAFETY: sets the default disposition of one signal before any thread exists; no Rust
+    // state is touched.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     // Before any thread exists (it changes the process environment).
     dustoff::backend::cuda::memory::default_cublas_workspace();
     let matches = Cli::command().after_help(exit::help()).get_matches();
@@ -602,10 +631,13 @@ fn run(cli: Cli) -> Result<Code> {
                 max_batch_tokens: a.engine.max_batch_tokens,
                 prefix_cache: !a.engine.no_prefix_cache,
                 restart: a.restart,
+                incremental: a.incremental,
                 max_errors: a.max_errors,
+                tolerance: dustoff::job::tolerance::ErrorTolerance::new(a.allow_errors, a.max_error_rate)?,
                 shard: a.shard,
                 shard_count: a.shard_count,
                 dry_run: a.dry_run,
+                json: a.json,
                 quiet: a.quiet,
                 default_max_tokens: a.default_max_tokens,
             };

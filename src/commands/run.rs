@@ -11,6 +11,7 @@ use crate::backend::Backend;
 use crate::engine::batch::{Engine, EngineConfig, BLOCK_SIZE};
 use crate::engine::constraint::{ConstraintError, ConstraintFactory, Grammar};
 use crate::job::exit::ExitCode;
+use crate::job::identity::{self, Decision, FinishedIdentity};
 use crate::job::lock::JobLock;
 use crate::job::pipeline::{Pipeline, PipelineError};
 use crate::job::runner::{self, Generate, JobKind, RunOptions, StopFlag};
@@ -38,10 +39,17 @@ pub struct RunArgs {
     pub max_batch_tokens: usize,
     pub prefix_cache: bool,
     pub restart: bool,
+    /// `--incremental`: over a finished output of the same model, pipeline and parameters,
+    /// compute only new and changed records and reuse the other rows.
+    pub incremental: bool,
     pub max_errors: Option<u64>,
+    /// `--allow-errors`, `--max-error-rate`: error rows a completed job may hold and exit 0.
+    pub tolerance: crate::job::tolerance::ErrorTolerance,
     pub shard: Option<String>,
     pub shard_count: Option<u32>,
     pub dry_run: bool,
+    /// `--json`: the dry run's report as JSON instead of the summary.
+    pub json: bool,
     pub quiet: bool,
     /// OpenAI batch: the `max_tokens` of requests that name none.
     pub default_max_tokens: u32,
@@ -94,29 +102,38 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         }
     }
     crate::job::outputs::check_output(&a.output, &read)?;
-    if a.dry_run {
-        // Writes nothing beside the output: no lock.
-        // Only the tokenizer: a dry run works with a vocab-only GGUF too.
-        let t = common::load_tokenizer(&a.model)?;
-        let mut r = crate::job::dry_run::dry_run(&job, &inputs, shard, &TokenizerCodec(&t.tokenizer), BLOCK_SIZE)?;
-        // The model's metadata (not its weights), when the file has any: a hybrid model's
-        // per-sequence state belongs to the plan.
-        let cfg = crate::model::loader::load_config(&a.model).ok();
-        if let Some((c, summary)) = cfg.as_ref().and_then(|c| Some((c, c.state_summary()?))) {
-            eprintln!("model: {summary}");
-            r.recurrent_state_bytes_per_sequence = Some(c.state_bytes_per_seq() as u64);
-        }
-        println!("{}", serde_json::to_string_pretty(&r)?);
-        return Ok(ExitCode::Ok);
-    }
+    // A dry run makes the same checks as the run (lock, finished output, checkpoint), then
+    // stops before the model: its exit code says whether the run would pass.
     let lock = JobLock::acquire(&a.output)?;
     // Rows do not depend on slots, device or batch size (greedy and seeded outputs are the
     // same across them), so none of those flags is part of the fingerprint.
     let overrides = "{}";
-    let fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
+    let mut fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
+    // The finished output in place: the same job (nothing to do), a different one (refused
+    // unless --restart), or the base of an --incremental run.
+    let unfinished = crate::job::checkpoint::checkpoint_dir(&a.output).join("job.json").exists();
+    match identity::decide(&a.output, &fingerprint, a.restart, a.incremental, unfinished)? {
+        Decision::NothingToDo(f) => return Ok(nothing_to_do(&a.output, &f, &a.tolerance)),
+        Decision::Incremental(f) => {
+            eprintln!(
+                "incremental: building on the finished output {} ({} rows); only new and changed records are computed",
+                a.output.display(),
+                f.rows
+            );
+            fingerprint.base = Some(f.output_blake3);
+        }
+        Decision::Run if a.incremental && !unfinished => {
+            eprintln!("incremental: no finished output of this job at {}: every record is computed", a.output.display())
+        }
+        Decision::Run => {}
+    }
     // A different job's checkpoint is refused before the model loads (minutes for a large one).
     crate::job::checkpoint::Checkpoint::verify(&a.output, &fingerprint, a.restart)
         .with_context(|| format!("opening the checkpoint of {}", a.output.display()))?;
+    if a.dry_run {
+        drop(lock);
+        return dry_run(a, &job, &inputs, shard);
+    }
     let m = common::load(&a.model)?;
     let codec = TokenizerCodec(&m.tokenizer);
     let grammar = match &job {
@@ -205,6 +222,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         fingerprint,
         restart: a.restart,
         max_errors: a.max_errors,
+        tolerance: a.tolerance,
         shard,
         commit_rows: common::commit_rows(),
         commit_interval: std::time::Duration::from_secs(5),
@@ -263,6 +281,63 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         _ => {}
     }
     Ok(res.exit)
+}
+
+/// `--dry-run`: reads, renders and tokenizes every record (only the tokenizer is loaded: a
+/// vocab-only GGUF works), prints a summary (JSON with `--json`) and exits as the run would:
+/// 3 when the records that would fail are over the error tolerance.
+fn dry_run(a: &RunArgs, job: &JobKind, inputs: &[PathBuf], shard: Option<ShardSpec>) -> Result<ExitCode> {
+    let t = common::load_tokenizer(&a.model)?;
+    let mut r = crate::job::dry_run::dry_run(job, inputs, shard, &TokenizerCodec(&t.tokenizer), BLOCK_SIZE)?;
+    // The model's metadata (not its weights), when the file has any: a hybrid model's
+    // per-sequence state belongs to the plan.
+    let cfg = crate::model::loader::load_config(&a.model).ok();
+    if let Some((c, summary)) = cfg.as_ref().and_then(|c| Some((c, c.state_summary()?))) {
+        eprintln!("model: {summary}");
+        r.recurrent_state_bytes_per_sequence = Some(c.state_bytes_per_seq() as u64);
+    }
+    if !a.restart {
+        r.resumed_rows = crate::job::checkpoint::Checkpoint::committed_totals(&a.output).0;
+    }
+    let code = a.tolerance.exit_code(r.errors, r.records);
+    r.exit_code = code.code();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", r.human_summary(&a.output.display().to_string()));
+        if code != ExitCode::Ok {
+            println!(
+                "the run would exit {}: {} records would fail, over the tolerance ({})",
+                code.code(),
+                r.errors,
+                a.tolerance.describe()
+            );
+        }
+    }
+    Ok(code)
+}
+
+/// A rerun of a finished job whose identity and output are unchanged: nothing is computed or
+/// written. Exits as the finished job would with this run's tolerance: 0, or 3 when its
+/// error rows are over it.
+fn nothing_to_do(output: &Path, f: &FinishedIdentity, tolerance: &crate::job::tolerance::ErrorTolerance) -> ExitCode {
+    eprintln!(
+        "nothing to do: {} is the finished output of this same job (model, pipeline, parameters and inputs \
+         unchanged; {} rows, {} error rows). Add --restart to compute it again",
+        output.display(),
+        f.rows,
+        f.error_rows
+    );
+    let code = tolerance.exit_code(f.error_rows, f.rows);
+    if code != ExitCode::Ok {
+        eprintln!(
+            "its {} error rows are over the tolerance ({}): exit {}, as when it finished",
+            f.error_rows,
+            tolerance.describe(),
+            code.code()
+        );
+    }
+    code
 }
 
 /// The pipeline's output grammar compiled for the model's vocabulary (`None`: free text). The
