@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::common::{self, Device, Slots};
+use super::common::{self, Device, MemoryFlags, Placement, Slots};
 use super::job_adapters::{EngineGenerate, TokenizerCodec};
 use crate::backend::Backend;
 use crate::engine::batch::{Engine, EngineConfig, BLOCK_SIZE};
@@ -34,6 +34,8 @@ pub struct RunArgs {
     /// `--devices`, else cuda:K..K+N; N threads on the CPU).
     pub tensor_parallel: Option<usize>,
     pub ptx_dir: Option<PathBuf>,
+    /// `--max-gpu-memory`, `--kv-cache`.
+    pub memory: MemoryFlags,
     pub slots: Slots,
     pub max_batch_tokens: usize,
     pub prefix_cache: bool,
@@ -100,10 +102,19 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         let t = common::load_tokenizer(&a.model)?;
         let mut r = crate::job::dry_run::dry_run(&job, &inputs, shard, &TokenizerCodec(&t.tokenizer), BLOCK_SIZE)?;
         // The model's metadata (not its weights), when the file has any: a hybrid model's
-        // per-sequence state belongs to the plan.
-        if let Some(h) = crate::model::loader::load_config(&a.model).ok().and_then(|c| c.hybrid) {
-            eprintln!("model: {}", h.state_summary());
-            r.recurrent_state_bytes_per_sequence = Some(h.state_bytes_per_seq() as u64);
+        // per-sequence state and the KV cache's bytes per position belong to the plan.
+        if let Ok(c) = crate::model::loader::load_config(&a.model) {
+            if let Some(h) = &c.hybrid {
+                eprintln!("model: {}", h.state_summary());
+                r.recurrent_state_bytes_per_sequence = Some(h.state_bytes_per_seq() as u64);
+            }
+            use crate::backend::kv_type::KvType;
+            let per = |kv: KvType| (kv.name().to_string(), crate::backend::cuda::memory::kv_bytes_per_position(&c, kv));
+            let mut kinds = vec![per(KvType::F16)];
+            if KvType::Q8.refusal(c.head_dim).is_none() {
+                kinds.push(per(KvType::Q8));
+            }
+            r.kv_cache_bytes_per_position = Some(kinds.into_iter().collect());
         }
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(ExitCode::Ok);
@@ -145,17 +156,28 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     };
     let stop = StopFlag::with_signals().unwrap_or_default();
     let eos = m.tokenizer.eos_ids().to_vec();
+    let mut place = Placement {
+        ptx_dir: a.ptx_dir.clone(),
+        f16_weights: false,
+        max_gpu_memory: a.memory.max_gpu_memory,
+        kv_type: a.memory.kv_cache.or_f16(),
+    };
     let (mut gen, slots): (Box<dyn Generate>, usize) = if devs.len() == 1 {
-        let slots = super::tensor_parallel::slots_for(
+        let (slots, kv_type) = super::tensor_parallel::slots_for(
             a.slots,
             &devs[0],
-            &m.config,
-            &m.weights,
+            (&m.config, &m.weights),
             a.tensor_parallel,
             (per_seq, a.max_batch_tokens),
+            a.memory,
         )?;
+        place.kv_type = kv_type;
         let cfg = EngineConfig::new(slots, a.max_batch_tokens, a.prefix_cache, m.fingerprint);
-        let (tokens, step) = (slots * per_seq, cfg.max_batch_tokens);
+        let step = cfg.max_batch_tokens;
+        let tokens = match a.tensor_parallel {
+            None => common::kv_positions(&devs[0], (&m.config, &m.weights), (slots, per_seq), step, &place)?,
+            Some(_) => slots * per_seq,
+        };
         let backend = super::tensor_parallel::backend_for(
             &m.config,
             &m.weights,
@@ -164,21 +186,22 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             a.devices.as_deref(),
             tokens,
             (step, slots),
-            a.ptx_dir.as_deref(),
+            &place,
         )?;
-        eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens", backend.describe());
+        eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens ({})", backend.describe(), place.kv_type);
         let engine = Engine::new(backend, cfg)?;
         (Box::new(EngineGenerate::new(engine, eos).with_stop(stop.clone()).with_grammar(grammar)), slots)
     } else {
         // Data parallel: one engine per entry, each built in its own thread over shared weights.
-        let slots = super::devices::engine_slots(a.slots, &devs, &m.config, &m.weights, per_seq, a.max_batch_tokens)?;
+        let slots =
+            super::devices::engine_slots(a.slots, &devs, &m.config, &m.weights, per_seq, a.max_batch_tokens, a.memory)?;
         let pc = super::devices::PoolConfig {
             model: std::sync::Arc::new((m.config.clone(), m.weights.clone())),
             model_fingerprint: m.fingerprint,
             per_seq,
             max_batch_tokens: a.max_batch_tokens,
             prefix_cache: a.prefix_cache,
-            ptx_dir: a.ptx_dir.clone(),
+            place: place.clone(),
             eos,
             grammar,
             stop: stop.clone(),

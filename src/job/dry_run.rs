@@ -36,6 +36,10 @@ pub struct DryRunReport {
     /// vocab-only files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recurrent_state_bytes_per_sequence: Option<u64>,
+    /// GPU KV cache bytes of one cached position (every attention layer, K and V) by cache type
+    /// (`f16`, `q8`: `--kv-cache`), from the model's metadata; absent for vocab-only files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_bytes_per_position: Option<BTreeMap<String, u64>>,
 }
 
 impl DryRunReport {

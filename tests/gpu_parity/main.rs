@@ -18,6 +18,7 @@ mod fused_norm;
 mod hybrid_diag;
 mod hybrid_moe;
 mod job_tie;
+mod kv_q8;
 mod masked;
 mod moe;
 mod moe_bench;
@@ -108,6 +109,11 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("embedding_q5_k", 1e-6),
     ("embedding_q6_k", 0.0),
     ("cuda_vs_cpu_logits", 2e-2),
+    // The 8-bit KV cache: the stores quantize exactly as the CPU twin (IEEE division, round to
+    // nearest even); whole backends as cuda_vs_cpu_logits, where an f32 rounding difference
+    // upstream may move one int8 code by one step (amax / 127) now and then.
+    ("kv_store_q8", 0.0),
+    ("cuda_vs_cpu_logits_kv_q8", 3e-2),
     // Mixture of experts: the router's softmax uses expf and sums in another order (the chosen
     // experts must be equal, checked apart); the expert products are the quantized GEMV's
     // sums in another order; the weighted sum rounds once per fma instead of twice.
@@ -733,6 +739,8 @@ fn opts(blocks: usize) -> CudaOptions {
         // The engine tests run up to 8 slots; the batched benchmarks up to 64 sequences.
         max_seqs: 64,
         max_snapshots: 64,
+        max_memory: None,
+        kv_type: dustoff::backend::kv_type::KvType::F16,
     }
 }
 
@@ -780,6 +788,7 @@ pub(crate) fn rope_store(
         max_pos,
         k_cache: g.d(kc),
         v_cache: g.d(vc),
+        kv_scales: None,
         kv_rows: g.d(kv_rows),
         cache_rows,
     }
@@ -804,6 +813,7 @@ fn kv_store(
         qkv: g.d(qkv),
         k_cache: g.d(kc),
         v_cache: g.d(vc),
+        kv_scales: None,
         kv_rows: g.d(kv_rows),
         cache_rows,
         n_tok,
