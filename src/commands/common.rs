@@ -349,6 +349,7 @@ pub(crate) fn cuda_options(
         f16_weights: place.f16_weights,
         max_memory: place.max_gpu_memory,
         kv_type: place.kv_type,
+        cublas: crate::backend::cuda::model::cublas_wanted(),
     }
 }
 

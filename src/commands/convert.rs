@@ -406,7 +406,7 @@ fn verify(a: &ConvertArgs, st: &SafetensorsDir, outs: &Outputs) -> Result<Verify
         return Err(fail("the verification prompt is empty".into()));
     }
     let len = prompt.len() + a.verify_tokens + 1;
-    let (rc, _, rw, _) = crate::model::hf::load_dir(&a.model)?;
+    let (rc, _, rw, _) = crate::model::hf_bind::load_dir(&a.model)?;
     let conv = crate::model::loader::load_model(&a.output)?;
     let bs = crate::engine::batch::BLOCK_SIZE;
     let blocks = len.div_ceil(bs) + 1;

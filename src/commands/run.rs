@@ -103,13 +103,14 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         let mut r = crate::job::dry_run::dry_run(&job, &inputs, shard, &TokenizerCodec(&t.tokenizer), BLOCK_SIZE)?;
         // The model's metadata (not its weights), when the file has any: a hybrid model's
         // per-sequence state and the KV cache's bytes per position belong to the plan.
-        if let Ok(c) = crate::model::loader::load_config(&a.model) {
-            if let Some(h) = &c.hybrid {
-                eprintln!("model: {}", h.state_summary());
-                r.recurrent_state_bytes_per_sequence = Some(h.state_bytes_per_seq() as u64);
-            }
+        let cfg = crate::model::loader::load_config(&a.model).ok();
+        if let Some((c, summary)) = cfg.as_ref().and_then(|c| Some((c, c.state_summary()?))) {
+            eprintln!("model: {summary}");
+            r.recurrent_state_bytes_per_sequence = Some(c.state_bytes_per_seq() as u64);
+        }
+        if let Some(c) = &cfg {
             use crate::backend::kv_type::KvType;
-            let per = |kv: KvType| (kv.name().to_string(), crate::backend::cuda::memory::kv_bytes_per_position(&c, kv));
+            let per = |kv: KvType| (kv.name().to_string(), crate::backend::cuda::memory::kv_bytes_per_position(c, kv));
             let mut kinds = vec![per(KvType::F16)];
             if KvType::Q8.refusal(c.head_dim).is_none() {
                 kinds.push(per(KvType::Q8));
@@ -216,9 +217,9 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         let total = pool.total_slots();
         (Box::new(pool), total)
     };
-    if let Some(h) = &m.config.hybrid {
-        let all = (h.state_bytes_per_seq() * slots) as f64 / 1e6;
-        eprintln!("memory: {}; {all:.2} MB for {slots} slots", h.state_summary());
+    if let Some(summary) = m.config.state_summary() {
+        let all = (m.config.state_bytes_per_seq() * slots) as f64 / 1e6;
+        eprintln!("memory: {summary}; {all:.2} MB for {slots} slots");
     }
 
     let opts = RunOptions {

@@ -1,23 +1,21 @@
-//! Hugging Face model directories: `config.json` -> [`ModelConfig`], safetensors tensors ->
-//! [`ModelWeights`].
-//!
-//! Architectures: `LlamaForCausalLM`, `Qwen2ForCausalLM` (Q/K/V bias), `Qwen3ForCausalLM`
-//! (per-head q/k RMSNorm), `Qwen3MoeForCausalLM` (Qwen3 attention, mixture-of-experts FFN with
-//! one tensor per expert, `mlp.experts.E.{gate,up,down}_proj`), tied or untied embeddings; the
-//! hybrid classes (`Qwen3_5*`, `Qwen3Next*`) are bound by `model::hybrid`. HF checkpoints keep Q/K rows in the
+//! Hugging Face model directories: `config.json` -> [`ModelConfig`] (the family by its class,
+//! see `model::arch`; the mixture-of-experts and hybrid keys as the family has them), and the
+//! tensor plan: which tensors a model of a plain-attention family holds, under its HF and GGUF
+//! names (read by `hf_bind`, `convert`, `synth_gguf` and `hf_synth`). The weights are bound by
+//! `hf_bind`. HF checkpoints keep Q/K rows in the
 //! "rotate half" order, so every HF directory runs with [`RopeStyle::Halves`] (llama GGUFs differ:
 //! their converter permuted the rows for adjacent pairs; see `gguf_writer`).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 
-use super::config::{attention_shape, Arch, AttnField, ModelConfig, RopeScaling, RopeStyle};
-use super::moe::{Expert, MoeConfig, MoeWeights};
-use super::quant::{dequantize_row, GgmlType};
+use super::arch::{by_hf_class, NormTopk};
+use super::config::{attention_shape, AttnField, ModelConfig, RopeScaling, RopeStyle};
+use super::hybrid::{by_interval, HeadGrouping, HybridConfig, HybridField};
+use super::moe::{MoeConfig, MoeField};
+use super::quant::GgmlType;
 use super::safetensors::{SafetensorsDir, SafetensorsError};
-use super::weights::{LayerWeights, ModelWeights, Tensor};
 
 pub const CONFIG_FILE: &str = "config.json";
 
@@ -29,7 +27,7 @@ pub enum HfError {
     Json { path: PathBuf, source: serde_json::Error },
     #[error("{path}: '{key}' {reason}")]
     Config { path: PathBuf, key: String, reason: String },
-    #[error("{path}: architecture {arch} is not supported (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM are)")]
+    #[error("{path}: architecture {arch} is not supported ({known} are)", known = super::arch::hf_class_names())]
     UnsupportedArch { path: PathBuf, arch: String },
     #[error(transparent)]
     Safetensors(#[from] SafetensorsError),
@@ -83,7 +81,7 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
     if !j.is_object() {
         return Err(err("(top level)", "must be a JSON object"));
     }
-    if let Some(text) = super::hybrid::vl_text_config(j) {
+    if let Some(text) = vl_text_config(j) {
         return config_from_json(&text, path);
     }
     let opt_usize = |key: &str| -> Result<Option<usize>, HfError> {
@@ -109,16 +107,12 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         Some([Json::String(s)]) => s.clone(),
         _ => return Err(err("architectures", "must be a list of one class name")),
     };
-    let arch = match hf_arch.as_str() {
-        "LlamaForCausalLM" => Arch::Llama,
-        "Qwen2ForCausalLM" => Arch::Qwen2,
-        "Qwen3ForCausalLM" => Arch::Qwen3,
-        "Qwen3MoeForCausalLM" => Arch::Qwen3Moe,
-        "Qwen3_5ForCausalLM" => Arch::Qwen35,
-        "Qwen3_5MoeForCausalLM" => Arch::Qwen35Moe,
-        "Qwen3NextForCausalLM" => Arch::Qwen3Next,
+    // A vision-language class without a `text_config` (unwrapped above when present) is refused.
+    let arch = match by_hf_class(&hf_arch) {
+        Some((arch, false)) => arch,
         _ => return Err(HfError::UnsupportedArch { path: path.to_path_buf(), arch: hf_arch }),
     };
+    let family = arch.family();
     let dim = req_usize("hidden_size")?;
     let n_heads = req_usize("num_attention_heads")?;
     let n_kv_heads = opt_usize("num_key_value_heads")?.unwrap_or(n_heads);
@@ -160,32 +154,30 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         },
     };
     let n_layers = req_usize("num_hidden_layers")?;
-    let moe = if arch.is_moe() {
-        if arch != Arch::Qwen3Moe {
-            // The hybrid MoE classes' defaults differ from Qwen3-MoE's (the fallbacks of
+    let moe = if let Some(spec) = family.moe() {
+        if spec.hf_sizes_required {
+            // Families whose defaults differ from Qwen3-MoE's (the fallbacks of
             // `MoeConfig::from_hf_json`): their sizes must be given.
             for key in ["num_experts", "num_experts_per_tok", "moe_intermediate_size"] {
                 req_usize(key)?;
             }
         }
         let mut m = MoeConfig::from_hf_json(j, n_layers).map_err(|(key, reason)| err(&key, &reason))?;
-        match arch {
-            // Qwen3.5-MoE always renormalises the chosen experts' weights (no config key).
-            Arch::Qwen35Moe => m.norm_topk_prob = true,
-            // Qwen3NextConfig's default is true.
-            Arch::Qwen3Next if j.get("norm_topk_prob").is_none_or(Json::is_null) => m.norm_topk_prob = true,
-            _ => {}
+        match spec.hf_norm_topk {
+            NormTopk::Config => {}
+            NormTopk::Always => m.norm_topk_prob = true,
+            NormTopk::ConfigDefaultTrue if j.get("norm_topk_prob").is_none_or(Json::is_null) => m.norm_topk_prob = true,
+            NormTopk::ConfigDefaultTrue => {}
         }
         Some(m)
     } else {
         None
     };
-    // Qwen3MoeConfig's default dense width (used only by layers left dense); Qwen3.5-MoE has
-    // no dense layers and no such key.
-    let ffn_dim = match (&moe, opt_usize("intermediate_size")?) {
+    // The family's default dense width (used only by layers left dense: Qwen3MoeConfig's;
+    // Qwen3.5-MoE has no dense layers and no such key).
+    let ffn_dim = match (family.moe(), opt_usize("intermediate_size")?) {
         (_, Some(f)) => f,
-        (Some(_), None) if arch == Arch::Qwen3Moe => 6144,
-        (Some(_), None) => 0,
+        (Some(spec), None) => spec.hf_dense_width_default,
         (None, None) => return Err(err("intermediate_size", "is missing")),
     };
     let cfg = ModelConfig {
@@ -207,10 +199,10 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         hybrid: None,
     };
     let mut cfg = cfg;
-    if arch.is_hybrid() {
-        cfg.hybrid = Some(super::hybrid::HybridConfig::from_hf_json(j, path, &cfg)?);
+    if family.is_hybrid() {
+        cfg.hybrid = Some(HybridConfig::from_hf_json(j, path, &cfg)?);
     }
-    let qkv_bias = arch == Arch::Qwen2 || opt_bool("attention_bias")?.unwrap_or(false);
+    let qkv_bias = family.attention.qkv_bias || opt_bool("attention_bias")?.unwrap_or(false);
     Ok((cfg, HfExtras { hf_arch, qkv_bias }))
 }
 
@@ -232,7 +224,8 @@ fn rope_scaling(rs: &Json) -> Result<RopeScaling, String> {
 
 /// Every tensor the model reads, in GGUF order (embedding, output, then blocks).
 pub fn tensor_plan(c: &ModelConfig, x: &HfExtras) -> Vec<PlannedTensor> {
-    let llama = c.arch == Arch::Llama;
+    let family = c.arch.family();
+    let llama = family.gguf_permutes_qk();
     let t = |hf: String, gguf: String, shape: Vec<usize>, permute: Option<usize>| PlannedTensor {
         hf,
         gguf,
@@ -260,7 +253,7 @@ pub fn tensor_plan(c: &ModelConfig, x: &HfExtras) -> Vec<PlannedTensor> {
             add("self_attn.k_proj.bias", "attn_k.bias", vec![kvd], Some(c.n_kv_heads));
             add("self_attn.v_proj.bias", "attn_v.bias", vec![kvd], None);
         }
-        if c.arch.has_qk_norm() {
+        if family.attention.qk_norm {
             add("self_attn.q_norm.weight", "attn_q_norm.weight", vec![c.head_dim], None);
             add("self_attn.k_norm.weight", "attn_k_norm.weight", vec![c.head_dim], None);
         }
@@ -297,134 +290,181 @@ pub fn tensor_plan(c: &ModelConfig, x: &HfExtras) -> Vec<PlannedTensor> {
     v
 }
 
-/// Reads the tensors of `plan` (shape- and dtype-checked) and binds them as model weights.
-/// Matrices keep their dtype (BF16, F16 or F32: the CPU backend widens rows as it computes);
-/// norms and biases are widened to f32.
-pub fn load_weights(st: &SafetensorsDir, c: &ModelConfig, x: &HfExtras) -> Result<ModelWeights, HfError> {
-    if let Some(h) = &c.hybrid {
-        return super::hybrid::load_hf_weights(st, c, h);
-    }
-    let plan = tensor_plan(c, x);
-    let mut mats: HashMap<&str, Tensor> = HashMap::new();
-    // Expert matrices by (stacked GGUF name, expert).
-    let mut expert_mats: HashMap<(String, usize), Tensor> = HashMap::new();
-    let mut vecs: HashMap<&str, Vec<f32>> = HashMap::new();
-    for p in &plan {
-        let (ty, shape, bytes) = st.read(&p.hf)?;
-        if shape != p.shape.as_slice() {
-            return Err(HfError::Shape {
-                path: st.path_of(&p.hf),
-                tensor: p.hf.clone(),
-                expected: p.shape.clone(),
-                found: shape.to_vec(),
-            });
-        }
-        if p.is_vector() {
-            let mut out = vec![0f32; p.shape[0]];
-            dequantize_row(ty, bytes, &mut out);
-            vecs.insert(p.gguf.as_str(), out);
-        } else {
-            // Matrices stay in the memory map (an 8B BF16 model is not copied into RAM). The
-            // byte count was checked when the file was opened; `from_mapped` checks it again.
-            let (file, info) = st.get(&p.hf)?;
-            let t = Tensor::from_mapped(
-                p.hf.clone(),
-                ty,
-                p.shape[0],
-                p.shape[1],
-                file.mmap().clone(),
-                info.start,
-                bytes.len(),
-            );
-            let t = t.ok_or_else(|| HfError::Shape {
-                path: st.path_of(&p.hf),
-                tensor: p.hf.clone(),
-                expected: p.shape.clone(),
-                found: shape.to_vec(),
-            })?;
-            match p.expert {
-                Some(e) => expert_mats.insert((p.gguf.clone(), e), t),
-                None => mats.insert(p.gguf.as_str(), t),
-            };
-        }
-    }
-    // Every planned name was inserted above, so the lookups below cannot fail; `take` keeps
-    // that a typed error rather than a panic should the plan and this list ever disagree.
-    let missing = |name: &str| SafetensorsError::MissingTensor { dir: st.dir.clone(), tensor: name.to_string() };
-    let mut mat = |n: &str| mats.remove(n).ok_or_else(|| missing(n));
-    let token_embd = mat("token_embd.weight")?;
-    let output = if c.tied_embeddings { token_embd.clone() } else { mat("output.weight")? };
-    let mut layers = Vec::with_capacity(c.n_layers);
-    for i in 0..c.n_layers {
-        let n = |s: &str| format!("blk.{i}.{s}");
-        let mut vec = |s: &str| vecs.remove(n(s).as_str());
-        let (attn_norm, ffn_norm) = (vec("attn_norm.weight"), vec("ffn_norm.weight"));
-        let (bq, bk, bv) = (vec("attn_q.bias"), vec("attn_k.bias"), vec("attn_v.bias"));
-        let (q_norm, k_norm) = (vec("attn_q_norm.weight"), vec("attn_k_norm.weight"));
-        let moe = match &c.moe {
-            Some(m) if m.is_sparse(i) => {
-                let mut experts = Vec::with_capacity(m.n_experts);
-                for e in 0..m.n_experts {
-                    // (GGUF name, HF projection) of the expert's three matrices.
-                    let mut take = |gguf: &str, proj: &str| {
-                        let t = expert_mats.remove(&(n(gguf), e));
-                        t.ok_or_else(|| missing(&format!("model.layers.{i}.mlp.experts.{e}.{proj}.weight")))
-                    };
-                    experts.push(Expert {
-                        gate: take("ffn_gate_exps.weight", "gate_proj")?,
-                        up: take("ffn_up_exps.weight", "up_proj")?,
-                        down: take("ffn_down_exps.weight", "down_proj")?,
-                    });
-                }
-                Some(MoeWeights {
-                    router: mat(&n("ffn_gate_inp.weight"))?,
-                    experts,
-                    n_used: m.n_used,
-                    norm_topk_prob: m.norm_topk_prob,
-                    shared: None,
-                })
-            }
-            _ => None,
-        };
-        let (w_gate, w_up, w_down) = match moe {
-            Some(_) => LayerWeights::empty_dense_ffn(i, c),
-            None => (mat(&n("ffn_gate.weight"))?, mat(&n("ffn_up.weight"))?, mat(&n("ffn_down.weight"))?),
-        };
-        layers.push(LayerWeights {
-            attn_norm: attn_norm.ok_or_else(|| missing(&n("attn_norm.weight")))?,
-            wq: mat(&n("attn_q.weight"))?,
-            wk: mat(&n("attn_k.weight"))?,
-            wv: mat(&n("attn_v.weight"))?,
-            wo: mat(&n("attn_output.weight"))?,
-            bq,
-            bk,
-            bv,
-            q_norm,
-            k_norm,
-            ffn_norm: ffn_norm.ok_or_else(|| missing(&n("ffn_norm.weight")))?,
-            w_gate,
-            w_up,
-            w_down,
-            moe,
-            hybrid: None,
-        });
-    }
-    let output_norm = vecs.remove("output_norm.weight").ok_or_else(|| missing("model.norm.weight"))?;
-    Ok(ModelWeights { token_embd, layers, output_norm, output, rope_freq_factors: None })
-}
-
-/// Configuration and weights of an HF directory. The config's `vocab_size` must match the
-/// embedding table.
-pub fn load_dir(dir: &Path) -> Result<(ModelConfig, HfExtras, ModelWeights, SafetensorsDir), HfError> {
-    let (cfg, extras) = read_config(dir)?;
-    let st = SafetensorsDir::open(dir)?;
-    let w = load_weights(&st, &cfg, &extras)?;
-    Ok((cfg, extras, w, st))
-}
-
 /// The GGML element type a float tensor of an HF checkpoint is stored in.
 pub fn stored_type(st: &SafetensorsDir, name: &str) -> Result<GgmlType, HfError> {
     Ok(st.read(name)?.0)
+}
+
+impl MoeConfig {
+    /// Reads a `Qwen3MoeForCausalLM` config. Missing keys take transformers' `Qwen3MoeConfig`
+    /// defaults, which differ from the released models' files in one place that matters:
+    /// `norm_topk_prob` defaults to false (Qwen3-30B-A3B's config sets it true).
+    /// `num_experts` and `num_local_experts` (transformers 5) are both accepted.
+    /// Returns the configuration or `(key, reason)`.
+    pub fn from_hf_json(j: &Json, n_layers: usize) -> Result<Self, (String, String)> {
+        let bad = |k: &str, r: &str| (k.to_string(), r.to_string());
+        let num = |k: &str| -> Result<Option<usize>, (String, String)> {
+            match j.get(k) {
+                None | Some(Json::Null) => Ok(None),
+                Some(v) => v.as_u64().map(|v| Some(v as usize)).ok_or_else(|| bad(k, "must be a non-negative integer")),
+            }
+        };
+        let n_experts = match (num("num_experts")?, num("num_local_experts")?) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(bad("num_local_experts", &format!("{b} disagrees with num_experts {a}")));
+            }
+            (a, b) => a.or(b).unwrap_or(128),
+        };
+        let n_used = num("num_experts_per_tok")?.unwrap_or(8);
+        let expert_ffn_dim = num("moe_intermediate_size")?.unwrap_or(768);
+        let norm_topk_prob = match j.get("norm_topk_prob") {
+            None | Some(Json::Null) => false,
+            Some(v) => v.as_bool().ok_or_else(|| bad("norm_topk_prob", "must be true or false"))?,
+        };
+        let step = num("decoder_sparse_step")?.unwrap_or(1);
+        if step == 0 {
+            return Err(bad("decoder_sparse_step", "must be at least 1"));
+        }
+        let mut dense = vec![false; n_layers];
+        match j.get("mlp_only_layers") {
+            None | Some(Json::Null) => {}
+            Some(Json::Array(list)) => {
+                for v in list {
+                    match v.as_u64().map(|i| i as usize) {
+                        Some(i) if i < n_layers => dense[i] = true,
+                        _ => return Err(bad("mlp_only_layers", &format!("{v} is not a layer of {n_layers}"))),
+                    }
+                }
+            }
+            Some(_) => return Err(bad("mlp_only_layers", "must be a list of layer indices")),
+        }
+        // transformers: sparse iff not listed, experts exist, and (layer + 1) % step == 0.
+        let sparse_layers = (0..n_layers).map(|i| !dense[i] && n_experts > 0 && (i + 1) % step == 0).collect();
+        let m = MoeConfig { n_experts, n_used, expert_ffn_dim, norm_topk_prob, sparse_layers };
+        let unset = |k: &str| j.get(k).is_none_or(Json::is_null);
+        // The expert count is named as the file spells it.
+        let experts =
+            if unset("num_experts") && !unset("num_local_experts") { "num_local_experts" } else { "num_experts" };
+        let field = |f: MoeField| {
+            match f {
+                MoeField::Experts => experts,
+                MoeField::Used => "num_experts_per_tok",
+                MoeField::ExpertFfnDim => "moe_intermediate_size",
+            }
+            .to_string()
+        };
+        m.check(&field).map_err(|e| {
+            let k = field(e.field);
+            // A value the file leaves out is transformers' default: say so, or the message
+            // would quote a number the file does not have.
+            let default = if unset(&k) { " (not set: the default)" } else { "" };
+            (k, format!("{}{default}", e.reason))
+        })?;
+        Ok(m)
+    }
+}
+
+impl HybridConfig {
+    /// From a Qwen3.5 text `config.json` (`layer_types` or `full_attention_interval`, the
+    /// `linear_*` sizes, `partial_rotary_factor` at the top level or in `rope_parameters`).
+    pub fn from_hf_json(j: &Json, path: &Path, c: &ModelConfig) -> Result<Self, HfError> {
+        let err = |key: &str, reason: String| HfError::Config { path: path.to_path_buf(), key: key.into(), reason };
+        let usize_of = |key: &str, default: Option<usize>| -> Result<usize, HfError> {
+            match j.get(key) {
+                None | Some(Json::Null) => default.ok_or_else(|| err(key, "is missing".into())),
+                Some(v) => {
+                    v.as_u64().map(|v| v as usize).ok_or_else(|| err(key, "must be a non-negative integer".into()))
+                }
+            }
+        };
+        let recurrent = match j.get("layer_types") {
+            Some(Json::Array(list)) => list
+                .iter()
+                .map(|v| match v.as_str() {
+                    Some("linear_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(err("layer_types", format!("entry {v} is neither linear_attention nor full_attention"))),
+                })
+                .collect::<Result<Vec<bool>, HfError>>()?,
+            None | Some(Json::Null) => by_interval(c.n_layers, usize_of("full_attention_interval", Some(4))?),
+            Some(_) => return Err(err("layer_types", "must be a list".into())),
+        };
+        if recurrent.len() != c.n_layers {
+            return Err(err("layer_types", format!("has {} entries for {} layers", recurrent.len(), c.n_layers)));
+        }
+        // (where the factor was found, the factor). A value of another type is an error, not
+        // the default: a full rotation where the checkpoint rotates a quarter of each head would
+        // load and write noise.
+        let mut factor_found = None;
+        for (k, v) in [
+            ("partial_rotary_factor", j.get("partial_rotary_factor")),
+            (
+                "rope_parameters.partial_rotary_factor",
+                j.get("rope_parameters").and_then(|r| r.get("partial_rotary_factor")),
+            ),
+        ] {
+            match v {
+                None | Some(Json::Null) => {}
+                Some(v) => {
+                    let f = v.as_f64().ok_or_else(|| err(k, format!("{v} must be a number")))?;
+                    factor_found.get_or_insert((k, f));
+                }
+            }
+        }
+        let (factor_key, factor) = factor_found.unwrap_or(("partial_rotary_factor", 1.0));
+        let attn_output_gate = match j.get("attn_output_gate") {
+            None | Some(Json::Null) => true,
+            Some(v) => v.as_bool().ok_or_else(|| err("attn_output_gate", format!("{v} must be true or false")))?,
+        };
+        let h = HybridConfig {
+            recurrent,
+            n_k_heads: usize_of("linear_num_key_heads", None)?,
+            n_v_heads: usize_of("linear_num_value_heads", None)?,
+            d_k: usize_of("linear_key_head_dim", None)?,
+            d_v: usize_of("linear_value_head_dim", None)?,
+            conv_kernel: usize_of("linear_conv_kernel_dim", Some(4))?,
+            grouping: HeadGrouping::Interleaved,
+            rotary_dim: (c.head_dim as f64 * factor) as usize,
+            attn_output_gate,
+        };
+        let field = |f: HybridField| {
+            match f {
+                HybridField::KeyHeads => "linear_num_key_heads",
+                HybridField::ValueHeads => "linear_num_value_heads",
+                HybridField::KeyHeadDim => "linear_key_head_dim",
+                HybridField::ValueHeadDim => "linear_value_head_dim",
+                HybridField::ConvKernel => "linear_conv_kernel_dim",
+                HybridField::RotaryDim => factor_key,
+            }
+            .to_string()
+        };
+        h.check(c.head_dim, &field).map_err(|e| match e.field {
+            // The file gives a fraction of the head, not the dims the rule is about.
+            HybridField::RotaryDim => err(factor_key, format!("{factor} x head size {} = {}", c.head_dim, e.reason)),
+            f => err(&field(f), e.reason),
+        })?;
+        Ok(h)
+    }
+}
+
+/// The text-model part of a vision-language `config.json` (a family's `hf_vl_classes`, e.g.
+/// `Qwen3_5(Moe)ForConditionalGeneration`, with a nested `text_config`), as a text-only config:
+/// `architectures` set to the text class, `tie_word_embeddings` taken from the top level when
+/// the nested config lacks it. `None` for any other config.
+pub fn vl_text_config(j: &Json) -> Option<Json> {
+    let class = j.get("architectures")?.as_array()?.first()?.as_str()?;
+    let text_arch = match by_hf_class(class)? {
+        (arch, true) => *arch.family().hf_classes.first()?,
+        (_, false) => return None,
+    };
+    let mut text = j.get("text_config")?.as_object()?.clone();
+    text.insert("architectures".into(), Json::from(vec![text_arch]));
+    if !text.contains_key("tie_word_embeddings") {
+        if let Some(t) = j.get("tie_word_embeddings") {
+            text.insert("tie_word_embeddings".into(), t.clone());
+        }
+    }
+    Some(Json::Object(text))
 }
 
 #[cfg(test)]
@@ -446,7 +486,7 @@ mod tests {
     #[test]
     fn parses_qwen3_and_rope_scaling() {
         let (c, x) = cfg(serde_json::json!({})).unwrap();
-        assert_eq!((c.arch, c.head_dim, c.n_kv_heads, c.tied_embeddings), (Arch::Qwen3, 32, 2, true));
+        assert_eq!((c.arch.name(), c.head_dim, c.n_kv_heads, c.tied_embeddings), ("qwen3", 32, 2, true));
         assert!(!x.qkv_bias);
         assert_eq!(c.rope_style, RopeStyle::Halves);
         let (c, _) = cfg(serde_json::json!({"rope_scaling": {"rope_type": "llama3", "factor": 8.0,
@@ -469,7 +509,7 @@ mod tests {
             "num_experts_per_tok": 2, "moe_intermediate_size": 16, "norm_topk_prob": true
         });
         let (c, _) = config_from_json(&j, Path::new("x/config.json")).unwrap();
-        assert_eq!((c.arch, c.rope_theta, c.rope_scaling), (Arch::Qwen3Moe, 5e5, RopeScaling::None));
+        assert_eq!((c.arch.name(), c.rope_theta, c.rope_scaling), ("qwen3moe", 5e5, RopeScaling::None));
         // No intermediate_size: Qwen3MoeConfig's default for the (here absent) dense layers.
         assert_eq!(c.ffn_dim, 6144);
         let m = c.moe.as_ref().unwrap();
@@ -512,5 +552,127 @@ mod tests {
         assert!(e.contains("x/config.json: 'linear_conv_kernel_dim' 1 must be at least 2"), "{e}");
         let e = cfg(serde_json::json!({"architectures": ["GPT2LMHeadModel"]})).unwrap_err().to_string();
         assert!(e.contains("GPT2LMHeadModel"), "{e}");
+    }
+
+    fn hf(extra: Json) -> Result<MoeConfig, (String, String)> {
+        MoeConfig::from_hf_json(&extra, 4)
+    }
+
+    #[test]
+    fn hf_defaults_aliases_and_dense_layers() {
+        // transformers' defaults: 128 experts, 8 used, width 768, no renormalisation.
+        let m = hf(serde_json::json!({})).unwrap();
+        assert_eq!((m.n_experts, m.n_used, m.expert_ffn_dim, m.norm_topk_prob), (128, 8, 768, false));
+        assert_eq!(m.sparse_layers, vec![true; 4]);
+        let m = hf(serde_json::json!({"num_local_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": true,
+                                      "moe_intermediate_size": 64, "mlp_only_layers": [0], "decoder_sparse_step": 2}))
+        .unwrap();
+        assert_eq!((m.n_experts, m.n_used, m.expert_ffn_dim, m.norm_topk_prob), (8, 2, 64, true));
+        // Layer 0 listed dense; of the rest only (i + 1) % 2 == 0, i.e. layers 1 and 3.
+        assert_eq!(m.sparse_layers, vec![false, true, false, true]);
+    }
+
+    #[test]
+    fn hf_rejects_inconsistent_values_naming_the_key() {
+        let cases = [
+            (serde_json::json!({"num_experts": 8, "num_local_experts": 4}), "num_local_experts"),
+            (serde_json::json!({"decoder_sparse_step": 0}), "decoder_sparse_step"),
+            (serde_json::json!({"mlp_only_layers": [9]}), "mlp_only_layers"),
+            (serde_json::json!({"num_experts": 4, "num_experts_per_tok": 5}), "num_experts_per_tok"),
+            (serde_json::json!({"norm_topk_prob": "yes"}), "norm_topk_prob"),
+        ];
+        for (j, key) in cases {
+            let (k, reason) = hf(j.clone()).unwrap_err();
+            assert_eq!(k, key, "{j}: {reason}");
+        }
+    }
+
+    #[test]
+    fn moe_hf_shape_rules_name_the_field_that_fails() {
+        let cases = [
+            (serde_json::json!({"num_experts": 0}), "num_experts", "0 must be positive"),
+            (serde_json::json!({"num_local_experts": 0}), "num_local_experts", "0 must be positive"),
+            (
+                serde_json::json!({"num_experts": 4, "num_experts_per_tok": 0}),
+                "num_experts_per_tok",
+                "0 must be between 1 and num_experts 4",
+            ),
+            (
+                serde_json::json!({"num_local_experts": 4, "num_experts_per_tok": 5}),
+                "num_experts_per_tok",
+                "5 must be between 1 and num_local_experts 4",
+            ),
+            // Left out, the default 8 is what breaks the rule.
+            (
+                serde_json::json!({"num_experts": 4}),
+                "num_experts_per_tok",
+                "8 must be between 1 and num_experts 4 (not set: the default)",
+            ),
+            (serde_json::json!({"moe_intermediate_size": 0}), "moe_intermediate_size", "0 must be positive"),
+        ];
+        for (j, key, says) in cases {
+            assert_eq!(hf(j.clone()).unwrap_err(), (key.to_string(), says.to_string()), "{j}");
+        }
+    }
+
+    #[test]
+    fn hybrid_hf_shape_rules_name_the_field_that_fails() {
+        let c = super::super::shapes::shape("qwen3.5-9b").unwrap();
+        let base = serde_json::json!({"linear_num_key_heads": 16, "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128, "partial_rotary_factor": 0.25});
+        let load = |extra: Json| {
+            let mut j = base.clone();
+            if let (Some(o), Some(e)) = (j.as_object_mut(), extra.as_object()) {
+                o.extend(e.clone());
+            }
+            HybridConfig::from_hf_json(&j, Path::new("x/config.json"), &c)
+        };
+        let h = load(serde_json::json!({})).unwrap();
+        assert_eq!((h.n_k_heads, h.n_v_heads, h.d_k, h.d_v, h.conv_kernel, h.rotary_dim), (16, 32, 128, 128, 4, 64));
+        let rule = "must be even, positive and at most the head size 256";
+        for (extra, says) in [
+            (serde_json::json!({"linear_num_key_heads": 0}), "'linear_num_key_heads' 0 must be positive".to_string()),
+            (
+                serde_json::json!({"linear_num_value_heads": 24}),
+                "'linear_num_value_heads' 24 must be a positive multiple of linear_num_key_heads 16".into(),
+            ),
+            (serde_json::json!({"linear_num_value_heads": 0}), "'linear_num_value_heads' 0 must be a positive".into()),
+            (serde_json::json!({"linear_key_head_dim": 0}), "'linear_key_head_dim' 0 must be positive".into()),
+            (serde_json::json!({"linear_value_head_dim": 0}), "'linear_value_head_dim' 0 must be positive".into()),
+            (serde_json::json!({"linear_conv_kernel_dim": 1}), "'linear_conv_kernel_dim' 1 must be at least 2".into()),
+            (
+                serde_json::json!({"partial_rotary_factor": 1.5}),
+                format!("'partial_rotary_factor' 1.5 x head size 256 = 384 {rule}"),
+            ),
+            (
+                serde_json::json!({"partial_rotary_factor": null, "rope_parameters": {"partial_rotary_factor": 0.0}}),
+                format!("'rope_parameters.partial_rotary_factor' 0 x head size 256 = 0 {rule}"),
+            ),
+            (
+                serde_json::json!({"partial_rotary_factor": "0.25"}),
+                "'partial_rotary_factor' \"0.25\" must be a number".into(),
+            ),
+            (
+                serde_json::json!({"rope_parameters": {"partial_rotary_factor": true}}),
+                "'rope_parameters.partial_rotary_factor' true must be a number".into(),
+            ),
+            (serde_json::json!({"attn_output_gate": "yes"}), "'attn_output_gate' \"yes\" must be true or false".into()),
+        ] {
+            let e = load(extra.clone()).unwrap_err().to_string();
+            assert!(e.contains("x/config.json") && e.contains(&says), "{extra}: {e}");
+        }
+    }
+
+    #[test]
+    fn vision_language_config_yields_its_text_model() {
+        let j = serde_json::json!({
+            "architectures": ["Qwen3_5ForConditionalGeneration"], "tie_word_embeddings": true,
+            "text_config": {"model_type": "qwen3_5_text", "hidden_size": 8}, "vision_config": {"depth": 2}
+        });
+        let t = vl_text_config(&j).unwrap();
+        assert_eq!(t["architectures"][0], "Qwen3_5ForCausalLM");
+        assert_eq!((t["hidden_size"].as_u64(), t["tie_word_embeddings"].as_bool()), (Some(8), Some(true)));
+        assert!(t.get("vision_config").is_none());
+        assert!(vl_text_config(&serde_json::json!({"architectures": ["Qwen3ForCausalLM"]})).is_none());
     }
 }

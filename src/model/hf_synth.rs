@@ -12,7 +12,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value as Json};
 
-use super::config::{Arch, ModelConfig};
+use super::arch::{Arch, PreTokenizer};
+use super::config::ModelConfig;
 use super::gguf::{GgufError, GgufFile};
 use super::hf::{tensor_plan, HfError, HfExtras};
 use super::quant::{quantize_row, GgmlType};
@@ -54,7 +55,7 @@ pub struct SynthSpec {
     pub seed: u64,
     /// Written as `rope_scaling` in config.json when set.
     pub rope_scaling: Option<Json>,
-    /// Mixture-of-experts keys of config.json (for `Arch::Qwen3Moe`).
+    /// Mixture-of-experts keys of config.json (for a mixture-of-experts family).
     pub moe: Option<SynthMoe>,
 }
 
@@ -74,6 +75,7 @@ impl SynthSpec {
     /// 2 layers, width 64, grouped-query attention (4 query heads, 2 KV heads). Qwen3 gets a
     /// head size (32) that is not width / heads, as real Qwen3 models have.
     pub fn tiny(arch: Arch, seed: u64) -> Self {
+        let family = arch.family();
         SynthSpec {
             arch,
             n_layers: 2,
@@ -81,12 +83,12 @@ impl SynthSpec {
             ffn_dim: 128,
             n_heads: 4,
             n_kv_heads: 2,
-            head_dim: if arch.has_qk_norm() { 32 } else { 16 },
-            tied: arch != Arch::Qwen2,
+            head_dim: if family.attention.qk_norm { 32 } else { 16 },
+            tied: family.tiny_hf.is_none_or(|t| t.tied),
             shards: 1,
             seed,
             rope_scaling: None,
-            moe: (arch == Arch::Qwen3Moe).then_some(SynthMoe {
+            moe: family.moe().map(|_| SynthMoe {
                 n_experts: 4,
                 n_used: 2,
                 expert_ffn_dim: 32,
@@ -132,7 +134,7 @@ fn read_vocab(g: &GgufFile) -> Result<Vocab, SynthError> {
     })
 }
 
-fn tokenizer_json(v: &Vocab, arch: Arch) -> Json {
+fn tokenizer_json(v: &Vocab, pre: PreTokenizer) -> Json {
     let vocab: serde_json::Map<String, Json> =
         v.tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
     // GGUF types 3 (control) and 4 (user-defined) are HF added tokens, special or not.
@@ -146,15 +148,13 @@ fn tokenizer_json(v: &Vocab, arch: Arch) -> Json {
                    "normalized": false, "special": t == 3})
         })
         .collect();
-    let pre = match arch {
-        Arch::Llama => json!({"type": "Sequence", "pretokenizers": [
+    let pre = match pre {
+        PreTokenizer::Smollm => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Digits", "individual_digits": true},
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]}),
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
-            json!({"type": "Sequence", "pretokenizers": [
+        PreTokenizer::Qwen2 => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": QWEN2_REGEX}, "behavior": "Isolated", "invert": false},
-            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]})
-        }
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]}),
     };
     json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
@@ -184,15 +184,13 @@ pub fn write_hf_dir(
     std::fs::create_dir_all(dir).map_err(|source| SynthError::Io { path: dir.to_path_buf(), source })?;
     let g = GgufFile::open(vocab_from)?;
     let v = read_vocab(&g)?;
-    let (hf_arch, model_type, theta) = match spec.arch {
-        Arch::Llama => ("LlamaForCausalLM", "llama", 10_000.0),
-        Arch::Qwen2 => ("Qwen2ForCausalLM", "qwen2", 1_000_000.0),
-        Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3", 1_000_000.0),
-        Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe", 1_000_000.0),
-        Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
-            return Err(SynthError::Unsupported("hybrid (Qwen3.5, Qwen3-Next) models".into()))
-        }
+    // The family's tiny form (none for the hybrid families: their random checkpoints come
+    // from transformers, see tests/data).
+    let family = spec.arch.family();
+    let (Some(tiny), Some(hf_arch)) = (family.tiny_hf, family.hf_classes.first()) else {
+        return Err(SynthError::Unsupported(format!("{} models", family.gguf_name)));
     };
+    let (model_type, theta) = (tiny.model_type, tiny.rope_theta);
     let mut config = json!({
         "architectures": [hf_arch], "model_type": model_type, "hidden_size": spec.dim,
         "intermediate_size": spec.ffn_dim, "num_attention_heads": spec.n_heads,
@@ -216,7 +214,7 @@ pub fn write_hf_dir(
         }
     }
     write_json(&dir.join("config.json"), &config)?;
-    write_json(&dir.join("tokenizer.json"), &tokenizer_json(&v, spec.arch))?;
+    write_json(&dir.join("tokenizer.json"), &tokenizer_json(&v, tiny.pre_tokenizer))?;
     let name = |id: Option<u32>| id.and_then(|i| v.tokens.get(i as usize)).cloned();
     let mut tcfg = json!({"bos_token": name(v.bos), "eos_token": name(v.eos), "pad_token": name(v.eos),
                           "add_bos_token": false,

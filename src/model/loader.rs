@@ -112,7 +112,7 @@ fn load_hf_dir(dir: &Path) -> Result<LoadedModel, LoadError> {
     if !dir.join(super::hf::CONFIG_FILE).is_file() {
         return Err(LoadError::Directory(dir.to_path_buf()));
     }
-    let (config, _extras, weights, st) = super::hf::load_dir(dir)?;
+    let (config, _extras, weights, st) = super::hf_bind::load_dir(dir)?;
     let tokenizer =
         Tokenizer::from_hf_dir(dir).map_err(|source| LoadError::Tokenizer { path: dir.to_path_buf(), source })?;
     let mut h = blake3::Hasher::new();

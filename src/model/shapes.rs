@@ -1,7 +1,8 @@
 //! Real architectures' shapes, for synthetic (random-weight) models: benchmarks and tests can
 //! check a machine before the weights arrive.
 
-use super::config::{Arch, ModelConfig, MoeConfig, RopeScaling};
+use super::arch::{by_gguf_name, Arch};
+use super::config::{ModelConfig, MoeConfig, RopeScaling};
 use super::hybrid::{HeadGrouping, HybridConfig};
 
 /// Names accepted by `--synthetic`.
@@ -42,7 +43,7 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
             vocab_size,
             rms_eps,
             rope_theta,
-            rope_style: arch.gguf_rope_style(),
+            rope_style: arch.family().gguf_rope_style,
             rope_scaling: RopeScaling::None,
             max_context: 32768,
             tied_embeddings: tied,
@@ -50,24 +51,26 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
             hybrid: None,
         }
     }
+    // Each shape names its family by its GGUF name.
+    let a = by_gguf_name;
     Some(match name {
-        "qwen3-8b" => c(Arch::Qwen3, 36, 4096, 12288, 32, 8, 128, 151_936, 1e6, 1e-6, false),
-        "qwen3-0.6b" => c(Arch::Qwen3, 28, 1024, 3072, 16, 8, 128, 151_936, 1e6, 1e-6, true),
-        "qwen2.5-7b" => c(Arch::Qwen2, 28, 3584, 18944, 28, 4, 128, 152_064, 1e6, 1e-6, false),
-        "llama3-8b" => c(Arch::Llama, 32, 4096, 14336, 32, 8, 128, 128_256, 5e5, 1e-5, false),
-        "smollm2-135m" => c(Arch::Llama, 30, 576, 1536, 9, 3, 64, 49_152, 1e5, 1e-5, true),
+        "qwen3-8b" => c(a("qwen3")?, 36, 4096, 12288, 32, 8, 128, 151_936, 1e6, 1e-6, false),
+        "qwen3-0.6b" => c(a("qwen3")?, 28, 1024, 3072, 16, 8, 128, 151_936, 1e6, 1e-6, true),
+        "qwen2.5-7b" => c(a("qwen2")?, 28, 3584, 18944, 28, 4, 128, 152_064, 1e6, 1e-6, false),
+        "llama3-8b" => c(a("llama")?, 32, 4096, 14336, 32, 8, 128, 128_256, 5e5, 1e-5, false),
+        "smollm2-135m" => c(a("llama")?, 30, 576, 1536, 9, 3, 64, 49_152, 1e5, 1e-5, true),
         // Qwen3-30B-A3B: 48 sparse layers of 128 experts (8 used, width 768); the dense width
         // 6144 is its config's `intermediate_size`, used by no layer.
         "qwen3-30b-a3b" => ModelConfig {
             moe: Some(all_sparse(128, 8, 768, 48)),
-            ..c(Arch::Qwen3Moe, 48, 2048, 6144, 32, 4, 128, 151_936, 1e6, 1e-6, false)
+            ..c(a("qwen3moe")?, 48, 2048, 6144, 32, 4, 128, 151_936, 1e6, 1e-6, false)
         },
         // Qwen3.5-9B (text model of the released config): 32 layers, every 4th full attention
         // (16 query / 4 KV heads of 256, output gate, 64 rotated dims, theta 1e7), the others
         // Gated DeltaNet (16 key heads and 32 value heads of 128, conv kernel 4); untied head.
         "qwen3.5-9b" => ModelConfig {
             hybrid: Some(qwen35_linear(32)),
-            ..c(Arch::Qwen35, 32, 4096, 12288, 16, 4, 256, 248_320, 1e7, 1e-6, false)
+            ..c(a("qwen35")?, 32, 4096, 12288, 16, 4, 256, 248_320, 1e7, 1e-6, false)
         },
         // Qwen3.6-35B-A3B = Qwen3.5-35B-A3B (one topology; transformers' qwen3_5_moe docs, and
         // the released configs as restated by THUDM/slime scripts/models/qwen3.5-35B-A3B.sh):
@@ -79,7 +82,7 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
         "qwen3.6-35b-a3b" | "qwen3.5-35b-a3b" => ModelConfig {
             hybrid: Some(qwen35_linear(40)),
             moe: Some(all_sparse(256, 8, 512, 40)),
-            ..c(Arch::Qwen35Moe, 40, 2048, 0, 16, 2, 256, 248_320, 1e7, 1e-6, false)
+            ..c(a("qwen35moe")?, 40, 2048, 0, 16, 2, 256, 248_320, 1e7, 1e-6, false)
         },
         _ => return None,
     })

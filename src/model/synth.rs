@@ -25,16 +25,17 @@ fn matrix(name: &str, rows: usize, cols: usize, dtype: GgmlType, rng: &mut StdRn
 pub fn random_weights(c: &ModelConfig, dtype: GgmlType, seed: u64) -> ModelWeights {
     let mut rng = StdRng::seed_from_u64(seed);
     let ones = |n: usize| vec![1.0f32; n];
+    let family = c.arch.family();
     let mut layers = Vec::with_capacity(c.n_layers);
     for i in 0..c.n_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
         let bias = |rng: &mut StdRng, k: usize| {
-            (c.arch == super::config::Arch::Qwen2).then(|| (0..k).map(|_| rng.random_range(-0.1..0.1)).collect())
+            family.attention.qkv_bias.then(|| (0..k).map(|_| rng.random_range(-0.1..0.1)).collect())
         };
         let bq = bias(&mut rng, c.q_dim());
         let bk = bias(&mut rng, c.kv_dim());
         let bv = bias(&mut rng, c.kv_dim());
-        let qk = c.arch.has_qk_norm();
+        let qk = family.attention.qk_norm;
         let (wq, wk, wv, wo) = (
             matrix(&n("attn_q.weight"), c.q_dim(), c.dim, dtype, &mut rng),
             matrix(&n("attn_k.weight"), c.kv_dim(), c.dim, dtype, &mut rng),

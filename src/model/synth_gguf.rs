@@ -17,7 +17,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
-use super::config::{Arch, ModelConfig};
+use super::config::ModelConfig;
 use super::gguf::Value;
 use super::gguf_writer::{model_kv, tokenizer_kv, write_gguf, GgufWriteError, TensorOut};
 use super::hf::{tensor_plan, HfExtras};
@@ -105,7 +105,7 @@ enum Fill {
 /// The tensors of shape `c` in GGUF order (experts stacked as `[n_experts, rows, cols]`), with
 /// the storage type `qtype` gives each and what fills it.
 fn file_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<(TensorOut, Fill)> {
-    let extras = HfExtras { hf_arch: String::new(), qkv_bias: c.arch == Arch::Qwen2 };
+    let extras = HfExtras { hf_arch: String::new(), qkv_bias: c.arch.family().attention.qkv_bias };
     let mut out: Vec<(TensorOut, Fill)> = Vec::new();
     for p in tensor_plan(c, &extras) {
         let name = p.gguf;

@@ -30,6 +30,7 @@ use std::ops::Range;
 
 use super::config::ModelConfig;
 use super::hybrid::{DeltaNetWeights, HybridConfig, HybridLayer};
+use super::layer::MixerKind;
 use super::moe::{Expert, MoeWeights, SharedExpert};
 use super::weights::{LayerWeights, ModelWeights, Tensor};
 
@@ -94,7 +95,8 @@ pub fn check(c: &ModelConfig, n: usize) -> Result<(), TpError> {
     if n == 1 {
         return Ok(());
     }
-    if let Some(h) = &c.hybrid {
+    let kinds = c.layer_kinds();
+    if let (true, Some(h)) = (kinds.iter().any(|k| k.is_recurrent()), &c.hybrid) {
         // The value heads are a multiple of the key heads (checked at load), so they split too.
         if !h.n_k_heads.is_multiple_of(n) {
             return Err(TpError::LinearHeads { n, n_k: h.n_k_heads, n_v: h.n_v_heads, ok: divisors(h.n_k_heads) });
@@ -103,11 +105,10 @@ pub fn check(c: &ModelConfig, n: usize) -> Result<(), TpError> {
     if c.n_kv_heads == 0 || !c.n_kv_heads.is_multiple_of(n) || !c.n_heads.is_multiple_of(n) {
         return Err(TpError::Heads { n, n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, ok: divisors(c.n_kv_heads) });
     }
-    let dense = c.moe.as_ref().is_none_or(|m| m.sparse_layers.iter().any(|s| !s));
-    if dense && !c.ffn_dim.is_multiple_of(n) {
+    if kinds.iter().any(|k| !k.is_sparse()) && !c.ffn_dim.is_multiple_of(n) {
         return Err(TpError::Width { n, what: "the FFN".into(), width: c.ffn_dim });
     }
-    if let Some(m) = &c.moe {
+    if let (true, Some(m)) = (kinds.iter().any(|k| k.is_sparse()), &c.moe) {
         if !m.expert_ffn_dim.is_multiple_of(n) {
             return Err(TpError::Width { n, what: "each expert's FFN".into(), width: m.expert_ffn_dim });
         }
@@ -145,7 +146,7 @@ pub fn shard(c: &ModelConfig, w: &ModelWeights, r: Rank) -> Result<(ModelConfig,
     let kv = r.kv_heads(c);
     let (q_rows, kv_rows) = (heads.start * hd..heads.end * hd, kv.start * hd..kv.end * hd);
     // A gated attention layer's wq holds [query, gate] rows per head.
-    let gated = c.hybrid.as_ref().is_some_and(|h| h.attn_output_gate);
+    let gated = c.layer_kinds().iter().any(|k| k.mixer == MixerKind::GatedAttention);
     let wq_rows = if gated { 2 * q_rows.start..2 * q_rows.end } else { q_rows.clone() };
     let layers = w
         .layers

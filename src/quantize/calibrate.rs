@@ -173,6 +173,7 @@ pub fn calibrate(
                 max_snapshots: 0,
                 max_memory: None,
                 kv_type: crate::backend::kv_type::KvType::F16,
+                cublas: crate::backend::cuda::model::cublas_wanted(),
             };
             let mut b = CudaBackend::new(model.config.clone(), &model.weights, &opts)?;
             b.set_tap(CudaTap::new(fresh, &model.weights));

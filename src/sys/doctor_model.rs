@@ -16,6 +16,7 @@ use crate::backend::cpu::matmul::matmul;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::memory::{device_weight_bytes, plan_memory};
 use crate::backend::cuda::qformat::QFormat;
+use crate::model::layer::Ffn;
 use crate::model::loader::load_model;
 use crate::model::weights::{ModelWeights, Tensor};
 
@@ -28,16 +29,17 @@ const STEP: usize = crate::engine::batch::DEFAULT_MAX_BATCH_TOKENS;
 fn matrices(w: &ModelWeights, active: bool) -> Vec<&Tensor> {
     let mut v: Vec<&Tensor> = Vec::new();
     for l in &w.layers {
-        v.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
-        if let Some(h) = &l.hybrid {
-            v.extend(h.extra_matrices());
-        }
-        if let Some(m) = &l.moe {
-            v.push(&m.router);
-            let used = if active { m.n_used.min(m.experts.len()) } else { m.experts.len() };
-            v.extend(m.experts[..used].iter().flat_map(|e| [&e.gate, &e.up, &e.down]));
-            if let Some(s) = &m.shared {
-                v.extend([&s.gate, &s.expert.gate, &s.expert.up, &s.expert.down]);
+        let l = l.typed();
+        v.extend(l.mixer.matrices());
+        match l.ffn {
+            Ffn::Dense(d) => v.extend([d.gate, d.up, d.down]),
+            Ffn::Moe(m) => {
+                v.push(&m.router);
+                let used = if active { m.n_used.min(m.experts.len()) } else { m.experts.len() };
+                v.extend(m.experts[..used].iter().flat_map(|e| [&e.gate, &e.up, &e.down]));
+                if let Some(s) = &m.shared {
+                    v.extend([&s.gate, &s.expert.gate, &s.expert.up, &s.expert.down]);
+                }
             }
         }
     }
@@ -109,7 +111,7 @@ pub(super) fn model_report(
     let workspace = (STEP * (4 * c.dim + 3 * c.ffn_dim) * 4 + 256 * c.vocab_size * 4) as u64;
     // Hybrid models: each sequence's recurrent state (conv window + delta-rule matrices of every
     // linear layer, f32), one per slot.
-    let state_per_seq = c.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq()) as u64;
+    let state_per_seq = c.state_bytes_per_seq() as u64;
     let state = state_per_seq * o.slots as u64;
     let total = weights_bytes + kv + state + workspace;
     let avail = cpu.memory_available_bytes;
@@ -131,8 +133,8 @@ pub(super) fn model_report(
     };
     let mut note =
         format!("weights mapped from the file; KV cache f32 for {positions} positions ({} x {})", o.slots, o.ctx);
-    if let Some(h) = &c.hybrid {
-        note.push_str(&format!("; {}", h.state_summary()));
+    if let Some(summary) = c.state_summary() {
+        note.push_str(&format!("; {summary}"));
     }
     plans.push(DevicePlan {
         device: "cpu".into(),
@@ -166,8 +168,8 @@ pub(super) fn model_report(
                         p.kv as f64 / 1e9,
                         q8 as f64 / 1e9
                     );
-                    if let Some(h) = &c.hybrid {
-                        n.push_str(&format!("; {}", h.state_summary()));
+                    if let Some(summary) = c.state_summary() {
+                        n.push_str(&format!("; {summary}"));
                     }
                     (true, n)
                 }

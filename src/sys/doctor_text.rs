@@ -144,7 +144,15 @@ impl Report {
             };
             let _ = writeln!(s, "    {} ({t}{gpus})", file.path);
         }
-        let _ = writeln!(s, "  cuBLAS: {}", if g.cublas_loadable { "found" } else { "not found" });
+        let _ = writeln!(
+            s,
+            "  cuBLAS: {}",
+            if g.cublas_loadable {
+                "found (prefill products)"
+            } else {
+                "not found: optional, prefill products run on dustoff's own tensor-core GEMM (slower prompts)"
+            }
+        );
         let _ = match &g.nccl {
             Ok(v) => writeln!(s, "  NCCL: {v} (--tensor-parallel over several GPUs)"),
             Err(e) => {

@@ -67,6 +67,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Run, "DUSTOFF_CPU_PATH", "the best the CPU has", "cap on the CPU backend's kernel path: `scalar`, `avx2` or `avx512` (a bad value is a usage error)"),
     var(Scope::Run, "DUSTOFF_SHARD_COUNT", "unset", "shard count with a Kubernetes Indexed Job's `JOB_COMPLETION_INDEX` when `--shard-count` is not given"),
     var(Scope::Run, "DUSTOFF_COMMIT_ROWS", "64", "rows per checkpoint commit of `run` and `generate --input` (lower: commits after a few records)"),
+    var(Scope::Run, "DUSTOFF_CUBLAS", "1 when libcublas loads", "`0`: leave cuBLAS unloaded; prefill products run on dustoff's tensor-core GEMM in 64-token slices (what a server without the CUDA libraries gets)"),
     var(Scope::Run, "DUSTOFF_CUDA_GRAPHS", "1", "`0`: no CUDA-graph replay of decode steps"),
     var(Scope::Run, "DUSTOFF_TP_ALLREDUCE", "auto", "`--tensor-parallel` on GPUs: `nccl` or `host` (download, sum in rank order, upload); auto: NCCL for ranks on distinct GPUs, host-staged for ranks sharing one and for one rank"),
     var(Scope::Run, "DUSTOFF_MEMORY_LOG", "0", "`1`: each CUDA step-buffer allocation and the device memory in use after it, on stderr"),

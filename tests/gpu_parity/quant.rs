@@ -68,7 +68,7 @@ fn quantized_products_every_format_and_token_count() {
             let (xd, od) = (g.up(&x), g.up(&prev));
             let accumulate = n % 2 == 1;
             let with_bias = n % 3 != 0;
-            let mut mm = Mm { s: &s, blas: &blas, x16: g.d(&x16), part: g.d(&part), wide: Some(g.d(&wide)) };
+            let mut mm = Mm { s: &s, blas: Some(&blas), x16: g.d(&x16), part: g.d(&part), wide: Some(g.d(&wide)) };
             let p = Product { lin: &lin, bias: with_bias.then(|| g.d(&bd)), x: g.d(&xd), n, out: g.d(&od), accumulate };
             mm.run(&mut g.k, p).unwrap();
             // The GEMV steps (1..=4 tokens) read the input as int8 (its twin: the CPU product on

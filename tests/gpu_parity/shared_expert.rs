@@ -172,7 +172,7 @@ fn sparse_layer_vs_cpu(test: &str, sf: usize, counts: &[usize], in_pairs: bool) 
                 moe_ffn_shared(&mut g.k, &s, &lw, &work, &sh, hv, xv, n).unwrap();
             } else {
                 moe_ffn(&mut g.k, &s, &lw, &work, hv, xv, n).unwrap();
-                let mut mm = Mm { s: &s, blas: &blas, x16: g.d(&x16), part: g.d(&part), wide: Some(g.d(&wide)) };
+                let mut mm = Mm { s: &s, blas: Some(&blas), x16: g.d(&x16), part: g.d(&part), wide: Some(g.d(&wide)) };
                 let sh = lw.shared.as_ref().expect("the shared expert is uploaded");
                 shared_expert_ffn(&mut g.k, &mut mm, sh, &sw, hv, xv, n).unwrap();
             }

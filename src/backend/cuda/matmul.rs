@@ -138,7 +138,8 @@ pub fn packed_gemv(m: &DevMat, n: usize) -> bool {
 /// The buffers the products of one step use.
 pub struct Mm<'a> {
     pub s: &'a CudaStream,
-    pub blas: &'a cudarc::cublas::CudaBlas,
+    /// None without cuBLAS: [`Mm::f16`] then slices large steps into tensor-core GEMMs.
+    pub blas: Option<&'a cudarc::cublas::CudaBlas>,
     /// The step input cast to F16 (`[max(16, tokens), widest]`).
     pub x16: Dev<u16>,
     /// Split-K scratch of the tensor-core GEMM.
@@ -338,9 +339,49 @@ impl Mm<'_> {
             };
             return g.launch(k, self.s);
         }
-        l::Gemm { w, x: self.x16, out, rows, cols, n_tok: n, out_stride, accumulate }.launch(self.blas)?;
+        let Some(blas) = self.blas else {
+            return self.f16_slices(k, w, rows, cols, bias, n, out, out_stride, accumulate);
+        };
+        l::Gemm { w, x: self.x16, out, rows, cols, n_tok: n, out_stride, accumulate }.launch(blas)?;
         if let Some(b) = bias {
             l::BiasAdd { x: out, b, n_tok: n, n: rows, stride: out_stride }.launch(k, self.s)?;
+        }
+        Ok(())
+    }
+
+    /// [`Mm::f16`] without cuBLAS: the tensor-core GEMM of decode batches over slices of at most
+    /// `TC_MAX_TOKENS` tokens. Each slice reads W again (from L2 or memory), so a long prompt
+    /// runs slower than through cuBLAS; the sums are the same F32 accumulations of F16 products.
+    /// `x16` holds `[n, cols]` with room for the last slice's padding to 16 rows (the work
+    /// buffers are sized to a power of two of at least 16 tokens).
+    #[allow(clippy::too_many_arguments)]
+    fn f16_slices(
+        &mut self,
+        k: &mut Kernels,
+        w: Dev<u16>,
+        rows: usize,
+        cols: usize,
+        bias: Option<Dev<f32>>,
+        n: usize,
+        out: Dev<f32>,
+        out_stride: usize,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        let mut t0 = 0;
+        while t0 < n {
+            let m = (n - t0).min(TC_MAX_TOKENS);
+            let x = self.x16.offset(t0 * cols);
+            let fits = GemmTc::fits(w, x, rows, cols, m);
+            super::launch::check("gemm_tc_f16", fits, || {
+                format!(
+                    "a [{rows}x{cols}] product of {n} tokens needs cuBLAS (rows not a multiple of 16 or columns \
+                     of 32), and no libcublas was loaded"
+                )
+            })?;
+            let part = Some(self.part);
+            let out = out.offset(t0 * out_stride);
+            GemmTc { w, x, out, bias, rows, cols, n_tok: m, out_stride, accumulate, part }.launch(k, self.s)?;
+            t0 += m;
         }
         Ok(())
     }

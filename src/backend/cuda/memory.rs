@@ -9,6 +9,7 @@
 
 use crate::backend::kv_type::KvType;
 use crate::model::config::ModelConfig;
+use crate::model::layer::{FfnKind, LayerKind, MixerKind};
 use crate::model::weights::{ModelWeights, Tensor};
 
 use super::moe;
@@ -101,17 +102,19 @@ const MAX_LOGIT_ROWS: usize = 256;
 /// A sparse layer counts its experts in F16 and its router at its device size (f32, 2 x).
 pub fn f16_matrix_bytes(c: &ModelConfig) -> u64 {
     let (dim, qd, kvd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-    let ffn_elems = |layer: usize| match &c.moe {
-        Some(m) if m.is_sparse(layer) => m.n_experts * (3 * m.expert_ffn_dim * dim + 2 * dim),
+    let ffn_elems = |k: LayerKind| match (k.ffn, &c.moe) {
+        (FfnKind::Moe { .. }, Some(m)) => m.n_experts * (3 * m.expert_ffn_dim * dim + 2 * dim),
         _ => 3 * ffn * dim,
     };
-    let mixer = |l: usize| match &c.hybrid {
+    let mixer = |k: LayerKind| match (k.mixer, &c.hybrid) {
         // Gated DeltaNet: stacked q|k|v, z, b, a projection and the output projection.
-        Some(h) if !c.has_kv(l) => (h.conv_channels() + h.value_dim() + 2 * h.n_v_heads) * dim + dim * h.value_dim(),
-        Some(h) if h.attn_output_gate => (2 * qd + 2 * kvd) * dim + dim * qd,
+        (MixerKind::DeltaNet, Some(h)) => {
+            (h.conv_channels() + h.value_dim() + 2 * h.n_v_heads) * dim + dim * h.value_dim()
+        }
+        (MixerKind::GatedAttention, _) => (2 * qd + 2 * kvd) * dim + dim * qd,
         _ => (qd + 2 * kvd) * dim + dim * qd,
     };
-    let layers: usize = (0..c.n_layers).map(|l| mixer(l) + ffn_elems(l)).sum();
+    let layers: usize = c.layer_kinds().into_iter().map(|k| mixer(k) + ffn_elems(k)).sum();
     let heads = c.vocab_size * dim * if c.tied_embeddings { 1 } else { 2 };
     (layers + heads) as u64 * 2
 }
@@ -163,7 +166,7 @@ pub const PACKED_PREFILL_CHUNK: usize = 1024;
 /// linear-attention kernels do not widen).
 pub fn prefill_chunk(c: &ModelConfig, wide_scratch: u64) -> usize {
     let default = crate::engine::single::PREFILL_CHUNK;
-    if wide_scratch > 0 && c.moe.is_none() && c.hybrid.is_none() {
+    if wide_scratch > 0 && crate::model::layer::describe(&c.layer_kinds()).is_none() {
         PACKED_PREFILL_CHUNK.max(default)
     } else {
         default
@@ -241,11 +244,10 @@ pub fn plan_memory_for(
     let experts = c.moe.as_ref().map_or(0, |m| moe::workspace_bytes(tok, dim, m));
     // Qwen3.5-MoE / Qwen3-Next: the shared experts' buffers (their width, which the config
     // does not carry here, is at most the model width in every released model).
-    let shared = match c.arch {
-        crate::model::config::Arch::Qwen35Moe | crate::model::config::Arch::Qwen3Next => {
-            super::shared_expert::SharedWork::bytes_for(tok, dim, dim)
-        }
-        _ => 0,
+    let shared = if c.layer_kinds().iter().any(|k| k.has_shared_expert()) {
+        super::shared_expert::SharedWork::bytes_for(tok, dim, dim)
+    } else {
+        0
     };
     let experts = experts + shared;
     // Hybrid models: the linear layers' step buffers (projections, conv output, delta-rule
@@ -261,7 +263,7 @@ pub fn plan_memory_for(
         cublas: CUBLAS_ALLOWANCE,
     };
     let workspace = activations + logits + attn + rope + meta + wide_scratch + experts + linear + CUBLAS_ALLOWANCE;
-    let state_per_seq = c.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq() as u64);
+    let state_per_seq = c.state_bytes_per_seq() as u64;
     let state = (seqs.running + seqs.snapshots) as u64 * state_per_seq;
     let total = weights + kv + workspace + state;
     MemoryPlan { weights, kv, kv_type: KvType::F16, workspace, state, state_per_seq, seqs, total, parts }

@@ -123,8 +123,6 @@ pub enum CudaError {
     Shape { kernel: &'static str, reason: String },
     #[error("weights: {0}")]
     Weights(String),
-    #[error("the cuBLAS library (libcublas.so) could not be loaded")]
-    CublasMissing,
     #[error("{0}")]
     OutOfMemory(String),
     #[error("CUDA graph: {0}")]

@@ -28,7 +28,7 @@ use super::CudaError;
 use crate::backend::kv_type::KvType;
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::StepPlan;
-use crate::model::config::{Arch, ModelConfig};
+use crate::model::config::ModelConfig;
 use crate::model::quant::GgmlType;
 use crate::model::rope::rope_table;
 use crate::model::weights::{ModelWeights, Tensor};
@@ -60,6 +60,9 @@ pub struct CudaOptions {
     pub max_memory: Option<super::budget::MemoryCap>,
     /// `--kv-cache`: the element type of the paged KV cache.
     pub kv_type: KvType,
+    /// Load cuBLAS for prefill-sized products when the library is present ([`cublas_wanted`]:
+    /// unless `DUSTOFF_CUBLAS=0`); false: dustoff's tensor-core GEMM in 64-token slices.
+    pub cublas: bool,
 }
 
 impl CudaOptions {
@@ -76,7 +79,9 @@ pub struct CudaBackend {
     pub(super) cfg: ModelConfig,
     pub(super) dev: CudaDevice,
     pub(super) kernels: Kernels,
-    pub(super) blas: CudaBlas,
+    /// cuBLAS for prefill-sized F16 products; None when the library is absent (or
+    /// `DUSTOFF_CUBLAS=0`): then they run on dustoff's tensor-core GEMM in 64-token slices.
+    pub(super) blas: Option<CudaBlas>,
     pub(super) layers: Vec<LayerW>,
     pub(super) embd: Linear,           // [vocab, dim], one part
     pub(super) output: Option<Linear>, // [vocab, dim]; None: tied to embd
@@ -136,7 +141,7 @@ pub(super) struct Parts {
 /// Models whose layers the CUDA backend has no kernels for: hybrid (linear-attention) models
 /// other than Qwen3.5, Qwen3.5-MoE and Qwen3-Next (none today: every hybrid arch runs).
 fn refuse_unsupported(cfg: &ModelConfig) -> Result<(), CudaError> {
-    if cfg.hybrid.is_some() && !matches!(cfg.arch, Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next) {
+    if cfg.hybrid.is_some() && !cfg.arch.is_hybrid() {
         return Err(CudaError::Weights(format!(
             "{} models have linear-attention (Gated DeltaNet) layers, which the CUDA backend does not run yet; use --device cpu",
             cfg.arch.name()
@@ -151,7 +156,7 @@ pub(super) fn open(
     cfg: &ModelConfig,
     opts: &CudaOptions,
     matrix_bytes: u64,
-) -> Result<(CudaDevice, Kernels, CudaBlas), CudaError> {
+) -> Result<(CudaDevice, Kernels, Option<CudaBlas>), CudaError> {
     refuse_unsupported(cfg)?;
     if let Some(why) = opts.kv_type.refusal(cfg.head_dim) {
         return Err(CudaError::Weights(why));
@@ -169,14 +174,38 @@ pub(super) fn open(
     plan.check(avail, &device, opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
     super::device::log_memory(&dev.stream, "CUDA context", 0);
+    let blas = open_cublas(&dev, opts.cublas)?;
+    Ok((dev, kernels, blas))
+}
+
+/// The environment variable that keeps cuBLAS unloaded (`0`): prefill products then run on
+/// dustoff's own tensor-core GEMM, as on a server whose driver came without the CUDA libraries.
+pub const CUBLAS_ENV: &str = "DUSTOFF_CUBLAS";
+
+/// Whether the environment lets dustoff load cuBLAS (`DUSTOFF_CUBLAS` is not `0`).
+pub fn cublas_wanted() -> bool {
+    crate::sys::env::get(CUBLAS_ENV).is_none_or(|v| v != "0")
+}
+
+/// cuBLAS when it can be loaded and `wanted`; else None, said on stderr when it is missing. A
+/// server with only the NVIDIA driver has no libcublas: dustoff then needs nothing but libcuda
+/// and the PTX of `dustoff kernels`.
+fn open_cublas(dev: &CudaDevice, wanted: bool) -> Result<Option<CudaBlas>, CudaError> {
+    if !wanted {
+        return Ok(None);
+    }
     // SAFETY: only tries to dlopen the candidate names; CudaBlas::new would panic without one.
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-        return Err(CudaError::CublasMissing);
+        eprintln!(
+            "note: cuBLAS (libcublas) not found: prefill products run on dustoff's tensor-core GEMM \
+             (64-token slices; slower prompts, same F32 accumulation)"
+        );
+        return Ok(None);
     }
     let blas = CudaBlas::new(dev.stream.clone())
         .map_err(|source| CudaError::Cublas { what: "creating a handle".into(), source })?;
     super::device::log_memory(&dev.stream, "cuBLAS handle", 0);
-    Ok((dev, kernels, blas))
+    Ok(Some(blas))
 }
 
 fn qkv_bias(c: &ModelConfig, bq: &Option<Vec<f32>>, bk: &Option<Vec<f32>>, bv: &Option<Vec<f32>>) -> Option<Vec<f32>> {
@@ -331,13 +360,13 @@ impl CudaBackend {
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let name = |s: &str| format!("layer {i} {s}");
-            let bqkv = if c.arch == Arch::Qwen2 {
+            let bqkv = if c.arch.family().attention.qkv_bias {
                 let b: Vec<f32> = (0..c.q_dim() + 2 * c.kv_dim()).map(|_| rng.random_range(-0.1..0.1)).collect();
                 Some(up(s, &b, &name("qkv bias"))?)
             } else {
                 None
             };
-            let qk = matches!(c.arch, Arch::Qwen3 | Arch::Qwen3Moe);
+            let qk = c.arch.family().attention.qk_norm;
             let wqkv = lin(&mut kernels, 3, &name("wqkv"))?;
             let wo = lin(&mut kernels, 1, &name("wo"))?;
             let (wgu, wdown, moe) = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
@@ -371,7 +400,7 @@ impl CudaBackend {
         cfg: ModelConfig,
         dev: CudaDevice,
         kernels: Kernels,
-        blas: CudaBlas,
+        blas: Option<CudaBlas>,
         p: Parts,
         opts: &CudaOptions,
     ) -> Result<Self, CudaError> {

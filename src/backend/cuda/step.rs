@@ -163,7 +163,7 @@ impl CudaBackend {
         let (pos, kv_rows) = (meta.offset(lay.pos), meta.offset(lay.kv_rows));
         let k = &mut self.kernels;
         let wide = self.wide.as_ref().map(|b| Dev::of(b, s));
-        let mut mm = Mm { s, blas: &self.blas, x16: ptr(&w.x16, s), part: ptr(&w.tc_part, s), wide };
+        let mut mm = Mm { s, blas: self.blas.as_ref(), x16: ptr(&w.x16, s), part: ptr(&w.tc_part, s), wide };
         let cache_rows = self.num_blocks * self.block_size;
         if let Some(p) = prof.as_mut() {
             p.begin(s, n)?;

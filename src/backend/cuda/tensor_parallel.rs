@@ -33,13 +33,7 @@ pub const ALLREDUCE_ENV: &str = "DUSTOFF_TP_ALLREDUCE";
 
 /// Why the GPU path cannot split this model `n` ways (beyond `tensor_parallel::check`), if so.
 pub fn gpu_refusal(cfg: &ModelConfig, n: usize) -> Option<String> {
-    let what = if cfg.hybrid.is_some() {
-        "hybrid (linear-attention)"
-    } else if cfg.moe.is_some() {
-        "mixture-of-experts"
-    } else {
-        return None;
-    };
+    let what = crate::model::layer::describe(&cfg.layer_kinds())?;
     (n > 1).then(|| {
         format!(
             "--tensor-parallel {n} on a GPU: {what} models ({}) are not split on the GPU yet (their fused expert \
