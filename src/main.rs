@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use dustoff::backend::cuda::budget::MemoryCap;
+use dustoff::backend::kv_type::KvChoice;
 use dustoff::commands::common::{self, Device, Slots};
 use dustoff::commands::{generate, tokenize};
 use dustoff::job::exit::{self, ExitCode as Code, UsageError};
@@ -324,6 +326,11 @@ struct EvalCliArgs {
     /// Tokens of text to use at most.
     #[arg(long, default_value_t = 32_768)]
     max_tokens: usize,
+    /// KV cache of the --model runs: f16 (the full cache; f32 on the CPU) or q8 (the 8-bit
+    /// cache's values); the --reference keeps the full one. `--model M --reference M --kv-cache
+    /// q8` measures what the 8-bit cache costs.
+    #[arg(long, default_value = "f16")]
+    kv_cache: KvChoice,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -423,6 +430,16 @@ struct BenchArgs {
     /// GPU: a test of the split, not a speed-up).
     #[arg(long, requires = "tensor_parallel")]
     devices: Option<String>,
+    /// The most GPU memory the bench may take (e.g. 32GB = 32e9 bytes, 30GiB), its CUDA
+    /// context included: a V100's 32 GB on a larger card. A mode that does not fit is refused
+    /// with the numbers. With --plan: the plan is judged against it (less 512 MiB for the
+    /// context) where that is less than --plan-free-gb.
+    #[arg(long)]
+    max_gpu_memory: Option<MemoryCap>,
+    /// KV cache type: f16 or q8 (8-bit values with one F16 scale per 32 values; see `run
+    /// --help`); auto is f16 here (a benchmark names what it measures).
+    #[arg(long, default_value = "auto")]
+    kv_cache: KvChoice,
 }
 
 #[derive(Args)]
@@ -505,6 +522,26 @@ struct EngineArgs {
     /// splits mixture-of-experts and hybrid models. See docs/CLUSTER.md.
     #[arg(long)]
     tensor_parallel: Option<usize>,
+    /// The most memory the job may take on each GPU (e.g. 32GB = 32e9 bytes, 30GiB = 30 x 2^30),
+    /// its CUDA context included: for a card shared with other services. Weights, KV cache,
+    /// workspace and the plan's 5% headroom are planned within it; --slots auto and the KV
+    /// cache are sized from it (when the slots' full contexts do not fit, the KV cache takes
+    /// what does and sequences wait or are preempted). A model that does not fit is refused
+    /// with the numbers.
+    #[arg(long)]
+    max_gpu_memory: Option<MemoryCap>,
+    /// KV cache type: f16, q8 (8-bit values with one F16 scale per 32: 1.88x the positions in
+    /// the same memory; quality in docs/KV_CACHE.md) or auto: on a GPU F16 when the job's
+    /// sequences fit in F16 (--slots auto: when F16 fits as many as 8-bit), else q8, said in
+    /// the log; on the CPU and for data-parallel engines F16.
+    #[arg(long, default_value = "auto")]
+    kv_cache: KvChoice,
+}
+
+impl EngineArgs {
+    fn memory(&self) -> common::MemoryFlags {
+        common::MemoryFlags { max_gpu_memory: self.max_gpu_memory, kv_cache: self.kv_cache }
+    }
 }
 
 #[derive(Args)]
@@ -627,6 +664,7 @@ fn run(cli: Cli) -> Result<Code> {
                 engines: a.engines,
                 tensor_parallel: a.engine.tensor_parallel,
                 ptx_dir: a.model.ptx_dir,
+                memory: a.engine.memory(),
                 slots: a.engine.slots,
                 max_batch_tokens: a.engine.max_batch_tokens,
                 prefix_cache: !a.engine.no_prefix_cache,
@@ -715,6 +753,7 @@ fn run(cli: Cli) -> Result<Code> {
                 text: a.text,
                 ctx: a.ctx,
                 max_tokens: a.max_tokens,
+                kv_type: a.kv_cache.or_f16(),
             };
             let summary = dustoff::commands::eval::run(&args)?;
             print_report(a.json, &summary, summary.to_text())?;
@@ -765,6 +804,8 @@ fn run(cli: Cli) -> Result<Code> {
                 plan_free_gb: a.plan_free_gb,
                 tensor_parallel: a.tensor_parallel,
                 devices: a.devices,
+                max_gpu_memory: a.max_gpu_memory,
+                kv_type: a.kv_cache.or_f16(),
             };
             dustoff::commands::bench_modes::run(&opts)
         }
@@ -787,6 +828,12 @@ fn run(cli: Cli) -> Result<Code> {
                     let device = pick_device(&a.model.device)?;
                     let m = common::load(&a.model.model)?;
                     let step = dustoff::engine::single::PREFILL_CHUNK;
+                    let place = common::Placement {
+                        ptx_dir: a.model.ptx_dir.clone(),
+                        f16_weights: false,
+                        max_gpu_memory: a.engine.max_gpu_memory,
+                        kv_type: a.engine.kv_cache.or_f16(),
+                    };
                     let mut b = dustoff::commands::tensor_parallel::backend_for(
                         &m.config,
                         &m.weights,
@@ -795,7 +842,7 @@ fn run(cli: Cli) -> Result<Code> {
                         None,
                         a.ctx,
                         (step, 1),
-                        a.model.ptx_dir.as_deref(),
+                        &place,
                     )?;
                     generate::run_prompt(&m, b.as_mut(), &p, a.chat, &opt)?;
                     Ok(Code::Ok)
@@ -827,13 +874,13 @@ fn run(cli: Cli) -> Result<Code> {
                         })?;
                     let m = common::load(&a.model.model)?;
                     let max_batch_tokens = a.engine.max_batch_tokens;
-                    let slots = dustoff::commands::tensor_parallel::slots_for(
+                    let (slots, kv_type) = dustoff::commands::tensor_parallel::slots_for(
                         a.engine.slots,
                         &device,
-                        &m.config,
-                        &m.weights,
+                        (&m.config, &m.weights),
                         a.engine.tensor_parallel,
                         (a.ctx, max_batch_tokens),
+                        a.engine.memory(),
                     )?;
                     let cfg = dustoff::engine::batch::EngineConfig::new(
                         slots,
@@ -841,15 +888,31 @@ fn run(cli: Cli) -> Result<Code> {
                         !a.engine.no_prefix_cache,
                         m.fingerprint,
                     );
+                    let place = common::Placement {
+                        ptx_dir: a.model.ptx_dir.clone(),
+                        f16_weights: false,
+                        max_gpu_memory: a.engine.max_gpu_memory,
+                        kv_type,
+                    };
+                    let tokens = match a.engine.tensor_parallel {
+                        None => common::kv_positions(
+                            &device,
+                            (&m.config, &m.weights),
+                            (slots, a.ctx),
+                            cfg.max_batch_tokens,
+                            &place,
+                        )?,
+                        Some(_) => a.ctx * slots,
+                    };
                     let backend = dustoff::commands::tensor_parallel::backend_for(
                         &m.config,
                         &m.weights,
                         &device,
                         a.engine.tensor_parallel,
                         None,
-                        a.ctx * slots,
+                        tokens,
                         (cfg.max_batch_tokens, slots),
-                        a.model.ptx_dir.as_deref(),
+                        &place,
                     )?;
                     let engine = dustoff::engine::batch::Engine::new(backend, cfg)?;
                     let stop = dustoff::job::runner::StopFlag::with_signals().unwrap_or_default();

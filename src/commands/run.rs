@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::common::{self, Device, Slots};
+use super::common::{self, Device, MemoryFlags, Placement, Slots};
 use super::job_adapters::{EngineGenerate, TokenizerCodec};
 use crate::backend::Backend;
 use crate::engine::batch::{Engine, EngineConfig, BLOCK_SIZE};
@@ -35,6 +35,8 @@ pub struct RunArgs {
     /// `--devices`, else cuda:K..K+N; N threads on the CPU).
     pub tensor_parallel: Option<usize>,
     pub ptx_dir: Option<PathBuf>,
+    /// `--max-gpu-memory`, `--kv-cache`.
+    pub memory: MemoryFlags,
     pub slots: Slots,
     pub max_batch_tokens: usize,
     pub prefix_cache: bool,
@@ -163,17 +165,28 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     };
     let stop = StopFlag::with_signals().unwrap_or_default();
     let eos = m.tokenizer.eos_ids().to_vec();
+    let mut place = Placement {
+        ptx_dir: a.ptx_dir.clone(),
+        f16_weights: false,
+        max_gpu_memory: a.memory.max_gpu_memory,
+        kv_type: a.memory.kv_cache.or_f16(),
+    };
     let (mut gen, slots): (Box<dyn Generate>, usize) = if devs.len() == 1 {
-        let slots = super::tensor_parallel::slots_for(
+        let (slots, kv_type) = super::tensor_parallel::slots_for(
             a.slots,
             &devs[0],
-            &m.config,
-            &m.weights,
+            (&m.config, &m.weights),
             a.tensor_parallel,
             (per_seq, a.max_batch_tokens),
+            a.memory,
         )?;
+        place.kv_type = kv_type;
         let cfg = EngineConfig::new(slots, a.max_batch_tokens, a.prefix_cache, m.fingerprint);
-        let (tokens, step) = (slots * per_seq, cfg.max_batch_tokens);
+        let step = cfg.max_batch_tokens;
+        let tokens = match a.tensor_parallel {
+            None => common::kv_positions(&devs[0], (&m.config, &m.weights), (slots, per_seq), step, &place)?,
+            Some(_) => slots * per_seq,
+        };
         let backend = super::tensor_parallel::backend_for(
             &m.config,
             &m.weights,
@@ -182,21 +195,22 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             a.devices.as_deref(),
             tokens,
             (step, slots),
-            a.ptx_dir.as_deref(),
+            &place,
         )?;
-        eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens", backend.describe());
+        eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens ({})", backend.describe(), place.kv_type);
         let engine = Engine::new(backend, cfg)?;
         (Box::new(EngineGenerate::new(engine, eos).with_stop(stop.clone()).with_grammar(grammar)), slots)
     } else {
         // Data parallel: one engine per entry, each built in its own thread over shared weights.
-        let slots = super::devices::engine_slots(a.slots, &devs, &m.config, &m.weights, per_seq, a.max_batch_tokens)?;
+        let slots =
+            super::devices::engine_slots(a.slots, &devs, &m.config, &m.weights, per_seq, a.max_batch_tokens, a.memory)?;
         let pc = super::devices::PoolConfig {
             model: std::sync::Arc::new((m.config.clone(), m.weights.clone())),
             model_fingerprint: m.fingerprint,
             per_seq,
             max_batch_tokens: a.max_batch_tokens,
             prefix_cache: a.prefix_cache,
-            ptx_dir: a.ptx_dir.clone(),
+            place: place.clone(),
             eos,
             grammar,
             stop: stop.clone(),
@@ -295,6 +309,15 @@ fn dry_run(a: &RunArgs, job: &JobKind, inputs: &[PathBuf], shard: Option<ShardSp
     if let Some((c, summary)) = cfg.as_ref().and_then(|c| Some((c, c.state_summary()?))) {
         eprintln!("model: {summary}");
         r.recurrent_state_bytes_per_sequence = Some(c.state_bytes_per_seq() as u64);
+    }
+    if let Some(c) = &cfg {
+        use crate::backend::kv_type::KvType;
+        let per = |kv: KvType| (kv.name().to_string(), crate::backend::cuda::memory::kv_bytes_per_position(c, kv));
+        let mut kinds = vec![per(KvType::F16)];
+        if KvType::Q8.refusal(c.head_dim).is_none() {
+            kinds.push(per(KvType::Q8));
+        }
+        r.kv_cache_bytes_per_position = Some(kinds.into_iter().collect());
     }
     if !a.restart {
         r.resumed_rows = crate::job::checkpoint::Checkpoint::committed_totals(&a.output).0;

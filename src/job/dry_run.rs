@@ -43,6 +43,10 @@ pub struct DryRunReport {
     /// the records that would fail are over the error tolerance); also the dry run's own.
     #[serde(default)]
     pub exit_code: u8,
+    /// GPU KV cache bytes of one cached position (every attention layer, K and V) by cache type
+    /// (`f16`, `q8`: `--kv-cache`), from the model's metadata; absent for vocab-only files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_bytes_per_position: Option<BTreeMap<String, u64>>,
 }
 
 impl DryRunReport {

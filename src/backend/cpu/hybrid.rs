@@ -107,6 +107,8 @@ pub struct KvLayer<'a> {
     pub k: &'a mut [f32],
     pub v: &'a mut [f32],
     pub block_size: usize,
+    /// The cache type the stored values follow (`kv_type::store_row`).
+    pub kv_type: crate::backend::kv_type::KvType,
 }
 
 impl HybridCpu {
@@ -284,6 +286,8 @@ impl HybridCpu {
             let off = (blk * bs + pos[t] % bs) * kvd;
             kv.k[off..off + kvd].copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
             kv.v[off..off + kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
+            crate::backend::kv_type::store_row(kv.kv_type, &mut kv.k[off..off + kvd]);
+            crate::backend::kv_type::store_row(kv.kv_type, &mut kv.v[off..off + kvd]);
         }
         let att = take(&mut s.core, n * qd);
         let paged = PagedKv { k: kv.k, v: kv.v, block_size: bs, n_kv_heads: c.n_kv_heads, head_dim: hd };

@@ -1,5 +1,6 @@
 //! The CPU reference backend: f32 activations, quantized dot products on the packed weights,
-//! rayon across output rows, a paged f32 KV cache.
+//! rayon across output rows, a paged f32 KV cache (holding the values an 8-bit cache reads
+//! back when made with [`CpuBackend::with_kv_type`] `Q8`: the twin of the GPU's `--kv-cache q8`).
 
 mod attn;
 #[cfg(test)]
@@ -14,6 +15,7 @@ mod paged;
 pub mod tap;
 pub mod tensor_parallel;
 
+use crate::backend::kv_type::{self, KvType};
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::{PlanLimits, StepPlan};
 use crate::model::config::ModelConfig;
@@ -31,6 +33,8 @@ pub struct CpuBackend {
     /// Per layer: `[num_blocks, block_size, n_kv_heads, head_dim]` f32.
     k_cache: Vec<Vec<f32>>,
     v_cache: Vec<Vec<f32>>,
+    /// The cache type whose values the caches hold (`kv_type::store_row` on every write).
+    kv_type: KvType,
     /// `[head_dim / 2]`: RoPE inverse frequencies with the file's scaling applied.
     inv_freq: Vec<f32>,
     scratch: Scratch,
@@ -59,11 +63,27 @@ impl CpuBackend {
             w,
             block_size,
             num_blocks,
+            kv_type: KvType::F16,
             inv_freq,
             scratch: Scratch::default(),
             tap: None,
             rank: None,
         }
+    }
+
+    /// The backend with caches that hold what a cache of type `kv` reads back (`Q8`: every
+    /// group of 32 values of a head vector through `kv_type::q8_round_trip`, as the GPU's 8-bit
+    /// cache stores and loads them); refused for head sizes the type cannot take.
+    pub fn with_kv_type(mut self, kv: KvType) -> Result<Self, BackendError> {
+        if let Some(why) = kv.refusal(self.cfg.head_dim) {
+            return Err(BackendError::Plan(why));
+        }
+        self.kv_type = kv;
+        Ok(self)
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
     /// Installs an activation observer (replacing any previous one).
@@ -116,7 +136,8 @@ impl Backend for CpuBackend {
         self.num_blocks
     }
     fn describe(&self) -> String {
-        format!("cpu ({} threads, {})", rayon::current_num_threads(), crate::sys::cpu::cpu_path().describe())
+        let kv = if self.kv_type == KvType::F16 { String::new() } else { format!(", KV cache {}", self.kv_type) };
+        format!("cpu ({} threads, {}{kv})", rayon::current_num_threads(), crate::sys::cpu::cpu_path().describe())
     }
 
     fn decode_weight_bytes(&self) -> u64 {
@@ -252,8 +273,12 @@ impl CpuBackend {
         for (l, lw) in self.w.layers.iter().enumerate() {
             ops::rmsnorm(x, &lw.attn_norm, c.rms_eps, h);
             if let (Some(hl), Some(hy)) = (&lw.hybrid, self.hybrid.as_mut()) {
-                let kv =
-                    hybrid::KvLayer { k: &mut self.k_cache[l], v: &mut self.v_cache[l], block_size: self.block_size };
+                let kv = hybrid::KvLayer {
+                    k: &mut self.k_cache[l],
+                    v: &mut self.v_cache[l],
+                    block_size: self.block_size,
+                    kv_type: self.kv_type,
+                };
                 hy.mixer(l, lw, hl, c, plan, &tables, pos, kv, h, o);
                 tensor_parallel::residual(&self.rank, x, o);
             } else {
@@ -285,6 +310,8 @@ impl CpuBackend {
                     let off = (blk * self.block_size + pos[t] % self.block_size) * kvd;
                     kc[off..off + kvd].copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
                     vc[off..off + kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
+                    kv_type::store_row(self.kv_type, &mut kc[off..off + kvd]);
+                    kv_type::store_row(self.kv_type, &mut vc[off..off + kvd]);
                 }
                 let kv = PagedKv { k: kc, v: vc, block_size: self.block_size, n_kv_heads: c.n_kv_heads, head_dim: hd };
                 ops::attend_batch(&kv, &tables, pos, q, c.n_heads, att);

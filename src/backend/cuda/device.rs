@@ -152,3 +152,17 @@ pub(super) fn log_memory(s: &CudaStream, what: &str, bytes: usize) {
         eprintln!("memory: {what:32} {:9.1} MB, in use {used:.3} GB", bytes as f64 / 1e6);
     }
 }
+
+/// Dense F16 tensor-core FLOP/s of a device by name and compute capability, from the vendors'
+/// data sheets (no sparsity): V100 SXM2 125e12 (PCIe 112e12), A100 312e12, H100/H200 SXM
+/// 989e12 (H100 PCIe 756e12); `None` for others (a bound then has no FLOP side).
+pub fn tensor_flops(name: &str, cc: (i32, i32)) -> Option<f64> {
+    let pcie = name.to_ascii_uppercase().contains("PCIE");
+    match cc {
+        (7, 0) if name.contains("V100") => Some(if pcie { 112e12 } else { 125e12 }),
+        (8, 0) if name.contains("A100") => Some(312e12),
+        (9, 0) if name.contains("H200") => Some(989e12),
+        (9, 0) if name.contains("H100") => Some(if pcie { 756e12 } else { 989e12 }),
+        _ => None,
+    }
+}

@@ -22,17 +22,19 @@
 //! 3. Step plumbing over the launchers: `step_flat` (the shape of a flattened step), `step_attn`
 //!    (its attention), `workspace` (its buffers), `graph` (captured CUDA graphs), `seqs`,
 //!    `layer` (one layer's device weights), `synth` (synthetic models' formats and bytes),
-//!    `hybrid` (the linear-attention layers), `memory` (the memory plan).
+//!    `hybrid` (the linear-attention layers), `memory` (the memory plan), `budget` (what a
+//!    plan may use: `--max-gpu-memory`).
 //! 4. `model`: the `CudaBackend` struct, its construction and the `Backend` entry points.
 //! 5. Modules that extend `CudaBackend` with `impl` blocks and so import `model`, which never
 //!    names them: `step_inputs` (the plan flattened), `step` (the layers' launches, graph
 //!    replay), `masked` (the grammar-masked greedy step), `hybrid_synth` (synthetic hybrid
-//!    models).
+//!    models), `step_weights` (the weights a step read, for the bench's step bound).
 
 pub mod add;
 pub mod argmax;
 pub mod attention;
 pub mod attention_merge;
+pub mod budget;
 pub mod cascade;
 pub mod cublas_gemm;
 pub mod deltanet;
@@ -80,6 +82,7 @@ mod step_attn;
 mod step_flat;
 mod step_inputs;
 mod step_norm;
+mod step_weights;
 pub mod synth;
 pub mod tap;
 pub mod tensor_parallel;
