@@ -47,7 +47,7 @@ if [ -z "$ptx" ]; then
   [ -x target/release/dustoff ] || cargo build --release --quiet
   lib=$(scripts/nvrtc12.sh)
   LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DUSTOFF_NVRTC="$lib/libnvrtc.so.12" \
-    target/release/dustoff kernels --arch compute_70 --out "$ptx" 2>&1 | sed 's/^/  /' >&2
+    target/release/dustoff kernels --arch compute_70 --out "$ptx" >/dev/null
 fi
 extra=()
 for a in ${PTXAS_EXTRA_ARCHS:-}; do extra+=(--extra-arch "$a"); done
