@@ -110,6 +110,9 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     // Rows do not depend on slots, device or batch size (greedy and seeded outputs are the
     // same across them), so none of those flags is part of the fingerprint.
     let overrides = "{}";
+    if !a.model.exists() {
+        return Err(crate::model::loader::LoadError::NotFound(a.model.clone()).into());
+    }
     let mut fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
     // The finished output in place: the same job (nothing to do), a different one (refused
     // unless --restart), or the base of an --incremental run.

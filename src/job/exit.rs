@@ -33,9 +33,10 @@ impl ExitCode {
                  consistent, so the same command resumes"
             }
             ExitCode::Usage => {
-                "usage error: bad flags, an unknown or invalid pipeline, a bad shard, an output that would \
-                 overwrite an input, another run holding the job's lock, a checkpoint of a different job; \
-                 the same command fails the same way"
+                "usage error: bad flags, an unknown or invalid pipeline, a missing input, model or shard \
+                 output, an unsupported model or compressed format, an output that would overwrite an input \
+                 (or that exists, for convert, quantize and synth), another run holding the job's lock, a \
+                 checkpoint or finished output of a different job; the same command fails the same way"
             }
             ExitCode::RecordErrors => {
                 "some records failed: the job finished with error rows (output and report written), or it \
@@ -94,8 +95,13 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
             || c.downcast_ref::<crate::quantize::QuantizeError>().is_some_and(|q| q.is_usage())
             || matches!(
                 c.downcast_ref::<super::reader::ReadError>(),
-                Some(super::reader::ReadError::Decompress(super::decompress::DecompressError::Unsupported { .. }))
+                Some(
+                    super::reader::ReadError::Decompress(super::decompress::DecompressError::Unsupported { .. })
+                        | super::reader::ReadError::NoMatch(_)
+                        | super::reader::ReadError::Pattern { .. }
+                )
             )
+            || model_usage(c)
             || matches!(
                 c.downcast_ref::<ShardError>(),
                 Some(
@@ -103,6 +109,33 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
                 )
             )
     })
+}
+
+/// A model the command names that is not there, or whose architecture dustoff does not run
+/// (exit 2 for every command: the command has to change). Several of these errors wrap the
+/// loader's transparently, so the wrapper is looked into.
+fn model_usage(c: &(dyn std::error::Error + 'static)) -> bool {
+    use crate::model::config::ConfigError;
+    use crate::model::convert::ConvertError;
+    use crate::model::hf::HfError;
+    use crate::model::loader::LoadError;
+    let load = |l: &LoadError| {
+        matches!(
+            l,
+            LoadError::NotFound(_)
+                | LoadError::Config(ConfigError::UnsupportedArch { .. })
+                | LoadError::Hf(HfError::UnsupportedArch { .. })
+        )
+    };
+    c.downcast_ref::<LoadError>().is_some_and(load)
+        || matches!(c.downcast_ref::<ConfigError>(), Some(ConfigError::UnsupportedArch { .. }))
+        || matches!(c.downcast_ref::<HfError>(), Some(HfError::UnsupportedArch { .. }))
+        || matches!(c.downcast_ref::<crate::quantize::QuantizeError>(), Some(crate::quantize::QuantizeError::Load(l)) if load(l))
+        || matches!(
+            c.downcast_ref::<ConvertError>(),
+            Some(ConvertError::Usage(_) | ConvertError::Hf(HfError::UnsupportedArch { .. }))
+        )
+        || matches!(c.downcast_ref::<ConvertError>(), Some(ConvertError::Load(l)) if load(l))
 }
 
 /// The exit code of a failed command.
