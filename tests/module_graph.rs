@@ -1,5 +1,6 @@
-//! No import circles inside `src/backend/`: every module there may use modules below it, never one
-//! that (directly or through others) uses it back. The test reads the real source files, resolves
+//! No import circles inside `src/` (the library crate; `src/backend/` checked on its own too):
+//! every module may use modules below it, never one that (directly or through others) uses it
+//! back. The test reads the real source files, resolves
 //! each `use` and each `crate::` / `super::` / `self::` path to the module file that defines its
 //! prefix, and fails naming every strongly connected set of modules with the imports that close it.
 //!
@@ -300,9 +301,11 @@ fn absolute(cur: &[String], p: &[String]) -> Option<Vec<String>> {
     Some(base)
 }
 
-/// Every `.rs` file under `dir` with its module path (`mod.rs` is its folder's module).
+/// Every `.rs` file under `dir` with its module path (`mod.rs` is its folder's module, `lib.rs`
+/// the crate root; `main.rs`, the binary, is another crate and left out).
 fn module_files(root: &Path, dir: &Path, out: &mut BTreeMap<ModPath, PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).expect("read src/backend").flatten().map(|e| e.path()).collect();
+    let mut entries: Vec<_> =
+        std::fs::read_dir(dir).expect("read a source folder").flatten().map(|e| e.path()).collect();
     entries.sort();
     for p in entries {
         if p.is_dir() {
@@ -311,7 +314,10 @@ fn module_files(root: &Path, dir: &Path, out: &mut BTreeMap<ModPath, PathBuf>) {
             let rel = p.strip_prefix(root).expect("under src");
             let mut m: ModPath = rel.iter().map(|s| s.to_string_lossy().into_owned()).collect();
             let last = m.pop().expect("a file name");
-            if last != "mod.rs" {
+            if m.is_empty() && last == "main.rs" {
+                continue;
+            }
+            if last != "mod.rs" && !(m.is_empty() && last == "lib.rs") {
                 m.push(last.trim_end_matches(".rs").to_string());
             }
             out.insert(m, p);
@@ -463,9 +469,10 @@ fn describe(c: &[ModPath], e: &Edges, files: &BTreeMap<ModPath, PathBuf>) -> Str
     s
 }
 
-fn load(root: &Path) -> (BTreeMap<ModPath, PathBuf>, BTreeMap<ModPath, String>) {
+/// The module files under `root/sub` (`sub` empty: all of `root`) and their sources.
+fn load(root: &Path, sub: &str) -> (BTreeMap<ModPath, PathBuf>, BTreeMap<ModPath, String>) {
     let mut files = BTreeMap::new();
-    module_files(root, &root.join("backend"), &mut files);
+    module_files(root, &root.join(sub), &mut files);
     let sources =
         files.iter().map(|(m, p)| (m.clone(), std::fs::read_to_string(p).expect("read a source file"))).collect();
     (files, sources)
@@ -474,7 +481,7 @@ fn load(root: &Path) -> (BTreeMap<ModPath, PathBuf>, BTreeMap<ModPath, String>) 
 #[test]
 fn backend_has_no_import_circles() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let (files, sources) = load(&root);
+    let (files, sources) = load(&root, "backend");
     assert!(files.len() > 20, "found only {} module files under src/backend", files.len());
     let e = edges(&files, &sources);
     let nodes: Vec<ModPath> = files.keys().cloned().collect();
@@ -482,6 +489,30 @@ fn backend_has_no_import_circles() {
     let report: String = found.iter().map(|c| describe(c, &e, &files)).collect();
     assert!(found.is_empty(), "import circles inside src/backend/:\n{report}");
 }
+
+#[test]
+fn src_has_no_import_circles() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let (files, sources) = load(&root, "");
+    assert!(files.len() > 100, "found only {} module files under src", files.len());
+    assert!(files.contains_key(&Vec::new()), "lib.rs is the crate root");
+    let e = edges(&files, &sources);
+    let nodes: Vec<ModPath> = files.keys().cloned().collect();
+    let found = circles(&nodes, &e);
+    let m = |s: &str| -> ModPath { s.split("::").map(String::from).collect() };
+    let known: Vec<Vec<ModPath>> = KNOWN_CIRCLES.iter().map(|c| c.iter().map(|s| m(s)).collect()).collect();
+    let new: Vec<&Vec<ModPath>> = found.iter().filter(|c| !known.contains(c)).collect();
+    let report: String = new.iter().map(|c| describe(c, &e, &files)).collect();
+    assert!(new.is_empty(), "import circles inside src/:\n{report}");
+    // A known circle that is gone leaves the list, so that it cannot come back unnoticed.
+    let gone: Vec<&Vec<ModPath>> = known.iter().filter(|c| !found.contains(c)).collect();
+    assert!(gone.is_empty(), "circles no longer there, remove them from KNOWN_CIRCLES: {gone:?}");
+}
+
+/// Circles `src_has_no_import_circles` still tolerates, each sorted as the checker reports it:
+/// two-way imports inside `src/job/` (left to the work on `job/`, issue 30 step 5: the exit
+/// policy's own module; the output shape between `output` and `pipeline`).
+const KNOWN_CIRCLES: &[&[&str]] = &[&["job::exit", "job::outputs"], &["job::output", "job::pipeline"]];
 
 /// The checker itself finds a circle through a `use` group, a code path and a `super::super`
 /// path, and ignores the parent-child relation and names inside comments and strings.

@@ -91,6 +91,10 @@ pub fn snapshot_room(
     Ok(())
 }
 
+/// Prefill chunk length: bounds activation memory for long prompts (the default of
+/// `Backend::prefill_chunk`; a backend may take longer chunks).
+pub const PREFILL_CHUNK: usize = 512;
+
 /// A model placed on a device, with its paged KV cache.
 pub trait Backend {
     fn config(&self) -> &ModelConfig;
@@ -147,7 +151,7 @@ pub trait Backend {
     /// Most tokens of one step when a single sequence's prompt is fed in chunks
     /// (`engine::single::SingleSeq::feed`).
     fn prefill_chunk(&self) -> usize {
-        crate::engine::single::PREFILL_CHUNK
+        PREFILL_CHUNK
     }
     /// A short name for logs ("cpu (2 threads)", "cuda:0 NVIDIA H200").
     fn describe(&self) -> String;

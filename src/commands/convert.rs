@@ -108,7 +108,7 @@ pub struct VerifySummary {
     pub max_abs_logit_diff: f32,
     pub reference_text: String,
     /// `dustoff eval` of the output against the source on the built-in text.
-    pub eval: Option<crate::commands::quantize::Verify>,
+    pub eval: Option<crate::commands::verify::Verify>,
 }
 
 impl ConvertSummary {
@@ -171,7 +171,7 @@ impl Outputs {
 pub fn run(args: ConvertArgs) -> anyhow::Result<ConvertSummary> {
     let mut summary = convert(&args)?;
     if let Some(v) = summary.verify.as_mut() {
-        let e = crate::commands::quantize::verify(&args.output, &args.model, args.verify_max_kl)?;
+        let e = crate::commands::verify::verify(&args.output, &args.model, args.verify_max_kl)?;
         // convert-report.json gains the scores (written before the verification ran).
         let text = std::fs::read_to_string(&summary.report).map_err(io(&summary.report))?;
         let mut j: serde_json::Value = serde_json::from_str(&text)?;

@@ -18,3 +18,4 @@ pub mod run;
 pub mod synth;
 pub mod tensor_parallel;
 pub mod tokenize;
+pub mod verify;

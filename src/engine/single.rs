@@ -8,9 +8,8 @@ use super::plan::{SeqChunk, SeqId, StepPlan};
 use super::sampler::Sampler;
 use crate::backend::{Backend, BackendError};
 
-/// Prefill chunk length: bounds activation memory for long prompts (`Backend::prefill_chunk`,
-/// the default; a backend may take longer chunks).
-pub const PREFILL_CHUNK: usize = 512;
+/// Prefill chunk length (defined beside `Backend::prefill_chunk`, whose default it is).
+pub use crate::backend::PREFILL_CHUNK;
 
 #[derive(Clone, Debug)]
 pub struct SingleOutput {

@@ -6,12 +6,12 @@
 //!   are left out, so the real rate is somewhat lower.
 //! - GPU: the plan of the CUDA backend (`backend::cuda::memory::plan_memory`, F16 weights) against
 //!   the device's free memory; the projection is the copy-bandwidth bound times the share
-//!   dustoff reached on an H200 ([`super::doctor::GPU_DECODE_SHARE`]).
+//!   dustoff reached on an H200 ([`super::doctor_report::GPU_DECODE_SHARE`]).
 
 use std::path::Path;
 use std::time::Instant;
 
-use super::doctor::{shown, CpuReport, CudaReport, DevicePlan, DoctorOptions, ModelReport, GPU_DECODE_SHARE};
+use super::doctor_report::{shown, CpuReport, CudaReport, DevicePlan, DoctorOptions, ModelReport, GPU_DECODE_SHARE};
 use crate::backend::cpu::matmul::matmul;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::memory::{device_weight_bytes, plan_memory};

@@ -4,6 +4,7 @@
 pub mod cpu;
 pub mod doctor;
 mod doctor_model;
+mod doctor_report;
 mod doctor_text;
 pub mod env;
 pub mod gpu;

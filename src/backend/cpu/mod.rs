@@ -22,6 +22,7 @@ use crate::backend::kv_type::KvType;
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::{PlanLimits, StepPlan};
 use crate::model::config::ModelConfig;
+use crate::model::layer::Ffn;
 use crate::model::weights::ModelWeights;
 
 use layers::{Hooks, KvCaches, LayerScratch, Rope, StepCtx};
@@ -155,15 +156,16 @@ impl Backend for CpuBackend {
     fn decode_weight_bytes(&self) -> u64 {
         let mut n = self.w.output.bytes().len() + self.w.token_embd.row_bytes();
         for l in &self.w.layers {
-            for t in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
-                n += t.bytes().len();
-            }
-            // A sparse layer: the router and the experts one token uses (of average size).
-            if let Some(m) = &l.moe {
-                let (router, expert) = m.bytes_router_and_expert();
-                n += router + m.n_used * expert + m.shared.as_ref().map_or(0, |s| s.bytes());
-            }
-            n += l.hybrid.as_ref().map_or(0, |h| h.extra_matrix_bytes());
+            let l = l.typed();
+            n += l.mixer.matrices().iter().map(|t| t.bytes().len()).sum::<usize>();
+            n += match l.ffn {
+                Ffn::Dense(d) => d.gate.bytes().len() + d.up.bytes().len() + d.down.bytes().len(),
+                // The router and the experts one token uses (of average size), the shared expert.
+                Ffn::Moe(m) => {
+                    let (router, expert) = m.bytes_router_and_expert();
+                    router + m.n_used * expert + m.shared.as_ref().map_or(0, |s| s.bytes())
+                }
+            };
         }
         n as u64
     }
