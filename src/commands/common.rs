@@ -481,6 +481,94 @@ impl JsonlWriter {
 
 #[cfg(test)]
 mod tests {
+    /// Issue 29: Qwen3-30B-A3B in llama.cpp's Q4_K_M mix (18.55 GB) on a card with 140 GB
+    /// free, within `--max-gpu-memory 32GB`: 95% of 32e9 less the 512 MiB context is 29.89 GB;
+    /// after the weights (18.6 GB), their widening scratch and the workspace about 10 GB hold
+    /// KV at 98,304 bytes a position (48 layers x K and V x 512 x 2 bytes): 45 sequences of
+    /// 2,000 + 200 tokens (2,216 positions with the block of slack `run` adds). The same job on
+    /// the whole card runs the cap of `--slots auto`; the 8-bit cache holds 1.8x the sequences.
+    #[test]
+    fn qwen3_30b_a3b_q4_k_m_within_32_gb_runs_45_sequences_of_2200() {
+        use crate::backend::cuda::budget::{available, fit_blocks, label, MemoryCap};
+        use crate::backend::cuda::memory::SeqPlan;
+        use crate::backend::cuda::memory::{f16_matrix_bytes, plan_memory_for, wide_len, DeviceWeightBytes};
+        use crate::backend::cuda::synth::{synthetic_matrix_bytes, WeightMix};
+        use crate::backend::kv_type::KvType;
+        let c = crate::model::shapes::shape("qwen3-30b-a3b").unwrap();
+        let bytes = DeviceWeightBytes {
+            matrices: synthetic_matrix_bytes(&c, WeightMix::Q4KM),
+            wide_scratch: wide_len(&c) as u64 * 2,
+        };
+        let (h200_free, per_seq, step) = (140_000_000_000u64, 2216, 512);
+        let cap: MemoryCap = "32GB".parse().unwrap();
+        let avail = available(Some(cap), h200_free);
+        assert_eq!(avail, 31_463_129_088);
+        let n = fit_slots(&c, bytes, avail, (per_seq, step), KvType::F16);
+        let kv_per_seq = per_seq as u64 * 48 * 2 * 512 * 2;
+        let budget = (avail as f64 * crate::backend::cuda::memory::HEADROOM) as u64;
+        let rough = (budget - bytes.matrices - bytes.wide_scratch) / kv_per_seq;
+        assert!((43..=47).contains(&n) && n as u64 <= rough, "{n} sequences (weights and KV alone: {rough})");
+        // The boundary: n sequences' plan passes the backend's check, n + 1 do not.
+        let plan = |n: usize| {
+            let blocks = (n * per_seq).div_ceil(16);
+            plan_memory_for(
+                &c,
+                bytes.matrices,
+                bytes.wide_scratch,
+                blocks,
+                16,
+                step.max(n),
+                n * per_seq,
+                SeqPlan::new(n),
+            )
+        };
+        assert!(plan(n).check(avail, "x", n * per_seq, &c).is_ok());
+        assert!(plan(n + 1).check(avail, "x", (n + 1) * per_seq, &c).is_err());
+        // 30 GiB is 32.2e9 bytes, 0.2 GB more: one sequence more; the whole card: the cap of
+        // --slots auto.
+        let gib =
+            fit_slots(&c, bytes, available(Some("30GiB".parse().unwrap()), h200_free), (per_seq, step), KvType::F16);
+        assert_eq!(gib, n + 1, "30 GiB vs 32 GB");
+        assert_eq!(fit_slots(&c, bytes, available(None, h200_free), (per_seq, step), KvType::F16), MAX_AUTO_SLOTS);
+        // The 8-bit cache (34 bytes per 32 values against 64): 1.88x the positions per byte, so
+        // the cap of --slots auto; past the cap, the KV pool of 64 slots within 32 GB holds 74
+        // sequences' positions, 1.64x: the commands size the RoPE tables and the attention
+        // partials by the pool's positions (`cuda_options`: a sequence may take the whole pool),
+        // so the larger pool takes 1.2 GB more workspace.
+        assert_eq!(fit_slots(&c, bytes, avail, (per_seq, step), KvType::Q8), MAX_AUTO_SLOTS);
+        let q8_blocks = fit_blocks(
+            &c,
+            (bytes.matrices, bytes.wide_scratch),
+            avail,
+            (16, (128 * per_seq).div_ceil(16)),
+            step.max(64),
+            SeqPlan::new(64),
+            KvType::Q8,
+        );
+        let q8_seqs = q8_blocks * 16 / per_seq;
+        assert!(q8_seqs * 100 >= n * 160, "8-bit: {q8_seqs} sequences, F16: {n}");
+        // The KV pool for 64 slots within the cap: what fits, about n sequences' worth.
+        let blocks = fit_blocks(
+            &c,
+            (bytes.matrices, bytes.wide_scratch),
+            avail,
+            (16, (64 * per_seq).div_ceil(16)),
+            step.max(64),
+            SeqPlan::new(64),
+            KvType::F16,
+        );
+        let seqs = blocks * 16 / per_seq;
+        assert!((n - 2..=n).contains(&seqs), "{blocks} blocks hold {seqs} sequences of {per_seq} (slots: {n})");
+        // F16 weights (61 GB) do not fit: refused with the numbers and the cap named.
+        let f16 = f16_matrix_bytes(&c);
+        let e = plan_memory_for(&c, f16, 0, 1024, 16, step, 16_384, SeqPlan::new(1))
+            .check(avail, &label("cuda:0 NVIDIA H200", Some(cap)), 16_384, &c)
+            .unwrap_err();
+        for part in ["within --max-gpu-memory 32.00 GB", "weights 61.", "free 31.46 GB", "4-bit weights", "f16)"] {
+            assert!(e.contains(part), "{part} missing from: {e}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -56,17 +56,7 @@ pub fn gpu(ordinal: usize) -> Option<GpuInfo> {
     })
 }
 
-/// The driver's CUDA version (`(12, 8)` for 12.8), `None` without a driver.
-pub fn driver_version() -> Option<(i32, i32)> {
-    if !driver_available() {
-        return None;
-    }
-    let mut v: std::ffi::c_int = 0;
-    // SAFETY: the driver library is present (checked above); cuDriverGetVersion writes one int
-    // and needs no initialization.
-    let rc = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
-    (rc == cudarc::driver::sys::CUresult::CUDA_SUCCESS && v > 0).then_some((v / 1000, (v % 1000) / 10))
-}
+pub use crate::backend::cuda::device::driver_version;
 
 /// The newest PTX ISA version a driver of CUDA version `cuda` JIT-compiles (PTX ISA release
 /// notes: CUDA 11.x -> 7.x, 12.0-12.5 -> 8.0-8.5, 12.6 -> 8.5, 12.7/12.8 -> 8.7, 12.9 -> 8.8,

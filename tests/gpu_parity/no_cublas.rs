@@ -14,7 +14,8 @@ fn prefill_without_cublas_matches_cpu_and_cublas() {
     drop(g);
     let cfg = dustoff::model::shapes::shape("smollm2-135m").unwrap();
     let prompt: Vec<u32> = (0..150).map(|i| 300 + i * 211 % 40_000).collect();
-    for (dtype, seed, op) in [(GgmlType::F16, 11, "cuda_vs_cpu_logits"), (GgmlType::Q8_0, 12, "cuda_vs_cpu_q8_logits")] {
+    for (dtype, seed, op) in [(GgmlType::F16, 11, "cuda_vs_cpu_logits"), (GgmlType::Q8_0, 12, "cuda_vs_cpu_q8_logits")]
+    {
         let w = dustoff::model::synth::random_weights(&cfg, dtype, seed);
         let without = CudaOptions { cublas: false, ..opts(16) };
         let mut own = CudaBackend::new(cfg.clone(), &w, &without).expect("CUDA backend without cuBLAS");

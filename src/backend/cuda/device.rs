@@ -74,12 +74,24 @@ pub struct CudaDevice {
     pub cc: (i32, i32),
 }
 
+/// The driver's CUDA version (`(12, 8)` for 12.8), `None` without a driver.
+pub fn driver_version() -> Option<(i32, i32)> {
+    if !driver_available() {
+        return None;
+    }
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: the driver library is present (checked above); cuDriverGetVersion writes one int
+    // and needs no initialization.
+    let rc = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    (rc == cudarc::driver::sys::CUresult::CUDA_SUCCESS && v > 0).then_some((v / 1000, (v % 1000) / 10))
+}
+
 impl CudaDevice {
     pub fn new(ordinal: usize) -> Result<Self, CudaError> {
         if !driver_available() {
             return Err(CudaError::DriverMissing);
         }
-        if let Some(v) = crate::sys::gpu::driver_version().filter(|v| *v < MIN_DRIVER) {
+        if let Some(v) = driver_version().filter(|v| *v < MIN_DRIVER) {
             return Err(CudaError::DriverTooOld { have: v, need: MIN_DRIVER });
         }
         let ctx = CudaContext::new(ordinal).map_err(CudaError::driver(format!("opening device cuda:{ordinal}")))?;

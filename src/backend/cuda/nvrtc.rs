@@ -68,12 +68,7 @@ pub fn arch_for(cc: (i32, i32)) -> String {
     format!("compute_{}{}", cc.0, cc.1)
 }
 
-/// The ISA the PTX of `arch` is lowered to (`ptx_isa::lower`): compute_70's declares the V100
-/// ISA whatever NVRTC wrote, so one PTX folder loads on every driver from CUDA 11.0 up. Other
-/// architectures keep NVRTC's ISA (the NVRTC is chosen to suit the driver).
-pub fn lowered_isa(arch: &str) -> Option<ptx_isa::Isa> {
-    (arch == "compute_70").then_some(ptx_isa::V100_ISA)
-}
+pub use super::ptx_isa::lowered_isa;
 
 /// Applies [`lowered_isa`] to PTX of `arch` (unchanged for other architectures).
 pub fn lower_for(name: &str, arch: &str, ptx: String) -> Result<String, CudaError> {

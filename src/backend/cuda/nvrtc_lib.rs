@@ -192,7 +192,7 @@ pub fn found() -> Vec<Found> {
 /// The ISA the PTX for `arch` declares when NVRTC of ISA `written` compiled it: compute_70 is
 /// lowered to the V100 ISA (see `ptx_isa`), other architectures keep NVRTC's.
 pub fn output_isa(arch: &str, written: Isa) -> Isa {
-    match super::nvrtc::lowered_isa(arch) {
+    match super::ptx_isa::lowered_isa(arch) {
         Some(to) => written.min(to),
         None => written,
     }

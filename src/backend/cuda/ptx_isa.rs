@@ -335,6 +335,13 @@ pub fn lower(ptx: &str, to: Isa) -> Result<String, IsaError> {
     Ok(out)
 }
 
+/// The ISA the PTX of `arch` is lowered to (`ptx_isa::lower`): compute_70's declares the V100
+/// ISA whatever NVRTC wrote, so one PTX folder loads on every driver from CUDA 11.0 up. Other
+/// architectures keep NVRTC's ISA (the NVRTC is chosen to suit the driver).
+pub fn lowered_isa(arch: &str) -> Option<Isa> {
+    (arch == "compute_70").then_some(V100_ISA)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
