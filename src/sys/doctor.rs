@@ -109,6 +109,9 @@ pub struct CudaReport {
     pub nvlinks_active: Vec<(usize, u32)>,
     pub nvrtc: NvrtcReport,
     pub cublas_loadable: bool,
+    /// Where kernels come from: `PTX from DIR` (`--ptx-dir`, `DUSTOFF_PTX_DIR` or `ptx/` beside
+    /// the binary) or `NVRTC`.
+    pub kernels: String,
     /// NCCL's version when libnccl loads (tensor parallel over several GPUs needs it), else why not.
     pub nccl: Result<String, String>,
 }
@@ -344,6 +347,7 @@ pub fn gather(o: &DoctorOptions) -> Report {
         cuda_visible_devices: crate::sys::env::get("CUDA_VISIBLE_DEVICES"),
         // SAFETY: only tries to dlopen the candidate library names; no cuBLAS function is called.
         cublas_loadable: unsafe { cudarc::cublas::sys::is_culib_present() },
+        kernels: o.ptx_dir.as_ref().map_or_else(|| "NVRTC".to_string(), |d| format!("PTX from {}", shown(d))),
         nccl: crate::backend::cuda::nccl::nccl_version().map_err(|e| e.to_string()),
         gpus,
         nvrtc,

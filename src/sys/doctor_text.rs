@@ -144,6 +144,7 @@ impl Report {
             };
             let _ = writeln!(s, "    {} ({t}{gpus})", file.path);
         }
+        let _ = writeln!(s, "  kernels: {}", g.kernels);
         let _ = writeln!(
             s,
             "  cuBLAS: {}",
