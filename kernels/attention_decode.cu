@@ -1,4 +1,5 @@
-// Causal attention over the paged F16 KV cache, split along the sequence (flash-decoding).
+// Causal attention over the paged KV cache (F16, or 8-bit read back as F16 by the kv_load*
+// helpers of common.cuh), split along the sequence (flash-decoding).
 // Each query token t (decode, or any token of a prefill chunk) attends positions 0..=pos[t] of
 // its sequence. Grouped-query attention: one block serves the `group = n_heads / n_kv` query
 // heads of one KV head, so each K/V row is read once per group.
@@ -23,6 +24,8 @@ struct AttnParams {
     const float* q;          // [n_tok, q_stride] f32; head h at q + t * q_stride + h * head_dim
     const half_t* k_cache;   // [n_blocks, block_size, n_kv, head_dim] f16
     const half_t* v_cache;   // same layout
+    const half_t* k_scale;   // 8-bit cache: [n_blocks * block_size, n_kv * head_dim / 32] f16; null: F16
+    const half_t* v_scale;   // same
     const int* block_tables; // [n_seqs, bt_stride] physical block ids
     const int* tok_seq;      // [n_tok] row of block_tables of each token
     const int* pos;          // [n_tok] absolute position of each token
@@ -73,15 +76,15 @@ __device__ __forceinline__ bool split_range(const AttnParams& p, int t, int hf, 
 // Row `ps` of the sequence (K or V, KV head g) widened to f32: lane holds half pairs lane,
 // lane + 32, ... in f[2 i], f[2 i + 1]; zeros past head_dim.
 __device__ __forceinline__ void load_row(const AttnParams& p, const int* bt, int ps, long long kv_dim, int g,
-                                         const half_t* cache, float (&f)[ATT_MAX_HD / WARP]) {
+                                         const half_t* cache, const half_t* scale, float (&f)[ATT_MAX_HD / WARP]) {
     const int lane = threadIdx.x % WARP, half = p.head_dim / 2;
     const long long kv_row = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
-    const unsigned int* r = reinterpret_cast<const unsigned int*>(cache + kv_row * kv_dim + (long long)g * p.head_dim);
+    const long long e0 = kv_row * kv_dim + (long long)g * p.head_dim;
 #pragma unroll
     for (int i = 0; i < ATT_MAX_HD / 64; ++i) {
         const int d2 = lane + WARP * i;
         if (d2 < half) {
-            h2x2f(r[d2], f[2 * i], f[2 * i + 1]);
+            h2x2f(kv_load2(cache, scale, e0 + 2 * d2), f[2 * i], f[2 * i + 1]);
         } else {
             f[2 * i] = 0.0f;
             f[2 * i + 1] = 0.0f;
@@ -174,8 +177,8 @@ extern "C" __global__ void attn_split_f16(const AttnParams p) {
         const int ps2 = ps + nwarps;
         const bool two = ps2 < end;  // warp-uniform
         float kf[ATT_MAX_HD / WARP], kf2[ATT_MAX_HD / WARP] = {};
-        load_row(p, bt, ps, kv_dim, g, p.k_cache, kf);
-        if (two) load_row(p, bt, ps2, kv_dim, g, p.k_cache, kf2);
+        load_row(p, bt, ps, kv_dim, g, p.k_cache, p.k_scale, kf);
+        if (two) load_row(p, bt, ps2, kv_dim, g, p.k_cache, p.k_scale, kf2);
         for (int j = 0; j < group; ++j) {
             const float* qj = q_s + j * hd;
             float acc = 0.0f, acc2 = 0.0f;
@@ -217,8 +220,8 @@ extern "C" __global__ void attn_split_f16(const AttnParams p) {
             const int ps2 = ps + nwarps;
             const bool two = ps2 < end;  // warp-uniform
             float vf[ATT_MAX_HD / WARP], vf2[ATT_MAX_HD / WARP];
-            load_row(p, bt, ps, kv_dim, g, p.v_cache, vf);
-            if (two) load_row(p, bt, ps2, kv_dim, g, p.v_cache, vf2);
+            load_row(p, bt, ps, kv_dim, g, p.v_cache, p.v_scale, vf);
+            if (two) load_row(p, bt, ps2, kv_dim, g, p.v_cache, p.v_scale, vf2);
 #pragma unroll
             for (int j = 0; j < ATT_VCHUNK; ++j) {
                 if (j0 + j < group) {
@@ -285,10 +288,10 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
             const int ps = base + u * 4 + pq;
             if (ps < end) {
                 const long long kv_row = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
-                const uint4* r = reinterpret_cast<const uint4*>(p.k_cache + kv_row * kv_dim + (long long)g * HD + sub * DL);
+                const long long e0 = kv_row * kv_dim + (long long)g * HD + sub * DL;
 #pragma unroll
                 for (int i = 0; i < DL / 8; ++i) {
-                    const uint4 w = __ldg(r + i);
+                    const uint4 w = kv_load8(p.k_cache, p.k_scale, e0 + 8 * i);
                     h2x2f(w.x, kf[u][8 * i + 0], kf[u][8 * i + 1]);
                     h2x2f(w.y, kf[u][8 * i + 2], kf[u][8 * i + 3]);
                     h2x2f(w.z, kf[u][8 * i + 4], kf[u][8 * i + 5]);
@@ -335,13 +338,13 @@ __device__ __forceinline__ void attn_split_fast(const AttnParams& p) {
                 const int q = u ? ps2 : ps;
                 if (u == 0 || two) {
                     const long long kv_row = ((long long)bt[q >> p.block_shift] << p.block_shift) + (q & (p.block_size - 1));
-                    const half_t* r = p.v_cache + kv_row * kv_dim + (long long)g * HD + lane * VL;
+                    const long long e = kv_row * kv_dim + (long long)g * HD + lane * VL;
                     if (VL == 4) {
-                        const uint2 w = __ldg(reinterpret_cast<const uint2*>(r));
+                        const uint2 w = kv_load4(p.v_cache, p.v_scale, e);
                         h2x2f(w.x, vf[u][0], vf[u][1]);
                         h2x2f(w.y, vf[u][2], vf[u][3]);
                     } else {
-                        const unsigned w = __ldg(reinterpret_cast<const unsigned*>(r));
+                        const unsigned w = kv_load2(p.v_cache, p.v_scale, e);
                         h2x2f(w, vf[u][0], vf[u][1]);
                     }
                 } else {
@@ -412,8 +415,8 @@ __device__ __forceinline__ void atf_fetch(const AttnParams& p, const int* bt, lo
         const long long off = kv_row * kv_dim + (long long)g * HD + sub * A::DL;
 #pragma unroll
         for (int i = 0; i < A::DL / 8; ++i) {
-            kr[u][i] = ok ? __ldg(reinterpret_cast<const uint4*>(p.k_cache + off) + i) : make_uint4(0, 0, 0, 0);
-            vr[u][i] = ok ? __ldg(reinterpret_cast<const uint4*>(p.v_cache + off) + i) : make_uint4(0, 0, 0, 0);
+            kr[u][i] = ok ? kv_load8(p.k_cache, p.k_scale, off + 8 * i) : make_uint4(0, 0, 0, 0);
+            vr[u][i] = ok ? kv_load8(p.v_cache, p.v_scale, off + 8 * i) : make_uint4(0, 0, 0, 0);
         }
     }
 }

@@ -47,6 +47,8 @@ struct PrefillParams {
     const float* q;           // [n_tok, q_stride] f32; head h at q + t * q_stride + h * head_dim
     const half_t* k_cache;    // [cache_rows, n_kv, head_dim] f16
     const half_t* v_cache;    // same layout
+    const half_t* k_scale;    // 8-bit cache (common.cuh): [cache_rows, n_kv * head_dim / 32] f16; null: F16
+    const half_t* v_scale;    // same
     const int* block_tables;  // [n_seqs, bt_stride]
     const int* pos;           // [n_tok] absolute position of each token
     const int* tiles;         // [n_tiles, 4]: first row, row count (1..=16), kv_end, block-table row
@@ -121,8 +123,8 @@ __device__ __forceinline__ void atp_fetch(const PrefillParams& p, const int* bt,
         if (e < PAIRS && ps < end) {
             const long long kv_row = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
             const long long off = kv_row * kv_dim + (long long)g * HD + part * 8;
-            v[2 * j] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + off));
-            v[2 * j + 1] = __ldg(reinterpret_cast<const uint4*>(p.v_cache + off));
+            v[2 * j] = kv_load8(p.k_cache, p.k_scale, off);
+            v[2 * j + 1] = kv_load8(p.v_cache, p.v_scale, off);
         }
     }
 }

@@ -171,14 +171,88 @@ struct RopeStorePtrs {
     const int* pos;         // [n_tok]
     const float* cos_t;     // [max_pos, rotated dims / 2]
     const float* sin_t;     // same
-    half_t* k_cache;        // [cache_rows, n_kv * head_dim] f16
+    half_t* k_cache;        // [cache_rows, n_kv * head_dim] f16, or int8 with k_scale
     half_t* v_cache;        // same
     const int* kv_rows;     // [n_tok] cache row of each token
+    half_t* k_scale;        // 8-bit cache: [cache_rows, n_kv * head_dim / 32] f16; null: F16 cache
+    half_t* v_scale;        // same
 };
 
 // KV head kh of cache row kv_row in a paged F16 cache [cache_rows, kv_dim] (kv_dim = n_kv * hd).
 __device__ __forceinline__ half_t* cache_head(half_t* cache, long long kv_row, long long kv_dim, int kh, int hd) {
     return cache + kv_row * kv_dim + (long long)kh * hd;
+}
+
+// ---- The 8-bit KV cache (`--kv-cache q8`; CPU twin: backend::kv_type::q8_round_trip). A cache
+// of kv_dim values per row keeps them as int8 ([cache_rows, kv_dim] bytes, where the F16 cache
+// keeps halves: element e of either layout is at the same index) and one F16 scale per group of
+// KV_Q8_GROUP values ([cache_rows, kv_dim / 32], group e / 32). Written: d = f16_sat(amax / 127),
+// q = clamp(rint(x / d), -127, 127), 0 where d is 0; read: f16_sat(q * d), so every attention
+// kernel works on F16 values as with an F16 cache: the loads below replace its F16 loads
+// (scale pointer null: the F16 cache, loaded as before). Division and product in IEEE rounding
+// (explicit PTX: --fmad=true would otherwise fuse them), as the CPU twin computes them.
+#define KV_Q8_GROUP 32
+
+__device__ __forceinline__ float kv_div_rn(float a, float b) {
+    float r;
+    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float kv_mul_rn(float a, float b) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+// Stores x, dimension i of a head vector whose first element is element e0 of the cache row
+// space (e0 + i = element e), to an F16 cache (scale null) or the 8-bit one. For the 8-bit
+// cache the lanes of a warp must hold the 32 dimensions of one group, in order and all active
+// (i = threadIdx.x + k * blockDim.x with blockDim.x and the head size multiples of 32).
+__device__ __forceinline__ void kv_store(half_t* cache, half_t* scale, long long e, float x) {
+    if (!scale) {
+        cache[e] = f2h_sat(x);
+        return;
+    }
+    const float d = h2f(f2h_sat(kv_div_rn(warp_max(fabsf(x)), 127.0f)));
+    int q = 0;
+    if (d != 0.0f) {
+        asm("cvt.rni.s32.f32 %0, %1;" : "=r"(q) : "f"(kv_div_rn(x, d)));
+        q = max(-127, min(127, q));
+    }
+    reinterpret_cast<signed char*>(cache)[e] = (signed char)q;
+    if (threadIdx.x % WARP == 0) scale[e / KV_Q8_GROUP] = f2h_sat(d);
+}
+
+// Byte b (0..3) of w as a signed value times d, read back as F16.
+__device__ __forceinline__ unsigned short kv_q8_h(unsigned w, int b, float d) {
+    const int q = (int)(signed char)((w >> (8 * b)) & 0xffu);
+    return f2h_sat(kv_mul_rn((float)q, d));
+}
+__device__ __forceinline__ unsigned kv_q8_h2(unsigned w, int b, float d) {
+    return (unsigned)kv_q8_h(w, b, d) | ((unsigned)kv_q8_h(w, b + 1, d) << 16);
+}
+
+// 8 values from element e (a multiple of 8) as 8 packed halves (one uint4, as an F16 load gives).
+__device__ __forceinline__ uint4 kv_load8(const half_t* cache, const half_t* scale, long long e) {
+    if (!scale) return __ldg(reinterpret_cast<const uint4*>(cache + e));
+    const uint2 w = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const signed char*>(cache) + e));
+    const float d = h2f(__ldg(scale + e / KV_Q8_GROUP));
+    return make_uint4(kv_q8_h2(w.x, 0, d), kv_q8_h2(w.x, 2, d), kv_q8_h2(w.y, 0, d), kv_q8_h2(w.y, 2, d));
+}
+// 4 values from element e (a multiple of 4) as 4 packed halves.
+__device__ __forceinline__ uint2 kv_load4(const half_t* cache, const half_t* scale, long long e) {
+    if (!scale) return __ldg(reinterpret_cast<const uint2*>(cache + e));
+    const unsigned w = __ldg(reinterpret_cast<const unsigned*>(reinterpret_cast<const signed char*>(cache) + e));
+    const float d = h2f(__ldg(scale + e / KV_Q8_GROUP));
+    return make_uint2(kv_q8_h2(w, 0, d), kv_q8_h2(w, 2, d));
+}
+// 2 values from element e (even) as 2 packed halves.
+__device__ __forceinline__ unsigned kv_load2(const half_t* cache, const half_t* scale, long long e) {
+    if (!scale) return __ldg(reinterpret_cast<const unsigned*>(cache + e));
+    const unsigned short w =
+        __ldg(reinterpret_cast<const unsigned short*>(reinterpret_cast<const signed char*>(cache) + e));
+    const float d = h2f(__ldg(scale + e / KV_Q8_GROUP));
+    return kv_q8_h2((unsigned)w, 0, d);
 }
 
 // ---- Tensor cores: wmma m16n16k16, F16 inputs, F32 accumulators, as inline PTX (no toolkit

@@ -4,7 +4,7 @@
 //                     then k heads, then v heads; head_dim each): per-head RMSNorm of q and k,
 //                     RoPE on the first `rot` dims of each head (pairs (i, i + rot / 2)), queries
 //                     written compactly to q [n_tok, n_heads * head_dim], K and V stored to the
-//                     F16 cache at row kv_rows[t];
+//                     F16 (or 8-bit) cache at row kv_rows[t];
 //   hyb_gate_mul_f32  attention output times sigmoid(gate).
 #include "common.cuh"
 
@@ -36,8 +36,8 @@ extern "C" __global__ void hyb_qkv_post_f32(const HybQkvParams p) {
     if (h >= p.n_heads + p.n_kv) {  // v head: store only
         const int vh = h - p.n_heads - p.n_kv;
         const float* x = row + q_rows + kv_dim + (long long)vh * hd;
-        half_t* dst = cache_head(p.rs.v_cache, kv_row, kv_dim, vh, hd);
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = f2h_sat(x[i]);
+        const long long e0 = kv_row * kv_dim + (long long)vh * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_store(p.rs.v_cache, p.rs.v_scale, e0 + i, x[i]);
         return;
     }
     const bool is_k = h >= p.n_heads;
@@ -45,7 +45,7 @@ extern "C" __global__ void hyb_qkv_post_f32(const HybQkvParams p) {
                           : row + (long long)h * hd * (p.gated ? 2 : 1);
     head_norm_to_shared(x, is_k ? p.rs.k_norm : p.rs.q_norm, hd, p.eps, hs, scratch);
     float* dst = p.q + ((long long)t * p.n_heads + h) * hd;  // q heads only
-    half_t* kdst = cache_head(p.rs.k_cache, kv_row, kv_dim, h - p.n_heads, hd);
+    const long long k0 = kv_row * kv_dim + (long long)(h - p.n_heads) * hd;
     const long long tb = (long long)p.rs.pos[t] * half;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float r;
@@ -57,8 +57,8 @@ extern "C" __global__ void hyb_qkv_post_f32(const HybQkvParams p) {
         } else {
             r = hs[i];
         }
-        if (is_k) {
-            kdst[i] = f2h_sat(r);
+        if (is_k) {  // the 8-bit cache: thread i holds dimension i, so a warp holds a group
+            kv_store(p.rs.k_cache, p.rs.k_scale, k0 + i, r);
         } else {
             dst[i] = r;
         }

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use dustoff::backend::cuda::budget::MemoryCap;
+use dustoff::backend::kv_type::KvChoice;
 use dustoff::commands::common::{self, Device, Slots};
 use dustoff::commands::{generate, tokenize};
 use dustoff::job::exit::{self, ExitCode as Code, UsageError};
@@ -147,12 +149,27 @@ struct RunCliArgs {
     /// Engines per device (with --device cpu: N CPU engines in one process).
     #[arg(long, default_value_t = 1)]
     engines: usize,
-    /// Discard an existing checkpoint of this output and start over.
+    /// Discard an existing checkpoint of this output, or a finished output of a different job,
+    /// and compute every record again.
     #[arg(long)]
     restart: bool,
+    /// Over a finished output of the same model, pipeline and parameters whose input grew or
+    /// changed: compute only records whose id is new or whose content changed, take every
+    /// other row unchanged from the output, and rewrite it atomically (for nightly runs over a
+    /// growing archive). Without a finished output, every record is computed.
+    #[arg(long, conflicts_with = "restart")]
+    incremental: bool,
     /// Abort (resumably, exit code 3) once more than this many records have failed.
     #[arg(long)]
     max_errors: Option<u64>,
+    /// A completed job with at most this many error rows exits 0 (the report, the summary and
+    /// <output>.errors.jsonl still list them). With --max-error-rate, either suffices.
+    #[arg(long)]
+    allow_errors: Option<u64>,
+    /// A completed job whose error rows are at most this share of its rows (0 to 1; 0.01 = 1%)
+    /// exits 0. With --allow-errors, either suffices.
+    #[arg(long)]
+    max_error_rate: Option<f64>,
     /// Process only shard K of N (0-based), records picked by a stable hash of the id. Default:
     /// SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT or JOB_COMPLETION_INDEX with --shard-count.
     #[arg(long)]
@@ -160,9 +177,14 @@ struct RunCliArgs {
     /// Number of shards when the index comes from JOB_COMPLETION_INDEX (Kubernetes).
     #[arg(long)]
     shard_count: Option<u32>,
-    /// Read, render and tokenize everything, report counts and prefix reuse, run no model.
+    /// Read, render and tokenize everything and make the run's checks (lock, finished output,
+    /// checkpoint) without the model; print what would run and fail, and exit as the run would
+    /// (3 when records would fail beyond the error tolerance).
     #[arg(long)]
     dry_run: bool,
+    /// With --dry-run: print the report as JSON instead of the summary.
+    #[arg(long, requires = "dry_run")]
+    json: bool,
     /// No progress output.
     #[arg(long)]
     quiet: bool,
@@ -304,6 +326,11 @@ struct EvalCliArgs {
     /// Tokens of text to use at most.
     #[arg(long, default_value_t = 32_768)]
     max_tokens: usize,
+    /// KV cache of the --model runs: f16 (the full cache; f32 on the CPU) or q8 (the 8-bit
+    /// cache's values); the --reference keeps the full one. `--model M --reference M --kv-cache
+    /// q8` measures what the 8-bit cache costs.
+    #[arg(long, default_value = "f16")]
+    kv_cache: KvChoice,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -403,6 +430,16 @@ struct BenchArgs {
     /// GPU: a test of the split, not a speed-up).
     #[arg(long, requires = "tensor_parallel")]
     devices: Option<String>,
+    /// The most GPU memory the bench may take (e.g. 32GB = 32e9 bytes, 30GiB), its CUDA
+    /// context included: a V100's 32 GB on a larger card. A mode that does not fit is refused
+    /// with the numbers. With --plan: the plan is judged against it (less 512 MiB for the
+    /// context) where that is less than --plan-free-gb.
+    #[arg(long)]
+    max_gpu_memory: Option<MemoryCap>,
+    /// KV cache type: f16 or q8 (8-bit values with one F16 scale per 32 values; see `run
+    /// --help`); auto is f16 here (a benchmark names what it measures).
+    #[arg(long, default_value = "auto")]
+    kv_cache: KvChoice,
 }
 
 #[derive(Args)]
@@ -486,6 +523,26 @@ struct EngineArgs {
     /// splits mixture-of-experts and hybrid models. See docs/CLUSTER.md.
     #[arg(long)]
     tensor_parallel: Option<usize>,
+    /// The most memory the job may take on each GPU (e.g. 32GB = 32e9 bytes, 30GiB = 30 x 2^30),
+    /// its CUDA context included: for a card shared with other services. Weights, KV cache,
+    /// workspace and the plan's 5% headroom are planned within it; --slots auto and the KV
+    /// cache are sized from it (when the slots' full contexts do not fit, the KV cache takes
+    /// what does and sequences wait or are preempted). A model that does not fit is refused
+    /// with the numbers.
+    #[arg(long)]
+    max_gpu_memory: Option<MemoryCap>,
+    /// KV cache type: f16, q8 (8-bit values with one F16 scale per 32: 1.88x the positions in
+    /// the same memory; quality in docs/KV_CACHE.md) or auto: on a GPU F16 when the job's
+    /// sequences fit in F16 (--slots auto: when F16 fits as many as 8-bit), else q8, said in
+    /// the log; on the CPU and for data-parallel engines F16.
+    #[arg(long, default_value = "auto")]
+    kv_cache: KvChoice,
+}
+
+impl EngineArgs {
+    fn memory(&self) -> common::MemoryFlags {
+        common::MemoryFlags { max_gpu_memory: self.max_gpu_memory, kv_cache: self.kv_cache }
+    }
 }
 
 #[derive(Args)]
@@ -502,6 +559,15 @@ struct TokenizeArgs {
 /// The one exit funnel: every command's result becomes one exit code of `dustoff::job::exit`
 /// (listed at the end of `--help`), and an error is printed once, each cause once.
 fn main() -> ExitCode {
+    // A closed pipe (`dustoff run ... --dry-run | head -1`) ends the process quietly, as it
+    // does other Unix tools, instead of a panic in `println!` (exit 101). A job killed this way
+    // resumes from its checkpoint like after any other kill.
+    #[cfg(unix)]
+    // SAFETY: sets the default disposition of one signal before any thread exists; no Rust
+    // state is touched.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     // Before any thread exists (it changes the process environment).
     dustoff::backend::cuda::memory::default_cublas_workspace();
     let matches = Cli::command().after_help(exit::help()).get_matches();
@@ -599,14 +665,18 @@ fn run(cli: Cli) -> Result<Code> {
                 engines: a.engines,
                 tensor_parallel: a.engine.tensor_parallel,
                 ptx_dir: a.model.ptx_dir,
+                memory: a.engine.memory(),
                 slots: a.engine.slots,
                 max_batch_tokens: a.engine.max_batch_tokens,
                 prefix_cache: !a.engine.no_prefix_cache,
                 restart: a.restart,
+                incremental: a.incremental,
                 max_errors: a.max_errors,
+                tolerance: dustoff::job::tolerance::ErrorTolerance::new(a.allow_errors, a.max_error_rate)?,
                 shard: a.shard,
                 shard_count: a.shard_count,
                 dry_run: a.dry_run,
+                json: a.json,
                 quiet: a.quiet,
                 default_max_tokens: a.default_max_tokens,
             };
@@ -684,6 +754,7 @@ fn run(cli: Cli) -> Result<Code> {
                 text: a.text,
                 ctx: a.ctx,
                 max_tokens: a.max_tokens,
+                kv_type: a.kv_cache.or_f16(),
             };
             let summary = dustoff::commands::eval::run(&args)?;
             print_report(a.json, &summary, summary.to_text())?;
@@ -734,6 +805,8 @@ fn run(cli: Cli) -> Result<Code> {
                 plan_free_gb: a.plan_free_gb,
                 tensor_parallel: a.tensor_parallel,
                 devices: a.devices,
+                max_gpu_memory: a.max_gpu_memory,
+                kv_type: a.kv_cache.or_f16(),
             };
             dustoff::commands::bench_modes::run(&opts)
         }
@@ -756,6 +829,12 @@ fn run(cli: Cli) -> Result<Code> {
                     let device = pick_device(&a.model.device)?;
                     let m = common::load(&a.model.model)?;
                     let step = dustoff::engine::single::PREFILL_CHUNK;
+                    let place = common::Placement {
+                        ptx_dir: a.model.ptx_dir.clone(),
+                        f16_weights: false,
+                        max_gpu_memory: a.engine.max_gpu_memory,
+                        kv_type: a.engine.kv_cache.or_f16(),
+                    };
                     let mut b = dustoff::commands::tensor_parallel::backend_for(
                         &m.config,
                         &m.weights,
@@ -764,7 +843,7 @@ fn run(cli: Cli) -> Result<Code> {
                         None,
                         a.ctx,
                         (step, 1),
-                        a.model.ptx_dir.as_deref(),
+                        &place,
                     )?;
                     generate::run_prompt(&m, b.as_mut(), &p, a.chat, &opt)?;
                     Ok(Code::Ok)
@@ -796,13 +875,13 @@ fn run(cli: Cli) -> Result<Code> {
                         })?;
                     let m = common::load(&a.model.model)?;
                     let max_batch_tokens = a.engine.max_batch_tokens;
-                    let slots = dustoff::commands::tensor_parallel::slots_for(
+                    let (slots, kv_type) = dustoff::commands::tensor_parallel::slots_for(
                         a.engine.slots,
                         &device,
-                        &m.config,
-                        &m.weights,
+                        (&m.config, &m.weights),
                         a.engine.tensor_parallel,
                         (a.ctx, max_batch_tokens),
+                        a.engine.memory(),
                     )?;
                     let cfg = dustoff::engine::batch::EngineConfig::new(
                         slots,
@@ -810,15 +889,31 @@ fn run(cli: Cli) -> Result<Code> {
                         !a.engine.no_prefix_cache,
                         m.fingerprint,
                     );
+                    let place = common::Placement {
+                        ptx_dir: a.model.ptx_dir.clone(),
+                        f16_weights: false,
+                        max_gpu_memory: a.engine.max_gpu_memory,
+                        kv_type,
+                    };
+                    let tokens = match a.engine.tensor_parallel {
+                        None => common::kv_positions(
+                            &device,
+                            (&m.config, &m.weights),
+                            (slots, a.ctx),
+                            cfg.max_batch_tokens,
+                            &place,
+                        )?,
+                        Some(_) => a.ctx * slots,
+                    };
                     let backend = dustoff::commands::tensor_parallel::backend_for(
                         &m.config,
                         &m.weights,
                         &device,
                         a.engine.tensor_parallel,
                         None,
-                        a.ctx * slots,
+                        tokens,
                         (cfg.max_batch_tokens, slots),
-                        a.model.ptx_dir.as_deref(),
+                        &place,
                     )?;
                     let engine = dustoff::engine::batch::Engine::new(backend, cfg)?;
                     let stop = dustoff::job::runner::StopFlag::with_signals().unwrap_or_default();

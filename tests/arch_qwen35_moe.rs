@@ -93,7 +93,7 @@ fn dry_run_and_doctor_count_the_recurrent_state() {
     let model = FIXTURE.gguf_path();
     assert_eq!(FIXTURE.gguf().config.hybrid.as_ref().map(|h| h.state_bytes_per_seq() as u64), Some(PER_SEQ));
     let out = std::process::Command::new(bin())
-        .args(["run", "summarize", "--dry-run", "--device", "cpu", "--input", "samples/news.jsonl"])
+        .args(["run", "summarize", "--dry-run", "--json", "--device", "cpu", "--input", "samples/news.jsonl"])
         .arg("--output")
         .arg(tmpdir("qwen35moe-dry").join("out.jsonl"))
         .arg("--model")

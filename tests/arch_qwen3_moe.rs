@@ -248,6 +248,8 @@ fn cuda_backend(m: &LoadedModel, test: &str) -> Option<CudaBackend> {
         max_batch_tokens: dustoff::engine::batch::DEFAULT_MAX_BATCH_TOKENS,
         max_seqs: 8,
         max_snapshots: 0,
+        max_memory: None,
+        kv_type: dustoff::backend::kv_type::KvType::F16,
         cublas: true,
     };
     Some(CudaBackend::new(m.config.clone(), &m.weights, &opts).expect("CUDA backend of the reference model"))

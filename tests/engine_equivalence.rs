@@ -1,6 +1,7 @@
 //! The engine on the CPU backend with the sample model: greedy outputs do not depend on the slot
-//! count, the prefix cache, chunked prefill, submission order or preemption; a shared prefix is
-//! computed once. Generations are short (8 tokens): CI has 2 cores.
+//! count, the prefix cache, chunked prefill, submission order or preemption, with the full KV
+//! cache and with the 8-bit one (`--kv-cache q8`); a shared prefix is computed once.
+//! Generations are short (8 tokens): CI has 2 cores.
 
 mod common;
 
@@ -8,6 +9,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use dustoff::backend::cpu::CpuBackend;
+use dustoff::backend::kv_type::KvType;
 use dustoff::engine::batch::{
     Completion, Engine, EngineConfig, EngineError, EngineMetrics, Event, FinishReason, Request,
 };
@@ -24,10 +26,11 @@ struct Run {
     prefix_cache: bool,
     num_blocks: usize,
     reverse: bool,
+    kv: KvType,
 }
 
 fn engine(m: &LoadedModel, r: &Run) -> Engine<CpuBackend> {
-    let b = CpuBackend::new(m.config.clone(), m.weights.clone(), r.num_blocks, BLOCK);
+    let b = CpuBackend::new(m.config.clone(), m.weights.clone(), r.num_blocks, BLOCK).with_kv_type(r.kv).unwrap();
     let cfg = EngineConfig {
         slots: r.slots,
         max_batch_tokens: r.max_batch_tokens,
@@ -75,11 +78,20 @@ fn prompts() -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// A request's output: tokens, finish reason, prompt length.
+type Output = (Vec<u32>, FinishReason, usize);
+
+/// Outputs by request (how much of each prompt came from the cache may differ between runs).
+fn strip(m: &BTreeMap<u64, Completion>) -> Vec<(u64, Output)> {
+    m.iter().map(|(k, c)| (*k, (c.token_ids.clone(), c.finish_reason, c.prompt_tokens))).collect()
+}
+
 #[test]
 fn greedy_outputs_are_identical_across_slots_prefix_cache_chunking_order_and_preemption() {
     let m = sample_model();
     let p = prompts();
-    let base = Run { slots: 1, max_batch_tokens: 512, prefix_cache: false, num_blocks: 128, reverse: false };
+    let base =
+        Run { slots: 1, max_batch_tokens: 512, prefix_cache: false, num_blocks: 128, reverse: false, kv: KvType::F16 };
     let (want, m1) = run(&m, &base, &p);
     assert_eq!(m1.preemptions, 0);
     assert!(want.values().all(|c| !c.token_ids.is_empty()));
@@ -96,10 +108,6 @@ fn greedy_outputs_are_identical_across_slots_prefix_cache_chunking_order_and_pre
     ];
     for (name, r) in &variants {
         let (got, metrics) = run(&m, r, &p);
-        // Outputs must match; how much of each prompt came from the cache may differ.
-        let strip = |m: &BTreeMap<u64, Completion>| {
-            m.iter().map(|(k, c)| (*k, (c.token_ids.clone(), c.finish_reason, c.prompt_tokens))).collect::<Vec<_>>()
-        };
         assert_eq!(strip(&got), strip(&want), "{name}: outputs differ from 1 slot");
         if r.prefix_cache {
             assert!(metrics.prompt_tokens_cached > 0, "{name}: no prefix reuse: {metrics:?}");
@@ -109,6 +117,33 @@ fn greedy_outputs_are_identical_across_slots_prefix_cache_chunking_order_and_pre
         }
         if r.slots == 8 && r.num_blocks == 128 {
             assert!(metrics.avg_running > 1.5, "{name}: slots barely used: {metrics:?}");
+        }
+    }
+}
+
+/// The 8-bit KV cache (the CPU twin of `--kv-cache q8`): a stored K/V row is what the cache
+/// reads back, the same whichever step wrote it, so greedy outputs are again identical across
+/// slots, prefix reuse, chunked prefill and preemption (a preempted sequence recomputes its
+/// rows into the same values).
+#[test]
+fn q8_kv_greedy_outputs_are_identical_across_slots_prefix_cache_chunking_and_preemption() {
+    let m = sample_model();
+    let p = prompts();
+    let base =
+        Run { slots: 1, max_batch_tokens: 512, prefix_cache: false, num_blocks: 128, reverse: false, kv: KvType::Q8 };
+    let (want, _) = run(&m, &base, &p);
+    assert!(want.values().all(|c| !c.token_ids.is_empty()));
+    assert_eq!(want[&0].token_ids, want[&8].token_ids, "the same prompt twice");
+    let variants = [
+        ("8 slots, prefix cache, chunked prefill", Run { slots: 8, prefix_cache: true, max_batch_tokens: 24, ..base }),
+        ("8 slots, 14 blocks", Run { slots: 8, prefix_cache: true, num_blocks: 14, ..base }),
+    ];
+    for (name, r) in &variants {
+        let (got, metrics) = run(&m, r, &p);
+        assert_eq!(strip(&got), strip(&want), "{name}: q8 outputs differ from 1 slot");
+        assert!(metrics.prompt_tokens_cached > 0, "{name}: no prefix reuse: {metrics:?}");
+        if r.num_blocks == 14 {
+            assert!(metrics.preemptions > 0, "{name}: expected preemptions: {metrics:?}");
         }
     }
 }
@@ -125,7 +160,8 @@ fn twenty_prompts_sharing_a_300_token_prefix_compute_it_once() {
     let unique = 6;
     let prompts: Vec<Vec<u32>> =
         (0..20u32).map(|i| [prefix.clone(), (0..unique).map(|k| 1000 + 37 * i + k).collect()].concat()).collect();
-    let r = Run { slots: 8, max_batch_tokens: 512, prefix_cache: true, num_blocks: 256, reverse: false };
+    let r =
+        Run { slots: 8, max_batch_tokens: 512, prefix_cache: true, num_blocks: 256, reverse: false, kv: KvType::F16 };
     let mut e = engine(&m, &r);
     for (i, p) in prompts.iter().enumerate() {
         e.add_request(request(i as u64, p.clone(), 2)).unwrap();
@@ -148,7 +184,7 @@ fn twenty_prompts_sharing_a_300_token_prefix_compute_it_once() {
 #[test]
 fn engine_streams_tokens_and_refuses_requests_it_could_never_run() {
     let m = sample_model();
-    let r = Run { slots: 2, max_batch_tokens: 64, prefix_cache: true, num_blocks: 8, reverse: false };
+    let r = Run { slots: 2, max_batch_tokens: 64, prefix_cache: true, num_blocks: 8, reverse: false, kv: KvType::F16 };
     let mut e = engine(&m, &r);
     let vocab = m.config.vocab_size as u32;
     let refused = [

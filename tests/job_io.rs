@@ -246,6 +246,7 @@ fn fingerprint(shard: Option<ShardSpec>, pipeline: &str) -> JobFingerprint {
         params: "{}".into(),
         inputs: vec![file_identity(&sample("news.jsonl")).unwrap(), file_identity(&sample("bad.jsonl")).unwrap()],
         shard,
+        base: None,
     }
 }
 
@@ -473,7 +474,7 @@ fn three_shards_merge_to_the_unsharded_output() {
         assert_eq!(fs::read(&merged).unwrap(), fs::read(&whole).unwrap(), "{ext}");
 
         let e = merge(&outs[..2], &merged).unwrap_err().to_string();
-        assert!(e.contains("missing shard output(s): 2/3"), "{e}");
+        assert!(e.contains("missing shard 2/3"), "{e}");
         let e = merge(&[outs[0].clone(), outs[0].clone()], &merged).unwrap_err().to_string();
         assert!(e.contains("given twice"), "{e}");
         let e = merge(std::slice::from_ref(&whole), &merged).unwrap_err().to_string();

@@ -1,4 +1,5 @@
-//! Every kernel compiles for compute_70 (V100) with NVRTC 12.x, and the PTX holds no sm_75+
+//! Every kernel compiles for compute_70 (V100) with NVRTC 12.x, the PTX declares ISA 7.0 (every
+//! driver from CUDA 11.0 up loads it) and uses no feature beyond it, and holds no sm_75+
 //! instruction. No GPU needed. NVRTC 12 comes from the PyPI wheel (see ../shared/GPU.md):
 //! `LD_LIBRARY_PATH=$HOME/.cache/nvrtc12/nvidia/cuda_nvrtc/lib cargo test --release --test kernels_compute70`.
 //! Outside CI a missing NVRTC 12 skips with a notice; with `CI` set it fails.
@@ -6,8 +7,8 @@
 use std::path::PathBuf;
 
 use dustoff::backend::cuda::kernels::{file_of, KERNEL_FILES};
-use dustoff::backend::cuda::nvrtc;
 use dustoff::backend::cuda::CudaError;
+use dustoff::backend::cuda::{nvrtc, ptx_isa};
 
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
@@ -15,9 +16,9 @@ fn in_ci() -> bool {
 
 /// Whether an NVRTC 12 is loaded; skips (outside CI) or fails (in CI) otherwise.
 fn nvrtc12() -> bool {
-    let why = match nvrtc::nvrtc_version() {
+    let why = match nvrtc::nvrtc_version("compute_70") {
         Ok((12, _)) => return true,
-        Ok((major, minor)) => format!("NVRTC {major}.{minor} is loaded; compute_70 needs NVRTC 12.x"),
+        Ok((major, minor)) => format!("NVRTC {major}.{minor} is chosen for compute_70; this test wants NVRTC 12.x"),
         Err(e) => e.to_string(),
     };
     let hint = "install it: see ../shared/GPU.md, 'NVRTC 12 for compute_70', and set LD_LIBRARY_PATH";
@@ -43,6 +44,13 @@ fn every_kernel_compiles_for_compute70_without_sm75_instructions() {
             Err(e) => failures.push(e.to_string()),
             Ok(ptx) => {
                 if let Err(e) = nvrtc::check_sm70_ptx(&ptx) {
+                    failures.push(format!("{}.cu: {e}", f.name));
+                }
+                // Every driver from CUDA 11.0 loads it: ISA 7.0 declared, no feature beyond it.
+                if ptx_isa::declared(&ptx) != Ok(ptx_isa::V100_ISA) {
+                    failures.push(format!("{}.cu: declares {:?}, not ISA 7.0", f.name, ptx_isa::declared(&ptx)));
+                }
+                if let Err(e) = ptx_isa::check(&ptx, ptx_isa::V100_ISA) {
                     failures.push(format!("{}.cu: {e}", f.name));
                 }
                 if !nvrtc::ptx_defines_all(&ptx, f) {
@@ -164,7 +172,7 @@ fn disk_cache_stores_reuses_and_repairs() {
     let dir = scratch_dir("ptx-cache");
     let f = file_of("rmsnorm_f32").unwrap();
     let first = nvrtc::compile_cached(f, "compute_70", Some(&dir)).unwrap();
-    let key = nvrtc::cache_key(&nvrtc::full_source(f), "compute_70", nvrtc::nvrtc_version().unwrap());
+    let key = nvrtc::cache_key(&nvrtc::full_source(f), "compute_70", nvrtc::nvrtc_version("compute_70").unwrap());
     let path = nvrtc::cache_path(&dir, &key);
     assert!(std::fs::read_to_string(&path).unwrap() == first, "the cache file holds the compiled PTX");
 
@@ -179,7 +187,7 @@ fn disk_cache_stores_reuses_and_repairs() {
     assert!(std::fs::read_to_string(&path).unwrap() == first, "and rewritten");
 
     // Another architecture is another key.
-    let other = nvrtc::cache_key(&nvrtc::full_source(f), "compute_80", nvrtc::nvrtc_version().unwrap());
+    let other = nvrtc::cache_key(&nvrtc::full_source(f), "compute_80", nvrtc::nvrtc_version("compute_70").unwrap());
     assert_ne!(key, other);
     std::fs::remove_dir_all(&dir).unwrap();
 }

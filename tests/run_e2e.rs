@@ -444,7 +444,7 @@ fn shards_merge_into_the_unsharded_output_and_slurm_env_picks_the_shard() {
 
     // Kubernetes Indexed Job: JOB_COMPLETION_INDEX plus a count (dry run: no model steps).
     let o = dustoff(
-        &run_args(Some(s(&b.pipeline)), NEWS, s(&d.join("k8s.jsonl")), &["--shard-count", "2", "--dry-run"]),
+        &run_args(Some(s(&b.pipeline)), NEWS, s(&d.join("k8s.jsonl")), &["--shard-count", "2", "--dry-run", "--json"]),
         &[("JOB_COMPLETION_INDEX", "0")],
     );
     expect_code(&o, 0, "dry run of JOB_COMPLETION_INDEX=0");

@@ -34,7 +34,7 @@ fn tokenize_reads_a_vocab_only_gguf() {
 #[test]
 fn dry_run_reads_a_vocab_only_gguf() {
     let out = Command::new(bin())
-        .args(["run", "summarize", "--dry-run", "--device", "cpu", "--input", "samples/news.jsonl"])
+        .args(["run", "summarize", "--dry-run", "--json", "--device", "cpu", "--input", "samples/news.jsonl"])
         .arg("--output")
         .arg(tmpdir("vocab-dry").join("out.jsonl"))
         .arg("--model")

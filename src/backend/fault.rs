@@ -117,6 +117,12 @@ impl<B: Backend> Backend for FaultInjector<B> {
     fn peak_memory_bytes(&self) -> Option<u64> {
         self.inner.peak_memory_bytes()
     }
+    fn last_step_weight_bytes(&self, n_tok: usize) -> Option<u64> {
+        self.inner.last_step_weight_bytes(n_tok)
+    }
+    fn tensor_flops(&self) -> Option<f64> {
+        self.inner.tensor_flops()
+    }
     fn measure_copy_bandwidth(&mut self) -> Option<f64> {
         self.inner.measure_copy_bandwidth()
     }

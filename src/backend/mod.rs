@@ -4,6 +4,7 @@ pub mod allreduce;
 pub mod cpu;
 pub mod cuda;
 pub mod fault;
+pub mod kv_type;
 pub mod masks;
 pub mod rank_group;
 
@@ -158,6 +159,18 @@ pub trait Backend {
     fn peak_memory_bytes(&self) -> Option<u64> {
         None
     }
+    /// Bytes of weights the last step (of `n_tok` tokens) read, where the backend tells them
+    /// apart from [`Backend::decode_weight_bytes`]: a mixture-of-experts step reads the experts
+    /// its tokens chose (the CUDA backend counts them from its routing output). `None`: every
+    /// matrix once, as `decode_weight_bytes` counts.
+    fn last_step_weight_bytes(&self, _n_tok: usize) -> Option<u64> {
+        None
+    }
+    /// Dense F16 tensor-core arithmetic of the device (FLOP/s), where known: the FLOP side of a
+    /// step's bound.
+    fn tensor_flops(&self) -> Option<f64> {
+        None
+    }
     /// Measures the device's copy bandwidth (bytes read + written per second), where it can.
     fn measure_copy_bandwidth(&mut self) -> Option<f64> {
         None
@@ -220,6 +233,12 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn peak_memory_bytes(&self) -> Option<u64> {
         (**self).peak_memory_bytes()
+    }
+    fn last_step_weight_bytes(&self, n_tok: usize) -> Option<u64> {
+        (**self).last_step_weight_bytes(n_tok)
+    }
+    fn tensor_flops(&self) -> Option<f64> {
+        (**self).tensor_flops()
     }
     fn measure_copy_bandwidth(&mut self) -> Option<f64> {
         (**self).measure_copy_bandwidth()

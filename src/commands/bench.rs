@@ -159,6 +159,9 @@ pub struct BatchRow {
     pub decode_tok_s: f64,
     /// Weights + KV bytes read per decode step at the mean context, over the measured bandwidth.
     pub bandwidth_share: Option<f64>,
+    /// The decode steps against their bound (`bench_bound`: the weights each step touched, the
+    /// KV each sequence read, the FLOPs at the card's tensor-core rate); with the bandwidth.
+    pub step_bound: Option<super::bench_bound::RowBound>,
 }
 
 /// Batched decode: `n` sequences of `prompt_tokens` each, `gen_tokens` generated each, run
@@ -183,6 +186,7 @@ pub fn bench_batched<B: Backend>(
         EngineConfig { slots: 1, max_batch_tokens, prefix_cache: false, model_fingerprint: fingerprint },
     )?;
     let mut rows = Vec::new();
+    let mut bounds = Vec::new();
     for &n in batches {
         // A fresh engine per row (slots = n) over the same backend.
         let b = engine.into_backend();
@@ -219,8 +223,17 @@ pub fn bench_batched<B: Backend>(
         let prefill_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let mut steps = 0u64;
+        let mut costs = Vec::new();
         while engine.has_work() {
-            engine.step()?;
+            // Each token event is a sequence's decode at position prompt + index.
+            let contexts: Vec<usize> = engine
+                .step()?
+                .iter()
+                .filter_map(|e| if let Event::Token { index, .. } = e { Some(prompt_tokens + index) } else { None })
+                .collect();
+            if !contexts.is_empty() {
+                costs.push(super::bench_bound::StepCost::of(engine.backend(), &contexts));
+            }
             steps += 1;
         }
         let dt = t1.elapsed().as_secs_f64();
@@ -230,7 +243,8 @@ pub fn bench_batched<B: Backend>(
         // Bytes per second read by the decode steps; divided by the bandwidth below.
         let share = step_bytes as f64 * steps as f64 / dt.max(1e-9);
         eprintln!("{n:>4} sequences: prefill {prefill_s:.2} s, decode {decode_tok_s:.1} tok/s");
-        rows.push(BatchRow { sequences: n, prefill_s, decode_tok_s, bandwidth_share: Some(share) });
+        rows.push(BatchRow { sequences: n, prefill_s, decode_tok_s, bandwidth_share: Some(share), step_bound: None });
+        bounds.push((costs, dt));
     }
     if let Some(p) = engine.backend().peak_memory_bytes() {
         eprintln!(
@@ -243,8 +257,10 @@ pub fn bench_batched<B: Backend>(
     // would otherwise count in the peak of every later step.
     let mut backend = engine.into_backend();
     let bw = backend.measure_copy_bandwidth();
-    for r in &mut rows {
+    let flops = backend.tensor_flops();
+    for (r, (costs, dt)) in rows.iter_mut().zip(&bounds) {
         r.bandwidth_share = bw.and_then(|bw| r.bandwidth_share.map(|s| s / bw));
+        r.step_bound = bw.map(|bw| super::bench_bound::row_bound(costs, *dt, bw, flops));
     }
     Ok(rows)
 }

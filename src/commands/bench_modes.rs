@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::bench::{bench, bench_batched, bench_shared_prefix, print_prompt_table};
-use super::common::{self, Device};
+use super::common::{self, Device, Placement};
+use crate::backend::cuda::budget::MemoryCap;
 use crate::backend::Backend;
 use crate::engine::batch::BLOCK_SIZE;
 use crate::job::exit::{ExitCode, UsageError};
@@ -42,6 +43,11 @@ pub struct BenchOptions {
     pub tensor_parallel: Option<usize>,
     /// `--devices`: the GPUs of the ranks.
     pub devices: Option<String>,
+    /// `--max-gpu-memory`: what the bench may take on the GPU (with `--plan`: the plan is
+    /// judged against it, less the CUDA context, when that is less than `plan_free_gb`).
+    pub max_gpu_memory: Option<MemoryCap>,
+    /// `--kv-cache`: the KV cache's element type.
+    pub kv_type: crate::backend::kv_type::KvType,
 }
 
 /// Runs the mode the options ask for and prints its rows.
@@ -57,7 +63,12 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         Some(shape) => format!("synthetic {shape} {}", a.dtype),
         None => a.model.display().to_string(),
     };
-    let ptx_dir = a.ptx_dir.as_deref();
+    let place = Placement {
+        ptx_dir: a.ptx_dir.clone(),
+        f16_weights: a.f16_weights,
+        max_gpu_memory: a.max_gpu_memory,
+        kv_type: a.kv_type,
+    };
     if let Some(n) = a.tensor_parallel {
         if a.synthetic.is_some() {
             return Err(UsageError::new(format!(
@@ -83,15 +94,13 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
                 a.devices.as_deref(),
                 tokens,
                 (step, seqs),
-                ptx_dir,
+                &place,
             ),
             (Some(shape), _) => {
                 let dtype = if a.f16_weights { "f16" } else { a.dtype.as_str() };
-                common::make_synthetic_backend_for(shape, dtype, &a.device, tokens, (step, seqs), ptx_dir)
+                common::make_synthetic_backend_for(shape, dtype, &a.device, tokens, (step, seqs), &place)
             }
-            (None, Some(m)) => {
-                common::make_backend(&m.config, &m.weights, &a.device, tokens, (step, seqs), ptx_dir, a.f16_weights)
-            }
+            (None, Some(m)) => common::make_backend(&m.config, &m.weights, &a.device, tokens, (step, seqs), &place),
             (None, None) => unreachable!("a model is loaded when no shape is given"),
         }
     };
@@ -136,6 +145,7 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
             );
         }
         let free = a.plan_free_gb.map_or(super::bench_plan::V100_32GB_FREE, |g| (g * 1e9) as u64);
+        let free = crate::backend::cuda::budget::available(a.max_gpu_memory, free);
         // The step size the mode's backend is made for (below).
         let step = if seqs > 1 {
             a.max_batch_tokens.max(seqs)
@@ -144,12 +154,12 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         };
         let r = super::bench_plan::plan_report(
             &cfg,
-            bytes.matrices,
-            bytes.wide_scratch,
+            (bytes.matrices, bytes.wide_scratch),
             seqs,
             ctx,
             (BLOCK_SIZE, step),
             free,
+            a.kv_type,
         );
         r.print_human();
         return Ok(ExitCode::Ok);
@@ -182,11 +192,33 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         let most = a.batch.iter().copied().max().unwrap_or(1);
         let b = make(most * (ctx + BLOCK_SIZE), a.max_batch_tokens.max(most), most)?;
         let rows = bench_batched(b, fingerprint, prompt_tokens, a.gen_tokens, &a.batch, a.max_batch_tokens)?;
-        println!("| sequences | prefill s | decode tok/s (total) | share of bandwidth bound |");
-        println!("|---|---|---|---|");
+        println!(
+            "| sequences | prefill s | decode tok/s (total) | share of bandwidth bound | share of step bound | weights / KV GB, TFLOP per step |"
+        );
+        println!("|---|---|---|---|---|---|");
         for r in &rows {
             let share = r.bandwidth_share.map(|s| format!("{:.1}%", s * 100.0)).unwrap_or_else(|| "-".into());
-            println!("| {} | {:.2} | {:.1} | {} |", r.sequences, r.prefill_s, r.decode_tok_s, share);
+            let (bound, per_step) = match &r.step_bound {
+                Some(b) => (
+                    format!("{:.1}%", b.share * 100.0),
+                    format!(
+                        "{:.2} / {:.2}, {:.3}{}",
+                        b.weight_gb_per_step,
+                        b.kv_gb_per_step,
+                        b.tflop_per_step,
+                        if b.flop_bound_steps > 0 {
+                            format!(" ({} steps FLOP-bound)", b.flop_bound_steps)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            println!(
+                "| {} | {:.2} | {:.1} | {share} | {bound} | {per_step} |",
+                r.sequences, r.prefill_s, r.decode_tok_s
+            );
         }
         if a.json {
             println!("{}", serde_json::to_string_pretty(&rows)?);

@@ -8,6 +8,7 @@
 use serde::Serialize;
 
 use crate::backend::cuda::memory::{plan_memory_for, MemoryPlan, SeqPlan, WorkspaceParts, CONTEXT_ASSUMED, HEADROOM};
+use crate::backend::kv_type::KvType;
 use crate::model::config::ModelConfig;
 
 pub use crate::backend::cuda::memory::V100_32GB_FREE;
@@ -18,6 +19,7 @@ pub struct PlanReport {
     pub positions_per_sequence: usize,
     pub weights_bytes: u64,
     pub kv_bytes: u64,
+    pub kv_type: KvType,
     /// Recurrent states of the sequences themselves (hybrid models; 0 otherwise).
     pub live_state_bytes: u64,
     /// Prefix-reuse snapshots the pool holds (`DUSTOFF_STATE_SNAPSHOTS`).
@@ -51,24 +53,25 @@ pub struct PlanReport {
 /// widened-matrix scratch), with the default snapshot pool.
 pub fn plan_report(
     cfg: &ModelConfig,
-    matrices: u64,
-    wide: u64,
+    (matrices, wide): (u64, u64),
     seqs: usize,
     ctx: usize,
     (block_size, step_tokens): (usize, usize),
     free: u64,
+    kv: KvType,
 ) -> PlanReport {
     // (the backend's plan for `n` sequences, its KV blocks)
     let plan = |n: usize| -> (MemoryPlan, usize) {
         let blocks = n * ctx.div_ceil(block_size).max(1);
-        (plan_memory_for(cfg, matrices, wide, blocks, block_size, step_tokens, ctx, SeqPlan::new(n)), blocks)
+        let p = plan_memory_for(cfg, matrices, wide, blocks, block_size, step_tokens, ctx, SeqPlan::new(n));
+        (p.with_kv_type(cfg, kv), blocks)
     };
     let fits = |p: &MemoryPlan, blocks: usize| p.check(free, "the card", blocks * block_size, cfg);
     let (own, blocks) = plan(seqs);
     let default_step = crate::engine::batch::DEFAULT_MAX_BATCH_TOKENS.max(seqs);
     let with_default_step = (fits(&own, blocks).is_err() && step_tokens > default_step).then(|| {
         let p = plan_memory_for(cfg, matrices, wide, blocks, block_size, default_step, ctx, SeqPlan::new(seqs));
-        (default_step, p.total)
+        (default_step, p.with_kv_type(cfg, kv).total)
     });
     let fitting_sequences = (1..=256)
         .take_while(|&n| {
@@ -83,6 +86,7 @@ pub fn plan_report(
         positions_per_sequence: ctx,
         weights_bytes: own.weights,
         kv_bytes: own.kv,
+        kv_type: own.kv_type,
         live_state_bytes: live,
         snapshots: own.seqs.snapshots,
         snapshot_bytes: own.state - live,
@@ -108,7 +112,7 @@ impl PlanReport {
             self.sequences, self.positions_per_sequence
         );
         println!("weights            {}", gb(self.weights_bytes));
-        println!("KV cache           {}", gb(self.kv_bytes));
+        println!("KV cache           {} ({})", gb(self.kv_bytes), self.kv_type);
         println!(
             "recurrent states   {} (+ {} for a pool of {} prefix snapshots)",
             gb(self.live_state_bytes),
@@ -182,7 +186,8 @@ mod tests {
     fn qwen36_35b_a3b_64_sequences_of_4096_fit_a_32_gb_v100() {
         let c = shape("qwen3.6-35b-a3b").unwrap();
         let (bytes, wide) = (synthetic_matrix_bytes(&c, WeightMix::Q4KM), wide_len(&c) as u64 * 2);
-        let report = |n: usize, step: usize| plan_report(&c, bytes, wide, n, 4096, (16, step), V100_32GB_FREE);
+        let report =
+            |n: usize, step: usize| plan_report(&c, (bytes, wide), n, 4096, (16, step), V100_32GB_FREE, KvType::F16);
         let r = report(64, DEFAULT_MAX_BATCH_TOKENS);
         r.print_human();
         assert!((20.5e9..21.8e9).contains(&(r.weights_bytes as f64)), "{r:?}");

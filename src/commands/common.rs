@@ -2,11 +2,13 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
 use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::budget::{self, MemoryCap};
+use crate::backend::kv_type::{KvChoice, KvType};
 use crate::backend::Backend;
 use crate::engine::batch::{BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS};
 use crate::job::exit::UsageError;
@@ -62,53 +64,124 @@ pub const MAX_AUTO_SLOTS: usize = 64;
 /// sequences per core pair.
 pub const CPU_AUTO_SLOTS: usize = 8;
 
-/// The slot count to run with: a given count as is (a count that does not fit is refused with
-/// numbers when the model is placed), `auto` on a GPU the most sequences of `per_seq` cached
-/// positions each whose memory plan fits the device's free memory (at most [`MAX_AUTO_SLOTS`]),
-/// on the CPU [`CPU_AUTO_SLOTS`]. What was chosen is said in the log.
+/// How a command places a model on its device, beyond the sizes of its KV pool and steps.
+#[derive(Clone, Debug, Default)]
+pub struct Placement {
+    /// Precompiled PTX folder (`--ptx-dir`); `None`: `DUSTOFF_PTX_DIR`, else NVRTC.
+    pub ptx_dir: Option<PathBuf>,
+    /// On a GPU, widen block-format weights to F16 at load (`bench --weights f16`).
+    pub f16_weights: bool,
+    /// `--max-gpu-memory`: what the process may take on each GPU (see `backend::cuda::budget`).
+    pub max_gpu_memory: Option<MemoryCap>,
+    /// The KV cache's element type (`--kv-cache` as resolved by [`resolve_slots`]).
+    pub kv_type: KvType,
+}
+
+/// The memory flags of `run`, `generate` and `bench`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryFlags {
+    /// `--max-gpu-memory`.
+    pub max_gpu_memory: Option<MemoryCap>,
+    /// `--kv-cache`.
+    pub kv_cache: KvChoice,
+}
+
+impl Placement {
+    pub fn with_ptx_dir(ptx_dir: Option<&Path>) -> Self {
+        Placement { ptx_dir: ptx_dir.map(Path::to_path_buf), ..Default::default() }
+    }
+}
+
+/// The bytes a memory plan may take on `dev` (its free memory, within the cap) and the
+/// device's name for the log, with the cap when there is one.
+fn device_budget(dev: &crate::backend::cuda::CudaDevice, cap: Option<MemoryCap>) -> Result<(u64, String)> {
+    let (free, _) = dev.mem_info()?;
+    Ok((budget::available(cap, free as u64), budget::label(&dev.describe(), cap)))
+}
+
+/// The slot count and KV cache type to run with. Slots: a given count as is (a count that does
+/// not fit is refused with numbers when the model is placed), `auto` on a GPU the most
+/// sequences of `per_seq` cached positions each whose memory plan fits the device's free memory
+/// (within `--max-gpu-memory`; at most [`MAX_AUTO_SLOTS`]), on the CPU [`CPU_AUTO_SLOTS`]. KV
+/// type: a given one as is (refused for head sizes it cannot take), `auto` on a GPU F16 when the
+/// job's sequences fit in F16 (`--slots auto`: when F16 fits as many as 8-bit does), else 8-bit;
+/// on the CPU F16. What was chosen is said in the log.
 pub fn resolve_slots(
     slots: Slots,
     device: &Device,
-    cfg: &crate::model::config::ModelConfig,
-    weights: &crate::model::weights::ModelWeights,
-    per_seq: usize,
-    max_batch_tokens: usize,
-) -> Result<usize> {
-    let n = match (slots, device) {
-        (Slots::Count(n), _) => return Ok(n),
-        (Slots::Auto, Device::Cpu) => {
-            eprintln!("slots: {CPU_AUTO_SLOTS} (--slots auto on the CPU)");
-            return Ok(CPU_AUTO_SLOTS);
+    (cfg, weights): (&crate::model::config::ModelConfig, &crate::model::weights::ModelWeights),
+    (per_seq, max_batch_tokens): (usize, usize),
+    flags: MemoryFlags,
+) -> Result<(usize, KvType)> {
+    if let KvChoice::Fixed(t) = flags.kv_cache {
+        if let Some(why) = t.refusal(cfg.head_dim) {
+            return Err(UsageError::new(why).into());
         }
-        (Slots::Auto, Device::Cuda(ordinal)) => {
-            let dev = crate::backend::cuda::device::CudaDevice::new(*ordinal)
-                .with_context(|| format!("opening cuda:{ordinal} to size --slots auto"))?;
-            let (free, _) = dev.mem_info()?;
-            let bytes = crate::backend::cuda::memory::device_weight_bytes(cfg, weights, false);
-            let n = fit_slots(cfg, bytes, free as u64, per_seq, max_batch_tokens);
+    }
+    let q8_ok = KvType::Q8.refusal(cfg.head_dim).is_none();
+    let Device::Cuda(ordinal) = device else {
+        let kv = match flags.kv_cache {
+            KvChoice::Fixed(t) => t,
+            KvChoice::Auto => KvType::F16,
+        };
+        let n = match slots {
+            Slots::Count(n) => n,
+            Slots::Auto => {
+                eprintln!("slots: {CPU_AUTO_SLOTS} (--slots auto on the CPU)");
+                CPU_AUTO_SLOTS
+            }
+        };
+        return Ok((n, kv));
+    };
+    if let (Slots::Count(n), KvChoice::Fixed(t)) = (slots, flags.kv_cache) {
+        return Ok((n, t));
+    }
+    let dev = crate::backend::cuda::device::CudaDevice::new(*ordinal)
+        .with_context(|| format!("opening cuda:{ordinal} to size --slots auto and --kv-cache auto"))?;
+    let (avail, name) = device_budget(&dev, flags.max_gpu_memory)?;
+    let bytes = crate::backend::cuda::memory::device_weight_bytes(cfg, weights, false);
+    let fit = |kv: KvType| fit_slots(cfg, bytes, avail, (per_seq, max_batch_tokens), kv);
+    let kv = match flags.kv_cache {
+        KvChoice::Fixed(t) => t,
+        KvChoice::Auto if !q8_ok => KvType::F16,
+        KvChoice::Auto => {
+            let (f16, q8) = (fit(KvType::F16), fit(KvType::Q8));
+            let want = match slots {
+                Slots::Count(n) => n,
+                Slots::Auto => q8,
+            };
+            let kv = if f16 >= want { KvType::F16 } else { KvType::Q8 };
             eprintln!(
-                "slots: {} (--slots auto: the memory plan for {per_seq} cached positions per sequence fits {} in the free {:.2} GB of {}, cap {MAX_AUTO_SLOTS})",
+                "KV cache: {kv} (--kv-cache auto: {f16} sequences of {per_seq} positions fit in F16, {q8} in 8-bit; {want} wanted)"
+            );
+            kv
+        }
+    };
+    let n = match slots {
+        Slots::Count(n) => n,
+        Slots::Auto => {
+            let n = fit(kv);
+            eprintln!(
+                "slots: {} (--slots auto: the memory plan for {per_seq} cached positions per sequence, KV cache {kv}, fits {n} in {:.2} GB of {name}, cap {MAX_AUTO_SLOTS})",
                 n.max(1),
-                n,
-                free as f64 / 1e9,
-                dev.describe()
+                avail as f64 / 1e9,
             );
             n
         }
     };
     // Not even one fits: run one and let the memory check refuse it with the numbers.
-    Ok(n.max(1))
+    Ok((n.max(1), kv))
 }
 
 /// The most sequences (up to [`MAX_AUTO_SLOTS`]) of `per_seq` positions whose CUDA memory plan
 /// (with workspace for steps of `max_batch_tokens`, raised to the slot count as the engine
-/// does) fits in `free` bytes; 0 when not even one does.
+/// does; the KV cache in type `kv`) fits in `free` bytes; 0 when not even one does.
 pub fn fit_slots(
     cfg: &crate::model::config::ModelConfig,
     bytes: crate::backend::cuda::memory::DeviceWeightBytes,
     free: u64,
-    per_seq: usize,
-    max_batch_tokens: usize,
+    (per_seq, max_batch_tokens): (usize, usize),
+    kv: KvType,
 ) -> usize {
     let fits = |n: usize| {
         let blocks = (n * per_seq).div_ceil(BLOCK_SIZE).max(1);
@@ -120,7 +193,8 @@ pub fn fit_slots(
             BLOCK_SIZE,
             max_batch_tokens.max(n),
             crate::backend::cuda::memory::SeqPlan::new(n),
-        );
+        )
+        .with_kv_type(cfg, kv);
         plan.check(free, "", blocks * BLOCK_SIZE, cfg).is_ok()
     };
     // The plan grows with n: the largest n that fits, by bisection.
@@ -136,36 +210,77 @@ pub fn fit_slots(
     lo
 }
 
+/// KV positions to place for `slots` sequences of `per_seq` positions: all of them, except on a
+/// GPU under `--max-gpu-memory` where the pool is the most blocks the plan fits within the cap
+/// (the engine then admits and preempts sequences as blocks allow, said in the log). When not
+/// even one sequence's blocks fit, all of them are asked for, so that placing the model
+/// refuses with the numbers.
+pub fn kv_positions(
+    device: &Device,
+    (cfg, weights): (&crate::model::config::ModelConfig, &crate::model::weights::ModelWeights),
+    (slots, per_seq): (usize, usize),
+    max_batch_tokens: usize,
+    place: &Placement,
+) -> Result<usize> {
+    let (want, cap) = (slots * per_seq, place.max_gpu_memory);
+    let (Device::Cuda(ordinal), Some(_)) = (device, cap) else {
+        return Ok(want);
+    };
+    let dev = crate::backend::cuda::device::CudaDevice::new(*ordinal)
+        .with_context(|| format!("opening cuda:{ordinal} to size the KV cache"))?;
+    let (avail, name) = device_budget(&dev, cap)?;
+    let bytes = crate::backend::cuda::memory::device_weight_bytes(cfg, weights, false);
+    let step = max_batch_tokens.max(slots).max(crate::backend::cuda::memory::prefill_chunk(cfg, bytes.wide_scratch));
+    let seqs = crate::backend::cuda::memory::SeqPlan::new(slots);
+    let want_blocks = want.div_ceil(BLOCK_SIZE).max(1);
+    let blocks = budget::fit_blocks(
+        cfg,
+        (bytes.matrices, bytes.wide_scratch),
+        avail,
+        (BLOCK_SIZE, want_blocks),
+        step,
+        seqs,
+        place.kv_type,
+    );
+    if blocks >= want_blocks || blocks * BLOCK_SIZE < per_seq {
+        return Ok(want);
+    }
+    eprintln!(
+        "KV cache: {blocks} blocks ({} positions, {}) fit in {:.2} GB of {name}, not the {want} of {slots} x {per_seq}: sequences beyond them wait or are preempted",
+        blocks * BLOCK_SIZE,
+        place.kv_type,
+        avail as f64 / 1e9
+    );
+    Ok(blocks * BLOCK_SIZE)
+}
+
 /// Whether a CUDA device can be used (a driver is loadable and reports a device).
 pub fn cuda_usable() -> bool {
     crate::backend::cuda::device::device_count() > 0
 }
 
 /// Places a model on `device` with room for `tokens` cached positions; on a GPU the memory plan
-/// reserves workspace for steps of `max_batch_tokens` (the engine's `--max-batch-tokens`).
-/// `f16_weights`: on a GPU, widen block-format weights to F16 at load (`bench --weights f16`)
-/// instead of keeping them packed.
+/// reserves workspace for steps of `max_batch_tokens` (the engine's `--max-batch-tokens`) and is
+/// checked within `place.max_gpu_memory`.
 pub fn make_backend(
     cfg: &crate::model::config::ModelConfig,
     w: &crate::model::weights::ModelWeights,
     device: &Device,
     tokens: usize,
     (max_batch_tokens, seqs): (usize, usize),
-    ptx_dir: Option<&Path>,
-    f16_weights: bool,
+    place: &Placement,
 ) -> Result<Box<dyn Backend>> {
     let blocks = tokens.div_ceil(BLOCK_SIZE).max(1);
     let b: Box<dyn Backend> = match *device {
-        Device::Cpu => Box::new(CpuBackend::new(cfg.clone(), w.clone(), blocks, BLOCK_SIZE)),
+        Device::Cpu => {
+            Box::new(CpuBackend::new(cfg.clone(), w.clone(), blocks, BLOCK_SIZE).with_kv_type(place.kv_type)?)
+        }
         Device::Cuda(ordinal) => {
             let n = crate::backend::cuda::device::device_count();
             if ordinal >= n {
                 bail!("device cuda:{ordinal} requested, but {n} CUDA device(s) are usable here; use --device cpu");
             }
-            let opts = crate::backend::cuda::CudaOptions {
-                f16_weights,
-                ..cuda_options(ordinal, blocks, (max_batch_tokens, seqs), ptx_dir)
-            };
+            let opts = cuda_options(ordinal, blocks, (max_batch_tokens, seqs), place);
             let t = std::time::Instant::now();
             let mut b = crate::backend::cuda::model::CudaBackend::new(cfg.clone(), w, &opts)
                 .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
@@ -218,7 +333,7 @@ pub(crate) fn cuda_options(
     ordinal: usize,
     blocks: usize,
     (max_batch_tokens, seqs): (usize, usize),
-    ptx_dir: Option<&Path>,
+    place: &Placement,
 ) -> crate::backend::cuda::CudaOptions {
     let plan = crate::backend::cuda::memory::SeqPlan::new(seqs);
     crate::backend::cuda::CudaOptions {
@@ -228,10 +343,12 @@ pub(crate) fn cuda_options(
         max_batch_tokens,
         num_blocks: blocks,
         block_size: BLOCK_SIZE,
-        ptx_dir: ptx_dir.map(Path::to_path_buf),
+        ptx_dir: place.ptx_dir.clone(),
         // RoPE tables cover every position the KV cache can hold.
         max_positions: blocks * BLOCK_SIZE,
-        f16_weights: false,
+        f16_weights: place.f16_weights,
+        max_memory: place.max_gpu_memory,
+        kv_type: place.kv_type,
         cublas: crate::backend::cuda::model::cublas_wanted(),
     }
 }
@@ -248,18 +365,19 @@ pub fn make_synthetic_backend(
     tokens: usize,
     ptx_dir: Option<&Path>,
 ) -> Result<Box<dyn Backend>> {
-    make_synthetic_backend_for(shape, dtype, device, tokens, (DEFAULT_MAX_BATCH_TOKENS, MAX_AUTO_SLOTS), ptx_dir)
+    let place = Placement::with_ptx_dir(ptx_dir);
+    make_synthetic_backend_for(shape, dtype, device, tokens, (DEFAULT_MAX_BATCH_TOKENS, MAX_AUTO_SLOTS), &place)
 }
 
 /// As [`make_synthetic_backend`], planned for steps of `max_batch_tokens` tokens and `seqs`
-/// sequences at once.
+/// sequences at once (`place.f16_weights` is not read: `dtype` names the weights).
 pub fn make_synthetic_backend_for(
     shape: &str,
     dtype: &str,
     device: &Device,
     tokens: usize,
     (max_batch_tokens, seqs): (usize, usize),
-    ptx_dir: Option<&Path>,
+    place: &Placement,
 ) -> Result<Box<dyn Backend>> {
     let cfg = crate::model::shapes::shape(shape).ok_or_else(|| {
         anyhow::anyhow!("unknown shape '{shape}'; known: {}", crate::model::shapes::SHAPES.join(", "))
@@ -270,14 +388,22 @@ pub fn make_synthetic_backend_for(
                 bail!("--synthetic {shape}: random hybrid (linear-attention) weights are made on the GPU only; use --device cuda");
             }
             let w = crate::model::synth::random_weights(&cfg, parse_dtype(dtype)?, 1);
-            make_backend(&cfg, &w, device, tokens, (max_batch_tokens, seqs), ptx_dir, false)
+            make_backend(
+                &cfg,
+                &w,
+                device,
+                tokens,
+                (max_batch_tokens, seqs),
+                &Placement { f16_weights: false, ..place.clone() },
+            )
         }
         Device::Cuda(ordinal) => {
             use crate::backend::cuda::WeightMix;
             let mix = WeightMix::parse(dtype).ok_or_else(|| {
                 anyhow::anyhow!("--dtype {dtype}: synthetic GPU weights are f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k or q4_k_m")
             })?;
-            let opts = cuda_options(ordinal, tokens.div_ceil(BLOCK_SIZE).max(1), (max_batch_tokens, seqs), ptx_dir);
+            let place = Placement { f16_weights: false, ..place.clone() };
+            let opts = cuda_options(ordinal, tokens.div_ceil(BLOCK_SIZE).max(1), (max_batch_tokens, seqs), &place);
             let b = crate::backend::cuda::model::CudaBackend::synthetic_mix(cfg, mix, 1, &opts)
                 .with_context(|| format!("making a synthetic {shape} on cuda:{ordinal}"))?;
             Ok(Box::new(b))
@@ -386,12 +512,15 @@ mod tests {
         };
         // A 32 GB V100 (30 GB free): 16 GB of F16 weights, then 4096-position sequences.
         let free = 30_000_000_000u64;
-        let n = fit_slots(&c, f16, free, 4096, DEFAULT_MAX_BATCH_TOKENS);
+        let n = fit_slots(&c, f16, free, (4096, DEFAULT_MAX_BATCH_TOKENS), KvType::F16);
         assert!((1..MAX_AUTO_SLOTS).contains(&n), "{n}");
         assert!(plan(n).check(free, "", n * 4096, &c).is_ok());
         assert!(plan(n + 1).check(free, "", (n + 1) * 4096, &c).is_err(), "one more does not fit");
         // The cap, and nothing at all on a device smaller than the weights.
-        assert_eq!(fit_slots(&c, f16, 1_000_000_000_000, 4096, DEFAULT_MAX_BATCH_TOKENS), MAX_AUTO_SLOTS);
-        assert_eq!(fit_slots(&c, f16, 8_000_000_000, 4096, DEFAULT_MAX_BATCH_TOKENS), 0);
+        assert_eq!(
+            fit_slots(&c, f16, 1_000_000_000_000, (4096, DEFAULT_MAX_BATCH_TOKENS), KvType::F16),
+            MAX_AUTO_SLOTS
+        );
+        assert_eq!(fit_slots(&c, f16, 8_000_000_000, (4096, DEFAULT_MAX_BATCH_TOKENS), KvType::F16), 0);
     }
 }

@@ -1,7 +1,6 @@
 //! `dustoff run --devices/--engines`: which engines a job runs (data parallel), the slots of
 //! each, and the engine pool built from them (see `crate::job::parallel`).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -84,8 +83,8 @@ pub fn engine_labels(devs: &[Device]) -> Vec<String> {
 }
 
 /// The slots of each engine: a given count for every engine; `auto` on the CPU the CPU default
-/// for each, on a GPU what the memory plan fits in the device's free memory divided among the
-/// engines that share it (`--devices 0,0`: half each).
+/// for each, on a GPU what the memory plan fits in the device's free memory (within `cap`)
+/// divided among the engines that share it (`--devices 0,0`: half each).
 pub fn engine_slots(
     slots: Slots,
     devs: &[Device],
@@ -93,7 +92,10 @@ pub fn engine_slots(
     weights: &ModelWeights,
     per_seq: usize,
     max_batch_tokens: usize,
+    flags: common::MemoryFlags,
 ) -> Result<Vec<usize>> {
+    // One type for every engine: the given one, F16 for auto.
+    let kv = flags.kv_cache.or_f16();
     let mut out = Vec::with_capacity(devs.len());
     for d in devs {
         let n = match (slots, d) {
@@ -104,8 +106,9 @@ pub fn engine_slots(
                 let dev = crate::backend::cuda::device::CudaDevice::new(*ordinal)
                     .with_context(|| format!("opening cuda:{ordinal} to size --slots auto"))?;
                 let (free, _) = dev.mem_info()?;
+                let avail = crate::backend::cuda::budget::available(flags.max_gpu_memory, free as u64);
                 let bytes = crate::backend::cuda::memory::device_weight_bytes(cfg, weights, false);
-                common::fit_slots(cfg, bytes, free as u64 / share, per_seq, max_batch_tokens).max(1)
+                common::fit_slots(cfg, bytes, avail / share, (per_seq, max_batch_tokens), kv).max(1)
             }
         };
         out.push(n);
@@ -124,7 +127,8 @@ pub struct PoolConfig {
     pub per_seq: usize,
     pub max_batch_tokens: usize,
     pub prefix_cache: bool,
-    pub ptx_dir: Option<PathBuf>,
+    /// `--ptx-dir`, `--max-gpu-memory` (each engine's share of its GPU: see [`start_pool`]).
+    pub place: common::Placement,
     pub eos: Vec<u32>,
     pub grammar: Option<Grammar>,
     pub stop: StopFlag,
@@ -136,13 +140,16 @@ pub fn start_pool(pc: &PoolConfig, devs: &[Device], slots: &[usize]) -> Result<E
     let mut specs = Vec::with_capacity(devs.len());
     for ((device, &slots), label) in devs.iter().zip(slots).zip(&labels) {
         let (model, device, label_t) = (pc.model.clone(), device.clone(), label.clone());
-        let (ptx_dir, eos, grammar, stop) = (pc.ptx_dir.clone(), pc.eos.clone(), pc.grammar.clone(), pc.stop.clone());
+        let (eos, grammar, stop) = (pc.eos.clone(), pc.grammar.clone(), pc.stop.clone());
+        // Engines that share a GPU share its cap.
+        let share = devs.iter().filter(|e| **e == device).count() as u64;
+        let cap = pc.place.max_gpu_memory.map(|c| crate::backend::cuda::budget::MemoryCap { bytes: c.bytes / share });
+        let place = common::Placement { max_gpu_memory: cap, ..pc.place.clone() };
         let cfg = EngineConfig::new(slots, pc.max_batch_tokens, pc.prefix_cache, pc.model_fingerprint);
         let tokens = slots * pc.per_seq;
         let make = move || -> Result<Box<dyn Generate>> {
             let step = cfg.max_batch_tokens;
-            let backend =
-                common::make_backend(&model.0, &model.1, &device, tokens, (step, slots), ptx_dir.as_deref(), false)?;
+            let backend = common::make_backend(&model.0, &model.1, &device, tokens, (step, slots), &place)?;
             eprintln!("engine {label_t}: {}; {slots} slots, KV room for {tokens} tokens", backend.describe());
             let engine = Engine::new(backend, cfg)?;
             Ok(Box::new(EngineGenerate::new(engine, eos).with_stop(stop).with_grammar(grammar)))

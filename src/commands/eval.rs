@@ -3,7 +3,9 @@
 //! second half of each window (the first half is context, as llama.cpp's perplexity and
 //! KL-divergence tools do) give each model's perplexity and, against the reference, the
 //! KL divergence `KL(P_ref || P_model)` per position (mean, median, p99, max) and the share of
-//! positions whose top-1 token agrees.
+//! positions whose top-1 token agrees. `--kv-cache q8` runs the `--model`s with the 8-bit KV
+//! cache (the CPU twin of the GPU's: `backend::kv_type`) and the reference with the full one, so
+//! the same file as model and reference measures what the 8-bit cache costs.
 
 use std::path::PathBuf;
 
@@ -12,6 +14,7 @@ use serde::Serialize;
 use crate::backend::cpu::matmul::matmul;
 use crate::backend::cpu::tap::ActivationTap;
 use crate::backend::cpu::CpuBackend;
+use crate::backend::kv_type::KvType;
 use crate::engine::batch::BLOCK_SIZE;
 use crate::engine::single::SingleSeq;
 use crate::model::loader::{load_model, LoadedModel};
@@ -48,6 +51,8 @@ pub struct EvalArgs {
     pub text: Option<PathBuf>,
     pub ctx: usize,
     pub max_tokens: usize,
+    /// The KV cache of the scored models (the reference keeps the full one).
+    pub kv_type: KvType,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -137,16 +142,13 @@ struct Scorer {
 }
 
 impl Scorer {
-    fn new(m: LoadedModel, ctx: usize) -> Self {
+    fn new(m: LoadedModel, ctx: usize, kv: KvType) -> Result<Self, QuantizeError> {
         let (dim, vocab) = (m.config.dim, m.config.vocab_size);
         let head = m.weights.output.clone();
-        Scorer {
-            path: m.path,
-            backend: CpuBackend::new(m.config, m.weights, ctx.div_ceil(BLOCK_SIZE) + 1, BLOCK_SIZE),
-            head,
-            dim,
-            vocab,
-        }
+        let backend = CpuBackend::new(m.config, m.weights, ctx.div_ceil(BLOCK_SIZE) + 1, BLOCK_SIZE)
+            .with_kv_type(kv)
+            .map_err(|e| QuantizeError::Usage(format!("{}: {e}", m.path.display())))?;
+        Ok(Scorer { path: m.path, backend, head, dim, vocab })
     }
 
     /// `[len - 1 - from, vocab]`: log-softmax of the logits at positions `from..len-1` of `w`
@@ -218,7 +220,9 @@ pub fn run(a: &EvalArgs) -> anyhow::Result<EvalSummary> {
         if windows.is_none() {
             windows = Some(token_windows(&m.tokenizer, &docs, a.ctx, a.max_tokens)?);
         }
-        scorers.push(Scorer::new(m, a.ctx));
+        // The reference (first when given) keeps the full cache.
+        let kv = if a.reference.is_some() && scorers.is_empty() { KvType::F16 } else { a.kv_type };
+        scorers.push(Scorer::new(m, a.ctx, kv)?);
     }
     let windows = windows.unwrap_or_default();
     let has_ref = a.reference.is_some();

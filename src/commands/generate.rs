@@ -133,6 +133,7 @@ pub fn fingerprint(job: &BatchJob, opt: &GenOptions) -> Result<JobFingerprint> {
         .to_string(),
         inputs: vec![file_identity(job.input).with_context(|| format!("reading input {}", job.input.display()))?],
         shard: None,
+        base: None,
     })
 }
 

@@ -1,6 +1,8 @@
 //! `dustoff kernels --arch ARCH --out DIR`: compiles every kernel file for ARCH with the NVRTC
 //! found at run time and writes `<DIR>/<file>.ptx` (for CI, and to take compute_70 PTX to a GPU
-//! machine that has no NVRTC 12). PTX for compute_70 is checked for sm_75+ instructions.
+//! machine that has no NVRTC 12). PTX for compute_70 declares the V100 ISA (7.0: every driver
+//! from CUDA 11.0 up loads it; `ptx_isa` checks every feature against it) and is checked for
+//! sm_75+ instructions.
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +17,7 @@ pub fn compile_all(arch: &str, out_dir: &Path) -> Result<Vec<PathBuf>> {
     if !arch.starts_with("compute_") {
         bail!("architecture '{arch}': expected compute_XY (e.g. compute_70)");
     }
-    let (major, minor) = nvrtc::nvrtc_version()?;
+    let (major, minor) = nvrtc::nvrtc_version(arch)?;
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     // One thread per file: NVRTC is thread-safe, and the largest files dominate the time.
     let compiled: Vec<Result<String>> = std::thread::scope(|s| {
@@ -40,8 +42,9 @@ pub fn compile_all(arch: &str, out_dir: &Path) -> Result<Vec<PathBuf>> {
         std::fs::write(&path, &ptx).with_context(|| format!("writing {}", path.display()))?;
         written.push(path);
     }
+    let isa = nvrtc::lowered_isa(arch).map(|i| format!(", PTX ISA {i}")).unwrap_or_default();
     eprintln!(
-        "kernels: {} files compiled for {arch} with NVRTC {major}.{minor} into {}",
+        "kernels: {} files compiled for {arch} with NVRTC {major}.{minor}{isa} into {}",
         written.len(),
         out_dir.display()
     );

@@ -1,6 +1,7 @@
 //! Implementations of the CLI subcommands (argument parsing lives in main.rs).
 
 pub mod bench;
+pub mod bench_bound;
 pub mod bench_constrained;
 pub mod bench_modes;
 pub mod bench_plan;

@@ -5,12 +5,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::common::{self, Device, Slots};
+use super::common::{self, Device, MemoryFlags, Placement, Slots};
 use super::job_adapters::{EngineGenerate, TokenizerCodec};
 use crate::backend::Backend;
 use crate::engine::batch::{Engine, EngineConfig, BLOCK_SIZE};
 use crate::engine::constraint::{ConstraintError, ConstraintFactory, Grammar};
 use crate::job::exit::ExitCode;
+use crate::job::identity::{self, Decision, FinishedIdentity};
 use crate::job::lock::JobLock;
 use crate::job::pipeline::{Pipeline, PipelineError};
 use crate::job::runner::{self, Generate, JobKind, RunOptions, StopFlag};
@@ -34,14 +35,23 @@ pub struct RunArgs {
     /// `--devices`, else cuda:K..K+N; N threads on the CPU).
     pub tensor_parallel: Option<usize>,
     pub ptx_dir: Option<PathBuf>,
+    /// `--max-gpu-memory`, `--kv-cache`.
+    pub memory: MemoryFlags,
     pub slots: Slots,
     pub max_batch_tokens: usize,
     pub prefix_cache: bool,
     pub restart: bool,
+    /// `--incremental`: over a finished output of the same model, pipeline and parameters,
+    /// compute only new and changed records and reuse the other rows.
+    pub incremental: bool,
     pub max_errors: Option<u64>,
+    /// `--allow-errors`, `--max-error-rate`: error rows a completed job may hold and exit 0.
+    pub tolerance: crate::job::tolerance::ErrorTolerance,
     pub shard: Option<String>,
     pub shard_count: Option<u32>,
     pub dry_run: bool,
+    /// `--json`: the dry run's report as JSON instead of the summary.
+    pub json: bool,
     pub quiet: bool,
     /// OpenAI batch: the `max_tokens` of requests that name none.
     pub default_max_tokens: u32,
@@ -94,29 +104,38 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         }
     }
     crate::job::outputs::check_output(&a.output, &read)?;
-    if a.dry_run {
-        // Writes nothing beside the output: no lock.
-        // Only the tokenizer: a dry run works with a vocab-only GGUF too.
-        let t = common::load_tokenizer(&a.model)?;
-        let mut r = crate::job::dry_run::dry_run(&job, &inputs, shard, &TokenizerCodec(&t.tokenizer), BLOCK_SIZE)?;
-        // The model's metadata (not its weights), when the file has any: a hybrid model's
-        // per-sequence state belongs to the plan.
-        let cfg = crate::model::loader::load_config(&a.model).ok();
-        if let Some((c, summary)) = cfg.as_ref().and_then(|c| Some((c, c.state_summary()?))) {
-            eprintln!("model: {summary}");
-            r.recurrent_state_bytes_per_sequence = Some(c.state_bytes_per_seq() as u64);
-        }
-        println!("{}", serde_json::to_string_pretty(&r)?);
-        return Ok(ExitCode::Ok);
-    }
+    // A dry run makes the same checks as the run (lock, finished output, checkpoint), then
+    // stops before the model: its exit code says whether the run would pass.
     let lock = JobLock::acquire(&a.output)?;
     // Rows do not depend on slots, device or batch size (greedy and seeded outputs are the
     // same across them), so none of those flags is part of the fingerprint.
     let overrides = "{}";
-    let fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
+    let mut fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
+    // The finished output in place: the same job (nothing to do), a different one (refused
+    // unless --restart), or the base of an --incremental run.
+    let unfinished = crate::job::checkpoint::checkpoint_dir(&a.output).join("job.json").exists();
+    match identity::decide(&a.output, &fingerprint, a.restart, a.incremental, unfinished)? {
+        Decision::NothingToDo(f) => return Ok(nothing_to_do(&a.output, &f, &a.tolerance)),
+        Decision::Incremental(f) => {
+            eprintln!(
+                "incremental: building on the finished output {} ({} rows); only new and changed records are computed",
+                a.output.display(),
+                f.rows
+            );
+            fingerprint.base = Some(f.output_blake3);
+        }
+        Decision::Run if a.incremental && !unfinished => {
+            eprintln!("incremental: no finished output of this job at {}: every record is computed", a.output.display())
+        }
+        Decision::Run => {}
+    }
     // A different job's checkpoint is refused before the model loads (minutes for a large one).
     crate::job::checkpoint::Checkpoint::verify(&a.output, &fingerprint, a.restart)
         .with_context(|| format!("opening the checkpoint of {}", a.output.display()))?;
+    if a.dry_run {
+        drop(lock);
+        return dry_run(a, &job, &inputs, shard);
+    }
     let m = common::load(&a.model)?;
     let codec = TokenizerCodec(&m.tokenizer);
     let grammar = match &job {
@@ -146,17 +165,28 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     };
     let stop = StopFlag::with_signals().unwrap_or_default();
     let eos = m.tokenizer.eos_ids().to_vec();
+    let mut place = Placement {
+        ptx_dir: a.ptx_dir.clone(),
+        f16_weights: false,
+        max_gpu_memory: a.memory.max_gpu_memory,
+        kv_type: a.memory.kv_cache.or_f16(),
+    };
     let (mut gen, slots): (Box<dyn Generate>, usize) = if devs.len() == 1 {
-        let slots = super::tensor_parallel::slots_for(
+        let (slots, kv_type) = super::tensor_parallel::slots_for(
             a.slots,
             &devs[0],
-            &m.config,
-            &m.weights,
+            (&m.config, &m.weights),
             a.tensor_parallel,
             (per_seq, a.max_batch_tokens),
+            a.memory,
         )?;
+        place.kv_type = kv_type;
         let cfg = EngineConfig::new(slots, a.max_batch_tokens, a.prefix_cache, m.fingerprint);
-        let (tokens, step) = (slots * per_seq, cfg.max_batch_tokens);
+        let step = cfg.max_batch_tokens;
+        let tokens = match a.tensor_parallel {
+            None => common::kv_positions(&devs[0], (&m.config, &m.weights), (slots, per_seq), step, &place)?,
+            Some(_) => slots * per_seq,
+        };
         let backend = super::tensor_parallel::backend_for(
             &m.config,
             &m.weights,
@@ -165,21 +195,22 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             a.devices.as_deref(),
             tokens,
             (step, slots),
-            a.ptx_dir.as_deref(),
+            &place,
         )?;
-        eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens", backend.describe());
+        eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens ({})", backend.describe(), place.kv_type);
         let engine = Engine::new(backend, cfg)?;
         (Box::new(EngineGenerate::new(engine, eos).with_stop(stop.clone()).with_grammar(grammar)), slots)
     } else {
         // Data parallel: one engine per entry, each built in its own thread over shared weights.
-        let slots = super::devices::engine_slots(a.slots, &devs, &m.config, &m.weights, per_seq, a.max_batch_tokens)?;
+        let slots =
+            super::devices::engine_slots(a.slots, &devs, &m.config, &m.weights, per_seq, a.max_batch_tokens, a.memory)?;
         let pc = super::devices::PoolConfig {
             model: std::sync::Arc::new((m.config.clone(), m.weights.clone())),
             model_fingerprint: m.fingerprint,
             per_seq,
             max_batch_tokens: a.max_batch_tokens,
             prefix_cache: a.prefix_cache,
-            ptx_dir: a.ptx_dir.clone(),
+            place: place.clone(),
             eos,
             grammar,
             stop: stop.clone(),
@@ -205,6 +236,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         fingerprint,
         restart: a.restart,
         max_errors: a.max_errors,
+        tolerance: a.tolerance,
         shard,
         commit_rows: common::commit_rows(),
         commit_interval: std::time::Duration::from_secs(5),
@@ -263,6 +295,72 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         _ => {}
     }
     Ok(res.exit)
+}
+
+/// `--dry-run`: reads, renders and tokenizes every record (only the tokenizer is loaded: a
+/// vocab-only GGUF works), prints a summary (JSON with `--json`) and exits as the run would:
+/// 3 when the records that would fail are over the error tolerance.
+fn dry_run(a: &RunArgs, job: &JobKind, inputs: &[PathBuf], shard: Option<ShardSpec>) -> Result<ExitCode> {
+    let t = common::load_tokenizer(&a.model)?;
+    let mut r = crate::job::dry_run::dry_run(job, inputs, shard, &TokenizerCodec(&t.tokenizer), BLOCK_SIZE)?;
+    // The model's metadata (not its weights), when the file has any: a hybrid model's
+    // per-sequence state belongs to the plan.
+    let cfg = crate::model::loader::load_config(&a.model).ok();
+    if let Some((c, summary)) = cfg.as_ref().and_then(|c| Some((c, c.state_summary()?))) {
+        eprintln!("model: {summary}");
+        r.recurrent_state_bytes_per_sequence = Some(c.state_bytes_per_seq() as u64);
+    }
+    if let Some(c) = &cfg {
+        use crate::backend::kv_type::KvType;
+        let per = |kv: KvType| (kv.name().to_string(), crate::backend::cuda::memory::kv_bytes_per_position(c, kv));
+        let mut kinds = vec![per(KvType::F16)];
+        if KvType::Q8.refusal(c.head_dim).is_none() {
+            kinds.push(per(KvType::Q8));
+        }
+        r.kv_cache_bytes_per_position = Some(kinds.into_iter().collect());
+    }
+    if !a.restart {
+        r.resumed_rows = crate::job::checkpoint::Checkpoint::committed_totals(&a.output).0;
+    }
+    let code = a.tolerance.exit_code(r.errors, r.records);
+    r.exit_code = code.code();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", r.human_summary(&a.output.display().to_string()));
+        if code != ExitCode::Ok {
+            println!(
+                "the run would exit {}: {} records would fail, over the tolerance ({})",
+                code.code(),
+                r.errors,
+                a.tolerance.describe()
+            );
+        }
+    }
+    Ok(code)
+}
+
+/// A rerun of a finished job whose identity and output are unchanged: nothing is computed or
+/// written. Exits as the finished job would with this run's tolerance: 0, or 3 when its
+/// error rows are over it.
+fn nothing_to_do(output: &Path, f: &FinishedIdentity, tolerance: &crate::job::tolerance::ErrorTolerance) -> ExitCode {
+    eprintln!(
+        "nothing to do: {} is the finished output of this same job (model, pipeline, parameters and inputs \
+         unchanged; {} rows, {} error rows). Add --restart to compute it again",
+        output.display(),
+        f.rows,
+        f.error_rows
+    );
+    let code = tolerance.exit_code(f.error_rows, f.rows);
+    if code != ExitCode::Ok {
+        eprintln!(
+            "its {} error rows are over the tolerance ({}): exit {}, as when it finished",
+            f.error_rows,
+            tolerance.describe(),
+            code.code()
+        );
+    }
+    code
 }
 
 /// The pipeline's output grammar compiled for the model's vocabulary (`None`: free text). The

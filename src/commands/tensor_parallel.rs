@@ -6,8 +6,6 @@
 //! or `auto`). Listing a GPU more than once (`--devices 0,0`) puts several ranks on it: a test of
 //! the split on one GPU (host-staged all-reduce), not a way to go faster.
 
-use std::path::Path;
-
 use anyhow::{Context, Result};
 
 use super::common::{self, Device};
@@ -73,17 +71,22 @@ pub fn make_tp_backend(
     devs: &[Device],
     tokens: usize,
     (max_batch_tokens, seqs): (usize, usize),
-    ptx_dir: Option<&Path>,
+    place: &common::Placement,
 ) -> Result<Box<dyn Backend>> {
     check_split(cfg, devs)?;
     let blocks = tokens.div_ceil(crate::engine::batch::BLOCK_SIZE).max(1);
     let n = devs.len();
     let b: Box<dyn Backend> = if devs.iter().all(|d| *d == Device::Cpu) {
+        if place.kv_type != crate::backend::kv_type::KvType::F16 {
+            return Err(
+                UsageError::new("--tensor-parallel on the CPU keeps an f32 KV cache: leave out --kv-cache q8").into()
+            );
+        }
         let bs = crate::engine::batch::BLOCK_SIZE;
         Box::new(crate::backend::cpu::tensor_parallel::tp_cpu_group(cfg, w, n, blocks, bs)?)
     } else {
         let ordinals: Vec<usize> = devs.iter().map(|d| if let Device::Cuda(k) = d { *k } else { 0 }).collect();
-        let opts = common::cuda_options(ordinals[0], blocks, (max_batch_tokens, seqs), ptx_dir);
+        let opts = common::cuda_options(ordinals[0], blocks, (max_batch_tokens, seqs), place);
         let p = plan_per_gpu(cfg, w, n, tokens, (max_batch_tokens, seqs))?;
         eprintln!(
             "tensor parallel: {n} ranks on {ordinals:?}; per rank: weights {:.2} GB, KV {:.2} GB, workspace {:.2} GB",
@@ -109,33 +112,33 @@ pub fn backend_for(
     devices: Option<&str>,
     tokens: usize,
     step: (usize, usize),
-    ptx_dir: Option<&Path>,
+    place: &common::Placement,
 ) -> Result<Box<dyn Backend>> {
     match tp {
-        None => common::make_backend(cfg, w, device, tokens, step, ptx_dir, false),
+        None => common::make_backend(cfg, w, device, tokens, step, place),
         Some(n) => {
             let devs = rank_devices(device, devices, n, gpu_count(device))?;
-            make_tp_backend(cfg, w, &devs, tokens, step, ptx_dir)
+            make_tp_backend(cfg, w, &devs, tokens, step, place)
         }
     }
 }
 
 /// `--slots` for a one-engine command: with `--tensor-parallel N`, sized by the memory plan of
-/// rank 0's shard (what one GPU holds), after the split is checked.
+/// rank 0's shard (what one GPU holds), after the split is checked; within `cap` on each GPU.
 pub fn slots_for(
     slots: common::Slots,
     device: &Device,
-    cfg: &ModelConfig,
-    w: &ModelWeights,
+    (cfg, w): (&ModelConfig, &ModelWeights),
     tp: Option<usize>,
-    (per_seq, max_batch_tokens): (usize, usize),
-) -> Result<usize> {
+    sizes: (usize, usize),
+    flags: common::MemoryFlags,
+) -> Result<(usize, crate::backend::kv_type::KvType)> {
     match tp {
-        None => common::resolve_slots(slots, device, cfg, w, per_seq, max_batch_tokens),
+        None => common::resolve_slots(slots, device, (cfg, w), sizes, flags),
         Some(n) => {
             check(cfg, n).map_err(|e| UsageError::new(e.to_string()))?;
             let (sc, sw) = rank0_shard(cfg, w, n)?;
-            common::resolve_slots(slots, device, &sc, &sw, per_seq, max_batch_tokens)
+            common::resolve_slots(slots, device, (&sc, &sw), sizes, flags)
         }
     }
 }

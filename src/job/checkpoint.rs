@@ -120,6 +120,10 @@ pub struct JobFingerprint {
     pub params: String,
     pub inputs: Vec<FileIdentity>,
     pub shard: Option<ShardSpec>,
+    /// `--incremental`: the digest of the finished output whose rows this job reuses (absent
+    /// otherwise, so that other jobs' digests are as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
 }
 
 impl JobFingerprint {
@@ -180,6 +184,9 @@ impl JobFingerprint {
         }
         if self.shard != other.shard {
             d.push("the shard");
+        }
+        if self.base != other.base {
+            d.push("the finished output an --incremental run builds on");
         }
         d
     }
@@ -525,6 +532,12 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Rows and error rows a checkpoint of `output` holds (complete journal lines), without
+    /// opening it: `(0, 0)` when there is none.
+    pub fn committed_totals(output: &Path) -> (u64, u64) {
+        journal_totals(&checkpoint_dir(output).join("journal.jsonl"))
+    }
+
     fn load_journal(&mut self) -> Result<(), CheckpointError> {
         let path = self.dir.join("journal.jsonl");
         let Some(mut journal) = self.journal.as_ref() else { return Ok(()) };
@@ -625,6 +638,23 @@ impl Checkpoint {
     /// Why a different job's checkpoint was replaced when this one opened, if it was.
     pub fn replaced(&self) -> Option<&str> {
         self.replaced.as_deref()
+    }
+
+    /// The committed error rows as errors-file entries ([`super::errors_file::entry`]), in
+    /// input order: what `<output>.errors.jsonl` lists for a job that has not completed.
+    pub fn committed_error_entries(&self) -> Result<Vec<String>, CheckpointError> {
+        let mut found = Vec::new();
+        for p in self.parts.iter().filter(|p| p.errors > 0) {
+            let path = self.dir.join(&p.part);
+            let mut c = PartCursor::open(&path)?;
+            while let Some(i) = c.advance()? {
+                if let Some(e) = super::errors_file::entry(&c.line) {
+                    found.push((i, e));
+                }
+            }
+        }
+        found.sort_by_key(|(i, _)| *i);
+        Ok(found.into_iter().map(|(_, e)| e).collect())
     }
 
     /// Commits a batch durably: the part file is written and fsync'd, then its journal line.

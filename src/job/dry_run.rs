@@ -36,11 +36,57 @@ pub struct DryRunReport {
     /// vocab-only files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recurrent_state_bytes_per_sequence: Option<u64>,
+    /// Rows an unfinished checkpoint of this job already holds (the real run skips them).
+    #[serde(default)]
+    pub resumed_rows: u64,
+    /// The exit code the real run would end with if every record ran as planned (0, or 3 when
+    /// the records that would fail are over the error tolerance); also the dry run's own.
+    #[serde(default)]
+    pub exit_code: u8,
+    /// GPU KV cache bytes of one cached position (every attention layer, K and V) by cache type
+    /// (`f16`, `q8`: `--kv-cache`), from the model's metadata; absent for vocab-only files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_bytes_per_position: Option<BTreeMap<String, u64>>,
 }
 
 impl DryRunReport {
     pub fn records_per_second(&self) -> f64 {
         self.records as f64 / self.seconds.max(1e-9)
+    }
+
+    /// A few lines for the operator (`--json` prints the report itself).
+    pub fn human_summary(&self, output: &str) -> String {
+        let mut s = format!(
+            "dry run: {} records, {} would run, {} would fail -> {output}\n",
+            self.records, self.ok, self.errors
+        );
+        if self.resumed_rows > 0 {
+            s += &format!("checkpoint: {} rows already committed; the run resumes after them\n", self.resumed_rows);
+        }
+        let reuse = if self.prompt_tokens > 0 {
+            100.0 * (1.0 - self.prompt_tokens_uncached as f64 / self.prompt_tokens as f64)
+        } else {
+            0.0
+        };
+        s += &format!(
+            "prompt tokens: {} ({} to compute, {reuse:.1}% from the prefix cache), longest {}; at most {} generated\n",
+            self.prompt_tokens, self.prompt_tokens_uncached, self.max_prompt_tokens, self.generation_budget
+        );
+        if self.truncated > 0 {
+            s += &format!("truncated: {} records cut to max_input_tokens\n", self.truncated);
+        }
+        if self.errors > 0 {
+            let kinds: Vec<String> = self.errors_by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            s += &format!("would fail: {} ({})\n", self.errors, kinds.join(", "));
+            for (line, m) in &self.first_errors {
+                s += &format!("  line {line}: {m}\n");
+            }
+            if self.errors as usize > self.first_errors.len() {
+                s += &format!("  ... {} more\n", self.errors as usize - self.first_errors.len());
+            }
+        }
+        s += &format!("time: {:.2} s, {:.0} records/s\n", self.seconds, self.records_per_second());
+        s
     }
 }
 

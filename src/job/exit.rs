@@ -86,11 +86,21 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
             || matches!(c.downcast_ref::<super::outputs::OutputError>(), Some(super::outputs::OutputError::Usage(_)))
             || matches!(c.downcast_ref::<LockError>(), Some(LockError::Held { .. }))
             || matches!(c.downcast_ref::<CheckpointError>(), Some(CheckpointError::Mismatch { .. }))
+            || matches!(
+                c.downcast_ref::<super::identity::IdentityError>(),
+                Some(super::identity::IdentityError::Changed { .. })
+            )
             || matches!(c.downcast_ref::<PipelineError>(), Some(p) if !matches!(p, PipelineError::Io { .. }))
             || c.downcast_ref::<crate::quantize::QuantizeError>().is_some_and(|q| q.is_usage())
             || matches!(
+                c.downcast_ref::<super::reader::ReadError>(),
+                Some(super::reader::ReadError::Decompress(super::decompress::DecompressError::Unsupported { .. }))
+            )
+            || matches!(
                 c.downcast_ref::<ShardError>(),
-                Some(ShardError::Spec(_) | ShardError::Env { .. } | ShardError::NoCount { .. })
+                Some(
+                    ShardError::Spec(_) | ShardError::Env { .. } | ShardError::NoCount { .. } | ShardError::Missing(_)
+                )
             )
     })
 }

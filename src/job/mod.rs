@@ -6,8 +6,12 @@
 //! (data parallel) behind the one job loop, routing requests by prompt prefix ([`routing`]).
 
 pub mod checkpoint;
+pub mod decompress;
 pub mod dry_run;
+pub mod errors_file;
 pub mod exit;
+pub mod identity;
+pub mod incremental;
 pub mod lock;
 pub mod output;
 pub mod outputs;
@@ -22,4 +26,5 @@ pub mod runner;
 pub mod shard;
 mod spans;
 pub mod thinking;
+pub mod tolerance;
 pub mod writer;

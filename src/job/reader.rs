@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
@@ -34,6 +34,8 @@ pub enum ReadError {
     Parquet { path: PathBuf, source: parquet::errors::ParquetError },
     #[error("Parquet input {path} has no column '{column}' (columns: {available})")]
     MissingColumn { path: PathBuf, column: String, available: String },
+    #[error(transparent)]
+    Decompress(#[from] super::decompress::DecompressError),
 }
 
 /// How an input file is laid out.
@@ -141,6 +143,10 @@ pub fn count_hint(files: &[PathBuf], cfg: &ReaderConfig) -> Option<u64> {
             total += b.metadata().file_metadata().num_rows() as u64;
             continue;
         }
+        // A compressed file's records are counted only by reading it all: not cheap.
+        if super::decompress::compression_of(f).ok()? != super::decompress::Compression::None {
+            return None;
+        }
         jsonl_bytes += std::fs::metadata(f).ok()?.len();
         if jsonl_bytes > 2 << 30 {
             return None;
@@ -186,7 +192,8 @@ enum Cell {
 
 struct JsonlSource {
     path: PathBuf,
-    reader: BufReader<File>,
+    /// The file's bytes, decompressed when it is gzip or zstd ([`super::decompress`]).
+    reader: BufReader<Box<dyn Read + Send>>,
     line: u64,
 }
 
@@ -383,7 +390,7 @@ impl RecordReader {
         match self.format_of(file) {
             InputFormat::Parquet => Ok(Source::Parquet(Box::new(ParquetSource::open(path, &self.cfg)?))),
             InputFormat::Jsonl | InputFormat::OpenAiBatch => {
-                let f = File::open(path).map_err(|source| ReadError::Io { path: path.clone(), source })?;
+                let f = super::decompress::open(path)?;
                 Ok(Source::Jsonl(JsonlSource {
                     path: path.clone(),
                     reader: BufReader::with_capacity(1 << 20, f),

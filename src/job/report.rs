@@ -30,6 +30,9 @@ pub struct Counts {
     pub error: u64,
     /// Already committed by an earlier run of the same job (resume).
     pub skipped_done: u64,
+    /// `--incremental`: rows taken unchanged from the finished output (not computed).
+    #[serde(default)]
+    pub reused: u64,
     pub errors_by_kind: BTreeMap<ErrorKind, u64>,
 }
 
@@ -67,6 +70,16 @@ pub struct JobReport {
     /// The engine's metrics (slots, prompt tokens computed after prefix reuse, KV blocks...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<serde_json::Value>,
+    /// The identity of the output in place (this run's when it completed, else the earlier
+    /// one's): what a rerun compares itself with (see `identity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished: Option<super::identity::FinishedIdentity>,
+    /// `--incremental`: how this run's records compare with the finished output it built on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incremental: Option<super::incremental::IncrementalCounts>,
+    /// The error rows a completed job may hold and still exit 0.
+    #[serde(default)]
+    pub tolerance: super::tolerance::ErrorTolerance,
 }
 
 impl JobReport {
@@ -120,6 +133,12 @@ impl JobReport {
             c.skipped_done,
             self.output
         );
+        if let Some(i) = &self.incremental {
+            s += &format!(
+                "incremental: {} new, {} changed (computed), {} reused unchanged, {} removed (no longer in the input)\n",
+                i.new, i.changed, i.reused, i.removed
+            );
+        }
         if self.error_rows > 0 {
             let kinds: Vec<String> = c.errors_by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
             let kinds = if kinds.is_empty() { String::new() } else { format!(" (this run: {})", kinds.join(", ")) };
@@ -127,7 +146,18 @@ impl JobReport {
                 Outcome::Completed => format!("in {}: the rows with an \"error\" field", self.output),
                 _ => "in the checkpoint; they go to the output with the rest".to_string(),
             };
-            s += &format!("error rows: {}{kinds}, {place}\n", self.error_rows);
+            let errors_file = super::errors_file::errors_path(Path::new(&self.output));
+            s += &format!("error rows: {}{kinds}, {place}; listed in {}\n", self.error_rows, errors_file.display());
+            if self.outcome == Outcome::Completed {
+                let rows = self.finished.as_ref().map_or(c.records, |f| f.rows);
+                let verdict = if self.tolerance.tolerates(self.error_rows, rows) { "within" } else { "over" };
+                s += &format!(
+                    "error rows: {} of {rows} rows ({:.1}%), {verdict} the tolerance ({})\n",
+                    self.error_rows,
+                    100.0 * self.error_rows as f64 / rows.max(1) as f64,
+                    self.tolerance.describe()
+                );
+            }
         }
         s += &format!(
             "tokens: {} prompt ({} computed, {:.1}% from prefix cache), {} generated\n",

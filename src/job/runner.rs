@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use super::checkpoint::{file_identity, model_identity, Checkpoint, JobFingerprint, PendingRow};
+use super::incremental::{DigestsWriter, Reuse, ReuseIndex};
 use super::lock::JobLock;
 use super::pipeline::{Pipeline, TextCodec};
 use super::progress::{Progress, ProgressStats};
@@ -197,7 +198,7 @@ pub fn job_fingerprint(
             format!("{{\"default_max_tokens\":{default_max_tokens},\"max_input_tokens\":{max_input_tokens},\"overrides\":{overrides:?}}}"),
         ),
     };
-    Ok(JobFingerprint { model, pipeline, params, inputs: ids, shard })
+    Ok(JobFingerprint { model, pipeline, params, inputs: ids, shard, base: None })
 }
 
 /// Settings of one run.
@@ -208,6 +209,8 @@ pub struct RunOptions {
     pub restart: bool,
     /// Abort (resumably) once more than this many error rows exist.
     pub max_errors: Option<u64>,
+    /// Error rows a completed job may hold and exit 0 (`--allow-errors`, `--max-error-rate`).
+    pub tolerance: super::tolerance::ErrorTolerance,
     pub shard: Option<ShardSpec>,
     /// Commit a batch at this many finished rows...
     pub commit_rows: usize,
@@ -410,6 +413,15 @@ pub fn run_job(
     let total = super::reader::count_hint(&opts.inputs, &cfg).map(|t| t / u64::from(opts.shard.map_or(1, |s| s.count)));
     let mut reader = RecordReader::new(opts.inputs.clone(), cfg);
     let mut progress = Progress::new(total, opts.progress_interval, opts.quiet);
+    // --incremental: the finished output's rows, by id, for the unchanged records.
+    let mut reuse = match &opts.fingerprint.base {
+        Some(_) => Some(
+            ReuseIndex::open(&opts.output)
+                .with_context(|| format!("reading the finished output {} to reuse its rows", opts.output.display()))?,
+        ),
+        None => None,
+    };
+    let mut digests = DigestsWriter::create(&opts.output)?;
 
     let mut counts = Counts::default();
     let mut tokens = Tokens::default();
@@ -430,8 +442,17 @@ pub fn run_job(
             };
             let item = item?;
             counts.records += 1;
+            digests.push(&item)?;
             if ck.is_done(item.index) {
                 counts.skipped_done += 1;
+                if let Some(r) = reuse.as_mut() {
+                    r.skip(&item);
+                }
+                continue;
+            }
+            if let Some(Reuse::Row(line, is_error)) = reuse.as_mut().map(|r| r.lookup(&item)).transpose()? {
+                counts.reused += 1;
+                pending.push(PendingRow { index: item.index, line, is_error });
                 continue;
             }
             match prepare(job, codec, &item) {
@@ -498,14 +519,28 @@ pub fn run_job(
     aborted |= ck.committed_errors() > max_errors;
     let complete = reader_done && in_flight.is_empty() && !aborted;
     let error_rows = ck.committed_errors();
-    let (outcome, exit) = if complete {
-        ck.finish(&opts.output, counts.records, json_output)
+    let errors_file = super::errors_file::errors_path(&opts.output);
+    let writing_errors = || format!("writing {}", errors_file.display());
+    let (outcome, exit, finished) = if complete {
+        let rows = ck
+            .finish(&opts.output, counts.records, json_output)
             .with_context(|| format!("writing the output {} from its checkpoint", opts.output.display()))?;
-        (Outcome::Completed, if error_rows > 0 { ExitCode::RecordErrors } else { ExitCode::Ok })
-    } else if aborted {
-        (Outcome::Aborted, ExitCode::RecordErrors)
+        digests.finish()?;
+        let entries = super::errors_file::from_output(&opts.output).with_context(writing_errors)?;
+        super::errors_file::write(&opts.output, entries).with_context(writing_errors)?;
+        let identity = JobFingerprint { base: None, ..opts.fingerprint.clone() };
+        let finished = super::identity::finished_now(&opts.output, &identity, rows, error_rows)?;
+        (Outcome::Completed, opts.tolerance.exit_code(error_rows, rows), Some(finished))
     } else {
-        (Outcome::Interrupted, ExitCode::Interrupted)
+        digests.abandon();
+        let entries = ck.committed_error_entries().with_context(writing_errors)?;
+        super::errors_file::write(&opts.output, entries).with_context(writing_errors)?;
+        let earlier = super::identity::carried_over(&opts.output);
+        if aborted {
+            (Outcome::Aborted, ExitCode::RecordErrors, earlier)
+        } else {
+            (Outcome::Interrupted, ExitCode::Interrupted, earlier)
+        }
     };
     let mut report = JobReport {
         format_version: super::report::REPORT_FORMAT_VERSION,
@@ -523,6 +558,9 @@ pub fn run_job(
         records_per_second: 0.0,
         generated_tokens_per_second: 0.0,
         engine: engine.metrics_json(),
+        finished,
+        incremental: reuse.as_ref().map(ReuseIndex::finish_counts),
+        tolerance: opts.tolerance,
     };
     report.finalize_rates();
     report

@@ -31,6 +31,10 @@ pub enum ShardError {
     Order { path: PathBuf, message: String },
     #[error("cannot merge: {0}")]
     Merge(String),
+    /// Shard outputs that are not there (a shard not finished, or failed): the command has to
+    /// wait or name them (exit 2).
+    #[error("cannot merge: {0}")]
+    Missing(String),
     #[error(transparent)]
     Write(#[from] WriteError),
 }
@@ -233,7 +237,12 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardErr
     let mut parts = Vec::new();
     let mut first: Option<OrderHeader> = None;
     let mut have = Vec::new();
+    let mut absent = Vec::new();
     for p in inputs {
+        if !p.is_file() {
+            absent.push(p.display().to_string());
+            continue;
+        }
         let (h, order) = open_order(p)?;
         if let Some(f) = &first {
             if h.job != f.job {
@@ -261,11 +270,31 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardErr
         parts.push(Part { rows, order, expect: h.rows, seen: 0, path: p.clone() });
         first.get_or_insert(h);
     }
-    let head = first.ok_or_else(|| ShardError::Merge("no shard outputs given".into()))?;
+    let not_there = |absent: &[String]| {
+        if absent.is_empty() {
+            String::new()
+        } else {
+            format!("; not found: {}", absent.join(", "))
+        }
+    };
+    let Some(head) = first else {
+        return Err(ShardError::Missing(format!("none of the shard outputs exists{}", not_there(&absent))));
+    };
     let missing: Vec<String> =
         (0..head.shard.count).filter(|k| !have.contains(k)).map(|k| format!("{k}/{}", head.shard.count)).collect();
-    if !missing.is_empty() {
-        return Err(ShardError::Merge(format!("missing shard output(s): {}", missing.join(", "))));
+    if !missing.is_empty() || !absent.is_empty() {
+        let shards = if missing.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "missing shard{} {} (not finished, or failed: see each shard's report and log)",
+                if missing.len() > 1 { "s" } else { "" },
+                missing.join(", ")
+            )
+        };
+        return Err(ShardError::Missing(
+            format!("{shards}{}", not_there(&absent)).trim_start_matches("; ").to_string(),
+        ));
     }
 
     let mut out = RowWriter::create(output, head.json_output)?;

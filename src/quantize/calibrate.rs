@@ -171,6 +171,8 @@ pub fn calibrate(
                 // One calibration sequence at a time, no prefix reuse.
                 max_seqs: 1,
                 max_snapshots: 0,
+                max_memory: None,
+                kv_type: crate::backend::kv_type::KvType::F16,
                 cublas: crate::backend::cuda::model::cublas_wanted(),
             };
             let mut b = CudaBackend::new(model.config.clone(), &model.weights, &opts)?;

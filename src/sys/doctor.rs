@@ -22,12 +22,12 @@ use crate::backend::cuda::nvrtc;
 use crate::job::exit::ExitCode;
 
 /// How to get NVRTC 12 (the last NVRTC that targets compute_70), as scripts/nvrtc12.sh does.
-pub const NVRTC12_HINT: &str = "NVRTC 13 cannot target compute_70 (V100); NVRTC 12 comes in the PyPI wheel: \
+pub const NVRTC12_HINT: &str = "NVRTC 13 cannot target compute_70 (V100); NVRTC 11.x or 12.x can (its PTX is \
+lowered to ISA 7.0, which every driver from CUDA 11.0 loads). NVRTC 12 comes in the PyPI wheel: \
 d=~/.cache/nvrtc12; python3 -m pip download --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
-nvidia-cuda-nvrtc-cu12==12.9.86 -d $d && unzip -q -o $d/nvidia_cuda_nvrtc_cu12-*.whl -d $d && \
-export LD_LIBRARY_PATH=$d/nvidia/cuda_nvrtc/lib:$LD_LIBRARY_PATH (scripts/nvrtc12.sh); pick a wheel no newer \
-than the driver's CUDA version; or compile the kernels elsewhere (dustoff kernels --arch compute_70 --out DIR) \
-and pass --ptx-dir DIR";
+nvidia-cuda-nvrtc-cu12==12.9.86 -d $d && unzip -q -o $d/nvidia_cuda_nvrtc_cu12-*.whl -d $d (scripts/nvrtc12.sh; \
+dustoff finds it there, in pip's site-packages, CUDA toolkits and LD_LIBRARY_PATH, or name the file in DUSTOFF_NVRTC); \
+or compile the kernels elsewhere (dustoff kernels --arch compute_70 --out DIR) and pass --ptx-dir DIR";
 
 /// Share of the copy-bandwidth bound dustoff's one-stream decode reached on an H200
 /// (183 tok/s = 66% of 4,210 GB/s, docs/BENCHMARKS.md 2026-11-29): the GPU projection.
@@ -83,21 +83,32 @@ pub struct GpuReport {
     pub error: Option<String>,
 }
 
+/// The NVRTC dustoff would compile one architecture's kernels with, and why.
+#[derive(Debug, Serialize)]
+pub struct NvrtcChoice {
+    pub arch: String,
+    /// Path and version of the chosen library; `Err`: why none fits.
+    pub library: Result<(String, String), String>,
+    /// The PTX ISA its kernels declare (after the compute_70 lowering).
+    pub ptx_isa: Option<String>,
+    pub reason: String,
+    /// Whether it compiled a probe kernel for `arch`.
+    pub compiles: Option<bool>,
+}
+
 #[derive(Debug, Serialize)]
 pub struct NvrtcReport {
-    /// The library cudarc loads (the one dustoff would use), when any.
-    pub loaded_version: Option<String>,
-    /// PTX ISA that NVRTC writes.
-    pub loaded_ptx_isa: Option<String>,
-    /// Whether it compiled a probe kernel for compute_70 (the V100).
-    pub compiles_compute_70: Option<bool>,
-    /// libnvrtc.so.* files on the library path and the usual CUDA folders.
+    /// One choice per GPU architecture here, and compute_70 (the V100 PTX of `dustoff kernels`).
+    pub choices: Vec<NvrtcChoice>,
+    /// libnvrtc.so.* files on the library path, the wheels' and toolkits' folders.
     pub files: Vec<NvrtcFile>,
 }
 
 #[derive(Debug, Serialize)]
 pub struct CudaReport {
     pub driver_loaded: bool,
+    /// The drivers dustoff supports (`device::SUPPORTED_DRIVERS`).
+    pub supported_drivers: &'static str,
     pub driver_cuda_version: Option<String>,
     /// Newest PTX ISA the driver JIT-compiles.
     pub driver_ptx_isa: Option<String>,
@@ -216,10 +227,33 @@ fn probe(arch: &str) -> bool {
     nvrtc::compile("dustoff_probe.cu", PROBE, arch).is_ok()
 }
 
-fn gpu_report(info: GpuInfo, o: &DoctorOptions, nvrtc_ok: Option<bool>, problems: &mut Vec<String>) -> GpuReport {
+/// The NVRTC for `arch`, its PTX ISA and whether it compiles a probe (for a GPU of this
+/// machine's architecture, or compute_70 on any machine).
+fn nvrtc_choice(arch: &str, gpus: &[GpuReport]) -> NvrtcChoice {
+    use crate::backend::cuda::nvrtc_lib;
+    match nvrtc_lib::for_arch(arch) {
+        Ok((lib, reason)) => NvrtcChoice {
+            arch: arch.to_string(),
+            library: Ok((lib.path.display().to_string(), format!("{}.{}", lib.version.0, lib.version.1))),
+            ptx_isa: Some(nvrtc_lib::output_isa(arch, lib.isa()).to_string()),
+            reason,
+            compiles: gpus
+                .iter()
+                .find(|g| g.arch == arch)
+                .and_then(|g| g.nvrtc_compiles_arch)
+                .or_else(|| Some(probe(arch))),
+        },
+        Err(e) => {
+            NvrtcChoice { arch: arch.to_string(), library: Err(e.clone()), ptx_isa: None, reason: e, compiles: None }
+        }
+    }
+}
+
+fn gpu_report(info: GpuInfo, o: &DoctorOptions, problems: &mut Vec<String>) -> GpuReport {
     let arch = nvrtc::arch_for(info.compute_capability);
     let numa_node = info.pci_bus_id.as_deref().and_then(|b| pci_numa_node(&o.sys_root, b));
-    let compiles = nvrtc::nvrtc_available().then(|| probe(&arch));
+    let chosen = crate::backend::cuda::nvrtc_lib::for_arch(&arch);
+    let compiles = nvrtc::nvrtc_available().then(|| chosen.is_ok() && probe(&arch));
     let mut r = GpuReport {
         arch: arch.clone(),
         numa_node,
@@ -232,12 +266,12 @@ fn gpu_report(info: GpuInfo, o: &DoctorOptions, nvrtc_ok: Option<bool>, problems
         info,
     };
     let name = format!("cuda:{} {}", r.info.ordinal, r.info.name);
-    let kernels = o.ptx_dir.is_some() || (compiles == Some(true) && nvrtc_ok != Some(false));
+    let kernels = o.ptx_dir.is_some() || compiles == Some(true);
     if !kernels {
-        problems.push(match compiles {
-            None => format!("{name}: no NVRTC library found, so no kernels can be compiled"),
-            Some(false) => format!("{name}: the loaded NVRTC cannot compile for {arch}"),
-            Some(true) => format!("{name}: the loaded NVRTC writes PTX newer than the driver accepts"),
+        problems.push(match (&chosen, compiles) {
+            (_, None) => format!("{name}: no NVRTC library found, so no kernels can be compiled"),
+            (Err(why), _) => format!("{name}: no NVRTC here suits {arch} on this driver: {why}"),
+            (Ok(_), _) => format!("{name}: the chosen NVRTC failed to compile a probe kernel for {arch}"),
         });
     }
     match CudaDevice::new(r.info.ordinal) {
@@ -290,23 +324,33 @@ pub fn gather(o: &DoctorOptions) -> Report {
 
     let driver = super::gpu::driver_version();
     let driver_isa = driver.map(ptx_isa_for_driver);
-    let nvrtc_version = nvrtc::nvrtc_version().ok();
-    let nvrtc_isa = nvrtc_version.map(ptx_isa_for_driver);
-    // PTX newer than the driver's ISA does not load; unknown when either side is missing.
-    let nvrtc_ok = match (nvrtc_isa, driver_isa) {
-        (Some(n), Some(d)) => Some(n <= d),
-        _ => None,
-    };
+    if let Some(v) = driver.filter(|v| *v < crate::backend::cuda::device::MIN_DRIVER) {
+        problems.push(format!(
+            "the driver supports CUDA {}.{}; dustoff needs {} (update the NVIDIA driver)",
+            v.0,
+            v.1,
+            crate::backend::cuda::device::SUPPORTED_DRIVERS
+        ));
+    }
     let infos = super::gpu::gpus();
-    let gpus: Vec<GpuReport> = infos.into_iter().map(|g| gpu_report(g, o, nvrtc_ok, &mut problems)).collect();
-    let compiles_70 = nvrtc::nvrtc_available().then(|| probe("compute_70"));
+    let gpus: Vec<GpuReport> = infos.into_iter().map(|g| gpu_report(g, o, &mut problems)).collect();
+    let mut archs: Vec<String> = gpus.iter().map(|g| g.arch.clone()).collect();
+    archs.push("compute_70".into());
+    archs.dedup();
+    archs.sort();
+    archs.dedup();
+    let choices: Vec<NvrtcChoice> = archs.iter().map(|a| nvrtc_choice(a, &gpus)).collect();
+    let compiles_70 = choices.iter().find(|c| c.arch == "compute_70").and_then(|c| c.compiles);
+    let versions: std::collections::HashMap<String, String> = crate::backend::cuda::nvrtc_lib::found()
+        .into_iter()
+        .map(|f| (f.path.display().to_string(), f.version.map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|e| e)))
+        .collect();
     let nvrtc = NvrtcReport {
-        loaded_version: nvrtc_version.map(|(a, b)| format!("{a}.{b}")),
-        loaded_ptx_isa: nvrtc_isa.map(|(a, b)| format!("{a}.{b}")),
-        compiles_compute_70: compiles_70,
+        choices,
         files: scan_nvrtc()
             .into_iter()
             .map(|mut f| {
+                f.loaded_version = versions.get(&f.path).cloned();
                 f.targets_gpus = gpus
                     .iter()
                     .filter(|g| f.major.and_then(|m| can_target(m, g.info.compute_capability)) == Some(true))
@@ -316,18 +360,9 @@ pub fn gather(o: &DoctorOptions) -> Report {
             })
             .collect(),
     };
-    if nvrtc_ok == Some(false) {
-        problems.push(format!(
-            "NVRTC {} writes PTX ISA {}, newer than the driver (CUDA {}) loads ({}): use an NVRTC no newer than the driver",
-            nvrtc.loaded_version.as_deref().unwrap_or("?"),
-            nvrtc.loaded_ptx_isa.as_deref().unwrap_or("?"),
-            driver.map(|(a, b)| format!("{a}.{b}")).unwrap_or_default(),
-            driver_isa.map(|(a, b)| format!("{a}.{b}")).unwrap_or_default(),
-        ));
-    }
     let v100 = gpus.iter().any(|g| g.info.compute_capability == (7, 0));
-    // A V100 without an NVRTC for it, or a GPU-less build box whose NVRTC cannot make V100 PTX.
-    if (v100 && compiles_70 != Some(true)) || (gpus.is_empty() && compiles_70 == Some(false)) {
+    // A V100 without an NVRTC for it, or a GPU-less build box whose NVRTCs cannot make V100 PTX.
+    if compiles_70 != Some(true) && (v100 || (gpus.is_empty() && nvrtc::nvrtc_available())) {
         hints.push(NVRTC12_HINT.into());
     }
     let at: Vec<GpuAt> = gpus
@@ -344,6 +379,7 @@ pub fn gather(o: &DoctorOptions) -> Report {
         driver_loaded: crate::backend::cuda::device::driver_available(),
         driver_cuda_version: driver.map(|(a, b)| format!("{a}.{b}")),
         driver_ptx_isa: driver_isa.map(|(a, b)| format!("{a}.{b}")),
+        supported_drivers: crate::backend::cuda::device::SUPPORTED_DRIVERS,
         cuda_visible_devices: crate::sys::env::get("CUDA_VISIBLE_DEVICES"),
         // SAFETY: only tries to dlopen the candidate library names; no cuBLAS function is called.
         cublas_loadable: unsafe { cudarc::cublas::sys::is_culib_present() },

@@ -162,7 +162,12 @@ pub(super) fn model_report(
         let (fits, note) = match g.free_memory_bytes {
             Some(free) => match p.check(free, &device, positions, c) {
                 Ok(()) => {
-                    let mut n = format!("weights as the CUDA backend keeps them (block formats packed, the rest F16); KV cache F16 for {positions} positions");
+                    let q8 = p.with_kv_type(c, crate::backend::kv_type::KvType::Q8).kv;
+                    let mut n = format!(
+                        "weights as the CUDA backend keeps them (block formats packed, the rest F16); KV cache F16 for {positions} positions ({:.2} GB; 8-bit, --kv-cache q8: {:.2} GB)",
+                        p.kv as f64 / 1e9,
+                        q8 as f64 / 1e9
+                    );
                     if let Some(summary) = c.state_summary() {
                         n.push_str(&format!("; {summary}"));
                     }

@@ -75,6 +75,7 @@ impl Report {
                 let _ = writeln!(s, "  driver: not found (no libcuda): CPU only");
             }
         }
+        let _ = writeln!(s, "  supported drivers: {}", g.supported_drivers);
         if let Some(v) = &g.cuda_visible_devices {
             let _ = writeln!(s, "  CUDA_VISIBLE_DEVICES={v}");
         }
@@ -116,18 +117,23 @@ impl Report {
             let _ = writeln!(s, "  cuda:{ordinal}: {n} active NVLink(s)");
         }
         let n = &g.nvrtc;
-        match &n.loaded_version {
-            Some(v) => {
-                let c70 = match n.compiles_compute_70 {
-                    Some(true) => "compiles compute_70 (V100)",
-                    _ => "cannot compile compute_70 (V100)",
-                };
-                let isa = n.loaded_ptx_isa.as_deref().unwrap_or("?");
-                let _ = writeln!(s, "  NVRTC loaded: {v} (writes PTX ISA {isa}), {c70}");
-            }
-            None => {
-                let _ = writeln!(s, "  NVRTC: none loadable");
-            }
+        for c in &n.choices {
+            let _ = match &c.library {
+                Ok((path, version)) => {
+                    let isa = c.ptx_isa.as_deref().unwrap_or("?");
+                    let probe = match c.compiles {
+                        Some(true) => "compiles",
+                        Some(false) => "FAILS to compile a probe",
+                        None => "not tried",
+                    };
+                    writeln!(s, "  NVRTC for {}: {version} ({path}), PTX ISA {isa}, {probe}", c.arch)
+                        .and_then(|_| writeln!(s, "    why: {}", c.reason))
+                }
+                Err(e) => writeln!(s, "  NVRTC for {}: none fits: {e}", c.arch),
+            };
+        }
+        if n.files.is_empty() {
+            let _ = writeln!(s, "  NVRTC: none found");
         }
         for file in &n.files {
             let t = match file.targets_compute_70 {
@@ -142,7 +148,8 @@ impl Report {
             } else {
                 format!(", targets {}", file.targets_gpus.join(", "))
             };
-            let _ = writeln!(s, "    {} ({t}{gpus})", file.path);
+            let loaded = file.loaded_version.as_deref().map(|v| format!("version {v}, ")).unwrap_or_default();
+            let _ = writeln!(s, "    {} ({loaded}{t}{gpus})", file.path);
         }
         let _ = writeln!(s, "  kernels: {}", g.kernels);
         let _ = writeln!(

@@ -52,16 +52,18 @@ const fn var(scope: Scope, name: &'static str, default: &'static str, meaning: &
 
 /// The registry, grouped by scope.
 pub const VARS: &[EnvVar] = &[
-    var(Scope::Host, "HOME", "-", "the NVRTC kernel cache's folder `~/.cache/dustoff` without `XDG_CACHE_HOME`; `doctor` looks for NVRTC 12 in `~/.cache/nvrtc12`"),
+    var(Scope::Host, "HOME", "-", "the NVRTC kernel cache's folder `~/.cache/dustoff` without `XDG_CACHE_HOME`; NVRTC is looked for in `~/.cache/nvrtc*` and `~/.local/lib/python3*` (pip wheels)"),
     var(Scope::Host, "XDG_CACHE_HOME", "unset: `~/.cache`", "an absolute path: the NVRTC kernel cache is `$XDG_CACHE_HOME/dustoff`"),
-    var(Scope::Host, "LD_LIBRARY_PATH", "-", "`doctor` searches these folders for NVRTC libraries"),
-    var(Scope::Host, "NVRTC12_DIR", "unset: `~/.cache/nvrtc12`", "where scripts/nvrtc12.sh unpacked NVRTC 12 (`doctor` looks there)"),
+    var(Scope::Host, "LD_LIBRARY_PATH", "-", "the first folders searched for NVRTC libraries"),
+    var(Scope::Host, "NVRTC12_DIR", "unset: `~/.cache/nvrtc12`", "where scripts/nvrtc12.sh unpacked NVRTC 12 (searched for NVRTC)"),
+    var(Scope::Host, "VIRTUAL_ENV", "unset", "a Python virtual environment: its pip wheels' NVRTC (`lib/python3*/site-packages/nvidia/cuda_nvrtc/lib`) is searched"),
     var(Scope::Host, "CUDA_VISIBLE_DEVICES", "unset", "reported by `doctor` (the driver applies it)"),
     var(Scope::Host, "CUBLAS_WORKSPACE_CONFIG", "unset: the binary sets `:4096:1`", "cuBLAS's workspace pool (`:KiB:count`); unset, `dustoff` asks for one 4 MiB buffer (cuBLAS's pre-Hopper default; its Hopper default, 2 x 32 MiB, is 63 MB more)"),
     var(Scope::Host, "SLURM_ARRAY_TASK_ID", "unset", "`run` without `--shard`: this task's shard (a Slurm job array)"),
     var(Scope::Host, "SLURM_ARRAY_TASK_MIN", "0", "the array's first task id, subtracted from `SLURM_ARRAY_TASK_ID`"),
     var(Scope::Host, "SLURM_ARRAY_TASK_COUNT", "unset", "the shard count of a Slurm job array when `--shard-count` is not given"),
     var(Scope::Host, "JOB_COMPLETION_INDEX", "unset", "`run` without `--shard`: this pod's shard (a Kubernetes Indexed Job)"),
+    var(Scope::Run, "DUSTOFF_NVRTC", "unset: the newest suitable NVRTC found", "an NVRTC library file (e.g. `libnvrtc.so.11.2`) to compile kernels with instead of searching (docs/COMPATIBILITY.md)"),
     var(Scope::Run, "DUSTOFF_PTX_DIR", "unset: `ptx/` beside the binary if that folder exists, else NVRTC compiles the kernels", "folder of precompiled PTX (`dustoff kernels --out DIR`); `--ptx-dir` wins over it"),
     var(Scope::Run, "DUSTOFF_LOAD_THREADS", "the cores", "threads that compile the kernel files with NVRTC at start (the driver loads the modules one at a time); `1`: one file at a time"),
     var(Scope::Run, "DUSTOFF_CPU_PATH", "the best the CPU has", "cap on the CPU backend's kernel path: `scalar`, `avx2` or `avx512` (a bad value is a usage error)"),

@@ -72,16 +72,8 @@ pub fn driver_version() -> Option<(i32, i32)> {
 /// notes: CUDA 11.x -> 7.x, 12.0-12.5 -> 8.0-8.5, 12.6 -> 8.5, 12.7/12.8 -> 8.7, 12.9 -> 8.8,
 /// 13.0 -> 9.0). PTX from a newer NVRTC than the driver fails to load.
 pub fn ptx_isa_for_driver(cuda: (i32, i32)) -> (i32, i32) {
-    match cuda {
-        (11, m) => (7, m.min(8)),
-        (12, m @ 0..=5) => (8, m),
-        (12, 6) => (8, 5),
-        (12, 7 | 8) => (8, 7),
-        (12, _) => (8, 8),
-        (13, m) => (9, m),
-        (major, _) if major > 13 => (major - 4, 0),
-        _ => (6, 0),
-    }
+    let isa = crate::backend::cuda::ptx_isa::isa_of_cuda(cuda);
+    (isa.0 as i32, isa.1 as i32)
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ pub struct NvrtcFile {
     pub targets_compute_70: Option<bool>,
     /// The GPUs of this machine (`cuda:N`) whose architecture this version can target.
     pub targets_gpus: Vec<String>,
+    /// The version `nvrtcVersion` reports, or why the file did not load (filled by `doctor`).
+    pub loaded_version: Option<String>,
 }
 
 /// Whether NVRTC of `major` can target compute capability `cc` (from the CUDA release notes:
@@ -28,29 +30,58 @@ pub fn can_target(major: u32, cc: (i32, i32)) -> Option<bool> {
     }
 }
 
-/// The folders searched: `LD_LIBRARY_PATH`, `NVRTC12_DIR` / `~/.cache/nvrtc12` (where
-/// scripts/nvrtc12.sh unpacks the wheel), the CUDA toolkit folders and the system lib folders.
+/// The folders searched, in order: `LD_LIBRARY_PATH`, the folders scripts/nvrtc12.sh and
+/// scripts/nvrtc11.sh unpack the PyPI wheels into (`NVRTC12_DIR`, `~/.cache/nvrtc*`), pip's
+/// wheel folders of Python installs (`nvidia/cuda_nvrtc/lib`, `nvidia/cu13/lib`), the CUDA
+/// toolkits (`/usr/local/cuda*`), the folders of /etc/ld.so.conf.d and the system lib folders.
 fn search_dirs() -> Vec<PathBuf> {
+    let env = |k: &str| crate::sys::env::get_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
     let mut dirs: Vec<PathBuf> = crate::sys::env::get_os("LD_LIBRARY_PATH")
         .map(|v| std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect())
         .unwrap_or_default();
-    let wheel = crate::sys::env::get_os("NVRTC12_DIR")
-        .map(PathBuf::from)
-        .or_else(|| crate::sys::env::get_os("HOME").map(|h| PathBuf::from(h).join(".cache/nvrtc12")));
-    if let Some(w) = wheel {
+    let home = env("HOME");
+    if let Some(w) = env("NVRTC12_DIR") {
         dirs.push(w.join("nvidia/cuda_nvrtc/lib"));
     }
-    if let Ok(entries) = std::fs::read_dir("/usr/local") {
-        let mut cuda: Vec<PathBuf> = entries
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("cuda"))
-            .map(|e| e.path().join("lib64"))
-            .collect();
-        cuda.sort();
-        dirs.extend(cuda);
+    if let Some(h) = &home {
+        dirs.extend(sorted_children(&h.join(".cache"), "nvrtc").into_iter().map(|d| d.join("nvidia/cuda_nvrtc/lib")));
     }
+    // pip's site-packages: a virtual environment, the user's, the system's.
+    let mut lib_roots: Vec<PathBuf> = env("VIRTUAL_ENV").map(|v| v.join("lib")).into_iter().collect();
+    lib_roots.extend(home.map(|h| h.join(".local/lib")));
+    lib_roots.extend(["/usr/local/lib", "/usr/lib", "/usr/lib64"].map(PathBuf::from));
+    for root in lib_roots {
+        for py in sorted_children(&root, "python3") {
+            for site in ["site-packages", "dist-packages"] {
+                dirs.push(py.join(site).join("nvidia/cuda_nvrtc/lib"));
+                dirs.push(py.join(site).join("nvidia/cu13/lib"));
+            }
+        }
+    }
+    dirs.extend(sorted_children(Path::new("/usr/local"), "cuda").into_iter().map(|d| d.join("lib64")));
+    dirs.extend(ld_so_conf_dirs());
     dirs.extend(["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"].map(PathBuf::from));
     dirs
+}
+
+/// The entries of `dir` whose names start with `prefix`, sorted.
+fn sorted_children(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut v: Vec<PathBuf> =
+        entries.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(prefix)).map(|e| e.path()).collect();
+    v.sort();
+    v
+}
+
+/// The folders listed in /etc/ld.so.conf.d/*.conf (a toolkit installed from packages registers
+/// its lib folder there).
+fn ld_so_conf_dirs() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for f in sorted_children(Path::new("/etc/ld.so.conf.d"), "") {
+        let Ok(text) = std::fs::read_to_string(&f) else { continue };
+        out.extend(text.lines().map(str::trim).filter(|l| l.starts_with('/')).map(PathBuf::from));
+    }
+    out
 }
 
 /// The major version in a `libnvrtc.so.MAJOR[.MINOR...]` file name.
@@ -78,6 +109,7 @@ fn scan_dir(dir: &Path, seen: &mut BTreeSet<PathBuf>, out: &mut Vec<NvrtcFile>) 
             major,
             targets_compute_70: major.and_then(|m| can_target(m, (7, 0))),
             targets_gpus: Vec::new(),
+            loaded_version: None,
         });
     }
 }

@@ -1,6 +1,9 @@
 //! Shared helpers of the integration tests: the sample model and the reference data.
 #![allow(dead_code)]
 
+pub mod naive;
+pub mod planted;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

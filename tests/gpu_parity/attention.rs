@@ -36,6 +36,7 @@ impl Problem {
             q: g.d(&self.q),
             k_cache: g.d(&self.kc),
             v_cache: g.d(&self.vc),
+            kv_scales: None,
             block_tables: g.d(&self.bt),
             tok_seq: g.d(&self.tok_seq),
             pos: g.d(&self.pos),

@@ -248,6 +248,8 @@ fn qwen36_35b_plan_vs_device_memory() {
         max_positions: 4096,
         max_seqs: seqs.running,
         max_snapshots: seqs.snapshots,
+        max_memory: None,
+        kv_type: dustoff::backend::kv_type::KvType::F16,
         ..super::opts(64 * 4096 / 16)
     };
     let (matrices, wide) = (synthetic_matrix_bytes(&cfg, WeightMix::Q4KM), wide_len(&cfg) as u64 * 2);

@@ -14,10 +14,12 @@ mod calibrate;
 mod common;
 mod deltanet;
 mod deltanet_case;
+mod fp16_overflow;
 mod fused_norm;
 mod hybrid_diag;
 mod hybrid_moe;
 mod job_tie;
+mod kv_q8;
 mod masked;
 mod moe;
 mod moe_bench;
@@ -109,8 +111,16 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("embedding_q5_k", 1e-6),
     ("embedding_q6_k", 0.0),
     ("cuda_vs_cpu_logits", 2e-2),
+    // The 8-bit KV cache: the stores quantize exactly as the CPU twin (IEEE division, round to
+    // nearest even); whole backends as cuda_vs_cpu_logits, where an f32 rounding difference
+    // upstream may move one int8 code by one step (amax / 127) now and then.
+    ("kv_store_q8", 0.0),
+    ("cuda_vs_cpu_logits_kv_q8", 3e-2),
     // The same F16 products summed in another order (64-token tensor-core slices vs cuBLAS).
     ("no_cublas_vs_cublas", 5e-3),
+    // A Q8_0 model, GPU against CPU: as cuda_vs_cpu_logits, plus the packed GEMV's int8
+    // activations (q8x) where the CPU multiplies f32 ones (as cuda_vs_cpu_moe_logits).
+    ("cuda_vs_cpu_q8_logits", 3e-2),
     // Mixture of experts: the router's softmax uses expf and sums in another order (the chosen
     // experts must be equal, checked apart); the expert products are the quantized GEMV's
     // sums in another order; the weighted sum rounds once per fma instead of twice.
@@ -736,6 +746,8 @@ fn opts(blocks: usize) -> CudaOptions {
         // The engine tests run up to 8 slots; the batched benchmarks up to 64 sequences.
         max_seqs: 64,
         max_snapshots: 64,
+        max_memory: None,
+        kv_type: dustoff::backend::kv_type::KvType::F16,
         cublas: true,
     }
 }
@@ -784,6 +796,7 @@ pub(crate) fn rope_store(
         max_pos,
         k_cache: g.d(kc),
         v_cache: g.d(vc),
+        kv_scales: None,
         kv_rows: g.d(kv_rows),
         cache_rows,
     }
@@ -808,6 +821,7 @@ fn kv_store(
         qkv: g.d(qkv),
         k_cache: g.d(kc),
         v_cache: g.d(vc),
+        kv_scales: None,
         kv_rows: g.d(kv_rows),
         cache_rows,
         n_tok,

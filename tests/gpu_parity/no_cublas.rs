@@ -14,7 +14,8 @@ fn prefill_without_cublas_matches_cpu_and_cublas() {
     drop(g);
     let cfg = dustoff::model::shapes::shape("smollm2-135m").unwrap();
     let prompt: Vec<u32> = (0..150).map(|i| 300 + i * 211 % 40_000).collect();
-    for (dtype, seed) in [(GgmlType::F16, 11), (GgmlType::Q8_0, 12)] {
+    for (dtype, seed, op) in [(GgmlType::F16, 11, "cuda_vs_cpu_logits"), (GgmlType::Q8_0, 12, "cuda_vs_cpu_q8_logits")]
+    {
         let w = dustoff::model::synth::random_weights(&cfg, dtype, seed);
         let without = CudaOptions { cublas: false, ..opts(16) };
         let mut own = CudaBackend::new(cfg.clone(), &w, &without).expect("CUDA backend without cuBLAS");
@@ -25,7 +26,7 @@ fn prefill_without_cublas_matches_cpu_and_cublas() {
         let want = run_greedy(&mut cpu, &prompt, 8);
         assert_eq!(got.len(), want.len());
         for (i, ((a, b), c)) in got.iter().zip(&with_blas).zip(&want).enumerate() {
-            compare("cuda_vs_cpu_logits", seed * 100 + i as u64, a, c);
+            compare(op, seed * 100 + i as u64, a, c);
             compare("no_cublas_vs_cublas", seed * 100 + i as u64, a, b);
         }
     }

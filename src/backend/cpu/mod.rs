@@ -1,5 +1,8 @@
 //! The CPU reference backend: f32 activations, quantized dot products on the packed weights,
-//! rayon across output rows, a paged f32 KV cache.
+//! rayon across output rows, a paged f32 KV cache (holding the values an 8-bit cache reads
+//! back when made with [`CpuBackend::with_kv_type`] `Q8`: the twin of the GPU's `--kv-cache q8`).
+//! The forward pass embeds the step's tokens,
+//! walks the layers (`layers`: one file per mixer and FFN kind) and computes the logits.
 
 mod attn;
 #[cfg(test)]
@@ -7,6 +10,7 @@ mod bench_tests;
 pub mod deltanet;
 mod gemv;
 pub mod hybrid;
+mod layers;
 pub mod matmul;
 pub mod moe;
 pub mod ops;
@@ -14,13 +18,14 @@ mod paged;
 pub mod tap;
 pub mod tensor_parallel;
 
+use crate::backend::kv_type::KvType;
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::{PlanLimits, StepPlan};
 use crate::model::config::ModelConfig;
 use crate::model::weights::ModelWeights;
 
-use matmul::{matmul, matmul_fused};
-use ops::PagedKv;
+use layers::{Hooks, KvCaches, LayerScratch, Rope, StepCtx};
+use matmul::matmul;
 use tap::ActivationTap;
 
 pub struct CpuBackend {
@@ -31,12 +36,14 @@ pub struct CpuBackend {
     /// Per layer: `[num_blocks, block_size, n_kv_heads, head_dim]` f32.
     k_cache: Vec<Vec<f32>>,
     v_cache: Vec<Vec<f32>>,
-    /// `[head_dim / 2]`: RoPE inverse frequencies with the file's scaling applied.
-    inv_freq: Vec<f32>,
+    /// RoPE of the attention layers (partial in hybrid models).
+    rope: Rope,
+    /// The cache type whose values the caches hold (`kv_type::store_row` on every write).
+    kv_type: KvType,
     scratch: Scratch,
     /// Observer of matrix inputs (calibration, eval); `None` in normal runs.
     tap: Option<Box<dyn ActivationTap>>,
-    /// Hybrid models: the linear-attention mixers and each sequence's recurrent state.
+    /// Hybrid models: each sequence's recurrent state of the linear-attention layers.
     hybrid: Option<hybrid::HybridCpu>,
     /// A tensor-parallel rank: its place and the all-reduce it shares (`tensor_parallel`).
     rank: Option<tensor_parallel::RankLink>,
@@ -45,25 +52,50 @@ pub struct CpuBackend {
 impl CpuBackend {
     pub fn new(cfg: ModelConfig, w: ModelWeights, num_blocks: usize, block_size: usize) -> Self {
         let per_layer = num_blocks * block_size * cfg.kv_dim();
-        let mut inv_freq = cfg.rope_inv_freq();
-        if let Some(f) = &w.rope_freq_factors {
-            inv_freq.iter_mut().zip(f).for_each(|(a, &b)| *a /= b);
-        }
+        let rope = match &cfg.hybrid {
+            // Hybrid models rotate the first `rotary_dim` dims of each head, unscaled.
+            Some(h) => {
+                Rope { inv_freq: h.rope_inv_freq(cfg.rope_theta), rotary_dim: h.rotary_dim, style: cfg.rope_style }
+            }
+            None => {
+                let mut inv_freq = cfg.rope_inv_freq();
+                if let Some(f) = &w.rope_freq_factors {
+                    inv_freq.iter_mut().zip(f).for_each(|(a, &b)| *a /= b);
+                }
+                Rope { inv_freq, rotary_dim: cfg.head_dim, style: cfg.rope_style }
+            }
+        };
         // Linear-attention layers of hybrid models keep no K/V.
         let kv = |l: usize| if cfg.has_kv(l) { vec![0f32; per_layer] } else { Vec::new() };
         CpuBackend {
             k_cache: (0..cfg.n_layers).map(kv).collect(),
             v_cache: (0..cfg.n_layers).map(kv).collect(),
-            hybrid: cfg.hybrid.as_ref().map(|h| hybrid::HybridCpu::new(&cfg, h)),
+            hybrid: cfg.hybrid.as_ref().map(hybrid::HybridCpu::new),
             cfg,
             w,
             block_size,
             num_blocks,
-            inv_freq,
+            rope,
+            kv_type: KvType::F16,
             scratch: Scratch::default(),
             tap: None,
             rank: None,
         }
+    }
+
+    /// The backend with caches that hold what a cache of type `kv` reads back (`Q8`: every
+    /// group of 32 values of a head vector through `kv_type::q8_round_trip`, as the GPU's 8-bit
+    /// cache stores and loads them); refused for head sizes the type cannot take.
+    pub fn with_kv_type(mut self, kv: KvType) -> Result<Self, BackendError> {
+        if let Some(why) = kv.refusal(self.cfg.head_dim) {
+            return Err(BackendError::Plan(why));
+        }
+        self.kv_type = kv;
+        Ok(self)
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
     /// Installs an activation observer (replacing any previous one).
@@ -116,7 +148,8 @@ impl Backend for CpuBackend {
         self.num_blocks
     }
     fn describe(&self) -> String {
-        format!("cpu ({} threads, {})", rayon::current_num_threads(), crate::sys::cpu::cpu_path().describe())
+        let kv = if self.kv_type == KvType::F16 { String::new() } else { format!(", KV cache {}", self.kv_type) };
+        format!("cpu ({} threads, {}{kv})", rayon::current_num_threads(), crate::sys::cpu::cpu_path().describe())
     }
 
     fn decode_weight_bytes(&self) -> u64 {
@@ -189,16 +222,8 @@ struct Scratch {
     ids: Vec<u32>,
     pos: Vec<usize>,
     x: Vec<f32>,      // [n, dim] residual stream
-    h: Vec<f32>,      // [n, dim] normed input
-    q: Vec<f32>,      // [n, n_heads, head_dim]
-    k: Vec<f32>,      // [n, n_kv_heads, head_dim]
-    v: Vec<f32>,      // [n, n_kv_heads, head_dim]
-    att: Vec<f32>,    // [n, n_heads, head_dim]
-    o: Vec<f32>,      // [n, dim]
-    gate: Vec<f32>,   // [n, ffn_dim]
-    up: Vec<f32>,     // [n, ffn_dim]
     logits: Vec<f32>, // [m, vocab]
-    moe: moe::MoeScratch,
+    layers: LayerScratch,
 }
 
 /// The first `n` elements of `buf`, growing it if needed (contents unspecified).
@@ -213,7 +238,7 @@ impl CpuBackend {
     /// The forward pass of a checked plan; logits of the chunks that want them, in plan order.
     fn forward(&mut self, plan: &StepPlan) -> Vec<Vec<f32>> {
         let c = &self.cfg;
-        let (dim, qd, kvd, hd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.head_dim, c.ffn_dim);
+        let dim = c.dim;
         let s = &mut self.scratch;
 
         // Flatten the plan: token t belongs to chunk tables[t] at position pos[t].
@@ -229,8 +254,7 @@ impl CpuBackend {
         }
         let n = s.ids.len();
         let (ids, pos) = (&s.ids, &s.pos);
-        let (cos, sin) = ops::rope_table(pos, &self.inv_freq);
-        let half = hd / 2;
+        let (cos, sin) = ops::rope_table(pos, &self.rope.inv_freq);
 
         let x = take(&mut s.x, n * dim);
         for (t, &id) in ids.iter().enumerate() {
@@ -240,80 +264,20 @@ impl CpuBackend {
                 &mut x[t * dim..(t + 1) * dim],
             );
         }
-        let h = take(&mut s.h, n * dim);
-        let q = take(&mut s.q, n * qd);
-        let k = take(&mut s.k, n * kvd);
-        let v = take(&mut s.v, n * kvd);
-        let att = take(&mut s.att, n * qd);
-        let o = take(&mut s.o, n * dim);
-        let gate = take(&mut s.gate, n * ffn);
-        let up = take(&mut s.up, n * ffn);
-
-        for (l, lw) in self.w.layers.iter().enumerate() {
-            ops::rmsnorm(x, &lw.attn_norm, c.rms_eps, h);
-            if let (Some(hl), Some(hy)) = (&lw.hybrid, self.hybrid.as_mut()) {
-                let kv =
-                    hybrid::KvLayer { k: &mut self.k_cache[l], v: &mut self.v_cache[l], block_size: self.block_size };
-                hy.mixer(l, lw, hl, c, plan, &tables, pos, kv, h, o);
-                tensor_parallel::residual(&self.rank, x, o);
-            } else {
-                if let Some(t) = self.tap.as_mut() {
-                    t.matmul_input(&[&lw.wq.name, &lw.wk.name, &lw.wv.name], h, n);
-                }
-                matmul_fused(&[&lw.wq, &lw.wk, &lw.wv], h, n, &mut [&mut *q, &mut *k, &mut *v]);
-                for (buf, bias, width) in [(&mut *q, &lw.bq, qd), (&mut *k, &lw.bk, kvd), (&mut *v, &lw.bv, kvd)] {
-                    if let Some(b) = bias {
-                        buf.chunks_exact_mut(width).for_each(|r| ops::add_inplace(r, b));
-                    }
-                }
-                if let Some(qn) = &lw.q_norm {
-                    ops::rmsnorm_heads_inplace(q, qn, c.rms_eps);
-                }
-                if let Some(kn) = &lw.k_norm {
-                    ops::rmsnorm_heads_inplace(k, kn, c.rms_eps);
-                }
-                for t in 0..n {
-                    let (cs, sn) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
-                    ops::rope_token(&mut q[t * qd..(t + 1) * qd], hd, cs, sn, c.rope_style);
-                    ops::rope_token(&mut k[t * kvd..(t + 1) * kvd], hd, cs, sn, c.rope_style);
-                }
-                // Write this step's K/V into the paged cache before attending (causal: a token reads
-                // positions <= its own, all of which are now in the cache).
-                let (kc, vc) = (&mut self.k_cache[l], &mut self.v_cache[l]);
-                for t in 0..n {
-                    let blk = tables[t][pos[t] / self.block_size] as usize;
-                    let off = (blk * self.block_size + pos[t] % self.block_size) * kvd;
-                    kc[off..off + kvd].copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
-                    vc[off..off + kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
-                }
-                let kv = PagedKv { k: kc, v: vc, block_size: self.block_size, n_kv_heads: c.n_kv_heads, head_dim: hd };
-                ops::attend_batch(&kv, &tables, pos, q, c.n_heads, att);
-                if let Some(t) = self.tap.as_mut() {
-                    t.matmul_input(&[&lw.wo.name], att, n);
-                }
-                matmul(&lw.wo, att, n, o);
-                tensor_parallel::residual(&self.rank, x, o);
-            }
-
-            ops::rmsnorm(x, &lw.ffn_norm, c.rms_eps, h);
-            if let Some(mw) = &lw.moe {
-                if let Some(t) = self.tap.as_mut() {
-                    t.matmul_input(&[&mw.router.name], h, n);
-                }
-                moe::moe_ffn(mw, h, n, o, &mut s.moe);
-            } else {
-                if let Some(t) = self.tap.as_mut() {
-                    t.matmul_input(&[&lw.w_gate.name, &lw.w_up.name], h, n);
-                }
-                matmul_fused(&[&lw.w_gate, &lw.w_up], h, n, &mut [&mut *gate, &mut *up]);
-                ops::silu_mul_inplace(gate, up);
-                if let Some(t) = self.tap.as_mut() {
-                    t.matmul_input(&[&lw.w_down.name], gate, n);
-                }
-                matmul(&lw.w_down, gate, n, o);
-            }
-            tensor_parallel::residual(&self.rank, x, o);
-        }
+        let cx = StepCtx {
+            c,
+            plan,
+            tables: &tables,
+            pos,
+            cos: &cos,
+            sin: &sin,
+            rope: &self.rope,
+            block_size: self.block_size,
+            kv_type: self.kv_type,
+        };
+        let kv = KvCaches { k: &mut self.k_cache, v: &mut self.v_cache };
+        let mut hooks = Hooks { tap: self.tap.as_deref_mut(), rank: &self.rank };
+        layers::run(&cx, &self.w.layers, kv, self.hybrid.as_mut(), &mut s.layers, &mut hooks, x);
 
         if let Some(t) = self.tap.as_mut() {
             let mut all = vec![0f32; n * dim]; // [n, dim] final-normed, every token
@@ -337,8 +301,8 @@ impl CpuBackend {
         if m == 0 {
             return Vec::new();
         }
-        // The final-normed rows reuse `h` (`m <= n` rows of `dim`).
-        let hn = &mut h[..m * dim];
+        // The final-normed rows reuse the layers' normed-input buffer (`m <= n` rows of `dim`).
+        let hn = take(&mut s.layers.h, m * dim);
         for (i, &r) in rows.iter().enumerate() {
             ops::rmsnorm_row(
                 &x[r * dim..(r + 1) * dim],

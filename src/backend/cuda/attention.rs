@@ -17,6 +17,8 @@ struct AttnParams {
     q: u64,
     k_cache: u64,
     v_cache: u64,
+    k_scale: u64,
+    v_scale: u64,
     block_tables: u64,
     tok_seq: u64,
     pos: u64,
@@ -190,7 +192,7 @@ impl Attention {
         check(K, splits >= 1 && split_len >= 1 && splits * split_len >= self.max_len, || {
             format!("{splits} splits of {split_len} positions do not cover {}", self.max_len)
         })?;
-        a.check(K)?;
+        let (k_scale, v_scale) = a.check(K)?;
         check(K, a.bt_stride * a.block_size >= self.max_len, || {
             "block tables shorter than the longest sequence".into()
         })?;
@@ -213,6 +215,8 @@ impl Attention {
             q: a.q.ptr,
             k_cache: a.k_cache.ptr,
             v_cache: a.v_cache.ptr,
+            k_scale,
+            v_scale,
             block_tables: a.block_tables.ptr,
             tok_seq: a.tok_seq.ptr,
             pos: a.pos.ptr,

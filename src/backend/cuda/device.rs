@@ -40,6 +40,29 @@ pub fn device_count() -> usize {
         .unwrap_or(0)
 }
 
+/// The oldest driver dustoff runs on: CUDA 11.2 (R460). cudarc's context creation reads the
+/// memory-pool attribute, which CUDA 11.2 introduced (an older driver answers "invalid value").
+/// docs/COMPATIBILITY.md lists every driver entry point and the CUDA release that has it.
+pub const MIN_DRIVER: (i32, i32) = (11, 2);
+
+/// What `doctor` and the README say about drivers.
+pub const SUPPORTED_DRIVERS: &str = "CUDA 11.2 (R460) or newer: the compute_70 PTX declares ISA 7.0 (CUDA 11.0); \
+decode-step graph replay needs CUDA 11.4 (R470; cuGraphInstantiateWithFlags) and is off below it";
+
+/// The driver entry point that graph replay needs beyond [`MIN_DRIVER`] (CUDA 11.4).
+pub const GRAPH_ENTRY: &str = "cuGraphInstantiateWithFlags";
+
+/// Whether the loaded driver exports `symbol`. cudarc resolves a driver function at its first
+/// call and panics when the driver lacks it, so an entry point newer than [`MIN_DRIVER`] is
+/// asked for here first.
+pub fn driver_has(symbol: &str) -> bool {
+    if !driver_available() {
+        return false;
+    }
+    // SAFETY: the library is present (checked above); looking a symbol up runs no code.
+    unsafe { cudarc::driver::sys::culib().get::<*const std::ffi::c_void>(symbol.as_bytes()).is_ok() }
+}
+
 pub struct CudaDevice {
     pub ordinal: usize,
     pub ctx: Arc<CudaContext>,
@@ -55,6 +78,9 @@ impl CudaDevice {
     pub fn new(ordinal: usize) -> Result<Self, CudaError> {
         if !driver_available() {
             return Err(CudaError::DriverMissing);
+        }
+        if let Some(v) = crate::sys::gpu::driver_version().filter(|v| *v < MIN_DRIVER) {
+            return Err(CudaError::DriverTooOld { have: v, need: MIN_DRIVER });
         }
         let ctx = CudaContext::new(ordinal).map_err(CudaError::driver(format!("opening device cuda:{ordinal}")))?;
         // SAFETY: one stream is used for all work, so cudarc's cross-stream event tracking is not
@@ -124,5 +150,19 @@ pub(super) fn log_memory(s: &CudaStream, what: &str, bytes: usize) {
     if let Ok((free, total)) = s.context().mem_get_info() {
         let used = total.saturating_sub(free) as f64 / 1e9;
         eprintln!("memory: {what:32} {:9.1} MB, in use {used:.3} GB", bytes as f64 / 1e6);
+    }
+}
+
+/// Dense F16 tensor-core FLOP/s of a device by name and compute capability, from the vendors'
+/// data sheets (no sparsity): V100 SXM2 125e12 (PCIe 112e12), A100 312e12, H100/H200 SXM
+/// 989e12 (H100 PCIe 756e12); `None` for others (a bound then has no FLOP side).
+pub fn tensor_flops(name: &str, cc: (i32, i32)) -> Option<f64> {
+    let pcie = name.to_ascii_uppercase().contains("PCIE");
+    match cc {
+        (7, 0) if name.contains("V100") => Some(if pcie { 112e12 } else { 125e12 }),
+        (8, 0) if name.contains("A100") => Some(312e12),
+        (9, 0) if name.contains("H200") => Some(989e12),
+        (9, 0) if name.contains("H100") => Some(if pcie { 756e12 } else { 989e12 }),
+        _ => None,
     }
 }

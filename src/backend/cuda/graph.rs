@@ -25,9 +25,17 @@ pub(super) struct StepGraphs {
     uncapturable: HashSet<GraphKey>,
 }
 
+/// Whether the driver can instantiate captured graphs (CUDA 11.4+, [`super::device::GRAPH_ENTRY`]):
+/// on an older driver steps run without graphs (cudarc would panic calling the missing symbol).
+pub(super) fn graphs_supported() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| super::device::driver_has(super::device::GRAPH_ENTRY))
+}
+
 impl StepGraphs {
+    /// Replay `on` where the driver supports it ([`graphs_supported`]).
     pub fn new(on: bool) -> Self {
-        StepGraphs { on, captured: HashMap::new(), uncapturable: HashSet::new() }
+        StepGraphs { on: on && graphs_supported(), captured: HashMap::new(), uncapturable: HashSet::new() }
     }
 
     /// Drops the captured graphs (they hold buffer addresses and kernel choices that changed).

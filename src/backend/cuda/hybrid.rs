@@ -512,7 +512,7 @@ impl HybridCuda {
         let p = Product { lin: &lw.wqkv, bias: None, x: io.h, n, out: proj, accumulate: false };
         Self::first_product(k, mm, pre, p)?;
         mark("attn qkv proj")?;
-        let (kc, vc) = (Dev::of(&lw.k_cache, s), Dev::of(&lw.v_cache, s));
+        let (kc, vc, kv_scales) = lw.kv_dev(s);
         HybQkvPost {
             proj,
             stride: width,
@@ -526,6 +526,7 @@ impl HybridCuda {
                 max_pos: self.max_pos,
                 k_cache: kc,
                 v_cache: vc,
+                kv_scales,
                 kv_rows: io.kv_rows,
                 cache_rows: io.cache_rows,
             },
@@ -543,6 +544,7 @@ impl HybridCuda {
             q,
             k_cache: kc,
             v_cache: vc,
+            kv_scales,
             block_tables: io.block_tables,
             tok_seq: io.tok_seq,
             pos: io.pos,

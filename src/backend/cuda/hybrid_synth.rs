@@ -106,14 +106,14 @@ impl CudaBackend {
                 let (wgu, wdown, moe) = ffn(&mut kernels, &mut mat)?;
                 let (wqkv, wo) = (Linear { parts: Vec::new() }, Linear { parts: Vec::new() });
                 let m = SynthMats { wqkv, bqkv: None, qk_norm: false, wo, ffn: (wgu, wdown, moe) };
-                layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, 0, m)?);
+                layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, (0, opts.kv_type), m)?);
             } else {
                 linear.push(None);
                 let wqkv =
                     mat(&mut kernels, if more_bits(i, c.n_layers) && more != base { 2 } else { 1 }, &name("wqkv"))?;
                 let wo = mat(&mut kernels, 1, &name("wo"))?;
                 let m = SynthMats { wqkv, bqkv: None, qk_norm: true, wo, ffn: ffn(&mut kernels, &mut mat)? };
-                layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, cache_len, m)?);
+                layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, (cache_len, opts.kv_type), m)?);
             }
         }
         let embd = mat(&mut kernels, 1, "token_embd")?;

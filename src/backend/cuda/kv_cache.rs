@@ -1,4 +1,5 @@
-//! Launchers of `kernels/kv_cache.cu`: K/V stores into the F16 paged cache, alone or fused
+//! Launchers of `kernels/kv_cache.cu`: K/V stores into the paged cache (F16, or 8-bit with
+//! `kv_scales`: `--kv-cache q8`, quantized as it is written), alone or fused
 //! with the per-head norms and RoPE that precede them (`qkv_post_f32`: everything between the
 //! QKV product and attention in one launch, since launch gaps, not bytes, limit a
 //! memory-bound step at batch 1).
@@ -6,8 +7,9 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::kernels::Kernels;
-use super::launch::{blocks_for, check, extent, grid_yz, i32_of, launch, need, Dev};
+use super::launch::{blocks_for, check, extent, grid_yz, i32_of, launch, need, need_kv, Dev, KvScales};
 use super::CudaError;
+use crate::backend::kv_type::Q8_GROUP;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -16,6 +18,8 @@ struct KvStoreParams {
     k_cache: u64,
     v_cache: u64,
     kv_rows: u64,
+    k_scale: u64,
+    v_scale: u64,
     n_tok: i32,
     kv_dim: i32,
     stride: i32,
@@ -31,6 +35,8 @@ pub struct KvStore {
     pub qkv: Dev<f32>,
     pub k_cache: Dev<u16>,
     pub v_cache: Dev<u16>,
+    /// The 8-bit cache's scales; `None`: an F16 cache.
+    pub kv_scales: Option<KvScales>,
     pub kv_rows: Dev<i32>,
     pub cache_rows: usize,
     pub n_tok: usize,
@@ -47,8 +53,11 @@ impl KvStore {
             "K/V columns beyond the row stride".into()
         })?;
         need(K, "qkv", self.qkv, extent(self.n_tok, self.stride, self.k_off.max(self.v_off) + self.kv_dim))?;
-        need(K, "K cache", self.k_cache, self.cache_rows * self.kv_dim)?;
-        need(K, "V cache", self.v_cache, self.cache_rows * self.kv_dim)?;
+        check(K, self.kv_scales.is_none() || self.kv_dim.is_multiple_of(Q8_GROUP), || {
+            format!("rows of {} values in an 8-bit cache (a multiple of {Q8_GROUP})", self.kv_dim)
+        })?;
+        let (k_scale, v_scale) =
+            need_kv(K, (self.k_cache, self.v_cache), self.kv_scales, self.cache_rows * self.kv_dim)?;
         need(K, "cache rows", self.kv_rows, self.n_tok)?;
         let total = self.n_tok * self.kv_dim;
         if total == 0 {
@@ -59,6 +68,8 @@ impl KvStore {
             k_cache: self.k_cache.ptr,
             v_cache: self.v_cache.ptr,
             kv_rows: self.kv_rows.ptr,
+            k_scale,
+            v_scale,
             n_tok: i32_of(K, self.n_tok)?,
             kv_dim: i32_of(K, self.kv_dim)?,
             stride: i32_of(K, self.stride)?,
@@ -82,6 +93,8 @@ pub(super) struct RopeStorePtrs {
     k_cache: u64,
     v_cache: u64,
     kv_rows: u64,
+    k_scale: u64,
+    v_scale: u64,
 }
 
 #[repr(C)]
@@ -104,7 +117,7 @@ unsafe impl DeviceRepr for QkvPostParams {}
 /// (`qkv_post_f32` here, `hyb_qkv_post_f32` in hybrid_attn.rs): per-head norm weights
 /// `[head_dim]` (`None`: no norm), positions `pos` and each token's cache row `kv_rows` (both
 /// `[n_tok]`), RoPE tables `[max_pos, rotated dims / 2]`, the layer's F16 caches
-/// `[cache_rows, n_kv * head_dim]`.
+/// `[cache_rows, n_kv * head_dim]` (or 8-bit ones with their scales).
 #[derive(Clone, Copy, Debug)]
 pub struct RopeStore {
     pub q_norm: Option<Dev<f32>>,
@@ -115,6 +128,8 @@ pub struct RopeStore {
     pub max_pos: usize,
     pub k_cache: Dev<u16>,
     pub v_cache: Dev<u16>,
+    /// The 8-bit cache's scales; `None`: an F16 cache.
+    pub kv_scales: Option<KvScales>,
     pub kv_rows: Dev<i32>,
     pub cache_rows: usize,
 }
@@ -138,8 +153,10 @@ impl RopeStore {
         need(kernel, "positions", self.pos, n_tok)?;
         need(kernel, "cos table", self.cos, table_len)?;
         need(kernel, "sin table", self.sin, table_len)?;
-        need(kernel, "K cache", self.k_cache, cache_len)?;
-        need(kernel, "V cache", self.v_cache, cache_len)?;
+        check(kernel, self.kv_scales.is_none() || head_dim.is_multiple_of(Q8_GROUP), || {
+            format!("head size {head_dim} with an 8-bit cache (a multiple of {Q8_GROUP})")
+        })?;
+        let (k_scale, v_scale) = need_kv(kernel, (self.k_cache, self.v_cache), self.kv_scales, cache_len)?;
         need(kernel, "cache rows", self.kv_rows, n_tok)?;
         grid_yz(kernel, n_tok, "tokens")?;
         Ok(RopeStorePtrs {
@@ -151,6 +168,8 @@ impl RopeStore {
             k_cache: self.k_cache.ptr,
             v_cache: self.v_cache.ptr,
             kv_rows: self.kv_rows.ptr,
+            k_scale,
+            v_scale,
         })
     }
 }

@@ -149,3 +149,40 @@ pub(crate) fn blocks_for(kernel: &'static str, n: usize, per_block: usize) -> Re
 /// Most tokens one GEMV launch serves (each weight read once for all of them): the limit of
 /// every GEMV family (F16, packed block formats, the norm-fused ones).
 pub const GEMV_MAX_TOKENS: usize = 8;
+
+/// The scales of an 8-bit paged KV cache (`--kv-cache q8`, kernels/common.cuh): K's and V's,
+/// `[cache_rows, kv_dim / 32]` f16 each. A cache given with them holds int8 values (its
+/// `Dev<u16>` spans half as many elements as it holds values); without them, F16 values.
+#[derive(Clone, Copy, Debug)]
+pub struct KvScales {
+    pub k: Dev<u16>,
+    pub v: Dev<u16>,
+}
+
+/// Checks K and V caches that hold `values` values each, F16 (`scales` None) or 8-bit; returns
+/// the scale pointers of a params struct (0, 0 for F16).
+pub(crate) fn need_kv(
+    kernel: &'static str,
+    (k, v): (Dev<u16>, Dev<u16>),
+    scales: Option<KvScales>,
+    values: usize,
+) -> Result<(u64, u64), CudaError> {
+    let group = crate::backend::kv_type::Q8_GROUP;
+    match scales {
+        None => {
+            need(kernel, "K cache", k, values)?;
+            need(kernel, "V cache", v, values)?;
+            Ok((0, 0))
+        }
+        Some(s) => {
+            check(kernel, values.is_multiple_of(group), || {
+                format!("an 8-bit cache of {values} values (groups of {group})")
+            })?;
+            need(kernel, "K cache (8-bit, as half pairs)", k, values / 2)?;
+            need(kernel, "V cache (8-bit, as half pairs)", v, values / 2)?;
+            need(kernel, "K scales", s.k, values / group)?;
+            need(kernel, "V scales", s.v, values / group)?;
+            Ok((s.k.ptr, s.v.ptr))
+        }
+    }
+}

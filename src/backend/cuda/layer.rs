@@ -8,8 +8,10 @@ use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::device::{up, zeros};
 use super::dmat::Linear;
+use super::launch::{Dev, KvScales};
 use super::moe::MoeLayerW;
 use super::CudaError;
+use crate::backend::kv_type::{KvType, Q8_GROUP};
 
 pub(super) struct LayerW {
     pub attn_norm: CudaSlice<f32>,      // [dim]
@@ -23,8 +25,45 @@ pub(super) struct LayerW {
     pub wdown: Linear,                  // [dim, ffn] (sparse layer: none)
     /// Sparse (mixture-of-experts) layers: router and expert slabs, in place of wgu/wdown.
     pub moe: Option<MoeLayerW>,
-    pub k_cache: CudaSlice<u16>, // [num_blocks, block_size, n_kv, head_dim] f16
+    /// `[num_blocks, block_size, n_kv, head_dim]` f16; the 8-bit cache: int8 values in the same
+    /// order, two per element (`kernels/common.cuh`).
+    pub k_cache: CudaSlice<u16>,
     pub v_cache: CudaSlice<u16>, // same
+    /// The 8-bit cache's scales, K's and V's: `[num_blocks * block_size, n_kv * head_dim / 32]`
+    /// f16 each; `None`: an F16 cache.
+    pub kv_scales: Option<(CudaSlice<u16>, CudaSlice<u16>)>,
+}
+
+/// One layer's K cache, V cache and (8-bit) scales.
+pub(super) type KvCaches = (CudaSlice<u16>, CudaSlice<u16>, Option<(CudaSlice<u16>, CudaSlice<u16>)>);
+
+/// Zeroed K and V caches of `values` values each in type `kv` (0 values: a layer without
+/// attention). `name` names the layer's buffers.
+pub(super) fn kv_caches(
+    s: &Arc<CudaStream>,
+    kv: KvType,
+    values: usize,
+    name: &dyn Fn(&str) -> String,
+) -> Result<KvCaches, CudaError> {
+    Ok(match kv {
+        KvType::F16 => (zeros(s, values, &name("K cache"))?, zeros(s, values, &name("V cache"))?, None),
+        KvType::Q8 => {
+            let (data, scales) = (values.div_ceil(2), values / Q8_GROUP);
+            (
+                zeros(s, data, &name("K cache (8-bit)"))?,
+                zeros(s, data, &name("V cache (8-bit)"))?,
+                Some((zeros(s, scales, &name("K scales"))?, zeros(s, scales, &name("V scales"))?)),
+            )
+        }
+    })
+}
+
+impl LayerW {
+    /// The layer's caches as the launchers take them.
+    pub fn kv_dev(&self, s: &CudaStream) -> (Dev<u16>, Dev<u16>, Option<KvScales>) {
+        let scales = self.kv_scales.as_ref().map(|(k, v)| KvScales { k: Dev::of(k, s), v: Dev::of(v, s) });
+        (Dev::of(&self.k_cache, s), Dev::of(&self.v_cache, s), scales)
+    }
 }
 
 /// The matrices of a synthetic layer (`CudaBackend::synthetic_mix`, `synthetic_hybrid`): the
@@ -41,18 +80,19 @@ pub(super) struct SynthMats {
 
 impl LayerW {
     /// Layer `i` of a synthetic model around `m`: every norm weight 1, K and V caches of
-    /// `cache` zeroed f16 elements each (0 for a layer without attention).
+    /// `cache` zeroed values each in its type (0 for a layer without attention).
     pub(super) fn synthetic(
         s: &Arc<CudaStream>,
         dim: usize,
         head_dim: usize,
         i: usize,
-        cache: usize,
+        cache: (usize, KvType),
         m: SynthMats,
     ) -> Result<Self, CudaError> {
         let name = |x: &str| format!("layer {i} {x}");
         let ones = |n: usize, what: &str| up(s, &vec![1.0f32; n], what);
         let (wgu, wdown, moe) = m.ffn;
+        let (k_cache, v_cache, kv_scales) = kv_caches(s, cache.1, cache.0, &name)?;
         Ok(LayerW {
             attn_norm: ones(dim, &name("attn_norm"))?,
             wqkv: m.wqkv,
@@ -64,8 +104,9 @@ impl LayerW {
             wgu,
             wdown,
             moe,
-            k_cache: zeros(s, cache, &name("K cache"))?,
-            v_cache: zeros(s, cache, &name("V cache"))?,
+            k_cache,
+            v_cache,
+            kv_scales,
         })
     }
 }

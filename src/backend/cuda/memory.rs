@@ -7,6 +7,7 @@
 //! `cuMemGetInfo` figure (bytes) after the CUDA context exists. A V100-SXM2-32GB has 32,510 MiB
 //! = 34.09e9 bytes ([`V100_32GB_FREE`] assumes 512 MiB of it taken by the context).
 
+use crate::backend::kv_type::KvType;
 use crate::model::config::ModelConfig;
 use crate::model::layer::{FfnKind, LayerKind, MixerKind};
 use crate::model::weights::{ModelWeights, Tensor};
@@ -24,8 +25,10 @@ pub struct MemoryPlan {
     /// Every weight matrix (the bytes of its device form: F16, or a block format as repacked)
     /// and vector (norms f32).
     pub weights: u64,
-    /// The paged KV cache: all layers, K and V, F16.
+    /// The paged KV cache: all layers, K and V, in `kv_type`.
     pub kv: u64,
+    /// The KV cache's element type ([`MemoryPlan::with_kv_type`]; F16 unless set).
+    pub kv_type: KvType,
     /// Step buffers for `max_batch_tokens` tokens, logits, attention partials, RoPE tables,
     /// the F16 scratch of widened quantized matrices and the cuBLAS workspace.
     pub workspace: u64,
@@ -262,7 +265,13 @@ pub fn plan_memory_for(
     let workspace = activations + logits + attn + rope + meta + wide_scratch + experts + linear + CUBLAS_ALLOWANCE;
     let state_per_seq = c.state_bytes_per_seq() as u64;
     let state = (seqs.running + seqs.snapshots) as u64 * state_per_seq;
-    MemoryPlan { weights, kv, workspace, state, state_per_seq, seqs, total: weights + kv + workspace + state, parts }
+    let total = weights + kv + workspace + state;
+    MemoryPlan { weights, kv, kv_type: KvType::F16, workspace, state, state_per_seq, seqs, total, parts }
+}
+
+/// KV cache bytes of one position (every attention layer, K and V) in type `kv`.
+pub fn kv_bytes_per_position(c: &ModelConfig, kv: KvType) -> u64 {
+    (c.n_kv_layers() * 2 * kv.bytes(c.kv_dim())) as u64
 }
 
 /// Split-K partial sums of the 64-token GEMMs (`Work::tc_part`): the largest of the four layer
@@ -315,6 +324,15 @@ fn gb(b: u64) -> String {
 }
 
 impl MemoryPlan {
+    /// The same plan with its KV cache in type `kv` (the same positions).
+    pub fn with_kv_type(mut self, c: &ModelConfig, kv: KvType) -> Self {
+        let (from, to) = (kv_bytes_per_position(c, self.kv_type), kv_bytes_per_position(c, kv));
+        let positions = self.kv.checked_div(from).unwrap_or(0);
+        self.total = self.total - self.kv + positions * to;
+        (self.kv, self.kv_type) = (positions * to, kv);
+        self
+    }
+
     /// `Ok` when the plan fits in `HEADROOM` of `free` bytes; else a message naming the numbers
     /// and concrete alternatives.
     pub fn check(&self, free: u64, device: &str, positions: usize, cfg: &ModelConfig) -> Result<(), String> {
@@ -355,6 +373,13 @@ impl MemoryPlan {
                 ));
             }
         }
+        // The 8-bit KV cache, where the F16 one is what does not fit.
+        if self.kv_type == KvType::F16 && KvType::Q8.refusal(cfg.head_dim).is_none() && self.kv > 0 {
+            let q8 = self.with_kv_type(cfg, KvType::Q8);
+            if q8.total <= budget {
+                alts.push(format!("an 8-bit KV cache (--kv-cache q8: {}): the rest fits", gb(q8.kv)));
+            }
+        }
         // 4-bit weights (about 4.5 bits per matrix element: block formats with scales), where
         // that is clearly smaller than the weights as they are.
         let four_bit = f16_matrix_bytes(cfg) * 9 / 32;
@@ -367,10 +392,11 @@ impl MemoryPlan {
         }
         alts.push("a GPU with more memory".into());
         Err(format!(
-            "the model does not fit on {device}: weights {} + KV cache {} ({positions} positions, {} layers) + workspace {}{} = {}, but {:.0}% of the free {} is {}; options: {}",
+            "the model does not fit on {device}: weights {} + KV cache {} ({positions} positions, {} layers, {}) + workspace {}{} = {}, but {:.0}% of the free {} is {}; options: {}",
             gb(self.weights),
             gb(self.kv),
             cfg.n_kv_layers(),
+            self.kv_type,
             gb(self.workspace),
             if self.state > 0 {
                 format!(

@@ -22,17 +22,19 @@
 //! 3. Step plumbing over the launchers: `step_flat` (the shape of a flattened step), `step_attn`
 //!    (its attention), `workspace` (its buffers), `graph` (captured CUDA graphs), `seqs`,
 //!    `layer` (one layer's device weights), `synth` (synthetic models' formats and bytes),
-//!    `hybrid` (the linear-attention layers), `memory` (the memory plan).
+//!    `hybrid` (the linear-attention layers), `memory` (the memory plan), `budget` (what a
+//!    plan may use: `--max-gpu-memory`).
 //! 4. `model`: the `CudaBackend` struct, its construction and the `Backend` entry points.
 //! 5. Modules that extend `CudaBackend` with `impl` blocks and so import `model`, which never
 //!    names them: `step_inputs` (the plan flattened), `step` (the layers' launches, graph
 //!    replay), `masked` (the grammar-masked greedy step), `hybrid_synth` (synthetic hybrid
-//!    models).
+//!    models), `step_weights` (the weights a step read, for the bench's step bound).
 
 pub mod add;
 pub mod argmax;
 pub mod attention;
 pub mod attention_merge;
+pub mod budget;
 pub mod cascade;
 pub mod cublas_gemm;
 pub mod deltanet;
@@ -61,10 +63,12 @@ pub mod moe_shexp;
 pub mod moe_slab;
 pub mod nccl;
 pub mod nvrtc;
+pub mod nvrtc_lib;
 pub mod ops;
 pub mod paged_attn;
 pub mod prefill;
 mod profile;
+pub mod ptx_isa;
 pub mod q8x;
 pub mod qformat;
 pub mod qlaunch;
@@ -78,6 +82,7 @@ mod step_attn;
 mod step_flat;
 mod step_inputs;
 mod step_norm;
+mod step_weights;
 pub mod synth;
 pub mod tap;
 pub mod tensor_parallel;
@@ -98,12 +103,16 @@ pub use tap::CudaTap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
-    #[error("the NVRTC library could not be loaded (put libnvrtc.so.12 or newer on LD_LIBRARY_PATH, or pass --ptx-dir with precompiled PTX)")]
+    #[error("no NVRTC library could be loaded (put libnvrtc on LD_LIBRARY_PATH or name it in DUSTOFF_NVRTC: NVRTC 11.x or 12.x for a V100; scripts/nvrtc12.sh fetches one; or pass --ptx-dir with precompiled PTX)")]
     NvrtcMissing,
     #[error("the CUDA driver library (libcuda.so) could not be loaded: no NVIDIA driver on this machine")]
     DriverMissing,
+    #[error("the NVIDIA driver supports CUDA {}.{}; dustoff needs CUDA {}.{} or newer (update the driver; `dustoff doctor` lists what works)", have.0, have.1, need.0, need.1)]
+    DriverTooOld { have: (i32, i32), need: (i32, i32) },
     #[error("NVRTC: {0}")]
     Nvrtc(String),
+    #[error("PTX of kernel file {file}.cu for {arch}: {source}")]
+    Isa { file: String, arch: String, source: ptx_isa::IsaError },
     #[error("compiling kernel file {file}.cu for {arch}: {log}")]
     Compile { file: String, arch: String, log: String },
     #[error("PTX file {path}: {source}")]

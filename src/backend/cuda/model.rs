@@ -25,6 +25,7 @@ use super::synth::{moe_formats, synthetic_matrix_bytes, synthetic_shapes, Weight
 use super::tap::CudaTap;
 use super::workspace::Work;
 use super::CudaError;
+use crate::backend::kv_type::KvType;
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;
@@ -54,6 +55,11 @@ pub struct CudaOptions {
     /// Hybrid models: prefix-reuse state snapshots kept at once (the engine evicts its least
     /// recently used beyond them); [`SeqPlan::new`] gives the default.
     pub max_snapshots: usize,
+    /// `--max-gpu-memory`: the plan is checked against the smaller of the free memory and this
+    /// cap less the CUDA context (`budget::available`); `None`: the free memory.
+    pub max_memory: Option<super::budget::MemoryCap>,
+    /// `--kv-cache`: the element type of the paged KV cache.
+    pub kv_type: KvType,
     /// Load cuBLAS for prefill-sized products when the library is present ([`cublas_wanted`]:
     /// unless `DUSTOFF_CUBLAS=0`); false: dustoff's tensor-core GEMM in 64-token slices.
     pub cublas: bool,
@@ -152,14 +158,20 @@ pub(super) fn open(
     matrix_bytes: u64,
 ) -> Result<(CudaDevice, Kernels, Option<CudaBlas>), CudaError> {
     refuse_unsupported(cfg)?;
+    if let Some(why) = opts.kv_type.refusal(cfg.head_dim) {
+        return Err(CudaError::Weights(why));
+    }
     let dev = CudaDevice::new(opts.ordinal)?;
     let wide = if matrix_bytes < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
     let (blocks, bs) = (opts.num_blocks, opts.block_size);
     // One sequence's prompt may run in steps of `prefill_chunk` tokens (SingleSeq::feed).
     let (tok, pos) = (opts.max_batch_tokens.max(prefill_chunk(cfg, wide)), opts.max_positions);
-    let plan = plan_memory_for(cfg, matrix_bytes, wide, blocks, bs, tok, pos, opts.seqs());
+    let plan =
+        plan_memory_for(cfg, matrix_bytes, wide, blocks, bs, tok, pos, opts.seqs()).with_kv_type(cfg, opts.kv_type);
     let (free, _) = dev.mem_info()?;
-    plan.check(free as u64, &dev.describe(), opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
+    let avail = super::budget::available(opts.max_memory, free as u64);
+    let device = super::budget::label(&dev.describe(), opts.max_memory);
+    plan.check(avail, &device, opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
     super::device::log_memory(&dev.stream, "CUDA context", 0);
     let blas = open_cublas(&dev, opts.cublas)?;
@@ -228,7 +240,7 @@ impl CudaBackend {
             Ok(l)
         };
         let c = &cfg;
-        // f16 elements of one layer's K (and of its V) cache: [num_blocks, block_size, kv_dim].
+        // Values of one layer's K (and of its V) cache: [num_blocks, block_size, kv_dim].
         let cache_len = opts.num_blocks * opts.block_size * c.kv_dim();
         let mut layers = Vec::with_capacity(w.layers.len());
         for (i, lw) in w.layers.iter().enumerate() {
@@ -259,6 +271,7 @@ impl CudaBackend {
                     moe,
                     k_cache: zeros(s, 0, &name("K cache"))?,
                     v_cache: zeros(s, 0, &name("V cache"))?,
+                    kv_scales: None,
                 });
                 continue;
             }
@@ -271,6 +284,7 @@ impl CudaBackend {
                 }
                 None => (put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?, put(&[&lw.w_down], &name("w_down"))?, None),
             };
+            let (k_cache, v_cache, kv_scales) = super::layer::kv_caches(s, opts.kv_type, cache_len, &name)?;
             layers.push(LayerW {
                 attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
                 wqkv: put(&[&lw.wq, &lw.wk, &lw.wv], &name("wqkv"))?,
@@ -282,8 +296,9 @@ impl CudaBackend {
                 wgu,
                 wdown,
                 moe,
-                k_cache: zeros(s, cache_len, &name("K cache"))?,
-                v_cache: zeros(s, cache_len, &name("V cache"))?,
+                k_cache,
+                v_cache,
+                kv_scales,
             });
         }
         let embd = put(&[&w.token_embd], "token_embd")?;
@@ -369,7 +384,7 @@ impl CudaBackend {
                 c.dim,
                 c.head_dim,
                 i,
-                cache_len,
+                (cache_len, opts.kv_type),
                 SynthMats { wqkv, bqkv, qk_norm, wo, ffn },
             )?);
         }
@@ -517,7 +532,7 @@ impl CudaBackend {
     /// Turns CUDA-graph replay of decode steps on or off (on by default unless
     /// `DUSTOFF_CUDA_GRAPHS=0`). Both paths launch the same kernels with the same arguments.
     pub fn set_graphs(&mut self, on: bool) {
-        self.graphs.on = on;
+        self.graphs.on = on && super::graph::graphs_supported();
         if !on {
             self.graphs.clear();
         }
@@ -526,6 +541,15 @@ impl CudaBackend {
     /// KV cache bytes per token position (all layers with a KV cache, K and V, F16).
     pub fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
         cfg.n_kv_layers() * 2 * cfg.kv_dim() * 2
+    }
+
+    /// The KV cache's element type (the 8-bit cache keeps scales beside its layers' caches).
+    pub fn kv_type(&self) -> KvType {
+        if self.layers.iter().any(|l| l.kv_scales.is_some()) {
+            KvType::Q8
+        } else {
+            KvType::F16
+        }
     }
 
     /// Bytes of one sequence's recurrent state on the device (hybrid models; 0 for others).
@@ -554,7 +578,8 @@ impl Backend for CudaBackend {
     }
     fn describe(&self) -> String {
         let formats: Vec<String> = self.formats.iter().map(|(t, n)| format!("{n} {t}")).collect();
-        format!("{} [{}; matrices: {}]", self.dev.describe(), self.kernels.source().describe(), formats.join(", "))
+        let kv = if self.kv_type() == KvType::Q8 { "; KV cache q8" } else { "" };
+        format!("{} [{}; matrices: {}{kv}]", self.dev.describe(), self.kernels.source().describe(), formats.join(", "))
     }
     fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
         let f = self.flatten(plan)?;
@@ -628,7 +653,7 @@ impl Backend for CudaBackend {
         self.decode_bytes
     }
     fn kv_bytes_per_position(&self) -> u64 {
-        Self::kv_bytes_per_token(&self.cfg) as u64
+        super::memory::kv_bytes_per_position(&self.cfg, self.kv_type())
     }
     fn peak_memory_bytes(&self) -> Option<u64> {
         // Also what is held now: memory taken between the samples (cuBLAS allocates its
@@ -636,6 +661,12 @@ impl Backend for CudaBackend {
         let now = self.dev.mem_info().map_or(0, |(free, total)| total.saturating_sub(free) as u64);
         super::device::log_memory(&self.dev.stream, "at the peak query", 0);
         Some(self.peak_used.max(now))
+    }
+    fn last_step_weight_bytes(&self, n_tok: usize) -> Option<u64> {
+        self.touched_weight_bytes(n_tok)
+    }
+    fn tensor_flops(&self) -> Option<f64> {
+        super::device::tensor_flops(&self.dev.name, self.dev.cc)
     }
     fn measure_copy_bandwidth(&mut self) -> Option<f64> {
         // 1 GiB each way when there is room (several times any L2), else a quarter of the free memory.

@@ -217,6 +217,15 @@ impl MoeLayerW {
             + self.shared_bytes()
     }
 
+    /// Bytes a step whose tokens chose `experts` distinct experts reads: the router, those
+    /// experts and the shared expert.
+    pub fn touched_bytes(&self, experts: usize) -> u64 {
+        let all = self.gate.bytes() + self.up.bytes() + self.down.bytes();
+        (self.router.len() * 4) as u64
+            + all * experts.min(self.n_experts) as u64 / self.n_experts.max(1) as u64
+            + self.shared_bytes()
+    }
+
     /// The three slabs (for the format census).
     pub fn slabs(&self) -> [&DevMat; 3] {
         [&self.gate, &self.up, &self.down]

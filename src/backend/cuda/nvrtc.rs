@@ -3,14 +3,15 @@
 //! Every kernel file is compiled as one NVRTC program with `kernels/common.cuh` inlined where it
 //! says `#include "common.cuh"` (NVRTC 12.9 has no toolkit headers, and we pass none). Compiled
 //! PTX is cached under `$XDG_CACHE_HOME/dustoff` (else `~/.cache/dustoff`), keyed by
-//! blake3(source, arch, NVRTC version, options): a changed kernel or compiler never reuses a
-//! stale file.
+//! blake3(source, arch, NVRTC version, options, ISA lowering): a changed kernel, compiler or
+//! lowering never reuses a stale file. compute_70 PTX is lowered to the V100 ISA
+//! (`ptx_isa`), so that it loads on every driver from CUDA 11.0 up.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-use super::CudaError;
+use super::nvrtc_lib::CompileFailure;
+use super::{ptx_isa, CudaError};
 
 /// One kernel source file of `kernels/` and the entry points it defines.
 #[derive(Clone, Copy, Debug)]
@@ -44,23 +45,22 @@ pub fn full_source(file: &KernelFile) -> String {
 /// NVRTC options besides the architecture. Part of the cache key.
 const OPTIONS: &[&str] = &["--std=c++17", "--fmad=true"];
 
-/// Whether an NVRTC library can be loaded (checked once; cudarc would panic on a missing one).
+/// Whether an NVRTC library can be loaded (any of those `nvrtc_lib` finds).
 pub fn nvrtc_available() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: only tries to dlopen the candidate library names; no NVRTC function is called.
-    *PRESENT.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
+    super::nvrtc_lib::any_loads()
 }
 
-/// The loaded NVRTC's (major, minor) version.
-pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
+/// The (major, minor) version of the NVRTC that compiles for `arch` on this machine.
+pub fn nvrtc_version(arch: &str) -> Result<(i32, i32), CudaError> {
+    Ok(nvrtc_for(arch)?.version)
+}
+
+/// The NVRTC chosen for `arch` (see `nvrtc_lib::choose`).
+pub fn nvrtc_for(arch: &str) -> Result<&'static super::nvrtc_lib::Nvrtc, CudaError> {
     if !nvrtc_available() {
         return Err(CudaError::NvrtcMissing);
     }
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: the library is present (checked above); both pointers are valid for writes.
-    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    r.result().map_err(|e| CudaError::Nvrtc(format!("nvrtcVersion: {e:?}")))?;
-    Ok((major, minor))
+    super::nvrtc_lib::for_arch(arch).map(|(n, _)| n).map_err(CudaError::Nvrtc)
 }
 
 /// `compute_XY` for a compute capability.
@@ -68,29 +68,48 @@ pub fn arch_for(cc: (i32, i32)) -> String {
     format!("compute_{}{}", cc.0, cc.1)
 }
 
-/// Compiles one program to PTX for `arch` (e.g. `compute_70`).
-pub fn compile(name: &str, source: &str, arch: &str) -> Result<String, CudaError> {
-    if !nvrtc_available() {
-        return Err(CudaError::NvrtcMissing);
-    }
-    let mut options = vec![format!("--gpu-architecture={arch}")];
-    options.extend(OPTIONS.iter().map(|s| s.to_string()));
-    let opts = cudarc::nvrtc::CompileOptions { options, name: Some(format!("{name}.cu")), ..Default::default() };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| {
-        let log = match &e {
-            cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-            other => format!("{other:?}"),
-        };
-        CudaError::Compile { file: name.to_string(), arch: arch.to_string(), log }
-    })?;
-    Ok(ptx.to_src())
+/// The ISA the PTX of `arch` is lowered to (`ptx_isa::lower`): compute_70's declares the V100
+/// ISA whatever NVRTC wrote, so one PTX folder loads on every driver from CUDA 11.0 up. Other
+/// architectures keep NVRTC's ISA (the NVRTC is chosen to suit the driver).
+pub fn lowered_isa(arch: &str) -> Option<ptx_isa::Isa> {
+    (arch == "compute_70").then_some(ptx_isa::V100_ISA)
 }
 
-/// Hex blake3 of everything that decides the PTX: program text, architecture, NVRTC version and
-/// options. Fields are length-prefixed so that no two different tuples hash alike.
+/// Applies [`lowered_isa`] to PTX of `arch` (unchanged for other architectures).
+pub fn lower_for(name: &str, arch: &str, ptx: String) -> Result<String, CudaError> {
+    match lowered_isa(arch) {
+        Some(to) => ptx_isa::lower(&ptx, to).map_err(|e| CudaError::Isa {
+            file: name.to_string(),
+            arch: arch.to_string(),
+            source: e,
+        }),
+        None => Ok(ptx),
+    }
+}
+
+/// Compiles one program to PTX for `arch` (e.g. `compute_70`) with the NVRTC chosen for it,
+/// lowered to [`lowered_isa`] where that applies.
+pub fn compile(name: &str, source: &str, arch: &str) -> Result<String, CudaError> {
+    let lib = nvrtc_for(arch)?;
+    let mut options = vec![format!("--gpu-architecture={arch}")];
+    options.extend(OPTIONS.iter().map(|s| s.to_string()));
+    let ptx = lib.compile(&format!("{name}.cu"), source, &options).map_err(|e| match e {
+        CompileFailure::Log(log) => CudaError::Compile { file: name.to_string(), arch: arch.to_string(), log },
+        CompileFailure::Call(what) => CudaError::Nvrtc(format!("{} ({}): {what}", lib.path.display(), name)),
+    })?;
+    lower_for(name, arch, ptx)
+}
+
+/// Hex blake3 of everything that decides the PTX: program text, architecture, NVRTC version,
+/// options and the ISA lowering (its target and rules). Fields are length-prefixed so that no
+/// two different tuples hash alike.
 pub fn cache_key(source: &str, arch: &str, version: (i32, i32)) -> String {
+    let lowering = match lowered_isa(arch) {
+        Some(isa) => format!("lowered to {isa} by {}", ptx_isa::LOWERING_ID),
+        None => "not lowered".to_string(),
+    };
     let mut h = blake3::Hasher::new();
-    for part in [source, arch, &format!("nvrtc {}.{}", version.0, version.1), &OPTIONS.join(" ")] {
+    for part in [source, arch, &format!("nvrtc {}.{}", version.0, version.1), &OPTIONS.join(" "), &lowering] {
         h.update(&(part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
     }
@@ -124,7 +143,7 @@ pub fn compile_cached(file: &KernelFile, arch: &str, cache_dir: Option<&Path>) -
     let Some(dir) = cache_dir else {
         return compile(file.name, &source, arch);
     };
-    let key = cache_key(&source, arch, nvrtc_version()?);
+    let key = cache_key(&source, arch, nvrtc_version(arch)?);
     let path = cache_path(dir, &key);
     if let Ok(ptx) = std::fs::read_to_string(&path) {
         if ptx_defines_all(&ptx, file) {

@@ -171,6 +171,8 @@ struct PrefillParams {
     q: u64,
     k_cache: u64,
     v_cache: u64,
+    k_scale: u64,
+    v_scale: u64,
     block_tables: u64,
     pos: u64,
     tiles: u64,
@@ -244,7 +246,7 @@ impl PrefillAttention {
         check(K, prefill_supported(nh, nkv, hd), || {
             format!("{nh} heads over {nkv} KV heads of size {hd} (head size 64, 128 or 256)")
         })?;
-        a.check(K)?;
+        let (k_scale, v_scale) = a.check(K)?;
         need(K, "tiles", self.tiles, 4 * self.n_tiles)?;
         need(K, "tile rows", self.rows, self.n_rows)?;
         check(K, self.n_rows <= 16 * self.n_tiles, || format!("{} rows in {} tiles", self.n_rows, self.n_tiles))?;
@@ -272,6 +274,8 @@ impl PrefillAttention {
             q: a.q.ptr,
             k_cache: a.k_cache.ptr,
             v_cache: a.v_cache.ptr,
+            k_scale,
+            v_scale,
             block_tables: a.block_tables.ptr,
             pos: a.pos.ptr,
             tiles: self.tiles.ptr,

@@ -284,7 +284,7 @@ impl CudaBackend {
                 mm.run(k, qkv_p)?;
                 mark("qkv matmul")?;
             }
-            let (kc, vc) = (Dev::of(&lw.k_cache, s), Dev::of(&lw.v_cache, s));
+            let (kc, vc, kv_scales) = lw.kv_dev(s);
             QkvPost {
                 qkv,
                 store: RopeStore {
@@ -296,6 +296,7 @@ impl CudaBackend {
                     max_pos: self.max_pos,
                     k_cache: kc,
                     v_cache: vc,
+                    kv_scales,
                     kv_rows,
                     cache_rows,
                 },
@@ -313,6 +314,7 @@ impl CudaBackend {
                 q: qkv,
                 k_cache: kc,
                 v_cache: vc,
+                kv_scales,
                 block_tables: meta.offset(lay.bt),
                 tok_seq: meta.offset(lay.tok_seq),
                 pos,
