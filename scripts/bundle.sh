@@ -5,7 +5,7 @@
 #   ptx/                every kernel as compute_70 PTX (`dustoff kernels`, NVRTC 12 from
 #                       scripts/nvrtc12.sh); the binary reads ptx/ beside itself, no NVRTC needed
 #   lib/                only with `--cublas 11` (drivers R450+) or `--cublas 12` (R525+): cuBLAS
-#                       from its PyPI wheel (~670 MB), found through the binary's $ORIGIN/lib
+#                       from its PyPI wheel (cuBLAS 11: 638 MB), found through the binary's $ORIGIN/lib
 #                       RUNPATH; faster prompts. Without it (the default) prefill runs on
 #                       dustoff's own tensor-core GEMM: only the driver is needed
 #   pipelines/          the pipeline definitions
