@@ -376,7 +376,7 @@ struct BenchArgs {
     /// cpu, cuda, cuda:N, or auto.
     #[arg(long, default_value = "auto")]
     device: String,
-    /// Precompiled PTX folder (see `dustoff kernels`); also DUSTOFF_PTX_DIR.
+    /// Precompiled PTX folder (see `dustoff kernels`); also DUSTOFF_PTX_DIR, else `ptx/` beside the binary.
     #[arg(long)]
     ptx_dir: Option<PathBuf>,
     /// Prompt length of each sequence (the batched modes: of each of the --batch sequences).
@@ -451,7 +451,8 @@ struct ModelArgs {
     #[arg(long, default_value = "auto")]
     device: String,
     /// Load precompiled PTX kernels from this folder (from `dustoff kernels`) instead of
-    /// compiling them with NVRTC. Also read from DUSTOFF_PTX_DIR.
+    /// compiling them with NVRTC. Also read from DUSTOFF_PTX_DIR; without either, a `ptx/`
+    /// folder beside the binary is used when it exists.
     #[arg(long)]
     ptx_dir: Option<PathBuf>,
 }

@@ -208,3 +208,37 @@ fn avx2_path_is_named_and_batch_invariant() {
     assert_eq!(v["cpu"]["kernel_path"], "avx2");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An unpacked offline bundle: the binary finds `ptx/` beside itself (also when started through
+/// a symlink elsewhere, as from /usr/local/bin) and doctor names that folder; an explicit
+/// `--ptx-dir` wins, and a binary with no `ptx/` beside it uses NVRTC.
+#[test]
+fn ptx_folder_beside_the_binary_is_used_without_flags() {
+    let dir = std::env::temp_dir().join(format!("dustoff-bundle-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    let exe = dir.join("dustoff");
+    std::fs::copy(bin(), &exe).unwrap();
+    let link = dir.join("bin/dustoff");
+    std::os::unix::fs::symlink(&exe, &link).unwrap();
+    let kernels = |exe: &std::path::Path, extra: &[&str]| -> String {
+        let o = Command::new(exe)
+            .current_dir(std::env::temp_dir())
+            .args(["doctor", "--json", "--no-measure"])
+            .args(extra)
+            .env_remove("DUSTOFF_PTX_DIR")
+            .output()
+            .unwrap();
+        let v: Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("doctor --json: {e}; {}", stderr(&o)));
+        v["cuda"]["kernels"].as_str().unwrap_or_else(|| panic!("no cuda.kernels in {v}")).to_string()
+    };
+    assert_eq!(kernels(&exe, &[]), "NVRTC");
+    std::fs::create_dir(dir.join("ptx")).unwrap();
+    let beside = format!("PTX from {}", dir.join("ptx").display());
+    assert_eq!(kernels(&exe, &[]), beside);
+    assert_eq!(kernels(&link, &[]), beside);
+    let other = dir.join("other");
+    assert_eq!(kernels(&exe, &["--ptx-dir", other.to_str().unwrap()]), format!("PTX from {}", other.display()));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -230,6 +230,7 @@ pub fn gather(o: &DoctorOptions) -> Report {
         cuda_visible_devices: crate::sys::env::get("CUDA_VISIBLE_DEVICES"),
         // SAFETY: only tries to dlopen the candidate library names; no cuBLAS function is called.
         cublas_loadable: unsafe { cudarc::cublas::sys::is_culib_present() },
+        kernels: o.ptx_dir.as_ref().map_or_else(|| "NVRTC".to_string(), |d| format!("PTX from {}", shown(d))),
         nccl: crate::backend::cuda::nccl::nccl_version().map_err(|e| e.to_string()),
         gpus,
         nvrtc,

@@ -112,6 +112,9 @@ pub struct CudaReport {
     pub nvlinks_active: Vec<(usize, u32)>,
     pub nvrtc: NvrtcReport,
     pub cublas_loadable: bool,
+    /// Where kernels come from: `PTX from DIR` (`--ptx-dir`, `DUSTOFF_PTX_DIR` or `ptx/` beside
+    /// the binary) or `NVRTC`.
+    pub kernels: String,
     /// NCCL's version when libnccl loads (tensor parallel over several GPUs needs it), else why not.
     pub nccl: Result<String, String>,
 }

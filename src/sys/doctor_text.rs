@@ -151,6 +151,7 @@ impl Report {
             let loaded = file.loaded_version.as_deref().map(|v| format!("version {v}, ")).unwrap_or_default();
             let _ = writeln!(s, "    {} ({loaded}{t}{gpus})", file.path);
         }
+        let _ = writeln!(s, "  kernels: {}", g.kernels);
         let _ = writeln!(
             s,
             "  cuBLAS: {}",

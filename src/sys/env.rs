@@ -64,7 +64,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Host, "SLURM_ARRAY_TASK_COUNT", "unset", "the shard count of a Slurm job array when `--shard-count` is not given"),
     var(Scope::Host, "JOB_COMPLETION_INDEX", "unset", "`run` without `--shard`: this pod's shard (a Kubernetes Indexed Job)"),
     var(Scope::Run, "DUSTOFF_NVRTC", "unset: the newest suitable NVRTC found", "an NVRTC library file (e.g. `libnvrtc.so.11.2`) to compile kernels with instead of searching (docs/COMPATIBILITY.md)"),
-    var(Scope::Run, "DUSTOFF_PTX_DIR", "unset: NVRTC compiles the kernels", "folder of precompiled PTX (`dustoff kernels --out DIR`); `--ptx-dir` wins over it"),
+    var(Scope::Run, "DUSTOFF_PTX_DIR", "unset: `ptx/` beside the binary if that folder exists, else NVRTC compiles the kernels", "folder of precompiled PTX (`dustoff kernels --out DIR`); `--ptx-dir` wins over it"),
     var(Scope::Run, "DUSTOFF_LOAD_THREADS", "the cores", "threads that compile the kernel files with NVRTC at start (the driver loads the modules one at a time); `1`: one file at a time"),
     var(Scope::Run, "DUSTOFF_CPU_PATH", "the best the CPU has", "cap on the CPU backend's kernel path: `scalar`, `avx2` or `avx512` (a bad value is a usage error)"),
     var(Scope::Run, "DUSTOFF_SHARD_COUNT", "unset", "shard count with a Kubernetes Indexed Job's `JOB_COMPLETION_INDEX` when `--shard-count` is not given"),

@@ -7,7 +7,7 @@
 //! the Rust module of the same name (`cuda/<file>.rs`).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
@@ -344,11 +344,28 @@ pub enum PtxSource {
     Dir(PathBuf),
 }
 
+/// The folder of precompiled PTX beside a binary: `ptx/` in the binary's own folder, as an
+/// unpacked offline bundle (`scripts/bundle.sh`) lays it out.
+pub const PTX_BESIDE_BINARY: &str = "ptx";
+
+/// `<folder of exe>/ptx` when that folder exists.
+pub fn ptx_dir_beside(exe: &Path) -> Option<PathBuf> {
+    let dir = exe.parent()?.join(PTX_BESIDE_BINARY);
+    dir.is_dir().then_some(dir)
+}
+
+/// The PTX folder kernels are read from: an explicit `--ptx-dir`, then `DUSTOFF_PTX_DIR`, then
+/// `ptx/` beside the running binary (symlinks to it resolved); `None`: NVRTC compiles them.
+pub fn ptx_dir_for(explicit: Option<PathBuf>) -> Option<PathBuf> {
+    explicit
+        .or_else(|| crate::sys::env::get_os(PTX_DIR_ENV).filter(|v| !v.is_empty()).map(PathBuf::from))
+        .or_else(|| std::env::current_exe().ok().and_then(|exe| ptx_dir_beside(&exe)))
+}
+
 impl PtxSource {
-    /// An explicit `--ptx-dir` wins, then `DUSTOFF_PTX_DIR`, then NVRTC with the default cache.
+    /// [`ptx_dir_for`], else NVRTC with the default cache.
     pub fn resolve(ptx_dir: Option<PathBuf>) -> Self {
-        let env = crate::sys::env::get_os(PTX_DIR_ENV).filter(|v| !v.is_empty()).map(PathBuf::from);
-        match ptx_dir.or(env) {
+        match ptx_dir_for(ptx_dir) {
             Some(d) => PtxSource::Dir(d),
             None => PtxSource::Nvrtc { cache_dir: nvrtc::default_cache_dir() },
         }
@@ -585,5 +602,22 @@ mod tests {
             assert!(src.contains("h2f("), "{}: common.cuh not inlined", f.name);
         }
         assert!(file_of("no_such_kernel").is_none());
+    }
+
+    #[test]
+    fn ptx_folder_beside_the_binary_is_found_only_when_it_exists() {
+        let dir = std::env::temp_dir().join(format!("dustoff-ptx-beside-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("dustoff");
+        std::fs::write(&exe, b"").unwrap();
+        assert_eq!(ptx_dir_beside(&exe), None);
+        // A file named `ptx` is not a PTX folder.
+        std::fs::write(dir.join("ptx"), b"").unwrap();
+        assert_eq!(ptx_dir_beside(&exe), None);
+        std::fs::remove_file(dir.join("ptx")).unwrap();
+        std::fs::create_dir(dir.join("ptx")).unwrap();
+        assert_eq!(ptx_dir_beside(&exe), Some(dir.join("ptx")));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
