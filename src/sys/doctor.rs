@@ -17,6 +17,7 @@ use super::topology::{pci_numa_node, Topology};
 use crate::backend::cuda::device::CudaDevice;
 use crate::backend::cuda::nvrtc;
 use crate::job::exit::ExitCode;
+use super::doctor_report::shown;
 
 pub use super::doctor_report::{
     CpuReport, CudaReport, DevicePlan, DoctorOptions, GpuReport, ModelReport, NvrtcChoice, NvrtcReport, Report,
