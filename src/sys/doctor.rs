@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use super::cpu::{CpuFeatures, CpuPath};
+use super::doctor_report::shown;
 use super::gpu::{ptx_isa_for_driver, GpuInfo};
 use super::gpu_links::{tensor_parallel_warning, GpuAt};
 use super::nvrtc_scan::{can_target, scan_nvrtc};
@@ -17,7 +18,6 @@ use super::topology::{pci_numa_node, Topology};
 use crate::backend::cuda::device::CudaDevice;
 use crate::backend::cuda::nvrtc;
 use crate::job::exit::ExitCode;
-use super::doctor_report::shown;
 
 pub use super::doctor_report::{
     CpuReport, CudaReport, DevicePlan, DoctorOptions, GpuReport, ModelReport, NvrtcChoice, NvrtcReport, Report,

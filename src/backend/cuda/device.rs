@@ -74,6 +74,11 @@ pub struct CudaDevice {
     pub cc: (i32, i32),
 }
 
+/// `compute_XY` for a compute capability.
+pub fn arch_for(cc: (i32, i32)) -> String {
+    format!("compute_{}{}", cc.0, cc.1)
+}
+
 /// The driver's CUDA version (`(12, 8)` for 12.8), `None` without a driver.
 pub fn driver_version() -> Option<(i32, i32)> {
     if !driver_available() {
@@ -107,7 +112,7 @@ impl CudaDevice {
 
     /// The NVRTC architecture of this device (`compute_90` on an H200).
     pub fn arch(&self) -> String {
-        super::nvrtc::arch_for(self.cc)
+        arch_for(self.cc)
     }
 
     /// (free, total) device memory in bytes.

@@ -63,10 +63,7 @@ pub fn nvrtc_for(arch: &str) -> Result<&'static super::nvrtc_lib::Nvrtc, CudaErr
     super::nvrtc_lib::for_arch(arch).map(|(n, _)| n).map_err(CudaError::Nvrtc)
 }
 
-/// `compute_XY` for a compute capability.
-pub fn arch_for(cc: (i32, i32)) -> String {
-    format!("compute_{}{}", cc.0, cc.1)
-}
+pub use super::device::arch_for;
 
 pub use super::ptx_isa::lowered_isa;
 

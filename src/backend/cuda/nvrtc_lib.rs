@@ -247,7 +247,7 @@ pub fn choose(
 
 /// The driver's PTX ISA (`None` without a driver).
 pub fn driver_isa() -> Option<Isa> {
-    crate::sys::gpu::driver_version().map(isa_of_cuda)
+    super::device::driver_version().map(isa_of_cuda)
 }
 
 /// A chosen NVRTC and why, or why none fits.
