@@ -53,7 +53,7 @@ fn dry_run_counts_the_kv_bytes_of_each_cache_type() {
     let dir = std::env::temp_dir().join(format!("dustoff-kvq8-dry-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = std::process::Command::new(bin())
-        .args(["run", "summarize", "--dry-run", "--device", "cpu", "--input", "samples/news.jsonl"])
+        .args(["run", "summarize", "--dry-run", "--json", "--device", "cpu", "--input", "samples/news.jsonl"])
         .arg("--output")
         .arg(dir.join("out.jsonl"))
         .current_dir(repo())
