@@ -30,6 +30,7 @@ mod quant;
 mod quant_bench;
 mod qwen35;
 mod route_flips;
+mod seq_positions;
 mod shared_expert;
 mod tensor_parallel;
 
