@@ -202,16 +202,7 @@ pub fn fit_slots(
         plan.check(free, "", blocks * BLOCK_SIZE, cfg).is_ok()
     };
     // The plan grows with n: the largest n that fits, by bisection.
-    let (mut lo, mut hi) = (0, MAX_AUTO_SLOTS);
-    while lo < hi {
-        let mid = (lo + hi).div_ceil(2);
-        if fits(mid) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    lo
+    budget::largest_fitting(MAX_AUTO_SLOTS, fits)
 }
 
 /// KV positions to place for `slots` sequences of `per_seq` positions: all of them, except on a

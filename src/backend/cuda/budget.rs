@@ -106,9 +106,13 @@ pub fn fit_blocks(
         let longest = longest.map_or(pool, |p| p.clamp(1, pool));
         plan_memory_for(cfg, matrices, wide, blocks, block_size, step, longest, seqs).with_kv_type(cfg, kv)
     };
-    let fits = |blocks: usize| plan(blocks).check(avail, "", blocks * block_size, cfg).is_ok();
-    // The plan grows with the blocks: the largest count that fits, by bisection.
-    let (mut lo, mut hi) = (0, want);
+    largest_fitting(want, |blocks| plan(blocks).check(avail, "", blocks * block_size, cfg).is_ok())
+}
+
+/// The largest `n` in `0..=most` with `fits(n)`, for a `fits` that holds up to some `n` and
+/// not above it (memory plans grow with what they hold); 0 when not even 1 fits.
+pub fn largest_fitting(most: usize, fits: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, most);
     while lo < hi {
         let mid = (lo + hi).div_ceil(2);
         if fits(mid) {
