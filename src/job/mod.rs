@@ -22,6 +22,7 @@ pub mod reader;
 pub mod record;
 pub mod report;
 pub mod routing;
+pub mod row_stats;
 pub mod runner;
 pub mod shard;
 mod spans;

@@ -174,7 +174,17 @@ pub struct PipelineSpec {
 }
 
 /// The keys of a result row, which `output.thinking_field` must not take.
-const ROW_KEYS: [&str; 7] = ["id", "output", "finish_reason", "prompt_tokens", "generated_tokens", "error", "line"];
+const ROW_KEYS: [&str; 9] = [
+    "id",
+    "output",
+    "finish_reason",
+    "prompt_tokens",
+    "generated_tokens",
+    "input_truncated",
+    "empty_output",
+    "error",
+    "line",
+];
 
 fn default_id() -> String {
     "id".into()
@@ -244,6 +254,15 @@ pub trait TextCodec {
         self.encode(text)
     }
     fn decode(&self, ids: &[u32]) -> Result<String, String>;
+    /// The text of generated `ids`: as `decode`, but a character left incomplete by the last
+    /// token (a generation cut at `max_tokens` inside a multi-byte character) is dropped
+    /// instead of ending in U+FFFD. The default drops trailing U+FFFD of `decode`; a codec over
+    /// a byte-level tokenizer overrides it with the exact bytes.
+    fn decode_generated(&self, ids: &[u32]) -> Result<String, String> {
+        let mut t = self.decode(ids)?;
+        t.truncate(t.trim_end_matches('\u{FFFD}').len());
+        Ok(t)
+    }
     /// The model's chat template over `messages`, with the assistant turn opened.
     fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, String>;
     /// As `chat_prompt`, with the template's `enable_thinking` set to `thinking`. The default
