@@ -761,6 +761,14 @@ fn run(cli: Cli) -> Result<Code> {
             Ok(Code::Ok)
         }
         Cmd::Synth(a) => {
+            // A missing tokenizer is a missing input (exit 2), found before any work.
+            if !a.tokenizer.join("tokenizer.json").is_file() {
+                return Err(UsageError::new(format!(
+                    "--tokenizer {}: no tokenizer.json there (give a Hugging Face model directory)",
+                    a.tokenizer.display()
+                ))
+                .into());
+            }
             let o = dustoff::model::synth_gguf::SynthOptions {
                 shape: a.shape,
                 qtype: a.qtype,
