@@ -129,9 +129,15 @@ struct DoctorCliArgs {
 
 #[derive(Args)]
 struct RunCliArgs {
-    /// Pipeline name in pipelines/ (summarize, extract-entities) or a path to a pipeline TOML.
-    /// Leave it out for OpenAI Batch API input files (custom_id, body.messages...).
+    /// Pipeline name (summarize, extract-entities) or a path to a pipeline TOML. Leave it out
+    /// for OpenAI Batch API input files (custom_id, body.messages...). Names are looked up, in
+    /// order, in: --pipelines DIR; the folders of DUSTOFF_PIPELINES (separated by ':');
+    /// pipelines/ beside the dustoff binary; pipelines/ in the current folder. A name found
+    /// nowhere is refused listing every place looked.
     pipeline: Option<String>,
+    /// A folder of pipeline files, searched first for the pipeline name (see PIPELINE).
+    #[arg(long, value_name = "DIR")]
+    pipelines: Option<PathBuf>,
     /// Input files or globs: .jsonl, .parquet, or OpenAI batch .jsonl.
     #[arg(long, required = true, num_args = 1..)]
     input: Vec<String>,
@@ -444,8 +450,9 @@ struct BenchArgs {
 
 #[derive(Args)]
 struct ModelArgs {
-    /// Model: a GGUF file or a Hugging Face directory. Defaults to the sample model.
-    #[arg(long, default_value = SAMPLE_MODEL)]
+    /// Model: a GGUF file or a Hugging Face directory. Without --model: DUSTOFF_MODEL, else the
+    /// sample model (a path relative to the current folder: set DUSTOFF_MODEL for cron).
+    #[arg(long, env = "DUSTOFF_MODEL", default_value = SAMPLE_MODEL)]
     model: PathBuf,
     /// cpu, cuda, cuda:N, or auto (the first GPU when usable, else the CPU).
     #[arg(long, default_value = "auto")]
@@ -656,6 +663,7 @@ fn run(cli: Cli) -> Result<Code> {
             let device = pick_device(&a.model.device)?;
             let args = dustoff::commands::run::RunArgs {
                 pipeline: a.pipeline,
+                pipelines_dir: a.pipelines,
                 inputs: a.input,
                 output: a.output,
                 model: a.model.model,

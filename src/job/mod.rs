@@ -24,6 +24,7 @@ pub mod report;
 pub mod routing;
 pub mod row_stats;
 pub mod runner;
+pub mod search_path;
 pub mod shard;
 mod spans;
 pub mod thinking;
