@@ -194,6 +194,11 @@ struct RunCliArgs {
     /// No progress output.
     #[arg(long)]
     quiet: bool,
+    /// Append every line the run writes to stderr to this file too, each with a UTC timestamp
+    /// (stderr's lines get one as well when stderr is not a terminal: cron, systemd, a
+    /// scheduler's log). With it, progress is a periodic line instead of a bar.
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
     /// OpenAI batch input: max_tokens for requests that give none.
     #[arg(long, default_value_t = 256)]
     default_max_tokens: u32,
@@ -579,6 +584,21 @@ fn main() -> ExitCode {
     dustoff::backend::cuda::memory::default_cublas_workspace();
     let matches = Cli::command().after_help(exit::help()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Unattended runs: timestamps on stderr's lines when it is not a terminal, and --log-file.
+    // Held to the end of main, so the error line below goes through it too.
+    let _log = match &cli.cmd {
+        Cmd::Run(a) => {
+            use std::io::IsTerminal;
+            match dustoff::job::log::LogTee::start(!std::io::stderr().is_terminal(), a.log_file.as_deref()) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return Code::Usage.into();
+                }
+            }
+        }
+        _ => None,
+    };
     match place_threads(&cli).and_then(|()| run(cli)) {
         Ok(code) => code.into(),
         Err(e) => {

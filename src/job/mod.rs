@@ -13,6 +13,7 @@ pub mod exit;
 pub mod identity;
 pub mod incremental;
 pub mod lock;
+pub mod log;
 pub mod output;
 pub mod outputs;
 pub mod parallel;

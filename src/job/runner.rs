@@ -508,7 +508,8 @@ pub fn run_job(
             last_commit = Instant::now();
         }
         progress.update(&ProgressStats {
-            done: counts.ok + counts.error + counts.skipped_done,
+            done: counts.ok + counts.error + counts.skipped_done + counts.reused,
+            carried: counts.skipped_done + counts.reused,
             errors: counts.error,
             prompt_tokens: tokens.prompt_total,
             prompt_computed: tokens.prompt_computed,

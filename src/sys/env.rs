@@ -65,6 +65,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Host, "JOB_COMPLETION_INDEX", "unset", "`run` without `--shard`: this pod's shard (a Kubernetes Indexed Job)"),
     var(Scope::Run, "DUSTOFF_MODEL", "unset: `samples/models/SmolLM2-135M-Instruct.Q4_1.gguf` (relative to the current folder)", "the model of `run` and `generate` when `--model` is not given (set it for cron, whose current folder is `$HOME`)"),
     var(Scope::Run, "DUSTOFF_PIPELINES", "unset", "folders (separated by `:`) where `run` looks up pipeline names, after `--pipelines DIR` and before `pipelines/` beside the binary and in the current folder"),
+    var(Scope::Run, "DUSTOFF_PROGRESS_SECONDS", "10", "seconds between `run`'s progress lines when stderr is not a terminal (records, percent, ETA, rates); `0`: after every engine step"),
     var(Scope::Run, "DUSTOFF_NVRTC", "unset: the newest suitable NVRTC found", "an NVRTC library file (e.g. `libnvrtc.so.11.2`) to compile kernels with instead of searching (docs/COMPATIBILITY.md)"),
     var(Scope::Run, "DUSTOFF_PTX_DIR", "unset: `ptx/` beside the binary if that folder exists, else NVRTC compiles the kernels", "folder of precompiled PTX (`dustoff kernels --out DIR`); `--ptx-dir` wins over it"),
     var(Scope::Run, "DUSTOFF_LOAD_THREADS", "the cores", "threads that compile the kernel files with NVRTC at start (the driver loads the modules one at a time); `1`: one file at a time"),
