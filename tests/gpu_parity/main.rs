@@ -29,6 +29,7 @@ mod no_cublas;
 mod quant;
 mod quant_bench;
 mod qwen35;
+mod route_flips;
 mod shared_expert;
 mod tensor_parallel;
 
