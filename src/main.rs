@@ -584,12 +584,18 @@ fn main() -> ExitCode {
     dustoff::backend::cuda::memory::default_cublas_workspace();
     let matches = Cli::command().after_help(exit::help()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    // Unattended runs: timestamps on stderr's lines when it is not a terminal, and --log-file.
-    // Held to the end of main, so the error line below goes through it too.
-    let _log = match &cli.cmd {
-        Cmd::Run(a) => {
+    // Unattended jobs (run, generate --input): timestamps on stderr's lines when it is not a
+    // terminal, and run's --log-file. Held to the end of main, so the error line below goes
+    // through it too.
+    let log_file = match &cli.cmd {
+        Cmd::Run(a) => Some(a.log_file.as_deref()),
+        Cmd::Generate(a) if a.input.is_some() => Some(None),
+        _ => None,
+    };
+    let _log = match log_file {
+        Some(file) => {
             use std::io::IsTerminal;
-            match dustoff::job::log::LogTee::start(!std::io::stderr().is_terminal(), a.log_file.as_deref()) {
+            match dustoff::job::log::LogTee::start(!std::io::stderr().is_terminal(), file) {
                 Ok(t) => t,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -597,7 +603,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        _ => None,
+        None => None,
     };
     match place_threads(&cli).and_then(|()| run(cli)) {
         Ok(code) => code.into(),

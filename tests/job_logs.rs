@@ -73,3 +73,22 @@ fn stderr_lines_are_stamped_and_the_log_file_gets_the_same_lines_appended() {
     assert_eq!(added, err);
     assert!(added.lines().any(|l| stamped(l) && l.contains("error: pipeline 'no-such-pipeline' not found")), "{added}");
 }
+
+#[test]
+fn generate_input_lines_are_stamped_too() {
+    let d = tmpdir("logs-generate");
+    let input = d.join("prompts.jsonl");
+    std::fs::write(
+        &input,
+        "{\"id\":\"a\",\"prompt\":\"The capital of France is\"}\n{\"id\":\"b\",\"prompt\":\"One, two,\"}\n",
+    )
+    .unwrap();
+    let out = d.join("out.jsonl");
+    let a = ["generate", "--input", s(&input), "--output", s(&out), "--device", "cpu", "--max-tokens", "2"];
+    let o = dustoff_cmd(&a, &[]).output().expect("start dustoff");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("2 rows committed"), "{err}");
+    assert!(err.lines().all(stamped), "every stderr line is stamped:\n{err}");
+    assert_eq!(read_jsonl(&out).len(), 2);
+}

@@ -1,6 +1,6 @@
 //! Log lines of unattended runs: when stderr is not a terminal (cron, systemd, a scheduler's
-//! log file) every line `dustoff run` writes to stderr gets a UTC wall-clock timestamp in
-//! front; `--log-file PATH` appends the same lines, each with its timestamp, to a file.
+//! log file) every line `dustoff run` (and `generate --input`) writes to stderr gets a UTC
+//! wall-clock timestamp in front; `--log-file PATH` appends the same lines, each with its timestamp, to a file.
 //!
 //! Every message of the run (ours, the libraries', a panic's) goes through file descriptor 2,
 //! so the tee works there: fd 2 becomes the write end of a pipe, and a thread reads it line by
