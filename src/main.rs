@@ -129,9 +129,15 @@ struct DoctorCliArgs {
 
 #[derive(Args)]
 struct RunCliArgs {
-    /// Pipeline name in pipelines/ (summarize, extract-entities) or a path to a pipeline TOML.
-    /// Leave it out for OpenAI Batch API input files (custom_id, body.messages...).
+    /// Pipeline name (summarize, extract-entities) or a path to a pipeline TOML. Leave it out
+    /// for OpenAI Batch API input files (custom_id, body.messages...). Names are looked up, in
+    /// order, in: --pipelines DIR; the folders of DUSTOFF_PIPELINES (separated by ':');
+    /// pipelines/ beside the dustoff binary; pipelines/ in the current folder. A name found
+    /// nowhere is refused listing every place looked.
     pipeline: Option<String>,
+    /// A folder of pipeline files, searched first for the pipeline name (see PIPELINE).
+    #[arg(long, value_name = "DIR")]
+    pipelines: Option<PathBuf>,
     /// Input files or globs: .jsonl, .parquet, or OpenAI batch .jsonl.
     #[arg(long, required = true, num_args = 1..)]
     input: Vec<String>,
@@ -188,6 +194,11 @@ struct RunCliArgs {
     /// No progress output.
     #[arg(long)]
     quiet: bool,
+    /// Append every line the run writes to stderr to this file too, each with a UTC timestamp
+    /// (stderr's lines get one as well when stderr is not a terminal: cron, systemd, a
+    /// scheduler's log). With it, progress is a periodic line instead of a bar.
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
     /// OpenAI batch input: max_tokens for requests that give none.
     #[arg(long, default_value_t = 256)]
     default_max_tokens: u32,
@@ -444,8 +455,9 @@ struct BenchArgs {
 
 #[derive(Args)]
 struct ModelArgs {
-    /// Model: a GGUF file or a Hugging Face directory. Defaults to the sample model.
-    #[arg(long, default_value = SAMPLE_MODEL)]
+    /// Model: a GGUF file or a Hugging Face directory. Without --model: DUSTOFF_MODEL, else the
+    /// sample model (a path relative to the current folder: set DUSTOFF_MODEL for cron).
+    #[arg(long, env = "DUSTOFF_MODEL", default_value = SAMPLE_MODEL)]
     model: PathBuf,
     /// cpu, cuda, cuda:N, or auto (the first GPU when usable, else the CPU).
     #[arg(long, default_value = "auto")]
@@ -572,6 +584,27 @@ fn main() -> ExitCode {
     dustoff::backend::cuda::memory::default_cublas_workspace();
     let matches = Cli::command().after_help(exit::help()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Unattended jobs (run, generate --input): timestamps on stderr's lines when it is not a
+    // terminal, and run's --log-file. Held to the end of main, so the error line below goes
+    // through it too.
+    let log_file = match &cli.cmd {
+        Cmd::Run(a) => Some(a.log_file.as_deref()),
+        Cmd::Generate(a) if a.input.is_some() => Some(None),
+        _ => None,
+    };
+    let _log = match log_file {
+        Some(file) => {
+            use std::io::IsTerminal;
+            match dustoff::job::log::LogTee::start(!std::io::stderr().is_terminal(), file) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return Code::Usage.into();
+                }
+            }
+        }
+        None => None,
+    };
     match place_threads(&cli).and_then(|()| run(cli)) {
         Ok(code) => code.into(),
         Err(e) => {
@@ -656,6 +689,7 @@ fn run(cli: Cli) -> Result<Code> {
             let device = pick_device(&a.model.device)?;
             let args = dustoff::commands::run::RunArgs {
                 pipeline: a.pipeline,
+                pipelines_dir: a.pipelines,
                 inputs: a.input,
                 output: a.output,
                 model: a.model.model,
@@ -761,6 +795,14 @@ fn run(cli: Cli) -> Result<Code> {
             Ok(Code::Ok)
         }
         Cmd::Synth(a) => {
+            // A missing tokenizer is a missing input (exit 2), found before any work.
+            if !a.tokenizer.join("tokenizer.json").is_file() {
+                return Err(UsageError::new(format!(
+                    "--tokenizer {}: no tokenizer.json there (give a Hugging Face model directory)",
+                    a.tokenizer.display()
+                ))
+                .into());
+            }
             let o = dustoff::model::synth_gguf::SynthOptions {
                 shape: a.shape,
                 qtype: a.qtype,

@@ -1,6 +1,7 @@
 //! One exit-code table for every command (issue 31): each subcommand's error paths, walked with
 //! the real binary, end in the code `dustoff --help` lists for them (2: the command has to
-//! change; 1: an error a rerun may not repeat), with a message naming the thing.
+//! change; 1: an error a rerun may not repeat; 5: another run holds the job's lock), with a
+//! message naming the thing. `kernels --arch compute_99` needs NVRTC (scripts/test.sh finds it).
 
 mod common;
 
@@ -17,6 +18,12 @@ fn every_subcommand_maps_its_errors_to_the_one_table() {
     let out = d.join("out.jsonl");
     let no_model = d.join("no-model.gguf");
     let (c_out, q_out, m_out, shard) = (d.join("c.gguf"), d.join("q.gguf"), d.join("m.jsonl"), d.join("shard-0.jsonl"));
+    let (kdir, under_file, s_out) = (d.join("ptx"), exists.join("ptx"), d.join("s.gguf"));
+    // A tokenizer directory for synth (its errors above come before the file is read).
+    let tok = d.join("tok");
+    std::fs::create_dir_all(&tok).unwrap();
+    std::fs::write(tok.join("tokenizer.json"), "{}").unwrap();
+    let no_tok = d.join("no-tokenizer");
     let cases: Vec<(Vec<&str>, i32, &str)> = vec![
         (vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", s(&out), "--slots", "0"], 2, "slots"),
         (vec!["run", "no-such-pipeline", "--input", "samples/news.jsonl", "--output", s(&out)], 2, "no-such-pipeline"),
@@ -38,7 +45,22 @@ fn every_subcommand_maps_its_errors_to_the_one_table() {
         (vec!["quantize", "--model", s(&hf), "--output", s(&q_out)], 2, "not supported"),
         (vec!["merge", "--output", s(&m_out), s(&shard)], 2, "shard-0.jsonl"),
         (vec!["eval", "--model", s(&no_model)], 2, "does not exist"),
-        // Not yet: `bench --synthetic no-such-shape` exits 1 (its unknown-shape error is not a usage error).
+        (vec!["bench", "--synthetic", "no-such-shape", "--device", "cpu"], 2, "unknown shape 'no-such-shape'"),
+        (vec!["kernels", "--arch", "sm_70", "--out", s(&kdir)], 2, "expected compute_XY"),
+        (vec!["kernels", "--arch", "compute_99", "--out", s(&kdir)], 2, "compute_99"),
+        (vec!["kernels", "--arch", "compute_70", "--out", s(&under_file)], 1, "creating"),
+        (vec!["synth", "--tokenizer", s(&tok), "--output", s(&s_out), "--shape", "no-such-shape"], 2, "unknown shape"),
+        (
+            vec!["synth", "--tokenizer", s(&tok), "--output", s(&s_out), "--shape", "smollm2-135m", "--type", "q9"],
+            2,
+            "unknown --type 'q9'",
+        ),
+        (
+            vec!["synth", "--tokenizer", s(&no_tok), "--output", s(&s_out), "--shape", "smollm2-135m"],
+            2,
+            "no tokenizer.json",
+        ),
+        (vec!["synth", "--tokenizer", s(&tok), "--output", s(&exists), "--shape", "smollm2-135m"], 2, "exists"),
         (
             vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", s(&out), "--max-error-rate", "7"],
             2,
@@ -54,4 +76,25 @@ fn every_subcommand_maps_its_errors_to_the_one_table() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn a_job_held_by_another_run_exits_busy() {
+    let d = tmpdir("exit-busy");
+    let out = d.join("out.jsonl");
+    let lock = std::fs::File::create(with_suffix(&out, ".dustoff.lock")).unwrap();
+    lock.try_lock().unwrap();
+    for args in [
+        vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", s(&out), "--device", "cpu"],
+        vec!["generate", "--input", "samples/news.jsonl", "--output", s(&out), "--device", "cpu"],
+    ] {
+        let o = dustoff_cmd(&args, &[]).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(5), "{args:?}: {err}");
+        assert!(err.contains("holds the lock"), "{err}");
+    }
+    drop(lock);
+    let help = dustoff_cmd(&["--help"], &[]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("  5  busy: another run of this job holds its lock"), "--help documents code 5: {help}");
 }

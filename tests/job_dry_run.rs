@@ -86,7 +86,7 @@ fn a_dry_run_makes_the_lock_checkpoint_and_finished_output_checks_of_the_run() {
         let lock = std::fs::File::create(with_suffix(&o, ".dustoff.lock")).unwrap();
         lock.try_lock().unwrap();
         let r = run(&p, &input, &o, &["--dry-run"], &[]);
-        expect_code(&r, 2, "dry run while the job runs");
+        expect_code(&r, 5, "dry run while the job runs");
         assert!(out(&r).contains("holds the lock"), "{}", out(&r));
     }
 

@@ -223,10 +223,10 @@ fn parquet_output_reads_back_to_the_same_rows() {
             RowOutput::Text("A summary.".into())
         };
         let rows = vec![
-            ok_row("a", &out, "stop", 12, 3),
+            ok_row("a", &out, "stop", 12, 3, false),
             error_row(Some("b"), 2, &RecordError::new(ErrorKind::EmptyDocument, "document field 'text' is empty")),
             error_row(None, 3, &RecordError::new(ErrorKind::MalformedJson, "x line 3: EOF")),
-            ok_row("d", &out, "length", 7, 64),
+            ok_row("d", &out, "length", 7, 64, true),
         ];
         let p = d.join(format!("out-{json_output}.parquet"));
         let mut w = RowWriter::create(&p, json_output).unwrap();
@@ -262,7 +262,7 @@ fn sample_rows(shard: Option<ShardSpec>) -> Vec<PendingRow> {
                 let out = RowOutput::Text(format!("summary of {id}"));
                 PendingRow {
                     index: it.index,
-                    line: ok_row(&id, &out, "stop", 40 + it.index as u32, 9),
+                    line: ok_row(&id, &out, "stop", 40 + it.index as u32, 9, false),
                     is_error: false,
                 }
             }

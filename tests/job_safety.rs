@@ -1,6 +1,6 @@
 //! Jobs that survive operator mistakes (issue 16): the real binary, the sample model, the CPU
 //! backend, summarize with 8 generated tokens over the 12 news records.
-//! - two runs of one job at once: the second is refused at once (exit 2, the pid and the lock);
+//! - two runs of one job at once: the second is refused at once (exit 5, the pid and the lock);
 //! - an output that is an input: refused before anything is written (run, generate, tokenize);
 //! - exit codes: usage errors exit 2 everywhere;
 //! - a rerun after fixing the input: replaced when nothing successful was committed, else a
@@ -103,7 +103,7 @@ fn a_second_run_of_the_same_job_is_refused_at_once_naming_the_pid_and_the_lock()
     wait_until(&mut first, "the first commit", || journal_lines(&out) > 0);
     let t = Instant::now();
     let o = dustoff(&args, &env);
-    expect_code(&o, 2, "second run while the first runs");
+    expect_code(&o, 5, "second run while the first runs");
     let e = stderr(&o);
     assert!(e.contains(&format!("pid {}", first.id())), "names the pid: {e}");
     assert!(e.contains("out.jsonl.dustoff.lock"), "names the lock: {e}");

@@ -71,10 +71,10 @@ fn thinking_renders_the_open_block_and_strips_it_from_the_row() {
     let out = on.parse_row("Water makes things wet.\n</think>\n\nYes.", FinishReason::Stop).unwrap();
     assert_eq!(out.output, RowOutput::Text("Yes.".into()));
     assert_eq!(out.reasoning.as_deref(), Some("Water makes things wet."));
-    let row = ok_row_with("r1", &out.output, Some(("reasoning", out.reasoning.as_deref())), "stop", 30, 9);
+    let row = ok_row_with("r1", &out.output, Some(("reasoning", out.reasoning.as_deref())), "stop", 30, 9, false);
     assert_eq!(
         row,
-        r#"{"id":"r1","output":"Yes.","reasoning":"Water makes things wet.","finish_reason":"stop","prompt_tokens":30,"generated_tokens":9}"#
+        r#"{"id":"r1","output":"Yes.","reasoning":"Water makes things wet.","finish_reason":"stop","prompt_tokens":30,"generated_tokens":9,"input_truncated":false,"empty_output":false}"#
     );
     let e = on.parse_row("Still thinking", FinishReason::Length).unwrap_err();
     assert!(e.message.contains("max_tokens inside the <think> block"), "{}", e.message);

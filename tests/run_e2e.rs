@@ -15,7 +15,8 @@ use serde_json::Value;
 use common::*;
 
 const NEWS: &str = "samples/news.jsonl";
-const ROW_KEYS: [&str; 5] = ["id", "output", "finish_reason", "prompt_tokens", "generated_tokens"];
+const ROW_KEYS: [&str; 7] =
+    ["id", "output", "finish_reason", "prompt_tokens", "generated_tokens", "input_truncated", "empty_output"];
 
 /// `dustoff run PIPELINE --input IN --output OUT --device cpu --slots 4 --quiet EXTRA...`.
 fn run_args<'a>(pipeline: Option<&'a str>, input: &'a str, output: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
@@ -113,6 +114,7 @@ fn jsonl_in_jsonl_out_one_row_per_record_in_order_with_report() {
         assert!(!r["output"].as_str().unwrap().trim().is_empty(), "empty summary: {line}");
         assert_eq!(r["finish_reason"], "length", "8 tokens never finish a summary: {line}");
         assert_eq!(r["generated_tokens"], 8, "{line}");
+        assert_eq!((&r["input_truncated"], &r["empty_output"]), (&Value::Bool(false), &Value::Bool(false)), "{line}");
         assert!(r["prompt_tokens"].as_u64().unwrap() > 40, "system + instruction + text: {line}");
         assert!(!line.contains("seconds"), "no wall-clock values in rows: {line}");
     }
@@ -353,16 +355,19 @@ fn parquet_rows(path: &Path) -> Vec<Value> {
         let col = |n: &str| b.column_by_name(n).unwrap_or_else(|| panic!("no column {n}")).clone();
         let (id, line, output, fr) = (col("id"), col("line"), col("output"), col("finish_reason"));
         let (pt, gt) = (col("prompt_tokens"), col("generated_tokens"));
+        let (tr, em) = (col("input_truncated"), col("empty_output"));
         assert!(b.column_by_name("error").is_some());
         let text =
             |a: &arrow::array::ArrayRef, i: usize| (!a.is_null(i)).then(|| a.as_string::<i32>().value(i).to_string());
         let num =
             |a: &arrow::array::ArrayRef, i: usize| (!a.is_null(i)).then(|| a.as_primitive::<UInt32Type>().value(i));
+        let flag = |a: &arrow::array::ArrayRef, i: usize| (!a.is_null(i)).then(|| a.as_boolean().value(i));
         for i in 0..b.num_rows() {
             assert!(line.is_null(i) || line.as_primitive::<UInt64Type>().value(i) > 0);
             rows.push(serde_json::json!({
                 "id": text(&id, i), "output": text(&output, i), "finish_reason": text(&fr, i),
                 "prompt_tokens": num(&pt, i), "generated_tokens": num(&gt, i),
+                "input_truncated": flag(&tr, i), "empty_output": flag(&em, i),
             }));
         }
     }

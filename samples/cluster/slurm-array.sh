@@ -64,6 +64,7 @@ case $rc in
            echo "shard $TASK/$SHARDS aborted past --max-errors (failed records: $OUT/shard-$TASK.jsonl.errors.jsonl); raise the limit, then resubmit this script with --array=$TASK"
        fi ;;
     4) echo "shard $TASK/$SHARDS interrupted; resubmit this script with --array=$TASK to resume" ;;
+    5) echo "shard $TASK/$SHARDS is being computed by another run (it holds the lock); nothing was done" ;;
     *) echo "shard $TASK/$SHARDS failed (exit $rc); see the log above" ;;
 esac
 exit "$rc"

@@ -374,8 +374,12 @@ pub fn make_synthetic_backend_for(
     (max_batch_tokens, seqs): (usize, usize),
     place: &Placement,
 ) -> Result<Box<dyn Backend>> {
+    // A name not in the list is the command's to change (exit 2).
     let cfg = crate::model::shapes::shape(shape).ok_or_else(|| {
-        anyhow::anyhow!("unknown shape '{shape}'; known: {}", crate::model::shapes::SHAPES.join(", "))
+        crate::job::exit::UsageError::new(format!(
+            "unknown shape '{shape}'; known: {}",
+            crate::model::shapes::SHAPES.join(", ")
+        ))
     })?;
     match *device {
         Device::Cpu => {

@@ -213,7 +213,7 @@ pub fn run_jsonl<G: Generate>(
             };
             match f.result {
                 Ok(token_ids) => {
-                    let text = m.tokenizer.decode(&token_ids).map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let text = m.tokenizer.decode_generated(&token_ids).map_err(|e| anyhow::anyhow!("{e}"))?;
                     let row = json!({
                         "id": id,
                         "prompt_tokens": prompt_tokens,

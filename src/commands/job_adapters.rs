@@ -120,6 +120,9 @@ impl TextCodec for TokenizerCodec<'_> {
     fn decode(&self, ids: &[u32]) -> Result<String, String> {
         self.0.decode(ids).map_err(|e| e.to_string())
     }
+    fn decode_generated(&self, ids: &[u32]) -> Result<String, String> {
+        self.0.decode_generated(ids).map_err(|e| e.to_string())
+    }
     fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, String> {
         self.0.apply_chat_template(messages, true).map_err(|e| e.to_string())
     }

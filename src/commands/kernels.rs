@@ -14,8 +14,9 @@ use crate::backend::cuda::nvrtc;
 /// Compiles every kernel file for `arch` (e.g. `compute_70`) into `out_dir`; returns the files
 /// written, in `KERNEL_FILES` order.
 pub fn compile_all(arch: &str, out_dir: &Path) -> Result<Vec<PathBuf>> {
-    if !arch.starts_with("compute_") {
-        bail!("architecture '{arch}': expected compute_XY (e.g. compute_70)");
+    let usage = |m: String| anyhow::Error::new(crate::job::exit::UsageError::new(m));
+    if !arch.strip_prefix("compute_").is_some_and(|n| n.len() >= 2 && n.bytes().all(|b| b.is_ascii_digit())) {
+        return Err(usage(format!("architecture '{arch}': expected compute_XY (e.g. compute_70)")));
     }
     let (major, minor) = nvrtc::nvrtc_version(arch)?;
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
@@ -31,7 +32,14 @@ pub fn compile_all(arch: &str, out_dir: &Path) -> Result<Vec<PathBuf>> {
     });
     let mut written = Vec::new();
     for (f, ptx) in KERNEL_FILES.iter().zip(compiled) {
-        let ptx = ptx?;
+        // An architecture this NVRTC does not know (compute_99, or compute_70 on NVRTC 13) is
+        // the command's to change (exit 2), not a failure of the machine.
+        let ptx = ptx.map_err(|e| match format!("{e:#}") {
+            m if m.contains("--gpu-architecture") => {
+                usage(format!("architecture '{arch}' is not one NVRTC {major}.{minor} compiles for: {m}"))
+            }
+            _ => e,
+        })?;
         if !nvrtc::ptx_defines_all(&ptx, f) {
             bail!("{}.cu compiled for {arch} lacks some of its entry points ({})", f.name, f.entries.join(", "));
         }

@@ -19,8 +19,10 @@ use crate::job::shard::ShardSpec;
 
 #[derive(Clone, Debug)]
 pub struct RunArgs {
-    /// Pipeline name (in `pipelines/`) or path; `None`: the input is an OpenAI batch file.
+    /// Pipeline name or path; `None`: the input is an OpenAI batch file.
     pub pipeline: Option<String>,
+    /// `--pipelines DIR`: the first folder names are looked up in (see `job::search_path`).
+    pub pipelines_dir: Option<PathBuf>,
     pub inputs: Vec<String>,
     pub output: PathBuf,
     pub model: PathBuf,
@@ -57,11 +59,6 @@ pub struct RunArgs {
     pub default_max_tokens: u32,
 }
 
-/// Where pipeline names are looked up: `./pipelines`, else the one beside the binary's repo.
-fn pipelines_dir() -> PathBuf {
-    PathBuf::from("pipelines")
-}
-
 /// Whether an error is the user's to fix in the command line (exit code 2, see
 /// [`crate::job::exit`]).
 pub fn is_usage_error(e: &anyhow::Error) -> bool {
@@ -72,7 +69,10 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
 /// with `is_usage_error`.
 pub fn run(a: &RunArgs) -> Result<ExitCode> {
     let job = match &a.pipeline {
-        Some(p) => JobKind::Pipeline(Box::new(Pipeline::resolve(p, &pipelines_dir())?)),
+        Some(p) => {
+            let dirs = crate::job::search_path::pipeline_dirs(a.pipelines_dir.as_deref());
+            JobKind::Pipeline(Box::new(Pipeline::resolve_in(p, &dirs)?))
+        }
         None => JobKind::OpenAi {
             model_name: a.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
             default_max_tokens: a.default_max_tokens,
@@ -111,7 +111,8 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     // same across them), so none of those flags is part of the fingerprint.
     let overrides = "{}";
     if !a.model.exists() {
-        return Err(crate::model::loader::LoadError::NotFound(a.model.clone()).into());
+        return Err(anyhow::Error::new(crate::model::loader::LoadError::NotFound(a.model.clone()))
+            .context(model_not_found_hint(&a.model)));
     }
     let mut fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
     // The finished output in place: the same job (nothing to do), a different one (refused
@@ -244,7 +245,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         shard,
         commit_rows: common::commit_rows(),
         commit_interval: std::time::Duration::from_secs(5),
-        progress_interval: std::time::Duration::from_secs(10),
+        progress_interval: progress_interval(),
         quiet: a.quiet,
         model_label: a.model.display().to_string(),
     };
@@ -299,6 +300,30 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         _ => {}
     }
     Ok(res.exit)
+}
+
+/// Seconds between the plain progress lines (stderr not a terminal): `DUSTOFF_PROGRESS_SECONDS`,
+/// else 10.
+fn progress_interval() -> std::time::Duration {
+    crate::sys::env::get("DUSTOFF_PROGRESS_SECONDS")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map_or(std::time::Duration::from_secs(10), std::time::Duration::from_secs_f64)
+}
+
+/// Where a missing model was looked for: `--model`, `DUSTOFF_MODEL` or the sample's default
+/// path, relative to the current folder (cron runs in `$HOME`).
+fn model_not_found_hint(model: &Path) -> String {
+    let cwd = std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_else(|_| "?".into());
+    let from = match crate::sys::env::get_os("DUSTOFF_MODEL") {
+        Some(m) if Path::new(&m) == model => "from DUSTOFF_MODEL".to_string(),
+        _ if model == Path::new(crate::model::loader::SAMPLE_MODEL) => {
+            "the default: --model not given, DUSTOFF_MODEL unset".to_string()
+        }
+        _ => "from --model".to_string(),
+    };
+    let place = if model.is_absolute() { String::new() } else { format!(", relative to the current folder {cwd}") };
+    format!("the model {} ({from}{place}) does not exist; give --model PATH or set DUSTOFF_MODEL", model.display())
 }
 
 /// `--dry-run`: reads, renders and tokenizes every record (only the tokenizer is loaded: a

@@ -13,12 +13,19 @@ pub enum ExitCode {
     Usage = 2,
     RecordErrors = 3,
     Interrupted = 4,
+    Busy = 5,
 }
 
 impl ExitCode {
     /// Every code, in numeric order.
-    pub const ALL: [ExitCode; 5] =
-        [ExitCode::Ok, ExitCode::Failure, ExitCode::Usage, ExitCode::RecordErrors, ExitCode::Interrupted];
+    pub const ALL: [ExitCode; 6] = [
+        ExitCode::Ok,
+        ExitCode::Failure,
+        ExitCode::Usage,
+        ExitCode::RecordErrors,
+        ExitCode::Interrupted,
+        ExitCode::Busy,
+    ];
 
     pub fn code(self) -> u8 {
         self as u8
@@ -35,14 +42,18 @@ impl ExitCode {
             ExitCode::Usage => {
                 "usage error: bad flags, an unknown or invalid pipeline, a missing input, model or shard \
                  output, an unsupported model or compressed format, an output that would overwrite an input \
-                 (or that exists, for convert, quantize and synth), another run holding the job's lock, a \
-                 checkpoint or finished output of a different job; the same command fails the same way"
+                 (or that exists, for convert, quantize and synth), a checkpoint or finished output of a \
+                 different job; the same command fails the same way"
             }
             ExitCode::RecordErrors => {
                 "some records failed: the job finished with error rows (output and report written), or it \
                  stopped past --max-errors (checkpoint kept)"
             }
             ExitCode::Interrupted => "interrupted by SIGINT/SIGTERM; the checkpoint is kept: the same command resumes",
+            ExitCode::Busy => {
+                "busy: another run of this job holds its lock (<output>.dustoff.lock); nothing was done: the same \
+                 command succeeds once that run ends (a cron wrapper can skip the night or retry later)"
+            }
         }
     }
 }
@@ -75,17 +86,15 @@ impl UsageError {
 }
 
 /// Whether an error is the user's to fix in the command line (exit code 2): a [`UsageError`],
-/// an unknown or invalid pipeline, a bad `--shard`, a checkpoint of a different job or one held
-/// by another run.
+/// an unknown or invalid pipeline, a bad `--shard`, a checkpoint of a different job. (A job
+/// held by another run is [`ExitCode::Busy`], see [`code_of`].)
 pub fn is_usage_error(e: &anyhow::Error) -> bool {
     use super::checkpoint::CheckpointError;
-    use super::lock::LockError;
     use super::pipeline::PipelineError;
     use super::shard::ShardError;
     e.chain().any(|c| {
         c.is::<UsageError>()
             || matches!(c.downcast_ref::<super::outputs::OutputError>(), Some(super::outputs::OutputError::Usage(_)))
-            || matches!(c.downcast_ref::<LockError>(), Some(LockError::Held { .. }))
             || matches!(c.downcast_ref::<CheckpointError>(), Some(CheckpointError::Mismatch { .. }))
             || matches!(
                 c.downcast_ref::<super::identity::IdentityError>(),
@@ -138,9 +147,17 @@ fn model_usage(c: &(dyn std::error::Error + 'static)) -> bool {
         || matches!(c.downcast_ref::<ConvertError>(), Some(ConvertError::Load(l)) if load(l))
 }
 
+/// Whether another run holds the job's lock (exit code 5: waiting would help).
+pub fn is_busy(e: &anyhow::Error) -> bool {
+    use super::lock::LockError;
+    e.chain().any(|c| matches!(c.downcast_ref::<LockError>(), Some(LockError::Held { .. })))
+}
+
 /// The exit code of a failed command.
 pub fn code_of(e: &anyhow::Error) -> ExitCode {
-    if is_usage_error(e) {
+    if is_busy(e) {
+        ExitCode::Busy
+    } else if is_usage_error(e) {
         ExitCode::Usage
     } else {
         ExitCode::Failure
@@ -213,5 +230,12 @@ mod tests {
         assert_eq!(code_of(&e), ExitCode::Usage);
         let e = anyhow::anyhow!("disk on fire");
         assert_eq!(code_of(&e), ExitCode::Failure);
+        let held = super::super::lock::LockError::Held {
+            output: "out.jsonl".into(),
+            lock: "out.jsonl.dustoff.lock".into(),
+            pid: Some(7),
+        };
+        let e = anyhow::Error::new(held).context("starting the job");
+        assert_eq!(code_of(&e), ExitCode::Busy, "a held lock is its own code, not a usage error");
     }
 }

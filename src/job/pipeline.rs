@@ -32,8 +32,11 @@ use crate::engine::sampler::{derive_seed, SamplingParams};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
-    #[error("pipeline '{0}' not found (looked for that path and for pipelines/{0}.toml)")]
-    NotFound(String),
+    #[error(
+        "pipeline '{name}' not found; looked for:{places}\n(give a path, --pipelines DIR or DUSTOFF_PIPELINES; \
+         `dustoff run --help` says where names are looked up)"
+    )]
+    NotFound { name: String, places: String },
     #[error("cannot read pipeline {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error("pipeline {path} is not valid TOML for a pipeline: {message}")]
@@ -174,7 +177,17 @@ pub struct PipelineSpec {
 }
 
 /// The keys of a result row, which `output.thinking_field` must not take.
-const ROW_KEYS: [&str; 7] = ["id", "output", "finish_reason", "prompt_tokens", "generated_tokens", "error", "line"];
+const ROW_KEYS: [&str; 9] = [
+    "id",
+    "output",
+    "finish_reason",
+    "prompt_tokens",
+    "generated_tokens",
+    "input_truncated",
+    "empty_output",
+    "error",
+    "line",
+];
 
 fn default_id() -> String {
     "id".into()
@@ -244,6 +257,15 @@ pub trait TextCodec {
         self.encode(text)
     }
     fn decode(&self, ids: &[u32]) -> Result<String, String>;
+    /// The text of generated `ids`: as `decode`, but a character left incomplete by the last
+    /// token (a generation cut at `max_tokens` inside a multi-byte character) is dropped
+    /// instead of ending in U+FFFD. The default drops trailing U+FFFD of `decode`; a codec over
+    /// a byte-level tokenizer overrides it with the exact bytes.
+    fn decode_generated(&self, ids: &[u32]) -> Result<String, String> {
+        let mut t = self.decode(ids)?;
+        t.truncate(t.trim_end_matches('\u{FFFD}').len());
+        Ok(t)
+    }
     /// The model's chat template over `messages`, with the assistant turn opened.
     fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, String>;
     /// As `chat_prompt`, with the template's `enable_thinking` set to `thinking`. The default
@@ -295,15 +317,17 @@ impl std::fmt::Debug for Pipeline {
 impl Pipeline {
     /// `name_or_path`: a file path, or the name of a file in `pipelines_dir` (without `.toml`).
     pub fn resolve(name_or_path: &str, pipelines_dir: &Path) -> Result<Pipeline, PipelineError> {
-        let direct = PathBuf::from(name_or_path);
-        let named = pipelines_dir.join(format!("{name_or_path}.toml"));
-        let path = if direct.is_file() {
-            direct
-        } else if named.is_file() {
-            named
-        } else {
-            return Err(PipelineError::NotFound(name_or_path.to_string()));
-        };
+        let dirs = [super::search_path::SearchDir { dir: pipelines_dir.to_path_buf(), from: "pipelines folder" }];
+        Self::resolve_in(name_or_path, &dirs)
+    }
+
+    /// `name_or_path`: a file path, or a name looked up in `dirs` in order (see
+    /// [`super::search_path`]); a miss names every place looked.
+    pub fn resolve_in(name_or_path: &str, dirs: &[super::search_path::SearchDir]) -> Result<Pipeline, PipelineError> {
+        let path = super::search_path::find(name_or_path, dirs).map_err(|looked| PipelineError::NotFound {
+            name: name_or_path.to_string(),
+            places: super::search_path::describe(&looked, dirs),
+        })?;
         let text = std::fs::read_to_string(&path).map_err(|source| PipelineError::Io { path: path.clone(), source })?;
         Pipeline::from_toml(&text, &path)
     }

@@ -9,7 +9,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 /// A snapshot of the counters shown.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ProgressStats {
+    /// Records with a row: computed this run, committed by an earlier run, or reused.
     pub done: u64,
+    /// Of `done`, those this run did not compute (resumed or reused): not part of the rate.
+    pub carried: u64,
     pub errors: u64,
     pub prompt_tokens: u64,
     pub prompt_computed: u64,
@@ -72,14 +75,7 @@ impl Progress {
             b.set_message(self.line(s));
         } else if self.last_log.elapsed() >= self.interval {
             self.last_log = Instant::now();
-            let of = self.total.map(|t| format!("/{t}")).unwrap_or_default();
-            eprintln!(
-                "[dustoff] {:.0}s {}{} records, {}",
-                self.start.elapsed().as_secs_f64(),
-                s.done,
-                of,
-                self.line(s)
-            );
+            eprintln!("[dustoff] {}, {}", plain_head(self.start.elapsed(), s, self.total), self.line(s));
         }
     }
 
@@ -90,8 +86,55 @@ impl Progress {
     }
 }
 
+/// The start of the non-terminal progress line: elapsed time, records done, and with a known
+/// total the percentage and an ETA from this run's own rate (resumed and reused records come
+/// for free, so they are not part of it). `ETA ?` until a record has been computed.
+pub fn plain_head(elapsed: Duration, s: &ProgressStats, total: Option<u64>) -> String {
+    let secs = elapsed.as_secs_f64();
+    let Some(t) = total.filter(|&t| t > 0) else {
+        return format!("{secs:.0}s {} records", s.done);
+    };
+    let pct = 100.0 * s.done.min(t) as f64 / t as f64;
+    let computed = s.done.saturating_sub(s.carried);
+    let eta = if computed > 0 && secs > 0.0 {
+        let left = t.saturating_sub(s.done) as f64 * secs / computed as f64;
+        format_duration(left)
+    } else {
+        "?".to_string()
+    };
+    format!("{secs:.0}s {}/{t} records ({pct:.1}%), ETA {eta}", s.done)
+}
+
+/// `1h02m`, `3m40s`, `12s`.
+fn format_duration(secs: f64) -> String {
+    let s = secs.round() as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
 impl Drop for Progress {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plain_line_has_percent_and_an_eta_from_this_runs_rate() {
+        let s = ProgressStats { done: 300, carried: 100, ..Default::default() };
+        // 200 records computed in 100 s: the 700 left take 350 s.
+        let h = plain_head(Duration::from_secs(100), &s, Some(1000));
+        assert_eq!(h, "100s 300/1000 records (30.0%), ETA 5m50s");
+        let fresh = ProgressStats { done: 100, carried: 100, ..Default::default() };
+        assert_eq!(plain_head(Duration::from_secs(3), &fresh, Some(1000)), "3s 100/1000 records (10.0%), ETA ?");
+        assert_eq!(plain_head(Duration::from_secs(3), &s, None), "3s 300 records");
+        assert_eq!(format_duration(3725.0), "1h02m");
+        assert_eq!(format_duration(12.4), "12s");
     }
 }

@@ -80,6 +80,9 @@ pub struct JobReport {
     /// The error rows a completed job may hold and still exit 0.
     #[serde(default)]
     pub tolerance: super::tolerance::ErrorTolerance,
+    /// A completed job: finish reasons and row flags over every row of the output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<super::row_stats::RowStats>,
 }
 
 impl JobReport {
@@ -158,6 +161,9 @@ impl JobReport {
                     self.tolerance.describe()
                 );
             }
+        }
+        if let Some(r) = &self.rows {
+            s += &r.summary();
         }
         s += &format!(
             "tokens: {} prompt ({} computed, {:.1}% from prefix cache), {} generated\n",

@@ -231,6 +231,8 @@ pub(super) struct InFlight {
     id: String,
     line: u64,
     prompt_tokens: u32,
+    /// The prompt was cut to `limits.max_input_tokens` (the row's `input_truncated`).
+    truncated: bool,
     openai: Option<OpenAiEndpoint>,
 }
 
@@ -270,7 +272,7 @@ pub(super) fn prepare(job: &JobKind, codec: &dyn TextCodec, item: &Item) -> Prep
         }
         _ => return Prepared::Row(RecordError::new(ErrorKind::WrongType, "record does not match the job kind")),
     };
-    let fl = InFlight { id: id.to_string(), line: item.line, prompt_tokens: prompt.len() as u32, openai };
+    let fl = InFlight { id: id.to_string(), line: item.line, prompt_tokens: prompt.len() as u32, truncated, openai };
     Prepared::Request(GenRequest { key: item.index, prompt, max_tokens, sampling }, fl, truncated)
 }
 
@@ -349,7 +351,8 @@ fn finished_row(job: &JobKind, codec: &dyn TextCodec, fl: &InFlight, f: &Finishe
         Err(m) => return fail(RecordError::new(ErrorKind::Generation, m.clone())),
     };
     let n = tokens.len() as u32;
-    let text = match codec.decode(tokens) {
+    // A generation cut at max_tokens may end inside a character: those bytes are dropped.
+    let text = match codec.decode_generated(tokens) {
         Ok(t) => t,
         Err(e) => return fail(RecordError::new(ErrorKind::Generation, format!("detokenize: {e}"))),
     };
@@ -358,7 +361,7 @@ fn finished_row(job: &JobKind, codec: &dyn TextCodec, fl: &InFlight, f: &Finishe
         JobKind::Pipeline(p) => match p.parse_row(&text, f.finish_reason) {
             Ok(out) => {
                 let thinking = p.thinking_field().map(|field| (field, out.reasoning.as_deref()));
-                (ok_row_with(&fl.id, &out.output, thinking, fr, fl.prompt_tokens, n), None, n)
+                (ok_row_with(&fl.id, &out.output, thinking, fr, fl.prompt_tokens, n, fl.truncated), None, n)
             }
             Err(e) => (job.error_row(Some(&fl.id), fl.line, &e), Some(e.kind), n),
         },
@@ -505,7 +508,8 @@ pub fn run_job(
             last_commit = Instant::now();
         }
         progress.update(&ProgressStats {
-            done: counts.ok + counts.error + counts.skipped_done,
+            done: counts.ok + counts.error + counts.skipped_done + counts.reused,
+            carried: counts.skipped_done + counts.reused,
             errors: counts.error,
             prompt_tokens: tokens.prompt_total,
             prompt_computed: tokens.prompt_computed,
@@ -521,12 +525,14 @@ pub fn run_job(
     let error_rows = ck.committed_errors();
     let errors_file = super::errors_file::errors_path(&opts.output);
     let writing_errors = || format!("writing {}", errors_file.display());
+    let mut row_stats = None;
     let (outcome, exit, finished) = if complete {
         let rows = ck
             .finish(&opts.output, counts.records, json_output)
             .with_context(|| format!("writing the output {} from its checkpoint", opts.output.display()))?;
         digests.finish()?;
-        let entries = super::errors_file::from_output(&opts.output).with_context(writing_errors)?;
+        let (entries, stats) = super::row_stats::scan_output(&opts.output).with_context(writing_errors)?;
+        row_stats = Some(stats);
         super::errors_file::write(&opts.output, entries).with_context(writing_errors)?;
         let identity = JobFingerprint { base: None, ..opts.fingerprint.clone() };
         let finished = super::identity::finished_now(&opts.output, &identity, rows, error_rows)?;
@@ -561,6 +567,7 @@ pub fn run_job(
         finished,
         incremental: reuse.as_ref().map(ReuseIndex::finish_counts),
         tolerance: opts.tolerance,
+        rows: row_stats,
     };
     report.finalize_rates();
     report

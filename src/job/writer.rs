@@ -3,7 +3,7 @@
 //! chosen by the output's extension. Rows hold no wall-clock values so reruns compare byte for byte.
 //!
 //! Row shapes (key order is fixed):
-//! - ok: `{"id","output","finish_reason","prompt_tokens","generated_tokens"}`
+//! - ok: `{"id","output","finish_reason","prompt_tokens","generated_tokens","input_truncated","empty_output"}`
 //! - error: `{"id","output":null,"error":{"kind","message"}}`
 //! - unparseable line: `{"id":null,"line":N,"output":null,"error":{...}}`
 //! - OpenAI batch input: OpenAI batch output lines (`id`, `custom_id`, `response`, `error`).
@@ -14,7 +14,9 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringBuilder, StructArray, UInt32Builder, UInt64Builder};
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanBuilder, RecordBatch, StringBuilder, StructArray, UInt32Builder, UInt64Builder,
+};
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, UInt32Type, UInt64Type};
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
@@ -78,6 +80,10 @@ struct OkRow<'a> {
     finish_reason: &'a str,
     prompt_tokens: u32,
     generated_tokens: u32,
+    /// The prompt was cut to `limits.max_input_tokens` (the model saw part of the document).
+    input_truncated: bool,
+    /// The answer is empty or only whitespace (the row still counts as ok).
+    empty_output: bool,
 }
 
 #[derive(Serialize)]
@@ -100,9 +106,25 @@ fn to_line<T: Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
-/// The row of a record that ran.
-pub fn ok_row(id: &str, output: &RowOutput, finish_reason: &str, prompt_tokens: u32, generated_tokens: u32) -> String {
-    ok_row_with(id, output, None, finish_reason, prompt_tokens, generated_tokens)
+impl RowOutput {
+    /// Whether the answer is empty or only whitespace (a row's `empty_output` flag). A JSON
+    /// output is an object the schema accepted: never empty.
+    pub fn is_empty(&self) -> bool {
+        matches!(self, RowOutput::Text(t) if t.trim().is_empty())
+    }
+}
+
+/// The row of a record that ran. `input_truncated`: its prompt was cut to fit
+/// `limits.max_input_tokens`; `empty_output` is derived from `output`.
+pub fn ok_row(
+    id: &str,
+    output: &RowOutput,
+    finish_reason: &str,
+    prompt_tokens: u32,
+    generated_tokens: u32,
+    input_truncated: bool,
+) -> String {
+    ok_row_with(id, output, None, finish_reason, prompt_tokens, generated_tokens, input_truncated)
 }
 
 /// As [`ok_row`], with `thinking`: (field, reasoning) written after `output` (JSONL only: the
@@ -114,9 +136,11 @@ pub fn ok_row_with(
     finish_reason: &str,
     prompt_tokens: u32,
     generated_tokens: u32,
+    input_truncated: bool,
 ) -> String {
     let extra = thinking.into_iter().collect();
-    to_line(&OkRow { id, output, extra, finish_reason, prompt_tokens, generated_tokens })
+    let empty_output = output.is_empty();
+    to_line(&OkRow { id, output, extra, finish_reason, prompt_tokens, generated_tokens, input_truncated, empty_output })
 }
 
 /// The row of a record that failed; `line` is written only when there is no id.
@@ -215,6 +239,8 @@ pub fn parquet_schema(json_output: bool) -> SchemaRef {
             Field::new("prompt_tokens", DataType::UInt32, true),
             Field::new("generated_tokens", DataType::UInt32, true),
             Field::new("error", DataType::Struct(err_fields), true),
+            Field::new("input_truncated", DataType::Boolean, true),
+            Field::new("empty_output", DataType::Boolean, true),
         ])
         .with_metadata(meta.into_iter().collect()),
     )
@@ -231,6 +257,8 @@ struct Columns {
     err_kind: StringBuilder,
     err_msg: StringBuilder,
     err_valid: Vec<bool>,
+    input_truncated: BooleanBuilder,
+    empty_output: BooleanBuilder,
 }
 
 impl Columns {
@@ -245,6 +273,8 @@ impl Columns {
             err_kind: StringBuilder::new(),
             err_msg: StringBuilder::new(),
             err_valid: Vec::new(),
+            input_truncated: BooleanBuilder::new(),
+            empty_output: BooleanBuilder::new(),
         }
     }
 
@@ -277,6 +307,9 @@ impl Columns {
         self.err_kind.append_value(kind.unwrap_or(""));
         self.err_msg.append_value(msg.unwrap_or(""));
         self.err_valid.push(e.is_some());
+        let b = |k: &str| v.get(k).and_then(Value::as_bool);
+        self.input_truncated.append_option(b("input_truncated"));
+        self.empty_output.append_option(b("empty_output"));
         Ok(())
     }
 
@@ -300,6 +333,8 @@ impl Columns {
                 Arc::new(self.prompt.finish()),
                 Arc::new(self.generated.finish()),
                 Arc::new(err),
+                Arc::new(self.input_truncated.finish()),
+                Arc::new(self.empty_output.finish()),
             ],
         )
     }
@@ -511,5 +546,13 @@ fn parquet_row_line(b: &RecordBatch, r: usize, json_output: bool) -> Result<Stri
         Ok(if a.is_null(r) { 0 } else { a.value(r) })
     };
     let finish = text("finish_reason")?.unwrap_or_default();
-    Ok(ok_row(&id, &output, &finish, num("prompt_tokens")?, num("generated_tokens")?))
+    // Outputs written before the row flags existed have no such column: not truncated.
+    let truncated = match b.column_by_name("input_truncated") {
+        Some(c) => {
+            let a = c.as_boolean_opt().ok_or("column 'input_truncated' is not boolean")?;
+            !a.is_null(r) && a.value(r)
+        }
+        None => false,
+    };
+    Ok(ok_row(&id, &output, &finish, num("prompt_tokens")?, num("generated_tokens")?, truncated))
 }

@@ -292,6 +292,31 @@ impl Tokenizer {
         }
     }
 
+    /// The text of generated `ids`, as [`Tokenizer::decode`] except at the end: a character the
+    /// last tokens left incomplete (a generation cut at `max_tokens` inside a multi-byte
+    /// character, e.g. CJK or emoji split into byte tokens) is dropped, not written as U+FFFD.
+    /// Invalid bytes elsewhere still become U+FFFD. Streaming gives the same text
+    /// ([`StreamDecoder`]'s pieces, `finish` included).
+    pub fn decode_generated(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        match &self.token_bytes {
+            Some(tb) => {
+                let mut buf = Vec::with_capacity(ids.len() * 4);
+                for &id in ids {
+                    buf.extend_from_slice(self.bytes_of(tb, id)?);
+                }
+                buf.truncate(buf.len() - stream::incomplete_tail(&buf));
+                Ok(String::from_utf8_lossy(&buf).into_owned())
+            }
+            // Other decoders write an incomplete character as U+FFFD (byte fallback): a
+            // trailing run of them is what the cut left.
+            None => {
+                let mut t = self.decode(ids)?;
+                t.truncate(t.trim_end_matches('\u{FFFD}').len());
+                Ok(t)
+            }
+        }
+    }
+
     fn bytes_of<'t>(&self, tb: &'t TokenBytes, id: u32) -> Result<&'t [u8], TokenizerError> {
         tb.get(id).ok_or(TokenizerError::UnknownId { id, n_vocab: self.n_vocab })
     }

@@ -3,7 +3,8 @@
 //! A token may end in the middle of a UTF-8 character (byte-level BPE splits rare characters,
 //! e.g. many CJK characters and emoji, into byte tokens). The decoder holds such bytes back
 //! until the character is complete, so every returned piece is whole text, and the
-//! concatenation of all pieces equals `Tokenizer::decode` of all ids.
+//! concatenation of all pieces equals `Tokenizer::decode_generated` of all ids: a character
+//! still incomplete at the end (a generation cut at `max_tokens`) is dropped.
 
 use super::{Tokenizer, TokenizerError};
 
@@ -40,7 +41,7 @@ impl<'a> StreamDecoder<'a> {
                     reason: "byte-level stream decoder on a tokenizer without a byte table".into(),
                 })?;
                 pending.extend_from_slice(self.tok.bytes_of(tb, id)?);
-                Ok(take_complete(pending, false))
+                Ok(take_complete(pending))
             }
             Mode::Window { ids, read } => {
                 if id as usize >= self.tok.n_vocab {
@@ -67,14 +68,20 @@ impl<'a> StreamDecoder<'a> {
         }
     }
 
-    /// Flushes whatever is held back (an incomplete character becomes U+FFFD) and resets.
+    /// Flushes whatever is held back and resets. A character still incomplete (the generation
+    /// stopped inside it) is dropped, not written as U+FFFD.
     pub fn finish(&mut self) -> Result<String, TokenizerError> {
         match &mut self.mode {
-            Mode::Bytes { pending } => Ok(take_complete(pending, true)),
+            Mode::Bytes { pending } => {
+                let out = take_complete(pending);
+                pending.clear();
+                Ok(out)
+            }
             Mode::Window { ids, read } => {
                 let before = self.tok.decode(&ids[..*read])?;
                 let after = self.tok.decode(ids)?;
-                let delta = after.get(before.len()..).unwrap_or_default().to_string();
+                let mut delta = after.get(before.len()..).unwrap_or_default().to_string();
+                delta.truncate(delta.trim_end_matches('\u{FFFD}').len());
                 ids.clear();
                 *read = 0;
                 Ok(delta)
@@ -83,10 +90,23 @@ impl<'a> StreamDecoder<'a> {
     }
 }
 
+/// How many bytes at the end of `bytes` are the start of a character that is not complete (0
+/// to 3): what a cut inside a multi-byte character leaves.
+pub(super) fn incomplete_tail(bytes: &[u8]) -> usize {
+    let from = bytes.len().saturating_sub(3);
+    for start in (from..bytes.len()).rev() {
+        if let Err(e) = std::str::from_utf8(&bytes[start..]) {
+            if e.valid_up_to() == 0 && e.error_len().is_none() {
+                return bytes.len() - start;
+            }
+        }
+    }
+    0
+}
+
 /// Removes and returns the longest decodable prefix of `pending`. Invalid sequences become one
-/// U+FFFD each (as `String::from_utf8_lossy` does); a trailing incomplete character is kept,
-/// unless `flush`, when it also becomes U+FFFD.
-fn take_complete(pending: &mut Vec<u8>, flush: bool) -> String {
+/// U+FFFD each (as `String::from_utf8_lossy` does); a trailing incomplete character is kept.
+fn take_complete(pending: &mut Vec<u8>) -> String {
     let mut out = String::new();
     let mut start = 0;
     while start < pending.len() {
@@ -103,10 +123,6 @@ fn take_complete(pending: &mut Vec<u8>, flush: bool) -> String {
                     Some(n) => {
                         out.push('\u{FFFD}');
                         start += n;
-                    }
-                    None if flush => {
-                        out.push('\u{FFFD}');
-                        start = pending.len();
                     }
                     None => break,
                 }
@@ -165,17 +181,29 @@ mod tests {
     }
 
     #[test]
-    fn truncated_character_is_flushed_as_replacement() {
+    fn a_character_cut_at_the_end_is_dropped_not_replaced() {
         let tok = sample();
-        let ids = tok.encode("好", false, true).unwrap();
-        assert!(ids.len() >= 2, "'好' is expected to take several byte tokens: {ids:?}");
-        let cut = &ids[..ids.len() - 1];
-        for bytes in [true, false] {
-            let pieces = stream(&tok, bytes, cut);
-            assert!(pieces[..pieces.len() - 1].iter().all(String::is_empty));
-            assert_eq!(pieces.concat(), tok.decode(cut).unwrap());
-            assert!(pieces.concat().ends_with('\u{FFFD}'));
+        // "好" takes several byte tokens; a generation stopped after "今天" and part of "好".
+        let whole = tok.encode("今天好", false, true).unwrap();
+        let head = tok.encode("今天", false, true).unwrap();
+        assert!(whole.len() >= head.len() + 2, "'好' is expected to take several byte tokens: {whole:?}");
+        assert_eq!(&whole[..head.len()], &head[..], "the head tokenizes alone as in the whole");
+        for cut_at in head.len() + 1..whole.len() {
+            let cut = &whole[..cut_at];
+            assert!(tok.decode(cut).unwrap().ends_with('\u{FFFD}'), "plain decode replaces the partial character");
+            assert_eq!(tok.decode_generated(cut).unwrap(), "今天");
+            for bytes in [true, false] {
+                let pieces = stream(&tok, bytes, cut);
+                assert_eq!(pieces.concat(), "今天", "byte mode {bytes}, cut at {cut_at}");
+            }
         }
+        assert_eq!(tok.decode_generated(&whole).unwrap(), "今天好");
+        // Invalid bytes inside the text are not a cut: they stay U+FFFD.
+        assert_eq!(super::incomplete_tail(&[0xE5, 0x41]), 0);
+        assert_eq!(super::incomplete_tail("好".as_bytes()), 0);
+        assert_eq!(super::incomplete_tail(&"好".as_bytes()[..2]), 2);
+        assert_eq!(super::incomplete_tail(&"🍕".as_bytes()[..3]), 3);
+        assert_eq!(super::incomplete_tail(b"a\xF0"), 1);
     }
 
     #[test]
