@@ -49,11 +49,11 @@ enum Cmd {
     Run(RunCliArgs),
     /// Convert a Hugging Face model directory (BF16/F16/F32 safetensors) to F16, as a GGUF file
     /// (output ends in .gguf) or a safetensors directory; values F16 cannot hold are clamped
-    /// and counted per tensor in convert-report.json beside the output. A GGUF --model is
+    /// and counted per tensor in <output>.report.json. A GGUF --model is
     /// converted to another GGUF of --dtype (f16, or a quantize --type), quantized input allowed.
     Convert(ConvertCliArgs),
     /// Quantize a model (HF directory or F16/BF16/F32 GGUF) to a GGUF of --type, optionally
-    /// calibrated with an importance matrix; quantize-report.json is written beside the output.
+    /// calibrated with an importance matrix; <output>.report.json is written beside it.
     #[command(long_about = QUANTIZE_HELP)]
     Quantize(QuantizeCliArgs),
     /// Perplexity of models on a text, and their KL divergence and top-1 agreement against a
@@ -74,8 +74,8 @@ enum Cmd {
 
 #[derive(Args)]
 struct SynthCliArgs {
-    /// Shape name (as `bench --synthetic`): qwen3-8b, qwen3-30b-a3b, llama3-8b, ... (not the
-    /// Gated DeltaNet hybrids).
+    /// Shape name (as `bench --synthetic`): qwen3-8b, qwen3-30b-a3b, llama3-8b, qwen3.5-9b,
+    /// qwen3.5-27b, qwen3.6-35b-a3b, ... (the hybrids in llama.cpp's qwen35 / qwen35moe layout).
     #[arg(long)]
     shape: String,
     /// Storage mix, as `quantize --type`: q4_k_m, q4_k_s, q5_k_m, q6_k, q8_0, q4_0, f16.
@@ -292,7 +292,7 @@ struct QuantizeCliArgs {
     #[arg(long)]
     allow_requantize: bool,
     /// Afterwards, score the output against the source on a short built-in text (KL divergence,
-    /// top-1 agreement, perplexities); recorded in quantize-report.json.
+    /// top-1 agreement, perplexities); recorded in <output>.report.json.
     #[arg(long)]
     verify: bool,
     /// Exit 1 when the verification's mean KL divergence exceeds this (implies --verify).

@@ -29,7 +29,7 @@ pub struct QuantizeOptions<'a> {
     pub imatrix_name: String,
 }
 
-/// One line of `quantize-report.json`.
+/// One line of `<output>.report.json`.
 #[derive(Clone, Debug, Serialize)]
 pub struct TensorLine {
     pub name: String,
