@@ -136,6 +136,9 @@ impl QuantizeSummary {
             }
             s += "\n";
         }
+        if r.imatrix.is_some() {
+            s += &importance_line(r);
+        }
         if !r.fallbacks.is_empty() {
             // Grouped by (wanted -> used); the report lists every tensor.
             let mut groups: std::collections::BTreeMap<(String, String), usize> = Default::default();
@@ -156,6 +159,33 @@ impl QuantizeSummary {
         }
         s
     }
+}
+
+/// The console line on the importance of the matrices: how many were calibrated, which were
+/// left without (named), and the experts no calibration token was routed to (counted, with
+/// their fallback; the report lists each).
+fn importance_line(r: &QuantizeReport) -> String {
+    let quantized = r.tensors.iter().filter(|t| t.to != "F32" && t.to != t.from).count();
+    let mut s = format!(
+        "importance: {} of {quantized} quantized matrices calibrated",
+        quantized.saturating_sub(r.missing_importance.len())
+    );
+    if r.routed_expert_matrices + r.unrouted_experts.len() > 0 {
+        s += &format!(
+            " ({} expert matrices from their routed tokens, {} never routed: gate/up take their layer's router input, down uniform weights)",
+            r.routed_expert_matrices,
+            r.unrouted_experts.len()
+        );
+    }
+    if r.missing_importance.is_empty() {
+        s += "\n";
+    } else {
+        let why =
+            |n: &str| if n == "token_embd.weight" { " (an embedding lookup: no activation reaches it)" } else { "" };
+        let named: Vec<String> = r.missing_importance.iter().map(|n| format!("{n}{}", why(n))).collect();
+        s += &format!("; without importance: {}\n", named.join(", "));
+    }
+    s
 }
 
 fn usage(msg: String) -> anyhow::Error {

@@ -24,7 +24,7 @@ use super::hf::{tensor_plan, HfExtras};
 use super::hf_hybrid::{hybrid_outputs, HfLayout};
 use super::quant::{quantize_row, GgmlType};
 use super::shapes::{shape, SHAPES};
-use crate::quantize::mix::{choose, QuantType, TYPE_NAMES};
+use crate::quantize::mix::{choose_in, MixModel, QuantType, TYPE_NAMES};
 
 /// Blocks in each (format, row length) pool.
 const POOL_BLOCKS: usize = 4096;
@@ -125,7 +125,7 @@ fn file_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<(TensorOut, Fill)> {
             let bias = name.ends_with(".bias");
             (GgmlType::F32, if bias { Fill::Uniform(0.1) } else { Fill::Ones })
         } else {
-            let dtype = choose(qtype, &name, &shape, c.tied_embeddings, c.n_layers).dtype;
+            let dtype = choose_in(qtype, &name, &shape, &mix_model(c)).dtype;
             // The router (kept F32 by `choose`) as values, every matrix else as blocks.
             let router = name.ends_with("ffn_gate_inp.weight");
             (dtype, if router { Fill::Uniform((3.0 / c.dim as f32).sqrt()) } else { Fill::Blocks })
@@ -133,6 +133,16 @@ fn file_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<(TensorOut, Fill)> {
         out.push((TensorOut { name, dtype, shape }, fill));
     }
     out
+}
+
+/// What the type mix rules read of shape `c` (no importance matrix: random weights).
+fn mix_model(c: &ModelConfig) -> MixModel {
+    MixModel {
+        tied_head: c.tied_embeddings,
+        n_layers: c.n_layers,
+        n_experts: c.moe.as_ref().map_or(0, |m| m.n_experts),
+        has_imatrix: false,
+    }
 }
 
 /// The tensors a synthetic file of shape `c` in the `qtype` mix holds (names, shapes and
@@ -163,7 +173,7 @@ fn hybrid_file_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<(TensorOut, Fil
             let mut out = t.out;
             let name = out.name.clone();
             let fill = if out.dtype != GgmlType::F32 {
-                out.dtype = choose(qtype, &name, &out.shape, c.tied_embeddings, c.n_layers).dtype;
+                out.dtype = choose_in(qtype, &name, &out.shape, &mix_model(c)).dtype;
                 Fill::Blocks
             } else if name.ends_with("norm.weight") {
                 Fill::Ones
