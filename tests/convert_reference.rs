@@ -164,3 +164,28 @@ fn hybrid_array_keys_have_llama_cpp_element_types() {
         other => panic!("recurrent_layers: {other:?}"),
     }
 }
+
+/// An architecture dustoff does not run is refused before anything is written, with exit
+/// code 2, by both commands; the message names it and lists the supported classes.
+#[test]
+fn an_unsupported_architecture_exits_2() {
+    let dir = tmpdir("convert-ref-unsupported");
+    let src = dir.join("gpt2");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("config.json"), r#"{"architectures": ["GPT2LMHeadModel"], "hidden_size": 8}"#).unwrap();
+    for cmd in ["convert", "quantize"] {
+        let out = dir.join(format!("{cmd}.gguf"));
+        let o = std::process::Command::new(bin())
+            .args([cmd, "--model"])
+            .arg(&src)
+            .arg("--output")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {err}");
+        assert!(err.contains("architecture GPT2LMHeadModel is not supported"), "{cmd}: {err}");
+        assert!(err.contains("Qwen3_5MoeForConditionalGeneration"), "{cmd}: {err}");
+        assert!(!out.exists(), "{cmd}");
+    }
+}
