@@ -848,6 +848,7 @@ fn run(cli: Cli) -> Result<Code> {
                         f16_weights: false,
                         max_gpu_memory: a.engine.max_gpu_memory,
                         kv_type: a.engine.kv_cache.or_f16(),
+                        max_seq_positions: None,
                     };
                     let mut b = dustoff::commands::tensor_parallel::backend_for(
                         &m.config,
@@ -908,6 +909,8 @@ fn run(cli: Cli) -> Result<Code> {
                         f16_weights: false,
                         max_gpu_memory: a.engine.max_gpu_memory,
                         kv_type,
+                        // Each line runs within --ctx positions.
+                        max_seq_positions: Some(a.ctx),
                     };
                     let tokens = match a.engine.tensor_parallel {
                         None => common::kv_positions(

@@ -108,6 +108,9 @@ impl<B: Backend> Backend for FaultInjector<B> {
     fn describe(&self) -> String {
         format!("{} (with {INJECT_OOM_ENV})", self.inner.describe())
     }
+    fn max_seq_positions(&self) -> usize {
+        self.inner.max_seq_positions()
+    }
     fn decode_weight_bytes(&self) -> u64 {
         self.inner.decode_weight_bytes()
     }

@@ -102,6 +102,12 @@ pub trait Backend {
     fn block_size(&self) -> usize;
     /// KV blocks in the cache (the block pool's capacity).
     fn num_blocks(&self) -> usize;
+    /// Most positions one sequence may reach: a GPU sizes its RoPE tables, block-table rows and
+    /// attention partials by the job's longest sequence, not by the whole pool; the engine
+    /// refuses a request that needs more.
+    fn max_seq_positions(&self) -> usize {
+        usize::MAX
+    }
     /// Runs one step; returns the logits (`[vocab]`, f32) of every chunk with `want_logits`,
     /// in plan order.
     fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError>;
@@ -228,6 +234,9 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    fn max_seq_positions(&self) -> usize {
+        (**self).max_seq_positions()
     }
     fn decode_weight_bytes(&self) -> u64 {
         (**self).decode_weight_bytes()

@@ -58,6 +58,7 @@ struct Info {
     block_size: usize,
     num_blocks: usize,
     prefill_chunk: usize,
+    max_seq_positions: usize,
     decode_bytes: u64,
     kv_bytes: u64,
     snapshots: usize,
@@ -141,6 +142,7 @@ impl RankGroup {
                         block_size: b.block_size(),
                         num_blocks: b.num_blocks(),
                         prefill_chunk: b.prefill_chunk(),
+                        max_seq_positions: b.max_seq_positions(),
                         decode_bytes: b.decode_weight_bytes(),
                         kv_bytes: b.kv_bytes_per_position(),
                         snapshots: b.state_snapshot_capacity(),
@@ -305,6 +307,9 @@ impl Backend for RankGroup {
     }
     fn prefill_chunk(&self) -> usize {
         self.info.iter().map(|i| i.prefill_chunk).min().unwrap_or(1)
+    }
+    fn max_seq_positions(&self) -> usize {
+        self.info.iter().map(|i| i.max_seq_positions).min().unwrap_or(usize::MAX)
     }
     fn describe(&self) -> String {
         let ranks: Vec<&str> = self.info.iter().map(|i| i.describe.as_str()).collect();

@@ -92,6 +92,9 @@ impl<B: Backend> Backend for HostChoice<B> {
     fn describe(&self) -> String {
         self.0.describe()
     }
+    fn max_seq_positions(&self) -> usize {
+        self.0.max_seq_positions()
+    }
     fn decode_weight_bytes(&self) -> u64 {
         self.0.decode_weight_bytes()
     }

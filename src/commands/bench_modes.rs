@@ -68,6 +68,8 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         f16_weights: a.f16_weights,
         max_gpu_memory: a.max_gpu_memory,
         kv_type: a.kv_type,
+        // Modes differ in their longest sequence: a sequence may take the whole pool.
+        max_seq_positions: None,
     };
     if let Some(n) = a.tensor_parallel {
         if a.synthetic.is_some() {

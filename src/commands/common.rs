@@ -75,6 +75,9 @@ pub struct Placement {
     pub max_gpu_memory: Option<MemoryCap>,
     /// The KV cache's element type (`--kv-cache` as resolved by [`resolve_slots`]).
     pub kv_type: KvType,
+    /// The longest sequence the job runs (positions): a GPU sizes its RoPE tables, block-table
+    /// rows and attention partials by it; `None`: a sequence may take the whole KV pool.
+    pub max_seq_positions: Option<usize>,
 }
 
 /// The memory flags of `run`, `generate` and `bench`.
@@ -185,29 +188,21 @@ pub fn fit_slots(
 ) -> usize {
     let fits = |n: usize| {
         let blocks = (n * per_seq).div_ceil(BLOCK_SIZE).max(1);
-        let plan = crate::backend::cuda::plan_memory(
+        let plan = crate::backend::cuda::memory::plan_memory_for(
             cfg,
             bytes.matrices,
             bytes.wide_scratch,
             blocks,
             BLOCK_SIZE,
             max_batch_tokens.max(n),
+            per_seq,
             crate::backend::cuda::memory::SeqPlan::new(n),
         )
         .with_kv_type(cfg, kv);
         plan.check(free, "", blocks * BLOCK_SIZE, cfg).is_ok()
     };
     // The plan grows with n: the largest n that fits, by bisection.
-    let (mut lo, mut hi) = (0, MAX_AUTO_SLOTS);
-    while lo < hi {
-        let mid = (lo + hi).div_ceil(2);
-        if fits(mid) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    lo
+    budget::largest_fitting(MAX_AUTO_SLOTS, fits)
 }
 
 /// KV positions to place for `slots` sequences of `per_seq` positions: all of them, except on a
@@ -238,7 +233,7 @@ pub fn kv_positions(
         (bytes.matrices, bytes.wide_scratch),
         avail,
         (BLOCK_SIZE, want_blocks),
-        step,
+        (step, place.max_seq_positions),
         seqs,
         place.kv_type,
     );
@@ -344,8 +339,8 @@ pub(crate) fn cuda_options(
         num_blocks: blocks,
         block_size: BLOCK_SIZE,
         ptx_dir: place.ptx_dir.clone(),
-        // RoPE tables cover every position the KV cache can hold.
-        max_positions: blocks * BLOCK_SIZE,
+        // RoPE tables cover the longest sequence (at most every position the pool holds).
+        max_positions: place.max_seq_positions.map_or(blocks * BLOCK_SIZE, |p| p.clamp(1, blocks * BLOCK_SIZE)),
         f16_weights: place.f16_weights,
         max_memory: place.max_gpu_memory,
         kv_type: place.kv_type,
@@ -484,11 +479,11 @@ mod tests {
     /// Issue 29: Qwen3-30B-A3B in llama.cpp's Q4_K_M mix (18.55 GB) on a card with 140 GB
     /// free, within `--max-gpu-memory 32GB`: 95% of 32e9 less the 512 MiB context is 29.89 GB;
     /// after the weights (18.6 GB), their widening scratch and the workspace about 10 GB hold
-    /// KV at 98,304 bytes a position (48 layers x K and V x 512 x 2 bytes): 45 sequences of
+    /// KV at 98,304 bytes a position (48 layers x K and V x 512 x 2 bytes): 50 sequences of
     /// 2,000 + 200 tokens (2,216 positions with the block of slack `run` adds). The same job on
     /// the whole card runs the cap of `--slots auto`; the 8-bit cache holds 1.8x the sequences.
     #[test]
-    fn qwen3_30b_a3b_q4_k_m_within_32_gb_runs_45_sequences_of_2200() {
+    fn qwen3_30b_a3b_q4_k_m_within_32_gb_runs_50_sequences_of_2200() {
         use crate::backend::cuda::budget::{available, fit_blocks, label, MemoryCap};
         use crate::backend::cuda::memory::SeqPlan;
         use crate::backend::cuda::memory::{f16_matrix_bytes, plan_memory_for, wide_len, DeviceWeightBytes};
@@ -507,20 +502,11 @@ mod tests {
         let kv_per_seq = per_seq as u64 * 48 * 2 * 512 * 2;
         let budget = (avail as f64 * crate::backend::cuda::memory::HEADROOM) as u64;
         let rough = (budget - bytes.matrices - bytes.wide_scratch) / kv_per_seq;
-        assert!((43..=47).contains(&n) && n as u64 <= rough, "{n} sequences (weights and KV alone: {rough})");
+        assert!((48..=51).contains(&n) && n as u64 <= rough, "{n} sequences (weights and KV alone: {rough})");
         // The boundary: n sequences' plan passes the backend's check, n + 1 do not.
         let plan = |n: usize| {
             let blocks = (n * per_seq).div_ceil(16);
-            plan_memory_for(
-                &c,
-                bytes.matrices,
-                bytes.wide_scratch,
-                blocks,
-                16,
-                step.max(n),
-                n * per_seq,
-                SeqPlan::new(n),
-            )
+            plan_memory_for(&c, bytes.matrices, bytes.wide_scratch, blocks, 16, step.max(n), per_seq, SeqPlan::new(n))
         };
         assert!(plan(n).check(avail, "x", n * per_seq, &c).is_ok());
         assert!(plan(n + 1).check(avail, "x", (n + 1) * per_seq, &c).is_err());
@@ -531,29 +517,28 @@ mod tests {
         assert_eq!(gib, n + 1, "30 GiB vs 32 GB");
         assert_eq!(fit_slots(&c, bytes, available(None, h200_free), (per_seq, step), KvType::F16), MAX_AUTO_SLOTS);
         // The 8-bit cache (34 bytes per 32 values against 64): 1.88x the positions per byte, so
-        // the cap of --slots auto; past the cap, the KV pool of 64 slots within 32 GB holds 74
-        // sequences' positions, 1.64x: the commands size the RoPE tables and the attention
-        // partials by the pool's positions (`cuda_options`: a sequence may take the whole pool),
-        // so the larger pool takes 1.2 GB more workspace.
+        // the cap of --slots auto; past the cap, the KV pool of 64 slots within 32 GB holds 1.8x
+        // the sequences of F16 (the RoPE tables and attention partials are sized by the longest
+        // sequence, `Placement::max_seq_positions`, not by the pool).
         assert_eq!(fit_slots(&c, bytes, avail, (per_seq, step), KvType::Q8), MAX_AUTO_SLOTS);
         let q8_blocks = fit_blocks(
             &c,
             (bytes.matrices, bytes.wide_scratch),
             avail,
             (16, (128 * per_seq).div_ceil(16)),
-            step.max(64),
+            (step.max(64), Some(per_seq)),
             SeqPlan::new(64),
             KvType::Q8,
         );
         let q8_seqs = q8_blocks * 16 / per_seq;
-        assert!(q8_seqs * 100 >= n * 160, "8-bit: {q8_seqs} sequences, F16: {n}");
+        assert!(q8_seqs * 100 >= n * 180, "8-bit: {q8_seqs} sequences, F16: {n}");
         // The KV pool for 64 slots within the cap: what fits, about n sequences' worth.
         let blocks = fit_blocks(
             &c,
             (bytes.matrices, bytes.wide_scratch),
             avail,
             (16, (64 * per_seq).div_ceil(16)),
-            step.max(64),
+            (step.max(64), Some(per_seq)),
             SeqPlan::new(64),
             KvType::F16,
         );
@@ -588,13 +573,14 @@ mod tests {
         };
         let plan = |n: usize| {
             let blocks = (n * 4096).div_ceil(BLOCK_SIZE);
-            crate::backend::cuda::plan_memory(
+            crate::backend::cuda::memory::plan_memory_for(
                 &c,
                 f16.matrices,
                 f16.wide_scratch,
                 blocks,
                 BLOCK_SIZE,
                 DEFAULT_MAX_BATCH_TOKENS.max(n),
+                4096,
                 crate::backend::cuda::memory::SeqPlan::new(n),
             )
         };

@@ -173,6 +173,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         f16_weights: false,
         max_gpu_memory: a.memory.max_gpu_memory,
         kv_type: a.memory.kv_cache.or_f16(),
+        max_seq_positions: Some(per_seq),
     };
     let (mut gen, slots): (Box<dyn Generate>, usize) = if devs.len() == 1 {
         let (slots, kv_type) = super::tensor_parallel::slots_for(

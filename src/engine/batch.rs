@@ -272,6 +272,12 @@ impl<B: Backend> Engine<B> {
                 "needs {positions} KV positions (prompt + max_tokens), the cache holds {capacity}"
             )));
         }
+        let longest = self.backend.max_seq_positions();
+        if positions > longest {
+            return Err(invalid(format!(
+                "needs {positions} positions (prompt + max_tokens); the backend was sized for sequences of at most {longest}"
+            )));
+        }
         let prompt_tokens = req.prompt.len();
         let mut constraint = constraint;
         // Tokens the grammar forces before the model chooses any run with the prompt.

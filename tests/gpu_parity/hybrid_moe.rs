@@ -27,7 +27,7 @@
 //! 7.7e-4), story150 at 141 and mixed200 at 16 of the second (2.6e-3); every later layer and
 //! position then differs (1.49 / 0.19 / 0.11 from transformers after the prompt, where the
 //! other prompts stay within 0.047-0.066). Qwen3-Next's prompts have no gap that small. So
-//! the reference checks run `hybrid_diag::prefill_routing_vs_cpu` first (routing against the
+//! the reference checks run `route_flips::prefill_routing_vs_cpu` first (routing against the
 //! f32 CPU engine: differences only at near-ties, inputs at the F16 level up to them) and
 //! compare a prompt whose prefill flipped such a choice after feeding it token by token.
 
@@ -87,7 +87,7 @@ fn forms_agree_on_cuda(arch: &str, gguf: &str) {
         }
         // The one-chunk prefill, where it routes as the CPU's in both forms.
         let routes = |b: &mut CudaBackend, m: &LoadedModel, form: &str| {
-            super::hybrid_diag::prefill_routing_vs_cpu(m, b, &prompt, &format!("{arch} {form} {name}")).is_none()
+            super::route_flips::prefill_routing_vs_cpu(m, b, &prompt, &format!("{arch} {form} {name}")).is_none()
         };
         if routes(&mut a, &hf, "hf") && routes(&mut b, &gg, "gguf") {
             let (pa, pb) = (prefill_then_decode(&mut a, r), prefill_then_decode(&mut b, r));

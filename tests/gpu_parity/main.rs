@@ -29,6 +29,8 @@ mod no_cublas;
 mod quant;
 mod quant_bench;
 mod qwen35;
+mod route_flips;
+mod seq_positions;
 mod shared_expert;
 mod tensor_parallel;
 

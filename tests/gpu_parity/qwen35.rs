@@ -86,7 +86,7 @@ pub(super) struct GpuTol {
     pub tf_tau: f64,
     pub min_checked: f64,
     /// MoE models: check the one-chunk prefill's routing against the CPU's first
-    /// (`hybrid_diag::prefill_routing_vs_cpu`); where it flipped a near-tie router choice that
+    /// (`route_flips::prefill_routing_vs_cpu`); where it flipped a near-tie router choice that
     /// reaches the prompt's logits, compare with transformers after the prompt fed token by
     /// token (the decode path's f32 inputs), with the decode bound.
     pub route_check: bool,
@@ -121,7 +121,7 @@ pub(super) fn check_against_refs_in(refs: &[serde_json::Value], m: &LoadedModel,
         let (prompt, greedy) = (ids(&r, "prompt_ids"), ids(&r, "greedy_ids"));
         let (tf_argmax, tf_margin) = (ids(&r, "argmax_ids"), floats(&r, "margins"));
         let flip = if tol.route_check {
-            super::hybrid_diag::prefill_routing_vs_cpu(m, &mut b, &prompt, &format!("{arch} {form} {name}"))
+            super::route_flips::prefill_routing_vs_cpu(m, &mut b, &prompt, &format!("{arch} {form} {name}"))
         } else {
             None
         };

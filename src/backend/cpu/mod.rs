@@ -41,6 +41,9 @@ pub struct CpuBackend {
     rope: Rope,
     /// The cache type whose values the caches hold (`kv_type::store_row` on every write).
     kv_type: KvType,
+    /// Cached K/V rounded to F16 as the GPU's F16 cache stores them (diagnosis: the GPU's
+    /// differences apart from its cache); off, the F16 cache's values stay f32 here.
+    round_f16_cache: bool,
     scratch: Scratch,
     /// Observer of matrix inputs (calibration, eval); `None` in normal runs.
     tap: Option<Box<dyn ActivationTap>>,
@@ -78,6 +81,7 @@ impl CpuBackend {
             num_blocks,
             rope,
             kv_type: KvType::F16,
+            round_f16_cache: false,
             scratch: Scratch::default(),
             tap: None,
             rank: None,
@@ -93,6 +97,13 @@ impl CpuBackend {
         }
         self.kv_type = kv;
         Ok(self)
+    }
+
+    /// The backend with an F16 cache that holds F16 values (each cached K/V value rounded to
+    /// the nearest F16, as the GPU stores it), not the f32 values of the reference.
+    pub fn with_rounded_f16_cache(mut self) -> Self {
+        self.round_f16_cache = true;
+        self
     }
 
     pub fn kv_type(&self) -> KvType {
@@ -276,6 +287,7 @@ impl CpuBackend {
             rope: &self.rope,
             block_size: self.block_size,
             kv_type: self.kv_type,
+            round_f16_cache: self.round_f16_cache,
         };
         let kv = KvCaches { k: &mut self.k_cache, v: &mut self.v_cache };
         let mut hooks = Hooks { tap: self.tap.as_deref_mut(), rank: &self.rank };

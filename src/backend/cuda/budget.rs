@@ -8,7 +8,7 @@
 //! Sizes: `32GB` = 32e9 bytes, `30GiB` = 30 x 2^30 bytes; K/M/G/T with or without `B`, the
 //! binary forms with `iB`; decimals allowed (`31.5GB`). A bare number is refused (bytes or GB?).
 
-use super::memory::{plan_memory, MemoryPlan, SeqPlan, CONTEXT_ASSUMED};
+use super::memory::{plan_memory_for, MemoryPlan, SeqPlan, CONTEXT_ASSUMED};
 use crate::backend::kv_type::KvType;
 use crate::model::config::ModelConfig;
 
@@ -90,23 +90,29 @@ pub fn label(device: &str, cap: Option<MemoryCap>) -> String {
 /// The most KV blocks (at most `want`) whose plan fits in `avail` bytes, for a model whose
 /// matrices take `matrices` bytes (`wide`: the widening scratch), `seqs` sequences, steps of
 /// `step` tokens and the KV cache in type `kv`, with RoPE tables and attention partials for
-/// sequences as long as the pool (as the commands' `cuda_options` place a model); 0 when not
-/// even one block fits.
+/// sequences of `longest` positions (`None`: as long as the pool; as the commands'
+/// `cuda_options` place a model); 0 when not even one block fits.
 pub fn fit_blocks(
     cfg: &ModelConfig,
     (matrices, wide): (u64, u64),
     avail: u64,
     (block_size, want): (usize, usize),
-    step: usize,
+    (step, longest): (usize, Option<usize>),
     seqs: SeqPlan,
     kv: KvType,
 ) -> usize {
     let plan = |blocks: usize| -> MemoryPlan {
-        plan_memory(cfg, matrices, wide, blocks, block_size, step, seqs).with_kv_type(cfg, kv)
+        let pool = blocks * block_size;
+        let longest = longest.map_or(pool, |p| p.clamp(1, pool));
+        plan_memory_for(cfg, matrices, wide, blocks, block_size, step, longest, seqs).with_kv_type(cfg, kv)
     };
-    let fits = |blocks: usize| plan(blocks).check(avail, "", blocks * block_size, cfg).is_ok();
-    // The plan grows with the blocks: the largest count that fits, by bisection.
-    let (mut lo, mut hi) = (0, want);
+    largest_fitting(want, |blocks| plan(blocks).check(avail, "", blocks * block_size, cfg).is_ok())
+}
+
+/// The largest `n` in `0..=most` with `fits(n)`, for a `fits` that holds up to some `n` and
+/// not above it (memory plans grow with what they hold); 0 when not even 1 fits.
+pub fn largest_fitting(most: usize, fits: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, most);
     while lo < hi {
         let mid = (lo + hi).div_ceil(2);
         if fits(mid) {

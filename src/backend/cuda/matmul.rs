@@ -240,17 +240,10 @@ impl Mm<'_> {
             while r < m.rows {
                 let n_rows = chunk.min(m.rows - r);
                 DequantF16 { w, out: wide, row0: r, n_rows }.launch(k, self.s)?;
-                self.f16(
-                    k,
-                    wide,
-                    n_rows,
-                    m.cols,
-                    p.bias.map(|b| b.offset(r)),
-                    p.n,
-                    p.out.offset(r),
-                    p.out_stride,
-                    p.accumulate,
-                )?;
+                let bias = p.bias.map(|b| b.offset(r));
+                let out = p.out.offset(r);
+                let (n, out_stride, accumulate) = (p.n, p.out_stride, p.accumulate);
+                self.f16(k, F16Product { w: wide, rows: n_rows, cols: m.cols, bias, n, out, out_stride, accumulate })?;
                 r += n_rows;
             }
             return Ok(());
@@ -271,7 +264,8 @@ impl Mm<'_> {
             }
             .launch(k, self.s);
         }
-        self.f16(k, w, m.rows, m.cols, p.bias, p.n, p.out, p.out_stride, p.accumulate)
+        let (rows, cols, bias, n, out) = (m.rows, m.cols, p.bias, p.n, p.out);
+        self.f16(k, F16Product { w, rows, cols, bias, n, out, out_stride: p.out_stride, accumulate: p.accumulate })
     }
 
     /// `out[t, r] = silu(gate) * up` of a stacked quantized gate/up `w` (`[2 ffn, cols]`) for a
@@ -311,19 +305,8 @@ impl Mm<'_> {
     }
 
     /// F16 weights `[rows, cols]` times the F16 input already in `x16`.
-    #[allow(clippy::too_many_arguments)]
-    fn f16(
-        &mut self,
-        k: &mut Kernels,
-        w: Dev<u16>,
-        rows: usize,
-        cols: usize,
-        bias: Option<Dev<f32>>,
-        n: usize,
-        out: Dev<f32>,
-        out_stride: usize,
-        accumulate: bool,
-    ) -> Result<(), CudaError> {
+    fn f16(&mut self, k: &mut Kernels, p: F16Product) -> Result<(), CudaError> {
+        let F16Product { w, rows, cols, bias, n, out, out_stride, accumulate } = p;
         if n <= tc_max_tokens() && GemmTc::fits(w, self.x16, rows, cols, n) {
             let g = GemmTc {
                 w,
@@ -340,7 +323,7 @@ impl Mm<'_> {
             return g.launch(k, self.s);
         }
         let Some(blas) = self.blas else {
-            return self.f16_slices(k, w, rows, cols, bias, n, out, out_stride, accumulate);
+            return self.f16_slices(k, p);
         };
         l::Gemm { w, x: self.x16, out, rows, cols, n_tok: n, out_stride, accumulate }.launch(blas)?;
         if let Some(b) = bias {
@@ -354,19 +337,8 @@ impl Mm<'_> {
     /// runs slower than through cuBLAS; the sums are the same F32 accumulations of F16 products.
     /// `x16` holds `[n, cols]` with room for the last slice's padding to 16 rows (the work
     /// buffers are sized to a power of two of at least 16 tokens).
-    #[allow(clippy::too_many_arguments)]
-    fn f16_slices(
-        &mut self,
-        k: &mut Kernels,
-        w: Dev<u16>,
-        rows: usize,
-        cols: usize,
-        bias: Option<Dev<f32>>,
-        n: usize,
-        out: Dev<f32>,
-        out_stride: usize,
-        accumulate: bool,
-    ) -> Result<(), CudaError> {
+    fn f16_slices(&mut self, k: &mut Kernels, p: F16Product) -> Result<(), CudaError> {
+        let F16Product { w, rows, cols, bias, n, out, out_stride, accumulate } = p;
         let mut t0 = 0;
         while t0 < n {
             let m = (n - t0).min(TC_MAX_TOKENS);
@@ -385,6 +357,20 @@ impl Mm<'_> {
         }
         Ok(())
     }
+}
+
+/// A product on F16 weights `w` (`[rows, cols]`) of the `n` rows of F16 input in `Mm::x16`:
+/// `out[t * out_stride + r] (+)= w[r] . x16[t] (+ bias[r])`.
+#[derive(Clone, Copy)]
+struct F16Product {
+    w: Dev<u16>,
+    rows: usize,
+    cols: usize,
+    bias: Option<Dev<f32>>,
+    n: usize,
+    out: Dev<f32>,
+    out_stride: usize,
+    accumulate: bool,
 }
 
 /// One part of a product.

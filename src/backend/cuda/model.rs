@@ -576,6 +576,9 @@ impl Backend for CudaBackend {
     fn num_blocks(&self) -> usize {
         self.num_blocks
     }
+    fn max_seq_positions(&self) -> usize {
+        self.max_pos
+    }
     fn describe(&self) -> String {
         let formats: Vec<String> = self.formats.iter().map(|(t, n)| format!("{n} {t}")).collect();
         let kv = if self.kv_type() == KvType::Q8 { "; KV cache q8" } else { "" };

@@ -340,8 +340,15 @@ impl CudaBackend {
             }
             mark("o matmul")?;
             if let Some(moe) = &lw.moe {
-                // The norm runs inside the MoE launch where a one-stream step allows (moe.rs).
-                super::moe::moe_ffn_normed(k, s, moe, &w.moe, x, Dev::of(&lw.ffn_norm, s), c.rms_eps, h, n)?;
+                if let Some(t) = self.tap.as_mut() {
+                    // The tap reads the normed input the router sees, so the norm runs first.
+                    norm(x, Dev::of(&lw.ffn_norm, s), h).launch(k, s)?;
+                    t.layer_input(&self.dev.stream, li, TapPoint::Router, &w.h, n, dim)?;
+                    super::moe::moe_ffn(k, s, moe, &w.moe, h, x, n)?;
+                } else {
+                    // The norm runs inside the MoE launch where a one-stream step allows (moe.rs).
+                    super::moe::moe_ffn_normed(k, s, moe, &w.moe, x, Dev::of(&lw.ffn_norm, s), c.rms_eps, h, n)?;
+                }
                 mark("moe ffn")?;
                 continue;
             }

@@ -79,8 +79,12 @@ pub(super) fn run(
         let off = (blk * bs + pos[t] % bs) * kvd;
         kc[off..off + kvd].copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
         vc[off..off + kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
-        crate::backend::kv_type::store_row(cx.kv_type, &mut kc[off..off + kvd]);
-        crate::backend::kv_type::store_row(cx.kv_type, &mut vc[off..off + kvd]);
+        for row in [&mut kc[off..off + kvd], &mut vc[off..off + kvd]] {
+            crate::backend::kv_type::store_row(cx.kv_type, row);
+            if cx.round_f16_cache {
+                row.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+            }
+        }
     }
     let att = take(att, n * qd);
     let kv = PagedKv { k: kc, v: vc, block_size: bs, n_kv_heads: c.n_kv_heads, head_dim: hd };

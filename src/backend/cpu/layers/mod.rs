@@ -42,6 +42,8 @@ pub(super) struct StepCtx<'a> {
     pub block_size: usize,
     /// The cache type whose values the K/V caches hold (`kv_type::store_row` on every write).
     pub kv_type: crate::backend::kv_type::KvType,
+    /// Cached values rounded to F16 also for the F16 type (`CpuBackend::with_rounded_f16_cache`).
+    pub round_f16_cache: bool,
 }
 
 /// The hooks around every block.
