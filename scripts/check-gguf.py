@@ -5,9 +5,9 @@
 tensor type is one gguf-py knows. With --reference F16.gguf (the quantizer's source) every tensor
 is decoded by gguf-py's numpy dequantizers and its relative error against the reference,
 sum (x - x^)^2 / sum x^2, is compared with the `relative_error` dustoff wrote for it in
-quantize-report.json (--report, default: beside the file): the two decoders must agree.
+<file>.report.json (--report, default: the quantize report of the file): the two decoders must agree.
 
-    python3 scripts/check-gguf.py OUT.gguf [--reference F16.gguf] [--report quantize-report.json]
+    python3 scripts/check-gguf.py OUT.gguf [--reference F16.gguf] [--report OUT.gguf.report.json]
 
 Exit 0: all checks passed; 1: a check failed (each failure is printed); 2: gguf-py is missing
 (pip install gguf). Not a CI dependency: tests/quantize.rs runs it where python3 has gguf.
@@ -36,7 +36,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("file")
     ap.add_argument("--reference", help="the F16/F32 GGUF the file was quantized from")
-    ap.add_argument("--report", help="quantize-report.json (default: beside the file)")
+    ap.add_argument("--report", help="the quantize report (default: <file>.report.json)")
     ap.add_argument("--tolerance", type=float, default=1e-3,
                     help="largest relative difference of the two relative errors (default 1e-3)")
     a = ap.parse_args()
@@ -57,7 +57,7 @@ def main():
           f"alignment {align}, types {dict(sorted(types.items()))}")
 
     if a.reference:
-        report = a.report or os.path.join(os.path.dirname(os.path.abspath(a.file)), "quantize-report.json")
+        report = a.report or os.path.abspath(a.file) + ".report.json"
         with open(report) as f:
             want = {t["name"]: t for t in json.load(f)["tensors"]}
         ref = {t.name: t for t in GGUFReader(a.reference).tensors}

@@ -47,13 +47,15 @@ enum Cmd {
     /// Run a batch job: records in (JSONL, Parquet, OpenAI batch), one result row per record out,
     /// with checkpoints; the same command resumes a killed job.
     Run(RunCliArgs),
-    /// Convert a Hugging Face model directory (BF16/F16/F32 safetensors) to F16, as a GGUF file
-    /// (output ends in .gguf) or a safetensors directory; values F16 cannot hold are clamped
-    /// and counted per tensor in convert-report.json beside the output. A GGUF --model is
-    /// converted to another GGUF of --dtype (f16, or a quantize --type), quantized input allowed.
+    /// Convert a Hugging Face model directory (BF16/F16/F32 safetensors, sharded or not) to F16,
+    /// as a GGUF file (output ends in .gguf; the tensor names, keys and layouts of llama.cpp's
+    /// converter, Qwen3.5 / Qwen3.5-MoE / Qwen3-Next and their vision-language releases
+    /// included) or a safetensors directory; values F16 cannot hold are clamped and counted per
+    /// tensor in <output>.report.json. A GGUF --model is converted to another GGUF of --dtype
+    /// (f16, or a quantize --type), quantized input allowed. Unsupported models exit 2.
     Convert(ConvertCliArgs),
     /// Quantize a model (HF directory or F16/BF16/F32 GGUF) to a GGUF of --type, optionally
-    /// calibrated with an importance matrix; quantize-report.json is written beside the output.
+    /// calibrated with an importance matrix; <output>.report.json is written beside it.
     #[command(long_about = QUANTIZE_HELP)]
     Quantize(QuantizeCliArgs),
     /// Perplexity of models on a text, and their KL divergence and top-1 agreement against a
@@ -74,8 +76,8 @@ enum Cmd {
 
 #[derive(Args)]
 struct SynthCliArgs {
-    /// Shape name (as `bench --synthetic`): qwen3-8b, qwen3-30b-a3b, llama3-8b, ... (not the
-    /// Gated DeltaNet hybrids).
+    /// Shape name (as `bench --synthetic`): qwen3-8b, qwen3-30b-a3b, llama3-8b, qwen3.5-9b,
+    /// qwen3.5-27b, qwen3.6-35b-a3b, ... (the hybrids in llama.cpp's qwen35 / qwen35moe layout).
     #[arg(long)]
     shape: String,
     /// Storage mix, as `quantize --type`: q4_k_m, q4_k_s, q5_k_m, q6_k, q8_0, q4_0, f16.
@@ -244,34 +246,46 @@ struct ConvertCliArgs {
 
 const QUANTIZE_HELP: &str = "Quantize a model to a GGUF file that dustoff and llama.cpp load.
 
-Input: a Hugging Face directory (BF16/F16/F32 safetensors; converted to F16 first, exactly as
-`dustoff convert` does) or an F16/BF16/F32 GGUF. An already quantized GGUF is refused unless
---allow-requantize (its rounding error adds to the new one).
+Models: llama, qwen2, qwen3, qwen3moe (Qwen3-30B-A3B), qwen35 (Qwen3.5/3.6 9B, 27B), qwen35moe
+(Qwen3.5/3.6-35B-A3B) and qwen3next. Input: a Hugging Face directory (BF16/F16/F32
+safetensors, sharded or not, the vision-language releases included: their text model is
+converted, the vision tower and MTP layers skipped and counted; converted to F16 first, exactly
+as `dustoff convert` does, in llama.cpp's GGUF layout) or an F16/BF16/F32 GGUF. An already
+quantized GGUF is refused unless --allow-requantize (its rounding error adds to the new one).
 
 Types and their mix (the conventions of llama.cpp's quantizer):
-  q4_k_m (default)  Q4_K; attn_v and ffn_down of the first and last eighth of the layers and of
-                    every third layer between them Q6_K; output head Q6_K
-  q4_k_s            Q4_K; attn_v of layers 0-3 and ffn_down of the first eighth Q5_K; head Q6_K
-  q5_k_m            Q5_K; attn_v / ffn_down as q4_k_m get Q6_K; head Q6_K
+  q4_k_m (default)  Q4_K; attn_v-like (attn_v, DeltaNet attn_qkv) and ffn_down (dense, experts,
+                    shared expert) of the first and last eighth of the layers and of every third
+                    layer between them Q6_K; output head Q6_K
+  q4_k_s            Q4_K; attn_v-like of layers 0-3 and ffn_down of the first eighth Q5_K; head Q6_K
+  q5_k_m            Q5_K; attn_v-like / ffn_down as q4_k_m get Q6_K; head Q6_K
   q6_k              Q6_K everywhere
   q8_0              Q8_0 everywhere (head included)
-  q4_0              Q4_0; output head Q6_K
+  q4_0              Q4_0; with calibration ffn_down of the first eighth Q4_1; output head Q6_K
   f16               every matrix F16 (a reference copy of a quantized model)
-The output head is output.weight, or token_embd.weight when the embedding is tied; an untied
-token_embd gets the base type. Norms and biases stay F32. Rows whose length a K type cannot
-hold (not a multiple of 256) fall back: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; the summary
-and the report list them.
+Models of exactly 8 experts: attn_v-like and attn_k Q8_0, attn_output Q5_K (q4_k_s/m). The
+output head is output.weight, or token_embd.weight when the embedding is tied; an untied
+token_embd gets the base type. Norms, biases, MoE routers and DeltaNet conv taps stay F32.
+Rows whose length a K type cannot hold (not a multiple of 256) fall back: Q4_K -> Q5_0,
+Q5_K -> Q5_1, Q6_K -> Q8_0; the summary and the report list them.
 
 Calibration: --calibration FILE (JSONL with a \"text\" field, or plain text) runs up to
 --calibration-tokens tokens through the model (--device auto: on the GPU when one is usable and
-the CUDA backend runs the model, else on the CPU) and records, for every matrix, the mean
-squared activation of each input column (the importance matrix). With --pipeline P, FILE holds
-that pipeline's job records (JSONL or Parquet): each is rendered and tokenized exactly as
-`dustoff run P` would feed it (system prompt, instruction, chat template), one window per
-record. Scales and mins are then chosen
-by weighted least squares with those weights. --imatrix-out F saves it, --imatrix F reuses it.
-Without calibration the same search runs with uniform weights (plain least squares); Q4_0
-also weights each element by its magnitude. Details: docs/QUANTIZE.md.";
+the CUDA backend taps the model's layers (dense models), else on the CPU) and records, for every
+matrix, the mean squared activation of each input column over the tokens that reach it (the
+importance matrix): every expert from the tokens routed to it, the shared expert, attention and
+DeltaNet projections. An expert no token was routed to falls back (gate/up: its layer's router
+input; down: uniform weights), counted on the console and listed in the report; the console
+names every matrix left without importance. With --pipeline P, FILE holds that pipeline's job
+records (JSONL or Parquet): each is rendered and tokenized exactly as `dustoff run P` would
+feed it (system prompt, instruction, chat template), one window per record. Scales and mins are
+then chosen by weighted least squares with those weights. --imatrix-out F saves it (llama.cpp's
+imatrix layout), --imatrix F reuses it. Without calibration the same search runs with uniform
+weights (plain least squares); Q4_0 also weights each element by its magnitude.
+
+Report: <output>.report.json beside the output (types, fallbacks, errors, importance, verify).
+Exit codes: 0 done; 1 failed (I/O, --verify-max-kl exceeded); 2 bad arguments or an
+unsupported model (the architecture or config key is named). Details: docs/QUANTIZE.md.";
 
 #[derive(Args)]
 struct QuantizeCliArgs {
@@ -303,7 +317,7 @@ struct QuantizeCliArgs {
     #[arg(long)]
     allow_requantize: bool,
     /// Afterwards, score the output against the source on a short built-in text (KL divergence,
-    /// top-1 agreement, perplexities); recorded in quantize-report.json.
+    /// top-1 agreement, perplexities); recorded in <output>.report.json.
     #[arg(long)]
     verify: bool,
     /// Exit 1 when the verification's mean KL divergence exceeds this (implies --verify).

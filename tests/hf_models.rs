@@ -179,7 +179,7 @@ fn same_model_as_safetensors_and_as_gguf_gives_the_same_logits() {
         let v = s.verify.as_ref().unwrap();
         assert_eq!((v.values_mismatched, v.representable_mismatched), (0, 0), "{arch:?}");
         assert_eq!(v.top1_agreement, 1.0, "{arch:?}: {v:?}");
-        assert!(root.join("convert-report.json").is_file());
+        assert!(root.join("model.gguf.report.json").is_file(), "the report follows the output's name");
 
         let hf = logits_of(&src, &TOKENS);
         let gg = logits_of(&gguf, &TOKENS);
@@ -252,7 +252,7 @@ fn conversion_policy_on_planted_values() {
     assert!(e.contains(target) && e.contains("--allow-lossy"), "{e}");
     assert!(!gguf.exists(), "a refused conversion leaves no output");
     let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root.join("convert-report.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(root.join("m.gguf.report.json")).unwrap()).unwrap();
     let t = report["tensors"].as_array().unwrap().iter().find(|t| t["name"] == target).unwrap();
     // 65504 and 65520 are stored as BF16 65536: beyond F16's range like +-1e6.
     assert_eq!(

@@ -107,7 +107,7 @@ fn every_type_loads_back_close_to_the_f16_model_with_the_mix_rules() {
         // The tied embedding is the output head: Q6_K wanted, Q8_0 for rows of 64.
         assert_eq!(tensor_type(&g, "token_embd.weight"), GgmlType::Q8_0, "{ty}");
         let report: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(d.join("quantize-report.json")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(d.join(format!("{ty}.gguf.report.json"))).unwrap()).unwrap();
         assert_eq!(report["tensors"].as_array().unwrap().len(), g.tensors.len());
         assert!(report["bytes_out"].as_u64().unwrap() < report["bytes_in"].as_u64().unwrap());
 
@@ -250,7 +250,7 @@ fn verify_is_recorded_and_a_kl_bound_fails_the_command() {
     let (code, err) = cli(&["quantize", "--model", hs, "--output", qs, "--type", "q4_0", "--verify-max-kl", "0"]);
     assert_eq!(code, 1, "{err}");
     assert!(q.exists());
-    let v = json(&d.join("quantize-report.json"))["verify"].clone();
+    let v = json(&d.join("q4_0.gguf.report.json"))["verify"].clone();
     assert_eq!((v["passed"].as_bool(), v["max_kl"].as_f64()), (Some(false), Some(0.0)), "{v}");
     assert_eq!(v["reference"].as_str(), Some(hs));
     let kl = v["eval"]["models"][0]["kl_divergence"]["mean"].as_f64().unwrap();
@@ -260,7 +260,7 @@ fn verify_is_recorded_and_a_kl_bound_fails_the_command() {
     // GGUF -> GGUF convert --verify: an F16 copy of the Q4_0 file is scored against that file.
     let (code, err) = cli(&["convert", "--model", qs, "--output", back.to_str().unwrap(), "--verify-max-kl", "1e-3"]);
     assert_eq!(code, 0, "{err}");
-    let v = json(&d.join("quantize-report.json"))["verify"].clone();
+    let v = json(&d.join("back-f16.gguf.report.json"))["verify"].clone();
     assert_eq!(v["passed"].as_bool(), Some(true), "{v}");
     assert_eq!(v["reference"].as_str(), Some(qs));
     assert!(v["eval"]["models"][0]["kl_divergence"]["mean"].as_f64().unwrap() < 1e-3, "{v}");
@@ -339,7 +339,7 @@ fn pipeline_calibration_feeds_the_prompts_a_job_feeds() {
     assert_eq!(c.windows, records.len());
     assert_eq!(c.tokens, w.windows.iter().map(|w| w.len() as u64).sum::<u64>());
     assert_eq!(c.prompts.as_ref().map(|p| p.records), Some(records.len()));
-    let r = json(&d.join("quantize-report.json"));
+    let r = json(&d.join("cal.gguf.report.json"));
     assert_eq!(r["calibration"]["prompts"]["records"].as_u64(), Some(records.len() as u64));
     assert!(r["calibration"]["pipeline"].as_str().is_some_and(|p| p.ends_with("summarize.toml")), "{r}");
     std::fs::remove_dir_all(&d).ok();

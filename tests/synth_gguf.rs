@@ -66,11 +66,78 @@ fn a_synthetic_file_loads_with_its_shape_and_generates() {
     assert_ne!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), "another seed, other weights");
 
     let bad = Command::new(bin())
-        .args(["synth", "--shape", "qwen3.5-9b", "--tokenizer", "x", "--output"])
+        .args(["synth", "--shape", "qwen9-9b", "--tokenizer", "x", "--output"])
         .arg(dir.join("c.gguf"))
         .output()
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("hybrid"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown shape 'qwen9-9b'"));
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A synthetic hybrid file has llama.cpp's layout: for the shapes of the tiny reference models
+/// (their HF configs), the F16 tensor list and the architecture keys are those of llama.cpp's
+/// converter output of the same model (`<arch>-f16.gguf`). No file is written.
+#[test]
+fn hybrid_shapes_have_llama_cpp_tensors_and_keys() {
+    use dustoff::model::synth_gguf::{synthetic_kv, synthetic_tensors};
+    use dustoff::quantize::mix::QuantType;
+    for (dir, file) in [
+        ("qwen3_5", "qwen3_5-f16.gguf"),
+        ("qwen3_5_moe", "qwen3_5_moe-f16.gguf"),
+        ("qwen3_next", "qwen3_next-f16.gguf"),
+    ] {
+        let d = common::arch_dir(dir);
+        let (cfg, _) = dustoff::model::hf::read_config(&d.join("hf")).unwrap();
+        let reference = GgufFile::open(d.join(file)).unwrap();
+        let mut ours: Vec<(String, Vec<u64>, GgmlType)> = synthetic_tensors(&cfg, QuantType::F16)
+            .into_iter()
+            .map(|t| (t.name, t.shape.iter().rev().map(|&x| x as u64).collect(), t.dtype))
+            .collect();
+        let mut want: Vec<(String, Vec<u64>, GgmlType)> =
+            reference.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), t.dtype)).collect();
+        ours.sort_by(|a, b| a.0.cmp(&b.0));
+        want.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(ours, want, "{dir}");
+        let kv = synthetic_kv(&cfg, QuantType::F16, "x");
+        let arch = reference.get_str("general.architecture").unwrap().unwrap().to_string();
+        for k in reference.metadata_order.iter().filter(|k| k.starts_with(&format!("{arch}."))) {
+            let mine = kv.iter().find(|(n, _)| n == k).map(|(_, v)| v);
+            assert_eq!(mine, reference.get(k), "{dir}: {k}");
+        }
+    }
+}
+
+/// The real hybrid shapes in the q4_k_m mix: every layer's tensors are there with the
+/// checkpoint's widths, the converter's F32 tensors stay F32, the experts are stacked.
+#[test]
+fn real_hybrid_shapes_list_their_tensors() {
+    use dustoff::model::shapes::shape;
+    use dustoff::model::synth_gguf::synthetic_tensors;
+    use dustoff::quantize::mix::QuantType;
+    let find = |t: &[dustoff::model::gguf_writer::TensorOut], n: &str| {
+        t.iter().find(|x| x.name == n).unwrap_or_else(|| panic!("no {n}")).clone()
+    };
+    // Qwen3.6-35B-A3B: 30 DeltaNet layers (2 norms, 9 DeltaNet and 8 MoE tensors), 10
+    // attention layers (2 norms, 6 attention and 8 MoE tensors); embedding, head, output norm.
+    let c = shape("qwen3.6-35b-a3b").unwrap();
+    let t = synthetic_tensors(&c, QuantType::Q4KM);
+    assert_eq!(t.len(), 30 * 19 + 10 * 16 + 3);
+    let e = find(&t, "blk.0.ffn_gate_exps.weight");
+    assert_eq!((e.shape.clone(), e.dtype), (vec![256, 512, 2048], GgmlType::Q4K));
+    assert_eq!(find(&t, "blk.0.ffn_gate_inp.weight").dtype, GgmlType::F32);
+    assert_eq!(find(&t, "blk.0.ssm_conv1d.weight").shape, vec![8192, 4]);
+    assert_eq!(find(&t, "blk.0.ssm_conv1d.weight").dtype, GgmlType::F32);
+    assert_eq!(find(&t, "blk.0.attn_qkv.weight").shape, vec![8192, 2048]);
+    assert_eq!(find(&t, "blk.3.attn_q.weight").shape, vec![8192, 2048]);
+    assert_eq!(find(&t, "blk.0.ffn_gate_inp_shexp.weight").shape, vec![1, 2048]);
+    assert_eq!(find(&t, "output.weight").dtype, GgmlType::Q6K);
+    // Qwen3.5-27B: 48 value heads of 128, dense FFN of 17,408.
+    let t = synthetic_tensors(&shape("qwen3.5-27b").unwrap(), QuantType::Q4KM);
+    assert_eq!(find(&t, "blk.0.attn_gate.weight").shape, vec![6144, 5120]);
+    assert_eq!(find(&t, "blk.0.ssm_out.weight").shape, vec![5120, 6144]);
+    assert_eq!(find(&t, "blk.0.ffn_down.weight").shape, vec![5120, 17408]);
+    assert_eq!(find(&t, "blk.63.attn_k.weight").shape, vec![1024, 5120]);
+    let t = synthetic_tensors(&shape("qwen3.5-9b").unwrap(), QuantType::Q4KM);
+    assert_eq!(t.iter().filter(|x| x.name.ends_with("ssm_a")).count(), 24);
 }

@@ -1,6 +1,6 @@
 //! `dustoff convert`: a Hugging Face directory (BF16/F16/F32 safetensors) to F16, written as a
 //! safetensors directory or a GGUF file (chosen by the `.gguf` extension), with
-//! `convert-report.json` beside the output and an optional `--verify` pass.
+//! `<output>.report.json` beside the output and an optional `--verify` pass.
 //!
 //! The loss policy is `model::convert`'s. Tensors are converted and written one at a time, so a
 //! model larger than memory converts; the output appears under its name only when complete.
@@ -14,11 +14,12 @@ use crate::backend::cpu::CpuBackend;
 use crate::engine::sampler::argmax;
 use crate::engine::single::SingleSeq;
 use crate::model::convert::{
-    f16_policy, gguf_outputs, produce, write_report, ConvertError, Counts, OutTensor, TensorReport,
+    f16_policy, gguf_outputs, produce, source_values, write_report, ConvertError, Counts, OutTensor, TensorReport,
 };
 use crate::model::gguf::GgufFile;
-use crate::model::gguf_writer::{llama3_freq_factors, model_kv, tokenizer_kv, write_gguf, TensorOut};
+use crate::model::gguf_writer::{llama3_freq_factors, model_kv_with, tokenizer_kv, write_gguf, KvExtras, TensorOut};
 use crate::model::hf::{read_config, tensor_plan, CONFIG_FILE};
+use crate::model::hf_hybrid::{hybrid_outputs, skipped_tensors, HfLayout};
 use crate::model::quant::{dequantize_row, GgmlType};
 use crate::model::safetensors::{ggml_type_of, write_checkpoint_with, SafetensorsDir, StMeta};
 use crate::tokenizer::Tokenizer;
@@ -172,7 +173,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<ConvertSummary> {
     let mut summary = convert(&args)?;
     if let Some(v) = summary.verify.as_mut() {
         let e = crate::commands::verify::verify(&args.output, &args.model, args.verify_max_kl)?;
-        // convert-report.json gains the scores (written before the verification ran).
+        // the report gains the scores (written before the verification ran).
         let text = std::fs::read_to_string(&summary.report).map_err(io(&summary.report))?;
         let mut j: serde_json::Value = serde_json::from_str(&text)?;
         if let Some(o) = j.as_object_mut() {
@@ -203,14 +204,23 @@ fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
     }
     let gguf = a.output.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
     let (cfg, extras) = read_config(&a.model)?;
-    if cfg.hybrid.is_some() {
-        return Err(ConvertError::Usage(format!(
-            "{}: converting hybrid (linear-attention) models is not supported yet; dustoff runs the directory as it is",
-            a.model.display()
-        )));
-    }
     let st = SafetensorsDir::open(&a.model)?;
-    let outs = if gguf {
+    let mut kv_extras = KvExtras::default();
+    let mut skipped = serde_json::Value::Null;
+    let outs = if gguf && cfg.hybrid.is_some() {
+        let layout = HfLayout::of(&st, &cfg);
+        let (vision, mtp) = skipped_tensors(&st, &layout);
+        if vision + mtp > 0 {
+            eprintln!(
+                "convert: {}: skipped {vision} vision-tower tensors (model.visual.*) and {mtp} multi-token-prediction \
+                 tensors (mtp.*); the text model is converted",
+                a.model.display()
+            );
+        }
+        skipped = serde_json::json!({"vision_tower": vision, "mtp": mtp});
+        kv_extras = KvExtras { shared_ffn: layout.shared_ffn, rope_sections: mrope_sections(&a.model) };
+        Outputs { list: hybrid_outputs(&cfg, &layout), extra: None }
+    } else if gguf {
         let extra = llama3_freq_factors(&cfg).map(|f| {
             let t = TensorOut { name: "rope_freqs.weight".into(), dtype: GgmlType::F32, shape: vec![f.len()] };
             (t, f.iter().flat_map(|v| v.to_le_bytes()).collect())
@@ -223,16 +233,8 @@ fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
             .map(|n| -> Result<OutTensor, ConvertError> {
                 let (_, info) = st.get(n)?;
                 let float = ggml_type_of(&info.dtype).is_some();
-                Ok(OutTensor {
-                    source: n.to_string(),
-                    out: TensorOut {
-                        name: n.to_string(),
-                        dtype: if float { GgmlType::F16 } else { GgmlType::F32 },
-                        shape: info.shape.clone(),
-                    },
-                    permute_heads: None,
-                    stacked: Vec::new(),
-                })
+                let dtype = if float { GgmlType::F16 } else { GgmlType::F32 };
+                Ok(OutTensor::plain(n, n, dtype, info.shape.clone()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         if let Some(t) = list.iter().find(|t| t.out.dtype != GgmlType::F16) {
@@ -251,7 +253,7 @@ fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
     let partial = PathBuf::from(format!("{}.partial", a.output.display()));
     let written = if gguf {
         let name = a.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let mut kv = model_kv(&cfg, &name);
+        let mut kv = model_kv_with(&cfg, &name, &kv_extras);
         kv.extend(tokenizer_kv(&a.model, cfg.vocab_size)?);
         write_gguf(&a.output, &kv, &outs.all(), &mut data)
     } else {
@@ -263,11 +265,12 @@ fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
         return Err(e);
     }
 
-    let report = a.output.parent().unwrap_or(Path::new(".")).join("convert-report.json");
+    let report = report_path(&a.output);
     let lossy_tensors: Vec<String> = reports.iter().filter(|r| r.lossy).map(|r| r.name.clone()).collect();
     let refused = !lossy_tensors.is_empty() && !a.allow_lossy;
     let extra = serde_json::json!({"source": a.model, "output": a.output, "written": !refused,
-                                   "max_lossy_fraction": maxf, "lossy_tensors": lossy_tensors});
+                                   "max_lossy_fraction": maxf, "lossy_tensors": lossy_tensors,
+                                   "skipped": skipped});
     write_report(&report, &reports, extra)?;
     if refused {
         if gguf {
@@ -365,16 +368,7 @@ fn verify(a: &ConvertArgs, st: &SafetensorsDir, outs: &Outputs) -> Result<Verify
         if got_ty != t.out.dtype {
             return Err(fail(format!("tensor '{}' is {got_ty}, expected {}", t.out.name, t.out.dtype)));
         }
-        let mut s = Vec::new();
-        for name in t.sources() {
-            let (src_ty, _, src) = st.read(name)?;
-            s.extend(widen(src_ty, src));
-        }
-        if let Some(h) = t.permute_heads {
-            let bytes: Vec<u8> = s.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let p = crate::model::gguf_writer::permute_qk_rows(&bytes, t.out.shape[0], h);
-            s = widen(GgmlType::F32, &p);
-        }
+        let (_, s) = source_values(st, t)?;
         let o = widen(got_ty, got);
         let mut scratch = Counts::default();
         for (i, (&sv, &ov)) in s.iter().zip(&o).enumerate() {
@@ -441,5 +435,22 @@ fn verify(a: &ConvertArgs, st: &SafetensorsDir, outs: &Outputs) -> Result<Verify
         max_abs_logit_diff: max_diff,
         reference_text: tok.decode(&generated)?,
         eval: None,
+    })
+}
+
+/// The report of a conversion writing `output`: `<output>.report.json` beside it, so that
+/// conversions into one folder keep their own reports.
+pub fn report_path(output: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.report.json", output.display()))
+}
+
+/// `mrope_section` of a Qwen3.5 `config.json` (in `rope_parameters` or `rope_scaling`, of the
+/// nested `text_config` of a vision-language checkpoint), when it has one.
+fn mrope_sections(dir: &Path) -> Option<Vec<u32>> {
+    let j = crate::model::hf::read_json(&dir.join(CONFIG_FILE)).ok()?;
+    let text = j.get("text_config").filter(|t| t.is_object()).unwrap_or(&j);
+    ["rope_parameters", "rope_scaling"].iter().find_map(|k| {
+        let s = text.get(k)?.get("mrope_section")?.as_array()?;
+        s.iter().map(|v| v.as_u64().map(|v| v as u32)).collect()
     })
 }

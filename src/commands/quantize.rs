@@ -1,5 +1,5 @@
 //! `dustoff quantize`: a Hugging Face directory (BF16/F16/F32) or an F16/BF16/F32 GGUF to a
-//! quantized GGUF, optionally calibrated with an importance matrix, with `quantize-report.json`
+//! quantized GGUF, optionally calibrated with an importance matrix, with `<output>.report.json`
 //! beside the output.
 //!
 //! An HF directory is first converted to an F16 GGUF next to the output (`dustoff convert`'s
@@ -8,7 +8,7 @@
 //! the CPU backend. Its text is a plain file, JSONL `text` records, or, with `--pipeline P`, the
 //! records of a job input rendered into the prompts that job will feed. `--verify` scores the
 //! output against the source (`dustoff eval` on a short built-in text) and records the result
-//! in `quantize-report.json`; `--verify-max-kl X` fails the command (exit 1) above a mean KL.
+//! in `<output>.report.json`; `--verify-max-kl X` fails the command (exit 1) above a mean KL.
 
 use std::path::{Path, PathBuf};
 
@@ -101,7 +101,7 @@ impl QuantizeSummary {
     }
 }
 
-/// `quantize-report.json`: the quantizer's report plus how it was calibrated and verified.
+/// `<output>.report.json`: the quantizer's report plus how it was calibrated and verified.
 #[derive(Serialize)]
 struct ReportFile<'a> {
     #[serde(flatten)]
@@ -136,6 +136,9 @@ impl QuantizeSummary {
             }
             s += "\n";
         }
+        if r.imatrix.is_some() {
+            s += &importance_line(r);
+        }
         if !r.fallbacks.is_empty() {
             // Grouped by (wanted -> used); the report lists every tensor.
             let mut groups: std::collections::BTreeMap<(String, String), usize> = Default::default();
@@ -156,6 +159,33 @@ impl QuantizeSummary {
         }
         s
     }
+}
+
+/// The console line on the importance of the matrices: how many were calibrated, which were
+/// left without (named), and the experts no calibration token was routed to (counted, with
+/// their fallback; the report lists each).
+fn importance_line(r: &QuantizeReport) -> String {
+    let quantized = r.tensors.iter().filter(|t| t.to != "F32" && t.to != t.from).count();
+    let mut s = format!(
+        "importance: {} of {quantized} quantized matrices calibrated",
+        quantized.saturating_sub(r.missing_importance.len())
+    );
+    if r.routed_expert_matrices + r.unrouted_experts.len() > 0 {
+        s += &format!(
+            " ({} expert matrices from their routed tokens, {} never routed: gate/up take their layer's router input, down uniform weights)",
+            r.routed_expert_matrices,
+            r.unrouted_experts.len()
+        );
+    }
+    if r.missing_importance.is_empty() {
+        s += "\n";
+    } else {
+        let why =
+            |n: &str| if n == "token_embd.weight" { " (an embedding lookup: no activation reaches it)" } else { "" };
+        let named: Vec<String> = r.missing_importance.iter().map(|n| format!("{n}{}", why(n))).collect();
+        s += &format!("; without importance: {}\n", named.join(", "));
+    }
+    s
 }
 
 fn usage(msg: String) -> anyhow::Error {
@@ -195,11 +225,12 @@ pub fn run(a: &QuantizeArgs) -> anyhow::Result<QuantizeSummary> {
     }
 }
 
-/// The F16 GGUF made from an HF directory, removed when dropped.
+/// The F16 GGUF made from an HF directory, removed (with its conversion report) when dropped.
 struct TempSource(PathBuf);
 impl Drop for TempSource {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(crate::commands::convert::report_path(&self.0));
     }
 }
 
@@ -263,7 +294,7 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
     }
     let opts = QuantizeOptions { qtype, allow_requantize: a.allow_requantize, imatrix: imatrix.as_ref(), imatrix_name };
     let report = quantize_gguf(&src, &a.output, &opts)?;
-    let report_path = a.output.parent().unwrap_or(Path::new(".")).join("quantize-report.json");
+    let report_path = crate::commands::convert::report_path(&a.output);
     let write_report = |verify: Option<&Verify>| -> anyhow::Result<()> {
         let file = ReportFile { report: &report, calibration: calibration.as_ref(), verify };
         let text = serde_json::to_string_pretty(&file)?;

@@ -88,23 +88,12 @@ pub fn to_f16(ty: GgmlType, src: &[u8], c: &mut Counts) -> Vec<u8> {
 
 /// Widens a float row to F32 bytes (exact); non-finite values are counted.
 pub fn to_f32(ty: GgmlType, src: &[u8], c: &mut Counts) -> Vec<u8> {
-    let n = src.len() / ty.type_size();
-    let mut wide = vec![0f32; n];
+    let mut wide = vec![0f32; src.len() / ty.type_size()];
     dequantize_row(ty, src, &mut wide);
-    c.elements += n as u64;
-    let mut out = Vec::with_capacity(n * 4);
-    for v in wide {
-        if v.is_finite() {
-            c.max_abs = c.max_abs.max(v.abs());
-        } else {
-            c.non_finite += 1;
-        }
-        out.extend(v.to_le_bytes());
-    }
-    out
+    f32_bytes(&wide, c)
 }
 
-/// One line of `convert-report.json`.
+/// One line of `<output>.report.json`.
 #[derive(Clone, Debug, Serialize)]
 pub struct TensorReport {
     /// Source (HF) name.
@@ -148,6 +137,50 @@ pub enum ConvertError {
     Verify { path: PathBuf, reason: String },
 }
 
+/// A change of a tensor's values between the checkpoint and the GGUF file (the hybrid
+/// families' conventions: see `hf_hybrid`), applied to the widened f32 values in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Transform {
+    /// `1 + w`: a zero-centred RMSNorm weight as llama.cpp's converter writes it.
+    AddOne,
+    /// `-exp(w)`: `A_log` -> `ssm_a`.
+    NegExp,
+    /// Output row `r` is source row `rows[r]`, rows of `row_len` values (regrouped projections,
+    /// value heads reordered, fused experts split).
+    Rows { rows: Vec<usize>, row_len: usize },
+    /// Output column `c` of every row is source column `cols[c]` (rows of `cols.len()` values).
+    Cols(Vec<usize>),
+}
+
+impl Transform {
+    /// `v` transformed, or `None` when its length does not fit the transform.
+    pub fn apply(&self, v: Vec<f32>) -> Option<Vec<f32>> {
+        Some(match self {
+            Transform::AddOne => v.into_iter().map(|w| 1.0 + w).collect(),
+            Transform::NegExp => v.into_iter().map(|w| -w.exp()).collect(),
+            Transform::Rows { rows, row_len } => {
+                let mut out = Vec::with_capacity(rows.len() * row_len);
+                for &r in rows {
+                    out.extend_from_slice(v.get(r * row_len..(r + 1) * row_len)?);
+                }
+                out
+            }
+            Transform::Cols(cols) => {
+                let width = cols.len();
+                let src_width = cols.iter().max().map_or(0, |m| m + 1);
+                if src_width == 0 || !v.len().is_multiple_of(src_width) {
+                    return None;
+                }
+                let mut out = Vec::with_capacity(v.len() / src_width * width);
+                for row in v.chunks_exact(src_width) {
+                    out.extend(cols.iter().map(|&c| row[c]));
+                }
+                out
+            }
+        })
+    }
+}
+
 /// A tensor of the output: where it comes from and how it is transformed.
 #[derive(Clone, Debug)]
 pub struct OutTensor {
@@ -158,9 +191,27 @@ pub struct OutTensor {
     /// When not empty: the source tensors stacked along a new outer axis, in order (the
     /// experts of a GGUF `ffn_*_exps` tensor, `[n_experts, rows, cols]`); `source` is the first.
     pub stacked: Vec<String>,
+    /// The shape of each source when it is not the output's (a transform reshapes: a conv
+    /// weight `[C, 1, K]` written `[C, K]`, a fused projection split); `None`: the output's
+    /// shape, without the outer axis when stacked.
+    pub source_shape: Option<Vec<usize>>,
+    /// Applied in order after stacking and permutation.
+    pub transforms: Vec<Transform>,
 }
 
 impl OutTensor {
+    /// A tensor copied from `source` (converted to `dtype`), unchanged otherwise.
+    pub fn plain(source: &str, name: &str, dtype: GgmlType, shape: Vec<usize>) -> Self {
+        OutTensor {
+            source: source.to_string(),
+            out: TensorOut { name: name.to_string(), dtype, shape },
+            permute_heads: None,
+            stacked: Vec::new(),
+            source_shape: None,
+            transforms: Vec::new(),
+        }
+    }
+
     /// The source tensors whose values, concatenated, are this tensor's.
     pub fn sources(&self) -> Vec<&str> {
         if self.stacked.is_empty() {
@@ -188,26 +239,22 @@ pub fn gguf_outputs(plan: &[PlannedTensor]) -> Vec<OutTensor> {
         }
         let f32 = p.is_vector() || p.gguf.ends_with("ffn_gate_inp.weight");
         let shape = if p.expert.is_some() { [&[1][..], &p.shape].concat() } else { p.shape.clone() };
-        outs.push(OutTensor {
-            source: p.hf.clone(),
-            out: TensorOut { name: p.gguf.clone(), dtype: if f32 { GgmlType::F32 } else { GgmlType::F16 }, shape },
-            permute_heads: p.permute_heads,
-            stacked: if p.expert.is_some() { vec![p.hf.clone()] } else { Vec::new() },
-        });
+        let mut t = OutTensor::plain(&p.hf, &p.gguf, if f32 { GgmlType::F32 } else { GgmlType::F16 }, shape);
+        t.permute_heads = p.permute_heads;
+        if p.expert.is_some() {
+            t.stacked = vec![p.hf.clone()];
+        }
+        outs.push(t);
     }
     outs
 }
 
-/// Produces the bytes of one output tensor from the source checkpoint, with its report.
-pub fn produce(
-    st: &SafetensorsDir,
-    t: &OutTensor,
-    max_lossy_fraction: f64,
-) -> Result<(Vec<u8>, TensorReport), ConvertError> {
-    // A stacked tensor's sources each have its shape without the outer axis.
-    let part_shape = if t.stacked.is_empty() { &t.out.shape[..] } else { &t.out.shape[1..] };
-    let mut c = Counts::default();
-    let mut bytes = Vec::new();
+/// The values of output tensor `t` computed in f32 from the checkpoint (sources widened exactly,
+/// stacked, permuted, transformed), with the source's element type.
+pub fn source_values(st: &SafetensorsDir, t: &OutTensor) -> Result<(GgmlType, Vec<f32>), ConvertError> {
+    let stacked_part = if t.stacked.is_empty() { &t.out.shape[..] } else { &t.out.shape[1..] };
+    let part_shape = t.source_shape.as_deref().unwrap_or(stacked_part);
+    let mut wide = Vec::new();
     let mut ty = GgmlType::F32;
     for name in t.sources() {
         let (src_ty, shape, src) = st.read(name)?;
@@ -221,15 +268,46 @@ pub fn produce(
             .into());
         }
         ty = src_ty;
-        bytes.extend(match t.out.dtype {
-            GgmlType::F16 => to_f16(src_ty, src, &mut c),
-            GgmlType::F32 => to_f32(src_ty, src, &mut c),
-            other => return Err(ConvertError::Usage(format!("output type {other} is not supported"))),
-        });
+        let start = wide.len();
+        wide.resize(start + src.len() / src_ty.type_size(), 0f32);
+        dequantize_row(src_ty, src, &mut wide[start..]);
     }
     if let Some(heads) = t.permute_heads {
-        bytes = permute_qk_rows(&bytes, t.out.shape[0], heads);
+        let bytes: Vec<u8> = wide.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let p = permute_qk_rows(&bytes, t.out.shape[0], heads);
+        wide = p.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     }
+    for tr in &t.transforms {
+        wide = tr
+            .apply(wide)
+            .ok_or_else(|| ConvertError::Usage(format!("tensor '{}': the source does not fit {tr:?}", t.out.name)))?;
+    }
+    let want: usize = t.out.shape.iter().product();
+    if wide.len() != want {
+        return Err(ConvertError::Usage(format!(
+            "tensor '{}': {} values from {}, {want} expected for shape {:?}",
+            t.out.name,
+            wide.len(),
+            t.source,
+            t.out.shape
+        )));
+    }
+    Ok((ty, wide))
+}
+
+/// Produces the bytes of one output tensor from the source checkpoint, with its report.
+pub fn produce(
+    st: &SafetensorsDir,
+    t: &OutTensor,
+    max_lossy_fraction: f64,
+) -> Result<(Vec<u8>, TensorReport), ConvertError> {
+    let (ty, wide) = source_values(st, t)?;
+    let mut c = Counts::default();
+    let bytes = match t.out.dtype {
+        GgmlType::F16 => wide.iter().flat_map(|&v| f16_policy(v, &mut c).to_le_bytes()).collect(),
+        GgmlType::F32 => f32_bytes(&wide, &mut c),
+        other => return Err(ConvertError::Usage(format!("output type {other} is not supported"))),
+    };
     let lossy = c.is_lossy(max_lossy_fraction);
     let report = TensorReport {
         name: t.source.clone(),
@@ -241,6 +319,21 @@ pub fn produce(
         lossy,
     };
     Ok((bytes, report))
+}
+
+/// F32 bytes of `v` (exact); non-finite values are counted.
+fn f32_bytes(v: &[f32], c: &mut Counts) -> Vec<u8> {
+    c.elements += v.len() as u64;
+    let mut out = Vec::with_capacity(v.len() * 4);
+    for &x in v {
+        if x.is_finite() {
+            c.max_abs = c.max_abs.max(x.abs());
+        } else {
+            c.non_finite += 1;
+        }
+        out.extend(x.to_le_bytes());
+    }
+    out
 }
 
 /// The sums (and the largest |value|) over every tensor's counts.
@@ -258,7 +351,7 @@ pub fn total_counts(reports: &[TensorReport]) -> Counts {
     totals
 }
 
-/// Writes `convert-report.json` (`{"tensors": [...], "totals": {...}}`) at `path`.
+/// Writes `<output>.report.json` (`{"tensors": [...], "totals": {...}}`) at `path`.
 pub fn write_report(path: &Path, reports: &[TensorReport], extra: serde_json::Value) -> Result<(), ConvertError> {
     let totals = total_counts(reports);
     let mut j = serde_json::json!({"format_version": 1, "totals": totals, "tensors": reports});

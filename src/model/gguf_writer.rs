@@ -219,8 +219,27 @@ pub fn llama3_freq_factors(c: &ModelConfig) -> Option<Vec<f32>> {
     )
 }
 
+/// What the architecture metadata needs beyond [`ModelConfig`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KvExtras {
+    /// Width of the shared expert (`expert_shared_feed_forward_length`).
+    pub shared_ffn: Option<usize>,
+    /// `mrope_section` of a Qwen3.5 config (`rope.dimension_sections`, padded to 4); when
+    /// missing, the rotated pairs split as the released configs split them.
+    pub rope_sections: Option<Vec<u32>>,
+}
+
 /// The architecture metadata of a model (llama.cpp key names).
 pub fn model_kv(c: &ModelConfig, name: &str) -> Vec<(String, Value)> {
+    model_kv_with(c, name, &KvExtras::default())
+}
+
+/// [`model_kv`] with what the configuration does not hold. Hybrid models get the keys
+/// llama.cpp's converter writes for them: `ssm.*`, `attention.recurrent_layers`,
+/// `full_attention_interval`, `rope.dimension_count` (the rotated dims) and, for the Qwen3.5
+/// families, `rope.dimension_sections`; a model without a dense FFN has no
+/// `feed_forward_length`.
+pub fn model_kv_with(c: &ModelConfig, name: &str, x: &KvExtras) -> Vec<(String, Value)> {
     let a = c.arch.name();
     let u = |v: usize| Value::U32(v as u32);
     let mut kv = vec![
@@ -228,29 +247,69 @@ pub fn model_kv(c: &ModelConfig, name: &str) -> Vec<(String, Value)> {
         ("general.type".to_string(), Value::String("model".into())),
         ("general.name".to_string(), Value::String(name.into())),
         ("general.file_type".to_string(), Value::U32(FILE_TYPE_F16)),
+        ("general.quantization_version".to_string(), Value::U32(2)),
         (format!("{a}.block_count"), u(c.n_layers)),
         (format!("{a}.context_length"), u(c.max_context)),
         (format!("{a}.embedding_length"), u(c.dim)),
-        (format!("{a}.feed_forward_length"), u(c.ffn_dim)),
+    ];
+    if c.ffn_dim > 0 {
+        kv.push((format!("{a}.feed_forward_length"), u(c.ffn_dim)));
+    }
+    let rotary = c.hybrid.as_ref().map_or(c.head_dim, |h| h.rotary_dim);
+    kv.extend([
         (format!("{a}.attention.head_count"), u(c.n_heads)),
         (format!("{a}.attention.head_count_kv"), u(c.n_kv_heads)),
         (format!("{a}.attention.key_length"), u(c.head_dim)),
         (format!("{a}.attention.value_length"), u(c.head_dim)),
         (format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(c.rms_eps)),
         (format!("{a}.rope.freq_base"), Value::F32(c.rope_theta)),
-        (format!("{a}.rope.dimension_count"), u(c.head_dim)),
+        (format!("{a}.rope.dimension_count"), u(rotary)),
         (format!("{a}.vocab_size"), u(c.vocab_size)),
-    ];
+    ]);
     if let RopeScaling::Linear { factor } = c.rope_scaling {
         kv.push((format!("{a}.rope.scaling.type"), Value::String("linear".into())));
         kv.push((format!("{a}.rope.scaling.factor"), Value::F32(factor)));
+    }
+    if c.arch.family().gguf_rope_sections {
+        let pairs = (rotary / 2) as u32;
+        let mut s = x.rope_sections.clone().unwrap_or_else(|| {
+            let a = pairs.div_ceil(3);
+            vec![a, a, pairs.saturating_sub(2 * a)]
+        });
+        s.resize(4, 0);
+        kv.push((
+            format!("{a}.rope.dimension_sections"),
+            Value::Array(s.into_iter().map(|v| Value::I32(v as i32)).collect()),
+        ));
     }
     // Which layers are sparse is told by their `ffn_gate_inp` tensors (see `MoeConfig::from_gguf`).
     if let Some(m) = &c.moe {
         kv.push((format!("{a}.expert_count"), u(m.n_experts)));
         kv.push((format!("{a}.expert_used_count"), u(m.n_used)));
         kv.push((format!("{a}.expert_feed_forward_length"), u(m.expert_ffn_dim)));
+        if let Some(sf) = x.shared_ffn {
+            kv.push((format!("{a}.expert_shared_feed_forward_length"), u(sf)));
+        }
         kv.push((format!("{a}.expert_weights_norm"), Value::Bool(m.norm_topk_prob)));
+    }
+    if let Some(h) = &c.hybrid {
+        kv.extend([
+            (format!("{a}.ssm.conv_kernel"), u(h.conv_kernel)),
+            (format!("{a}.ssm.state_size"), u(h.d_k)),
+            (format!("{a}.ssm.group_count"), u(h.n_k_heads)),
+            (format!("{a}.ssm.time_step_rank"), u(h.n_v_heads)),
+            (format!("{a}.ssm.inner_size"), u(h.value_dim())),
+            (
+                format!("{a}.attention.recurrent_layers"),
+                Value::Array(h.recurrent.iter().map(|&r| Value::Bool(r)).collect()),
+            ),
+        ]);
+        // The interval of the pattern "every k-th layer full attention", when it is one.
+        if let Some(k) = h.recurrent.iter().position(|&r| !r).map(|i| i + 1) {
+            if super::hybrid::by_interval(h.recurrent.len(), k) == h.recurrent {
+                kv.push((format!("{a}.full_attention_interval"), u(k)));
+            }
+        }
     }
     kv
 }
@@ -275,6 +334,9 @@ fn pre_name(pre: &Json) -> Option<&'static str> {
                         Some("llama-bpe")
                     } else if re.contains(&format!(r"{letters}\p{{N}}|")) {
                         Some("qwen2")
+                    } else if re.contains(r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|") {
+                        // Qwen3.5: combining marks count as letters.
+                        Some("qwen35")
                     } else {
                         None
                     }
@@ -298,10 +360,9 @@ pub fn tokenizer_kv(dir: &Path, n_vocab: usize) -> Result<Vec<(String, Value)>, 
     if model.get("type").and_then(Json::as_str) != Some("BPE") {
         return Err(bad("only byte-level BPE tokenizers can be written to GGUF".into()));
     }
-    let pre = j
-        .get("pre_tokenizer")
-        .and_then(pre_name)
-        .ok_or_else(|| bad("pre-tokenizer not recognised (gpt2, smollm, llama-bpe and qwen2 styles are)".into()))?;
+    let pre = j.get("pre_tokenizer").and_then(pre_name).ok_or_else(|| {
+        bad("pre-tokenizer not recognised (gpt2, smollm, llama-bpe, qwen2 and qwen35 styles are)".into())
+    })?;
     let vocab = model.get("vocab").and_then(Json::as_object).ok_or_else(|| bad("no model.vocab object".into()))?;
     let mut tokens: Vec<Option<String>> = vec![None; n_vocab];
     let mut types = vec![TOKEN_NORMAL; n_vocab];

@@ -9,6 +9,7 @@ pub mod gguf_config;
 pub mod gguf_writer;
 pub mod hf;
 pub mod hf_bind;
+pub mod hf_hybrid;
 pub mod hf_synth;
 pub mod hybrid;
 pub mod layer;

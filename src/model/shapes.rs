@@ -14,6 +14,7 @@ pub const SHAPES: &[&str] = &[
     "qwen3-0.6b",
     "qwen3-30b-a3b",
     "qwen3.5-9b",
+    "qwen3.5-27b",
     "qwen3.6-35b-a3b",
 ];
 
@@ -69,7 +70,7 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
         // (16 query / 4 KV heads of 256, output gate, 64 rotated dims, theta 1e7), the others
         // Gated DeltaNet (16 key heads and 32 value heads of 128, conv kernel 4); untied head.
         "qwen3.5-9b" => ModelConfig {
-            hybrid: Some(qwen35_linear(32)),
+            hybrid: Some(qwen35_linear(32, 32)),
             ..c(a("qwen35")?, 32, 4096, 12288, 16, 4, 256, 248_320, 1e7, 1e-6, false)
         },
         // Qwen3.6-35B-A3B = Qwen3.5-35B-A3B (one topology; transformers' qwen3_5_moe docs, and
@@ -80,9 +81,17 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
         // shared expert of width 512 (`expert_ffn_dim` here, the same in the config); untied
         // head over 248,320 tokens. No dense FFN (`ffn_dim` 0, as in the GGUF files).
         "qwen3.6-35b-a3b" | "qwen3.5-35b-a3b" => ModelConfig {
-            hybrid: Some(qwen35_linear(40)),
+            hybrid: Some(qwen35_linear(40, 32)),
             moe: Some(all_sparse(256, 8, 512, 40)),
             ..c(a("qwen35moe")?, 40, 2048, 0, 16, 2, 256, 248_320, 1e7, 1e-6, false)
+        },
+        // Qwen3.5-27B (= Qwen3.6-27B's topology; model cards): 64 layers, every 4th full
+        // attention (24 query / 4 KV heads of 256, output gate, 64 rotated dims, theta 1e7), the
+        // others Gated DeltaNet (16 key heads and 48 value heads of 128); dense FFN 17,408;
+        // untied head over 248,320 tokens.
+        "qwen3.5-27b" | "qwen3.6-27b" => ModelConfig {
+            hybrid: Some(qwen35_linear(64, 48)),
+            ..c(a("qwen35")?, 64, 5120, 17408, 24, 4, 256, 248_320, 1e7, 1e-6, false)
         },
         _ => return None,
     })
@@ -95,13 +104,13 @@ fn all_sparse(n_experts: usize, n_used: usize, expert_ffn_dim: usize, n_layers: 
 }
 
 /// The Qwen3.5 layer plan of `n_layers`: every 4th full attention (output gate, 64 rotated
-/// dims), the others Gated DeltaNet with 16 key heads and 32 value heads of 128, conv kernel 4.
-/// The 9B and the 35B-A3B releases share it.
-fn qwen35_linear(n_layers: usize) -> HybridConfig {
+/// dims), the others Gated DeltaNet with 16 key heads and `n_v_heads` value heads of 128, conv
+/// kernel 4 (32 value heads in the 9B and the 35B-A3B, 48 in the 27B).
+fn qwen35_linear(n_layers: usize, n_v_heads: usize) -> HybridConfig {
     HybridConfig {
         recurrent: (0..n_layers).map(|i| (i + 1) % 4 != 0).collect(),
         n_k_heads: 16,
-        n_v_heads: 32,
+        n_v_heads,
         d_k: 128,
         d_v: 128,
         conv_kernel: 4,

@@ -19,11 +19,12 @@ use rayon::prelude::*;
 
 use super::config::ModelConfig;
 use super::gguf::Value;
-use super::gguf_writer::{model_kv, tokenizer_kv, write_gguf, GgufWriteError, TensorOut};
+use super::gguf_writer::{model_kv_with, tokenizer_kv, write_gguf, GgufWriteError, KvExtras, TensorOut};
 use super::hf::{tensor_plan, HfExtras};
+use super::hf_hybrid::{hybrid_outputs, HfLayout};
 use super::quant::{quantize_row, GgmlType};
 use super::shapes::{shape, SHAPES};
-use crate::quantize::mix::{choose, QuantType, TYPE_NAMES};
+use crate::quantize::mix::{choose_in, MixModel, QuantType, TYPE_NAMES};
 
 /// Blocks in each (format, row length) pool.
 const POOL_BLOCKS: usize = 4096;
@@ -32,11 +33,6 @@ const POOL_BLOCKS: usize = 4096;
 pub enum SynthError {
     #[error("unknown shape '{0}' (known: {known})", known = SHAPES.join(", "))]
     UnknownShape(String),
-    #[error(
-        "shape '{0}' is a hybrid (Gated DeltaNet) model: synthetic GGUF files are written for the \
-         llama, qwen2, qwen3 and qwen3moe shapes (bench --synthetic runs the hybrids in memory)"
-    )]
-    Hybrid(String),
     #[error("unknown --type '{0}' (known: {TYPE_NAMES})")]
     UnknownType(String),
     #[error("{0} exists; pass --force to replace it")]
@@ -98,6 +94,8 @@ enum Fill {
     Ones,
     /// Uniform in +-amplitude (F32 vectors and the router).
     Uniform(f32),
+    /// Uniform in `[lo, hi)` (a DeltaNet decay `ssm_a`, negative).
+    Range(f32, f32),
     /// Blocks from the pool of (format, row length).
     Blocks,
 }
@@ -105,6 +103,9 @@ enum Fill {
 /// The tensors of shape `c` in GGUF order (experts stacked as `[n_experts, rows, cols]`), with
 /// the storage type `qtype` gives each and what fills it.
 fn file_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<(TensorOut, Fill)> {
+    if c.hybrid.is_some() {
+        return hybrid_file_tensors(c, qtype);
+    }
     let extras = HfExtras { hf_arch: String::new(), qkv_bias: c.arch.family().attention.qkv_bias };
     let mut out: Vec<(TensorOut, Fill)> = Vec::new();
     for p in tensor_plan(c, &extras) {
@@ -124,7 +125,7 @@ fn file_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<(TensorOut, Fill)> {
             let bias = name.ends_with(".bias");
             (GgmlType::F32, if bias { Fill::Uniform(0.1) } else { Fill::Ones })
         } else {
-            let dtype = choose(qtype, &name, &shape, c.tied_embeddings, c.n_layers).dtype;
+            let dtype = choose_in(qtype, &name, &shape, &mix_model(c)).dtype;
             // The router (kept F32 by `choose`) as values, every matrix else as blocks.
             let router = name.ends_with("ffn_gate_inp.weight");
             (dtype, if router { Fill::Uniform((3.0 / c.dim as f32).sqrt()) } else { Fill::Blocks })
@@ -132,6 +133,59 @@ fn file_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<(TensorOut, Fill)> {
         out.push((TensorOut { name, dtype, shape }, fill));
     }
     out
+}
+
+/// What the type mix rules read of shape `c` (no importance matrix: random weights).
+fn mix_model(c: &ModelConfig) -> MixModel {
+    MixModel {
+        tied_head: c.tied_embeddings,
+        n_layers: c.n_layers,
+        n_experts: c.moe.as_ref().map_or(0, |m| m.n_experts),
+        has_imatrix: false,
+    }
+}
+
+/// The tensors a synthetic file of shape `c` in the `qtype` mix holds (names, shapes and
+/// types as llama.cpp's converter and quantizer would write them).
+pub fn synthetic_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<TensorOut> {
+    file_tensors(c, qtype).into_iter().map(|(t, _)| t).collect()
+}
+
+/// The architecture metadata of a synthetic file of shape `c` (without the tokenizer's).
+pub fn synthetic_kv(c: &ModelConfig, qtype: QuantType, name: &str) -> Vec<(String, Value)> {
+    let extras = KvExtras { shared_ffn: HfLayout::native(c).shared_ffn, rope_sections: None };
+    let mut kv = model_kv_with(c, name, &extras);
+    for (k, v) in kv.iter_mut() {
+        if k == "general.file_type" {
+            *v = Value::U32(qtype.file_type());
+        }
+    }
+    kv
+}
+
+/// The tensors of hybrid shape `c`: llama.cpp's converter's list (`hf_hybrid`), matrices in
+/// the `qtype` mix, the converter's F32 tensors kept F32: norms 1, `ssm_a` negative (a decay),
+/// conv taps, biases, the router and the shared expert's gate uniform.
+fn hybrid_file_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<(TensorOut, Fill)> {
+    hybrid_outputs(c, &HfLayout::native(c))
+        .into_iter()
+        .map(|t| {
+            let mut out = t.out;
+            let name = out.name.clone();
+            let fill = if out.dtype != GgmlType::F32 {
+                out.dtype = choose_in(qtype, &name, &out.shape, &mix_model(c)).dtype;
+                Fill::Blocks
+            } else if name.ends_with("norm.weight") {
+                Fill::Ones
+            } else if name.ends_with(".ssm_a") {
+                Fill::Range(-8.0, -0.5)
+            } else {
+                let cols = *out.shape.last().unwrap_or(&1);
+                Fill::Uniform((3.0 / cols as f32).sqrt().min(0.5))
+            };
+            (out, fill)
+        })
+        .collect()
 }
 
 fn splitmix64(mut x: u64) -> u64 {
@@ -174,6 +228,10 @@ fn tensor_bytes(
             let mut rng = StdRng::seed_from_u64(seed ^ splitmix64(idx as u64));
             (0..n).flat_map(|_| rng.random_range(-a..a).to_le_bytes()).collect()
         }
+        Fill::Range(lo, hi) => {
+            let mut rng = StdRng::seed_from_u64(seed ^ splitmix64(idx as u64));
+            (0..n).flat_map(|_| rng.random_range(lo..hi).to_le_bytes()).collect()
+        }
         Fill::Blocks => {
             let cols = *t.shape.last().unwrap_or(&1);
             let unit = unit_of(t.dtype, cols);
@@ -196,21 +254,12 @@ fn tensor_bytes(
 /// `progress(done, total)` is called after each tensor with bytes of tensor data.
 pub fn write_synthetic_gguf(o: &SynthOptions, mut progress: impl FnMut(u64, u64)) -> Result<SynthSummary, SynthError> {
     let c = shape(&o.shape).ok_or_else(|| SynthError::UnknownShape(o.shape.clone()))?;
-    if c.hybrid.is_some() {
-        return Err(SynthError::Hybrid(o.shape.clone()));
-    }
     let qtype = QuantType::parse(&o.qtype).ok_or_else(|| SynthError::UnknownType(o.qtype.clone()))?;
     if o.output.exists() && !o.force {
         return Err(SynthError::Exists(o.output.clone()));
     }
     let tensors = file_tensors(&c, qtype);
-    let mut kv = model_kv(&c, &format!("synthetic {} ({})", o.shape, qtype.name()));
-    for (k, v) in kv.iter_mut() {
-        if k == "general.file_type" {
-            *v = Value::U32(qtype.file_type());
-        }
-    }
-    kv.push(("general.quantization_version".into(), Value::U32(2)));
+    let mut kv = synthetic_kv(&c, qtype, &format!("synthetic {} ({})", o.shape, qtype.name()));
     kv.extend(tokenizer_kv(&o.tokenizer, c.vocab_size)?);
 
     let mut pools: HashMap<(GgmlType, usize), Vec<u8>> = HashMap::new();

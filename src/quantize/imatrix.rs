@@ -10,8 +10,13 @@
 //! - per matrix `M` (its GGUF tensor name): `M.in_sum2` F32 `[cols]`, the sum of squared inputs,
 //!   and `M.counts` F32 `[1]`, the number of input rows summed.
 //!
-//! The tensor naming matches llama.cpp's GGUF imatrix files, so files of that tool whose
-//! matrices have one expert (`in_sum2` of shape `[cols]` or `[cols, 1]`) load too.
+//! - the experts of a stacked GGUF tensor `M` (`ffn_*_exps`), whose matrices the forward pass
+//!   names `M[e]`, are stored together as llama.cpp stores them: `M.in_sum2` `[n_experts, cols]`
+//!   and `M.counts` `[n_experts, 1]` (an expert no calibration token was routed to has count 0
+//!   and no entry once loaded).
+//!
+//! The tensor naming matches llama.cpp's GGUF imatrix files, so that tool's files load too
+//! (and ours in it).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -86,15 +91,34 @@ impl Imatrix {
         ];
         let mut tensors = Vec::new();
         let mut data: Vec<Vec<u8>> = Vec::new();
+        // Experts `M[e]` grouped under `M` (missing experts: zero sums, count 0).
+        let mut groups: BTreeMap<String, Vec<(usize, &Entry)>> = BTreeMap::new();
         for (name, e) in &self.entries {
-            tensors.push(TensorOut {
-                name: format!("{name}.in_sum2"),
-                dtype: GgmlType::F32,
-                shape: vec![e.sum_sq.len()],
-            });
-            data.push(e.sum_sq.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect());
-            tensors.push(TensorOut { name: format!("{name}.counts"), dtype: GgmlType::F32, shape: vec![1] });
-            data.push((e.count as f32).to_le_bytes().to_vec());
+            match expert_of(name) {
+                Some((base, i)) => groups.entry(base.to_string()).or_default().push((i, e)),
+                None => groups.entry(name.clone()).or_default().push((usize::MAX, e)),
+            }
+        }
+        for (name, members) in &groups {
+            let cols = members[0].1.sum_sq.len();
+            let (sums, counts): (Vec<f32>, Vec<f32>) = if members[0].0 == usize::MAX {
+                (members[0].1.sum_sq.iter().map(|&v| v as f32).collect(), vec![members[0].1.count as f32])
+            } else {
+                let n = members.iter().map(|m| m.0 + 1).max().unwrap_or(0);
+                let (mut sums, mut counts) = (vec![0f32; n * cols], vec![0f32; n]);
+                for (i, e) in members.iter().filter(|m| m.1.sum_sq.len() == cols) {
+                    sums[i * cols..(i + 1) * cols].iter_mut().zip(&e.sum_sq).for_each(|(d, &v)| *d = v as f32);
+                    counts[*i] = e.count as f32;
+                }
+                (sums, counts)
+            };
+            let n = counts.len();
+            let shape = if members[0].0 == usize::MAX { vec![cols] } else { vec![n, cols] };
+            tensors.push(TensorOut { name: format!("{name}.in_sum2"), dtype: GgmlType::F32, shape });
+            data.push(sums.iter().flat_map(|v| v.to_le_bytes()).collect());
+            let shape = if members[0].0 == usize::MAX { vec![1] } else { vec![n, 1] };
+            tensors.push(TensorOut { name: format!("{name}.counts"), dtype: GgmlType::F32, shape });
+            data.push(counts.iter().flat_map(|v| v.to_le_bytes()).collect());
         }
         write_gguf::<ImatrixError>(path, &kv, &tensors, |i| Ok(std::mem::take(&mut data[i])))
     }
@@ -127,27 +151,23 @@ impl Imatrix {
         };
         for t in &g.tensors {
             let Some(name) = t.name.strip_suffix(".in_sum2") else { continue };
-            if t.n_rows() != 1 {
-                return Err(bad(format!(
-                    "'{}' has {} experts; only single matrices are supported",
-                    t.name,
-                    t.n_rows()
-                )));
-            }
+            let (n_mat, cols) = (t.n_rows(), t.row_len());
             let sums = f32s(&t.name)?;
             let counts = f32s(&format!("{name}.counts"))?;
-            let count = counts
-                .first()
-                .copied()
-                .filter(|c| c.is_finite() && *c >= 0.0)
-                .ok_or_else(|| bad(format!("'{name}.counts' must hold one non-negative count")))?;
+            if counts.len() != n_mat || counts.iter().any(|c| !c.is_finite() || *c < 0.0) {
+                return Err(bad(format!("'{name}.counts' must hold {n_mat} non-negative count(s)")));
+            }
             if sums.iter().any(|v| !v.is_finite() || *v < 0.0) {
                 return Err(bad(format!("'{}' holds a negative or non-finite sum", t.name)));
             }
-            m.entries.insert(
-                name.to_string(),
-                Entry { sum_sq: sums.iter().map(|&v| f64::from(v)).collect(), count: count as u64 },
-            );
+            for (i, (row, &count)) in sums.chunks_exact(cols.max(1)).zip(&counts).enumerate() {
+                let entry = Entry { sum_sq: row.iter().map(|&v| f64::from(v)).collect(), count: count as u64 };
+                if n_mat == 1 {
+                    m.entries.insert(name.to_string(), entry);
+                } else if count > 0.0 {
+                    m.entries.insert(format!("{name}[{i}]"), entry);
+                }
+            }
         }
         if m.entries.is_empty() {
             return Err(bad("no '<matrix>.in_sum2' tensors".into()));
@@ -156,10 +176,23 @@ impl Imatrix {
     }
 }
 
+/// The stacked tensor and the index of an expert's matrix name `M[e]`.
+pub fn expert_of(name: &str) -> Option<(&str, usize)> {
+    let (base, rest) = name.strip_suffix(']')?.rsplit_once('[')?;
+    Some((base, rest.parse().ok()?))
+}
+
 impl ActivationTap for Imatrix {
     fn matmul_input(&mut self, names: &[&str], x: &[f32], n_tok: usize) {
+        // A file tensor bound as several row groups (`blk.N.ssm_ba.weight (b rows)` and
+        // `(a rows)`: one input) is one matrix of the file: recorded once, under its name.
+        let mut seen: Vec<&str> = Vec::with_capacity(names.len());
         for n in names {
-            self.add(n, x, n_tok);
+            let base = n.split_once(" (").map_or(*n, |(b, _)| b);
+            if !seen.contains(&base) {
+                seen.push(base);
+                self.add(base, x, n_tok);
+            }
         }
     }
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
@@ -189,6 +222,31 @@ mod tests {
         // A model file is not an importance matrix.
         let e = Imatrix::load(Path::new(crate::model::loader::SAMPLE_MODEL)).unwrap_err();
         assert!(e.to_string().contains("not an importance matrix"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Experts `M[e]` are saved as llama.cpp stores them (`M.in_sum2` `[n, cols]`, `M.counts`
+    /// `[n, 1]`); an expert without tokens (1 here) is stored with count 0 and not loaded; the
+    /// file tap records a matrix bound as row groups once, under the file's name.
+    #[test]
+    fn experts_round_trip_as_one_stacked_entry() {
+        let mut m = Imatrix { tokens: 2, chunks: 1, dataset: "t".into(), ..Default::default() };
+        m.add("blk.0.ffn_up_exps.weight[0]", &[1.0, 2.0], 1);
+        m.add("blk.0.ffn_up_exps.weight[2]", &[3.0, 4.0, 5.0, 6.0], 2);
+        m.matmul_input(&["blk.0.ssm_ba.weight (b rows)", "blk.0.ssm_ba.weight (a rows)"], &[2.0, 2.0], 1);
+        assert_eq!(m.entries["blk.0.ssm_ba.weight"].count, 1);
+        let dir = std::env::temp_dir().join(format!("dustoff-imatrix-exp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("i.gguf");
+        m.save(&p).unwrap();
+        let g = GgufFile::open(&p).unwrap();
+        let t = g.tensor_info("blk.0.ffn_up_exps.weight.in_sum2").unwrap();
+        assert_eq!(t.dims, vec![2, 3]);
+        assert_eq!(g.tensor_info("blk.0.ffn_up_exps.weight.counts").unwrap().dims, vec![1, 3]);
+        let back = Imatrix::load(&p).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(expert_of("blk.0.ffn_up_exps.weight[12]"), Some(("blk.0.ffn_up_exps.weight", 12)));
+        assert_eq!(expert_of("blk.0.ffn_up.weight"), None);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::imatrix::Imatrix;
-use super::mix::{choose, QuantType};
+use super::mix::{choose_in, MixModel, QuantType};
 use super::{quantize_tensor, ErrorSums, QuantizeError};
 use crate::model::gguf::{GgufFile, Value};
 use crate::model::gguf_writer::{write_gguf, TensorOut};
@@ -29,7 +29,7 @@ pub struct QuantizeOptions<'a> {
     pub imatrix_name: String,
 }
 
-/// One line of `quantize-report.json`.
+/// One line of `<output>.report.json`.
 #[derive(Clone, Debug, Serialize)]
 pub struct TensorLine {
     pub name: String,
@@ -56,8 +56,17 @@ pub struct QuantizeReport {
     pub qtype: &'static str,
     pub file_type: u32,
     pub imatrix: Option<String>,
-    /// Matrices quantized without importance because the matrix had no entry.
+    /// Matrices quantized without importance because the matrix had no entry (with an
+    /// importance matrix). The embedding table of an untied model is one by nature: it is
+    /// looked up, never multiplied, so no activation reaches it (llama.cpp's has none either).
     pub missing_importance: Vec<String>,
+    /// Experts of stacked tensors (`M[e]`) that no calibration token was routed to, each with
+    /// its fallback: `gate`/`up` take the importance of their layer's router input (the same
+    /// normed hidden state every expert of the layer reads, over every token), `down` uniform
+    /// weights (its input is the expert's own activations, which nothing else measures).
+    pub unrouted_experts: Vec<String>,
+    /// How many of the stacked tensors' expert matrices had importance of their own.
+    pub routed_expert_matrices: usize,
     pub tensors_in: usize,
     pub bytes_in: usize,
     pub bytes_out: usize,
@@ -81,6 +90,15 @@ fn n_layers(g: &GgufFile) -> usize {
     })
 }
 
+/// The importance an unrouted expert's matrix of stacked tensor `name` falls back on: for
+/// `ffn_gate_exps` / `ffn_up_exps`, the layer's router input (`ffn_gate_inp`, every token's
+/// normed hidden state, which is what the expert would have read); `None` (uniform weights)
+/// for `ffn_down_exps`.
+fn expert_fallback(m: &Imatrix, name: &str) -> Option<Vec<f32>> {
+    let layer = name.strip_suffix(".ffn_gate_exps.weight").or_else(|| name.strip_suffix(".ffn_up_exps.weight"))?;
+    m.importance(&format!("{layer}.ffn_gate_inp.weight"))
+}
+
 fn is_float(t: GgmlType) -> bool {
     matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
@@ -89,12 +107,17 @@ fn is_float(t: GgmlType) -> bool {
 pub fn quantize_gguf(src: &Path, out: &Path, o: &QuantizeOptions) -> Result<QuantizeReport, QuantizeError> {
     let t0 = Instant::now();
     let g = GgufFile::open(src)?;
-    let layers = n_layers(&g);
-    let tied = g.tensor_info("output.weight").is_none();
+    let arch = g.get_str("general.architecture").ok().flatten().unwrap_or("llama").to_string();
+    let mix = MixModel {
+        tied_head: g.tensor_info("output.weight").is_none(),
+        n_layers: n_layers(&g),
+        n_experts: g.get_u64(&format!("{arch}.expert_count")).ok().flatten().unwrap_or(0) as usize,
+        has_imatrix: o.imatrix.is_some(),
+    };
     let mut plan = Vec::with_capacity(g.tensors.len());
     for t in &g.tensors {
         let shape: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
-        let ch = choose(o.qtype, &t.name, &shape, tied, layers);
+        let ch = choose_in(o.qtype, &t.name, &shape, &mix);
         if ch.dtype != GgmlType::F32 && !is_float(t.dtype) && !o.allow_requantize {
             return Err(QuantizeError::Requantize { path: src.to_path_buf(), tensor: t.name.clone(), dtype: t.dtype });
         }
@@ -124,27 +147,63 @@ pub fn quantize_gguf(src: &Path, out: &Path, o: &QuantizeOptions) -> Result<Quan
     let mut pb = super::calibrate::Progress::new(total, "weights");
     let mut lines = Vec::with_capacity(plan.len());
     let mut missing = Vec::new();
+    let (mut unrouted, mut routed) = (Vec::new(), 0usize);
     let outs: Vec<TensorOut> = plan.iter().map(|p| p.0.clone()).collect();
     let written = write_gguf(out, &kv, &outs, |i| -> Result<Vec<u8>, QuantizeError> {
         let (info, (t, fb)) = (&g.tensors[i], &plan[i]);
         let (rows, cols) = (info.n_rows(), info.row_len());
         let data = g.tensor_data(info);
         let fail = |reason: String| QuantizeError::Tensor { path: src.to_path_buf(), tensor: t.name.clone(), reason };
-        let imp = if is_float(t.dtype) || t.dtype == info.dtype {
-            None
+        let same = t.dtype == info.dtype;
+        let calibrated = o.imatrix.filter(|_| !is_float(t.dtype) && !same);
+        // A stacked tensor `[n_experts, rows, cols]`: one matrix per expert, each with its own
+        // importance (`M[e]`), quantized slab by slab.
+        let n_mat = if t.shape.len() == 3 { t.shape[0] } else { 1 };
+        let (bytes, e) = if same {
+            // Same type: the bytes as they are (no second rounding).
+            (data.to_vec(), ErrorSums::default())
+        } else if n_mat > 1 {
+            let per = rows / n_mat;
+            let slab = data.len() / n_mat;
+            let (mut bytes, mut sums) = (Vec::new(), ErrorSums::default());
+            let mut any = false;
+            for ex in 0..n_mat {
+                let imp = calibrated.and_then(|m| {
+                    let own = m.importance(&format!("{}[{ex}]", t.name));
+                    any |= own.is_some();
+                    own.or_else(|| {
+                        let fb = expert_fallback(m, &t.name);
+                        unrouted.push(format!(
+                            "{}[{ex}]: {}",
+                            t.name,
+                            if fb.is_some() { "router input" } else { "uniform" }
+                        ));
+                        fb
+                    })
+                });
+                let imp = imp.filter(|v| v.len() == cols);
+                let (b, es) =
+                    quantize_tensor(info.dtype, &data[ex * slab..(ex + 1) * slab], per, cols, t.dtype, imp.as_deref())
+                        .ok_or_else(|| fail(format!("cannot convert {} rows of {cols} to {}", info.dtype, t.dtype)))?;
+                bytes.extend_from_slice(&b);
+                sums.add(&es);
+            }
+            if calibrated.is_some() {
+                if any {
+                    routed += n_mat - unrouted.iter().filter(|u| u.starts_with(&format!("{}[", t.name))).count();
+                } else {
+                    missing.push(t.name.clone());
+                }
+            }
+            (bytes, sums)
         } else {
-            o.imatrix.and_then(|m| {
+            let imp = calibrated.and_then(|m| {
                 let v = m.importance(&t.name);
                 if v.is_none() {
                     missing.push(t.name.clone());
                 }
                 v.filter(|v| v.len() == cols)
-            })
-        };
-        let (bytes, e) = if t.dtype == info.dtype {
-            // Same type: the bytes as they are (no second rounding).
-            (data.to_vec(), ErrorSums::default())
-        } else {
+            });
             quantize_tensor(info.dtype, data, rows, cols, t.dtype, imp.as_deref())
                 .ok_or_else(|| fail(format!("cannot convert {} rows of {cols} to {}", info.dtype, t.dtype)))?
         };
@@ -176,6 +235,8 @@ pub fn quantize_gguf(src: &Path, out: &Path, o: &QuantizeOptions) -> Result<Quan
         file_type: o.qtype.file_type(),
         imatrix: o.imatrix.map(|_| o.imatrix_name.clone()),
         missing_importance: missing,
+        unrouted_experts: unrouted,
+        routed_expert_matrices: routed,
         tensors_in: g.tensors.len(),
         bytes_in: g.tensors.iter().map(|t| t.n_bytes).sum(),
         bytes_out,

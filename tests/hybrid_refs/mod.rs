@@ -282,9 +282,37 @@ pub fn vision_language_layout_matches(
     class: &str,
     model_type: &str,
 ) {
+    write_vision_language_layout(f, dir, extras, shards, class, model_type, false);
+    let (vl, flat) = (load_model(dir).unwrap(), f.hf());
+    assert_eq!(vl.config, flat.config);
+    let r = &f.refs()[1];
+    let (a, b) = (prefill_then_decode(&vl, r), prefill_then_decode(&flat, r));
+    assert_eq!(a, b, "the same weights under another layout give the same logits");
+}
+
+/// Writes the fixture's HF directory in the vision-language layout (see
+/// [`vision_language_layout_matches`]) into `dir`; with `as_f32` every tensor is stored F32
+/// (the BF16 values widened exactly) instead of BF16.
+pub fn write_vision_language_layout(
+    f: &Fixture,
+    dir: &Path,
+    extras: &[&str],
+    shards: usize,
+    class: &str,
+    model_type: &str,
+    as_f32: bool,
+) {
     use dustoff::model::safetensors::{write_checkpoint, SafetensorsDir, StMeta, StWriteTensor};
     let src = f.hf_path();
     let st = SafetensorsDir::open(&src).unwrap();
+    let dtype = if as_f32 { "F32" } else { "BF16" };
+    let widen = |b: &[u8]| -> Vec<u8> {
+        if as_f32 {
+            b.chunks_exact(2).flat_map(|h| [0, 0, h[0], h[1]]).collect()
+        } else {
+            b.to_vec()
+        }
+    };
     let mut tensors = Vec::new();
     for name in st.names() {
         let (_, shape, bytes) = st.read(name).unwrap();
@@ -294,12 +322,12 @@ pub fn vision_language_layout_matches(
             Some(rest) => format!("model.language_model.{rest}"),
             None => name.to_string(),
         };
-        let meta = StMeta { name: renamed, dtype: "BF16", shape: shape.to_vec() };
-        tensors.push(StWriteTensor { meta, data: bytes.to_vec().into() });
+        let meta = StMeta { name: renamed, dtype, shape: shape.to_vec() };
+        tensors.push(StWriteTensor { meta, data: widen(bytes).into() });
     }
     for extra in extras {
-        let meta = StMeta { name: extra.to_string(), dtype: "BF16", shape: vec![2, 2] };
-        tensors.push(StWriteTensor { meta, data: vec![0u8; 8].into() });
+        let meta = StMeta { name: extra.to_string(), dtype, shape: vec![2, 2] };
+        tensors.push(StWriteTensor { meta, data: widen(&[0u8; 8]).into() });
     }
     write_checkpoint(dir, &tensors, shards).unwrap();
     let mut text: serde_json::Value =
@@ -315,9 +343,4 @@ pub fn vision_language_layout_matches(
     for name in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
         std::fs::copy(src.join(name), dir.join(name)).unwrap();
     }
-    let (vl, flat) = (load_model(dir).unwrap(), f.hf());
-    assert_eq!(vl.config, flat.config);
-    let r = &f.refs()[1];
-    let (a, b) = (prefill_then_decode(&vl, r), prefill_then_decode(&flat, r));
-    assert_eq!(a, b, "the same weights under another layout give the same logits");
 }

@@ -117,6 +117,25 @@ pub struct MoeScratch {
 /// `n` rows of `x` (`[n, dim]`); `out` is `[n, dim]`. The routing and grouping of the step are
 /// left in `s` (tests and the GPU parity suite read them).
 pub fn moe_ffn(w: &MoeWeights, x: &[f32], n: usize, out: &mut [f32], s: &mut MoeScratch) {
+    moe_ffn_observed(w, x, n, out, s, &mut |_, _, _| {});
+}
+
+/// What [`moe_ffn_observed`] reports: `(matrices, input [rows, cols], rows)` for every product
+/// it computes but the router's (the caller sees that input).
+pub type Observer<'a> = dyn FnMut(&[&Tensor], &[f32], usize) + 'a;
+
+/// [`moe_ffn`], reporting the input of every expert product to `observe`: each routed
+/// expert's gate/up input (the rows of the tokens routed to it) and down input, the shared
+/// expert's gate/up/gate-logit input (every token) and down input. The calibration tap reads
+/// them; the result is the same bits as without an observer.
+pub fn moe_ffn_observed(
+    w: &MoeWeights,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    s: &mut MoeScratch,
+    observe: &mut Observer,
+) {
     let n_experts = w.experts.len();
     let dim = w.router.cols;
     let f = w.experts.first().map_or(0, |e| e.gate.rows);
@@ -157,10 +176,12 @@ pub fn moe_ffn(w: &MoeWeights, x: &[f32], n: usize, out: &mut [f32], s: &mut Moe
         let (p0, p1) = (s.groups.offsets[e], s.groups.offsets[e + 1]);
         let (m, ex) = (p1 - p0, &w.experts[e]);
         let (g, u) = (&mut gate[p0 * f..p1 * f], &mut up[p0 * f..p1 * f]);
+        observe(&[&ex.gate, &ex.up], &xg[p0 * dim..p1 * dim], m);
         if n > 1 {
             matmul_fused(&[&ex.gate, &ex.up], &xg[p0 * dim..p1 * dim], m, &mut [&mut *g, &mut *u]);
             ops::silu_mul_inplace(g, u);
         }
+        observe(&[&ex.down], g, m);
         matmul(&ex.down, g, m, &mut yg[p0 * dim..p1 * dim]);
     }
 
@@ -173,20 +194,22 @@ pub fn moe_ffn(w: &MoeWeights, x: &[f32], n: usize, out: &mut [f32], s: &mut Moe
         }
     }
     if let Some(sh) = &w.shared {
-        shared_expert(sh, x, n, out, s);
+        shared_expert(sh, x, n, out, s, observe);
     }
 }
 
 /// Adds the shared expert to `out` (`[n, dim]`, the routed sum): per token
 /// `sigmoid(gate . x) * down(silu(gate_proj x) * up_proj x)`, after the routed experts (the
 /// order of transformers' `Qwen3NextSparseMoeBlock`).
-fn shared_expert(sh: &SharedExpert, x: &[f32], n: usize, out: &mut [f32], s: &mut MoeScratch) {
+fn shared_expert(sh: &SharedExpert, x: &[f32], n: usize, out: &mut [f32], s: &mut MoeScratch, observe: &mut Observer) {
     let (dim, f) = (sh.gate.cols, sh.expert.gate.rows);
     let logit = take(&mut s.shared_logit, n);
     let g = take(&mut s.gate, n * f);
     let u = take(&mut s.up, n * f);
+    observe(&[&sh.gate, &sh.expert.gate, &sh.expert.up], x, n);
     matmul_fused(&[&sh.gate, &sh.expert.gate, &sh.expert.up], x, n, &mut [&mut *logit, &mut *g, &mut *u]);
     ops::silu_mul_inplace(g, u);
+    observe(&[&sh.expert.down], g, n);
     let y = take(&mut s.yg, n * dim);
     matmul(&sh.expert.down, g, n, y);
     for t in 0..n {

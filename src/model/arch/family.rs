@@ -128,6 +128,9 @@ pub struct Family {
     /// Its GGUF name of the norm before the FFN (`blk.N.{this}`): `ffn_norm.weight`, or
     /// `post_attention_norm.weight` in the hybrid families' files.
     pub gguf_ffn_norm: &'static str,
+    /// Its GGUF files carry `{arch}.rope.dimension_sections` (the multimodal RoPE sections of
+    /// the Qwen3.5 configs, `mrope_section` padded to 4; text-only input rotates them alike).
+    pub gguf_rope_sections: bool,
     pub ffn: FfnSpec,
     /// Its tiny synthetic HF form, where `hf_synth` writes one.
     pub tiny_hf: Option<TinyHf>,

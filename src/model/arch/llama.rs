@@ -13,6 +13,7 @@ pub const FAMILY: Family = Family {
     attention: AttentionSpec { qk_norm: false, qkv_bias: false },
     mixers: MixerSpec::Attention,
     gguf_ffn_norm: "ffn_norm.weight",
+    gguf_rope_sections: false,
     ffn: FfnSpec::Dense,
     tiny_hf: Some(TinyHf {
         model_type: "llama",

@@ -94,9 +94,11 @@ pub fn gguf_names() -> String {
     ALL.iter().map(|a| a.name()).collect::<Vec<_>>().join(", ")
 }
 
-/// The HF classes of every family, for the message that refuses another.
+/// The HF classes of every family (text-only, then the vision-language wrappers whose text
+/// model is loaded), for the message that refuses another.
 pub fn hf_class_names() -> String {
-    ALL.iter().flat_map(|a| a.family().hf_classes.iter().copied()).collect::<Vec<_>>().join(", ")
+    let f = |vl: bool| ALL.iter().flat_map(move |a| if vl { a.family().hf_vl_classes } else { a.family().hf_classes });
+    f(false).chain(f(true)).copied().collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]

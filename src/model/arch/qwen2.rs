@@ -13,6 +13,7 @@ pub const FAMILY: Family = Family {
     attention: AttentionSpec { qk_norm: false, qkv_bias: true },
     mixers: MixerSpec::Attention,
     gguf_ffn_norm: "ffn_norm.weight",
+    gguf_rope_sections: false,
     ffn: FfnSpec::Dense,
     // The untied family of the tiny models: both head layouts get tested.
     tiny_hf: Some(TinyHf {

@@ -12,6 +12,7 @@ pub const FAMILY: Family = Family {
     attention: AttentionSpec { qk_norm: true, qkv_bias: false },
     mixers: MixerSpec::Attention,
     gguf_ffn_norm: "ffn_norm.weight",
+    gguf_rope_sections: false,
     ffn: FfnSpec::Dense,
     tiny_hf: Some(TinyHf {
         model_type: "qwen3",

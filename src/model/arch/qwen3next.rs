@@ -15,6 +15,7 @@ pub const FAMILY: Family = Family {
     attention: AttentionSpec { qk_norm: true, qkv_bias: false },
     mixers: MixerSpec::Hybrid { gguf_grouping: HeadGrouping::Interleaved },
     gguf_ffn_norm: "post_attention_norm.weight",
+    gguf_rope_sections: false,
     ffn: FfnSpec::Moe(MoeSpec {
         shared: true,
         hf_sizes_required: true,
