@@ -77,6 +77,16 @@ fn a_finished_job_reruns_as_nothing_to_do_and_a_changed_one_is_refused_until_res
     assert!(!e.contains("--incremental"), "not offered when more than the input changed: {e}");
     assert_eq!(std::fs::read(&out).unwrap(), first);
 
+    // The 8-bit KV cache by name changes the rows (quantized values): another job, refused.
+    let o = run(&p, &input, &out, &["--kv-cache", "q8"]);
+    expect_code(&o, 2, "--kv-cache q8 over an F16 job");
+    assert!(stderr(&o).contains("--restart"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&out).unwrap(), first);
+    // Slots and the default cache choice do not: the same job, nothing to do.
+    let o = run(&p, &input, &out, &["--kv-cache", "auto", "--slots", "3"]);
+    expect_code(&o, 0, "auto cache, other slots");
+    assert!(stderr(&o).contains("nothing to do"), "{}", stderr(&o));
+
     // A grown input: refused, naming the file and offering --incremental.
     std::fs::write(&input, news(4, |_, l| l.to_string())).unwrap();
     let o = run(&p, &input, &out, &[]);

@@ -284,7 +284,7 @@ pub fn run<B: Backend>(
     (prompt_tokens, gen_tokens, max_batch_tokens): (usize, usize, usize),
     batches: &[usize],
 ) -> Result<Vec<ConstrainedRow>> {
-    let p = crate::job::pipeline::Pipeline::resolve(pipeline, std::path::Path::new("pipelines"))?;
+    let p = crate::job::pipeline::Pipeline::resolve_in(pipeline, &crate::job::search_path::pipeline_dirs(None))?;
     let Some(c) = p.constraint() else {
         anyhow::bail!("pipeline {} has no output shape to constrain (output.kind = \"text\")", p.path.display())
     };

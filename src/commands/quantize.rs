@@ -10,7 +10,7 @@
 //! output against the source (`dustoff eval` on a short built-in text) and records the result
 //! in `<output>.report.json`; `--verify-max-kl X` fails the command (exit 1) above a mean KL.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
 
@@ -257,7 +257,7 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
             let m = load_model(&src)?;
             let (windows, pipeline, prompts) = match &a.pipeline {
                 Some(p) => {
-                    let p = Pipeline::resolve(p, Path::new("pipelines"))?;
+                    let p = Pipeline::resolve_in(p, &crate::job::search_path::pipeline_dirs(None))?;
                     let w = pipeline_windows(&m.tokenizer, &p, cal, a.calibration_tokens)?;
                     (w.windows.clone(), Some(p.path.clone()), Some(w))
                 }

@@ -108,8 +108,12 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     // stops before the model: its exit code says whether the run would pass.
     let lock = JobLock::acquire(&a.output)?;
     // Rows do not depend on slots, device or batch size (greedy and seeded outputs are the
-    // same across them), so none of those flags is part of the fingerprint.
-    let overrides = "{}";
+    // same across them), so none of those flags is part of the fingerprint. An 8-bit KV cache
+    // asked for by name does change them (its values are quantized): a run with it is another job.
+    let overrides = match a.memory.kv_cache {
+        crate::backend::kv_type::KvChoice::Fixed(crate::backend::kv_type::KvType::Q8) => r#"{"kv_cache":"q8"}"#,
+        _ => "{}",
+    };
     if !a.model.exists() {
         return Err(anyhow::Error::new(crate::model::loader::LoadError::NotFound(a.model.clone()))
             .context(model_not_found_hint(&a.model)));
