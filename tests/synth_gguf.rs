@@ -66,7 +66,9 @@ fn a_synthetic_file_loads_with_its_shape_and_generates() {
     assert_ne!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), "another seed, other weights");
 
     let bad = Command::new(bin())
-        .args(["synth", "--shape", "qwen9-9b", "--tokenizer", "x", "--output"])
+        .args(["synth", "--shape", "qwen9-9b", "--tokenizer"])
+        .arg(tokenizer_dir())
+        .arg("--output")
         .arg(dir.join("c.gguf"))
         .output()
         .unwrap();
