@@ -976,9 +976,8 @@ fn run(cli: Cli) -> Result<Code> {
                     )?;
                     let engine = dustoff::engine::batch::Engine::new(backend, cfg)?;
                     let stop = dustoff::job::runner::StopFlag::with_signals().unwrap_or_default();
-                    let mut gen =
-                        dustoff::commands::job_adapters::EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec())
-                            .with_stop(stop.clone());
+                    let mut gen = dustoff::job::adapters::EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec())
+                        .with_stop(stop.clone());
                     let r = generate::run_jsonl(&m, &mut gen, &job, &opt, &lock, &stop)?;
                     eprintln!("metrics: {}", serde_json::to_string(&r.metrics)?);
                     eprintln!(

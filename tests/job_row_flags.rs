@@ -114,7 +114,7 @@ fn empty_answers_are_flagged_and_counted() {
 
 #[test]
 fn a_generation_cut_inside_a_character_drops_the_partial_bytes() {
-    use dustoff::commands::job_adapters::TokenizerCodec;
+    use dustoff::job::adapters::TokenizerCodec;
     use dustoff::job::pipeline::TextCodec;
     let m = sample_model();
     let tok = &m.tokenizer;

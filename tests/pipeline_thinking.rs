@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{bin, tmpdir};
-use dustoff::commands::job_adapters::TokenizerCodec;
 use dustoff::engine::finish::FinishReason;
+use dustoff::job::adapters::TokenizerCodec;
 use dustoff::job::pipeline::Pipeline;
 use dustoff::job::writer::{ok_row_with, RowOutput};
 use dustoff::tokenizer::Tokenizer;

@@ -12,7 +12,7 @@ use common::*;
 use dustoff::backend::cpu::CpuBackend;
 use dustoff::commands::convert::{self, ConvertArgs};
 use dustoff::commands::eval::{self, EvalArgs};
-use dustoff::commands::job_adapters::TokenizerCodec;
+use dustoff::job::adapters::TokenizerCodec;
 use dustoff::commands::quantize::{run, QuantizeArgs};
 use dustoff::engine::single::SingleSeq;
 use dustoff::job::pipeline::Pipeline;

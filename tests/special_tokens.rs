@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use dustoff::commands::job_adapters::TokenizerCodec;
+use dustoff::job::adapters::TokenizerCodec;
 use dustoff::job::pipeline::{Pipeline, TextCodec};
 use dustoff::job::reader::{ReaderConfig, RecordReader};
 use dustoff::job::record::{ChatMessage, OpenAiRequest, RecordBody};

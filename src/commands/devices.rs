@@ -6,10 +6,10 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 
 use super::common::{self, Device, Slots};
-use super::job_adapters::EngineGenerate;
 use crate::backend::Backend;
 use crate::engine::batch::{Engine, EngineConfig};
 use crate::engine::constraint::Grammar;
+use crate::job::adapters::EngineGenerate;
 use crate::job::exit::UsageError;
 use crate::job::parallel::{EnginePool, EngineSpec};
 use crate::job::runner::{Generate, StopFlag};

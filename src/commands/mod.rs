@@ -11,7 +11,6 @@ pub mod devices;
 pub mod doctor;
 pub mod eval;
 pub mod generate;
-pub mod job_adapters;
 pub mod kernels;
 pub mod quantize;
 pub mod run;

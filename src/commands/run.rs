@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::common::{self, Device, MemoryFlags, Placement, Slots};
-use super::job_adapters::{EngineGenerate, TokenizerCodec};
 use crate::backend::Backend;
 use crate::engine::batch::{Engine, EngineConfig, BLOCK_SIZE};
 use crate::engine::constraint::{ConstraintError, ConstraintFactory, Grammar};
+use crate::job::adapters::{EngineGenerate, TokenizerCodec};
 use crate::job::exit::ExitCode;
 use crate::job::identity::{self, Decision, FinishedIdentity};
 use crate::job::lock::JobLock;

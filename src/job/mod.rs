@@ -5,6 +5,7 @@
 //! [`outputs`] refuses outputs that would overwrite an input; [`parallel`] runs several engines
 //! (data parallel) behind the one job loop, routing requests by prompt prefix ([`routing`]).
 
+pub mod adapters;
 pub mod checkpoint;
 pub mod decompress;
 pub mod dry_run;

@@ -113,7 +113,7 @@ pub struct Finished {
     pub cached_prompt_tokens: u32,
 }
 
-/// The engine as the job loop needs it (`commands::job_adapters::EngineGenerate` over one
+/// The engine as the job loop needs it (`job::adapters::EngineGenerate` over one
 /// `crate::engine::batch::Engine`, `parallel::EnginePool` over several).
 pub trait Generate {
     /// How many requests may be submitted and unfinished at once.

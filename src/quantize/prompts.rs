@@ -15,7 +15,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::QuantizeError;
-use crate::commands::job_adapters::TokenizerCodec;
+use crate::job::adapters::TokenizerCodec;
 use crate::job::pipeline::Pipeline;
 use crate::job::reader::{ReaderConfig, RecordReader};
 use crate::job::record::RecordBody;

@@ -16,11 +16,11 @@ use std::collections::BTreeMap;
 use dustoff::backend::cpu::CpuBackend;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::backend::Backend;
-use dustoff::commands::job_adapters::TokenizerCodec;
 use dustoff::engine::batch::{Engine, EngineConfig, Request};
 use dustoff::engine::constraint::{ConstraintFactory, Grammar, SeqConstraint};
 use dustoff::engine::sampler::{masked_argmax, SamplingParams};
 use dustoff::engine::single::SingleSeq;
+use dustoff::job::adapters::TokenizerCodec;
 use dustoff::job::pipeline::Pipeline;
 use dustoff::model::loader::LoadedModel;
 
