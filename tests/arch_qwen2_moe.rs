@@ -262,3 +262,79 @@ fn generate_command_gives_transformers_greedy_tokens_from_both_forms() {
     }
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// `dustoff synth` writes the converter's layout: for the reference's config the F16 tensor
+/// list and the `qwen2moe.*` keys equal those of the converted file; the real Qwen2-57B-A14B
+/// shape (`--shape qwen2-57b-a14b`) lists every layer's shared expert at its own width.
+#[test]
+fn synth_writes_the_converted_layout_and_the_real_shape() {
+    use dustoff::model::shapes::shape;
+    use dustoff::model::synth_gguf::{synthetic_kv, synthetic_tensors};
+    use dustoff::quantize::mix::QuantType;
+    let d = common::tmpdir("qwen2moe-synth");
+    let g = GgufFile::open(convert_to_gguf(&d)).unwrap();
+    let (cfg, _) = dustoff::model::hf::read_config(&data_dir().join("hf")).unwrap();
+    let mut ours: Vec<(String, Vec<u64>, GgmlType)> = synthetic_tensors(&cfg, QuantType::F16)
+        .into_iter()
+        .map(|t| (t.name, t.shape.iter().rev().map(|&x| x as u64).collect(), t.dtype))
+        .collect();
+    let mut want: Vec<(String, Vec<u64>, GgmlType)> =
+        g.tensors.iter().map(|t| (t.name.clone(), t.dims.clone(), t.dtype)).collect();
+    ours.sort_by(|a, b| a.0.cmp(&b.0));
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(ours, want);
+    let kv = synthetic_kv(&cfg, QuantType::F16, "x");
+    for k in g.metadata_order.iter().filter(|k| k.starts_with("qwen2moe.")) {
+        assert_eq!(kv.iter().find(|(n, _)| n == k).map(|(_, v)| v), g.get(k), "{k}");
+    }
+    std::fs::remove_dir_all(&d).ok();
+
+    let c = shape("qwen2-57b-a14b").unwrap();
+    let t = synthetic_tensors(&c, QuantType::Q4KM);
+    // Per layer 2 norms, q/k/v/o, 3 biases, the router, 3 stacked experts, 4 shared-expert
+    // tensors; embedding, head, output norm.
+    assert_eq!(t.len(), 28 * 17 + 3);
+    let find = |n: &str| t.iter().find(|x| x.name == n).unwrap_or_else(|| panic!("no {n}")).clone();
+    assert_eq!(find("blk.27.ffn_gate_exps.weight").shape, vec![64, 2560, 3584]);
+    assert_eq!(find("blk.27.ffn_down_shexp.weight").shape, vec![3584, 20480]);
+    assert_eq!(find("blk.0.ffn_up_shexp.weight").shape, vec![20480, 3584]);
+    let gate_row = find("blk.0.ffn_gate_inp_shexp.weight");
+    assert_eq!((gate_row.shape, gate_row.dtype), (vec![1, 3584], GgmlType::F32), "the converter's F32 gate row");
+    assert_eq!(
+        (find("blk.0.ffn_gate_inp.weight").dtype, find("blk.0.attn_k.bias").dtype),
+        (GgmlType::F32, GgmlType::F32)
+    );
+    let kv = synthetic_kv(&c, QuantType::Q4KM, "x");
+    let get = |k: &str| kv.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    assert_eq!(get("qwen2moe.expert_shared_feed_forward_length").and_then(|v| v.as_u64()), Some(20480));
+}
+
+/// `dustoff quantize` takes the HF directory (converted to F16 first, as `convert` does) and
+/// writes a Q8_0 file that loads as the same model: the shared experts quantized (their
+/// 48-wide down rows, not whole blocks of 32, fall back to F16; the gate row gets the base
+/// type, as `quantize::mix` says), the router F32.
+#[test]
+fn quantize_takes_the_hf_directory() {
+    let d = common::tmpdir("qwen2moe-quantize");
+    let out = d.join("q8.gguf");
+    let o = Command::new(common::bin())
+        .args(["quantize", "--type", "q8_0", "--model"])
+        .arg(data_dir().join("hf"))
+        .arg("--output")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "quantize: {}", String::from_utf8_lossy(&o.stderr));
+    let m = load_model(&out).unwrap();
+    assert_eq!((m.config.arch, &m.config.moe), (Arch::Qwen2Moe, &hf_model().config.moe));
+    for l in [0, 2] {
+        let w = m.weights.layers[l].moe.as_ref().unwrap();
+        let s = w.shared.as_ref().expect("the shared expert");
+        assert_eq!(
+            (s.expert.gate.dtype, s.expert.down.dtype, s.gate.dtype),
+            (GgmlType::Q8_0, GgmlType::F16, GgmlType::Q8_0)
+        );
+        assert_eq!(w.router.dtype, GgmlType::F32);
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
