@@ -307,6 +307,35 @@ mod tests {
     }
 
     #[test]
+    fn moe_gguf_defaults_follow_the_family() {
+        use super::super::gguf::Value;
+        use super::super::gguf_writer::{header_only_with, model_kv};
+        let dir = std::env::temp_dir().join(format!("dustoff-moe-family-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Without `expert_weights_norm`, llama.cpp's choice for the family: qwen2moe never
+        // renormalises, qwen3moe always.
+        for (shape, key, want) in [
+            ("qwen2-57b-a14b", "qwen2moe.expert_weights_norm", false),
+            ("qwen3-30b-a3b", "qwen3moe.expert_weights_norm", true),
+        ] {
+            let c = super::super::shapes::shape(shape).unwrap();
+            let g = header_only_with(&dir.join("t.gguf"), model_kv(&c, "t"), key, None);
+            let m = MoeConfig::from_gguf(&g, c.n_layers).unwrap();
+            assert_eq!(m.norm_topk_prob, want, "{shape}");
+            assert_eq!(m.shared_ffn_dim, c.moe.as_ref().unwrap().shared_ffn_dim, "{shape}");
+        }
+        // The shared expert's width is read and checked (header-only: no tensor to take it from).
+        let c = super::super::shapes::shape("qwen2-57b-a14b").unwrap();
+        let key = "qwen2moe.expert_shared_feed_forward_length";
+        let g = header_only_with(&dir.join("t.gguf"), model_kv(&c, "t"), key, Some(Value::U32(0)));
+        let e = MoeConfig::from_gguf(&g, c.n_layers).unwrap_err().to_string();
+        assert!(e.contains("'qwen2moe.expert_shared_feed_forward_length' 0 must be positive"), "{e}");
+        let g = header_only_with(&dir.join("t.gguf"), model_kv(&c, "t"), key, None);
+        assert!(MoeConfig::from_gguf(&g, c.n_layers).is_err(), "no width from the key nor a tensor");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
     fn hybrid_gguf_shape_rules_name_the_key_that_fails() {
         use super::super::gguf::Value;
         use super::super::gguf_writer::{header_only_with, model_kv};

@@ -552,6 +552,37 @@ mod tests {
     }
 
     #[test]
+    fn qwen2_moe_reads_its_shared_expert_width_and_needs_its_sizes() {
+        let moe = serde_json::json!({"architectures": ["Qwen2MoeForCausalLM"], "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 48,
+            "mlp_only_layers": [1]});
+        let (c, x) = cfg(moe.clone()).unwrap();
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!((c.arch.name(), x.qkv_bias, m.norm_topk_prob), ("qwen2moe", true, false));
+        assert_eq!((m.shared_ffn_dim, &m.sparse_layers), (Some(48), &vec![true, false]));
+        let plan = tensor_plan(&c, &x);
+        let gate = plan.iter().find(|p| p.hf == "model.layers.0.mlp.shared_expert_gate.weight").unwrap();
+        assert_eq!((gate.gguf.as_str(), &gate.shape), ("blk.0.ffn_gate_inp_shexp.weight", &vec![1, 64]));
+        let down = plan.iter().find(|p| p.hf == "model.layers.0.mlp.shared_expert.down_proj.weight").unwrap();
+        assert_eq!((down.gguf.as_str(), &down.shape), ("blk.0.ffn_down_shexp.weight", &vec![64, 48]));
+        assert!(!plan.iter().any(|p| p.hf.starts_with("model.layers.1.mlp.shared")), "layer 1 is dense");
+        // The transformers defaults (60 experts, 4 used) are not the fallbacks: the sizes must be given.
+        let mut j = moe.clone();
+        j.as_object_mut().unwrap().remove("num_experts");
+        let e = cfg(j).unwrap_err().to_string();
+        assert!(e.contains("'num_experts' is missing"), "{e}");
+        // `qkv_bias: false` turns the family's biases off; Qwen3-MoE has no shared expert.
+        let (_, x) = cfg(serde_json::json!({"architectures": ["Qwen2MoeForCausalLM"], "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 16, "qkv_bias": false}))
+        .unwrap();
+        assert!(!x.qkv_bias);
+        let (c, _) = cfg(serde_json::json!({"architectures": ["Qwen3MoeForCausalLM"],
+            "shared_expert_intermediate_size": 48}))
+        .unwrap();
+        assert_eq!(c.moe.unwrap().shared_ffn_dim, None);
+    }
+
+    #[test]
     fn malformed_configs_name_the_key() {
         let e = cfg(serde_json::json!({"hidden_size": "big"})).unwrap_err().to_string();
         assert!(e.contains("'hidden_size'"), "{e}");
