@@ -246,7 +246,7 @@ struct ConvertCliArgs {
 
 const QUANTIZE_HELP: &str = "Quantize a model to a GGUF file that dustoff and llama.cpp load.
 
-Models: llama, qwen2, qwen3, qwen3moe (Qwen3-30B-A3B), qwen35 (Qwen3.5/3.6 9B, 27B), qwen35moe
+Models: llama, qwen2, qwen2moe (Qwen1.5-MoE, Qwen2-57B-A14B), qwen3, qwen3moe (Qwen3-30B-A3B), qwen35 (Qwen3.5/3.6 9B, 27B), qwen35moe
 (Qwen3.5/3.6-35B-A3B) and qwen3next. Input: a Hugging Face directory (BF16/F16/F32
 safetensors, sharded or not, the vision-language releases included: their text model is
 converted, the vision tower and MTP layers skipped and counted; converted to F16 first, exactly

@@ -326,6 +326,7 @@ fn quantized_experts_of_a_synthetic_shape_match_the_naive_forward() {
             n_used: 3,
             expert_ffn_dim: 256,
             norm_topk_prob: true,
+            shared_ffn_dim: None,
             sparse_layers: vec![true, false],
         }),
         ..full

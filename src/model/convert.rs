@@ -237,7 +237,9 @@ pub fn gguf_outputs(plan: &[PlannedTensor]) -> Vec<OutTensor> {
             }
             stacks.insert(p.gguf.as_str(), outs.len());
         }
-        let f32 = p.is_vector() || p.gguf.ends_with("ffn_gate_inp.weight");
+        // Vectors, the router and the shared expert's gate row stay F32 (llama.cpp's converter).
+        let f32 =
+            p.is_vector() || p.gguf.ends_with("ffn_gate_inp.weight") || p.gguf.ends_with("ffn_gate_inp_shexp.weight");
         let shape = if p.expert.is_some() { [&[1][..], &p.shape].concat() } else { p.shape.clone() };
         let mut t = OutTensor::plain(&p.hf, &p.gguf, if f32 { GgmlType::F32 } else { GgmlType::F16 }, shape);
         t.permute_heads = p.permute_heads;

@@ -94,8 +94,9 @@ impl MoeConfig {
     /// sparse when its `blk.N.ffn_gate_inp.weight` (the router) exists, dense otherwise.
     ///
     /// NOTE: llama.cpp always renormalises the top-k weights of `qwen3moe` (the released
-    /// Qwen3-MoE models set `norm_topk_prob: true`); `expert_weights_norm`, when a file carries
-    /// it, overrides that.
+    /// Qwen3-MoE models set `norm_topk_prob: true`) and never those of `qwen2moe` (the family's
+    /// `gguf_norm_topk`); `expert_weights_norm`, when a file carries it, overrides that. The
+    /// families with a shared expert read its width from `expert_shared_feed_forward_length`.
     pub fn from_gguf(g: &GgufFile, n_layers: usize) -> Result<Self, ConfigError> {
         let a = g.get_str("general.architecture")?.unwrap_or("qwen3moe").to_string();
         let req = |k: &str| -> Result<usize, GgufError> {
@@ -126,13 +127,30 @@ impl MoeConfig {
                 return Err(shape_err(format!("expert gating function {f} is not supported (1, softmax, is)")));
             }
         }
-        let norm_topk_prob = g.get_bool(&format!("{a}.expert_weights_norm"))?.unwrap_or(true);
-        let m = MoeConfig { n_experts, n_used, expert_ffn_dim, norm_topk_prob, sparse_layers };
+        let spec = super::arch::by_gguf_name(&a).and_then(|arch| arch.family().moe());
+        let norm_topk_prob =
+            g.get_bool(&format!("{a}.expert_weights_norm"))?.unwrap_or(spec.is_none_or(|s| s.gguf_norm_topk));
+        // The shared expert's width: the key, else (older files) the first sparse layer's
+        // `ffn_gate_shexp` rows.
+        let shared_ffn_dim = match spec.filter(|s| s.shared) {
+            None => None,
+            Some(_) => Some(match g.get_u64(&format!("{a}.expert_shared_feed_forward_length"))? {
+                Some(v) => v as usize,
+                None => sparse_layers
+                    .iter()
+                    .position(|&s| s)
+                    .and_then(|i| g.tensor_info(&format!("blk.{i}.ffn_gate_shexp.weight")))
+                    .and_then(|t| t.dims.get(1).map(|&d| d as usize))
+                    .unwrap_or(0),
+            }),
+        };
+        let m = MoeConfig { n_experts, n_used, expert_ffn_dim, norm_topk_prob, shared_ffn_dim, sparse_layers };
         let key = |f: MoeField| {
             let k = match f {
                 MoeField::Experts => "expert_count",
                 MoeField::Used => "expert_used_count",
                 MoeField::ExpertFfnDim => "expert_feed_forward_length",
+                MoeField::SharedFfnDim => "expert_shared_feed_forward_length",
             };
             format!("{a}.{k}")
         };
@@ -285,6 +303,35 @@ mod tests {
             let e = MoeConfig::from_gguf(&g, base.n_layers).unwrap_err().to_string();
             assert!(e.contains("t.gguf") && e.contains(says), "{e}");
         }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn moe_gguf_defaults_follow_the_family() {
+        use super::super::gguf::Value;
+        use super::super::gguf_writer::{header_only_with, model_kv};
+        let dir = std::env::temp_dir().join(format!("dustoff-moe-family-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Without `expert_weights_norm`, llama.cpp's choice for the family: qwen2moe never
+        // renormalises, qwen3moe always.
+        for (shape, key, want) in [
+            ("qwen2-57b-a14b", "qwen2moe.expert_weights_norm", false),
+            ("qwen3-30b-a3b", "qwen3moe.expert_weights_norm", true),
+        ] {
+            let c = super::super::shapes::shape(shape).unwrap();
+            let g = header_only_with(&dir.join("t.gguf"), model_kv(&c, "t"), key, None);
+            let m = MoeConfig::from_gguf(&g, c.n_layers).unwrap();
+            assert_eq!(m.norm_topk_prob, want, "{shape}");
+            assert_eq!(m.shared_ffn_dim, c.moe.as_ref().unwrap().shared_ffn_dim, "{shape}");
+        }
+        // The shared expert's width is read and checked (header-only: no tensor to take it from).
+        let c = super::super::shapes::shape("qwen2-57b-a14b").unwrap();
+        let key = "qwen2moe.expert_shared_feed_forward_length";
+        let g = header_only_with(&dir.join("t.gguf"), model_kv(&c, "t"), key, Some(Value::U32(0)));
+        let e = MoeConfig::from_gguf(&g, c.n_layers).unwrap_err().to_string();
+        assert!(e.contains("'qwen2moe.expert_shared_feed_forward_length' 0 must be positive"), "{e}");
+        let g = header_only_with(&dir.join("t.gguf"), model_kv(&c, "t"), key, None);
+        assert!(MoeConfig::from_gguf(&g, c.n_layers).is_err(), "no width from the key nor a tensor");
         std::fs::remove_dir_all(&dir).ok();
     }
 

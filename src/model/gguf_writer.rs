@@ -222,7 +222,8 @@ pub fn llama3_freq_factors(c: &ModelConfig) -> Option<Vec<f32>> {
 /// What the architecture metadata needs beyond [`ModelConfig`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct KvExtras {
-    /// Width of the shared expert (`expert_shared_feed_forward_length`).
+    /// Width of the shared expert (`expert_shared_feed_forward_length`) as a checkpoint's
+    /// tensors have it; else `MoeConfig::shared_ffn_dim`.
     pub shared_ffn: Option<usize>,
     /// `mrope_section` of a Qwen3.5 config (`rope.dimension_sections`, padded to 4); when
     /// missing, the rotated pairs split as the released configs split them.
@@ -287,7 +288,7 @@ pub fn model_kv_with(c: &ModelConfig, name: &str, x: &KvExtras) -> Vec<(String, 
         kv.push((format!("{a}.expert_count"), u(m.n_experts)));
         kv.push((format!("{a}.expert_used_count"), u(m.n_used)));
         kv.push((format!("{a}.expert_feed_forward_length"), u(m.expert_ffn_dim)));
-        if let Some(sf) = x.shared_ffn {
+        if let Some(sf) = x.shared_ffn.or(m.shared_ffn_dim) {
             kv.push((format!("{a}.expert_shared_feed_forward_length"), u(sf)));
         }
         kv.push((format!("{a}.expert_weights_norm"), Value::Bool(m.norm_topk_prob)));

@@ -169,6 +169,9 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
             NormTopk::ConfigDefaultTrue if j.get("norm_topk_prob").is_none_or(Json::is_null) => m.norm_topk_prob = true,
             NormTopk::ConfigDefaultTrue => {}
         }
+        // A shared expert as wide as the routed ones when the config does not say (the
+        // hybrids' released configs); the binder checks the width against the tensors.
+        m.shared_ffn_dim = spec.shared.then(|| m.shared_ffn_dim.unwrap_or(m.expert_ffn_dim));
         Some(m)
     } else {
         None
@@ -202,7 +205,9 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
     if family.is_hybrid() {
         cfg.hybrid = Some(HybridConfig::from_hf_json(j, path, &cfg)?);
     }
-    let qkv_bias = family.attention.qkv_bias || opt_bool("attention_bias")?.unwrap_or(false);
+    // `qkv_bias` (Qwen2MoeConfig, true by default) can turn a family's biases off.
+    let qkv_bias = (family.attention.qkv_bias || opt_bool("attention_bias")?.unwrap_or(false))
+        && opt_bool("qkv_bias")? != Some(false);
     Ok((cfg, HfExtras { hf_arch, qkv_bias }))
 }
 
@@ -279,6 +284,22 @@ pub fn tensor_plan(c: &ModelConfig, x: &HfExtras) -> Vec<PlannedTensor> {
                         v.push(p);
                     }
                 }
+                // The shared expert (Qwen2-MoE: plain attention layers), its gate a [1, dim] row.
+                if let Some(sf) = m.shared_ffn_dim {
+                    for (hf, gguf, shape) in [
+                        ("shared_expert.gate_proj", "ffn_gate_shexp", vec![sf, c.dim]),
+                        ("shared_expert.up_proj", "ffn_up_shexp", vec![sf, c.dim]),
+                        ("shared_expert.down_proj", "ffn_down_shexp", vec![c.dim, sf]),
+                        ("shared_expert_gate", "ffn_gate_inp_shexp", vec![1, c.dim]),
+                    ] {
+                        v.push(t(
+                            format!("model.layers.{i}.mlp.{hf}.weight"),
+                            format!("blk.{i}.{gguf}.weight"),
+                            shape,
+                            None,
+                        ));
+                    }
+                }
             }
             _ => {
                 add("mlp.gate_proj.weight", "ffn_gate.weight", vec![c.ffn_dim, c.dim], None);
@@ -321,6 +342,8 @@ impl MoeConfig {
             None | Some(Json::Null) => false,
             Some(v) => v.as_bool().ok_or_else(|| bad("norm_topk_prob", "must be true or false"))?,
         };
+        // Meant for the families with a shared expert (the caller drops it for the others).
+        let shared_ffn_dim = num("shared_expert_intermediate_size")?;
         let step = num("decoder_sparse_step")?.unwrap_or(1);
         if step == 0 {
             return Err(bad("decoder_sparse_step", "must be at least 1"));
@@ -340,7 +363,7 @@ impl MoeConfig {
         }
         // transformers: sparse iff not listed, experts exist, and (layer + 1) % step == 0.
         let sparse_layers = (0..n_layers).map(|i| !dense[i] && n_experts > 0 && (i + 1) % step == 0).collect();
-        let m = MoeConfig { n_experts, n_used, expert_ffn_dim, norm_topk_prob, sparse_layers };
+        let m = MoeConfig { n_experts, n_used, expert_ffn_dim, norm_topk_prob, shared_ffn_dim, sparse_layers };
         let unset = |k: &str| j.get(k).is_none_or(Json::is_null);
         // The expert count is named as the file spells it.
         let experts =
@@ -350,6 +373,7 @@ impl MoeConfig {
                 MoeField::Experts => experts,
                 MoeField::Used => "num_experts_per_tok",
                 MoeField::ExpertFfnDim => "moe_intermediate_size",
+                MoeField::SharedFfnDim => "shared_expert_intermediate_size",
             }
             .to_string()
         };
@@ -525,6 +549,37 @@ mod tests {
         j["num_experts"] = serde_json::json!(8);
         let e = config_from_json(&j, Path::new("x/config.json")).unwrap_err().to_string();
         assert!(e.contains("config.json") && e.contains("num_local_experts"), "{e}");
+    }
+
+    #[test]
+    fn qwen2_moe_reads_its_shared_expert_width_and_needs_its_sizes() {
+        let moe = serde_json::json!({"architectures": ["Qwen2MoeForCausalLM"], "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 48,
+            "mlp_only_layers": [1]});
+        let (c, x) = cfg(moe.clone()).unwrap();
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!((c.arch.name(), x.qkv_bias, m.norm_topk_prob), ("qwen2moe", true, false));
+        assert_eq!((m.shared_ffn_dim, &m.sparse_layers), (Some(48), &vec![true, false]));
+        let plan = tensor_plan(&c, &x);
+        let gate = plan.iter().find(|p| p.hf == "model.layers.0.mlp.shared_expert_gate.weight").unwrap();
+        assert_eq!((gate.gguf.as_str(), &gate.shape), ("blk.0.ffn_gate_inp_shexp.weight", &vec![1, 64]));
+        let down = plan.iter().find(|p| p.hf == "model.layers.0.mlp.shared_expert.down_proj.weight").unwrap();
+        assert_eq!((down.gguf.as_str(), &down.shape), ("blk.0.ffn_down_shexp.weight", &vec![64, 48]));
+        assert!(!plan.iter().any(|p| p.hf.starts_with("model.layers.1.mlp.shared")), "layer 1 is dense");
+        // The transformers defaults (60 experts, 4 used) are not the fallbacks: the sizes must be given.
+        let mut j = moe.clone();
+        j.as_object_mut().unwrap().remove("num_experts");
+        let e = cfg(j).unwrap_err().to_string();
+        assert!(e.contains("'num_experts' is missing"), "{e}");
+        // `qkv_bias: false` turns the family's biases off; Qwen3-MoE has no shared expert.
+        let (_, x) = cfg(serde_json::json!({"architectures": ["Qwen2MoeForCausalLM"], "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 16, "qkv_bias": false}))
+        .unwrap();
+        assert!(!x.qkv_bias);
+        let (c, _) = cfg(serde_json::json!({"architectures": ["Qwen3MoeForCausalLM"],
+            "shared_expert_intermediate_size": 48}))
+        .unwrap();
+        assert_eq!(c.moe.unwrap().shared_ffn_dim, None);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Binds the tensors of a Hugging Face checkpoint (safetensors, one file or shards) as model
-//! weights: plain-attention families through the tensor plan of `hf` (every tensor named,
-//! shape- and dtype-checked), hybrid ones (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) layer by layer;
+//! weights: plain-attention families (with a shared expert for Qwen2-MoE) through the tensor
+//! plan of `hf` (every tensor named, shape- and dtype-checked), hybrid ones (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) layer by layer;
 //! experts one tensor each or fused. Matrices stay in the memory map in their stored type (BF16,
 //! F16 or F32: the CPU backend widens rows as it computes); norms and biases are widened to f32.
 //! See `model::hybrid` for how a hybrid checkpoint's tensors differ from its GGUF form.
@@ -96,12 +96,28 @@ pub fn load_weights(st: &SafetensorsDir, c: &ModelConfig, x: &HfExtras) -> Resul
                         down: take("ffn_down_exps.weight", "down_proj")?,
                     });
                 }
+                // The shared expert the plan lists for the families with one (Qwen2-MoE).
+                let shared = match m.shared_ffn_dim {
+                    None => None,
+                    Some(_) => {
+                        let expert = Expert {
+                            gate: mat(&n("ffn_gate_shexp.weight"))?,
+                            up: mat(&n("ffn_up_shexp.weight"))?,
+                            down: mat(&n("ffn_down_shexp.weight"))?,
+                        };
+                        let gate = mat(&n("ffn_gate_inp_shexp.weight"))?;
+                        let name = format!("model.layers.{i}.mlp.shared_expert_gate.weight");
+                        let bad =
+                            |reason: String| HfError::Config { path: st.path_of(&name), key: name.clone(), reason };
+                        Some(SharedExpert::new(expert, gate, c.dim).map_err(bad)?)
+                    }
+                };
                 Some(MoeWeights {
                     router: mat(&n("ffn_gate_inp.weight"))?,
                     experts,
                     n_used: m.n_used,
                     norm_topk_prob: m.norm_topk_prob,
-                    shared: None,
+                    shared,
                 })
             }
             _ => None,

@@ -60,7 +60,7 @@ impl HfLayout {
 
     /// The layout a family's own checkpoints have (for `synth`, which has no checkpoint):
     /// Qwen3-Next fuses qkvz, Qwen3.5-MoE fuses its experts; the shared expert as wide as the
-    /// routed ones.
+    /// configuration says.
     pub fn native(c: &ModelConfig) -> Self {
         let family = c.arch.family();
         let grouped =
@@ -69,7 +69,7 @@ impl HfLayout {
             prefix: "model.".into(),
             fused_qkvz: grouped,
             fused_experts: !grouped && family.moe().is_some(),
-            shared_ffn: family.moe().filter(|m| m.shared).and(c.moe.as_ref()).map(|m| m.expert_ffn_dim),
+            shared_ffn: c.moe.as_ref().and_then(|m| m.shared_ffn_dim),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Mixture-of-experts layers (Qwen3-MoE; Qwen3.5-MoE and Qwen3-Next add a shared expert): the
+//! Mixture-of-experts layers (Qwen3-MoE; Qwen2-MoE, Qwen3.5-MoE and Qwen3-Next add a shared expert): the
 //! configuration and its rules, and the weights of one sparse layer (router + experts [+ shared
 //! expert]). The configuration is read by `gguf_config` and `hf`, the weights bound by
 //! `gguf_bind` and `hf_bind`.
@@ -23,6 +23,10 @@ pub struct MoeConfig {
     pub expert_ffn_dim: usize,
     /// Renormalise the chosen experts' probabilities to sum 1.
     pub norm_topk_prob: bool,
+    /// Width of the gated shared expert of each sparse layer, for the families that have one
+    /// (`expert_shared_feed_forward_length`, HF `shared_expert_intermediate_size`: Qwen2-MoE's
+    /// differs from `expert_ffn_dim`); `None` for the others.
+    pub shared_ffn_dim: Option<usize>,
     /// `[n_layers]`: true where the layer's FFN is the mixture; the others are dense
     /// (`ffn_dim` wide: HF `mlp_only_layers`, `decoder_sparse_step`).
     pub sparse_layers: Vec<bool>,
@@ -38,6 +42,8 @@ pub enum MoeField {
     Used,
     /// Intermediate width of one expert.
     ExpertFfnDim,
+    /// Intermediate width of the shared expert.
+    SharedFfnDim,
 }
 
 impl MoeConfig {
@@ -59,6 +65,9 @@ impl MoeConfig {
         }
         if self.expert_ffn_dim == 0 {
             return fail(MoeField::ExpertFfnDim, "0 must be positive".into());
+        }
+        if self.shared_ffn_dim == Some(0) {
+            return fail(MoeField::SharedFfnDim, "0 must be positive".into());
         }
         Ok(())
     }

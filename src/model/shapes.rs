@@ -13,6 +13,7 @@ pub const SHAPES: &[&str] = &[
     "smollm2-135m",
     "qwen3-0.6b",
     "qwen3-30b-a3b",
+    "qwen2-57b-a14b",
     "qwen3.5-9b",
     "qwen3.5-27b",
     "qwen3.6-35b-a3b",
@@ -66,6 +67,14 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
             moe: Some(all_sparse(128, 8, 768, 48)),
             ..c(a("qwen3moe")?, 48, 2048, 6144, 32, 4, 128, 151_936, 1e6, 1e-6, false)
         },
+        // Qwen2-57B-A14B (its released config.json): 28 layers, each sparse: 64 experts of width
+        // 2560, 8 used, not renormalised (`norm_topk_prob` false), plus a gated shared expert of
+        // width 20480; Qwen2 attention (28 query / 4 KV heads of 128, Q/K/V biases); the dense
+        // width 18944 is its `intermediate_size`, used by no layer; untied head.
+        "qwen2-57b-a14b" => ModelConfig {
+            moe: Some(MoeConfig { norm_topk_prob: false, shared_ffn_dim: Some(20480), ..all_sparse(64, 8, 2560, 28) }),
+            ..c(a("qwen2moe")?, 28, 3584, 18944, 28, 4, 128, 151_936, 1e6, 1e-6, false)
+        },
         // Qwen3.5-9B (text model of the released config): 32 layers, every 4th full attention
         // (16 query / 4 KV heads of 256, output gate, 64 rotated dims, theta 1e7), the others
         // Gated DeltaNet (16 key heads and 32 value heads of 128, conv kernel 4); untied head.
@@ -82,7 +91,7 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
         // head over 248,320 tokens. No dense FFN (`ffn_dim` 0, as in the GGUF files).
         "qwen3.6-35b-a3b" | "qwen3.5-35b-a3b" => ModelConfig {
             hybrid: Some(qwen35_linear(40, 32)),
-            moe: Some(all_sparse(256, 8, 512, 40)),
+            moe: Some(MoeConfig { shared_ffn_dim: Some(512), ..all_sparse(256, 8, 512, 40) }),
             ..c(a("qwen35moe")?, 40, 2048, 0, 16, 2, 256, 248_320, 1e7, 1e-6, false)
         },
         // Qwen3.5-27B (= Qwen3.6-27B's topology; model cards): 64 layers, every 4th full
@@ -98,9 +107,16 @@ pub fn shape(name: &str) -> Option<ModelConfig> {
 }
 
 /// Every layer sparse: `n_experts` experts of width `expert_ffn_dim`, `n_used` per token, the
-/// chosen weights renormalized (`norm_topk_prob`, true in both shapes here).
+/// chosen weights renormalized (`norm_topk_prob`, true in the Qwen3 shapes), no shared expert.
 fn all_sparse(n_experts: usize, n_used: usize, expert_ffn_dim: usize, n_layers: usize) -> MoeConfig {
-    MoeConfig { n_experts, n_used, expert_ffn_dim, norm_topk_prob: true, sparse_layers: vec![true; n_layers] }
+    MoeConfig {
+        n_experts,
+        n_used,
+        expert_ffn_dim,
+        norm_topk_prob: true,
+        shared_ffn_dim: None,
+        sparse_layers: vec![true; n_layers],
+    }
 }
 
 /// The Qwen3.5 layer plan of `n_layers`: every 4th full attention (output gate, 64 rotated
@@ -123,11 +139,15 @@ fn qwen35_linear(n_layers: usize, n_v_heads: usize) -> HybridConfig {
 impl ModelConfig {
     /// Parameters of the matrices a decode step reads in full (everything but the embedding
     /// table, of which one row is read; the output head counts even when tied). A sparse layer
-    /// counts its router and the `n_used` experts one token reads.
+    /// counts its router, the `n_used` experts one token reads and the shared expert (with its
+    /// gate row) when it has one.
     pub fn decode_matrix_params(&self) -> u64 {
         let attn = self.dim * (self.q_dim() + 2 * self.kv_dim()) + self.q_dim() * self.dim;
         let ffn = |layer: usize| match &self.moe {
-            Some(m) if m.is_sparse(layer) => m.n_experts * self.dim + m.n_used * 3 * self.dim * m.expert_ffn_dim,
+            Some(m) if m.is_sparse(layer) => {
+                let shared = m.shared_ffn_dim.map_or(0, |sf| 3 * self.dim * sf + self.dim);
+                m.n_experts * self.dim + m.n_used * 3 * self.dim * m.expert_ffn_dim + shared
+            }
             _ => 3 * self.dim * self.ffn_dim,
         };
         ((0..self.n_layers).map(|l| attn + ffn(l)).sum::<usize>() + self.vocab_size * self.dim) as u64
@@ -150,6 +170,23 @@ mod tests {
         // The dense shapes are unchanged by the MoE term.
         let d = shape("qwen3-8b").unwrap();
         assert_eq!(d.decode_matrix_params(), 36 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 12288) + 151_936 * 4096u64);
+    }
+
+    #[test]
+    fn qwen2_57b_a14b_reads_its_shared_expert_and_about_14b_parameters_per_token() {
+        let c = shape("qwen2-57b-a14b").unwrap();
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (m.n_experts, m.n_used, m.expert_ffn_dim, m.shared_ffn_dim, m.norm_topk_prob),
+            (64, 8, 2560, Some(20480), false)
+        );
+        // Per layer: attention 3584 x (3584 + 2 x 512) + 3584 x 3584 = 29.36M, router 0.23M,
+        // 8 experts x 3 x 3584 x 2560 = 220.2M, shared expert 3 x 3584 x 20480 + 3584 = 220.2M;
+        // x 28, plus the 545M output head: 13.7B (the "A14B" counts the embedding row too).
+        let p = c.decode_matrix_params();
+        assert_eq!(p, 28 * (29_360_128 + 229_376 + 220_200_960 + 220_204_544) + 151_936 * 3584);
+        assert!((13.5e9..14.0e9).contains(&(p as f64)), "{p}");
+        assert!(c.layer_kinds().iter().all(|k| k.has_shared_expert() && k.has_kv()));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::config::ModelConfig;
-use super::moe::{Expert, MoeWeights};
+use super::moe::{Expert, MoeWeights, SharedExpert};
 use super::quant::{quantize_row, GgmlType};
 use super::weights::{LayerWeights, ModelWeights, Tensor};
 
@@ -55,7 +55,17 @@ pub fn random_weights(c: &ModelConfig, dtype: GgmlType, seed: u64) -> ModelWeigh
                         down: matrix(&n(&format!("ffn_down_exps.weight[{e}]")), c.dim, f, dtype, &mut rng),
                     })
                     .collect();
-                Some(MoeWeights { router, experts, n_used: m.n_used, norm_topk_prob: m.norm_topk_prob, shared: None })
+                // The shared expert (Qwen2-MoE), its gate row F32 like the router.
+                let shared = m.shared_ffn_dim.map(|sf| {
+                    let expert = Expert {
+                        gate: matrix(&n("ffn_gate_shexp.weight"), sf, c.dim, dtype, &mut rng),
+                        up: matrix(&n("ffn_up_shexp.weight"), sf, c.dim, dtype, &mut rng),
+                        down: matrix(&n("ffn_down_shexp.weight"), c.dim, sf, dtype, &mut rng),
+                    };
+                    let gate = matrix(&n("ffn_gate_inp_shexp.weight"), 1, c.dim, GgmlType::F32, &mut rng);
+                    SharedExpert { expert, gate }
+                });
+                Some(MoeWeights { router, experts, n_used: m.n_used, norm_topk_prob: m.norm_topk_prob, shared })
             }
             _ => None,
         };

@@ -125,9 +125,12 @@ fn file_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<(TensorOut, Fill)> {
             let bias = name.ends_with(".bias");
             (GgmlType::F32, if bias { Fill::Uniform(0.1) } else { Fill::Ones })
         } else {
-            let dtype = choose_in(qtype, &name, &shape, &mix_model(c)).dtype;
-            // The router (kept F32 by `choose`) as values, every matrix else as blocks.
-            let router = name.ends_with("ffn_gate_inp.weight");
+            // The shared expert's gate row stays F32 as the converter writes it (as in the
+            // hybrid files below); the router is kept F32 by `choose`. Both as values, every
+            // matrix else as blocks.
+            let gate_row = name.ends_with("ffn_gate_inp_shexp.weight");
+            let dtype = if gate_row { GgmlType::F32 } else { choose_in(qtype, &name, &shape, &mix_model(c)).dtype };
+            let router = name.ends_with("ffn_gate_inp.weight") || gate_row;
             (dtype, if router { Fill::Uniform((3.0 / c.dim as f32).sqrt()) } else { Fill::Blocks })
         };
         out.push((TensorOut { name, dtype, shape }, fill));

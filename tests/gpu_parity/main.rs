@@ -28,6 +28,7 @@ mod moe_q8;
 mod no_cublas;
 mod quant;
 mod quant_bench;
+mod qwen2moe;
 mod qwen35;
 mod route_flips;
 mod seq_positions;

@@ -428,8 +428,14 @@ fn whole_sparse_layer_matches_the_cpu_reference() {
                 w.router = Tensor::from_f32("router", e, dim, &r);
             }
             let (lw, _) = MoeLayerW::upload(&s, &w, false, "test layer").unwrap();
-            let m =
-                MoeConfig { n_experts: e, n_used: k, expert_ffn_dim: f, norm_topk_prob: true, sparse_layers: vec![] };
+            let m = MoeConfig {
+                n_experts: e,
+                n_used: k,
+                expert_ffn_dim: f,
+                norm_topk_prob: true,
+                shared_ffn_dim: None,
+                sparse_layers: vec![],
+            };
             let mut work = MoeWork::default();
             work.grow(&s, 128, dim, &m).unwrap();
             for &n in TOKEN_COUNTS.iter().chain(&[100]) {
@@ -485,6 +491,7 @@ fn small_moe(n_layers: usize) -> ModelConfig {
         n_used: 4,
         expert_ffn_dim: 256,
         norm_topk_prob: true,
+        shared_ffn_dim: None,
         sparse_layers: (0..n_layers).map(|i| i != 1).collect(),
     });
     c

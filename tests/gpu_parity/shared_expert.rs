@@ -151,7 +151,14 @@ fn sparse_layer_vs_cpu(test: &str, sf: usize, counts: &[usize], in_pairs: bool) 
             shared: Some(shared),
         };
         let (lw, _) = MoeLayerW::upload(&s, &w, false, "test layer").unwrap();
-        let m = MoeConfig { n_experts: e, n_used: k, expert_ffn_dim: f, norm_topk_prob: true, sparse_layers: vec![] };
+        let m = MoeConfig {
+            n_experts: e,
+            n_used: k,
+            expert_ffn_dim: f,
+            norm_topk_prob: true,
+            shared_ffn_dim: Some(sf),
+            sparse_layers: vec![],
+        };
         let nmax = *counts.iter().max().unwrap();
         let mut work = MoeWork::default();
         work.grow(&s, 2 * nmax, dim, &m).unwrap(); // room for the shared expert's pairs

@@ -70,7 +70,9 @@ pub enum NormTopk {
 /// A family's mixture-of-experts FFNs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeSpec {
-    /// A gated shared expert beside the routed ones in every sparse layer.
+    /// A gated shared expert beside the routed ones in every sparse layer; its width is
+    /// `MoeConfig::shared_ffn_dim` (HF `shared_expert_intermediate_size`, GGUF
+    /// `expert_shared_feed_forward_length`).
     pub shared: bool,
     /// HF configs must give `num_experts`, `num_experts_per_tok` and `moe_intermediate_size`
     /// (the transformers defaults are Qwen3-MoE's, wrong for the family).
@@ -79,6 +81,10 @@ pub struct MoeSpec {
     /// dense: 6144 is `Qwen3MoeConfig`'s default; 0 for families without dense layers).
     pub hf_dense_width_default: usize,
     pub hf_norm_topk: NormTopk,
+    /// Whether llama.cpp renormalises the chosen experts' weights for the family, which a
+    /// GGUF file's `expert_weights_norm` overrides when present (true for `qwen3moe` and the
+    /// hybrids, false for `qwen2moe`).
+    pub gguf_norm_topk: bool,
 }
 
 /// The FFNs of a family's layers.

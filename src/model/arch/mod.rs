@@ -5,6 +5,7 @@
 mod family;
 mod llama;
 mod qwen2;
+mod qwen2moe;
 mod qwen3;
 mod qwen35;
 mod qwen35moe;
@@ -20,6 +21,7 @@ pub use family::{
 pub enum Arch {
     Llama,
     Qwen2,
+    Qwen2Moe,
     Qwen3,
     Qwen3Moe,
     Qwen35,
@@ -28,8 +30,16 @@ pub enum Arch {
 }
 
 /// Every family, in the order error messages list them.
-pub const ALL: &[Arch] =
-    &[Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Qwen35, Arch::Qwen35Moe, Arch::Qwen3Next];
+pub const ALL: &[Arch] = &[
+    Arch::Llama,
+    Arch::Qwen2,
+    Arch::Qwen2Moe,
+    Arch::Qwen3,
+    Arch::Qwen3Moe,
+    Arch::Qwen35,
+    Arch::Qwen35Moe,
+    Arch::Qwen3Next,
+];
 
 impl Arch {
     /// The family's description (the registry: one line per family).
@@ -37,6 +47,7 @@ impl Arch {
         match self {
             Arch::Llama => &llama::FAMILY,
             Arch::Qwen2 => &qwen2::FAMILY,
+            Arch::Qwen2Moe => &qwen2moe::FAMILY,
             Arch::Qwen3 => &qwen3::FAMILY,
             Arch::Qwen3Moe => &qwen3moe::FAMILY,
             Arch::Qwen35 => &qwen35::FAMILY,
@@ -120,6 +131,6 @@ mod tests {
         }
         assert_eq!(by_gguf_name("gpt2"), None);
         assert_eq!(by_hf_class("GPT2LMHeadModel"), None);
-        assert_eq!(gguf_names(), "llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, qwen3next");
+        assert_eq!(gguf_names(), "llama, qwen2, qwen2moe, qwen3, qwen3moe, qwen35, qwen35moe, qwen3next");
     }
 }

@@ -20,6 +20,7 @@ pub const FAMILY: Family = Family {
         hf_sizes_required: true,
         hf_dense_width_default: 0,
         hf_norm_topk: NormTopk::Always,
+        gguf_norm_topk: true,
     }),
     tiny_hf: None,
 };

@@ -20,6 +20,7 @@ pub const FAMILY: Family = Family {
         hf_sizes_required: false,
         hf_dense_width_default: 6144,
         hf_norm_topk: NormTopk::Config,
+        gguf_norm_topk: true,
     }),
     tiny_hf: Some(TinyHf {
         model_type: "qwen3_moe",
