@@ -32,13 +32,13 @@ pub(super) struct Rope<'a> {
 
 /// A plain attention layer.
 pub(super) fn full(lw: &LayerW, rope: &Rope, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
-    let Cx { c, k, mm, io, work, li, pre } = cx;
+    let Cx { c, k, mm, io, li, pre, .. } = cx;
     let s = mm.s;
     let n = io.n_tok;
     let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
     let qkv_w = qd + 2 * kvd;
     let qkv = io.qkv;
-    hooks.input(li, TapPoint::Qkv, &work.h, n, c.dim)?;
+    hooks.input(li, TapPoint::MixerIn, io.h, n, c.dim)?;
     let bias = lw.bqkv.as_ref().map(|b| Dev::of(b, s));
     let qkv_p = Product { lin: &lw.wqkv, bias, x: io.h, n, out: qkv, accumulate: false };
     match pre {
@@ -98,7 +98,7 @@ pub(super) fn full(lw: &LayerW, rope: &Rope, cx: Cx, hooks: &mut Hooks) -> Resul
         out_stride: qd,
     };
     io.attn.launch(k, s, paged, &mut |class| hooks.mark(class))?;
-    hooks.input(li, TapPoint::O, &work.att, n, qd)?;
+    hooks.input(li, TapPoint::MixerOut, io.att, n, qd)?;
     let accumulate = hooks.adds_residual();
     mm.run(k, Product { lin: &lw.wo, bias: None, x: io.att, n, out: io.x, accumulate })?;
     hooks.mark("o matmul")
@@ -106,12 +106,13 @@ pub(super) fn full(lw: &LayerW, rope: &Rope, cx: Cx, hooks: &mut Hooks) -> Resul
 
 /// An attention layer of a hybrid model (`gated`: with the output gate).
 pub(super) fn hybrid(hy: &HybridCuda, lw: &LayerW, gated: bool, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
-    let Cx { c, k, mm, io, pre, .. } = cx;
+    let Cx { c, k, mm, io, li, pre, .. } = cx;
     let s = mm.s;
     let n = io.n_tok;
     let (qd, hd) = (c.q_dim(), c.head_dim);
     let width = lw.wqkv.rows();
     let (proj, q) = (hy.proj_buf(s)?, hy.core_buf(s)?);
+    hooks.input(li, TapPoint::MixerIn, io.h, n, c.dim)?;
     let p = Product { lin: &lw.wqkv, bias: None, x: io.h, n, out: proj, accumulate: false };
     match pre {
         Some(a) => norm_product(k, mm, a, p)?,
@@ -172,6 +173,7 @@ pub(super) fn hybrid(hy: &HybridCuda, lw: &LayerW, gated: bool, cx: Cx, hooks: &
         GateMul { att: io.att, proj, stride: width, n_tok: n, n_heads: c.n_heads, head_dim: hd }.launch(k, s)?;
         hooks.mark("attn gate")?;
     }
+    hooks.input(li, TapPoint::MixerOut, io.att, n, qd)?;
     mm.run(k, Product { lin: &lw.wo, bias: None, x: io.att, n, out: io.x, accumulate: true })?;
     hooks.mark("attn o proj")
 }

@@ -9,6 +9,7 @@ use super::super::deltanet::{DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep,
 use super::super::hybrid::HybridCuda;
 use super::super::matmul::{input_form, Product, XForm};
 use super::super::step_norm::norm_product;
+use super::super::tap::TapPoint;
 use super::super::CudaError;
 use super::{Cx, Hooks};
 use crate::model::hybrid::HeadGrouping;
@@ -23,6 +24,7 @@ pub(super) fn run(hy: &HybridCuda, cx: Cx, hooks: &mut Hooks) -> Result<(), Cuda
     let (ch, vd, nv, kk) = (h.conv_channels(), h.value_dim(), h.n_v_heads, h.conv_kernel);
     let width = d.proj.rows();
     let (proj, mixed, core) = (hy.proj_buf(s)?, hy.mixed_buf(s)?, hy.core_buf(s)?);
+    hooks.input(li, TapPoint::MixerIn, io.h, n, c.dim)?;
     let p = Product { lin: &d.proj, bias: None, x: io.h, n, out: proj, accumulate: false };
     match pre {
         Some(a) => norm_product(k, mm, a, p)?,
@@ -95,7 +97,7 @@ pub(super) fn run(hy: &HybridCuda, cx: Cx, hooks: &mut Hooks) -> Result<(), Cuda
         hooks.mark("dn recurrence")?;
         norm.launch(k, s)?;
         hooks.mark("dn gated norm")?;
-    } else if hy.recur_norm {
+    } else if hy.recur_norm && !hooks.tapped() {
         // The out projection's int8 input written by the same launch where its GEMV reads one.
         let q8 = matches!(&d.out.parts[..], [m] if input_form(m, n) == XForm::Q8) && vd.is_multiple_of(32);
         let xq = q8.then(|| mm.x16.bytes());
@@ -110,6 +112,8 @@ pub(super) fn run(hy: &HybridCuda, cx: Cx, hooks: &mut Hooks) -> Result<(), Cuda
         norm.launch(k, s)?;
         hooks.mark("dn gated norm")?;
     }
+    // The tap reads the normed core output (the fused launch above may write only its int8 form).
+    hooks.input(li, TapPoint::MixerOut, core, n, vd)?;
     mm.run(k, Product { lin: &d.out, bias: None, x: core, n, out: io.x, accumulate: true })?;
     hooks.mark("dn out proj")
 }

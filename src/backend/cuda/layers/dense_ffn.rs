@@ -10,9 +10,9 @@ use super::super::CudaError;
 use super::{Cx, Hooks};
 
 pub(super) fn run(lw: &LayerW, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
-    let Cx { c, k, mm, io, work, li, pre } = cx;
+    let Cx { c, k, mm, io, li, pre, .. } = cx;
     let (n, ffn) = (io.n_tok, c.ffn_dim);
-    hooks.input(li, TapPoint::GateUp, &work.h, n, c.dim)?;
+    hooks.input(li, TapPoint::GateUp, io.h, n, c.dim)?;
     match pre {
         Some(a) => {
             norm_swiglu(k, mm, a, &lw.wgu, io.gu, io.act, ffn)?;
@@ -23,7 +23,7 @@ pub(super) fn run(lw: &LayerW, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaErro
             hooks.mark("gate/up matmul")?;
         }
     }
-    hooks.input(li, TapPoint::Down, &work.act, n, ffn)?;
+    hooks.input(li, TapPoint::Down, io.act, n, ffn)?;
     let accumulate = hooks.adds_residual();
     mm.run(k, Product { lin: &lw.wdown, bias: None, x: io.act, n, out: io.x, accumulate })?;
     hooks.mark("down matmul")

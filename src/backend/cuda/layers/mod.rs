@@ -31,7 +31,7 @@ use super::qlaunch::EmbeddingQ;
 use super::step_attn::{AttnIo, FlatAttn};
 use super::step_flat::Flat;
 use super::step_norm::NormIn;
-use super::tap::{CudaTap, TapPoint};
+use super::tap::{CudaTap, ExpertRows, TapPoint};
 use super::tp_rank::CudaRank;
 use super::workspace::{layout, ptr, Work};
 use super::CudaError;
@@ -98,16 +98,17 @@ impl Hooks<'_> {
     }
 
     /// `buf` (`[n, cols]`) is the input of `point` in layer `li`.
-    pub fn input(
-        &mut self,
-        li: usize,
-        point: TapPoint,
-        buf: &Option<CudaSlice<f32>>,
-        n: usize,
-        cols: usize,
-    ) -> Result<(), CudaError> {
+    pub fn input(&mut self, li: usize, point: TapPoint, buf: Dev<f32>, n: usize, cols: usize) -> Result<(), CudaError> {
         match self.tap.as_deref_mut() {
             Some(t) => t.layer_input(self.s, li, point, buf, n, cols),
+            None => Ok(()),
+        }
+    }
+
+    /// The routed experts of layer `li` read what `rows` says (the grouped walk's buffers).
+    pub fn experts(&mut self, li: usize, rows: &ExpertRows) -> Result<(), CudaError> {
+        match self.tap.as_deref_mut() {
+            Some(t) => t.experts(self.s, li, rows),
             None => Ok(()),
         }
     }
@@ -231,7 +232,7 @@ impl CudaBackend {
         if let Some(t) = hooks.tap.as_deref_mut() {
             // The head's input for every token (h is free now), not only the logit rows.
             l::RmsNorm::plain(x, Dev::of(&self.output_norm, s), h, n, dim, c.rms_eps).launch(k, s)?;
-            t.head_input(s, &w.h, n, dim)?;
+            t.head_input(s, h, n, dim)?;
         }
         if !head {
             return Ok(());
