@@ -216,11 +216,8 @@ impl CudaBackend {
                 (_, None) => attention::full(lw, &rope, cx, &mut hooks)?,
             }
             hooks.residual(x, n * dim)?;
-            let pre = match &lw.moe {
-                // A sparse layer folds its norm in its own ways (moe_ffn.rs).
-                Some(_) if hooks.fuse => Some(norm_in(&lw.ffn_norm)),
-                _ => hooks.norm(k, norm_in(&lw.ffn_norm))?,
-            };
+            // A folded norm: each FFN kind folds it its own way (dense_ffn.rs, moe_ffn.rs).
+            let pre = hooks.norm(k, norm_in(&lw.ffn_norm))?;
             let cx = Cx { c, k: &mut *k, mm: &mut mm, io: &io, work: w, li, pre };
             match &lw.moe {
                 Some(moe) => moe_ffn::run(moe, self.fold_shexp_gate, cx, &mut hooks)?,

@@ -26,16 +26,16 @@ pub(super) fn run(moe: &MoeLayerW, fold: bool, cx: Cx, hooks: &mut Hooks) -> Res
         return tapped(moe, fold, cx, hooks);
     }
     let Cx { k, mm, io, work, pre, .. } = cx;
-    let s = mm.s;
+    let (s, mw) = (mm.s, &work.moe);
     let (n, h, x) = (io.n_tok, io.h, io.x);
     let Some(sh) = &moe.shared else {
         match pre {
-            Some(a) => moe_ffn_normed(k, s, moe, &work.moe, x, a.w, a.eps, h, n)?,
-            None => moe_ffn(k, s, moe, &work.moe, h, x, n)?,
+            Some(a) => moe_ffn_normed(k, s, moe, mw, x, a.w, a.eps, h, n)?,
+            None => moe_ffn(k, s, moe, mw, h, x, n)?,
         }
         return hooks.mark("moe ffn");
     };
-    let in_pairs = shared_pairs(moe, &work.moe, n, s);
+    let in_pairs = shared_pairs(moe, mw, n, s);
     let have = match pre {
         Some(a) => {
             let have = match in_pairs {
@@ -51,11 +51,11 @@ pub(super) fn run(moe: &MoeLayerW, fold: bool, cx: Cx, hooks: &mut Hooks) -> Res
         None => XForm::None,
     };
     if let Some(pairs) = &in_pairs {
-        moe_ffn_shared(k, s, moe, &work.moe, pairs, h, x, n)?;
+        moe_ffn_shared(k, s, moe, mw, pairs, h, x, n)?;
         return hooks.mark("moe ffn");
     }
     // Qwen3.5-MoE / Qwen3-Next: routed experts, then the gated shared expert.
-    moe_ffn(k, s, moe, &work.moe, h, x, n)?;
+    moe_ffn(k, s, moe, mw, h, x, n)?;
     hooks.mark("moe ffn")?;
     shared_expert_ffn_with(k, mm, sh, &work.shexp, h, x, n, have, fold)?;
     hooks.mark("shared expert")
@@ -66,20 +66,20 @@ pub(super) fn run(moe: &MoeLayerW, fold: bool, cx: Cx, hooks: &mut Hooks) -> Res
 /// and gate/up: the router's rows; down: its `silu(gate) * up`).
 fn tapped(moe: &MoeLayerW, fold: bool, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
     let Cx { c, k, mm, io, work, li, pre } = cx;
-    let s = mm.s;
+    let (s, mw) = (mm.s, &work.moe);
     let (n, h, x) = (io.n_tok, io.h, io.x);
     if let Some(a) = pre {
         // Not reached: a tap turns the folded norms off (the walker's `Hooks::norm`).
         a.plain().launch(k, s)?;
     }
     hooks.input(li, TapPoint::Router, h, n, c.dim)?;
-    moe_ffn_grouped(k, s, moe, &work.moe, h, x, n)?;
+    moe_ffn_grouped(k, s, moe, mw, h, x, n)?;
     let buf = |b, what| allocated(b, s, "moe tap", what);
     let rows = ExpertRows {
         h,
-        offsets: buf(&work.moe.offsets, "group offsets")?,
-        entries: buf(&work.moe.entries, "group entries")?,
-        act: allocated(&work.moe.act, s, "moe tap", "expert activations")?,
+        offsets: buf(&mw.offsets, "group offsets")?,
+        entries: buf(&mw.entries, "group entries")?,
+        act: allocated(&mw.act, s, "moe tap", "expert activations")?,
         n_tok: n,
         k: moe.n_used,
         dim: c.dim,
