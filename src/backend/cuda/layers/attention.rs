@@ -174,6 +174,7 @@ pub(super) fn hybrid(hy: &HybridCuda, lw: &LayerW, gated: bool, cx: Cx, hooks: &
         hooks.mark("attn gate")?;
     }
     hooks.input(li, TapPoint::MixerOut, io.att, n, qd)?;
-    mm.run(k, Product { lin: &lw.wo, bias: None, x: io.att, n, out: io.x, accumulate: true })?;
+    let accumulate = hooks.adds_residual();
+    mm.run(k, Product { lin: &lw.wo, bias: None, x: io.att, n, out: io.x, accumulate })?;
     hooks.mark("attn o proj")
 }

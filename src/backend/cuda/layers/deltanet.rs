@@ -103,7 +103,7 @@ pub(super) fn run(hy: &HybridCuda, cx: Cx, hooks: &mut Hooks) -> Result<(), Cuda
         let xq = q8.then(|| mm.x16.bytes());
         DnRecurNorm { recur: &recur, norm: &norm, xq }.launch(k, s)?;
         hooks.mark("dn recur+norm")?;
-        let out = Product { lin: &d.out, bias: None, x: core, n, out: io.x, accumulate: true };
+        let out = Product { lin: &d.out, bias: None, x: core, n, out: io.x, accumulate: hooks.adds_residual() };
         mm.run_with(k, out, if q8 { XForm::Q8 } else { XForm::None })?;
         return hooks.mark("dn out proj");
     } else {
@@ -114,6 +114,7 @@ pub(super) fn run(hy: &HybridCuda, cx: Cx, hooks: &mut Hooks) -> Result<(), Cuda
     }
     // The tap reads the normed core output (the fused launch above may write only its int8 form).
     hooks.input(li, TapPoint::MixerOut, core, n, vd)?;
-    mm.run(k, Product { lin: &d.out, bias: None, x: core, n, out: io.x, accumulate: true })?;
+    let accumulate = hooks.adds_residual();
+    mm.run(k, Product { lin: &d.out, bias: None, x: core, n, out: io.x, accumulate })?;
     hooks.mark("dn out proj")
 }

@@ -130,6 +130,30 @@ impl Hooks<'_> {
         Ok(None)
     }
 
+    /// Before a block whose launches add its output into `x` in place (the experts' weighted
+    /// sums, the shared expert): a tensor-parallel rank above 0 hands on its partial output
+    /// alone, so the block's norm runs now (into `h`, not folded) and `x` starts from zero (the
+    /// all-reduce after the block counts rank 0's residual once). Other ranks: `pre` as it was.
+    fn partial_only(
+        &mut self,
+        k: &mut Kernels,
+        pre: Option<NormIn>,
+        x: Dev<f32>,
+        len: usize,
+    ) -> Result<Option<NormIn>, CudaError> {
+        if self.adds_residual() {
+            return Ok(pre);
+        }
+        if let Some(a) = pre {
+            a.plain().launch(k, self.s)?;
+        }
+        super::launch::need("tensor parallel", "residual", x, len)?;
+        // SAFETY: `x` holds at least `len` f32 (checked above) on this stream's device.
+        unsafe { cudarc::driver::result::memset_d8_async(x.ptr, 0, len * 4, self.s.cu_stream()) }
+            .map_err(CudaError::driver("tensor parallel: zeroing a partial output"))?;
+        Ok(None)
+    }
+
     /// After a block added its output into `x` (`[n, dim]`, the first `len` values): a
     /// tensor-parallel rank sums it over the ranks.
     fn residual(&mut self, x: Dev<f32>, len: usize) -> Result<(), CudaError> {
@@ -217,9 +241,13 @@ impl CudaBackend {
             }
             hooks.residual(x, n * dim)?;
             // A folded norm: each FFN kind folds it its own way (dense_ffn.rs, moe_ffn.rs).
-            let pre = hooks.norm(k, norm_in(&lw.ffn_norm))?;
+            let sparse = lw.moe.as_ref();
+            let mut pre = hooks.norm(k, norm_in(&lw.ffn_norm))?;
+            if sparse.is_some() {
+                pre = hooks.partial_only(k, pre, x, n * dim)?;
+            }
             let cx = Cx { c, k: &mut *k, mm: &mut mm, io: &io, work: w, li, pre };
-            match &lw.moe {
+            match sparse {
                 Some(moe) => moe_ffn::run(moe, self.fold_shexp_gate, cx, &mut hooks)?,
                 None => dense_ffn::run(lw, cx, &mut hooks)?,
             }
