@@ -355,7 +355,7 @@ fn dry_run(a: &RunArgs, job: &JobKind, inputs: &[PathBuf], shard: Option<ShardSp
     if !a.restart {
         r.resumed_rows = crate::job::checkpoint::Checkpoint::committed_totals(&a.output).0;
     }
-    let code = a.tolerance.exit_code(r.errors, r.records);
+    let code = crate::job::exit::of_completed(&a.tolerance, r.errors, r.records);
     r.exit_code = code.code();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
@@ -384,7 +384,7 @@ fn nothing_to_do(output: &Path, f: &FinishedIdentity, tolerance: &crate::job::to
         f.rows,
         f.error_rows
     );
-    let code = tolerance.exit_code(f.error_rows, f.rows);
+    let code = crate::job::exit::of_completed(tolerance, f.error_rows, f.rows);
     if code != ExitCode::Ok {
         eprintln!(
             "its {} error rows are over the tolerance ({}): exit {}, as when it finished",

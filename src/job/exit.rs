@@ -74,14 +74,15 @@ pub fn help() -> String {
     s
 }
 
-/// A mistake in the command line that the user has to fix (exit code 2).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
+pub use super::usage::UsageError;
 
-impl UsageError {
-    pub fn new(msg: impl Into<String>) -> Self {
-        UsageError(msg.into())
+/// The exit code of a completed job with `errors` error rows among `rows`: 0 where `tolerance`
+/// (`--allow-errors`, `--max-error-rate`) allows them, else [`ExitCode::RecordErrors`].
+pub fn of_completed(tolerance: &super::tolerance::ErrorTolerance, errors: u64, rows: u64) -> ExitCode {
+    if tolerance.tolerates(errors, rows) {
+        ExitCode::Ok
+    } else {
+        ExitCode::RecordErrors
     }
 }
 

@@ -13,24 +13,9 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 use super::checkpoint::JobFingerprint;
+pub use super::report::FinishedIdentity;
 use super::report::{JobReport, Outcome};
-
-/// The identity of the output file in place, as the run that finished it wrote it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct FinishedIdentity {
-    /// blake3 of `job` (the same as a checkpoint's digest for this job).
-    pub digest: String,
-    pub job: JobFingerprint,
-    /// blake3 of the output file's bytes.
-    pub output_blake3: String,
-    /// blake3 of the per-record digests file (`<output>.digests.tsv`).
-    pub digests_blake3: String,
-    pub rows: u64,
-    pub error_rows: u64,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {

@@ -17,7 +17,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::pipeline::{parse_json_output, OutputKind, OutputSpec};
+use super::output_spec::{parse_json_output, OutputKind, OutputSpec};
 use super::record::{ErrorKind, RecordError};
 use super::writer::RowOutput;
 use crate::engine::constraint::OutputConstraint;

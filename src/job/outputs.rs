@@ -5,7 +5,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use super::exit::UsageError;
+use super::usage::UsageError;
 
 /// Every path a job writes for `output` (files, and the checkpoint directory).
 pub fn owned_paths(output: &Path) -> Vec<PathBuf> {

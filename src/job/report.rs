@@ -73,7 +73,7 @@ pub struct JobReport {
     /// The identity of the output in place (this run's when it completed, else the earlier
     /// one's): what a rerun compares itself with (see `identity`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished: Option<super::identity::FinishedIdentity>,
+    pub finished: Option<FinishedIdentity>,
     /// `--incremental`: how this run's records compare with the finished output it built on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incremental: Option<super::incremental::IncrementalCounts>,
@@ -180,4 +180,19 @@ impl JobReport {
         );
         s
     }
+}
+
+/// The identity of the output file in place, as the run that finished it wrote it (read back
+/// by `identity` to decide what a rerun does).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FinishedIdentity {
+    /// blake3 of `job` (the same as a checkpoint's digest for this job).
+    pub digest: String,
+    pub job: super::checkpoint::JobFingerprint,
+    /// blake3 of the output file's bytes.
+    pub output_blake3: String,
+    /// blake3 of the per-record digests file (`<output>.digests.tsv`).
+    pub digests_blake3: String,
+    pub rows: u64,
+    pub error_rows: u64,
 }

@@ -536,7 +536,7 @@ pub fn run_job(
         super::errors_file::write(&opts.output, entries).with_context(writing_errors)?;
         let identity = JobFingerprint { base: None, ..opts.fingerprint.clone() };
         let finished = super::identity::finished_now(&opts.output, &identity, rows, error_rows)?;
-        (Outcome::Completed, opts.tolerance.exit_code(error_rows, rows), Some(finished))
+        (Outcome::Completed, super::exit::of_completed(&opts.tolerance, error_rows, rows), Some(finished))
     } else {
         digests.abandon();
         let entries = ck.committed_error_entries().with_context(writing_errors)?;

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::exit::UsageError;
+use super::usage::UsageError;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ErrorTolerance {
@@ -53,15 +53,6 @@ impl ErrorTolerance {
             "no --allow-errors or --max-error-rate".into()
         } else {
             v.join(", ")
-        }
-    }
-
-    /// The exit code of a completed job with `errors` error rows among `rows`.
-    pub fn exit_code(&self, errors: u64, rows: u64) -> super::exit::ExitCode {
-        if self.tolerates(errors, rows) {
-            super::exit::ExitCode::Ok
-        } else {
-            super::exit::ExitCode::RecordErrors
         }
     }
 }
