@@ -545,8 +545,8 @@ struct EngineArgs {
     /// KV cache and FFN columns, and the ranks sum their outputs after every block's two output
     /// projections. On GPUs one rank per GPU (cuda:K..K+N, or the GPUs of `run --devices`;
     /// NCCL between them); on the CPU N threads. N must divide the KV heads (and a hybrid
-    /// model's linear-attention key heads). GPUs: dense models only for N > 1; the CPU also
-    /// splits mixture-of-experts and hybrid models. See docs/CLUSTER.md.
+    /// model's linear-attention key heads). Dense, mixture-of-experts and hybrid models split
+    /// on GPUs and on the CPU. See docs/CLUSTER.md.
     #[arg(long)]
     tensor_parallel: Option<usize>,
     /// The most memory the job may take on each GPU (e.g. 32GB = 32e9 bytes, 30GiB = 30 x 2^30),

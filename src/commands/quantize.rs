@@ -269,7 +269,7 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
             if windows.is_empty() {
                 return Err(usage(format!("calibration file {} holds no tokens", cal.display())));
             }
-            let device = calibration_device(&a.device, &m.config)?;
+            let device = calibration_device(&a.device)?;
             let longest = windows.iter().map(Vec::len).max().unwrap_or(0);
             eprintln!("calibration: {} windows of up to {longest} tokens on {}", windows.len(), device.name());
             let im = calibrate(&m, &windows, &cal.display().to_string(), &device)?;
@@ -314,27 +314,19 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
     Ok(QuantizeSummary { report_path, report, calibration_tokens, calibration, imatrix_written, verify })
 }
 
-/// The calibration device of `--device`: `auto` is the first GPU when one is usable and the
-/// model is dense (the GPU tap sees the inputs of dense attention and FFN layers only, not of
-/// linear-attention or expert layers), else the CPU.
-fn calibration_device(device: &str, cfg: &crate::model::config::ModelConfig) -> anyhow::Result<CalibrationDevice> {
-    let gpu_runs_it = cfg.hybrid.is_none() && cfg.moe.is_none();
+/// The calibration device of `--device`: `auto` is the first GPU when one is usable, else the
+/// CPU. The GPU tap sees the input of every matrix of every layer kind (attention, Gated
+/// DeltaNet, dense FFN, each routed expert, the shared expert), as the CPU's.
+fn calibration_device(device: &str) -> anyhow::Result<CalibrationDevice> {
     let cuda = |ordinal| CalibrationDevice::Cuda { ordinal, ptx_dir: None };
     Ok(match parse_device(device)? {
         Device::Cpu => CalibrationDevice::Cpu,
         Device::Cuda(n) if device != "auto" => {
-            if !gpu_runs_it {
-                return Err(usage(format!(
-                    "--device {device}: GPU calibration taps dense layers only, not the linear-attention or expert layers of {}; calibrate with --device cpu",
-                    cfg.arch.name()
-                )));
-            }
             if !cuda_usable() {
                 return Err(usage(format!("--device {device}: no usable CUDA device here; use --device cpu or auto")));
             }
             cuda(n)
         }
-        Device::Cuda(n) if gpu_runs_it => cuda(n),
-        Device::Cuda(_) => CalibrationDevice::Cpu,
+        Device::Cuda(n) => cuda(n),
     })
 }

@@ -49,13 +49,7 @@ pub fn rank_devices(device: &Device, devices: Option<&str>, n: usize, gpus: usiz
 
 /// The usage checks of `n` ranks for this model on these devices (before anything loads).
 pub fn check_split(cfg: &ModelConfig, devs: &[Device]) -> Result<(), UsageError> {
-    check(cfg, devs.len()).map_err(|e| UsageError::new(e.to_string()))?;
-    if devs.iter().any(|d| *d != Device::Cpu) {
-        if let Some(why) = crate::backend::cuda::tensor_parallel::gpu_refusal(cfg, devs.len()) {
-            return Err(UsageError::new(why));
-        }
-    }
-    Ok(())
+    check(cfg, devs.len()).map_err(|e| UsageError::new(e.to_string()))
 }
 
 /// Rank 0's shard: what one GPU holds (for `--slots auto`'s memory plan).

@@ -26,6 +26,7 @@ mod moe_bench;
 mod moe_gemm;
 mod moe_q8;
 mod no_cublas;
+mod plain_moe_shared;
 mod quant;
 mod quant_bench;
 mod qwen2moe;

@@ -1,5 +1,7 @@
-//! Hybrid models (Qwen3.5, `qwen35`) on the CUDA backend: the Gated DeltaNet layers and the
-//! gated partial-RoPE attention layers, and each sequence's recurrent state on the device.
+//! Hybrid models (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) on the CUDA backend: the device weights of
+//! the Gated DeltaNet layers, the partial-RoPE tables of the attention layers, the step buffers
+//! of both, and each sequence's recurrent state on the device. The layers' launches are in
+//! `layers/deltanet.rs` and `layers/attention.rs`.
 //!
 //! State: one slot per running sequence in a device pool `[n_slots, per_seq]` f32, laid out
 //! as the CPU's (per linear layer: conv window `[K - 1, C]`, then the delta-rule matrices
@@ -18,24 +20,15 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use super::deltanet::{
-    DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm, StatePool, DN_AB_ROW, DN_CH,
-};
+use super::deltanet::{StatePool, DN_AB_ROW, DN_CH};
 use super::device::{up, zeros};
 use super::dmat::Linear;
-use super::hybrid_attn::{GateMul, HybQkvPost};
-use super::kernels::Kernels;
-use super::kv_cache::RopeStore;
 use super::launch::{allocated, Dev};
-use super::layer::LayerW;
-use super::matmul::{input_form, Mm, Product, XForm};
-use super::paged_attn::PagedAttn;
-use super::step_norm::{norm_product, NormIn};
 use super::CudaError;
 use crate::backend::{snapshot_room, BackendError};
 use crate::engine::plan::{SeqId, StepPlan};
 use crate::model::config::ModelConfig;
-use crate::model::hybrid::{HeadGrouping, HybridConfig, HybridLayer};
+use crate::model::hybrid::{HybridConfig, HybridLayer};
 use crate::model::rope::rope_table;
 use crate::model::weights::{LayerWeights, Tensor};
 
@@ -50,24 +43,6 @@ pub(super) struct LinearW {
     pub out: Linear,             // [dim, V]
     /// Its number among the linear layers (its place in a state slot).
     pub index: usize,
-}
-
-/// Where the step's per-token inputs and shared buffers are (built by `step.rs`).
-pub(super) struct StepIo {
-    pub x: Dev<f32>,   // [tok, dim] residual
-    pub h: Dev<f32>,   // [tok, dim] normed input
-    pub att: Dev<f32>, // [tok, q_dim]
-    /// The step's attention tables and partials (step.rs).
-    pub attn: super::step_attn::AttnIo,
-    pub pos: Dev<i32>,
-    pub kv_rows: Dev<i32>,
-    pub block_tables: Dev<i32>,
-    pub tok_seq: Dev<i32>,
-    pub n_tok: usize,
-    pub n_seqs: usize,
-    pub cache_rows: usize,
-    pub block_size: usize,
-    pub bt_stride: usize,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -102,14 +77,12 @@ pub struct HybridCuda {
     ab: Option<CudaSlice<f32>>,    // [cap, n_v, DN_AB_ROW]: the chunked form's sub-chunk table
     /// The step form's delta rule with the gated norm (and the out projection's int8 input)
     /// in one launch.
-    recur_norm: bool,
-    /// The shared expert's gate folded into its down product's int8 input.
-    pub(super) fold_shexp_gate: bool,
+    pub(super) recur_norm: bool,
 }
 
 /// Whether a linear layer runs conv + L2 norm + gates as one kernel (`DUSTOFF_DN_FUSED=0`:
 /// as `dn_conv_silu_f32` then `dn_prep_f32`, for comparison).
-fn fused_conv_prep() -> bool {
+pub(super) fn fused_conv_prep() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_DN_FUSED").is_none_or(|v| v != "0"))
 }
@@ -121,25 +94,10 @@ fn recur_norm_fused() -> bool {
     *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_DN_RECUR_NORM").is_none_or(|v| v != "0"))
 }
 
-/// The profiler's mark: the work launched since the previous one belongs to the named class.
-pub(super) type Mark<'a> = &'a mut dyn FnMut(&'static str) -> Result<(), CudaError>;
-
-/// What a layer's token mixer (`HybridCuda::mixer`) runs with: the model's shape, the kernels,
-/// the products, the step's buffers and the profiler's mark. With `pre` the layer's norm is not
-/// applied yet: the first product folds it in (`io.h` receives it).
-pub(super) struct MixerCx<'a, 'm> {
-    pub c: &'a ModelConfig,
-    pub k: &'a mut Kernels,
-    pub mm: &'a mut Mm<'m>,
-    pub io: &'a StepIo,
-    pub pre: Option<NormIn>,
-    pub mark: Mark<'a>,
-}
-
 /// Fewest tokens of one chunk that take the chunked delta rule (in steps that are not
 /// replayed as graphs); `DUSTOFF_DN_CHUNK_MIN` overrides the default of one sub-chunk
 /// (`DN_CH`); 0 turns the chunked form off.
-fn chunked_min_tokens() -> usize {
+pub(super) fn chunked_min_tokens() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| crate::sys::env::get("DUSTOFF_DN_CHUNK_MIN").and_then(|v| v.parse().ok()).unwrap_or(DN_CH))
 }
@@ -231,14 +189,12 @@ impl HybridCuda {
             core: None,
             ab: None,
             recur_norm: recur_norm_fused(),
-            fold_shexp_gate: super::shared_expert::gate_folded(),
         })
     }
 
     /// The fused decode launches on, or their separate launches (`CudaBackend::set_hybrid_fusion`).
     pub(super) fn set_fusion(&mut self, on: bool) {
         self.recur_norm = on;
-        self.fold_shexp_gate = on;
     }
 
     /// Bytes of one sequence's recurrent state on the device.
@@ -376,197 +332,70 @@ impl HybridCuda {
         allocated(b, s, "hybrid", "work buffers")
     }
 
-    /// Layer `li`'s token mixer: `io.h` (normed input) -> `io.x += mixer(h)`.
-    pub(super) fn mixer(&self, li: usize, lw: &LayerW, cx: MixerCx) -> Result<(), CudaError> {
-        match self.layers.get(li).and_then(Option::as_ref) {
-            Some(d) => self.linear(d, cx),
-            None => self.attention(lw, cx),
-        }
+    /// The linear weights of layer `li` (a Gated DeltaNet layer).
+    pub(super) fn linear_layer(&self, li: usize) -> Result<&LinearW, CudaError> {
+        self.layers.get(li).and_then(Option::as_ref).ok_or_else(|| CudaError::Shape {
+            kernel: "deltanet",
+            reason: format!("layer {li} has no linear-attention weights on the device"),
+        })
     }
 
-    /// The input projection of a layer (`p.x` is `io.h`), its norm folded in where `pre` says.
-    fn first_product(k: &mut Kernels, mm: &mut Mm, pre: Option<NormIn>, p: Product) -> Result<(), CudaError> {
-        match pre {
-            Some(a) => norm_product(k, mm, a, p),
-            None => mm.run(k, p),
-        }
+    pub(super) fn config(&self) -> &HybridConfig {
+        &self.h
     }
 
-    fn linear(&self, d: &LinearW, cx: MixerCx) -> Result<(), CudaError> {
-        let MixerCx { c, k, mm, io, pre, mark } = cx;
-        let s = mm.s;
-        let h = &self.h;
-        let n = io.n_tok;
-        let (ch, vd, nv, kk) = (h.conv_channels(), h.value_dim(), h.n_v_heads, h.conv_kernel);
-        let width = d.proj.rows();
-        let (proj, mixed, core) = (Self::buf(&self.proj, s)?, Self::buf(&self.mixed, s)?, Self::buf(&self.core, s)?);
-        let p = Product { lin: &d.proj, bias: None, x: io.h, n, out: proj, accumulate: false };
-        Self::first_product(k, mm, pre, p)?;
-        mark("dn in proj")?;
-        // Graph-sized steps launch for every token as a possible chunk (the table says how
-        // many there are), so a graph serves any split of its tokens into chunks.
-        let max_chunks = if n <= super::gemm_tc::TC_MAX_TOKENS { n } else { io.n_seqs };
-        let pool = StatePool {
+    /// Rotated dims of each attention head (partial RoPE).
+    pub(super) fn rotary_dim(&self) -> usize {
+        self.h.rotary_dim
+    }
+
+    /// The partial-RoPE tables (`[max_pos, rotary_dim / 2]` each) and their positions.
+    pub(super) fn rope(&self, s: &CudaStream) -> (Dev<f32>, Dev<f32>, usize) {
+        (Dev::of(&self.rope_cos, s), Dev::of(&self.rope_sin, s), self.max_pos)
+    }
+
+    /// `[cap, proj width]`: either projection of a layer.
+    pub(super) fn proj_buf(&self, s: &CudaStream) -> Result<Dev<f32>, CudaError> {
+        Self::buf(&self.proj, s)
+    }
+    /// `[cap, C]`: the conv output.
+    pub(super) fn mixed_buf(&self, s: &CudaStream) -> Result<Dev<f32>, CudaError> {
+        Self::buf(&self.mixed, s)
+    }
+    /// `[cap, max(V, q_dim)]`: the delta-rule output, or an attention layer's queries.
+    pub(super) fn core_buf(&self, s: &CudaStream) -> Result<Dev<f32>, CudaError> {
+        Self::buf(&self.core, s)
+    }
+    /// The chunked form's sub-chunk table.
+    pub(super) fn ab_buf(&self, s: &CudaStream) -> Result<Dev<f32>, CudaError> {
+        Self::buf(&self.ab, s)
+    }
+
+    /// The state pool as layer `d`'s launches see it.
+    pub(super) fn state_pool(&self, s: &CudaStream, d: &LinearW, max_chunks: usize) -> Result<StatePool, CudaError> {
+        Ok(StatePool {
             state: Dev::of(&self.pool, s),
             slot_stride: self.per_seq,
-            layer_off: d.index * h.state_len_per_layer(),
+            layer_off: d.index * self.h.state_len_per_layer(),
             chunks: allocated(&self.chunks, s, "hybrid", "chunk table")?,
             max_chunks,
-        };
-        let conv = DnConv {
-            x: proj,
-            x_stride: width,
-            out: mixed,
-            w: Dev::of(&d.conv, s),
-            pool,
-            n_tok: n,
-            channels: ch,
-            kernel: kk,
-        };
-        let (b_off, a_off) = (ch + vd, ch + vd + nv);
-        let prep = DnPrep {
-            mixed,
-            proj,
-            neg_a: Dev::of(&d.neg_a, s),
-            dt_bias: Dev::of(&d.dt_bias, s),
-            n_tok: n,
-            n_k: h.n_k_heads,
-            d_k: h.d_k,
-            n_v: nv,
-            channels: ch,
-            proj_stride: width,
-            b_off,
-            a_off,
-        };
-        // Conv, L2 norms and gates in one launch; `DUSTOFF_DN_FUSED=0`: the two kernels.
-        if fused_conv_prep() {
-            DnConvPrep { conv: &conv, prep: &prep }.launch(k, s)?;
-        } else {
-            conv.launch(k, s)?;
-            prep.launch(k, s)?;
-        }
-        mark("dn conv+prep")?;
-        let recur = DnRecur {
-            mixed,
-            proj,
-            out: core,
-            pool,
-            conv_len: (kk - 1) * ch,
-            n_tok: n,
-            n_k: h.n_k_heads,
-            n_v: nv,
-            d_k: h.d_k,
-            d_v: h.d_v,
-            channels: ch,
-            proj_stride: width,
-            b_off,
-            a_off,
-            tiled: h.grouping == HeadGrouping::Tiled,
-        };
-        // Prompt chunks take the chunked form (more blocks, fewer serial steps); graph-sized
-        // steps keep the step form, whose launch does not depend on the chunk lengths.
-        let longest = self.host_chunks.iter().skip(2).step_by(3).copied().max().unwrap_or(0).max(0) as usize;
-        let min = chunked_min_tokens();
-        let norm = DnGatedNorm {
-            o: core,
-            z: proj.offset(ch),
-            z_stride: width,
-            w: Dev::of(&d.norm, s),
-            n_tok: n,
-            n_v: nv,
-            d_v: h.d_v,
-            eps: c.rms_eps,
-        };
-        if n > super::gemm_tc::TC_MAX_TOKENS && min > 0 && longest >= min {
-            DnChunked { recur: &recur, ab: Self::buf(&self.ab, s)?, max_count: longest }.launch(k, s)?;
-            mark("dn recurrence")?;
-            norm.launch(k, s)?;
-            mark("dn gated norm")?;
-        } else if self.recur_norm {
-            // The out projection's int8 input written by the same launch where its GEMV reads one.
-            let q8 = matches!(&d.out.parts[..], [m] if input_form(m, n) == XForm::Q8) && vd.is_multiple_of(32);
-            let xq = q8.then(|| mm.x16.bytes());
-            DnRecurNorm { recur: &recur, norm: &norm, xq }.launch(k, s)?;
-            mark("dn recur+norm")?;
-            let out = Product { lin: &d.out, bias: None, x: core, n, out: io.x, accumulate: true };
-            mm.run_with(k, out, if q8 { XForm::Q8 } else { XForm::None })?;
-            return mark("dn out proj");
-        } else {
-            recur.launch(k, s)?;
-            mark("dn recurrence")?;
-            norm.launch(k, s)?;
-            mark("dn gated norm")?;
-        }
-        mm.run(k, Product { lin: &d.out, bias: None, x: core, n, out: io.x, accumulate: true })?;
-        mark("dn out proj")
+        })
     }
 
-    fn attention(&self, lw: &LayerW, cx: MixerCx) -> Result<(), CudaError> {
-        let MixerCx { c, k, mm, io, pre, mark } = cx;
-        let s = mm.s;
-        let n = io.n_tok;
-        let (qd, hd) = (c.q_dim(), c.head_dim);
-        let gated = self.h.attn_output_gate;
-        let width = lw.wqkv.rows();
-        let (proj, q) = (Self::buf(&self.proj, s)?, Self::buf(&self.core, s)?);
-        let p = Product { lin: &lw.wqkv, bias: None, x: io.h, n, out: proj, accumulate: false };
-        Self::first_product(k, mm, pre, p)?;
-        mark("attn qkv proj")?;
-        let (kc, vc, kv_scales) = lw.kv_dev(s);
-        HybQkvPost {
-            proj,
-            stride: width,
-            q,
-            store: RopeStore {
-                q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
-                k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
-                pos: io.pos,
-                cos: Dev::of(&self.rope_cos, s),
-                sin: Dev::of(&self.rope_sin, s),
-                max_pos: self.max_pos,
-                k_cache: kc,
-                v_cache: vc,
-                kv_scales,
-                kv_rows: io.kv_rows,
-                cache_rows: io.cache_rows,
-            },
-            n_tok: n,
-            n_heads: c.n_heads,
-            n_kv: c.n_kv_heads,
-            head_dim: hd,
-            rot: self.h.rotary_dim,
-            gated,
-            eps: c.rms_eps,
-        }
-        .launch(k, s)?;
-        mark("attn qkv_post")?;
-        let paged = PagedAttn {
-            q,
-            k_cache: kc,
-            v_cache: vc,
-            kv_scales,
-            block_tables: io.block_tables,
-            tok_seq: io.tok_seq,
-            pos: io.pos,
-            out: io.att,
-            cache_rows: io.cache_rows,
-            n_seqs: io.n_seqs,
-            n_tok: n,
-            n_heads: c.n_heads,
-            n_kv: c.n_kv_heads,
-            head_dim: hd,
-            block_size: io.block_size,
-            bt_stride: io.bt_stride,
-            q_stride: qd,
-            out_stride: qd,
-        };
-        io.attn.launch(k, s, paged, mark)?;
-        if gated {
-            GateMul { att: io.att, proj, stride: width, n_tok: n, n_heads: c.n_heads, head_dim: hd }.launch(k, s)?;
-            mark("attn gate")?;
-        }
-        mm.run(k, Product { lin: &lw.wo, bias: None, x: io.att, n, out: io.x, accumulate: true })?;
-        mark("attn o proj")
+    /// Tokens of the longest chunk of the current step.
+    pub(super) fn longest_chunk(&self) -> usize {
+        self.host_chunks.iter().skip(2).step_by(3).copied().max().unwrap_or(0).max(0) as usize
+    }
+}
+
+impl LinearW {
+    /// The conv weights `[C, K]`.
+    pub(super) fn conv_dev(&self, s: &CudaStream) -> Dev<f32> {
+        Dev::of(&self.conv, s)
+    }
+    /// `-exp(A_log)` `[n_v]`, the dt bias `[n_v]` and the gated norm's weight `[d_v]`.
+    pub(super) fn gates_dev(&self, s: &CudaStream) -> (Dev<f32>, Dev<f32>, Dev<f32>) {
+        (Dev::of(&self.neg_a, s), Dev::of(&self.dt_bias, s), Dev::of(&self.norm, s))
     }
 }
 

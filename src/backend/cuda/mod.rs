@@ -52,6 +52,7 @@ pub mod kernels;
 pub mod kv_cache;
 pub mod launch;
 mod layer;
+mod layers;
 pub mod masked;
 pub mod matmul;
 pub mod memory;

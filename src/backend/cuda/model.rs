@@ -125,6 +125,8 @@ pub struct CudaBackend {
     pub(super) tap: Option<super::tap::CudaTap>,
     /// A tensor-parallel rank (`tensor_parallel`): its place and its all-reduce.
     pub(super) tp: Option<super::tp_rank::CudaRank>,
+    /// The shared expert's gate folded into its down product's int8 input (`DUSTOFF_SHEXP_FUSED`).
+    pub(super) fold_shexp_gate: bool,
 }
 
 /// Weights on the device, before the backend is assembled.
@@ -479,6 +481,7 @@ impl CudaBackend {
             hybrid: p.hybrid,
             tap: None,
             tp: None,
+            fold_shexp_gate: super::shared_expert::gate_folded(),
             dev,
         };
         b.note_memory();
@@ -520,6 +523,7 @@ impl CudaBackend {
         if let Some(h) = self.hybrid.as_mut() {
             h.set_fusion(on);
         }
+        self.fold_shexp_gate = on;
         self.graphs.clear();
     }
 

@@ -776,6 +776,47 @@ pub fn moe_ffn(
     MoeCombine { y, wts, position, x, n_tok, dim, k }.launch(kn, s)
 }
 
+/// [`moe_ffn`] by the grouped expert walk at any step size (no one-stream launches, no F16
+/// GEMM), for a calibration tap: afterwards `work` holds the grouping (`offsets`, `entries`)
+/// and each grouped position's f32 SwiGLU activations (`act` `[pairs, ffn]`, the down
+/// products' inputs).
+pub fn moe_ffn_grouped(
+    kn: &mut Kernels,
+    s: &CudaStream,
+    w: &MoeLayerW,
+    work: &MoeWork,
+    h: Dev<f32>,
+    x: Dev<f32>,
+    n_tok: usize,
+) -> Result<(), CudaError> {
+    let (k, dim) = (w.n_used, w.dim);
+    let pairs = n_tok * k;
+    check("moe", pairs <= work.cap_pairs, || format!("{pairs} pairs, buffers for {}", work.cap_pairs))?;
+    let (ids, wts, act, y) = (dev(&work.ids, s)?, dev(&work.wts, s)?, dev(&work.act, s)?, dev(&work.y, s)?);
+    let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
+    let norm = w.norm_topk_prob;
+    MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm }.launch(kn, s)?;
+    let (offsets, entries, position) = (dev(&work.offsets, s)?, dev(&work.entries, s)?, dev(&work.position, s)?);
+    MoeGroup { ids, offsets, entries, position, n_pairs: pairs, n_experts: w.n_experts }.launch(kn, s)?;
+    let walk = Walk::Grouped { offsets, entries, n_experts: w.n_experts };
+    let mat = |slab, up, x, out, x_stride, out_stride, x_by_token| MoeMat {
+        slab,
+        up,
+        n_experts: w.n_experts,
+        x,
+        out,
+        walk,
+        n_pairs: pairs,
+        k,
+        x_stride,
+        out_stride,
+        x_by_token,
+    };
+    mat(&w.gate, Some(&w.up), h, act, dim, w.ffn, true).launch(kn, s)?;
+    mat(&w.down, None, act, y, w.ffn, dim, false).launch(kn, s)?;
+    MoeCombine { y, wts, position: Some(position), x, n_tok, dim, k }.launch(kn, s)
+}
+
 /// The RMSNorm before a sparse layer and the layer: `h = rmsnorm(x) * norm_w` (`[n_tok, dim]`,
 /// as `rmsnorm::RmsNorm`), then `x[t] += moe(h[t])`. A one-stream step on the one-launch kernel
 /// computes the norm inside it (one launch less a layer); other steps launch the norm first.

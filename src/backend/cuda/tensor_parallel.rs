@@ -9,9 +9,11 @@
 //! `host`; `nccl` with one rank is a real one-rank NCCL group). Decode steps are not replayed as CUDA graphs
 //! under tensor parallel (a host-staged reduction cannot be captured).
 //!
-//! For N > 1 the GPU path splits dense models only: the mixture-of-experts and hybrid layers
-//! add their outputs into the residual in several fused launches, which the rank-0-adds rule
-//! does not cover yet (the CPU backend splits MoE models; see [`gpu_refusal`]).
+//! The all-reduce is a hook of the layer walker (`layers/`) after every block, so every layer
+//! kind splits: dense and mixture-of-experts FFNs, attention, gated attention and Gated
+//! DeltaNet mixers. Rank 0 adds the residual; the other ranks write their partial block output
+//! alone (their output products overwrite `x`; before a sparse FFN, whose launches add into `x`
+//! in place, they zero it).
 
 use std::sync::Arc;
 
@@ -30,19 +32,6 @@ use crate::model::weights::ModelWeights;
 /// `nccl`, `host` or `auto` (the default: NCCL for ranks on distinct GPUs, host-staged for
 /// ranks sharing one and for a single rank).
 pub const ALLREDUCE_ENV: &str = "DUSTOFF_TP_ALLREDUCE";
-
-/// Why the GPU path cannot split this model `n` ways (beyond `tensor_parallel::check`), if so.
-pub fn gpu_refusal(cfg: &ModelConfig, n: usize) -> Option<String> {
-    let what = crate::model::layer::describe(&cfg.layer_kinds())?;
-    (n > 1).then(|| {
-        format!(
-            "--tensor-parallel {n} on a GPU: {what} models ({}) are not split on the GPU yet (their fused expert \
-             and mixer launches add into the residual in place); use --tensor-parallel 1, or --device cpu, which \
-             splits mixture-of-experts and hybrid models",
-            cfg.arch.name()
-        )
-    })
-}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
@@ -120,9 +109,6 @@ impl TpCudaBackend {
     ) -> Result<RankGroup, BackendError> {
         let n = ordinals.len();
         crate::model::tensor_parallel::check(cfg, n).map_err(|e| BackendError::Plan(e.to_string()))?;
-        if let Some(why) = gpu_refusal(cfg, n) {
-            return Err(BackendError::Plan(why));
-        }
         let kind = choose(ordinals, reduction)?;
         let id = if kind == Kind::Nccl { Some(unique_id()?) } else { None };
         let host = (kind == Kind::Host).then(|| Arc::new(HostAllReduce::new(n)));

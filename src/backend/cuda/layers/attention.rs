@@ -1,0 +1,180 @@
+//! Softmax attention over the paged KV cache (`MixerKind::Attention`, `GatedAttention`):
+//! - [`full`]: the plain layers (llama, Qwen2/3, Qwen3-MoE): one fused Q|K|V product (+bias),
+//!   `qkv_post` (q/k head norm, RoPE over the whole head, K/V store), attention, O product;
+//! - [`hybrid`]: the attention layers of hybrid models (Qwen3.5, Qwen3-Next): the query
+//!   projection holds per head `[query, gate]` where the model gates its output, RoPE over the
+//!   first `rotary_dim` dims (the hybrid part's tables), and `out * sigmoid(gate)` before O.
+//!
+//! `io.x += o(attention(h))`; the norm before folds into the Q|K|V product where `cx.pre` says.
+
+use cudarc::driver::CudaSlice;
+
+use super::super::hybrid::HybridCuda;
+use super::super::hybrid_attn::{GateMul, HybQkvPost};
+use super::super::kv_cache::{QkvPost, RopeStore};
+use super::super::launch::Dev;
+use super::super::layer::LayerW;
+use super::super::matmul::Product;
+use super::super::ops as l;
+use super::super::paged_attn::PagedAttn;
+use super::super::step_norm::norm_product;
+use super::super::tap::TapPoint;
+use super::super::CudaError;
+use super::{Cx, Hooks};
+use crate::model::config::RopeStyle;
+
+/// The RoPE tables of the plain layers (`[max_pos, head_dim / 2]` each).
+pub(super) struct Rope<'a> {
+    pub cos: &'a CudaSlice<f32>,
+    pub sin: &'a CudaSlice<f32>,
+    pub max_pos: usize,
+}
+
+/// A plain attention layer.
+pub(super) fn full(lw: &LayerW, rope: &Rope, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
+    let Cx { c, k, mm, io, li, pre, .. } = cx;
+    let s = mm.s;
+    let n = io.n_tok;
+    let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+    let qkv_w = qd + 2 * kvd;
+    let qkv = io.qkv;
+    hooks.input(li, TapPoint::MixerIn, io.h, n, c.dim)?;
+    let bias = lw.bqkv.as_ref().map(|b| Dev::of(b, s));
+    let qkv_p = Product { lin: &lw.wqkv, bias, x: io.h, n, out: qkv, accumulate: false };
+    match pre {
+        Some(a) => {
+            norm_product(k, mm, a, qkv_p)?;
+            hooks.mark("norm+qkv matmul")?;
+        }
+        None => {
+            mm.run(k, qkv_p)?;
+            hooks.mark("qkv matmul")?;
+        }
+    }
+    let (kc, vc, kv_scales) = lw.kv_dev(s);
+    QkvPost {
+        qkv,
+        store: RopeStore {
+            q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
+            k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
+            pos: io.pos,
+            cos: Dev::of(rope.cos, s),
+            sin: Dev::of(rope.sin, s),
+            max_pos: rope.max_pos,
+            k_cache: kc,
+            v_cache: vc,
+            kv_scales,
+            kv_rows: io.kv_rows,
+            cache_rows: io.cache_rows,
+        },
+        n_tok: n,
+        n_heads: c.n_heads,
+        n_kv: c.n_kv_heads,
+        head_dim: hd,
+        stride: qkv_w,
+        halves: c.rope_style == RopeStyle::Halves,
+        eps: c.rms_eps,
+    }
+    .launch(k, s)?;
+    hooks.mark("qkv_post")?;
+    let paged = l::PagedAttn {
+        q: qkv,
+        k_cache: kc,
+        v_cache: vc,
+        kv_scales,
+        block_tables: io.block_tables,
+        tok_seq: io.tok_seq,
+        pos: io.pos,
+        out: io.att,
+        cache_rows: io.cache_rows,
+        n_seqs: io.n_seqs,
+        n_tok: n,
+        n_heads: c.n_heads,
+        n_kv: c.n_kv_heads,
+        head_dim: hd,
+        block_size: io.block_size,
+        bt_stride: io.bt_stride,
+        q_stride: qkv_w,
+        out_stride: qd,
+    };
+    io.attn.launch(k, s, paged, &mut |class| hooks.mark(class))?;
+    hooks.input(li, TapPoint::MixerOut, io.att, n, qd)?;
+    let accumulate = hooks.adds_residual();
+    mm.run(k, Product { lin: &lw.wo, bias: None, x: io.att, n, out: io.x, accumulate })?;
+    hooks.mark("o matmul")
+}
+
+/// An attention layer of a hybrid model (`gated`: with the output gate).
+pub(super) fn hybrid(hy: &HybridCuda, lw: &LayerW, gated: bool, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
+    let Cx { c, k, mm, io, li, pre, .. } = cx;
+    let s = mm.s;
+    let n = io.n_tok;
+    let (qd, hd) = (c.q_dim(), c.head_dim);
+    let width = lw.wqkv.rows();
+    let (proj, q) = (hy.proj_buf(s)?, hy.core_buf(s)?);
+    hooks.input(li, TapPoint::MixerIn, io.h, n, c.dim)?;
+    let p = Product { lin: &lw.wqkv, bias: None, x: io.h, n, out: proj, accumulate: false };
+    match pre {
+        Some(a) => norm_product(k, mm, a, p)?,
+        None => mm.run(k, p)?,
+    }
+    hooks.mark("attn qkv proj")?;
+    let (kc, vc, kv_scales) = lw.kv_dev(s);
+    let (cos, sin, max_pos) = hy.rope(s);
+    HybQkvPost {
+        proj,
+        stride: width,
+        q,
+        store: RopeStore {
+            q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
+            k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
+            pos: io.pos,
+            cos,
+            sin,
+            max_pos,
+            k_cache: kc,
+            v_cache: vc,
+            kv_scales,
+            kv_rows: io.kv_rows,
+            cache_rows: io.cache_rows,
+        },
+        n_tok: n,
+        n_heads: c.n_heads,
+        n_kv: c.n_kv_heads,
+        head_dim: hd,
+        rot: hy.rotary_dim(),
+        gated,
+        eps: c.rms_eps,
+    }
+    .launch(k, s)?;
+    hooks.mark("attn qkv_post")?;
+    let paged = PagedAttn {
+        q,
+        k_cache: kc,
+        v_cache: vc,
+        kv_scales,
+        block_tables: io.block_tables,
+        tok_seq: io.tok_seq,
+        pos: io.pos,
+        out: io.att,
+        cache_rows: io.cache_rows,
+        n_seqs: io.n_seqs,
+        n_tok: n,
+        n_heads: c.n_heads,
+        n_kv: c.n_kv_heads,
+        head_dim: hd,
+        block_size: io.block_size,
+        bt_stride: io.bt_stride,
+        q_stride: qd,
+        out_stride: qd,
+    };
+    io.attn.launch(k, s, paged, &mut |class| hooks.mark(class))?;
+    if gated {
+        GateMul { att: io.att, proj, stride: width, n_tok: n, n_heads: c.n_heads, head_dim: hd }.launch(k, s)?;
+        hooks.mark("attn gate")?;
+    }
+    hooks.input(li, TapPoint::MixerOut, io.att, n, qd)?;
+    let accumulate = hooks.adds_residual();
+    mm.run(k, Product { lin: &lw.wo, bias: None, x: io.att, n, out: io.x, accumulate })?;
+    hooks.mark("attn o proj")
+}
