@@ -36,6 +36,7 @@ fn small_moe(n_layers: usize) -> ModelConfig {
         n_used: 8,
         expert_ffn_dim: 256,
         norm_topk_prob: true,
+        shared_ffn_dim: None,
         sparse_layers: (0..n_layers).map(|i| i != 1).collect(),
     });
     c
