@@ -27,7 +27,8 @@ cat $V/usr_01.txt $V/usr_02.txt $V/usr_03.txt /usr/share/common-licenses/MPL-2.0
 # KL of llama.cpp's tool, mean and p99 (its "Mean KLD" and "99.0%" lines), or "-" where it failed.
 llkl() {
   local base=$1 model=$2 out
-  if out=$("$L/llama-perplexity" -m "$model" -c $CTX --chunks $CHUNKS --kl-divergence-base "$base" --kl-divergence 2>&1); then
+  if out=$("$L/llama-perplexity" -m "$model" -c $CTX --chunks $CHUNKS --kl-divergence-base "$base" --kl-divergence 2>&1 \
+    | tee "$model.kld.log"); then
     local mean p99
     mean=$(echo "$out" | awk '/^Mean +KLD:/ {print $3}')
     p99=$(echo "$out" | awk '/^99.0% +KLD:/ {print $3}')
