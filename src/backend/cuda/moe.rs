@@ -740,7 +740,7 @@ pub fn moe_ffn(
     let (k, dim) = (w.n_used, w.dim);
     let pairs = n_tok * k;
     check("moe", pairs <= work.cap_pairs, || format!("{pairs} pairs, buffers for {}", work.cap_pairs))?;
-    let (ids, wts, act, y) = (dev(&work.ids, s)?, dev(&work.wts, s)?, dev(&work.act, s)?, dev(&work.y, s)?);
+    let (ids, wts) = (dev(&work.ids, s)?, dev(&work.wts, s)?);
     let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
     let norm = w.norm_topk_prob;
     let route = MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm };
@@ -758,22 +758,7 @@ pub fn moe_ffn(
         }
         (Walk::Grouped { offsets, entries, n_experts: w.n_experts }, Some(position))
     };
-    let mat = |slab, up, x, out, x_stride, out_stride, x_by_token| MoeMat {
-        slab,
-        up,
-        n_experts: w.n_experts,
-        x,
-        out,
-        walk,
-        n_pairs: pairs,
-        k,
-        x_stride,
-        out_stride,
-        x_by_token,
-    };
-    mat(&w.gate, Some(&w.up), h, act, dim, w.ffn, true).launch(kn, s)?;
-    mat(&w.down, None, act, y, w.ffn, dim, false).launch(kn, s)?;
-    MoeCombine { y, wts, position, x, n_tok, dim, k }.launch(kn, s)
+    expert_walk(kn, s, w, work, h, x, n_tok, walk, position)
 }
 
 /// [`moe_ffn`] by the grouped expert walk at any step size (no one-stream launches, no F16
@@ -792,13 +777,34 @@ pub fn moe_ffn_grouped(
     let (k, dim) = (w.n_used, w.dim);
     let pairs = n_tok * k;
     check("moe", pairs <= work.cap_pairs, || format!("{pairs} pairs, buffers for {}", work.cap_pairs))?;
-    let (ids, wts, act, y) = (dev(&work.ids, s)?, dev(&work.wts, s)?, dev(&work.act, s)?, dev(&work.y, s)?);
+    let (ids, wts) = (dev(&work.ids, s)?, dev(&work.wts, s)?);
     let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
     let norm = w.norm_topk_prob;
     MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm }.launch(kn, s)?;
     let (offsets, entries, position) = (dev(&work.offsets, s)?, dev(&work.entries, s)?, dev(&work.position, s)?);
     MoeGroup { ids, offsets, entries, position, n_pairs: pairs, n_experts: w.n_experts }.launch(kn, s)?;
     let walk = Walk::Grouped { offsets, entries, n_experts: w.n_experts };
+    expert_walk(kn, s, w, work, h, x, n_tok, walk, Some(position))
+}
+
+/// The routed experts of a step whose routing (`work.ids`, `work.wts`) is done: gate/up +
+/// SwiGLU into `work.act` `[pairs, ffn]`, down into `work.y` `[pairs, dim]` (by pairs or by
+/// the expert groups of `walk`), then each token's weighted sum added into `x` `[n_tok, dim]`.
+#[allow(clippy::too_many_arguments)]
+fn expert_walk(
+    kn: &mut Kernels,
+    s: &CudaStream,
+    w: &MoeLayerW,
+    work: &MoeWork,
+    h: Dev<f32>,
+    x: Dev<f32>,
+    n_tok: usize,
+    walk: Walk,
+    position: Option<Dev<i32>>,
+) -> Result<(), CudaError> {
+    let (k, dim) = (w.n_used, w.dim);
+    let pairs = n_tok * k;
+    let (wts, act, y) = (dev(&work.wts, s)?, dev(&work.act, s)?, dev(&work.y, s)?);
     let mat = |slab, up, x, out, x_stride, out_stride, x_by_token| MoeMat {
         slab,
         up,
@@ -814,7 +820,7 @@ pub fn moe_ffn_grouped(
     };
     mat(&w.gate, Some(&w.up), h, act, dim, w.ffn, true).launch(kn, s)?;
     mat(&w.down, None, act, y, w.ffn, dim, false).launch(kn, s)?;
-    MoeCombine { y, wts, position: Some(position), x, n_tok, dim, k }.launch(kn, s)
+    MoeCombine { y, wts, position, x, n_tok, dim, k }.launch(kn, s)
 }
 
 /// The RMSNorm before a sparse layer and the layer: `h = rmsnorm(x) * norm_w` (`[n_tok, dim]`,

@@ -12,16 +12,15 @@ use cudarc::driver::CudaSlice;
 use super::super::hybrid::HybridCuda;
 use super::super::hybrid_attn::{GateMul, HybQkvPost};
 use super::super::kv_cache::{QkvPost, RopeStore};
-use super::super::launch::Dev;
+use super::super::launch::{Dev, KvScales};
 use super::super::layer::LayerW;
 use super::super::matmul::Product;
-use super::super::ops as l;
 use super::super::paged_attn::PagedAttn;
 use super::super::step_norm::norm_product;
 use super::super::tap::TapPoint;
 use super::super::CudaError;
-use super::{Cx, Hooks};
-use crate::model::config::RopeStyle;
+use super::{Cx, Hooks, StepIo};
+use crate::model::config::{ModelConfig, RopeStyle};
 
 /// The RoPE tables of the plain layers (`[max_pos, head_dim / 2]` each).
 pub(super) struct Rope<'a> {
@@ -77,26 +76,7 @@ pub(super) fn full(lw: &LayerW, rope: &Rope, cx: Cx, hooks: &mut Hooks) -> Resul
     }
     .launch(k, s)?;
     hooks.mark("qkv_post")?;
-    let paged = l::PagedAttn {
-        q: qkv,
-        k_cache: kc,
-        v_cache: vc,
-        kv_scales,
-        block_tables: io.block_tables,
-        tok_seq: io.tok_seq,
-        pos: io.pos,
-        out: io.att,
-        cache_rows: io.cache_rows,
-        n_seqs: io.n_seqs,
-        n_tok: n,
-        n_heads: c.n_heads,
-        n_kv: c.n_kv_heads,
-        head_dim: hd,
-        block_size: io.block_size,
-        bt_stride: io.bt_stride,
-        q_stride: qkv_w,
-        out_stride: qd,
-    };
+    let paged = paged(c, io, qkv, qkv_w, (kc, vc, kv_scales));
     io.attn.launch(k, s, paged, &mut |class| hooks.mark(class))?;
     hooks.input(li, TapPoint::MixerOut, io.att, n, qd)?;
     let accumulate = hooks.adds_residual();
@@ -148,26 +128,7 @@ pub(super) fn hybrid(hy: &HybridCuda, lw: &LayerW, gated: bool, cx: Cx, hooks: &
     }
     .launch(k, s)?;
     hooks.mark("attn qkv_post")?;
-    let paged = PagedAttn {
-        q,
-        k_cache: kc,
-        v_cache: vc,
-        kv_scales,
-        block_tables: io.block_tables,
-        tok_seq: io.tok_seq,
-        pos: io.pos,
-        out: io.att,
-        cache_rows: io.cache_rows,
-        n_seqs: io.n_seqs,
-        n_tok: n,
-        n_heads: c.n_heads,
-        n_kv: c.n_kv_heads,
-        head_dim: hd,
-        block_size: io.block_size,
-        bt_stride: io.bt_stride,
-        q_stride: qd,
-        out_stride: qd,
-    };
+    let paged = paged(c, io, q, qd, (kc, vc, kv_scales));
     io.attn.launch(k, s, paged, &mut |class| hooks.mark(class))?;
     if gated {
         GateMul { att: io.att, proj, stride: width, n_tok: n, n_heads: c.n_heads, head_dim: hd }.launch(k, s)?;
@@ -177,4 +138,36 @@ pub(super) fn hybrid(hy: &HybridCuda, lw: &LayerW, gated: bool, cx: Cx, hooks: &
     let accumulate = hooks.adds_residual();
     mm.run(k, Product { lin: &lw.wo, bias: None, x: io.att, n, out: io.x, accumulate })?;
     hooks.mark("attn o proj")
+}
+
+/// The paged attention of a step's layer: queries `q` `[n_tok, q_stride]` (heads first) over the
+/// layer's cache `kv` (K, V, the 8-bit cache's scales), output `io.att` `[n_tok, q_dim]`.
+fn paged(
+    c: &ModelConfig,
+    io: &StepIo,
+    q: Dev<f32>,
+    q_stride: usize,
+    kv: (Dev<u16>, Dev<u16>, Option<KvScales>),
+) -> PagedAttn {
+    let (k_cache, v_cache, kv_scales) = kv;
+    PagedAttn {
+        q,
+        k_cache,
+        v_cache,
+        kv_scales,
+        block_tables: io.block_tables,
+        tok_seq: io.tok_seq,
+        pos: io.pos,
+        out: io.att,
+        cache_rows: io.cache_rows,
+        n_seqs: io.n_seqs,
+        n_tok: io.n_tok,
+        n_heads: c.n_heads,
+        n_kv: c.n_kv_heads,
+        head_dim: c.head_dim,
+        block_size: io.block_size,
+        bt_stride: io.bt_stride,
+        q_stride,
+        out_stride: c.q_dim(),
+    }
 }
