@@ -9,7 +9,9 @@ S=$HOME/st; mkdir -p $S
 echo "commit $(cat .gpu/commit)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 xz -dc .gpu/gp.xz > $S/gp; chmod +x $S/gp; tar -C $S -xJf .gpu/ptx70.tar.xz
 mkdir -p /work/shared; tar -C /work/shared -xJf .gpu/td.tar.xz
-export DUSTOFF_REQUIRE_GPU=1
+# 32 MiB test-thread stacks: with the default 2 MiB the suite segfaulted now and then (seen with 4 and 16
+# threads; with 32 MiB the same build passed): likely a test thread out of stack, not proven.
+export DUSTOFF_REQUIRE_GPU=1 RUST_MIN_STACK=33554432
 skip="--skip tensor_parallel --skip sample_model --skip cuda_tap_importance --skip extract_entities_rows --skip constrained_greedy_on_the_device"
 t=$(date +%s)
 DUSTOFF_PTX_DIR=$S/ptx70 $S/gp --test-threads 4 $skip > $S/ptx.log 2>&1; echo "gpu_parity from compute_70 PTX: rc $? $(( $(date +%s)-t )) s"
