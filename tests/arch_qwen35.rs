@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use common::*;
 use dustoff::backend::Backend;
 use dustoff::engine::batch::{Completion, Engine, EngineConfig, EngineMetrics, Request};
-use dustoff::engine::plan::{SeqChunk, StepPlan};
+use dustoff::engine::plan::{SeqChunk, StateOp, StatePlan, StepPlan};
 use dustoff::engine::sampler::{argmax, SamplingParams};
 use dustoff::engine::single::SingleSeq;
 use dustoff::model::config::Arch;
@@ -205,24 +205,23 @@ fn a_full_state_snapshot_pool_degrades_to_recomputing_the_prefix() {
 fn a_chunk_that_does_not_continue_its_recurrent_state_is_refused() {
     let m = FIXTURE.gguf();
     let mut b = backend(&m, 4);
-    let chunk = |seq, tokens: Vec<u32>, start_pos| SeqChunk {
-        seq,
-        tokens,
-        start_pos,
-        block_table: vec![0, 1],
-        want_logits: true,
+    // Every chunk on state slot 0; `zero`: the slot is zeroed first (a sequence's start).
+    let step = |b: &mut dustoff::backend::cpu::CpuBackend, seq, tokens: Vec<u32>, start_pos, zero: bool| {
+        let chunk = SeqChunk { seq, tokens, start_pos, block_table: vec![0, 1], want_logits: true };
+        let before = if zero { vec![StateOp::Zero { slot: 0 }] } else { vec![] };
+        b.step(&StepPlan { chunks: vec![chunk], state: StatePlan { slots: vec![0], before, after: vec![] } })
     };
     // A sequence never seen, starting after position 0 (what a prefix-cache hit would plan).
-    let e = b.step(&StepPlan { chunks: vec![chunk(7, vec![5, 6], 16)] }).unwrap_err().to_string();
+    let e = step(&mut b, 7, vec![5, 6], 16, false).unwrap_err().to_string();
     assert!(e.contains("sequence 7") && e.contains("recurrent state"), "{e}");
     // A gap: 3 tokens absorbed, the next chunk claims to start at 5.
-    b.step(&StepPlan { chunks: vec![chunk(1, vec![5, 6, 7], 0)] }).unwrap();
-    let e = b.step(&StepPlan { chunks: vec![chunk(1, vec![8], 5)] }).unwrap_err().to_string();
+    step(&mut b, 1, vec![5, 6, 7], 0, true).unwrap();
+    let e = step(&mut b, 1, vec![8], 5, false).unwrap_err().to_string();
     assert!(e.contains("holds 3 tokens"), "{e}");
-    b.step(&StepPlan { chunks: vec![chunk(1, vec![8], 3)] }).unwrap();
-    // Released, the sequence has no state to continue from.
-    b.release(1);
-    assert!(b.step(&StepPlan { chunks: vec![chunk(1, vec![9], 4)] }).is_err());
+    step(&mut b, 1, vec![8], 3, false).unwrap();
+    // Released (its slot zeroed for another sequence), the sequence has no state to continue from.
+    step(&mut b, 2, vec![5], 0, true).unwrap();
+    assert!(step(&mut b, 1, vec![9], 4, false).is_err());
 }
 
 #[test]

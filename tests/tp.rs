@@ -18,7 +18,7 @@ use dustoff::backend::cpu::tensor_parallel::tp_cpu_group;
 use dustoff::backend::cpu::CpuBackend;
 use dustoff::backend::rank_group::RankGroup;
 use dustoff::backend::Backend;
-use dustoff::engine::plan::{SeqChunk, StepPlan};
+use dustoff::engine::plan::{SeqChunk, StateOp, StatePlan, StepPlan};
 use dustoff::engine::sampler::argmax;
 use dustoff::engine::single::SingleSeq;
 use dustoff::model::loader::{load_model, LoadedModel};
@@ -186,23 +186,26 @@ fn two_ranks_split_the_linear_attention_heads_of_hybrid_models() {
         let (worst, compared) = compare_split(&mut p, &mut t, &prompts, 12);
         assert!(compared > 10, "{name}: only {compared} choices compared");
         // A sequence resumed from a saved recurrent state (prefix reuse) continues as the
-        // unbroken one: every rank saved, and restores, its own heads' state.
-        let (key, prompt) = ([7u8; 32], &prompts[1].1);
+        // unbroken one: every rank saved, and restores, its own heads' state (the plan's slot
+        // orders, as the engine's state pool gives them).
+        let prompt = &prompts[1].1;
         let table: Vec<u32> = (0..4).collect();
-        let one = |b: &mut dyn Backend, seq, tokens: &[u32], start_pos| {
+        let one = |b: &mut dyn Backend, seq, tokens: &[u32], start_pos, state| {
             let chunk =
                 SeqChunk { seq, tokens: tokens.to_vec(), start_pos, block_table: table.clone(), want_logits: true };
-            b.step(&StepPlan { chunks: vec![chunk] }).unwrap().pop().unwrap()
+            b.step(&StepPlan { chunks: vec![chunk], state }).unwrap().pop().unwrap()
         };
+        let on = |slot, before, after| StatePlan { slots: vec![slot], before, after };
         for (b, what) in [(&mut p as &mut dyn Backend, "plain"), (&mut t, "2 ranks")] {
             let cut = 5;
-            one(b, 0, &prompt[..cut], 0);
-            b.save_state(0, &key).unwrap();
-            let unbroken = one(b, 0, &prompt[cut..], cut);
-            b.release(0);
-            assert!(b.restore_state(1, &key, cut), "{name} {what}: snapshot not found");
-            let resumed = one(b, 1, &prompt[cut..], cut);
-            b.release(1);
+            // Sequence 0 on slot 0; its state after `cut` tokens is saved in slot 1.
+            let (zero, save) = (StateOp::Zero { slot: 0 }, StateOp::Copy { from: 0, to: 1 });
+            one(b, 0, &prompt[..cut], 0, on(0, vec![zero], vec![save]));
+            let unbroken = one(b, 0, &prompt[cut..], cut, on(0, vec![], vec![]));
+            // Sequence 1 on slot 2, restored from slot 1 (a step refuses a slot that does not
+            // hold exactly `cut` tokens).
+            let restore = StateOp::Copy { from: 1, to: 2 };
+            let resumed = one(b, 1, &prompt[cut..], cut, on(2, vec![restore], vec![]));
             assert!(max_diff(&unbroken, &resumed) <= LOGIT_TOL, "{name} {what}: resumed state differs");
         }
         eprintln!("{name}, N=2: largest |logit difference| {worst:e} over {compared} greedy choices");
@@ -226,7 +229,7 @@ fn a_batched_step_of_two_sequences_matches() {
     };
     let ta: Vec<u32> = (0..a.len().div_ceil(BS) as u32).collect();
     let tb: Vec<u32> = (0..b.len().div_ceil(BS) as u32).map(|i| 40 - i).collect();
-    let plan = StepPlan { chunks: vec![chunk(0, a, ta), chunk(1, b, tb)] };
+    let plan = StepPlan::new(vec![chunk(0, a, ta), chunk(1, b, tb)]);
     let (lp, lt) = (p.step(&plan).unwrap(), t.step(&plan).unwrap());
     assert_eq!(lt.len(), 2);
     for (x, y) in lp.iter().zip(&lt) {
@@ -345,7 +348,6 @@ fn a_threaded_rank_group_of_cpu_ranks_matches_the_plain_backend() {
         let a = free_greedy(&mut p, 0, &prompts[0].1, prompts[0].1.len() + 12, 12);
         let b = free_greedy(&mut three, 0, &prompts[0].1, prompts[0].1.len() + 12, 12);
         assert_eq!(a, b);
-        three.release(0);
         eprintln!("group of 3 CPU ranks: largest |logit difference| {worst:e}");
     });
 }

@@ -129,20 +129,8 @@ impl<B: Backend> Backend for FaultInjector<B> {
     fn measure_copy_bandwidth(&mut self) -> Option<f64> {
         self.inner.measure_copy_bandwidth()
     }
-    // Hybrid models' per-sequence state (without these the injector would hide it).
-    fn release(&mut self, seq: crate::engine::plan::SeqId) {
-        self.inner.release(seq)
-    }
-    fn save_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
-        self.inner.save_state(seq, key)
-    }
-    fn restore_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32], pos: usize) -> bool {
-        self.inner.restore_state(seq, key, pos)
-    }
-    fn drop_state(&mut self, key: &[u8; 32]) {
-        self.inner.drop_state(key)
-    }
-    fn state_snapshot_capacity(&self) -> usize {
-        self.inner.state_snapshot_capacity()
+    // Hybrid models: the state slots (without it the injector would hide them).
+    fn state_slots(&self) -> super::StateSlots {
+        self.inner.state_slots()
     }
 }

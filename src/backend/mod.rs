@@ -7,9 +7,11 @@ pub mod fault;
 pub mod kv_type;
 pub mod masks;
 pub mod rank_group;
+pub mod state_slots;
 
 use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;
+pub use state_slots::StateSlots;
 
 /// The cause kept inside a [`BackendError`] (a driver or cuBLAS error, ...).
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -61,34 +63,6 @@ impl BackendError {
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, BackendError::OutOfMemory { .. })
     }
-
-    /// `save_state` asked of a model without recurrent layers (the engine saves states only
-    /// for hybrid models, so this is a plan the backend cannot run).
-    pub fn no_recurrent_state(seq: crate::engine::plan::SeqId) -> Self {
-        BackendError::Plan(format!("sequence {seq}: this model keeps no recurrent state"))
-    }
-
-    /// `save_state` of a sequence of a hybrid model that holds no state (both backends).
-    pub fn no_state_slot(seq: crate::engine::plan::SeqId) -> Self {
-        BackendError::Plan(format!("sequence {seq} has no recurrent state to snapshot"))
-    }
-}
-
-/// Both backends' rule before a state snapshot is saved: a new key (`is_new`) needs room beside
-/// the `held` snapshots (at most `max`); the engine evicts its least recently used snapshot
-/// before it saves beyond the pool, so a full pool here is a plan the backend cannot run.
-pub fn snapshot_room(
-    seq: crate::engine::plan::SeqId,
-    is_new: bool,
-    held: usize,
-    max: usize,
-) -> Result<(), BackendError> {
-    if is_new && held >= max {
-        return Err(BackendError::Plan(format!(
-            "sequence {seq}: the state snapshot pool holds {max} snapshots, all in use"
-        )));
-    }
-    Ok(())
 }
 
 /// Prefill chunk length: bounds activation memory for long prompts (the default of
@@ -129,25 +103,13 @@ pub trait Backend {
     ) -> Result<masks::MaskedGreedy, BackendError> {
         masks::host_step_greedy_masked(self, plan, fill)
     }
-    /// Forgets a finished sequence: frees per-sequence state a backend keeps beside the KV
-    /// blocks (the recurrent state of hybrid models). Its KV blocks belong to the block pool.
-    fn release(&mut self, _seq: crate::engine::plan::SeqId) {}
-    /// Hybrid models: keeps a copy of `seq`'s recurrent state (after the tokens it has run)
-    /// under `key`, the chain hash of that prefix.
-    fn save_state(&mut self, seq: crate::engine::plan::SeqId, _key: &[u8; 32]) -> Result<(), BackendError> {
-        Err(BackendError::no_recurrent_state(seq))
-    }
-    /// Hybrid models: `seq` continues after `pos` tokens from the state saved under `key`.
-    /// False when there is no such snapshot.
-    fn restore_state(&mut self, _seq: crate::engine::plan::SeqId, _key: &[u8; 32], _pos: usize) -> bool {
-        false
-    }
-    /// Hybrid models: forgets the snapshot saved under `key`.
-    fn drop_state(&mut self, _key: &[u8; 32]) {}
-    /// Hybrid models: the most snapshots the backend keeps at once (the pool its memory plan
-    /// holds); the engine evicts its least recently used before saving beyond them.
-    fn state_snapshot_capacity(&self) -> usize {
-        usize::MAX
+    /// Hybrid models: the recurrent-state slots this backend holds buffers for (none for other
+    /// models). NOTE: the one state query left on the trait: the engine's state pool decides
+    /// which slot holds what (`engine::state_pool`) and puts slots and copies in the plan, but
+    /// the buffers were sized by the backend's memory plan (a GPU allocates them once), so only
+    /// the backend knows how many there are.
+    fn state_slots(&self) -> StateSlots {
+        StateSlots::default()
     }
     /// Compiles or loads everything a step may need (kernels), so that it stays out of
     /// timings; steps do it lazily otherwise.
@@ -214,20 +176,8 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     fn prepare(&mut self) -> Result<(), BackendError> {
         (**self).prepare()
     }
-    fn release(&mut self, seq: crate::engine::plan::SeqId) {
-        (**self).release(seq)
-    }
-    fn save_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
-        (**self).save_state(seq, key)
-    }
-    fn restore_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32], pos: usize) -> bool {
-        (**self).restore_state(seq, key, pos)
-    }
-    fn drop_state(&mut self, key: &[u8; 32]) {
-        (**self).drop_state(key)
-    }
-    fn state_snapshot_capacity(&self) -> usize {
-        (**self).state_snapshot_capacity()
+    fn state_slots(&self) -> StateSlots {
+        (**self).state_slots()
     }
     fn prefill_chunk(&self) -> usize {
         (**self).prefill_chunk()

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Barrier};
 
-use crate::backend::{Backend, BackendError};
-use crate::engine::plan::{SeqId, StepPlan};
+use crate::backend::{Backend, BackendError, StateSlots};
+use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;
 
 /// What a rank engine does in a group beyond [`Backend`].
@@ -36,10 +36,6 @@ pub trait RankEngine: Backend {
 
 enum Job {
     Step(Arc<StepPlan>, bool),
-    Release(SeqId),
-    Save(SeqId, [u8; 32]),
-    Restore(SeqId, [u8; 32], usize),
-    Drop([u8; 32]),
     Prepare,
     Peak,
 }
@@ -47,7 +43,6 @@ enum Job {
 enum Out {
     Logits(Vec<Vec<f32>>),
     Ids(Vec<u32>),
-    Flag(bool),
     Bytes(Option<u64>),
     Unit,
 }
@@ -61,7 +56,7 @@ struct Info {
     max_seq_positions: usize,
     decode_bytes: u64,
     kv_bytes: u64,
-    snapshots: usize,
+    state_slots: StateSlots,
 }
 
 struct Worker {
@@ -145,7 +140,7 @@ impl RankGroup {
                         max_seq_positions: b.max_seq_positions(),
                         decode_bytes: b.decode_weight_bytes(),
                         kv_bytes: b.kv_bytes_per_position(),
-                        snapshots: b.state_snapshot_capacity(),
+                        state_slots: b.state_slots(),
                     };
                     let _ = ready.send((rank, Ok(info)));
                     // NOTE: the sender must go before serving: the group counts replies, and a
@@ -227,16 +222,6 @@ fn serve<B: RankEngine>(mut b: B, rank: usize, jobs: Receiver<Job>, replies: Sen
                 (0, true) => b.rank_greedy(&plan).map(Out::Ids),
                 _ => b.rank_step(&plan).map(|_| Out::Unit),
             },
-            Job::Release(s) => {
-                b.release(s);
-                Ok(Out::Unit)
-            }
-            Job::Save(s, k) => b.save_state(s, &k).map(|_| Out::Unit),
-            Job::Restore(s, k, p) => Ok(Out::Flag(b.restore_state(s, &k, p))),
-            Job::Drop(k) => {
-                b.drop_state(&k);
-                Ok(Out::Unit)
-            }
             Job::Prepare => b.prepare().map(|_| Out::Unit),
             Job::Peak => Ok(Out::Bytes(b.peak_memory_bytes())),
         }));
@@ -287,20 +272,10 @@ impl Backend for RankGroup {
             _ => Err(BackendError::Plan("tensor parallel: rank 0 answered a greedy step without ids".into())),
         }
     }
-    fn release(&mut self, seq: SeqId) {
-        let _ = self.all(|| Job::Release(seq));
-    }
-    fn save_state(&mut self, seq: SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
-        self.all(|| Job::Save(seq, *key)).map(|_| ())
-    }
-    fn restore_state(&mut self, seq: SeqId, key: &[u8; 32], pos: usize) -> bool {
-        self.all(|| Job::Restore(seq, *key, pos)).is_ok_and(|o| o.iter().all(|x| matches!(x, Out::Flag(true))))
-    }
-    fn drop_state(&mut self, key: &[u8; 32]) {
-        let _ = self.all(|| Job::Drop(*key));
-    }
-    fn state_snapshot_capacity(&self) -> usize {
-        self.info[0].snapshots
+    /// Rank 0's slots: every rank holds the same slots (each the state of its own heads) and
+    /// runs the plan's state orders on them.
+    fn state_slots(&self) -> StateSlots {
+        self.info[0].state_slots
     }
     fn prepare(&mut self) -> Result<(), BackendError> {
         self.all(|| Job::Prepare).map(|_| ())

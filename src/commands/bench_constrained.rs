@@ -27,7 +27,7 @@ use super::bench::bench_prompt;
 use crate::backend::{Backend, BackendError};
 use crate::engine::batch::{Engine, EngineConfig, Event, Request};
 use crate::engine::constraint::{ConstraintMetrics, Grammar, SeqConstraint};
-use crate::engine::plan::{SeqId, StepPlan};
+use crate::engine::plan::StepPlan;
 use crate::engine::sampler::SamplingParams;
 
 #[derive(Clone, Debug, Serialize)]
@@ -83,8 +83,8 @@ impl<B: Backend> Backend for HostChoice<B> {
     fn step_greedy(&mut self, plan: &StepPlan) -> Result<Vec<u32>, BackendError> {
         self.0.step_greedy(plan)
     }
-    fn release(&mut self, seq: SeqId) {
-        self.0.release(seq)
+    fn state_slots(&self) -> crate::backend::StateSlots {
+        self.0.state_slots()
     }
     fn prepare(&mut self) -> Result<(), BackendError> {
         self.0.prepare()

@@ -5,17 +5,18 @@
 //! share its steps, on the slot count, on chunking or on prefix reuse (given a backend whose
 //! per-sequence results do not depend on the batch, as the CPU backend's do not).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::constraint::{fill_masks, ConstraintMetrics, MaskTimes, SeqConstraint};
 pub use super::finish::FinishReason;
-use super::kv::{BlockHash, KvCache};
+use super::kv::KvCache;
 use super::plan::{SeqId, StepPlan};
 use super::sampler::{Sampler, SamplingParams};
 use super::scheduler::{Scheduler, SchedulerConfig, SchedulerError};
+use super::state_pool::{StateError, StatePool};
 use crate::backend::{Backend, BackendError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,8 +169,8 @@ pub struct Engine<B: Backend> {
     backend: B,
     cfg: EngineConfig,
     sched: Scheduler,
-    /// Hybrid models: the prefixes whose state the backend holds, least recently used first.
-    snapshots: VecDeque<BlockHash>,
+    /// Hybrid models: which state slot each sequence and prefix snapshot holds.
+    states: Option<StatePool>,
     requests: HashMap<SeqId, RequestState>,
     /// Events produced outside a step (a request with `max_tokens == 0`).
     pending: Vec<Event>,
@@ -185,8 +186,9 @@ impl<B: Backend> Engine<B> {
             return Err(EngineError::Config(format!("backend has {num_blocks} KV blocks of {block_size} tokens")));
         }
         let mut kv = KvCache::new(num_blocks, block_size, cfg.model_fingerprint, cfg.prefix_cache);
-        if backend.config().hybrid.is_some() {
-            // NOTE: a sequence of a hybrid model resumes after cached blocks only where the backend
+        let states = backend.config().hybrid.is_some().then(|| StatePool::new(backend.state_slots(), cfg.slots));
+        if states.is_some() {
+            // NOTE: a sequence of a hybrid model resumes after cached blocks only where the pool
             // holds a snapshot of its linear-attention state (see `kv::require_state_points`).
             kv.require_state_points();
         }
@@ -205,7 +207,7 @@ impl<B: Backend> Engine<B> {
             backend,
             cfg,
             sched: Scheduler::new(sched_cfg, kv),
-            snapshots: VecDeque::new(),
+            states,
             requests: HashMap::new(),
             pending: Vec::new(),
             metrics,
@@ -330,17 +332,18 @@ impl<B: Backend> Engine<B> {
     /// When the backend fails, nothing counts as computed: calling `step` again retries.
     pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
         let mut events = std::mem::take(&mut self.pending);
-        let plan = self.sched.schedule()?;
+        let mut plan = self.sched.schedule()?;
         // A preempted sequence restarts from position 0: its recurrent state (hybrid models) is
         // stale, and the planned state pool holds only the sequences that run.
         for id in self.sched.take_preempted() {
-            self.backend.release(id);
+            if let Some(states) = &mut self.states {
+                states.release(id);
+            }
         }
         if plan.chunks.is_empty() {
             return Ok(events);
         }
-        self.restore_states()?;
-        let tokens = match self.next_tokens(&plan) {
+        let tokens = match self.plan_states(&mut plan).and_then(|()| self.next_tokens(&plan)) {
             // NOTE: out of memory inside a step: fewer sequences and tokens, then the caller's next
             // `step` retries (the scheduler counts nothing of a failed step as computed).
             Err(EngineError::Backend(e)) if e.is_out_of_memory() => {
@@ -481,42 +484,29 @@ impl<B: Backend> Engine<B> {
         forced
     }
 
-    /// Hybrid models: sequences admitted on a prefix hit continue from the state snapshot
-    /// taken after that prefix.
-    fn restore_states(&mut self) -> Result<(), EngineError> {
+    /// Hybrid models: the step's recurrent-state slots and orders (`state_pool`): sequences
+    /// admitted on a prefix hit continue from the snapshot taken after that prefix; sequences
+    /// that reach the end of a shared prefix are snapshotted after the step (the least recently
+    /// used snapshot goes first when the pool is full: an evicted prefix is no longer a state
+    /// point, so the next prompt that shares it computes it again).
+    fn plan_states(&mut self, plan: &mut StepPlan) -> Result<(), EngineError> {
+        let Some(states) = &mut self.states else { return Ok(()) };
+        let mut err = None;
         for (seq, hash, pos) in self.sched.take_restores() {
-            if !self.backend.restore_state(seq, &hash, pos) {
-                return Err(EngineError::Backend(BackendError::Plan(format!(
-                    "sequence {seq}: no recurrent-state snapshot after its {pos} cached tokens"
-                ))));
-            }
-            if let Some(i) = self.snapshots.iter().position(|h| *h == hash) {
-                self.snapshots.remove(i);
-                self.snapshots.push_back(hash);
+            // NOTE: every restore is recorded before an error ends the step.
+            if let Err(e) = states.restore(seq, hash, pos) {
+                err = err.or(Some(e));
             }
         }
-        Ok(())
-    }
-
-    /// Hybrid models: snapshots the state of sequences that reached the end of a shared prefix,
-    /// keeping at most `2 x slots` snapshots and no more than the backend's pool holds (the
-    /// least recently used go first, before the new one is saved). An evicted prefix is no
-    /// longer a state point, so the next prompt that shares it computes it again.
-    fn save_states(&mut self) -> Result<(), EngineError> {
-        let cap = (2 * self.cfg.slots).min(self.backend.state_snapshot_capacity());
-        for (seq, hash) in self.sched.take_snapshots_due() {
-            if self.snapshots.contains(&hash) || cap == 0 {
-                continue;
-            }
-            while self.snapshots.len() >= cap {
-                let Some(old) = self.snapshots.pop_front() else { break };
-                self.backend.drop_state(&old);
-                self.sched.set_state_point(old, false);
-            }
-            self.backend.save_state(seq, &hash)?;
-            self.sched.set_state_point(hash, true);
-            self.snapshots.push_back(hash);
+        if let Some(e) = err {
+            return Err(state_error(e));
         }
+        let sched = &self.sched;
+        let (state, evicted) = states.plan(&plan.chunks, |c| sched.snapshot_after(c)).map_err(state_error)?;
+        for old in evicted {
+            self.sched.set_state_point(old, false);
+        }
+        plan.state = state;
         Ok(())
     }
 
@@ -527,7 +517,9 @@ impl<B: Backend> Engine<B> {
         events: &mut Vec<Event>,
     ) -> Result<(), EngineError> {
         self.sched.on_step_done(plan)?;
-        self.save_states()?;
+        for hash in self.states.as_mut().map(|s| s.step_done(plan)).unwrap_or_default() {
+            self.sched.set_state_point(hash, true);
+        }
         let mut forced = self.commit_constrained(plan, &tokens);
         for (chunk, token) in plan.chunks.iter().filter(|c| c.want_logits).zip(tokens) {
             let id = chunk.seq;
@@ -559,7 +551,9 @@ impl<B: Backend> Engine<B> {
             match finish {
                 Some(reason) => {
                     let seq = self.sched.finish(id)?;
-                    self.backend.release(id);
+                    if let Some(states) = &mut self.states {
+                        states.release(id);
+                    }
                     if let Some(r) = self.requests.remove(&id) {
                         self.metrics.requests_finished += 1;
                         events.push(Event::Finished(Completion {
@@ -616,4 +610,15 @@ impl<B: Backend> Engine<B> {
             ..self.metrics.clone()
         }
     }
+}
+
+/// A state-pool refusal as the engine reports it: a pool of live states smaller than the
+/// sequences running is out of device memory (the engine then runs fewer at once, as when the
+/// backend runs out); a missing snapshot is a plan the backend cannot run.
+fn state_error(e: StateError) -> EngineError {
+    let what = e.to_string();
+    EngineError::Backend(match e {
+        StateError::Full { .. } => BackendError::OutOfMemory { what, source: None },
+        StateError::NoSnapshot { .. } => BackendError::Plan(what),
+    })
 }

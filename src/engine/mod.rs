@@ -1,4 +1,4 @@
-//! The engine: scheduling, the paged KV block pool, sampling. Pure Rust, no tensor types.
+//! The engine: scheduling, the paged KV block pool, hybrid models' recurrent-state pool, sampling. Pure Rust, no tensor types.
 
 pub mod batch;
 pub mod constraint;
@@ -8,3 +8,4 @@ pub mod plan;
 pub mod sampler;
 pub mod scheduler;
 pub mod single;
+pub mod state_pool;

@@ -26,11 +26,70 @@ pub struct SeqChunk {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StepPlan {
     pub chunks: Vec<SeqChunk>,
+    /// Hybrid models: which recurrent-state slot each chunk runs on and the slot copies around
+    /// the step (empty for models without recurrent state).
+    pub state: StatePlan,
 }
 
 impl StepPlan {
+    /// A step of `chunks` with no recurrent-state work (models without it).
+    pub fn new(chunks: Vec<SeqChunk>) -> Self {
+        StepPlan { chunks, state: StatePlan::default() }
+    }
+
     pub fn n_tokens(&self) -> usize {
         self.chunks.iter().map(|c| c.tokens.len()).sum()
+    }
+}
+
+/// One order on recurrent-state slots (the backend's buffers `[n_slots, state_len]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateOp {
+    /// The state of a sequence that starts at position 0.
+    Zero { slot: u32 },
+    /// `to` takes `from`'s state (and the count of tokens it absorbed): a prefix snapshot
+    /// saved (live slot -> snapshot slot) or restored (snapshot slot -> live slot).
+    Copy { from: u32, to: u32 },
+}
+
+impl StateOp {
+    /// The slot this order writes.
+    pub fn target(&self) -> u32 {
+        match *self {
+            StateOp::Zero { slot } => slot,
+            StateOp::Copy { to, .. } => to,
+        }
+    }
+}
+
+/// The recurrent-state part of a step, decided by the engine's state pool
+/// (`engine::state_pool`); a backend only runs it on its slot buffers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatePlan {
+    /// Per chunk, in plan order: the slot whose state the chunk reads and updates.
+    pub slots: Vec<u32>,
+    /// Run in order before the step: restores of prefix snapshots, then zeroed states.
+    pub before: Vec<StateOp>,
+    /// Run in order after the step: snapshots of states that reached a shared prefix's end.
+    pub after: Vec<StateOp>,
+}
+
+impl StatePlan {
+    /// One sequence on slot 0 (a caller that runs one sequence at a time, e.g.
+    /// `single::SingleSeq`): zeroed when its chunk starts at position 0.
+    pub fn single(start_pos: usize) -> Self {
+        let before = if start_pos == 0 { vec![StateOp::Zero { slot: 0 }] } else { Vec::new() };
+        StatePlan { slots: vec![0], before, after: Vec::new() }
+    }
+
+    /// The highest slot the plan names (`None`: none).
+    pub fn highest_slot(&self) -> Option<u32> {
+        let ops = self.before.iter().chain(&self.after);
+        let op_slots = ops.flat_map(|op| match *op {
+            StateOp::Zero { slot } => [slot, slot],
+            StateOp::Copy { from, to } => [from, to],
+        });
+        self.slots.iter().copied().chain(op_slots).max()
     }
 }
 
@@ -49,6 +108,12 @@ pub enum PlanError {
     Block { seq: SeqId, block: u32, num_blocks: usize },
     #[error("sequence {seq}: token id {token} is beyond the vocabulary ({vocab})")]
     Token { seq: SeqId, token: u32, vocab: usize },
+    #[error("the plan names recurrent-state slots for {slots} of its {chunks} chunks")]
+    StateSlots { slots: usize, chunks: usize },
+    #[error("sequences {a} and {b} run on the same recurrent-state slot {slot}")]
+    SharedSlot { a: SeqId, b: SeqId, slot: u32 },
+    #[error("recurrent-state slot {slot} is beyond the {n_slots} slots this backend holds")]
+    Slot { slot: u32, n_slots: usize },
 }
 
 /// What a backend can run: the bounds [`StepPlan::validate`] checks a plan against.
@@ -91,6 +156,25 @@ impl StepPlan {
         }
         Ok(())
     }
+
+    /// The check of a hybrid model's backend holding `n_slots` state slots: one slot per
+    /// chunk, no slot shared by two chunks, every slot the plan names inside the pool.
+    pub fn validate_state(&self, n_slots: usize) -> Result<(), PlanError> {
+        let st = &self.state;
+        if st.slots.len() != self.chunks.len() {
+            return Err(PlanError::StateSlots { slots: st.slots.len(), chunks: self.chunks.len() });
+        }
+        if let Some(slot) = st.highest_slot().filter(|&s| s as usize >= n_slots) {
+            return Err(PlanError::Slot { slot, n_slots });
+        }
+        let mut seen = std::collections::HashMap::new();
+        for (c, &slot) in self.chunks.iter().zip(&st.slots) {
+            if let Some(a) = seen.insert(slot, c.seq) {
+                return Err(PlanError::SharedSlot { a, b: c.seq, slot });
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -104,7 +188,7 @@ mod tests {
     #[test]
     fn validate_names_the_first_broken_rule() {
         let lim = PlanLimits { block_size: 4, num_blocks: 3, vocab_size: 10, max_pos: Some(8) };
-        let plan = |chunks| StepPlan { chunks };
+        let plan = StepPlan::new;
         assert_eq!(plan(vec![chunk(1, vec![1, 2], 3, vec![0, 1])]).validate(&lim), Ok(()));
         let twice = plan(vec![chunk(1, vec![1], 0, vec![0]), chunk(1, vec![2], 1, vec![0])]);
         assert_eq!(twice.validate(&lim), Err(PlanError::Repeated(1)));
@@ -122,5 +206,18 @@ mod tests {
             token.as_ref().map_err(ToString::to_string),
             Err("sequence 6: token id 10 is beyond the vocabulary (10)".into())
         );
+    }
+
+    #[test]
+    fn validate_state_wants_one_distinct_slot_per_chunk_inside_the_pool() {
+        let mut p = StepPlan::new(vec![chunk(1, vec![1], 0, vec![0]), chunk(2, vec![2], 0, vec![1])]);
+        assert_eq!(p.validate_state(4), Err(PlanError::StateSlots { slots: 0, chunks: 2 }));
+        p.state.slots = vec![3, 3];
+        assert_eq!(p.validate_state(4), Err(PlanError::SharedSlot { a: 1, b: 2, slot: 3 }));
+        p.state.slots = vec![0, 3];
+        assert_eq!(p.validate_state(4), Ok(()));
+        p.state.after = vec![StateOp::Copy { from: 3, to: 4 }];
+        assert_eq!(p.validate_state(4), Err(PlanError::Slot { slot: 4, n_slots: 4 }));
+        assert_eq!(p.validate_state(5), Ok(()));
     }
 }

@@ -111,8 +111,6 @@ pub struct Scheduler {
     /// Admitted this step from a prefix hit on a model with recurrent state: (sequence, hash of
     /// the prefix, its length); the engine restores the state snapshot before the step runs.
     restores: Vec<(SeqId, BlockHash, usize)>,
-    /// Chunks that ended at their `snapshot_at`: (sequence, hash of the prefix it computed).
-    snapshots_due: Vec<(SeqId, BlockHash)>,
     /// Sequences preempted since the engine last asked (they restart from position 0).
     preempted: Vec<SeqId>,
 }
@@ -127,7 +125,6 @@ impl Scheduler {
             ids: HashSet::new(),
             stats: SchedulerStats::default(),
             restores: Vec::new(),
-            snapshots_due: Vec::new(),
             preempted: Vec::new(),
         }
     }
@@ -136,9 +133,13 @@ impl Scheduler {
     pub fn take_restores(&mut self) -> Vec<(SeqId, BlockHash, usize)> {
         std::mem::take(&mut self.restores)
     }
-    /// The state snapshots the engine should take after the last step.
-    pub fn take_snapshots_due(&mut self) -> Vec<(SeqId, BlockHash)> {
-        std::mem::take(&mut self.snapshots_due)
+    /// The prefix whose recurrent state the engine snapshots after chunk `c` of the last
+    /// planned step: the chain hash of its last block, when `c` ends at its sequence's
+    /// `snapshot_at` (the end of a shared prefix whose K/V were cached without a state).
+    pub fn snapshot_after(&self, c: &SeqChunk) -> Option<BlockHash> {
+        let s = self.running.iter().find(|s| s.id == c.seq)?;
+        let p = s.snapshot_at.filter(|&p| p == c.start_pos + c.tokens.len())?;
+        self.kv.block_hash(s.id, (p / self.kv.block_size()).checked_sub(1)?)
     }
     /// The sequences preempted since the last call: their per-sequence backend state (a hybrid
     /// model's recurrent state) is stale, and its slot is needed by the sequences that run.
@@ -392,12 +393,9 @@ impl Scheduler {
             seq.num_computed = end;
             seq.max_computed = seq.max_computed.max(end);
             self.kv.mark_computed(seq.id, &seq.tokens, end)?;
-            if let Some(p) = seq.snapshot_at.filter(|&p| end >= p) {
+            // The engine planned the snapshot with the step (`snapshot_after`).
+            if seq.snapshot_at.is_some_and(|p| end >= p) {
                 seq.snapshot_at = None;
-                if end == p {
-                    let hash = self.kv.block_hash(seq.id, p / self.kv.block_size() - 1);
-                    self.snapshots_due.push((seq.id, hash.ok_or(KvError::UnknownSeq(seq.id))?));
-                }
             }
         }
         Ok(())

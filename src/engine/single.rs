@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::finish::FinishReason;
-use super::plan::{SeqChunk, SeqId, StepPlan};
+use super::plan::{SeqChunk, SeqId, StatePlan, StepPlan};
 use super::sampler::Sampler;
 use crate::backend::{Backend, BackendError};
 
@@ -20,12 +20,15 @@ pub struct SingleOutput {
     pub decode_time: Duration,
 }
 
-/// A sequence on its own: blocks `0..n` of the pool, in order.
+/// A sequence on its own: blocks `0..n` of the pool, in order, and (hybrid models) recurrent
+/// state slot 0.
 pub struct SingleSeq {
     seq: SeqId,
     table: Vec<u32>,
     pos: usize,
     block_size: usize,
+    /// The backend keeps a recurrent state per sequence.
+    recurrent: bool,
 }
 
 impl SingleSeq {
@@ -37,7 +40,8 @@ impl SingleSeq {
                 b.num_blocks()
             )));
         }
-        Ok(SingleSeq { seq, table: (0..need as u32).collect(), pos: 0, block_size: b.block_size() })
+        let recurrent = b.state_slots().running > 0;
+        Ok(SingleSeq { seq, table: (0..need as u32).collect(), pos: 0, block_size: b.block_size(), recurrent })
     }
 
     pub fn pos(&self) -> usize {
@@ -61,15 +65,16 @@ impl SingleSeq {
         let n_chunks = tokens.len().div_ceil(step);
         for (i, chunk) in tokens.chunks(step).enumerate() {
             let want = i + 1 == n_chunks;
-            let plan = StepPlan {
-                chunks: vec![SeqChunk {
-                    seq: self.seq,
-                    tokens: chunk.to_vec(),
-                    start_pos: self.pos,
-                    block_table: self.table.clone(),
-                    want_logits: want,
-                }],
-            };
+            let mut plan = StepPlan::new(vec![SeqChunk {
+                seq: self.seq,
+                tokens: chunk.to_vec(),
+                start_pos: self.pos,
+                block_table: self.table.clone(),
+                want_logits: want,
+            }]);
+            if self.recurrent {
+                plan.state = StatePlan::single(self.pos);
+            }
             let mut out = b.step(&plan)?;
             self.pos += chunk.len();
             if want {

@@ -441,13 +441,13 @@ fn backend_steps_over_shared_blocks_match_cpu() {
         want_logits: true,
     };
     let steps = [
-        StepPlan { chunks: vec![chunk(100, prefix, 0, &shared)] },
-        StepPlan {
-            chunks: (0..20)
+        StepPlan::new(vec![chunk(100, prefix, 0, &shared)]),
+        StepPlan::new(
+            (0..20)
                 .map(|i| chunk(i, (0..own(i)).map(|j| (1000 + i * 97 + j * 13) as u32).collect(), 608, &tables[i]))
                 .collect(),
-        },
-        StepPlan { chunks: (0..20).map(|i| chunk(i, vec![(5000 + i * 7) as u32], 608 + own(i), &tables[i])).collect() },
+        ),
+        StepPlan::new((0..20).map(|i| chunk(i, vec![(5000 + i * 7) as u32], 608 + own(i), &tables[i])).collect()),
     ];
     for (k, plan) in steps.iter().enumerate() {
         let got = gb.step(plan).unwrap();

@@ -143,15 +143,13 @@ fn q8_kv_backend_steps_over_shared_blocks_match_cpu() {
             want_logits: true,
         };
         let mut steps = vec![
-            StepPlan { chunks: vec![chunk(100, prefix, 0, &shared)] },
-            StepPlan {
-                chunks: (0..20)
+            StepPlan::new(vec![chunk(100, prefix, 0, &shared)]),
+            StepPlan::new(
+                (0..20)
                     .map(|i| chunk(i, (0..own(i)).map(|j| (1000 + i * 97 + j * 13) as u32).collect(), 608, &tables[i]))
                     .collect(),
-            },
-            StepPlan {
-                chunks: (0..20).map(|i| chunk(i, vec![(5000 + i * 7) as u32], 608 + own(i), &tables[i])).collect(),
-            },
+            ),
+            StepPlan::new((0..20).map(|i| chunk(i, vec![(5000 + i * 7) as u32], 608 + own(i), &tables[i])).collect()),
         ];
         // Four sequences go on alone for 40 steps (contexts to ~660), their tables grown by two
         // blocks of their own.
@@ -161,11 +159,9 @@ fn q8_kv_backend_steps_over_shared_blocks_match_cpu() {
             })
             .collect();
         for k in 0..40 {
-            steps.push(StepPlan {
-                chunks: (0..4)
-                    .map(|i| chunk(i, vec![(7000 + i * 11 + k) as u32], 608 + own(i) + 1 + k, &long[i]))
-                    .collect(),
-            });
+            steps.push(StepPlan::new(
+                (0..4).map(|i| chunk(i, vec![(7000 + i * 11 + k) as u32], 608 + own(i) + 1 + k, &long[i])).collect(),
+            ));
         }
         for (k, plan) in steps.iter().enumerate() {
             let got = gb.step(plan).unwrap();

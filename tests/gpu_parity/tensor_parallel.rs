@@ -136,7 +136,7 @@ fn three_ranks_sharing_one_gpu_match_the_plain_path() {
             block_table: table(t.len(), base),
             want_logits: true,
         };
-        let plan = StepPlan { chunks: vec![chunk(0, &ps[0].1, 0), chunk(1, &ps[1].1, 30)] };
+        let plan = StepPlan::new(vec![chunk(0, &ps[0].1, 0), chunk(1, &ps[1].1, 30)]);
         let (a, b) = (plain.step(&plan).unwrap(), tp.step(&plan).unwrap());
         for (x, y) in a.iter().zip(&b) {
             assert!(max_diff(x, y) <= TP_TOL, "batched step: {}", max_diff(x, y));

@@ -17,8 +17,8 @@ const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/samples/models/SmolLM2
 
 /// A decode step of `seqs` sequences (ids 0..seqs), each at its own position.
 fn decode_plan(seqs: usize, pos: &[usize], toks: &[u32], blocks_per_seq: usize) -> StepPlan {
-    StepPlan {
-        chunks: (0..seqs)
+    StepPlan::new(
+        (0..seqs)
             .map(|s| SeqChunk {
                 seq: s as u64,
                 tokens: vec![toks[s]],
@@ -27,7 +27,7 @@ fn decode_plan(seqs: usize, pos: &[usize], toks: &[u32], blocks_per_seq: usize) 
                 want_logits: true,
             })
             .collect(),
-    }
+    )
 }
 
 #[test]
@@ -50,15 +50,13 @@ fn bench_batched_decode() {
         // Distinct prompts (first token differs) so the 8 sequences are not copies.
         let mut p = prompt.clone();
         p[0] = 1000 + s as u32;
-        let plan = StepPlan {
-            chunks: vec![SeqChunk {
-                seq: s as u64,
-                tokens: p,
-                start_pos: 0,
-                block_table: (0..blocks_per_seq as u32).map(|x| s as u32 * blocks_per_seq as u32 + x).collect(),
-                want_logits: true,
-            }],
-        };
+        let plan = StepPlan::new(vec![SeqChunk {
+            seq: s as u64,
+            tokens: p,
+            start_pos: 0,
+            block_table: (0..blocks_per_seq as u32).map(|x| s as u32 * blocks_per_seq as u32 + x).collect(),
+            want_logits: true,
+        }]);
         let t = Instant::now();
         let logits = b.step(&plan).expect("prefill");
         if s == 0 {

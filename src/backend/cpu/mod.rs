@@ -120,8 +120,8 @@ impl CpuBackend {
         self.tap.take()
     }
 
-    /// Hybrid models: keeps at most `n` prefix snapshots of recurrent states (as a GPU's
-    /// planned pool does; unbounded by default).
+    /// Hybrid models: offers the engine at most `n` slots for prefix snapshots of recurrent
+    /// states (as a GPU's planned pool does; unbounded by default).
     pub fn set_state_snapshot_capacity(&mut self, n: usize) {
         if let Some(h) = &mut self.hybrid {
             h.max_snapshots = n;
@@ -201,30 +201,8 @@ impl Backend for CpuBackend {
         Ok(logits)
     }
 
-    fn release(&mut self, seq: crate::engine::plan::SeqId) {
-        if let Some(h) = &mut self.hybrid {
-            h.release(seq);
-        }
-    }
-
-    fn save_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
-        match &mut self.hybrid {
-            Some(h) => h.save(seq, key),
-            None => Err(BackendError::no_recurrent_state(seq)),
-        }
-    }
-
-    fn restore_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32], pos: usize) -> bool {
-        self.hybrid.as_mut().is_some_and(|h| h.restore(seq, key, pos))
-    }
-
-    fn drop_state(&mut self, key: &[u8; 32]) {
-        if let Some(h) = &mut self.hybrid {
-            h.drop_snapshot(key);
-        }
-    }
-    fn state_snapshot_capacity(&self) -> usize {
-        self.hybrid.as_ref().map_or(0, |h| h.max_snapshots)
+    fn state_slots(&self) -> crate::backend::StateSlots {
+        self.hybrid.as_ref().map(|h| h.slots()).unwrap_or_default()
     }
 }
 

@@ -3,19 +3,17 @@
 //! of both, and each sequence's recurrent state on the device. The layers' launches are in
 //! `layers/deltanet.rs` and `layers/attention.rs`.
 //!
-//! State: one slot per running sequence in a device pool `[n_slots, per_seq]` f32, laid out
-//! as the CPU's (per linear layer: conv window `[K - 1, C]`, then the delta-rule matrices
-//! `[n_v, d_k, d_v]`). The pool holds the sequences the backend was planned for
-//! (`CudaOptions::max_seqs`), allocated once, so the memory plan is what the device holds and
-//! the pool never moves under a captured graph; a sequence beyond it is refused as out of
-//! memory (the engine then runs fewer at once). Prefix-reuse snapshots are device copies of a
-//! slot, keyed by the prefix's chain hash, at most `CudaOptions::max_snapshots` of them (the
-//! engine evicts before it saves beyond them).
+//! State: a device pool `[n_slots, per_seq]` f32 of slots laid out as the CPU's (per linear
+//! layer: conv window `[K - 1, C]`, then the delta-rule matrices `[n_v, d_k, d_v]`), one per
+//! sequence the backend was planned for (`CudaOptions::max_seqs`) and one per prefix snapshot
+//! (`CudaOptions::max_snapshots`), allocated once, so the memory plan is what the device holds
+//! and the pool never moves under a captured graph. Which slot holds what is the engine's
+//! (`engine::state_pool`): a plan names each chunk's slot and the zero / copy orders to run
+//! before and after the step (device memset and copies within the pool).
 //!
 //! Per step the host writes the chunk table (per chunk: first token, tokens, slot) and
 //! uploads it into a buffer of fixed address, so a captured decode graph stays valid.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -25,8 +23,9 @@ use super::device::{up, zeros};
 use super::dmat::Linear;
 use super::launch::{allocated, Dev};
 use super::CudaError;
-use crate::backend::{snapshot_room, BackendError};
-use crate::engine::plan::{SeqId, StepPlan};
+use crate::backend::state_slots::{SlotPositions, StateSlots};
+use crate::backend::BackendError;
+use crate::engine::plan::{StateOp, StepPlan};
 use crate::model::config::ModelConfig;
 use crate::model::hybrid::{HybridConfig, HybridLayer};
 use crate::model::rope::rope_table;
@@ -45,12 +44,6 @@ pub(super) struct LinearW {
     pub index: usize,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Slot {
-    index: usize,
-    pos: usize,
-}
-
 /// The hybrid part of `CudaBackend`.
 pub struct HybridCuda {
     h: HybridConfig,
@@ -60,13 +53,11 @@ pub struct HybridCuda {
     max_pos: usize,
     /// f32 values of one sequence's state.
     per_seq: usize,
-    pool: CudaSlice<f32>, // [cap_slots, per_seq]
-    cap_slots: usize,
-    slots: HashMap<SeqId, Slot>,
-    free: Vec<usize>,
-    snapshots: HashMap<[u8; 32], (CudaSlice<f32>, usize)>,
-    /// Most snapshots held at once (the plan's snapshot pool).
-    pub(super) max_snapshots: usize,
+    pool: CudaSlice<f32>, // [slots.total(), per_seq]
+    /// The slots of the pool: the running sequences' and the snapshots'.
+    pub(super) slots: StateSlots,
+    /// Tokens each slot's state absorbed (the guard against a plan that skips some).
+    positions: SlotPositions,
     /// Chunk table of the current step: `[1 + 3 * cap_tok]`.
     host_chunks: Vec<i32>,
     chunks: Option<CudaSlice<i32>>,
@@ -167,7 +158,7 @@ impl HybridCuda {
         let positions: Vec<usize> = (0..max_pos).collect();
         let (cos, sin) = rope_table(&positions, &h.rope_inv_freq(c.rope_theta));
         let per_seq = index * h.state_len_per_layer();
-        let cap_slots = seqs.running.max(1);
+        let slots = StateSlots { running: seqs.running.max(1), snapshots: seqs.snapshots };
         Ok(HybridCuda {
             h: h.clone(),
             layers: out,
@@ -175,12 +166,9 @@ impl HybridCuda {
             rope_sin: up(s, &sin, "partial RoPE sin table")?,
             max_pos,
             per_seq,
-            pool: zeros(s, cap_slots * per_seq, "recurrent state pool")?,
-            cap_slots,
-            slots: HashMap::new(),
-            free: (0..cap_slots).rev().collect(),
-            snapshots: HashMap::new(),
-            max_snapshots: seqs.snapshots,
+            pool: zeros(s, slots.total() * per_seq, "recurrent state pool")?,
+            slots,
+            positions: SlotPositions::default(),
             host_chunks: Vec::new(),
             chunks: None,
             cap_tok: 0,
@@ -227,54 +215,48 @@ impl HybridCuda {
         Ok(true)
     }
 
-    /// A zeroed slot for `seq` (its own again when it has one: a restart from position 0).
-    fn reset(&mut self, s: &Arc<CudaStream>, seq: SeqId) -> Result<(), CudaError> {
-        let index = match self.slots.get(&seq) {
-            Some(sl) => sl.index,
-            None => self.free.pop().ok_or_else(|| {
-                CudaError::OutOfMemory(format!(
-                    "sequence {seq}: the recurrent-state pool holds the {} sequences the backend was planned for",
-                    self.cap_slots
-                ))
-            })?,
-        };
-        let r = index * self.per_seq..(index + 1) * self.per_seq;
-        s.memset_zeros(&mut self.pool.slice_mut(r)).map_err(CudaError::driver("zeroing a recurrent state"))?;
-        self.slots.insert(seq, Slot { index, pos: 0 });
+    /// Runs zero / copy orders on the pool's slots, in order (stream-ordered with the step).
+    fn run(&mut self, s: &Arc<CudaStream>, ops: &[StateOp]) -> Result<(), CudaError> {
+        let n = self.per_seq;
+        for op in ops {
+            match *op {
+                StateOp::Zero { slot } => {
+                    let r = slot as usize * n..(slot as usize + 1) * n;
+                    s.memset_zeros(&mut self.pool.slice_mut(r))
+                        .map_err(CudaError::driver("zeroing a recurrent state"))?;
+                }
+                StateOp::Copy { from, to } if from == to => {}
+                StateOp::Copy { from, to } => {
+                    let (f, t) = (from as usize, to as usize);
+                    // Two disjoint views of the one pool: split at the higher slot.
+                    let (mut lo, mut hi) = self.pool.split_at_mut(f.max(t) * n);
+                    let r = if f < t {
+                        s.memcpy_dtod(&lo.slice(f * n..(f + 1) * n), &mut hi.slice_mut(0..n))
+                    } else {
+                        s.memcpy_dtod(&hi.slice(0..n), &mut lo.slice_mut(t * n..(t + 1) * n))
+                    };
+                    r.map_err(CudaError::driver("copying a recurrent state"))?;
+                }
+            }
+        }
         Ok(())
     }
 
-    /// Checks that every chunk continues its sequence's state exactly (as the CPU backend
-    /// does), gives chunks at position 0 a zeroed slot, and uploads the chunk table. `last_tok`:
-    /// the flat index of each chunk's last token.
+    /// Checks the plan's state part (every chunk continues its slot's state exactly, as the
+    /// CPU backend checks), runs its `before` orders (restores, zeroed states) and uploads the
+    /// chunk table. `last_tok`: the flat index of each chunk's last token.
     pub(super) fn begin_step(
         &mut self,
         s: &Arc<CudaStream>,
         plan: &StepPlan,
         last_tok: &[usize],
     ) -> Result<(), BackendError> {
-        for c in plan.chunks.iter().filter(|c| c.start_pos > 0) {
-            match self.slots.get(&c.seq) {
-                Some(sl) if sl.pos == c.start_pos => {}
-                found => {
-                    return Err(BackendError::Plan(format!(
-                        "sequence {} continues at position {}, but its recurrent state {} (a hybrid model's \
-                         sequence must run from position 0 without gaps)",
-                        c.seq,
-                        c.start_pos,
-                        found.map_or("does not exist".to_string(), |sl| format!("holds {} tokens", sl.pos)),
-                    )))
-                }
-            }
-        }
-        for c in plan.chunks.iter().filter(|c| c.start_pos == 0) {
-            self.reset(s, c.seq)?;
-        }
+        self.positions.begin(plan, self.slots.total())?;
+        self.run(s, &plan.state.before)?;
         let t = &mut self.host_chunks;
         t.clear();
         t.push(plan.chunks.len() as i32);
-        for (c, &last) in plan.chunks.iter().zip(last_tok) {
-            let slot = self.slots.get(&c.seq).map_or(0, |sl| sl.index);
+        for ((c, &last), &slot) in plan.chunks.iter().zip(last_tok).zip(&plan.state.slots) {
             t.extend([(last + 1 - c.tokens.len()) as i32, c.tokens.len() as i32, slot as i32]);
         }
         let dev = self.chunks.as_mut().ok_or_else(|| BackendError::Plan("chunk table not allocated".into()))?;
@@ -283,49 +265,11 @@ impl HybridCuda {
         Ok(())
     }
 
-    /// Records that the step's chunks were absorbed into their states.
-    pub(super) fn end_step(&mut self, plan: &StepPlan) {
-        for c in &plan.chunks {
-            if let Some(sl) = self.slots.get_mut(&c.seq) {
-                sl.pos = c.start_pos + c.tokens.len();
-            }
-        }
-    }
-
-    pub(super) fn release(&mut self, seq: SeqId) {
-        if let Some(sl) = self.slots.remove(&seq) {
-            self.free.push(sl.index);
-        }
-    }
-
-    /// A device copy of `seq`'s state under `key`.
-    pub(super) fn save(&mut self, s: &Arc<CudaStream>, seq: SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
-        let sl = self.slots.get(&seq).copied().ok_or_else(|| BackendError::no_state_slot(seq))?;
-        snapshot_room(seq, !self.snapshots.contains_key(key), self.snapshots.len(), self.max_snapshots)?;
-        let r = sl.index * self.per_seq..(sl.index + 1) * self.per_seq;
-        let copy = s.clone_dtod(&self.pool.slice(r)).map_err(CudaError::driver("copying a state snapshot"))?;
-        self.snapshots.insert(*key, (copy, sl.pos));
-        Ok(())
-    }
-
-    /// Gives `seq` the state saved under `key`, which must follow exactly `pos` tokens.
-    pub(super) fn restore(&mut self, s: &Arc<CudaStream>, seq: SeqId, key: &[u8; 32], pos: usize) -> bool {
-        match self.snapshots.get(key) {
-            Some((_, at)) if *at == pos => {}
-            _ => return false,
-        }
-        if self.reset(s, seq).is_err() {
-            return false;
-        }
-        let Some(sl) = self.slots.get_mut(&seq) else { return false };
-        sl.pos = pos;
-        let r = sl.index * self.per_seq..(sl.index + 1) * self.per_seq;
-        let Some((snap, _)) = self.snapshots.get(key) else { return false };
-        s.memcpy_dtod(snap, &mut self.pool.slice_mut(r)).is_ok()
-    }
-
-    pub(super) fn drop_snapshot(&mut self, key: &[u8; 32]) {
-        self.snapshots.remove(key);
+    /// After the step: the states absorbed the step's chunks; runs the `after` orders
+    /// (snapshots of states that reached a shared prefix's end).
+    pub(super) fn end_step(&mut self, s: &Arc<CudaStream>, plan: &StepPlan) -> Result<(), CudaError> {
+        self.positions.end(plan);
+        self.run(s, &plan.state.after)
     }
 
     fn buf(b: &Option<CudaSlice<f32>>, s: &CudaStream) -> Result<Dev<f32>, CudaError> {

@@ -561,6 +561,15 @@ impl CudaBackend {
         self.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq())
     }
 
+    /// After a step ran: the recurrent states absorbed its chunks; the plan's `after` orders
+    /// (hybrid models; nothing for others). Every step path ends with it.
+    pub(super) fn end_state(&mut self, plan: &StepPlan) -> Result<(), BackendError> {
+        match &mut self.hybrid {
+            Some(h) => Ok(h.end_step(&self.dev.stream, plan)?),
+            None => Ok(()),
+        }
+    }
+
     /// Records the device memory in use now (after allocations, not every step: the query
     /// costs a driver call).
     pub(super) fn note_memory(&mut self) {
@@ -594,33 +603,11 @@ impl Backend for CudaBackend {
             return Ok(Vec::new());
         }
         let out = self.forward(&f)?;
-        if let Some(h) = &mut self.hybrid {
-            h.end_step(plan);
-        }
+        self.end_state(plan)?;
         Ok(out)
     }
-    fn release(&mut self, seq: crate::engine::plan::SeqId) {
-        if let Some(h) = &mut self.hybrid {
-            h.release(seq);
-        }
-    }
-    fn save_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32]) -> Result<(), BackendError> {
-        match &mut self.hybrid {
-            Some(h) => h.save(&self.dev.stream, seq, key),
-            None => Err(BackendError::no_recurrent_state(seq)),
-        }
-    }
-    fn restore_state(&mut self, seq: crate::engine::plan::SeqId, key: &[u8; 32], pos: usize) -> bool {
-        let s = &self.dev.stream;
-        self.hybrid.as_mut().is_some_and(|h| h.restore(s, seq, key, pos))
-    }
-    fn drop_state(&mut self, key: &[u8; 32]) {
-        if let Some(h) = &mut self.hybrid {
-            h.drop_snapshot(key);
-        }
-    }
-    fn state_snapshot_capacity(&self) -> usize {
-        self.hybrid.as_ref().map_or(0, |h| h.max_snapshots)
+    fn state_slots(&self) -> crate::backend::StateSlots {
+        self.hybrid.as_ref().map(|h| h.slots).unwrap_or_default()
     }
     fn prepare(&mut self) -> Result<(), BackendError> {
         Ok(self.load_kernels()?)
@@ -635,9 +622,7 @@ impl Backend for CudaBackend {
             return Ok(Vec::new());
         }
         let out = self.forward_greedy(&f)?;
-        if let Some(h) = &mut self.hybrid {
-            h.end_step(plan);
-        }
+        self.end_state(plan)?;
         Ok(out)
     }
     fn step_greedy_masked(
@@ -651,9 +636,7 @@ impl Backend for CudaBackend {
         }
         let out = self.forward_greedy_masked(&f, fill)?;
         // As `step` and `step_greedy`: the recurrent states absorbed the step's chunks.
-        if let Some(h) = &mut self.hybrid {
-            h.end_step(plan);
-        }
+        self.end_state(plan)?;
         Ok(out)
     }
     fn decode_weight_bytes(&self) -> u64 {

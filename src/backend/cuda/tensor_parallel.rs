@@ -69,10 +69,7 @@ impl RankEngine for CudaBackend {
             self.work = w;
             r?;
         }
-        if let Some(h) = &mut self.hybrid {
-            h.end_step(plan);
-        }
-        Ok(())
+        self.end_state(plan)
     }
     fn abort_collective(&mut self) {
         if let Some(CudaRank { reduce: Reduce::Host(h), .. }) = &self.tp {

@@ -60,10 +60,10 @@ pub(super) fn run(
     let core = take(core, n * vd);
     let q_scale = 1.0 / (dk as f32).sqrt();
     let mut t0 = 0;
-    for chunk in &cx.plan.chunks {
+    for (chunk, &slot) in cx.plan.chunks.iter().zip(&cx.plan.state.slots) {
         let len = chunk.tokens.len();
-        let Some(layer_state) = state.layer_state(chunk.seq, j) else {
-            // begin_step gave every chunk a slot; nothing else removes one mid-step.
+        let Some(layer_state) = state.layer_state(slot, j) else {
+            // begin_step checked every chunk's slot and grew the buffer to the highest.
             debug_assert!(false, "sequence {} has no recurrent state", chunk.seq);
             t0 += len;
             continue;
