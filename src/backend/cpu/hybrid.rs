@@ -7,7 +7,53 @@
 use crate::backend::state_slots::{SlotPositions, StateSlots};
 use crate::backend::BackendError;
 use crate::engine::plan::{StateOp, StepPlan};
+use crate::model::config::ModelConfig;
 use crate::model::hybrid::HybridConfig;
+
+/// The CPU backend's recurrent states: the slot buffers of a model with Gated DeltaNet layers,
+/// nothing for other models (their plans carry no state part). The backend calls every step's
+/// `begin_step` / `end_step` without asking which kind of model it runs.
+pub struct RecurrentStates(Option<HybridCpu>);
+
+impl RecurrentStates {
+    pub fn new(c: &ModelConfig) -> Self {
+        RecurrentStates(c.hybrid.as_ref().map(HybridCpu::new))
+    }
+
+    /// The slots the engine may use (none for a model without recurrent layers).
+    pub fn slots(&self) -> StateSlots {
+        self.0.as_ref().map(HybridCpu::slots).unwrap_or_default()
+    }
+
+    /// Offers the engine at most `n` snapshot slots.
+    pub fn set_max_snapshots(&mut self, n: usize) {
+        if let Some(h) = &mut self.0 {
+            h.max_snapshots = n;
+        }
+    }
+
+    /// Bytes of one sequence's recurrent state (0 without recurrent layers).
+    pub fn state_bytes_per_seq(&self) -> usize {
+        self.0.as_ref().map_or(0, HybridCpu::state_bytes_per_seq)
+    }
+
+    /// See [`HybridCpu::begin_step`].
+    pub fn begin_step(&mut self, plan: &StepPlan) -> Result<(), BackendError> {
+        self.0.as_mut().map_or(Ok(()), |h| h.begin_step(plan))
+    }
+
+    /// See [`HybridCpu::end_step`].
+    pub fn end_step(&mut self, plan: &StepPlan) {
+        if let Some(h) = &mut self.0 {
+            h.end_step(plan);
+        }
+    }
+
+    /// The states the Gated DeltaNet layers read and update.
+    pub(super) fn layers(&mut self) -> Option<&mut HybridCpu> {
+        self.0.as_mut()
+    }
+}
 
 /// The recurrent states of the CPU backend: `[n_slots, per_seq]` f32 (per linear layer the last
 /// `K - 1` conv inputs `[K - 1, C]`, then the delta-rule matrices `[n_v, d_k, d_v]`), grown to
@@ -22,7 +68,7 @@ pub struct HybridCpu {
     /// Tokens each slot's state absorbed (the guard against a plan that skips some).
     positions: SlotPositions,
     /// Prefix snapshots the engine may keep (unbounded unless set: host memory).
-    pub(super) max_snapshots: usize,
+    max_snapshots: usize,
 }
 
 impl HybridCpu {

@@ -47,8 +47,8 @@ pub struct CpuBackend {
     scratch: Scratch,
     /// Observer of matrix inputs (calibration, eval); `None` in normal runs.
     tap: Option<Box<dyn ActivationTap>>,
-    /// Hybrid models: each sequence's recurrent state of the linear-attention layers.
-    hybrid: Option<hybrid::HybridCpu>,
+    /// Hybrid models: the recurrent-state slots of the linear-attention layers.
+    states: hybrid::RecurrentStates,
     /// A tensor-parallel rank: its place and the all-reduce it shares (`tensor_parallel`).
     rank: Option<tensor_parallel::RankLink>,
 }
@@ -74,7 +74,7 @@ impl CpuBackend {
         CpuBackend {
             k_cache: (0..cfg.n_layers).map(kv).collect(),
             v_cache: (0..cfg.n_layers).map(kv).collect(),
-            hybrid: cfg.hybrid.as_ref().map(hybrid::HybridCpu::new),
+            states: hybrid::RecurrentStates::new(&cfg),
             cfg,
             w,
             block_size,
@@ -123,9 +123,7 @@ impl CpuBackend {
     /// Hybrid models: offers the engine at most `n` slots for prefix snapshots of recurrent
     /// states (as a GPU's planned pool does; unbounded by default).
     pub fn set_state_snapshot_capacity(&mut self, n: usize) {
-        if let Some(h) = &mut self.hybrid {
-            h.max_snapshots = n;
-        }
+        self.states.set_max_snapshots(n);
     }
 
     /// KV cache bytes per token position (all layers, K and V).
@@ -135,7 +133,7 @@ impl CpuBackend {
 
     /// Bytes of one sequence's recurrent state (hybrid models; 0 for others).
     pub fn state_bytes_per_seq(&self) -> usize {
-        self.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq())
+        self.states.state_bytes_per_seq()
     }
 
     fn check_plan(&self, plan: &StepPlan) -> Result<(), BackendError> {
@@ -187,22 +185,18 @@ impl Backend for CpuBackend {
 
     fn step(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
         self.check_plan(plan)?;
-        if let Some(h) = &mut self.hybrid {
-            h.begin_step(plan)?;
-        }
+        self.states.begin_step(plan)?;
         // Run the whole step on a pool worker: the parallel regions inside then fork from a
         // worker's own deque (cheap, the other workers are still spinning) instead of being
         // injected from outside the pool and waking sleeping threads ~200 times per token.
         let this = &mut *self;
         let logits = rayon::scope(|_| this.forward(plan));
-        if let Some(h) = &mut self.hybrid {
-            h.end_step(plan);
-        }
+        self.states.end_step(plan);
         Ok(logits)
     }
 
     fn state_slots(&self) -> crate::backend::StateSlots {
-        self.hybrid.as_ref().map(|h| h.slots()).unwrap_or_default()
+        self.states.slots()
     }
 }
 
@@ -269,7 +263,7 @@ impl CpuBackend {
         };
         let kv = KvCaches { k: &mut self.k_cache, v: &mut self.v_cache };
         let mut hooks = Hooks { tap: self.tap.as_deref_mut(), rank: &self.rank };
-        layers::run(&cx, &self.w.layers, kv, self.hybrid.as_mut(), &mut s.layers, &mut hooks, x);
+        layers::run(&cx, &self.w.layers, kv, self.states.layers(), &mut s.layers, &mut hooks, x);
 
         if let Some(t) = self.tap.as_mut() {
             let mut all = vec![0f32; n * dim]; // [n, dim] final-normed, every token

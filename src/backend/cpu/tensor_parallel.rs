@@ -48,13 +48,9 @@ impl CpuBackend {
     /// One rank's step on the calling thread (not inside the rayon pool: see the module note).
     fn step_rank(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, BackendError> {
         self.check_plan(plan)?;
-        if let Some(h) = &mut self.hybrid {
-            h.begin_step(plan)?;
-        }
+        self.states.begin_step(plan)?;
         let logits = self.forward(plan);
-        if let Some(h) = &mut self.hybrid {
-            h.end_step(plan);
-        }
+        self.states.end_step(plan);
         Ok(logits)
     }
 }
