@@ -201,6 +201,56 @@ fn a_full_state_snapshot_pool_degrades_to_recomputing_the_prefix() {
     assert_eq!(two.prompt_tokens_cached, 5 * 32, "{two:?}");
 }
 
+/// Steps that run out of device memory (injected from step `at` on, for steps of 2 or more
+/// sequences, with 2 or 3 slots) while sequences resume from state snapshots and others snapshot
+/// a prefix: the
+/// engine retries with fewer sequences, and every output equals the run without faults (a
+/// restore is sent again after a failed step, a failed step's snapshot does not count; a lost
+/// restore would make the backend refuse the sequence's next chunk).
+#[test]
+fn out_of_memory_steps_neither_lose_a_restore_nor_keep_a_failed_snapshot() {
+    let m = FIXTURE.gguf();
+    let r = FIXTURE.refs();
+    let mut text = ids(&r[5], "prompt_ids");
+    text.extend(ids(&r[4], "prompt_ids"));
+    assert!(text.len() >= 128, "{} reference tokens", text.len());
+    // 3 groups of 4 prompts: 48 shared tokens (3 blocks), 5 of their own.
+    let prompts: Vec<Vec<u32>> = (0..12u32)
+        .map(|i| {
+            let g = i as usize / 4;
+            [text[g * 40..g * 40 + 48].to_vec(), (0..5).map(|k| 300 + 11 * i + k).collect()].concat()
+        })
+        .collect();
+    let run = |slots: usize, inject: Option<u64>| {
+        let cfg = EngineConfig { slots, max_batch_tokens: 512, prefix_cache: true, model_fingerprint: m.fingerprint };
+        let b = backend(&m, 64);
+        let b: Box<dyn Backend> = match inject {
+            Some(at) => Box::new(dustoff::backend::fault::FaultInjector::new(b, at, 2)),
+            None => Box::new(b),
+        };
+        let mut e = Engine::new(b, cfg).unwrap();
+        for (i, prompt) in prompts.iter().enumerate() {
+            let prompt = prompt.clone();
+            let req =
+                Request { id: i as u64, prompt, max_tokens: 3, sampling: SamplingParams::greedy(), stop_ids: vec![] };
+            e.add_request(req).unwrap();
+        }
+        let done: BTreeMap<u64, Vec<u32>> =
+            e.run_to_completion().unwrap().into_iter().map(|c| (c.id, c.token_ids)).collect();
+        (done, e.metrics())
+    };
+    let (want, clean) = run(4, None);
+    assert!(clean.prompt_tokens_cached > 0, "no prefix reuse: {clean:?}");
+    let mut cached = 0;
+    for (slots, at) in [2, 3].into_iter().flat_map(|s| (1..=12).map(move |at| (s, at))) {
+        let (got, mt) = run(slots, Some(at));
+        assert_eq!(got, want, "{slots} slots, out of memory from step {at}");
+        assert!(mt.oom_recoveries > 0, "{slots} slots, step {at}: {mt:?}");
+        cached += mt.prompt_tokens_cached;
+    }
+    assert!(cached > 0, "no run with faults reused a prefix");
+}
+
 #[test]
 fn a_chunk_that_does_not_continue_its_recurrent_state_is_refused() {
     let m = FIXTURE.gguf();

@@ -32,11 +32,6 @@ impl RecurrentStates {
         }
     }
 
-    /// Bytes of one sequence's recurrent state (0 without recurrent layers).
-    pub fn state_bytes_per_seq(&self) -> usize {
-        self.0.as_ref().map_or(0, HybridCpu::state_bytes_per_seq)
-    }
-
     /// See [`HybridCpu::begin_step`].
     pub fn begin_step(&mut self, plan: &StepPlan) -> Result<(), BackendError> {
         self.0.as_mut().map_or(Ok(()), |h| h.begin_step(plan))
@@ -136,11 +131,6 @@ impl HybridCpu {
     pub fn end_step(&mut self, plan: &StepPlan) {
         self.positions.end(plan);
         self.run(&plan.state.after);
-    }
-
-    /// Bytes of one sequence's recurrent state.
-    pub fn state_bytes_per_seq(&self) -> usize {
-        self.per_seq * 4
     }
 
     /// The hybrid configuration the states are sized by.

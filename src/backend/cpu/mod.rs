@@ -133,7 +133,7 @@ impl CpuBackend {
 
     /// Bytes of one sequence's recurrent state (hybrid models; 0 for others).
     pub fn state_bytes_per_seq(&self) -> usize {
-        self.states.state_bytes_per_seq()
+        self.cfg.state_bytes_per_seq()
     }
 
     fn check_plan(&self, plan: &StepPlan) -> Result<(), BackendError> {

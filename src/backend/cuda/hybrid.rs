@@ -185,11 +185,6 @@ impl HybridCuda {
         self.recur_norm = on;
     }
 
-    /// Bytes of one sequence's recurrent state on the device.
-    pub fn state_bytes_per_seq(&self) -> usize {
-        self.per_seq * 4
-    }
-
     /// Bytes of weight matrices a decode step reads in the linear layers.
     pub(super) fn matrix_bytes(&self) -> u64 {
         self.layers.iter().flatten().map(|l| l.proj.bytes() + l.out.bytes()).sum()

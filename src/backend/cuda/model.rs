@@ -558,7 +558,7 @@ impl CudaBackend {
 
     /// Bytes of one sequence's recurrent state on the device (hybrid models; 0 for others).
     pub fn state_bytes_per_seq(&self) -> usize {
-        self.hybrid.as_ref().map_or(0, |h| h.state_bytes_per_seq())
+        self.cfg.state_bytes_per_seq()
     }
 
     /// After a step ran: the recurrent states absorbed its chunks; the plan's `after` orders
