@@ -76,7 +76,7 @@ if [ "${1:-}" = peer ]; then
     t=$(date +%s); bash .gpu/peer/build-llamacpp.sh > /dev/null 2>&1; echo "llama.cpp built in $(( $(date +%s)-t )) s"
   fi
   rep=$W/out-f16.jsonl.report.json
-  npp=$(python3 -c "import json; r=json.load(open('$rep')); print(round(r['tokens']['prompt_computed'] / r['counts']['ok']))")
+  npp=${JB_NPP:-$(python3 -c "import json; r=json.load(open('$rep')); print(round(r['tokens']['prompt_computed'] / r['counts']['ok']))")}
   ntg=200; ctx=$(( npp + ntg )); size=$(stat -c %s $F)
   # K and V values a position: layers x 2 x KV heads x head size (Qwen3-30B-A3B: 48 x 2 x 4 x 128).
   elems=${JB_KV_ELEMS:-49152}

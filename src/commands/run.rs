@@ -159,6 +159,13 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         }
     };
     let per_seq = (max_in + max_out + BLOCK_SIZE).min(m.config.max_context.max(256));
+    // What a sequence holds on average: `--slots auto` sizes the slots and the KV pool by it, the
+    // paged pool admits a prompt only when its blocks are free, and the longest record still
+    // fits (`per_seq` bounds the tables of every sequence).
+    let pool_seq = match a.slots {
+        common::Slots::Auto => pool_positions(&job, &inputs, shard, &codec, per_seq)?,
+        common::Slots::Count(_) => per_seq,
+    };
     let gpus = if a.device == Device::Cpu { 0 } else { crate::backend::cuda::device::device_count() };
     let devs = match a.tensor_parallel {
         // One engine over the ranks' devices (the group is built below from devs[0] and --devices).
@@ -186,7 +193,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             &devs[0],
             (&m.config, &m.weights),
             a.tensor_parallel,
-            (per_seq, a.max_batch_tokens),
+            (pool_seq, a.max_batch_tokens),
             a.memory,
         )?;
         place.kv_type = kv_type;
@@ -196,9 +203,10 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         let cfg = EngineConfig::new(slots, a.max_batch_tokens, a.prefix_cache, m.fingerprint);
         let step = cfg.max_batch_tokens;
         let tokens = match a.tensor_parallel {
-            None => common::kv_positions(&devs[0], (&m.config, &m.weights), (slots, per_seq), step, &place)?,
-            Some(_) => slots * per_seq,
-        };
+            None => common::kv_positions(&devs[0], (&m.config, &m.weights), (slots, pool_seq), step, &place)?,
+            Some(_) => slots * pool_seq,
+        }
+        .max(per_seq);
         let backend = super::tensor_parallel::backend_for(
             &m.config,
             &m.weights,
@@ -441,4 +449,33 @@ fn device_line(mj: &serde_json::Value) -> Option<String> {
         );
     }
     Some(s)
+}
+
+/// Records `--slots auto` reads ahead to size the KV pool (a second or less to tokenize).
+const SIZING_RECORDS: u64 = 512;
+
+/// KV positions per slot for `--slots auto`: from the job's first [`SIZING_RECORDS`] records,
+/// the positions a running sequence holds on average (its prompt beyond the prefix it shares
+/// with earlier records, and its whole `max_tokens`), at most `per_seq` (the pipeline's
+/// longest prompt and generation). Sized by the worst case, a job of 1,500-token documents
+/// under `max_input_tokens = 2400` left a third of its KV pool unused (docs/BENCHMARKS.md,
+/// nightly job). A record longer than the mean waits for blocks, and a pool that runs short
+/// while sequences decode preempts the newest (computed again later): both said in the report.
+fn pool_positions(
+    job: &JobKind,
+    inputs: &[PathBuf],
+    shard: Option<ShardSpec>,
+    codec: &TokenizerCodec,
+    per_seq: usize,
+) -> Result<usize> {
+    let r = crate::job::dry_run::sample(job, inputs, shard, codec, BLOCK_SIZE, SIZING_RECORDS)?;
+    let Some(mean) = r.expected_positions(BLOCK_SIZE) else { return Ok(per_seq) };
+    let n = mean.min(per_seq);
+    if n < per_seq {
+        eprintln!(
+            "KV sizing: {n} positions a sequence (the mean of the first {} records: prompt beyond the shared prefix + max_tokens; the longest allowed is {per_seq})",
+            r.ok
+        );
+    }
+    Ok(n)
 }
