@@ -269,7 +269,7 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
             if windows.is_empty() {
                 return Err(usage(format!("calibration file {} holds no tokens", cal.display())));
             }
-            let device = calibration_device(&a.device)?;
+            let device = calibration_device(&a.device, None)?;
             let longest = windows.iter().map(Vec::len).max().unwrap_or(0);
             eprintln!("calibration: {} windows of up to {longest} tokens on {}", windows.len(), device.name());
             let im = calibrate(&m, &windows, &cal.display().to_string(), &device)?;
@@ -316,9 +316,10 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
 
 /// The calibration device of `--device`: `auto` is the first GPU when one is usable, else the
 /// CPU. The GPU tap sees the input of every matrix of every layer kind (attention, Gated
-/// DeltaNet, dense FFN, each routed expert, the shared expert), as the CPU's.
-fn calibration_device(device: &str) -> anyhow::Result<CalibrationDevice> {
-    let cuda = |ordinal| CalibrationDevice::Cuda { ordinal, ptx_dir: None };
+/// DeltaNet, dense FFN, each routed expert, the shared expert), as the CPU's. Also where
+/// `dustoff eval` runs its windows; `ptx_dir` as `--ptx-dir`.
+pub(crate) fn calibration_device(device: &str, ptx_dir: Option<PathBuf>) -> anyhow::Result<CalibrationDevice> {
+    let cuda = |ordinal| CalibrationDevice::Cuda { ordinal, ptx_dir: ptx_dir.clone() };
     Ok(match parse_device(device)? {
         Device::Cpu => CalibrationDevice::Cpu,
         Device::Cuda(n) if device != "auto" => {
