@@ -24,6 +24,9 @@ mod scorer_cuda;
 mod stats;
 mod windows;
 
+#[cfg(test)]
+mod tests;
+
 use std::path::PathBuf;
 
 use serde::Serialize;

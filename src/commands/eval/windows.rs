@@ -74,7 +74,7 @@ pub fn head_rows(
 
 /// One batch: every window from position 0 in chunks of `chunk` tokens, all windows in each
 /// step until each is fed.
-fn batch_rows(
+pub(super) fn batch_rows(
     src: &mut dyn HeadSource,
     windows: &[&[u32]],
     ctx: usize,
