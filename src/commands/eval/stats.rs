@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+use rayon::prelude::*;
+
 use super::windows::scored_from;
 use super::{KlStats, ModelScore};
 use crate::backend::cpu::matmul::matmul;
@@ -24,11 +26,11 @@ pub struct Scored {
 pub fn log_probs(head: &Tensor, rows: &[f32], m: usize) -> Vec<f32> {
     let mut logits = vec![0f32; m * head.rows];
     matmul(head, rows, m, &mut logits);
-    for row in logits.chunks_exact_mut(head.rows) {
+    logits.par_chunks_exact_mut(head.rows).for_each(|row| {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let lse = max as f64 + row.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>().ln();
         row.iter_mut().for_each(|v| *v = (*v as f64 - lse) as f32);
-    }
+    });
     logits
 }
 
@@ -77,13 +79,25 @@ pub fn score(models: &[Scored], windows: &[&[u32]], has_ref: bool) -> (Vec<Model
         for (i, s) in models.iter().enumerate() {
             let vocab = s.head.rows;
             let lp = log_probs(&s.head, &s.rows[k], m);
-            for (j, row) in lp.chunks_exact(vocab).enumerate() {
-                let next = w[from + j + 1] as usize;
-                nll[i] -= f64::from(row.get(next).copied().unwrap_or(f32::NEG_INFINITY));
-                if let Some(r) = &ref_lp {
-                    let rr = &r[j * vocab..(j + 1) * vocab];
-                    kls[i].push(kl(rr, row));
-                    agree[i] += usize::from(argmax(rr) == argmax(row));
+            // Per position: the target's log-probability and, against the reference, the KL
+            // and whether the top-1 tokens agree; in parallel, then summed in position order.
+            let per_pos: Vec<(f32, Option<(f64, bool)>)> = lp
+                .par_chunks_exact(vocab)
+                .enumerate()
+                .map(|(j, row)| {
+                    let target = row.get(w[from + j + 1] as usize).copied().unwrap_or(f32::NEG_INFINITY);
+                    let cmp = ref_lp.as_ref().map(|r| {
+                        let rr = &r[j * vocab..(j + 1) * vocab];
+                        (kl(rr, row), argmax(rr) == argmax(row))
+                    });
+                    (target, cmp)
+                })
+                .collect();
+            for (target, cmp) in per_pos {
+                nll[i] -= f64::from(target);
+                if let Some((d, same)) = cmp {
+                    kls[i].push(d);
+                    agree[i] += usize::from(same);
                 }
             }
             if i == 0 && has_ref {
