@@ -541,7 +541,7 @@ struct GenerateArgs {
 #[derive(Args)]
 struct EngineArgs {
     /// Sequences decoded together (parallel decode slots): a count, or auto: on a GPU as many
-    /// as the memory plan fits for the job's context (at most 64, said in the log), on the CPU
+    /// as the memory plan fits for the job's context (at most 128, said in the log), on the CPU
     /// 8. On a GPU more slots mean more throughput while their KV cache fits (H200, 8B model: 8
     /// slots ~1,100 tok/s, 64 slots ~5,800); a count that does not fit is refused with numbers.
     #[arg(long, default_value = "auto")]

@@ -190,6 +190,9 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             a.memory,
         )?;
         place.kv_type = kv_type;
+        // Measured before the weights are placed: one GPU engine (tensor-parallel ranks and data-
+        // parallel engines share devices and are not tallied).
+        let bound_rates = if a.tensor_parallel.is_none() { common::step_bound_rates(&devs[0]) } else { None };
         let cfg = EngineConfig::new(slots, a.max_batch_tokens, a.prefix_cache, m.fingerprint);
         let step = cfg.max_batch_tokens;
         let tokens = match a.tensor_parallel {
@@ -207,7 +210,10 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             &place,
         )?;
         eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens ({})", backend.describe(), place.kv_type);
-        let engine = Engine::new(backend, cfg)?;
+        let mut engine = Engine::new(backend, cfg)?;
+        if let Some(rates) = bound_rates {
+            engine = engine.with_step_bound(rates);
+        }
         (Box::new(EngineGenerate::new(engine, eos).with_stop(stop.clone()).with_grammar(grammar)), slots)
     } else {
         // Data parallel: one engine per entry, each built in its own thread over shared weights.
@@ -266,6 +272,9 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             mj["kv_blocks_peak"],
             mj["kv_blocks_total"],
         );
+    }
+    if let Some(line) = gen.metrics_json().and_then(|mj| device_line(&mj)) {
+        eprintln!("{line}");
     }
     for e in gen.metrics_json().and_then(|mj| mj["engines"].as_array().cloned()).unwrap_or_default() {
         let r = &e["routing"];
@@ -411,4 +420,25 @@ pub fn merge(output: &Path, shards: &[PathBuf]) -> Result<()> {
     let s = crate::job::shard::merge(shards, output).with_context(|| format!("merging into {}", output.display()))?;
     eprintln!("merged {} shards, {} rows -> {}", s.shards, s.rows, output.display());
     Ok(())
+}
+
+/// The job's peak device memory and its steps against their bound (`engine::step_cost`), from
+/// the engine's metrics; `None` on the CPU.
+fn device_line(mj: &serde_json::Value) -> Option<String> {
+    let peak = mj["peak_device_bytes"].as_f64()?;
+    let mut s = format!("device: peak memory {:.2} GB", peak / 1e9);
+    let b = &mj["step_bound"];
+    if let (Some(share), Some(steps)) = (b["share"].as_f64(), b["steps"].as_u64()) {
+        s += &format!(
+            "; {steps} steps at {:.1}% of their bound ({:.2} s of {:.2} s: weights {:.2} GB, KV {:.2} GB, {:.2} TFLOP a step; {} steps bound by arithmetic)",
+            100.0 * share,
+            b["bound_seconds"].as_f64().unwrap_or(0.0),
+            b["measured_seconds"].as_f64().unwrap_or(0.0),
+            b["weight_gb_per_step"].as_f64().unwrap_or(0.0),
+            b["kv_gb_per_step"].as_f64().unwrap_or(0.0),
+            b["tflop_per_step"].as_f64().unwrap_or(0.0),
+            b["flop_bound_steps"],
+        );
+    }
+    Some(s)
 }

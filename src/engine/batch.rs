@@ -16,6 +16,7 @@ use super::kv::{BlockHash, KvCache};
 use super::plan::{SeqId, StepPlan};
 use super::sampler::{Sampler, SamplingParams};
 use super::scheduler::{Scheduler, SchedulerConfig, SchedulerError};
+use super::step_cost::{BoundRates, BoundTally, StepCost};
 use crate::backend::{Backend, BackendError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,6 +137,11 @@ pub struct EngineMetrics {
     pub oom_recoveries: u64,
     /// Constrained decoding: requests, masks, forced tokens, mask time.
     pub constraint: ConstraintMetrics,
+    /// Every step against its bound (`step_cost`), when the engine was given the device's
+    /// rates ([`Engine::with_step_bound`]).
+    pub step_bound: Option<BoundTally>,
+    /// The most device memory the backend held (GPU backends).
+    pub peak_device_bytes: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -175,6 +181,8 @@ pub struct Engine<B: Backend> {
     pending: Vec<Event>,
     metrics: EngineMetrics,
     mask_times: MaskTimes,
+    /// The device's rates, when steps are tallied against their bound.
+    bound_rates: Option<BoundRates>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -210,7 +218,17 @@ impl<B: Backend> Engine<B> {
             pending: Vec::new(),
             metrics,
             mask_times: MaskTimes::default(),
+            bound_rates: None,
         })
+    }
+
+    /// Tallies every step against its bound at the device's `rates` (`EngineMetrics::step_bound`):
+    /// the step's cost is read after it ran (the experts it routed to), its time is the wall
+    /// time of the backend call, token choice included.
+    pub fn with_step_bound(mut self, rates: BoundRates) -> Self {
+        self.bound_rates = Some(rates);
+        self.metrics.step_bound = Some(BoundTally::default());
+        self
     }
 
     /// Gives the backend back (e.g. to build an engine with other settings over the same
@@ -340,6 +358,7 @@ impl<B: Backend> Engine<B> {
             return Ok(events);
         }
         self.restore_states()?;
+        let t0 = Instant::now();
         let tokens = match self.next_tokens(&plan) {
             // NOTE: out of memory inside a step: fewer sequences and tokens, then the caller's next
             // `step` retries (the scheduler counts nothing of a failed step as computed).
@@ -357,6 +376,9 @@ impl<B: Backend> Engine<B> {
             }
             r => r?,
         };
+        if let (Some(rates), Some(tally)) = (self.bound_rates, self.metrics.step_bound.as_mut()) {
+            tally.add(&StepCost::of_plan(&self.backend, &plan), t0.elapsed().as_secs_f64(), rates);
+        }
         self.postprocess(&plan, tokens, &mut events)?;
         Ok(events)
     }
@@ -613,6 +635,7 @@ impl<B: Backend> Engine<B> {
             preemptions: st.preemptions,
             prefix_waits: st.prefix_waits,
             constraint,
+            peak_device_bytes: self.backend.peak_memory_bytes(),
             ..self.metrics.clone()
         }
     }

@@ -8,3 +8,4 @@ pub mod plan;
 pub mod sampler;
 pub mod scheduler;
 pub mod single;
+pub mod step_cost;
