@@ -35,6 +35,31 @@ pub fn parse_device(s: &str) -> Result<Device> {
     }
 }
 
+/// Where `quantize` calibrates and `eval` runs its windows, from `--device`: `auto` is the first
+/// GPU when one is usable, else the CPU; `cuda`/`cuda:N` without a usable GPU is a usage error.
+/// The GPU tap sees the input of every matrix of every layer kind (attention, Gated DeltaNet,
+/// dense FFN, each routed expert, the shared expert), as the CPU's. `ptx_dir`: `--ptx-dir`.
+pub fn calibration_device(
+    device: &str,
+    ptx_dir: Option<PathBuf>,
+) -> Result<crate::quantize::calibrate::CalibrationDevice> {
+    use crate::quantize::calibrate::CalibrationDevice;
+    let cuda = |ordinal| CalibrationDevice::Cuda { ordinal, ptx_dir: ptx_dir.clone() };
+    Ok(match parse_device(device)? {
+        Device::Cpu => CalibrationDevice::Cpu,
+        Device::Cuda(n) if device != "auto" => {
+            if !cuda_usable() {
+                return Err(UsageError::new(format!(
+                    "--device {device}: no usable CUDA device here; use --device cpu or auto"
+                ))
+                .into());
+            }
+            cuda(n)
+        }
+        Device::Cuda(n) => cuda(n),
+    })
+}
+
 /// `--slots`: a count, or `auto` (as many as the device's memory fits, see [`resolve_slots`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slots {
