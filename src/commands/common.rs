@@ -35,6 +35,31 @@ pub fn parse_device(s: &str) -> Result<Device> {
     }
 }
 
+/// Where `quantize` calibrates and `eval` runs its windows, from `--device`: `auto` is the first
+/// GPU when one is usable, else the CPU; `cuda`/`cuda:N` without a usable GPU is a usage error.
+/// The GPU tap sees the input of every matrix of every layer kind (attention, Gated DeltaNet,
+/// dense FFN, each routed expert, the shared expert), as the CPU's. `ptx_dir`: `--ptx-dir`.
+pub fn calibration_device(
+    device: &str,
+    ptx_dir: Option<PathBuf>,
+) -> Result<crate::quantize::calibrate::CalibrationDevice> {
+    use crate::quantize::calibrate::CalibrationDevice;
+    let cuda = |ordinal| CalibrationDevice::Cuda { ordinal, ptx_dir: ptx_dir.clone() };
+    Ok(match parse_device(device)? {
+        Device::Cpu => CalibrationDevice::Cpu,
+        Device::Cuda(n) if device != "auto" => {
+            if !cuda_usable() {
+                return Err(UsageError::new(format!(
+                    "--device {device}: no usable CUDA device here; use --device cpu or auto"
+                ))
+                .into());
+            }
+            cuda(n)
+        }
+        Device::Cuda(n) => cuda(n),
+    })
+}
+
 /// `--slots`: a count, or `auto` (as many as the device's memory fits, see [`resolve_slots`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slots {
@@ -292,32 +317,42 @@ pub fn make_backend(
         Device::Cpu => {
             Box::new(CpuBackend::new(cfg.clone(), w.clone(), blocks, BLOCK_SIZE).with_kv_type(place.kv_type)?)
         }
-        Device::Cuda(ordinal) => {
-            let n = crate::backend::cuda::device::device_count();
-            if ordinal >= n {
-                bail!("device cuda:{ordinal} requested, but {n} CUDA device(s) are usable here; use --device cpu");
-            }
-            let opts = cuda_options(ordinal, blocks, (max_batch_tokens, seqs), place);
-            let t = std::time::Instant::now();
-            let mut b = crate::backend::cuda::model::CudaBackend::new(cfg.clone(), w, &opts)
-                .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
-            let placed = t.elapsed().as_secs_f64();
-            // Kernels now, not inside the first step: a first start from compute_70 PTX on a
-            // new GPU (or driver) spends about a minute in the driver's JIT, which the operator
-            // should see named rather than as a stalled job.
-            let t = std::time::Instant::now();
-            b.load_kernels().with_context(|| format!("loading the CUDA kernels on cuda:{ordinal}"))?;
-            let kernels = t.elapsed().as_secs_f64();
-            let jit = if kernels > 10.0 {
-                " (compiled for this GPU once; the driver caches them for the next start)"
-            } else {
-                ""
-            };
-            eprintln!("cuda:{ordinal}: weights placed in {placed:.1} s, kernels ready in {kernels:.1} s{jit}");
-            Box::new(b)
-        }
+        Device::Cuda(ordinal) => Box::new(place_cuda(cfg, w, ordinal, blocks, (max_batch_tokens, seqs), place)?),
     };
     Ok(crate::backend::fault::FaultInjector::wrap_from_env(b)?)
+}
+
+/// The model on GPU `ordinal` with `blocks` KV blocks, its kernels loaded (timed in the log);
+/// the memory plan reserves workspace for steps of `max_batch_tokens` tokens over `seqs`
+/// sequences and is checked within `place.max_gpu_memory`. [`make_backend`]'s GPU half, for
+/// commands that need the concrete backend (`eval` sets its head tap).
+pub fn place_cuda(
+    cfg: &crate::model::config::ModelConfig,
+    w: &crate::model::weights::ModelWeights,
+    ordinal: usize,
+    blocks: usize,
+    (max_batch_tokens, seqs): (usize, usize),
+    place: &Placement,
+) -> Result<crate::backend::cuda::model::CudaBackend> {
+    let n = crate::backend::cuda::device::device_count();
+    if ordinal >= n {
+        bail!("device cuda:{ordinal} requested, but {n} CUDA device(s) are usable here; use --device cpu");
+    }
+    let opts = cuda_options(ordinal, blocks, (max_batch_tokens, seqs), place);
+    let t = std::time::Instant::now();
+    let mut b = crate::backend::cuda::model::CudaBackend::new(cfg.clone(), w, &opts)
+        .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
+    let placed = t.elapsed().as_secs_f64();
+    // Kernels now, not inside the first step: a first start from compute_70 PTX on a
+    // new GPU (or driver) spends about a minute in the driver's JIT, which the operator
+    // should see named rather than as a stalled job.
+    let t = std::time::Instant::now();
+    b.load_kernels().with_context(|| format!("loading the CUDA kernels on cuda:{ordinal}"))?;
+    let kernels = t.elapsed().as_secs_f64();
+    let jit =
+        if kernels > 10.0 { " (compiled for this GPU once; the driver caches them for the next start)" } else { "" };
+    eprintln!("cuda:{ordinal}: weights placed in {placed:.1} s, kernels ready in {kernels:.1} s{jit}");
+    Ok(b)
 }
 
 /// The tokenizer alone (vocab-only GGUFs work): for commands that run no model.
