@@ -356,6 +356,18 @@ struct EvalCliArgs {
     /// q8` measures what the 8-bit cache costs.
     #[arg(long, default_value = "f16")]
     kv_cache: KvChoice,
+    /// Where the windows run: cpu, cuda, cuda:N, or auto (the GPU when usable). Each model is
+    /// placed on its own (the reference first); the head and the statistics run on the host.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Precompiled PTX folder (see `dustoff kernels`); also DUSTOFF_PTX_DIR, else NVRTC.
+    #[arg(long)]
+    ptx_dir: Option<PathBuf>,
+    /// Windows run at once, as the sequences of one batched prefill (steps of up to 2,048
+    /// tokens; each window keeps its own KV cache of --ctx positions). The numbers do not
+    /// depend on it on the CPU; on the GPU within F16 rounding.
+    #[arg(long, default_value_t = dustoff::commands::eval::DEFAULT_BATCH_WINDOWS)]
+    batch_windows: usize,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -529,7 +541,7 @@ struct GenerateArgs {
 #[derive(Args)]
 struct EngineArgs {
     /// Sequences decoded together (parallel decode slots): a count, or auto: on a GPU as many
-    /// as the memory plan fits for the job's context (at most 64, said in the log), on the CPU
+    /// as the memory plan fits for the job's context (at most 128, said in the log), on the CPU
     /// 8. On a GPU more slots mean more throughput while their KV cache fits (H200, 8B model: 8
     /// slots ~1,100 tok/s, 64 slots ~5,800); a count that does not fit is refused with numbers.
     #[arg(long, default_value = "auto")]
@@ -803,6 +815,9 @@ fn run(cli: Cli) -> Result<Code> {
                 ctx: a.ctx,
                 max_tokens: a.max_tokens,
                 kv_type: a.kv_cache.or_f16(),
+                device: a.device,
+                ptx_dir: a.ptx_dir,
+                batch_windows: a.batch_windows,
             };
             let summary = dustoff::commands::eval::run(&args)?;
             print_report(a.json, &summary, summary.to_text())?;

@@ -45,6 +45,8 @@ fn every_subcommand_maps_its_errors_to_the_one_table() {
         (vec!["quantize", "--model", s(&hf), "--output", s(&q_out)], 2, "not supported"),
         (vec!["merge", "--output", s(&m_out), s(&shard)], 2, "shard-0.jsonl"),
         (vec!["eval", "--model", s(&no_model)], 2, "does not exist"),
+        (vec!["eval", "--model", s(&no_model), "--batch-windows", "0"], 2, "--batch-windows must be 1..=256"),
+        (vec!["eval", "--model", s(&no_model), "--device", "tpu"], 2, "unknown device 'tpu'"),
         (vec!["bench", "--synthetic", "no-such-shape", "--device", "cpu"], 2, "unknown shape 'no-such-shape'"),
         (vec!["kernels", "--arch", "sm_70", "--out", s(&kdir)], 2, "expected compute_XY"),
         (vec!["kernels", "--arch", "compute_99", "--out", s(&kdir)], 2, "compute_99"),

@@ -585,6 +585,27 @@ fn dry_run_counts_errors_and_prefix_savings() {
     assert!(!StopFlag::new().is_set());
 }
 
+/// `--slots auto` sizes the KV pool from the job's first records: the sample stops at its count,
+/// and a sequence's expected positions are its own prompt tokens (the shared prefix held once)
+/// plus its max_tokens, in whole blocks plus one.
+#[test]
+fn the_sizing_sample_reads_the_first_records_and_counts_a_sequence_s_own_positions() {
+    let p = Pipeline::resolve("summarize", &root().join("pipelines")).unwrap();
+    let max_tokens = p.spec.generation.max_tokens as u64;
+    let job = JobKind::Pipeline(Box::new(p));
+    let inputs = vec![sample("news.jsonl")];
+    let all = dustoff::job::dry_run::dry_run(&job, &inputs, None, &ByteCodec, 16).unwrap();
+    let five = dustoff::job::dry_run::sample(&job, &inputs, None, &ByteCodec, 16, 5).unwrap();
+    assert_eq!((all.records, five.records, five.ok), (12, 5, 5));
+    let own = (five.prompt_tokens_uncached + 5 * max_tokens).div_ceil(5) as usize;
+    let e = five.expected_positions(16).unwrap();
+    assert!(e > own && e <= own + 32 && e.is_multiple_of(16), "{e} for {own}");
+    // The shared instruction is counted once: fewer positions than the mean whole prompt.
+    assert!((e as u64) < (five.prompt_tokens + 5 * max_tokens) / 5, "{e} {five:?}");
+    let none = dustoff::job::dry_run::sample(&job, &inputs, None, &ByteCodec, 16, 0).unwrap();
+    assert_eq!((none.records, none.expected_positions(16)), (0, None));
+}
+
 /// Dry-run speed over 100,000 short records (byte codec: measures the job machinery only).
 /// `cargo test --release --test job_io dry_run_speed -- --ignored --nocapture`
 #[test]

@@ -19,6 +19,7 @@ fn q8_kv_cache_stays_close_to_the_full_cache_on_the_sample_model() {
         ctx: 128,
         max_tokens: 512,
         kv_type: kv,
+        ..Default::default()
     };
     let q8 = eval::run(&args(KvType::Q8)).unwrap();
     print!("{}", q8.to_text());

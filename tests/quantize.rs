@@ -169,7 +169,7 @@ fn calibration_round_trips_through_its_file_and_eval_reports_the_loss() {
         text: Some(repo().join("README.md")),
         ctx: 32,
         max_tokens: 160,
-        kv_type: dustoff::backend::kv_type::KvType::F16,
+        ..Default::default()
     })
     .unwrap();
     assert_eq!(e.windows, 5);

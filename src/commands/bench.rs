@@ -159,9 +159,9 @@ pub struct BatchRow {
     pub decode_tok_s: f64,
     /// Weights + KV bytes read per decode step at the mean context, over the measured bandwidth.
     pub bandwidth_share: Option<f64>,
-    /// The decode steps against their bound (`bench_bound`: the weights each step touched, the
+    /// The decode steps against their bound (`engine::step_cost`: the weights each step touched, the
     /// KV each sequence read, the FLOPs at the card's tensor-core rate); with the bandwidth.
-    pub step_bound: Option<super::bench_bound::RowBound>,
+    pub step_bound: Option<crate::engine::step_cost::BoundTally>,
 }
 
 /// Batched decode: `n` sequences of `prompt_tokens` each, `gen_tokens` generated each, run
@@ -232,7 +232,7 @@ pub fn bench_batched<B: Backend>(
                 .filter_map(|e| if let Event::Token { index, .. } = e { Some(prompt_tokens + index) } else { None })
                 .collect();
             if !contexts.is_empty() {
-                costs.push(super::bench_bound::StepCost::of(engine.backend(), &contexts));
+                costs.push(crate::engine::step_cost::StepCost::of(engine.backend(), &contexts));
             }
             steps += 1;
         }
@@ -260,7 +260,13 @@ pub fn bench_batched<B: Backend>(
     let flops = backend.tensor_flops();
     for (r, (costs, dt)) in rows.iter_mut().zip(&bounds) {
         r.bandwidth_share = bw.and_then(|bw| r.bandwidth_share.map(|s| s / bw));
-        r.step_bound = bw.map(|bw| super::bench_bound::row_bound(costs, *dt, bw, flops));
+        r.step_bound = bw.map(|bandwidth| {
+            crate::engine::step_cost::BoundTally::of(
+                costs,
+                *dt,
+                crate::engine::step_cost::BoundRates { bandwidth, flops },
+            )
+        });
     }
     Ok(rows)
 }

@@ -35,6 +35,31 @@ pub fn parse_device(s: &str) -> Result<Device> {
     }
 }
 
+/// Where `quantize` calibrates and `eval` runs its windows, from `--device`: `auto` is the first
+/// GPU when one is usable, else the CPU; `cuda`/`cuda:N` without a usable GPU is a usage error.
+/// The GPU tap sees the input of every matrix of every layer kind (attention, Gated DeltaNet,
+/// dense FFN, each routed expert, the shared expert), as the CPU's. `ptx_dir`: `--ptx-dir`.
+pub fn calibration_device(
+    device: &str,
+    ptx_dir: Option<PathBuf>,
+) -> Result<crate::quantize::calibrate::CalibrationDevice> {
+    use crate::quantize::calibrate::CalibrationDevice;
+    let cuda = |ordinal| CalibrationDevice::Cuda { ordinal, ptx_dir: ptx_dir.clone() };
+    Ok(match parse_device(device)? {
+        Device::Cpu => CalibrationDevice::Cpu,
+        Device::Cuda(n) if device != "auto" => {
+            if !cuda_usable() {
+                return Err(UsageError::new(format!(
+                    "--device {device}: no usable CUDA device here; use --device cpu or auto"
+                ))
+                .into());
+            }
+            cuda(n)
+        }
+        Device::Cuda(n) => cuda(n),
+    })
+}
+
 /// `--slots`: a count, or `auto` (as many as the device's memory fits, see [`resolve_slots`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slots {
@@ -56,9 +81,11 @@ impl std::str::FromStr for Slots {
     }
 }
 
-/// `--slots auto` never goes past this many sequences (batched decode gains little beyond it,
-/// and the step workspace is planned for it).
-pub const MAX_AUTO_SLOTS: usize = 64;
+/// `--slots auto` never goes past this many sequences: batched decode still gains from 64 to 128
+/// (H200, Q4_K_M: Qwen3-30B-A3B 3,326 -> 4,545 tok/s, Qwen3-8B 4,312 -> 5,623; docs/BENCHMARKS.md),
+/// and an 8-bit KV cache within a 32 GB card holds ~1.9x the sequences F16 does (~95 against
+/// ~50 of 2,200 positions for Qwen3-30B-A3B), which a cap of 64 would cut off.
+pub const MAX_AUTO_SLOTS: usize = 128;
 
 /// `--slots auto` on the CPU: KV memory is host memory and throughput stops growing past a few
 /// sequences per core pair.
@@ -176,6 +203,26 @@ pub fn resolve_slots(
     Ok((n.max(1), kv))
 }
 
+/// The rates a job's steps are tallied against (`engine::step_cost`): on a GPU its copy rate,
+/// measured here before the model is placed (256 MiB each way, several times any L2; the
+/// buffers are freed before the weights arrive, so they count in no plan or peak), and its
+/// data-sheet tensor-core rate; `None` on the CPU or when the device cannot be measured (the
+/// job then runs without the tally, said in the log).
+pub fn step_bound_rates(device: &Device) -> Option<crate::engine::step_cost::BoundRates> {
+    let Device::Cuda(ordinal) = device else { return None };
+    let measured = crate::backend::cuda::device::CudaDevice::new(*ordinal).and_then(|d| {
+        let flops = crate::backend::cuda::device::tensor_flops(&d.name, d.cc);
+        d.copy_bandwidth(256 << 20, 10).map(|bandwidth| crate::engine::step_cost::BoundRates { bandwidth, flops })
+    });
+    match measured {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!("step bound: not tallied ({e})");
+            None
+        }
+    }
+}
+
 /// The most sequences (up to [`MAX_AUTO_SLOTS`]) of `per_seq` positions whose CUDA memory plan
 /// (with workspace for steps of `max_batch_tokens`, raised to the slot count as the engine
 /// does; the KV cache in type `kv`) fits in `free` bytes; 0 when not even one does.
@@ -270,32 +317,42 @@ pub fn make_backend(
         Device::Cpu => {
             Box::new(CpuBackend::new(cfg.clone(), w.clone(), blocks, BLOCK_SIZE).with_kv_type(place.kv_type)?)
         }
-        Device::Cuda(ordinal) => {
-            let n = crate::backend::cuda::device::device_count();
-            if ordinal >= n {
-                bail!("device cuda:{ordinal} requested, but {n} CUDA device(s) are usable here; use --device cpu");
-            }
-            let opts = cuda_options(ordinal, blocks, (max_batch_tokens, seqs), place);
-            let t = std::time::Instant::now();
-            let mut b = crate::backend::cuda::model::CudaBackend::new(cfg.clone(), w, &opts)
-                .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
-            let placed = t.elapsed().as_secs_f64();
-            // Kernels now, not inside the first step: a first start from compute_70 PTX on a
-            // new GPU (or driver) spends about a minute in the driver's JIT, which the operator
-            // should see named rather than as a stalled job.
-            let t = std::time::Instant::now();
-            b.load_kernels().with_context(|| format!("loading the CUDA kernels on cuda:{ordinal}"))?;
-            let kernels = t.elapsed().as_secs_f64();
-            let jit = if kernels > 10.0 {
-                " (compiled for this GPU once; the driver caches them for the next start)"
-            } else {
-                ""
-            };
-            eprintln!("cuda:{ordinal}: weights placed in {placed:.1} s, kernels ready in {kernels:.1} s{jit}");
-            Box::new(b)
-        }
+        Device::Cuda(ordinal) => Box::new(place_cuda(cfg, w, ordinal, blocks, (max_batch_tokens, seqs), place)?),
     };
     Ok(crate::backend::fault::FaultInjector::wrap_from_env(b)?)
+}
+
+/// The model on GPU `ordinal` with `blocks` KV blocks, its kernels loaded (timed in the log);
+/// the memory plan reserves workspace for steps of `max_batch_tokens` tokens over `seqs`
+/// sequences and is checked within `place.max_gpu_memory`. [`make_backend`]'s GPU half, for
+/// commands that need the concrete backend (`eval` sets its head tap).
+pub fn place_cuda(
+    cfg: &crate::model::config::ModelConfig,
+    w: &crate::model::weights::ModelWeights,
+    ordinal: usize,
+    blocks: usize,
+    (max_batch_tokens, seqs): (usize, usize),
+    place: &Placement,
+) -> Result<crate::backend::cuda::model::CudaBackend> {
+    let n = crate::backend::cuda::device::device_count();
+    if ordinal >= n {
+        bail!("device cuda:{ordinal} requested, but {n} CUDA device(s) are usable here; use --device cpu");
+    }
+    let opts = cuda_options(ordinal, blocks, (max_batch_tokens, seqs), place);
+    let t = std::time::Instant::now();
+    let mut b = crate::backend::cuda::model::CudaBackend::new(cfg.clone(), w, &opts)
+        .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
+    let placed = t.elapsed().as_secs_f64();
+    // Kernels now, not inside the first step: a first start from compute_70 PTX on a
+    // new GPU (or driver) spends about a minute in the driver's JIT, which the operator
+    // should see named rather than as a stalled job.
+    let t = std::time::Instant::now();
+    b.load_kernels().with_context(|| format!("loading the CUDA kernels on cuda:{ordinal}"))?;
+    let kernels = t.elapsed().as_secs_f64();
+    let jit =
+        if kernels > 10.0 { " (compiled for this GPU once; the driver caches them for the next start)" } else { "" };
+    eprintln!("cuda:{ordinal}: weights placed in {placed:.1} s, kernels ready in {kernels:.1} s{jit}");
+    Ok(b)
 }
 
 /// The tokenizer alone (vocab-only GGUFs work): for commands that run no model.
@@ -521,10 +578,11 @@ mod tests {
         assert_eq!(gib, n + 1, "30 GiB vs 32 GB");
         assert_eq!(fit_slots(&c, bytes, available(None, h200_free), (per_seq, step), KvType::F16), MAX_AUTO_SLOTS);
         // The 8-bit cache (34 bytes per 32 values against 64): 1.88x the positions per byte, so
-        // the cap of --slots auto; past the cap, the KV pool of 64 slots within 32 GB holds 1.8x
-        // the sequences of F16 (the RoPE tables and attention partials are sized by the longest
-        // sequence, `Placement::max_seq_positions`, not by the pool).
-        assert_eq!(fit_slots(&c, bytes, avail, (per_seq, step), KvType::Q8), MAX_AUTO_SLOTS);
+        // --slots auto fits at least 1.8x the sequences of F16 (below the cap); and the KV pool
+        // of 128 slots within 32 GB holds as many (the RoPE tables and attention partials are
+        // sized by the longest sequence, `Placement::max_seq_positions`, not by the pool).
+        let q8_auto = fit_slots(&c, bytes, avail, (per_seq, step), KvType::Q8);
+        assert!(q8_auto * 100 >= n * 180 && q8_auto < MAX_AUTO_SLOTS, "8-bit: {q8_auto} sequences, F16: {n}");
         let q8_blocks = fit_blocks(
             &c,
             (bytes.matrices, bytes.wide_scratch),

@@ -1,7 +1,6 @@
 //! Implementations of the CLI subcommands (argument parsing lives in main.rs).
 
 pub mod bench;
-pub mod bench_bound;
 pub mod bench_constrained;
 pub mod bench_modes;
 pub mod bench_plan;

@@ -14,11 +14,11 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::commands::common::{cuda_usable, parse_device, Device};
+use crate::commands::common::calibration_device;
 use crate::commands::convert::ConvertArgs;
 use crate::job::pipeline::Pipeline;
 use crate::model::loader::load_model;
-use crate::quantize::calibrate::{calibrate, read_texts, token_windows, CalibrationDevice};
+use crate::quantize::calibrate::{calibrate, read_texts, token_windows};
 use crate::quantize::imatrix::Imatrix;
 use crate::quantize::mix::{QuantType, TYPE_NAMES};
 use crate::quantize::prompts::{pipeline_windows, PromptWindows};
@@ -269,7 +269,7 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
             if windows.is_empty() {
                 return Err(usage(format!("calibration file {} holds no tokens", cal.display())));
             }
-            let device = calibration_device(&a.device)?;
+            let device = calibration_device(&a.device, None)?;
             let longest = windows.iter().map(Vec::len).max().unwrap_or(0);
             eprintln!("calibration: {} windows of up to {longest} tokens on {}", windows.len(), device.name());
             let im = calibrate(&m, &windows, &cal.display().to_string(), &device)?;
@@ -312,21 +312,4 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
     };
     let calibration_tokens = calibration.as_ref().map(|c| c.tokens);
     Ok(QuantizeSummary { report_path, report, calibration_tokens, calibration, imatrix_written, verify })
-}
-
-/// The calibration device of `--device`: `auto` is the first GPU when one is usable, else the
-/// CPU. The GPU tap sees the input of every matrix of every layer kind (attention, Gated
-/// DeltaNet, dense FFN, each routed expert, the shared expert), as the CPU's.
-fn calibration_device(device: &str) -> anyhow::Result<CalibrationDevice> {
-    let cuda = |ordinal| CalibrationDevice::Cuda { ordinal, ptx_dir: None };
-    Ok(match parse_device(device)? {
-        Device::Cpu => CalibrationDevice::Cpu,
-        Device::Cuda(n) if device != "auto" => {
-            if !cuda_usable() {
-                return Err(usage(format!("--device {device}: no usable CUDA device here; use --device cpu or auto")));
-            }
-            cuda(n)
-        }
-        Device::Cuda(n) => cuda(n),
-    })
 }

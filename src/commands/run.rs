@@ -159,6 +159,13 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         }
     };
     let per_seq = (max_in + max_out + BLOCK_SIZE).min(m.config.max_context.max(256));
+    // What a sequence holds on average: `--slots auto` sizes the slots and the KV pool by it, the
+    // paged pool admits a prompt only when its blocks are free, and the longest record still
+    // fits (`per_seq` bounds the tables of every sequence).
+    let pool_seq = match a.slots {
+        common::Slots::Auto => pool_positions(&job, &inputs, shard, &codec, per_seq)?,
+        common::Slots::Count(_) => per_seq,
+    };
     let gpus = if a.device == Device::Cpu { 0 } else { crate::backend::cuda::device::device_count() };
     let devs = match a.tensor_parallel {
         // One engine over the ranks' devices (the group is built below from devs[0] and --devices).
@@ -186,16 +193,20 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             &devs[0],
             (&m.config, &m.weights),
             a.tensor_parallel,
-            (per_seq, a.max_batch_tokens),
+            (pool_seq, a.max_batch_tokens),
             a.memory,
         )?;
         place.kv_type = kv_type;
+        // Measured before the weights are placed: one GPU engine (tensor-parallel ranks and data-
+        // parallel engines share devices and are not tallied).
+        let bound_rates = if a.tensor_parallel.is_none() { common::step_bound_rates(&devs[0]) } else { None };
         let cfg = EngineConfig::new(slots, a.max_batch_tokens, a.prefix_cache, m.fingerprint);
         let step = cfg.max_batch_tokens;
         let tokens = match a.tensor_parallel {
-            None => common::kv_positions(&devs[0], (&m.config, &m.weights), (slots, per_seq), step, &place)?,
-            Some(_) => slots * per_seq,
-        };
+            None => common::kv_positions(&devs[0], (&m.config, &m.weights), (slots, pool_seq), step, &place)?,
+            Some(_) => slots * pool_seq,
+        }
+        .max(per_seq);
         let backend = super::tensor_parallel::backend_for(
             &m.config,
             &m.weights,
@@ -207,7 +218,10 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             &place,
         )?;
         eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens ({})", backend.describe(), place.kv_type);
-        let engine = Engine::new(backend, cfg)?;
+        let mut engine = Engine::new(backend, cfg)?;
+        if let Some(rates) = bound_rates {
+            engine = engine.with_step_bound(rates);
+        }
         (Box::new(EngineGenerate::new(engine, eos).with_stop(stop.clone()).with_grammar(grammar)), slots)
     } else {
         // Data parallel: one engine per entry, each built in its own thread over shared weights.
@@ -266,6 +280,9 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             mj["kv_blocks_peak"],
             mj["kv_blocks_total"],
         );
+    }
+    if let Some(line) = gen.metrics_json().and_then(|mj| device_line(&mj)) {
+        eprintln!("{line}");
     }
     for e in gen.metrics_json().and_then(|mj| mj["engines"].as_array().cloned()).unwrap_or_default() {
         let r = &e["routing"];
@@ -411,4 +428,54 @@ pub fn merge(output: &Path, shards: &[PathBuf]) -> Result<()> {
     let s = crate::job::shard::merge(shards, output).with_context(|| format!("merging into {}", output.display()))?;
     eprintln!("merged {} shards, {} rows -> {}", s.shards, s.rows, output.display());
     Ok(())
+}
+
+/// The job's peak device memory and its steps against their bound (`engine::step_cost`), from
+/// the engine's metrics; `None` on the CPU.
+fn device_line(mj: &serde_json::Value) -> Option<String> {
+    let peak = mj["peak_device_bytes"].as_f64()?;
+    let mut s = format!("device: peak memory {:.2} GB", peak / 1e9);
+    let b = &mj["step_bound"];
+    if let (Some(share), Some(steps)) = (b["share"].as_f64(), b["steps"].as_u64()) {
+        s += &format!(
+            "; {steps} steps at {:.1}% of their bound ({:.2} s of {:.2} s: weights {:.2} GB, KV {:.2} GB, {:.2} TFLOP a step; {} steps bound by arithmetic)",
+            100.0 * share,
+            b["bound_seconds"].as_f64().unwrap_or(0.0),
+            b["measured_seconds"].as_f64().unwrap_or(0.0),
+            b["weight_gb_per_step"].as_f64().unwrap_or(0.0),
+            b["kv_gb_per_step"].as_f64().unwrap_or(0.0),
+            b["tflop_per_step"].as_f64().unwrap_or(0.0),
+            b["flop_bound_steps"],
+        );
+    }
+    Some(s)
+}
+
+/// Records `--slots auto` reads ahead to size the KV pool (a second or less to tokenize).
+const SIZING_RECORDS: u64 = 512;
+
+/// KV positions per slot for `--slots auto`: from the job's first [`SIZING_RECORDS`] records,
+/// the positions a running sequence holds on average (its prompt beyond the prefix it shares
+/// with earlier records, and its whole `max_tokens`), at most `per_seq` (the pipeline's
+/// longest prompt and generation). Sized by the worst case, a job of 1,500-token documents
+/// under `max_input_tokens = 2400` left a third of its KV pool unused (docs/BENCHMARKS.md,
+/// nightly job). A record longer than the mean waits for blocks, and a pool that runs short
+/// while sequences decode preempts the newest (computed again later): both said in the report.
+fn pool_positions(
+    job: &JobKind,
+    inputs: &[PathBuf],
+    shard: Option<ShardSpec>,
+    codec: &TokenizerCodec,
+    per_seq: usize,
+) -> Result<usize> {
+    let r = crate::job::dry_run::sample(job, inputs, shard, codec, BLOCK_SIZE, SIZING_RECORDS)?;
+    let Some(mean) = r.expected_positions(BLOCK_SIZE) else { return Ok(per_seq) };
+    let n = mean.min(per_seq);
+    if n < per_seq {
+        eprintln!(
+            "KV sizing: {n} positions a sequence (the mean of the first {} records: prompt beyond the shared prefix + max_tokens; the longest allowed is {per_seq})",
+            r.ok
+        );
+    }
+    Ok(n)
 }

@@ -42,7 +42,7 @@ pub fn verify(output: &Path, reference: &Path, max_kl: Option<f64>) -> anyhow::R
         text: None,
         ctx: 128,
         max_tokens: 512,
-        kv_type: crate::backend::kv_type::KvType::F16,
+        ..EvalArgs::default()
     })?;
     let mut v = Verify { reference: reference.to_path_buf(), max_kl, passed: true, eval };
     if let (Some(max), Some(kl)) = (max_kl, v.mean_kl()) {

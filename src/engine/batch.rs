@@ -17,6 +17,7 @@ use super::plan::{SeqId, StepPlan};
 use super::sampler::{Sampler, SamplingParams};
 use super::scheduler::{Scheduler, SchedulerConfig, SchedulerError};
 use super::state_pool::{StateError, StatePool};
+use super::step_cost::{BoundRates, BoundTally, StepCost};
 use crate::backend::{Backend, BackendError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +138,11 @@ pub struct EngineMetrics {
     pub oom_recoveries: u64,
     /// Constrained decoding: requests, masks, forced tokens, mask time.
     pub constraint: ConstraintMetrics,
+    /// Every step against its bound (`step_cost`), when the engine was given the device's
+    /// rates ([`Engine::with_step_bound`]).
+    pub step_bound: Option<BoundTally>,
+    /// The most device memory the backend held (GPU backends).
+    pub peak_device_bytes: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -176,6 +182,8 @@ pub struct Engine<B: Backend> {
     pending: Vec<Event>,
     metrics: EngineMetrics,
     mask_times: MaskTimes,
+    /// The device's rates, when steps are tallied against their bound.
+    bound_rates: Option<BoundRates>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -212,7 +220,17 @@ impl<B: Backend> Engine<B> {
             pending: Vec::new(),
             metrics,
             mask_times: MaskTimes::default(),
+            bound_rates: None,
         })
+    }
+
+    /// Tallies every step against its bound at the device's `rates` (`EngineMetrics::step_bound`):
+    /// the step's cost is read after it ran (the experts it routed to), its time is the wall
+    /// time of the backend call, token choice included.
+    pub fn with_step_bound(mut self, rates: BoundRates) -> Self {
+        self.bound_rates = Some(rates);
+        self.metrics.step_bound = Some(BoundTally::default());
+        self
     }
 
     /// Gives the backend back (e.g. to build an engine with other settings over the same
@@ -343,6 +361,7 @@ impl<B: Backend> Engine<B> {
         if plan.chunks.is_empty() {
             return Ok(events);
         }
+        let t0 = Instant::now();
         let tokens = match self.plan_states(&mut plan).and_then(|()| self.next_tokens(&plan)) {
             // NOTE: out of memory inside a step: fewer sequences and tokens, then the caller's next
             // `step` retries (the scheduler counts nothing of a failed step as computed).
@@ -360,6 +379,9 @@ impl<B: Backend> Engine<B> {
             }
             r => r?,
         };
+        if let (Some(rates), Some(tally)) = (self.bound_rates, self.metrics.step_bound.as_mut()) {
+            tally.add(&StepCost::of_plan(&self.backend, &plan), t0.elapsed().as_secs_f64(), rates);
+        }
         self.postprocess(&plan, tokens, &mut events)?;
         Ok(events)
     }
@@ -607,6 +629,7 @@ impl<B: Backend> Engine<B> {
             preemptions: st.preemptions,
             prefix_waits: st.prefix_waits,
             constraint,
+            peak_device_bytes: self.backend.peak_memory_bytes(),
             ..self.metrics.clone()
         }
     }

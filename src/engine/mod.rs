@@ -9,3 +9,4 @@ pub mod sampler;
 pub mod scheduler;
 pub mod single;
 pub mod state_pool;
+pub mod step_cost;

@@ -82,6 +82,15 @@ impl StatePlan {
         StatePlan { slots: vec![0], before, after: Vec::new() }
     }
 
+    /// Every chunk on a slot of its own, `slot_of(chunk)`, zeroed where the chunk starts at
+    /// position 0: a caller that runs a fixed set of sequences side by side (e.g. eval's windows).
+    pub fn fixed(chunks: &[SeqChunk], slot_of: impl Fn(&SeqChunk) -> u32) -> Self {
+        let slots: Vec<u32> = chunks.iter().map(&slot_of).collect();
+        let zero = chunks.iter().zip(&slots).filter(|(c, _)| c.start_pos == 0);
+        let before = zero.map(|(_, &slot)| StateOp::Zero { slot }).collect();
+        StatePlan { slots, before, after: Vec::new() }
+    }
+
     /// The highest slot the plan names (`None`: none).
     pub fn highest_slot(&self) -> Option<u32> {
         let ops = self.before.iter().chain(&self.after);

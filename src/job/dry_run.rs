@@ -50,6 +50,18 @@ pub struct DryRunReport {
 }
 
 impl DryRunReport {
+    /// KV positions a sequence of this job holds on average while it runs, when its shared
+    /// prefix blocks are held once for all: its own (uncached) prompt tokens and a whole
+    /// generation (`generation_budget`: every `max_tokens`), rounded up to whole blocks and
+    /// one block more for the partly filled last one; `None` when no record would run.
+    pub fn expected_positions(&self, block_size: usize) -> Option<usize> {
+        let ok = self.ok.max(1);
+        (self.ok > 0).then(|| {
+            let own = (self.prompt_tokens_uncached + self.generation_budget).div_ceil(ok) as usize;
+            own.div_ceil(block_size.max(1)) * block_size.max(1) + block_size.max(1)
+        })
+    }
+
     pub fn records_per_second(&self) -> f64 {
         self.records as f64 / self.seconds.max(1e-9)
     }
@@ -102,6 +114,30 @@ pub fn dry_run(
     codec: &(dyn TextCodec + Sync),
     block_size: usize,
 ) -> anyhow::Result<DryRunReport> {
+    scan(job, inputs, shard, codec, block_size, u64::MAX)
+}
+
+/// The dry run of the job's first `records` records: what `--slots auto` sizes the KV pool by
+/// ([`DryRunReport::expected_positions`]) before the model is placed.
+pub fn sample(
+    job: &JobKind,
+    inputs: &[PathBuf],
+    shard: Option<ShardSpec>,
+    codec: &(dyn TextCodec + Sync),
+    block_size: usize,
+    records: u64,
+) -> anyhow::Result<DryRunReport> {
+    scan(job, inputs, shard, codec, block_size, records)
+}
+
+fn scan(
+    job: &JobKind,
+    inputs: &[PathBuf],
+    shard: Option<ShardSpec>,
+    codec: &(dyn TextCodec + Sync),
+    block_size: usize,
+    limit: u64,
+) -> anyhow::Result<DryRunReport> {
     let start = Instant::now();
     let mut cfg = job.reader_config();
     cfg.shard = shard;
@@ -111,7 +147,8 @@ pub fn dry_run(
     let bs = block_size.max(1);
     loop {
         let mut chunk = Vec::with_capacity(2048);
-        for item in reader.by_ref().take(2048) {
+        let room = limit.saturating_sub(rep.records).min(2048) as usize;
+        for item in reader.by_ref().take(room) {
             chunk.push(item?);
         }
         if chunk.is_empty() {

@@ -328,7 +328,7 @@ fn is_max_key(k: &str) -> bool {
 
 /// Keys whose total is the mean over engines (a share).
 fn is_mean_key(k: &str) -> bool {
-    k == "slot_occupancy"
+    k == "slot_occupancy" || k == "share" || k.ends_with("_per_step")
 }
 
 /// Sums engine metrics key by key (objects recursively): counters add up (`kv_blocks_peak`

@@ -14,6 +14,7 @@ mod calibrate;
 mod common;
 mod deltanet;
 mod deltanet_case;
+mod eval;
 mod fp16_overflow;
 mod fused_norm;
 mod hybrid_diag;

@@ -8,6 +8,9 @@
 //! rows), gathered on the host from the grouped walk's buffers. The output head's input is
 //! reported for every token of the step (final RMSNorm applied), as on the CPU.
 //!
+//! A head-only tap ([`CudaTap::head_only`], `dustoff eval --device cuda`) reports the head's
+//! input alone: no layer's input is downloaded.
+//!
 //! A step with a tap runs without graph replay (each download waits for the stream) and takes
 //! the plainest launches (norms apart, the grouped expert walk, the shared expert and the
 //! DeltaNet norm apart); without a tap the forward pass does nothing extra.
@@ -129,6 +132,8 @@ pub struct CudaTap {
     tap: Box<dyn ActivationTap>,
     layers: Vec<LayerNames>,
     head: String,
+    /// Only the head's input is reported (the layers' inputs are not downloaded).
+    head_only: bool,
 }
 
 /// The first `len` values of `d`, downloaded (the stream is synchronized).
@@ -157,7 +162,14 @@ impl CudaTap {
     /// `w`: the weights the backend was made from (only their names are read).
     pub fn new(tap: Box<dyn ActivationTap>, w: &ModelWeights) -> Self {
         let layers = w.layers.iter().map(LayerNames::of).collect();
-        CudaTap { tap, layers, head: w.output.name.clone() }
+        CudaTap { tap, layers, head: w.output.name.clone(), head_only: false }
+    }
+
+    /// A tap that sees only the output head's input (`[n_tok, dim]`, every token of a step,
+    /// final RMSNorm applied), reported under `head` (the head tensor's name): what `dustoff
+    /// eval` reads. The layers' inputs stay on the device.
+    pub fn head_only(tap: Box<dyn ActivationTap>, head: &str) -> Self {
+        CudaTap { tap, layers: Vec::new(), head: head.to_string(), head_only: true }
     }
 
     /// The host tap, to take its results out.
@@ -196,6 +208,9 @@ impl CudaTap {
         n: usize,
         cols: usize,
     ) -> Result<(), CudaError> {
+        if self.head_only {
+            return Ok(());
+        }
         let l = self.layer(layer)?;
         let names: Vec<String> = match point {
             TapPoint::MixerIn => l.mixer_in.clone(),
@@ -212,6 +227,9 @@ impl CudaTap {
     /// The routed experts of `layer`: per expert with tokens (ascending index, as the CPU), the
     /// rows of its tokens (gate/up's input) and their activations (down's input).
     pub(super) fn experts(&mut self, s: &Arc<CudaStream>, layer: usize, r: &ExpertRows) -> Result<(), CudaError> {
+        if self.head_only {
+            return Ok(());
+        }
         let n_experts = self.layer(layer)?.experts.len();
         let pairs = r.n_tok * r.k;
         let h = download(s, r.h, r.n_tok * r.dim)?;
