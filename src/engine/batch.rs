@@ -195,6 +195,12 @@ impl<B: Backend> Engine<B> {
         }
         let mut kv = KvCache::new(num_blocks, block_size, cfg.model_fingerprint, cfg.prefix_cache);
         let states = backend.config().hybrid.is_some().then(|| StatePool::new(backend.state_slots(), cfg.slots));
+        if states.is_some() && backend.state_slots().running == 0 {
+            return Err(EngineError::Config(format!(
+                "{}: the model keeps a recurrent state per sequence, but the backend holds no state slots",
+                backend.describe()
+            )));
+        }
         if states.is_some() {
             // NOTE: a sequence of a hybrid model resumes after cached blocks only where the pool
             // holds a snapshot of its linear-attention state (see `kv::require_state_points`).
