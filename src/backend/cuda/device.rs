@@ -160,8 +160,7 @@ impl CudaDevice {
 /// (step buffers, the widening scratch) and at the backend's milestones: what, its bytes, and
 /// the device memory in use after it (total - free, what the bench's peak reads).
 pub(super) fn log_memory(s: &CudaStream, what: &str, bytes: usize) {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MEMORY_LOG").is_some_and(|v| v == "1")) {
+    if !super::tuning::tuning().memory_log {
         return;
     }
     if let Ok((free, total)) = s.context().mem_get_info() {

@@ -84,11 +84,7 @@ pub fn wide_scratch_needed(c: &ModelConfig) -> bool {
 const WIDE_CAP: usize = 16 << 20;
 
 fn wide_cap() -> usize {
-    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CAP.get_or_init(|| {
-        let mb = crate::sys::env::get("DUSTOFF_WIDE_MB").and_then(|v| v.parse::<usize>().ok());
-        mb.map_or(WIDE_CAP, |mb| (mb << 20) / 2)
-    })
+    tuning().wide_mb.map_or(WIDE_CAP, |mb| (mb << 20) / 2)
 }
 
 /// Elements of the F16 scratch for widened quantized matrices (0 where none is needed): the

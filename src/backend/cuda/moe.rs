@@ -15,7 +15,7 @@
 //! 3. `moe_combine_f32`: the weighted sum of each token's k rows into the residual, rank 0
 //!    first: a fixed order, the CPU reference's (no float atomics).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use rand::rngs::StdRng;
@@ -40,15 +40,13 @@ use crate::model::weights::Tensor;
 /// down + weighted sum in one: three launches a layer) or the five of the grouped walk
 /// (`DUSTOFF_MOE_FUSED=0`, for comparisons).
 pub fn fused_enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_FUSED").is_none_or(|v| v != "0"))
+    super::tuning::tuning().moe_fused
 }
 
 /// Most tokens of a step that take the pair-mode kernels (grid over (token, rank) pairs);
 /// larger steps group by expert. `DUSTOFF_MOE_PAIR_MAX_TOKENS` overrides the default of 8.
 pub fn pair_max_tokens() -> usize {
-    static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_PAIR_MAX_TOKENS").and_then(|v| v.parse().ok()).unwrap_or(8))
+    super::tuning::tuning().moe_pair_max_tokens
 }
 
 /// The experts of one sparse layer on the device.

@@ -8,8 +8,6 @@
 //! Q4_0 mixes); a layer with any other slab format, or rows / columns off the tile sizes,
 //! takes the grouped GEMV of kernels/moe.cu instead (`gemm_fits`).
 
-use std::sync::OnceLock;
-
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::dmat::{DevMat, MatData};
@@ -24,8 +22,7 @@ const GEMM_FORMATS: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q
 /// Whether steps that group by expert take the tensor-core GEMM (default) or the grouped GEMV
 /// (`DUSTOFF_MOE_GEMM=0`, for comparisons).
 pub fn gemm_enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_MOE_GEMM").is_none_or(|v| v != "0"))
+    super::tuning::tuning().moe_gemm
 }
 
 /// Tokens of one expert per block tile.

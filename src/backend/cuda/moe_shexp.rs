@@ -16,8 +16,6 @@
 //! matrix, and the pair buffers hold the extra rows; `DUSTOFF_SHEXP_PAIRS=0` turns it off.
 //! The shared expert reads `h` in f32 here (the routed experts' input), not its int8 planes.
 
-use std::sync::OnceLock;
-
 use cudarc::driver::CudaStream;
 
 use super::kernels::Kernels;
@@ -28,8 +26,7 @@ use super::CudaError;
 
 /// Whether one-stream steps run the shared expert inside the routed launches.
 pub fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_SHEXP_PAIRS").is_none_or(|v| v != "0"))
+    super::tuning::tuning().shexp_pairs
 }
 
 /// The shared expert's views when a step of `n_tok` tokens of this layer takes the routed

@@ -142,8 +142,7 @@ fn dev(b: &Option<CudaSlice<f32>>, s: &CudaStream) -> Result<Dev<f32>, CudaError
 /// Whether the gate is folded into the down product's int8 input where the down GEMV reads
 /// one (`DUSTOFF_SHEXP_FUSED=0`: the product into `y`, then `shexp_gate_add_f32`).
 pub(super) fn gate_folded() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_SHEXP_FUSED").is_none_or(|v| v != "0"))
+    super::tuning::tuning().shexp_fused
 }
 
 /// `x[t] += sigmoid(gate . h[t]) * shared(h[t])` for `n` tokens (`h`, `x` `[n, dim]`).

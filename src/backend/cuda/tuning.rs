@@ -54,6 +54,26 @@ pub(super) struct Tuning {
     /// instead of one multiply and the SFU's `ex2.approx` (default: 9-14% faster on the H200,
     /// docs/BENCHMARKS.md, "the ticket-1046 job diff, prefill softmax, decode exponentials").
     pub attn_fast_exp: bool,
+    /// `DUSTOFF_MOE_FUSED=0`: one-stream MoE steps take the five launches of the grouped walk
+    /// instead of the fused router + top-k and down + weighted sum (`moe::fused_enabled`).
+    pub moe_fused: bool,
+    /// `DUSTOFF_MOE_PAIR_MAX_TOKENS=N`: most tokens of a step for the pair-mode MoE kernels
+    /// (default 8); larger steps group by expert.
+    pub moe_pair_max_tokens: usize,
+    /// `DUSTOFF_MOE_GEMM=0`: steps that group by expert take the grouped GEMV instead of the
+    /// tensor-core GEMM.
+    pub moe_gemm: bool,
+    /// `DUSTOFF_SHEXP_FUSED=0`: the shared expert's gate applied after its down product
+    /// (`shexp_gate_add_f32`) instead of folded into the down GEMV's int8 input.
+    pub shexp_fused: bool,
+    /// `DUSTOFF_SHEXP_PAIRS=0`: one-stream steps run the shared expert apart from the routed
+    /// launches (moe_shexp.rs).
+    pub shexp_pairs: bool,
+    /// `DUSTOFF_WIDE_MB=N`: the F16 widening scratch in MB (default 32), for comparisons of
+    /// the chunking.
+    pub wide_mb: Option<usize>,
+    /// `DUSTOFF_MEMORY_LOG=1`: a line on stderr per device allocation (`device::log_memory`).
+    pub memory_log: bool,
 }
 
 pub(super) fn tuning() -> &'static Tuning {
@@ -80,6 +100,13 @@ pub(super) fn tuning() -> &'static Tuning {
             prefill_qs: num("DUSTOFF_PREFILL_QS") == Some(1),
             prefill_acc: num("DUSTOFF_PREFILL_ACC") != Some(0),
             attn_fast_exp: num("DUSTOFF_ATTN_FAST_EXP") != Some(0),
+            moe_fused: num("DUSTOFF_MOE_FUSED") != Some(0),
+            moe_pair_max_tokens: num("DUSTOFF_MOE_PAIR_MAX_TOKENS").unwrap_or(8),
+            moe_gemm: num("DUSTOFF_MOE_GEMM") != Some(0),
+            shexp_fused: num("DUSTOFF_SHEXP_FUSED") != Some(0),
+            shexp_pairs: num("DUSTOFF_SHEXP_PAIRS") != Some(0),
+            wide_mb: num("DUSTOFF_WIDE_MB"),
+            memory_log: num("DUSTOFF_MEMORY_LOG") == Some(1),
         }
     })
 }
