@@ -74,23 +74,20 @@ pub struct HybridCuda {
 /// Whether a linear layer runs conv + L2 norm + gates as one kernel (`DUSTOFF_DN_FUSED=0`:
 /// as `dn_conv_silu_f32` then `dn_prep_f32`, for comparison).
 pub(super) fn fused_conv_prep() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_DN_FUSED").is_none_or(|v| v != "0"))
+    super::tuning::tuning().dn_fused
 }
 
 /// Whether the step form of the delta rule normalizes its output in the same launch
 /// (`dn_recur_norm_f32`; `DUSTOFF_DN_RECUR_NORM=0`: `dn_recur_f32` then `dn_gated_norm_f32`).
 fn recur_norm_fused() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_DN_RECUR_NORM").is_none_or(|v| v != "0"))
+    super::tuning::tuning().dn_recur_norm
 }
 
 /// Fewest tokens of one chunk that take the chunked delta rule (in steps that are not
 /// replayed as graphs); `DUSTOFF_DN_CHUNK_MIN` overrides the default of one sub-chunk
 /// (`DN_CH`); 0 turns the chunked form off.
 pub(super) fn chunked_min_tokens() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| crate::sys::env::get("DUSTOFF_DN_CHUNK_MIN").and_then(|v| v.parse().ok()).unwrap_or(DN_CH))
+    super::tuning::tuning().dn_chunk_min.unwrap_or(DN_CH)
 }
 
 /// Width of the widest projection row a step writes into `proj`: a linear layer's stacked

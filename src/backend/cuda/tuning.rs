@@ -74,6 +74,15 @@ pub(super) struct Tuning {
     pub wide_mb: Option<usize>,
     /// `DUSTOFF_MEMORY_LOG=1`: a line on stderr per device allocation (`device::log_memory`).
     pub memory_log: bool,
+    /// `DUSTOFF_DN_FUSED=0`: a linear layer's conv + L2 norm + gates as two launches instead of
+    /// one (`hybrid::fused_conv_prep`).
+    pub dn_fused: bool,
+    /// `DUSTOFF_DN_RECUR_NORM=0`: the delta rule's step form, then its gated norm as a launch of
+    /// its own.
+    pub dn_recur_norm: bool,
+    /// `DUSTOFF_DN_CHUNK_MIN=N`: fewest tokens of a chunk for the chunked delta rule (default one
+    /// sub-chunk; 0: never).
+    pub dn_chunk_min: Option<usize>,
 }
 
 pub(super) fn tuning() -> &'static Tuning {
@@ -107,6 +116,9 @@ pub(super) fn tuning() -> &'static Tuning {
             shexp_pairs: num("DUSTOFF_SHEXP_PAIRS") != Some(0),
             wide_mb: num("DUSTOFF_WIDE_MB"),
             memory_log: num("DUSTOFF_MEMORY_LOG") == Some(1),
+            dn_fused: num("DUSTOFF_DN_FUSED") != Some(0),
+            dn_recur_norm: num("DUSTOFF_DN_RECUR_NORM") != Some(0),
+            dn_chunk_min: num("DUSTOFF_DN_CHUNK_MIN"),
         }
     })
 }
