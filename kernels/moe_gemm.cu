@@ -70,6 +70,7 @@ struct MoeGemmParams {
     int n_pairs;
     int qs_row;           // bytes of one row in qs
     int aux_row;          // bytes of one row in aux
+    int all_frags;        // 1: multiply every fragment of a tile (DUSTOFF_MOE_GEMM_SKIP=0)
 };
 
 template <class F> struct MG {
@@ -233,6 +234,10 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
     int expert, first, count;
     if (!mg_tile(p, BN, expert, first, count)) return;
     const int warp = threadIdx.x / WARP;
+    // 16-token fragments that hold tokens of the tile: the rest (rows repeating the tile's last
+    // token) are neither multiplied nor stored. Block-uniform, so no divergence; a nightly
+    // job's mixed steps give an expert ~30 tokens, half of a 64-token tile.
+    const int frags = p.all_frags ? NT16 : (count + 15) / 16;
     constexpr int OUT_ROWS = GATE_UP ? MG_BM / 2 : MG_BM;  // output rows of the tile
     const int r0 = blockIdx.x * OUT_ROWS;
     const long long base = (long long)expert * p.rows + r0;
@@ -276,6 +281,7 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
             wmma_load_a(a, sw + warp * 16 * MG_LD + u * 16, MG_LD);
 #pragma unroll
             for (int j = 0; j < NT16; ++j) {
+                if (j >= frags) break;
                 unsigned b[8];
                 wmma_load_b_col(b, sx + j * 16 * MG_LD + u * 16, MG_LD);
                 wmma_mma_rc(acc[j], a, b);
@@ -285,7 +291,8 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
     __syncthreads();  // the staging area becomes the accumulator tile
     float* o = reinterpret_cast<float*>(smem);  // [64 tile rows, LDO]: (row, token)
 #pragma unroll
-    for (int j = 0; j < NT16; ++j) wmma_store_c(o + warp * 16 * LDO + j * 16, acc[j], LDO);
+    for (int j = 0; j < NT16; ++j)
+        if (j < frags) wmma_store_c(o + warp * 16 * LDO + j * 16, acc[j], LDO);
     __syncthreads();
     // Consecutive threads write consecutive rows of one token (coalesced).
     for (int e = threadIdx.x; e < OUT_ROWS * count; e += MG_THREADS) {

@@ -10,7 +10,9 @@
 #                bash scripts/job-bench.sh peer          (same warm machine: builds llama.cpp, its rows)
 #
 # Knobs: JB_RECORDS (1000), JB_SHAPE (qwen3-30b-a3b), JB_CAP (32GB), JB_KV ("f16 q8"),
-# JB_KV_ELEMS (K and V values a position of the shape, for the peer's sizing: 49152).
+# JB_KV_ELEMS (K and V values a position of the shape, for the peer's sizing: 49152), JB_ARGS
+# (more `dustoff run` arguments, e.g. "--max-batch-tokens 2048"), JB_TAG (a name for the rows of
+# this run, so that runs with other arguments or DUSTOFF_* switches keep their own files).
 # The peer runs `llama-batched-bench` with each sequence's prompt the tokens dustoff computed per
 # record (its document; the shared instruction counted as free, as a perfect prompt cache would
 # make it) and the most sequences whose KV cache and the weights fit the same cap (its compute
@@ -48,7 +50,7 @@ row() { python3 - "$@" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); e = r["engine"]; kv = sys.argv[2]
 n, wall = r["counts"]["ok"], r["wall_seconds"]; t = r["tokens"]; b = e.get("step_bound") or {}
-print(f"dustoff {kv:>3}: {n} records in {wall:.1f} s = {n * 3600 / wall:,.0f} documents/hour; "
+print(f"dustoff {kv}: {n} records in {wall:.1f} s = {n * 3600 / wall:,.0f} documents/hour; "
       f"prompt {t['prompt_total'] / wall:,.0f} tok/s ({t['prompt_computed']} computed of {t['prompt_total']}), "
       f"generated {t['generated'] / wall:,.0f} tok/s; slots {e['slots']}, mean running {e['avg_running']:.1f}, "
       f"preemptions {e['preemptions']}; peak {(e.get('peak_device_bytes') or 0) / 1e9:.2f} GB; "
@@ -58,15 +60,17 @@ PY
 }
 
 if [ "${1:-}" = dustoff ]; then
+  tag=${JB_TAG:-}
   for kv in ${JB_KV:-f16 q8}; do
     t=$(date +%s)
-    $B run scripts/job-bench/nightly.toml --input $W/docs.jsonl --output $W/out-$kv.jsonl --model $F \
-      --device cuda --ptx-dir $W/ptx70 --max-gpu-memory $CAP --kv-cache $kv --restart --quiet \
-      > $W/run-$kv.log 2>&1
-    echo "run --kv-cache $kv: rc $? in $(( $(date +%s)-t )) s"; grep -E "^(slots|KV cache|backend|device|engine):" $W/run-$kv.log | cut -c1-300
-    cp $W/out-$kv.jsonl.report.json $OUT/report-$kv.json 2>/dev/null
+    # shellcheck disable=SC2086 # JB_ARGS is a list of arguments
+    $B run scripts/job-bench/nightly.toml --input $W/docs.jsonl --output $W/out-$kv$tag.jsonl --model $F \
+      --device cuda --ptx-dir $W/ptx70 --max-gpu-memory $CAP --kv-cache $kv --restart --quiet ${JB_ARGS:-} \
+      > $W/run-$kv$tag.log 2>&1
+    echo "run --kv-cache $kv ${JB_ARGS:-}: rc $? in $(( $(date +%s)-t )) s"; grep -E "^(slots|KV cache|backend|device|engine):" $W/run-$kv$tag.log | cut -c1-300
+    cp $W/out-$kv$tag.jsonl.report.json $OUT/report-$kv$tag.json 2>/dev/null
   done
-  for kv in ${JB_KV:-f16 q8}; do row $W/out-$kv.jsonl.report.json $kv; done
+  for kv in ${JB_KV:-f16 q8}; do row $W/out-$kv$tag.jsonl.report.json "$kv$tag"; done
   exit 0
 fi
 

@@ -46,10 +46,6 @@ KNOWN_SPILLS = {
     "moe.moe_gate_up_q6_k_g": (12, 28),
     "moe.moe_down_q5_0_g": (4, 8),
     "moe.moe_down_q5_1_g": (4, 8),
-    "moe_gemm.moe_gemm_gate_up_q4_0_t64": (4, 4),
-    "moe_gemm.moe_gemm_gate_up_q8_0_t64": (4, 4),
-    "moe_gemm.moe_gemm_gate_up_q5_k_t64": (8, 8),
-    "moe_gemm.moe_gemm_down_q5_k_t64": (4, 4),
 }
 
 

@@ -147,7 +147,10 @@ fn moe_entries_and_loads(file: &str, ptx: &str) -> Result<(), String> {
         .chain(["f16".to_string()])
         .flat_map(|n| ["gate_up", "down"].map(|k| ["p", "g"].map(|w| format!("moe_{k}_{n}_{w}"))).concat())
         .collect();
-    names.extend(["moe_router_logits_f32", "moe_route_f32", "moe_group", "moe_combine_f32"].map(String::from));
+    names.extend(
+        ["moe_router_logits_f32", "moe_router_logits_tile_f32", "moe_route_f32", "moe_group", "moe_combine_f32"]
+            .map(String::from),
+    );
     match names.iter().find(|e| !ptx.contains(&format!(".entry {e}("))) {
         Some(e) => Err(format!("moe.cu: no entry {e}")),
         None => Ok(()),

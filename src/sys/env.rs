@@ -105,6 +105,8 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Run, "DUSTOFF_STEP_TIMES", "0", "`1`: per step size, the median GPU time of a step against its period, printed at exit"),
     var(Scope::Run, "DUSTOFF_STATE_SNAPSHOTS", "8", "hybrid models on a GPU: prefix-reuse state snapshots kept at once (in the memory plan; the least recently used is evicted and its prefix computed again)"),
     var(Scope::Tuning, "DUSTOFF_MOE_GEMM", "1", "`0`: MoE steps grouped by expert run the grouped GEMV instead of the tensor-core grouped GEMM"),
+    var(Scope::Tuning, "DUSTOFF_MOE_GEMM_SKIP", "1", "`0`: the grouped MoE GEMM also multiplies the 16-token fragments of a tile past its expert's tokens"),
+    var(Scope::Tuning, "DUSTOFF_ROUTER_TILED", "1", "`0`: the MoE router logits of steps above 8 tokens by a warp per (expert, token) instead of 32 x 32 tiles"),
     var(Scope::Tuning, "DUSTOFF_MOE_FUSED", "1", "`0`: the MoE router, top-k, down and weighted sum as separate launches instead of two fused ones"),
     var(Scope::Tuning, "DUSTOFF_MOE_Q8", "0", "`1`: MoE steps of up to `DUSTOFF_MOE_PAIR_MAX_TOKENS` tokens on int8 activations (dp4a) instead of f32"),
     var(Scope::Tuning, "DUSTOFF_MOE_PAIR_MAX_TOKENS", "8", "most tokens of a step for the per-(token, expert) MoE kernels; larger steps group by expert"),

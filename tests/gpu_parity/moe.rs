@@ -10,7 +10,7 @@ use dustoff::backend::cpu::moe::{group, moe_ffn as cpu_moe_ffn, route, Groups, M
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::moe::{
     fused_enabled, moe_ffn, pair_max_tokens, MoeCombine, MoeDownSum, MoeGroup, MoeLayerW, MoeMat, MoeRoute,
-    MoeRouteFused, MoeWork, Walk,
+    MoeRouteFused, MoeWork, RouterLogits, Walk,
 };
 use dustoff::backend::cuda::moe_gemm::{gemm_enabled, gemm_fits};
 use dustoff::backend::cuda::moe_q8::q8_enabled;
@@ -23,7 +23,7 @@ use rand::Rng;
 
 use super::{compare, gpu, opts, run_greedy, Gpu};
 
-const TOKEN_COUNTS: &[usize] = &[1, 2, 7, 8, 9, 33];
+const TOKEN_COUNTS: &[usize] = &[1, 2, 7, 8, 9, 33, 70];
 
 /// The block formats the expert kernels read (moe_q8.rs tests each on int8 activations).
 pub(super) const PACKED: &[GgmlType] = &[
@@ -155,6 +155,19 @@ fn router_top_k_with_ties_and_both_normalisations() {
             }
             compare("moe_route_f32", g.seed, &g.down(&wts), &want.weights);
             compare("moe_router_logits_f32", g.seed, &g.down(&logits), &want_logits);
+            // Both kernels of the logits above 8 tokens: the default (tiled) ran above; the
+            // warp-per-pair one (DUSTOFF_ROUTER_TILED=0) into freshly poisoned outputs.
+            let (ids_w, logits_w) = (g.zeros::<i32>(n * k), g.poisoned(n * e));
+            MoeRoute {
+                ids: g.d(&ids_w),
+                logits: g.d(&logits_w),
+                ..MoeRoute { x: xv, w: wv, logits: lv, ids: iv, wts: tv, n_tok: n, dim, n_experts: e, k, norm }
+            }
+            .launch_with(&mut g.k, &s, RouterLogits::WarpPerPair)
+            .unwrap();
+            let got_w: Vec<u32> = g.down(&ids_w).iter().map(|&i| i as u32).collect();
+            assert_same_choice(&got_w, &want.experts, &want_logits, e, k, &format!("warp per pair, {n} tokens, k {k}"));
+            compare("moe_router_logits_f32", g.seed, &g.down(&logits_w), &want_logits);
             // The fused router (one launch, the last block of a token routes it), twice: the
             // per-token counts it leaves must be zero again for the second launch.
             let count = g.zeros::<u32>(n);

@@ -107,7 +107,7 @@ fn moe_kernel_breakdown() {
         let share = if bytes > 0.0 { format!("{:.1}%", bytes / t / bw * 100.0) } else { "-".into() };
         println!("| {n} | {what} | {:.1} | {:.1} MB | {gbs} | {share} |", t * 1e6, bytes / 1e6);
     };
-    for n in [1usize, 8, 64, 768] {
+    for n in [1usize, 8, 64, 256, 512, 768] {
         let pairs = n * k;
         let route = |l: &MoeLayerW| layer_route(l, &s, hd, (logits, ids, wts), n);
         // Route every layer once, so that ids / groups hold a real routing for the timed launch.

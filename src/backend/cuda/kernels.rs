@@ -254,8 +254,9 @@ pub const DEQUANT_ENTRIES: [&str; 18] = {
 /// Entry points of kernels/moe.cu: `9 * variant + format` for the variants gate/up pair mode,
 /// gate/up grouped, down pair mode, down grouped, formats in `QFormat::index` order then F16
 /// (8); then the router, the grouping and the weighted sum (36..40); the fused router (40),
-/// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50).
-pub const MOE_ENTRIES: [&str; 51] = {
+/// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50),
+/// the tiled router (51).
+pub const MOE_ENTRIES: [&str; 52] = {
     macro_rules! fmts {
         ($pre:literal, $suf:literal) => {
             [
@@ -274,7 +275,7 @@ pub const MOE_ENTRIES: [&str; 51] = {
     let v =
         [fmts!("moe_gate_up_", "_p"), fmts!("moe_gate_up_", "_g"), fmts!("moe_down_", "_p"), fmts!("moe_down_", "_g")];
     let ds = fmts!("moe_down_sum_", "");
-    let mut all = ["moe_route_f32"; 51];
+    let mut all = ["moe_route_f32"; 52];
     let mut i = 0;
     while i < 36 {
         all[i] = v[i / 9][i % 9];
@@ -285,6 +286,7 @@ pub const MOE_ENTRIES: [&str; 51] = {
     all[39] = "moe_router_logits_f32";
     all[40] = "moe_route_fused_f32";
     all[50] = "moe_router_logits_blk_f32";
+    all[51] = "moe_router_logits_tile_f32";
     let mut j = 0;
     while j < 9 {
         all[41 + j] = ds[j];

@@ -2,7 +2,7 @@
 //! slabs in their file format, the router in f32, and the launchers of kernels/moe.cu.
 //!
 //! A step's FFN of a sparse layer (`moe_ffn`), for `n` tokens and `k` experts per token:
-//! 1. `moe_router_logits_f32` (a warp per expert and token), then `moe_route_f32` (a warp
+//! 1. `moe_router_logits_tile_f32` (32 tokens x 32 experts a block), then `moe_route_f32` (a warp
 //!    per token): softmax, top-k (ties to the lower expert index, as the CPU's `route`),
 //!    renormalisation: expert ids `[n, k]` and weights `[n, k]` stay on the device, so a
 //!    captured CUDA graph replays whatever the tokens choose;
@@ -308,6 +308,14 @@ pub struct MoeRoute {
     pub norm: bool,
 }
 
+/// The router-logits kernel of steps above 8 tokens: 32 x 32 tiles (default; the router read
+/// once per 32 tokens) or a warp per (expert, token) (`DUSTOFF_ROUTER_TILED=0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterLogits {
+    Tiled,
+    WarpPerPair,
+}
+
 impl MoeRoute {
     /// The checks of the router's inputs and outputs that both router kernels make.
     fn check(&self, kernel: &'static str) -> Result<(), CudaError> {
@@ -345,6 +353,13 @@ impl MoeRoute {
     }
 
     pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        let logits = if super::tuning::tuning().router_tiled { RouterLogits::Tiled } else { RouterLogits::WarpPerPair };
+        self.launch_with(kn, s, logits)
+    }
+
+    /// [`MoeRoute::launch`] with the kernel of the logits of steps above 8 tokens named (the
+    /// parity test runs both).
+    pub fn launch_with(&self, kn: &mut Kernels, s: &CudaStream, logits: RouterLogits) -> Result<(), CudaError> {
         const K: &str = "moe_route_f32";
         self.check(K)?;
         if self.n_tok == 0 {
@@ -353,9 +368,13 @@ impl MoeRoute {
         let p = self.params(K)?;
         grid_yz(K, self.n_tok, "tokens")?;
         // Few tokens: a block per (expert, token) (every load of a row in flight at once); more:
-        // a warp per pair, 8 experts a block (the token's input read once per 8 experts).
+        // 32 x 32 tiles (the router read once per 32 tokens), or a warp per pair, 8 experts a
+        // block (the token's input read once per 8 experts).
         if self.n_tok <= 8 {
             launch(kn, s, "moe_router_logits_blk_f32", (self.n_experts as u32, self.n_tok as u32, 1), 128, 0, &p)?;
+        } else if logits == RouterLogits::Tiled {
+            let grid = (blocks_for(K, self.n_experts, 32)?, blocks_for(K, self.n_tok, 32)?, 1);
+            launch(kn, s, "moe_router_logits_tile_f32", grid, 256, 0, &p)?;
         } else {
             let grid = (blocks_for(K, self.n_experts, 8)?, self.n_tok as u32, 1);
             launch(kn, s, "moe_router_logits_f32", grid, 256, 0, &p)?;

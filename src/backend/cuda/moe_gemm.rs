@@ -139,6 +139,7 @@ struct GemmParams {
     n_pairs: i32,
     qs_row: i32,
     aux_row: i32,
+    all_frags: i32,
 }
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
 unsafe impl DeviceRepr for GemmParams {}
@@ -228,6 +229,7 @@ impl MoeGemm<'_> {
             n_pairs: i32_of(K, self.n_pairs)?,
             qs_row: i32_of(K, qs_row)?,
             aux_row: i32_of(K, aux_row)?,
+            all_frags: i32::from(!super::tuning::tuning().moe_gemm_skip),
         };
         // Tiles: sum over experts of ceil(count / BN) <= ceil(pairs / BN) + experts with tokens.
         let tiles = self.n_pairs.div_ceil(self.tile.tokens()) + self.n_experts.min(self.n_pairs);
