@@ -88,16 +88,20 @@ fn grouped_gemm_equals_f16_rounded_twin() {
                     want_act[q * f + r] = round16(gt / (1.0 + (-gt).exp()) * ut);
                 }
             }
-            for tile in [Tile::T16, Tile::T64] {
+            // Both forms of the kernel: every fragment of a tile multiplied, and the empty ones
+            // skipped (DUSTOFF_MOE_GEMM_SKIP): the same values at every grouped position.
+            for (tile, skip) in [Tile::T16, Tile::T64].into_iter().flat_map(|t| [(t, false), (t, true)]) {
                 let act = g.up(&vec![0x7e00u16; pairs * f]);
                 let y = g.poisoned(pairs * dim);
                 let (xv, ov) = (g.d(&x16), g.d(&off));
                 let gemm = |slab, x, out| MoeGemm { slab, n_experts: e, x, offsets: ov, out, n_pairs: pairs, tile };
-                gemm(&lw.gate, xv, GemmOut::GateUp { up: &lw.up, act: g.d(&act) }).launch(&mut g.k, &s).unwrap();
+                gemm(&lw.gate, xv, GemmOut::GateUp { up: &lw.up, act: g.d(&act) })
+                    .launch_with(&mut g.k, &s, skip)
+                    .unwrap();
                 let got_act = f16_vals(&g.down(&act));
                 compare(&op("moe_gemm_gate_up", dtype), g.seed, &got_act, &want_act);
                 // down reads the kernel's own activations, so its product is checked alone.
-                gemm(&lw.down, g.d(&act), GemmOut::Down { y: g.d(&y) }).launch(&mut g.k, &s).unwrap();
+                gemm(&lw.down, g.d(&act), GemmOut::Down { y: g.d(&y) }).launch_with(&mut g.k, &s, skip).unwrap();
                 let mut want_y = vec![0f32; pairs * dim];
                 for q in 0..pairs {
                     let (ex, aq) = (expert_of(q), &got_act[q * f..(q + 1) * f]);

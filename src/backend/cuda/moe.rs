@@ -2,7 +2,8 @@
 //! slabs in their file format, the router in f32, and the launchers of kernels/moe.cu.
 //!
 //! A step's FFN of a sparse layer (`moe_ffn`), for `n` tokens and `k` experts per token:
-//! 1. `moe_router_logits_tile_f32` (32 tokens x 32 experts a block), then `moe_route_f32` (a warp
+//! 1. `moe_router_logits_f32` (a warp per expert and token; 32 x 32 tiles with
+//!    `DUSTOFF_ROUTER_TILED=1`), then `moe_route_f32` (a warp
 //!    per token): softmax, top-k (ties to the lower expert index, as the CPU's `route`),
 //!    renormalisation: expert ids `[n, k]` and weights `[n, k]` stay on the device, so a
 //!    captured CUDA graph replays whatever the tokens choose;
@@ -308,8 +309,9 @@ pub struct MoeRoute {
     pub norm: bool,
 }
 
-/// The router-logits kernel of steps above 8 tokens: 32 x 32 tiles (default; the router read
-/// once per 32 tokens) or a warp per (expert, token) (`DUSTOFF_ROUTER_TILED=0`).
+/// The router-logits kernel of steps above 8 tokens: 32 x 32 tiles (the router read once per 32
+/// tokens; `DUSTOFF_ROUTER_TILED=1`) or a warp per (expert, token) (the default until the tiles
+/// have run on a GPU).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RouterLogits {
     Tiled,

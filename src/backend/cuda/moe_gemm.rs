@@ -181,6 +181,12 @@ fn quant_parts(m: &DevMat, s: &CudaStream) -> Result<(u64, u64, usize, usize), C
 
 impl MoeGemm<'_> {
     pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        self.launch_with(kn, s, super::tuning::tuning().moe_gemm_skip)
+    }
+
+    /// [`MoeGemm::launch`] with the form named: `skip` leaves out the 16-token fragments of a
+    /// tile past its expert's tokens (same values; the parity test runs both forms).
+    pub fn launch_with(&self, kn: &mut Kernels, s: &CudaStream, skip: bool) -> Result<(), CudaError> {
         const K: &str = "moe_gemm";
         let fi = gemm_format(self.slab)
             .ok_or_else(|| CudaError::Shape { kernel: K, reason: "a slab format without a GEMM entry".into() })?;
@@ -229,7 +235,7 @@ impl MoeGemm<'_> {
             n_pairs: i32_of(K, self.n_pairs)?,
             qs_row: i32_of(K, qs_row)?,
             aux_row: i32_of(K, aux_row)?,
-            all_frags: i32::from(!super::tuning::tuning().moe_gemm_skip),
+            all_frags: i32::from(!skip),
         };
         // Tiles: sum over experts of ceil(count / BN) <= ceil(pairs / BN) + experts with tokens.
         let tiles = self.n_pairs.div_ceil(self.tile.tokens()) + self.n_experts.min(self.n_pairs);

@@ -63,11 +63,14 @@ pub(super) struct Tuning {
     /// `DUSTOFF_MOE_GEMM=0`: steps that group by expert take the grouped GEMV instead of the
     /// tensor-core GEMM.
     pub moe_gemm: bool,
-    /// `DUSTOFF_MOE_GEMM_SKIP=0`: the grouped GEMM multiplies every 16-token fragment of a tile,
-    /// also those past the expert's tokens (the kernel before the skip, for comparisons).
+    /// `DUSTOFF_MOE_GEMM_SKIP=1`: the grouped GEMM leaves out the 16-token fragments of a tile
+    /// past its expert's tokens (a nightly job's mixed steps give an expert ~30 tokens: half of
+    /// a 64-token tile). Off until gpu_parity and scripts/gpu-moe-prefill.sh have run it on a
+    /// GPU (written without device time; docs/BENCHMARKS.md says when that changes).
     pub moe_gemm_skip: bool,
-    /// `DUSTOFF_ROUTER_TILED=0`: the router logits of steps above 8 tokens by a warp per
-    /// (expert, token) instead of the tiled kernel (`moe_router_logits_tile_f32`).
+    /// `DUSTOFF_ROUTER_TILED=1`: the router logits of steps above 8 tokens in 32 x 32 tiles
+    /// (`moe_router_logits_tile_f32`: the router read once per 32 tokens) instead of a warp per
+    /// (expert, token). Off until run on a GPU, as `moe_gemm_skip`.
     pub router_tiled: bool,
     /// `DUSTOFF_SHEXP_FUSED=0`: the shared expert's gate applied after its down product
     /// (`shexp_gate_add_f32`) instead of folded into the down GEMV's int8 input.
@@ -118,8 +121,8 @@ pub(super) fn tuning() -> &'static Tuning {
             moe_fused: num("DUSTOFF_MOE_FUSED") != Some(0),
             moe_pair_max_tokens: num("DUSTOFF_MOE_PAIR_MAX_TOKENS").unwrap_or(8),
             moe_gemm: num("DUSTOFF_MOE_GEMM") != Some(0),
-            moe_gemm_skip: num("DUSTOFF_MOE_GEMM_SKIP") != Some(0),
-            router_tiled: num("DUSTOFF_ROUTER_TILED") != Some(0),
+            moe_gemm_skip: num("DUSTOFF_MOE_GEMM_SKIP") == Some(1),
+            router_tiled: num("DUSTOFF_ROUTER_TILED") == Some(1),
             shexp_fused: num("DUSTOFF_SHEXP_FUSED") != Some(0),
             shexp_pairs: num("DUSTOFF_SHEXP_PAIRS") != Some(0),
             wide_mb: num("DUSTOFF_WIDE_MB"),
