@@ -102,6 +102,11 @@ struct SynthCliArgs {
     /// No progress line.
     #[arg(long)]
     quiet: bool,
+    /// Keep only the shape's first N layers (every width as the real model's; a hybrid keeps
+    /// its pattern of linear and full-attention layers): a file of the real widths that a CPU
+    /// can quantize and score in minutes. Default: every layer.
+    #[arg(long, value_name = "N")]
+    layers: Option<usize>,
 }
 
 #[derive(Args)]
@@ -839,6 +844,7 @@ fn run(cli: Cli) -> Result<Code> {
                 output: a.output,
                 seed: a.seed,
                 force: a.force,
+                layers: a.layers,
             };
             let summary = dustoff::commands::synth::run(&o, a.quiet)?;
             print_report(a.json, &summary, format!("{}\n", summary.to_text()))?;

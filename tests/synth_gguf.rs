@@ -77,6 +77,74 @@ fn a_synthetic_file_loads_with_its_shape_and_generates() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `--layers N` keeps the shape's first N layers at its widths: the file loads as an N-layer
+/// model and generates; 0 or more layers than the shape has is a usage error naming the count.
+#[test]
+fn layers_keeps_the_first_layers_at_full_width() {
+    let dir = std::env::temp_dir().join(format!("dustoff-synth-layers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("two.gguf");
+    let synth_layers = |n: &str, out: &Path| {
+        Command::new(bin())
+            .args(["synth", "--shape", "smollm2-135m", "--type", "q8_0", "--quiet", "--force", "--layers", n])
+            .arg("--tokenizer")
+            .arg(tokenizer_dir())
+            .arg("--output")
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let o = synth_layers("2", &out);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let g = GgufFile::open(&out).unwrap();
+    assert_eq!(g.get("llama.block_count").and_then(|v| v.as_u64()), Some(2));
+    assert!(g.tensor_info("blk.1.ffn_down.weight").is_some());
+    assert!(g.tensor_info("blk.2.ffn_down.weight").is_none(), "only the first two layers");
+    assert_eq!(g.tensor_info("blk.0.ffn_down.weight").unwrap().dims, vec![1536, 576], "the shape's widths");
+    let name = g.get_str("general.name").unwrap().unwrap_or_default().to_string();
+    assert!(name.contains("first 2 of 30 layers"), "{name}");
+    let run = Command::new(bin())
+        .args(["generate", "--device", "cpu", "--prompt", "Hello", "--max-tokens", "2", "--model"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(err.contains("2 layers, width 576"), "{err}");
+    for bad in ["0", "31"] {
+        let o = synth_layers(bad, &dir.join("bad.gguf"));
+        assert_eq!(o.status.code(), Some(2), "--layers {bad}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(&format!("--layers {bad}: the shape smollm2-135m has 30 layers")), "{err}");
+        assert!(!dir.join("bad.gguf").exists());
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A hybrid cut to its first layers keeps its pattern: Qwen3.6-35B-A3B's first four are three
+/// linear-attention layers and one full-attention layer, each with its experts. No file is written.
+#[test]
+fn a_cut_hybrid_keeps_its_layer_pattern() {
+    use dustoff::model::shapes::shape;
+    use dustoff::model::synth_gguf::{synthetic_kv, synthetic_tensors};
+    use dustoff::quantize::mix::QuantType;
+    let mut c = shape("qwen3.6-35b-a3b").unwrap();
+    c.keep_first_layers(4);
+    let names: Vec<String> = synthetic_tensors(&c, QuantType::F16).into_iter().map(|t| t.name).collect();
+    let has = |n: &str| names.iter().any(|x| x == n);
+    for l in 0..3 {
+        assert!(has(&format!("blk.{l}.ssm_out.weight")), "layer {l} is linear attention");
+        assert!(!has(&format!("blk.{l}.attn_q.weight")), "layer {l}");
+    }
+    assert!(has("blk.3.attn_q.weight") && !has("blk.3.ssm_out.weight"), "layer 3 is full attention");
+    assert!((0..4).all(|l| has(&format!("blk.{l}.ffn_gate_exps.weight"))));
+    assert!(!names.iter().any(|n| n.starts_with("blk.4.")));
+    let kv = synthetic_kv(&c, QuantType::F16, "x");
+    let get = |k: &str| kv.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    assert_eq!(get("qwen35moe.block_count").and_then(|v| v.as_u64()), Some(4));
+    assert_eq!(get("qwen35moe.full_attention_interval").and_then(|v| v.as_u64()), Some(4));
+}
+
 /// A synthetic hybrid file has llama.cpp's layout: for the shapes of the tiny reference models
 /// (their HF configs), the F16 tensor list and the architecture keys are those of llama.cpp's
 /// converter output of the same model (`<arch>-f16.gguf`). No file is written.

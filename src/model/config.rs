@@ -85,6 +85,18 @@ impl ModelConfig {
     }
     /// Every layer's kind, in order: what the memory plan, `doctor`, `run --dry-run` and the
     /// tensor-parallel planner read.
+    /// The model cut to its first `n` layers (`n <= n_layers`): the per-layer patterns (sparse
+    /// layers, linear-attention layers) keep their first `n` entries, every width stays.
+    pub fn keep_first_layers(&mut self, n: usize) {
+        self.n_layers = n.min(self.n_layers);
+        if let Some(m) = self.moe.as_mut() {
+            m.sparse_layers.truncate(self.n_layers);
+        }
+        if let Some(h) = self.hybrid.as_mut() {
+            h.recurrent.truncate(self.n_layers);
+        }
+    }
+
     pub fn layer_kinds(&self) -> Vec<LayerKind> {
         (0..self.n_layers).map(|l| self.layer_kind(l)).collect()
     }

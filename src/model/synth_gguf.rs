@@ -35,6 +35,8 @@ pub enum SynthError {
     UnknownShape(String),
     #[error("unknown --type '{0}' (known: {TYPE_NAMES})")]
     UnknownType(String),
+    #[error("--layers {given}: the shape {shape} has {has} layers (give 1..={has})")]
+    Layers { given: usize, shape: String, has: usize },
     #[error("{0} exists; pass --force to replace it")]
     Exists(PathBuf),
     #[error(transparent)]
@@ -59,6 +61,10 @@ pub struct SynthOptions {
     pub output: PathBuf,
     pub seed: u64,
     pub force: bool,
+    /// Keep only the shape's first `n` layers (every width as the shape's; a hybrid keeps its
+    /// pattern of linear and full-attention layers): a file of the real widths small enough for a
+    /// CPU, e.g. for quantization-quality runs. `None`: every layer.
+    pub layers: Option<usize>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -256,13 +262,21 @@ fn tensor_bytes(
 /// Writes the file (complete or not at all: `write_gguf` renames it into place at the end).
 /// `progress(done, total)` is called after each tensor with bytes of tensor data.
 pub fn write_synthetic_gguf(o: &SynthOptions, mut progress: impl FnMut(u64, u64)) -> Result<SynthSummary, SynthError> {
-    let c = shape(&o.shape).ok_or_else(|| SynthError::UnknownShape(o.shape.clone()))?;
+    let mut c = shape(&o.shape).ok_or_else(|| SynthError::UnknownShape(o.shape.clone()))?;
     let qtype = QuantType::parse(&o.qtype).ok_or_else(|| SynthError::UnknownType(o.qtype.clone()))?;
+    let mut name = format!("synthetic {} ({})", o.shape, qtype.name());
+    if let Some(n) = o.layers {
+        if n == 0 || n > c.n_layers {
+            return Err(SynthError::Layers { given: n, shape: o.shape.clone(), has: c.n_layers });
+        }
+        name = format!("synthetic {} ({}, first {n} of {} layers)", o.shape, qtype.name(), c.n_layers);
+        c.keep_first_layers(n);
+    }
     if o.output.exists() && !o.force {
         return Err(SynthError::Exists(o.output.clone()));
     }
     let tensors = file_tensors(&c, qtype);
-    let mut kv = synthetic_kv(&c, qtype, &format!("synthetic {} ({})", o.shape, qtype.name()));
+    let mut kv = synthetic_kv(&c, qtype, &name);
     kv.extend(tokenizer_kv(&o.tokenizer, c.vocab_size)?);
 
     let mut pools: HashMap<(GgmlType, usize), Vec<u8>> = HashMap::new();
