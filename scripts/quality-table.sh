@@ -10,6 +10,9 @@
 #   scripts/quality-table.sh LLAMA_BIN [WORK]
 # LLAMA_BIN: a folder with llama-quantize, llama-imatrix, llama-perplexity (a CPU build of the peer
 # tree: ../shared/peer/llamacpp-*.tar.gz, cmake -DGGML_CUDA=OFF -DLLAMA_BUILD_APP=OFF ...).
+# Real widths on a CPU: ARCH_DIR=DIR holding one folder per model with its <name>-f16.gguf, e.g.
+# from `dustoff synth --shape qwen3-30b-a3b --type f16 --layers 2` (see docs/BENCHMARKS.md);
+# TYPES="q4_k_m" and LLKL=0 keep such a run to minutes.
 # Texts (Debian 12 files, as for the sample model's table in docs/BENCHMARKS.md): calibration =
 # GPL-3 + vim's usr_05/usr_06; held-out = vim's usr_01..usr_03 + MPL-2.0.
 set -euo pipefail
@@ -20,6 +23,8 @@ D=${DUSTOFF:-target/release/dustoff}
 ARCH=${ARCH_DIR:-../shared/testdata/arch}
 CTX=${CTX:-256}
 CHUNKS=${CHUNKS:-8}
+TYPES=${TYPES:-q8_0 q4_k_m}   # the quantization types of the table
+LLKL=${LLKL:-1}               # 0: no llama-perplexity scores (dustoff eval only; "-" in those columns)
 mkdir -p "$W"
 V=/usr/share/vim/vim90/doc
 cat /usr/share/common-licenses/GPL-3 $V/usr_05.txt $V/usr_06.txt > "$W/calib.txt"
@@ -45,11 +50,15 @@ for dir in "$ARCH"/*/; do
   o=$W/$fam; mkdir -p "$o"
   echo "== $fam" >&2
   base_ok=1
-  "$L/llama-perplexity" -m "$f16" -f "$W/heldout.txt" -c $CTX --chunks $CHUNKS --kl-divergence-base "$o/base.kld" \
-    > "$o/base.log" 2>&1 || base_ok=0
+  if [ "$LLKL" = 1 ]; then
+    "$L/llama-perplexity" -m "$f16" -f "$W/heldout.txt" -c $CTX --chunks $CHUNKS --kl-divergence-base "$o/base.kld" \
+      > "$o/base.log" 2>&1 || base_ok=0
+  else
+    base_ok=0
+  fi
   "$L/llama-imatrix" -m "$f16" -f "$W/calib.txt" -c $CTX --chunks $CHUNKS -o "$o/ll-imatrix.gguf" > "$o/imatrix.log" 2>&1 \
     || { echo "llama-imatrix failed on $fam (see $o/imatrix.log)" >&2; }
-  for t in q8_0 q4_k_m; do
+  for t in $TYPES; do
     T=$(echo $t | tr a-z A-Z)
     rm -f "$o/d-$t.gguf" "$o/d-$t-i.gguf" "$o/ll-$t.gguf" "$o/ll-$t-i.gguf"
     "$D" quantize --model "$f16" --output "$o/d-$t.gguf" --type $t --device cpu > "$o/d-$t.log" 2>&1
