@@ -33,6 +33,18 @@ fn synth(out: &Path, seed: &str) -> std::process::Output {
         .unwrap()
 }
 
+/// `dustoff generate` on the CPU from `model`, `tokens` tokens; its stderr (it must succeed).
+fn generate(model: &Path, tokens: &str) -> String {
+    let run = Command::new(bin())
+        .args(["generate", "--device", "cpu", "--prompt", "Hello", "--max-tokens", tokens, "--model"])
+        .arg(model)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(run.status.success(), "{err}");
+    err
+}
+
 #[test]
 fn a_synthetic_file_loads_with_its_shape_and_generates() {
     let dir = std::env::temp_dir().join(format!("dustoff-synth-{}", std::process::id()));
@@ -50,13 +62,7 @@ fn a_synthetic_file_loads_with_its_shape_and_generates() {
     assert_eq!(t("blk.0.attn_norm.weight"), GgmlType::F32);
     assert!(g.tensor_info("output.weight").is_none(), "SmolLM2 ties its head");
 
-    let run = Command::new(bin())
-        .args(["generate", "--device", "cpu", "--prompt", "Hello", "--max-tokens", "4", "--model"])
-        .arg(&a)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{err}");
+    let err = generate(&a, "4");
     assert!(err.contains("30 layers, width 576, 9 heads / 3 KV heads, vocab 49152"), "{err}");
     assert!(err.contains("generated 4 tokens"), "{err}");
 
@@ -103,13 +109,7 @@ fn layers_keeps_the_first_layers_at_full_width() {
     assert_eq!(g.tensor_info("blk.0.ffn_down.weight").unwrap().dims, vec![1536, 576], "the shape's widths");
     let name = g.get_str("general.name").unwrap().unwrap_or_default().to_string();
     assert!(name.contains("first 2 of 30 layers"), "{name}");
-    let run = Command::new(bin())
-        .args(["generate", "--device", "cpu", "--prompt", "Hello", "--max-tokens", "2", "--model"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{err}");
+    let err = generate(&out, "2");
     assert!(err.contains("2 layers, width 576"), "{err}");
     for bad in ["0", "31"] {
         let o = synth_layers(bad, &dir.join("bad.gguf"));
