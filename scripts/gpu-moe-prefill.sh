@@ -5,7 +5,7 @@
 # PTX: gpu_parity's MoE tests (natively and from the PTX), the per-launch breakdown at 1..768
 # tokens, one-stream prefill + decode of the Qwen3-30B-A3B shape, and the nightly job
 # (scripts/job-bench.sh) at the default and a 2,048-token step budget.
-#   dev VM:      cargo build --release && cargo test --release --no-run
+#   dev VM:      cargo build --release && cargo test --release --no-run --test gpu_parity
 #                JB_RECORDS=600 bash scripts/gpu-moe-prefill.sh pack     (writes .gpu/)
 #   GPU machine: bash scripts/gpu-moe-prefill.sh run                     (carry .gpu)
 # GMP_SKIP="parity breakdown bench job profile" leaves parts out.

@@ -83,8 +83,6 @@ impl ModelConfig {
         };
         LayerKind { mixer, ffn }
     }
-    /// Every layer's kind, in order: what the memory plan, `doctor`, `run --dry-run` and the
-    /// tensor-parallel planner read.
     /// The model cut to its first `n` layers (`n <= n_layers`): the per-layer patterns (sparse
     /// layers, linear-attention layers) keep their first `n` entries, every width stays.
     pub fn keep_first_layers(&mut self, n: usize) {
@@ -97,6 +95,8 @@ impl ModelConfig {
         }
     }
 
+    /// Every layer's kind, in order: what the memory plan, `doctor`, `run --dry-run` and the
+    /// tensor-parallel planner read.
     pub fn layer_kinds(&self) -> Vec<LayerKind> {
         (0..self.n_layers).map(|l| self.layer_kind(l)).collect()
     }

@@ -264,14 +264,15 @@ fn tensor_bytes(
 pub fn write_synthetic_gguf(o: &SynthOptions, mut progress: impl FnMut(u64, u64)) -> Result<SynthSummary, SynthError> {
     let mut c = shape(&o.shape).ok_or_else(|| SynthError::UnknownShape(o.shape.clone()))?;
     let qtype = QuantType::parse(&o.qtype).ok_or_else(|| SynthError::UnknownType(o.qtype.clone()))?;
-    let mut name = format!("synthetic {} ({})", o.shape, qtype.name());
+    let mut cut = String::new();
     if let Some(n) = o.layers {
         if n == 0 || n > c.n_layers {
             return Err(SynthError::Layers { given: n, shape: o.shape.clone(), has: c.n_layers });
         }
-        name = format!("synthetic {} ({}, first {n} of {} layers)", o.shape, qtype.name(), c.n_layers);
+        cut = format!(", first {n} of {} layers", c.n_layers);
         c.keep_first_layers(n);
     }
+    let name = format!("synthetic {} ({}{cut})", o.shape, qtype.name());
     if o.output.exists() && !o.force {
         return Err(SynthError::Exists(o.output.clone()));
     }

@@ -155,18 +155,18 @@ fn router_top_k_with_ties_and_both_normalisations() {
             }
             compare("moe_route_f32", g.seed, &g.down(&wts), &want.weights);
             compare("moe_router_logits_f32", g.seed, &g.down(&logits), &want_logits);
-            // Both kernels of the logits above 8 tokens: the default (tiled) ran above; the
-            // warp-per-pair one (DUSTOFF_ROUTER_TILED=0) into freshly poisoned outputs.
+            // Both kernels of the logits above 8 tokens: the default (a warp per pair) ran above;
+            // the 32 x 32 tiles (DUSTOFF_ROUTER_TILED=1) into freshly poisoned outputs.
             let (ids_w, logits_w) = (g.zeros::<i32>(n * k), g.poisoned(n * e));
             MoeRoute {
                 ids: g.d(&ids_w),
                 logits: g.d(&logits_w),
                 ..MoeRoute { x: xv, w: wv, logits: lv, ids: iv, wts: tv, n_tok: n, dim, n_experts: e, k, norm }
             }
-            .launch_with(&mut g.k, &s, RouterLogits::WarpPerPair)
+            .launch_with(&mut g.k, &s, RouterLogits::Tiled)
             .unwrap();
             let got_w: Vec<u32> = g.down(&ids_w).iter().map(|&i| i as u32).collect();
-            assert_same_choice(&got_w, &want.experts, &want_logits, e, k, &format!("warp per pair, {n} tokens, k {k}"));
+            assert_same_choice(&got_w, &want.experts, &want_logits, e, k, &format!("tiled, {n} tokens, k {k}"));
             compare("moe_router_logits_f32", g.seed, &g.down(&logits_w), &want_logits);
             // The fused router (one launch, the last block of a token routes it), twice: the
             // per-token counts it leaves must be zero again for the second launch.
