@@ -3,7 +3,8 @@
 //! it), and the lazy per-device registry: a kernel file is compiled (or its PTX loaded) the
 //! first time one of its entry points is asked for, then every entry is looked up by name.
 //!
-//! A new kernel: its `.cu` in `kernels/`, its entry names in the table below, its launcher in
+//! A new kernel: its `.cu` in `kernels/`, its entry names in the table below (per-format tables
+//! and their typed handles in `entries.rs`), its launcher in
 //! the Rust module of the same name (`cuda/<file>.rs`).
 
 use std::collections::HashMap;
@@ -13,6 +14,10 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 
+use super::entries::{
+    DEQUANT_ENTRIES, GEMM_QUANT_ENTRIES, GEMV_Q8_ENTRIES, GEMV_QUANT_ENTRIES, MOE_ENTRIES, MOE_GEMM_ENTRIES,
+    MOE_Q8_ENTRIES,
+};
 use super::nvrtc::{self, KernelFile};
 use super::CudaError;
 
@@ -168,166 +173,6 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     kernel_file!("shared_expert", ["shexp_gate_add_f32", "shexp_gate_q8_f32"]),
     kernel_file!("silu_mul", ["silu_mul_f32"]),
 ];
-
-/// Entry names for every GGML block format, in `qformat::QFormat::index` order, for each
-/// (prefix, suffix) pair: `gemv_q4_0_n1`, ... (kernels/quant.cuh, FOR_EACH_QFORMAT).
-macro_rules! q_names {
-    ($(($pre:literal, $suf:literal)),* $(,)?) => {
-        [$(
-            concat!($pre, "q4_0", $suf), concat!($pre, "q4_1", $suf), concat!($pre, "q5_0", $suf),
-            concat!($pre, "q5_1", $suf), concat!($pre, "q8_0", $suf), concat!($pre, "q4_k", $suf),
-            concat!($pre, "q5_k", $suf), concat!($pre, "q6_k", $suf),
-        )*]
-    };
-}
-
-/// `kernels/gemv_quant.cu`: entry `8 * v + format` where v = 0..4 is the GEMV for 1 / 2 / 4 / 8
-/// tokens and v = 4..8 the SwiGLU GEMV for the same token counts.
-pub const GEMV_QUANT_ENTRIES: [&str; 64] = q_names!(
-    ("gemv_", "_n1"),
-    ("gemv_", "_n2"),
-    ("gemv_", "_n4"),
-    ("gemv_", "_n8"),
-    ("gemv_swiglu_", "_n1"),
-    ("gemv_swiglu_", "_n2"),
-    ("gemv_swiglu_", "_n4"),
-    ("gemv_swiglu_", "_n8"),
-);
-
-/// `kernels/gemv_q8.cu`: entry `8 * v + format` as in [`GEMV_QUANT_ENTRIES`] (int8
-/// activations, dp4a), v = 8 / 9 the 1-token GEMV / SwiGLU GEMV with 2 weight rows per warp,
-/// then `quantize_x_q8` at 80.
-pub const GEMV_Q8_ENTRIES: [&str; 81] = {
-    let d = q_names!(
-        ("gemvq8_", "_n1"),
-        ("gemvq8_", "_n2"),
-        ("gemvq8_", "_n4"),
-        ("gemvq8_", "_n8"),
-        ("gemvq8_swiglu_", "_n1"),
-        ("gemvq8_swiglu_", "_n2"),
-        ("gemvq8_swiglu_", "_n4"),
-        ("gemvq8_swiglu_", "_n8"),
-        ("gemvq8_", "_n1r2"),
-        ("gemvq8_swiglu_", "_n1r2"),
-    );
-    let mut all = ["quantize_x_q8"; 81];
-    let mut i = 0;
-    while i < 80 {
-        all[i] = d[i];
-        i += 1;
-    }
-    all
-};
-
-/// `kernels/gemm_quant.cu`: entry `8 * (tiles of 16 tokens - 1) + format`, then
-/// `splitk_reduce_q` at 32, the 128-token prefill tiles `gemmq_<fmt>_w128` at `33 + format`.
-pub const GEMM_QUANT_ENTRIES: [&str; 41] = {
-    let d = q_names!(("gemmq_", "_t16"), ("gemmq_", "_t32"), ("gemmq_", "_t48"), ("gemmq_", "_t64"));
-    let w = q_names!(("gemmq_", "_w128"));
-    let mut all = ["splitk_reduce_q"; 41];
-    let mut i = 0;
-    while i < 32 {
-        all[i] = d[i];
-        i += 1;
-    }
-    while i < 40 {
-        all[i + 1] = w[i - 32];
-        i += 1;
-    }
-    all
-};
-
-/// `kernels/dequant.cu`: `dequant_<fmt>_f16` at `format`, `embedding_<fmt>` at `8 + format`,
-/// then the synthetic-weight fillers.
-pub const DEQUANT_ENTRIES: [&str; 18] = {
-    let d = q_names!(("dequant_", "_f16"), ("embedding_", ""));
-    let mut all = ["fill_random_u32"; 18];
-    let mut i = 0;
-    while i < 16 {
-        all[i] = d[i];
-        i += 1;
-    }
-    all[17] = "tile_aux";
-    all
-};
-
-/// Entry points of kernels/moe.cu: `9 * variant + format` for the variants gate/up pair mode,
-/// gate/up grouped, down pair mode, down grouped, formats in `QFormat::index` order then F16
-/// (8); then the router, the grouping and the weighted sum (36..40); the fused router (40),
-/// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50),
-/// the tiled router (51).
-pub const MOE_ENTRIES: [&str; 52] = {
-    macro_rules! fmts {
-        ($pre:literal, $suf:literal) => {
-            [
-                concat!($pre, "q4_0", $suf),
-                concat!($pre, "q4_1", $suf),
-                concat!($pre, "q5_0", $suf),
-                concat!($pre, "q5_1", $suf),
-                concat!($pre, "q8_0", $suf),
-                concat!($pre, "q4_k", $suf),
-                concat!($pre, "q5_k", $suf),
-                concat!($pre, "q6_k", $suf),
-                concat!($pre, "f16", $suf),
-            ]
-        };
-    }
-    let v =
-        [fmts!("moe_gate_up_", "_p"), fmts!("moe_gate_up_", "_g"), fmts!("moe_down_", "_p"), fmts!("moe_down_", "_g")];
-    let ds = fmts!("moe_down_sum_", "");
-    let mut all = ["moe_route_f32"; 52];
-    let mut i = 0;
-    while i < 36 {
-        all[i] = v[i / 9][i % 9];
-        i += 1;
-    }
-    all[37] = "moe_group";
-    all[38] = "moe_combine_f32";
-    all[39] = "moe_router_logits_f32";
-    all[40] = "moe_route_fused_f32";
-    all[50] = "moe_router_logits_blk_f32";
-    all[51] = "moe_router_logits_tile_f32";
-    let mut j = 0;
-    while j < 9 {
-        all[41 + j] = ds[j];
-        j += 1;
-    }
-    all
-};
-
-/// Entry points of kernels/moe_gemm.cu: `4 * format + variant` for the variants gate/up t16,
-/// gate/up t64, down t16, down t64 (formats in `moe_gemm::GEMM_FORMATS` order), then the gather.
-pub const MOE_GEMM_ENTRIES: [&str; 21] = {
-    macro_rules! v {
-        ($f:literal) => {
-            [
-                concat!("moe_gemm_gate_up_", $f, "_t16"),
-                concat!("moe_gemm_gate_up_", $f, "_t64"),
-                concat!("moe_gemm_down_", $f, "_t16"),
-                concat!("moe_gemm_down_", $f, "_t64"),
-            ]
-        };
-    }
-    let f = [v!("q4_0"), v!("q8_0"), v!("q4_k"), v!("q5_k"), v!("q6_k")];
-    let mut all = ["moe_gather_f16"; 21];
-    let mut i = 0;
-    while i < 20 {
-        all[i] = f[i / 4][i % 4];
-        i += 1;
-    }
-    all
-};
-
-/// Entry points of kernels/moe_q8.cu: `2 * format + v` (formats in `QFormat::index` order),
-/// v = 0 gate/up + SwiGLU, v = 1 down + weighted sum.
-pub const MOE_Q8_ENTRIES: [&str; 16] = {
-    macro_rules! both {
-        ($($f:literal),*) => {
-            [$(concat!("moe_gate_up_q8_", $f), concat!("moe_down_sum_q8_", $f)),*]
-        };
-    }
-    both!("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
-};
 
 /// The file that defines entry point `entry`.
 pub fn file_of(entry: &str) -> Option<&'static KernelFile> {

@@ -41,6 +41,7 @@ pub mod deltanet;
 pub mod device;
 pub mod dmat;
 pub mod embedding;
+pub mod entries;
 pub mod fused_norm;
 pub mod gemm_tc;
 pub mod gemv_f16;

@@ -24,7 +24,8 @@ use rand::{Rng, SeedableRng};
 
 use super::device::{up, zeros};
 use super::dmat::DevMat;
-use super::kernels::{Kernels, MOE_ENTRIES};
+use super::entries::{self, MoeProduct};
+use super::kernels::Kernels;
 use super::launch::{allocated, blocks_for, check, grid_yz, i32_of, launch, need, Dev};
 use super::moe_gemm;
 pub use super::moe_slab::slab_bytes;
@@ -547,7 +548,7 @@ impl MoeMat<'_> {
         }
         let units = cols / unit;
         let lpr = units.div_ceil(2).next_power_of_two().clamp(1, 32);
-        // Output rows per row group (kernels/moe.cu MOE_ENTRIES).
+        // Output rows per row group (kernels/moe.cu, per entry).
         let grouped = variant_base == 1;
         let rg = match (self.up.is_some(), grouped) {
             (true, false) => 2,
@@ -556,7 +557,7 @@ impl MoeMat<'_> {
             (false, true) => 2,
         };
         let per_block = 4 * (32 / lpr) * rg;
-        let variant = if self.up.is_some() { variant_base } else { 2 + variant_base };
+        let entry = entries::moe_mat(fi, MoeProduct { gate_up: self.up.is_some(), grouped });
         let p = MatParams {
             qs,
             aux,
@@ -583,7 +584,7 @@ impl MoeMat<'_> {
             sh_aux2: sh.map_or(0, |h| h.gu[3]),
         };
         let grid = (blocks_for(K, rows, per_block)?, grid_yz(K, grid_y, "block rows")?, 1);
-        launch(kn, s, MOE_ENTRIES[9 * variant + fi], grid, 128, 0, &p)
+        launch(kn, s, entry, grid, 128, 0, &p)
     }
 }
 
@@ -742,7 +743,7 @@ impl MoeDownSum<'_> {
         };
         let grid = (blocks_for(K, rows, per_block)?, self.n_tok as u32, 1);
         let warps = self.k + usize::from(sh.is_some());
-        launch(kn, s, MOE_ENTRIES[41 + fi], grid, 32 * warps as u32, 0, &p)
+        launch(kn, s, entries::moe_down_sum(fi), grid, 32 * warps as u32, 0, &p)
     }
 }
 

@@ -11,13 +11,10 @@
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::dmat::{DevMat, MatData};
-use super::kernels::{Kernels, MOE_GEMM_ENTRIES};
+use super::entries::{self, MOE_GEMM_FORMATS};
+use super::kernels::Kernels;
 use super::launch::{blocks_for, check, grid_yz, i32_of, launch, need, Dev};
 use super::CudaError;
-use crate::model::quant::GgmlType;
-
-/// Formats with GEMM entries, in the order of `kernels::MOE_GEMM_ENTRIES`.
-const GEMM_FORMATS: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
 
 /// Whether steps that group by expert take the tensor-core GEMM (default) or the grouped GEMV
 /// (`DUSTOFF_MOE_GEMM=0`, for comparisons).
@@ -52,7 +49,7 @@ impl Tile {
 
 fn gemm_format(m: &DevMat) -> Option<usize> {
     match &m.data {
-        MatData::Quant { fmt, .. } => GEMM_FORMATS.iter().position(|&t| t == fmt.dtype),
+        MatData::Quant { fmt, .. } => MOE_GEMM_FORMATS.iter().position(|&t| t == fmt.dtype),
         MatData::F16(_) => None,
     }
 }
@@ -240,8 +237,7 @@ impl MoeGemm<'_> {
         // Tiles: sum over experts of ceil(count / BN) <= ceil(pairs / BN) + experts with tokens.
         let tiles = self.n_pairs.div_ceil(self.tile.tokens()) + self.n_experts.min(self.n_pairs);
         let tiles = grid_yz(K, tiles, "token tiles")?;
-        let variant = 2 * usize::from(!gate_up) + usize::from(self.tile == Tile::T64);
         let grid = (blocks_for(K, rows, out_rows)?, tiles, 1);
-        launch(kn, s, MOE_GEMM_ENTRIES[4 * fi + variant], grid, 128, 0, &p)
+        launch(kn, s, entries::moe_gemm(fi, gate_up, self.tile == Tile::T64), grid, 128, 0, &p)
     }
 }

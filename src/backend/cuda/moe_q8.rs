@@ -10,7 +10,8 @@ use std::sync::OnceLock;
 use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::dmat::{DevMat, MatData};
-use super::kernels::{file_of, Kernels, MOE_Q8_ENTRIES};
+use super::entries::{self, MOE_Q8_ENTRIES, SLAB_F16};
+use super::kernels::{file_of, Kernels};
 use super::launch::{blocks_for, check, grid_yz, launch, need, Dev};
 use super::moe_slab::{slab_view, MoeDownSum, RowWalk};
 use super::CudaError;
@@ -88,9 +89,11 @@ impl MoeGateUpQ8<'_> {
         const K: &str = "moe_gate_up_q8";
         let (fi, qs, aux, qs_row, aux_row, unit) = slab_view(self.gate, s)?;
         let (f2, qs2, aux2, _, _, _) = slab_view(self.up, s)?;
-        check(K, fi < 8 && f2 == fi && (self.up.rows, self.up.cols) == (self.gate.rows, self.gate.cols), || {
-            "gate and up slabs of one packed format and shape".into()
-        })?;
+        check(
+            K,
+            fi < SLAB_F16 && f2 == fi && (self.up.rows, self.up.cols) == (self.gate.rows, self.gate.cols),
+            || "gate and up slabs of one packed format and shape".into(),
+        )?;
         check(K, self.n_experts > 0 && self.gate.rows.is_multiple_of(self.n_experts), || {
             format!("{} slab rows for {} experts", self.gate.rows, self.n_experts)
         })?;
@@ -123,7 +126,7 @@ impl MoeGateUpQ8<'_> {
             walk: RowWalk::new(K, (rows, cols), self.k, (qs_row, aux_row), lpr)?,
         };
         let grid = (blocks_for(K, rows, per_block)?, self.n_pairs as u32, 1);
-        launch(kn, s, MOE_Q8_ENTRIES[2 * fi], grid, GU_THREADS as u32, q8_row_bytes(cols) as u32, &p)
+        launch(kn, s, entries::moe_q8(fi, true), grid, GU_THREADS as u32, q8_row_bytes(cols) as u32, &p)
     }
 }
 
@@ -132,7 +135,7 @@ impl MoeDownSum<'_> {
     pub fn launch_q8(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
         const K: &str = "moe_down_sum_q8";
         let (fi, qs, aux, qs_row, aux_row, unit) = slab_view(self.down, s)?;
-        check(K, fi < 8, || "a packed block format".into())?;
+        check(K, fi < SLAB_F16, || "a packed block format".into())?;
         let (rows, cols) = self.expert_shape(K)?;
         check(K, cols.is_multiple_of(32) && self.k * q8_row_bytes(cols) <= SMEM_MAX, || {
             format!("rows of {cols} (whole 32-value blocks, {} int8 inputs in 48 KB)", self.k)
@@ -156,6 +159,6 @@ impl MoeDownSum<'_> {
         };
         let grid = (blocks_for(K, rows, per_block)?, self.n_tok as u32, 1);
         let smem = (self.k * q8_row_bytes(cols)) as u32;
-        launch(kn, s, MOE_Q8_ENTRIES[2 * fi + 1], grid, 32 * self.k as u32, smem, &p)
+        launch(kn, s, entries::moe_q8(fi, false), grid, 32 * self.k as u32, smem, &p)
     }
 }

@@ -20,7 +20,7 @@ use super::CudaError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QFormat {
     pub dtype: GgmlType,
-    /// Index of the format in the kernel entry tables (kernels::GEMV_QUANT_ENTRIES).
+    /// Index of the format in the per-format kernel tables (`entries`).
     pub index: usize,
     /// qs bytes per block (a multiple of 16).
     pub qb: usize,

@@ -4,8 +4,8 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
+use super::entries::{self, Gemv, QUANTIZE_X_Q8, SPLITK_REDUCE_Q};
 use super::kernels::Kernels;
-use super::kernels::{DEQUANT_ENTRIES, GEMM_QUANT_ENTRIES, GEMV_Q8_ENTRIES, GEMV_QUANT_ENTRIES};
 use super::launch::{blocks_for, check, check_product_out, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
 use super::qformat::QFormat;
 use super::CudaError;
@@ -124,7 +124,7 @@ impl QuantizeX {
             cols: i32_of(K, self.cols)?,
             x_stride: i32_of(K, self.x_stride)?,
         };
-        launch(k, s, GEMV_Q8_ENTRIES[80], (blocks_for(K, threads, 256)?, 1, 1), 256, 0, &p)
+        launch(k, s, QUANTIZE_X_Q8, (blocks_for(K, threads, 256)?, 1, 1), 256, 0, &p)
     }
 }
 
@@ -168,12 +168,7 @@ impl GemvQ {
         let want_rows = if self.swiglu { 2 * self.rows } else { self.rows };
         check(K, self.w.rows == want_rows, || format!("{} weight rows for {} outputs", self.w.rows, self.rows))?;
         check(K, !(self.swiglu && (self.accumulate || self.bias.is_some())), || "SwiGLU takes no bias".into())?;
-        let v = match self.n_tok {
-            1 => 0,
-            2 => 1,
-            3 | 4 => 2,
-            _ => 3,
-        } + if self.swiglu { 4 } else { 0 };
+        let gemv = Gemv { n_tok: self.n_tok, swiglu: self.swiglu };
         // Output rows per warp (RowsPerWarp / RowsPerWarpQ8, halved for SwiGLU).
         let per_warp = if self.n_tok == 1 { 4 } else { 2 } / if self.swiglu { 2 } else { 1 };
         let grid = blocks_for(K, self.rows, GEMVQ_WARPS * per_warp)?;
@@ -205,16 +200,7 @@ impl GemvQ {
             let weight_rows = if self.n_tok == 1 && rows2 { 2 } else { 4 };
             let group_rows = weight_rows / if self.swiglu { 2 } else { 1 };
             let grid = blocks_for(K, self.rows, 2 * group_rows)?;
-            let v = if self.n_tok == 1 && rows2 {
-                if self.swiglu {
-                    9
-                } else {
-                    8
-                }
-            } else {
-                v
-            };
-            let entry = GEMV_Q8_ENTRIES[8 * v + self.w.fmt.index];
+            let entry = entries::gemv_q8(&self.w.fmt, gemv, rows2);
             return launch(k, s, entry, (grid, 1, 1), (32 * GEMVQ_WARPS) as u32, 0, &p);
         }
         check(K, self.x_stride.is_multiple_of(4) && self.x.ptr.is_multiple_of(16), || {
@@ -241,7 +227,7 @@ impl GemvQ {
             qs_row,
             aux_row,
         };
-        let entry = GEMV_QUANT_ENTRIES[8 * v + self.w.fmt.index];
+        let entry = entries::gemv_quant(&self.w.fmt, gemv);
         launch(k, s, entry, (grid, 1, 1), (32 * GEMVQ_WARPS) as u32, 0, &p)
     }
 }
@@ -344,7 +330,7 @@ impl GemmQ {
         if Self::prefill_tile(n) {
             // Dynamic shared memory (QW_SMEM): the staged [64 + 128, 136] F16 tiles.
             const SMEM: usize = (GEMMQ_BM + 128) * (GEMMQ_BK + 8) * 2;
-            let entry = GEMM_QUANT_ENTRIES[33 + self.w.fmt.index];
+            let entry = entries::gemm_quant_w128(&self.w.fmt);
             k.get(entry)?
                 .set_attribute(
                     cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -354,7 +340,7 @@ impl GemmQ {
             let grid = ((rows / GEMMQ_BM) as u32, 1, u32::try_from(n.div_ceil(128)).unwrap_or(u32::MAX));
             return launch(k, s, entry, grid, 256, SMEM as u32, &p);
         }
-        let entry = GEMM_QUANT_ENTRIES[8 * (tiles - 1) + self.w.fmt.index];
+        let entry = entries::gemm_quant(&self.w.fmt, tiles);
         let grid = ((rows / GEMMQ_BM) as u32, nk as u32, u32::try_from(z).unwrap_or(u32::MAX));
         if nk == 1 {
             return launch(k, s, entry, grid, 128, 0, &p);
@@ -372,7 +358,7 @@ impl GemmQ {
             accumulate: p.accumulate,
             nk: nk as i32,
         };
-        launch(k, s, GEMM_QUANT_ENTRIES[32], (blocks_for(K, n * rows, 256)?, 1, 1), 256, 0, &r)
+        launch(k, s, SPLITK_REDUCE_Q, (blocks_for(K, n * rows, 256)?, 1, 1), 256, 0, &r)
     }
 }
 
@@ -419,7 +405,7 @@ impl DequantF16 {
         };
         // One block per (row, DEQUANT_COLS columns of it).
         let blocks = blocks_for(K, self.n_rows * self.w.cols.div_ceil(DEQUANT_COLS), 1)?;
-        launch(k, s, DEQUANT_ENTRIES[self.w.fmt.index], (blocks, 1, 1), DEQUANT_THREADS as u32, 0, &p)
+        launch(k, s, entries::dequant(&self.w.fmt), (blocks, 1, 1), DEQUANT_THREADS as u32, 0, &p)
     }
 }
 
@@ -455,7 +441,7 @@ impl EmbeddingQ {
             qs_row,
             aux_row,
         };
-        launch(k, s, DEQUANT_ENTRIES[8 + self.table.fmt.index], (blocks_for(K, self.n_tok, 1)?, 1, 1), 128, 0, &p)
+        launch(k, s, entries::embedding_q(&self.table.fmt), (blocks_for(K, self.n_tok, 1)?, 1, 1), 128, 0, &p)
     }
 }
 

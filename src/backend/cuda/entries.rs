@@ -1,0 +1,340 @@
+//! Entry names of the kernel files that hold one entry per (variant, block format), and the
+//! typed handles launchers pick them with: a launcher says what it wants (the weights' format,
+//! the tokens, SwiGLU or not, which expert product) and only this file knows where in a table
+//! that entry sits. The tables are `kernels::KERNEL_FILES`' entry lists for those files.
+
+use super::qformat::QFormat;
+
+/// Which GEMV of `gemv_quant.cu` / `gemv_q8.cu`: the step's tokens (1..=8), SwiGLU (gate and
+/// up rows interleaved, silu(gate) * up out) or plain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemv {
+    pub n_tok: usize,
+    pub swiglu: bool,
+}
+
+impl Gemv {
+    /// Table row: n1 / n2 / n4 / n8 (3 tokens run the 4-token kernel, 5-7 the 8-token one),
+    /// SwiGLU rows after the plain ones.
+    fn row(self) -> usize {
+        let width = match self.n_tok {
+            0 | 1 => 0,
+            2 => 1,
+            3 | 4 => 2,
+            _ => 3,
+        };
+        width + if self.swiglu { 4 } else { 0 }
+    }
+}
+
+/// `gemv_[swiglu_]<fmt>_n<tokens>` (F16 activations).
+pub fn gemv_quant(fmt: &QFormat, g: Gemv) -> &'static str {
+    GEMV_QUANT_ENTRIES[8 * g.row() + fmt.index]
+}
+
+/// `gemvq8_[swiglu_]<fmt>_n<tokens>` (int8 activations, dp4a); `rows2`: at one token, the
+/// kernel that reads 2 weight rows per warp instead of 4 (`_n1r2`).
+pub fn gemv_q8(fmt: &QFormat, g: Gemv, rows2: bool) -> &'static str {
+    let row = if g.n_tok == 1 && rows2 { 8 + usize::from(g.swiglu) } else { g.row() };
+    GEMV_Q8_ENTRIES[8 * row + fmt.index]
+}
+
+/// The activation quantizer of the int8 GEMVs.
+pub const QUANTIZE_X_Q8: &str = GEMV_Q8_ENTRIES[80];
+
+/// `gemmq_<fmt>_t<16 * tiles>`: the tensor-core GEMM over `tiles` (1..=4) 16-token tiles.
+pub fn gemm_quant(fmt: &QFormat, tiles: usize) -> &'static str {
+    GEMM_QUANT_ENTRIES[8 * (tiles.clamp(1, 4) - 1) + fmt.index]
+}
+
+/// `gemmq_<fmt>_w128`: the 128-token prefill tile.
+pub fn gemm_quant_w128(fmt: &QFormat) -> &'static str {
+    GEMM_QUANT_ENTRIES[33 + fmt.index]
+}
+
+/// The split-K reduction of the quantized GEMM.
+pub const SPLITK_REDUCE_Q: &str = GEMM_QUANT_ENTRIES[32];
+
+/// `dequant_<fmt>_f16`: rows to F16.
+pub fn dequant(fmt: &QFormat) -> &'static str {
+    DEQUANT_ENTRIES[fmt.index]
+}
+
+/// `embedding_<fmt>`: the rows of a quantized embedding table for token ids.
+pub fn embedding_q(fmt: &QFormat) -> &'static str {
+    DEQUANT_ENTRIES[8 + fmt.index]
+}
+
+/// The column of an F16 expert slab in the MoE tables (after the packed formats, which sit at
+/// `QFormat::index`): `moe_slab::slab_view` returns the column of a slab.
+pub const SLAB_F16: usize = 8;
+
+/// Which expert product of `moe.cu`: gate/up (SwiGLU) or down; over (token, expert) pairs or
+/// grouped by expert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeProduct {
+    pub gate_up: bool,
+    pub grouped: bool,
+}
+
+/// `moe_{gate_up,down}_<fmt>_{p,g}` for a slab of column `slab` (`QFormat::index` or
+/// [`SLAB_F16`]).
+pub fn moe_mat(slab: usize, m: MoeProduct) -> &'static str {
+    let variant = if m.gate_up { 0 } else { 2 } + usize::from(m.grouped);
+    MOE_ENTRIES[9 * variant + slab]
+}
+
+/// `moe_down_sum_<fmt>`: down product and weighted sum in one kernel.
+pub fn moe_down_sum(slab: usize) -> &'static str {
+    MOE_ENTRIES[41 + slab]
+}
+
+/// Formats with grouped tensor-core GEMM entries (`moe_gemm.cu`), in table order.
+pub const MOE_GEMM_FORMATS: [crate::model::quant::GgmlType; 5] = {
+    use crate::model::quant::GgmlType;
+    [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K]
+};
+
+/// `moe_gemm_{gate_up,down}_<fmt>_t{16,64}` for the format at `col` of [`MOE_GEMM_FORMATS`].
+pub fn moe_gemm(col: usize, gate_up: bool, t64: bool) -> &'static str {
+    MOE_GEMM_ENTRIES[4 * col + 2 * usize::from(!gate_up) + usize::from(t64)]
+}
+
+/// `moe_gate_up_q8_<fmt>` / `moe_down_sum_q8_<fmt>` (int8 activations) for a packed slab of
+/// column `slab` (below [`SLAB_F16`]).
+pub fn moe_q8(slab: usize, gate_up: bool) -> &'static str {
+    MOE_Q8_ENTRIES[2 * slab + usize::from(!gate_up)]
+}
+
+/// Entry names for every GGML block format, in `qformat::QFormat::index` order, for each
+/// (prefix, suffix) pair: `gemv_q4_0_n1`, ... (kernels/quant.cuh, FOR_EACH_QFORMAT).
+macro_rules! q_names {
+    ($(($pre:literal, $suf:literal)),* $(,)?) => {
+        [$(
+            concat!($pre, "q4_0", $suf), concat!($pre, "q4_1", $suf), concat!($pre, "q5_0", $suf),
+            concat!($pre, "q5_1", $suf), concat!($pre, "q8_0", $suf), concat!($pre, "q4_k", $suf),
+            concat!($pre, "q5_k", $suf), concat!($pre, "q6_k", $suf),
+        )*]
+    };
+}
+
+/// `kernels/gemv_quant.cu`: entry `8 * v + format` where v = 0..4 is the GEMV for 1 / 2 / 4 / 8
+/// tokens and v = 4..8 the SwiGLU GEMV for the same token counts.
+pub(super) const GEMV_QUANT_ENTRIES: [&str; 64] = q_names!(
+    ("gemv_", "_n1"),
+    ("gemv_", "_n2"),
+    ("gemv_", "_n4"),
+    ("gemv_", "_n8"),
+    ("gemv_swiglu_", "_n1"),
+    ("gemv_swiglu_", "_n2"),
+    ("gemv_swiglu_", "_n4"),
+    ("gemv_swiglu_", "_n8"),
+);
+
+/// `kernels/gemv_q8.cu`: entry `8 * v + format` as in [`GEMV_QUANT_ENTRIES`] (int8
+/// activations, dp4a), v = 8 / 9 the 1-token GEMV / SwiGLU GEMV with 2 weight rows per warp,
+/// then `quantize_x_q8` at 80.
+pub(super) const GEMV_Q8_ENTRIES: [&str; 81] = {
+    let d = q_names!(
+        ("gemvq8_", "_n1"),
+        ("gemvq8_", "_n2"),
+        ("gemvq8_", "_n4"),
+        ("gemvq8_", "_n8"),
+        ("gemvq8_swiglu_", "_n1"),
+        ("gemvq8_swiglu_", "_n2"),
+        ("gemvq8_swiglu_", "_n4"),
+        ("gemvq8_swiglu_", "_n8"),
+        ("gemvq8_", "_n1r2"),
+        ("gemvq8_swiglu_", "_n1r2"),
+    );
+    let mut all = ["quantize_x_q8"; 81];
+    let mut i = 0;
+    while i < 80 {
+        all[i] = d[i];
+        i += 1;
+    }
+    all
+};
+
+/// `kernels/gemm_quant.cu`: entry `8 * (tiles of 16 tokens - 1) + format`, then
+/// `splitk_reduce_q` at 32, the 128-token prefill tiles `gemmq_<fmt>_w128` at `33 + format`.
+pub(super) const GEMM_QUANT_ENTRIES: [&str; 41] = {
+    let d = q_names!(("gemmq_", "_t16"), ("gemmq_", "_t32"), ("gemmq_", "_t48"), ("gemmq_", "_t64"));
+    let w = q_names!(("gemmq_", "_w128"));
+    let mut all = ["splitk_reduce_q"; 41];
+    let mut i = 0;
+    while i < 32 {
+        all[i] = d[i];
+        i += 1;
+    }
+    while i < 40 {
+        all[i + 1] = w[i - 32];
+        i += 1;
+    }
+    all
+};
+
+/// `kernels/dequant.cu`: `dequant_<fmt>_f16` at `format`, `embedding_<fmt>` at `8 + format`,
+/// then the synthetic-weight fillers.
+pub(super) const DEQUANT_ENTRIES: [&str; 18] = {
+    let d = q_names!(("dequant_", "_f16"), ("embedding_", ""));
+    let mut all = ["fill_random_u32"; 18];
+    let mut i = 0;
+    while i < 16 {
+        all[i] = d[i];
+        i += 1;
+    }
+    all[17] = "tile_aux";
+    all
+};
+
+/// Entry points of kernels/moe.cu: `9 * variant + format` for the variants gate/up pair mode,
+/// gate/up grouped, down pair mode, down grouped, formats in `QFormat::index` order then F16
+/// (8); then the router, the grouping and the weighted sum (36..40); the fused router (40),
+/// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50),
+/// the tiled router (51).
+pub(super) const MOE_ENTRIES: [&str; 52] = {
+    macro_rules! fmts {
+        ($pre:literal, $suf:literal) => {
+            [
+                concat!($pre, "q4_0", $suf),
+                concat!($pre, "q4_1", $suf),
+                concat!($pre, "q5_0", $suf),
+                concat!($pre, "q5_1", $suf),
+                concat!($pre, "q8_0", $suf),
+                concat!($pre, "q4_k", $suf),
+                concat!($pre, "q5_k", $suf),
+                concat!($pre, "q6_k", $suf),
+                concat!($pre, "f16", $suf),
+            ]
+        };
+    }
+    let v =
+        [fmts!("moe_gate_up_", "_p"), fmts!("moe_gate_up_", "_g"), fmts!("moe_down_", "_p"), fmts!("moe_down_", "_g")];
+    let ds = fmts!("moe_down_sum_", "");
+    let mut all = ["moe_route_f32"; 52];
+    let mut i = 0;
+    while i < 36 {
+        all[i] = v[i / 9][i % 9];
+        i += 1;
+    }
+    all[37] = "moe_group";
+    all[38] = "moe_combine_f32";
+    all[39] = "moe_router_logits_f32";
+    all[40] = "moe_route_fused_f32";
+    all[50] = "moe_router_logits_blk_f32";
+    all[51] = "moe_router_logits_tile_f32";
+    let mut j = 0;
+    while j < 9 {
+        all[41 + j] = ds[j];
+        j += 1;
+    }
+    all
+};
+
+/// Entry points of kernels/moe_gemm.cu: `4 * format + variant` for the variants gate/up t16,
+/// gate/up t64, down t16, down t64 (formats in [`MOE_GEMM_FORMATS`] order), then the gather.
+pub(super) const MOE_GEMM_ENTRIES: [&str; 21] = {
+    macro_rules! v {
+        ($f:literal) => {
+            [
+                concat!("moe_gemm_gate_up_", $f, "_t16"),
+                concat!("moe_gemm_gate_up_", $f, "_t64"),
+                concat!("moe_gemm_down_", $f, "_t16"),
+                concat!("moe_gemm_down_", $f, "_t64"),
+            ]
+        };
+    }
+    let f = [v!("q4_0"), v!("q8_0"), v!("q4_k"), v!("q5_k"), v!("q6_k")];
+    let mut all = ["moe_gather_f16"; 21];
+    let mut i = 0;
+    while i < 20 {
+        all[i] = f[i / 4][i % 4];
+        i += 1;
+    }
+    all
+};
+
+/// Entry points of kernels/moe_q8.cu: `2 * format + v` (formats in `QFormat::index` order),
+/// v = 0 gate/up + SwiGLU, v = 1 down + weighted sum.
+pub const MOE_Q8_ENTRIES: [&str; 16] = {
+    macro_rules! both {
+        ($($f:literal),*) => {
+            [$(concat!("moe_gate_up_q8_", $f), concat!("moe_down_sum_q8_", $f)),*]
+        };
+    }
+    both!("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+};
+
+#[cfg(test)]
+mod tests {
+    //! Every handle against the name spelled out from its parts: a wrong table offset names
+    //! another kernel (or another format's) and fails here, without a GPU.
+    use super::*;
+    use crate::backend::cuda::kernels::file_of;
+    use crate::model::quant::GgmlType;
+
+    fn fmt_name(f: &QFormat) -> &'static str {
+        match f.dtype {
+            GgmlType::Q4_0 => "q4_0",
+            GgmlType::Q4_1 => "q4_1",
+            GgmlType::Q5_0 => "q5_0",
+            GgmlType::Q5_1 => "q5_1",
+            GgmlType::Q8_0 => "q8_0",
+            GgmlType::Q4K => "q4_k",
+            GgmlType::Q5K => "q5_k",
+            GgmlType::Q6K => "q6_k",
+            other => panic!("no kernel format {other:?}"),
+        }
+    }
+
+    fn known(name: &str) -> &str {
+        assert!(file_of(name).is_some(), "{name} is not an entry of any kernel file");
+        name
+    }
+
+    #[test]
+    fn handles_name_the_kernel_they_say() {
+        for f in QFormat::all() {
+            let n = fmt_name(&f);
+            for (n_tok, width) in [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)] {
+                for swiglu in [false, true] {
+                    let g = Gemv { n_tok, swiglu };
+                    let sw = if swiglu { "swiglu_" } else { "" };
+                    assert_eq!(known(gemv_quant(&f, g)), format!("gemv_{sw}{n}_n{width}"));
+                    assert_eq!(known(gemv_q8(&f, g, false)), format!("gemvq8_{sw}{n}_n{width}"));
+                    let r2 =
+                        if n_tok == 1 { format!("gemvq8_{sw}{n}_n1r2") } else { format!("gemvq8_{sw}{n}_n{width}") };
+                    assert_eq!(known(gemv_q8(&f, g, true)), r2);
+                }
+            }
+            for tiles in 1..=4 {
+                assert_eq!(known(gemm_quant(&f, tiles)), format!("gemmq_{n}_t{}", 16 * tiles));
+            }
+            assert_eq!(known(gemm_quant_w128(&f)), format!("gemmq_{n}_w128"));
+            assert_eq!(known(dequant(&f)), format!("dequant_{n}_f16"));
+            assert_eq!(known(embedding_q(&f)), format!("embedding_{n}"));
+            assert_eq!(known(moe_q8(f.index, true)), format!("moe_gate_up_q8_{n}"));
+            assert_eq!(known(moe_q8(f.index, false)), format!("moe_down_sum_q8_{n}"));
+        }
+        let slabs = QFormat::all().map(|f| (f.index, fmt_name(&f)));
+        for (col, n) in slabs.into_iter().chain([(SLAB_F16, "f16")]) {
+            for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
+                for (grouped, walk) in [(false, "p"), (true, "g")] {
+                    assert_eq!(known(moe_mat(col, MoeProduct { gate_up, grouped })), format!("moe_{what}_{n}_{walk}"));
+                }
+            }
+            assert_eq!(known(moe_down_sum(col)), format!("moe_down_sum_{n}"));
+        }
+        for (col, d) in MOE_GEMM_FORMATS.iter().enumerate() {
+            let n = fmt_name(&QFormat::of(*d).expect("a kernel format"));
+            for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
+                for (t64, t) in [(false, 16), (true, 64)] {
+                    assert_eq!(known(moe_gemm(col, gate_up, t64)), format!("moe_gemm_{what}_{n}_t{t}"));
+                }
+            }
+        }
+        assert_eq!(known(QUANTIZE_X_Q8), "quantize_x_q8");
+        assert_eq!(known(SPLITK_REDUCE_Q), "splitk_reduce_q");
+    }
+}
