@@ -183,7 +183,7 @@ def main():
         f"{a.source}, assembled by the ptxas of CUDA {' and '.join(vers)} with `-arch=sm_70 -v`.\n\n"
         "- threads: the block size the kernel declares (`__launch_bounds__`, PTX `.maxntid`); `-`: set at launch.\n"
         "- smem: static shared memory in bytes (dynamic shared memory is sized at launch by the launchers, "
-        "which check it: `src/backend/cuda/attention.rs`, `prefill.rs`).\n"
+        "which check it: `src/backend/cuda/ops/attention.rs`, `prefill.rs`).\n"
         "- stack: local memory per thread (stack frame), bytes; spills: bytes stored/loaded per thread. "
         "A hot decode/GEMM kernel (`HOT` in scripts/ptxas_table.py) may not spill, except the few listed "
         "in `KNOWN_SPILLS` there, which may not spill more.\n"

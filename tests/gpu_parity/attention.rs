@@ -8,7 +8,7 @@ use cudarc::driver::CudaSlice;
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::cascade;
 use dustoff::backend::cuda::ops as l;
-use dustoff::backend::cuda::prefill::{
+use dustoff::backend::cuda::ops::prefill::{
     acc_available, prefill_splits, prefill_supported, push_tiles, PrefillAttention, PrefillSplit,
 };
 

@@ -186,7 +186,9 @@ pub(crate) fn time(g: &mut Gpu, f: &mut dyn FnMut(&mut Gpu)) -> f64 {
 #[ignore]
 fn attention_breakdown() {
     use dustoff::backend::cuda::cascade;
-    use dustoff::backend::cuda::prefill::{acc_available, prefill_splits, push_tiles, PrefillAttention, PrefillSplit};
+    use dustoff::backend::cuda::ops::prefill::{
+        acc_available, prefill_splits, push_tiles, PrefillAttention, PrefillSplit,
+    };
     let mut g = gpu("attention breakdown").unwrap();
     let s = g.dev.stream.clone();
     let bs = 16usize;
@@ -243,7 +245,7 @@ fn attention_breakdown() {
         let cache_rows = n_blocks * bs;
         let (kc, vc) = (g.zeros::<u16>(cache_rows * nkv * hd), g.zeros::<u16>(cache_rows * nkv * hd));
         for (j, c) in [&kc, &vc].into_iter().enumerate() {
-            dustoff::backend::cuda::embedding::FillUniform { out: g.d(c), seed: 9 + j as u64, scale: 1.0 }
+            dustoff::backend::cuda::ops::embedding::FillUniform { out: g.d(c), seed: 9 + j as u64, scale: 1.0 }
                 .launch(&mut g.k, &s)
                 .unwrap();
         }
@@ -472,7 +474,7 @@ fn kernel_breakdown() {
         // Random values, not zeros (zeros can run faster than real data).
         for (j, w) in ws.iter().enumerate() {
             let out = g.d(w);
-            dustoff::backend::cuda::embedding::FillUniform { out, seed: j as u64 + 1, scale: 0.03 }
+            dustoff::backend::cuda::ops::embedding::FillUniform { out, seed: j as u64 + 1, scale: 0.03 }
                 .launch(&mut g.k, &s)
                 .unwrap();
         }
@@ -481,7 +483,7 @@ fn kernel_breakdown() {
             let w = g.d(&ws[i % n_copies]);
             i += 1;
             if swiglu {
-                dustoff::backend::cuda::gemv_f16::GemvSwiglu {
+                dustoff::backend::cuda::ops::gemv_f16::GemvSwiglu {
                     w,
                     x: g.d(&x),
                     out: g.d(&out),
@@ -516,12 +518,12 @@ fn kernel_breakdown() {
         let all_rows = rows * if swiglu { 2 } else { 1 };
         let x16 = g.zeros::<u16>(64 * cols);
         let outn = g.zeros::<f32>(64 * all_rows);
-        let part = g.zeros::<f32>(dustoff::backend::cuda::gemm_tc::tc64_part_len(all_rows, cols, 64).max(1));
+        let part = g.zeros::<f32>(dustoff::backend::cuda::ops::gemm_tc::tc64_part_len(all_rows, cols, 64).max(1));
         for n in [8usize, 16, 32, 64] {
             let dt = time(&mut g, &mut |g| {
                 let w = g.d(&ws[i % n_copies]);
                 i += 1;
-                dustoff::backend::cuda::gemm_tc::GemmTc {
+                dustoff::backend::cuda::ops::gemm_tc::GemmTc {
                     w,
                     x: g.d(&x16),
                     out: g.d(&outn),

@@ -5,12 +5,12 @@
 
 use dustoff::backend::cpu::deltanet::gated_rmsnorm;
 use dustoff::backend::cpu::ops;
-use dustoff::backend::cuda::deltanet::{
+use dustoff::backend::cuda::ops::deltanet::{
     DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnRecur, DnRecurNorm, StatePool, DN_AB_ROW, DN_CH,
 };
-use dustoff::backend::cuda::hybrid_attn::{GateMul, HybQkvPost};
-use dustoff::backend::cuda::q8x;
-use dustoff::backend::cuda::qlaunch::q8x_bytes;
+use dustoff::backend::cuda::ops::hybrid_attn::{GateMul, HybQkvPost};
+use dustoff::backend::cuda::ops::q8x;
+use dustoff::backend::cuda::ops::qlaunch::q8x_bytes;
 use dustoff::model::config::RopeStyle;
 
 use super::deltanet_case::{
@@ -405,7 +405,7 @@ fn deltanet_layer_timings() {
                 "deltanet 9B shape, {what}: chunked delta rule {:.1} us ({} + {} blocks) against the step form's {:.1} us ({} blocks)",
                 t * 1e6,
                 cs.nv * longest.div_ceil(DN_CH),
-                cs.nv * cs.dv / dustoff::backend::cuda::deltanet::DN_COLS,
+                cs.nv * cs.dv / dustoff::backend::cuda::ops::deltanet::DN_COLS,
                 t_recur * 1e6,
                 cs.nv
             );

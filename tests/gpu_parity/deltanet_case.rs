@@ -6,8 +6,8 @@
 use dustoff::backend::cpu::deltanet::{
     conv1d_silu, delta_rule_chunked, delta_rule_step, gates_inplace, l2norm_inplace,
 };
-use dustoff::backend::cuda::deltanet::{DnGatedNorm, DnPrep, DnRecur, StatePool};
-use dustoff::backend::cuda::launch::Dev;
+use dustoff::backend::cuda::ops::deltanet::{DnGatedNorm, DnPrep, DnRecur, StatePool};
+use dustoff::backend::cuda::ops::launch::Dev;
 
 use super::Gpu;
 

@@ -3,9 +3,9 @@
 //! whole models with the fusion on and off.
 
 use cudarc::driver::CudaSlice;
-use dustoff::backend::cuda::fused_norm::{gemv_norm_twin, rmsnorm_q8_twin, GemvNorm, RmsNormF16, RmsNormQ8};
-use dustoff::backend::cuda::q8x::{dequantized, Q8X_LO};
-use dustoff::backend::cuda::qlaunch::{q8x_bytes, QuantizeX};
+use dustoff::backend::cuda::ops::fused_norm::{gemv_norm_twin, rmsnorm_q8_twin, GemvNorm, RmsNormF16, RmsNormQ8};
+use dustoff::backend::cuda::ops::q8x::{dequantized, Q8X_LO};
+use dustoff::backend::cuda::ops::qlaunch::{q8x_bytes, QuantizeX};
 use dustoff::backend::cuda::{CudaBackend, WeightMix};
 
 use super::{compare, f16_bits, f16_vals, gpu, l, opts, Gpu};

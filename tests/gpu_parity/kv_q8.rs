@@ -6,8 +6,8 @@
 //! shared-prefix (cascade) pass, and one-pass decode over a long context.
 
 use cudarc::driver::CudaSlice;
-use dustoff::backend::cuda::launch::KvScales;
 use dustoff::backend::cuda::ops as l;
+use dustoff::backend::cuda::ops::launch::KvScales;
 use dustoff::backend::kv_type::{q8_round_trip, KvType, Q8_GROUP};
 use half::f16;
 
@@ -91,7 +91,7 @@ fn q8_kv_stores_equal_the_cpu_round_trip() {
     let mut store =
         super::rope_store(&g, Some((&qnd, &knd)), &posd, (&cd, &sd, max_pos), (&k, &v), (&rowsd, cache_rows));
     store.kv_scales = Some(KvScales { k: g.d(&ks), v: g.d(&vs) });
-    dustoff::backend::cuda::kv_cache::QkvPost {
+    dustoff::backend::cuda::ops::kv_cache::QkvPost {
         qkv: g.d(&qkvd),
         store,
         n_tok: n,

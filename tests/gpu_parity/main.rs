@@ -45,9 +45,9 @@ use dustoff::backend::cpu::matmul::matmul;
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::device::device_count;
 use dustoff::backend::cuda::kernels::{Kernels, PtxSource};
-use dustoff::backend::cuda::kv_cache::RopeStore;
-use dustoff::backend::cuda::launch::Dev;
 use dustoff::backend::cuda::ops as l;
+use dustoff::backend::cuda::ops::kv_cache::RopeStore;
+use dustoff::backend::cuda::ops::launch::Dev;
 use dustoff::backend::cuda::{CudaBackend, CudaDevice, CudaOptions};
 use dustoff::model::config::RopeStyle;
 use dustoff::model::quant::GgmlType;
@@ -467,7 +467,7 @@ fn gemv_every_token_count_with_bias_and_accumulation_and_cublas_gemm() {
 /// split), 4032 x 1024 (the 64-row kernel, split-K capped by the column count).
 #[test]
 fn tensor_core_gemm_every_tile_count_with_bias_and_accumulation() {
-    use dustoff::backend::cuda::gemm_tc::{tc64_part_len, tc_padded, GemmTc};
+    use dustoff::backend::cuda::ops::gemm_tc::{tc64_part_len, tc_padded, GemmTc};
     let Some(mut g) = gpu("gemm_tc") else { return };
     let s = g.dev.stream.clone();
     for (rows, cols, scratch) in [(1008, 1536, false), (4096, 4096, true), (4096, 4096, false), (4032, 1024, true)] {
@@ -671,7 +671,7 @@ fn qkv_post_equals_norm_rope_store() {
         kv_store(&mut g, &a, (&ka, &va), &rowsd, cache_rows, n, kvd, stride, qd);
         // Fused.
         let (b, kb, vb) = (g.up(&qkv), g.zeros::<u16>(cache_rows * kvd), g.zeros::<u16>(cache_rows * kvd));
-        dustoff::backend::cuda::kv_cache::QkvPost {
+        dustoff::backend::cuda::ops::kv_cache::QkvPost {
             qkv: g.d(&b),
             store: rope_store(
                 &g,
@@ -723,7 +723,7 @@ fn gemv_swiglu_equals_gemv_then_silu_mul() {
         };
         gemv.launch(&mut g.k, &s).unwrap();
         l::SiluMul { gu: g.d(&gu), out: g.d(&act), n_tok: n, ffn }.launch(&mut g.k, &s).unwrap();
-        dustoff::backend::cuda::gemv_f16::GemvSwiglu {
+        dustoff::backend::cuda::ops::gemv_f16::GemvSwiglu {
             w: g.d(&wd),
             x: g.d(&xd),
             out: g.d(&got),

@@ -9,7 +9,7 @@ use rand::Rng;
 use serde_json::json;
 
 use super::{gpu, opts};
-use dustoff::backend::cuda::argmax::MaskedArgmaxRows;
+use dustoff::backend::cuda::ops::argmax::MaskedArgmaxRows;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::backend::masks::NO_MASK;
 use dustoff::backend::Backend;

@@ -12,8 +12,8 @@ use dustoff::backend::cuda::moe::{
     fused_enabled, moe_ffn, pair_max_tokens, MoeCombine, MoeDownSum, MoeGroup, MoeLayerW, MoeMat, MoeRoute,
     MoeRouteFused, MoeWork, RouterLogits, Walk,
 };
-use dustoff::backend::cuda::moe_gemm::{gemm_enabled, gemm_fits};
-use dustoff::backend::cuda::moe_q8::q8_enabled;
+use dustoff::backend::cuda::ops::moe_gemm::{gemm_enabled, gemm_fits};
+use dustoff::backend::cuda::ops::moe_q8::q8_enabled;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::config::ModelConfig;
 use dustoff::model::moe::{Expert, MoeConfig, MoeWeights};

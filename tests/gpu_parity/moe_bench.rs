@@ -68,11 +68,11 @@ fn moe_bench() {
 #[test]
 #[ignore]
 fn moe_kernel_breakdown() {
-    use dustoff::backend::cuda::launch::Dev;
     use dustoff::backend::cuda::moe::{
         MoeCombine, MoeDownSum, MoeGroup, MoeLayerW, MoeMat, MoeRouteFused, MoeWork, Walk,
     };
-    use dustoff::backend::cuda::moe_gemm::{GemmOut, MoeGather, MoeGemm, Tile};
+    use dustoff::backend::cuda::ops::launch::Dev;
+    use dustoff::backend::cuda::ops::moe_gemm::{GemmOut, MoeGather, MoeGemm, Tile};
 
     use super::bench::time;
     const L: usize = 4;
@@ -231,15 +231,15 @@ fn bench_layers(
 fn layer_route(
     l: &dustoff::backend::cuda::moe::MoeLayerW,
     s: &cudarc::driver::CudaStream,
-    x: dustoff::backend::cuda::launch::Dev<f32>,
+    x: dustoff::backend::cuda::ops::launch::Dev<f32>,
     (logits, ids, wts): (
-        dustoff::backend::cuda::launch::Dev<f32>,
-        dustoff::backend::cuda::launch::Dev<i32>,
-        dustoff::backend::cuda::launch::Dev<f32>,
+        dustoff::backend::cuda::ops::launch::Dev<f32>,
+        dustoff::backend::cuda::ops::launch::Dev<i32>,
+        dustoff::backend::cuda::ops::launch::Dev<f32>,
     ),
     n: usize,
 ) -> dustoff::backend::cuda::moe::MoeRoute {
-    use dustoff::backend::cuda::launch::Dev;
+    use dustoff::backend::cuda::ops::launch::Dev;
     let w = Dev::of(&l.router, s);
     let (dim, n_experts, k, norm) = (l.dim, l.n_experts, l.n_used, l.norm_topk_prob);
     dustoff::backend::cuda::moe::MoeRoute { x, w, logits, ids, wts, n_tok: n, dim, n_experts, k, norm }
@@ -265,9 +265,9 @@ fn time_graph_layers(g: &mut super::Gpu, n_layers: usize, f: &mut dyn FnMut(&mut
 #[test]
 #[ignore]
 fn moe_pair_graph_breakdown() {
-    use dustoff::backend::cuda::launch::Dev;
     use dustoff::backend::cuda::moe::{MoeDownSum, MoeMat, MoeRouteFused, MoeWork, Walk};
-    use dustoff::backend::cuda::moe_q8::MoeGateUpQ8;
+    use dustoff::backend::cuda::ops::launch::Dev;
+    use dustoff::backend::cuda::ops::moe_q8::MoeGateUpQ8;
 
     const L: usize = 6;
     let (mut g, bw, c, m, layers) = bench_layers("moe pair graph breakdown", L, 17);

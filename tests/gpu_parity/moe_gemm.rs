@@ -6,7 +6,7 @@
 
 use dustoff::backend::cpu::moe::{group, Groups, Routing};
 use dustoff::backend::cuda::moe::MoeLayerW;
-use dustoff::backend::cuda::moe_gemm::{gemm_fits, GemmOut, MoeGather, MoeGemm, Tile};
+use dustoff::backend::cuda::ops::moe_gemm::{gemm_fits, GemmOut, MoeGather, MoeGemm, Tile};
 use dustoff::model::moe::MoeWeights;
 use dustoff::model::quant::{dequantize_row, GgmlType};
 use dustoff::model::weights::Tensor;

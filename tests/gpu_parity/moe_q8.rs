@@ -7,8 +7,8 @@
 
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::moe::{MoeDownSum, MoeLayerW};
-use dustoff::backend::cuda::moe_q8::MoeGateUpQ8;
-use dustoff::backend::cuda::q8x::matmul_q8x;
+use dustoff::backend::cuda::ops::moe_q8::MoeGateUpQ8;
+use dustoff::backend::cuda::ops::q8x::matmul_q8x;
 use dustoff::model::quant::GgmlType;
 
 use super::moe::{distinct_ids, layer, PACKED};

@@ -10,12 +10,12 @@ use cudarc::driver::CudaSlice;
 
 use dustoff::backend::cpu::matmul::matmul;
 use dustoff::backend::cuda::dmat::{DevMat, Linear};
-use dustoff::backend::cuda::gemm_tc::tc64_part_len;
-use dustoff::backend::cuda::launch::Dev;
 use dustoff::backend::cuda::matmul::{Mm, Product};
-use dustoff::backend::cuda::q8x::{dequantized, matmul_q8x};
+use dustoff::backend::cuda::ops::gemm_tc::tc64_part_len;
+use dustoff::backend::cuda::ops::launch::Dev;
+use dustoff::backend::cuda::ops::q8x::{dequantized, matmul_q8x};
+use dustoff::backend::cuda::ops::qlaunch::{q8x_bytes, DequantF16, EmbeddingQ, GemmQ, GemvQ, QuantizeX};
 use dustoff::backend::cuda::qformat::QFormat;
-use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, EmbeddingQ, GemmQ, GemvQ, QuantizeX};
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::quant::{dequantize_row, dot_row, quantize_row, GgmlType};
 use dustoff::model::weights::Tensor;
@@ -290,7 +290,7 @@ fn int8_activations_equal_the_cpu_twin() {
     let bytes = g.down(&xq);
     let (ql_off, xs_off, _) = q8x_bytes(n, cols);
     for t in 0..n {
-        let (q, l, ds) = dustoff::backend::cuda::q8x::quantize(&x[t * cols..(t + 1) * cols]);
+        let (q, l, ds) = dustoff::backend::cuda::ops::q8x::quantize(&x[t * cols..(t + 1) * cols]);
         let codes =
             |off: usize| -> Vec<i8> { bytes[off + t * cols..off + (t + 1) * cols].iter().map(|&b| b as i8).collect() };
         assert_eq!(codes(0), q, "token {t}: hi codes");
@@ -302,7 +302,7 @@ fn int8_activations_equal_the_cpu_twin() {
             let sum: i32 = q[16 * run..16 * run + 16].iter().map(|&v| v as i32).sum();
             let sum_l: i32 = l[16 * run..16 * run + 16].iter().map(|&v| v as i32).sum();
             assert_eq!(d, ds[run / 2], "token {t} run {run}: scale");
-            let dl = d * dustoff::backend::cuda::q8x::Q8X_LO;
+            let dl = d * dustoff::backend::cuda::ops::q8x::Q8X_LO;
             assert_eq!(ds_got, dl.mul_add(sum_l as f32, d * sum as f32), "token {t} run {run}: scaled sums");
         }
     }

@@ -5,8 +5,8 @@
 //! decode graph, no host gap between kernels), divided by the launches.
 
 use dustoff::backend::cuda::dmat::DevMat;
-use dustoff::backend::cuda::launch::Dev;
-use dustoff::backend::cuda::qlaunch::{q8x_bytes, DequantF16, GemmQ, GemvQ, QView, QuantizeX};
+use dustoff::backend::cuda::ops::launch::Dev;
+use dustoff::backend::cuda::ops::qlaunch::{q8x_bytes, DequantF16, GemmQ, GemvQ, QView, QuantizeX};
 use dustoff::backend::cuda::WeightMix;
 use dustoff::model::quant::GgmlType;
 

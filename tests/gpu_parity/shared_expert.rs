@@ -1,4 +1,4 @@
-//! The shared expert of Qwen3.5-MoE / Qwen3-Next sparse layers (src/backend/cuda/
+//! The shared expert of Qwen3.5-MoE / Qwen3-Next sparse layers (src/backend/cuda/ops/
 //! shared_expert.rs, kernels/shared_expert.cu) against the CPU: the gate kernel alone
 //! (`x += sigmoid(gate . h) y`, its twin the end of cpu/moe.rs `shared_expert`), and a whole
 //! sparse layer with a shared expert (routed experts, then the gated shared one) against the
@@ -6,12 +6,12 @@
 
 use dustoff::backend::cpu::matmul::matmul;
 use dustoff::backend::cpu::moe::{moe_ffn as cpu_moe_ffn, MoeScratch};
-use dustoff::backend::cuda::gemm_tc::tc64_part_len;
 use dustoff::backend::cuda::matmul::Mm;
 use dustoff::backend::cuda::moe::{moe_ffn, MoeLayerW, MoeWork};
-use dustoff::backend::cuda::q8x;
-use dustoff::backend::cuda::qlaunch::q8x_bytes;
-use dustoff::backend::cuda::shared_expert::{shared_expert_ffn, SharedWork, ShexpGateAdd, ShexpGateQ8};
+use dustoff::backend::cuda::ops::gemm_tc::tc64_part_len;
+use dustoff::backend::cuda::ops::q8x;
+use dustoff::backend::cuda::ops::qlaunch::q8x_bytes;
+use dustoff::backend::cuda::ops::shared_expert::{shared_expert_ffn, SharedWork, ShexpGateAdd, ShexpGateQ8};
 use dustoff::model::moe::{Expert, MoeConfig, MoeWeights, SharedExpert};
 use dustoff::model::quant::{quantize_row, GgmlType};
 use dustoff::model::weights::Tensor;

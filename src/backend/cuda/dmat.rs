@@ -10,11 +10,11 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::embedding::FillUniform;
 use super::kernels::Kernels;
-use super::launch::Dev;
+use super::ops::embedding::FillUniform;
+use super::ops::launch::Dev;
+use super::ops::qlaunch::{FillQuant, QView};
 use super::qformat::QFormat;
-use super::qlaunch::{FillQuant, QView};
 use super::weights::tensor_to_f16;
 use super::CudaError;
 use crate::model::quant::{quantize_row, GgmlType};

@@ -120,7 +120,7 @@ macro_rules! q_names {
 
 /// `kernels/gemv_quant.cu`: entry `8 * v + format` where v = 0..4 is the GEMV for 1 / 2 / 4 / 8
 /// tokens and v = 4..8 the SwiGLU GEMV for the same token counts.
-pub(super) const GEMV_QUANT_ENTRIES: [&str; 64] = q_names!(
+pub(in crate::backend::cuda) const GEMV_QUANT_ENTRIES: [&str; 64] = q_names!(
     ("gemv_", "_n1"),
     ("gemv_", "_n2"),
     ("gemv_", "_n4"),
@@ -134,7 +134,7 @@ pub(super) const GEMV_QUANT_ENTRIES: [&str; 64] = q_names!(
 /// `kernels/gemv_q8.cu`: entry `8 * v + format` as in [`GEMV_QUANT_ENTRIES`] (int8
 /// activations, dp4a), v = 8 / 9 the 1-token GEMV / SwiGLU GEMV with 2 weight rows per warp,
 /// then `quantize_x_q8` at 80.
-pub(super) const GEMV_Q8_ENTRIES: [&str; 81] = {
+pub(in crate::backend::cuda) const GEMV_Q8_ENTRIES: [&str; 81] = {
     let d = q_names!(
         ("gemvq8_", "_n1"),
         ("gemvq8_", "_n2"),
@@ -158,7 +158,7 @@ pub(super) const GEMV_Q8_ENTRIES: [&str; 81] = {
 
 /// `kernels/gemm_quant.cu`: entry `8 * (tiles of 16 tokens - 1) + format`, then
 /// `splitk_reduce_q` at 32, the 128-token prefill tiles `gemmq_<fmt>_w128` at `33 + format`.
-pub(super) const GEMM_QUANT_ENTRIES: [&str; 41] = {
+pub(in crate::backend::cuda) const GEMM_QUANT_ENTRIES: [&str; 41] = {
     let d = q_names!(("gemmq_", "_t16"), ("gemmq_", "_t32"), ("gemmq_", "_t48"), ("gemmq_", "_t64"));
     let w = q_names!(("gemmq_", "_w128"));
     let mut all = ["splitk_reduce_q"; 41];
@@ -176,7 +176,7 @@ pub(super) const GEMM_QUANT_ENTRIES: [&str; 41] = {
 
 /// `kernels/dequant.cu`: `dequant_<fmt>_f16` at `format`, `embedding_<fmt>` at `8 + format`,
 /// then the synthetic-weight fillers.
-pub(super) const DEQUANT_ENTRIES: [&str; 18] = {
+pub(in crate::backend::cuda) const DEQUANT_ENTRIES: [&str; 18] = {
     let d = q_names!(("dequant_", "_f16"), ("embedding_", ""));
     let mut all = ["fill_random_u32"; 18];
     let mut i = 0;
@@ -193,7 +193,7 @@ pub(super) const DEQUANT_ENTRIES: [&str; 18] = {
 /// (8); then the router, the grouping and the weighted sum (36..40); the fused router (40),
 /// down + weighted sum `41 + format` (one stream: `fused_enabled`), the few-token router (50),
 /// the tiled router (51).
-pub(super) const MOE_ENTRIES: [&str; 52] = {
+pub(in crate::backend::cuda) const MOE_ENTRIES: [&str; 52] = {
     macro_rules! fmts {
         ($pre:literal, $suf:literal) => {
             [
@@ -234,7 +234,7 @@ pub(super) const MOE_ENTRIES: [&str; 52] = {
 
 /// Entry points of kernels/moe_gemm.cu: `4 * format + variant` for the variants gate/up t16,
 /// gate/up t64, down t16, down t64 (formats in [`MOE_GEMM_FORMATS`] order), then the gather.
-pub(super) const MOE_GEMM_ENTRIES: [&str; 21] = {
+pub(in crate::backend::cuda) const MOE_GEMM_ENTRIES: [&str; 21] = {
     macro_rules! v {
         ($f:literal) => {
             [
@@ -265,76 +265,3 @@ pub const MOE_Q8_ENTRIES: [&str; 16] = {
     }
     both!("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 };
-
-#[cfg(test)]
-mod tests {
-    //! Every handle against the name spelled out from its parts: a wrong table offset names
-    //! another kernel (or another format's) and fails here, without a GPU.
-    use super::*;
-    use crate::backend::cuda::kernels::file_of;
-    use crate::model::quant::GgmlType;
-
-    fn fmt_name(f: &QFormat) -> &'static str {
-        match f.dtype {
-            GgmlType::Q4_0 => "q4_0",
-            GgmlType::Q4_1 => "q4_1",
-            GgmlType::Q5_0 => "q5_0",
-            GgmlType::Q5_1 => "q5_1",
-            GgmlType::Q8_0 => "q8_0",
-            GgmlType::Q4K => "q4_k",
-            GgmlType::Q5K => "q5_k",
-            GgmlType::Q6K => "q6_k",
-            other => panic!("no kernel format {other:?}"),
-        }
-    }
-
-    fn known(name: &str) -> &str {
-        assert!(file_of(name).is_some(), "{name} is not an entry of any kernel file");
-        name
-    }
-
-    #[test]
-    fn handles_name_the_kernel_they_say() {
-        for f in QFormat::all() {
-            let n = fmt_name(&f);
-            for (n_tok, width) in [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)] {
-                for swiglu in [false, true] {
-                    let g = Gemv { n_tok, swiglu };
-                    let sw = if swiglu { "swiglu_" } else { "" };
-                    assert_eq!(known(gemv_quant(&f, g)), format!("gemv_{sw}{n}_n{width}"));
-                    assert_eq!(known(gemv_q8(&f, g, false)), format!("gemvq8_{sw}{n}_n{width}"));
-                    let r2 =
-                        if n_tok == 1 { format!("gemvq8_{sw}{n}_n1r2") } else { format!("gemvq8_{sw}{n}_n{width}") };
-                    assert_eq!(known(gemv_q8(&f, g, true)), r2);
-                }
-            }
-            for tiles in 1..=4 {
-                assert_eq!(known(gemm_quant(&f, tiles)), format!("gemmq_{n}_t{}", 16 * tiles));
-            }
-            assert_eq!(known(gemm_quant_w128(&f)), format!("gemmq_{n}_w128"));
-            assert_eq!(known(dequant(&f)), format!("dequant_{n}_f16"));
-            assert_eq!(known(embedding_q(&f)), format!("embedding_{n}"));
-            assert_eq!(known(moe_q8(f.index, true)), format!("moe_gate_up_q8_{n}"));
-            assert_eq!(known(moe_q8(f.index, false)), format!("moe_down_sum_q8_{n}"));
-        }
-        let slabs = QFormat::all().map(|f| (f.index, fmt_name(&f)));
-        for (col, n) in slabs.into_iter().chain([(SLAB_F16, "f16")]) {
-            for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
-                for (grouped, walk) in [(false, "p"), (true, "g")] {
-                    assert_eq!(known(moe_mat(col, MoeProduct { gate_up, grouped })), format!("moe_{what}_{n}_{walk}"));
-                }
-            }
-            assert_eq!(known(moe_down_sum(col)), format!("moe_down_sum_{n}"));
-        }
-        for (col, d) in MOE_GEMM_FORMATS.iter().enumerate() {
-            let n = fmt_name(&QFormat::of(*d).expect("a kernel format"));
-            for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
-                for (t64, t) in [(false, 16), (true, 64)] {
-                    assert_eq!(known(moe_gemm(col, gate_up, t64)), format!("moe_gemm_{what}_{n}_t{t}"));
-                }
-            }
-        }
-        assert_eq!(known(QUANTIZE_X_Q8), "quantize_x_q8");
-        assert_eq!(known(SPLITK_REDUCE_Q), "splitk_reduce_q");
-    }
-}

@@ -18,10 +18,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use super::deltanet::{StatePool, DN_AB_ROW, DN_CH};
 use super::device::{up, zeros};
 use super::dmat::Linear;
-use super::launch::{allocated, Dev};
+use super::ops::deltanet::{StatePool, DN_AB_ROW, DN_CH};
+use super::ops::launch::{allocated, Dev};
 use super::CudaError;
 use crate::backend::state_slots::{SlotPositions, StateSlots};
 use crate::backend::BackendError;

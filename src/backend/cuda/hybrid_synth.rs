@@ -17,7 +17,7 @@ use super::hybrid::{HybridCuda, LinearW};
 use super::layer::{LayerW, SynthMats};
 use super::model::{open, CudaBackend, CudaOptions, Parts};
 use super::moe::MoeLayerW;
-use super::shared_expert::SharedExpertW;
+use super::ops::shared_expert::SharedExpertW;
 use super::synth::{hybrid_shapes, moe_formats, synthetic_matrix_bytes, WeightMix};
 use super::CudaError;
 use crate::model::config::ModelConfig;

@@ -5,7 +5,7 @@
 //!
 //! A new kernel: its `.cu` in `kernels/`, its entry names in the table below (per-format tables
 //! and their typed handles in `entries.rs`), its launcher in
-//! the Rust module of the same name (`cuda/<file>.rs`).
+//! the Rust module of the same name (`cuda/ops/<file>.rs`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -466,5 +466,79 @@ mod tests {
         std::fs::create_dir(dir.join("ptx")).unwrap();
         assert_eq!(ptx_dir_beside(&exe), Some(dir.join("ptx")));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod entry_handles {
+    //! Every handle against the name spelled out from its parts: a wrong table offset names
+    //! another kernel (or another format's) and fails here, without a GPU.
+    use super::file_of;
+    use crate::backend::cuda::entries::*;
+    use crate::backend::cuda::qformat::QFormat;
+    use crate::model::quant::GgmlType;
+
+    fn fmt_name(f: &QFormat) -> &'static str {
+        match f.dtype {
+            GgmlType::Q4_0 => "q4_0",
+            GgmlType::Q4_1 => "q4_1",
+            GgmlType::Q5_0 => "q5_0",
+            GgmlType::Q5_1 => "q5_1",
+            GgmlType::Q8_0 => "q8_0",
+            GgmlType::Q4K => "q4_k",
+            GgmlType::Q5K => "q5_k",
+            GgmlType::Q6K => "q6_k",
+            other => panic!("no kernel format {other:?}"),
+        }
+    }
+
+    fn known(name: &str) -> &str {
+        assert!(file_of(name).is_some(), "{name} is not an entry of any kernel file");
+        name
+    }
+
+    #[test]
+    fn handles_name_the_kernel_they_say() {
+        for f in QFormat::all() {
+            let n = fmt_name(&f);
+            for (n_tok, width) in [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)] {
+                for swiglu in [false, true] {
+                    let g = Gemv { n_tok, swiglu };
+                    let sw = if swiglu { "swiglu_" } else { "" };
+                    assert_eq!(known(gemv_quant(&f, g)), format!("gemv_{sw}{n}_n{width}"));
+                    assert_eq!(known(gemv_q8(&f, g, false)), format!("gemvq8_{sw}{n}_n{width}"));
+                    let r2 =
+                        if n_tok == 1 { format!("gemvq8_{sw}{n}_n1r2") } else { format!("gemvq8_{sw}{n}_n{width}") };
+                    assert_eq!(known(gemv_q8(&f, g, true)), r2);
+                }
+            }
+            for tiles in 1..=4 {
+                assert_eq!(known(gemm_quant(&f, tiles)), format!("gemmq_{n}_t{}", 16 * tiles));
+            }
+            assert_eq!(known(gemm_quant_w128(&f)), format!("gemmq_{n}_w128"));
+            assert_eq!(known(dequant(&f)), format!("dequant_{n}_f16"));
+            assert_eq!(known(embedding_q(&f)), format!("embedding_{n}"));
+            assert_eq!(known(moe_q8(f.index, true)), format!("moe_gate_up_q8_{n}"));
+            assert_eq!(known(moe_q8(f.index, false)), format!("moe_down_sum_q8_{n}"));
+        }
+        let slabs = QFormat::all().map(|f| (f.index, fmt_name(&f)));
+        for (col, n) in slabs.into_iter().chain([(SLAB_F16, "f16")]) {
+            for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
+                for (grouped, walk) in [(false, "p"), (true, "g")] {
+                    assert_eq!(known(moe_mat(col, MoeProduct { gate_up, grouped })), format!("moe_{what}_{n}_{walk}"));
+                }
+            }
+            assert_eq!(known(moe_down_sum(col)), format!("moe_down_sum_{n}"));
+        }
+        for (col, d) in MOE_GEMM_FORMATS.iter().enumerate() {
+            let n = fmt_name(&QFormat::of(*d).expect("a kernel format"));
+            for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
+                for (t64, t) in [(false, 16), (true, 64)] {
+                    assert_eq!(known(moe_gemm(col, gate_up, t64)), format!("moe_gemm_{what}_{n}_t{t}"));
+                }
+            }
+        }
+        assert_eq!(known(QUANTIZE_X_Q8), "quantize_x_q8");
+        assert_eq!(known(SPLITK_REDUCE_Q), "splitk_reduce_q");
     }
 }

@@ -8,8 +8,8 @@ use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::device::{up, zeros};
 use super::dmat::Linear;
-use super::launch::{Dev, KvScales};
 use super::moe::MoeLayerW;
+use super::ops::launch::{Dev, KvScales};
 use super::CudaError;
 use crate::backend::kv_type::{KvType, Q8_GROUP};
 

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use cudarc::driver::sys::CUevent_flags;
 
-use super::argmax::MaskedArgmaxRows;
 use super::device::zeros;
-use super::launch::Dev;
 use super::model::CudaBackend;
+use super::ops::argmax::MaskedArgmaxRows;
+use super::ops::launch::Dev;
 use super::step_flat::Flat;
 use super::CudaError;
 use crate::backend::masks::{FillMasks, MaskRows, MaskedGreedy};

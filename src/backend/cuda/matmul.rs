@@ -17,12 +17,12 @@
 use cudarc::driver::CudaStream;
 
 use super::dmat::{DevMat, Linear};
-use super::gemm_tc::{GemmTc, TC_MAX_TOKENS};
-use super::gemv_f16::GemvSwiglu;
 use super::kernels::Kernels;
-use super::launch::{Dev, GEMV_MAX_TOKENS};
 use super::ops as l;
-use super::qlaunch::{DequantF16, GemmQ, GemvQ, QView, QuantizeX};
+use super::ops::gemm_tc::{GemmTc, TC_MAX_TOKENS};
+use super::ops::gemv_f16::GemvSwiglu;
+use super::ops::launch::{Dev, GEMV_MAX_TOKENS};
+use super::ops::qlaunch::{DequantF16, GemmQ, GemvQ, QView, QuantizeX};
 use super::tuning::tuning;
 use super::CudaError;
 use crate::model::config::ModelConfig;
@@ -340,7 +340,7 @@ impl Mm<'_> {
             let m = (n - t0).min(TC_MAX_TOKENS);
             let x = self.x16.offset(t0 * cols);
             let fits = GemmTc::fits(w, x, rows, cols, m);
-            super::launch::check("gemm_tc_f16", fits, || {
+            super::ops::launch::check("gemm_tc_f16", fits, || {
                 format!(
                     "a [{rows}x{cols}] product of {n} tokens needs cuBLAS (rows not a multiple of 16 or columns \
                      of 32), and no libcublas was loaded"

@@ -16,8 +16,8 @@ use super::moe;
 use super::qformat::QFormat;
 pub use super::seqs::{SeqPlan, DEFAULT_STATE_SNAPSHOTS};
 
-use super::attention::attn_splits;
-use super::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
+use super::ops::attention::attn_splits;
+use super::ops::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
 
 /// Bytes the backend will hold on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -245,7 +245,7 @@ pub fn plan_memory_for(
     // Qwen3.5-MoE / Qwen3-Next: the shared experts' buffers (their width, which the config
     // does not carry here, is at most the model width in every released model).
     let shared = if c.layer_kinds().iter().any(|k| k.has_shared_expert()) {
-        super::shared_expert::SharedWork::bytes_for(tok, dim, dim)
+        super::ops::shared_expert::SharedWork::bytes_for(tok, dim, dim)
     } else {
         0
     };
@@ -291,7 +291,7 @@ fn tc_part_bytes(c: &ModelConfig, tok: usize) -> u64 {
 /// so the most splits; none once its tiles fill the GPU: then the kernel writes its output
 /// directly and takes no partials).
 fn attn_part_rows(c: &ModelConfig, tok: usize, max_pos: usize, running: usize) -> usize {
-    use super::prefill::{prefill_splits, prefill_supported, TILE_TOKENS};
+    use super::ops::prefill::{prefill_splits, prefill_supported, TILE_TOKENS};
     let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
     // Shapes without the prefill kernel run every token through the decode attention.
     let tiled = prefill_supported(nh, nkv, hd);

@@ -7,18 +7,19 @@
 //! never in a circle (tests/module_graph.rs fails naming any import circle inside
 //! `src/backend/`; every child may use this module's shared items such as [`CudaError`]):
 //! 1. `nvrtc` (compilation, disk cache) and `kernels` (the table of kernel files with every
-//!    entry name, MoE families included, and the lazy per-device registry); `launch` (what
-//!    every launcher shares: `Dev`, shape checks, the one `launch` call); `device`, `qformat`,
-//!    `tuning`.
-//! 2. Launchers, one module per kernel file (`gemv_f16` for `kernels/gemv_f16.cu`, `gemm_tc`,
-//!    `rmsnorm`, `qlaunch` for the block-format files, `moe`, ...: the `#[repr(C)]` params
-//!    mirror, shape checks, grid choice). What two launcher modules share sits in a module
-//!    below both: `dmat` (device matrices), `paged_attn` (the paged-attention inputs, for
-//!    `attention` and `prefill`; both launch `attention_merge`), `moe_slab` (expert slabs and
-//!    the pair-mode down product, for `moe`, `moe_q8`, `shared_expert`). A family's dispatch
-//!    (`matmul`: which kernel a product takes; `moe::moe_ffn`) sits above its launchers, and
-//!    a launcher never imports its dispatcher. `ops` only re-exports the plain launchers under
-//!    one name (`use super::ops as l`); nothing it re-exports imports it.
+//!    entry name, MoE families included, and the lazy per-device registry; `entries`: the
+//!    per-format entry tables and the typed handles launchers pick them with); `device`,
+//!    `qformat`, `tuning`.
+//! 2. `ops/`, the launchers: one module per kernel file (`ops/gemv_f16.rs` for
+//!    `kernels/gemv_f16.cu`, `gemm_tc`, `rmsnorm`, `qlaunch` for the block-format files, ...:
+//!    the `#[repr(C)]` params mirror, shape checks, grid choice) over `ops/launch.rs` (what
+//!    every launcher shares: `Dev`, shape checks, the one `launch` call). What two launcher modules share sits in a
+//!    module below both: `dmat` (device matrices), `ops/paged_attn` (the paged-attention
+//!    inputs, for `attention` and `prefill`; both launch `attention_merge`), `ops/moe_slab`
+//!    (expert slabs and the pair-mode down product, for `moe`, `moe_q8`, `shared_expert`). A
+//!    family's dispatch (`matmul`: which kernel a product takes; `moe::moe_ffn`) sits above its
+//!    launchers, and a launcher never imports its dispatcher. `moe` (the MoE weights and the
+//!    launchers of `kernels/moe.cu`) stays beside `ops/` for its weights.
 //! 3. Step plumbing over the launchers: `step_flat` (the shape of a flattened step), `step_attn`
 //!    (its attention), `workspace` (its buffers), `graph` (captured CUDA graphs), `seqs`,
 //!    `layer` (one layer's device weights), `synth` (synthetic models' formats and bytes),
@@ -30,28 +31,15 @@
 //!    replay), `masked` (the grammar-masked greedy step), `hybrid_synth` (synthetic hybrid
 //!    models), `step_weights` (the weights a step read, for the bench's step bound).
 
-pub mod add;
-pub mod argmax;
-pub mod attention;
-pub mod attention_merge;
 pub mod budget;
 pub mod cascade;
-pub mod cublas_gemm;
-pub mod deltanet;
 pub mod device;
 pub mod dmat;
-pub mod embedding;
 pub mod entries;
-pub mod fused_norm;
-pub mod gemm_tc;
-pub mod gemv_f16;
 mod graph;
 pub mod hybrid;
-pub mod hybrid_attn;
 mod hybrid_synth;
 pub mod kernels;
-pub mod kv_cache;
-pub mod launch;
 mod layer;
 mod layers;
 pub mod masked;
@@ -59,26 +47,15 @@ pub mod matmul;
 pub mod memory;
 pub mod model;
 pub mod moe;
-pub mod moe_gemm;
-pub mod moe_q8;
 pub mod moe_shexp;
-pub mod moe_slab;
 pub mod nccl;
 pub mod nvrtc;
 pub mod nvrtc_lib;
 pub mod ops;
-pub mod paged_attn;
-pub mod prefill;
 mod profile;
 pub mod ptx_isa;
-pub mod q8x;
 pub mod qformat;
-pub mod qlaunch;
-pub mod rmsnorm;
-pub mod rope;
 pub mod seqs;
-pub mod shared_expert;
-pub mod silu_mul;
 mod step;
 mod step_attn;
 mod step_flat;

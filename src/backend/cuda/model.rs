@@ -481,7 +481,7 @@ impl CudaBackend {
             hybrid: p.hybrid,
             tap: None,
             tp: None,
-            fold_shexp_gate: super::shared_expert::gate_folded(),
+            fold_shexp_gate: super::ops::shared_expert::gate_folded(),
             dev,
         };
         b.note_memory();

@@ -26,11 +26,11 @@ use super::device::{up, zeros};
 use super::dmat::DevMat;
 use super::entries::{self, MoeProduct};
 use super::kernels::Kernels;
-use super::launch::{allocated, blocks_for, check, grid_yz, i32_of, launch, need, Dev};
-use super::moe_gemm;
-pub use super::moe_slab::slab_bytes;
-pub use super::moe_slab::MoeDownSum;
-use super::moe_slab::{slab_view, RowWalk};
+use super::ops::launch::{allocated, blocks_for, check, grid_yz, i32_of, launch, need, Dev};
+use super::ops::moe_gemm;
+pub use super::ops::moe_slab::slab_bytes;
+pub use super::ops::moe_slab::MoeDownSum;
+use super::ops::moe_slab::{slab_view, RowWalk};
 use super::step_norm::NormIn;
 use super::CudaError;
 use crate::model::config::ModelConfig;
@@ -65,7 +65,7 @@ pub struct MoeLayerW {
     pub norm_topk_prob: bool,
     /// Qwen3.5-MoE / Qwen3-Next: the gated shared expert (`shared_expert.rs`), run after the
     /// routed experts by the caller of `moe_ffn`.
-    pub shared: Option<super::shared_expert::SharedExpertW>,
+    pub shared: Option<super::ops::shared_expert::SharedExpertW>,
 }
 
 /// Checks that `w`'s experts can be put on the GPU (shapes, formats, the kernels' row rules)
@@ -89,7 +89,7 @@ pub fn check_layer(w: &MoeWeights) -> Result<(), CudaError> {
         )));
     }
     if let Some(sh) = &w.shared {
-        super::shared_expert::SharedExpertW::check(sh)?;
+        super::ops::shared_expert::SharedExpertW::check(sh)?;
     }
     for e in &w.experts {
         for (t, like) in [(&e.gate, &first.gate), (&e.up, &first.gate), (&e.down, &first.down)] {
@@ -108,7 +108,7 @@ pub fn check_layer(w: &MoeWeights) -> Result<(), CudaError> {
 /// Device bytes of one sparse layer's router (f32), three slabs and shared expert.
 pub fn layer_bytes(w: &MoeWeights, to_f16: bool) -> u64 {
     let n = w.experts.len();
-    let shared = w.shared.as_ref().map_or(0, |sh| super::shared_expert::shared_bytes(sh, to_f16));
+    let shared = w.shared.as_ref().map_or(0, |sh| super::ops::shared_expert::shared_bytes(sh, to_f16));
     let router = (w.router.rows * w.router.cols * 4) as u64 + shared;
     let Some(e) = w.experts.first() else { return router };
     router
@@ -143,7 +143,7 @@ impl MoeLayerW {
         let (shared, c4) = match &w.shared {
             Some(sh) => {
                 let (x, c) =
-                    super::shared_expert::SharedExpertW::upload(s, sh, to_f16, &format!("{what} shared expert"))?;
+                    super::ops::shared_expert::SharedExpertW::upload(s, sh, to_f16, &format!("{what} shared expert"))?;
                 (Some(x), c)
             }
             None => (None, 0),
@@ -527,8 +527,8 @@ impl MoeMat<'_> {
         if let Some(sh) = sh {
             sh.check_gate_up(K, fi, (rows, cols), (qs_row, aux_row), self.up.is_some() && self.x_by_token)?;
         }
-        need(K, "input", self.x, super::launch::extent(in_rows, self.x_stride, cols))?;
-        need(K, "output", self.out, super::launch::extent(self.n_pairs + sh_rows, self.out_stride, rows))?;
+        need(K, "input", self.x, super::ops::launch::extent(in_rows, self.x_stride, cols))?;
+        need(K, "output", self.out, super::ops::launch::extent(self.n_pairs + sh_rows, self.out_stride, rows))?;
         let (variant_base, grid_y, ids, offsets, entries) = match self.walk {
             Walk::Pairs { ids } => {
                 need(K, "ids", ids, self.n_pairs)?;
@@ -876,7 +876,7 @@ pub(super) fn pair_path(w: &MoeLayerW, n_tok: usize) -> Option<PairPath> {
     if n_tok > pair_max_tokens() || !fused_enabled() || k > 8 {
         return None;
     }
-    let q8 = super::moe_q8::q8_enabled() && super::moe_q8::fits(&w.gate, &w.down, k);
+    let q8 = super::ops::moe_q8::q8_enabled() && super::ops::moe_q8::fits(&w.gate, &w.down, k);
     Some(match () {
         _ if q8 => PairPath::Int8,
         _ => PairPath::Three,
@@ -925,7 +925,7 @@ pub fn pair_ffn(
     MoeRouteFused { route, count: dev(&work.route_count, s)? }.launch_sh(kn, s, sh)?;
     if path == PairPath::Int8 {
         let (ne, n_pairs) = (w.n_experts, pairs);
-        super::moe_q8::MoeGateUpQ8 { gate: &w.gate, up: &w.up, n_experts: ne, h, ids, act, n_pairs, k }
+        super::ops::moe_q8::MoeGateUpQ8 { gate: &w.gate, up: &w.up, n_experts: ne, h, ids, act, n_pairs, k }
             .launch(kn, s)?;
         return MoeDownSum { down: &w.down, n_experts: ne, act, ids, wts, x, n_tok, k }.launch_q8(kn, s);
     }

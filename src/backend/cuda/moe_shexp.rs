@@ -19,9 +19,9 @@
 use cudarc::driver::CudaStream;
 
 use super::kernels::Kernels;
-use super::launch::Dev;
 use super::moe::ShexpPairs;
 use super::moe::{pair_ffn, pair_path, MoeLayerW, MoeWork, PairPath};
+use super::ops::launch::Dev;
 use super::CudaError;
 
 /// Whether one-stream steps run the shared expert inside the routed launches.

@@ -24,11 +24,11 @@
 use cudarc::driver::CudaStream;
 use rayon::prelude::*;
 
-use super::gemm_tc::TC_MAX_TOKENS;
 use super::graph::StepGraphs;
-use super::launch::Dev;
 use super::model::CudaBackend;
 use super::ops as l;
+use super::ops::gemm_tc::TC_MAX_TOKENS;
+use super::ops::launch::Dev;
 use super::step_flat::Flat;
 use super::step_inputs::graph_key;
 use super::workspace::{ptr, Work};

@@ -5,9 +5,9 @@
 use cudarc::driver::CudaStream;
 
 use super::kernels::Kernels;
-use super::launch::Dev;
 use super::ops as l;
-use super::prefill::{PrefillAttention, PrefillSplit};
+use super::ops::launch::Dev;
+use super::ops::prefill::{PrefillAttention, PrefillSplit};
 use super::step_flat::Flat;
 use super::CudaError;
 

@@ -2,9 +2,9 @@
 //! inputs written to `CudaBackend::host_meta` in the layout of `workspace::layout`, with the
 //! work buffers grown to fit (`ensure_work`). `step` runs what this prepares.
 
-use super::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
 use super::graph::GraphKey;
 use super::model::CudaBackend;
+use super::ops::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
 use super::step_flat::Flat;
 use super::workspace::{grow, layout};
 use super::CudaError;
@@ -101,7 +101,7 @@ impl CudaBackend {
         let mut m = 0;
         let (nh, nkv, hd) = (self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim);
         // Chunks of several tokens go to the prefill attention where the shape allows it.
-        let tiled = super::prefill::prefill_supported(nh, nkv, hd);
+        let tiled = super::ops::prefill::prefill_supported(nh, nkv, hd);
         let single = |len: usize| !tiled || len == 1;
         let (mut n_single, mut max_len, mut n_tiles, mut max_end) = (0, 1, 0, 0);
         for c in &plan.chunks {
@@ -111,14 +111,14 @@ impl CudaBackend {
                 n_single += c.tokens.len();
                 max_len = max_len.max(end);
             } else {
-                n_tiles += c.tokens.len().div_ceil(super::prefill::TILE_TOKENS);
+                n_tiles += c.tokens.len().div_ceil(super::ops::prefill::TILE_TOKENS);
                 max_end = max_end.max(end);
             }
         }
         let graph = n <= TC_MAX_TOKENS;
-        let split_len = super::attention::decode_split_len(n_single, max_len, nh, nkv, hd);
+        let split_len = super::ops::attention::decode_split_len(n_single, max_len, nh, nkv, hd);
         let (pf_splits, pf_split_len) =
-            super::prefill::prefill_splits(n_tiles, n - n_single, max_end, nh, nkv, hd, graph);
+            super::ops::prefill::prefill_splits(n_tiles, n - n_single, max_end, nh, nkv, hd, graph);
         let mut f = Flat {
             n_tok: n,
             n_seqs: plan.chunks.len(),
@@ -183,7 +183,7 @@ impl CudaBackend {
                     meta[lay.bt + ci * bts + i] = b as i32;
                 }
                 if !pass_single {
-                    super::prefill::push_tiles(&mut tiles, &mut tile_rows, t, c.tokens.len(), c.start_pos, ci);
+                    super::ops::prefill::push_tiles(&mut tiles, &mut tile_rows, t, c.tokens.len(), c.start_pos, ci);
                 }
                 for (i, &tok) in c.tokens.iter().enumerate() {
                     let p = c.start_pos + i;

@@ -6,11 +6,11 @@
 //! the product may read it in f32 (a part of a mixed QKV that takes another path).
 
 use super::dmat::Linear;
-use super::fused_norm::{GemvNorm, RmsNormF16, RmsNormQ8};
 use super::kernels::Kernels;
-use super::launch::Dev;
 use super::matmul::{input_form, packed_gemv, tc_min_tokens, Mm, Product, XForm};
 use super::ops as l;
+use super::ops::fused_norm::{GemvNorm, RmsNormF16, RmsNormQ8};
+use super::ops::launch::Dev;
 use super::CudaError;
 
 /// The norm in front of a product: `h = rmsnorm(x) * w`, rows of `dim`.

@@ -3,7 +3,7 @@
 //! (`model::CudaBackend::synthetic_mix`, `hybrid_synth`), and the device bytes the memory
 //! plan counts before anything is made.
 
-use super::moe_slab::slab_bytes;
+use super::ops::moe_slab::slab_bytes;
 use crate::model::config::ModelConfig;
 use crate::model::moe::MoeConfig;
 use crate::model::quant::GgmlType;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DeviceRepr, ValidAsZeroBits};
 
-use super::launch::Dev;
+use super::ops::launch::Dev;
 use super::CudaError;
 use crate::backend::cpu::tap::ActivationTap;
 use crate::model::layer::{Ffn, Mixer};

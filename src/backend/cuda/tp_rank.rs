@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::launch::Dev;
 use super::nccl::NcclComm;
+use super::ops::launch::Dev;
 use super::CudaError;
 use crate::backend::allreduce::HostAllReduce;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
 
 use super::device::zeros;
-use super::launch::Dev;
+use super::ops::launch::Dev;
 use super::CudaError;
 
 /// Buffers of the masked step (masked.rs), grown on demand (never shrunk; not part of any captured graph).
@@ -53,7 +53,7 @@ pub(super) struct Work {
     /// Buffers of the sparse layers (expert ids, weights, grouping, expert outputs).
     pub moe: super::moe::MoeWork,
     /// Buffers of the shared experts (Qwen3.5-MoE, Qwen3-Next).
-    pub shexp: super::shared_expert::SharedWork,
+    pub shexp: super::ops::shared_expert::SharedWork,
 }
 
 /// Grows `buf` to at least `n` elements; returns whether it was (re)allocated.

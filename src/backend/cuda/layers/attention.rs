@@ -10,12 +10,12 @@
 use cudarc::driver::CudaSlice;
 
 use super::super::hybrid::HybridCuda;
-use super::super::hybrid_attn::{GateMul, HybQkvPost};
-use super::super::kv_cache::{QkvPost, RopeStore};
-use super::super::launch::{Dev, KvScales};
 use super::super::layer::LayerW;
 use super::super::matmul::Product;
-use super::super::paged_attn::PagedAttn;
+use super::super::ops::hybrid_attn::{GateMul, HybQkvPost};
+use super::super::ops::kv_cache::{QkvPost, RopeStore};
+use super::super::ops::launch::{Dev, KvScales};
+use super::super::ops::paged_attn::PagedAttn;
 use super::super::step_norm::norm_product;
 use super::super::tap::TapPoint;
 use super::super::CudaError;

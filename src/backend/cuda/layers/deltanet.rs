@@ -1,13 +1,13 @@
 //! The Gated DeltaNet mixer (`MixerKind::DeltaNet`, the linear-attention layers of Qwen3.5 and
-//! Qwen3-Next) on the launchers of `cuda/deltanet.rs`: the stacked q|k|v, z, b, a projection,
+//! Qwen3-Next) on the launchers of `cuda/ops/deltanet.rs`: the stacked q|k|v, z, b, a projection,
 //! causal conv1d + SiLU, q/k L2 norms and gates, the delta rule per value head (the step form,
 //! or the chunked form for prompt chunks), the gated RMSNorm, the output projection
 //! (`io.x += out(core)`). Each sequence's conv window and delta-rule matrices live in the
 //! hybrid part's state pool (`cuda/hybrid.rs`).
 
-use super::super::deltanet::{DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm};
 use super::super::hybrid::HybridCuda;
 use super::super::matmul::{input_form, Product, XForm};
+use super::super::ops::deltanet::{DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm};
 use super::super::step_norm::norm_product;
 use super::super::tap::TapPoint;
 use super::super::CudaError;
@@ -33,7 +33,7 @@ pub(super) fn run(hy: &HybridCuda, cx: Cx, hooks: &mut Hooks) -> Result<(), Cuda
     hooks.mark("dn in proj")?;
     // Graph-sized steps launch for every token as a possible chunk (the table says how
     // many there are), so a graph serves any split of its tokens into chunks.
-    let max_chunks = if n <= super::super::gemm_tc::TC_MAX_TOKENS { n } else { io.n_seqs };
+    let max_chunks = if n <= super::super::ops::gemm_tc::TC_MAX_TOKENS { n } else { io.n_seqs };
     let pool = hy.state_pool(s, d, max_chunks)?;
     let conv =
         DnConv { x: proj, x_stride: width, out: mixed, w: d.conv_dev(s), pool, n_tok: n, channels: ch, kernel: kk };
@@ -92,7 +92,7 @@ pub(super) fn run(hy: &HybridCuda, cx: Cx, hooks: &mut Hooks) -> Result<(), Cuda
         d_v: h.d_v,
         eps: c.rms_eps,
     };
-    if n > super::super::gemm_tc::TC_MAX_TOKENS && min > 0 && longest >= min {
+    if n > super::super::ops::gemm_tc::TC_MAX_TOKENS && min > 0 && longest >= min {
         DnChunked { recur: &recur, ab: hy.ab_buf(s)?, max_count: longest }.launch(k, s)?;
         hooks.mark("dn recurrence")?;
         norm.launch(k, s)?;

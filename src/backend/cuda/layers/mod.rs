@@ -22,12 +22,12 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::kernels::Kernels;
-use super::launch::Dev;
 use super::matmul::{Mm, Product};
 use super::model::CudaBackend;
 use super::ops as l;
+use super::ops::launch::Dev;
+use super::ops::qlaunch::EmbeddingQ;
 use super::profile::Profiler;
-use super::qlaunch::EmbeddingQ;
 use super::step_attn::{AttnIo, FlatAttn};
 use super::step_flat::Flat;
 use super::step_norm::NormIn;
@@ -147,7 +147,7 @@ impl Hooks<'_> {
         if let Some(a) = pre {
             a.plain().launch(k, self.s)?;
         }
-        super::launch::need("tensor parallel", "residual", x, len)?;
+        super::ops::launch::need("tensor parallel", "residual", x, len)?;
         // SAFETY: `x` holds at least `len` f32 (checked above) on this stream's device.
         unsafe { cudarc::driver::result::memset_d8_async(x.ptr, 0, len * 4, self.s.cu_stream()) }
             .map_err(CudaError::driver("tensor parallel: zeroing a partial output"))?;

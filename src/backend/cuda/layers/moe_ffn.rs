@@ -1,5 +1,5 @@
 //! The mixture-of-experts FFN (`FfnKind::Moe`): the routed experts (`cuda/moe.rs`), then the
-//! gated shared expert where the layer has one (`cuda/shared_expert.rs`), for every layer
+//! gated shared expert where the layer has one (`cuda/ops/shared_expert.rs`), for every layer
 //! whose FFN is sparse whatever its mixer: `io.x += moe(h) + sigmoid(gate . h) shared(h)`.
 //!
 //! Where the norm before folds (`cx.pre`):
@@ -10,11 +10,11 @@
 //!   input beside `h` (`step_norm::prepare`; the routed experts read `h` in f32 and leave
 //!   `x16` alone).
 
-use super::super::launch::allocated;
 use super::super::matmul::{input_form, XForm};
 use super::super::moe::{moe_ffn, moe_ffn_grouped, moe_ffn_normed, MoeLayerW};
 use super::super::moe_shexp::{moe_ffn_shared, shared_pairs};
-use super::super::shared_expert::shared_expert_ffn_with;
+use super::super::ops::launch::allocated;
+use super::super::ops::shared_expert::shared_expert_ffn_with;
 use super::super::step_norm::prepare;
 use super::super::tap::{ExpertRows, TapPoint};
 use super::super::CudaError;

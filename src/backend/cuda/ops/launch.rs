@@ -1,7 +1,7 @@
 //! What every kernel launcher shares: device pointers with their lengths (`Dev`), the shape
 //! checks, the grid arithmetic and the one `launch` call.
 //!
-//! Layout: one Rust module per kernel file (`kernels/<file>.cu` -> `cuda/<file>.rs`, e.g.
+//! Layout: one Rust module per kernel file (`kernels/<file>.cu` -> `cuda/ops/<file>.rs`, e.g.
 //! `gemv_f16.rs` launches both kernels of `gemv_f16.cu`), listed with its entry points in
 //! `kernels::KERNEL_FILES`. Each op there is a struct of its arguments (device pointers with
 //! their lengths, shapes); its `launch` checks the shapes against the buffers, picks the entry
@@ -13,8 +13,8 @@ use std::marker::PhantomData;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::kernels::Kernels;
-use super::CudaError;
+use super::super::kernels::Kernels;
+use super::super::CudaError;
 
 /// A device pointer and the number of `T` elements behind it.
 #[derive(Debug)]

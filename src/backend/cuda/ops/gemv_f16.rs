@@ -4,9 +4,9 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::kernels::Kernels;
+use super::super::kernels::Kernels;
+use super::super::CudaError;
 use super::launch::{blocks_for, check, check_product_out, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
-use super::CudaError;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -65,7 +65,7 @@ impl Gemv {
         need(K, "input", self.x, extent(self.n_tok, self.x_stride, self.cols))?;
         check_product_out(K, (self.out, self.out_stride), self.bias, self.rows, self.n_tok)?;
         // One token: 2, 4 or 8 rows a block (`DUSTOFF_GEMV_ROWS`).
-        let (entry, rows_per_block) = match (self.n_tok, super::tuning::tuning().gemv_rows) {
+        let (entry, rows_per_block) = match (self.n_tok, super::super::tuning::tuning().gemv_rows) {
             (1, 4) => ("gemv_f16_n1_r4", 4),
             (1, 8) => ("gemv_f16_n1_r8", 8),
             (1, _) => ("gemv_f16_n1", GEMV_ROWS),

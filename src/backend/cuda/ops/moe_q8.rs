@@ -9,12 +9,12 @@ use std::sync::OnceLock;
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::dmat::{DevMat, MatData};
-use super::entries::{self, MOE_Q8_ENTRIES, SLAB_F16};
-use super::kernels::{file_of, Kernels};
+use super::super::dmat::{DevMat, MatData};
+use super::super::entries::{self, MOE_Q8_ENTRIES, SLAB_F16};
+use super::super::kernels::{file_of, Kernels};
+use super::super::CudaError;
 use super::launch::{blocks_for, check, grid_yz, launch, need, Dev};
 use super::moe_slab::{slab_view, MoeDownSum, RowWalk};
-use super::CudaError;
 
 /// Whether pair-mode steps take the int8 kernels (`DUSTOFF_MOE_Q8=1`) instead of the f32 ones
 /// of moe.cu. Off by default because they are slower there: a whole one-stream FFN takes 32.9 us

@@ -4,12 +4,12 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
+use super::super::kernels::Kernels;
+use super::super::tuning::tuning;
+use super::super::CudaError;
 use super::attention_merge::Merge;
-use super::kernels::Kernels;
 use super::launch::{check, grid_yz, i32_of, launch, need, Dev};
 use super::paged_attn::PagedAttn;
-use super::tuning::tuning;
-use super::CudaError;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -10,16 +10,16 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::dmat::{DevMat, MatData};
-use super::entries::{self, MOE_GEMM_FORMATS};
-use super::kernels::Kernels;
+use super::super::dmat::{DevMat, MatData};
+use super::super::entries::{self, MOE_GEMM_FORMATS};
+use super::super::kernels::Kernels;
+use super::super::CudaError;
 use super::launch::{blocks_for, check, grid_yz, i32_of, launch, need, Dev};
-use super::CudaError;
 
 /// Whether steps that group by expert take the tensor-core GEMM (default) or the grouped GEMV
 /// (`DUSTOFF_MOE_GEMM=0`, for comparisons).
 pub fn gemm_enabled() -> bool {
-    super::tuning::tuning().moe_gemm
+    super::super::tuning::tuning().moe_gemm
 }
 
 /// Tokens of one expert per block tile.
@@ -178,7 +178,7 @@ fn quant_parts(m: &DevMat, s: &CudaStream) -> Result<(u64, u64, usize, usize), C
 
 impl MoeGemm<'_> {
     pub fn launch(&self, kn: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
-        self.launch_with(kn, s, super::tuning::tuning().moe_gemm_skip)
+        self.launch_with(kn, s, super::super::tuning::tuning().moe_gemm_skip)
     }
 
     /// [`MoeGemm::launch`] with the form named: `skip` leaves out the 16-token fragments of a

@@ -4,8 +4,8 @@
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::cublas::CudaBlas;
 
+use super::super::CudaError;
 use super::launch::{check, check_product_out, i32_of, need, Dev};
-use super::CudaError;
 
 /// `out[t, r] (+)= sum_c w[r, c] x[t, c]` through cuBLAS: `w` F16 `[rows, cols]`, `x` F16
 /// `[n_tok, cols]` (contiguous), `out` f32 `[n_tok, out_stride]`; f32 accumulation.

@@ -8,12 +8,12 @@
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaStream, DeviceRepr};
 
+use super::super::kernels::Kernels;
+use super::super::tuning::tuning;
+use super::super::CudaError;
 use super::attention_merge::Merge;
-use super::kernels::Kernels;
 use super::launch::{check, i32_of, launch, need, Dev};
 use super::paged_attn::PagedAttn;
-use super::tuning::tuning;
-use super::CudaError;
 
 /// Query tokens per tile (one wmma row tile).
 pub const TILE_TOKENS: usize = 16;

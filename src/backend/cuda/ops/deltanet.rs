@@ -9,10 +9,10 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::kernels::Kernels;
+use super::super::kernels::Kernels;
+use super::super::CudaError;
 use super::launch::{blocks_for, check, extent, grid_yz, i32_of, launch, need, Dev};
 use super::qlaunch::q8x_planes;
-use super::CudaError;
 
 /// Longest conv kernel `dn_conv_silu_f32` holds in registers (`DN_MAX_K`).
 pub const DN_MAX_K: usize = 8;

@@ -3,9 +3,9 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::kernels::Kernels;
+use super::super::kernels::Kernels;
+use super::super::CudaError;
 use super::launch::{i32_of, launch, need, Dev};
-use super::CudaError;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -6,9 +6,9 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::kernels::Kernels;
+use super::super::kernels::Kernels;
+use super::super::CudaError;
 use super::launch::{blocks_for, check, extent, grid_yz, i32_of, launch, need, need_kv, Dev, KvScales};
-use super::CudaError;
 use crate::backend::kv_type::Q8_GROUP;
 
 #[repr(C)]
@@ -84,7 +84,7 @@ impl KvStore {
 /// structs (`RopeStorePtrs` in kernels/common.cuh); made by [`RopeStore::check`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub(super) struct RopeStorePtrs {
+pub(in crate::backend::cuda) struct RopeStorePtrs {
     q_norm: u64,
     k_norm: u64,
     pos: u64,
@@ -138,7 +138,7 @@ impl RopeStore {
     /// The checks of these inputs for `n_tok` tokens (at most 65535: one grid row each) of
     /// `n_kv` KV heads of `head_dim`, `rot` dims rotated, and their pointers as the kernels
     /// take them.
-    pub(super) fn check(
+    pub(in crate::backend::cuda) fn check(
         &self,
         kernel: &'static str,
         n_tok: usize,

@@ -4,9 +4,9 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::kernels::Kernels;
+use super::super::kernels::Kernels;
+use super::super::CudaError;
 use super::launch::{check, extent, grid_yz, i32_of, launch, need, Dev};
-use super::CudaError;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

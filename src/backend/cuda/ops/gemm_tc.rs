@@ -4,10 +4,10 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::kernels::Kernels;
+use super::super::kernels::Kernels;
+use super::super::CudaError;
 use super::launch::{check, check_product_out, i32_of, launch, need, Dev};
 use super::qlaunch::kernel_params;
-use super::CudaError;
 
 /// Most tokens one tensor-core GEMM launch serves (4 tiles of 16).
 pub const TC_MAX_TOKENS: usize = 64;
@@ -27,7 +27,7 @@ const TC64_TARGET_BLOCKS: usize = 256;
 /// Rows per block of the wide-tile kernel for a matrix of `rows` rows: 128 (8 warps) where the
 /// rows allow it, else 64 (4 warps). `DUSTOFF_TC_ROWS=64` forces 64 (for comparisons).
 pub fn tc64_block_rows(rows: usize) -> usize {
-    if rows.is_multiple_of(128) && !super::tuning::tuning().tc_rows64 {
+    if rows.is_multiple_of(128) && !super::super::tuning::tuning().tc_rows64 {
         128
     } else {
         64

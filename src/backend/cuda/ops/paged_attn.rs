@@ -2,8 +2,8 @@
 //! kernels/attention_prefill.cu) attention launchers share: the description of queries over the
 //! paged KV cache (the merge of their split partials: attention_merge.rs).
 
+use super::super::CudaError;
 use super::launch::{check, extent, need, need_kv, Dev, KvScales};
-use super::CudaError;
 
 /// The inputs every paged attention kernel reads: queries `q` `[n_tok, q_stride]` (heads first),
 /// the paged F16 (or, with `kv_scales`, 8-bit) cache (`[cache_rows, n_kv * head_dim]`, cache row = block * block_size + offset, blocks

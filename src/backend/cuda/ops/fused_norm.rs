@@ -8,10 +8,10 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::kernels::Kernels;
+use super::super::kernels::Kernels;
+use super::super::CudaError;
 use super::launch::{blocks_for, check, check_product_out, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
 use super::qlaunch::q8x_planes;
-use super::CudaError;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -181,7 +181,7 @@ impl GemvNorm {
         need(K, "norm weight", self.g, self.cols)?;
         check_product_out(K, (self.out, self.out_stride), self.bias, self.rows, self.n_tok)?;
         // One token: 2, 4 or 8 rows a block (`DUSTOFF_GEMV_ROWS`), as the plain GEMV.
-        let (v, rows_per_block) = match (self.n_tok, super::tuning::tuning().gemv_rows) {
+        let (v, rows_per_block) = match (self.n_tok, super::super::tuning::tuning().gemv_rows) {
             (1, 4) => (4, 4),
             (1, 8) => (5, 8),
             (1, _) => (0, GN_ROWS),

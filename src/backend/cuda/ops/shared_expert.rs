@@ -22,14 +22,14 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::device::{up, zeros};
-use super::dmat::{DevMat, Linear};
-use super::kernels::Kernels;
+use super::super::device::{up, zeros};
+use super::super::dmat::{DevMat, Linear};
+use super::super::kernels::Kernels;
+use super::super::matmul::{input_form, packed_gemv, Mm, Product, XForm};
+use super::super::qformat::check_tensor;
+use super::super::CudaError;
 use super::launch::{allocated, blocks_for, check, i32_of, launch, need, Dev};
-use super::matmul::{input_form, packed_gemv, Mm, Product, XForm};
-use super::qformat::check_tensor;
 use super::qlaunch::q8x_planes;
-use super::CudaError;
 use crate::model::moe::SharedExpert;
 use crate::model::quant::GgmlType;
 
@@ -141,8 +141,8 @@ fn dev(b: &Option<CudaSlice<f32>>, s: &CudaStream) -> Result<Dev<f32>, CudaError
 
 /// Whether the gate is folded into the down product's int8 input where the down GEMV reads
 /// one (`DUSTOFF_SHEXP_FUSED=0`: the product into `y`, then `shexp_gate_add_f32`).
-pub(super) fn gate_folded() -> bool {
-    super::tuning::tuning().shexp_fused
+pub(in crate::backend::cuda) fn gate_folded() -> bool {
+    super::super::tuning::tuning().shexp_fused
 }
 
 /// `x[t] += sigmoid(gate . h[t]) * shared(h[t])` for `n` tokens (`h`, `x` `[n, dim]`).
@@ -185,7 +185,7 @@ pub fn shared_expert_ffn_with(
             let wq = m.quant(s).expect("checked above");
             mm.swiglu_q_with(k, wq, h, n, act, w.ffn, have)?;
         }
-        _ => super::matmul::swiglu(k, mm, &w.gu, h, n, gu, act, w.ffn)?,
+        _ => super::super::matmul::swiglu(k, mm, &w.gu, h, n, gu, act, w.ffn)?,
     }
     if let ([m], true) = (&w.down.parts[..], fold) {
         if input_form(m, n) == XForm::Q8 && w.ffn.is_multiple_of(32) {

@@ -4,11 +4,11 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::entries::{self, Gemv, QUANTIZE_X_Q8, SPLITK_REDUCE_Q};
-use super::kernels::Kernels;
+use super::super::entries::{self, Gemv, QUANTIZE_X_Q8, SPLITK_REDUCE_Q};
+use super::super::kernels::Kernels;
+use super::super::qformat::QFormat;
+use super::super::CudaError;
 use super::launch::{blocks_for, check, check_product_out, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
-use super::qformat::QFormat;
-use super::CudaError;
 
 /// A kernel's parameter struct: the `#[repr(C)]` mirror of the struct the kernel takes by
 /// value (same fields in the same order: device addresses as u64, then 32-bit values).
@@ -24,7 +24,7 @@ macro_rules! kernel_params {
         unsafe impl DeviceRepr for $name {}
     };
 }
-pub(super) use kernel_params;
+pub(in crate::backend::cuda) use kernel_params;
 
 /// A quantized matrix on the device: `rows x cols` in `fmt`'s layout (qformat.rs), qs at the
 /// start of `buf`, aux at `aux_off` bytes.
@@ -155,7 +155,7 @@ pub struct GemvQ {
 
 impl GemvQ {
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
-        self.launch_rows(k, s, super::tuning::tuning().qgemv_rows2)
+        self.launch_rows(k, s, super::super::tuning::tuning().qgemv_rows2)
     }
 
     /// As [`GemvQ::launch`]; `rows2`: the 1-token int8 kernel reads 2 weight rows per warp
@@ -284,13 +284,13 @@ impl GemmQ {
     /// Whether a step of `n_tok` tokens takes the 128-token prefill tile (gemm_quant.cu
     /// `gemmq_<fmt>_w128`): above 64 tokens, unless `DUSTOFF_QGEMM_Z64=1`.
     fn prefill_tile(n_tok: usize) -> bool {
-        n_tok > 64 && !super::tuning::tuning().qgemm_z64
+        n_tok > 64 && !super::super::tuning::tuning().qgemm_z64
     }
 
     /// K splits for `[rows, cols]` at `n_tok` tokens with `part_len` floats of scratch.
     pub fn splits(rows: usize, cols: usize, n_tok: usize, part_len: usize) -> usize {
         let blocks = (rows / GEMMQ_BM).max(1) * n_tok.div_ceil(64);
-        let target = super::tuning::tuning().qgemm_blocks.unwrap_or(GEMMQ_TARGET_BLOCKS);
+        let target = super::super::tuning::tuning().qgemm_blocks.unwrap_or(GEMMQ_TARGET_BLOCKS);
         let want = target.div_ceil(blocks).clamp(1, (cols / GEMMQ_BK / 2).max(1));
         match part_len / (n_tok * rows).max(1) {
             0 | 1 => 1,

@@ -6,10 +6,10 @@
 
 use cudarc::driver::CudaStream;
 
-use super::dmat::{DevMat, MatData};
+use super::super::dmat::{DevMat, MatData};
+use super::super::qformat::QFormat;
+use super::super::CudaError;
 use super::launch::{check, grid_yz, i32_of, need, Dev};
-use super::qformat::QFormat;
-use super::CudaError;
 use crate::model::quant::GgmlType;
 
 /// Device bytes of a `[rows, cols]` slab of `dtype` (F16 for the float types or `to_f16`).
@@ -29,7 +29,7 @@ pub fn slab_view(m: &DevMat, s: &CudaStream) -> Result<(usize, u64, u64, usize, 
             let d = Dev::of(b, s);
             need(K, "F16 slab", d, m.rows * m.cols)?;
             check(K, m.cols.is_multiple_of(8), || format!("F16 rows of {} (a multiple of 8)", m.cols))?;
-            Ok((super::entries::SLAB_F16, d.ptr, d.ptr, m.cols * 2, 0, 8))
+            Ok((super::super::entries::SLAB_F16, d.ptr, d.ptr, m.cols * 2, 0, 8))
         }
         MatData::Quant { fmt, buf, aux_off } => {
             let d = Dev::of(buf, s);
@@ -60,7 +60,7 @@ pub struct MoeDownSum<'a> {
 
 impl MoeDownSum<'_> {
     /// (rows, cols) of one expert's down matrix, the slab checked against the experts and `k`.
-    pub(super) fn expert_shape(&self, kernel: &'static str) -> Result<(usize, usize), CudaError> {
+    pub(in crate::backend::cuda) fn expert_shape(&self, kernel: &'static str) -> Result<(usize, usize), CudaError> {
         check(kernel, self.n_experts > 0 && self.down.rows.is_multiple_of(self.n_experts), || {
             format!("{} slab rows for {} experts", self.down.rows, self.n_experts)
         })?;
@@ -69,7 +69,12 @@ impl MoeDownSum<'_> {
     }
 
     /// Checks the pair buffers for experts of `rows` x `cols`; the number of pairs.
-    pub(super) fn check_pairs(&self, kernel: &'static str, rows: usize, cols: usize) -> Result<usize, CudaError> {
+    pub(in crate::backend::cuda) fn check_pairs(
+        &self,
+        kernel: &'static str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<usize, CudaError> {
         let pairs = self.n_tok * self.k;
         check(kernel, self.act.ptr.is_multiple_of(16), || "16-byte aligned activations".into())?;
         need(kernel, "activations", self.act, pairs * cols)?;
@@ -86,7 +91,7 @@ impl MoeDownSum<'_> {
 /// after the pointers (the same bytes as six i32 fields there).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub(super) struct RowWalk {
+pub(in crate::backend::cuda) struct RowWalk {
     rows: i32,
     cols: i32,
     k: i32,
@@ -97,7 +102,7 @@ pub(super) struct RowWalk {
 
 impl RowWalk {
     /// Experts of `rows` x `cols`, `k` slots, `qs_row` / `aux_row` bytes a row, `lpr` lanes a row.
-    pub(super) fn new(
+    pub(in crate::backend::cuda) fn new(
         kernel: &'static str,
         (rows, cols): (usize, usize),
         k: usize,
