@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use super::device::up;
 use super::dmat::{DevMat, Linear};
 use super::hybrid::{HybridCuda, LinearW};
-use super::layer::{LayerW, SynthMats};
+use super::layer::{FfnW, LayerW, SynthMats};
 use super::model::{open, CudaBackend, CudaOptions, Parts};
 use super::moe::MoeLayerW;
 use super::ops::shared_expert::SharedExpertW;
@@ -82,8 +82,8 @@ impl CudaBackend {
             // The FFN after the mixer: experts and a shared expert, or dense gate/up and down.
             let ffn = |kernels: &mut super::kernels::Kernels, mat: &mut dyn FnMut(&mut super::kernels::Kernels, usize, &str) -> Result<Linear, CudaError>| {
                 match sparse_layer(s, kernels, c, mix, i, seed)? {
-                    Some(m) => Ok::<_, CudaError>((Linear { parts: Vec::new() }, Linear { parts: Vec::new() }, Some(m))),
-                    None => Ok((mat(kernels, 1, &name("gate/up"))?, mat(kernels, 1, &name("w_down"))?, None)),
+                    Some(m) => Ok::<_, CudaError>(FfnW::Moe(Box::new(m))),
+                    None => Ok(FfnW::Dense { wgu: mat(kernels, 1, &name("gate/up"))?, wdown: mat(kernels, 1, &name("w_down"))? }),
                 }
             };
             if h.recurrent[i] {
@@ -103,9 +103,9 @@ impl CudaBackend {
                     index,
                 }));
                 index += 1;
-                let (wgu, wdown, moe) = ffn(&mut kernels, &mut mat)?;
+                let ffn = ffn(&mut kernels, &mut mat)?;
                 let (wqkv, wo) = (Linear { parts: Vec::new() }, Linear { parts: Vec::new() });
-                let m = SynthMats { wqkv, bqkv: None, qk_norm: false, wo, ffn: (wgu, wdown, moe) };
+                let m = SynthMats { wqkv, bqkv: None, qk_norm: false, wo, ffn };
                 layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, (0, opts.kv_type), m)?);
             } else {
                 linear.push(None);

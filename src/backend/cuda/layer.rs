@@ -21,10 +21,7 @@ pub(super) struct LayerW {
     pub k_norm: Option<CudaSlice<f32>>, // [head_dim]
     pub wo: Linear,                     // [dim, q_dim]
     pub ffn_norm: CudaSlice<f32>,       // [dim]
-    pub wgu: Linear,                    // [2 ffn, dim]: gate rows then up rows (sparse layer: none)
-    pub wdown: Linear,                  // [dim, ffn] (sparse layer: none)
-    /// Sparse (mixture-of-experts) layers: router and expert slabs, in place of wgu/wdown.
-    pub moe: Option<MoeLayerW>,
+    pub ffn: FfnW,
     /// `[num_blocks, block_size, n_kv, head_dim]` f16; the 8-bit cache: int8 values in the same
     /// order, two per element (`kernels/common.cuh`).
     pub k_cache: CudaSlice<u16>,
@@ -32,6 +29,33 @@ pub(super) struct LayerW {
     /// The 8-bit cache's scales, K's and V's: `[num_blocks * block_size, n_kv * head_dim / 32]`
     /// f16 each; `None`: an F16 cache.
     pub kv_scales: Option<(CudaSlice<u16>, CudaSlice<u16>)>,
+}
+
+/// The FFN of a layer, one variant per `model::layer::FfnKind`.
+pub(super) enum FfnW {
+    /// SwiGLU: `wgu` `[2 ffn, dim]` (gate rows then up rows), `wdown` `[dim, ffn]`.
+    Dense { wgu: Linear, wdown: Linear },
+    /// Mixture of experts: router, expert slabs and any shared expert.
+    Moe(Box<MoeLayerW>),
+}
+
+impl FfnW {
+    /// The experts of a sparse layer.
+    pub fn experts(&self) -> Option<&MoeLayerW> {
+        match self {
+            FfnW::Moe(m) => Some(m.as_ref()),
+            FfnW::Dense { .. } => None,
+        }
+    }
+
+    /// The dense matrices (none for a sparse layer: its slabs are counted by [`MoeLayerW`]).
+    pub fn dense_mats(&self) -> impl Iterator<Item = &Linear> {
+        let (a, b) = match self {
+            FfnW::Dense { wgu, wdown } => (Some(wgu), Some(wdown)),
+            FfnW::Moe(_) => (None, None),
+        };
+        a.into_iter().chain(b)
+    }
 }
 
 /// One layer's K cache, V cache and (8-bit) scales.
@@ -67,15 +91,14 @@ impl LayerW {
 }
 
 /// The matrices of a synthetic layer (`CudaBackend::synthetic_mix`, `synthetic_hybrid`): the
-/// attention products (empty for a linear-attention layer) and the FFN (dense gate/up and
-/// down, or experts).
+/// attention products (empty for a linear-attention layer) and the FFN.
 pub(super) struct SynthMats {
     pub wqkv: Linear,
     pub bqkv: Option<CudaSlice<f32>>,
     /// Qwen3-style per-head Q/K norms (weights 1).
     pub qk_norm: bool,
     pub wo: Linear,
-    pub ffn: (Linear, Linear, Option<MoeLayerW>),
+    pub ffn: FfnW,
 }
 
 impl LayerW {
@@ -91,7 +114,6 @@ impl LayerW {
     ) -> Result<Self, CudaError> {
         let name = |x: &str| format!("layer {i} {x}");
         let ones = |n: usize, what: &str| up(s, &vec![1.0f32; n], what);
-        let (wgu, wdown, moe) = m.ffn;
         let (k_cache, v_cache, kv_scales) = kv_caches(s, cache.1, cache.0, &name)?;
         Ok(LayerW {
             attn_norm: ones(dim, &name("attn_norm"))?,
@@ -101,9 +123,7 @@ impl LayerW {
             k_norm: if m.qk_norm { Some(ones(head_dim, &name("k_norm"))?) } else { None },
             wo: m.wo,
             ffn_norm: ones(dim, &name("ffn_norm"))?,
-            wgu,
-            wdown,
-            moe,
+            ffn: m.ffn,
             k_cache,
             v_cache,
             kv_scales,

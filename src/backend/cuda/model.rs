@@ -17,7 +17,7 @@ use super::device::{up, zeros, CudaDevice};
 use super::dmat::{DevMat, Linear};
 use super::graph::StepGraphs;
 use super::kernels::{Kernels, PtxSource};
-use super::layer::{LayerW, SynthMats};
+use super::layer::{FfnW, LayerW, SynthMats};
 use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for, prefill_chunk, wide_len};
 use super::qformat::{check_tensor, QFormat};
 use super::seqs::SeqPlan;
@@ -31,7 +31,7 @@ use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;
 use crate::model::quant::GgmlType;
 use crate::model::rope::rope_table;
-use crate::model::weights::{ModelWeights, Tensor};
+use crate::model::weights::{LayerWeights, ModelWeights, Tensor};
 
 /// How to place a model on a GPU.
 #[derive(Clone, Debug)]
@@ -210,6 +210,32 @@ fn open_cublas(dev: &CudaDevice, wanted: bool) -> Result<Option<CudaBlas>, CudaE
     Ok(Some(blas))
 }
 
+/// Uploads tensors stacked as one matrix (a name for errors).
+type UploadFn<'a> = dyn FnMut(&[&Tensor], &str) -> Result<Linear, CudaError> + 'a;
+
+/// Layer `lw`'s FFN on the device: experts (their clamped values added to `moe_clamped`) or the
+/// dense gate/up and down through `put`.
+fn upload_ffn(
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    lw: &LayerWeights,
+    f16: bool,
+    put: &mut UploadFn,
+    moe_clamped: &mut u64,
+    name: &dyn Fn(&str) -> String,
+) -> Result<FfnW, CudaError> {
+    Ok(match &lw.moe {
+        Some(m) => {
+            let (m, c) = super::moe::MoeLayerW::upload(s, m, f16, &name("experts"))?;
+            *moe_clamped += c;
+            FfnW::Moe(Box::new(m))
+        }
+        None => FfnW::Dense {
+            wgu: put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?,
+            wdown: put(&[&lw.w_down], &name("w_down"))?,
+        },
+    })
+}
+
 fn qkv_bias(c: &ModelConfig, bq: &Option<Vec<f32>>, bk: &Option<Vec<f32>>, bv: &Option<Vec<f32>>) -> Option<Vec<f32>> {
     if bq.is_none() && bk.is_none() && bv.is_none() {
         return None;
@@ -250,16 +276,7 @@ impl CudaBackend {
             if !c.has_kv(i) {
                 // A linear-attention layer: its weights live in `HybridCuda`; no KV cache. Its
                 // FFN is dense (Qwen3.5) or sparse with a shared expert (Qwen3.5-MoE, Qwen3-Next).
-                let (wgu, wdown, moe) = match &lw.moe {
-                    Some(m) => {
-                        let (m, c) = super::moe::MoeLayerW::upload(s, m, f16, &name("experts"))?;
-                        moe_clamped += c;
-                        (Linear { parts: Vec::new() }, Linear { parts: Vec::new() }, Some(m))
-                    }
-                    None => {
-                        (put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?, put(&[&lw.w_down], &name("w_down"))?, None)
-                    }
-                };
+                let ffn = upload_ffn(s, lw, f16, &mut put, &mut moe_clamped, &name)?;
                 layers.push(LayerW {
                     attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
                     wqkv: Linear { parts: Vec::new() },
@@ -268,9 +285,7 @@ impl CudaBackend {
                     k_norm: None,
                     wo: Linear { parts: Vec::new() },
                     ffn_norm: up(s, &lw.ffn_norm, &name("ffn_norm"))?,
-                    wgu,
-                    wdown,
-                    moe,
+                    ffn,
                     k_cache: zeros(s, 0, &name("K cache"))?,
                     v_cache: zeros(s, 0, &name("V cache"))?,
                     kv_scales: None,
@@ -278,14 +293,7 @@ impl CudaBackend {
                 continue;
             }
             let bqkv = qkv_bias(c, &lw.bq, &lw.bk, &lw.bv).map(|b| up(s, &b, &name("qkv bias"))).transpose()?;
-            let (wgu, wdown, moe) = match &lw.moe {
-                Some(m) => {
-                    let (m, c) = super::moe::MoeLayerW::upload(s, m, f16, &name("experts"))?;
-                    moe_clamped += c;
-                    (Linear { parts: Vec::new() }, Linear { parts: Vec::new() }, Some(m))
-                }
-                None => (put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?, put(&[&lw.w_down], &name("w_down"))?, None),
-            };
+            let ffn = upload_ffn(s, lw, f16, &mut put, &mut moe_clamped, &name)?;
             let (k_cache, v_cache, kv_scales) = super::layer::kv_caches(s, opts.kv_type, cache_len, &name)?;
             layers.push(LayerW {
                 attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
@@ -295,9 +303,7 @@ impl CudaBackend {
                 k_norm: lw.k_norm.as_ref().map(|v| up(s, v, &name("k_norm"))).transpose()?,
                 wo: put(&[&lw.wo], &name("wo"))?,
                 ffn_norm: up(s, &lw.ffn_norm, &name("ffn_norm"))?,
-                wgu,
-                wdown,
-                moe,
+                ffn,
                 k_cache,
                 v_cache,
                 kv_scales,
@@ -371,16 +377,19 @@ impl CudaBackend {
             let qk = c.arch.family().attention.qk_norm;
             let wqkv = lin(&mut kernels, 3, &name("wqkv"))?;
             let wo = lin(&mut kernels, 1, &name("wo"))?;
-            let (wgu, wdown, moe) = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
+            let ffn = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
                 Some(m) => {
                     let (gu, down) = moe_formats(mix, i, c.n_layers);
                     let seed = seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64);
                     let w = super::moe::MoeLayerW::synthetic(s, &mut kernels, c, m, gu, down, seed, &name("experts"))?;
-                    (Linear { parts: Vec::new() }, Linear { parts: Vec::new() }, Some(w))
+                    FfnW::Moe(Box::new(w))
                 }
-                None => (lin(&mut kernels, 2, &name("gate/up"))?, lin(&mut kernels, 1, &name("w_down"))?, None),
+                None => FfnW::Dense {
+                    wgu: lin(&mut kernels, 2, &name("gate/up"))?,
+                    wdown: lin(&mut kernels, 1, &name("w_down"))?,
+                },
             };
-            let (qk_norm, ffn) = (qk, (wgu, wdown, moe));
+            let qk_norm = qk;
             layers.push(LayerW::synthetic(
                 s,
                 c.dim,
@@ -421,10 +430,14 @@ impl CudaBackend {
         let embd_m = &p.embd.parts[0];
         let head = p.output.as_ref().map_or(embd_m.bytes(), Linear::bytes);
         // A sparse layer: its router and the n_used experts one token reads (of all it holds).
-        let dense: u64 =
-            p.layers.iter().map(|l| l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes()).sum::<u64>()
-                + p.hybrid.as_ref().map_or(0, |h| h.matrix_bytes());
-        let moe = p.layers.iter().filter_map(|l| l.moe.as_ref());
+        let dense: u64 = p
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wqkv, &l.wo].into_iter().chain(l.ffn.dense_mats()))
+            .map(Linear::bytes)
+            .sum::<u64>()
+            + p.hybrid.as_ref().map_or(0, |h| h.matrix_bytes());
+        let moe = p.layers.iter().filter_map(|l| l.ffn.experts());
         let (moe_all, moe_active) = moe.fold((0, 0), |(a, b), m| (a + m.bytes(), b + m.active_bytes()));
         let decode_bytes = dense + moe_active + head + embd_m.row_bytes();
         let weight_bytes = (dense + moe_all + embd_m.bytes() + p.output.as_ref().map_or(0, Linear::bytes)) as usize;
@@ -433,12 +446,12 @@ impl CudaBackend {
         let all = p
             .layers
             .iter()
-            .flat_map(|l| [&l.wqkv, &l.wo, &l.wgu, &l.wdown])
+            .flat_map(|l| [&l.wqkv, &l.wo].into_iter().chain(l.ffn.dense_mats()))
             .chain(linear)
             .chain([&p.embd])
             .chain(p.output.as_ref());
-        let shared = p.layers.iter().filter_map(|l| l.moe.as_ref()?.shared.as_ref()).flat_map(|x| x.mats());
-        let slabs = p.layers.iter().filter_map(|l| l.moe.as_ref()).flat_map(|m| m.slabs()).chain(shared);
+        let shared = p.layers.iter().filter_map(|l| l.ffn.experts()?.shared.as_ref()).flat_map(|x| x.mats());
+        let slabs = p.layers.iter().filter_map(|l| l.ffn.experts()).flat_map(|m| m.slabs()).chain(shared);
         for m in all.flat_map(|l| &l.parts).chain(slabs) {
             match formats.iter_mut().find(|f| f.0 == m.format()) {
                 Some(f) => f.1 += 1,

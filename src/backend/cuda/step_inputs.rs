@@ -54,7 +54,7 @@ impl CudaBackend {
             if let Some(m) = &c.moe {
                 grew |= w.moe.grow(s, cap, c.dim, m)?;
             }
-            let shared = self.layers.iter().filter_map(|l| l.moe.as_ref()?.shared.as_ref().map(|x| x.ffn)).max();
+            let shared = self.layers.iter().filter_map(|l| l.ffn.experts()?.shared.as_ref().map(|x| x.ffn)).max();
             if let Some(f) = shared {
                 grew |= w.shexp.grow(s, cap, c.dim, f)?;
             }

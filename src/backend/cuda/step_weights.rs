@@ -14,7 +14,7 @@ impl CudaBackend {
     /// chosen); `None` for models without sparse layers (`decode_weight_bytes` then holds) or
     /// when the routing output cannot be read.
     pub(super) fn touched_weight_bytes(&self, n_tok: usize) -> Option<u64> {
-        let sparse: Vec<_> = self.layers.iter().filter_map(|l| l.moe.as_ref()).collect();
+        let sparse: Vec<_> = self.layers.iter().filter_map(|l| l.ffn.experts()).collect();
         let first = sparse.first()?;
         let pairs = n_tok * first.n_used;
         let ids = self.work.moe.ids.as_ref().filter(|b| b.len() >= pairs && pairs > 0)?;

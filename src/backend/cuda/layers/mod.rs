@@ -22,6 +22,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::kernels::Kernels;
+use super::layer::FfnW;
 use super::matmul::{Mm, Product};
 use super::model::CudaBackend;
 use super::ops as l;
@@ -241,15 +242,14 @@ impl CudaBackend {
             }
             hooks.residual(x, n * dim)?;
             // A folded norm: each FFN kind folds it its own way (dense_ffn.rs, moe_ffn.rs).
-            let sparse = lw.moe.as_ref();
             let mut pre = hooks.norm(k, norm_in(&lw.ffn_norm))?;
-            if sparse.is_some() {
+            if let FfnW::Moe(_) = lw.ffn {
                 pre = hooks.partial_only(k, pre, x, n * dim)?;
             }
             let cx = Cx { c, k: &mut *k, mm: &mut mm, io: &io, work: w, li, pre };
-            match sparse {
-                Some(moe) => moe_ffn::run(moe, self.fold_shexp_gate, cx, &mut hooks)?,
-                None => dense_ffn::run(lw, cx, &mut hooks)?,
+            match &lw.ffn {
+                FfnW::Moe(moe) => moe_ffn::run(moe, self.fold_shexp_gate, cx, &mut hooks)?,
+                FfnW::Dense { wgu, wdown } => dense_ffn::run((wgu, wdown), cx, &mut hooks)?,
             }
             hooks.residual(x, n * dim)?;
         }
