@@ -507,9 +507,10 @@ struct GenerateArgs {
     /// JSONL input: {"id","prompt"} or {"id","prompt_ids":[...]}, optional "chat": true.
     #[arg(long, requires = "output", conflicts_with = "prompt")]
     input: Option<PathBuf>,
-    /// JSONL output: {"id","prompt_tokens","token_ids","text","finish_reason"} per line, in
-    /// input order. Checkpointed beside it like `run`: after SIGINT/SIGTERM (exit 4) or a kill,
-    /// the same command resumes.
+    /// JSONL output: {"id","prompt_tokens","token_ids","text","finish_reason"} per line (a line
+    /// that fails: {"id","line","error"}, exit 3), in input order. Runs on `run`'s job loop:
+    /// checkpointed beside the output (after SIGINT/SIGTERM, exit 4, or a kill the same command
+    /// resumes), progress lines, and the report and errors file beside it.
     #[arg(long)]
     output: Option<PathBuf>,
     /// With --input: discard an existing checkpoint of this output and start over.

@@ -535,6 +535,15 @@ impl JsonlWriter {
     }
 }
 
+/// Seconds between the plain progress lines of a job (stderr not a terminal):
+/// `DUSTOFF_PROGRESS_SECONDS`, else 10.
+pub fn progress_interval() -> std::time::Duration {
+    crate::sys::env::get("DUSTOFF_PROGRESS_SECONDS")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map_or(std::time::Duration::from_secs(10), std::time::Duration::from_secs_f64)
+}
+
 #[cfg(test)]
 mod tests {
     /// Issue 29: Qwen3-30B-A3B in llama.cpp's Q4_K_M mix (18.55 GB) on a card with 140 GB

@@ -1,22 +1,29 @@
 //! `dustoff generate`: JSONL prompts in, JSONL completions out; or one `--prompt` streamed to the
 //! terminal with prefill and decode speed at the end.
 
-use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use super::common::read_jsonl;
 use crate::backend::Backend;
 use crate::engine::sampler::{derive_seed, Sampler, SamplingParams};
 use crate::engine::single::generate_one;
-use crate::job::checkpoint::{file_identity, model_identity, Checkpoint, JobFingerprint, PendingRow};
+use crate::job::adapters::TokenizerCodec;
+use crate::job::checkpoint::{file_identity, model_identity, JobFingerprint};
 use crate::job::exit::ExitCode;
 use crate::job::lock::JobLock;
-use crate::job::runner::{GenRequest, Generate, StopFlag};
+use crate::job::pipeline::TextCodec;
+#[cfg(doc)]
+use crate::job::reader::InputFormat;
+use crate::job::reader::ReaderConfig;
+use crate::job::record::{ErrorKind, Item, RecordBody, RecordError};
+use crate::job::runner::{
+    run_job, Finished, GenRequest, Generate, InFlight, JobRows, Prepared as Request, RunOptions, StopFlag,
+};
+use crate::job::tolerance::ErrorTolerance;
 use crate::model::loader::LoadedModel;
 use crate::tokenizer::{ChatMessage, StreamDecoder};
 
@@ -137,12 +144,88 @@ pub fn fingerprint(job: &BatchJob, opt: &GenOptions) -> Result<JobFingerprint> {
     })
 }
 
-/// JSONL mode through the job machinery: every prompt becomes the job's request type
-/// ([`GenRequest`], as `run` makes them) and goes to the slot engine through the same
-/// [`Generate`] adapter; finished rows are committed to a checkpoint beside the output
-/// (`<output>.dustoff/`), so SIGINT or SIGTERM (exit 4) or `kill -9` loses at most the rows in
-/// flight and the same command resumes. The output, in input order, is written when every line
-/// has its row. `lock` is the output's [`JobLock`], taken before the model was loaded.
+/// `generate --input` lines as a job of the run loop ([`run_job`]): each JSON object becomes a
+/// request through [`prepare`] (its own tokenization rules: raw text with the model's BOS and no
+/// control tokens, or the chat template), the rows are
+/// `{"id","prompt_tokens","token_ids","text","finish_reason"}` and error rows
+/// `{"id","line","error"}`, the id echoed as the line gave it (any JSON value, null when absent).
+struct PromptLines<'a> {
+    m: &'a LoadedModel,
+    opt: &'a GenOptions,
+}
+
+/// The line's id from the reader's JSON text of it ([`InputFormat::Objects`]).
+fn id_value(item_id: Option<&str>) -> Value {
+    item_id.and_then(|s| serde_json::from_str(s).ok()).unwrap_or(Value::Null)
+}
+
+impl JobRows for PromptLines<'_> {
+    fn reader_config(&self) -> ReaderConfig {
+        ReaderConfig::objects("id")
+    }
+    fn name(&self) -> String {
+        "generate".into()
+    }
+    fn parquet_output(&self) -> bool {
+        false
+    }
+    fn prepare(&self, _codec: &dyn TextCodec, item: &Item) -> Request {
+        let fields = match &item.body {
+            Ok(RecordBody::Fields(f)) => f,
+            Ok(RecordBody::OpenAi(_)) => {
+                return Request::Row(RecordError::new(ErrorKind::WrongType, "not a prompt line"))
+            }
+            Err(e) => return Request::Row(e.clone()),
+        };
+        let p = match prepare(self.m, &Value::Object(fields.clone())) {
+            Ok(p) => p,
+            Err(msg) => return Request::Row(RecordError::new(ErrorKind::WrongType, msg)),
+        };
+        let sampling = self.opt.sampling_for(&id_key(&p.id));
+        let max_tokens = u32::try_from(self.opt.max_tokens).unwrap_or(u32::MAX);
+        let fl = InFlight {
+            id: item.id.clone().unwrap_or_default(),
+            line: item.line,
+            prompt_tokens: p.prompt_ids.len() as u32,
+            truncated: false,
+            openai: None,
+        };
+        Request::Request(GenRequest { key: item.index, prompt: p.prompt_ids, max_tokens, sampling }, fl, false)
+    }
+    fn finished_row(&self, _codec: &dyn TextCodec, fl: &InFlight, f: &Finished) -> (String, Option<ErrorKind>, u32) {
+        let fail = |e: RecordError| (self.error_row(Some(&fl.id), fl.line, &e), Some(e.kind), 0);
+        let token_ids = match &f.result {
+            Ok(t) => t,
+            // A request the engine refused (e.g. longer than the KV cache) is its row's error.
+            Err(m) => return fail(RecordError::new(ErrorKind::Generation, m.clone())),
+        };
+        let text = match self.m.tokenizer.decode_generated(token_ids) {
+            Ok(t) => t,
+            Err(e) => return fail(RecordError::new(ErrorKind::Generation, format!("detokenize: {e}"))),
+        };
+        let row = json!({
+            "id": id_value(Some(&fl.id)),
+            "prompt_tokens": fl.prompt_tokens,
+            "token_ids": token_ids,
+            "text": text,
+            "finish_reason": f.finish_reason.as_str(),
+        });
+        (row.to_string(), None, token_ids.len() as u32)
+    }
+    fn error_row(&self, item_id: Option<&str>, line: u64, e: &RecordError) -> String {
+        let msg = match e.kind {
+            ErrorKind::MalformedJson => format!("malformed JSON: {}", e.message),
+            _ => e.message.clone(),
+        };
+        json!({"id": id_value(item_id), "line": line, "error": msg}).to_string()
+    }
+}
+
+/// JSONL mode on the job loop of `run` ([`run_job`] over [`PromptLines`]): finished rows are
+/// committed to a checkpoint beside the output (`<output>.dustoff/`), so SIGINT or SIGTERM
+/// (exit 4) or `kill -9` loses at most the rows in flight and the same command resumes; the
+/// output, in input order, is written when every line has its row, with the job report and
+/// errors file beside it. `lock` is the output's [`JobLock`], taken before the model was loaded.
 pub fn run_jsonl<G: Generate>(
     m: &LoadedModel,
     gen: &mut G,
@@ -151,109 +234,30 @@ pub fn run_jsonl<G: Generate>(
     lock: &JobLock,
     stop: &StopFlag,
 ) -> Result<BatchResult> {
-    let (input, output) = (job.input, job.output);
-    if lock.path() != JobLock::path_for(output) {
-        anyhow::bail!("internal: the job lock {} is not the lock of {}", lock.path().display(), output.display());
-    }
-    let fingerprint = fingerprint(job, opt)?;
-    let mut ck = Checkpoint::open(output, &fingerprint, job.restart)
-        .with_context(|| format!("opening the checkpoint of {}", output.display()))?;
-    if let Some(note) = ck.replaced() {
-        eprintln!("{note}");
-    }
-    let committing = || format!("committing finished rows to the checkpoint of {}", output.display());
-    let records = read_jsonl(input)?;
-    let total = records.len() as u64;
-    let mut pending: Vec<PendingRow> = Vec::new();
-    let error_row = |i: u64, id: Value, line: usize, msg: String| {
-        eprintln!("{}:{line}: {msg}", input.display());
-        PendingRow { index: i, line: json!({"id": id, "line": line, "error": msg}).to_string(), is_error: true }
+    let opts = RunOptions {
+        inputs: vec![job.input.to_path_buf()],
+        output: job.output.to_path_buf(),
+        fingerprint: fingerprint(job, opt)?,
+        restart: job.restart,
+        max_errors: None,
+        tolerance: ErrorTolerance::default(),
+        shard: None,
+        commit_rows: job.commit_rows,
+        commit_interval: Duration::from_secs(5),
+        progress_interval: super::common::progress_interval(),
+        quiet: false,
+        model_label: job.model_path.display().to_string(),
     };
-    let max_tokens = u32::try_from(opt.max_tokens).unwrap_or(u32::MAX);
-    // Requests not yet submitted, in input order, and per submitted one: (id, prompt length, line).
-    let mut todo: VecDeque<(GenRequest, Value, usize)> = VecDeque::new();
-    let mut queued: HashMap<u64, (Value, usize, usize)> = HashMap::new();
-    for (i, (line, rec)) in records.into_iter().enumerate() {
-        let key = i as u64;
-        if ck.is_done(key) {
-            continue;
-        }
-        // A row that failed keeps its id when the line had one; `line` locates it either way.
-        let prepared = match rec {
-            Err(msg) => Err((Value::Null, msg)),
-            Ok(v) => prepare(m, &v).map_err(|e| (v.get("id").cloned().unwrap_or(Value::Null), e)),
-        };
-        match prepared {
-            Ok(p) => {
-                let sampling = opt.sampling_for(&id_key(&p.id));
-                todo.push_back((GenRequest { key, prompt: p.prompt_ids, max_tokens, sampling }, p.id, line));
-            }
-            Err((id, msg)) => pending.push(error_row(key, id, line, msg)),
-        }
-    }
-    let resumed = ck.committed_rows();
-    let mut done = resumed + pending.len() as u64;
-    let mut last_commit = Instant::now();
-    while !stop.is_set() {
-        while queued.len() < gen.capacity() {
-            let Some((req, id, line)) = todo.pop_front() else { break };
-            queued.insert(req.key, (id, req.prompt.len(), line));
-            gen.submit(req)?;
-        }
-        if queued.is_empty() {
-            break;
-        }
-        let finished = gen.poll()?;
-        if finished.is_empty() && !stop.is_set() {
-            anyhow::bail!("internal: the engine went idle with {} requests in flight", queued.len());
-        }
-        for f in finished {
-            let Some((id, prompt_tokens, line)) = queued.remove(&f.key) else {
-                anyhow::bail!("the engine finished unknown request {}", f.key);
-            };
-            match f.result {
-                Ok(token_ids) => {
-                    let text = m.tokenizer.decode_generated(&token_ids).map_err(|e| anyhow::anyhow!("{e}"))?;
-                    let row = json!({
-                        "id": id,
-                        "prompt_tokens": prompt_tokens,
-                        "token_ids": token_ids,
-                        "text": text,
-                        "finish_reason": f.finish_reason.as_str(),
-                    });
-                    pending.push(PendingRow { index: f.key, line: row.to_string(), is_error: false });
-                    done += 1;
-                    eprintln!("[{done}/{total}] done");
-                }
-                // A request the engine refused (e.g. longer than the KV cache) is its row's error.
-                Err(msg) => {
-                    pending.push(error_row(f.key, id, line, msg));
-                    done += 1;
-                }
-            }
-        }
-        if pending.len() >= job.commit_rows.max(1) || last_commit.elapsed() >= Duration::from_secs(5) {
-            ck.commit(std::mem::take(&mut pending)).with_context(committing)?;
-            last_commit = Instant::now();
-        }
-    }
-    // Interrupted or not, what finished is kept; in-flight requests are recomputed on resume.
-    ck.commit(pending).with_context(committing)?;
-    let error_rows = ck.committed_errors();
-    let rows = ck.committed_rows();
-    let exit = if !queued.is_empty() || !todo.is_empty() {
-        ExitCode::Interrupted
-    } else {
-        ck.finish(output, total, false)
-            .with_context(|| format!("writing the output {} from its checkpoint", output.display()))?;
-        if error_rows > 0 {
-            ExitCode::RecordErrors
-        } else {
-            ExitCode::Ok
-        }
-    };
-    let metrics = gen.metrics_json().unwrap_or(Value::Null);
-    Ok(BatchResult { error_rows, rows, resumed_rows: resumed, exit, metrics })
+    let codec = TokenizerCodec(&m.tokenizer);
+    let r = run_job(&PromptLines { m, opt }, &opts, lock, &codec, gen, stop)?;
+    let c = &r.report.counts;
+    Ok(BatchResult {
+        error_rows: r.report.error_rows,
+        rows: c.ok + c.error + c.skipped_done,
+        resumed_rows: c.skipped_done,
+        exit: r.exit,
+        metrics: r.report.engine.clone().unwrap_or(Value::Null),
+    })
 }
 
 /// Interactive mode: streams the completion of one prompt to stdout.

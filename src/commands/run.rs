@@ -263,7 +263,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         shard,
         commit_rows: common::commit_rows(),
         commit_interval: std::time::Duration::from_secs(5),
-        progress_interval: progress_interval(),
+        progress_interval: common::progress_interval(),
         quiet: a.quiet,
         model_label: a.model.display().to_string(),
     };
@@ -321,15 +321,6 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         _ => {}
     }
     Ok(res.exit)
-}
-
-/// Seconds between the plain progress lines (stderr not a terminal): `DUSTOFF_PROGRESS_SECONDS`,
-/// else 10.
-fn progress_interval() -> std::time::Duration {
-    crate::sys::env::get("DUSTOFF_PROGRESS_SECONDS")
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map_or(std::time::Duration::from_secs(10), std::time::Duration::from_secs_f64)
 }
 
 /// Where a missing model was looked for: `--model`, `DUSTOFF_MODEL` or the sample's default

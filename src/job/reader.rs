@@ -45,6 +45,10 @@ pub enum InputFormat {
     Parquet,
     /// JSONL lines `{"custom_id", "method", "url", "body": {...}}`.
     OpenAiBatch,
+    /// JSONL lines of any object, kept whole (`RecordBody::Fields` of every field): the id field
+    /// is optional and of any JSON type (the item's id is its JSON text), and ids may repeat
+    /// (`generate --input`'s prompt lines).
+    Objects,
 }
 
 impl InputFormat {
@@ -86,6 +90,11 @@ impl ReaderConfig {
             shard: None,
             parquet_batch_rows: 1024,
         }
+    }
+
+    /// Whole JSON objects ([`InputFormat::Objects`]), the id (if any) from `id_field`.
+    pub fn objects(id_field: &str) -> Self {
+        ReaderConfig { format: Some(InputFormat::Objects), document_field: None, ..ReaderConfig::new(id_field, &[]) }
     }
 
     /// The OpenAI Batch API format: id from `custom_id`, request from `body`.
@@ -389,7 +398,7 @@ impl RecordReader {
         let path = &self.files[file];
         match self.format_of(file) {
             InputFormat::Parquet => Ok(Source::Parquet(Box::new(ParquetSource::open(path, &self.cfg)?))),
-            InputFormat::Jsonl | InputFormat::OpenAiBatch => {
+            InputFormat::Jsonl | InputFormat::OpenAiBatch | InputFormat::Objects => {
                 let f = super::decompress::open(path)?;
                 Ok(Source::Jsonl(JsonlSource {
                     path: path.clone(),
@@ -460,6 +469,14 @@ impl RecordReader {
                         return (None, Err(RecordError::new(kind, msg)));
                     }
                 };
+                if self.format_of(file) == InputFormat::Objects {
+                    let id = obj.get(&self.cfg.id_field).filter(|v| !v.is_null()).map(Value::to_string);
+                    let body = match utf8_err {
+                        Some(m) => Err(RecordError::new(ErrorKind::InvalidUtf8, m)),
+                        None => Ok(RecordBody::Fields(obj)),
+                    };
+                    return (id, body);
+                }
                 // Lossy decoding may still recover the id for a better error row.
                 let id = id_from_json(&self.cfg.id_field, obj.get(&self.cfg.id_field));
                 if let Some(m) = utf8_err {
@@ -572,7 +589,7 @@ impl Iterator for RecordReader {
                     continue;
                 }
             }
-            if let Some(id) = &id {
+            if let Some(id) = id.as_ref().filter(|_| self.format_of(file) != InputFormat::Objects) {
                 let d = blake3::hash(id.as_bytes());
                 let digest = u128::from_le_bytes(d.as_bytes()[..16].try_into().unwrap_or([0; 16]));
                 if !self.seen.insert(digest) {

@@ -145,6 +145,54 @@ pub enum JobKind {
     },
 }
 
+/// What a job makes of its records: how they are read, which request each becomes, and the row
+/// a finished request (or a failed record) writes. [`JobKind`] (pipelines, OpenAI batch input)
+/// and `generate --input`'s prompt lines (`super::prompts::PromptLines`) run on the one loop
+/// of [`run_job`].
+pub trait JobRows {
+    fn reader_config(&self) -> ReaderConfig;
+    /// The job's name in the report.
+    fn name(&self) -> String;
+    /// Rows are the pipeline's JSON objects: a Parquet output takes their fields as columns.
+    fn json_output(&self) -> bool {
+        false
+    }
+    /// Whether the rows may go to a Parquet output (else the output path must be `.jsonl`).
+    fn parquet_output(&self) -> bool {
+        true
+    }
+    fn prepare(&self, codec: &dyn TextCodec, item: &Item) -> Prepared;
+    /// The row of a finished request: (line, its error kind if it is an error row, generated
+    /// tokens).
+    fn finished_row(&self, codec: &dyn TextCodec, fl: &InFlight, f: &Finished) -> (String, Option<ErrorKind>, u32);
+    /// The row of a record that failed before or in the engine.
+    fn error_row(&self, item_id: Option<&str>, line: u64, e: &RecordError) -> String;
+}
+
+impl JobRows for JobKind {
+    fn reader_config(&self) -> ReaderConfig {
+        JobKind::reader_config(self)
+    }
+    fn name(&self) -> String {
+        JobKind::name(self)
+    }
+    fn json_output(&self) -> bool {
+        JobKind::json_output(self)
+    }
+    fn parquet_output(&self) -> bool {
+        !matches!(self, JobKind::OpenAi { .. })
+    }
+    fn prepare(&self, codec: &dyn TextCodec, item: &Item) -> Prepared {
+        prepare(self, codec, item)
+    }
+    fn finished_row(&self, codec: &dyn TextCodec, fl: &InFlight, f: &Finished) -> (String, Option<ErrorKind>, u32) {
+        finished_row(self, codec, fl, f)
+    }
+    fn error_row(&self, item_id: Option<&str>, line: u64, e: &RecordError) -> String {
+        JobKind::error_row(self, item_id, line, e)
+    }
+}
+
 impl JobKind {
     pub fn reader_config(&self) -> ReaderConfig {
         match self {
@@ -227,17 +275,20 @@ pub struct RunResult {
     pub exit: ExitCode,
 }
 
-pub(super) struct InFlight {
-    id: String,
-    line: u64,
-    prompt_tokens: u32,
+/// A record in the engine: what its row needs when the request finishes.
+pub struct InFlight {
+    /// The record's id as the reader gave it.
+    pub id: String,
+    pub line: u64,
+    pub prompt_tokens: u32,
     /// The prompt was cut to `limits.max_input_tokens` (the row's `input_truncated`).
-    truncated: bool,
-    openai: Option<OpenAiEndpoint>,
+    pub truncated: bool,
+    pub openai: Option<OpenAiEndpoint>,
 }
 
-/// A record made ready for the engine, or its error row.
-pub(super) enum Prepared {
+/// A record made ready for the engine (the request, its [`InFlight`], whether the prompt was
+/// cut), or its error row.
+pub enum Prepared {
     Request(GenRequest, InFlight, bool),
     Row(RecordError),
 }
@@ -387,7 +438,7 @@ fn push_row(pending: &mut Vec<PendingRow>, counts: &mut Counts, index: u64, line
 /// `lock` is this output's [`JobLock`], taken by the caller before any expensive start-up (model
 /// loading) so that a second run is refused at once.
 pub fn run_job(
-    job: &JobKind,
+    job: &dyn JobRows,
     opts: &RunOptions,
     lock: &JobLock,
     codec: &dyn TextCodec,
@@ -400,11 +451,10 @@ pub fn run_job(
     let started = Instant::now();
     let committing = || format!("committing finished rows to the checkpoint of {}", opts.output.display());
     let json_output = job.json_output();
-    if json_output || matches!(job, JobKind::OpenAi { .. }) {
-        let fmt = super::writer::OutputFormat::from_path(&opts.output);
-        if matches!(job, JobKind::OpenAi { .. }) && fmt == super::writer::OutputFormat::Parquet {
-            anyhow::bail!("OpenAI batch output is JSONL: use an output path ending in .jsonl");
-        }
+    if !job.parquet_output()
+        && super::writer::OutputFormat::from_path(&opts.output) == super::writer::OutputFormat::Parquet
+    {
+        anyhow::bail!("{} output is JSONL: use an output path ending in .jsonl", job.name());
     }
     let mut ck = Checkpoint::open(&opts.output, &opts.fingerprint, opts.restart)
         .with_context(|| format!("opening the checkpoint of {}", opts.output.display()))?;
@@ -458,7 +508,7 @@ pub fn run_job(
                 pending.push(PendingRow { index: item.index, line, is_error });
                 continue;
             }
-            match prepare(job, codec, &item) {
+            match job.prepare(codec, &item) {
                 Prepared::Row(e) => {
                     let line = job.error_row(item.id.as_deref(), item.line, &e);
                     push_row(&mut pending, &mut counts, item.index, line, Some(e.kind));
@@ -496,7 +546,7 @@ pub fn run_job(
                 anyhow::bail!("the engine finished unknown request {}", f.key);
             };
             tokens.prompt_computed += u64::from(fl.prompt_tokens.saturating_sub(f.cached_prompt_tokens));
-            let (line, err, n) = finished_row(job, codec, &fl, &f);
+            let (line, err, n) = job.finished_row(codec, &fl, &f);
             tokens.generated += u64::from(n);
             push_row(&mut pending, &mut counts, f.key, line, err);
         }
