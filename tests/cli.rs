@@ -70,6 +70,11 @@ fn generate_command_matches_f64_greedy_and_reports_bad_lines() {
     assert_eq!(tail[2]["id"], serde_json::Value::Null);
     assert_eq!(tail[2]["line"], cases.len() + 3);
     assert!(tail[2]["error"].as_str().unwrap().contains("malformed JSON"));
+    // The job loop of `run` wrote its report beside the output: every line counted once.
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("out.jsonl.report.json")).unwrap()).unwrap();
+    let counts = &report["counts"];
+    assert_eq!((counts["ok"].as_u64(), counts["error"].as_u64()), (Some(cases.len() as u64), Some(3)), "{report}");
 }
 
 #[test]

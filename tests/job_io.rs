@@ -111,6 +111,30 @@ fn over_long_lines_are_error_rows_and_reading_goes_on() {
     assert_eq!((items[1].id.as_deref(), kind(&items[1])), (Some("b"), None));
 }
 
+#[test]
+fn object_lines_keep_every_field_and_any_id() {
+    // generate --input's lines: the id is optional and of any JSON type (the item's id is its
+    // JSON text), ids may repeat, blank lines are skipped but counted, a bad line is its error.
+    let d = tmpdir("objects");
+    let p = d.join("in.jsonl");
+    let text = "{\"id\":\"a\",\"prompt\":\"x\",\"chat\":true}\n\n{\"id\":7,\"prompt_ids\":[1,2]}\n{\"prompt\":\"y\"}\n{\"id\":\"a\",\"prompt\":\"z\"}\n{oops\n";
+    fs::write(&p, text).unwrap();
+    let items = read_all(vec![p], ReaderConfig::objects("id"));
+    assert_eq!(items.len(), 5);
+    let ids: Vec<Option<&str>> = items.iter().map(|i| i.id.as_deref()).collect();
+    assert_eq!(ids, [Some("\"a\""), Some("7"), None, Some("\"a\""), None]);
+    assert_eq!(items.iter().map(|i| i.line).collect::<Vec<_>>(), [1, 3, 4, 5, 6]);
+    match &items[0].body {
+        Ok(RecordBody::Fields(f)) => {
+            assert_eq!(f.len(), 3, "every field kept: {f:?}");
+            assert_eq!(f["chat"], serde_json::Value::Bool(true));
+        }
+        other => panic!("a whole object: {other:?}"),
+    }
+    assert_eq!(kind(&items[3]), None, "a repeated id is not an error here");
+    assert_eq!(kind(&items[4]), Some(ErrorKind::MalformedJson));
+}
+
 /// `samples/news.parquet` is generated from `samples/news.jsonl` by this test when missing
 /// (delete it and run `cargo test --release --test job_io sample_parquet` to regenerate).
 #[test]
