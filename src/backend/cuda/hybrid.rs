@@ -1,6 +1,7 @@
 //! Hybrid models (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) on the CUDA backend: the device weights of
-//! the Gated DeltaNet layers, the partial-RoPE tables of the attention layers, the step buffers
-//! of both, and each sequence's recurrent state on the device. The layers' launches are in
+//! a Gated DeltaNet layer ([`LinearW`], held by its `LayerW`), and the hybrid part of the
+//! backend: the partial-RoPE tables of the attention layers, the step buffers of both mixers,
+//! and each sequence's recurrent state on the device. The layers' launches are in
 //! `layers/deltanet.rs` and `layers/attention.rs`.
 //!
 //! State: a device pool `[n_slots, per_seq]` f32 of slots laid out as the CPU's (per linear
@@ -27,7 +28,7 @@ use crate::backend::state_slots::{SlotPositions, StateSlots};
 use crate::backend::BackendError;
 use crate::engine::plan::{StateOp, StepPlan};
 use crate::model::config::ModelConfig;
-use crate::model::hybrid::{HybridConfig, HybridLayer};
+use crate::model::hybrid::{DeltaNetWeights, HybridConfig, HybridLayer};
 use crate::model::rope::rope_table;
 use crate::model::weights::{LayerWeights, Tensor};
 
@@ -47,7 +48,6 @@ pub(super) struct LinearW {
 /// The hybrid part of `CudaBackend`.
 pub struct HybridCuda {
     h: HybridConfig,
-    pub(super) layers: Vec<Option<LinearW>>,
     rope_cos: CudaSlice<f32>, // [max_pos, rotary_dim / 2]
     rope_sin: CudaSlice<f32>,
     max_pos: usize,
@@ -105,60 +105,23 @@ pub fn workspace_bytes(c: &ModelConfig, h: &HybridConfig, cap: usize) -> u64 {
 }
 
 impl HybridCuda {
-    /// Uploads the linear layers of `w` (the attention layers use the plain `LayerW` fields).
+    /// The hybrid part of a model of `n_linear` Gated DeltaNet layers (their weights are in
+    /// their `LayerW`): the partial-RoPE tables and a state pool for `seqs`.
     pub(super) fn new(
         s: &Arc<CudaStream>,
         c: &ModelConfig,
         h: &HybridConfig,
-        layers: &[LayerWeights],
-        f16: bool,
-        (max_pos, seqs): (usize, super::seqs::SeqPlan),
-        clamped: &mut u64,
-    ) -> Result<Self, CudaError> {
-        let mut out = Vec::with_capacity(layers.len());
-        let mut index = 0;
-        for (i, lw) in layers.iter().enumerate() {
-            match &lw.hybrid {
-                Some(HybridLayer::Linear(d)) => {
-                    let name = |x: &str| format!("layer {i} {x}");
-                    let (proj, c1) = Linear::upload(s, &[&d.w_qkv, &d.w_z, &d.w_b, &d.w_a], f16, &name("linear in"))?;
-                    let (o, c2) = Linear::upload(s, &[&d.w_out], f16, &name("linear out"))?;
-                    *clamped += c1 + c2;
-                    out.push(Some(LinearW {
-                        proj,
-                        conv: up(s, &d.conv, &name("conv1d"))?,
-                        neg_a: up(s, &d.neg_a, &name("ssm_a"))?,
-                        dt_bias: up(s, &d.dt_bias, &name("dt_bias"))?,
-                        norm: up(s, &d.norm, &name("ssm_norm"))?,
-                        out: o,
-                        index,
-                    }));
-                    index += 1;
-                }
-                Some(HybridLayer::Attention) | None => out.push(None),
-            }
-        }
-        Self::from_layers(s, c, h, out, max_pos, seqs)
-    }
-
-    /// The hybrid part around uploaded linear layers (`None` for attention layers).
-    pub(super) fn from_layers(
-        s: &Arc<CudaStream>,
-        c: &ModelConfig,
-        h: &HybridConfig,
-        out: Vec<Option<LinearW>>,
+        n_linear: usize,
         max_pos: usize,
         seqs: super::seqs::SeqPlan,
     ) -> Result<Self, CudaError> {
-        let index = out.iter().flatten().count();
         let max_pos = max_pos.max(1);
         let positions: Vec<usize> = (0..max_pos).collect();
         let (cos, sin) = rope_table(&positions, &h.rope_inv_freq(c.rope_theta));
-        let per_seq = index * h.state_len_per_layer();
+        let per_seq = n_linear * h.state_len_per_layer();
         let slots = StateSlots { running: seqs.running.max(1), snapshots: seqs.snapshots };
         Ok(HybridCuda {
             h: h.clone(),
-            layers: out,
             rope_cos: up(s, &cos, "partial RoPE cos table")?,
             rope_sin: up(s, &sin, "partial RoPE sin table")?,
             max_pos,
@@ -180,11 +143,6 @@ impl HybridCuda {
     /// The fused decode launches on, or their separate launches (`CudaBackend::set_hybrid_fusion`).
     pub(super) fn set_fusion(&mut self, on: bool) {
         self.recur_norm = on;
-    }
-
-    /// Bytes of weight matrices a decode step reads in the linear layers.
-    pub(super) fn matrix_bytes(&self) -> u64 {
-        self.layers.iter().flatten().map(|l| l.proj.bytes() + l.out.bytes()).sum()
     }
 
     /// Buffers for `cap` tokens; true when any was (re)allocated (graphs hold the old ones).
@@ -269,13 +227,6 @@ impl HybridCuda {
     }
 
     /// The linear weights of layer `li` (a Gated DeltaNet layer).
-    pub(super) fn linear_layer(&self, li: usize) -> Result<&LinearW, CudaError> {
-        self.layers.get(li).and_then(Option::as_ref).ok_or_else(|| CudaError::Shape {
-            kernel: "deltanet",
-            reason: format!("layer {li} has no linear-attention weights on the device"),
-        })
-    }
-
     pub(super) fn config(&self) -> &HybridConfig {
         &self.h
     }
@@ -333,6 +284,31 @@ impl LinearW {
     pub(super) fn gates_dev(&self, s: &CudaStream) -> (Dev<f32>, Dev<f32>, Dev<f32>) {
         (Dev::of(&self.neg_a, s), Dev::of(&self.dt_bias, s), Dev::of(&self.norm, s))
     }
+}
+
+/// Gated DeltaNet layer `i` on the device, number `index` among the linear layers (values
+/// clamped to F16 added to `clamped`).
+pub(super) fn upload_linear(
+    s: &Arc<CudaStream>,
+    i: usize,
+    d: &DeltaNetWeights,
+    index: usize,
+    f16: bool,
+    clamped: &mut u64,
+) -> Result<LinearW, CudaError> {
+    let name = |x: &str| format!("layer {i} {x}");
+    let (proj, c1) = Linear::upload(s, &[&d.w_qkv, &d.w_z, &d.w_b, &d.w_a], f16, &name("linear in"))?;
+    let (out, c2) = Linear::upload(s, &[&d.w_out], f16, &name("linear out"))?;
+    *clamped += c1 + c2;
+    Ok(LinearW {
+        proj,
+        conv: up(s, &d.conv, &name("conv1d"))?,
+        neg_a: up(s, &d.neg_a, &name("ssm_a"))?,
+        dt_bias: up(s, &d.dt_bias, &name("dt_bias"))?,
+        norm: up(s, &d.norm, &name("ssm_norm"))?,
+        out,
+        index,
+    })
 }
 
 /// The matrices of a hybrid layer the CUDA backend uploads beside the plain ones (the linear

@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use super::device::up;
 use super::dmat::{DevMat, Linear};
 use super::hybrid::{HybridCuda, LinearW};
-use super::layer::{FfnW, LayerW, SynthMats};
+use super::layer::{AttnW, FfnW, LayerW, MixerW};
 use super::model::{open, CudaBackend, CudaOptions, Parts};
 use super::moe::MoeLayerW;
 use super::ops::shared_expert::SharedExpertW;
@@ -75,7 +75,7 @@ impl CudaBackend {
         let ones = |n: usize, what: &str| up(s, &vec![1.0f32; n], what);
         // f16 elements of one layer's K (and of its V) cache: [num_blocks, block_size, kv_dim].
         let cache_len = opts.num_blocks * opts.block_size * c.kv_dim();
-        let (mut layers, mut linear) = (Vec::with_capacity(c.n_layers), Vec::with_capacity(c.n_layers));
+        let mut layers = Vec::with_capacity(c.n_layers);
         let mut index = 0;
         for i in 0..c.n_layers {
             let name = |x: &str| format!("layer {i} {x}");
@@ -93,7 +93,7 @@ impl CudaBackend {
                 let conv: Vec<f32> = (0..ch * kk).map(|_| rng.random_range(-0.5..0.5)).collect();
                 let neg_a: Vec<f32> = (0..nv).map(|_| -rng.random_range(0.0f32..2.7).exp()).collect();
                 let dt_bias: Vec<f32> = (0..nv).map(|_| rng.random_range(-0.5..0.5)).collect();
-                linear.push(Some(LinearW {
+                let d = LinearW {
                     proj,
                     conv: up(s, &conv, &name("conv1d"))?,
                     neg_a: up(s, &neg_a, &name("ssm_a"))?,
@@ -101,25 +101,23 @@ impl CudaBackend {
                     norm: ones(h.d_v, &name("ssm_norm"))?,
                     out,
                     index,
-                }));
+                };
                 index += 1;
                 let ffn = ffn(&mut kernels, &mut mat)?;
-                let (wqkv, wo) = (Linear { parts: Vec::new() }, Linear { parts: Vec::new() });
-                let m = SynthMats { wqkv, bqkv: None, qk_norm: false, wo, ffn };
-                layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, (0, opts.kv_type), m)?);
+                layers.push(LayerW::synthetic(s, c.dim, i, MixerW::DeltaNet(d), ffn)?);
             } else {
-                linear.push(None);
                 let wqkv =
                     mat(&mut kernels, if more_bits(i, c.n_layers) && more != base { 2 } else { 1 }, &name("wqkv"))?;
                 let wo = mat(&mut kernels, 1, &name("wo"))?;
-                let m = SynthMats { wqkv, bqkv: None, qk_norm: true, wo, ffn: ffn(&mut kernels, &mut mat)? };
-                layers.push(LayerW::synthetic(s, c.dim, c.head_dim, i, (cache_len, opts.kv_type), m)?);
+                let attn = AttnW::synthetic(s, c.head_dim, i, (cache_len, opts.kv_type), (wqkv, None, wo), true)?;
+                let ffn = ffn(&mut kernels, &mut mat)?;
+                layers.push(LayerW::synthetic(s, c.dim, i, MixerW::Attention(attn), ffn)?);
             }
         }
         let embd = mat(&mut kernels, 1, "token_embd")?;
         let output = if c.tied_embeddings { None } else { Some(mat(&mut kernels, 1, "output")?) };
         let output_norm = ones(c.dim, "output_norm")?;
-        let hybrid = HybridCuda::from_layers(s, c, &h, linear, opts.max_positions, opts.seqs())?;
+        let hybrid = HybridCuda::new(s, c, &h, index, opts.max_positions, opts.seqs())?;
         dev.synchronize()?;
         let parts =
             Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0, hybrid: Some(hybrid) };

@@ -1,6 +1,6 @@
-//! The device weights of one decoder layer (plain and sparse layers; a hybrid model's
-//! linear-attention layers keep theirs in `hybrid`), shared by construction (`backend`,
-//! `hybrid_synth`) and the step (`step`, `hybrid`).
+//! The device weights of one decoder layer, typed by its kinds (`model::layer::LayerKind`): the
+//! mixer (softmax attention with its KV cache, or Gated DeltaNet) and the FFN (dense or
+//! experts). Shared by construction (`model`, `hybrid_synth`) and the walker (`layers/`).
 
 use std::sync::Arc;
 
@@ -8,20 +8,33 @@ use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::device::{up, zeros};
 use super::dmat::Linear;
+use super::hybrid::LinearW;
 use super::moe::MoeLayerW;
 use super::ops::launch::{Dev, KvScales};
 use super::CudaError;
 use crate::backend::kv_type::{KvType, Q8_GROUP};
 
 pub(super) struct LayerW {
-    pub attn_norm: CudaSlice<f32>,      // [dim]
-    pub wqkv: Linear,                   // [q_dim + 2 kv_dim, dim]
+    pub attn_norm: CudaSlice<f32>, // [dim]
+    pub mixer: MixerW,
+    pub ffn_norm: CudaSlice<f32>, // [dim]
+    pub ffn: FfnW,
+}
+
+/// The mixer of a layer: softmax attention (`MixerKind::Attention`, `GatedAttention`) or Gated
+/// DeltaNet (its recurrent state lives in the hybrid part's pool, `hybrid.rs`).
+pub(super) enum MixerW {
+    Attention(AttnW),
+    DeltaNet(LinearW),
+}
+
+/// A softmax-attention mixer: its products and norms and its part of the paged KV cache.
+pub(super) struct AttnW {
+    pub wqkv: Linear,                   // [q_dim (x2 with a gate) + 2 kv_dim, dim]
     pub bqkv: Option<CudaSlice<f32>>,   // [q_dim + 2 kv_dim]
     pub q_norm: Option<CudaSlice<f32>>, // [head_dim]
     pub k_norm: Option<CudaSlice<f32>>, // [head_dim]
     pub wo: Linear,                     // [dim, q_dim]
-    pub ffn_norm: CudaSlice<f32>,       // [dim]
-    pub ffn: FfnW,
     /// `[num_blocks, block_size, n_kv, head_dim]` f16; the 8-bit cache: int8 values in the same
     /// order, two per element (`kernels/common.cuh`).
     pub k_cache: CudaSlice<u16>,
@@ -29,6 +42,24 @@ pub(super) struct LayerW {
     /// The 8-bit cache's scales, K's and V's: `[num_blocks * block_size, n_kv * head_dim / 32]`
     /// f16 each; `None`: an F16 cache.
     pub kv_scales: Option<(CudaSlice<u16>, CudaSlice<u16>)>,
+}
+
+impl MixerW {
+    /// The attention mixer, if the layer has one.
+    pub fn attention(&self) -> Option<&AttnW> {
+        match self {
+            MixerW::Attention(a) => Some(a),
+            MixerW::DeltaNet(_) => None,
+        }
+    }
+
+    /// The mixer's products: Q|K|V and O, or DeltaNet's stacked input projection and its output.
+    pub fn mats(&self) -> [&Linear; 2] {
+        match self {
+            MixerW::Attention(a) => [&a.wqkv, &a.wo],
+            MixerW::DeltaNet(d) => [&d.proj, &d.out],
+        }
+    }
 }
 
 /// The FFN of a layer, one variant per `model::layer::FfnKind`.
@@ -82,7 +113,7 @@ pub(super) fn kv_caches(
     })
 }
 
-impl LayerW {
+impl AttnW {
     /// The layer's caches as the launchers take them.
     pub fn kv_dev(&self, s: &CudaStream) -> (Dev<u16>, Dev<u16>, Option<KvScales>) {
         let scales = self.kv_scales.as_ref().map(|(k, v)| KvScales { k: Dev::of(k, s), v: Dev::of(v, s) });
@@ -90,43 +121,43 @@ impl LayerW {
     }
 }
 
-/// The matrices of a synthetic layer (`CudaBackend::synthetic_mix`, `synthetic_hybrid`): the
-/// attention products (empty for a linear-attention layer) and the FFN.
-pub(super) struct SynthMats {
-    pub wqkv: Linear,
-    pub bqkv: Option<CudaSlice<f32>>,
-    /// Qwen3-style per-head Q/K norms (weights 1).
-    pub qk_norm: bool,
-    pub wo: Linear,
-    pub ffn: FfnW,
-}
-
-impl LayerW {
-    /// Layer `i` of a synthetic model around `m`: every norm weight 1, K and V caches of
-    /// `cache` zeroed values each in its type (0 for a layer without attention).
+impl AttnW {
+    /// The attention of layer `i` of a synthetic model: Q/K norms (weights 1) where `qk_norm`,
+    /// K and V caches of `cache` zeroed values each in its type.
     pub(super) fn synthetic(
         s: &Arc<CudaStream>,
-        dim: usize,
         head_dim: usize,
         i: usize,
         cache: (usize, KvType),
-        m: SynthMats,
+        (wqkv, bqkv, wo): (Linear, Option<CudaSlice<f32>>, Linear),
+        qk_norm: bool,
     ) -> Result<Self, CudaError> {
         let name = |x: &str| format!("layer {i} {x}");
         let ones = |n: usize, what: &str| up(s, &vec![1.0f32; n], what);
         let (k_cache, v_cache, kv_scales) = kv_caches(s, cache.1, cache.0, &name)?;
-        Ok(LayerW {
-            attn_norm: ones(dim, &name("attn_norm"))?,
-            wqkv: m.wqkv,
-            bqkv: m.bqkv,
-            q_norm: if m.qk_norm { Some(ones(head_dim, &name("q_norm"))?) } else { None },
-            k_norm: if m.qk_norm { Some(ones(head_dim, &name("k_norm"))?) } else { None },
-            wo: m.wo,
-            ffn_norm: ones(dim, &name("ffn_norm"))?,
-            ffn: m.ffn,
+        Ok(AttnW {
+            wqkv,
+            bqkv,
+            q_norm: if qk_norm { Some(ones(head_dim, &name("q_norm"))?) } else { None },
+            k_norm: if qk_norm { Some(ones(head_dim, &name("k_norm"))?) } else { None },
+            wo,
             k_cache,
             v_cache,
             kv_scales,
         })
+    }
+}
+
+impl LayerW {
+    /// Layer `i` of a synthetic model around its mixer and FFN: norm weights 1.
+    pub(super) fn synthetic(
+        s: &Arc<CudaStream>,
+        dim: usize,
+        i: usize,
+        mixer: MixerW,
+        ffn: FfnW,
+    ) -> Result<Self, CudaError> {
+        let ones = |what: &str| up(s, &vec![1.0f32; dim], &format!("layer {i} {what}"));
+        Ok(LayerW { attn_norm: ones("attn_norm")?, mixer, ffn_norm: ones("ffn_norm")?, ffn })
     }
 }

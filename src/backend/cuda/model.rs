@@ -17,7 +17,7 @@ use super::device::{up, zeros, CudaDevice};
 use super::dmat::{DevMat, Linear};
 use super::graph::StepGraphs;
 use super::kernels::{Kernels, PtxSource};
-use super::layer::{FfnW, LayerW, SynthMats};
+use super::layer::{AttnW, FfnW, LayerW, MixerW};
 use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for, prefill_chunk, wide_len};
 use super::qformat::{check_tensor, QFormat};
 use super::seqs::SeqPlan;
@@ -29,6 +29,7 @@ use crate::backend::kv_type::KvType;
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;
+use crate::model::hybrid::HybridLayer;
 use crate::model::quant::GgmlType;
 use crate::model::rope::rope_table;
 use crate::model::weights::{LayerWeights, ModelWeights, Tensor};
@@ -271,53 +272,46 @@ impl CudaBackend {
         // Values of one layer's K (and of its V) cache: [num_blocks, block_size, kv_dim].
         let cache_len = opts.num_blocks * opts.block_size * c.kv_dim();
         let mut layers = Vec::with_capacity(w.layers.len());
+        let (mut n_linear, mut linear_clamped) = (0, 0u64);
         for (i, lw) in w.layers.iter().enumerate() {
             let name = |s: &str| format!("layer {i} {s}");
-            if !c.has_kv(i) {
-                // A linear-attention layer: its weights live in `HybridCuda`; no KV cache. Its
-                // FFN is dense (Qwen3.5) or sparse with a shared expert (Qwen3.5-MoE, Qwen3-Next).
-                let ffn = upload_ffn(s, lw, f16, &mut put, &mut moe_clamped, &name)?;
-                layers.push(LayerW {
-                    attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
-                    wqkv: Linear { parts: Vec::new() },
-                    bqkv: None,
-                    q_norm: None,
-                    k_norm: None,
-                    wo: Linear { parts: Vec::new() },
-                    ffn_norm: up(s, &lw.ffn_norm, &name("ffn_norm"))?,
-                    ffn,
-                    k_cache: zeros(s, 0, &name("K cache"))?,
-                    v_cache: zeros(s, 0, &name("V cache"))?,
-                    kv_scales: None,
-                });
-                continue;
-            }
-            let bqkv = qkv_bias(c, &lw.bq, &lw.bk, &lw.bv).map(|b| up(s, &b, &name("qkv bias"))).transpose()?;
-            let ffn = upload_ffn(s, lw, f16, &mut put, &mut moe_clamped, &name)?;
-            let (k_cache, v_cache, kv_scales) = super::layer::kv_caches(s, opts.kv_type, cache_len, &name)?;
+            let mixer = if c.has_kv(i) {
+                let bqkv = qkv_bias(c, &lw.bq, &lw.bk, &lw.bv).map(|b| up(s, &b, &name("qkv bias"))).transpose()?;
+                let (k_cache, v_cache, kv_scales) = super::layer::kv_caches(s, opts.kv_type, cache_len, &name)?;
+                MixerW::Attention(AttnW {
+                    wqkv: put(&[&lw.wq, &lw.wk, &lw.wv], &name("wqkv"))?,
+                    bqkv,
+                    q_norm: lw.q_norm.as_ref().map(|v| up(s, v, &name("q_norm"))).transpose()?,
+                    k_norm: lw.k_norm.as_ref().map(|v| up(s, v, &name("k_norm"))).transpose()?,
+                    wo: put(&[&lw.wo], &name("wo"))?,
+                    k_cache,
+                    v_cache,
+                    kv_scales,
+                })
+            } else {
+                // A linear-attention layer: no KV cache; its state lives in the hybrid part's pool.
+                let Some(HybridLayer::Linear(d)) = &lw.hybrid else {
+                    return Err(CudaError::Weights(format!(
+                        "layer {i} is Gated DeltaNet, but the file gives no linear-attention weights for it"
+                    )));
+                };
+                let d = super::hybrid::upload_linear(s, i, d, n_linear, f16, &mut linear_clamped)?;
+                n_linear += 1;
+                MixerW::DeltaNet(d)
+            };
             layers.push(LayerW {
                 attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
-                wqkv: put(&[&lw.wq, &lw.wk, &lw.wv], &name("wqkv"))?,
-                bqkv,
-                q_norm: lw.q_norm.as_ref().map(|v| up(s, v, &name("q_norm"))).transpose()?,
-                k_norm: lw.k_norm.as_ref().map(|v| up(s, v, &name("k_norm"))).transpose()?,
-                wo: put(&[&lw.wo], &name("wo"))?,
+                mixer,
                 ffn_norm: up(s, &lw.ffn_norm, &name("ffn_norm"))?,
-                ffn,
-                k_cache,
-                v_cache,
-                kv_scales,
+                ffn: upload_ffn(s, lw, f16, &mut put, &mut moe_clamped, &name)?,
             });
         }
         let embd = put(&[&w.token_embd], "token_embd")?;
         let output = if c.tied_embeddings { None } else { Some(put(&[&w.output], "output")?) };
         let output_norm = up(s, &w.output_norm, "output_norm")?;
-        let mut clamped = clamped + moe_clamped;
+        let clamped = clamped + moe_clamped + linear_clamped;
         let hybrid = match &c.hybrid {
-            Some(h) => {
-                let pos_seqs = (opts.max_positions, opts.seqs());
-                Some(super::hybrid::HybridCuda::new(s, c, h, &w.layers, f16, pos_seqs, &mut clamped)?)
-            }
+            Some(h) => Some(super::hybrid::HybridCuda::new(s, c, h, n_linear, opts.max_positions, opts.seqs())?),
             None => None,
         };
         let rope_freq_factors = w.rope_freq_factors.clone();
@@ -389,15 +383,8 @@ impl CudaBackend {
                     wdown: lin(&mut kernels, 1, &name("w_down"))?,
                 },
             };
-            let qk_norm = qk;
-            layers.push(LayerW::synthetic(
-                s,
-                c.dim,
-                c.head_dim,
-                i,
-                (cache_len, opts.kv_type),
-                SynthMats { wqkv, bqkv, qk_norm, wo, ffn },
-            )?);
+            let attn = AttnW::synthetic(s, c.head_dim, i, (cache_len, opts.kv_type), (wqkv, bqkv, wo), qk)?;
+            layers.push(LayerW::synthetic(s, c.dim, i, MixerW::Attention(attn), ffn)?);
         }
         let embd = lin(&mut kernels, 1, "token_embd")?;
         let output = if c.tied_embeddings { None } else { Some(lin(&mut kernels, 1, "output")?) };
@@ -433,21 +420,18 @@ impl CudaBackend {
         let dense: u64 = p
             .layers
             .iter()
-            .flat_map(|l| [&l.wqkv, &l.wo].into_iter().chain(l.ffn.dense_mats()))
+            .flat_map(|l| l.mixer.mats().into_iter().chain(l.ffn.dense_mats()))
             .map(Linear::bytes)
-            .sum::<u64>()
-            + p.hybrid.as_ref().map_or(0, |h| h.matrix_bytes());
+            .sum::<u64>();
         let moe = p.layers.iter().filter_map(|l| l.ffn.experts());
         let (moe_all, moe_active) = moe.fold((0, 0), |(a, b), m| (a + m.bytes(), b + m.active_bytes()));
         let decode_bytes = dense + moe_active + head + embd_m.row_bytes();
         let weight_bytes = (dense + moe_all + embd_m.bytes() + p.output.as_ref().map_or(0, Linear::bytes)) as usize;
         let mut formats: Vec<(GgmlType, usize)> = Vec::new();
-        let linear = p.hybrid.iter().flat_map(|h| h.layers.iter().flatten()).flat_map(|l| [&l.proj, &l.out]);
         let all = p
             .layers
             .iter()
-            .flat_map(|l| [&l.wqkv, &l.wo].into_iter().chain(l.ffn.dense_mats()))
-            .chain(linear)
+            .flat_map(|l| l.mixer.mats().into_iter().chain(l.ffn.dense_mats()))
             .chain([&p.embd])
             .chain(p.output.as_ref());
         let shared = p.layers.iter().filter_map(|l| l.ffn.experts()?.shared.as_ref()).flat_map(|x| x.mats());
@@ -562,7 +546,7 @@ impl CudaBackend {
 
     /// The KV cache's element type (the 8-bit cache keeps scales beside its layers' caches).
     pub fn kv_type(&self) -> KvType {
-        if self.layers.iter().any(|l| l.kv_scales.is_some()) {
+        if self.layers.iter().any(|l| l.mixer.attention().is_some_and(|a| a.kv_scales.is_some())) {
             KvType::Q8
         } else {
             KvType::F16

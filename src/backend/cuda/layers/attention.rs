@@ -10,7 +10,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::super::hybrid::HybridCuda;
-use super::super::layer::LayerW;
+use super::super::layer::AttnW;
 use super::super::matmul::Product;
 use super::super::ops::hybrid_attn::{GateMul, HybQkvPost};
 use super::super::ops::kv_cache::{QkvPost, RopeStore};
@@ -30,7 +30,7 @@ pub(super) struct Rope<'a> {
 }
 
 /// A plain attention layer.
-pub(super) fn full(lw: &LayerW, rope: &Rope, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
+pub(super) fn full(lw: &AttnW, rope: &Rope, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
     let Cx { c, k, mm, io, li, pre, .. } = cx;
     let s = mm.s;
     let n = io.n_tok;
@@ -85,7 +85,7 @@ pub(super) fn full(lw: &LayerW, rope: &Rope, cx: Cx, hooks: &mut Hooks) -> Resul
 }
 
 /// An attention layer of a hybrid model (`gated`: with the output gate).
-pub(super) fn hybrid(hy: &HybridCuda, lw: &LayerW, gated: bool, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
+pub(super) fn hybrid(hy: &HybridCuda, lw: &AttnW, gated: bool, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
     let Cx { c, k, mm, io, li, pre, .. } = cx;
     let s = mm.s;
     let n = io.n_tok;

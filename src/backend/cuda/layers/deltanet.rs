@@ -5,7 +5,7 @@
 //! (`io.x += out(core)`). Each sequence's conv window and delta-rule matrices live in the
 //! hybrid part's state pool (`cuda/hybrid.rs`).
 
-use super::super::hybrid::HybridCuda;
+use super::super::hybrid::{HybridCuda, LinearW};
 use super::super::matmul::{input_form, Product, XForm};
 use super::super::ops::deltanet::{DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm};
 use super::super::step_norm::norm_product;
@@ -14,10 +14,9 @@ use super::super::CudaError;
 use super::{Cx, Hooks};
 use crate::model::hybrid::HeadGrouping;
 
-/// Layer `cx.li`, whose linear weights `hy` holds.
-pub(super) fn run(hy: &HybridCuda, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
+/// Layer `cx.li` with weights `d`, its state in `hy`'s pool.
+pub(super) fn run(hy: &HybridCuda, d: &LinearW, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
     let Cx { c, k, mm, io, li, pre, .. } = cx;
-    let d = hy.linear_layer(li)?;
     let s = mm.s;
     let h = hy.config();
     let n = io.n_tok;

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::kernels::Kernels;
-use super::layer::FfnW;
+use super::layer::{FfnW, MixerW};
 use super::matmul::{Mm, Product};
 use super::model::CudaBackend;
 use super::ops as l;
@@ -229,16 +229,19 @@ impl CudaBackend {
         for (li, lw) in self.layers.iter().enumerate() {
             let pre = hooks.norm(k, norm_in(&lw.attn_norm))?;
             let cx = Cx { c, k: &mut *k, mm: &mut mm, io: &io, work: w, li, pre };
-            match (c.layer_kind(li).mixer, &self.hybrid) {
-                (MixerKind::DeltaNet, Some(hy)) => deltanet::run(hy, cx, &mut hooks)?,
-                (MixerKind::DeltaNet, None) => {
+            match (&lw.mixer, &self.hybrid) {
+                (MixerW::DeltaNet(d), Some(hy)) => deltanet::run(hy, d, cx, &mut hooks)?,
+                (MixerW::DeltaNet(_), None) => {
                     return Err(CudaError::Weights(format!(
-                        "layer {li} is Gated DeltaNet, but no linear layers were uploaded"
+                        "layer {li} is Gated DeltaNet, but the model has no recurrent-state pool"
                     )))
                 }
                 // The hybrid models' attention: partial RoPE, the output gate where the model has it.
-                (kind, Some(hy)) => attention::hybrid(hy, lw, kind == MixerKind::GatedAttention, cx, &mut hooks)?,
-                (_, None) => attention::full(lw, &rope, cx, &mut hooks)?,
+                (MixerW::Attention(a), Some(hy)) => {
+                    let gated = c.layer_kind(li).mixer == MixerKind::GatedAttention;
+                    attention::hybrid(hy, a, gated, cx, &mut hooks)?
+                }
+                (MixerW::Attention(a), None) => attention::full(a, &rope, cx, &mut hooks)?,
             }
             hooks.residual(x, n * dim)?;
             // A folded norm: each FFN kind folds it its own way (dense_ffn.rs, moe_ffn.rs).
