@@ -16,31 +16,10 @@ use super::dmat::{DevMat, Linear};
 use super::hybrid::{HybridCuda, LinearW};
 use super::layer::{AttnW, FfnW, LayerW, MixerW};
 use super::model::{open, CudaBackend, CudaOptions, Parts};
-use super::moe::MoeLayerW;
-use super::ops::shared_expert::SharedExpertW;
-use super::synth::{hybrid_shapes, moe_formats, synthetic_matrix_bytes, WeightMix};
+use super::synth::{hybrid_shapes, synthetic_experts, synthetic_matrix_bytes, WeightMix};
 use super::CudaError;
 use crate::model::config::ModelConfig;
 use crate::quantize::mix::more_bits;
-
-/// The synthetic sparse layer `i`: routed experts and a shared expert of their width.
-fn sparse_layer(
-    s: &std::sync::Arc<cudarc::driver::CudaStream>,
-    k: &mut super::kernels::Kernels,
-    c: &ModelConfig,
-    mix: WeightMix,
-    i: usize,
-    seed: u64,
-) -> Result<Option<MoeLayerW>, CudaError> {
-    let Some(m) = c.moe.as_ref().filter(|m| m.is_sparse(i)) else { return Ok(None) };
-    let (gu, down) = moe_formats(mix, i, c.n_layers);
-    let seed = seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64);
-    let what = format!("layer {i} experts");
-    let mut w = MoeLayerW::synthetic(s, k, c, m, gu, down, seed, &what)?;
-    let f = m.expert_ffn_dim;
-    w.shared = Some(SharedExpertW::synthetic(s, k, c.dim, f, gu, down, seed, &format!("layer {i} shared expert"))?);
-    Ok(Some(w))
-}
 
 impl CudaBackend {
     /// [`CudaBackend::synthetic_mix`] for a hybrid (Qwen3.5) shape.
@@ -81,7 +60,7 @@ impl CudaBackend {
             let name = |x: &str| format!("layer {i} {x}");
             // The FFN after the mixer: experts and a shared expert, or dense gate/up and down.
             let ffn = |kernels: &mut super::kernels::Kernels, mat: &mut dyn FnMut(&mut super::kernels::Kernels, usize, &str) -> Result<Linear, CudaError>| {
-                match sparse_layer(s, kernels, c, mix, i, seed)? {
+                match synthetic_experts(s, kernels, c, mix, i, seed)? {
                     Some(m) => Ok::<_, CudaError>(FfnW::Moe(Box::new(m))),
                     None => Ok(FfnW::Dense { wgu: mat(kernels, 1, &name("gate/up"))?, wdown: mat(kernels, 1, &name("w_down"))? }),
                 }

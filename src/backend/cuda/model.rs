@@ -21,7 +21,7 @@ use super::layer::{AttnW, FfnW, LayerW, MixerW};
 use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for, prefill_chunk, wide_len};
 use super::qformat::{check_tensor, QFormat};
 use super::seqs::SeqPlan;
-use super::synth::{moe_formats, synthetic_matrix_bytes, synthetic_shapes, WeightMix};
+use super::synth::{synthetic_experts, synthetic_matrix_bytes, synthetic_shapes, WeightMix};
 use super::tap::CudaTap;
 use super::workspace::Work;
 use super::CudaError;
@@ -371,13 +371,8 @@ impl CudaBackend {
             let qk = c.arch.family().attention.qk_norm;
             let wqkv = lin(&mut kernels, 3, &name("wqkv"))?;
             let wo = lin(&mut kernels, 1, &name("wo"))?;
-            let ffn = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
-                Some(m) => {
-                    let (gu, down) = moe_formats(mix, i, c.n_layers);
-                    let seed = seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64);
-                    let w = super::moe::MoeLayerW::synthetic(s, &mut kernels, c, m, gu, down, seed, &name("experts"))?;
-                    FfnW::Moe(Box::new(w))
-                }
+            let ffn = match synthetic_experts(s, &mut kernels, c, mix, i, seed)? {
+                Some(w) => FfnW::Moe(Box::new(w)),
                 None => FfnW::Dense {
                     wgu: lin(&mut kernels, 2, &name("gate/up"))?,
                     wdown: lin(&mut kernels, 1, &name("w_down"))?,

@@ -3,8 +3,17 @@
 //! (`model::CudaBackend::synthetic_mix`, `hybrid_synth`), and the device bytes the memory
 //! plan counts before anything is made.
 
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+
+use super::kernels::Kernels;
+use super::moe::MoeLayerW;
 use super::ops::moe_slab::slab_bytes;
+use super::ops::shared_expert::SharedExpertW;
+use super::CudaError;
 use crate::model::config::ModelConfig;
+use crate::model::layer::MixerKind;
 use crate::model::moe::MoeConfig;
 use crate::model::quant::GgmlType;
 use crate::quantize::mix::more_bits;
@@ -48,8 +57,8 @@ pub(super) fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType
         let m = if more_bits(i, c.n_layers) { more } else { base };
         let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
         v.extend([(base, q, d), (base, kv, d), (m, kv, d), (base, d, q)]);
-        // A sparse layer's experts are made by `moe::MoeLayerW::synthetic` (`moe_formats`).
-        if !c.moe.as_ref().is_some_and(|x| x.is_sparse(i)) {
+        // A sparse layer's experts are made by `synthetic_experts` (`moe_formats`).
+        if !c.layer_kind(i).is_sparse() {
             v.extend([(base, f, d), (base, f, d), (m, d, f)]);
         }
     }
@@ -81,13 +90,14 @@ pub(super) fn hybrid_shapes(c: &ModelConfig, base: GgmlType, more: GgmlType) -> 
     let mut v = Vec::new();
     for i in 0..c.n_layers {
         let m = if more_bits(i, c.n_layers) { more } else { base };
-        if h.recurrent[i] {
+        let kind = c.layer_kind(i);
+        if kind.is_recurrent() {
             let lin_in = h.conv_channels() + h.value_dim() + 2 * h.n_v_heads;
             v.extend([(base, lin_in, d), (base, d, h.value_dim())]);
         } else {
             // q (+ gate), k and v in one part where v has the base format (as `Linear::upload`
             // stacks them), else v apart.
-            let q_rows = if h.attn_output_gate { 2 * q } else { q };
+            let q_rows = if kind.mixer == MixerKind::GatedAttention { 2 * q } else { q };
             if m == base {
                 v.push((base, q_rows + 2 * kv, d));
             } else {
@@ -95,7 +105,7 @@ pub(super) fn hybrid_shapes(c: &ModelConfig, base: GgmlType, more: GgmlType) -> 
             }
             v.push((base, d, q));
         }
-        if !c.moe.as_ref().is_some_and(|x| x.is_sparse(i)) {
+        if !kind.is_sparse() {
             v.extend([(base, 2 * f, d), (m, d, f)]);
         }
     }
@@ -113,11 +123,15 @@ fn routed_bytes(c: &ModelConfig, m: &MoeConfig, mix: WeightMix, i: usize) -> u64
     (e * d * 4) as u64 + 2 * slab_bytes(gu, e * f, d, false) + slab_bytes(down, e * d, f, false)
 }
 
-/// Device bytes of a hybrid sparse layer's shared expert of the experts' width (three
-/// matrices, f32 gate row).
+/// Width of a synthetic sparse layer's shared expert: the config's, else the experts'.
+fn shared_width(m: &MoeConfig) -> usize {
+    m.shared_ffn_dim.unwrap_or(m.expert_ffn_dim)
+}
+
+/// Device bytes of a sparse layer's shared expert (three matrices, f32 gate row).
 fn shared_bytes(c: &ModelConfig, m: &MoeConfig, mix: WeightMix, i: usize) -> u64 {
     let (gu, down) = moe_formats(mix, i, c.n_layers);
-    let (f, d) = (m.expert_ffn_dim, c.dim);
+    let (f, d) = (shared_width(m), c.dim);
     slab_bytes(gu, 2 * f, d, false) + slab_bytes(down, d, f, false) + (d * 4) as u64
 }
 
@@ -133,8 +147,33 @@ pub fn synthetic_matrix_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
     };
     let Some(m) = &c.moe else { return dense };
     let experts: u64 = (0..c.n_layers)
-        .filter(|&i| m.is_sparse(i))
-        .map(|i| routed_bytes(c, m, mix, i) + if c.hybrid.is_some() { shared_bytes(c, m, mix, i) } else { 0 })
+        .map(|i| (i, c.layer_kind(i)))
+        .filter(|(_, k)| k.is_sparse())
+        .map(|(i, k)| routed_bytes(c, m, mix, i) + if k.has_shared_expert() { shared_bytes(c, m, mix, i) } else { 0 })
         .sum();
     dense + experts
+}
+
+/// Sparse layer `i` of a synthetic model (`None` for a dense layer): routed experts in the
+/// formats of `mix` (`moe_formats`) and, where its kind has one, a gated shared expert of the
+/// config's shared width. Both synthetic builders (`CudaBackend::synthetic_mix`,
+/// `synthetic_hybrid`) make their sparse layers here.
+pub(super) fn synthetic_experts(
+    s: &Arc<CudaStream>,
+    k: &mut Kernels,
+    c: &ModelConfig,
+    mix: WeightMix,
+    i: usize,
+    seed: u64,
+) -> Result<Option<MoeLayerW>, CudaError> {
+    let kind = c.layer_kind(i);
+    let Some(m) = c.moe.as_ref().filter(|_| kind.is_sparse()) else { return Ok(None) };
+    let (gu, down) = moe_formats(mix, i, c.n_layers);
+    let seed = seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64);
+    let mut w = MoeLayerW::synthetic(s, k, c, m, gu, down, seed, &format!("layer {i} experts"))?;
+    if kind.has_shared_expert() {
+        let what = format!("layer {i} shared expert");
+        w.shared = Some(SharedExpertW::synthetic(s, k, c.dim, shared_width(m), gu, down, seed, &what)?);
+    }
+    Ok(Some(w))
 }
