@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The MoE prefill kernels (issue 29 item 1) on the GPU: the tiled router logits and the grouped
 # GEMM that skips a tile's empty 16-token fragments, each A/B against the kernels before them
-# (new: DUSTOFF_ROUTER_TILED=1 DUSTOFF_MOE_GEMM_SKIP=1; old: the defaults) in the same lease, all from the compute_70
+# (new: DUSTOFF_ROUTER_TILED=1 DUSTOFF_MOE_GEMM_SKIP=1; old: both off) in the same lease, all from the compute_70
 # PTX: gpu_parity's MoE tests (natively and from the PTX), the per-launch breakdown at 1..768
 # tokens, one-stream prefill + decode of the Qwen3-30B-A3B shape, and the nightly job
 # (scripts/job-bench.sh) at the default and a 2,048-token step budget.
 #   dev VM:      cargo build --release && cargo test --release --no-run --test gpu_parity
 #                JB_RECORDS=600 bash scripts/gpu-moe-prefill.sh pack     (writes .gpu/)
 #   GPU machine: bash scripts/gpu-moe-prefill.sh run                     (carry .gpu)
-# GMP_SKIP="parity breakdown bench job profile" leaves parts out.
+# GMP_SKIP="parity breakdown bench job profile" leaves parts out; GMP_NEW sets the switches of
+# the new kernels (both by default), GMP_JOBS the job runs ("new b2048 old").
 set -u
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = pack ]; then
@@ -25,7 +26,7 @@ echo "commit $(cat .gpu/commit)"; nvidia-smi --query-gpu=name,driver_version --f
 xz -dc .gpu/gp.xz > $S/gp; xz -dc .gpu/dustoff.xz > $S/dustoff; chmod +x $S/gp $S/dustoff
 tar -C $S -xJf .gpu/ptx70.tar.xz
 export DUSTOFF_REQUIRE_GPU=1 RUST_MIN_STACK=33554432
-NEW="DUSTOFF_ROUTER_TILED=1 DUSTOFF_MOE_GEMM_SKIP=1"; OLD="X=1"
+NEW=${GMP_NEW:-"DUSTOFF_ROUTER_TILED=1 DUSTOFF_MOE_GEMM_SKIP=1"}; OLD="DUSTOFF_ROUTER_TILED=0 DUSTOFF_MOE_GEMM_SKIP=0"
 
 if ! skip parity; then
   for mode in native ptx70; do
@@ -58,9 +59,11 @@ if ! skip bench; then
 fi
 
 if ! skip job; then
-  env $NEW JB_KV=f16 bash scripts/job-bench.sh dustoff
-  env $NEW JB_KV=f16 JB_TAG=-b2048 JB_ARGS="--max-batch-tokens 2048" bash scripts/job-bench.sh dustoff
-  JB_KV=f16 JB_TAG=-old bash scripts/job-bench.sh dustoff
+  for j in ${GMP_JOBS:-new b2048 old}; do case $j in
+    new) env $NEW JB_KV=f16 bash scripts/job-bench.sh dustoff ;;
+    b2048) env $NEW JB_KV=f16 JB_TAG=-b2048 JB_ARGS="--max-batch-tokens 2048" bash scripts/job-bench.sh dustoff ;;
+    old) JB_KV=f16 JB_TAG=-old bash scripts/job-bench.sh dustoff ;;
+  esac; done
 fi
 
 if ! skip profile; then

@@ -21,6 +21,12 @@ pub enum Device {
     Cuda(usize),
 }
 
+impl Device {
+    pub fn is_gpu(&self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
+}
+
 /// Parses `cpu`, `cuda`, `cuda:N` or `auto`. `auto` is the first GPU when one is usable, else
 /// the CPU (said in the log by the caller). Anything else is a usage error.
 pub fn parse_device(s: &str) -> Result<Device> {

@@ -35,9 +35,23 @@ pub struct EngineConfig {
 /// Tokens per KV block of every backend the commands make (the block pool's page size).
 pub const BLOCK_SIZE: usize = 16;
 
-/// `--max-batch-tokens` when none is given: also the step the GPU memory plan reserves
-/// workspace for when a backend is made without an engine configuration.
+/// `--max-batch-tokens` on the CPU when none is given: also the step the GPU memory plan
+/// reserves workspace for when a backend is made without an engine configuration.
 pub const DEFAULT_MAX_BATCH_TOKENS: usize = 512;
+
+/// `--max-batch-tokens` of `run` and `generate` on a GPU when none is given: larger prefill
+/// chunks give each expert of a MoE more tokens per grouped product (H200, nightly job
+/// benchmark of docs/BENCHMARKS.md: 22,648 documents an hour against 21,108 at 512).
+pub const DEFAULT_GPU_MAX_BATCH_TOKENS: usize = 2048;
+
+/// The default step budget of a device kind.
+pub fn default_max_batch_tokens(gpu: bool) -> usize {
+    if gpu {
+        DEFAULT_GPU_MAX_BATCH_TOKENS
+    } else {
+        DEFAULT_MAX_BATCH_TOKENS
+    }
+}
 
 impl Default for EngineConfig {
     fn default() -> Self {

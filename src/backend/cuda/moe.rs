@@ -311,8 +311,8 @@ pub struct MoeRoute {
 }
 
 /// The router-logits kernel of steps above 8 tokens: 32 x 32 tiles (the router read once per 32
-/// tokens; `DUSTOFF_ROUTER_TILED=1`) or a warp per (expert, token) (the default until the tiles
-/// have run on a GPU).
+/// tokens; `DUSTOFF_ROUTER_TILED=1`) or a warp per (expert, token) (the default: the tiles
+/// measured slower below 768 tokens, see `Tuning::router_tiled`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RouterLogits {
     Tiled,

@@ -102,6 +102,8 @@ impl CudaBackend {
         let (nh, nkv, hd) = (self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim);
         // Chunks of several tokens go to the prefill attention where the shape allows it.
         let tiled = super::ops::prefill::prefill_supported(nh, nkv, hd);
+        // NOTE: decode tokens stay with the split kernel: as one-row prefill tiles they measured
+        // 7% slower in the nightly job's mixed steps (H200, compute_70 PTX, docs/BENCHMARKS.md).
         let single = |len: usize| !tiled || len == 1;
         let (mut n_single, mut max_len, mut n_tiles, mut max_end) = (0, 1, 0, 0);
         for c in &plan.chunks {

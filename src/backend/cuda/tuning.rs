@@ -63,14 +63,15 @@ pub(super) struct Tuning {
     /// `DUSTOFF_MOE_GEMM=0`: steps that group by expert take the grouped GEMV instead of the
     /// tensor-core GEMM.
     pub moe_gemm: bool,
-    /// `DUSTOFF_MOE_GEMM_SKIP=1`: the grouped GEMM leaves out the 16-token fragments of a tile
-    /// past its expert's tokens (a nightly job's mixed steps give an expert ~30 tokens: half of
-    /// a 64-token tile). Off until gpu_parity and scripts/gpu-moe-prefill.sh have run it on a
-    /// GPU (written without device time; docs/BENCHMARKS.md says when that changes).
+    /// `DUSTOFF_MOE_GEMM_SKIP=0`: the grouped GEMM computes every 16-token fragment of a tile,
+    /// also those past its expert's tokens. The default leaves them out (a nightly job's mixed
+    /// steps give an expert ~30 tokens: half of a 64-token tile): H200, compute_70 PTX, 512
+    /// tokens: gate/up 372 against 435 us, down 209 against 243 (scripts/gpu-moe-prefill.sh).
     pub moe_gemm_skip: bool,
     /// `DUSTOFF_ROUTER_TILED=1`: the router logits of steps above 8 tokens in 32 x 32 tiles
     /// (`moe_router_logits_tile_f32`: the router read once per 32 tokens) instead of a warp per
-    /// (expert, token). Off until run on a GPU, as `moe_gemm_skip`.
+    /// (expert, token). Off: measured slower below 768 tokens (H200, compute_70 PTX: ~66 us at
+    /// 64..768 tokens against 17 us at 64, 56 at 512, 80 at 768): too few blocks to fill the GPU.
     pub router_tiled: bool,
     /// `DUSTOFF_SHEXP_FUSED=0`: the shared expert's gate applied after its down product
     /// (`shexp_gate_add_f32`) instead of folded into the down GEMV's int8 input.
@@ -121,7 +122,7 @@ pub(super) fn tuning() -> &'static Tuning {
             moe_fused: num("DUSTOFF_MOE_FUSED") != Some(0),
             moe_pair_max_tokens: num("DUSTOFF_MOE_PAIR_MAX_TOKENS").unwrap_or(8),
             moe_gemm: num("DUSTOFF_MOE_GEMM") != Some(0),
-            moe_gemm_skip: num("DUSTOFF_MOE_GEMM_SKIP") == Some(1),
+            moe_gemm_skip: num("DUSTOFF_MOE_GEMM_SKIP") != Some(0),
             router_tiled: num("DUSTOFF_ROUTER_TILED") == Some(1),
             shexp_fused: num("DUSTOFF_SHEXP_FUSED") != Some(0),
             shexp_pairs: num("DUSTOFF_SHEXP_PAIRS") != Some(0),
