@@ -137,11 +137,18 @@ pub enum Ffn<'a> {
     Moe(&'a MoeWeights),
 }
 
-impl Ffn<'_> {
+impl<'a> Ffn<'a> {
     pub fn kind(&self) -> FfnKind {
         match self {
             Ffn::Dense(_) => FfnKind::Dense,
             Ffn::Moe(m) => FfnKind::Moe { shared: m.shared.is_some() },
+        }
+    }
+    /// The router and experts of a sparse FFN.
+    pub fn experts(&self) -> Option<&'a MoeWeights> {
+        match self {
+            Ffn::Moe(m) => Some(m),
+            Ffn::Dense(_) => None,
         }
     }
 }

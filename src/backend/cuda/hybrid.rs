@@ -28,9 +28,8 @@ use crate::backend::state_slots::{SlotPositions, StateSlots};
 use crate::backend::BackendError;
 use crate::engine::plan::{StateOp, StepPlan};
 use crate::model::config::ModelConfig;
-use crate::model::hybrid::{DeltaNetWeights, HybridConfig, HybridLayer};
+use crate::model::hybrid::{DeltaNetWeights, HybridConfig};
 use crate::model::rope::rope_table;
-use crate::model::weights::{LayerWeights, Tensor};
 
 /// One Gated DeltaNet layer on the device (`C` q|k|v channels, `V = n_v d_v`).
 pub(super) struct LinearW {
@@ -309,13 +308,4 @@ pub(super) fn upload_linear(
         out,
         index,
     })
-}
-
-/// The matrices of a hybrid layer the CUDA backend uploads beside the plain ones (the linear
-/// layers' projections), for the shape checks and the memory plan.
-pub fn hybrid_matrices(lw: &LayerWeights) -> Vec<&Tensor> {
-    match &lw.hybrid {
-        Some(HybridLayer::Linear(d)) => vec![&d.w_qkv, &d.w_z, &d.w_b, &d.w_a, &d.w_out],
-        _ => Vec::new(),
-    }
 }

@@ -9,7 +9,7 @@
 
 use crate::backend::kv_type::KvType;
 use crate::model::config::ModelConfig;
-use crate::model::layer::{FfnKind, LayerKind, MixerKind};
+use crate::model::layer::{Ffn, FfnKind, LayerKind, MixerKind};
 use crate::model::weights::{ModelWeights, Tensor};
 
 use super::moe;
@@ -135,15 +135,13 @@ pub fn device_matrices<'a>(cfg: &ModelConfig, w: &'a ModelWeights) -> Vec<&'a Te
         mats.push(&w.output);
     }
     for lw in &w.layers {
-        mats.extend([&lw.wq, &lw.wk, &lw.wv, &lw.wo]);
-        // A sparse layer's dense FFN is empty; its experts are counted by `moe`.
-        if lw.moe.is_none() {
-            mats.extend([&lw.w_gate, &lw.w_up, &lw.w_down]);
+        let layer = lw.typed();
+        mats.extend(layer.mixer.matrices());
+        // A sparse layer's experts are counted by `moe`.
+        if let Ffn::Dense(d) = layer.ffn {
+            mats.extend([d.gate, d.up, d.down]);
         }
-        mats.extend(super::hybrid::hybrid_matrices(lw));
     }
-    // The attention matrices a linear-attention layer lacks (0 rows) are not uploaded.
-    mats.retain(|t| t.rows > 0);
     mats
 }
 
@@ -184,7 +182,8 @@ pub fn device_weight_bytes(cfg: &ModelConfig, w: &ModelWeights, f16_weights: boo
             None => (t.rows * t.cols * 2) as u64,
         })
         .sum();
-    let experts: u64 = w.layers.iter().filter_map(|l| l.moe.as_ref()).map(|m| moe::layer_bytes(m, f16_weights)).sum();
+    let experts: u64 =
+        w.layers.iter().filter_map(|l| l.typed().ffn.experts()).map(|m| moe::layer_bytes(m, f16_weights)).sum();
     let matrices = dense + experts;
     let wide_scratch = if matrices < f16_matrix_bytes(cfg) { wide_len(cfg) as u64 * 2 } else { 0 };
     DeviceWeightBytes { matrices, wide_scratch }

@@ -29,10 +29,10 @@ use crate::backend::kv_type::KvType;
 use crate::backend::{Backend, BackendError};
 use crate::engine::plan::StepPlan;
 use crate::model::config::ModelConfig;
-use crate::model::hybrid::HybridLayer;
+use crate::model::layer::{AttentionWeights, Ffn, Mixer};
 use crate::model::quant::GgmlType;
 use crate::model::rope::rope_table;
-use crate::model::weights::{LayerWeights, ModelWeights, Tensor};
+use crate::model::weights::{ModelWeights, Tensor};
 
 /// How to place a model on a GPU.
 #[derive(Clone, Debug)]
@@ -214,36 +214,38 @@ fn open_cublas(dev: &CudaDevice, wanted: bool) -> Result<Option<CudaBlas>, CudaE
 /// Uploads tensors stacked as one matrix (a name for errors).
 type UploadFn<'a> = dyn FnMut(&[&Tensor], &str) -> Result<Linear, CudaError> + 'a;
 
-/// Layer `lw`'s FFN on the device: experts (their clamped values added to `moe_clamped`) or the
+/// A layer's FFN on the device: experts (their clamped values added to `moe_clamped`) or the
 /// dense gate/up and down through `put`.
 fn upload_ffn(
     s: &std::sync::Arc<cudarc::driver::CudaStream>,
-    lw: &LayerWeights,
+    ffn: Ffn,
     f16: bool,
     put: &mut UploadFn,
     moe_clamped: &mut u64,
     name: &dyn Fn(&str) -> String,
 ) -> Result<FfnW, CudaError> {
-    Ok(match &lw.moe {
-        Some(m) => {
+    Ok(match ffn {
+        Ffn::Moe(m) => {
             let (m, c) = super::moe::MoeLayerW::upload(s, m, f16, &name("experts"))?;
             *moe_clamped += c;
             FfnW::Moe(Box::new(m))
         }
-        None => FfnW::Dense {
-            wgu: put(&[&lw.w_gate, &lw.w_up], &name("gate/up"))?,
-            wdown: put(&[&lw.w_down], &name("w_down"))?,
-        },
+        Ffn::Dense(d) => {
+            FfnW::Dense { wgu: put(&[d.gate, d.up], &name("gate/up"))?, wdown: put(&[d.down], &name("w_down"))? }
+        }
     })
 }
 
-fn qkv_bias(c: &ModelConfig, bq: &Option<Vec<f32>>, bk: &Option<Vec<f32>>, bv: &Option<Vec<f32>>) -> Option<Vec<f32>> {
-    if bq.is_none() && bk.is_none() && bv.is_none() {
+/// The Q/K/V biases of `a` as one `[q_dim + 2 kv_dim]` vector (zeros for an absent one), or
+/// `None` when the layer has none.
+fn qkv_bias(c: &ModelConfig, a: &AttentionWeights) -> Option<Vec<f32>> {
+    if a.bq.is_none() && a.bk.is_none() && a.bv.is_none() {
         return None;
     }
-    let mut b = bq.clone().unwrap_or_else(|| vec![0.0; c.q_dim()]);
-    b.extend(bk.clone().unwrap_or_else(|| vec![0.0; c.kv_dim()]));
-    b.extend(bv.clone().unwrap_or_else(|| vec![0.0; c.kv_dim()]));
+    let or_zeros = |b: Option<&[f32]>, n: usize| b.map_or_else(|| vec![0.0; n], <[f32]>::to_vec);
+    let mut b = or_zeros(a.bq, c.q_dim());
+    b.extend(or_zeros(a.bk, c.kv_dim()));
+    b.extend(or_zeros(a.bv, c.kv_dim()));
     Some(b)
 }
 
@@ -254,7 +256,7 @@ impl CudaBackend {
         for t in device_matrices(&cfg, w) {
             check_tensor(t)?;
         }
-        for m in w.layers.iter().filter_map(|l| l.moe.as_ref()) {
+        for m in w.layers.iter().filter_map(|l| l.typed().ffn.experts()) {
             super::moe::check_layer(m)?;
         }
         let matrix_bytes = device_weight_bytes(&cfg, w, opts.f16_weights).matrices;
@@ -275,35 +277,41 @@ impl CudaBackend {
         let (mut n_linear, mut linear_clamped) = (0, 0u64);
         for (i, lw) in w.layers.iter().enumerate() {
             let name = |s: &str| format!("layer {i} {s}");
-            let mixer = if c.has_kv(i) {
-                let bqkv = qkv_bias(c, &lw.bq, &lw.bk, &lw.bv).map(|b| up(s, &b, &name("qkv bias"))).transpose()?;
-                let (k_cache, v_cache, kv_scales) = super::layer::kv_caches(s, opts.kv_type, cache_len, &name)?;
-                MixerW::Attention(AttnW {
-                    wqkv: put(&[&lw.wq, &lw.wk, &lw.wv], &name("wqkv"))?,
-                    bqkv,
-                    q_norm: lw.q_norm.as_ref().map(|v| up(s, v, &name("q_norm"))).transpose()?,
-                    k_norm: lw.k_norm.as_ref().map(|v| up(s, v, &name("k_norm"))).transpose()?,
-                    wo: put(&[&lw.wo], &name("wo"))?,
-                    k_cache,
-                    v_cache,
-                    kv_scales,
-                })
-            } else {
+            let layer = lw.typed();
+            if layer.kind().has_kv() != c.has_kv(i) {
+                return Err(CudaError::Weights(format!(
+                    "layer {i} is {:?} by the model's configuration, but its weights are of a {:?} layer",
+                    c.layer_kind(i).mixer,
+                    layer.kind().mixer
+                )));
+            }
+            let mixer = match layer.mixer {
+                Mixer::Attention(a) | Mixer::GatedAttention(a) => {
+                    let bqkv = qkv_bias(c, &a).map(|b| up(s, &b, &name("qkv bias"))).transpose()?;
+                    let (k_cache, v_cache, kv_scales) = super::layer::kv_caches(s, opts.kv_type, cache_len, &name)?;
+                    MixerW::Attention(AttnW {
+                        wqkv: put(&[a.wq, a.wk, a.wv], &name("wqkv"))?,
+                        bqkv,
+                        q_norm: a.q_norm.map(|v| up(s, v, &name("q_norm"))).transpose()?,
+                        k_norm: a.k_norm.map(|v| up(s, v, &name("k_norm"))).transpose()?,
+                        wo: put(&[a.wo], &name("wo"))?,
+                        k_cache,
+                        v_cache,
+                        kv_scales,
+                    })
+                }
                 // A linear-attention layer: no KV cache; its state lives in the hybrid part's pool.
-                let Some(HybridLayer::Linear(d)) = &lw.hybrid else {
-                    return Err(CudaError::Weights(format!(
-                        "layer {i} is Gated DeltaNet, but the file gives no linear-attention weights for it"
-                    )));
-                };
-                let d = super::hybrid::upload_linear(s, i, d, n_linear, f16, &mut linear_clamped)?;
-                n_linear += 1;
-                MixerW::DeltaNet(d)
+                Mixer::DeltaNet(d) => {
+                    let d = super::hybrid::upload_linear(s, i, d, n_linear, f16, &mut linear_clamped)?;
+                    n_linear += 1;
+                    MixerW::DeltaNet(d)
+                }
             };
             layers.push(LayerW {
-                attn_norm: up(s, &lw.attn_norm, &name("attn_norm"))?,
+                attn_norm: up(s, layer.attn_norm, &name("attn_norm"))?,
                 mixer,
-                ffn_norm: up(s, &lw.ffn_norm, &name("ffn_norm"))?,
-                ffn: upload_ffn(s, lw, f16, &mut put, &mut moe_clamped, &name)?,
+                ffn_norm: up(s, layer.ffn_norm, &name("ffn_norm"))?,
+                ffn: upload_ffn(s, layer.ffn, f16, &mut put, &mut moe_clamped, &name)?,
             });
         }
         let embd = put(&[&w.token_embd], "token_embd")?;
