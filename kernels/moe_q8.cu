@@ -1,7 +1,7 @@
 // One-stream (pair mode) routed experts on int8 activations: the packed expert rows dotted
 // with dp4a against the two-plane int8 form of the input (kernels/quant.cuh, "int8
 // activations"), instead of the f32 decode + FMA of moe.cu's pair kernels. CPU twin:
-// src/backend/cuda/q8x.rs `matmul_q8x` per pair (the product on the dequantized input).
+// src/backend/cuda/ops/q8x.rs `matmul_q8x` per pair (the product on the dequantized input).
 //
 // Each block quantizes the input rows it needs into shared memory itself (the arithmetic of
 // gemv_q8.cu's quantize_x_q8, bit for bit), so the layer keeps three launches (fused router,

@@ -374,7 +374,7 @@ __device__ __forceinline__ void fetch_tile_units(const QRow* rows, int c, typena
     MACRO(q5_k, FQ5K)           \
     MACRO(q6_k, FQ6K)
 
-// ---- int8 activations (kernels/gemv_q8.cu; CPU twin: src/backend/cuda/q8x.rs).
+// ---- int8 activations (kernels/gemv_q8.cu; CPU twin: src/backend/cuda/ops/q8x.rs).
 // A step input x [n_tok, cols] f32 quantized in blocks of 32 as two int8 planes: hi codes
 // q = rint(x / d) with d = amax / 127, and the residual r = x - d q (|r| <= d / 2) as lo codes
 // l = rint(r / dl) with dl = d * Q8X_LO (1 / 254), so x ~ d q + dl l to about amax / 65,000
