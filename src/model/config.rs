@@ -122,6 +122,22 @@ impl ModelConfig {
         (0..self.n_layers).filter(|&l| self.has_kv(l)).count()
     }
 
+    /// How the attention heads are rotated, the one description every backend builds its
+    /// tables from: the inverse frequency of each rotated pair `[rotary_dim / 2]` and
+    /// `rotary_dim`. Hybrid models (Qwen3.5/3.6, Qwen3-Next) rotate the first `rotary_dim` dims
+    /// of each head, unscaled; the others every dim, with the configured scaling, each pair's
+    /// frequency divided by the file's factor where it gives them (Llama 3 `rope_freqs`).
+    pub fn rope_rotation(&self, freq_factors: Option<&[f32]>) -> (Vec<f32>, usize) {
+        if let Some(h) = &self.hybrid {
+            return (h.rope_inv_freq(self.rope_theta), h.rotary_dim);
+        }
+        let mut inv_freq = self.rope_inv_freq();
+        if let Some(f) = freq_factors {
+            inv_freq.iter_mut().zip(f).for_each(|(a, &b)| *a /= b);
+        }
+        (inv_freq, self.head_dim)
+    }
+
     /// Inverse frequency of each rotated pair of a head: `[head_dim / 2]`.
     pub fn rope_inv_freq(&self) -> Vec<f32> {
         let half = self.head_dim / 2;

@@ -56,19 +56,8 @@ pub struct CpuBackend {
 impl CpuBackend {
     pub fn new(cfg: ModelConfig, w: ModelWeights, num_blocks: usize, block_size: usize) -> Self {
         let per_layer = num_blocks * block_size * cfg.kv_dim();
-        let rope = match &cfg.hybrid {
-            // Hybrid models rotate the first `rotary_dim` dims of each head, unscaled.
-            Some(h) => {
-                Rope { inv_freq: h.rope_inv_freq(cfg.rope_theta), rotary_dim: h.rotary_dim, style: cfg.rope_style }
-            }
-            None => {
-                let mut inv_freq = cfg.rope_inv_freq();
-                if let Some(f) = &w.rope_freq_factors {
-                    inv_freq.iter_mut().zip(f).for_each(|(a, &b)| *a /= b);
-                }
-                Rope { inv_freq, rotary_dim: cfg.head_dim, style: cfg.rope_style }
-            }
-        };
+        let (inv_freq, rotary_dim) = cfg.rope_rotation(w.rope_freq_factors.as_deref());
+        let rope = Rope { inv_freq, rotary_dim, style: cfg.rope_style };
         // Linear-attention layers of hybrid models keep no K/V.
         let kv = |l: usize| if cfg.has_kv(l) { vec![0f32; per_layer] } else { Vec::new() };
         CpuBackend {

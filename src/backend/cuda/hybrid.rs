@@ -1,6 +1,6 @@
 //! Hybrid models (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) on the CUDA backend: the device weights of
 //! a Gated DeltaNet layer ([`LinearW`], held by its `LayerW`), and the hybrid part of the
-//! backend: the partial-RoPE tables of the attention layers, the step buffers of both mixers,
+//! backend: the step buffers of both mixers,
 //! and each sequence's recurrent state on the device. The layers' launches are in
 //! `layers/deltanet.rs` and `layers/attention.rs`.
 //!
@@ -29,7 +29,6 @@ use crate::backend::BackendError;
 use crate::engine::plan::{StateOp, StepPlan};
 use crate::model::config::ModelConfig;
 use crate::model::hybrid::{DeltaNetWeights, HybridConfig};
-use crate::model::rope::rope_table;
 
 /// One Gated DeltaNet layer on the device (`C` q|k|v channels, `V = n_v d_v`).
 pub(super) struct LinearW {
@@ -47,9 +46,6 @@ pub(super) struct LinearW {
 /// The hybrid part of `CudaBackend`.
 pub struct HybridCuda {
     h: HybridConfig,
-    rope_cos: CudaSlice<f32>, // [max_pos, rotary_dim / 2]
-    rope_sin: CudaSlice<f32>,
-    max_pos: usize,
     /// f32 values of one sequence's state.
     per_seq: usize,
     pool: CudaSlice<f32>, // [slots.total(), per_seq]
@@ -105,25 +101,17 @@ pub fn workspace_bytes(c: &ModelConfig, h: &HybridConfig, cap: usize) -> u64 {
 
 impl HybridCuda {
     /// The hybrid part of a model of `n_linear` Gated DeltaNet layers (their weights are in
-    /// their `LayerW`): the partial-RoPE tables and a state pool for `seqs`.
+    /// their `LayerW`): a state pool for `seqs`.
     pub(super) fn new(
         s: &Arc<CudaStream>,
-        c: &ModelConfig,
         h: &HybridConfig,
         n_linear: usize,
-        max_pos: usize,
         seqs: super::seqs::SeqPlan,
     ) -> Result<Self, CudaError> {
-        let max_pos = max_pos.max(1);
-        let positions: Vec<usize> = (0..max_pos).collect();
-        let (cos, sin) = rope_table(&positions, &h.rope_inv_freq(c.rope_theta));
         let per_seq = n_linear * h.state_len_per_layer();
         let slots = StateSlots { running: seqs.running.max(1), snapshots: seqs.snapshots };
         Ok(HybridCuda {
             h: h.clone(),
-            rope_cos: up(s, &cos, "partial RoPE cos table")?,
-            rope_sin: up(s, &sin, "partial RoPE sin table")?,
-            max_pos,
             per_seq,
             pool: zeros(s, slots.total() * per_seq, "recurrent state pool")?,
             slots,
@@ -233,11 +221,6 @@ impl HybridCuda {
     /// Rotated dims of each attention head (partial RoPE).
     pub(super) fn rotary_dim(&self) -> usize {
         self.h.rotary_dim
-    }
-
-    /// The partial-RoPE tables (`[max_pos, rotary_dim / 2]` each) and their positions.
-    pub(super) fn rope(&self, s: &CudaStream) -> (Dev<f32>, Dev<f32>, usize) {
-        (Dev::of(&self.rope_cos, s), Dev::of(&self.rope_sin, s), self.max_pos)
     }
 
     /// `[cap, proj width]`: either projection of a layer.

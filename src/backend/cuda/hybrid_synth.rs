@@ -96,7 +96,7 @@ impl CudaBackend {
         let embd = mat(&mut kernels, 1, "token_embd")?;
         let output = if c.tied_embeddings { None } else { Some(mat(&mut kernels, 1, "output")?) };
         let output_norm = ones(c.dim, "output_norm")?;
-        let hybrid = HybridCuda::new(s, c, &h, index, opts.max_positions, opts.seqs())?;
+        let hybrid = HybridCuda::new(s, &h, index, opts.seqs())?;
         dev.synchronize()?;
         let parts =
             Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0, hybrid: Some(hybrid) };

@@ -90,7 +90,7 @@ pub struct CudaBackend {
     /// of more than 8 tokens (None when every matrix is F16).
     pub(super) wide: Option<CudaSlice<u16>>,
     pub(super) output_norm: CudaSlice<f32>, // [dim]
-    pub(super) rope_cos: CudaSlice<f32>,    // [max_pos, head_dim / 2]
+    pub(super) rope_cos: CudaSlice<f32>,    // [max_pos, rotary_dim / 2] (ModelConfig::rope_rotation)
     pub(super) rope_sin: CudaSlice<f32>,
     pub(super) max_pos: usize,
     pub(super) block_size: usize,
@@ -319,7 +319,7 @@ impl CudaBackend {
         let output_norm = up(s, &w.output_norm, "output_norm")?;
         let clamped = clamped + moe_clamped + linear_clamped;
         let hybrid = match &c.hybrid {
-            Some(h) => Some(super::hybrid::HybridCuda::new(s, c, h, n_linear, opts.max_positions, opts.seqs())?),
+            Some(h) => Some(super::hybrid::HybridCuda::new(s, h, n_linear, opts.seqs())?),
             None => None,
         };
         let rope_freq_factors = w.rope_freq_factors.clone();
@@ -407,10 +407,8 @@ impl CudaBackend {
     ) -> Result<Self, CudaError> {
         let c = &cfg;
         let s = &dev.stream;
-        let mut inv_freq = c.rope_inv_freq();
-        if let Some(f) = &p.rope_freq_factors {
-            inv_freq.iter_mut().zip(f).for_each(|(a, &b)| *a /= b);
-        }
+        // Every attention layer's rotation (partial for the hybrid models): `[max_pos, rotary_dim / 2]`.
+        let (inv_freq, _) = c.rope_rotation(p.rope_freq_factors.as_deref());
         let max_pos = opts.max_positions.max(1);
         let positions: Vec<usize> = (0..max_pos).collect();
         let (cos, sin) = rope_table(&positions, &inv_freq);

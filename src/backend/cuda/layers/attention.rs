@@ -85,7 +85,14 @@ pub(super) fn full(lw: &AttnW, rope: &Rope, cx: Cx, hooks: &mut Hooks) -> Result
 }
 
 /// An attention layer of a hybrid model (`gated`: with the output gate).
-pub(super) fn hybrid(hy: &HybridCuda, lw: &AttnW, gated: bool, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
+pub(super) fn hybrid(
+    hy: &HybridCuda,
+    lw: &AttnW,
+    gated: bool,
+    rope: &Rope,
+    cx: Cx,
+    hooks: &mut Hooks,
+) -> Result<(), CudaError> {
     let Cx { c, k, mm, io, li, pre, .. } = cx;
     let s = mm.s;
     let n = io.n_tok;
@@ -100,7 +107,6 @@ pub(super) fn hybrid(hy: &HybridCuda, lw: &AttnW, gated: bool, cx: Cx, hooks: &m
     }
     hooks.mark("attn qkv proj")?;
     let (kc, vc, kv_scales) = lw.kv_dev(s);
-    let (cos, sin, max_pos) = hy.rope(s);
     HybQkvPost {
         proj,
         stride: width,
@@ -109,9 +115,9 @@ pub(super) fn hybrid(hy: &HybridCuda, lw: &AttnW, gated: bool, cx: Cx, hooks: &m
             q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
             k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
             pos: io.pos,
-            cos,
-            sin,
-            max_pos,
+            cos: Dev::of(rope.cos, s),
+            sin: Dev::of(rope.sin, s),
+            max_pos: rope.max_pos,
             k_cache: kc,
             v_cache: vc,
             kv_scales,

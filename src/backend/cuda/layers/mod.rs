@@ -239,7 +239,7 @@ impl CudaBackend {
                 // The hybrid models' attention: partial RoPE, the output gate where the model has it.
                 (MixerW::Attention(a), Some(hy)) => {
                     let gated = c.layer_kind(li).mixer == MixerKind::GatedAttention;
-                    attention::hybrid(hy, a, gated, cx, &mut hooks)?
+                    attention::hybrid(hy, a, gated, &rope, cx, &mut hooks)?
                 }
                 (MixerW::Attention(a), None) => attention::full(a, &rope, cx, &mut hooks)?,
             }
