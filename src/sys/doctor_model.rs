@@ -20,9 +20,10 @@ use crate::model::layer::Ffn;
 use crate::model::loader::load_model;
 use crate::model::weights::{ModelWeights, Tensor};
 
-/// The KV block and step budget of a default run.
+/// The KV block and the step budgets of a default run on the CPU and on a GPU.
 const BLOCK: usize = crate::engine::batch::BLOCK_SIZE;
 const STEP: usize = crate::engine::batch::DEFAULT_MAX_BATCH_TOKENS;
+const GPU_STEP: usize = crate::engine::batch::DEFAULT_GPU_MAX_BATCH_TOKENS;
 
 /// The weight matrices of the model (`active`: only those one decoded token reads: of a sparse
 /// layer's experts the first `n_used`, standing for the ones the router picks), the head last.
@@ -157,7 +158,7 @@ pub(super) fn model_report(
         // Weights as the CUDA backend keeps them (block formats packed).
         let b = device_weight_bytes(c, &m.weights, false);
         let seqs = crate::backend::cuda::memory::SeqPlan::new(o.slots);
-        let p = plan_memory(c, b.matrices, b.wide_scratch, positions / BLOCK, BLOCK, STEP, seqs);
+        let p = plan_memory(c, b.matrices, b.wide_scratch, positions / BLOCK, BLOCK, GPU_STEP, seqs);
         let device = format!("cuda:{}", g.info.ordinal);
         let (fits, note) = match g.free_memory_bytes {
             Some(free) => match p.check(free, &device, positions, c) {

@@ -241,12 +241,15 @@ pub fn plan_memory_for(
     let rope = (2 * max_pos * hd / 2 * 4) as u64;
     let meta = (tok * (16 + max_pos.div_ceil(block_size.max(1))) * 4) as u64;
     let experts = c.moe.as_ref().map_or(0, |m| moe::workspace_bytes(tok, dim, m));
-    // Qwen3.5-MoE / Qwen3-Next: the shared experts' buffers (their width, which the config
-    // does not carry here, is at most the model width in every released model).
-    let shared = if c.layer_kinds().iter().any(|k| k.has_shared_expert()) {
-        super::ops::shared_expert::SharedWork::bytes_for(tok, dim, dim)
-    } else {
-        0
+    // The shared experts' buffers, for their width (the config's shared width, else the routed
+    // experts'; counted as at least the model width, as before the config carried it:
+    // Qwen2-57B-A14B's is 20,480 against a width of 3,584).
+    let shared = match &c.moe {
+        Some(m) if c.layer_kinds().iter().any(|k| k.has_shared_expert()) => {
+            let width = m.shared_ffn_dim.unwrap_or(m.expert_ffn_dim).max(dim);
+            super::ops::shared_expert::SharedWork::bytes_for(tok, dim, width)
+        }
+        _ => 0,
     };
     let experts = experts + shared;
     // Hybrid models: the linear layers' step buffers (projections, conv output, delta-rule
@@ -389,6 +392,12 @@ impl MemoryPlan {
                 alts.push(format!("4-bit weights (about {}) together with a shorter context", gb(four_bit)));
             }
         }
+        // Smaller steps: the step buffers grow with the step's tokens (`--max-batch-tokens`; a
+        // GPU run's default is 2,048).
+        let per_step = self.parts.step + self.parts.attention + self.parts.experts_linear;
+        if per_step >= over {
+            alts.push(format!("smaller engine steps (--max-batch-tokens 512; the step buffers take {})", gb(per_step)));
+        }
         alts.push("a GPU with more memory".into());
         Err(format!(
             "the model does not fit on {device}: weights {} + KV cache {} ({positions} positions, {} layers, {}) + workspace {}{} = {}, but {:.0}% of the free {} is {}; options: {}",
@@ -512,6 +521,17 @@ mod tests {
     }
 
     #[test]
+    fn shared_expert_buffers_are_planned_at_the_shared_width() {
+        // Qwen2-57B-A14B: a 20,480-wide shared expert beside 2,560-wide routed ones, width 3,584.
+        let c = shape("qwen2-57b-a14b").unwrap();
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!((m.shared_ffn_dim, c.dim), (Some(20480), 3584));
+        let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 64, 16, 512, SeqPlan::new(1));
+        let shared = super::super::ops::shared_expert::SharedWork::bytes_for(512, c.dim, 20480);
+        assert_eq!(p.parts.experts_linear, moe::workspace_bytes(512, c.dim, m) + shared);
+    }
+
+    #[test]
     fn refusal_names_numbers_and_alternatives() {
         let c = shape("qwen3-8b").unwrap();
         let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 2048, 16, 512, SeqPlan::new(1));
@@ -522,5 +542,14 @@ mod tests {
         }
         let e = p.check(22_000_000_000, "cuda:0 X", 2048 * 16, &c).unwrap_err();
         assert!(e.contains("cached positions in total fit"), "{e}");
+        // Steps of 4,096 tokens over a card their step buffers overfill: smaller steps are named;
+        // the same card is refused without that option when the weights alone overfill it.
+        let big = plan_memory(&c, f16_matrix_bytes(&c), 0, 64, 16, 4096, SeqPlan::new(1));
+        let over = big.total - (big.total as f64 * 0.99) as u64;
+        let free = ((big.total - over) as f64 / HEADROOM) as u64;
+        let e = big.check(free, "cuda:0 X", 64 * 16, &c).unwrap_err();
+        assert!(e.contains("smaller engine steps (--max-batch-tokens 512"), "{e}");
+        let e = p.check(16_000_000_000, "cuda:0 X", 2048 * 16, &c).unwrap_err();
+        assert!(!e.contains("smaller engine steps"), "{e}");
     }
 }
