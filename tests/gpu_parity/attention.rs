@@ -104,6 +104,16 @@ fn prefill_families(g: &Gpu) -> Vec<bool> {
     }
 }
 
+/// The tolerance label of a decode launch: the tensor-core kernel rounds Q and the softmax
+/// weights to F16.
+pub(crate) fn decode_label(kernel: Option<l::DecodeKernel>, hd: usize, group: usize) -> &'static str {
+    if l::DecodeKernel::resolve(kernel, hd, group) == l::DecodeKernel::Tensor {
+        "attention_tc"
+    } else {
+        "attention"
+    }
+}
+
 /// A shared-prefix group on the device for `decode_attention`: the cascade plan's tiles, rows
 /// and each token's `kv_begin`, and its prefix pass's (splits, positions a split).
 pub(crate) struct Group<'a> {
@@ -120,7 +130,7 @@ pub(crate) fn decode_attention(
     (po, pml): (&CudaSlice<f32>, &CudaSlice<f32>),
     max_len: usize,
     split_len: usize,
-    onepass: Option<bool>,
+    kernel: Option<l::DecodeKernel>,
     group: Option<Group>,
 ) -> l::Attention {
     let splits = max_len.div_ceil(split_len);
@@ -145,7 +155,7 @@ pub(crate) fn decode_attention(
             }),
         },
     });
-    l::Attention { prefix, ..split_attention(g, paged, (po, pml), max_len, (split_len, splits), onepass) }
+    l::Attention { prefix, ..split_attention(g, paged, (po, pml), max_len, (split_len, splits), kernel) }
 }
 
 /// The decode attention of `paged`'s tokens over `max_len` positions in `n_splits` splits of
@@ -156,9 +166,9 @@ fn split_attention(
     (po, pml): (&CudaSlice<f32>, &CudaSlice<f32>),
     max_len: usize,
     (split_len, n_splits): (usize, usize),
-    onepass: Option<bool>,
+    kernel: Option<l::DecodeKernel>,
 ) -> l::Attention {
-    l::Attention { paged, part_o: g.d(po), part_ml: g.d(pml), max_len, n_splits, split_len, onepass, prefix: None }
+    l::Attention { paged, part_o: g.d(po), part_ml: g.d(pml), max_len, n_splits, split_len, kernel, prefix: None }
 }
 
 #[test]
@@ -261,24 +271,29 @@ fn kv_store_and_paged_attention_match_cpu() {
         // Decode kernels: (tokens, split length (0: the step's rule), splits (0: just enough)),
         // both kernels where the shape has two.
         let full = n_tok;
-        for (n_tok, split_len, splits, onepass) in [
+        use l::DecodeKernel::{OnePass, Tensor, TwoPass};
+        for (n_tok, split_len, splits, kernel) in [
             (full, 0, 0, None),
             (full, 0, most, None),
             (8, 0, 0, None),
             (8, 0, most, None),
             (24, 0, 0, None),
             (full, 512, 0, None),
-            (full, 64, 0, Some(true)),
-            (full, 256, 0, Some(false)),
+            (full, 64, 0, Some(OnePass)),
+            (full, 256, 0, Some(TwoPass)),
+            (full, 0, 0, Some(Tensor)),
+            (full, 64, most, Some(Tensor)),
+            (8, 16, 0, Some(Tensor)),
+            (24, 512, 0, Some(Tensor)),
         ] {
             let split_len = if split_len == 0 { l::decode_split_len(n_tok, max_len, nh, nkv, hd) } else { split_len };
             let need = max_len.div_ceil(split_len);
             let splits = if splits == 0 { need } else { splits.max(need) };
             let out = g.poisoned(n_tok * qd);
-            split_attention(&g, pr.paged(&g, &out, n_tok), (&po, &pml), max_len, (split_len, splits), onepass)
+            split_attention(&g, pr.paged(&g, &out, n_tok), (&po, &pml), max_len, (split_len, splits), kernel)
                 .launch(&mut g.k, &s)
                 .unwrap();
-            compare("attention", g.seed, &g.down(&out), &want[..n_tok * qd]);
+            compare(decode_label(kernel, hd, nh / nkv), g.seed, &g.down(&out), &want[..n_tok * qd]);
         }
 
         if !prefill_supported(nh, nkv, hd) {
@@ -389,16 +404,20 @@ fn shared_prefix_attention_equals_plain_attention() {
         let (tiles_d, rows_d, begin_d) = (g.up(&plan.tiles), g.up(&plan.rows), g.up(&plan.kv_begin));
         let split_len = l::decode_split_len(n_tok, max_len, nh, nkv, hd);
         let splits = max_len.div_ceil(split_len);
-        for (pre_splits, pre_len) in [cascade::splits(2, plan.max_shared, nh, nkv, hd), (1, 640), (20, 32)] {
+        let pres = [cascade::splits(2, plan.max_shared, nh, nkv, hd), (1, 640), (20, 32)];
+        for ((pre_splits, pre_len), kernel) in
+            pres.into_iter().flat_map(|p| [(p, None), (p, Some(l::DecodeKernel::Tensor))])
+        {
             let n_parts = splits + pre_splits;
             let (po, pml) = (g.poisoned(n_tok * nh * n_parts * hd), g.poisoned(n_tok * nh * n_parts * 2));
             let out = g.poisoned(n_tok * qd);
             let paged = pr.paged(&g, &out, n_tok);
             let group = Group { dev: (&tiles_d, &rows_d, &begin_d), pre: (pre_splits, pre_len) };
-            decode_attention(&g, paged, (&po, &pml), max_len, split_len, None, Some(group))
+            decode_attention(&g, paged, (&po, &pml), max_len, split_len, kernel, Some(group))
                 .launch(&mut g.k, &s)
                 .unwrap();
-            compare("attention_cascade", g.seed, &g.down(&out), &want);
+            let tc = l::DecodeKernel::resolve(kernel, hd, nh / nkv) == l::DecodeKernel::Tensor;
+            compare(if tc { "attention_tc" } else { "attention_cascade" }, g.seed, &g.down(&out), &want);
         }
         // The same tokens without the group pass.
         let (po, pml) = (g.poisoned(n_tok * nh * splits * hd), g.poisoned(n_tok * nh * splits * 2));
@@ -406,7 +425,7 @@ fn shared_prefix_attention_equals_plain_attention() {
         split_attention(&g, pr.paged(&g, &out, n_tok), (&po, &pml), max_len, (split_len, splits), None)
             .launch(&mut g.k, &s)
             .unwrap();
-        compare("attention", g.seed, &g.down(&out), &want);
+        compare(decode_label(None, hd, nh / nkv), g.seed, &g.down(&out), &want);
     }
 }
 
@@ -522,17 +541,25 @@ fn long_context_attention_matches_cpu() {
             if kind == "decode" {
                 // The rule's split is the one-pass kernel's (up to 1,024 positions); the forced
                 // two-pass case takes 256, which its score array holds for every shape here.
-                for (split_len, onepass) in
-                    [(0, None), (0, Some(true)), (64, Some(true)), (512, Some(true)), (256, Some(false))]
-                {
+                use l::DecodeKernel::{OnePass, Tensor, TwoPass};
+                for (split_len, kernel) in [
+                    (0, None),
+                    (0, Some(OnePass)),
+                    (64, Some(OnePass)),
+                    (512, Some(OnePass)),
+                    (256, Some(TwoPass)),
+                    (0, Some(Tensor)),
+                    (64, Some(Tensor)),
+                    (if matches!(hd, 64 | 128) { 1024 } else { 256 }, Some(Tensor)),
+                ] {
                     let split_len =
                         if split_len == 0 { l::decode_split_len(n_tok, len, nh, nkv, hd) } else { split_len };
                     let out = g.poisoned(n_tok * qd);
                     let splits = (split_len, len.div_ceil(split_len));
-                    split_attention(&g, pr.paged(&g, &out, n_tok), (&po, &pml), len, splits, onepass)
+                    split_attention(&g, pr.paged(&g, &out, n_tok), (&po, &pml), len, splits, kernel)
                         .launch(&mut g.k, &s)
                         .unwrap();
-                    compare("attention", g.seed, &g.down(&out), &want);
+                    compare(decode_label(kernel, hd, nh / nkv), g.seed, &g.down(&out), &want);
                 }
                 continue;
             }

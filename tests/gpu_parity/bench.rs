@@ -194,7 +194,7 @@ fn attention_breakdown() {
     let bs = 16usize;
     // What the driver made of each attention kernel (registers bound how many blocks share an
     // SM): every entry of the decode and prefill files, as the kernel table lists them.
-    let attention_files = ["attention_decode", "attention_prefill"];
+    let attention_files = ["attention_decode", "attention_decode_tc", "attention_prefill"];
     for file in dustoff::backend::cuda::kernels::KERNEL_FILES.iter().filter(|f| attention_files.contains(&f.name)) {
         for &entry in file.entries {
             let f = g.k.get(entry).unwrap();
@@ -222,6 +222,8 @@ fn attention_breakdown() {
         ("decode-g8", 1, 870, 1, 128),
         ("decode-g8", 1, 8192, 1, 128),
         ("decode-g8", 32, 1300, 1, 128),
+        ("decode-g8", 48, 2000, 1, 128),
+        ("decode-g8", 64, 1024, 1, 128),
         ("prefill", 4, 1000, 128, 128),
         ("prefill", 1, 0, 512, 128),
         ("prefill", 1, 8192, 512, 128),
@@ -310,16 +312,17 @@ fn attention_breakdown() {
         // Partials: the most decode splits (shortest split) + up to 64 prefill or shared-prefix splits.
         let part_len = n_tok * nh * (l::attn_splits(max_len, n_tok) + 64);
         let (po, pml) = (g.zeros::<f32>(part_len * hd), g.zeros::<f32>(part_len * 2));
-        let decode = |g: &mut Gpu, split_len: usize, prefix: Option<&cascade::Cascade>, onepass: Option<bool>| {
-            let dev = prefix.map(|c| (g.up(&c.tiles), g.up(&c.rows), g.up(&c.kv_begin)));
-            let pre = prefix.map(|c| cascade::splits(c.tiles.len() / 4, c.max_shared, nh, nkv, hd));
-            time(g, &mut |g| {
-                let group = dev.as_ref().zip(pre).map(|((t, r, b), pre)| Group { dev: (t, r, b), pre });
-                decode_attention(g, paged, (&po, &pml), max_len, split_len, onepass, group)
-                    .launch(&mut g.k, &s)
-                    .unwrap();
-            })
-        };
+        let decode =
+            |g: &mut Gpu, split_len: usize, prefix: Option<&cascade::Cascade>, kernel: Option<l::DecodeKernel>| {
+                let dev = prefix.map(|c| (g.up(&c.tiles), g.up(&c.rows), g.up(&c.kv_begin)));
+                let pre = prefix.map(|c| cascade::splits(c.tiles.len() / 4, c.max_shared, nh, nkv, hd));
+                time(g, &mut |g| {
+                    let group = dev.as_ref().zip(pre).map(|((t, r, b), pre)| Group { dev: (t, r, b), pre });
+                    decode_attention(g, paged, (&po, &pml), max_len, split_len, kernel, group)
+                        .launch(&mut g.k, &s)
+                        .unwrap();
+                })
+            };
         let label = format!("{kind:7} {n:3} seqs ctx {ctx:5} +{new:3} hd {hd}");
         match kind {
             "decode" | "decode-g8" => {
@@ -335,13 +338,12 @@ fn attention_breakdown() {
                     kv_bytes / after / 1e9
                 );
                 {
-                    // Both kernels at several split lengths.
+                    // Every kernel at several split lengths.
                     let mut line = format!("attn {label}: sweep");
-                    for one in [false, true] {
-                        for len in [64usize, 128, 256, 512] {
-                            let dt = decode(&mut g, len, None, Some(one));
-                            line +=
-                                &format!(" | {} {len} {:.1} us", if one { "one-pass" } else { "two-pass" }, dt * 1e6);
+                    for kernel in [l::DecodeKernel::TwoPass, l::DecodeKernel::OnePass, l::DecodeKernel::Tensor] {
+                        for len in [64usize, 128, 256, 512, 1024] {
+                            let dt = decode(&mut g, len, None, Some(kernel));
+                            line += &format!(" | {kernel:?} {len} {:.1} us {:.0} GB/s", dt * 1e6, kv_bytes / dt / 1e9);
                         }
                     }
                     eprintln!("{line}");

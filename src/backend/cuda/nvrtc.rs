@@ -37,9 +37,16 @@ pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
 /// The GGML block-format decoders (`kernels/quant.cuh`), inlined like `common.cuh`.
 pub const QUANT: &str = include_str!("../../../kernels/quant.cuh");
 
-/// The program text NVRTC compiles: the file with `common.cuh` inlined.
+/// What the decode attention kernel files share (`kernels/attention.cuh`), inlined the same way.
+pub const ATTENTION: &str = include_str!("../../../kernels/attention.cuh");
+
+/// The program text NVRTC compiles: the file with its headers (`common.cuh`, `quant.cuh`,
+/// `attention.cuh`) inlined.
 pub fn full_source(file: &KernelFile) -> String {
-    file.source.replace("#include \"common.cuh\"", COMMON).replace("#include \"quant.cuh\"", QUANT)
+    file.source
+        .replace("#include \"common.cuh\"", COMMON)
+        .replace("#include \"quant.cuh\"", QUANT)
+        .replace("#include \"attention.cuh\"", ATTENTION)
 }
 
 /// NVRTC options besides the architecture. Part of the cache key.

@@ -111,7 +111,7 @@ impl AttnIo {
                 max_len: f.max_len,
                 n_splits: f.splits,
                 split_len: f.split_len,
-                onepass: None,
+                kernel: None,
                 prefix,
             }
             .launch(k, s)?;

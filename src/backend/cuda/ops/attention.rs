@@ -78,11 +78,75 @@ fn onepass_target_blocks(n_tok: usize) -> usize {
     }
 }
 
+/// Which decode attention kernel a launch takes (all write the same partials).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// attn_split_f16 (any even head size up to 256) or its head-size 64 / 128 forms.
+    TwoPass,
+    /// attn_onepass_f16_hd* (64, 128, 256): flash-decoding inside the split on CUDA cores.
+    OnePass,
+    /// attn_decode_tc_hd* (64, 128; attention_decode_tc.cu): the group's heads as the rows of
+    /// tensor-core tiles.
+    Tensor,
+}
+
 /// Whether a decode launch takes the one-pass kernel: head sizes 64, 128 and 256 (unless
 /// `DUSTOFF_ATTN_ONEPASS=0`). It was as fast or faster than the two-pass kernel at its best
 /// split in every measured row (1 to 64 sequences, contexts 870 to 16k, groups 4 and 8).
 pub fn onepass_for(head_dim: usize) -> bool {
     matches!(head_dim, 64 | 128 | 256) && tuning().attn_onepass
+}
+
+/// The decode kernel of head size `head_dim` and `group` query heads per KV head: the tensor
+/// cores (head sizes 64 and 128, groups up to 16; unless `DUSTOFF_ATTN_TC=0`), else the
+/// one-pass kernel where `onepass_for`, else the two-pass one. Measured on the H200
+/// (attention_breakdown, session 19), each kernel at its best split: group 8, 48 sequences x
+/// 2,000: 106 against 200 us (one-pass); 64 x 1,024: 72 against 155; group 4, 64 x 1,024: 122
+/// against 155; one sequence x 16k: 48 against 53; 1 x 870: 20 against 21.
+pub fn decode_kernel_for(head_dim: usize, group: usize) -> DecodeKernel {
+    if tensor_fits(head_dim, group) && tuning().attn_tc {
+        DecodeKernel::Tensor
+    } else if onepass_for(head_dim) {
+        DecodeKernel::OnePass
+    } else {
+        DecodeKernel::TwoPass
+    }
+}
+
+/// Shapes the tensor-core decode kernel serves: head size 64 or 128, at most 16 query heads
+/// (the rows of its tiles) per KV head.
+fn tensor_fits(head_dim: usize, group: usize) -> bool {
+    matches!(head_dim, 64 | 128) && (1..=16).contains(&group)
+}
+
+impl DecodeKernel {
+    /// The kernel a launch takes for `choice` (`decode_kernel_for` when `None`): a choice the
+    /// shape does not allow falls back to the one-pass kernel, then to the two-pass one.
+    pub fn resolve(choice: Option<DecodeKernel>, head_dim: usize, group: usize) -> DecodeKernel {
+        let one = matches!(head_dim, 64 | 128 | 256);
+        match choice.unwrap_or(decode_kernel_for(head_dim, group)) {
+            DecodeKernel::Tensor if tensor_fits(head_dim, group) => DecodeKernel::Tensor,
+            DecodeKernel::Tensor | DecodeKernel::OnePass if one => DecodeKernel::OnePass,
+            _ => DecodeKernel::TwoPass,
+        }
+    }
+}
+
+/// Blocks a tensor-core decode launch aims for: about one wave of an H200 (two 4-warp blocks
+/// an SM at ~246 registers a thread). Measured on the H200 (attention_breakdown, session 19):
+/// 1 to 64 sequences, contexts 870 to 16k, groups 4 and 8: the split nearest 256 blocks was the
+/// fastest of 64..=1,024 or within 6% of it (48 x 2,000, group 8: 112 against 106 us).
+const TC_TARGET_BLOCKS: usize = 256;
+
+/// Warps of a tensor-core decode block (its `__launch_bounds__`).
+const TC_WARPS: usize = 4;
+
+/// Shared memory of a tensor-core decode block (kernels/attention_decode_tc.cu, `Adt`): Q hi
+/// and lo `[16, hd + 8]` f16, then per warp K and V `[16, hd + 8]` f16 (S and P live in the K
+/// area) and 32 floats of row state.
+fn tc_smem(hd: usize) -> usize {
+    let ld = hd + 8;
+    2 * 16 * ld * 2 + TC_WARPS * (2 * 16 * ld * 2 + 32 * 4)
 }
 
 /// Positions per split of a decode step of `n_tok` tokens over sequences of at most `max_len`
@@ -97,9 +161,17 @@ pub fn decode_split_len(n_tok: usize, max_len: usize, n_heads: usize, n_kv: usiz
         return base;
     }
     let group = (n_heads / n_kv).max(1);
-    if onepass_for(head_dim) {
-        let units = (n_tok * n_kv * onepass_shape(group, head_dim, ATTN_THREADS).0).max(1) as f64;
-        let target = onepass_target_blocks(n_tok) as f64;
+    let kernel = decode_kernel_for(head_dim, group);
+    if kernel != DecodeKernel::TwoPass {
+        // Blocks per (KV head, token, split): the one-pass kernel's head chunks; one for the
+        // tensor cores (each of its blocks serves the whole group).
+        let (per, target) = if kernel == DecodeKernel::Tensor {
+            (1, TC_TARGET_BLOCKS)
+        } else {
+            (onepass_shape(group, head_dim, ATTN_THREADS).0, onepass_target_blocks(n_tok))
+        };
+        let units = (n_tok * n_kv * per).max(1) as f64;
+        let target = target as f64;
         let off = |len: usize| ((units * max_len.max(1).div_ceil(len) as f64) / target).ln().abs();
         let mut best = base.max(64);
         let mut len = best;
@@ -156,9 +228,9 @@ pub struct Attention {
     pub max_len: usize,
     pub n_splits: usize,
     pub split_len: usize,
-    /// The one-pass kernel (head sizes 64, 128 and 256) or the two-pass one; `None`: the
-    /// measured rule.
-    pub onepass: Option<bool>,
+    /// The kernel (`decode_kernel_for` when `None`); a choice the shape does not allow falls
+    /// back to the two-pass kernel.
+    pub kernel: Option<DecodeKernel>,
     pub prefix: Option<SharedPrefix>,
 }
 
@@ -238,27 +310,34 @@ impl Attention {
             block_shift: a.block_size.trailing_zeros() as i32,
             fast_exp: i32::from(tuning().attn_fast_exp),
         };
+        let t = tuning();
+        let kernel = DecodeKernel::resolve(self.kernel, hd, group);
         let mut smem = (group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4;
         let mut grid = (a.n_kv as u32, a.n_tok as u32, i32_of(K, splits)? as u32);
-        // Head sizes 64, 128 and 256: the one-pass kernel (`onepass_for`), else the two-pass
-        // one (same outputs).
-        let t = tuning();
-        let onepass = matches!(hd, 64 | 128 | 256) && self.onepass.unwrap_or(onepass_for(hd));
-        let entry = match (hd, onepass) {
-            (64, true) => "attn_onepass_f16_hd64",
-            (128, true) => "attn_onepass_f16_hd128",
-            (256, true) => "attn_onepass_f16_hd256",
-            (64, false) => "attn_split_f16_hd64",
-            (128, false) => "attn_split_f16_hd128",
-            _ => K,
-        };
         let mut threads = ATTN_THREADS;
-        if onepass {
-            // `DUSTOFF_ATTN_WARPS` (1..=16) sets the warps of a block (for comparisons).
-            threads = t.attn_warps.map_or(ATTN_THREADS, |w| w * 32);
-            let (chunks, _, bytes) = onepass_shape(group, hd, threads);
-            grid.0 = i32_of(K, a.n_kv * chunks)? as u32;
-            smem = bytes;
+        let entry = match (kernel, hd) {
+            (DecodeKernel::Tensor, 64) => "attn_decode_tc_hd64",
+            (DecodeKernel::Tensor, _) => "attn_decode_tc_hd128",
+            (DecodeKernel::OnePass, 64) => "attn_onepass_f16_hd64",
+            (DecodeKernel::OnePass, 128) => "attn_onepass_f16_hd128",
+            (DecodeKernel::OnePass, _) => "attn_onepass_f16_hd256",
+            (DecodeKernel::TwoPass, 64) => "attn_split_f16_hd64",
+            (DecodeKernel::TwoPass, 128) => "attn_split_f16_hd128",
+            (DecodeKernel::TwoPass, _) => K,
+        };
+        match kernel {
+            DecodeKernel::Tensor => {
+                threads = TC_WARPS * 32;
+                smem = tc_smem(hd);
+            }
+            DecodeKernel::OnePass => {
+                // `DUSTOFF_ATTN_WARPS` (1..=16) sets the warps of a block (for comparisons).
+                threads = t.attn_warps.map_or(ATTN_THREADS, |w| w * 32);
+                let (chunks, _, bytes) = onepass_shape(group, hd, threads);
+                grid.0 = i32_of(K, a.n_kv * chunks)? as u32;
+                smem = bytes;
+            }
+            DecodeKernel::TwoPass => {}
         }
         check(K, smem <= 48 * 1024, || {
             format!("{smem} bytes of shared memory ({group} heads per KV head, splits of {split_len})")
@@ -287,23 +366,25 @@ mod tests {
 
     #[test]
     fn decode_splits_follow_context_and_sequences() {
-        // Qwen3-8B: 32 query heads over 8 KV heads of 128 (the one-pass kernel).
+        // Qwen3-8B: 32 query heads over 8 KV heads of 128 (the tensor-core kernel: about 256
+        // blocks, one block per KV head, token and split).
         let q3 = |n, len| decode_split_len(n, len, 32, 8, 128);
-        // One sequence: about 256 blocks (the measured best at 8k and 16k).
+        // One sequence: 32 splits of 512 at 16k, 33 of 256 at 8k; a short one: the shortest.
         assert_eq!(q3(1, 16384), 512);
         assert_eq!(q3(1, 8193), 256);
         assert_eq!(q3(1, 900), 64);
         // 8 sequences at 870: 4 splits of 256 (256 blocks).
         assert_eq!(q3(8, 871), 256);
-        // 32 at 1,300: 3 splits of 512 (768 blocks); 64 at 1k: two of 512 (1,024 blocks).
-        assert_eq!(q3(32, 1301), 512);
-        assert_eq!(q3(64, 1024), 512);
-        // 64 sequences at 8k: the longest split.
+        // 32 at 1,300 (512 blocks with 2 splits) and 64 at 1k: the longest split.
+        assert_eq!(q3(32, 1301), 1024);
+        assert_eq!(q3(64, 1024), 1024);
         assert_eq!(q3(64, 8192), 1024);
-        // Few KV heads: more splits for the same sequences.
-        assert!(decode_split_len(32, 4096, 16, 2, 128) < q3(32, 4096));
-        // Groups of 8 take two blocks per KV head: Qwen3-30B-A3B (32 over 4) splits as Qwen3-8B.
-        assert_eq!(decode_split_len(1, 8193, 32, 4, 128), q3(1, 8193));
+        // Fewer KV heads: more splits for the same sequences.
+        assert!(decode_split_len(8, 4096, 16, 2, 128) < q3(8, 4096));
+        // Qwen3-30B-A3B (32 over 4, groups of 8): half the blocks of Qwen3-8B per split.
+        assert_eq!(decode_split_len(1, 8193, 32, 4, 128), 128);
+        // Head size 256 (Qwen3.5 full attention): the one-pass kernel's rule.
+        assert_eq!(decode_split_len(1, 8193, 16, 2, 256), 128);
         // Head size 80 (the two-pass kernel): the score array caps the split.
         assert_eq!(decode_split_len(1, 16384, 32, 8, 80), 128);
         for (n, len) in [(1, 1), (3, 70_000), (17, 5000), (64, 100), (8, 30_000)] {
@@ -318,6 +399,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn tensor_kernel_fits_its_shared_memory_and_falls_back() {
+        assert!(tc_smem(128) <= 48 * 1024 && tc_smem(64) < tc_smem(128));
+        use DecodeKernel::*;
+        assert_eq!(DecodeKernel::resolve(Some(Tensor), 128, 8), Tensor);
+        assert_eq!(DecodeKernel::resolve(Some(Tensor), 256, 8), OnePass);
+        assert_eq!(DecodeKernel::resolve(Some(Tensor), 128, 17), OnePass);
+        assert_eq!(DecodeKernel::resolve(Some(Tensor), 80, 4), TwoPass);
+        assert_eq!(DecodeKernel::resolve(Some(OnePass), 96, 4), TwoPass);
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub mod silu_mul;
 
 pub use self::add::{BiasAdd, CastF16};
 pub use self::argmax::{ArgmaxRows, MaskedArgmaxRows};
-pub use self::attention::{attn_split_len, attn_splits, decode_split_len, Attention, SharedPrefix};
+pub use self::attention::{attn_split_len, attn_splits, decode_split_len, Attention, DecodeKernel, SharedPrefix};
 pub use self::attention_merge::Merge;
 pub use self::cublas_gemm::Gemm;
 pub use self::embedding::{Embedding, FillUniform};
