@@ -441,16 +441,8 @@ fn whole_sparse_layer_matches_the_cpu_reference() {
                 w.router = Tensor::from_f32("router", e, dim, &r);
             }
             let (lw, _) = MoeLayerW::upload(&s, &w, false, "test layer").unwrap();
-            let m = MoeConfig {
-                n_experts: e,
-                n_used: k,
-                expert_ffn_dim: f,
-                norm_topk_prob: true,
-                shared_ffn_dim: None,
-                sparse_layers: vec![],
-            };
             let mut work = MoeWork::default();
-            work.grow(&s, 128, dim, &m).unwrap();
+            work.grow(&s, 128, &lw).unwrap();
             for &n in TOKEN_COUNTS.iter().chain(&[100]) {
                 let mut h = g.randn(n * dim, 1.0);
                 if skewed {

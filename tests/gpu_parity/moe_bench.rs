@@ -83,7 +83,7 @@ fn moe_kernel_breakdown() {
     let gu_bytes = per_expert(layers[0].gate.bytes() + layers[0].up.bytes());
     let down_bytes = per_expert(layers[0].down.bytes());
     let mut work = MoeWork::default();
-    work.grow(&s, 768, dim, &m).unwrap();
+    work.grow(&s, 768, &layers[0]).unwrap();
     let hv = g.randn(768 * dim, 1.0);
     let h = g.up(&hv);
     let x = g.zeros::<f32>(768 * dim);
@@ -279,7 +279,7 @@ fn moe_pair_graph_breakdown() {
     let works: Vec<MoeWork> = (0..L)
         .map(|_| {
             let mut w = MoeWork::default();
-            w.grow(&s, 8, dim, &m).unwrap();
+            w.grow(&s, 8, &layers[0]).unwrap();
             w
         })
         .collect();

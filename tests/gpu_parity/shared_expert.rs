@@ -12,7 +12,7 @@ use dustoff::backend::cuda::ops::gemm_tc::tc64_part_len;
 use dustoff::backend::cuda::ops::q8x;
 use dustoff::backend::cuda::ops::qlaunch::q8x_bytes;
 use dustoff::backend::cuda::ops::shared_expert::{shared_expert_ffn, SharedWork, ShexpGateAdd, ShexpGateQ8};
-use dustoff::model::moe::{Expert, MoeConfig, MoeWeights, SharedExpert};
+use dustoff::model::moe::{Expert, MoeWeights, SharedExpert};
 use dustoff::model::quant::{quantize_row, GgmlType};
 use dustoff::model::weights::Tensor;
 
@@ -151,17 +151,9 @@ fn sparse_layer_vs_cpu(test: &str, sf: usize, counts: &[usize], in_pairs: bool) 
             shared: Some(shared),
         };
         let (lw, _) = MoeLayerW::upload(&s, &w, false, "test layer").unwrap();
-        let m = MoeConfig {
-            n_experts: e,
-            n_used: k,
-            expert_ffn_dim: f,
-            norm_topk_prob: true,
-            shared_ffn_dim: Some(sf),
-            sparse_layers: vec![],
-        };
         let nmax = *counts.iter().max().unwrap();
         let mut work = MoeWork::default();
-        work.grow(&s, 2 * nmax, dim, &m).unwrap(); // room for the shared expert's pairs
+        work.grow(&s, 2 * nmax, &lw).unwrap(); // room for the shared expert's pairs
         let mut sw = SharedWork::default();
         sw.grow(&s, nmax, dim, sf).unwrap();
         let x16 = g.zeros::<u16>(nmax.max(16) * sf.max(dim));

@@ -1,7 +1,7 @@
 //! Hybrid models (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) on the CUDA backend: the device weights of
-//! a Gated DeltaNet layer ([`LinearW`], held by its `LayerW`), and the hybrid part of the
-//! backend: the step buffers of both mixers,
-//! and each sequence's recurrent state on the device. The layers' launches are in
+//! a Gated DeltaNet layer ([`LinearW`], held by its `LayerW`), and the backend's
+//! recurrent part ([`RecurrentCuda`]): the step buffers of both mixers and each sequence's
+//! recurrent state on the device. The layers' launches are in
 //! `layers/deltanet.rs` and `layers/attention.rs`.
 //!
 //! State: a device pool `[n_slots, per_seq]` f32 of slots laid out as the CPU's (per linear
@@ -43,8 +43,9 @@ pub(super) struct LinearW {
     pub index: usize,
 }
 
-/// The hybrid part of `CudaBackend`.
-pub struct HybridCuda {
+/// The recurrent part of `CudaBackend` (hybrid models): the state pool and the step buffers of
+/// the linear-attention and gated-attention layers.
+pub struct RecurrentCuda {
     h: HybridConfig,
     /// f32 values of one sequence's state.
     per_seq: usize,
@@ -93,14 +94,14 @@ fn proj_width(c: &ModelConfig, h: &HybridConfig) -> usize {
     lin.max(q + 2 * c.kv_dim())
 }
 
-/// Bytes of the step buffers of `HybridCuda::ensure` for `cap` tokens (the memory plan).
+/// Bytes of the step buffers of `RecurrentCuda::ensure` for `cap` tokens (the memory plan).
 pub fn workspace_bytes(c: &ModelConfig, h: &HybridConfig, cap: usize) -> u64 {
     let f32s = proj_width(c, h) + h.conv_channels() + h.value_dim().max(c.q_dim()) + h.n_v_heads * DN_AB_ROW;
     (cap * f32s * 4 + (1 + 3 * cap) * 4) as u64
 }
 
-impl HybridCuda {
-    /// The hybrid part of a model of `n_linear` Gated DeltaNet layers (their weights are in
+impl RecurrentCuda {
+    /// The recurrent part of a model of `n_linear` Gated DeltaNet layers (their weights are in
     /// their `LayerW`): a state pool for `seqs`.
     pub(super) fn new(
         s: &Arc<CudaStream>,
@@ -110,7 +111,7 @@ impl HybridCuda {
     ) -> Result<Self, CudaError> {
         let per_seq = n_linear * h.state_len_per_layer();
         let slots = StateSlots { running: seqs.running.max(1), snapshots: seqs.snapshots };
-        Ok(HybridCuda {
+        Ok(RecurrentCuda {
             h: h.clone(),
             per_seq,
             pool: zeros(s, slots.total() * per_seq, "recurrent state pool")?,

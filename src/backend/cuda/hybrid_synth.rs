@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 
 use super::device::up;
 use super::dmat::{DevMat, Linear};
-use super::hybrid::{HybridCuda, LinearW};
+use super::hybrid::{LinearW, RecurrentCuda};
 use super::layer::{AttnW, FfnW, LayerW, MixerW};
 use super::model::{open, CudaBackend, CudaOptions, Parts};
 use super::synth::{hybrid_shapes, synthetic_experts, synthetic_matrix_bytes, WeightMix};
@@ -96,10 +96,17 @@ impl CudaBackend {
         let embd = mat(&mut kernels, 1, "token_embd")?;
         let output = if c.tied_embeddings { None } else { Some(mat(&mut kernels, 1, "output")?) };
         let output_norm = ones(c.dim, "output_norm")?;
-        let hybrid = HybridCuda::new(s, &h, index, opts.seqs())?;
+        let recurrent = RecurrentCuda::new(s, &h, index, opts.seqs())?;
         dev.synchronize()?;
-        let parts =
-            Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0, hybrid: Some(hybrid) };
+        let parts = Parts {
+            layers,
+            embd,
+            output,
+            output_norm,
+            rope_freq_factors: None,
+            clamped: 0,
+            recurrent: Some(recurrent),
+        };
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
     }
 }

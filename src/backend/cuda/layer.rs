@@ -22,7 +22,7 @@ pub(super) struct LayerW {
 }
 
 /// The mixer of a layer: softmax attention (`MixerKind::Attention`, `GatedAttention`) or Gated
-/// DeltaNet (its recurrent state lives in the hybrid part's pool, `hybrid.rs`).
+/// DeltaNet (its recurrent state lives in the recurrent-state pool, `hybrid.rs`).
 pub(super) enum MixerW {
     Attention(AttnW),
     DeltaNet(LinearW),

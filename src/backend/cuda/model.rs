@@ -120,8 +120,9 @@ pub struct CudaBackend {
     pub(super) decode_bytes: u64,
     /// Most device memory seen in use (total - free), read after every allocation.
     pub(super) peak_used: u64,
-    /// Hybrid models (Qwen3.5): the linear-attention layers and the recurrent states.
-    pub(super) hybrid: Option<super::hybrid::HybridCuda>,
+    /// Hybrid models (Qwen3.5, Qwen3.5-MoE, Qwen3-Next): the recurrent-state pool and the step
+    /// buffers of their layers (`hybrid.rs`).
+    pub(super) recurrent: Option<super::hybrid::RecurrentCuda>,
     /// Calibration: every matrix input goes to the host (`tap.rs`); `None` in normal runs.
     pub(super) tap: Option<super::tap::CudaTap>,
     /// A tensor-parallel rank (`tensor_parallel`): its place and its all-reduce.
@@ -138,7 +139,7 @@ pub(super) struct Parts {
     pub output_norm: CudaSlice<f32>,
     pub rope_freq_factors: Option<Vec<f32>>,
     pub clamped: u64,
-    pub hybrid: Option<super::hybrid::HybridCuda>,
+    pub recurrent: Option<super::hybrid::RecurrentCuda>,
 }
 
 /// Models whose layers the CUDA backend has no kernels for: hybrid (linear-attention) models
@@ -300,7 +301,7 @@ impl CudaBackend {
                         kv_scales,
                     })
                 }
-                // A linear-attention layer: no KV cache; its state lives in the hybrid part's pool.
+                // A linear-attention layer: no KV cache; its state lives in the recurrent-state pool (`RecurrentCuda`).
                 Mixer::DeltaNet(d) => {
                     let d = super::hybrid::upload_linear(s, i, d, n_linear, f16, &mut linear_clamped)?;
                     n_linear += 1;
@@ -318,12 +319,12 @@ impl CudaBackend {
         let output = if c.tied_embeddings { None } else { Some(put(&[&w.output], "output")?) };
         let output_norm = up(s, &w.output_norm, "output_norm")?;
         let clamped = clamped + moe_clamped + linear_clamped;
-        let hybrid = match &c.hybrid {
-            Some(h) => Some(super::hybrid::HybridCuda::new(s, h, n_linear, opts.seqs())?),
+        let recurrent = match &c.hybrid {
+            Some(h) => Some(super::hybrid::RecurrentCuda::new(s, h, n_linear, opts.seqs())?),
             None => None,
         };
         let rope_freq_factors = w.rope_freq_factors.clone();
-        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors, clamped, hybrid };
+        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors, clamped, recurrent };
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
     }
 
@@ -393,7 +394,7 @@ impl CudaBackend {
         let output = if c.tied_embeddings { None } else { Some(lin(&mut kernels, 1, "output")?) };
         let output_norm = ones(c.dim, "output_norm")?;
         dev.synchronize()?;
-        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0, hybrid: None };
+        let parts = Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0, recurrent: None };
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
     }
 
@@ -476,7 +477,7 @@ impl CudaBackend {
             formats,
             decode_bytes,
             peak_used: 0,
-            hybrid: p.hybrid,
+            recurrent: p.recurrent,
             tap: None,
             tp: None,
             fold_shexp_gate: super::ops::shared_expert::gate_folded(),
@@ -518,7 +519,7 @@ impl CudaBackend {
     /// product's int8 input) on, or their separate launches (same-process comparisons; the
     /// defaults come from `DUSTOFF_DN_RECUR_NORM` and `DUSTOFF_SHEXP_FUSED`).
     pub fn set_hybrid_fusion(&mut self, on: bool) {
-        if let Some(h) = self.hybrid.as_mut() {
+        if let Some(h) = self.recurrent.as_mut() {
             h.set_fusion(on);
         }
         self.fold_shexp_gate = on;
@@ -562,7 +563,7 @@ impl CudaBackend {
     /// After a step ran: the recurrent states absorbed its chunks; the plan's `after` orders
     /// (hybrid models; nothing for others). Every step path ends with it.
     pub(super) fn end_state(&mut self, plan: &StepPlan) -> Result<(), BackendError> {
-        match &mut self.hybrid {
+        match &mut self.recurrent {
             Some(h) => Ok(h.end_step(&self.dev.stream, plan)?),
             None => Ok(()),
         }
@@ -605,7 +606,7 @@ impl Backend for CudaBackend {
         Ok(out)
     }
     fn state_slots(&self) -> crate::backend::StateSlots {
-        self.hybrid.as_ref().map(|h| h.slots).unwrap_or_default()
+        self.recurrent.as_ref().map(|h| h.slots).unwrap_or_default()
     }
     fn prepare(&mut self) -> Result<(), BackendError> {
         Ok(self.load_kernels()?)

@@ -250,9 +250,10 @@ pub struct MoeWork {
 }
 
 impl MoeWork {
-    /// Grows the buffers to `cap_tok` tokens; returns whether any was reallocated.
-    pub fn grow(&mut self, s: &Arc<CudaStream>, cap_tok: usize, dim: usize, m: &MoeConfig) -> Result<bool, CudaError> {
-        let pairs = cap_tok * m.n_used;
+    /// Grows the buffers to `cap_tok` tokens of the sparse layer `m` (every sparse layer of a
+    /// model has its shape); returns whether any was reallocated.
+    pub fn grow(&mut self, s: &Arc<CudaStream>, cap_tok: usize, m: &MoeLayerW) -> Result<bool, CudaError> {
+        let (pairs, dim) = (cap_tok * m.n_used, m.dim);
         if pairs <= self.cap_pairs {
             return Ok(false);
         }
@@ -263,10 +264,10 @@ impl MoeWork {
         self.offsets = Some(zeros(s, m.n_experts + 1, "MoE group offsets")?);
         self.entries = Some(zeros(s, pairs, "MoE group entries")?);
         self.position = Some(zeros(s, pairs, "MoE group positions")?);
-        self.act = Some(zeros(s, pairs * m.expert_ffn_dim, "MoE activations")?);
+        self.act = Some(zeros(s, pairs * m.ffn, "MoE activations")?);
         self.y = Some(zeros(s, pairs * dim, "MoE expert outputs")?);
         self.x16 = Some(zeros(s, pairs * dim, "MoE gathered F16 inputs")?);
-        self.act16 = Some(zeros(s, pairs * m.expert_ffn_dim, "MoE F16 activations")?);
+        self.act16 = Some(zeros(s, pairs * m.ffn, "MoE F16 activations")?);
         self.route_count = Some(zeros(s, cap_tok, "MoE router counts")?);
         self.cap_pairs = pairs;
         Ok(true)

@@ -51,14 +51,14 @@ impl CudaBackend {
             let shapes = [(qd + 2 * kvd, c.dim), (c.dim, qd), (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)];
             let part = shapes.iter().map(|&(r, k)| tc64_part_len(r, k, cap.min(TC_MAX_TOKENS))).max().unwrap_or(0);
             grew |= grow(s, &mut w.tc_part, part, "GEMM partial sums")?;
-            if let Some(m) = &c.moe {
-                grew |= w.moe.grow(s, cap, c.dim, m)?;
+            if let Some(m) = self.layers.iter().find_map(|l| l.ffn.experts()) {
+                grew |= w.moe.grow(s, cap, m)?;
             }
             let shared = self.layers.iter().filter_map(|l| l.ffn.experts()?.shared.as_ref().map(|x| x.ffn)).max();
             if let Some(f) = shared {
                 grew |= w.shexp.grow(s, cap, c.dim, f)?;
             }
-            if let Some(hy) = &mut self.hybrid {
+            if let Some(hy) = &mut self.recurrent {
                 grew |= hy.ensure(s, c, cap)?;
             }
             w.cap_tok = cap;
@@ -213,7 +213,7 @@ impl CudaBackend {
             meta[lay.casc_rows..lay.casc_rows + c.rows.len()].copy_from_slice(&c.rows);
             meta[lay.kv_begin..lay.kv_begin + c.kv_begin.len()].copy_from_slice(&c.kv_begin);
         }
-        if let Some(hy) = &mut self.hybrid {
+        if let Some(hy) = &mut self.recurrent {
             // Recurrent states: checked, reset at position 0, chunk table uploaded.
             hy.begin_step(&self.dev.stream, plan, &last_tok)?;
         }

@@ -3,13 +3,13 @@
 //!   `qkv_post` (q/k head norm, RoPE over the whole head, K/V store), attention, O product;
 //! - [`hybrid`]: the attention layers of hybrid models (Qwen3.5, Qwen3-Next): the query
 //!   projection holds per head `[query, gate]` where the model gates its output, RoPE over the
-//!   first `rotary_dim` dims (the hybrid part's tables), and `out * sigmoid(gate)` before O.
+//!   first `rotary_dim` dims (the walker's table, built from `ModelConfig::rope_rotation`), and `out * sigmoid(gate)` before O.
 //!
 //! `io.x += o(attention(h))`; the norm before folds into the Q|K|V product where `cx.pre` says.
 
 use cudarc::driver::CudaSlice;
 
-use super::super::hybrid::HybridCuda;
+use super::super::hybrid::RecurrentCuda;
 use super::super::layer::AttnW;
 use super::super::matmul::Product;
 use super::super::ops::hybrid_attn::{GateMul, HybQkvPost};
@@ -86,7 +86,7 @@ pub(super) fn full(lw: &AttnW, rope: &Rope, cx: Cx, hooks: &mut Hooks) -> Result
 
 /// An attention layer of a hybrid model (`gated`: with the output gate).
 pub(super) fn hybrid(
-    hy: &HybridCuda,
+    hy: &RecurrentCuda,
     lw: &AttnW,
     gated: bool,
     rope: &Rope,

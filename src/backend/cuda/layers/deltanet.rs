@@ -3,9 +3,9 @@
 //! causal conv1d + SiLU, q/k L2 norms and gates, the delta rule per value head (the step form,
 //! or the chunked form for prompt chunks), the gated RMSNorm, the output projection
 //! (`io.x += out(core)`). Each sequence's conv window and delta-rule matrices live in the
-//! hybrid part's state pool (`cuda/hybrid.rs`).
+//! recurrent-state pool (`RecurrentCuda`, `cuda/hybrid.rs`).
 
-use super::super::hybrid::{HybridCuda, LinearW};
+use super::super::hybrid::{LinearW, RecurrentCuda};
 use super::super::matmul::{input_form, Product, XForm};
 use super::super::ops::deltanet::{DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm};
 use super::super::step_norm::norm_product;
@@ -15,7 +15,7 @@ use super::{Cx, Hooks};
 use crate::model::hybrid::HeadGrouping;
 
 /// Layer `cx.li` with weights `d`, its state in `hy`'s pool.
-pub(super) fn run(hy: &HybridCuda, d: &LinearW, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
+pub(super) fn run(hy: &RecurrentCuda, d: &LinearW, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
     let Cx { c, k, mm, io, li, pre, .. } = cx;
     let s = mm.s;
     let h = hy.config();

@@ -229,7 +229,7 @@ impl CudaBackend {
         for (li, lw) in self.layers.iter().enumerate() {
             let pre = hooks.norm(k, norm_in(&lw.attn_norm))?;
             let cx = Cx { c, k: &mut *k, mm: &mut mm, io: &io, work: w, li, pre };
-            match (&lw.mixer, &self.hybrid) {
+            match (&lw.mixer, &self.recurrent) {
                 (MixerW::DeltaNet(d), Some(hy)) => deltanet::run(hy, d, cx, &mut hooks)?,
                 (MixerW::DeltaNet(_), None) => {
                     return Err(CudaError::Weights(format!(
