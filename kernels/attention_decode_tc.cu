@@ -128,10 +128,7 @@ __device__ __forceinline__ void attn_decode_tc(const AttnParams& p) {
     const int row = lane / 2, hf = lane % 2;  // lane pairs own a row of S, 8 columns each
     float m_row = NEG_INF, l_row = 0.0f;
     float o[NK][8];
-#pragma unroll
-    for (int j = 0; j < NK; ++j)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[j][i] = 0.0f;
+    wmma_zero(o);
 
     const int stride = nwarps * ADT_KT;
     uint4 pf[2 * A::PL];

@@ -302,10 +302,7 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     const int row_pos = p.pos[row_tok];
     float m_row = NEG_INF, l_row = 0.0f;
     float o[NK][8];
-#pragma unroll
-    for (int j = 0; j < NK; ++j)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[j][i] = 0.0f;
+    wmma_zero(o);
 
     // K/V tiles are fetched ATP_PF 16-byte loads per thread at a time (all in flight together);
     // the first batch of the next tile is fetched before this tile's products and stored after.
@@ -524,10 +521,7 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
     const int pos_a = p.pos[tok_a], pos_b = p.pos[tok_b];
     float m_a = NEG_INF, m_b = NEG_INF, l_a = 0.0f, l_b = 0.0f;
     float o[NK][8];
-#pragma unroll
-    for (int j = 0; j < NK; ++j)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[j][i] = 0.0f;
+    wmma_zero(o);
 
     const int batch = ATP_PF / 2 * nthreads;
     uint4 pf[ATP_PF];

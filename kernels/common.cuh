@@ -304,6 +304,15 @@ __device__ __forceinline__ void wmma_mma_rr(float (&d)[8], const unsigned (&a)[8
           "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(b[4]), "r"(b[5]), "r"(b[6]), "r"(b[7]));
 }
 
+// N accumulator fragments set to zero.
+template <int N>
+__device__ __forceinline__ void wmma_zero(float (&d)[N][8]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) d[j][i] = 0.0f;
+}
+
 // Accumulator (16 x 16 f32, row-major) from p.
 __device__ __forceinline__ void wmma_load_c(float (&d)[8], const float* p, int ldm) {
     asm volatile("wmma.load.c.sync.aligned.row.m16n16k16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
