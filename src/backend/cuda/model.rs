@@ -142,18 +142,6 @@ pub(super) struct Parts {
     pub recurrent: Option<super::hybrid::RecurrentCuda>,
 }
 
-/// Models whose layers the CUDA backend has no kernels for: hybrid (linear-attention) models
-/// other than Qwen3.5, Qwen3.5-MoE and Qwen3-Next (none today: every hybrid arch runs).
-fn refuse_unsupported(cfg: &ModelConfig) -> Result<(), CudaError> {
-    if cfg.hybrid.is_some() && !cfg.arch.is_hybrid() {
-        return Err(CudaError::Weights(format!(
-            "{} models have linear-attention (Gated DeltaNet) layers, which the CUDA backend does not run yet; use --device cpu",
-            cfg.arch.name()
-        )));
-    }
-    Ok(())
-}
-
 /// Device, kernels and cuBLAS, after the memory plan (`matrix_bytes` of weight matrices on the
 /// device) was checked against the free memory.
 pub(super) fn open(
@@ -161,7 +149,6 @@ pub(super) fn open(
     opts: &CudaOptions,
     matrix_bytes: u64,
 ) -> Result<(CudaDevice, Kernels, Option<CudaBlas>), CudaError> {
-    refuse_unsupported(cfg)?;
     if let Some(why) = opts.kv_type.refusal(cfg.head_dim) {
         return Err(CudaError::Weights(why));
     }
@@ -252,7 +239,6 @@ fn qkv_bias(c: &ModelConfig, a: &AttentionWeights) -> Option<Vec<f32>> {
 
 impl CudaBackend {
     pub fn new(cfg: ModelConfig, w: &ModelWeights, opts: &CudaOptions) -> Result<Self, CudaError> {
-        refuse_unsupported(&cfg)?;
         // Every matrix is checked (shape, bytes, row length) before anything is allocated.
         for t in device_matrices(&cfg, w) {
             check_tensor(t)?;
