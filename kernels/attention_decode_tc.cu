@@ -6,22 +6,23 @@
 // H200 needs to stream the cache, and more than a V100 has. Here one warp computes, per tile of
 // 16 positions, S [16 rows = the group's heads (zero rows past the group), 16 positions] =
 // Q K^T and O [16, HD] += P V as wmma m16n16k16 (F16 inputs, F32 accumulation; inline PTX,
-// valid on compute_70), so the arithmetic is a few MMAs per 8 KB of K/V. Q and P are F32 values
+// valid on compute_70): 32 MMAs per 8 KB of K/V at head size 128. Q and P are F32 values
 // split into two F16 parts (hi = f16(x), lo = f16(x - hi)) and each product runs twice, so the
-// only roundings are those of the cache itself: the results equal the CUDA-core kernels' to
-// ~1e-6 (one F16 rounding of Q and P, as attention_prefill makes, moved the token-by-token
-// logits of the route-flip test past its 0.05 bound). The tensor cores have the time to spare.
+// roundings left are those of the cache itself and ~2^-22 relative of the split (one F16
+// rounding of Q and P, as attention_prefill makes, moved the token-by-token logits of the
+// route-flip test past its 0.05 bound). The tensor cores have the time to spare.
 //
 // grid (n_kv, n_tok, n_splits), block W warps: block (g, t, s) covers split s of token t for KV
 // head g; warp w takes the 16-position tiles start + 16 (w + i W). Each warp stages its tile in
 // its own shared memory (no block barrier in the loop) and has the next tile's K/V loads in
 // flight in registers while it computes the current one. Online softmax in log2 units (Q carries
-// scale * log2(e); exponentials are 2^x on the SFU). At the end the warps' (m, l, O) are merged in warp order
-// (deterministic) into the partial of (t, head, s). K/V rows come through kv_load8, so the 8-bit
-// cache is dequantized on load into the same F16 tile.
+// scale * log2(e); exponentials are 2^x on the SFU). At the end the warps' (m, l, O) are merged
+// in warp order (deterministic) into the partial of (t, head, s). K/V rows come through
+// kv_load8, so the 8-bit cache is dequantized on load into the same F16 tile.
 // Shared memory (bytes): Q hi, Q lo [16, LDQ] f16, then per warp: K, V [16, LDK] f16, m/alpha
 // [16] f32, l [16] f32. Once a tile's QK^T product is done its K area holds S [16, LDS] f32 (then
-// P lo [16, LDP] f16 over it) and P hi [16, LDP] f16; at the end the warp's K/V area holds its O [16, HD] f32 for the merge.
+// P lo [16, LDP] f16 over it) and P hi [16, LDP] f16; at the end the warp's K/V area holds its
+// O [16, HD] f32 for the merge.
 // Limits (checked by the launcher): HD 64 or 128, group <= 16.
 #include "common.cuh"
 #include "attention.cuh"
