@@ -378,11 +378,7 @@ __device__ __forceinline__ void atf_unpack(const uint4& w, float* f) {
 // p.fast_exp one multiply and the SFU's 2^x (relative error ~2^-21 for the scores' range: far
 // below the F16 rounding of K and V); -inf gives 0 either way.
 __device__ __forceinline__ float atf_exp(const AttnParams& p, float x) {
-    if (p.fast_exp) {
-        float y;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
-        return y;
-    }
+    if (p.fast_exp) return ex2_sfu(x * LOG2E_F);
     return expf(x);
 }
 

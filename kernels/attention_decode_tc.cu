@@ -28,8 +28,6 @@
 #include "attention.cuh"
 
 #define ADT_KT 16
-#define ADT_LOG2E 1.4426950408889634f
-#define ADT_LN2 0.6931471805599453f
 
 template <int HD>
 struct Adt {
@@ -48,12 +46,6 @@ struct Adt {
     static_assert(S_BYTES + P_BYTES <= KV_BYTES && P_BYTES <= S_BYTES, "S and P must fit the K area");
     static_assert(16 * HD * 4 <= 2 * KV_BYTES, "the merge's O must fit the warp's K/V area");
 };
-
-__device__ __forceinline__ float adt_ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 // The K/V tile at kp into registers: lane pair j holds part (e % PARTS) of row e / PARTS, e =
 // lane + 32 j, K in kv[2 j] and V in kv[2 j + 1]; zeros at or past `end` (no load: the block
@@ -102,7 +94,7 @@ __device__ __forceinline__ void attn_decode_tc(const AttnParams& p) {
 
     // Q rows: the group's heads of token t (contiguous in q), scaled, as hi + lo F16 parts;
     // zero rows past the group.
-    const float qscale = p.scale * ADT_LOG2E;
+    const float qscale = p.scale * LOG2E_F;
     const float* qt = p.q + (long long)t * p.q_stride + (long long)h0 * HD;
     for (int i = threadIdx.x; i < 16 * HD; i += blockDim.x) {
         const int r = i / HD, d = i % HD;
@@ -179,14 +171,14 @@ __device__ __forceinline__ void attn_decode_tc(const AttnParams& p) {
         float sum = 0.0f;
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
-            const float e = adt_ex2(sv[c] - m_new);  // 2^-inf = 0
+            const float e = ex2_sfu(sv[c] - m_new);  // 2^-inf = 0
             const half_t eh = f2h(e);
             prow[c] = eh;
             plow[c] = f2h(e - h2f(eh));
             sum += e;
         }
         sum += __shfl_xor_sync(FULL_MASK, sum, 1);
-        const float alpha = adt_ex2(m_row - m_new);  // 0 on the warp's first tile
+        const float alpha = ex2_sfu(m_row - m_new);  // 0 on the warp's first tile
         l_row = l_row * alpha + sum;
         m_row = m_new;
         if (hf == 0) alpha_s[row] = alpha;
@@ -226,23 +218,22 @@ __device__ __forceinline__ void attn_decode_tc(const AttnParams& p) {
     // Merge in warp order: thread e takes (head j, dimension d).
     for (int e = threadIdx.x; e < group * HD; e += blockDim.x) {
         const int j = e / HD, d = e % HD;
+        // Warp w's area: O at its start, then m [16] and l [16] past its K/V tiles.
+        auto area = [&](int w) { return smem + A::Q_BYTES + w * A::WARP_BYTES; };
         float mm = NEG_INF;
-        for (int w = 0; w < nwarps; ++w) {
-            const float* mw = reinterpret_cast<const float*>(smem + A::Q_BYTES + w * A::WARP_BYTES + 2 * A::KV_BYTES);
-            mm = fmaxf(mm, mw[j]);
-        }
+        for (int w = 0; w < nwarps; ++w) mm = fmaxf(mm, reinterpret_cast<const float*>(area(w) + 2 * A::KV_BYTES)[j]);
         float lsum = 0.0f, v = 0.0f;
         for (int w = 0; w < nwarps; ++w) {
-            const unsigned char* b = smem + A::Q_BYTES + w * A::WARP_BYTES;
+            const unsigned char* b = area(w);
             const float* mw = reinterpret_cast<const float*>(b + 2 * A::KV_BYTES);
-            const float f = mw[j] == NEG_INF ? 0.0f : adt_ex2(mw[j] - mm);  // a warp without a tile adds nothing
+            const float f = mw[j] == NEG_INF ? 0.0f : ex2_sfu(mw[j] - mm);  // a warp without a tile adds nothing
             lsum += mw[16 + j] * f;
             v += reinterpret_cast<const float*>(b)[j * HD + d] * f;
         }
         const long long prow = ((long long)t * p.n_heads + h0 + j) * p.n_splits + s;
         p.part_o[prow * HD + d] = v;
         if (d == 0) {
-            p.part_ml[prow * 2] = mm * ADT_LN2;  // natural units, as the merge reads them
+            p.part_ml[prow * 2] = mm * LN2_F;  // natural units, as the merge reads them
             p.part_ml[prow * 2 + 1] = lsum;
         }
     }

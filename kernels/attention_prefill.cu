@@ -31,17 +31,6 @@
 #define ATP_KT 32
 #define ATP_MAX_HEADS 8
 #define ATP_PF 8  // 16-byte loads in flight per thread
-#define ATP_LOG2E 1.4426950408889634f
-#define ATP_LN2 0.6931471805599453f
-
-// 2^x on the special-function unit (one instruction; relative error ~2^-22, far below the F16
-// rounding of the weights it makes). Scores are kept in log2 units: Q is scaled by
-// scale * log2(e), so e^(s - m) = 2^(s' - m'); partial maxima go out in natural units.
-__device__ __forceinline__ float atp_ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 struct PrefillParams {
     const float* q;           // [n_tok, q_stride] f32; head h at q + t * q_stride + h * head_dim
@@ -294,7 +283,7 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     }
 
     // Q (scaled, F16): A fragments staged through the warp's S area, or the warp's Q area.
-    const float qscale = p.scale * ATP_LOG2E;
+    const float qscale = p.scale * LOG2E_F;
     unsigned qa[NQ][8];
     atp_load_q<HD, QS, NQ>(p, rows, nt, h, qscale, ss, qs, qa);
 
@@ -366,7 +355,7 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
             m_new = fmaxf(m_row, tmax);
 #pragma unroll
             for (int c = 0; c < HC; ++c) {
-                const half_t eh = f2h(atp_ex2(srow[c] - m_new));
+                const half_t eh = f2h(ex2_sfu(srow[c] - m_new));
                 prow[c] = eh;
                 sum += h2f(eh);
             }
@@ -379,14 +368,14 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
             m_new = fmaxf(m_row, tmax);
 #pragma unroll
             for (int c = 0; c < HC; ++c) {
-                const float e = c0 + c <= row_pos && c0 + c < end ? atp_ex2(srow[c] - m_new) : 0.0f;
+                const float e = c0 + c <= row_pos && c0 + c < end ? ex2_sfu(srow[c] - m_new) : 0.0f;
                 const half_t eh = f2h(e);
                 prow[c] = eh;
                 sum += h2f(eh);  // the rounded weight, as the P V product uses it
             }
         }
         sum += __shfl_xor_sync(FULL_MASK, sum, 1);
-        const float alpha = m_new == NEG_INF ? 1.0f : atp_ex2(m_row - m_new);
+        const float alpha = m_new == NEG_INF ? 1.0f : ex2_sfu(m_row - m_new);
         l_row = l_row * alpha + sum;
         m_row = m_new;
         if (half == 0) alpha_s[row] = alpha;
@@ -429,7 +418,7 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
         for (int i = 0; i < 8; ++i)
             if (frow[i] < nt) p.part_o[atp_part(p, rows[frow[i]], h, z) * HD + j * 16 + fcol[i]] = o[j][i];
     if (half == 0 && row < nt) {
-        atp_store_ml(p, row_tok, h, z, m_row * ATP_LN2, l_row);  // -inf stays -inf
+        atp_store_ml(p, row_tok, h, z, m_row * LN2_F, l_row);  // -inf stays -inf
     }
 }
 
@@ -513,7 +502,7 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
     }
 
     // Q (scaled, F16): as in attn_prefill_impl.
-    const float qscale = p.scale * ATP_LOG2E;
+    const float qscale = p.scale * LOG2E_F;
     unsigned qa[NQ][8];
     atp_load_q<HD, QS, NQ>(p, rows, nt, h, qscale, ss, qs, qa);
 
@@ -585,8 +574,8 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
 #pragma unroll
             for (int i = 0; i < 8; i += 2) {
                 const float m = (i & 2) ? mn_b : mn_a;
-                const float e0 = s[n][i] == NEG_INF ? 0.0f : atp_ex2(s[n][i] - m);
-                const float e1 = s[n][i + 1] == NEG_INF ? 0.0f : atp_ex2(s[n][i + 1] - m);
+                const float e0 = s[n][i] == NEG_INF ? 0.0f : ex2_sfu(s[n][i] - m);
+                const float e1 = s[n][i + 1] == NEG_INF ? 0.0f : ex2_sfu(s[n][i + 1] - m);
                 const half_t h0 = f2h(e0), h1 = f2h(e1);
                 if (i & 2) {
                     sum_b += h2f(h0) + h2f(h1);
@@ -600,8 +589,8 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
         sum_b += __shfl_xor_sync(FULL_MASK, sum_b, 1);
         sum_a += __shfl_xor_sync(FULL_MASK, sum_a, 2);
         sum_b += __shfl_xor_sync(FULL_MASK, sum_b, 2);
-        const float al_a = mn_a == NEG_INF ? 1.0f : atp_ex2(m_a - mn_a);
-        const float al_b = mn_b == NEG_INF ? 1.0f : atp_ex2(m_b - mn_b);
+        const float al_a = mn_a == NEG_INF ? 1.0f : ex2_sfu(m_a - mn_a);
+        const float al_b = mn_b == NEG_INF ? 1.0f : ex2_sfu(m_b - mn_b);
         l_a = l_a * al_a + sum_a;
         l_b = l_b * al_b + sum_b;
         m_a = mn_a;
@@ -652,10 +641,10 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
         }
     if (lane % 4 == 0) {
         if (ra < nt) {
-            atp_store_ml(p, tok_a, h, z, m_a * ATP_LN2, l_a);  // -inf stays -inf
+            atp_store_ml(p, tok_a, h, z, m_a * LN2_F, l_a);  // -inf stays -inf
         }
         if (rb < nt) {
-            atp_store_ml(p, tok_b, h, z, m_b * ATP_LN2, l_b);
+            atp_store_ml(p, tok_b, h, z, m_b * LN2_F, l_b);
         }
     }
 }

@@ -304,6 +304,17 @@ __device__ __forceinline__ void wmma_mma_rr(float (&d)[8], const unsigned (&a)[8
           "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(b[4]), "r"(b[5]), "r"(b[6]), "r"(b[7]));
 }
 
+// 2^x on the special-function unit (one instruction; relative error ~2^-22; 2^-inf = 0). The
+// attention kernels keep scores in log2 units (Q scaled by scale * LOG2E_F) and give partial
+// maxima back in natural units (times LN2_F).
+#define LOG2E_F 1.4426950408889634f
+#define LN2_F 0.6931471805599453f
+__device__ __forceinline__ float ex2_sfu(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // N accumulator fragments set to zero.
 template <int N>
 __device__ __forceinline__ void wmma_zero(float (&d)[N][8]) {

@@ -229,7 +229,7 @@ pub struct Attention {
     pub n_splits: usize,
     pub split_len: usize,
     /// The kernel (`decode_kernel_for` when `None`); a choice the shape does not allow falls
-    /// back to the two-pass kernel.
+    /// back as `DecodeKernel::resolve` says.
     pub kernel: Option<DecodeKernel>,
     pub prefix: Option<SharedPrefix>,
 }
