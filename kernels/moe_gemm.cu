@@ -12,18 +12,23 @@
 // (quant.cuh, decode order of F::run) into shared memory, then wmma m16n16k16 (F16 in, F32
 // accumulation; inline PTX from common.cuh, valid on compute_70).
 //
-// Block (128 threads, 4 warps): 64 weight rows (gate/up: 32 gate rows then the same 32 up rows,
-// so the SwiGLU is fused in the epilogue) x BN tokens of one expert, chunks of 128 columns.
+// Block (128 threads, 4 warps): BM = 64 WM weight rows (gate/up: BM / 2 gate rows then the same
+// BM / 2 up rows, so the SwiGLU is fused in the epilogue) x BN tokens of one expert, chunks of
+// 128 columns. Tiles: 64 rows x 16 or 64 tokens (t16, t64), and 128 rows x 48 tokens (w48) for
+// steps with many tokens per expert: a warp then holds 32 rows x 48 tokens (2 x 3 fragments), so
+// each fragment loaded from shared memory feeds more MMAs (5 loads for 6 against 5 for 4 in a
+// t64 warp; the staging reads are what bound t64 on the H200, and a V100's 128 bytes a clock of
+// shared memory carry fewer MMAs still), and the staged rows + tokens fit 48 KB (two blocks in a
+// V100 SM's 96 KB).
 // grid.y walks the (expert, token tile) list: block y finds its tile from the offsets (a warp
 // prefix sum of ceil(count / BN) over the experts), so the grid is fixed by the step's pair
 // count (ceil(pairs / BN) + experts bounds the tiles) and a captured graph stays valid whatever
 // the router chose; blocks past the last tile and experts without tokens cost nothing.
-// Warp w computes tile rows 16w .. 16w + 15 for all BN tokens.
-// Requires (checked by the launcher): cols % 128 == 0; rows % 32 (gate/up) or % 64 (down).
+// Warp w computes tile rows 16 WM w .. 16 WM (w + 1) - 1 for all BN tokens.
+// Requires (checked by the launcher): cols % 128 == 0; rows % (BM / 2) (gate/up) or % BM (down).
 #include "common.cuh"
 #include "quant.cuh"
 
-#define MG_BM 64
 #define MG_BK 128
 #define MG_LD (MG_BK + 8)  // halves per staged row (272 bytes: rows 4 banks apart)
 #define MG_THREADS 128
@@ -73,8 +78,8 @@ struct MoeGemmParams {
     int all_frags;        // 1: multiply every fragment of a tile (DUSTOFF_MOE_GEMM_SKIP=0)
 };
 
-template <class F> struct MG {
-    enum { UPC = MG_BK / F::UE, PER_THREAD = MG_BM * UPC / MG_THREADS };
+template <class F, int WM> struct MG {
+    enum { BM = 64 * WM, UPC = MG_BK / F::UE, PER_THREAD = BM * UPC / MG_THREADS };
 };
 
 // The block's tile: expert, first grouped position, token count; false past the last tile.
@@ -115,13 +120,44 @@ __device__ __forceinline__ bool mg_tile(const MoeGemmParams& p, int bn, int& exp
     return expert >= 0;
 }
 
-// Global -> registers: the packed units of chunk c (thread q takes unit q % UPC of tile row
-// q / UPC) and the input tile (BN tokens x 256 bytes: 16-byte loads; rows past the tile's
+// Staging slot q (thread threadIdx.x + 128 i holds slot q) -> tile row and unit of the chunk.
+// Each quarter-warp's 16-byte stores of a staged run (8 threads) must fall in 8 different 16-byte
+// bank groups: a row is MG_LD halves = 17 groups (row r starts at group r mod 8), and a row's
+// units 0 and 1 start `gap` groups apart (the format's layout: 4 for Q4_0 / Q8_0 / Q4_K, 2 for
+// Q5_K / Q6_K). Two units of 4 rows do it: rows {0, 1, 2, 3} for gap 4, rows {0, 1, 4, 5} for
+// gap 2 (units 2 and 3 come from the next quarter); the pair of threads reading one row's two
+// units still reads 32 contiguous bytes. With q / UPC, q % UPC the quarter's two rows of four
+// units stored two-way conflicted (Nsight Compute: half the store wavefronts excess).
+template <class F, int UPC>
+__device__ __forceinline__ void mg_slot(int q, int& tr, int& unit) {
+    const int gap = (F::start(1, 0) - F::start(0, 0)) / 8;  // 16-byte groups
+    if (UPC < 2 || (gap != 2 && gap != 4)) {
+        tr = q / UPC;
+        unit = q % UPC;
+        return;
+    }
+    const int l = q & 7, b0 = (l >> 1) & 1, b1 = (l >> 2) & 1;
+    int hq = q >> 3;
+    unit = l & 1;
+    if (UPC > 2) {
+        unit |= (hq % (UPC / 2)) << 1;
+        hq /= UPC / 2;
+    }
+    tr = gap == 4 ? b0 | b1 << 1 | hq << 2 : b0 | (hq & 1) << 1 | b1 << 2 | (hq >> 1) << 3;
+}
+
+// Global -> registers: the packed units of chunk c (slot q: mg_slot) and the input tile (BN tokens x 256 bytes: 16-byte loads; rows past the tile's
 // count repeat its last row, their results are dropped).
-template <class F, int NT16>
+template <class F, int WM, int NT16>
 __device__ __forceinline__ void mg_fetch(const MoeGemmParams& p, const QRow* rows, int c, int first, int count,
-                                         typename F::Raw (&rw)[MG<F>::PER_THREAD], uint4 (&rx)[NT16 * 2]) {
-    fetch_tile_units<F, MG_THREADS, MG<F>::UPC>(rows, c, rw);
+                                         typename F::Raw (&rw)[MG<F, WM>::PER_THREAD], uint4 (&rx)[NT16 * 2]) {
+    constexpr int UPC = MG<F, WM>::UPC;
+#pragma unroll
+    for (int i = 0; i < MG<F, WM>::PER_THREAD; ++i) {
+        int tr, unit;
+        mg_slot<F, UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
+        rw[i] = F::load(rows[i], c * UPC + unit);
+    }
     const long long c0 = (long long)c * MG_BK;
 #pragma unroll
     for (int i = 0; i < NT16 * 2; ++i) {
@@ -223,13 +259,15 @@ template <> struct MgStage<FQ6K> {
     }
 };
 
-template <class F, int NT16, bool GATE_UP>
+template <class F, int WM, int NT16, bool GATE_UP>
 __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
-    constexpr int BN = NT16 * 16, LDO = BN + 4;
-    constexpr int SW = MG_BM * MG_LD * 2, SX = BN * MG_LD * 2, SO = MG_BM * LDO * 4;
-    // Staged W and x during the loop, then (after a barrier) the accumulators [64, LDO] f32.
+    using G = MG<F, WM>;
+    constexpr int BM = G::BM, BN = NT16 * 16, LDO = BN + 4;
+    constexpr int SW = BM * MG_LD * 2, SX = BN * MG_LD * 2, SO = BM * LDO * 4;
+    static_assert(SW + SX <= 48 * 1024, "static shared memory: at most 48 KB");
+    // Staged W and x during the loop, then (after a barrier) the accumulators [BM, LDO] f32.
     __shared__ __align__(128) unsigned char smem[SW + SX > SO ? SW + SX : SO];
-    half_t* sw = reinterpret_cast<half_t*>(smem);       // [64, MG_LD]
+    half_t* sw = reinterpret_cast<half_t*>(smem);       // [BM, MG_LD]
     half_t* sx = reinterpret_cast<half_t*>(smem + SW);  // [BN, MG_LD]
     int expert, first, count;
     if (!mg_tile(p, BN, expert, first, count)) return;
@@ -238,61 +276,65 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
     // token) are neither multiplied nor stored. Block-uniform, so no divergence; a nightly
     // job's mixed steps give an expert ~30 tokens, half of a 64-token tile.
     const int frags = p.all_frags ? NT16 : (count + 15) / 16;
-    constexpr int OUT_ROWS = GATE_UP ? MG_BM / 2 : MG_BM;  // output rows of the tile
+    constexpr int OUT_ROWS = GATE_UP ? BM / 2 : BM;  // output rows of the tile
     const int r0 = blockIdx.x * OUT_ROWS;
     const long long base = (long long)expert * p.rows + r0;
-    QRow rows[MG<F>::PER_THREAD];
+    QRow rows[G::PER_THREAD];
 #pragma unroll
-    for (int i = 0; i < MG<F>::PER_THREAD; ++i) {
-        const int tr = (threadIdx.x + MG_THREADS * i) / MG<F>::UPC;  // tile row
+    for (int i = 0; i < G::PER_THREAD; ++i) {
+        int tr, unit;  // tile row
+        mg_slot<F, G::UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
         if (GATE_UP && tr >= OUT_ROWS) {
             rows[i] = q_row(p.qs2, p.aux2, base + tr - OUT_ROWS, p.qs_row, p.aux_row);
         } else {
             rows[i] = q_row(p.qs, p.aux, base + tr, p.qs_row, p.aux_row);
         }
     }
-    float acc[NT16][8];
+    float acc[WM][NT16][8];
 #pragma unroll
-    for (int j = 0; j < NT16; ++j)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[j][i] = 0.0f;
+    for (int m = 0; m < WM; ++m) wmma_zero(acc[m]);
     const int chunks = p.cols / MG_BK;
-    typename F::Raw rw[MG<F>::PER_THREAD];
+    typename F::Raw rw[G::PER_THREAD];
     uint4 rx[NT16 * 2];
-    mg_fetch<F, NT16>(p, rows, 0, first, count, rw, rx);
+    mg_fetch<F, WM, NT16>(p, rows, 0, first, count, rw, rx);
     for (int c = 0; c < chunks; ++c) {
         __syncthreads();  // the previous chunk's fragments are loaded
 #pragma unroll
-        for (int i = 0; i < MG<F>::PER_THREAD; ++i) {
-            const int q = threadIdx.x + MG_THREADS * i, tr = q / MG<F>::UPC;
-            const int u = c * MG<F>::UPC + q % MG<F>::UPC;
+        for (int i = 0; i < G::PER_THREAD; ++i) {
+            int tr, unit;
+            mg_slot<F, G::UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
+            const int u = c * G::UPC + unit;
 #pragma unroll
             for (int k = 0; k < F::RUNS; ++k)
                 MgStage<F>::run(rw[i], u, k, reinterpret_cast<uint4*>(sw + tr * MG_LD + (F::start(u, k) - c * MG_BK)));
         }
         stage_x_tile<MG_THREADS>(sx, MG_LD, rx);
         __syncthreads();
-        if (c + 1 < chunks) mg_fetch<F, NT16>(p, rows, c + 1, first, count, rw, rx);
+        if (c + 1 < chunks) mg_fetch<F, WM, NT16>(p, rows, c + 1, first, count, rw, rx);
         // The product of common.cuh's wmma_k_tile, written out: through that function NVRTC 12.9
         // computes this kernel's fragment addresses otherwise (other PTX, not measured).
 #pragma unroll
         for (int u = 0; u < MG_BK / 16; ++u) {
-            unsigned a[8];
-            wmma_load_a(a, sw + warp * 16 * MG_LD + u * 16, MG_LD);
+            unsigned a[WM][8];
+#pragma unroll
+            for (int m = 0; m < WM; ++m) wmma_load_a(a[m], sw + (warp * WM + m) * 16 * MG_LD + u * 16, MG_LD);
 #pragma unroll
             for (int j = 0; j < NT16; ++j) {
                 if (j >= frags) break;
                 unsigned b[8];
                 wmma_load_b_col(b, sx + j * 16 * MG_LD + u * 16, MG_LD);
-                wmma_mma_rc(acc[j], a, b);
+#pragma unroll
+                for (int m = 0; m < WM; ++m) wmma_mma_rc(acc[m][j], a[m], b);
             }
         }
     }
     __syncthreads();  // the staging area becomes the accumulator tile
-    float* o = reinterpret_cast<float*>(smem);  // [64 tile rows, LDO]: (row, token)
+    float* o = reinterpret_cast<float*>(smem);  // [BM tile rows, LDO]: (row, token)
 #pragma unroll
-    for (int j = 0; j < NT16; ++j)
-        if (j < frags) wmma_store_c(o + warp * 16 * LDO + j * 16, acc[j], LDO);
+    for (int m = 0; m < WM; ++m)
+#pragma unroll
+        for (int j = 0; j < NT16; ++j)
+            if (j < frags) wmma_store_c(o + (warp * WM + m) * 16 * LDO + j * 16, acc[m][j], LDO);
     __syncthreads();
     // Consecutive threads write consecutive rows of one token (coalesced).
     for (int e = threadIdx.x; e < OUT_ROWS * count; e += MG_THREADS) {
@@ -307,22 +349,21 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
     }
 }
 
-// Entry points per format: gate/up (+ SwiGLU) and down, tiles of 16 or 64 tokens.
-// grid: (rows / 32 (gate/up) or rows / 64 (down), ceil(pairs / BN) + min(experts, pairs)),
-// block 128.
-#define MOE_GEMM_ENTRIES(name, F)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_gemm_gate_up_##name##_t16(const MoeGemmParams p) { \
-        moe_gemm_impl<F, 1, true>(p);                                                                              \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_gemm_gate_up_##name##_t64(const MoeGemmParams p) { \
-        moe_gemm_impl<F, 4, true>(p);                                                                              \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_gemm_down_##name##_t16(const MoeGemmParams p) {    \
-        moe_gemm_impl<F, 1, false>(p);                                                                             \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_gemm_down_##name##_t64(const MoeGemmParams p) {    \
-        moe_gemm_impl<F, 4, false>(p);                                                                             \
+// Entry points per format: gate/up (+ SwiGLU) and down; tiles of 64 rows x 16 or 64 tokens and
+// of 128 rows x 48 tokens. grid: (rows / (BM / 2) (gate/up) or rows / BM (down),
+// ceil(pairs / BN) + min(experts, pairs)), block 128.
+#define MOE_GEMM_ENTRY(name, F, kind, tile, WM, NT16, GATE_UP)                                   \
+    extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_gemm_##kind##_##name##_##tile( \
+        const MoeGemmParams p) {                                                                \
+        moe_gemm_impl<F, WM, NT16, GATE_UP>(p);                                                 \
     }
+#define MOE_GEMM_ENTRIES(name, F)                         \
+    MOE_GEMM_ENTRY(name, F, gate_up, t16, 1, 1, true)     \
+    MOE_GEMM_ENTRY(name, F, gate_up, t64, 1, 4, true)     \
+    MOE_GEMM_ENTRY(name, F, gate_up, w48, 2, 3, true)     \
+    MOE_GEMM_ENTRY(name, F, down, t16, 1, 1, false)       \
+    MOE_GEMM_ENTRY(name, F, down, t64, 1, 4, false)       \
+    MOE_GEMM_ENTRY(name, F, down, w48, 2, 3, false)
 
 // The formats of the Q4_K_M / Q5_K_M / Q8_0 / Q4_0 mixes; other formats take the grouped GEMV.
 MOE_GEMM_ENTRIES(q4_0, FQ4_0)

@@ -17,6 +17,8 @@ t=$(date +%s)
 DUSTOFF_PTX_DIR=$S/ptx70 $S/gp --test-threads 4 $skip > $S/ptx.log 2>&1; echo "gpu_parity from compute_70 PTX: rc $? $(( $(date +%s)-t )) s"
 grep -E '^test result|FAILED|panicked' $S/ptx.log | head -20
 t=$(date +%s)
-$S/gp --test-threads 4 route_flips seq_positions no_cublas matmul gemm > $S/native.log 2>&1; echo "native (route_flips, seq_positions, no_cublas, gemm): rc $? $(( $(date +%s)-t )) s"
+# NATIVE=all: the whole suite natively too (same skips); otherwise the tests a session touched.
+if [ "${NATIVE:-}" = all ]; then sel="$skip"; else sel="route_flips seq_positions no_cublas matmul gemm"; fi
+$S/gp --test-threads 4 $sel > $S/native.log 2>&1; echo "gpu_parity natively ($sel): rc $? $(( $(date +%s)-t )) s"
 grep -E '^test result|FAILED|panicked' $S/native.log | head -10
 cp $S/*.log $OUT/ 2>/dev/null

@@ -35,12 +35,6 @@ HOT = {
 # other hot kernel not at all, and a listed kernel that stops spilling must leave the list (so it
 # only shrinks). Each is a few bytes at a register cap set by __launch_bounds__ for occupancy.
 KNOWN_SPILLS = {
-    "gemm_quant.gemmq_q8_0_w128": (16, 16),
-    "gemm_quant.gemmq_q5_0_w128": (4, 4),
-    "gemm_quant.gemmq_q5_1_w128": (4, 4),
-    "gemm_quant.gemmq_q5_0_t64": (4, 4),
-    "gemm_quant.gemmq_q5_1_t64": (4, 4),
-    "gemm_tc.gemm_tc_f16_t32": (4, 4),
     "moe.moe_down_sum_q5_0": (8, 8),
     "moe.moe_down_sum_q5_1": (12, 12),
     "moe.moe_gate_up_q6_k_g": (12, 28),

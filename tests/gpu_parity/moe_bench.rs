@@ -63,7 +63,7 @@ fn moe_bench() {
 /// a sparse layer of the Qwen3-30B-A3B shape (Q4_K gate/up, Q6_K down: the Q4_K_M mix's heavier
 /// layers) alone, median of 20 (`bench::time`, CUDA events), rotating over 4 layers so that
 /// repeated runs do not read the L2: one token (pair walk: router logits + top-k, gate/up,
-/// down, weighted sum), 8 tokens, and grouped steps of 64 and 768 tokens through the grouped
+/// down, weighted sum), 8 tokens, and grouped steps of 64 to 2,048 tokens (`MOE_BREAKDOWN_N` picks them) through the grouped
 /// GEMV and the tensor-core GEMM. Bytes are the packed expert rows each launch reads.
 #[test]
 #[ignore]
@@ -83,10 +83,16 @@ fn moe_kernel_breakdown() {
     let gu_bytes = per_expert(layers[0].gate.bytes() + layers[0].up.bytes());
     let down_bytes = per_expert(layers[0].down.bytes());
     let mut work = MoeWork::default();
-    work.grow(&s, 768, &layers[0]).unwrap();
-    let hv = g.randn(768 * dim, 1.0);
+    // MOE_BREAKDOWN_N="2048" (comma-separated) picks the step sizes, e.g. for a profiler run.
+    let sizes: Vec<usize> = match std::env::var("MOE_BREAKDOWN_N") {
+        Ok(v) => v.split(',').map(|t| t.trim().parse().expect("MOE_BREAKDOWN_N: token counts")).collect(),
+        Err(_) => vec![1, 8, 64, 256, 512, 768, 2048],
+    };
+    let most = sizes.iter().copied().max().unwrap_or(1);
+    work.grow(&s, most, &layers[0]).unwrap();
+    let hv = g.randn(most * dim, 1.0);
     let h = g.up(&hv);
-    let x = g.zeros::<f32>(768 * dim);
+    let x = g.zeros::<f32>(most * dim);
     let d = |b: &Option<cudarc::driver::CudaSlice<f32>>| Dev::of(b.as_ref().unwrap(), &s);
     let di = |b: &Option<cudarc::driver::CudaSlice<i32>>| Dev::of(b.as_ref().unwrap(), &s);
     let dh = |b: &Option<cudarc::driver::CudaSlice<u16>>| Dev::of(b.as_ref().unwrap(), &s);
@@ -107,7 +113,7 @@ fn moe_kernel_breakdown() {
         let share = if bytes > 0.0 { format!("{:.1}%", bytes / t / bw * 100.0) } else { "-".into() };
         println!("| {n} | {what} | {:.1} | {:.1} MB | {gbs} | {share} |", t * 1e6, bytes / 1e6);
     };
-    for n in [1usize, 8, 64, 256, 512, 768] {
+    for n in sizes {
         let pairs = n * k;
         let route = |l: &MoeLayerW| layer_route(l, &s, hd, (logits, ids, wts), n);
         // Route every layer once, so that ids / groups hold a real routing for the timed launch.
@@ -168,26 +174,31 @@ fn moe_kernel_breakdown() {
             row(n, "down + weighted sum (1 launch)", t, reads * down_bytes);
         }
         if grouped {
-            let tile = Tile::for_step(pairs, e);
+            let chosen = |down: bool| Tile::for_step(pairs, e, !down);
             let gather = MoeGather { h: hd, entries, x16, n_pairs: pairs, dim, k };
             let t = time(&mut g, &mut |g| gather.launch(&mut g.k, &s).unwrap());
             row(n, "gather F16", t, 0.0);
-            let gemm = |li: usize, down: bool| MoeGemm {
-                slab: if down { &layers[li].down } else { &layers[li].gate },
-                n_experts: e,
-                x: if down { act16 } else { x16 },
-                offsets,
-                out: if down { GemmOut::Down { y } } else { GemmOut::GateUp { up: &layers[li].up, act: act16 } },
-                n_pairs: pairs,
-                tile,
-            };
-            let flop = |rows: usize, cols: usize| 2.0 * (pairs * rows * cols) as f64;
-            let t = time(&mut g, &mut |g| gemm(next(), false).launch(&mut g.k, &s).unwrap());
-            row(n, &format!("GEMM {tile:?} gate/up + SwiGLU"), t, ex * gu_bytes);
-            println!("|  |  (tensor FLOP/s) | {:.1} T |  |  |  |", flop(2 * m.expert_ffn_dim, dim) / t / 1e12);
-            let t = time(&mut g, &mut |g| gemm(next(), true).launch(&mut g.k, &s).unwrap());
-            row(n, &format!("GEMM {tile:?} down"), t, ex * down_bytes);
-            println!("|  |  (tensor FLOP/s) | {:.1} T |  |  |  |", flop(dim, m.expert_ffn_dim) / t / 1e12);
+            // The step's own tile, and the other prefill tiles beside it once a step takes one.
+            let tiles = if chosen(false) == Tile::T16 { vec![Tile::T16] } else { vec![Tile::T64, Tile::W48] };
+            for tile in tiles {
+                let gemm = |li: usize, down: bool| MoeGemm {
+                    slab: if down { &layers[li].down } else { &layers[li].gate },
+                    n_experts: e,
+                    x: if down { act16 } else { x16 },
+                    offsets,
+                    out: if down { GemmOut::Down { y } } else { GemmOut::GateUp { up: &layers[li].up, act: act16 } },
+                    n_pairs: pairs,
+                    tile,
+                };
+                let mark = |down: bool| if tile == chosen(down) { " (the step's)" } else { "" };
+                let flop = |rows: usize, cols: usize| 2.0 * (pairs * rows * cols) as f64;
+                let t = time(&mut g, &mut |g| gemm(next(), false).launch(&mut g.k, &s).unwrap());
+                row(n, &format!("GEMM {tile:?}{} gate/up + SwiGLU", mark(false)), t, ex * gu_bytes);
+                println!("|  |  (tensor FLOP/s) | {:.1} T |  |  |  |", flop(2 * m.expert_ffn_dim, dim) / t / 1e12);
+                let t = time(&mut g, &mut |g| gemm(next(), true).launch(&mut g.k, &s).unwrap());
+                row(n, &format!("GEMM {tile:?}{} down", mark(true)), t, ex * down_bytes);
+                println!("|  |  (tensor FLOP/s) | {:.1} T |  |  |  |", flop(dim, m.expert_ffn_dim) / t / 1e12);
+            }
         }
         let t = time(&mut g, &mut |g| {
             let l = &layers[next()];

@@ -1,8 +1,8 @@
 //! The grouped tensor-core GEMM of the MoE FFN (kernels/moe_gemm.cu) against its CPU twin: the
 //! CPU decoder's weights (src/model/quant) and the inputs rounded to F16 as the kernel stages
 //! them, sums in f64, SwiGLU in f32 and the activations rounded to F16 as the kernel stores
-//! them. Every GEMM format, both token tiles, at 9, 33 and 100 tokens, with an expert that no
-//! token chooses and (at 100 tokens) one expert chosen by every token (two tiles of 64).
+//! them. Every GEMM format, every tile, at 9, 33 and 100 tokens, with an expert that no token
+//! chooses and (at 100 tokens) one expert chosen by every token (two tiles of 64, three of 48).
 
 use dustoff::backend::cpu::moe::{group, Groups, Routing};
 use dustoff::backend::cuda::moe::MoeLayerW;
@@ -90,7 +90,7 @@ fn grouped_gemm_equals_f16_rounded_twin() {
             }
             // Both forms of the kernel: every fragment of a tile multiplied, and the empty ones
             // skipped (DUSTOFF_MOE_GEMM_SKIP): the same values at every grouped position.
-            for (tile, skip) in [Tile::T16, Tile::T64].into_iter().flat_map(|t| [(t, false), (t, true)]) {
+            for (tile, skip) in [Tile::T16, Tile::T64, Tile::W48].into_iter().flat_map(|t| [(t, false), (t, true)]) {
                 let act = g.up(&vec![0x7e00u16; pairs * f]);
                 let y = g.poisoned(pairs * dim);
                 let (xv, ov) = (g.d(&x16), g.d(&off));

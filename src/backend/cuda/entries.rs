@@ -95,9 +95,10 @@ pub const MOE_GEMM_FORMATS: [crate::model::quant::GgmlType; 5] = {
     [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K]
 };
 
-/// `moe_gemm_{gate_up,down}_<fmt>_t{16,64}` for the format at `col` of [`MOE_GEMM_FORMATS`].
-pub fn moe_gemm(col: usize, gate_up: bool, t64: bool) -> &'static str {
-    MOE_GEMM_ENTRIES[4 * col + 2 * usize::from(!gate_up) + usize::from(t64)]
+/// `moe_gemm_{gate_up,down}_<fmt>_{t16,t64,w48}` for the format at `col` of
+/// [`MOE_GEMM_FORMATS`] and the tile at `tile` of that order (`ops::moe_gemm::Tile::index`).
+pub fn moe_gemm(col: usize, gate_up: bool, tile: usize) -> &'static str {
+    MOE_GEMM_ENTRIES[6 * col + 3 * usize::from(!gate_up) + tile]
 }
 
 /// `moe_gate_up_q8_<fmt>` / `moe_down_sum_q8_<fmt>` (int8 activations) for a packed slab of
@@ -232,24 +233,26 @@ pub(in crate::backend::cuda) const MOE_ENTRIES: [&str; 52] = {
     all
 };
 
-/// Entry points of kernels/moe_gemm.cu: `4 * format + variant` for the variants gate/up t16,
-/// gate/up t64, down t16, down t64 (formats in [`MOE_GEMM_FORMATS`] order), then the gather.
-pub(in crate::backend::cuda) const MOE_GEMM_ENTRIES: [&str; 21] = {
+/// Entry points of kernels/moe_gemm.cu: `6 * format + variant` for the variants gate/up t16,
+/// t64, w48, down t16, t64, w48 (formats in [`MOE_GEMM_FORMATS`] order), then the gather.
+pub(in crate::backend::cuda) const MOE_GEMM_ENTRIES: [&str; 31] = {
     macro_rules! v {
         ($f:literal) => {
             [
                 concat!("moe_gemm_gate_up_", $f, "_t16"),
                 concat!("moe_gemm_gate_up_", $f, "_t64"),
+                concat!("moe_gemm_gate_up_", $f, "_w48"),
                 concat!("moe_gemm_down_", $f, "_t16"),
                 concat!("moe_gemm_down_", $f, "_t64"),
+                concat!("moe_gemm_down_", $f, "_w48"),
             ]
         };
     }
     let f = [v!("q4_0"), v!("q8_0"), v!("q4_k"), v!("q5_k"), v!("q6_k")];
-    let mut all = ["moe_gather_f16"; 21];
+    let mut all = ["moe_gather_f16"; 31];
     let mut i = 0;
-    while i < 20 {
-        all[i] = f[i / 4][i % 4];
+    while i < 30 {
+        all[i] = f[i / 6][i % 6];
         i += 1;
     }
     all

@@ -534,8 +534,8 @@ mod entry_handles {
         for (col, d) in MOE_GEMM_FORMATS.iter().enumerate() {
             let n = fmt_name(&QFormat::of(*d).expect("a kernel format"));
             for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
-                for (t64, t) in [(false, 16), (true, 64)] {
-                    assert_eq!(known(moe_gemm(col, gate_up, t64)), format!("moe_gemm_{what}_{n}_t{t}"));
+                for (tile, t) in ["t16", "t64", "w48"].into_iter().enumerate() {
+                    assert_eq!(known(moe_gemm(col, gate_up, tile)), format!("moe_gemm_{what}_{n}_{t}"));
                 }
             }
         }

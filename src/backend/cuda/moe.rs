@@ -966,10 +966,14 @@ fn grouped_gemm(
         (dev(&work.offsets, s)?, dev(&work.entries, s)?, dev(&work.wts, s)?, dev(&work.y, s)?);
     let (x16, act16) = (dev(&work.x16, s)?, dev(&work.act16, s)?);
     MoeGather { h, entries, x16, n_pairs: pairs, dim, k }.launch(kn, s)?;
-    let tile = Tile::for_step(pairs, w.n_experts);
-    let gemm = |slab, x, out| MoeGemm { slab, n_experts: w.n_experts, x, offsets, out, n_pairs: pairs, tile };
-    gemm(&w.gate, x16, GemmOut::GateUp { up: &w.up, act: act16 }).launch(kn, s)?;
-    gemm(&w.down, act16, GemmOut::Down { y }).launch(kn, s)?;
+    let wide = super::tuning::tuning().moe_wide_tile;
+    let tile = |gate_up| match Tile::for_step(pairs, w.n_experts, gate_up) {
+        Tile::W48 if !wide => Tile::T64,
+        t => t,
+    };
+    let gemm = |slab, x, out, tile| MoeGemm { slab, n_experts: w.n_experts, x, offsets, out, n_pairs: pairs, tile };
+    gemm(&w.gate, x16, GemmOut::GateUp { up: &w.up, act: act16 }, tile(true)).launch(kn, s)?;
+    gemm(&w.down, act16, GemmOut::Down { y }, tile(false)).launch(kn, s)?;
     MoeCombine { y, wts, position, x, n_tok, dim, k }.launch(kn, s)
 }
 

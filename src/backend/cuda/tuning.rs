@@ -71,6 +71,9 @@ pub(super) struct Tuning {
     /// steps give an expert ~30 tokens: half of a 64-token tile): H200, compute_70 PTX, 512
     /// tokens: gate/up 372 against 435 us, down 209 against 243 (scripts/gpu-moe-prefill.sh).
     pub moe_gemm_skip: bool,
+    /// `DUSTOFF_MOE_WIDE_TILE=0`: the grouped GEMM's down product keeps the 64 x 64 tile where
+    /// `ops::moe_gemm::Tile::for_step` picks the 128-row x 48-token one (for comparisons).
+    pub moe_wide_tile: bool,
     /// `DUSTOFF_ROUTER_TILED=1`: the router logits of steps above 8 tokens in 32 x 32 tiles
     /// (`moe_router_logits_tile_f32`: the router read once per 32 tokens) instead of a warp per
     /// (expert, token). Off: measured slower below 768 tokens (H200, compute_70 PTX: ~66 us at
@@ -127,6 +130,7 @@ pub(super) fn tuning() -> &'static Tuning {
             moe_pair_max_tokens: num("DUSTOFF_MOE_PAIR_MAX_TOKENS").unwrap_or(8),
             moe_gemm: num("DUSTOFF_MOE_GEMM") != Some(0),
             moe_gemm_skip: num("DUSTOFF_MOE_GEMM_SKIP") != Some(0),
+            moe_wide_tile: num("DUSTOFF_MOE_WIDE_TILE") != Some(0),
             router_tiled: num("DUSTOFF_ROUTER_TILED") == Some(1),
             shexp_fused: num("DUSTOFF_SHEXP_FUSED") != Some(0),
             shexp_pairs: num("DUSTOFF_SHEXP_PAIRS") != Some(0),

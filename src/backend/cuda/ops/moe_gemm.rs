@@ -22,27 +22,54 @@ pub fn gemm_enabled() -> bool {
     super::super::tuning::tuning().moe_gemm
 }
 
-/// Tokens of one expert per block tile.
+/// A block's tile: weight rows x tokens of one expert (kernels/moe_gemm.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tile {
+    /// 64 rows x 16 tokens (batched decode: a few tokens per expert).
     T16,
+    /// 64 rows x 64 tokens.
     T64,
+    /// 128 rows x 48 tokens: more MMAs per fragment read from shared memory (prefill steps).
+    W48,
 }
 
 impl Tile {
-    /// The tile for a step of `n_pairs` pairs over `n_experts`: 64 tokens once the mean expert
-    /// has more than 16 (prefill), else 16 (batched decode: a few tokens per expert).
-    pub fn for_step(n_pairs: usize, n_experts: usize) -> Tile {
-        if n_pairs > 16 * n_experts.max(1) {
+    /// The tile of one product of a step of `n_pairs` pairs over `n_experts`: 16 tokens while
+    /// the mean expert has at most 16 (batched decode: a few tokens per expert); above that
+    /// gate/up takes 64 tokens and down the 128-row tile. Measured on the H200 (docs/BENCHMARKS.md,
+    /// `moe_kernel_breakdown`, Qwen3-30B-A3B shape): the wide tile is faster for down at 512 to
+    /// 2,048 tokens, but gate/up (two slabs a tile, more registers) runs there at two blocks an SM
+    /// against three for t64, which lost at 768 and 2,048 tokens.
+    pub fn for_step(n_pairs: usize, n_experts: usize, gate_up: bool) -> Tile {
+        if n_pairs <= 16 * n_experts.max(1) {
+            Tile::T16
+        } else if gate_up {
             Tile::T64
         } else {
-            Tile::T16
+            Tile::W48
         }
     }
+    /// Tokens of one expert per tile.
     pub fn tokens(self) -> usize {
         match self {
             Tile::T16 => 16,
             Tile::T64 => 64,
+            Tile::W48 => 48,
+        }
+    }
+    /// Weight rows of one tile (gate/up: half gate rows, half up rows).
+    pub fn rows(self) -> usize {
+        match self {
+            Tile::T16 | Tile::T64 => 64,
+            Tile::W48 => 128,
+        }
+    }
+    /// Position in the entry table's order (`entries::moe_gemm`).
+    fn index(self) -> usize {
+        match self {
+            Tile::T16 => 0,
+            Tile::T64 => 1,
+            Tile::W48 => 2,
         }
     }
 }
@@ -55,8 +82,8 @@ fn gemm_format(m: &DevMat) -> Option<usize> {
 }
 
 /// Whether a layer's slabs (`moe::MoeLayerW`: experts of width `ffn` over `dim`) have GEMM
-/// entries and tile-sized shapes (gate/up rows a multiple of 32, down rows of 64, both row
-/// lengths of 128).
+/// entries and shapes every tile divides (gate/up rows and both row lengths multiples of 128;
+/// down rows `dim` too).
 pub fn gemm_fits(gate: &DevMat, up: &DevMat, down: &DevMat, ffn: usize, dim: usize) -> bool {
     gemm_format(gate).is_some()
         && gemm_format(up) == gemm_format(gate)
@@ -193,7 +220,7 @@ impl MoeGemm<'_> {
         let (rows, cols) = (self.slab.rows / self.n_experts, self.slab.cols);
         let (qs, aux, qs_row, aux_row) = quant_parts(self.slab, s)?;
         let gate_up = matches!(self.out, GemmOut::GateUp { .. });
-        let out_rows = if gate_up { 32 } else { 64 };
+        let out_rows = if gate_up { self.tile.rows() / 2 } else { self.tile.rows() };
         check(K, cols.is_multiple_of(128) && rows.is_multiple_of(out_rows), || {
             format!("[{rows}, {cols}] per expert: columns a multiple of 128, rows of {out_rows}")
         })?;
@@ -238,6 +265,24 @@ impl MoeGemm<'_> {
         let tiles = self.n_pairs.div_ceil(self.tile.tokens()) + self.n_experts.min(self.n_pairs);
         let tiles = grid_yz(K, tiles, "token tiles")?;
         let grid = (blocks_for(K, rows, out_rows)?, tiles, 1);
-        launch(kn, s, entries::moe_gemm(fi, gate_up, self.tile == Tile::T64), grid, 128, 0, &p)
+        launch(kn, s, entries::moe_gemm(fi, gate_up, self.tile.index()), grid, 128, 0, &p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tile;
+
+    #[test]
+    fn tiles_by_tokens_per_expert_and_product() {
+        // 128 experts: up to 16 pairs an expert on average is batched decode.
+        assert_eq!(Tile::for_step(16 * 128, 128, true), Tile::T16);
+        assert_eq!(Tile::for_step(16 * 128, 128, false), Tile::T16);
+        assert_eq!(Tile::for_step(16 * 128 + 1, 128, true), Tile::T64);
+        assert_eq!(Tile::for_step(16 * 128 + 1, 128, false), Tile::W48);
+        assert_eq!(Tile::for_step(5, 0, false), Tile::T16);
+        for t in [Tile::T16, Tile::T64, Tile::W48] {
+            assert!(t.rows() % 64 == 0 && t.tokens() % 16 == 0, "{t:?}");
+        }
     }
 }
