@@ -117,6 +117,24 @@ impl ModelConfig {
         let recurrent = self.layer_kinds().iter().any(|k| k.is_recurrent());
         self.hybrid.as_ref().filter(|_| recurrent).map(|h| h.state_summary())
     }
+    /// The projection matrices of a mixer of kind `m`, `(rows, cols)` of `[out, in]` (q, k, v
+    /// stacked as one; a gated query counts its gate rows; a DeltaNet layer's q, k, v, z, b, a
+    /// projections as one): what GEMM scratch and random-model builders size from. A DeltaNet
+    /// mixer of a model without a `hybrid` section has none.
+    pub fn mixer_matrices(&self, m: MixerKind) -> Vec<(usize, usize)> {
+        let (d, q, kv) = (self.dim, self.q_dim(), self.kv_dim());
+        match m {
+            MixerKind::Attention => vec![(q + 2 * kv, d), (d, q)],
+            MixerKind::GatedAttention => vec![(2 * q + 2 * kv, d), (d, q)],
+            MixerKind::DeltaNet => self.hybrid.as_ref().map_or_else(Vec::new, |h| {
+                vec![(h.conv_channels() + h.value_dim() + 2 * h.n_v_heads, d), (d, h.value_dim())]
+            }),
+        }
+    }
+    /// Whether some layer mixes tokens other than by plain attention (a hybrid model).
+    pub fn has_hybrid_mixers(&self) -> bool {
+        self.layer_kinds().iter().any(|k| k.mixer != MixerKind::Attention)
+    }
     /// Layers that keep K/V in the paged cache.
     pub fn n_kv_layers(&self) -> usize {
         (0..self.n_layers).filter(|&l| self.has_kv(l)).count()

@@ -101,6 +101,20 @@ pub fn workspace_bytes(c: &ModelConfig, h: &HybridConfig, cap: usize) -> u64 {
 }
 
 impl RecurrentCuda {
+    /// The recurrent part of model `c` once its `n_linear` Gated DeltaNet layers are uploaded;
+    /// `None` for a model without a hybrid section.
+    pub(super) fn for_model(
+        s: &Arc<CudaStream>,
+        c: &ModelConfig,
+        n_linear: usize,
+        seqs: super::seqs::SeqPlan,
+    ) -> Result<Option<Self>, CudaError> {
+        match &c.hybrid {
+            Some(h) => Ok(Some(Self::new(s, h, n_linear, seqs)?)),
+            None => Ok(None),
+        }
+    }
+
     /// The recurrent part of a model of `n_linear` Gated DeltaNet layers (their weights are in
     /// their `LayerW`): a state pool for `seqs`.
     pub(super) fn new(

@@ -26,6 +26,7 @@ use super::ops::qlaunch::{DequantF16, GemmQ, GemvQ, QView, QuantizeX};
 use super::tuning::tuning;
 use super::CudaError;
 use crate::model::config::ModelConfig;
+use crate::model::layer::MixerKind;
 
 /// Fewest tokens that take the tensor-core GEMM instead of the f32 GEMV on F16 weights (at most
 /// 8 use the GEMV). `DUSTOFF_TC_MIN_TOKENS` overrides the default of 2 (for comparisons).
@@ -70,7 +71,7 @@ fn qgemm_max_tokens() -> usize {
 /// [`qgemm_max_tokens`]: prefill), or a mixture-of-experts or hybrid model (their other
 /// matrices may go through the scratch).
 pub fn wide_scratch_needed(c: &ModelConfig) -> bool {
-    if c.moe.is_some() || c.hybrid.is_some() || qgemm_max_tokens() != usize::MAX {
+    if crate::model::layer::describe(&c.layer_kinds()).is_some() || qgemm_max_tokens() != usize::MAX {
         return true;
     }
     let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
@@ -93,14 +94,16 @@ pub fn wide_scratch_len(c: &ModelConfig) -> usize {
     if !wide_scratch_needed(c) {
         return 0;
     }
-    let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-    // Hybrid models: the linear layers' stacked input projection and output, the gated q.
-    let (hy, hy_k) = c.hybrid.as_ref().map_or((0, 0), |h| {
-        let lin_in = h.conv_channels() + h.value_dim() + 2 * h.n_v_heads;
-        ((lin_in * d).max(d * h.value_dim()).max((2 * q + 2 * kv) * d), h.value_dim())
-    });
-    let largest = [(q + 2 * kv) * d, d * q, 2 * f * d, d * f, hy].into_iter().max().unwrap_or(0);
-    largest.min(wide_cap()).max(128 * d.max(q).max(f).max(hy_k))
+    let (d, f) = (c.dim, c.ffn_dim);
+    // Every layer kind's mixer projections (hybrid models: the linear layers' stacked input
+    // projection and output, the gated q), the plain attention's and the dense FFN's.
+    let kinds = c.layer_kinds();
+    let mixers = kinds.iter().flat_map(|k| c.mixer_matrices(k.mixer));
+    let plain = c.mixer_matrices(MixerKind::Attention);
+    let shapes: Vec<(usize, usize)> = mixers.chain(plain).chain([(2 * f, d), (d, f)]).collect();
+    let largest = shapes.iter().map(|&(r, k)| r * k).max().unwrap_or(0);
+    let widest = shapes.iter().map(|&(_, k)| k).max().unwrap_or(0);
+    largest.min(wide_cap()).max(128 * widest)
 }
 
 /// Whether the packed GEMV reads int8-quantized activations (the default).
@@ -407,4 +410,32 @@ pub(super) fn swiglu(
     }
     mm.run(k, Product { lin: wgu, bias: None, x: h, n, out: gu, accumulate: false })?;
     l::SiluMul { gu, out: act, n_tok: n, ffn }.launch(k, s)
+}
+
+#[cfg(test)]
+mod scratch_tests {
+    use super::{wide_cap, wide_scratch_len, wide_scratch_needed};
+    use crate::model::shapes::{shape, SHAPES};
+
+    /// Every projection of every layer kind of the real shapes is widened through the scratch:
+    /// whole where it fits the cap, else in chunks of at least 128 rows.
+    #[test]
+    fn wide_scratch_holds_every_layer_kinds_matrices() {
+        let mut checked = 0;
+        for name in SHAPES {
+            let c = shape(name).expect("a listed shape");
+            if !wide_scratch_needed(&c) {
+                continue;
+            }
+            checked += 1;
+            let len = wide_scratch_len(&c);
+            let (d, f) = (c.dim, c.ffn_dim);
+            let kinds = c.layer_kinds();
+            let dense = [(2 * f, d), (d, f)];
+            for (rows, cols) in kinds.iter().flat_map(|k| c.mixer_matrices(k.mixer)).chain(dense) {
+                assert!(len >= (rows * cols).min(wide_cap()) && len >= 128 * cols, "{name}: [{rows}, {cols}] in {len}");
+            }
+        }
+        assert!(checked > 0, "no shape needs the scratch");
+    }
 }

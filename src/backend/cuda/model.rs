@@ -305,10 +305,7 @@ impl CudaBackend {
         let output = if c.tied_embeddings { None } else { Some(put(&[&w.output], "output")?) };
         let output_norm = up(s, &w.output_norm, "output_norm")?;
         let clamped = clamped + moe_clamped + linear_clamped;
-        let recurrent = match &c.hybrid {
-            Some(h) => Some(super::hybrid::RecurrentCuda::new(s, h, n_linear, opts.seqs())?),
-            None => None,
-        };
+        let recurrent = super::hybrid::RecurrentCuda::for_model(s, c, n_linear, opts.seqs())?;
         let rope_freq_factors = w.rope_freq_factors.clone();
         let parts = Parts { layers, embd, output, output_norm, rope_freq_factors, clamped, recurrent };
         Self::assemble(cfg, dev, kernels, blas, parts, opts)
@@ -325,7 +322,7 @@ impl CudaBackend {
     /// codes and realistic scales (`DevMat::synthetic`), kept packed on the GPU.
     pub fn synthetic_mix(cfg: ModelConfig, mix: WeightMix, seed: u64, opts: &CudaOptions) -> Result<Self, CudaError> {
         let c = &cfg;
-        if c.hybrid.is_some() {
+        if c.has_hybrid_mixers() {
             return Self::synthetic_hybrid(cfg, mix, seed, opts);
         }
         let shapes = synthetic_shapes(c, mix);

@@ -52,7 +52,7 @@ impl CudaBackend {
             let part = shapes.iter().map(|&(r, k)| tc64_part_len(r, k, cap.min(TC_MAX_TOKENS))).max().unwrap_or(0);
             grew |= grow(s, &mut w.tc_part, part, "GEMM partial sums")?;
             if let Some(m) = self.layers.iter().find_map(|l| l.ffn.experts()) {
-                grew |= w.moe.grow(s, cap, m)?;
+                grew |= w.experts.grow(s, cap, m)?;
             }
             let shared = self.layers.iter().filter_map(|l| l.ffn.experts()?.shared.as_ref().map(|x| x.ffn)).max();
             if let Some(f) = shared {

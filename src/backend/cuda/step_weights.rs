@@ -17,7 +17,7 @@ impl CudaBackend {
         let sparse: Vec<_> = self.layers.iter().filter_map(|l| l.ffn.experts()).collect();
         let first = sparse.first()?;
         let pairs = n_tok * first.n_used;
-        let ids = self.work.moe.ids.as_ref().filter(|b| b.len() >= pairs && pairs > 0)?;
+        let ids = self.work.experts.ids.as_ref().filter(|b| b.len() >= pairs && pairs > 0)?;
         let ids = self.dev.stream.clone_dtoh(&ids.slice(0..pairs)).ok()?;
         let mut seen = vec![false; first.n_experts];
         for &e in &ids {

@@ -85,15 +85,13 @@ pub(super) fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (Ggm
 /// untied head. (format, rows, cols). Sparse layers have no dense gate/up and down (their
 /// experts: `routed_bytes`, `shared_bytes`).
 pub(super) fn hybrid_shapes(c: &ModelConfig, base: GgmlType, more: GgmlType) -> Vec<(GgmlType, usize, usize)> {
-    let Some(h) = &c.hybrid else { return Vec::new() };
     let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
     let mut v = Vec::new();
     for i in 0..c.n_layers {
         let m = if more_bits(i, c.n_layers) { more } else { base };
         let kind = c.layer_kind(i);
         if kind.is_recurrent() {
-            let lin_in = h.conv_channels() + h.value_dim() + 2 * h.n_v_heads;
-            v.extend([(base, lin_in, d), (base, d, h.value_dim())]);
+            v.extend(c.mixer_matrices(kind.mixer).into_iter().map(|(rows, cols)| (base, rows, cols)));
         } else {
             // q (+ gate), k and v in one part where v has the base format (as `Linear::upload`
             // stacks them), else v apart.
@@ -139,7 +137,7 @@ fn shared_bytes(c: &ModelConfig, m: &MoeConfig, mix: WeightMix, i: usize) -> u64
 /// shared-expert gates in f32, expert slabs packed): what the memory plan counts before
 /// anything is made.
 pub fn synthetic_matrix_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
-    let dense: u64 = if c.hybrid.is_some() {
+    let dense: u64 = if c.has_hybrid_mixers() {
         let (base, more) = mix.formats();
         hybrid_shapes(c, base, more).into_iter().map(|(t, r, k)| slab_bytes(t, r, k, false)).sum()
     } else {

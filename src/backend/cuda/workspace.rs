@@ -50,8 +50,8 @@ pub(super) struct Work {
     pub host_logits: Option<cudarc::driver::PinnedHostSlice<f32>>,
     /// Constrained greedy steps: the mask indices and bits, host (pinned) and device.
     pub masks: MaskBuffers,
-    /// Buffers of the sparse layers (expert ids, weights, grouping, expert outputs).
-    pub moe: super::moe::MoeWork,
+    /// Buffers of the sparse layers' routed experts (expert ids, weights, grouping, expert outputs).
+    pub experts: super::moe::MoeWork,
     /// Buffers of the shared experts (Qwen3.5-MoE, Qwen3-Next).
     pub shexp: super::ops::shared_expert::SharedWork,
 }

@@ -26,7 +26,7 @@ pub(super) fn run(moe: &MoeLayerW, fold: bool, cx: Cx, hooks: &mut Hooks) -> Res
         return tapped(moe, fold, cx, hooks);
     }
     let Cx { k, mm, io, work, pre, .. } = cx;
-    let (s, mw) = (mm.s, &work.moe);
+    let (s, mw) = (mm.s, &work.experts);
     let (n, h, x) = (io.n_tok, io.h, io.x);
     let Some(sh) = &moe.shared else {
         match pre {
@@ -66,7 +66,7 @@ pub(super) fn run(moe: &MoeLayerW, fold: bool, cx: Cx, hooks: &mut Hooks) -> Res
 /// and gate/up: the router's rows; down: its `silu(gate) * up`).
 fn tapped(moe: &MoeLayerW, fold: bool, cx: Cx, hooks: &mut Hooks) -> Result<(), CudaError> {
     let Cx { c, k, mm, io, work, li, pre } = cx;
-    let (s, mw) = (mm.s, &work.moe);
+    let (s, mw) = (mm.s, &work.experts);
     let (n, h, x) = (io.n_tok, io.h, io.x);
     if let Some(a) = pre {
         // Not reached: a tap turns the folded norms off (the walker's `Hooks::norm`).
