@@ -14,12 +14,12 @@
 //
 // Block (128 threads, 4 warps): BM = 64 WM weight rows (gate/up: BM / 2 gate rows then the same
 // BM / 2 up rows, so the SwiGLU is fused in the epilogue) x BN tokens of one expert, chunks of
-// 128 columns. Tiles: 64 rows x 16 or 64 tokens (t16, t64), and 128 rows x 48 tokens (w48) for
-// steps with many tokens per expert: a warp then holds 32 rows x 48 tokens (2 x 3 fragments), so
-// each fragment loaded from shared memory feeds more MMAs (5 loads for 6 against 5 for 4 in a
-// t64 warp; the staging reads are what bound t64 on the H200, and a V100's 128 bytes a clock of
-// shared memory carry fewer MMAs still), and the staged rows + tokens fit 48 KB (two blocks in a
-// V100 SM's 96 KB).
+// 128 columns. Tiles: 64 rows x 16 or 64 tokens (t16, t64), and 128 rows x 48 tokens (w48, the
+// down product of prefill steps: ops::moe_gemm::Tile::for_step): a w48 warp holds 32 rows x 48
+// tokens (2 x 3 fragments), so each fragment loaded from shared memory feeds more MMAs (5 loads
+// for 6 against 5 for 4 in a t64 warp; the staging reads are what bound t64 on the H200, and a
+// V100's 128 bytes a clock of shared memory carry fewer MMAs still), and the staged rows + tokens
+// fit 48 KB (two blocks in a V100 SM's 96 KB).
 // grid.y walks the (expert, token tile) list: block y finds its tile from the offsets (a warp
 // prefix sum of ceil(count / BN) over the experts), so the grid is fixed by the step's pair
 // count (ceil(pairs / BN) + experts bounds the tiles) and a captured graph stays valid whatever
@@ -146,8 +146,9 @@ __device__ __forceinline__ void mg_slot(int q, int& tr, int& unit) {
     tr = gap == 4 ? b0 | b1 << 1 | hq << 2 : b0 | (hq & 1) << 1 | b1 << 2 | (hq >> 1) << 3;
 }
 
-// Global -> registers: the packed units of chunk c (slot q: mg_slot) and the input tile (BN tokens x 256 bytes: 16-byte loads; rows past the tile's
-// count repeat its last row, their results are dropped).
+// Global -> registers: the packed units of chunk c (slot q: mg_slot) and the input tile (BN
+// tokens x 256 bytes: 16-byte loads; rows past the tile's count repeat its last row, their
+// results are dropped).
 template <class F, int WM, int NT16>
 __device__ __forceinline__ void mg_fetch(const MoeGemmParams& p, const QRow* rows, int c, int first, int count,
                                          typename F::Raw (&rw)[MG<F, WM>::PER_THREAD], uint4 (&rx)[NT16 * 2]) {

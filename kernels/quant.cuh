@@ -351,9 +351,10 @@ __device__ __forceinline__ QRow q_row(const u8_t* qs, const u8_t* aux, long long
     return {qs + r * qs_row, aux + r * aux_row};
 }
 
-// The packed units of column chunk c of a tile's weight rows, as the prefill GEMMs (gemm_quant.cu,
-// moe_gemm.cu) fetch them: thread q = threadIdx.x + THREADS i loads unit q % UPC (of the UPC
-// units a row has in a chunk) of its row rows[i].
+// The packed units of column chunk c of a tile's weight rows, as the dense prefill GEMMs
+// (gemm_quant.cu) fetch them: thread q = threadIdx.x + THREADS i loads unit q % UPC (of the UPC
+// units a row has in a chunk) of its row rows[i]. (moe_gemm.cu maps slots by bank group:
+// mg_slot.)
 template <class F, int THREADS, int UPC, int N>
 __device__ __forceinline__ void fetch_tile_units(const QRow* rows, int c, typename F::Raw (&rw)[N]) {
 #pragma unroll
