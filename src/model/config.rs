@@ -133,7 +133,7 @@ impl ModelConfig {
     }
     /// Whether some layer mixes tokens other than by plain attention (a hybrid model).
     pub fn has_hybrid_mixers(&self) -> bool {
-        self.layer_kinds().iter().any(|k| k.mixer != MixerKind::Attention)
+        self.layer_kinds().iter().any(|k| k.has_hybrid_mixer())
     }
     /// Layers that keep K/V in the paged cache.
     pub fn n_kv_layers(&self) -> usize {

@@ -50,6 +50,10 @@ impl LayerKind {
     pub fn is_recurrent(self) -> bool {
         self.mixer == MixerKind::DeltaNet
     }
+    /// Its mixer is one of a hybrid model's (linear or gated attention), not plain attention.
+    pub fn has_hybrid_mixer(self) -> bool {
+        self.mixer != MixerKind::Attention
+    }
     /// Its FFN is a mixture of experts.
     pub fn is_sparse(self) -> bool {
         matches!(self.ffn, FfnKind::Moe { .. })
@@ -63,7 +67,7 @@ impl LayerKind {
 /// What a list of layer kinds holds, for the messages that name a model's kind
 /// (`"hybrid (linear-attention)"`, `"mixture-of-experts"`), or `None` for plain dense attention.
 pub fn describe(kinds: &[LayerKind]) -> Option<&'static str> {
-    if kinds.iter().any(|k| k.mixer != MixerKind::Attention) {
+    if kinds.iter().any(|k| k.has_hybrid_mixer()) {
         Some("hybrid (linear-attention)")
     } else if kinds.iter().any(|k| k.is_sparse()) {
         Some("mixture-of-experts")

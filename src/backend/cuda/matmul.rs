@@ -26,7 +26,7 @@ use super::ops::qlaunch::{DequantF16, GemmQ, GemvQ, QView, QuantizeX};
 use super::tuning::tuning;
 use super::CudaError;
 use crate::model::config::ModelConfig;
-use crate::model::layer::MixerKind;
+use crate::model::layer::{describe, MixerKind};
 
 /// Fewest tokens that take the tensor-core GEMM instead of the f32 GEMV on F16 weights (at most
 /// 8 use the GEMV). `DUSTOFF_TC_MIN_TOKENS` overrides the default of 2 (for comparisons).
@@ -71,7 +71,7 @@ fn qgemm_max_tokens() -> usize {
 /// [`qgemm_max_tokens`]: prefill), or a mixture-of-experts or hybrid model (their other
 /// matrices may go through the scratch).
 pub fn wide_scratch_needed(c: &ModelConfig) -> bool {
-    if crate::model::layer::describe(&c.layer_kinds()).is_some() || qgemm_max_tokens() != usize::MAX {
+    if describe(&c.layer_kinds()).is_some() || qgemm_max_tokens() != usize::MAX {
         return true;
     }
     let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
