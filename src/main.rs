@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use dustoff::backend::cuda::budget::MemoryCap;
+use dustoff::backend::cuda::plan::budget::MemoryCap;
 use dustoff::backend::kv_type::KvChoice;
 use dustoff::commands::common::{self, Device, Slots};
 use dustoff::commands::{generate, tokenize};
@@ -621,7 +621,7 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     // Before any thread exists (it changes the process environment).
-    dustoff::backend::cuda::memory::default_cublas_workspace();
+    dustoff::backend::cuda::plan::memory::default_cublas_workspace();
     let matches = Cli::command().after_help(exit::help()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Unattended jobs (run, generate --input): timestamps on stderr's lines when it is not a

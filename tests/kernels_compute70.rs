@@ -6,9 +6,9 @@
 
 use std::path::PathBuf;
 
-use dustoff::backend::cuda::kernels::{file_of, KERNEL_FILES};
+use dustoff::backend::cuda::compile::kernels::{file_of, KERNEL_FILES};
+use dustoff::backend::cuda::compile::{nvrtc, ptx_isa};
 use dustoff::backend::cuda::CudaError;
-use dustoff::backend::cuda::{nvrtc, ptx_isa};
 
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")

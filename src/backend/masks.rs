@@ -2,7 +2,7 @@
 //! of each constrained logit row into [`MaskRows`]; the backend then picks, per row, the arg-max
 //! over the allowed tokens (`sampler::masked_argmax`; rows without a mask: `sampler::argmax`).
 //! A device backend does it on the device from the uploaded bits, with no logits download
-//! (cuda/masked.rs); [`host_step_greedy_masked`] is the same rule on the host, used by the CPU
+//! (cuda/step/masked.rs); [`host_step_greedy_masked`] is the same rule on the host, used by the CPU
 //! backend.
 //!
 //! Mask layout (as `engine::constraint` produces it): `words = ceil(vocab / 32)` `u32` words a

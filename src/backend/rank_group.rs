@@ -1,7 +1,7 @@
 //! N rank engines of one tensor-parallel model, each built and run on its own thread (a CUDA
 //! backend's state is not `Send`), driven in lockstep: every call goes to all ranks, which meet
 //! in their all-reduces during a step; rank 0's answer is the group's. The GPU ranks
-//! (`cuda::tensor_parallel`) and the CPU ranks (`cpu::tensor_parallel`) both run on it, so its
+//! (`cuda::tp::group`) and the CPU ranks (`cpu::tensor_parallel`) both run on it, so its
 //! threads and channels are tested without a GPU (tests/tp.rs).
 //!
 //! No hang on failure: a rank that fails to build (an error or a panic) makes the group's

@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use super::bench::{bench, bench_batched, bench_shared_prefix, print_prompt_table};
 use super::common::{self, Device, Placement};
-use crate::backend::cuda::budget::MemoryCap;
+use crate::backend::cuda::plan::budget::MemoryCap;
 use crate::backend::Backend;
 use crate::engine::batch::BLOCK_SIZE;
 use crate::job::exit::{ExitCode, UsageError};
@@ -122,10 +122,10 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
                 let dtype = if a.f16_weights { "f16" } else { a.dtype.as_str() };
                 let mix = crate::backend::cuda::WeightMix::parse(dtype)
                     .ok_or_else(|| UsageError::new(format!("--dtype {dtype}: not a GPU weight type")))?;
-                let m = crate::backend::cuda::synth::synthetic_matrix_bytes(&cfg, mix);
-                let packed = m < crate::backend::cuda::memory::f16_matrix_bytes(&cfg);
-                let wide = if packed { crate::backend::cuda::memory::wide_len(&cfg) as u64 * 2 } else { 0 };
-                (cfg, crate::backend::cuda::memory::DeviceWeightBytes { matrices: m, wide_scratch: wide })
+                let m = crate::backend::cuda::synth::mix::synthetic_matrix_bytes(&cfg, mix);
+                let packed = m < crate::backend::cuda::plan::memory::f16_matrix_bytes(&cfg);
+                let wide = if packed { crate::backend::cuda::plan::memory::wide_len(&cfg) as u64 * 2 } else { 0 };
+                (cfg, crate::backend::cuda::plan::memory::DeviceWeightBytes { matrices: m, wide_scratch: wide })
             }
             (None, Some(m)) => {
                 // Under --tensor-parallel one GPU holds rank 0's shard (the ranks' are equal).
@@ -136,7 +136,7 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
                     }
                     None => (m.config.clone(), m.weights.clone()),
                 };
-                let bytes = crate::backend::cuda::memory::device_weight_bytes(&c, &w, a.f16_weights);
+                let bytes = crate::backend::cuda::plan::memory::device_weight_bytes(&c, &w, a.f16_weights);
                 (c, bytes)
             }
             (None, None) => unreachable!("a model is loaded when no shape is given"),
@@ -147,12 +147,12 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
             );
         }
         let free = a.plan_free_gb.map_or(super::bench_plan::V100_32GB_FREE, |g| (g * 1e9) as u64);
-        let free = crate::backend::cuda::budget::available(a.max_gpu_memory, free);
+        let free = crate::backend::cuda::plan::budget::available(a.max_gpu_memory, free);
         // The step size the mode's backend is made for (below).
         let step = if seqs > 1 {
             a.max_batch_tokens.max(seqs)
         } else {
-            crate::backend::cuda::memory::prefill_chunk(&cfg, bytes.wide_scratch)
+            crate::backend::cuda::plan::memory::prefill_chunk(&cfg, bytes.wide_scratch)
         };
         let r = super::bench_plan::plan_report(
             &cfg,

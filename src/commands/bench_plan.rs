@@ -7,11 +7,13 @@
 
 use serde::Serialize;
 
-use crate::backend::cuda::memory::{plan_memory_for, MemoryPlan, SeqPlan, WorkspaceParts, CONTEXT_ASSUMED, HEADROOM};
+use crate::backend::cuda::plan::memory::{
+    plan_memory_for, MemoryPlan, SeqPlan, WorkspaceParts, CONTEXT_ASSUMED, HEADROOM,
+};
 use crate::backend::kv_type::KvType;
 use crate::model::config::ModelConfig;
 
-pub use crate::backend::cuda::memory::V100_32GB_FREE;
+pub use crate::backend::cuda::plan::memory::V100_32GB_FREE;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct PlanReport {
@@ -170,8 +172,8 @@ impl PlanReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::memory::wide_len;
-    use crate::backend::cuda::synth::{synthetic_matrix_bytes, WeightMix};
+    use crate::backend::cuda::plan::memory::wide_len;
+    use crate::backend::cuda::synth::mix::{synthetic_matrix_bytes, WeightMix};
     use crate::engine::batch::DEFAULT_MAX_BATCH_TOKENS;
     use crate::model::shapes::shape;
 

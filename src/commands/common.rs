@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::budget::{self, MemoryCap};
+use crate::backend::cuda::plan::budget::{self, MemoryCap};
 use crate::backend::kv_type::{KvChoice, KvType};
 use crate::backend::Backend;
 use crate::engine::batch::{BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS};
@@ -104,7 +104,7 @@ pub struct Placement {
     pub ptx_dir: Option<PathBuf>,
     /// On a GPU, widen block-format weights to F16 at load (`bench --weights f16`).
     pub f16_weights: bool,
-    /// `--max-gpu-memory`: what the process may take on each GPU (see `backend::cuda::budget`).
+    /// `--max-gpu-memory`: what the process may take on each GPU (see `backend::cuda::plan::budget`).
     pub max_gpu_memory: Option<MemoryCap>,
     /// The KV cache's element type (`--kv-cache` as resolved by [`resolve_slots`]).
     pub kv_type: KvType,
@@ -174,7 +174,7 @@ pub fn resolve_slots(
     let dev = crate::backend::cuda::device::CudaDevice::new(*ordinal)
         .with_context(|| format!("opening cuda:{ordinal} to size --slots auto and --kv-cache auto"))?;
     let (avail, name) = device_budget(&dev, flags.max_gpu_memory)?;
-    let bytes = crate::backend::cuda::memory::device_weight_bytes(cfg, weights, false);
+    let bytes = crate::backend::cuda::plan::memory::device_weight_bytes(cfg, weights, false);
     let fit = |kv: KvType| fit_slots(cfg, bytes, avail, (per_seq, max_batch_tokens), kv);
     let kv = match flags.kv_cache {
         KvChoice::Fixed(t) => t,
@@ -248,14 +248,14 @@ pub fn step_bound_rates(device: &Device) -> Option<crate::engine::step_cost::Bou
 /// does; the KV cache in type `kv`) fits in `free` bytes; 0 when not even one does.
 pub fn fit_slots(
     cfg: &crate::model::config::ModelConfig,
-    bytes: crate::backend::cuda::memory::DeviceWeightBytes,
+    bytes: crate::backend::cuda::plan::memory::DeviceWeightBytes,
     free: u64,
     (per_seq, max_batch_tokens): (usize, usize),
     kv: KvType,
 ) -> usize {
     let fits = |n: usize| {
         let blocks = (n * per_seq).div_ceil(BLOCK_SIZE).max(1);
-        let plan = crate::backend::cuda::memory::plan_memory_for(
+        let plan = crate::backend::cuda::plan::memory::plan_memory_for(
             cfg,
             bytes.matrices,
             bytes.wide_scratch,
@@ -263,7 +263,7 @@ pub fn fit_slots(
             BLOCK_SIZE,
             max_batch_tokens.max(n),
             per_seq,
-            crate::backend::cuda::memory::SeqPlan::new(n),
+            crate::backend::cuda::plan::memory::SeqPlan::new(n),
         )
         .with_kv_type(cfg, kv);
         plan.check(free, "", blocks * BLOCK_SIZE, cfg).is_ok()
@@ -291,9 +291,10 @@ pub fn kv_positions(
     let dev = crate::backend::cuda::device::CudaDevice::new(*ordinal)
         .with_context(|| format!("opening cuda:{ordinal} to size the KV cache"))?;
     let (avail, name) = device_budget(&dev, cap)?;
-    let bytes = crate::backend::cuda::memory::device_weight_bytes(cfg, weights, false);
-    let step = max_batch_tokens.max(slots).max(crate::backend::cuda::memory::prefill_chunk(cfg, bytes.wide_scratch));
-    let seqs = crate::backend::cuda::memory::SeqPlan::new(slots);
+    let bytes = crate::backend::cuda::plan::memory::device_weight_bytes(cfg, weights, false);
+    let step =
+        max_batch_tokens.max(slots).max(crate::backend::cuda::plan::memory::prefill_chunk(cfg, bytes.wide_scratch));
+    let seqs = crate::backend::cuda::plan::memory::SeqPlan::new(slots);
     let want_blocks = want.div_ceil(BLOCK_SIZE).max(1);
     let blocks = budget::fit_blocks(
         cfg,
@@ -407,7 +408,7 @@ pub(crate) fn cuda_options(
     (max_batch_tokens, seqs): (usize, usize),
     place: &Placement,
 ) -> crate::backend::cuda::CudaOptions {
-    let plan = crate::backend::cuda::memory::SeqPlan::new(seqs);
+    let plan = crate::backend::cuda::plan::memory::SeqPlan::new(seqs);
     crate::backend::cuda::CudaOptions {
         max_seqs: plan.running,
         max_snapshots: plan.snapshots,
@@ -589,10 +590,10 @@ mod tests {
     /// the whole card runs the cap of `--slots auto`; the 8-bit cache holds 1.8x the sequences.
     #[test]
     fn qwen3_30b_a3b_q4_k_m_within_32_gb_runs_50_sequences_of_2200() {
-        use crate::backend::cuda::budget::{available, fit_blocks, label, MemoryCap};
-        use crate::backend::cuda::memory::SeqPlan;
-        use crate::backend::cuda::memory::{f16_matrix_bytes, plan_memory_for, wide_len, DeviceWeightBytes};
-        use crate::backend::cuda::synth::{synthetic_matrix_bytes, WeightMix};
+        use crate::backend::cuda::plan::budget::{available, fit_blocks, label, MemoryCap};
+        use crate::backend::cuda::plan::memory::SeqPlan;
+        use crate::backend::cuda::plan::memory::{f16_matrix_bytes, plan_memory_for, wide_len, DeviceWeightBytes};
+        use crate::backend::cuda::synth::mix::{synthetic_matrix_bytes, WeightMix};
         use crate::backend::kv_type::KvType;
         let c = crate::model::shapes::shape("qwen3-30b-a3b").unwrap();
         let bytes = DeviceWeightBytes {
@@ -605,7 +606,7 @@ mod tests {
         assert_eq!(avail, 31_463_129_088);
         let n = fit_slots(&c, bytes, avail, (per_seq, step), KvType::F16);
         let kv_per_seq = per_seq as u64 * 48 * 2 * 512 * 2;
-        let budget = (avail as f64 * crate::backend::cuda::memory::HEADROOM) as u64;
+        let budget = (avail as f64 * crate::backend::cuda::plan::memory::HEADROOM) as u64;
         let rough = (budget - bytes.matrices - bytes.wide_scratch) / kv_per_seq;
         assert!((48..=51).contains(&n) && n as u64 <= rough, "{n} sequences (weights and KV alone: {rough})");
         // The boundary: n sequences' plan passes the backend's check, n + 1 do not.
@@ -673,13 +674,13 @@ mod tests {
     #[test]
     fn auto_slots_are_the_most_the_memory_plan_fits() {
         let c = crate::model::shapes::shape("qwen3-8b").unwrap();
-        let f16 = crate::backend::cuda::memory::DeviceWeightBytes {
-            matrices: crate::backend::cuda::memory::f16_matrix_bytes(&c),
+        let f16 = crate::backend::cuda::plan::memory::DeviceWeightBytes {
+            matrices: crate::backend::cuda::plan::memory::f16_matrix_bytes(&c),
             wide_scratch: 0,
         };
         let plan = |n: usize| {
             let blocks = (n * 4096).div_ceil(BLOCK_SIZE);
-            crate::backend::cuda::memory::plan_memory_for(
+            crate::backend::cuda::plan::memory::plan_memory_for(
                 &c,
                 f16.matrices,
                 f16.wide_scratch,
@@ -687,7 +688,7 @@ mod tests {
                 BLOCK_SIZE,
                 DEFAULT_MAX_BATCH_TOKENS.max(n),
                 4096,
-                crate::backend::cuda::memory::SeqPlan::new(n),
+                crate::backend::cuda::plan::memory::SeqPlan::new(n),
             )
         };
         // A 32 GB V100 (30 GB free): 16 GB of F16 weights, then 4096-position sequences.

@@ -106,8 +106,8 @@ pub fn engine_slots(
                 let dev = crate::backend::cuda::device::CudaDevice::new(*ordinal)
                     .with_context(|| format!("opening cuda:{ordinal} to size --slots auto"))?;
                 let (free, _) = dev.mem_info()?;
-                let avail = crate::backend::cuda::budget::available(flags.max_gpu_memory, free as u64);
-                let bytes = crate::backend::cuda::memory::device_weight_bytes(cfg, weights, false);
+                let avail = crate::backend::cuda::plan::budget::available(flags.max_gpu_memory, free as u64);
+                let bytes = crate::backend::cuda::plan::memory::device_weight_bytes(cfg, weights, false);
                 common::fit_slots(cfg, bytes, avail / share, (per_seq, max_batch_tokens), kv).max(1)
             }
         };
@@ -143,7 +143,8 @@ pub fn start_pool(pc: &PoolConfig, devs: &[Device], slots: &[usize]) -> Result<E
         let (eos, grammar, stop) = (pc.eos.clone(), pc.grammar.clone(), pc.stop.clone());
         // Engines that share a GPU share its cap.
         let share = devs.iter().filter(|e| **e == device).count() as u64;
-        let cap = pc.place.max_gpu_memory.map(|c| crate::backend::cuda::budget::MemoryCap { bytes: c.bytes / share });
+        let cap =
+            pc.place.max_gpu_memory.map(|c| crate::backend::cuda::plan::budget::MemoryCap { bytes: c.bytes / share });
         let place = common::Placement { max_gpu_memory: cap, ..pc.place.clone() };
         let cfg = EngineConfig::new(slots, pc.max_batch_tokens, pc.prefix_cache, pc.model_fingerprint);
         let tokens = slots * pc.per_seq;

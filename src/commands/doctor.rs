@@ -23,7 +23,7 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<Report> {
         model: a.model.clone(),
         ctx: a.ctx.max(1),
         slots: a.slots.max(1),
-        ptx_dir: crate::backend::cuda::kernels::ptx_dir_for(a.ptx_dir.clone()),
+        ptx_dir: crate::backend::cuda::compile::kernels::ptx_dir_for(a.ptx_dir.clone()),
         numa: NumaMode::parse(&a.numa)?,
         threads: a.threads,
         measure: a.measure,

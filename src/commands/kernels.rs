@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::backend::cuda::kernels::KERNEL_FILES;
-use crate::backend::cuda::nvrtc;
+use crate::backend::cuda::compile::kernels::KERNEL_FILES;
+use crate::backend::cuda::compile::nvrtc;
 
 /// Compiles every kernel file for `arch` (e.g. `compute_70`) into `out_dir`; returns the files
 /// written, in `KERNEL_FILES` order.

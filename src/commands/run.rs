@@ -353,7 +353,8 @@ fn dry_run(a: &RunArgs, job: &JobKind, inputs: &[PathBuf], shard: Option<ShardSp
     }
     if let Some(c) = &cfg {
         use crate::backend::kv_type::KvType;
-        let per = |kv: KvType| (kv.name().to_string(), crate::backend::cuda::memory::kv_bytes_per_position(c, kv));
+        let per =
+            |kv: KvType| (kv.name().to_string(), crate::backend::cuda::plan::memory::kv_bytes_per_position(c, kv));
         let mut kinds = vec![per(KvType::F16)];
         if KvType::Q8.refusal(c.head_dim).is_none() {
             kinds.push(per(KvType::Q8));

@@ -88,7 +88,7 @@ pub fn make_tp_backend(
             p.kv as f64 / 1e9,
             p.workspace as f64 / 1e9
         );
-        let b = crate::backend::cuda::tensor_parallel::TpCudaBackend::new(cfg, w, &ordinals, &opts)
+        let b = crate::backend::cuda::tp::group::TpCudaBackend::new(cfg, w, &ordinals, &opts)
             .with_context(|| format!("placing {n} tensor-parallel ranks on {ordinals:?}"))?;
         Box::new(b)
     };
@@ -147,9 +147,9 @@ pub fn plan_per_gpu(
     (max_batch_tokens, seqs): (usize, usize),
 ) -> Result<crate::backend::cuda::MemoryPlan> {
     let (sc, sw) = rank0_shard(cfg, w, n)?;
-    let bytes = crate::backend::cuda::memory::device_weight_bytes(&sc, &sw, false);
+    let bytes = crate::backend::cuda::plan::memory::device_weight_bytes(&sc, &sw, false);
     let bs = crate::engine::batch::BLOCK_SIZE;
-    let seqs = crate::backend::cuda::memory::SeqPlan::new(seqs);
+    let seqs = crate::backend::cuda::plan::memory::SeqPlan::new(seqs);
     let blocks = tokens.div_ceil(bs).max(1);
     Ok(crate::backend::cuda::plan_memory(&sc, bytes.matrices, bytes.wide_scratch, blocks, bs, max_batch_tokens, seqs))
 }

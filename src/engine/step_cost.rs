@@ -16,7 +16,7 @@ use crate::model::config::ModelConfig;
 /// Weights one token multiplies with (every dense matrix and the head, its `n_used` experts
 /// and the router of each sparse layer; not the embedding lookup).
 pub fn params_per_token(c: &ModelConfig) -> u64 {
-    let all = crate::backend::cuda::memory::f16_matrix_bytes(c) / 2;
+    let all = crate::backend::cuda::plan::memory::f16_matrix_bytes(c) / 2;
     let unused: usize = (0..c.n_layers)
         .filter_map(|l| c.moe.as_ref().filter(|m| m.is_sparse(l)))
         .map(|m| (m.n_experts - m.n_used.min(m.n_experts)) * 3 * m.expert_ffn_dim * c.dim)

@@ -70,6 +70,10 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+    /// The experts' configuration of layer `l` when its FFN is sparse (`None` for a dense FFN).
+    pub fn sparse_ffn(&self, l: usize) -> Option<&MoeConfig> {
+        self.moe.as_ref().filter(|_| self.layer_kind(l).is_sparse())
+    }
     /// The kind of layer `l` (see `model::layer`), derived from the configuration.
     pub fn layer_kind(&self, l: usize) -> LayerKind {
         let mixer = match &self.hybrid {

@@ -15,8 +15,8 @@ use super::gpu_links::{tensor_parallel_warning, GpuAt};
 use super::nvrtc_scan::{can_target, scan_nvrtc};
 use super::threads::{plan, Placement};
 use super::topology::{pci_numa_node, Topology};
+use crate::backend::cuda::compile::nvrtc;
 use crate::backend::cuda::device::CudaDevice;
-use crate::backend::cuda::nvrtc;
 use crate::job::exit::ExitCode;
 
 pub use super::doctor_report::{
@@ -78,7 +78,7 @@ fn probe(arch: &str) -> bool {
 /// The NVRTC for `arch`, its PTX ISA and whether it compiles a probe (for a GPU of this
 /// machine's architecture, or compute_70 on any machine).
 fn nvrtc_choice(arch: &str, gpus: &[GpuReport]) -> NvrtcChoice {
-    use crate::backend::cuda::nvrtc_lib;
+    use crate::backend::cuda::compile::nvrtc_lib;
     match nvrtc_lib::for_arch(arch) {
         Ok((lib, reason)) => NvrtcChoice {
             arch: arch.to_string(),
@@ -100,7 +100,7 @@ fn nvrtc_choice(arch: &str, gpus: &[GpuReport]) -> NvrtcChoice {
 fn gpu_report(info: GpuInfo, o: &DoctorOptions, problems: &mut Vec<String>) -> GpuReport {
     let arch = nvrtc::arch_for(info.compute_capability);
     let numa_node = info.pci_bus_id.as_deref().and_then(|b| pci_numa_node(&o.sys_root, b));
-    let chosen = crate::backend::cuda::nvrtc_lib::for_arch(&arch);
+    let chosen = crate::backend::cuda::compile::nvrtc_lib::for_arch(&arch);
     let compiles = nvrtc::nvrtc_available().then(|| chosen.is_ok() && probe(&arch));
     let mut r = GpuReport {
         arch: arch.clone(),
@@ -189,7 +189,7 @@ pub fn gather(o: &DoctorOptions) -> Report {
     archs.dedup();
     let choices: Vec<NvrtcChoice> = archs.iter().map(|a| nvrtc_choice(a, &gpus)).collect();
     let compiles_70 = choices.iter().find(|c| c.arch == "compute_70").and_then(|c| c.compiles);
-    let versions: std::collections::HashMap<String, String> = crate::backend::cuda::nvrtc_lib::found()
+    let versions: std::collections::HashMap<String, String> = crate::backend::cuda::compile::nvrtc_lib::found()
         .into_iter()
         .map(|f| (f.path.display().to_string(), f.version.map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|e| e)))
         .collect();
@@ -232,7 +232,7 @@ pub fn gather(o: &DoctorOptions) -> Report {
         // SAFETY: only tries to dlopen the candidate library names; no cuBLAS function is called.
         cublas_loadable: unsafe { cudarc::cublas::sys::is_culib_present() },
         kernels: o.ptx_dir.as_ref().map_or_else(|| "NVRTC".to_string(), |d| format!("PTX from {}", shown(d))),
-        nccl: crate::backend::cuda::nccl::nccl_version().map_err(|e| e.to_string()),
+        nccl: crate::backend::cuda::tp::nccl::nccl_version().map_err(|e| e.to_string()),
         gpus,
         nvrtc,
     };

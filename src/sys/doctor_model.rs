@@ -4,7 +4,7 @@
 //!   measured: one decode step's matrix products (every layer matrix and the head, one token,
 //!   the kernel path this process uses) timed on the thread pool; attention and the small ops
 //!   are left out, so the real rate is somewhat lower.
-//! - GPU: the plan of the CUDA backend (`backend::cuda::memory::plan_memory`, F16 weights) against
+//! - GPU: the plan of the CUDA backend (`backend::cuda::plan::memory::plan_memory`, F16 weights) against
 //!   the device's free memory; the projection is the copy-bandwidth bound times the share
 //!   dustoff reached on an H200 ([`super::doctor_report::GPU_DECODE_SHARE`]).
 
@@ -14,7 +14,7 @@ use std::time::Instant;
 use super::doctor_report::{shown, CpuReport, CudaReport, DevicePlan, DoctorOptions, ModelReport, GPU_DECODE_SHARE};
 use crate::backend::cpu::matmul::matmul;
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::memory::{device_weight_bytes, plan_memory};
+use crate::backend::cuda::plan::memory::{device_weight_bytes, plan_memory};
 use crate::backend::cuda::qformat::QFormat;
 use crate::model::layer::Ffn;
 use crate::model::loader::load_model;
@@ -157,7 +157,7 @@ pub(super) fn model_report(
     for g in cuda.gpus.iter().filter(|g| g.usable) {
         // Weights as the CUDA backend keeps them (block formats packed).
         let b = device_weight_bytes(c, &m.weights, false);
-        let seqs = crate::backend::cuda::memory::SeqPlan::new(o.slots);
+        let seqs = crate::backend::cuda::plan::memory::SeqPlan::new(o.slots);
         let p = plan_memory(c, b.matrices, b.wide_scratch, positions / BLOCK, BLOCK, GPU_STEP, seqs);
         let device = format!("cuda:{}", g.info.ordinal);
         let (fits, note) = match g.free_memory_bytes {

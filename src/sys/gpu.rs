@@ -62,7 +62,7 @@ pub use crate::backend::cuda::device::driver_version;
 /// notes: CUDA 11.x -> 7.x, 12.0-12.5 -> 8.0-8.5, 12.6 -> 8.5, 12.7/12.8 -> 8.7, 12.9 -> 8.8,
 /// 13.0 -> 9.0). PTX from a newer NVRTC than the driver fails to load.
 pub fn ptx_isa_for_driver(cuda: (i32, i32)) -> (i32, i32) {
-    let isa = crate::backend::cuda::ptx_isa::isa_of_cuda(cuda);
+    let isa = crate::backend::cuda::compile::ptx_isa::isa_of_cuda(cuda);
     (isa.0 as i32, isa.1 as i32)
 }
 

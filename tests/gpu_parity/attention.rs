@@ -6,11 +6,11 @@ use rand::Rng;
 
 use cudarc::driver::CudaSlice;
 use dustoff::backend::cpu::ops;
-use dustoff::backend::cuda::cascade;
 use dustoff::backend::cuda::ops as l;
 use dustoff::backend::cuda::ops::prefill::{
     acc_available, prefill_splits, prefill_supported, push_tiles, PrefillAttention, PrefillSplit,
 };
+use dustoff::backend::cuda::step::cascade;
 
 use super::{compare, f16_bits, f16_vals, gpu, Gpu};
 

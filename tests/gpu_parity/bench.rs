@@ -185,17 +185,19 @@ pub(crate) fn time(g: &mut Gpu, f: &mut dyn FnMut(&mut Gpu)) -> f64 {
 #[test]
 #[ignore]
 fn attention_breakdown() {
-    use dustoff::backend::cuda::cascade;
     use dustoff::backend::cuda::ops::prefill::{
         acc_available, prefill_splits, push_tiles, PrefillAttention, PrefillSplit,
     };
+    use dustoff::backend::cuda::step::cascade;
     let mut g = gpu("attention breakdown").unwrap();
     let s = g.dev.stream.clone();
     let bs = 16usize;
     // What the driver made of each attention kernel (registers bound how many blocks share an
     // SM): every entry of the decode and prefill files, as the kernel table lists them.
     let attention_files = ["attention_decode", "attention_decode_tc", "attention_prefill"];
-    for file in dustoff::backend::cuda::kernels::KERNEL_FILES.iter().filter(|f| attention_files.contains(&f.name)) {
+    for file in
+        dustoff::backend::cuda::compile::kernels::KERNEL_FILES.iter().filter(|f| attention_files.contains(&f.name))
+    {
         for &entry in file.entries {
             let f = g.k.get(entry).unwrap();
             eprintln!(

@@ -231,9 +231,9 @@ fn bench_qwen36_35b_synthetic() {
 #[test]
 #[ignore]
 fn qwen36_35b_plan_vs_device_memory() {
-    use dustoff::backend::cuda::memory::wide_len;
-    use dustoff::backend::cuda::memory::{plan_memory_for, SeqPlan};
-    use dustoff::backend::cuda::synth::{synthetic_matrix_bytes, WeightMix};
+    use dustoff::backend::cuda::plan::memory::wide_len;
+    use dustoff::backend::cuda::plan::memory::{plan_memory_for, SeqPlan};
+    use dustoff::backend::cuda::synth::mix::{synthetic_matrix_bytes, WeightMix};
     use dustoff::backend::cuda::{CudaDevice, CudaOptions};
     use dustoff::backend::Backend;
     use dustoff::engine::batch::{Engine, EngineConfig, Request};

@@ -43,8 +43,8 @@ use rand::{Rng, SeedableRng};
 
 use dustoff::backend::cpu::matmul::matmul;
 use dustoff::backend::cpu::ops;
+use dustoff::backend::cuda::compile::kernels::{Kernels, PtxSource};
 use dustoff::backend::cuda::device::device_count;
-use dustoff::backend::cuda::kernels::{Kernels, PtxSource};
 use dustoff::backend::cuda::ops as l;
 use dustoff::backend::cuda::ops::kv_cache::RopeStore;
 use dustoff::backend::cuda::ops::launch::Dev;

@@ -1,4 +1,4 @@
-//! Tensor parallel on one GPU (`--tensor-parallel N`, `backend::cuda::tensor_parallel`), real
+//! Tensor parallel on one GPU (`--tensor-parallel N`, `backend::cuda::tp::group`), real
 //! models only:
 //! - one rank, with the NCCL all-reduce (a real ncclAllReduce over one rank) and with the
 //!   host-staged one: logits bit-identical to the plain CUDA backend (prompts long enough for
@@ -10,8 +10,8 @@
 //! - without libnccl the NCCL path is a clear error, never a panic;
 //! - the tiny MoE and hybrid reference models on two ranks: every layer kind splits.
 
-use dustoff::backend::cuda::nccl::nccl_version;
-use dustoff::backend::cuda::tensor_parallel::TpCudaBackend;
+use dustoff::backend::cuda::tp::group::TpCudaBackend;
+use dustoff::backend::cuda::tp::nccl::nccl_version;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::backend::Backend;
 use dustoff::engine::plan::{SeqChunk, StepPlan};

@@ -10,7 +10,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::kernels::Kernels;
+use super::compile::kernels::Kernels;
 use super::ops::embedding::FillUniform;
 use super::ops::launch::Dev;
 use super::ops::qlaunch::{FillQuant, QView};

@@ -107,7 +107,7 @@ impl RecurrentCuda {
         s: &Arc<CudaStream>,
         c: &ModelConfig,
         n_linear: usize,
-        seqs: super::seqs::SeqPlan,
+        seqs: super::plan::seqs::SeqPlan,
     ) -> Result<Option<Self>, CudaError> {
         match &c.hybrid {
             Some(h) => Ok(Some(Self::new(s, h, n_linear, seqs)?)),
@@ -121,7 +121,7 @@ impl RecurrentCuda {
         s: &Arc<CudaStream>,
         h: &HybridConfig,
         n_linear: usize,
-        seqs: super::seqs::SeqPlan,
+        seqs: super::plan::seqs::SeqPlan,
     ) -> Result<Self, CudaError> {
         let per_seq = n_linear * h.state_len_per_layer();
         let slots = StateSlots { running: seqs.running.max(1), snapshots: seqs.snapshots };

@@ -1,6 +1,6 @@
 //! The device weights of one decoder layer, typed by its kinds (`model::layer::LayerKind`): the
 //! mixer (softmax attention with its KV cache, or Gated DeltaNet) and the FFN (dense or
-//! experts). Shared by construction (`model`, `hybrid_synth`) and the walker (`layers/`).
+//! experts). Shared by construction (`model`, `synth::hybrid`) and the walker (`layers/`).
 
 use std::sync::Arc;
 

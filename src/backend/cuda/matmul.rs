@@ -16,8 +16,8 @@
 
 use cudarc::driver::CudaStream;
 
+use super::compile::kernels::Kernels;
 use super::dmat::{DevMat, Linear};
-use super::kernels::Kernels;
 use super::ops as l;
 use super::ops::gemm_tc::{GemmTc, TC_MAX_TOKENS};
 use super::ops::gemv_f16::GemvSwiglu;

@@ -3,12 +3,18 @@
 //! as precompiled PTX), cuBLAS for large F16 GEMMs, own kernels for the rest (GEMV and
 //! tensor-core GEMM on F16 and packed block formats, attention, MoE, DeltaNet).
 //!
+//! Rooms: `compile/` (kernel sources to loaded modules), `ops/` (one launcher module per kernel
+//! file), `layers/` (the layer walker: one file per mixer and FFN kind), `step/` (one forward
+//! step: its inputs, buffers, graphs, the masked step), `plan/` (memory plan and budget),
+//! `synth/` (random-weight models), `tp/` (tensor parallel); beside them the backend object
+//! (`model`) and the weights (`weights`, `dmat`, `qformat`, `layer`, `moe`, `hybrid`).
+//!
 //! Layers, bottom up: a module imports from its own layer or those below, never from above and
-//! never in a circle (tests/module_graph.rs fails naming any import circle inside
-//! `src/backend/`; every child may use this module's shared items such as [`CudaError`]):
-//! 1. `nvrtc` (compilation, disk cache) and `kernels` (the table of kernel files with every
-//!    entry name, MoE families included, and the lazy per-device registry; `entries`: the
-//!    per-format entry tables and the typed handles launchers pick them with); `device`,
+//! never in a circle (tests/module_graph.rs fails naming any import circle inside `src/`; every
+//! child may use this module's shared items such as [`CudaError`]):
+//! 1. `compile/`: `nvrtc` (compilation, disk cache), `kernels` (the table of kernel files with
+//!    every entry name, MoE families included, and the lazy per-device registry) and `entries`
+//!    (the per-format entry tables and the typed handles launchers pick them with); `device`,
 //!    `qformat`, `tuning`.
 //! 2. `ops/`, the launchers: one module per kernel file (`ops/gemv_f16.rs` for
 //!    `kernels/gemv_f16.cu`, `gemm_tc`, `rmsnorm`, `qlaunch` for the block-format files, ...:
@@ -20,64 +26,47 @@
 //!    family's dispatch (`matmul`: which kernel a product takes; `moe::moe_ffn`) sits above its
 //!    launchers, and a launcher never imports its dispatcher. `moe` (the MoE weights and the
 //!    launchers of `kernels/moe.cu`) stays beside `ops/` for its weights.
-//! 3. Step plumbing over the launchers: `step_flat` (the shape of a flattened step), `step_attn`
-//!    (its attention), `workspace` (its buffers), `graph` (captured CUDA graphs), `seqs`,
-//!    `layer` (one layer's device weights), `synth` (synthetic models' formats and bytes),
-//!    `hybrid` (the linear-attention layers), `memory` (the memory plan), `budget` (what a
-//!    plan may use: `--max-gpu-memory`).
+//! 3. Step plumbing over the launchers: `step::flat` (the shape of a flattened step),
+//!    `step::attn` (its attention), `step::workspace` (its buffers), `step::graph` (captured CUDA
+//!    graphs), `layer` (one layer's device weights), `synth::mix` (synthetic models' formats and
+//!    bytes), `hybrid` (the linear-attention layers), `plan/` (`seqs`, `memory`: the memory plan,
+//!    `budget`: what a plan may use, `--max-gpu-memory`), `tp::rank` (the all-reduce).
 //! 4. `model`: the `CudaBackend` struct, its construction and the `Backend` entry points.
 //! 5. Modules that extend `CudaBackend` with `impl` blocks and so import `model`, which never
-//!    names them: `step_inputs` (the plan flattened), `step` (the layers' launches, graph
-//!    replay), `masked` (the grammar-masked greedy step), `hybrid_synth` (synthetic hybrid
-//!    models), `step_weights` (the weights a step read, for the bench's step bound).
+//!    names them: `step::inputs` (the plan flattened), `step::run` (the layers' launches, graph
+//!    replay), `step::masked` (the grammar-masked greedy step), `synth::hybrid` (synthetic hybrid
+//!    models), `step::weights_read` (the weights a step read, for the bench's step bound),
+//!    `tp::group` (the ranks run as one backend).
 
-pub mod budget;
-pub mod cascade;
+pub mod compile;
 pub mod device;
 pub mod dmat;
-pub mod entries;
-mod graph;
 pub mod hybrid;
-mod hybrid_synth;
-pub mod kernels;
 mod layer;
 mod layers;
-pub mod masked;
 pub mod matmul;
-pub mod memory;
 pub mod model;
 pub mod moe;
 pub mod moe_shexp;
-pub mod nccl;
-pub mod nvrtc;
-pub mod nvrtc_lib;
 pub mod ops;
+pub mod plan;
 mod profile;
-pub mod ptx_isa;
 pub mod qformat;
-pub mod seqs;
-mod step;
-mod step_attn;
-mod step_flat;
-mod step_inputs;
-mod step_norm;
-mod step_weights;
+pub mod step;
 pub mod synth;
 pub mod tap;
-pub mod tensor_parallel;
-pub mod tp_rank;
+pub mod tp;
 mod tuning;
 pub mod weights;
-mod workspace;
 
 use std::path::PathBuf;
 
 use crate::backend::BackendError;
 
 pub use device::CudaDevice;
-pub use memory::{plan_memory, MemoryPlan};
 pub use model::{CudaBackend, CudaOptions};
-pub use synth::WeightMix;
+pub use plan::memory::{plan_memory, MemoryPlan};
+pub use synth::mix::WeightMix;
 pub use tap::CudaTap;
 
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +80,7 @@ pub enum CudaError {
     #[error("NVRTC: {0}")]
     Nvrtc(String),
     #[error("PTX of kernel file {file}.cu for {arch}: {source}")]
-    Isa { file: String, arch: String, source: ptx_isa::IsaError },
+    Isa { file: String, arch: String, source: compile::ptx_isa::IsaError },
     #[error("compiling kernel file {file}.cu for {arch}: {log}")]
     Compile { file: String, arch: String, log: String },
     #[error("PTX file {path}: {source}")]

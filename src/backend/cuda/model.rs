@@ -3,8 +3,8 @@
 //! activations, F16 paged KV cache; each matrix product's kernel is chosen by (format, tokens
 //! in the step) in `matmul` (GEMV, tensor-core GEMM, cuBLAS).
 //! Construction (from loaded weights, or random weights made on the GPU) and the `Backend`
-//! entry points live here; the step itself in `step_inputs` (the plan flattened into the step
-//! inputs), `step` (the layers' kernels, graph replay) and `step_attn` (the step's attention).
+//! entry points live here; the step itself in `step::inputs` (the plan flattened into the step
+//! inputs), `step::run` (the layers' kernels, graph replay) and `step::attn` (the step's attention).
 
 use std::path::PathBuf;
 
@@ -13,17 +13,19 @@ use cudarc::driver::CudaSlice;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::compile::kernels::{Kernels, PtxSource};
 use super::device::{up, zeros, CudaDevice};
 use super::dmat::{DevMat, Linear};
-use super::graph::StepGraphs;
-use super::kernels::{Kernels, PtxSource};
 use super::layer::{AttnW, FfnW, LayerW, MixerW};
-use super::memory::{device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for, prefill_chunk, wide_len};
+use super::plan::memory::{
+    device_matrices, device_weight_bytes, f16_matrix_bytes, plan_memory_for, prefill_chunk, wide_len,
+};
+use super::plan::seqs::SeqPlan;
 use super::qformat::{check_tensor, QFormat};
-use super::seqs::SeqPlan;
-use super::synth::{synthetic_experts, synthetic_matrix_bytes, synthetic_shapes, WeightMix};
+use super::step::graph::StepGraphs;
+use super::step::workspace::Work;
+use super::synth::mix::{synthetic_experts, synthetic_matrix_bytes, synthetic_shapes, WeightMix};
 use super::tap::CudaTap;
-use super::workspace::Work;
 use super::CudaError;
 use crate::backend::kv_type::KvType;
 use crate::backend::{Backend, BackendError};
@@ -58,7 +60,7 @@ pub struct CudaOptions {
     pub max_snapshots: usize,
     /// `--max-gpu-memory`: the plan is checked against the smaller of the free memory and this
     /// cap less the CUDA context (`budget::available`); `None`: the free memory.
-    pub max_memory: Option<super::budget::MemoryCap>,
+    pub max_memory: Option<super::plan::budget::MemoryCap>,
     /// `--kv-cache`: the element type of the paged KV cache.
     pub kv_type: KvType,
     /// Load cuBLAS for prefill-sized products when the library is present ([`cublas_wanted`]:
@@ -126,7 +128,7 @@ pub struct CudaBackend {
     /// Calibration: every matrix input goes to the host (`tap.rs`); `None` in normal runs.
     pub(super) tap: Option<super::tap::CudaTap>,
     /// A tensor-parallel rank (`tensor_parallel`): its place and its all-reduce.
-    pub(super) tp: Option<super::tp_rank::CudaRank>,
+    pub(super) tp: Option<super::tp::rank::CudaRank>,
     /// The shared expert's gate folded into its down product's int8 input (`DUSTOFF_SHEXP_FUSED`).
     pub(super) fold_shexp_gate: bool,
 }
@@ -160,8 +162,8 @@ pub(super) fn open(
     let plan =
         plan_memory_for(cfg, matrix_bytes, wide, blocks, bs, tok, pos, opts.seqs()).with_kv_type(cfg, opts.kv_type);
     let (free, _) = dev.mem_info()?;
-    let avail = super::budget::available(opts.max_memory, free as u64);
-    let device = super::budget::label(&dev.describe(), opts.max_memory);
+    let avail = super::plan::budget::available(opts.max_memory, free as u64);
+    let device = super::plan::budget::label(&dev.describe(), opts.max_memory);
     plan.check(avail, &device, opts.num_blocks * opts.block_size, cfg).map_err(CudaError::OutOfMemory)?;
     let kernels = Kernels::new(dev.ctx.clone(), dev.arch(), PtxSource::resolve(opts.ptx_dir.clone()));
     super::device::log_memory(&dev.stream, "CUDA context", 0);
@@ -518,7 +520,7 @@ impl CudaBackend {
     /// Turns CUDA-graph replay of decode steps on or off (on by default unless
     /// `DUSTOFF_CUDA_GRAPHS=0`). Both paths launch the same kernels with the same arguments.
     pub fn set_graphs(&mut self, on: bool) {
-        self.graphs.on = on && super::graph::graphs_supported();
+        self.graphs.on = on && super::step::graph::graphs_supported();
         if !on {
             self.graphs.clear();
         }
@@ -625,7 +627,7 @@ impl Backend for CudaBackend {
         self.decode_bytes
     }
     fn kv_bytes_per_position(&self) -> u64 {
-        super::memory::kv_bytes_per_position(&self.cfg, self.kv_type())
+        super::plan::memory::kv_bytes_per_position(&self.cfg, self.kv_type())
     }
     fn peak_memory_bytes(&self) -> Option<u64> {
         // Also what is held now: memory taken between the samples (cuBLAS allocates its

@@ -18,7 +18,7 @@
 
 use cudarc::driver::CudaStream;
 
-use super::kernels::Kernels;
+use super::compile::kernels::Kernels;
 use super::moe::ShexpPairs;
 use super::moe::{pair_ffn, pair_path, MoeLayerW, MoeWork, PairPath};
 use super::ops::launch::Dev;

@@ -16,7 +16,7 @@ use super::super::ops::hybrid_attn::{GateMul, HybQkvPost};
 use super::super::ops::kv_cache::{QkvPost, RopeStore};
 use super::super::ops::launch::{Dev, KvScales};
 use super::super::ops::paged_attn::PagedAttn;
-use super::super::step_norm::norm_product;
+use super::super::step::norm::norm_product;
 use super::super::tap::TapPoint;
 use super::super::CudaError;
 use super::{Cx, Hooks, StepIo};

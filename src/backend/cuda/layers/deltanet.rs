@@ -8,7 +8,7 @@
 use super::super::hybrid::{LinearW, RecurrentCuda};
 use super::super::matmul::{input_form, Product, XForm};
 use super::super::ops::deltanet::{DnChunked, DnConv, DnConvPrep, DnGatedNorm, DnPrep, DnRecur, DnRecurNorm};
-use super::super::step_norm::norm_product;
+use super::super::step::norm::norm_product;
 use super::super::tap::TapPoint;
 use super::super::CudaError;
 use super::{Cx, Hooks};

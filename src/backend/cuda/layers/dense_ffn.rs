@@ -1,10 +1,10 @@
 //! The dense SwiGLU FFN (`FfnKind::Dense`): `io.x += down(silu(gate h) * up h)`, gate and up
 //! one stacked product (the fused SwiGLU GEMV for few tokens), the norm before folded into it
-//! where `cx.pre` says (`step_norm::norm_swiglu`).
+//! where `cx.pre` says (`step::norm::norm_swiglu`).
 
 use super::super::dmat::Linear;
 use super::super::matmul::{swiglu, Product};
-use super::super::step_norm::norm_swiglu;
+use super::super::step::norm::norm_swiglu;
 use super::super::tap::TapPoint;
 use super::super::CudaError;
 use super::{Cx, Hooks};

@@ -3,12 +3,12 @@
 //! the launchers of `cuda/` (the kernels are not here). What must hold for every kind is a hook
 //! of the walker ([`Hooks`]) around every block:
 //! - the norm before a block: launched on its own, or handed to the block to fold into the
-//!   launch that prepares (or performs) its first product (`step_norm`, `moe_ffn_normed`)
+//!   launch that prepares (or performs) its first product (`step::norm`, `moe_ffn_normed`)
 //!   when no tap reads the normed input;
 //! - the calibration tap: the input of every matrix a block multiplies (`tap.rs`);
 //! - profiler marks (`DUSTOFF_PROFILE`);
 //! - the tensor-parallel all-reduce after each block (a rank's partial output summed over the
-//!   ranks; rank 0 alone adds the residual, `tp_rank.rs`).
+//!   ranks; rank 0 alone adds the residual, `tp/rank.rs`).
 //!
 //! Logits only for the last token of chunks that want them (the output head after the walk).
 
@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use super::kernels::Kernels;
+use super::compile::kernels::Kernels;
 use super::layer::{FfnW, MixerW};
 use super::matmul::{Mm, Product};
 use super::model::CudaBackend;
@@ -29,12 +29,12 @@ use super::ops as l;
 use super::ops::launch::Dev;
 use super::ops::qlaunch::EmbeddingQ;
 use super::profile::Profiler;
-use super::step_attn::{AttnIo, FlatAttn};
-use super::step_flat::Flat;
-use super::step_norm::NormIn;
+use super::step::attn::{AttnIo, FlatAttn};
+use super::step::flat::Flat;
+use super::step::norm::NormIn;
+use super::step::workspace::{layout, ptr, Work};
 use super::tap::{CudaTap, ExpertRows, TapPoint};
-use super::tp_rank::CudaRank;
-use super::workspace::{layout, ptr, Work};
+use super::tp::rank::CudaRank;
 use super::CudaError;
 use crate::model::config::ModelConfig;
 use crate::model::layer::MixerKind;
@@ -181,7 +181,7 @@ impl CudaBackend {
         if let Some(p) = prof.as_mut() {
             p.begin(s, n)?;
         }
-        // Norms folded into the products that read them (step_norm.rs), except where a tap
+        // Norms folded into the products that read them (step/norm.rs), except where a tap
         // reads the normed input.
         let fuse = self.fuse_norm && self.tap.is_none();
         // The output head is replicated: rank 0 alone computes the logits.

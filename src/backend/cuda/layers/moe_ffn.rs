@@ -7,7 +7,7 @@
 //! - a shared expert, one-stream steps: the shared expert runs inside the routed experts'
 //!   three launches (`moe_shexp.rs`), which read `h` in f32, after a plain norm;
 //! - a shared expert, other steps: the norm also writes the shared expert's int8 (or F16)
-//!   input beside `h` (`step_norm::prepare`; the routed experts read `h` in f32 and leave
+//!   input beside `h` (`step::norm::prepare`; the routed experts read `h` in f32 and leave
 //!   `x16` alone).
 
 use super::super::matmul::{input_form, XForm};
@@ -15,7 +15,7 @@ use super::super::moe::{moe_ffn, moe_ffn_grouped, moe_ffn_normed, MoeLayerW};
 use super::super::moe_shexp::{moe_ffn_shared, shared_pairs};
 use super::super::ops::launch::allocated;
 use super::super::ops::shared_expert::shared_expert_ffn_with;
-use super::super::step_norm::prepare;
+use super::super::step::norm::prepare;
 use super::super::tap::{ExpertRows, TapPoint};
 use super::super::CudaError;
 use super::{Cx, Hooks};

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::super::kernels::Kernels;
+use super::super::compile::kernels::Kernels;
 use super::super::tuning::tuning;
 use super::super::CudaError;
 use super::attention_merge::Merge;

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::super::kernels::Kernels;
+use super::super::compile::kernels::Kernels;
 use super::super::CudaError;
 use super::launch::{check, extent, grid_yz, i32_of, launch, need, Dev};
 

@@ -9,7 +9,7 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::super::kernels::Kernels;
+use super::super::compile::kernels::Kernels;
 use super::super::CudaError;
 use super::launch::{blocks_for, check, extent, grid_yz, i32_of, launch, need, Dev};
 use super::qlaunch::q8x_planes;

@@ -3,7 +3,7 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::super::kernels::Kernels;
+use super::super::compile::kernels::Kernels;
 use super::super::CudaError;
 use super::launch::{blocks_for, i32_of, launch, need, Dev};
 

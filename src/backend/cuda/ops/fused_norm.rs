@@ -8,7 +8,7 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::super::kernels::Kernels;
+use super::super::compile::kernels::Kernels;
 use super::super::CudaError;
 use super::launch::{blocks_for, check, check_product_out, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
 use super::qlaunch::q8x_planes;

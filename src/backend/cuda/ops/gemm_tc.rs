@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::super::kernels::Kernels;
+use super::super::compile::kernels::Kernels;
 use super::super::CudaError;
 use super::launch::{check, check_product_out, i32_of, launch, need, Dev};
 use super::qlaunch::kernel_params;

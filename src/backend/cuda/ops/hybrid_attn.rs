@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::super::kernels::Kernels;
+use super::super::compile::kernels::Kernels;
 use super::super::CudaError;
 use super::kv_cache::{RopeStore, RopeStorePtrs};
 use super::launch::{blocks_for, check, extent, i32_of, launch, need, Dev};

@@ -6,7 +6,7 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::super::kernels::Kernels;
+use super::super::compile::kernels::Kernels;
 use super::super::CudaError;
 use super::launch::{blocks_for, check, extent, grid_yz, i32_of, launch, need, need_kv, Dev, KvScales};
 use crate::backend::kv_type::Q8_GROUP;

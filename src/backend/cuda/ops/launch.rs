@@ -13,7 +13,7 @@ use std::marker::PhantomData;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::super::kernels::Kernels;
+use super::super::compile::kernels::Kernels;
 use super::super::CudaError;
 
 /// A device pointer and the number of `T` elements behind it.

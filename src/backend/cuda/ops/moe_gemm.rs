@@ -10,9 +10,9 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
+use super::super::compile::entries::{self, MOE_GEMM_FORMATS};
+use super::super::compile::kernels::Kernels;
 use super::super::dmat::{DevMat, MatData};
-use super::super::entries::{self, MOE_GEMM_FORMATS};
-use super::super::kernels::Kernels;
 use super::super::CudaError;
 use super::launch::{blocks_for, check, grid_yz, i32_of, launch, need, Dev};
 

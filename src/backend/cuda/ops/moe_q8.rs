@@ -9,9 +9,9 @@ use std::sync::OnceLock;
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
+use super::super::compile::entries::{self, MOE_Q8_ENTRIES, SLAB_F16};
+use super::super::compile::kernels::{file_of, Kernels};
 use super::super::dmat::{DevMat, MatData};
-use super::super::entries::{self, MOE_Q8_ENTRIES, SLAB_F16};
-use super::super::kernels::{file_of, Kernels};
 use super::super::CudaError;
 use super::launch::{blocks_for, check, grid_yz, launch, need, Dev};
 use super::moe_slab::{slab_view, MoeDownSum, RowWalk};

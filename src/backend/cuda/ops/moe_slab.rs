@@ -29,7 +29,7 @@ pub fn slab_view(m: &DevMat, s: &CudaStream) -> Result<(usize, u64, u64, usize, 
             let d = Dev::of(b, s);
             need(K, "F16 slab", d, m.rows * m.cols)?;
             check(K, m.cols.is_multiple_of(8), || format!("F16 rows of {} (a multiple of 8)", m.cols))?;
-            Ok((super::super::entries::SLAB_F16, d.ptr, d.ptr, m.cols * 2, 0, 8))
+            Ok((super::super::compile::entries::SLAB_F16, d.ptr, d.ptr, m.cols * 2, 0, 8))
         }
         MatData::Quant { fmt, buf, aux_off } => {
             let d = Dev::of(buf, s);

@@ -8,7 +8,7 @@
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::super::kernels::Kernels;
+use super::super::compile::kernels::Kernels;
 use super::super::tuning::tuning;
 use super::super::CudaError;
 use super::attention_merge::Merge;

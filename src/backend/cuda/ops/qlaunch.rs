@@ -4,8 +4,8 @@
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 
-use super::super::entries::{self, Gemv, QUANTIZE_X_Q8, SPLITK_REDUCE_Q};
-use super::super::kernels::Kernels;
+use super::super::compile::entries::{self, Gemv, QUANTIZE_X_Q8, SPLITK_REDUCE_Q};
+use super::super::compile::kernels::Kernels;
 use super::super::qformat::QFormat;
 use super::super::CudaError;
 use super::launch::{blocks_for, check, check_product_out, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};

@@ -22,9 +22,9 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::super::compile::kernels::Kernels;
 use super::super::device::{up, zeros};
 use super::super::dmat::{DevMat, Linear};
-use super::super::kernels::Kernels;
 use super::super::matmul::{input_form, packed_gemv, Mm, Product, XForm};
 use super::super::qformat::check_tensor;
 use super::super::CudaError;

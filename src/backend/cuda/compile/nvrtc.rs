@@ -11,7 +11,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::nvrtc_lib::CompileFailure;
-use super::{ptx_isa, CudaError};
+use super::ptx_isa;
+use crate::backend::cuda::CudaError;
 
 /// One kernel source file of `kernels/` and the entry points it defines.
 #[derive(Clone, Copy, Debug)]
@@ -33,12 +34,12 @@ impl KernelFile {
     }
 }
 
-pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+pub const COMMON: &str = include_str!("../../../../kernels/common.cuh");
 /// The GGML block-format decoders (`kernels/quant.cuh`), inlined like `common.cuh`.
-pub const QUANT: &str = include_str!("../../../kernels/quant.cuh");
+pub const QUANT: &str = include_str!("../../../../kernels/quant.cuh");
 
 /// What the decode attention kernel files share (`kernels/attention.cuh`), inlined the same way.
-pub const ATTENTION: &str = include_str!("../../../kernels/attention.cuh");
+pub const ATTENTION: &str = include_str!("../../../../kernels/attention.cuh");
 
 /// The program text NVRTC compiles: the file with its headers (`common.cuh`, `quant.cuh`,
 /// `attention.cuh`) inlined.
@@ -70,7 +71,7 @@ pub fn nvrtc_for(arch: &str) -> Result<&'static super::nvrtc_lib::Nvrtc, CudaErr
     super::nvrtc_lib::for_arch(arch).map(|(n, _)| n).map_err(CudaError::Nvrtc)
 }
 
-pub use super::device::arch_for;
+pub use crate::backend::cuda::device::arch_for;
 
 pub use super::ptx_isa::lowered_isa;
 

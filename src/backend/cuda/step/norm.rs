@@ -5,17 +5,17 @@
 //! (quantized) launches of a Qwen3-8B decode step. `h` still receives the normed input wherever
 //! the product may read it in f32 (a part of a mixed QKV that takes another path).
 
-use super::dmat::Linear;
-use super::kernels::Kernels;
-use super::matmul::{input_form, packed_gemv, tc_min_tokens, Mm, Product, XForm};
-use super::ops as l;
-use super::ops::fused_norm::{GemvNorm, RmsNormF16, RmsNormQ8};
-use super::ops::launch::Dev;
-use super::CudaError;
+use crate::backend::cuda::compile::kernels::Kernels;
+use crate::backend::cuda::dmat::Linear;
+use crate::backend::cuda::matmul::{input_form, packed_gemv, tc_min_tokens, Mm, Product, XForm};
+use crate::backend::cuda::ops as l;
+use crate::backend::cuda::ops::fused_norm::{GemvNorm, RmsNormF16, RmsNormQ8};
+use crate::backend::cuda::ops::launch::Dev;
+use crate::backend::cuda::CudaError;
 
 /// The norm in front of a product: `h = rmsnorm(x) * w`, rows of `dim`.
 #[derive(Clone, Copy)]
-pub(super) struct NormIn {
+pub(in crate::backend::cuda) struct NormIn {
     pub x: Dev<f32>,
     pub w: Dev<f32>,
     pub h: Dev<f32>,
@@ -26,7 +26,7 @@ pub(super) struct NormIn {
 
 impl NormIn {
     /// The norm alone (`h` `[n, dim]` f32), for widths and steps that no product folds it into.
-    pub(super) fn plain(self) -> l::RmsNorm {
+    pub(in crate::backend::cuda) fn plain(self) -> l::RmsNorm {
         l::RmsNorm {
             x: self.x,
             w: self.w,
@@ -45,7 +45,12 @@ impl NormIn {
 
 /// Normalizes into `h` and, in the same launch, writes `x16` in the form the product reads
 /// (`form`); returns what `x16` now holds.
-pub(super) fn prepare(k: &mut Kernels, mm: &mut Mm, a: NormIn, form: XForm) -> Result<XForm, CudaError> {
+pub(in crate::backend::cuda) fn prepare(
+    k: &mut Kernels,
+    mm: &mut Mm,
+    a: NormIn,
+    form: XForm,
+) -> Result<XForm, CudaError> {
     let s = mm.s;
     let (x, w, h, n_tok, dim, eps) = (a.x, a.w, a.h, a.n, a.dim, a.eps);
     // The fused kernels take whole 32-value blocks; other widths keep the plain norm.
@@ -60,7 +65,12 @@ pub(super) fn prepare(k: &mut Kernels, mm: &mut Mm, a: NormIn, form: XForm) -> R
 
 /// `p` on `rmsnorm(a.x)`: `p.x` is `a.h` (written unless the one-token F16 GEMV normalizes in
 /// its own loads).
-pub(super) fn norm_product(k: &mut Kernels, mm: &mut Mm, a: NormIn, p: Product) -> Result<(), CudaError> {
+pub(in crate::backend::cuda) fn norm_product(
+    k: &mut Kernels,
+    mm: &mut Mm,
+    a: NormIn,
+    p: Product,
+) -> Result<(), CudaError> {
     let s = mm.s;
     if let [m] = &p.lin.parts[..] {
         if let (Some(w), XForm::None) = (m.f16(s), input_form(m, p.n)) {
@@ -89,7 +99,7 @@ pub(super) fn norm_product(k: &mut Kernels, mm: &mut Mm, a: NormIn, p: Product) 
 /// `rmsnorm(a.x)`, as `step::swiglu` on a normed input: the fused SwiGLU GEMV where the weights
 /// are one part, else the product into `gu` then `silu_mul`.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn norm_swiglu(
+pub(in crate::backend::cuda) fn norm_swiglu(
     k: &mut Kernels,
     mm: &mut Mm,
     a: NormIn,

@@ -6,7 +6,7 @@
 use cudarc::driver::CudaStream;
 use cudarc::nccl::{result, sys};
 
-use super::CudaError;
+use crate::backend::cuda::CudaError;
 
 /// Whether libnccl can be loaded, and its version (`2.21.5`) when it can.
 pub fn nccl_version() -> Result<String, CudaError> {

@@ -12,12 +12,15 @@ use crate::model::config::ModelConfig;
 use crate::model::layer::{Ffn, FfnKind, LayerKind, MixerKind};
 use crate::model::weights::{ModelWeights, Tensor};
 
-use super::moe;
-use super::qformat::QFormat;
 pub use super::seqs::{SeqPlan, DEFAULT_STATE_SNAPSHOTS};
+use crate::backend::cuda::moe;
+use crate::backend::cuda::qformat::QFormat;
 
-use super::ops::attention::attn_splits;
-use super::ops::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
+use crate::backend::cuda::hybrid;
+use crate::backend::cuda::matmul;
+use crate::backend::cuda::ops;
+use crate::backend::cuda::ops::attention::attn_splits;
+use crate::backend::cuda::ops::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
 
 /// Bytes the backend will hold on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,7 +151,7 @@ pub fn device_matrices<'a>(cfg: &ModelConfig, w: &'a ModelWeights) -> Vec<&'a Te
 /// Elements of the F16 scratch that quantized matrices are widened into (matmul.rs: 0 where
 /// the packed GEMM takes every step).
 pub fn wide_len(c: &ModelConfig) -> usize {
-    super::matmul::wide_scratch_len(c)
+    matmul::wide_scratch_len(c)
 }
 
 /// Prefill chunk of one sequence's prompt (`Backend::prefill_chunk`) on a dense model whose
@@ -228,7 +231,7 @@ pub fn plan_memory_for(
     let positions = (num_blocks * block_size) as u64;
     let kv = positions * (c.n_kv_layers() * 2 * kvd * 2) as u64;
 
-    // The step buffers of `ensure_work` (step_inputs.rs) for its capacity of `tok` tokens.
+    // The step buffers of `ensure_work` (step/inputs.rs) for its capacity of `tok` tokens.
     let tok = max_batch_tokens.max(1).next_power_of_two();
     let act_f32 = 2 * dim + (qd + 2 * kvd) + qd + 2 * ffn + ffn;
     let act_f16 = dim.max(qd).max(ffn);
@@ -247,14 +250,14 @@ pub fn plan_memory_for(
     let shared = match &c.moe {
         Some(m) if c.layer_kinds().iter().any(|k| k.has_shared_expert()) => {
             let width = m.shared_ffn_dim.unwrap_or(m.expert_ffn_dim).max(dim);
-            super::ops::shared_expert::SharedWork::bytes_for(tok, dim, width)
+            ops::shared_expert::SharedWork::bytes_for(tok, dim, width)
         }
         _ => 0,
     };
     let experts = experts + shared;
     // Hybrid models: the linear layers' step buffers (projections, conv output, delta-rule
     // output, chunk tables), sized for the step's tokens.
-    let linear = c.hybrid.as_ref().map_or(0, |h| super::hybrid::workspace_bytes(c, h, tok));
+    let linear = c.hybrid.as_ref().map_or(0, |h| hybrid::workspace_bytes(c, h, tok));
     let parts = WorkspaceParts {
         step: activations + meta,
         attention: attn,
@@ -293,7 +296,7 @@ fn tc_part_bytes(c: &ModelConfig, tok: usize) -> u64 {
 /// so the most splits; none once its tiles fill the GPU: then the kernel writes its output
 /// directly and takes no partials).
 fn attn_part_rows(c: &ModelConfig, tok: usize, max_pos: usize, running: usize) -> usize {
-    use super::ops::prefill::{prefill_splits, prefill_supported, TILE_TOKENS};
+    use crate::backend::cuda::ops::prefill::{prefill_splits, prefill_supported, TILE_TOKENS};
     let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
     // Shapes without the prefill kernel run every token through the decode attention.
     let tiled = prefill_supported(nh, nkv, hd);
@@ -447,7 +450,7 @@ mod tests {
     /// refusal names the numbers and how many positions would fit.
     #[test]
     fn qwen3_30b_a3b_q4_k_m_plan_on_a_32_gb_card() {
-        use crate::backend::cuda::synth::{synthetic_matrix_bytes, WeightMix};
+        use crate::backend::cuda::synth::mix::{synthetic_matrix_bytes, WeightMix};
         let c = shape("qwen3-30b-a3b").unwrap();
         let bytes = synthetic_matrix_bytes(&c, WeightMix::Q4KM);
         // The file's tensors as repacked, routers in f32 (25 MB): within 1% of the file.
@@ -474,7 +477,7 @@ mod tests {
     /// the most partial rows (none for a chunk whose tiles fill the GPU), the logits of 2 rows.
     #[test]
     fn qwen3_8b_two_sequences_of_4096_plan_itemized() {
-        use crate::backend::cuda::synth::{synthetic_matrix_bytes, WeightMix};
+        use crate::backend::cuda::synth::mix::{synthetic_matrix_bytes, WeightMix};
         let c = shape("qwen3-8b").unwrap();
         let (bytes, wide) = (synthetic_matrix_bytes(&c, WeightMix::Q4KM), wide_len(&c) as u64 * 2);
         for step in [512usize, 2048] {
@@ -527,7 +530,7 @@ mod tests {
         let m = c.moe.as_ref().unwrap();
         assert_eq!((m.shared_ffn_dim, c.dim), (Some(20480), 3584));
         let p = plan_memory(&c, f16_matrix_bytes(&c), 0, 64, 16, 512, SeqPlan::new(1));
-        let shared = super::super::ops::shared_expert::SharedWork::bytes_for(512, c.dim, 20480);
+        let shared = ops::shared_expert::SharedWork::bytes_for(512, c.dim, 20480);
         assert_eq!(p.parts.experts_linear, moe::workspace_bytes(512, c.dim, m) + shared);
     }
 

@@ -19,13 +19,14 @@ use super::entries::{
     MOE_Q8_ENTRIES,
 };
 use super::nvrtc::{self, KernelFile};
-use super::CudaError;
+use crate::backend::cuda::device;
+use crate::backend::cuda::CudaError;
 
 macro_rules! kernel_file {
     ($name:literal, [$($e:literal),* $(,)?]) => {
         KernelFile {
             name: $name,
-            source: include_str!(concat!("../../../kernels/", $name, ".cu")),
+            source: include_str!(concat!("../../../../kernels/", $name, ".cu")),
             entries: &[$($e),*],
             switch: None,
         }
@@ -77,7 +78,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     ),
     KernelFile {
         name: "dequant",
-        source: include_str!("../../../kernels/dequant.cu"),
+        source: include_str!("../../../../kernels/dequant.cu"),
         entries: &DEQUANT_ENTRIES,
         switch: None,
     },
@@ -136,28 +137,28 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     ),
     KernelFile {
         name: "gemv_quant",
-        source: include_str!("../../../kernels/gemv_quant.cu"),
+        source: include_str!("../../../../kernels/gemv_quant.cu"),
         entries: &GEMV_QUANT_ENTRIES,
         switch: None,
     },
     KernelFile {
         name: "gemm_quant",
-        source: include_str!("../../../kernels/gemm_quant.cu"),
+        source: include_str!("../../../../kernels/gemm_quant.cu"),
         entries: &GEMM_QUANT_ENTRIES,
         switch: None,
     },
     KernelFile {
         name: "gemv_q8",
-        source: include_str!("../../../kernels/gemv_q8.cu"),
+        source: include_str!("../../../../kernels/gemv_q8.cu"),
         entries: &GEMV_Q8_ENTRIES,
         switch: None,
     },
     kernel_file!("hybrid_attn", ["hyb_qkv_post_f32", "hyb_gate_mul_f32"]),
     kernel_file!("kv_cache", ["kv_store_f16", "qkv_post_f32"]),
-    KernelFile { name: "moe", source: include_str!("../../../kernels/moe.cu"), entries: &MOE_ENTRIES, switch: None },
+    KernelFile { name: "moe", source: include_str!("../../../../kernels/moe.cu"), entries: &MOE_ENTRIES, switch: None },
     KernelFile {
         name: "moe_q8",
-        source: include_str!("../../../kernels/moe_q8.cu"),
+        source: include_str!("../../../../kernels/moe_q8.cu"),
         entries: &MOE_Q8_ENTRIES,
         // Off by default: ~3.5 MB of PTX that the driver would compile at each first start on a
         // V100 (`load_all` skips a file whose switch is off).
@@ -165,7 +166,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     },
     KernelFile {
         name: "moe_gemm",
-        source: include_str!("../../../kernels/moe_gemm.cu"),
+        source: include_str!("../../../../kernels/moe_gemm.cu"),
         entries: &MOE_GEMM_ENTRIES,
         switch: None,
     },
@@ -358,7 +359,7 @@ impl Kernels {
         let now = self.ctx.get_limit(CU_LIMIT_STACK_SIZE).map_err(CudaError::driver("reading the stack limit"))?;
         if need < now {
             self.set_stack(need)?;
-            super::device::log_memory(&self.ctx.default_stream(), &format!("stack limit {now} -> {need} B"), 0);
+            device::log_memory(&self.ctx.default_stream(), &format!("stack limit {now} -> {need} B"), 0);
         }
         Ok(())
     }
@@ -436,8 +437,8 @@ fn load_module(
 
 #[cfg(test)]
 mod tests {
+    use super::nvrtc::full_source;
     use super::*;
-    use crate::backend::cuda::nvrtc::full_source;
 
     #[test]
     fn every_entry_maps_to_its_file_and_sources_inline_common() {
@@ -474,8 +475,8 @@ mod tests {
 mod entry_handles {
     //! Every handle against the name spelled out from its parts: a wrong table offset names
     //! another kernel (or another format's) and fails here, without a GPU.
+    use super::super::entries::*;
     use super::file_of;
-    use crate::backend::cuda::entries::*;
     use crate::backend::cuda::qformat::QFormat;
     use crate::model::quant::GgmlType;
 

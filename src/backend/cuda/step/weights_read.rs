@@ -6,14 +6,14 @@
 //! layer (the step buffers are shared by the layers), whose count of distinct experts stands
 //! for every sparse layer's.
 
-use super::model::CudaBackend;
+use crate::backend::cuda::model::CudaBackend;
 
 impl CudaBackend {
     /// Bytes of weights the last step of `n_tok` tokens read (every dense matrix, the head, the
     /// tokens' embedding rows, and per sparse layer its router, shared expert and the experts
     /// chosen); `None` for models without sparse layers (`decode_weight_bytes` then holds) or
     /// when the routing output cannot be read.
-    pub(super) fn touched_weight_bytes(&self, n_tok: usize) -> Option<u64> {
+    pub(in crate::backend::cuda) fn touched_weight_bytes(&self, n_tok: usize) -> Option<u64> {
         let sparse: Vec<_> = self.layers.iter().filter_map(|l| l.ffn.experts()).collect();
         let first = sparse.first()?;
         let pairs = n_tok * first.n_used;

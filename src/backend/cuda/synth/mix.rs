@@ -1,17 +1,17 @@
 //! Synthetic models (`bench --synthetic`, random weights made on the GPU): the formats of a
 //! weight mix, every matrix's (format, rows, cols) in the order the constructors make them
-//! (`model::CudaBackend::synthetic_mix`, `hybrid_synth`), and the device bytes the memory
+//! (`model::CudaBackend::synthetic_mix`, `synth::hybrid`), and the device bytes the memory
 //! plan counts before anything is made.
 
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::kernels::Kernels;
-use super::moe::MoeLayerW;
-use super::ops::moe_slab::slab_bytes;
-use super::ops::shared_expert::SharedExpertW;
-use super::CudaError;
+use crate::backend::cuda::compile::kernels::Kernels;
+use crate::backend::cuda::moe::MoeLayerW;
+use crate::backend::cuda::ops::moe_slab::slab_bytes;
+use crate::backend::cuda::ops::shared_expert::SharedExpertW;
+use crate::backend::cuda::CudaError;
 use crate::model::config::ModelConfig;
 use crate::model::layer::MixerKind;
 use crate::model::moe::MoeConfig;
@@ -50,7 +50,7 @@ impl WeightMix {
 
 /// (format, rows, cols) of every matrix of a synthetic model, in the order `synthetic_mix`
 /// makes them: per layer q, k, v, o, gate, up, down; then the embedding and an untied head.
-pub(super) fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, usize)> {
+pub(in crate::backend::cuda) fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType, usize, usize)> {
     let (base, more) = mix.formats();
     let mut v = Vec::new();
     for i in 0..c.n_layers {
@@ -72,7 +72,7 @@ pub(super) fn synthetic_shapes(c: &ModelConfig, mix: WeightMix) -> Vec<(GgmlType
 /// Formats of a synthetic sparse layer's (gate and up, down) expert slabs: as the dense FFN of
 /// the mix (Q4_K_M: down in Q6_K in the layers `more_bits` picks, as llama.cpp does for
 /// `ffn_down_exps`).
-pub(super) fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (GgmlType, GgmlType) {
+pub(in crate::backend::cuda) fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (GgmlType, GgmlType) {
     match mix {
         WeightMix::Uniform(t) => (t, t),
         WeightMix::Q4KM if more_bits(layer, n_layers) => (GgmlType::Q4K, GgmlType::Q6K),
@@ -84,7 +84,11 @@ pub(super) fn moe_formats(mix: WeightMix, layer: usize, n_layers: usize) -> (Ggm
 /// down); attention layers (q+gate and k, v, o, gate/up, down); then the embedding and an
 /// untied head. (format, rows, cols). Sparse layers have no dense gate/up and down (their
 /// experts: `routed_bytes`, `shared_bytes`).
-pub(super) fn hybrid_shapes(c: &ModelConfig, base: GgmlType, more: GgmlType) -> Vec<(GgmlType, usize, usize)> {
+pub(in crate::backend::cuda) fn hybrid_shapes(
+    c: &ModelConfig,
+    base: GgmlType,
+    more: GgmlType,
+) -> Vec<(GgmlType, usize, usize)> {
     let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
     let mut v = Vec::new();
     for i in 0..c.n_layers {
@@ -143,11 +147,12 @@ pub fn synthetic_matrix_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
     } else {
         synthetic_shapes(c, mix).into_iter().map(|(t, r, k)| slab_bytes(t, r, k, false)).sum()
     };
-    let Some(m) = &c.moe else { return dense };
     let experts: u64 = (0..c.n_layers)
-        .map(|i| (i, c.layer_kind(i)))
-        .filter(|(_, k)| k.is_sparse())
-        .map(|(i, k)| routed_bytes(c, m, mix, i) + if k.has_shared_expert() { shared_bytes(c, m, mix, i) } else { 0 })
+        .filter_map(|i| c.sparse_ffn(i).map(|m| (i, m)))
+        .map(|(i, m)| {
+            let shared = if c.layer_kind(i).has_shared_expert() { shared_bytes(c, m, mix, i) } else { 0 };
+            routed_bytes(c, m, mix, i) + shared
+        })
         .sum();
     dense + experts
 }
@@ -156,7 +161,7 @@ pub fn synthetic_matrix_bytes(c: &ModelConfig, mix: WeightMix) -> u64 {
 /// formats of `mix` (`moe_formats`) and, where its kind has one, a gated shared expert of the
 /// config's shared width. Both synthetic builders (`CudaBackend::synthetic_mix`,
 /// `synthetic_hybrid`) make their sparse layers here.
-pub(super) fn synthetic_experts(
+pub(in crate::backend::cuda) fn synthetic_experts(
     s: &Arc<CudaStream>,
     k: &mut Kernels,
     c: &ModelConfig,
@@ -165,7 +170,7 @@ pub(super) fn synthetic_experts(
     seed: u64,
 ) -> Result<Option<MoeLayerW>, CudaError> {
     let kind = c.layer_kind(i);
-    let Some(m) = c.moe.as_ref().filter(|_| kind.is_sparse()) else { return Ok(None) };
+    let Some(m) = c.sparse_ffn(i) else { return Ok(None) };
     let (gu, down) = moe_formats(mix, i, c.n_layers);
     let seed = seed.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(i as u64);
     let mut w = MoeLayerW::synthetic(s, k, c, m, gu, down, seed, &format!("layer {i} experts"))?;

@@ -2,16 +2,18 @@
 //! inputs written to `CudaBackend::host_meta` in the layout of `workspace::layout`, with the
 //! work buffers grown to fit (`ensure_work`). `step` runs what this prepares.
 
+use super::flat::Flat;
 use super::graph::GraphKey;
-use super::model::CudaBackend;
-use super::ops::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
-use super::step_flat::Flat;
 use super::workspace::{grow, layout};
-use super::CudaError;
+use crate::backend::cuda::model::CudaBackend;
+use crate::backend::cuda::ops;
+use crate::backend::cuda::ops::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
+use crate::backend::cuda::tuning;
+use crate::backend::cuda::CudaError;
 use crate::backend::BackendError;
 use crate::engine::plan::{PlanLimits, StepPlan};
 
-pub(super) fn graph_key(f: &Flat) -> GraphKey {
+pub(in crate::backend::cuda) fn graph_key(f: &Flat) -> GraphKey {
     (f.n_tok, f.m, f.splits, f.n_single, f.n_tiles, f.split_len, f.pf_splits)
 }
 
@@ -88,7 +90,7 @@ impl CudaBackend {
     }
 
     /// Checks the plan, sizes the work buffers and writes the step inputs to `host_meta`.
-    pub(super) fn flatten(&mut self, plan: &StepPlan) -> Result<Flat, BackendError> {
+    pub(in crate::backend::cuda) fn flatten(&mut self, plan: &StepPlan) -> Result<Flat, BackendError> {
         let n = plan.n_tokens();
         let bs = self.block_size;
         let lim = PlanLimits {
@@ -101,7 +103,7 @@ impl CudaBackend {
         let mut m = 0;
         let (nh, nkv, hd) = (self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim);
         // Chunks of several tokens go to the prefill attention where the shape allows it.
-        let tiled = super::ops::prefill::prefill_supported(nh, nkv, hd);
+        let tiled = ops::prefill::prefill_supported(nh, nkv, hd);
         // NOTE: decode tokens stay with the split kernel: as one-row prefill tiles they measured
         // 7% slower in the nightly job's mixed steps (H200, compute_70 PTX, docs/BENCHMARKS.md).
         let single = |len: usize| !tiled || len == 1;
@@ -113,14 +115,14 @@ impl CudaBackend {
                 n_single += c.tokens.len();
                 max_len = max_len.max(end);
             } else {
-                n_tiles += c.tokens.len().div_ceil(super::ops::prefill::TILE_TOKENS);
+                n_tiles += c.tokens.len().div_ceil(ops::prefill::TILE_TOKENS);
                 max_end = max_end.max(end);
             }
         }
         let graph = n <= TC_MAX_TOKENS;
-        let split_len = super::ops::attention::decode_split_len(n_single, max_len, nh, nkv, hd);
+        let split_len = ops::attention::decode_split_len(n_single, max_len, nh, nkv, hd);
         let (pf_splits, pf_split_len) =
-            super::ops::prefill::prefill_splits(n_tiles, n - n_single, max_end, nh, nkv, hd, graph);
+            ops::prefill::prefill_splits(n_tiles, n - n_single, max_end, nh, nkv, hd, graph);
         let mut f = Flat {
             n_tok: n,
             n_seqs: plan.chunks.len(),
@@ -142,7 +144,7 @@ impl CudaBackend {
         }
         // Shared prefixes among the decode tokens (not in graph-sized steps: a graph would
         // have to be captured per grouping).
-        let cascade = if !graph && tiled && n_single >= 2 && super::tuning::tuning().cascade {
+        let cascade = if !graph && tiled && n_single >= 2 && tuning::tuning().cascade {
             let toks: Vec<super::cascade::DecodeTok> = plan
                 .chunks
                 .iter()
@@ -185,7 +187,7 @@ impl CudaBackend {
                     meta[lay.bt + ci * bts + i] = b as i32;
                 }
                 if !pass_single {
-                    super::ops::prefill::push_tiles(&mut tiles, &mut tile_rows, t, c.tokens.len(), c.start_pos, ci);
+                    ops::prefill::push_tiles(&mut tiles, &mut tile_rows, t, c.tokens.len(), c.start_pos, ci);
                 }
                 for (i, &tok) in c.tokens.iter().enumerate() {
                     let p = c.start_pos + i;

@@ -11,19 +11,20 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::device::up;
-use super::dmat::{DevMat, Linear};
-use super::hybrid::{LinearW, RecurrentCuda};
-use super::layer::{AttnW, FfnW, LayerW, MixerW};
-use super::model::{open, CudaBackend, CudaOptions, Parts};
-use super::synth::{hybrid_shapes, synthetic_experts, synthetic_matrix_bytes, WeightMix};
-use super::CudaError;
+use super::mix::{hybrid_shapes, synthetic_experts, synthetic_matrix_bytes, WeightMix};
+use crate::backend::cuda::compile;
+use crate::backend::cuda::device::up;
+use crate::backend::cuda::dmat::{DevMat, Linear};
+use crate::backend::cuda::hybrid::{LinearW, RecurrentCuda};
+use crate::backend::cuda::layer::{AttnW, FfnW, LayerW, MixerW};
+use crate::backend::cuda::model::{open, CudaBackend, CudaOptions, Parts};
+use crate::backend::cuda::CudaError;
 use crate::model::config::ModelConfig;
 use crate::quantize::mix::more_bits;
 
 impl CudaBackend {
     /// [`CudaBackend::synthetic_mix`] for a hybrid (Qwen3.5) shape.
-    pub(super) fn synthetic_hybrid(
+    pub(in crate::backend::cuda) fn synthetic_hybrid(
         cfg: ModelConfig,
         mix: WeightMix,
         seed: u64,
@@ -41,16 +42,18 @@ impl CudaBackend {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut n_mat = 0u64;
         let mut next = shapes.into_iter();
-        let mut mat = |kernels: &mut super::kernels::Kernels, parts: usize, what: &str| -> Result<Linear, CudaError> {
-            let mut out = Vec::with_capacity(parts);
-            for _ in 0..parts {
-                let (t, rows, cols) = next.next().ok_or_else(|| CudaError::Weights(format!("no shape for {what}")))?;
-                n_mat += 1;
-                let seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(n_mat);
-                out.push(DevMat::synthetic(s, kernels, t, rows, cols, seed, what)?);
-            }
-            Ok(Linear { parts: out })
-        };
+        let mut mat =
+            |kernels: &mut compile::kernels::Kernels, parts: usize, what: &str| -> Result<Linear, CudaError> {
+                let mut out = Vec::with_capacity(parts);
+                for _ in 0..parts {
+                    let (t, rows, cols) =
+                        next.next().ok_or_else(|| CudaError::Weights(format!("no shape for {what}")))?;
+                    n_mat += 1;
+                    let seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(n_mat);
+                    out.push(DevMat::synthetic(s, kernels, t, rows, cols, seed, what)?);
+                }
+                Ok(Linear { parts: out })
+            };
         let ones = |n: usize, what: &str| up(s, &vec![1.0f32; n], what);
         // f16 elements of one layer's K (and of its V) cache: [num_blocks, block_size, kv_dim].
         let cache_len = opts.num_blocks * opts.block_size * c.kv_dim();
@@ -59,10 +62,18 @@ impl CudaBackend {
         for i in 0..c.n_layers {
             let name = |x: &str| format!("layer {i} {x}");
             // The FFN after the mixer: experts and a shared expert, or dense gate/up and down.
-            let ffn = |kernels: &mut super::kernels::Kernels, mat: &mut dyn FnMut(&mut super::kernels::Kernels, usize, &str) -> Result<Linear, CudaError>| {
+            let ffn = |kernels: &mut compile::kernels::Kernels,
+                       mat: &mut dyn FnMut(
+                &mut compile::kernels::Kernels,
+                usize,
+                &str,
+            ) -> Result<Linear, CudaError>| {
                 match synthetic_experts(s, kernels, c, mix, i, seed)? {
                     Some(m) => Ok::<_, CudaError>(FfnW::Moe(Box::new(m))),
-                    None => Ok(FfnW::Dense { wgu: mat(kernels, 1, &name("gate/up"))?, wdown: mat(kernels, 1, &name("w_down"))? }),
+                    None => Ok(FfnW::Dense {
+                        wgu: mat(kernels, 1, &name("gate/up"))?,
+                        wdown: mat(kernels, 1, &name("w_down"))?,
+                    }),
                 }
             };
             if h.recurrent[i] {

@@ -176,7 +176,7 @@ const SPECIAL_REGISTERS: &[(&str, Isa)] = &[
 pub enum IsaError {
     #[error("the PTX has no `.version X.Y` line")]
     NoVersion,
-    #[error("PTX line {line}: `{what}` is not in dustoff's PTX ISA table (src/backend/cuda/ptx_isa.rs); add it with the ISA that introduced it (PTX ISA manual, \"PTX ISA Notes\")")]
+    #[error("PTX line {line}: `{what}` is not in dustoff's PTX ISA table (src/backend/cuda/compile/ptx_isa.rs); add it with the ISA that introduced it (PTX ISA manual, \"PTX ISA Notes\")")]
     Unknown { line: usize, what: String },
     #[error("PTX line {line}: `{what}` needs PTX ISA {needs}, but the PTX is to declare {declared}")]
     TooNew { line: usize, what: String, needs: Isa, declared: Isa },

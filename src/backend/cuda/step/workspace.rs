@@ -5,15 +5,15 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
 
-use super::device::zeros;
-use super::ops::launch::Dev;
-use super::CudaError;
+use crate::backend::cuda::device::zeros;
+use crate::backend::cuda::ops::launch::Dev;
+use crate::backend::cuda::CudaError;
 
 /// Buffers of the masked step (masked.rs), grown on demand (never shrunk; not part of any captured graph).
 /// Layout of both, for a step of `m` logit rows: `[m]` mask indices, then `[m, words]` mask bits
 /// (the used masks first).
 #[derive(Default)]
-pub(super) struct MaskBuffers {
+pub(in crate::backend::cuda) struct MaskBuffers {
     pub cap: usize, // elements of `host` and `dev`
     pub host: Option<PinnedHostSlice<u32>>,
     pub dev: Option<CudaSlice<u32>>,
@@ -24,7 +24,7 @@ pub(super) struct MaskBuffers {
 /// Step buffers, grown on demand (never shrunk). Growing one drops the captured graphs, which
 /// hold its old address.
 #[derive(Default)]
-pub(super) struct Work {
+pub(in crate::backend::cuda) struct Work {
     pub cap_tok: usize,
     pub x: Option<CudaSlice<f32>>,   // [tok, dim] residual
     pub h: Option<CudaSlice<f32>>,   // [tok, dim] normed
@@ -51,13 +51,13 @@ pub(super) struct Work {
     /// Constrained greedy steps: the mask indices and bits, host (pinned) and device.
     pub masks: MaskBuffers,
     /// Buffers of the sparse layers' routed experts (expert ids, weights, grouping, expert outputs).
-    pub experts: super::moe::MoeWork,
+    pub experts: moe::MoeWork,
     /// Buffers of the shared experts (Qwen3.5-MoE, Qwen3-Next).
-    pub shexp: super::ops::shared_expert::SharedWork,
+    pub shexp: ops::shared_expert::SharedWork,
 }
 
 /// Grows `buf` to at least `n` elements; returns whether it was (re)allocated.
-pub(super) fn grow<T: DeviceRepr + ValidAsZeroBits>(
+pub(in crate::backend::cuda) fn grow<T: DeviceRepr + ValidAsZeroBits>(
     s: &Arc<CudaStream>,
     buf: &mut Option<CudaSlice<T>>,
     n: usize,
@@ -72,15 +72,17 @@ pub(super) fn grow<T: DeviceRepr + ValidAsZeroBits>(
     Ok(false)
 }
 
-use super::device::log_memory;
+use crate::backend::cuda::device::log_memory;
+use crate::backend::cuda::moe;
+use crate::backend::cuda::ops;
 
-pub(super) fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
+pub(in crate::backend::cuda) fn ptr<T>(b: &Option<CudaSlice<T>>, s: &CudaStream) -> Dev<T> {
     // Every buffer is grown before use; an absent one would be a bug in `ensure_work`.
     Dev::of(b.as_ref().expect("work buffer allocated by ensure_work"), s)
 }
 
 /// Offsets of the per-step inputs in `Work::meta` (in i32 elements) for a token capacity.
-pub(super) struct MetaLayout {
+pub(in crate::backend::cuda) struct MetaLayout {
     pub ids: usize,
     pub pos: usize,
     pub kv_rows: usize,
@@ -98,7 +100,7 @@ pub(super) struct MetaLayout {
     pub bt: usize,
 }
 
-pub(super) fn layout(cap: usize) -> MetaLayout {
+pub(in crate::backend::cuda) fn layout(cap: usize) -> MetaLayout {
     MetaLayout {
         ids: 0,
         pos: cap,

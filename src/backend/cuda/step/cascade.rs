@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use super::ops::prefill::{heads_per_block, push_tile, TILE_TOKENS};
+use crate::backend::cuda::ops::prefill::{heads_per_block, push_tile, TILE_TOKENS};
 
 /// Fewest shared blocks worth a group pass (below, the split kernel reads them as fast).
 pub const MIN_SHARED_BLOCKS: usize = 4;

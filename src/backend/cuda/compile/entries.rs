@@ -3,7 +3,7 @@
 //! the tokens, SwiGLU or not, which expert product) and only this file knows where in a table
 //! that entry sits. The tables are `kernels::KERNEL_FILES`' entry lists for those files.
 
-use super::qformat::QFormat;
+use crate::backend::cuda::qformat::QFormat;
 
 /// Which GEMV of `gemv_quant.cu` / `gemv_q8.cu`: the step's tokens (1..=8), SwiGLU (gate and
 /// up rows interleaved, silu(gate) * up out) or plain.

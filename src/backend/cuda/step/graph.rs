@@ -10,26 +10,28 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
 
-use super::CudaError;
+use crate::backend::cuda::device;
+use crate::backend::cuda::tuning;
+use crate::backend::cuda::CudaError;
 
 /// The shape a captured graph serves: (tokens, logit rows, attention splits, split-kernel
 /// tokens, prefill tiles, positions per split, prefill splits). Graph-sized steps have no
 /// shared-prefix pass.
-pub(super) type GraphKey = (usize, usize, usize, usize, usize, usize, usize);
+pub(in crate::backend::cuda) type GraphKey = (usize, usize, usize, usize, usize, usize, usize);
 
 /// Captured steps by shape, and the shapes whose capture failed.
-pub(super) struct StepGraphs {
+pub(in crate::backend::cuda) struct StepGraphs {
     /// Replay on (`DUSTOFF_CUDA_GRAPHS`, `CudaBackend::set_graphs`).
     pub on: bool,
     captured: HashMap<GraphKey, CudaGraph>,
     uncapturable: HashSet<GraphKey>,
 }
 
-/// Whether the driver can instantiate captured graphs (CUDA 11.4+, [`super::device::GRAPH_ENTRY`]):
+/// Whether the driver can instantiate captured graphs (CUDA 11.4+, [`crate::backend::cuda::device::GRAPH_ENTRY`]):
 /// on an older driver steps run without graphs (cudarc would panic calling the missing symbol).
-pub(super) fn graphs_supported() -> bool {
+pub(in crate::backend::cuda) fn graphs_supported() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| super::device::driver_has(super::device::GRAPH_ENTRY))
+    *HAS.get_or_init(|| device::driver_has(device::GRAPH_ENTRY))
 }
 
 impl StepGraphs {
@@ -86,7 +88,7 @@ impl StepGraphs {
                 return Ok(false);
             }
         };
-        if super::tuning::tuning().graph_nodes {
+        if tuning::tuning().graph_nodes {
             let mut nodes = 0usize;
             // SAFETY: the graph handle is live (owned by `g`); a null node array asks only
             // for the count.

@@ -2,7 +2,7 @@
 //! holding its shard (`model::tensor_parallel`: 1/N of the heads, of the KV cache and of the FFN
 //! columns; embedding, norms and head replicated), run as a `rank_group::RankGroup`: each on its
 //! own thread (CUDA state is not `Send`), driven in lockstep, meeting in an all-reduce after each
-//! block's two output projections (`tp_rank.rs`); rank 0 computes the logits.
+//! block's two output projections (`rank.rs`); rank 0 computes the logits.
 //!
 //! The all-reduce is NCCL when the ranks sit on distinct GPUs, host-staged when ranks share a GPU
 //! (NCCL refuses that) and for one rank (a copy), or as `DUSTOFF_TP_ALLREDUCE` says (`nccl`,
@@ -17,11 +17,11 @@
 
 use std::sync::Arc;
 
-use super::model::{CudaBackend, CudaOptions};
 use super::nccl::{unique_id, NcclComm};
-use super::tp_rank::{CudaRank, Reduce};
-use super::CudaError;
+use super::rank::{CudaRank, Reduce};
 use crate::backend::allreduce::HostAllReduce;
+use crate::backend::cuda::model::{CudaBackend, CudaOptions};
+use crate::backend::cuda::CudaError;
 use crate::backend::rank_group::{RankEngine, RankGroup};
 use crate::backend::BackendError;
 use crate::engine::plan::StepPlan;

@@ -24,19 +24,19 @@
 use cudarc::driver::CudaStream;
 use rayon::prelude::*;
 
+use super::flat::Flat;
 use super::graph::StepGraphs;
-use super::model::CudaBackend;
-use super::ops as l;
-use super::ops::gemm_tc::TC_MAX_TOKENS;
-use super::ops::launch::Dev;
-use super::step_flat::Flat;
-use super::step_inputs::graph_key;
+use super::inputs::graph_key;
 use super::workspace::{ptr, Work};
-use super::CudaError;
+use crate::backend::cuda::model::CudaBackend;
+use crate::backend::cuda::ops as l;
+use crate::backend::cuda::ops::gemm_tc::TC_MAX_TOKENS;
+use crate::backend::cuda::ops::launch::Dev;
+use crate::backend::cuda::CudaError;
 
 impl CudaBackend {
     /// Uploads the step inputs and runs (or replays) the layers; the logits stay on the device.
-    pub(super) fn run_step(&mut self, w: &mut Work, f: &Flat) -> Result<(), CudaError> {
+    pub(in crate::backend::cuda) fn run_step(&mut self, w: &mut Work, f: &Flat) -> Result<(), CudaError> {
         let meta = w.meta.as_mut().expect("step inputs allocated by ensure_work");
         let mut view = meta.slice_mut(0..self.host_meta.len());
         if let Some(t) = self.step_times.as_mut() {
@@ -73,7 +73,7 @@ impl CudaBackend {
     }
 
     /// Runs the step and returns the logits of the chunks that want them.
-    pub(super) fn forward(&mut self, f: &Flat) -> Result<Vec<Vec<f32>>, CudaError> {
+    pub(in crate::backend::cuda) fn forward(&mut self, f: &Flat) -> Result<Vec<Vec<f32>>, CudaError> {
         let mut w = std::mem::take(&mut self.work);
         let r = (|| {
             self.run_step(&mut w, f)?;
@@ -96,7 +96,7 @@ impl CudaBackend {
     }
 
     /// Runs the step and returns the arg-max id of each logits row, chosen on the device.
-    pub(super) fn forward_greedy(&mut self, f: &Flat) -> Result<Vec<u32>, CudaError> {
+    pub(in crate::backend::cuda) fn forward_greedy(&mut self, f: &Flat) -> Result<Vec<u32>, CudaError> {
         let mut w = std::mem::take(&mut self.work);
         let r = (|| {
             self.run_step(&mut w, f)?;

@@ -1,12 +1,12 @@
 //! The shape of one flattened step (`Flat`: tokens, logit rows, the attention's splits and
-//! tiles), computed by `step_inputs` and read by the step, its attention and the masked step.
+//! tiles), computed by `inputs` and read by the step, its attention and the masked step.
 
 /// The shape of one step (its inputs are in `CudaBackend::host_meta`).
 ///
 /// Tokens are laid out with the one-token chunks (decode) first: the split attention kernel
 /// takes tokens `0..n_single`, the tensor-core prefill attention the tiles of the longer
 /// chunks after them. Logit rows stay in plan order.
-pub(super) struct Flat {
+pub(in crate::backend::cuda) struct Flat {
     pub n_tok: usize,
     pub n_seqs: usize,
     /// Chunks that want logits.
@@ -33,12 +33,12 @@ pub(super) struct Flat {
 
 impl Flat {
     /// Partials per (token, head) of the decode tokens (splits, then shared-prefix partials).
-    pub(super) fn dec_parts(&self) -> usize {
+    pub(in crate::backend::cuda) fn dec_parts(&self) -> usize {
         self.splits + self.casc_splits
     }
 
     /// Partial rows (token x head x partial) of the step: decode, then prefill.
-    pub(super) fn part_rows(&self, n_heads: usize) -> usize {
+    pub(in crate::backend::cuda) fn part_rows(&self, n_heads: usize) -> usize {
         let pf = if self.pf_splits > 1 { (self.n_tok - self.n_single) * self.pf_splits } else { 0 };
         (self.n_single * self.dec_parts() + pf) * n_heads
     }

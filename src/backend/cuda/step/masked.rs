@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use cudarc::driver::sys::CUevent_flags;
 
-use super::device::zeros;
-use super::model::CudaBackend;
-use super::ops::argmax::MaskedArgmaxRows;
-use super::ops::launch::Dev;
-use super::step_flat::Flat;
-use super::CudaError;
+use super::flat::Flat;
+use crate::backend::cuda::device::zeros;
+use crate::backend::cuda::model::CudaBackend;
+use crate::backend::cuda::ops::argmax::MaskedArgmaxRows;
+use crate::backend::cuda::ops::launch::Dev;
+use crate::backend::cuda::CudaError;
 use crate::backend::masks::{FillMasks, MaskRows, MaskedGreedy};
 use crate::backend::BackendError;
 
@@ -46,7 +46,7 @@ impl CudaBackend {
 
     /// Runs the step; `fill` writes the masks while the GPU computes; then the masks go up in
     /// one copy and each row's token is chosen on the device.
-    pub(super) fn forward_greedy_masked(
+    pub(in crate::backend::cuda) fn forward_greedy_masked(
         &mut self,
         f: &Flat,
         fill: &mut FillMasks<'_>,

@@ -1,6 +1,6 @@
 //! A CUDA backend's place in a tensor-parallel group (`tensor_parallel`): its rank, and the
 //! all-reduce that sums the ranks' partial outputs after each block's attention output and FFN
-//! down projections (`step.rs`).
+//! down projections (the layer walker, `layers/`).
 //!
 //! Two reductions: NCCL on the rank's stream (ranks on distinct GPUs; or one rank alone when asked for, where
 //! the sum of one is a real NCCL call that changes nothing), and host-staged (download, sum in
@@ -12,9 +12,9 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::nccl::NcclComm;
-use super::ops::launch::Dev;
-use super::CudaError;
 use crate::backend::allreduce::HostAllReduce;
+use crate::backend::cuda::ops::launch::Dev;
+use crate::backend::cuda::CudaError;
 
 pub enum Reduce {
     Nccl(NcclComm),

@@ -4,17 +4,17 @@
 
 use cudarc::driver::CudaStream;
 
-use super::kernels::Kernels;
-use super::ops as l;
-use super::ops::launch::Dev;
-use super::ops::prefill::{PrefillAttention, PrefillSplit};
-use super::step_flat::Flat;
-use super::CudaError;
+use super::flat::Flat;
+use crate::backend::cuda::compile::kernels::Kernels;
+use crate::backend::cuda::ops as l;
+use crate::backend::cuda::ops::launch::Dev;
+use crate::backend::cuda::ops::prefill::{PrefillAttention, PrefillSplit};
+use crate::backend::cuda::CudaError;
 
 /// Where the step's attention reads its tables and writes its partials: everything but the
 /// layer's Q and K/V, shared by the plain layers and the hybrid models' attention layers.
 #[derive(Clone, Copy)]
-pub(super) struct AttnIo {
+pub(in crate::backend::cuda) struct AttnIo {
     pub f: FlatAttn,
     pub meta: Dev<i32>,
     pub kv_begin: usize,
@@ -28,7 +28,7 @@ pub(super) struct AttnIo {
 
 /// The attention numbers of [`Flat`] (Copy, so a layer can hold them).
 #[derive(Clone, Copy)]
-pub(super) struct FlatAttn {
+pub(in crate::backend::cuda) struct FlatAttn {
     n_tok: usize,
     n_single: usize,
     max_len: usize,
@@ -44,7 +44,7 @@ pub(super) struct FlatAttn {
 }
 
 impl FlatAttn {
-    pub(super) fn of(f: &Flat) -> Self {
+    pub(in crate::backend::cuda) fn of(f: &Flat) -> Self {
         FlatAttn {
             n_tok: f.n_tok,
             n_single: f.n_single,

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use super::ptx_isa::{isa_of_cuda, Isa};
+use crate::backend::cuda::device;
 use crate::sys::nvrtc_scan::can_target;
 
 type Program = *mut c_void;
@@ -247,7 +248,7 @@ pub fn choose(
 
 /// The driver's PTX ISA (`None` without a driver).
 pub fn driver_isa() -> Option<Isa> {
-    super::device::driver_version().map(isa_of_cuda)
+    device::driver_version().map(isa_of_cuda)
 }
 
 /// A chosen NVRTC and why, or why none fits.

@@ -1,0 +1,10 @@
+//! Kernels from source to loaded modules: NVRTC (`nvrtc_lib` loads the library, `nvrtc`
+//! compiles with a disk cache), `ptx_isa` (the PTX ISA version a driver accepts), `kernels` (the
+//! table of kernel files with every entry name and the lazy per-device registry) and `entries`
+//! (the per-format entry tables and the typed handles launchers pick them with).
+
+pub mod entries;
+pub mod kernels;
+pub mod nvrtc;
+pub mod nvrtc_lib;
+pub mod ptx_isa;
