@@ -4,7 +4,7 @@
 //! sparse layer; the CUDA walker must too (before the layer walker the GPU ran it only in
 //! hybrid layers, so such a model silently differed). The shared expert of the experts' width
 //! and format takes the one-stream launches with the routed experts in decode steps
-//! (`moe_shexp.rs`); one of another width runs apart (`shared_expert.rs`); the 100-token
+//! (`moe/shexp.rs`); one of another width runs apart (`shared_expert.rs`); the 100-token
 //! prefill runs it apart in both.
 //!
 //! The model is the small Qwen3-MoE test shape (layer 1 dense) whose sparse layers get a

@@ -110,7 +110,7 @@ fn sparse_layer_with_a_shared_expert_matches_the_cpu_reference() {
 }
 
 /// One-stream steps (1 to 8 tokens) with the shared expert as one more pair of the routed
-/// experts' three launches (src/backend/cuda/moe_shexp.rs: the gate block in the router, the
+/// experts' three launches (src/backend/cuda/moe/shexp.rs: the gate block in the router, the
 /// gate/up block rows, the down warp), which needs the routed experts' width.
 #[test]
 fn shared_expert_inside_the_routed_launches_matches_the_cpu_reference() {
@@ -119,10 +119,10 @@ fn shared_expert_inside_the_routed_launches_matches_the_cpu_reference() {
 
 /// 8 experts of 256, 2 used, a shared expert of `sf`, width 256 (Q6_K rows are whole blocks of
 /// 256), F16 and Q4_K/Q6_K, at each of `counts` tokens against the CPU's `moe_ffn`; `in_pairs`:
-/// through `moe_shexp::moe_ffn_shared` (which must take every count), else `moe_ffn` and then
+/// through `moe::shexp::moe_ffn_shared` (which must take every count), else `moe_ffn` and then
 /// `shared_expert_ffn`.
 fn sparse_layer_vs_cpu(test: &str, sf: usize, counts: &[usize], in_pairs: bool) {
-    use dustoff::backend::cuda::moe_shexp::{moe_ffn_shared, shared_pairs};
+    use dustoff::backend::cuda::moe::shexp::{moe_ffn_shared, shared_pairs};
     let Some(mut g) = gpu(test) else { return };
     let s = g.dev.stream.clone();
     let blas = cudarc::cublas::CudaBlas::new(s.clone()).unwrap();

@@ -7,7 +7,7 @@
 //! file), `layers/` (the layer walker: one file per mixer and FFN kind), `step/` (one forward
 //! step: its inputs, buffers, graphs, the masked step), `plan/` (memory plan and budget),
 //! `synth/` (random-weight models), `tp/` (tensor parallel); beside them the backend object
-//! (`model`) and the weights (`weights`, `dmat`, `qformat`, `layer`, `moe`, `hybrid`).
+//! (`model`) and the weights (`weights`, `dmat`, `qformat`, `layer`, `moe/`, `hybrid`).
 //!
 //! Layers, bottom up: a module imports from its own layer or those below, never from above and
 //! never in a circle (tests/module_graph.rs fails naming any import circle inside `src/`; every
@@ -24,8 +24,9 @@
 //!    inputs, for `attention` and `prefill`; both launch `attention_merge`), `ops/moe_slab`
 //!    (expert slabs and the pair-mode down product, for `moe`, `moe_q8`, `shared_expert`). A
 //!    family's dispatch (`matmul`: which kernel a product takes; `moe::moe_ffn`) sits above its
-//!    launchers, and a launcher never imports its dispatcher. `moe` (the MoE weights and the
-//!    launchers of `kernels/moe.cu`) stays beside `ops/` for its weights.
+//!    launchers, and a launcher never imports its dispatcher. `moe/` (the MoE weights, the
+//!    launchers of `kernels/moe.cu` and the sparse FFN's dispatch) stays beside `ops/` for its
+//!    weights.
 //! 3. Step plumbing over the launchers: `step::flat` (the shape of a flattened step),
 //!    `step::attn` (its attention), `step::workspace` (its buffers), `step::graph` (captured CUDA
 //!    graphs), `layer` (one layer's device weights), `synth::mix` (synthetic models' formats and
@@ -47,7 +48,6 @@ mod layers;
 pub mod matmul;
 pub mod model;
 pub mod moe;
-pub mod moe_shexp;
 pub mod ops;
 pub mod plan;
 mod profile;

@@ -83,7 +83,7 @@ pub(super) struct Tuning {
     /// (`shexp_gate_add_f32`) instead of folded into the down GEMV's int8 input.
     pub shexp_fused: bool,
     /// `DUSTOFF_SHEXP_PAIRS=0`: one-stream steps run the shared expert apart from the routed
-    /// launches (moe_shexp.rs).
+    /// launches (moe/shexp.rs).
     pub shexp_pairs: bool,
     /// `DUSTOFF_WIDE_MB=N`: the F16 widening scratch in MB (default 32), for comparisons of
     /// the chunking.

@@ -5,14 +5,14 @@
 //! Where the norm before folds (`cx.pre`):
 //! - no shared expert: into the MoE launches (`moe_ffn_normed`);
 //! - a shared expert, one-stream steps: the shared expert runs inside the routed experts'
-//!   three launches (`moe_shexp.rs`), which read `h` in f32, after a plain norm;
+//!   three launches (`moe/shexp.rs`), which read `h` in f32, after a plain norm;
 //! - a shared expert, other steps: the norm also writes the shared expert's int8 (or F16)
 //!   input beside `h` (`step::norm::prepare`; the routed experts read `h` in f32 and leave
 //!   `x16` alone).
 
 use super::super::matmul::{input_form, XForm};
+use super::super::moe::shexp::{moe_ffn_shared, shared_pairs};
 use super::super::moe::{moe_ffn, moe_ffn_grouped, moe_ffn_normed, MoeLayerW};
-use super::super::moe_shexp::{moe_ffn_shared, shared_pairs};
 use super::super::ops::launch::allocated;
 use super::super::ops::shared_expert::shared_expert_ffn_with;
 use super::super::step::norm::prepare;

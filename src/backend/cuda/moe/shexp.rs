@@ -18,15 +18,18 @@
 
 use cudarc::driver::CudaStream;
 
-use super::compile::kernels::Kernels;
-use super::moe::ShexpPairs;
-use super::moe::{pair_ffn, pair_path, MoeLayerW, MoeWork, PairPath};
-use super::ops::launch::Dev;
-use super::CudaError;
+use super::ffn::{pair_ffn, pair_path, PairPath};
+use super::launch::ShexpPairs;
+use super::weights::{MoeLayerW, MoeWork};
+use crate::backend::cuda::compile::kernels::Kernels;
+use crate::backend::cuda::ops::launch::Dev;
+pub use crate::backend::cuda::ops::moe_slab::slab_bytes;
+pub use crate::backend::cuda::ops::moe_slab::MoeDownSum;
+use crate::backend::cuda::CudaError;
 
 /// Whether one-stream steps run the shared expert inside the routed launches.
 pub fn enabled() -> bool {
-    super::tuning::tuning().shexp_pairs
+    crate::backend::cuda::tuning::tuning().shexp_pairs
 }
 
 /// The shared expert's views when a step of `n_tok` tokens of this layer takes the routed
