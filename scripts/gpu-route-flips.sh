@@ -6,7 +6,7 @@
 # then on the GPU machine: bash scripts/gpu-route-flips.sh run   (carry .gpu)
 set -u
 if [ "${1:-}" = pack ]; then
-  set -e; rm -rf .gpu; mkdir -p .gpu
+  set -e; mkdir -p .gpu
   gp=$(ls -t target/release/deps/gpu_parity-* | grep -v '\.d$' | head -1)
   strip -o /tmp/gp "$gp"; xz -6 -T2 -c /tmp/gp > .gpu/gp.xz
   lib=$(bash scripts/nvrtc12.sh); rm -rf /tmp/ptx70

@@ -8,7 +8,7 @@
 set -u
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = pack ]; then
-  set -e; rm -rf .gpu; mkdir -p .gpu; lib=$(bash scripts/nvrtc12.sh)
+  set -e; mkdir -p .gpu; lib=$(bash scripts/nvrtc12.sh)
   for b in new old; do
     bin=target/release/dustoff; [ $b = old ] && bin=$OLD
     strip -o /tmp/ab-$b $bin; xz -6 -T2 -c /tmp/ab-$b > .gpu/$b.xz
@@ -16,7 +16,7 @@ if [ "${1:-}" = pack ]; then
     tar -C /tmp -cf - ptx-$b | xz -6 -T2 > .gpu/ptx-$b.tar.xz
     $bin --version > .gpu/$b.version
   done
-  cp -r /work/shared/testdata/arch/qwen3_moe/hf .gpu/tok; rm -f .gpu/tok/model.safetensors
+  rm -rf .gpu/tok; cp -r /work/shared/testdata/arch/qwen3_moe/hf .gpu/tok; rm -f .gpu/tok/model.safetensors
   du -sh .gpu; exit 0
 fi
 W=$HOME/ab; mkdir -p $W

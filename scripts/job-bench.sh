@@ -23,14 +23,14 @@ set -u
 cd "$(dirname "$0")/.."
 RECORDS=${JB_RECORDS:-1000}; SHAPE=${JB_SHAPE:-qwen3-30b-a3b}; CAP=${JB_CAP:-32GB}
 if [ "${1:-}" = pack ]; then
-  set -e; rm -rf .gpu; mkdir -p .gpu
+  set -e; mkdir -p .gpu
   strip -o /tmp/jb-dustoff target/release/dustoff; xz -6 -T2 -c /tmp/jb-dustoff > .gpu/dustoff.xz
   lib=$(bash scripts/nvrtc12.sh); rm -rf /tmp/ptx70
   LD_LIBRARY_PATH=$lib target/release/dustoff kernels --arch compute_70 --out /tmp/ptx70 >/dev/null
   tar -C /tmp -cf - ptx70 | xz -6 -T2 > .gpu/ptx70.tar.xz
-  cp -r /work/shared/testdata/arch/qwen3_moe/hf .gpu/tok; rm -f .gpu/tok/model.safetensors
+  rm -rf .gpu/tok; cp -r /work/shared/testdata/arch/qwen3_moe/hf .gpu/tok; rm -f .gpu/tok/model.safetensors
   python3 scripts/make-docs.py "$RECORDS" | xz -6 -T2 > .gpu/docs.jsonl.xz
-  cp -r ../shared/peer .gpu/peer
+  rm -rf .gpu/peer; cp -r ../shared/peer .gpu/peer
   git log -1 --format='%h %s' > .gpu/commit; du -sh .gpu; exit 0
 fi
 W=$HOME/jb; mkdir -p $W
