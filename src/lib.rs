@@ -4,6 +4,7 @@
 //! -> backend (cpu | cuda) -> sampler -> detokenize -> job writer + checkpoint.
 
 pub mod backend;
+pub mod cli;
 pub mod commands;
 pub mod engine;
 pub mod job;

@@ -1,4 +1,4 @@
-//! Implementations of the CLI subcommands (argument parsing lives in main.rs).
+//! Implementations of the CLI subcommands (argument parsing and dispatch live in `crate::cli`).
 
 pub mod bench;
 pub mod bench_constrained;

@@ -1,0 +1,135 @@
+//! The `generate` command: a prompt streamed to stdout, or a JSONL file of prompts run as a job
+//! (the run loop of `job::runner`, with its checkpoint, lock and signals).
+
+use anyhow::Result;
+
+use super::job_args::*;
+use super::pick_device;
+use crate::commands::common::{self};
+use crate::commands::generate;
+use crate::job::exit::{ExitCode as Code, UsageError};
+
+/// `generate`: one `--prompt` streamed, or `--input` lines as a job of the run loop (resumable,
+/// checkpointed like `run`).
+pub fn generate(a: GenerateArgs) -> Result<Code> {
+    if a.max_tokens == 0 {
+        return Err(UsageError::new("--max-tokens 0 would generate nothing; give at least 1").into());
+    }
+    if a.ctx == 0 {
+        return Err(UsageError::new("--ctx 0 leaves no room for a prompt; give at least 1").into());
+    }
+    let opt = generate::GenOptions {
+        max_tokens: a.max_tokens,
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+    };
+    match (a.prompt, a.input, a.output) {
+        (Some(p), _, _) => {
+            let device = pick_device(&a.model.device)?;
+            let m = common::load(&a.model.model)?;
+            let step = crate::engine::single::PREFILL_CHUNK;
+            let place = common::Placement {
+                ptx_dir: a.model.ptx_dir.clone(),
+                f16_weights: false,
+                max_gpu_memory: a.engine.max_gpu_memory,
+                kv_type: a.engine.kv_cache.or_f16(),
+                max_seq_positions: None,
+            };
+            let mut b = crate::commands::tensor_parallel::backend_for(
+                &m.config,
+                &m.weights,
+                &device,
+                a.engine.tensor_parallel,
+                None,
+                a.ctx,
+                (step, 1),
+                &place,
+            )?;
+            generate::run_prompt(&m, b.as_mut(), &p, a.chat, &opt)?;
+            Ok(Code::Ok)
+        }
+        (None, Some(i), Some(o)) => {
+            if crate::job::writer::OutputFormat::from_path(&o) != crate::job::writer::OutputFormat::Jsonl {
+                return Err(
+                    UsageError::new(format!("generate writes JSONL: {} is not a .jsonl path", o.display())).into()
+                );
+            }
+            let device = pick_device(&a.model.device)?;
+            // Before the model loads: an output that would overwrite the input, or a
+            // second run of this job, is refused at once.
+            crate::job::outputs::check_output(&o, &[&i, &a.model.model])?;
+            let lock = crate::job::lock::JobLock::acquire(&o)?;
+            let job = generate::BatchJob {
+                model_path: &a.model.model,
+                input: &i,
+                output: &o,
+                ctx: a.ctx,
+                restart: a.restart,
+                commit_rows: common::commit_rows(),
+            };
+            crate::job::checkpoint::Checkpoint::verify(&o, &generate::fingerprint(&job, &opt)?, a.restart)
+                .map_err(|e| anyhow::anyhow!(e).context(format!("opening the checkpoint of {}", o.display())))?;
+            let m = common::load(&a.model.model)?;
+            let max_batch_tokens = a.engine.max_batch_tokens(&device);
+            let (slots, kv_type) = crate::commands::tensor_parallel::slots_for(
+                a.engine.slots,
+                &device,
+                (&m.config, &m.weights),
+                a.engine.tensor_parallel,
+                (a.ctx, max_batch_tokens),
+                a.engine.memory(),
+            )?;
+            let cfg = crate::engine::batch::EngineConfig::new(
+                slots,
+                max_batch_tokens,
+                !a.engine.no_prefix_cache,
+                m.fingerprint,
+            );
+            let place = common::Placement {
+                ptx_dir: a.model.ptx_dir.clone(),
+                f16_weights: false,
+                max_gpu_memory: a.engine.max_gpu_memory,
+                kv_type,
+                // Each line runs within --ctx positions.
+                max_seq_positions: Some(a.ctx),
+            };
+            let tokens = match a.engine.tensor_parallel {
+                None => common::kv_positions(
+                    &device,
+                    (&m.config, &m.weights),
+                    (slots, a.ctx),
+                    cfg.max_batch_tokens,
+                    &place,
+                )?,
+                Some(_) => a.ctx * slots,
+            };
+            let backend = crate::commands::tensor_parallel::backend_for(
+                &m.config,
+                &m.weights,
+                &device,
+                a.engine.tensor_parallel,
+                None,
+                tokens,
+                (cfg.max_batch_tokens, slots),
+                &place,
+            )?;
+            let engine = crate::engine::batch::Engine::new(backend, cfg)?;
+            let stop = crate::job::runner::StopFlag::with_signals().unwrap_or_default();
+            let mut gen = crate::job::adapters::EngineGenerate::new(engine, m.tokenizer.eos_ids().to_vec())
+                .with_stop(stop.clone());
+            let r = generate::run_jsonl(&m, &mut gen, &job, &opt, &lock, &stop)?;
+            eprintln!("metrics: {}", serde_json::to_string(&r.metrics)?);
+            eprintln!(
+                "{} rows committed ({} from an earlier run), {} error rows",
+                r.rows, r.resumed_rows, r.error_rows
+            );
+            if r.exit == Code::Interrupted {
+                eprintln!("interrupted: run the same command again to resume");
+            }
+            Ok(r.exit)
+        }
+        _ => Err(UsageError::new("give either --prompt TEXT or --input IN.jsonl --output OUT.jsonl").into()),
+    }
+}
