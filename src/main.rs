@@ -1,5 +1,5 @@
-//! dustoff command line. Parsing only; the work is in `dustoff::commands`. Every command ends
-//! in one exit funnel, `main`, with the codes of `dustoff::job::exit`.
+//! dustoff binary: parses the command line (`dustoff::cli`), starts the job log, places threads,
+//! and ends every command in one exit funnel, `main`, with the codes of `dustoff::job::exit`.
 
 use std::process::ExitCode;
 
