@@ -8,8 +8,8 @@ use super::weights::{dev, MoeLayerW, MoeWork};
 use super::{fused_enabled, pair_max_tokens};
 use crate::backend::cuda::compile::kernels::Kernels;
 use crate::backend::cuda::ops::launch::{check, Dev};
-use crate::backend::cuda::ops::moe_gemm;
 pub use crate::backend::cuda::ops::moe_slab::MoeDownSum;
+use crate::backend::cuda::ops::{moe_gemm, moe_q8};
 use crate::backend::cuda::step::norm::NormIn;
 use crate::backend::cuda::CudaError;
 
@@ -23,28 +23,56 @@ pub fn moe_ffn(
     x: Dev<f32>,
     n_tok: usize,
 ) -> Result<(), CudaError> {
-    let (k, dim) = (w.n_used, w.dim);
-    let pairs = n_tok * k;
-    check("moe", pairs <= work.cap_pairs, || format!("{pairs} pairs, buffers for {}", work.cap_pairs))?;
-    let (ids, wts) = (dev(&work.ids, s)?, dev(&work.wts, s)?);
-    let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
-    let norm = w.norm_topk_prob;
-    let route = MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm };
+    let route = route(s, w, work, h, n_tok)?;
     if let Some(path) = pair_path(w, n_tok) {
         return pair_ffn(kn, s, w, work, h, x, n_tok, path, None, None);
     }
     route.launch(kn, s)?;
     let (walk, position) = if n_tok <= pair_max_tokens() {
-        (Walk::Pairs { ids }, None)
+        (Walk::Pairs { ids: route.ids }, None)
     } else {
-        let (offsets, entries, position) = (dev(&work.offsets, s)?, dev(&work.entries, s)?, dev(&work.position, s)?);
-        MoeGroup { ids, offsets, entries, position, n_pairs: pairs, n_experts: w.n_experts }.launch(kn, s)?;
+        let (walk, position) = group(kn, s, w, work, route.ids, n_tok)?;
         if moe_gemm::gemm_enabled() && moe_gemm::gemm_fits(&w.gate, &w.up, &w.down, w.ffn, w.dim) {
             return grouped_gemm(kn, s, w, work, h, x, n_tok, Some(position));
         }
-        (Walk::Grouped { offsets, entries, n_experts: w.n_experts }, Some(position))
+        (walk, Some(position))
     };
     expert_walk(kn, s, w, work, h, x, n_tok, walk, position)
+}
+
+/// The router of a step of `n_tok` tokens (`h` `[n_tok, dim]`) writing `work`'s expert ids and
+/// weights `[n_tok, k]`; refused when the buffers hold fewer pairs.
+fn route(s: &CudaStream, w: &MoeLayerW, work: &MoeWork, h: Dev<f32>, n_tok: usize) -> Result<MoeRoute, CudaError> {
+    let (k, pairs) = (w.n_used, n_tok * w.n_used);
+    check("moe", pairs <= work.cap_pairs, || format!("{pairs} pairs, buffers for {}", work.cap_pairs))?;
+    Ok(MoeRoute {
+        x: h,
+        w: Dev::of(&w.router, s),
+        logits: dev(&work.logits, s)?,
+        ids: dev(&work.ids, s)?,
+        wts: dev(&work.wts, s)?,
+        n_tok,
+        dim: w.dim,
+        n_experts: w.n_experts,
+        k,
+        norm: w.norm_topk_prob,
+    })
+}
+
+/// The step's (token, rank) pairs grouped by expert (`MoeGroup` from the routed `ids`): the walk
+/// over the groups and each pair's grouped position.
+fn group(
+    kn: &mut Kernels,
+    s: &CudaStream,
+    w: &MoeLayerW,
+    work: &MoeWork,
+    ids: Dev<i32>,
+    n_tok: usize,
+) -> Result<(Walk, Dev<i32>), CudaError> {
+    let (offsets, entries, position) = (dev(&work.offsets, s)?, dev(&work.entries, s)?, dev(&work.position, s)?);
+    let n_pairs = n_tok * w.n_used;
+    MoeGroup { ids, offsets, entries, position, n_pairs, n_experts: w.n_experts }.launch(kn, s)?;
+    Ok((Walk::Grouped { offsets, entries, n_experts: w.n_experts }, position))
 }
 
 /// [`moe_ffn`] by the grouped expert walk at any step size (no one-stream launches, no F16
@@ -60,16 +88,9 @@ pub fn moe_ffn_grouped(
     x: Dev<f32>,
     n_tok: usize,
 ) -> Result<(), CudaError> {
-    let (k, dim) = (w.n_used, w.dim);
-    let pairs = n_tok * k;
-    check("moe", pairs <= work.cap_pairs, || format!("{pairs} pairs, buffers for {}", work.cap_pairs))?;
-    let (ids, wts) = (dev(&work.ids, s)?, dev(&work.wts, s)?);
-    let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
-    let norm = w.norm_topk_prob;
-    MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm }.launch(kn, s)?;
-    let (offsets, entries, position) = (dev(&work.offsets, s)?, dev(&work.entries, s)?, dev(&work.position, s)?);
-    MoeGroup { ids, offsets, entries, position, n_pairs: pairs, n_experts: w.n_experts }.launch(kn, s)?;
-    let walk = Walk::Grouped { offsets, entries, n_experts: w.n_experts };
+    let route = route(s, w, work, h, n_tok)?;
+    route.launch(kn, s)?;
+    let (walk, position) = group(kn, s, w, work, route.ids, n_tok)?;
     expert_walk(kn, s, w, work, h, x, n_tok, walk, Some(position))
 }
 
@@ -137,8 +158,7 @@ pub(in crate::backend::cuda) fn pair_path(w: &MoeLayerW, n_tok: usize) -> Option
     if n_tok > pair_max_tokens() || !fused_enabled() || k > 8 {
         return None;
     }
-    let q8 =
-        crate::backend::cuda::ops::moe_q8::q8_enabled() && crate::backend::cuda::ops::moe_q8::fits(&w.gate, &w.down, k);
+    let q8 = moe_q8::q8_enabled() && moe_q8::fits(&w.gate, &w.down, k);
     Some(match () {
         _ if q8 => PairPath::Int8,
         _ => PairPath::Three,
@@ -177,27 +197,15 @@ pub fn pair_ffn(
     check("moe", rows <= work.cap_pairs && (sh.is_none() || path == PairPath::Three), || {
         format!("{rows} pairs, buffers for {} (a shared expert: the f32 path only)", work.cap_pairs)
     })?;
-    let (ids, wts, act) = (dev(&work.ids, s)?, dev(&work.wts, s)?, dev(&work.act, s)?);
-    let (router, logits) = (Dev::of(&w.router, s), dev(&work.logits, s)?);
-    let norm = w.norm_topk_prob;
+    let route = route(s, w, work, h, n_tok)?;
+    let (ids, wts, act) = (route.ids, route.wts, dev(&work.act, s)?);
     if let Some((norm_w, eps)) = rms {
         NormIn { x, w: norm_w, h, n: n_tok, dim, eps }.plain().launch(kn, s)?;
     }
-    let route = MoeRoute { x: h, w: router, logits, ids, wts, n_tok, dim, n_experts: w.n_experts, k, norm };
     MoeRouteFused { route, count: dev(&work.route_count, s)? }.launch_sh(kn, s, sh)?;
     if path == PairPath::Int8 {
         let (ne, n_pairs) = (w.n_experts, pairs);
-        crate::backend::cuda::ops::moe_q8::MoeGateUpQ8 {
-            gate: &w.gate,
-            up: &w.up,
-            n_experts: ne,
-            h,
-            ids,
-            act,
-            n_pairs,
-            k,
-        }
-        .launch(kn, s)?;
+        moe_q8::MoeGateUpQ8 { gate: &w.gate, up: &w.up, n_experts: ne, h, ids, act, n_pairs, k }.launch(kn, s)?;
         return MoeDownSum { down: &w.down, n_experts: ne, act, ids, wts, x, n_tok, k }.launch_q8(kn, s);
     }
     MoeMat {
