@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dustoff::job::checkpoint::{
-    checkpoint_dir, discard_dir, file_identity, Checkpoint, CheckpointError, JobFingerprint, PendingRow,
-    CHECKPOINT_FORMAT_VERSION,
+    checkpoint_dir, discard_dir, Checkpoint, CheckpointError, PendingRow, CHECKPOINT_FORMAT_VERSION,
 };
+use dustoff::job::fingerprint::{file_identity, JobFingerprint};
 use dustoff::job::pipeline::{parse_json_output, Overflow, Pipeline, TextCodec};
 use dustoff::job::reader::{expand_inputs, InputFormat, ReadError, ReaderConfig, RecordReader};
 use dustoff::job::record::{ChatMessage, ErrorKind, Item, OpenAiEndpoint, RecordBody, RecordError};

@@ -12,8 +12,8 @@ use crate::backend::Backend;
 use crate::engine::sampler::{derive_seed, Sampler, SamplingParams};
 use crate::engine::single::generate_one;
 use crate::job::adapters::TokenizerCodec;
-use crate::job::checkpoint::{file_identity, model_identity, JobFingerprint};
 use crate::job::exit::ExitCode;
+use crate::job::fingerprint::{file_identity, model_identity, JobFingerprint};
 use crate::job::lock::JobLock;
 use crate::job::pipeline::TextCodec;
 #[cfg(doc)]

@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::checkpoint::JobFingerprint;
+use super::fingerprint::JobFingerprint;
 pub use super::report::FinishedIdentity;
 use super::report::{JobReport, Outcome};
 

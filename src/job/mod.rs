@@ -11,6 +11,7 @@ pub mod decompress;
 pub mod dry_run;
 pub mod errors_file;
 pub mod exit;
+pub mod fingerprint;
 pub mod identity;
 pub mod incremental;
 pub mod lock;

@@ -188,7 +188,7 @@ impl JobReport {
 pub struct FinishedIdentity {
     /// blake3 of `job` (the same as a checkpoint's digest for this job).
     pub digest: String,
-    pub job: super::checkpoint::JobFingerprint,
+    pub job: super::fingerprint::JobFingerprint,
     /// blake3 of the output file's bytes.
     pub output_blake3: String,
     /// blake3 of the per-record digests file (`<output>.digests.tsv`).

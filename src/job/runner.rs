@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use super::checkpoint::{file_identity, model_identity, Checkpoint, JobFingerprint, PendingRow};
+use super::checkpoint::{Checkpoint, PendingRow};
+use super::fingerprint::{file_identity, model_identity, JobFingerprint};
 use super::incremental::{DigestsWriter, Reuse, ReuseIndex};
 use super::lock::JobLock;
 use super::pipeline::{Pipeline, TextCodec};

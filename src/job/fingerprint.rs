@@ -1,0 +1,155 @@
+//! What makes two runs the same job (`JobFingerprint`: the model, the pipeline, the parameters
+//! that change rows, each input file, the shard) and the cheap identity of a file it is built
+//! from. A checkpoint, a finished job's report and a shard's order file each store one; a run
+//! whose fingerprint differs is refused or told what changed.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::shard::ShardSpec;
+
+/// A file's identity without reading all of it: size plus a blake3 of its first and last MiB.
+/// Cheap for 10 GB inputs and GB-sized models, and independent of the path (a moved file still
+/// resumes) and of mtime (a copy still resumes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileIdentity {
+    pub name: String,
+    pub size: u64,
+    pub sample: String,
+}
+
+pub fn file_identity(path: &Path) -> std::io::Result<FileIdentity> {
+    const SPAN: u64 = 1 << 20;
+    let mut f = File::open(path)?;
+    let size = f.metadata()?.len();
+    let mut h = blake3::Hasher::new();
+    h.update(&size.to_le_bytes());
+    let mut buf = vec![0u8; SPAN.min(size) as usize];
+    f.read_exact(&mut buf)?;
+    h.update(&buf);
+    if size > SPAN {
+        let start = (size - SPAN).max(SPAN);
+        f.seek(SeekFrom::Start(start))?;
+        let mut tail = Vec::new();
+        f.take(SPAN).read_to_end(&mut tail)?;
+        h.update(&tail);
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(FileIdentity { name, size, sample: h.finalize().to_hex().to_string() })
+}
+
+/// The identity of a model given on the command line: a GGUF file as [`file_identity`]; a
+/// Hugging Face directory by its `config.json`, `tokenizer.json` and every `*.safetensors`
+/// file (and shard index), in name order, so that changing any of them changes the job.
+pub fn model_identity(path: &Path) -> std::io::Result<FileIdentity> {
+    if !path.is_dir() {
+        return file_identity(path);
+    }
+    let mut names: Vec<std::path::PathBuf> = std::fs::read_dir(path)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            p.is_file()
+                && (n == "config.json"
+                    || n == "tokenizer.json"
+                    || n.ends_with(".safetensors")
+                    || n.ends_with(".safetensors.index.json"))
+        })
+        .collect();
+    names.sort();
+    let mut h = blake3::Hasher::new();
+    let mut size = 0u64;
+    for p in &names {
+        let id = file_identity(p)?;
+        size += id.size;
+        h.update(id.name.as_bytes());
+        h.update(id.sample.as_bytes());
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(FileIdentity { name, size, sample: h.finalize().to_hex().to_string() })
+}
+
+/// What makes two runs the same job. Anything that changes a row belongs here.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobFingerprint {
+    pub model: FileIdentity,
+    /// blake3 of the pipeline file's bytes (or of the built-in OpenAI pipeline's name).
+    pub pipeline: String,
+    /// Canonical JSON of the parameters that change outputs (generation, limits, overrides).
+    pub params: String,
+    pub inputs: Vec<FileIdentity>,
+    pub shard: Option<ShardSpec>,
+    /// `--incremental`: the digest of the finished output whose rows this job reuses (absent
+    /// otherwise, so that other jobs' digests are as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+}
+
+impl JobFingerprint {
+    /// Hex digest of everything.
+    pub fn digest(&self) -> String {
+        blake3::hash(serde_json::to_string(self).unwrap_or_default().as_bytes()).to_hex().to_string()
+    }
+
+    /// Hex digest without the shard: the same for all shards of one job (checked by merge).
+    pub fn job_digest(&self) -> String {
+        let mut f = self.clone();
+        f.shard = None;
+        f.digest()
+    }
+
+    /// What differs, for the mismatch message: the parts by name, each input file that changed
+    /// with its sizes (`self` is the checkpoint's, `other` this run's).
+    pub fn describe_differences(&self, other: &JobFingerprint) -> String {
+        let mut d: Vec<String> = Vec::new();
+        for part in self.differences(other) {
+            if part != "the input files" {
+                d.push(part.to_string());
+                continue;
+            }
+            let mut files = Vec::new();
+            for (k, new) in other.inputs.iter().enumerate() {
+                match self.inputs.get(k) {
+                    Some(old) if old == new => {}
+                    Some(old) if old.name == new.name => {
+                        files.push(format!("{} ({} -> {} bytes, content differs)", new.name, old.size, new.size))
+                    }
+                    Some(old) => files.push(format!("{} in place of {}", new.name, old.name)),
+                    None => files.push(format!("{} added", new.name)),
+                }
+            }
+            for old in self.inputs.iter().skip(other.inputs.len()) {
+                files.push(format!("{} no longer given", old.name));
+            }
+            d.push(format!("the input files ({})", files.join(", ")));
+        }
+        d.join(", ")
+    }
+
+    /// Names of the parts that differ, for the mismatch message.
+    pub fn differences(&self, other: &JobFingerprint) -> Vec<&'static str> {
+        let mut d = Vec::new();
+        if self.model != other.model {
+            d.push("the model");
+        }
+        if self.pipeline != other.pipeline {
+            d.push("the pipeline file");
+        }
+        if self.params != other.params {
+            d.push("the generation parameters");
+        }
+        if self.inputs != other.inputs {
+            d.push("the input files");
+        }
+        if self.shard != other.shard {
+            d.push("the shard");
+        }
+        if self.base != other.base {
+            d.push("the finished output an --incremental run builds on");
+        }
+        d
+    }
+}
