@@ -56,6 +56,10 @@ print(f"dustoff {kv}: {n} records in {wall:.1f} s = {n * 3600 / wall:,.0f} docum
       f"preemptions {e['preemptions']}; peak {(e.get('peak_device_bytes') or 0) / 1e9:.2f} GB; "
       f"steps at {100 * b.get('share', 0):.1f}% of their bound ({b.get('steps', 0)} steps, "
       f"weights {b.get('weight_gb_per_step', 0):.2f} GB + KV {b.get('kv_gb_per_step', 0):.2f} GB a step)")
+v100 = b.get("v100_bound_seconds") or 0
+if v100 > 0:
+    print(f"  on a V100 at its peak rates (900 GB/s, 125 TFLOP/s) these steps take at least {v100:.1f} s: "
+          f"at most {n * 3600 / v100:,.0f} documents/hour for this job")
 PY
 }
 

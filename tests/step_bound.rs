@@ -1,7 +1,8 @@
 //! The engine's tally of its steps against their bound (`engine::step_cost`, the share a GPU job
 //! reports): on the CPU backend with the sample model and made-up rates, one request's prefill
 //! chunk and decode steps are each counted with the KV they read, the tokens they ran and the
-//! positions they attended, and the bound's seconds are the sum of the per-step maxima.
+//! positions they attended, and the bound's seconds are the sum of the per-step maxima (at the
+//! tally's rates and at a V100's).
 
 mod common;
 
@@ -46,6 +47,9 @@ fn a_request_s_steps_are_tallied_with_what_each_read_and_computed() {
     assert_eq!(t.flop_bound_steps, steps.iter().filter(|&&(r, f)| f / 1e12 > bytes(r) / 1e11).count() as u64);
     assert!(t.flop_bound_steps >= 1 && t.flop_bound_steps < g as u64, "{t:?}");
     assert!(t.measured_seconds > 0.0 && (t.share - t.bound_seconds / t.measured_seconds).abs() < 1e-12);
+    // The same steps at a V100's peak rates, whatever rates the tally was taken at.
+    let v100: f64 = steps.iter().map(|&(r, f)| (bytes(r) / 900e9).max(f / 125e12)).sum();
+    assert!((t.v100_bound_seconds - v100).abs() < 1e-9 * v100.max(1.0), "{} vs {v100}", t.v100_bound_seconds);
     // The CPU backend reports no device memory.
     assert_eq!(mt.peak_device_bytes, None);
 }

@@ -440,6 +440,9 @@ fn device_line(mj: &serde_json::Value) -> Option<String> {
             b["flop_bound_steps"],
         );
     }
+    if let Some(v100) = b["v100_bound_seconds"].as_f64().filter(|&v| v > 0.0) {
+        s += &format!("; on a V100 (900 GB/s, 125 TFLOP/s) these steps take at least {v100:.2} s");
+    }
     Some(s)
 }
 

@@ -18,7 +18,7 @@ use crate::model::config::ModelConfig;
 pub fn params_per_token(c: &ModelConfig) -> u64 {
     let all = crate::backend::cuda::plan::memory::f16_matrix_bytes(c) / 2;
     let unused: usize = (0..c.n_layers)
-        .filter_map(|l| c.moe.as_ref().filter(|m| m.is_sparse(l)))
+        .filter_map(|l| c.sparse_ffn(l))
         .map(|m| (m.n_experts - m.n_used.min(m.n_experts)) * 3 * m.expert_ffn_dim * c.dim)
         .sum();
     let embd = if c.tied_embeddings { 0 } else { c.vocab_size * c.dim };
@@ -87,6 +87,11 @@ pub struct BoundRates {
     pub flops: Option<f64>,
 }
 
+/// A V100-SXM2's peak rates (900 GB/s of HBM2, 125 TFLOP/s of F16 tensor cores): a step's
+/// bound at these rates is the least time it can take on the card dustoff is built for, whatever
+/// the card the steps were measured on.
+pub const V100: BoundRates = BoundRates { bandwidth: 900e9, flops: Some(125e12) };
+
 /// Steps against their bound, summed.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct BoundTally {
@@ -102,6 +107,9 @@ pub struct BoundTally {
     pub flop_bound_steps: u64,
     /// `bound_seconds / measured_seconds`.
     pub share: f64,
+    /// The same steps' bound at [`V100`]'s rates: no V100 runs them in less (the steps of a job
+    /// within `--max-gpu-memory 32GB` are the ones a 32 GB V100 would run).
+    pub v100_bound_seconds: f64,
 }
 
 impl BoundTally {
@@ -115,6 +123,7 @@ impl BoundTally {
         self.steps += 1;
         self.flop_bound_steps += u64::from(cost.flop_bound(rates));
         self.bound_seconds += cost.seconds(rates);
+        self.v100_bound_seconds += cost.seconds(V100);
         self.measured_seconds += seconds;
         self.share = self.bound_seconds / self.measured_seconds.max(1e-9);
     }
@@ -171,6 +180,9 @@ mod tests {
         step_by_step.add(&s, t / 0.25, rates);
         step_by_step.add(&s, t / 0.25, rates);
         assert!((step_by_step.share - r.share).abs() < 1e-12 && step_by_step.steps == 2);
+        // At a V100's rates the same steps are bound by their bytes too: 13.19 GB at 900 GB/s.
+        let v100 = 2.0 * (4.7e9 + 8.49e9) / 900e9;
+        assert!((r.v100_bound_seconds - v100).abs() < 1e-4, "{r:?}");
         // A 512-token prefill chunk of one sequence is bound by its arithmetic on the same card.
         let p = StepCost { weight_bytes: 4_700_000_000, kv_bytes: 512 * kv_pos, flops: 2.0 * 7.5e9 * 512.0 };
         assert!(p.flop_bound(rates) && !s.flop_bound(rates));
