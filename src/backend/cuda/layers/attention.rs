@@ -7,7 +7,7 @@
 //!
 //! `io.x += o(attention(h))`; the norm before folds into the Q|K|V product where `cx.pre` says.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::super::hybrid::RecurrentCuda;
 use super::super::layer::AttnW;
@@ -50,22 +50,9 @@ pub(super) fn full(lw: &AttnW, rope: &Rope, cx: Cx, hooks: &mut Hooks) -> Result
             hooks.mark("qkv matmul")?;
         }
     }
-    let (kc, vc, kv_scales) = lw.kv_dev(s);
     QkvPost {
         qkv,
-        store: RopeStore {
-            q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
-            k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
-            pos: io.pos,
-            cos: Dev::of(rope.cos, s),
-            sin: Dev::of(rope.sin, s),
-            max_pos: rope.max_pos,
-            k_cache: kc,
-            v_cache: vc,
-            kv_scales,
-            kv_rows: io.kv_rows,
-            cache_rows: io.cache_rows,
-        },
+        store: rope_store(lw, rope, io, s),
         n_tok: n,
         n_heads: c.n_heads,
         n_kv: c.n_kv_heads,
@@ -76,7 +63,7 @@ pub(super) fn full(lw: &AttnW, rope: &Rope, cx: Cx, hooks: &mut Hooks) -> Result
     }
     .launch(k, s)?;
     hooks.mark("qkv_post")?;
-    let paged = paged(c, io, qkv, qkv_w, (kc, vc, kv_scales));
+    let paged = paged(c, io, qkv, qkv_w, lw.kv_dev(s));
     io.attn.launch(k, s, paged, &mut |class| hooks.mark(class))?;
     hooks.input(li, TapPoint::MixerOut, io.att, n, qd)?;
     let accumulate = hooks.adds_residual();
@@ -106,24 +93,11 @@ pub(super) fn hybrid(
         None => mm.run(k, p)?,
     }
     hooks.mark("attn qkv proj")?;
-    let (kc, vc, kv_scales) = lw.kv_dev(s);
     HybQkvPost {
         proj,
         stride: width,
         q,
-        store: RopeStore {
-            q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
-            k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
-            pos: io.pos,
-            cos: Dev::of(rope.cos, s),
-            sin: Dev::of(rope.sin, s),
-            max_pos: rope.max_pos,
-            k_cache: kc,
-            v_cache: vc,
-            kv_scales,
-            kv_rows: io.kv_rows,
-            cache_rows: io.cache_rows,
-        },
+        store: rope_store(lw, rope, io, s),
         n_tok: n,
         n_heads: c.n_heads,
         n_kv: c.n_kv_heads,
@@ -134,7 +108,7 @@ pub(super) fn hybrid(
     }
     .launch(k, s)?;
     hooks.mark("attn qkv_post")?;
-    let paged = paged(c, io, q, qd, (kc, vc, kv_scales));
+    let paged = paged(c, io, q, qd, lw.kv_dev(s));
     io.attn.launch(k, s, paged, &mut |class| hooks.mark(class))?;
     if gated {
         GateMul { att: io.att, proj, stride: width, n_tok: n, n_heads: c.n_heads, head_dim: hd }.launch(k, s)?;
@@ -175,5 +149,24 @@ fn paged(
         bt_stride: io.bt_stride,
         q_stride,
         out_stride: c.q_dim(),
+    }
+}
+
+/// Where the QKV post-processing of a step writes (`[n_tok]` positions, the layer's K/V cache
+/// rows) and the norms and rotation it applies: shared by the plain and the hybrid attention.
+fn rope_store(lw: &AttnW, rope: &Rope, io: &StepIo, s: &CudaStream) -> RopeStore {
+    let (k_cache, v_cache, kv_scales) = lw.kv_dev(s);
+    RopeStore {
+        q_norm: lw.q_norm.as_ref().map(|v| Dev::of(v, s)),
+        k_norm: lw.k_norm.as_ref().map(|v| Dev::of(v, s)),
+        pos: io.pos,
+        cos: Dev::of(rope.cos, s),
+        sin: Dev::of(rope.sin, s),
+        max_pos: rope.max_pos,
+        k_cache,
+        v_cache,
+        kv_scales,
+        kv_rows: io.kv_rows,
+        cache_rows: io.cache_rows,
     }
 }
