@@ -8,7 +8,7 @@ use clap::{CommandFactory, FromArgMatches};
 
 use dustoff::cli::{Cli, Cmd};
 
-use dustoff::commands::common::{self, Device};
+use dustoff::commands::device_choice::{self, Device};
 use dustoff::job::exit::{self, ExitCode as Code, UsageError};
 
 /// The tokenizer allocates many small strings per record; mimalloc halves the time glibc's
@@ -79,7 +79,7 @@ fn place_threads(cli: &Cli) -> Result<()> {
         Cmd::Bench(a) => Some(a.device.as_str()),
         _ => None,
     };
-    let ordinal = match device.map(common::parse_device) {
+    let ordinal = match device.map(device_choice::parse_device) {
         Some(Ok(Device::Cuda(n))) => Some(n),
         _ => None,
     };

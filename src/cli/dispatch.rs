@@ -3,7 +3,7 @@
 use anyhow::Result;
 
 use super::{pick_device, Cli, Cmd};
-use crate::commands::common;
+use crate::commands::model_load;
 use crate::commands::tokenize;
 use crate::job::exit::{ExitCode as Code, UsageError};
 
@@ -30,7 +30,7 @@ pub fn run(cli: Cli) -> Result<Code> {
         Cmd::Tokenize(a) => {
             // Checked before the model loads: tokenize writes its rows as they are made.
             crate::job::outputs::check_output(&a.output, &[&a.input, &a.model])?;
-            let t = common::load_tokenizer(&a.model)?;
+            let t = model_load::load_tokenizer(&a.model)?;
             let errors = tokenize::run(&t.tokenizer, &a.input, &a.output)?;
             Ok(if errors > 0 { Code::RecordErrors } else { Code::Ok })
         }

@@ -5,8 +5,12 @@ use anyhow::Result;
 
 use super::job_args::*;
 use super::pick_device;
-use crate::commands::common::{self};
+
 use crate::commands::generate;
+use crate::commands::job_settings;
+use crate::commands::model_load;
+use crate::commands::placement;
+use crate::commands::slots;
 use crate::job::exit::{ExitCode as Code, UsageError};
 
 /// `generate`: one `--prompt` streamed, or `--input` lines as a job of the run loop (resumable,
@@ -28,9 +32,9 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
     match (a.prompt, a.input, a.output) {
         (Some(p), _, _) => {
             let device = pick_device(&a.model.device)?;
-            let m = common::load(&a.model.model)?;
+            let m = model_load::load(&a.model.model)?;
             let step = crate::engine::single::PREFILL_CHUNK;
-            let place = common::Placement {
+            let place = placement::Placement {
                 ptx_dir: a.model.ptx_dir.clone(),
                 f16_weights: false,
                 max_gpu_memory: a.engine.max_gpu_memory,
@@ -67,11 +71,11 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
                 output: &o,
                 ctx: a.ctx,
                 restart: a.restart,
-                commit_rows: common::commit_rows(),
+                commit_rows: job_settings::commit_rows(),
             };
             crate::job::checkpoint::Checkpoint::verify(&o, &generate::fingerprint(&job, &opt)?, a.restart)
                 .map_err(|e| anyhow::anyhow!(e).context(format!("opening the checkpoint of {}", o.display())))?;
-            let m = common::load(&a.model.model)?;
+            let m = model_load::load(&a.model.model)?;
             let max_batch_tokens = a.engine.max_batch_tokens(&device);
             let (slots, kv_type) = crate::commands::tensor_parallel::slots_for(
                 a.engine.slots,
@@ -87,7 +91,7 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
                 !a.engine.no_prefix_cache,
                 m.fingerprint,
             );
-            let place = common::Placement {
+            let place = placement::Placement {
                 ptx_dir: a.model.ptx_dir.clone(),
                 f16_weights: false,
                 max_gpu_memory: a.engine.max_gpu_memory,
@@ -96,13 +100,9 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
                 max_seq_positions: Some(a.ctx),
             };
             let tokens = match a.engine.tensor_parallel {
-                None => common::kv_positions(
-                    &device,
-                    (&m.config, &m.weights),
-                    (slots, a.ctx),
-                    cfg.max_batch_tokens,
-                    &place,
-                )?,
+                None => {
+                    slots::kv_positions(&device, (&m.config, &m.weights), (slots, a.ctx), cfg.max_batch_tokens, &place)?
+                }
                 Some(_) => a.ctx * slots,
             };
             let backend = crate::commands::tensor_parallel::backend_for(

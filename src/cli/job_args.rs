@@ -7,7 +7,9 @@ use clap::Args;
 
 use crate::backend::cuda::plan::budget::MemoryCap;
 use crate::backend::kv_type::KvChoice;
-use crate::commands::common::{self, Slots};
+use crate::commands::device_choice;
+use crate::commands::placement;
+use crate::commands::slots::Slots;
 use crate::model::loader::SAMPLE_MODEL;
 
 #[derive(Args)]
@@ -200,12 +202,12 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    pub fn memory(&self) -> common::MemoryFlags {
-        common::MemoryFlags { max_gpu_memory: self.max_gpu_memory, kv_cache: self.kv_cache }
+    pub fn memory(&self) -> placement::MemoryFlags {
+        placement::MemoryFlags { max_gpu_memory: self.max_gpu_memory, kv_cache: self.kv_cache }
     }
 
     /// `--max-batch-tokens`, or the default of `device`.
-    pub fn max_batch_tokens(&self, device: &common::Device) -> usize {
+    pub fn max_batch_tokens(&self, device: &device_choice::Device) -> usize {
         self.max_batch_tokens.unwrap_or_else(|| crate::engine::batch::default_max_batch_tokens(device.is_gpu()))
     }
 }

@@ -19,7 +19,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 use self::{job_args::*, machine_args::*, model_args::*};
-use crate::commands::common::{self, Device};
+use crate::commands::device_choice::{self, Device};
 
 #[derive(Parser)]
 #[command(name = "dustoff", version, about = "Batch LLM text processing on old GPU servers (V100 and newer) and CPUs")]
@@ -78,7 +78,7 @@ pub enum Cmd {
 
 /// The `--device` flag parsed; `auto` says on stderr which device it chose.
 pub fn pick_device(s: &str) -> Result<Device> {
-    let d = common::parse_device(s)?;
+    let d = device_choice::parse_device(s)?;
     if s == "auto" {
         match d {
             Device::Cpu => eprintln!("device: cpu (no usable CUDA device)"),

@@ -6,8 +6,11 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
+use super::backend_setup;
 use super::bench::{bench, bench_batched, bench_shared_prefix, print_prompt_table};
-use super::common::{self, Device, Placement};
+use super::device_choice::Device;
+use super::model_load;
+use super::placement::Placement;
 use crate::backend::cuda::plan::budget::MemoryCap;
 use crate::backend::Backend;
 use crate::engine::batch::BLOCK_SIZE;
@@ -57,7 +60,7 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
     // The backend is made for the mode's KV needs below; `make` builds it on the device.
     let loaded = match &a.synthetic {
         Some(_) => None,
-        None => Some(common::load(&a.model)?),
+        None => Some(model_load::load(&a.model)?),
     };
     let name = match &a.synthetic {
         Some(shape) => format!("synthetic {shape} {}", a.dtype),
@@ -100,9 +103,11 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
             ),
             (Some(shape), _) => {
                 let dtype = if a.f16_weights { "f16" } else { a.dtype.as_str() };
-                common::make_synthetic_backend_for(shape, dtype, &a.device, tokens, (step, seqs), &place)
+                backend_setup::make_synthetic_backend_for(shape, dtype, &a.device, tokens, (step, seqs), &place)
             }
-            (None, Some(m)) => common::make_backend(&m.config, &m.weights, &a.device, tokens, (step, seqs), &place),
+            (None, Some(m)) => {
+                backend_setup::make_backend(&m.config, &m.weights, &a.device, tokens, (step, seqs), &place)
+            }
             (None, None) => unreachable!("a model is loaded when no shape is given"),
         }
     };

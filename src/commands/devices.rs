@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
-use super::common::{self, Device, Slots};
+use super::backend_setup;
+use super::device_choice::Device;
+use super::placement;
+use super::slots::{self, Slots};
 use crate::backend::Backend;
 use crate::engine::batch::{Engine, EngineConfig};
 use crate::engine::constraint::Grammar;
@@ -92,7 +95,7 @@ pub fn engine_slots(
     weights: &ModelWeights,
     per_seq: usize,
     max_batch_tokens: usize,
-    flags: common::MemoryFlags,
+    flags: placement::MemoryFlags,
 ) -> Result<Vec<usize>> {
     // One type for every engine: the given one, F16 for auto.
     let kv = flags.kv_cache.or_f16();
@@ -100,7 +103,7 @@ pub fn engine_slots(
     for d in devs {
         let n = match (slots, d) {
             (Slots::Count(n), _) => n,
-            (Slots::Auto, Device::Cpu) => common::CPU_AUTO_SLOTS,
+            (Slots::Auto, Device::Cpu) => slots::CPU_AUTO_SLOTS,
             (Slots::Auto, Device::Cuda(ordinal)) => {
                 let share = devs.iter().filter(|e| *e == d).count() as u64;
                 let dev = crate::backend::cuda::device::CudaDevice::new(*ordinal)
@@ -108,7 +111,7 @@ pub fn engine_slots(
                 let (free, _) = dev.mem_info()?;
                 let avail = crate::backend::cuda::plan::budget::available(flags.max_gpu_memory, free as u64);
                 let bytes = crate::backend::cuda::plan::memory::device_weight_bytes(cfg, weights, false);
-                common::fit_slots(cfg, bytes, avail / share, (per_seq, max_batch_tokens), kv).max(1)
+                slots::fit_slots(cfg, bytes, avail / share, (per_seq, max_batch_tokens), kv).max(1)
             }
         };
         out.push(n);
@@ -128,7 +131,7 @@ pub struct PoolConfig {
     pub max_batch_tokens: usize,
     pub prefix_cache: bool,
     /// `--ptx-dir`, `--max-gpu-memory` (each engine's share of its GPU: see [`start_pool`]).
-    pub place: common::Placement,
+    pub place: placement::Placement,
     pub eos: Vec<u32>,
     pub grammar: Option<Grammar>,
     pub stop: StopFlag,
@@ -145,12 +148,12 @@ pub fn start_pool(pc: &PoolConfig, devs: &[Device], slots: &[usize]) -> Result<E
         let share = devs.iter().filter(|e| **e == device).count() as u64;
         let cap =
             pc.place.max_gpu_memory.map(|c| crate::backend::cuda::plan::budget::MemoryCap { bytes: c.bytes / share });
-        let place = common::Placement { max_gpu_memory: cap, ..pc.place.clone() };
+        let place = placement::Placement { max_gpu_memory: cap, ..pc.place.clone() };
         let cfg = EngineConfig::new(slots, pc.max_batch_tokens, pc.prefix_cache, pc.model_fingerprint);
         let tokens = slots * pc.per_seq;
         let make = move || -> Result<Box<dyn Generate>> {
             let step = cfg.max_batch_tokens;
-            let backend = common::make_backend(&model.0, &model.1, &device, tokens, (step, slots), &place)?;
+            let backend = backend_setup::make_backend(&model.0, &model.1, &device, tokens, (step, slots), &place)?;
             eprintln!("engine {label_t}: {}; {slots} slots, KV room for {tokens} tokens", backend.describe());
             let engine = Engine::new(backend, cfg)?;
             Ok(Box::new(EngineGenerate::new(engine, eos).with_stop(stop).with_grammar(grammar)))

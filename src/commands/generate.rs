@@ -244,7 +244,7 @@ pub fn run_jsonl<G: Generate>(
         shard: None,
         commit_rows: job.commit_rows,
         commit_interval: Duration::from_secs(5),
-        progress_interval: super::common::progress_interval(),
+        progress_interval: super::job_settings::progress_interval(),
         quiet: false,
         model_label: job.model_path.display().to_string(),
     };

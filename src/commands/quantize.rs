@@ -14,8 +14,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::commands::common::calibration_device;
 use crate::commands::convert::ConvertArgs;
+use crate::commands::device_choice::calibration_device;
 use crate::job::pipeline::Pipeline;
 use crate::model::loader::load_model;
 use crate::quantize::calibrate::{calibrate, read_texts, token_windows};

@@ -5,7 +5,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::common::{self, Device, MemoryFlags, Placement, Slots};
+use super::device_choice::{self, Device};
+use super::job_settings;
+use super::model_load;
+use super::placement::{MemoryFlags, Placement};
+use super::slots::{self, Slots};
 use crate::backend::Backend;
 use crate::engine::batch::{Engine, EngineConfig, BLOCK_SIZE};
 use crate::engine::constraint::{ConstraintError, ConstraintFactory, Grammar};
@@ -144,7 +148,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         drop(lock);
         return dry_run(a, &job, &inputs, shard);
     }
-    let m = common::load(&a.model)?;
+    let m = model_load::load(&a.model)?;
     let codec = TokenizerCodec(&m.tokenizer);
     let grammar = match &job {
         JobKind::Pipeline(p) => output_grammar(p, &m.tokenizer)?,
@@ -163,8 +167,8 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     // paged pool admits a prompt only when its blocks are free, and the longest record still
     // fits (`per_seq` bounds the tables of every sequence).
     let pool_seq = match a.slots {
-        common::Slots::Auto => pool_positions(&job, &inputs, shard, &codec, per_seq)?,
-        common::Slots::Count(_) => per_seq,
+        Slots::Auto => pool_positions(&job, &inputs, shard, &codec, per_seq)?,
+        Slots::Count(_) => per_seq,
     };
     let gpus = if a.device == Device::Cpu { 0 } else { crate::backend::cuda::device::device_count() };
     let devs = match a.tensor_parallel {
@@ -199,11 +203,11 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         place.kv_type = kv_type;
         // Measured before the weights are placed: one GPU engine (tensor-parallel ranks and data-
         // parallel engines share devices and are not tallied).
-        let bound_rates = if a.tensor_parallel.is_none() { common::step_bound_rates(&devs[0]) } else { None };
+        let bound_rates = if a.tensor_parallel.is_none() { device_choice::step_bound_rates(&devs[0]) } else { None };
         let cfg = EngineConfig::new(slots, a.max_batch_tokens, a.prefix_cache, m.fingerprint);
         let step = cfg.max_batch_tokens;
         let tokens = match a.tensor_parallel {
-            None => common::kv_positions(&devs[0], (&m.config, &m.weights), (slots, pool_seq), step, &place)?,
+            None => slots::kv_positions(&devs[0], (&m.config, &m.weights), (slots, pool_seq), step, &place)?,
             Some(_) => slots * pool_seq,
         }
         .max(per_seq);
@@ -261,9 +265,9 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         max_errors: a.max_errors,
         tolerance: a.tolerance,
         shard,
-        commit_rows: common::commit_rows(),
+        commit_rows: job_settings::commit_rows(),
         commit_interval: std::time::Duration::from_secs(5),
-        progress_interval: common::progress_interval(),
+        progress_interval: job_settings::progress_interval(),
         quiet: a.quiet,
         model_label: a.model.display().to_string(),
     };
@@ -342,7 +346,7 @@ fn model_not_found_hint(model: &Path) -> String {
 /// vocab-only GGUF works), prints a summary (JSON with `--json`) and exits as the run would:
 /// 3 when the records that would fail are over the error tolerance.
 fn dry_run(a: &RunArgs, job: &JobKind, inputs: &[PathBuf], shard: Option<ShardSpec>) -> Result<ExitCode> {
-    let t = common::load_tokenizer(&a.model)?;
+    let t = model_load::load_tokenizer(&a.model)?;
     let mut r = crate::job::dry_run::dry_run(job, inputs, shard, &TokenizerCodec(&t.tokenizer), BLOCK_SIZE)?;
     // The model's metadata (not its weights), when the file has any: a hybrid model's
     // per-sequence state belongs to the plan.

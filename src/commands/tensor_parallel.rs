@@ -8,7 +8,10 @@
 
 use anyhow::{Context, Result};
 
-use super::common::{self, Device};
+use super::backend_setup;
+use super::device_choice::Device;
+use super::placement;
+use super::slots;
 use crate::backend::Backend;
 use crate::job::exit::UsageError;
 use crate::model::config::ModelConfig;
@@ -65,7 +68,7 @@ pub fn make_tp_backend(
     devs: &[Device],
     tokens: usize,
     (max_batch_tokens, seqs): (usize, usize),
-    place: &common::Placement,
+    place: &placement::Placement,
 ) -> Result<Box<dyn Backend>> {
     check_split(cfg, devs)?;
     let blocks = tokens.div_ceil(crate::engine::batch::BLOCK_SIZE).max(1);
@@ -80,7 +83,7 @@ pub fn make_tp_backend(
         Box::new(crate::backend::cpu::tensor_parallel::tp_cpu_group(cfg, w, n, blocks, bs)?)
     } else {
         let ordinals: Vec<usize> = devs.iter().map(|d| if let Device::Cuda(k) = d { *k } else { 0 }).collect();
-        let opts = common::cuda_options(ordinals[0], blocks, (max_batch_tokens, seqs), place);
+        let opts = backend_setup::cuda_options(ordinals[0], blocks, (max_batch_tokens, seqs), place);
         let p = plan_per_gpu(cfg, w, n, tokens, (max_batch_tokens, seqs))?;
         eprintln!(
             "tensor parallel: {n} ranks on {ordinals:?}; per rank: weights {:.2} GB, KV {:.2} GB, workspace {:.2} GB",
@@ -106,10 +109,10 @@ pub fn backend_for(
     devices: Option<&str>,
     tokens: usize,
     step: (usize, usize),
-    place: &common::Placement,
+    place: &placement::Placement,
 ) -> Result<Box<dyn Backend>> {
     match tp {
-        None => common::make_backend(cfg, w, device, tokens, step, place),
+        None => backend_setup::make_backend(cfg, w, device, tokens, step, place),
         Some(n) => {
             let devs = rank_devices(device, devices, n, gpu_count(device))?;
             make_tp_backend(cfg, w, &devs, tokens, step, place)
@@ -120,19 +123,19 @@ pub fn backend_for(
 /// `--slots` for a one-engine command: with `--tensor-parallel N`, sized by the memory plan of
 /// rank 0's shard (what one GPU holds), after the split is checked; within `cap` on each GPU.
 pub fn slots_for(
-    slots: common::Slots,
+    slots: slots::Slots,
     device: &Device,
     (cfg, w): (&ModelConfig, &ModelWeights),
     tp: Option<usize>,
     sizes: (usize, usize),
-    flags: common::MemoryFlags,
+    flags: placement::MemoryFlags,
 ) -> Result<(usize, crate::backend::kv_type::KvType)> {
     match tp {
-        None => common::resolve_slots(slots, device, (cfg, w), sizes, flags),
+        None => slots::resolve_slots(slots, device, (cfg, w), sizes, flags),
         Some(n) => {
             check(cfg, n).map_err(|e| UsageError::new(e.to_string()))?;
             let (sc, sw) = rank0_shard(cfg, w, n)?;
-            common::resolve_slots(slots, device, (&sc, &sw), sizes, flags)
+            slots::resolve_slots(slots, device, (&sc, &sw), sizes, flags)
         }
     }
 }

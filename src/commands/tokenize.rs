@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use super::common::{read_jsonl, JsonlWriter};
+use super::jsonl::{read_jsonl, JsonlWriter};
 use crate::tokenizer::Tokenizer;
 
 pub fn run(tok: &Tokenizer, input: &Path, output: &Path) -> Result<usize> {

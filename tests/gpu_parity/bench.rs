@@ -69,7 +69,8 @@ fn bench_qwen3_8b_synthetic() {
 fn long_context_bench() {
     let Some(g) = gpu("long-context bench") else { return };
     drop(g);
-    use dustoff::commands::common::{make_synthetic_backend_for, Device};
+    use dustoff::commands::backend_setup::make_synthetic_backend_for;
+    use dustoff::commands::device_choice::Device;
     let runs = std::env::var("DUSTOFF_LONG_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
     // `DUSTOFF_LONG_PROMPTS=16384` (comma-separated): only those prompt lengths.
     let prompts: Vec<usize> = std::env::var("DUSTOFF_LONG_PROMPTS")
@@ -108,7 +109,8 @@ fn long_context_bench() {
 fn shared_prefix_job_bench() {
     let Some(g) = gpu("shared-prefix job") else { return };
     drop(g);
-    use dustoff::commands::common::{make_synthetic_backend_for, Device};
+    use dustoff::commands::backend_setup::make_synthetic_backend_for;
+    use dustoff::commands::device_choice::Device;
     use dustoff::engine::batch::{BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS};
     let requests = std::env::var("DUSTOFF_SP_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(256);
     let (shared, unique, gen, slots) = (1000usize, 300usize, 200usize, 32usize);

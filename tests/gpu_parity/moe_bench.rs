@@ -8,8 +8,9 @@
 //! shape, `DUSTOFF_MOE_BENCH_PROMPT` the batched prompt length (default 128, 64 out).
 
 use dustoff::backend::Backend;
+use dustoff::commands::backend_setup::make_synthetic_backend;
 use dustoff::commands::bench::{bench, bench_batched};
-use dustoff::commands::common::{make_synthetic_backend, Device};
+use dustoff::commands::device_choice::Device;
 
 use super::gpu;
 

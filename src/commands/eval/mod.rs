@@ -32,7 +32,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::backend::kv_type::KvType;
-use crate::commands::common::calibration_device;
+use crate::commands::device_choice::calibration_device;
 use crate::model::loader::load_model;
 use crate::quantize::calibrate::{read_texts, token_windows, CalibrationDevice, Progress};
 use crate::quantize::QuantizeError;

@@ -8,7 +8,8 @@ use super::windows::{chunk_tokens, HeadInput, HeadSource};
 use crate::backend::cuda::{CudaBackend, CudaTap};
 use crate::backend::kv_type::KvType;
 use crate::backend::Backend;
-use crate::commands::common::{place_cuda, Placement};
+use crate::commands::backend_setup::place_cuda;
+use crate::commands::placement::Placement;
 use crate::engine::batch::BLOCK_SIZE;
 use crate::model::loader::LoadedModel;
 

@@ -1,70 +1,14 @@
-//! Pieces shared by the subcommands: device choice, model loading with a log line, JSONL I/O.
+//! How many sequences a job runs at once and in which KV cache type: `--slots` and `--kv-cache`
+//! (`auto`: what the memory plan fits within `--max-gpu-memory`), and the KV positions placed.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use anyhow::{Context, Result};
 
-use anyhow::{bail, Context, Result};
-
-use crate::backend::cpu::CpuBackend;
+use super::device_choice::Device;
+use super::placement::{MemoryFlags, Placement};
 use crate::backend::cuda::plan::budget::{self, MemoryCap};
 use crate::backend::kv_type::{KvChoice, KvType};
-use crate::backend::Backend;
-use crate::engine::batch::{BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS};
+use crate::engine::batch::BLOCK_SIZE;
 use crate::job::exit::UsageError;
-use crate::model::loader::{load_model, LoadedModel};
-
-/// Where to run the model.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Device {
-    Cpu,
-    Cuda(usize),
-}
-
-impl Device {
-    pub fn is_gpu(&self) -> bool {
-        matches!(self, Device::Cuda(_))
-    }
-}
-
-/// Parses `cpu`, `cuda`, `cuda:N` or `auto`. `auto` is the first GPU when one is usable, else
-/// the CPU (said in the log by the caller). Anything else is a usage error.
-pub fn parse_device(s: &str) -> Result<Device> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda(0)),
-        "auto" => Ok(if cuda_usable() { Device::Cuda(0) } else { Device::Cpu }),
-        _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(n)) => Ok(Device::Cuda(n)),
-            _ => Err(UsageError::new(format!("unknown device '{s}': use cpu, cuda, cuda:N or auto")).into()),
-        },
-    }
-}
-
-/// Where `quantize` calibrates and `eval` runs its windows, from `--device`: `auto` is the first
-/// GPU when one is usable, else the CPU; `cuda`/`cuda:N` without a usable GPU is a usage error.
-/// The GPU tap sees the input of every matrix of every layer kind (attention, Gated DeltaNet,
-/// dense FFN, each routed expert, the shared expert), as the CPU's. `ptx_dir`: `--ptx-dir`.
-pub fn calibration_device(
-    device: &str,
-    ptx_dir: Option<PathBuf>,
-) -> Result<crate::quantize::calibrate::CalibrationDevice> {
-    use crate::quantize::calibrate::CalibrationDevice;
-    let cuda = |ordinal| CalibrationDevice::Cuda { ordinal, ptx_dir: ptx_dir.clone() };
-    Ok(match parse_device(device)? {
-        Device::Cpu => CalibrationDevice::Cpu,
-        Device::Cuda(n) if device != "auto" => {
-            if !cuda_usable() {
-                return Err(UsageError::new(format!(
-                    "--device {device}: no usable CUDA device here; use --device cpu or auto"
-                ))
-                .into());
-            }
-            cuda(n)
-        }
-        Device::Cuda(n) => cuda(n),
-    })
-}
 
 /// `--slots`: a count, or `auto` (as many as the device's memory fits, see [`resolve_slots`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,37 +40,6 @@ pub const MAX_AUTO_SLOTS: usize = 128;
 /// `--slots auto` on the CPU: KV memory is host memory and throughput stops growing past a few
 /// sequences per core pair.
 pub const CPU_AUTO_SLOTS: usize = 8;
-
-/// How a command places a model on its device, beyond the sizes of its KV pool and steps.
-#[derive(Clone, Debug, Default)]
-pub struct Placement {
-    /// Precompiled PTX folder (`--ptx-dir`); `None`: `DUSTOFF_PTX_DIR`, else NVRTC.
-    pub ptx_dir: Option<PathBuf>,
-    /// On a GPU, widen block-format weights to F16 at load (`bench --weights f16`).
-    pub f16_weights: bool,
-    /// `--max-gpu-memory`: what the process may take on each GPU (see `backend::cuda::plan::budget`).
-    pub max_gpu_memory: Option<MemoryCap>,
-    /// The KV cache's element type (`--kv-cache` as resolved by [`resolve_slots`]).
-    pub kv_type: KvType,
-    /// The longest sequence the job runs (positions): a GPU sizes its RoPE tables, block-table
-    /// rows and attention partials by it; `None`: a sequence may take the whole KV pool.
-    pub max_seq_positions: Option<usize>,
-}
-
-/// The memory flags of `run`, `generate` and `bench`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MemoryFlags {
-    /// `--max-gpu-memory`.
-    pub max_gpu_memory: Option<MemoryCap>,
-    /// `--kv-cache`.
-    pub kv_cache: KvChoice,
-}
-
-impl Placement {
-    pub fn with_ptx_dir(ptx_dir: Option<&Path>) -> Self {
-        Placement { ptx_dir: ptx_dir.map(Path::to_path_buf), ..Default::default() }
-    }
-}
 
 /// The bytes a memory plan may take on `dev` (its free memory, within the cap) and the
 /// device's name for the log, with the cap when there is one.
@@ -223,26 +136,6 @@ pub fn auto_kv(f16: usize, q8: usize, slots: Slots) -> (KvType, usize) {
     (if f16 >= want { KvType::F16 } else { KvType::Q8 }, want)
 }
 
-/// The rates a job's steps are tallied against (`engine::step_cost`): on a GPU its copy rate,
-/// measured here before the model is placed (256 MiB each way, several times any L2; the
-/// buffers are freed before the weights arrive, so they count in no plan or peak), and its
-/// data-sheet tensor-core rate; `None` on the CPU or when the device cannot be measured (the
-/// job then runs without the tally, said in the log).
-pub fn step_bound_rates(device: &Device) -> Option<crate::engine::step_cost::BoundRates> {
-    let Device::Cuda(ordinal) = device else { return None };
-    let measured = crate::backend::cuda::device::CudaDevice::new(*ordinal).and_then(|d| {
-        let flops = crate::backend::cuda::device::tensor_flops(&d.name, d.cc);
-        d.copy_bandwidth(256 << 20, 10).map(|bandwidth| crate::engine::step_cost::BoundRates { bandwidth, flops })
-    });
-    match measured {
-        Ok(r) => Some(r),
-        Err(e) => {
-            eprintln!("step bound: not tallied ({e})");
-            None
-        }
-    }
-}
-
 /// The most sequences (up to [`MAX_AUTO_SLOTS`]) of `per_seq` positions whose CUDA memory plan
 /// (with workspace for steps of `max_batch_tokens`, raised to the slot count as the engine
 /// does; the KV cache in type `kv`) fits in `free` bytes; 0 when not even one does.
@@ -315,254 +208,6 @@ pub fn kv_positions(
         avail as f64 / 1e9
     );
     Ok(blocks * BLOCK_SIZE)
-}
-
-/// Whether a CUDA device can be used (a driver is loadable and reports a device).
-pub fn cuda_usable() -> bool {
-    crate::backend::cuda::device::device_count() > 0
-}
-
-/// Places a model on `device` with room for `tokens` cached positions; on a GPU the memory plan
-/// reserves workspace for steps of `max_batch_tokens` (the engine's `--max-batch-tokens`) and is
-/// checked within `place.max_gpu_memory`.
-pub fn make_backend(
-    cfg: &crate::model::config::ModelConfig,
-    w: &crate::model::weights::ModelWeights,
-    device: &Device,
-    tokens: usize,
-    (max_batch_tokens, seqs): (usize, usize),
-    place: &Placement,
-) -> Result<Box<dyn Backend>> {
-    let blocks = tokens.div_ceil(BLOCK_SIZE).max(1);
-    let b: Box<dyn Backend> = match *device {
-        Device::Cpu => {
-            Box::new(CpuBackend::new(cfg.clone(), w.clone(), blocks, BLOCK_SIZE).with_kv_type(place.kv_type)?)
-        }
-        Device::Cuda(ordinal) => Box::new(place_cuda(cfg, w, ordinal, blocks, (max_batch_tokens, seqs), place)?),
-    };
-    Ok(crate::backend::fault::FaultInjector::wrap_from_env(b)?)
-}
-
-/// The model on GPU `ordinal` with `blocks` KV blocks, its kernels loaded (timed in the log);
-/// the memory plan reserves workspace for steps of `max_batch_tokens` tokens over `seqs`
-/// sequences and is checked within `place.max_gpu_memory`. [`make_backend`]'s GPU half, for
-/// commands that need the concrete backend (`eval` sets its head tap).
-pub fn place_cuda(
-    cfg: &crate::model::config::ModelConfig,
-    w: &crate::model::weights::ModelWeights,
-    ordinal: usize,
-    blocks: usize,
-    (max_batch_tokens, seqs): (usize, usize),
-    place: &Placement,
-) -> Result<crate::backend::cuda::model::CudaBackend> {
-    let n = crate::backend::cuda::device::device_count();
-    if ordinal >= n {
-        bail!("device cuda:{ordinal} requested, but {n} CUDA device(s) are usable here; use --device cpu");
-    }
-    let opts = cuda_options(ordinal, blocks, (max_batch_tokens, seqs), place);
-    let t = std::time::Instant::now();
-    let mut b = crate::backend::cuda::model::CudaBackend::new(cfg.clone(), w, &opts)
-        .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
-    let placed = t.elapsed().as_secs_f64();
-    // Kernels now, not inside the first step: a first start from compute_70 PTX on a
-    // new GPU (or driver) spends about a minute in the driver's JIT, which the operator
-    // should see named rather than as a stalled job.
-    let t = std::time::Instant::now();
-    b.load_kernels().with_context(|| format!("loading the CUDA kernels on cuda:{ordinal}"))?;
-    let kernels = t.elapsed().as_secs_f64();
-    let jit =
-        if kernels > 10.0 { " (compiled for this GPU once; the driver caches them for the next start)" } else { "" };
-    eprintln!("cuda:{ordinal}: weights placed in {placed:.1} s, kernels ready in {kernels:.1} s{jit}");
-    Ok(b)
-}
-
-/// The tokenizer alone (vocab-only GGUFs work): for commands that run no model.
-pub fn load_tokenizer(path: &Path) -> Result<crate::model::loader::LoadedTokenizer> {
-    let t = crate::model::loader::load_tokenizer(path).context("loading the tokenizer")?;
-    eprintln!("tokenizer: {} (vocab {})", path.display(), t.tokenizer.vocab_size());
-    Ok(t)
-}
-
-pub fn load(path: &Path) -> Result<LoadedModel> {
-    let t = std::time::Instant::now();
-    let m = load_model(path).context("loading the model")?;
-    let c = &m.config;
-    eprintln!(
-        "model: {} ({}, {} layers, width {}, {} heads / {} KV heads, vocab {}) loaded in {:.2}s",
-        path.display(),
-        c.arch.name(),
-        c.n_layers,
-        c.dim,
-        c.n_heads,
-        c.n_kv_heads,
-        c.vocab_size,
-        t.elapsed().as_secs_f64()
-    );
-    Ok(m)
-}
-
-/// `seqs`: the sequences that run at once (the recurrent-state pool of hybrid models).
-pub(crate) fn cuda_options(
-    ordinal: usize,
-    blocks: usize,
-    (max_batch_tokens, seqs): (usize, usize),
-    place: &Placement,
-) -> crate::backend::cuda::CudaOptions {
-    let plan = crate::backend::cuda::plan::memory::SeqPlan::new(seqs);
-    crate::backend::cuda::CudaOptions {
-        max_seqs: plan.running,
-        max_snapshots: plan.snapshots,
-        ordinal,
-        max_batch_tokens,
-        num_blocks: blocks,
-        block_size: BLOCK_SIZE,
-        ptx_dir: place.ptx_dir.clone(),
-        // RoPE tables cover the longest sequence (at most every position the pool holds).
-        max_positions: place.max_seq_positions.map_or(blocks * BLOCK_SIZE, |p| p.clamp(1, blocks * BLOCK_SIZE)),
-        f16_weights: place.f16_weights,
-        max_memory: place.max_gpu_memory,
-        kv_type: place.kv_type,
-        cublas: crate::backend::cuda::model::cublas_wanted(),
-    }
-}
-
-/// A random-weight model of a named shape on `device`, weights of type `dtype` (`f16`, `q8_0`,
-/// ..., or on a GPU also `q4_k_m`, llama.cpp's mix). On a GPU the weights are generated there,
-/// so an 8B shape takes seconds, not a 16 GB host buffer. The memory plan reserves workspace
-/// for the engine's default step ([`DEFAULT_MAX_BATCH_TOKENS`]) and up to [`MAX_AUTO_SLOTS`]
-/// sequences at once; see [`make_synthetic_backend_for`].
-pub fn make_synthetic_backend(
-    shape: &str,
-    dtype: &str,
-    device: &Device,
-    tokens: usize,
-    ptx_dir: Option<&Path>,
-) -> Result<Box<dyn Backend>> {
-    let place = Placement::with_ptx_dir(ptx_dir);
-    make_synthetic_backend_for(shape, dtype, device, tokens, (DEFAULT_MAX_BATCH_TOKENS, MAX_AUTO_SLOTS), &place)
-}
-
-/// As [`make_synthetic_backend`], planned for steps of `max_batch_tokens` tokens and `seqs`
-/// sequences at once (`place.f16_weights` is not read: `dtype` names the weights).
-pub fn make_synthetic_backend_for(
-    shape: &str,
-    dtype: &str,
-    device: &Device,
-    tokens: usize,
-    (max_batch_tokens, seqs): (usize, usize),
-    place: &Placement,
-) -> Result<Box<dyn Backend>> {
-    // A name not in the list is the command's to change (exit 2).
-    let cfg = crate::model::shapes::shape(shape).ok_or_else(|| {
-        crate::job::exit::UsageError::new(format!(
-            "unknown shape '{shape}'; known: {}",
-            crate::model::shapes::SHAPES.join(", ")
-        ))
-    })?;
-    match *device {
-        Device::Cpu => {
-            if cfg.hybrid.is_some() {
-                bail!("--synthetic {shape}: random hybrid (linear-attention) weights are made on the GPU only; use --device cuda");
-            }
-            let w = crate::model::synth::random_weights(&cfg, parse_dtype(dtype)?, 1);
-            make_backend(
-                &cfg,
-                &w,
-                device,
-                tokens,
-                (max_batch_tokens, seqs),
-                &Placement { f16_weights: false, ..place.clone() },
-            )
-        }
-        Device::Cuda(ordinal) => {
-            use crate::backend::cuda::WeightMix;
-            let mix = WeightMix::parse(dtype).ok_or_else(|| {
-                anyhow::anyhow!("--dtype {dtype}: synthetic GPU weights are f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k or q4_k_m")
-            })?;
-            let place = Placement { f16_weights: false, ..place.clone() };
-            let opts = cuda_options(ordinal, tokens.div_ceil(BLOCK_SIZE).max(1), (max_batch_tokens, seqs), &place);
-            let b = crate::backend::cuda::model::CudaBackend::synthetic_mix(cfg, mix, 1, &opts)
-                .with_context(|| format!("making a synthetic {shape} on cuda:{ordinal}"))?;
-            Ok(Box::new(b))
-        }
-    }
-}
-
-/// Parses a weight type name (`f16`, `q8_0`, `q4_k`...).
-pub fn parse_dtype(s: &str) -> Result<crate::model::quant::GgmlType> {
-    crate::model::quant::GgmlType::from_name(s).ok_or_else(|| {
-        anyhow::anyhow!("unknown weight type '{s}' (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)")
-    })
-}
-
-/// Rows per checkpoint commit of `run` and `generate --input`. `DUSTOFF_COMMIT_ROWS` (hidden,
-/// for tests and tiny jobs) lowers it so that a commit exists after a few records.
-pub const COMMIT_ROWS: usize = 64;
-
-pub fn commit_rows() -> usize {
-    crate::sys::env::get("DUSTOFF_COMMIT_ROWS")
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(COMMIT_ROWS)
-}
-
-/// Reads a JSONL file line by line: `(1-based line number, parsed value or error message)`.
-/// Blank lines are skipped.
-pub fn read_jsonl(path: &Path) -> Result<Vec<(usize, std::result::Result<serde_json::Value, String>)>> {
-    let f = File::open(path).with_context(|| format!("opening input {}", path.display()))?;
-    let mut out = Vec::new();
-    let mut r = BufReader::new(f);
-    let mut buf = Vec::new();
-    let mut line_no = 0;
-    loop {
-        buf.clear();
-        let n = r.read_until(b'\n', &mut buf).with_context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        line_no += 1;
-        let text = match std::str::from_utf8(&buf) {
-            Ok(t) => t.trim(),
-            Err(e) => {
-                out.push((line_no, Err(format!("line is not valid UTF-8: {e}"))));
-                continue;
-            }
-        };
-        if text.is_empty() {
-            continue;
-        }
-        out.push((line_no, serde_json::from_str(text).map_err(|e| format!("malformed JSON: {e}"))));
-    }
-    Ok(out)
-}
-
-/// A JSONL writer that flushes on drop.
-pub struct JsonlWriter(BufWriter<File>);
-
-impl JsonlWriter {
-    pub fn create(path: &Path) -> Result<Self> {
-        let f = File::create(path).with_context(|| format!("creating output {}", path.display()))?;
-        Ok(JsonlWriter(BufWriter::new(f)))
-    }
-    pub fn write(&mut self, v: &serde_json::Value) -> Result<()> {
-        serde_json::to_writer(&mut self.0, v)?;
-        self.0.write_all(b"\n")?;
-        Ok(())
-    }
-    pub fn finish(mut self) -> Result<()> {
-        self.0.flush()?;
-        self.0.get_ref().sync_all()?;
-        Ok(())
-    }
-}
-
-/// Seconds between the plain progress lines of a job (stderr not a terminal):
-/// `DUSTOFF_PROGRESS_SECONDS`, else 10.
-pub fn progress_interval() -> std::time::Duration {
-    crate::sys::env::get("DUSTOFF_PROGRESS_SECONDS")
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map_or(std::time::Duration::from_secs(10), std::time::Duration::from_secs_f64)
 }
 
 #[cfg(test)]
@@ -662,6 +307,7 @@ mod tests {
     }
 
     use super::*;
+    use crate::engine::batch::DEFAULT_MAX_BATCH_TOKENS;
 
     #[test]
     fn slots_parse_counts_and_auto_and_refuse_zero() {
