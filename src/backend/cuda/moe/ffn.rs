@@ -8,7 +8,7 @@ use super::weights::{dev, MoeLayerW, MoeWork};
 use super::{fused_enabled, pair_max_tokens};
 use crate::backend::cuda::compile::kernels::Kernels;
 use crate::backend::cuda::ops::launch::{check, Dev};
-pub use crate::backend::cuda::ops::moe_slab::MoeDownSum;
+use crate::backend::cuda::ops::moe_slab::MoeDownSum;
 use crate::backend::cuda::ops::{moe_gemm, moe_q8};
 use crate::backend::cuda::step::norm::NormIn;
 use crate::backend::cuda::CudaError;

@@ -8,7 +8,7 @@ use crate::backend::cuda::compile::entries::{self, MoeProduct};
 use crate::backend::cuda::compile::kernels::Kernels;
 use crate::backend::cuda::dmat::DevMat;
 use crate::backend::cuda::ops::launch::{blocks_for, check, grid_yz, i32_of, launch, need, Dev};
-pub use crate::backend::cuda::ops::moe_slab::MoeDownSum;
+use crate::backend::cuda::ops::moe_slab::MoeDownSum;
 use crate::backend::cuda::ops::moe_slab::{slab_view, RowWalk};
 use crate::backend::cuda::CudaError;
 

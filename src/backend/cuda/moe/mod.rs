@@ -26,7 +26,7 @@ mod launch;
 pub mod shexp;
 mod weights;
 
-pub use crate::backend::cuda::ops::moe_slab::{slab_bytes, MoeDownSum};
+pub use crate::backend::cuda::ops::moe_slab::MoeDownSum;
 pub use ffn::{moe_ffn, moe_ffn_grouped, moe_ffn_normed, pair_ffn, PairPath};
 pub use launch::{top_k_smem, MoeCombine, MoeGroup, MoeMat, MoeRoute, MoeRouteFused, RouterLogits, ShexpPairs, Walk};
 pub use weights::{check_layer, layer_bytes, workspace_bytes, MoeLayerW, MoeWork};

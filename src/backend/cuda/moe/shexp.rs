@@ -23,8 +23,6 @@ use super::launch::ShexpPairs;
 use super::weights::{MoeLayerW, MoeWork};
 use crate::backend::cuda::compile::kernels::Kernels;
 use crate::backend::cuda::ops::launch::Dev;
-pub use crate::backend::cuda::ops::moe_slab::slab_bytes;
-pub use crate::backend::cuda::ops::moe_slab::MoeDownSum;
 use crate::backend::cuda::CudaError;
 
 /// Whether one-stream steps run the shared expert inside the routed launches.

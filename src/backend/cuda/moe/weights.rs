@@ -11,7 +11,7 @@ use crate::backend::cuda::compile::kernels::Kernels;
 use crate::backend::cuda::device::{up, zeros};
 use crate::backend::cuda::dmat::DevMat;
 use crate::backend::cuda::ops::launch::{allocated, Dev};
-pub use crate::backend::cuda::ops::moe_slab::slab_bytes;
+use crate::backend::cuda::ops::moe_slab::slab_bytes;
 use crate::backend::cuda::CudaError;
 use crate::model::config::ModelConfig;
 use crate::model::moe::{MoeConfig, MoeWeights};
