@@ -2,6 +2,7 @@
 
 pub mod batch;
 pub mod constraint;
+pub mod descending;
 pub mod finish;
 pub mod kv;
 pub mod plan;

@@ -2,6 +2,7 @@
 //! allows (`sample_masked`). Seeded per request, so the same seed gives the same text whatever
 //! else runs in the same step.
 
+use super::descending::Descending;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -78,9 +79,9 @@ impl Sampler {
                 Some(m) => masked_argmax(logits, m),
             };
         }
-        // Candidates sorted by logit, descending; ties broken by id for determinism.
+        // Candidates in descending order of logit, ties by id (walked lazily: `Descending`).
         let allowed = |i: usize| mask.is_none_or(|m| is_allowed(m, i));
-        let mut cand: Vec<(u32, f32)> = logits
+        let cand: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()
             .filter(|&(i, l)| l.is_finite() && allowed(i))
@@ -89,40 +90,65 @@ impl Sampler {
         if cand.is_empty() {
             return mask.map_or(0, |m| first_allowed(m, logits.len()));
         }
-        let k = if p.top_k == 0 { cand.len() } else { p.top_k.min(cand.len()) };
-        if k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            cand.truncate(k);
+        let mut cand = Descending::new(cand);
+        if p.top_k > 0 {
+            cand.keep_first(p.top_k);
         }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let max = cand[0].1;
-        let mut probs: Vec<f64> = cand.iter().map(|&(_, l)| (((l - max) / p.temperature) as f64).exp()).collect();
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= total);
+        let max = cand.unordered().iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+        let weight = |l: f32| (((l - max) / p.temperature) as f64).exp();
+        // The softmax's denominator over every kept candidate (in no particular order: only
+        // its last bits depend on the order), and the weight in each band of half a unit of
+        // (max - logit) / temperature, which says how far the walks below will go.
+        let band = |l: f32| ((((max - l) / p.temperature) * 2.0) as usize).min(BANDS - 1);
+        let mut bands = [0.0f64; BANDS];
+        let weights: Vec<f64> = cand.unordered().iter().map(|&(_, l)| weight(l)).collect();
+        for (&w, &(_, l)) in weights.iter().zip(cand.unordered()) {
+            bands[band(l)] += w;
+        }
+        let total: f64 = weights.iter().sum();
+        let prob = |l: f32| weight(l) / total;
+        let all_total: f64 = weights.iter().map(|w| w / total).sum();
+        let u = self.rng.random::<f64>();
+        // Sorted in one step: the bands that hold the probability the walks need (top-p's
+        // share, or the draw's point when all are kept), one band more against rounding; a
+        // walk past them extends the order by itself.
+        let need = if p.top_p < 1.0 { p.top_p as f64 } else { u * all_total } * total;
+        let mut acc = 0.0;
+        let last = bands.iter().position(|&b| {
+            acc += b;
+            acc >= need
+        });
+        let last = last.map_or(BANDS - 1, |b| (b + 1).min(BANDS - 1));
+        cand.sort_where(|l| band(l) <= last);
+        // Top-p: the shortest prefix whose probability reaches top_p.
+        let mut keep = cand.len();
         if p.top_p < 1.0 {
             let mut acc = 0.0;
-            let mut keep = probs.len();
-            for (i, q) in probs.iter().enumerate() {
-                acc += q;
+            for i in 0..cand.len() {
+                acc += prob(cand.get(i).1);
                 if acc >= p.top_p as f64 {
                     keep = i + 1;
                     break;
                 }
             }
-            probs.truncate(keep);
-            cand.truncate(keep);
         }
-        let total: f64 = probs.iter().sum();
-        let mut r = self.rng.random::<f64>() * total;
-        for (i, q) in probs.iter().enumerate() {
-            r -= q;
+        let kept_total: f64 = if keep == cand.len() { all_total } else { (0..keep).map(|i| prob(cand.get(i).1)).sum() };
+        // The draw walks the kept tokens in order, most likely first.
+        let mut r = u * kept_total;
+        for i in 0..keep {
+            let (id, l) = cand.get(i);
+            r -= prob(l);
             if r <= 0.0 {
-                return cand[i].0;
+                return id;
             }
         }
-        cand[cand.len() - 1].0
+        cand.get(keep - 1).0
     }
 }
+
+/// Bands of (max - logit) / temperature, half a unit each, that `sample_masked` sums the
+/// weights in (the last one holds everything below e^-31.5 of the top token).
+const BANDS: usize = 64;
 
 /// Index of the largest logit; the lowest index wins a tie.
 /// NaN never wins (all NaN: 0). Two passes the compiler vectorizes: the largest value in
@@ -177,7 +203,7 @@ pub fn masked_argmax(logits: &[f32], mask: &[u32]) -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -293,6 +319,91 @@ mod tests {
         assert_eq!(a, draw());
         assert!(a.iter().all(|&t| allowed.contains(&(t as usize))), "{a:?}");
         assert!(a.iter().collect::<std::collections::HashSet<_>>().len() >= 3, "sampling never varied: {a:?}");
+    }
+
+    /// The sampler before the lazy order: every candidate sorted, then the same walk (also
+    /// the baseline of `bench_sampling_a_row`).
+    pub(crate) fn sample_by_full_sort(
+        p: &SamplingParams,
+        rng: &mut StdRng,
+        logits: &[f32],
+        mask: Option<&[u32]>,
+    ) -> u32 {
+        let allowed = |i: usize| mask.is_none_or(|m| is_allowed(m, i));
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|&(i, l)| l.is_finite() && allowed(i))
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        let k = if p.top_k == 0 { cand.len() } else { p.top_k.min(cand.len()) };
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        cand.truncate(k);
+        let max = cand[0].1;
+        let mut probs: Vec<f64> = cand.iter().map(|&(_, l)| (((l - max) / p.temperature) as f64).exp()).collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= total);
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            let keep = probs.iter().position(|q| {
+                acc += q;
+                acc >= p.top_p as f64
+            });
+            if let Some(i) = keep {
+                probs.truncate(i + 1);
+            }
+        }
+        let total: f64 = probs.iter().sum();
+        let mut r = rng.random::<f64>() * total;
+        for (i, q) in probs.iter().enumerate() {
+            r -= q;
+            if r <= 0.0 {
+                return cand[i].0;
+            }
+        }
+        cand[probs.len() - 1].0
+    }
+
+    #[test]
+    fn lazy_order_draws_what_a_full_sort_draws() {
+        let mut rng = StdRng::seed_from_u64(21);
+        let mut draws = 0;
+        let mut distinct = std::collections::HashSet::new();
+        for case in 0..60 {
+            let n = [50usize, 1_000, 49_152][case % 3];
+            // Peaked (a few large logits over a flat floor) or flat, with ties and a NaN.
+            let peak = case % 2 == 0;
+            let mut logits: Vec<f32> = (0..n)
+                .map(|_| if peak { rng.random_range(-8.0f32..0.0) } else { rng.random_range(0..16) as f32 * 0.5 })
+                .collect();
+            if peak {
+                for _ in 0..5 {
+                    let i = rng.random_range(0..n);
+                    logits[i] = rng.random_range(4.0f32..9.0);
+                }
+            }
+            logits[n / 2] = f32::NAN;
+            let ids: Vec<usize> = (0..n).filter(|i| i % 3 != 1).collect();
+            let mask = mask_of(n, &ids);
+            let params = SamplingParams {
+                temperature: [0.3, 0.7, 1.0, 2.0][case % 4],
+                top_k: [0, 0, 5, 40, 100_000][case % 5],
+                top_p: [1.0, 0.9, 0.5, 0.99][(case / 2) % 4],
+                seed: case as u64,
+            };
+            let m = (case % 3 == 1).then_some(mask.as_slice());
+            let mut s = Sampler::new(params);
+            let mut reference = StdRng::seed_from_u64(params.seed);
+            for _ in 0..40 {
+                let want = sample_by_full_sort(&params, &mut reference, &logits, m);
+                let got = s.sample_masked(&logits, m);
+                assert_eq!(got, want, "case {case}: {params:?}");
+                distinct.insert(got);
+                draws += 1;
+            }
+        }
+        assert_eq!(draws, 2_400);
+        assert!(distinct.len() > 100, "the draws barely varied: {} tokens", distinct.len());
     }
 
     #[test]

@@ -8,7 +8,8 @@ use super::CpuBackend;
 use crate::backend::Backend;
 use crate::commands::bench::{bench_prompt, median};
 use crate::engine::plan::{SeqChunk, StepPlan};
-use crate::engine::sampler::argmax;
+use crate::engine::sampler::tests::sample_by_full_sort;
+use crate::engine::sampler::{argmax, Sampler, SamplingParams};
 use crate::model::config::ModelConfig;
 use crate::model::gguf::GgufFile;
 use crate::model::weights::ModelWeights;
@@ -117,5 +118,61 @@ fn bench_attention_decode() {
             best = best.min(t.elapsed().as_secs_f64());
         }
         println!("attention, {tokens} token(s) x 30 layers at context {ctx}: {:.2} ms", best * 1e3);
+    }
+}
+
+/// Host sampling of one logits row of the sample model (49,152 tokens after a sample document)
+/// with temperature / top-k / top-p: the lazy descending order against sorting every candidate
+/// (the sampler before it). A batched step draws one row per sequence:
+/// `cargo test --release --lib bench_sampling_a_row -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_sampling_a_row() {
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+    let g = GgufFile::open(MODEL).expect("sample model (samples/models)");
+    let cfg = ModelConfig::from_gguf(&g).expect("config");
+    let w = ModelWeights::from_gguf(&g, &cfg).expect("weights");
+    // A real document: the summary prompt's text of the first sample record.
+    let tok = crate::tokenizer::Tokenizer::from_gguf(&g).expect("tokenizer");
+    let news = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/samples/news.jsonl")).expect("news");
+    let text = serde_json::from_str::<serde_json::Value>(news.lines().next().expect("a record")).expect("json")["text"]
+        .as_str()
+        .expect("text")
+        .to_string();
+    let prompt = tok.encode(&format!("Summarize in one sentence.\n\n{text}\n\nSummary:"), true, false).expect("encode");
+    let blocks = prompt.len().div_ceil(16) + 1;
+    let mut b = CpuBackend::new(cfg.clone(), w, blocks, 16);
+    let plan = StepPlan::new(vec![SeqChunk {
+        seq: 0,
+        tokens: prompt,
+        start_pos: 0,
+        block_table: (0..blocks as u32).collect(),
+        want_logits: true,
+    }]);
+    let logits = b.step(&plan).expect("prefill").remove(0);
+    let draws = 200;
+    for (temperature, top_k, top_p) in [(0.7f32, 0, 0.9f32), (1.0, 0, 1.0), (0.8, 40, 0.95)] {
+        let params = SamplingParams { temperature, top_k, top_p, seed: 5 };
+        let (mut lazy, mut full) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let mut s = Sampler::new(params);
+            let t = Instant::now();
+            for _ in 0..draws {
+                std::hint::black_box(s.sample(&logits));
+            }
+            lazy.push(t.elapsed().as_secs_f64() * 1e3 / draws as f64);
+            let mut rng = StdRng::seed_from_u64(5);
+            let t = Instant::now();
+            for _ in 0..draws {
+                std::hint::black_box(sample_by_full_sort(&params, &mut rng, &logits, None));
+            }
+            full.push(t.elapsed().as_secs_f64() * 1e3 / draws as f64);
+        }
+        let (l, f) = (median(&mut lazy), median(&mut full));
+        println!(
+            "temperature {temperature}, top_k {top_k}, top_p {top_p}: {l:.3} ms a row (full sort {f:.3} ms, {:.1}x)",
+            f / l
+        );
     }
 }
