@@ -329,6 +329,19 @@ fn malformed_directories_give_errors_naming_the_file_and_tensor() {
     let e = err(&out);
     assert!(e.contains(gone) && e.contains("missing"), "{e}");
 
+    // A tokenizer with an id past the embedding table's rows: refused at load, not when a
+    // prompt first holds that id.
+    let tok_path = dir.join("tokenizer.json");
+    let good_tok = std::fs::read_to_string(&tok_path).unwrap();
+    let mut t: serde_json::Value = serde_json::from_str(&good_tok).unwrap();
+    let rows = load_model(&dir).unwrap().config.vocab_size;
+    t["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({"id": rows, "content": "<|past|>",
+        "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}));
+    std::fs::write(&tok_path, t.to_string()).unwrap();
+    let e = err(&dir);
+    assert!(e.contains(&format!("token ids up to {rows}")) && e.contains(&format!("{rows} rows")), "{e}");
+    std::fs::write(&tok_path, &good_tok).unwrap();
+
     // A directory without config.json, and convert's refusal of an existing output.
     let e = err(&root);
     assert!(e.contains("config.json"), "{e}");

@@ -122,6 +122,15 @@ fn doctor_plans_the_sample_model_and_projects_a_cpu_rate() {
     if v["cuda"]["gpus"].as_array().unwrap().is_empty() {
         assert_eq!(code, 0);
     }
+    assert!(v["model"]["error"].is_null(), "{}", v["model"]["error"]);
+    // A model that cannot be read fails the check (a setup script can test the exit code).
+    let bad = std::env::temp_dir().join(format!("dustoff-doctor-bad-{}.gguf", std::process::id()));
+    std::fs::write(&bad, b"GGUF\x03\x00\x00\x00").unwrap();
+    let (v, code) = doctor_json(&["--no-measure", "--model", bad.to_str().unwrap()], &[]);
+    std::fs::remove_file(&bad).ok();
+    assert_eq!((code, v["exit_code"].as_u64()), (1, Some(1)));
+    let why = v["model"]["error"].as_str().unwrap();
+    assert!(why.contains("dustoff-doctor-bad") && why.contains("tensor count"), "{why}");
 }
 
 #[test]

@@ -68,7 +68,8 @@ pub enum Cmd {
     /// Check this machine: GPUs, driver, NVRTC, cuBLAS, CPU sockets / NUMA / AVX2 / AVX-512 and
     /// the CPU kernel path, copy bandwidth, and with --model the memory plan and a projected
     /// decode rate. Exit 1 when the device --device auto picks cannot run (or, with
-    /// --require-gpu, when no GPU can); the CPU backend always counts as usable.
+    /// --require-gpu, when no GPU can) or when the --model given cannot be read; the CPU backend
+    /// always counts as usable.
     Doctor(DoctorCliArgs),
     /// Write a random-weight GGUF of a real model's shape (e.g. qwen3-30b-a3b in q4_k_m): the
     /// tensor names, formats and sizes of the real file, so jobs, benchmarks and memory plans

@@ -316,7 +316,15 @@ struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
     path: &'a Path,
+    /// Array elements the metadata may still hold ([`METADATA_ELEMENTS`] in all).
+    elements_left: u64,
 }
+
+/// Most array elements the whole metadata may hold. The largest real arrays are a vocabulary's
+/// tokens, scores, types and merges (~260k entries each); each element is parsed into a value
+/// of 32 bytes, so a corrupt count that the file's bytes could still back (a u8 array of 90M
+/// elements over tensor data) would otherwise cost 30 times the file's size in memory.
+const METADATA_ELEMENTS: u64 = 1 << 24;
 
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize, what: &dyn Fn() -> String) -> Result<&'a [u8], GgufError> {
@@ -391,6 +399,16 @@ impl<'a> Cursor<'a> {
                 if count > self.remaining() as u64 {
                     return Err(self.invalid(what(), format!("array count {count} exceeds the bytes left in the file")));
                 }
+                if count > self.elements_left {
+                    return Err(self.invalid(
+                        what(),
+                        format!(
+                            "array count {count} takes the metadata past {METADATA_ELEMENTS} array elements in all, \
+                             far more than any model's vocabulary needs"
+                        ),
+                    ));
+                }
+                self.elements_left -= count;
                 let mut items = Vec::with_capacity(count as usize);
                 for _ in 0..count {
                     items.push(self.value(elem_ty, what, depth + 1)?);
@@ -406,7 +424,7 @@ impl<'a> Cursor<'a> {
 }
 
 fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, GgufError> {
-    let mut c = Cursor { buf, pos: 0, path };
+    let mut c = Cursor { buf, pos: 0, path, elements_left: METADATA_ELEMENTS };
     let magic: [u8; 4] = c.array(&|| "the magic bytes".into())?;
     if &magic != MAGIC {
         return Err(GgufError::BadMagic { path: path.to_path_buf(), found: magic });
@@ -443,7 +461,8 @@ fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, GgufError> {
         Some(v) => match v.as_u64() {
             Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a,
             _ => {
-                return Err(c.invalid("metadata key 'general.alignment'".into(), format!("{v:?} is not a power of two")))
+                let why = format!("{v:?} must be a power of two of at most 1 MiB");
+                return Err(c.invalid("metadata key 'general.alignment'".into(), why));
             }
         },
     };
@@ -454,7 +473,9 @@ fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, GgufError> {
         type_id: u32,
         rel_offset: u64,
     }
-    let mut raws = Vec::with_capacity(n_tensors as usize);
+    // Grown as the entries parse: a corrupt count within the file's size (~1/8 of its bytes)
+    // would otherwise reserve 64 bytes each before the first entry is read.
+    let mut raws = Vec::with_capacity(n_tensors.min(1 << 16) as usize);
     for i in 0..n_tensors {
         let name = c.string(&|| format!("tensor info #{i} name"))?;
         let what = || format!("tensor '{name}' info");
@@ -492,14 +513,16 @@ fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, GgufError> {
             (n / dtype.block_size() as u64).checked_mul(dtype.type_size() as u64)
         });
         let Some(n_bytes) = n_bytes else {
+            let why = if n_elem.is_none() {
+                "its element count overflows 64 bits".to_string()
+            } else if r.dims.contains(&0) {
+                "a dimension is 0".to_string()
+            } else {
+                format!("rows must be whole blocks of {}", dtype.block_size())
+            };
             return Err(c.invalid(
                 format!("tensor '{}'", r.name),
-                format!(
-                    "shape {:?} does not fit type {} (rows must be whole blocks of {})",
-                    r.dims,
-                    dtype,
-                    dtype.block_size()
-                ),
+                format!("shape {:?} does not fit type {} ({why})", r.dims, dtype),
             ));
         };
         if r.rel_offset % alignment != 0 {
@@ -626,6 +649,31 @@ mod tests {
         bytes[0] = b'X';
         let e = parse(Path::new("m.gguf"), &bytes).unwrap_err().to_string();
         assert!(e.contains("not a GGUF file"), "{e}");
+    }
+
+    #[test]
+    fn an_array_past_the_element_budget_is_refused_before_it_is_parsed() {
+        // One u8 array whose count the bytes after it could back: parsed, it would take 32
+        // bytes of memory for each byte of the file.
+        let count = METADATA_ELEMENTS + 1;
+        let mut b = Vec::new();
+        b.extend(b"GGUF");
+        b.extend(3u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes()); // tensors
+        b.extend(1u64.to_le_bytes()); // kv
+        b.extend(5u64.to_le_bytes());
+        b.extend(b"a.big");
+        b.extend(9u32.to_le_bytes());
+        b.extend(0u32.to_le_bytes()); // u8 elements
+        b.extend(count.to_le_bytes());
+        b.resize(b.len() + count as usize, 0);
+        let e = parse(Path::new("big.gguf"), &b).unwrap_err().to_string();
+        assert!(e.contains("big.gguf") && e.contains("a.big") && e.contains("array elements in all"), "{e}");
+        // One element fewer parses.
+        let at = b.len() - count as usize - 8;
+        b[at..at + 8].copy_from_slice(&(count - 1).to_le_bytes());
+        let p = parse(Path::new("big.gguf"), &b[..b.len() - 1]).unwrap();
+        assert!(matches!(&p.metadata["a.big"], Value::Array(v) if v.len() == (count - 1) as usize));
     }
 
     proptest::proptest! {

@@ -8,6 +8,7 @@ use super::config::{attention_shape, AttnField, ConfigError, ModelConfig, RopeSc
 use super::gguf::{GgufError, GgufFile};
 use super::hybrid::{by_interval, HybridConfig, HybridField};
 use super::moe::{MoeConfig, MoeField};
+use super::rules::{layer_count, positive_finite};
 
 impl ModelConfig {
     /// Reads the configuration from GGUF metadata; the tensor list decides tied embeddings.
@@ -24,6 +25,8 @@ impl ModelConfig {
             g.get_u64(&key)?.map(|v| v as usize).ok_or(GgufError::MissingKey { path: g.path.clone(), key })
         };
         let n_layers = req("block_count")?;
+        let shape_err = |reason: String| ConfigError::Shape { path: path.clone(), reason };
+        layer_count(n_layers).map_err(|r| shape_err(format!("'{a}.block_count' {r}")))?;
         let dim = req("embedding_length")?;
         // Qwen3.5-MoE files have no dense FFN and no `feed_forward_length`.
         let ffn_dim = match g.get_u64(&format!("{a}.feed_forward_length"))? {
@@ -33,7 +36,6 @@ impl ModelConfig {
         };
         let n_heads = req("attention.head_count")?;
         let n_kv_heads = g.get_u64(&format!("{a}.attention.head_count_kv"))?.map(|v| v as usize).unwrap_or(n_heads);
-        let shape_err = |reason: String| ConfigError::Shape { path: path.clone(), reason };
         let key_length = g.get_u64(&format!("{a}.attention.key_length"))?.map(|v| v as usize);
         let key = |f: AttnField| {
             let k = match f {
@@ -46,14 +48,22 @@ impl ModelConfig {
         };
         let head_dim =
             attention_shape(dim, n_heads, n_kv_heads, key_length, &key).map_err(|e| shape_err(e.named(key)))?;
-        let rms_eps = g.get_f64(&format!("{a}.attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5) as f32;
-        let rope_theta = g.get_f64(&format!("{a}.rope.freq_base"))?.unwrap_or(10_000.0) as f32;
+        // A scale the forward pass divides by or raises to a power: a finite number above 0.
+        let scale = |k: &str, default: f64| -> Result<f64, ConfigError> {
+            let key = format!("{a}.{k}");
+            let v = g.get_f64(&key)?.unwrap_or(default);
+            positive_finite(v).map_err(|r| shape_err(format!("'{key}' {r}")))?;
+            Ok(v)
+        };
+        let rms_eps = scale("attention.layer_norm_rms_epsilon", 1e-5)? as f32;
+        let rope_theta = scale("rope.freq_base", 10_000.0)? as f32;
         let max_context = g.get_u64(&format!("{a}.context_length"))?.unwrap_or(4096) as usize;
+        if max_context == 0 {
+            return Err(shape_err(format!("'{a}.context_length' 0 must be positive")));
+        }
         let rope_scaling = match g.get_str(&format!("{a}.rope.scaling.type"))? {
             None | Some("none") => RopeScaling::None,
-            Some("linear") => {
-                RopeScaling::Linear { factor: g.get_f64(&format!("{a}.rope.scaling.factor"))?.unwrap_or(1.0) as f32 }
-            }
+            Some("linear") => RopeScaling::Linear { factor: scale("rope.scaling.factor", 1.0)? as f32 },
             Some(other) => return Err(shape_err(format!("RoPE scaling '{other}' is not supported"))),
         };
         let embd = g.require_tensor("token_embd.weight")?;
@@ -264,6 +274,48 @@ mod tests {
             let e = ModelConfig::from_gguf(&g).unwrap_err().to_string();
             assert!(e.contains("t.gguf") && e.contains(says), "{e}");
         }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn gguf_scalar_rules_name_the_key_before_anything_is_sized_from_it() {
+        use super::super::gguf::Value;
+        use super::super::gguf_writer::{header_only_with, model_kv};
+        let dir = std::env::temp_dir().join(format!("dustoff-cfg-scalars-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = super::super::shapes::shape("smollm2-135m").unwrap();
+        for (key, v, says) in [
+            ("llama.block_count", Value::U32(0), "'llama.block_count' 0 must be between 1 and 1024"),
+            // A count that sized per-layer tables would ask for terabytes.
+            ("llama.block_count", Value::U64(1 << 40), "'llama.block_count' 1099511627776 must be between 1 and 1024"),
+            (
+                "llama.attention.layer_norm_rms_epsilon",
+                Value::F32(f32::NAN),
+                "'llama.attention.layer_norm_rms_epsilon' NaN must be a finite number above 0",
+            ),
+            (
+                "llama.attention.layer_norm_rms_epsilon",
+                Value::F32(-1e-5),
+                "'llama.attention.layer_norm_rms_epsilon' -0.00001 must be a finite number above 0",
+            ),
+            ("llama.rope.freq_base", Value::F32(0.0), "'llama.rope.freq_base' 0 must be a finite number above 0"),
+            ("llama.rope.freq_base", Value::F64(1e300), "'llama.rope.freq_base' 1e300 must be a finite number above 0"),
+            ("llama.context_length", Value::U32(0), "'llama.context_length' 0 must be positive"),
+        ] {
+            let g = header_only_with(&dir.join("t.gguf"), model_kv(&base, "t"), key, Some(v));
+            let e = ModelConfig::from_gguf(&g).unwrap_err().to_string();
+            assert!(e.contains("t.gguf") && e.contains(says), "{e}");
+        }
+        // The MoE rules bound the expert count the same way.
+        let moe = super::super::shapes::shape("qwen3-30b-a3b").unwrap();
+        let g = header_only_with(
+            &dir.join("t.gguf"),
+            model_kv(&moe, "t"),
+            "qwen3moe.expert_count",
+            Some(Value::U64(1 << 40)),
+        );
+        let e = MoeConfig::from_gguf(&g, moe.n_layers).unwrap_err().to_string();
+        assert!(e.contains("'qwen3moe.expert_count' 1099511627776 is more than the 16384 this reader accepts"), "{e}");
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -15,6 +15,7 @@ use super::config::{attention_shape, AttnField, ModelConfig, RopeScaling, RopeSt
 use super::hybrid::{by_interval, HeadGrouping, HybridConfig, HybridField};
 use super::moe::{MoeConfig, MoeField};
 use super::quant::GgmlType;
+use super::rules::{layer_count, positive_finite};
 use super::safetensors::{SafetensorsDir, SafetensorsError};
 
 pub const CONFIG_FILE: &str = "config.json";
@@ -154,6 +155,15 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         },
     };
     let n_layers = req_usize("num_hidden_layers")?;
+    layer_count(n_layers).map_err(|r| err("num_hidden_layers", &r))?;
+    // A scale the forward pass divides by or raises to a power: a finite number above 0.
+    positive_finite(rope_theta).map_err(|r| err("rope_theta", &r))?;
+    let rms_eps = opt_f64("rms_norm_eps")?.unwrap_or(1e-6);
+    positive_finite(rms_eps).map_err(|r| err("rms_norm_eps", &r))?;
+    let max_context = opt_usize("max_position_embeddings")?.unwrap_or(4096);
+    if max_context == 0 {
+        return Err(err("max_position_embeddings", "0 must be positive"));
+    }
     let moe = if let Some(spec) = family.moe() {
         if spec.hf_sizes_required {
             // Families whose defaults differ from Qwen3-MoE's (the fallbacks of
@@ -192,11 +202,11 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
         n_kv_heads,
         head_dim,
         vocab_size: req_usize("vocab_size")?,
-        rms_eps: opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
+        rms_eps: rms_eps as f32,
         rope_theta: rope_theta as f32,
         rope_style: RopeStyle::Halves,
         rope_scaling,
-        max_context: opt_usize("max_position_embeddings")?.unwrap_or(4096),
+        max_context,
         tied_embeddings: opt_bool("tie_word_embeddings")?.unwrap_or(false),
         moe,
         hybrid: None,
@@ -213,7 +223,11 @@ pub fn config_from_json(j: &Json, path: &Path) -> Result<(ModelConfig, HfExtras)
 
 fn rope_scaling(rs: &Json) -> Result<RopeScaling, String> {
     let ty = rs.get("rope_type").or_else(|| rs.get("type")).and_then(Json::as_str).unwrap_or("default");
-    let num = |k: &str| rs.get(k).and_then(Json::as_f64).map(|v| v as f32).ok_or_else(|| format!("'{k}' is missing"));
+    let num = |k: &str| {
+        let v = rs.get(k).and_then(Json::as_f64).ok_or_else(|| format!("'{k}' is missing"))?;
+        positive_finite(v).map_err(|r| format!("'{k}' {r}"))?;
+        Ok::<f32, String>(v as f32)
+    };
     Ok(match ty {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear { factor: num("factor")? },
@@ -607,6 +621,32 @@ mod tests {
         assert!(e.contains("x/config.json: 'linear_conv_kernel_dim' 1 must be at least 2"), "{e}");
         let e = cfg(serde_json::json!({"architectures": ["GPT2LMHeadModel"]})).unwrap_err().to_string();
         assert!(e.contains("GPT2LMHeadModel"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_scalars_are_refused_before_anything_is_sized_from_them() {
+        for (extra, says) in [
+            (serde_json::json!({"num_hidden_layers": 0}), "'num_hidden_layers' 0 must be between 1 and 1024"),
+            (
+                serde_json::json!({"num_hidden_layers": 1u64 << 40}),
+                "'num_hidden_layers' 1099511627776 must be between 1 and 1024",
+            ),
+            (serde_json::json!({"rms_norm_eps": -1.0}), "'rms_norm_eps' -1 must be a finite number above 0"),
+            (serde_json::json!({"rope_theta": 0.0}), "'rope_theta' 0 must be a finite number above 0"),
+            (
+                serde_json::json!({"rope_scaling": {"rope_type": "linear", "factor": 0.0}}),
+                "'rope_scaling' 'factor' 0 must be a finite number above 0",
+            ),
+            (serde_json::json!({"max_position_embeddings": 0}), "'max_position_embeddings' 0 must be positive"),
+            (serde_json::json!({"head_dim": 1u64 << 62}), "'head_dim' 4611686018427387904 must be at most 4096"),
+            (
+                serde_json::json!({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 1u64 << 40}),
+                "'num_experts' 1099511627776 is more than the 16384 this reader accepts",
+            ),
+        ] {
+            let e = cfg(extra.clone()).unwrap_err().to_string();
+            assert!(e.contains("x/config.json") && e.contains(says), "{extra}: {e}");
+        }
     }
 
     fn hf(extra: Json) -> Result<MoeConfig, (String, String)> {

@@ -26,6 +26,23 @@ pub enum LoadError {
     Config(#[from] ConfigError),
     #[error("tokenizer of {path}: {source}")]
     Tokenizer { path: PathBuf, source: TokenizerError },
+    #[error(
+        "{path}: the tokenizer has token ids up to {}, but the embedding table has {rows} rows: the \
+         tokenizer and the weights do not belong together",
+        tokens - 1
+    )]
+    VocabMismatch { path: PathBuf, tokens: usize, rows: usize },
+}
+
+/// The tokenizer's ids must all have an embedding row (more rows than ids is common: tables are
+/// padded). A tokenizer past the table would fail only when a prompt holds such an id, deep in
+/// a job; llama.cpp refuses such a file at load too.
+fn check_vocab(path: &Path, tokenizer: &Tokenizer, config: &ModelConfig) -> Result<(), LoadError> {
+    let (tokens, rows) = (tokenizer.vocab_size(), config.vocab_size);
+    if tokens > rows {
+        return Err(LoadError::VocabMismatch { path: path.to_path_buf(), tokens, rows });
+    }
+    Ok(())
 }
 
 pub struct LoadedModel {
@@ -102,6 +119,7 @@ pub fn load_model(path: &Path) -> Result<LoadedModel, LoadError> {
     let weights = ModelWeights::from_gguf(&g, &config)?;
     let tokenizer =
         Tokenizer::from_gguf(&g).map_err(|source| LoadError::Tokenizer { path: path.to_path_buf(), source })?;
+    check_vocab(path, &tokenizer, &config)?;
     let fingerprint = gguf_fingerprint(&g);
     Ok(LoadedModel { path: path.to_path_buf(), config, weights, tokenizer, fingerprint })
 }
@@ -115,6 +133,7 @@ fn load_hf_dir(dir: &Path) -> Result<LoadedModel, LoadError> {
     let (config, _extras, weights, st) = super::hf_bind::load_dir(dir)?;
     let tokenizer =
         Tokenizer::from_hf_dir(dir).map_err(|source| LoadError::Tokenizer { path: dir.to_path_buf(), source })?;
+    check_vocab(dir, &tokenizer, &config)?;
     let mut h = blake3::Hasher::new();
     h.update(b"hf-dir");
     h.update(format!("{config:?}").as_bytes());

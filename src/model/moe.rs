@@ -9,7 +9,7 @@
 //! `norm_topk_prob`, and the experts' outputs summed with those weights. The maths lives in
 //! the CPU reference (`backend::cpu::moe`).
 
-use super::rules::ShapeError;
+use super::rules::{ShapeError, MAX_EXPERTS};
 use super::tensor::Tensor;
 
 /// The mixture-of-experts part of a model's configuration.
@@ -58,6 +58,12 @@ impl MoeConfig {
         let fail = |field, reason| Err(ShapeError { field, reason });
         if self.n_experts == 0 {
             return fail(MoeField::Experts, "0 must be positive".into());
+        }
+        if self.n_experts > MAX_EXPERTS {
+            return fail(
+                MoeField::Experts,
+                format!("{} is more than the {MAX_EXPERTS} this reader accepts", self.n_experts),
+            );
         }
         if self.n_used == 0 || self.n_used > self.n_experts {
             let (n, e) = (self.n_used, name(MoeField::Experts));

@@ -57,6 +57,8 @@ pub fn attention_shape(
     }
     let even = |h: usize| h > 0 && h.is_multiple_of(2);
     match head_dim {
+        // Sizes beyond any model's (256 today) would overflow the shapes computed from them.
+        Some(h) if h > MAX_HEAD_DIM => fail(AttnField::HeadDim, format!("{h} must be at most {MAX_HEAD_DIM}")),
         Some(h) if even(h) => Ok(h),
         Some(h) => fail(AttnField::HeadDim, format!("{h} must be even and positive")),
         None => {
@@ -75,6 +77,40 @@ pub fn attention_shape(
             Ok(derived)
         }
     }
+}
+
+/// Largest head size a model may declare.
+pub const MAX_HEAD_DIM: usize = 4096;
+
+/// Most layers a model may declare. The deepest released models have ~130; a larger count is a
+/// corrupt value, refused before per-layer tables are sized from it.
+pub const MAX_LAYERS: usize = 1024;
+
+/// Most routed experts a layer may declare (released models have up to 512): a larger count is
+/// refused before the experts' tensors are listed.
+pub const MAX_EXPERTS: usize = 16_384;
+
+/// The layer count rule: between 1 and [`MAX_LAYERS`]. `Err` is the reason, to follow the
+/// quantity's name.
+pub fn layer_count(n: usize) -> Result<(), String> {
+    if n == 0 || n > MAX_LAYERS {
+        return Err(format!("{n} must be between 1 and {MAX_LAYERS}"));
+    }
+    Ok(())
+}
+
+/// The rule of a scale the forward pass divides by or raises to a power (the RMSNorm epsilon,
+/// the RoPE base and scaling factors): a finite number above 0. NaN or a negative epsilon
+/// silently turns every activation into NaN; a RoPE base of 0 makes every angle NaN.
+/// The test is on the value as the model keeps it (f32): 1e300 is refused as well.
+pub fn positive_finite(x: f64) -> Result<(), String> {
+    let kept = x as f32;
+    if !(kept.is_finite() && kept > 0.0) {
+        // As the file most likely stores it (f32), unless that is no number at all.
+        let shown = if kept.is_finite() || x.is_nan() { kept.to_string() } else { format!("{x:e}") };
+        return Err(format!("{shown} must be a finite number above 0"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! scalar kernels); a GPU is usable when its context opens and kernels can be had for it (PTX
 //! from `--ptx-dir`, or an NVRTC that targets its architecture and writes PTX the driver
 //! accepts). Doctor fails (exit 1) when the device `--device auto` would pick is not usable (a
-//! GPU is present but cannot run dustoff), or with `--require-gpu` when no GPU is usable.
+//! GPU is present but cannot run dustoff), with `--require-gpu` when no GPU is usable, or when
+//! the `--model` it is given cannot be read.
 
 use std::time::Instant;
 
@@ -257,7 +258,8 @@ pub fn gather(o: &DoctorOptions) -> Report {
             Placement { cpus: None, node: None, threads: 0, reason: e.to_string() }
         });
     let model = o.model.as_deref().map(|p| super::doctor_model::model_report(p, o, &cpu, &cuda, &mut problems));
-    let failed = !default_usable || (o.require_gpu && !any_gpu);
+    let model_unreadable = model.as_ref().is_some_and(|m| m.error.is_some());
+    let failed = !default_usable || (o.require_gpu && !any_gpu) || model_unreadable;
     let exit = if failed { ExitCode::Failure } else { ExitCode::Ok };
     Report {
         version: env!("CARGO_PKG_VERSION"),

@@ -89,6 +89,7 @@ pub(super) fn model_report(
             problems.push(format!("model {}: {e}", shown(path)));
             return ModelReport {
                 path: shown(path),
+                error: Some(e.to_string()),
                 arch: String::new(),
                 layers: 0,
                 context: o.ctx,
@@ -209,6 +210,7 @@ pub(super) fn model_report(
         });
     }
     ModelReport {
+        error: None,
         path: shown(path),
         arch: c.arch.name().to_string(),
         layers: c.n_layers,

@@ -141,6 +141,8 @@ pub struct DevicePlan {
 #[derive(Debug, Serialize)]
 pub struct ModelReport {
     pub path: String,
+    /// Why the model could not be read (then nothing else is filled in and doctor exits 1).
+    pub error: Option<String>,
     pub arch: String,
     pub layers: usize,
     pub context: usize,

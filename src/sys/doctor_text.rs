@@ -168,7 +168,10 @@ impl Report {
             }
         };
 
-        if let Some(m) = &self.model {
+        if let Some(m) = self.model.as_ref().filter(|m| m.error.is_some()) {
+            let _ = writeln!(s, "\nModel {}: cannot be read (see the problem below)", m.path);
+        }
+        if let Some(m) = self.model.as_ref().filter(|m| m.error.is_none()) {
             let _ = writeln!(
                 s,
                 "\nModel {} ({}, {} layers), {} slots x {} context",
