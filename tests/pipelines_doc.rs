@@ -71,6 +71,8 @@ fn the_table_lists_exactly_the_keys_the_parser_accepts() {
 #[test]
 fn the_stated_defaults_are_the_parsers() {
     let minimal: PipelineSpec = toml::from_str("name = \"x\"\n[prompt]\n").unwrap();
+    // Every table has its defaults: a pipeline of its name alone is the same.
+    assert_eq!(toml::from_str::<PipelineSpec>("name = \"x\"\n").unwrap(), minimal);
     let v = serde_json::to_value(&minimal).unwrap();
     let mut checked = 0;
     for (key, default) in table() {

@@ -446,6 +446,22 @@ fn shards_merge_into_the_unsharded_output_and_slurm_env_picks_the_shard() {
     let o = dustoff(&["merge", "--output", s(&merged), s(&s1), s(&s0)], &[]);
     expect_code(&o, 0, "merge");
     assert_eq!(read_bytes(&merged), read_bytes(&b.output), "merged shards equal the unsharded run");
+    // `shard*.jsonl` also matches each shard's error file: those are left out, not merged.
+    let errors = |p: &std::path::Path| std::path::PathBuf::from(format!("{}.errors.jsonl", p.display()));
+    assert!(errors(&s0).is_file(), "every run writes its error file");
+    let again = d.join("again.jsonl");
+    let o = dustoff(&["merge", "--output", s(&again), s(&errors(&s0)), s(&s0), s(&s1), s(&errors(&s1))], &[]);
+    expect_code(&o, 0, "merge of a glob's matches");
+    assert!(stderr(&o).contains("leaving out"), "{}", stderr(&o));
+    assert_eq!(read_bytes(&again), read_bytes(&b.output));
+    // Never over a shard being merged; a shard given twice fails the same way again (exit 2).
+    let shard0 = read_bytes(&s0);
+    let o = dustoff(&["merge", "--output", s(&s0), s(&s0), s(&s1)], &[]);
+    expect_code(&o, 2, "merge into one of its shards");
+    assert!(stderr(&o).contains("is one of the shard outputs"), "{}", stderr(&o));
+    assert_eq!(read_bytes(&s0), shard0);
+    let o = dustoff(&["merge", "--output", s(&again), s(&s0), s(&s0)], &[]);
+    expect_code(&o, 2, "a shard given twice");
 
     // Kubernetes Indexed Job: JOB_COMPLETION_INDEX plus a count (dry run: no model steps).
     let o = dustoff(
@@ -462,6 +478,20 @@ fn shards_merge_into_the_unsharded_output_and_slurm_env_picks_the_shard() {
     );
     expect_code(&o, 2, "JOB_COMPLETION_INDEX without a count");
     assert!(stderr(&o).contains("DUSTOFF_SHARD_COUNT"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_file_no_run_wrote_is_not_overwritten_unasked() {
+    let b = baseline();
+    let d = tmpdir("foreign");
+    let out = d.join("precious.jsonl");
+    std::fs::write(&out, "precious\n").unwrap();
+    let o = dustoff(&run_args(Some(s(&b.pipeline)), NEWS, s(&out), &["--dry-run"]), &[]);
+    expect_code(&o, 2, "a run into someone's file");
+    assert!(stderr(&o).contains("is not the output of a dustoff run"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "precious\n");
+    let o = dustoff(&run_args(Some(s(&b.pipeline)), NEWS, s(&out), &["--dry-run", "--restart"]), &[]);
+    expect_code(&o, 0, "--restart says replace it");
 }
 
 #[test]

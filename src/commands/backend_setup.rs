@@ -127,7 +127,10 @@ pub fn make_synthetic_backend_for(
     match *device {
         Device::Cpu => {
             if cfg.hybrid.is_some() {
-                bail!("--synthetic {shape}: random hybrid (linear-attention) weights are made on the GPU only; use --device cuda");
+                return Err(crate::job::exit::UsageError::new(format!(
+                    "--synthetic {shape}: random hybrid (linear-attention) weights are made on the GPU only; use --device cuda"
+                ))
+                .into());
             }
             let w = crate::model::synth::random_weights(&cfg, parse_dtype(dtype)?, 1);
             make_backend(
@@ -142,7 +145,9 @@ pub fn make_synthetic_backend_for(
         Device::Cuda(ordinal) => {
             use crate::backend::cuda::WeightMix;
             let mix = WeightMix::parse(dtype).ok_or_else(|| {
-                anyhow::anyhow!("--dtype {dtype}: synthetic GPU weights are f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k or q4_k_m")
+                crate::job::exit::UsageError::new(format!(
+                    "--dtype {dtype}: synthetic GPU weights are f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k or q4_k_m"
+                ))
             })?;
             let place = Placement { f16_weights: false, ..place.clone() };
             let opts = cuda_options(ordinal, tokens.div_ceil(BLOCK_SIZE).max(1), (max_batch_tokens, seqs), &place);
@@ -156,6 +161,10 @@ pub fn make_synthetic_backend_for(
 /// Parses a weight type name (`f16`, `q8_0`, `q4_k`...).
 pub fn parse_dtype(s: &str) -> Result<crate::model::quant::GgmlType> {
     crate::model::quant::GgmlType::from_name(s).ok_or_else(|| {
-        anyhow::anyhow!("unknown weight type '{s}' (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)")
+        let mixes = if s.contains("_m") { "; the k-quant mixes (q4_k_m) are made on the GPU only" } else { "" };
+        crate::job::exit::UsageError::new(format!(
+            "unknown weight type '{s}' (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k){mixes}"
+        ))
+        .into()
     })
 }

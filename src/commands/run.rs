@@ -84,10 +84,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         },
     };
     let inputs = crate::job::reader::expand_inputs(&a.inputs)?;
-    let shard = match &a.shard {
-        Some(s) => Some(s.parse::<ShardSpec>()?),
-        None => ShardSpec::from_env(crate::sys::env::get, a.shard_count)?,
-    };
+    let shard = ShardSpec::resolve(a.shard.as_deref(), a.shard_count, crate::sys::env::get)?;
     if let Some(s) = shard {
         eprintln!("shard {s} (records picked by a stable hash of their id)");
     }
@@ -221,7 +218,12 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             (step, slots),
             &place,
         )?;
-        eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens ({})", backend.describe(), place.kv_type);
+        // The CPU backend keeps the full cache in f32 (`--kv-cache f16` names the GPU's type).
+        let kv = match (&devs[0], place.kv_type) {
+            (Device::Cpu, crate::backend::kv_type::KvType::F16) => "f32",
+            (_, t) => t.name(),
+        };
+        eprintln!("backend: {}; {slots} slots, KV room for {tokens} tokens ({kv})", backend.describe());
         let mut engine = Engine::new(backend, cfg)?;
         if let Some(rates) = bound_rates {
             engine = engine.with_step_bound(rates);

@@ -41,7 +41,7 @@ impl ExitCode {
             }
             ExitCode::Usage => {
                 "usage error: bad flags, an unknown or invalid pipeline, a missing input, model or shard \
-                 output, an unsupported model or compressed format, an output that would overwrite an input \
+                 output, shard outputs that do not belong together, an unsupported model or compressed format, an output that would overwrite an input \
                  (or that exists, for convert, quantize and synth), a checkpoint or finished output of a \
                  different job; the same command fails the same way"
             }
@@ -99,7 +99,7 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
             || matches!(c.downcast_ref::<CheckpointError>(), Some(CheckpointError::Mismatch { .. }))
             || matches!(
                 c.downcast_ref::<super::identity::IdentityError>(),
-                Some(super::identity::IdentityError::Changed { .. })
+                Some(super::identity::IdentityError::Changed { .. } | super::identity::IdentityError::Foreign { .. })
             )
             || matches!(c.downcast_ref::<PipelineError>(), Some(p) if !matches!(p, PipelineError::Io { .. }))
             || c.downcast_ref::<crate::quantize::QuantizeError>().is_some_and(|q| q.is_usage())
@@ -115,7 +115,14 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
             || matches!(
                 c.downcast_ref::<ShardError>(),
                 Some(
-                    ShardError::Spec(_) | ShardError::Env { .. } | ShardError::NoCount { .. } | ShardError::Missing(_)
+                    ShardError::Spec(_)
+                        | ShardError::Env { .. }
+                        | ShardError::NoCount { .. }
+                        | ShardError::NoIndex
+                        | ShardError::CountDisagrees { .. }
+                        | ShardError::Missing(_)
+                        | ShardError::Merge(_)
+                        | ShardError::Order { .. }
                 )
             )
     })

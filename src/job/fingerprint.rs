@@ -11,17 +11,36 @@ use serde::{Deserialize, Serialize};
 
 use super::shard::ShardSpec;
 
-/// A file's identity without reading all of it: size plus a blake3 of its first and last MiB.
-/// Cheap for 10 GB inputs and GB-sized models, and independent of the path (a moved file still
-/// resumes) and of mtime (a copy still resumes).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A file's identity: its size and a blake3 of its first and last MiB (`sample`), and for a
+/// job's input files a blake3 of all of it (`content`). Independent of the path (a moved file
+/// still resumes) and of mtime (a copy still resumes). Inputs are hashed whole because an
+/// in-place edit of a record in the middle of a large file would otherwise go unnoticed (the
+/// finished job said "nothing to do", a resume mixed old and new rows); models keep the sample
+/// (GB-sized, replaced as whole files). Identities written before `content` existed compare
+/// by size and sample alone, so their checkpoints still resume.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FileIdentity {
     pub name: String,
     pub size: u64,
     pub sample: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
 }
 
-pub fn file_identity(path: &Path) -> std::io::Result<FileIdentity> {
+impl PartialEq for FileIdentity {
+    fn eq(&self, o: &Self) -> bool {
+        let content = match (&self.content, &o.content) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        self.name == o.name && self.size == o.size && self.sample == o.sample && content
+    }
+}
+
+impl Eq for FileIdentity {}
+
+/// The sampled identity of a file (no `content`).
+fn sampled_identity(path: &Path) -> std::io::Result<FileIdentity> {
     const SPAN: u64 = 1 << 20;
     let mut f = File::open(path)?;
     let size = f.metadata()?.len();
@@ -38,7 +57,35 @@ pub fn file_identity(path: &Path) -> std::io::Result<FileIdentity> {
         h.update(&tail);
     }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    Ok(FileIdentity { name, size, sample: h.finalize().to_hex().to_string() })
+    Ok(FileIdentity { name, size, sample: h.finalize().to_hex().to_string(), content: None })
+}
+
+/// The identity of a job's input file: sampled, and its whole content hashed (16 MiB reads,
+/// each hashed on every core: a few seconds for 10 GB).
+pub fn file_identity(path: &Path) -> std::io::Result<FileIdentity> {
+    let mut id = sampled_identity(path)?;
+    let mut f = File::open(path)?;
+    let mut h = blake3::Hasher::new();
+    let mut buf = vec![0u8; 16 << 20];
+    let mut read = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update_rayon(&buf[..n]);
+        read += n as u64;
+    }
+    if read != id.size {
+        // Written to while it was read: the two hashes would describe different files.
+        return Err(std::io::Error::other(format!(
+            "{} changed size while it was read ({} -> {read} bytes): is something still writing it?",
+            path.display(),
+            id.size
+        )));
+    }
+    id.content = Some(h.finalize().to_hex().to_string());
+    Ok(id)
 }
 
 /// The identity of a model given on the command line: a GGUF file as [`file_identity`]; a
@@ -46,7 +93,7 @@ pub fn file_identity(path: &Path) -> std::io::Result<FileIdentity> {
 /// file (and shard index), in name order, so that changing any of them changes the job.
 pub fn model_identity(path: &Path) -> std::io::Result<FileIdentity> {
     if !path.is_dir() {
-        return file_identity(path);
+        return sampled_identity(path);
     }
     let mut names: Vec<std::path::PathBuf> = std::fs::read_dir(path)?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -63,13 +110,13 @@ pub fn model_identity(path: &Path) -> std::io::Result<FileIdentity> {
     let mut h = blake3::Hasher::new();
     let mut size = 0u64;
     for p in &names {
-        let id = file_identity(p)?;
+        let id = sampled_identity(p)?;
         size += id.size;
         h.update(id.name.as_bytes());
         h.update(id.sample.as_bytes());
     }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    Ok(FileIdentity { name, size, sample: h.finalize().to_hex().to_string() })
+    Ok(FileIdentity { name, size, sample: h.finalize().to_hex().to_string(), content: None })
 }
 
 /// What makes two runs the same job. Anything that changes a row belongs here.
@@ -151,5 +198,38 @@ impl JobFingerprint {
             d.push("the finished output an --incremental run builds on");
         }
         d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_edit_in_the_middle_of_a_large_input_changes_its_identity() {
+        let dir = std::env::temp_dir().join(format!("dustoff-fileid-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("big.jsonl");
+        // 3 MiB: the middle MiB is outside the sample.
+        let mut bytes: Vec<u8> = (0..3u32 << 20).map(|i| b'a' + (i % 26) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let before = file_identity(&path).unwrap();
+        assert_eq!(before, file_identity(&path).unwrap());
+        bytes[3 << 19] = b'!';
+        std::fs::write(&path, &bytes).unwrap();
+        let after = file_identity(&path).unwrap();
+        assert_eq!((before.size, &before.sample), (after.size, &after.sample), "the sample cannot see it");
+        assert_ne!(before, after, "the whole-content hash does");
+        // An identity stored before `content` existed compares by size and sample: its
+        // checkpoint still resumes.
+        let old: FileIdentity = serde_json::from_str(
+            &serde_json::json!({"name": before.name, "size": before.size, "sample": before.sample}).to_string(),
+        )
+        .unwrap();
+        assert_eq!(old.content, None);
+        assert_eq!(old, after);
+        // Models keep the sample only.
+        assert_eq!(model_identity(&path).unwrap().content, None);
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -9,7 +9,8 @@
 //!   unless `--restart` (compute everything again) or `--incremental` over changed inputs only
 //!   (compute the new and changed records, reuse the rest: [`super::incremental`]);
 //! - no identity, or an output that no longer matches it (edited, or a kill between the output
-//!   and its report): the run goes on as before (its checkpoint, if any, decides).
+//!   and its report): the run goes on as before (its checkpoint, if any, decides);
+//! - a file no run left at all (no report, no checkpoint): refused unless `--restart`.
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +26,11 @@ pub enum IdentityError {
          again){incremental_hint}"
     )]
     Changed { output: PathBuf, differs: String, rows: u64, error_rows: u64, incremental_hint: String },
+    #[error(
+        "{output} exists and is not the output of a dustoff run (no {report}, no checkpoint): a run would \
+         replace it. Move it away, choose another --output, or add --restart to replace it"
+    )]
+    Foreign { output: PathBuf, report: PathBuf },
     #[error("cannot read {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
 }
@@ -78,6 +84,13 @@ pub fn decide(
 ) -> Result<Decision, IdentityError> {
     if restart || !output.is_file() {
         return Ok(Decision::Run);
+    }
+    let report = JobReport::path_for(output);
+    let dir = super::checkpoint::checkpoint_dir(output);
+    // A file no run left (no report, no checkpoint, not even one moved aside by a finish that
+    // was killed before its report) is someone's data: a run does not overwrite it unasked.
+    if !unfinished && !report.exists() && !dir.exists() && !super::checkpoint::discard_dir(&dir).exists() {
+        return Err(IdentityError::Foreign { output: output.to_path_buf(), report });
     }
     let Some(f) = finished_in_place(output) else { return Ok(Decision::Run) };
     if f.job == *this && !unfinished {

@@ -34,13 +34,14 @@ use crate::engine::sampler::{derive_seed, SamplingParams};
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     #[error(
-        "pipeline '{name}' not found; looked for:{places}\n(give a path, --pipelines DIR or DUSTOFF_PIPELINES; \
-         `dustoff run --help` says where names are looked up)"
+        "pipeline '{name}' not found; looked for:{places}\n(give a path, or a folder of pipelines in \
+         DUSTOFF_PIPELINES (or --pipelines DIR for run and generate); `dustoff run --help` says where names \
+         are looked up)"
     )]
     NotFound { name: String, places: String },
     #[error("cannot read pipeline {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("pipeline {path} is not valid TOML for a pipeline: {message}")]
+    #[error("pipeline {path} is not a valid pipeline: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("pipeline {path}: {message}")]
     Invalid { path: PathBuf, message: String },
@@ -129,6 +130,7 @@ pub struct PipelineSpec {
     pub description: String,
     #[serde(default = "default_input")]
     pub input: InputSpec,
+    #[serde(default = "default_prompt")]
     pub prompt: PromptSpec,
     #[serde(default = "default_generation")]
     pub generation: GenerationSpec,
@@ -180,6 +182,15 @@ fn default_marker() -> String {
 }
 fn default_input() -> InputSpec {
     InputSpec { id_field: default_id(), fields: default_fields(), document_field: None }
+}
+fn default_prompt() -> PromptSpec {
+    PromptSpec {
+        system: String::new(),
+        instruction: String::new(),
+        template: default_template(),
+        chat_template: yes(),
+        thinking: false,
+    }
 }
 fn default_generation() -> GenerationSpec {
     GenerationSpec { max_tokens: default_max_tokens(), temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 }

@@ -25,6 +25,13 @@ pub enum ShardError {
     Env { name: String, value: String },
     #[error("{name} is set but the shard count is not: set {count_var} or pass --shard K/N")]
     NoCount { name: &'static str, count_var: &'static str },
+    #[error(
+        "--shard-count is given but no shard index: pass --shard K/N, or run as a Slurm array task \
+         (SLURM_ARRAY_TASK_ID) or a Kubernetes Indexed Job (JOB_COMPLETION_INDEX)"
+    )]
+    NoIndex,
+    #[error("--shard {spec} and --shard-count {count} disagree")]
+    CountDisagrees { spec: ShardSpec, count: u32 },
     #[error("cannot read {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: {message}")]
@@ -72,6 +79,25 @@ impl ShardSpec {
         shard_of(key, self.count) == self.index
     }
 
+    /// The shard of a run: `--shard K/N` (with a `--shard-count`, which must say N), else the
+    /// environment's ([`ShardSpec::from_env`]).
+    pub fn resolve(
+        shard: Option<&str>,
+        count: Option<u32>,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<ShardSpec>, ShardError> {
+        match shard {
+            Some(s) => {
+                let spec = s.parse::<ShardSpec>()?;
+                match count {
+                    Some(n) if n != spec.count => Err(ShardError::CountDisagrees { spec, count: n }),
+                    _ => Ok(Some(spec)),
+                }
+            }
+            None => Self::from_env(get, count),
+        }
+    }
+
     /// The shard from the environment when `--shard` is not given:
     /// Slurm job arrays (`SLURM_ARRAY_TASK_ID` minus `SLURM_ARRAY_TASK_MIN`, of
     /// `SLURM_ARRAY_TASK_COUNT`), or a Kubernetes Indexed Job (`JOB_COMPLETION_INDEX` of
@@ -85,7 +111,8 @@ impl ShardSpec {
         };
         let spec = if let Some(id) = num("SLURM_ARRAY_TASK_ID")? {
             let min = num("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
-            let n = match num("SLURM_ARRAY_TASK_COUNT")?.or(count) {
+            // An explicit --shard-count wins (a resubmitted task of a larger array).
+            let n = match count.map(Some).unwrap_or(num("SLURM_ARRAY_TASK_COUNT")?) {
                 Some(n) => n,
                 None => {
                     return Err(ShardError::NoCount {
@@ -103,6 +130,9 @@ impl ShardSpec {
                 }
             };
             (idx, n)
+        } else if count.is_some() {
+            // A count with no index would silently run every record.
+            return Err(ShardError::NoIndex);
         } else {
             return Ok(None);
         };
@@ -223,16 +253,32 @@ pub struct MergeSummary {
 /// Combines the outputs of all shards of one job into `output` (JSONL or Parquet by extension),
 /// in input order. Refuses shards of different jobs, a missing or repeated shard, and outputs
 /// whose row count does not match their `.order` sidecar.
+/// One shard output being merged: its rows, its `.order` file and how many rows it lists.
+struct Part {
+    rows: RowLines,
+    order: OrderReader,
+    expect: u64,
+    path: PathBuf,
+}
+
 pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardError> {
-    struct Part {
-        rows: RowLines,
-        order: OrderReader,
-        expect: u64,
-        seen: u64,
-        path: PathBuf,
-    }
     if inputs.is_empty() {
         return Err(ShardError::Merge("no shard outputs given".into()));
+    }
+    let inputs = shard_outputs(inputs);
+    let inputs = inputs.as_slice();
+    if inputs.is_empty() {
+        return Err(ShardError::Merge("no shard outputs given (only their error files)".into()));
+    }
+    // Never write over what is being merged: the rows would be lost mid-read.
+    let output_file = output.canonicalize().ok();
+    for p in inputs {
+        if output_file.is_some() && p.canonicalize().ok() == output_file {
+            return Err(ShardError::Merge(format!(
+                "--output {} is one of the shard outputs being merged",
+                output.display()
+            )));
+        }
     }
     let mut parts = Vec::new();
     let mut first: Option<OrderHeader> = None;
@@ -267,7 +313,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardErr
         }
         have.push(h.shard.index);
         let rows = RowLines::open(p)?;
-        parts.push(Part { rows, order, expect: h.rows, seen: 0, path: p.clone() });
+        parts.push(Part { rows, order, expect: h.rows, path: p.clone() });
         first.get_or_insert(h);
     }
     let not_there = |absent: &[String]| {
@@ -297,7 +343,36 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardErr
         ));
     }
 
-    let mut out = RowWriter::create(output, head.json_output)?;
+    let out = RowWriter::create(output, head.json_output)?;
+    let tmp = out.partial_path().to_path_buf();
+    let merged = write_merged(parts, out);
+    if merged.is_err() {
+        // A failed merge leaves nothing half-written behind.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    Ok(MergeSummary { shards: head.shard.count, rows: merged? })
+}
+
+/// The shard outputs among `inputs`: a shard's error file (`<shard>.errors.jsonl`, written by
+/// every run) is left out when its shard is given too, as `shard-*.jsonl` matches both.
+fn shard_outputs(inputs: &[PathBuf]) -> Vec<PathBuf> {
+    inputs
+        .iter()
+        .filter(|p| {
+            let of_a_shard = inputs.iter().any(|s| super::errors_file::errors_path(s) == **p);
+            if of_a_shard {
+                eprintln!("merge: leaving out {}: the error rows of a shard given too", p.display());
+            }
+            !of_a_shard
+        })
+        .cloned()
+        .collect()
+}
+
+/// Writes the rows of the shards in input order (by their `.order` files) and finishes the
+/// output.
+fn write_merged(mut parts: Vec<Part>, mut out: RowWriter) -> Result<u64, ShardError> {
+    let mut seen = vec![0u64; parts.len()];
     // Min-heap of (next index, part) via Reverse ordering.
     let mut heap = BinaryHeap::new();
     for (k, part) in parts.iter_mut().enumerate() {
@@ -315,14 +390,14 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardErr
         let line = part.rows.next().ok_or_else(|| {
             ShardError::Merge(format!("{} has fewer rows than its .order file", part.path.display()))
         })??;
-        part.seen += 1;
+        seen[k] += 1;
         out.write_row(&line)?;
         if let Some(n) = part.order.next_index()? {
             heap.push(std::cmp::Reverse((n, k)));
         }
     }
-    for part in &mut parts {
-        if part.seen != part.expect || part.rows.next().is_some() {
+    for (part, seen) in parts.iter_mut().zip(seen) {
+        if seen != part.expect || part.rows.next().is_some() {
             return Err(ShardError::Merge(format!(
                 "{} does not have the {} rows its .order file lists",
                 part.path.display(),
@@ -330,8 +405,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardErr
             )));
         }
     }
-    let rows = out.finish()?;
-    Ok(MergeSummary { shards: head.shard.count, rows })
+    Ok(out.finish()?)
 }
 
 #[cfg(test)]
@@ -377,5 +451,11 @@ mod tests {
         assert!(ShardSpec::from_env(env(&[("JOB_COMPLETION_INDEX", "1")]), None).is_err());
         assert!(ShardSpec::from_env(env(&[("JOB_COMPLETION_INDEX", "5")]), Some(2)).is_err());
         assert_eq!(ShardSpec::from_env(env(&[]), None).unwrap(), None);
+        // --shard-count beats Slurm's count; alone it is an error, not an unsharded run.
+        let s = ShardSpec::from_env(env(&[("SLURM_ARRAY_TASK_ID", "2"), ("SLURM_ARRAY_TASK_COUNT", "1")]), Some(4));
+        assert_eq!(s.unwrap(), Some(ShardSpec { index: 2, count: 4 }));
+        assert!(matches!(ShardSpec::from_env(env(&[]), Some(2)), Err(ShardError::NoIndex)));
+        assert!(ShardSpec::resolve(Some("0/3"), Some(2), env(&[])).is_err());
+        assert_eq!(ShardSpec::resolve(Some("0/3"), Some(3), env(&[])).unwrap(), Some(ShardSpec { index: 0, count: 3 }));
     }
 }

@@ -399,6 +399,11 @@ impl RowWriter {
         }
     }
 
+    /// The file the rows go to until `finish` renames it to the output.
+    pub fn partial_path(&self) -> &Path {
+        &self.tmp
+    }
+
     pub fn rows(&self) -> u64 {
         self.rows
     }

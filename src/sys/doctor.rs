@@ -209,6 +209,9 @@ pub fn gather(o: &DoctorOptions) -> Report {
             })
             .collect(),
     };
+    if let Some(why) = crate::backend::cuda::compile::nvrtc_lib::env_failure() {
+        problems.push(why);
+    }
     let v100 = gpus.iter().any(|g| g.info.compute_capability == (7, 0));
     // A V100 without an NVRTC for it, or a GPU-less build box whose NVRTCs cannot make V100 PTX.
     if compiles_70 != Some(true) && (v100 || (gpus.is_empty() && nvrtc::nvrtc_available())) {

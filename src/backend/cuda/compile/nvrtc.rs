@@ -66,7 +66,7 @@ pub fn nvrtc_version(arch: &str) -> Result<(i32, i32), CudaError> {
 /// The NVRTC chosen for `arch` (see `nvrtc_lib::choose`).
 pub fn nvrtc_for(arch: &str) -> Result<&'static super::nvrtc_lib::Nvrtc, CudaError> {
     if !nvrtc_available() {
-        return Err(CudaError::NvrtcMissing);
+        return Err(super::nvrtc_lib::env_failure().map_or(CudaError::NvrtcMissing, CudaError::Nvrtc));
     }
     super::nvrtc_lib::for_arch(arch).map(|(n, _)| n).map_err(CudaError::Nvrtc)
 }

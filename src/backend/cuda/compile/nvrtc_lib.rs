@@ -182,6 +182,18 @@ fn loaded() -> &'static [(PathBuf, Result<&'static Nvrtc, String>)] {
     })
 }
 
+/// When `DUSTOFF_NVRTC` is set and its file does not load: why, said so (the search is off
+/// while it is set, so every other library is ignored).
+pub fn env_failure() -> Option<String> {
+    crate::sys::env::get_os(NVRTC_ENV).filter(|v| !v.is_empty())?;
+    let (p, r) = loaded().first()?;
+    let e = r.as_ref().err()?;
+    Some(format!(
+        "{NVRTC_ENV}={} does not load ({e}); while it is set no other NVRTC is looked for: fix or unset it",
+        p.display()
+    ))
+}
+
 /// What was found, for `doctor`.
 pub fn found() -> Vec<Found> {
     loaded()
