@@ -4,7 +4,7 @@
 #   dustoff             the glibc-2.17 binary (scripts/release.sh)
 #   ptx/                every kernel as compute_70 PTX (`dustoff kernels`, NVRTC 12 from
 #                       scripts/nvrtc12.sh); the binary reads ptx/ beside itself, no NVRTC needed
-#   lib/                only with `--cublas 11` (drivers R450+) or `--cublas 12` (R525+): cuBLAS
+#   lib/                only with `--cublas 11` (drivers R460+: dustoff needs CUDA 11.2) or `--cublas 12` (R525+): cuBLAS
 #                       from its PyPI wheel (cuBLAS 11: 638 MB), found through the binary's $ORIGIN/lib
 #                       RUNPATH; faster prompts. Without it (the default) prefill runs on
 #                       dustoff's own tensor-core GEMM: only the driver is needed
@@ -97,8 +97,8 @@ fi
 
 cublas_text="lib/ holds cuBLAS $cublas (${spec:-}) for prompt processing; the binary finds it beside itself."
 [ "$cublas" = none ] && cublas_text="No cuBLAS here: prompts run on dustoff's own GEMM (a libcublas on LD_LIBRARY_PATH is used when present)."
-drivers="Any NVIDIA driver from CUDA 11.0 (R450) up to R580."
-[ "$cublas" = 12 ] && drivers="Any NVIDIA driver from CUDA 12.0 (R525) up to R580 (cuBLAS 12 needs R525; bundle with --cublas 11 for R450-R520)."
+drivers="Any NVIDIA driver from CUDA 11.2 (R460) up to R580."
+[ "$cublas" = 12 ] && drivers="Any NVIDIA driver from CUDA 12.0 (R525) up to R580 (cuBLAS 12 needs R525; bundle with --cublas 11 for R460-R520)."
 cat > "$dest/INSTALL.txt" <<EOF
 dustoff $version (commit $commit), offline bundle made $(date -u +%Y-%m-%d) for x86_64 Linux with
 glibc 2.17 or newer (CentOS/RHEL 7 and later, Ubuntu 14.04 and later).
@@ -116,7 +116,7 @@ On the server:
       --input samples/news.jsonl --output out/summaries.jsonl
 
 If doctor says a GPU is not usable, it names the reason: no driver loaded (install or load the
-NVIDIA driver: nvidia-smi must work) or a driver older than CUDA 11.0 (R450). The CPU backend
+NVIDIA driver: nvidia-smi must work) or a driver older than CUDA 11.2 (R460). The CPU backend
 always works (--device cpu). Put dustoff on PATH with a symlink (ln -s \$PWD/dustoff
 /usr/local/bin/): it still finds ptx/ and lib/ beside the real file.
 EOF

@@ -69,6 +69,14 @@ pub fn run(cli: Cli) -> Result<Code> {
         Cmd::Convert(a) if a.model.is_file() => {
             // GGUF -> GGUF: a type change of every matrix (e.g. a quantized model to an F16
             // reference), done by the quantizer with its mix rules for --dtype.
+            if crate::quantize::mix::QuantType::parse(&a.dtype).is_none() {
+                return Err(crate::job::exit::UsageError::new(format!(
+                    "unknown --dtype {:?}; one of {}",
+                    a.dtype,
+                    crate::quantize::mix::TYPE_NAMES
+                ))
+                .into());
+            }
             let args = crate::commands::quantize::QuantizeArgs {
                 model: a.model,
                 output: a.output,

@@ -65,7 +65,9 @@ pub struct RunCliArgs {
     /// SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT or JOB_COMPLETION_INDEX with --shard-count.
     #[arg(long)]
     pub shard: Option<String>,
-    /// Number of shards when the index comes from JOB_COMPLETION_INDEX (Kubernetes).
+    /// Number of shards when the index comes from JOB_COMPLETION_INDEX (Kubernetes) or a Slurm
+    /// array (it beats SLURM_ARRAY_TASK_COUNT: a resubmitted task of a larger array); with
+    /// --shard it must agree; without either index it is an error.
     #[arg(long)]
     pub shard_count: Option<u32>,
     /// Read, render and tokenize everything and make the run's checks (lock, finished output,
@@ -217,8 +219,10 @@ pub struct TokenizeArgs {
     /// Model (GGUF file or Hugging Face directory) whose tokenizer is used. Defaults to the sample model.
     #[arg(long, default_value = SAMPLE_MODEL)]
     pub model: PathBuf,
+    /// JSONL lines {"id", "text", "add_bos", "parse_special"} (only "text" is required).
     #[arg(long)]
     pub input: PathBuf,
+    /// JSONL lines {"id", "ids"} (or {"id", "line", "error"}), one per input line, in input order.
     #[arg(long)]
     pub output: PathBuf,
 }

@@ -164,7 +164,10 @@ impl PlanReport {
         println!("sequences that fit {} (of {} positions each)", self.fitting_sequences, self.positions_per_sequence);
         if let Some((step, total)) = self.with_default_step {
             let how = if total <= self.budget_bytes { "fits" } else { "does not fit either" };
-            println!("with --max-batch-tokens {step} (the engine's default step) the total is {}: {how}", gb(total));
+            println!(
+                "with --max-batch-tokens {step} (smaller steps, less workspace) the total is {}: {how}",
+                gb(total)
+            );
         }
     }
 }

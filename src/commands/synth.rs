@@ -1,7 +1,7 @@
 //! `dustoff synth`: writes a random-weight GGUF of a real model's shape (see
 //! `model::synth_gguf`), with a progress line on stderr while the tensors are written.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use crate::job::exit::UsageError;
 use crate::model::synth_gguf::{write_synthetic_gguf, SynthOptions, SynthSummary};
@@ -12,10 +12,17 @@ pub fn run(o: &SynthOptions, quiet: bool) -> anyhow::Result<SynthSummary> {
         // A line per tenth of the data: a 30B-A3B file is ~18.5 GB.
         let tenth = (total / 10).max(1);
         if !quiet && (done / tenth > last / tenth || done == total) {
-            eprint!("\rsynth: {:.1} / {:.1} GB", done as f64 / 1e9, total as f64 / 1e9);
-            std::io::stderr().flush().ok();
-            if done == total {
-                eprintln!();
+            let (done_gb, total_gb) = (done as f64 / 1e9, total as f64 / 1e9);
+            if std::io::stderr().is_terminal() {
+                // One line rewritten in place.
+                eprint!("\rsynth: {done_gb:.1} / {total_gb:.1} GB");
+                std::io::stderr().flush().ok();
+                if done == total {
+                    eprintln!();
+                }
+            } else {
+                // A log gets a line each.
+                eprintln!("synth: {done_gb:.1} / {total_gb:.1} GB");
             }
         }
         last = done;

@@ -148,6 +148,10 @@ pub fn write_gguf<E: From<GgufWriteError>>(
     }
     head.resize(head.len().next_multiple_of(ALIGNMENT), 0);
 
+    // A missing folder of the output is made, as for a safetensors directory.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| E::from(io(e)))?;
+    }
     let mut w = BufWriter::with_capacity(1 << 20, File::create(&partial).map_err(|e| E::from(io(e)))?);
     w.write_all(&head).map_err(|e| E::from(io(e)))?;
     let mut written = 0usize;
