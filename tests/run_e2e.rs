@@ -495,6 +495,31 @@ fn a_file_no_run_wrote_is_not_overwritten_unasked() {
 }
 
 #[test]
+fn the_input_kind_must_match_the_command_and_a_bom_is_not_a_record() {
+    let b = baseline();
+    let d = tmpdir("input-kind");
+    let out = d.join("o.jsonl");
+    // Records of a pipeline without the pipeline: refused before anything runs, not 12 error rows.
+    let o = dustoff(&run_args(None, NEWS, s(&out), &[]), &[]);
+    expect_code(&o, 2, "pipeline records without a pipeline");
+    assert!(stderr(&o).contains("name a pipeline"), "{}", stderr(&o));
+    assert!(!out.exists());
+    // OpenAI Batch requests with a pipeline.
+    let batch = repo().join("samples/openai-batch.jsonl");
+    let o = dustoff(&run_args(Some(s(&b.pipeline)), s(&batch), s(&out), &["--dry-run"]), &[]);
+    expect_code(&o, 2, "batch requests with a pipeline");
+    assert!(stderr(&o).contains("leave out the pipeline"), "{}", stderr(&o));
+    // A byte-order mark before the first record is not a malformed line.
+    let news = std::fs::read_to_string(repo().join(NEWS)).unwrap();
+    let bom = d.join("bom.jsonl");
+    std::fs::write(&bom, format!("\u{feff}{news}")).unwrap();
+    let o = dustoff(&run_args(Some(s(&b.pipeline)), s(&bom), s(&out), &["--dry-run", "--json"]), &[]);
+    expect_code(&o, 0, "a BOM");
+    let dry: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((dry["records"].as_u64(), dry["errors"].as_u64()), (Some(12), Some(0)), "{dry}");
+}
+
+#[test]
 fn greedy_rows_do_not_depend_on_slots_or_on_the_other_records() {
     let b = baseline();
     // The first 6 news records, one slot: the same bytes as the first 6 rows of the 4-slot run

@@ -84,6 +84,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
         },
     };
     let inputs = crate::job::reader::expand_inputs(&a.inputs)?;
+    crate::job::input_kind::check_first_record(&job, &inputs)?;
     let shard = ShardSpec::resolve(a.shard.as_deref(), a.shard_count, crate::sys::env::get)?;
     if let Some(s) = shard {
         eprintln!("shard {s} (records picked by a stable hash of their id)");

@@ -14,6 +14,7 @@ pub mod exit;
 pub mod fingerprint;
 pub mod identity;
 pub mod incremental;
+pub mod input_kind;
 pub mod lock;
 pub mod log;
 pub mod output;

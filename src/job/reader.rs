@@ -447,7 +447,7 @@ impl RecordReader {
                 )),
             ),
             Raw::Line(Ok(bytes)) => {
-                let (text, utf8_err) = match String::from_utf8(bytes) {
+                let (mut text, utf8_err) = match String::from_utf8(bytes) {
                     Ok(s) => (s, None),
                     Err(e) => {
                         let valid = e.utf8_error().valid_up_to();
@@ -455,6 +455,10 @@ impl RecordReader {
                         (s, Some(format!("{at}: invalid UTF-8 at byte {valid}")))
                     }
                 };
+                // A byte-order mark (files saved by Windows tools) is not part of the first record.
+                if line == 1 && text.starts_with('\u{feff}') {
+                    text.drain(..'\u{feff}'.len_utf8());
+                }
                 let obj = match serde_json::from_str::<Value>(&text) {
                     Ok(Value::Object(m)) => m,
                     Ok(other) => {
