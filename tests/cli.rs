@@ -75,6 +75,20 @@ fn generate_command_matches_f64_greedy_and_reports_bad_lines() {
         serde_json::from_str(&std::fs::read_to_string(d.join("out.jsonl.report.json")).unwrap()).unwrap();
     let counts = &report["counts"];
     assert_eq!((counts["ok"].as_u64(), counts["error"].as_u64()), (Some(cases.len() as u64), Some(3)), "{report}");
+    // As with `run`: the same command again finds its finished output (exit as when it
+    // finished, nothing recomputed); other options are another job, refused unless --restart.
+    let before = std::fs::read(d.join("out.jsonl")).unwrap();
+    let again =
+        in_out_cmd(&["generate", "--device", "cpu", "--max-tokens", "16", "--temperature", "0"], &d).output().unwrap();
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(again.status.code(), Some(3), "{err}");
+    assert!(err.contains("nothing to do"), "{err}");
+    let other =
+        in_out_cmd(&["generate", "--device", "cpu", "--max-tokens", "12", "--temperature", "0"], &d).output().unwrap();
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert_eq!(other.status.code(), Some(2), "{err}");
+    assert!(err.contains("different job"), "{err}");
+    assert_eq!(std::fs::read(d.join("out.jsonl")).unwrap(), before);
 }
 
 #[test]

@@ -60,6 +60,13 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
                     UsageError::new(format!("generate writes JSONL: {} is not a .jsonl path", o.display())).into()
                 );
             }
+            if crate::job::reader::InputFormat::from_path(&i) == crate::job::reader::InputFormat::Parquet {
+                return Err(UsageError::new(format!(
+                    "generate reads JSONL prompts: {} is a Parquet file (`run` with a pipeline reads Parquet)",
+                    i.display()
+                ))
+                .into());
+            }
             let device = pick_device(&a.model.device)?;
             // Before the model loads: an output that would overwrite the input, or a
             // second run of this job, is refused at once.
@@ -73,7 +80,24 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
                 restart: a.restart,
                 commit_rows: job_settings::commit_rows(),
             };
-            crate::job::checkpoint::Checkpoint::verify(&o, &generate::fingerprint(&job, &opt)?, a.restart)
+            let fingerprint = generate::fingerprint(&job, &opt)?;
+            // As `run`: the finished output of this same job is not computed again, that of
+            // another job (other options) or a file no run wrote is not replaced unasked.
+            let unfinished = crate::job::checkpoint::checkpoint_dir(&o).join("job.json").exists();
+            if let crate::job::identity::Decision::NothingToDo(f) =
+                crate::job::identity::decide(&o, &fingerprint, a.restart, false, unfinished)?
+            {
+                eprintln!(
+                    "nothing to do: {} is the finished output of this same job (model, input and options \
+                     unchanged; {} rows, {} error rows). Add --restart to compute it again",
+                    o.display(),
+                    f.rows,
+                    f.error_rows
+                );
+                let tolerance = crate::job::tolerance::ErrorTolerance::default();
+                return Ok(crate::job::exit::of_completed(&tolerance, f.error_rows, f.rows));
+            }
+            crate::job::checkpoint::Checkpoint::verify(&o, &fingerprint, a.restart)
                 .map_err(|e| anyhow::anyhow!(e).context(format!("opening the checkpoint of {}", o.display())))?;
             let m = model_load::load(&a.model.model)?;
             let max_batch_tokens = a.engine.max_batch_tokens(&device);
