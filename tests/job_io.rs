@@ -238,6 +238,46 @@ fn openai_batch_input_and_output_lines() {
 }
 
 #[test]
+fn openai_requests_with_options_dustoff_does_not_do_become_error_rows() {
+    let d = tmpdir("oa-options");
+    let p = d.join("in.jsonl");
+    let msg = serde_json::json!([{"role": "user", "content": "Hi"}]);
+    // (body options, the error kind, or none for a request that runs)
+    let cases: Vec<(serde_json::Value, Option<ErrorKind>)> = vec![
+        (
+            serde_json::json!({"n": 1, "stop": [], "presence_penalty": 0, "logit_bias": {}, "logprobs": false,
+            "response_format": {"type": "text"}, "temperature": 2.0, "top_p": 1}),
+            None,
+        ),
+        (serde_json::json!({"n": 2}), Some(ErrorKind::Unsupported)),
+        (serde_json::json!({"stop": ["\n"]}), Some(ErrorKind::Unsupported)),
+        (serde_json::json!({"frequency_penalty": 0.5}), Some(ErrorKind::Unsupported)),
+        (serde_json::json!({"tools": [{"type": "function"}]}), Some(ErrorKind::Unsupported)),
+        (serde_json::json!({"response_format": {"type": "json_object"}}), Some(ErrorKind::Unsupported)),
+        (serde_json::json!({"temperature": -1}), Some(ErrorKind::WrongType)),
+        (serde_json::json!({"top_p": 0}), Some(ErrorKind::WrongType)),
+        (serde_json::json!({"messages": [{"role": "wizard", "content": "Hi"}]}), Some(ErrorKind::WrongType)),
+    ];
+    let lines: String = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (opts, _))| {
+            let mut body = serde_json::json!({"model": "m", "messages": msg});
+            body.as_object_mut().unwrap().extend(opts.as_object().unwrap().clone());
+            let line = serde_json::json!({"custom_id": format!("r{i}"), "method": "POST",
+                "url": "/v1/chat/completions", "body": body});
+            format!("{line}\n")
+        })
+        .collect();
+    fs::write(&p, lines).unwrap();
+    let items = read_all(vec![p], ReaderConfig::openai());
+    let got: Vec<Option<ErrorKind>> = items.iter().map(kind).collect();
+    assert_eq!(got, cases.iter().map(|c| c.1).collect::<Vec<_>>());
+    let unsupported = items[2].body.as_ref().unwrap_err().to_string();
+    assert!(unsupported.contains("body.stop") && unsupported.contains("not supported"), "{unsupported}");
+}
+
+#[test]
 fn parquet_output_reads_back_to_the_same_rows() {
     let d = tmpdir("pqrows");
     for json_output in [false, true] {

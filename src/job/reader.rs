@@ -666,16 +666,57 @@ fn parse_openai(mut obj: Map<String, Value>) -> Result<OpenAiRequest, RecordErro
         req.max_tokens = Some(n.ok_or_else(|| wrong("body.max_tokens must be a positive integer".into()))? as u32);
     }
     if let Some(v) = num("temperature") {
-        req.temperature = Some(v.as_f64().ok_or_else(|| wrong("body.temperature must be a number".into()))? as f32);
+        let t = v.as_f64().filter(|t| (0.0..=2.0).contains(t));
+        req.temperature = Some(t.ok_or_else(|| wrong("body.temperature must be a number from 0 to 2".into()))? as f32);
     }
     if let Some(v) = num("top_p") {
-        req.top_p = Some(v.as_f64().ok_or_else(|| wrong("body.top_p must be a number".into()))? as f32);
+        let p = v.as_f64().filter(|p| *p > 0.0 && *p <= 1.0);
+        req.top_p = Some(p.ok_or_else(|| wrong("body.top_p must be a number above 0, at most 1".into()))? as f32);
     }
+    unsupported_options(&body)?;
     if let Some(v) = num("seed") {
         let s = v.as_i64().ok_or_else(|| wrong("body.seed must be an integer".into()))?;
         req.seed = Some(s as u64);
     }
     Ok(req)
+}
+
+/// Request options that would change the answer and that dustoff does not implement: refused
+/// (an `unsupported` error row) rather than silently left out. Their neutral values pass.
+fn unsupported_options(body: &Map<String, Value>) -> Result<(), RecordError> {
+    let set = |k: &str| body.get(k).filter(|v| !v.is_null());
+    let unsupported = |what: &str| {
+        Err(RecordError::new(ErrorKind::Unsupported, format!("{what} is not supported; leave it out of the request")))
+    };
+    if set("n").is_some_and(|v| v.as_u64() != Some(1)) {
+        return unsupported("body.n other than 1 (one completion per request)");
+    }
+    if set("stop").is_some_and(|v| !(v.as_array().is_some_and(Vec::is_empty) || v.as_str() == Some(""))) {
+        return unsupported("body.stop (stop sequences)");
+    }
+    for k in ["presence_penalty", "frequency_penalty"] {
+        if set(k).is_some_and(|v| v.as_f64() != Some(0.0)) {
+            return unsupported(&format!("body.{k} other than 0"));
+        }
+    }
+    for k in ["logit_bias", "tools", "functions"] {
+        if set(k)
+            .is_some_and(|v| !(v.as_object().is_some_and(Map::is_empty) || v.as_array().is_some_and(Vec::is_empty)))
+        {
+            return unsupported(&format!("body.{k}"));
+        }
+    }
+    if set("logprobs").is_some_and(|v| v.as_bool() != Some(false)) {
+        return unsupported("body.logprobs");
+    }
+    if let Some(f) = set("response_format") {
+        if f.get("type").and_then(Value::as_str) != Some("text") {
+            return unsupported(
+                "body.response_format other than text (a pipeline with [output] kind = \"json\" constrains JSON)",
+            );
+        }
+    }
+    Ok(())
 }
 
 fn chat_message(i: usize, m: Value) -> Result<ChatMessage, RecordError> {
@@ -687,6 +728,11 @@ fn chat_message(i: usize, m: Value) -> Result<ChatMessage, RecordError> {
         Some(Value::String(r)) => r,
         _ => return Err(missing(&format!("body.messages[{i}].role"))),
     };
+    if !["system", "developer", "user", "assistant", "tool"].contains(&role.as_str()) {
+        return Err(wrong(format!(
+            "body.messages[{i}].role '{role}' is not one of system, developer, user, assistant, tool"
+        )));
+    }
     let content = match m.remove("content") {
         Some(Value::String(c)) => c,
         // Content parts: only text parts can be run by a text model.

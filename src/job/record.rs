@@ -33,10 +33,13 @@ pub enum ErrorKind {
     Truncated,
     /// The engine failed on this record (not on the whole job).
     Generation,
+    /// The record asks for something dustoff does not do (an OpenAI Batch request's `n` > 1,
+    /// `stop`, penalties, tools...): run without it, its row would not be what was asked for.
+    Unsupported,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 13] = [
         ErrorKind::MalformedJson,
         ErrorKind::MissingField,
         ErrorKind::WrongType,
@@ -49,6 +52,7 @@ impl ErrorKind {
         ErrorKind::OutputMismatch,
         ErrorKind::Truncated,
         ErrorKind::Generation,
+        ErrorKind::Unsupported,
     ];
 
     /// The name written in rows and reports.
@@ -66,6 +70,7 @@ impl ErrorKind {
             ErrorKind::OutputMismatch => "output_mismatch",
             ErrorKind::Truncated => "truncated",
             ErrorKind::Generation => "generation",
+            ErrorKind::Unsupported => "unsupported",
         }
     }
 }
