@@ -35,6 +35,16 @@ pub fn run(cli: Cli) -> Result<Code> {
             Ok(if errors > 0 { Code::RecordErrors } else { Code::Ok })
         }
         Cmd::Run(a) => {
+            let default_max_tokens = match (&a.pipeline, a.default_max_tokens) {
+                (Some(_), Some(_)) => {
+                    return Err(crate::job::exit::UsageError::new(
+                        "--default-max-tokens is for OpenAI batch input (no pipeline): a pipeline sets \
+                         generation.max_tokens",
+                    )
+                    .into())
+                }
+                (_, n) => n.unwrap_or(256),
+            };
             let device = pick_device(&a.model.device)?;
             let max_batch_tokens = a.engine.max_batch_tokens(&device);
             let args = crate::commands::run::RunArgs {
@@ -62,7 +72,7 @@ pub fn run(cli: Cli) -> Result<Code> {
                 dry_run: a.dry_run,
                 json: a.json,
                 quiet: a.quiet,
-                default_max_tokens: a.default_max_tokens,
+                default_max_tokens,
             };
             crate::commands::run::run(&args)
         }

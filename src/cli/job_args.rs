@@ -86,9 +86,10 @@ pub struct RunCliArgs {
     /// scheduler's log). With it, progress is a periodic line instead of a bar.
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
-    /// OpenAI batch input: max_tokens for requests that give none.
-    #[arg(long, default_value_t = 256)]
-    pub default_max_tokens: u32,
+    /// OpenAI batch input (no pipeline): max_tokens for requests that give none (default 256).
+    /// A pipeline sets its own (generation.max_tokens): given with one, it is refused.
+    #[arg(long)]
+    pub default_max_tokens: Option<u32>,
 }
 
 #[derive(Args)]
