@@ -28,6 +28,19 @@ fn every_subcommand_maps_its_errors_to_the_one_table() {
         (vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", s(&out), "--slots", "0"], 2, "slots"),
         (vec!["run", "no-such-pipeline", "--input", "samples/news.jsonl", "--output", s(&out)], 2, "no-such-pipeline"),
         (vec!["run", "summarize", "--input", "samples/none-*.jsonl", "--output", s(&out)], 2, "matches no file"),
+        (vec!["run", "summarize", "--input", "samples", "--output", s(&out)], 2, "'samples' is a folder"),
+        (
+            vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", s(&out), "--default-max-tokens", "9"],
+            2,
+            "a pipeline sets generation.max_tokens",
+        ),
+        (
+            vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", s(&out), "--shard-count", "2"],
+            2,
+            "no shard index",
+        ),
+        (vec!["generate", "--chat", "--input", "samples/news.jsonl", "--output", s(&out)], 2, "--chat wraps --prompt"),
+        (vec!["generate", "--input", "samples/news.parquet", "--output", s(&out)], 2, "is a Parquet file"),
         (
             vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", s(&out), "--model", s(&no_model)],
             2,

@@ -60,6 +60,12 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
                     UsageError::new(format!("generate writes JSONL: {} is not a .jsonl path", o.display())).into()
                 );
             }
+            if a.chat {
+                return Err(UsageError::new(
+                    "--chat wraps --prompt; for --input lines put \"chat\": true in each line that wants the chat template",
+                )
+                .into());
+            }
             if crate::job::reader::InputFormat::from_path(&i) == crate::job::reader::InputFormat::Parquet {
                 return Err(UsageError::new(format!(
                     "generate reads JSONL prompts: {} is a Parquet file (`run` with a pipeline reads Parquet)",

@@ -108,6 +108,7 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
                 Some(
                     super::reader::ReadError::Decompress(super::decompress::DecompressError::Unsupported { .. })
                         | super::reader::ReadError::NoMatch(_)
+                        | super::reader::ReadError::Folder(_)
                         | super::reader::ReadError::Pattern { .. }
                 )
             )

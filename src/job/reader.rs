@@ -28,6 +28,8 @@ pub enum ReadError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("bad input pattern '{pattern}': {message}")]
     Pattern { pattern: String, message: String },
+    #[error("input '{0}' is a folder: give its files, e.g. '{0}/*.jsonl'")]
+    Folder(String),
     #[error("input '{0}' matches no file")]
     NoMatch(String),
     #[error("cannot read Parquet input {path}: {source}")]
@@ -132,6 +134,9 @@ pub fn expand_inputs(args: &[String]) -> Result<Vec<PathBuf>, ReadError> {
             out.extend(found);
         } else {
             let p = PathBuf::from(a);
+            if p.is_dir() {
+                return Err(ReadError::Folder(a.trim_end_matches('/').to_string()));
+            }
             if !p.is_file() {
                 return Err(ReadError::NoMatch(a.clone()));
             }
