@@ -270,6 +270,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardErr
     if inputs.is_empty() {
         return Err(ShardError::Merge("no shard outputs given (only their error files)".into()));
     }
+    super::outputs::refuse_compressed_name(output).map_err(|e| ShardError::Merge(e.to_string()))?;
     // Never write over what is being merged: the rows would be lost mid-read.
     let output_file = output.canonicalize().ok();
     for p in inputs {
