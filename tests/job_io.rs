@@ -278,6 +278,22 @@ fn openai_requests_with_options_dustoff_does_not_do_become_error_rows() {
 }
 
 #[test]
+fn a_job_reads_its_inputs_as_they_were_when_its_identity_was_taken() {
+    let d = tmpdir("limits");
+    let p = d.join("in.jsonl");
+    fs::write(&p, "{\"id\":\"a\",\"text\":\"one\"}\n{\"id\":\"b\",\"text\":\"two\"}\n").unwrap();
+    let size = file_identity(&p).unwrap().size;
+    // Appended after the identity (a writer still at work on the archive).
+    let mut f = fs::OpenOptions::new().append(true).open(&p).unwrap();
+    std::io::Write::write_all(&mut f, b"{\"id\":\"c\",\"text\":\"three\"}\n").unwrap();
+    let cfg = ReaderConfig::new("id", &["text"]);
+    let ids = |items: Vec<Item>| items.into_iter().map(|i| i.id.unwrap()).collect::<Vec<_>>();
+    let limited = RecordReader::new(vec![p.clone()], cfg.clone()).with_byte_limits(vec![size]);
+    assert_eq!(ids(limited.collect::<Result<Vec<_>, _>>().unwrap()), ["a", "b"]);
+    assert_eq!(ids(read_all(vec![p], cfg)), ["a", "b", "c"]);
+}
+
+#[test]
 fn parquet_output_reads_back_to_the_same_rows() {
     let d = tmpdir("pqrows");
     for json_output in [false, true] {

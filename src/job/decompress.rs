@@ -65,9 +65,15 @@ pub fn compression_of(path: &Path) -> Result<Compression, DecompressError> {
 
 /// The decompressed bytes of a JSONL input file, streamed.
 pub fn open(path: &Path) -> Result<Box<dyn Read + Send>, DecompressError> {
+    open_limited(path, None)
+}
+
+/// [`open`] over at most the first `limit` bytes of the file (compressed bytes for a
+/// compressed file).
+pub fn open_limited(path: &Path, limit: Option<u64>) -> Result<Box<dyn Read + Send>, DecompressError> {
     let io = |source| DecompressError::Io { path: path.to_path_buf(), source };
     let kind = compression_of(path)?;
-    let f = File::open(path).map_err(io)?;
+    let f = File::open(path).map_err(io)?.take(limit.unwrap_or(u64::MAX));
     Ok(match kind {
         Compression::None => Box::new(f),
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(BufReader::with_capacity(1 << 16, f))),

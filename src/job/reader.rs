@@ -384,11 +384,32 @@ pub struct RecordReader {
     next_index: u64,
     /// 128-bit digests of the owned ids seen so far (16 bytes per record).
     seen: HashSet<u128, BuildHasherDefault<DigestHasher>>,
+    /// Bytes of each JSONL file to read (its size when the job's identity was taken).
+    byte_limits: Option<Vec<u64>>,
 }
 
 impl RecordReader {
     pub fn new(files: Vec<PathBuf>, cfg: ReaderConfig) -> Self {
-        RecordReader { files, cfg, next_file: 0, current: None, next_index: 0, seen: HashSet::default() }
+        RecordReader {
+            files,
+            cfg,
+            next_file: 0,
+            current: None,
+            next_index: 0,
+            seen: HashSet::default(),
+            byte_limits: None,
+        }
+    }
+
+    /// Reads no JSONL file past its size in `limits` (one per file): a job reads its inputs as
+    /// they were when its identity was taken, so lines appended while it runs are left for the
+    /// next run (which sees a changed input) instead of landing in an output whose identity
+    /// does not cover them.
+    pub fn with_byte_limits(mut self, limits: Vec<u64>) -> Self {
+        if limits.len() == self.files.len() {
+            self.byte_limits = Some(limits);
+        }
+        self
     }
 
     pub fn files(&self) -> &[PathBuf] {
@@ -404,7 +425,8 @@ impl RecordReader {
         match self.format_of(file) {
             InputFormat::Parquet => Ok(Source::Parquet(Box::new(ParquetSource::open(path, &self.cfg)?))),
             InputFormat::Jsonl | InputFormat::OpenAiBatch | InputFormat::Objects => {
-                let f = super::decompress::open(path)?;
+                let limit = self.byte_limits.as_ref().map(|l| l[file]);
+                let f = super::decompress::open_limited(path, limit)?;
                 Ok(Source::Jsonl(JsonlSource {
                     path: path.clone(),
                     reader: BufReader::with_capacity(1 << 20, f),

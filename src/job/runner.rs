@@ -465,7 +465,8 @@ pub fn run_job(
     let mut cfg = job.reader_config();
     cfg.shard = opts.shard;
     let total = super::reader::count_hint(&opts.inputs, &cfg).map(|t| t / u64::from(opts.shard.map_or(1, |s| s.count)));
-    let mut reader = RecordReader::new(opts.inputs.clone(), cfg);
+    let sizes = opts.fingerprint.inputs.iter().map(|i| i.size).collect();
+    let mut reader = RecordReader::new(opts.inputs.clone(), cfg).with_byte_limits(sizes);
     let mut progress = Progress::new(total, opts.progress_interval, opts.quiet);
     // --incremental: the finished output's rows, by id, for the unchanged records.
     let mut reuse = match &opts.fingerprint.base {
