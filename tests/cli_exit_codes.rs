@@ -24,11 +24,19 @@ fn every_subcommand_maps_its_errors_to_the_one_table() {
     std::fs::create_dir_all(&tok).unwrap();
     std::fs::write(tok.join("tokenizer.json"), "{}").unwrap();
     let no_tok = d.join("no-tokenizer");
+    // A file where the output's checkpoint folder would be.
+    let ck_out = d.join("ck.jsonl");
+    std::fs::write(d.join("ck.jsonl.dustoff"), b"x").unwrap();
     let cases: Vec<(Vec<&str>, i32, &str)> = vec![
         (vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", s(&out), "--slots", "0"], 2, "slots"),
         (vec!["run", "no-such-pipeline", "--input", "samples/news.jsonl", "--output", s(&out)], 2, "no-such-pipeline"),
         (vec!["run", "summarize", "--input", "samples/none-*.jsonl", "--output", s(&out)], 2, "matches no file"),
         (vec!["run", "summarize", "--input", "samples", "--output", s(&out)], 2, "'samples' is a folder"),
+        (
+            vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", s(&ck_out)],
+            2,
+            "not a checkpoint folder",
+        ),
         (
             vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", s(&out), "--default-max-tokens", "9"],
             2,

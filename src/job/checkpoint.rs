@@ -42,6 +42,8 @@ pub enum CheckpointError {
     Version { path: PathBuf, found: u32 },
     #[error("checkpoint {path} is damaged: {message} (add --restart to discard it)")]
     Corrupt { path: PathBuf, message: String },
+    #[error("{path} is a file, not a checkpoint folder: it would be moved aside and the run fail; move it away")]
+    NotAFolder { path: PathBuf },
     #[error("cannot assemble the output: {committed} rows are committed but {expected} records were read")]
     Incomplete { expected: u64, committed: u64 },
     #[error(transparent)]
@@ -371,6 +373,9 @@ impl Checkpoint {
     /// run before the model loads, so that a refused rerun is refused at once.
     pub fn verify(output: &Path, fingerprint: &JobFingerprint, restart: bool) -> Result<(), CheckpointError> {
         let dir = checkpoint_dir(output);
+        if dir.exists() && !dir.is_dir() {
+            return Err(CheckpointError::NotAFolder { path: dir });
+        }
         let job_path = dir.join("job.json");
         if restart || !job_path.exists() {
             return Ok(());

@@ -96,7 +96,15 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.is::<UsageError>()
             || matches!(c.downcast_ref::<super::outputs::OutputError>(), Some(super::outputs::OutputError::Usage(_)))
-            || matches!(c.downcast_ref::<CheckpointError>(), Some(CheckpointError::Mismatch { .. }))
+            || matches!(
+                c.downcast_ref::<CheckpointError>(),
+                Some(
+                    CheckpointError::Mismatch { .. }
+                        | CheckpointError::NotAFolder { .. }
+                        | CheckpointError::Corrupt { .. }
+                        | CheckpointError::Version { .. }
+                )
+            )
             || matches!(
                 c.downcast_ref::<super::identity::IdentityError>(),
                 Some(super::identity::IdentityError::Changed { .. } | super::identity::IdentityError::Foreign { .. })
