@@ -64,7 +64,9 @@ fn normalize(path: &Path) -> PathBuf {
 /// written; then makes the output's directory if it is missing.
 pub fn check_output(output: &Path, inputs: &[&Path]) -> Result<(), OutputError> {
     refuse_overlap(output, inputs)?;
-    refuse_compressed_name(output)?;
+    if let Some(why) = super::writer::compressed_name(output) {
+        return Err(UsageError::new(why).into());
+    }
     let parent = match output.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -85,20 +87,6 @@ pub enum OutputError {
     Usage(#[from] UsageError),
     #[error("cannot create {dir}, the directory of the output {output}: {source}")]
     CreateDir { dir: PathBuf, output: PathBuf, source: std::io::Error },
-}
-
-/// Outputs are plain JSONL (or Parquet): a name that says gzip or zstd would hold plain text that
-/// every reader of it then fails to decompress.
-pub fn refuse_compressed_name(output: &Path) -> Result<(), UsageError> {
-    let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
-    if ["gz", "zst", "bz2", "xz", "zip", "lz4", "7z"].contains(&ext.as_str()) {
-        return Err(UsageError::new(format!(
-            "--output {}: outputs are written as plain JSONL (or Parquet), not .{ext}; name it without .{ext} and \
-             compress it afterwards",
-            output.display()
-        )));
-    }
-    Ok(())
 }
 
 fn refuse_overlap(output: &Path, inputs: &[&Path]) -> Result<(), UsageError> {

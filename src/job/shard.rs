@@ -270,7 +270,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardErr
     if inputs.is_empty() {
         return Err(ShardError::Merge("no shard outputs given (only their error files)".into()));
     }
-    super::outputs::refuse_compressed_name(output).map_err(|e| ShardError::Merge(e.to_string()))?;
+    if let Some(why) = super::writer::compressed_name(output) {
+        return Err(ShardError::Merge(why));
+    }
     // Never write over what is being merged: the rows would be lost mid-read.
     let output_file = output.canonicalize().ok();
     for p in inputs {

@@ -439,6 +439,19 @@ fn flush_batch(
     writer.write(&batch).map_err(|source| WriteError::Parquet { path: path.to_path_buf(), source })
 }
 
+/// Outputs are plain JSONL (or Parquet): a name that says gzip or zstd would hold plain text that
+/// every reader of it then fails to decompress. `Some(why)` for such a name.
+pub fn compressed_name(output: &Path) -> Option<String> {
+    let ext = output.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    ["gz", "zst", "bz2", "xz", "zip", "lz4", "7z"].contains(&ext.as_str()).then(|| {
+        format!(
+            "--output {}: outputs are written as plain JSONL (or Parquet), not .{ext}; name it without .{ext} and \
+             compress it afterwards",
+            output.display()
+        )
+    })
+}
+
 /// Makes a rename or a new file in `path`'s directory durable.
 pub fn sync_parent(path: &Path) -> std::io::Result<()> {
     let dir = match path.parent() {
