@@ -5,6 +5,8 @@
 # alternating binaries per model. Pack on the dev VM (OLD: a build of the older commit):
 #   OLD=target-old/release/dustoff bash scripts/gpu-speed-ab.sh pack     (carry .gpu)
 # then on the GPU machine: bash scripts/gpu-speed-ab.sh run
+# Options of run: ROUNDS=N (default 2) alternating rounds; BATCH=64 (bench --batch 64 instead
+# of one stream); NEW_ENV="DUSTOFF_X=0" adds a third column: the new binary under that setting.
 set -u
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = pack ]; then
@@ -25,12 +27,17 @@ for b in new old; do
   echo "$b: $(cat .gpu/$b.version)"
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+variants="old new"; [ -n "${NEW_ENV:-}" ] && variants="old new new+env"
+mode=""; [ -n "${BATCH:-}" ] && mode="--batch $BATCH"
 for shape in qwen3-8b qwen3-30b-a3b; do
   f=$W/$shape.gguf
   [ -f $f ] || $W/new synth --shape $shape --type q4_k_m --tokenizer .gpu/tok --output $f --force 2>&1 | tail -1
-  for b in new old; do
-    $W/$b bench --model $f --device cuda --runs 3 --ptx-dir /tmp/ptx-$b > $W/$b-$shape.log 2>&1
-    echo "$b $shape: rc $? $(grep -iE 'prefill|decode' $W/$b-$shape.log | tr -s ' ' | tr '\n' ';' | cut -c1-400)"
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for v in $variants; do
+      b=${v%+env}; e=""; [ $v = new+env ] && e="$NEW_ENV"
+      env $e $W/$b bench --model $f --device cuda --runs 3 $mode --ptx-dir /tmp/ptx-$b > $W/$v-$shape-$r.log 2>&1
+      echo "$v $shape round $r: rc $? $(grep -iE '^prefill|^decode|sequences: prefill' $W/$v-$shape-$r.log | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
+    done
   done
 done
 cp $W/*.log $OUT/ 2>/dev/null

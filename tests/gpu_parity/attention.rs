@@ -106,8 +106,8 @@ fn prefill_families(g: &Gpu) -> Vec<bool> {
 
 /// The tolerance label of a decode launch: the tensor-core kernel rounds Q and the softmax
 /// weights to F16.
-pub(crate) fn decode_label(kernel: Option<l::DecodeKernel>, hd: usize, group: usize) -> &'static str {
-    if l::DecodeKernel::resolve(kernel, hd, group) == l::DecodeKernel::Tensor {
+pub(crate) fn decode_label(kernel: Option<l::DecodeKernel>, hd: usize, group: usize, n_tok: usize) -> &'static str {
+    if l::DecodeKernel::resolve(kernel, hd, group, n_tok) == l::DecodeKernel::Tensor {
         "attention_tc"
     } else {
         "attention"
@@ -293,7 +293,7 @@ fn kv_store_and_paged_attention_match_cpu() {
             split_attention(&g, pr.paged(&g, &out, n_tok), (&po, &pml), max_len, (split_len, splits), kernel)
                 .launch(&mut g.k, &s)
                 .unwrap();
-            compare(decode_label(kernel, hd, nh / nkv), g.seed, &g.down(&out), &want[..n_tok * qd]);
+            compare(decode_label(kernel, hd, nh / nkv, n_tok), g.seed, &g.down(&out), &want[..n_tok * qd]);
         }
 
         if !prefill_supported(nh, nkv, hd) {
@@ -416,7 +416,7 @@ fn shared_prefix_attention_equals_plain_attention() {
             decode_attention(&g, paged, (&po, &pml), max_len, split_len, kernel, Some(group))
                 .launch(&mut g.k, &s)
                 .unwrap();
-            let tc = l::DecodeKernel::resolve(kernel, hd, nh / nkv) == l::DecodeKernel::Tensor;
+            let tc = l::DecodeKernel::resolve(kernel, hd, nh / nkv, n_tok) == l::DecodeKernel::Tensor;
             compare(if tc { "attention_tc" } else { "attention_cascade" }, g.seed, &g.down(&out), &want);
         }
         // The same tokens without the group pass.
@@ -425,7 +425,7 @@ fn shared_prefix_attention_equals_plain_attention() {
         split_attention(&g, pr.paged(&g, &out, n_tok), (&po, &pml), max_len, (split_len, splits), None)
             .launch(&mut g.k, &s)
             .unwrap();
-        compare(decode_label(None, hd, nh / nkv), g.seed, &g.down(&out), &want);
+        compare(decode_label(None, hd, nh / nkv, n_tok), g.seed, &g.down(&out), &want);
     }
 }
 
@@ -559,7 +559,7 @@ fn long_context_attention_matches_cpu() {
                     split_attention(&g, pr.paged(&g, &out, n_tok), (&po, &pml), len, splits, kernel)
                         .launch(&mut g.k, &s)
                         .unwrap();
-                    compare(decode_label(kernel, hd, nh / nkv), g.seed, &g.down(&out), &want);
+                    compare(decode_label(kernel, hd, nh / nkv, n_tok), g.seed, &g.down(&out), &want);
                 }
                 continue;
             }

@@ -32,6 +32,9 @@ pub(super) struct Tuning {
     /// `DUSTOFF_ATTN_TC=0`: decode attention on CUDA cores (the one-pass kernel) where the
     /// tensor-core kernel (attention_decode_tc.cu: head sizes 64 and 128) would serve.
     pub attn_tc: bool,
+    /// `DUSTOFF_ATTN_TC_MIN_TOKENS=N`: fewest tokens of a decode launch on the tensor cores
+    /// (default 2: one stream stays on the one-pass kernel).
+    pub attn_tc_min_tokens: Option<usize>,
     /// `DUSTOFF_ATTN_WARPS=N` (1..=16): warps of a one-pass decode attention block.
     pub attn_warps: Option<usize>,
     /// `DUSTOFF_ATTN_SPLIT=N` (a multiple of 16): positions per decode attention split.
@@ -117,6 +120,7 @@ pub(super) fn tuning() -> &'static Tuning {
             tc_rows64: num("DUSTOFF_TC_ROWS") == Some(64),
             attn_onepass: num("DUSTOFF_ATTN_ONEPASS") != Some(0),
             attn_tc: num("DUSTOFF_ATTN_TC") != Some(0),
+            attn_tc_min_tokens: num("DUSTOFF_ATTN_TC_MIN_TOKENS"),
             attn_warps: num("DUSTOFF_ATTN_WARPS").filter(|w| (1..=16).contains(w)),
             attn_split: num("DUSTOFF_ATTN_SPLIT").filter(|&v| v >= 16 && v % 16 == 0),
             cascade: num("DUSTOFF_CASCADE") != Some(0),

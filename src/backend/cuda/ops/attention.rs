@@ -97,14 +97,16 @@ pub fn onepass_for(head_dim: usize) -> bool {
     matches!(head_dim, 64 | 128 | 256) && tuning().attn_onepass
 }
 
-/// The decode kernel of head size `head_dim` and `group` query heads per KV head: the tensor
-/// cores (head sizes 64 and 128, groups up to 16; unless `DUSTOFF_ATTN_TC=0`), else the
-/// one-pass kernel where `onepass_for`, else the two-pass one. Measured on the H200
-/// (attention_breakdown, session 19), each kernel at its best split: group 8, 48 sequences x
-/// 2,000: 106 against 200 us (one-pass); 64 x 1,024: 72 against 155; group 4, 64 x 1,024: 122
-/// against 155; one sequence x 16k: 48 against 53; 1 x 870: 20 against 21.
-pub fn decode_kernel_for(head_dim: usize, group: usize) -> DecodeKernel {
-    if tensor_fits(head_dim, group) && tuning().attn_tc {
+/// The decode kernel of a launch of `n_tok` one-token chunks, head size `head_dim` and `group`
+/// query heads per KV head: the tensor cores (head sizes 64 and 128, groups up to 16, from
+/// `TC_MIN_DECODE_TOKENS` tokens on; unless `DUSTOFF_ATTN_TC=0`), else the one-pass kernel where
+/// `onepass_for`, else the two-pass one. Measured on the H200 (attention_breakdown, session 19),
+/// each kernel at its best split: group 8, 48 sequences x 2,000: 106 against 200 us (one-pass);
+/// 64 x 1,024: 72 against 155; group 4, 64 x 1,024: 122 against 155; one sequence x 16k: 48
+/// against 53; 1 x 870: 22 against 21.
+pub fn decode_kernel_for(head_dim: usize, group: usize, n_tok: usize) -> DecodeKernel {
+    let tc_from = tuning().attn_tc_min_tokens.unwrap_or(TC_MIN_DECODE_TOKENS);
+    if tensor_fits(head_dim, group) && tuning().attn_tc && n_tok >= tc_from {
         DecodeKernel::Tensor
     } else if onepass_for(head_dim) {
         DecodeKernel::OnePass
@@ -112,6 +114,14 @@ pub fn decode_kernel_for(head_dim: usize, group: usize) -> DecodeKernel {
         DecodeKernel::TwoPass
     }
 }
+
+/// Fewest tokens of a decode launch that take the tensor-core kernel. One stream stays on the
+/// one-pass kernel: `bench` on the H200 (docs/BENCHMARKS.md Q1/M1 commands, 768 + 200 tokens,
+/// two alternating runs each, same lease) decoded 280 tok/s with the tensor cores against 292
+/// with `DUSTOFF_ATTN_TC=0` on the Qwen3-30B-A3B shape, 277 against 282 on the Qwen3-8B shape;
+/// from 32 sequences on the tensor cores were faster (rows above). Between 2 and 31 sequences
+/// no side-by-side was run: `DUSTOFF_ATTN_TC_MIN_TOKENS` moves the threshold.
+const TC_MIN_DECODE_TOKENS: usize = 2;
 
 /// Shapes the tensor-core decode kernel serves: head size 64 or 128, at most 16 query heads
 /// (the rows of its tiles) per KV head.
@@ -122,9 +132,9 @@ fn tensor_fits(head_dim: usize, group: usize) -> bool {
 impl DecodeKernel {
     /// The kernel a launch takes for `choice` (`decode_kernel_for` when `None`): a choice the
     /// shape does not allow falls back to the one-pass kernel, then to the two-pass one.
-    pub fn resolve(choice: Option<DecodeKernel>, head_dim: usize, group: usize) -> DecodeKernel {
+    pub fn resolve(choice: Option<DecodeKernel>, head_dim: usize, group: usize, n_tok: usize) -> DecodeKernel {
         let one = matches!(head_dim, 64 | 128 | 256);
-        match choice.unwrap_or(decode_kernel_for(head_dim, group)) {
+        match choice.unwrap_or_else(|| decode_kernel_for(head_dim, group, n_tok)) {
             DecodeKernel::Tensor if tensor_fits(head_dim, group) => DecodeKernel::Tensor,
             DecodeKernel::Tensor | DecodeKernel::OnePass if one => DecodeKernel::OnePass,
             _ => DecodeKernel::TwoPass,
@@ -161,7 +171,7 @@ pub fn decode_split_len(n_tok: usize, max_len: usize, n_heads: usize, n_kv: usiz
         return base;
     }
     let group = (n_heads / n_kv).max(1);
-    let kernel = decode_kernel_for(head_dim, group);
+    let kernel = decode_kernel_for(head_dim, group, n_tok);
     if kernel != DecodeKernel::TwoPass {
         // Blocks per (KV head, token, split): the one-pass kernel's head chunks; one for the
         // tensor cores (each of its blocks serves the whole group).
@@ -311,7 +321,7 @@ impl Attention {
             fast_exp: i32::from(tuning().attn_fast_exp),
         };
         let t = tuning();
-        let kernel = DecodeKernel::resolve(self.kernel, hd, group);
+        let kernel = DecodeKernel::resolve(self.kernel, hd, group, a.n_tok);
         let mut smem = (group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4;
         let mut grid = (a.n_kv as u32, a.n_tok as u32, i32_of(K, splits)? as u32);
         let mut threads = ATTN_THREADS;
@@ -366,10 +376,11 @@ mod tests {
 
     #[test]
     fn decode_splits_follow_context_and_sequences() {
-        // Qwen3-8B: 32 query heads over 8 KV heads of 128 (the tensor-core kernel: about 256
-        // blocks, one block per KV head, token and split).
+        // Qwen3-8B: 32 query heads over 8 KV heads of 128 (from 2 sequences the tensor-core
+        // kernel: about 256 blocks, one block per KV head, token and split).
         let q3 = |n, len| decode_split_len(n, len, 32, 8, 128);
-        // One sequence: 32 splits of 512 at 16k, 33 of 256 at 8k; a short one: the shortest.
+        // One sequence (the one-pass kernel, about 256 blocks too): 32 splits of 512 at 16k, 33
+        // of 256 at 8k; a short one: the shortest.
         assert_eq!(q3(1, 16384), 512);
         assert_eq!(q3(1, 8193), 256);
         assert_eq!(q3(1, 900), 64);
@@ -381,8 +392,11 @@ mod tests {
         assert_eq!(q3(64, 8192), 1024);
         // Fewer KV heads: more splits for the same sequences.
         assert!(decode_split_len(8, 4096, 16, 2, 128) < q3(8, 4096));
-        // Qwen3-30B-A3B (32 over 4, groups of 8): half the blocks of Qwen3-8B per split.
-        assert_eq!(decode_split_len(1, 8193, 32, 4, 128), 128);
+        // Qwen3-30B-A3B (32 over 4, groups of 8): on the tensor cores half the blocks of
+        // Qwen3-8B per split; one stream on the one-pass kernel takes two blocks per KV head
+        // (4 heads each), the same as Qwen3-8B.
+        assert_eq!(decode_split_len(2, 8193, 32, 4, 128), decode_split_len(2, 8193, 32, 8, 128) / 2);
+        assert_eq!(decode_split_len(1, 8193, 32, 4, 128), 256);
         // Head size 256 (Qwen3.5 full attention): the one-pass kernel's rule.
         assert_eq!(decode_split_len(1, 8193, 16, 2, 256), 128);
         // Head size 80 (the two-pass kernel): the score array caps the split.
@@ -405,11 +419,11 @@ mod tests {
     fn tensor_kernel_fits_its_shared_memory_and_falls_back() {
         assert!(tc_smem(128) <= 48 * 1024 && tc_smem(64) < tc_smem(128));
         use DecodeKernel::*;
-        assert_eq!(DecodeKernel::resolve(Some(Tensor), 128, 8), Tensor);
-        assert_eq!(DecodeKernel::resolve(Some(Tensor), 256, 8), OnePass);
-        assert_eq!(DecodeKernel::resolve(Some(Tensor), 128, 17), OnePass);
-        assert_eq!(DecodeKernel::resolve(Some(Tensor), 80, 4), TwoPass);
-        assert_eq!(DecodeKernel::resolve(Some(OnePass), 96, 4), TwoPass);
+        assert_eq!(DecodeKernel::resolve(Some(Tensor), 128, 8, 8), Tensor);
+        assert_eq!(DecodeKernel::resolve(Some(Tensor), 256, 8, 8), OnePass);
+        assert_eq!(DecodeKernel::resolve(Some(Tensor), 128, 17, 8), OnePass);
+        assert_eq!(DecodeKernel::resolve(Some(Tensor), 80, 4, 8), TwoPass);
+        assert_eq!(DecodeKernel::resolve(Some(OnePass), 96, 4, 8), TwoPass);
     }
 
     #[test]
