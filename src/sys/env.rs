@@ -86,7 +86,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Tuning, "DUSTOFF_QGEMM_MAX_TOKENS", "64", "most tokens of a step for the tensor-core GEMM on packed blocks (`0`: always widen to F16)"),
     var(Scope::Tuning, "DUSTOFF_ATTN_ONEPASS", "1", "`0`: the two-pass decode attention for every step"),
     var(Scope::Tuning, "DUSTOFF_ATTN_TC", "1", "`0`: decode attention on CUDA cores (the one-pass kernel) instead of the tensor cores for head sizes 64 and 128"),
-    var(Scope::Tuning, "DUSTOFF_ATTN_TC_MIN_TOKENS", "2", "fewest tokens of a decode step on the tensor-core attention kernel (one stream is faster on the one-pass kernel)"),
+    var(Scope::Tuning, "DUSTOFF_ATTN_TC_MIN_TOKENS", "8", "fewest tokens of a decode step on the tensor-core attention kernel (fewer were faster on the one-pass kernel)"),
     var(Scope::Tuning, "DUSTOFF_ATTN_WARPS", "4", "warps (1..=16) of a one-pass decode attention block"),
     var(Scope::Tuning, "DUSTOFF_ATTN_SPLIT", "chosen per shape", "positions (a multiple of 16) per decode attention split"),
     var(Scope::Tuning, "DUSTOFF_CASCADE", "1", "`0`: no shared-prefix (cascade) attention in decode steps"),

@@ -33,7 +33,7 @@ pub(super) struct Tuning {
     /// tensor-core kernel (attention_decode_tc.cu: head sizes 64 and 128) would serve.
     pub attn_tc: bool,
     /// `DUSTOFF_ATTN_TC_MIN_TOKENS=N`: fewest tokens of a decode launch on the tensor cores
-    /// (default 2: one stream stays on the one-pass kernel).
+    /// (default 8: fewer are faster on the one-pass kernel).
     pub attn_tc_min_tokens: Option<usize>,
     /// `DUSTOFF_ATTN_WARPS=N` (1..=16): warps of a one-pass decode attention block.
     pub attn_warps: Option<usize>,

@@ -115,13 +115,13 @@ pub fn decode_kernel_for(head_dim: usize, group: usize, n_tok: usize) -> DecodeK
     }
 }
 
-/// Fewest tokens of a decode launch that take the tensor-core kernel. One stream stays on the
-/// one-pass kernel: `bench` on the H200 (docs/BENCHMARKS.md Q1/M1 commands, 768 + 200 tokens,
-/// two alternating runs each, same lease) decoded 280 tok/s with the tensor cores against 292
-/// with `DUSTOFF_ATTN_TC=0` on the Qwen3-30B-A3B shape, 277 against 282 on the Qwen3-8B shape;
-/// from 32 sequences on the tensor cores were faster (rows above). Between 2 and 31 sequences
-/// no side-by-side was run: `DUSTOFF_ATTN_TC_MIN_TOKENS` moves the threshold.
-const TC_MIN_DECODE_TOKENS: usize = 2;
+/// Fewest tokens of a decode launch that take the tensor-core kernel. Below it the one-pass
+/// kernel was faster end to end: `bench --batch 1,2,4,8,16 --gen-tokens 100 --runs 2` on the
+/// Qwen3-30B-A3B shape (Q4_K_M, compute_70 PTX, H200, one call each,
+/// `DUSTOFF_ATTN_TC_MIN_TOKENS=32` against `=1`): 293 against 277 tok/s at 1 sequence, 455 / 445
+/// at 2, 638 / 630 at 4, 813 / 825 at 8, 1,483 / 1,661 at 16; one stream on the Qwen3-8B shape
+/// 282 against 277 (docs/BENCHMARKS.md Q9, M6). `DUSTOFF_ATTN_TC_MIN_TOKENS` moves it.
+const TC_MIN_DECODE_TOKENS: usize = 8;
 
 /// Shapes the tensor-core decode kernel serves: head size 64 or 128, at most 16 query heads
 /// (the rows of its tiles) per KV head.
@@ -376,7 +376,7 @@ mod tests {
 
     #[test]
     fn decode_splits_follow_context_and_sequences() {
-        // Qwen3-8B: 32 query heads over 8 KV heads of 128 (from 2 sequences the tensor-core
+        // Qwen3-8B: 32 query heads over 8 KV heads of 128 (from 8 sequences the tensor-core
         // kernel: about 256 blocks, one block per KV head, token and split).
         let q3 = |n, len| decode_split_len(n, len, 32, 8, 128);
         // One sequence (the one-pass kernel, about 256 blocks too): 32 splits of 512 at 16k, 33
@@ -395,7 +395,7 @@ mod tests {
         // Qwen3-30B-A3B (32 over 4, groups of 8): on the tensor cores half the blocks of
         // Qwen3-8B per split; one stream on the one-pass kernel takes two blocks per KV head
         // (4 heads each), the same as Qwen3-8B.
-        assert_eq!(decode_split_len(2, 8193, 32, 4, 128), decode_split_len(2, 8193, 32, 8, 128) / 2);
+        assert_eq!(decode_split_len(8, 2049, 32, 4, 128), decode_split_len(8, 2049, 32, 8, 128) / 2);
         assert_eq!(decode_split_len(1, 8193, 32, 4, 128), 256);
         // Head size 256 (Qwen3.5 full attention): the one-pass kernel's rule.
         assert_eq!(decode_split_len(1, 8193, 16, 2, 256), 128);
