@@ -89,19 +89,12 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
             let fingerprint = generate::fingerprint(&job, &opt)?;
             // As `run`: the finished output of this same job is not computed again, that of
             // another job (other options) or a file no run wrote is not replaced unasked.
-            let unfinished = crate::job::checkpoint::checkpoint_dir(&o).join("job.json").exists();
+            let unfinished = crate::job::checkpoint::has_started_job(&o);
             if let crate::job::identity::Decision::NothingToDo(f) =
                 crate::job::identity::decide(&o, &fingerprint, a.restart, false, unfinished)?
             {
-                eprintln!(
-                    "nothing to do: {} is the finished output of this same job (model, input and options \
-                     unchanged; {} rows, {} error rows). Add --restart to compute it again",
-                    o.display(),
-                    f.rows,
-                    f.error_rows
-                );
                 let tolerance = crate::job::tolerance::ErrorTolerance::default();
-                return Ok(crate::job::exit::of_completed(&tolerance, f.error_rows, f.rows));
+                return Ok(crate::job::exit::nothing_to_do(&o, &f, &tolerance, "model, input and options"));
             }
             crate::job::checkpoint::Checkpoint::verify(&o, &fingerprint, a.restart)
                 .map_err(|e| anyhow::anyhow!(e).context(format!("opening the checkpoint of {}", o.display())))?;

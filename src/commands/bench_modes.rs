@@ -192,7 +192,25 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         let tokens = a.slots * (shared + unique + gen + BLOCK_SIZE) + shared * 2;
         let b = make(tokens, a.max_batch_tokens.max(a.slots), a.slots)?;
         let rows = bench_shared_prefix(b, fingerprint, a.slots, a.max_batch_tokens, (shared, unique, requests, gen))?;
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        println!("| prefix cache | seconds | prompt tokens | computed | from the cache |");
+        println!("|---|---|---|---|---|");
+        for r in &rows {
+            let cached = 1.0 - r.prompt_tokens_computed as f64 / r.prompt_tokens.max(1) as f64;
+            let on = if r.prefix_cache { "on" } else { "off" };
+            println!(
+                "| {on} | {:.2} | {} | {} | {:.1}% |",
+                r.seconds,
+                r.prompt_tokens,
+                r.prompt_tokens_computed,
+                cached * 100.0
+            );
+        }
+        if let [on, off] = &rows[..] {
+            println!("speed-up of the prefix cache: {:.2}x", off.seconds / on.seconds.max(1e-9));
+        }
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        }
         return Ok(ExitCode::Ok);
     }
     if !a.batch.is_empty() {

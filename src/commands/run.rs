@@ -15,7 +15,7 @@ use crate::engine::batch::{Engine, EngineConfig, BLOCK_SIZE};
 use crate::engine::constraint::{ConstraintError, ConstraintFactory, Grammar};
 use crate::job::adapters::{EngineGenerate, TokenizerCodec};
 use crate::job::exit::ExitCode;
-use crate::job::identity::{self, Decision, FinishedIdentity};
+use crate::job::identity::{self, Decision};
 use crate::job::lock::JobLock;
 use crate::job::pipeline::{Pipeline, PipelineError};
 use crate::job::runner::{self, Generate, JobKind, RunOptions, StopFlag};
@@ -123,9 +123,12 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     let mut fingerprint = runner::job_fingerprint(&job, &a.model, &inputs, shard, overrides)?;
     // The finished output in place: the same job (nothing to do), a different one (refused
     // unless --restart), or the base of an --incremental run.
-    let unfinished = crate::job::checkpoint::checkpoint_dir(&a.output).join("job.json").exists();
+    let unfinished = crate::job::checkpoint::has_started_job(&a.output);
     match identity::decide(&a.output, &fingerprint, a.restart, a.incremental, unfinished)? {
-        Decision::NothingToDo(f) => return Ok(nothing_to_do(&a.output, &f, &a.tolerance)),
+        Decision::NothingToDo(f) => {
+            let same = "model, pipeline, parameters and inputs";
+            return Ok(crate::job::exit::nothing_to_do(&a.output, &f, &a.tolerance, same));
+        }
         Decision::Incremental(f) => {
             eprintln!(
                 "incremental: building on the finished output {} ({} rows); only new and changed records are computed",
@@ -387,29 +390,6 @@ fn dry_run(a: &RunArgs, job: &JobKind, inputs: &[PathBuf], shard: Option<ShardSp
         }
     }
     Ok(code)
-}
-
-/// A rerun of a finished job whose identity and output are unchanged: nothing is computed or
-/// written. Exits as the finished job would with this run's tolerance: 0, or 3 when its
-/// error rows are over it.
-fn nothing_to_do(output: &Path, f: &FinishedIdentity, tolerance: &crate::job::tolerance::ErrorTolerance) -> ExitCode {
-    eprintln!(
-        "nothing to do: {} is the finished output of this same job (model, pipeline, parameters and inputs \
-         unchanged; {} rows, {} error rows). Add --restart to compute it again",
-        output.display(),
-        f.rows,
-        f.error_rows
-    );
-    let code = crate::job::exit::of_completed(tolerance, f.error_rows, f.rows);
-    if code != ExitCode::Ok {
-        eprintln!(
-            "its {} error rows are over the tolerance ({}): exit {}, as when it finished",
-            f.error_rows,
-            tolerance.describe(),
-            code.code()
-        );
-    }
-    code
 }
 
 /// The pipeline's output grammar compiled for the model's vocabulary (`None`: free text). The

@@ -268,6 +268,11 @@ fn completed_aside(dir: &Path, output: &Path, fingerprint: &JobFingerprint) -> O
     (this_job && output.is_file()).then_some((old, f.rows, f.errors))
 }
 
+/// Whether `output` has the checkpoint of a started job (its `job.json`): a run resumes it.
+pub fn has_started_job(output: &Path) -> bool {
+    checkpoint_dir(output).join("job.json").exists()
+}
+
 /// The checkpoint directory of an output.
 pub fn checkpoint_dir(output: &Path) -> PathBuf {
     let mut p = output.as_os_str().to_owned();

@@ -86,6 +86,34 @@ pub fn of_completed(tolerance: &super::tolerance::ErrorTolerance, errors: u64, r
     }
 }
 
+/// A rerun of a finished job whose identity and output are unchanged (`run`, `generate
+/// --input`): says so (`same`: what matched, in the job's words) and exits as the finished job
+/// would under this run's tolerance: 0, or 3 when its error rows are over it.
+pub fn nothing_to_do(
+    output: &std::path::Path,
+    f: &super::identity::FinishedIdentity,
+    tolerance: &super::tolerance::ErrorTolerance,
+    same: &str,
+) -> ExitCode {
+    eprintln!(
+        "nothing to do: {} is the finished output of this same job ({same} unchanged; {} rows, {} error \
+         rows). Add --restart to compute it again",
+        output.display(),
+        f.rows,
+        f.error_rows
+    );
+    let code = of_completed(tolerance, f.error_rows, f.rows);
+    if code != ExitCode::Ok {
+        eprintln!(
+            "its {} error rows are over the tolerance ({}): exit {}, as when it finished",
+            f.error_rows,
+            tolerance.describe(),
+            code.code()
+        );
+    }
+    code
+}
+
 /// Whether an error is the user's to fix in the command line (exit code 2): a [`UsageError`],
 /// an unknown or invalid pipeline, a bad `--shard`, a checkpoint of a different job. (A job
 /// held by another run is [`ExitCode::Busy`], see [`code_of`].)

@@ -39,32 +39,48 @@ impl PartialEq for FileIdentity {
 
 impl Eq for FileIdentity {}
 
-/// The sampled identity of a file (no `content`).
+/// Bytes a file's sample hashes at each end.
+const SPAN: u64 = 1 << 20;
+
+/// Where a file of `size` bytes is sampled: its first MiB, and its last MiB where it is longer
+/// (never overlapping the first).
+fn sample_ranges(size: u64) -> [std::ops::Range<u64>; 2] {
+    let tail = if size > SPAN { (size - SPAN).max(SPAN)..size } else { size..size };
+    [0..SPAN.min(size), tail]
+}
+
+/// The identity named `path` with its size and the finished sample hash.
+fn identity_of(path: &Path, size: u64, sample: blake3::Hasher) -> FileIdentity {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    FileIdentity { name, size, sample: sample.finalize().to_hex().to_string(), content: None }
+}
+
+/// The sampled identity of a file (no `content`): its two sample ranges read alone.
 fn sampled_identity(path: &Path) -> std::io::Result<FileIdentity> {
-    const SPAN: u64 = 1 << 20;
     let mut f = File::open(path)?;
     let size = f.metadata()?.len();
     let mut h = blake3::Hasher::new();
     h.update(&size.to_le_bytes());
-    let mut buf = vec![0u8; SPAN.min(size) as usize];
-    f.read_exact(&mut buf)?;
-    h.update(&buf);
-    if size > SPAN {
-        let start = (size - SPAN).max(SPAN);
-        f.seek(SeekFrom::Start(start))?;
-        let mut tail = Vec::new();
-        f.take(SPAN).read_to_end(&mut tail)?;
-        h.update(&tail);
+    for r in sample_ranges(size) {
+        f.seek(SeekFrom::Start(r.start))?;
+        let mut buf = Vec::with_capacity((r.end - r.start) as usize);
+        (&mut f).take(r.end - r.start).read_to_end(&mut buf)?;
+        if buf.len() as u64 != r.end - r.start {
+            return Err(std::io::Error::other(format!("{} shrank while it was read", path.display())));
+        }
+        h.update(&buf);
     }
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    Ok(FileIdentity { name, size, sample: h.finalize().to_hex().to_string(), content: None })
+    Ok(identity_of(path, size, h))
 }
 
-/// The identity of a job's input file: sampled, and its whole content hashed (16 MiB reads,
-/// each hashed on every core: a few seconds for 10 GB).
+/// The identity of a job's input file: its whole content hashed in one read (16 MiB reads, each
+/// hashed on every core: a few seconds for 10 GB), the sample taken from the same reads.
 pub fn file_identity(path: &Path) -> std::io::Result<FileIdentity> {
-    let mut id = sampled_identity(path)?;
     let mut f = File::open(path)?;
+    let size = f.metadata()?.len();
+    let ranges = sample_ranges(size);
+    let mut sample = blake3::Hasher::new();
+    sample.update(&size.to_le_bytes());
     let mut h = blake3::Hasher::new();
     let mut buf = vec![0u8; 16 << 20];
     let mut read = 0u64;
@@ -73,17 +89,25 @@ pub fn file_identity(path: &Path) -> std::io::Result<FileIdentity> {
         if n == 0 {
             break;
         }
+        let chunk = read..read + n as u64;
+        // The parts of this read inside the sample ranges, in file order as the sample hashes them.
+        for r in &ranges {
+            let (a, b) = (r.start.max(chunk.start), r.end.min(chunk.end));
+            if a < b {
+                sample.update(&buf[(a - read) as usize..(b - read) as usize]);
+            }
+        }
         h.update_rayon(&buf[..n]);
         read += n as u64;
     }
-    if read != id.size {
-        // Written to while it was read: the two hashes would describe different files.
+    if read != size {
+        // Written to while it was read: the hashes would describe no one version of the file.
         return Err(std::io::Error::other(format!(
-            "{} changed size while it was read ({} -> {read} bytes): is something still writing it?",
-            path.display(),
-            id.size
+            "{} changed size while it was read ({size} -> {read} bytes): is something still writing it?",
+            path.display()
         )));
     }
+    let mut id = identity_of(path, size, sample);
     id.content = Some(h.finalize().to_hex().to_string());
     Ok(id)
 }
@@ -115,8 +139,7 @@ pub fn model_identity(path: &Path) -> std::io::Result<FileIdentity> {
         h.update(id.name.as_bytes());
         h.update(id.sample.as_bytes());
     }
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    Ok(FileIdentity { name, size, sample: h.finalize().to_hex().to_string(), content: None })
+    Ok(identity_of(path, size, h))
 }
 
 /// What makes two runs the same job. Anything that changes a row belongs here.
@@ -230,6 +253,33 @@ mod tests {
         assert_eq!(old, after);
         // Models keep the sample only.
         assert_eq!(model_identity(&path).unwrap().content, None);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_sample_taken_while_hashing_the_whole_file_is_the_sample_read_alone() {
+        // The sample is what checkpoints written before `content` compare by: size (LE u64),
+        // the first MiB, the last MiB not overlapping it. Sizes around the MiB edges and the
+        // 16 MiB reads of the whole-file pass.
+        let dir = std::env::temp_dir().join(format!("dustoff-sample-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("in.jsonl");
+        let m = 1usize << 20;
+        for size in [0, 1, m - 1, m, m + 1, 2 * m - 1, 2 * m, 2 * m + 7, 16 * m + 5, 17 * m + 3] {
+            let bytes: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+            std::fs::write(&path, &bytes).unwrap();
+            let mut want = blake3::Hasher::new();
+            want.update(&(size as u64).to_le_bytes());
+            want.update(&bytes[..m.min(size)]);
+            if size > m {
+                want.update(&bytes[(size - m).max(m)..]);
+            }
+            let want = want.finalize().to_hex().to_string();
+            let whole = file_identity(&path).unwrap();
+            assert_eq!(whole.sample, want, "size {size}: sample taken in the whole-file pass");
+            assert_eq!(sampled_identity(&path).unwrap().sample, want, "size {size}: sample read alone");
+            assert_eq!(whole.content.unwrap(), blake3::hash(&bytes).to_hex().to_string(), "size {size}");
+        }
         std::fs::remove_dir_all(&dir).ok();
     }
 }
