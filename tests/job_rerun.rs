@@ -166,3 +166,27 @@ fn incremental_computes_only_new_and_changed_records_and_keeps_the_other_rows() 
     assert!(stderr(&o).contains("changed since its report was written"), "{}", stderr(&o));
     assert_eq!(report(&out)["counts"]["ok"], 2);
 }
+
+/// `--output` through a symbolic link writes the file the link names (a link to a file not made
+/// yet too): the link stays a link, the report and checkpoint sit beside the file, and a rerun
+/// through the file's own name is the same job (nothing to do).
+#[cfg(unix)]
+#[test]
+fn an_output_through_a_symbolic_link_writes_the_file_it_names() {
+    let d = tmpdir("outlink");
+    let p = short_pipeline(&d);
+    let input = d.join("in.jsonl");
+    std::fs::write(&input, news(2, |_, l| l.to_string())).unwrap();
+    let (real, link) = (d.join("real.jsonl"), d.join("link.jsonl"));
+    std::os::unix::fs::symlink("real.jsonl", &link).unwrap();
+    let o = run(&p, &input, &link, &[]);
+    expect_code(&o, 0, "run through the link");
+    assert!(stderr(&o).contains("is a symbolic link"), "{}", stderr(&o));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
+    assert_eq!(std::fs::read_to_string(&real).unwrap().lines().count(), 2);
+    assert_eq!(report(&real)["finished"]["rows"], 2);
+    assert!(!with_suffix(&link, ".report.json").exists() && !with_suffix(&link, ".dustoff").exists());
+    let again = run(&p, &input, &real, &[]);
+    expect_code(&again, 0, "rerun through the file");
+    assert!(stderr(&again).contains("nothing to do"), "{}", stderr(&again));
+}

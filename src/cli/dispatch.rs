@@ -51,7 +51,7 @@ pub fn run(cli: Cli) -> Result<Code> {
                 pipeline: a.pipeline,
                 pipelines_dir: a.pipelines,
                 inputs: a.input,
-                output: a.output,
+                output: crate::job::outputs::follow_link(&a.output),
                 model: a.model.model,
                 device,
                 device_flag: a.model.device,
@@ -188,7 +188,7 @@ pub fn run(cli: Cli) -> Result<Code> {
             Ok(Code::Ok)
         }
         Cmd::Merge(a) => {
-            crate::commands::run::merge(&a.output, &a.shards)?;
+            crate::commands::run::merge(&crate::job::outputs::follow_link(&a.output), &a.shards)?;
             Ok(Code::Ok)
         }
         Cmd::Kernels(a) => {

@@ -55,6 +55,7 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
             Ok(Code::Ok)
         }
         (None, Some(i), Some(o)) => {
+            let o = crate::job::outputs::follow_link(&o);
             if crate::job::writer::OutputFormat::from_path(&o) != crate::job::writer::OutputFormat::Jsonl {
                 return Err(
                     UsageError::new(format!("generate writes JSONL: {} is not a .jsonl path", o.display())).into()

@@ -59,6 +59,30 @@ fn normalize(path: &Path) -> PathBuf {
     out
 }
 
+/// The file `output` names: itself, or where it points when it is a symbolic link (followed
+/// to the end; a link to a file not made yet, to that file). Everything a job keeps for its
+/// output (checkpoint, lock, report) then sits beside the file the rows go to: through the link
+/// a second run found no lock of the first, and the finished rows replaced the link itself
+/// while the file it named kept the old ones.
+pub fn follow_link(output: &Path) -> PathBuf {
+    let is_link = std::fs::symlink_metadata(output).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link {
+        return output.to_path_buf();
+    }
+    let target = output.canonicalize().ok().or_else(|| {
+        let t = std::fs::read_link(output).ok()?;
+        let dir = output.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Some(if t.is_relative() { dir.join(t) } else { t })
+    });
+    match target {
+        Some(t) => {
+            eprintln!("--output {} is a symbolic link: writing the file it names, {}", output.display(), t.display());
+            t
+        }
+        None => output.to_path_buf(),
+    }
+}
+
 /// Refuses an output that is a directory or whose files would overwrite or live around one of
 /// `inputs` (input files, the model, the pipeline) with a [`UsageError`], before anything is
 /// written; then makes the output's directory if it is missing.
