@@ -27,7 +27,67 @@ fn every_subcommand_maps_its_errors_to_the_one_table() {
     // A file where the output's checkpoint folder would be.
     let ck_out = d.join("ck.jsonl");
     std::fs::write(d.join("ck.jsonl.dustoff"), b"x").unwrap();
+    // An output a failed tokenize must leave as it was.
+    let keep = d.join("keep.jsonl");
+    std::fs::write(&keep, "{\"id\":1}\n").unwrap();
+    let (typo, tok_json, hf_tok) = (d.join("typo.jsonl"), tok.join("tokenizer.json"), hf.join("tokenizer.json"));
+    // The sample model with its architecture renamed (general.architecture's value only).
+    let mut gguf = std::fs::read(repo().join(dustoff::model::loader::SAMPLE_MODEL)).unwrap();
+    let key = gguf.windows(20).position(|w| w == b"general.architecture").unwrap();
+    let at = key + gguf[key..].windows(5).position(|w| w == b"llama").unwrap();
+    gguf[at..at + 5].copy_from_slice(b"mamba");
+    let other_arch = d.join("other-arch.gguf");
+    std::fs::write(&other_arch, gguf).unwrap();
     let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (
+            vec!["quantize", "--model", s(&other_arch), "--output", s(&q_out), "--type", "q8_0"],
+            2,
+            "architecture 'mamba'",
+        ),
+        (vec!["tokenize", "--input", s(&typo), "--output", s(&keep)], 2, "does not exist"),
+        (
+            vec!["tokenize", "--input", "samples/news.jsonl", "--output", s(&hf_tok), "--model", s(&hf)],
+            2,
+            "inside the input directory",
+        ),
+        (
+            vec![
+                "quantize",
+                "--model",
+                s(&exists),
+                "--output",
+                s(&q_out),
+                "--calibration",
+                "samples/news.jsonl",
+                "--imatrix-out",
+                s(&exists),
+            ],
+            2,
+            "would overwrite the input",
+        ),
+        (
+            vec!["quantize", "--model", s(&exists), "--output", s(&q_out), "--imatrix-out", s(&m_out)],
+            2,
+            "--imatrix-out writes",
+        ),
+        (vec!["quantize", "--model", s(&exists), "--output", s(&q_out), "--imatrix", s(&typo)], 2, "--imatrix"),
+        (vec!["generate", "--prompt", "hi", "--temperature", "NaN"], 2, "--temperature"),
+        (vec!["generate", "--prompt", "hi", "--top-p", "2"], 2, "--top-p"),
+        (vec!["generate", "--prompt", "hi", "--ctx", "100000000", "--device", "cpu"], 2, "past the model's context"),
+        (vec!["generate", "--prompt", "hi", "--max-tokens", "5000", "--device", "cpu"], 2, "raise --ctx"),
+        (vec!["generate", "--input", s(&typo), "--output", s(&out)], 2, "does not exist"),
+        (vec!["bench", "--device", "cpu", "--runs", "0"], 2, "--runs must be at least 1"),
+        (vec!["bench", "--device", "cpu", "--batch", "4,0"], 2, "each --batch size"),
+        (
+            vec!["synth", "--tokenizer", s(&tok), "--output", s(&tok_json), "--shape", "smollm2-135m", "--force"],
+            2,
+            "inside the input directory",
+        ),
+        (
+            vec!["convert", "--model", s(&hf), "--output", s(&c_out), "--max-lossy-fraction", "NaN"],
+            2,
+            "--max-lossy-fraction",
+        ),
         (vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", s(&out), "--slots", "0"], 2, "slots"),
         (vec!["run", "no-such-pipeline", "--input", "samples/news.jsonl", "--output", s(&out)], 2, "no-such-pipeline"),
         (vec!["run", "summarize", "--input", "samples/none-*.jsonl", "--output", s(&out)], 2, "matches no file"),
@@ -99,6 +159,9 @@ fn every_subcommand_maps_its_errors_to_the_one_table() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert_eq!(std::fs::read_to_string(&keep).unwrap(), "{\"id\":1}\n", "a failed tokenize left its output as it was");
+    assert_eq!(std::fs::read_to_string(&tok_json).unwrap(), "{}", "synth left the tokenizer as it was");
+    assert!(!q_out.exists() && !with_suffix(&q_out, ".partial").exists(), "nothing written for another architecture");
 }
 
 #[test]

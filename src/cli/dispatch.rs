@@ -28,8 +28,9 @@ pub fn quantize(args: &crate::commands::quantize::QuantizeArgs, json: bool) -> R
 pub fn run(cli: Cli) -> Result<Code> {
     match cli.cmd {
         Cmd::Tokenize(a) => {
-            // Checked before the model loads: tokenize writes its rows as they are made.
+            // Checked before the model loads.
             crate::job::outputs::check_output(&a.output, &[&a.input, &a.model])?;
+            crate::job::outputs::check_input_file("--input", &a.input)?;
             let t = model_load::load_tokenizer(&a.model)?;
             let errors = tokenize::run(&t.tokenizer, &a.input, &a.output)?;
             Ok(if errors > 0 { Code::RecordErrors } else { Code::Ok })
@@ -174,6 +175,8 @@ pub fn run(cli: Cli) -> Result<Code> {
                 ))
                 .into());
             }
+            // Not into the tokenizer's directory, not a directory: refused before the weights are made.
+            crate::job::outputs::check_output(&a.output, &[&a.tokenizer])?;
             let o = crate::model::synth_gguf::SynthOptions {
                 shape: a.shape,
                 qtype: a.qtype,

@@ -22,6 +22,15 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
     if a.ctx == 0 {
         return Err(UsageError::new("--ctx 0 leaves no room for a prompt; give at least 1").into());
     }
+    // As the OpenAI batch input's checks: nonsense sampling values are refused, not clamped.
+    if !(a.temperature.is_finite() && (0.0..=100.0).contains(&a.temperature)) {
+        return Err(
+            UsageError::new(format!("--temperature {}: give a number 0..=100 (0: greedy)", a.temperature)).into()
+        );
+    }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        return Err(UsageError::new(format!("--top-p {}: give a number in (0, 1] (1: off)", a.top_p)).into());
+    }
     let opt = generate::GenOptions {
         max_tokens: a.max_tokens,
         temperature: a.temperature,
@@ -33,6 +42,13 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
         (Some(p), _, _) => {
             let device = pick_device(&a.model.device)?;
             let m = model_load::load(&a.model.model)?;
+            if m.config.max_context > 0 && a.ctx > m.config.max_context {
+                return Err(UsageError::new(format!(
+                    "--ctx {} is past the model's context of {} positions; give --ctx {} or less",
+                    a.ctx, m.config.max_context, m.config.max_context
+                ))
+                .into());
+            }
             let step = crate::engine::single::PREFILL_CHUNK;
             let place = placement::Placement {
                 ptx_dir: a.model.ptx_dir.clone(),
@@ -51,11 +67,12 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
                 (step, 1),
                 &place,
             )?;
-            generate::run_prompt(&m, b.as_mut(), &p, a.chat, &opt)?;
+            generate::run_prompt(&m, b.as_mut(), &p, a.chat, &opt, a.ctx)?;
             Ok(Code::Ok)
         }
         (None, Some(i), Some(o)) => {
             let o = crate::job::outputs::follow_link(&o);
+            crate::job::outputs::check_input_file("--input", &i)?;
             if crate::job::writer::OutputFormat::from_path(&o) != crate::job::writer::OutputFormat::Jsonl {
                 return Err(
                     UsageError::new(format!("generate writes JSONL: {} is not a .jsonl path", o.display())).into()

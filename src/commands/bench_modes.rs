@@ -53,8 +53,37 @@ pub struct BenchOptions {
     pub kv_type: crate::backend::kv_type::KvType,
 }
 
+/// Zero sizes measure nothing (they printed NaN or "100% from the cache"): refused up front
+/// naming the flag (exit 2).
+fn check_sizes(a: &BenchOptions) -> Result<(), UsageError> {
+    let zero = |flag: &str| Err(UsageError::new(format!("{flag} must be at least 1")));
+    if a.runs == 0 {
+        return zero("--runs");
+    }
+    if a.gen_tokens == 0 {
+        return zero("--gen-tokens");
+    }
+    if a.prompt_tokens.contains(&0) {
+        return zero("--prompt-tokens");
+    }
+    if a.batch.contains(&0) {
+        return zero("each --batch size");
+    }
+    if a.slots == 0 {
+        return zero("--slots");
+    }
+    if a.max_batch_tokens == 0 {
+        return zero("--max-batch-tokens");
+    }
+    if a.shared_prefix.as_ref().is_some_and(|v| v.first() == Some(&0) || v.get(2) == Some(&0)) {
+        return Err(UsageError::new("--shared-prefix REQUESTS,SHARED,UNIQUE: REQUESTS and UNIQUE must be at least 1"));
+    }
+    Ok(())
+}
+
 /// Runs the mode the options ask for and prints its rows.
 pub fn run(a: &BenchOptions) -> Result<ExitCode> {
+    check_sizes(a)?;
     let prompt_tokens = a.prompt_tokens.first().copied().unwrap_or(768);
     let ctx = prompt_tokens + a.gen_tokens;
     // The backend is made for the mode's KV needs below; `make` builds it on the device.
@@ -178,9 +207,10 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         let b = make(most * (ctx + BLOCK_SIZE), a.max_batch_tokens.max(most), most)?;
         let shape = (prompt_tokens, a.gen_tokens, a.max_batch_tokens);
         let rows = super::bench_constrained::run(b, m, p, fingerprint, shape, &batches)?;
-        super::bench_constrained::print_table(&rows);
         if a.json {
             println!("{}", serde_json::to_string_pretty(&rows)?);
+        } else {
+            super::bench_constrained::print_table(&rows);
         }
         return Ok(ExitCode::Ok);
     }
@@ -192,6 +222,10 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         let tokens = a.slots * (shared + unique + gen + BLOCK_SIZE) + shared * 2;
         let b = make(tokens, a.max_batch_tokens.max(a.slots), a.slots)?;
         let rows = bench_shared_prefix(b, fingerprint, a.slots, a.max_batch_tokens, (shared, unique, requests, gen))?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+            return Ok(ExitCode::Ok);
+        }
         println!("| prefix cache | seconds | prompt tokens | computed | from the cache |");
         println!("|---|---|---|---|---|");
         for r in &rows {
@@ -208,15 +242,16 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         if let [on, off] = &rows[..] {
             println!("speed-up of the prefix cache: {:.2}x", off.seconds / on.seconds.max(1e-9));
         }
-        if a.json {
-            println!("{}", serde_json::to_string_pretty(&rows)?);
-        }
         return Ok(ExitCode::Ok);
     }
     if !a.batch.is_empty() {
         let most = a.batch.iter().copied().max().unwrap_or(1);
         let b = make(most * (ctx + BLOCK_SIZE), a.max_batch_tokens.max(most), most)?;
         let rows = bench_batched(b, fingerprint, prompt_tokens, a.gen_tokens, &a.batch, a.max_batch_tokens)?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+            return Ok(ExitCode::Ok);
+        }
         println!(
             "| sequences | prefill s | decode tok/s (total) | share of bandwidth bound | share of step bound | weights / KV GB, TFLOP per step |"
         );
@@ -244,9 +279,6 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
                 "| {} | {:.2} | {:.1} | {share} | {bound} | {per_step} |",
                 r.sequences, r.prefill_s, r.decode_tok_s
             );
-        }
-        if a.json {
-            println!("{}", serde_json::to_string_pretty(&rows)?);
         }
         return Ok(ExitCode::Ok);
     }

@@ -190,6 +190,22 @@ fn convert(a: &ConvertArgs) -> Result<ConvertSummary, ConvertError> {
     if !a.dtype.eq_ignore_ascii_case("f16") {
         return Err(ConvertError::Usage(format!("--dtype {}: only f16 is supported", a.dtype)));
     }
+    // Numbers checked before any work: NaN or a negative one silently turned a check off, or
+    // failed it only after the whole conversion.
+    if !(0.0..=1.0).contains(&a.max_lossy_fraction) {
+        return Err(ConvertError::Usage(format!("--max-lossy-fraction must be 0..=1, not {}", a.max_lossy_fraction)));
+    }
+    if a.verify_max_kl.is_some_and(|k| k.is_nan() || k < 0.0) {
+        return Err(ConvertError::Usage("--verify-max-kl must be a number >= 0".into()));
+    }
+    if a.verify && (a.verify_tokens == 0 || a.verify_prompt.trim().is_empty()) {
+        return Err(ConvertError::Usage(
+            "the verification needs --verify-tokens >= 1 and a non-empty --verify-prompt".into(),
+        ));
+    }
+    if !a.model.exists() {
+        return Err(ConvertError::Usage(format!("--model {} does not exist", a.model.display())));
+    }
     if !a.model.join(CONFIG_FILE).is_file() {
         return Err(ConvertError::Usage(format!(
             "{} is not a Hugging Face model directory (no config.json)",

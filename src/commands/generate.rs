@@ -267,8 +267,22 @@ pub fn run_prompt<B: Backend + ?Sized>(
     prompt: &str,
     chat: bool,
     opt: &GenOptions,
+    ctx: usize,
 ) -> Result<()> {
-    let p = prepare(m, &json!({"id": "prompt", "prompt": prompt, "chat": chat})).map_err(anyhow::Error::msg)?;
+    let p = prepare(m, &json!({"id": "prompt", "prompt": prompt, "chat": chat}))
+        .map_err(|e| crate::job::exit::UsageError::new(format!("--prompt: {e}")))?;
+    if p.prompt_ids.is_empty() {
+        return Err(crate::job::exit::UsageError::new("--prompt is empty: nothing to continue from").into());
+    }
+    let need = p.prompt_ids.len().saturating_add(opt.max_tokens);
+    if need > ctx {
+        return Err(crate::job::exit::UsageError::new(format!(
+            "the prompt ({} tokens) and --max-tokens {} need {need} positions; --ctx is {ctx}: raise --ctx or lower --max-tokens",
+            p.prompt_ids.len(),
+            opt.max_tokens
+        ))
+        .into());
+    }
     let mut sampler = Sampler::new(opt.sampling_for("prompt"));
     let mut dec = StreamDecoder::new(&m.tokenizer);
     let mut stdout = std::io::stdout();

@@ -10,7 +10,7 @@
 //! output against the source (`dustoff eval` on a short built-in text) and records the result
 //! in `<output>.report.json`; `--verify-max-kl X` fails the command (exit 1) above a mean KL.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
@@ -18,7 +18,7 @@ use crate::commands::convert::ConvertArgs;
 use crate::commands::device_choice::calibration_device;
 use crate::job::pipeline::Pipeline;
 use crate::model::loader::load_model;
-use crate::quantize::calibrate::{calibrate, read_texts, token_windows};
+use crate::quantize::calibrate::{calibrate, read_texts, token_windows, CalibrationDevice};
 use crate::quantize::imatrix::Imatrix;
 use crate::quantize::mix::{QuantType, TYPE_NAMES};
 use crate::quantize::prompts::{pipeline_windows, PromptWindows};
@@ -215,13 +215,43 @@ pub fn run(a: &QuantizeArgs) -> anyhow::Result<QuantizeSummary> {
     if a.calibration_ctx < 8 {
         return Err(usage("--calibration-ctx must be at least 8".into()));
     }
+    if a.calibration_tokens == 0 {
+        return Err(usage("--calibration-tokens must be at least 1".into()));
+    }
+    // Every file named is checked before the conversion or calibration (minutes on a large
+    // model): the inputs exist, and neither the output nor the importance matrix written
+    // replaces an input or each other.
+    let mut inputs: Vec<&Path> = vec![&a.model];
+    for (flag, p) in [("--calibration", &a.calibration), ("--imatrix", &a.imatrix)] {
+        if let Some(p) = p {
+            crate::job::outputs::check_input_file(flag, p)?;
+            inputs.push(p);
+        }
+    }
+    crate::job::outputs::check_output(&a.output, &inputs)?;
+    if let Some(out) = &a.imatrix_out {
+        if a.calibration.is_none() {
+            return Err(usage(
+                "--imatrix-out writes the importance matrix that --calibration computes: give --calibration FILE"
+                    .into(),
+            ));
+        }
+        let same = |x: &Path, y: &Path| {
+            x == y || x.canonicalize().ok().zip(y.canonicalize().ok()).is_some_and(|(x, y)| x == y)
+        };
+        if same(out, &a.output) {
+            return Err(usage(format!("--imatrix-out {} is the --output; name another file", out.display())));
+        }
+        crate::job::outputs::check_output(out, &inputs).map_err(|e| usage(format!("--imatrix-out: {e}")))?;
+    }
+    let device = calibration_device(&a.device, None)?;
     let pool = match a.threads {
         Some(n) => Some(rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build()?),
         None => None,
     };
     match &pool {
-        Some(p) => p.install(|| quantize(a, qtype)),
-        None => quantize(a, qtype),
+        Some(p) => p.install(|| quantize(a, qtype, &device)),
+        None => quantize(a, qtype, &device),
     }
 }
 
@@ -234,7 +264,7 @@ impl Drop for TempSource {
     }
 }
 
-fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummary> {
+fn quantize(a: &QuantizeArgs, qtype: QuantType, device: &CalibrationDevice) -> anyhow::Result<QuantizeSummary> {
     let mut _temp = None;
     let src: PathBuf = if a.model.is_dir() {
         let tmp = PathBuf::from(format!("{}.f16-source.gguf", a.output.display()));
@@ -269,10 +299,9 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
             if windows.is_empty() {
                 return Err(usage(format!("calibration file {} holds no tokens", cal.display())));
             }
-            let device = calibration_device(&a.device, None)?;
             let longest = windows.iter().map(Vec::len).max().unwrap_or(0);
             eprintln!("calibration: {} windows of up to {longest} tokens on {}", windows.len(), device.name());
-            let im = calibrate(&m, &windows, &cal.display().to_string(), &device)?;
+            let im = calibrate(&m, &windows, &cal.display().to_string(), device)?;
             let name = a.imatrix_out.as_ref().map_or_else(|| cal.display().to_string(), |p| p.display().to_string());
             let tokens = windows.iter().map(|w| w.len() as u64).sum::<u64>();
             let info = CalibrationInfo {
@@ -295,13 +324,24 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType) -> anyhow::Result<QuantizeSummar
     let opts = QuantizeOptions { qtype, allow_requantize: a.allow_requantize, imatrix: imatrix.as_ref(), imatrix_name };
     let report = quantize_gguf(&src, &a.output, &opts)?;
     let report_path = crate::commands::convert::report_path(&a.output);
+    // Written whole under a temporary name and renamed: a failure (a full disk) leaves no
+    // truncated report; the first one also removes the output, so the same command runs again
+    // (an output without its report would be refused as existing).
     let write_report = |verify: Option<&Verify>| -> anyhow::Result<()> {
         let file = ReportFile { report: &report, calibration: calibration.as_ref(), verify };
         let text = serde_json::to_string_pretty(&file)?;
-        std::fs::write(&report_path, text).map_err(|source| QuantizeError::Io { path: report_path.clone(), source })?;
+        let tmp = PathBuf::from(format!("{}.tmp", report_path.display()));
+        let written = std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &report_path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(anyhow::anyhow!("cannot write {}: {e}", report_path.display()));
+        }
         Ok(())
     };
-    write_report(None)?;
+    if let Err(e) = write_report(None) {
+        let _ = std::fs::remove_file(&a.output);
+        return Err(e.context(format!("{} removed: run the same command again", a.output.display())));
+    }
     // Against the source as given (an HF directory's BF16 weights computed in f32).
     let verify = if a.verify || a.verify_max_kl.is_some() {
         let v = verify(&a.output, &a.model, a.verify_max_kl)?;

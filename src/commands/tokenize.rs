@@ -9,9 +9,11 @@ use super::jsonl::{read_jsonl, JsonlWriter};
 use crate::tokenizer::Tokenizer;
 
 pub fn run(tok: &Tokenizer, input: &Path, output: &Path) -> Result<usize> {
+    // The input is read before the output is touched: a wrong --input leaves an existing output as it was.
+    let records = read_jsonl(input)?;
     let mut w = JsonlWriter::create(output)?;
     let mut errors = 0;
-    for (line, rec) in read_jsonl(input)? {
+    for (line, rec) in records {
         let row = match rec {
             Err(msg) => Err((Value::Null, msg)),
             Ok(v) => tokenize_record(tok, &v).map_err(|e| (v.get("id").cloned().unwrap_or(Value::Null), e)),

@@ -173,22 +173,20 @@ fn model_usage(c: &(dyn std::error::Error + 'static)) -> bool {
     use crate::model::convert::ConvertError;
     use crate::model::hf::HfError;
     use crate::model::loader::LoadError;
-    let load = |l: &LoadError| {
-        matches!(
-            l,
-            LoadError::NotFound(_)
-                | LoadError::Config(ConfigError::UnsupportedArch { .. })
-                | LoadError::Hf(HfError::UnsupportedArch { .. })
-        )
+    // A Hugging Face config.json naming what dustoff does not run (an architecture, or a key
+    // such as `hidden_act: gelu`, `mlp_bias`, a sliding window): docs/QUANTIZE.md's exit 2.
+    let hf = |h: &HfError| matches!(h, HfError::UnsupportedArch { .. } | HfError::Config { .. });
+    let load = |l: &LoadError| match l {
+        LoadError::NotFound(_) | LoadError::Config(ConfigError::UnsupportedArch { .. }) => true,
+        LoadError::Hf(h) => hf(h),
+        _ => false,
     };
     c.downcast_ref::<LoadError>().is_some_and(load)
         || matches!(c.downcast_ref::<ConfigError>(), Some(ConfigError::UnsupportedArch { .. }))
-        || matches!(c.downcast_ref::<HfError>(), Some(HfError::UnsupportedArch { .. }))
+        || c.downcast_ref::<HfError>().is_some_and(hf)
         || matches!(c.downcast_ref::<crate::quantize::QuantizeError>(), Some(crate::quantize::QuantizeError::Load(l)) if load(l))
-        || matches!(
-            c.downcast_ref::<ConvertError>(),
-            Some(ConvertError::Usage(_) | ConvertError::Hf(HfError::UnsupportedArch { .. }))
-        )
+        || matches!(c.downcast_ref::<ConvertError>(), Some(ConvertError::Usage(_)))
+        || matches!(c.downcast_ref::<ConvertError>(), Some(ConvertError::Hf(h)) if hf(h))
         || matches!(c.downcast_ref::<ConvertError>(), Some(ConvertError::Load(l)) if load(l))
 }
 

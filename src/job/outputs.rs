@@ -113,6 +113,18 @@ pub enum OutputError {
     CreateDir { dir: PathBuf, output: PathBuf, source: std::io::Error },
 }
 
+/// A file the command reads, given as `flag`: refused with a [`UsageError`] (exit 2) when it is
+/// missing or a directory, before anything is written.
+pub fn check_input_file(flag: &str, path: &Path) -> Result<(), UsageError> {
+    if path.is_dir() {
+        return Err(UsageError::new(format!("{flag} {} is a directory; name a file", path.display())));
+    }
+    if !path.is_file() {
+        return Err(UsageError::new(format!("{flag} {} does not exist", path.display())));
+    }
+    Ok(())
+}
+
 fn refuse_overlap(output: &Path, inputs: &[&Path]) -> Result<(), UsageError> {
     let shown = output.display();
     if output.as_os_str().is_empty() {
@@ -129,6 +141,13 @@ fn refuse_overlap(output: &Path, inputs: &[&Path]) -> Result<(), UsageError> {
                 let what = if owned == output { "--output".to_string() } else { format!("{}", owned.display()) };
                 return Err(UsageError::new(format!(
                     "{what} would overwrite the input {}; choose another --output",
+                    given.display()
+                )));
+            }
+            // Inside an input directory (a Hugging Face model): its files would be replaced.
+            if o.starts_with(i) && given.is_dir() {
+                return Err(UsageError::new(format!(
+                    "--output {shown} is inside the input directory {}; choose another --output",
                     given.display()
                 )));
             }
@@ -165,6 +184,16 @@ mod tests {
         // is not an output.
         check_output(&d.join("new/deeper/out.jsonl"), &[&input]).unwrap();
         assert!(d.join("new/deeper").is_dir());
+        let model = d.join("hf");
+        std::fs::create_dir_all(&model).unwrap();
+        let e = check_output(&model.join("tokenizer.json"), &[&input, &model]).unwrap_err().to_string();
+        assert!(e.contains("inside the input directory"), "{e}");
+        assert!(check_input_file("--input", &d.join("missing.jsonl"))
+            .unwrap_err()
+            .to_string()
+            .contains("does not exist"));
+        assert!(check_input_file("--input", &model).unwrap_err().to_string().contains("is a directory"));
+        check_input_file("--input", &input).unwrap();
         let e = check_output(&input.join("out.jsonl"), &[]).unwrap_err();
         assert!(matches!(e, OutputError::CreateDir { .. }), "{e}");
         assert!(check_output(&d, &[&input]).unwrap_err().to_string().contains("is a directory"));

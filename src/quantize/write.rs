@@ -107,7 +107,24 @@ fn is_float(t: GgmlType) -> bool {
 pub fn quantize_gguf(src: &Path, out: &Path, o: &QuantizeOptions) -> Result<QuantizeReport, QuantizeError> {
     let t0 = Instant::now();
     let g = GgufFile::open(src)?;
-    let arch = g.get_str("general.architecture").ok().flatten().unwrap_or("llama").to_string();
+    // Only the families dustoff runs: another would be written as if it were llama-like (its
+    // keys and tensor kinds guessed) into a file no command loads.
+    let arch = match g.get_str("general.architecture").ok().flatten() {
+        Some(a) if crate::model::arch::by_gguf_name(a).is_some() => a.to_string(),
+        Some(a) => {
+            return Err(QuantizeError::Usage(format!(
+                "{}: architecture '{a}' is not one dustoff runs ({}); nothing was written",
+                src.display(),
+                crate::model::arch::gguf_names()
+            )))
+        }
+        None => {
+            return Err(QuantizeError::Usage(format!(
+                "{}: no general.architecture key: not a model file (an importance matrix?); nothing was written",
+                src.display()
+            )))
+        }
+    };
     let mix = MixModel {
         tied_head: g.tensor_info("output.weight").is_none(),
         n_layers: n_layers(&g),

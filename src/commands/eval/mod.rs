@@ -207,8 +207,23 @@ pub fn run(a: &EvalArgs) -> anyhow::Result<EvalSummary> {
         };
         let usable: Vec<&[u32]> = all.iter().filter(|w| w.len() >= 4).map(Vec::as_slice).collect();
         if usable.is_empty() {
-            return Err(usage(format!("{text_name} is too short to score (no window of 4+ tokens)")));
+            return Err(usage(format!(
+                "{text_name} is too short to score (no window of 4+ tokens within --max-tokens {})",
+                a.max_tokens
+            )));
         }
+        // The cache holds the longest window, not --ctx (a --ctx far above the text would
+        // allocate for positions no window reaches); a window past the model's context is refused.
+        let longest = usable.iter().map(|w| w.len()).max().unwrap_or(0);
+        if m.config.max_context > 0 && longest > m.config.max_context {
+            return Err(usage(format!(
+                "{}: windows of {longest} tokens exceed the model's context of {}; give --ctx {} or less",
+                p.display(),
+                m.config.max_context,
+                m.config.max_context
+            )));
+        }
+        let kv_ctx = longest;
         // No KV cache for more windows than there are.
         batch = batch.min(usable.len());
         // The reference (first when given) keeps the full cache.
@@ -219,11 +234,11 @@ pub fn run(a: &EvalArgs) -> anyhow::Result<EvalSummary> {
         let mut pb = Progress::new(usable.len() as u64, &format!("windows through {}", p.display()));
         let rows = match &device {
             CalibrationDevice::Cpu => {
-                windows::head_rows(&mut CpuHead::new(&m, a.ctx, batch, kv)?, &usable, a.ctx, batch, &mut pb)?
+                windows::head_rows(&mut CpuHead::new(&m, kv_ctx, batch, kv)?, &usable, kv_ctx, batch, &mut pb)?
             }
             CalibrationDevice::Cuda { ordinal, ptx_dir } => {
-                let mut g = CudaHead::new(&m, (*ordinal, ptx_dir.clone()), a.ctx, batch, kv)?;
-                windows::head_rows(&mut g, &usable, a.ctx, batch, &mut pb)?
+                let mut g = CudaHead::new(&m, (*ordinal, ptx_dir.clone()), kv_ctx, batch, kv)?;
+                windows::head_rows(&mut g, &usable, kv_ctx, batch, &mut pb)?
             }
         };
         pb.finish();
