@@ -42,13 +42,16 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
         (Some(p), _, _) => {
             let device = pick_device(&a.model.device)?;
             let m = model_load::load(&a.model.model)?;
-            if m.config.max_context > 0 && a.ctx > m.config.max_context {
-                return Err(UsageError::new(format!(
-                    "--ctx {} is past the model's context of {} positions; give --ctx {} or less",
-                    a.ctx, m.config.max_context, m.config.max_context
-                ))
-                .into());
-            }
+            // Positions past the model's context give garbage: --ctx (4096 by default) is held
+            // to it, and a prompt that then does not fit is refused below.
+            let ctx = match m.config.max_context {
+                0 => a.ctx,
+                most if a.ctx > most => {
+                    eprintln!("--ctx {} is past the model's context of {most} positions: using {most}", a.ctx);
+                    most
+                }
+                _ => a.ctx,
+            };
             let step = crate::engine::single::PREFILL_CHUNK;
             let place = placement::Placement {
                 ptx_dir: a.model.ptx_dir.clone(),
@@ -63,11 +66,11 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
                 &device,
                 a.engine.tensor_parallel,
                 None,
-                a.ctx,
+                ctx,
                 (step, 1),
                 &place,
             )?;
-            generate::run_prompt(&m, b.as_mut(), &p, a.chat, &opt, a.ctx)?;
+            generate::run_prompt(&m, b.as_mut(), &p, a.chat, &opt, ctx)?;
             Ok(Code::Ok)
         }
         (None, Some(i), Some(o)) => {

@@ -277,7 +277,7 @@ pub fn run_prompt<B: Backend + ?Sized>(
     let need = p.prompt_ids.len().saturating_add(opt.max_tokens);
     if need > ctx {
         return Err(crate::job::exit::UsageError::new(format!(
-            "the prompt ({} tokens) and --max-tokens {} need {need} positions; --ctx is {ctx}: raise --ctx or lower --max-tokens",
+            "the prompt ({} tokens) and --max-tokens {} need {need} positions; --ctx is {ctx}: lower --max-tokens, or raise --ctx up to the model's context",
             p.prompt_ids.len(),
             opt.max_tokens
         ))
