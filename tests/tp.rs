@@ -412,3 +412,15 @@ fn bench_splits_a_loaded_model_and_plans_one_gpus_share() {
     assert_eq!(r.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&r.stderr).contains("dustoff synth"));
 }
+
+/// `bench --plan --shared-prefix R,S,U` plans the job's sequences (S + U + generated positions
+/// each), as `--batch` with prompts of S + U does (it planned --prompt-tokens' 768 instead).
+#[test]
+fn bench_plans_the_shared_prefix_jobs_sequences() {
+    let sp = dustoff_out(&["bench", "--plan", "--shared-prefix", "16,1000,200", "--slots", "8"]);
+    let batch = dustoff_out(&["bench", "--plan", "--batch", "8", "--prompt-tokens", "1200"]);
+    assert!(sp.status.success() && batch.status.success(), "{}", String::from_utf8_lossy(&sp.stderr));
+    let (sp, batch) = (String::from_utf8_lossy(&sp.stdout), String::from_utf8_lossy(&batch.stdout));
+    let (a, b) = (plan_gb(&sp, "KV cache"), plan_gb(&batch, "KV cache"));
+    assert!(a > 0.0 && a == b, "KV {a} GB planned for the shared-prefix job, {b} GB for 8 x 1,400 positions:\n{sp}");
+}

@@ -148,7 +148,11 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
             (None, Some(_)) => a.slots,
             (None, None) => 1,
         };
-        let ctx = a.prompt_tokens.iter().copied().max().unwrap_or(prompt_tokens) + a.gen_tokens;
+        let ctx = match (&a.shared_prefix, a.batch.is_empty()) {
+            // The shared-prefix job's sequences: the shared part, their own part, the generated.
+            (Some(sp), true) if sp.len() == 3 => sp[1] + sp[2] + a.gen_tokens,
+            _ => a.prompt_tokens.iter().copied().max().unwrap_or(prompt_tokens) + a.gen_tokens,
+        };
         let (cfg, bytes) = match (&a.synthetic, &loaded) {
             (Some(shape), _) => {
                 let cfg = crate::model::shapes::shape(shape)
