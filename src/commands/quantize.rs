@@ -236,10 +236,7 @@ pub fn run(a: &QuantizeArgs) -> anyhow::Result<QuantizeSummary> {
                     .into(),
             ));
         }
-        let same = |x: &Path, y: &Path| {
-            x == y || x.canonicalize().ok().zip(y.canonicalize().ok()).is_some_and(|(x, y)| x == y)
-        };
-        if same(out, &a.output) {
+        if crate::job::outputs::same_path(out, &a.output) {
             return Err(usage(format!("--imatrix-out {} is the --output; name another file", out.display())));
         }
         crate::job::outputs::check_output(out, &inputs).map_err(|e| usage(format!("--imatrix-out: {e}")))?;

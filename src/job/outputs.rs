@@ -113,6 +113,12 @@ pub enum OutputError {
     CreateDir { dir: PathBuf, output: PathBuf, source: std::io::Error },
 }
 
+/// Whether two paths name the same file (made absolute, through the real location of their
+/// directories), whether or not it exists yet.
+pub fn same_path(a: &Path, b: &Path) -> bool {
+    normalize(a) == normalize(b)
+}
+
 /// A file the command reads, given as `flag`: refused with a [`UsageError`] (exit 2) when it is
 /// missing or a directory, before anything is written.
 pub fn check_input_file(flag: &str, path: &Path) -> Result<(), UsageError> {
