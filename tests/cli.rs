@@ -116,3 +116,16 @@ fn broken_model_files_give_clear_errors() {
         Command::new(bin()).args(["generate", "--prompt", "hi", "--model", "/nonexistent/m.gguf"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
 }
+
+/// `bench --synthetic`'s help names every shape the code knows (it missed two).
+#[test]
+fn bench_help_lists_every_synthetic_shape() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_dustoff")).args(["bench", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&o.stdout);
+    let missing: Vec<&str> = dustoff::model::shapes::SHAPES
+        .iter()
+        .copied()
+        .filter(|s| !help.contains(&format!("{s} ")) && !help.contains(&format!("{s},")))
+        .collect();
+    assert!(missing.is_empty(), "bench --help lacks {missing:?}");
+}

@@ -153,6 +153,40 @@ fn every_subcommand_maps_its_errors_to_the_one_table() {
             2,
             "--max-error-rate",
         ),
+        // The CPU's KV cache is planned against the host memory (100,000 x 4,096 positions of
+        // 46 KB: 19 TB) before anything is allocated; it aborted on the allocation.
+        (
+            vec![
+                "generate",
+                "--device",
+                "cpu",
+                "--input",
+                "samples/news.jsonl",
+                "--output",
+                s(&out),
+                "--slots",
+                "100000",
+            ],
+            2,
+            "the CPU backend's memory does not fit this machine",
+        ),
+        (vec!["doctor", "--model", s(&no_model), "--ctx", "0"], 2, "--ctx 0"),
+        // The flags of a Hugging Face conversion were ignored for a GGUF --model.
+        (
+            vec![
+                "convert",
+                "--model",
+                dustoff::model::loader::SAMPLE_MODEL,
+                "--output",
+                s(&c_out),
+                "--dtype",
+                "q8_0",
+                "--allow-lossy",
+            ],
+            2,
+            "--allow-lossy applies to a Hugging Face directory",
+        ),
+        (vec!["doctor", "--slots", "18446744073709551615"], 2, "the memory plan takes at most"),
     ];
     let mut wrong = Vec::new();
     for (args, want, says) in &cases {

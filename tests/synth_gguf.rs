@@ -211,3 +211,37 @@ fn real_hybrid_shapes_list_their_tensors() {
     let t = synthetic_tensors(&shape("qwen3.5-9b").unwrap(), QuantType::Q4KM);
     assert_eq!(t.iter().filter(|x| x.name.ends_with("ssm_a")).count(), 24);
 }
+
+/// SIGINT while the tensors are written: synth stops before the next tensor, removes its
+/// `.partial` file and exits 4 (the same path quantize and convert write through).
+#[test]
+fn an_interrupt_removes_the_partial_file_and_exits_4() {
+    let dir = std::env::temp_dir().join(format!("dustoff-synth-int-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("big.gguf");
+    let partial = dir.join("big.gguf.partial");
+    // 8.7 GB of random Q8_0 tensors: the signal comes long before the last one.
+    let mut child = Command::new(bin())
+        .args(["synth", "--shape", "qwen3-8b", "--type", "q8_0", "--quiet", "--tokenizer"])
+        .arg(tokenizer_dir())
+        .arg("--output")
+        .arg(&out)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::fs::metadata(&partial).map_or(0, |m| m.len()) < 64 << 20 {
+        assert!(child.try_wait().unwrap().is_none(), "synth ended before it was interrupted");
+        assert!(std::time::Instant::now() < deadline, "no partial file within 2 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let k = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(k.success());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(4), "{err}");
+    assert!(err.contains("interrupted by SIGINT/SIGTERM before") && err.contains("nothing was written"), "{err}");
+    assert!(!partial.exists() && !out.exists(), "the partial file is removed and no output appears");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -80,6 +80,18 @@ pub fn run(cli: Cli) -> Result<Code> {
         Cmd::Convert(a) if a.model.is_file() => {
             // GGUF -> GGUF: a type change of every matrix (e.g. a quantized model to an F16
             // reference), done by the quantizer with its mix rules for --dtype.
+            let hf_only = [
+                (a.allow_lossy, "--allow-lossy"),
+                (a.max_lossy_fraction.is_some(), "--max-lossy-fraction"),
+                (a.verify_tokens.is_some(), "--verify-tokens"),
+                (a.verify_prompt.is_some(), "--verify-prompt"),
+            ];
+            if let Some((_, flag)) = hf_only.iter().find(|(given, _)| *given) {
+                return Err(crate::job::exit::UsageError::new(format!(
+                    "{flag} applies to a Hugging Face directory; a GGUF --model is re-typed by the quantizer, whose check is --verify (a perplexity and KL comparison, --verify-max-kl)"
+                ))
+                .into());
+            }
             if crate::quantize::mix::QuantType::parse(&a.dtype).is_none() {
                 return Err(crate::job::exit::UsageError::new(format!(
                     "unknown --dtype {:?}; one of {}",
@@ -101,15 +113,16 @@ pub fn run(cli: Cli) -> Result<Code> {
             quantize(&args, a.json)
         }
         Cmd::Convert(a) => {
+            let defaults = crate::commands::convert::ConvertArgs::default();
             let args = crate::commands::convert::ConvertArgs {
                 model: a.model,
                 output: a.output,
                 dtype: a.dtype,
                 allow_lossy: a.allow_lossy,
-                max_lossy_fraction: a.max_lossy_fraction,
+                max_lossy_fraction: a.max_lossy_fraction.unwrap_or(defaults.max_lossy_fraction),
                 verify: a.verify || a.verify_max_kl.is_some(),
-                verify_tokens: a.verify_tokens,
-                verify_prompt: a.verify_prompt,
+                verify_tokens: a.verify_tokens.unwrap_or(defaults.verify_tokens),
+                verify_prompt: a.verify_prompt.unwrap_or(defaults.verify_prompt),
                 verify_max_kl: a.verify_max_kl,
             };
             let summary = crate::commands::convert::run(args)?;

@@ -12,9 +12,10 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::Backend;
 use crate::engine::batch::{BLOCK_SIZE, DEFAULT_MAX_BATCH_TOKENS};
 
-/// Places a model on `device` with room for `tokens` cached positions; on a GPU the memory plan
-/// reserves workspace for steps of `max_batch_tokens` (the engine's `--max-batch-tokens`) and is
-/// checked within `place.max_gpu_memory`.
+/// Places a model on `device` with room for `tokens` cached positions over `seqs` sequences; on
+/// a GPU the memory plan reserves workspace for steps of `max_batch_tokens` (the engine's
+/// `--max-batch-tokens`) and is checked within `place.max_gpu_memory`, on the CPU within the
+/// host memory still available (`host_plan`).
 pub fn make_backend(
     cfg: &crate::model::config::ModelConfig,
     w: &crate::model::weights::ModelWeights,
@@ -26,6 +27,9 @@ pub fn make_backend(
     let blocks = tokens.div_ceil(BLOCK_SIZE).max(1);
     let b: Box<dyn Backend> = match *device {
         Device::Cpu => {
+            if let Some(avail) = crate::sys::host_memory::available() {
+                super::host_plan::check(cfg, blocks * BLOCK_SIZE, seqs, &avail)?;
+            }
             Box::new(CpuBackend::new(cfg.clone(), w.clone(), blocks, BLOCK_SIZE).with_kv_type(place.kv_type)?)
         }
         Device::Cuda(ordinal) => Box::new(place_cuda(cfg, w, ordinal, blocks, (max_batch_tokens, seqs), place)?),

@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::backend_setup;
-use super::bench::{bench, bench_batched, bench_shared_prefix, print_prompt_table};
+use super::bench::{bench, bench_batched_runs, bench_shared_prefix, print_prompt_table};
+
+/// One stream's timed runs without `--runs`.
+pub const ONE_STREAM_RUNS: usize = 3;
 use super::device_choice::Device;
 use super::model_load;
 use super::placement::Placement;
@@ -30,7 +33,9 @@ pub struct BenchOptions {
     /// One stream: one row per prompt length; the batched modes take the first.
     pub prompt_tokens: Vec<usize>,
     pub gen_tokens: usize,
-    pub runs: usize,
+    /// `--runs`: one stream's timed runs (default [`ONE_STREAM_RUNS`]), each `--batch` row's
+    /// (default 1).
+    pub runs: Option<usize>,
     pub json: bool,
     pub batch: Vec<usize>,
     /// `REQUESTS,SHARED,UNIQUE` of the shared-prefix job.
@@ -57,8 +62,13 @@ pub struct BenchOptions {
 /// naming the flag (exit 2).
 fn check_sizes(a: &BenchOptions) -> Result<(), UsageError> {
     let zero = |flag: &str| Err(UsageError::new(format!("{flag} must be at least 1")));
-    if a.runs == 0 {
+    if a.runs == Some(0) {
         return zero("--runs");
+    }
+    if a.runs.is_some() && (a.shared_prefix.is_some() || a.constrained.is_some()) {
+        return Err(UsageError::new(
+            "--runs: --shared-prefix and --constrained run each case once (one stream and --batch repeat)",
+        ));
     }
     if a.gen_tokens == 0 {
         return zero("--gen-tokens");
@@ -251,7 +261,8 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
     if !a.batch.is_empty() {
         let most = a.batch.iter().copied().max().unwrap_or(1);
         let b = make(most * (ctx + BLOCK_SIZE), a.max_batch_tokens.max(most), most)?;
-        let rows = bench_batched(b, fingerprint, prompt_tokens, a.gen_tokens, &a.batch, a.max_batch_tokens)?;
+        let (shape, runs) = ((prompt_tokens, a.gen_tokens), a.runs.unwrap_or(1));
+        let rows = bench_batched_runs(b, fingerprint, shape, &a.batch, a.max_batch_tokens, runs)?;
         if a.json {
             println!("{}", serde_json::to_string_pretty(&rows)?);
             return Ok(ExitCode::Ok);
@@ -292,7 +303,7 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
     let b = b.as_mut();
     let mut reports = Vec::new();
     for &p in &a.prompt_tokens {
-        let r = bench(b, &name, p, a.gen_tokens, a.runs)?;
+        let r = bench(b, &name, p, a.gen_tokens, a.runs.unwrap_or(ONE_STREAM_RUNS))?;
         if !a.json {
             r.print_human();
         }

@@ -170,6 +170,8 @@ impl Outputs {
 }
 
 pub fn run(args: ConvertArgs) -> anyhow::Result<ConvertSummary> {
+    // Ctrl-C stops between tensors, removing what was written.
+    crate::sys::interrupt::install();
     let mut summary = convert(&args)?;
     if let Some(v) = summary.verify.as_mut() {
         let e = crate::commands::verify::verify(&args.output, &args.model, args.verify_max_kl)?;

@@ -18,7 +18,13 @@ pub fn compile_all(arch: &str, out_dir: &Path) -> Result<Vec<PathBuf>> {
     if !arch.strip_prefix("compute_").is_some_and(|n| n.len() >= 2 && n.bytes().all(|b| b.is_ascii_digit())) {
         return Err(usage(format!("architecture '{arch}': expected compute_XY (e.g. compute_70)")));
     }
-    let (major, minor) = nvrtc::nvrtc_version(arch)?;
+    // The loader's own message offers --ptx-dir, which is what this command makes.
+    let (major, minor) = nvrtc::nvrtc_version(arch).map_err(|e| match e {
+        crate::backend::cuda::CudaError::NvrtcMissing => anyhow::anyhow!(
+            "kernels compiles with NVRTC, and no NVRTC library could be loaded: put libnvrtc on LD_LIBRARY_PATH or name it in DUSTOFF_NVRTC (NVRTC 11.x or 12.x for compute_70; scripts/nvrtc12.sh fetches one)"
+        ),
+        e => e.into(),
+    })?;
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     // One thread per file: NVRTC is thread-safe, and the largest files dominate the time.
     let compiled: Vec<Result<String>> = std::thread::scope(|s| {

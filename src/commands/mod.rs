@@ -11,6 +11,7 @@ pub mod devices;
 pub mod doctor;
 pub mod eval;
 pub mod generate;
+pub mod host_plan;
 pub mod job_settings;
 pub mod jsonl;
 pub mod kernels;

@@ -193,6 +193,8 @@ fn usage(msg: String) -> anyhow::Error {
 }
 
 pub fn run(a: &QuantizeArgs) -> anyhow::Result<QuantizeSummary> {
+    // Ctrl-C stops between calibration windows and tensors, removing what was written.
+    crate::sys::interrupt::install();
     let qtype = QuantType::parse(&a.qtype)
         .ok_or_else(|| usage(format!("unknown --type {:?}; one of {TYPE_NAMES}", a.qtype)))?;
     if !a.model.exists() {

@@ -51,7 +51,8 @@ fn device_budget(dev: &crate::backend::cuda::CudaDevice, cap: Option<MemoryCap>)
 /// The slot count and KV cache type to run with. Slots: a given count as is (a count that does
 /// not fit is refused with numbers when the model is placed), `auto` on a GPU the most
 /// sequences of `per_seq` cached positions each whose memory plan fits the device's free memory
-/// (within `--max-gpu-memory`; at most [`MAX_AUTO_SLOTS`]), on the CPU [`CPU_AUTO_SLOTS`]. KV
+/// (within `--max-gpu-memory`; at most [`MAX_AUTO_SLOTS`]), on the CPU [`CPU_AUTO_SLOTS`] or
+/// fewer where the host memory holds fewer (`host_plan`). KV
 /// type: a given one as is (refused for head sizes it cannot take), `auto` on a GPU as
 /// [`auto_kv`] says; on the CPU F16. What was chosen is said in the log.
 pub fn resolve_slots(
@@ -75,8 +76,17 @@ pub fn resolve_slots(
         let n = match slots {
             Slots::Count(n) => n,
             Slots::Auto => {
-                eprintln!("slots: {CPU_AUTO_SLOTS} (--slots auto on the CPU)");
-                CPU_AUTO_SLOTS
+                let avail = crate::sys::host_memory::available();
+                let fit = avail.map_or(CPU_AUTO_SLOTS, |a| super::host_plan::fit_seqs(cfg, per_seq, &a));
+                if fit < CPU_AUTO_SLOTS {
+                    eprintln!(
+                        "slots: {fit} (--slots auto on the CPU: {CPU_AUTO_SLOTS} sequences of {per_seq} cached positions do not fit the host memory available)"
+                    );
+                    fit
+                } else {
+                    eprintln!("slots: {CPU_AUTO_SLOTS} (--slots auto on the CPU)");
+                    CPU_AUTO_SLOTS
+                }
             }
         };
         return Ok((n, kv));

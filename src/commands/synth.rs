@@ -7,6 +7,8 @@ use crate::job::exit::UsageError;
 use crate::model::synth_gguf::{write_synthetic_gguf, SynthOptions, SynthSummary};
 
 pub fn run(o: &SynthOptions, quiet: bool) -> anyhow::Result<SynthSummary> {
+    // Ctrl-C stops between tensors, removing what was written.
+    crate::sys::interrupt::install();
     let mut last = 0u64;
     let r = write_synthetic_gguf(o, |done, total| {
         // A line per tenth of the data: a 30B-A3B file is ~18.5 GB.

@@ -34,7 +34,10 @@ impl ExitCode {
     /// When a command exits with this code.
     pub fn meaning(self) -> &'static str {
         match self {
-            ExitCode::Ok => "done, and every record succeeded",
+            ExitCode::Ok => {
+                "done (a job: every record succeeded, or the error rows are within --allow-errors / \
+                 --max-error-rate; or it was already finished)"
+            }
             ExitCode::Failure => {
                 "an error: unreadable input, model or device failure, disk full...; a job's checkpoint stays \
                  consistent, so the same command resumes"
@@ -49,7 +52,10 @@ impl ExitCode {
                 "some records failed: the job finished with error rows (output and report written), or it \
                  stopped past --max-errors (checkpoint kept)"
             }
-            ExitCode::Interrupted => "interrupted by SIGINT/SIGTERM; the checkpoint is kept: the same command resumes",
+            ExitCode::Interrupted => {
+                "interrupted by SIGINT/SIGTERM; a job's checkpoint is kept: the same command resumes (convert, \
+                 quantize and synth remove what they had written: the same command starts over)"
+            }
             ExitCode::Busy => {
                 "busy: another run of this job holds its lock (<output>.dustoff.lock); nothing was done: the same \
                  command succeeds once that run ends (a cron wrapper can skip the night or retry later)"
@@ -198,7 +204,9 @@ pub fn is_busy(e: &anyhow::Error) -> bool {
 
 /// The exit code of a failed command.
 pub fn code_of(e: &anyhow::Error) -> ExitCode {
-    if is_busy(e) {
+    if e.chain().any(|c| c.is::<crate::sys::interrupt::Interrupted>()) {
+        ExitCode::Interrupted
+    } else if is_busy(e) {
         ExitCode::Busy
     } else if is_usage_error(e) {
         ExitCode::Usage

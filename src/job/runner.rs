@@ -36,35 +36,6 @@ pub struct StopFlag {
     signals: bool,
 }
 
-/// Written only by the signal handler (a handler cannot capture state).
-static SIGNALLED: AtomicBool = AtomicBool::new(false);
-
-#[cfg(unix)]
-mod sig {
-    use super::{Ordering, SIGNALLED};
-    pub const SIGINT: i32 = 2;
-    pub const SIGTERM: i32 = 15;
-    extern "C" {
-        // libc `signal(2)`; glibc gives BSD semantics (handler stays installed, SA_RESTART).
-        fn signal(signum: i32, handler: extern "C" fn(i32)) -> usize;
-        fn _exit(code: i32) -> !;
-    }
-    extern "C" fn on_signal(_sig: i32) {
-        // Only async-signal-safe work here: an atomic swap, and `_exit` on a second signal
-        // (the checkpoint is crash-safe, so exiting at once loses nothing committed).
-        if SIGNALLED.swap(true, Ordering::SeqCst) {
-            // SAFETY: `_exit` is async-signal-safe and never returns.
-            unsafe { _exit(4) }
-        }
-    }
-    pub fn install() -> bool {
-        const SIG_ERR: usize = usize::MAX;
-        // SAFETY: `on_signal` has the C ABI `void (*)(int)` that `signal` expects and only
-        // touches an atomic; installing it has no other effect on Rust state.
-        unsafe { signal(SIGINT, on_signal) != SIG_ERR && signal(SIGTERM, on_signal) != SIG_ERR }
-    }
-}
-
 impl StopFlag {
     pub fn new() -> Self {
         Self::default()
@@ -73,13 +44,7 @@ impl StopFlag {
     /// A flag that is also set by SIGINT/SIGTERM (a second signal exits at once with code 4).
     /// Returns `None` where handlers cannot be installed.
     pub fn with_signals() -> Option<Self> {
-        #[cfg(unix)]
-        {
-            if sig::install() {
-                return Some(StopFlag { flag: Arc::default(), signals: true });
-            }
-        }
-        None
+        crate::sys::interrupt::install().then(|| StopFlag { flag: Arc::default(), signals: true })
     }
 
     pub fn set(&self) {
@@ -87,7 +52,7 @@ impl StopFlag {
     }
 
     pub fn is_set(&self) -> bool {
-        self.flag.load(Ordering::Relaxed) || (self.signals && SIGNALLED.load(Ordering::Relaxed))
+        self.flag.load(Ordering::Relaxed) || (self.signals && crate::sys::interrupt::requested())
     }
 }
 

@@ -41,6 +41,8 @@ pub enum GgufWriteError {
     TokenizerLoad(#[from] crate::tokenizer::TokenizerError),
     #[error("tensor '{tensor}': {got} bytes of data, {want} expected for its shape and type")]
     DataSize { tensor: String, got: usize, want: usize },
+    #[error("{0}")]
+    Interrupted(#[from] crate::sys::interrupt::Interrupted),
 }
 
 /// A tensor to write. `shape` is row-major, outermost first (`[rows, cols]` or `[n]`); GGUF
@@ -109,7 +111,8 @@ fn put_value(out: &mut Vec<u8>, v: &Value) {
 
 /// Writes a GGUF v3 file. `data(i)` yields the bytes of `tensors[i]` (called once each, in
 /// order, so a converter can stream a model larger than memory). The file appears under `path`
-/// only when complete (written as `path.partial`, then renamed).
+/// only when complete (written as `path.partial`, then renamed); a SIGINT/SIGTERM (once
+/// `sys::interrupt` is installed) stops it before the next tensor, the partial file removed.
 pub fn write_gguf<E: From<GgufWriteError>>(
     path: &Path,
     kv: &[(String, Value)],
@@ -158,6 +161,14 @@ pub fn write_gguf<E: From<GgufWriteError>>(
     for (i, t) in tensors.iter().enumerate() {
         let pad = offsets[i] - written;
         w.write_all(&vec![0u8; pad]).map_err(|e| E::from(io(e)))?;
+        // Between tensors, where stopping leaves nothing half-made: the partial file goes.
+        if let Err(stop) = crate::sys::interrupt::check(|| {
+            format!("before {} was complete ({} of {} tensors); nothing was written", path.display(), i, tensors.len())
+        }) {
+            drop(w);
+            let _ = std::fs::remove_file(&partial);
+            return Err(E::from(GgufWriteError::from(stop)));
+        }
         let bytes = data(i)?;
         if bytes.len() != t.n_bytes() {
             let _ = std::fs::remove_file(&partial);

@@ -40,6 +40,8 @@ pub enum SafetensorsError {
     MissingTensor { dir: PathBuf, tensor: String },
     #[error("{dir}: no model.safetensors or model.safetensors.index.json")]
     NoWeights { dir: PathBuf },
+    #[error("{0}")]
+    Interrupted(#[from] crate::sys::interrupt::Interrupted),
 }
 
 /// One tensor of a safetensors file.
@@ -329,6 +331,12 @@ pub fn write_file_with<E: From<SafetensorsError>>(
     w.write_all(&(h.len() as u64).to_le_bytes()).map_err(io)?;
     w.write_all(&h).map_err(io)?;
     for &i in members {
+        // Between tensors (see `gguf_writer::write_gguf`): the partial file goes.
+        if let Err(stop) = crate::sys::interrupt::check(|| format!("before {} was complete", path.display())) {
+            drop(w);
+            let _ = std::fs::remove_file(&partial);
+            return Err(E::from(SafetensorsError::from(stop)));
+        }
         let bytes = data(i)?;
         if bytes.len() != metas[i].n_bytes() {
             let _ = std::fs::remove_file(&partial);

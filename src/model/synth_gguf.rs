@@ -46,7 +46,7 @@ pub enum SynthError {
 impl SynthError {
     /// Errors of the arguments (exit status 2), as opposed to failures while writing.
     pub fn is_usage(&self) -> bool {
-        !matches!(self, SynthError::Write(GgufWriteError::Io { .. }))
+        !matches!(self, SynthError::Write(GgufWriteError::Io { .. } | GgufWriteError::Interrupted(_)))
     }
 }
 

@@ -199,6 +199,7 @@ fn feed_windows<B: Backend>(b: &mut B, windows: &[Vec<u32>]) -> Result<(), Quant
     let total: u64 = windows.iter().map(|w| w.len() as u64).sum();
     let mut pb = Progress::new(total, "calibration tokens");
     for w in windows {
+        crate::sys::interrupt::check(|| "during the calibration; nothing was written".into())?;
         let mut seq = SingleSeq::new(b, 0, w.len())?;
         seq.feed(b, w)?;
         pb.inc(w.len() as u64);

@@ -55,6 +55,8 @@ pub enum QuantizeError {
     Pipeline(#[from] crate::job::pipeline::PipelineError),
     #[error(transparent)]
     Records(#[from] crate::job::reader::ReadError),
+    #[error("{0}")]
+    Interrupted(#[from] crate::sys::interrupt::Interrupted),
 }
 
 impl QuantizeError {

@@ -26,9 +26,7 @@ pub use super::doctor_report::{
 };
 
 fn meminfo(key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with(key))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    super::host_memory::meminfo_field(&std::fs::read_to_string("/proc/meminfo").ok()?, key)
 }
 
 fn cpu_model_name() -> String {

@@ -99,7 +99,10 @@ pub(super) fn model_report(
         }
     };
     let c = &m.config;
-    let positions = (o.ctx * o.slots).div_ceil(BLOCK) * BLOCK;
+    // A context past the model's is not one a job runs: plan the model's.
+    let ctx = if c.max_context > 0 { o.ctx.min(c.max_context) } else { o.ctx };
+    let held = if ctx < o.ctx { format!(" (--ctx {} held to the model's context)", o.ctx) } else { String::new() };
+    let positions = ctx.saturating_mul(o.slots).div_ceil(BLOCK).saturating_mul(BLOCK);
     let mut plans = Vec::new();
 
     // CPU.
@@ -108,14 +111,14 @@ pub(super) fn model_report(
         ms.iter().map(|t| t.bytes().len() as u64).sum::<u64>() + m.weights.token_embd.row_bytes() as u64;
     let weights_bytes: u64 = matrices(&m.weights, false).iter().map(|t| t.bytes().len() as u64).sum::<u64>()
         + if c.tied_embeddings { 0 } else { m.weights.token_embd.bytes().len() as u64 };
-    let kv = (CpuBackend::kv_bytes_per_token(c) * positions) as u64;
+    let kv = (CpuBackend::kv_bytes_per_token(c) as u64).saturating_mul(positions as u64);
     // Activations: a few [max_batch_tokens, ffn] f32 buffers and the logits; small next to KV.
     let workspace = (STEP * (4 * c.dim + 3 * c.ffn_dim) * 4 + 256 * c.vocab_size * 4) as u64;
     // Hybrid models: each sequence's recurrent state (conv window + delta-rule matrices of every
     // linear layer, f32), one per slot.
     let state_per_seq = c.state_bytes_per_seq() as u64;
-    let state = state_per_seq * o.slots as u64;
-    let total = weights_bytes + kv + state + workspace;
+    let state = state_per_seq.saturating_mul(o.slots as u64);
+    let total = weights_bytes.saturating_add(kv).saturating_add(state).saturating_add(workspace);
     let avail = cpu.memory_available_bytes;
     let fits = avail.is_none_or(|a| total <= a);
     let (tok_s, projection) = if o.measure {
@@ -134,7 +137,7 @@ pub(super) fn model_report(
         (None, "not measured (--no-measure)".into())
     };
     let mut note =
-        format!("weights mapped from the file; KV cache f32 for {positions} positions ({} x {})", o.slots, o.ctx);
+        format!("weights mapped from the file; KV cache f32 for {positions} positions ({} x {ctx}{held})", o.slots);
     if let Some(summary) = c.state_summary() {
         note.push_str(&format!("; {summary}"));
     }
@@ -214,7 +217,7 @@ pub(super) fn model_report(
         path: shown(path),
         arch: c.arch.name().to_string(),
         layers: c.n_layers,
-        context: o.ctx,
+        context: ctx,
         slots: o.slots,
         plans,
     }

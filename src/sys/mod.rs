@@ -9,6 +9,8 @@ mod doctor_text;
 pub mod env;
 pub mod gpu;
 pub mod gpu_links;
+pub mod host_memory;
+pub mod interrupt;
 pub mod nvrtc_scan;
 pub mod threads;
 pub mod topology;

@@ -109,7 +109,7 @@ pub fn plan(
         }
         Ok(Placement { threads: threads.unwrap_or(cpus.len()), cpus: Some(cpus), node: Some(node), reason })
     };
-    match mode {
+    let mut p = match mode {
         NumaMode::Off => Ok(unpinned("--numa off".into())),
         NumaMode::Node(n) => pinned(n, format!("--numa {n}")),
         NumaMode::Auto if topo.nodes.len() < 2 => Ok(unpinned("one NUMA node".into())),
@@ -121,7 +121,16 @@ pub fn plan(
             None if gpu.is_empty() => Ok(unpinned("a CPU run uses every socket".into())),
             None => Ok(unpinned(format!("sysfs does not say which node {gpu} is on (--numa N to choose)"))),
         },
+    }?;
+    // More threads than CPUs run, but take turns on the cores: every step waits for the last.
+    let cpus = p.cpus.as_ref().map_or(all.len(), Vec::len);
+    if cpus > 0 && p.threads > cpus {
+        p.reason.push_str(&format!(
+            "; --threads {} is more than the {cpus} CPUs they may use: threads beyond them share cores and slow each step",
+            p.threads
+        ));
     }
+    Ok(p)
 }
 
 /// The CPUs this process may run on now (`sched_getaffinity`), `None` where unknown.
@@ -243,6 +252,10 @@ mod tests {
         // --threads overrides the count, not the CPUs.
         let p = plan(&t, NumaMode::Auto, Some(1), "cuda:0", Some(2), None).unwrap();
         assert_eq!((p.cpus.as_deref(), p.threads), (Some(&[2, 3, 6][..]), 2));
+        assert!(!p.describe().contains("share cores"), "{}", p.describe());
+        // More threads than the node's CPUs: said in the log line.
+        let p = plan(&t, NumaMode::Auto, Some(1), "cuda:0", Some(8), None).unwrap();
+        assert!(p.describe().contains("--threads 8 is more than the 3 CPUs they may use"), "{}", p.describe());
     }
 
     #[test]
