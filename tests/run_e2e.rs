@@ -458,10 +458,37 @@ fn shards_merge_into_the_unsharded_output_and_slurm_env_picks_the_shard() {
     let shard0 = read_bytes(&s0);
     let o = dustoff(&["merge", "--output", s(&s0), s(&s0), s(&s1)], &[]);
     expect_code(&o, 2, "merge into one of its shards");
-    assert!(stderr(&o).contains("is one of the shard outputs"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("would overwrite the input"), "{}", stderr(&o));
     assert_eq!(read_bytes(&s0), shard0);
     let o = dustoff(&["merge", "--output", s(&again), s(&s0), s(&s0)], &[]);
     expect_code(&o, 2, "a shard given twice");
+    // The output replaces only this job's earlier merge, unchanged: a shard's sidecar, another
+    // file, an edited merge are refused and left as they were (merge wrote over any of them).
+    let o = dustoff(&["merge", "--output", s(&merged), s(&s0), s(&s1)], &[]);
+    expect_code(&o, 0, "the same merge again");
+    assert_eq!(read_bytes(&merged), read_bytes(&b.output));
+    let order0 = d.join("shard0.jsonl.order");
+    let order_bytes = read_bytes(&order0);
+    let o = dustoff(&["merge", "--output", s(&order0), s(&s0), s(&s1)], &[]);
+    expect_code(&o, 2, "merge over a shard's .order file");
+    assert_eq!(read_bytes(&order0), order_bytes);
+    let precious = d.join("precious.jsonl");
+    std::fs::write(&precious, "keep me\n").unwrap();
+    let o = dustoff(&["merge", "--output", s(&precious), s(&s0), s(&s1)], &[]);
+    expect_code(&o, 2, "merge over a file it did not write");
+    assert!(stderr(&o).contains("is not an earlier merge"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me\n");
+    // A shard changed since its run finished it (cut short here) is refused, not merged.
+    let cut = d.join("cut.jsonl");
+    std::fs::copy(&s0, &cut).unwrap();
+    for ext in [".order", ".report.json", ".digests.tsv"] {
+        std::fs::copy(with_suffix(&s0, ext), with_suffix(&cut, ext)).unwrap();
+    }
+    let f = std::fs::OpenOptions::new().write(true).open(&cut).unwrap();
+    f.set_len(shard0.len() as u64 - 20).unwrap();
+    let o = dustoff(&["merge", "--output", s(&d.join("m3.jsonl")), s(&cut), s(&s1)], &[]);
+    expect_code(&o, 2, "merge of a truncated shard");
+    assert!(stderr(&o).contains("changed since its run finished it"), "{}", stderr(&o));
 
     // Kubernetes Indexed Job: JOB_COMPLETION_INDEX plus a count (dry run: no model steps).
     let o = dustoff(

@@ -203,10 +203,7 @@ pub fn run(cli: Cli) -> Result<Code> {
             print_report(a.json, &summary, format!("{}\n", summary.to_text()))?;
             Ok(Code::Ok)
         }
-        Cmd::Merge(a) => {
-            crate::commands::run::merge(&crate::job::outputs::follow_link(&a.output), &a.shards)?;
-            Ok(Code::Ok)
-        }
+        Cmd::Merge(a) => crate::commands::run::merge(&crate::job::outputs::follow_link(&a.output), &a.shards),
         Cmd::Kernels(a) => {
             let files = crate::commands::kernels::compile_all(&a.arch, &a.out)?;
             for f in &files {

@@ -403,10 +403,46 @@ fn output_grammar(p: &Pipeline, tok: &crate::tokenizer::Tokenizer) -> Result<Opt
 }
 
 /// `dustoff merge`: shard outputs into one, in input order.
-pub fn merge(output: &Path, shards: &[PathBuf]) -> Result<()> {
-    let s = crate::job::shard::merge(shards, output).with_context(|| format!("merging into {}", output.display()))?;
+/// `dustoff merge`: the shards checked against their reports, the output against what it may
+/// replace, under the output's job lock (`job::merge_guard`); exit 3 when the shards hold error
+/// rows, as their runs did.
+pub fn merge(output: &Path, shards: &[PathBuf]) -> Result<ExitCode> {
+    use crate::job::{merge_guard, shard};
+    let context = || format!("merging into {}", output.display());
+    let given = shard::shard_outputs(shards);
+    let (mut job, mut error_rows, mut first) = (None, 0u64, None);
+    // Shards that are not there are named by `shard::merge`, with the missing shard numbers.
+    for p in given.iter().filter(|p| p.is_file()) {
+        let id = shard::shard_job(p).with_context(context)?;
+        let c = merge_guard::check_shard(p).with_context(context)?;
+        error_rows += c.error_rows;
+        job.get_or_insert(id);
+        first.get_or_insert(c);
+    }
+    let inputs = first.as_ref().map_or(&[][..], |c| &c.inputs[..]);
+    merge_guard::check_paths(output, &given, inputs).with_context(context)?;
+    let _lock = crate::job::lock::JobLock::acquire(output)?;
+    if let Some(job) = &job {
+        merge_guard::check_existing(output, job).with_context(context)?;
+    }
+    let s = shard::merge(shards, output).with_context(context)?;
+    let merged = merge_guard::Merged {
+        job: job.unwrap_or_default(),
+        shards: given,
+        rows: s.rows,
+        error_rows,
+        output_blake3: crate::job::identity::file_blake3(output).with_context(context)?,
+    };
+    merge_guard::write_report(output, merged)
+        .with_context(|| format!("writing the merge report beside {}", output.display()))?;
     eprintln!("merged {} shards, {} rows -> {}", s.shards, s.rows, output.display());
-    Ok(())
+    if error_rows > 0 {
+        eprintln!(
+            "{error_rows} of the rows are error rows (the rows with an \"error\" field; each shard's errors file lists its own)"
+        );
+    }
+    let tolerance = first.map(|c| c.tolerance).unwrap_or_default();
+    Ok(crate::job::exit::of_completed(&tolerance, error_rows, s.rows))
 }
 
 /// The job's peak device memory and its steps against their bound (`engine::step_cost`), from

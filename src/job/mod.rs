@@ -17,6 +17,7 @@ pub mod incremental;
 pub mod input_kind;
 pub mod lock;
 pub mod log;
+pub mod merge_guard;
 pub mod output;
 pub mod output_spec;
 pub mod outputs;

@@ -209,6 +209,11 @@ struct OrderReader {
     last: Option<u64>,
 }
 
+/// The job digest a shard output's `.order` header holds (equal for every shard of one job).
+pub fn shard_job(output: &Path) -> Result<String, ShardError> {
+    Ok(open_order(output)?.0.job)
+}
+
 fn open_order(output: &Path) -> Result<(OrderHeader, OrderReader), ShardError> {
     let path = order_path(output);
     let f = File::open(&path).map_err(|source| ShardError::Order {
@@ -358,7 +363,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardErr
 
 /// The shard outputs among `inputs`: a shard's error file (`<shard>.errors.jsonl`, written by
 /// every run) is left out when its shard is given too, as `shard-*.jsonl` matches both.
-fn shard_outputs(inputs: &[PathBuf]) -> Vec<PathBuf> {
+pub fn shard_outputs(inputs: &[PathBuf]) -> Vec<PathBuf> {
     inputs
         .iter()
         .filter(|p| {
