@@ -38,7 +38,32 @@ fn every_subcommand_maps_its_errors_to_the_one_table() {
     gguf[at..at + 5].copy_from_slice(b"mamba");
     let other_arch = d.join("other-arch.gguf");
     std::fs::write(&other_arch, gguf).unwrap();
+    // Pipelines a run must refuse: one that reads no input field, one that is not text.
+    let summarize = std::fs::read_to_string(repo().join("pipelines/summarize.toml")).unwrap();
+    let tmpl_line = summarize.lines().find(|l| l.trim_start().starts_with("template")).unwrap();
+    let constant = d.join("constant.toml");
+    std::fs::write(&constant, summarize.replace(tmpl_line, "template = \"Say hello.\"")).unwrap();
+    let binary = d.join("binary.toml");
+    std::fs::write(&binary, b"\xff\xfe garbage").unwrap();
+    let (p_out, slash_out) = (d.join("p.jsonl"), format!("{}/", d.join("folder-out").display()));
     let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (
+            vec!["run", s(&constant), "--input", "samples/news.jsonl", "--output", s(&p_out)],
+            2,
+            "reads none of input.fields",
+        ),
+        (vec!["run", s(&binary), "--input", "samples/news.jsonl", "--output", s(&p_out)], 2, "not UTF-8 text"),
+        (
+            vec!["run", "summarize", "--pipelines", s(&no_tok), "--input", "samples/news.jsonl", "--output", s(&p_out)],
+            2,
+            "is not a folder",
+        ),
+        (
+            vec!["run", "--input", "samples/openai-batch.jsonl", "--output", s(&p_out), "--default-max-tokens", "0"],
+            2,
+            "--default-max-tokens 0",
+        ),
+        (vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", &slash_out], 2, "names a folder"),
         (
             vec!["quantize", "--model", s(&other_arch), "--output", s(&q_out), "--type", "q8_0"],
             2,

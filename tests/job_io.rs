@@ -372,7 +372,7 @@ fn resume_after_crash_is_byte_identical() {
         let whole = d.join(format!("whole.{ext}"));
         let mut ck = Checkpoint::open(&whole, &fp, false).unwrap();
         commit_scrambled(&mut ck, &rows, 5);
-        ck.finish(&whole, rows.len() as u64, false).unwrap();
+        ck.finish(&whole, rows.len() as u64, false).unwrap().1.remove().unwrap();
         assert!(!checkpoint_dir(&whole).exists());
 
         for crash_after in [0usize, 1, 3, 4] {
@@ -399,7 +399,7 @@ fn resume_after_crash_is_byte_identical() {
             }
             assert!(!dir.join("part-999999.tsv").exists());
             commit_scrambled(&mut ck, &rows, 7);
-            ck.finish(&out, rows.len() as u64, false).unwrap();
+            ck.finish(&out, rows.len() as u64, false).unwrap().1.remove().unwrap();
             assert_eq!(fs::read(&out).unwrap(), fs::read(&whole).unwrap(), "{ext} crash after {crash_after} batches");
         }
         if ext == "jsonl" {
@@ -422,7 +422,7 @@ fn checkpoint_removal_is_whole_or_nothing() {
     let mut ck = Checkpoint::open(&out, &fp, false).unwrap();
     commit_scrambled(&mut ck, &rows, 6);
     let old = discard_dir(&checkpoint_dir(&out));
-    ck.finish(&out, rows.len() as u64, false).unwrap();
+    ck.finish(&out, rows.len() as u64, false).unwrap().1.remove().unwrap();
     assert!(out.exists() && !checkpoint_dir(&out).exists() && !old.exists());
     // The state a kill in the middle of the deletion leaves: part of the renamed directory.
     fs::create_dir_all(&old).unwrap();
@@ -457,7 +457,7 @@ fn a_finished_marker_left_by_a_kill_reads_as_the_job_complete() {
     commit_scrambled(&mut ck, &rows, 6);
     let errors = ck.committed_errors();
     assert!(errors > 0, "the sample has error rows, which the marker must carry");
-    ck.finish(&out, n, false).unwrap();
+    ck.finish(&out, n, false).unwrap().1.remove().unwrap();
     let want = fs::read(&out).unwrap();
     let (dir, old) = (checkpoint_dir(&out), discard_dir(&checkpoint_dir(&out)));
     let leave_marker = |digest: String| {
@@ -472,7 +472,7 @@ fn a_finished_marker_left_by_a_kill_reads_as_the_job_complete() {
     assert_eq!((ck.resumed_rows(), ck.committed_errors()), (n, errors));
     assert!(rows.iter().all(|r| ck.is_done(r.index)));
     assert!(ck.commit(rows[..1].to_vec()).is_err(), "a complete job takes no commit");
-    ck.finish(&out, n, false).unwrap();
+    ck.finish(&out, n, false).unwrap().1.remove().unwrap();
     assert_eq!(fs::read(&out).unwrap(), want, "the output is kept");
     assert!(!old.exists() && !dir.exists());
 
@@ -530,7 +530,7 @@ fn three_shards_merge_to_the_unsharded_output() {
         let rows = sample_rows(None);
         let mut ck = Checkpoint::open(&whole, &fingerprint(None, "p1"), false).unwrap();
         commit_scrambled(&mut ck, &rows, 4);
-        ck.finish(&whole, rows.len() as u64, false).unwrap();
+        ck.finish(&whole, rows.len() as u64, false).unwrap().1.remove().unwrap();
 
         let mut outs = Vec::new();
         let mut total = 0;
@@ -541,7 +541,7 @@ fn three_shards_merge_to_the_unsharded_output() {
             let out = d.join(format!("shard-{k}.{ext}"));
             let mut ck = Checkpoint::open(&out, &fingerprint(Some(shard), "p1"), false).unwrap();
             commit_scrambled(&mut ck, &rows, 3);
-            ck.finish(&out, rows.len() as u64, false).unwrap();
+            ck.finish(&out, rows.len() as u64, false).unwrap().1.remove().unwrap();
             assert!(order_path(&out).exists());
             outs.push(out);
         }

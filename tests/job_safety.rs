@@ -306,11 +306,11 @@ fn disk_full_gives_a_clear_error_and_the_same_command_resumes() {
 }
 
 /// A kill at each instant of the job's last step (`DUSTOFF_INJECT_KILL`, the windows random
-/// kills hit only by chance): after the output is in place, after the checkpoint is renamed to
-/// `.dustoff.old` to be deleted, and while it is deleted (after the rename a rerun finds no
-/// checkpoint: only the finished marker tells it the job is complete). The same command then
-/// completes the job with the unbroken output, every row once, no checkpoint left behind, and
-/// no row computed again.
+/// kills hit only by chance): after the output is in place (the checkpoint whole: the rerun
+/// finishes from it), after the checkpoint is renamed to `.dustoff.old` to be deleted, and while
+/// it is deleted (the report is written before the checkpoint goes: the rerun finds the job
+/// finished and removes the leftover). Either way the same command ends with the unbroken
+/// output, every row once, no checkpoint left behind, and no row computed again.
 #[test]
 fn a_kill_in_the_last_step_of_a_job_loses_and_recomputes_nothing() {
     use std::os::unix::process::ExitStatusExt;
@@ -338,9 +338,46 @@ fn a_kill_in_the_last_step_of_a_job_loses_and_recomputes_nothing() {
         assert_eq!(ids, want_ids, "{point}: every row once, in input order");
         assert!(!ck.exists() && !old.exists(), "{point}: a checkpoint is left behind");
         let counts = &report(&out)["counts"];
-        assert_eq!((&counts["skipped_done"], &counts["ok"]), (&Value::from(12), &Value::from(0)), "{point}: {counts}");
-        assert!(stderr(&o).contains("12 already done"), "{point}: {}", stderr(&o));
+        if checkpoint_left {
+            assert_eq!(
+                (&counts["skipped_done"], &counts["ok"]),
+                (&Value::from(12), &Value::from(0)),
+                "{point}: {counts}"
+            );
+            assert!(stderr(&o).contains("12 already done"), "{point}: {}", stderr(&o));
+        } else {
+            // The killed run's own report: every row computed once, by it.
+            assert_eq!(
+                (&counts["skipped_done"], &counts["ok"]),
+                (&Value::from(0), &Value::from(12)),
+                "{point}: {counts}"
+            );
+            assert!(stderr(&o).contains("nothing to do"), "{point}: {}", stderr(&o));
+        }
     }
+}
+
+/// A failure writing the report (a full disk; here a directory where the report goes) comes
+/// before the checkpoint is removed: the same command then finishes the job from it. It used
+/// to leave the output with neither checkpoint nor report, refused as someone else's file.
+#[test]
+fn a_failed_report_write_keeps_the_checkpoint_and_the_same_command_finishes() {
+    let b = baseline();
+    let d = tmpdir("report-fail");
+    let out = d.join("out.jsonl");
+    let report_path = with_suffix(&out, ".report.json");
+    std::fs::create_dir_all(&report_path).unwrap();
+    let args = run_args(s(&b.pipeline), NEWS, s(&out), &[]);
+    let o = dustoff(&args, &[]);
+    expect_code(&o, 1, "report path is a directory");
+    assert!(stderr(&o).contains("writing the report beside"), "{}", stderr(&o));
+    assert!(with_suffix(&out, ".dustoff").join("job.json").is_file(), "the checkpoint stays");
+    std::fs::remove_dir(&report_path).unwrap();
+    let o = dustoff(&args, &[]);
+    expect_code(&o, 0, "the same command after the failure");
+    assert_eq!(bytes(&out), bytes(&b.output));
+    assert!(stderr(&o).contains("12 already done"), "{}", stderr(&o));
+    assert!(!with_suffix(&out, ".dustoff").exists() && !with_suffix(&out, ".dustoff.old").exists());
 }
 
 #[test]
@@ -402,4 +439,23 @@ fn ctrl_c_during_generate_input_keeps_the_finished_rows_and_the_same_command_res
     expect_code(&o, 0, "resumed generate");
     assert!(stderr(&o).contains("from an earlier run"), "{}", stderr(&o));
     assert_eq!(bytes(&out), bytes(&unbroken), "resumed output equals the unbroken run's");
+}
+
+/// A checkpoint whose journal lists a part file that is gone (or whose journal is gone) is
+/// damaged: exit 2 naming the file, as for a changed part (it was exit 1, "I/O", which promises
+/// that the same command resumes).
+#[test]
+fn a_checkpoint_missing_a_file_is_damaged_exit_2() {
+    let b = baseline();
+    let d = tmpdir("ck-missing");
+    for file in ["part-000001.tsv", "journal.jsonl"] {
+        let out = d.join(format!("{file}.jsonl"));
+        let args = run_args(s(&b.pipeline), NEWS, s(&out), &[]);
+        let o = dustoff(&args, &[("DUSTOFF_INJECT_KILL", "finish-after-output")]);
+        assert!(o.status.code().is_none(), "killed at the injected point: {}", stderr(&o));
+        std::fs::remove_file(with_suffix(&out, ".dustoff").join(file)).unwrap();
+        let o = dustoff(&args, &[]);
+        expect_code(&o, 2, file);
+        assert!(stderr(&o).contains(file) && stderr(&o).contains("damaged"), "{}", stderr(&o));
+    }
 }

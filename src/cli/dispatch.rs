@@ -44,6 +44,12 @@ pub fn run(cli: Cli) -> Result<Code> {
                     )
                     .into())
                 }
+                (_, Some(0)) => {
+                    return Err(crate::job::exit::UsageError::new(
+                        "--default-max-tokens 0: a request without max_tokens would generate nothing",
+                    )
+                    .into())
+                }
                 (_, n) => n.unwrap_or(256),
             };
             let device = pick_device(&a.model.device)?;

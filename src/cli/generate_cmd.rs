@@ -114,6 +114,8 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
             if let crate::job::identity::Decision::NothingToDo(f) =
                 crate::job::identity::decide(&o, &fingerprint, a.restart, false, unfinished)?
             {
+                // As `run`: the leftover of a finish killed while removing its checkpoint.
+                crate::job::checkpoint::remove_leftover(&o)?;
                 let tolerance = crate::job::tolerance::ErrorTolerance::default();
                 return Ok(crate::job::exit::nothing_to_do(&o, &f, &tolerance, "model, input and options"));
             }

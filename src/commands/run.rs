@@ -74,6 +74,12 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
 pub fn run(a: &RunArgs) -> Result<ExitCode> {
     let job = match &a.pipeline {
         Some(p) => {
+            // A mistyped folder fell through to the other places and ran another pipeline.
+            if let Some(d) = a.pipelines_dir.as_deref().filter(|d| !d.is_dir()) {
+                return Err(
+                    crate::job::exit::UsageError::new(format!("--pipelines {} is not a folder", d.display())).into()
+                );
+            }
             let dirs = crate::job::search_path::pipeline_dirs(a.pipelines_dir.as_deref());
             JobKind::Pipeline(Box::new(Pipeline::resolve_in(p, &dirs)?))
         }
@@ -126,6 +132,11 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     let unfinished = crate::job::checkpoint::has_started_job(&a.output);
     match identity::decide(&a.output, &fingerprint, a.restart, a.incremental, unfinished)? {
         Decision::NothingToDo(f) => {
+            // What a run killed while removing its finished checkpoint left (its report was
+            // written before): removed here, under the lock.
+            if !a.dry_run {
+                crate::job::checkpoint::remove_leftover(&a.output)?;
+            }
             let same = "model, pipeline, parameters and inputs";
             return Ok(crate::job::exit::nothing_to_do(&a.output, &f, &a.tolerance, same));
         }

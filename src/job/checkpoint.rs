@@ -346,9 +346,16 @@ impl Checkpoint {
         let mut ck = Checkpoint {
             dir: dir.clone(),
             fingerprint: fingerprint.clone(),
-            journal: Some(
-                OpenOptions::new().read(true).append(true).open(dir.join("journal.jsonl")).map_err(io(&dir))?,
-            ),
+            journal: Some(OpenOptions::new().read(true).append(true).open(dir.join("journal.jsonl")).map_err(
+                |source| match source.kind() {
+                    // job.json is there, the journal is not: damaged (exit 2), named.
+                    std::io::ErrorKind::NotFound => CheckpointError::Corrupt {
+                        path: dir.join("journal.jsonl"),
+                        message: "missing (the checkpoint's job.json is there)".into(),
+                    },
+                    _ => CheckpointError::Io { path: dir.join("journal.jsonl"), source },
+                },
+            )?),
             parts: Vec::new(),
             next_part: 1,
             done: Vec::new(),
@@ -451,8 +458,13 @@ impl Checkpoint {
     /// Verifies a journaled part (size and hash) and marks its records done.
     fn load_part(&mut self, e: &JournalEntry) -> Result<(), CheckpointError> {
         let path = self.dir.join(&e.part);
-        let bytes = fs::read(&path).map_err(|source| CheckpointError::Io { path: path.clone(), source })?;
         let corrupt = |m: String| CheckpointError::Corrupt { path: path.clone(), message: m };
+        // A part the journal lists but the folder lacks: damaged (exit 2), as a changed one is;
+        // reading it again would not help.
+        let bytes = fs::read(&path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => corrupt("the journal lists it, but the file is missing".into()),
+            _ => CheckpointError::Io { path: path.clone(), source },
+        })?;
         if bytes.len() as u64 != e.bytes || blake3::hash(&bytes).to_hex().as_str() != e.blake3 {
             return Err(corrupt("size or hash differs from the journal".into()));
         }
@@ -596,16 +608,24 @@ impl Checkpoint {
     }
 
     /// Assembles the final output from the parts in input order (a streaming merge: parts are
-    /// opened when the merge reaches their first index), writes the `.order` sidecar for a
-    /// sharded job, and removes the checkpoint. `expected`: records this run was responsible for.
-    pub fn finish(self, output: &Path, expected: u64, json_output: bool) -> Result<u64, CheckpointError> {
+    /// opened when the merge reaches their first index) and writes the `.order` sidecar for a
+    /// sharded job. `expected`: records this run was responsible for. The checkpoint stays until
+    /// [`FinishedCheckpoint::remove`], which the caller runs once the job's other files (digests, errors
+    /// file, report) are in place: a failure or kill before then (a full disk writing the
+    /// report) leaves a checkpoint the same command finishes from, where it used to leave an
+    /// output with no checkpoint and no report, refused as someone else's file.
+    pub fn finish(
+        self,
+        output: &Path,
+        expected: u64,
+        json_output: bool,
+    ) -> Result<(u64, FinishedCheckpoint), CheckpointError> {
         if self.rows != expected {
             return Err(CheckpointError::Incomplete { expected, committed: self.rows });
         }
-        if let Some(old) = &self.completed {
+        if let Some(old) = self.completed {
             // The output was put in place before the kill; what is left is the removal.
-            remove_aside(old, &|| {})?;
-            return Ok(self.rows);
+            return Ok((self.rows, FinishedCheckpoint::Aside(old)));
         }
         let mut parts = self.parts.clone();
         parts.sort_by_key(|p| p.first);
@@ -668,11 +688,37 @@ impl Checkpoint {
         let text = serde_json::to_string(&finished).unwrap_or_default();
         fs::write(&marker, text).and_then(|_| File::open(&marker)?.sync_all()).map_err(io)?;
         sync_parent(&marker).map_err(io)?;
-        let old = move_aside(&self.dir)?;
-        kill_point("finish-after-discard-rename");
-        remove_aside(&old, &|| kill_point("finish-during-removal"))?;
-        Ok(n)
+        Ok((n, FinishedCheckpoint::Live(self.dir)))
     }
+}
+
+/// The checkpoint of a job whose output is in place, to be removed once the job's report is.
+#[must_use = "the checkpoint stays until `remove` runs"]
+pub enum FinishedCheckpoint {
+    /// The checkpoint directory, with its finished marker.
+    Live(PathBuf),
+    /// Already moved aside by a run killed while removing it.
+    Aside(PathBuf),
+}
+
+impl FinishedCheckpoint {
+    /// Removes the checkpoint: one rename, then the files, the finished marker last.
+    pub fn remove(self) -> Result<(), CheckpointError> {
+        match self {
+            FinishedCheckpoint::Live(dir) => {
+                let old = move_aside(&dir)?;
+                kill_point("finish-after-discard-rename");
+                remove_aside(&old, &|| kill_point("finish-during-removal"))
+            }
+            FinishedCheckpoint::Aside(old) => remove_aside(&old, &|| {}),
+        }
+    }
+}
+
+/// Removes what a killed removal of `output`'s finished checkpoint left (its moved-aside
+/// directory), for a rerun that finds the job finished and does nothing else.
+pub fn remove_leftover(output: &Path) -> Result<(), CheckpointError> {
+    remove_aside(&discard_dir(&checkpoint_dir(output)), &|| {})
 }
 
 fn parse_index(line: &[u8]) -> Option<u64> {

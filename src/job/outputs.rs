@@ -139,6 +139,9 @@ fn refuse_overlap(output: &Path, inputs: &[&Path]) -> Result<(), UsageError> {
     if output.is_dir() {
         return Err(UsageError::new(format!("--output {shown} is a directory; name a file in it")));
     }
+    if output.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        return Err(UsageError::new(format!("--output {shown} names a folder (it ends in /); name a file")));
+    }
     let inputs: Vec<(PathBuf, &Path)> = inputs.iter().map(|p| (normalize(p), *p)).collect();
     for owned in owned_paths(output) {
         let o = normalize(&owned);

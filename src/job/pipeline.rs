@@ -298,7 +298,13 @@ impl Pipeline {
             name: name_or_path.to_string(),
             places: super::search_path::describe(&looked, dirs),
         })?;
-        let text = std::fs::read_to_string(&path).map_err(|source| PipelineError::Io { path: path.clone(), source })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| match source.kind() {
+            // Not text: the pipeline is invalid (exit 2), not unreadable.
+            std::io::ErrorKind::InvalidData => {
+                PipelineError::Parse { path: path.clone(), message: "not UTF-8 text".into() }
+            }
+            _ => PipelineError::Io { path: path.clone(), source },
+        })?;
         Pipeline::from_toml(&text, &path)
     }
 
@@ -355,6 +361,14 @@ impl Pipeline {
         let tmpl = env.get_template("prompt").map_err(|e| invalid(e.to_string()))?;
         let mut used: Vec<String> = tmpl.undeclared_variables(false).into_iter().collect();
         used.sort();
+        // A template that reads no field gives every record the same prompt: rows unrelated to
+        // their records (an empty template ran a whole job that way).
+        if !used.iter().any(|v| spec.input.fields.contains(v)) {
+            return Err(invalid(format!(
+                "prompt.template reads none of input.fields {:?}: every record would get the same prompt",
+                spec.input.fields
+            )));
+        }
         for v in used {
             if v != spec.input.id_field && !spec.input.fields.contains(&v) {
                 return Err(invalid(format!(

@@ -543,10 +543,12 @@ pub fn run_job(
     let errors_file = super::errors_file::errors_path(&opts.output);
     let writing_errors = || format!("writing {}", errors_file.display());
     let mut row_stats = None;
+    let mut finished_checkpoint = None;
     let (outcome, exit, finished) = if complete {
-        let rows = ck
+        let (rows, done) = ck
             .finish(&opts.output, counts.records, json_output)
             .with_context(|| format!("writing the output {} from its checkpoint", opts.output.display()))?;
+        finished_checkpoint = Some(done);
         digests.finish()?;
         let (entries, stats) = super::row_stats::scan_output(&opts.output).with_context(writing_errors)?;
         row_stats = Some(stats);
@@ -590,5 +592,9 @@ pub fn run_job(
     report
         .write(&JobReport::path_for(&opts.output))
         .with_context(|| format!("writing the report beside {}", opts.output.display()))?;
+    // Last: until here a failure leaves the checkpoint, and the same command finishes the job.
+    if let Some(done) = finished_checkpoint {
+        done.remove().with_context(|| format!("removing the finished checkpoint of {}", opts.output.display()))?;
+    }
     Ok(RunResult { report, exit })
 }
