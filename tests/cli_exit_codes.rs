@@ -64,6 +64,12 @@ fn every_subcommand_maps_its_errors_to_the_one_table() {
             "--default-max-tokens 0",
         ),
         (vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", &slash_out], 2, "names a folder"),
+        (vec!["run", "summarize", "--input", "/dev/null", "--output", s(&p_out)], 2, "is not a regular file"),
+        (
+            vec!["run", "summarize", "--input", "samples/news.jsonl", "--output", s(&p_out), "--max-batch-tokens", "0"],
+            2,
+            "--max-batch-tokens",
+        ),
         (
             vec!["quantize", "--model", s(&other_arch), "--output", s(&q_out), "--type", "q8_0"],
             2,

@@ -174,7 +174,7 @@ pub struct EngineArgs {
     /// memory plan reserves workspace for steps of this size. Default: 2048 on a GPU (larger
     /// prefill chunks give each expert of a MoE more tokens per grouped product: H200, nightly
     /// job benchmark, +7% documents an hour over 512), 512 on the CPU.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_batch_tokens: Option<usize>,
     /// Compute every prompt in full (no reuse of shared prefixes), for comparison.
     #[arg(long)]

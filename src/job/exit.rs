@@ -150,6 +150,7 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
                 Some(
                     super::reader::ReadError::Decompress(super::decompress::DecompressError::Unsupported { .. })
                         | super::reader::ReadError::NoMatch(_)
+                        | super::reader::ReadError::NotAFile(_)
                         | super::reader::ReadError::Folder(_)
                         | super::reader::ReadError::Pattern { .. }
                 )

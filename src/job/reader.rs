@@ -32,6 +32,10 @@ pub enum ReadError {
     Folder(String),
     #[error("input '{0}' matches no file")]
     NoMatch(String),
+    #[error(
+        "input '{0}' is not a regular file (a pipe or a device): a job reads its inputs more than once (to know them on a resume), so save the stream to a file first (gzip and zstd files are read as they are)"
+    )]
+    NotAFile(String),
     #[error("cannot read Parquet input {path}: {source}")]
     Parquet { path: PathBuf, source: parquet::errors::ParquetError },
     #[error("Parquet input {path} has no column '{column}' (columns: {available})")]
@@ -136,6 +140,11 @@ pub fn expand_inputs(args: &[String]) -> Result<Vec<PathBuf>, ReadError> {
             let p = PathBuf::from(a);
             if p.is_dir() {
                 return Err(ReadError::Folder(a.trim_end_matches('/').to_string()));
+            }
+            if p.exists() && !p.is_file() {
+                // A pipe, a device, `<(zcat ...)`: a job reads its inputs more than once (their
+                // identity, the records, again on a resume), which a stream cannot give.
+                return Err(ReadError::NotAFile(a.clone()));
             }
             if !p.is_file() {
                 return Err(ReadError::NoMatch(a.clone()));
