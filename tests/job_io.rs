@@ -613,12 +613,16 @@ fn pipeline_validation_names_the_problem() {
         ("name = \"x\"\n[prompt]\n[limits]\noverflow = \"drop\"\n", "unknown variant"),
         ("name = \"x\"\n[prompt]\n[input]\ndocument_field = \"body\"\n", "document_field"),
         ("[prompt]\n", "missing field `name`"),
+        // Neither a field nor the id: every record would get the same prompt.
+        ("name = \"x\"\n[prompt]\ntemplate = \"Say hello.\"\n", "reads none of input.fields"),
     ];
     for (text, want) in cases {
         let e = Pipeline::from_toml(text, p).unwrap_err().to_string();
         assert!(e.contains(want) && e.contains("bad.toml"), "{want}: {e}");
     }
     assert!(Pipeline::resolve("no-such-pipeline", &root().join("pipelines")).is_err());
+    // The id alone differs per record: accepted.
+    Pipeline::from_toml("name = \"x\"\n[prompt]\ntemplate = \"A haiku about item {{ id }}.\"\n", p).unwrap();
 }
 
 #[test]

@@ -459,3 +459,32 @@ fn a_checkpoint_missing_a_file_is_damaged_exit_2() {
         assert!(stderr(&o).contains(file) && stderr(&o).contains("damaged"), "{}", stderr(&o));
     }
 }
+
+/// The same for an `--incremental` run, whose checkpoint names the output it builds on (a
+/// failure after its output replaced that one): the same command finishes it from its
+/// checkpoint (the rerun could not compute that base again: it was refused as another job).
+#[test]
+fn a_failed_report_write_of_an_incremental_run_is_finished_by_the_same_command() {
+    let b = baseline();
+    let d = tmpdir("report-fail-inc");
+    let (input, out) = (d.join("in.jsonl"), d.join("out.jsonl"));
+    let news = std::fs::read_to_string(repo().join(NEWS)).unwrap();
+    std::fs::write(&input, news.lines().take(3).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let args = run_args(s(&b.pipeline), s(&input), s(&out), &["--incremental"]);
+    expect_code(&dustoff(&args, &[]), 0, "the first 3 records");
+    std::fs::write(&input, &news).unwrap();
+    // The report is written under <report>.tmp, then renamed: a directory there fails it.
+    let tmp = with_suffix(&out, ".report.json.tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let o = dustoff(&args, &[]);
+    expect_code(&o, 1, "incremental run whose report cannot be written");
+    std::fs::remove_dir(&tmp).unwrap();
+    let o = dustoff(&args, &[]);
+    expect_code(&o, 0, "the same command after the failure");
+    assert!(stderr(&o).contains("finishing the job from its checkpoint"), "{}", stderr(&o));
+    assert_eq!(bytes(&out), bytes(&b.output), "the 12 rows of an unbroken run");
+    assert!(!with_suffix(&out, ".dustoff").exists());
+    let o = dustoff(&args, &[]);
+    expect_code(&o, 0, "and then nothing to do");
+    assert!(stderr(&o).contains("nothing to do"), "{}", stderr(&o));
+}

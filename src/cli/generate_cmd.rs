@@ -115,7 +115,9 @@ pub fn generate(a: GenerateArgs) -> Result<Code> {
                 crate::job::identity::decide(&o, &fingerprint, a.restart, false, unfinished)?
             {
                 // As `run`: the leftover of a finish killed while removing its checkpoint.
-                crate::job::checkpoint::remove_leftover(&o)?;
+                if let Err(e) = crate::job::checkpoint::remove_leftover(&o) {
+                    eprintln!("warning: the finished job's leftover checkpoint stays: {e}");
+                }
                 let tolerance = crate::job::tolerance::ErrorTolerance::default();
                 return Ok(crate::job::exit::nothing_to_do(&o, &f, &tolerance, "model, input and options"));
             }

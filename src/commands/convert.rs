@@ -173,6 +173,8 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<ConvertSummary> {
     // Ctrl-C stops between tensors, removing what was written.
     crate::sys::interrupt::install();
     let mut summary = convert(&args)?;
+    // The output is whole: a signal from here on ends the process (see quantize).
+    crate::sys::interrupt::finish(|| format!("after {} was written, before its verification", args.output.display()))?;
     if let Some(v) = summary.verify.as_mut() {
         let e = crate::commands::verify::verify(&args.output, &args.model, args.verify_max_kl)?;
         // the report gains the scores (written before the verification ran).

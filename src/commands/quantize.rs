@@ -341,6 +341,9 @@ fn quantize(a: &QuantizeArgs, qtype: QuantType, device: &CalibrationDevice) -> a
         let _ = std::fs::remove_file(&a.output);
         return Err(e.context(format!("{} removed: run the same command again", a.output.display())));
     }
+    // The file is whole: a signal from here on ends the process (the verification has no
+    // point to stop at).
+    crate::sys::interrupt::finish(|| format!("after {} was written, before its verification", a.output.display()))?;
     // Against the source as given (an HF directory's BF16 weights computed in f32).
     let verify = if a.verify || a.verify_max_kl.is_some() {
         let v = verify(&a.output, &a.model, a.verify_max_kl)?;

@@ -130,12 +130,30 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     // The finished output in place: the same job (nothing to do), a different one (refused
     // unless --restart), or the base of an --incremental run.
     let unfinished = crate::job::checkpoint::has_started_job(&a.output);
-    match identity::decide(&a.output, &fingerprint, a.restart, a.incremental, unfinished)? {
+    // This job complete in its checkpoint, its output in place, stopped before the checkpoint
+    // went: finished from it as it is (an --incremental run's base included).
+    let no_base = |f: &crate::job::fingerprint::JobFingerprint| crate::job::fingerprint::JobFingerprint {
+        base: None,
+        ..f.clone()
+    };
+    let completed = crate::job::checkpoint::completed_live(&a.output)
+        .filter(|ck| !a.restart && no_base(ck) == no_base(&fingerprint));
+    let decision = match completed {
+        Some(ck) => {
+            eprintln!("finishing the job from its checkpoint: its output was written before the last run stopped");
+            fingerprint = ck;
+            Decision::Run
+        }
+        None => identity::decide(&a.output, &fingerprint, a.restart, a.incremental, unfinished)?,
+    };
+    match decision {
         Decision::NothingToDo(f) => {
             // What a run killed while removing its finished checkpoint left (its report was
             // written before): removed here, under the lock.
             if !a.dry_run {
-                crate::job::checkpoint::remove_leftover(&a.output)?;
+                if let Err(e) = crate::job::checkpoint::remove_leftover(&a.output) {
+                    eprintln!("warning: the finished job's leftover checkpoint stays: {e}");
+                }
             }
             let same = "model, pipeline, parameters and inputs";
             return Ok(crate::job::exit::nothing_to_do(&a.output, &f, &a.tolerance, same));
@@ -436,16 +454,20 @@ pub fn merge(output: &Path, shards: &[PathBuf]) -> Result<ExitCode> {
     if let Some(job) = &job {
         merge_guard::check_existing(output, job).with_context(context)?;
     }
-    let s = shard::merge(shards, output).with_context(context)?;
-    let merged = merge_guard::Merged {
-        job: job.unwrap_or_default(),
-        shards: given,
-        rows: s.rows,
-        error_rows,
-        output_blake3: crate::job::identity::file_blake3(output).with_context(context)?,
+    // The report first, from the complete merged file, then the file takes the output's name:
+    // an output in place always has the report that lets the next merge replace it.
+    let report = |partial: &Path, rows: u64| {
+        let io = |source| crate::job::writer::WriteError::Io { path: partial.to_path_buf(), source };
+        let merged = merge_guard::Merged {
+            job: job.clone().unwrap_or_default(),
+            shards: given.clone(),
+            rows,
+            error_rows,
+            output_blake3: crate::job::identity::file_blake3(partial).map_err(io)?,
+        };
+        merge_guard::write_report(output, merged).map_err(io)
     };
-    merge_guard::write_report(output, merged)
-        .with_context(|| format!("writing the merge report beside {}", output.display()))?;
+    let s = shard::merge_with(&given, output, report).with_context(context)?;
     eprintln!("merged {} shards, {} rows -> {}", s.shards, s.rows, output.display());
     if error_rows > 0 {
         eprintln!(

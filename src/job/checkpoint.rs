@@ -715,6 +715,21 @@ impl FinishedCheckpoint {
     }
 }
 
+/// The fingerprint of `output`'s checkpoint when its job is complete and its output in place
+/// (the finished marker written: a run killed or failed between its output and the removal of
+/// its checkpoint, its report perhaps not written). The same command finishes it from there
+/// with this fingerprint: an `--incremental` run's base names the output it replaced, which a
+/// rerun cannot compute again.
+pub fn completed_live(output: &Path) -> Option<JobFingerprint> {
+    let dir = checkpoint_dir(output);
+    let job: JobFile = serde_json::from_str(&fs::read_to_string(dir.join("job.json")).ok()?).ok()?;
+    let f: FinishedFile = serde_json::from_str(&fs::read_to_string(dir.join(FINISHED_FILE)).ok()?).ok()?;
+    let same = job.format_version == CHECKPOINT_FORMAT_VERSION
+        && f.format_version == CHECKPOINT_FORMAT_VERSION
+        && f.digest == job.fingerprint.digest();
+    (same && output.is_file()).then_some(job.fingerprint)
+}
+
 /// Removes what a killed removal of `output`'s finished checkpoint left (its moved-aside
 /// directory), for a rerun that finds the job finished and does nothing else.
 pub fn remove_leftover(output: &Path) -> Result<(), CheckpointError> {

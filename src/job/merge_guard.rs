@@ -2,14 +2,15 @@
 //! - its `--output` is none of the shards' files (a shard, its `.order`, report, errors or
 //!   digests file), not a directory, and its directory is made when missing
 //!   (`outputs::check_output`);
-//! - an existing `--output` is replaced only when it is this job's earlier merge, unchanged since
-//!   (the merge report beside it says so): merge used to overwrite any file, a job's input or
-//!   another job's finished output included;
+//! - an existing `--output` is replaced only when it is an earlier merge, unchanged since (the
+//!   merge report beside it says so; of this job, or of the same shards run again over new
+//!   input): merge used to overwrite any file, a job's input or a run's finished output included;
 //! - the output's job lock is held while it is written (a `run` of the same output: exit 5);
 //! - every shard is still the file its run finished (the blake3 its report holds): a truncated
 //!   or edited shard was merged with exit 0;
-//! - the merge writes `<output>.report.json`: the job, the shards, the rows and error rows, and
-//!   the output's blake3, so a rerun knows its own output.
+//! - the merge writes `<output>.report.json` (the job, the shards, the rows and error rows, and
+//!   the output's blake3) before the merged file takes the output's name, so a merge in place
+//!   always has the report that lets a rerun replace it.
 
 use std::path::{Path, PathBuf};
 
@@ -53,8 +54,9 @@ pub fn check_paths(output: &Path, shards: &[PathBuf], inputs: &[PathBuf]) -> Res
     super::outputs::check_output(output, &all)
 }
 
-/// Refuses an existing output that is not an unchanged earlier merge of this job (`job`: the
-/// shards' job digest).
+/// Refuses an existing output that is not an unchanged earlier merge (`job`: the shards' job
+/// digest; an earlier merge of another job, the same shards run again over a grown input, is
+/// replaced, and said).
 pub fn check_existing(output: &Path, job: &str) -> Result<(), UsageError> {
     if !output.exists() {
         return Ok(());
@@ -64,15 +66,17 @@ pub fn check_existing(output: &Path, job: &str) -> Result<(), UsageError> {
         .and_then(|t| serde_json::from_str::<MergeReport>(&t).ok());
     let shown = output.display();
     match earlier {
-        Some(r) if r.merged.job != job => Err(UsageError::new(format!(
-            "--output {shown} holds the merge of another job; remove it or choose another --output"
-        ))),
         Some(r) if file_blake3(output).ok().as_deref() != Some(r.merged.output_blake3.as_str()) => {
             Err(UsageError::new(format!(
                 "--output {shown} changed since it was merged (its bytes differ from its report's digest); remove it to merge again"
             )))
         }
-        Some(_) => Ok(()),
+        Some(r) => {
+            if r.merged.job != job {
+                eprintln!("merge: replacing {shown}, the earlier merge of another job ({} rows)", r.merged.rows);
+            }
+            Ok(())
+        }
         None => Err(UsageError::new(format!(
             "--output {shown} exists and is not an earlier merge of these shards (no merge report beside it); remove it or choose another --output"
         ))),

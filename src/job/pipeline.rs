@@ -361,21 +361,21 @@ impl Pipeline {
         let tmpl = env.get_template("prompt").map_err(|e| invalid(e.to_string()))?;
         let mut used: Vec<String> = tmpl.undeclared_variables(false).into_iter().collect();
         used.sort();
-        // A template that reads no field gives every record the same prompt: rows unrelated to
-        // their records (an empty template ran a whole job that way).
-        if !used.iter().any(|v| spec.input.fields.contains(v)) {
-            return Err(invalid(format!(
-                "prompt.template reads none of input.fields {:?}: every record would get the same prompt",
-                spec.input.fields
-            )));
-        }
-        for v in used {
-            if v != spec.input.id_field && !spec.input.fields.contains(&v) {
+        for v in &used {
+            if *v != spec.input.id_field && !spec.input.fields.contains(v) {
                 return Err(invalid(format!(
                     "prompt.template uses '{v}', which is not in input.fields {:?}",
                     spec.input.fields
                 )));
             }
+        }
+        // A template that reads neither a field nor the id gives every record the same prompt:
+        // rows unrelated to their records (an empty template ran a whole job that way).
+        if !used.iter().any(|v| spec.input.fields.contains(v) || *v == spec.input.id_field) {
+            return Err(invalid(format!(
+                "prompt.template reads none of input.fields {:?} (nor the id): every record would get the same prompt",
+                spec.input.fields
+            )));
         }
         let mut h = blake3::Hasher::new();
         h.update(text.as_bytes());

@@ -266,7 +266,18 @@ struct Part {
     path: PathBuf,
 }
 
+/// Merges the shard outputs `inputs` into `output` (see [`merge_with`]).
 pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardError> {
+    merge_with(inputs, output, |_, _| Ok(()))
+}
+
+/// [`merge`], with `before_rename(partial, rows)` run on the complete merged file before it
+/// takes the output's name.
+pub fn merge_with(
+    inputs: &[PathBuf],
+    output: &Path,
+    before_rename: impl FnOnce(&Path, u64) -> Result<(), WriteError>,
+) -> Result<MergeSummary, ShardError> {
     if inputs.is_empty() {
         return Err(ShardError::Merge("no shard outputs given".into()));
     }
@@ -353,7 +364,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<MergeSummary, ShardErr
 
     let out = RowWriter::create(output, head.json_output)?;
     let tmp = out.partial_path().to_path_buf();
-    let merged = write_merged(parts, out);
+    let merged = write_merged(parts, out, before_rename);
     if merged.is_err() {
         // A failed merge leaves nothing half-written behind.
         let _ = std::fs::remove_file(&tmp);
@@ -379,7 +390,11 @@ pub fn shard_outputs(inputs: &[PathBuf]) -> Vec<PathBuf> {
 
 /// Writes the rows of the shards in input order (by their `.order` files) and finishes the
 /// output.
-fn write_merged(mut parts: Vec<Part>, mut out: RowWriter) -> Result<u64, ShardError> {
+fn write_merged(
+    mut parts: Vec<Part>,
+    mut out: RowWriter,
+    before_rename: impl FnOnce(&Path, u64) -> Result<(), WriteError>,
+) -> Result<u64, ShardError> {
     let mut seen = vec![0u64; parts.len()];
     // Min-heap of (next index, part) via Reverse ordering.
     let mut heap = BinaryHeap::new();
@@ -413,7 +428,7 @@ fn write_merged(mut parts: Vec<Part>, mut out: RowWriter) -> Result<u64, ShardEr
             )));
         }
     }
-    Ok(out.finish()?)
+    Ok(out.finish_with(before_rename)?)
 }
 
 #[cfg(test)]

@@ -410,6 +410,16 @@ impl RowWriter {
 
     /// Flushes, fsyncs and renames the output into place.
     pub fn finish(self) -> Result<u64, WriteError> {
+        self.finish_with(|_, _| Ok(()))
+    }
+
+    /// [`RowWriter::finish`], running `before_rename(partial, rows)` on the complete, fsync'd
+    /// file before it takes the output's name (what must exist before the output does: a
+    /// report naming its digest). An error there leaves the output as it was.
+    pub fn finish_with(
+        self,
+        before_rename: impl FnOnce(&Path, u64) -> Result<(), WriteError>,
+    ) -> Result<u64, WriteError> {
         let file = match self.sink {
             Sink::Jsonl(w) => {
                 w.into_inner().map_err(|e| WriteError::Io { path: self.tmp.clone(), source: e.into_error() })?
@@ -422,6 +432,7 @@ impl RowWriter {
             }
         };
         file.sync_all().map_err(io_err(&self.tmp))?;
+        before_rename(&self.tmp, self.rows)?;
         std::fs::rename(&self.tmp, &self.path).map_err(io_err(&self.path))?;
         sync_parent(&self.path).map_err(io_err(&self.path))?;
         Ok(self.rows)

@@ -162,7 +162,8 @@ pub fn gather(o: &DoctorOptions) -> Report {
         kernel_path: path.name().into(),
         kernel_path_best: CpuPath::detected().name().into(),
         memory_total_bytes: meminfo("MemTotal:"),
-        memory_available_bytes: meminfo("MemAvailable:"),
+        // As the CPU memory plan of a run counts it (the cgroup limit included).
+        memory_available_bytes: super::host_memory::available().map(|a| a.bytes),
         copy_bandwidth_gb_s: o.measure.then(host_copy_bandwidth),
     };
     if CpuPath::detected() == CpuPath::Scalar && cfg!(target_arch = "x86_64") {

@@ -37,30 +37,37 @@ pub fn meminfo_field(text: &str, key: &str) -> Option<u64> {
 /// `memory.usage_in_bytes`). `None` without a limit ("max", or v1's near-2^63 "unlimited").
 fn cgroup_room(root: &Path, self_cgroup: &str) -> Option<u64> {
     let read = |p: &Path| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
-    let room = |dir: &Path, limit: &str, usage: &str| -> Option<u64> {
+    let room = |dir: &Path, limit: &str, usage: &str, inactive: &str| -> Option<u64> {
         let limit = read(&dir.join(limit))?.parse::<u64>().ok()?;
         // v1 writes "no limit" as the largest page-aligned i64.
         if limit >= 1 << 62 {
             return None;
         }
         let used = read(&dir.join(usage)).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0);
-        Some(limit.saturating_sub(used))
+        // The usage counts file pages the kernel drops under pressure (the inputs and the
+        // model just read): not taken, as container runtimes count it.
+        let cache = read(&dir.join("memory.stat"))
+            .and_then(|t| {
+                t.lines().find_map(|l| l.strip_prefix(inactive)?.strip_prefix(' ')?.trim().parse::<u64>().ok())
+            })
+            .unwrap_or(0);
+        Some(limit.saturating_sub(used.saturating_sub(cache)))
     };
     for line in self_cgroup.lines() {
         let mut parts = line.splitn(3, ':');
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
         let rel = path.trim_start_matches('/');
-        let (base, limit, usage) = if controllers.is_empty() {
-            (root.to_path_buf(), "memory.max", "memory.current")
+        let (base, limit, usage, inactive) = if controllers.is_empty() {
+            (root.to_path_buf(), "memory.max", "memory.current", "inactive_file")
         } else if controllers.split(',').any(|c| c == "memory") {
-            (root.join("memory"), "memory.limit_in_bytes", "memory.usage_in_bytes")
+            (root.join("memory"), "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
         } else {
             continue;
         };
         // Inside a container the named path may not exist in its view: the mount's root is
         // then the process's own cgroup.
         let dir = if base.join(rel).is_dir() { base.join(rel) } else { base };
-        if let Some(r) = room(&dir, limit, usage) {
+        if let Some(r) = room(&dir, limit, usage, inactive) {
             return Some(r);
         }
     }
@@ -88,6 +95,9 @@ mod tests {
         std::fs::write(v2.join("memory.max"), "8589934592\n").unwrap();
         std::fs::write(v2.join("memory.current"), "1073741824\n").unwrap();
         assert_eq!(cgroup_room(&root, "0::/system.slice/job.service\n"), Some(7 << 30));
+        // Reclaimable file pages in the usage are room.
+        std::fs::write(v2.join("memory.stat"), "anon 1\ninactive_file 536870912\nactive_file 5\n").unwrap();
+        assert_eq!(cgroup_room(&root, "0::/system.slice/job.service\n"), Some((7 << 30) + (1 << 29)));
         // No limit.
         std::fs::write(v2.join("memory.max"), "max\n").unwrap();
         assert_eq!(cgroup_room(&root, "0::/system.slice/job.service\n"), None);

@@ -31,12 +31,26 @@ mod sig {
             unsafe { _exit(4) }
         }
     }
+    pub fn uninstall() {
+        // SAFETY: SIG_DFL is a valid disposition for both signals; no Rust state is touched.
+        unsafe {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        }
+    }
     pub fn install() -> bool {
         const SIG_ERR: usize = usize::MAX;
         // SAFETY: `on_signal` has the C ABI `void (*)(int)` that `signal` expects and only
         // touches an atomic; installing it has no other effect on Rust state.
         unsafe { signal(SIGINT, on_signal) != SIG_ERR && signal(SIGTERM, on_signal) != SIG_ERR }
     }
+}
+
+/// Gives SIGINT/SIGTERM back their default action (the process ends), for work past the last
+/// safe point (a verification after the file is written), which would otherwise not stop at all.
+pub fn uninstall() {
+    #[cfg(unix)]
+    sig::uninstall();
 }
 
 /// Installs the handlers (again is harmless); `false` where they cannot be installed (then a
@@ -55,6 +69,13 @@ pub fn install() -> bool {
 /// Whether a signal asked to stop (only ever true after [`install`]).
 pub fn requested() -> bool {
     SIGNALLED.load(Ordering::Relaxed)
+}
+
+/// Ends the handled part: a signal that came after the last check is reported (`Err`, naming
+/// `what` was done), and later ones end the process at once ([`uninstall`]).
+pub fn finish(what: impl FnOnce() -> String) -> Result<(), Interrupted> {
+    uninstall();
+    check(what)
 }
 
 /// `Err(Interrupted)` naming `what` was cut short, once a signal asked to stop.
