@@ -489,6 +489,29 @@ fn shards_merge_into_the_unsharded_output_and_slurm_env_picks_the_shard() {
     let o = dustoff(&["merge", "--output", s(&d.join("m3.jsonl")), s(&cut), s(&s1)], &[]);
     expect_code(&o, 2, "merge of a truncated shard");
     assert!(stderr(&o).contains("changed since its run finished it"), "{}", stderr(&o));
+    // The nightly flow: the shards run again (--restart) over a grown input, merged into the
+    // same output, which holds the earlier merge of the smaller input: replaced, and said.
+    let input = d.join("grows.jsonl");
+    let news = std::fs::read_to_string(repo().join(NEWS)).unwrap();
+    std::fs::write(&input, news.lines().take(6).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let (g0, g1, nightly) = (d.join("g0.jsonl"), d.join("g1.jsonl"), d.join("nightly.jsonl"));
+    let shards = |extra: &[&str]| {
+        for (k, out) in [(0, &g0), (1, &g1)] {
+            let spec = format!("{k}/2");
+            let mut args = vec!["--shard", spec.as_str()];
+            args.extend(extra);
+            let o = dustoff(&run_args(Some(s(&b.pipeline)), s(&input), s(out), &args), &[]);
+            expect_code(&o, 0, &format!("shard {spec} {extra:?}"));
+        }
+    };
+    shards(&[]);
+    expect_code(&dustoff(&["merge", "--output", s(&nightly), s(&g0), s(&g1)], &[]), 0, "first night's merge");
+    std::fs::write(&input, &news).unwrap();
+    shards(&["--restart"]);
+    let o = dustoff(&["merge", "--output", s(&nightly), s(&g0), s(&g1)], &[]);
+    expect_code(&o, 0, "second night's merge over the first");
+    assert!(stderr(&o).contains("replacing"), "{}", stderr(&o));
+    assert_eq!(read_bytes(&nightly), read_bytes(&b.output), "the 12 rows of the unsharded run");
 
     // Kubernetes Indexed Job: JOB_COMPLETION_INDEX plus a count (dry run: no model steps).
     let o = dustoff(
