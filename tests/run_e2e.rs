@@ -540,6 +540,16 @@ fn a_file_no_run_wrote_is_not_overwritten_unasked() {
     expect_code(&o, 2, "a run into someone's file");
     assert!(stderr(&o).contains("is not the output of a dustoff run"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "precious\n");
+    // A report beside it that no run wrote (garbage; a merge's) does not make it a run's output.
+    for report in
+        ["not json", r#"{"merged": {"job": "x", "shards": [], "rows": 1, "error_rows": 0, "output_blake3": "y"}}"#]
+    {
+        std::fs::write(with_suffix(&out, ".report.json"), report).unwrap();
+        let o = dustoff(&run_args(Some(s(&b.pipeline)), NEWS, s(&out), &[]), &[]);
+        expect_code(&o, 2, &format!("a run into someone's file beside the report {report:?}"));
+        assert!(stderr(&o).contains("is not the output of a dustoff run"), "{}", stderr(&o));
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "precious\n");
+    }
     let o = dustoff(&run_args(Some(s(&b.pipeline)), NEWS, s(&out), &["--dry-run", "--restart"]), &[]);
     expect_code(&o, 0, "--restart says replace it");
 }

@@ -64,7 +64,8 @@ pub fn check(cfg: &ModelConfig, positions: usize, seqs: usize, avail: &Available
             .into()
     };
     Err(UsageError::new(format!(
-        "the CPU backend's memory does not fit this machine: a KV cache of {positions} positions ({seqs} sequences, {} layers, f32: {} a position) takes {}{state}, but {:.0}% of the {} available ({}) is {}; {fewer}",
+        "the CPU backend's memory does not fit this machine: a KV cache of {positions} positions ({seqs} sequence{}, {} layers, f32: {} a position) takes {}{state}, but {:.0}% of the {} available ({}) is {}; {fewer}",
+        if seqs == 1 { "" } else { "s" },
         cfg.n_kv_layers(),
         human(CpuBackend::kv_bytes_per_token(cfg) as u64),
         gb(kv),

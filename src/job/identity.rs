@@ -27,7 +27,7 @@ pub enum IdentityError {
     )]
     Changed { output: PathBuf, differs: String, rows: u64, error_rows: u64, incremental_hint: String },
     #[error(
-        "{output} exists and is not the output of a dustoff run (no {report}, no checkpoint): a run would \
+        "{output} exists and is not the output of a dustoff run (no run's report {report}, no checkpoint): a run would \
          replace it. Move it away, choose another --output, or add --restart to replace it"
     )]
     Foreign { output: PathBuf, report: PathBuf },
@@ -87,9 +87,12 @@ pub fn decide(
     }
     let report = JobReport::path_for(output);
     let dir = super::checkpoint::checkpoint_dir(output);
-    // A file no run left (no report, no checkpoint, not even one moved aside by a finish that
-    // was killed before its report) is someone's data: a run does not overwrite it unasked.
-    if !unfinished && !report.exists() && !dir.exists() && !super::checkpoint::discard_dir(&dir).exists() {
+    // A file no run left (no report a run wrote, no checkpoint, not even one moved aside by a
+    // finish that was killed before its report) is someone's data: a run does not overwrite it
+    // unasked. A report that is not a run's (garbage, a merge's) counts as none.
+    let run_report =
+        std::fs::read_to_string(&report).ok().is_some_and(|t| serde_json::from_str::<JobReport>(&t).is_ok());
+    if !unfinished && !run_report && !dir.exists() && !super::checkpoint::discard_dir(&dir).exists() {
         return Err(IdentityError::Foreign { output: output.to_path_buf(), report });
     }
     let Some(f) = finished_in_place(output) else { return Ok(Decision::Run) };
