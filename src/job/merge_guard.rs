@@ -114,14 +114,5 @@ pub fn check_shard(shard: &Path) -> Result<ShardCheck, UsageError> {
 
 /// Writes the merge report beside `output` (whole, under a temporary name, then renamed).
 pub fn write_report(output: &Path, merged: Merged) -> std::io::Result<()> {
-    let path = JobReport::path_for(output);
-    let tmp = {
-        let mut p = path.as_os_str().to_owned();
-        p.push(".tmp");
-        PathBuf::from(p)
-    };
-    let text = serde_json::to_string_pretty(&MergeReport { merged }).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, text + "\n").and_then(|_| std::fs::rename(&tmp, &path)).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+    super::report::write_json(&JobReport::path_for(output), &MergeReport { merged })
 }

@@ -85,6 +85,18 @@ pub struct JobReport {
     pub rows: Option<super::row_stats::RowStats>,
 }
 
+/// Writes `value` as pretty JSON to `path` whole: under `<path>.tmp`, then renamed (a failure
+/// leaves the file before it as it was, and no temporary).
+pub fn write_json(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    std::fs::write(&tmp, text + "\n").and_then(|_| std::fs::rename(&tmp, path)).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
 impl JobReport {
     /// Fills the derived rates from the counts and `wall_seconds`.
     pub fn finalize_rates(&mut self) {
@@ -103,12 +115,7 @@ impl JobReport {
     /// Written to a temporary file next to `path`, then renamed over it: a kill leaves the old
     /// report or the new one, never a torn one.
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = std::path::PathBuf::from(tmp);
-        std::fs::write(&tmp, text + "\n")?;
-        std::fs::rename(&tmp, path)
+        write_json(path, self)
     }
 
     /// The share of prompt tokens served by the prefix cache, in percent.
