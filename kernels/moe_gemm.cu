@@ -120,33 +120,7 @@ __device__ __forceinline__ bool mg_tile(const MoeGemmParams& p, int bn, int& exp
     return expert >= 0;
 }
 
-// Staging slot q (thread threadIdx.x + 128 i holds slot q) -> tile row and unit of the chunk.
-// Each quarter-warp's 16-byte stores of a staged run (8 threads) must fall in 8 different 16-byte
-// bank groups: a row is MG_LD halves = 17 groups (row r starts at group r mod 8), and a row's
-// units 0 and 1 start `gap` groups apart (the format's layout: 4 for Q4_0 / Q8_0 / Q4_K, 2 for
-// Q5_K / Q6_K). Two units of 4 rows do it: rows {0, 1, 2, 3} for gap 4, rows {0, 1, 4, 5} for
-// gap 2 (units 2 and 3 come from the next quarter); the pair of threads reading one row's two
-// units still reads 32 contiguous bytes. With q / UPC, q % UPC the quarter's two rows of four
-// units stored two-way conflicted (Nsight Compute: half the store wavefronts excess).
-template <class F, int UPC>
-__device__ __forceinline__ void mg_slot(int q, int& tr, int& unit) {
-    const int gap = (F::start(1, 0) - F::start(0, 0)) / 8;  // 16-byte groups
-    if (UPC < 2 || (gap != 2 && gap != 4)) {
-        tr = q / UPC;
-        unit = q % UPC;
-        return;
-    }
-    const int l = q & 7, b0 = (l >> 1) & 1, b1 = (l >> 2) & 1;
-    int hq = q >> 3;
-    unit = l & 1;
-    if (UPC > 2) {
-        unit |= (hq % (UPC / 2)) << 1;
-        hq /= UPC / 2;
-    }
-    tr = gap == 4 ? b0 | b1 << 1 | hq << 2 : b0 | (hq & 1) << 1 | b1 << 2 | (hq >> 1) << 3;
-}
-
-// Global -> registers: the packed units of chunk c (slot q: mg_slot) and the input tile (BN
+// Global -> registers: the packed units of chunk c (slot q: tile_slot) and the input tile (BN
 // tokens x 256 bytes: 16-byte loads; rows past the tile's count repeat its last row, their
 // results are dropped).
 template <class F, int WM, int NT16>
@@ -156,7 +130,7 @@ __device__ __forceinline__ void mg_fetch(const MoeGemmParams& p, const QRow* row
 #pragma unroll
     for (int i = 0; i < MG<F, WM>::PER_THREAD; ++i) {
         int tr, unit;
-        mg_slot<F, UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
+        tile_slot<F, UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
         rw[i] = F::load(rows[i], c * UPC + unit);
     }
     const long long c0 = (long long)c * MG_BK;
@@ -166,99 +140,6 @@ __device__ __forceinline__ void mg_fetch(const MoeGemmParams& p, const QRow* row
         rx[i] = __ldg(reinterpret_cast<const uint4*>(p.x + (long long)(first + tok) * p.cols + c0 + part * 8));
     }
 }
-
-// ---- Staging one run of 16 weights as F16 (16 halves from dst on, two 16-byte stores).
-//
-// The generic form decodes through F::run and rounds with the saturating conversion. Q4_K and
-// Q6_K (the Q4_K_M mix) have a shorter form with the same bits: a code q at bit s of a packed
-// word is masked in place and OR-ed into the mantissa of 2^23 ((w & m << s) | 0x4B000000 is the
-// float 2^23 + q * 2^s, one LOP3), so no shift per weight; its scale is taken times 2^-s
-// (exact: a power of two), so the product and its rounding are those of the generic form. The
-// clamp to +-65504 is skipped when the run's bound says no value can reach it (the clamp is
-// then the identity); otherwise the generic form runs. Per weight: LOP3, FADD, FFMA or FMUL and
-// half an F2FP, against two shifts/masks, an OR, FADD, FFMA and two FMNMX before.
-
-__device__ __forceinline__ unsigned mg_lop_and_or(unsigned a, unsigned m, unsigned c) {
-    unsigned r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(m), "r"(c));  // (a & m) | c
-    return r;
-}
-
-__device__ __forceinline__ unsigned mg_pack(float lo, float hi) { return f2h(lo) | (unsigned)f2h(hi) << 16; }
-
-template <class F>
-__device__ __forceinline__ void mg_stage_generic(const typename F::Raw& a, int u, int r, uint4* dst) {
-    float w[16];
-    F::run(a, u, r, w);
-    unsigned pk[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) pk[j] = f2h_sat(w[2 * j]) | (unsigned)f2h_sat(w[2 * j + 1]) << 16;
-    dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-    dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
-}
-
-template <class F> struct MgStage {
-    static __device__ __forceinline__ void run(const typename F::Raw& a, int u, int r, uint4* dst) {
-        mg_stage_generic<F>(a, u, r, dst);
-    }
-};
-
-#define MG_EXP23 0x4B000000u
-
-// Q4_K: element 4i + b of run r is the nibble at bit 8b + 4r of word i; value d1 * q - o1.
-template <> struct MgStage<FQ4K> {
-    static __device__ __forceinline__ void run(const FQ4K::Raw& a, int u, int r, uint4* dst) {
-        float d1, o1;
-        FQ4K::scale_min(a, u, d1, o1);
-        if (!(fabsf(o1) + 15.0f * fabsf(d1) <= 65000.0f)) {
-            mg_stage_generic<FQ4K>(a, u, r, dst);
-            return;
-        }
-        // Bytes 0..2 of t = w >> 4r at s = 0, 8, 16; byte 3 from t >> 12 at s = 12.
-        const float d8 = d1 * 0x1p-8f, d16 = d1 * 0x1p-16f, d12 = d1 * 0x1p-12f;
-        unsigned pk[8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const unsigned t = word_of(a.q, i) >> (4 * r), t3 = t >> 12;
-            const float q0 = __uint_as_float(mg_lop_and_or(t, 0xFu, MG_EXP23)) - 8388608.0f;
-            const float q1 = __uint_as_float(mg_lop_and_or(t, 0xF00u, MG_EXP23)) - 8388608.0f;
-            const float q2 = __uint_as_float(mg_lop_and_or(t, 0xF0000u, MG_EXP23)) - 8388608.0f;
-            const float q3 = __uint_as_float(mg_lop_and_or(t3, 0xF000u, MG_EXP23)) - 8388608.0f;
-            pk[2 * i] = mg_pack(fmaf(d1, q0, -o1), fmaf(d8, q1, -o1));
-            pk[2 * i + 1] = mg_pack(fmaf(d16, q2, -o1), fmaf(d12, q3, -o1));
-        }
-        dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-        dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
-    }
-};
-
-// Q6_K: element 4i + b of run r is the low (r < 2) or high nibble of byte b of word i of a (runs
-// 0, 2) or b (runs 1, 3), with bits 2r, 2r + 1 of byte b of c as bits 4, 5; value sc * (q - 32).
-template <> struct MgStage<FQ6K> {
-    static __device__ __forceinline__ void run(const FQ6K::Raw& a, int u, int r, uint4* dst) {
-        const float sc = FQ6K::scale(a, r);
-        if (!(32.0f * fabsf(sc) <= 65000.0f)) {
-            mg_stage_generic<FQ6K>(a, u, r, dst);
-            return;
-        }
-        const uint4 lq = (r & 1) ? a.b : a.a;
-        const float s8 = sc * 0x1p-8f, s16 = sc * 0x1p-16f;
-        unsigned pk[8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const unsigned c = word_of(a.c, i), hi = (r < 2 ? c << (4 - 2 * r) : c >> (2 * r - 4)) & 0x30303030u;
-            const unsigned q = mg_lop_and_or(word_of(lq, i) >> (4 * (r >> 1)), 0x0F0F0F0Fu, hi), q3 = q >> 16;
-            const float v0 = __uint_as_float(mg_lop_and_or(q, 0x3Fu, MG_EXP23)) - (8388608.0f + 32.0f);
-            const float v1 = __uint_as_float(mg_lop_and_or(q, 0x3F00u, MG_EXP23)) - (8388608.0f + 8192.0f);
-            const float v2 = __uint_as_float(mg_lop_and_or(q, 0x3F0000u, MG_EXP23)) - (8388608.0f + 2097152.0f);
-            const float v3 = __uint_as_float(mg_lop_and_or(q3, 0x3F00u, MG_EXP23)) - (8388608.0f + 8192.0f);
-            pk[2 * i] = mg_pack(sc * v0, s8 * v1);
-            pk[2 * i + 1] = mg_pack(s16 * v2, s8 * v3);
-        }
-        dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-        dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
-    }
-};
 
 template <class F, int WM, int NT16, bool GATE_UP>
 __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
@@ -284,7 +165,7 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
 #pragma unroll
     for (int i = 0; i < G::PER_THREAD; ++i) {
         int tr, unit;  // tile row
-        mg_slot<F, G::UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
+        tile_slot<F, G::UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
         if (GATE_UP && tr >= OUT_ROWS) {
             rows[i] = q_row(p.qs2, p.aux2, base + tr - OUT_ROWS, p.qs_row, p.aux_row);
         } else {
@@ -303,11 +184,11 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
 #pragma unroll
         for (int i = 0; i < G::PER_THREAD; ++i) {
             int tr, unit;
-            mg_slot<F, G::UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
+            tile_slot<F, G::UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
             const int u = c * G::UPC + unit;
 #pragma unroll
             for (int k = 0; k < F::RUNS; ++k)
-                MgStage<F>::run(rw[i], u, k, reinterpret_cast<uint4*>(sw + tr * MG_LD + (F::start(u, k) - c * MG_BK)));
+                Stage16<F>::run(rw[i], u, k, reinterpret_cast<uint4*>(sw + tr * MG_LD + (F::start(u, k) - c * MG_BK)));
         }
         stage_x_tile<MG_THREADS>(sx, MG_LD, rx);
         __syncthreads();

@@ -353,8 +353,8 @@ __device__ __forceinline__ QRow q_row(const u8_t* qs, const u8_t* aux, long long
 
 // The packed units of column chunk c of a tile's weight rows, as the dense prefill GEMMs
 // (gemm_quant.cu) fetch them: thread q = threadIdx.x + THREADS i loads unit q % UPC (of the UPC
-// units a row has in a chunk) of its row rows[i]. (moe_gemm.cu maps slots by bank group:
-// mg_slot.)
+// units a row has in a chunk) of its row rows[i]. (The 128-row tiles map slots by bank group:
+// tile_slot.)
 template <class F, int THREADS, int UPC, int N>
 __device__ __forceinline__ void fetch_tile_units(const QRow* rows, int c, typename F::Raw (&rw)[N]) {
 #pragma unroll
@@ -363,6 +363,126 @@ __device__ __forceinline__ void fetch_tile_units(const QRow* rows, int c, typena
         rw[i] = F::load(rows[i], c * UPC + q % UPC);
     }
 }
+
+// Staging slot q (of the BM x UPC unit slots of a tile's 128-column chunk; the GEMMs of
+// moe_gemm.cu and gemm_quant.cu's 128-row tile) -> tile row and unit of the chunk.
+// Each quarter-warp's 16-byte stores of a staged run (8 threads) must fall in 8 different 16-byte
+// bank groups: a row is 128 + 8 halves = 17 groups (row r starts at group r mod 8), and a row's
+// units 0 and 1 start `gap` groups apart (the format's layout: 4 for Q4_0 / Q8_0 / Q4_K, 2 for
+// Q5_K / Q6_K). Two units of 4 rows do it: rows {0, 1, 2, 3} for gap 4, rows {0, 1, 4, 5} for
+// gap 2 (units 2 and 3 come from the next quarter); the pair of threads reading one row's two
+// units still reads 32 contiguous bytes. With q / UPC, q % UPC the quarter's two rows of four
+// units stored two-way conflicted (Nsight Compute: half the store wavefronts excess).
+template <class F, int UPC>
+__device__ __forceinline__ void tile_slot(int q, int& tr, int& unit) {
+    const int gap = (F::start(1, 0) - F::start(0, 0)) / 8;  // 16-byte groups
+    if (UPC < 2 || (gap != 2 && gap != 4)) {
+        tr = q / UPC;
+        unit = q % UPC;
+        return;
+    }
+    const int l = q & 7, b0 = (l >> 1) & 1, b1 = (l >> 2) & 1;
+    int hq = q >> 3;
+    unit = l & 1;
+    if (UPC > 2) {
+        unit |= (hq % (UPC / 2)) << 1;
+        hq /= UPC / 2;
+    }
+    tr = gap == 4 ? b0 | b1 << 1 | hq << 2 : b0 | (hq & 1) << 1 | b1 << 2 | (hq >> 1) << 3;
+}
+
+// ---- Staging one run of 16 weights as F16 (16 halves from dst on, two 16-byte stores).
+//
+// The generic form decodes through F::run and rounds with the saturating conversion. Q4_K and
+// Q6_K (the Q4_K_M mix) have a shorter form with the same bits: a code q at bit s of a packed
+// word is masked in place and OR-ed into the mantissa of 2^23 ((w & m << s) | 0x4B000000 is the
+// float 2^23 + q * 2^s, one LOP3), so no shift per weight; its scale is taken times 2^-s
+// (exact: a power of two), so the product and its rounding are those of the generic form. The
+// clamp to +-65504 is skipped when the run's bound says no value can reach it (the clamp is
+// then the identity); otherwise the generic form runs. Per weight: LOP3, FADD, FFMA or FMUL and
+// half an F2FP, against two shifts/masks, an OR, FADD, FFMA and two FMNMX before.
+
+__device__ __forceinline__ unsigned lop_and_or(unsigned a, unsigned m, unsigned c) {
+    unsigned r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(m), "r"(c));  // (a & m) | c
+    return r;
+}
+
+__device__ __forceinline__ unsigned pack_h2(float lo, float hi) { return f2h(lo) | (unsigned)f2h(hi) << 16; }
+
+template <class F>
+__device__ __forceinline__ void stage16_generic(const typename F::Raw& a, int u, int r, uint4* dst) {
+    float w[16];
+    F::run(a, u, r, w);
+    unsigned pk[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) pk[j] = f2h_sat(w[2 * j]) | (unsigned)f2h_sat(w[2 * j + 1]) << 16;
+    dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+    dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+}
+
+template <class F> struct Stage16 {
+    static __device__ __forceinline__ void run(const typename F::Raw& a, int u, int r, uint4* dst) {
+        stage16_generic<F>(a, u, r, dst);
+    }
+};
+
+#define EXP23_BITS 0x4B000000u
+
+// Q4_K: element 4i + b of run r is the nibble at bit 8b + 4r of word i; value d1 * q - o1.
+template <> struct Stage16<FQ4K> {
+    static __device__ __forceinline__ void run(const FQ4K::Raw& a, int u, int r, uint4* dst) {
+        float d1, o1;
+        FQ4K::scale_min(a, u, d1, o1);
+        if (!(fabsf(o1) + 15.0f * fabsf(d1) <= 65000.0f)) {
+            stage16_generic<FQ4K>(a, u, r, dst);
+            return;
+        }
+        // Bytes 0..2 of t = w >> 4r at s = 0, 8, 16; byte 3 from t >> 12 at s = 12.
+        const float d8 = d1 * 0x1p-8f, d16 = d1 * 0x1p-16f, d12 = d1 * 0x1p-12f;
+        unsigned pk[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned t = word_of(a.q, i) >> (4 * r), t3 = t >> 12;
+            const float q0 = __uint_as_float(lop_and_or(t, 0xFu, EXP23_BITS)) - 8388608.0f;
+            const float q1 = __uint_as_float(lop_and_or(t, 0xF00u, EXP23_BITS)) - 8388608.0f;
+            const float q2 = __uint_as_float(lop_and_or(t, 0xF0000u, EXP23_BITS)) - 8388608.0f;
+            const float q3 = __uint_as_float(lop_and_or(t3, 0xF000u, EXP23_BITS)) - 8388608.0f;
+            pk[2 * i] = pack_h2(fmaf(d1, q0, -o1), fmaf(d8, q1, -o1));
+            pk[2 * i + 1] = pack_h2(fmaf(d16, q2, -o1), fmaf(d12, q3, -o1));
+        }
+        dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+        dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+    }
+};
+
+// Q6_K: element 4i + b of run r is the low (r < 2) or high nibble of byte b of word i of a (runs
+// 0, 2) or b (runs 1, 3), with bits 2r, 2r + 1 of byte b of c as bits 4, 5; value sc * (q - 32).
+template <> struct Stage16<FQ6K> {
+    static __device__ __forceinline__ void run(const FQ6K::Raw& a, int u, int r, uint4* dst) {
+        const float sc = FQ6K::scale(a, r);
+        if (!(32.0f * fabsf(sc) <= 65000.0f)) {
+            stage16_generic<FQ6K>(a, u, r, dst);
+            return;
+        }
+        const uint4 lq = (r & 1) ? a.b : a.a;
+        const float s8 = sc * 0x1p-8f, s16 = sc * 0x1p-16f;
+        unsigned pk[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned c = word_of(a.c, i), hi = (r < 2 ? c << (4 - 2 * r) : c >> (2 * r - 4)) & 0x30303030u;
+            const unsigned q = lop_and_or(word_of(lq, i) >> (4 * (r >> 1)), 0x0F0F0F0Fu, hi), q3 = q >> 16;
+            const float v0 = __uint_as_float(lop_and_or(q, 0x3Fu, EXP23_BITS)) - (8388608.0f + 32.0f);
+            const float v1 = __uint_as_float(lop_and_or(q, 0x3F00u, EXP23_BITS)) - (8388608.0f + 8192.0f);
+            const float v2 = __uint_as_float(lop_and_or(q, 0x3F0000u, EXP23_BITS)) - (8388608.0f + 2097152.0f);
+            const float v3 = __uint_as_float(lop_and_or(q3, 0x3F00u, EXP23_BITS)) - (8388608.0f + 8192.0f);
+            pk[2 * i] = pack_h2(sc * v0, s8 * v1);
+            pk[2 * i + 1] = pack_h2(s16 * v2, s8 * v3);
+        }
+        dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+        dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+    }
+};
 
 // Instantiates MACRO(name, F) for every format (entry point names use the lower-case name).
 #define FOR_EACH_QFORMAT(MACRO) \

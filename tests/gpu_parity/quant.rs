@@ -14,7 +14,7 @@ use dustoff::backend::cuda::matmul::{Mm, Product};
 use dustoff::backend::cuda::ops::gemm_tc::tc64_part_len;
 use dustoff::backend::cuda::ops::launch::Dev;
 use dustoff::backend::cuda::ops::q8x::{dequantized, matmul_q8x};
-use dustoff::backend::cuda::ops::qlaunch::{q8x_bytes, DequantF16, EmbeddingQ, GemmQ, GemvQ, QuantizeX};
+use dustoff::backend::cuda::ops::qlaunch::{q8x_bytes, DequantF16, EmbeddingQ, GemmQ, GemvQ, QTile, QuantizeX};
 use dustoff::backend::cuda::qformat::QFormat;
 use dustoff::backend::cuda::CudaBackend;
 use dustoff::model::quant::{dequantize_row, dot_row, quantize_row, GgmlType};
@@ -141,25 +141,32 @@ fn two_part(ta: &Tensor, tb: &Tensor, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32
 
 /// Every format, 9..512 tokens: the tensor-core GEMM on the packed blocks (gemm_quant.cu) equals
 /// its twin, the product of the CPU decoder's weights and the input both rounded to F16 (as the
-/// kernel stages them), summed in f64; with split-K (a scratch for 2 splits) and without.
+/// kernel stages them), summed in f64; with split-K (a scratch for 2 splits) and without. The
+/// 64-row tiles on 192 rows (three blocks); above 64 tokens the 128-token prefill tile (65: one
+/// partial tile; 300: two whole and a partial one; 512: four), split-K only at 9..=64. The
+/// 128-row batch tile on 256 rows at 9..=64 tokens (partial token fragments: 9, 17, 40).
 #[test]
 fn packed_gemm_equals_f16_rounded_twin() {
     let Some(mut g) = gpu("packed gemm") else { return };
+    let rows64 = [(9usize, false), (16, true), (33, true), (64, false), (65, false), (300, true), (512, false)];
+    packed_gemm_cases(&mut g, 192, QTile::Rows64, &rows64);
+    let rows128 = [(9usize, true), (17, false), (32, true), (40, false), (40, true), (64, true), (64, false)];
+    packed_gemm_cases(&mut g, 256, QTile::Rows128, &rows128);
+}
+
+fn packed_gemm_cases(g: &mut super::Gpu, rows: usize, tile: QTile, cases: &[(usize, bool)]) {
     let s = g.dev.stream.clone();
-    let (rows, cols) = (192, 1024);
+    let cols = 1024;
     let part: CudaSlice<f32> = g.zeros(2 * 128 * rows);
     for f in QFormat::all() {
-        let t = tensor(&mut g, f.dtype, "w", rows, cols);
+        let t = tensor(g, f.dtype, "w", rows, cols);
         let (m, _) = DevMat::upload(&s, &[&t], false, "w").unwrap();
         let mut w16 = vec![0f32; rows * cols];
         for (r, o) in w16.chunks_exact_mut(cols).enumerate() {
             dequantize_row(f.dtype, t.row(r), o);
             o.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
         }
-        // Above 64 tokens the 128-token prefill tile (65: one partial tile; 300: two whole and a
-        // partial one; 512: four), split-K only at 9..=64.
-        for (n, split) in [(9usize, false), (16, true), (33, true), (64, false), (65, false), (300, true), (512, false)]
-        {
+        for &(n, split) in cases {
             let x = f16_vals(&super::f16_bits(&g.randn(n * cols, 2.0)));
             let mut xpad = super::f16_bits(&x);
             xpad.resize(GemmQ::input_rows(n) * cols, 0);
@@ -177,7 +184,7 @@ fn packed_gemm_equals_f16_rounded_twin() {
                 accumulate: false,
                 part: split.then(|| g.d(&part)),
             }
-            .launch(&mut g.k, &s)
+            .launch_tile(&mut g.k, &s, tile)
             .unwrap();
             let mut want = vec![0f32; n * rows];
             for tk in 0..n {
@@ -186,7 +193,7 @@ fn packed_gemm_equals_f16_rounded_twin() {
                     want[tk * rows + r] = (dot + bias[r] as f64) as f32;
                 }
             }
-            compare(&op("gemmq", f.dtype), g.seed, &g.down(&od), &want);
+            compare(&format!("{} {tile:?}", op("gemmq", f.dtype)), g.seed, &g.down(&od), &want);
         }
     }
 }

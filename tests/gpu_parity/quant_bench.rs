@@ -6,7 +6,7 @@
 
 use dustoff::backend::cuda::dmat::DevMat;
 use dustoff::backend::cuda::ops::launch::Dev;
-use dustoff::backend::cuda::ops::qlaunch::{q8x_bytes, DequantF16, GemmQ, GemvQ, QView, QuantizeX};
+use dustoff::backend::cuda::ops::qlaunch::{q8x_bytes, DequantF16, GemmQ, GemvQ, QTile, QView, QuantizeX};
 use dustoff::backend::cuda::WeightMix;
 use dustoff::model::quant::GgmlType;
 
@@ -177,9 +177,9 @@ fn quant_kernel_breakdown() {
                     100.0 * bytes / dt / bw
                 );
             }
-            // The packed tensor-core GEMM (steps of 9+ tokens) at 16 and 64 tokens (the SwiGLU
-            // matrix as its plain gate/up product).
-            for n in [16usize, 64] {
+            // The packed tensor-core GEMM (steps of 9+ tokens) at 16, 32 and 64 tokens (the SwiGLU
+            // matrix as its plain gate/up product), the 64-row tiles and the 128-row batch tile.
+            for (n, tile) in [16usize, 32, 64].into_iter().flat_map(|n| [(n, QTile::Rows64), (n, QTile::Rows128)]) {
                 let dt = time(&mut g, &mut |g| {
                     for _ in 0..reps {
                         let w = ws[i % n_copies].quant(&s).unwrap();
@@ -194,12 +194,12 @@ fn quant_kernel_breakdown() {
                             accumulate: false,
                             part: Some(g.d(&part)),
                         }
-                        .launch(&mut g.k, &s)
+                        .launch_tile(&mut g.k, &s, tile)
                         .unwrap();
                     }
                 }) / reps as f64;
                 eprintln!(
-                    "gemm {name} {what:15} [{all_rows}x{cols}] {n} tok: {:8.1} us {:7.0} GB/s ({:.0}% of copy)",
+                    "gemm {name} {tile:?} {what:15} [{all_rows}x{cols}] {n} tok: {:8.1} us {:7.0} GB/s ({:.0}% of copy)",
                     dt * 1e6,
                     bytes / dt / 1e9,
                     100.0 * bytes / dt / bw

@@ -246,6 +246,34 @@ const GEMMQ_BM: usize = 64;
 const GEMMQ_BK: usize = 128;
 /// Blocks the GEMM aims for (split-K below it): ~2 per SM on an H200, 3 on a V100.
 const GEMMQ_TARGET_BLOCKS: usize = 256;
+/// Weight rows of the 128-row batch tile (gemm_quant.cu QR_BM).
+const QR_BM: usize = 128;
+/// Fewest tokens of a step for the 128-row batch tile by default (`DUSTOFF_QGEMM_R128`); 0: off
+/// (the default until the tile is measured against the 64-row tiles on the GPU).
+const R128_MIN_TOKENS: usize = 0;
+
+/// Which block tile a packed GEMM launch takes (kernels/gemm_quant.cu).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum QTile {
+    /// The default for the shape and step.
+    Auto,
+    /// 64 weight rows a block (4 warps; above 64 tokens the 128-token prefill tile).
+    Rows64,
+    /// 128 weight rows a block (8 warps): steps of 9..=64 tokens, rows a multiple of 128.
+    Rows128,
+}
+
+/// Lets `entry` take `bytes` of dynamic shared memory (above 48 KB needs the opt-in; legal on
+/// sm_70 up to 96 KB).
+fn allow_smem(k: &mut Kernels, entry: &'static str, bytes: usize) -> Result<(), CudaError> {
+    k.get(entry)?
+        .set_attribute(
+            cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(CudaError::driver(format!("allowing {bytes} bytes of shared memory for {entry}")))?;
+    Ok(())
+}
 
 /// `out[t, r] (+)= sum_c w[r, c] x16[t, c] (+ bias[r])` for 9+ tokens on the packed weights
 /// (kernels/gemm_quant.cu: tiles dequantized into shared memory, wmma): `x16` is the step
@@ -287,9 +315,29 @@ impl GemmQ {
         n_tok > 64 && !super::super::tuning::tuning().qgemm_z64
     }
 
-    /// K splits for `[rows, cols]` at `n_tok` tokens with `part_len` floats of scratch.
-    pub fn splits(rows: usize, cols: usize, n_tok: usize, part_len: usize) -> usize {
-        let blocks = (rows / GEMMQ_BM).max(1) * n_tok.div_ceil(64);
+    /// The tile a step of `n_tok` tokens takes on `[rows, _]` ([`QTile::Auto`] resolved): the
+    /// 128-row batch tile from [`R128_MIN_TOKENS`] (`DUSTOFF_QGEMM_R128`) up to 64 tokens where
+    /// the rows are whole 128-row tiles, else the 64-row tiles.
+    fn tile(rows: usize, n_tok: usize, asked: QTile) -> QTile {
+        let r128_fits = rows.is_multiple_of(QR_BM) && (9..=64).contains(&n_tok);
+        match asked {
+            QTile::Rows128 if r128_fits => QTile::Rows128,
+            QTile::Auto => {
+                let from = super::super::tuning::tuning().qgemm_r128.unwrap_or(R128_MIN_TOKENS);
+                if r128_fits && from > 0 && n_tok >= from {
+                    QTile::Rows128
+                } else {
+                    QTile::Rows64
+                }
+            }
+            _ => QTile::Rows64,
+        }
+    }
+
+    /// K splits for `[rows, cols]` at `n_tok` tokens with `part_len` floats of scratch, blocks
+    /// of `bm` rows.
+    fn splits(bm: usize, rows: usize, cols: usize, n_tok: usize, part_len: usize) -> usize {
+        let blocks = (rows / bm).max(1) * n_tok.div_ceil(64);
         let target = super::super::tuning::tuning().qgemm_blocks.unwrap_or(GEMMQ_TARGET_BLOCKS);
         let want = target.div_ceil(blocks).clamp(1, (cols / GEMMQ_BK / 2).max(1));
         match part_len / (n_tok * rows).max(1) {
@@ -299,6 +347,12 @@ impl GemmQ {
     }
 
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
+        self.launch_tile(k, s, QTile::Auto)
+    }
+
+    /// [`GemmQ::launch`] on the tile `asked` where the shape and step allow it (else the 64-row
+    /// tiles): the parity tests run every tile whatever the default.
+    pub fn launch_tile(&self, k: &mut Kernels, s: &CudaStream, asked: QTile) -> Result<(), CudaError> {
         const K: &str = "gemm_quant";
         let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
         let (rows, cols, n) = (self.w.rows, self.w.cols, self.n_tok);
@@ -311,7 +365,9 @@ impl GemmQ {
         let z = n.div_ceil(64);
         need(K, "input", self.x16, Self::input_rows(n) * cols)?;
         check_product_out(K, (self.out, self.out_stride), self.bias, rows, n)?;
-        let nk = Self::splits(rows, cols, n, self.part.map_or(0, |p| p.len));
+        let tile = Self::tile(rows, n, asked);
+        let bm = if tile == QTile::Rows128 { QR_BM } else { GEMMQ_BM };
+        let nk = Self::splits(bm, rows, cols, n, self.part.map_or(0, |p| p.len));
         let mut p = GemmQParams {
             qs,
             aux,
@@ -331,23 +387,27 @@ impl GemmQ {
             // Dynamic shared memory (QW_SMEM): the staged [64 + 128, 136] F16 tiles.
             const SMEM: usize = (GEMMQ_BM + 128) * (GEMMQ_BK + 8) * 2;
             let entry = entries::gemm_quant_w128(&self.w.fmt);
-            k.get(entry)?
-                .set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    SMEM as i32,
-                )
-                .map_err(CudaError::driver(format!("allowing {SMEM} bytes of shared memory for {entry}")))?;
+            allow_smem(k, entry, SMEM)?;
             let grid = ((rows / GEMMQ_BM) as u32, 1, u32::try_from(n.div_ceil(128)).unwrap_or(u32::MAX));
             return launch(k, s, entry, grid, 256, SMEM as u32, &p);
         }
-        let entry = entries::gemm_quant(&self.w.fmt, tiles);
-        let grid = ((rows / GEMMQ_BM) as u32, nk as u32, u32::try_from(z).unwrap_or(u32::MAX));
+        let (entry, grid, threads, smem) = if tile == QTile::Rows128 {
+            // Dynamic shared memory (QR_SMEM): the staged [128 + 32 halves, 136] F16 tiles.
+            let halves = n.div_ceil(32);
+            let smem = (QR_BM + 32 * halves) * (GEMMQ_BK + 8) * 2;
+            let entry = entries::gemm_quant_r128(&self.w.fmt, halves);
+            allow_smem(k, entry, smem)?;
+            (entry, ((rows / QR_BM) as u32, nk as u32, 1), 256, smem as u32)
+        } else {
+            let grid = ((rows / GEMMQ_BM) as u32, nk as u32, u32::try_from(z).unwrap_or(u32::MAX));
+            (entries::gemm_quant(&self.w.fmt, tiles), grid, 128, 0)
+        };
         if nk == 1 {
-            return launch(k, s, entry, grid, 128, 0, &p);
+            return launch(k, s, entry, grid, threads, smem, &p);
         }
         let part = self.part.expect("splits > 1 only with a scratch");
         p.part = part.ptr;
-        launch(k, s, entry, grid, 128, 0, &p)?;
+        launch(k, s, entry, grid, threads, smem, &p)?;
         let r = SplitReduceParams {
             part: part.ptr,
             out: self.out.ptr,

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The packed GEMM's 128-row batch tile (kernels/gemm_quant.cu `_r128_`) on the GPU: its parity
+# (gpu_parity's quant and MoE GEMM tests, from the compute_70 PTX and natively), each launch
+# alone against the 64-row tiles (quant_kernel_breakdown), and batched decode with the tile
+# (DUSTOFF_QGEMM_R128=17, or R128_FROM) against without it (=0), alternating, ROUNDS rounds
+# (default 2), from PTX.
+# Pack on the dev VM after cargo build --release and cargo test --release --no-run:
+#   bash scripts/gpu-r128.sh pack        (adds dustoff.xz to scripts/gpu-route-flips.sh's pack)
+# then on the GPU machine: bash scripts/gpu-r128.sh run    (carry .gpu)
+set -u
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = pack ]; then
+  set -e; bash scripts/gpu-route-flips.sh pack >/dev/null
+  strip -o /tmp/r128-dustoff target/release/dustoff; xz -6 -T2 -c /tmp/r128-dustoff > .gpu/dustoff.xz
+  du -sh .gpu; exit 0
+fi
+S=$HOME/st; mkdir -p $S
+echo "commit $(cat .gpu/commit)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+[ -x $S/gp ] || { xz -dc .gpu/gp.xz > $S/gp; chmod +x $S/gp; tar -C $S -xJf .gpu/ptx70.tar.xz; }
+[ -x $S/dustoff ] || { xz -dc .gpu/dustoff.xz > $S/dustoff; chmod +x $S/dustoff; }
+mkdir -p /work/shared; [ -d /work/shared/testdata/arch ] || tar -C /work/shared -xJf .gpu/td.tar.xz
+export DUSTOFF_REQUIRE_GPU=1 RUST_MIN_STACK=33554432
+if [ "${PARITY:-1}" = 1 ]; then
+  sel="quant moe_gemm gemm route_flips seq_positions no_cublas"
+  t=$(date +%s); DUSTOFF_PTX_DIR=$S/ptx70 $S/gp --test-threads 4 $sel > $S/ptx.log 2>&1
+  echo "parity from compute_70 PTX ($sel): rc $? $(( $(date +%s)-t )) s"; grep -E '^test result|FAILED|panicked' $S/ptx.log | head -8
+  t=$(date +%s); $S/gp --test-threads 4 $sel > $S/native.log 2>&1
+  echo "parity natively: rc $? $(( $(date +%s)-t )) s"; grep -E '^test result|FAILED|panicked' $S/native.log | head -8
+fi
+if [ "${BREAKDOWN:-1}" = 1 ]; then
+  DUSTOFF_PTX_DIR=$S/ptx70 DUSTOFF_BREAKDOWN_FORMATS=q4_k,q6_k,q8_0 $S/gp --ignored --exact \
+    quant_bench::quant_kernel_breakdown --nocapture > $S/breakdown.log 2>&1
+  echo "breakdown (PTX): rc $?"; grep -E '^copy|^gemm ' $S/breakdown.log
+fi
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for v in r64 r128; do
+    e="DUSTOFF_QGEMM_R128=0"; [ $v = r128 ] && e="DUSTOFF_QGEMM_R128=${R128_FROM:-17}"
+    for shape in qwen3-8b qwen3-30b-a3b; do
+      env $e $S/dustoff bench --device cuda --synthetic $shape --dtype q4_k_m --batch ${BATCHES:-16,32,64} \
+        --gen-tokens 100 --runs 1 --ptx-dir $S/ptx70 > $S/bench-$v-$shape-$r.log 2>&1
+      echo "$v $shape round $r: rc $? $(grep -E 'sequences' $S/bench-$v-$shape-$r.log | tr -s ' ' | tr '\n' ';' | cut -c1-400)"
+    done
+  done
+done
+cp $S/*.log $OUT/ 2>/dev/null
