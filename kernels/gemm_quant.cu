@@ -120,8 +120,8 @@ __device__ __forceinline__ void gemm_q_impl(const GemmQParams& p) {
 
 FOR_EACH_QFORMAT(GEMMQ_ENTRIES)
 
-// ---- Batch tile (steps of 9..=64 tokens, rows % 128 == 0): a block of 8 warps owns 128
-// weight rows and up to 64 tokens. The 64-row tile above stages a [64, 128] F16 input chunk
+// ---- Batch tile (steps of 9+ tokens, rows % 128 == 0): a block of 8 warps owns 128 weight
+// rows and up to 64 tokens (tile blockIdx.z of 16 NT16 tokens: longer steps take gridDim.z > 1). The 64-row tile above stages a [64, 128] F16 input chunk
 // (16 KB) for each 64 x 128 weight tile (4.6 KB of Q4_K): it moves more input than weights
 // and loads 5 fragments for 4 MMAs. Here each staged input chunk serves 128 rows, and warp w
 // computes rows 32 (w % 4) .. + 31 for tokens 16 WN (w / 4) .. + 16 WN - 1 (WN = NT16 / 2
@@ -129,7 +129,7 @@ FOR_EACH_QFORMAT(GEMMQ_ENTRIES)
 // spread slots and the short Q4_K / Q6_K decoders of the grouped MoE GEMM (quant.cuh:
 // tile_slot, Stage16: the same F16 values as decode_unit's). A warp's token fragments past
 // n_tok are neither multiplied nor stored; tokens past n_tok read the last token's row. Split-K
-// over gridDim.y as above; gridDim.z == 1. Dynamic shared memory: QR_SMEM(NT16) bytes.
+// over gridDim.y as above. Dynamic shared memory: QR_SMEM(NT16) bytes.
 #define QR_BM 128
 #define QR_THREADS 256
 #define QR_SMEM(NT16) ((QR_BM + 16 * (NT16)) * QG_LD * 2)
@@ -141,7 +141,7 @@ template <class F> struct QR {
 // Global -> registers: the packed units of chunk c (slot q: tile_slot) and the input tile
 // (16 NT16 tokens x 256 bytes: 16-byte loads).
 template <class F, int NT16>
-__device__ __forceinline__ void qr_fetch(const GemmQParams& p, const QRow* rows, int c,
+__device__ __forceinline__ void qr_fetch(const GemmQParams& p, const QRow* rows, int c, int t0,
                                          typename F::Raw (&rw)[QR<F>::PER_THREAD], uint4 (&rx)[NT16]) {
     constexpr int UPC = QR<F>::UPC;
 #pragma unroll
@@ -153,7 +153,7 @@ __device__ __forceinline__ void qr_fetch(const GemmQParams& p, const QRow* rows,
     const long long c0 = (long long)c * QG_BK;
 #pragma unroll
     for (int i = 0; i < NT16; ++i) {
-        const int q = threadIdx.x + QR_THREADS * i, tok = min(q / 16, p.n_tok - 1), part = q % 16;
+        const int q = threadIdx.x + QR_THREADS * i, tok = min(t0 + q / 16, p.n_tok - 1), part = q % 16;
         rx[i] = __ldg(reinterpret_cast<const uint4*>(p.x + (long long)tok * p.cols + c0 + part * 8));
     }
 }
@@ -166,11 +166,11 @@ __device__ __forceinline__ void gemm_qr_impl(const GemmQParams& p) {
     half_t* sw = reinterpret_cast<half_t*>(qr_smem);                     // [128, QG_LD]
     half_t* sx = reinterpret_cast<half_t*>(qr_smem + QR_BM * QG_LD * 2);  // [16 NT16, QG_LD]
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, wm = warp % 4, wn = warp / 4;
-    const int r0 = blockIdx.x * QR_BM;
+    const int r0 = blockIdx.x * QR_BM, t0 = blockIdx.z * 16 * NT16;
     const int chunks = p.cols / QG_BK, kb = blockIdx.y, nk = gridDim.y;
     const int c_begin = (int)((long long)chunks * kb / nk), c_end = (int)((long long)chunks * (kb + 1) / nk);
     // This warp's token fragments that hold tokens (warp-uniform; the MMAs are warp-wide).
-    const int frags = max(0, min(WN, (p.n_tok - 16 * WN * wn + 15) / 16));
+    const int frags = max(0, min(WN, (p.n_tok - t0 - 16 * WN * wn + 15) / 16));
     QRow rows[G::PER_THREAD];
 #pragma unroll
     for (int i = 0; i < G::PER_THREAD; ++i) {
@@ -183,7 +183,7 @@ __device__ __forceinline__ void gemm_qr_impl(const GemmQParams& p) {
     for (int m = 0; m < 2; ++m) wmma_zero(acc[m]);
     typename F::Raw rw[G::PER_THREAD];
     uint4 rx[NT16];
-    if (c_begin < c_end) qr_fetch<F, NT16>(p, rows, c_begin, rw, rx);
+    if (c_begin < c_end) qr_fetch<F, NT16>(p, rows, c_begin, t0, rw, rx);
     for (int c = c_begin; c < c_end; ++c) {
         __syncthreads();  // the previous chunk's fragments are loaded
 #pragma unroll
@@ -197,7 +197,7 @@ __device__ __forceinline__ void gemm_qr_impl(const GemmQParams& p) {
         }
         stage_x_tile<QR_THREADS>(sx, QG_LD, rx);
         __syncthreads();
-        if (c + 1 < c_end) qr_fetch<F, NT16>(p, rows, c + 1, rw, rx);
+        if (c + 1 < c_end) qr_fetch<F, NT16>(p, rows, c + 1, t0, rw, rx);
 #pragma unroll
         for (int u = 0; u < QG_BK / 16; ++u) {
             unsigned a[2][8];
@@ -223,7 +223,7 @@ __device__ __forceinline__ void gemm_qr_impl(const GemmQParams& p) {
     __syncwarp();
     // Consecutive lanes write consecutive rows of one token (coalesced).
     for (int e = lane; e < 32 * 16 * frags; e += WARP) {
-        const int m = e % 32, n = 16 * WN * wn + e / 32;
+        const int m = e % 32, n = t0 + 16 * WN * wn + e / 32;
         if (n < p.n_tok) {
             const float v = o[m * LDO + e / 32];
             const int row = r0 + 32 * wm + m;
@@ -238,8 +238,8 @@ __device__ __forceinline__ void gemm_qr_impl(const GemmQParams& p) {
     }
 }
 
-// grid: (rows / 128, k splits, 1), block 256, QR_SMEM(NT16) bytes of dynamic shared memory.
-// The suffix: tokens per block tile (t32: 9..=32 tokens, t64: 33..=64).
+// grid: (rows / 128, k splits, ceil(n_tok / (16 NT16))), block 256, QR_SMEM(NT16) bytes of
+// dynamic shared memory. The suffix: tokens per block tile (t32: 9..=32 tokens, t64: more).
 #define GEMMQR_ENTRIES(name, F)                                                                                   \
     extern "C" __global__ void __launch_bounds__(QR_THREADS) gemmq_##name##_r128_t32(const GemmQParams p) { gemm_qr_impl<F, 2>(p); } \
     extern "C" __global__ void __launch_bounds__(QR_THREADS) gemmq_##name##_r128_t64(const GemmQParams p) { gemm_qr_impl<F, 4>(p); }

@@ -3,7 +3,8 @@
 # (gpu_parity's quant and MoE GEMM tests, from the compute_70 PTX and natively), each launch
 # alone against the 64-row tiles (quant_kernel_breakdown), and batched decode with the tile
 # (DUSTOFF_QGEMM_R128=17, or R128_FROM) against without it (=0), alternating, ROUNDS rounds
-# (default 2), from PTX.
+# (default 2), from PTX; ENV_BOTH: settings for both (e.g. DUSTOFF_QGEMM_MAX_TOKENS=128 with
+# BATCHES=128: the packed GEMM instead of the widened F16 at 128 sequences).
 # Pack on the dev VM after cargo build --release and cargo test --release --no-run:
 #   bash scripts/gpu-r128.sh pack        (adds dustoff.xz to scripts/gpu-route-flips.sh's pack)
 # then on the GPU machine: bash scripts/gpu-r128.sh run    (carry .gpu)
@@ -36,7 +37,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   for v in r64 r128; do
     e="DUSTOFF_QGEMM_R128=0"; [ $v = r128 ] && e="DUSTOFF_QGEMM_R128=${R128_FROM:-17}"
     for shape in qwen3-8b qwen3-30b-a3b; do
-      env $e $S/dustoff bench --device cuda --synthetic $shape --dtype q4_k_m --batch ${BATCHES:-16,32,64} \
+      env $e ${ENV_BOTH:-} $S/dustoff bench --device cuda --synthetic $shape --dtype q4_k_m --batch ${BATCHES:-16,32,64} \
         --gen-tokens 100 --runs 1 --ptx-dir $S/ptx70 > $S/bench-$v-$shape-$r.log 2>&1
       echo "$v $shape round $r: rc $? $(grep -E 'sequences' $S/bench-$v-$shape-$r.log | tr -s ' ' | tr '\n' ';' | cut -c1-400)"
     done

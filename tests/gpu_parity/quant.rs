@@ -144,13 +144,23 @@ fn two_part(ta: &Tensor, tb: &Tensor, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32
 /// kernel stages them), summed in f64; with split-K (a scratch for 2 splits) and without. The
 /// 64-row tiles on 192 rows (three blocks); above 64 tokens the 128-token prefill tile (65: one
 /// partial tile; 300: two whole and a partial one; 512: four), split-K only at 9..=64. The
-/// 128-row batch tile on 256 rows at 9..=64 tokens (partial token fragments: 9, 17, 40).
+/// 128-row batch tile on 256 rows at 9..=128 tokens (partial token fragments: 9, 17, 40, 100).
 #[test]
 fn packed_gemm_equals_f16_rounded_twin() {
     let Some(mut g) = gpu("packed gemm") else { return };
     let rows64 = [(9usize, false), (16, true), (33, true), (64, false), (65, false), (300, true), (512, false)];
     packed_gemm_cases(&mut g, 192, QTile::Rows64, &rows64);
-    let rows128 = [(9usize, true), (17, false), (32, true), (40, false), (40, true), (64, true), (64, false)];
+    let rows128 = [
+        (9usize, true),
+        (17, false),
+        (32, true),
+        (40, false),
+        (40, true),
+        (64, true),
+        (64, false),
+        (100, true),
+        (128, false),
+    ];
     packed_gemm_cases(&mut g, 256, QTile::Rows128, &rows128);
 }
 

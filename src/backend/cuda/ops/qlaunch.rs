@@ -259,7 +259,7 @@ pub enum QTile {
     Auto,
     /// 64 weight rows a block (4 warps; above 64 tokens the 128-token prefill tile).
     Rows64,
-    /// 128 weight rows a block (8 warps): steps of 9..=64 tokens, rows a multiple of 128.
+    /// 128 weight rows a block (8 warps): steps of 9+ tokens, rows a multiple of 128.
     Rows128,
 }
 
@@ -316,10 +316,10 @@ impl GemmQ {
     }
 
     /// The tile a step of `n_tok` tokens takes on `[rows, _]` ([`QTile::Auto`] resolved): the
-    /// 128-row batch tile from [`R128_MIN_TOKENS`] (`DUSTOFF_QGEMM_R128`) up to 64 tokens where
-    /// the rows are whole 128-row tiles, else the 64-row tiles.
+    /// 128-row batch tile from [`R128_MIN_TOKENS`] (`DUSTOFF_QGEMM_R128`) on where the rows are
+    /// whole 128-row tiles, else the 64-row tiles.
     fn tile(rows: usize, n_tok: usize, asked: QTile) -> QTile {
-        let r128_fits = rows.is_multiple_of(QR_BM) && (9..=64).contains(&n_tok);
+        let r128_fits = rows.is_multiple_of(QR_BM) && n_tok >= 9;
         match asked {
             QTile::Rows128 if r128_fits => QTile::Rows128,
             QTile::Auto => {
@@ -383,7 +383,7 @@ impl GemmQ {
             qs_row,
             aux_row,
         };
-        if Self::prefill_tile(n) {
+        if tile != QTile::Rows128 && Self::prefill_tile(n) {
             // Dynamic shared memory (QW_SMEM): the staged [64 + 128, 136] F16 tiles.
             const SMEM: usize = (GEMMQ_BM + 128) * (GEMMQ_BK + 8) * 2;
             let entry = entries::gemm_quant_w128(&self.w.fmt);
@@ -393,11 +393,12 @@ impl GemmQ {
         }
         let (entry, grid, threads, smem) = if tile == QTile::Rows128 {
             // Dynamic shared memory (QR_SMEM): the staged [128 + 32 halves, 136] F16 tiles.
-            let halves = n.div_ceil(32);
+            let halves = n.div_ceil(32).min(2);
             let smem = (QR_BM + 32 * halves) * (GEMMQ_BK + 8) * 2;
             let entry = entries::gemm_quant_r128(&self.w.fmt, halves);
             allow_smem(k, entry, smem)?;
-            (entry, ((rows / QR_BM) as u32, nk as u32, 1), 256, smem as u32)
+            let grid = ((rows / QR_BM) as u32, nk as u32, u32::try_from(n.div_ceil(32 * halves)).unwrap_or(u32::MAX));
+            (entry, grid, 256, smem as u32)
         } else {
             let grid = ((rows / GEMMQ_BM) as u32, nk as u32, u32::try_from(z).unwrap_or(u32::MAX));
             (entries::gemm_quant(&self.w.fmt, tiles), grid, 128, 0)
