@@ -43,4 +43,16 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     done
   done
 done
+# AT128=1: 128 sequences, the default (matrices widened to F16 for cuBLAS above 64 tokens)
+# against the 128-row tile along z (DUSTOFF_QGEMM_MAX_TOKENS=128).
+if [ "${AT128:-0}" = 1 ]; then
+  for v in widened r128; do
+    e="DUSTOFF_QGEMM_R128=0"; [ $v = r128 ] && e="DUSTOFF_QGEMM_MAX_TOKENS=128 DUSTOFF_QGEMM_R128=17"
+    for shape in qwen3-8b qwen3-30b-a3b; do
+      env $e $S/dustoff bench --device cuda --synthetic $shape --dtype q4_k_m --batch 128 \
+        --gen-tokens 100 --runs 1 --ptx-dir $S/ptx70 > $S/bench128-$v-$shape.log 2>&1
+      echo "$v $shape: rc $? $(grep -E 'sequences' $S/bench128-$v-$shape.log | tr -s ' ' | tr '\n' ';' | cut -c1-200)"
+    done
+  done
+fi
 cp $S/*.log $OUT/ 2>/dev/null
