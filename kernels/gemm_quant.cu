@@ -186,15 +186,7 @@ __device__ __forceinline__ void gemm_qr_impl(const GemmQParams& p) {
     if (c_begin < c_end) qr_fetch<F, NT16>(p, rows, c_begin, t0, rw, rx);
     for (int c = c_begin; c < c_end; ++c) {
         __syncthreads();  // the previous chunk's fragments are loaded
-#pragma unroll
-        for (int i = 0; i < G::PER_THREAD; ++i) {
-            int tr, unit;
-            tile_slot<F, G::UPC>(threadIdx.x + QR_THREADS * i, tr, unit);
-            const int u = c * G::UPC + unit;
-#pragma unroll
-            for (int k = 0; k < F::RUNS; ++k)
-                Stage16<F>::run(rw[i], u, k, reinterpret_cast<uint4*>(sw + tr * QG_LD + (F::start(u, k) - c * QG_BK)));
-        }
+        stage_tile_chunk<F, QR_THREADS, G::UPC>(sw, rw, c);
         stage_x_tile<QR_THREADS>(sx, QG_LD, rx);
         __syncthreads();
         if (c + 1 < c_end) qr_fetch<F, NT16>(p, rows, c + 1, t0, rw, rx);

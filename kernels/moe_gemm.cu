@@ -181,15 +181,7 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
     mg_fetch<F, WM, NT16>(p, rows, 0, first, count, rw, rx);
     for (int c = 0; c < chunks; ++c) {
         __syncthreads();  // the previous chunk's fragments are loaded
-#pragma unroll
-        for (int i = 0; i < G::PER_THREAD; ++i) {
-            int tr, unit;
-            tile_slot<F, G::UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
-            const int u = c * G::UPC + unit;
-#pragma unroll
-            for (int k = 0; k < F::RUNS; ++k)
-                Stage16<F>::run(rw[i], u, k, reinterpret_cast<uint4*>(sw + tr * MG_LD + (F::start(u, k) - c * MG_BK)));
-        }
+        stage_tile_chunk<F, MG_THREADS, G::UPC>(sw, rw, c);
         stage_x_tile<MG_THREADS>(sx, MG_LD, rx);
         __syncthreads();
         if (c + 1 < chunks) mg_fetch<F, WM, NT16>(p, rows, c + 1, first, count, rw, rx);

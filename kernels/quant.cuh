@@ -484,6 +484,22 @@ template <> struct Stage16<FQ6K> {
     }
 };
 
+// Stages chunk c's fetched units as F16: slot q = threadIdx.x + THREADS i (rw[i]; tile_slot)
+// into its tile row of sw [tile rows, 128 + 8 halves] (the 128-column chunks of the grouped MoE
+// GEMM and of gemm_quant.cu's 128-row tile).
+template <class F, int THREADS, int UPC, int N>
+__device__ __forceinline__ void stage_tile_chunk(half_t* sw, const typename F::Raw (&rw)[N], int c) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        int tr, unit;
+        tile_slot<F, UPC>(threadIdx.x + THREADS * i, tr, unit);
+        const int u = c * UPC + unit;
+#pragma unroll
+        for (int k = 0; k < F::RUNS; ++k)
+            Stage16<F>::run(rw[i], u, k, reinterpret_cast<uint4*>(sw + tr * (128 + 8) + (F::start(u, k) - c * 128)));
+    }
+}
+
 // Instantiates MACRO(name, F) for every format (entry point names use the lower-case name).
 #define FOR_EACH_QFORMAT(MACRO) \
     MACRO(q4_0, FQ4_0)          \
