@@ -162,6 +162,7 @@ template <class F, int NT16>
 __device__ __forceinline__ void gemm_qr_impl(const GemmQParams& p) {
     using G = QR<F>;
     constexpr int WN = NT16 / 2, LDO = 16 * WN + 4;
+    static_assert(8 * 32 * LDO * 4 <= QR_SMEM(NT16), "the warps' output tiles fit the staging area");
     extern __shared__ __align__(128) unsigned char qr_smem[];
     half_t* sw = reinterpret_cast<half_t*>(qr_smem);                     // [128, QG_LD]
     half_t* sx = reinterpret_cast<half_t*>(qr_smem + QR_BM * QG_LD * 2);  // [16 NT16, QG_LD]

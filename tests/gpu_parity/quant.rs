@@ -144,12 +144,13 @@ fn two_part(ta: &Tensor, tb: &Tensor, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32
 /// kernel stages them), summed in f64; with split-K (a scratch for 2 splits) and without. The
 /// 64-row tiles on 192 rows (three blocks); above 64 tokens the 128-token prefill tile (65: one
 /// partial tile; 300: two whole and a partial one; 512: four), split-K only at 9..=64. The
-/// 128-row batch tile on 256 rows at 9..=128 tokens (partial token fragments: 9, 17, 40, 100).
+/// 128-row batch tile on 256 rows at 9..=128 tokens (partial token fragments: 9, 17, 40, 100),
+/// and added into an output of a wider stride (1,280 columns: 10 chunks over the splits).
 #[test]
 fn packed_gemm_equals_f16_rounded_twin() {
     let Some(mut g) = gpu("packed gemm") else { return };
     let rows64 = [(9usize, false), (16, true), (33, true), (64, false), (65, false), (300, true), (512, false)];
-    packed_gemm_cases(&mut g, 192, QTile::Rows64, &rows64);
+    packed_gemm_cases(&mut g, (192, 1024), QTile::Rows64, &rows64.map(|(n, s)| (n, s, false)));
     let rows128 = [
         (9usize, true),
         (17, false),
@@ -161,12 +162,13 @@ fn packed_gemm_equals_f16_rounded_twin() {
         (100, true),
         (128, false),
     ];
-    packed_gemm_cases(&mut g, 256, QTile::Rows128, &rows128);
+    packed_gemm_cases(&mut g, (256, 1024), QTile::Rows128, &rows128.map(|(n, s)| (n, s, false)));
+    packed_gemm_cases(&mut g, (256, 1280), QTile::Rows128, &[(24, true, true), (64, true, true), (100, false, true)]);
 }
 
-fn packed_gemm_cases(g: &mut super::Gpu, rows: usize, tile: QTile, cases: &[(usize, bool)]) {
+/// `cases`: (tokens, split-K scratch, accumulate into an output of stride rows + 64).
+fn packed_gemm_cases(g: &mut super::Gpu, (rows, cols): (usize, usize), tile: QTile, cases: &[(usize, bool, bool)]) {
     let s = g.dev.stream.clone();
-    let cols = 1024;
     let part: CudaSlice<f32> = g.zeros(2 * 128 * rows);
     for f in QFormat::all() {
         let t = tensor(g, f.dtype, "w", rows, cols);
@@ -176,34 +178,45 @@ fn packed_gemm_cases(g: &mut super::Gpu, rows: usize, tile: QTile, cases: &[(usi
             dequantize_row(f.dtype, t.row(r), o);
             o.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
         }
-        for &(n, split) in cases {
+        for &(n, split, accumulate) in cases {
             let x = f16_vals(&super::f16_bits(&g.randn(n * cols, 2.0)));
             let mut xpad = super::f16_bits(&x);
             xpad.resize(GemmQ::input_rows(n) * cols, 0);
             let xd = g.up(&xpad);
             let bias = g.randn(rows, 1.0);
             let bd = g.up(&bias);
-            let od = g.poisoned(n * rows);
-            GemmQ {
+            let stride = if accumulate { rows + 64 } else { rows };
+            let (od, mut want) = if accumulate {
+                let init = g.randn(n * stride, 1.0);
+                (g.up(&init), init)
+            } else {
+                (g.poisoned(n * rows), vec![0f32; n * rows])
+            };
+            let used = GemmQ {
                 w: m.quant(&s).unwrap(),
                 x16: g.d(&xd),
                 out: g.d(&od),
                 bias: Some(g.d(&bd)),
                 n_tok: n,
-                out_stride: rows,
-                accumulate: false,
+                out_stride: stride,
+                accumulate,
                 part: split.then(|| g.d(&part)),
             }
             .launch_tile(&mut g.k, &s, tile)
             .unwrap();
-            let mut want = vec![0f32; n * rows];
+            assert_eq!(used, tile, "{n} tokens on [{rows}, {cols}]");
             for tk in 0..n {
                 for r in 0..rows {
                     let dot: f64 = (0..cols).map(|c| w16[r * cols + c] as f64 * x[tk * cols + c] as f64).sum();
-                    want[tk * rows + r] = (dot + bias[r] as f64) as f32;
+                    let w = &mut want[tk * stride + r];
+                    *w = (dot + bias[r] as f64 + if accumulate { *w as f64 } else { 0.0 }) as f32;
                 }
             }
-            compare(&format!("{} {tile:?}", op("gemmq", f.dtype)), g.seed, &g.down(&od), &want);
+            eprintln!(
+                "gemmq {:?} {tile:?}: {n} tokens, [{rows}, {cols}], split {split}, accumulate {accumulate}",
+                f.dtype
+            );
+            compare(&op("gemmq", f.dtype), g.seed, &g.down(&od), &want);
         }
     }
 }

@@ -347,12 +347,12 @@ impl GemmQ {
     }
 
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
-        self.launch_tile(k, s, QTile::Auto)
+        self.launch_tile(k, s, QTile::Auto).map(|_| ())
     }
 
     /// [`GemmQ::launch`] on the tile `asked` where the shape and step allow it (else the 64-row
-    /// tiles): the parity tests run every tile whatever the default.
-    pub fn launch_tile(&self, k: &mut Kernels, s: &CudaStream, asked: QTile) -> Result<(), CudaError> {
+    /// tiles): the parity tests run every tile whatever the default. Returns the tile launched.
+    pub fn launch_tile(&self, k: &mut Kernels, s: &CudaStream, asked: QTile) -> Result<QTile, CudaError> {
         const K: &str = "gemm_quant";
         let (qs, aux, qs_row, aux_row) = self.w.ptrs(K)?;
         let (rows, cols, n) = (self.w.rows, self.w.cols, self.n_tok);
@@ -389,7 +389,7 @@ impl GemmQ {
             let entry = entries::gemm_quant_w128(&self.w.fmt);
             allow_smem(k, entry, SMEM)?;
             let grid = ((rows / GEMMQ_BM) as u32, 1, u32::try_from(n.div_ceil(128)).unwrap_or(u32::MAX));
-            return launch(k, s, entry, grid, 256, SMEM as u32, &p);
+            return launch(k, s, entry, grid, 256, SMEM as u32, &p).map(|_| tile);
         }
         let (entry, grid, threads, smem) = if tile == QTile::Rows128 {
             // Dynamic shared memory (QR_SMEM): the staged [128 + 32 halves, 136] F16 tiles.
@@ -404,7 +404,7 @@ impl GemmQ {
             (entries::gemm_quant(&self.w.fmt, tiles), grid, 128, 0)
         };
         if nk == 1 {
-            return launch(k, s, entry, grid, threads, smem, &p);
+            return launch(k, s, entry, grid, threads, smem, &p).map(|_| tile);
         }
         let part = self.part.expect("splits > 1 only with a scratch");
         p.part = part.ptr;
@@ -419,7 +419,8 @@ impl GemmQ {
             accumulate: p.accumulate,
             nk: nk as i32,
         };
-        launch(k, s, SPLITK_REDUCE_Q, (blocks_for(K, n * rows, 256)?, 1, 1), 256, 0, &r)
+        launch(k, s, SPLITK_REDUCE_Q, (blocks_for(K, n * rows, 256)?, 1, 1), 256, 0, &r)?;
+        Ok(tile)
     }
 }
 
