@@ -22,14 +22,15 @@ echo "commit $(cat .gpu/commit)"; nvidia-smi --query-gpu=name,driver_version --f
 mkdir -p /work/shared; [ -d /work/shared/testdata/arch ] || tar -C /work/shared -xJf .gpu/td.tar.xz
 export DUSTOFF_REQUIRE_GPU=1 RUST_MIN_STACK=33554432
 # SWEEP=1 (alone): the split-K target DUSTOFF_QGEMM_BLOCKS (256, the default; 528; 1056 = 4 and
-# 8 blocks a H100 SM) for both tiles: each Q4_K launch alone, then 8B batched decode.
+# 8 blocks a H100 SM) for both tiles: each Q4_K launch alone, then 8B batched decode
+# (SWEEP_BLOCKS: the targets; SWEEP_BENCH=0: the launches alone only).
 if [ "${SWEEP:-0}" = 1 ]; then
-  for b in 256 528 1056; do
+  for b in ${SWEEP_BLOCKS:-256 528 1056}; do
     DUSTOFF_QGEMM_BLOCKS=$b DUSTOFF_PTX_DIR=$S/ptx70 DUSTOFF_BREAKDOWN_FORMATS=q4_k $S/gp --ignored --exact \
       quant_bench::quant_kernel_breakdown --nocapture > $S/sweep-$b.log 2>&1
     echo "== blocks $b: rc $?"; grep -E '^gemm ' $S/sweep-$b.log | grep -v head | sed -E 's/ +/ /g; s/\[[0-9x]+\] //'
   done
-  for b in 256 528 1056; do
+  for b in $([ "${SWEEP_BENCH:-1}" = 1 ] && echo ${SWEEP_BLOCKS:-256 528 1056}); do
     for v in r64 r128; do
       e="DUSTOFF_QGEMM_R128=0"; [ $v = r128 ] && e="DUSTOFF_QGEMM_R128=17"
       env $e DUSTOFF_QGEMM_BLOCKS=$b $S/dustoff bench --device cuda --synthetic qwen3-8b --dtype q4_k_m --batch 16,32,64 \
