@@ -2,7 +2,8 @@
 // out[t, r] (+)= sum_c W[r, c] x[t, c], W in a GGML block format (layout: quant.cuh), x the
 // step input cast to F16 [ceil16(n_tok), cols] (cast_f32_f16; rows past n_tok are read, their
 // results dropped). No F16 copy of W: each block dequantizes its weight tile from the packed
-// blocks into shared memory (decode_unit, the same values as dequant_<fmt>_f16 writes), then
+// blocks into shared memory (quant.cuh Stage16: Q4_K, Q6_K and Q8_0 in F16 arithmetic, the
+// other formats as dequant_<fmt>_f16 writes them; CPU twin src/model/quant/staged.rs), then
 // wmma m16n16k16 (F16 in, F32 accumulation; inline PTX, valid on compute_70).
 //
 // A block of 4 warps owns 64 rows, up to 64 tokens (tile blockIdx.z of 64 tokens: longer steps
@@ -91,16 +92,8 @@ __device__ __forceinline__ void gemm_q_impl(const GemmQParams& p) {
             const int q = threadIdx.x + QG_THREADS * i, row = q / QG<F>::UPC;
             const int u = c * QG<F>::UPC + q % QG<F>::UPC;
 #pragma unroll
-            for (int k = 0; k < F::RUNS; ++k) {
-                float w[16];  // one run at a time: fewer live registers than decode_unit
-                F::run(rw[i], u, k, w);
-                unsigned pk[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) pk[j] = f2h_sat(w[2 * j]) | (unsigned)f2h_sat(w[2 * j + 1]) << 16;
-                uint4* dst = reinterpret_cast<uint4*>(sw + row * QG_LD + (F::start(u, k) - c * QG_BK));
-                dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-                dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
-            }
+            for (int k = 0; k < F::RUNS; ++k)
+                Stage16<F>::run(rw[i], u, k, reinterpret_cast<uint4*>(sw + row * QG_LD + (F::start(u, k) - c * QG_BK)));
         }
         stage_x_tile<QG_THREADS>(sx, QG_LD, rx);
         __syncthreads();
@@ -126,8 +119,7 @@ FOR_EACH_QFORMAT(GEMMQ_ENTRIES)
 // and loads 5 fragments for 4 MMAs. Here each staged input chunk serves 128 rows, and warp w
 // computes rows 32 (w % 4) .. + 31 for tokens 16 WN (w / 4) .. + 16 WN - 1 (WN = NT16 / 2
 // fragments): 2 + WN fragment loads for 2 WN MMAs. The weights are staged through the bank-
-// spread slots and the short Q4_K / Q6_K decoders of the grouped MoE GEMM (quant.cuh:
-// tile_slot, Stage16: the same F16 values as decode_unit's). A warp's token fragments past
+// spread slots of the grouped MoE GEMM (quant.cuh tile_slot; Stage16 as every tile here). A warp's token fragments past
 // n_tok are neither multiplied nor stored; tokens past n_tok read the last token's row. Split-K
 // over gridDim.y as above. Dynamic shared memory: QR_SMEM(NT16) bytes.
 #define QR_BM 128
@@ -305,14 +297,7 @@ __device__ __forceinline__ void gemm_qw_impl(const GemmQParams& p) {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             const int j = 2 * s + k, u = c * QG<F>::UPC + j / F::RUNS, run = j % F::RUNS;
-            float w[16];
-            F::run(rw, u, run, w);
-            unsigned pk[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) pk[i] = f2h_sat(w[2 * i]) | (unsigned)f2h_sat(w[2 * i + 1]) << 16;
-            uint4* dst = reinterpret_cast<uint4*>(sw + my_row * QG_LD + (F::start(u, run) - c * QG_BK));
-            dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-            dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+            Stage16<F>::run(rw, u, run, reinterpret_cast<uint4*>(sw + my_row * QG_LD + (F::start(u, run) - c * QG_BK)));
         }
         stage_x_tile<QW_THREADS>(sx, QG_LD, rx);
         __syncthreads();

@@ -5,11 +5,11 @@
 //   gate/up: act[q, r] = f16(silu(gate_e[r] . x[q]) * (up_e[r] . x[q]))   (q: grouped position)
 //   down:    y[q, r]   = down_e[r] . act[q]                              (f32)
 // and moe_combine_f32 (moe.cu) sums each token's k rows of y in slot order (deterministic).
-// CPU twin: the product of the CPU decoder's weights and the input, both rounded to F16 as
-// staged here, f64 sums (tests/gpu_parity/moe_gemm.rs); reference: src/backend/cpu/moe.rs.
+// CPU twin: the product of the staged F16 weights (src/model/quant/staged.rs) and the input
+// rounded to F16, f64 sums (tests/gpu_parity/moe_gemm.rs); reference: src/backend/cpu/moe.rs.
 //
 // No F16 copy of the experts: each block dequantizes its weight tile from the packed blocks
-// (quant.cuh, decode order of F::run) into shared memory, then wmma m16n16k16 (F16 in, F32
+// (quant.cuh Stage16, decode order of F::run) into shared memory, then wmma m16n16k16 (F16 in, F32
 // accumulation; inline PTX from common.cuh, valid on compute_70).
 //
 // Block (128 threads, 4 warps): BM = 64 WM weight rows (gate/up: BM / 2 gate rows then the same

@@ -393,22 +393,46 @@ __device__ __forceinline__ void tile_slot(int q, int& tr, int& unit) {
 
 // ---- Staging one run of 16 weights as F16 (16 halves from dst on, two 16-byte stores).
 //
-// The generic form decodes through F::run and rounds with the saturating conversion. Q4_K and
-// Q6_K (the Q4_K_M mix) have a shorter form with the same bits: a code q at bit s of a packed
-// word is masked in place and OR-ed into the mantissa of 2^23 ((w & m << s) | 0x4B000000 is the
-// float 2^23 + q * 2^s, one LOP3), so no shift per weight; its scale is taken times 2^-s
-// (exact: a power of two), so the product and its rounding are those of the generic form. The
-// clamp to +-65504 is skipped when the run's bound says no value can reach it (the clamp is
-// then the identity); otherwise the generic form runs. Per weight: LOP3, FADD, FFMA or FMUL and
-// half an F2FP, against two shifts/masks, an OR, FADD, FFMA and two FMNMX before.
+// The generic form decodes through F::run (f32) and rounds with the saturating conversion: per
+// weight two shifts/masks, an OR, FADD, FFMA, two FMNMX and a conversion (quarter rate; on
+// sm_70 no packed F2FP), which bounds the packed GEMMs by instruction issue, not bytes. Q4_K,
+// Q6_K and Q8_0 have an F16 form: two codes c0, c1 (< 1024) byte-permuted under the exponent
+// byte 0x64 are the halves 1024 + c0, 1024 + c1 (PRMT); one add.f16x2 of -(1024 + offset)
+// gives the signed codes exactly; one fma/mul.f16x2 applies the run's scale and min, rounded
+// to F16 once. Per weight: half a PRMT, half a HADD2, half an HFMA2 and a share of one mask.
+// The run's scale and min enter as F16 (rounded from the f32 the generic form uses): Q4_K
+// values are round16(q * round16(d sc) - round16(dmin m)), Q6_K round16(round16(d sc) * (q -
+// 32)), Q8_0 round16(d q) (the generic form's value: d is F16, the product exact in f32). The
+// CPU twin: src/model/quant/staged.rs. Where a run's bound says a value could pass 65,000 the
+// generic (saturating) form runs.
 
-__device__ __forceinline__ unsigned lop_and_or(unsigned a, unsigned m, unsigned c) {
+// Halves 1024 + byte b0, 1024 + byte b1 of w (bytes < 4 of w select the pair: SEL 0x4140 for
+// bytes 0, 1, 0x4342 for bytes 2, 3).
+template <int SEL> __device__ __forceinline__ unsigned h2_codes(unsigned w) { return __byte_perm(w, 0x64u, SEL); }
+
+__device__ __forceinline__ unsigned hadd2(unsigned a, unsigned b) {
     unsigned r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(m), "r"(c));  // (a & m) | c
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
 }
 
-__device__ __forceinline__ unsigned pack_h2(float lo, float hi) { return f2h(lo) | (unsigned)f2h(hi) << 16; }
+__device__ __forceinline__ unsigned hmul2(unsigned a, unsigned b) {
+    unsigned r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
+    unsigned r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// f in both halves (rounded to F16 once).
+__device__ __forceinline__ unsigned h2_splat(float f) { return (unsigned)f2h(f) * 0x10001u; }
+
+// -(1024 + off) in both halves, for off < 1024 (exact).
+__host__ __device__ constexpr unsigned h2_minus_1024_plus(unsigned off) { return (0xE400u | off) * 0x10001u; }
 
 template <class F>
 __device__ __forceinline__ void stage16_generic(const typename F::Raw& a, int u, int r, uint4* dst) {
@@ -421,13 +445,33 @@ __device__ __forceinline__ void stage16_generic(const typename F::Raw& a, int u,
     dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
 }
 
+// The F16 form of a run whose codes are the bytes of q[0..4] (element 4i + b = byte b of q[i]),
+// each value (code - OFF) * s + m on F16 halves (m: FMA adds it; else a plain product).
+template <unsigned OFF, bool FMA>
+__device__ __forceinline__ void stage16_h2(const unsigned (&q)[4], unsigned s, unsigned m, uint4* dst) {
+    constexpr unsigned BIAS = h2_minus_1024_plus(OFF);
+    unsigned pk[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned v0 = hadd2(h2_codes<0x4140>(q[i]), BIAS), v1 = hadd2(h2_codes<0x4342>(q[i]), BIAS);
+        pk[2 * i] = FMA ? hfma2(v0, s, m) : hmul2(v0, s);
+        pk[2 * i + 1] = FMA ? hfma2(v1, s, m) : hmul2(v1, s);
+    }
+    dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+    dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+}
+
 template <class F> struct Stage16 {
     static __device__ __forceinline__ void run(const typename F::Raw& a, int u, int r, uint4* dst) {
         stage16_generic<F>(a, u, r, dst);
     }
 };
 
-#define EXP23_BITS 0x4B000000u
+__device__ __forceinline__ unsigned lop_and_or(unsigned a, unsigned m, unsigned c) {
+    unsigned r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(m), "r"(c));  // (a & m) | c
+    return r;
+}
 
 // Q4_K: element 4i + b of run r is the nibble at bit 8b + 4r of word i; value d1 * q - o1.
 template <> struct Stage16<FQ4K> {
@@ -438,21 +482,10 @@ template <> struct Stage16<FQ4K> {
             stage16_generic<FQ4K>(a, u, r, dst);
             return;
         }
-        // Bytes 0..2 of t = w >> 4r at s = 0, 8, 16; byte 3 from t >> 12 at s = 12.
-        const float d8 = d1 * 0x1p-8f, d16 = d1 * 0x1p-16f, d12 = d1 * 0x1p-12f;
-        unsigned pk[8];
+        unsigned q[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const unsigned t = word_of(a.q, i) >> (4 * r), t3 = t >> 12;
-            const float q0 = __uint_as_float(lop_and_or(t, 0xFu, EXP23_BITS)) - 8388608.0f;
-            const float q1 = __uint_as_float(lop_and_or(t, 0xF00u, EXP23_BITS)) - 8388608.0f;
-            const float q2 = __uint_as_float(lop_and_or(t, 0xF0000u, EXP23_BITS)) - 8388608.0f;
-            const float q3 = __uint_as_float(lop_and_or(t3, 0xF000u, EXP23_BITS)) - 8388608.0f;
-            pk[2 * i] = pack_h2(fmaf(d1, q0, -o1), fmaf(d8, q1, -o1));
-            pk[2 * i + 1] = pack_h2(fmaf(d16, q2, -o1), fmaf(d12, q3, -o1));
-        }
-        dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-        dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+        for (int i = 0; i < 4; ++i) q[i] = (word_of(a.q, i) >> (4 * r)) & 0x0F0F0F0Fu;
+        stage16_h2<0, true>(q, h2_splat(d1), h2_splat(-o1), dst);
     }
 };
 
@@ -466,21 +499,28 @@ template <> struct Stage16<FQ6K> {
             return;
         }
         const uint4 lq = (r & 1) ? a.b : a.a;
-        const float s8 = sc * 0x1p-8f, s16 = sc * 0x1p-16f;
-        unsigned pk[8];
+        unsigned q[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const unsigned c = word_of(a.c, i), hi = (r < 2 ? c << (4 - 2 * r) : c >> (2 * r - 4)) & 0x30303030u;
-            const unsigned q = lop_and_or(word_of(lq, i) >> (4 * (r >> 1)), 0x0F0F0F0Fu, hi), q3 = q >> 16;
-            const float v0 = __uint_as_float(lop_and_or(q, 0x3Fu, EXP23_BITS)) - (8388608.0f + 32.0f);
-            const float v1 = __uint_as_float(lop_and_or(q, 0x3F00u, EXP23_BITS)) - (8388608.0f + 8192.0f);
-            const float v2 = __uint_as_float(lop_and_or(q, 0x3F0000u, EXP23_BITS)) - (8388608.0f + 2097152.0f);
-            const float v3 = __uint_as_float(lop_and_or(q3, 0x3F00u, EXP23_BITS)) - (8388608.0f + 8192.0f);
-            pk[2 * i] = pack_h2(sc * v0, s8 * v1);
-            pk[2 * i + 1] = pack_h2(s16 * v2, s8 * v3);
+            q[i] = lop_and_or(word_of(lq, i) >> (4 * (r >> 1)), 0x0F0F0F0Fu, hi);
         }
-        dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-        dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+        stage16_h2<32, false>(q, h2_splat(sc), 0, dst);
+    }
+};
+
+// Q8_0: byte j of run r's 16 bytes is element j, a signed code (offset by 128 through x ^ 0x80).
+template <> struct Stage16<FQ8_0> {
+    static __device__ __forceinline__ void run(const FQ8_0::Raw& a, int, int r, uint4* dst) {
+        const uint4 v = r == 0 ? a.q0 : a.q1;
+        unsigned q[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = word_of(v, i) ^ 0x80808080u;
+        if (!(128.0f * fabsf(a.d) <= 65000.0f)) {
+            stage16_generic<FQ8_0>(a, 0, r, dst);
+            return;
+        }
+        stage16_h2<128, false>(q, h2_splat(a.d), 0, dst);
     }
 };
 

@@ -137,6 +137,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Test, "DUSTOFF_SP_REQUESTS", "256", "requests of the GPU shared-prefix job bench test"),
     var(Scope::Test, "DUSTOFF_SP_CACHE", "unset: on, then off", "`on`: the GPU shared-prefix job bench test runs only its prefix-cache-on half"),
     var(Scope::Test, "DUSTOFF_BREAKDOWN_FORMATS", "q4_0,q8_0,q4_k,q6_k", "formats of the quantized-kernel breakdown bench test"),
+    var(Scope::Test, "DUSTOFF_BREAKDOWN_GEMM_ONLY", "unset", "1: the quantized-kernel breakdown times the packed GEMM only (no GEMV rows)"),
     var(Scope::Test, "DUSTOFF_BENCH_STEP_TOKENS", "2048", "engine step budget (`--max-batch-tokens`) of the GPU bench test's batched rows"),
     var(Scope::Test, "DUSTOFF_PREFILL_DTYPES", "q4_k_m,f16", "weight mixes of the prefill-profile bench test"),
     var(Scope::Test, "DUSTOFF_MOE_BENCH_SHAPE", "qwen3-30b-a3b", "synthetic shape of the MoE GPU bench test"),

@@ -8,7 +8,7 @@ use dustoff::backend::cpu::moe::{group, Groups, Routing};
 use dustoff::backend::cuda::moe::MoeLayerW;
 use dustoff::backend::cuda::ops::moe_gemm::{gemm_fits, GemmOut, MoeGather, MoeGemm, Tile};
 use dustoff::model::moe::MoeWeights;
-use dustoff::model::quant::{dequantize_row, GgmlType};
+use dustoff::model::quant::{staged_f16_row, GgmlType};
 use dustoff::model::weights::Tensor;
 
 use super::{compare, f16_vals, gpu, Gpu};
@@ -24,12 +24,11 @@ fn round16(v: f32) -> f32 {
     half::f16::from_f32(v).to_f32()
 }
 
-/// A tensor's rows decoded by the CPU and rounded to F16 (what the kernel stages).
+/// A tensor's rows as the kernel stages them (F16 values).
 fn weights16(t: &Tensor) -> Vec<f32> {
     let mut w = vec![0f32; t.rows * t.cols];
     for (r, o) in w.chunks_exact_mut(t.cols).enumerate() {
-        dequantize_row(t.dtype, t.row(r), o);
-        o.iter_mut().for_each(|v| *v = round16(*v));
+        staged_f16_row(t.dtype, t.row(r), o);
     }
     w
 }

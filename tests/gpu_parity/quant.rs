@@ -17,7 +17,7 @@ use dustoff::backend::cuda::ops::q8x::{dequantized, matmul_q8x};
 use dustoff::backend::cuda::ops::qlaunch::{q8x_bytes, DequantF16, EmbeddingQ, GemmQ, GemvQ, QTile, QuantizeX};
 use dustoff::backend::cuda::qformat::QFormat;
 use dustoff::backend::cuda::CudaBackend;
-use dustoff::model::quant::{dequantize_row, dot_row, quantize_row, GgmlType};
+use dustoff::model::quant::{dequantize_row, dot_row, quantize_row, staged_f16_row, GgmlType};
 use dustoff::model::weights::Tensor;
 
 use super::{compare, f16_vals, gpu, opts, run_greedy, with_extras, Gpu};
@@ -140,8 +140,8 @@ fn two_part(ta: &Tensor, tb: &Tensor, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32
 }
 
 /// Every format, 9..512 tokens: the tensor-core GEMM on the packed blocks (gemm_quant.cu) equals
-/// its twin, the product of the CPU decoder's weights and the input both rounded to F16 (as the
-/// kernel stages them), summed in f64; with split-K (a scratch for 2 splits) and without. The
+/// its twin, the product of the weights as the kernel stages them (`staged_f16_row`: Q4_K and
+/// Q6_K in F16 arithmetic) and the input rounded to F16, summed in f64; with split-K (a scratch for 2 splits) and without. The
 /// 64-row tiles on 192 rows (three blocks); above 64 tokens the 128-token prefill tile (65: one
 /// partial tile; 300: two whole and a partial one; 512: four), split-K only at 9..=64. The
 /// 128-row batch tile on 256 rows at 9..=128 tokens (partial token fragments: 9, 17, 40, 100),
@@ -175,8 +175,7 @@ fn packed_gemm_cases(g: &mut super::Gpu, (rows, cols): (usize, usize), tile: QTi
         let (m, _) = DevMat::upload(&s, &[&t], false, "w").unwrap();
         let mut w16 = vec![0f32; rows * cols];
         for (r, o) in w16.chunks_exact_mut(cols).enumerate() {
-            dequantize_row(f.dtype, t.row(r), o);
-            o.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+            staged_f16_row(f.dtype, t.row(r), o);
         }
         for &(n, split, accumulate) in cases {
             let x = f16_vals(&super::f16_bits(&g.randn(n * cols, 2.0)));

@@ -127,7 +127,10 @@ fn quant_kernel_breakdown() {
             let mut i = 0;
             // Launches per timing (each on the next copy).
             let reps = n_copies.max(4);
-            for n in [1usize, 2, 8] {
+            // DUSTOFF_BREAKDOWN_GEMM_ONLY=1: the packed GEMM rows only.
+            let gemv_ns: &[usize] =
+                if std::env::var("DUSTOFF_BREAKDOWN_GEMM_ONLY").is_ok_and(|v| v == "1") { &[] } else { &[1, 2, 8] };
+            for &n in gemv_ns {
                 // f32: the f32-input kernel (DUSTOFF_QGEMV_F32=1); int8: quantize_x_q8 then the
                 // dp4a kernel (both launches timed: the default path's cost per matrix input).
                 // int8r2: 2 weight rows per warp (DUSTOFF_QGEMV_ROWS=2), 1 token only.

@@ -33,14 +33,21 @@ pub(super) fn sub_scale(j: usize, scales: &[u8], d: f32, dmin: f32) -> (f32, f32
 }
 
 pub(super) fn dequantize_q4_k(b: &[u8], y: &mut [f32]) {
+    decode_q4_k(b, y, |d, o, q| d * f32::from(q) - o);
+}
+
+/// Q4_K's elements as `value(d * sc, dmin * m, q)` of their sub-block's scale and offset (f32)
+/// and code: the reference decoder and the GPU staging's twin (`staged`) share the walk.
+#[inline(always)]
+pub(super) fn decode_q4_k(b: &[u8], y: &mut [f32], value: impl Fn(f32, f32, u8) -> f32) {
     let (d, dmin) = (half_at(b, 0), half_at(b, 2));
     let (scales, qs) = (&b[4..16], &b[16..144]);
     for c in 0..4 {
         let ((d1, o1), (d2, o2)) = (sub_scale(2 * c, scales, d, dmin), sub_scale(2 * c + 1, scales, d, dmin));
         for l in 0..32 {
             let q = qs[32 * c + l];
-            y[64 * c + l] = d1 * f32::from(q & 0x0F) - o1;
-            y[64 * c + 32 + l] = d2 * f32::from(q >> 4) - o2;
+            y[64 * c + l] = value(d1, o1, q & 0x0F);
+            y[64 * c + 32 + l] = value(d2, o2, q >> 4);
         }
     }
 }
@@ -61,6 +68,13 @@ pub(super) fn dequantize_q5_k(b: &[u8], y: &mut [f32]) {
 }
 
 pub(super) fn dequantize_q6_k(b: &[u8], y: &mut [f32]) {
+    decode_q6_k(b, y, |sc, q| sc * q as f32);
+}
+
+/// Q6_K's elements as `value(d * sc, q - 32)` of their sub-block's scale (f32) and signed code
+/// (as [`decode_q4_k`]).
+#[inline(always)]
+pub(super) fn decode_q6_k(b: &[u8], y: &mut [f32], value: impl Fn(f32, i32) -> f32) {
     let d = half_at(b, 208);
     let sc = |j: usize| d * f32::from(b[192 + j] as i8);
     for h in 0..2 {
@@ -72,10 +86,10 @@ pub(super) fn dequantize_q6_k(b: &[u8], y: &mut [f32]) {
             let q3 = (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4;
             let q4 = (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4;
             let y = &mut y[128 * h..];
-            y[l] = sc(is) * (i32::from(q1) - 32) as f32;
-            y[l + 32] = sc(is + 2) * (i32::from(q2) - 32) as f32;
-            y[l + 64] = sc(is + 4) * (i32::from(q3) - 32) as f32;
-            y[l + 96] = sc(is + 6) * (i32::from(q4) - 32) as f32;
+            y[l] = value(sc(is), i32::from(q1) - 32);
+            y[l + 32] = value(sc(is + 2), i32::from(q2) - 32);
+            y[l + 64] = value(sc(is + 4), i32::from(q3) - 32);
+            y[l + 96] = value(sc(is + 6), i32::from(q4) - 32);
         }
     }
 }

@@ -150,6 +150,8 @@ mod simd_dot;
 mod simd_gemv;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use simd_gemv::{gemv_rows, gemv_supports};
+mod staged;
+pub use staged::staged_f16_row;
 #[cfg(test)]
 pub(crate) mod tests;
 

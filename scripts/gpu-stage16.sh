@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The packed GEMMs' F16 staging (kernels/quant.cuh Stage16: Q4_K, Q6_K, Q8_0 in F16
+# arithmetic, every tile) on the GPU, against the staging before it (BASE_PTX: the compute_70
+# PTX of an earlier commit, same entry names), all from compute_70 PTX: each packed GEMM launch
+# alone (quant_kernel_breakdown, GEMM rows only), then gpu_parity's suites over the staging
+# (from PTX and natively), batched decode of the 8B and 30B Q4_K_M shapes (BASE then new,
+# ROUNDS rounds), and Nsight Compute on the 8B gate/up at 16 tokens (NCU=1, new PTX).
+# Pack on the dev VM after cargo build --release and cargo test --release --no-run:
+#   BASE_PTX=/tmp/ptx70-base.tar.xz bash scripts/gpu-stage16.sh pack
+# then on the GPU machine: bash scripts/gpu-stage16.sh run    (carry .gpu)
+set -u
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = pack ]; then
+  set -e; bash scripts/gpu-route-flips.sh pack >/dev/null
+  strip -o /tmp/s16-dustoff target/release/dustoff; xz -6 -T2 -c /tmp/s16-dustoff > .gpu/dustoff.xz
+  cp "${BASE_PTX:?the base commit\'s ptx70 tarball}" .gpu/ptx70-base.tar.xz
+  du -sh .gpu; exit 0
+fi
+S=$HOME/st; mkdir -p $S/base
+echo "commit $(cat .gpu/commit)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+[ -x $S/gp ] || { xz -dc .gpu/gp.xz > $S/gp; chmod +x $S/gp; tar -C $S -xJf .gpu/ptx70.tar.xz; tar -C $S/base -xJf .gpu/ptx70-base.tar.xz; }
+[ -x $S/dustoff ] || { xz -dc .gpu/dustoff.xz > $S/dustoff; chmod +x $S/dustoff; }
+mkdir -p /work/shared; [ -d /work/shared/testdata/arch ] || tar -C /work/shared -xJf .gpu/td.tar.xz
+export DUSTOFF_REQUIRE_GPU=1 RUST_MIN_STACK=33554432
+declare -A PTX=([base]=$S/base/ptx70 [new]=$S/ptx70)
+if [ "${BREAKDOWN:-1}" = 1 ]; then
+  for v in base new; do
+    DUSTOFF_PTX_DIR=${PTX[$v]} DUSTOFF_BREAKDOWN_GEMM_ONLY=1 DUSTOFF_BREAKDOWN_FORMATS=${FORMATS:-q4_k,q6_k,q8_0} $S/gp --ignored --exact \
+      quant_bench::quant_kernel_breakdown --nocapture > $S/breakdown-$v.log 2>&1
+    echo "breakdown $v: rc $?"
+  done
+  paste <(grep -E '^gemm ' $S/breakdown-base.log | sed -E 's/ +/ /g; s/\[[0-9x]+\] //; s/ GB\/s.*//') \
+        <(grep -E '^gemm ' $S/breakdown-new.log | sed -E 's/ +/ /g; s/.* tok: //; s/ GB\/s.*//') | sed 's/\t/ | new /'
+fi
+if [ "${PARITY:-1}" = 1 ]; then
+  sel="quant moe_gemm gemm route_flips seq_positions no_cublas"
+  t=$(date +%s); DUSTOFF_PTX_DIR=$S/ptx70 $S/gp --test-threads 4 $sel > $S/ptx.log 2>&1
+  echo "parity from compute_70 PTX ($sel): rc $? $(( $(date +%s)-t )) s"; grep -E '^test result|FAILED|panicked' $S/ptx.log | head -8
+  t=$(date +%s); $S/gp --test-threads 4 $sel > $S/native.log 2>&1
+  echo "parity natively: rc $? $(( $(date +%s)-t )) s"; grep -E '^test result|FAILED|panicked' $S/native.log | head -8
+fi
+for r in $(seq 1 "${ROUNDS:-1}"); do
+  for v in base new; do
+    for shape in ${SHAPES:-qwen3-8b qwen3-30b-a3b}; do
+      $S/dustoff bench --device cuda --synthetic $shape --dtype ${DTYPE:-q4_k_m} --batch ${BATCHES:-16,32,64} \
+        --gen-tokens 100 --runs 1 --ptx-dir ${PTX[$v]} > $S/bench-$v-$shape-$r.log 2>&1
+      echo "$v $shape round $r: rc $? $(grep -E 'sequences' $S/bench-$v-$shape-$r.log | tr -s ' ' | tr '\n' ';' | cut -c1-400)"
+    done
+  done
+done
+ncu=$(ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+if [ "${NCU:-0}" = 1 ] && [ -n "$ncu" ]; then
+  # quant_kernel_breakdown launches each (tokens, tile) 21 x reps (8 here) times per matrix, qkv
+  # and o before gate/up: launch 337 of the entry is the gate/up's first.
+  for v in ${NCU_VARIANTS:-new}; do
+    DUSTOFF_PTX_DIR=${PTX[$v]} DUSTOFF_BREAKDOWN_GEMM_ONLY=1 DUSTOFF_BREAKDOWN_FORMATS=q4_k timeout 200 $ncu -k regex:'^gemmq_q4_k_t16$' \
+      --launch-skip 336 -c 1 --set full $S/gp --ignored --exact quant_bench::quant_kernel_breakdown --nocapture > $S/ncu-$v.log 2>&1
+    echo "== ncu gemmq_q4_k_t16 ($v): rc $?"
+    grep -E 'Grid Size|Registers Per|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Issued Ipc Active|No Eligible|Achieved Occupancy|Warp Cycles Per Issued|Stall|pipe' $S/ncu-$v.log | head -30
+  done
+fi
+cp $S/*.log $OUT/ 2>/dev/null; exit 0
