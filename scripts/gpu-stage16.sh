@@ -16,7 +16,7 @@ if [ "${1:-}" = pack ]; then
   cp "${BASE_PTX:?the base commit\'s ptx70 tarball}" .gpu/ptx70-base.tar.xz
   du -sh .gpu; exit 0
 fi
-S=$HOME/st; mkdir -p $S/base
+S=$HOME/st; mkdir -p $S/base; L=${OUT:-$S}  # logs straight into $OUT: kept if the call times out
 echo "commit $(cat .gpu/commit)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 [ -x $S/gp ] || { xz -dc .gpu/gp.xz > $S/gp; chmod +x $S/gp; tar -C $S -xJf .gpu/ptx70.tar.xz; tar -C $S/base -xJf .gpu/ptx70-base.tar.xz; }
 [ -x $S/dustoff ] || { xz -dc .gpu/dustoff.xz > $S/dustoff; chmod +x $S/dustoff; }
@@ -26,25 +26,25 @@ declare -A PTX=([base]=$S/base/ptx70 [new]=$S/ptx70)
 if [ "${BREAKDOWN:-1}" = 1 ]; then
   for v in base new; do
     DUSTOFF_PTX_DIR=${PTX[$v]} DUSTOFF_BREAKDOWN_GEMM_ONLY=1 DUSTOFF_BREAKDOWN_FORMATS=${FORMATS:-q4_k,q6_k,q8_0} $S/gp --ignored --exact \
-      quant_bench::quant_kernel_breakdown --nocapture > $S/breakdown-$v.log 2>&1
+      quant_bench::quant_kernel_breakdown --nocapture > $L/breakdown-$v.log 2>&1
     echo "breakdown $v: rc $?"
   done
-  paste <(grep -E '^gemm ' $S/breakdown-base.log | sed -E 's/ +/ /g; s/\[[0-9x]+\] //; s/ GB\/s.*//') \
-        <(grep -E '^gemm ' $S/breakdown-new.log | sed -E 's/ +/ /g; s/.* tok: //; s/ GB\/s.*//') | sed 's/\t/ | new /'
+  paste <(grep -E '^gemm ' $L/breakdown-base.log | sed -E 's/ +/ /g; s/\[[0-9x]+\] //; s/ GB\/s.*//') \
+        <(grep -E '^gemm ' $L/breakdown-new.log | sed -E 's/ +/ /g; s/.* tok: //; s/ GB\/s.*//') | sed 's/\t/ | new /'
 fi
 if [ "${PARITY:-1}" = 1 ]; then
   sel="quant moe_gemm gemm route_flips seq_positions no_cublas"
-  t=$(date +%s); DUSTOFF_PTX_DIR=$S/ptx70 $S/gp --test-threads 4 $sel > $S/ptx.log 2>&1
-  echo "parity from compute_70 PTX ($sel): rc $? $(( $(date +%s)-t )) s"; grep -E '^test result|FAILED|panicked' $S/ptx.log | head -8
-  t=$(date +%s); $S/gp --test-threads 4 $sel > $S/native.log 2>&1
-  echo "parity natively: rc $? $(( $(date +%s)-t )) s"; grep -E '^test result|FAILED|panicked' $S/native.log | head -8
+  t=$(date +%s); DUSTOFF_PTX_DIR=$S/ptx70 $S/gp --test-threads 4 $sel > $L/ptx.log 2>&1
+  echo "parity from compute_70 PTX ($sel): rc $? $(( $(date +%s)-t )) s"; grep -E '^test result|FAILED|panicked' $L/ptx.log | head -8
+  t=$(date +%s); $S/gp --test-threads 4 $sel > $L/native.log 2>&1
+  echo "parity natively: rc $? $(( $(date +%s)-t )) s"; grep -E '^test result|FAILED|panicked' $L/native.log | head -8
 fi
 for r in $(seq 1 "${ROUNDS:-1}"); do
   for v in base new; do
     for shape in ${SHAPES:-qwen3-8b qwen3-30b-a3b}; do
       $S/dustoff bench --device cuda --synthetic $shape --dtype ${DTYPE:-q4_k_m} --batch ${BATCHES:-16,32,64} \
-        --gen-tokens 100 --runs 1 --ptx-dir ${PTX[$v]} > $S/bench-$v-$shape-$r.log 2>&1
-      echo "$v $shape round $r: rc $? $(grep -E 'sequences' $S/bench-$v-$shape-$r.log | tr -s ' ' | tr '\n' ';' | cut -c1-400)"
+        --gen-tokens 100 --runs 1 --ptx-dir ${PTX[$v]} > $L/bench-$v-$shape-$r.log 2>&1
+      echo "$v $shape round $r: rc $? $(grep -E 'sequences' $L/bench-$v-$shape-$r.log | tr -s ' ' | tr '\n' ';' | cut -c1-400)"
     done
   done
 done
@@ -54,9 +54,9 @@ if [ "${NCU:-0}" = 1 ] && [ -n "$ncu" ]; then
   # and o before gate/up: launch 337 of the entry is the gate/up's first.
   for v in ${NCU_VARIANTS:-new}; do
     DUSTOFF_PTX_DIR=${PTX[$v]} DUSTOFF_BREAKDOWN_GEMM_ONLY=1 DUSTOFF_BREAKDOWN_FORMATS=q4_k timeout 200 $ncu -k regex:'^gemmq_q4_k_t16$' \
-      --launch-skip 336 -c 1 --set full $S/gp --ignored --exact quant_bench::quant_kernel_breakdown --nocapture > $S/ncu-$v.log 2>&1
+      --launch-skip 336 -c 1 --set full $S/gp --ignored --exact quant_bench::quant_kernel_breakdown --nocapture > $L/ncu-$v.log 2>&1
     echo "== ncu gemmq_q4_k_t16 ($v): rc $?"
-    grep -E 'Grid Size|Registers Per|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Issued Ipc Active|No Eligible|Achieved Occupancy|Warp Cycles Per Issued|Stall|pipe' $S/ncu-$v.log | head -30
+    grep -E 'Grid Size|Registers Per|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Issued Ipc Active|No Eligible|Achieved Occupancy|Warp Cycles Per Issued|Stall|pipe' $L/ncu-$v.log | head -30
   done
 fi
-cp $S/*.log $OUT/ 2>/dev/null; exit 0
+exit 0
