@@ -40,13 +40,7 @@ if [ "${SWEEP:-0}" = 1 ]; then
   done
   cp $S/*.log $OUT/ 2>/dev/null; exit 0
 fi
-if [ "${PARITY:-1}" = 1 ]; then
-  sel="quant moe_gemm gemm route_flips seq_positions no_cublas"
-  t=$(date +%s); DUSTOFF_PTX_DIR=$S/ptx70 $S/gp --test-threads 4 $sel > $S/ptx.log 2>&1
-  echo "parity from compute_70 PTX ($sel): rc $? $(( $(date +%s)-t )) s"; grep -E '^test result|FAILED|panicked' $S/ptx.log | head -8
-  t=$(date +%s); $S/gp --test-threads 4 $sel > $S/native.log 2>&1
-  echo "parity natively: rc $? $(( $(date +%s)-t )) s"; grep -E '^test result|FAILED|panicked' $S/native.log | head -8
-fi
+[ "${PARITY:-1}" = 1 ] && bash scripts/gpu-parity-subset.sh $S
 if [ "${BREAKDOWN:-1}" = 1 ]; then
   DUSTOFF_PTX_DIR=$S/ptx70 DUSTOFF_BREAKDOWN_FORMATS=q4_k,q6_k,q8_0 $S/gp --ignored --exact \
     quant_bench::quant_kernel_breakdown --nocapture > $S/breakdown.log 2>&1

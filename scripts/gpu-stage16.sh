@@ -32,13 +32,7 @@ if [ "${BREAKDOWN:-1}" = 1 ]; then
   paste <(grep -E '^gemm ' $L/breakdown-base.log | sed -E 's/ +/ /g; s/\[[0-9x]+\] //; s/ GB\/s.*//') \
         <(grep -E '^gemm ' $L/breakdown-new.log | sed -E 's/ +/ /g; s/.* tok: //; s/ GB\/s.*//') | sed 's/\t/ | new /'
 fi
-if [ "${PARITY:-1}" = 1 ]; then
-  sel="quant moe_gemm gemm route_flips seq_positions no_cublas"
-  t=$(date +%s); DUSTOFF_PTX_DIR=$S/ptx70 $S/gp --test-threads 4 $sel > $L/ptx.log 2>&1
-  echo "parity from compute_70 PTX ($sel): rc $? $(( $(date +%s)-t )) s"; grep -E '^test result|FAILED|panicked' $L/ptx.log | head -8
-  t=$(date +%s); $S/gp --test-threads 4 $sel > $L/native.log 2>&1
-  echo "parity natively: rc $? $(( $(date +%s)-t )) s"; grep -E '^test result|FAILED|panicked' $L/native.log | head -8
-fi
+[ "${PARITY:-1}" = 1 ] && bash scripts/gpu-parity-subset.sh $L
 for r in $(seq 1 "${ROUNDS:-1}"); do
   for v in base new; do
     for shape in ${SHAPES:-qwen3-8b qwen3-30b-a3b}; do

@@ -18,25 +18,7 @@ mode=--check
 d=${PTXAS_DIR:-$HOME/.cache/ptxas}
 
 # fetch SPEC NAME: the ptxas of the wheel SPEC, unpacked once into $d/NAME/ptxas.
-fetch() {
-  local bin="$d/$2/ptxas"
-  if [ ! -x "$bin" ]; then
-    mkdir -p "$d/$2"
-    python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 "$1" -d "$d/$2" >&2
-    python3 - "$d/$2" <<'PY'
-import glob, os, sys, zipfile
-d = sys.argv[1]
-whl = glob.glob(os.path.join(d, "*.whl"))[0]
-with zipfile.ZipFile(whl) as z:
-    name = next(n for n in z.namelist() if n.endswith("/bin/ptxas"))
-    with z.open(name) as src, open(os.path.join(d, "ptxas"), "wb") as dst:
-        dst.write(src.read())
-os.chmod(os.path.join(d, "ptxas"), 0o755)
-os.remove(whl)
-PY
-  fi
-  echo "$bin"
-}
+fetch() { scripts/wheel-bin.sh "$1" ptxas "$d/$2"; }
 p11=$(fetch nvidia-cuda-nvcc-cu11==11.8.89 cuda-11.8)
 p12=$(fetch nvidia-cuda-nvcc-cu12==12.9.86 cuda-12.9)
 

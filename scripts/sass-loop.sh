@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main loop of tensor-core kernels as the GPU runs it, without a GPU: the compute_70 PTX of
-# `dustoff kernels` (NVRTC 12.9) assembled by ptxas 12.9 for ARCH (default sm_90, the lent
+# `dustoff kernels` (NVRTC 12.9) assembled by ptxas 12.9 (the wheel scripts/ptxas-check.sh uses) for ARCH (default sm_90, the lent
 # H100/H200: nvdisasm 13 no longer reads sm_70 code), disassembled by nvdisasm 13.5 (PyPI wheel
 # nvidia-cuda-nvdisasm, ~5 MB, cached in ~/.cache/nvdisasm), and per kernel: the instructions
 # of its main loop (first barrier to its last MMA), those of the branches a guard skips (the
@@ -11,25 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 file=$1; shift
 arch=${ARCH:-sm_90}
-d=${NVDISASM_DIR:-$HOME/.cache/nvdisasm}
-if [ ! -x "$d/nvdisasm" ]; then
-  mkdir -p "$d"
-  python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
-    nvidia-cuda-nvdisasm==13.5.37 -d "$d" >&2
-  python3 - "$d" <<'PY'
-import glob, os, sys, zipfile
-d = sys.argv[1]
-whl = glob.glob(os.path.join(d, "*.whl"))[0]
-with zipfile.ZipFile(whl) as z:
-    name = next(n for n in z.namelist() if n.endswith("/bin/nvdisasm"))
-    with z.open(name) as src, open(os.path.join(d, "nvdisasm"), "wb") as dst:
-        dst.write(src.read())
-os.chmod(os.path.join(d, "nvdisasm"), 0o755)
-os.remove(whl)
-PY
-fi
-ptxas=${PTXAS:-$HOME/.cache/ptxas/cuda-12.9/ptxas}
-[ -x "$ptxas" ] || { echo "no ptxas at $ptxas: run scripts/ptxas-check.sh once (it fetches it)" >&2; exit 1; }
+nvdisasm=$(scripts/wheel-bin.sh nvidia-cuda-nvdisasm==13.5.37 nvdisasm "${NVDISASM_DIR:-$HOME/.cache/nvdisasm}")
+ptxas=$(scripts/wheel-bin.sh nvidia-cuda-nvcc-cu12==12.9.86 ptxas "${PTXAS_DIR:-$HOME/.cache/ptxas}/cuda-12.9")
 t=$(mktemp -d); trap 'rm -rf "$t"' EXIT
 ptx=${PTX_DIR:-}  # PTX_DIR: a folder of compute_70 PTX instead of this build's
 if [ -z "$ptx" ]; then
@@ -40,5 +23,5 @@ if [ -z "$ptx" ]; then
     target/release/dustoff kernels --arch compute_70 --out "$ptx" >/dev/null
 fi
 "$ptxas" -arch="$arch" -O3 "$ptx/$file.ptx" -o "$t/k.cubin"
-"$d/nvdisasm" -c "$t/k.cubin" 2>/dev/null > "$t/k.sass"
+"$nvdisasm" -c "$t/k.cubin" 2>/dev/null > "$t/k.sass"
 python3 scripts/sass_loop.py "$t/k.sass" "$@"
