@@ -93,7 +93,6 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Tuning, "DUSTOFF_WIDE_MB", "32", "MB of the F16 scratch quantized matrices are widened into for large steps (larger matrices go in row chunks)"),
     var(Scope::Tuning, "DUSTOFF_QGEMM_Z64", "0", "`1`: steps above 64 tokens on the packed GEMM take 64-token tiles instead of the 128-token tile"),
     var(Scope::Tuning, "DUSTOFF_QGEMM_R128", "0 (off)", "`N`: steps of N or more tokens on the packed GEMM take the 128-row tile of 8 warps (rows a multiple of 128)"),
-    var(Scope::Tuning, "DUSTOFF_QGEMM_Z32", "0 (off)", "`N`: steps of N..=64 tokens (N >= 33) on the packed GEMM take 64-row tiles of 32 tokens along z"),
     var(Scope::Tuning, "DUSTOFF_QGEMM_BLOCKS", "chosen per shape", "blocks the packed GEMM of 9..=64 tokens aims for through its split-K"),
     var(Scope::Tuning, "DUSTOFF_FUSE_NORM", "1", "`0`: the layer norms as launches of their own instead of folded into the products that read them"),
     var(Scope::Tuning, "DUSTOFF_GEMV_ROWS", "4", "rows (2, 4 or 8) a block of the one-token F16 GEMVs"),

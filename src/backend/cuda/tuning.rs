@@ -25,9 +25,6 @@ pub(super) struct Tuning {
     /// `DUSTOFF_QGEMM_R128=N`: fewest tokens of a step for the 128-row batch tile of the packed
     /// GEMM (gemm_quant.cu `_r128_`; 0: never, the 64-row tiles for every step).
     pub qgemm_r128: Option<usize>,
-    /// `DUSTOFF_QGEMM_Z32=N`: fewest tokens of a step (33..=64) for 64-row tiles of 32 tokens
-    /// along z (gemm_quant.cu `_t32`, `QTile::Rows64Z32`; 0: never).
-    pub qgemm_z32: Option<usize>,
     /// `DUSTOFF_QGEMM_BLOCKS=N`: blocks the packed GEMM of 9..=64 tokens aims for through
     /// split-K (default 256).
     pub qgemm_blocks: Option<usize>,
@@ -123,7 +120,6 @@ pub(super) fn tuning() -> &'static Tuning {
             qgemv_rows2: num("DUSTOFF_QGEMV_ROWS") == Some(2),
             qgemm_z64: num("DUSTOFF_QGEMM_Z64") == Some(1),
             qgemm_r128: num("DUSTOFF_QGEMM_R128"),
-            qgemm_z32: num("DUSTOFF_QGEMM_Z32"),
             qgemm_blocks: num("DUSTOFF_QGEMM_BLOCKS").filter(|&b| b > 0),
             tc_rows64: num("DUSTOFF_TC_ROWS") == Some(64),
             attn_onepass: num("DUSTOFF_ATTN_ONEPASS") != Some(0),

@@ -251,9 +251,6 @@ const QR_BM: usize = 128;
 /// Fewest tokens of a step for the 128-row batch tile by default (`DUSTOFF_QGEMM_R128`); 0: off
 /// (the default until the tile is measured against the 64-row tiles on the GPU).
 const R128_MIN_TOKENS: usize = 0;
-/// Fewest tokens of a step (33..=64) for 64-row tiles of 32 tokens along z by default
-/// (`DUSTOFF_QGEMM_Z32`); 0: off (one tile of up to 64 tokens).
-const Z32_MIN_TOKENS: usize = 0;
 
 /// Which block tile a packed GEMM launch takes (kernels/gemm_quant.cu).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -264,10 +261,6 @@ pub enum QTile {
     Rows64,
     /// 128 weight rows a block (8 warps): steps of 9+ tokens, rows a multiple of 128.
     Rows128,
-    /// 64 weight rows and 32 tokens a block, token tiles along z (steps of 33..=64 tokens; else
-    /// as `Rows64`): each tile stages the weights again (cheap since the F16 staging), and the
-    /// 32-token tile holds fewer registers than the 64-token one.
-    Rows64Z32,
 }
 
 /// Lets `entry` take `bytes` of dynamic shared memory (above 48 KB needs the opt-in; legal on
@@ -308,8 +301,7 @@ impl GemmQ {
     /// no padding rows).
     pub fn input_rows(n_tok: usize) -> usize {
         if n_tok <= 64 {
-            // Whole 32-token tiles (QTile::Rows64Z32) or 16-token fragments.
-            n_tok.div_ceil(32) * 32
+            n_tok.div_ceil(16) * 16
         } else if Self::prefill_tile(n_tok) {
             n_tok
         } else {
@@ -325,21 +317,15 @@ impl GemmQ {
 
     /// The tile a step of `n_tok` tokens takes on `[rows, _]` ([`QTile::Auto`] resolved): the
     /// 128-row batch tile from [`R128_MIN_TOKENS`] (`DUSTOFF_QGEMM_R128`) on where the rows are
-    /// whole 128-row tiles, else 64-row tiles of 32 tokens along z from [`Z32_MIN_TOKENS`]
-    /// (`DUSTOFF_QGEMM_Z32`) at 33..=64 tokens, else the 64-row tiles.
+    /// whole 128-row tiles, else the 64-row tiles.
     fn tile(rows: usize, n_tok: usize, asked: QTile) -> QTile {
         let r128_fits = rows.is_multiple_of(QR_BM) && n_tok >= 9;
-        let z32_fits = (33..=64).contains(&n_tok);
         match asked {
             QTile::Rows128 if r128_fits => QTile::Rows128,
-            QTile::Rows64Z32 if z32_fits => QTile::Rows64Z32,
             QTile::Auto => {
-                let t = super::super::tuning::tuning();
-                let (r128, z32) = (t.qgemm_r128.unwrap_or(R128_MIN_TOKENS), t.qgemm_z32.unwrap_or(Z32_MIN_TOKENS));
-                if r128_fits && r128 > 0 && n_tok >= r128 {
+                let from = super::super::tuning::tuning().qgemm_r128.unwrap_or(R128_MIN_TOKENS);
+                if r128_fits && from > 0 && n_tok >= from {
                     QTile::Rows128
-                } else if z32_fits && z32 > 0 && n_tok >= z32 {
-                    QTile::Rows64Z32
                 } else {
                     QTile::Rows64
                 }
@@ -349,9 +335,9 @@ impl GemmQ {
     }
 
     /// K splits for `[rows, cols]` at `n_tok` tokens with `part_len` floats of scratch, blocks
-    /// of `bm` rows and `tile_tokens` tokens.
-    fn splits(bm: usize, tile_tokens: usize, rows: usize, cols: usize, n_tok: usize, part_len: usize) -> usize {
-        let blocks = (rows / bm).max(1) * n_tok.div_ceil(tile_tokens);
+    /// of `bm` rows.
+    fn splits(bm: usize, rows: usize, cols: usize, n_tok: usize, part_len: usize) -> usize {
+        let blocks = (rows / bm).max(1) * n_tok.div_ceil(64);
         let target = super::super::tuning::tuning().qgemm_blocks.unwrap_or(GEMMQ_TARGET_BLOCKS);
         let want = target.div_ceil(blocks).clamp(1, (cols / GEMMQ_BK / 2).max(1));
         match part_len / (n_tok * rows).max(1) {
@@ -374,17 +360,14 @@ impl GemmQ {
         check(K, n >= 1, || "no tokens".into())?;
         check(K, rows <= self.out_stride, || "rows overlap their stride".into())?;
         check(K, self.x16.ptr.is_multiple_of(16), || "the F16 input must be 16-byte aligned".into())?;
+        // Tiles of 16 tokens per block (4 above 64 tokens), blocks of 64 tokens along z.
+        let tiles = n.div_ceil(16).min(4);
+        let z = n.div_ceil(64);
         need(K, "input", self.x16, Self::input_rows(n) * cols)?;
         check_product_out(K, (self.out, self.out_stride), self.bias, rows, n)?;
         let tile = Self::tile(rows, n, asked);
-        // Rows and tokens of a block's tile: 64-row tiles of up to 4 16-token fragments (64
-        // tokens along z above 64) or of 2 (Rows64Z32); the 128-row tile of 32 or 64 tokens.
-        let (bm, tile_tokens) = match tile {
-            QTile::Rows128 => (QR_BM, 32 * n.div_ceil(32).min(2)),
-            QTile::Rows64Z32 => (GEMMQ_BM, 32),
-            _ => (GEMMQ_BM, 64),
-        };
-        let nk = Self::splits(bm, tile_tokens, rows, cols, n, self.part.map_or(0, |p| p.len));
+        let bm = if tile == QTile::Rows128 { QR_BM } else { GEMMQ_BM };
+        let nk = Self::splits(bm, rows, cols, n, self.part.map_or(0, |p| p.len));
         let mut p = GemmQParams {
             qs,
             aux,
@@ -410,16 +393,14 @@ impl GemmQ {
         }
         let (entry, grid, threads, smem) = if tile == QTile::Rows128 {
             // Dynamic shared memory (QR_SMEM): the staged [128 + 32 halves, 136] F16 tiles.
-            let halves = tile_tokens / 32;
+            let halves = n.div_ceil(32).min(2);
             let smem = (QR_BM + 32 * halves) * (GEMMQ_BK + 8) * 2;
             let entry = entries::gemm_quant_r128(&self.w.fmt, halves);
             allow_smem(k, entry, smem)?;
-            let grid = ((rows / QR_BM) as u32, nk as u32, u32::try_from(n.div_ceil(tile_tokens)).unwrap_or(u32::MAX));
+            let grid = ((rows / QR_BM) as u32, nk as u32, u32::try_from(n.div_ceil(32 * halves)).unwrap_or(u32::MAX));
             (entry, grid, 256, smem as u32)
         } else {
-            let tiles = n.div_ceil(16).min(tile_tokens / 16);
-            let grid =
-                ((rows / GEMMQ_BM) as u32, nk as u32, u32::try_from(n.div_ceil(tile_tokens)).unwrap_or(u32::MAX));
+            let grid = ((rows / GEMMQ_BM) as u32, nk as u32, u32::try_from(z).unwrap_or(u32::MAX));
             (entries::gemm_quant(&self.w.fmt, tiles), grid, 128, 0)
         };
         if nk == 1 {
