@@ -119,9 +119,9 @@ FOR_EACH_QFORMAT(GEMMQ_ENTRIES)
 // and loads 5 fragments for 4 MMAs. Here each staged input chunk serves 128 rows, and warp w
 // computes rows 32 (w % 4) .. + 31 for tokens 16 WN (w / 4) .. + 16 WN - 1 (WN = NT16 / 2
 // fragments): 2 + WN fragment loads for 2 WN MMAs. The weights are staged through the bank-
-// spread slots of the grouped MoE GEMM (quant.cuh tile_slot; Stage16 as every tile here). A warp's token fragments past
-// n_tok are neither multiplied nor stored; tokens past n_tok read the last token's row. Split-K
-// over gridDim.y as above. Dynamic shared memory: QR_SMEM(NT16) bytes.
+// spread slots of the grouped MoE GEMM (quant.cuh tile_slot; Stage16 as every tile here). A
+// warp's token fragments past n_tok are neither multiplied nor stored; tokens past n_tok read
+// the last token's row. Split-K over gridDim.y as above. Dynamic shared memory: QR_SMEM(NT16) bytes.
 #define QR_BM 128
 #define QR_THREADS 256
 #define QR_SMEM(NT16) ((QR_BM + 16 * (NT16)) * QG_LD * 2)

@@ -98,8 +98,8 @@ const TOLERANCES: &[(&str, f64)] = &[
     ("swigluq8_*", 1e-5),
     ("q8x_vs_f32_*", 1e-4),
     // The packed GEMM: against its twin (the staged F16 weights, `staged_f16_row`, and the
-    // input rounded to F16, f64 sums), f32 tensor-core sums in another order; in `Mm::run` (against the f32 CPU
-    // product) the F16 rounding of weights and input, as the widened path.
+    // input rounded to F16, f64 sums), f32 tensor-core sums in another order; in `Mm::run`
+    // (against the f32 CPU product) the F16 rounding of weights and input, as the widened path.
     ("gemmq_*", 1e-5),
     ("dequant_q4_0", 0.0),
     ("dequant_q4_1", 1e-4),
