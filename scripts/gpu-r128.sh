@@ -2,8 +2,8 @@
 # The packed GEMM's 128-row batch tile (kernels/gemm_quant.cu `_r128_`) on the GPU: its parity
 # (gpu_parity's quant and MoE GEMM tests, from the compute_70 PTX and natively), each launch
 # alone against the 64-row tiles (quant_kernel_breakdown), and batched decode with the tile
-# (DUSTOFF_QGEMM_R128=17, or R128_FROM) against without it (=0), alternating, ROUNDS rounds
-# (default 2), from PTX; ENV_BOTH: settings for both (e.g. DUSTOFF_QGEMM_MAX_TOKENS=128 with
+# (DUSTOFF_QGEMM_R128=17, or R128_FROM) against without it (=0), or other VARIANTS, alternating,
+# ROUNDS rounds (default 2), SHAPES, from PTX; ENV_BOTH: settings for both (e.g. DUSTOFF_QGEMM_MAX_TOKENS=128 with
 # BATCHES=128: the packed GEMM instead of the widened F16 at 128 sequences).
 # Pack on the dev VM after cargo build --release and cargo test --release --no-run:
 #   bash scripts/gpu-r128.sh pack        (adds dustoff.xz to scripts/gpu-route-flips.sh's pack)
@@ -17,28 +17,22 @@ if [ "${1:-}" = pack ]; then
 fi
 S=$HOME/st; mkdir -p $S
 echo "commit $(cat .gpu/commit)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-[ -x $S/gp ] || { xz -dc .gpu/gp.xz > $S/gp; chmod +x $S/gp; tar -C $S -xJf .gpu/ptx70.tar.xz; }
-[ -x $S/dustoff ] || { xz -dc .gpu/dustoff.xz > $S/dustoff; chmod +x $S/dustoff; }
+xz -dc .gpu/gp.xz > $S/gp; chmod +x $S/gp; rm -rf $S/ptx70; tar -C $S -xJf .gpu/ptx70.tar.xz
+xz -dc .gpu/dustoff.xz > $S/dustoff; chmod +x $S/dustoff
 mkdir -p /work/shared; [ -d /work/shared/testdata/arch ] || tar -C /work/shared -xJf .gpu/td.tar.xz
 export DUSTOFF_REQUIRE_GPU=1 RUST_MIN_STACK=33554432
-# SWEEP=1 (alone): the split-K target DUSTOFF_QGEMM_BLOCKS (256, the default; 528; 1056 = 4 and
-# 8 blocks a H100 SM) for both tiles: each Q4_K launch alone, then 8B batched decode
-# (SWEEP_BLOCKS: the targets; SWEEP_BENCH=0: the launches alone only).
+# VARIANTS: "name:SETTING,SETTING ..." compared in each round (default: the 128-row tile or not;
+# e.g. "w4:DUSTOFF_QGEMM_W8=0 w8:DUSTOFF_QGEMM_W8=17" for the 8-warp 64-row tiles, or
+# "t256:DUSTOFF_QGEMM_BLOCKS=256 t768:DUSTOFF_QGEMM_BLOCKS=768" for the split-K target).
+variants=${VARIANTS:-"r64:DUSTOFF_QGEMM_R128=0 r128:DUSTOFF_QGEMM_R128=${R128_FROM:-17}"}
+# SWEEP=1: each variant's Q4_K launches alone first (quant_kernel_breakdown, GEMM rows only).
 if [ "${SWEEP:-0}" = 1 ]; then
-  for b in ${SWEEP_BLOCKS:-256 528 1056}; do
-    DUSTOFF_QGEMM_BLOCKS=$b DUSTOFF_PTX_DIR=$S/ptx70 DUSTOFF_BREAKDOWN_FORMATS=q4_k $S/gp --ignored --exact \
-      quant_bench::quant_kernel_breakdown --nocapture > $S/sweep-$b.log 2>&1
-    echo "== blocks $b: rc $?"; grep -E '^gemm ' $S/sweep-$b.log | grep -v head | sed -E 's/ +/ /g; s/\[[0-9x]+\] //'
+  for ve in $variants; do
+    v=${ve%%:*} e=$(echo "${ve#*:}" | tr ',' ' ')
+    env $e DUSTOFF_PTX_DIR=$S/ptx70 DUSTOFF_BREAKDOWN_GEMM_ONLY=1 DUSTOFF_BREAKDOWN_FORMATS=q4_k $S/gp --ignored --exact \
+      quant_bench::quant_kernel_breakdown --nocapture > $S/sweep-$v.log 2>&1
+    echo "== $v ($e): rc $?"; grep -E '^gemm ' $S/sweep-$v.log | grep -v head | sed -E 's/ +/ /g; s/\[[0-9x]+\] //; s/ GB\/s.*//'
   done
-  for b in $([ "${SWEEP_BENCH:-1}" = 1 ] && echo ${SWEEP_BLOCKS:-256 528 1056}); do
-    for v in r64 r128; do
-      e="DUSTOFF_QGEMM_R128=0"; [ $v = r128 ] && e="DUSTOFF_QGEMM_R128=17"
-      env $e DUSTOFF_QGEMM_BLOCKS=$b $S/dustoff bench --device cuda --synthetic qwen3-8b --dtype q4_k_m --batch 16,32,64 \
-        --gen-tokens 100 --runs 1 --ptx-dir $S/ptx70 > $S/sweep-bench-$v-$b.log 2>&1
-      echo "$v blocks $b: rc $? $(grep -E 'sequences:' $S/sweep-bench-$v-$b.log | sed -E 's/ +/ /g; s/prefill [0-9.]+ s, //' | tr '\n' ';')"
-    done
-  done
-  cp $S/*.log $OUT/ 2>/dev/null; exit 0
 fi
 [ "${PARITY:-1}" = 1 ] && bash scripts/gpu-parity-subset.sh $S
 if [ "${BREAKDOWN:-1}" = 1 ]; then
@@ -47,9 +41,9 @@ if [ "${BREAKDOWN:-1}" = 1 ]; then
   echo "breakdown (PTX): rc $?"; grep -E '^copy|^gemm ' $S/breakdown.log
 fi
 for r in $(seq 1 "${ROUNDS:-2}"); do
-  for v in r64 r128; do
-    e="DUSTOFF_QGEMM_R128=0"; [ $v = r128 ] && e="DUSTOFF_QGEMM_R128=${R128_FROM:-17}"
-    for shape in qwen3-8b qwen3-30b-a3b; do
+  for ve in $variants; do
+    v=${ve%%:*} e=$(echo "${ve#*:}" | tr ',' ' ')
+    for shape in ${SHAPES:-qwen3-8b qwen3-30b-a3b}; do
       env $e ${ENV_BOTH:-} $S/dustoff bench --device cuda --synthetic $shape --dtype q4_k_m --batch ${BATCHES:-16,32,64} \
         --gen-tokens 100 --runs 1 --ptx-dir $S/ptx70 > $S/bench-$v-$shape-$r.log 2>&1
       echo "$v $shape round $r: rc $? $(grep -E 'sequences' $S/bench-$v-$shape-$r.log | tr -s ' ' | tr '\n' ';' | cut -c1-400)"

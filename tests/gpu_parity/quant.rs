@@ -145,7 +145,8 @@ fn two_part(ta: &Tensor, tb: &Tensor, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32
 /// 64-row tiles on 192 rows (three blocks); above 64 tokens the 128-token prefill tile (65: one
 /// partial tile; 300: two whole and a partial one; 512: four), split-K only at 9..=64. The
 /// 128-row batch tile on 256 rows at 9..=128 tokens (partial token fragments: 9, 17, 40, 100),
-/// and added into an output of a wider stride (1,280 columns: 10 chunks over the splits).
+/// and added into an output of a wider stride (1,280 columns: 10 chunks over the splits). The
+/// 8-warp 64-row tiles (w32 up to 32 tokens, w64 to 64) on 192 rows, half-used warps included.
 #[test]
 fn packed_gemm_equals_f16_rounded_twin() {
     let Some(mut g) = gpu("packed gemm") else { return };
@@ -164,6 +165,16 @@ fn packed_gemm_equals_f16_rounded_twin() {
     ];
     packed_gemm_cases(&mut g, (256, 1024), QTile::Rows128, &rows128.map(|(n, s)| (n, s, false)));
     packed_gemm_cases(&mut g, (256, 1280), QTile::Rows128, &[(24, true, true), (64, true, true), (100, false, true)]);
+    let warps8 = [
+        (9usize, true, false),
+        (17, false, false),
+        (32, true, false),
+        (33, true, true),
+        (40, false, false),
+        (64, true, false),
+        (64, false, true),
+    ];
+    packed_gemm_cases(&mut g, (192, 1280), QTile::Warps8, &warps8);
 }
 
 /// `cases`: (tokens, split-K scratch, accumulate into an output of stride rows + 64).

@@ -234,6 +234,8 @@ pub struct Kernels {
     source: PtxSource,
     modules: HashMap<&'static str, Arc<CudaModule>>,
     funcs: HashMap<&'static str, CudaFunction>,
+    /// Blocks of (entry, threads, dynamic shared bytes) the whole GPU holds at once.
+    resident: HashMap<(&'static str, u32, u32), usize>,
     /// The per-thread stack limit [`Kernels::fit_stack`] set (`None`: the driver's default).
     stack: Option<usize>,
 }
@@ -253,7 +255,15 @@ fn local_bytes(f: &CudaFunction) -> Result<usize, CudaError> {
 
 impl Kernels {
     pub fn new(ctx: Arc<CudaContext>, arch: String, source: PtxSource) -> Self {
-        Kernels { ctx, arch, source, modules: HashMap::new(), funcs: HashMap::new(), stack: None }
+        Kernels {
+            ctx,
+            arch,
+            source,
+            modules: HashMap::new(),
+            funcs: HashMap::new(),
+            resident: HashMap::new(),
+            stack: None,
+        }
     }
 
     pub fn source(&self) -> &PtxSource {
@@ -264,6 +274,28 @@ impl Kernels {
     /// come from).
     pub fn arch(&self) -> &str {
         &self.arch
+    }
+
+    /// Blocks of `entry` with `threads` threads and `smem` bytes of dynamic shared memory that
+    /// are resident on the whole GPU at once (blocks an SM by the driver's occupancy figure, its
+    /// registers and shared memory, times the SMs): one wave of a launch. Launchers size their
+    /// grids to whole waves with it (a V100's 80 SMs, an H100's 132 hold different counts).
+    pub fn resident_blocks(&mut self, entry: &'static str, threads: u32, smem: u32) -> Result<usize, CudaError> {
+        if let Some(&n) = self.resident.get(&(entry, threads, smem)) {
+            return Ok(n);
+        }
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        let sms = self
+            .ctx
+            .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(CudaError::driver("reading the SM count"))?;
+        let per_sm = self
+            .get(entry)?
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None)
+            .map_err(CudaError::driver(format!("reading the occupancy of {entry}")))?;
+        let n = (per_sm as usize * usize::try_from(sms).unwrap_or(1)).max(1);
+        self.resident.insert((entry, threads, smem), n);
+        Ok(n)
     }
 
     /// The function `entry` (e.g. `rmsnorm_f32`), loading its file on first use.
@@ -520,6 +552,8 @@ mod entry_handles {
             assert_eq!(known(gemm_quant_w128(&f)), format!("gemmq_{n}_w128"));
             assert_eq!(known(gemm_quant_r128(&f, 1)), format!("gemmq_{n}_r128_t32"));
             assert_eq!(known(gemm_quant_r128(&f, 2)), format!("gemmq_{n}_r128_t64"));
+            assert_eq!(known(gemm_quant_w8(&f, 1)), format!("gemmq_{n}_w32"));
+            assert_eq!(known(gemm_quant_w8(&f, 2)), format!("gemmq_{n}_w64"));
             assert_eq!(known(dequant(&f)), format!("dequant_{n}_f16"));
             assert_eq!(known(embedding_q(&f)), format!("embedding_{n}"));
             assert_eq!(known(moe_q8(f.index, true)), format!("moe_gate_up_q8_{n}"));

@@ -246,11 +246,17 @@ const GEMMQ_BM: usize = 64;
 const GEMMQ_BK: usize = 128;
 /// Blocks the GEMM aims for (split-K below it): ~2 per SM on an H200, 3 on a V100.
 const GEMMQ_TARGET_BLOCKS: usize = 256;
+/// A block's start-up (its first fetch, not hidden behind a product, and its partial sums)
+/// in units of one chunk's time, for the split-K choice ([`GemmQ::splits`]).
+const SPLIT_COST: usize = 2;
 /// Weight rows of the 128-row batch tile (gemm_quant.cu QR_BM).
 const QR_BM: usize = 128;
 /// Fewest tokens of a step for the 128-row batch tile by default (`DUSTOFF_QGEMM_R128`); 0: off
 /// (the default until the tile is measured against the 64-row tiles on the GPU).
 const R128_MIN_TOKENS: usize = 0;
+/// Fewest tokens of a step for the 8-warp 64-row batch tiles by default (`DUSTOFF_QGEMM_W8`);
+/// 0: off (the 4-warp tiles for every step of up to 64 tokens).
+const W8_MIN_TOKENS: usize = 0;
 
 /// Which block tile a packed GEMM launch takes (kernels/gemm_quant.cu).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -261,6 +267,9 @@ pub enum QTile {
     Rows64,
     /// 128 weight rows a block (8 warps): steps of 9+ tokens, rows a multiple of 128.
     Rows128,
+    /// 64 weight rows a block, 8 warps of half the tokens each (`gemmq_<fmt>_w32` / `_w64`):
+    /// steps of up to 64 tokens.
+    Warps8,
 }
 
 /// Lets `entry` take `bytes` of dynamic shared memory (above 48 KB needs the opt-in; legal on
@@ -317,15 +326,22 @@ impl GemmQ {
 
     /// The tile a step of `n_tok` tokens takes on `[rows, _]` ([`QTile::Auto`] resolved): the
     /// 128-row batch tile from [`R128_MIN_TOKENS`] (`DUSTOFF_QGEMM_R128`) on where the rows are
-    /// whole 128-row tiles, else the 64-row tiles.
+    /// whole 128-row tiles, else the 8-warp 64-row tiles from [`W8_MIN_TOKENS`]
+    /// (`DUSTOFF_QGEMM_W8`) to 64 tokens, else the 4-warp 64-row tiles.
     fn tile(rows: usize, n_tok: usize, asked: QTile) -> QTile {
         let r128_fits = rows.is_multiple_of(QR_BM) && n_tok >= 9;
+        let w8_fits = n_tok <= 64;
         match asked {
             QTile::Rows128 if r128_fits => QTile::Rows128,
+            QTile::Warps8 if w8_fits => QTile::Warps8,
             QTile::Auto => {
-                let from = super::super::tuning::tuning().qgemm_r128.unwrap_or(R128_MIN_TOKENS);
-                if r128_fits && from > 0 && n_tok >= from {
+                let t = super::super::tuning::tuning();
+                let r128_from = t.qgemm_r128.unwrap_or(R128_MIN_TOKENS);
+                let w8_from = t.qgemm_w8.unwrap_or(W8_MIN_TOKENS);
+                if r128_fits && r128_from > 0 && n_tok >= r128_from {
                     QTile::Rows128
+                } else if w8_fits && w8_from > 0 && n_tok >= w8_from {
+                    QTile::Warps8
                 } else {
                     QTile::Rows64
                 }
@@ -334,16 +350,44 @@ impl GemmQ {
         }
     }
 
-    /// K splits for `[rows, cols]` at `n_tok` tokens with `part_len` floats of scratch, blocks
-    /// of `bm` rows.
-    fn splits(bm: usize, rows: usize, cols: usize, n_tok: usize, part_len: usize) -> usize {
-        let blocks = (rows / bm).max(1) * n_tok.div_ceil(64);
-        let target = super::super::tuning::tuning().qgemm_blocks.unwrap_or(GEMMQ_TARGET_BLOCKS);
-        let want = target.div_ceil(blocks).clamp(1, (cols / GEMMQ_BK / 2).max(1));
-        match part_len / (n_tok * rows).max(1) {
-            0 | 1 => 1,
-            fit => want.min(fit),
+    /// Split-K scratch (f32 elements) a step of `n_tok` tokens on `[rows, cols]` can use: the
+    /// most splits [`GemmQ::splits`] picks on the 64-row tiles at the default block target.
+    pub fn part_len(rows: usize, cols: usize, n_tok: usize) -> usize {
+        if !(9..=64).contains(&n_tok) || !Self::fits(rows, cols) {
+            return 0;
         }
+        let max = (cols / GEMMQ_BK / 2).max(1);
+        let most = (2 * GEMMQ_TARGET_BLOCKS.div_ceil(rows / GEMMQ_BM)).min(max);
+        if most > 1 {
+            most * n_tok * rows
+        } else {
+            0
+        }
+    }
+
+    /// K splits for `[rows, cols]` at `n_tok` tokens with `part_len` floats of scratch: `base`
+    /// blocks unsplit, `slots` blocks resident at once ([`Kernels::resident_blocks`]). First the
+    /// splits that bring the grid to the block target (`DUSTOFF_QGEMM_BLOCKS`); then, up to twice
+    /// as many, those that fill the last wave best: a grid of 384 blocks where 264 are resident
+    /// (the 8B gate/up at 64 tokens on an H100) runs two waves, the second 45% full. Each
+    /// candidate costs its waves times a block's chunks plus [`SPLIT_COST`] chunks of start-up
+    /// (`DUSTOFF_QGEMM_SPLIT_COST`; 0: the target alone).
+    fn splits(base: usize, slots: usize, (rows, cols): (usize, usize), n_tok: usize, part_len: usize) -> usize {
+        let t = super::super::tuning::tuning();
+        let chunks = cols / GEMMQ_BK;
+        let fit = part_len / (n_tok * rows).max(1);
+        if fit <= 1 {
+            return 1;
+        }
+        let max = (chunks / 2).max(1).min(fit);
+        let target = t.qgemm_blocks.unwrap_or(GEMMQ_TARGET_BLOCKS);
+        let want = target.div_ceil(base.max(1)).clamp(1, max);
+        let start = t.qgemm_split_cost.unwrap_or(SPLIT_COST);
+        if start == 0 {
+            return want;
+        }
+        let cost = |nk: usize| (base * nk).div_ceil(slots.max(1)) as f64 * (chunks as f64 / nk as f64 + start as f64);
+        (1..=(2 * want).min(max)).min_by(|&a, &b| cost(a).total_cmp(&cost(b))).unwrap_or(want)
     }
 
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {
@@ -366,8 +410,6 @@ impl GemmQ {
         need(K, "input", self.x16, Self::input_rows(n) * cols)?;
         check_product_out(K, (self.out, self.out_stride), self.bias, rows, n)?;
         let tile = Self::tile(rows, n, asked);
-        let bm = if tile == QTile::Rows128 { QR_BM } else { GEMMQ_BM };
-        let nk = Self::splits(bm, rows, cols, n, self.part.map_or(0, |p| p.len));
         let mut p = GemmQParams {
             qs,
             aux,
@@ -391,18 +433,29 @@ impl GemmQ {
             let grid = ((rows / GEMMQ_BM) as u32, 1, u32::try_from(n.div_ceil(128)).unwrap_or(u32::MAX));
             return launch(k, s, entry, grid, 256, SMEM as u32, &p).map(|_| tile);
         }
-        let (entry, grid, threads, smem) = if tile == QTile::Rows128 {
-            // Dynamic shared memory (QR_SMEM): the staged [128 + 32 halves, 136] F16 tiles.
-            let halves = n.div_ceil(32).min(2);
-            let smem = (QR_BM + 32 * halves) * (GEMMQ_BK + 8) * 2;
-            let entry = entries::gemm_quant_r128(&self.w.fmt, halves);
-            allow_smem(k, entry, smem)?;
-            let grid = ((rows / QR_BM) as u32, nk as u32, u32::try_from(n.div_ceil(32 * halves)).unwrap_or(u32::MAX));
-            (entry, grid, 256, smem as u32)
-        } else {
-            let grid = ((rows / GEMMQ_BM) as u32, nk as u32, u32::try_from(z).unwrap_or(u32::MAX));
-            (entries::gemm_quant(&self.w.fmt, tiles), grid, 128, 0)
+        // (entry, row blocks, token tiles along z, threads, dynamic shared memory bytes)
+        let (entry, row_blocks, z, threads, smem) = match tile {
+            QTile::Warps8 => {
+                // QW_SMEM: the staged [64 + 32 frags, 136] F16 tiles.
+                let frags = n.div_ceil(32).min(2);
+                let entry = entries::gemm_quant_w8(&self.w.fmt, frags);
+                (entry, rows / GEMMQ_BM, 1, 256, (GEMMQ_BM + 32 * frags) * (GEMMQ_BK + 8) * 2)
+            }
+            QTile::Rows128 => {
+                // QR_SMEM: the staged [128 + 32 halves, 136] F16 tiles.
+                let halves = n.div_ceil(32).min(2);
+                let entry = entries::gemm_quant_r128(&self.w.fmt, halves);
+                (entry, rows / QR_BM, n.div_ceil(32 * halves), 256, (QR_BM + 32 * halves) * (GEMMQ_BK + 8) * 2)
+            }
+            _ => (entries::gemm_quant(&self.w.fmt, tiles), rows / GEMMQ_BM, z, 128, 0),
         };
+        if smem > 0 {
+            allow_smem(k, entry, smem)?;
+        }
+        let (threads, smem) = (threads as u32, smem as u32);
+        let slots = k.resident_blocks(entry, threads, smem)?;
+        let nk = Self::splits(row_blocks * z, slots, (rows, cols), n, self.part.map_or(0, |p| p.len));
+        let grid = (row_blocks as u32, nk as u32, u32::try_from(z).unwrap_or(u32::MAX));
         if nk == 1 {
             return launch(k, s, entry, grid, threads, smem, &p).map(|_| tile);
         }

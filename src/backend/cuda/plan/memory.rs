@@ -21,6 +21,7 @@ use crate::backend::cuda::matmul;
 use crate::backend::cuda::ops;
 use crate::backend::cuda::ops::attention::attn_splits;
 use crate::backend::cuda::ops::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
+use crate::backend::cuda::ops::qlaunch::GemmQ;
 
 /// Bytes the backend will hold on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,13 +280,17 @@ pub fn kv_bytes_per_position(c: &ModelConfig, kv: KvType) -> u64 {
     (c.n_kv_layers() * 2 * kv.bytes(c.kv_dim())) as u64
 }
 
-/// Split-K partial sums of the 64-token GEMMs (`Work::tc_part`): the largest of the four layer
-/// matrices, f32.
-fn tc_part_bytes(c: &ModelConfig, tok: usize) -> u64 {
+/// Split-K partial sums of the 64-token GEMMs (`Work::tc_part`), f32 elements: the most any of
+/// the four layer matrices takes, on the F16 tensor-core GEMM or the packed one.
+pub fn tc_part_len(c: &ModelConfig, tok: usize) -> usize {
     let (qd, kvd) = (c.q_dim(), c.kv_dim());
     let shapes = [(qd + 2 * kvd, c.dim), (c.dim, qd), (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)];
     let n = tok.min(TC_MAX_TOKENS);
-    shapes.iter().map(|&(r, k)| tc64_part_len(r, k, n)).max().unwrap_or(0) as u64 * 4
+    shapes.iter().map(|&(r, k)| tc64_part_len(r, k, n).max(GemmQ::part_len(r, k, n))).max().unwrap_or(0)
+}
+
+fn tc_part_bytes(c: &ModelConfig, tok: usize) -> u64 {
+    tc_part_len(c, tok) as u64 * 4
 }
 
 /// Rows (token x head x slot) of attention partials a step of at most `tok` tokens can take

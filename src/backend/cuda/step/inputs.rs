@@ -7,7 +7,7 @@ use super::graph::GraphKey;
 use super::workspace::{grow, layout};
 use crate::backend::cuda::model::CudaBackend;
 use crate::backend::cuda::ops;
-use crate::backend::cuda::ops::gemm_tc::{tc64_part_len, TC_MAX_TOKENS};
+use crate::backend::cuda::ops::gemm_tc::TC_MAX_TOKENS;
 use crate::backend::cuda::tuning;
 use crate::backend::cuda::CudaError;
 use crate::backend::BackendError;
@@ -49,9 +49,7 @@ impl CudaBackend {
             let widest = c.dim.max(c.q_dim()).max(c.ffn_dim);
             grew |= grow(s, &mut w.x16, cap.max(16) * widest, "f16 GEMM input")?;
             grew |= grow(s, &mut w.meta, layout(cap).bt + cap * self.bt_stride, "step inputs")?;
-            let (qd, kvd) = (c.q_dim(), c.kv_dim());
-            let shapes = [(qd + 2 * kvd, c.dim), (c.dim, qd), (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)];
-            let part = shapes.iter().map(|&(r, k)| tc64_part_len(r, k, cap.min(TC_MAX_TOKENS))).max().unwrap_or(0);
+            let part = crate::backend::cuda::plan::memory::tc_part_len(c, cap);
             grew |= grow(s, &mut w.tc_part, part, "GEMM partial sums")?;
             if let Some(m) = self.layers.iter().find_map(|l| l.ffn.experts()) {
                 grew |= w.experts.grow(s, cap, m)?;
