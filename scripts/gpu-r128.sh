@@ -3,7 +3,7 @@
 # (gpu_parity's quant and MoE GEMM tests, from the compute_70 PTX and natively), each launch
 # alone against the 64-row tiles (quant_kernel_breakdown), and batched decode with the tile
 # (DUSTOFF_QGEMM_R128=17, or R128_FROM) against without it (=0), or other VARIANTS, alternating,
-# ROUNDS rounds (default 2), SHAPES, from PTX; ENV_BOTH: settings for both (e.g. DUSTOFF_QGEMM_MAX_TOKENS=128 with
+# ROUNDS rounds (default 2), SHAPES, from PTX; PROFILE=1 adds a per-kernel-class profile; ENV_BOTH: settings for both (e.g. DUSTOFF_QGEMM_MAX_TOKENS=128 with
 # BATCHES=128: the packed GEMM instead of the widened F16 at 128 sequences).
 # Pack on the dev VM after cargo build --release and cargo test --release --no-run:
 #   bash scripts/gpu-r128.sh pack        (adds dustoff.xz to scripts/gpu-route-flips.sh's pack)
@@ -32,6 +32,15 @@ if [ "${SWEEP:-0}" = 1 ]; then
     env $e DUSTOFF_PTX_DIR=$S/ptx70 DUSTOFF_BREAKDOWN_GEMM_ONLY=1 DUSTOFF_BREAKDOWN_FORMATS=q4_k $S/gp --ignored --exact \
       quant_bench::quant_kernel_breakdown --nocapture > $S/sweep-$v.log 2>&1
     echo "== $v ($e): rc $?"; grep -E '^gemm ' $S/sweep-$v.log | grep -v head | sed -E 's/ +/ /g; s/\[[0-9x]+\] //; s/ GB\/s.*//'
+  done
+fi
+# PROFILE=1: GPU time per kernel class of batched decode at PROFILE_BATCH (64) sequences, the
+# default settings (DUSTOFF_PROFILE=1: graphs off, so the totals run above the graph's).
+if [ "${PROFILE:-0}" = 1 ]; then
+  for shape in ${SHAPES:-qwen3-8b qwen3-30b-a3b}; do
+    DUSTOFF_PROFILE=1 $S/dustoff bench --device cuda --synthetic $shape --dtype q4_k_m --batch ${PROFILE_BATCH:-64} \
+      --gen-tokens 100 --runs 1 --ptx-dir $S/ptx70 > $S/profile-$shape.log 2>&1
+    echo "== profile $shape: rc $?"; grep -vE '^\s*$' $S/profile-$shape.log | tail -40
   done
 fi
 [ "${PARITY:-1}" = 1 ] && bash scripts/gpu-parity-subset.sh $S
