@@ -246,59 +246,53 @@ struct SplitReduceParams {
 
 extern "C" __global__ void splitk_reduce_q(const SplitReduceParams p) { splitk_reduce(p); }
 
-// ---- 8-warp tiles: a block of 8 warps owns 64 weight rows and BN = 32 NTW tokens (NTW token
-// fragments a warp): w128 (NTW 4) is the prefill tile (steps above 64 tokens), so each 64 x 128
-// weight tile is dequantized once per 128 tokens (twice the reuse of the tiles above) by twice
-// the threads; w64 / w32 (NTW 2 / 1) serve batched steps like t64 / t32 with half the
-// accumulators, input registers and staging per thread, so twice the warps stay resident (t64:
-// 204 registers on sm_90, 2 blocks of 4 warps an SM; 34.8 KB of shared memory, 2 blocks on a
-// V100). Per 128-column chunk: thread q dequantizes runs 2 (q % 4), 2 (q % 4) + 1 of row q / 4
-// (the 8 runs of 16 of a row's chunk, in unit order) and stages NTW 2 x 16 bytes of the
-// [BN, 128] F16 input; the next chunk's packed bytes and input are fetched into registers while
-// this one is multiplied. Warp w computes rows 16 (w % 4) .. + 15 for tokens BN / 2 (w / 4) ..
-// + BN / 2 - 1. Tokens past n_tok read the last token's row (no padded input) and are not
-// written. Split-K over gridDim.y as the 64-row tiles (w128: gridDim.y == 1). Dynamic shared
-// memory: QW_SMEM(BN) bytes (w128 opts in above 48 KB, legal on sm_70).
+// ---- Prefill tile (steps above 64 tokens): a block of 8 warps owns 64 weight rows and 128
+// tokens, so each 64 x 128 weight tile is dequantized once per 128 tokens (twice the reuse of
+// the tiles above) by twice the threads. Per 128-column chunk: thread q dequantizes runs
+// 2 (q % 4), 2 (q % 4) + 1 of row q / 4 (the 8 runs of 16 of a row's chunk, in unit order) and
+// stages 8 x 16 bytes of the [128, 128] F16 input; the next chunk's packed bytes and input are
+// fetched into registers while this one is multiplied. Warp w computes rows 16 (w % 4) .. + 15
+// for tokens 64 (w / 4) .. + 63 (4 accumulator tiles). Tokens past n_tok read the last token's
+// row (no padded input) and are not written. Dynamic shared memory: QW_SMEM bytes (opt-in above
+// 48 KB, legal on sm_70). No split-K (the token tiles fill the GPU): gridDim.y == 1.
+#define QW_BN 128
 #define QW_THREADS 256
-#define QW_SMEM(BN) ((QG_BM + (BN)) * QG_LD * 2)
+#define QW_SMEM ((QG_BM + QW_BN) * QG_LD * 2)
 
 // The thread's unit of chunk c (its two runs 2 (q % 4), + 1 lie in one unit: RUNS is even) and
-// its 2 NTW x 16 bytes of the input tile.
-template <class F, int NTW>
+// its 8 x 16 bytes of the input tile.
+template <class F>
 __device__ __forceinline__ void qw_fetch(const GemmQParams& p, const QRow& row, int c, int t0, typename F::Raw& rw,
-                                         uint4 (&rx)[2 * NTW]) {
+                                         uint4 (&rx)[8]) {
     rw = F::load(row, c * QG<F>::UPC + 2 * (threadIdx.x % 4) / F::RUNS);
     const long long c0 = (long long)c * QG_BK;
 #pragma unroll
-    for (int i = 0; i < 2 * NTW; ++i) {
+    for (int i = 0; i < 8; ++i) {
         const int q = threadIdx.x + QW_THREADS * i, tok = min(t0 + q / 16, p.n_tok - 1), part = q % 16;
         rx[i] = __ldg(reinterpret_cast<const uint4*>(p.x + (long long)tok * p.cols + c0 + part * 8));
     }
 }
 
-template <class F, int NTW>
+template <class F>
 __device__ __forceinline__ void gemm_qw_impl(const GemmQParams& p) {
-    constexpr int BN = 32 * NTW, LDO = 16 * NTW + 4;
-    static_assert(8 * 16 * LDO * 4 <= QW_SMEM(BN), "the warps' output tiles fit the staging area");
     extern __shared__ __align__(32) unsigned char qw_smem[];
     half_t* sw = reinterpret_cast<half_t*>(qw_smem);                     // [64, QG_LD]
-    half_t* sx = reinterpret_cast<half_t*>(qw_smem + QG_BM * QG_LD * 2);  // [BN, QG_LD]
+    half_t* sx = reinterpret_cast<half_t*>(qw_smem + QG_BM * QG_LD * 2);  // [128, QG_LD]
     const int warp = threadIdx.x / WARP;
     const int wm = warp % 4, wn = warp / 4;
-    const int r0 = blockIdx.x * QG_BM, t0 = blockIdx.z * BN;
-    const int chunks = p.cols / QG_BK, kb = blockIdx.y, nk = gridDim.y;
-    const int c_begin = (int)((long long)chunks * kb / nk), c_end = (int)((long long)chunks * (kb + 1) / nk);
+    const int r0 = blockIdx.x * QG_BM, t0 = blockIdx.z * QW_BN;
+    const int chunks = p.cols / QG_BK;
     const int my_row = threadIdx.x / 4, s = threadIdx.x % 4;
     const QRow row = q_row(p.qs, p.aux, r0 + my_row, p.qs_row, p.aux_row);
-    float acc[NTW][8];
+    float acc[4][8];
 #pragma unroll
-    for (int j = 0; j < NTW; ++j)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[j][i] = 0.0f;
     typename F::Raw rw;
-    uint4 rx[2 * NTW];
-    if (c_begin < c_end) qw_fetch<F, NTW>(p, row, c_begin, t0, rw, rx);
-    for (int c = c_begin; c < c_end; ++c) {
+    uint4 rx[8];
+    qw_fetch<F>(p, row, 0, t0, rw, rx);
+    for (int c = 0; c < chunks; ++c) {
         __syncthreads();  // the previous chunk's fragments are loaded
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
@@ -307,17 +301,14 @@ __device__ __forceinline__ void gemm_qw_impl(const GemmQParams& p) {
         }
         stage_x_tile<QW_THREADS>(sx, QG_LD, rx);
         __syncthreads();
-        if (c + 1 < c_end) qw_fetch<F, NTW>(p, row, c + 1, t0, rw, rx);
-        wmma_k_tile<NTW, QG_BK>(acc, sw + wm * 16 * QG_LD, sx + wn * 16 * NTW * QG_LD, QG_LD);
+        if (c + 1 < chunks) qw_fetch<F>(p, row, c + 1, t0, rw, rx);
+        wmma_k_tile<4, QG_BK>(acc, sw + wm * 16 * QG_LD, sx + wn * 64 * QG_LD, QG_LD);
     }
-    wmma_store_rows<NTW>(p, qw_smem, LDO, acc, r0 + wm * 16, t0 + wn * 16 * NTW, nk, kb);
+    wmma_store_rows<4>(p, qw_smem, 64 + 4, acc, r0 + wm * 16, t0 + wn * 64, 1, 0);
 }
 
-// grid: (rows / 64, k splits, ceil(n_tok / BN)), block 256, QW_SMEM(BN) bytes of dynamic shared
-// memory. The suffix: tokens per block tile.
-#define GEMMQW_ENTRIES(name, F)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(QW_THREADS) gemmq_##name##_w32(const GemmQParams p) { gemm_qw_impl<F, 1>(p); } \
-    extern "C" __global__ void __launch_bounds__(QW_THREADS) gemmq_##name##_w64(const GemmQParams p) { gemm_qw_impl<F, 2>(p); } \
-    extern "C" __global__ void __launch_bounds__(QW_THREADS) gemmq_##name##_w128(const GemmQParams p) { gemm_qw_impl<F, 4>(p); }
+// grid: (rows / 64, 1, ceil(n_tok / 128)), block 256, QW_SMEM bytes of dynamic shared memory.
+#define GEMMQW_ENTRY(name, F) \
+    extern "C" __global__ void __launch_bounds__(QW_THREADS) gemmq_##name##_w128(const GemmQParams p) { gemm_qw_impl<F>(p); }
 
-FOR_EACH_QFORMAT(GEMMQW_ENTRIES)
+FOR_EACH_QFORMAT(GEMMQW_ENTRY)

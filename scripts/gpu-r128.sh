@@ -22,8 +22,7 @@ xz -dc .gpu/dustoff.xz > $S/dustoff; chmod +x $S/dustoff
 mkdir -p /work/shared; [ -d /work/shared/testdata/arch ] || tar -C /work/shared -xJf .gpu/td.tar.xz
 export DUSTOFF_REQUIRE_GPU=1 RUST_MIN_STACK=33554432
 # VARIANTS: "name:SETTING,SETTING ..." compared in each round (default: the 128-row tile or not;
-# e.g. "w4:DUSTOFF_QGEMM_W8=0 w8:DUSTOFF_QGEMM_W8=17" for the 8-warp 64-row tiles, or
-# "t256:DUSTOFF_QGEMM_BLOCKS=256 t768:DUSTOFF_QGEMM_BLOCKS=768" for the split-K target).
+# e.g. "c0:DUSTOFF_QGEMM_SPLIT_COST=0 c2:DUSTOFF_QGEMM_SPLIT_COST=2" for the split-K by waves).
 variants=${VARIANTS:-"r64:DUSTOFF_QGEMM_R128=0 r128:DUSTOFF_QGEMM_R128=${R128_FROM:-17}"}
 # SWEEP=1: each variant's Q4_K launches alone first (quant_kernel_breakdown, GEMM rows only).
 if [ "${SWEEP:-0}" = 1 ]; then

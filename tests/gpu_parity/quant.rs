@@ -165,16 +165,6 @@ fn packed_gemm_equals_f16_rounded_twin() {
     ];
     packed_gemm_cases(&mut g, (256, 1024), QTile::Rows128, &rows128.map(|(n, s)| (n, s, false)));
     packed_gemm_cases(&mut g, (256, 1280), QTile::Rows128, &[(24, true, true), (64, true, true), (100, false, true)]);
-    let warps8 = [
-        (9usize, true, false),
-        (17, false, false),
-        (32, true, false),
-        (33, true, true),
-        (40, false, false),
-        (64, true, false),
-        (64, false, true),
-    ];
-    packed_gemm_cases(&mut g, (192, 1280), QTile::Warps8, &warps8);
 }
 
 /// `cases`: (tokens, split-K scratch, accumulate into an output of stride rows + 64).

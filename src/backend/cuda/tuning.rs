@@ -25,9 +25,6 @@ pub(super) struct Tuning {
     /// `DUSTOFF_QGEMM_R128=N`: fewest tokens of a step for the 128-row batch tile of the packed
     /// GEMM (gemm_quant.cu `_r128_`; 0: never, the 64-row tiles for every step).
     pub qgemm_r128: Option<usize>,
-    /// `DUSTOFF_QGEMM_W8=N`: fewest tokens of a step (up to 64) for the 8-warp 64-row batch
-    /// tiles of the packed GEMM (gemm_quant.cu `_w32` / `_w64`; 0: never).
-    pub qgemm_w8: Option<usize>,
     /// `DUSTOFF_QGEMM_BLOCKS=N`: blocks the packed GEMM of 9..=64 tokens aims for through
     /// split-K (default 256).
     pub qgemm_blocks: Option<usize>,
@@ -126,7 +123,6 @@ pub(super) fn tuning() -> &'static Tuning {
             qgemv_rows2: num("DUSTOFF_QGEMV_ROWS") == Some(2),
             qgemm_z64: num("DUSTOFF_QGEMM_Z64") == Some(1),
             qgemm_r128: num("DUSTOFF_QGEMM_R128"),
-            qgemm_w8: num("DUSTOFF_QGEMM_W8"),
             qgemm_blocks: num("DUSTOFF_QGEMM_BLOCKS").filter(|&b| b > 0),
             qgemm_split_cost: num("DUSTOFF_QGEMM_SPLIT_COST"),
             tc_rows64: num("DUSTOFF_TC_ROWS") == Some(64),

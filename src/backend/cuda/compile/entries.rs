@@ -57,12 +57,6 @@ pub fn gemm_quant_r128(fmt: &QFormat, halves: usize) -> &'static str {
     GEMM_QUANT_ENTRIES[41 + 8 * (halves.clamp(1, 2) - 1) + fmt.index]
 }
 
-/// `gemmq_<fmt>_w<32 * frags>`: the 8-warp 64-row batch tile over `frags` (1, 2) 16-token
-/// fragments a warp (32 / 64 tokens a block).
-pub fn gemm_quant_w8(fmt: &QFormat, frags: usize) -> &'static str {
-    GEMM_QUANT_ENTRIES[57 + 8 * (frags.clamp(1, 2) - 1) + fmt.index]
-}
-
 /// The split-K reduction of the quantized GEMM.
 pub const SPLITK_REDUCE_Q: &str = GEMM_QUANT_ENTRIES[32];
 
@@ -170,24 +164,17 @@ pub(in crate::backend::cuda) const GEMV_Q8_ENTRIES: [&str; 81] = {
 
 /// `kernels/gemm_quant.cu`: entry `8 * (tiles of 16 tokens - 1) + format`, then
 /// `splitk_reduce_q` at 32, the 128-token prefill tiles `gemmq_<fmt>_w128` at `33 + format`, the
-/// 128-row batch tiles `gemmq_<fmt>_r128_t32` / `_t64` at `41 + format` / `49 + format`, the
-/// 8-warp batch tiles `gemmq_<fmt>_w32` / `_w64` at `57 + format` / `65 + format`.
-pub(in crate::backend::cuda) const GEMM_QUANT_ENTRIES: [&str; 73] = {
+/// 128-row batch tiles `gemmq_<fmt>_r128_t32` / `_t64` at `41 + format` / `49 + format`.
+pub(in crate::backend::cuda) const GEMM_QUANT_ENTRIES: [&str; 57] = {
     let d = q_names!(("gemmq_", "_t16"), ("gemmq_", "_t32"), ("gemmq_", "_t48"), ("gemmq_", "_t64"));
-    let w = q_names!(
-        ("gemmq_", "_w128"),
-        ("gemmq_", "_r128_t32"),
-        ("gemmq_", "_r128_t64"),
-        ("gemmq_", "_w32"),
-        ("gemmq_", "_w64")
-    );
-    let mut all = ["splitk_reduce_q"; 73];
+    let w = q_names!(("gemmq_", "_w128"), ("gemmq_", "_r128_t32"), ("gemmq_", "_r128_t64"));
+    let mut all = ["splitk_reduce_q"; 57];
     let mut i = 0;
     while i < 32 {
         all[i] = d[i];
         i += 1;
     }
-    while i < 72 {
+    while i < 56 {
         all[i + 1] = w[i - 32];
         i += 1;
     }

@@ -552,8 +552,6 @@ mod entry_handles {
             assert_eq!(known(gemm_quant_w128(&f)), format!("gemmq_{n}_w128"));
             assert_eq!(known(gemm_quant_r128(&f, 1)), format!("gemmq_{n}_r128_t32"));
             assert_eq!(known(gemm_quant_r128(&f, 2)), format!("gemmq_{n}_r128_t64"));
-            assert_eq!(known(gemm_quant_w8(&f, 1)), format!("gemmq_{n}_w32"));
-            assert_eq!(known(gemm_quant_w8(&f, 2)), format!("gemmq_{n}_w64"));
             assert_eq!(known(dequant(&f)), format!("dequant_{n}_f16"));
             assert_eq!(known(embedding_q(&f)), format!("embedding_{n}"));
             assert_eq!(known(moe_q8(f.index, true)), format!("moe_gate_up_q8_{n}"));

@@ -254,9 +254,6 @@ const QR_BM: usize = 128;
 /// Fewest tokens of a step for the 128-row batch tile by default (`DUSTOFF_QGEMM_R128`); 0: off
 /// (the default until the tile is measured against the 64-row tiles on the GPU).
 const R128_MIN_TOKENS: usize = 0;
-/// Fewest tokens of a step for the 8-warp 64-row batch tiles by default (`DUSTOFF_QGEMM_W8`);
-/// 0: off (the 4-warp tiles for every step of up to 64 tokens).
-const W8_MIN_TOKENS: usize = 0;
 
 /// Which block tile a packed GEMM launch takes (kernels/gemm_quant.cu).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -267,9 +264,6 @@ pub enum QTile {
     Rows64,
     /// 128 weight rows a block (8 warps): steps of 9+ tokens, rows a multiple of 128.
     Rows128,
-    /// 64 weight rows a block, 8 warps of half the tokens each (`gemmq_<fmt>_w32` / `_w64`):
-    /// steps of up to 64 tokens.
-    Warps8,
 }
 
 /// Lets `entry` take `bytes` of dynamic shared memory (above 48 KB needs the opt-in; legal on
@@ -326,22 +320,15 @@ impl GemmQ {
 
     /// The tile a step of `n_tok` tokens takes on `[rows, _]` ([`QTile::Auto`] resolved): the
     /// 128-row batch tile from [`R128_MIN_TOKENS`] (`DUSTOFF_QGEMM_R128`) on where the rows are
-    /// whole 128-row tiles, else the 8-warp 64-row tiles from [`W8_MIN_TOKENS`]
-    /// (`DUSTOFF_QGEMM_W8`) to 64 tokens, else the 4-warp 64-row tiles.
+    /// whole 128-row tiles, else the 64-row tiles.
     fn tile(rows: usize, n_tok: usize, asked: QTile) -> QTile {
         let r128_fits = rows.is_multiple_of(QR_BM) && n_tok >= 9;
-        let w8_fits = n_tok <= 64;
         match asked {
             QTile::Rows128 if r128_fits => QTile::Rows128,
-            QTile::Warps8 if w8_fits => QTile::Warps8,
             QTile::Auto => {
-                let t = super::super::tuning::tuning();
-                let r128_from = t.qgemm_r128.unwrap_or(R128_MIN_TOKENS);
-                let w8_from = t.qgemm_w8.unwrap_or(W8_MIN_TOKENS);
-                if r128_fits && r128_from > 0 && n_tok >= r128_from {
+                let from = super::super::tuning::tuning().qgemm_r128.unwrap_or(R128_MIN_TOKENS);
+                if r128_fits && from > 0 && n_tok >= from {
                     QTile::Rows128
-                } else if w8_fits && w8_from > 0 && n_tok >= w8_from {
-                    QTile::Warps8
                 } else {
                     QTile::Rows64
                 }
@@ -435,12 +422,6 @@ impl GemmQ {
         }
         // (entry, row blocks, token tiles along z, threads, dynamic shared memory bytes)
         let (entry, row_blocks, z, threads, smem) = match tile {
-            QTile::Warps8 => {
-                // QW_SMEM: the staged [64 + 32 frags, 136] F16 tiles.
-                let frags = n.div_ceil(32).min(2);
-                let entry = entries::gemm_quant_w8(&self.w.fmt, frags);
-                (entry, rows / GEMMQ_BM, 1, 256, (GEMMQ_BM + 32 * frags) * (GEMMQ_BK + 8) * 2)
-            }
             QTile::Rows128 => {
                 // QR_SMEM: the staged [128 + 32 halves, 136] F16 tiles.
                 let halves = n.div_ceil(32).min(2);
