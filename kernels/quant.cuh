@@ -473,19 +473,17 @@ __device__ __forceinline__ unsigned lop_and_or(unsigned a, unsigned m, unsigned 
     return r;
 }
 
-// Q4_K: element 4i + b of run r is the nibble at bit 8b + 4r of word i; value d1 * q - o1.
+// Q4_K: run r's codes and value a * q + b from FQ4K::codes (a = d sc, b = -dmin m).
 template <> struct Stage16<FQ4K> {
-    static __device__ __forceinline__ void run(const FQ4K::Raw& a, int u, int r, uint4* dst) {
-        float d1, o1;
-        FQ4K::scale_min(a, u, d1, o1);
-        if (!(fabsf(o1) + 15.0f * fabsf(d1) <= 65000.0f)) {
-            stage16_generic<FQ4K>(a, u, r, dst);
+    static __device__ __forceinline__ void run(const FQ4K::Raw& raw, int u, int r, uint4* dst) {
+        unsigned q[4];
+        float a, b;
+        FQ4K::codes(raw, u, r, q, a, b);
+        if (!(fabsf(b) + 15.0f * fabsf(a) <= 65000.0f)) {
+            stage16_generic<FQ4K>(raw, u, r, dst);
             return;
         }
-        unsigned q[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = (word_of(a.q, i) >> (4 * r)) & 0x0F0F0F0Fu;
-        stage16_h2<0, true>(q, h2_splat(d1), h2_splat(-o1), dst);
+        stage16_h2<0, true>(q, h2_splat(a), h2_splat(b), dst);
     }
 };
 
@@ -509,18 +507,17 @@ template <> struct Stage16<FQ6K> {
     }
 };
 
-// Q8_0: byte j of run r's 16 bytes is element j, a signed code (offset by 128 through x ^ 0x80).
+// Q8_0: run r's codes from FQ8_0::codes (the signed bytes offset by 128), value d (q - 128).
 template <> struct Stage16<FQ8_0> {
-    static __device__ __forceinline__ void run(const FQ8_0::Raw& a, int, int r, uint4* dst) {
-        const uint4 v = r == 0 ? a.q0 : a.q1;
+    static __device__ __forceinline__ void run(const FQ8_0::Raw& raw, int, int r, uint4* dst) {
         unsigned q[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = word_of(v, i) ^ 0x80808080u;
-        if (!(128.0f * fabsf(a.d) <= 65000.0f)) {
-            stage16_generic<FQ8_0>(a, 0, r, dst);
+        float d, b;
+        FQ8_0::codes(raw, 0, r, q, d, b);
+        if (!(128.0f * fabsf(d) <= 65000.0f)) {
+            stage16_generic<FQ8_0>(raw, 0, r, dst);
             return;
         }
-        stage16_h2<128, false>(q, h2_splat(a.d), 0, dst);
+        stage16_h2<128, false>(q, h2_splat(d), 0, dst);
     }
 };
 
