@@ -577,3 +577,43 @@ impl FillQuant {
         launch(k, s, "tile_aux", (blocks_for(K, n_blocks * f.ab, 256)?.min(65_535), 1, 1), 256, 0, &p)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::GemmQ;
+
+    /// The split-K choice by whole waves (default start-up of 2 chunks, no environment).
+    #[test]
+    fn splits_fill_whole_waves() {
+        let part = usize::MAX / 2;
+        // Qwen3-8B gate/up at 64 tokens: 384 blocks of the 64-row tile. Where 264 are resident
+        // (2 an SM on 132 SMs) one split runs a second wave 45% full; two splits fill three.
+        assert_eq!(GemmQ::splits(384, 264, (24_576, 4096), 64, part), 2);
+        // Where 396 are resident (3 an SM) one wave holds them: no split.
+        assert_eq!(GemmQ::splits(384, 396, (24_576, 4096), 48, part), 1);
+        // qkv [6144, 4096], 96 blocks: the block target (256) asks for 3 splits, 288 blocks over
+        // 264 slots (two waves, the second nearly empty); 5 splits fill the second wave.
+        assert_eq!(GemmQ::splits(96, 264, (6144, 4096), 64, part), 5);
+        // o [4096, 4096], 64 blocks: 4 splits fit one wave (256 of 264).
+        assert_eq!(GemmQ::splits(64, 264, (4096, 4096), 64, part), 4);
+        // The scratch bounds the splits: room for 2 x [n_tok, rows] partials.
+        assert_eq!(GemmQ::splits(96, 264, (6144, 4096), 64, 2 * 64 * 6144), 2);
+        // No scratch: no split.
+        assert_eq!(GemmQ::splits(96, 264, (6144, 4096), 64, 0), 1);
+    }
+
+    /// The scratch the step plans holds every split [`GemmQ::splits`] can pick on the 64-row tile.
+    #[test]
+    fn part_len_holds_the_most_splits() {
+        for (rows, cols) in [(24_576, 4096), (6144, 4096), (4096, 4096), (4096, 12_288), (2048, 768)] {
+            for n in [9, 16, 33, 64] {
+                let len = GemmQ::part_len(rows, cols, n);
+                for slots in [80, 160, 264, 396, 660] {
+                    let nk = GemmQ::splits(rows / 64, slots, (rows, cols), n, usize::MAX / 2);
+                    assert!(nk == 1 || nk * n * rows <= len, "[{rows}, {cols}] at {n}: {nk} splits, {len} floats");
+                }
+            }
+        }
+        assert_eq!(GemmQ::part_len(4096, 4096, 8), 0, "GEMV steps take no scratch");
+    }
+}
