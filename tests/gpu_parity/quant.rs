@@ -145,8 +145,7 @@ fn two_part(ta: &Tensor, tb: &Tensor, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32
 /// 64-row tiles on 192 rows (three blocks); above 64 tokens the 128-token prefill tile (65: one
 /// partial tile; 300: two whole and a partial one; 512: four), split-K only at 9..=64. The
 /// 128-row batch tile on 256 rows at 9..=128 tokens (partial token fragments: 9, 17, 40, 100),
-/// and added into an output of a wider stride (1,280 columns: 10 chunks over the splits). The
-/// 8-warp 64-row tiles (w32 up to 32 tokens, w64 to 64) on 192 rows, half-used warps included.
+/// and added into an output of a wider stride (1,280 columns: 10 chunks over the splits).
 #[test]
 fn packed_gemm_equals_f16_rounded_twin() {
     let Some(mut g) = gpu("packed gemm") else { return };

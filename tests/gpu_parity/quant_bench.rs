@@ -180,7 +180,7 @@ fn quant_kernel_breakdown() {
                     100.0 * bytes / dt / bw
                 );
             }
-            // The packed tensor-core GEMM (steps of 9+ tokens) at 16, 32 and 64 tokens (the SwiGLU
+            // The packed tensor-core GEMM (steps of 9+ tokens) at 16, 32, 48 and 64 tokens (the SwiGLU
             // matrix as its plain gate/up product), the 64-row tiles and the 128-row batch tile.
             let tiles = [QTile::Rows64, QTile::Rows128];
             for (n, tile) in [16usize, 32, 48, 64].into_iter().flat_map(|n| tiles.map(|t| (n, t))) {

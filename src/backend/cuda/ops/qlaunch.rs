@@ -343,8 +343,7 @@ impl GemmQ {
         if !(9..=64).contains(&n_tok) || !Self::fits(rows, cols) {
             return 0;
         }
-        let max = (cols / GEMMQ_BK / 2).max(1);
-        let most = (2 * GEMMQ_TARGET_BLOCKS.div_ceil(rows / GEMMQ_BM)).min(max);
+        let (_, most) = Self::split_range(rows / GEMMQ_BM, cols, GEMMQ_TARGET_BLOCKS, usize::MAX);
         if most > 1 {
             most * n_tok * rows
         } else {
@@ -361,20 +360,26 @@ impl GemmQ {
     /// (`DUSTOFF_QGEMM_SPLIT_COST`; 0: the target alone).
     fn splits(base: usize, slots: usize, (rows, cols): (usize, usize), n_tok: usize, part_len: usize) -> usize {
         let t = super::super::tuning::tuning();
-        let chunks = cols / GEMMQ_BK;
         let fit = part_len / (n_tok * rows).max(1);
         if fit <= 1 {
             return 1;
         }
-        let max = (chunks / 2).max(1).min(fit);
-        let target = t.qgemm_blocks.unwrap_or(GEMMQ_TARGET_BLOCKS);
-        let want = target.div_ceil(base.max(1)).clamp(1, max);
+        let (want, most) = Self::split_range(base, cols, t.qgemm_blocks.unwrap_or(GEMMQ_TARGET_BLOCKS), fit);
         let start = t.qgemm_split_cost.unwrap_or(SPLIT_COST);
         if start == 0 {
             return want;
         }
-        let cost = |nk: usize| (base * nk).div_ceil(slots.max(1)) as f64 * (chunks as f64 / nk as f64 + start as f64);
-        (1..=(2 * want).min(max)).min_by(|&a, &b| cost(a).total_cmp(&cost(b))).unwrap_or(want)
+        let chunks = (cols / GEMMQ_BK) as f64;
+        let cost = |nk: usize| (base * nk).div_ceil(slots.max(1)) as f64 * (chunks / nk as f64 + start as f64);
+        (1..=most).min_by(|&a, &b| cost(a).total_cmp(&cost(b))).unwrap_or(want)
+    }
+
+    /// The splits that bring `base` blocks to `target` (at least 2 chunks a split, at most `fit`)
+    /// and the most [`GemmQ::splits`] considers: twice those.
+    fn split_range(base: usize, cols: usize, target: usize, fit: usize) -> (usize, usize) {
+        let max = (cols / GEMMQ_BK / 2).max(1).min(fit);
+        let want = target.div_ceil(base.max(1)).clamp(1, max);
+        (want, (2 * want).min(max))
     }
 
     pub fn launch(&self, k: &mut Kernels, s: &CudaStream) -> Result<(), CudaError> {

@@ -236,7 +236,7 @@ pub fn plan_memory_for(
     let tok = max_batch_tokens.max(1).next_power_of_two();
     let act_f32 = 2 * dim + (qd + 2 * kvd) + qd + 2 * ffn + ffn;
     let act_f16 = dim.max(qd).max(ffn);
-    let activations = (tok * act_f32 * 4 + tok.max(16) * act_f16 * 2) as u64 + tc_part_bytes(c, tok);
+    let activations = (tok * act_f32 * 4 + tok.max(16) * act_f16 * 2) as u64 + tc_part_len(c, tok) as u64 * 4;
     // One logits row per sequence of a step at most (its last token): final norm, logits, arg-max.
     let rows = tok.min(MAX_LOGIT_ROWS).min(seqs.running.max(1));
     let logits = (rows * (c.vocab_size + dim + 1) * 4) as u64;
@@ -287,10 +287,6 @@ pub fn tc_part_len(c: &ModelConfig, tok: usize) -> usize {
     let shapes = [(qd + 2 * kvd, c.dim), (c.dim, qd), (2 * c.ffn_dim, c.dim), (c.dim, c.ffn_dim)];
     let n = tok.min(TC_MAX_TOKENS);
     shapes.iter().map(|&(r, k)| tc64_part_len(r, k, n).max(GemmQ::part_len(r, k, n))).max().unwrap_or(0)
-}
-
-fn tc_part_bytes(c: &ModelConfig, tok: usize) -> u64 {
-    tc_part_len(c, tok) as u64 * 4
 }
 
 /// Rows (token x head x slot) of attention partials a step of at most `tok` tokens can take
