@@ -314,6 +314,43 @@ __device__ __forceinline__ void wmma_mma_rr(float (&d)[8], const unsigned (&a)[8
           "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(b[4]), "r"(b[5]), "r"(b[6]), "r"(b[7]));
 }
 
+// The m32n8k16 shape (32 weight rows x 8 tokens, k 16; the same 8-register fragments): A
+// (32 x 16, row-major) at p + r * ldm, B (16 x 8) column-major (token n's 16 values at
+// p + n * ldm), C (32 x 8 f32, row-major). For tiles of at most 8 tokens: a B fragment holds
+// 8 tokens instead of 16, so a 16-token tile's repeated rows are neither staged nor loaded.
+__device__ __forceinline__ void wmma_load_a_m32(unsigned (&a)[8], const half_t* p, int ldm) {
+    asm volatile("wmma.load.a.sync.aligned.row.m32n8k16.shared.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]), "=r"(a[4]), "=r"(a[5]), "=r"(a[6]), "=r"(a[7])
+                 : "l"(smem_addr(p)), "r"(ldm)
+                 : "memory");
+}
+
+__device__ __forceinline__ void wmma_load_b_col_n8(unsigned (&b)[8], const half_t* p, int ldm) {
+    asm volatile("wmma.load.b.sync.aligned.col.m32n8k16.shared.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, [%8], %9;"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]), "=r"(b[4]), "=r"(b[5]), "=r"(b[6]), "=r"(b[7])
+                 : "l"(smem_addr(p)), "r"(ldm)
+                 : "memory");
+}
+
+// d += a b (m32n8k16), B column-major.
+__device__ __forceinline__ void wmma_mma_rc_m32n8(float (&d)[8], const unsigned (&a)[8], const unsigned (&b)[8]) {
+    asm volatile(
+        "wmma.mma.sync.aligned.row.col.m32n8k16.f32.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+        "{%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19,%20,%21,%22,%23}, {%0,%1,%2,%3,%4,%5,%6,%7};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]), "r"(a[6]), "r"(a[7]),
+          "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(b[4]), "r"(b[5]), "r"(b[6]), "r"(b[7]));
+}
+
+// Accumulator (32 x 8 f32) to p, row-major in shared memory.
+__device__ __forceinline__ void wmma_store_c_m32n8(float* p, const float (&d)[8], int ldm) {
+    asm volatile("wmma.store.d.sync.aligned.row.m32n8k16.shared.f32 [%0], {%1,%2,%3,%4,%5,%6,%7,%8}, %9;"
+                 :
+                 : "l"(smem_addr(p)), "f"(d[0]), "f"(d[1]), "f"(d[2]), "f"(d[3]), "f"(d[4]), "f"(d[5]), "f"(d[6]), "f"(d[7]),
+                   "r"(ldm)
+                 : "memory");
+}
+
 // 2^x on the special-function unit (one instruction; relative error ~2^-22; 2^-inf = 0). The
 // attention kernels keep scores in log2 units (Q scaled by scale * LOG2E_F) and give partial
 // maxima back in natural units (times LN2_F).

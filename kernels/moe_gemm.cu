@@ -121,11 +121,11 @@ __device__ __forceinline__ bool mg_tile(const MoeGemmParams& p, int bn, int& exp
 }
 
 // Global -> registers: the packed units of chunk c (slot q: tile_slot) and the input tile (BN
-// tokens x 256 bytes: 16-byte loads; rows past the tile's count repeat its last row, their
-// results are dropped).
-template <class F, int WM, int NT16>
+// tokens x 256 bytes: XL = BN / 8 16-byte loads a thread; rows past the tile's count repeat its
+// last row, their results are dropped).
+template <class F, int WM, int XL>
 __device__ __forceinline__ void mg_fetch(const MoeGemmParams& p, const QRow* rows, int c, int first, int count,
-                                         typename F::Raw (&rw)[MG<F, WM>::PER_THREAD], uint4 (&rx)[NT16 * 2]) {
+                                         typename F::Raw (&rw)[MG<F, WM>::PER_THREAD], uint4 (&rx)[XL]) {
     constexpr int UPC = MG<F, WM>::UPC;
 #pragma unroll
     for (int i = 0; i < MG<F, WM>::PER_THREAD; ++i) {
@@ -135,9 +135,44 @@ __device__ __forceinline__ void mg_fetch(const MoeGemmParams& p, const QRow* row
     }
     const long long c0 = (long long)c * MG_BK;
 #pragma unroll
-    for (int i = 0; i < NT16 * 2; ++i) {
+    for (int i = 0; i < XL; ++i) {
         const int q = threadIdx.x + MG_THREADS * i, tok = min(q / 16, count - 1), part = q % 16;
         rx[i] = __ldg(reinterpret_cast<const uint4*>(p.x + (long long)(first + tok) * p.cols + c0 + part * 8));
+    }
+}
+
+// The packed rows of the thread's staging slots (tile_slot) in expert `expert`'s tile at output
+// row r0: gate/up tiles hold BM / 2 gate rows, then the same rows of the up slab.
+template <class F, int WM, bool GATE_UP>
+__device__ __forceinline__ void mg_rows(const MoeGemmParams& p, int expert, int r0, QRow (&rows)[MG<F, WM>::PER_THREAD]) {
+    using G = MG<F, WM>;
+    constexpr int OUT_ROWS = GATE_UP ? G::BM / 2 : G::BM;
+    const long long base = (long long)expert * p.rows + r0;
+#pragma unroll
+    for (int i = 0; i < G::PER_THREAD; ++i) {
+        int tr, unit;  // tile row
+        tile_slot<F, G::UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
+        if (GATE_UP && tr >= OUT_ROWS) {
+            rows[i] = q_row(p.qs2, p.aux2, base + tr - OUT_ROWS, p.qs_row, p.aux_row);
+        } else {
+            rows[i] = q_row(p.qs, p.aux, base + tr, p.qs_row, p.aux_row);
+        }
+    }
+}
+
+// The tile's outputs: v(r, n) the product of tile row r (gate/up: r < BM / 2 gate, the rest up)
+// and token n < count. Consecutive threads write consecutive rows of one token (coalesced).
+template <bool GATE_UP, int BM, class V>
+__device__ __forceinline__ void mg_write(const MoeGemmParams& p, int r0, int first, int count, V v) {
+    constexpr int OUT_ROWS = GATE_UP ? BM / 2 : BM;
+    for (int e = threadIdx.x; e < OUT_ROWS * count; e += MG_THREADS) {
+        const int r = e % OUT_ROWS, n = e / OUT_ROWS;
+        const long long dst = (long long)(first + n) * p.rows + r0 + r;
+        if (GATE_UP) {
+            p.act[dst] = f2h_sat(silu(v(r, n)) * v(OUT_ROWS + r, n));
+        } else {
+            p.y[dst] = v(r, n);
+        }
     }
 }
 
@@ -158,33 +193,22 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
     // token) are neither multiplied nor stored. Block-uniform, so no divergence; a nightly
     // job's mixed steps give an expert ~30 tokens, half of a 64-token tile.
     const int frags = p.all_frags ? NT16 : (count + 15) / 16;
-    constexpr int OUT_ROWS = GATE_UP ? BM / 2 : BM;  // output rows of the tile
-    const int r0 = blockIdx.x * OUT_ROWS;
-    const long long base = (long long)expert * p.rows + r0;
+    const int r0 = blockIdx.x * (GATE_UP ? BM / 2 : BM);
     QRow rows[G::PER_THREAD];
-#pragma unroll
-    for (int i = 0; i < G::PER_THREAD; ++i) {
-        int tr, unit;  // tile row
-        tile_slot<F, G::UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
-        if (GATE_UP && tr >= OUT_ROWS) {
-            rows[i] = q_row(p.qs2, p.aux2, base + tr - OUT_ROWS, p.qs_row, p.aux_row);
-        } else {
-            rows[i] = q_row(p.qs, p.aux, base + tr, p.qs_row, p.aux_row);
-        }
-    }
+    mg_rows<F, WM, GATE_UP>(p, expert, r0, rows);
     float acc[WM][NT16][8];
 #pragma unroll
     for (int m = 0; m < WM; ++m) wmma_zero(acc[m]);
     const int chunks = p.cols / MG_BK;
     typename F::Raw rw[G::PER_THREAD];
     uint4 rx[NT16 * 2];
-    mg_fetch<F, WM, NT16>(p, rows, 0, first, count, rw, rx);
+    mg_fetch<F, WM, NT16 * 2>(p, rows, 0, first, count, rw, rx);
     for (int c = 0; c < chunks; ++c) {
         __syncthreads();  // the previous chunk's fragments are loaded
         stage_tile_chunk<F, MG_THREADS, G::UPC>(sw, rw, c);
         stage_x_tile<MG_THREADS>(sx, MG_LD, rx);
         __syncthreads();
-        if (c + 1 < chunks) mg_fetch<F, WM, NT16>(p, rows, c + 1, first, count, rw, rx);
+        if (c + 1 < chunks) mg_fetch<F, WM, NT16 * 2>(p, rows, c + 1, first, count, rw, rx);
         // The product of common.cuh's wmma_k_tile, written out: through that function NVRTC 12.9
         // computes this kernel's fragment addresses otherwise (other PTX, not measured).
 #pragma unroll
@@ -210,34 +234,95 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
         for (int j = 0; j < NT16; ++j)
             if (j < frags) wmma_store_c(o + (warp * WM + m) * 16 * LDO + j * 16, acc[m][j], LDO);
     __syncthreads();
-    // Consecutive threads write consecutive rows of one token (coalesced).
-    for (int e = threadIdx.x; e < OUT_ROWS * count; e += MG_THREADS) {
-        const int r = e % OUT_ROWS, n = e / OUT_ROWS;
-        const long long dst = (long long)(first + n) * p.rows + r0 + r;
-        if (GATE_UP) {
-            const float g = o[r * LDO + n], u = o[(OUT_ROWS + r) * LDO + n];
-            p.act[dst] = f2h_sat(silu(g) * u);
-        } else {
-            p.y[dst] = o[r * LDO + n];
-        }
-    }
+    mg_write<GATE_UP, BM>(p, r0, first, count, [&](int r, int n) { return o[r * LDO + n]; });
 }
 
-// Entry points per format: gate/up (+ SwiGLU) and down; tiles of 64 rows x 16 or 64 tokens and
-// of 128 rows x 48 tokens. grid: (rows / (BM / 2) (gate/up) or rows / BM (down),
+// ---- Tiles of 8-token fragments (batched decode: at 64 sequences an expert holds ~4 tokens, so
+// 3/4 of a t16 tile's input rows repeat its last token, and each of its 4 warps loads every
+// input fragment). The block owns 64 weight rows x 8 N8 tokens of one expert; warp w computes
+// rows 32 (w % 2) .. + 31 over the k-steps 4 (w / 2) .. + 3 of each chunk with wmma m32n8k16
+// (one A fragment of 32 rows and N8 B fragments of 8 tokens a k-step), and the two K halves
+// are summed in the epilogue (half 0 + half 1: deterministic). Shared memory a chunk (N8 = 1):
+// the staged weights written and read once (16 + 16 KB), the input written (2 KB) and read
+// (4 KB), against t16's 16 + 16 KB and 4 + 16 KB (Nsight Compute, H100, compute_70 PTX: t16 at
+// 92% of the L1/shared throughput in batched decode, the stall most counted the shared-memory
+// wait). N8 = 2 (16 tokens): input 4 KB written, 8 KB read.
+template <class F, int N8, bool GATE_UP>
+__device__ __forceinline__ void moe_gemm_n8_impl(const MoeGemmParams& p) {
+    using G = MG<F, 1>;
+    constexpr int BM = G::BM, BN = 8 * N8, LDO = BN + 4, XL = BN * 16 / MG_THREADS;
+    constexpr int SW = BM * MG_LD * 2, SX = BN * MG_LD * 2, SO = 2 * BM * LDO * 4;
+    // Staged W and x during the loop, then (after a barrier) the accumulators [2, BM, LDO] f32.
+    __shared__ __align__(128) unsigned char smem[SW + SX > SO ? SW + SX : SO];
+    half_t* sw = reinterpret_cast<half_t*>(smem);       // [BM, MG_LD]
+    half_t* sx = reinterpret_cast<half_t*>(smem + SW);  // [BN, MG_LD]
+    int expert, first, count;
+    if (!mg_tile(p, BN, expert, first, count)) return;
+    const int warp = threadIdx.x / WARP, wr = warp % 2, wk = warp / 2;
+    // 8-token fragments that hold tokens of the tile (block-uniform, as in moe_gemm_impl).
+    const int frags = p.all_frags ? N8 : (count + 7) / 8;
+    const int r0 = blockIdx.x * (GATE_UP ? BM / 2 : BM);
+    QRow rows[G::PER_THREAD];
+    mg_rows<F, 1, GATE_UP>(p, expert, r0, rows);
+    float acc[N8][8];
+    wmma_zero(acc);
+    const int chunks = p.cols / MG_BK;
+    typename F::Raw rw[G::PER_THREAD];
+    uint4 rx[XL];
+    mg_fetch<F, 1, XL>(p, rows, 0, first, count, rw, rx);
+    for (int c = 0; c < chunks; ++c) {
+        __syncthreads();  // the previous chunk's fragments are loaded
+        stage_tile_chunk<F, MG_THREADS, G::UPC>(sw, rw, c);
+        stage_x_tile<MG_THREADS>(sx, MG_LD, rx);
+        __syncthreads();
+        if (c + 1 < chunks) mg_fetch<F, 1, XL>(p, rows, c + 1, first, count, rw, rx);
+#pragma unroll
+        for (int i = 0; i < MG_BK / 32; ++i) {
+            const int u = (MG_BK / 32) * wk + i;
+            unsigned a[8];
+            wmma_load_a_m32(a, sw + 32 * wr * MG_LD + 16 * u, MG_LD);
+#pragma unroll
+            for (int j = 0; j < N8; ++j) {
+                if (j >= frags) break;
+                unsigned b[8];
+                wmma_load_b_col_n8(b, sx + 8 * j * MG_LD + 16 * u, MG_LD);
+                wmma_mma_rc_m32n8(acc[j], a, b);
+            }
+        }
+    }
+    __syncthreads();  // the staging area becomes the two K halves' accumulators
+    float* o = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int j = 0; j < N8; ++j)
+        if (j < frags) wmma_store_c_m32n8(o + (wk * BM + 32 * wr) * LDO + 8 * j, acc[j], LDO);
+    __syncthreads();
+    mg_write<GATE_UP, BM>(p, r0, first, count, [&](int r, int n) { return o[r * LDO + n] + o[(BM + r) * LDO + n]; });
+}
+
+// Entry points per format: gate/up (+ SwiGLU) and down; tiles of 64 rows x 8, 16 (t16, and k16
+// of 8-token fragments) or 64 tokens and of 128 rows x 48 tokens. grid: (rows / (BM / 2) (gate/up) or rows / BM (down),
 // ceil(pairs / BN) + min(experts, pairs)), block 128.
 #define MOE_GEMM_ENTRY(name, F, kind, tile, WM, NT16, GATE_UP)                                   \
     extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_gemm_##kind##_##name##_##tile( \
         const MoeGemmParams p) {                                                                \
         moe_gemm_impl<F, WM, NT16, GATE_UP>(p);                                                 \
     }
+#define MOE_GEMM_N8_ENTRY(name, F, kind, tile, N8, GATE_UP)                                    \
+    extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_gemm_##kind##_##name##_##tile( \
+        const MoeGemmParams p) {                                                                \
+        moe_gemm_n8_impl<F, N8, GATE_UP>(p);                                                    \
+    }
 #define MOE_GEMM_ENTRIES(name, F)                         \
     MOE_GEMM_ENTRY(name, F, gate_up, t16, 1, 1, true)     \
     MOE_GEMM_ENTRY(name, F, gate_up, t64, 1, 4, true)     \
     MOE_GEMM_ENTRY(name, F, gate_up, w48, 2, 3, true)     \
+    MOE_GEMM_N8_ENTRY(name, F, gate_up, t8, 1, true)      \
+    MOE_GEMM_N8_ENTRY(name, F, gate_up, k16, 2, true)     \
     MOE_GEMM_ENTRY(name, F, down, t16, 1, 1, false)       \
     MOE_GEMM_ENTRY(name, F, down, t64, 1, 4, false)       \
-    MOE_GEMM_ENTRY(name, F, down, w48, 2, 3, false)
+    MOE_GEMM_ENTRY(name, F, down, w48, 2, 3, false)       \
+    MOE_GEMM_N8_ENTRY(name, F, down, t8, 1, false)        \
+    MOE_GEMM_N8_ENTRY(name, F, down, k16, 2, false)
 
 // The formats of the Q4_K_M / Q5_K_M / Q8_0 / Q4_0 mixes; other formats take the grouped GEMV.
 MOE_GEMM_ENTRIES(q4_0, FQ4_0)

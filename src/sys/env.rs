@@ -110,6 +110,8 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Run, "DUSTOFF_STATE_SNAPSHOTS", "8", "hybrid models on a GPU: prefix-reuse state snapshots kept at once (in the memory plan; the least recently used is evicted and its prefix computed again)"),
     var(Scope::Tuning, "DUSTOFF_MOE_GEMM", "1", "`0`: MoE steps grouped by expert run the grouped GEMV instead of the tensor-core grouped GEMM"),
     var(Scope::Tuning, "DUSTOFF_MOE_GEMM_SKIP", "1", "`0`: the grouped MoE GEMM computes every 16-token fragment of a tile, also those past its expert's tokens"),
+    var(Scope::Tuning, "DUSTOFF_MOE_T8", "0", "`N`: the grouped MoE GEMM's 8-token tile while a step's mean expert holds at most N tokens (batched decode); `0`: never (off until measured on a GPU)"),
+    var(Scope::Tuning, "DUSTOFF_MOE_K16", "0", "`1`: the grouped MoE GEMM's 16-token tile as two 8-token fragments with the K split over its warps, in place of t16"),
     var(Scope::Tuning, "DUSTOFF_MOE_WIDE_TILE", "1", "`0`: the grouped MoE GEMM's down product of prefill steps keeps 64 x 64 tiles instead of 128 rows x 48 tokens"),
     var(Scope::Tuning, "DUSTOFF_ROUTER_TILED", "0", "`1`: the MoE router logits of steps above 8 tokens in 32 x 32 tiles instead of a warp per (expert, token) (measured slower below 768 tokens)"),
     var(Scope::Tuning, "DUSTOFF_MOE_FUSED", "1", "`0`: the MoE router, top-k, down and weighted sum as separate launches instead of two fused ones"),

@@ -83,6 +83,12 @@ pub(super) struct Tuning {
     /// `DUSTOFF_MOE_WIDE_TILE=0`: the grouped GEMM's down product keeps the 64 x 64 tile where
     /// `ops::moe_gemm::Tile::for_step` picks the 128-row x 48-token one (for comparisons).
     pub moe_wide_tile: bool,
+    /// `DUSTOFF_MOE_T8=N`: the grouped GEMM's 8-token tile while a step's mean expert holds at
+    /// most N tokens (`ops::moe_gemm::Tile::for_step`; 0: never).
+    pub moe_t8: Option<usize>,
+    /// `DUSTOFF_MOE_K16=1`: the grouped GEMM's 16-token tile of two 8-token fragments
+    /// (`ops::moe_gemm::Tile::K16`) in place of t16.
+    pub moe_k16: bool,
     /// `DUSTOFF_ROUTER_TILED=1`: the router logits of steps above 8 tokens in 32 x 32 tiles
     /// (`moe_router_logits_tile_f32`: the router read once per 32 tokens) instead of a warp per
     /// (expert, token). Off: measured slower below 768 tokens (H200, compute_70 PTX: ~66 us at
@@ -143,6 +149,8 @@ pub(super) fn tuning() -> &'static Tuning {
             moe_gemm: num("DUSTOFF_MOE_GEMM") != Some(0),
             moe_gemm_skip: num("DUSTOFF_MOE_GEMM_SKIP") != Some(0),
             moe_wide_tile: num("DUSTOFF_MOE_WIDE_TILE") != Some(0),
+            moe_t8: num("DUSTOFF_MOE_T8"),
+            moe_k16: num("DUSTOFF_MOE_K16") == Some(1),
             router_tiled: num("DUSTOFF_ROUTER_TILED") == Some(1),
             shexp_fused: num("DUSTOFF_SHEXP_FUSED") != Some(0),
             shexp_pairs: num("DUSTOFF_SHEXP_PAIRS") != Some(0),

@@ -100,10 +100,10 @@ pub const MOE_GEMM_FORMATS: [crate::model::quant::GgmlType; 5] = {
     [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K]
 };
 
-/// `moe_gemm_{gate_up,down}_<fmt>_{t16,t64,w48}` for the format at `col` of
+/// `moe_gemm_{gate_up,down}_<fmt>_{t16,t64,w48,t8,k16}` for the format at `col` of
 /// [`MOE_GEMM_FORMATS`] and the tile at `tile` of that order (`ops::moe_gemm::Tile::index`).
 pub fn moe_gemm(col: usize, gate_up: bool, tile: usize) -> &'static str {
-    MOE_GEMM_ENTRIES[6 * col + 3 * usize::from(!gate_up) + tile]
+    MOE_GEMM_ENTRIES[10 * col + 5 * usize::from(!gate_up) + tile]
 }
 
 /// `moe_gate_up_q8_<fmt>` / `moe_down_sum_q8_<fmt>` (int8 activations) for a packed slab of
@@ -239,26 +239,30 @@ pub(in crate::backend::cuda) const MOE_ENTRIES: [&str; 52] = {
     all
 };
 
-/// Entry points of kernels/moe_gemm.cu: `6 * format + variant` for the variants gate/up t16,
-/// t64, w48, down t16, t64, w48 (formats in [`MOE_GEMM_FORMATS`] order), then the gather.
-pub(in crate::backend::cuda) const MOE_GEMM_ENTRIES: [&str; 31] = {
+/// Entry points of kernels/moe_gemm.cu: `10 * format + variant` for the variants gate/up t16,
+/// t64, w48, t8, k16, down t16, t64, w48, t8, k16 (formats in [`MOE_GEMM_FORMATS`] order), then the gather.
+pub(in crate::backend::cuda) const MOE_GEMM_ENTRIES: [&str; 51] = {
     macro_rules! v {
         ($f:literal) => {
             [
                 concat!("moe_gemm_gate_up_", $f, "_t16"),
                 concat!("moe_gemm_gate_up_", $f, "_t64"),
                 concat!("moe_gemm_gate_up_", $f, "_w48"),
+                concat!("moe_gemm_gate_up_", $f, "_t8"),
+                concat!("moe_gemm_gate_up_", $f, "_k16"),
                 concat!("moe_gemm_down_", $f, "_t16"),
                 concat!("moe_gemm_down_", $f, "_t64"),
                 concat!("moe_gemm_down_", $f, "_w48"),
+                concat!("moe_gemm_down_", $f, "_t8"),
+                concat!("moe_gemm_down_", $f, "_k16"),
             ]
         };
     }
     let f = [v!("q4_0"), v!("q8_0"), v!("q4_k"), v!("q5_k"), v!("q6_k")];
-    let mut all = ["moe_gather_f16"; 31];
+    let mut all = ["moe_gather_f16"; 51];
     let mut i = 0;
-    while i < 30 {
-        all[i] = f[i / 6][i % 6];
+    while i < 50 {
+        all[i] = f[i / 10][i % 10];
         i += 1;
     }
     all

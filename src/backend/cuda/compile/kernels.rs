@@ -569,7 +569,7 @@ mod entry_handles {
         for (col, d) in MOE_GEMM_FORMATS.iter().enumerate() {
             let n = fmt_name(&QFormat::of(*d).expect("a kernel format"));
             for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
-                for (tile, t) in ["t16", "t64", "w48"].into_iter().enumerate() {
+                for (tile, t) in ["t16", "t64", "w48", "t8", "k16"].into_iter().enumerate() {
                     assert_eq!(known(moe_gemm(col, gate_up, tile)), format!("moe_gemm_{what}_{n}_{t}"));
                 }
             }

@@ -31,18 +31,42 @@ pub enum Tile {
     T64,
     /// 128 rows x 48 tokens: more MMAs per fragment read from shared memory (prefill steps).
     W48,
+    /// 64 rows x 8 tokens (wmma m32n8k16, the block's warps split each chunk's K): batched
+    /// decode where the mean expert holds a few tokens (64 sequences of top-8 over 128 experts:
+    /// 4), so no input row is staged or loaded for a 16-token tile's repeats.
+    T8,
+    /// 64 rows x 16 tokens as two 8-token fragments, the K split as [`Tile::T8`]
+    /// (`DUSTOFF_MOE_K16=1`: in place of [`Tile::T16`]).
+    K16,
 }
 
+/// The mean tokens an expert up to which a step takes the 8-token tile (`DUSTOFF_MOE_T8`): 0,
+/// off, until its parity and speed are measured on a GPU (docs/BENCHMARKS.md, "8-token tiles").
+const T8_MAX_MEAN: usize = 0;
+
 impl Tile {
-    /// The tile of one product of a step of `n_pairs` pairs over `n_experts`: 16 tokens while
-    /// the mean expert has at most 16 (batched decode: a few tokens per expert); above that
+    /// The tile of one product of a step of `n_pairs` pairs over `n_experts`: 8 tokens while the
+    /// mean expert has at most `DUSTOFF_MOE_T8` ([`T8_MAX_MEAN`]), 16 while it has at most 16
+    /// (batched decode: a few tokens per expert); above that
     /// gate/up takes 64 tokens and down the 128-row tile. Measured on the H200 (docs/BENCHMARKS.md,
     /// `moe_kernel_breakdown`, Qwen3-30B-A3B shape): the wide tile is faster for down at 512 to
     /// 2,048 tokens, but gate/up (two slabs a tile, more registers) runs there at two blocks an SM
     /// against three for t64, which lost at 768 and 2,048 tokens.
     pub fn for_step(n_pairs: usize, n_experts: usize, gate_up: bool) -> Tile {
-        if n_pairs <= 16 * n_experts.max(1) {
-            Tile::T16
+        Self::for_step_t8(n_pairs, n_experts, gate_up, super::super::tuning::tuning().moe_t8.unwrap_or(T8_MAX_MEAN))
+    }
+
+    /// [`Tile::for_step`] with the 8-token tile while the mean expert holds at most `t8_mean`
+    /// tokens (`DUSTOFF_MOE_T8`; 0: never).
+    fn for_step_t8(n_pairs: usize, n_experts: usize, gate_up: bool, t8_mean: usize) -> Tile {
+        if t8_mean > 0 && n_pairs <= t8_mean * n_experts.max(1) {
+            Tile::T8
+        } else if n_pairs <= 16 * n_experts.max(1) {
+            if super::super::tuning::tuning().moe_k16 {
+                Tile::K16
+            } else {
+                Tile::T16
+            }
         } else if gate_up {
             Tile::T64
         } else {
@@ -55,12 +79,14 @@ impl Tile {
             Tile::T16 => 16,
             Tile::T64 => 64,
             Tile::W48 => 48,
+            Tile::T8 => 8,
+            Tile::K16 => 16,
         }
     }
     /// Weight rows of one tile (gate/up: half gate rows, half up rows).
     pub fn rows(self) -> usize {
         match self {
-            Tile::T16 | Tile::T64 => 64,
+            Tile::T16 | Tile::T64 | Tile::T8 | Tile::K16 => 64,
             Tile::W48 => 128,
         }
     }
@@ -70,6 +96,8 @@ impl Tile {
             Tile::T16 => 0,
             Tile::T64 => 1,
             Tile::W48 => 2,
+            Tile::T8 => 3,
+            Tile::K16 => 4,
         }
     }
 }
@@ -271,18 +299,26 @@ impl MoeGemm<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::Tile;
+    use super::{Tile, T8_MAX_MEAN};
 
     #[test]
     fn tiles_by_tokens_per_expert_and_product() {
-        // 128 experts: up to 16 pairs an expert on average is batched decode.
-        assert_eq!(Tile::for_step(16 * 128, 128, true), Tile::T16);
-        assert_eq!(Tile::for_step(16 * 128, 128, false), Tile::T16);
-        assert_eq!(Tile::for_step(16 * 128 + 1, 128, true), Tile::T64);
-        assert_eq!(Tile::for_step(16 * 128 + 1, 128, false), Tile::W48);
-        assert_eq!(Tile::for_step(5, 0, false), Tile::T16);
-        for t in [Tile::T16, Tile::T64, Tile::W48] {
-            assert!(t.rows() % 64 == 0 && t.tokens() % 16 == 0, "{t:?}");
+        // 128 experts: up to 16 pairs an expert on average is batched decode; 64 sequences of
+        // top-8 (4 an expert) take the 8-token tile.
+        let pick = |pairs, gate_up| Tile::for_step_t8(pairs, 128, gate_up, 6);
+        assert_eq!(pick(64 * 8, true), Tile::T8);
+        assert_eq!(pick(6 * 128, false), Tile::T8);
+        assert_eq!(pick(6 * 128 + 1, false), Tile::T16);
+        assert_eq!(Tile::for_step_t8(64 * 8, 128, true, T8_MAX_MEAN), Tile::T16, "off by default");
+        assert_eq!(pick(16 * 128, true), Tile::T16);
+        assert_eq!(pick(16 * 128, false), Tile::T16);
+        assert_eq!(pick(16 * 128 + 1, true), Tile::T64);
+        assert_eq!(pick(16 * 128 + 1, false), Tile::W48);
+        assert_eq!(Tile::for_step_t8(64 * 8, 128, true, 0), Tile::T16, "DUSTOFF_MOE_T8=0: never");
+        assert_eq!(Tile::for_step_t8(0, 128, true, 0), Tile::T16);
+        assert_eq!(Tile::for_step_t8(5, 0, false, 0), Tile::T16);
+        for t in [Tile::T16, Tile::T64, Tile::W48, Tile::T8, Tile::K16] {
+            assert!(t.rows() % 64 == 0 && t.tokens() % 8 == 0, "{t:?}");
         }
     }
 }
