@@ -15,8 +15,9 @@ B=${BATCH:-64}
 # regex of the kernels @ synthetic shape @ prompt tokens @ launches profiled [@ VAR=V,VAR=V]: the
 # first ones of the first decode step (the prompts are prefilled in one step of B x prompt tokens,
 # so every decode step has B tokens; the prefill takes other tiles, w128 / w48, and its own
-# attention).
-kernels=${KERNELS:-"^gemmq_q[46]_k_t64\$|^attn_decode_tc@qwen3-8b@512@6 ^moe_gemm_.*_t16\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_T8=0 ^moe_gemm_.*_t8\$@qwen3-30b-a3b@256@4"}
+# attention; MAX_BATCH_TOKENS=2048, the bench's default, profiles the mixed steps of ~124 tokens
+# that follow the first prompts instead).
+kernels=${KERNELS:-"^gemmq_q[46]_k_t64\$|^attn_decode_tc@qwen3-8b@512@6 ^moe_gemm_.*_t16\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_T8=0 ^moe_gemm_.*_t8\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_T8=8 ^moe_gemm_.*_k16\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_K16=1"}
 i=0
 for k in $kernels; do
   IFS=@ read -r re shape prompt count envs <<< "$k"; i=$((i + 1))
@@ -24,7 +25,7 @@ for k in $kernels; do
     --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
     --section ComputeWorkloadAnalysis --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
     $S/dustoff bench --device cuda --synthetic $shape --dtype q4_k_m --batch $B --prompt-tokens $prompt \
-    --max-batch-tokens $((B * prompt)) --gen-tokens 3 --runs 1 --ptx-dir $S/ptx70 > $L/ncu-$i.log 2>&1
+    --max-batch-tokens ${MAX_BATCH_TOKENS:-$((B * prompt))} --gen-tokens 3 --runs 1 --ptx-dir $S/ptx70 > $L/ncu-$i.log 2>&1
   echo "== $re ($shape, $B sequences${envs:+, $envs}): rc $?"
   grep -E '^  [a-z_0-9]+.*\(|Grid Size|Registers Per|Duration|DRAM Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Issue Slots Busy|stalled_(long_scoreboard|short_scoreboard|barrier|mio_throttle|math_pipe|wait|lg_throttle)' \
     $L/ncu-$i.log | sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/ +/ /g' | head -${LINES_PER:-80}
