@@ -417,6 +417,20 @@ __device__ __forceinline__ void stage_x_tile(half_t* sx, int ld, const uint4 (&r
     }
 }
 
+// One output v of a tensor-core GEMM block for weight row `row` and token n: with one K split
+// (nk == 1) to out [n_tok, out_stride] (+ bias, added to what is there with accumulate), else to
+// split kb's partial part [nk, n_tok, rows]. P: as wmma_store_rows.
+template <class P>
+__device__ __forceinline__ void gemm_store_one(const P& p, int row, int n, float v, int nk, int kb) {
+    if (nk == 1) {
+        const float r = p.bias ? v + p.bias[row] : v;
+        float* dst = p.out + (long long)n * p.out_stride + row;
+        *dst = p.accumulate ? *dst + r : r;
+    } else {
+        p.part[((long long)kb * p.n_tok + n) * p.rows + row] = v;
+    }
+}
+
 // The end of a tensor-core GEMM block (gemm_tc.cu, gemm_quant.cu): after a block barrier (the
 // staging area smem becomes the output buffer), each warp's NT16 accumulator tiles (weight rows
 // row0 .. + 16, tokens t0 .. + 16 NT16) go through its [16, ldo] floats of smem to the output
@@ -434,16 +448,6 @@ __device__ __forceinline__ void wmma_store_rows(const P& p, unsigned char* smem,
     __syncwarp();
     for (int e = lane; e < 16 * 16 * NT16; e += WARP) {
         const int m = e % 16, n = t0 + e / 16;
-        if (n < p.n_tok) {
-            const float v = o[m * ldo + e / 16];
-            const int row = row0 + m;
-            if (nk == 1) {
-                const float r = p.bias ? v + p.bias[row] : v;
-                float* dst = p.out + (long long)n * p.out_stride + row;
-                *dst = p.accumulate ? *dst + r : r;
-            } else {
-                p.part[((long long)kb * p.n_tok + n) * p.rows + row] = v;
-            }
-        }
+        if (n < p.n_tok) gemm_store_one(p, row0 + m, n, o[m * ldo + e / 16], nk, kb);
     }
 }

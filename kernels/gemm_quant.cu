@@ -18,46 +18,7 @@
 // Requires (checked by the launcher): rows % 64 == 0, cols % 128 == 0.
 #include "common.cuh"
 #include "quant.cuh"
-
-#define QG_BM 64
-#define QG_BK 128
-#define QG_LD (QG_BK + 8)  // halves per staged row (272 bytes: rows 4 banks apart)
-#define QG_THREADS 128
-
-struct GemmQParams {
-    const u8_t* qs;     // [rows, qs_row] bytes
-    const u8_t* aux;    // [rows, aux_row] bytes
-    const half_t* x;    // [ceil16(n_tok), cols] f16 (n_tok > 64: [ceil64(n_tok), cols])
-    float* out;         // [n_tok, out_stride] f32 (gridDim.y == 1)
-    const float* bias;  // optional [rows] f32 (gridDim.y == 1)
-    float* part;        // [gridDim.y, n_tok, rows] f32 (gridDim.y > 1)
-    int rows;
-    int cols;
-    int n_tok;
-    int out_stride;
-    int accumulate;
-    int qs_row;
-    int aux_row;
-};
-
-// Units of one row in a 128-column chunk, and per thread in a 64-row tile.
-template <class F> struct QG {
-    enum { UPC = QG_BK / F::UE, PER_THREAD = QG_BM * UPC / QG_THREADS };
-};
-
-// Global -> registers: the packed units of chunk c (thread q takes unit q % UPC of row q / UPC)
-// and the input tile (NT16 * 16 tokens x 256 bytes: 16-byte loads).
-template <class F, int NT16>
-__device__ __forceinline__ void qg_fetch(const GemmQParams& p, const QRow* rows, int c, int t0,
-                                         typename F::Raw (&rw)[QG<F>::PER_THREAD], uint4 (&rx)[NT16 * 2]) {
-    fetch_tile_units<F, QG_THREADS, QG<F>::UPC>(rows, c, rw);
-    const long long c0 = (long long)c * QG_BK;
-#pragma unroll
-    for (int i = 0; i < NT16 * 2; ++i) {
-        const int q = threadIdx.x + QG_THREADS * i, tok = q / 16, part = q % 16;
-        rx[i] = __ldg(reinterpret_cast<const uint4*>(p.x + (long long)(t0 + tok) * p.cols + c0 + part * 8));
-    }
-}
+#include "gemm_quant.cuh"
 
 template <class F, int NT16>
 __device__ __forceinline__ void gemm_q_impl(const GemmQParams& p) {
@@ -72,11 +33,7 @@ __device__ __forceinline__ void gemm_q_impl(const GemmQParams& p) {
     const int chunks = p.cols / QG_BK, kb = blockIdx.y, nk = gridDim.y;
     const int c_begin = (int)((long long)chunks * kb / nk), c_end = (int)((long long)chunks * (kb + 1) / nk);
     QRow rows[QG<F>::PER_THREAD];
-#pragma unroll
-    for (int i = 0; i < QG<F>::PER_THREAD; ++i) {
-        const int q = threadIdx.x + QG_THREADS * i;
-        rows[i] = q_row(p.qs, p.aux, r0 + q / QG<F>::UPC, p.qs_row, p.aux_row);
-    }
+    qg_rows<F>(p, r0, rows);
     float acc[NT16][8];
 #pragma unroll
     for (int j = 0; j < NT16; ++j)
@@ -87,14 +44,7 @@ __device__ __forceinline__ void gemm_q_impl(const GemmQParams& p) {
     if (c_begin < c_end) qg_fetch<F, NT16>(p, rows, c_begin, t0, rw, rx);
     for (int c = c_begin; c < c_end; ++c) {
         __syncthreads();  // the previous chunk's fragments are loaded
-#pragma unroll
-        for (int i = 0; i < QG<F>::PER_THREAD; ++i) {
-            const int q = threadIdx.x + QG_THREADS * i, row = q / QG<F>::UPC;
-            const int u = c * QG<F>::UPC + q % QG<F>::UPC;
-#pragma unroll
-            for (int k = 0; k < F::RUNS; ++k)
-                Stage16<F>::run(rw[i], u, k, reinterpret_cast<uint4*>(sw + row * QG_LD + (F::start(u, k) - c * QG_BK)));
-        }
+        qg_stage<F>(sw, rw, c);
         stage_x_tile<QG_THREADS>(sx, QG_LD, rx);
         __syncthreads();
         if (c + 1 < c_end) qg_fetch<F, NT16>(p, rows, c + 1, t0, rw, rx);
@@ -209,17 +159,7 @@ __device__ __forceinline__ void gemm_qr_impl(const GemmQParams& p) {
     // Consecutive lanes write consecutive rows of one token (coalesced).
     for (int e = lane; e < 32 * 16 * frags; e += WARP) {
         const int m = e % 32, n = t0 + 16 * WN * wn + e / 32;
-        if (n < p.n_tok) {
-            const float v = o[m * LDO + e / 32];
-            const int row = r0 + 32 * wm + m;
-            if (nk == 1) {
-                const float r = p.bias ? v + p.bias[row] : v;
-                float* dst = p.out + (long long)n * p.out_stride + row;
-                *dst = p.accumulate ? *dst + r : r;
-            } else {
-                p.part[((long long)kb * p.n_tok + n) * p.rows + row] = v;
-            }
-        }
+        if (n < p.n_tok) gemm_store_one(p, r0 + 32 * wm + m, n, o[m * LDO + e / 32], nk, kb);
     }
 }
 

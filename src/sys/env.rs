@@ -92,6 +92,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Tuning, "DUSTOFF_CASCADE", "1", "`0`: no shared-prefix (cascade) attention in decode steps"),
     var(Scope::Tuning, "DUSTOFF_WIDE_MB", "32", "MB of the F16 scratch quantized matrices are widened into for large steps (larger matrices go in row chunks)"),
     var(Scope::Tuning, "DUSTOFF_QGEMM_Z64", "0", "`1`: steps above 64 tokens on the packed GEMM take 64-token tiles instead of the 128-token tile"),
+    var(Scope::Tuning, "DUSTOFF_QGEMM_KSPLIT", "0 (off)", "`N`: steps of N..=64 tokens on the packed GEMM take the K-split tile (wmma m32n8k16, the warps splitting each chunk's K; off until measured on a GPU)"),
     var(Scope::Tuning, "DUSTOFF_QGEMM_R128", "0 (off)", "`N`: steps of N or more tokens on the packed GEMM take the 128-row tile of 8 warps (rows a multiple of 128)"),
     var(Scope::Tuning, "DUSTOFF_QGEMM_BLOCKS", "chosen per shape", "blocks the packed GEMM of 9..=64 tokens aims for through its split-K"),
     var(Scope::Tuning, "DUSTOFF_QGEMM_SPLIT_COST", "2", "a block's start-up, in 128-column chunks, when the packed GEMM picks its split-K by whole waves of resident blocks (0: by the block target alone)"),

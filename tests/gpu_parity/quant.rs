@@ -145,7 +145,8 @@ fn two_part(ta: &Tensor, tb: &Tensor, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32
 /// 64-row tiles on 192 rows (three blocks); above 64 tokens the 128-token prefill tile (65: one
 /// partial tile; 300: two whole and a partial one; 512: four), split-K only at 9..=64. The
 /// 128-row batch tile on 256 rows at 9..=128 tokens (partial token fragments: 9, 17, 40, 100),
-/// and added into an output of a wider stride (1,280 columns: 10 chunks over the splits).
+/// and added into an output of a wider stride (1,280 columns: 10 chunks over the splits). The
+/// K-split tile at 9..=64 tokens (8-token fragments past the tokens: 9, 20, 33) the same ways.
 #[test]
 fn packed_gemm_equals_f16_rounded_twin() {
     let Some(mut g) = gpu("packed gemm") else { return };
@@ -164,6 +165,9 @@ fn packed_gemm_equals_f16_rounded_twin() {
     ];
     packed_gemm_cases(&mut g, (256, 1024), QTile::Rows128, &rows128.map(|(n, s)| (n, s, false)));
     packed_gemm_cases(&mut g, (256, 1280), QTile::Rows128, &[(24, true, true), (64, true, true), (100, false, true)]);
+    let ksplit = [(9usize, false), (16, true), (20, false), (33, true), (48, false), (64, true), (64, false)];
+    packed_gemm_cases(&mut g, (192, 1024), QTile::KSplit, &ksplit.map(|(n, s)| (n, s, false)));
+    packed_gemm_cases(&mut g, (192, 1280), QTile::KSplit, &[(24, true, true), (64, false, true)]);
 }
 
 /// `cases`: (tokens, split-K scratch, accumulate into an output of stride rows + 64).

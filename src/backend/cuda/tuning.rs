@@ -25,6 +25,9 @@ pub(super) struct Tuning {
     /// `DUSTOFF_QGEMM_R128=N`: fewest tokens of a step for the 128-row batch tile of the packed
     /// GEMM (gemm_quant.cu `_r128_`; 0: never, the 64-row tiles for every step).
     pub qgemm_r128: Option<usize>,
+    /// `DUSTOFF_QGEMM_KSPLIT=N`: steps of N..=64 tokens on the packed GEMM take the K-split tile
+    /// (gemm_quant.cu `_k<T>`; unset or 0: never).
+    pub qgemm_ksplit: Option<usize>,
     /// `DUSTOFF_QGEMM_BLOCKS=N`: blocks the packed GEMM of 9..=64 tokens aims for through
     /// split-K (default 256).
     pub qgemm_blocks: Option<usize>,
@@ -129,6 +132,7 @@ pub(super) fn tuning() -> &'static Tuning {
             qgemv_rows2: num("DUSTOFF_QGEMV_ROWS") == Some(2),
             qgemm_z64: num("DUSTOFF_QGEMM_Z64") == Some(1),
             qgemm_r128: num("DUSTOFF_QGEMM_R128"),
+            qgemm_ksplit: num("DUSTOFF_QGEMM_KSPLIT"),
             qgemm_blocks: num("DUSTOFF_QGEMM_BLOCKS").filter(|&b| b > 0),
             qgemm_split_cost: num("DUSTOFF_QGEMM_SPLIT_COST"),
             tc_rows64: num("DUSTOFF_TC_ROWS") == Some(64),

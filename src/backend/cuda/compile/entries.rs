@@ -47,6 +47,11 @@ pub fn gemm_quant(fmt: &QFormat, tiles: usize) -> &'static str {
     GEMM_QUANT_ENTRIES[8 * (tiles.clamp(1, 4) - 1) + fmt.index]
 }
 
+/// `gemmq_<fmt>_k<16 * tiles>`: the K-split tile over `tiles` (1..=4) 16-token tiles.
+pub fn gemm_quant_ksplit(fmt: &QFormat, tiles: usize) -> &'static str {
+    GEMM_KSPLIT_ENTRIES[8 * (tiles.clamp(1, 4) - 1) + fmt.index]
+}
+
 /// `gemmq_<fmt>_w128`: the 128-token prefill tile.
 pub fn gemm_quant_w128(fmt: &QFormat) -> &'static str {
     GEMM_QUANT_ENTRIES[33 + fmt.index]
@@ -101,9 +106,14 @@ pub const MOE_GEMM_FORMATS: [crate::model::quant::GgmlType; 5] = {
 };
 
 /// `moe_gemm_{gate_up,down}_<fmt>_{t16,t64,w48,t8,k16}` for the format at `col` of
-/// [`MOE_GEMM_FORMATS`] and the tile at `tile` of that order (`ops::moe_gemm::Tile::index`).
+/// [`MOE_GEMM_FORMATS`] and the tile at `tile` of that order (`ops::moe_gemm::Tile::index`;
+/// t8 and k16 in `moe_gemm_n8.cu`).
 pub fn moe_gemm(col: usize, gate_up: bool, tile: usize) -> &'static str {
-    MOE_GEMM_ENTRIES[10 * col + 5 * usize::from(!gate_up) + tile]
+    if tile < 3 {
+        MOE_GEMM_ENTRIES[6 * col + 3 * usize::from(!gate_up) + tile]
+    } else {
+        MOE_GEMM_N8_ENTRIES[4 * col + 2 * usize::from(!gate_up) + (tile - 3).min(1)]
+    }
 }
 
 /// `moe_gate_up_q8_<fmt>` / `moe_down_sum_q8_<fmt>` (int8 activations) for a packed slab of
@@ -181,6 +191,10 @@ pub(in crate::backend::cuda) const GEMM_QUANT_ENTRIES: [&str; 57] = {
     all
 };
 
+/// `kernels/gemm_ksplit.cu`: `gemmq_<fmt>_k<16 t>` at `8 (t - 1) + format`.
+pub(in crate::backend::cuda) const GEMM_KSPLIT_ENTRIES: [&str; 32] =
+    q_names!(("gemmq_", "_k16"), ("gemmq_", "_k32"), ("gemmq_", "_k48"), ("gemmq_", "_k64"));
+
 /// `kernels/dequant.cu`: `dequant_<fmt>_f16` at `format`, `embedding_<fmt>` at `8 + format`,
 /// then the synthetic-weight fillers.
 pub(in crate::backend::cuda) const DEQUANT_ENTRIES: [&str; 18] = {
@@ -239,33 +253,45 @@ pub(in crate::backend::cuda) const MOE_ENTRIES: [&str; 52] = {
     all
 };
 
-/// Entry points of kernels/moe_gemm.cu: `10 * format + variant` for the variants gate/up t16,
-/// t64, w48, t8, k16, down t16, t64, w48, t8, k16 (formats in [`MOE_GEMM_FORMATS`] order), then the gather.
-pub(in crate::backend::cuda) const MOE_GEMM_ENTRIES: [&str; 51] = {
+/// Entry points of kernels/moe_gemm.cu: `6 * format + variant` for the variants gate/up t16,
+/// t64, w48, down t16, t64, w48 (formats in [`MOE_GEMM_FORMATS`] order), then the gather.
+pub(in crate::backend::cuda) const MOE_GEMM_ENTRIES: [&str; 31] = {
     macro_rules! v {
         ($f:literal) => {
             [
                 concat!("moe_gemm_gate_up_", $f, "_t16"),
                 concat!("moe_gemm_gate_up_", $f, "_t64"),
                 concat!("moe_gemm_gate_up_", $f, "_w48"),
-                concat!("moe_gemm_gate_up_", $f, "_t8"),
-                concat!("moe_gemm_gate_up_", $f, "_k16"),
                 concat!("moe_gemm_down_", $f, "_t16"),
                 concat!("moe_gemm_down_", $f, "_t64"),
                 concat!("moe_gemm_down_", $f, "_w48"),
-                concat!("moe_gemm_down_", $f, "_t8"),
-                concat!("moe_gemm_down_", $f, "_k16"),
             ]
         };
     }
     let f = [v!("q4_0"), v!("q8_0"), v!("q4_k"), v!("q5_k"), v!("q6_k")];
-    let mut all = ["moe_gather_f16"; 51];
+    let mut all = ["moe_gather_f16"; 31];
     let mut i = 0;
-    while i < 50 {
-        all[i] = f[i / 10][i % 10];
+    while i < 30 {
+        all[i] = f[i / 6][i % 6];
         i += 1;
     }
     all
+};
+
+/// Entry points of kernels/moe_gemm_n8.cu: `4 * format + variant` for the variants gate/up t8,
+/// k16, down t8, k16 (formats in [`MOE_GEMM_FORMATS`] order).
+pub(in crate::backend::cuda) const MOE_GEMM_N8_ENTRIES: [&str; 20] = {
+    macro_rules! v {
+        ($($f:literal),*) => {
+            [$(
+                concat!("moe_gemm_gate_up_", $f, "_t8"),
+                concat!("moe_gemm_gate_up_", $f, "_k16"),
+                concat!("moe_gemm_down_", $f, "_t8"),
+                concat!("moe_gemm_down_", $f, "_k16"),
+            )*]
+        };
+    }
+    v!("q4_0", "q8_0", "q4_k", "q5_k", "q6_k")
 };
 
 /// Entry points of kernels/moe_q8.cu: `2 * format + v` (formats in `QFormat::index` order),

@@ -21,16 +21,17 @@ pub struct KernelFile {
     pub name: &'static str,
     pub source: &'static str,
     pub entries: &'static [&'static str],
-    /// An environment variable that must be `1` for [`KernelFile::switched_on`] (a kernel family
-    /// that is off by default is then compiled only when something launches it, so that it adds
-    /// nothing to every start); none: always on.
-    pub switch: Option<&'static str>,
+    /// Environment variables of which one must be set and not `0` for
+    /// [`KernelFile::switched_on`] (a kernel family that is off by default is then compiled only
+    /// when something launches it, so that it adds nothing to every start); empty: always on.
+    pub switch: &'static [&'static str],
 }
 
 impl KernelFile {
     /// Whether this file's family is switched on (see `switch`).
     pub fn switched_on(&self) -> bool {
-        self.switch.is_none_or(|v| crate::sys::env::get(v).is_some_and(|x| x == "1"))
+        self.switch.is_empty()
+            || self.switch.iter().any(|v| crate::sys::env::get(v).is_some_and(|x| !x.is_empty() && x != "0"))
     }
 }
 
@@ -41,13 +42,21 @@ pub const QUANT: &str = include_str!("../../../../kernels/quant.cuh");
 /// What the decode attention kernel files share (`kernels/attention.cuh`), inlined the same way.
 pub const ATTENTION: &str = include_str!("../../../../kernels/attention.cuh");
 
+/// What the packed GEMM files share (`kernels/gemm_quant.cuh`), inlined the same way.
+pub const GEMM_QUANT: &str = include_str!("../../../../kernels/gemm_quant.cuh");
+
+/// What the grouped MoE GEMM files share (`kernels/moe_gemm.cuh`), inlined the same way.
+pub const MOE_GEMM: &str = include_str!("../../../../kernels/moe_gemm.cuh");
+
 /// The program text NVRTC compiles: the file with its headers (`common.cuh`, `quant.cuh`,
-/// `attention.cuh`) inlined.
+/// `attention.cuh`, `gemm_quant.cuh`, `moe_gemm.cuh`) inlined.
 pub fn full_source(file: &KernelFile) -> String {
     file.source
         .replace("#include \"common.cuh\"", COMMON)
         .replace("#include \"quant.cuh\"", QUANT)
         .replace("#include \"attention.cuh\"", ATTENTION)
+        .replace("#include \"gemm_quant.cuh\"", GEMM_QUANT)
+        .replace("#include \"moe_gemm.cuh\"", MOE_GEMM)
 }
 
 /// NVRTC options besides the architecture. Part of the cache key.

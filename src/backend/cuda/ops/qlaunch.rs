@@ -264,6 +264,9 @@ pub enum QTile {
     Rows64,
     /// 128 weight rows a block (8 warps): steps of 9+ tokens, rows a multiple of 128.
     Rows128,
+    /// 64 weight rows a block, the warps splitting each chunk's K (wmma m32n8k16): steps of
+    /// 9..=64 tokens.
+    KSplit,
 }
 
 /// Lets `entry` take `bytes` of dynamic shared memory (above 48 KB needs the opt-in; legal on
@@ -319,15 +322,22 @@ impl GemmQ {
     }
 
     /// The tile a step of `n_tok` tokens takes on `[rows, _]` ([`QTile::Auto`] resolved): the
-    /// 128-row batch tile from [`R128_MIN_TOKENS`] (`DUSTOFF_QGEMM_R128`) on where the rows are
-    /// whole 128-row tiles, else the 64-row tiles.
+    /// K-split tile at `DUSTOFF_QGEMM_KSPLIT`..=64 tokens (off unless set), the 128-row batch
+    /// tile from [`R128_MIN_TOKENS`] (`DUSTOFF_QGEMM_R128`) where the rows are whole 128-row
+    /// tiles, else the 64-row tiles.
     fn tile(rows: usize, n_tok: usize, asked: QTile) -> QTile {
         let r128_fits = rows.is_multiple_of(QR_BM) && n_tok >= 9;
+        let ksplit_fits = (9..=64).contains(&n_tok);
         match asked {
             QTile::Rows128 if r128_fits => QTile::Rows128,
+            QTile::KSplit if ksplit_fits => QTile::KSplit,
             QTile::Auto => {
-                let from = super::super::tuning::tuning().qgemm_r128.unwrap_or(R128_MIN_TOKENS);
-                if r128_fits && from > 0 && n_tok >= from {
+                let t = super::super::tuning::tuning();
+                let from = t.qgemm_r128.unwrap_or(R128_MIN_TOKENS);
+                let ksplit_from = t.qgemm_ksplit.unwrap_or(0);
+                if ksplit_fits && ksplit_from > 0 && n_tok >= ksplit_from {
+                    QTile::KSplit
+                } else if r128_fits && from > 0 && n_tok >= from {
                     QTile::Rows128
                 } else {
                     QTile::Rows64
@@ -433,6 +443,7 @@ impl GemmQ {
                 let entry = entries::gemm_quant_r128(&self.w.fmt, halves);
                 (entry, rows / QR_BM, n.div_ceil(32 * halves), 256, (QR_BM + 32 * halves) * (GEMMQ_BK + 8) * 2)
             }
+            QTile::KSplit => (entries::gemm_quant_ksplit(&self.w.fmt, tiles), rows / GEMMQ_BM, z, 128, 0),
             _ => (entries::gemm_quant(&self.w.fmt, tiles), rows / GEMMQ_BM, z, 128, 0),
         };
         if smem > 0 {
