@@ -17,7 +17,7 @@ B=${BATCH:-64}
 # so every decode step has B tokens; the prefill takes other tiles, w128 / w48, and its own
 # attention; MAX_BATCH_TOKENS=2048, the bench's default, profiles the mixed steps of ~124 tokens
 # that follow the first prompts instead).
-kernels=${KERNELS:-"^gemmq_q[46]_k_t64\$|^attn_decode_tc@qwen3-8b@512@6 ^moe_gemm_.*_t16\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_T8=0 ^moe_gemm_.*_t8\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_T8=8 ^moe_gemm_.*_k16\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_K16=1"}
+kernels=${KERNELS:-"^gemmq_q[46]_k_t64\$|^attn_decode_tc@qwen3-8b@512@6 ^gemmq_q[46]_k_k64\$@qwen3-8b@512@4@DUSTOFF_QGEMM_KSPLIT=49 ^moe_gemm_.*_t16\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_T8=0 ^moe_gemm_.*_t8\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_T8=8 ^moe_gemm_.*_k16\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_K16=1"}
 i=0
 for k in $kernels; do
   IFS=@ read -r re shape prompt count envs <<< "$k"; i=$((i + 1))
