@@ -31,34 +31,11 @@ __device__ __forceinline__ void gemm_qk_impl(const GemmQParams& p) {
     qg_rows<F>(p, r0, rows);
     float acc[N8][8];
     wmma_zero(acc);
-    typename F::Raw rw[QG<F>::PER_THREAD];
-    uint4 rx[NT16 * 2];
-    if (c_begin < c_end) qg_fetch<F, NT16>(p, rows, c_begin, t0, rw, rx);
-    for (int c = c_begin; c < c_end; ++c) {
-        __syncthreads();  // the previous chunk's fragments are loaded
-        qg_stage<F>(sw, rw, c);
-        stage_x_tile<QG_THREADS>(sx, QG_LD, rx);
-        __syncthreads();
-        if (c + 1 < c_end) qg_fetch<F, NT16>(p, rows, c + 1, t0, rw, rx);
-#pragma unroll
-        for (int i = 0; i < QG_BK / 32; ++i) {
-            const int u = (QG_BK / 32) * wk + i;
-            unsigned a[8];
-            wmma_load_a_m32(a, sw + 32 * wr * QG_LD + 16 * u, QG_LD);
-#pragma unroll
-            for (int j = 0; j < N8; ++j) {
-                if (j >= frags) break;
-                unsigned b[8];
-                wmma_load_b_col_n8(b, sx + 8 * j * QG_LD + 16 * u, QG_LD);
-                wmma_mma_rc_m32n8(acc[j], a, b);
-            }
-        }
-    }
+    qg_chunks<F, NT16>(p, rows, c_begin, c_end, t0, sw, sx,
+                       [&] { wmma_k_half_n8<N8, QG_BK>(acc, sw + 32 * wr * QG_LD, sx, QG_LD, wk, frags); });
     __syncthreads();  // the staging area becomes the two K halves' accumulators
     float* o = reinterpret_cast<float*>(smem);
-#pragma unroll
-    for (int j = 0; j < N8; ++j)
-        if (j < frags) wmma_store_c_m32n8(o + (wk * QG_BM + 32 * wr) * LDO + 8 * j, acc[j], LDO);
+    wmma_store_n8(o + (wk * QG_BM + 32 * wr) * LDO, acc, LDO, frags);
     __syncthreads();
     // Consecutive threads write consecutive rows of one token (coalesced).
     for (int e = threadIdx.x; e < QG_BM * 8 * frags; e += QG_THREADS) {
@@ -68,10 +45,6 @@ __device__ __forceinline__ void gemm_qk_impl(const GemmQParams& p) {
 }
 
 // grid: (rows / 64, k splits, 1), block 128. The suffix: tokens per block tile (the padded count).
-#define GEMMQK_ENTRIES(name, F)                                                                               \
-    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_k16(const GemmQParams p) { gemm_qk_impl<F, 1>(p); } \
-    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_k32(const GemmQParams p) { gemm_qk_impl<F, 2>(p); } \
-    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_k48(const GemmQParams p) { gemm_qk_impl<F, 3>(p); } \
-    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_k64(const GemmQParams p) { gemm_qk_impl<F, 4>(p); }
+#define GEMMQK_ENTRIES(name, F) GEMMQ_TILE_ENTRIES(name, F, gemm_qk_impl, k)
 
 FOR_EACH_QFORMAT(GEMMQK_ENTRIES)

@@ -39,27 +39,14 @@ __device__ __forceinline__ void gemm_q_impl(const GemmQParams& p) {
     for (int j = 0; j < NT16; ++j)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[j][i] = 0.0f;
-    typename F::Raw rw[QG<F>::PER_THREAD];
-    uint4 rx[NT16 * 2];
-    if (c_begin < c_end) qg_fetch<F, NT16>(p, rows, c_begin, t0, rw, rx);
-    for (int c = c_begin; c < c_end; ++c) {
-        __syncthreads();  // the previous chunk's fragments are loaded
-        qg_stage<F>(sw, rw, c);
-        stage_x_tile<QG_THREADS>(sx, QG_LD, rx);
-        __syncthreads();
-        if (c + 1 < c_end) qg_fetch<F, NT16>(p, rows, c + 1, t0, rw, rx);
-        wmma_k_tile<NT16, QG_BK>(acc, sw + warp * 16 * QG_LD, sx, QG_LD);
-    }
+    qg_chunks<F, NT16>(p, rows, c_begin, c_end, t0, sw, sx,
+                       [&] { wmma_k_tile<NT16, QG_BK>(acc, sw + warp * 16 * QG_LD, sx, QG_LD); });
     wmma_store_rows<NT16>(p, smem, LDO, acc, r0 + warp * 16, t0, nk, kb);
 }
 
 // grid: (rows / 64, k splits, ceil(n_tok / 64)), block 128. The suffix: tokens per block tile
 // (the padded count for <= 64 tokens; t64 for more).
-#define GEMMQ_ENTRIES(name, F)                                                                               \
-    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_t16(const GemmQParams p) { gemm_q_impl<F, 1>(p); } \
-    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_t32(const GemmQParams p) { gemm_q_impl<F, 2>(p); } \
-    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_t48(const GemmQParams p) { gemm_q_impl<F, 3>(p); } \
-    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_t64(const GemmQParams p) { gemm_q_impl<F, 4>(p); }
+#define GEMMQ_ENTRIES(name, F) GEMMQ_TILE_ENTRIES(name, F, gemm_q_impl, t)
 
 FOR_EACH_QFORMAT(GEMMQ_ENTRIES)
 

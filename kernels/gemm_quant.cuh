@@ -66,3 +66,29 @@ __device__ __forceinline__ void qg_stage(half_t* sw, const typename F::Raw (&rw)
             Stage16<F>::run(rw[i], u, k, reinterpret_cast<uint4*>(sw + row * QG_LD + (F::start(u, k) - c * QG_BK)));
     }
 }
+
+// The 64-row tile's chunk loop over chunks c_begin .. c_end - 1: the next chunk's packed units
+// and input tile are fetched into registers while mma() multiplies the staged one (sw [64,
+// QG_LD], sx [16 NT16, QG_LD] F16).
+template <class F, int NT16, class M>
+__device__ __forceinline__ void qg_chunks(const GemmQParams& p, const QRow (&rows)[QG<F>::PER_THREAD], int c_begin,
+                                          int c_end, int t0, half_t* sw, half_t* sx, M mma) {
+    typename F::Raw rw[QG<F>::PER_THREAD];
+    uint4 rx[NT16 * 2];
+    if (c_begin < c_end) qg_fetch<F, NT16>(p, rows, c_begin, t0, rw, rx);
+    for (int c = c_begin; c < c_end; ++c) {
+        __syncthreads();  // the previous chunk's fragments are loaded
+        qg_stage<F>(sw, rw, c);
+        stage_x_tile<QG_THREADS>(sx, QG_LD, rx);
+        __syncthreads();
+        if (c + 1 < c_end) qg_fetch<F, NT16>(p, rows, c + 1, t0, rw, rx);
+        mma();
+    }
+}
+
+// Entries gemmq_<name>_<P>16 .. _<P>64 of IMPL<F, NT16> (tiles of 1..4 16-token fragments).
+#define GEMMQ_TILE_ENTRIES(name, F, IMPL, P)                                                                           \
+    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_##P##16(const GemmQParams p) { IMPL<F, 1>(p); } \
+    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_##P##32(const GemmQParams p) { IMPL<F, 2>(p); } \
+    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_##P##48(const GemmQParams p) { IMPL<F, 3>(p); } \
+    extern "C" __global__ void __launch_bounds__(QG_THREADS) gemmq_##name##_##P##64(const GemmQParams p) { IMPL<F, 4>(p); }

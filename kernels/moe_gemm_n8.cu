@@ -45,25 +45,11 @@ __device__ __forceinline__ void moe_gemm_n8_impl(const MoeGemmParams& p) {
         stage_x_tile<MG_THREADS>(sx, MG_LD, rx);
         __syncthreads();
         if (c + 1 < chunks) mg_fetch<F, 1, XL>(p, rows, c + 1, first, count, rw, rx);
-#pragma unroll
-        for (int i = 0; i < MG_BK / 32; ++i) {
-            const int u = (MG_BK / 32) * wk + i;
-            unsigned a[8];
-            wmma_load_a_m32(a, sw + 32 * wr * MG_LD + 16 * u, MG_LD);
-#pragma unroll
-            for (int j = 0; j < N8; ++j) {
-                if (j >= frags) break;
-                unsigned b[8];
-                wmma_load_b_col_n8(b, sx + 8 * j * MG_LD + 16 * u, MG_LD);
-                wmma_mma_rc_m32n8(acc[j], a, b);
-            }
-        }
+        wmma_k_half_n8<N8, MG_BK>(acc, sw + 32 * wr * MG_LD, sx, MG_LD, wk, frags);
     }
     __syncthreads();  // the staging area becomes the two K halves' accumulators
     float* o = reinterpret_cast<float*>(smem);
-#pragma unroll
-    for (int j = 0; j < N8; ++j)
-        if (j < frags) wmma_store_c_m32n8(o + (wk * BM + 32 * wr) * LDO + 8 * j, acc[j], LDO);
+    wmma_store_n8(o + (wk * BM + 32 * wr) * LDO, acc, LDO, frags);
     __syncthreads();
     mg_write<GATE_UP, BM>(p, r0, first, count, [&](int r, int n) { return o[r * LDO + n] + o[(BM + r) * LDO + n]; });
 }
