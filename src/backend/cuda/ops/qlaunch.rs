@@ -255,7 +255,7 @@ const QR_BM: usize = 128;
 /// (the default until the tile is measured against the 64-row tiles on the GPU).
 const R128_MIN_TOKENS: usize = 0;
 
-/// Which block tile a packed GEMM launch takes (kernels/gemm_quant.cu).
+/// Which block tile a packed GEMM launch takes (kernels/gemm_quant.cu, gemm_ksplit.cu).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum QTile {
     /// The default for the shape and step.
@@ -596,7 +596,22 @@ impl FillQuant {
 
 #[cfg(test)]
 mod tests {
-    use super::GemmQ;
+    use super::{GemmQ, QTile};
+
+    /// The K-split tile where a launch asks for it: steps of 9..=64 tokens only (8 and fewer
+    /// take the GEMV, above 64 the prefill tile).
+    #[test]
+    fn ksplit_tile_only_for_batch_steps() {
+        for n in [9, 16, 33, 64] {
+            assert_eq!(GemmQ::tile(4096, n, QTile::KSplit), QTile::KSplit, "{n} tokens");
+        }
+        for n in [1, 8, 65, 512] {
+            assert_eq!(GemmQ::tile(4096, n, QTile::KSplit), QTile::Rows64, "{n} tokens");
+        }
+        // The 128-row tile still needs whole 128-row tiles.
+        assert_eq!(GemmQ::tile(192, 32, QTile::Rows128), QTile::Rows64);
+        assert_eq!(GemmQ::tile(256, 32, QTile::Rows128), QTile::Rows128);
+    }
 
     /// The split-K choice by whole waves (default start-up of 2 chunks, no environment).
     #[test]
