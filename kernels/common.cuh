@@ -351,7 +351,7 @@ __device__ __forceinline__ void wmma_store_c_m32n8(float* p, const float (&d)[8]
                  : "memory");
 }
 
-// The K-split warp product of the 8-token tiles (gemm_ksplit.cu, moe_gemm_n8.cu) on one staged
+// The K-split warp product of the 8-token tiles (moe_gemm_n8.cu) on one staged
 // chunk of BK columns: over the k-steps (BK / 32) wk .. + BK / 32 - 1, acc[j] += A [32 rows at
 // a + 16 u, row-major] x B [8-token fragment j: tokens at b + 8 j ld + 16 u] (m32n8k16); the
 // fragments from `frags` on (no tokens) are skipped.

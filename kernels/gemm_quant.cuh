@@ -1,6 +1,5 @@
-// What the packed tensor-core GEMMs of gemm_quant.cu and gemm_ksplit.cu share: the parameters,
-// the 64-row tile's geometry and its fetch and staging of one 128-column chunk (layout and
-// requirements: gemm_quant.cu). The loader pastes this file in place of its include line (after
+// The packed tensor-core GEMM's parameters, the 64-row tile's geometry and its fetch and
+// staging of one 128-column chunk (layout and requirements: gemm_quant.cu, whose tiles use them). The loader pastes this file in place of its include line (after
 // common.cuh and quant.cuh).
 #pragma once
 

@@ -1,7 +1,6 @@
-// The grouped MoE GEMM's tiles of 8-token fragments (kernels/moe_gemm.cu has the tiles they
-// vary; CPU twin and requirements as there). A file of its own, loaded only when DUSTOFF_MOE_T8
-// or DUSTOFF_MOE_K16 is set (or a launch asks for a tile), so that its PTX adds nothing to every
-// first start on a V100.
+// The grouped MoE GEMM's tile of 8 tokens (kernels/moe_gemm.cu has the tiles it varies; CPU
+// twin and requirements as there): batched decode while the mean expert holds at most
+// DUSTOFF_MOE_T8 tokens (default 2).
 #include "common.cuh"
 #include "quant.cuh"
 #include "moe_gemm.cuh"
@@ -15,7 +14,10 @@
 // the staged weights written and read once (16 + 16 KB), the input written (2 KB) and read
 // (4 KB), against t16's 16 + 16 KB and 4 + 16 KB (Nsight Compute, H100, compute_70 PTX: t16 at
 // 92% of the L1/shared throughput in batched decode, the stall most counted the shared-memory
-// wait). N8 = 2 (16 tokens): input 4 KB written, 8 KB read.
+// wait). Measured there: the weights' staging and fragment loads, not the input's, fill the
+// L1 pipe (t8 and t16 both at ~87% of the LSU data-pipe wavefronts); t8 gains where tiles are mostly padding
+// (32 sequences: +3.6%) and loses at 8 tokens an expert. A 16-token variant of two 8-token
+// fragments (k16) measured within 1% of t16 and was removed.
 template <class F, int N8, bool GATE_UP>
 __device__ __forceinline__ void moe_gemm_n8_impl(const MoeGemmParams& p) {
     using G = MG<F, 1>;
@@ -60,11 +62,9 @@ __device__ __forceinline__ void moe_gemm_n8_impl(const MoeGemmParams& p) {
         const MoeGemmParams p) {                                                                \
         moe_gemm_n8_impl<F, N8, GATE_UP>(p);                                                    \
     }
-#define MOE_GEMM_N8_ENTRIES(name, F)                  \
-    MOE_GEMM_N8_ENTRY(name, F, gate_up, t8, 1, true)  \
-    MOE_GEMM_N8_ENTRY(name, F, gate_up, k16, 2, true) \
-    MOE_GEMM_N8_ENTRY(name, F, down, t8, 1, false)    \
-    MOE_GEMM_N8_ENTRY(name, F, down, k16, 2, false)
+#define MOE_GEMM_N8_ENTRIES(name, F)                 \
+    MOE_GEMM_N8_ENTRY(name, F, gate_up, t8, 1, true) \
+    MOE_GEMM_N8_ENTRY(name, F, down, t8, 1, false)
 
 MOE_GEMM_N8_ENTRIES(q4_0, FQ4_0)
 MOE_GEMM_N8_ENTRIES(q8_0, FQ8_0)

@@ -16,14 +16,16 @@ B=${BATCH:-64}
 # first ones of the first decode step (the prompts are prefilled in one step of B x prompt tokens,
 # so every decode step has B tokens; the prefill takes other tiles, w128 / w48, and its own
 # attention; MAX_BATCH_TOKENS=2048, the bench's default, profiles the mixed steps of ~124 tokens
-# that follow the first prompts instead).
-kernels=${KERNELS:-"^gemmq_q[46]_k_t64\$|^attn_decode_tc@qwen3-8b@512@6 ^gemmq_q[46]_k_k64\$@qwen3-8b@512@4@DUSTOFF_QGEMM_KSPLIT=49 ^moe_gemm_.*_t16\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_T8=0 ^moe_gemm_.*_t8\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_T8=8 ^moe_gemm_.*_k16\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_K16=1"}
+# that follow the first prompts instead). NCU_ARGS: more ncu options (e.g. "--section
+# MemoryWorkloadAnalysis_Tables": shared-memory bank conflicts); NCU_METRICS: more metrics (e.g.
+# "breakdown:l1tex__throughput.avg.pct_of_peak_sustained_elapsed": which L1 unit is busy).
+kernels=${KERNELS:-"^gemmq_q[46]_k_t64\$|^attn_decode_tc@qwen3-8b@512@6 ^moe_gemm_.*_t16\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_T8=0 ^moe_gemm_.*_t8\$@qwen3-30b-a3b@256@4@DUSTOFF_MOE_T8=8"}
 i=0
 for k in $kernels; do
   IFS=@ read -r re shape prompt count envs <<< "$k"; i=$((i + 1))
   env $(echo "${envs:-}" | tr ',' ' ') timeout 280 $ncu --graph-profiling node -k "regex:$re" -c "$count" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
-    --section ComputeWorkloadAnalysis --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+    --section ComputeWorkloadAnalysis --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$'${NCU_METRICS:+,$NCU_METRICS} ${NCU_ARGS:-} \
     $S/dustoff bench --device cuda --synthetic $shape --dtype q4_k_m --batch $B --prompt-tokens $prompt \
     --max-batch-tokens ${MAX_BATCH_TOKENS:-$((B * prompt))} --gen-tokens 3 --runs 1 --ptx-dir $S/ptx70 > $L/ncu-$i.log 2>&1
   echo "== $re ($shape, $B sequences${envs:+, $envs}): rc $?"

@@ -26,7 +26,7 @@ SM_BLOCKS = 32
 # The files whose kernels run every decode step or every GEMM: a spill there costs bandwidth
 # on every token (tests/kernels_compute70.rs keeps a like list for local memory).
 HOT = {
-    "gemv_f16", "gemv_quant", "gemv_q8", "gemm_quant", "gemm_ksplit", "gemm_tc", "moe_gemm", "moe_gemm_n8", "dequant",
+    "gemv_f16", "gemv_quant", "gemv_q8", "gemm_quant", "gemm_tc", "moe_gemm", "moe_gemm_n8", "dequant",
     "attention_decode", "attention_merge", "argmax", "moe", "deltanet", "hybrid_attn", "fused_norm",
 }
 

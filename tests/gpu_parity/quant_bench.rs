@@ -181,9 +181,8 @@ fn quant_kernel_breakdown() {
                 );
             }
             // The packed tensor-core GEMM (steps of 9+ tokens) at 16, 32, 48 and 64 tokens (the SwiGLU
-            // matrix as its plain gate/up product), the 64-row tiles, the 128-row batch tile and
-            // the K-split tile.
-            let tiles = [QTile::Rows64, QTile::Rows128, QTile::KSplit];
+            // matrix as its plain gate/up product), the 64-row tiles and the 128-row batch tile.
+            let tiles = [QTile::Rows64, QTile::Rows128];
             for (n, tile) in [16usize, 32, 48, 64].into_iter().flat_map(|n| tiles.map(|t| (n, t))) {
                 let dt = time(&mut g, &mut |g| {
                     for _ in 0..reps {

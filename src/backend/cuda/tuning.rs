@@ -25,9 +25,6 @@ pub(super) struct Tuning {
     /// `DUSTOFF_QGEMM_R128=N`: fewest tokens of a step for the 128-row batch tile of the packed
     /// GEMM (gemm_quant.cu `_r128_`; 0: never, the 64-row tiles for every step).
     pub qgemm_r128: Option<usize>,
-    /// `DUSTOFF_QGEMM_KSPLIT=N`: steps of N..=64 tokens on the packed GEMM take the K-split tile
-    /// (gemm_quant.cu `_k<T>`; unset or 0: never).
-    pub qgemm_ksplit: Option<usize>,
     /// `DUSTOFF_QGEMM_BLOCKS=N`: blocks the packed GEMM of 9..=64 tokens aims for through
     /// split-K (default 256).
     pub qgemm_blocks: Option<usize>,
@@ -89,9 +86,6 @@ pub(super) struct Tuning {
     /// `DUSTOFF_MOE_T8=N`: the grouped GEMM's 8-token tile while a step's mean expert holds at
     /// most N tokens (`ops::moe_gemm::Tile::for_step`; 0: never).
     pub moe_t8: Option<usize>,
-    /// `DUSTOFF_MOE_K16=1`: the grouped GEMM's 16-token tile of two 8-token fragments
-    /// (`ops::moe_gemm::Tile::K16`) in place of t16.
-    pub moe_k16: bool,
     /// `DUSTOFF_ROUTER_TILED=1`: the router logits of steps above 8 tokens in 32 x 32 tiles
     /// (`moe_router_logits_tile_f32`: the router read once per 32 tokens) instead of a warp per
     /// (expert, token). Off: measured slower below 768 tokens (H200, compute_70 PTX: ~66 us at
@@ -132,7 +126,6 @@ pub(super) fn tuning() -> &'static Tuning {
             qgemv_rows2: num("DUSTOFF_QGEMV_ROWS") == Some(2),
             qgemm_z64: num("DUSTOFF_QGEMM_Z64") == Some(1),
             qgemm_r128: num("DUSTOFF_QGEMM_R128"),
-            qgemm_ksplit: num("DUSTOFF_QGEMM_KSPLIT"),
             qgemm_blocks: num("DUSTOFF_QGEMM_BLOCKS").filter(|&b| b > 0),
             qgemm_split_cost: num("DUSTOFF_QGEMM_SPLIT_COST"),
             tc_rows64: num("DUSTOFF_TC_ROWS") == Some(64),
@@ -154,7 +147,6 @@ pub(super) fn tuning() -> &'static Tuning {
             moe_gemm_skip: num("DUSTOFF_MOE_GEMM_SKIP") != Some(0),
             moe_wide_tile: num("DUSTOFF_MOE_WIDE_TILE") != Some(0),
             moe_t8: num("DUSTOFF_MOE_T8"),
-            moe_k16: num("DUSTOFF_MOE_K16") == Some(1),
             router_tiled: num("DUSTOFF_ROUTER_TILED") == Some(1),
             shexp_fused: num("DUSTOFF_SHEXP_FUSED") != Some(0),
             shexp_pairs: num("DUSTOFF_SHEXP_PAIRS") != Some(0),

@@ -47,11 +47,6 @@ pub fn gemm_quant(fmt: &QFormat, tiles: usize) -> &'static str {
     GEMM_QUANT_ENTRIES[8 * (tiles.clamp(1, 4) - 1) + fmt.index]
 }
 
-/// `gemmq_<fmt>_k<16 * tiles>`: the K-split tile over `tiles` (1..=4) 16-token tiles.
-pub fn gemm_quant_ksplit(fmt: &QFormat, tiles: usize) -> &'static str {
-    GEMM_KSPLIT_ENTRIES[8 * (tiles.clamp(1, 4) - 1) + fmt.index]
-}
-
 /// `gemmq_<fmt>_w128`: the 128-token prefill tile.
 pub fn gemm_quant_w128(fmt: &QFormat) -> &'static str {
     GEMM_QUANT_ENTRIES[33 + fmt.index]
@@ -105,14 +100,14 @@ pub const MOE_GEMM_FORMATS: [crate::model::quant::GgmlType; 5] = {
     [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K]
 };
 
-/// `moe_gemm_{gate_up,down}_<fmt>_{t16,t64,w48,t8,k16}` for the format at `col` of
+/// `moe_gemm_{gate_up,down}_<fmt>_{t16,t64,w48,t8}` for the format at `col` of
 /// [`MOE_GEMM_FORMATS`] and the tile at `tile` of that order (`ops::moe_gemm::Tile::index`;
-/// t8 and k16 in `moe_gemm_n8.cu`).
+/// t8 in `moe_gemm_n8.cu`).
 pub fn moe_gemm(col: usize, gate_up: bool, tile: usize) -> &'static str {
     if tile < 3 {
         MOE_GEMM_ENTRIES[6 * col + 3 * usize::from(!gate_up) + tile]
     } else {
-        MOE_GEMM_N8_ENTRIES[4 * col + 2 * usize::from(!gate_up) + (tile - 3).min(1)]
+        MOE_GEMM_N8_ENTRIES[2 * col + usize::from(!gate_up)]
     }
 }
 
@@ -190,10 +185,6 @@ pub(in crate::backend::cuda) const GEMM_QUANT_ENTRIES: [&str; 57] = {
     }
     all
 };
-
-/// `kernels/gemm_ksplit.cu`: `gemmq_<fmt>_k<16 t>` at `8 (t - 1) + format`.
-pub(in crate::backend::cuda) const GEMM_KSPLIT_ENTRIES: [&str; 32] =
-    q_names!(("gemmq_", "_k16"), ("gemmq_", "_k32"), ("gemmq_", "_k48"), ("gemmq_", "_k64"));
 
 /// `kernels/dequant.cu`: `dequant_<fmt>_f16` at `format`, `embedding_<fmt>` at `8 + format`,
 /// then the synthetic-weight fillers.
@@ -278,17 +269,12 @@ pub(in crate::backend::cuda) const MOE_GEMM_ENTRIES: [&str; 31] = {
     all
 };
 
-/// Entry points of kernels/moe_gemm_n8.cu: `4 * format + variant` for the variants gate/up t8,
-/// k16, down t8, k16 (formats in [`MOE_GEMM_FORMATS`] order).
-pub(in crate::backend::cuda) const MOE_GEMM_N8_ENTRIES: [&str; 20] = {
+/// Entry points of kernels/moe_gemm_n8.cu: `2 * format + variant` for the variants gate/up t8,
+/// down t8 (formats in [`MOE_GEMM_FORMATS`] order).
+pub(in crate::backend::cuda) const MOE_GEMM_N8_ENTRIES: [&str; 10] = {
     macro_rules! v {
         ($($f:literal),*) => {
-            [$(
-                concat!("moe_gemm_gate_up_", $f, "_t8"),
-                concat!("moe_gemm_gate_up_", $f, "_k16"),
-                concat!("moe_gemm_down_", $f, "_t8"),
-                concat!("moe_gemm_down_", $f, "_k16"),
-            )*]
+            [$(concat!("moe_gemm_gate_up_", $f, "_t8"), concat!("moe_gemm_down_", $f, "_t8")),*]
         };
     }
     v!("q4_0", "q8_0", "q4_k", "q5_k", "q6_k")

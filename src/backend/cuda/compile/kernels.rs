@@ -15,8 +15,8 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 
 use super::entries::{
-    DEQUANT_ENTRIES, GEMM_KSPLIT_ENTRIES, GEMM_QUANT_ENTRIES, GEMV_Q8_ENTRIES, GEMV_QUANT_ENTRIES, MOE_ENTRIES,
-    MOE_GEMM_ENTRIES, MOE_GEMM_N8_ENTRIES, MOE_Q8_ENTRIES,
+    DEQUANT_ENTRIES, GEMM_QUANT_ENTRIES, GEMV_Q8_ENTRIES, GEMV_QUANT_ENTRIES, MOE_ENTRIES, MOE_GEMM_ENTRIES,
+    MOE_GEMM_N8_ENTRIES, MOE_Q8_ENTRIES,
 };
 use super::nvrtc::{self, KernelFile};
 use crate::backend::cuda::device;
@@ -147,13 +147,6 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         entries: &GEMM_QUANT_ENTRIES,
         switch: &[],
     },
-    // Off by default (the tile is not yet measured on a GPU): ~2.4 MB of PTX.
-    KernelFile {
-        name: "gemm_ksplit",
-        source: include_str!("../../../../kernels/gemm_ksplit.cu"),
-        entries: &GEMM_KSPLIT_ENTRIES,
-        switch: &["DUSTOFF_QGEMM_KSPLIT"],
-    },
     KernelFile {
         name: "gemv_q8",
         source: include_str!("../../../../kernels/gemv_q8.cu"),
@@ -177,12 +170,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         entries: &MOE_GEMM_ENTRIES,
         switch: &[],
     },
-    // Off by default (tiles not yet measured on a GPU): ~1.1 MB of PTX.
     KernelFile {
         name: "moe_gemm_n8",
         source: include_str!("../../../../kernels/moe_gemm_n8.cu"),
         entries: &MOE_GEMM_N8_ENTRIES,
-        switch: &["DUSTOFF_MOE_T8", "DUSTOFF_MOE_K16"],
+        switch: &[],
     },
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),
@@ -566,9 +558,6 @@ mod entry_handles {
             assert_eq!(known(gemm_quant_w128(&f)), format!("gemmq_{n}_w128"));
             assert_eq!(known(gemm_quant_r128(&f, 1)), format!("gemmq_{n}_r128_t32"));
             assert_eq!(known(gemm_quant_r128(&f, 2)), format!("gemmq_{n}_r128_t64"));
-            for tiles in 1..=4 {
-                assert_eq!(known(gemm_quant_ksplit(&f, tiles)), format!("gemmq_{n}_k{}", 16 * tiles));
-            }
             assert_eq!(known(dequant(&f)), format!("dequant_{n}_f16"));
             assert_eq!(known(embedding_q(&f)), format!("embedding_{n}"));
             assert_eq!(known(moe_q8(f.index, true)), format!("moe_gate_up_q8_{n}"));
@@ -586,7 +575,7 @@ mod entry_handles {
         for (col, d) in MOE_GEMM_FORMATS.iter().enumerate() {
             let n = fmt_name(&QFormat::of(*d).expect("a kernel format"));
             for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
-                for (tile, t) in ["t16", "t64", "w48", "t8", "k16"].into_iter().enumerate() {
+                for (tile, t) in ["t16", "t64", "w48", "t8"].into_iter().enumerate() {
                     assert_eq!(known(moe_gemm(col, gate_up, tile)), format!("moe_gemm_{what}_{n}_{t}"));
                 }
             }

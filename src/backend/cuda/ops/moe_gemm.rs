@@ -32,17 +32,15 @@ pub enum Tile {
     /// 128 rows x 48 tokens: more MMAs per fragment read from shared memory (prefill steps).
     W48,
     /// 64 rows x 8 tokens (wmma m32n8k16, the block's warps split each chunk's K): batched
-    /// decode where the mean expert holds a few tokens (64 sequences of top-8 over 128 experts:
-    /// 4), so no input row is staged or loaded for a 16-token tile's repeats.
+    /// decode where the mean expert holds one or two tokens (32 sequences of top-8 over 128
+    /// experts: 2), so no input row is staged or loaded for a 16-token tile's repeats.
     T8,
-    /// 64 rows x 16 tokens as two 8-token fragments, the K split as [`Tile::T8`]
-    /// (`DUSTOFF_MOE_K16=1`: in place of [`Tile::T16`]).
-    K16,
 }
 
-/// The mean tokens an expert up to which a step takes the 8-token tile (`DUSTOFF_MOE_T8`): 0,
-/// off, until its parity and speed are measured on a GPU (docs/BENCHMARKS.md, "8-token tiles").
-const T8_MAX_MEAN: usize = 0;
+/// The mean tokens an expert up to which a step takes the 8-token tile (`DUSTOFF_MOE_T8`).
+/// Measured (docs/BENCHMARKS.md, row M10: Qwen3-30B-A3B, H100, compute_70 PTX): +3.6% at 32
+/// sequences (mean 2), even at 64 (mean 4), -5% at 128 (mean 8).
+const T8_MAX_MEAN: usize = 2;
 
 impl Tile {
     /// The tile of one product of a step of `n_pairs` pairs over `n_experts`: 8 tokens while the
@@ -62,11 +60,7 @@ impl Tile {
         if t8_mean > 0 && n_pairs <= t8_mean * n_experts.max(1) {
             Tile::T8
         } else if n_pairs <= 16 * n_experts.max(1) {
-            if super::super::tuning::tuning().moe_k16 {
-                Tile::K16
-            } else {
-                Tile::T16
-            }
+            Tile::T16
         } else if gate_up {
             Tile::T64
         } else {
@@ -80,13 +74,12 @@ impl Tile {
             Tile::T64 => 64,
             Tile::W48 => 48,
             Tile::T8 => 8,
-            Tile::K16 => 16,
         }
     }
     /// Weight rows of one tile (gate/up: half gate rows, half up rows).
     pub fn rows(self) -> usize {
         match self {
-            Tile::T16 | Tile::T64 | Tile::T8 | Tile::K16 => 64,
+            Tile::T16 | Tile::T64 | Tile::T8 => 64,
             Tile::W48 => 128,
         }
     }
@@ -97,7 +90,6 @@ impl Tile {
             Tile::T64 => 1,
             Tile::W48 => 2,
             Tile::T8 => 3,
-            Tile::K16 => 4,
         }
     }
 }
@@ -309,7 +301,8 @@ mod tests {
         assert_eq!(pick(64 * 8, true), Tile::T8);
         assert_eq!(pick(6 * 128, false), Tile::T8);
         assert_eq!(pick(6 * 128 + 1, false), Tile::T16);
-        assert_eq!(Tile::for_step_t8(64 * 8, 128, true, T8_MAX_MEAN), Tile::T16, "off by default");
+        assert_eq!(Tile::for_step_t8(32 * 8, 128, true, T8_MAX_MEAN), Tile::T8, "32 sequences by default");
+        assert_eq!(Tile::for_step_t8(64 * 8, 128, true, T8_MAX_MEAN), Tile::T16, "64 sequences by default");
         assert_eq!(pick(16 * 128, true), Tile::T16);
         assert_eq!(pick(16 * 128, false), Tile::T16);
         assert_eq!(pick(16 * 128 + 1, true), Tile::T64);
@@ -317,7 +310,7 @@ mod tests {
         assert_eq!(Tile::for_step_t8(64 * 8, 128, true, 0), Tile::T16, "DUSTOFF_MOE_T8=0: never");
         assert_eq!(Tile::for_step_t8(0, 128, true, 0), Tile::T16);
         assert_eq!(Tile::for_step_t8(5, 0, false, 0), Tile::T16);
-        for t in [Tile::T16, Tile::T64, Tile::W48, Tile::T8, Tile::K16] {
+        for t in [Tile::T16, Tile::T64, Tile::W48, Tile::T8] {
             assert!(t.rows() % 64 == 0 && t.tokens() % 8 == 0, "{t:?}");
         }
     }

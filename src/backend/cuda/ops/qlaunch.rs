@@ -255,7 +255,7 @@ const QR_BM: usize = 128;
 /// (the default until the tile is measured against the 64-row tiles on the GPU).
 const R128_MIN_TOKENS: usize = 0;
 
-/// Which block tile a packed GEMM launch takes (kernels/gemm_quant.cu, gemm_ksplit.cu).
+/// Which block tile a packed GEMM launch takes (kernels/gemm_quant.cu).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum QTile {
     /// The default for the shape and step.
@@ -264,9 +264,6 @@ pub enum QTile {
     Rows64,
     /// 128 weight rows a block (8 warps): steps of 9+ tokens, rows a multiple of 128.
     Rows128,
-    /// 64 weight rows a block, the warps splitting each chunk's K (wmma m32n8k16): steps of
-    /// 9..=64 tokens.
-    KSplit,
 }
 
 /// Lets `entry` take `bytes` of dynamic shared memory (above 48 KB needs the opt-in; legal on
@@ -322,22 +319,15 @@ impl GemmQ {
     }
 
     /// The tile a step of `n_tok` tokens takes on `[rows, _]` ([`QTile::Auto`] resolved): the
-    /// K-split tile at `DUSTOFF_QGEMM_KSPLIT`..=64 tokens (off unless set), the 128-row batch
-    /// tile from [`R128_MIN_TOKENS`] (`DUSTOFF_QGEMM_R128`) where the rows are whole 128-row
-    /// tiles, else the 64-row tiles.
+    /// 128-row batch tile from [`R128_MIN_TOKENS`] (`DUSTOFF_QGEMM_R128`) where the rows are
+    /// whole 128-row tiles, else the 64-row tiles.
     fn tile(rows: usize, n_tok: usize, asked: QTile) -> QTile {
         let r128_fits = rows.is_multiple_of(QR_BM) && n_tok >= 9;
-        let ksplit_fits = (9..=64).contains(&n_tok);
         match asked {
             QTile::Rows128 if r128_fits => QTile::Rows128,
-            QTile::KSplit if ksplit_fits => QTile::KSplit,
             QTile::Auto => {
-                let t = super::super::tuning::tuning();
-                let from = t.qgemm_r128.unwrap_or(R128_MIN_TOKENS);
-                let ksplit_from = t.qgemm_ksplit.unwrap_or(0);
-                if ksplit_fits && ksplit_from > 0 && n_tok >= ksplit_from {
-                    QTile::KSplit
-                } else if r128_fits && from > 0 && n_tok >= from {
+                let from = super::super::tuning::tuning().qgemm_r128.unwrap_or(R128_MIN_TOKENS);
+                if r128_fits && from > 0 && n_tok >= from {
                     QTile::Rows128
                 } else {
                     QTile::Rows64
@@ -443,7 +433,6 @@ impl GemmQ {
                 let entry = entries::gemm_quant_r128(&self.w.fmt, halves);
                 (entry, rows / QR_BM, n.div_ceil(32 * halves), 256, (QR_BM + 32 * halves) * (GEMMQ_BK + 8) * 2)
             }
-            QTile::KSplit => (entries::gemm_quant_ksplit(&self.w.fmt, tiles), rows / GEMMQ_BM, z, 128, 0),
             _ => (entries::gemm_quant(&self.w.fmt, tiles), rows / GEMMQ_BM, z, 128, 0),
         };
         if smem > 0 {
@@ -598,17 +587,10 @@ impl FillQuant {
 mod tests {
     use super::{GemmQ, QTile};
 
-    /// The K-split tile where a launch asks for it: steps of 9..=64 tokens only (8 and fewer
-    /// take the GEMV, above 64 the prefill tile).
+    /// The 128-row tile where a launch asks for it needs whole 128-row tiles and 9+ tokens.
     #[test]
-    fn ksplit_tile_only_for_batch_steps() {
-        for n in [9, 16, 33, 64] {
-            assert_eq!(GemmQ::tile(4096, n, QTile::KSplit), QTile::KSplit, "{n} tokens");
-        }
-        for n in [1, 8, 65, 512] {
-            assert_eq!(GemmQ::tile(4096, n, QTile::KSplit), QTile::Rows64, "{n} tokens");
-        }
-        // The 128-row tile still needs whole 128-row tiles.
+    fn r128_tile_only_on_whole_tiles() {
+        assert_eq!(GemmQ::tile(256, 8, QTile::Rows128), QTile::Rows64);
         assert_eq!(GemmQ::tile(192, 32, QTile::Rows128), QTile::Rows64);
         assert_eq!(GemmQ::tile(256, 32, QTile::Rows128), QTile::Rows128);
     }
