@@ -72,7 +72,13 @@ template <class F> struct QR {
 template <class F, int NT16>
 __device__ __forceinline__ void qr_fetch(const GemmQParams& p, const QRow* rows, int c, int t0,
                                          typename F::Raw (&rw)[QR<F>::PER_THREAD], uint4 (&rx)[NT16]) {
-    fetch_tile_units<F, QR_THREADS, QR<F>::UPC>(rows, c, rw);
+    constexpr int UPC = QR<F>::UPC;
+#pragma unroll
+    for (int i = 0; i < QR<F>::PER_THREAD; ++i) {
+        int tr, unit;
+        tile_slot<F, UPC>(threadIdx.x + QR_THREADS * i, tr, unit);
+        rw[i] = F::load(rows[i], c * UPC + unit);
+    }
     const long long c0 = (long long)c * QG_BK;
 #pragma unroll
     for (int i = 0; i < NT16; ++i) {

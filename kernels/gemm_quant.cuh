@@ -29,8 +29,8 @@ template <class F> struct QG {
     enum { UPC = QG_BK / F::UE, PER_THREAD = QG_BM * UPC / QG_THREADS };
 };
 
-// Global -> registers: the packed units of chunk c (slot q: tile_slot) and the input tile
-// (NT16 * 16 tokens x 256 bytes: 16-byte loads).
+// Global -> registers: the packed units of chunk c (thread q takes unit q % UPC of row q / UPC)
+// and the input tile (NT16 * 16 tokens x 256 bytes: 16-byte loads).
 template <class F, int NT16>
 __device__ __forceinline__ void qg_fetch(const GemmQParams& p, const QRow* rows, int c, int t0,
                                          typename F::Raw (&rw)[QG<F>::PER_THREAD], uint4 (&rx)[NT16 * 2]) {
@@ -43,14 +43,26 @@ __device__ __forceinline__ void qg_fetch(const GemmQParams& p, const QRow* rows,
     }
 }
 
-// The packed rows of the thread's staging slots (tile_slot) in the 64-row tile at r0.
+// The packed rows of the thread's units (unit q % UPC of row q / UPC) in the 64-row tile at r0.
 template <class F>
 __device__ __forceinline__ void qg_rows(const GemmQParams& p, int r0, QRow (&rows)[QG<F>::PER_THREAD]) {
 #pragma unroll
     for (int i = 0; i < QG<F>::PER_THREAD; ++i) {
-        int tr, unit;
-        tile_slot<F, QG<F>::UPC>(threadIdx.x + QG_THREADS * i, tr, unit);
-        rows[i] = q_row(p.qs, p.aux, r0 + tr, p.qs_row, p.aux_row);
+        const int q = threadIdx.x + QG_THREADS * i;
+        rows[i] = q_row(p.qs, p.aux, r0 + q / QG<F>::UPC, p.qs_row, p.aux_row);
+    }
+}
+
+// Chunk c's fetched units as F16 into their rows of sw [64, QG_LD].
+template <class F>
+__device__ __forceinline__ void qg_stage(half_t* sw, const typename F::Raw (&rw)[QG<F>::PER_THREAD], int c) {
+#pragma unroll
+    for (int i = 0; i < QG<F>::PER_THREAD; ++i) {
+        const int q = threadIdx.x + QG_THREADS * i, row = q / QG<F>::UPC;
+        const int u = c * QG<F>::UPC + q % QG<F>::UPC;
+#pragma unroll
+        for (int k = 0; k < F::RUNS; ++k)
+            Stage16<F>::run(rw[i], u, k, reinterpret_cast<uint4*>(sw + row * QG_LD + (F::start(u, k) - c * QG_BK)));
     }
 }
 
@@ -65,7 +77,7 @@ __device__ __forceinline__ void qg_chunks(const GemmQParams& p, const QRow (&row
     if (c_begin < c_end) qg_fetch<F, NT16>(p, rows, c_begin, t0, rw, rx);
     for (int c = c_begin; c < c_end; ++c) {
         __syncthreads();  // the previous chunk's fragments are loaded
-        stage_tile_chunk<F, QG_THREADS, QG<F>::UPC>(sw, rw, c);
+        qg_stage<F>(sw, rw, c);
         stage_x_tile<QG_THREADS>(sx, QG_LD, rx);
         __syncthreads();
         if (c + 1 < c_end) qg_fetch<F, NT16>(p, rows, c + 1, t0, rw, rx);

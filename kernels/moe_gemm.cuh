@@ -74,7 +74,13 @@ __device__ __forceinline__ bool mg_tile(const MoeGemmParams& p, int bn, int& exp
 template <class F, int WM, int XL>
 __device__ __forceinline__ void mg_fetch(const MoeGemmParams& p, const QRow* rows, int c, int first, int count,
                                          typename F::Raw (&rw)[MG<F, WM>::PER_THREAD], uint4 (&rx)[XL]) {
-    fetch_tile_units<F, MG_THREADS, MG<F, WM>::UPC>(rows, c, rw);
+    constexpr int UPC = MG<F, WM>::UPC;
+#pragma unroll
+    for (int i = 0; i < MG<F, WM>::PER_THREAD; ++i) {
+        int tr, unit;
+        tile_slot<F, UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
+        rw[i] = F::load(rows[i], c * UPC + unit);
+    }
     const long long c0 = (long long)c * MG_BK;
 #pragma unroll
     for (int i = 0; i < XL; ++i) {

@@ -351,16 +351,28 @@ __device__ __forceinline__ QRow q_row(const u8_t* qs, const u8_t* aux, long long
     return {qs + r * qs_row, aux + r * aux_row};
 }
 
+// The packed units of column chunk c of a tile's weight rows, as the dense prefill GEMMs
+// (gemm_quant.cu) fetch them: thread q = threadIdx.x + THREADS i loads unit q % UPC (of the UPC
+// units a row has in a chunk) of its row rows[i]. (The 128-row tiles map slots by bank group:
+// tile_slot.)
+template <class F, int THREADS, int UPC, int N>
+__device__ __forceinline__ void fetch_tile_units(const QRow* rows, int c, typename F::Raw (&rw)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int q = threadIdx.x + THREADS * i;
+        rw[i] = F::load(rows[i], c * UPC + q % UPC);
+    }
+}
+
 // Staging slot q (of the BM x UPC unit slots of a tile's 128-column chunk; the GEMMs of
-// moe_gemm.cu and gemm_quant.cu's 64- and 128-row tiles) -> tile row and unit of the chunk.
+// moe_gemm.cu and gemm_quant.cu's 128-row tile) -> tile row and unit of the chunk.
 // Each quarter-warp's 16-byte stores of a staged run (8 threads) must fall in 8 different 16-byte
 // bank groups: a row is 128 + 8 halves = 17 groups (row r starts at group r mod 8), and a row's
 // units 0 and 1 start `gap` groups apart (the format's layout: 4 for Q4_0 / Q8_0 / Q4_K, 2 for
 // Q5_K / Q6_K). Two units of 4 rows do it: rows {0, 1, 2, 3} for gap 4, rows {0, 1, 4, 5} for
 // gap 2 (units 2 and 3 come from the next quarter); the pair of threads reading one row's two
 // units still reads 32 contiguous bytes. With q / UPC, q % UPC the quarter's two rows of four
-// units stored two-way conflicted (Nsight Compute: half the store wavefronts excess in the MoE
-// GEMM; 34% of them, 5.8-way on average, in the 64-row tile's t64).
+// units stored two-way conflicted (Nsight Compute: half the store wavefronts excess).
 template <class F, int UPC>
 __device__ __forceinline__ void tile_slot(int q, int& tr, int& unit) {
     const int gap = (F::start(1, 0) - F::start(0, 0)) / 8;  // 16-byte groups
@@ -377,19 +389,6 @@ __device__ __forceinline__ void tile_slot(int q, int& tr, int& unit) {
         hq /= UPC / 2;
     }
     tr = gap == 4 ? b0 | b1 << 1 | hq << 2 : b0 | (hq & 1) << 1 | b1 << 2 | (hq >> 1) << 3;
-}
-
-// The packed units of column chunk c of a staged tile's weight rows (the packed GEMMs of
-// gemm_quant.cu and moe_gemm.cu): slot q = threadIdx.x + THREADS i loads its unit (tile_slot) of
-// its row rows[i].
-template <class F, int THREADS, int UPC, int N>
-__device__ __forceinline__ void fetch_tile_units(const QRow* rows, int c, typename F::Raw (&rw)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        int tr, unit;
-        tile_slot<F, UPC>(threadIdx.x + THREADS * i, tr, unit);
-        rw[i] = F::load(rows[i], c * UPC + unit);
-    }
 }
 
 // ---- Staging one run of 16 weights as F16 (16 halves from dst on, two 16-byte stores).
