@@ -1,6 +1,7 @@
 // The packed tensor-core GEMM's parameters, the 64-row tile's geometry and its fetch and
-// staging of one 128-column chunk (layout and requirements: gemm_quant.cu, whose tiles use them). The loader pastes this file in place of its include line (after
-// common.cuh and quant.cuh).
+// staging of one 128-column chunk (layout and requirements: gemm_quant.cu, whose tiles use
+// them). The loader pastes this file in place of its include line (after common.cuh and
+// quant.cuh).
 #pragma once
 
 #define QG_BM 64

@@ -15,9 +15,9 @@
 // (4 KB), against t16's 16 + 16 KB and 4 + 16 KB (Nsight Compute, H100, compute_70 PTX: t16 at
 // 92% of the L1/shared throughput in batched decode, the stall most counted the shared-memory
 // wait). Measured there: the weights' staging and fragment loads, not the input's, fill the
-// L1 pipe (t8 and t16 both at ~87% of the LSU data-pipe wavefronts); t8 gains where tiles are mostly padding
-// (32 sequences: +3.6%) and loses at 8 tokens an expert. A 16-token variant of two 8-token
-// fragments (k16) measured within 1% of t16 and was removed.
+// L1 pipe (t8 and t16 both at ~87% of the LSU data-pipe wavefronts); t8 gains where tiles are
+// mostly padding (32 sequences: +3.6%) and loses at 8 tokens an expert. A 16-token variant of
+// two 8-token fragments (k16) measured within 1% of t16 and was removed.
 template <class F, int N8, bool GATE_UP>
 __device__ __forceinline__ void moe_gemm_n8_impl(const MoeGemmParams& p) {
     using G = MG<F, 1>;
