@@ -351,37 +351,6 @@ __device__ __forceinline__ void wmma_store_c_m32n8(float* p, const float (&d)[8]
                  : "memory");
 }
 
-// The K-split warp product of the 8-token tiles (moe_gemm_n8.cu) on one staged
-// chunk of BK columns: over the k-steps (BK / 32) wk .. + BK / 32 - 1, acc[j] += A [32 rows at
-// a + 16 u, row-major] x B [8-token fragment j: tokens at b + 8 j ld + 16 u] (m32n8k16); the
-// fragments from `frags` on (no tokens) are skipped.
-template <int N8, int BK>
-__device__ __forceinline__ void wmma_k_half_n8(float (&acc)[N8][8], const half_t* a, const half_t* b, int ld, int wk,
-                                               int frags) {
-#pragma unroll
-    for (int i = 0; i < BK / 32; ++i) {
-        const int u = (BK / 32) * wk + i;
-        unsigned af[8];
-        wmma_load_a_m32(af, a + 16 * u, ld);
-#pragma unroll
-        for (int j = 0; j < N8; ++j) {
-            if (j >= frags) break;
-            unsigned bf[8];
-            wmma_load_b_col_n8(bf, b + 8 * j * ld + 16 * u, ld);
-            wmma_mma_rc_m32n8(acc[j], af, bf);
-        }
-    }
-}
-
-// A warp's 32 x 8 N8 accumulators of wmma_k_half_n8 to o (row-major f32, ldo), fragment j at
-// column 8 j; those from `frags` on are not stored.
-template <int N8>
-__device__ __forceinline__ void wmma_store_n8(float* o, const float (&acc)[N8][8], int ldo, int frags) {
-#pragma unroll
-    for (int j = 0; j < N8; ++j)
-        if (j < frags) wmma_store_c_m32n8(o + 8 * j, acc[j], ldo);
-}
-
 // 2^x on the special-function unit (one instruction; relative error ~2^-22; 2^-inf = 0). The
 // attention kernels keep scores in log2 units (Q scaled by scale * LOG2E_F) and give partial
 // maxima back in natural units (times LN2_F).

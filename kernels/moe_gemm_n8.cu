@@ -5,6 +5,37 @@
 #include "quant.cuh"
 #include "moe_gemm.cuh"
 
+// The K-split warp product of the 8-token tiles on one staged
+// chunk of BK columns: over the k-steps (BK / 32) wk .. + BK / 32 - 1, acc[j] += A [32 rows at
+// a + 16 u, row-major] x B [8-token fragment j: tokens at b + 8 j ld + 16 u] (m32n8k16); the
+// fragments from `frags` on (no tokens) are skipped.
+template <int N8, int BK>
+__device__ __forceinline__ void wmma_k_half_n8(float (&acc)[N8][8], const half_t* a, const half_t* b, int ld, int wk,
+                                               int frags) {
+#pragma unroll
+    for (int i = 0; i < BK / 32; ++i) {
+        const int u = (BK / 32) * wk + i;
+        unsigned af[8];
+        wmma_load_a_m32(af, a + 16 * u, ld);
+#pragma unroll
+        for (int j = 0; j < N8; ++j) {
+            if (j >= frags) break;
+            unsigned bf[8];
+            wmma_load_b_col_n8(bf, b + 8 * j * ld + 16 * u, ld);
+            wmma_mma_rc_m32n8(acc[j], af, bf);
+        }
+    }
+}
+
+// A warp's 32 x 8 N8 accumulators of wmma_k_half_n8 to o (row-major f32, ldo), fragment j at
+// column 8 j; those from `frags` on are not stored.
+template <int N8>
+__device__ __forceinline__ void wmma_store_n8(float* o, const float (&acc)[N8][8], int ldo, int frags) {
+#pragma unroll
+    for (int j = 0; j < N8; ++j)
+        if (j < frags) wmma_store_c_m32n8(o + 8 * j, acc[j], ldo);
+}
+
 // ---- Tiles of 8-token fragments (batched decode: at 64 sequences an expert holds ~4 tokens, so
 // 3/4 of a t16 tile's input rows repeat its last token, and each of its 4 warps loads every
 // input fragment). The block owns 64 weight rows x 8 N8 tokens of one expert; warp w computes

@@ -42,20 +42,16 @@ pub const QUANT: &str = include_str!("../../../../kernels/quant.cuh");
 /// What the decode attention kernel files share (`kernels/attention.cuh`), inlined the same way.
 pub const ATTENTION: &str = include_str!("../../../../kernels/attention.cuh");
 
-/// What the packed GEMM files share (`kernels/gemm_quant.cuh`), inlined the same way.
-pub const GEMM_QUANT: &str = include_str!("../../../../kernels/gemm_quant.cuh");
-
 /// What the grouped MoE GEMM files share (`kernels/moe_gemm.cuh`), inlined the same way.
 pub const MOE_GEMM: &str = include_str!("../../../../kernels/moe_gemm.cuh");
 
 /// The program text NVRTC compiles: the file with its headers (`common.cuh`, `quant.cuh`,
-/// `attention.cuh`, `gemm_quant.cuh`, `moe_gemm.cuh`) inlined.
+/// `attention.cuh`, `moe_gemm.cuh`) inlined.
 pub fn full_source(file: &KernelFile) -> String {
     file.source
         .replace("#include \"common.cuh\"", COMMON)
         .replace("#include \"quant.cuh\"", QUANT)
         .replace("#include \"attention.cuh\"", ATTENTION)
-        .replace("#include \"gemm_quant.cuh\"", GEMM_QUANT)
         .replace("#include \"moe_gemm.cuh\"", MOE_GEMM)
 }
 
