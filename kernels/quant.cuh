@@ -434,36 +434,32 @@ __device__ __forceinline__ unsigned h2_splat(float f) { return (unsigned)f2h(f) 
 // -(1024 + off) in both halves, for off < 1024 (exact).
 __host__ __device__ constexpr unsigned h2_minus_1024_plus(unsigned off) { return (0xE400u | off) * 0x10001u; }
 
+// A run's 16 values as 8 F16 pairs in registers: pk[j] holds elements 2j (low half) and 2j + 1.
 template <class F>
-__device__ __forceinline__ void stage16_generic(const typename F::Raw& a, int u, int r, uint4* dst) {
+__device__ __forceinline__ void pack16_generic(const typename F::Raw& a, int u, int r, unsigned (&pk)[8]) {
     float w[16];
     F::run(a, u, r, w);
-    unsigned pk[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) pk[j] = f2h_sat(w[2 * j]) | (unsigned)f2h_sat(w[2 * j + 1]) << 16;
-    dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-    dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
 }
 
 // The F16 form of a run whose codes are the bytes of q[0..4] (element 4i + b = byte b of q[i]),
 // each value (code - OFF) * s + m on F16 halves (m: FMA adds it; else a plain product).
 template <unsigned OFF, bool FMA>
-__device__ __forceinline__ void stage16_h2(const unsigned (&q)[4], unsigned s, unsigned m, uint4* dst) {
+__device__ __forceinline__ void pack16_h2(const unsigned (&q)[4], unsigned s, unsigned m, unsigned (&pk)[8]) {
     constexpr unsigned BIAS = h2_minus_1024_plus(OFF);
-    unsigned pk[8];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const unsigned v0 = hadd2(h2_codes<0x4140>(q[i]), BIAS), v1 = hadd2(h2_codes<0x4342>(q[i]), BIAS);
         pk[2 * i] = FMA ? hfma2(v0, s, m) : hmul2(v0, s);
         pk[2 * i + 1] = FMA ? hfma2(v1, s, m) : hmul2(v1, s);
     }
-    dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-    dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
 }
 
-template <class F> struct Stage16 {
-    static __device__ __forceinline__ void run(const typename F::Raw& a, int u, int r, uint4* dst) {
-        stage16_generic<F>(a, u, r, dst);
+// Pack16<F>::pack: run r of unit u as F16 pairs (the generic form, or the format's F16 form).
+template <class F> struct Pack16 {
+    static __device__ __forceinline__ void pack(const typename F::Raw& a, int u, int r, unsigned (&pk)[8]) {
+        pack16_generic<F>(a, u, r, pk);
     }
 };
 
@@ -474,26 +470,26 @@ __device__ __forceinline__ unsigned lop_and_or(unsigned a, unsigned m, unsigned 
 }
 
 // Q4_K: run r's codes and value a * q + b from FQ4K::codes (a = d sc, b = -dmin m).
-template <> struct Stage16<FQ4K> {
-    static __device__ __forceinline__ void run(const FQ4K::Raw& raw, int u, int r, uint4* dst) {
+template <> struct Pack16<FQ4K> {
+    static __device__ __forceinline__ void pack(const FQ4K::Raw& raw, int u, int r, unsigned (&pk)[8]) {
         unsigned q[4];
         float a, b;
         FQ4K::codes(raw, u, r, q, a, b);
         if (!(fabsf(b) + 15.0f * fabsf(a) <= 65000.0f)) {
-            stage16_generic<FQ4K>(raw, u, r, dst);
+            pack16_generic<FQ4K>(raw, u, r, pk);
             return;
         }
-        stage16_h2<0, true>(q, h2_splat(a), h2_splat(b), dst);
+        pack16_h2<0, true>(q, h2_splat(a), h2_splat(b), pk);
     }
 };
 
 // Q6_K: element 4i + b of run r is the low (r < 2) or high nibble of byte b of word i of a (runs
 // 0, 2) or b (runs 1, 3), with bits 2r, 2r + 1 of byte b of c as bits 4, 5; value sc * (q - 32).
-template <> struct Stage16<FQ6K> {
-    static __device__ __forceinline__ void run(const FQ6K::Raw& a, int u, int r, uint4* dst) {
+template <> struct Pack16<FQ6K> {
+    static __device__ __forceinline__ void pack(const FQ6K::Raw& a, int u, int r, unsigned (&pk)[8]) {
         const float sc = FQ6K::scale(a, r);
         if (!(32.0f * fabsf(sc) <= 65000.0f)) {
-            stage16_generic<FQ6K>(a, u, r, dst);
+            pack16_generic<FQ6K>(a, u, r, pk);
             return;
         }
         const uint4 lq = (r & 1) ? a.b : a.a;
@@ -503,21 +499,32 @@ template <> struct Stage16<FQ6K> {
             const unsigned c = word_of(a.c, i), hi = (r < 2 ? c << (4 - 2 * r) : c >> (2 * r - 4)) & 0x30303030u;
             q[i] = lop_and_or(word_of(lq, i) >> (4 * (r >> 1)), 0x0F0F0F0Fu, hi);
         }
-        stage16_h2<32, false>(q, h2_splat(sc), 0, dst);
+        pack16_h2<32, false>(q, h2_splat(sc), 0, pk);
     }
 };
 
 // Q8_0: run r's codes from FQ8_0::codes (the signed bytes offset by 128), value d (q - 128).
-template <> struct Stage16<FQ8_0> {
-    static __device__ __forceinline__ void run(const FQ8_0::Raw& raw, int, int r, uint4* dst) {
+template <> struct Pack16<FQ8_0> {
+    static __device__ __forceinline__ void pack(const FQ8_0::Raw& raw, int, int r, unsigned (&pk)[8]) {
         unsigned q[4];
         float d, b;
         FQ8_0::codes(raw, 0, r, q, d, b);
         if (!(128.0f * fabsf(d) <= 65000.0f)) {
-            stage16_generic<FQ8_0>(raw, 0, r, dst);
+            pack16_generic<FQ8_0>(raw, 0, r, pk);
             return;
         }
-        stage16_h2<128, false>(q, h2_splat(d), 0, dst);
+        pack16_h2<128, false>(q, h2_splat(d), 0, pk);
+    }
+};
+
+// Stage16<F>::run: run r of unit u as F16 into shared memory (16 halves from dst on, two
+// 16-byte stores).
+template <class F> struct Stage16 {
+    static __device__ __forceinline__ void run(const typename F::Raw& a, int u, int r, uint4* dst) {
+        unsigned pk[8];
+        Pack16<F>::pack(a, u, r, pk);
+        dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+        dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
     }
 };
 

@@ -180,7 +180,12 @@ fn moe_kernel_breakdown() {
             let t = time(&mut g, &mut |g| gather.launch(&mut g.k, &s).unwrap());
             row(n, "gather F16", t, 0.0);
             // The step's own tile, and the other prefill tiles beside it once a step takes one.
-            let tiles = if chosen(false) == Tile::T16 { vec![Tile::T16] } else { vec![Tile::T64, Tile::W48] };
+            // Batched decode: every few-token tile (the staged 8 and 16, the register-fragment ones).
+            let tiles = if chosen(false).tokens() <= 16 {
+                vec![Tile::T8, Tile::T16, Tile::R8, Tile::R16]
+            } else {
+                vec![Tile::T64, Tile::W48]
+            };
             for tile in tiles {
                 let gemm = |li: usize, down: bool| MoeGemm {
                     slab: if down { &layers[li].down } else { &layers[li].gate },

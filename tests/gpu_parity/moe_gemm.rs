@@ -89,8 +89,9 @@ fn grouped_gemm_equals_f16_rounded_twin() {
             }
             // Both forms of the kernel: every fragment of a tile multiplied, and the empty ones
             // skipped (DUSTOFF_MOE_GEMM_SKIP): the same values at every grouped position.
-            for (tile, skip) in
-                [Tile::T16, Tile::T64, Tile::W48, Tile::T8].into_iter().flat_map(|t| [(t, false), (t, true)])
+            for (tile, skip) in [Tile::T16, Tile::T64, Tile::W48, Tile::T8, Tile::R8, Tile::R16]
+                .into_iter()
+                .flat_map(|t| [(t, false), (t, true)])
             {
                 let act = g.up(&vec![0x7e00u16; pairs * f]);
                 let y = g.poisoned(pairs * dim);

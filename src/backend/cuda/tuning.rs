@@ -86,6 +86,9 @@ pub(super) struct Tuning {
     /// `DUSTOFF_MOE_T8=N`: the grouped GEMM's 8-token tile while a step's mean expert holds at
     /// most N tokens (`ops::moe_gemm::Tile::for_step`; 0: never).
     pub moe_t8: Option<usize>,
+    /// `DUSTOFF_MOE_MMA=1`: the grouped GEMM's 8- and 16-token tiles dequantize the weights
+    /// straight into mma.m8n8k4 fragments (kernels/moe_gemm_mma.cu) instead of staging them.
+    pub moe_mma: bool,
     /// `DUSTOFF_ROUTER_TILED=1`: the router logits of steps above 8 tokens in 32 x 32 tiles
     /// (`moe_router_logits_tile_f32`: the router read once per 32 tokens) instead of a warp per
     /// (expert, token). Off: measured slower below 768 tokens (H200, compute_70 PTX: ~66 us at
@@ -147,6 +150,7 @@ pub(super) fn tuning() -> &'static Tuning {
             moe_gemm_skip: num("DUSTOFF_MOE_GEMM_SKIP") != Some(0),
             moe_wide_tile: num("DUSTOFF_MOE_WIDE_TILE") != Some(0),
             moe_t8: num("DUSTOFF_MOE_T8"),
+            moe_mma: num("DUSTOFF_MOE_MMA") == Some(1),
             router_tiled: num("DUSTOFF_ROUTER_TILED") == Some(1),
             shexp_fused: num("DUSTOFF_SHEXP_FUSED") != Some(0),
             shexp_pairs: num("DUSTOFF_SHEXP_PAIRS") != Some(0),

@@ -35,6 +35,11 @@ pub enum Tile {
     /// decode where the mean expert holds one or two tokens (32 sequences of top-8 over 128
     /// experts: 2), so no input row is staged or loaded for a 16-token tile's repeats.
     T8,
+    /// 64 rows x 8 tokens, the weights dequantized straight into mma.m8n8k4 fragments
+    /// (kernels/moe_gemm_mma.cu: no F16 staging in shared memory); `DUSTOFF_MOE_MMA=1`.
+    R8,
+    /// As [`Tile::R8`] with 16 tokens.
+    R16,
 }
 
 /// The mean tokens an expert up to which a step takes the 8-token tile (`DUSTOFF_MOE_T8`).
@@ -51,7 +56,22 @@ impl Tile {
     /// 2,048 tokens, but gate/up (two slabs a tile, more registers) runs there at two blocks an SM
     /// against three for t64, which lost at 768 and 2,048 tokens.
     pub fn for_step(n_pairs: usize, n_experts: usize, gate_up: bool) -> Tile {
-        Self::for_step_t8(n_pairs, n_experts, gate_up, super::super::tuning::tuning().moe_t8.unwrap_or(T8_MAX_MEAN))
+        let t = super::super::tuning::tuning();
+        let tile = Self::for_step_t8(n_pairs, n_experts, gate_up, t.moe_t8.unwrap_or(T8_MAX_MEAN));
+        if t.moe_mma {
+            tile.register_form()
+        } else {
+            tile
+        }
+    }
+
+    /// The register-fragment tile of the same tokens (R8 for T8, R16 for T16), else the tile.
+    fn register_form(self) -> Tile {
+        match self {
+            Tile::T8 => Tile::R8,
+            Tile::T16 => Tile::R16,
+            t => t,
+        }
     }
 
     /// [`Tile::for_step`] with the 8-token tile while the mean expert holds at most `t8_mean`
@@ -73,13 +93,14 @@ impl Tile {
             Tile::T16 => 16,
             Tile::T64 => 64,
             Tile::W48 => 48,
-            Tile::T8 => 8,
+            Tile::T8 | Tile::R8 => 8,
+            Tile::R16 => 16,
         }
     }
     /// Weight rows of one tile (gate/up: half gate rows, half up rows).
     pub fn rows(self) -> usize {
         match self {
-            Tile::T16 | Tile::T64 | Tile::T8 => 64,
+            Tile::T16 | Tile::T64 | Tile::T8 | Tile::R8 | Tile::R16 => 64,
             Tile::W48 => 128,
         }
     }
@@ -90,6 +111,8 @@ impl Tile {
             Tile::T64 => 1,
             Tile::W48 => 2,
             Tile::T8 => 3,
+            Tile::R8 => 4,
+            Tile::R16 => 5,
         }
     }
 }
@@ -310,8 +333,13 @@ mod tests {
         assert_eq!(Tile::for_step_t8(64 * 8, 128, true, 0), Tile::T16, "DUSTOFF_MOE_T8=0: never");
         assert_eq!(Tile::for_step_t8(0, 128, true, 0), Tile::T16);
         assert_eq!(Tile::for_step_t8(5, 0, false, 0), Tile::T16);
-        for t in [Tile::T16, Tile::T64, Tile::W48, Tile::T8] {
+        for t in [Tile::T16, Tile::T64, Tile::W48, Tile::T8, Tile::R8, Tile::R16] {
             assert!(t.rows() % 64 == 0 && t.tokens() % 8 == 0, "{t:?}");
+        }
+        // DUSTOFF_MOE_MMA=1: the register-fragment tile of the same tokens where there is one.
+        for (t, r) in [(Tile::T8, Tile::R8), (Tile::T16, Tile::R16), (Tile::T64, Tile::T64), (Tile::W48, Tile::W48)] {
+            assert_eq!(t.register_form(), r);
+            assert_eq!(t.tokens(), r.tokens());
         }
     }
 }
