@@ -11,25 +11,15 @@
 # then on the GPU machine: bash scripts/gpu-moe-mma.sh run    (carry .gpu)
 set -u
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = pack ]; then
-  set -e; bash scripts/gpu-route-flips.sh pack >/dev/null
-  strip -o /tmp/mma-dustoff target/release/dustoff; xz -6 -T2 -c /tmp/mma-dustoff > .gpu/dustoff.xz
-  cp "${BASE_PTX:?the base commit\'s ptx70 tarball}" .gpu/ptx70-base.tar.xz
-  du -sh .gpu; exit 0
-fi
-S=$HOME/st; mkdir -p $S/base; L=${OUT:-$S}  # logs straight into $OUT: kept if the call times out
-echo "commit $(cat .gpu/commit)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-[ -x $S/gp ] || { xz -dc .gpu/gp.xz > $S/gp; chmod +x $S/gp; tar -C $S -xJf .gpu/ptx70.tar.xz; tar -C $S/base -xJf .gpu/ptx70-base.tar.xz; }
-[ -x $S/dustoff ] || { xz -dc .gpu/dustoff.xz > $S/dustoff; chmod +x $S/dustoff; }
-mkdir -p /work/shared; [ -d /work/shared/testdata/arch ] || tar -C /work/shared -xJf .gpu/td.tar.xz
-export DUSTOFF_REQUIRE_GPU=1 RUST_MIN_STACK=33554432
+. scripts/gpu-ab.sh
+if [ "${1:-}" = pack ]; then ab_pack; exit 0; fi
+ab_unpack
 [ "${PARITY:-1}" = 1 ] && bash scripts/gpu-parity-subset.sh $L
 if [ "${BREAKDOWN:-1}" = 1 ]; then
   DUSTOFF_PTX_DIR=$S/ptx70 MOE_BREAKDOWN_N=${MOE_N:-32,64,128} $S/gp --ignored --exact \
     moe_bench::moe_kernel_breakdown --nocapture > $L/moe-breakdown.log 2>&1
   echo "moe breakdown (PTX): rc $?"; grep -E '^\| [0-9]+ \| GEMM' $L/moe-breakdown.log | cut -d'|' -f2-5
 fi
-declare -A PTX=([base]=$S/base/ptx70 [new]=$S/ptx70)
 variants=${VARIANTS:-"base new mma:DUSTOFF_MOE_MMA=1 mma16:DUSTOFF_MOE_MMA=1,DUSTOFF_MOE_T8=0"}
 for r in $(seq 1 "${ROUNDS:-1}"); do
   for ve in $variants; do

@@ -10,19 +10,9 @@
 # then on the GPU machine: bash scripts/gpu-stage16.sh run    (carry .gpu)
 set -u
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = pack ]; then
-  set -e; bash scripts/gpu-route-flips.sh pack >/dev/null
-  strip -o /tmp/s16-dustoff target/release/dustoff; xz -6 -T2 -c /tmp/s16-dustoff > .gpu/dustoff.xz
-  cp "${BASE_PTX:?the base commit\'s ptx70 tarball}" .gpu/ptx70-base.tar.xz
-  du -sh .gpu; exit 0
-fi
-S=$HOME/st; mkdir -p $S/base; L=${OUT:-$S}  # logs straight into $OUT: kept if the call times out
-echo "commit $(cat .gpu/commit)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-[ -x $S/gp ] || { xz -dc .gpu/gp.xz > $S/gp; chmod +x $S/gp; tar -C $S -xJf .gpu/ptx70.tar.xz; tar -C $S/base -xJf .gpu/ptx70-base.tar.xz; }
-[ -x $S/dustoff ] || { xz -dc .gpu/dustoff.xz > $S/dustoff; chmod +x $S/dustoff; }
-mkdir -p /work/shared; [ -d /work/shared/testdata/arch ] || tar -C /work/shared -xJf .gpu/td.tar.xz
-export DUSTOFF_REQUIRE_GPU=1 RUST_MIN_STACK=33554432
-declare -A PTX=([base]=$S/base/ptx70 [new]=$S/ptx70)
+. scripts/gpu-ab.sh
+if [ "${1:-}" = pack ]; then ab_pack; exit 0; fi
+ab_unpack
 if [ "${BREAKDOWN:-1}" = 1 ]; then
   for v in base new; do
     DUSTOFF_PTX_DIR=${PTX[$v]} DUSTOFF_BREAKDOWN_GEMM_ONLY=1 DUSTOFF_BREAKDOWN_FORMATS=${FORMATS:-q4_k,q6_k,q8_0} $S/gp --ignored --exact \
