@@ -89,22 +89,26 @@ __device__ __forceinline__ void mg_fetch(const MoeGemmParams& p, const QRow* row
     }
 }
 
+// The packed row of tile row tr of a BM-row tile of expert `expert` at output row r0: gate/up
+// tiles hold BM / 2 gate rows, then the same rows of the up slab.
+template <bool GATE_UP, int BM>
+__device__ __forceinline__ QRow mg_row(const MoeGemmParams& p, int expert, int r0, int tr) {
+    constexpr int OUT_ROWS = GATE_UP ? BM / 2 : BM;
+    const long long base = (long long)expert * p.rows + r0;
+    return GATE_UP && tr >= OUT_ROWS ? q_row(p.qs2, p.aux2, base + tr - OUT_ROWS, p.qs_row, p.aux_row)
+                                     : q_row(p.qs, p.aux, base + tr, p.qs_row, p.aux_row);
+}
+
 // The packed rows of the thread's staging slots (tile_slot) in expert `expert`'s tile at output
-// row r0: gate/up tiles hold BM / 2 gate rows, then the same rows of the up slab.
+// row r0 (mg_row).
 template <class F, int WM, bool GATE_UP>
 __device__ __forceinline__ void mg_rows(const MoeGemmParams& p, int expert, int r0, QRow (&rows)[MG<F, WM>::PER_THREAD]) {
     using G = MG<F, WM>;
-    constexpr int OUT_ROWS = GATE_UP ? G::BM / 2 : G::BM;
-    const long long base = (long long)expert * p.rows + r0;
 #pragma unroll
     for (int i = 0; i < G::PER_THREAD; ++i) {
         int tr, unit;  // tile row
         tile_slot<F, G::UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
-        if (GATE_UP && tr >= OUT_ROWS) {
-            rows[i] = q_row(p.qs2, p.aux2, base + tr - OUT_ROWS, p.qs_row, p.aux_row);
-        } else {
-            rows[i] = q_row(p.qs, p.aux, base + tr, p.qs_row, p.aux_row);
-        }
+        rows[i] = mg_row<GATE_UP, G::BM>(p, expert, r0, tr);
     }
 }
 

@@ -58,14 +58,9 @@ __device__ __forceinline__ void moe_gemm_mma_impl(const MoeGemmParams& p) {
     const int j = (lane & 3) | ((lane >> 4) << 2);  // A row / B token of this lane
     const int unit = q % UPC;
     const int r0 = blockIdx.x * (GATE_UP ? BM / 2 : BM);
-    const long long base = (long long)expert * p.rows + r0;
     QRow rows[S];
 #pragma unroll
-    for (int s = 0; s < S; ++s) {
-        const int tr = 16 * warp + 8 * ((q + 4 * s) / UPC) + j;  // tile row
-        rows[s] = GATE_UP && tr >= BM / 2 ? q_row(p.qs2, p.aux2, base + tr - BM / 2, p.qs_row, p.aux_row)
-                                          : q_row(p.qs, p.aux, base + tr, p.qs_row, p.aux_row);
-    }
+    for (int s = 0; s < S; ++s) rows[s] = mg_row<GATE_UP, BM>(p, expert, r0, 16 * warp + 8 * ((q + 4 * s) / UPC) + j);
     float acc[S][N8][8];
 #pragma unroll
     for (int s = 0; s < S; ++s)
