@@ -17,8 +17,8 @@
 // its own shared memory (no block barrier in the loop) and has the next tile's K/V loads in
 // flight in registers while it computes the current one. Online softmax in log2 units (Q carries
 // scale * log2(e); exponentials are 2^x on the SFU). At the end the warps' (m, l, O) are merged
-// in warp order (deterministic) into the partial of (t, head, s). K/V rows come through
-// kv_load8, so the 8-bit cache is dequantized on load into the same F16 tile.
+// in warp order (deterministic) into the partial of (t, head, s). The 8-bit cache is dequantized
+// into the same F16 tile: in the `_q8` entries when a tile is staged (adt_fetch).
 // Shared memory (bytes): Q hi, Q lo [16, LDQ] f16, then per warp: K, V [16, LDK] f16, m/alpha
 // [16] f32, l [16] f32. Once a tile's QK^T product is done its K area holds S [16, LDS] f32 (then
 // P lo [16, LDP] f16 over it) and P hi [16, LDP] f16; at the end the warp's K/V area holds its
@@ -49,8 +49,10 @@ struct Adt {
 
 // The K/V tile at kp into registers: lane pair j holds part (e % PARTS) of row e / PARTS, e =
 // lane + 32 j, K in kv[2 j] and V in kv[2 j + 1]; zeros at or past `end` (no load: the block
-// table may not reach there).
-template <int HD>
+// table may not reach there). RAW (the 8-bit cache's entries): kv_fetch8's raw bytes, converted
+// by adt_halves when staged, so the loads stay in flight through the current tile's products;
+// else converted here (the F16 entries: a plain load).
+template <int HD, bool RAW>
 __device__ __forceinline__ void adt_fetch(const AttnParams& p, const int* bt, long long kv_dim, int g, int kp,
                                           int end, uint4 (&kv)[2 * Adt<HD>::PL]) {
     using A = Adt<HD>;
@@ -63,13 +65,18 @@ __device__ __forceinline__ void adt_fetch(const AttnParams& p, const int* bt, lo
         if (ps < end) {
             const long long row = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
             const long long off = row * kv_dim + (long long)g * HD + (e % A::PARTS) * 8;
-            kv[2 * j] = kv_load8(p.k_cache, p.k_scale, off);
-            kv[2 * j + 1] = kv_load8(p.v_cache, p.v_scale, off);
+            kv[2 * j] = RAW ? kv_fetch8(p.k_cache, p.k_scale, off) : kv_load8(p.k_cache, p.k_scale, off);
+            kv[2 * j + 1] = RAW ? kv_fetch8(p.v_cache, p.v_scale, off) : kv_load8(p.v_cache, p.v_scale, off);
         }
     }
 }
 
-template <int HD>
+// A fetched part as 8 halves.
+template <bool RAW> __device__ __forceinline__ uint4 adt_halves(const uint4& r, const half_t* scale) {
+    return RAW ? kv_cvt8(r, scale) : r;
+}
+
+template <int HD, bool RAW>
 __device__ __forceinline__ void attn_decode_tc(const AttnParams& p) {
     using A = Adt<HD>;
     constexpr int NK = A::NK;
@@ -126,17 +133,17 @@ __device__ __forceinline__ void attn_decode_tc(const AttnParams& p) {
     const int stride = nwarps * ADT_KT;
     uint4 pf[2 * A::PL];
     int kp = start + warp * ADT_KT;
-    if (kp < end) adt_fetch<HD>(p, bt, kv_dim, g, kp, end, pf);
+    if (kp < end) adt_fetch<HD, RAW>(p, bt, kv_dim, g, kp, end, pf);
     for (; kp < end; kp += stride) {
 #pragma unroll
         for (int j = 0; j < A::PL; ++j) {
             const int e = lane + WARP * j, at = (e / A::PARTS) * A::LDK + (e % A::PARTS) * 8;
-            *reinterpret_cast<uint4*>(ks + at) = pf[2 * j];
-            *reinterpret_cast<uint4*>(vs + at) = pf[2 * j + 1];
+            *reinterpret_cast<uint4*>(ks + at) = adt_halves<RAW>(pf[2 * j], p.k_scale);
+            *reinterpret_cast<uint4*>(vs + at) = adt_halves<RAW>(pf[2 * j + 1], p.v_scale);
         }
         __syncwarp();
         // The next tile's rows, in flight during this tile's products.
-        if (kp + stride < end) adt_fetch<HD>(p, bt, kv_dim, g, kp + stride, end, pf);
+        if (kp + stride < end) adt_fetch<HD, RAW>(p, bt, kv_dim, g, kp + stride, end, pf);
 
         // S = Q K^T [16 heads, 16 positions].
         float sc[8];
@@ -239,5 +246,8 @@ __device__ __forceinline__ void attn_decode_tc(const AttnParams& p) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(4 * WARP) attn_decode_tc_hd64(const AttnParams p) { attn_decode_tc<64>(p); }
-extern "C" __global__ void __launch_bounds__(4 * WARP) attn_decode_tc_hd128(const AttnParams p) { attn_decode_tc<128>(p); }
+extern "C" __global__ void __launch_bounds__(4 * WARP) attn_decode_tc_hd64(const AttnParams p) { attn_decode_tc<64, false>(p); }
+extern "C" __global__ void __launch_bounds__(4 * WARP) attn_decode_tc_hd128(const AttnParams p) { attn_decode_tc<128, false>(p); }
+// The 8-bit cache's entries (they also run an F16 cache, as the F16 entries run an 8-bit one).
+extern "C" __global__ void __launch_bounds__(4 * WARP) attn_decode_tc_q8_hd64(const AttnParams p) { attn_decode_tc<64, true>(p); }
+extern "C" __global__ void __launch_bounds__(4 * WARP) attn_decode_tc_q8_hd128(const AttnParams p) { attn_decode_tc<128, true>(p); }

@@ -223,6 +223,33 @@ __device__ __forceinline__ void kv_store(half_t* cache, half_t* scale, long long
     if (threadIdx.x % WARP == 0) scale[e / KV_Q8_GROUP] = f2h_sat(d);
 }
 
+// ---- F16 pairs from byte codes (quant.cuh's F16 forms and the 8-bit KV cache): PRMT puts a byte
+// under the exponent of 1024 and one add.f16x2 of -(1024 + offset) gives the code exactly.
+// Halves 1024 + byte b0, 1024 + byte b1 of w (bytes < 4 of w select the pair: SEL 0x4140 for
+// bytes 0, 1, 0x4342 for bytes 2, 3).
+template <int SEL> __device__ __forceinline__ unsigned h2_codes(unsigned w) { return __byte_perm(w, 0x64u, SEL); }
+
+__device__ __forceinline__ unsigned hadd2(unsigned a, unsigned b) {
+    unsigned r;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ unsigned hmul2(unsigned a, unsigned b) {
+    unsigned r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
+    unsigned r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// -(1024 + off) in both halves, for off < 1024 (exact).
+__host__ __device__ constexpr unsigned h2_minus_1024_plus(unsigned off) { return (0xE400u | off) * 0x10001u; }
+
 // Byte b (0..3) of w as a signed value times d, read back as F16.
 __device__ __forceinline__ unsigned short kv_q8_h(unsigned w, int b, float d) {
     const int q = (int)(signed char)((w >> (8 * b)) & 0xffu);
@@ -231,8 +258,37 @@ __device__ __forceinline__ unsigned short kv_q8_h(unsigned w, int b, float d) {
 __device__ __forceinline__ unsigned kv_q8_h2(unsigned w, int b, float d) {
     return (unsigned)kv_q8_h(w, b, d) | ((unsigned)kv_q8_h(w, b + 1, d) << 16);
 }
+// The same pair on F16 halves, for a scale whose bits are sb (d2: sb in both halves): the code
+// (byte ^ 0x80 is code + 128) comes out exact and one mul.f16x2 rounds code * d to F16 once, as
+// kv_q8_h does, valid while no product can pass F16's range (kv_q8_h2_exact). SEL as h2_codes.
+__device__ __forceinline__ bool kv_q8_h2_exact(half_t sb) { return (sb & 0x7fffu) <= 0x6000u; }  // |d| <= 512
+template <int SEL> __device__ __forceinline__ unsigned kv_q8_h2(unsigned w, unsigned d2) {
+    return hmul2(hadd2(h2_codes<SEL>(w ^ 0x80808080u), h2_minus_1024_plus(128)), d2);
+}
 
-// 8 values from element e (a multiple of 8) as 8 packed halves (one uint4, as an F16 load gives).
+// The 16 raw bytes behind 8 cache values from element e (a multiple of 8), loaded and not yet
+// converted: F16: the 8 halves; 8-bit: the 8 codes in .x, .y and the group's scale bits in .z.
+// A prefetch keeps its loads in flight until kv_cvt8 reads them (converting at the load made
+// every 8-bit tile wait for its loads: 2.4x the F16 cache's decode attention time).
+__device__ __forceinline__ uint4 kv_fetch8(const half_t* cache, const half_t* scale, long long e) {
+    if (!scale) return __ldg(reinterpret_cast<const uint4*>(cache + e));
+    const uint2 w = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const signed char*>(cache) + e));
+    return make_uint4(w.x, w.y, __ldg(scale + e / KV_Q8_GROUP), 0u);
+}
+// kv_fetch8's bytes as 8 packed halves (all zero bytes give zeros in either form).
+__device__ __forceinline__ uint4 kv_cvt8(const uint4& r, const half_t* scale) {
+    if (!scale) return r;
+    const half_t sb = (half_t)r.z;
+    if (kv_q8_h2_exact(sb)) {
+        const unsigned d2 = sb * 0x10001u;
+        return make_uint4(kv_q8_h2<0x4140>(r.x, d2), kv_q8_h2<0x4342>(r.x, d2), kv_q8_h2<0x4140>(r.y, d2),
+                          kv_q8_h2<0x4342>(r.y, d2));
+    }
+    const float d = h2f(sb);
+    return make_uint4(kv_q8_h2(r.x, 0, d), kv_q8_h2(r.x, 2, d), kv_q8_h2(r.y, 0, d), kv_q8_h2(r.y, 2, d));
+}
+// 8 values from element e (a multiple of 8) as 8 packed halves (one uint4, as an F16 load gives),
+// the 8-bit values converted through f32.
 __device__ __forceinline__ uint4 kv_load8(const half_t* cache, const half_t* scale, long long e) {
     if (!scale) return __ldg(reinterpret_cast<const uint4*>(cache + e));
     const uint2 w = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const signed char*>(cache) + e));

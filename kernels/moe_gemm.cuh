@@ -89,14 +89,17 @@ __device__ __forceinline__ void mg_fetch(const MoeGemmParams& p, const QRow* row
     }
 }
 
-// The packed row of tile row tr of a BM-row tile of expert `expert` at output row r0: gate/up
-// tiles hold BM / 2 gate rows, then the same rows of the up slab.
+// The packed row of tile row tr of a BM-row tile whose first output row is row `base` of the
+// slabs (expert * rows + r0): gate/up tiles hold BM / 2 gate rows, then the same rows of the up
+// slab.
 template <bool GATE_UP, int BM>
-__device__ __forceinline__ QRow mg_row(const MoeGemmParams& p, int expert, int r0, int tr) {
+__device__ __forceinline__ void mg_row(const MoeGemmParams& p, long long base, int tr, QRow& row) {
     constexpr int OUT_ROWS = GATE_UP ? BM / 2 : BM;
-    const long long base = (long long)expert * p.rows + r0;
-    return GATE_UP && tr >= OUT_ROWS ? q_row(p.qs2, p.aux2, base + tr - OUT_ROWS, p.qs_row, p.aux_row)
-                                     : q_row(p.qs, p.aux, base + tr, p.qs_row, p.aux_row);
+    if (GATE_UP && tr >= OUT_ROWS) {
+        row = q_row(p.qs2, p.aux2, base + tr - OUT_ROWS, p.qs_row, p.aux_row);
+    } else {
+        row = q_row(p.qs, p.aux, base + tr, p.qs_row, p.aux_row);
+    }
 }
 
 // The packed rows of the thread's staging slots (tile_slot) in expert `expert`'s tile at output
@@ -104,11 +107,12 @@ __device__ __forceinline__ QRow mg_row(const MoeGemmParams& p, int expert, int r
 template <class F, int WM, bool GATE_UP>
 __device__ __forceinline__ void mg_rows(const MoeGemmParams& p, int expert, int r0, QRow (&rows)[MG<F, WM>::PER_THREAD]) {
     using G = MG<F, WM>;
+    const long long base = (long long)expert * p.rows + r0;
 #pragma unroll
     for (int i = 0; i < G::PER_THREAD; ++i) {
         int tr, unit;  // tile row
         tile_slot<F, G::UPC>(threadIdx.x + MG_THREADS * i, tr, unit);
-        rows[i] = mg_row<GATE_UP, G::BM>(p, expert, r0, tr);
+        mg_row<GATE_UP, G::BM>(p, base, tr, rows[i]);
     }
 }
 

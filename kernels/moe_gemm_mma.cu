@@ -8,7 +8,7 @@
 // LSU wavefronts at ~87% in every wmma MoE tile, those stores and loads the most of them. An
 // m8n8k4 A fragment is 4 consecutive K values of one row in one thread, exactly one word of a
 // run's codes (quant.cuh F::codes: byte b of word i is element 4i + b), so each thread converts
-// its own unit's packed bytes (Pack16, the values Stage16 would stage) and multiplies.
+// its own unit's packed bytes (pack16, the values Stage16 would stage) and multiplies.
 //
 // Block (128 threads, 4 warps): 64 weight rows (gate/up: 32 gate rows, then the same rows of
 // up) x 8 N8 tokens. Warp w owns tile rows 16 w .. 16 w + 15 as two row groups of 8; in a
@@ -58,9 +58,10 @@ __device__ __forceinline__ void moe_gemm_mma_impl(const MoeGemmParams& p) {
     const int j = (lane & 3) | ((lane >> 4) << 2);  // A row / B token of this lane
     const int unit = q % UPC;
     const int r0 = blockIdx.x * (GATE_UP ? BM / 2 : BM);
+    const long long base = (long long)expert * p.rows + r0;
     QRow rows[S];
 #pragma unroll
-    for (int s = 0; s < S; ++s) rows[s] = mg_row<GATE_UP, BM>(p, expert, r0, 16 * warp + 8 * ((q + 4 * s) / UPC) + j);
+    for (int s = 0; s < S; ++s) mg_row<GATE_UP, BM>(p, base, 16 * warp + 8 * ((q + 4 * s) / UPC) + j, rows[s]);
     float acc[S][N8][8];
 #pragma unroll
     for (int s = 0; s < S; ++s)
@@ -101,7 +102,7 @@ __device__ __forceinline__ void moe_gemm_mma_impl(const MoeGemmParams& p) {
         for (int r = 0; r < F::RUNS; ++r) {
             unsigned pk[S][8];
 #pragma unroll
-            for (int s = 0; s < S; ++s) Pack16<F>::pack(cur[s], u, r, pk[s]);
+            for (int s = 0; s < S; ++s) pack16<F>(cur[s], u, r, pk[s]);
             const int kg0 = (F::start(u, r) - c * MG_BK) / 4;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {

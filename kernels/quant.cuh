@@ -406,60 +406,44 @@ __device__ __forceinline__ void tile_slot(int q, int& tr, int& unit) {
 // CPU twin: src/model/quant/staged.rs. Where a run's bound says a value could pass 65,000 the
 // generic (saturating) form runs.
 
-// Halves 1024 + byte b0, 1024 + byte b1 of w (bytes < 4 of w select the pair: SEL 0x4140 for
-// bytes 0, 1, 0x4342 for bytes 2, 3).
-template <int SEL> __device__ __forceinline__ unsigned h2_codes(unsigned w) { return __byte_perm(w, 0x64u, SEL); }
-
-__device__ __forceinline__ unsigned hadd2(unsigned a, unsigned b) {
-    unsigned r;
-    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-}
-
-__device__ __forceinline__ unsigned hmul2(unsigned a, unsigned b) {
-    unsigned r;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-}
-
-__device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
-    unsigned r;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-    return r;
-}
-
 // f in both halves (rounded to F16 once).
 __device__ __forceinline__ unsigned h2_splat(float f) { return (unsigned)f2h(f) * 0x10001u; }
 
-// -(1024 + off) in both halves, for off < 1024 (exact).
-__host__ __device__ constexpr unsigned h2_minus_1024_plus(unsigned off) { return (0xE400u | off) * 0x10001u; }
 
-// A run's 16 values as 8 F16 pairs in registers: pk[j] holds elements 2j (low half) and 2j + 1.
-template <class F>
-__device__ __forceinline__ void pack16_generic(const typename F::Raw& a, int u, int r, unsigned (&pk)[8]) {
+// A run's 16 values as 8 F16 pairs, handed to `out` (a sink: out(pk), pk[j] holding elements 2j
+// (low half) and 2j + 1). Each form calls its sink where it ends, so a sink that stores to
+// shared memory (Stage16) compiles to the stores inside each branch.
+template <class F, class K>
+__device__ __forceinline__ void pack16_generic(const typename F::Raw& a, int u, int r, const K& out) {
     float w[16];
     F::run(a, u, r, w);
+    unsigned pk[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) pk[j] = f2h_sat(w[2 * j]) | (unsigned)f2h_sat(w[2 * j + 1]) << 16;
+    out(pk);
 }
 
 // The F16 form of a run whose codes are the bytes of q[0..4] (element 4i + b = byte b of q[i]),
 // each value (code - OFF) * s + m on F16 halves (m: FMA adds it; else a plain product).
-template <unsigned OFF, bool FMA>
-__device__ __forceinline__ void pack16_h2(const unsigned (&q)[4], unsigned s, unsigned m, unsigned (&pk)[8]) {
+template <unsigned OFF, bool FMA, class K>
+__device__ __forceinline__ void pack16_h2(const unsigned (&q)[4], unsigned s, unsigned m, const K& out) {
     constexpr unsigned BIAS = h2_minus_1024_plus(OFF);
+    unsigned pk[8];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const unsigned v0 = hadd2(h2_codes<0x4140>(q[i]), BIAS), v1 = hadd2(h2_codes<0x4342>(q[i]), BIAS);
         pk[2 * i] = FMA ? hfma2(v0, s, m) : hmul2(v0, s);
         pk[2 * i + 1] = FMA ? hfma2(v1, s, m) : hmul2(v1, s);
     }
+    out(pk);
 }
 
-// Pack16<F>::pack: run r of unit u as F16 pairs (the generic form, or the format's F16 form).
+// Pack16<F>::emit: run r of unit u as F16 pairs into a sink (the generic form, or the format's
+// F16 form).
 template <class F> struct Pack16 {
-    static __device__ __forceinline__ void pack(const typename F::Raw& a, int u, int r, unsigned (&pk)[8]) {
-        pack16_generic<F>(a, u, r, pk);
+    template <class K>
+    static __device__ __forceinline__ void emit(const typename F::Raw& a, int u, int r, const K& out) {
+        pack16_generic<F>(a, u, r, out);
     }
 };
 
@@ -471,25 +455,25 @@ __device__ __forceinline__ unsigned lop_and_or(unsigned a, unsigned m, unsigned 
 
 // Q4_K: run r's codes and value a * q + b from FQ4K::codes (a = d sc, b = -dmin m).
 template <> struct Pack16<FQ4K> {
-    static __device__ __forceinline__ void pack(const FQ4K::Raw& raw, int u, int r, unsigned (&pk)[8]) {
+    template <class K> static __device__ __forceinline__ void emit(const FQ4K::Raw& raw, int u, int r, const K& out) {
         unsigned q[4];
         float a, b;
         FQ4K::codes(raw, u, r, q, a, b);
         if (!(fabsf(b) + 15.0f * fabsf(a) <= 65000.0f)) {
-            pack16_generic<FQ4K>(raw, u, r, pk);
+            pack16_generic<FQ4K>(raw, u, r, out);
             return;
         }
-        pack16_h2<0, true>(q, h2_splat(a), h2_splat(b), pk);
+        pack16_h2<0, true>(q, h2_splat(a), h2_splat(b), out);
     }
 };
 
 // Q6_K: element 4i + b of run r is the low (r < 2) or high nibble of byte b of word i of a (runs
 // 0, 2) or b (runs 1, 3), with bits 2r, 2r + 1 of byte b of c as bits 4, 5; value sc * (q - 32).
 template <> struct Pack16<FQ6K> {
-    static __device__ __forceinline__ void pack(const FQ6K::Raw& a, int u, int r, unsigned (&pk)[8]) {
+    template <class K> static __device__ __forceinline__ void emit(const FQ6K::Raw& a, int u, int r, const K& out) {
         const float sc = FQ6K::scale(a, r);
         if (!(32.0f * fabsf(sc) <= 65000.0f)) {
-            pack16_generic<FQ6K>(a, u, r, pk);
+            pack16_generic<FQ6K>(a, u, r, out);
             return;
         }
         const uint4 lq = (r & 1) ? a.b : a.a;
@@ -499,34 +483,52 @@ template <> struct Pack16<FQ6K> {
             const unsigned c = word_of(a.c, i), hi = (r < 2 ? c << (4 - 2 * r) : c >> (2 * r - 4)) & 0x30303030u;
             q[i] = lop_and_or(word_of(lq, i) >> (4 * (r >> 1)), 0x0F0F0F0Fu, hi);
         }
-        pack16_h2<32, false>(q, h2_splat(sc), 0, pk);
+        pack16_h2<32, false>(q, h2_splat(sc), 0, out);
     }
 };
 
 // Q8_0: run r's codes from FQ8_0::codes (the signed bytes offset by 128), value d (q - 128).
 template <> struct Pack16<FQ8_0> {
-    static __device__ __forceinline__ void pack(const FQ8_0::Raw& raw, int, int r, unsigned (&pk)[8]) {
+    template <class K> static __device__ __forceinline__ void emit(const FQ8_0::Raw& raw, int, int r, const K& out) {
         unsigned q[4];
         float d, b;
         FQ8_0::codes(raw, 0, r, q, d, b);
         if (!(128.0f * fabsf(d) <= 65000.0f)) {
-            pack16_generic<FQ8_0>(raw, 0, r, pk);
+            pack16_generic<FQ8_0>(raw, 0, r, out);
             return;
         }
-        pack16_h2<128, false>(q, h2_splat(d), 0, pk);
+        pack16_h2<128, false>(q, h2_splat(d), 0, out);
     }
 };
 
-// Stage16<F>::run: run r of unit u as F16 into shared memory (16 halves from dst on, two
-// 16-byte stores).
-template <class F> struct Stage16 {
-    static __device__ __forceinline__ void run(const typename F::Raw& a, int u, int r, uint4* dst) {
-        unsigned pk[8];
-        Pack16<F>::pack(a, u, r, pk);
+// The sinks: into shared memory (16 halves from dst on, two 16-byte stores) or registers.
+struct Pack16Store {
+    uint4* dst;
+    __device__ __forceinline__ void operator()(const unsigned (&pk)[8]) const {
         dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
         dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
     }
 };
+struct Pack16Regs {
+    unsigned* v;
+    __device__ __forceinline__ void operator()(const unsigned (&pk)[8]) const {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = pk[j];
+    }
+};
+
+// Stage16<F>::run: run r of unit u as F16 into shared memory at dst.
+template <class F> struct Stage16 {
+    static __device__ __forceinline__ void run(const typename F::Raw& a, int u, int r, uint4* dst) {
+        Pack16<F>::emit(a, u, r, Pack16Store{dst});
+    }
+};
+
+// pack16<F>: run r of unit u as F16 pairs in registers (the register-fragment tiles' A values).
+template <class F>
+__device__ __forceinline__ void pack16(const typename F::Raw& a, int u, int r, unsigned (&pk)[8]) {
+    Pack16<F>::emit(a, u, r, Pack16Regs{pk});
+}
 
 // Stages chunk c's fetched units as F16: slot q = threadIdx.x + THREADS i (rw[i]; tile_slot)
 // into its tile row of sw [tile rows, 128 + 8 halves] (the 128-column chunks of the grouped MoE

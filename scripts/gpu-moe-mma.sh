@@ -36,7 +36,7 @@ for r in $(seq 1 "${ROUNDS:-1}"); do
   for ve in $variants; do
     v=${ve%%:*} e=""; [ "$v" != "$ve" ] && e=$(echo "${ve#*:}" | tr ',' ' ')
     a=$(for w in $e; do case $w in --*) echo -n "$w ";; esac; done); e=$(for w in $e; do case $w in --*) ;; *) echo -n "$w ";; esac; done)
-    dir=${PTX[$v]:-$S/ptx70}
+    dir=${PTX[${v%%-*}]:-$S/ptx70}  # base-q8: the base PTX
     for shape in ${SHAPES:-qwen3-30b-a3b}; do
       env $e $S/dustoff bench --device cuda --synthetic $shape --dtype q4_k_m --batch ${BATCHES:-32,64,128} \
         --gen-tokens 100 --runs 1 --ptx-dir $dir $a > $L/bench-$v-$shape-$r.log 2>&1

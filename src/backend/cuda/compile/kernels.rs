@@ -48,7 +48,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_onepass_f16_hd256"
         ]
     ),
-    kernel_file!("attention_decode_tc", ["attn_decode_tc_hd64", "attn_decode_tc_hd128"]),
+    kernel_file!(
+        "attention_decode_tc",
+        ["attn_decode_tc_hd64", "attn_decode_tc_hd128", "attn_decode_tc_q8_hd64", "attn_decode_tc_q8_hd128"]
+    ),
     kernel_file!("attention_merge", ["attn_merge_f32"]),
     kernel_file!(
         "attention_prefill",
