@@ -404,11 +404,10 @@ __device__ __forceinline__ void tile_slot(int q, int& tr, int& unit) {
 // values are round16(q * round16(d sc) - round16(dmin m)), Q6_K round16(round16(d sc) * (q -
 // 32)), Q8_0 round16(d q) (the generic form's value: d is F16, the product exact in f32). The
 // CPU twin: src/model/quant/staged.rs. Where a run's bound says a value could pass 65,000 the
-// generic (saturating) form runs.
+// generic (saturating) form runs. (h2_codes, hadd2, hmul2, hfma2: common.cuh.)
 
 // f in both halves (rounded to F16 once).
 __device__ __forceinline__ unsigned h2_splat(float f) { return (unsigned)f2h(f) * 0x10001u; }
-
 
 // A run's 16 values as 8 F16 pairs, handed to `out` (a sink: out(pk), pk[j] holding elements 2j
 // (low half) and 2j + 1). Each form calls its sink where it ends, so a sink that stores to
