@@ -98,8 +98,10 @@ __device__ __forceinline__ AtpSmem atp_smem(unsigned char* smem, int warp) {
 
 // Pair e of a K/V tile (e < ATP_KT * HD / 8): row e / PARTS, 8-half part e % PARTS of K (into
 // v[2 j]) and of V (v[2 j + 1]), one block-table lookup for both. Positions at or past `end` are
-// zero (their block-table entries may not exist).
-template <int HD>
+// zero (their block-table entries may not exist). RAW (the 8-bit cache's entries): the loads'
+// bytes as kv_fetch8 leaves them, converted by atp_stage, so a prefetch stays in flight until the
+// tile is staged (converting at the load made each tile wait for its own loads).
+template <int HD, bool RAW>
 __device__ __forceinline__ void atp_fetch(const PrefillParams& p, const int* bt, long long kv_dim, int g, int kp,
                                           int end, int base, uint4 (&v)[ATP_PF]) {
     constexpr int PARTS = HD / 8, PAIRS = ATP_KT * PARTS;
@@ -112,22 +114,23 @@ __device__ __forceinline__ void atp_fetch(const PrefillParams& p, const int* bt,
         if (e < PAIRS && ps < end) {
             const long long kv_row = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
             const long long off = kv_row * kv_dim + (long long)g * HD + part * 8;
-            v[2 * j] = kv_load8(p.k_cache, p.k_scale, off);
-            v[2 * j + 1] = kv_load8(p.v_cache, p.v_scale, off);
+            v[2 * j] = RAW ? kv_fetch8(p.k_cache, p.k_scale, off) : kv_load8(p.k_cache, p.k_scale, off);
+            v[2 * j + 1] = RAW ? kv_fetch8(p.v_cache, p.v_scale, off) : kv_load8(p.v_cache, p.v_scale, off);
         }
     }
 }
 
-template <int HD>
-__device__ __forceinline__ void atp_stage(half_t* ks, half_t* vs, int base, const uint4 (&v)[ATP_PF]) {
+template <int HD, bool RAW>
+__device__ __forceinline__ void atp_stage(const PrefillParams& p, half_t* ks, half_t* vs, int base,
+                                          const uint4 (&v)[ATP_PF]) {
     constexpr int PARTS = HD / 8, PAIRS = ATP_KT * PARTS, LDK = AtpLayout<HD, false>::LDK;
 #pragma unroll
     for (int j = 0; j < ATP_PF / 2; ++j) {
         const int e = base + j * blockDim.x + threadIdx.x;
         if (e < PAIRS) {
             const int at = (e / PARTS) * LDK + (e % PARTS) * 8;
-            *reinterpret_cast<uint4*>(ks + at) = v[2 * j];
-            *reinterpret_cast<uint4*>(vs + at) = v[2 * j + 1];
+            *reinterpret_cast<uint4*>(ks + at) = RAW ? kv_cvt8(v[2 * j], p.k_scale) : v[2 * j];
+            *reinterpret_cast<uint4*>(vs + at) = RAW ? kv_cvt8(v[2 * j + 1], p.v_scale) : v[2 * j + 1];
         }
     }
 }
@@ -170,19 +173,19 @@ __device__ __forceinline__ AtpTile atp_tile(const PrefillParams& p, int warp) {
 // The K/V tile at kp into shared memory (ks, vs), from the batch already fetched into pf and
 // the rest of the tile (batch pairs a fetch); then the first batch of the next tile into pf, in
 // flight during this tile's products. Called by the whole block.
-template <int HD>
+template <int HD, bool RAW>
 __device__ __forceinline__ void atp_next_kv(const PrefillParams& p, const AtpTile& a, long long kv_dim, int kp,
                                             int batch, half_t* ks, half_t* vs, uint4 (&pf)[ATP_PF]) {
     constexpr int PAIRS = ATP_KT * (HD / 8);  // (K, V) uint4 pairs per tile
     __syncthreads();  // every warp is done with the previous K/V tile
-    atp_stage<HD>(ks, vs, 0, pf);
+    atp_stage<HD, RAW>(p, ks, vs, 0, pf);
     for (int base = batch; base < PAIRS; base += batch) {
         uint4 more[ATP_PF];
-        atp_fetch<HD>(p, a.bt, kv_dim, a.g, kp, a.end, base, more);
-        atp_stage<HD>(ks, vs, base, more);
+        atp_fetch<HD, RAW>(p, a.bt, kv_dim, a.g, kp, a.end, base, more);
+        atp_stage<HD, RAW>(p, ks, vs, base, more);
     }
     __syncthreads();
-    if (kp + ATP_KT < a.end) atp_fetch<HD>(p, a.bt, kv_dim, a.g, kp + ATP_KT, a.end, 0, pf);
+    if (kp + ATP_KT < a.end) atp_fetch<HD, RAW>(p, a.bt, kv_dim, a.g, kp + ATP_KT, a.end, 0, pf);
 }
 
 // O += P V over the tile: P the warp's [16, ATP_KT] F16 rows at ps (leading dimension ldp), V
@@ -244,7 +247,7 @@ __device__ __forceinline__ void atp_load_q(const PrefillParams& p, const int* ro
     }
 }
 
-template <int HD, bool QS>
+template <int HD, bool QS, bool RAW>
 __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     using L = AtpLayout<HD, QS>;
     constexpr int NK = HD / 16;                   // 16-wide slices of the head dimension
@@ -297,9 +300,9 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
     // the first batch of the next tile is fetched before this tile's products and stored after.
     const int batch = ATP_PF / 2 * nthreads;       // (K, V) pairs per fetch
     uint4 pf[ATP_PF];
-    atp_fetch<HD>(p, tl.bt, kv_dim, g, start, end, 0, pf);
+    atp_fetch<HD, RAW>(p, tl.bt, kv_dim, g, start, end, 0, pf);
     for (int kp = start; kp < end; kp += ATP_KT) {
-        atp_next_kv<HD>(p, tl, kv_dim, kp, batch, ks, vs, pf);
+        atp_next_kv<HD, RAW>(p, tl, kv_dim, kp, batch, ks, vs, pf);
 
         // S = Q K^T for the tile's ATP_KT positions (Q from shared memory: each A fragment
         // loaded once per tile, for both 16-column halves).
@@ -424,21 +427,30 @@ __device__ __forceinline__ void attn_prefill_impl(const PrefillParams& p) {
 
 // The entries of head sizes 64, 128 and 256 of one implementation (`sfx`: their name's end), of
 // one launch shape. block: heads * 32 threads (256: at most 4 heads, the Q tile in shared
-// memory); dynamic shared memory AtpLayout<HD, QS> (MAP + 2 KV + heads * WARP_BYTES).
-#define ATP_ENTRIES(impl, sfx) \
-    extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd64##sfx(const PrefillParams p) { impl<64, false>(p); } \
-    extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd128##sfx(const PrefillParams p) { impl<128, false>(p); } \
-    extern "C" __global__ void __launch_bounds__(4 * WARP) attn_prefill_hd256##sfx(const PrefillParams p) { impl<256, true>(p); }
+// memory); dynamic shared memory AtpLayout<HD, QS> (MAP + 2 KV + heads * WARP_BYTES). `raw`: the
+// 8-bit cache's entries (`_q8` names), which keep a prefetch raw until staged; the F16 cache
+// keeps the others (one raw form for both caches cost the F16 form 8-80 bytes of spills on sm_70).
+#define ATP_ENTRIES(impl, sfx, raw) \
+    extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd64##sfx(const PrefillParams p) { impl<64, false, raw>(p); } \
+    extern "C" __global__ void __launch_bounds__(ATP_MAX_HEADS * WARP) attn_prefill_hd128##sfx(const PrefillParams p) { impl<128, false, raw>(p); } \
+    extern "C" __global__ void __launch_bounds__(4 * WARP) attn_prefill_hd256##sfx(const PrefillParams p) { impl<256, true, raw>(p); }
 
-ATP_ENTRIES(attn_prefill_impl, )
+ATP_ENTRIES(attn_prefill_impl, , false)
+ATP_ENTRIES(attn_prefill_impl, _q8, true)
 
 // The Q tile in shared memory for head sizes 64 / 128 too (64 fewer registers a thread: three
 // 4-warp blocks an SM instead of two, where shared memory allows; at most 4 heads a block).
 extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd64_qs(const PrefillParams p) {
-    attn_prefill_impl<64, true>(p);
+    attn_prefill_impl<64, true, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd128_qs(const PrefillParams p) {
-    attn_prefill_impl<128, true>(p);
+    attn_prefill_impl<128, true, false>(p);
+}
+extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd64_qs_q8(const PrefillParams p) {
+    attn_prefill_impl<64, true, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd128_qs_q8(const PrefillParams p) {
+    attn_prefill_impl<128, true, true>(p);
 }
 
 // ---- The softmax on the accumulators (architectures whose wmma accumulator is two m16n8
@@ -458,7 +470,7 @@ extern "C" __global__ void __launch_bounds__(4 * WARP, 3) attn_prefill_hd128_qs(
 __device__ __forceinline__ int atp_acc_row(int lane, int i) { return lane / 4 + 8 * ((i >> 1) & 1); }
 __device__ __forceinline__ int atp_acc_col(int lane, int i) { return 8 * (i >> 2) + 2 * (lane % 4) + (i & 1); }
 
-template <int HD, bool QS>
+template <int HD, bool QS, bool RAW>
 __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
     using L = AtpLayout<HD, QS>;
     constexpr int NK = HD / 16;             // 16-wide slices of the head dimension
@@ -514,9 +526,9 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
 
     const int batch = ATP_PF / 2 * nthreads;
     uint4 pf[ATP_PF];
-    atp_fetch<HD>(p, tl.bt, kv_dim, g, start, end, 0, pf);
+    atp_fetch<HD, RAW>(p, tl.bt, kv_dim, g, start, end, 0, pf);
     for (int kp = start; kp < end; kp += ATP_KT) {
-        atp_next_kv<HD>(p, tl, kv_dim, kp, batch, ks, vs, pf);
+        atp_next_kv<HD, RAW>(p, tl, kv_dim, kp, batch, ks, vs, pf);
 
         // S = Q K^T: the NT accumulators of the tile live together (independent product chains).
         float s[NT][8];
@@ -650,4 +662,5 @@ __device__ __forceinline__ void attn_prefill_acc_impl(const PrefillParams& p) {
 }
 
 // Same launch shape and shared memory as the entries above.
-ATP_ENTRIES(attn_prefill_acc_impl, _acc)
+ATP_ENTRIES(attn_prefill_acc_impl, _acc, false)
+ATP_ENTRIES(attn_prefill_acc_impl, _acc_q8, true)

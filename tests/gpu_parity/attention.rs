@@ -1,12 +1,15 @@
 //! Paged attention kernels against the CPU twin (`ops::attend_batch`): the split decode kernel
 //! (every split length and bucket), the tensor-core prefill kernel (one split, and split along
-//! the context with the merge), and the shared-prefix (cascade) pass, over a shuffled block pool.
+//! the context with the merge), and the shared-prefix (cascade) pass, over a shuffled block pool;
+//! the decode and prefill kernels also over the same rows in an 8-bit cache (their `_q8` entries;
+//! `DUSTOFF_PREFILL_ACC=0` / `DUSTOFF_PREFILL_QS=1` pick the prefill entries a V100 runs).
 
 use rand::Rng;
 
 use cudarc::driver::CudaSlice;
 use dustoff::backend::cpu::ops;
 use dustoff::backend::cuda::ops as l;
+use dustoff::backend::cuda::ops::launch::KvScales;
 use dustoff::backend::cuda::ops::prefill::{
     acc_available, prefill_splits, prefill_supported, push_tiles, PrefillAttention, PrefillSplit,
 };
@@ -27,6 +30,8 @@ struct Problem {
     shape: (usize, usize, usize),
     bt_stride: usize,
     stride: usize,
+    /// The 8-bit cache's scales (K, V), `[cache_rows, kv_dim / 32]` f16; None: an F16 cache.
+    scales: Option<(CudaSlice<u16>, CudaSlice<u16>)>,
 }
 
 impl Problem {
@@ -36,7 +41,7 @@ impl Problem {
             q: g.d(&self.q),
             k_cache: g.d(&self.kc),
             v_cache: g.d(&self.vc),
-            kv_scales: None,
+            kv_scales: self.scales.as_ref().map(|(k, v)| KvScales { k: g.d(k), v: g.d(v) }),
             block_tables: g.d(&self.bt),
             tok_seq: g.d(&self.tok_seq),
             pos: g.d(&self.pos),
@@ -174,7 +179,6 @@ fn split_attention(
 #[test]
 fn kv_store_and_paged_attention_match_cpu() {
     let Some(mut g) = gpu("attention") else { return };
-    let s = g.dev.stream.clone();
     // (n_heads, n_kv, head_dim): SmolLM2 (group 3), Qwen3-8B (group 4): the one-pass decode
     // kernel; Qwen2.5-7B (group 7): the two-pass head-size kernel; head size 80: the generic
     // split kernel (and no prefill kernel); head size 256 (Qwen3.5 / Qwen3-Next full attention,
@@ -255,67 +259,129 @@ fn kv_store_and_paged_attention_match_cpu() {
             shape: (nh, nkv, hd),
             bt_stride,
             stride,
+            scales: None,
         };
         // Partials for the most splits any run below uses (a replayed graph launches a
         // power-of-two bucket; 32-position prefill splits).
         let most = l::attn_splits(max_len, 1).next_power_of_two() * 2;
         let (po, pml) = (g.poisoned(n_tok * nh * most * hd), g.poisoned(n_tok * nh * most * 2));
-        let (k32, v32) = (f16_vals(&kh), f16_vals(&vh));
-        let kv = ops::PagedKv { k: &k32, v: &v32, block_size: bs, n_kv_heads: nkv, head_dim: hd };
-        let qcont: Vec<f32> = q_rows.iter().flat_map(|&r| qkv[r * stride..r * stride + qd].to_vec()).collect();
-        let tabs: Vec<&[u32]> = qseq.iter().map(|&si| tables[si as usize].as_slice()).collect();
-        let ppos: Vec<usize> = qpos.iter().map(|&p| p as usize).collect();
-        let mut want = vec![0f32; n_tok * qd];
-        ops::attend_batch(&kv, &tabs, &ppos, &qcont, nh, &mut want);
 
-        // Decode kernels: (tokens, split length (0: the step's rule), splits (0: just enough)),
-        // both kernels where the shape has two.
-        let full = n_tok;
-        use l::DecodeKernel::{OnePass, Tensor, TwoPass};
-        for (n_tok, split_len, splits, kernel) in [
-            (full, 0, 0, None),
-            (full, 0, most, None),
-            (8, 0, 0, None),
-            (8, 0, most, None),
-            (24, 0, 0, None),
-            (full, 512, 0, None),
-            (full, 64, 0, Some(OnePass)),
-            (full, 256, 0, Some(TwoPass)),
-            (full, 0, 0, Some(Tensor)),
-            (full, 64, most, Some(Tensor)),
-            (8, 16, 0, Some(Tensor)),
-            (24, 512, 0, Some(Tensor)),
-        ] {
-            let split_len = if split_len == 0 { l::decode_split_len(n_tok, max_len, nh, nkv, hd) } else { split_len };
-            let need = max_len.div_ceil(split_len);
-            let splits = if splits == 0 { need } else { splits.max(need) };
-            let out = g.poisoned(n_tok * qd);
-            split_attention(&g, pr.paged(&g, &out, n_tok), (&po, &pml), max_len, (split_len, splits), kernel)
-                .launch(&mut g.k, &s)
-                .unwrap();
-            compare(decode_label(kernel, hd, nh / nkv, n_tok), g.seed, &g.down(&out), &want[..n_tok * qd]);
-        }
-
-        if !prefill_supported(nh, nkv, hd) {
-            continue;
-        }
-        // The prefill kernel over every sequence's new tokens (one-token chunks included: a
-        // tile of one), in tiles of up to 16 tokens that never cross a sequence: one split
-        // (direct output), then split along the context (32 positions: most tiles see splits
-        // past their rows' positions; 256) and merged.
+        // The kernels over the F16 cache, then over the same rows stored in an 8-bit cache (the
+        // `_q8` entries), each against the CPU over the values its cache holds.
         let (mut tiles, mut rows) = (Vec::new(), Vec::new());
         let mut first = 0;
         for (si, &(c, n)) in seqs.iter().enumerate() {
             push_tiles(&mut tiles, &mut rows, first, n, c, si);
             first += n;
         }
-        for split_len in [0usize, 32, 256] {
-            let split = (split_len > 0).then(|| (split_len, max_len.div_ceil(split_len)));
-            for acc in prefill_families(&g) {
-                let out = g.poisoned(n_tok * qd);
-                pr.prefill(&mut g, &out, n_tok, (&tiles, &rows), (&po, &pml), (split, acc));
-                compare("attention_prefill", g.seed, &g.down(&out), &want);
-            }
+        let qcont: Vec<f32> = q_rows.iter().flat_map(|&r| qkv[r * stride..r * stride + qd].to_vec()).collect();
+        let tabs: Vec<&[u32]> = qseq.iter().map(|&si| tables[si as usize].as_slice()).collect();
+        let ppos: Vec<usize> = qpos.iter().map(|&p| p as usize).collect();
+        let cpu = |k: &[f32], v: &[f32]| {
+            let kv = ops::PagedKv { k, v, block_size: bs, n_kv_heads: nkv, head_dim: hd };
+            let mut want = vec![0f32; n_tok * qd];
+            ops::attend_batch(&kv, &tabs, &ppos, &qcont, nh, &mut want);
+            want
+        };
+        let want = cpu(&f16_vals(&kh), &f16_vals(&vh));
+        let cases = Cases {
+            tiles: (&tiles, &rows),
+            parts: (&po, &pml),
+            max_len,
+            n_tok,
+            prefill: prefill_supported(nh, nkv, hd),
+        };
+        check_kernels(&mut g, &pr, &cases, &DECODE_CASES, &want);
+        if !cases.prefill {
+            continue;
+        }
+        let all_rows: Vec<i32> = (0..cache_rows as i32).collect();
+        let (k8, v8, ks, vs) = super::kv_q8::store_q8(&mut g, &qkvd, &sd, cache_rows, (all, kvd, stride, qd));
+        let k32 = super::kv_q8::read_back(&g, (&k8, &ks), kvd, &all_rows);
+        let v32 = super::kv_q8::read_back(&g, (&v8, &vs), kvd, &all_rows);
+        let want = cpu(&k32, &v32);
+        let pr = Problem {
+            kc: k8,
+            vc: v8,
+            scales: Some((ks, vs)),
+            q: g.up(&qbuf),
+            bt: g.up(&bt),
+            tok_seq: g.up(&qseq),
+            pos: g.up(&qpos),
+            ..pr
+        };
+        check_kernels(&mut g, &pr, &cases, &DECODE_CASES[..5], &want);
+    }
+}
+
+/// Decode launches: (tokens, split length (0: the step's rule), splits (0: just enough; `MOST`:
+/// the most any run uses), kernel (None: the default)); both kernels where the shape has two.
+const FULL: usize = usize::MAX;
+const MOST: usize = usize::MAX;
+const DECODE_CASES: [(usize, usize, usize, Option<l::DecodeKernel>); 12] = {
+    use l::DecodeKernel::{OnePass, Tensor, TwoPass};
+    [
+        (FULL, 0, 0, None),
+        (FULL, 64, 0, Some(OnePass)),
+        (FULL, 256, 0, Some(TwoPass)),
+        (FULL, 0, 0, Some(Tensor)),
+        (8, 16, 0, Some(Tensor)),
+        (FULL, 0, MOST, None),
+        (8, 0, 0, None),
+        (8, 0, MOST, None),
+        (24, 0, 0, None),
+        (FULL, 512, 0, None),
+        (FULL, 64, MOST, Some(Tensor)),
+        (24, 512, 0, Some(Tensor)),
+    ]
+};
+
+/// One attention problem's launches: the prefill tiles, the partials for the most splits, the
+/// longest context, the query tokens, whether the prefill kernel takes the shape.
+struct Cases<'a> {
+    tiles: (&'a [i32], &'a [i32]),
+    parts: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+    max_len: usize,
+    n_tok: usize,
+    prefill: bool,
+}
+
+/// The decode kernels of `decode` (FULL: all of `pr`'s tokens) and, where the shape has it, the
+/// prefill kernel of each family over every sequence's new tokens (one-token chunks included: a
+/// tile of one) in tiles of up to 16 tokens that never cross a sequence: one split (direct
+/// output), then split along the context (32 positions: most tiles see splits past their rows'
+/// positions; 256) and merged; each against `want`.
+fn check_kernels(
+    g: &mut Gpu,
+    pr: &Problem,
+    c: &Cases,
+    decode: &[(usize, usize, usize, Option<l::DecodeKernel>)],
+    want: &[f32],
+) {
+    let s = g.dev.stream.clone();
+    let (nh, nkv, hd) = pr.shape;
+    let (qd, max_len, (po, pml)) = (nh * hd, c.max_len, c.parts);
+    let most = l::attn_splits(max_len, 1).next_power_of_two() * 2;
+    for &(n_tok, split_len, splits, kernel) in decode {
+        let n_tok = n_tok.min(c.n_tok);
+        let split_len = if split_len == 0 { l::decode_split_len(n_tok, max_len, nh, nkv, hd) } else { split_len };
+        let need = max_len.div_ceil(split_len);
+        let splits = if splits == MOST { most.max(need) } else { splits.max(need) };
+        let out = g.poisoned(n_tok * qd);
+        split_attention(g, pr.paged(g, &out, n_tok), (po, pml), max_len, (split_len, splits), kernel)
+            .launch(&mut g.k, &s)
+            .unwrap();
+        compare(decode_label(kernel, hd, nh / nkv, n_tok), g.seed, &g.down(&out), &want[..n_tok * qd]);
+    }
+    if !c.prefill {
+        return;
+    }
+    for split_len in [0usize, 32, 256] {
+        let split = (split_len > 0).then(|| (split_len, max_len.div_ceil(split_len)));
+        for acc in prefill_families(g) {
+            let out = g.poisoned(c.n_tok * qd);
+            pr.prefill(g, &out, c.n_tok, c.tiles, (po, pml), (split, acc));
+            compare("attention_prefill", g.seed, &g.down(&out), want);
         }
     }
 }
@@ -385,6 +451,7 @@ fn shared_prefix_attention_equals_plain_attention() {
             shape: (nh, nkv, hd),
             bt_stride,
             stride,
+            scales: None,
         };
         let (k32, v32) = (f16_vals(&kvals), f16_vals(&vvals));
         let kv = ops::PagedKv { k: &k32, v: &v32, block_size: bs, n_kv_heads: nkv, head_dim: hd };
@@ -535,6 +602,7 @@ fn long_context_attention_matches_cpu() {
                 shape: (nh, nkv, hd),
                 bt_stride: n_blocks,
                 stride,
+                scales: None,
             };
             let most = l::attn_splits(len, 1) + 64;
             let (po, pml) = (g.poisoned(n_tok * nh * most * hd), g.poisoned(n_tok * nh * most * 2));

@@ -16,7 +16,12 @@ use super::{compare, gpu, Gpu};
 /// The values an 8-bit cache holds in its rows `rows` (`[cache_rows, kv_dim]` int8 as half
 /// pairs, scales `[cache_rows, kv_dim / 32]` f16), read back as the attention kernels read
 /// them: `f16(q * d)`.
-fn read_back(g: &Gpu, (data, scales): (&CudaSlice<u16>, &CudaSlice<u16>), kv_dim: usize, rows: &[i32]) -> Vec<f32> {
+pub(crate) fn read_back(
+    g: &Gpu,
+    (data, scales): (&CudaSlice<u16>, &CudaSlice<u16>),
+    kv_dim: usize,
+    rows: &[i32],
+) -> Vec<f32> {
     let (data, scales) = (g.down(data), g.down(scales));
     let bytes: Vec<i8> = data.iter().flat_map(|w| [(*w & 0xff) as u8 as i8, (*w >> 8) as u8 as i8]).collect();
     let mut out = Vec::with_capacity(rows.len() * kv_dim);
@@ -28,6 +33,44 @@ fn read_back(g: &Gpu, (data, scales): (&CudaSlice<u16>, &CudaSlice<u16>), kv_dim
         }
     }
     out
+}
+
+/// An empty 8-bit cache of `cache_rows` rows: (K codes, V codes, K scales, V scales), the codes
+/// `[cache_rows, kv_dim]` int8 as half pairs, the scales `[cache_rows, kv_dim / 32]` f16.
+type Q8Cache = (CudaSlice<u16>, CudaSlice<u16>, CudaSlice<u16>, CudaSlice<u16>);
+fn new_cache(g: &Gpu, cache_rows: usize, kv_dim: usize) -> Q8Cache {
+    let (k, v) = (g.zeros::<u16>(cache_rows * kv_dim / 2), g.zeros::<u16>(cache_rows * kv_dim / 2));
+    let (ks, vs) = (g.zeros::<u16>(cache_rows * kv_dim / Q8_GROUP), g.zeros::<u16>(cache_rows * kv_dim / Q8_GROUP));
+    (k, v, ks, vs)
+}
+
+/// `kv_store_f16` of `n_tok` rows of a fused QKV buffer `[n_tok, stride]` (Q `q_dim` wide,
+/// then K and V `kv_dim` each) into a new 8-bit cache of `cache_rows` rows at `kv_rows`.
+pub(crate) fn store_q8(
+    g: &mut Gpu,
+    qkv: &CudaSlice<f32>,
+    kv_rows: &CudaSlice<i32>,
+    cache_rows: usize,
+    (n_tok, kv_dim, stride, q_dim): (usize, usize, usize, usize),
+) -> Q8Cache {
+    let (k, v, ks, vs) = new_cache(g, cache_rows, kv_dim);
+    let s = g.dev.stream.clone();
+    l::KvStore {
+        qkv: g.d(qkv),
+        k_cache: g.d(&k),
+        v_cache: g.d(&v),
+        kv_scales: Some(KvScales { k: g.d(&ks), v: g.d(&vs) }),
+        kv_rows: g.d(kv_rows),
+        cache_rows,
+        n_tok,
+        kv_dim,
+        stride,
+        k_off: q_dim,
+        v_off: q_dim + kv_dim,
+    }
+    .launch(&mut g.k, &s)
+    .unwrap();
+    (k, v, ks, vs)
 }
 
 /// `kv_store_f16` and the fused `qkv_post_f32` into an 8-bit cache: the cache read back equals
@@ -47,11 +90,6 @@ fn q8_kv_stores_equal_the_cpu_round_trip() {
     qkv[2 * stride + qd..2 * stride + qd + hd].iter_mut().for_each(|v| *v *= 1e6);
     let rows: Vec<i32> = (0..n as i32).map(|i| (i * 9 + 5) % cache_rows as i32).collect();
     let rowsd = g.up(&rows);
-    let new_cache = |g: &Gpu| {
-        let (k, v) = (g.zeros::<u16>(cache_rows * kvd / 2), g.zeros::<u16>(cache_rows * kvd / 2));
-        let (ks, vs) = (g.zeros::<u16>(cache_rows * kvd / Q8_GROUP), g.zeros::<u16>(cache_rows * kvd / Q8_GROUP));
-        (k, v, ks, vs)
-    };
     let twin = |x: &[f32], off: usize| -> Vec<f32> {
         let mut want: Vec<f32> = (0..n).flat_map(|t| x[t * stride + off..t * stride + off + kvd].to_vec()).collect();
         want.chunks_exact_mut(Q8_GROUP).for_each(q8_round_trip);
@@ -59,22 +97,7 @@ fn q8_kv_stores_equal_the_cpu_round_trip() {
     };
     // The plain store.
     let qkvd = g.up(&qkv);
-    let (k, v, ks, vs) = new_cache(&g);
-    l::KvStore {
-        qkv: g.d(&qkvd),
-        k_cache: g.d(&k),
-        v_cache: g.d(&v),
-        kv_scales: Some(KvScales { k: g.d(&ks), v: g.d(&vs) }),
-        kv_rows: g.d(&rowsd),
-        cache_rows,
-        n_tok: n,
-        kv_dim: kvd,
-        stride,
-        k_off: qd,
-        v_off: qd + kvd,
-    }
-    .launch(&mut g.k, &s)
-    .unwrap();
+    let (k, v, ks, vs) = store_q8(&mut g, &qkvd, &rowsd, cache_rows, (n, kvd, stride, qd));
     compare("kv_store_q8", g.seed, &read_back(&g, (&k, &ks), kvd, &rows), &twin(&qkv, qd));
     compare("kv_store_q8", g.seed, &read_back(&g, (&v, &vs), kvd, &rows), &twin(&qkv, qd + kvd));
     // The fused QK-norm + RoPE + store: K as the kernel rotated it (written back into qkv).
@@ -87,7 +110,7 @@ fn q8_kv_stores_equal_the_cpu_round_trip() {
     let (qn, kn) = (g.randn(hd, 1.0), g.randn(hd, 1.0));
     let (qnd, knd) = (g.up(&qn), g.up(&kn));
     let qkvd = g.up(&qkv);
-    let (k, v, ks, vs) = new_cache(&g);
+    let (k, v, ks, vs) = new_cache(&g, cache_rows, kvd);
     let mut store =
         super::rope_store(&g, Some((&qnd, &knd)), &posd, (&cd, &sd, max_pos), (&k, &v), (&rowsd, cache_rows));
     store.kv_scales = Some(KvScales { k: g.d(&ks), v: g.d(&vs) });

@@ -63,7 +63,15 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "attn_prefill_hd128_qs",
             "attn_prefill_hd64_acc",
             "attn_prefill_hd128_acc",
-            "attn_prefill_hd256_acc"
+            "attn_prefill_hd256_acc",
+            "attn_prefill_hd64_q8",
+            "attn_prefill_hd128_q8",
+            "attn_prefill_hd256_q8",
+            "attn_prefill_hd64_qs_q8",
+            "attn_prefill_hd128_qs_q8",
+            "attn_prefill_hd64_acc_q8",
+            "attn_prefill_hd128_acc_q8",
+            "attn_prefill_hd256_acc_q8"
         ]
     ),
     kernel_file!(

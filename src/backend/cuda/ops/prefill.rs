@@ -94,24 +94,27 @@ fn smem_bytes(head_dim: usize, heads: usize, qs: bool) -> usize {
 /// in shared memory. The second has 168 registers against 255 (three blocks an SM instead of
 /// two on an H200, one on a V100 for its 52 KB), but measured 8-17% slower on the H200 (a
 /// 512-token chunk after 8,192 positions: 1,067 against 982 us a layer; docs/BENCHMARKS.md,
-/// session 4).
-fn choose_entry(hd: usize, heads: usize, arch: &str, acc: Option<bool>) -> (&'static str, usize) {
+/// session 4). `q8` (the cache has scales): the `_q8` twin of the entry, which converts a
+/// prefetched K/V tile when it is staged instead of at the load.
+fn choose_entry(hd: usize, heads: usize, arch: &str, acc: Option<bool>, q8: bool) -> (&'static str, usize) {
     let t = tuning();
-    if acc.unwrap_or(t.prefill_acc) && acc_layout(arch) {
-        return match hd {
-            64 => ("attn_prefill_hd64_acc", smem_bytes(hd, heads, false)),
-            128 => ("attn_prefill_hd128_acc", smem_bytes(hd, heads, false)),
-            _ => ("attn_prefill_hd256_acc", smem_bytes(hd, heads, true)),
-        };
-    }
-    let qs = t.prefill_qs && heads <= 4;
-    match (hd, qs) {
-        (64, false) => ("attn_prefill_hd64", smem_bytes(hd, heads, false)),
-        (64, true) => ("attn_prefill_hd64_qs", smem_bytes(hd, heads, true)),
-        (128, false) => ("attn_prefill_hd128", smem_bytes(hd, heads, false)),
-        (128, true) => ("attn_prefill_hd128_qs", smem_bytes(hd, heads, true)),
-        _ => ("attn_prefill_hd256", smem_bytes(hd, heads, true)),
-    }
+    // (entry, its 8-bit twin, Q tile in shared memory)
+    let (f16, q8_entry, qs) = if acc.unwrap_or(t.prefill_acc) && acc_layout(arch) {
+        match hd {
+            64 => ("attn_prefill_hd64_acc", "attn_prefill_hd64_acc_q8", false),
+            128 => ("attn_prefill_hd128_acc", "attn_prefill_hd128_acc_q8", false),
+            _ => ("attn_prefill_hd256_acc", "attn_prefill_hd256_acc_q8", true),
+        }
+    } else {
+        match (hd, t.prefill_qs && heads <= 4) {
+            (64, false) => ("attn_prefill_hd64", "attn_prefill_hd64_q8", false),
+            (64, true) => ("attn_prefill_hd64_qs", "attn_prefill_hd64_qs_q8", true),
+            (128, false) => ("attn_prefill_hd128", "attn_prefill_hd128_q8", false),
+            (128, true) => ("attn_prefill_hd128_qs", "attn_prefill_hd128_qs_q8", true),
+            _ => ("attn_prefill_hd256", "attn_prefill_hd256_q8", true),
+        }
+    };
+    (if q8 { q8_entry } else { f16 }, smem_bytes(hd, heads, qs))
 }
 
 /// Whether the kernels of `k` can take the softmax on the accumulators (the `_acc` entries).
@@ -297,7 +300,7 @@ impl PrefillAttention {
             part0: i32_of(K, part0)?,
             part_tok0: i32_of(K, tok0)?,
         };
-        let (entry, smem) = choose_entry(hd, heads, k.arch(), acc);
+        let (entry, smem) = choose_entry(hd, heads, k.arch(), acc, k_scale != 0);
         allow_smem(k.get(entry)?, entry, smem)?;
         let grid = (i32_of(K, self.n_tiles)? as u32, (nkv * group / heads) as u32, i32_of(K, n_splits)? as u32);
         launch(k, s, entry, grid, (heads * 32) as u32, smem as u32, &p)?;
@@ -355,6 +358,24 @@ mod tests {
         // so does the Q tile in shared memory (52 KB: three blocks an SM on an H200, one on a V100).
         assert!(smem_bytes(128, 4, false) <= 48 * 1024);
         assert!(smem_bytes(128, 4, true) > 48 * 1024 && 3 * smem_bytes(128, 4, true) <= 227 * 1024);
+    }
+
+    #[test]
+    fn every_chosen_entry_is_compiled_and_the_8bit_twin_shares_its_shape() {
+        use crate::backend::cuda::compile::kernels::file_of;
+        for arch in ["compute_70", "compute_90"] {
+            for (hd, heads) in [(64, 8), (128, 4), (128, 8), (256, 4)] {
+                for acc in [Some(false), Some(true)] {
+                    let (f16, smem) = choose_entry(hd, heads, arch, acc, false);
+                    let (q8, smem8) = choose_entry(hd, heads, arch, acc, true);
+                    assert_eq!(q8, format!("{f16}_q8"), "{arch} hd {hd}");
+                    assert_eq!(smem, smem8, "{q8}: same layout as {f16}");
+                    for e in [f16, q8] {
+                        assert_eq!(file_of(e).map(|f| f.name), Some("attention_prefill"), "{e}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
