@@ -129,10 +129,12 @@ pub fn resolve_slots(
 
 /// Sequences an F16 cache that fits them is kept for under `--kv-cache auto --slots auto`,
 /// even where the 8-bit cache would fit more: there a step batches enough sequences that the
-/// 8-bit cache's slower attention costs more than its extra sequences give. Measured (H200,
-/// docs/BENCHMARKS.md): the nightly job ran 22,685 documents an hour with 61 F16 slots against
-/// 19,645 with 115 8-bit ones (21,267 / 17,094 at 64 / 80 the day before); decode alone at the
-/// same count the 8-bit cache gives 0.75-0.80x, and doubling 32 -> 64 sequences 1.43x.
+/// 8-bit cache's extra sequences bring no measurable gain, and F16 is exact. Measured (H100,
+/// docs/BENCHMARKS.md, one lease): the nightly job ran 27,603 documents an hour with 61 F16
+/// slots against 27,782 / 27,659 with 115 8-bit ones; decode alone at the same count the 8-bit
+/// cache gives 0.96-1.02x (its attention entries keep prefetched tiles raw), and doubling
+/// 32 -> 64 sequences gave 1.43x (H200). On a V100 the job's bound favours the 8-bit cache by
+/// 17% (its steps read fewer KV bytes): not measurable on the lent cards, so not the default.
 pub const AUTO_F16_ENOUGH: usize = 32;
 
 /// The cache `--kv-cache auto` takes on a GPU where F16 fits `f16` sequences of the job and
