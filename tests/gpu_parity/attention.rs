@@ -215,7 +215,7 @@ fn kv_store_and_paged_attention_match_cpu() {
         let cache_rows = n_blocks * bs;
         let (qkvd, sd) = (g.up(&qkv), g.up(&kv_rows));
         let (kc, vc) = (g.zeros::<u16>(cache_rows * kvd), g.zeros::<u16>(cache_rows * kvd));
-        super::kv_store(&mut g, &qkvd, (&kc, &vc), &sd, cache_rows, all, kvd, stride, qd);
+        super::kv_store(&mut g, &qkvd, (&kc, &vc), None, &sd, cache_rows, all, kvd, stride, qd);
         let (kh, vh) = (g.down(&kc), g.down(&vc));
         let (mut kgot, mut kwant) = (Vec::new(), Vec::new());
         for (t, &row) in kv_rows.iter().enumerate() {

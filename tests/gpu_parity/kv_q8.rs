@@ -6,7 +6,6 @@
 //! shared-prefix (cascade) pass, and one-pass decode over a long context.
 
 use cudarc::driver::CudaSlice;
-use dustoff::backend::cuda::ops as l;
 use dustoff::backend::cuda::ops::launch::KvScales;
 use dustoff::backend::kv_type::{q8_round_trip, KvType, Q8_GROUP};
 use half::f16;
@@ -54,22 +53,7 @@ pub(crate) fn store_q8(
     (n_tok, kv_dim, stride, q_dim): (usize, usize, usize, usize),
 ) -> Q8Cache {
     let (k, v, ks, vs) = new_cache(g, cache_rows, kv_dim);
-    let s = g.dev.stream.clone();
-    l::KvStore {
-        qkv: g.d(qkv),
-        k_cache: g.d(&k),
-        v_cache: g.d(&v),
-        kv_scales: Some(KvScales { k: g.d(&ks), v: g.d(&vs) }),
-        kv_rows: g.d(kv_rows),
-        cache_rows,
-        n_tok,
-        kv_dim,
-        stride,
-        k_off: q_dim,
-        v_off: q_dim + kv_dim,
-    }
-    .launch(&mut g.k, &s)
-    .unwrap();
+    super::kv_store(g, qkv, (&k, &v), Some((&ks, &vs)), kv_rows, cache_rows, n_tok, kv_dim, stride, q_dim);
     (k, v, ks, vs)
 }
 

@@ -671,7 +671,7 @@ fn qkv_post_equals_norm_rope_store() {
         }
         .launch(&mut g.k, &s)
         .unwrap();
-        kv_store(&mut g, &a, (&ka, &va), &rowsd, cache_rows, n, kvd, stride, qd);
+        kv_store(&mut g, &a, (&ka, &va), None, &rowsd, cache_rows, n, kvd, stride, qd);
         // Fused.
         let (b, kb, vb) = (g.up(&qkv), g.zeros::<u16>(cache_rows * kvd), g.zeros::<u16>(cache_rows * kvd));
         dustoff::backend::cuda::ops::kv_cache::QkvPost {
@@ -811,12 +811,14 @@ pub(crate) fn rope_store(
 }
 
 /// `kv_store_f16` of `n_tok` rows of a fused QKV buffer `[n_tok, stride]` (Q `q_dim` wide, then
-/// K and V `kv_dim` each) into the paged caches `[cache_rows, kv_dim]` at `kv_rows`.
+/// K and V `kv_dim` each) into the paged caches `[cache_rows, kv_dim]` at `kv_rows` (with the
+/// 8-bit cache's scales: codes and scales, as `store_q8` lays them out).
 #[allow(clippy::too_many_arguments)]
 fn kv_store(
     g: &mut Gpu,
     qkv: &CudaSlice<f32>,
     (kc, vc): (&CudaSlice<u16>, &CudaSlice<u16>),
+    scales: Option<(&CudaSlice<u16>, &CudaSlice<u16>)>,
     kv_rows: &CudaSlice<i32>,
     cache_rows: usize,
     n_tok: usize,
@@ -829,7 +831,7 @@ fn kv_store(
         qkv: g.d(qkv),
         k_cache: g.d(kc),
         v_cache: g.d(vc),
-        kv_scales: None,
+        kv_scales: scales.map(|(k, v)| l::launch::KvScales { k: g.d(k), v: g.d(v) }),
         kv_rows: g.d(kv_rows),
         cache_rows,
         n_tok,
