@@ -7,7 +7,8 @@
 #
 #   dev VM:      bash scripts/job-bench.sh pack          (after cargo build --release; writes .gpu/)
 #   GPU machine: bash scripts/job-bench.sh dustoff       (carry .gpu; F16 and 8-bit KV rows)
-#                bash scripts/job-bench.sh peer          (same warm machine: builds llama.cpp, its rows)
+#                bash scripts/job-bench.sh peer          (same warm machine: builds llama.cpp, its rows and
+#                                                         the ratio of each dustoff row of the same cache)
 #
 # Knobs: JB_RECORDS (1000), JB_SHAPE (qwen3-30b-a3b), JB_CAP (32GB), JB_KV ("f16 q8"),
 # JB_KV_ELEMS (K and V values a position of the shape, for the peer's sizing: 49152), JB_ARGS
@@ -97,15 +98,25 @@ if [ "${1:-}" = peer ]; then
     echo "llama-batched-bench -ctk/-ctv $ct -npp $npp -ntg $ntg -npl $n: rc $? in $(( $(date +%s)-t )) s"
     grep -E "KV buffer size|compute buffer size|model buffer size" $W/peer-$ct.log | head -4
     cp $W/peer-$ct.log $OUT/ 2>/dev/null
-    python3 - $W/peer-$ct.log $ct $n <<'PY'
-import sys
+    # The peer's row, and the ratio of each dustoff row of the same cache on this machine
+    # (dustoff's report beside it: f16 for f16, q8 for q8_0; JB_TAG rows included).
+    python3 - $W/peer-$ct.log $ct $n $W <<'PY'
+import glob, json, os, sys
 rows = [l.split("|") for l in open(sys.argv[1]) if l.startswith("|") and l.split("|")[1].strip().isdigit()]
+ct, w = sys.argv[2], sys.argv[4]
 for r in rows:
     c = [x.strip() for x in r[1:-1]]
     # PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s
     b, t_all = int(c[2]), float(c[8])
-    print(f"llama.cpp {sys.argv[2]:>4}: {b} sequences in {t_all:.1f} s = {b * 3600 / t_all:,.0f} documents/hour; "
+    peer = b * 3600 / t_all
+    print(f"llama.cpp {ct:>4}: {b} sequences in {t_all:.1f} s = {peer:,.0f} documents/hour; "
           f"prompt {c[5]} tok/s, generated {c[7]} tok/s")
+    kv = "f16" if ct == "f16" else "q8"
+    for rep in sorted(glob.glob(f"{w}/out-{kv}*.jsonl.report.json")):
+        d = json.load(open(rep))
+        ours = d["counts"]["ok"] * 3600 / d["wall_seconds"]
+        tag = os.path.basename(rep)[len("out-"):-len(".jsonl.report.json")]
+        print(f"  dustoff {tag}: {ours:,.0f} documents/hour = {ours / peer:.2f}x llama.cpp {ct}")
 PY
   done
   exit 0
