@@ -198,8 +198,9 @@ pub struct EngineArgs {
     /// KV cache type: f16, q8 (8-bit values with one F16 scale per 32: 1.88x the positions in
     /// the same memory; quality in docs/KV_CACHE.md) or auto: on a GPU F16 when the job's
     /// sequences fit in F16 (--slots auto: when F16 fits 32 sequences or as many as 8-bit:
-    /// batches that large run faster in F16 than twice as many in 8-bit), else q8, said in
-    /// the log; on the CPU and for data-parallel engines F16.
+    /// past that, twice the sequences in 8-bit measured no faster, and F16 is exact), else q8,
+    /// said in the log; on the CPU and for data-parallel engines F16. On a V100, where a step's
+    /// KV bytes weigh more, try q8 on long documents (docs/KV_CACHE.md).
     #[arg(long, default_value = "auto")]
     pub kv_cache: KvChoice,
 }
