@@ -49,9 +49,8 @@ struct Adt {
 
 // The K/V tile at kp into registers: lane pair j holds part (e % PARTS) of row e / PARTS, e =
 // lane + 32 j, K in kv[2 j] and V in kv[2 j + 1]; zeros at or past `end` (no load: the block
-// table may not reach there). RAW (the 8-bit cache's entries): kv_fetch8's raw bytes, converted
-// by adt_halves when staged, so the loads stay in flight through the current tile's products;
-// else converted here (the F16 entries: a plain load).
+// table may not reach there). RAW (the 8-bit cache's entries): raw bytes (kv_part), converted
+// by kv_halves when staged, so the loads stay in flight through the current tile's products.
 template <int HD, bool RAW>
 __device__ __forceinline__ void adt_fetch(const AttnParams& p, const int* bt, long long kv_dim, int g, int kp,
                                           int end, uint4 (&kv)[2 * Adt<HD>::PL]) {
@@ -65,15 +64,10 @@ __device__ __forceinline__ void adt_fetch(const AttnParams& p, const int* bt, lo
         if (ps < end) {
             const long long row = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
             const long long off = row * kv_dim + (long long)g * HD + (e % A::PARTS) * 8;
-            kv[2 * j] = RAW ? kv_fetch8(p.k_cache, p.k_scale, off) : kv_load8(p.k_cache, p.k_scale, off);
-            kv[2 * j + 1] = RAW ? kv_fetch8(p.v_cache, p.v_scale, off) : kv_load8(p.v_cache, p.v_scale, off);
+            kv[2 * j] = kv_part<RAW>(p.k_cache, p.k_scale, off);
+            kv[2 * j + 1] = kv_part<RAW>(p.v_cache, p.v_scale, off);
         }
     }
-}
-
-// A fetched part as 8 halves.
-template <bool RAW> __device__ __forceinline__ uint4 adt_halves(const uint4& r, const half_t* scale) {
-    return RAW ? kv_cvt8(r, scale) : r;
 }
 
 template <int HD, bool RAW>
@@ -138,8 +132,8 @@ __device__ __forceinline__ void attn_decode_tc(const AttnParams& p) {
 #pragma unroll
         for (int j = 0; j < A::PL; ++j) {
             const int e = lane + WARP * j, at = (e / A::PARTS) * A::LDK + (e % A::PARTS) * 8;
-            *reinterpret_cast<uint4*>(ks + at) = adt_halves<RAW>(pf[2 * j], p.k_scale);
-            *reinterpret_cast<uint4*>(vs + at) = adt_halves<RAW>(pf[2 * j + 1], p.v_scale);
+            *reinterpret_cast<uint4*>(ks + at) = kv_halves<RAW>(pf[2 * j], p.k_scale);
+            *reinterpret_cast<uint4*>(vs + at) = kv_halves<RAW>(pf[2 * j + 1], p.v_scale);
         }
         __syncwarp();
         // The next tile's rows, in flight during this tile's products.

@@ -98,9 +98,9 @@ __device__ __forceinline__ AtpSmem atp_smem(unsigned char* smem, int warp) {
 
 // Pair e of a K/V tile (e < ATP_KT * HD / 8): row e / PARTS, 8-half part e % PARTS of K (into
 // v[2 j]) and of V (v[2 j + 1]), one block-table lookup for both. Positions at or past `end` are
-// zero (their block-table entries may not exist). RAW (the 8-bit cache's entries): the loads'
-// bytes as kv_fetch8 leaves them, converted by atp_stage, so a prefetch stays in flight until the
-// tile is staged (converting at the load made each tile wait for its own loads).
+// zero (their block-table entries may not exist). RAW (the 8-bit cache's entries): raw bytes
+// (kv_part), converted by atp_stage, so a prefetch stays in flight until the tile is staged
+// (converting at the load made each tile wait for its own loads).
 template <int HD, bool RAW>
 __device__ __forceinline__ void atp_fetch(const PrefillParams& p, const int* bt, long long kv_dim, int g, int kp,
                                           int end, int base, uint4 (&v)[ATP_PF]) {
@@ -114,8 +114,8 @@ __device__ __forceinline__ void atp_fetch(const PrefillParams& p, const int* bt,
         if (e < PAIRS && ps < end) {
             const long long kv_row = ((long long)bt[ps >> p.block_shift] << p.block_shift) + (ps & (p.block_size - 1));
             const long long off = kv_row * kv_dim + (long long)g * HD + part * 8;
-            v[2 * j] = RAW ? kv_fetch8(p.k_cache, p.k_scale, off) : kv_load8(p.k_cache, p.k_scale, off);
-            v[2 * j + 1] = RAW ? kv_fetch8(p.v_cache, p.v_scale, off) : kv_load8(p.v_cache, p.v_scale, off);
+            v[2 * j] = kv_part<RAW>(p.k_cache, p.k_scale, off);
+            v[2 * j + 1] = kv_part<RAW>(p.v_cache, p.v_scale, off);
         }
     }
 }
@@ -129,8 +129,8 @@ __device__ __forceinline__ void atp_stage(const PrefillParams& p, half_t* ks, ha
         const int e = base + j * blockDim.x + threadIdx.x;
         if (e < PAIRS) {
             const int at = (e / PARTS) * LDK + (e % PARTS) * 8;
-            *reinterpret_cast<uint4*>(ks + at) = RAW ? kv_cvt8(v[2 * j], p.k_scale) : v[2 * j];
-            *reinterpret_cast<uint4*>(vs + at) = RAW ? kv_cvt8(v[2 * j + 1], p.v_scale) : v[2 * j + 1];
+            *reinterpret_cast<uint4*>(ks + at) = kv_halves<RAW>(v[2 * j], p.k_scale);
+            *reinterpret_cast<uint4*>(vs + at) = kv_halves<RAW>(v[2 * j + 1], p.v_scale);
         }
     }
 }

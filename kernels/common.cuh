@@ -295,6 +295,15 @@ __device__ __forceinline__ uint4 kv_load8(const half_t* cache, const half_t* sca
     const float d = h2f(__ldg(scale + e / KV_Q8_GROUP));
     return make_uint4(kv_q8_h2(w.x, 0, d), kv_q8_h2(w.x, 2, d), kv_q8_h2(w.y, 0, d), kv_q8_h2(w.y, 2, d));
 }
+// A prefetched part of a K/V tile for the kernels' two entry kinds: RAW (the 8-bit cache's
+// entries) loads kv_fetch8's raw bytes and kv_halves converts them when the tile is staged; else
+// the part is loaded as halves (kv_load8) and staged as is (the F16 entries, unchanged by RAW).
+template <bool RAW> __device__ __forceinline__ uint4 kv_part(const half_t* cache, const half_t* scale, long long e) {
+    return RAW ? kv_fetch8(cache, scale, e) : kv_load8(cache, scale, e);
+}
+template <bool RAW> __device__ __forceinline__ uint4 kv_halves(const uint4& r, const half_t* scale) {
+    return RAW ? kv_cvt8(r, scale) : r;
+}
 // 4 values from element e (a multiple of 4) as 4 packed halves.
 __device__ __forceinline__ uint2 kv_load4(const half_t* cache, const half_t* scale, long long e) {
     if (!scale) return __ldg(reinterpret_cast<const uint2*>(cache + e));
