@@ -117,11 +117,12 @@ __device__ __forceinline__ void mg_rows(const MoeGemmParams& p, int expert, int 
 }
 
 // The tile's outputs: v(r, n) the product of tile row r (gate/up: r < BM / 2 gate, the rest up)
-// and token n < count. Consecutive threads write consecutive rows of one token (coalesced).
-template <bool GATE_UP, int BM, class V>
+// and token n < count. Consecutive threads write consecutive rows of one token (coalesced); a
+// block of THREADS threads.
+template <bool GATE_UP, int BM, int THREADS = MG_THREADS, class V>
 __device__ __forceinline__ void mg_write(const MoeGemmParams& p, int r0, int first, int count, V v) {
     constexpr int OUT_ROWS = GATE_UP ? BM / 2 : BM;
-    for (int e = threadIdx.x; e < OUT_ROWS * count; e += MG_THREADS) {
+    for (int e = threadIdx.x; e < OUT_ROWS * count; e += THREADS) {
         const int r = e % OUT_ROWS, n = e / OUT_ROWS;
         const long long dst = (long long)(first + n) * p.rows + r0 + r;
         if (GATE_UP) {

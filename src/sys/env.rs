@@ -112,6 +112,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Tuning, "DUSTOFF_MOE_GEMM_SKIP", "1", "`0`: the grouped MoE GEMM computes every 16-token fragment of a tile, also those past its expert's tokens"),
     var(Scope::Tuning, "DUSTOFF_MOE_T8", "2", "`N`: the grouped MoE GEMM's 8-token tile while a step's mean expert holds at most N tokens (batched decode; 32 sequences of top-8 over 128 experts: 2); `0`: never"),
     var(Scope::Tuning, "DUSTOFF_MOE_MMA", "0", "`1`: the grouped MoE GEMM's 8- and 16-token tiles dequantize the weights straight into mma.m8n8k4 fragments in registers instead of staging them as F16 in shared memory (m8n8k4 is a V100's native form; an H100 runs these tiles 3-4x slower, docs/BENCHMARKS.md row M11)"),
+    var(Scope::Tuning, "DUSTOFF_MOE_T128", "0", "`N`: the grouped MoE GEMM's 128-token tile (64 weight rows x 128 tokens, 8 warps) for prefill steps whose mean expert holds at least N tokens (a 2,048-token step of top-8 over 128 experts: 128); `0`: never"),
     var(Scope::Tuning, "DUSTOFF_MOE_WIDE_TILE", "1", "`0`: the grouped MoE GEMM's down product of prefill steps keeps 64 x 64 tiles instead of 128 rows x 48 tokens"),
     var(Scope::Tuning, "DUSTOFF_ROUTER_TILED", "0", "`1`: the MoE router logits of steps above 8 tokens in 32 x 32 tiles instead of a warp per (expert, token) (measured slower below 768 tokens)"),
     var(Scope::Tuning, "DUSTOFF_MOE_FUSED", "1", "`0`: the MoE router, top-k, down and weighted sum as separate launches instead of two fused ones"),

@@ -184,7 +184,7 @@ fn moe_kernel_breakdown() {
             let tiles = if chosen(false).tokens() <= 16 {
                 vec![Tile::T8, Tile::T16, Tile::R8, Tile::R16]
             } else {
-                vec![Tile::T64, Tile::W48]
+                vec![Tile::T64, Tile::W48, Tile::T128]
             };
             for tile in tiles {
                 let gemm = |li: usize, down: bool| MoeGemm {

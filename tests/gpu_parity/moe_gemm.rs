@@ -1,8 +1,9 @@
 //! The grouped tensor-core GEMM of the MoE FFN (kernels/moe_gemm.cu) against its CPU twin: the
 //! CPU decoder's weights (src/model/quant) and the inputs rounded to F16 as the kernel stages
 //! them, sums in f64, SwiGLU in f32 and the activations rounded to F16 as the kernel stores
-//! them. Every GEMM format, every tile, at 9, 33 and 100 tokens, with an expert that no token
-//! chooses and (at 100 tokens) one expert chosen by every token (two tiles of 64, three of 48).
+//! them. Every GEMM format, every tile, at 9, 33, 100 and 150 tokens, with an expert that no
+//! token chooses and (at 100 and 150 tokens) one expert chosen by every token (at 150: three
+//! tiles of 64, four of 48, two of 128, the second holding tokens of one column of warps).
 
 use dustoff::backend::cpu::moe::{group, Groups, Routing};
 use dustoff::backend::cuda::moe::MoeLayerW;
@@ -55,7 +56,7 @@ fn grouped_gemm_equals_f16_rounded_twin() {
         let gate16: Vec<Vec<f32>> = w.experts.iter().map(|x| weights16(&x.gate)).collect();
         let up16: Vec<Vec<f32>> = w.experts.iter().map(|x| weights16(&x.up)).collect();
         let down16: Vec<Vec<f32>> = w.experts.iter().map(|x| weights16(&x.down)).collect();
-        for (n, all_first) in [(9usize, false), (33, false), (100, true)] {
+        for (n, all_first) in [(9usize, false), (33, false), (100, true), (150, true)] {
             let pairs = n * k;
             let h = g.randn(n * dim, 1.0);
             let ids = ids_for(&mut g, n, e, k, unused, all_first);
@@ -89,7 +90,7 @@ fn grouped_gemm_equals_f16_rounded_twin() {
             }
             // Both forms of the kernel: every fragment of a tile multiplied, and the empty ones
             // skipped (DUSTOFF_MOE_GEMM_SKIP): the same values at every grouped position.
-            for (tile, skip) in [Tile::T16, Tile::T64, Tile::W48, Tile::T8, Tile::R8, Tile::R16]
+            for (tile, skip) in [Tile::T16, Tile::T64, Tile::W48, Tile::T8, Tile::R8, Tile::R16, Tile::T128]
                 .into_iter()
                 .flat_map(|t| [(t, false), (t, true)])
             {

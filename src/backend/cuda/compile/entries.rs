@@ -100,14 +100,15 @@ pub const MOE_GEMM_FORMATS: [crate::model::quant::GgmlType; 5] = {
     [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K]
 };
 
-/// `moe_gemm_{gate_up,down}_<fmt>_{t16,t64,w48,t8,r8,r16}` for the format at `col` of
+/// `moe_gemm_{gate_up,down}_<fmt>_{t16,t64,w48,t8,r8,r16,t128}` for the format at `col` of
 /// [`MOE_GEMM_FORMATS`] and the tile at `tile` of that order (`ops::moe_gemm::Tile::index`;
-/// t8 in `moe_gemm_n8.cu`, r8 and r16 in `moe_gemm_mma.cu`).
+/// t8 in `moe_gemm_n8.cu`, r8 and r16 in `moe_gemm_mma.cu`, t128 in `moe_gemm_t128.cu`).
 pub fn moe_gemm(col: usize, gate_up: bool, tile: usize) -> &'static str {
     match tile {
         0..=2 => MOE_GEMM_ENTRIES[6 * col + 3 * usize::from(!gate_up) + tile],
         3 => MOE_GEMM_N8_ENTRIES[2 * col + usize::from(!gate_up)],
-        _ => MOE_GEMM_MMA_ENTRIES[4 * col + 2 * (tile - 4).min(1) + usize::from(!gate_up)],
+        4 | 5 => MOE_GEMM_MMA_ENTRIES[4 * col + 2 * (tile - 4) + usize::from(!gate_up)],
+        _ => MOE_GEMM_T128_ENTRIES[2 * col + usize::from(!gate_up)],
     }
 }
 
@@ -275,6 +276,17 @@ pub(in crate::backend::cuda) const MOE_GEMM_N8_ENTRIES: [&str; 10] = {
     macro_rules! v {
         ($($f:literal),*) => {
             [$(concat!("moe_gemm_gate_up_", $f, "_t8"), concat!("moe_gemm_down_", $f, "_t8")),*]
+        };
+    }
+    v!("q4_0", "q8_0", "q4_k", "q5_k", "q6_k")
+};
+
+/// Entry points of kernels/moe_gemm_t128.cu: `2 * format + variant` for the variants gate/up
+/// t128, down t128 (formats in [`MOE_GEMM_FORMATS`] order).
+pub(in crate::backend::cuda) const MOE_GEMM_T128_ENTRIES: [&str; 10] = {
+    macro_rules! v {
+        ($($f:literal),*) => {
+            [$(concat!("moe_gemm_gate_up_", $f, "_t128"), concat!("moe_gemm_down_", $f, "_t128")),*]
         };
     }
     v!("q4_0", "q8_0", "q4_k", "q5_k", "q6_k")

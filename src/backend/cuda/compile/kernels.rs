@@ -16,7 +16,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::entries::{
     DEQUANT_ENTRIES, GEMM_QUANT_ENTRIES, GEMV_Q8_ENTRIES, GEMV_QUANT_ENTRIES, MOE_ENTRIES, MOE_GEMM_ENTRIES,
-    MOE_GEMM_MMA_ENTRIES, MOE_GEMM_N8_ENTRIES, MOE_Q8_ENTRIES,
+    MOE_GEMM_MMA_ENTRIES, MOE_GEMM_N8_ENTRIES, MOE_GEMM_T128_ENTRIES, MOE_Q8_ENTRIES,
 };
 use super::nvrtc::{self, KernelFile};
 use crate::backend::cuda::device;
@@ -193,6 +193,13 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         entries: &MOE_GEMM_MMA_ENTRIES,
         // Opt-in until measured faster (loaded on first use otherwise: the parity tests).
         switch: &["DUSTOFF_MOE_MMA"],
+    },
+    KernelFile {
+        name: "moe_gemm_t128",
+        source: include_str!("../../../../kernels/moe_gemm_t128.cu"),
+        entries: &MOE_GEMM_T128_ENTRIES,
+        // Opt-in until measured faster (loaded on first use otherwise: the parity tests).
+        switch: &["DUSTOFF_MOE_T128"],
     },
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),
@@ -593,7 +600,7 @@ mod entry_handles {
         for (col, d) in MOE_GEMM_FORMATS.iter().enumerate() {
             let n = fmt_name(&QFormat::of(*d).expect("a kernel format"));
             for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
-                for (tile, t) in ["t16", "t64", "w48", "t8", "r8", "r16"].into_iter().enumerate() {
+                for (tile, t) in ["t16", "t64", "w48", "t8", "r8", "r16", "t128"].into_iter().enumerate() {
                     assert_eq!(known(moe_gemm(col, gate_up, tile)), format!("moe_gemm_{what}_{n}_{t}"));
                 }
             }

@@ -186,3 +186,15 @@ pub(crate) fn need_kv(
         }
     }
 }
+
+/// Lets `entry` take `bytes` of dynamic shared memory (above 48 KB needs the opt-in; legal on
+/// sm_70 up to 96 KB).
+pub fn allow_smem(k: &mut Kernels, entry: &'static str, bytes: usize) -> Result<(), CudaError> {
+    k.get(entry)?
+        .set_attribute(
+            cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(CudaError::driver(format!("allowing {bytes} bytes of shared memory for {entry}")))?;
+    Ok(())
+}

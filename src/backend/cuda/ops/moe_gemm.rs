@@ -14,7 +14,7 @@ use super::super::compile::entries::{self, MOE_GEMM_FORMATS};
 use super::super::compile::kernels::Kernels;
 use super::super::dmat::{DevMat, MatData};
 use super::super::CudaError;
-use super::launch::{blocks_for, check, grid_yz, i32_of, launch, need, Dev};
+use super::launch::{allow_smem, blocks_for, check, grid_yz, i32_of, launch, need, Dev};
 
 /// Whether steps that group by expert take the tensor-core GEMM (default) or the grouped GEMV
 /// (`DUSTOFF_MOE_GEMM=0`, for comparisons).
@@ -40,6 +40,10 @@ pub enum Tile {
     R8,
     /// As [`Tile::R8`] with 16 tokens.
     R16,
+    /// 64 rows x 128 tokens, 8 warps of 32 x 32 (kernels/moe_gemm_t128.cu): prefill steps whose
+    /// mean expert holds many tokens (`DUSTOFF_MOE_T128`), each weight chunk dequantized once
+    /// per 128 tokens.
+    T128,
 }
 
 /// The mean tokens an expert up to which a step takes the 8-token tile (`DUSTOFF_MOE_T8`).
@@ -57,6 +61,9 @@ impl Tile {
     /// against three for t64, which lost at 768 and 2,048 tokens.
     pub fn for_step(n_pairs: usize, n_experts: usize, gate_up: bool) -> Tile {
         let t = super::super::tuning::tuning();
+        if t.moe_t128.is_some_and(|mean| n_pairs >= mean * n_experts.max(1)) {
+            return Tile::T128;
+        }
         let tile = Self::for_step_t8(n_pairs, n_experts, gate_up, t.moe_t8.unwrap_or(T8_MAX_MEAN));
         if t.moe_mma {
             tile.register_form()
@@ -95,15 +102,25 @@ impl Tile {
             Tile::W48 => 48,
             Tile::T8 | Tile::R8 => 8,
             Tile::R16 => 16,
+            Tile::T128 => 128,
         }
     }
     /// Weight rows of one tile (gate/up: half gate rows, half up rows).
     pub fn rows(self) -> usize {
         match self {
-            Tile::T16 | Tile::T64 | Tile::T8 | Tile::R8 | Tile::R16 => 64,
+            Tile::T16 | Tile::T64 | Tile::T8 | Tile::R8 | Tile::R16 | Tile::T128 => 64,
             Tile::W48 => 128,
         }
     }
+    /// Threads of a block and bytes of dynamic shared memory (the t128 tile's staging: 64 + 128
+    /// rows of 136 halves; the other tiles' is static).
+    fn block(self) -> (u32, usize) {
+        match self {
+            Tile::T128 => (256, (64 + 128) * (128 + 8) * 2),
+            _ => (128, 0),
+        }
+    }
+
     /// Position in the entry table's order (`entries::moe_gemm`).
     fn index(self) -> usize {
         match self {
@@ -113,6 +130,7 @@ impl Tile {
             Tile::T8 => 3,
             Tile::R8 => 4,
             Tile::R16 => 5,
+            Tile::T128 => 6,
         }
     }
 }
@@ -308,7 +326,12 @@ impl MoeGemm<'_> {
         let tiles = self.n_pairs.div_ceil(self.tile.tokens()) + self.n_experts.min(self.n_pairs);
         let tiles = grid_yz(K, tiles, "token tiles")?;
         let grid = (blocks_for(K, rows, out_rows)?, tiles, 1);
-        launch(kn, s, entries::moe_gemm(fi, gate_up, self.tile.index()), grid, 128, 0, &p)
+        let entry = entries::moe_gemm(fi, gate_up, self.tile.index());
+        let (block, smem) = self.tile.block();
+        if smem > 48 * 1024 {
+            allow_smem(kn, entry, smem)?;
+        }
+        launch(kn, s, entry, grid, block, smem as u32, &p)
     }
 }
 
@@ -333,11 +356,17 @@ mod tests {
         assert_eq!(Tile::for_step_t8(64 * 8, 128, true, 0), Tile::T16, "DUSTOFF_MOE_T8=0: never");
         assert_eq!(Tile::for_step_t8(0, 128, true, 0), Tile::T16);
         assert_eq!(Tile::for_step_t8(5, 0, false, 0), Tile::T16);
-        for t in [Tile::T16, Tile::T64, Tile::W48, Tile::T8, Tile::R8, Tile::R16] {
+        for t in [Tile::T16, Tile::T64, Tile::W48, Tile::T8, Tile::R8, Tile::R16, Tile::T128] {
             assert!(t.rows() % 64 == 0 && t.tokens() % 8 == 0, "{t:?}");
         }
         // DUSTOFF_MOE_MMA=1: the register-fragment tile of the same tokens where there is one.
-        for (t, r) in [(Tile::T8, Tile::R8), (Tile::T16, Tile::R16), (Tile::T64, Tile::T64), (Tile::W48, Tile::W48)] {
+        for (t, r) in [
+            (Tile::T8, Tile::R8),
+            (Tile::T16, Tile::R16),
+            (Tile::T64, Tile::T64),
+            (Tile::W48, Tile::W48),
+            (Tile::T128, Tile::T128),
+        ] {
             assert_eq!(t.register_form(), r);
             assert_eq!(t.tokens(), r.tokens());
         }

@@ -8,7 +8,9 @@ use super::super::compile::entries::{self, Gemv, QUANTIZE_X_Q8, SPLITK_REDUCE_Q}
 use super::super::compile::kernels::Kernels;
 use super::super::qformat::QFormat;
 use super::super::CudaError;
-use super::launch::{blocks_for, check, check_product_out, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS};
+use super::launch::{
+    allow_smem, blocks_for, check, check_product_out, extent, i32_of, launch, need, Dev, GEMV_MAX_TOKENS,
+};
 
 /// A kernel's parameter struct: the `#[repr(C)]` mirror of the struct the kernel takes by
 /// value (same fields in the same order: device addresses as u64, then 32-bit values).
@@ -264,18 +266,6 @@ pub enum QTile {
     Rows64,
     /// 128 weight rows a block (8 warps): steps of 9+ tokens, rows a multiple of 128.
     Rows128,
-}
-
-/// Lets `entry` take `bytes` of dynamic shared memory (above 48 KB needs the opt-in; legal on
-/// sm_70 up to 96 KB).
-fn allow_smem(k: &mut Kernels, entry: &'static str, bytes: usize) -> Result<(), CudaError> {
-    k.get(entry)?
-        .set_attribute(
-            cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes as i32,
-        )
-        .map_err(CudaError::driver(format!("allowing {bytes} bytes of shared memory for {entry}")))?;
-    Ok(())
 }
 
 /// `out[t, r] (+)= sum_c w[r, c] x16[t, c] (+ bias[r])` for 9+ tokens on the packed weights
