@@ -103,10 +103,10 @@ __device__ __forceinline__ void moe_gemm_t128_impl(const MoeGemmParams& p) {
 // grid: (rows / 32 (gate/up) or rows / 64 (down), ceil(pairs / 128) + min(experts, pairs)),
 // block 256, MGW_SMEM bytes of dynamic shared memory.
 #define MOE_GEMM_T128_ENTRIES(name, F)                                                                         \
-    extern "C" __global__ void __launch_bounds__(MGW_THREADS) moe_gemm_gate_up_##name##_t128(const MoeGemmParams p) { \
+    extern "C" __global__ void __launch_bounds__(MGW_THREADS, 2) moe_gemm_gate_up_##name##_t128(const MoeGemmParams p) { \
         moe_gemm_t128_impl<F, true>(p);                                                                        \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(MGW_THREADS) moe_gemm_down_##name##_t128(const MoeGemmParams p) {    \
+    extern "C" __global__ void __launch_bounds__(MGW_THREADS, 2) moe_gemm_down_##name##_t128(const MoeGemmParams p) {    \
         moe_gemm_t128_impl<F, false>(p);                                                                       \
     }
 

@@ -90,8 +90,8 @@ pub(super) struct Tuning {
     /// straight into mma.m8n8k4 fragments (kernels/moe_gemm_mma.cu) instead of staging them.
     pub moe_mma: bool,
     /// `DUSTOFF_MOE_T128=N`: the grouped GEMM's 128-token tile (kernels/moe_gemm_t128.cu) for
-    /// both products of a step whose mean expert holds at least N tokens
-    /// (`ops::moe_gemm::Tile::for_step`; unset or 0: never).
+    /// the gate/up product of a step whose mean expert holds at least N tokens
+    /// (`ops::moe_gemm::Tile::for_step`; 0: never).
     pub moe_t128: Option<usize>,
     /// `DUSTOFF_ROUTER_TILED=1`: the router logits of steps above 8 tokens in 32 x 32 tiles
     /// (`moe_router_logits_tile_f32`: the router read once per 32 tokens) instead of a warp per
@@ -155,7 +155,7 @@ pub(super) fn tuning() -> &'static Tuning {
             moe_wide_tile: num("DUSTOFF_MOE_WIDE_TILE") != Some(0),
             moe_t8: num("DUSTOFF_MOE_T8"),
             moe_mma: num("DUSTOFF_MOE_MMA") == Some(1),
-            moe_t128: num("DUSTOFF_MOE_T128").filter(|&n| n > 0),
+            moe_t128: num("DUSTOFF_MOE_T128"),
             router_tiled: num("DUSTOFF_ROUTER_TILED") == Some(1),
             shexp_fused: num("DUSTOFF_SHEXP_FUSED") != Some(0),
             shexp_pairs: num("DUSTOFF_SHEXP_PAIRS") != Some(0),

@@ -198,8 +198,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         name: "moe_gemm_t128",
         source: include_str!("../../../../kernels/moe_gemm_t128.cu"),
         entries: &MOE_GEMM_T128_ENTRIES,
-        // Opt-in until measured faster (loaded on first use otherwise: the parity tests).
-        switch: &["DUSTOFF_MOE_T128"],
+        switch: &[],
     },
     kernel_file!("rmsnorm", ["rmsnorm_f32"]),
     kernel_file!("rope", ["rope_f32"]),

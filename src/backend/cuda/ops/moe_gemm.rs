@@ -51,6 +51,12 @@ pub enum Tile {
 /// sequences (mean 2), even at 64 (mean 4), -5% at 128 (mean 8).
 const T8_MAX_MEAN: usize = 2;
 
+/// The mean tokens an expert from which a step's gate/up product takes the 128-token tile
+/// (`DUSTOFF_MOE_T128`). Measured (docs/BENCHMARKS.md, row M12: Qwen3-30B-A3B, H100, compute_70
+/// PTX, each launch alone): gate/up 796 against t64's 926 us at 2,048 tokens (mean 128), even at
+/// 1,024 (mean 64), slower at 512; down stays on the 128-row tile (510 against 400 us at 2,048).
+const T128_MIN_MEAN: usize = 96;
+
 impl Tile {
     /// The tile of one product of a step of `n_pairs` pairs over `n_experts`: 8 tokens while the
     /// mean expert has at most `DUSTOFF_MOE_T8` ([`T8_MAX_MEAN`]), 16 while it has at most 16
@@ -61,7 +67,8 @@ impl Tile {
     /// against three for t64, which lost at 768 and 2,048 tokens.
     pub fn for_step(n_pairs: usize, n_experts: usize, gate_up: bool) -> Tile {
         let t = super::super::tuning::tuning();
-        if t.moe_t128.is_some_and(|mean| n_pairs >= mean * n_experts.max(1)) {
+        let t128 = t.moe_t128.unwrap_or(T128_MIN_MEAN);
+        if gate_up && t128 > 0 && n_pairs >= t128 * n_experts.max(1) {
             return Tile::T128;
         }
         let tile = Self::for_step_t8(n_pairs, n_experts, gate_up, t.moe_t8.unwrap_or(T8_MAX_MEAN));
