@@ -1,6 +1,9 @@
-// The grouped MoE GEMM's tile of 128 tokens (kernels/moe_gemm.cu has the tiles it varies; CPU
-// twin and requirements as there): prefill steps whose mean expert holds many tokens
-// (DUSTOFF_MOE_T128; a 2,048-token step of top-8 over 128 experts gives ~128).
+// The grouped MoE GEMM's tile of 128 tokens for the gate/up product (kernels/moe_gemm.cu has the
+// tiles it varies; CPU twin and requirements as there): prefill steps whose mean expert holds
+// many tokens (DUSTOFF_MOE_T128, default 96; a 2,048-token step of top-8 over 128 experts gives
+// ~128). Measured (lent H100, compute_70 PTX, Qwen3-30B-A3B shape, docs/BENCHMARKS.md row M12):
+// gate/up 796 against t64's 926 us at 2,048 tokens, even at 1,024; the down product of this
+// tile was slower than the 128-row w48 tile (510 against 400 us), so it has no entry.
 //
 // Why: Nsight Compute on the 64-token tile of such a step (lent H100, compute_70 PTX) counted
 // ~14 instructions issued per HMMA (the dequantization into shared memory, repeated for each of
@@ -18,6 +21,11 @@
 // 32 (w % 2) .. + 31 for tokens 32 (w / 2) .. + 31; a warp whose tokens lie past the expert's
 // count multiplies nothing (DUSTOFF_MOE_GEMM_SKIP as in moe_gemm.cu). Dynamic shared memory:
 // MGW_SMEM bytes (opt-in above 48 KB, legal on sm_70: one block an SM of a V100's 96 KB).
+// __launch_bounds__(256, 2) caps a thread at 128 registers so that two blocks share an SM off
+// sm_70 (H100: 12 warps an SM for t64, 16 here; uncapped, 151 registers and one block an SM,
+// this tile measured 1,086 us at 2,048 tokens). ptxas spills a few bytes a thread under the cap
+// (scripts/ptxas_table.py KNOWN_SPILLS); on a V100 the shared memory allows one block an SM
+// anyway, so there the cap buys nothing (not measured: no V100 lent).
 #include "common.cuh"
 #include "quant.cuh"
 #include "moe_gemm.cuh"
@@ -100,14 +108,11 @@ __device__ __forceinline__ void moe_gemm_t128_impl(const MoeGemmParams& p) {
     mg_write<GATE_UP, MGW_BM, MGW_THREADS>(p, r0, first, count, [&](int r, int n) { return o[r * LDO + n]; });
 }
 
-// grid: (rows / 32 (gate/up) or rows / 64 (down), ceil(pairs / 128) + min(experts, pairs)),
-// block 256, MGW_SMEM bytes of dynamic shared memory.
+// grid: (rows / 32, ceil(pairs / 128) + min(experts, pairs)), block 256, MGW_SMEM bytes of
+// dynamic shared memory.
 #define MOE_GEMM_T128_ENTRIES(name, F)                                                                         \
     extern "C" __global__ void __launch_bounds__(MGW_THREADS, 2) moe_gemm_gate_up_##name##_t128(const MoeGemmParams p) { \
         moe_gemm_t128_impl<F, true>(p);                                                                        \
-    }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(MGW_THREADS, 2) moe_gemm_down_##name##_t128(const MoeGemmParams p) {    \
-        moe_gemm_t128_impl<F, false>(p);                                                                       \
     }
 
 MOE_GEMM_T128_ENTRIES(q4_0, FQ4_0)

@@ -201,6 +201,9 @@ fn moe_kernel_breakdown() {
                 let t = time(&mut g, &mut |g| gemm(next(), false).launch(&mut g.k, &s).unwrap());
                 row(n, &format!("GEMM {tile:?}{} gate/up + SwiGLU", mark(false)), t, ex * gu_bytes);
                 println!("|  |  (tensor FLOP/s) | {:.1} T |  |  |  |", flop(2 * m.expert_ffn_dim, dim) / t / 1e12);
+                if tile == Tile::T128 {
+                    continue; // gate/up only
+                }
                 let t = time(&mut g, &mut |g| gemm(next(), true).launch(&mut g.k, &s).unwrap());
                 row(n, &format!("GEMM {tile:?}{} down", mark(true)), t, ex * down_bytes);
                 println!("|  |  (tensor FLOP/s) | {:.1} T |  |  |  |", flop(dim, m.expert_ffn_dim) / t / 1e12);

@@ -3,7 +3,8 @@
 //! them, sums in f64, SwiGLU in f32 and the activations rounded to F16 as the kernel stores
 //! them. Every GEMM format, every tile, at 9, 33, 100 and 150 tokens, with an expert that no
 //! token chooses and (at 100 and 150 tokens) one expert chosen by every token (at 150: three
-//! tiles of 64, four of 48, two of 128, the second holding tokens of one column of warps).
+//! tiles of 64, four of 48, two of 128 for gate/up, the second holding tokens of one column of
+//! warps).
 
 use dustoff::backend::cpu::moe::{group, Groups, Routing};
 use dustoff::backend::cuda::moe::MoeLayerW;
@@ -103,7 +104,11 @@ fn grouped_gemm_equals_f16_rounded_twin() {
                     .unwrap();
                 let got_act = f16_vals(&g.down(&act));
                 compare(&op("moe_gemm_gate_up", dtype), g.seed, &got_act, &want_act);
-                // down reads the kernel's own activations, so its product is checked alone.
+                // down reads the kernel's own activations, so its product is checked alone
+                // (the 128-token tile has no down product).
+                if tile == Tile::T128 {
+                    continue;
+                }
                 gemm(&lw.down, g.d(&act), GemmOut::Down { y: g.d(&y) }).launch_with(&mut g.k, &s, skip).unwrap();
                 let mut want_y = vec![0f32; pairs * dim];
                 for q in 0..pairs {

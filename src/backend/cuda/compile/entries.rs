@@ -102,14 +102,16 @@ pub const MOE_GEMM_FORMATS: [crate::model::quant::GgmlType; 5] = {
 
 /// `moe_gemm_{gate_up,down}_<fmt>_{t16,t64,w48,t8,r8,r16,t128}` for the format at `col` of
 /// [`MOE_GEMM_FORMATS`] and the tile at `tile` of that order (`ops::moe_gemm::Tile::index`;
-/// t8 in `moe_gemm_n8.cu`, r8 and r16 in `moe_gemm_mma.cu`, t128 in `moe_gemm_t128.cu`).
-pub fn moe_gemm(col: usize, gate_up: bool, tile: usize) -> &'static str {
-    match tile {
+/// t8 in `moe_gemm_n8.cu`, r8 and r16 in `moe_gemm_mma.cu`, t128 in `moe_gemm_t128.cu`: gate/up
+/// only, so None for its down product).
+pub fn moe_gemm(col: usize, gate_up: bool, tile: usize) -> Option<&'static str> {
+    Some(match tile {
         0..=2 => MOE_GEMM_ENTRIES[6 * col + 3 * usize::from(!gate_up) + tile],
         3 => MOE_GEMM_N8_ENTRIES[2 * col + usize::from(!gate_up)],
         4 | 5 => MOE_GEMM_MMA_ENTRIES[4 * col + 2 * (tile - 4) + usize::from(!gate_up)],
-        _ => MOE_GEMM_T128_ENTRIES[2 * col + usize::from(!gate_up)],
-    }
+        _ if gate_up => MOE_GEMM_T128_ENTRIES[col],
+        _ => return None,
+    })
 }
 
 /// `moe_gate_up_q8_<fmt>` / `moe_down_sum_q8_<fmt>` (int8 activations) for a packed slab of
@@ -281,12 +283,12 @@ pub(in crate::backend::cuda) const MOE_GEMM_N8_ENTRIES: [&str; 10] = {
     v!("q4_0", "q8_0", "q4_k", "q5_k", "q6_k")
 };
 
-/// Entry points of kernels/moe_gemm_t128.cu: `2 * format + variant` for the variants gate/up
-/// t128, down t128 (formats in [`MOE_GEMM_FORMATS`] order).
-pub(in crate::backend::cuda) const MOE_GEMM_T128_ENTRIES: [&str; 10] = {
+/// Entry points of kernels/moe_gemm_t128.cu: gate/up t128 only, formats in
+/// [`MOE_GEMM_FORMATS`] order.
+pub(in crate::backend::cuda) const MOE_GEMM_T128_ENTRIES: [&str; 5] = {
     macro_rules! v {
         ($($f:literal),*) => {
-            [$(concat!("moe_gemm_gate_up_", $f, "_t128"), concat!("moe_gemm_down_", $f, "_t128")),*]
+            [$(concat!("moe_gemm_gate_up_", $f, "_t128")),*]
         };
     }
     v!("q4_0", "q8_0", "q4_k", "q5_k", "q6_k")

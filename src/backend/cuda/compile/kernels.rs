@@ -600,7 +600,10 @@ mod entry_handles {
             let n = fmt_name(&QFormat::of(*d).expect("a kernel format"));
             for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
                 for (tile, t) in ["t16", "t64", "w48", "t8", "r8", "r16", "t128"].into_iter().enumerate() {
-                    assert_eq!(known(moe_gemm(col, gate_up, tile)), format!("moe_gemm_{what}_{n}_{t}"));
+                    match moe_gemm(col, gate_up, tile) {
+                        Some(e) => assert_eq!(known(e), format!("moe_gemm_{what}_{n}_{t}")),
+                        None => assert!(!gate_up && t == "t128", "{what} {t}: no entry"),
+                    }
                 }
             }
         }

@@ -40,9 +40,9 @@ pub enum Tile {
     R8,
     /// As [`Tile::R8`] with 16 tokens.
     R16,
-    /// 64 rows x 128 tokens, 8 warps of 32 x 32 (kernels/moe_gemm_t128.cu): prefill steps whose
-    /// mean expert holds many tokens (`DUSTOFF_MOE_T128`), each weight chunk dequantized once
-    /// per 128 tokens.
+    /// 64 rows x 128 tokens, 8 warps of 32 x 32 (kernels/moe_gemm_t128.cu): the gate/up product
+    /// of prefill steps whose mean expert holds many tokens (`DUSTOFF_MOE_T128`), each weight
+    /// chunk dequantized once per 128 tokens. No down entry (slower there than [`Tile::W48`]).
     T128,
 }
 
@@ -61,14 +61,14 @@ impl Tile {
     /// The tile of one product of a step of `n_pairs` pairs over `n_experts`: 8 tokens while the
     /// mean expert has at most `DUSTOFF_MOE_T8` ([`T8_MAX_MEAN`]), 16 while it has at most 16
     /// (batched decode: a few tokens per expert); above that
-    /// gate/up takes 64 tokens and down the 128-row tile. Measured on the H200 (docs/BENCHMARKS.md,
+    /// gate/up takes 64 tokens (128 from a mean of `DUSTOFF_MOE_T128`, [`T128_MIN_MEAN`]) and
+    /// down the 128-row tile. Measured on the H200 (docs/BENCHMARKS.md,
     /// `moe_kernel_breakdown`, Qwen3-30B-A3B shape): the wide tile is faster for down at 512 to
     /// 2,048 tokens, but gate/up (two slabs a tile, more registers) runs there at two blocks an SM
     /// against three for t64, which lost at 768 and 2,048 tokens.
     pub fn for_step(n_pairs: usize, n_experts: usize, gate_up: bool) -> Tile {
         let t = super::super::tuning::tuning();
-        let t128 = t.moe_t128.unwrap_or(T128_MIN_MEAN);
-        if gate_up && t128 > 0 && n_pairs >= t128 * n_experts.max(1) {
+        if Self::wide_gate_up(n_pairs, n_experts, gate_up, t.moe_t128.unwrap_or(T128_MIN_MEAN)) {
             return Tile::T128;
         }
         let tile = Self::for_step_t8(n_pairs, n_experts, gate_up, t.moe_t8.unwrap_or(T8_MAX_MEAN));
@@ -77,6 +77,12 @@ impl Tile {
         } else {
             tile
         }
+    }
+
+    /// Whether a product takes [`Tile::T128`]: gate/up while the mean expert holds at least
+    /// `t128_mean` tokens (`DUSTOFF_MOE_T128`; 0: never).
+    fn wide_gate_up(n_pairs: usize, n_experts: usize, gate_up: bool, t128_mean: usize) -> bool {
+        gate_up && t128_mean > 0 && n_pairs >= t128_mean * n_experts.max(1)
     }
 
     /// The register-fragment tile of the same tokens (R8 for T8, R16 for T16), else the tile.
@@ -333,7 +339,10 @@ impl MoeGemm<'_> {
         let tiles = self.n_pairs.div_ceil(self.tile.tokens()) + self.n_experts.min(self.n_pairs);
         let tiles = grid_yz(K, tiles, "token tiles")?;
         let grid = (blocks_for(K, rows, out_rows)?, tiles, 1);
-        let entry = entries::moe_gemm(fi, gate_up, self.tile.index());
+        let entry = entries::moe_gemm(fi, gate_up, self.tile.index()).ok_or_else(|| CudaError::Shape {
+            kernel: K,
+            reason: format!("the {:?} tile has no down product (gate/up only)", self.tile),
+        })?;
         let (block, smem) = self.tile.block();
         if smem > 48 * 1024 {
             allow_smem(kn, entry, smem)?;
@@ -344,7 +353,7 @@ impl MoeGemm<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Tile, T8_MAX_MEAN};
+    use super::{Tile, T128_MIN_MEAN, T8_MAX_MEAN};
 
     #[test]
     fn tiles_by_tokens_per_expert_and_product() {
@@ -363,6 +372,11 @@ mod tests {
         assert_eq!(Tile::for_step_t8(64 * 8, 128, true, 0), Tile::T16, "DUSTOFF_MOE_T8=0: never");
         assert_eq!(Tile::for_step_t8(0, 128, true, 0), Tile::T16);
         assert_eq!(Tile::for_step_t8(5, 0, false, 0), Tile::T16);
+        // The 128-token tile: gate/up of a 2,048-token step (top-8 of 128 experts: mean 128) by
+        // default, not of a 1,024-token one (mean 64), never down, never with 0.
+        let wide = |pairs, gate_up, mean| Tile::wide_gate_up(pairs, 128, gate_up, mean);
+        assert!(wide(2048 * 8, true, T128_MIN_MEAN) && !wide(1024 * 8, true, T128_MIN_MEAN));
+        assert!(!wide(2048 * 8, false, T128_MIN_MEAN) && !wide(2048 * 8, true, 0));
         for t in [Tile::T16, Tile::T64, Tile::W48, Tile::T8, Tile::R8, Tile::R16, Tile::T128] {
             assert!(t.rows() % 64 == 0 && t.tokens() % 8 == 0, "{t:?}");
         }
