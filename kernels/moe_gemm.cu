@@ -119,7 +119,8 @@ __device__ __forceinline__ void moe_gemm_impl(const MoeGemmParams& p) {
 }
 
 // Entry points per format: gate/up (+ SwiGLU) and down; tiles of 64 rows x 16 or 64 tokens and
-// of 128 rows x 48 tokens (8-token fragments: moe_gemm_n8.cu). grid: (rows / (BM / 2) (gate/up) or rows / BM (down),
+// of 128 rows x 48 tokens (8-token fragments: moe_gemm_n8.cu; the 128-token gate/up tile of
+// long prefill steps: moe_gemm_t128.cu). grid: (rows / (BM / 2) (gate/up) or rows / BM (down),
 // ceil(pairs / BN) + min(experts, pairs)), block 128.
 #define MOE_GEMM_ENTRY(name, F, kind, tile, WM, NT16, GATE_UP)                                   \
     extern "C" __global__ void __launch_bounds__(MG_THREADS) moe_gemm_##kind##_##name##_##tile( \
