@@ -49,7 +49,7 @@ __device__ __forceinline__ void mgw_fetch(const MoeGemmParams& p, const QRow& ro
     }
 }
 
-template <class F, bool GATE_UP>
+template <class F>
 __device__ __forceinline__ void moe_gemm_t128_impl(const MoeGemmParams& p) {
     constexpr int LDO = MGW_BN + 4;
     static_assert(MGW_BM * LDO * 4 <= MGW_SMEM, "the accumulator tile fits the staging area");
@@ -61,10 +61,10 @@ __device__ __forceinline__ void moe_gemm_t128_impl(const MoeGemmParams& p) {
     const int warp = threadIdx.x / WARP, wm = warp % 2, wn = warp / 2;
     // This warp's 16-token fragments that hold tokens (warp-uniform; the MMAs are warp-wide).
     const int frags = p.all_frags ? 2 : max(0, min(2, (count - 32 * wn + 15) / 16));
-    const int r0 = blockIdx.x * (GATE_UP ? MGW_BM / 2 : MGW_BM);
+    const int r0 = blockIdx.x * (MGW_BM / 2);
     const int my_row = threadIdx.x / 4, s = threadIdx.x % 4;
     QRow row;
-    mg_row<GATE_UP, MGW_BM>(p, (long long)expert * p.rows + r0, my_row, row);
+    mg_row<true, MGW_BM>(p, (long long)expert * p.rows + r0, my_row, row);
     float acc[2][2][8];
 #pragma unroll
     for (int m = 0; m < 2; ++m) wmma_zero(acc[m]);
@@ -105,14 +105,14 @@ __device__ __forceinline__ void moe_gemm_t128_impl(const MoeGemmParams& p) {
         for (int j = 0; j < 2; ++j)
             if (j < frags) wmma_store_c(o + (32 * wm + 16 * m) * LDO + 32 * wn + 16 * j, acc[m][j], LDO);
     __syncthreads();
-    mg_write<GATE_UP, MGW_BM, MGW_THREADS>(p, r0, first, count, [&](int r, int n) { return o[r * LDO + n]; });
+    mg_write<true, MGW_BM, MGW_THREADS>(p, r0, first, count, [&](int r, int n) { return o[r * LDO + n]; });
 }
 
 // grid: (rows / 32, ceil(pairs / 128) + min(experts, pairs)), block 256, MGW_SMEM bytes of
 // dynamic shared memory.
 #define MOE_GEMM_T128_ENTRIES(name, F)                                                                         \
     extern "C" __global__ void __launch_bounds__(MGW_THREADS, 2) moe_gemm_gate_up_##name##_t128(const MoeGemmParams p) { \
-        moe_gemm_t128_impl<F, true>(p);                                                                        \
+        moe_gemm_t128_impl<F>(p);                                                                        \
     }
 
 MOE_GEMM_T128_ENTRIES(q4_0, FQ4_0)
