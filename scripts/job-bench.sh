@@ -11,7 +11,8 @@
 #                                                         the ratio of each dustoff row of the same cache)
 #
 # Knobs: JB_RECORDS (1000), JB_SHAPE (qwen3-30b-a3b), JB_CAP (32GB), JB_KV ("f16 q8"),
-# JB_KV_ELEMS (K and V values a position of the shape, for the peer's sizing: 49152), JB_ARGS
+# JB_KV_ELEMS (K and V values a position of the shape, for the peer's sizing: 49152), JB_PTX
+# (another compute_70 PTX folder for `dustoff run`, e.g. a base commit's in an A/B), JB_ARGS
 # (more `dustoff run` arguments, e.g. "--max-batch-tokens 2048"), JB_TAG (a name for the rows of
 # this run, so that runs with other arguments or DUSTOFF_* switches keep their own files).
 # The peer runs `llama-batched-bench` with each sequence's prompt the tokens dustoff computed per
@@ -70,7 +71,7 @@ if [ "${1:-}" = dustoff ]; then
     t=$(date +%s)
     # shellcheck disable=SC2086 # JB_ARGS is a list of arguments
     $B run scripts/job-bench/nightly.toml --input $W/docs.jsonl --output $W/out-$kv$tag.jsonl --model $F \
-      --device cuda --ptx-dir $W/ptx70 --max-gpu-memory $CAP --kv-cache $kv --restart --quiet ${JB_ARGS:-} \
+      --device cuda --ptx-dir ${JB_PTX:-$W/ptx70} --max-gpu-memory $CAP --kv-cache $kv --restart --quiet ${JB_ARGS:-} \
       > $W/run-$kv$tag.log 2>&1
     echo "run --kv-cache $kv ${JB_ARGS:-}: rc $? in $(( $(date +%s)-t )) s"; grep -E "^(slots|KV cache|backend|device|engine):" $W/run-$kv$tag.log | cut -c1-300
     cp $W/out-$kv$tag.jsonl.report.json $OUT/report-$kv$tag.json 2>/dev/null

@@ -6,9 +6,12 @@
 //! Weights: each matrix is made of blocks drawn (by a hash of the seed, the tensor and the
 //! block's position) from a pool of 4,096 blocks quantized from values uniform in
 //! +-sqrt(3 / cols), so outputs have about unit variance for unit-variance inputs, as in
-//! `synth::random_weights`. Norms are 1, biases and the router (F32, as llama.cpp keeps
-//! `ffn_gate_inp`) are uniform, so tokens spread over the experts as in real use. The text such
-//! a model writes is noise; its speed and memory are those of the real model.
+//! `synth::random_weights`; the token embedding has unit-variance elements and the attention
+//! output projection 1 / sqrt(layers) of the matrices' scale (`Scale`: what keeps each token's
+//! own part of the residual stream). Norms are 1, biases and the router (F32, as llama.cpp keeps
+//! `ffn_gate_inp`) are uniform, so a chunk's tokens spread over the experts as a trained model's
+//! do (`DUSTOFF_ROUTE_STATS=1` prints the spread). The text such a model writes is noise; its
+//! speed and memory are those of the real model.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -102,8 +105,39 @@ enum Fill {
     Uniform(f32),
     /// Uniform in `[lo, hi)` (a DeltaNet decay `ssm_a`, negative).
     Range(f32, f32),
-    /// Blocks from the pool of (format, row length).
-    Blocks,
+    /// Blocks from the pool of (format, row length, scale).
+    Blocks(Scale),
+}
+
+/// The values a pool of blocks is quantized from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Scale {
+    /// Uniform in +-sqrt(3 / cols): a matrix with unit-variance outputs for unit-variance inputs.
+    Matrix,
+    /// Uniform in +-sqrt(3): unit-variance elements, for the token embedding: at the matrices'
+    /// scale an embedding row (RMS 1 / sqrt(dim)) would be far smaller than what the first layer
+    /// adds to it, and the token's own part of the residual stream would be lost at once.
+    Unit,
+    /// The matrices' scale over sqrt(layers), for the attention output projection. With random
+    /// Q and K the softmax is nearly flat, so an attention output is about the mean V of its
+    /// context: one vector for every token of it. At the matrices' scale each layer adds that
+    /// shared vector at the stream's own size, the shared part grows layer by layer and the
+    /// router sends every token to the same experts (measured on the Qwen3-30B-A3B shape with the
+    /// matrices' scale everywhere: from the second layer on one expert got 490-512 tokens of a
+    /// 512-token chunk, 20-50 of 128 experts had any). Scaled so, all layers together add about
+    /// what one did, and a chunk's tokens spread over the experts as a trained model's do
+    /// (`DUSTOFF_ROUTE_STATS=1`; docs/BENCHMARKS.md, "Synthetic files").
+    Residual(u32),
+}
+
+impl Scale {
+    fn amplitude(self, cols: usize) -> f32 {
+        match self {
+            Scale::Matrix => (3.0 / cols as f32).sqrt(),
+            Scale::Unit => 3f32.sqrt(),
+            Scale::Residual(layers) => (3.0 / cols as f32).sqrt() / (layers.max(1) as f32).sqrt(),
+        }
+    }
 }
 
 /// The tensors of shape `c` in GGUF order (experts stacked as `[n_experts, rows, cols]`), with
@@ -137,7 +171,12 @@ fn file_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<(TensorOut, Fill)> {
             let gate_row = name.ends_with("ffn_gate_inp_shexp.weight");
             let dtype = if gate_row { GgmlType::F32 } else { choose_in(qtype, &name, &shape, &mix_model(c)).dtype };
             let router = name.ends_with("ffn_gate_inp.weight") || gate_row;
-            (dtype, if router { Fill::Uniform((3.0 / c.dim as f32).sqrt()) } else { Fill::Blocks })
+            let fill = if router {
+                Fill::Uniform((3.0 / c.dim as f32).sqrt())
+            } else {
+                Fill::Blocks(scale_of(&name, c.n_layers))
+            };
+            (dtype, fill)
         };
         out.push((TensorOut { name, dtype, shape }, fill));
     }
@@ -183,7 +222,7 @@ fn hybrid_file_tensors(c: &ModelConfig, qtype: QuantType) -> Vec<(TensorOut, Fil
             let name = out.name.clone();
             let fill = if out.dtype != GgmlType::F32 {
                 out.dtype = choose_in(qtype, &name, &out.shape, &mix_model(c)).dtype;
-                Fill::Blocks
+                Fill::Blocks(scale_of(&name, c.n_layers))
             } else if name.ends_with("norm.weight") {
                 Fill::Ones
             } else if name.ends_with(".ssm_a") {
@@ -204,11 +243,28 @@ fn splitmix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// A pool of `POOL_BLOCKS` units of `unit` elements of `dtype`, quantized from uniform values
-/// for rows of `cols` elements.
-fn pool(dtype: GgmlType, cols: usize, unit: usize, seed: u64) -> Vec<u8> {
-    let a = (3.0 / cols as f32).sqrt();
-    let mut rng = StdRng::seed_from_u64(seed ^ (cols as u64) << 8 ^ dtype as u64);
+/// The scale of a block-filled tensor's values (`layers`: the model's): unit-variance elements for
+/// the token embedding, the residual scale for the attention output projection, the matrices'
+/// scale for every other.
+fn scale_of(name: &str, layers: usize) -> Scale {
+    if name == "token_embd.weight" {
+        Scale::Unit
+    } else if name.ends_with("attn_output.weight") {
+        Scale::Residual(layers as u32)
+    } else {
+        Scale::Matrix
+    }
+}
+
+type PoolKey = (GgmlType, usize, Scale);
+
+/// A pool of `POOL_BLOCKS` units of `unit` elements of `dtype`, quantized from values uniform in
+/// +-`scale`'s amplitude for rows of `cols` elements.
+fn pool(dtype: GgmlType, cols: usize, scale: Scale, unit: usize, seed: u64) -> Vec<u8> {
+    let a = scale.amplitude(cols);
+    // The matrices' pools as before the other scales existed (the same seed, the same blocks).
+    let salt = if scale == Scale::Matrix { 0 } else { splitmix64(a.to_bits() as u64) };
+    let mut rng = StdRng::seed_from_u64(seed ^ (cols as u64) << 8 ^ dtype as u64 ^ salt);
     let vals: Vec<f32> = (0..POOL_BLOCKS * unit).map(|_| rng.random_range(-a..a)).collect();
     quantize_row(dtype, &vals)
 }
@@ -223,13 +279,7 @@ fn unit_of(dtype: GgmlType, cols: usize) -> usize {
     }
 }
 
-fn tensor_bytes(
-    t: &TensorOut,
-    fill: Fill,
-    idx: usize,
-    seed: u64,
-    pools: &HashMap<(GgmlType, usize), Vec<u8>>,
-) -> Vec<u8> {
+fn tensor_bytes(t: &TensorOut, fill: Fill, idx: usize, seed: u64, pools: &HashMap<PoolKey, Vec<u8>>) -> Vec<u8> {
     let n: usize = t.shape.iter().product();
     match fill {
         Fill::Ones => (0..n).flat_map(|_| 1f32.to_le_bytes()).collect(),
@@ -241,11 +291,11 @@ fn tensor_bytes(
             let mut rng = StdRng::seed_from_u64(seed ^ splitmix64(idx as u64));
             (0..n).flat_map(|_| rng.random_range(lo..hi).to_le_bytes()).collect()
         }
-        Fill::Blocks => {
+        Fill::Blocks(scale) => {
             let cols = *t.shape.last().unwrap_or(&1);
             let unit = unit_of(t.dtype, cols);
             let ub = t.dtype.row_bytes(unit).unwrap_or(0);
-            let pool = &pools[&(t.dtype, cols)];
+            let pool = &pools[&(t.dtype, cols, scale)];
             let mut out = vec![0u8; n / unit * ub];
             let key = splitmix64(seed ^ splitmix64(idx as u64 + 1));
             out.par_chunks_mut(ub * 1024).enumerate().for_each(|(c, chunk)| {
@@ -280,11 +330,13 @@ pub fn write_synthetic_gguf(o: &SynthOptions, mut progress: impl FnMut(u64, u64)
     let mut kv = synthetic_kv(&c, qtype, &name);
     kv.extend(tokenizer_kv(&o.tokenizer, c.vocab_size)?);
 
-    let mut pools: HashMap<(GgmlType, usize), Vec<u8>> = HashMap::new();
+    let mut pools: HashMap<PoolKey, Vec<u8>> = HashMap::new();
     for (t, fill) in &tensors {
         let cols = *t.shape.last().unwrap_or(&1);
-        if *fill == Fill::Blocks && !pools.contains_key(&(t.dtype, cols)) {
-            pools.insert((t.dtype, cols), pool(t.dtype, cols, unit_of(t.dtype, cols), o.seed));
+        if let Fill::Blocks(scale) = *fill {
+            pools
+                .entry((t.dtype, cols, scale))
+                .or_insert_with(|| pool(t.dtype, cols, scale, unit_of(t.dtype, cols), o.seed));
         }
     }
     let sizes: Vec<u64> = tensors.iter().map(|(t, _)| t.n_bytes() as u64).collect();
@@ -341,10 +393,12 @@ mod tests {
     #[test]
     fn pool_blocks_fill_whole_rows() {
         let t = TensorOut { name: "blk.0.attn_q.weight".into(), dtype: GgmlType::Q4K, shape: vec![3, 512] };
-        let pools = HashMap::from([((GgmlType::Q4K, 512), pool(GgmlType::Q4K, 512, 256, 1))]);
-        let b = tensor_bytes(&t, Fill::Blocks, 0, 7, &pools);
+        let key = (GgmlType::Q4K, 512, Scale::Matrix);
+        let pools = HashMap::from([(key, pool(GgmlType::Q4K, 512, Scale::Matrix, 256, 1))]);
+        let fill = Fill::Blocks(Scale::Matrix);
+        let b = tensor_bytes(&t, fill, 0, 7, &pools);
         assert_eq!(b.len(), t.n_bytes());
-        assert_ne!(b, tensor_bytes(&t, Fill::Blocks, 1, 7, &pools), "tensors draw different blocks");
-        assert_eq!(b, tensor_bytes(&t, Fill::Blocks, 0, 7, &pools), "the same seed gives the same file");
+        assert_ne!(b, tensor_bytes(&t, fill, 1, 7, &pools), "tensors draw different blocks");
+        assert_eq!(b, tensor_bytes(&t, fill, 0, 7, &pools), "the same seed gives the same file");
     }
 }

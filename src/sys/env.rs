@@ -108,6 +108,7 @@ pub const VARS: &[EnvVar] = &[
     var(Scope::Run, "DUSTOFF_GRAPH_NODES", "0", "`1`: print the node count of every captured decode graph"),
     var(Scope::Run, "DUSTOFF_STEP_TIMES", "0", "`1`: per step size, the median GPU time of a step against its period, printed at exit"),
     var(Scope::Run, "DUSTOFF_STATE_SNAPSHOTS", "8", "hybrid models on a GPU: prefix-reuse state snapshots kept at once (in the memory plan; the least recently used is evicted and its prefix computed again)"),
+    var(Scope::Run, "DUSTOFF_ROUTE_STATS", "unset", "`1`: the CPU backend prints a line per sparse layer of each step: the experts its tokens chose, the most tokens one expert got, and the share of the router input that all tokens share (how a model's routing spreads; a synthetic file's should spread like a real one's)"),
     var(Scope::Tuning, "DUSTOFF_MOE_GEMM", "1", "`0`: MoE steps grouped by expert run the grouped GEMV instead of the tensor-core grouped GEMM"),
     var(Scope::Tuning, "DUSTOFF_MOE_GEMM_SKIP", "1", "`0`: the grouped MoE GEMM computes every 16-token fragment of a tile, also those past its expert's tokens"),
     var(Scope::Tuning, "DUSTOFF_MOE_T8", "2", "`N`: the grouped MoE GEMM's 8-token tile while a step's mean expert holds at most N tokens (batched decode; 32 sequences of top-8 over 128 experts: 2); `0`: never"),

@@ -15,6 +15,7 @@ pub mod matmul;
 pub mod moe;
 pub mod ops;
 mod paged;
+pub mod route_stats;
 pub mod tap;
 pub mod tensor_parallel;
 

@@ -150,6 +150,9 @@ pub fn moe_ffn_observed(
     route(logits, n_experts, w.n_used, w.norm_topk_prob, &mut s.routing);
     let k = s.routing.k;
     group(&s.routing, n_experts, &mut s.groups);
+    if super::route_stats::enabled() {
+        super::route_stats::report(&super::route_stats::RouteSpread::of(x, n, dim, &s.groups));
+    }
 
     let pairs = n * k;
     let xg = take(&mut s.xg, pairs * dim);
