@@ -11,6 +11,8 @@ ab_pack() {
   cp "${BASE_PTX:?the base commit\'s ptx70 tarball}" .gpu/ptx70-base.tar.xz
   du -sh .gpu
 }
+# `ab_pack_job`: ab_pack, then scripts/job-bench.sh's pack (JB_RECORDS documents, 600 unless set).
+ab_pack_job() { ab_pack; JB_RECORDS=${JB_RECORDS:-600} bash scripts/job-bench.sh pack; }
 ab_unpack() {
   S=$HOME/st; mkdir -p $S/base; L=${OUT:-$S}
   echo "commit $(cat .gpu/commit)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

@@ -12,9 +12,7 @@
 set -u
 cd "$(dirname "$0")/.."
 . scripts/gpu-ab.sh
-if [ "${1:-}" = pack ]; then
-  ab_pack; JB_RECORDS=${JB_RECORDS:-600} bash scripts/job-bench.sh pack; exit 0
-fi
+[ "${1:-}" = pack ] && { ab_pack_job; exit 0; }
 ab_unpack
 [ "${PARITY:-1}" = 1 ] && PARITY_SEL=${PARITY_SEL:-"moe_gemm quant no_cublas"} bash scripts/gpu-parity-subset.sh $L
 for v in new base; do

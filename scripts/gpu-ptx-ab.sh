@@ -14,9 +14,7 @@
 set -u
 cd "$(dirname "$0")/.."
 . scripts/gpu-ab.sh
-if [ "${1:-}" = pack ]; then
-  ab_pack; JB_RECORDS=${JB_RECORDS:-600} bash scripts/job-bench.sh pack; exit 0
-fi
+[ "${1:-}" = pack ] && { ab_pack_job; exit 0; }
 ab_unpack
 W=$HOME/jb; SHAPES=${BP_SHAPES:-"qwen3-30b-a3b qwen3-8b"}; SEL=${PARITY_SEL:-"attention kv_q8"}
 case "${1:-}" in
