@@ -151,7 +151,7 @@ pub fn moe_ffn_observed(
     let k = s.routing.k;
     group(&s.routing, n_experts, &mut s.groups);
     if super::route_stats::enabled() {
-        super::route_stats::report(&super::route_stats::RouteSpread::of(x, n, dim, &s.groups));
+        super::route_stats::report(&super::route_stats::RouteSpread::of(x, n, dim, &s.groups.offsets));
     }
 
     let pairs = n * k;

@@ -7,16 +7,14 @@
 
 use std::sync::OnceLock;
 
-use super::moe::Groups;
-
 /// Whether the lines are asked for (read once).
 pub fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| crate::sys::env::get("DUSTOFF_ROUTE_STATS").is_some_and(|v| v == "1"))
 }
 
-/// What [`report`] prints for a step of `n` rows of `x` (`[n, dim]`, the router's input) grouped
-/// as `g`.
+/// What [`report`] prints for a step of `n` rows of `x` (`[n, dim]`, the router's input) whose
+/// (token, rank) pairs are grouped by expert at `offsets` (`[n_experts + 1]` prefix sums).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RouteSpread {
     pub tokens: usize,
@@ -28,8 +26,8 @@ pub struct RouteSpread {
 }
 
 impl RouteSpread {
-    pub fn of(x: &[f32], n: usize, dim: usize, g: &Groups) -> RouteSpread {
-        let counts = g.offsets.windows(2).map(|w| w[1] - w[0]);
+    pub fn of(x: &[f32], n: usize, dim: usize, offsets: &[usize]) -> RouteSpread {
+        let counts = offsets.windows(2).map(|w| w[1] - w[0]);
         let experts_used = counts.clone().filter(|&c| c > 0).count();
         let max_per_expert = counts.max().unwrap_or(0);
         let mut mean = vec![0f64; dim];
@@ -46,7 +44,7 @@ impl RouteSpread {
         RouteSpread {
             tokens: n,
             experts_used,
-            n_experts: g.offsets.len().saturating_sub(1),
+            n_experts: offsets.len().saturating_sub(1),
             max_per_expert,
             shared_energy,
         }
@@ -64,14 +62,11 @@ pub fn report(s: &RouteSpread) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::moe::{group, Routing};
 
     #[test]
     fn spread_counts_experts_and_the_shared_part_of_the_rows() {
-        // 4 tokens, top-1 of 4 experts: two to expert 2, one each to 0 and 3.
-        let r = Routing { k: 1, experts: vec![2, 0, 2, 3], weights: vec![1.0; 4] };
-        let mut g = Groups::default();
-        group(&r, 4, &mut g);
+        // 4 tokens, top-1 of 4 experts: one each to experts 0 and 3, two to expert 2.
+        let g = [0, 1, 1, 3, 4];
         let equal = [1.0f32, 2.0].repeat(4);
         let s = RouteSpread::of(&equal, 4, 2, &g);
         assert_eq!((s.tokens, s.experts_used, s.n_experts, s.max_per_expert), (4, 3, 4, 2));
