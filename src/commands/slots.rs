@@ -135,6 +135,10 @@ pub fn resolve_slots(
 /// cache gives 0.96-1.02x (its attention entries keep prefetched tiles raw), and doubling
 /// 32 -> 64 sequences gave 1.43x (H200). On a V100 the job's bound favours the 8-bit cache by
 /// 17% (its steps read fewer KV bytes): not measurable on the lent cards, so not the default.
+/// Those job runs used synthetic files made before 2b89b83, whose routing sent a decode step's
+/// tokens to ~21 of 128 experts (docs/BENCHMARKS.md, Method); with routing spread as a trained
+/// model's, every decode step reads nearly all experts, which more sequences a step would
+/// share: to be measured again before this default is trusted for MoE models.
 pub const AUTO_F16_ENOUGH: usize = 32;
 
 /// The cache `--kv-cache auto` takes on a GPU where F16 fits `f16` sequences of the job and
