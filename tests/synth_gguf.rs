@@ -245,3 +245,55 @@ fn an_interrupt_removes_the_partial_file_and_exits_4() {
     assert!(!partial.exists() && !out.exists(), "the partial file is removed and no output appears");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A synthetic MoE file routes as a trained model does: in each layer a chunk of prose reaches
+/// nearly every expert and no expert takes most of it (`DUSTOFF_ROUTE_STATS=1` on the CPU). Files
+/// written before the embedding and attention-output scales of `synth_gguf::Scale` sent 405-510
+/// of a 512-token chunk to one expert from the first layers on (20-50 of 128 experts used), so
+/// their MoE timings were not a real model's.
+#[test]
+fn a_synthetic_moe_file_spreads_a_chunk_over_the_experts() {
+    let dir = common::tmpdir("synth-routing");
+    let out = dir.join("q30-3l.gguf");
+    let o = Command::new(bin())
+        .args(["synth", "--shape", "qwen3-30b-a3b", "--layers", "3", "--quiet", "--force", "--tokenizer"])
+        .arg(tokenizer_dir())
+        .arg("--output")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Prose: the sample job's records, one after another (~900 tokens of this tokenizer).
+    let news = std::fs::read_to_string(common::repo().join("samples/news.jsonl")).unwrap();
+    let text: Vec<String> = news
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["text"].as_str().map(str::to_owned))
+        .collect();
+    let run = Command::new(bin())
+        .env("DUSTOFF_ROUTE_STATS", "1")
+        .args(["generate", "--device", "cpu", "--max-tokens", "1", "--model"])
+        .arg(&out)
+        .arg("--prompt")
+        .arg(text.join(" "))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    // "route: N tokens over E of 128 experts, at most M to one; shared energy S"
+    let chunks: Vec<(usize, usize, usize)> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("route: "))
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            Some((w.first()?.parse().ok()?, w.get(3)?.parse().ok()?, w.get(9)?.parse().ok()?))
+        })
+        .filter(|&(n, _, _)| n >= 256)
+        .collect();
+    assert!(chunks.len() >= 3, "a chunk of 256+ tokens through each of the 3 layers:\n{err}");
+    for (n, used, most) in chunks {
+        assert!(used >= 100, "{n} tokens reached only {used} of 128 experts:\n{err}");
+        assert!(most * 3 <= n, "one expert took {most} of {n} tokens:\n{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
