@@ -249,7 +249,7 @@ fn an_interrupt_removes_the_partial_file_and_exits_4() {
 /// A synthetic MoE file routes as a trained model does: in each layer a chunk of prose reaches
 /// nearly every expert and no expert takes most of it (`DUSTOFF_ROUTE_STATS=1` on the CPU). Files
 /// written before the embedding and attention-output scales of `synth_gguf::Scale` sent 405-510
-/// of a 512-token chunk to one expert from the first layers on (20-50 of 128 experts used), so
+/// of a 512-token chunk to one expert from the first layers on (34-107 of 128 experts used), so
 /// their MoE timings were not a real model's.
 #[test]
 fn a_synthetic_moe_file_spreads_a_chunk_over_the_experts() {

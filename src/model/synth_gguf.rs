@@ -123,10 +123,10 @@ enum Scale {
     /// context: one vector for every token of it. At the matrices' scale each layer adds that
     /// shared vector at the stream's own size, the shared part grows layer by layer and the
     /// router sends every token to the same experts (measured on the Qwen3-30B-A3B shape with the
-    /// matrices' scale everywhere: from the second layer on one expert got 490-512 tokens of a
-    /// 512-token chunk, 20-50 of 128 experts had any). Scaled so, all layers together add about
-    /// what one did, and a chunk's tokens spread over the experts as a trained model's do
-    /// (`DUSTOFF_ROUTE_STATS=1`; docs/BENCHMARKS.md, "Synthetic files").
+    /// matrices' scale everywhere: one expert got 405-510 tokens of a 512-token chunk, and by the
+    /// 12th layer 41 of 128 experts had any). Scaled so, all layers together add about what one
+    /// did, and a chunk's tokens spread over the experts as a trained model's do
+    /// (`DUSTOFF_ROUTE_STATS=1`; docs/BENCHMARKS.md, Method, "Routing of the synthetic files").
     Residual(u32),
 }
 

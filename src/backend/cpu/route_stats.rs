@@ -3,7 +3,7 @@
 //! share of the router input's energy that all tokens share (the squared mean row over the mean
 //! squared row). A trained model spreads a chunk's tokens over nearly every expert; a step whose
 //! tokens all pick a few experts reads few expert weights, which makes a synthetic model's MoE
-//! timings unlike a real one's (docs/BENCHMARKS.md, "Synthetic files").
+//! timings unlike a real one's (docs/BENCHMARKS.md, Method, "Routing of the synthetic files").
 
 use std::sync::OnceLock;
 
