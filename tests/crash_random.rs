@@ -318,15 +318,14 @@ fn kill_9_at_random_instants_then_resume_gives_the_unbroken_output() {
         std::thread::sleep(Duration::from_millis(1));
     };
     let st = kill_9(&mut child);
-    let mut ending = job.check("last resume", st, &log);
+    let ending = job.check("last resume", st, &log);
     job.log.push(format!("job {} last resume: killed after its report -> {ending:?}", job.number));
     if matches!(ending, Ending::Killed) {
         // The report is written before the checkpoint is removed (checkpoint.rs, `finish`: a kill
         // there leaves a checkpoint the same command finishes from), so a kill that lands between
         // the two finds the job not yet complete: the next run only removes the checkpoint.
-        ending = job.run_killed_after("after the report", Duration::from_secs(120));
-        job.log.push(format!("job {} run after the report -> {ending:?}", job.number));
-        assert!(matches!(ending, Ending::Completed), "the run after the report: {ending:?}; report: {report}");
+        let after = job.run_killed_after("after the report", Duration::from_secs(120));
+        assert!(matches!(after, Ending::Completed), "the run after the report: {after:?}; report: {report}");
     }
     assert_eq!(std::fs::read(&job.output).unwrap(), job.want, "resumed output equals the unbroken run's");
     assert!(!checkpoint_dir(&job.output).exists());
