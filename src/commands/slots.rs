@@ -104,7 +104,7 @@ pub fn resolve_slots(
         KvChoice::Auto if !q8_ok => KvType::F16,
         KvChoice::Auto => {
             let (f16, q8) = (fit(KvType::F16), fit(KvType::Q8));
-            let (kv, want) = auto_kv(f16, q8, slots);
+            let (kv, want) = auto_kv(f16, q8, slots, cfg.moe.is_some());
             eprintln!(
                 "KV cache: {kv} (--kv-cache auto: {f16} sequences of {per_seq} positions fit in F16, {q8} in 8-bit; F16 wanted for {want})"
             );
@@ -127,26 +127,30 @@ pub fn resolve_slots(
     Ok((n.max(1), kv))
 }
 
-/// Sequences an F16 cache that fits them is kept for under `--kv-cache auto --slots auto`,
-/// even where the 8-bit cache would fit more: there a step batches enough sequences that the
-/// 8-bit cache's extra sequences bring no measurable gain, and F16 is exact. Measured (H100,
-/// docs/BENCHMARKS.md, one lease): the nightly job ran 27,603 documents an hour with 61 F16
-/// slots against 27,782 / 27,659 with 115 8-bit ones; decode alone at the same count the 8-bit
-/// cache gives 0.96-1.02x (its attention entries keep prefetched tiles raw), and doubling
-/// 32 -> 64 sequences gave 1.43x (H200). On a V100 the job's bound favours the 8-bit cache by
-/// 17% (its steps read fewer KV bytes): not measurable on the lent cards, so not the default.
-/// Those job runs used synthetic files made before 2b89b83, whose routing sent a decode step's
-/// tokens to ~21 of 128 experts (docs/BENCHMARKS.md, Method); with routing spread as a trained
-/// model's, every decode step reads nearly all experts, which more sequences a step would
-/// share: to be measured again before this default is trusted for MoE models.
+/// Sequences an F16 cache that fits them is kept for under `--kv-cache auto --slots auto` on a
+/// dense model, even where the 8-bit cache would fit more: there a step batches enough
+/// sequences that the 8-bit cache's extra ones bring no measurable gain, and F16 is exact.
+/// Measured (H100, docs/BENCHMARKS.md): decode alone at the same count the 8-bit cache gives
+/// 0.96-1.02x of F16 (Qwen3-8B, 0.96x at 64 sequences), and doubling 32 -> 64 sequences gave
+/// 1.43x (H200). Mixture-of-experts models take the 8-bit cache whenever it fits more (see
+/// [`auto_kv`]).
 pub const AUTO_F16_ENOUGH: usize = 32;
 
 /// The cache `--kv-cache auto` takes on a GPU where F16 fits `f16` sequences of the job and
-/// 8-bit `q8`, and the count F16 had to fit for it: a given `--slots N`: N; `--slots auto`: as
-/// many as 8-bit, or [`AUTO_F16_ENOUGH`] when 8-bit fits more. Else the 8-bit cache.
-pub fn auto_kv(f16: usize, q8: usize, slots: Slots) -> (KvType, usize) {
+/// 8-bit `q8`, and the count F16 had to fit for it: a given `--slots N`: N; `--slots auto` on
+/// a dense model: as many as 8-bit, or [`AUTO_F16_ENOUGH`] when 8-bit fits more; on a
+/// mixture-of-experts model (`moe`): as many as 8-bit. Else the 8-bit cache.
+///
+/// Why MoE models differ: each batched decode step reads nearly every expert (a trained
+/// model's routing spreads a step's tokens), so the weights a step reads are shared by as many
+/// sequences as the step holds, and the 8-bit cache's extra sequences pay. Measured (lent H100,
+/// compute_70 PTX, one lease, docs/BENCHMARKS.md "Nightly job benchmark"): the nightly job on
+/// Qwen3-30B-A3B Q4_K_M within 32 GB ran 600 documents in 82.5 s with 115 8-bit slots against
+/// 91.0 s with 61 F16 ones (1.10x), and its V100 bound is 76.6 against 103.7 s.
+pub fn auto_kv(f16: usize, q8: usize, slots: Slots, moe: bool) -> (KvType, usize) {
     let want = match slots {
         Slots::Count(n) => n,
+        Slots::Auto if moe => q8,
         Slots::Auto => q8.min(AUTO_F16_ENOUGH),
     };
     (if f16 >= want { KvType::F16 } else { KvType::Q8 }, want)
@@ -229,18 +233,30 @@ pub fn kv_positions(
 #[cfg(test)]
 mod tests {
     #[test]
-    fn auto_kv_keeps_f16_once_it_batches_enough_sequences() {
+    fn auto_kv_keeps_f16_once_a_dense_model_batches_enough_sequences() {
         use crate::backend::kv_type::KvType::{F16, Q8};
-        // The nightly job within 32 GB: 61 F16 slots against 115 8-bit ones: F16 (it ran faster).
-        assert_eq!(super::auto_kv(61, 115, Slots::Auto), (F16, 32));
+        // A dense model with 61 F16 slots against 115 8-bit ones: F16.
+        assert_eq!(super::auto_kv(61, 115, Slots::Auto, false), (F16, 32));
         // Few F16 sequences: the 8-bit cache's extra ones win.
-        assert_eq!(super::auto_kv(20, 38, Slots::Auto), (Q8, 32));
-        assert_eq!(super::auto_kv(0, 3, Slots::Auto), (Q8, 3));
+        assert_eq!(super::auto_kv(20, 38, Slots::Auto, false), (Q8, 32));
+        assert_eq!(super::auto_kv(0, 3, Slots::Auto, false), (Q8, 3));
         // 8-bit fits no more than F16: F16.
-        assert_eq!(super::auto_kv(10, 10, Slots::Auto), (F16, 10));
+        assert_eq!(super::auto_kv(10, 10, Slots::Auto, false), (F16, 10));
         // A given count: F16 when it fits them all, whatever 8-bit would fit.
-        assert_eq!(super::auto_kv(61, 115, Slots::Count(64)), (Q8, 64));
-        assert_eq!(super::auto_kv(61, 115, Slots::Count(61)), (F16, 61));
+        assert_eq!(super::auto_kv(61, 115, Slots::Count(64), false), (Q8, 64));
+        assert_eq!(super::auto_kv(61, 115, Slots::Count(61), false), (F16, 61));
+    }
+
+    #[test]
+    fn auto_kv_takes_the_8_bit_cache_on_a_moe_model_whenever_it_fits_more() {
+        use crate::backend::kv_type::KvType::{F16, Q8};
+        // The nightly job on Qwen3-30B-A3B within 32 GB: 115 8-bit slots ran 1.10x 61 F16 ones.
+        assert_eq!(super::auto_kv(61, 115, Slots::Auto, true), (Q8, 115));
+        // F16 fits as many (the cap, or a short job): F16, exact.
+        assert_eq!(super::auto_kv(256, 256, Slots::Auto, true), (F16, 256));
+        // A given count decides as for a dense model.
+        assert_eq!(super::auto_kv(61, 115, Slots::Count(61), true), (F16, 61));
+        assert_eq!(super::auto_kv(61, 115, Slots::Count(64), true), (Q8, 64));
     }
 
     /// Issue 29: Qwen3-30B-A3B in llama.cpp's Q4_K_M mix (18.55 GB) on a card with 140 GB
