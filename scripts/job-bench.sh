@@ -14,7 +14,8 @@
 # JB_KV_ELEMS (K and V values a position of the shape, for the peer's sizing: 49152), JB_PTX
 # (another compute_70 PTX folder for `dustoff run`, e.g. a base commit's in an A/B), JB_ARGS
 # (more `dustoff run` arguments, e.g. "--max-batch-tokens 2048"), JB_TAG (a name for the rows of
-# this run, so that runs with other arguments or DUSTOFF_* switches keep their own files).
+# this run, so that runs with other arguments or DUSTOFF_* switches keep their own files),
+# JB_PEER_CT (the peer's cache types: "f16 q8_0"; one per call keeps a call short).
 # The peer runs `llama-batched-bench` with each sequence's prompt the tokens dustoff computed per
 # record (its document; the shared instruction counted as free, as a perfect prompt cache would
 # make it) and the most sequences whose KV cache and the weights fit the same cap (its compute
@@ -90,7 +91,7 @@ if [ "${1:-}" = peer ]; then
   ntg=200; ctx=$(( npp + ntg )); size=$(stat -c %s $F)
   # K and V values a position: layers x 2 x KV heads x head size (Qwen3-30B-A3B: 48 x 2 x 4 x 128).
   elems=${JB_KV_ELEMS:-49152}
-  for ct in f16 q8_0; do
+  for ct in ${JB_PEER_CT:-f16 q8_0}; do
     per=$([ $ct = f16 ] && echo $(( elems * 2 )) || echo $(( elems * 34 / 32 )))
     n=$(python3 -c "print(int((32e9 - $size - 1.5e9) // ($ctx * $per)))")
     t=$(date +%s)
