@@ -104,9 +104,15 @@ pub fn resolve_slots(
         KvChoice::Auto if !q8_ok => KvType::F16,
         KvChoice::Auto => {
             let (f16, q8) = (fit(KvType::F16), fit(KvType::Q8));
-            let (kv, want) = auto_kv(f16, q8, slots, cfg.moe.is_some());
+            let moe = cfg.moe.is_some();
+            let (kv, want) = auto_kv(f16, q8, slots, moe);
+            let why = if moe && matches!(slots, Slots::Auto) {
+                ": a mixture-of-experts model takes 8-bit whenever it fits more"
+            } else {
+                ""
+            };
             eprintln!(
-                "KV cache: {kv} (--kv-cache auto: {f16} sequences of {per_seq} positions fit in F16, {q8} in 8-bit; F16 wanted for {want})"
+                "KV cache: {kv} (--kv-cache auto: {f16} sequences of {per_seq} positions fit in F16, {q8} in 8-bit; F16 wanted for {want}{why})"
             );
             kv
         }
