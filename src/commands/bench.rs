@@ -270,7 +270,7 @@ pub fn bench_batched_runs<B: Backend>(
     }
     if let Some(p) = engine.backend().peak_memory_bytes() {
         eprintln!(
-            "peak device memory {:.2} GB (weights {:.2} GB read per decode step)",
+            "peak device memory {:.2} GB (one token reads {:.2} GB of weights; a batched step's weights are in the table)",
             p as f64 / 1e9,
             weights as f64 / 1e9
         );

@@ -268,7 +268,7 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
             return Ok(ExitCode::Ok);
         }
         println!(
-            "| sequences | prefill s | decode tok/s (total) | share of bandwidth bound | share of step bound | weights / KV GB, TFLOP per step |"
+            "| sequences | prefill s | decode tok/s (total) | share of bandwidth bound (one token's weights + KV) | share of step bound | weights / KV GB, TFLOP per step |"
         );
         println!("|---|---|---|---|---|---|");
         for r in &rows {
