@@ -104,7 +104,10 @@ pub fn resolve_slots(
         KvChoice::Auto if !q8_ok => KvType::F16,
         KvChoice::Auto => {
             let (f16, q8) = (fit(KvType::F16), fit(KvType::Q8));
-            let moe = cfg.moe.is_some();
+            // Measured on full-attention MoE models only; a hybrid's few attention layers (head
+            // size 256: the one-pass decode kernel, which converts 8-bit values as it loads them)
+            // keep the dense rule until measured.
+            let moe = cfg.moe.is_some() && cfg.hybrid.is_none();
             let (kv, want) = auto_kv(f16, q8, slots, moe);
             let why = if moe && matches!(slots, Slots::Auto) {
                 ": a mixture-of-experts model takes 8-bit whenever it fits more"
@@ -145,7 +148,8 @@ pub const AUTO_F16_ENOUGH: usize = 32;
 /// The cache `--kv-cache auto` takes on a GPU where F16 fits `f16` sequences of the job and
 /// 8-bit `q8`, and the count F16 had to fit for it: a given `--slots N`: N; `--slots auto` on
 /// a dense model: as many as 8-bit, or [`AUTO_F16_ENOUGH`] when 8-bit fits more; on a
-/// mixture-of-experts model (`moe`): as many as 8-bit. Else the 8-bit cache.
+/// mixture-of-experts model with full attention in every layer (`moe`): as many as 8-bit. Else
+/// the 8-bit cache.
 ///
 /// Why MoE models differ: each batched decode step reads nearly every expert (a trained
 /// model's routing spreads a step's tokens), so the weights a step reads are shared by as many
