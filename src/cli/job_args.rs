@@ -198,11 +198,12 @@ pub struct EngineArgs {
     /// KV cache type: f16, q8 (8-bit values with one F16 scale per 32: 1.88x the positions in
     /// the same memory; quality in docs/KV_CACHE.md) or auto: on a GPU F16 when the job's
     /// sequences fit in F16, else q8, said in the log (--slots auto: a mixture-of-experts model
-    /// with full attention (Qwen3-MoE) takes q8 whenever it fits more sequences, since every step reads nearly all experts and
-    /// more sequences share them; a dense or hybrid model keeps F16 once it fits 32: past that, twice the
-    /// sequences in 8-bit measured no faster, and F16 is exact); on the CPU and for
-    /// data-parallel engines F16. On a V100, where a step's KV bytes weigh more, try q8 on long
-    /// documents with dense models too (docs/KV_CACHE.md).
+    /// with full attention (Qwen3-MoE) takes q8 whenever it fits more sequences, since every
+    /// step reads nearly all experts and more sequences share them; a dense or hybrid model
+    /// keeps F16 once it fits 32: past that, twice the sequences in 8-bit measured no faster,
+    /// and F16 is exact); on the CPU and for data-parallel engines F16. On a V100, where a
+    /// step's KV bytes weigh more, try q8 on long documents with dense models too
+    /// (docs/KV_CACHE.md).
     #[arg(long, default_value = "auto")]
     pub kv_cache: KvChoice,
 }

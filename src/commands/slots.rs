@@ -141,8 +141,8 @@ pub fn resolve_slots(
 /// sequences that the 8-bit cache's extra ones bring no measurable gain, and F16 is exact.
 /// Measured (H100, docs/BENCHMARKS.md): decode alone at the same count the 8-bit cache gives
 /// 0.96-1.02x of F16 (Qwen3-8B, 0.96x at 64 sequences), and doubling 32 -> 64 sequences gave
-/// 1.43x (H200). Mixture-of-experts models take the 8-bit cache whenever it fits more (see
-/// [`auto_kv`]).
+/// 1.43x (H200). Full-attention mixture-of-experts models take the 8-bit cache whenever it
+/// fits more (see [`auto_kv`]).
 pub const AUTO_F16_ENOUGH: usize = 32;
 
 /// The cache `--kv-cache auto` takes on a GPU where F16 fits `f16` sequences of the job and
