@@ -26,10 +26,7 @@ ptx=${PTX_DIR:-}
 if [ -z "$ptx" ]; then
   ptx=$(mktemp -d)
   trap 'rm -rf "$ptx"' EXIT
-  [ -x target/release/dustoff ] || cargo build --release --quiet
-  lib=$(scripts/nvrtc12.sh)
-  LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DUSTOFF_NVRTC="$lib/libnvrtc.so.12" \
-    target/release/dustoff kernels --arch compute_70 --out "$ptx" >/dev/null
+  scripts/ptx70.sh "$ptx"
 fi
 extra=()
 for a in ${PTXAS_EXTRA_ARCHS:-}; do extra+=(--extra-arch "$a"); done

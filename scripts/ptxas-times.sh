@@ -13,10 +13,7 @@ p12=$(scripts/wheel-bin.sh nvidia-cuda-nvcc-cu12==12.9.86 ptxas "${PTXAS_DIR:-$H
 ptx=${PTX_DIR:-}
 if [ -z "$ptx" ]; then
   ptx=$(mktemp -d); trap 'rm -rf "$ptx"' EXIT
-  [ -x target/release/dustoff ] || cargo build --release --quiet
-  lib=$(scripts/nvrtc12.sh)
-  LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DUSTOFF_NVRTC="$lib/libnvrtc.so.12" \
-    target/release/dustoff kernels --arch compute_70 --out "$ptx" >/dev/null
+  scripts/ptx70.sh "$ptx"
 fi
 times=$(for f in "$ptx"/*.ptx; do
   s=$(date +%s.%N); "$p12" -arch=sm_70 -O3 -o /dev/null "$f"; e=$(date +%s.%N)

@@ -17,10 +17,7 @@ t=$(mktemp -d); trap 'rm -rf "$t"' EXIT
 ptx=${PTX_DIR:-}  # PTX_DIR: a folder of compute_70 PTX instead of this build's
 if [ -z "$ptx" ]; then
   ptx=$t/ptx
-  [ -x target/release/dustoff ] || cargo build --release --quiet
-  lib=$(scripts/nvrtc12.sh)
-  LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DUSTOFF_NVRTC="$lib/libnvrtc.so.12" \
-    target/release/dustoff kernels --arch compute_70 --out "$ptx" >/dev/null
+  scripts/ptx70.sh "$ptx"
 fi
 "$ptxas" -arch="$arch" -O3 "$ptx/$file.ptx" -o "$t/k.cubin"
 "$nvdisasm" -c "$t/k.cubin" 2>/dev/null > "$t/k.sass"
