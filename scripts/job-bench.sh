@@ -32,6 +32,8 @@ if [ "${1:-}" = pack ]; then
   LD_LIBRARY_PATH=$lib target/release/dustoff kernels --arch compute_70 --out /tmp/ptx70 >/dev/null
   tar -C /tmp -cf - ptx70 | xz -6 -T2 > .gpu/ptx70.tar.xz
   rm -rf .gpu/tok; cp -r /work/shared/testdata/arch/qwen3_moe/hf .gpu/tok; rm -f .gpu/tok/model.safetensors
+  # The hybrid shapes' tokenizer (gpu-batched-peer.sh, BP_SHAPES=qwen3.6-35b-a3b).
+  rm -rf .gpu/tok35; cp -r /work/shared/testdata/arch/qwen3_5_moe/hf .gpu/tok35; rm -f .gpu/tok35/model.safetensors
   python3 scripts/make-docs.py "$RECORDS" | xz -6 -T2 > .gpu/docs.jsonl.xz
   rm -rf .gpu/peer; cp -r ../shared/peer .gpu/peer
   git log -1 --format='%h %s' > .gpu/commit; du -sh .gpu; exit 0
