@@ -248,7 +248,7 @@ fn an_interrupt_removes_the_partial_file_and_exits_4() {
 
 /// A synthetic MoE file routes as a trained model does: in each layer a chunk of prose reaches
 /// nearly every expert and no expert takes most of it (`DUSTOFF_ROUTE_STATS=1` on the CPU). Files
-/// written before the embedding and attention-output scales of `synth_gguf::Scale` sent 405-510
+/// written before the embedding and attention-output scales of `synth_scale::Scale` sent 405-510
 /// of a 512-token chunk to one expert from the first layers on (34-107 of 128 experts used), so
 /// their MoE timings were not a real model's.
 #[test]
@@ -280,7 +280,31 @@ fn a_synthetic_moe_file_spreads_a_chunk_over_the_experts() {
         .unwrap();
     let err = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{err}");
-    // "route: N tokens over E of 128 experts, at most M to one; shared energy S"
+    assert_spread(&err, 3);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The in-memory random model of `bench --synthetic` routes as the files do (the same scales,
+/// `model::synth_scale`): with the matrices' scale everywhere one expert took 254 of a 512-token
+/// chunk in the second layer and 496 in the third (measured before the change).
+#[test]
+fn the_in_memory_synthetic_moe_model_spreads_a_chunk_over_the_experts() {
+    let run = Command::new(bin())
+        .env("DUSTOFF_ROUTE_STATS", "1")
+        .args(["bench", "--synthetic", "qwen3-30b-a3b", "--layers", "3", "--dtype", "q8_0", "--device", "cpu"])
+        .args(["--prompt-tokens", "512", "--gen-tokens", "1", "--runs", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(String::from_utf8_lossy(&run.stdout).contains("synthetic qwen3-30b-a3b (first 3 layers) q8_0"));
+    assert_spread(&err, 3);
+}
+
+/// Every chunk of 256+ tokens in `DUSTOFF_ROUTE_STATS` lines ("route: N tokens over E of 128
+/// experts, at most M to one; ...") reached at least 100 experts with at most a third of its
+/// tokens on one, and at least `layers` such chunks were seen.
+fn assert_spread(err: &str, layers: usize) {
     let chunks: Vec<(usize, usize, usize)> = err
         .lines()
         .filter_map(|l| l.strip_prefix("route: "))
@@ -290,10 +314,9 @@ fn a_synthetic_moe_file_spreads_a_chunk_over_the_experts() {
         })
         .filter(|&(n, _, _)| n >= 256)
         .collect();
-    assert!(chunks.len() >= 3, "a chunk of 256+ tokens through each of the 3 layers:\n{err}");
+    assert!(chunks.len() >= layers, "a chunk of 256+ tokens through each of the {layers} layers:\n{err}");
     for (n, used, most) in chunks {
         assert!(used >= 100, "{n} tokens reached only {used} of 128 experts:\n{err}");
         assert!(most * 3 <= n, "one expert took {most} of {n} tokens:\n{err}");
     }
-    std::fs::remove_dir_all(&dir).ok();
 }

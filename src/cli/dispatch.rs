@@ -222,6 +222,7 @@ pub fn run(cli: Cli) -> Result<Code> {
                 device: pick_device(&a.device)?,
                 model: a.model,
                 synthetic: a.synthetic,
+                layers: a.layers,
                 dtype: a.dtype,
                 f16_weights: a.weights == "f16",
                 ptx_dir: a.ptx_dir,

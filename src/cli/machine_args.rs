@@ -53,6 +53,10 @@ pub struct BenchArgs {
     /// and qwen3.6-35b-a3b (hybrid, GPU only).
     #[arg(long)]
     pub synthetic: Option<String>,
+    /// With --synthetic: keep only the shape's first N layers (every width as the real model's):
+    /// a quick look at a large shape on a small machine, e.g. on the CPU.
+    #[arg(long, value_name = "N", requires = "synthetic")]
+    pub layers: Option<usize>,
     /// Weight type of a synthetic model: f16, q8_0, q4_0, q4_1, q4_k... (on a GPU also q4_k_m,
     /// llama.cpp's mix of Q4_K and Q6_K).
     #[arg(long, default_value = "f16")]

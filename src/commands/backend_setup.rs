@@ -108,26 +108,38 @@ pub fn make_synthetic_backend(
     ptx_dir: Option<&Path>,
 ) -> Result<Box<dyn Backend>> {
     let place = Placement::with_ptx_dir(ptx_dir);
-    make_synthetic_backend_for(shape, dtype, device, tokens, (DEFAULT_MAX_BATCH_TOKENS, MAX_AUTO_SLOTS), &place)
+    make_synthetic_backend_for((shape, None), dtype, device, tokens, (DEFAULT_MAX_BATCH_TOKENS, MAX_AUTO_SLOTS), &place)
 }
 
-/// As [`make_synthetic_backend`], planned for steps of `max_batch_tokens` tokens and `seqs`
-/// sequences at once (`place.f16_weights` is not read: `dtype` names the weights).
+/// The config of a named shape, cut to its first `layers` when given (`bench --layers`); an
+/// unknown name or zero layers is the command's to change (exit 2).
+pub fn synthetic_config(shape: &str, layers: Option<usize>) -> Result<crate::model::config::ModelConfig> {
+    let mut cfg = crate::model::shapes::shape(shape).ok_or_else(|| {
+        crate::job::exit::UsageError::new(format!(
+            "unknown shape '{shape}'; known: {}",
+            crate::model::shapes::SHAPES.join(", ")
+        ))
+    })?;
+    match layers {
+        Some(0) => return Err(crate::job::exit::UsageError::new("--layers 0: a model needs at least one layer").into()),
+        Some(n) => cfg.keep_first_layers(n),
+        None => {}
+    }
+    Ok(cfg)
+}
+
+/// As [`make_synthetic_backend`] (the shape cut to its first `layers` when given), planned for
+/// steps of `max_batch_tokens` tokens and `seqs` sequences at once (`place.f16_weights` is not
+/// read: `dtype` names the weights).
 pub fn make_synthetic_backend_for(
-    shape: &str,
+    (shape, layers): (&str, Option<usize>),
     dtype: &str,
     device: &Device,
     tokens: usize,
     (max_batch_tokens, seqs): (usize, usize),
     place: &Placement,
 ) -> Result<Box<dyn Backend>> {
-    // A name not in the list is the command's to change (exit 2).
-    let cfg = crate::model::shapes::shape(shape).ok_or_else(|| {
-        crate::job::exit::UsageError::new(format!(
-            "unknown shape '{shape}'; known: {}",
-            crate::model::shapes::SHAPES.join(", ")
-        ))
-    })?;
+    let cfg = synthetic_config(shape, layers)?;
     match *device {
         Device::Cpu => {
             if cfg.hybrid.is_some() {

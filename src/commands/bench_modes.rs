@@ -25,6 +25,8 @@ pub struct BenchOptions {
     pub model: PathBuf,
     /// A named shape with random weights instead of `model`.
     pub synthetic: Option<String>,
+    /// `--layers`: the synthetic shape cut to its first N layers.
+    pub layers: Option<usize>,
     pub dtype: String,
     /// `--weights f16`: widen block formats to F16 on the GPU.
     pub f16_weights: bool,
@@ -102,7 +104,10 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         None => Some(model_load::load(&a.model)?),
     };
     let name = match &a.synthetic {
-        Some(shape) => format!("synthetic {shape} {}", a.dtype),
+        Some(shape) => match a.layers {
+            Some(n) => format!("synthetic {shape} (first {n} layers) {}", a.dtype),
+            None => format!("synthetic {shape} {}", a.dtype),
+        },
         None => a.model.display().to_string(),
     };
     let place = Placement {
@@ -142,7 +147,14 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
             ),
             (Some(shape), _) => {
                 let dtype = if a.f16_weights { "f16" } else { a.dtype.as_str() };
-                backend_setup::make_synthetic_backend_for(shape, dtype, &a.device, tokens, (step, seqs), &place)
+                backend_setup::make_synthetic_backend_for(
+                    (shape, a.layers),
+                    dtype,
+                    &a.device,
+                    tokens,
+                    (step, seqs),
+                    &place,
+                )
             }
             (None, Some(m)) => {
                 backend_setup::make_backend(&m.config, &m.weights, &a.device, tokens, (step, seqs), &place)
@@ -165,8 +177,7 @@ pub fn run(a: &BenchOptions) -> Result<ExitCode> {
         };
         let (cfg, bytes) = match (&a.synthetic, &loaded) {
             (Some(shape), _) => {
-                let cfg = crate::model::shapes::shape(shape)
-                    .ok_or_else(|| UsageError::new(format!("unknown shape '{shape}'")))?;
+                let cfg = backend_setup::synthetic_config(shape, a.layers)?;
                 let dtype = if a.f16_weights { "f16" } else { a.dtype.as_str() };
                 let mix = crate::backend::cuda::WeightMix::parse(dtype)
                     .ok_or_else(|| UsageError::new(format!("--dtype {dtype}: not a GPU weight type")))?;

@@ -22,6 +22,7 @@ pub mod safetensors;
 pub mod shapes;
 pub mod synth;
 pub mod synth_gguf;
+pub mod synth_scale;
 pub mod tensor;
 pub mod tensor_parallel;
 pub mod weights;

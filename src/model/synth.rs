@@ -1,5 +1,6 @@
 //! Random-weight models of a given shape (see `shapes`): for benchmarks and tests before real
-//! weights arrive. Values are small and centred, like trained weights; norms are 1.
+//! weights arrive. Values are small and centred, like trained weights, at the scales of
+//! `synth_scale` (the token embedding and the attention output their own); norms are 1.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -7,11 +8,14 @@ use rand::{Rng, SeedableRng};
 use super::config::ModelConfig;
 use super::moe::{Expert, MoeWeights, SharedExpert};
 use super::quant::{quantize_row, GgmlType};
+use super::synth_scale::scale_of;
 use super::weights::{LayerWeights, ModelWeights, Tensor};
 
-fn matrix(name: &str, rows: usize, cols: usize, dtype: GgmlType, rng: &mut StdRng) -> Tensor {
-    // Uniform in +-sqrt(3/cols): unit-variance outputs for unit-variance inputs.
-    let a = (3.0 / cols as f32).sqrt();
+/// A random `[rows, cols]` matrix of a model of `layers` layers: uniform in +-sqrt(3/cols)
+/// (unit-variance outputs for unit-variance inputs), the token embedding and the attention
+/// output at their own scales (`synth_scale`: what spreads tokens over the experts).
+fn matrix(name: &str, rows: usize, cols: usize, dtype: GgmlType, layers: usize, rng: &mut StdRng) -> Tensor {
+    let a = scale_of(name, layers).amplitude(cols);
     let mut bytes = Vec::with_capacity(dtype.row_bytes(cols).unwrap_or(0) * rows);
     let mut row = vec![0f32; cols];
     for _ in 0..rows {
@@ -37,32 +41,32 @@ pub fn random_weights(c: &ModelConfig, dtype: GgmlType, seed: u64) -> ModelWeigh
         let bv = bias(&mut rng, c.kv_dim());
         let qk = family.attention.qk_norm;
         let (wq, wk, wv, wo) = (
-            matrix(&n("attn_q.weight"), c.q_dim(), c.dim, dtype, &mut rng),
-            matrix(&n("attn_k.weight"), c.kv_dim(), c.dim, dtype, &mut rng),
-            matrix(&n("attn_v.weight"), c.kv_dim(), c.dim, dtype, &mut rng),
-            matrix(&n("attn_output.weight"), c.dim, c.q_dim(), dtype, &mut rng),
+            matrix(&n("attn_q.weight"), c.q_dim(), c.dim, dtype, c.n_layers, &mut rng),
+            matrix(&n("attn_k.weight"), c.kv_dim(), c.dim, dtype, c.n_layers, &mut rng),
+            matrix(&n("attn_v.weight"), c.kv_dim(), c.dim, dtype, c.n_layers, &mut rng),
+            matrix(&n("attn_output.weight"), c.dim, c.q_dim(), dtype, c.n_layers, &mut rng),
         );
         // A random router (uniform like every matrix) spreads tokens over the experts as in
         // real use; it stays F32 as in GGUF files.
         let moe = match &c.moe {
             Some(m) if m.is_sparse(i) => {
-                let router = matrix(&n("ffn_gate_inp.weight"), m.n_experts, c.dim, GgmlType::F32, &mut rng);
+                let router = matrix(&n("ffn_gate_inp.weight"), m.n_experts, c.dim, GgmlType::F32, c.n_layers, &mut rng);
                 let f = m.expert_ffn_dim;
                 let experts = (0..m.n_experts)
                     .map(|e| Expert {
-                        gate: matrix(&n(&format!("ffn_gate_exps.weight[{e}]")), f, c.dim, dtype, &mut rng),
-                        up: matrix(&n(&format!("ffn_up_exps.weight[{e}]")), f, c.dim, dtype, &mut rng),
-                        down: matrix(&n(&format!("ffn_down_exps.weight[{e}]")), c.dim, f, dtype, &mut rng),
+                        gate: matrix(&n(&format!("ffn_gate_exps.weight[{e}]")), f, c.dim, dtype, c.n_layers, &mut rng),
+                        up: matrix(&n(&format!("ffn_up_exps.weight[{e}]")), f, c.dim, dtype, c.n_layers, &mut rng),
+                        down: matrix(&n(&format!("ffn_down_exps.weight[{e}]")), c.dim, f, dtype, c.n_layers, &mut rng),
                     })
                     .collect();
                 // The shared expert (Qwen2-MoE), its gate row F32 like the router.
                 let shared = m.shared_ffn_dim.map(|sf| {
                     let expert = Expert {
-                        gate: matrix(&n("ffn_gate_shexp.weight"), sf, c.dim, dtype, &mut rng),
-                        up: matrix(&n("ffn_up_shexp.weight"), sf, c.dim, dtype, &mut rng),
-                        down: matrix(&n("ffn_down_shexp.weight"), c.dim, sf, dtype, &mut rng),
+                        gate: matrix(&n("ffn_gate_shexp.weight"), sf, c.dim, dtype, c.n_layers, &mut rng),
+                        up: matrix(&n("ffn_up_shexp.weight"), sf, c.dim, dtype, c.n_layers, &mut rng),
+                        down: matrix(&n("ffn_down_shexp.weight"), c.dim, sf, dtype, c.n_layers, &mut rng),
                     };
-                    let gate = matrix(&n("ffn_gate_inp_shexp.weight"), 1, c.dim, GgmlType::F32, &mut rng);
+                    let gate = matrix(&n("ffn_gate_inp_shexp.weight"), 1, c.dim, GgmlType::F32, c.n_layers, &mut rng);
                     SharedExpert { expert, gate }
                 });
                 Some(MoeWeights { router, experts, n_used: m.n_used, norm_topk_prob: m.norm_topk_prob, shared })
@@ -72,9 +76,9 @@ pub fn random_weights(c: &ModelConfig, dtype: GgmlType, seed: u64) -> ModelWeigh
         let (w_gate, w_up, w_down) = match moe {
             Some(_) => LayerWeights::empty_dense_ffn(i, c),
             None => (
-                matrix(&n("ffn_gate.weight"), c.ffn_dim, c.dim, dtype, &mut rng),
-                matrix(&n("ffn_up.weight"), c.ffn_dim, c.dim, dtype, &mut rng),
-                matrix(&n("ffn_down.weight"), c.dim, c.ffn_dim, dtype, &mut rng),
+                matrix(&n("ffn_gate.weight"), c.ffn_dim, c.dim, dtype, c.n_layers, &mut rng),
+                matrix(&n("ffn_up.weight"), c.ffn_dim, c.dim, dtype, c.n_layers, &mut rng),
+                matrix(&n("ffn_down.weight"), c.dim, c.ffn_dim, dtype, c.n_layers, &mut rng),
             ),
         };
         layers.push(LayerWeights {
@@ -96,11 +100,11 @@ pub fn random_weights(c: &ModelConfig, dtype: GgmlType, seed: u64) -> ModelWeigh
             hybrid: None,
         });
     }
-    let token_embd = matrix("token_embd.weight", c.vocab_size, c.dim, dtype, &mut rng);
+    let token_embd = matrix("token_embd.weight", c.vocab_size, c.dim, dtype, c.n_layers, &mut rng);
     let output = if c.tied_embeddings {
         token_embd.clone()
     } else {
-        matrix("output.weight", c.vocab_size, c.dim, dtype, &mut rng)
+        matrix("output.weight", c.vocab_size, c.dim, dtype, c.n_layers, &mut rng)
     };
     ModelWeights { token_embd, layers, output_norm: ones(c.dim), output, rope_freq_factors: None }
 }

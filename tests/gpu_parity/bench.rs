@@ -80,9 +80,15 @@ fn long_context_bench() {
         .unwrap_or_else(|| vec![8192, 16384]);
     let gen = 200;
     let step = dustoff::engine::single::PREFILL_CHUNK;
-    let mut b =
-        make_synthetic_backend_for("qwen3-8b", "f16", &Device::Cuda(0), 16384 + gen, (step, 1), &Default::default())
-            .expect("synthetic qwen3-8b on cuda:0");
+    let mut b = make_synthetic_backend_for(
+        ("qwen3-8b", None),
+        "f16",
+        &Device::Cuda(0),
+        16384 + gen,
+        (step, 1),
+        &Default::default(),
+    )
+    .expect("synthetic qwen3-8b on cuda:0");
     for p in prompts {
         let r = dustoff::commands::bench::bench(b.as_mut(), "synthetic qwen3-8b f16", p, gen, runs).unwrap();
         let runs: Vec<String> =
@@ -116,8 +122,15 @@ fn shared_prefix_job_bench() {
     let (shared, unique, gen, slots) = (1000usize, 300usize, 200usize, 32usize);
     let tokens = slots * (shared + unique + gen + BLOCK_SIZE) + shared * 2;
     let step = DEFAULT_MAX_BATCH_TOKENS.max(slots);
-    let b = make_synthetic_backend_for("qwen3-8b", "f16", &Device::Cuda(0), tokens, (step, slots), &Default::default())
-        .expect("synthetic qwen3-8b on cuda:0");
+    let b = make_synthetic_backend_for(
+        ("qwen3-8b", None),
+        "f16",
+        &Device::Cuda(0),
+        tokens,
+        (step, slots),
+        &Default::default(),
+    )
+    .expect("synthetic qwen3-8b on cuda:0");
     if std::env::var("DUSTOFF_SP_CACHE").as_deref() == Ok("on") {
         // The cache-on half alone (the same requests as `bench_shared_prefix` makes), so that
         // the backend's step times hold only steps whose sequences share the prefix blocks.

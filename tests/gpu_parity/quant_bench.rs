@@ -9,6 +9,7 @@ use dustoff::backend::cuda::ops::launch::Dev;
 use dustoff::backend::cuda::ops::qlaunch::{q8x_bytes, DequantF16, GemmQ, GemvQ, QTile, QView, QuantizeX};
 use dustoff::backend::cuda::WeightMix;
 use dustoff::model::quant::GgmlType;
+use dustoff::model::synth_scale::Scale;
 
 use super::bench::time;
 use super::{gpu, Gpu};
@@ -49,12 +50,12 @@ fn copies(
     (bytes, lo, hi): (usize, usize, usize),
 ) -> Vec<DevMat> {
     let s = g.dev.stream.clone();
-    let probe = DevMat::synthetic(&s, &mut g.k, t, rows, cols, 1, what).unwrap();
+    let probe = DevMat::synthetic(&s, &mut g.k, t, rows, cols, (Scale::Matrix, 1), what).unwrap();
     let ratio = bytes as f64 / probe.bytes() as f64;
     let n = ratio.ceil().clamp(lo as f64, hi as f64) as usize;
     let mut ws = vec![probe];
     for j in 1..n {
-        ws.push(DevMat::synthetic(&s, &mut g.k, t, rows, cols, j as u64 + 1, what).unwrap());
+        ws.push(DevMat::synthetic(&s, &mut g.k, t, rows, cols, (Scale::Matrix, j as u64 + 1), what).unwrap());
     }
     ws
 }

@@ -4,6 +4,7 @@
 //! gate/up): consecutive tensors of one format share a part, so one kernel reads their shared
 //! input once; a mixed set (Q4_K_M's Q6_K attn_v beside Q4_K q/k) keeps a part per format.
 
+use crate::model::synth_scale::Scale;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -107,23 +108,24 @@ impl DevMat {
         Ok((DevMat { rows, cols, data: MatData::Quant { fmt, buf, aux_off } }, 0))
     }
 
-    /// A `[rows, cols]` matrix of random weights made on the GPU, uniform in +-sqrt(3 / cols)
-    /// (F16), or (block formats) random codes with scales taken from host-quantized blocks of
-    /// such values: the same byte count and value spread as a real file of the format.
+    /// A `[rows, cols]` matrix of random weights made on the GPU from `seed`, uniform in
+    /// +-`scale`'s amplitude (F16; `Scale::Matrix`: +-sqrt(3 / cols)), or (block formats) random
+    /// codes with scales taken from host-quantized blocks of such values: the same byte count
+    /// and value spread as a real file of the format.
     pub fn synthetic(
         s: &Arc<CudaStream>,
         k: &mut Kernels,
         dtype: GgmlType,
         rows: usize,
         cols: usize,
-        seed: u64,
+        (scale, seed): (Scale, u64),
         what: &str,
     ) -> Result<DevMat, CudaError> {
         let alloc = |n: usize| {
             // SAFETY: every element is written by the fill kernels below before any read.
             unsafe { s.alloc::<u8>(n.max(1)) }.map_err(CudaError::driver(format!("allocating {what} ({rows}x{cols})")))
         };
-        let scale = (3.0 / cols.max(1) as f32).sqrt();
+        let scale = scale.amplitude(cols.max(1));
         let Some(fmt) = QFormat::of(dtype) else {
             // SAFETY: every element is written by the fill kernel before any read.
             let buf = unsafe { s.alloc::<u16>((rows * cols).max(1)) }

@@ -6,6 +6,7 @@
 //! entry points live here; the step itself in `step::inputs` (the plan flattened into the step
 //! inputs), `step::run` (the layers' kernels, graph replay) and `step::attn` (the step's attention).
 
+use crate::model::synth_scale::Scale;
 use std::path::PathBuf;
 
 use cudarc::cublas::CudaBlas;
@@ -335,7 +336,7 @@ impl CudaBackend {
         let mut n_mat = 0u64;
         let mut shape_iter = shapes.into_iter();
         // Parts of one format stack into one matrix, as `Linear::upload` stacks loaded tensors.
-        let mut lin = |kernels: &mut Kernels, n: usize, what: &str| -> Result<Linear, CudaError> {
+        let mut lin = |kernels: &mut Kernels, n: usize, scale: Scale, what: &str| -> Result<Linear, CudaError> {
             let mut parts: Vec<DevMat> = Vec::new();
             let mut pending: Vec<(GgmlType, usize, usize)> = (0..n).filter_map(|_| shape_iter.next()).collect();
             while !pending.is_empty() {
@@ -345,7 +346,7 @@ impl CudaBackend {
                 let cols = pending[0].2;
                 n_mat += 1;
                 let seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(n_mat);
-                parts.push(DevMat::synthetic(s, kernels, t, rows, cols, seed, what)?);
+                parts.push(DevMat::synthetic(s, kernels, t, rows, cols, (scale, seed), what)?);
                 pending.drain(..k);
             }
             Ok(Linear { parts })
@@ -363,20 +364,20 @@ impl CudaBackend {
                 None
             };
             let qk = c.arch.family().attention.qk_norm;
-            let wqkv = lin(&mut kernels, 3, &name("wqkv"))?;
-            let wo = lin(&mut kernels, 1, &name("wo"))?;
+            let wqkv = lin(&mut kernels, 3, Scale::Matrix, &name("wqkv"))?;
+            let wo = lin(&mut kernels, 1, Scale::Residual(c.n_layers as u32), &name("wo"))?;
             let ffn = match synthetic_experts(s, &mut kernels, c, mix, i, seed)? {
                 Some(w) => FfnW::Moe(Box::new(w)),
                 None => FfnW::Dense {
-                    wgu: lin(&mut kernels, 2, &name("gate/up"))?,
-                    wdown: lin(&mut kernels, 1, &name("w_down"))?,
+                    wgu: lin(&mut kernels, 2, Scale::Matrix, &name("gate/up"))?,
+                    wdown: lin(&mut kernels, 1, Scale::Matrix, &name("w_down"))?,
                 },
             };
             let attn = AttnW::synthetic(s, c.head_dim, i, (cache_len, opts.kv_type), (wqkv, bqkv, wo), qk)?;
             layers.push(LayerW::synthetic(s, c.dim, i, MixerW::Attention(attn), ffn)?);
         }
-        let embd = lin(&mut kernels, 1, "token_embd")?;
-        let output = if c.tied_embeddings { None } else { Some(lin(&mut kernels, 1, "output")?) };
+        let embd = lin(&mut kernels, 1, Scale::Unit, "token_embd")?;
+        let output = if c.tied_embeddings { None } else { Some(lin(&mut kernels, 1, Scale::Matrix, "output")?) };
         let output_norm = ones(c.dim, "output_norm")?;
         dev.synchronize()?;
         let parts = Parts { layers, embd, output, output_norm, rope_freq_factors: None, clamped: 0, recurrent: None };

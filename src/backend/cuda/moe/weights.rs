@@ -1,6 +1,7 @@
 //! The experts of a sparse layer on the device (three slabs in their file format, the router in
 //! f32) and the buffers of a step's MoE kernels.
 
+use crate::model::synth_scale::Scale;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -153,9 +154,12 @@ impl MoeLayerW {
         let a = (3.0 / d as f32).sqrt();
         let r: Vec<f32> = (0..e * d).map(|_| rng.random_range(-a..a)).collect();
         let router = up(s, &r, &format!("{what} router"))?;
-        let gate = DevMat::synthetic(s, k, gate_up, e * f, d, seed ^ 1, &format!("{what} expert gate slab"))?;
-        let upm = DevMat::synthetic(s, k, gate_up, e * f, d, seed ^ 2, &format!("{what} expert up slab"))?;
-        let down = DevMat::synthetic(s, k, down, e * d, f, seed ^ 3, &format!("{what} expert down slab"))?;
+        let gate =
+            DevMat::synthetic(s, k, gate_up, e * f, d, (Scale::Matrix, seed ^ 1), &format!("{what} expert gate slab"))?;
+        let upm =
+            DevMat::synthetic(s, k, gate_up, e * f, d, (Scale::Matrix, seed ^ 2), &format!("{what} expert up slab"))?;
+        let down =
+            DevMat::synthetic(s, k, down, e * d, f, (Scale::Matrix, seed ^ 3), &format!("{what} expert down slab"))?;
         Ok(MoeLayerW {
             router,
             gate,

@@ -16,6 +16,7 @@
 //! `Qwen3NextSparseMoeBlock`; the CPU adds both into a zeroed row before the residual, so the
 //! two round differently by one addition (f32).
 
+use crate::model::synth_scale::Scale;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
@@ -78,8 +79,8 @@ impl SharedExpertW {
         seed: u64,
         what: &str,
     ) -> Result<Self, CudaError> {
-        let gu = DevMat::synthetic(s, k, gate_up, 2 * ffn, dim, seed ^ 5, &format!("{what} gate/up"))?;
-        let dn = DevMat::synthetic(s, k, down, dim, ffn, seed ^ 6, &format!("{what} down"))?;
+        let gu = DevMat::synthetic(s, k, gate_up, 2 * ffn, dim, (Scale::Matrix, seed ^ 5), &format!("{what} gate/up"))?;
+        let dn = DevMat::synthetic(s, k, down, dim, ffn, (Scale::Matrix, seed ^ 6), &format!("{what} down"))?;
         let mut rng = StdRng::seed_from_u64(seed ^ 7);
         let a = (3.0 / dim as f32).sqrt();
         let g: Vec<f32> = (0..dim).map(|_| rng.random_range(-a..a)).collect();

@@ -8,6 +8,7 @@
 //! released Qwen3.5/3.6-35B-A3B), in the formats llama.cpp's mix gives `ffn_*_exps` and
 //! `ffn_*_shexp` (`moe_formats`).
 
+use crate::model::synth_scale::Scale;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -21,6 +22,10 @@ use crate::backend::cuda::model::{open, CudaBackend, CudaOptions, Parts};
 use crate::backend::cuda::CudaError;
 use crate::model::config::ModelConfig;
 use crate::quantize::mix::more_bits;
+
+/// `mat(kernels, parts, scale, what)`: the next `parts` shapes of the model as one random
+/// matrix of `scale`.
+type MakeLinear<'a> = dyn FnMut(&mut compile::kernels::Kernels, usize, Scale, &str) -> Result<Linear, CudaError> + 'a;
 
 impl CudaBackend {
     /// [`CudaBackend::synthetic_mix`] for a hybrid (Qwen3.5) shape.
@@ -42,18 +47,20 @@ impl CudaBackend {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut n_mat = 0u64;
         let mut next = shapes.into_iter();
-        let mut mat =
-            |kernels: &mut compile::kernels::Kernels, parts: usize, what: &str| -> Result<Linear, CudaError> {
-                let mut out = Vec::with_capacity(parts);
-                for _ in 0..parts {
-                    let (t, rows, cols) =
-                        next.next().ok_or_else(|| CudaError::Weights(format!("no shape for {what}")))?;
-                    n_mat += 1;
-                    let seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(n_mat);
-                    out.push(DevMat::synthetic(s, kernels, t, rows, cols, seed, what)?);
-                }
-                Ok(Linear { parts: out })
-            };
+        let mut mat = |kernels: &mut compile::kernels::Kernels,
+                       parts: usize,
+                       scale: Scale,
+                       what: &str|
+         -> Result<Linear, CudaError> {
+            let mut out = Vec::with_capacity(parts);
+            for _ in 0..parts {
+                let (t, rows, cols) = next.next().ok_or_else(|| CudaError::Weights(format!("no shape for {what}")))?;
+                n_mat += 1;
+                let seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(n_mat);
+                out.push(DevMat::synthetic(s, kernels, t, rows, cols, (scale, seed), what)?);
+            }
+            Ok(Linear { parts: out })
+        };
         let ones = |n: usize, what: &str| up(s, &vec![1.0f32; n], what);
         // f16 elements of one layer's K (and of its V) cache: [num_blocks, block_size, kv_dim].
         let cache_len = opts.num_blocks * opts.block_size * c.kv_dim();
@@ -62,23 +69,20 @@ impl CudaBackend {
         for i in 0..c.n_layers {
             let name = |x: &str| format!("layer {i} {x}");
             // The FFN after the mixer: experts and a shared expert, or dense gate/up and down.
-            let ffn = |kernels: &mut compile::kernels::Kernels,
-                       mat: &mut dyn FnMut(
-                &mut compile::kernels::Kernels,
-                usize,
-                &str,
-            ) -> Result<Linear, CudaError>| {
-                match synthetic_experts(s, kernels, c, mix, i, seed)? {
-                    Some(m) => Ok::<_, CudaError>(FfnW::Moe(Box::new(m))),
-                    None => Ok(FfnW::Dense {
-                        wgu: mat(kernels, 1, &name("gate/up"))?,
-                        wdown: mat(kernels, 1, &name("w_down"))?,
-                    }),
-                }
+            let ffn = |kernels: &mut compile::kernels::Kernels, mat: &mut MakeLinear| match synthetic_experts(
+                s, kernels, c, mix, i, seed,
+            )? {
+                Some(m) => Ok::<_, CudaError>(FfnW::Moe(Box::new(m))),
+                None => Ok(FfnW::Dense {
+                    wgu: mat(kernels, 1, Scale::Matrix, &name("gate/up"))?,
+                    wdown: mat(kernels, 1, Scale::Matrix, &name("w_down"))?,
+                }),
             };
             if h.recurrent[i] {
-                let (proj, out) =
-                    (mat(&mut kernels, 1, &name("linear in"))?, mat(&mut kernels, 1, &name("linear out"))?);
+                let (proj, out) = (
+                    mat(&mut kernels, 1, Scale::Matrix, &name("linear in"))?,
+                    mat(&mut kernels, 1, Scale::Matrix, &name("linear out"))?,
+                );
                 let (ch, nv, kk) = (h.conv_channels(), h.n_v_heads, h.conv_kernel);
                 let conv: Vec<f32> = (0..ch * kk).map(|_| rng.random_range(-0.5..0.5)).collect();
                 let neg_a: Vec<f32> = (0..nv).map(|_| -rng.random_range(0.0f32..2.7).exp()).collect();
@@ -96,16 +100,20 @@ impl CudaBackend {
                 let ffn = ffn(&mut kernels, &mut mat)?;
                 layers.push(LayerW::synthetic(s, c.dim, i, MixerW::DeltaNet(d), ffn)?);
             } else {
-                let wqkv =
-                    mat(&mut kernels, if more_bits(i, c.n_layers) && more != base { 2 } else { 1 }, &name("wqkv"))?;
-                let wo = mat(&mut kernels, 1, &name("wo"))?;
+                let wqkv = mat(
+                    &mut kernels,
+                    if more_bits(i, c.n_layers) && more != base { 2 } else { 1 },
+                    Scale::Matrix,
+                    &name("wqkv"),
+                )?;
+                let wo = mat(&mut kernels, 1, Scale::Residual(c.n_layers as u32), &name("wo"))?;
                 let attn = AttnW::synthetic(s, c.head_dim, i, (cache_len, opts.kv_type), (wqkv, None, wo), true)?;
                 let ffn = ffn(&mut kernels, &mut mat)?;
                 layers.push(LayerW::synthetic(s, c.dim, i, MixerW::Attention(attn), ffn)?);
             }
         }
-        let embd = mat(&mut kernels, 1, "token_embd")?;
-        let output = if c.tied_embeddings { None } else { Some(mat(&mut kernels, 1, "output")?) };
+        let embd = mat(&mut kernels, 1, Scale::Unit, "token_embd")?;
+        let output = if c.tied_embeddings { None } else { Some(mat(&mut kernels, 1, Scale::Matrix, "output")?) };
         let output_norm = ones(c.dim, "output_norm")?;
         let recurrent = RecurrentCuda::new(s, &h, index, opts.seqs())?;
         dev.synchronize()?;
