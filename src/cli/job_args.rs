@@ -173,7 +173,9 @@ pub struct EngineArgs {
     /// Token budget of one engine step (decode tokens plus chunks of prefill); on a GPU the
     /// memory plan reserves workspace for steps of this size. Default: 2048 on a GPU (larger
     /// prefill chunks give each expert of a MoE more tokens per grouped product: H200, nightly
-    /// job benchmark, +7% documents an hour over 512), 512 on the CPU.
+    /// job benchmark, +7% documents an hour over 512), 512 on the CPU. A MoE job on a GPU with
+    /// memory to spare may take 4096 (H100, the same benchmark: +2.2%, ~0.56 GB more workspace
+    /// for a Qwen3-30B-A3B, so fewer slots within a cap).
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_batch_tokens: Option<usize>,
     /// Compute every prompt in full (no reuse of shared prefixes), for comparison.
