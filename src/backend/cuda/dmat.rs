@@ -4,7 +4,6 @@
 //! gate/up): consecutive tensors of one format share a part, so one kernel reads their shared
 //! input once; a mixed set (Q4_K_M's Q6_K attn_v beside Q4_K q/k) keeps a part per format.
 
-use crate::model::synth_scale::Scale;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -19,6 +18,7 @@ use super::qformat::QFormat;
 use super::weights::tensor_to_f16;
 use super::CudaError;
 use crate::model::quant::{quantize_row, GgmlType};
+use crate::model::synth_scale::Scale;
 use crate::model::weights::Tensor;
 
 pub enum MatData {

@@ -6,7 +6,6 @@
 //! entry points live here; the step itself in `step::inputs` (the plan flattened into the step
 //! inputs), `step::run` (the layers' kernels, graph replay) and `step::attn` (the step's attention).
 
-use crate::model::synth_scale::Scale;
 use std::path::PathBuf;
 
 use cudarc::cublas::CudaBlas;
@@ -35,6 +34,7 @@ use crate::model::config::ModelConfig;
 use crate::model::layer::{AttentionWeights, Ffn, Mixer};
 use crate::model::quant::GgmlType;
 use crate::model::rope::rope_table;
+use crate::model::synth_scale::Scale;
 use crate::model::weights::{ModelWeights, Tensor};
 
 /// How to place a model on a GPU.

@@ -1,7 +1,6 @@
 //! The experts of a sparse layer on the device (three slabs in their file format, the router in
 //! f32) and the buffers of a step's MoE kernels.
 
-use crate::model::synth_scale::Scale;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -17,6 +16,7 @@ use crate::backend::cuda::CudaError;
 use crate::model::config::ModelConfig;
 use crate::model::moe::{MoeConfig, MoeWeights};
 use crate::model::quant::GgmlType;
+use crate::model::synth_scale::Scale;
 use crate::model::weights::Tensor;
 
 /// The experts of one sparse layer on the device.

@@ -16,7 +16,6 @@
 //! `Qwen3NextSparseMoeBlock`; the CPU adds both into a zeroed row before the residual, so the
 //! two round differently by one addition (f32).
 
-use crate::model::synth_scale::Scale;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
@@ -33,6 +32,7 @@ use super::launch::{allocated, blocks_for, check, i32_of, launch, need, Dev};
 use super::qlaunch::q8x_planes;
 use crate::model::moe::SharedExpert;
 use crate::model::quant::GgmlType;
+use crate::model::synth_scale::Scale;
 
 /// One layer's shared expert on the device.
 pub struct SharedExpertW {

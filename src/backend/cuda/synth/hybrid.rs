@@ -8,7 +8,6 @@
 //! released Qwen3.5/3.6-35B-A3B), in the formats llama.cpp's mix gives `ffn_*_exps` and
 //! `ffn_*_shexp` (`moe_formats`).
 
-use crate::model::synth_scale::Scale;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -21,6 +20,7 @@ use crate::backend::cuda::layer::{AttnW, FfnW, LayerW, MixerW};
 use crate::backend::cuda::model::{open, CudaBackend, CudaOptions, Parts};
 use crate::backend::cuda::CudaError;
 use crate::model::config::ModelConfig;
+use crate::model::synth_scale::Scale;
 use crate::quantize::mix::more_bits;
 
 /// `mat(kernels, parts, scale, what)`: the next `parts` shapes of the model as one random
