@@ -112,7 +112,7 @@ pub fn make_synthetic_backend(
 }
 
 /// The config of a named shape, cut to its first `layers` when given (`bench --layers`); an
-/// unknown name or zero layers is the command's to change (exit 2).
+/// unknown name or a layer count outside 1..=the shape's is the command's to change (exit 2).
 pub fn synthetic_config(shape: &str, layers: Option<usize>) -> Result<crate::model::config::ModelConfig> {
     let mut cfg = crate::model::shapes::shape(shape).ok_or_else(|| {
         crate::job::exit::UsageError::new(format!(
@@ -120,10 +120,17 @@ pub fn synthetic_config(shape: &str, layers: Option<usize>) -> Result<crate::mod
             crate::model::shapes::SHAPES.join(", ")
         ))
     })?;
-    match layers {
-        Some(0) => return Err(crate::job::exit::UsageError::new("--layers 0: a model needs at least one layer").into()),
-        Some(n) => cfg.keep_first_layers(n),
-        None => {}
+    // As `synth --layers`: between 1 and the shape's own count (a larger one would be cut
+    // silently and the report's name would claim layers the model lacks).
+    if let Some(n) = layers {
+        if n == 0 || n > cfg.n_layers {
+            return Err(crate::job::exit::UsageError::new(format!(
+                "--layers {n}: {shape} has {} layers; give 1 to {}",
+                cfg.n_layers, cfg.n_layers
+            ))
+            .into());
+        }
+        cfg.keep_first_layers(n);
     }
     Ok(cfg)
 }
