@@ -6,9 +6,12 @@
 
 use std::path::PathBuf;
 
+use dustoff::backend::cuda::compile::entry_formats::HeldFormats;
 use dustoff::backend::cuda::compile::kernels::{file_of, KERNEL_FILES};
-use dustoff::backend::cuda::compile::{nvrtc, ptx_isa};
+use dustoff::backend::cuda::compile::nvrtc::KernelFile;
+use dustoff::backend::cuda::compile::{nvrtc, prune, ptx_isa};
 use dustoff::backend::cuda::CudaError;
+use dustoff::model::quant::GgmlType;
 
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
@@ -60,6 +63,9 @@ fn every_kernel_compiles_for_compute70_without_sm75_instructions() {
                     failures.push(e);
                 }
                 if let Err(e) = moe_entries_and_loads(f.name, &ptx) {
+                    failures.push(e);
+                }
+                if let Err(e) = cut_to_a_models_formats(f, &ptx) {
                     failures.push(e);
                 }
                 // The hot kernels must keep their arrays in registers (local memory = spills);
@@ -155,6 +161,37 @@ fn moe_entries_and_loads(file: &str, ptx: &str) -> Result<(), String> {
         Some(e) => Err(format!("moe.cu: no entry {e}")),
         None => Ok(()),
     }
+}
+
+/// Cut to a Q4_K_M model's formats (Q4_K, Q6_K: what its backend loads), the PTX defines the
+/// entries of those formats and of none, each byte for byte as in the whole file, and keeps the
+/// header and every module-scope declaration.
+fn cut_to_a_models_formats(f: &KernelFile, ptx: &str) -> Result<(), String> {
+    let held = HeldFormats::new([GgmlType::Q4K, GgmlType::Q6K]);
+    let cut = prune::keep_entries(ptx, &|e| held.keeps(e));
+    // An entry's text: from its `.entry` line to the `}` that closes its body.
+    let block = |text: &str, e: &str| {
+        let at = text.find(&format!(".entry {e}("))?;
+        let len = text[at..].find("\n}\n")?;
+        Some(text[at..at + len].to_string())
+    };
+    for e in f.entries {
+        let kept = block(&cut, e);
+        if kept.is_some() != held.keeps(e) {
+            return Err(format!("{}.cu cut to Q4_K + Q6_K: {e} kept {}", f.name, kept.is_some()));
+        }
+        if kept.is_some() && kept != block(ptx, e) {
+            return Err(format!("{}.cu cut to Q4_K + Q6_K: {e} differs from the whole file's", f.name));
+        }
+    }
+    let declarations = |text: &str| {
+        let scope = [".version", ".target", ".address_size", ".extern", ".shared", ".global", ".const"];
+        text.lines().filter(|l| scope.iter().any(|p| l.starts_with(p))).map(String::from).collect::<Vec<_>>()
+    };
+    if declarations(&cut) != declarations(ptx) {
+        return Err(format!("{}.cu cut to Q4_K + Q6_K: the header or a module-scope declaration changed", f.name));
+    }
+    Ok(())
 }
 
 #[test]

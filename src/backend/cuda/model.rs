@@ -13,6 +13,7 @@ use cudarc::driver::CudaSlice;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::compile::entry_formats::HeldFormats;
 use super::compile::kernels::{Kernels, PtxSource};
 use super::device::{up, zeros, CudaDevice};
 use super::dmat::{DevMat, Linear};
@@ -387,7 +388,7 @@ impl CudaBackend {
     pub(super) fn assemble(
         cfg: ModelConfig,
         dev: CudaDevice,
-        kernels: Kernels,
+        mut kernels: Kernels,
         blas: Option<CudaBlas>,
         p: Parts,
         opts: &CudaOptions,
@@ -430,6 +431,7 @@ impl CudaBackend {
                 None => formats.push((m.format(), 1)),
             }
         }
+        kernels.hold_formats(HeldFormats::new(formats.iter().map(|f| f.0)));
         let quantized = formats.iter().any(|f| QFormat::of(f.0).is_some());
         let wide = if quantized && wide_len(c) > 0 {
             Some(zeros::<u16>(s, wide_len(c), "F16 scratch of widened weights")?)

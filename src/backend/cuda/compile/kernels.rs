@@ -18,6 +18,7 @@ use super::entries::{
     DEQUANT_ENTRIES, GEMM_QUANT_ENTRIES, GEMV_Q8_ENTRIES, GEMV_QUANT_ENTRIES, MOE_ENTRIES, MOE_GEMM_ENTRIES,
     MOE_GEMM_MMA_ENTRIES, MOE_GEMM_N8_ENTRIES, MOE_GEMM_T128_ENTRIES, MOE_Q8_ENTRIES,
 };
+use super::entry_formats::HeldFormats;
 use super::nvrtc::{self, KernelFile};
 use crate::backend::cuda::device;
 use crate::backend::cuda::CudaError;
@@ -268,6 +269,11 @@ pub struct Kernels {
     resident: HashMap<(&'static str, u32, u32), usize>,
     /// The per-thread stack limit [`Kernels::fit_stack`] set (`None`: the driver's default).
     stack: Option<usize>,
+    /// The packed formats of the backend's weights: modules loaded from then on hold only the
+    /// entries of those formats and of none (`None`: every entry).
+    held: Option<HeldFormats>,
+    /// Modules of one entry each, for an entry of a format `held` left out.
+    single: HashMap<&'static str, Arc<CudaModule>>,
 }
 
 /// Stack bytes a thread gets beyond the largest kernel frame: frames of functions the compiler
@@ -293,7 +299,20 @@ impl Kernels {
             funcs: HashMap::new(),
             resident: HashMap::new(),
             stack: None,
+            held: None,
+            single: HashMap::new(),
         }
+    }
+
+    /// Loads from now on only the entries of `held`'s formats and of none (the files of every
+    /// per-format family hold entries for all 8 block formats; the driver compiles each entry
+    /// of a module it loads). An entry of another format still loads, in a module of its own.
+    pub fn hold_formats(&mut self, held: HeldFormats) {
+        self.held = Some(held);
+    }
+
+    fn keeps(&self, entry: &str) -> bool {
+        self.held.as_ref().is_none_or(|h| h.keeps(entry))
     }
 
     pub fn source(&self) -> &PtxSource {
@@ -332,7 +351,7 @@ impl Kernels {
     pub fn get(&mut self, entry: &'static str) -> Result<&CudaFunction, CudaError> {
         if !self.funcs.contains_key(entry) {
             let file = file_of(entry).ok_or_else(|| CudaError::UnknownKernel(entry.to_string()))?;
-            let module = self.module(file)?;
+            let module = if self.keeps(entry) { self.module(file)? } else { self.single_entry(file, entry)? };
             let f = module.load_function(entry).map_err(CudaError::driver(format!("loading kernel {entry}")))?;
             // A kernel loaded after the stack limit was lowered may need more than the others.
             if let Some(limit) = self.stack {
@@ -390,13 +409,15 @@ impl Kernels {
         for (i, ptx) in done {
             let ptx = ptx?;
             if let Some(&f) = todo.get(i) {
-                let m = load_module(&self.ctx, &self.source, f, ptx)?;
+                let m = load_module(&self.ctx, &self.source, f, self.pruned(ptx))?;
                 self.modules.insert(f.name, m);
             }
         }
         for f in KERNEL_FILES.iter().filter(|f| f.switched_on()) {
             for e in f.entries {
-                self.get(e)?;
+                if self.keeps(e) {
+                    self.get(e)?;
+                }
             }
         }
         self.fit_stack()
@@ -437,10 +458,29 @@ impl Kernels {
         if let Some(m) = self.modules.get(file.name) {
             return Ok(m.clone());
         }
-        let m =
-            ptx_of(&self.source, &self.arch, file).and_then(|ptx| load_module(&self.ctx, &self.source, file, ptx))?;
+        let ptx = self.pruned(ptx_of(&self.source, &self.arch, file)?);
+        let m = load_module(&self.ctx, &self.source, file, ptx)?;
         self.modules.insert(file.name, m.clone());
         Ok(m)
+    }
+
+    /// A module of `file` holding `entry` alone.
+    fn single_entry(&mut self, file: &'static KernelFile, entry: &'static str) -> Result<Arc<CudaModule>, CudaError> {
+        if let Some(m) = self.single.get(entry) {
+            return Ok(m.clone());
+        }
+        let ptx = super::prune::keep_entries(&ptx_of(&self.source, &self.arch, file)?, &|e| e == entry);
+        let m = load_module(&self.ctx, &self.source, file, ptx)?;
+        self.single.insert(entry, m.clone());
+        Ok(m)
+    }
+
+    /// `ptx` without the entries of formats the backend does not hold.
+    fn pruned(&self, ptx: String) -> String {
+        match &self.held {
+            Some(h) => super::prune::keep_entries(&ptx, &|e| h.keeps(e)),
+            None => ptx,
+        }
     }
 }
 
