@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 
-use dustoff::backend::cuda::compile::entry_formats::HeldFormats;
 use dustoff::backend::cuda::compile::kernels::{file_of, KERNEL_FILES};
+use dustoff::backend::cuda::compile::model_entries::ModelEntries;
 use dustoff::backend::cuda::compile::nvrtc::KernelFile;
 use dustoff::backend::cuda::compile::{nvrtc, prune, ptx_isa};
 use dustoff::backend::cuda::CudaError;
@@ -163,11 +163,11 @@ fn moe_entries_and_loads(file: &str, ptx: &str) -> Result<(), String> {
     }
 }
 
-/// Cut to a Q4_K_M model's formats (Q4_K, Q6_K: what its backend loads), the PTX defines the
-/// entries of those formats and of none, each byte for byte as in the whole file, and keeps the
-/// header and every module-scope declaration.
+/// Cut to a Q4_K_M model's formats and a head size of 128 (Q4_K, Q6_K: what its backend loads),
+/// the PTX defines the entries it keeps and no other, each byte for byte as in the whole file,
+/// and keeps the header and every module-scope declaration.
 fn cut_to_a_models_formats(f: &KernelFile, ptx: &str) -> Result<(), String> {
-    let held = HeldFormats::new([GgmlType::Q4K, GgmlType::Q6K]);
+    let held = ModelEntries::new([GgmlType::Q4K, GgmlType::Q6K], 128);
     let cut = prune::keep_entries(ptx, &|e| held.keeps(e));
     // An entry's text: from its `.entry` line to the `}` that closes its body.
     let block = |text: &str, e: &str| {
@@ -178,10 +178,10 @@ fn cut_to_a_models_formats(f: &KernelFile, ptx: &str) -> Result<(), String> {
     for e in f.entries {
         let kept = block(&cut, e);
         if kept.is_some() != held.keeps(e) {
-            return Err(format!("{}.cu cut to Q4_K + Q6_K: {e} kept {}", f.name, kept.is_some()));
+            return Err(format!("{}.cu cut to Q4_K + Q6_K, hd128: {e} kept {}", f.name, kept.is_some()));
         }
         if kept.is_some() && kept != block(ptx, e) {
-            return Err(format!("{}.cu cut to Q4_K + Q6_K: {e} differs from the whole file's", f.name));
+            return Err(format!("{}.cu cut to Q4_K + Q6_K, hd128: {e} differs from the whole file's", f.name));
         }
     }
     let declarations = |text: &str| {
@@ -189,7 +189,10 @@ fn cut_to_a_models_formats(f: &KernelFile, ptx: &str) -> Result<(), String> {
         text.lines().filter(|l| scope.iter().any(|p| l.starts_with(p))).map(String::from).collect::<Vec<_>>()
     };
     if declarations(&cut) != declarations(ptx) {
-        return Err(format!("{}.cu cut to Q4_K + Q6_K: the header or a module-scope declaration changed", f.name));
+        return Err(format!(
+            "{}.cu cut to Q4_K + Q6_K, hd128: the header or a module-scope declaration changed",
+            f.name
+        ));
     }
     Ok(())
 }

@@ -13,8 +13,8 @@ use cudarc::driver::CudaSlice;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::compile::entry_formats::HeldFormats;
 use super::compile::kernels::{Kernels, PtxSource};
+use super::compile::model_entries::ModelEntries;
 use super::device::{up, zeros, CudaDevice};
 use super::dmat::{DevMat, Linear};
 use super::layer::{AttnW, FfnW, LayerW, MixerW};
@@ -431,7 +431,7 @@ impl CudaBackend {
                 None => formats.push((m.format(), 1)),
             }
         }
-        kernels.hold_formats(HeldFormats::new(formats.iter().map(|f| f.0)));
+        kernels.hold_only(ModelEntries::new(formats.iter().map(|f| f.0), c.head_dim));
         let quantized = formats.iter().any(|f| QFormat::of(f.0).is_some());
         let wide = if quantized && wide_len(c) > 0 {
             Some(zeros::<u16>(s, wide_len(c), "F16 scratch of widened weights")?)

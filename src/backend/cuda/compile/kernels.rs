@@ -18,7 +18,7 @@ use super::entries::{
     DEQUANT_ENTRIES, GEMM_QUANT_ENTRIES, GEMV_Q8_ENTRIES, GEMV_QUANT_ENTRIES, MOE_ENTRIES, MOE_GEMM_ENTRIES,
     MOE_GEMM_MMA_ENTRIES, MOE_GEMM_N8_ENTRIES, MOE_GEMM_T128_ENTRIES, MOE_Q8_ENTRIES,
 };
-use super::entry_formats::HeldFormats;
+use super::model_entries::ModelEntries;
 use super::nvrtc::{self, KernelFile};
 use crate::backend::cuda::device;
 use crate::backend::cuda::CudaError;
@@ -269,10 +269,10 @@ pub struct Kernels {
     resident: HashMap<(&'static str, u32, u32), usize>,
     /// The per-thread stack limit [`Kernels::fit_stack`] set (`None`: the driver's default).
     stack: Option<usize>,
-    /// The packed formats of the backend's weights: modules loaded from then on hold only the
-    /// entries of those formats and of none (`None`: every entry).
-    held: Option<HeldFormats>,
-    /// Modules of one entry each, for an entry of a format `held` left out.
+    /// The packed formats of the backend's weights and its head size: modules loaded from then
+    /// on hold only the entries of those (and of none) (`None`: every entry).
+    held: Option<ModelEntries>,
+    /// Modules of one entry each, for an entry `held` left out.
     single: HashMap<&'static str, Arc<CudaModule>>,
 }
 
@@ -304,10 +304,11 @@ impl Kernels {
         }
     }
 
-    /// Loads from now on only the entries of `held`'s formats and of none (the files of every
-    /// per-format family hold entries for all 8 block formats; the driver compiles each entry
-    /// of a module it loads). An entry of another format still loads, in a module of its own.
-    pub fn hold_formats(&mut self, held: HeldFormats) {
+    /// Loads from now on only the entries of `held`'s formats and head size and of none (the
+    /// files of every per-format family hold entries for all 8 block formats, the attention
+    /// files for three head sizes; the driver compiles each entry of a module it loads). An
+    /// entry left out still loads when asked for, in a module of its own.
+    pub fn hold_only(&mut self, held: ModelEntries) {
         self.held = Some(held);
     }
 
@@ -365,7 +366,8 @@ impl Kernels {
         Ok(&self.funcs[entry])
     }
 
-    /// Loads every kernel file now (so that compilation stays out of timings), the files spread
+    /// Loads every kernel file now (so that compilation stays out of timings; of each file the
+    /// entries `hold_only` keeps, once it was called), the files spread
     /// over [`load_threads`] threads for their PTX, largest first: each thread takes the next
     /// file and gets its PTX (NVRTC, thread-safe, with the atomic cache writes of
     /// `nvrtc::store`; or the PTX folder); then this thread loads the modules into the context
@@ -475,7 +477,7 @@ impl Kernels {
         Ok(m)
     }
 
-    /// `ptx` without the entries of formats the backend does not hold.
+    /// `ptx` without the entries the backend does not launch.
     fn pruned(&self, ptx: String) -> String {
         match &self.held {
             Some(h) => super::prune::keep_entries(&ptx, &|e| h.keeps(e)),

@@ -129,6 +129,25 @@ fn tensor_fits(head_dim: usize, group: usize) -> bool {
     matches!(head_dim, 64 | 128) && (1..=16).contains(&group)
 }
 
+/// The entry of a decode launch of `kernel` (as `DecodeKernel::resolve` gave it) for head size
+/// `hd`, over the 8-bit cache when `q8` (its tensor-core twins keep loads raw until a tile is
+/// staged, kernels/attention_decode_tc.cu: 2.2x faster on it, 3-5% slower on F16). The two-pass
+/// kernel of another head size is the generic `attn_split_f16`.
+pub(in crate::backend::cuda) fn decode_entry(kernel: DecodeKernel, hd: usize, q8: bool) -> &'static str {
+    match (kernel, hd) {
+        (DecodeKernel::Tensor, 64) if q8 => "attn_decode_tc_q8_hd64",
+        (DecodeKernel::Tensor, _) if q8 => "attn_decode_tc_q8_hd128",
+        (DecodeKernel::Tensor, 64) => "attn_decode_tc_hd64",
+        (DecodeKernel::Tensor, _) => "attn_decode_tc_hd128",
+        (DecodeKernel::OnePass, 64) => "attn_onepass_f16_hd64",
+        (DecodeKernel::OnePass, 128) => "attn_onepass_f16_hd128",
+        (DecodeKernel::OnePass, _) => "attn_onepass_f16_hd256",
+        (DecodeKernel::TwoPass, 64) => "attn_split_f16_hd64",
+        (DecodeKernel::TwoPass, 128) => "attn_split_f16_hd128",
+        (DecodeKernel::TwoPass, _) => "attn_split_f16",
+    }
+}
+
 impl DecodeKernel {
     /// The kernel a launch takes for `choice` (`decode_kernel_for` when `None`): a choice the
     /// shape does not allow falls back to the one-pass kernel, then to the two-pass one.
@@ -325,21 +344,7 @@ impl Attention {
         let mut smem = (group * hd + group * split_len + (ATTN_THREADS / 32) * ATTN_VCHUNK * hd) * 4;
         let mut grid = (a.n_kv as u32, a.n_tok as u32, i32_of(K, splits)? as u32);
         let mut threads = ATTN_THREADS;
-        // The 8-bit cache's tensor-core entries keep their loads raw until a tile is staged
-        // (kernels/attention_decode_tc.cu): 2.2x faster on it, 3-5% slower on F16.
-        let q8 = k_scale != 0;
-        let entry = match (kernel, hd) {
-            (DecodeKernel::Tensor, 64) if q8 => "attn_decode_tc_q8_hd64",
-            (DecodeKernel::Tensor, _) if q8 => "attn_decode_tc_q8_hd128",
-            (DecodeKernel::Tensor, 64) => "attn_decode_tc_hd64",
-            (DecodeKernel::Tensor, _) => "attn_decode_tc_hd128",
-            (DecodeKernel::OnePass, 64) => "attn_onepass_f16_hd64",
-            (DecodeKernel::OnePass, 128) => "attn_onepass_f16_hd128",
-            (DecodeKernel::OnePass, _) => "attn_onepass_f16_hd256",
-            (DecodeKernel::TwoPass, 64) => "attn_split_f16_hd64",
-            (DecodeKernel::TwoPass, 128) => "attn_split_f16_hd128",
-            (DecodeKernel::TwoPass, _) => K,
-        };
+        let entry = decode_entry(kernel, hd, k_scale != 0);
         match kernel {
             DecodeKernel::Tensor => {
                 threads = TC_WARPS * 32;

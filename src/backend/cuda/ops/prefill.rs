@@ -96,7 +96,13 @@ fn smem_bytes(head_dim: usize, heads: usize, qs: bool) -> usize {
 /// 512-token chunk after 8,192 positions: 1,067 against 982 us a layer; docs/BENCHMARKS.md,
 /// session 4). `q8` (the cache has scales): the `_q8` twin of the entry, which converts a
 /// prefetched K/V tile when it is staged instead of at the load.
-fn choose_entry(hd: usize, heads: usize, arch: &str, acc: Option<bool>, q8: bool) -> (&'static str, usize) {
+pub(in crate::backend::cuda) fn choose_entry(
+    hd: usize,
+    heads: usize,
+    arch: &str,
+    acc: Option<bool>,
+    q8: bool,
+) -> (&'static str, usize) {
     let t = tuning();
     // (entry, its 8-bit twin, Q tile in shared memory)
     let (f16, q8_entry, qs) = if acc.unwrap_or(t.prefill_acc) && acc_layout(arch) {
