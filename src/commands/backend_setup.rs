@@ -59,8 +59,9 @@ pub fn place_cuda(
         .with_context(|| format!("placing the model on cuda:{ordinal}"))?;
     let placed = t.elapsed().as_secs_f64();
     // Kernels now, not inside the first step: a first start from compute_70 PTX on a
-    // new GPU (or driver) spends about a minute in the driver's JIT, which the operator
-    // should see named rather than as a stalled job.
+    // new GPU (or driver) spends 20-30 s in the driver's JIT (the entries of the model's
+    // formats and head size: docs/BENCHMARKS.md T7), which the operator should see named
+    // rather than as a stalled job.
     let t = std::time::Instant::now();
     b.load_kernels().with_context(|| format!("loading the CUDA kernels on cuda:{ordinal}"))?;
     let kernels = t.elapsed().as_secs_f64();
