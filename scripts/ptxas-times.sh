@@ -3,9 +3,10 @@
 # module it loads with its release's ptxas, so the time CUDA 12.9's ptxas takes for -arch=sm_70
 # on this machine's one core stands for that module's share of the first start (the JIT is
 # cached afterwards). Prints seconds, PTX bytes and entries per module, slowest first, and the
-# total; with FORMATS (e.g. "q4_k q6_k") also the entries a model of those formats would keep if
-# modules were split by format, and their share of the module's time (an estimate: entries differ);
-# HEAD (e.g. 128) leaves out the attention entries of other head sizes too.
+# total; with FORMATS (e.g. "q4_k q6_k") also the entries a model of those formats keeps (a backend
+# loads each module cut to them: compile::model_entries) and their share of the module's time (an
+# estimate from entry counts: entries differ); HEAD (e.g. 128) leaves out the attention entries of
+# other head sizes too, as a backend of that head size does.
 #   bash scripts/ptxas-times.sh                 (builds the PTX with dustoff kernels; PTX_DIR to reuse one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
