@@ -44,7 +44,9 @@ pub enum Cmd {
     /// Benchmark: one stream (TTFT, prefill and decode tok/s, bandwidth share), --batch, or --shared-prefix.
     Bench(BenchArgs),
     /// Compile every CUDA kernel to PTX for an architecture (e.g. compute_70 for the V100) with
-    /// NVRTC; the folder can be passed to --ptx-dir on a machine without NVRTC 12.
+    /// NVRTC; the folder can be passed to --ptx-dir on a machine without NVRTC 12. Each start
+    /// loads from it only the kernels of its model's weight formats and head size (the driver
+    /// compiles those on a GPU's first start: ~20-30 s, cached for later starts).
     Kernels(KernelsArgs),
     /// Run a batch job: records in (JSONL, Parquet, OpenAI batch), one result row per record out,
     /// with checkpoints; the same command resumes a killed job.
