@@ -17,6 +17,7 @@ mod deltanet_case;
 mod eval;
 mod fp16_overflow;
 mod fused_norm;
+mod held_entries;
 mod hybrid_diag;
 mod hybrid_moe;
 mod job_tie;
