@@ -373,8 +373,14 @@ impl Kernels {
     /// `nvrtc::store`; or the PTX folder); then this thread loads the modules into the context
     /// one at a time (the driver's JIT to machine code happens there).
     pub fn load_all(&mut self) -> Result<(), CudaError> {
-        let mut todo: Vec<&'static KernelFile> =
-            KERNEL_FILES.iter().filter(|f| f.switched_on() && !self.modules.contains_key(f.name)).collect();
+        // A file none of whose entries the backend keeps (an F16 model's per-format files) is
+        // neither compiled nor loaded.
+        let mut todo: Vec<&'static KernelFile> = KERNEL_FILES
+            .iter()
+            .filter(|f| {
+                f.switched_on() && !self.modules.contains_key(f.name) && f.entries.iter().any(|e| self.keeps(e))
+            })
+            .collect();
         todo.sort_by_key(|f| std::cmp::Reverse(f.source.len()));
         let next = std::sync::atomic::AtomicUsize::new(0);
         let threads = load_threads().min(todo.len()).max(1);
