@@ -26,7 +26,7 @@ use super::{compare, f16_vals, gpu, opts, run_greedy, with_extras, Gpu};
 /// 8), the packed GEMM (5..=64) and widened-F16 steps (65..).
 const TOKEN_COUNTS: &[usize] = &[1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 64, 65, 300, 512];
 
-fn tensor(g: &mut Gpu, dtype: GgmlType, name: &str, rows: usize, cols: usize) -> Tensor {
+pub(super) fn tensor(g: &mut Gpu, dtype: GgmlType, name: &str, rows: usize, cols: usize) -> Tensor {
     let a = (3.0 / cols as f32).sqrt();
     let mut bytes = Vec::new();
     for _ in 0..rows {

@@ -28,7 +28,7 @@ fn time_graph(g: &mut super::Gpu, f: &mut dyn FnMut(&mut super::Gpu)) -> f64 {
 
 /// The packed GEMV of `rows x cols` weights over `n` contiguous tokens (`[n, cols]` in,
 /// `[n, rows]` out): int8 planes `xq` where given, else the f32 input.
-fn gemv(
+pub(super) fn gemv(
     w: QView,
     x: Dev<f32>,
     out: Dev<f32>,
