@@ -587,21 +587,11 @@ mod entry_handles {
     //! another kernel (or another format's) and fails here, without a GPU.
     use super::super::entries::*;
     use super::file_of;
+    use crate::backend::cuda::compile::model_entries::entry_spelling;
     use crate::backend::cuda::qformat::QFormat;
-    use crate::model::quant::GgmlType;
 
-    fn fmt_name(f: &QFormat) -> &'static str {
-        match f.dtype {
-            GgmlType::Q4_0 => "q4_0",
-            GgmlType::Q4_1 => "q4_1",
-            GgmlType::Q5_0 => "q5_0",
-            GgmlType::Q5_1 => "q5_1",
-            GgmlType::Q8_0 => "q8_0",
-            GgmlType::Q4K => "q4_k",
-            GgmlType::Q5K => "q5_k",
-            GgmlType::Q6K => "q6_k",
-            other => panic!("no kernel format {other:?}"),
-        }
+    fn fmt_name(f: &QFormat) -> String {
+        entry_spelling(f.dtype)
     }
 
     fn known(name: &str) -> &str {
@@ -636,7 +626,7 @@ mod entry_handles {
             assert_eq!(known(moe_q8(f.index, false)), format!("moe_down_sum_q8_{n}"));
         }
         let slabs = QFormat::all().map(|f| (f.index, fmt_name(&f)));
-        for (col, n) in slabs.into_iter().chain([(SLAB_F16, "f16")]) {
+        for (col, n) in slabs.into_iter().chain([(SLAB_F16, "f16".to_string())]) {
             for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
                 for (grouped, walk) in [(false, "p"), (true, "g")] {
                     assert_eq!(known(moe_mat(col, MoeProduct { gate_up, grouped })), format!("moe_{what}_{n}_{walk}"));

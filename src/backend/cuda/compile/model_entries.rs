@@ -8,24 +8,29 @@
 //! activations) names none. Every per-head-size entry names it as one part `hd<N>`. The tests
 //! hold every typed handle of `entries` and the attention launchers' choices to these rules.
 
+use crate::backend::cuda::qformat::QFormat;
 use crate::model::quant::GgmlType;
 
-/// The packed formats the kernels read, as their entry names spell them.
-const FORMATS: [(&str, GgmlType); 8] = [
-    ("q4_0", GgmlType::Q4_0),
-    ("q4_1", GgmlType::Q4_1),
-    ("q5_0", GgmlType::Q5_0),
-    ("q5_1", GgmlType::Q5_1),
-    ("q8_0", GgmlType::Q8_0),
-    ("q4_k", GgmlType::Q4K),
-    ("q5_k", GgmlType::Q5K),
-    ("q6_k", GgmlType::Q6K),
-];
+/// The packed formats the kernels read (`QFormat::all`'s order).
+fn packed_formats() -> [GgmlType; 8] {
+    QFormat::all().map(|f| f.dtype)
+}
+
+/// How entry names spell format `t`: its GGUF name in lower case (`Q4_K` -> `q4_k`).
+pub fn entry_spelling(t: GgmlType) -> String {
+    t.name().to_ascii_lowercase()
+}
+
+/// Whether the name parts `a`, `b` spell format `t` (`q4`, `k` spell Q4_K).
+fn spells(t: GgmlType, a: &str, b: &str) -> bool {
+    t.name().split_once('_').is_some_and(|(x, y)| x.eq_ignore_ascii_case(a) && y.eq_ignore_ascii_case(b))
+}
 
 /// The packed format `entry` reads; `None` for an entry of no packed format.
 pub fn entry_format(entry: &str) -> Option<GgmlType> {
     let parts: Vec<&str> = entry.split('_').collect();
-    parts.windows(2).find_map(|w| FORMATS.iter().find(|(n, _)| n.split_once('_') == Some((w[0], w[1]))).map(|f| f.1))
+    let formats = packed_formats();
+    parts.windows(2).find_map(|w| formats.into_iter().find(|t| spells(*t, w[0], w[1])))
 }
 
 /// The attention head size an entry serves (`attn_prefill_hd128_q8`: 128); `None` for an entry
@@ -54,7 +59,8 @@ pub struct ModelEntries {
 
 impl ModelEntries {
     pub fn new(formats: impl IntoIterator<Item = GgmlType>, head_dim: usize) -> Self {
-        let formats = formats.into_iter().filter(|t| FORMATS.iter().any(|f| f.1 == *t)).collect();
+        let packed = packed_formats();
+        let formats = formats.into_iter().filter(|t| packed.contains(t)).collect();
         ModelEntries { formats, head_dim: served_head_dim(head_dim) }
     }
 
@@ -62,11 +68,6 @@ impl ModelEntries {
     pub fn keeps(&self, entry: &str) -> bool {
         entry_format(entry).is_none_or(|t| self.formats.contains(&t))
             && entry_head_dim(entry).is_none_or(|h| h == self.head_dim)
-    }
-
-    /// The held packed formats (file order), for logs.
-    pub fn names(&self) -> Vec<&'static str> {
-        self.formats.iter().map(|t| t.name()).collect()
     }
 }
 

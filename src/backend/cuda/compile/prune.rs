@@ -13,12 +13,12 @@
 /// `ptx` without the `.entry` blocks whose name `keep` rejects.
 pub fn keep_entries(ptx: &str, keep: &dyn Fn(&str) -> bool) -> String {
     let mut out = String::with_capacity(ptx.len());
-    let mut dropped = Vec::new();
+    let mut dropped = std::collections::HashSet::new();
     let mut lines = ptx.split_inclusive('\n');
     while let Some(line) = lines.next() {
         match entry_name(line) {
             Some(name) if !keep(name) => {
-                dropped.push(name);
+                dropped.insert(name);
                 // Skip to the line that closes the body: depth back to 0 after the first `{`.
                 let (mut depth, mut opened) = (braces(line), line.contains('{'));
                 while !(opened && depth == 0) {
@@ -33,7 +33,7 @@ pub fn keep_entries(ptx: &str, keep: &dyn Fn(&str) -> bool) -> String {
     // The `// .globl NAME` comments NVRTC writes for the dropped entries go with them.
     let dropped_globl = |l: &str| {
         let w: Vec<&str> = l.split_whitespace().collect();
-        matches!(w.as_slice(), ["//", ".globl", n] if dropped.contains(n))
+        matches!(w.as_slice(), ["//", ".globl", n] if dropped.contains(*n))
     };
     out.split_inclusive('\n').filter(|l| !dropped_globl(l)).collect()
 }
