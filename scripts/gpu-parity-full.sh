@@ -17,8 +17,8 @@ t=$(date +%s)
 DUSTOFF_PTX_DIR=$S/ptx70 $S/gp --test-threads 4 $skip > $S/ptx.log 2>&1; echo "gpu_parity from compute_70 PTX: rc $? $(( $(date +%s)-t )) s"
 grep -E '^test result|FAILED|panicked' $S/ptx.log | head -20
 t=$(date +%s)
-# NATIVE=all: the whole suite natively too (same skips); otherwise the tests a session touched.
-if [ "${NATIVE:-}" = all ]; then sel="$skip"; else sel="route_flips seq_positions no_cublas matmul gemm"; fi
+# NATIVE=all: the whole suite natively too (same skips); otherwise NATIVE_SEL (the tests a session touched).
+if [ "${NATIVE:-}" = all ]; then sel="$skip"; else sel="${NATIVE_SEL:-route_flips seq_positions no_cublas matmul gemm}"; fi
 $S/gp --test-threads 4 $sel > $S/native.log 2>&1; echo "gpu_parity natively ($sel): rc $? $(( $(date +%s)-t )) s"
 grep -E '^test result|FAILED|panicked' $S/native.log | head -10
 cp $S/*.log $OUT/ 2>/dev/null

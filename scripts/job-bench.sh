@@ -15,7 +15,8 @@
 # (another compute_70 PTX folder for `dustoff run`, e.g. a base commit's in an A/B), JB_ARGS
 # (more `dustoff run` arguments, e.g. "--max-batch-tokens 2048"), JB_TAG (a name for the rows of
 # this run, so that runs with other arguments or DUSTOFF_* switches keep their own files),
-# JB_PEER_CT (the peer's cache types: "f16 q8_0"; one per call keeps a call short).
+# JB_PEER_CT (the peer's cache types: "f16 q8_0"; one per call keeps a call short), JB_BIN (another
+# dustoff binary for `dustoff run`, e.g. a base commit's in an A/B; with its own JB_PTX).
 # The peer runs `llama-batched-bench` with each sequence's prompt the tokens dustoff computed per
 # record (its document; the shared instruction counted as free, as a perfect prompt cache would
 # make it) and the most sequences whose KV cache and the weights fit the same cap (its compute
@@ -73,7 +74,7 @@ if [ "${1:-}" = dustoff ]; then
   for kv in ${JB_KV:-f16 q8}; do
     t=$(date +%s)
     # shellcheck disable=SC2086 # JB_ARGS is a list of arguments
-    $B run scripts/job-bench/nightly.toml --input $W/docs.jsonl --output $W/out-$kv$tag.jsonl --model $F \
+    ${JB_BIN:-$B} run scripts/job-bench/nightly.toml --input $W/docs.jsonl --output $W/out-$kv$tag.jsonl --model $F \
       --device cuda --ptx-dir ${JB_PTX:-$W/ptx70} --max-gpu-memory $CAP --kv-cache $kv --restart --quiet ${JB_ARGS:-} \
       > $W/run-$kv$tag.log 2>&1
     echo "run --kv-cache $kv ${JB_ARGS:-}: rc $? in $(( $(date +%s)-t )) s"; grep -E "^(slots|KV cache|backend|device|engine):" $W/run-$kv$tag.log | cut -c1-300
@@ -102,8 +103,7 @@ if [ "${1:-}" = peer ]; then
     echo "llama-batched-bench -ctk/-ctv $ct -npp $npp -ntg $ntg -npl $n: rc $? in $(( $(date +%s)-t )) s"
     grep -E "KV buffer size|compute buffer size|model buffer size" $W/peer-$ct.log | head -4
     cp $W/peer-$ct.log $OUT/ 2>/dev/null
-    # The peer's row, and the ratio of each dustoff row of the same cache on this machine
-    # (dustoff's report beside it: f16 for f16, q8 for q8_0; JB_TAG rows included).
+    # The peer's row, and the ratio of dustoff's rows on this machine to it (JB_TAG rows included).
     python3 - $W/peer-$ct.log $ct $n $W <<'PY'
 import glob, json, os, sys
 rows = [l.split("|") for l in open(sys.argv[1]) if l.startswith("|") and l.split("|")[1].strip().isdigit()]
@@ -115,8 +115,9 @@ for r in rows:
     peer = b * 3600 / t_all
     print(f"llama.cpp {ct:>4}: {b} sequences in {t_all:.1f} s = {peer:,.0f} documents/hour; "
           f"prompt {c[5]} tok/s, generated {c[7]} tok/s")
-    kv = "f16" if ct == "f16" else "q8"
-    for rep in sorted(glob.glob(f"{w}/out-{kv}*.jsonl.report.json")):
+    # Against the F16 peer (its fastest cache): every dustoff row; against q8_0: the q8 rows.
+    pat = "out-*" if ct == "f16" else "out-q8*"
+    for rep in sorted(glob.glob(f"{w}/{pat}.jsonl.report.json")):
         d = json.load(open(rep))
         ours = d["counts"]["ok"] * 3600 / d["wall_seconds"]
         tag = os.path.basename(rep)[len("out-"):-len(".jsonl.report.json")]
