@@ -35,7 +35,7 @@ echo "commit $(cat .gpu/commit)"; nvidia-smi --query-gpu=name,driver_version --f
 case "${1:-}" in
 prep)
   BP_SHAPES=qwen3-30b-a3b bash scripts/gpu-batched-peer.sh build > $L/build.log 2>&1 &
-  bash scripts/gpu-parity-full.sh
+  timeout 480 bash scripts/gpu-parity-full.sh
   wait; cat $L/build.log ;;
 job)
   declare -A BIN=([base]=$W/dustoff-base [new]=$W/dustoff) PTXD=([base]=$W/ptx70-base [new]=$W/ptx70)
