@@ -141,40 +141,25 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
-// The sum of squares of x [hd] that rmsnorm_f32 computes for a row of hd (block_sum over its
-// block of round_up(hd, 32) threads, 32 to 256), by one warp: thread tau of that block is lane
-// tau % 32 in column tau / 32, each thread's squares summed with fmaf as rmsnorm_f32 does, the
-// columns' warp sums combined as block_sum combines its warps'. The same additions in the same
-// order, so the same sum.
-__device__ __forceinline__ float warp_sum_squares_as_block(const float* x, int hd) {
-    const int lane = threadIdx.x % WARP;
-    const int block = min(max((hd + WARP - 1) / WARP * WARP, WARP), 256), cols = block / WARP;
-    float out = 0.0f;
-    for (int w = 0; w < cols; ++w) {
+// One attention head's hd values x (f32) into shared memory hs, RMS-normalized by the head-norm
+// weights nw [hd] (Qwen3's q/k norms) or copied as they are (nw null), then a block barrier.
+// The sums of rmsnorm_f32 over a row of hd with the same block size, so the same values.
+// Called by the whole block; scratch as block_sum's.
+__device__ __forceinline__ void head_norm_to_shared(const float* x, const float* nw, int hd, float eps, float* hs,
+                                                    float* scratch) {
+    if (nw) {
         float ss = 0.0f;
-        for (int i = w * WARP + lane; i < hd; i += block) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
             const float v = x[i];
             ss = fmaf(v, v, ss);
         }
-        ss = warp_sum(ss);
-        if (lane == w) out = ss;
-    }
-    return warp_sum(out);
-}
-
-// One attention head's hd values x (f32) into this warp's shared memory hs, RMS-normalized by the
-// head-norm weights nw [hd] (Qwen3's q/k norms; the values rmsnorm_f32 gives for a row of hd) or
-// copied as they are (nw null), then a warp barrier. Called by the whole warp.
-__device__ __forceinline__ void head_norm_warp(const float* x, const float* nw, int hd, float eps, float* hs) {
-    const int lane = threadIdx.x % WARP;
-    if (nw) {
-        const float ss = warp_sum_squares_as_block(x, hd);
+        ss = block_sum(ss, scratch);
         const float scale = rsqrtf(ss / (float)hd + eps);
-        for (int i = lane; i < hd; i += WARP) hs[i] = x[i] * scale * nw[i];
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i] * scale * nw[i];
     } else {
-        for (int i = lane; i < hd; i += WARP) hs[i] = x[i];
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) hs[i] = x[i];
     }
-    __syncwarp();
+    __syncthreads();
 }
 
 // The inputs both QK-norm + RoPE + cache-store kernels take (qkv_post_f32 in kv_cache.cu,

@@ -22,16 +22,12 @@ struct HybQkvParams {
     float eps;
 };
 
-// One warp a (token, head), as qkv_post_f32 (kv_cache.cu). grid: ceil(n_tok * (n_heads +
-// 2 n_kv) / 8), block 256 (8 warps); dynamic shared memory: 8 x head_dim floats.
+// grid: (n_heads + 2 * n_kv, n_tok); block clamp(round_up(head_dim, 32), 32, 256); dynamic
+// shared memory: head_dim floats.
 extern "C" __global__ void hyb_qkv_post_f32(const HybQkvParams p) {
-    extern __shared__ float hs_all[];
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int heads = p.n_heads + 2 * p.n_kv;
-    const long long job = (long long)blockIdx.x * (blockDim.x / WARP) + warp;
-    if (job >= (long long)p.n_tok * heads) return;  // a whole warp: its shuffles stay whole
-    const int t = (int)(job / heads), h = (int)(job % heads);
-    float* hs = hs_all + warp * p.head_dim;
+    extern __shared__ float hs[];
+    __shared__ float scratch[32];
+    const int h = blockIdx.x, t = blockIdx.y;
     const int hd = p.head_dim, half = p.rot / 2;
     const long long kv_dim = (long long)p.n_kv * hd;
     const long long q_rows = (long long)p.n_heads * hd * (p.gated ? 2 : 1);
@@ -41,17 +37,17 @@ extern "C" __global__ void hyb_qkv_post_f32(const HybQkvParams p) {
         const int vh = h - p.n_heads - p.n_kv;
         const float* x = row + q_rows + kv_dim + (long long)vh * hd;
         const long long e0 = kv_row * kv_dim + (long long)vh * hd;
-        for (int i = lane; i < hd; i += WARP) kv_store(p.rs.v_cache, p.rs.v_scale, e0 + i, x[i]);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_store(p.rs.v_cache, p.rs.v_scale, e0 + i, x[i]);
         return;
     }
     const bool is_k = h >= p.n_heads;
     const float* x = is_k ? row + q_rows + (long long)(h - p.n_heads) * hd
                           : row + (long long)h * hd * (p.gated ? 2 : 1);
-    head_norm_warp(x, is_k ? p.rs.k_norm : p.rs.q_norm, hd, p.eps, hs);
+    head_norm_to_shared(x, is_k ? p.rs.k_norm : p.rs.q_norm, hd, p.eps, hs, scratch);
     float* dst = p.q + ((long long)t * p.n_heads + h) * hd;  // q heads only
     const long long k0 = kv_row * kv_dim + (long long)(h - p.n_heads) * hd;
     const long long tb = (long long)p.rs.pos[t] * half;
-    for (int i = lane; i < hd; i += WARP) {
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float r;
         if (i < half) {
             r = hs[i] * p.rs.cos_t[tb + i] - hs[i + half] * p.rs.sin_t[tb + i];
@@ -61,7 +57,7 @@ extern "C" __global__ void hyb_qkv_post_f32(const HybQkvParams p) {
         } else {
             r = hs[i];
         }
-        if (is_k) {  // the 8-bit cache: each pass of the warp holds one group of 32 dimensions
+        if (is_k) {  // the 8-bit cache: thread i holds dimension i, so a warp holds a group
             kv_store(p.rs.k_cache, p.rs.k_scale, k0 + i, r);
         } else {
             dst[i] = r;

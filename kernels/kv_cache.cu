@@ -30,16 +30,13 @@ extern "C" __global__ void kv_store_f16(const KvStoreParams p) {
     kv_store(p.v_cache, p.v_scale, dst, row[p.v_off + i]);
 }
 
-// The fused step between the QKV matmul and attention, one warp per (token, head) over the
+// The fused step between the QKV matmul and attention, one block per (head, token) over the
 // q, k and v heads of the fused qkv row (q heads, then k heads, then v heads, each head_dim
 // wide, so head h starts at column h * head_dim):
 //   q, k heads: optional per-head RMSNorm (Qwen3), then RoPE, written back in place (f32);
 //   k heads are also stored to the K cache (f16 or 8-bit), v heads to the V cache.
-// A warp a head rather than a block: a prefill chunk of 2,048 tokens is 80k heads of 128 values,
-// and a block a head spent most of its time in two block barriers. The head norm's sum is
-// block_sum's over the block rmsnorm_f32 launches for a row of head_dim
-// (`warp_sum_squares_as_block`),
-// so the values are those of rmsnorm_f32 + rope_f32 + kv_store_f16.
+// Same arithmetic, in the same order, as rmsnorm_f32 + rope_f32 + kv_store_f16 launched with the
+// same block size (block = clamp(round_up(head_dim, 32), 32, 256), as the launcher picks).
 struct QkvPostParams {
     float* qkv;             // [n_tok, stride] f32
     RopeStorePtrs rs;       // tables [max_pos, head_dim / 2]
@@ -52,30 +49,25 @@ struct QkvPostParams {
     float eps;
 };
 
-// grid: ceil(n_tok * (n_heads + 2 n_kv) / 8), block 256 (8 warps); dynamic shared memory:
-// 8 x head_dim floats.
+// grid: (n_heads + 2 * n_kv, n_tok); dynamic shared memory: head_dim floats.
 extern "C" __global__ void qkv_post_f32(const QkvPostParams p) {
-    extern __shared__ float hs_all[];
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int heads = p.n_heads + 2 * p.n_kv;
-    const long long job = (long long)blockIdx.x * (blockDim.x / WARP) + warp;
-    if (job >= (long long)p.n_tok * heads) return;  // a whole warp: its shuffles stay whole
-    const int t = (int)(job / heads), h = (int)(job % heads);
+    extern __shared__ float hs[];
+    __shared__ float scratch[32];
+    const int h = blockIdx.x, t = blockIdx.y;
     const int hd = p.head_dim, half = hd / 2;
-    float* hs = hs_all + warp * hd;
     const long long kv_dim = (long long)p.n_kv * hd;
     float* x = p.qkv + (long long)t * p.stride + (long long)h * hd;
     const long long kv_row = p.rs.kv_rows[t];
     if (h >= p.n_heads + p.n_kv) {  // v head: store only
         const long long e0 = kv_row * kv_dim + (long long)(h - p.n_heads - p.n_kv) * hd;
-        for (int i = lane; i < hd; i += WARP) kv_store(p.rs.v_cache, p.rs.v_scale, e0 + i, x[i]);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_store(p.rs.v_cache, p.rs.v_scale, e0 + i, x[i]);
         return;
     }
     const bool is_k = h >= p.n_heads;
-    head_norm_warp(x, is_k ? p.rs.k_norm : p.rs.q_norm, hd, p.eps, hs);
+    head_norm_to_shared(x, is_k ? p.rs.k_norm : p.rs.q_norm, hd, p.eps, hs, scratch);
     const long long tb = (long long)p.rs.pos[t] * half;
     half_t* kdst = cache_head(p.rs.k_cache, kv_row, kv_dim, h - p.n_heads, hd);
-    for (int i = lane; i < half; i += WARP) {
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const int a = p.style == 0 ? 2 * i : i;
         const int b = p.style == 0 ? 2 * i + 1 : i + half;
         const float c = p.rs.cos_t[tb + i], s = p.rs.sin_t[tb + i];
@@ -83,16 +75,14 @@ extern "C" __global__ void qkv_post_f32(const QkvPostParams p) {
         const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
         x[a] = r0;
         x[b] = r1;
-        hs[a] = r0;  // each pair is this lane's alone
-        hs[b] = r1;
         if (is_k && !p.rs.k_scale) {
             kdst[a] = f2h_sat(r0);
             kdst[b] = f2h_sat(r1);
         }
     }
-    if (is_k && p.rs.k_scale) {  // the 8-bit cache: the warp stores each group of 32 of the rotated row
-        __syncwarp();
+    if (is_k && p.rs.k_scale) {  // the 8-bit cache: a warp stores a group of the rotated row
+        __syncthreads();         // the pair loop's writes to x are visible to the whole block
         const long long e0 = kv_row * kv_dim + (long long)(h - p.n_heads) * hd;
-        for (int i = lane; i < hd; i += WARP) kv_store(p.rs.k_cache, p.rs.k_scale, e0 + i, hs[i]);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) kv_store(p.rs.k_cache, p.rs.k_scale, e0 + i, x[i]);
     }
 }

@@ -74,10 +74,9 @@ impl HybQkvPost {
             gated: i32::from(self.gated),
             eps: self.eps,
         };
-        // A warp a (token, head), 8 a block, each with head_dim floats of shared memory.
-        const WARPS: usize = 8;
-        let grid = (i32_of(K, (self.n_tok * (self.n_heads + 2 * self.n_kv)).div_ceil(WARPS))? as u32, 1, 1);
-        launch(k, s, K, grid, (WARPS * 32) as u32, (WARPS * hd * 4) as u32, &p)
+        let block = (hd.div_ceil(32) * 32).clamp(32, 256) as u32;
+        let grid = (i32_of(K, self.n_heads + 2 * self.n_kv)? as u32, self.n_tok as u32, 1);
+        launch(k, s, K, grid, block, (hd * 4) as u32, &p)
     }
 }
 

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::super::compile::kernels::Kernels;
 use super::super::CudaError;
-use super::launch::{blocks_for, check, extent, i32_of, launch, need, need_kv, Dev, KvScales};
+use super::launch::{blocks_for, check, extent, grid_yz, i32_of, launch, need, need_kv, Dev, KvScales};
 use crate::backend::kv_type::Q8_GROUP;
 
 #[repr(C)]
@@ -135,8 +135,9 @@ pub struct RopeStore {
 }
 
 impl RopeStore {
-    /// The checks of these inputs for `n_tok` tokens of `n_kv` KV heads of `head_dim`, `rot`
-    /// dims rotated, and their pointers as the kernels take them.
+    /// The checks of these inputs for `n_tok` tokens (at most 65535: one grid row each) of
+    /// `n_kv` KV heads of `head_dim`, `rot` dims rotated, and their pointers as the kernels
+    /// take them.
     pub(in crate::backend::cuda) fn check(
         &self,
         kernel: &'static str,
@@ -157,6 +158,7 @@ impl RopeStore {
         })?;
         let (k_scale, v_scale) = need_kv(kernel, (self.k_cache, self.v_cache), self.kv_scales, cache_len)?;
         need(kernel, "cache rows", self.kv_rows, n_tok)?;
+        grid_yz(kernel, n_tok, "tokens")?;
         Ok(RopeStorePtrs {
             q_norm: self.q_norm.map_or(0, |d| d.ptr),
             k_norm: self.k_norm.map_or(0, |d| d.ptr),
@@ -211,9 +213,9 @@ impl QkvPost {
             style: i32::from(self.halves),
             eps: self.eps,
         };
-        // A warp a (token, head), 8 a block, each with head_dim floats of shared memory.
-        const WARPS: usize = 8;
-        let grid = (i32_of(K, (self.n_tok * heads).div_ceil(WARPS))? as u32, 1, 1);
-        launch(k, s, K, grid, (WARPS * 32) as u32, (WARPS * hd * 4) as u32, &p)
+        // The block size rmsnorm_f32 would use for rows of head_dim (identical sums).
+        let block = (hd.div_ceil(32) * 32).clamp(32, 256) as u32;
+        let grid = (i32_of(K, heads)? as u32, self.n_tok as u32, 1);
+        launch(k, s, K, grid, block, (hd * 4) as u32, &p)
     }
 }
