@@ -4,7 +4,7 @@
 //! GEMV of one token on a Q4_K matrix (held) and a Q4_0 one (not), against the CPU's dot products.
 
 use dustoff::backend::cpu::matmul::matmul;
-use dustoff::backend::cuda::compile::model_entries::ModelEntries;
+use dustoff::backend::cuda::compile::model_entries::{entry_spelling, ModelEntries};
 use dustoff::backend::cuda::dmat::Linear;
 use dustoff::model::quant::GgmlType;
 
@@ -30,6 +30,6 @@ fn a_held_registry_loads_its_entries_and_any_other_on_demand() {
         gemv(m.quant(&s).unwrap(), g.d(&xd), g.d(&od), (rows, cols, 1), false, None)
             .launch(&mut g.k, &s)
             .unwrap_or_else(|e| panic!("{dtype}: {e}"));
-        compare(&format!("gemv_{}", dtype.name().to_ascii_lowercase()), g.seed, &g.down(&od), &want);
+        compare(&format!("gemv_{}", entry_spelling(dtype)), g.seed, &g.down(&od), &want);
     }
 }

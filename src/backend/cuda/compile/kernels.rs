@@ -590,10 +590,6 @@ mod entry_handles {
     use crate::backend::cuda::compile::model_entries::entry_spelling;
     use crate::backend::cuda::qformat::QFormat;
 
-    fn fmt_name(f: &QFormat) -> String {
-        entry_spelling(f.dtype)
-    }
-
     fn known(name: &str) -> &str {
         assert!(file_of(name).is_some(), "{name} is not an entry of any kernel file");
         name
@@ -602,7 +598,7 @@ mod entry_handles {
     #[test]
     fn handles_name_the_kernel_they_say() {
         for f in QFormat::all() {
-            let n = fmt_name(&f);
+            let n = entry_spelling(f.dtype);
             for (n_tok, width) in [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)] {
                 for swiglu in [false, true] {
                     let g = Gemv { n_tok, swiglu };
@@ -625,7 +621,7 @@ mod entry_handles {
             assert_eq!(known(moe_q8(f.index, true)), format!("moe_gate_up_q8_{n}"));
             assert_eq!(known(moe_q8(f.index, false)), format!("moe_down_sum_q8_{n}"));
         }
-        let slabs = QFormat::all().map(|f| (f.index, fmt_name(&f)));
+        let slabs = QFormat::all().map(|f| (f.index, entry_spelling(f.dtype)));
         for (col, n) in slabs.into_iter().chain([(SLAB_F16, "f16".to_string())]) {
             for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
                 for (grouped, walk) in [(false, "p"), (true, "g")] {
@@ -635,7 +631,7 @@ mod entry_handles {
             assert_eq!(known(moe_down_sum(col)), format!("moe_down_sum_{n}"));
         }
         for (col, d) in MOE_GEMM_FORMATS.iter().enumerate() {
-            let n = fmt_name(&QFormat::of(*d).expect("a kernel format"));
+            let n = entry_spelling(*d);
             for (gate_up, what) in [(true, "gate_up"), (false, "down")] {
                 for (tile, t) in ["t16", "t64", "w48", "t8", "r8", "r16", "t128"].into_iter().enumerate() {
                     match moe_gemm(col, gate_up, tile) {

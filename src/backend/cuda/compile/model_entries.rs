@@ -59,8 +59,7 @@ pub struct ModelEntries {
 
 impl ModelEntries {
     pub fn new(formats: impl IntoIterator<Item = GgmlType>, head_dim: usize) -> Self {
-        let packed = packed_formats();
-        let formats = formats.into_iter().filter(|t| packed.contains(t)).collect();
+        let formats = formats.into_iter().filter(|t| QFormat::of(*t).is_some()).collect();
         ModelEntries { formats, head_dim: served_head_dim(head_dim) }
     }
 
